@@ -1,0 +1,15 @@
+//! Switchyard's domain, with no I/O and no async runtime.
+//!
+//! Every service and the CLI call into this crate for the rules that must be the
+//! same everywhere: the error-reason catalogue clients branch on ([`reason`]),
+//! input validation with field violations ([`validate`]), the AITP routing score
+//! ([`routing`]) and time as an injectable clock ([`clock`]).
+
+pub mod clock;
+pub mod reason;
+pub mod routing;
+pub mod validate;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use reason::Reason;
+pub use validate::{FieldViolation, Violations};

@@ -1,0 +1,99 @@
+//! The one catalogue of machine-readable error reasons.
+//!
+//! Each reason travels as `google.rpc.ErrorInfo.reason` (domain
+//! [`DOMAIN`]) so that a client in any language can branch on it. Add new
+//! reasons here, never as string literals elsewhere.
+
+use std::fmt;
+
+/// `ErrorInfo.domain` of every Switchyard error.
+pub const DOMAIN: &str = "switchyard.dev";
+
+macro_rules! reasons {
+    ($($(#[$doc:meta])* $variant:ident => $text:literal,)*) => {
+        /// A stable, documented error reason.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Reason {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl Reason {
+            /// Every reason, in catalogue order.
+            pub const ALL: &'static [Reason] = &[$(Reason::$variant,)*];
+
+            /// The wire form, e.g. `BUDGET_EXCEEDED`.
+            pub const fn as_str(self) -> &'static str {
+                match self { $(Reason::$variant => $text,)* }
+            }
+
+            /// Parses the wire form; `None` for reasons this build does not know.
+            pub fn parse(s: &str) -> Option<Reason> {
+                match s { $($text => Some(Reason::$variant),)* _ => None }
+            }
+        }
+    };
+}
+
+reasons! {
+    /// A request field failed validation; see the BadRequest field violations.
+    InvalidArgument => "INVALID_ARGUMENT",
+    /// The named agent is not registered.
+    AgentNotFound => "AGENT_NOT_FOUND",
+    /// The named tool is not registered (also seed 000's unknown tool call).
+    ToolNotFound => "AGENT_TOOL_NOT_FOUND",
+    /// No eligible agent offers the capability right now.
+    CapabilityUnavailable => "CAPABILITY_UNAVAILABLE",
+    /// A tool's `parameters` is not a valid JSON Schema.
+    InvalidToolSchema => "INVALID_TOOL_SCHEMA",
+    /// A request message is larger than the server accepts.
+    MessageTooLarge => "MESSAGE_TOO_LARGE",
+    /// The request did not finish within the server's time limit.
+    RequestTimeout => "REQUEST_TIMEOUT",
+    /// The service is starting or draining.
+    Unavailable => "SERVICE_UNAVAILABLE",
+    /// Storage failed; the operation was not applied.
+    StorageFailure => "STORAGE_FAILURE",
+    /// A state-machine transition that the table does not allow.
+    TransitionNotAllowed => "TRANSITION_NOT_ALLOWED",
+    /// Seed 000: tokens used exceed the token budget.
+    AgentTokenBudgetExceeded => "AGENT_TOKEN_BUDGET_EXCEEDED",
+    /// Seed 000: delegation deeper than allowed.
+    AgentMaxDelegationDepth => "AGENT_MAX_DELEGATION_DEPTH",
+    /// Seed 000: output does not match `ext_agent_output_schema`.
+    AgentOutputSchemaViolation => "AGENT_OUTPUT_SCHEMA_VIOLATION",
+    /// Seed 000: an `ext_agent_*` parameter is out of range.
+    AgentInvalidParameter => "AGENT_INVALID_PARAMETER",
+    /// Seed 001: task numbers are not 1..n contiguous.
+    InvalidTaskNumbering => "INVALID_TASK_NUMBERING",
+    /// A reservation does not fit in a budget or one of its ancestors.
+    BudgetExceeded => "BUDGET_EXCEEDED",
+    /// The work needs an approved run first.
+    ApprovalRequired => "APPROVAL_REQUIRED",
+    /// An internal invariant broke; a bug.
+    Internal => "INTERNAL",
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_round_trips_and_is_unique() {
+        let mut seen = std::collections::HashSet::new();
+        for r in Reason::ALL {
+            assert_eq!(Reason::parse(r.as_str()), Some(*r));
+            assert!(seen.insert(r.as_str()), "duplicate wire form {r}");
+            assert!(
+                r.as_str().chars().all(|c| c.is_ascii_uppercase() || c == '_'),
+                "{r} is not UPPER_SNAKE"
+            );
+        }
+        assert_eq!(Reason::parse("NO_SUCH_REASON"), None);
+    }
+}

@@ -1,0 +1,224 @@
+//! Input validation that produces field violations (`google.rpc.BadRequest`)
+//! rather than a single opaque message, so a client can point at the field.
+
+use std::fmt;
+
+/// One invalid field: its path (`agent.capabilities[1].name`) and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldViolation {
+    /// Dotted path of the field in the request.
+    pub field: String,
+    /// What is wrong, in lowercase, without a trailing period.
+    pub description: String,
+}
+
+impl fmt::Display for FieldViolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.description)
+    }
+}
+
+/// Collects every violation of a request, so one round trip reports them all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Violations(pub Vec<FieldViolation>);
+
+impl Violations {
+    /// An empty collection.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records a violation.
+    pub fn add(&mut self, field: impl Into<String>, description: impl Into<String>) {
+        self.0.push(FieldViolation {
+            field: field.into(),
+            description: description.into(),
+        });
+    }
+
+    /// Records `err` against `field` when `check` failed.
+    pub fn check(&mut self, field: impl Into<String>, check: Result<(), String>) {
+        if let Err(description) = check {
+            self.add(field, description);
+        }
+    }
+
+    /// True when nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// `Ok(())` when empty, else the violations.
+    pub fn into_result(self) -> Result<(), Violations> {
+        if self.is_empty() { Ok(()) } else { Err(self) }
+    }
+}
+
+impl fmt::Display for Violations {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, v) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{v}")?;
+        }
+        Ok(())
+    }
+}
+
+fn ident(s: &str, max_len: usize, what: &str, pattern: &str) -> Result<(), String> {
+    let mut chars = s.chars();
+    let ok = matches!(chars.next(), Some('a'..='z'))
+        && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
+        && s.len() <= max_len;
+    if ok {
+        Ok(())
+    } else if s.is_empty() {
+        Err(format!("{what} is required"))
+    } else {
+        Err(format!("{what} {s:?} must match {pattern}"))
+    }
+}
+
+/// Agent ids: `^[a-z][a-z0-9_]{0,57}$`, so that seed 003's tool name
+/// `agent_<id>` (6 more characters) is itself a valid tool name.
+pub fn agent_id(s: &str) -> Result<(), String> {
+    ident(s, 58, "agent id", "^[a-z][a-z0-9_]{0,57}$")
+}
+
+/// Tool names: `^[a-z][a-z0-9_]{0,63}$` (seed 000's tool names, OpenAI-compatible).
+pub fn tool_name(s: &str) -> Result<(), String> {
+    ident(s, 64, "tool name", "^[a-z][a-z0-9_]{0,63}$")
+}
+
+/// Capability names: dot-separated segments, each `[a-z][a-z0-9_]*`, at most 128
+/// characters in all (`pdf_text_extraction`, `nlp.analysis`).
+pub fn capability(s: &str) -> Result<(), String> {
+    if s.is_empty() {
+        return Err("capability is required".into());
+    }
+    let ok = s.len() <= 128
+        && s.split('.').all(|seg| {
+            let mut c = seg.chars();
+            matches!(c.next(), Some('a'..='z')) && c.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "capability {s:?} must be dot-separated lowercase segments matching [a-z][a-z0-9_]* (at most 128 characters)"
+        ))
+    }
+}
+
+/// The capability and its ancestors, most specific first:
+/// `a.b.c` → `a.b.c`, `a.b`, `a`.
+pub fn capability_lineage(s: &str) -> impl Iterator<Item = &str> {
+    let mut next = Some(s);
+    std::iter::from_fn(move || {
+        let cur = next?;
+        next = cur.rfind('.').map(|i| &cur[..i]);
+        Some(cur)
+    })
+}
+
+/// An endpoint agents are called on: an `http://` or `https://` URL with a host.
+pub fn endpoint(s: &str) -> Result<(), String> {
+    let rest = s
+        .strip_prefix("http://")
+        .or_else(|| s.strip_prefix("https://"));
+    match rest {
+        _ if s.is_empty() => Err("endpoint is required".into()),
+        Some(r) if !r.is_empty() && !r.starts_with('/') && !r.contains(char::is_whitespace) => Ok(()),
+        _ => Err(format!("endpoint {s:?} must be an http:// or https:// URL with a host")),
+    }
+}
+
+/// A value in `[lo, hi]`; NaN is rejected.
+pub fn in_range(v: f64, lo: f64, hi: f64, what: &str) -> Result<(), String> {
+    if v >= lo && v <= hi {
+        Ok(())
+    } else {
+        Err(format!("{what} must be between {lo} and {hi}, got {v}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_id_accepts_the_pattern_and_its_longest_form() {
+        assert!(agent_id("a").is_ok());
+        assert!(agent_id("pdf_extractor_2").is_ok());
+        let longest = format!("a{}", "b".repeat(57));
+        assert!(agent_id(&longest).is_ok());
+        // agent_<id> of the longest id is a valid tool name
+        assert!(tool_name(&format!("agent_{longest}")).is_ok());
+    }
+
+    #[test]
+    fn agent_id_rejects_bad_forms_with_the_pattern_in_the_message() {
+        for bad in ["", "A", "1abc", "_a", "a-b", "a.b", "ab c", "é"] {
+            assert!(agent_id(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(agent_id(&format!("a{}", "b".repeat(58))).is_err());
+        assert_eq!(agent_id("").unwrap_err(), "agent id is required");
+        assert!(agent_id("A").unwrap_err().contains("^[a-z][a-z0-9_]{0,57}$"));
+    }
+
+    #[test]
+    fn tool_name_allows_64_characters_not_65() {
+        assert!(tool_name(&format!("t{}", "x".repeat(63))).is_ok());
+        assert!(tool_name(&format!("t{}", "x".repeat(64))).is_err());
+        assert!(tool_name("web_search").is_ok());
+        assert!(tool_name("Web").is_err());
+    }
+
+    #[test]
+    fn capability_allows_dotted_hierarchy_only_between_valid_segments() {
+        for ok in ["pdf_text_extraction", "nlp.analysis", "a.b2.c_d", "builtin.echo"] {
+            assert!(capability(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "NLP", ".a", "a.", "a..b", "a.1b", "a-b", "a b"] {
+            assert!(capability(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn capability_lineage_walks_from_specific_to_root() {
+        let v: Vec<_> = capability_lineage("a.b.c").collect();
+        assert_eq!(v, ["a.b.c", "a.b", "a"]);
+        assert_eq!(capability_lineage("x").collect::<Vec<_>>(), ["x"]);
+    }
+
+    #[test]
+    fn endpoint_requires_http_url_with_host() {
+        assert!(endpoint("http://127.0.0.1:7700").is_ok());
+        assert!(endpoint("https://agents.example.com").is_ok());
+        for bad in ["", "127.0.0.1:80", "http://", "ftp://x", "http:///x", "http://a b"] {
+            assert!(endpoint(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn in_range_rejects_nan_and_out_of_range() {
+        assert!(in_range(0.5, 0.0, 1.0, "p").is_ok());
+        assert!(in_range(f64::NAN, 0.0, 1.0, "p").is_err());
+        assert_eq!(
+            in_range(1.5, 0.0, 1.0, "proficiency").unwrap_err(),
+            "proficiency must be between 0 and 1, got 1.5"
+        );
+    }
+
+    #[test]
+    fn violations_collect_and_display_all() {
+        let mut v = Violations::new();
+        assert!(v.clone().into_result().is_ok());
+        v.check("agent.id", agent_id(""));
+        v.check("agent.endpoint", endpoint("http://x"));
+        v.add("agent.trust_score", "too high");
+        assert_eq!(v.0.len(), 2);
+        assert_eq!(v.to_string(), "agent.id: agent id is required; agent.trust_score: too high");
+    }
+}

@@ -1,0 +1,154 @@
+//! Client side: channels to other services whose calls carry the correlation
+//! id and trace context, and [`service_client!`](crate::service_client) for
+//! clients that call a service in-process (dev mode) or over gRPC (split
+//! mode) through the same methods.
+
+use std::time::Duration;
+
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+/// Errors making a channel.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The URL is not a valid endpoint.
+    #[error("invalid service url {url:?}: {reason}")]
+    InvalidUrl {
+        /// URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// Connecting failed.
+    #[error("cannot connect to {url}: {source}")]
+    Connect {
+        /// URL.
+        url: String,
+        /// Cause.
+        source: tonic::transport::Error,
+    },
+}
+
+fn endpoint(url: &str) -> Result<Endpoint, ClientError> {
+    let url = if url.contains("://") { url.to_owned() } else { format!("http://{url}") };
+    Ok(Endpoint::from_shared(url.clone())
+        .map_err(|e| ClientError::InvalidUrl { url: url.clone(), reason: e.to_string() })?
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_while_idle(true))
+}
+
+/// A channel that connects on first use and reconnects as needed.
+pub fn lazy_channel(url: &str) -> Result<Channel, ClientError> {
+    Ok(endpoint(url)?.connect_lazy())
+}
+
+/// A channel connected now (fails fast when nothing listens).
+pub async fn connect(url: &str) -> Result<Channel, ClientError> {
+    endpoint(url)?
+        .connect()
+        .await
+        .map_err(|source| ClientError::Connect { url: url.to_owned(), source })
+}
+
+/// Interceptor adding `x-correlation-id` and `traceparent` to every call.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Propagate;
+
+impl tonic::service::Interceptor for Propagate {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        crate::context::inject(&mut req);
+        Ok(req)
+    }
+}
+
+/// A channel with [`Propagate`] applied.
+pub type Intercepted = InterceptedService<Channel, Propagate>;
+
+/// Declares a client enum that calls a service either in-process or over
+/// gRPC, with identical methods and behaviour. In-process calls go through the
+/// same generated trait methods the gRPC server calls, with the correlation
+/// context injected into the request metadata just as the interceptor does.
+///
+/// ```ignore
+/// switchyard_kit::service_client! {
+///     /// Registry client.
+///     pub RegistryClient {
+///         local: Registry as RegistryService,
+///         remote: RegistryServiceClient,
+///         unary { register_agent(RegisterAgentRequest) -> RegisterAgentResponse; }
+///         streaming { watch(WatchRequest) -> WatchResponse; }
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! service_client {
+    (
+        $(#[$meta:meta])*
+        $vis:vis $name:ident {
+            local: $local:ty as $tr:path,
+            remote: $remote:ident,
+            unary { $( $(#[$um:meta])* $method:ident($req:ty) -> $resp:ty; )* }
+            streaming { $( $(#[$sm:meta])* $smethod:ident($sreq:ty) -> $sresp:ty; )* }
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone)]
+        $vis enum $name {
+            /// The service in this process.
+            Local(::std::sync::Arc<$local>),
+            /// The service over gRPC.
+            Remote($remote<$crate::client::Intercepted>),
+        }
+
+        impl ::std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                match self {
+                    Self::Local(_) => f.write_str(concat!(stringify!($name), "::Local")),
+                    Self::Remote(_) => f.write_str(concat!(stringify!($name), "::Remote")),
+                }
+            }
+        }
+
+        impl $name {
+            /// A client calling the in-process service.
+            pub fn local(svc: ::std::sync::Arc<$local>) -> Self {
+                Self::Local(svc)
+            }
+
+            /// A client calling over `channel`, propagating correlation.
+            pub fn remote(channel: ::tonic::transport::Channel, max_message_bytes: usize) -> Self {
+                Self::Remote(
+                    $remote::with_interceptor(channel, $crate::client::Propagate)
+                        .max_decoding_message_size(max_message_bytes)
+                        .max_encoding_message_size(max_message_bytes),
+                )
+            }
+
+            $(
+                $(#[$um])*
+                pub async fn $method(&self, req: $req) -> ::std::result::Result<$resp, ::tonic::Status> {
+                    let mut req = ::tonic::Request::new(req);
+                    $crate::context::inject(&mut req);
+                    match self {
+                        Self::Local(svc) => <$local as $tr>::$method(svc, req).await.map(|r| r.into_inner()),
+                        Self::Remote(c) => c.clone().$method(req).await.map(|r| r.into_inner()),
+                    }
+                }
+            )*
+
+            $(
+                $(#[$sm])*
+                pub async fn $smethod(&self, req: $sreq) -> ::std::result::Result<$crate::BoxStream<$sresp>, ::tonic::Status> {
+                    let mut req = ::tonic::Request::new(req);
+                    $crate::context::inject(&mut req);
+                    match self {
+                        Self::Local(svc) => Ok(Box::pin(<$local as $tr>::$smethod(svc, req).await?.into_inner())),
+                        Self::Remote(c) => Ok(Box::pin(c.clone().$smethod(req).await?.into_inner())),
+                    }
+                }
+            )*
+        }
+    };
+}

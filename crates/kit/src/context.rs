@@ -1,0 +1,139 @@
+//! The correlation context of the request being served.
+//!
+//! The server layer reads `x-correlation-id` (or makes a UUIDv7) and the W3C
+//! `traceparent` of each request and runs the handler inside a task-local
+//! [`RequestContext`]; [`inject`] copies it into every outgoing call, so one id
+//! and one trace span a job across all services.
+
+use opentelemetry::trace::TraceContextExt;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// Metadata key carrying the correlation id, in requests and responses.
+pub const CORRELATION_HEADER: &str = "x-correlation-id";
+/// W3C trace-context header.
+pub const TRACEPARENT_HEADER: &str = "traceparent";
+
+/// Correlation of the request being served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestContext {
+    /// The correlation id.
+    pub correlation_id: String,
+    /// The caller's `traceparent`, when it sent one.
+    pub traceparent: Option<String>,
+}
+
+tokio::task_local! {
+    static CONTEXT: RequestContext;
+}
+
+/// The context of the request being served on this task, if any.
+pub fn current() -> Option<RequestContext> {
+    CONTEXT.try_with(Clone::clone).ok()
+}
+
+/// Runs `fut` with `ctx` as the current context.
+pub async fn scope<F: std::future::Future>(ctx: RequestContext, fut: F) -> F::Output {
+    CONTEXT.scope(ctx, fut).await
+}
+
+/// A new correlation id (UUIDv7: time-ordered).
+pub fn new_correlation_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// A correlation id a client may choose: 1–128 visible ASCII characters.
+pub fn is_valid_correlation_id(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// The correlation id of a request: from its metadata, else the task's
+/// context, else a new one.
+pub fn correlation_id<T>(req: &tonic::Request<T>) -> String {
+    req.metadata()
+        .get(CORRELATION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| is_valid_correlation_id(s))
+        .map(str::to_owned)
+        .or_else(|| current().map(|c| c.correlation_id))
+        .unwrap_or_else(new_correlation_id)
+}
+
+/// The `traceparent` for an outgoing call: the current span's when OTLP
+/// tracing is on, else the one the current request came with.
+pub fn outgoing_traceparent() -> Option<String> {
+    if crate::telemetry::otel_enabled() {
+        let cx = tracing::Span::current().context();
+        let span = cx.span();
+        let sc = span.span_context();
+        if sc.is_valid() {
+            return Some(format!(
+                "00-{}-{}-{:02x}",
+                sc.trace_id(),
+                sc.span_id(),
+                sc.trace_flags().to_u8()
+            ));
+        }
+    }
+    current().and_then(|c| c.traceparent)
+}
+
+/// Adds the correlation id and trace context to an outgoing request, keeping
+/// any the caller already set.
+pub fn inject<T>(req: &mut tonic::Request<T>) {
+    let md = req.metadata_mut();
+    if !md.contains_key(CORRELATION_HEADER) {
+        let id = current().map(|c| c.correlation_id).unwrap_or_else(new_correlation_id);
+        if let Ok(v) = id.parse() {
+            md.insert(CORRELATION_HEADER, v);
+        }
+    }
+    if !md.contains_key(TRACEPARENT_HEADER)
+        && let Some(tp) = outgoing_traceparent()
+        && let Ok(v) = tp.parse()
+    {
+        md.insert(TRACEPARENT_HEADER, v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn correlation_id_validation() {
+        assert!(is_valid_correlation_id("job-123"));
+        assert!(!is_valid_correlation_id(""));
+        assert!(!is_valid_correlation_id("has space"));
+        assert!(!is_valid_correlation_id(&"x".repeat(129)));
+    }
+
+    #[tokio::test]
+    async fn inject_uses_the_current_context_and_keeps_caller_values() {
+        let ctx = RequestContext {
+            correlation_id: "corr-1".into(),
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
+        };
+        scope(ctx, async {
+            let mut req = tonic::Request::new(());
+            inject(&mut req);
+            assert_eq!(req.metadata().get(CORRELATION_HEADER).unwrap(), "corr-1");
+            assert!(req.metadata().get(TRACEPARENT_HEADER).is_some());
+            assert_eq!(correlation_id(&req), "corr-1");
+
+            let mut own = tonic::Request::new(());
+            own.metadata_mut().insert(CORRELATION_HEADER, "mine".parse().unwrap());
+            inject(&mut own);
+            assert_eq!(own.metadata().get(CORRELATION_HEADER).unwrap(), "mine");
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn without_context_a_new_uuid_v7_is_made() {
+        let mut req = tonic::Request::new(());
+        inject(&mut req);
+        let id = req.metadata().get(CORRELATION_HEADER).unwrap().to_str().unwrap().to_owned();
+        assert_eq!(uuid::Uuid::parse_str(&id).unwrap().get_version_num(), 7);
+        assert!(req.metadata().get(TRACEPARENT_HEADER).is_none());
+    }
+}

@@ -1,0 +1,135 @@
+//! Errors on the wire: a gRPC code, a human message, a `google.rpc.ErrorInfo`
+//! whose `reason` comes from [`switchyard_core::Reason`], and for invalid input
+//! a `google.rpc.BadRequest` listing every field violation.
+//!
+//! Services build statuses with [`status`] / [`invalid_argument`] inside one
+//! exhaustive `match` per error enum; clients read them back with [`ApiError`].
+
+use std::collections::HashMap;
+use std::fmt;
+
+use switchyard_core::reason::DOMAIN;
+use switchyard_core::{FieldViolation, Reason, Violations};
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+/// A status with an `ErrorInfo` reason and optional metadata.
+pub fn status(code: Code, reason: Reason, message: impl Into<String>) -> Status {
+    status_with_metadata(code, reason, message, HashMap::new())
+}
+
+/// A status with an `ErrorInfo` reason and metadata (e.g. the field or id concerned).
+pub fn status_with_metadata(
+    code: Code,
+    reason: Reason,
+    message: impl Into<String>,
+    metadata: HashMap<String, String>,
+) -> Status {
+    Status::with_error_details(
+        code,
+        message,
+        ErrorDetails::with_error_info(reason.as_str(), DOMAIN, metadata),
+    )
+}
+
+/// INVALID_ARGUMENT with `reason` and a BadRequest carrying every violation.
+pub fn invalid_argument(reason: Reason, violations: &Violations) -> Status {
+    let mut details = ErrorDetails::with_error_info(reason.as_str(), DOMAIN, HashMap::new());
+    for v in &violations.0 {
+        details.add_bad_request_violation(v.field.clone(), v.description.clone());
+    }
+    Status::with_error_details(Code::InvalidArgument, violations.to_string(), details)
+}
+
+/// An error as a client sees it, rebuilt from a `Status`.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// gRPC code.
+    pub code: Code,
+    /// `ErrorInfo.reason`, when the server sent one.
+    pub reason: Option<String>,
+    /// Human message.
+    pub message: String,
+    /// `ErrorInfo.metadata`.
+    pub metadata: HashMap<String, String>,
+    /// BadRequest field violations.
+    pub violations: Vec<FieldViolation>,
+}
+
+impl ApiError {
+    /// The catalogued reason, when known to this build.
+    pub fn known_reason(&self) -> Option<Reason> {
+        self.reason.as_deref().and_then(Reason::parse)
+    }
+}
+
+impl From<Status> for ApiError {
+    fn from(s: Status) -> Self {
+        let details = s.get_error_details();
+        let (reason, metadata) = match details.error_info() {
+            Some(info) => (Some(info.reason.clone()), info.metadata.clone()),
+            None => (None, HashMap::new()),
+        };
+        let violations = details
+            .bad_request()
+            .map(|b| {
+                b.field_violations
+                    .iter()
+                    .map(|v| FieldViolation { field: v.field.clone(), description: v.description.clone() })
+                    .collect()
+            })
+            .unwrap_or_default();
+        ApiError { code: s.code(), reason, message: s.message().to_owned(), metadata, violations }
+    }
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let reason = self.reason.as_deref().unwrap_or(match self.code {
+            Code::Unavailable => "UNAVAILABLE",
+            _ => "ERROR",
+        });
+        if self.violations.is_empty() {
+            write!(f, "{reason}: {}", self.message)
+        } else {
+            write!(f, "{reason}: invalid request")?;
+            for v in &self.violations {
+                write!(f, "\n  {}: {}", v.field, v.description)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_round_trips_reason_metadata_and_violations() {
+        let mut v = Violations::new();
+        v.add("agent.id", "agent id is required");
+        v.add("agent.trust_score", "must be at most 100");
+        let err = ApiError::from(invalid_argument(Reason::InvalidArgument, &v));
+        assert_eq!(err.code, Code::InvalidArgument);
+        assert_eq!(err.known_reason(), Some(Reason::InvalidArgument));
+        assert_eq!(err.violations.len(), 2);
+        assert_eq!(err.violations[0].field, "agent.id");
+        assert!(err.to_string().contains("agent.trust_score: must be at most 100"));
+
+        let md = HashMap::from([("agent_id".to_string(), "x".to_string())]);
+        let err = ApiError::from(status_with_metadata(Code::NotFound, Reason::AgentNotFound, "no agent x", md));
+        assert_eq!(err.reason.as_deref(), Some("AGENT_NOT_FOUND"));
+        assert_eq!(err.metadata["agent_id"], "x");
+        assert_eq!(err.to_string(), "AGENT_NOT_FOUND: no agent x");
+    }
+
+    #[test]
+    fn plain_status_has_no_reason() {
+        let err = ApiError::from(Status::unavailable("connection refused"));
+        assert_eq!(err.reason, None);
+        assert_eq!(err.to_string(), "UNAVAILABLE: connection refused");
+    }
+}

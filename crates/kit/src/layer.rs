@@ -1,0 +1,176 @@
+//! The tower layer every Switchyard server runs requests through: correlation
+//! id and trace context in, a span per RPC named `<service>.<rpc>`, the id
+//! echoed back, the request time limit, and the message-size refusal mapped
+//! to RESOURCE_EXHAUSTED with a reason.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue, Request, Response};
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use switchyard_core::Reason;
+use tonic::Code;
+use tonic::body::Body;
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::context::{self, CORRELATION_HEADER, RequestContext, TRACEPARENT_HEADER};
+use crate::error;
+
+#[derive(Debug, Clone)]
+pub(crate) struct RpcLayer {
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) max_message_bytes: usize,
+}
+
+impl<S> tower::Layer<S> for RpcLayer {
+    type Service = RpcService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RpcService { inner, cfg: Arc::new(self.clone()) }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct RpcService<S> {
+    inner: S,
+    cfg: Arc<RpcLayer>,
+}
+
+struct HeaderExtractor<'a>(&'a HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(|k| k.as_str()).collect()
+    }
+}
+
+/// `/switchyard.registry.v1.RegistryService/Heartbeat` → (`registry`, `Heartbeat`).
+fn rpc_name(path: &str) -> (&str, &str) {
+    let path = path.trim_start_matches('/');
+    let (service, method) = path.split_once('/').unwrap_or((path, ""));
+    let short = service
+        .strip_prefix("switchyard.")
+        .and_then(|s| s.split('.').next())
+        .unwrap_or(service);
+    (short, method)
+}
+
+type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<S> tower::Service<Request<Body>> for RpcService<S>
+where
+    S: tower::Service<Request<Body>, Response = Response<Body>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Response<Body>, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        // Take the service that was driven to readiness; leave a clone behind.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let cfg = self.cfg.clone();
+
+        let correlation_id = req
+            .headers()
+            .get(CORRELATION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .filter(|s| context::is_valid_correlation_id(s))
+            .map(str::to_owned)
+            .unwrap_or_else(context::new_correlation_id);
+        let traceparent = req
+            .headers()
+            .get(TRACEPARENT_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let (service, method) = rpc_name(req.uri().path());
+        let span = tracing::info_span!(
+            "rpc",
+            otel.name = %format_args!("{service}.{method}"),
+            otel.kind = "server",
+            rpc.system = "grpc",
+            rpc.service = %service,
+            rpc.method = %method,
+            correlation_id = %correlation_id,
+            grpc.status = tracing::field::Empty,
+        );
+        if crate::telemetry::otel_enabled() && traceparent.is_some() {
+            let parent = TraceContextPropagator::new().extract(&HeaderExtractor(req.headers()));
+            let _ = span.set_parent(parent);
+        }
+        let ctx = RequestContext { correlation_id: correlation_id.clone(), traceparent };
+
+        Box::pin(
+            async move {
+                let fut = context::scope(ctx, inner.call(req));
+                let result = match cfg.timeout {
+                    Some(limit) => match tokio::time::timeout(limit, fut).await {
+                        Ok(r) => r,
+                        Err(_) => Ok(error::status(
+                            Code::DeadlineExceeded,
+                            Reason::RequestTimeout,
+                            format!("request did not finish within the server's {} ms limit", limit.as_millis()),
+                        )
+                        .into_http()),
+                    },
+                    None => fut.await,
+                };
+                result.map(|mut resp| {
+                    if is_decode_too_large(resp.headers()) {
+                        resp = error::status(
+                            Code::ResourceExhausted,
+                            Reason::MessageTooLarge,
+                            format!(
+                                "request message is larger than the server's limit of {} bytes (server.max_message_bytes)",
+                                cfg.max_message_bytes
+                            ),
+                        )
+                        .into_http();
+                    }
+                    if let Some(code) = resp.headers().get("grpc-status").and_then(|v| v.to_str().ok()) {
+                        tracing::Span::current().record("grpc.status", code);
+                    }
+                    if let Ok(v) = HeaderValue::from_str(&correlation_id) {
+                        resp.headers_mut().insert(CORRELATION_HEADER, v);
+                    }
+                    resp
+                })
+            }
+            .instrument(span),
+        )
+    }
+}
+
+/// tonic refuses an oversized request with OUT_OF_RANGE; gRPC's convention
+/// (and what clients in other languages expect) is RESOURCE_EXHAUSTED.
+fn is_decode_too_large(h: &HeaderMap) -> bool {
+    h.get("grpc-status").is_some_and(|v| v == "11")
+        && h.get("grpc-message")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|m| m.contains("decoded%20message%20length%20too%20large") || m.contains("decoded message length too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rpc_name_shortens_switchyard_services() {
+        assert_eq!(rpc_name("/switchyard.registry.v1.RegistryService/Heartbeat"), ("registry", "Heartbeat"));
+        assert_eq!(rpc_name("/grpc.health.v1.Health/Check"), ("grpc.health.v1.Health", "Check"));
+    }
+}

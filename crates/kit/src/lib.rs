@@ -1,0 +1,26 @@
+//! Service plumbing shared by every Switchyard service and the CLI.
+//!
+//! - [`server`]: one gRPC port with health, reflection (v1 and v1alpha),
+//!   message-size and time limits, correlation and trace extraction, and
+//!   graceful shutdown.
+//! - [`client`]: channels whose calls carry `x-correlation-id` and `traceparent`,
+//!   and [`service_client!`] for clients that are the same in-process or remote.
+//! - [`context`]: the per-request correlation context.
+//! - [`error`]: `tonic::Status` with `ErrorInfo` reasons and `BadRequest`
+//!   violations, and their client-side reading ([`error::ApiError`]).
+//! - [`config`]: defaults → TOML file → `SWITCHYARD_*` env layering.
+//! - [`telemetry`]: logs (human or JSON) and OTLP trace export.
+//! - [`shutdown`]: SIGINT/SIGTERM handling shared by every binary.
+
+pub mod client;
+pub mod config;
+pub mod context;
+pub mod error;
+mod layer;
+pub mod server;
+pub mod shutdown;
+pub mod telemetry;
+
+/// A boxed stream of messages or statuses, as returned by streaming client calls.
+pub type BoxStream<T> =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<T, tonic::Status>> + Send + 'static>>;

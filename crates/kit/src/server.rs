@@ -1,0 +1,186 @@
+//! One gRPC port for any set of Switchyard services, with `grpc.health.v1`
+//! (per-service status, NOT_SERVING while starting and draining), server
+//! reflection v1 and v1alpha, limits, correlation and graceful shutdown.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::body::Body;
+use tonic::server::NamedService;
+use tonic::service::RoutesBuilder;
+use tonic_health::ServingStatus;
+
+use crate::layer::RpcLayer;
+use crate::shutdown::Shutdown;
+
+/// `[server]` configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address to listen on (`host:port`; port 0 picks a free one).
+    pub listen: String,
+    /// Largest request message accepted, bytes; larger ones get RESOURCE_EXHAUSTED.
+    pub max_message_bytes: usize,
+    /// Time limit of one unary request (or a stream's start), ms; 0 = none.
+    pub request_timeout_ms: u64,
+    /// How long shutdown waits for in-flight requests, ms.
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:7600".into(),
+            max_message_bytes: 4 * 1024 * 1024,
+            request_timeout_ms: 30_000,
+            drain_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// Errors starting or running a server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// Reflection could not be built from the descriptor sets.
+    #[error("building reflection service: {0}")]
+    Reflection(String),
+    /// The transport failed.
+    #[error("grpc server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// Binding the listen address failed.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// Address.
+        addr: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+/// Binds the configured listen address.
+pub async fn bind(cfg: &ServerConfig) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(&cfg.listen)
+        .await
+        .map_err(|source| ServerError::Bind { addr: cfg.listen.clone(), source })
+}
+
+/// Services to serve on one port.
+pub struct Server {
+    cfg: ServerConfig,
+    routes: RoutesBuilder,
+    names: Vec<&'static str>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server").field("services", &self.names).finish_non_exhaustive()
+    }
+}
+
+impl Server {
+    /// An empty server with `cfg`'s limits.
+    pub fn new(cfg: ServerConfig) -> Self {
+        Server { cfg, routes: RoutesBuilder::default(), names: Vec::new() }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ServerConfig {
+        &self.cfg
+    }
+
+    /// Adds a generated tonic server (already sized with
+    /// [`ServerConfig::max_message_bytes`]).
+    pub fn add_service<S>(mut self, svc: S) -> Self
+    where
+        S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
+            + NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        self.names.push(S::NAME);
+        self.routes.add_service(svc);
+        self
+    }
+
+    /// Serves on `listener` until `shutdown` fires, then reports NOT_SERVING,
+    /// stops accepting, and waits up to the drain timeout for in-flight
+    /// requests. Callers flush storage and telemetry after it returns.
+    pub async fn run(self, listener: TcpListener, shutdown: Shutdown) -> Result<(), ServerError> {
+        let (reporter, health) = tonic_health::server::health_reporter();
+        for name in &self.names {
+            reporter.set_service_status(*name, ServingStatus::NotServing).await;
+        }
+        reporter.set_service_status("", ServingStatus::NotServing).await;
+
+        let reflection = || {
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        };
+        let refl_v1 = reflection()
+            .build_v1()
+            .map_err(|e| ServerError::Reflection(e.to_string()))?;
+        let refl_v1alpha = reflection()
+            .build_v1alpha()
+            .map_err(|e| ServerError::Reflection(e.to_string()))?;
+
+        let mut routes = self.routes;
+        routes.add_service(health).add_service(refl_v1).add_service(refl_v1alpha);
+
+        let layer = RpcLayer {
+            timeout: (self.cfg.request_timeout_ms > 0)
+                .then(|| Duration::from_millis(self.cfg.request_timeout_ms)),
+            max_message_bytes: self.cfg.max_message_bytes,
+        };
+        let drain = Duration::from_millis(self.cfg.drain_timeout_ms);
+
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .layer(layer)
+            .add_routes(routes.routes())
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                let _ = stop_rx.await;
+            });
+        let mut server = tokio::spawn(server);
+
+        for name in &self.names {
+            reporter.set_service_status(*name, ServingStatus::Serving).await;
+        }
+        reporter.set_service_status("", ServingStatus::Serving).await;
+
+        tokio::select! {
+            r = &mut server => return flatten(r),
+            _ = shutdown.wait() => {}
+        }
+        for name in &self.names {
+            reporter.set_service_status(*name, ServingStatus::NotServing).await;
+        }
+        reporter.set_service_status("", ServingStatus::NotServing).await;
+        let _ = stop_tx.send(());
+        match tokio::time::timeout(drain, &mut server).await {
+            Ok(r) => flatten(r),
+            Err(_) => {
+                tracing::warn!(drain_ms = drain.as_millis() as u64, "drain timed out; closing remaining connections");
+                server.abort();
+                Ok(())
+            }
+        }
+    }
+}
+
+fn flatten(
+    r: Result<Result<(), tonic::transport::Error>, tokio::task::JoinError>,
+) -> Result<(), ServerError> {
+    match r {
+        Ok(inner) => inner.map_err(ServerError::from),
+        // The task only ends by returning or by our abort.
+        Err(_) => Ok(()),
+    }
+}

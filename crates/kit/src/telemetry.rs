@@ -1,0 +1,142 @@
+//! Logs and traces. Logs go to stderr, human-readable or JSON; spans are
+//! exported over OTLP/gRPC when an endpoint is configured (or
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` is set). Call [`init`] first thing and
+//! [`TelemetryGuard::shutdown`] last, to flush spans.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use serde::{Deserialize, Serialize};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+static OTEL_ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// True when spans are exported over OTLP.
+pub fn otel_enabled() -> bool {
+    OTEL_ENABLED.load(Ordering::Relaxed)
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[telemetry]` configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// Log format.
+    pub log_format: LogFormat,
+    /// `tracing` filter directives (overridden by `RUST_LOG`).
+    pub log_filter: String,
+    /// OTLP gRPC endpoint; when unset, `OTEL_EXPORTER_OTLP_ENDPOINT` is used.
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` resource attribute of exported spans.
+    pub service_name: String,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            log_format: LogFormat::Human,
+            log_filter: "info".into(),
+            otlp_endpoint: None,
+            service_name: "switchyard".into(),
+        }
+    }
+}
+
+/// Flushes telemetry on shutdown.
+#[derive(Debug)]
+pub struct TelemetryGuard {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl TelemetryGuard {
+    /// Flushes and stops the span exporter.
+    pub fn shutdown(self) {
+        if let Some(p) = self.provider {
+            if let Err(e) = p.shutdown() {
+                eprintln!("telemetry: flushing spans failed: {e}");
+            }
+        }
+    }
+}
+
+/// Errors initialising telemetry.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    /// The log filter does not parse.
+    #[error("invalid log filter {0:?}: {1}")]
+    Filter(String, String),
+    /// The OTLP exporter could not be built.
+    #[error("otlp exporter for {0}: {1}")]
+    Exporter(String, String),
+    /// A global subscriber is already installed.
+    #[error("telemetry already initialised: {0}")]
+    AlreadyInit(String),
+}
+
+/// Installs the global subscriber. Must run inside a tokio runtime when OTLP
+/// export is on.
+pub fn init(cfg: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(v) if !v.is_empty() => EnvFilter::try_new(&v).map_err(|e| TelemetryError::Filter(v, e.to_string()))?,
+        _ => EnvFilter::try_new(&cfg.log_filter)
+            .map_err(|e| TelemetryError::Filter(cfg.log_filter.clone(), e.to_string()))?,
+    };
+    let fmt = match cfg.log_format {
+        LogFormat::Human => tracing_subscriber::fmt::layer().with_writer(std::io::stderr).boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .with_current_span(true)
+            .with_writer(std::io::stderr)
+            .boxed(),
+    };
+    let endpoint = cfg
+        .otlp_endpoint
+        .clone()
+        .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok())
+        .filter(|s| !s.is_empty());
+    let (otel, provider) = match endpoint {
+        Some(ep) => {
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(ep.clone())
+                .build()
+                .map_err(|e| TelemetryError::Exporter(ep, e.to_string()))?;
+            let provider = SdkTracerProvider::builder()
+                .with_batch_exporter(exporter)
+                .with_resource(
+                    opentelemetry_sdk::Resource::builder()
+                        .with_service_name(cfg.service_name.clone())
+                        .build(),
+                )
+                .build();
+            let tracer = provider.tracer("switchyard");
+            opentelemetry::global::set_text_map_propagator(
+                opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+            );
+            (Some(tracing_opentelemetry::layer().with_tracer(tracer)), Some(provider))
+        }
+        None => (None, None),
+    };
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt)
+        .with(otel)
+        .try_init()
+        .map_err(|e| TelemetryError::AlreadyInit(e.to_string()))?;
+    OTEL_ENABLED.store(provider.is_some(), Ordering::Relaxed);
+    Ok(TelemetryGuard { provider })
+}

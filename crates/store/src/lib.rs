@@ -1,0 +1,238 @@
+//! Embedded storage for Switchyard services.
+//!
+//! Each service opens its own [`Store`] (a sled database under the data
+//! directory) and keeps typed [`Tree`]s of prost-encoded values in it; no sled
+//! type appears in this crate's public API, so a Postgres implementation can
+//! take its place later. Writes become durable only through [`Store::sync`],
+//! which group-commits: every caller waiting at the same time shares one flush,
+//! so throughput does not collapse to one fsync per request.
+
+mod group_commit;
+
+use std::marker::PhantomData;
+use std::path::Path;
+use std::sync::Arc;
+
+use group_commit::GroupCommit;
+
+/// Storage errors. The operation they come from was not applied (or, for
+/// [`Store::sync`], not made durable).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be opened or written.
+    #[error("storage i/o failed: {0}")]
+    Io(String),
+    /// A stored value did not decode: the data on disk is damaged or from an
+    /// incompatible version.
+    #[error("stored value under {key:?} in {tree} does not decode: {source}")]
+    Corrupt {
+        /// Tree name.
+        tree: String,
+        /// Key of the value.
+        key: String,
+        /// Decoder error.
+        source: prost::DecodeError,
+    },
+    /// The store was closed.
+    #[error("store is closed")]
+    Closed,
+}
+
+impl From<sled::Error> for StoreError {
+    fn from(e: sled::Error) -> Self {
+        StoreError::Io(e.to_string())
+    }
+}
+
+/// One service's database.
+#[derive(Clone)]
+pub struct Store {
+    db: sled::Db,
+    commit: Arc<GroupCommit>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens (creating if needed) the database at `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Store, StoreError> {
+        let path = path.as_ref();
+        std::fs::create_dir_all(path)
+            .map_err(|e| StoreError::Io(format!("create {}: {e}", path.display())))?;
+        let db = sled::Config::new()
+            .path(path)
+            // sled's own background flush: what is written without `sync`
+            // (e.g. heartbeats) reaches disk within this interval.
+            .flush_every_ms(Some(1_000))
+            .open()?;
+        Ok(Self::from_db(db))
+    }
+
+    /// A database that lives in memory and vanishes on drop (tests, benches).
+    pub fn temporary() -> Result<Store, StoreError> {
+        Ok(Self::from_db(sled::Config::new().temporary(true).open()?))
+    }
+
+    fn from_db(db: sled::Db) -> Store {
+        let commit = GroupCommit::start(db.clone());
+        Store { db, commit }
+    }
+
+    /// Opens a typed tree.
+    pub fn tree<V: prost::Message + Default>(&self, name: &str) -> Result<Tree<V>, StoreError> {
+        Ok(Tree { name: name.to_owned(), tree: self.db.open_tree(name)?, _v: PhantomData })
+    }
+
+    /// Waits until every write made before this call is durable on disk.
+    /// Concurrent callers share flushes.
+    pub async fn sync(&self) -> Result<(), StoreError> {
+        self.commit.sync().await
+    }
+
+    /// Flushes everything now, blocking (for shutdown).
+    pub fn flush_blocking(&self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        Ok(())
+    }
+}
+
+/// A tree of prost messages keyed by strings, iterated in key order.
+pub struct Tree<V> {
+    name: String,
+    tree: sled::Tree,
+    _v: PhantomData<fn() -> V>,
+}
+
+impl<V> Clone for Tree<V> {
+    fn clone(&self) -> Self {
+        Tree { name: self.name.clone(), tree: self.tree.clone(), _v: PhantomData }
+    }
+}
+
+impl<V> std::fmt::Debug for Tree<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tree").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+impl<V: prost::Message + Default> Tree<V> {
+    fn decode(&self, key: &[u8], bytes: &[u8]) -> Result<V, StoreError> {
+        V::decode(bytes).map_err(|source| StoreError::Corrupt {
+            tree: self.name.clone(),
+            key: String::from_utf8_lossy(key).into_owned(),
+            source,
+        })
+    }
+
+    /// The value under `key`.
+    pub fn get(&self, key: &str) -> Result<Option<V>, StoreError> {
+        match self.tree.get(key.as_bytes())? {
+            Some(b) => Ok(Some(self.decode(key.as_bytes(), &b)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Stores `value` under `key` (not yet durable: see [`Store::sync`]).
+    pub fn put(&self, key: &str, value: &V) -> Result<(), StoreError> {
+        self.tree.insert(key.as_bytes(), value.encode_to_vec())?;
+        Ok(())
+    }
+
+    /// Removes `key`; true when it existed.
+    pub fn remove(&self, key: &str) -> Result<bool, StoreError> {
+        Ok(self.tree.remove(key.as_bytes())?.is_some())
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.tree.len()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.tree.is_empty()
+    }
+
+    /// Every entry in key order.
+    pub fn iter(&self) -> impl Iterator<Item = Result<(String, V), StoreError>> + '_ {
+        self.tree.iter().map(move |r| {
+            let (k, v) = r?;
+            let value = self.decode(&k, &v)?;
+            Ok((String::from_utf8_lossy(&k).into_owned(), value))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_proto::registry::v1::Tool;
+
+    fn tool(name: &str) -> Tool {
+        Tool { name: name.into(), description: "d".into(), ..Default::default() }
+    }
+
+    #[tokio::test]
+    async fn values_survive_reopen_after_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path()).unwrap();
+            let t = store.tree::<Tool>("tools").unwrap();
+            t.put("b", &tool("b")).unwrap();
+            t.put("a", &tool("a")).unwrap();
+            assert!(t.remove("b").unwrap());
+            assert!(!t.remove("b").unwrap());
+            store.sync().await.unwrap();
+        }
+        let store = Store::open(dir.path()).unwrap();
+        let t = store.tree::<Tool>("tools").unwrap();
+        assert_eq!(t.get("a").unwrap().unwrap().name, "a");
+        assert!(t.get("b").unwrap().is_none());
+        assert_eq!(t.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn iteration_is_in_key_order() {
+        let store = Store::temporary().unwrap();
+        let t = store.tree::<Tool>("tools").unwrap();
+        for n in ["c", "a", "b"] {
+            t.put(n, &tool(n)).unwrap();
+        }
+        let keys: Vec<_> = t.iter().map(|r| r.unwrap().0).collect();
+        assert_eq!(keys, ["a", "b", "c"]);
+    }
+
+    #[tokio::test]
+    async fn corrupt_value_is_an_error_naming_tree_and_key() {
+        let store = Store::temporary().unwrap();
+        store.db.open_tree("tools").unwrap().insert("bad", &[0xff, 0xff, 0xff][..]).unwrap();
+        let t = store.tree::<Tool>("tools").unwrap();
+        let err = t.get("bad").unwrap_err().to_string();
+        assert!(err.contains("tools") && err.contains("bad"), "{err}");
+        assert!(t.iter().next().unwrap().is_err());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_syncs_all_complete_and_share_flushes() {
+        let store = Store::temporary().unwrap();
+        let t = store.tree::<Tool>("tools").unwrap();
+        let mut tasks = Vec::new();
+        for i in 0..64 {
+            let (store, t) = (store.clone(), t.clone());
+            tasks.push(tokio::spawn(async move {
+                t.put(&format!("k{i}"), &tool("x")).unwrap();
+                store.sync().await
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap().unwrap();
+        }
+        assert_eq!(t.len(), 64);
+        let flushes = store.commit.flushes();
+        assert!(flushes >= 1 && flushes <= 64, "{flushes}");
+    }
+}
