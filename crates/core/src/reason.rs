@@ -43,6 +43,8 @@ reasons! {
     ToolNotFound => "AGENT_TOOL_NOT_FOUND",
     /// No eligible agent offers the capability right now.
     CapabilityUnavailable => "CAPABILITY_UNAVAILABLE",
+    /// A tool cannot be removed while agents list it in `uses_tools`.
+    ToolInUse => "TOOL_IN_USE",
     /// A tool's `parameters` is not a valid JSON Schema.
     InvalidToolSchema => "INVALID_TOOL_SCHEMA",
     /// A request message is larger than the server accepts.

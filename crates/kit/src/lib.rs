@@ -16,10 +16,12 @@ pub mod client;
 pub mod config;
 pub mod context;
 pub mod error;
+pub mod json;
 mod layer;
 pub mod server;
 pub mod shutdown;
 pub mod telemetry;
+pub mod time;
 
 /// A boxed stream of messages or statuses, as returned by streaming client calls.
 pub type BoxStream<T> =

@@ -1,1 +1,691 @@
-//! placeholder
+//! The Switchyard registry (AINS): which agents and tools exist, what they can
+//! do at what price and trust, whether they are alive (leases kept by
+//! heartbeats), how they have performed (per-capability outcome stats), and a
+//! resumable watch of all of it that routers build their index from.
+//!
+//! Called by agents (register, heartbeat), the executor (report outcomes), the
+//! router (watch) and the CLI. Durable records live in sled; heartbeats and
+//! stats are held in memory and written lazily, never one fsync each.
+
+mod state;
+pub mod validate;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use switchyard_core::{Clock, Reason, Violations};
+use switchyard_kit::error::{invalid_argument, status_with_metadata};
+use switchyard_kit::shutdown::Shutdown;
+use switchyard_kit::time::{duration, duration_ms, timestamp, timestamp_ms};
+use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
+use switchyard_proto::registry::v1::registry_service_server::{RegistryService, RegistryServiceServer};
+use switchyard_proto::registry::v1::*;
+use switchyard_store::{Store, StoreError, Tree};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Request, Response, Status};
+
+use state::{Catchup, Entry, State};
+
+/// `[registry]` configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegistryConfig {
+    /// How long a registration or heartbeat keeps an agent available.
+    pub lease_ttl_secs: u64,
+    /// How often lapsed leases are detected, ms.
+    pub sweep_interval_ms: u64,
+    /// How often heartbeat and stats changes are written to disk, ms.
+    pub persist_interval_ms: u64,
+    /// Watch events kept for resuming; older positions get a snapshot.
+    pub watch_log_capacity: usize,
+    /// Weight of the newest sample in the latency EWMA (0–1].
+    pub ewma_alpha: f64,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        Self {
+            lease_ttl_secs: 30,
+            sweep_interval_ms: 500,
+            persist_interval_ms: 2_000,
+            watch_log_capacity: 100_000,
+            ewma_alpha: 0.2,
+        }
+    }
+}
+
+impl RegistryConfig {
+    /// Checks the configuration.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.lease_ttl_secs == 0 {
+            return Err("registry.lease_ttl_secs must be > 0".into());
+        }
+        if self.sweep_interval_ms == 0 || self.persist_interval_ms == 0 {
+            return Err("registry.sweep_interval_ms and persist_interval_ms must be > 0".into());
+        }
+        if !(self.ewma_alpha > 0.0 && self.ewma_alpha <= 1.0) {
+            return Err(format!("registry.ewma_alpha must be in (0, 1], got {}", self.ewma_alpha));
+        }
+        Ok(())
+    }
+}
+
+/// Registry failures; each maps to one gRPC status in `From<RegistryError>`.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The request has invalid fields.
+    #[error("invalid request: {0}")]
+    Invalid(Violations),
+    /// A tool's parameters are not a valid JSON Schema.
+    #[error("invalid tool schema: {0}")]
+    InvalidToolSchema(Violations),
+    /// No such agent.
+    #[error("agent {0:?} is not registered")]
+    AgentNotFound(String),
+    /// No such tool.
+    #[error("tool {0:?} is not registered")]
+    ToolNotFound(String),
+    /// The tool is still listed by agents.
+    #[error("tool {tool:?} is used by agents: {}", agents.join(", "))]
+    ToolInUse {
+        /// Tool name.
+        tool: String,
+        /// Agents listing it.
+        agents: Vec<String>,
+    },
+    /// Storage failed; nothing was acknowledged.
+    #[error("storage failed: {0}")]
+    Storage(#[from] StoreError),
+}
+
+impl From<RegistryError> for Status {
+    fn from(e: RegistryError) -> Status {
+        let msg = e.to_string();
+        match e {
+            RegistryError::Invalid(v) => invalid_argument(Reason::InvalidArgument, &v),
+            RegistryError::InvalidToolSchema(v) => invalid_argument(Reason::InvalidToolSchema, &v),
+            RegistryError::AgentNotFound(id) => {
+                status_with_metadata(Code::NotFound, Reason::AgentNotFound, msg, HashMap::from([("agent_id".into(), id)]))
+            }
+            RegistryError::ToolNotFound(name) => {
+                status_with_metadata(Code::NotFound, Reason::ToolNotFound, msg, HashMap::from([("tool".into(), name)]))
+            }
+            RegistryError::ToolInUse { tool, agents } => status_with_metadata(
+                Code::FailedPrecondition,
+                Reason::ToolInUse,
+                msg,
+                HashMap::from([("tool".into(), tool), ("agents".into(), agents.join(","))]),
+            ),
+            RegistryError::Storage(_) => {
+                switchyard_kit::error::status(Code::Unavailable, Reason::StorageFailure, msg)
+            }
+        }
+    }
+}
+
+fn invalid(field: &str, description: impl Into<String>) -> RegistryError {
+    let mut v = Violations::new();
+    v.add(field, description);
+    RegistryError::Invalid(v)
+}
+
+struct Inner {
+    cfg: RegistryConfig,
+    clock: Arc<dyn Clock>,
+    state: Mutex<State>,
+    head_tx: watch::Sender<u64>,
+    store: Store,
+    agents: Tree<Agent>,
+    tools: Tree<Tool>,
+    shutdown: Shutdown,
+}
+
+/// The registry service. Cheap to clone; all clones share state.
+#[derive(Clone)]
+pub struct Registry {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry").finish_non_exhaustive()
+    }
+}
+
+const PAGE_DEFAULT: usize = 100;
+const PAGE_MAX: usize = 1000;
+
+impl Registry {
+    /// Opens the registry on `store`, loading every stored agent and tool.
+    /// Agents whose lease ran out while the registry was down come back lapsed.
+    pub fn open(
+        cfg: RegistryConfig,
+        store: Store,
+        clock: Arc<dyn Clock>,
+        shutdown: Shutdown,
+    ) -> Result<Registry, RegistryError> {
+        let agents = store.tree::<Agent>("agents")?;
+        let tools = store.tree::<Tool>("tools")?;
+        let now = clock.now_ms();
+        let mut st = State::new(uuid::Uuid::new_v4().simple().to_string(), cfg.watch_log_capacity);
+        for r in tools.iter() {
+            let (name, tool) = r?;
+            st.tools.insert(name, tool);
+        }
+        for r in agents.iter() {
+            let (_, mut agent) = r?;
+            let lease = agent.lease_expires_at.as_ref().map_or(0, timestamp_ms);
+            agent.status = if lease > now { AgentStatus::Available } else { AgentStatus::Lapsed } as i32;
+            st.put_agent(Entry { agent, lease_expires_ms: lease, dirty: false });
+        }
+        tracing::info!(agents = st.agents.len(), tools = st.tools.len(), epoch = %st.epoch, "registry loaded");
+        let (head_tx, _) = watch::channel(0);
+        Ok(Registry {
+            inner: Arc::new(Inner { cfg, clock, state: Mutex::new(st), head_tx, store, agents, tools, shutdown }),
+        })
+    }
+
+    /// Runs lease sweeping and lazy persistence until shutdown.
+    pub fn spawn_background(&self) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let cfg = &me.inner.cfg;
+            let mut sweep = tokio::time::interval(Duration::from_millis(cfg.sweep_interval_ms));
+            let mut persist = tokio::time::interval(Duration::from_millis(cfg.persist_interval_ms));
+            sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            persist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = sweep.tick() => { me.sweep(); }
+                    _ = persist.tick() => {
+                        if let Err(e) = me.persist_dirty() {
+                            tracing::error!(error = %e, "persisting heartbeats failed");
+                        }
+                    }
+                    _ = me.inner.shutdown.wait() => return,
+                }
+            }
+        })
+    }
+
+    /// Marks agents whose lease ran out as lapsed; returns how many lapsed.
+    pub fn sweep(&self) -> usize {
+        let now = self.inner.clock.now_ms();
+        let lapsed = {
+            let mut st = self.lock();
+            let ids: Vec<String> = st
+                .agents
+                .iter()
+                .filter(|(_, e)| e.status() == AgentStatus::Available && e.lease_expires_ms <= now)
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in &ids {
+                if let Some(e) = st.agents.get_mut(id) {
+                    e.agent.status = AgentStatus::Lapsed as i32;
+                    e.dirty = true;
+                }
+                st.emit_agent(id);
+                tracing::info!(agent_id = %id, "agent lease lapsed");
+            }
+            ids.len()
+        };
+        if lapsed > 0 {
+            self.notify();
+        }
+        lapsed
+    }
+
+    /// Writes heartbeat and stats changes (without waiting for fsync; sled
+    /// flushes in the background). Returns how many agents were written.
+    pub fn persist_dirty(&self) -> Result<usize, RegistryError> {
+        let dirty: Vec<Agent> = {
+            let mut st = self.lock();
+            st.agents
+                .values_mut()
+                .filter(|e| e.dirty)
+                .map(|e| {
+                    e.dirty = false;
+                    e.view()
+                })
+                .collect()
+        };
+        for a in &dirty {
+            if let Some(s) = &a.spec {
+                self.inner.agents.put(&s.id, a)?;
+            }
+        }
+        Ok(dirty.len())
+    }
+
+    /// Persists everything and flushes to disk (shutdown).
+    pub fn flush(&self) -> Result<(), RegistryError> {
+        self.persist_dirty()?;
+        self.inner.store.flush_blocking()?;
+        Ok(())
+    }
+
+    /// The tonic server for this registry, accepting messages up to `max_message_bytes`.
+    pub fn server(&self, max_message_bytes: usize) -> RegistryServiceServer<Registry> {
+        RegistryServiceServer::new(self.clone())
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes)
+    }
+
+    /// The current watch revision.
+    pub fn revision(&self) -> u64 {
+        self.lock().head()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn notify(&self) {
+        let head = self.lock().head();
+        self.inner.head_tx.send_replace(head);
+    }
+
+    fn lease(&self, id: &str, expires_ms: u64) -> Lease {
+        Lease {
+            agent_id: id.to_owned(),
+            ttl: Some(duration(self.inner.cfg.lease_ttl_secs * 1000)),
+            expires_at: Some(timestamp(expires_ms)),
+        }
+    }
+
+    async fn register_agent_impl(&self, spec: Option<AgentSpec>) -> Result<RegisterAgentResponse, RegistryError> {
+        let Some(mut spec) = spec else {
+            return Err(invalid("agent", "agent is required"));
+        };
+        if spec.name.is_empty() {
+            spec.name = spec.id.clone();
+        }
+        let now = self.inner.clock.now_ms();
+        let expires = now + self.inner.cfg.lease_ttl_secs * 1000;
+        let (agent, created) = {
+            let mut st = self.lock();
+            let v = validate::agent_spec(&spec, |t| st.tools.contains_key(t));
+            if !v.is_empty() {
+                return Err(RegistryError::Invalid(v));
+            }
+            let prev = st.agents.get(&spec.id);
+            let created = prev.is_none();
+            let agent = Agent {
+                status: AgentStatus::Available as i32,
+                in_flight: 0,
+                lease_expires_at: Some(timestamp(expires)),
+                registered_at: Some(prev.and_then(|p| p.agent.registered_at).unwrap_or_else(|| timestamp(now))),
+                updated_at: Some(timestamp(now)),
+                stats: prev.map(|p| p.agent.stats.clone()).unwrap_or_default(),
+                spec: Some(spec.clone()),
+            };
+            self.inner.agents.put(&spec.id, &agent)?;
+            st.put_agent(Entry { agent: agent.clone(), lease_expires_ms: expires, dirty: false });
+            st.emit_agent(&spec.id);
+            (agent, created)
+        };
+        self.notify();
+        self.inner.store.sync().await?;
+        tracing::info!(agent_id = %spec.id, created, "agent registered");
+        Ok(RegisterAgentResponse { lease: Some(self.lease(&spec.id, expires)), agent: Some(agent), created })
+    }
+
+    fn heartbeat_impl(&self, req: HeartbeatRequest) -> Result<HeartbeatResponse, RegistryError> {
+        let now = self.inner.clock.now_ms();
+        let expires = now + self.inner.cfg.lease_ttl_secs * 1000;
+        let changed = {
+            let mut st = self.lock();
+            let Some(e) = st.agents.get_mut(&req.agent_id) else {
+                return Err(RegistryError::AgentNotFound(req.agent_id));
+            };
+            let was_saturated = e.saturated();
+            let revived = e.status() == AgentStatus::Lapsed;
+            e.lease_expires_ms = expires;
+            e.agent.in_flight = req.in_flight;
+            e.agent.status = AgentStatus::Available as i32;
+            e.dirty = true;
+            // Only routing-relevant changes become watch events, so heartbeats
+            // at high rates do not flood watchers.
+            let changed = revived || was_saturated != e.saturated();
+            if changed {
+                st.emit_agent(&req.agent_id);
+            }
+            if revived {
+                tracing::info!(agent_id = %req.agent_id, "agent lease renewed after lapse");
+            }
+            changed
+        };
+        if changed {
+            self.notify();
+        }
+        Ok(HeartbeatResponse { lease: Some(self.lease(&req.agent_id, expires)) })
+    }
+
+    async fn deregister_impl(&self, id: String) -> Result<(), RegistryError> {
+        {
+            let mut st = self.lock();
+            if st.remove_agent(&id).is_none() {
+                return Err(RegistryError::AgentNotFound(id));
+            }
+            self.inner.agents.remove(&id)?;
+            st.emit_agent_removed(&id);
+        }
+        self.notify();
+        self.inner.store.sync().await?;
+        tracing::info!(agent_id = %id, "agent deregistered");
+        Ok(())
+    }
+
+    fn list_impl(&self, req: ListAgentsRequest) -> Result<ListAgentsResponse, RegistryError> {
+        let mut v = Violations::new();
+        if !req.capability.is_empty() {
+            v.check("capability", switchyard_core::validate::capability(&req.capability));
+        }
+        let status = AgentStatus::try_from(req.status).map_err(|_| invalid("status", "unknown status"))?;
+        v.into_result().map_err(RegistryError::Invalid)?;
+        let size = match req.page_size as usize {
+            0 => PAGE_DEFAULT,
+            n => n.min(PAGE_MAX),
+        };
+        let st = self.lock();
+        let matches = |e: &Entry| {
+            (status == AgentStatus::Unspecified || e.status() == status)
+                && req.labels.iter().all(|(k, val)| e.agent.spec.as_ref().and_then(|s| s.labels.get(k)) == Some(val))
+        };
+        let start = std::ops::Bound::Excluded(req.page_token.clone());
+        let mut agents: Vec<Agent> = Vec::with_capacity(size.min(st.agents.len()));
+        let mut more = false;
+        let mut push = |e: &Entry| {
+            if agents.len() == size {
+                more = true;
+                return false;
+            }
+            agents.push(e.view());
+            true
+        };
+        if req.capability.is_empty() {
+            let range = if req.page_token.is_empty() {
+                st.agents.range::<String, _>(..)
+            } else {
+                st.agents.range((start, std::ops::Bound::Unbounded))
+            };
+            for (_, e) in range.filter(|(_, e)| matches(e)) {
+                if !push(e) {
+                    break;
+                }
+            }
+        } else {
+            for id in st.offering(&req.capability).into_iter().filter(|id| *id > req.page_token) {
+                if let Some(e) = st.agents.get(&id).filter(|e| matches(e))
+                    && !push(e)
+                {
+                    break;
+                }
+            }
+        }
+        let next_page_token = if more { agents.last().and_then(|a| a.spec.as_ref()).map(|s| s.id.clone()).unwrap_or_default() } else { String::new() };
+        Ok(ListAgentsResponse { agents, next_page_token })
+    }
+
+    async fn register_tool_impl(&self, tool: Option<Tool>) -> Result<RegisterToolResponse, RegistryError> {
+        let Some(tool) = tool else {
+            return Err(invalid("tool", "tool is required"));
+        };
+        let (v, schema_bad) = validate::tool(&tool);
+        if !v.is_empty() {
+            return Err(if schema_bad { RegistryError::InvalidToolSchema(v) } else { RegistryError::Invalid(v) });
+        }
+        let created = {
+            let mut st = self.lock();
+            let created = !st.tools.contains_key(&tool.name);
+            self.inner.tools.put(&tool.name, &tool)?;
+            st.tools.insert(tool.name.clone(), tool.clone());
+            st.emit_tool(tool.clone());
+            created
+        };
+        self.notify();
+        self.inner.store.sync().await?;
+        tracing::info!(tool = %tool.name, created, "tool registered");
+        Ok(RegisterToolResponse { tool: Some(tool), created })
+    }
+
+    async fn deregister_tool_impl(&self, name: String) -> Result<(), RegistryError> {
+        {
+            let mut st = self.lock();
+            if !st.tools.contains_key(&name) {
+                return Err(RegistryError::ToolNotFound(name));
+            }
+            let users = st.tool_users(&name);
+            if !users.is_empty() {
+                return Err(RegistryError::ToolInUse { tool: name, agents: users });
+            }
+            self.inner.tools.remove(&name)?;
+            st.tools.remove(&name);
+            st.emit_tool_removed(&name);
+        }
+        self.notify();
+        self.inner.store.sync().await?;
+        Ok(())
+    }
+
+    fn report_outcome_impl(&self, req: ReportOutcomeRequest) -> Result<ReportOutcomeResponse, RegistryError> {
+        let mut v = Violations::new();
+        v.check("capability", switchyard_core::validate::capability(&req.capability));
+        let latency_ms = match &req.latency {
+            Some(d) if d.seconds >= 0 && d.nanos >= 0 => duration_ms(d),
+            Some(_) => {
+                v.add("latency", "latency must not be negative");
+                0.0
+            }
+            None => {
+                v.add("latency", "latency is required");
+                0.0
+            }
+        };
+        v.into_result().map_err(RegistryError::Invalid)?;
+        let alpha = self.inner.cfg.ewma_alpha;
+        let stats = {
+            let mut st = self.lock();
+            let Some(e) = st.agents.get_mut(&req.agent_id) else {
+                return Err(RegistryError::AgentNotFound(req.agent_id));
+            };
+            let offered: Vec<&str> = e.capabilities().collect();
+            let served = switchyard_core::validate::capability_lineage(&req.capability).any(|c| offered.contains(&c));
+            if !served {
+                return Err(invalid(
+                    "capability",
+                    format!("agent {:?} does not offer capability {:?}", req.agent_id, req.capability),
+                ));
+            }
+            let s = e.stats_mut(&req.capability);
+            s.ewma_latency_ms = if s.count == 0 { latency_ms } else { alpha * latency_ms + (1.0 - alpha) * s.ewma_latency_ms };
+            s.count += 1;
+            if req.success {
+                s.successes += 1;
+            }
+            s.success_rate = s.successes as f64 / s.count as f64;
+            let stats = s.clone();
+            e.dirty = true;
+            st.emit_agent(&req.agent_id);
+            stats
+        };
+        self.notify();
+        Ok(ReportOutcomeResponse { stats: Some(stats) })
+    }
+}
+
+#[tonic::async_trait]
+impl RegistryService for Registry {
+    async fn register_agent(&self, req: Request<RegisterAgentRequest>) -> Result<Response<RegisterAgentResponse>, Status> {
+        Ok(Response::new(self.register_agent_impl(req.into_inner().agent).await?))
+    }
+
+    async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
+        Ok(Response::new(self.heartbeat_impl(req.into_inner())?))
+    }
+
+    async fn deregister_agent(
+        &self,
+        req: Request<DeregisterAgentRequest>,
+    ) -> Result<Response<DeregisterAgentResponse>, Status> {
+        self.deregister_impl(req.into_inner().agent_id).await?;
+        Ok(Response::new(DeregisterAgentResponse {}))
+    }
+
+    async fn get_agent(&self, req: Request<GetAgentRequest>) -> Result<Response<GetAgentResponse>, Status> {
+        let id = req.into_inner().agent_id;
+        let agent = self.lock().agents.get(&id).map(Entry::view);
+        match agent {
+            Some(a) => Ok(Response::new(GetAgentResponse { agent: Some(a) })),
+            None => Err(RegistryError::AgentNotFound(id).into()),
+        }
+    }
+
+    async fn list_agents(&self, req: Request<ListAgentsRequest>) -> Result<Response<ListAgentsResponse>, Status> {
+        Ok(Response::new(self.list_impl(req.into_inner())?))
+    }
+
+    async fn find_by_capability(
+        &self,
+        req: Request<FindByCapabilityRequest>,
+    ) -> Result<Response<FindByCapabilityResponse>, Status> {
+        let req = req.into_inner();
+        if let Err(e) = switchyard_core::validate::capability(&req.capability) {
+            return Err(invalid("capability", e).into());
+        }
+        let st = self.lock();
+        let agents = st
+            .offering(&req.capability)
+            .iter()
+            .filter_map(|id| st.agents.get(id))
+            .filter(|e| req.include_unavailable || e.status() == AgentStatus::Available)
+            .map(Entry::view)
+            .collect();
+        Ok(Response::new(FindByCapabilityResponse { agents }))
+    }
+
+    async fn register_tool(&self, req: Request<RegisterToolRequest>) -> Result<Response<RegisterToolResponse>, Status> {
+        Ok(Response::new(self.register_tool_impl(req.into_inner().tool).await?))
+    }
+
+    async fn deregister_tool(
+        &self,
+        req: Request<DeregisterToolRequest>,
+    ) -> Result<Response<DeregisterToolResponse>, Status> {
+        self.deregister_tool_impl(req.into_inner().name).await?;
+        Ok(Response::new(DeregisterToolResponse {}))
+    }
+
+    async fn list_tools(&self, req: Request<ListToolsRequest>) -> Result<Response<ListToolsResponse>, Status> {
+        let names = req.into_inner().names;
+        let st = self.lock();
+        let tools = if names.is_empty() {
+            st.tools.values().cloned().collect()
+        } else {
+            let mut out = Vec::new();
+            for n in &names {
+                match st.tools.get(n) {
+                    Some(t) => out.push(t.clone()),
+                    None => return Err(RegistryError::ToolNotFound(n.clone()).into()),
+                }
+            }
+            out
+        };
+        Ok(Response::new(ListToolsResponse { tools }))
+    }
+
+    async fn report_outcome(
+        &self,
+        req: Request<ReportOutcomeRequest>,
+    ) -> Result<Response<ReportOutcomeResponse>, Status> {
+        Ok(Response::new(self.report_outcome_impl(req.into_inner())?))
+    }
+
+    type WatchStream = ReceiverStream<Result<WatchResponse, Status>>;
+
+    async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let WatchRequest { start_revision, epoch } = req.into_inner();
+        let (tx, rx) = mpsc::channel(512);
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut head_rx = me.inner.head_tx.subscribe();
+            let (mut epoch, mut after) = (epoch, start_revision);
+            loop {
+                let catchup = me.lock().catch_up(&epoch, after);
+                let sent = match catchup {
+                    Catchup::Snapshot(evs) => {
+                        for ev in evs {
+                            after = ev.revision;
+                            epoch.clone_from(&ev.epoch);
+                            if tx.send(Ok(ev)).await.is_err() {
+                                return;
+                            }
+                        }
+                        true
+                    }
+                    Catchup::Events(evs) => {
+                        let any = !evs.is_empty();
+                        for ev in evs {
+                            after = ev.revision;
+                            if tx.send(Ok((*ev).clone())).await.is_err() {
+                                return;
+                            }
+                        }
+                        any
+                    }
+                };
+                if !sent {
+                    tokio::select! {
+                        r = head_rx.changed() => if r.is_err() { return },
+                        _ = me.inner.shutdown.wait() => return,
+                        _ = tx.closed() => return,
+                    }
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+switchyard_kit::service_client! {
+    /// A registry client: in-process in `switchyard dev`, over gRPC when split.
+    pub RegistryClient {
+        local: Registry as RegistryService,
+        remote: RegistryServiceClient,
+        unary {
+            /// Registers or updates an agent.
+            register_agent(RegisterAgentRequest) -> RegisterAgentResponse;
+            /// Renews a lease.
+            heartbeat(HeartbeatRequest) -> HeartbeatResponse;
+            /// Removes an agent.
+            deregister_agent(DeregisterAgentRequest) -> DeregisterAgentResponse;
+            /// Returns one agent.
+            get_agent(GetAgentRequest) -> GetAgentResponse;
+            /// Lists agents.
+            list_agents(ListAgentsRequest) -> ListAgentsResponse;
+            /// Agents offering a capability.
+            find_by_capability(FindByCapabilityRequest) -> FindByCapabilityResponse;
+            /// Registers a tool.
+            register_tool(RegisterToolRequest) -> RegisterToolResponse;
+            /// Removes a tool.
+            deregister_tool(DeregisterToolRequest) -> DeregisterToolResponse;
+            /// Lists tools.
+            list_tools(ListToolsRequest) -> ListToolsResponse;
+            /// Records a call outcome.
+            report_outcome(ReportOutcomeRequest) -> ReportOutcomeResponse;
+        }
+        streaming {
+            /// Streams changes.
+            watch(WatchRequest) -> WatchResponse;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+type BoxWatch = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<WatchResponse, Status>> + Send>>;

@@ -1,0 +1,217 @@
+//! The registry's in-memory state: agents, tools, the capability index and
+//! the watch log. Durable records live in sled (see `lib.rs`); this is the
+//! view served and watched.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+
+use switchyard_core::validate::capability_lineage;
+use switchyard_proto::registry::v1::{
+    Agent, AgentStatus, CapabilityStats, Tool, WatchEventType, WatchResponse,
+};
+
+/// One agent with its volatile lease state.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    /// Stored record (spec, timestamps, stats; status and lease as last persisted).
+    pub agent: Agent,
+    /// Lease expiry, epoch ms.
+    pub lease_expires_ms: u64,
+    /// Heartbeat or stats changes not yet written to disk.
+    pub dirty: bool,
+}
+
+impl Entry {
+    pub fn status(&self) -> AgentStatus {
+        AgentStatus::try_from(self.agent.status).unwrap_or(AgentStatus::Unspecified)
+    }
+
+    /// Whether `in_flight` has reached max concurrency (0 = unlimited).
+    pub fn saturated(&self) -> bool {
+        let max = self.agent.spec.as_ref().map_or(0, |s| s.max_concurrency);
+        max > 0 && self.agent.in_flight >= max
+    }
+
+    /// The agent as clients see it.
+    pub fn view(&self) -> Agent {
+        let mut a = self.agent.clone();
+        a.lease_expires_at = Some(switchyard_kit::time::timestamp(self.lease_expires_ms));
+        a
+    }
+
+    /// Stats for a capability, created on first use.
+    pub fn stats_mut(&mut self, capability: &str) -> &mut CapabilityStats {
+        let pos = self.agent.stats.iter().position(|s| s.capability == capability);
+        match pos {
+            Some(i) => &mut self.agent.stats[i],
+            None => {
+                self.agent.stats.push(CapabilityStats { capability: capability.to_owned(), ..Default::default() });
+                self.agent.stats.sort_by(|a, b| a.capability.cmp(&b.capability));
+                let i = self.agent.stats.iter().position(|s| s.capability == capability).unwrap_or(0);
+                &mut self.agent.stats[i]
+            }
+        }
+    }
+
+    pub fn capabilities(&self) -> impl Iterator<Item = &str> {
+        self.agent.spec.iter().flat_map(|s| s.capabilities.iter().map(|c| c.name.as_str()))
+    }
+}
+
+/// What a watcher must do next.
+pub(crate) enum Catchup {
+    /// Send these events, in order.
+    Events(Vec<Arc<WatchResponse>>),
+    /// The position is unknown here: send a snapshot.
+    Snapshot(Vec<WatchResponse>),
+}
+
+#[derive(Debug)]
+pub(crate) struct State {
+    pub epoch: String,
+    pub agents: BTreeMap<String, Entry>,
+    pub tools: BTreeMap<String, Tool>,
+    /// capability name → ids of agents declaring exactly it.
+    pub by_capability: HashMap<String, BTreeSet<String>>,
+    log: VecDeque<Arc<WatchResponse>>,
+    log_capacity: usize,
+    head: u64,
+}
+
+impl State {
+    pub fn new(epoch: String, log_capacity: usize) -> Self {
+        State {
+            epoch,
+            agents: BTreeMap::new(),
+            tools: BTreeMap::new(),
+            by_capability: HashMap::new(),
+            log: VecDeque::new(),
+            log_capacity: log_capacity.max(1),
+            head: 0,
+        }
+    }
+
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+
+    fn push(&mut self, mut ev: WatchResponse) {
+        self.head += 1;
+        ev.revision = self.head;
+        ev.epoch = self.epoch.clone();
+        if self.log.len() == self.log_capacity {
+            self.log.pop_front();
+        }
+        self.log.push_back(Arc::new(ev));
+    }
+
+    pub fn emit_agent(&mut self, id: &str) {
+        if let Some(e) = self.agents.get(id) {
+            let agent = e.view();
+            self.push(WatchResponse {
+                r#type: WatchEventType::AgentUpserted as i32,
+                agent: Some(agent),
+                ..Default::default()
+            });
+        }
+    }
+
+    pub fn emit_agent_removed(&mut self, id: &str) {
+        self.push(WatchResponse {
+            r#type: WatchEventType::AgentRemoved as i32,
+            removed_id: id.to_owned(),
+            ..Default::default()
+        });
+    }
+
+    pub fn emit_tool(&mut self, tool: Tool) {
+        self.push(WatchResponse { r#type: WatchEventType::ToolUpserted as i32, tool: Some(tool), ..Default::default() });
+    }
+
+    pub fn emit_tool_removed(&mut self, name: &str) {
+        self.push(WatchResponse {
+            r#type: WatchEventType::ToolRemoved as i32,
+            removed_id: name.to_owned(),
+            ..Default::default()
+        });
+    }
+
+    /// Inserts or replaces an agent, keeping the capability index right.
+    pub fn put_agent(&mut self, entry: Entry) {
+        let id = entry.agent.spec.as_ref().map(|s| s.id.clone()).unwrap_or_default();
+        self.unindex(&id);
+        for c in entry.capabilities() {
+            self.by_capability.entry(c.to_owned()).or_default().insert(id.clone());
+        }
+        self.agents.insert(id, entry);
+    }
+
+    pub fn remove_agent(&mut self, id: &str) -> Option<Entry> {
+        self.unindex(id);
+        self.agents.remove(id)
+    }
+
+    fn unindex(&mut self, id: &str) {
+        let Some(old) = self.agents.get(id) else { return };
+        let caps: Vec<String> = old.capabilities().map(str::to_owned).collect();
+        for c in caps {
+            if let Some(set) = self.by_capability.get_mut(&c) {
+                set.remove(id);
+                if set.is_empty() {
+                    self.by_capability.remove(&c);
+                }
+            }
+        }
+    }
+
+    /// Ids of agents offering `capability` exactly or through an ancestor,
+    /// in id order.
+    pub fn offering(&self, capability: &str) -> BTreeSet<String> {
+        let mut ids = BTreeSet::new();
+        for c in capability_lineage(capability) {
+            if let Some(set) = self.by_capability.get(c) {
+                ids.extend(set.iter().cloned());
+            }
+        }
+        ids
+    }
+
+    /// Agents that list `tool` in `uses_tools`.
+    pub fn tool_users(&self, tool: &str) -> Vec<String> {
+        self.agents
+            .iter()
+            .filter(|(_, e)| e.agent.spec.as_ref().is_some_and(|s| s.uses_tools.iter().any(|t| t == tool)))
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// What a watcher positioned after `after` in `epoch` needs next.
+    pub fn catch_up(&self, epoch: &str, after: u64) -> Catchup {
+        let oldest = self.log.front().map_or(self.head + 1, |e| e.revision);
+        let known = epoch == self.epoch && after > 0 && after <= self.head && after + 1 >= oldest;
+        if !known {
+            return Catchup::Snapshot(self.snapshot());
+        }
+        let skip = (after + 1 - oldest) as usize;
+        Catchup::Events(self.log.iter().skip(skip).cloned().collect())
+    }
+
+    fn snapshot(&self) -> Vec<WatchResponse> {
+        let mk = |t: WatchEventType| WatchResponse {
+            epoch: self.epoch.clone(),
+            revision: self.head,
+            r#type: t as i32,
+            ..Default::default()
+        };
+        let mut out = Vec::with_capacity(self.agents.len() + self.tools.len() + 2);
+        out.push(mk(WatchEventType::Reset));
+        for e in self.agents.values() {
+            out.push(WatchResponse { agent: Some(e.view()), ..mk(WatchEventType::AgentUpserted) });
+        }
+        for t in self.tools.values() {
+            out.push(WatchResponse { tool: Some(t.clone()), ..mk(WatchEventType::ToolUpserted) });
+        }
+        out.push(mk(WatchEventType::SnapshotComplete));
+        out
+    }
+}
