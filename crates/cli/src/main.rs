@@ -1,1 +1,132 @@
-fn main() {}
+//! `switchyard`: run services (`dev`, `serve`) and talk to them (`agent`,
+//! `tool`, `route`). Argument parsing only; the work is in the library.
+
+mod client;
+mod files;
+mod output;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use switchyard_cli::{Config, ServiceKind, run_node};
+use switchyard_kit::telemetry::LogFormat;
+
+#[derive(Parser)]
+#[command(name = "switchyard", version, about = "Switchyard: a control plane for AI-agent work")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run every implemented service in one process on the embedded store.
+    Dev(RunArgs),
+    /// Run a chosen set of services (`--services registry,router`).
+    Serve {
+        /// Services to run in this process, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        services: Vec<ServiceKind>,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Register, list, inspect and remove agents.
+    #[command(subcommand)]
+    Agent(client::AgentCmd),
+    /// Register and list tools.
+    #[command(subcommand)]
+    Tool(client::ToolCmd),
+    /// Rank agents for a capability.
+    Route(client::RouteArgs),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// TOML configuration file.
+    #[arg(long, env = "SWITCHYARD_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to listen on (port 0 picks a free port; the chosen address is printed).
+    #[arg(long)]
+    listen: Option<String>,
+    /// Directory for the embedded databases.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Registry to use when it is not in this process.
+    #[arg(long)]
+    registry_url: Option<String>,
+    /// Log format.
+    #[arg(long, value_parser = ["human", "json"])]
+    log_format: Option<String>,
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    dump_config: bool,
+}
+
+impl RunArgs {
+    fn config(&self) -> anyhow::Result<Config> {
+        let mut cfg: Config = switchyard_kit::config::load(self.config.as_deref(), std::env::vars())?;
+        if let Some(l) = &self.listen {
+            cfg.server.listen.clone_from(l);
+        }
+        if let Some(d) = &self.data_dir {
+            cfg.storage.data_dir.clone_from(d);
+        }
+        if let Some(u) = &self.registry_url {
+            cfg.router.registry_url = Some(u.clone());
+        }
+        match self.log_format.as_deref() {
+            Some("json") => cfg.telemetry.log_format = LogFormat::Json,
+            Some("human") => cfg.telemetry.log_format = LogFormat::Human,
+            _ => {}
+        }
+        cfg.validate().map_err(anyhow::Error::msg)?;
+        Ok(cfg)
+    }
+}
+
+async fn run_services(args: RunArgs, services: &[ServiceKind]) -> anyhow::Result<()> {
+    let cfg = args.config()?;
+    if args.dump_config {
+        print!("{}", switchyard_kit::config::dump(&cfg)?);
+        return Ok(());
+    }
+    let telemetry = switchyard_kit::telemetry::init(&cfg.telemetry)?;
+    let listener = switchyard_kit::server::bind(&cfg.server).await?;
+    let addr = listener.local_addr().context("reading the bound address")?;
+    // One machine-readable line, for scripts and tests that start us on port 0.
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "listening grpc={addr}")?;
+        out.flush()?;
+    }
+    let (trigger, shutdown) = switchyard_kit::shutdown::channel();
+    switchyard_kit::shutdown::on_signals(trigger);
+    let result = run_node(cfg, services, listener, shutdown).await;
+    telemetry.shutdown();
+    result
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Dev(args) => run_services(args, ServiceKind::ALL).await,
+        Command::Serve { services, run } => run_services(run, &services).await,
+        Command::Agent(cmd) => client::agent(cmd).await,
+        Command::Tool(cmd) => client::tool(cmd).await,
+        Command::Route(args) => client::route(args).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            match e.downcast_ref::<switchyard_kit::error::ApiError>() {
+                Some(api) => eprintln!("error: {api}"),
+                None => eprintln!("error: {e:#}"),
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -161,6 +161,7 @@ impl Router {
                                 tracing::warn!(error = %e, "registry watch failed; reconnecting");
                                 break;
                             }
+                            None if shutdown.is_shutdown() => return,
                             None => {
                                 tracing::warn!("registry watch ended; reconnecting");
                                 break;

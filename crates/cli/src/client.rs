@@ -1,0 +1,355 @@
+//! Client commands: talk to a running Switchyard over gRPC.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use switchyard_kit::error::ApiError;
+use switchyard_proto::registry::v1::*;
+use switchyard_proto::router::v1::{RouteConstraints, RouteRequest};
+use switchyard_registry::RegistryClient;
+use switchyard_router::RouterClient;
+
+use crate::files::{AgentFile, ToolFile};
+use crate::output::{self, Format, agent_json, print_json, route_json, table, tool_json, usd};
+
+/// Where the server is and how to print.
+#[derive(Args, Debug)]
+pub struct Conn {
+    /// Switchyard gRPC address.
+    #[arg(long, env = "SWITCHYARD_URL", default_value = "http://127.0.0.1:7600", global = true)]
+    url: String,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "table", global = true)]
+    output: Format,
+}
+
+const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+
+impl Conn {
+    async fn channel(&self) -> anyhow::Result<tonic::transport::Channel> {
+        Ok(switchyard_kit::client::connect(&self.url).await?)
+    }
+    async fn registry(&self) -> anyhow::Result<RegistryClient> {
+        Ok(RegistryClient::remote(self.channel().await?, MAX_MESSAGE))
+    }
+    async fn router(&self) -> anyhow::Result<RouterClient> {
+        Ok(RouterClient::remote(self.channel().await?, MAX_MESSAGE))
+    }
+}
+
+fn api(s: tonic::Status) -> anyhow::Error {
+    ApiError::from(s).into()
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())).ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
+}
+
+/// `switchyard agent ...`
+#[derive(Subcommand, Debug)]
+pub enum AgentCmd {
+    /// Register (or update) agents from YAML or JSON files.
+    Register {
+        /// Agent file; repeat for several.
+        #[arg(short = 'f', long = "file", required = true)]
+        files: Vec<PathBuf>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List agents.
+    List {
+        /// Only agents serving this capability.
+        #[arg(long)]
+        capability: Option<String>,
+        /// Only agents in this status.
+        #[arg(long, value_parser = ["available", "lapsed"])]
+        status: Option<String>,
+        /// Only agents with this label (KEY=VALUE); repeatable.
+        #[arg(long = "label", value_parser = parse_kv)]
+        labels: Vec<(String, String)>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Show one agent.
+    Get {
+        /// Agent id.
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Renew an agent's lease (what an agent process does periodically).
+    Heartbeat {
+        /// Agent id.
+        id: String,
+        /// Calls the agent is serving.
+        #[arg(long, default_value_t = 0)]
+        in_flight: u32,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Remove an agent.
+    Deregister {
+        /// Agent id.
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+/// `switchyard tool ...`
+#[derive(Subcommand, Debug)]
+pub enum ToolCmd {
+    /// Register (or update) tools from YAML or JSON files.
+    Register {
+        /// Tool file; repeat for several.
+        #[arg(short = 'f', long = "file", required = true)]
+        files: Vec<PathBuf>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List tools.
+    List {
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+/// `switchyard route ...`
+#[derive(Args, Debug)]
+pub struct RouteArgs {
+    /// Capability to route, e.g. nlp_analysis.
+    #[arg(long)]
+    capability: String,
+    /// Minimum trust score (default: the router's, 50).
+    #[arg(long)]
+    min_trust: Option<u32>,
+    /// Maximum price per unit, micro-USD.
+    #[arg(long)]
+    max_cost: Option<i64>,
+    /// Agents to exclude, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    exclude: Vec<String>,
+    /// Preferred label (KEY=VALUE); repeatable.
+    #[arg(long = "prefer", value_parser = parse_kv)]
+    prefer: Vec<(String, String)>,
+    /// Candidates to return.
+    #[arg(long, default_value_t = 0)]
+    limit: u32,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+fn agent_rows(agents: &[Agent]) -> Vec<Vec<String>> {
+    agents
+        .iter()
+        .map(|a| {
+            let s = a.spec.clone().unwrap_or_default();
+            let caps: Vec<_> = s.capabilities.iter().map(|c| c.name.clone()).collect();
+            let max = if s.max_concurrency == 0 { "-".to_string() } else { s.max_concurrency.to_string() };
+            vec![
+                s.id,
+                output::status_name(a.status).to_string(),
+                s.trust_score.to_string(),
+                format!("{}/{}", a.in_flight, max),
+                caps.join(","),
+                s.endpoint,
+            ]
+        })
+        .collect()
+}
+
+const AGENT_HEADERS: [&str; 6] = ["ID", "STATUS", "TRUST", "IN_FLIGHT", "CAPABILITIES", "ENDPOINT"];
+
+/// Runs an agent command.
+pub async fn agent(cmd: AgentCmd) -> anyhow::Result<()> {
+    match cmd {
+        AgentCmd::Register { files, conn } => {
+            // Parse every file before sending anything, so a bad file registers nothing.
+            let specs = files
+                .iter()
+                .map(|f| AgentFile::read(f).and_then(AgentFile::into_spec))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let reg = conn.registry().await?;
+            let mut out = Vec::new();
+            for spec in specs {
+                let r = reg.register_agent(RegisterAgentRequest { agent: Some(spec) }).await.map_err(api)?;
+                out.push(r);
+            }
+            match conn.output {
+                Format::Json => print_json(&serde_json::Value::Array(
+                    out.iter()
+                        .map(|r| serde_json::json!({"created": r.created, "agent": r.agent.as_ref().map(agent_json)}))
+                        .collect(),
+                )),
+                Format::Table => {
+                    for r in &out {
+                        let id = r.agent.as_ref().and_then(|a| a.spec.as_ref()).map_or("", |s| s.id.as_str());
+                        let ttl = r.lease.as_ref().and_then(|l| l.ttl).map_or(0, |d| d.seconds);
+                        println!("{} agent {id} (lease {ttl}s)", if r.created { "registered" } else { "updated" });
+                    }
+                }
+            }
+        }
+        AgentCmd::List { capability, status, labels, conn } => {
+            let reg = conn.registry().await?;
+            let status = match status.as_deref() {
+                Some("available") => AgentStatus::Available,
+                Some("lapsed") => AgentStatus::Lapsed,
+                _ => AgentStatus::Unspecified,
+            };
+            let labels: HashMap<String, String> = labels.into_iter().collect();
+            let mut agents = Vec::new();
+            let mut page_token = String::new();
+            loop {
+                let r = reg
+                    .list_agents(ListAgentsRequest {
+                        page_size: 1000,
+                        page_token: page_token.clone(),
+                        capability: capability.clone().unwrap_or_default(),
+                        status: status as i32,
+                        labels: labels.clone(),
+                    })
+                    .await
+                    .map_err(api)?;
+                agents.extend(r.agents);
+                if r.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = r.next_page_token;
+            }
+            match conn.output {
+                Format::Json => print_json(&serde_json::Value::Array(agents.iter().map(agent_json).collect())),
+                Format::Table => table(&AGENT_HEADERS, &agent_rows(&agents)),
+            }
+        }
+        AgentCmd::Get { id, conn } => {
+            let a = conn.registry().await?.get_agent(GetAgentRequest { agent_id: id }).await.map_err(api)?.agent.unwrap_or_default();
+            match conn.output {
+                Format::Json => print_json(&agent_json(&a)),
+                Format::Table => {
+                    table(&AGENT_HEADERS, &agent_rows(std::slice::from_ref(&a)));
+                    let s = a.spec.clone().unwrap_or_default();
+                    if !s.description.is_empty() {
+                        println!("\n{}", s.description.trim());
+                    }
+                    println!();
+                    let rows: Vec<Vec<String>> = s
+                        .capabilities
+                        .iter()
+                        .map(|c| {
+                            let st = a.stats.iter().find(|x| x.capability == c.name);
+                            vec![
+                                c.name.clone(),
+                                format!("{:.2}", c.proficiency.unwrap_or(1.0)),
+                                format!("{}/{}", usd(c.price_per_unit_micro_usd), if c.unit.is_empty() { "unit" } else { &c.unit }),
+                                st.map_or("0".into(), |x| x.count.to_string()),
+                                st.map_or("-".into(), |x| format!("{:.0}%", x.success_rate * 100.0)),
+                                st.map_or(format!("{} (est)", s.latency_estimate_ms), |x| format!("{:.1}", x.ewma_latency_ms)),
+                            ]
+                        })
+                        .collect();
+                    table(&["CAPABILITY", "PROFICIENCY", "PRICE", "CALLS", "SUCCESS", "LATENCY_MS"], &rows);
+                }
+            }
+        }
+        AgentCmd::Heartbeat { id, in_flight, conn } => {
+            let r = conn.registry().await?.heartbeat(HeartbeatRequest { agent_id: id.clone(), in_flight }).await.map_err(api)?;
+            let ttl = r.lease.as_ref().and_then(|l| l.ttl).map_or(0, |d| d.seconds);
+            match conn.output {
+                Format::Json => print_json(&serde_json::json!({"agent_id": id, "ttl_secs": ttl})),
+                Format::Table => println!("lease of {id} renewed for {ttl}s"),
+            }
+        }
+        AgentCmd::Deregister { id, conn } => {
+            conn.registry().await?.deregister_agent(DeregisterAgentRequest { agent_id: id.clone() }).await.map_err(api)?;
+            match conn.output {
+                Format::Json => print_json(&serde_json::json!({"deregistered": id})),
+                Format::Table => println!("deregistered agent {id}"),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs a tool command.
+pub async fn tool(cmd: ToolCmd) -> anyhow::Result<()> {
+    match cmd {
+        ToolCmd::Register { files, conn } => {
+            let tools = files
+                .iter()
+                .map(|f| ToolFile::read(f).and_then(ToolFile::into_tool))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let reg = conn.registry().await?;
+            for t in tools {
+                let r = reg.register_tool(RegisterToolRequest { tool: Some(t) }).await.map_err(api)?;
+                let name = r.tool.as_ref().map_or("", |t| t.name.as_str());
+                match conn.output {
+                    Format::Json => print_json(&serde_json::json!({"created": r.created, "tool": r.tool.as_ref().map(tool_json)})),
+                    Format::Table => println!("{} tool {name}", if r.created { "registered" } else { "updated" }),
+                }
+            }
+        }
+        ToolCmd::List { conn } => {
+            let tools = conn.registry().await?.list_tools(ListToolsRequest::default()).await.map_err(api)?.tools;
+            match conn.output {
+                Format::Json => print_json(&serde_json::Value::Array(tools.iter().map(tool_json).collect())),
+                Format::Table => {
+                    let rows: Vec<Vec<String>> = tools
+                        .iter()
+                        .map(|t| vec![t.name.clone(), if t.endpoint.is_empty() { "-".into() } else { t.endpoint.clone() }, t.description.clone()])
+                        .collect();
+                    table(&["NAME", "ENDPOINT", "DESCRIPTION"], &rows);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `switchyard route`.
+pub async fn route(a: RouteArgs) -> anyhow::Result<()> {
+    let req = RouteRequest {
+        capability: a.capability,
+        constraints: Some(RouteConstraints {
+            min_trust: a.min_trust,
+            max_cost_micro_usd: a.max_cost,
+            exclude_agents: a.exclude,
+            prefer_labels: a.prefer.into_iter().collect(),
+        }),
+        limit: a.limit,
+    };
+    let r = a.conn.router().await?.route(req).await.map_err(api)?;
+    match a.conn.output {
+        Format::Json => print_json(&route_json(&r)),
+        Format::Table => {
+            let rows: Vec<Vec<String>> = r
+                .candidates
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let b = c.breakdown.clone().unwrap_or_default();
+                    vec![
+                        (i + 1).to_string(),
+                        c.agent_id.clone(),
+                        format!("{:.4}", c.score),
+                        format!("{:.2}", b.capability_match),
+                        format!("{:.2}", b.trust),
+                        format!("{:.2}", b.latency),
+                        format!("{:.2}", b.cost),
+                        format!("{:.2}", b.preference),
+                        usd(c.price_per_unit_micro_usd),
+                        c.endpoint.clone(),
+                    ]
+                })
+                .collect();
+            table(&["RANK", "AGENT", "SCORE", "CAPABILITY", "TRUST", "LATENCY", "COST", "PREFER", "PRICE", "ENDPOINT"], &rows);
+            if !r.filtered.is_empty() {
+                let mut f: Vec<_> = r.filtered.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                f.sort();
+                println!("filtered out: {}", f.join(" "));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,84 @@
+//! The whole configuration: one section per concern, layered by
+//! [`switchyard_kit::config::load`] (defaults → TOML → `SWITCHYARD_*` env)
+//! and then command-line flags.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use switchyard_kit::server::ServerConfig;
+use switchyard_kit::telemetry::TelemetryConfig;
+use switchyard_registry::RegistryConfig;
+use switchyard_router::RouterConfig;
+
+/// `[storage]` configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageConfig {
+    /// Directory holding one sled database per service.
+    pub data_dir: PathBuf,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self { data_dir: PathBuf::from(".switchyard") }
+    }
+}
+
+/// Everything a Switchyard process can be configured with.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// gRPC server.
+    pub server: ServerConfig,
+    /// Embedded storage.
+    pub storage: StorageConfig,
+    /// Logs and traces.
+    pub telemetry: TelemetryConfig,
+    /// Registry service.
+    pub registry: RegistryConfig,
+    /// Router service.
+    pub router: RouterConfig,
+}
+
+impl Config {
+    /// Checks cross-field rules after layering.
+    pub fn validate(&self) -> Result<(), String> {
+        self.registry.validate()?;
+        self.router.validate()?;
+        if self.server.max_message_bytes < 1024 {
+            return Err("server.max_message_bytes must be at least 1024".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_env_reaches_nested_sections() {
+        Config::default().validate().unwrap();
+        let c: Config = switchyard_kit::config::load(
+            None,
+            [
+                ("SWITCHYARD_ROUTER__SCORING__WEIGHTS__TRUST".to_string(), "0.5".to_string()),
+                ("SWITCHYARD_REGISTRY__LEASE_TTL_SECS".to_string(), "7".to_string()),
+                ("SWITCHYARD_STORAGE__DATA_DIR".to_string(), "/tmp/x".to_string()),
+                ("SWITCHYARD_ROUTER__REGISTRY_URL".to_string(), "http://127.0.0.1:1".to_string()),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.router.scoring.weights.trust, 0.5);
+        assert_eq!(c.registry.lease_ttl_secs, 7);
+        assert_eq!(c.storage.data_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(c.router.registry_url.as_deref(), Some("http://127.0.0.1:1"));
+    }
+
+    #[test]
+    fn example_config_in_deploy_parses_and_validates() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/switchyard.example.toml");
+        let c: Config = switchyard_kit::config::load(Some(std::path::Path::new(path)), []).unwrap();
+        c.validate().unwrap();
+    }
+}

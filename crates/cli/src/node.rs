@@ -1,0 +1,107 @@
+//! One Switchyard process: the chosen services mounted on one gRPC port,
+//! calling each other in-process when they share the process and over gRPC
+//! when they do not.
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use switchyard_core::SystemClock;
+use switchyard_kit::server::Server;
+use switchyard_kit::shutdown::Shutdown;
+use switchyard_registry::{Registry, RegistryClient};
+use switchyard_router::Router;
+use switchyard_store::Store;
+use tokio::net::TcpListener;
+
+use crate::Config;
+
+/// A service a process can host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ServiceKind {
+    /// Agents and tools.
+    Registry,
+    /// Capability routing.
+    Router,
+}
+
+impl ServiceKind {
+    /// Every service implemented in this build (what `switchyard dev` runs).
+    pub const ALL: &'static [ServiceKind] = &[ServiceKind::Registry, ServiceKind::Router];
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            ServiceKind::Registry => "registry",
+            ServiceKind::Router => "router",
+        }
+    }
+}
+
+impl FromStr for ServiceKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ServiceKind::ALL.iter().copied().find(|k| k.name() == s).ok_or_else(|| {
+            let names: Vec<_> = ServiceKind::ALL.iter().map(|k| k.name()).collect();
+            format!("unknown service {s:?}; expected one of: {}", names.join(", "))
+        })
+    }
+}
+
+/// Runs `services` on `listener` until `shutdown` fires, then drains and
+/// flushes storage.
+pub async fn run_node(
+    cfg: Config,
+    services: &[ServiceKind],
+    listener: TcpListener,
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    cfg.validate().map_err(anyhow::Error::msg)?;
+    let max = cfg.server.max_message_bytes;
+    let mut server = Server::new(cfg.server.clone());
+    let mut registry = None;
+
+    if services.contains(&ServiceKind::Registry) {
+        let path = cfg.storage.data_dir.join("registry");
+        let store = Store::open(&path).with_context(|| format!("opening registry store at {}", path.display()))?;
+        let reg = Registry::open(cfg.registry.clone(), store, Arc::new(SystemClock), shutdown.clone())?;
+        reg.spawn_background();
+        server = server.add_service(reg.server(max));
+        registry = Some(reg);
+    }
+
+    if services.contains(&ServiceKind::Router) {
+        let client = match (&registry, &cfg.router.registry_url) {
+            (Some(reg), _) => RegistryClient::local(Arc::new(reg.clone())),
+            (None, Some(url)) => RegistryClient::remote(switchyard_kit::client::lazy_channel(url)?, max),
+            (None, None) => anyhow::bail!(
+                "the router needs a registry: run both in one process or pass --registry-url (router.registry_url)"
+            ),
+        };
+        let router = Router::new(cfg.router.clone());
+        router.spawn_sync(client, shutdown.clone());
+        server = server.add_service(router.server(max));
+    }
+
+    let names: Vec<_> = services.iter().map(|s| s.name()).collect();
+    tracing::info!(services = ?names, addr = %listener.local_addr()?, "serving");
+    server.run(listener, shutdown).await?;
+    if let Some(reg) = registry {
+        reg.flush().context("flushing registry storage")?;
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_names_parse_and_unknown_names_list_the_choices() {
+        assert_eq!("router".parse::<ServiceKind>().unwrap(), ServiceKind::Router);
+        let e = "ledgr".parse::<ServiceKind>().unwrap_err();
+        assert!(e.contains("registry, router"), "{e}");
+    }
+}
