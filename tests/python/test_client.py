@@ -1,0 +1,127 @@
+"""A Python client generated from Switchyard's proto/ with grpcio-tools.
+
+Usage: test_client.py HOST:PORT PROTO_ROOT
+
+Generates stubs into a temporary directory, registers an agent, routes to it,
+and reads the google.rpc ErrorInfo reason and BadRequest field violations from
+rejected calls: what a polyglot platform team would do. Prints one line per
+check and a final "N passed, N failed" line; exits non-zero on any failure.
+"""
+
+import os
+import sys
+import tempfile
+import time
+
+import grpc
+import grpc_tools
+from grpc_tools import protoc
+
+
+def generate(proto_root: str) -> str:
+    out = tempfile.mkdtemp(prefix="switchyard_py_")
+    wkt = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
+    files = []
+    for base, _, names in os.walk(proto_root):
+        files += [os.path.join(base, n) for n in names if n.endswith(".proto")]
+    rc = protoc.main(["protoc", f"-I{proto_root}", f"-I{wkt}", f"--python_out={out}", f"--grpc_python_out={out}", *files])
+    if rc != 0:
+        raise SystemExit(f"protoc failed with {rc}")
+    sys.path.insert(0, out)
+    return out
+
+
+def error_details(err: grpc.RpcError):
+    """(reason, {field: description}) from a rich gRPC status."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    status = rpc_status.from_call(err)
+    reason, fields = None, {}
+    for detail in status.details if status else []:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            reason = info.reason
+        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            fields = {v.field: v.description for v in bad.field_violations}
+    return reason, fields
+
+
+def main() -> int:
+    addr, proto_root = sys.argv[1], sys.argv[2]
+    generate(proto_root)
+    from switchyard.registry.v1 import registry_pb2, registry_pb2_grpc
+    from switchyard.router.v1 import router_pb2, router_pb2_grpc
+
+    channel = grpc.insecure_channel(addr)
+    registry = registry_pb2_grpc.RegistryServiceStub(channel)
+    router = router_pb2_grpc.RouterServiceStub(channel)
+    results = []
+
+    def check(name, cond, info=""):
+        results.append(bool(cond))
+        print(f"{'ok  ' if cond else 'FAIL'} {name} {info}")
+
+    spec = registry_pb2.AgentSpec(
+        id="py_summarizer",
+        name="Python Summarizer",
+        endpoint="http://127.0.0.1:9",
+        capabilities=[registry_pb2.Capability(name="text.summarize", price_per_unit_micro_usd=500, unit="page")],
+        trust_score=77,
+    )
+    resp, call = registry.RegisterAgent.with_call(
+        registry_pb2.RegisterAgentRequest(agent=spec), metadata=[("x-correlation-id", "py-corr-1")]
+    )
+    echoed = dict(call.initial_metadata()).get("x-correlation-id")
+    check("register agent", resp.created and resp.lease.ttl.seconds > 0)
+    check("correlation id echoed", echoed == "py-corr-1", repr(echoed))
+
+    routed = None
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            routed = router.Route(router_pb2.RouteRequest(capability="text.summarize"))
+            if routed.candidates:
+                break
+        except grpc.RpcError:
+            pass
+        time.sleep(0.05)
+    check(
+        "route to the registered agent",
+        routed is not None and routed.candidates and routed.candidates[0].agent_id == "py_summarizer",
+        str(routed.candidates[0].breakdown).replace("\n", " ") if routed and routed.candidates else "",
+    )
+
+    try:
+        registry.RegisterAgent(registry_pb2.RegisterAgentRequest(agent=registry_pb2.AgentSpec(id="Bad Id", endpoint="x")))
+        check("invalid registration rejected", False)
+    except grpc.RpcError as err:
+        reason, fields = error_details(err)
+        check(
+            "invalid registration: INVALID_ARGUMENT with field violations",
+            err.code() == grpc.StatusCode.INVALID_ARGUMENT and reason == "INVALID_ARGUMENT" and "agent.id" in fields,
+            f"{reason} {sorted(fields)}",
+        )
+
+    try:
+        router.Route(router_pb2.RouteRequest(capability="no.such.capability"))
+        check("unroutable capability rejected", False)
+    except grpc.RpcError as err:
+        reason, _ = error_details(err)
+        check(
+            "unroutable capability: NOT_FOUND with CAPABILITY_UNAVAILABLE",
+            err.code() == grpc.StatusCode.NOT_FOUND and reason == "CAPABILITY_UNAVAILABLE",
+            str(reason),
+        )
+
+    passed = sum(results)
+    failed = len(results) - passed
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
