@@ -12,71 +12,125 @@ use tonic_health::pb::health_client::HealthClient;
 
 #[tokio::test]
 async fn health_reports_each_hosted_service() {
-    let s = Stack::start_with(&[ServiceKind::Registry], |_| {}).await.unwrap();
+    let s = Stack::start_with(&[ServiceKind::Registry], |_| {})
+        .await
+        .unwrap();
     let mut h = HealthClient::new(s.channel().await.unwrap());
-    let check = |svc: &str| HealthCheckRequest { service: svc.into() };
-    let st = h.check(check("switchyard.registry.v1.RegistryService")).await.unwrap().into_inner();
+    let check = |svc: &str| HealthCheckRequest {
+        service: svc.into(),
+    };
+    let st = h
+        .check(check("switchyard.registry.v1.RegistryService"))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(st.status, ServingStatus::Serving as i32);
-    let err = h.check(check("switchyard.router.v1.RouterService")).await.unwrap_err();
-    assert_eq!(err.code(), tonic::Code::NotFound, "router is not hosted here");
+    let err = h
+        .check(check("switchyard.router.v1.RouterService"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        tonic::Code::NotFound,
+        "router is not hosted here"
+    );
     s.stop().await.unwrap();
 }
 
 #[tokio::test]
 async fn reflection_v1_lists_services_and_describes_a_method() {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
     use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
 
     let s = Stack::start().await.unwrap();
     let mut c = ServerReflectionClient::new(s.channel().await.unwrap());
     let reqs = vec![
-        ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) },
         ServerReflectionRequest {
             host: String::new(),
-            message_request: Some(MessageRequest::FileContainingSymbol("switchyard.router.v1.RouterService.Route".into())),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        },
+        ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::FileContainingSymbol(
+                "switchyard.router.v1.RouterService.Route".into(),
+            )),
         },
     ];
-    let mut stream = c.server_reflection_info(tokio_stream::iter(reqs)).await.unwrap().into_inner();
+    let mut stream = c
+        .server_reflection_info(tokio_stream::iter(reqs))
+        .await
+        .unwrap()
+        .into_inner();
 
-    let Some(MessageResponse::ListServicesResponse(list)) = stream.next().await.unwrap().unwrap().message_response else {
+    let Some(MessageResponse::ListServicesResponse(list)) =
+        stream.next().await.unwrap().unwrap().message_response
+    else {
         panic!("expected a service list");
     };
     let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
-    for want in ["switchyard.registry.v1.RegistryService", "switchyard.router.v1.RouterService", "grpc.health.v1.Health"] {
+    for want in [
+        "switchyard.registry.v1.RegistryService",
+        "switchyard.router.v1.RouterService",
+        "grpc.health.v1.Health",
+    ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
 
-    let Some(MessageResponse::FileDescriptorResponse(fd)) = stream.next().await.unwrap().unwrap().message_response else {
+    let Some(MessageResponse::FileDescriptorResponse(fd)) =
+        stream.next().await.unwrap().unwrap().message_response
+    else {
         panic!("expected file descriptors");
     };
-    let files: Vec<prost_types::FileDescriptorProto> =
-        fd.file_descriptor_proto.iter().map(|b| prost_types::FileDescriptorProto::decode(b.as_slice()).unwrap()).collect();
-    let router = files.iter().find(|f| f.package() == "switchyard.router.v1").expect("router file");
+    let files: Vec<prost_types::FileDescriptorProto> = fd
+        .file_descriptor_proto
+        .iter()
+        .map(|b| prost_types::FileDescriptorProto::decode(b.as_slice()).unwrap())
+        .collect();
+    let router = files
+        .iter()
+        .find(|f| f.package() == "switchyard.router.v1")
+        .expect("router file");
     let method = &router.service[0].method[0];
-    assert_eq!((method.name(), method.input_type(), method.output_type()), (
-        "Route",
-        ".switchyard.router.v1.RouteRequest",
-        ".switchyard.router.v1.RouteResponse"
-    ));
+    assert_eq!(
+        (method.name(), method.input_type(), method.output_type()),
+        (
+            "Route",
+            ".switchyard.router.v1.RouteRequest",
+            ".switchyard.router.v1.RouteResponse"
+        )
+    );
     s.stop().await.unwrap();
 }
 
 #[tokio::test]
 async fn reflection_v1alpha_answers_for_older_clients_like_grpcurl() {
+    use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
     use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
-    use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
 
     let s = Stack::start().await.unwrap();
     let mut c = ServerReflectionClient::new(s.channel().await.unwrap());
-    let req = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
-    let mut stream = c.server_reflection_info(tokio_stream::iter(vec![req])).await.unwrap().into_inner();
-    let Some(MessageResponse::ListServicesResponse(list)) = stream.next().await.unwrap().unwrap().message_response else {
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = c
+        .server_reflection_info(tokio_stream::iter(vec![req]))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(MessageResponse::ListServicesResponse(list)) =
+        stream.next().await.unwrap().unwrap().message_response
+    else {
         panic!("expected a service list");
     };
-    assert!(list.service.iter().any(|s| s.name == "switchyard.registry.v1.RegistryService"));
+    assert!(
+        list.service
+            .iter()
+            .any(|s| s.name == "switchyard.registry.v1.RegistryService")
+    );
     s.stop().await.unwrap();
 }

@@ -17,7 +17,12 @@ use crate::output::{self, Format, agent_json, print_json, route_json, table, too
 #[derive(Args, Debug)]
 pub struct Conn {
     /// Switchyard gRPC address.
-    #[arg(long, env = "SWITCHYARD_URL", default_value = "http://127.0.0.1:7600", global = true)]
+    #[arg(
+        long,
+        env = "SWITCHYARD_URL",
+        default_value = "http://127.0.0.1:7600",
+        global = true
+    )]
     url: String,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table", global = true)]
@@ -43,7 +48,9 @@ fn api(s: tonic::Status) -> anyhow::Error {
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
-    s.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())).ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
 }
 
 /// `switchyard agent ...`
@@ -146,7 +153,11 @@ fn agent_rows(agents: &[Agent]) -> Vec<Vec<String>> {
         .map(|a| {
             let s = a.spec.clone().unwrap_or_default();
             let caps: Vec<_> = s.capabilities.iter().map(|c| c.name.clone()).collect();
-            let max = if s.max_concurrency == 0 { "-".to_string() } else { s.max_concurrency.to_string() };
+            let max = if s.max_concurrency == 0 {
+                "-".to_string()
+            } else {
+                s.max_concurrency.to_string()
+            };
             vec![
                 s.id,
                 output::status_name(a.status).to_string(),
@@ -159,7 +170,14 @@ fn agent_rows(agents: &[Agent]) -> Vec<Vec<String>> {
         .collect()
 }
 
-const AGENT_HEADERS: [&str; 6] = ["ID", "STATUS", "TRUST", "IN_FLIGHT", "CAPABILITIES", "ENDPOINT"];
+const AGENT_HEADERS: [&str; 6] = [
+    "ID",
+    "STATUS",
+    "TRUST",
+    "IN_FLIGHT",
+    "CAPABILITIES",
+    "ENDPOINT",
+];
 
 /// Runs an agent command.
 pub async fn agent(cmd: AgentCmd) -> anyhow::Result<()> {
@@ -173,7 +191,10 @@ pub async fn agent(cmd: AgentCmd) -> anyhow::Result<()> {
             let reg = conn.registry().await?;
             let mut out = Vec::new();
             for spec in specs {
-                let r = reg.register_agent(RegisterAgentRequest { agent: Some(spec) }).await.map_err(api)?;
+                let r = reg
+                    .register_agent(RegisterAgentRequest { agent: Some(spec) })
+                    .await
+                    .map_err(api)?;
                 out.push(r);
             }
             match conn.output {
@@ -191,7 +212,12 @@ pub async fn agent(cmd: AgentCmd) -> anyhow::Result<()> {
                 }
             }
         }
-        AgentCmd::List { capability, status, labels, conn } => {
+        AgentCmd::List {
+            capability,
+            status,
+            labels,
+            conn,
+        } => {
             let reg = conn.registry().await?;
             let status = match status.as_deref() {
                 Some("available") => AgentStatus::Available,
@@ -219,12 +245,21 @@ pub async fn agent(cmd: AgentCmd) -> anyhow::Result<()> {
                 page_token = r.next_page_token;
             }
             match conn.output {
-                Format::Json => print_json(&serde_json::Value::Array(agents.iter().map(agent_json).collect())),
+                Format::Json => print_json(&serde_json::Value::Array(
+                    agents.iter().map(agent_json).collect(),
+                )),
                 Format::Table => table(&AGENT_HEADERS, &agent_rows(&agents)),
             }
         }
         AgentCmd::Get { id, conn } => {
-            let a = conn.registry().await?.get_agent(GetAgentRequest { agent_id: id }).await.map_err(api)?.agent.unwrap_or_default();
+            let a = conn
+                .registry()
+                .await?
+                .get_agent(GetAgentRequest { agent_id: id })
+                .await
+                .map_err(api)?
+                .agent
+                .unwrap_or_default();
             match conn.output {
                 Format::Json => print_json(&agent_json(&a)),
                 Format::Table => {
@@ -242,27 +277,67 @@ pub async fn agent(cmd: AgentCmd) -> anyhow::Result<()> {
                             vec![
                                 c.name.clone(),
                                 format!("{:.2}", c.proficiency.unwrap_or(1.0)),
-                                format!("{}/{}", usd(c.price_per_unit_micro_usd), if c.unit.is_empty() { "unit" } else { &c.unit }),
+                                format!(
+                                    "{}/{}",
+                                    usd(c.price_per_unit_micro_usd),
+                                    if c.unit.is_empty() { "unit" } else { &c.unit }
+                                ),
                                 st.map_or("0".into(), |x| x.count.to_string()),
-                                st.map_or("-".into(), |x| format!("{:.0}%", x.success_rate * 100.0)),
-                                st.map_or(format!("{} (est)", s.latency_estimate_ms), |x| format!("{:.1}", x.ewma_latency_ms)),
+                                st.map_or("-".into(), |x| {
+                                    format!("{:.0}%", x.success_rate * 100.0)
+                                }),
+                                st.map_or(format!("{} (est)", s.latency_estimate_ms), |x| {
+                                    format!("{:.1}", x.ewma_latency_ms)
+                                }),
                             ]
                         })
                         .collect();
-                    table(&["CAPABILITY", "PROFICIENCY", "PRICE", "CALLS", "SUCCESS", "LATENCY_MS"], &rows);
+                    table(
+                        &[
+                            "CAPABILITY",
+                            "PROFICIENCY",
+                            "PRICE",
+                            "CALLS",
+                            "SUCCESS",
+                            "LATENCY_MS",
+                        ],
+                        &rows,
+                    );
                 }
             }
         }
-        AgentCmd::Heartbeat { id, in_flight, conn } => {
-            let r = conn.registry().await?.heartbeat(HeartbeatRequest { agent_id: id.clone(), in_flight }).await.map_err(api)?;
-            let ttl = r.lease.as_ref().and_then(|l| l.ttl).map_or(0, |d| d.seconds);
+        AgentCmd::Heartbeat {
+            id,
+            in_flight,
+            conn,
+        } => {
+            let r = conn
+                .registry()
+                .await?
+                .heartbeat(HeartbeatRequest {
+                    agent_id: id.clone(),
+                    in_flight,
+                })
+                .await
+                .map_err(api)?;
+            let ttl = r
+                .lease
+                .as_ref()
+                .and_then(|l| l.ttl)
+                .map_or(0, |d| d.seconds);
             match conn.output {
                 Format::Json => print_json(&serde_json::json!({"agent_id": id, "ttl_secs": ttl})),
                 Format::Table => println!("lease of {id} renewed for {ttl}s"),
             }
         }
         AgentCmd::Deregister { id, conn } => {
-            conn.registry().await?.deregister_agent(DeregisterAgentRequest { agent_id: id.clone() }).await.map_err(api)?;
+            conn.registry()
+                .await?
+                .deregister_agent(DeregisterAgentRequest {
+                    agent_id: id.clone(),
+                })
+                .await
+                .map_err(api)?;
             match conn.output {
                 Format::Json => print_json(&serde_json::json!({"deregistered": id})),
                 Format::Table => println!("deregistered agent {id}"),
@@ -282,22 +357,48 @@ pub async fn tool(cmd: ToolCmd) -> anyhow::Result<()> {
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let reg = conn.registry().await?;
             for t in tools {
-                let r = reg.register_tool(RegisterToolRequest { tool: Some(t) }).await.map_err(api)?;
+                let r = reg
+                    .register_tool(RegisterToolRequest { tool: Some(t) })
+                    .await
+                    .map_err(api)?;
                 let name = r.tool.as_ref().map_or("", |t| t.name.as_str());
                 match conn.output {
-                    Format::Json => print_json(&serde_json::json!({"created": r.created, "tool": r.tool.as_ref().map(tool_json)})),
-                    Format::Table => println!("{} tool {name}", if r.created { "registered" } else { "updated" }),
+                    Format::Json => print_json(
+                        &serde_json::json!({"created": r.created, "tool": r.tool.as_ref().map(tool_json)}),
+                    ),
+                    Format::Table => println!(
+                        "{} tool {name}",
+                        if r.created { "registered" } else { "updated" }
+                    ),
                 }
             }
         }
         ToolCmd::List { conn } => {
-            let tools = conn.registry().await?.list_tools(ListToolsRequest::default()).await.map_err(api)?.tools;
+            let tools = conn
+                .registry()
+                .await?
+                .list_tools(ListToolsRequest::default())
+                .await
+                .map_err(api)?
+                .tools;
             match conn.output {
-                Format::Json => print_json(&serde_json::Value::Array(tools.iter().map(tool_json).collect())),
+                Format::Json => print_json(&serde_json::Value::Array(
+                    tools.iter().map(tool_json).collect(),
+                )),
                 Format::Table => {
                     let rows: Vec<Vec<String>> = tools
                         .iter()
-                        .map(|t| vec![t.name.clone(), if t.endpoint.is_empty() { "-".into() } else { t.endpoint.clone() }, t.description.clone()])
+                        .map(|t| {
+                            vec![
+                                t.name.clone(),
+                                if t.endpoint.is_empty() {
+                                    "-".into()
+                                } else {
+                                    t.endpoint.clone()
+                                },
+                                t.description.clone(),
+                            ]
+                        })
                         .collect();
                     table(&["NAME", "ENDPOINT", "DESCRIPTION"], &rows);
                 }
@@ -343,7 +444,21 @@ pub async fn route(a: RouteArgs) -> anyhow::Result<()> {
                     ]
                 })
                 .collect();
-            table(&["RANK", "AGENT", "SCORE", "CAPABILITY", "TRUST", "LATENCY", "COST", "PREFER", "PRICE", "ENDPOINT"], &rows);
+            table(
+                &[
+                    "RANK",
+                    "AGENT",
+                    "SCORE",
+                    "CAPABILITY",
+                    "TRUST",
+                    "LATENCY",
+                    "COST",
+                    "PREFER",
+                    "PRICE",
+                    "ENDPOINT",
+                ],
+                &rows,
+            );
             if !r.filtered.is_empty() {
                 let mut f: Vec<_> = r.filtered.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 f.sort();

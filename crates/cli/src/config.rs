@@ -20,7 +20,9 @@ pub struct StorageConfig {
 
 impl Default for StorageConfig {
     fn default() -> Self {
-        Self { data_dir: PathBuf::from(".switchyard") }
+        Self {
+            data_dir: PathBuf::from(".switchyard"),
+        }
     }
 }
 
@@ -62,10 +64,22 @@ mod tests {
         let c: Config = switchyard_kit::config::load(
             None,
             [
-                ("SWITCHYARD_ROUTER__SCORING__WEIGHTS__TRUST".to_string(), "0.5".to_string()),
-                ("SWITCHYARD_REGISTRY__LEASE_TTL_SECS".to_string(), "7".to_string()),
-                ("SWITCHYARD_STORAGE__DATA_DIR".to_string(), "/tmp/x".to_string()),
-                ("SWITCHYARD_ROUTER__REGISTRY_URL".to_string(), "http://127.0.0.1:1".to_string()),
+                (
+                    "SWITCHYARD_ROUTER__SCORING__WEIGHTS__TRUST".to_string(),
+                    "0.5".to_string(),
+                ),
+                (
+                    "SWITCHYARD_REGISTRY__LEASE_TTL_SECS".to_string(),
+                    "7".to_string(),
+                ),
+                (
+                    "SWITCHYARD_STORAGE__DATA_DIR".to_string(),
+                    "/tmp/x".to_string(),
+                ),
+                (
+                    "SWITCHYARD_ROUTER__REGISTRY_URL".to_string(),
+                    "http://127.0.0.1:1".to_string(),
+                ),
             ],
         )
         .unwrap();
@@ -77,7 +91,10 @@ mod tests {
 
     #[test]
     fn example_config_in_deploy_parses_and_validates() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/switchyard.example.toml");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/switchyard.example.toml"
+        );
         let c: Config = switchyard_kit::config::load(Some(std::path::Path::new(path)), []).unwrap();
         c.validate().unwrap();
     }

@@ -62,12 +62,15 @@ pub struct ToolFile {
 }
 
 fn parse<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let is_json = path.extension().is_some_and(|e| e == "json") || text.trim_start().starts_with('{');
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let is_json =
+        path.extension().is_some_and(|e| e == "json") || text.trim_start().starts_with('{');
     if is_json {
         serde_json::from_str(&text).with_context(|| format!("parsing {} as JSON", path.display()))
     } else {
-        serde_saphyr::from_str(&text).map_err(|e| anyhow::anyhow!("parsing {} as YAML: {e}", path.display()))
+        serde_saphyr::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("parsing {} as YAML: {e}", path.display()))
     }
 }
 
@@ -82,7 +85,9 @@ impl AgentFile {
         let mode = match self.integration_mode.as_deref() {
             None | Some("tool") => IntegrationMode::Tool,
             Some("handoff") => IntegrationMode::Handoff,
-            Some(other) => anyhow::bail!("integration_mode must be \"tool\" or \"handoff\", got {other:?}"),
+            Some(other) => {
+                anyhow::bail!("integration_mode must be \"tool\" or \"handoff\", got {other:?}")
+            }
         };
         Ok(AgentSpec {
             id: self.id,
@@ -120,7 +125,12 @@ impl ToolFile {
     pub fn into_tool(self) -> anyhow::Result<Tool> {
         let parameters = switchyard_kit::json::json_to_struct(&self.parameters)
             .ok_or_else(|| anyhow::anyhow!("tool parameters must be a JSON Schema object"))?;
-        Ok(Tool { name: self.name, description: self.description, parameters: Some(parameters), endpoint: self.endpoint })
+        Ok(Tool {
+            name: self.name,
+            description: self.description,
+            parameters: Some(parameters),
+            endpoint: self.endpoint,
+        })
     }
 }
 
@@ -159,11 +169,23 @@ mod tests {
     fn unknown_keys_and_bad_modes_are_errors() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("a.yaml");
-        std::fs::write(&p, "id: a\nendpoint: http://x:1\ncapabilities: [{name: x}]\ntrust: 5\n").unwrap();
+        std::fs::write(
+            &p,
+            "id: a\nendpoint: http://x:1\ncapabilities: [{name: x}]\ntrust: 5\n",
+        )
+        .unwrap();
         let e = AgentFile::read(&p).unwrap_err().to_string();
         assert!(e.contains("trust"), "{e}");
-        std::fs::write(&p, "id: a\nendpoint: http://x:1\ncapabilities: [{name: x}]\nintegration_mode: loop\n").unwrap();
-        let e = AgentFile::read(&p).unwrap().into_spec().unwrap_err().to_string();
+        std::fs::write(
+            &p,
+            "id: a\nendpoint: http://x:1\ncapabilities: [{name: x}]\nintegration_mode: loop\n",
+        )
+        .unwrap();
+        let e = AgentFile::read(&p)
+            .unwrap()
+            .into_spec()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("integration_mode"), "{e}");
     }
 }

@@ -14,7 +14,11 @@ use switchyard_cli::{Config, ServiceKind, run_node};
 use switchyard_kit::telemetry::LogFormat;
 
 #[derive(Parser)]
-#[command(name = "switchyard", version, about = "Switchyard: a control plane for AI-agent work")]
+#[command(
+    name = "switchyard",
+    version,
+    about = "Switchyard: a control plane for AI-agent work"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -66,7 +70,8 @@ struct RunArgs {
 
 impl RunArgs {
     fn config(&self) -> anyhow::Result<Config> {
-        let mut cfg: Config = switchyard_kit::config::load(self.config.as_deref(), std::env::vars())?;
+        let mut cfg: Config =
+            switchyard_kit::config::load(self.config.as_deref(), std::env::vars())?;
         if let Some(l) = &self.listen {
             cfg.server.listen.clone_from(l);
         }

@@ -42,10 +42,17 @@ impl FromStr for ServiceKind {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        ServiceKind::ALL.iter().copied().find(|k| k.name() == s).ok_or_else(|| {
-            let names: Vec<_> = ServiceKind::ALL.iter().map(|k| k.name()).collect();
-            format!("unknown service {s:?}; expected one of: {}", names.join(", "))
-        })
+        ServiceKind::ALL
+            .iter()
+            .copied()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = ServiceKind::ALL.iter().map(|k| k.name()).collect();
+                format!(
+                    "unknown service {s:?}; expected one of: {}",
+                    names.join(", ")
+                )
+            })
     }
 }
 
@@ -64,8 +71,14 @@ pub async fn run_node(
 
     if services.contains(&ServiceKind::Registry) {
         let path = cfg.storage.data_dir.join("registry");
-        let store = Store::open(&path).with_context(|| format!("opening registry store at {}", path.display()))?;
-        let reg = Registry::open(cfg.registry.clone(), store, Arc::new(SystemClock), shutdown.clone())?;
+        let store = Store::open(&path)
+            .with_context(|| format!("opening registry store at {}", path.display()))?;
+        let reg = Registry::open(
+            cfg.registry.clone(),
+            store,
+            Arc::new(SystemClock),
+            shutdown.clone(),
+        )?;
         reg.spawn_background();
         server = server.add_service(reg.server(max));
         registry = Some(reg);
@@ -74,7 +87,9 @@ pub async fn run_node(
     if services.contains(&ServiceKind::Router) {
         let client = match (&registry, &cfg.router.registry_url) {
             (Some(reg), _) => RegistryClient::local(Arc::new(reg.clone())),
-            (None, Some(url)) => RegistryClient::remote(switchyard_kit::client::lazy_channel(url)?, max),
+            (None, Some(url)) => {
+                RegistryClient::remote(switchyard_kit::client::lazy_channel(url)?, max)
+            }
             (None, None) => anyhow::bail!(
                 "the router needs a registry: run both in one process or pass --registry-url (router.registry_url)"
             ),
@@ -100,7 +115,10 @@ mod tests {
 
     #[test]
     fn service_names_parse_and_unknown_names_list_the_choices() {
-        assert_eq!("router".parse::<ServiceKind>().unwrap(), ServiceKind::Router);
+        assert_eq!(
+            "router".parse::<ServiceKind>().unwrap(),
+            ServiceKind::Router
+        );
         let e = "ledgr".parse::<ServiceKind>().unwrap_err();
         assert!(e.contains("registry, router"), "{e}");
     }

@@ -1,8 +1,8 @@
 //! Output: aligned tables for people, JSON (proto field names) for scripts.
 
+use serde_json::{Value, json};
 use switchyard_proto::registry::v1::{Agent, AgentStatus, CapabilityStats, Tool};
 use switchyard_proto::router::v1::{Candidate, RouteResponse};
-use serde_json::{Value, json};
 
 /// Output format of client commands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -22,7 +22,11 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) {
         }
     }
     let line = |cells: Vec<&str>| {
-        let s: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect();
+        let s: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect();
         println!("{}", s.join("  ").trim_end());
     };
     line(headers.to_vec());
@@ -37,7 +41,9 @@ pub fn print_json(v: &Value) {
 }
 
 fn ts(t: &Option<prost_types::Timestamp>) -> Value {
-    t.as_ref().map_or(Value::Null, |t| json!(switchyard_kit::time::timestamp_ms(t)))
+    t.as_ref().map_or(Value::Null, |t| {
+        json!(switchyard_kit::time::timestamp_ms(t))
+    })
 }
 
 /// Status as its short lowercase name.

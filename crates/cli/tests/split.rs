@@ -11,39 +11,103 @@ use support::*;
 fn split_mode_registers_routes_lapses_and_survives_kill_9() {
     let data = tempfile::tempdir().unwrap();
     let data_dir = data.path().to_str().unwrap();
-    let fast_leases = [("SWITCHYARD_REGISTRY__LEASE_TTL_SECS", "2"), ("SWITCHYARD_REGISTRY__SWEEP_INTERVAL_MS", "100")];
-    let registry = Proc::start(&["serve", "--services", "registry", "--listen", "127.0.0.1:0", "--data-dir", data_dir], &fast_leases);
+    let fast_leases = [
+        ("SWITCHYARD_REGISTRY__LEASE_TTL_SECS", "2"),
+        ("SWITCHYARD_REGISTRY__SWEEP_INTERVAL_MS", "100"),
+    ];
+    let registry = Proc::start(
+        &[
+            "serve",
+            "--services",
+            "registry",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data_dir,
+        ],
+        &fast_leases,
+    );
     let router = Proc::start(
-        &["serve", "--services", "router", "--listen", "127.0.0.1:0", "--registry-url", &registry.url()],
+        &[
+            "serve",
+            "--services",
+            "router",
+            "--listen",
+            "127.0.0.1:0",
+            "--registry-url",
+            &registry.url(),
+        ],
         &[],
     );
     let (reg, rt) = (registry.url(), router.url());
 
-    ok(&cli(&reg, &["tool", "register", "-f", "examples/tools/web_search.yaml", "-f", "examples/tools/kv.yaml", "-f", "examples/tools/file_manager.yaml"]));
+    ok(&cli(
+        &reg,
+        &[
+            "tool",
+            "register",
+            "-f",
+            "examples/tools/web_search.yaml",
+            "-f",
+            "examples/tools/kv.yaml",
+            "-f",
+            "examples/tools/file_manager.yaml",
+        ],
+    ));
     let out = ok(&cli(
         &reg,
-        &["agent", "register", "-f", "examples/agents/nlp_analyst.yaml", "-f", "examples/agents/nlp_budget.yaml", "-f", "examples/agents/pdf_extractor.yaml"],
+        &[
+            "agent",
+            "register",
+            "-f",
+            "examples/agents/nlp_analyst.yaml",
+            "-f",
+            "examples/agents/nlp_budget.yaml",
+            "-f",
+            "examples/agents/pdf_extractor.yaml",
+        ],
     ));
     assert!(out.contains("registered agent nlp_analyst"), "{out}");
 
     // the router process learns about them through the registry watch
-    wait_for("router sees both nlp agents", Duration::from_secs(10), || {
-        routed(&rt, &["--capability", "nlp_analysis"]).is_some_and(|v| v.len() == 2)
-    });
+    wait_for(
+        "router sees both nlp agents",
+        Duration::from_secs(10),
+        || routed(&rt, &["--capability", "nlp_analysis"]).is_some_and(|v| v.len() == 2),
+    );
     // cheaper, faster nlp_budget outranks nlp_analyst: 0.69 vs 0.495 (see README)
-    assert_eq!(routed(&rt, &["--capability", "nlp_analysis"]).unwrap(), ["nlp_budget", "nlp_analyst"]);
-    assert_eq!(routed(&rt, &["--capability", "nlp_analysis", "--exclude", "nlp_budget"]).unwrap(), ["nlp_analyst"]);
+    assert_eq!(
+        routed(&rt, &["--capability", "nlp_analysis"]).unwrap(),
+        ["nlp_budget", "nlp_analyst"]
+    );
+    assert_eq!(
+        routed(
+            &rt,
+            &["--capability", "nlp_analysis", "--exclude", "nlp_budget"]
+        )
+        .unwrap(),
+        ["nlp_analyst"]
+    );
     let table = ok(&cli(&rt, &["route", "--capability", "nlp_analysis"]));
     assert!(table.starts_with("RANK  AGENT"), "{table}");
 
     // no heartbeats: every lease (2 s) lapses and routing refuses
-    wait_for("all agents lapse", Duration::from_secs(10), || routed(&rt, &["--capability", "nlp_analysis"]).is_none());
+    wait_for("all agents lapse", Duration::from_secs(10), || {
+        routed(&rt, &["--capability", "nlp_analysis"]).is_none()
+    });
     let out = cli(&rt, &["route", "--capability", "nlp_analysis"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("CAPABILITY_UNAVAILABLE"));
-    wait_for("all three listed as lapsed", Duration::from_secs(10), || {
-        ok(&cli(&reg, &["agent", "list", "--status", "lapsed"])).lines().count() == 4 // header + 3
-    });
+    wait_for(
+        "all three listed as lapsed",
+        Duration::from_secs(10),
+        || {
+            ok(&cli(&reg, &["agent", "list", "--status", "lapsed"]))
+                .lines()
+                .count()
+                == 4 // header + 3
+        },
+    );
 
     // a heartbeat brings one back
     ok(&cli(&reg, &["agent", "heartbeat", "nlp_analyst"]));
@@ -53,23 +117,66 @@ fn split_mode_registers_routes_lapses_and_survives_kill_9() {
 
     // kill -9 the registry: every acknowledged registration is on disk
     registry.kill9();
-    let registry = Proc::start(&["serve", "--services", "registry", "--listen", "127.0.0.1:0", "--data-dir", data_dir], &[]);
-    let got = ok(&cli(&registry.url(), &["agent", "get", "pdf_extractor", "-o", "json"]));
+    let registry = Proc::start(
+        &[
+            "serve",
+            "--services",
+            "registry",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data_dir,
+        ],
+        &[],
+    );
+    let got = ok(&cli(
+        &registry.url(),
+        &["agent", "get", "pdf_extractor", "-o", "json"],
+    ));
     let v: serde_json::Value = serde_json::from_str(&got).unwrap();
     assert_eq!(v["trust_score"], 88);
-    assert_eq!(ok(&cli(&registry.url(), &["tool", "list", "-o", "json"])).matches("\"name\"").count(), 3);
+    assert_eq!(
+        ok(&cli(&registry.url(), &["tool", "list", "-o", "json"]))
+            .matches("\"name\"")
+            .count(),
+        3
+    );
 
-    assert_eq!(router.terminate(), Some(0), "router exits cleanly on SIGTERM");
-    assert_eq!(registry.terminate(), Some(0), "registry exits cleanly on SIGTERM");
+    assert_eq!(
+        router.terminate(),
+        Some(0),
+        "router exits cleanly on SIGTERM"
+    );
+    assert_eq!(
+        registry.terminate(),
+        Some(0),
+        "registry exits cleanly on SIGTERM"
+    );
 }
 
 #[test]
 fn cli_errors_print_reason_and_fields_and_exit_nonzero() {
     let data = tempfile::tempdir().unwrap();
-    let dev = Proc::start(&["dev", "--listen", "127.0.0.1:0", "--data-dir", data.path().to_str().unwrap()], &[]);
+    let dev = Proc::start(
+        &[
+            "dev",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.path().to_str().unwrap(),
+        ],
+        &[],
+    );
     let bad = data.path().join("bad.yaml");
-    std::fs::write(&bad, "id: Bad\nendpoint: nope\ncapabilities: [{name: x}]\ntrust_score: 101\n").unwrap();
-    let out = cli(&dev.url(), &["agent", "register", "-f", bad.to_str().unwrap()]);
+    std::fs::write(
+        &bad,
+        "id: Bad\nendpoint: nope\ncapabilities: [{name: x}]\ntrust_score: 101\n",
+    )
+    .unwrap();
+    let out = cli(
+        &dev.url(),
+        &["agent", "register", "-f", bad.to_str().unwrap()],
+    );
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("INVALID_ARGUMENT"), "{err}");
@@ -92,21 +199,50 @@ fn cli_errors_print_reason_and_fields_and_exit_nonzero() {
 fn dump_config_shows_layered_configuration() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("c.toml");
-    std::fs::write(&file, "[registry]\nlease_ttl_secs = 45\n[router.scoring.weights]\ntrust = 0.4\n").unwrap();
+    std::fs::write(
+        &file,
+        "[registry]\nlease_ttl_secs = 45\n[router.scoring.weights]\ntrust = 0.4\n",
+    )
+    .unwrap();
     let out = std::process::Command::new(BIN)
-        .args(["dev", "--dump-config", "--config", file.to_str().unwrap(), "--listen", "127.0.0.1:9999"])
+        .args([
+            "dev",
+            "--dump-config",
+            "--config",
+            file.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:9999",
+        ])
         .env("SWITCHYARD_ROUTER__DEFAULT_MIN_TRUST", "60")
         .output()
         .unwrap();
     let text = ok(&out);
     let v: toml::Table = toml::from_str(&text).unwrap();
-    assert_eq!(v["registry"]["lease_ttl_secs"].as_integer(), Some(45), "file");
-    assert_eq!(v["router"]["default_min_trust"].as_integer(), Some(60), "env");
-    assert_eq!(v["server"]["listen"].as_str(), Some("127.0.0.1:9999"), "flag");
-    assert_eq!(v["router"]["scoring"]["weights"]["trust"].as_float(), Some(0.4));
+    assert_eq!(
+        v["registry"]["lease_ttl_secs"].as_integer(),
+        Some(45),
+        "file"
+    );
+    assert_eq!(
+        v["router"]["default_min_trust"].as_integer(),
+        Some(60),
+        "env"
+    );
+    assert_eq!(
+        v["server"]["listen"].as_str(),
+        Some("127.0.0.1:9999"),
+        "flag"
+    );
+    assert_eq!(
+        v["router"]["scoring"]["weights"]["trust"].as_float(),
+        Some(0.4)
+    );
 
     std::fs::write(&file, "[registry]\nlease_tll_secs = 45\n").unwrap();
-    let out = std::process::Command::new(BIN).args(["dev", "--dump-config", "--config", file.to_str().unwrap()]).output().unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["dev", "--dump-config", "--config", file.to_str().unwrap()])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("lease_tll_secs"));
 }

@@ -92,7 +92,9 @@ mod tests {
             assert_eq!(Reason::parse(r.as_str()), Some(*r));
             assert!(seen.insert(r.as_str()), "duplicate wire form {r}");
             assert!(
-                r.as_str().chars().all(|c| c.is_ascii_uppercase() || c == '_'),
+                r.as_str()
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c == '_'),
                 "{r} is not UPPER_SNAKE"
             );
         }

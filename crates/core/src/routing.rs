@@ -39,7 +39,13 @@ pub struct Weights {
 
 impl Default for Weights {
     fn default() -> Self {
-        Self { capability: 0.3, trust: 0.3, latency: 0.2, cost: 0.2, preference: 0.1 }
+        Self {
+            capability: 0.3,
+            trust: 0.3,
+            latency: 0.2,
+            cost: 0.2,
+            preference: 0.1,
+        }
     }
 }
 
@@ -57,7 +63,11 @@ pub struct ScoringConfig {
 
 impl Default for ScoringConfig {
     fn default() -> Self {
-        Self { weights: Weights::default(), latency_ceiling_ms: 1000.0, parent_match_discount: 0.8 }
+        Self {
+            weights: Weights::default(),
+            latency_ceiling_ms: 1000.0,
+            parent_match_discount: 0.8,
+        }
     }
 }
 
@@ -73,11 +83,16 @@ impl ScoringConfig {
             ("preference", w.preference),
         ] {
             if !(v.is_finite() && v >= 0.0) {
-                return Err(format!("weights.{name} must be a finite number >= 0, got {v}"));
+                return Err(format!(
+                    "weights.{name} must be a finite number >= 0, got {v}"
+                ));
             }
         }
         if !(self.latency_ceiling_ms.is_finite() && self.latency_ceiling_ms > 0.0) {
-            return Err(format!("latency_ceiling_ms must be > 0, got {}", self.latency_ceiling_ms));
+            return Err(format!(
+                "latency_ceiling_ms must be > 0, got {}",
+                self.latency_ceiling_ms
+            ));
         }
         if !(0.0..=1.0).contains(&self.parent_match_discount) {
             return Err(format!(
@@ -150,7 +165,14 @@ pub fn score(cfg: &ScoringConfig, i: &ScoreInput) -> Breakdown {
         + w.latency * latency
         + w.cost * cost
         + w.preference * preference;
-    Breakdown { capability_match, trust, latency, cost, preference, total }
+    Breakdown {
+        capability_match,
+        trust,
+        latency,
+        cost,
+        preference,
+        total,
+    }
 }
 
 /// Ranking order: higher score first, ties by agent id ascending, so the same
@@ -237,7 +259,13 @@ mod tests {
     #[test]
     fn custom_weights_and_ceiling_are_used() {
         let cfg = ScoringConfig {
-            weights: Weights { capability: 0.0, trust: 0.0, latency: 1.0, cost: 0.0, preference: 0.0 },
+            weights: Weights {
+                capability: 0.0,
+                trust: 0.0,
+                latency: 1.0,
+                cost: 0.0,
+                preference: 0.0,
+            },
             latency_ceiling_ms: 500.0,
             parent_match_discount: 0.5,
         };
@@ -247,9 +275,12 @@ mod tests {
 
     #[test]
     fn rank_orders_by_score_then_id() {
-        let mut v = vec![(0.5, "b"), (0.9, "z"), (0.5, "a"), (0.7, "c")];
+        let mut v = [(0.5, "b"), (0.9, "z"), (0.5, "a"), (0.7, "c")];
         v.sort_by(|x, y| rank(*x, *y));
-        assert_eq!(v.iter().map(|x| x.1).collect::<Vec<_>>(), ["z", "c", "a", "b"]);
+        assert_eq!(
+            v.iter().map(|x| x.1).collect::<Vec<_>>(),
+            ["z", "c", "a", "b"]
+        );
     }
 
     #[test]
@@ -258,8 +289,10 @@ mod tests {
         let mut c = ScoringConfig::default();
         c.weights.trust = -1.0;
         assert!(c.validate().unwrap_err().contains("weights.trust"));
-        let mut c = ScoringConfig::default();
-        c.latency_ceiling_ms = 0.0;
+        let c = ScoringConfig {
+            latency_ceiling_ms: 0.0,
+            ..Default::default()
+        };
         assert!(c.validate().unwrap_err().contains("latency_ceiling_ms"));
     }
 }

@@ -100,7 +100,8 @@ pub fn capability(s: &str) -> Result<(), String> {
     let ok = s.len() <= 128
         && s.split('.').all(|seg| {
             let mut c = seg.chars();
-            matches!(c.next(), Some('a'..='z')) && c.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
+            matches!(c.next(), Some('a'..='z'))
+                && c.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
         });
     if ok {
         Ok(())
@@ -129,8 +130,12 @@ pub fn endpoint(s: &str) -> Result<(), String> {
         .or_else(|| s.strip_prefix("https://"));
     match rest {
         _ if s.is_empty() => Err("endpoint is required".into()),
-        Some(r) if !r.is_empty() && !r.starts_with('/') && !r.contains(char::is_whitespace) => Ok(()),
-        _ => Err(format!("endpoint {s:?} must be an http:// or https:// URL with a host")),
+        Some(r) if !r.is_empty() && !r.starts_with('/') && !r.contains(char::is_whitespace) => {
+            Ok(())
+        }
+        _ => Err(format!(
+            "endpoint {s:?} must be an http:// or https:// URL with a host"
+        )),
     }
 }
 
@@ -164,7 +169,11 @@ mod tests {
         }
         assert!(agent_id(&format!("a{}", "b".repeat(58))).is_err());
         assert_eq!(agent_id("").unwrap_err(), "agent id is required");
-        assert!(agent_id("A").unwrap_err().contains("^[a-z][a-z0-9_]{0,57}$"));
+        assert!(
+            agent_id("A")
+                .unwrap_err()
+                .contains("^[a-z][a-z0-9_]{0,57}$")
+        );
     }
 
     #[test]
@@ -177,7 +186,12 @@ mod tests {
 
     #[test]
     fn capability_allows_dotted_hierarchy_only_between_valid_segments() {
-        for ok in ["pdf_text_extraction", "nlp.analysis", "a.b2.c_d", "builtin.echo"] {
+        for ok in [
+            "pdf_text_extraction",
+            "nlp.analysis",
+            "a.b2.c_d",
+            "builtin.echo",
+        ] {
             assert!(capability(ok).is_ok(), "{ok}");
         }
         for bad in ["", "NLP", ".a", "a.", "a..b", "a.1b", "a-b", "a b"] {
@@ -196,7 +210,14 @@ mod tests {
     fn endpoint_requires_http_url_with_host() {
         assert!(endpoint("http://127.0.0.1:7700").is_ok());
         assert!(endpoint("https://agents.example.com").is_ok());
-        for bad in ["", "127.0.0.1:80", "http://", "ftp://x", "http:///x", "http://a b"] {
+        for bad in [
+            "",
+            "127.0.0.1:80",
+            "http://",
+            "ftp://x",
+            "http:///x",
+            "http://a b",
+        ] {
             assert!(endpoint(bad).is_err(), "{bad:?} accepted");
         }
     }
@@ -219,6 +240,9 @@ mod tests {
         v.check("agent.endpoint", endpoint("http://x"));
         v.add("agent.trust_score", "too high");
         assert_eq!(v.0.len(), 2);
-        assert_eq!(v.to_string(), "agent.id: agent id is required; agent.trust_score: too high");
+        assert_eq!(
+            v.to_string(),
+            "agent.id: agent id is required; agent.trust_score: too high"
+        );
     }
 }

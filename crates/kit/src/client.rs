@@ -30,9 +30,16 @@ pub enum ClientError {
 }
 
 fn endpoint(url: &str) -> Result<Endpoint, ClientError> {
-    let url = if url.contains("://") { url.to_owned() } else { format!("http://{url}") };
+    let url = if url.contains("://") {
+        url.to_owned()
+    } else {
+        format!("http://{url}")
+    };
     Ok(Endpoint::from_shared(url.clone())
-        .map_err(|e| ClientError::InvalidUrl { url: url.clone(), reason: e.to_string() })?
+        .map_err(|e| ClientError::InvalidUrl {
+            url: url.clone(),
+            reason: e.to_string(),
+        })?
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(Duration::from_secs(30))
@@ -49,7 +56,10 @@ pub async fn connect(url: &str) -> Result<Channel, ClientError> {
     endpoint(url)?
         .connect()
         .await
-        .map_err(|source| ClientError::Connect { url: url.to_owned(), source })
+        .map_err(|source| ClientError::Connect {
+            url: url.to_owned(),
+            source,
+        })
 }
 
 /// Interceptor adding `x-correlation-id` and `traceparent` to every call.

@@ -40,23 +40,36 @@ pub enum ConfigError {
 
 /// Loads `T` from its defaults, the optional TOML file and the given
 /// environment (pass `std::env::vars()`).
-pub fn load<T>(file: Option<&Path>, env: impl IntoIterator<Item = (String, String)>) -> Result<T, ConfigError>
+pub fn load<T>(
+    file: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<T, ConfigError>
 where
     T: DeserializeOwned + Serialize + Default,
 {
     let mut merged = match Value::try_from(T::default()) {
         Ok(Value::Table(t)) => t,
-        Ok(_) => return Err(ConfigError::Invalid("configuration root must be a table".into())),
+        Ok(_) => {
+            return Err(ConfigError::Invalid(
+                "configuration root must be a table".into(),
+            ));
+        }
         Err(e) => return Err(ConfigError::Invalid(e.to_string())),
     };
     if let Some(path) = file {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::File { path: path.display().to_string(), message: e.to_string() })?;
-        let table: Table = toml::from_str(&text)
-            .map_err(|e| ConfigError::File { path: path.display().to_string(), message: e.to_string() })?;
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let table: Table = toml::from_str(&text).map_err(|e| ConfigError::File {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
         merge(&mut merged, table);
-        T::deserialize(Value::Table(merged.clone()))
-            .map_err(|e| ConfigError::File { path: path.display().to_string(), message: e.to_string() })?;
+        T::deserialize(Value::Table(merged.clone())).map_err(|e| ConfigError::File {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
     }
     let mut vars: Vec<_> = env
         .into_iter()
@@ -64,13 +77,24 @@ where
         .collect();
     vars.sort();
     for (var, raw) in vars {
-        let path: Vec<String> = var[ENV_PREFIX.len()..].split("__").map(|s| s.to_ascii_lowercase()).collect();
+        let path: Vec<String> = var[ENV_PREFIX.len()..]
+            .split("__")
+            .map(|s| s.to_ascii_lowercase())
+            .collect();
         if path.iter().any(String::is_empty) {
-            return Err(ConfigError::Env { var, message: "empty key segment".into() });
+            return Err(ConfigError::Env {
+                var,
+                message: "empty key segment".into(),
+            });
         }
-        set_path(&mut merged, &path, &raw).map_err(|message| ConfigError::Env { var: var.clone(), message })?;
-        T::deserialize(Value::Table(merged.clone()))
-            .map_err(|e| ConfigError::Env { var: var.clone(), message: e.to_string() })?;
+        set_path(&mut merged, &path, &raw).map_err(|message| ConfigError::Env {
+            var: var.clone(),
+            message,
+        })?;
+        T::deserialize(Value::Table(merged.clone())).map_err(|e| ConfigError::Env {
+            var: var.clone(),
+            message: e.to_string(),
+        })?;
     }
     T::deserialize(Value::Table(merged)).map_err(|e| ConfigError::Invalid(e.to_string()))
 }
@@ -98,7 +122,9 @@ fn set_path(table: &mut Table, path: &[String], raw: &str) -> Result<(), String>
     let (last, parents) = path.split_last().ok_or("empty key")?;
     let mut cur = table;
     for seg in parents {
-        let entry = cur.entry(seg.clone()).or_insert_with(|| Value::Table(Table::new()));
+        let entry = cur
+            .entry(seg.clone())
+            .or_insert_with(|| Value::Table(Table::new()));
         cur = match entry {
             Value::Table(t) => t,
             _ => return Err(format!("{seg} is not a section")),
@@ -136,7 +162,10 @@ mod tests {
 
     impl Default for Server {
         fn default() -> Self {
-            Server { listen: "127.0.0.1:7600".into(), max: 4 }
+            Server {
+                listen: "127.0.0.1:7600".into(),
+                max: 4,
+            }
         }
     }
 
@@ -149,7 +178,10 @@ mod tests {
     }
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
     }
 
     #[test]
@@ -183,13 +215,19 @@ mod tests {
         let e = load::<Cfg>(Some(&f), env(&[])).unwrap_err().to_string();
         assert!(e.contains("c.toml") && e.contains("listen_addr"), "{e}");
 
-        let e = load::<Cfg>(None, env(&[("SWITCHYARD_REGISTRY__TTL", "soon")])).unwrap_err().to_string();
+        let e = load::<Cfg>(None, env(&[("SWITCHYARD_REGISTRY__TTL", "soon")]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("SWITCHYARD_REGISTRY__TTL"), "{e}");
 
-        let e = load::<Cfg>(None, env(&[("SWITCHYARD_NOPE__X", "1")])).unwrap_err().to_string();
+        let e = load::<Cfg>(None, env(&[("SWITCHYARD_NOPE__X", "1")]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("SWITCHYARD_NOPE__X"), "{e}");
 
-        let e = load::<Cfg>(Some(&dir.path().join("missing.toml")), env(&[])).unwrap_err().to_string();
+        let e = load::<Cfg>(Some(&dir.path().join("missing.toml")), env(&[]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("missing.toml"), "{e}");
     }
 

@@ -82,7 +82,9 @@ pub fn outgoing_traceparent() -> Option<String> {
 pub fn inject<T>(req: &mut tonic::Request<T>) {
     let md = req.metadata_mut();
     if !md.contains_key(CORRELATION_HEADER) {
-        let id = current().map(|c| c.correlation_id).unwrap_or_else(new_correlation_id);
+        let id = current()
+            .map(|c| c.correlation_id)
+            .unwrap_or_else(new_correlation_id);
         if let Ok(v) = id.parse() {
             md.insert(CORRELATION_HEADER, v);
         }
@@ -121,7 +123,8 @@ mod tests {
             assert_eq!(correlation_id(&req), "corr-1");
 
             let mut own = tonic::Request::new(());
-            own.metadata_mut().insert(CORRELATION_HEADER, "mine".parse().unwrap());
+            own.metadata_mut()
+                .insert(CORRELATION_HEADER, "mine".parse().unwrap());
             inject(&mut own);
             assert_eq!(own.metadata().get(CORRELATION_HEADER).unwrap(), "mine");
         })
@@ -132,7 +135,13 @@ mod tests {
     async fn without_context_a_new_uuid_v7_is_made() {
         let mut req = tonic::Request::new(());
         inject(&mut req);
-        let id = req.metadata().get(CORRELATION_HEADER).unwrap().to_str().unwrap().to_owned();
+        let id = req
+            .metadata()
+            .get(CORRELATION_HEADER)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_owned();
         assert_eq!(uuid::Uuid::parse_str(&id).unwrap().get_version_num(), 7);
         assert!(req.metadata().get(TRACEPARENT_HEADER).is_none());
     }

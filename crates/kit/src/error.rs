@@ -75,11 +75,20 @@ impl From<Status> for ApiError {
             .map(|b| {
                 b.field_violations
                     .iter()
-                    .map(|v| FieldViolation { field: v.field.clone(), description: v.description.clone() })
+                    .map(|v| FieldViolation {
+                        field: v.field.clone(),
+                        description: v.description.clone(),
+                    })
                     .collect()
             })
             .unwrap_or_default();
-        ApiError { code: s.code(), reason, message: s.message().to_owned(), metadata, violations }
+        ApiError {
+            code: s.code(),
+            reason,
+            message: s.message().to_owned(),
+            metadata,
+            violations,
+        }
     }
 }
 
@@ -117,10 +126,18 @@ mod tests {
         assert_eq!(err.known_reason(), Some(Reason::InvalidArgument));
         assert_eq!(err.violations.len(), 2);
         assert_eq!(err.violations[0].field, "agent.id");
-        assert!(err.to_string().contains("agent.trust_score: must be at most 100"));
+        assert!(
+            err.to_string()
+                .contains("agent.trust_score: must be at most 100")
+        );
 
         let md = HashMap::from([("agent_id".to_string(), "x".to_string())]);
-        let err = ApiError::from(status_with_metadata(Code::NotFound, Reason::AgentNotFound, "no agent x", md));
+        let err = ApiError::from(status_with_metadata(
+            Code::NotFound,
+            Reason::AgentNotFound,
+            "no agent x",
+            md,
+        ));
         assert_eq!(err.reason.as_deref(), Some("AGENT_NOT_FOUND"));
         assert_eq!(err.metadata["agent_id"], "x");
         assert_eq!(err.to_string(), "AGENT_NOT_FOUND: no agent x");

@@ -5,7 +5,12 @@ use prost_types::{ListValue, Struct, Value};
 
 /// A protobuf `Struct` as a JSON object.
 pub fn struct_to_json(s: &Struct) -> serde_json::Value {
-    serde_json::Value::Object(s.fields.iter().map(|(k, v)| (k.clone(), value_to_json(v))).collect())
+    serde_json::Value::Object(
+        s.fields
+            .iter()
+            .map(|(k, v)| (k.clone(), value_to_json(v)))
+            .collect(),
+    )
 }
 
 /// A protobuf `Value` as JSON.
@@ -18,11 +23,14 @@ pub fn value_to_json(v: &Value) -> serde_json::Value {
             if n.fract() == 0.0 && n.abs() < 9.007_199_254_740_992e15 {
                 serde_json::Value::from(*n as i64)
             } else {
-                serde_json::Number::from_f64(*n).map_or(serde_json::Value::Null, serde_json::Value::Number)
+                serde_json::Number::from_f64(*n)
+                    .map_or(serde_json::Value::Null, serde_json::Value::Number)
             }
         }
         Some(Kind::StringValue(s)) => serde_json::Value::String(s.clone()),
-        Some(Kind::ListValue(l)) => serde_json::Value::Array(l.values.iter().map(value_to_json).collect()),
+        Some(Kind::ListValue(l)) => {
+            serde_json::Value::Array(l.values.iter().map(value_to_json).collect())
+        }
         Some(Kind::StructValue(s)) => struct_to_json(s),
     }
 }
@@ -34,7 +42,9 @@ pub fn json_to_value(j: &serde_json::Value) -> Value {
         serde_json::Value::Bool(b) => Kind::BoolValue(*b),
         serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
         serde_json::Value::String(s) => Kind::StringValue(s.clone()),
-        serde_json::Value::Array(a) => Kind::ListValue(ListValue { values: a.iter().map(json_to_value).collect() }),
+        serde_json::Value::Array(a) => Kind::ListValue(ListValue {
+            values: a.iter().map(json_to_value).collect(),
+        }),
         serde_json::Value::Object(_) => Kind::StructValue(json_to_struct(j).unwrap_or_default()),
     };
     Value { kind: Some(kind) }
@@ -43,9 +53,12 @@ pub fn json_to_value(j: &serde_json::Value) -> Value {
 /// A JSON object as a protobuf `Struct`; `None` when `j` is not an object.
 pub fn json_to_struct(j: &serde_json::Value) -> Option<Struct> {
     match j {
-        serde_json::Value::Object(m) => {
-            Some(Struct { fields: m.iter().map(|(k, v)| (k.clone(), json_to_value(v))).collect() })
-        }
+        serde_json::Value::Object(m) => Some(Struct {
+            fields: m
+                .iter()
+                .map(|(k, v)| (k.clone(), json_to_value(v)))
+                .collect(),
+        }),
         _ => None,
     }
 }

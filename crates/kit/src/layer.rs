@@ -31,7 +31,10 @@ impl<S> tower::Layer<S> for RpcLayer {
     type Service = RpcService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RpcService { inner, cfg: Arc::new(self.clone()) }
+        RpcService {
+            inner,
+            cfg: Arc::new(self.clone()),
+        }
     }
 }
 
@@ -112,7 +115,10 @@ where
             let parent = TraceContextPropagator::new().extract(&HeaderExtractor(req.headers()));
             let _ = span.set_parent(parent);
         }
-        let ctx = RequestContext { correlation_id: correlation_id.clone(), traceparent };
+        let ctx = RequestContext {
+            correlation_id: correlation_id.clone(),
+            traceparent,
+        };
 
         Box::pin(
             async move {
@@ -161,7 +167,10 @@ fn is_decode_too_large(h: &HeaderMap) -> bool {
     h.get("grpc-status").is_some_and(|v| v == "11")
         && h.get("grpc-message")
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|m| m.contains("decoded%20message%20length%20too%20large") || m.contains("decoded message length too large"))
+            .is_some_and(|m| {
+                m.contains("decoded%20message%20length%20too%20large")
+                    || m.contains("decoded message length too large")
+            })
 }
 
 #[cfg(test)]
@@ -170,7 +179,13 @@ mod tests {
 
     #[test]
     fn rpc_name_shortens_switchyard_services() {
-        assert_eq!(rpc_name("/switchyard.registry.v1.RegistryService/Heartbeat"), ("registry", "Heartbeat"));
-        assert_eq!(rpc_name("/grpc.health.v1.Health/Check"), ("grpc.health.v1.Health", "Check"));
+        assert_eq!(
+            rpc_name("/switchyard.registry.v1.RegistryService/Heartbeat"),
+            ("registry", "Heartbeat")
+        );
+        assert_eq!(
+            rpc_name("/grpc.health.v1.Health/Check"),
+            ("grpc.health.v1.Health", "Check")
+        );
     }
 }

@@ -64,7 +64,10 @@ pub enum ServerError {
 pub async fn bind(cfg: &ServerConfig) -> Result<TcpListener, ServerError> {
     TcpListener::bind(&cfg.listen)
         .await
-        .map_err(|source| ServerError::Bind { addr: cfg.listen.clone(), source })
+        .map_err(|source| ServerError::Bind {
+            addr: cfg.listen.clone(),
+            source,
+        })
 }
 
 /// Services to serve on one port.
@@ -76,14 +79,20 @@ pub struct Server {
 
 impl std::fmt::Debug for Server {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Server").field("services", &self.names).finish_non_exhaustive()
+        f.debug_struct("Server")
+            .field("services", &self.names)
+            .finish_non_exhaustive()
     }
 }
 
 impl Server {
     /// An empty server with `cfg`'s limits.
     pub fn new(cfg: ServerConfig) -> Self {
-        Server { cfg, routes: RoutesBuilder::default(), names: Vec::new() }
+        Server {
+            cfg,
+            routes: RoutesBuilder::default(),
+            names: Vec::new(),
+        }
     }
 
     /// The configuration.
@@ -114,9 +123,13 @@ impl Server {
     pub async fn run(self, listener: TcpListener, shutdown: Shutdown) -> Result<(), ServerError> {
         let (reporter, health) = tonic_health::server::health_reporter();
         for name in &self.names {
-            reporter.set_service_status(*name, ServingStatus::NotServing).await;
+            reporter
+                .set_service_status(*name, ServingStatus::NotServing)
+                .await;
         }
-        reporter.set_service_status("", ServingStatus::NotServing).await;
+        reporter
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
 
         let reflection = || {
             tonic_reflection::server::Builder::configure()
@@ -131,7 +144,10 @@ impl Server {
             .map_err(|e| ServerError::Reflection(e.to_string()))?;
 
         let mut routes = self.routes;
-        routes.add_service(health).add_service(refl_v1).add_service(refl_v1alpha);
+        routes
+            .add_service(health)
+            .add_service(refl_v1)
+            .add_service(refl_v1alpha);
 
         let layer = RpcLayer {
             timeout: (self.cfg.request_timeout_ms > 0)
@@ -151,23 +167,34 @@ impl Server {
         let mut server = tokio::spawn(server);
 
         for name in &self.names {
-            reporter.set_service_status(*name, ServingStatus::Serving).await;
+            reporter
+                .set_service_status(*name, ServingStatus::Serving)
+                .await;
         }
-        reporter.set_service_status("", ServingStatus::Serving).await;
+        reporter
+            .set_service_status("", ServingStatus::Serving)
+            .await;
 
         tokio::select! {
             r = &mut server => return flatten(r),
             _ = shutdown.wait() => {}
         }
         for name in &self.names {
-            reporter.set_service_status(*name, ServingStatus::NotServing).await;
+            reporter
+                .set_service_status(*name, ServingStatus::NotServing)
+                .await;
         }
-        reporter.set_service_status("", ServingStatus::NotServing).await;
+        reporter
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
         let _ = stop_tx.send(());
         match tokio::time::timeout(drain, &mut server).await {
             Ok(r) => flatten(r),
             Err(_) => {
-                tracing::warn!(drain_ms = drain.as_millis() as u64, "drain timed out; closing remaining connections");
+                tracing::warn!(
+                    drain_ms = drain.as_millis() as u64,
+                    "drain timed out; closing remaining connections"
+                );
                 server.abort();
                 Ok(())
             }

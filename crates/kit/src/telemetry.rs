@@ -65,10 +65,10 @@ pub struct TelemetryGuard {
 impl TelemetryGuard {
     /// Flushes and stops the span exporter.
     pub fn shutdown(self) {
-        if let Some(p) = self.provider {
-            if let Err(e) = p.shutdown() {
-                eprintln!("telemetry: flushing spans failed: {e}");
-            }
+        if let Some(p) = self.provider
+            && let Err(e) = p.shutdown()
+        {
+            eprintln!("telemetry: flushing spans failed: {e}");
         }
     }
 }
@@ -91,12 +91,16 @@ pub enum TelemetryError {
 /// export is on.
 pub fn init(cfg: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
     let filter = match std::env::var("RUST_LOG") {
-        Ok(v) if !v.is_empty() => EnvFilter::try_new(&v).map_err(|e| TelemetryError::Filter(v, e.to_string()))?,
+        Ok(v) if !v.is_empty() => {
+            EnvFilter::try_new(&v).map_err(|e| TelemetryError::Filter(v, e.to_string()))?
+        }
         _ => EnvFilter::try_new(&cfg.log_filter)
             .map_err(|e| TelemetryError::Filter(cfg.log_filter.clone(), e.to_string()))?,
     };
     let fmt = match cfg.log_format {
-        LogFormat::Human => tracing_subscriber::fmt::layer().with_writer(std::io::stderr).boxed(),
+        LogFormat::Human => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
             .with_current_span(true)
@@ -127,7 +131,10 @@ pub fn init(cfg: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
             opentelemetry::global::set_text_map_propagator(
                 opentelemetry_sdk::propagation::TraceContextPropagator::new(),
             );
-            (Some(tracing_opentelemetry::layer().with_tracer(tracer)), Some(provider))
+            (
+                Some(tracing_opentelemetry::layer().with_tracer(tracer)),
+                Some(provider),
+            )
         }
         None => (None, None),
     };

@@ -2,7 +2,10 @@
 
 /// A timestamp from epoch milliseconds.
 pub fn timestamp(ms: u64) -> prost_types::Timestamp {
-    prost_types::Timestamp { seconds: (ms / 1000) as i64, nanos: ((ms % 1000) * 1_000_000) as i32 }
+    prost_types::Timestamp {
+        seconds: (ms / 1000) as i64,
+        nanos: ((ms % 1000) * 1_000_000) as i32,
+    }
 }
 
 /// Epoch milliseconds of a timestamp (0 for times before the epoch).
@@ -15,7 +18,10 @@ pub fn timestamp_ms(t: &prost_types::Timestamp) -> u64 {
 
 /// A duration from milliseconds.
 pub fn duration(ms: u64) -> prost_types::Duration {
-    prost_types::Duration { seconds: (ms / 1000) as i64, nanos: ((ms % 1000) * 1_000_000) as i32 }
+    prost_types::Duration {
+        seconds: (ms / 1000) as i64,
+        nanos: ((ms % 1000) * 1_000_000) as i32,
+    }
 }
 
 /// Milliseconds of a duration, as a float (negative durations give 0).
@@ -32,8 +38,17 @@ mod tests {
 
     #[test]
     fn conversions_round_trip() {
-        assert_eq!(timestamp_ms(&timestamp(1_700_000_123_456)), 1_700_000_123_456);
+        assert_eq!(
+            timestamp_ms(&timestamp(1_700_000_123_456)),
+            1_700_000_123_456
+        );
         assert_eq!(duration_ms(&duration(1_250)), 1_250.0);
-        assert_eq!(duration_ms(&prost_types::Duration { seconds: -1, nanos: 0 }), 0.0);
+        assert_eq!(
+            duration_ms(&prost_types::Duration {
+                seconds: -1,
+                nanos: 0
+            }),
+            0.0
+        );
     }
 }

@@ -51,7 +51,10 @@ impl GroupCommit {
             .name("store-flush".into())
             .spawn(move || flusher(&s, db))
             .expect("spawning the store flusher thread");
-        Arc::new(GroupCommit { shared, thread: Some(thread) })
+        Arc::new(GroupCommit {
+            shared,
+            thread: Some(thread),
+        })
     }
 
     /// Flushes run so far.
@@ -62,7 +65,11 @@ impl GroupCommit {
 
     pub(crate) async fn sync(&self) -> Result<(), StoreError> {
         let ticket = {
-            let mut t = self.shared.tickets.lock().unwrap_or_else(|p| p.into_inner());
+            let mut t = self
+                .shared
+                .tickets
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             t.wanted += 1;
             t.wanted
         };
@@ -87,7 +94,11 @@ impl GroupCommit {
 
 impl Drop for GroupCommit {
     fn drop(&mut self) {
-        self.shared.tickets.lock().unwrap_or_else(|p| p.into_inner()).stop = true;
+        self.shared
+            .tickets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .stop = true;
         self.shared.wake.notify_all();
         if let Some(t) = self.thread.take() {
             let _ = t.join();

@@ -12,9 +12,9 @@ use anyhow::Context as _;
 use switchyard_cli::{Config, ServiceKind, run_node};
 use switchyard_kit::shutdown::Trigger;
 use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
 /// A running in-process stack.
 pub struct Stack {
@@ -29,7 +29,9 @@ pub struct Stack {
 
 impl std::fmt::Debug for Stack {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Stack").field("url", &self.url).finish_non_exhaustive()
+        f.debug_struct("Stack")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
     }
 }
 
@@ -40,7 +42,10 @@ impl Stack {
     }
 
     /// The given services, with `tweak` applied to the configuration.
-    pub async fn start_with(services: &[ServiceKind], tweak: impl FnOnce(&mut Config)) -> anyhow::Result<Stack> {
+    pub async fn start_with(
+        services: &[ServiceKind],
+        tweak: impl FnOnce(&mut Config),
+    ) -> anyhow::Result<Stack> {
         let dir = tempfile::tempdir()?;
         let mut cfg = Config::default();
         cfg.storage.data_dir = dir.path().to_path_buf();
@@ -50,8 +55,15 @@ impl Stack {
         let addr = listener.local_addr()?;
         let (trigger, shutdown) = switchyard_kit::shutdown::channel();
         let services = services.to_vec();
-        let handle = tokio::spawn(async move { run_node(cfg, &services, listener, shutdown).await });
-        let stack = Stack { addr, url: format!("http://{addr}"), trigger, handle, dir };
+        let handle =
+            tokio::spawn(async move { run_node(cfg, &services, listener, shutdown).await });
+        let stack = Stack {
+            addr,
+            url: format!("http://{addr}"),
+            trigger,
+            handle,
+            dir,
+        };
         stack.wait_serving(Duration::from_secs(10)).await?;
         Ok(stack)
     }
@@ -71,7 +83,11 @@ impl Stack {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             if let Ok(ch) = self.channel().await {
-                let resp = HealthClient::new(ch).check(HealthCheckRequest { service: String::new() }).await;
+                let resp = HealthClient::new(ch)
+                    .check(HealthCheckRequest {
+                        service: String::new(),
+                    })
+                    .await;
                 if resp.is_ok_and(|r| r.get_ref().status == ServingStatus::Serving as i32) {
                     return Ok(());
                 }

@@ -20,7 +20,9 @@ use switchyard_kit::error::{invalid_argument, status_with_metadata};
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_kit::time::{duration, duration_ms, timestamp, timestamp_ms};
 use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
-use switchyard_proto::registry::v1::registry_service_server::{RegistryService, RegistryServiceServer};
+use switchyard_proto::registry::v1::registry_service_server::{
+    RegistryService, RegistryServiceServer,
+};
 use switchyard_proto::registry::v1::*;
 use switchyard_store::{Store, StoreError, Tree};
 use tokio::sync::{mpsc, watch};
@@ -67,7 +69,10 @@ impl RegistryConfig {
             return Err("registry.sweep_interval_ms and persist_interval_ms must be > 0".into());
         }
         if !(self.ewma_alpha > 0.0 && self.ewma_alpha <= 1.0) {
-            return Err(format!("registry.ewma_alpha must be in (0, 1], got {}", self.ewma_alpha));
+            return Err(format!(
+                "registry.ewma_alpha must be in (0, 1], got {}",
+                self.ewma_alpha
+            ));
         }
         Ok(())
     }
@@ -107,12 +112,18 @@ impl From<RegistryError> for Status {
         match e {
             RegistryError::Invalid(v) => invalid_argument(Reason::InvalidArgument, &v),
             RegistryError::InvalidToolSchema(v) => invalid_argument(Reason::InvalidToolSchema, &v),
-            RegistryError::AgentNotFound(id) => {
-                status_with_metadata(Code::NotFound, Reason::AgentNotFound, msg, HashMap::from([("agent_id".into(), id)]))
-            }
-            RegistryError::ToolNotFound(name) => {
-                status_with_metadata(Code::NotFound, Reason::ToolNotFound, msg, HashMap::from([("tool".into(), name)]))
-            }
+            RegistryError::AgentNotFound(id) => status_with_metadata(
+                Code::NotFound,
+                Reason::AgentNotFound,
+                msg,
+                HashMap::from([("agent_id".into(), id)]),
+            ),
+            RegistryError::ToolNotFound(name) => status_with_metadata(
+                Code::NotFound,
+                Reason::ToolNotFound,
+                msg,
+                HashMap::from([("tool".into(), name)]),
+            ),
             RegistryError::ToolInUse { tool, agents } => status_with_metadata(
                 Code::FailedPrecondition,
                 Reason::ToolInUse,
@@ -170,7 +181,10 @@ impl Registry {
         let agents = store.tree::<Agent>("agents")?;
         let tools = store.tree::<Tool>("tools")?;
         let now = clock.now_ms();
-        let mut st = State::new(uuid::Uuid::new_v4().simple().to_string(), cfg.watch_log_capacity);
+        let mut st = State::new(
+            uuid::Uuid::new_v4().simple().to_string(),
+            cfg.watch_log_capacity,
+        );
         for r in tools.iter() {
             let (name, tool) = r?;
             st.tools.insert(name, tool);
@@ -178,13 +192,30 @@ impl Registry {
         for r in agents.iter() {
             let (_, mut agent) = r?;
             let lease = agent.lease_expires_at.as_ref().map_or(0, timestamp_ms);
-            agent.status = if lease > now { AgentStatus::Available } else { AgentStatus::Lapsed } as i32;
-            st.put_agent(Entry { agent, lease_expires_ms: lease, dirty: false });
+            agent.status = if lease > now {
+                AgentStatus::Available
+            } else {
+                AgentStatus::Lapsed
+            } as i32;
+            st.put_agent(Entry {
+                agent,
+                lease_expires_ms: lease,
+                dirty: false,
+            });
         }
         tracing::info!(agents = st.agents.len(), tools = st.tools.len(), epoch = %st.epoch, "registry loaded");
         let (head_tx, _) = watch::channel(0);
         Ok(Registry {
-            inner: Arc::new(Inner { cfg, clock, state: Mutex::new(st), head_tx, store, agents, tools, shutdown }),
+            inner: Arc::new(Inner {
+                cfg,
+                clock,
+                state: Mutex::new(st),
+                head_tx,
+                store,
+                agents,
+                tools,
+                shutdown,
+            }),
         })
     }
 
@@ -296,7 +327,10 @@ impl Registry {
         }
     }
 
-    async fn register_agent_impl(&self, spec: Option<AgentSpec>) -> Result<RegisterAgentResponse, RegistryError> {
+    async fn register_agent_impl(
+        &self,
+        spec: Option<AgentSpec>,
+    ) -> Result<RegisterAgentResponse, RegistryError> {
         let Some(mut spec) = spec else {
             return Err(invalid("agent", "agent is required"));
         };
@@ -317,20 +351,31 @@ impl Registry {
                 status: AgentStatus::Available as i32,
                 in_flight: 0,
                 lease_expires_at: Some(timestamp(expires)),
-                registered_at: Some(prev.and_then(|p| p.agent.registered_at).unwrap_or_else(|| timestamp(now))),
+                registered_at: Some(
+                    prev.and_then(|p| p.agent.registered_at)
+                        .unwrap_or_else(|| timestamp(now)),
+                ),
                 updated_at: Some(timestamp(now)),
                 stats: prev.map(|p| p.agent.stats.clone()).unwrap_or_default(),
                 spec: Some(spec.clone()),
             };
             self.inner.agents.put(&spec.id, &agent)?;
-            st.put_agent(Entry { agent: agent.clone(), lease_expires_ms: expires, dirty: false });
+            st.put_agent(Entry {
+                agent: agent.clone(),
+                lease_expires_ms: expires,
+                dirty: false,
+            });
             st.emit_agent(&spec.id);
             (agent, created)
         };
         self.notify();
         self.inner.store.sync().await?;
         tracing::info!(agent_id = %spec.id, created, "agent registered");
-        Ok(RegisterAgentResponse { lease: Some(self.lease(&spec.id, expires)), agent: Some(agent), created })
+        Ok(RegisterAgentResponse {
+            lease: Some(self.lease(&spec.id, expires)),
+            agent: Some(agent),
+            created,
+        })
     }
 
     fn heartbeat_impl(&self, req: HeartbeatRequest) -> Result<HeartbeatResponse, RegistryError> {
@@ -361,7 +406,9 @@ impl Registry {
         if changed {
             self.notify();
         }
-        Ok(HeartbeatResponse { lease: Some(self.lease(&req.agent_id, expires)) })
+        Ok(HeartbeatResponse {
+            lease: Some(self.lease(&req.agent_id, expires)),
+        })
     }
 
     async fn deregister_impl(&self, id: String) -> Result<(), RegistryError> {
@@ -382,9 +429,13 @@ impl Registry {
     fn list_impl(&self, req: ListAgentsRequest) -> Result<ListAgentsResponse, RegistryError> {
         let mut v = Violations::new();
         if !req.capability.is_empty() {
-            v.check("capability", switchyard_core::validate::capability(&req.capability));
+            v.check(
+                "capability",
+                switchyard_core::validate::capability(&req.capability),
+            );
         }
-        let status = AgentStatus::try_from(req.status).map_err(|_| invalid("status", "unknown status"))?;
+        let status =
+            AgentStatus::try_from(req.status).map_err(|_| invalid("status", "unknown status"))?;
         v.into_result().map_err(RegistryError::Invalid)?;
         let size = match req.page_size as usize {
             0 => PAGE_DEFAULT,
@@ -393,7 +444,9 @@ impl Registry {
         let st = self.lock();
         let matches = |e: &Entry| {
             (status == AgentStatus::Unspecified || e.status() == status)
-                && req.labels.iter().all(|(k, val)| e.agent.spec.as_ref().and_then(|s| s.labels.get(k)) == Some(val))
+                && req.labels.iter().all(|(k, val)| {
+                    e.agent.spec.as_ref().and_then(|s| s.labels.get(k)) == Some(val)
+                })
         };
         let start = std::ops::Bound::Excluded(req.page_token.clone());
         let mut agents: Vec<Agent> = Vec::with_capacity(size.min(st.agents.len()));
@@ -418,7 +471,11 @@ impl Registry {
                 }
             }
         } else {
-            for id in st.offering(&req.capability).into_iter().filter(|id| *id > req.page_token) {
+            for id in st
+                .offering(&req.capability)
+                .into_iter()
+                .filter(|id| *id > req.page_token)
+            {
                 if let Some(e) = st.agents.get(&id).filter(|e| matches(e))
                     && !push(e)
                 {
@@ -426,17 +483,35 @@ impl Registry {
                 }
             }
         }
-        let next_page_token = if more { agents.last().and_then(|a| a.spec.as_ref()).map(|s| s.id.clone()).unwrap_or_default() } else { String::new() };
-        Ok(ListAgentsResponse { agents, next_page_token })
+        let next_page_token = if more {
+            agents
+                .last()
+                .and_then(|a| a.spec.as_ref())
+                .map(|s| s.id.clone())
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(ListAgentsResponse {
+            agents,
+            next_page_token,
+        })
     }
 
-    async fn register_tool_impl(&self, tool: Option<Tool>) -> Result<RegisterToolResponse, RegistryError> {
+    async fn register_tool_impl(
+        &self,
+        tool: Option<Tool>,
+    ) -> Result<RegisterToolResponse, RegistryError> {
         let Some(tool) = tool else {
             return Err(invalid("tool", "tool is required"));
         };
         let (v, schema_bad) = validate::tool(&tool);
         if !v.is_empty() {
-            return Err(if schema_bad { RegistryError::InvalidToolSchema(v) } else { RegistryError::Invalid(v) });
+            return Err(if schema_bad {
+                RegistryError::InvalidToolSchema(v)
+            } else {
+                RegistryError::Invalid(v)
+            });
         }
         let created = {
             let mut st = self.lock();
@@ -449,7 +524,10 @@ impl Registry {
         self.notify();
         self.inner.store.sync().await?;
         tracing::info!(tool = %tool.name, created, "tool registered");
-        Ok(RegisterToolResponse { tool: Some(tool), created })
+        Ok(RegisterToolResponse {
+            tool: Some(tool),
+            created,
+        })
     }
 
     async fn deregister_tool_impl(&self, name: String) -> Result<(), RegistryError> {
@@ -460,7 +538,10 @@ impl Registry {
             }
             let users = st.tool_users(&name);
             if !users.is_empty() {
-                return Err(RegistryError::ToolInUse { tool: name, agents: users });
+                return Err(RegistryError::ToolInUse {
+                    tool: name,
+                    agents: users,
+                });
             }
             self.inner.tools.remove(&name)?;
             st.tools.remove(&name);
@@ -471,9 +552,15 @@ impl Registry {
         Ok(())
     }
 
-    fn report_outcome_impl(&self, req: ReportOutcomeRequest) -> Result<ReportOutcomeResponse, RegistryError> {
+    fn report_outcome_impl(
+        &self,
+        req: ReportOutcomeRequest,
+    ) -> Result<ReportOutcomeResponse, RegistryError> {
         let mut v = Violations::new();
-        v.check("capability", switchyard_core::validate::capability(&req.capability));
+        v.check(
+            "capability",
+            switchyard_core::validate::capability(&req.capability),
+        );
         let latency_ms = match &req.latency {
             Some(d) if d.seconds >= 0 && d.nanos >= 0 => duration_ms(d),
             Some(_) => {
@@ -493,15 +580,23 @@ impl Registry {
                 return Err(RegistryError::AgentNotFound(req.agent_id));
             };
             let offered: Vec<&str> = e.capabilities().collect();
-            let served = switchyard_core::validate::capability_lineage(&req.capability).any(|c| offered.contains(&c));
+            let served = switchyard_core::validate::capability_lineage(&req.capability)
+                .any(|c| offered.contains(&c));
             if !served {
                 return Err(invalid(
                     "capability",
-                    format!("agent {:?} does not offer capability {:?}", req.agent_id, req.capability),
+                    format!(
+                        "agent {:?} does not offer capability {:?}",
+                        req.agent_id, req.capability
+                    ),
                 ));
             }
             let s = e.stats_mut(&req.capability);
-            s.ewma_latency_ms = if s.count == 0 { latency_ms } else { alpha * latency_ms + (1.0 - alpha) * s.ewma_latency_ms };
+            s.ewma_latency_ms = if s.count == 0 {
+                latency_ms
+            } else {
+                alpha * latency_ms + (1.0 - alpha) * s.ewma_latency_ms
+            };
             s.count += 1;
             if req.success {
                 s.successes += 1;
@@ -519,11 +614,19 @@ impl Registry {
 
 #[tonic::async_trait]
 impl RegistryService for Registry {
-    async fn register_agent(&self, req: Request<RegisterAgentRequest>) -> Result<Response<RegisterAgentResponse>, Status> {
-        Ok(Response::new(self.register_agent_impl(req.into_inner().agent).await?))
+    async fn register_agent(
+        &self,
+        req: Request<RegisterAgentRequest>,
+    ) -> Result<Response<RegisterAgentResponse>, Status> {
+        Ok(Response::new(
+            self.register_agent_impl(req.into_inner().agent).await?,
+        ))
     }
 
-    async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
+    async fn heartbeat(
+        &self,
+        req: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
         Ok(Response::new(self.heartbeat_impl(req.into_inner())?))
     }
 
@@ -535,7 +638,10 @@ impl RegistryService for Registry {
         Ok(Response::new(DeregisterAgentResponse {}))
     }
 
-    async fn get_agent(&self, req: Request<GetAgentRequest>) -> Result<Response<GetAgentResponse>, Status> {
+    async fn get_agent(
+        &self,
+        req: Request<GetAgentRequest>,
+    ) -> Result<Response<GetAgentResponse>, Status> {
         let id = req.into_inner().agent_id;
         let agent = self.lock().agents.get(&id).map(Entry::view);
         match agent {
@@ -544,7 +650,10 @@ impl RegistryService for Registry {
         }
     }
 
-    async fn list_agents(&self, req: Request<ListAgentsRequest>) -> Result<Response<ListAgentsResponse>, Status> {
+    async fn list_agents(
+        &self,
+        req: Request<ListAgentsRequest>,
+    ) -> Result<Response<ListAgentsResponse>, Status> {
         Ok(Response::new(self.list_impl(req.into_inner())?))
     }
 
@@ -567,8 +676,13 @@ impl RegistryService for Registry {
         Ok(Response::new(FindByCapabilityResponse { agents }))
     }
 
-    async fn register_tool(&self, req: Request<RegisterToolRequest>) -> Result<Response<RegisterToolResponse>, Status> {
-        Ok(Response::new(self.register_tool_impl(req.into_inner().tool).await?))
+    async fn register_tool(
+        &self,
+        req: Request<RegisterToolRequest>,
+    ) -> Result<Response<RegisterToolResponse>, Status> {
+        Ok(Response::new(
+            self.register_tool_impl(req.into_inner().tool).await?,
+        ))
     }
 
     async fn deregister_tool(
@@ -579,7 +693,10 @@ impl RegistryService for Registry {
         Ok(Response::new(DeregisterToolResponse {}))
     }
 
-    async fn list_tools(&self, req: Request<ListToolsRequest>) -> Result<Response<ListToolsResponse>, Status> {
+    async fn list_tools(
+        &self,
+        req: Request<ListToolsRequest>,
+    ) -> Result<Response<ListToolsResponse>, Status> {
         let names = req.into_inner().names;
         let st = self.lock();
         let tools = if names.is_empty() {
@@ -606,8 +723,14 @@ impl RegistryService for Registry {
 
     type WatchStream = ReceiverStream<Result<WatchResponse, Status>>;
 
-    async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
-        let WatchRequest { start_revision, epoch } = req.into_inner();
+    async fn watch(
+        &self,
+        req: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let WatchRequest {
+            start_revision,
+            epoch,
+        } = req.into_inner();
         let (tx, rx) = mpsc::channel(512);
         let me = self.clone();
         tokio::spawn(async move {
@@ -688,4 +811,5 @@ switchyard_kit::service_client! {
 mod tests;
 
 #[cfg(test)]
-type BoxWatch = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<WatchResponse, Status>> + Send>>;
+type BoxWatch =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<WatchResponse, Status>> + Send>>;

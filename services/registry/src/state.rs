@@ -41,20 +41,37 @@ impl Entry {
 
     /// Stats for a capability, created on first use.
     pub fn stats_mut(&mut self, capability: &str) -> &mut CapabilityStats {
-        let pos = self.agent.stats.iter().position(|s| s.capability == capability);
+        let pos = self
+            .agent
+            .stats
+            .iter()
+            .position(|s| s.capability == capability);
         match pos {
             Some(i) => &mut self.agent.stats[i],
             None => {
-                self.agent.stats.push(CapabilityStats { capability: capability.to_owned(), ..Default::default() });
-                self.agent.stats.sort_by(|a, b| a.capability.cmp(&b.capability));
-                let i = self.agent.stats.iter().position(|s| s.capability == capability).unwrap_or(0);
+                self.agent.stats.push(CapabilityStats {
+                    capability: capability.to_owned(),
+                    ..Default::default()
+                });
+                self.agent
+                    .stats
+                    .sort_by(|a, b| a.capability.cmp(&b.capability));
+                let i = self
+                    .agent
+                    .stats
+                    .iter()
+                    .position(|s| s.capability == capability)
+                    .unwrap_or(0);
                 &mut self.agent.stats[i]
             }
         }
     }
 
     pub fn capabilities(&self) -> impl Iterator<Item = &str> {
-        self.agent.spec.iter().flat_map(|s| s.capabilities.iter().map(|c| c.name.as_str()))
+        self.agent
+            .spec
+            .iter()
+            .flat_map(|s| s.capabilities.iter().map(|c| c.name.as_str()))
     }
 }
 
@@ -125,7 +142,11 @@ impl State {
     }
 
     pub fn emit_tool(&mut self, tool: Tool) {
-        self.push(WatchResponse { r#type: WatchEventType::ToolUpserted as i32, tool: Some(tool), ..Default::default() });
+        self.push(WatchResponse {
+            r#type: WatchEventType::ToolUpserted as i32,
+            tool: Some(tool),
+            ..Default::default()
+        });
     }
 
     pub fn emit_tool_removed(&mut self, name: &str) {
@@ -138,10 +159,18 @@ impl State {
 
     /// Inserts or replaces an agent, keeping the capability index right.
     pub fn put_agent(&mut self, entry: Entry) {
-        let id = entry.agent.spec.as_ref().map(|s| s.id.clone()).unwrap_or_default();
+        let id = entry
+            .agent
+            .spec
+            .as_ref()
+            .map(|s| s.id.clone())
+            .unwrap_or_default();
         self.unindex(&id);
         for c in entry.capabilities() {
-            self.by_capability.entry(c.to_owned()).or_default().insert(id.clone());
+            self.by_capability
+                .entry(c.to_owned())
+                .or_default()
+                .insert(id.clone());
         }
         self.agents.insert(id, entry);
     }
@@ -152,7 +181,9 @@ impl State {
     }
 
     fn unindex(&mut self, id: &str) {
-        let Some(old) = self.agents.get(id) else { return };
+        let Some(old) = self.agents.get(id) else {
+            return;
+        };
         let caps: Vec<String> = old.capabilities().map(str::to_owned).collect();
         for c in caps {
             if let Some(set) = self.by_capability.get_mut(&c) {
@@ -180,7 +211,12 @@ impl State {
     pub fn tool_users(&self, tool: &str) -> Vec<String> {
         self.agents
             .iter()
-            .filter(|(_, e)| e.agent.spec.as_ref().is_some_and(|s| s.uses_tools.iter().any(|t| t == tool)))
+            .filter(|(_, e)| {
+                e.agent
+                    .spec
+                    .as_ref()
+                    .is_some_and(|s| s.uses_tools.iter().any(|t| t == tool))
+            })
             .map(|(id, _)| id.clone())
             .collect()
     }
@@ -206,10 +242,16 @@ impl State {
         let mut out = Vec::with_capacity(self.agents.len() + self.tools.len() + 2);
         out.push(mk(WatchEventType::Reset));
         for e in self.agents.values() {
-            out.push(WatchResponse { agent: Some(e.view()), ..mk(WatchEventType::AgentUpserted) });
+            out.push(WatchResponse {
+                agent: Some(e.view()),
+                ..mk(WatchEventType::AgentUpserted)
+            });
         }
         for t in self.tools.values() {
-            out.push(WatchResponse { tool: Some(t.clone()), ..mk(WatchEventType::ToolUpserted) });
+            out.push(WatchResponse {
+                tool: Some(t.clone()),
+                ..mk(WatchEventType::ToolUpserted)
+            });
         }
         out.push(mk(WatchEventType::SnapshotComplete));
         out

@@ -7,7 +7,13 @@ fn spec(id: &str, caps: &[&str]) -> AgentSpec {
     AgentSpec {
         id: id.into(),
         endpoint: "http://127.0.0.1:7700".into(),
-        capabilities: caps.iter().map(|c| Capability { name: (*c).into(), ..Default::default() }).collect(),
+        capabilities: caps
+            .iter()
+            .map(|c| Capability {
+                name: (*c).into(),
+                ..Default::default()
+            })
+            .collect(),
         trust_score: 80,
         max_concurrency: 2,
         ..Default::default()
@@ -23,9 +29,17 @@ struct Fixture {
 fn fixture_on(store: Store) -> Fixture {
     let clock = ManualClock::new(1_700_000_000_000);
     let (trigger, shutdown) = switchyard_kit::shutdown::channel();
-    let cfg = RegistryConfig { lease_ttl_secs: 10, watch_log_capacity: 8, ..Default::default() };
+    let cfg = RegistryConfig {
+        lease_ttl_secs: 10,
+        watch_log_capacity: 8,
+        ..Default::default()
+    };
     let reg = Registry::open(cfg, store, Arc::new(clock.clone()), shutdown).unwrap();
-    Fixture { reg, clock, _trigger: trigger }
+    Fixture {
+        reg,
+        clock,
+        _trigger: trigger,
+    }
 }
 
 fn fixture() -> Fixture {
@@ -40,7 +54,14 @@ async fn register(reg: &Registry, s: AgentSpec) -> Result<RegisterAgentResponse,
 }
 
 async fn get(reg: &Registry, id: &str) -> Agent {
-    reg.get_agent(Request::new(GetAgentRequest { agent_id: id.into() })).await.unwrap().into_inner().agent.unwrap()
+    reg.get_agent(Request::new(GetAgentRequest {
+        agent_id: id.into(),
+    }))
+    .await
+    .unwrap()
+    .into_inner()
+    .agent
+    .unwrap()
 }
 
 #[tokio::test]
@@ -49,7 +70,11 @@ async fn register_returns_lease_and_reregister_updates_in_place() {
     let r = register(&f.reg, spec("a", &["nlp"])).await.unwrap();
     assert!(r.created);
     assert_eq!(r.lease.unwrap().ttl.unwrap().seconds, 10);
-    assert_eq!(r.agent.as_ref().unwrap().spec.as_ref().unwrap().name, "a", "name defaults to id");
+    assert_eq!(
+        r.agent.as_ref().unwrap().spec.as_ref().unwrap().name,
+        "a",
+        "name defaults to id"
+    );
 
     f.clock.advance_ms(1_000);
     let mut s = spec("a", &["pdf"]);
@@ -58,18 +83,25 @@ async fn register_returns_lease_and_reregister_updates_in_place() {
     assert!(!r2.created);
     let a = r2.agent.unwrap();
     assert_eq!(a.spec.unwrap().trust_score, 90);
-    assert_eq!(a.registered_at, r.agent.unwrap().registered_at, "first registration time kept");
+    assert_eq!(
+        a.registered_at,
+        r.agent.unwrap().registered_at,
+        "first registration time kept"
+    );
     // the capability index follows the update
     let find = |cap: &str| {
         let reg = f.reg.clone();
         let cap = cap.to_owned();
         async move {
-            reg.find_by_capability(Request::new(FindByCapabilityRequest { capability: cap, include_unavailable: true }))
-                .await
-                .unwrap()
-                .into_inner()
-                .agents
-                .len()
+            reg.find_by_capability(Request::new(FindByCapabilityRequest {
+                capability: cap,
+                include_unavailable: true,
+            }))
+            .await
+            .unwrap()
+            .into_inner()
+            .agents
+            .len()
         }
     };
     assert_eq!(find("nlp").await, 0);
@@ -97,7 +129,13 @@ async fn lease_lapses_without_heartbeat_and_heartbeat_revives() {
     register(&f.reg, spec("a", &["nlp"])).await.unwrap();
     f.clock.advance_ms(9_999);
     assert_eq!(f.reg.sweep(), 0);
-    f.reg.heartbeat(Request::new(HeartbeatRequest { agent_id: "a".into(), in_flight: 0 })).await.unwrap();
+    f.reg
+        .heartbeat(Request::new(HeartbeatRequest {
+            agent_id: "a".into(),
+            in_flight: 0,
+        }))
+        .await
+        .unwrap();
     f.clock.advance_ms(9_999);
     assert_eq!(f.reg.sweep(), 0, "heartbeat extended the lease");
     f.clock.advance_ms(1);
@@ -108,7 +146,10 @@ async fn lease_lapses_without_heartbeat_and_heartbeat_revives() {
     // lapsed agents are kept, hidden from FindByCapability by default
     let found = f
         .reg
-        .find_by_capability(Request::new(FindByCapabilityRequest { capability: "nlp".into(), include_unavailable: false }))
+        .find_by_capability(Request::new(FindByCapabilityRequest {
+            capability: "nlp".into(),
+            include_unavailable: false,
+        }))
         .await
         .unwrap()
         .into_inner();
@@ -116,13 +157,19 @@ async fn lease_lapses_without_heartbeat_and_heartbeat_revives() {
 
     let lease = f
         .reg
-        .heartbeat(Request::new(HeartbeatRequest { agent_id: "a".into(), in_flight: 1 }))
+        .heartbeat(Request::new(HeartbeatRequest {
+            agent_id: "a".into(),
+            in_flight: 1,
+        }))
         .await
         .unwrap()
         .into_inner()
         .lease
         .unwrap();
-    assert_eq!(timestamp_ms(&lease.expires_at.unwrap()), f.clock.now_ms() + 10_000);
+    assert_eq!(
+        timestamp_ms(&lease.expires_at.unwrap()),
+        f.clock.now_ms() + 10_000
+    );
     let a = get(&f.reg, "a").await;
     assert_eq!(a.status, AgentStatus::Available as i32);
     assert_eq!(a.in_flight, 1);
@@ -132,7 +179,13 @@ async fn lease_lapses_without_heartbeat_and_heartbeat_revives() {
 async fn heartbeat_for_unknown_agent_is_not_found_with_reason() {
     let f = fixture();
     let err = ApiError::from(
-        f.reg.heartbeat(Request::new(HeartbeatRequest { agent_id: "ghost".into(), in_flight: 0 })).await.unwrap_err(),
+        f.reg
+            .heartbeat(Request::new(HeartbeatRequest {
+                agent_id: "ghost".into(),
+                in_flight: 0,
+            }))
+            .await
+            .unwrap_err(),
     );
     assert_eq!(err.code, Code::NotFound);
     assert_eq!(err.known_reason(), Some(Reason::AgentNotFound));
@@ -144,10 +197,19 @@ async fn heartbeats_emit_watch_events_only_on_routing_relevant_changes() {
     let f = fixture();
     register(&f.reg, spec("a", &["nlp"])).await.unwrap(); // max_concurrency 2
     let before = f.reg.revision();
-    let hb = |n| f.reg.heartbeat(Request::new(HeartbeatRequest { agent_id: "a".into(), in_flight: n }));
+    let hb = |n| {
+        f.reg.heartbeat(Request::new(HeartbeatRequest {
+            agent_id: "a".into(),
+            in_flight: n,
+        }))
+    };
     hb(0).await.unwrap();
     hb(1).await.unwrap();
-    assert_eq!(f.reg.revision(), before, "no change in availability or saturation");
+    assert_eq!(
+        f.reg.revision(),
+        before,
+        "no change in availability or saturation"
+    );
     hb(2).await.unwrap();
     assert_eq!(f.reg.revision(), before + 1, "saturated");
     hb(3).await.unwrap();
@@ -169,13 +231,31 @@ async fn report_outcome_keeps_count_success_rate_and_ewma() {
         }))
     };
     report(true, 100, "nlp").await.unwrap();
-    let s = report(false, 200, "nlp.analysis").await.unwrap().into_inner().stats.unwrap();
-    assert_eq!((s.count, s.successes), (1, 0), "child capability tracked separately");
-    let s = report(true, 300, "nlp").await.unwrap().into_inner().stats.unwrap();
+    let s = report(false, 200, "nlp.analysis")
+        .await
+        .unwrap()
+        .into_inner()
+        .stats
+        .unwrap();
+    assert_eq!(
+        (s.count, s.successes),
+        (1, 0),
+        "child capability tracked separately"
+    );
+    let s = report(true, 300, "nlp")
+        .await
+        .unwrap()
+        .into_inner()
+        .stats
+        .unwrap();
     assert_eq!((s.count, s.successes), (2, 2));
     assert!((s.success_rate - 1.0).abs() < 1e-12);
     // 0.2 * 300 + 0.8 * 100
-    assert!((s.ewma_latency_ms - 140.0).abs() < 1e-9, "{}", s.ewma_latency_ms);
+    assert!(
+        (s.ewma_latency_ms - 140.0).abs() < 1e-9,
+        "{}",
+        s.ewma_latency_ms
+    );
     let err = ApiError::from(report(true, 1, "pdf").await.unwrap_err());
     assert_eq!(err.violations[0].field, "capability");
 }
@@ -184,24 +264,55 @@ async fn report_outcome_keeps_count_success_rate_and_ewma() {
 async fn list_filters_and_paginates_by_id() {
     let f = fixture();
     for i in 0..5 {
-        let mut s = spec(&format!("a{i}"), if i % 2 == 0 { &["nlp"] } else { &["pdf"] });
-        s.labels.insert("region".into(), if i < 3 { "eu" } else { "us" }.into());
+        let mut s = spec(
+            &format!("a{i}"),
+            if i % 2 == 0 { &["nlp"] } else { &["pdf"] },
+        );
+        s.labels
+            .insert("region".into(), if i < 3 { "eu" } else { "us" }.into());
         register(&f.reg, s).await.unwrap();
     }
     let list = |req: ListAgentsRequest| f.reg.list_impl(req).unwrap();
-    let ids = |r: &ListAgentsResponse| r.agents.iter().map(|a| a.spec.as_ref().unwrap().id.clone()).collect::<Vec<_>>();
+    let ids = |r: &ListAgentsResponse| {
+        r.agents
+            .iter()
+            .map(|a| a.spec.as_ref().unwrap().id.clone())
+            .collect::<Vec<_>>()
+    };
 
-    let p1 = list(ListAgentsRequest { page_size: 2, ..Default::default() });
+    let p1 = list(ListAgentsRequest {
+        page_size: 2,
+        ..Default::default()
+    });
     assert_eq!(ids(&p1), ["a0", "a1"]);
-    let p2 = list(ListAgentsRequest { page_size: 2, page_token: p1.next_page_token.clone(), ..Default::default() });
+    let p2 = list(ListAgentsRequest {
+        page_size: 2,
+        page_token: p1.next_page_token.clone(),
+        ..Default::default()
+    });
     assert_eq!(ids(&p2), ["a2", "a3"]);
-    let p3 = list(ListAgentsRequest { page_size: 2, page_token: p2.next_page_token.clone(), ..Default::default() });
+    let p3 = list(ListAgentsRequest {
+        page_size: 2,
+        page_token: p2.next_page_token.clone(),
+        ..Default::default()
+    });
     assert_eq!(ids(&p3), ["a4"]);
     assert!(p3.next_page_token.is_empty());
 
-    let nlp = list(ListAgentsRequest { capability: "nlp.analysis".into(), ..Default::default() });
-    assert_eq!(ids(&nlp), ["a0", "a2", "a4"], "agents offering the parent capability serve the child");
-    let none = list(ListAgentsRequest { capability: "pdf.ocr.fast".into(), page_size: 1, ..Default::default() });
+    let nlp = list(ListAgentsRequest {
+        capability: "nlp.analysis".into(),
+        ..Default::default()
+    });
+    assert_eq!(
+        ids(&nlp),
+        ["a0", "a2", "a4"],
+        "agents offering the parent capability serve the child"
+    );
+    let none = list(ListAgentsRequest {
+        capability: "pdf.ocr.fast".into(),
+        page_size: 1,
+        ..Default::default()
+    });
     assert_eq!(ids(&none), ["a1"]);
     let eu = list(ListAgentsRequest {
         labels: [("region".to_string(), "eu".to_string())].into(),
@@ -214,17 +325,34 @@ async fn list_filters_and_paginates_by_id() {
 #[tokio::test]
 async fn tools_need_valid_schema_and_cannot_be_removed_while_used() {
     let f = fixture();
-    let params = switchyard_kit::json::json_to_struct(&serde_json::json!({"type":"object","properties":{"q":{"type":"string"}}}));
-    let tool = Tool { name: "web_search".into(), description: "search".into(), parameters: params, endpoint: String::new() };
+    let params = switchyard_kit::json::json_to_struct(
+        &serde_json::json!({"type":"object","properties":{"q":{"type":"string"}}}),
+    );
+    let tool = Tool {
+        name: "web_search".into(),
+        description: "search".into(),
+        parameters: params,
+        endpoint: String::new(),
+    };
     let mut s = spec("a", &["nlp"]);
     s.uses_tools = vec!["web_search".into()];
     let err = register(&f.reg, s.clone()).await.unwrap_err();
     assert!(err.violations[0].description.contains("not registered"));
 
-    f.reg.register_tool(Request::new(RegisterToolRequest { tool: Some(tool.clone()) })).await.unwrap();
+    f.reg
+        .register_tool(Request::new(RegisterToolRequest {
+            tool: Some(tool.clone()),
+        }))
+        .await
+        .unwrap();
     register(&f.reg, s).await.unwrap();
     let err = ApiError::from(
-        f.reg.deregister_tool(Request::new(DeregisterToolRequest { name: "web_search".into() })).await.unwrap_err(),
+        f.reg
+            .deregister_tool(Request::new(DeregisterToolRequest {
+                name: "web_search".into(),
+            }))
+            .await
+            .unwrap_err(),
     );
     assert_eq!(err.known_reason(), Some(Reason::ToolInUse));
 
@@ -232,22 +360,34 @@ async fn tools_need_valid_schema_and_cannot_be_removed_while_used() {
         parameters: switchyard_kit::json::json_to_struct(&serde_json::json!({"type": 12})),
         ..tool
     };
-    let err = ApiError::from(f.reg.register_tool(Request::new(RegisterToolRequest { tool: Some(bad) })).await.unwrap_err());
+    let err = ApiError::from(
+        f.reg
+            .register_tool(Request::new(RegisterToolRequest { tool: Some(bad) }))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(err.known_reason(), Some(Reason::InvalidToolSchema));
     assert_eq!(err.violations[0].field, "tool.parameters");
 }
 
 async fn watch(reg: &Registry, start: u64, epoch: &str) -> crate::BoxWatch {
     Box::pin(
-        reg.watch(Request::new(WatchRequest { start_revision: start, epoch: epoch.into() }))
-            .await
-            .unwrap()
-            .into_inner(),
+        reg.watch(Request::new(WatchRequest {
+            start_revision: start,
+            epoch: epoch.into(),
+        }))
+        .await
+        .unwrap()
+        .into_inner(),
     )
 }
 
 async fn next(s: &mut crate::BoxWatch) -> WatchResponse {
-    tokio::time::timeout(Duration::from_secs(5), s.next()).await.expect("watch event in time").unwrap().unwrap()
+    tokio::time::timeout(Duration::from_secs(5), s.next())
+        .await
+        .expect("watch event in time")
+        .unwrap()
+        .unwrap()
 }
 
 fn kind(ev: &WatchResponse) -> WatchEventType {
@@ -268,9 +408,17 @@ async fn watch_starts_with_snapshot_then_streams_live_changes() {
     register(&f.reg, spec("b", &["pdf"])).await.unwrap();
     let ev = next(&mut w).await;
     assert_eq!((kind(&ev), ev.revision), (WatchEventType::AgentUpserted, 2));
-    f.reg.deregister_agent(Request::new(DeregisterAgentRequest { agent_id: "a".into() })).await.unwrap();
+    f.reg
+        .deregister_agent(Request::new(DeregisterAgentRequest {
+            agent_id: "a".into(),
+        }))
+        .await
+        .unwrap();
     let ev = next(&mut w).await;
-    assert_eq!((kind(&ev), ev.removed_id.as_str()), (WatchEventType::AgentRemoved, "a"));
+    assert_eq!(
+        (kind(&ev), ev.removed_id.as_str()),
+        (WatchEventType::AgentRemoved, "a")
+    );
     f.clock.advance_ms(20_000);
     assert_eq!(f.reg.sweep(), 1);
     let ev = next(&mut w).await;
@@ -286,7 +434,10 @@ async fn watch_resumes_after_a_revision_in_the_same_epoch() {
     let epoch = f.reg.lock().epoch.clone();
     let mut w = watch(&f.reg, 1, &epoch).await;
     let ev = next(&mut w).await;
-    assert_eq!((ev.revision, ev.agent.unwrap().spec.unwrap().id), (2, "b".to_string()));
+    assert_eq!(
+        (ev.revision, ev.agent.unwrap().spec.unwrap().id),
+        (2, "b".to_string())
+    );
     assert_eq!(next(&mut w).await.revision, 3);
 }
 
@@ -294,13 +445,23 @@ async fn watch_resumes_after_a_revision_in_the_same_epoch() {
 async fn watch_gives_snapshot_for_foreign_epoch_future_revision_or_trimmed_log() {
     let f = fixture(); // log capacity 8
     for i in 0..12 {
-        register(&f.reg, spec(&format!("a{i}"), &["nlp"])).await.unwrap();
+        register(&f.reg, spec(&format!("a{i}"), &["nlp"]))
+            .await
+            .unwrap();
     }
     let epoch = f.reg.lock().epoch.clone();
-    for (start, ep) in [(3, epoch.as_str()), (5, "other-epoch"), (99, epoch.as_str())] {
+    for (start, ep) in [
+        (3, epoch.as_str()),
+        (5, "other-epoch"),
+        (99, epoch.as_str()),
+    ] {
         let mut w = watch(&f.reg, start, ep).await;
         let first = next(&mut w).await;
-        assert_eq!(kind(&first), WatchEventType::Reset, "start {start} epoch {ep}");
+        assert_eq!(
+            kind(&first),
+            WatchEventType::Reset,
+            "start {start} epoch {ep}"
+        );
         assert_eq!(first.revision, 12);
     }
     // a position still in the log resumes without snapshot
@@ -326,7 +487,11 @@ async fn agents_and_tools_survive_restart_and_expired_leases_come_back_lapsed() 
         let params = switchyard_kit::json::json_to_struct(&serde_json::json!({"type":"object"}));
         f.reg
             .register_tool(Request::new(RegisterToolRequest {
-                tool: Some(Tool { name: "t".into(), parameters: params, ..Default::default() }),
+                tool: Some(Tool {
+                    name: "t".into(),
+                    parameters: params,
+                    ..Default::default()
+                }),
             }))
             .await
             .unwrap();
@@ -336,8 +501,17 @@ async fn agents_and_tools_survive_restart_and_expired_leases_come_back_lapsed() 
     // the fixture clock starts at the same time: lease still valid
     let a = get(&f.reg, "a").await;
     assert_eq!(a.status, AgentStatus::Available as i32);
-    assert_eq!(a.stats[0].count, 1, "lazily persisted stats were flushed at shutdown");
-    let tools = f.reg.list_tools(Request::new(ListToolsRequest::default())).await.unwrap().into_inner().tools;
+    assert_eq!(
+        a.stats[0].count, 1,
+        "lazily persisted stats were flushed at shutdown"
+    );
+    let tools = f
+        .reg
+        .list_tools(Request::new(ListToolsRequest::default()))
+        .await
+        .unwrap()
+        .into_inner()
+        .tools;
     assert_eq!(tools.len(), 1);
     drop(f);
 

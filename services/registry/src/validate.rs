@@ -11,8 +11,16 @@ pub const MAX_DESCRIPTION: usize = 8192;
 fn label_key(k: &str) -> Result<(), String> {
     let ok = !k.is_empty()
         && k.len() <= 63
-        && k.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-' | b'/'));
-    if ok { Ok(()) } else { Err(format!("label key {k:?} must be 1-63 characters of [a-z0-9._/-]")) }
+        && k.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-' | b'/')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "label key {k:?} must be 1-63 characters of [a-z0-9._/-]"
+        ))
+    }
 }
 
 /// Checks an agent registration. `tool_exists` answers whether a tool name is
@@ -24,7 +32,10 @@ pub fn agent_spec(a: &AgentSpec, tool_exists: impl Fn(&str) -> bool) -> Violatio
         v.add("agent.name", "name must be at most 256 characters");
     }
     if a.description.len() > MAX_DESCRIPTION {
-        v.add("agent.description", format!("description must be at most {MAX_DESCRIPTION} characters"));
+        v.add(
+            "agent.description",
+            format!("description must be at most {MAX_DESCRIPTION} characters"),
+        );
     }
     v.check("agent.endpoint", validate::endpoint(&a.endpoint));
     if a.capabilities.is_empty() {
@@ -35,30 +46,51 @@ pub fn agent_spec(a: &AgentSpec, tool_exists: impl Fn(&str) -> bool) -> Violatio
         let f = format!("agent.capabilities[{i}]");
         v.check(format!("{f}.name"), validate::capability(&c.name));
         if !seen.insert(c.name.as_str()) {
-            v.add(format!("{f}.name"), format!("capability {:?} is listed twice", c.name));
+            v.add(
+                format!("{f}.name"),
+                format!("capability {:?} is listed twice", c.name),
+            );
         }
         if let Some(p) = c.proficiency {
-            v.check(format!("{f}.proficiency"), validate::in_range(p, 0.0, 1.0, "proficiency"));
+            v.check(
+                format!("{f}.proficiency"),
+                validate::in_range(p, 0.0, 1.0, "proficiency"),
+            );
         }
         if c.price_per_unit_micro_usd < 0 {
-            v.add(format!("{f}.price_per_unit_micro_usd"), "price must not be negative");
+            v.add(
+                format!("{f}.price_per_unit_micro_usd"),
+                "price must not be negative",
+            );
         }
         if c.unit.len() > 64 {
             v.add(format!("{f}.unit"), "unit must be at most 64 characters");
         }
     }
     if a.trust_score > 100 {
-        v.add("agent.trust_score", format!("trust score must be between 0 and 100, got {}", a.trust_score));
+        v.add(
+            "agent.trust_score",
+            format!(
+                "trust score must be between 0 and 100, got {}",
+                a.trust_score
+            ),
+        );
     }
     for (k, val) in &a.labels {
         v.check(format!("agent.labels[{k}]"), label_key(k));
         if val.len() > 256 {
-            v.add(format!("agent.labels[{k}]"), "label value must be at most 256 characters");
+            v.add(
+                format!("agent.labels[{k}]"),
+                "label value must be at most 256 characters",
+            );
         }
     }
     for (i, m) in a.models.iter().enumerate() {
         if m.trim().is_empty() || m.len() > 256 {
-            v.add(format!("agent.models[{i}]"), "model ids must be 1-256 characters");
+            v.add(
+                format!("agent.models[{i}]"),
+                "model ids must be 1-256 characters",
+            );
         }
     }
     let mut seen = HashSet::new();
@@ -69,7 +101,10 @@ pub fn agent_spec(a: &AgentSpec, tool_exists: impl Fn(&str) -> bool) -> Violatio
         } else if !seen.insert(t.as_str()) {
             v.add(f, format!("tool {t:?} is listed twice"));
         } else if !tool_exists(t) {
-            v.add(f, format!("tool {t:?} is not registered; register it first"));
+            v.add(
+                f,
+                format!("tool {t:?} is not registered; register it first"),
+            );
         }
     }
     v
@@ -81,7 +116,10 @@ pub fn tool(t: &Tool) -> (Violations, bool) {
     let mut v = Violations::new();
     v.check("tool.name", validate::tool_name(&t.name));
     if t.description.len() > MAX_DESCRIPTION {
-        v.add("tool.description", format!("description must be at most {MAX_DESCRIPTION} characters"));
+        v.add(
+            "tool.description",
+            format!("description must be at most {MAX_DESCRIPTION} characters"),
+        );
     }
     if !t.endpoint.is_empty() {
         v.check("tool.endpoint", validate::endpoint(&t.endpoint));
@@ -89,7 +127,10 @@ pub fn tool(t: &Tool) -> (Violations, bool) {
     let mut schema_bad = false;
     match &t.parameters {
         None => {
-            v.add("tool.parameters", "parameters (a JSON Schema object) is required");
+            v.add(
+                "tool.parameters",
+                "parameters (a JSON Schema object) is required",
+            );
         }
         Some(p) => {
             let schema = switchyard_kit::json::struct_to_json(p);
@@ -115,7 +156,10 @@ mod tests {
             id: id.into(),
             name: "Agent".into(),
             endpoint: "http://127.0.0.1:7700".into(),
-            capabilities: vec![Capability { name: "nlp.analysis".into(), ..Default::default() }],
+            capabilities: vec![Capability {
+                name: "nlp.analysis".into(),
+                ..Default::default()
+            }],
             trust_score: 80,
             ..Default::default()
         }
@@ -135,8 +179,16 @@ mod tests {
         let mut a = spec("Bad-Id");
         a.endpoint = "localhost:80".into();
         a.trust_score = 101;
-        a.capabilities.push(Capability { name: "NLP".into(), proficiency: Some(1.5), price_per_unit_micro_usd: -1, ..Default::default() });
-        a.capabilities.push(Capability { name: "nlp.analysis".into(), ..Default::default() });
+        a.capabilities.push(Capability {
+            name: "NLP".into(),
+            proficiency: Some(1.5),
+            price_per_unit_micro_usd: -1,
+            ..Default::default()
+        });
+        a.capabilities.push(Capability {
+            name: "nlp.analysis".into(),
+            ..Default::default()
+        });
         a.labels.insert("Bad Key".into(), "v".into());
         a.uses_tools = vec!["web_search".into(), "web_search".into(), "Nope".into()];
         let v = agent_spec(&a, |t| t != "web_search");
@@ -179,12 +231,19 @@ mod tests {
         assert!(v.is_empty() && !bad, "{v}");
 
         let wrong = serde_json::json!({"type": "no_such_type"});
-        let t2 = Tool { parameters: switchyard_kit::json::json_to_struct(&wrong), ..t.clone() };
+        let t2 = Tool {
+            parameters: switchyard_kit::json::json_to_struct(&wrong),
+            ..t.clone()
+        };
         let (v, bad) = tool(&t2);
         assert!(bad);
         assert_eq!(fields(&v), ["tool.parameters"]);
 
-        let t3 = Tool { name: "Bad".into(), parameters: None, ..t };
+        let t3 = Tool {
+            name: "Bad".into(),
+            parameters: None,
+            ..t
+        };
         let (v, _) = tool(&t3);
         assert_eq!(fields(&v), ["tool.name", "tool.parameters"]);
     }

@@ -45,7 +45,12 @@ impl AgentInfo {
             saturated: spec.max_concurrency > 0 && in_flight >= spec.max_concurrency,
             labels: spec.labels.clone(),
             latency_estimate_ms: f64::from(spec.latency_estimate_ms),
-            observed: a.stats.iter().filter(|s| s.count > 0).map(|s| (s.capability.clone(), s.ewma_latency_ms)).collect(),
+            observed: a
+                .stats
+                .iter()
+                .filter(|s| s.count > 0)
+                .map(|s| (s.capability.clone(), s.ewma_latency_ms))
+                .collect(),
             capabilities: spec
                 .capabilities
                 .iter()
@@ -75,7 +80,8 @@ pub(crate) struct Index {
 }
 
 /// Why an agent that offers the capability was not returned.
-pub(crate) const FILTER_REASONS: [&str; 5] = ["excluded", "unavailable", "saturated", "trust", "cost"];
+pub(crate) const FILTER_REASONS: [&str; 5] =
+    ["excluded", "unavailable", "saturated", "trust", "cost"];
 
 /// A route's outcome before it is turned into a response.
 #[derive(Debug, Default)]
@@ -95,13 +101,18 @@ impl Index {
         self.remove(&info.id);
         let info = Arc::new(info);
         for (i, c) in info.capabilities.iter().enumerate() {
-            self.by_cap.entry(c.name.clone()).or_default().push(Slot { agent: info.clone(), cap: i });
+            self.by_cap.entry(c.name.clone()).or_default().push(Slot {
+                agent: info.clone(),
+                cap: i,
+            });
         }
         self.agents.insert(info.id.clone(), info);
     }
 
     pub fn remove(&mut self, id: &str) {
-        let Some(old) = self.agents.remove(id) else { return };
+        let Some(old) = self.agents.remove(id) else {
+            return;
+        };
         for c in &old.capabilities {
             if let Some(slots) = self.by_cap.get_mut(&c.name) {
                 if let Some(pos) = slots.iter().position(|s| s.agent.id == id) {
@@ -130,7 +141,9 @@ impl Index {
         let mut eligible: Vec<(&Slot, u32)> = Vec::new();
         let mut seen: HashSet<&str> = HashSet::new();
         for (level, cap) in capability_lineage(capability).enumerate() {
-            let Some(slots) = self.by_cap.get(cap) else { continue };
+            let Some(slots) = self.by_cap.get(cap) else {
+                continue;
+            };
             for slot in slots {
                 let a = &slot.agent;
                 if level > 0 && !seen.insert(a.id.as_str()) {
@@ -163,16 +176,28 @@ impl Index {
             return out;
         }
         let max_cost = c.max_cost_micro_usd.unwrap_or_else(|| {
-            eligible.iter().map(|(s, _)| s.agent.capabilities[s.cap].price).max().unwrap_or(0)
+            eligible
+                .iter()
+                .map(|(s, _)| s.agent.capabilities[s.cap].price)
+                .max()
+                .unwrap_or(0)
         });
         let mut scored: Vec<(f64, &Slot, u32, routing::Breakdown, f64, bool)> = eligible
             .into_iter()
             .map(|(slot, levels_up)| {
                 let a = &slot.agent;
                 let cap = &a.capabilities[slot.cap];
-                let observed = a.observed.get(capability).or_else(|| a.observed.get(&cap.name)).copied();
+                let observed = a
+                    .observed
+                    .get(capability)
+                    .or_else(|| a.observed.get(&cap.name))
+                    .copied();
                 let latency_ms = observed.unwrap_or(a.latency_estimate_ms);
-                let preferred_matched = c.prefer_labels.iter().filter(|(k, v)| a.labels.get(*k) == Some(*v)).count();
+                let preferred_matched = c
+                    .prefer_labels
+                    .iter()
+                    .filter(|(k, v)| a.labels.get(*k) == Some(*v))
+                    .count();
                 let b = routing::score(
                     cfg,
                     &ScoreInput {
@@ -189,7 +214,8 @@ impl Index {
                 (b.total, slot, levels_up, b, latency_ms, observed.is_some())
             })
             .collect();
-        let cmp = |x: &(f64, &Slot, u32, routing::Breakdown, f64, bool), y: &(f64, &Slot, u32, routing::Breakdown, f64, bool)| {
+        let cmp = |x: &(f64, &Slot, u32, routing::Breakdown, f64, bool),
+                   y: &(f64, &Slot, u32, routing::Breakdown, f64, bool)| {
             routing::rank((x.0, x.1.agent.id.as_str()), (y.0, y.1.agent.id.as_str()))
         };
         if scored.len() > limit {

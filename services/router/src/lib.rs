@@ -47,14 +47,22 @@ pub struct RouterConfig {
 
 impl Default for RouterConfig {
     fn default() -> Self {
-        Self { registry_url: None, default_min_trust: 50, default_limit: 5, max_limit: 100, scoring: ScoringConfig::default() }
+        Self {
+            registry_url: None,
+            default_min_trust: 50,
+            default_limit: 5,
+            max_limit: 100,
+            scoring: ScoringConfig::default(),
+        }
     }
 }
 
 impl RouterConfig {
     /// Checks the configuration.
     pub fn validate(&self) -> Result<(), String> {
-        self.scoring.validate().map_err(|e| format!("router.scoring.{e}"))?;
+        self.scoring
+            .validate()
+            .map_err(|e| format!("router.scoring.{e}"))?;
         if self.default_min_trust > 100 {
             return Err("router.default_min_trust must be at most 100".into());
         }
@@ -72,7 +80,10 @@ pub enum RouterError {
     #[error("invalid request: {0}")]
     Invalid(Violations),
     /// No agent passes the filters.
-    #[error("no available agent for capability {capability:?} ({offered} offer it{})", filtered_text(filtered))]
+    #[error(
+        "no available agent for capability {capability:?} ({offered} offer it{})",
+        filtered_text(filtered)
+    )]
     CapabilityUnavailable {
         /// Capability asked for.
         capability: String,
@@ -100,9 +111,15 @@ impl From<RouterError> for Status {
         let msg = e.to_string();
         match e {
             RouterError::Invalid(v) => invalid_argument(Reason::InvalidArgument, &v),
-            RouterError::CapabilityUnavailable { capability, filtered, .. } => {
-                let mut md: HashMap<String, String> =
-                    filtered.into_iter().map(|(k, v)| (format!("filtered_{k}"), v.to_string())).collect();
+            RouterError::CapabilityUnavailable {
+                capability,
+                filtered,
+                ..
+            } => {
+                let mut md: HashMap<String, String> = filtered
+                    .into_iter()
+                    .map(|(k, v)| (format!("filtered_{k}"), v.to_string()))
+                    .collect();
                 md.insert("capability".into(), capability);
                 status_with_metadata(Code::NotFound, Reason::CapabilityUnavailable, msg, md)
             }
@@ -132,19 +149,35 @@ impl std::fmt::Debug for Router {
 impl Router {
     /// A router with an empty index (not ready until a snapshot arrives).
     pub fn new(cfg: RouterConfig) -> Router {
-        Router { inner: Arc::new(Inner { cfg, index: RwLock::new(Index::default()), ready_tx: watch::channel(false).0 }) }
+        Router {
+            inner: Arc::new(Inner {
+                cfg,
+                index: RwLock::new(Index::default()),
+                ready_tx: watch::channel(false).0,
+            }),
+        }
     }
 
     /// Follows `registry`'s watch until shutdown, reconnecting with backoff and
     /// resuming from the last revision seen.
-    pub fn spawn_sync(&self, registry: RegistryClient, shutdown: Shutdown) -> tokio::task::JoinHandle<()> {
+    pub fn spawn_sync(
+        &self,
+        registry: RegistryClient,
+        shutdown: Shutdown,
+    ) -> tokio::task::JoinHandle<()> {
         let me = self.clone();
         tokio::spawn(async move {
             let (mut epoch, mut revision) = (String::new(), 0u64);
             let mut staging: Option<Index> = None;
             let mut backoff = Duration::from_millis(100);
             while !shutdown.is_shutdown() {
-                match registry.watch(WatchRequest { start_revision: revision, epoch: epoch.clone() }).await {
+                match registry
+                    .watch(WatchRequest {
+                        start_revision: revision,
+                        epoch: epoch.clone(),
+                    })
+                    .await
+                {
                     Ok(mut stream) => loop {
                         let item = tokio::select! {
                             item = stream.next() => item,
@@ -168,7 +201,9 @@ impl Router {
                             }
                         }
                     },
-                    Err(e) => tracing::warn!(error = %e, retry_ms = backoff.as_millis() as u64, "cannot watch registry"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, retry_ms = backoff.as_millis() as u64, "cannot watch registry")
+                    }
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
@@ -190,22 +225,38 @@ impl Router {
                     let n = ix.len();
                     *self.inner.index.write().unwrap_or_else(|p| p.into_inner()) = ix;
                     self.inner.ready_tx.send_replace(true);
-                    tracing::info!(agents = n, revision = ev.revision, "router index loaded from registry snapshot");
+                    tracing::info!(
+                        agents = n,
+                        revision = ev.revision,
+                        "router index loaded from registry snapshot"
+                    );
                 }
             }
             WatchEventType::AgentUpserted => {
                 if let Some(info) = ev.agent.as_ref().and_then(AgentInfo::from_agent) {
                     match staging {
                         Some(ix) => ix.upsert(info),
-                        None => self.inner.index.write().unwrap_or_else(|p| p.into_inner()).upsert(info),
+                        None => self
+                            .inner
+                            .index
+                            .write()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .upsert(info),
                     }
                 }
             }
             WatchEventType::AgentRemoved => match staging {
                 Some(ix) => ix.remove(&ev.removed_id),
-                None => self.inner.index.write().unwrap_or_else(|p| p.into_inner()).remove(&ev.removed_id),
+                None => self
+                    .inner
+                    .index
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&ev.removed_id),
             },
-            WatchEventType::ToolUpserted | WatchEventType::ToolRemoved | WatchEventType::Unspecified => {}
+            WatchEventType::ToolUpserted
+            | WatchEventType::ToolRemoved
+            | WatchEventType::Unspecified => {}
         }
     }
 
@@ -217,12 +268,19 @@ impl Router {
 
     /// Agents in the index.
     pub fn indexed_agents(&self) -> usize {
-        self.inner.index.read().unwrap_or_else(|p| p.into_inner()).len()
+        self.inner
+            .index
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
     }
 
     /// Loads agents straight into the index, bypassing the watch (benchmarks
     /// and tests of the scoring path).
-    pub fn load_agents<'a>(&self, agents: impl IntoIterator<Item = &'a switchyard_proto::registry::v1::Agent>) {
+    pub fn load_agents<'a>(
+        &self,
+        agents: impl IntoIterator<Item = &'a switchyard_proto::registry::v1::Agent>,
+    ) {
         let mut ix = self.inner.index.write().unwrap_or_else(|p| p.into_inner());
         for a in agents {
             if let Some(info) = AgentInfo::from_agent(a) {
@@ -245,12 +303,21 @@ impl Router {
         let default = RouteConstraints::default();
         let c = req.constraints.as_ref().unwrap_or(&default);
         let mut v = Violations::new();
-        v.check("capability", switchyard_core::validate::capability(&req.capability));
+        v.check(
+            "capability",
+            switchyard_core::validate::capability(&req.capability),
+        );
         if c.min_trust.is_some_and(|t| t > 100) {
-            v.add("constraints.min_trust", "min_trust must be between 0 and 100");
+            v.add(
+                "constraints.min_trust",
+                "min_trust must be between 0 and 100",
+            );
         }
         if c.max_cost_micro_usd.is_some_and(|m| m < 0) {
-            v.add("constraints.max_cost_micro_usd", "max_cost must not be negative");
+            v.add(
+                "constraints.max_cost_micro_usd",
+                "max_cost must not be negative",
+            );
         }
         if req.limit > cfg.max_limit {
             v.add("limit", format!("limit must be at most {}", cfg.max_limit));
@@ -259,7 +326,11 @@ impl Router {
         if !*self.inner.ready_tx.borrow() {
             return Err(RouterError::NotReady);
         }
-        let limit = if req.limit == 0 { cfg.default_limit } else { req.limit } as usize;
+        let limit = if req.limit == 0 {
+            cfg.default_limit
+        } else {
+            req.limit
+        } as usize;
         let min_trust = c.min_trust.unwrap_or(cfg.default_min_trust);
         let routed = self
             .inner
@@ -280,7 +351,10 @@ impl Router {
                 filtered,
             });
         }
-        Ok(RouteResponse { candidates: routed.candidates, filtered })
+        Ok(RouteResponse {
+            candidates: routed.candidates,
+            filtered,
+        })
     }
 }
 

@@ -1,5 +1,5 @@
 //! Helpers shared by the end-to-end tests.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used)]
 
 use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
 use switchyard_proto::registry::v1::{AgentSpec, Capability, RegisterAgentRequest};
@@ -12,7 +12,12 @@ pub fn agent(id: &str, cap: &str, trust: u32, price: i64) -> AgentSpec {
         id: id.into(),
         name: id.into(),
         endpoint: format!("http://127.0.0.1:9/{id}"),
-        capabilities: vec![Capability { name: cap.into(), proficiency: None, price_per_unit_micro_usd: price, unit: "task".into() }],
+        capabilities: vec![Capability {
+            name: cap.into(),
+            proficiency: None,
+            price_per_unit_micro_usd: price,
+            unit: "task".into(),
+        }],
         trust_score: trust,
         max_concurrency: 2,
         latency_estimate_ms: 100,
@@ -21,7 +26,9 @@ pub fn agent(id: &str, cap: &str, trust: u32, price: i64) -> AgentSpec {
 }
 
 pub async fn register(reg: &mut RegistryServiceClient<Channel>, spec: AgentSpec) {
-    reg.register_agent(RegisterAgentRequest { agent: Some(spec) }).await.expect("register");
+    reg.register_agent(RegisterAgentRequest { agent: Some(spec) })
+        .await
+        .expect("register");
 }
 
 pub async fn route(

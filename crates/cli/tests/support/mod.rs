@@ -1,5 +1,5 @@
 //! Starting real `switchyard` processes and running CLI commands in tests.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used)]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 pub const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
 
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 /// A running `switchyard` process, killed on drop.
@@ -23,7 +26,10 @@ impl Proc {
     /// Starts `switchyard ARGS` with `env` and waits for its `listening grpc=` line.
     pub fn start(args: &[&str], env: &[(&str, &str)]) -> Proc {
         let mut cmd = Command::new(BIN);
-        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::null()).env("RUST_LOG", "warn");
+        cmd.args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .env("RUST_LOG", "warn");
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -60,7 +66,10 @@ impl Proc {
             if let Some(st) = self.child.try_wait().unwrap() {
                 return st.code();
             }
-            assert!(Instant::now() < deadline, "process did not exit after SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "process did not exit after SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -117,5 +126,12 @@ pub fn routed(url: &str, extra: &[&str]) -> Option<Vec<String>> {
         return None;
     }
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    Some(v["candidates"].as_array().unwrap().iter().map(|c| c["agent_id"].as_str().unwrap().to_owned()).collect())
+    Some(
+        v["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["agent_id"].as_str().unwrap().to_owned())
+            .collect(),
+    )
 }
