@@ -1,1 +1,331 @@
-fn main() {}
+//! `make bench`: Switchyard's foundation benchmarks, printed as a table.
+//!
+//! 1. Route latency in-process (no gRPC) at 10k and 100k agents over 100
+//!    capabilities.
+//! 2. Over gRPC on loopback with 64 concurrent callers, client and server in
+//!    this process sharing the machine: a bare unary RPC (`grpc.health.v1`
+//!    Check, which does no work) as the baseline, then Route and Heartbeat,
+//!    each printed with its ratio to the baseline measured in the same run.
+//!
+//! The stack is the one `switchyard dev` runs (durable sled store in a
+//! temporary directory, per-RPC spans enabled at the default `info` level).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use switchyard_cli::ServiceKind;
+use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
+use switchyard_proto::registry::v1::{
+    Agent, AgentSpec, AgentStatus, Capability, HeartbeatRequest, RegisterAgentRequest,
+};
+use switchyard_proto::router::v1::router_service_client::RouterServiceClient;
+use switchyard_proto::router::v1::{RouteConstraints, RouteRequest};
+use switchyard_router::{Router, RouterConfig};
+use switchyard_testkit::Stack;
+use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
+
+const CAPABILITIES: usize = 100;
+const CALLERS: usize = 64;
+const CONNECTIONS: usize = 4;
+const RUN: Duration = Duration::from_secs(4);
+const WARMUP: Duration = Duration::from_millis(500);
+
+/// A small deterministic generator, so every run uses the same agents.
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        self.0 >> 33
+    }
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo)
+    }
+}
+
+fn spec(i: usize, rng: &mut Lcg) -> AgentSpec {
+    AgentSpec {
+        id: format!("agent_{i:06}"),
+        name: format!("Agent {i}"),
+        endpoint: format!("http://10.0.{}.{}:7700", (i / 250) % 250, i % 250),
+        capabilities: vec![Capability {
+            name: format!("cap_{:03}", i % CAPABILITIES),
+            proficiency: Some(rng.range(50, 101) as f64 / 100.0),
+            price_per_unit_micro_usd: rng.range(0, 50_000) as i64,
+            unit: "task".into(),
+        }],
+        trust_score: rng.range(40, 101) as u32,
+        max_concurrency: 8,
+        latency_estimate_ms: rng.range(10, 2_000) as u32,
+        ..Default::default()
+    }
+}
+
+fn us(h: &Histogram<u64>, q: f64) -> f64 {
+    h.value_at_quantile(q) as f64 / 1000.0
+}
+
+fn route_in_process(n: usize) -> (f64, f64, f64) {
+    let mut rng = Lcg(42);
+    let agents: Vec<Agent> = (0..n)
+        .map(|i| Agent {
+            spec: Some(spec(i, &mut rng)),
+            status: AgentStatus::Available as i32,
+            ..Default::default()
+        })
+        .collect();
+    let router = Router::new(RouterConfig::default());
+    router.load_agents(&agents);
+    let reqs: Vec<RouteRequest> = (0..CAPABILITIES)
+        .map(|c| RouteRequest {
+            capability: format!("cap_{c:03}"),
+            constraints: Some(RouteConstraints {
+                exclude_agents: vec![format!("agent_{c:06}")],
+                ..Default::default()
+            }),
+            limit: 5,
+        })
+        .collect();
+    let mut h = Histogram::<u64>::new(3).expect("histogram");
+    for r in reqs.iter().cycle().take(2_000) {
+        black_box(router.route(r).ok());
+    }
+    let total = 20_000;
+    let start = Instant::now();
+    for r in reqs.iter().cycle().take(total) {
+        let t = Instant::now();
+        let out = router.route(r);
+        h.record(t.elapsed().as_nanos() as u64).ok();
+        black_box(out.ok());
+    }
+    let rate = total as f64 / start.elapsed().as_secs_f64();
+    (us(&h, 0.5), us(&h, 0.99), rate)
+}
+
+struct Load {
+    rate: f64,
+    p50_us: f64,
+    p99_us: f64,
+    errors: u64,
+}
+
+/// `CALLERS` tasks over `CONNECTIONS` channels call `f` in a loop for `RUN`.
+async fn load<F, Fut>(channels: &[Channel], f: F) -> Load
+where
+    F: Fn(Channel, u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), tonic::Status>> + Send,
+{
+    let run = |dur: Duration| {
+        let mut tasks = Vec::new();
+        for c in 0..CALLERS {
+            let ch = channels[c % channels.len()].clone();
+            let f = f.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut h = Histogram::<u64>::new(3).expect("histogram");
+                let (mut n, mut errors) = (0u64, 0u64);
+                let deadline = Instant::now() + dur;
+                let mut seq = c as u64 * 1_000_003;
+                while Instant::now() < deadline {
+                    seq += 1;
+                    let t = Instant::now();
+                    if f(ch.clone(), seq).await.is_err() {
+                        errors += 1;
+                    }
+                    h.record(t.elapsed().as_nanos() as u64).ok();
+                    n += 1;
+                }
+                (h, n, errors)
+            }));
+        }
+        tasks
+    };
+    for t in run(WARMUP) {
+        let _ = t.await;
+    }
+    let start = Instant::now();
+    let mut all = Histogram::<u64>::new(3).expect("histogram");
+    let (mut n, mut errors) = (0, 0);
+    for t in run(RUN) {
+        let (h, k, e) = t.await.expect("caller task");
+        all.add(h).ok();
+        n += k;
+        errors += e;
+    }
+    Load {
+        rate: n as f64 / start.elapsed().as_secs_f64(),
+        p50_us: us(&all, 0.5),
+        p99_us: us(&all, 0.99),
+        errors,
+    }
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "goal met" } else { "GOAL MISSED" }
+}
+
+async fn run() -> anyhow::Result<()> {
+    println!(
+        "Switchyard foundation benchmarks ({} cores)\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+
+    println!("Route, in-process (no gRPC), {CAPABILITIES} capabilities, limit 5, one exclusion:");
+    for n in [10_000, 100_000] {
+        let (p50, p99, rate) = route_in_process(n);
+        println!(
+            "  {:>7} agents ({:>4}/capability): p50 {:>7.1} us  p99 {:>7.1} us  {:>9.0} routes/s (1 thread)  [{}: p99 <= 100 us at 100k]",
+            n,
+            n / CAPABILITIES,
+            p50,
+            p99,
+            rate,
+            if n == 100_000 {
+                verdict(p99 <= 100.0)
+            } else {
+                "-"
+            }
+        );
+    }
+
+    let agents = 10_000;
+    let stack = Stack::start_with(ServiceKind::ALL, |c| {
+        c.registry.lease_ttl_secs = 3_600;
+        c.server.request_timeout_ms = 60_000;
+    })
+    .await?;
+    let mut channels = Vec::new();
+    for _ in 0..CONNECTIONS {
+        channels.push(stack.channel().await?);
+    }
+
+    // Registrations are durable; concurrent ones share group-committed flushes.
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..CALLERS {
+        let ch = channels[w % CONNECTIONS].clone();
+        tasks.push(tokio::spawn(async move {
+            let mut reg = RegistryServiceClient::new(ch);
+            let mut rng = Lcg(7 + w as u64);
+            for i in (w..agents).step_by(CALLERS) {
+                reg.register_agent(RegisterAgentRequest {
+                    agent: Some(spec(i, &mut rng)),
+                })
+                .await?;
+            }
+            Ok::<_, tonic::Status>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let reg_rate = agents as f64 / start.elapsed().as_secs_f64();
+
+    // Wait (bounded) until the router's index, fed by the watch, has them all.
+    let mut router = RouterServiceClient::new(channels[0].clone());
+    let last_cap = format!("cap_{:03}", CAPABILITIES - 1);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let all = RouteConstraints {
+            min_trust: Some(0),
+            ..Default::default()
+        };
+        let r = router
+            .route(RouteRequest {
+                capability: last_cap.clone(),
+                constraints: Some(all),
+                limit: 100,
+            })
+            .await;
+        let n = r.map(|r| r.into_inner().candidates.len()).unwrap_or(0);
+        if n == agents / CAPABILITIES {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "router index not complete after 60 s ({n} candidates)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    println!(
+        "\ngRPC on loopback, {CALLERS} concurrent callers over {CONNECTIONS} connections, {agents} agents, {} s per figure:",
+        RUN.as_secs()
+    );
+    println!("  durable registrations (group commit): {reg_rate:>9.0} /s");
+
+    let ping = load(&channels, |ch, _| async move {
+        HealthClient::new(ch)
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .map(drop)
+    })
+    .await;
+    let route = load(&channels, |ch, seq| async move {
+        let capability = format!("cap_{:03}", seq % CAPABILITIES as u64);
+        RouterServiceClient::new(ch)
+            .route(RouteRequest {
+                capability,
+                constraints: None,
+                limit: 5,
+            })
+            .await
+            .map(drop)
+    })
+    .await;
+    let heartbeat = load(&channels, move |ch, seq| async move {
+        let agent_id = format!("agent_{:06}", (seq * 7_919) % agents as u64);
+        RegistryServiceClient::new(ch)
+            .heartbeat(HeartbeatRequest {
+                agent_id,
+                in_flight: (seq % 4) as u32,
+            })
+            .await
+            .map(drop)
+    })
+    .await;
+
+    let row = |name: &str, l: &Load, goal: &str| {
+        println!(
+            "  {name:<26} {:>9.0} /s  p50 {:>7.1} us  p99 {:>8.1} us  ratio to ping {:>5.2}  errors {}  {goal}",
+            l.rate,
+            l.p50_us,
+            l.p99_us,
+            l.rate / ping.rate,
+            l.errors
+        );
+    };
+    row("bare unary ping (health)", &ping, "");
+    let route_goal = format!(
+        "[{}: >= 0.60 of ping]",
+        verdict(route.rate >= 0.6 * ping.rate)
+    );
+    row("Route", &route, &route_goal);
+    let hb_goal = format!("[{}: >= 20000/s]", verdict(heartbeat.rate >= 20_000.0));
+    row("Heartbeat (10k agents)", &heartbeat, &hb_goal);
+
+    stack.stop().await?;
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        // The same telemetry a default `switchyard dev` has: per-RPC spans at
+        // info; the registry's per-registration log lines silenced.
+        let mut t = switchyard_kit::telemetry::TelemetryConfig::default();
+        t.log_filter = "info,switchyard_registry=warn,switchyard_router=warn".into();
+        let guard = switchyard_kit::telemetry::init(&t)?;
+        let r = run().await;
+        guard.shutdown();
+        r
+    })
+}

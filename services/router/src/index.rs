@@ -2,7 +2,7 @@
 //! by declared capability, kept current from the registry watch. Routing reads
 //! it under a read lock and never calls the registry.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use switchyard_core::routing::{self, ScoreInput, ScoringConfig};
@@ -65,11 +65,22 @@ impl AgentInfo {
     }
 }
 
-/// One (agent, declared capability) pair in the index.
+/// One (agent, declared capability) pair in the index, with the numbers
+/// routing needs stored inline so a route scans one contiguous vector and
+/// touches the agent record only when a request needs it (exclusions, label
+/// preferences, latency observed under a child capability).
 #[derive(Debug, Clone)]
 struct Slot {
     agent: Arc<AgentInfo>,
     cap: usize,
+    trust: u32,
+    routable: bool,
+    saturated: bool,
+    price: i64,
+    proficiency: f64,
+    /// Observed EWMA for this declared capability, else the estimate.
+    latency_ms: f64,
+    observed: bool,
 }
 
 /// Agents by id and by declared capability.
@@ -92,6 +103,15 @@ pub(crate) struct Routed {
     pub offered: usize,
 }
 
+/// An eligible slot during a route.
+struct Eligible<'a> {
+    slot: &'a Slot,
+    levels_up: u32,
+    latency_ms: f64,
+    observed: bool,
+    score: f64,
+}
+
 impl Index {
     pub fn len(&self) -> usize {
         self.agents.len()
@@ -101,10 +121,19 @@ impl Index {
         self.remove(&info.id);
         let info = Arc::new(info);
         for (i, c) in info.capabilities.iter().enumerate() {
-            self.by_cap.entry(c.name.clone()).or_default().push(Slot {
+            let observed = info.observed.get(&c.name).copied();
+            let slot = Slot {
                 agent: info.clone(),
                 cap: i,
-            });
+                trust: info.trust,
+                routable: info.available,
+                saturated: info.saturated,
+                price: c.price,
+                proficiency: c.proficiency,
+                latency_ms: observed.unwrap_or(info.latency_estimate_ms),
+                observed: observed.is_some(),
+            };
+            self.by_cap.entry(c.name.clone()).or_default().push(slot);
         }
         self.agents.insert(info.id.clone(), info);
     }
@@ -135,111 +164,116 @@ impl Index {
         limit: usize,
     ) -> Routed {
         let mut out = Routed::default();
-        let exclude: HashSet<&str> = c.exclude_agents.iter().map(String::as_str).collect();
-        // (slot, levels_up) of the eligible; an agent offering both a capability
-        // and its parent counts once, on its most specific match.
-        let mut eligible: Vec<(&Slot, u32)> = Vec::new();
-        let mut seen: HashSet<&str> = HashSet::new();
-        for (level, cap) in capability_lineage(capability).enumerate() {
-            let Some(slots) = self.by_cap.get(cap) else {
+        let lineage: Vec<&str> = capability_lineage(capability).collect();
+        let mut eligible: Vec<Eligible<'_>> = Vec::new();
+        for (level, cap) in lineage.iter().enumerate() {
+            let Some(slots) = self.by_cap.get(*cap) else {
                 continue;
             };
             for slot in slots {
-                let a = &slot.agent;
-                if level > 0 && !seen.insert(a.id.as_str()) {
+                // An agent declaring both a capability and its parent counts
+                // once, on its most specific match (checked only for parents).
+                if level > 0
+                    && slot
+                        .agent
+                        .capabilities
+                        .iter()
+                        .any(|k| lineage[..level].contains(&k.name.as_str()))
+                {
                     continue;
-                } else if level == 0 {
-                    seen.insert(a.id.as_str());
                 }
                 out.offered += 1;
-                let price = a.capabilities[slot.cap].price;
-                let reason = if exclude.contains(a.id.as_str()) {
+                let reason = if !c.exclude_agents.is_empty()
+                    && c.exclude_agents.iter().any(|x| *x == slot.agent.id)
+                {
                     Some(0)
-                } else if !a.available {
+                } else if !slot.routable {
                     Some(1)
-                } else if a.saturated {
+                } else if slot.saturated {
                     Some(2)
-                } else if a.trust < min_trust {
+                } else if slot.trust < min_trust {
                     Some(3)
-                } else if c.max_cost_micro_usd.is_some_and(|m| price > m) {
+                } else if c.max_cost_micro_usd.is_some_and(|m| slot.price > m) {
                     Some(4)
                 } else {
                     None
                 };
                 match reason {
                     Some(r) => out.filtered[r] += 1,
-                    None => eligible.push((slot, level as u32)),
+                    None => {
+                        // Outcomes reported under the requested (child)
+                        // capability beat those of the declared parent.
+                        let (latency_ms, observed) =
+                            match (level, slot.agent.observed.get(capability)) {
+                                (1.., Some(ms)) => (*ms, true),
+                                _ => (slot.latency_ms, slot.observed),
+                            };
+                        eligible.push(Eligible {
+                            slot,
+                            levels_up: level as u32,
+                            latency_ms,
+                            observed,
+                            score: 0.0,
+                        });
+                    }
                 }
             }
         }
         if eligible.is_empty() {
             return out;
         }
-        let max_cost = c.max_cost_micro_usd.unwrap_or_else(|| {
-            eligible
-                .iter()
-                .map(|(s, _)| s.agent.capabilities[s.cap].price)
-                .max()
-                .unwrap_or(0)
-        });
-        let mut scored: Vec<(f64, &Slot, u32, routing::Breakdown, f64, bool)> = eligible
-            .into_iter()
-            .map(|(slot, levels_up)| {
-                let a = &slot.agent;
-                let cap = &a.capabilities[slot.cap];
-                let observed = a
-                    .observed
-                    .get(capability)
-                    .or_else(|| a.observed.get(&cap.name))
-                    .copied();
-                let latency_ms = observed.unwrap_or(a.latency_estimate_ms);
-                let preferred_matched = c
-                    .prefer_labels
+        let max_cost = c
+            .max_cost_micro_usd
+            .unwrap_or_else(|| eligible.iter().map(|e| e.slot.price).max().unwrap_or(0));
+        let input = |e: &Eligible<'_>| ScoreInput {
+            proficiency: e.slot.proficiency,
+            levels_up: e.levels_up,
+            trust_score: e.slot.trust,
+            latency_ms: e.latency_ms,
+            price: e.slot.price,
+            max_cost,
+            preferred_matched: if c.prefer_labels.is_empty() {
+                0
+            } else {
+                c.prefer_labels
                     .iter()
-                    .filter(|(k, v)| a.labels.get(*k) == Some(*v))
-                    .count();
-                let b = routing::score(
-                    cfg,
-                    &ScoreInput {
-                        proficiency: cap.proficiency,
-                        levels_up,
-                        trust_score: a.trust,
-                        latency_ms,
-                        price: cap.price,
-                        max_cost,
-                        preferred_matched,
-                        preferred_total: c.prefer_labels.len(),
-                    },
-                );
-                (b.total, slot, levels_up, b, latency_ms, observed.is_some())
-            })
-            .collect();
-        let cmp = |x: &(f64, &Slot, u32, routing::Breakdown, f64, bool),
-                   y: &(f64, &Slot, u32, routing::Breakdown, f64, bool)| {
-            routing::rank((x.0, x.1.agent.id.as_str()), (y.0, y.1.agent.id.as_str()))
+                    .filter(|(k, v)| e.slot.agent.labels.get(*k) == Some(*v))
+                    .count()
+            },
+            preferred_total: c.prefer_labels.len(),
         };
-        if scored.len() > limit {
-            scored.select_nth_unstable_by(limit - 1, cmp);
-            scored.truncate(limit);
+        for e in &mut eligible {
+            e.score = routing::score(cfg, &input(e)).total;
         }
-        scored.sort_by(cmp);
-        out.candidates = scored
-            .into_iter()
-            .map(|(total, slot, _, b, latency_ms, latency_observed)| {
-                let a = &slot.agent;
-                let cap = &a.capabilities[slot.cap];
+        let cmp = |x: &Eligible<'_>, y: &Eligible<'_>| {
+            routing::rank(
+                (x.score, x.slot.agent.id.as_str()),
+                (y.score, y.slot.agent.id.as_str()),
+            )
+        };
+        if eligible.len() > limit {
+            eligible.select_nth_unstable_by(limit - 1, cmp);
+            eligible.truncate(limit);
+        }
+        eligible.sort_by(cmp);
+        out.candidates = eligible
+            .iter()
+            .map(|e| {
+                let b = routing::score(cfg, &input(e));
+                let a = &e.slot.agent;
+                let cap = &a.capabilities[e.slot.cap];
                 Candidate {
                     agent_id: a.id.clone(),
                     endpoint: a.endpoint.clone(),
-                    score: total,
+                    score: b.total,
                     breakdown: Some(ScoreBreakdown {
                         capability_match: b.capability_match,
                         trust: b.trust,
                         latency: b.latency,
                         cost: b.cost,
                         preference: b.preference,
-                        latency_ms,
-                        latency_observed,
+                        latency_ms: e.latency_ms,
+                        latency_observed: e.observed,
                         matched_capability: cap.name.clone(),
                     }),
                     price_per_unit_micro_usd: cap.price,
