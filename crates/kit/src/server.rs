@@ -135,6 +135,9 @@ impl Server {
             tonic_reflection::server::Builder::configure()
                 .register_encoded_file_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET)
                 .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                // google.rpc error details, so reflection clients (grpcurl)
+                // can decode the ErrorInfo and BadRequest we attach.
+                .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
         };
         let refl_v1 = reflection()
             .build_v1()

@@ -37,8 +37,11 @@ pub enum LogFormat {
 pub struct TelemetryConfig {
     /// Log format.
     pub log_format: LogFormat,
-    /// `tracing` filter directives (overridden by `RUST_LOG`).
+    /// Filter directives for logs (overridden by `RUST_LOG`).
     pub log_filter: String,
+    /// Filter directives for exported spans, separate from logs so quiet
+    /// logs do not silence traces.
+    pub trace_filter: String,
     /// OTLP gRPC endpoint; when unset, `OTEL_EXPORTER_OTLP_ENDPOINT` is used.
     pub otlp_endpoint: Option<String>,
     /// `service.name` resource attribute of exported spans.
@@ -50,6 +53,7 @@ impl Default for TelemetryConfig {
         Self {
             log_format: LogFormat::Human,
             log_filter: "info".into(),
+            trace_filter: "info".into(),
             otlp_endpoint: None,
             service_name: "switchyard".into(),
         }
@@ -100,11 +104,13 @@ pub fn init(cfg: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
     let fmt = match cfg.log_format {
         LogFormat::Human => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
+            .with_filter(filter)
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
             .with_current_span(true)
             .with_writer(std::io::stderr)
+            .with_filter(filter)
             .boxed(),
     };
     let endpoint = cfg
@@ -139,7 +145,6 @@ pub fn init(cfg: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
         None => (None, None),
     };
     tracing_subscriber::registry()
-        .with(filter)
         .with(fmt)
         .with(otel)
         .try_init()

@@ -1,0 +1,124 @@
+//! OTLP export from a real `switchyard dev` process: the RPC span reaches an
+//! OTLP collector, continues the caller's W3C trace, is named
+//! `<service>.<rpc>` and carries the correlation id.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use support::*;
+use switchyard_proto::registry::v1::ListAgentsRequest;
+use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
+
+#[derive(Clone, Default)]
+struct Sink(Arc<Mutex<Vec<Span>>>);
+
+#[tonic::async_trait]
+impl TraceService for Sink {
+    async fn export(
+        &self,
+        req: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let mut spans = self.0.lock().unwrap();
+        for rs in req.into_inner().resource_spans {
+            for ss in rs.scope_spans {
+                spans.extend(ss.spans);
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rpc_spans_are_exported_over_otlp_continuing_the_callers_trace() {
+    let sink = Sink::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sink_addr = listener.local_addr().unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(sink.clone()))
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                async {
+                    let _ = stop_rx.await;
+                },
+            ),
+    );
+
+    let data = tempfile::tempdir().unwrap();
+    let endpoint = format!("http://{sink_addr}");
+    let dev = Proc::start(
+        &[
+            "dev",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.path().to_str().unwrap(),
+        ],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)],
+    );
+
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent_id = "00f067aa0ba902b7";
+    let mut client = RegistryServiceClient::connect(dev.url()).await.unwrap();
+    let mut req = tonic::Request::new(ListAgentsRequest::default());
+    req.metadata_mut().insert(
+        "traceparent",
+        format!("00-{trace_id}-{parent_id}-01").parse().unwrap(),
+    );
+    req.metadata_mut()
+        .insert("x-correlation-id", "otel-corr-7".parse().unwrap());
+    client.list_agents(req).await.unwrap();
+
+    // SIGTERM flushes telemetry before exit.
+    assert_eq!(dev.terminate(), Some(0));
+
+    let spans = sink.0.lock().unwrap().clone();
+    let span = spans
+        .iter()
+        .find(|s| s.name == "registry.ListAgents")
+        .unwrap_or_else(|| {
+            panic!(
+                "no registry.ListAgents span among {:?}",
+                spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+            )
+        });
+    assert_eq!(
+        hex(&span.trace_id),
+        trace_id,
+        "span continues the caller's trace"
+    );
+    assert_eq!(
+        hex(&span.parent_span_id),
+        parent_id,
+        "caller's span is the parent"
+    );
+    let corr = span
+        .attributes
+        .iter()
+        .find(|a| a.key == "correlation_id")
+        .and_then(|a| a.value.as_ref())
+        .and_then(|v| v.value.as_ref());
+    assert!(
+        matches!(corr, Some(Value::StringValue(s)) if s == "otel-corr-7"),
+        "{corr:?}"
+    );
+
+    let _ = stop_tx.send(());
+    server.await.unwrap().unwrap();
+}
