@@ -321,8 +321,10 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(async {
         // The same telemetry a default `switchyard dev` has: per-RPC spans at
         // info; the registry's per-registration log lines silenced.
-        let mut t = switchyard_kit::telemetry::TelemetryConfig::default();
-        t.log_filter = "info,switchyard_registry=warn,switchyard_router=warn".into();
+        let t = switchyard_kit::telemetry::TelemetryConfig {
+            log_filter: "info,switchyard_registry=warn,switchyard_router=warn".into(),
+            ..Default::default()
+        };
         let guard = switchyard_kit::telemetry::init(&t)?;
         let r = run().await;
         guard.shutdown();
