@@ -27,7 +27,7 @@ impl TraceService for Sink {
         &self,
         req: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut spans = self.0.lock().unwrap();
+        let mut spans = self.0.lock().expect("sink lock");
         for rs in req.into_inner().resource_spans {
             for ss in rs.scope_spans {
                 spans.extend(ss.spans);
