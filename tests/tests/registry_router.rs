@@ -34,20 +34,7 @@ async fn register_route_and_fall_back_to_next_best_with_exclude() {
     register(&mut reg, agent("second", "pdf_text_extraction", 80, 1_000)).await;
     register(&mut reg, agent("other", "nlp_analysis", 99, 0)).await;
 
-    eventually(
-        "both pdf agents ranked",
-        vec!["best".into(), "second".into()],
-        || {
-            let mut r = router.clone();
-            async move {
-                route(&mut r, "pdf_text_extraction", &[])
-                    .await
-                    .map(|x| ids(&x))
-                    .unwrap_or_default()
-            }
-        },
-    )
-    .await;
+    eventually_routed(&router, "pdf_text_extraction", &["best", "second"]).await;
     // SELECT_NEXT_BEST: the caller excludes the agent that failed it
     let next = route(&mut router, "pdf_text_extraction", &["best"])
         .await
@@ -87,12 +74,7 @@ async fn lapsed_agents_leave_routing_and_return_on_heartbeat() {
                 .unwrap_or_default()
         }
     };
-    eventually(
-        "both routable",
-        vec!["flaky".into(), "steady".into()],
-        routed,
-    )
-    .await;
+    eventually_routed(&router, "x", &["flaky", "steady"]).await;
 
     // keep `steady` alive while `flaky` lapses (TTL 1 s, bounded loop)
     let mut lapsed = false;
@@ -137,7 +119,7 @@ async fn lapsed_agents_leave_routing_and_return_on_heartbeat() {
     })
     .await
     .unwrap();
-    eventually("flaky back", vec!["flaky".into(), "steady".into()], routed).await;
+    eventually_routed(&router, "x", &["flaky", "steady"]).await;
 
     // saturation: in-flight at max concurrency (2) removes it from routing
     reg.heartbeat(HeartbeatRequest {
@@ -146,7 +128,8 @@ async fn lapsed_agents_leave_routing_and_return_on_heartbeat() {
     })
     .await
     .unwrap();
-    eventually("flaky saturated", vec!["steady".into()], routed).await;
+    // saturated
+    eventually_routed(&router, "x", &["steady"]).await;
     s.stop().await.unwrap();
 }
 
@@ -268,20 +251,8 @@ async fn registry_state_survives_a_restart_on_the_same_data_dir() {
         .agent
         .unwrap();
     assert_eq!(a.spec.unwrap().trust_score, 80);
-    eventually(
-        "restarted router routes to the stored agent",
-        vec!["durable".into()],
-        || {
-            let mut r = router.clone();
-            async move {
-                route(&mut r, "x", &[])
-                    .await
-                    .map(|x| ids(&x))
-                    .unwrap_or_default()
-            }
-        },
-    )
-    .await;
+    // the restarted router routes to the stored agent
+    eventually_routed(&router, "x", &["durable"]).await;
     s2.stop().await.unwrap();
     drop(dir);
 }

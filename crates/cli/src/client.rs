@@ -53,14 +53,31 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
 }
 
+/// Definition files (YAML or JSON) given with `-f`.
+#[derive(Args, Debug)]
+pub struct Files {
+    /// Definition file; repeat for several.
+    #[arg(short = 'f', long = "file", required = true)]
+    files: Vec<PathBuf>,
+}
+
+impl Files {
+    /// Parses every file before anything is sent, so one bad file registers nothing.
+    fn parse<T>(
+        &self,
+        read: impl Fn(&std::path::Path) -> anyhow::Result<T>,
+    ) -> anyhow::Result<Vec<T>> {
+        self.files.iter().map(|f| read(f)).collect()
+    }
+}
+
 /// `switchyard agent ...`
 #[derive(Subcommand, Debug)]
 pub enum AgentCmd {
     /// Register (or update) agents from YAML or JSON files.
     Register {
-        /// Agent file; repeat for several.
-        #[arg(short = 'f', long = "file", required = true)]
-        files: Vec<PathBuf>,
+        #[command(flatten)]
+        files: Files,
         #[command(flatten)]
         conn: Conn,
     },
@@ -109,9 +126,8 @@ pub enum AgentCmd {
 pub enum ToolCmd {
     /// Register (or update) tools from YAML or JSON files.
     Register {
-        /// Tool file; repeat for several.
-        #[arg(short = 'f', long = "file", required = true)]
-        files: Vec<PathBuf>,
+        #[command(flatten)]
+        files: Files,
         #[command(flatten)]
         conn: Conn,
     },
@@ -183,11 +199,7 @@ const AGENT_HEADERS: [&str; 6] = [
 pub async fn agent(cmd: AgentCmd) -> anyhow::Result<()> {
     match cmd {
         AgentCmd::Register { files, conn } => {
-            // Parse every file before sending anything, so a bad file registers nothing.
-            let specs = files
-                .iter()
-                .map(|f| AgentFile::read(f).and_then(AgentFile::into_spec))
-                .collect::<anyhow::Result<Vec<_>>>()?;
+            let specs = files.parse(|f| AgentFile::read(f).and_then(AgentFile::into_spec))?;
             let reg = conn.registry().await?;
             let mut out = Vec::new();
             for spec in specs {
@@ -351,10 +363,7 @@ pub async fn agent(cmd: AgentCmd) -> anyhow::Result<()> {
 pub async fn tool(cmd: ToolCmd) -> anyhow::Result<()> {
     match cmd {
         ToolCmd::Register { files, conn } => {
-            let tools = files
-                .iter()
-                .map(|f| ToolFile::read(f).and_then(ToolFile::into_tool))
-                .collect::<anyhow::Result<Vec<_>>>()?;
+            let tools = files.parse(|f| ToolFile::read(f).and_then(ToolFile::into_tool))?;
             let reg = conn.registry().await?;
             for t in tools {
                 let r = reg

@@ -17,17 +17,7 @@ fn tool(var: &str) -> String {
 #[test]
 fn python_client_generated_from_proto_registers_routes_and_reads_error_info() {
     let python = tool("SWITCHYARD_PYTHON");
-    let data = tempfile::tempdir().unwrap();
-    let dev = Proc::start(
-        &[
-            "dev",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.path().to_str().unwrap(),
-        ],
-        &[],
-    );
+    let (dev, _data) = Proc::dev(&[]);
     let root = repo_root();
     let out = Command::new(python)
         .arg(root.join("tests/python/test_client.py"))
@@ -48,17 +38,7 @@ fn python_client_generated_from_proto_registers_routes_and_reads_error_info() {
 #[test]
 fn grpcurl_lists_describes_and_invokes_through_reflection() {
     let grpcurl = tool("SWITCHYARD_GRPCURL");
-    let data = tempfile::tempdir().unwrap();
-    let dev = Proc::start(
-        &[
-            "dev",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.path().to_str().unwrap(),
-        ],
-        &[],
-    );
+    let (dev, _data) = Proc::dev(&[]);
     let run = |args: &[&str]| {
         let mut a = vec!["-plaintext"];
         a.extend_from_slice(args);

@@ -156,17 +156,7 @@ fn split_mode_registers_routes_lapses_and_survives_kill_9() {
 
 #[test]
 fn cli_errors_print_reason_and_fields_and_exit_nonzero() {
-    let data = tempfile::tempdir().unwrap();
-    let dev = Proc::start(
-        &[
-            "dev",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.path().to_str().unwrap(),
-        ],
-        &[],
-    );
+    let (dev, data) = Proc::dev(&[]);
     let bad = data.path().join("bad.yaml");
     std::fs::write(
         &bad,

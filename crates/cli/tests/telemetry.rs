@@ -60,18 +60,8 @@ async fn rpc_spans_are_exported_over_otlp_continuing_the_callers_trace() {
             ),
     );
 
-    let data = tempfile::tempdir().unwrap();
     let endpoint = format!("http://{sink_addr}");
-    let dev = Proc::start(
-        &[
-            "dev",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.path().to_str().unwrap(),
-        ],
-        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)],
-    );
+    let (dev, _data) = Proc::dev(&[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)]);
 
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent_id = "00f067aa0ba902b7";

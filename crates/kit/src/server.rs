@@ -122,14 +122,7 @@ impl Server {
     /// requests. Callers flush storage and telemetry after it returns.
     pub async fn run(self, listener: TcpListener, shutdown: Shutdown) -> Result<(), ServerError> {
         let (reporter, health) = tonic_health::server::health_reporter();
-        for name in &self.names {
-            reporter
-                .set_service_status(*name, ServingStatus::NotServing)
-                .await;
-        }
-        reporter
-            .set_service_status("", ServingStatus::NotServing)
-            .await;
+        set_all(&reporter, &self.names, ServingStatus::NotServing).await;
 
         let reflection = || {
             tonic_reflection::server::Builder::configure()
@@ -175,27 +168,13 @@ impl Server {
             );
         let mut server = tokio::spawn(server);
 
-        for name in &self.names {
-            reporter
-                .set_service_status(*name, ServingStatus::Serving)
-                .await;
-        }
-        reporter
-            .set_service_status("", ServingStatus::Serving)
-            .await;
+        set_all(&reporter, &self.names, ServingStatus::Serving).await;
 
         tokio::select! {
             r = &mut server => return flatten(r),
             _ = shutdown.wait() => {}
         }
-        for name in &self.names {
-            reporter
-                .set_service_status(*name, ServingStatus::NotServing)
-                .await;
-        }
-        reporter
-            .set_service_status("", ServingStatus::NotServing)
-            .await;
+        set_all(&reporter, &self.names, ServingStatus::NotServing).await;
         let _ = stop_tx.send(());
         match tokio::time::timeout(drain, &mut server).await {
             Ok(r) => flatten(r),
@@ -209,6 +188,18 @@ impl Server {
             }
         }
     }
+}
+
+/// Sets every hosted service, and the server as a whole (""), to `status`.
+async fn set_all(
+    reporter: &tonic_health::server::HealthReporter,
+    names: &[&'static str],
+    status: ServingStatus,
+) {
+    for name in names {
+        reporter.set_service_status(*name, status).await;
+    }
+    reporter.set_service_status("", status).await;
 }
 
 fn flatten(

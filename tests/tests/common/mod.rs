@@ -69,3 +69,19 @@ where
     }
     panic!("{what}: wanted {want:?}, last saw {last:?}");
 }
+
+/// Polls the router until `cap` routes to exactly `want`, in order (bounded: 5 s).
+pub async fn eventually_routed(router: &RouterServiceClient<Channel>, cap: &str, want: &[&str]) {
+    let want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+    eventually(&format!("route {cap}"), want, || {
+        let mut r = router.clone();
+        let cap = cap.to_owned();
+        async move {
+            route(&mut r, &cap, &[])
+                .await
+                .map(|x| ids(&x))
+                .unwrap_or_default()
+        }
+    })
+    .await;
+}

@@ -53,6 +53,23 @@ impl Proc {
         Proc { child, addr }
     }
 
+    /// `switchyard dev` on a free port with its data in a new temporary
+    /// directory (returned, so it lives as long as the caller needs it).
+    pub fn dev(env: &[(&str, &str)]) -> (Proc, tempfile::TempDir) {
+        let data = tempfile::tempdir().unwrap();
+        let p = Proc::start(
+            &[
+                "dev",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                data.path().to_str().unwrap(),
+            ],
+            env,
+        );
+        (p, data)
+    }
+
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
