@@ -176,6 +176,101 @@ fn is_decode_too_large(h: &HeaderMap) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tower::{Layer, Service};
+
+    /// An inner service that answers OK after `delay`, or with tonic's own
+    /// oversize refusal when `too_large` is set.
+    #[derive(Clone)]
+    struct Inner {
+        delay: Duration,
+        too_large: bool,
+    }
+
+    impl Service<Request<Body>> for Inner {
+        type Response = Response<Body>;
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<Response<Body>, std::convert::Infallible>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<Body>) -> Self::Future {
+            let (delay, too_large) = (self.delay, self.too_large);
+            Box::pin(async move {
+                tokio::time::sleep(delay).await;
+                Ok(if too_large {
+                    tonic::Status::out_of_range("Error, decoded message length too large: found 9 bytes, the limit is: 4 bytes")
+                        .into_http()
+                } else {
+                    tonic::Status::ok("").into_http()
+                })
+            })
+        }
+    }
+
+    fn request(correlation: Option<&str>) -> Request<Body> {
+        let mut b = Request::builder().uri("/switchyard.registry.v1.RegistryService/ListAgents");
+        if let Some(c) = correlation {
+            b = b.header(CORRELATION_HEADER, c);
+        }
+        b.body(Body::empty()).unwrap()
+    }
+
+    fn reason(resp: Response<Body>) -> (Code, Option<String>) {
+        let status = tonic::Status::from_header_map(resp.headers()).unwrap();
+        (status.code(), crate::error::ApiError::from(status).reason)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slow_requests_end_with_deadline_exceeded_and_request_timeout_reason() {
+        let layer = RpcLayer {
+            timeout: Some(Duration::from_millis(100)),
+            max_message_bytes: 4,
+        };
+        let mut svc = layer.layer(Inner {
+            delay: Duration::from_secs(5),
+            too_large: false,
+        });
+        let resp = svc.call(request(Some("slow-1"))).await.unwrap();
+        assert_eq!(
+            resp.headers()[CORRELATION_HEADER],
+            "slow-1",
+            "echoed on timeouts too"
+        );
+        assert_eq!(
+            reason(resp),
+            (Code::DeadlineExceeded, Some("REQUEST_TIMEOUT".into()))
+        );
+
+        let mut fast = layer.layer(Inner {
+            delay: Duration::from_millis(10),
+            too_large: false,
+        });
+        let resp = fast.call(request(None)).await.unwrap();
+        assert_eq!(reason(resp).0, Code::Ok);
+    }
+
+    #[tokio::test]
+    async fn oversize_refusal_becomes_resource_exhausted_with_reason() {
+        let layer = RpcLayer {
+            timeout: None,
+            max_message_bytes: 4,
+        };
+        let mut svc = layer.layer(Inner {
+            delay: Duration::ZERO,
+            too_large: true,
+        });
+        let resp = svc.call(request(None)).await.unwrap();
+        assert!(
+            resp.headers().contains_key(CORRELATION_HEADER),
+            "a correlation id is generated"
+        );
+        assert_eq!(
+            reason(resp),
+            (Code::ResourceExhausted, Some("MESSAGE_TOO_LARGE".into()))
+        );
+    }
 
     #[test]
     fn rpc_name_shortens_switchyard_services() {
