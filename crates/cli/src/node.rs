@@ -96,7 +96,8 @@ pub async fn run_node(
         };
         let router = Router::new(cfg.router.clone());
         router.spawn_sync(client, shutdown.clone());
-        server = server.add_service(router.server(max));
+        let ready = router.clone();
+        server = server.add_gated_service(router.server(max), async move { ready.ready().await });
     }
 
     let names: Vec<_> = services.iter().map(|s| s.name()).collect();

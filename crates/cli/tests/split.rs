@@ -40,6 +40,11 @@ fn split_mode_registers_routes_lapses_and_survives_kill_9() {
         &[],
     );
     let (reg, rt) = (registry.url(), router.url());
+    // the router is ready (for a readiness probe) once it has the registry's snapshot
+    wait_for("router SERVING", Duration::from_secs(10), || {
+        health(&router.addr, "switchyard.router.v1.RouterService") == SERVING
+            && health(&router.addr, "") == SERVING
+    });
 
     ok(&cli(
         &reg,
@@ -151,6 +156,35 @@ fn split_mode_registers_routes_lapses_and_survives_kill_9() {
         registry.terminate(),
         Some(0),
         "registry exits cleanly on SIGTERM"
+    );
+}
+
+#[test]
+fn router_without_a_reachable_registry_is_not_serving_and_refuses_routes() {
+    let router = Proc::start(
+        &[
+            "serve",
+            "--services",
+            "router",
+            "--listen",
+            "127.0.0.1:0",
+            "--registry-url",
+            "http://127.0.0.1:1",
+        ],
+        &[],
+    );
+    assert_eq!(
+        health(&router.addr, "switchyard.router.v1.RouterService"),
+        NOT_SERVING
+    );
+    assert_eq!(health(&router.addr, ""), NOT_SERVING);
+    let out = cli(&router.url(), &["route", "--capability", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SERVICE_UNAVAILABLE"));
+    assert_eq!(
+        router.terminate(),
+        Some(0),
+        "shuts down cleanly while still waiting for the registry"
     );
 }
 

@@ -75,7 +75,11 @@ pub struct Server {
     cfg: ServerConfig,
     routes: RoutesBuilder,
     names: Vec<&'static str>,
+    gates: Vec<(&'static str, Gate)>,
 }
+
+/// Completes when a service is ready to take traffic.
+type Gate = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 impl std::fmt::Debug for Server {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -92,6 +96,7 @@ impl Server {
             cfg,
             routes: RoutesBuilder::default(),
             names: Vec::new(),
+            gates: Vec::new(),
         }
     }
 
@@ -115,6 +120,28 @@ impl Server {
         self.names.push(S::NAME);
         self.routes.add_service(svc);
         self
+    }
+
+    /// Like [`Server::add_service`], but health reports the service (and the
+    /// server as a whole) NOT_SERVING until `ready` completes — for services
+    /// that need state from elsewhere before they can answer, such as a router
+    /// waiting for its first registry snapshot.
+    pub fn add_gated_service<S>(
+        mut self,
+        svc: S,
+        ready: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Self
+    where
+        S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
+            + NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        self.gates.push((S::NAME, Box::pin(ready)));
+        self.add_service(svc)
     }
 
     /// Serves on `listener` until `shutdown` fires, then reports NOT_SERVING,
@@ -168,12 +195,45 @@ impl Server {
             );
         let mut server = tokio::spawn(server);
 
-        set_all(&reporter, &self.names, ServingStatus::Serving).await;
+        // Ungated services serve at once; gated ones, and the server as a
+        // whole, once their gates open.
+        let gated: Vec<&'static str> = self.gates.iter().map(|(n, _)| *n).collect();
+        for name in self.names.iter().filter(|n| !gated.contains(n)) {
+            reporter
+                .set_service_status(*name, ServingStatus::Serving)
+                .await;
+        }
+        let opener = {
+            let reporter = reporter.clone();
+            let shutdown = shutdown.clone();
+            let gates = self.gates;
+            tokio::spawn(async move {
+                let open = async {
+                    for (name, gate) in gates {
+                        gate.await;
+                        reporter
+                            .set_service_status(name, ServingStatus::Serving)
+                            .await;
+                    }
+                    reporter
+                        .set_service_status("", ServingStatus::Serving)
+                        .await;
+                };
+                tokio::select! {
+                    _ = open => {}
+                    _ = shutdown.wait() => {}
+                }
+            })
+        };
 
         tokio::select! {
-            r = &mut server => return flatten(r),
+            r = &mut server => {
+                opener.abort();
+                return flatten(r);
+            }
             _ = shutdown.wait() => {}
         }
+        let _ = opener.await;
         set_all(&reporter, &self.names, ServingStatus::NotServing).await;
         let _ = stop_tx.send(());
         match tokio::time::timeout(drain, &mut server).await {

@@ -152,3 +152,31 @@ pub fn routed(url: &str, extra: &[&str]) -> Option<Vec<String>> {
             .collect(),
     )
 }
+
+/// The `grpc.health.v1` status of `service` ("" for the whole server), as
+/// the Kubernetes gRPC probe sees it; `None` when the check itself fails.
+pub fn health(addr: &str, service: &str) -> Option<i32> {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .ok()?
+            .connect()
+            .await
+            .ok()?;
+        let mut c = HealthClient::new(ch);
+        let r = c
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .ok()?;
+        Some(r.into_inner().status)
+    })
+}
+
+pub const SERVING: Option<i32> = Some(1);
+pub const NOT_SERVING: Option<i32> = Some(2);
