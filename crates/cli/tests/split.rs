@@ -178,6 +178,11 @@ fn router_without_a_reachable_registry_is_not_serving_and_refuses_routes() {
         NOT_SERVING
     );
     assert_eq!(health(&router.addr, ""), NOT_SERVING);
+    assert_eq!(
+        health(&router.addr, "liveness"),
+        SERVING,
+        "alive, so a liveness probe must not restart it"
+    );
     let out = cli(&router.url(), &["route", "--capability", "x"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("SERVICE_UNAVAILABLE"));

@@ -41,6 +41,11 @@ impl Default for ServerConfig {
     }
 }
 
+/// Health service name that reports SERVING while the process runs, whatever
+/// the readiness of the services it hosts (use it for liveness probes; use the
+/// service names or `""` for readiness).
+pub const LIVENESS: &str = "liveness";
+
 /// Errors starting or running a server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -195,6 +200,11 @@ impl Server {
             );
         let mut server = tokio::spawn(server);
 
+        // `liveness` means "this process is up": for liveness probes, which
+        // must not restart a process that is only waiting on a dependency.
+        reporter
+            .set_service_status(LIVENESS, ServingStatus::Serving)
+            .await;
         // Ungated services serve at once; gated ones, and the server as a
         // whole, once their gates open.
         let gated: Vec<&'static str> = self.gates.iter().map(|(n, _)| *n).collect();

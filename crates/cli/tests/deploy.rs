@@ -1,0 +1,146 @@
+//! The deployment files stay true to the binary: every container's arguments
+//! are accepted by `switchyard` (checked with `--dump-config`), ports, probes
+//! and Service targets agree, probes ask for the services the container
+//! hosts, and the router's registry URL names the registry's Service.
+
+mod support;
+
+use serde_json::Value;
+use support::*;
+
+fn manifests() -> Vec<Value> {
+    let dir = repo_root().join("deploy/k8s");
+    let kustomization: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap())
+            .unwrap();
+    kustomization["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            serde_saphyr::from_str(&std::fs::read_to_string(dir.join(f.as_str().unwrap())).unwrap())
+                .unwrap()
+        })
+        .collect()
+}
+
+/// The effective configuration for `args`, as the binary computes it.
+fn dump_config(args: &[String]) -> toml::Table {
+    let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
+    a.push("--dump-config");
+    let out = std::process::Command::new(BIN).args(&a).output().unwrap();
+    assert!(
+        out.status.success(),
+        "switchyard {a:?} refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    toml::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap()
+}
+
+fn proto_service(role: &str) -> String {
+    format!(
+        "switchyard.{role}.v1.{}Service",
+        role[..1].to_uppercase() + &role[1..]
+    )
+}
+
+#[test]
+fn kubernetes_workloads_match_the_binary_and_each_other() {
+    let all = manifests();
+    let services: Vec<&Value> = all.iter().filter(|m| m["kind"] == "Service").collect();
+    let workloads: Vec<&Value> = all
+        .iter()
+        .filter(|m| m["kind"] == "Deployment" || m["kind"] == "StatefulSet")
+        .collect();
+    assert_eq!(workloads.len(), 2);
+
+    for w in workloads {
+        let name = w["metadata"]["name"].as_str().unwrap();
+        let c = &w["spec"]["template"]["spec"]["containers"][0];
+        let args: Vec<String> = c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect();
+        let cfg = dump_config(&args);
+
+        let port = c["ports"][0]["containerPort"].as_i64().unwrap();
+        let listen = cfg["server"]["listen"].as_str().unwrap();
+        assert_eq!(
+            listen,
+            format!("0.0.0.0:{port}"),
+            "{name}: listens on its container port"
+        );
+        assert_eq!(
+            c["readinessProbe"]["grpc"]["port"].as_i64(),
+            Some(port),
+            "{name}"
+        );
+        assert_eq!(
+            c["livenessProbe"]["grpc"]["port"].as_i64(),
+            Some(port),
+            "{name}"
+        );
+        assert_eq!(
+            c["livenessProbe"]["grpc"]["service"], "liveness",
+            "{name}: liveness must not depend on readiness"
+        );
+
+        let roles = &args[args.iter().position(|a| a == "--services").unwrap() + 1];
+        let ready_on = c["readinessProbe"]["grpc"]["service"].as_str().unwrap();
+        assert!(
+            roles.split(',').any(|r| proto_service(r) == ready_on),
+            "{name}: readiness probes {ready_on}, hosts {roles}"
+        );
+
+        // a Service selects this workload and targets its port
+        let labels = &w["spec"]["template"]["metadata"]["labels"];
+        let svc = services
+            .iter()
+            .find(|s| {
+                s["spec"]["selector"]
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .all(|(k, v)| &labels[k] == v)
+            })
+            .unwrap_or_else(|| panic!("no Service selects {name}"));
+        assert_eq!(
+            svc["spec"]["ports"][0]["targetPort"], c["ports"][0]["name"],
+            "{name}"
+        );
+
+        if let Some(url) = cfg["router"].get("registry_url").and_then(|u| u.as_str()) {
+            let hostport = url.trim_start_matches("http://");
+            let (host, port) = hostport.split_once(':').unwrap();
+            let reg = services
+                .iter()
+                .find(|s| s["metadata"]["name"] == host)
+                .unwrap_or_else(|| panic!("{name}: no Service {host}"));
+            assert_eq!(
+                reg["spec"]["ports"][0]["port"]
+                    .as_i64()
+                    .unwrap()
+                    .to_string(),
+                port
+            );
+        }
+    }
+}
+
+#[test]
+fn container_image_default_command_is_accepted() {
+    let dockerfile = std::fs::read_to_string(repo_root().join("deploy/Dockerfile")).unwrap();
+    let cmd = dockerfile
+        .lines()
+        .find_map(|l| l.strip_prefix("CMD "))
+        .expect("a CMD line");
+    let args: Vec<String> = serde_json::from_str(cmd).unwrap();
+    let cfg = dump_config(&args);
+    assert_eq!(cfg["server"]["listen"].as_str(), Some("0.0.0.0:7600"));
+    assert_eq!(
+        cfg["storage"]["data_dir"].as_str(),
+        Some("/var/lib/switchyard")
+    );
+}
