@@ -3,6 +3,8 @@
 //! and Service targets agree, probes ask for the services the container
 //! hosts, and the router's registry URL names the registry's Service.
 
+#![allow(clippy::unwrap_used)] // test helpers: a failed read is a failed test
+
 mod support;
 
 use serde_json::Value;
