@@ -11,6 +11,7 @@
 //! - [`config`]: defaults → TOML file → `SWITCHYARD_*` env layering.
 //! - [`telemetry`]: logs (human or JSON) and OTLP trace export.
 //! - [`shutdown`]: SIGINT/SIGTERM handling shared by every binary.
+//! - [`json`], [`time`]: protobuf `Struct`/`Timestamp`/`Duration` conversions.
 
 pub mod client;
 pub mod config;

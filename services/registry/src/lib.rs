@@ -809,7 +809,3 @@ switchyard_kit::service_client! {
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-type BoxWatch =
-    std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<WatchResponse, Status>> + Send>>;

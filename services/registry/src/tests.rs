@@ -3,6 +3,9 @@ use futures_util::StreamExt;
 use switchyard_core::ManualClock;
 use switchyard_kit::error::ApiError;
 
+type BoxWatch =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<WatchResponse, Status>> + Send>>;
+
 fn spec(id: &str, caps: &[&str]) -> AgentSpec {
     AgentSpec {
         id: id.into(),
@@ -370,7 +373,7 @@ async fn tools_need_valid_schema_and_cannot_be_removed_while_used() {
     assert_eq!(err.violations[0].field, "tool.parameters");
 }
 
-async fn watch(reg: &Registry, start: u64, epoch: &str) -> crate::BoxWatch {
+async fn watch(reg: &Registry, start: u64, epoch: &str) -> BoxWatch {
     Box::pin(
         reg.watch(Request::new(WatchRequest {
             start_revision: start,
@@ -382,7 +385,7 @@ async fn watch(reg: &Registry, start: u64, epoch: &str) -> crate::BoxWatch {
     )
 }
 
-async fn next(s: &mut crate::BoxWatch) -> WatchResponse {
+async fn next(s: &mut BoxWatch) -> WatchResponse {
     tokio::time::timeout(Duration::from_secs(5), s.next())
         .await
         .expect("watch event in time")
