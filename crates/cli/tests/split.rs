@@ -15,18 +15,16 @@ fn split_mode_registers_routes_lapses_and_survives_kill_9() {
         ("SWITCHYARD_REGISTRY__LEASE_TTL_SECS", "2"),
         ("SWITCHYARD_REGISTRY__SWEEP_INTERVAL_MS", "100"),
     ];
-    let registry = Proc::start(
-        &[
-            "serve",
-            "--services",
-            "registry",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data_dir,
-        ],
-        &fast_leases,
-    );
+    let registry_args = [
+        "serve",
+        "--services",
+        "registry",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data_dir,
+    ];
+    let registry = Proc::start(&registry_args, &fast_leases);
     let router = Proc::start(
         &[
             "serve",
@@ -122,18 +120,7 @@ fn split_mode_registers_routes_lapses_and_survives_kill_9() {
 
     // kill -9 the registry: every acknowledged registration is on disk
     registry.kill9();
-    let registry = Proc::start(
-        &[
-            "serve",
-            "--services",
-            "registry",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data_dir,
-        ],
-        &[],
-    );
+    let registry = Proc::start(&registry_args, &[]);
     let got = ok(&cli(
         &registry.url(),
         &["agent", "get", "pdf_extractor", "-o", "json"],

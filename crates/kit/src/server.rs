@@ -75,6 +75,35 @@ pub async fn bind(cfg: &ServerConfig) -> Result<TcpListener, ServerError> {
         })
 }
 
+/// A generated tonic server that can be mounted on a [`Server`].
+pub trait GrpcService:
+    tower::Service<
+        http::Request<Body>,
+        Response = http::Response<Body>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + NamedService
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> GrpcService for S where
+    S: tower::Service<
+            http::Request<Body>,
+            Response = http::Response<Body>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// Services to serve on one port.
 pub struct Server {
     cfg: ServerConfig,
@@ -112,16 +141,7 @@ impl Server {
 
     /// Adds a generated tonic server (already sized with
     /// [`ServerConfig::max_message_bytes`]).
-    pub fn add_service<S>(mut self, svc: S) -> Self
-    where
-        S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
-            + NamedService
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        S::Future: Send + 'static,
-    {
+    pub fn add_service<S: GrpcService>(mut self, svc: S) -> Self {
         self.names.push(S::NAME);
         self.routes.add_service(svc);
         self
@@ -131,20 +151,11 @@ impl Server {
     /// server as a whole) NOT_SERVING until `ready` completes — for services
     /// that need state from elsewhere before they can answer, such as a router
     /// waiting for its first registry snapshot.
-    pub fn add_gated_service<S>(
+    pub fn add_gated_service<S: GrpcService>(
         mut self,
         svc: S,
         ready: impl std::future::Future<Output = ()> + Send + 'static,
-    ) -> Self
-    where
-        S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
-            + NamedService
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        S::Future: Send + 'static,
-    {
+    ) -> Self {
         self.gates.push((S::NAME, Box::pin(ready)));
         self.add_service(svc)
     }
