@@ -2,6 +2,8 @@
 //! status per service, and server reflection (v1 and v1alpha) that lists and
 //! describes the contracts.
 
+#![allow(clippy::unwrap_used)] // test helpers: a failed call is a failed test
+
 use prost::Message;
 use switchyard_cli::ServiceKind;
 use switchyard_testkit::Stack;
@@ -10,12 +12,50 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
+/// Service names advertised by reflection (v1), excluding reflection itself, sorted.
+async fn reflected_services(s: &Stack) -> Vec<String> {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    let mut c = ServerReflectionClient::new(s.channel().await.unwrap());
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = c
+        .server_reflection_info(tokio_stream::iter(vec![req]))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(MessageResponse::ListServicesResponse(list)) =
+        stream.next().await.unwrap().unwrap().message_response
+    else {
+        panic!("expected a service list");
+    };
+    let mut names: Vec<String> = list
+        .service
+        .into_iter()
+        .map(|s| s.name)
+        .filter(|n| !n.starts_with("grpc.reflection."))
+        .collect();
+    names.sort();
+    names
+}
+
 #[tokio::test]
 async fn health_reports_each_hosted_service() {
     let s = Stack::start_with(&[ServiceKind::Registry], |_| {})
         .await
         .unwrap();
     let mut h = HealthClient::new(s.channel().await.unwrap());
+    assert_eq!(
+        reflected_services(&s).await,
+        [
+            "grpc.health.v1.Health",
+            "switchyard.registry.v1.RegistryService"
+        ]
+    );
     let check = |svc: &str| HealthCheckRequest {
         service: svc.into(),
     };
@@ -70,6 +110,10 @@ async fn reflection_v1_lists_services_and_describes_a_method() {
         panic!("expected a service list");
     };
     let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
+    assert!(
+        !names.contains(&"switchyard.ledger.v1.LedgerService"),
+        "only hosted services are advertised: {names:?}"
+    );
     for want in [
         "switchyard.registry.v1.RegistryService",
         "switchyard.router.v1.RouterService",

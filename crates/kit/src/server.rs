@@ -167,13 +167,19 @@ impl Server {
         let (reporter, health) = tonic_health::server::health_reporter();
         set_all(&reporter, &self.names, ServingStatus::NotServing).await;
 
+        // Every descriptor is registered (so messages and error details
+        // resolve), but only the services this process hosts are advertised.
         let reflection = || {
-            tonic_reflection::server::Builder::configure()
+            let builder = tonic_reflection::server::Builder::configure()
                 .register_encoded_file_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET)
                 .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
                 // google.rpc error details, so reflection clients (grpcurl)
                 // can decode the ErrorInfo and BadRequest we attach.
                 .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
+                .with_service_name("grpc.health.v1.Health");
+            self.names
+                .iter()
+                .fold(builder, |b, name| b.with_service_name(*name))
         };
         let refl_v1 = reflection()
             .build_v1()
