@@ -85,33 +85,11 @@ async fn reflection_v1_lists_services_and_describes_a_method() {
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
     let s = Stack::start().await.unwrap();
-    let mut c = ServerReflectionClient::new(s.channel().await.unwrap());
-    let reqs = vec![
-        ServerReflectionRequest {
-            host: String::new(),
-            message_request: Some(MessageRequest::ListServices(String::new())),
-        },
-        ServerReflectionRequest {
-            host: String::new(),
-            message_request: Some(MessageRequest::FileContainingSymbol(
-                "switchyard.router.v1.RouterService.Route".into(),
-            )),
-        },
-    ];
-    let mut stream = c
-        .server_reflection_info(tokio_stream::iter(reqs))
-        .await
-        .unwrap()
-        .into_inner();
-
-    let Some(MessageResponse::ListServicesResponse(list)) =
-        stream.next().await.unwrap().unwrap().message_response
-    else {
-        panic!("expected a service list");
-    };
-    let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
+    let names = reflected_services(&s).await;
     assert!(
-        !names.contains(&"switchyard.ledger.v1.LedgerService"),
+        !names
+            .iter()
+            .any(|n| n == "switchyard.ledger.v1.LedgerService"),
         "only hosted services are advertised: {names:?}"
     );
     for want in [
@@ -119,9 +97,24 @@ async fn reflection_v1_lists_services_and_describes_a_method() {
         "switchyard.router.v1.RouterService",
         "grpc.health.v1.Health",
     ] {
-        assert!(names.contains(&want), "{want} missing from {names:?}");
+        assert!(
+            names.iter().any(|n| n == want),
+            "{want} missing from {names:?}"
+        );
     }
 
+    let mut c = ServerReflectionClient::new(s.channel().await.unwrap());
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::FileContainingSymbol(
+            "switchyard.router.v1.RouterService.Route".into(),
+        )),
+    };
+    let mut stream = c
+        .server_reflection_info(tokio_stream::iter(vec![req]))
+        .await
+        .unwrap()
+        .into_inner();
     let Some(MessageResponse::FileDescriptorResponse(fd)) =
         stream.next().await.unwrap().unwrap().message_response
     else {

@@ -7,6 +7,22 @@ mod support;
 use std::time::Duration;
 use support::*;
 
+/// `switchyard serve --services router` on a free port, watching `registry_url`.
+fn start_router(registry_url: &str) -> Proc {
+    Proc::start(
+        &[
+            "serve",
+            "--services",
+            "router",
+            "--listen",
+            "127.0.0.1:0",
+            "--registry-url",
+            registry_url,
+        ],
+        &[],
+    )
+}
+
 #[test]
 fn split_mode_registers_routes_lapses_and_survives_kill_9() {
     let data = tempfile::tempdir().unwrap();
@@ -25,18 +41,7 @@ fn split_mode_registers_routes_lapses_and_survives_kill_9() {
         data_dir,
     ];
     let registry = Proc::start(&registry_args, &fast_leases);
-    let router = Proc::start(
-        &[
-            "serve",
-            "--services",
-            "router",
-            "--listen",
-            "127.0.0.1:0",
-            "--registry-url",
-            &registry.url(),
-        ],
-        &[],
-    );
+    let router = start_router(&registry.url());
     let (reg, rt) = (registry.url(), router.url());
     // the router is ready (for a readiness probe) once it has the registry's snapshot
     wait_for("router SERVING", Duration::from_secs(10), || {
@@ -148,18 +153,7 @@ fn split_mode_registers_routes_lapses_and_survives_kill_9() {
 
 #[test]
 fn router_without_a_reachable_registry_is_not_serving_and_refuses_routes() {
-    let router = Proc::start(
-        &[
-            "serve",
-            "--services",
-            "router",
-            "--listen",
-            "127.0.0.1:0",
-            "--registry-url",
-            "http://127.0.0.1:1",
-        ],
-        &[],
-    );
+    let router = start_router("http://127.0.0.1:1");
     assert_eq!(
         health(&router.addr, "switchyard.router.v1.RouterService"),
         NOT_SERVING

@@ -41,30 +41,20 @@ impl Entry {
 
     /// Stats for a capability, created on first use.
     pub fn stats_mut(&mut self, capability: &str) -> &mut CapabilityStats {
-        let pos = self
-            .agent
-            .stats
-            .iter()
-            .position(|s| s.capability == capability);
-        match pos {
-            Some(i) => &mut self.agent.stats[i],
-            None => {
-                self.agent.stats.push(CapabilityStats {
+        let stats = &mut self.agent.stats;
+        // Kept sorted by capability, so one search finds or places it.
+        let i = match stats.binary_search_by(|s| s.capability.as_str().cmp(capability)) {
+            Ok(i) => i,
+            Err(i) => {
+                let fresh = CapabilityStats {
                     capability: capability.to_owned(),
                     ..Default::default()
-                });
-                self.agent
-                    .stats
-                    .sort_by(|a, b| a.capability.cmp(&b.capability));
-                let i = self
-                    .agent
-                    .stats
-                    .iter()
-                    .position(|s| s.capability == capability)
-                    .unwrap_or(0);
-                &mut self.agent.stats[i]
+                };
+                stats.insert(i, fresh);
+                i
             }
-        }
+        };
+        &mut stats[i]
     }
 
     pub fn capabilities(&self) -> impl Iterator<Item = &str> {
