@@ -3,11 +3,12 @@
 //! Every service and the CLI call into this crate for the rules that must be the
 //! same everywhere: the error-reason catalogue clients branch on ([`reason`]),
 //! input validation with field violations ([`validate`]), the AITP routing score
-//! ([`routing`]) and time as an injectable clock ([`clock`]).
+//! ([`routing`]), the AgentRunSpec state machine ([`run`]) and time as an injectable clock ([`clock`]).
 
 pub mod clock;
 pub mod reason;
 pub mod routing;
+pub mod run;
 pub mod validate;
 
 pub use clock::{Clock, ManualClock, SystemClock};

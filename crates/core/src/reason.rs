@@ -71,6 +71,38 @@ reasons! {
     BudgetExceeded => "BUDGET_EXCEEDED",
     /// The work needs an approved run first.
     ApprovalRequired => "APPROVAL_REQUIRED",
+    /// The named budget does not exist.
+    BudgetNotFound => "BUDGET_NOT_FOUND",
+    /// A budget with this id exists with different settings.
+    BudgetAlreadyExists => "BUDGET_ALREADY_EXISTS",
+    /// The budget (or an ancestor) is closed to new reservations and children.
+    BudgetClosed => "BUDGET_CLOSED",
+    /// The named reservation does not exist.
+    ReservationNotFound => "RESERVATION_NOT_FOUND",
+    /// The reservation was already committed, released or expired.
+    ReservationNotOpen => "RESERVATION_NOT_OPEN",
+    /// An idempotency key was reused with different arguments.
+    IdempotencyKeyReused => "IDEMPOTENCY_KEY_REUSED",
+    /// The model or agent has no entry in the price catalogue.
+    ModelNotPriced => "MODEL_NOT_PRICED",
+    /// The named run does not exist.
+    RunNotFound => "RUN_NOT_FOUND",
+    /// A run with this id exists with a different spec.
+    RunAlreadyExists => "RUN_ALREADY_EXISTS",
+    /// The run is in a terminal status; nothing moves it any more.
+    RunTerminal => "RUN_TERMINAL",
+    /// The run is already in the requested status.
+    RunAlreadyInStatus => "RUN_ALREADY_IN_STATUS",
+    /// The run's retry is scheduled later (`next_attempt_at`).
+    RunNotDue => "RUN_NOT_DUE",
+    /// The caller does not hold the run's claim (other worker, or it expired).
+    ClaimNotHeld => "CLAIM_NOT_HELD",
+    /// The approver is the run's creator; someone else must approve.
+    SeparationOfDuties => "SEPARATION_OF_DUTIES",
+    /// The request has no `x-switchyard-actor`; the action needs an actor.
+    ActorRequired => "ACTOR_REQUIRED",
+    /// The imported result was produced against another context pack.
+    ContextHashMismatch => "CONTEXT_HASH_MISMATCH",
     /// An internal invariant broke; a bug.
     Internal => "INTERNAL",
 }

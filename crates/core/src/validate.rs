@@ -139,6 +139,26 @@ pub fn endpoint(s: &str) -> Result<(), String> {
     }
 }
 
+/// Keys chosen by clients (budget and run ids, idempotency keys, worker ids):
+/// 1–128 characters of `[A-Za-z0-9._:/@-]`, starting with a letter, digit or `@`
+/// (`org/acme`, `job:0193…`, `@you`).
+pub fn key(s: &str, what: &str) -> Result<(), String> {
+    let mut chars = s.chars();
+    let ok = matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric() || c == '@')
+        && chars
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '/' | '@' | '-'))
+        && s.len() <= 128;
+    if ok {
+        Ok(())
+    } else if s.is_empty() {
+        Err(format!("{what} is required"))
+    } else {
+        Err(format!(
+            "{what} {s:?} must be 1-128 characters of [A-Za-z0-9._:/@-], starting with a letter, digit or @"
+        ))
+    }
+}
+
 /// A value in `[lo, hi]`; NaN is rejected.
 pub fn in_range(v: f64, lo: f64, hi: f64, what: &str) -> Result<(), String> {
     if v >= lo && v <= hi {
@@ -151,6 +171,20 @@ pub fn in_range(v: f64, lo: f64, hi: f64, what: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_allow_paths_and_colons_but_not_spaces_or_empty() {
+        for ok in ["org/acme", "job:0193", "@you", "a", &"k".repeat(128)] {
+            assert!(key(ok, "budget id").is_ok(), "{ok}");
+        }
+        assert_eq!(key("", "budget id").unwrap_err(), "budget id is required");
+        for bad in ["-x", "a b", "é", "/x", &"k".repeat(129)] {
+            assert!(
+                key(bad, "budget id").unwrap_err().contains("must be"),
+                "{bad}"
+            );
+        }
+    }
 
     #[test]
     fn agent_id_accepts_the_pattern_and_its_longest_form() {

@@ -5,15 +5,18 @@
 //! type appears in this crate's public API, so a Postgres implementation can
 //! take its place later. Writes become durable only through [`Store::sync`],
 //! which group-commits: every caller waiting at the same time shares one flush,
-//! so throughput does not collapse to one fsync per request.
+//! so throughput does not collapse to one fsync per request. A [`Log`] is an
+//! append-only, sequence-numbered tree with a durable watermark readers tail.
 
 mod group_commit;
+mod log;
 
 use std::marker::PhantomData;
 use std::path::Path;
 use std::sync::Arc;
 
 use group_commit::GroupCommit;
+pub use log::Log;
 
 /// Storage errors. The operation they come from was not applied (or, for
 /// [`Store::sync`], not made durable).

@@ -1,0 +1,1380 @@
+//! The Switchyard ledger: hierarchical budgets (org → project → job), atomic
+//! reservations across a budget's whole ancestor chain, and the append-only
+//! cost journal. Tokens are `u64` and money is micro-USD (`i64`): no floats.
+//!
+//! Called by the executor (reserve before every call that spends, commit the
+//! actual usage after) and by operators through the CLI. Every mutation is a
+//! journal record; balances are the replay of the journal ([`books`]), and a
+//! Reserve or Commit is acknowledged only once its record is durable (group
+//! commit: concurrent callers share one flush).
+
+mod books;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use switchyard_core::{Clock, Reason, Violations};
+use switchyard_kit::error::{invalid_argument, status_with_metadata};
+use switchyard_kit::shutdown::Shutdown;
+use switchyard_kit::time::{duration_ms, timestamp};
+use switchyard_proto::common::v1::{CorrelationContext, Event, UnitPrice};
+use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
+use switchyard_proto::ledger::v1::ledger_service_server::{LedgerService, LedgerServiceServer};
+use switchyard_proto::ledger::v1::*;
+use switchyard_store::{Log, Store, StoreError};
+use tonic::{Code, Request, Response, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use books::{Books, Settled, micro, money};
+
+/// Prices of one model or agent, per million units, in micro-USD.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct PriceConfig {
+    /// Micro-USD per million input (prompt) tokens: $2.50/M = 2500000.
+    pub input_micro_usd_per_million: i64,
+    /// Micro-USD per million output (completion) tokens.
+    pub output_micro_usd_per_million: i64,
+}
+
+/// `[ledger]` configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LedgerConfig {
+    /// TTL of a reservation that does not ask for one.
+    pub default_ttl_secs: u64,
+    /// Longest TTL a reservation may ask for.
+    pub max_ttl_secs: u64,
+    /// How often expired reservations are released, ms.
+    pub sweep_interval_ms: u64,
+    /// The price catalogue: `[ledger.prices."gpt-4o-mini"]`.
+    pub prices: BTreeMap<String, PriceConfig>,
+}
+
+impl Default for LedgerConfig {
+    fn default() -> Self {
+        Self {
+            default_ttl_secs: 300,
+            max_ttl_secs: 86_400,
+            sweep_interval_ms: 1_000,
+            prices: BTreeMap::new(),
+        }
+    }
+}
+
+impl LedgerConfig {
+    /// Checks the configuration.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.default_ttl_secs == 0 || self.default_ttl_secs > self.max_ttl_secs {
+            return Err("ledger.default_ttl_secs must be > 0 and <= ledger.max_ttl_secs".into());
+        }
+        if self.sweep_interval_ms == 0 {
+            return Err("ledger.sweep_interval_ms must be > 0".into());
+        }
+        for (model, p) in &self.prices {
+            if p.input_micro_usd_per_million < 0 || p.output_micro_usd_per_million < 0 {
+                return Err(format!(
+                    "ledger.prices.{model}: prices must not be negative"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Largest token count or micro-USD amount one request may carry; keeps every
+/// sum far from overflow.
+pub const MAX_AMOUNT: u64 = 1_000_000_000_000_000;
+
+/// Why a reservation did not fit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// Budget the reservation was made on.
+    pub budget_id: String,
+    /// The budget (itself or an ancestor) whose limit refused it.
+    pub refused_by: String,
+    /// `tokens` or `cost`.
+    pub dimension: &'static str,
+    /// Tokens asked for.
+    pub tokens: u64,
+    /// Micro-USD asked for.
+    pub cost: i64,
+    /// What the refusing budget has left, `None` when unlimited.
+    pub tokens_remaining: Option<u64>,
+    /// What the refusing budget has left, `None` when unlimited.
+    pub cost_remaining: Option<i64>,
+}
+
+fn or_unlimited<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "unlimited".into(), |v| v.to_string())
+}
+
+/// Ledger failures; each maps to one gRPC status in `From<LedgerError>`.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// The request has invalid fields.
+    #[error("invalid request: {0}")]
+    Invalid(Violations),
+    /// No such budget.
+    #[error("budget {0:?} does not exist")]
+    BudgetNotFound(String),
+    /// The id is taken by a budget with other settings.
+    #[error("budget {0:?} already exists with different parent, limits or labels")]
+    BudgetExists(String),
+    /// The budget or an ancestor is closed.
+    #[error("budget {closed:?} is closed{}", if .closed == .budget_id { String::new() } else { format!(" (an ancestor of {:?})", .budget_id) })]
+    Closed {
+        /// Budget asked for.
+        budget_id: String,
+        /// The closed one.
+        closed: String,
+    },
+    /// The reservation does not fit.
+    #[error(
+        "budget {:?} cannot hold {} tokens and {} micro-USD: {} tokens and {} micro-USD remain{}",
+        .0.refused_by, .0.tokens, .0.cost,
+        or_unlimited(.0.tokens_remaining), or_unlimited(.0.cost_remaining),
+        if .0.refused_by == .0.budget_id { String::new() } else { format!(" (an ancestor of {:?})", .0.budget_id) }
+    )]
+    Exceeded(Box<Refusal>),
+    /// No such reservation.
+    #[error("reservation {0:?} does not exist")]
+    ReservationNotFound(String),
+    /// The reservation was settled already.
+    #[error("reservation {id:?} is already {state}")]
+    ReservationNotOpen {
+        /// Reservation id.
+        id: String,
+        /// committed, released or expired.
+        state: &'static str,
+    },
+    /// An idempotency key was used before with other arguments.
+    #[error("idempotency key {key:?} was already used for a {what} with different arguments")]
+    KeyReused {
+        /// The key.
+        key: String,
+        /// What it was used for.
+        what: &'static str,
+    },
+    /// The model has no price.
+    #[error("model {0:?} is not in the price catalogue")]
+    NotPriced(String),
+    /// Storage failed; nothing was acknowledged.
+    #[error("storage failed: {0}")]
+    Storage(#[from] StoreError),
+}
+
+impl From<LedgerError> for Status {
+    fn from(e: LedgerError) -> Status {
+        let msg = e.to_string();
+        let md = |pairs: &[(&str, String)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                .collect::<HashMap<_, _>>()
+        };
+        match e {
+            LedgerError::Invalid(v) => invalid_argument(Reason::InvalidArgument, &v),
+            LedgerError::BudgetNotFound(id) => status_with_metadata(
+                Code::NotFound,
+                Reason::BudgetNotFound,
+                msg,
+                md(&[("budget_id", id)]),
+            ),
+            LedgerError::BudgetExists(id) => status_with_metadata(
+                Code::AlreadyExists,
+                Reason::BudgetAlreadyExists,
+                msg,
+                md(&[("budget_id", id)]),
+            ),
+            LedgerError::Closed { budget_id, closed } => status_with_metadata(
+                Code::FailedPrecondition,
+                Reason::BudgetClosed,
+                msg,
+                md(&[("budget_id", budget_id), ("closed_budget_id", closed)]),
+            ),
+            LedgerError::Exceeded(r) => {
+                let metadata = md(&[
+                    ("budget_id", r.budget_id.clone()),
+                    ("refused_by", r.refused_by.clone()),
+                    ("dimension", r.dimension.to_owned()),
+                    ("tokens_requested", r.tokens.to_string()),
+                    ("cost_requested_micro_usd", r.cost.to_string()),
+                    ("tokens_remaining", or_unlimited(r.tokens_remaining)),
+                    ("cost_remaining_micro_usd", or_unlimited(r.cost_remaining)),
+                ]);
+                let mut details = ErrorDetails::with_error_info(
+                    Reason::BudgetExceeded.as_str(),
+                    switchyard_core::reason::DOMAIN,
+                    metadata,
+                );
+                details
+                    .add_quota_failure_violation(format!("budget:{}", r.refused_by), msg.clone());
+                Status::with_error_details(Code::ResourceExhausted, msg, details)
+            }
+            LedgerError::ReservationNotFound(id) => status_with_metadata(
+                Code::NotFound,
+                Reason::ReservationNotFound,
+                msg,
+                md(&[("reservation_id", id)]),
+            ),
+            LedgerError::ReservationNotOpen { id, state } => status_with_metadata(
+                Code::FailedPrecondition,
+                Reason::ReservationNotOpen,
+                msg,
+                md(&[("reservation_id", id), ("state", state.to_owned())]),
+            ),
+            LedgerError::KeyReused { key, .. } => status_with_metadata(
+                Code::AlreadyExists,
+                Reason::IdempotencyKeyReused,
+                msg,
+                md(&[("idempotency_key", key)]),
+            ),
+            LedgerError::NotPriced(model) => status_with_metadata(
+                Code::NotFound,
+                Reason::ModelNotPriced,
+                msg,
+                md(&[("model", model)]),
+            ),
+            LedgerError::Storage(_) => {
+                switchyard_kit::error::status(Code::Unavailable, Reason::StorageFailure, msg)
+            }
+        }
+    }
+}
+
+fn invalid(field: &str, description: impl Into<String>) -> LedgerError {
+    let mut v = Violations::new();
+    v.add(field, description);
+    LedgerError::Invalid(v)
+}
+
+fn amount(v: &mut Violations, field: &str, n: u64) {
+    if n > MAX_AMOUNT {
+        v.add(field, format!("must be at most {MAX_AMOUNT}"));
+    }
+}
+
+fn money_amount(v: &mut Violations, field: &str, m: Option<&switchyard_proto::common::v1::Money>) {
+    let n = micro(m);
+    if n < 0 {
+        v.add(field, "must not be negative");
+    } else {
+        amount(v, field, n.unsigned_abs());
+    }
+}
+
+/// Rounds `units × price` up to a whole micro-USD.
+pub fn charge(units: u64, price: &UnitPrice) -> i64 {
+    let p = i128::from(price.micro_usd_per_million.max(0));
+    let total = (i128::from(units) * p + 999_999) / 1_000_000;
+    i64::try_from(total).unwrap_or(i64::MAX)
+}
+
+struct Inner {
+    cfg: LedgerConfig,
+    clock: Arc<dyn Clock>,
+    books: Mutex<Books>,
+    journal: Log<JournalRecord>,
+    store: Store,
+    shutdown: Shutdown,
+}
+
+/// The ledger service. Cheap to clone; all clones share state.
+#[derive(Clone)]
+pub struct Ledger {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger").finish_non_exhaustive()
+    }
+}
+
+const PAGE_DEFAULT: usize = 100;
+const PAGE_MAX: usize = 1000;
+
+fn page_size(n: u32) -> usize {
+    match n as usize {
+        0 => PAGE_DEFAULT,
+        n => n.min(PAGE_MAX),
+    }
+}
+
+/// Correlation fields that make two Reserve calls "the same": the trace
+/// context and a server-generated correlation id differ between retries.
+fn same_work(a: &CorrelationContext, b: &CorrelationContext) -> bool {
+    a.job_id == b.job_id && a.task_id == b.task_id
+}
+
+impl Ledger {
+    /// Opens the ledger on `store`, replaying the whole journal.
+    pub fn open(
+        cfg: LedgerConfig,
+        store: Store,
+        clock: Arc<dyn Clock>,
+        shutdown: Shutdown,
+    ) -> Result<Ledger, LedgerError> {
+        let journal = store.log::<JournalRecord>("journal")?;
+        let mut books = Books::default();
+        let mut records = 0u64;
+        for r in journal.replay() {
+            let (_, record) = r?;
+            records += 1;
+            if let Err(gap) = books.apply(&record) {
+                tracing::error!(error = %gap, "journal record skipped");
+            }
+        }
+        tracing::info!(
+            records,
+            budgets = books.budgets.len(),
+            open_reservations = books.expiry.len(),
+            "ledger loaded"
+        );
+        Ok(Ledger {
+            inner: Arc::new(Inner {
+                cfg,
+                clock,
+                books: Mutex::new(books),
+                journal,
+                store,
+                shutdown,
+            }),
+        })
+    }
+
+    /// The tonic server for this ledger.
+    pub fn server(&self, max_message_bytes: usize) -> LedgerServiceServer<Ledger> {
+        LedgerServiceServer::new(self.clone())
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes)
+    }
+
+    /// Releases expired reservations every `sweep_interval_ms` until shutdown.
+    pub fn spawn_sweeper(&self) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut tick =
+                tokio::time::interval(Duration::from_millis(me.inner.cfg.sweep_interval_ms));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        if let Err(e) = me.sweep().await {
+                            tracing::error!(error = %e, "releasing expired reservations failed");
+                        }
+                    }
+                    _ = me.inner.shutdown.wait() => return,
+                }
+            }
+        })
+    }
+
+    /// Releases every reservation past its TTL; returns how many.
+    pub async fn sweep(&self) -> Result<usize, LedgerError> {
+        let now = self.inner.clock.now_ms();
+        let (n, last) = {
+            let mut books = self.lock();
+            let due: Vec<String> = books
+                .expiry
+                .iter()
+                .take_while(|(at, _)| *at <= now)
+                .map(|(_, id)| id.clone())
+                .collect();
+            let mut last = 0;
+            for id in &due {
+                let Some(res) = books.reservations.get(id) else {
+                    continue;
+                };
+                let (budget_id, tokens, cost, context) = (
+                    res.budget_id.clone(),
+                    res.tokens,
+                    res.cost,
+                    res.context.clone(),
+                );
+                let (seq, rec) = self.inner.journal.append(|sequence| JournalRecord {
+                    sequence,
+                    time: Some(timestamp(now)),
+                    kind: RecordKind::Expired as i32,
+                    budget_id,
+                    reservation_id: id.clone(),
+                    tokens,
+                    cost: Some(money(cost)),
+                    context: Some(context),
+                    ..Default::default()
+                })?;
+                apply_live(&mut books, &rec);
+                tracing::info!(reservation_id = %id, "reservation expired and was released");
+                last = seq;
+            }
+            (due.len(), last)
+        };
+        if n > 0 {
+            self.inner.journal.make_durable(last).await?;
+        }
+        Ok(n)
+    }
+
+    /// Flushes the journal to disk (shutdown).
+    pub fn flush(&self) -> Result<(), LedgerError> {
+        self.inner.store.flush_blocking()?;
+        Ok(())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Books> {
+        self.inner.books.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now(&self) -> u64 {
+        self.inner.clock.now_ms()
+    }
+
+    /// Returns one budget.
+    pub fn budget(&self, id: &str) -> Result<Budget, LedgerError> {
+        self.lock()
+            .budgets
+            .get(id)
+            .map(|b| b.view())
+            .ok_or_else(|| LedgerError::BudgetNotFound(id.to_owned()))
+    }
+
+    /// Creates a budget (idempotent for identical settings).
+    pub async fn create_budget(
+        &self,
+        req: CreateBudgetRequest,
+    ) -> Result<CreateBudgetResponse, LedgerError> {
+        let mut v = Violations::new();
+        v.check(
+            "budget_id",
+            switchyard_core::validate::key(&req.budget_id, "budget id"),
+        );
+        if !req.parent_id.is_empty() {
+            v.check(
+                "parent_id",
+                switchyard_core::validate::key(&req.parent_id, "parent id"),
+            );
+        }
+        if req.parent_id == req.budget_id && !req.budget_id.is_empty() {
+            v.add("parent_id", "a budget cannot be its own parent");
+        }
+        amount(&mut v, "token_limit", req.token_limit.unwrap_or(0));
+        if let Some(c) = &req.cost_limit {
+            money_amount(&mut v, "cost_limit", Some(c));
+        }
+        v.into_result().map_err(LedgerError::Invalid)?;
+        let wanted = Budget {
+            budget_id: req.budget_id.clone(),
+            parent_id: req.parent_id.clone(),
+            token_limit: req.token_limit,
+            cost_limit: req.cost_limit,
+            labels: req.labels,
+            ..Default::default()
+        };
+        let (seq, created) = {
+            let mut books = self.lock();
+            if let Some(b) = books.budgets.get(&req.budget_id) {
+                let same = b.parent.clone().unwrap_or_default() == wanted.parent_id
+                    && b.token_limit == wanted.token_limit
+                    && b.cost_limit == wanted.cost_limit.map(|m| m.micro_usd)
+                    && b.labels == wanted.labels;
+                if !same {
+                    return Err(LedgerError::BudgetExists(req.budget_id));
+                }
+                // The first creation may still be on its way to disk.
+                (self.inner.journal.last(), false)
+            } else {
+                (
+                    self.create_locked(&mut books, req.parent_id.clone(), wanted)?,
+                    true,
+                )
+            }
+        };
+        self.inner.journal.make_durable(seq).await?;
+        if created {
+            tracing::info!(budget_id = %req.budget_id, "budget created");
+        }
+        Ok(CreateBudgetResponse {
+            budget: Some(self.budget(&req.budget_id)?),
+            created,
+        })
+    }
+
+    fn create_locked(
+        &self,
+        books: &mut Books,
+        parent_id: String,
+        wanted: Budget,
+    ) -> Result<u64, LedgerError> {
+        if !parent_id.is_empty() {
+            let chain = books.chain(&parent_id);
+            if chain.is_empty() {
+                return Err(LedgerError::BudgetNotFound(parent_id));
+            }
+            if let Some(c) = chain.iter().find(|b| b.closed) {
+                return Err(LedgerError::Closed {
+                    budget_id: parent_id.clone(),
+                    closed: c.id.clone(),
+                });
+            }
+        }
+        let (seq, rec) = self.inner.journal.append(|sequence| JournalRecord {
+            sequence,
+            time: Some(timestamp(self.now())),
+            kind: RecordKind::BudgetCreated as i32,
+            budget_id: wanted.budget_id.clone(),
+            budget: Some(wanted),
+            ..Default::default()
+        })?;
+        apply_live(books, &rec);
+        Ok(seq)
+    }
+
+    /// Changes a budget's limits.
+    pub async fn update_limits(&self, req: UpdateLimitsRequest) -> Result<Budget, LedgerError> {
+        let mut v = Violations::new();
+        amount(&mut v, "token_limit", req.token_limit.unwrap_or(0));
+        if let Some(c) = &req.cost_limit {
+            money_amount(&mut v, "cost_limit", Some(c));
+        }
+        if req.remove_token_limit && req.token_limit.is_some() {
+            v.add(
+                "remove_token_limit",
+                "cannot both set and remove the token limit",
+            );
+        }
+        if req.remove_cost_limit && req.cost_limit.is_some() {
+            v.add(
+                "remove_cost_limit",
+                "cannot both set and remove the cost limit",
+            );
+        }
+        v.into_result().map_err(LedgerError::Invalid)?;
+        let seq = {
+            let mut books = self.lock();
+            let Some(b) = books.budgets.get(&req.budget_id) else {
+                return Err(LedgerError::BudgetNotFound(req.budget_id));
+            };
+            let token_limit = if req.remove_token_limit {
+                None
+            } else {
+                req.token_limit.or(b.token_limit)
+            };
+            let cost_limit = if req.remove_cost_limit {
+                None
+            } else {
+                req.cost_limit.map(|m| m.micro_usd).or(b.cost_limit)
+            };
+            let (seq, rec) = self.inner.journal.append(|sequence| JournalRecord {
+                sequence,
+                time: Some(timestamp(self.now())),
+                kind: RecordKind::LimitsUpdated as i32,
+                budget_id: req.budget_id.clone(),
+                budget: Some(Budget {
+                    budget_id: req.budget_id.clone(),
+                    token_limit,
+                    cost_limit: cost_limit.map(money),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })?;
+            apply_live(&mut books, &rec);
+            seq
+        };
+        self.inner.journal.make_durable(seq).await?;
+        tracing::info!(budget_id = %req.budget_id, "budget limits updated");
+        self.budget(&req.budget_id)
+    }
+
+    /// Closes a budget to new reservations and children.
+    pub async fn close_budget(&self, id: &str) -> Result<Budget, LedgerError> {
+        let seq = {
+            let mut books = self.lock();
+            match books.budgets.get(id) {
+                None => return Err(LedgerError::BudgetNotFound(id.to_owned())),
+                Some(b) if b.closed => None,
+                Some(_) => {
+                    let (seq, rec) = self.inner.journal.append(|sequence| JournalRecord {
+                        sequence,
+                        time: Some(timestamp(self.now())),
+                        kind: RecordKind::BudgetClosed as i32,
+                        budget_id: id.to_owned(),
+                        ..Default::default()
+                    })?;
+                    apply_live(&mut books, &rec);
+                    Some(seq)
+                }
+            }
+        };
+        self.inner
+            .journal
+            .make_durable(seq.unwrap_or_else(|| self.inner.journal.last()))
+            .await?;
+        self.budget(id)
+    }
+
+    /// Lists budgets in id order.
+    pub fn list_budgets(&self, req: &ListBudgetsRequest) -> ListBudgetsResponse {
+        let size = page_size(req.page_size);
+        let books = self.lock();
+        let start = std::ops::Bound::Excluded(req.page_token.clone());
+        let mut budgets: Vec<Budget> = books
+            .budgets
+            .range::<String, _>((start, std::ops::Bound::Unbounded))
+            .map(|(_, b)| b)
+            .filter(|b| req.parent_id.is_empty() || b.parent.as_deref() == Some(&req.parent_id))
+            .take(size + 1)
+            .map(|b| b.view())
+            .collect();
+        let next_page_token = if budgets.len() > size {
+            budgets.truncate(size);
+            budgets
+                .last()
+                .map(|b| b.budget_id.clone())
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        ListBudgetsResponse {
+            budgets,
+            next_page_token,
+        }
+    }
+
+    /// Reserves on a budget and every ancestor, atomically; acknowledged once
+    /// durable. `correlation_id` fills in the context when the request has none.
+    pub async fn reserve(
+        &self,
+        req: ReserveRequest,
+        correlation_id: &str,
+    ) -> Result<Reservation, LedgerError> {
+        let mut v = Violations::new();
+        v.check(
+            "budget_id",
+            switchyard_core::validate::key(&req.budget_id, "budget id"),
+        );
+        v.check(
+            "idempotency_key",
+            switchyard_core::validate::key(&req.idempotency_key, "idempotency key"),
+        );
+        amount(&mut v, "tokens", req.tokens);
+        money_amount(&mut v, "cost", req.cost.as_ref());
+        let max_ttl = self.inner.cfg.max_ttl_secs * 1000;
+        let ttl_ms = match &req.ttl {
+            None => self.inner.cfg.default_ttl_secs * 1000,
+            Some(d) => {
+                let ms = duration_ms(d);
+                if !(1.0..=max_ttl as f64).contains(&ms) {
+                    v.add(
+                        "ttl",
+                        format!("must be between 1ms and {}s", self.inner.cfg.max_ttl_secs),
+                    );
+                }
+                ms as u64
+            }
+        };
+        if req.note.len() > 1024 {
+            v.add("note", "must be at most 1024 bytes");
+        }
+        v.into_result().map_err(LedgerError::Invalid)?;
+        let mut context = req.context.clone().unwrap_or_default();
+        if context.correlation_id.is_empty() {
+            context.correlation_id = correlation_id.to_owned();
+        }
+        let cost = micro(req.cost.as_ref());
+        let now = self.now();
+        let (seq, result) = {
+            let mut books = self.lock();
+            if let Some(rid) = books.reserve_keys.get(&req.idempotency_key)
+                && let Some(res) = books.reservations.get(rid)
+            {
+                let same = res.budget_id == req.budget_id
+                    && res.tokens == req.tokens
+                    && res.cost == cost
+                    && res.ttl_ms == ttl_ms
+                    && res.note == req.note
+                    && same_work(&res.context, &context);
+                if !same {
+                    return Err(LedgerError::KeyReused {
+                        key: req.idempotency_key,
+                        what: "reservation",
+                    });
+                }
+                (self.inner.journal.last(), Ok(res.view()))
+            } else {
+                match check_reserve(&books, &req.budget_id, req.tokens, cost) {
+                    Ok(()) => {
+                        let id = format!("rsv-{}", uuid::Uuid::now_v7());
+                        let (seq, rec) = self.inner.journal.append(|sequence| JournalRecord {
+                            sequence,
+                            time: Some(timestamp(now)),
+                            kind: RecordKind::Reserved as i32,
+                            budget_id: req.budget_id.clone(),
+                            reservation_id: id.clone(),
+                            tokens: req.tokens,
+                            cost: Some(money(cost)),
+                            context: Some(context.clone()),
+                            idempotency_key: req.idempotency_key.clone(),
+                            expires_at: Some(timestamp(now + ttl_ms)),
+                            note: req.note.clone(),
+                            ttl_ms,
+                            ..Default::default()
+                        })?;
+                        apply_live(&mut books, &rec);
+                        let view = books.reservations.get(&id).map(|r| r.view());
+                        (seq, Ok(view.unwrap_or_default()))
+                    }
+                    Err(e) => {
+                        let (refused_by, why) = match &e {
+                            LedgerError::Exceeded(r) => {
+                                (r.refused_by.clone(), r.dimension.to_owned())
+                            }
+                            LedgerError::Closed { closed, .. } => {
+                                (closed.clone(), "closed".to_owned())
+                            }
+                            _ => return Err(e),
+                        };
+                        // Refusals are journaled for watchers and audits but
+                        // not waited on: nothing was granted.
+                        self.inner.journal.append(|sequence| JournalRecord {
+                            sequence,
+                            time: Some(timestamp(now)),
+                            kind: RecordKind::Refused as i32,
+                            budget_id: req.budget_id.clone(),
+                            tokens: req.tokens,
+                            cost: Some(money(cost)),
+                            context: Some(context.clone()),
+                            idempotency_key: req.idempotency_key.clone(),
+                            refused_by,
+                            reason: why,
+                            note: req.note.clone(),
+                            ..Default::default()
+                        })?;
+                        tracing::info!(budget_id = %req.budget_id, error = %e, "reservation refused");
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        self.inner.journal.make_durable(seq).await?;
+        result
+    }
+
+    /// Commits a reservation's actual usage: journals the entry, releases the
+    /// rest, records an overrun when usage exceeded the reservation.
+    pub async fn commit(&self, req: CommitRequest) -> Result<CommitResponse, LedgerError> {
+        let mut v = Violations::new();
+        v.check(
+            "reservation_id",
+            switchyard_core::validate::key(&req.reservation_id, "reservation id"),
+        );
+        if !req.idempotency_key.is_empty() {
+            v.check(
+                "idempotency_key",
+                switchyard_core::validate::key(&req.idempotency_key, "idempotency key"),
+            );
+        }
+        amount(&mut v, "tokens", req.tokens);
+        money_amount(&mut v, "cost", req.cost.as_ref());
+        let mut entry = req.entry.clone().unwrap_or_default();
+        amount(&mut v, "entry.units", entry.units);
+        let price = entry.price_per_unit.unwrap_or_default();
+        if price.micro_usd_per_million < 0 {
+            v.add("entry.price_per_unit", "must not be negative");
+        }
+        for (field, value) in [
+            ("entry.subtask_id", &entry.subtask_id),
+            ("entry.agent_id", &entry.agent_id),
+            ("entry.model", &entry.model),
+        ] {
+            if value.len() > 256 {
+                v.add(field, "must be at most 256 bytes");
+            }
+        }
+        v.into_result().map_err(LedgerError::Invalid)?;
+        let cost = match &req.cost {
+            Some(m) => m.micro_usd,
+            None => charge(entry.units, &price),
+        };
+        let key = if req.idempotency_key.is_empty() {
+            req.reservation_id.clone()
+        } else {
+            req.idempotency_key.clone()
+        };
+        let now = self.now();
+        let (seq, response) = {
+            let mut books = self.lock();
+            if let Some(prior) = settled_by_key(&books, &key, &req.reservation_id, "commit")? {
+                match prior {
+                    Settled::Committed(seq) => {
+                        let charge = books.entries.get(&seq).cloned();
+                        let same = charge.as_ref().is_some_and(|c| {
+                            c.entry.tokens == req.tokens
+                                && micro(c.entry.total.as_ref()) == cost
+                                && c.entry.subtask_id == entry.subtask_id
+                                && c.entry.agent_id == entry.agent_id
+                                && c.entry.model == entry.model
+                                && c.entry.units == entry.units
+                                && c.entry.price_per_unit.unwrap_or_default() == price
+                        });
+                        match (same, charge) {
+                            (true, Some(c)) => (
+                                self.inner.journal.last(),
+                                CommitResponse {
+                                    entry: Some(c.entry),
+                                    overrun: c.overrun,
+                                },
+                            ),
+                            _ => {
+                                return Err(LedgerError::KeyReused {
+                                    key,
+                                    what: "commit",
+                                });
+                            }
+                        }
+                    }
+                    other => {
+                        return Err(LedgerError::ReservationNotOpen {
+                            id: req.reservation_id,
+                            state: other.as_str(),
+                        });
+                    }
+                }
+            } else {
+                let res = open_reservation(&books, &req.reservation_id)?.clone();
+                let over_tokens = req.tokens.saturating_sub(res.tokens);
+                let over_cost = (cost - res.cost).max(0);
+                let overrun = over_tokens > 0 || over_cost > 0;
+                entry.entry_id = format!("ent-{}", uuid::Uuid::now_v7());
+                entry.budget_id = res.budget_id.clone();
+                entry.reservation_id = res.id.clone();
+                entry.tokens = req.tokens;
+                entry.total = Some(money(cost));
+                entry.price_per_unit = Some(price);
+                entry.time = Some(timestamp(now));
+                entry.context = Some(res.context.clone());
+                let (mut seq, rec) = self.inner.journal.append(|sequence| JournalRecord {
+                    sequence,
+                    time: Some(timestamp(now)),
+                    kind: RecordKind::Committed as i32,
+                    budget_id: res.budget_id.clone(),
+                    reservation_id: res.id.clone(),
+                    tokens: req.tokens,
+                    cost: Some(money(cost)),
+                    context: Some(res.context.clone()),
+                    idempotency_key: key.clone(),
+                    entry: Some(entry.clone()),
+                    overrun,
+                    ..Default::default()
+                })?;
+                apply_live(&mut books, &rec);
+                if overrun {
+                    (seq, _) = self.inner.journal.append(|sequence| JournalRecord {
+                        sequence,
+                        time: Some(timestamp(now)),
+                        kind: RecordKind::Overrun as i32,
+                        budget_id: res.budget_id.clone(),
+                        reservation_id: res.id.clone(),
+                        tokens: over_tokens,
+                        cost: Some(money(over_cost)),
+                        context: Some(res.context.clone()),
+                        reason: format!(
+                            "used {} tokens and {} micro-USD against a reservation of {} and {}",
+                            req.tokens, cost, res.tokens, res.cost
+                        ),
+                        ..Default::default()
+                    })?;
+                    tracing::warn!(
+                        reservation_id = %res.id,
+                        budget_id = %res.budget_id,
+                        over_tokens,
+                        over_cost,
+                        "usage exceeded its reservation"
+                    );
+                }
+                (
+                    seq,
+                    CommitResponse {
+                        entry: Some(entry),
+                        overrun,
+                    },
+                )
+            }
+        };
+        self.inner.journal.make_durable(seq).await?;
+        Ok(response)
+    }
+
+    /// Releases a reservation without spending.
+    pub async fn release(&self, req: ReleaseRequest) -> Result<(), LedgerError> {
+        let mut v = Violations::new();
+        v.check(
+            "reservation_id",
+            switchyard_core::validate::key(&req.reservation_id, "reservation id"),
+        );
+        if !req.idempotency_key.is_empty() {
+            v.check(
+                "idempotency_key",
+                switchyard_core::validate::key(&req.idempotency_key, "idempotency key"),
+            );
+        }
+        v.into_result().map_err(LedgerError::Invalid)?;
+        let key = if req.idempotency_key.is_empty() {
+            req.reservation_id.clone()
+        } else {
+            req.idempotency_key.clone()
+        };
+        let seq = {
+            let mut books = self.lock();
+            match settled_by_key(&books, &key, &req.reservation_id, "release")? {
+                Some(Settled::Released) => self.inner.journal.last(),
+                Some(other) => {
+                    return Err(LedgerError::ReservationNotOpen {
+                        id: req.reservation_id,
+                        state: other.as_str(),
+                    });
+                }
+                None => {
+                    let res = open_reservation(&books, &req.reservation_id)?.clone();
+                    let (seq, rec) = self.inner.journal.append(|sequence| JournalRecord {
+                        sequence,
+                        time: Some(timestamp(self.now())),
+                        kind: RecordKind::Released as i32,
+                        budget_id: res.budget_id.clone(),
+                        reservation_id: res.id.clone(),
+                        tokens: res.tokens,
+                        cost: Some(money(res.cost)),
+                        context: Some(res.context.clone()),
+                        idempotency_key: key,
+                        ..Default::default()
+                    })?;
+                    apply_live(&mut books, &rec);
+                    seq
+                }
+            }
+        };
+        self.inner.journal.make_durable(seq).await?;
+        Ok(())
+    }
+
+    /// Journal entries of a budget (and its nested budgets), a job or a
+    /// correlation id, in the AITP cost-ledger shape.
+    pub fn list_entries(
+        &self,
+        req: &ListEntriesRequest,
+    ) -> Result<ListEntriesResponse, LedgerError> {
+        let selectors = [&req.budget_id, &req.job_id, &req.correlation_id]
+            .iter()
+            .filter(|s| !s.is_empty())
+            .count();
+        if selectors != 1 {
+            return Err(invalid(
+                "budget_id",
+                "give exactly one of budget_id, job_id or correlation_id",
+            ));
+        }
+        let after: u64 = if req.page_token.is_empty() {
+            0
+        } else {
+            req.page_token
+                .parse()
+                .map_err(|_| invalid("page_token", "not a token from a previous page"))?
+        };
+        let size = page_size(req.page_size);
+        let books = self.lock();
+        let (seqs, budget) = if !req.budget_id.is_empty() {
+            let Some(b) = books.budgets.get(&req.budget_id) else {
+                return Err(LedgerError::BudgetNotFound(req.budget_id.clone()));
+            };
+            let mut seqs: Vec<u64> = books
+                .subtree(&req.budget_id)
+                .iter()
+                .flat_map(|b| b.entries.iter().copied())
+                .collect();
+            seqs.sort_unstable();
+            (seqs, Some(b.view()))
+        } else if !req.job_id.is_empty() {
+            (
+                books.by_job.get(&req.job_id).cloned().unwrap_or_default(),
+                None,
+            )
+        } else {
+            let seqs = books.by_correlation.get(&req.correlation_id).cloned();
+            (seqs.unwrap_or_default(), None)
+        };
+        let (mut total_cost, mut total_tokens) = (0i64, 0u64);
+        let mut entries = Vec::new();
+        let (mut last_seq, mut more) = (0, false);
+        for seq in &seqs {
+            let Some(c) = books.entries.get(seq) else {
+                continue;
+            };
+            total_cost = total_cost.saturating_add(micro(c.entry.total.as_ref()));
+            total_tokens = total_tokens.saturating_add(c.entry.tokens);
+            if *seq > after {
+                if entries.len() < size {
+                    entries.push(c.entry.clone());
+                    last_seq = *seq;
+                } else {
+                    more = true;
+                }
+            }
+        }
+        let next_page_token = if more {
+            last_seq.to_string()
+        } else {
+            String::new()
+        };
+        Ok(ListEntriesResponse {
+            entries,
+            total_cost: Some(money(total_cost)),
+            remaining_budget: budget.as_ref().and_then(|b| b.cost_remaining),
+            next_page_token,
+            budget,
+            total_tokens,
+        })
+    }
+
+    /// Worst-case cost of a model call from the price catalogue.
+    pub fn estimate_cost(
+        &self,
+        req: &EstimateCostRequest,
+    ) -> Result<EstimateCostResponse, LedgerError> {
+        let mut v = Violations::new();
+        if req.model.is_empty() {
+            v.add("model", "model is required");
+        }
+        amount(&mut v, "input_tokens", req.input_tokens);
+        amount(&mut v, "max_output_tokens", req.max_output_tokens);
+        v.into_result().map_err(LedgerError::Invalid)?;
+        let Some(p) = self.inner.cfg.prices.get(&req.model) else {
+            return Err(LedgerError::NotPriced(req.model.clone()));
+        };
+        let input = UnitPrice {
+            micro_usd_per_million: p.input_micro_usd_per_million,
+        };
+        let output = UnitPrice {
+            micro_usd_per_million: p.output_micro_usd_per_million,
+        };
+        let cost =
+            charge(req.input_tokens, &input).saturating_add(charge(req.max_output_tokens, &output));
+        Ok(EstimateCostResponse {
+            cost: Some(money(cost)),
+            tokens: req.input_tokens + req.max_output_tokens,
+            price: Some(ModelPrice {
+                model: req.model.clone(),
+                input: Some(input),
+                output: Some(output),
+            }),
+        })
+    }
+
+    /// Replays the journal from disk into fresh books and returns every
+    /// budget, for checking that live balances equal the replay.
+    pub fn replayed_budgets(&self) -> Result<Vec<Budget>, LedgerError> {
+        let mut books = Books::default();
+        for r in self.inner.journal.replay() {
+            let (_, rec) = r?;
+            // Gaps are reported at open; here they only mean a mismatch.
+            let _ = books.apply(&rec);
+        }
+        Ok(books.budgets.values().map(|b| b.view()).collect())
+    }
+
+    /// Every budget as the live books hold it.
+    pub fn budgets(&self) -> Vec<Budget> {
+        self.lock().budgets.values().map(|b| b.view()).collect()
+    }
+
+    fn watch_stream(
+        &self,
+        req: WatchRequest,
+    ) -> Result<futures_util::stream::BoxStream<'static, Result<WatchResponse, Status>>, LedgerError>
+    {
+        if !req.budget_id.is_empty() && !self.lock().budgets.contains_key(&req.budget_id) {
+            return Err(LedgerError::BudgetNotFound(req.budget_id));
+        }
+        let me = self.clone();
+        let shutdown = self.inner.shutdown.clone();
+        let stream = self
+            .inner
+            .journal
+            .tail(req.after_sequence)
+            .take_until(async move { shutdown.wait().await })
+            .filter_map(move |r| {
+                let out = match r {
+                    Err(e) => Some(Err(Status::from(LedgerError::Storage(e)))),
+                    Ok((_, rec)) => {
+                        let wanted = req.budget_id.is_empty()
+                            || me.lock().within(&rec.budget_id, &req.budget_id);
+                        wanted.then(|| Ok(watch_response(rec)))
+                    }
+                };
+                std::future::ready(out)
+            });
+        Ok(Box::pin(stream))
+    }
+}
+
+/// Applies a record just journaled. Live records are built from the books
+/// they apply to, so a gap here is a bug; it is logged, never panics.
+fn apply_live(books: &mut Books, rec: &JournalRecord) {
+    if let Err(gap) = books.apply(rec) {
+        tracing::error!(error = %gap, "live journal record did not apply");
+    }
+}
+
+/// Checks that `tokens` and `cost` fit the budget and every ancestor.
+fn check_reserve(
+    books: &Books,
+    budget_id: &str,
+    tokens: u64,
+    cost: i64,
+) -> Result<(), LedgerError> {
+    let chain = books.chain(budget_id);
+    if chain.is_empty() {
+        return Err(LedgerError::BudgetNotFound(budget_id.to_owned()));
+    }
+    for b in &chain {
+        if b.closed {
+            return Err(LedgerError::Closed {
+                budget_id: budget_id.to_owned(),
+                closed: b.id.clone(),
+            });
+        }
+        let tokens_fit = b.token_limit.is_none_or(|l| {
+            u128::from(b.tokens_reserved) + u128::from(b.tokens_spent) + u128::from(tokens)
+                <= u128::from(l)
+        });
+        let cost_fits = b.cost_limit.is_none_or(|l| {
+            i128::from(b.cost_reserved) + i128::from(b.cost_spent) + i128::from(cost)
+                <= i128::from(l)
+        });
+        if !tokens_fit || !cost_fits {
+            return Err(LedgerError::Exceeded(Box::new(refusal(
+                budget_id,
+                b,
+                if tokens_fit { "cost" } else { "tokens" },
+                tokens,
+                cost,
+            ))));
+        }
+    }
+    Ok(())
+}
+
+fn refusal(
+    budget_id: &str,
+    b: &books::BudgetState,
+    dimension: &'static str,
+    tokens: u64,
+    cost: i64,
+) -> Refusal {
+    Refusal {
+        budget_id: budget_id.to_owned(),
+        refused_by: b.id.clone(),
+        dimension,
+        tokens,
+        cost,
+        tokens_remaining: b.tokens_remaining(),
+        cost_remaining: b.cost_remaining(),
+    }
+}
+
+/// The open reservation `id`, or why it cannot be settled.
+fn open_reservation<'a>(books: &'a Books, id: &str) -> Result<&'a books::Res, LedgerError> {
+    match books.reservations.get(id) {
+        None => Err(LedgerError::ReservationNotFound(id.to_owned())),
+        Some(r) if r.settled != Settled::Open => Err(LedgerError::ReservationNotOpen {
+            id: id.to_owned(),
+            state: r.settled.as_str(),
+        }),
+        Some(r) => Ok(r),
+    }
+}
+
+/// How the reservation was settled under `key`, if the key was used before.
+/// A key that settled another reservation is a reuse with different arguments.
+fn settled_by_key(
+    books: &Books,
+    key: &str,
+    reservation_id: &str,
+    what: &'static str,
+) -> Result<Option<Settled>, LedgerError> {
+    match books.settle_keys.get(key) {
+        None => Ok(None),
+        Some(rid) if rid != reservation_id => Err(LedgerError::KeyReused {
+            key: key.to_owned(),
+            what,
+        }),
+        Some(rid) => Ok(books.reservations.get(rid).map(|r| r.settled)),
+    }
+}
+
+/// The watch form of a journal record.
+fn watch_response(rec: JournalRecord) -> WatchResponse {
+    let kind = rec.kind().as_str_name();
+    let kind = format!(
+        "ledger.{}",
+        kind.trim_start_matches("RECORD_KIND_").to_ascii_lowercase()
+    );
+    let ctx = rec.context.clone().unwrap_or_default();
+    let data = serde_json::json!({
+        "budget_id": rec.budget_id,
+        "reservation_id": rec.reservation_id,
+        "tokens": rec.tokens,
+        "cost_micro_usd": micro(rec.cost.as_ref()),
+        "refused_by": rec.refused_by,
+        "reason": rec.reason,
+    });
+    WatchResponse {
+        event: Some(Event {
+            sequence: rec.sequence,
+            time: rec.time,
+            correlation_id: ctx.correlation_id,
+            job_id: ctx.job_id,
+            task_id: ctx.task_id,
+            kind,
+            data: switchyard_kit::json::json_to_struct(&data),
+        }),
+        record: Some(rec),
+    }
+}
+
+#[tonic::async_trait]
+impl LedgerService for Ledger {
+    async fn create_budget(
+        &self,
+        req: Request<CreateBudgetRequest>,
+    ) -> Result<Response<CreateBudgetResponse>, Status> {
+        Ok(Response::new(
+            Ledger::create_budget(self, req.into_inner()).await?,
+        ))
+    }
+
+    async fn get_budget(
+        &self,
+        req: Request<GetBudgetRequest>,
+    ) -> Result<Response<GetBudgetResponse>, Status> {
+        let budget = self.budget(&req.into_inner().budget_id)?;
+        Ok(Response::new(GetBudgetResponse {
+            budget: Some(budget),
+        }))
+    }
+
+    async fn list_budgets(
+        &self,
+        req: Request<ListBudgetsRequest>,
+    ) -> Result<Response<ListBudgetsResponse>, Status> {
+        Ok(Response::new(Ledger::list_budgets(self, req.get_ref())))
+    }
+
+    async fn update_limits(
+        &self,
+        req: Request<UpdateLimitsRequest>,
+    ) -> Result<Response<UpdateLimitsResponse>, Status> {
+        let budget = Ledger::update_limits(self, req.into_inner()).await?;
+        Ok(Response::new(UpdateLimitsResponse {
+            budget: Some(budget),
+        }))
+    }
+
+    async fn close_budget(
+        &self,
+        req: Request<CloseBudgetRequest>,
+    ) -> Result<Response<CloseBudgetResponse>, Status> {
+        let budget = Ledger::close_budget(self, &req.into_inner().budget_id).await?;
+        Ok(Response::new(CloseBudgetResponse {
+            budget: Some(budget),
+        }))
+    }
+
+    async fn reserve(
+        &self,
+        req: Request<ReserveRequest>,
+    ) -> Result<Response<ReserveResponse>, Status> {
+        let corr = switchyard_kit::context::correlation_id(&req);
+        let reservation = Ledger::reserve(self, req.into_inner(), &corr).await?;
+        Ok(Response::new(ReserveResponse {
+            reservation: Some(reservation),
+        }))
+    }
+
+    async fn commit(
+        &self,
+        req: Request<CommitRequest>,
+    ) -> Result<Response<CommitResponse>, Status> {
+        Ok(Response::new(Ledger::commit(self, req.into_inner()).await?))
+    }
+
+    async fn release(
+        &self,
+        req: Request<ReleaseRequest>,
+    ) -> Result<Response<ReleaseResponse>, Status> {
+        Ledger::release(self, req.into_inner()).await?;
+        Ok(Response::new(ReleaseResponse {}))
+    }
+
+    async fn list_entries(
+        &self,
+        req: Request<ListEntriesRequest>,
+    ) -> Result<Response<ListEntriesResponse>, Status> {
+        Ok(Response::new(Ledger::list_entries(self, req.get_ref())?))
+    }
+
+    async fn estimate_cost(
+        &self,
+        req: Request<EstimateCostRequest>,
+    ) -> Result<Response<EstimateCostResponse>, Status> {
+        Ok(Response::new(Ledger::estimate_cost(self, req.get_ref())?))
+    }
+
+    type WatchStream = futures_util::stream::BoxStream<'static, Result<WatchResponse, Status>>;
+
+    async fn watch(
+        &self,
+        req: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        Ok(Response::new(self.watch_stream(req.into_inner())?))
+    }
+}
+
+switchyard_kit::service_client! {
+    /// A ledger client: in-process in `switchyard dev`, over gRPC when split.
+    pub LedgerClient {
+        local: Ledger as LedgerService,
+        remote: LedgerServiceClient,
+        unary {
+            /// Creates a budget.
+            create_budget(CreateBudgetRequest) -> CreateBudgetResponse;
+            /// Returns a budget.
+            get_budget(GetBudgetRequest) -> GetBudgetResponse;
+            /// Lists budgets.
+            list_budgets(ListBudgetsRequest) -> ListBudgetsResponse;
+            /// Changes limits.
+            update_limits(UpdateLimitsRequest) -> UpdateLimitsResponse;
+            /// Closes a budget.
+            close_budget(CloseBudgetRequest) -> CloseBudgetResponse;
+            /// Reserves on a budget chain.
+            reserve(ReserveRequest) -> ReserveResponse;
+            /// Commits usage.
+            commit(CommitRequest) -> CommitResponse;
+            /// Releases a reservation.
+            release(ReleaseRequest) -> ReleaseResponse;
+            /// Lists journal entries.
+            list_entries(ListEntriesRequest) -> ListEntriesResponse;
+            /// Estimates a model call's cost.
+            estimate_cost(EstimateCostRequest) -> EstimateCostResponse;
+        }
+        streaming {
+            /// Streams ledger events.
+            watch(WatchRequest) -> WatchResponse;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

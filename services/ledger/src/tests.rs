@@ -1,0 +1,833 @@
+use super::*;
+use switchyard_core::ManualClock;
+use switchyard_kit::error::ApiError;
+use switchyard_proto::common::v1::Money;
+
+struct Fixture {
+    ledger: Ledger,
+    clock: ManualClock,
+    _trigger: switchyard_kit::shutdown::Trigger,
+}
+
+fn cfg() -> LedgerConfig {
+    LedgerConfig {
+        prices: BTreeMap::from([(
+            "gpt-4o-mini".to_owned(),
+            PriceConfig {
+                input_micro_usd_per_million: 150_000,
+                output_micro_usd_per_million: 600_000,
+            },
+        )]),
+        ..Default::default()
+    }
+}
+
+fn fixture_on(store: Store, clock: ManualClock) -> Fixture {
+    let (trigger, shutdown) = switchyard_kit::shutdown::channel();
+    let ledger = Ledger::open(cfg(), store, Arc::new(clock.clone()), shutdown).unwrap();
+    Fixture {
+        ledger,
+        clock,
+        _trigger: trigger,
+    }
+}
+
+fn fixture() -> Fixture {
+    fixture_on(
+        Store::temporary().unwrap(),
+        ManualClock::new(1_700_000_000_000),
+    )
+}
+
+fn usd(micro_usd: i64) -> Option<Money> {
+    Some(Money { micro_usd })
+}
+
+async fn budget(l: &Ledger, id: &str, parent: &str, tokens: Option<u64>, cost: Option<i64>) {
+    l.create_budget(CreateBudgetRequest {
+        budget_id: id.into(),
+        parent_id: parent.into(),
+        token_limit: tokens,
+        cost_limit: cost.map(|c| Money { micro_usd: c }),
+        labels: HashMap::new(),
+    })
+    .await
+    .unwrap();
+}
+
+fn reserve_req(budget: &str, tokens: u64, cost: i64, key: &str) -> ReserveRequest {
+    ReserveRequest {
+        budget_id: budget.into(),
+        tokens,
+        cost: usd(cost),
+        idempotency_key: key.into(),
+        context: Some(CorrelationContext {
+            correlation_id: "corr-1".into(),
+            job_id: "job-1".into(),
+            task_id: "t1".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+async fn reserve(
+    l: &Ledger,
+    budget: &str,
+    tokens: u64,
+    cost: i64,
+    key: &str,
+) -> Result<Reservation, LedgerError> {
+    l.reserve(reserve_req(budget, tokens, cost, key), "corr-x")
+        .await
+}
+
+fn commit_req(rid: &str, tokens: u64, cost: i64) -> CommitRequest {
+    CommitRequest {
+        reservation_id: rid.into(),
+        tokens,
+        cost: usd(cost),
+        entry: Some(Entry {
+            subtask_id: "subtask_1".into(),
+            agent_id: "agent_1".into(),
+            model: "gpt-4o-mini".into(),
+            units: tokens,
+            price_per_unit: Some(UnitPrice {
+                micro_usd_per_million: 10_000_000,
+            }),
+            ..Default::default()
+        }),
+        idempotency_key: String::new(),
+    }
+}
+
+fn api(e: LedgerError) -> ApiError {
+    ApiError::from(Status::from(e))
+}
+
+#[tokio::test]
+async fn reservation_must_fit_every_ancestor_and_a_refusal_changes_nothing() {
+    let f = fixture();
+    let l = &f.ledger;
+    budget(l, "org", "", Some(1_000), None).await;
+    budget(l, "org/proj", "org", Some(10_000), Some(5_000_000)).await;
+    budget(l, "org/proj/job", "org/proj", None, None).await;
+
+    reserve(l, "org/proj/job", 600, 100, "k1").await.unwrap();
+    let before = l.budgets();
+    let err = api(reserve(l, "org/proj/job", 500, 100, "k2")
+        .await
+        .unwrap_err());
+    assert_eq!(err.code, Code::ResourceExhausted);
+    assert_eq!(err.known_reason(), Some(Reason::BudgetExceeded));
+    assert_eq!(err.metadata["refused_by"], "org");
+    assert_eq!(err.metadata["budget_id"], "org/proj/job");
+    assert_eq!(err.metadata["dimension"], "tokens");
+    assert_eq!(err.metadata["tokens_remaining"], "400");
+    assert_eq!(err.metadata["cost_remaining_micro_usd"], "unlimited");
+    assert!(err.message.contains("an ancestor of"), "{}", err.message);
+    assert_eq!(l.budgets(), before, "a refusal must not touch any budget");
+
+    // What remains is exactly usable.
+    reserve(l, "org/proj/job", 400, 0, "k3").await.unwrap();
+    let org = l.budget("org").unwrap();
+    assert_eq!(
+        (org.tokens_reserved, org.tokens_remaining),
+        (1_000, Some(0))
+    );
+    assert_eq!(l.budget("org/proj").unwrap().cost_reserved, usd(100));
+}
+
+#[tokio::test]
+async fn commit_journals_the_entry_releases_the_rest_and_rolls_spend_up() {
+    let f = fixture();
+    let l = &f.ledger;
+    budget(l, "org", "", Some(10_000), Some(1_000_000)).await;
+    budget(l, "job", "org", Some(5_000), Some(500_000)).await;
+    let r = reserve(l, "job", 4_000, 400_000, "k1").await.unwrap();
+    let c = l
+        .commit(commit_req(&r.reservation_id, 1_500, 15_000))
+        .await
+        .unwrap();
+    assert!(!c.overrun);
+    let e = c.entry.unwrap();
+    assert_eq!(
+        (e.budget_id.as_str(), e.tokens, e.total),
+        ("job", 1_500, usd(15_000))
+    );
+    assert_eq!(e.context.unwrap().job_id, "job-1");
+    for id in ["job", "org"] {
+        let b = l.budget(id).unwrap();
+        assert_eq!((b.tokens_reserved, b.tokens_spent), (0, 1_500), "{id}");
+        assert_eq!(
+            (b.cost_reserved, b.cost_spent),
+            (usd(0), usd(15_000)),
+            "{id}"
+        );
+    }
+    assert_eq!(l.budget("job").unwrap().tokens_remaining, Some(3_500));
+}
+
+#[tokio::test]
+async fn cost_is_computed_from_units_and_price_when_not_given() {
+    let f = fixture();
+    let l = &f.ledger;
+    budget(l, "b", "", None, None).await;
+    let r = reserve(l, "b", 5_000, 100, "k").await.unwrap();
+    let mut req = commit_req(&r.reservation_id, 5_000, 0);
+    req.cost = None;
+    // 5000 units at $10 per million = 50,000 micro-USD ($0.05), as in AITP §7.2.
+    let e = l.commit(req).await.unwrap().entry.unwrap();
+    assert_eq!(e.total, usd(50_000));
+    assert_eq!(
+        charge(
+            1,
+            &UnitPrice {
+                micro_usd_per_million: 1
+            }
+        ),
+        1,
+        "rounds up"
+    );
+    assert_eq!(
+        charge(
+            0,
+            &UnitPrice {
+                micro_usd_per_million: 7
+            }
+        ),
+        0
+    );
+}
+
+#[tokio::test]
+async fn overrun_is_recorded_and_blocks_the_budget_until_raised() {
+    let f = fixture();
+    let l = &f.ledger;
+    budget(l, "b", "", Some(1_000), None).await;
+    let r = reserve(l, "b", 800, 0, "k1").await.unwrap();
+    let c = l
+        .commit(commit_req(&r.reservation_id, 1_200, 0))
+        .await
+        .unwrap();
+    assert!(c.overrun);
+    let b = l.budget("b").unwrap();
+    assert!(b.overrun);
+    assert_eq!((b.tokens_spent, b.tokens_remaining), (1_200, Some(0)));
+    let err = api(reserve(l, "b", 0, 0, "k2").await.unwrap_err());
+    assert_eq!(err.known_reason(), Some(Reason::BudgetExceeded));
+
+    let kinds: Vec<_> = l
+        .inner
+        .journal
+        .replay()
+        .map(|r| r.unwrap().1.kind())
+        .collect();
+    assert!(
+        kinds.ends_with(&[
+            RecordKind::Committed,
+            RecordKind::Overrun,
+            RecordKind::Refused
+        ]),
+        "{kinds:?}"
+    );
+
+    l.update_limits(UpdateLimitsRequest {
+        budget_id: "b".into(),
+        token_limit: Some(2_000),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert!(!l.budget("b").unwrap().overrun);
+    reserve(l, "b", 800, 0, "k3").await.unwrap();
+}
+
+#[tokio::test]
+async fn lowering_a_limit_below_spend_is_allowed_and_blocks_new_reservations() {
+    let f = fixture();
+    let l = &f.ledger;
+    budget(l, "b", "", Some(1_000), Some(1_000)).await;
+    let r = reserve(l, "b", 500, 500, "k1").await.unwrap();
+    l.commit(commit_req(&r.reservation_id, 500, 500))
+        .await
+        .unwrap();
+    let b = l
+        .update_limits(UpdateLimitsRequest {
+            budget_id: "b".into(),
+            cost_limit: usd(100),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (b.token_limit, b.cost_limit, b.overrun),
+        (Some(1_000), usd(100), true)
+    );
+    let err = api(reserve(l, "b", 1, 0, "k2").await.unwrap_err());
+    assert_eq!(err.metadata["dimension"], "cost");
+    let b = l
+        .update_limits(UpdateLimitsRequest {
+            budget_id: "b".into(),
+            remove_cost_limit: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(b.cost_limit, None);
+    reserve(l, "b", 1, 0, "k3").await.unwrap();
+}
+
+#[tokio::test]
+async fn closed_budgets_refuse_reservations_and_children_but_settle_open_ones() {
+    let f = fixture();
+    let l = &f.ledger;
+    budget(l, "org", "", None, None).await;
+    budget(l, "job", "org", None, None).await;
+    let r = reserve(l, "job", 10, 10, "k1").await.unwrap();
+    assert!(l.close_budget("org").await.unwrap().closed);
+    let err = api(reserve(l, "job", 1, 1, "k2").await.unwrap_err());
+    assert_eq!(
+        (err.code, err.known_reason()),
+        (Code::FailedPrecondition, Some(Reason::BudgetClosed))
+    );
+    assert_eq!(err.metadata["closed_budget_id"], "org");
+    let err = api(l
+        .create_budget(CreateBudgetRequest {
+            budget_id: "job2".into(),
+            parent_id: "org".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err());
+    assert_eq!(err.known_reason(), Some(Reason::BudgetClosed));
+    l.commit(commit_req(&r.reservation_id, 5, 5)).await.unwrap();
+    assert_eq!(l.budget("org").unwrap().tokens_spent, 5);
+}
+
+#[tokio::test]
+async fn create_is_idempotent_for_identical_settings_only() {
+    let f = fixture();
+    let l = &f.ledger;
+    let req = CreateBudgetRequest {
+        budget_id: "b".into(),
+        token_limit: Some(5),
+        ..Default::default()
+    };
+    assert!(l.create_budget(req.clone()).await.unwrap().created);
+    assert!(!l.create_budget(req.clone()).await.unwrap().created);
+    let err = api(l
+        .create_budget(CreateBudgetRequest {
+            token_limit: Some(6),
+            ..req
+        })
+        .await
+        .unwrap_err());
+    assert_eq!(
+        (err.code, err.known_reason()),
+        (Code::AlreadyExists, Some(Reason::BudgetAlreadyExists))
+    );
+    let err = api(l
+        .create_budget(CreateBudgetRequest {
+            budget_id: "c".into(),
+            parent_id: "nope".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err());
+    assert_eq!(err.known_reason(), Some(Reason::BudgetNotFound));
+}
+
+#[tokio::test]
+async fn retried_calls_never_double_count_and_reused_keys_are_refused() {
+    let f = fixture();
+    let l = &f.ledger;
+    budget(l, "b", "", Some(1_000), None).await;
+    let r1 = reserve(l, "b", 100, 10, "k").await.unwrap();
+    let r2 = reserve(l, "b", 100, 10, "k").await.unwrap();
+    assert_eq!(r1, r2);
+    assert_eq!(l.budget("b").unwrap().tokens_reserved, 100);
+    let err = api(reserve(l, "b", 101, 10, "k").await.unwrap_err());
+    assert_eq!(
+        (err.code, err.known_reason()),
+        (Code::AlreadyExists, Some(Reason::IdempotencyKeyReused))
+    );
+
+    let c1 = l
+        .commit(commit_req(&r1.reservation_id, 50, 5))
+        .await
+        .unwrap();
+    let c2 = l
+        .commit(commit_req(&r1.reservation_id, 50, 5))
+        .await
+        .unwrap();
+    assert_eq!(c1, c2);
+    assert_eq!(l.budget("b").unwrap().tokens_spent, 50);
+    let err = api(l
+        .commit(commit_req(&r1.reservation_id, 60, 5))
+        .await
+        .unwrap_err());
+    assert_eq!(err.known_reason(), Some(Reason::IdempotencyKeyReused));
+    let err = api(l
+        .release(ReleaseRequest {
+            reservation_id: r1.reservation_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err());
+    assert_eq!(
+        (err.code, err.known_reason()),
+        (Code::FailedPrecondition, Some(Reason::ReservationNotOpen))
+    );
+    assert_eq!(err.metadata["state"], "committed");
+
+    // A reserve retried after its reservation was committed still returns the original.
+    assert_eq!(reserve(l, "b", 100, 10, "k").await.unwrap(), r1);
+
+    let r3 = reserve(l, "b", 100, 0, "k3").await.unwrap();
+    let rel = ReleaseRequest {
+        reservation_id: r3.reservation_id.clone(),
+        idempotency_key: "rel-1".into(),
+    };
+    l.release(rel.clone()).await.unwrap();
+    l.release(rel).await.unwrap();
+    assert_eq!(l.budget("b").unwrap().tokens_reserved, 0);
+    let err = api(l
+        .release(ReleaseRequest {
+            reservation_id: "rsv-unknown".into(),
+            idempotency_key: "rel-1".into(),
+        })
+        .await
+        .unwrap_err());
+    assert_eq!(err.known_reason(), Some(Reason::IdempotencyKeyReused));
+    let err = api(l
+        .release(ReleaseRequest {
+            reservation_id: "rsv-unknown".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err());
+    assert_eq!(err.known_reason(), Some(Reason::ReservationNotFound));
+}
+
+#[tokio::test]
+async fn expired_reservations_are_released_by_the_sweeper_with_an_event() {
+    let f = fixture();
+    let l = &f.ledger;
+    budget(l, "b", "", Some(100), None).await;
+    let mut req = reserve_req("b", 100, 0, "k1");
+    req.ttl = Some(switchyard_kit::time::duration(5_000));
+    let r = l.reserve(req, "c").await.unwrap();
+    assert_eq!(l.sweep().await.unwrap(), 0);
+    f.clock.advance_ms(5_000);
+    assert_eq!(l.sweep().await.unwrap(), 1);
+    assert_eq!(l.budget("b").unwrap().tokens_reserved, 0);
+    let err = api(l
+        .commit(commit_req(&r.reservation_id, 1, 0))
+        .await
+        .unwrap_err());
+    assert_eq!(err.metadata["state"], "expired");
+    let last = l.inner.journal.replay().last().unwrap().unwrap().1;
+    assert_eq!(
+        (last.kind(), last.context.unwrap().correlation_id.as_str()),
+        (RecordKind::Expired, "corr-1")
+    );
+}
+
+#[tokio::test]
+async fn entries_come_in_the_aitp_shape_by_budget_subtree_job_and_correlation() {
+    let f = fixture();
+    let l = &f.ledger;
+    budget(l, "task", "", None, Some(10_000_000)).await;
+    budget(l, "task/a", "task", None, None).await;
+    for (i, (b, units, cost)) in [
+        ("task", 1, 1_000),
+        ("task/a", 5_000, 50_000),
+        ("task/a", 10, 100),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut req = reserve_req(b, *units, *cost, &format!("k{i}"));
+        if i == 2 {
+            req.context = Some(CorrelationContext {
+                correlation_id: "other".into(),
+                job_id: "job-2".into(),
+                ..Default::default()
+            });
+        }
+        let r = l.reserve(req, "c").await.unwrap();
+        l.commit(commit_req(&r.reservation_id, *units, *cost))
+            .await
+            .unwrap();
+    }
+    let all = l
+        .list_entries(&ListEntriesRequest {
+            budget_id: "task".into(),
+            page_size: 2,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(all.entries.len(), 2);
+    assert_eq!(all.total_cost, usd(51_100), "totals cover every page");
+    assert_eq!(all.remaining_budget, usd(10_000_000 - 51_100));
+    assert_eq!(all.budget.unwrap().budget_id, "task");
+    let rest = l
+        .list_entries(&ListEntriesRequest {
+            budget_id: "task".into(),
+            page_size: 2,
+            page_token: all.next_page_token.clone(),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!((rest.entries.len(), rest.next_page_token.as_str()), (1, ""));
+    let by_job = l
+        .list_entries(&ListEntriesRequest {
+            job_id: "job-1".into(),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!((by_job.entries.len(), by_job.total_cost), (2, usd(51_000)));
+    let by_corr = l
+        .list_entries(&ListEntriesRequest {
+            correlation_id: "other".into(),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(by_corr.entries[0].units, 10);
+    let err = api(l.list_entries(&ListEntriesRequest::default()).unwrap_err());
+    assert_eq!(err.code, Code::InvalidArgument);
+}
+
+#[test]
+fn estimates_round_each_part_up_and_unknown_models_are_named() {
+    let f = fixture();
+    let e = f
+        .ledger
+        .estimate_cost(&EstimateCostRequest {
+            model: "gpt-4o-mini".into(),
+            input_tokens: 1_000,
+            max_output_tokens: 500,
+        })
+        .unwrap();
+    // 1000 × 0.15 µ$ = 150; 500 × 0.6 µ$ = 300.
+    assert_eq!((e.cost, e.tokens), (usd(450), 1_500));
+    let err = api(f
+        .ledger
+        .estimate_cost(&EstimateCostRequest {
+            model: "gpt-9".into(),
+            ..Default::default()
+        })
+        .unwrap_err());
+    assert_eq!(
+        (err.code, err.known_reason()),
+        (Code::NotFound, Some(Reason::ModelNotPriced))
+    );
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_with_every_field_named() {
+    let f = fixture();
+    let l = &f.ledger;
+    let mut req = reserve_req("bad id", MAX_AMOUNT + 1, -5, "");
+    req.ttl = Some(switchyard_kit::time::duration(0));
+    let err = api(l.reserve(req, "c").await.unwrap_err());
+    let fields: Vec<_> = err.violations.iter().map(|v| v.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        ["budget_id", "idempotency_key", "tokens", "cost", "ttl"]
+    );
+    let err = api(l
+        .create_budget(CreateBudgetRequest {
+            budget_id: "x".into(),
+            parent_id: "x".into(),
+            cost_limit: usd(-1),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err());
+    let fields: Vec<_> = err.violations.iter().map(|v| v.field.as_str()).collect();
+    assert_eq!(fields, ["parent_id", "cost_limit"]);
+    assert_eq!(
+        api(reserve(l, "missing", 1, 1, "k").await.unwrap_err()).known_reason(),
+        Some(Reason::BudgetNotFound)
+    );
+}
+
+#[tokio::test]
+async fn balances_survive_reopen_and_equal_the_journal_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_700_000_000_000);
+    let open_rid = {
+        let f = fixture_on(Store::open(dir.path()).unwrap(), clock.clone());
+        let l = &f.ledger;
+        budget(l, "org", "", Some(10_000), Some(1_000_000)).await;
+        budget(l, "job", "org", None, None).await;
+        let r = reserve(l, "job", 1_000, 1_000, "k1").await.unwrap();
+        l.commit(commit_req(&r.reservation_id, 700, 700))
+            .await
+            .unwrap();
+        reserve(l, "job", 300, 30, "k2")
+            .await
+            .unwrap()
+            .reservation_id
+    };
+    let f = fixture_on(Store::open(dir.path()).unwrap(), clock);
+    let l = &f.ledger;
+    let org = l.budget("org").unwrap();
+    assert_eq!((org.tokens_spent, org.tokens_reserved), (700, 300));
+    assert_eq!(l.budgets(), l.replayed_budgets().unwrap());
+    // Idempotency survives the restart too.
+    assert_eq!(
+        reserve(l, "job", 300, 30, "k2")
+            .await
+            .unwrap()
+            .reservation_id,
+        open_rid
+    );
+    l.release(ReleaseRequest {
+        reservation_id: open_rid,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(l.budget("org").unwrap().tokens_reserved, 0);
+}
+
+#[tokio::test]
+async fn watch_streams_durable_events_of_a_budget_subtree_and_resumes() {
+    let f = fixture();
+    let l = &f.ledger;
+    budget(l, "org", "", Some(100), None).await;
+    budget(l, "job", "org", None, None).await;
+    budget(l, "other", "", None, None).await;
+    let mut all = l
+        .watch_stream(WatchRequest {
+            budget_id: "org".into(),
+            after_sequence: 0,
+        })
+        .unwrap();
+    let r = reserve(l, "job", 60, 0, "k1").await.unwrap();
+    reserve(l, "other", 1, 0, "k2").await.unwrap();
+    assert!(reserve(l, "job", 60, 0, "k3").await.is_err());
+    l.release(ReleaseRequest {
+        reservation_id: r.reservation_id,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut kinds = Vec::new();
+    while kinds.len() < 5 {
+        let ev = tokio::time::timeout(Duration::from_secs(5), all.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let e = ev.event.unwrap();
+        if e.kind.starts_with("ledger.reserved") || e.kind == "ledger.refused" {
+            assert_eq!(e.correlation_id, "corr-1");
+        }
+        kinds.push(e.kind);
+    }
+    assert_eq!(
+        kinds,
+        [
+            "ledger.budget_created",
+            "ledger.budget_created",
+            "ledger.reserved",
+            "ledger.refused",
+            "ledger.released"
+        ]
+    );
+    let mut resumed = l
+        .watch_stream(WatchRequest {
+            budget_id: String::new(),
+            after_sequence: 4,
+        })
+        .unwrap();
+    let ev = resumed.next().await.unwrap().unwrap().event.unwrap();
+    assert_eq!((ev.sequence, ev.kind.as_str()), (5, "ledger.reserved"));
+    let err = api(l
+        .watch_stream(WatchRequest {
+            budget_id: "nope".into(),
+            after_sequence: 0,
+        })
+        .err()
+        .unwrap());
+    assert_eq!(err.known_reason(), Some(Reason::BudgetNotFound));
+}
+
+mod properties {
+    //! Random sequences of create/reserve/commit/release/expire/restart: no
+    //! budget ever holds more than its limit except through recorded
+    //! overruns, and the live balances always equal the journal replay.
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Reserve {
+            budget: usize,
+            tokens: u64,
+            cost: i64,
+            key: u8,
+        },
+        Commit {
+            res: usize,
+            tokens: u64,
+            cost: i64,
+        },
+        Release {
+            res: usize,
+        },
+        Expire {
+            ms: u64,
+        },
+        Restart,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0..5usize, 0..400u64, 0..400i64, 0..40u8)
+                .prop_map(|(budget, tokens, cost, key)| Op::Reserve { budget, tokens, cost, key }),
+            3 => (0..64usize, 0..500u64, 0..500i64).prop_map(|(res, tokens, cost)| Op::Commit { res, tokens, cost }),
+            1 => (0..64usize).prop_map(|res| Op::Release { res }),
+            1 => (0..20_000u64).prop_map(|ms| Op::Expire { ms }),
+            1 => Just(Op::Restart),
+        ]
+    }
+
+    /// org(1000 tokens, 1000 µ$) → {p1(600, —) → {j1, j2(300, 300)}, p2(—, 700)}
+    const BUDGETS: [(&str, &str, Option<u64>, Option<i64>); 5] = [
+        ("org", "", Some(1_000), Some(1_000)),
+        ("p1", "org", Some(600), None),
+        ("p2", "org", None, Some(700)),
+        ("j1", "p1", None, None),
+        ("j2", "p1", Some(300), Some(300)),
+    ];
+
+    fn check_invariants(
+        l: &Ledger,
+        overrun_tokens: &HashMap<String, u64>,
+        overrun_cost: &HashMap<String, i64>,
+    ) {
+        let live = l.budgets();
+        assert_eq!(
+            live,
+            l.replayed_budgets().unwrap(),
+            "live balances differ from the journal replay"
+        );
+        for b in &live {
+            let spent_reserved = b.tokens_spent + b.tokens_reserved;
+            if let Some(limit) = b.token_limit {
+                let slack = overrun_tokens.get(&b.budget_id).copied().unwrap_or(0);
+                assert!(
+                    spent_reserved <= limit + slack,
+                    "{} tokens {spent_reserved} > {limit} + {slack}",
+                    b.budget_id
+                );
+            }
+            let cost = micro(b.cost_spent.as_ref()) + micro(b.cost_reserved.as_ref());
+            if let Some(limit) = b.cost_limit {
+                let slack = overrun_cost.get(&b.budget_id).copied().unwrap_or(0);
+                assert!(
+                    cost <= limit.micro_usd + slack,
+                    "{} cost {cost} > {} + {slack}",
+                    b.budget_id,
+                    limit.micro_usd
+                );
+            }
+        }
+    }
+
+    async fn run(ops: Vec<Op>) {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let mut f = fixture_on(Store::open(dir.path()).unwrap(), clock.clone());
+        for (id, parent, t, c) in BUDGETS {
+            budget(&f.ledger, id, parent, t, c).await;
+        }
+        let mut reservations: Vec<(String, String)> = Vec::new();
+        // Overruns recorded per budget chain: the only allowed excess.
+        let mut over_t: HashMap<String, u64> = HashMap::new();
+        let mut over_c: HashMap<String, i64> = HashMap::new();
+        for op in ops {
+            match op {
+                Op::Reserve {
+                    budget,
+                    tokens,
+                    cost,
+                    key,
+                } => {
+                    let b = BUDGETS[budget].0;
+                    let mut req = reserve_req(b, tokens, cost, &format!("key-{key}"));
+                    req.ttl = Some(switchyard_kit::time::duration(10_000));
+                    if let Ok(r) = f.ledger.reserve(req, "c").await
+                        && !reservations.iter().any(|(id, _)| *id == r.reservation_id)
+                    {
+                        reservations.push((r.reservation_id, b.to_owned()));
+                    }
+                }
+                Op::Commit { res, tokens, cost } => {
+                    if let Some((rid, b)) = reservations.get(res) {
+                        let held = f
+                            .ledger
+                            .inner
+                            .books
+                            .lock()
+                            .unwrap()
+                            .reservations
+                            .get(rid)
+                            .map(|r| (r.tokens, r.cost, r.settled));
+                        if let Ok(c) = f.ledger.commit(commit_req(rid, tokens, cost)).await
+                            && c.overrun
+                            && let Some((ht, hc, Settled::Open)) = held
+                        {
+                            for a in f.ledger.inner.books.lock().unwrap().chain(b) {
+                                *over_t.entry(a.id.clone()).or_default() +=
+                                    tokens.saturating_sub(ht);
+                                *over_c.entry(a.id.clone()).or_default() += (cost - hc).max(0);
+                            }
+                        }
+                    }
+                }
+                Op::Release { res } => {
+                    if let Some((rid, _)) = reservations.get(res) {
+                        let _ = f
+                            .ledger
+                            .release(ReleaseRequest {
+                                reservation_id: rid.clone(),
+                                ..Default::default()
+                            })
+                            .await;
+                    }
+                }
+                Op::Expire { ms } => {
+                    clock.advance_ms(ms);
+                    f.ledger.sweep().await.unwrap();
+                }
+                Op::Restart => {
+                    let before = f.ledger.budgets();
+                    drop(f);
+                    f = fixture_on(Store::open(dir.path()).unwrap(), clock.clone());
+                    assert_eq!(
+                        f.ledger.budgets(),
+                        before,
+                        "balances changed across a restart"
+                    );
+                }
+            }
+            check_invariants(&f.ledger, &over_t, &over_c);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        #[test]
+        fn no_budget_is_overspent_and_balances_equal_the_journal(ops in proptest::collection::vec(op(), 1..60)) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(run(ops));
+        }
+    }
+}
