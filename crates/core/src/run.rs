@@ -105,6 +105,20 @@ pub fn check(from: RunStatus, to: RunStatus) -> Result<(), Refused> {
     Err(Refused { from, to, reason })
 }
 
+/// Checks a move a person asks for (approve, reject, cancel). Retry
+/// scheduling (`running -> approved`) belongs to the worker holding the
+/// claim and to the lease sweeper, so a person cannot trigger it.
+pub fn check_by_person(from: RunStatus, to: RunStatus) -> Result<(), Refused> {
+    if (from, to) == (Running, Approved) {
+        return Err(Refused {
+            from,
+            to,
+            reason: Reason::TransitionNotAllowed,
+        });
+    }
+    check(from, to)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,6 +170,20 @@ mod tests {
             check(Completed, Running).unwrap_err().to_string(),
             "run cannot move from completed to running: run terminal"
         );
+    }
+
+    #[test]
+    fn people_cannot_schedule_retries_but_otherwise_follow_the_table() {
+        for from in RunStatus::ALL {
+            for to in RunStatus::ALL {
+                let expected = check(from, to).is_ok() && (from, to) != (Running, Approved);
+                assert_eq!(
+                    check_by_person(from, to).is_ok(),
+                    expected,
+                    "{from} -> {to}"
+                );
+            }
+        }
     }
 
     #[test]

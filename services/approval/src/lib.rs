@@ -1,0 +1,1304 @@
+//! The Switchyard approval gate: AgentRunSpec records (seed 004). Nothing
+//! spends tokens before its run is approved — by a TOML policy or by a person
+//! other than the run's creator — and every action lands in an append-only
+//! audit log.
+//!
+//! Called by the executor (propose a run per job, claim it while working,
+//! complete or fail it), by people through the CLI (approve, reject, cancel,
+//! manual mode) and by watchers. Run statuses move only through
+//! [`switchyard_core::run::check`]; who may act is decided in [`authorize`].
+
+mod bundle;
+mod policy;
+mod validate;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use switchyard_core::run::{self as table, Refused, RunStatus as S};
+use switchyard_core::{Clock, Reason, Violations};
+use switchyard_kit::error::{invalid_argument, status_with_metadata};
+use switchyard_kit::shutdown::Shutdown;
+use switchyard_kit::time::{timestamp, timestamp_ms};
+use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
+use switchyard_proto::approval::v1::approval_service_server::{
+    ApprovalService, ApprovalServiceServer,
+};
+use switchyard_proto::approval::v1::*;
+use switchyard_proto::common::v1::Event;
+use switchyard_store::{Log, Store, StoreError, Tree};
+use tonic::{Code, Request, Response, Status};
+
+pub use policy::Policy;
+
+/// Metadata key carrying the acting person or service until authentication
+/// arrives; read only by [`actor`].
+pub const ACTOR_HEADER: &str = "x-switchyard-actor";
+
+/// `[approval]` configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApprovalConfig {
+    /// Claim lease when the worker asks for none.
+    pub default_lease_secs: u32,
+    /// Longest claim lease.
+    pub max_lease_secs: u32,
+    /// Retries of a run that does not say.
+    pub default_max_retries: u32,
+    /// First retry delay; doubles per retry.
+    pub retry_backoff_base_ms: u64,
+    /// Longest retry delay.
+    pub retry_backoff_max_ms: u64,
+    /// How often expired claims are detected, ms.
+    pub sweep_interval_ms: u64,
+    /// Auto-approve rules, tried in order (`[[approval.policies]]`). The
+    /// default approves only runs whose estimated cost is zero.
+    pub policies: Vec<Policy>,
+}
+
+impl Default for ApprovalConfig {
+    fn default() -> Self {
+        Self {
+            default_lease_secs: 300,
+            max_lease_secs: 3_600,
+            default_max_retries: 3,
+            retry_backoff_base_ms: 1_000,
+            retry_backoff_max_ms: 300_000,
+            sweep_interval_ms: 1_000,
+            policies: vec![Policy::zero_cost()],
+        }
+    }
+}
+
+impl ApprovalConfig {
+    /// Checks the configuration.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.default_lease_secs == 0 || self.default_lease_secs > self.max_lease_secs {
+            return Err("approval.default_lease_secs must be > 0 and <= max_lease_secs".into());
+        }
+        if self.sweep_interval_ms == 0 || self.retry_backoff_base_ms == 0 {
+            return Err("approval.sweep_interval_ms and retry_backoff_base_ms must be > 0".into());
+        }
+        policy::validate_all(&self.policies)
+    }
+
+    /// Delay before retry number `n` (1-based): base × 2^(n-1), capped.
+    pub fn backoff_ms(&self, n: u32) -> u64 {
+        let factor = 1u64.checked_shl(n.saturating_sub(1)).unwrap_or(u64::MAX);
+        self.retry_backoff_base_ms
+            .saturating_mul(factor)
+            .min(self.retry_backoff_max_ms)
+    }
+}
+
+/// Approval failures; each maps to one gRPC status in `From<ApprovalError>`.
+#[derive(Debug, thiserror::Error)]
+pub enum ApprovalError {
+    /// The request has invalid fields.
+    #[error("invalid request: {0}")]
+    Invalid(Violations),
+    /// No such run.
+    #[error("run {0:?} does not exist")]
+    RunNotFound(String),
+    /// The id is taken by a run with another spec.
+    #[error("run {0:?} already exists with a different spec")]
+    RunExists(String),
+    /// The table does not allow the move.
+    #[error("{refused}")]
+    Transition {
+        /// Run id.
+        run_id: String,
+        /// Why.
+        refused: Refused,
+    },
+    /// The run's retry is scheduled later.
+    #[error("run {run_id:?} may not be claimed before its next attempt at {next_attempt_ms} ms")]
+    NotDue {
+        /// Run id.
+        run_id: String,
+        /// `next_attempt_at`, Unix ms.
+        next_attempt_ms: u64,
+    },
+    /// The worker does not hold the claim.
+    #[error("worker {worker:?} does not hold the claim on run {run_id:?}: {why}")]
+    ClaimNotHeld {
+        /// Run id.
+        run_id: String,
+        /// Caller.
+        worker: String,
+        /// Why not.
+        why: String,
+    },
+    /// The approver created the run.
+    #[error("{actor:?} created run {run_id:?} and cannot approve it; someone else must")]
+    SeparationOfDuties {
+        /// Run id.
+        run_id: String,
+        /// Would-be approver.
+        actor: String,
+    },
+    /// The action needs an actor.
+    #[error("{action} needs an actor: send {ACTOR_HEADER} metadata")]
+    ActorRequired {
+        /// The action.
+        action: &'static str,
+    },
+    /// The imported result was made against another context pack.
+    #[error("context hash {got:?} does not match run {run_id:?}'s context pack {expected:?}")]
+    ContextHashMismatch {
+        /// Run id.
+        run_id: String,
+        /// The run's hash.
+        expected: String,
+        /// The import's hash.
+        got: String,
+    },
+    /// The run is not approved, so it cannot be exported for manual execution.
+    #[error("run {run_id:?} is {status}; only approved runs can be exported for manual execution")]
+    ApprovalRequired {
+        /// Run id.
+        run_id: String,
+        /// Its status.
+        status: S,
+    },
+    /// Storage failed; nothing was acknowledged.
+    #[error("storage failed: {0}")]
+    Storage(#[from] StoreError),
+}
+
+impl From<ApprovalError> for Status {
+    fn from(e: ApprovalError) -> Status {
+        let msg = e.to_string();
+        let md = |pairs: Vec<(&str, String)>| {
+            pairs
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect::<HashMap<_, _>>()
+        };
+        let (code, reason, metadata) = match e {
+            ApprovalError::Invalid(v) => return invalid_argument(Reason::InvalidArgument, &v),
+            ApprovalError::RunNotFound(id) => (
+                Code::NotFound,
+                Reason::RunNotFound,
+                md(vec![("run_id", id)]),
+            ),
+            ApprovalError::RunExists(id) => (
+                Code::AlreadyExists,
+                Reason::RunAlreadyExists,
+                md(vec![("run_id", id)]),
+            ),
+            ApprovalError::Transition { run_id, refused } => (
+                Code::FailedPrecondition,
+                refused.reason,
+                md(vec![
+                    ("run_id", run_id),
+                    ("from", refused.from.as_str().into()),
+                    ("to", refused.to.as_str().into()),
+                ]),
+            ),
+            ApprovalError::NotDue {
+                run_id,
+                next_attempt_ms,
+            } => (
+                Code::FailedPrecondition,
+                Reason::RunNotDue,
+                md(vec![
+                    ("run_id", run_id),
+                    ("next_attempt_at_ms", next_attempt_ms.to_string()),
+                ]),
+            ),
+            ApprovalError::ClaimNotHeld { run_id, worker, .. } => (
+                Code::FailedPrecondition,
+                Reason::ClaimNotHeld,
+                md(vec![("run_id", run_id), ("worker_id", worker)]),
+            ),
+            ApprovalError::SeparationOfDuties { run_id, actor } => (
+                Code::PermissionDenied,
+                Reason::SeparationOfDuties,
+                md(vec![("run_id", run_id), ("actor", actor)]),
+            ),
+            ApprovalError::ActorRequired { action } => (
+                Code::Unauthenticated,
+                Reason::ActorRequired,
+                md(vec![("action", action.into())]),
+            ),
+            ApprovalError::ContextHashMismatch {
+                run_id, expected, ..
+            } => (
+                Code::FailedPrecondition,
+                Reason::ContextHashMismatch,
+                md(vec![("run_id", run_id), ("expected_hash", expected)]),
+            ),
+            ApprovalError::ApprovalRequired { run_id, status } => (
+                Code::FailedPrecondition,
+                Reason::ApprovalRequired,
+                md(vec![("run_id", run_id), ("status", status.as_str().into())]),
+            ),
+            ApprovalError::Storage(_) => (Code::Unavailable, Reason::StorageFailure, md(vec![])),
+        };
+        status_with_metadata(code, reason, msg, metadata)
+    }
+}
+
+fn invalid(field: &str, description: impl Into<String>) -> ApprovalError {
+    let mut v = Violations::new();
+    v.add(field, description);
+    ApprovalError::Invalid(v)
+}
+
+/// The proto status of a core status.
+pub fn to_proto(s: S) -> RunStatus {
+    match s {
+        S::Proposed => RunStatus::Proposed,
+        S::Approved => RunStatus::Approved,
+        S::Rejected => RunStatus::Rejected,
+        S::Running => RunStatus::Running,
+        S::Completed => RunStatus::Completed,
+        S::Failed => RunStatus::Failed,
+        S::Cancelled => RunStatus::Cancelled,
+    }
+}
+
+/// The core status of a proto status (`None` for unspecified or unknown).
+pub fn from_proto(s: i32) -> Option<S> {
+    Some(match RunStatus::try_from(s).ok()? {
+        RunStatus::Unspecified => return None,
+        RunStatus::Proposed => S::Proposed,
+        RunStatus::Approved => S::Approved,
+        RunStatus::Rejected => S::Rejected,
+        RunStatus::Running => S::Running,
+        RunStatus::Completed => S::Completed,
+        RunStatus::Failed => S::Failed,
+        RunStatus::Cancelled => S::Cancelled,
+    })
+}
+
+fn status_of(run: &Run) -> S {
+    from_proto(run.status).unwrap_or(S::Proposed)
+}
+
+/// The actor of a request: `x-switchyard-actor` metadata. The one place the
+/// identity is read, so authentication can replace its source later.
+pub fn actor<T>(req: &Request<T>) -> Option<String> {
+    req.metadata()
+        .get(ACTOR_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+}
+
+/// Actions that need a decision about who may act.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// proposed|failed → approved.
+    Approve,
+    /// proposed → rejected.
+    Reject,
+    /// → cancelled.
+    Cancel,
+    /// Manual mode: export the prompt bundle.
+    Export,
+    /// Manual mode: import a pasted result.
+    Import,
+}
+
+impl Action {
+    fn as_str(self) -> &'static str {
+        match self {
+            Action::Approve => "approve",
+            Action::Reject => "reject",
+            Action::Cancel => "cancel",
+            Action::Export => "export",
+            Action::Import => "import",
+        }
+    }
+}
+
+/// Who may do `action` on `run`: every human action needs an actor, and the
+/// approver must not be the run's creator (separation of duties).
+pub fn authorize(action: Action, actor: Option<&str>, run: &Run) -> Result<String, ApprovalError> {
+    let Some(actor) = actor else {
+        return Err(ApprovalError::ActorRequired {
+            action: action.as_str(),
+        });
+    };
+    if action == Action::Approve && actor == run.created_by {
+        return Err(ApprovalError::SeparationOfDuties {
+            run_id: run.run_id.clone(),
+            actor: actor.to_owned(),
+        });
+    }
+    Ok(actor.to_owned())
+}
+
+/// Worker actions check that the caller holds an unexpired claim.
+fn claim_held(run: &Run, worker: &str, now: u64) -> Result<(), ApprovalError> {
+    let not_held = |why: String| ApprovalError::ClaimNotHeld {
+        run_id: run.run_id.clone(),
+        worker: worker.to_owned(),
+        why,
+    };
+    if status_of(run) != S::Running {
+        return Err(not_held(format!("the run is {}", status_of(run))));
+    }
+    if run.claimed_by != worker {
+        return Err(not_held(format!("it is held by {:?}", run.claimed_by)));
+    }
+    if run.claim_expires_at.as_ref().map_or(0, timestamp_ms) <= now {
+        return Err(not_held("the claim expired".into()));
+    }
+    Ok(())
+}
+
+/// One audit record about to be written; the sequence and time are filled in
+/// when it is appended.
+struct Note<'a> {
+    actor: &'a str,
+    event_type: &'a str,
+    from: Option<S>,
+    reason: String,
+    details: HashMap<String, String>,
+}
+
+impl<'a> Note<'a> {
+    fn new(actor: &'a str, event_type: &'a str, reason: impl Into<String>) -> Self {
+        Note {
+            actor,
+            event_type,
+            from: None,
+            reason: reason.into(),
+            details: HashMap::new(),
+        }
+    }
+
+    fn detail(mut self, k: &str, v: impl ToString) -> Self {
+        self.details.insert(k.to_owned(), v.to_string());
+        self
+    }
+}
+
+#[derive(Default)]
+struct State {
+    runs: HashMap<String, Run>,
+    audit_by_run: HashMap<String, Vec<u64>>,
+}
+
+struct Inner {
+    cfg: ApprovalConfig,
+    clock: Arc<dyn Clock>,
+    state: Mutex<State>,
+    runs: Tree<Run>,
+    audit: Log<AuditRecord>,
+    store: Store,
+    shutdown: Shutdown,
+}
+
+/// The approval service. Cheap to clone; all clones share state.
+#[derive(Clone)]
+pub struct Approval {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Approval {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Approval").finish_non_exhaustive()
+    }
+}
+
+const PAGE_DEFAULT: usize = 100;
+const PAGE_MAX: usize = 1000;
+
+fn page_size(n: u32) -> usize {
+    match n as usize {
+        0 => PAGE_DEFAULT,
+        n => n.min(PAGE_MAX),
+    }
+}
+
+/// Sort key of `ListRuns`: proposed runs first, then by creation time.
+fn list_key(run: &Run) -> String {
+    let rank = u8::from(status_of(run) != S::Proposed);
+    let created = run.created_at.as_ref().map_or(0, timestamp_ms);
+    format!("{rank}:{created:020}:{}", run.run_id)
+}
+
+impl Approval {
+    /// Opens the approval service on `store`.
+    pub fn open(
+        cfg: ApprovalConfig,
+        store: Store,
+        clock: Arc<dyn Clock>,
+        shutdown: Shutdown,
+    ) -> Result<Approval, ApprovalError> {
+        let runs = store.tree::<Run>("runs")?;
+        let audit = store.log::<AuditRecord>("audit")?;
+        let mut st = State::default();
+        for r in runs.iter() {
+            let (id, run) = r?;
+            st.runs.insert(id, run);
+        }
+        for r in audit.replay() {
+            let (seq, rec) = r?;
+            st.audit_by_run.entry(rec.run_id).or_default().push(seq);
+        }
+        tracing::info!(
+            runs = st.runs.len(),
+            audit_records = audit.last(),
+            "approval loaded"
+        );
+        Ok(Approval {
+            inner: Arc::new(Inner {
+                cfg,
+                clock,
+                state: Mutex::new(st),
+                runs,
+                audit,
+                store,
+                shutdown,
+            }),
+        })
+    }
+
+    /// The tonic server for this service.
+    pub fn server(&self, max_message_bytes: usize) -> ApprovalServiceServer<Approval> {
+        ApprovalServiceServer::new(self.clone())
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes)
+    }
+
+    /// Returns runs with expired claims to `approved` (or `failed`) every
+    /// `sweep_interval_ms` until shutdown.
+    pub fn spawn_sweeper(&self) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut tick =
+                tokio::time::interval(Duration::from_millis(me.inner.cfg.sweep_interval_ms));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        if let Err(e) = me.sweep().await {
+                            tracing::error!(error = %e, "expiring claims failed");
+                        }
+                    }
+                    _ = me.inner.shutdown.wait() => return,
+                }
+            }
+        })
+    }
+
+    /// Flushes to disk (shutdown).
+    pub fn flush(&self) -> Result<(), ApprovalError> {
+        self.inner.store.flush_blocking()?;
+        Ok(())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now(&self) -> u64 {
+        self.inner.clock.now_ms()
+    }
+
+    /// Appends an audit record about `run` (already in its new state).
+    fn audit(&self, st: &mut State, run: &Run, note: Note<'_>) -> Result<u64, ApprovalError> {
+        let now = self.now();
+        let to = status_of(run);
+        let (seq, _) = self.inner.audit.append(|sequence| AuditRecord {
+            sequence,
+            time: Some(timestamp(now)),
+            actor: note.actor.to_owned(),
+            run_id: run.run_id.clone(),
+            event_type: note.event_type.to_owned(),
+            from_status: note.from.map_or(RunStatus::Unspecified, to_proto) as i32,
+            to_status: to_proto(to) as i32,
+            reason: note.reason,
+            correlation_id: run.correlation_id.clone(),
+            details: note.details,
+        })?;
+        st.audit_by_run
+            .entry(run.run_id.clone())
+            .or_default()
+            .push(seq);
+        Ok(seq)
+    }
+
+    /// Moves run `id` to `to` through the table, applying `change`, storing
+    /// the run and auditing the move. The one place statuses change.
+    fn transition(
+        &self,
+        st: &mut State,
+        id: &str,
+        to: S,
+        note: Note<'_>,
+        change: impl FnOnce(&mut Run),
+    ) -> Result<(Run, u64), ApprovalError> {
+        let Some(current) = st.runs.get(id) else {
+            return Err(ApprovalError::RunNotFound(id.to_owned()));
+        };
+        let from = status_of(current);
+        table::check(from, to).map_err(|refused| ApprovalError::Transition {
+            run_id: id.to_owned(),
+            refused,
+        })?;
+        let mut run = current.clone();
+        change(&mut run);
+        run.status = to_proto(to) as i32;
+        if matches!(to, S::Approved | S::Completed | S::Failed | S::Cancelled) {
+            run.claimed_by.clear();
+            run.claim_expires_at = None;
+        }
+        self.inner.runs.put(id, &run)?;
+        let seq = self.audit(
+            st,
+            &run,
+            Note {
+                from: Some(from),
+                ..note
+            },
+        )?;
+        tracing::info!(run_id = %id, %from, %to, "run moved");
+        st.runs.insert(id.to_owned(), run.clone());
+        Ok((run, seq))
+    }
+
+    async fn durable(&self, seq: u64) -> Result<(), ApprovalError> {
+        self.inner.audit.make_durable(seq).await?;
+        Ok(())
+    }
+
+    /// Proposes a run; a matching policy approves it at once.
+    pub async fn propose(
+        &self,
+        req: ProposeRequest,
+        actor: Option<String>,
+    ) -> Result<ProposeResponse, ApprovalError> {
+        let Some(mut run) = req.run else {
+            return Err(invalid("run", "run is required"));
+        };
+        if run.created_by.is_empty() {
+            run.created_by = actor.clone().unwrap_or_default();
+        }
+        validate::run(&run).map_err(ApprovalError::Invalid)?;
+        let actor = actor.unwrap_or_else(|| run.created_by.clone());
+        let now = self.now();
+        if run.run_id.is_empty() {
+            run.run_id = format!("run-{}", uuid::Uuid::now_v7());
+        }
+        run.max_retries = Some(
+            run.max_retries
+                .unwrap_or(self.inner.cfg.default_max_retries),
+        );
+        run.correlation_id = if run.correlation_id.is_empty() {
+            switchyard_kit::context::current()
+                .map(|c| c.correlation_id)
+                .unwrap_or_default()
+        } else {
+            run.correlation_id
+        };
+        let spec = validate::spec_of(&run);
+        let (out, seq) = {
+            let mut st = self.lock();
+            if let Some(existing) = st.runs.get(&run.run_id) {
+                if validate::spec_of(existing) != spec {
+                    return Err(ApprovalError::RunExists(run.run_id));
+                }
+                let out = ProposeResponse {
+                    run: Some(existing.clone()),
+                    auto_approved_by: String::new(),
+                    created: false,
+                };
+                (out, self.inner.audit.last())
+            } else {
+                run.schema_version = validate::SCHEMA_VERSION.into();
+                run.created_at = Some(timestamp(now));
+                run.status = RunStatus::Proposed as i32;
+                // Seed 004: a run that can spend always needs approval; policy
+                // approval is recorded as such, never skipped.
+                run.requires_approval = true;
+                run.retry_count = 0;
+                run.claimed_by.clear();
+                run.claim_expires_at = None;
+                run.next_attempt_at = None;
+                run.last_error.clear();
+                run.result = None;
+                self.inner.runs.put(&run.run_id, &run)?;
+                st.runs.insert(run.run_id.clone(), run.clone());
+                self.audit(&mut st, &run, Note::new(&actor, "proposed", ""))?;
+                let pack = run.context_pack.clone().unwrap_or_default();
+                let est = run.cost_estimate.unwrap_or_default();
+                let mut seq = self.audit(
+                    &mut st,
+                    &run,
+                    Note::new(
+                        &actor,
+                        "context_pack_built",
+                        "context pack bound to the run",
+                    )
+                    .detail("context_hash", &pack.hash)
+                    .detail("pack_id", &pack.pack_id)
+                    .detail("pack_version", &pack.version)
+                    .detail("inputs", pack.inputs.len())
+                    .detail("max_tokens", run.max_tokens)
+                    .detail("estimated_input_tokens", est.estimated_input_tokens)
+                    .detail("estimated_output_tokens", est.estimated_output_tokens)
+                    .detail(
+                        "estimated_cost_micro_usd",
+                        est.estimated_cost
+                            .map_or("unknown".into(), |m| m.micro_usd.to_string()),
+                    )
+                    .detail("requested_by", &actor),
+                )?;
+                let mut auto = String::new();
+                if let Some(p) = policy::first_match(&self.inner.cfg.policies, &run) {
+                    let by = format!("policy:{}", p.name);
+                    let (approved, s) = self.transition(
+                        &mut st,
+                        &run.run_id,
+                        S::Approved,
+                        Note::new(&by, "auto_approved", format!("policy {:?} matched", p.name))
+                            .detail("policy", &p.name),
+                        |_| {},
+                    )?;
+                    (run, seq, auto) = (approved, s, p.name.clone());
+                }
+                let out = ProposeResponse {
+                    run: Some(run),
+                    auto_approved_by: auto,
+                    created: true,
+                };
+                (out, seq)
+            }
+        };
+        self.durable(seq).await?;
+        Ok(out)
+    }
+
+    /// Approve, reject or cancel: a person's decision.
+    pub async fn decide(
+        &self,
+        action: Action,
+        run_id: &str,
+        comment: &str,
+        actor: Option<&str>,
+    ) -> Result<Run, ApprovalError> {
+        let now = self.now();
+        let (run, seq) = {
+            let mut st = self.lock();
+            let Some(run) = st.runs.get(run_id) else {
+                return Err(ApprovalError::RunNotFound(run_id.to_owned()));
+            };
+            let actor = authorize(action, actor, run)?;
+            let (to, event) = match action {
+                Action::Approve => (S::Approved, "approved"),
+                Action::Reject => (S::Rejected, "rejected"),
+                _ => (S::Cancelled, "cancelled"),
+            };
+            let from = status_of(run);
+            table::check_by_person(from, to).map_err(|refused| ApprovalError::Transition {
+                run_id: run_id.to_owned(),
+                refused,
+            })?;
+            let reapproval = action == Action::Approve && from == S::Failed;
+            self.transition(
+                &mut st,
+                run_id,
+                to,
+                Note::new(&actor, event, comment),
+                |r| {
+                    if reapproval {
+                        // A person gives a failed run another attempt.
+                        r.next_attempt_at = Some(timestamp(now));
+                    }
+                },
+            )?
+        };
+        self.durable(seq).await?;
+        Ok(run)
+    }
+
+    /// Claims an approved run for `worker` under a lease.
+    pub async fn claim(&self, req: ClaimRequest) -> Result<Run, ApprovalError> {
+        let lease = self.lease_ms(&req.worker_id, req.lease_secs)?;
+        let now = self.now();
+        let (run, seq) = {
+            let mut st = self.lock();
+            let Some(run) = st.runs.get(&req.run_id) else {
+                return Err(ApprovalError::RunNotFound(req.run_id));
+            };
+            let due = run.next_attempt_at.as_ref().map_or(0, timestamp_ms);
+            if status_of(run) == S::Approved && due > now {
+                return Err(ApprovalError::NotDue {
+                    run_id: req.run_id,
+                    next_attempt_ms: due,
+                });
+            }
+            let note = Note::new(&req.worker_id, "claimed", "").detail("lease_ms", lease);
+            self.transition(&mut st, &req.run_id, S::Running, note, |r| {
+                r.claimed_by.clone_from(&req.worker_id);
+                r.claim_expires_at = Some(timestamp(now + lease));
+            })?
+        };
+        self.durable(seq).await?;
+        Ok(run)
+    }
+
+    fn lease_ms(&self, worker: &str, lease_secs: u32) -> Result<u64, ApprovalError> {
+        let mut v = Violations::new();
+        v.check(
+            "worker_id",
+            switchyard_core::validate::key(worker, "worker id"),
+        );
+        if lease_secs > self.inner.cfg.max_lease_secs {
+            v.add(
+                "lease_secs",
+                format!("must be at most {}", self.inner.cfg.max_lease_secs),
+            );
+        }
+        v.into_result().map_err(ApprovalError::Invalid)?;
+        let secs = if lease_secs == 0 {
+            self.inner.cfg.default_lease_secs
+        } else {
+            lease_secs
+        };
+        Ok(u64::from(secs) * 1000)
+    }
+
+    /// Extends the caller's claim.
+    pub async fn renew(&self, req: RenewClaimRequest) -> Result<Run, ApprovalError> {
+        let lease = self.lease_ms(&req.worker_id, req.lease_secs)?;
+        let now = self.now();
+        let (run, seq) = {
+            let mut st = self.lock();
+            let Some(run) = st.runs.get_mut(&req.run_id) else {
+                return Err(ApprovalError::RunNotFound(req.run_id));
+            };
+            claim_held(run, &req.worker_id, now)?;
+            run.claim_expires_at = Some(timestamp(now + lease));
+            let run = run.clone();
+            self.inner.runs.put(&run.run_id, &run)?;
+            let note = Note::new(&req.worker_id, "claim_renewed", "").detail("lease_ms", lease);
+            let seq = self.audit(
+                &mut st,
+                &run,
+                Note {
+                    from: Some(S::Running),
+                    ..note
+                },
+            )?;
+            (run, seq)
+        };
+        self.durable(seq).await?;
+        Ok(run)
+    }
+
+    /// Completes the caller's run with its result.
+    pub async fn complete(&self, req: CompleteRequest) -> Result<Run, ApprovalError> {
+        let now = self.now();
+        let (run, seq) = {
+            let mut st = self.lock();
+            let Some(run) = st.runs.get(&req.run_id) else {
+                return Err(ApprovalError::RunNotFound(req.run_id));
+            };
+            claim_held(run, &req.worker_id, now)?;
+            let note = Note::new(&req.worker_id, "completed", "");
+            self.transition(&mut st, &req.run_id, S::Completed, note, |r| {
+                r.result = req.result;
+            })?
+        };
+        self.durable(seq).await?;
+        Ok(run)
+    }
+
+    /// Fails the caller's run: a retry while retries remain, else `failed`.
+    pub async fn fail(&self, req: FailRequest) -> Result<Run, ApprovalError> {
+        let now = self.now();
+        let (run, seq) = {
+            let mut st = self.lock();
+            let Some(run) = st.runs.get(&req.run_id) else {
+                return Err(ApprovalError::RunNotFound(req.run_id));
+            };
+            claim_held(run, &req.worker_id, now)?;
+            self.fail_locked(
+                &mut st,
+                &req.run_id,
+                &req.worker_id,
+                &req.last_error,
+                req.retryable,
+                now,
+            )?
+        };
+        self.durable(seq).await?;
+        Ok(run)
+    }
+
+    fn fail_locked(
+        &self,
+        st: &mut State,
+        run_id: &str,
+        actor: &str,
+        error: &str,
+        retryable: bool,
+        now: u64,
+    ) -> Result<(Run, u64), ApprovalError> {
+        let run = st
+            .runs
+            .get(run_id)
+            .ok_or_else(|| ApprovalError::RunNotFound(run_id.to_owned()))?;
+        let max = run
+            .max_retries
+            .unwrap_or(self.inner.cfg.default_max_retries);
+        let error = error.to_owned();
+        if retryable && run.retry_count < max {
+            let n = run.retry_count + 1;
+            let at = now + self.inner.cfg.backoff_ms(n);
+            let note = Note::new(actor, "retry_scheduled", error.clone())
+                .detail("retry_count", n)
+                .detail("next_attempt_at_ms", at);
+            self.transition(st, run_id, S::Approved, note, |r| {
+                r.retry_count = n;
+                r.next_attempt_at = Some(timestamp(at));
+                r.last_error = error;
+            })
+        } else {
+            let why = if retryable {
+                "retries exhausted"
+            } else {
+                "not retryable"
+            };
+            let note = Note::new(actor, "failed", error.clone()).detail("why", why);
+            self.transition(st, run_id, S::Failed, note, |r| r.last_error = error)
+        }
+    }
+
+    /// Treats every claim past its lease as a retryable failure; returns how
+    /// many runs it moved.
+    pub async fn sweep(&self) -> Result<usize, ApprovalError> {
+        let now = self.now();
+        let (n, last) = {
+            let mut st = self.lock();
+            let expired: Vec<(String, String)> = st
+                .runs
+                .values()
+                .filter(|r| {
+                    status_of(r) == S::Running
+                        && r.claim_expires_at.as_ref().map_or(0, timestamp_ms) <= now
+                })
+                .map(|r| (r.run_id.clone(), r.claimed_by.clone()))
+                .collect();
+            let mut last = 0;
+            for (id, worker) in &expired {
+                let error = format!("claim of worker {worker:?} expired");
+                (_, last) = self.fail_locked(&mut st, id, "system:lease", &error, true, now)?;
+            }
+            (expired.len(), last)
+        };
+        if n > 0 {
+            self.durable(last).await?;
+        }
+        Ok(n)
+    }
+
+    /// Returns one run.
+    pub fn get(&self, run_id: &str) -> Result<Run, ApprovalError> {
+        self.lock()
+            .runs
+            .get(run_id)
+            .cloned()
+            .ok_or_else(|| ApprovalError::RunNotFound(run_id.to_owned()))
+    }
+
+    /// Lists runs: filtered, proposed first, then by creation time.
+    pub fn list(&self, req: &ListRunsRequest) -> Result<ListRunsResponse, ApprovalError> {
+        let mut statuses = Vec::new();
+        for (i, s) in req.statuses.iter().enumerate() {
+            match from_proto(*s) {
+                Some(s) => statuses.push(s),
+                None => return Err(invalid(&format!("statuses[{i}]"), "unknown status")),
+            }
+        }
+        let size = page_size(req.page_size);
+        let st = self.lock();
+        let mut runs: Vec<(String, &Run)> = st
+            .runs
+            .values()
+            .filter(|r| statuses.is_empty() || statuses.contains(&status_of(r)))
+            .filter(|r| req.created_by.is_empty() || r.created_by == req.created_by)
+            .filter(|r| {
+                let t = r.target.as_ref();
+                (req.target_org.is_empty() || t.is_some_and(|t| t.org == req.target_org))
+                    && (req.target_repo.is_empty() || t.is_some_and(|t| t.repo == req.target_repo))
+                    && (req.work_item_id.is_empty()
+                        || t.is_some_and(|t| t.work_item_ids.contains(&req.work_item_id)))
+            })
+            .map(|r| (list_key(r), r))
+            .filter(|(k, _)| req.page_token.is_empty() || *k > req.page_token)
+            .collect();
+        runs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let next_page_token = if runs.len() > size {
+            runs.truncate(size);
+            runs.last().map(|(k, _)| k.clone()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(ListRunsResponse {
+            runs: runs.into_iter().map(|(_, r)| r.clone()).collect(),
+            next_page_token,
+        })
+    }
+
+    /// The durable audit log, of one run or all, after a sequence.
+    pub fn list_audit(&self, req: &ListAuditRequest) -> Result<ListAuditResponse, ApprovalError> {
+        let size = page_size(req.page_size);
+        let durable = self.inner.audit.durable();
+        let log = &self.inner.audit;
+        let records = if req.run_id.is_empty() {
+            log.read(req.after_sequence, durable, size)?
+        } else {
+            let seqs: Vec<u64> = {
+                let st = self.lock();
+                let Some(seqs) = st.audit_by_run.get(&req.run_id) else {
+                    if st.runs.contains_key(&req.run_id) {
+                        return Ok(ListAuditResponse::default());
+                    }
+                    return Err(ApprovalError::RunNotFound(req.run_id.clone()));
+                };
+                seqs.iter()
+                    .copied()
+                    .filter(|s| *s > req.after_sequence && *s <= durable)
+                    .take(size)
+                    .collect()
+            };
+            let mut out = Vec::with_capacity(seqs.len());
+            for s in seqs {
+                out.extend(log.read(s - 1, s, 1)?);
+            }
+            out
+        };
+        Ok(ListAuditResponse {
+            records: records.into_iter().map(|(_, r)| r).collect(),
+        })
+    }
+
+    /// The deterministic prompt bundle of an approved run.
+    pub async fn export(
+        &self,
+        run_id: &str,
+        actor: Option<&str>,
+    ) -> Result<ExportPromptBundleResponse, ApprovalError> {
+        let (bundle, seq) = {
+            let mut st = self.lock();
+            let run = st
+                .runs
+                .get(run_id)
+                .cloned()
+                .ok_or_else(|| ApprovalError::RunNotFound(run_id.to_owned()))?;
+            let actor = authorize(Action::Export, actor, &run)?;
+            if matches!(status_of(&run), S::Proposed | S::Rejected | S::Cancelled) {
+                return Err(ApprovalError::ApprovalRequired {
+                    run_id: run_id.to_owned(),
+                    status: status_of(&run),
+                });
+            }
+            let bundle = bundle::render(&run);
+            let note = Note::new(&actor, "prompt_bundle_exported", "")
+                .detail("bundle_sha256", bundle::sha256_hex(&bundle))
+                .detail(
+                    "context_hash",
+                    run.context_pack
+                        .as_ref()
+                        .map(|p| p.hash.as_str())
+                        .unwrap_or(""),
+                );
+            let seq = self.audit(
+                &mut st,
+                &run,
+                Note {
+                    from: Some(status_of(&run)),
+                    ..note
+                },
+            )?;
+            (bundle, seq)
+        };
+        self.durable(seq).await?;
+        Ok(ExportPromptBundleResponse {
+            bundle,
+            content_type: bundle::CONTENT_TYPE.into(),
+        })
+    }
+
+    /// Completes an approved run with a result pasted back from manual mode:
+    /// approved → running (claimed by the importer) → completed.
+    pub async fn import(
+        &self,
+        req: ImportManualResultRequest,
+        actor: Option<&str>,
+    ) -> Result<Run, ApprovalError> {
+        let mut v = Violations::new();
+        if req.content.trim().is_empty() {
+            v.add("content", "content is required");
+        }
+        if req.context_hash.is_empty() {
+            v.add(
+                "context_hash",
+                "context_hash is required: copy it from the prompt bundle",
+            );
+        }
+        v.into_result().map_err(ApprovalError::Invalid)?;
+        let now = self.now();
+        let (run, seq) = {
+            let mut st = self.lock();
+            let run = st
+                .runs
+                .get(&req.run_id)
+                .ok_or_else(|| ApprovalError::RunNotFound(req.run_id.clone()))?;
+            let actor = authorize(Action::Import, actor, run)?;
+            let expected = run
+                .context_pack
+                .as_ref()
+                .map(|p| p.hash.clone())
+                .unwrap_or_default();
+            if expected != req.context_hash {
+                return Err(ApprovalError::ContextHashMismatch {
+                    run_id: req.run_id,
+                    expected,
+                    got: req.context_hash,
+                });
+            }
+            let claim = Note::new(&actor, "claimed", "manual mode");
+            self.transition(&mut st, &req.run_id, S::Running, claim, |r| {
+                r.claimed_by.clone_from(&actor);
+                r.claim_expires_at = Some(timestamp(now));
+            })?;
+            let done = Note::new(&actor, "manual_result_imported", "")
+                .detail("content_bytes", req.content.len());
+            self.transition(&mut st, &req.run_id, S::Completed, done, |r| {
+                r.result = Some(RunResult {
+                    content: req.content,
+                    ..Default::default()
+                });
+            })?
+        };
+        self.durable(seq).await?;
+        Ok(run)
+    }
+
+    fn watch_stream(
+        &self,
+        req: WatchRequest,
+    ) -> Result<
+        futures_util::stream::BoxStream<'static, Result<WatchResponse, Status>>,
+        ApprovalError,
+    > {
+        if !req.run_id.is_empty() && !self.lock().runs.contains_key(&req.run_id) {
+            return Err(ApprovalError::RunNotFound(req.run_id));
+        }
+        let me = self.clone();
+        let shutdown = self.inner.shutdown.clone();
+        let stream = self
+            .inner
+            .audit
+            .tail(req.after_sequence)
+            .take_until(async move { shutdown.wait().await })
+            .filter_map(move |r| {
+                let out = match r {
+                    Err(e) => Some(Err(Status::from(ApprovalError::Storage(e)))),
+                    Ok((_, rec)) if req.run_id.is_empty() || rec.run_id == req.run_id => {
+                        let run = me.lock().runs.get(&rec.run_id).cloned();
+                        Some(Ok(WatchResponse {
+                            event: Some(Event {
+                                sequence: rec.sequence,
+                                time: rec.time,
+                                correlation_id: rec.correlation_id.clone(),
+                                kind: format!("run.{}", rec.event_type),
+                                data: switchyard_kit::json::json_to_struct(&serde_json::json!({
+                                    "run_id": rec.run_id,
+                                    "actor": rec.actor,
+                                    "reason": rec.reason,
+                                })),
+                                ..Default::default()
+                            }),
+                            run,
+                        }))
+                    }
+                    Ok(_) => None,
+                };
+                std::future::ready(out)
+            });
+        Ok(Box::pin(stream))
+    }
+}
+
+#[tonic::async_trait]
+impl ApprovalService for Approval {
+    async fn propose(
+        &self,
+        req: Request<ProposeRequest>,
+    ) -> Result<Response<ProposeResponse>, Status> {
+        let who = actor(&req);
+        Ok(Response::new(
+            Approval::propose(self, req.into_inner(), who).await?,
+        ))
+    }
+
+    async fn approve(
+        &self,
+        req: Request<ApproveRequest>,
+    ) -> Result<Response<ApproveResponse>, Status> {
+        let who = actor(&req);
+        let r = req.into_inner();
+        let run = self
+            .decide(Action::Approve, &r.run_id, &r.comment, who.as_deref())
+            .await?;
+        Ok(Response::new(ApproveResponse { run: Some(run) }))
+    }
+
+    async fn reject(
+        &self,
+        req: Request<RejectRequest>,
+    ) -> Result<Response<RejectResponse>, Status> {
+        let who = actor(&req);
+        let r = req.into_inner();
+        let run = self
+            .decide(Action::Reject, &r.run_id, &r.comment, who.as_deref())
+            .await?;
+        Ok(Response::new(RejectResponse { run: Some(run) }))
+    }
+
+    async fn cancel(
+        &self,
+        req: Request<CancelRequest>,
+    ) -> Result<Response<CancelResponse>, Status> {
+        let who = actor(&req);
+        let r = req.into_inner();
+        let run = self
+            .decide(Action::Cancel, &r.run_id, &r.comment, who.as_deref())
+            .await?;
+        Ok(Response::new(CancelResponse { run: Some(run) }))
+    }
+
+    async fn get_run(
+        &self,
+        req: Request<GetRunRequest>,
+    ) -> Result<Response<GetRunResponse>, Status> {
+        let run = self.get(&req.into_inner().run_id)?;
+        Ok(Response::new(GetRunResponse { run: Some(run) }))
+    }
+
+    async fn list_runs(
+        &self,
+        req: Request<ListRunsRequest>,
+    ) -> Result<Response<ListRunsResponse>, Status> {
+        Ok(Response::new(self.list(req.get_ref())?))
+    }
+
+    async fn claim(&self, req: Request<ClaimRequest>) -> Result<Response<ClaimResponse>, Status> {
+        let run = Approval::claim(self, req.into_inner()).await?;
+        Ok(Response::new(ClaimResponse { run: Some(run) }))
+    }
+
+    async fn renew_claim(
+        &self,
+        req: Request<RenewClaimRequest>,
+    ) -> Result<Response<RenewClaimResponse>, Status> {
+        let run = self.renew(req.into_inner()).await?;
+        Ok(Response::new(RenewClaimResponse { run: Some(run) }))
+    }
+
+    async fn complete(
+        &self,
+        req: Request<CompleteRequest>,
+    ) -> Result<Response<CompleteResponse>, Status> {
+        let run = Approval::complete(self, req.into_inner()).await?;
+        Ok(Response::new(CompleteResponse { run: Some(run) }))
+    }
+
+    async fn fail(&self, req: Request<FailRequest>) -> Result<Response<FailResponse>, Status> {
+        let run = Approval::fail(self, req.into_inner()).await?;
+        Ok(Response::new(FailResponse { run: Some(run) }))
+    }
+
+    async fn list_audit(
+        &self,
+        req: Request<ListAuditRequest>,
+    ) -> Result<Response<ListAuditResponse>, Status> {
+        Ok(Response::new(Approval::list_audit(self, req.get_ref())?))
+    }
+
+    async fn export_prompt_bundle(
+        &self,
+        req: Request<ExportPromptBundleRequest>,
+    ) -> Result<Response<ExportPromptBundleResponse>, Status> {
+        let who = actor(&req);
+        Ok(Response::new(
+            self.export(&req.into_inner().run_id, who.as_deref())
+                .await?,
+        ))
+    }
+
+    async fn import_manual_result(
+        &self,
+        req: Request<ImportManualResultRequest>,
+    ) -> Result<Response<ImportManualResultResponse>, Status> {
+        let who = actor(&req);
+        let run = self.import(req.into_inner(), who.as_deref()).await?;
+        Ok(Response::new(ImportManualResultResponse { run: Some(run) }))
+    }
+
+    type WatchStream = futures_util::stream::BoxStream<'static, Result<WatchResponse, Status>>;
+
+    async fn watch(
+        &self,
+        req: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        Ok(Response::new(self.watch_stream(req.into_inner())?))
+    }
+}
+
+switchyard_kit::service_client! {
+    /// An approval client: in-process in `switchyard dev`, over gRPC when split.
+    pub ApprovalClient {
+        local: Approval as ApprovalService,
+        remote: ApprovalServiceClient,
+        unary {
+            /// Proposes a run.
+            propose(ProposeRequest) -> ProposeResponse;
+            /// Approves a run.
+            approve(ApproveRequest) -> ApproveResponse;
+            /// Rejects a run.
+            reject(RejectRequest) -> RejectResponse;
+            /// Cancels a run.
+            cancel(CancelRequest) -> CancelResponse;
+            /// Returns a run.
+            get_run(GetRunRequest) -> GetRunResponse;
+            /// Lists runs.
+            list_runs(ListRunsRequest) -> ListRunsResponse;
+            /// Claims a run.
+            claim(ClaimRequest) -> ClaimResponse;
+            /// Renews a claim.
+            renew_claim(RenewClaimRequest) -> RenewClaimResponse;
+            /// Completes a run.
+            complete(CompleteRequest) -> CompleteResponse;
+            /// Fails a run.
+            fail(FailRequest) -> FailResponse;
+            /// Lists the audit log.
+            list_audit(ListAuditRequest) -> ListAuditResponse;
+            /// Exports the prompt bundle.
+            export_prompt_bundle(ExportPromptBundleRequest) -> ExportPromptBundleResponse;
+            /// Imports a manual result.
+            import_manual_result(ImportManualResultRequest) -> ImportManualResultResponse;
+        }
+        streaming {
+            /// Streams run events.
+            watch(WatchRequest) -> WatchResponse;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

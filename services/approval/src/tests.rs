@@ -1,0 +1,777 @@
+use super::*;
+use switchyard_core::ManualClock;
+use switchyard_kit::error::ApiError;
+use switchyard_proto::common::v1::Money;
+
+struct Fixture {
+    svc: Approval,
+    clock: ManualClock,
+    _trigger: switchyard_kit::shutdown::Trigger,
+}
+
+fn fixture_on(store: Store, clock: ManualClock) -> Fixture {
+    let (trigger, shutdown) = switchyard_kit::shutdown::channel();
+    let svc = Approval::open(
+        ApprovalConfig::default(),
+        store,
+        Arc::new(clock.clone()),
+        shutdown,
+    )
+    .unwrap();
+    Fixture {
+        svc,
+        clock,
+        _trigger: trigger,
+    }
+}
+
+fn fixture() -> Fixture {
+    fixture_on(
+        Store::temporary().unwrap(),
+        ManualClock::new(1_700_000_000_000),
+    )
+}
+
+const HASH: &str = "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+/// The seed's example run, with a cost estimate.
+fn spec(cost: Option<i64>) -> Run {
+    Run {
+        schema_version: "agent_run_spec/v1".into(),
+        created_by: "@you".into(),
+        target: Some(Target {
+            org: "phys-sims".into(),
+            repo: "pm-bot".into(),
+            work_item_ids: vec!["feat:contracts".into()],
+        }),
+        intent: "Draft docs/contracts pages and examples".into(),
+        context_pack: Some(ContextPack {
+            pack_id: "cp_0009".into(),
+            hash: HASH.into(),
+            version: "context_pack/v1".into(),
+            inputs: vec!["feat:contracts".into()],
+        }),
+        model: "gpt-5".into(),
+        max_tokens: 12_000,
+        temperature: Some(0.2),
+        cost_estimate: cost.map(|c| CostEstimate {
+            estimated_input_tokens: 8_000,
+            estimated_output_tokens: 4_000,
+            estimated_cost: Some(Money { micro_usd: c }),
+        }),
+        tools_allowed: vec!["filesystem_read".into()],
+        outputs_allowed: vec!["propose_changeset_bundle".into(), "propose_pr".into()],
+        correlation_id: "corr-7".into(),
+        ..Default::default()
+    }
+}
+
+async fn propose(svc: &Approval, cost: Option<i64>) -> Run {
+    svc.propose(
+        ProposeRequest {
+            run: Some(spec(cost)),
+        },
+        Some("@you".into()),
+    )
+    .await
+    .unwrap()
+    .run
+    .unwrap()
+}
+
+fn api(e: ApprovalError) -> ApiError {
+    ApiError::from(Status::from(e))
+}
+
+const REVIEWER: Option<&str> = Some("@reviewer");
+
+fn claim_req(id: &str, worker: &str, lease_secs: u32) -> ClaimRequest {
+    ClaimRequest {
+        run_id: id.into(),
+        worker_id: worker.into(),
+        lease_secs,
+    }
+}
+
+/// Drives a new run into `status` through the public operations.
+async fn run_in(svc: &Approval, status: S) -> String {
+    let id = propose(svc, Some(1_000)).await.run_id;
+    let approve = async || {
+        svc.decide(Action::Approve, &id, "ok", REVIEWER)
+            .await
+            .unwrap()
+    };
+    let claim = async || svc.claim(claim_req(&id, "w1", 60)).await.unwrap();
+    match status {
+        S::Proposed => {}
+        S::Approved => {
+            approve().await;
+        }
+        S::Rejected => {
+            svc.decide(Action::Reject, &id, "no", REVIEWER)
+                .await
+                .unwrap();
+        }
+        S::Cancelled => {
+            svc.decide(Action::Cancel, &id, "stop", REVIEWER)
+                .await
+                .unwrap();
+        }
+        S::Running | S::Completed | S::Failed => {
+            approve().await;
+            claim().await;
+            if status == S::Completed {
+                svc.complete(CompleteRequest {
+                    run_id: id.clone(),
+                    worker_id: "w1".into(),
+                    result: None,
+                })
+                .await
+                .unwrap();
+            } else if status == S::Failed {
+                svc.fail(FailRequest {
+                    run_id: id.clone(),
+                    worker_id: "w1".into(),
+                    last_error: "boom".into(),
+                    retryable: false,
+                })
+                .await
+                .unwrap();
+            }
+        }
+    }
+    assert_eq!(status_of(&svc.get(&id).unwrap()), status);
+    id
+}
+
+#[tokio::test]
+async fn every_status_and_action_follows_the_seed_table_with_deterministic_reasons() {
+    let f = fixture();
+    let svc = &f.svc;
+    let actions = [
+        (Action::Approve, S::Approved),
+        (Action::Reject, S::Rejected),
+        (Action::Cancel, S::Cancelled),
+    ];
+    for from in S::ALL {
+        for (action, to) in actions {
+            let id = run_in(svc, from).await;
+            let got = svc.decide(action, &id, "c", REVIEWER).await;
+            match table::check_by_person(from, to) {
+                Ok(()) => assert_eq!(status_of(&got.unwrap()), to, "{from} -{action:?}-> {to}"),
+                Err(refused) => {
+                    let err = api(got.unwrap_err());
+                    assert_eq!(err.code, Code::FailedPrecondition, "{from} -> {to}");
+                    assert_eq!(
+                        err.reason.as_deref(),
+                        Some(refused.reason.as_str()),
+                        "{from} -> {to}"
+                    );
+                    assert_eq!(err.metadata["from"], from.as_str());
+                    assert_eq!(err.metadata["to"], to.as_str());
+                    assert_eq!(
+                        status_of(&svc.get(&id).unwrap()),
+                        from,
+                        "a refusal changes nothing"
+                    );
+                }
+            }
+        }
+        // Claim: approved -> running is the only way in.
+        let id = run_in(svc, from).await;
+        let got = svc.claim(claim_req(&id, "w2", 60)).await;
+        match table::check(from, S::Running) {
+            Ok(()) => assert_eq!(status_of(&got.unwrap()), S::Running),
+            Err(refused) => {
+                assert_eq!(
+                    api(got.unwrap_err()).reason.as_deref(),
+                    Some(refused.reason.as_str()),
+                    "{from}"
+                )
+            }
+        }
+        // Complete and Fail need the claim, which only a running run has.
+        let id = run_in(svc, from).await;
+        let got = svc
+            .complete(CompleteRequest {
+                run_id: id.clone(),
+                worker_id: "w1".into(),
+                result: None,
+            })
+            .await;
+        if from == S::Running {
+            assert_eq!(status_of(&got.unwrap()), S::Completed);
+        } else {
+            assert_eq!(
+                api(got.unwrap_err()).known_reason(),
+                Some(Reason::ClaimNotHeld),
+                "{from}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_creator_cannot_approve_and_decisions_need_an_actor() {
+    let f = fixture();
+    let id = propose(&f.svc, Some(5)).await.run_id;
+    let err = api(f
+        .svc
+        .decide(Action::Approve, &id, "mine", Some("@you"))
+        .await
+        .unwrap_err());
+    assert_eq!(
+        (err.code, err.known_reason()),
+        (Code::PermissionDenied, Some(Reason::SeparationOfDuties))
+    );
+    let err = api(f
+        .svc
+        .decide(Action::Approve, &id, "", None)
+        .await
+        .unwrap_err());
+    assert_eq!(
+        (err.code, err.known_reason()),
+        (Code::Unauthenticated, Some(Reason::ActorRequired))
+    );
+    assert_eq!(status_of(&f.svc.get(&id).unwrap()), S::Proposed);
+    // The creator may still withdraw it; someone else may approve.
+    let run = f
+        .svc
+        .decide(Action::Approve, &id, "lgtm", REVIEWER)
+        .await
+        .unwrap();
+    assert_eq!(status_of(&run), S::Approved);
+}
+
+#[tokio::test]
+async fn the_default_policy_approves_only_zero_cost_runs() {
+    let f = fixture();
+    let out = f
+        .svc
+        .propose(
+            ProposeRequest {
+                run: Some(spec(Some(0))),
+            },
+            Some("@you".into()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.auto_approved_by, "zero-cost");
+    assert_eq!(out.run.as_ref().map(status_of), Some(S::Approved));
+    let audit = f
+        .svc
+        .list_audit(&ListAuditRequest {
+            run_id: out.run.unwrap().run_id,
+            ..Default::default()
+        })
+        .unwrap();
+    let last = audit.records.last().unwrap();
+    assert_eq!(
+        (last.actor.as_str(), last.event_type.as_str()),
+        ("policy:zero-cost", "auto_approved")
+    );
+    for cost in [Some(1), None] {
+        let out = f
+            .svc
+            .propose(
+                ProposeRequest {
+                    run: Some(spec(cost)),
+                },
+                Some("@you".into()),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                out.auto_approved_by.as_str(),
+                out.run.as_ref().map(status_of)
+            ),
+            ("", Some(S::Proposed))
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_expired_claim_schedules_a_retry_with_backoff_until_retries_run_out() {
+    let f = fixture();
+    let mut r = spec(Some(9));
+    r.max_retries = Some(2);
+    let id = f
+        .svc
+        .propose(ProposeRequest { run: Some(r) }, None)
+        .await
+        .unwrap()
+        .run
+        .unwrap()
+        .run_id;
+    f.svc
+        .decide(Action::Approve, &id, "", REVIEWER)
+        .await
+        .unwrap();
+    f.svc.claim(claim_req(&id, "w1", 10)).await.unwrap();
+    f.clock.advance_ms(9_999);
+    assert_eq!(f.svc.sweep().await.unwrap(), 0);
+    f.clock.advance_ms(1);
+    assert_eq!(f.svc.sweep().await.unwrap(), 1);
+    let run = f.svc.get(&id).unwrap();
+    assert_eq!(
+        (status_of(&run), run.retry_count, run.claimed_by.as_str()),
+        (S::Approved, 1, "")
+    );
+    assert!(run.last_error.contains("w1"), "{}", run.last_error);
+    let due = timestamp_ms(run.next_attempt_at.as_ref().unwrap());
+    assert_eq!(
+        due,
+        f.clock.now_ms() + 1_000,
+        "first retry after the base delay"
+    );
+
+    // Too early: the same refusal every time.
+    for _ in 0..2 {
+        let err = api(f.svc.claim(claim_req(&id, "w2", 10)).await.unwrap_err());
+        assert_eq!(err.known_reason(), Some(Reason::RunNotDue));
+    }
+    f.clock.advance_ms(1_000);
+    f.svc.claim(claim_req(&id, "w2", 10)).await.unwrap();
+    let err = api(f
+        .svc
+        .renew(RenewClaimRequest {
+            run_id: id.clone(),
+            worker_id: "w1".into(),
+            lease_secs: 10,
+        })
+        .await
+        .unwrap_err());
+    assert_eq!(
+        err.known_reason(),
+        Some(Reason::ClaimNotHeld),
+        "the old worker lost it"
+    );
+    let fail = |worker: &str| FailRequest {
+        run_id: id.clone(),
+        worker_id: worker.into(),
+        last_error: "tool crashed".into(),
+        retryable: true,
+    };
+    let run = f.svc.fail(fail("w2")).await.unwrap();
+    assert_eq!((status_of(&run), run.retry_count), (S::Approved, 2));
+    assert_eq!(
+        timestamp_ms(run.next_attempt_at.as_ref().unwrap()),
+        f.clock.now_ms() + 2_000,
+        "doubles"
+    );
+    f.clock.advance_ms(2_000);
+    f.svc.claim(claim_req(&id, "w3", 10)).await.unwrap();
+    let run = f.svc.fail(fail("w3")).await.unwrap();
+    assert_eq!(
+        (status_of(&run), run.last_error.as_str()),
+        (S::Failed, "tool crashed")
+    );
+    // A person can give it another go.
+    let run = f
+        .svc
+        .decide(Action::Approve, &id, "try again", REVIEWER)
+        .await
+        .unwrap();
+    assert_eq!(status_of(&run), S::Approved);
+}
+
+#[tokio::test]
+async fn renewing_extends_the_lease_of_the_holder_only() {
+    let f = fixture();
+    let id = run_in(&f.svc, S::Approved).await;
+    f.svc.claim(claim_req(&id, "w1", 10)).await.unwrap();
+    f.clock.advance_ms(8_000);
+    let run = f
+        .svc
+        .renew(RenewClaimRequest {
+            run_id: id.clone(),
+            worker_id: "w1".into(),
+            lease_secs: 10,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        timestamp_ms(run.claim_expires_at.as_ref().unwrap()),
+        f.clock.now_ms() + 10_000
+    );
+    f.clock.advance_ms(8_000);
+    assert_eq!(f.svc.sweep().await.unwrap(), 0, "renewed lease still holds");
+    let err = api(f.svc.claim(claim_req(&id, "w9", 0)).await.unwrap_err());
+    assert_eq!(err.known_reason(), Some(Reason::RunAlreadyInStatus));
+}
+
+#[tokio::test]
+async fn the_prompt_bundle_is_deterministic_and_imports_check_the_context_hash() {
+    let f = fixture();
+    let id = run_in(&f.svc, S::Proposed).await;
+    let err = api(f.svc.export(&id, REVIEWER).await.unwrap_err());
+    assert_eq!(err.known_reason(), Some(Reason::ApprovalRequired));
+    f.svc
+        .decide(Action::Approve, &id, "", REVIEWER)
+        .await
+        .unwrap();
+    let a = f.svc.export(&id, REVIEWER).await.unwrap();
+    f.clock.advance_ms(60_000);
+    let b = f.svc.export(&id, Some("@someone-else")).await.unwrap();
+    assert_eq!(a.bundle, b.bundle, "byte-identical for the same run");
+    assert_eq!(a.content_type, "application/json");
+    let doc: serde_json::Value = serde_json::from_slice(&a.bundle).unwrap();
+    assert_eq!(doc["context_pack"]["hash"], HASH);
+    assert!(
+        doc["instructions"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("approval import {id}"))
+    );
+
+    let import = |hash: &str| ImportManualResultRequest {
+        run_id: id.clone(),
+        content: "Proposed changeset: docs/contracts.md".into(),
+        context_hash: hash.into(),
+    };
+    let err = api(f
+        .svc
+        .import(import("sha256:00000000"), REVIEWER)
+        .await
+        .unwrap_err());
+    assert_eq!(
+        (err.code, err.known_reason()),
+        (Code::FailedPrecondition, Some(Reason::ContextHashMismatch))
+    );
+    let run = f.svc.import(import(HASH), REVIEWER).await.unwrap();
+    assert_eq!(status_of(&run), S::Completed);
+    assert_eq!(
+        run.result.unwrap().content,
+        "Proposed changeset: docs/contracts.md"
+    );
+    let err = api(f.svc.import(import(HASH), REVIEWER).await.unwrap_err());
+    assert_eq!(
+        (err.code, err.known_reason()),
+        (Code::FailedPrecondition, Some(Reason::RunTerminal)),
+        "already imported"
+    );
+}
+
+#[tokio::test]
+async fn the_audit_log_records_every_action_in_order() {
+    let f = fixture();
+    let id = propose(&f.svc, Some(100)).await.run_id;
+    f.svc
+        .decide(Action::Approve, &id, "lgtm", REVIEWER)
+        .await
+        .unwrap();
+    f.svc.claim(claim_req(&id, "worker-1", 30)).await.unwrap();
+    f.svc
+        .complete(CompleteRequest {
+            run_id: id.clone(),
+            worker_id: "worker-1".into(),
+            result: Some(RunResult {
+                draft_pr_url: "https://example.test/pr/1".into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+    let recs = f
+        .svc
+        .list_audit(&ListAuditRequest {
+            run_id: id.clone(),
+            ..Default::default()
+        })
+        .unwrap()
+        .records;
+    let summary: Vec<_> = recs
+        .iter()
+        .map(|r| {
+            (
+                r.event_type.as_str(),
+                r.actor.as_str(),
+                r.from_status,
+                r.to_status,
+            )
+        })
+        .collect();
+    use RunStatus as P;
+    assert_eq!(
+        summary,
+        [
+            (
+                "proposed",
+                "@you",
+                P::Unspecified as i32,
+                P::Proposed as i32
+            ),
+            (
+                "context_pack_built",
+                "@you",
+                P::Unspecified as i32,
+                P::Proposed as i32
+            ),
+            (
+                "approved",
+                "@reviewer",
+                P::Proposed as i32,
+                P::Approved as i32
+            ),
+            ("claimed", "worker-1", P::Approved as i32, P::Running as i32),
+            (
+                "completed",
+                "worker-1",
+                P::Running as i32,
+                P::Completed as i32
+            ),
+        ]
+    );
+    assert!(
+        recs.iter()
+            .all(|r| r.correlation_id == "corr-7" && r.run_id == id)
+    );
+    assert_eq!(recs[2].reason, "lgtm");
+    let built = &recs[1].details;
+    assert_eq!(built["context_hash"], HASH);
+    assert_eq!(built["requested_by"], "@you");
+    assert_eq!(built["estimated_cost_micro_usd"], "100");
+    assert_eq!(built["max_tokens"], "12000");
+    let seqs: Vec<_> = recs.iter().map(|r| r.sequence).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]));
+    let after = f
+        .svc
+        .list_audit(&ListAuditRequest {
+            run_id: id,
+            after_sequence: seqs[2],
+            page_size: 1,
+        })
+        .unwrap();
+    assert_eq!(after.records[0].event_type, "claimed");
+}
+
+#[tokio::test]
+async fn proposals_are_validated_field_by_field() {
+    let f = fixture();
+    let mut bad = spec(Some(-1));
+    bad.schema_version = "agent_run_spec/v0".into();
+    bad.created_by.clear();
+    bad.target = Some(Target::default());
+    bad.intent.clear();
+    bad.context_pack = Some(ContextPack {
+        hash: "abcd".into(),
+        ..Default::default()
+    });
+    bad.model.clear();
+    bad.max_tokens = 0;
+    bad.temperature = Some(2.5);
+    bad.tools_allowed.clear();
+    bad.outputs_allowed = vec!["Propose PR".into()];
+    let err = api(f
+        .svc
+        .propose(ProposeRequest { run: Some(bad) }, None)
+        .await
+        .unwrap_err());
+    let fields: Vec<_> = err.violations.iter().map(|v| v.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "schema_version",
+            "created_by",
+            "target.org",
+            "target.work_item_ids",
+            "intent",
+            "context_pack.pack_id",
+            "context_pack.hash",
+            "context_pack.version",
+            "model",
+            "max_tokens",
+            "temperature",
+            "cost_estimate.estimated_cost",
+            "tools_allowed",
+            "outputs_allowed[0]",
+        ]
+    );
+    let err = api(f
+        .svc
+        .propose(ProposeRequest { run: None }, None)
+        .await
+        .unwrap_err());
+    assert_eq!(err.violations[0].field, "run");
+    assert_eq!(
+        f.svc.list(&ListRunsRequest::default()).unwrap().runs.len(),
+        0,
+        "nothing stored"
+    );
+}
+
+#[tokio::test]
+async fn a_client_chosen_run_id_is_idempotent_for_the_same_spec_only() {
+    let f = fixture();
+    let mut r = spec(Some(3));
+    r.run_id = "agent_run_2026-02-22_0003".into();
+    let first = f
+        .svc
+        .propose(
+            ProposeRequest {
+                run: Some(r.clone()),
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    let again = f
+        .svc
+        .propose(
+            ProposeRequest {
+                run: Some(r.clone()),
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(first.created && !again.created);
+    assert_eq!(first.run, again.run);
+    r.intent = "something else".into();
+    let err = api(f
+        .svc
+        .propose(ProposeRequest { run: Some(r) }, None)
+        .await
+        .unwrap_err());
+    assert_eq!(
+        (err.code, err.known_reason()),
+        (Code::AlreadyExists, Some(Reason::RunAlreadyExists))
+    );
+}
+
+#[tokio::test]
+async fn lists_put_pending_runs_first_filter_and_paginate() {
+    let f = fixture();
+    let approved = run_in(&f.svc, S::Approved).await;
+    f.clock.advance_ms(10);
+    let p1 = run_in(&f.svc, S::Proposed).await;
+    f.clock.advance_ms(10);
+    let mut other = spec(Some(5));
+    other.target.as_mut().unwrap().org = "acme".into();
+    other.created_by = "@bot".into();
+    let p2 = f
+        .svc
+        .propose(ProposeRequest { run: Some(other) }, None)
+        .await
+        .unwrap()
+        .run
+        .unwrap()
+        .run_id;
+    let page1 = f
+        .svc
+        .list(&ListRunsRequest {
+            page_size: 2,
+            ..Default::default()
+        })
+        .unwrap();
+    let ids: Vec<_> = page1.runs.iter().map(|r| r.run_id.clone()).collect();
+    assert_eq!(ids, [p1.clone(), p2.clone()]);
+    let page2 = f
+        .svc
+        .list(&ListRunsRequest {
+            page_size: 2,
+            page_token: page1.next_page_token,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(
+        (page2.runs[0].run_id.clone(), page2.next_page_token),
+        (approved, String::new())
+    );
+    let acme = f
+        .svc
+        .list(&ListRunsRequest {
+            target_org: "acme".into(),
+            created_by: "@bot".into(),
+            statuses: vec![RunStatus::Proposed as i32],
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(acme.runs.len(), 1);
+    let err = api(f
+        .svc
+        .list(&ListRunsRequest {
+            statuses: vec![42],
+            ..Default::default()
+        })
+        .unwrap_err());
+    assert_eq!(err.violations[0].field, "statuses[0]");
+}
+
+#[tokio::test]
+async fn runs_and_audit_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_700_000_000_000);
+    let id = {
+        let f = fixture_on(Store::open(dir.path()).unwrap(), clock.clone());
+        run_in(&f.svc, S::Running).await
+    };
+    let f = fixture_on(Store::open(dir.path()).unwrap(), clock);
+    let run = f.svc.get(&id).unwrap();
+    assert_eq!(
+        (status_of(&run), run.claimed_by.as_str()),
+        (S::Running, "w1")
+    );
+    let recs = f
+        .svc
+        .list_audit(&ListAuditRequest {
+            run_id: id.clone(),
+            ..Default::default()
+        })
+        .unwrap()
+        .records;
+    assert_eq!(recs.len(), 4);
+    f.svc
+        .complete(CompleteRequest {
+            run_id: id,
+            worker_id: "w1".into(),
+            result: None,
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn watch_streams_run_events_of_one_run() {
+    let f = fixture();
+    let other = run_in(&f.svc, S::Proposed).await;
+    let id = run_in(&f.svc, S::Proposed).await;
+    let mut w = f
+        .svc
+        .watch_stream(WatchRequest {
+            run_id: id.clone(),
+            after_sequence: 0,
+        })
+        .unwrap();
+    f.svc
+        .decide(Action::Reject, &other, "", REVIEWER)
+        .await
+        .unwrap();
+    f.svc
+        .decide(Action::Approve, &id, "", REVIEWER)
+        .await
+        .unwrap();
+    let mut kinds = Vec::new();
+    while kinds.len() < 3 {
+        let ev = tokio::time::timeout(Duration::from_secs(5), w.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(ev.run.unwrap().run_id, id);
+        kinds.push(ev.event.unwrap().kind);
+    }
+    assert_eq!(
+        kinds,
+        ["run.proposed", "run.context_pack_built", "run.approved"]
+    );
+}
+
+#[test]
+fn backoff_doubles_from_the_base_and_is_capped() {
+    let cfg = ApprovalConfig::default();
+    assert_eq!([1, 2, 3].map(|n| cfg.backoff_ms(n)), [1_000, 2_000, 4_000]);
+    assert_eq!(cfg.backoff_ms(40), 300_000);
+    assert_eq!(cfg.backoff_ms(200), 300_000);
+}
