@@ -214,7 +214,8 @@ impl State {
     /// What a watcher positioned after `after` in `epoch` needs next.
     pub fn catch_up(&self, epoch: &str, after: u64) -> Catchup {
         let oldest = self.log.front().map_or(self.head + 1, |e| e.revision);
-        let known = epoch == self.epoch && after > 0 && after <= self.head && after + 1 >= oldest;
+        // A client that saw the snapshot of an empty registry resumes at revision 0.
+        let known = epoch == self.epoch && after <= self.head && after + 1 >= oldest;
         if !known {
             return Catchup::Snapshot(self.snapshot());
         }

@@ -429,6 +429,19 @@ async fn watch_starts_with_snapshot_then_streams_live_changes() {
 }
 
 #[tokio::test]
+async fn watch_of_an_empty_registry_sends_one_snapshot_then_waits() {
+    let f = fixture();
+    let mut w = watch(&f.reg, 0, "").await;
+    assert_eq!(kind(&next(&mut w).await), WatchEventType::Reset);
+    assert_eq!(kind(&next(&mut w).await), WatchEventType::SnapshotComplete);
+    let quiet = tokio::time::timeout(Duration::from_millis(100), w.next()).await;
+    assert!(quiet.is_err(), "no more snapshots until something changes");
+    register(&f.reg, spec("a", &["nlp"])).await.unwrap();
+    let ev = next(&mut w).await;
+    assert_eq!((kind(&ev), ev.revision), (WatchEventType::AgentUpserted, 1));
+}
+
+#[tokio::test]
 async fn watch_resumes_after_a_revision_in_the_same_epoch() {
     let f = fixture();
     for id in ["a", "b", "c"] {
