@@ -5,8 +5,10 @@
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+use switchyard_approval::ApprovalConfig;
 use switchyard_kit::server::ServerConfig;
 use switchyard_kit::telemetry::TelemetryConfig;
+use switchyard_ledger::LedgerConfig;
 use switchyard_registry::RegistryConfig;
 use switchyard_router::RouterConfig;
 
@@ -40,6 +42,10 @@ pub struct Config {
     pub registry: RegistryConfig,
     /// Router service.
     pub router: RouterConfig,
+    /// Ledger service: reservation TTLs and the price catalogue.
+    pub ledger: LedgerConfig,
+    /// Approval service: claims, retries and auto-approve policies.
+    pub approval: ApprovalConfig,
 }
 
 impl Config {
@@ -47,6 +53,8 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         self.registry.validate()?;
         self.router.validate()?;
+        self.ledger.validate()?;
+        self.approval.validate()?;
         if self.server.max_message_bytes < 1024 {
             return Err("server.max_message_bytes must be at least 1024".into());
         }

@@ -6,9 +6,11 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use switchyard_approval::Approval;
 use switchyard_core::SystemClock;
 use switchyard_kit::server::Server;
 use switchyard_kit::shutdown::Shutdown;
+use switchyard_ledger::Ledger;
 use switchyard_registry::{Registry, RegistryClient};
 use switchyard_router::Router;
 use switchyard_store::Store;
@@ -23,17 +25,28 @@ pub enum ServiceKind {
     Registry,
     /// Capability routing.
     Router,
+    /// Budgets, reservations and the cost journal.
+    Ledger,
+    /// Runs, approvals and the audit log.
+    Approval,
 }
 
 impl ServiceKind {
     /// Every service implemented in this build (what `switchyard dev` runs).
-    pub const ALL: &'static [ServiceKind] = &[ServiceKind::Registry, ServiceKind::Router];
+    pub const ALL: &'static [ServiceKind] = &[
+        ServiceKind::Registry,
+        ServiceKind::Router,
+        ServiceKind::Ledger,
+        ServiceKind::Approval,
+    ];
 
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
         match self {
             ServiceKind::Registry => "registry",
             ServiceKind::Router => "router",
+            ServiceKind::Ledger => "ledger",
+            ServiceKind::Approval => "approval",
         }
     }
 }
@@ -68,11 +81,13 @@ pub async fn run_node(
     let max = cfg.server.max_message_bytes;
     let mut server = Server::new(cfg.server.clone());
     let mut registry = None;
+    let open = |name: &str| {
+        let path = cfg.storage.data_dir.join(name);
+        Store::open(&path).with_context(|| format!("opening {name} store at {}", path.display()))
+    };
 
     if services.contains(&ServiceKind::Registry) {
-        let path = cfg.storage.data_dir.join("registry");
-        let store = Store::open(&path)
-            .with_context(|| format!("opening registry store at {}", path.display()))?;
+        let store = open("registry")?;
         let reg = Registry::open(
             cfg.registry.clone(),
             store,
@@ -100,11 +115,43 @@ pub async fn run_node(
         server = server.add_gated_service(router.server(max), async move { ready.ready().await });
     }
 
+    let mut ledger = None;
+    if services.contains(&ServiceKind::Ledger) {
+        let l = Ledger::open(
+            cfg.ledger.clone(),
+            open("ledger")?,
+            Arc::new(SystemClock),
+            shutdown.clone(),
+        )?;
+        l.spawn_sweeper();
+        server = server.add_service(l.server(max));
+        ledger = Some(l);
+    }
+
+    let mut approval = None;
+    if services.contains(&ServiceKind::Approval) {
+        let a = Approval::open(
+            cfg.approval.clone(),
+            open("approval")?,
+            Arc::new(SystemClock),
+            shutdown.clone(),
+        )?;
+        a.spawn_sweeper();
+        server = server.add_service(a.server(max));
+        approval = Some(a);
+    }
+
     let names: Vec<_> = services.iter().map(|s| s.name()).collect();
     tracing::info!(services = ?names, addr = %listener.local_addr()?, "serving");
     server.run(listener, shutdown).await?;
     if let Some(reg) = registry {
         reg.flush().context("flushing registry storage")?;
+    }
+    if let Some(l) = ledger {
+        l.flush().context("flushing ledger storage")?;
+    }
+    if let Some(a) = approval {
+        a.flush().context("flushing approval storage")?;
     }
     tracing::info!("stopped");
     Ok(())
@@ -121,6 +168,6 @@ mod tests {
             ServiceKind::Router
         );
         let e = "ledgr".parse::<ServiceKind>().unwrap_err();
-        assert!(e.contains("registry, router"), "{e}");
+        assert!(e.contains("registry, router, ledger, approval"), "{e}");
     }
 }
