@@ -23,16 +23,16 @@ pub struct Conn {
         default_value = "http://127.0.0.1:7600",
         global = true
     )]
-    url: String,
+    pub(crate) url: String,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table", global = true)]
-    output: Format,
+    pub(crate) output: Format,
 }
 
-const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+pub(crate) const MAX_MESSAGE: usize = 16 * 1024 * 1024;
 
 impl Conn {
-    async fn channel(&self) -> anyhow::Result<tonic::transport::Channel> {
+    pub(crate) async fn channel(&self) -> anyhow::Result<tonic::transport::Channel> {
         Ok(switchyard_kit::client::connect(&self.url).await?)
     }
     async fn registry(&self) -> anyhow::Result<RegistryClient> {
@@ -41,13 +41,19 @@ impl Conn {
     async fn router(&self) -> anyhow::Result<RouterClient> {
         Ok(RouterClient::remote(self.channel().await?, MAX_MESSAGE))
     }
+    pub(crate) async fn ledger(&self) -> anyhow::Result<switchyard_ledger::LedgerClient> {
+        Ok(switchyard_ledger::LedgerClient::remote(
+            self.channel().await?,
+            MAX_MESSAGE,
+        ))
+    }
 }
 
-fn api(s: tonic::Status) -> anyhow::Error {
+pub(crate) fn api(s: tonic::Status) -> anyhow::Error {
     ApiError::from(s).into()
 }
 
-fn parse_kv(s: &str) -> Result<(String, String), String> {
+pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
@@ -58,12 +64,12 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
 pub struct Files {
     /// Definition file; repeat for several.
     #[arg(short = 'f', long = "file", required = true)]
-    files: Vec<PathBuf>,
+    pub(crate) files: Vec<PathBuf>,
 }
 
 impl Files {
     /// Parses every file before anything is sent, so one bad file registers nothing.
-    fn parse<T>(
+    pub(crate) fn parse<T>(
         &self,
         read: impl Fn(&std::path::Path) -> anyhow::Result<T>,
     ) -> anyhow::Result<Vec<T>> {

@@ -7,6 +7,8 @@ use std::path::Path;
 
 use anyhow::Context as _;
 use serde::Deserialize;
+use switchyard_proto::approval::v1::{ContextPack, CostEstimate, Run, Target};
+use switchyard_proto::common::v1::Money;
 use switchyard_proto::registry::v1::{AgentSpec, Capability, IntegrationMode, Tool};
 
 /// One capability in an agent file.
@@ -59,6 +61,141 @@ pub struct ToolFile {
     parameters: serde_json::Value,
     #[serde(default)]
     endpoint: String,
+}
+
+/// The `target` of a run file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetFile {
+    org: String,
+    #[serde(default)]
+    repo: String,
+    work_item_ids: Vec<String>,
+}
+
+/// The `context_pack` of a run file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContextPackFile {
+    pack_id: String,
+    hash: String,
+    version: String,
+    #[serde(default)]
+    inputs: Vec<String>,
+}
+
+/// The `cost_estimate` of a run file; money as `estimated_usd` (a decimal
+/// such as `0.42`, never rounded through a float) or `estimated_micro_usd`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CostEstimateFile {
+    #[serde(default)]
+    estimated_input_tokens: u64,
+    #[serde(default)]
+    estimated_output_tokens: u64,
+    #[serde(default)]
+    estimated_usd: Option<serde_json::Value>,
+    #[serde(default)]
+    estimated_micro_usd: Option<i64>,
+}
+
+/// An AgentRunSpec file: seed 004's JSON shape (status and server-set
+/// fields are not accepted).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunFile {
+    schema_version: String,
+    #[serde(default)]
+    run_id: String,
+    #[serde(default)]
+    created_by: String,
+    #[serde(default)]
+    requires_approval: Option<bool>,
+    target: TargetFile,
+    intent: String,
+    context_pack: ContextPackFile,
+    model: String,
+    max_tokens: u64,
+    #[serde(default)]
+    temperature: Option<f64>,
+    #[serde(default)]
+    cost_estimate: Option<CostEstimateFile>,
+    tools_allowed: Vec<String>,
+    outputs_allowed: Vec<String>,
+    #[serde(default)]
+    max_retries: Option<u32>,
+    #[serde(default)]
+    job_id: String,
+}
+
+impl RunFile {
+    /// Reads a run file.
+    pub fn read(path: &Path) -> anyhow::Result<RunFile> {
+        parse(path)
+    }
+
+    /// The run message.
+    pub fn into_run(self) -> anyhow::Result<Run> {
+        if self.requires_approval == Some(false) {
+            anyhow::bail!(
+                "requires_approval must be true: every run that can spend needs approval"
+            );
+        }
+        let cost_estimate = match self.cost_estimate {
+            None => None,
+            Some(c) => {
+                let micro = match (c.estimated_usd, c.estimated_micro_usd) {
+                    (Some(_), Some(_)) => {
+                        anyhow::bail!("give estimated_usd or estimated_micro_usd, not both")
+                    }
+                    (Some(serde_json::Value::String(s)), None) => {
+                        Some(crate::output::parse_usd(&s))
+                    }
+                    (Some(serde_json::Value::Number(n)), None) => {
+                        Some(crate::output::parse_usd(&n.to_string()))
+                    }
+                    (Some(other), None) => {
+                        anyhow::bail!("estimated_usd must be a number like 0.42, got {other}")
+                    }
+                    (None, m) => m.map(Ok),
+                };
+                Some(CostEstimate {
+                    estimated_input_tokens: c.estimated_input_tokens,
+                    estimated_output_tokens: c.estimated_output_tokens,
+                    estimated_cost: micro
+                        .transpose()
+                        .map_err(|e| anyhow::anyhow!("cost_estimate.estimated_usd: {e}"))?
+                        .map(|micro_usd| Money { micro_usd }),
+                })
+            }
+        };
+        Ok(Run {
+            schema_version: self.schema_version,
+            run_id: self.run_id,
+            created_by: self.created_by,
+            target: Some(Target {
+                org: self.target.org,
+                repo: self.target.repo,
+                work_item_ids: self.target.work_item_ids,
+            }),
+            intent: self.intent,
+            context_pack: Some(ContextPack {
+                pack_id: self.context_pack.pack_id,
+                hash: self.context_pack.hash,
+                version: self.context_pack.version,
+                inputs: self.context_pack.inputs,
+            }),
+            model: self.model,
+            max_tokens: self.max_tokens,
+            temperature: self.temperature,
+            cost_estimate,
+            tools_allowed: self.tools_allowed,
+            outputs_allowed: self.outputs_allowed,
+            max_retries: self.max_retries,
+            job_id: self.job_id,
+            ..Default::default()
+        })
+    }
 }
 
 fn parse<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
@@ -163,6 +300,28 @@ mod tests {
             let (v, _) = switchyard_registry::validate::tool(&tool);
             assert!(v.is_empty(), "{}: {v}", path.display());
         }
+    }
+
+    #[test]
+    fn example_runs_parse_into_valid_proposals_with_exact_money() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/runs");
+        let mut n = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let run = RunFile::read(&path).unwrap().into_run().unwrap();
+            assert_eq!(
+                run.schema_version,
+                "agent_run_spec/v1",
+                "{}",
+                path.display()
+            );
+            n += 1;
+        }
+        assert!(n >= 2);
+        let p = std::path::Path::new(dir).join("draft_docs.json");
+        let run = RunFile::read(&p).unwrap().into_run().unwrap();
+        let cost = run.cost_estimate.unwrap().estimated_cost.unwrap().micro_usd;
+        assert_eq!(cost, 420_000, "0.42 USD without float rounding");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! `switchyard`: run services (`dev`, `serve`) and talk to them (`agent`,
-//! `tool`, `route`). Argument parsing only; the work is in the library.
+//! `tool`, `route`, `budget`, `approval`). Argument parsing only; the work is in the library.
 
+mod approval;
+mod budget;
 mod client;
 mod files;
 mod output;
@@ -44,6 +46,12 @@ enum Command {
     Tool(client::ToolCmd),
     /// Rank agents for a capability.
     Route(client::RouteArgs),
+    /// Budgets and the cost journal.
+    #[command(subcommand)]
+    Budget(budget::BudgetCmd),
+    /// Review, approve and run AgentRunSpec runs.
+    #[command(subcommand)]
+    Approval(approval::ApprovalCmd),
 }
 
 #[derive(Args)]
@@ -123,6 +131,8 @@ async fn main() -> ExitCode {
         Command::Agent(cmd) => client::agent(cmd).await,
         Command::Tool(cmd) => client::tool(cmd).await,
         Command::Route(args) => client::route(args).await,
+        Command::Budget(cmd) => budget::run(cmd).await,
+        Command::Approval(cmd) => approval::run(cmd).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

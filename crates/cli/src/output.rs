@@ -101,5 +101,56 @@ pub fn route_json(r: &RouteResponse) -> Value {
 
 /// Micro-USD as dollars for tables.
 pub fn usd(micro: i64) -> String {
-    format!("${}.{:06}", micro / 1_000_000, (micro % 1_000_000).abs())
+    let sign = if micro < 0 { "-" } else { "" };
+    let m = micro.unsigned_abs();
+    format!("{sign}${}.{:06}", m / 1_000_000, m % 1_000_000)
+}
+
+/// A dollar amount (`12`, `0.42`, `$1.000001`) as micro-USD, exactly: the
+/// digits are read as a decimal, never through a float.
+pub fn parse_usd(s: &str) -> Result<i64, String> {
+    let t = s.trim().trim_start_matches('$');
+    let (whole, frac) = t.split_once('.').unwrap_or((t, ""));
+    let digits = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    if !digits(whole) || (!frac.is_empty() && !digits(frac)) || t.ends_with('.') {
+        return Err(format!("{s:?} is not a dollar amount like 12.50"));
+    }
+    if frac.len() > 6 {
+        return Err(format!(
+            "{s:?} has more than 6 decimals (micro-USD is the smallest unit)"
+        ));
+    }
+    let whole: i64 = whole.parse().map_err(|_| format!("{s:?} is too large"))?;
+    let frac: i64 = format!("{frac:0<6}").parse().unwrap_or(0);
+    whole
+        .checked_mul(1_000_000)
+        .and_then(|w| w.checked_add(frac))
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dollars_parse_exactly_and_format_back() {
+        assert_eq!(parse_usd("12.50"), Ok(12_500_000));
+        assert_eq!(parse_usd("$0.000001"), Ok(1));
+        assert_eq!(parse_usd("0.42"), Ok(420_000));
+        assert_eq!(parse_usd("7"), Ok(7_000_000));
+        for bad in [
+            "",
+            "-1",
+            "1.",
+            ".5",
+            "1.2345678",
+            "abc",
+            "1e3",
+            "99999999999999999",
+        ] {
+            assert!(parse_usd(bad).is_err(), "{bad}");
+        }
+        assert_eq!(usd(12_500_000), "$12.500000");
+        assert_eq!(usd(-1), "-$0.000001");
+    }
 }

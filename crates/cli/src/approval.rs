@@ -1,0 +1,465 @@
+//! `switchyard approval ...`: review runs, decide, and manual mode.
+
+use std::path::PathBuf;
+
+use clap::Subcommand;
+use serde_json::{Value, json};
+use switchyard_approval::ACTOR_HEADER;
+use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
+use switchyard_proto::approval::v1::*;
+use tonic::metadata::MetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use crate::client::{Conn, Files, MAX_MESSAGE, api};
+use crate::files::RunFile;
+use crate::output::{Format, print_json, table, usd};
+
+/// Who is acting: sent as `x-switchyard-actor`.
+#[derive(clap::Args, Debug)]
+pub struct Actor {
+    /// Your identity for the audit log and separation of duties
+    /// (default: $SWITCHYARD_ACTOR, else $USER).
+    #[arg(long = "as", env = "SWITCHYARD_ACTOR")]
+    actor: Option<String>,
+}
+
+impl Actor {
+    fn resolve(&self) -> Option<String> {
+        self.actor
+            .clone()
+            .or_else(|| std::env::var("USER").ok())
+            .filter(|a| !a.is_empty())
+    }
+}
+
+/// `switchyard approval ...`
+#[derive(Subcommand, Debug)]
+pub enum ApprovalCmd {
+    /// Propose runs from AgentRunSpec files (JSON or YAML).
+    Propose {
+        #[command(flatten)]
+        files: Files,
+        #[command(flatten)]
+        actor: Actor,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List runs: pending ones first, with their cost estimates.
+    List {
+        /// Only these statuses, comma-separated (proposed, approved, running, ...).
+        #[arg(long, value_delimiter = ',')]
+        status: Vec<String>,
+        /// Only runs for this org.
+        #[arg(long)]
+        org: Option<String>,
+        /// Only runs by this creator.
+        #[arg(long)]
+        created_by: Option<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Show a run and its audit trail.
+    Show {
+        /// Run id.
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Approve a proposed (or failed) run; the approver must not be its creator.
+    Approve(Decision),
+    /// Reject a proposed run.
+    Reject(Decision),
+    /// Cancel a run.
+    Cancel(Decision),
+    /// Write an approved run's prompt bundle (manual mode).
+    Bundle {
+        /// Run id.
+        id: String,
+        /// File to write (stdout when omitted).
+        #[arg(long = "out")]
+        out: Option<PathBuf>,
+        #[command(flatten)]
+        actor: Actor,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Complete an approved run with a result produced from its bundle.
+    Import {
+        /// Run id.
+        id: String,
+        /// File holding the result.
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+        /// The context hash from the bundle.
+        #[arg(long)]
+        context_hash: String,
+        #[command(flatten)]
+        actor: Actor,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+/// A person's decision on a run.
+#[derive(clap::Args, Debug)]
+pub struct Decision {
+    /// Run id.
+    id: String,
+    /// Comment for the audit log.
+    #[arg(short = 'm', long, default_value = "")]
+    comment: String,
+    #[command(flatten)]
+    actor: Actor,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+/// Adds correlation, trace context and the actor to every call.
+#[derive(Clone)]
+struct WithActor(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for WithActor {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        switchyard_kit::context::inject(&mut req);
+        if let Some(a) = &self.0 {
+            req.metadata_mut().insert(ACTOR_HEADER, a.clone());
+        }
+        Ok(req)
+    }
+}
+
+type Client = ApprovalServiceClient<InterceptedService<Channel, WithActor>>;
+
+async fn client(conn: &Conn, actor: Option<&Actor>) -> anyhow::Result<Client> {
+    let value = match actor.and_then(Actor::resolve) {
+        Some(a) => Some(
+            MetadataValue::try_from(a.as_str())
+                .map_err(|_| anyhow::anyhow!("actor {a:?} is not valid ASCII metadata"))?,
+        ),
+        None => None,
+    };
+    Ok(
+        ApprovalServiceClient::with_interceptor(conn.channel().await?, WithActor(value))
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE),
+    )
+}
+
+fn status_name(s: i32) -> String {
+    RunStatus::try_from(s)
+        .map(|s| {
+            s.as_str_name()
+                .trim_start_matches("RUN_STATUS_")
+                .to_ascii_lowercase()
+        })
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn parse_status(s: &str) -> anyhow::Result<i32> {
+    RunStatus::from_str_name(&format!("RUN_STATUS_{}", s.to_ascii_uppercase()))
+        .filter(|s| *s != RunStatus::Unspecified)
+        .map(|s| s as i32)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "unknown status {s:?}; expected proposed, approved, rejected, running, completed, failed or cancelled"
+            )
+        })
+}
+
+fn ms(t: &Option<prost_types::Timestamp>) -> Option<u64> {
+    t.as_ref().map(switchyard_kit::time::timestamp_ms)
+}
+
+fn estimate(r: &Run) -> String {
+    r.cost_estimate
+        .as_ref()
+        .and_then(|e| e.estimated_cost)
+        .map_or_else(|| "unknown".into(), |m| usd(m.micro_usd))
+}
+
+/// A run as JSON.
+pub fn run_json(r: &Run) -> Value {
+    let t = r.target.clone().unwrap_or_default();
+    let p = r.context_pack.clone().unwrap_or_default();
+    let e = r.cost_estimate.unwrap_or_default();
+    let res = r.result.clone().unwrap_or_default();
+    json!({
+        "schema_version": r.schema_version, "run_id": r.run_id, "created_at_ms": ms(&r.created_at),
+        "created_by": r.created_by, "status": status_name(r.status), "requires_approval": r.requires_approval,
+        "target": {"org": t.org, "repo": t.repo, "work_item_ids": t.work_item_ids},
+        "intent": r.intent,
+        "context_pack": {"pack_id": p.pack_id, "hash": p.hash, "version": p.version, "inputs": p.inputs},
+        "model": r.model, "max_tokens": r.max_tokens, "temperature": r.temperature,
+        "cost_estimate": r.cost_estimate.map(|_| json!({
+            "estimated_input_tokens": e.estimated_input_tokens,
+            "estimated_output_tokens": e.estimated_output_tokens,
+            "estimated_micro_usd": e.estimated_cost.map(|m| m.micro_usd)})),
+        "tools_allowed": r.tools_allowed, "outputs_allowed": r.outputs_allowed,
+        "result": r.result.as_ref().map(|_| json!({
+            "changeset_bundle_id": res.changeset_bundle_id, "draft_pr_url": res.draft_pr_url,
+            "artifact_paths": res.artifact_paths, "summary": res.summary, "content": res.content})),
+        "claimed_by": r.claimed_by, "claim_expires_at_ms": ms(&r.claim_expires_at),
+        "retry_count": r.retry_count, "max_retries": r.max_retries,
+        "next_attempt_at_ms": ms(&r.next_attempt_at), "last_error": r.last_error,
+        "job_id": r.job_id, "correlation_id": r.correlation_id,
+    })
+}
+
+const RUN_HEADERS: [&str; 7] = [
+    "RUN",
+    "STATUS",
+    "CREATED_BY",
+    "EST_COST",
+    "MODEL",
+    "MAX_TOKENS",
+    "INTENT",
+];
+
+fn run_rows(runs: &[Run]) -> Vec<Vec<String>> {
+    runs.iter()
+        .map(|r| {
+            vec![
+                r.run_id.clone(),
+                status_name(r.status),
+                r.created_by.clone(),
+                estimate(r),
+                r.model.clone(),
+                r.max_tokens.to_string(),
+                r.intent.clone(),
+            ]
+        })
+        .collect()
+}
+
+fn show_run(conn: &Conn, run: &Run, verb: &str) {
+    match conn.output {
+        Format::Json => print_json(&run_json(run)),
+        Format::Table => println!("{verb} run {} ({})", run.run_id, status_name(run.status)),
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Verdict {
+    Approve,
+    Reject,
+    Cancel,
+}
+
+async fn decide(d: Decision, verdict: Verdict) -> anyhow::Result<()> {
+    let mut c = client(&d.conn, Some(&d.actor)).await?;
+    let (run_id, comment) = (d.id, d.comment);
+    let (run, verb) = match verdict {
+        Verdict::Approve => {
+            let r = c.approve(ApproveRequest { run_id, comment }).await;
+            (r.map_err(api)?.into_inner().run, "approved")
+        }
+        Verdict::Reject => {
+            let r = c.reject(RejectRequest { run_id, comment }).await;
+            (r.map_err(api)?.into_inner().run, "rejected")
+        }
+        Verdict::Cancel => {
+            let r = c.cancel(CancelRequest { run_id, comment }).await;
+            (r.map_err(api)?.into_inner().run, "cancelled")
+        }
+    };
+    show_run(&d.conn, &run.unwrap_or_default(), verb);
+    Ok(())
+}
+
+/// Runs an approval command.
+pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
+    match cmd {
+        ApprovalCmd::Propose { files, actor, conn } => {
+            let runs = files.parse(|f| RunFile::read(f).and_then(RunFile::into_run))?;
+            let mut c = client(&conn, Some(&actor)).await?;
+            let mut out = Vec::new();
+            for run in runs {
+                let r = c
+                    .propose(ProposeRequest { run: Some(run) })
+                    .await
+                    .map_err(api)?
+                    .into_inner();
+                let run = r.run.clone().unwrap_or_default();
+                if conn.output == Format::Table {
+                    let how = if r.auto_approved_by.is_empty() {
+                        status_name(run.status)
+                    } else {
+                        format!("approved by policy {}", r.auto_approved_by)
+                    };
+                    println!(
+                        "{} run {}: {how}, estimated cost {}",
+                        if r.created { "proposed" } else { "unchanged" },
+                        run.run_id,
+                        estimate(&run)
+                    );
+                }
+                out.push(json!({"created": r.created, "auto_approved_by": r.auto_approved_by, "run": run_json(&run)}));
+            }
+            if conn.output == Format::Json {
+                print_json(&Value::Array(out));
+            }
+        }
+        ApprovalCmd::List {
+            status,
+            org,
+            created_by,
+            conn,
+        } => {
+            let statuses = status
+                .iter()
+                .map(|s| parse_status(s))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let mut c = client(&conn, None).await?;
+            let mut runs = Vec::new();
+            let mut page_token = String::new();
+            loop {
+                let r = c
+                    .list_runs(ListRunsRequest {
+                        statuses: statuses.clone(),
+                        target_org: org.clone().unwrap_or_default(),
+                        created_by: created_by.clone().unwrap_or_default(),
+                        page_size: 1000,
+                        page_token,
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(api)?
+                    .into_inner();
+                runs.extend(r.runs);
+                if r.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = r.next_page_token;
+            }
+            match conn.output {
+                Format::Json => print_json(&Value::Array(runs.iter().map(run_json).collect())),
+                Format::Table => table(&RUN_HEADERS, &run_rows(&runs)),
+            }
+        }
+        ApprovalCmd::Show { id, conn } => {
+            let mut c = client(&conn, None).await?;
+            let run = c
+                .get_run(GetRunRequest { run_id: id.clone() })
+                .await
+                .map_err(api)?
+                .into_inner()
+                .run
+                .unwrap_or_default();
+            let audit = c
+                .list_audit(ListAuditRequest {
+                    run_id: id,
+                    page_size: 1000,
+                    ..Default::default()
+                })
+                .await
+                .map_err(api)?
+                .into_inner()
+                .records;
+            let audit_json: Vec<Value> = audit
+                .iter()
+                .map(|a| {
+                    json!({"sequence": a.sequence, "time_ms": ms(&a.time), "actor": a.actor,
+                           "event_type": a.event_type, "from": status_name(a.from_status),
+                           "to": status_name(a.to_status), "reason": a.reason,
+                           "correlation_id": a.correlation_id, "details": a.details})
+                })
+                .collect();
+            match conn.output {
+                Format::Json => print_json(&json!({"run": run_json(&run), "audit": audit_json})),
+                Format::Table => {
+                    table(&RUN_HEADERS, &run_rows(std::slice::from_ref(&run)));
+                    let pack = run.context_pack.clone().unwrap_or_default();
+                    let t = run.target.clone().unwrap_or_default();
+                    println!();
+                    println!("target:        {}/{} {:?}", t.org, t.repo, t.work_item_ids);
+                    println!(
+                        "context pack:  {} {} ({})",
+                        pack.pack_id, pack.hash, pack.version
+                    );
+                    println!("tools:         {}", run.tools_allowed.join(", "));
+                    println!("outputs:       {}", run.outputs_allowed.join(", "));
+                    println!(
+                        "retries:       {}/{}",
+                        run.retry_count,
+                        run.max_retries.unwrap_or_default()
+                    );
+                    if !run.claimed_by.is_empty() {
+                        println!("claimed by:    {}", run.claimed_by);
+                    }
+                    if !run.last_error.is_empty() {
+                        println!("last error:    {}", run.last_error);
+                    }
+                    println!();
+                    let rows: Vec<Vec<String>> = audit
+                        .iter()
+                        .map(|a| {
+                            let from = status_name(a.from_status);
+                            vec![
+                                a.sequence.to_string(),
+                                a.event_type.clone(),
+                                a.actor.clone(),
+                                if from == "unspecified" || a.from_status == a.to_status {
+                                    status_name(a.to_status)
+                                } else {
+                                    format!("{from} -> {}", status_name(a.to_status))
+                                },
+                                a.reason.clone(),
+                            ]
+                        })
+                        .collect();
+                    table(&["SEQ", "EVENT", "ACTOR", "STATUS", "REASON"], &rows);
+                }
+            }
+        }
+        ApprovalCmd::Approve(d) => decide(d, Verdict::Approve).await?,
+        ApprovalCmd::Reject(d) => decide(d, Verdict::Reject).await?,
+        ApprovalCmd::Cancel(d) => decide(d, Verdict::Cancel).await?,
+        ApprovalCmd::Bundle {
+            id,
+            out,
+            actor,
+            conn,
+        } => {
+            let mut c = client(&conn, Some(&actor)).await?;
+            let r = c
+                .export_prompt_bundle(ExportPromptBundleRequest { run_id: id })
+                .await
+                .map_err(api)?
+                .into_inner();
+            match out {
+                Some(path) => {
+                    std::fs::write(&path, &r.bundle)
+                        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+                    eprintln!("wrote {} ({} bytes)", path.display(), r.bundle.len());
+                }
+                None => {
+                    use std::io::Write;
+                    std::io::stdout().write_all(&r.bundle)?;
+                }
+            }
+        }
+        ApprovalCmd::Import {
+            id,
+            file,
+            context_hash,
+            actor,
+            conn,
+        } => {
+            let content = std::fs::read_to_string(&file)
+                .map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))?;
+            let mut c = client(&conn, Some(&actor)).await?;
+            let r = c
+                .import_manual_result(ImportManualResultRequest {
+                    run_id: id,
+                    content,
+                    context_hash,
+                })
+                .await
+                .map_err(api)?
+                .into_inner();
+            show_run(&conn, &r.run.unwrap_or_default(), "completed");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,369 @@
+//! `switchyard budget ...`: budgets and the cost journal.
+
+use clap::Subcommand;
+use serde_json::{Value, json};
+use switchyard_proto::common::v1::Money;
+use switchyard_proto::ledger::v1::*;
+
+use crate::client::{Conn, api, parse_kv};
+use crate::output::{Format, parse_usd, print_json, table, usd};
+
+/// `switchyard budget ...`
+#[derive(Subcommand, Debug)]
+pub enum BudgetCmd {
+    /// Create a budget, optionally nested under a parent.
+    Create {
+        /// Budget id, e.g. org/acme or org/acme/search.
+        id: String,
+        /// Parent budget id.
+        #[arg(long)]
+        parent: Option<String>,
+        /// Token limit (unlimited when omitted).
+        #[arg(long)]
+        tokens: Option<u64>,
+        /// Money limit in USD, e.g. 12.50 (unlimited when omitted).
+        #[arg(long, value_parser = parse_usd)]
+        usd: Option<i64>,
+        /// Label (KEY=VALUE); repeatable.
+        #[arg(long = "label", value_parser = parse_kv)]
+        labels: Vec<(String, String)>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Show a budget: limits, reserved, spent, remaining.
+    Get {
+        /// Budget id.
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List budgets.
+    List {
+        /// Only children of this budget.
+        #[arg(long)]
+        parent: Option<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Change limits (lowering below spend blocks new reservations).
+    Update {
+        /// Budget id.
+        id: String,
+        /// New token limit.
+        #[arg(long, conflicts_with = "unlimited_tokens")]
+        tokens: Option<u64>,
+        /// New money limit in USD.
+        #[arg(long, value_parser = parse_usd, conflicts_with = "unlimited_usd")]
+        usd: Option<i64>,
+        /// Remove the token limit.
+        #[arg(long)]
+        unlimited_tokens: bool,
+        /// Remove the money limit.
+        #[arg(long)]
+        unlimited_usd: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Close a budget to new reservations and children.
+    Close {
+        /// Budget id.
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// The cost journal (AITP ledger shape) of a budget, a job or a correlation id.
+    Entries {
+        /// Entries of this budget and the budgets under it.
+        #[arg(long, group = "selector")]
+        budget: Option<String>,
+        /// Entries of this job.
+        #[arg(long, group = "selector")]
+        job: Option<String>,
+        /// Entries of this correlation id.
+        #[arg(long, group = "selector")]
+        correlation: Option<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+fn micro(m: &Option<Money>) -> i64 {
+    m.as_ref().map_or(0, |m| m.micro_usd)
+}
+
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "unlimited".into(), |v| v.to_string())
+}
+
+/// A budget as JSON (money in micro-USD).
+pub fn budget_json(b: &Budget) -> Value {
+    json!({
+        "budget_id": b.budget_id, "parent_id": b.parent_id,
+        "token_limit": b.token_limit, "cost_limit_micro_usd": b.cost_limit.map(|m| m.micro_usd),
+        "tokens_reserved": b.tokens_reserved, "tokens_spent": b.tokens_spent,
+        "tokens_remaining": b.tokens_remaining,
+        "cost_reserved_micro_usd": micro(&b.cost_reserved), "cost_spent_micro_usd": micro(&b.cost_spent),
+        "cost_remaining_micro_usd": b.cost_remaining.map(|m| m.micro_usd),
+        "labels": b.labels, "closed": b.closed, "overrun": b.overrun,
+    })
+}
+
+fn budget_rows(budgets: &[Budget]) -> Vec<Vec<String>> {
+    budgets
+        .iter()
+        .map(|b| {
+            let state = match (b.closed, b.overrun) {
+                (true, _) => "closed",
+                (_, true) => "overrun",
+                _ => "open",
+            };
+            vec![
+                b.budget_id.clone(),
+                if b.parent_id.is_empty() {
+                    "-".into()
+                } else {
+                    b.parent_id.clone()
+                },
+                opt(b.token_limit),
+                b.tokens_reserved.to_string(),
+                b.tokens_spent.to_string(),
+                opt(b.tokens_remaining),
+                opt(b.cost_limit.map(|m| usd(m.micro_usd))),
+                usd(micro(&b.cost_reserved)),
+                usd(micro(&b.cost_spent)),
+                opt(b.cost_remaining.map(|m| usd(m.micro_usd))),
+                state.into(),
+            ]
+        })
+        .collect()
+}
+
+const BUDGET_HEADERS: [&str; 11] = [
+    "BUDGET",
+    "PARENT",
+    "TOKENS",
+    "RESERVED",
+    "SPENT",
+    "REMAINING",
+    "USD",
+    "USD_RESERVED",
+    "USD_SPENT",
+    "USD_REMAINING",
+    "STATE",
+];
+
+fn show(conn: &Conn, budgets: &[Budget]) {
+    match conn.output {
+        Format::Json if budgets.len() == 1 => print_json(&budget_json(&budgets[0])),
+        Format::Json => print_json(&Value::Array(budgets.iter().map(budget_json).collect())),
+        Format::Table => table(&BUDGET_HEADERS, &budget_rows(budgets)),
+    }
+}
+
+/// Runs a budget command.
+pub async fn run(cmd: BudgetCmd) -> anyhow::Result<()> {
+    match cmd {
+        BudgetCmd::Create {
+            id,
+            parent,
+            tokens,
+            usd: cost,
+            labels,
+            conn,
+        } => {
+            let r = conn
+                .ledger()
+                .await?
+                .create_budget(CreateBudgetRequest {
+                    budget_id: id,
+                    parent_id: parent.unwrap_or_default(),
+                    token_limit: tokens,
+                    cost_limit: cost.map(|micro_usd| Money { micro_usd }),
+                    labels: labels.into_iter().collect(),
+                })
+                .await
+                .map_err(api)?;
+            let b = r.budget.unwrap_or_default();
+            if conn.output == Format::Table {
+                println!(
+                    "{} budget {}",
+                    if r.created { "created" } else { "unchanged" },
+                    b.budget_id
+                );
+            }
+            show(&conn, &[b]);
+        }
+        BudgetCmd::Get { id, conn } => {
+            let b = conn
+                .ledger()
+                .await?
+                .get_budget(GetBudgetRequest { budget_id: id })
+                .await
+                .map_err(api)?
+                .budget
+                .unwrap_or_default();
+            show(&conn, &[b]);
+        }
+        BudgetCmd::List { parent, conn } => {
+            let c = conn.ledger().await?;
+            let mut budgets = Vec::new();
+            let mut page_token = String::new();
+            loop {
+                let r = c
+                    .list_budgets(ListBudgetsRequest {
+                        parent_id: parent.clone().unwrap_or_default(),
+                        page_size: 1000,
+                        page_token,
+                    })
+                    .await
+                    .map_err(api)?;
+                budgets.extend(r.budgets);
+                if r.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = r.next_page_token;
+            }
+            match conn.output {
+                Format::Json => {
+                    print_json(&Value::Array(budgets.iter().map(budget_json).collect()))
+                }
+                Format::Table => table(&BUDGET_HEADERS, &budget_rows(&budgets)),
+            }
+        }
+        BudgetCmd::Update {
+            id,
+            tokens,
+            usd: cost,
+            unlimited_tokens,
+            unlimited_usd,
+            conn,
+        } => {
+            let b = conn
+                .ledger()
+                .await?
+                .update_limits(UpdateLimitsRequest {
+                    budget_id: id,
+                    token_limit: tokens,
+                    cost_limit: cost.map(|micro_usd| Money { micro_usd }),
+                    remove_token_limit: unlimited_tokens,
+                    remove_cost_limit: unlimited_usd,
+                })
+                .await
+                .map_err(api)?
+                .budget
+                .unwrap_or_default();
+            show(&conn, &[b]);
+        }
+        BudgetCmd::Close { id, conn } => {
+            let b = conn
+                .ledger()
+                .await?
+                .close_budget(CloseBudgetRequest { budget_id: id })
+                .await
+                .map_err(api)?
+                .budget
+                .unwrap_or_default();
+            show(&conn, &[b]);
+        }
+        BudgetCmd::Entries {
+            budget,
+            job,
+            correlation,
+            conn,
+        } => {
+            if budget.is_none() && job.is_none() && correlation.is_none() {
+                anyhow::bail!("give one of --budget, --job or --correlation");
+            }
+            let c = conn.ledger().await?;
+            let mut first: Option<ListEntriesResponse> = None;
+            let mut entries = Vec::new();
+            let mut page_token = String::new();
+            loop {
+                let r = c
+                    .list_entries(ListEntriesRequest {
+                        budget_id: budget.clone().unwrap_or_default(),
+                        job_id: job.clone().unwrap_or_default(),
+                        correlation_id: correlation.clone().unwrap_or_default(),
+                        page_size: 1000,
+                        page_token,
+                    })
+                    .await
+                    .map_err(api)?;
+                entries.extend(r.entries.iter().cloned());
+                page_token = r.next_page_token.clone();
+                first.get_or_insert(r);
+                if page_token.is_empty() {
+                    break;
+                }
+            }
+            let head = first.unwrap_or_default();
+            match conn.output {
+                Format::Json => print_json(&json!({
+                    "budget": head.budget.as_ref().map(budget_json),
+                    "entries": entries.iter().map(|e| json!({
+                        "entry_id": e.entry_id, "budget_id": e.budget_id, "subtask_id": e.subtask_id,
+                        "agent_id": e.agent_id, "model": e.model, "units": e.units,
+                        "price_per_unit_micro_usd_per_million": e.price_per_unit.map(|p| p.micro_usd_per_million),
+                        "total_micro_usd": micro(&e.total), "tokens": e.tokens,
+                        "job_id": e.context.as_ref().map(|c| c.job_id.clone()),
+                        "correlation_id": e.context.as_ref().map(|c| c.correlation_id.clone()),
+                    })).collect::<Vec<_>>(),
+                    "total_cost_micro_usd": micro(&head.total_cost),
+                    "total_tokens": head.total_tokens,
+                    "remaining_budget_micro_usd": head.remaining_budget.map(|m| m.micro_usd),
+                })),
+                Format::Table => {
+                    let rows: Vec<Vec<String>> = entries
+                        .iter()
+                        .map(|e| {
+                            let ppu = e.price_per_unit.map_or(0, |p| p.micro_usd_per_million);
+                            vec![
+                                if e.subtask_id.is_empty() {
+                                    "-".into()
+                                } else {
+                                    e.subtask_id.clone()
+                                },
+                                if e.agent_id.is_empty() {
+                                    "-".into()
+                                } else {
+                                    e.agent_id.clone()
+                                },
+                                if e.model.is_empty() {
+                                    "-".into()
+                                } else {
+                                    e.model.clone()
+                                },
+                                e.units.to_string(),
+                                format!("{}/M", usd(ppu)),
+                                usd(micro(&e.total)),
+                                e.budget_id.clone(),
+                            ]
+                        })
+                        .collect();
+                    table(
+                        &[
+                            "SUBTASK",
+                            "AGENT",
+                            "MODEL",
+                            "UNITS",
+                            "PRICE_PER_UNIT",
+                            "TOTAL",
+                            "BUDGET",
+                        ],
+                        &rows,
+                    );
+                    println!("total_cost: {}", usd(micro(&head.total_cost)));
+                    if let Some(b) = &head.budget {
+                        let limit = b.cost_limit.map(|m| usd(m.micro_usd));
+                        println!("budget: {}", opt(limit));
+                        println!(
+                            "remaining_budget: {}",
+                            opt(head.remaining_budget.map(|m| usd(m.micro_usd)))
+                        );
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
