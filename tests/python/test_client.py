@@ -3,8 +3,9 @@
 Usage: test_client.py HOST:PORT PROTO_ROOT
 
 Generates stubs into a temporary directory, registers an agent, routes to it,
-and reads the google.rpc ErrorInfo reason and BadRequest field violations from
-rejected calls: what a polyglot platform team would do. Prints one line per
+reserves on a budget until the ledger refuses, and reads the google.rpc
+ErrorInfo reason, its metadata and BadRequest field violations from rejected
+calls: what a polyglot platform team would do. Prints one line per
 check and a final "N passed, N failed" line; exits non-zero on any failure.
 """
 
@@ -33,32 +34,41 @@ def generate(proto_root: str) -> str:
 
 def error_details(err: grpc.RpcError):
     """(reason, {field: description}) from a rich gRPC status."""
+    reason, fields, _ = error_info(err)
+    return reason, fields
+
+
+def error_info(err: grpc.RpcError):
+    """(reason, {field: description}, ErrorInfo metadata) from a rich gRPC status."""
     from google.rpc import error_details_pb2
     from grpc_status import rpc_status
 
     status = rpc_status.from_call(err)
-    reason, fields = None, {}
+    reason, fields, metadata = None, {}, {}
     for detail in status.details if status else []:
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()
             detail.Unpack(info)
-            reason = info.reason
+            reason, metadata = info.reason, dict(info.metadata)
         elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
             bad = error_details_pb2.BadRequest()
             detail.Unpack(bad)
             fields = {v.field: v.description for v in bad.field_violations}
-    return reason, fields
+    return reason, fields, metadata
 
 
 def main() -> int:
     addr, proto_root = sys.argv[1], sys.argv[2]
     generate(proto_root)
     from switchyard.registry.v1 import registry_pb2, registry_pb2_grpc
+    from switchyard.common.v1 import common_pb2
+    from switchyard.ledger.v1 import ledger_pb2, ledger_pb2_grpc
     from switchyard.router.v1 import router_pb2, router_pb2_grpc
 
     channel = grpc.insecure_channel(addr)
     registry = registry_pb2_grpc.RegistryServiceStub(channel)
     router = router_pb2_grpc.RouterServiceStub(channel)
+    ledger = ledger_pb2_grpc.LedgerServiceStub(channel)
     results = []
 
     def check(name, cond, info=""):
@@ -115,6 +125,34 @@ def main() -> int:
             "unroutable capability: NOT_FOUND with CAPABILITY_UNAVAILABLE",
             err.code() == grpc.StatusCode.NOT_FOUND and reason == "CAPABILITY_UNAVAILABLE",
             str(reason),
+        )
+
+    ledger.CreateBudget(
+        ledger_pb2.CreateBudgetRequest(budget_id="py/team", token_limit=1000, cost_limit=common_pb2.Money(micro_usd=5000))
+    )
+    ledger.CreateBudget(ledger_pb2.CreateBudgetRequest(budget_id="py/team/job", parent_id="py/team"))
+    first = ledger.Reserve(
+        ledger_pb2.ReserveRequest(
+            budget_id="py/team/job", tokens=700, cost=common_pb2.Money(micro_usd=100), idempotency_key="py-1"
+        )
+    )
+    check("reserve on a nested budget", first.reservation.tokens == 700)
+    try:
+        ledger.Reserve(
+            ledger_pb2.ReserveRequest(
+                budget_id="py/team/job", tokens=400, cost=common_pb2.Money(micro_usd=100), idempotency_key="py-2"
+            )
+        )
+        check("reservation over the parent's limit refused", False)
+    except grpc.RpcError as err:
+        reason, _, meta = error_info(err)
+        check(
+            "refusal: RESOURCE_EXHAUSTED with BUDGET_EXCEEDED naming the parent and what remains",
+            err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            and reason == "BUDGET_EXCEEDED"
+            and meta.get("refused_by") == "py/team"
+            and meta.get("tokens_remaining") == "300",
+            f"{reason} {meta}",
         )
 
     passed = sum(results)

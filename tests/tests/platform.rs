@@ -89,12 +89,14 @@ async fn reflection_v1_lists_services_and_describes_a_method() {
     assert!(
         !names
             .iter()
-            .any(|n| n == "switchyard.ledger.v1.LedgerService"),
+            .any(|n| n == "switchyard.executor.v1.JobService"),
         "only hosted services are advertised: {names:?}"
     );
     for want in [
         "switchyard.registry.v1.RegistryService",
         "switchyard.router.v1.RouterService",
+        "switchyard.ledger.v1.LedgerService",
+        "switchyard.approval.v1.ApprovalService",
         "grpc.health.v1.Health",
     ] {
         assert!(

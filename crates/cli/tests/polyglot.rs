@@ -15,7 +15,7 @@ fn tool(var: &str) -> String {
 }
 
 #[test]
-fn python_client_generated_from_proto_registers_routes_and_reads_error_info() {
+fn python_client_generated_from_proto_registers_routes_reserves_and_reads_error_info() {
     let python = tool("SWITCHYARD_PYTHON");
     let (dev, _data) = Proc::dev(&[]);
     let root = repo_root();
@@ -31,7 +31,7 @@ fn python_client_generated_from_proto_registers_routes_and_reads_error_info() {
         "python client failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("5 passed, 0 failed"), "{stdout}");
+    assert!(stdout.contains("7 passed, 0 failed"), "{stdout}");
     assert_eq!(dev.terminate(), Some(0));
 }
 
