@@ -7,6 +7,12 @@
 //!    Check, which does no work) as the baseline, then Route and Heartbeat,
 //!    each printed with its ratio to the baseline measured in the same run.
 //!
+//! 3. The ledger engine in-process (no gRPC) with durable, group-committed
+//!    acknowledgements: reservations/s on one hot budget, 64 callers.
+//! 4. The ledger over gRPC, 64 callers: Reserve+Commit pairs on one hot
+//!    budget and spread over 1,000 budgets, with Reserve latency and the
+//!    RPC rate's ratio to the bare ping of item 2.
+//!
 //! The stack is the one `switchyard dev` runs (durable sled store in a
 //! temporary directory, per-RPC spans enabled at the default `info` level).
 
@@ -15,6 +21,11 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use switchyard_cli::ServiceKind;
+use switchyard_core::SystemClock;
+use switchyard_ledger::{Ledger, LedgerConfig};
+use switchyard_proto::common::v1::Money;
+use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
+use switchyard_proto::ledger::v1::{CommitRequest, CreateBudgetRequest, ReserveRequest};
 use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
 use switchyard_proto::registry::v1::{
     Agent, AgentSpec, AgentStatus, Capability, HeartbeatRequest, RegisterAgentRequest,
@@ -115,10 +126,11 @@ struct Load {
 }
 
 /// `CALLERS` tasks over `CONNECTIONS` channels call `f` in a loop for `RUN`.
+/// Latency is the whole call, or the part `f` reports when it returns one.
 async fn load<F, Fut>(channels: &[Channel], f: F) -> Load
 where
     F: Fn(Channel, u64) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = Result<(), tonic::Status>> + Send,
+    Fut: std::future::Future<Output = Result<Option<Duration>, tonic::Status>> + Send,
 {
     let run = |dur: Duration| {
         let mut tasks = Vec::new();
@@ -133,10 +145,14 @@ where
                 while Instant::now() < deadline {
                     seq += 1;
                     let t = Instant::now();
-                    if f(ch.clone(), seq).await.is_err() {
-                        errors += 1;
-                    }
-                    h.record(t.elapsed().as_nanos() as u64).ok();
+                    let took = match f(ch.clone(), seq).await {
+                        Ok(part) => part.unwrap_or_else(|| t.elapsed()),
+                        Err(_) => {
+                            errors += 1;
+                            t.elapsed()
+                        }
+                    };
+                    h.record(took.as_nanos() as u64).ok();
                     n += 1;
                 }
                 (h, n, errors)
@@ -170,7 +186,7 @@ fn verdict(ok: bool) -> &'static str {
 
 async fn run() -> anyhow::Result<()> {
     println!(
-        "Switchyard foundation benchmarks ({} cores)\n",
+        "Switchyard benchmarks ({} cores)\n",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
 
@@ -191,6 +207,8 @@ async fn run() -> anyhow::Result<()> {
             }
         );
     }
+
+    ledger_in_process().await?;
 
     let agents = 10_000;
     let stack = Stack::start_with(ServiceKind::ALL, |c| {
@@ -264,7 +282,7 @@ async fn run() -> anyhow::Result<()> {
                 service: String::new(),
             })
             .await
-            .map(drop)
+            .map(|_| None)
     })
     .await;
     let route = load(&channels, |ch, seq| async move {
@@ -276,7 +294,7 @@ async fn run() -> anyhow::Result<()> {
                 limit: 5,
             })
             .await
-            .map(drop)
+            .map(|_| None)
     })
     .await;
     let heartbeat = load(&channels, move |ch, seq| async move {
@@ -287,7 +305,7 @@ async fn run() -> anyhow::Result<()> {
                 in_flight: (seq % 4) as u32,
             })
             .await
-            .map(drop)
+            .map(|_| None)
     })
     .await;
 
@@ -310,7 +328,133 @@ async fn run() -> anyhow::Result<()> {
     let hb_goal = format!("[{}: >= 20000/s]", verdict(heartbeat.rate >= 20_000.0));
     row("Heartbeat (10k agents)", &heartbeat, &hb_goal);
 
+    ledger_grpc(&channels, ping.rate).await?;
     stack.stop().await?;
+    Ok(())
+}
+
+fn reserve_req(budget: String, seq: u64) -> ReserveRequest {
+    ReserveRequest {
+        budget_id: budget,
+        tokens: 100,
+        cost: Some(Money { micro_usd: 10 }),
+        idempotency_key: format!("bench-{seq}"),
+        ..Default::default()
+    }
+}
+
+/// The ledger engine alone: durable reservations on one hot budget.
+async fn ledger_in_process() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (_trigger, shutdown) = switchyard_kit::shutdown::channel();
+    let store = switchyard_store::Store::open(dir.path())?;
+    let ledger = Ledger::open(
+        LedgerConfig::default(),
+        store,
+        std::sync::Arc::new(SystemClock),
+        shutdown,
+    )?;
+    ledger
+        .create_budget(CreateBudgetRequest {
+            budget_id: "hot".into(),
+            token_limit: Some(switchyard_ledger::MAX_AMOUNT),
+            ..Default::default()
+        })
+        .await?;
+    let run = |dur: Duration, base: u64| {
+        (0..CALLERS as u64)
+            .map(|c| {
+                let l = ledger.clone();
+                tokio::spawn(async move {
+                    let deadline = Instant::now() + dur;
+                    let mut n = 0u64;
+                    while Instant::now() < deadline {
+                        let seq = base + c * 100_000_000 + n;
+                        l.reserve(reserve_req("hot".into(), seq), "bench").await?;
+                        n += 1;
+                    }
+                    anyhow::Ok(n)
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    for t in run(WARMUP, 0) {
+        t.await??;
+    }
+    let start = Instant::now();
+    let mut n = 0;
+    for t in run(RUN, 50_000_000) {
+        n += t.await??;
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    println!(
+        "
+Ledger engine in-process (no gRPC), durable group commit, {CALLERS} callers, one hot budget:"
+    );
+    println!(
+        "  reservations {rate:>9.0} /s  [{}: >= 100000/s]",
+        verdict(rate >= 100_000.0)
+    );
+    Ok(())
+}
+
+/// Reserve+Commit pairs over gRPC on one hot budget and on 1,000 budgets.
+async fn ledger_grpc(channels: &[Channel], ping: f64) -> anyhow::Result<()> {
+    let mut c = LedgerServiceClient::new(channels[0].clone());
+    c.create_budget(CreateBudgetRequest {
+        budget_id: "org".into(),
+        token_limit: Some(switchyard_ledger::MAX_AMOUNT),
+        ..Default::default()
+    })
+    .await?;
+    let budgets = 1_000u64;
+    for b in 0..=budgets {
+        c.create_budget(CreateBudgetRequest {
+            budget_id: format!("org/b{b:04}"),
+            parent_id: "org".into(),
+            ..Default::default()
+        })
+        .await?;
+    }
+    println!(
+        "
+Ledger over gRPC, {CALLERS} callers, Reserve+Commit pairs (both durable):"
+    );
+    for (name, spread) in [("one hot budget", 1), ("1,000 budgets", budgets)] {
+        let pairs = load(channels, move |ch, seq| async move {
+            let mut l = LedgerServiceClient::new(ch);
+            let budget = format!("org/b{:04}", seq % spread);
+            let t = Instant::now();
+            let r = l
+                .reserve(reserve_req(budget, seq + spread * 1_000_000_000))
+                .await?;
+            let reserve_took = t.elapsed();
+            let rid = r
+                .into_inner()
+                .reservation
+                .map(|r| r.reservation_id)
+                .unwrap_or_default();
+            l.commit(CommitRequest {
+                reservation_id: rid,
+                tokens: 80,
+                cost: Some(Money { micro_usd: 8 }),
+                ..Default::default()
+            })
+            .await?;
+            Ok(Some(reserve_took))
+        })
+        .await;
+        let ratio = 2.0 * pairs.rate / ping;
+        println!(
+            "  {name:<15} {:>8.0} pairs/s = {:>8.0} RPC/s  ratio to ping {ratio:>5.2}  Reserve p50 {:>7.1} us  p99 {:>8.1} us  errors {}  [{}: ratio >= 0.50, p99 <= 5 ms]",
+            pairs.rate,
+            2.0 * pairs.rate,
+            pairs.p50_us,
+            pairs.p99_us,
+            pairs.errors,
+            verdict(ratio >= 0.5 && pairs.p99_us <= 5_000.0)
+        );
+    }
     Ok(())
 }
 

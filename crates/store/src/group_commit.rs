@@ -1,11 +1,15 @@
 //! Group commit: callers take a ticket and wait until a flush that started
 //! after their ticket has succeeded. One flusher thread runs flushes back to
-//! back, each covering every ticket issued before it started. Dropping the
-//! handle stops and joins the thread, so the database is released at once.
+//! back, each covering every ticket issued before it started. Before each
+//! flush it runs the registered drains, which move buffered log records into
+//! the database, so a log pays one write per flush instead of one per record.
+//! Dropping the handle stops and joins the thread, so the database is
+//! released at once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -24,10 +28,29 @@ struct Progress {
 struct Tickets {
     wanted: u64,
     stop: bool,
+    /// The flusher is waiting for a ticket (only then is it worth waking).
+    idle: bool,
+    /// The flusher is gathering callers and wants waking at this many tickets.
+    gather_until: Option<u64>,
 }
+
+/// When flushes run back to back (the last one finished this recently) yet
+/// each covers only a few callers, the flusher waits up to this long for
+/// [`GATHER_AT_LEAST`] callers before flushing again: a sled flush costs
+/// about as much CPU as it takes time, and on a small machine that CPU is
+/// taken from the callers themselves. Large batches (callers arrive faster
+/// than flushes) and a lone sequential caller never wait.
+const GATHER_WINDOW: Duration = Duration::from_micros(300);
+const BUSY: Duration = Duration::from_millis(1);
+/// Callers worth one flush under load.
+const GATHER_AT_LEAST: u64 = 16;
+
+/// Moves buffered writes into the database; runs on the flusher thread.
+pub(crate) type Drain = Arc<dyn Fn() -> Result<(), StoreError> + Send + Sync>;
 
 struct Shared {
     tickets: Mutex<Tickets>,
+    drains: Mutex<Vec<Drain>>,
     wake: Condvar,
     progress: watch::Sender<Progress>,
     flushes: AtomicU64,
@@ -42,6 +65,7 @@ impl GroupCommit {
     pub(crate) fn start(db: sled::Db) -> Arc<GroupCommit> {
         let shared = Arc::new(Shared {
             tickets: Mutex::new(Tickets::default()),
+            drains: Mutex::new(Vec::new()),
             wake: Condvar::new(),
             progress: watch::channel(Progress::default()).0,
             flushes: AtomicU64::new(0),
@@ -55,6 +79,20 @@ impl GroupCommit {
             shared,
             thread: Some(thread),
         })
+    }
+
+    /// Runs `drain` before every flush from now on.
+    pub(crate) fn add_drain(&self, drain: Drain) {
+        self.shared
+            .drains
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(drain);
+    }
+
+    /// Runs every drain now (shutdown).
+    pub(crate) fn drain_now(&self) -> Result<(), StoreError> {
+        drain_all(&self.shared)
     }
 
     /// Flushes run so far.
@@ -71,9 +109,13 @@ impl GroupCommit {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
             t.wanted += 1;
-            t.wanted
+            let wake = t.idle || t.gather_until.is_some_and(|g| t.wanted >= g);
+            (t.wanted, wake)
         };
-        self.shared.wake.notify_one();
+        let (ticket, wake) = ticket;
+        if wake {
+            self.shared.wake.notify_one();
+        }
         let mut rx = self.shared.progress.subscribe();
         loop {
             {
@@ -108,21 +150,44 @@ impl Drop for GroupCommit {
 
 fn flusher(shared: &Shared, db: sled::Db) {
     let mut done = 0u64;
+    let mut last_flush = Instant::now() - BUSY;
+    let mut last_batch = 0;
     loop {
         let (target, stop) = {
             let mut t = shared.tickets.lock().unwrap_or_else(|p| p.into_inner());
             while t.wanted == done && !t.stop {
+                t.idle = true;
                 t = shared.wake.wait(t).unwrap_or_else(|p| p.into_inner());
+            }
+            t.idle = false;
+            let goal = done + GATHER_AT_LEAST;
+            let few = (2..GATHER_AT_LEAST).contains(&last_batch);
+            if !t.stop && few && last_flush.elapsed() < BUSY && t.wanted < goal {
+                t.gather_until = Some(goal);
+                let deadline = Instant::now() + GATHER_WINDOW;
+                while t.wanted < goal && !t.stop {
+                    let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                        break;
+                    };
+                    t = shared
+                        .wake
+                        .wait_timeout(t, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+                t.gather_until = None;
             }
             (t.wanted, t.stop)
         };
         if target > done {
-            let result = db.flush();
+            let result = drain_all(shared).and_then(|()| Ok(db.flush()?));
             shared.flushes.fetch_add(1, Ordering::Relaxed);
+            last_flush = Instant::now();
+            last_batch = target - done;
             shared.progress.send_modify(|p| match &result {
                 Ok(_) => p.durable_through = target,
                 Err(e) => {
-                    tracing::error!(error = %e, "store flush failed");
+                    tracing::error!(error = %e, "store write or flush failed");
                     p.failed_through = target;
                     p.failure = Some(e.to_string());
                 }
@@ -130,8 +195,20 @@ fn flusher(shared: &Shared, db: sled::Db) {
             done = target;
         }
         if stop {
+            if let Err(e) = drain_all(shared) {
+                tracing::error!(error = %e, "writing buffered records at close failed");
+            }
             let _ = db.flush();
             return;
         }
     }
+}
+
+fn drain_all(shared: &Shared) -> Result<(), StoreError> {
+    let drains = shared
+        .drains
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    drains.iter().try_for_each(|d| d())
 }

@@ -102,6 +102,7 @@ impl Store {
 
     /// Flushes everything now, blocking (for shutdown).
     pub fn flush_blocking(&self) -> Result<(), StoreError> {
+        self.commit.drain_now()?;
         self.db.flush()?;
         Ok(())
     }

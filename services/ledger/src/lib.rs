@@ -406,7 +406,7 @@ impl Ledger {
                     cost: Some(money(cost)),
                     context: Some(context),
                     ..Default::default()
-                })?;
+                });
                 apply_live(&mut books, &rec);
                 tracing::info!(reservation_id = %id, "reservation expired and was released");
                 last = seq;
@@ -528,7 +528,7 @@ impl Ledger {
             budget_id: wanted.budget_id.clone(),
             budget: Some(wanted),
             ..Default::default()
-        })?;
+        });
         apply_live(books, &rec);
         Ok(seq)
     }
@@ -580,7 +580,7 @@ impl Ledger {
                     ..Default::default()
                 }),
                 ..Default::default()
-            })?;
+            });
             apply_live(&mut books, &rec);
             seq
         };
@@ -603,7 +603,7 @@ impl Ledger {
                         kind: RecordKind::BudgetClosed as i32,
                         budget_id: id.to_owned(),
                         ..Default::default()
-                    })?;
+                    });
                     apply_live(&mut books, &rec);
                     Some(seq)
                 }
@@ -722,7 +722,7 @@ impl Ledger {
                             note: req.note.clone(),
                             ttl_ms,
                             ..Default::default()
-                        })?;
+                        });
                         apply_live(&mut books, &rec);
                         let view = books.reservations.get(&id).map(|r| r.view());
                         (seq, Ok(view.unwrap_or_default()))
@@ -737,9 +737,9 @@ impl Ledger {
                             }
                             _ => return Err(e),
                         };
-                        // Refusals are journaled for watchers and audits but
-                        // not waited on: nothing was granted.
-                        self.inner.journal.append(|sequence| JournalRecord {
+                        // Refusals are journaled for watchers and audits; the
+                        // caller hears of it once the record is durable.
+                        let (seq, _) = self.inner.journal.append(|sequence| JournalRecord {
                             sequence,
                             time: Some(timestamp(now)),
                             kind: RecordKind::Refused as i32,
@@ -752,9 +752,9 @@ impl Ledger {
                             reason: why,
                             note: req.note.clone(),
                             ..Default::default()
-                        })?;
+                        });
                         tracing::info!(budget_id = %req.budget_id, error = %e, "reservation refused");
-                        return Err(e);
+                        (seq, Err(e))
                     }
                 }
             }
@@ -869,7 +869,7 @@ impl Ledger {
                     entry: Some(entry.clone()),
                     overrun,
                     ..Default::default()
-                })?;
+                });
                 apply_live(&mut books, &rec);
                 if overrun {
                     (seq, _) = self.inner.journal.append(|sequence| JournalRecord {
@@ -886,7 +886,7 @@ impl Ledger {
                             req.tokens, cost, res.tokens, res.cost
                         ),
                         ..Default::default()
-                    })?;
+                    });
                     tracing::warn!(
                         reservation_id = %res.id,
                         budget_id = %res.budget_id,
@@ -950,7 +950,7 @@ impl Ledger {
                         context: Some(res.context.clone()),
                         idempotency_key: key,
                         ..Default::default()
-                    })?;
+                    });
                     apply_live(&mut books, &rec);
                     seq
                 }
