@@ -54,7 +54,7 @@ fn kubernetes_workloads_match_the_binary_and_each_other() {
         .iter()
         .filter(|m| m["kind"] == "Deployment" || m["kind"] == "StatefulSet")
         .collect();
-    assert_eq!(workloads.len(), 2);
+    assert_eq!(workloads.len(), 4, "registry, router, ledger, approval");
 
     for w in workloads {
         let name = w["metadata"]["name"].as_str().unwrap();
