@@ -666,6 +666,11 @@ mod properties {
 
     #[derive(Debug, Clone)]
     enum Op {
+        Create {
+            parent: usize,
+            tokens: Option<u64>,
+            cost: Option<i64>,
+        },
         Reserve {
             budget: usize,
             tokens: u64,
@@ -688,7 +693,9 @@ mod properties {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            4 => (0..5usize, 0..400u64, 0..400i64, 0..40u8)
+            1 => (0..16usize, proptest::option::of(0..800u64), proptest::option::of(0..800i64))
+                .prop_map(|(parent, tokens, cost)| Op::Create { parent, tokens, cost }),
+            4 => (0..16usize, 0..400u64, 0..400i64, 0..40u8)
                 .prop_map(|(budget, tokens, cost, key)| Op::Reserve { budget, tokens, cost, key }),
             3 => (0..64usize, 0..500u64, 0..500i64).prop_map(|(res, tokens, cost)| Op::Commit { res, tokens, cost }),
             1 => (0..64usize).prop_map(|res| Op::Release { res }),
@@ -747,6 +754,7 @@ mod properties {
         for (id, parent, t, c) in BUDGETS {
             budget(&f.ledger, id, parent, t, c).await;
         }
+        let mut budgets: Vec<String> = BUDGETS.iter().map(|b| b.0.to_owned()).collect();
         let mut reservations: Vec<(String, String)> = Vec::new();
         // Overruns recorded per budget chain: the only allowed excess.
         let mut over_t: HashMap<String, u64> = HashMap::new();
@@ -759,14 +767,24 @@ mod properties {
                     cost,
                     key,
                 } => {
-                    let b = BUDGETS[budget].0;
-                    let mut req = reserve_req(b, tokens, cost, &format!("key-{key}"));
+                    let b = budgets[budget % budgets.len()].clone();
+                    let mut req = reserve_req(&b, tokens, cost, &format!("key-{key}"));
                     req.ttl = Some(switchyard_kit::time::duration(10_000));
                     if let Ok(r) = f.ledger.reserve(req, "c").await
                         && !reservations.iter().any(|(id, _)| *id == r.reservation_id)
                     {
-                        reservations.push((r.reservation_id, b.to_owned()));
+                        reservations.push((r.reservation_id, b));
                     }
+                }
+                Op::Create {
+                    parent,
+                    tokens,
+                    cost,
+                } => {
+                    let parent = budgets[parent % budgets.len()].clone();
+                    let id = format!("{parent}/n{}", budgets.len());
+                    budget(&f.ledger, &id, &parent, tokens, cost).await;
+                    budgets.push(id);
                 }
                 Op::Commit { res, tokens, cost } => {
                     if let Some((rid, b)) = reservations.get(res) {
