@@ -275,6 +275,8 @@ pub fn charge(units: u64, price: &UnitPrice) -> i64 {
 }
 
 struct Inner {
+    /// Random per open, so ids stay unique even if the data is wiped.
+    id_prefix: String,
     cfg: LedgerConfig,
     clock: Arc<dyn Clock>,
     books: Mutex<Books>,
@@ -337,6 +339,7 @@ impl Ledger {
         );
         Ok(Ledger {
             inner: Arc::new(Inner {
+                id_prefix: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
                 cfg,
                 clock,
                 books: Mutex::new(books),
@@ -431,6 +434,11 @@ impl Ledger {
 
     fn now(&self) -> u64 {
         self.inner.clock.now_ms()
+    }
+
+    /// A reservation or entry id: `<kind>-<open prefix>-<journal sequence>`.
+    fn id(&self, kind: &str, sequence: u64) -> String {
+        format!("{kind}-{}-{sequence}", self.inner.id_prefix)
     }
 
     /// Returns one budget.
@@ -707,13 +715,12 @@ impl Ledger {
             } else {
                 match check_reserve(&books, &req.budget_id, req.tokens, cost) {
                     Ok(()) => {
-                        let id = format!("rsv-{}", uuid::Uuid::now_v7());
                         let (seq, rec) = self.inner.journal.append(|sequence| JournalRecord {
                             sequence,
                             time: Some(timestamp(now)),
                             kind: RecordKind::Reserved as i32,
                             budget_id: req.budget_id.clone(),
-                            reservation_id: id.clone(),
+                            reservation_id: self.id("rsv", sequence),
                             tokens: req.tokens,
                             cost: Some(money(cost)),
                             context: Some(context.clone()),
@@ -724,7 +731,10 @@ impl Ledger {
                             ..Default::default()
                         });
                         apply_live(&mut books, &rec);
-                        let view = books.reservations.get(&id).map(|r| r.view());
+                        let view = books
+                            .reservations
+                            .get(&rec.reservation_id)
+                            .map(|r| r.view());
                         (seq, Ok(view.unwrap_or_default()))
                     }
                     Err(e) => {
@@ -848,7 +858,6 @@ impl Ledger {
                 let over_tokens = req.tokens.saturating_sub(res.tokens);
                 let over_cost = (cost - res.cost).max(0);
                 let overrun = over_tokens > 0 || over_cost > 0;
-                entry.entry_id = format!("ent-{}", uuid::Uuid::now_v7());
                 entry.budget_id = res.budget_id.clone();
                 entry.reservation_id = res.id.clone();
                 entry.tokens = req.tokens;
@@ -866,7 +875,10 @@ impl Ledger {
                     cost: Some(money(cost)),
                     context: Some(res.context.clone()),
                     idempotency_key: key.clone(),
-                    entry: Some(entry.clone()),
+                    entry: Some(Entry {
+                        entry_id: self.id("ent", sequence),
+                        ..entry
+                    }),
                     overrun,
                     ..Default::default()
                 });
@@ -898,7 +910,7 @@ impl Ledger {
                 (
                     seq,
                     CommitResponse {
-                        entry: Some(entry),
+                        entry: rec.entry,
                         overrun,
                     },
                 )
