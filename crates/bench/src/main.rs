@@ -447,13 +447,14 @@ Ledger over gRPC, {CALLERS} callers, Reserve+Commit pairs (both durable):"
         .await;
         let ratio = 2.0 * pairs.rate / ping;
         println!(
-            "  {name:<15} {:>8.0} pairs/s = {:>8.0} RPC/s  ratio to ping {ratio:>5.2}  Reserve p50 {:>7.1} us  p99 {:>8.1} us  errors {}  [{}: ratio >= 0.50, p99 <= 5 ms]",
+            "  {name:<15} {:>8.0} pairs/s = {:>8.0} RPC/s  ratio to ping {ratio:>5.2}  Reserve p50 {:>7.1} us  p99 {:>8.1} us  errors {}  [{}: ratio >= 0.50] [{}: Reserve p99 <= 5 ms]",
             pairs.rate,
             2.0 * pairs.rate,
             pairs.p50_us,
             pairs.p99_us,
             pairs.errors,
-            verdict(ratio >= 0.5 && pairs.p99_us <= 5_000.0)
+            verdict(ratio >= 0.5),
+            verdict(pairs.p99_us <= 5_000.0)
         );
     }
     Ok(())
