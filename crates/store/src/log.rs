@@ -110,7 +110,8 @@ fn key(seq: u64) -> [u8; 8] {
 
 impl Store {
     /// Opens (creating if needed) the log `name`. Everything found on disk
-    /// counts as durable.
+    /// counts as durable. Open each log once per store and share the handle
+    /// (it is cheap to clone): two handles would number records separately.
     pub fn log<V: prost::Message + Default>(&self, name: &str) -> Result<Log<V>, StoreError> {
         let tree = self.db.open_tree(name)?;
         let inner = Arc::new(Inner {
