@@ -67,11 +67,23 @@ async fn replay_over_watch(
         }
     };
     use futures_util::StreamExt;
-    // The journal is finite: it has been read once nothing arrives for a while.
-    while let Ok(Some(ev)) = tokio::time::timeout(Duration::from_millis(500), stream.next()).await {
-        let rec = ev.unwrap().record.unwrap();
+    // A marker written last tells the reader when it has the whole journal.
+    c.create_budget(CreateBudgetRequest {
+        budget_id: "zz-end-marker".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ev = tokio::time::timeout(left, stream.next())
+            .await
+            .expect("journal read in time");
+        let rec = ev.unwrap().unwrap().record.unwrap();
         let tokens = rec.tokens as i64;
         match rec.kind() {
+            RecordKind::BudgetCreated if rec.budget_id == "zz-end-marker" => break,
             RecordKind::Reserved => {
                 held.insert(rec.reservation_id.clone(), (rec.budget_id.clone(), tokens));
                 apply(&rec.budget_id, tokens, 0);
