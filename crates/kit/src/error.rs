@@ -13,6 +13,11 @@ use switchyard_core::{FieldViolation, Reason, Violations};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
+/// `ErrorInfo` metadata from key/value pairs.
+pub fn metadata<const N: usize>(pairs: [(&str, String); N]) -> HashMap<String, String> {
+    pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
 /// A status with an `ErrorInfo` reason and optional metadata.
 pub fn status(code: Code, reason: Reason, message: impl Into<String>) -> Status {
     status_with_metadata(code, reason, message, HashMap::new())

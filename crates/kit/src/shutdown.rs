@@ -39,6 +39,38 @@ impl Shutdown {
     }
 }
 
+impl Shutdown {
+    /// Spawns a task that runs `tick` every `period` until shutdown, logging
+    /// (as `what`) any error a tick returns; the next tick still runs.
+    pub fn spawn_every<F, Fut, E>(
+        &self,
+        period: std::time::Duration,
+        what: &'static str,
+        mut tick: F,
+    ) -> tokio::task::JoinHandle<()>
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<(), E>> + Send,
+        E: std::fmt::Display,
+    {
+        let shutdown = self.clone();
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(period);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = interval.tick() => {
+                        if let Err(e) = tick().await {
+                            tracing::error!(error = %e, "{what} failed");
+                        }
+                    }
+                    _ = shutdown.wait() => return,
+                }
+            }
+        })
+    }
+}
+
 /// Fires `trigger` on the first SIGINT or SIGTERM and exits the process with
 /// status 130 on the second.
 pub fn on_signals(trigger: Trigger) {

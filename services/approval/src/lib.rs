@@ -20,7 +20,7 @@ use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use switchyard_core::run::{self as table, Refused, RunStatus as S};
 use switchyard_core::{Clock, Reason, Violations};
-use switchyard_kit::error::{invalid_argument, status_with_metadata};
+use switchyard_kit::error::{invalid_argument, metadata, status_with_metadata};
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_kit::time::{timestamp, timestamp_ms};
 use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
@@ -172,28 +172,22 @@ pub enum ApprovalError {
 impl From<ApprovalError> for Status {
     fn from(e: ApprovalError) -> Status {
         let msg = e.to_string();
-        let md = |pairs: Vec<(&str, String)>| {
-            pairs
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v))
-                .collect::<HashMap<_, _>>()
-        };
-        let (code, reason, metadata) = match e {
+        let (code, reason, md) = match e {
             ApprovalError::Invalid(v) => return invalid_argument(Reason::InvalidArgument, &v),
             ApprovalError::RunNotFound(id) => (
                 Code::NotFound,
                 Reason::RunNotFound,
-                md(vec![("run_id", id)]),
+                metadata([("run_id", id)]),
             ),
             ApprovalError::RunExists(id) => (
                 Code::AlreadyExists,
                 Reason::RunAlreadyExists,
-                md(vec![("run_id", id)]),
+                metadata([("run_id", id)]),
             ),
             ApprovalError::Transition { run_id, refused } => (
                 Code::FailedPrecondition,
                 refused.reason,
-                md(vec![
+                metadata([
                     ("run_id", run_id),
                     ("from", refused.from.as_str().into()),
                     ("to", refused.to.as_str().into()),
@@ -205,7 +199,7 @@ impl From<ApprovalError> for Status {
             } => (
                 Code::FailedPrecondition,
                 Reason::RunNotDue,
-                md(vec![
+                metadata([
                     ("run_id", run_id),
                     ("next_attempt_at_ms", next_attempt_ms.to_string()),
                 ]),
@@ -213,33 +207,33 @@ impl From<ApprovalError> for Status {
             ApprovalError::ClaimNotHeld { run_id, worker, .. } => (
                 Code::FailedPrecondition,
                 Reason::ClaimNotHeld,
-                md(vec![("run_id", run_id), ("worker_id", worker)]),
+                metadata([("run_id", run_id), ("worker_id", worker)]),
             ),
             ApprovalError::SeparationOfDuties { run_id, actor } => (
                 Code::PermissionDenied,
                 Reason::SeparationOfDuties,
-                md(vec![("run_id", run_id), ("actor", actor)]),
+                metadata([("run_id", run_id), ("actor", actor)]),
             ),
             ApprovalError::ActorRequired { action } => (
                 Code::Unauthenticated,
                 Reason::ActorRequired,
-                md(vec![("action", action.into())]),
+                metadata([("action", action.into())]),
             ),
             ApprovalError::ContextHashMismatch {
                 run_id, expected, ..
             } => (
                 Code::FailedPrecondition,
                 Reason::ContextHashMismatch,
-                md(vec![("run_id", run_id), ("expected_hash", expected)]),
+                metadata([("run_id", run_id), ("expected_hash", expected)]),
             ),
             ApprovalError::ApprovalRequired { run_id, status } => (
                 Code::FailedPrecondition,
                 Reason::ApprovalRequired,
-                md(vec![("run_id", run_id), ("status", status.as_str().into())]),
+                metadata([("run_id", run_id), ("status", status.as_str().into())]),
             ),
-            ApprovalError::Storage(_) => (Code::Unavailable, Reason::StorageFailure, md(vec![])),
+            ApprovalError::Storage(_) => (Code::Unavailable, Reason::StorageFailure, metadata([])),
         };
-        status_with_metadata(code, reason, msg, metadata)
+        status_with_metadata(code, reason, msg, md)
     }
 }
 
@@ -474,21 +468,13 @@ impl Approval {
     /// `sweep_interval_ms` until shutdown.
     pub fn spawn_sweeper(&self) -> tokio::task::JoinHandle<()> {
         let me = self.clone();
-        tokio::spawn(async move {
-            let mut tick =
-                tokio::time::interval(Duration::from_millis(me.inner.cfg.sweep_interval_ms));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {
-                        if let Err(e) = me.sweep().await {
-                            tracing::error!(error = %e, "expiring claims failed");
-                        }
-                    }
-                    _ = me.inner.shutdown.wait() => return,
-                }
-            }
-        })
+        let period = Duration::from_millis(self.inner.cfg.sweep_interval_ms);
+        self.inner
+            .shutdown
+            .spawn_every(period, "expiring claims", move || {
+                let me = me.clone();
+                async move { me.sweep().await.map(drop) }
+            })
     }
 
     /// Flushes to disk (shutdown).

@@ -10,14 +10,14 @@
 
 mod books;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use switchyard_core::{Clock, Reason, Violations};
-use switchyard_kit::error::{invalid_argument, status_with_metadata};
+use switchyard_kit::error::{invalid_argument, metadata, status_with_metadata};
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_kit::time::{duration_ms, timestamp};
 use switchyard_proto::common::v1::{CorrelationContext, Event, UnitPrice};
@@ -170,34 +170,10 @@ pub enum LedgerError {
 impl From<LedgerError> for Status {
     fn from(e: LedgerError) -> Status {
         let msg = e.to_string();
-        let md = |pairs: &[(&str, String)]| {
-            pairs
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), v.clone()))
-                .collect::<HashMap<_, _>>()
-        };
-        match e {
-            LedgerError::Invalid(v) => invalid_argument(Reason::InvalidArgument, &v),
-            LedgerError::BudgetNotFound(id) => status_with_metadata(
-                Code::NotFound,
-                Reason::BudgetNotFound,
-                msg,
-                md(&[("budget_id", id)]),
-            ),
-            LedgerError::BudgetExists(id) => status_with_metadata(
-                Code::AlreadyExists,
-                Reason::BudgetAlreadyExists,
-                msg,
-                md(&[("budget_id", id)]),
-            ),
-            LedgerError::Closed { budget_id, closed } => status_with_metadata(
-                Code::FailedPrecondition,
-                Reason::BudgetClosed,
-                msg,
-                md(&[("budget_id", budget_id), ("closed_budget_id", closed)]),
-            ),
+        let (code, reason, md) = match e {
+            LedgerError::Invalid(v) => return invalid_argument(Reason::InvalidArgument, &v),
             LedgerError::Exceeded(r) => {
-                let metadata = md(&[
+                let info = metadata([
                     ("budget_id", r.budget_id.clone()),
                     ("refused_by", r.refused_by.clone()),
                     ("dimension", r.dimension.to_owned()),
@@ -206,43 +182,54 @@ impl From<LedgerError> for Status {
                     ("tokens_remaining", or_unlimited(r.tokens_remaining)),
                     ("cost_remaining_micro_usd", or_unlimited(r.cost_remaining)),
                 ]);
+                // A QuotaFailure too, which generic gRPC tooling understands.
                 let mut details = ErrorDetails::with_error_info(
                     Reason::BudgetExceeded.as_str(),
                     switchyard_core::reason::DOMAIN,
-                    metadata,
+                    info,
                 );
                 details
                     .add_quota_failure_violation(format!("budget:{}", r.refused_by), msg.clone());
-                Status::with_error_details(Code::ResourceExhausted, msg, details)
+                return Status::with_error_details(Code::ResourceExhausted, msg, details);
             }
-            LedgerError::ReservationNotFound(id) => status_with_metadata(
+            LedgerError::BudgetNotFound(id) => (
+                Code::NotFound,
+                Reason::BudgetNotFound,
+                metadata([("budget_id", id)]),
+            ),
+            LedgerError::BudgetExists(id) => (
+                Code::AlreadyExists,
+                Reason::BudgetAlreadyExists,
+                metadata([("budget_id", id)]),
+            ),
+            LedgerError::Closed { budget_id, closed } => (
+                Code::FailedPrecondition,
+                Reason::BudgetClosed,
+                metadata([("budget_id", budget_id), ("closed_budget_id", closed)]),
+            ),
+            LedgerError::ReservationNotFound(id) => (
                 Code::NotFound,
                 Reason::ReservationNotFound,
-                msg,
-                md(&[("reservation_id", id)]),
+                metadata([("reservation_id", id)]),
             ),
-            LedgerError::ReservationNotOpen { id, state } => status_with_metadata(
+            LedgerError::ReservationNotOpen { id, state } => (
                 Code::FailedPrecondition,
                 Reason::ReservationNotOpen,
-                msg,
-                md(&[("reservation_id", id), ("state", state.to_owned())]),
+                metadata([("reservation_id", id), ("state", state.to_owned())]),
             ),
-            LedgerError::KeyReused { key, .. } => status_with_metadata(
+            LedgerError::KeyReused { key, .. } => (
                 Code::AlreadyExists,
                 Reason::IdempotencyKeyReused,
-                msg,
-                md(&[("idempotency_key", key)]),
+                metadata([("idempotency_key", key)]),
             ),
-            LedgerError::NotPriced(model) => status_with_metadata(
+            LedgerError::NotPriced(model) => (
                 Code::NotFound,
                 Reason::ModelNotPriced,
-                msg,
-                md(&[("model", model)]),
+                metadata([("model", model)]),
             ),
-            LedgerError::Storage(_) => {
-                switchyard_kit::error::status(Code::Unavailable, Reason::StorageFailure, msg)
-            }
-        }
+            LedgerError::Storage(_) => (Code::Unavailable, Reason::StorageFailure, metadata([])),
+        };
+        status_with_metadata(code, reason, msg, md)
     }
 }
 
@@ -360,21 +347,13 @@ impl Ledger {
     /// Releases expired reservations every `sweep_interval_ms` until shutdown.
     pub fn spawn_sweeper(&self) -> tokio::task::JoinHandle<()> {
         let me = self.clone();
-        tokio::spawn(async move {
-            let mut tick =
-                tokio::time::interval(Duration::from_millis(me.inner.cfg.sweep_interval_ms));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {
-                        if let Err(e) = me.sweep().await {
-                            tracing::error!(error = %e, "releasing expired reservations failed");
-                        }
-                    }
-                    _ = me.inner.shutdown.wait() => return,
-                }
-            }
-        })
+        let period = Duration::from_millis(self.inner.cfg.sweep_interval_ms);
+        self.inner
+            .shutdown
+            .spawn_every(period, "releasing expired reservations", move || {
+                let me = me.clone();
+                async move { me.sweep().await.map(drop) }
+            })
     }
 
     /// Releases every reservation past its TTL; returns how many.

@@ -1,4 +1,5 @@
 use super::*;
+use std::collections::HashMap;
 use switchyard_core::ManualClock;
 use switchyard_kit::error::ApiError;
 use switchyard_proto::common::v1::Money;
