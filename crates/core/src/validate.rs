@@ -159,6 +159,20 @@ pub fn key(s: &str, what: &str) -> Result<(), String> {
     }
 }
 
+/// Page size of a list request: 0 asks for the default (100), anything
+/// above 1000 is cut to 1000.
+pub fn page_size(requested: u32) -> usize {
+    match requested as usize {
+        0 => 100,
+        n => n.min(1000),
+    }
+}
+
+/// A key that may be left empty (optional ids and idempotency keys).
+pub fn optional_key(s: &str, what: &str) -> Result<(), String> {
+    if s.is_empty() { Ok(()) } else { key(s, what) }
+}
+
 /// A value in `[lo, hi]`; NaN is rejected.
 pub fn in_range(v: f64, lo: f64, hi: f64, what: &str) -> Result<(), String> {
     if v >= lo && v <= hi {
@@ -171,6 +185,15 @@ pub fn in_range(v: f64, lo: f64, hi: f64, what: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn page_sizes_default_and_cap() {
+        assert_eq!(
+            (page_size(0), page_size(7), page_size(5_000)),
+            (100, 7, 1000)
+        );
+        assert!(optional_key("", "x").is_ok() && optional_key("a b", "x").is_err());
+    }
 
     #[test]
     fn keys_allow_paths_and_colons_but_not_spaces_or_empty() {

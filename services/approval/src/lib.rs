@@ -403,16 +403,6 @@ impl std::fmt::Debug for Approval {
     }
 }
 
-const PAGE_DEFAULT: usize = 100;
-const PAGE_MAX: usize = 1000;
-
-fn page_size(n: u32) -> usize {
-    match n as usize {
-        0 => PAGE_DEFAULT,
-        n => n.min(PAGE_MAX),
-    }
-}
-
 /// Sort key of `ListRuns`: proposed runs first, then by creation time.
 fn list_key(run: &Run) -> String {
     let rank = u8::from(status_of(run) != S::Proposed);
@@ -908,7 +898,7 @@ impl Approval {
                 None => return Err(invalid(&format!("statuses[{i}]"), "unknown status")),
             }
         }
-        let size = page_size(req.page_size);
+        let size = switchyard_core::validate::page_size(req.page_size);
         let st = self.lock();
         let mut runs: Vec<(String, &Run)> = st
             .runs
@@ -940,7 +930,7 @@ impl Approval {
 
     /// The durable audit log, of one run or all, after a sequence.
     pub fn list_audit(&self, req: &ListAuditRequest) -> Result<ListAuditResponse, ApprovalError> {
-        let size = page_size(req.page_size);
+        let size = switchyard_core::validate::page_size(req.page_size);
         let durable = self.inner.audit.durable();
         let log = &self.inner.audit;
         let records = if req.run_id.is_empty() {

@@ -284,16 +284,6 @@ impl std::fmt::Debug for Ledger {
     }
 }
 
-const PAGE_DEFAULT: usize = 100;
-const PAGE_MAX: usize = 1000;
-
-fn page_size(n: u32) -> usize {
-    match n as usize {
-        0 => PAGE_DEFAULT,
-        n => n.min(PAGE_MAX),
-    }
-}
-
 /// Correlation fields that make two Reserve calls "the same": the trace
 /// context and a server-generated correlation id differ between retries.
 fn same_work(a: &CorrelationContext, b: &CorrelationContext) -> bool {
@@ -605,7 +595,7 @@ impl Ledger {
 
     /// Lists budgets in id order.
     pub fn list_budgets(&self, req: &ListBudgetsRequest) -> ListBudgetsResponse {
-        let size = page_size(req.page_size);
+        let size = switchyard_core::validate::page_size(req.page_size);
         let books = self.lock();
         let start = std::ops::Bound::Excluded(req.page_token.clone());
         let mut budgets: Vec<Budget> = books
@@ -974,7 +964,7 @@ impl Ledger {
                 .parse()
                 .map_err(|_| invalid("page_token", "not a token from a previous page"))?
         };
-        let size = page_size(req.page_size);
+        let size = switchyard_core::validate::page_size(req.page_size);
         let books = self.lock();
         let (seqs, budget) = if !req.budget_id.is_empty() {
             let Some(b) = books.budgets.get(&req.budget_id) else {

@@ -166,9 +166,6 @@ impl std::fmt::Debug for Registry {
     }
 }
 
-const PAGE_DEFAULT: usize = 100;
-const PAGE_MAX: usize = 1000;
-
 impl Registry {
     /// Opens the registry on `store`, loading every stored agent and tool.
     /// Agents whose lease ran out while the registry was down come back lapsed.
@@ -437,10 +434,7 @@ impl Registry {
         let status =
             AgentStatus::try_from(req.status).map_err(|_| invalid("status", "unknown status"))?;
         v.into_result().map_err(RegistryError::Invalid)?;
-        let size = match req.page_size as usize {
-            0 => PAGE_DEFAULT,
-            n => n.min(PAGE_MAX),
-        };
+        let size = switchyard_core::validate::page_size(req.page_size);
         let st = self.lock();
         let matches = |e: &Entry| {
             (status == AgentStatus::Unspecified || e.status() == status)
