@@ -2,7 +2,7 @@
 //! per field, and the client-provided part of a run for idempotent proposals.
 
 use switchyard_core::Violations;
-use switchyard_core::validate::key;
+use switchyard_core::validate::{key, optional_key};
 use switchyard_proto::approval::v1::{Run, RunResult};
 
 /// The one schema version this service speaks.
@@ -61,9 +61,7 @@ pub fn run(r: &Run) -> Result<(), Violations> {
             },
         );
     }
-    if !r.run_id.is_empty() {
-        v.check("run_id", key(&r.run_id, "run id"));
-    }
+    v.check("run_id", optional_key(&r.run_id, "run id"));
     if r.created_by.is_empty() {
         v.add(
             "created_by",

@@ -429,12 +429,10 @@ impl Ledger {
             "budget_id",
             switchyard_core::validate::key(&req.budget_id, "budget id"),
         );
-        if !req.parent_id.is_empty() {
-            v.check(
-                "parent_id",
-                switchyard_core::validate::key(&req.parent_id, "parent id"),
-            );
-        }
+        v.check(
+            "parent_id",
+            switchyard_core::validate::optional_key(&req.parent_id, "parent id"),
+        );
         if req.parent_id == req.budget_id && !req.budget_id.is_empty() {
             v.add("parent_id", "a budget cannot be its own parent");
         }
@@ -746,16 +744,7 @@ impl Ledger {
     /// rest, records an overrun when usage exceeded the reservation.
     pub async fn commit(&self, req: CommitRequest) -> Result<CommitResponse, LedgerError> {
         let mut v = Violations::new();
-        v.check(
-            "reservation_id",
-            switchyard_core::validate::key(&req.reservation_id, "reservation id"),
-        );
-        if !req.idempotency_key.is_empty() {
-            v.check(
-                "idempotency_key",
-                switchyard_core::validate::key(&req.idempotency_key, "idempotency key"),
-            );
-        }
+        let key = settle_key(&mut v, &req.reservation_id, &req.idempotency_key);
         amount(&mut v, "tokens", req.tokens);
         money_amount(&mut v, "cost", req.cost.as_ref());
         let mut entry = req.entry.clone().unwrap_or_default();
@@ -777,11 +766,6 @@ impl Ledger {
         let cost = match &req.cost {
             Some(m) => m.micro_usd,
             None => charge(entry.units, &price),
-        };
-        let key = if req.idempotency_key.is_empty() {
-            req.reservation_id.clone()
-        } else {
-            req.idempotency_key.clone()
         };
         let now = self.now();
         let (seq, response) = {
@@ -892,22 +876,8 @@ impl Ledger {
     /// Releases a reservation without spending.
     pub async fn release(&self, req: ReleaseRequest) -> Result<(), LedgerError> {
         let mut v = Violations::new();
-        v.check(
-            "reservation_id",
-            switchyard_core::validate::key(&req.reservation_id, "reservation id"),
-        );
-        if !req.idempotency_key.is_empty() {
-            v.check(
-                "idempotency_key",
-                switchyard_core::validate::key(&req.idempotency_key, "idempotency key"),
-            );
-        }
+        let key = settle_key(&mut v, &req.reservation_id, &req.idempotency_key);
         v.into_result().map_err(LedgerError::Invalid)?;
-        let key = if req.idempotency_key.is_empty() {
-            req.reservation_id.clone()
-        } else {
-            req.idempotency_key.clone()
-        };
         let seq = {
             let mut books = self.lock();
             match settled_by_key(&books, &key, &req.reservation_id, "release")? {
@@ -1162,6 +1132,23 @@ fn refusal(
         cost,
         tokens_remaining: b.tokens_remaining(),
         cost_remaining: b.cost_remaining(),
+    }
+}
+
+/// Checks a Commit's or Release's reservation id and optional key, and
+/// returns the key it settles under: the idempotency key, else the
+/// reservation id.
+fn settle_key(v: &mut Violations, reservation_id: &str, idempotency_key: &str) -> String {
+    use switchyard_core::validate::{key, optional_key};
+    v.check("reservation_id", key(reservation_id, "reservation id"));
+    v.check(
+        "idempotency_key",
+        optional_key(idempotency_key, "idempotency key"),
+    );
+    if idempotency_key.is_empty() {
+        reservation_id.to_owned()
+    } else {
+        idempotency_key.to_owned()
     }
 }
 
