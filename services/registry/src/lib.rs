@@ -217,26 +217,24 @@ impl Registry {
     }
 
     /// Runs lease sweeping and lazy persistence until shutdown.
-    pub fn spawn_background(&self) -> tokio::task::JoinHandle<()> {
+    pub fn spawn_background(&self) {
+        let cfg = &self.inner.cfg;
+        let shutdown = &self.inner.shutdown;
         let me = self.clone();
-        tokio::spawn(async move {
-            let cfg = &me.inner.cfg;
-            let mut sweep = tokio::time::interval(Duration::from_millis(cfg.sweep_interval_ms));
-            let mut persist = tokio::time::interval(Duration::from_millis(cfg.persist_interval_ms));
-            sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            persist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = sweep.tick() => { me.sweep(); }
-                    _ = persist.tick() => {
-                        if let Err(e) = me.persist_dirty() {
-                            tracing::error!(error = %e, "persisting heartbeats failed");
-                        }
-                    }
-                    _ = me.inner.shutdown.wait() => return,
-                }
-            }
-        })
+        shutdown.spawn_every(
+            Duration::from_millis(cfg.sweep_interval_ms),
+            "sweeping leases",
+            move || {
+                me.sweep();
+                std::future::ready(Ok::<_, RegistryError>(()))
+            },
+        );
+        let me = self.clone();
+        shutdown.spawn_every(
+            Duration::from_millis(cfg.persist_interval_ms),
+            "persisting heartbeats",
+            move || std::future::ready(me.persist_dirty().map(drop)),
+        );
     }
 
     /// Marks agents whose lease ran out as lapsed; returns how many lapsed.
