@@ -1064,6 +1064,19 @@ impl Approval {
         Ok(run)
     }
 
+    /// Approve, reject or cancel as asked over gRPC: the actor from the
+    /// request metadata, run id and comment from the message.
+    async fn decide_request<T>(
+        &self,
+        action: Action,
+        req: Request<T>,
+        fields: impl FnOnce(T) -> (String, String),
+    ) -> Result<Run, ApprovalError> {
+        let who = actor(&req);
+        let (run_id, comment) = fields(req.into_inner());
+        self.decide(action, &run_id, &comment, who.as_deref()).await
+    }
+
     fn watch_stream(
         &self,
         req: WatchRequest,
@@ -1126,10 +1139,8 @@ impl ApprovalService for Approval {
         &self,
         req: Request<ApproveRequest>,
     ) -> Result<Response<ApproveResponse>, Status> {
-        let who = actor(&req);
-        let r = req.into_inner();
         let run = self
-            .decide(Action::Approve, &r.run_id, &r.comment, who.as_deref())
+            .decide_request(Action::Approve, req, |r| (r.run_id, r.comment))
             .await?;
         Ok(Response::new(ApproveResponse { run: Some(run) }))
     }
@@ -1138,10 +1149,8 @@ impl ApprovalService for Approval {
         &self,
         req: Request<RejectRequest>,
     ) -> Result<Response<RejectResponse>, Status> {
-        let who = actor(&req);
-        let r = req.into_inner();
         let run = self
-            .decide(Action::Reject, &r.run_id, &r.comment, who.as_deref())
+            .decide_request(Action::Reject, req, |r| (r.run_id, r.comment))
             .await?;
         Ok(Response::new(RejectResponse { run: Some(run) }))
     }
@@ -1150,10 +1159,8 @@ impl ApprovalService for Approval {
         &self,
         req: Request<CancelRequest>,
     ) -> Result<Response<CancelResponse>, Status> {
-        let who = actor(&req);
-        let r = req.into_inner();
         let run = self
-            .decide(Action::Cancel, &r.run_id, &r.comment, who.as_deref())
+            .decide_request(Action::Cancel, req, |r| (r.run_id, r.comment))
             .await?;
         Ok(Response::new(CancelResponse { run: Some(run) }))
     }
