@@ -195,12 +195,16 @@ impl Books {
         out
     }
 
+    /// Runs `f` on the budget and each ancestor, nearest first.
     fn for_chain(&mut self, id: &str, mut f: impl FnMut(&mut BudgetState)) {
-        let ids: Vec<String> = self.chain(id).iter().map(|b| b.id.clone()).collect();
-        for id in ids {
-            if let Some(b) = self.budgets.get_mut(&id) {
-                f(b);
-            }
+        let mut cur = Some(id.to_owned());
+        // Bounded like `chain`, against a corrupted journal.
+        for _ in 0..=self.budgets.len() {
+            let Some(b) = cur.take().and_then(|c| self.budgets.get_mut(&c)) else {
+                return;
+            };
+            f(b);
+            cur.clone_from(&b.parent);
         }
     }
 
