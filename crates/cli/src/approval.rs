@@ -276,7 +276,10 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
             let mut out = Vec::new();
             for run in runs {
                 let r = c
-                    .propose(ProposeRequest { run: Some(run) })
+                    .propose(ProposeRequest {
+                        run: Some(run),
+                        ..Default::default()
+                    })
                     .await
                     .map_err(api)?
                     .into_inner();

@@ -3,12 +3,18 @@
 //! Every service and the CLI call into this crate for the rules that must be the
 //! same everywhere: the error-reason catalogue clients branch on ([`reason`]),
 //! input validation with field violations ([`validate`]), the AITP routing score
-//! ([`routing`]), the AgentRunSpec state machine ([`run`]) and time as an injectable clock ([`clock`]).
+//! ([`routing`]), the AgentRunSpec state machine ([`run`]), the job and task state machines
+//! ([`lifecycle`]), job DAGs ([`dag`]), `${...}` templates ([`template`]),
+//! retry backoff ([`backoff`]) and time as an injectable clock ([`clock`]).
 
+pub mod backoff;
 pub mod clock;
+pub mod dag;
+pub mod lifecycle;
 pub mod reason;
 pub mod routing;
 pub mod run;
+pub mod template;
 pub mod validate;
 
 pub use clock::{Clock, ManualClock, SystemClock};

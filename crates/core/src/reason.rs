@@ -103,6 +103,38 @@ reasons! {
     ActorRequired => "ACTOR_REQUIRED",
     /// The imported result was produced against another context pack.
     ContextHashMismatch => "CONTEXT_HASH_MISMATCH",
+    /// The named job does not exist.
+    JobNotFound => "JOB_NOT_FOUND",
+    /// A job with this id exists with a different spec.
+    JobAlreadyExists => "JOB_ALREADY_EXISTS",
+    /// The job finished (completed, cancelled or discarded); nothing moves it.
+    JobTerminal => "JOB_TERMINAL",
+    /// The task finished; nothing moves it.
+    TaskTerminal => "TASK_TERMINAL",
+    /// The job's approval run was rejected or cancelled.
+    ApprovalRejected => "APPROVAL_REJECTED",
+    /// The job was cancelled while the task waited or ran.
+    JobCancelled => "JOB_CANCELLED",
+    /// Not run: a task it depends on failed (fail-fast).
+    UpstreamFailed => "UPSTREAM_FAILED",
+    /// The command is not on the executor's allowlist.
+    CommandNotAllowed => "COMMAND_NOT_ALLOWED",
+    /// The command exited non-zero or could not start.
+    CommandFailed => "COMMAND_FAILED",
+    /// The attempt ran past its timeout and was stopped.
+    TaskTimeout => "TASK_TIMEOUT",
+    /// The job's or task's deadline passed.
+    DeadlineExceeded => "DEADLINE_EXCEEDED",
+    /// The agent answered ERROR.
+    AgentError => "AGENT_ERROR",
+    /// Every candidate agent answered REFUSED.
+    AgentRefused => "AGENT_REFUSED",
+    /// The agent could not be reached (offline, connection refused).
+    AgentUnreachable => "AGENT_UNREACHABLE",
+    /// A `${...}` template named a value that does not exist at run time.
+    TemplateUnresolved => "TEMPLATE_UNRESOLVED",
+    /// An LLM task, but no LLM provider is configured.
+    LlmProviderNotConfigured => "LLM_PROVIDER_NOT_CONFIGURED",
     /// An internal invariant broke; a bug.
     Internal => "INTERNAL",
 }

@@ -70,6 +70,7 @@ async fn propose(svc: &Approval, cost: Option<i64>) -> Run {
     svc.propose(
         ProposeRequest {
             run: Some(spec(cost)),
+            ..Default::default()
         },
         Some("@you".into()),
     )
@@ -251,6 +252,7 @@ async fn the_default_policy_approves_only_zero_cost_runs() {
         .propose(
             ProposeRequest {
                 run: Some(spec(Some(0))),
+                ..Default::default()
             },
             Some("@you".into()),
         )
@@ -276,6 +278,7 @@ async fn the_default_policy_approves_only_zero_cost_runs() {
             .propose(
                 ProposeRequest {
                     run: Some(spec(cost)),
+                    ..Default::default()
                 },
                 Some("@you".into()),
             )
@@ -292,13 +295,37 @@ async fn the_default_policy_approves_only_zero_cost_runs() {
 }
 
 #[tokio::test]
+async fn skip_policies_leaves_even_a_zero_cost_run_for_a_person() {
+    let f = fixture();
+    let out = f
+        .svc
+        .propose(
+            ProposeRequest {
+                run: Some(spec(Some(0))),
+                skip_policies: true,
+            },
+            Some("@you".into()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.auto_approved_by, "");
+    assert_eq!(out.run.as_ref().map(status_of), Some(S::Proposed));
+}
+
+#[tokio::test]
 async fn an_expired_claim_schedules_a_retry_with_backoff_until_retries_run_out() {
     let f = fixture();
     let mut r = spec(Some(9));
     r.max_retries = Some(2);
     let id = f
         .svc
-        .propose(ProposeRequest { run: Some(r) }, None)
+        .propose(
+            ProposeRequest {
+                run: Some(r),
+                ..Default::default()
+            },
+            None,
+        )
         .await
         .unwrap()
         .run
@@ -565,7 +592,13 @@ async fn proposals_are_validated_field_by_field() {
     bad.outputs_allowed = vec!["Propose PR".into()];
     let err = api(f
         .svc
-        .propose(ProposeRequest { run: Some(bad) }, None)
+        .propose(
+            ProposeRequest {
+                run: Some(bad),
+                ..Default::default()
+            },
+            None,
+        )
         .await
         .unwrap_err());
     let fields: Vec<_> = err.violations.iter().map(|v| v.field.as_str()).collect();
@@ -590,7 +623,7 @@ async fn proposals_are_validated_field_by_field() {
     );
     let err = api(f
         .svc
-        .propose(ProposeRequest { run: None }, None)
+        .propose(ProposeRequest::default(), None)
         .await
         .unwrap_err());
     assert_eq!(err.violations[0].field, "run");
@@ -611,6 +644,7 @@ async fn a_client_chosen_run_id_is_idempotent_for_the_same_spec_only() {
         .propose(
             ProposeRequest {
                 run: Some(r.clone()),
+                ..Default::default()
             },
             None,
         )
@@ -621,6 +655,7 @@ async fn a_client_chosen_run_id_is_idempotent_for_the_same_spec_only() {
         .propose(
             ProposeRequest {
                 run: Some(r.clone()),
+                ..Default::default()
             },
             None,
         )
@@ -631,7 +666,13 @@ async fn a_client_chosen_run_id_is_idempotent_for_the_same_spec_only() {
     r.intent = "something else".into();
     let err = api(f
         .svc
-        .propose(ProposeRequest { run: Some(r) }, None)
+        .propose(
+            ProposeRequest {
+                run: Some(r),
+                ..Default::default()
+            },
+            None,
+        )
         .await
         .unwrap_err());
     assert_eq!(
@@ -652,7 +693,13 @@ async fn lists_put_pending_runs_first_filter_and_paginate() {
     other.created_by = "@bot".into();
     let p2 = f
         .svc
-        .propose(ProposeRequest { run: Some(other) }, None)
+        .propose(
+            ProposeRequest {
+                run: Some(other),
+                ..Default::default()
+            },
+            None,
+        )
         .await
         .unwrap()
         .run
