@@ -46,6 +46,8 @@ pub struct Config {
     pub ledger: LedgerConfig,
     /// Approval service: claims, retries and auto-approve policies.
     pub approval: ApprovalConfig,
+    /// `[executor]`.
+    pub executor: switchyard_executor::ExecutorConfig,
 }
 
 impl Config {
@@ -55,6 +57,7 @@ impl Config {
         self.router.validate()?;
         self.ledger.validate()?;
         self.approval.validate()?;
+        self.executor.validate()?;
         if self.server.max_message_bytes < 1024 {
             return Err("server.max_message_bytes must be at least 1024".into());
         }

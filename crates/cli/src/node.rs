@@ -6,13 +6,16 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use switchyard_approval::Approval;
+use switchyard_approval::{Approval, ApprovalClient};
 use switchyard_core::SystemClock;
+use switchyard_executor::Executor;
 use switchyard_kit::server::Server;
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_ledger::Ledger;
+use switchyard_ledger::LedgerClient;
 use switchyard_registry::{Registry, RegistryClient};
 use switchyard_router::Router;
+use switchyard_router::RouterClient;
 use switchyard_store::Store;
 use tokio::net::TcpListener;
 
@@ -29,6 +32,8 @@ pub enum ServiceKind {
     Ledger,
     /// Runs, approvals and the audit log.
     Approval,
+    /// Jobs: conversion, approval, budgets, the durable DAG run, events.
+    Executor,
 }
 
 impl ServiceKind {
@@ -38,6 +43,7 @@ impl ServiceKind {
         ServiceKind::Router,
         ServiceKind::Ledger,
         ServiceKind::Approval,
+        ServiceKind::Executor,
     ];
 
     /// The name used on the command line.
@@ -47,6 +53,7 @@ impl ServiceKind {
             ServiceKind::Router => "router",
             ServiceKind::Ledger => "ledger",
             ServiceKind::Approval => "approval",
+            ServiceKind::Executor => "executor",
         }
     }
 }
@@ -99,6 +106,7 @@ pub async fn run_node(
         registry = Some(reg);
     }
 
+    let mut router_svc = None;
     if services.contains(&ServiceKind::Router) {
         let client = match (&registry, &cfg.router.registry_url) {
             (Some(reg), _) => RegistryClient::local(Arc::new(reg.clone())),
@@ -113,6 +121,7 @@ pub async fn run_node(
         router.spawn_sync(client, shutdown.clone());
         let ready = router.clone();
         server = server.add_gated_service(router.server(max), async move { ready.ready().await });
+        router_svc = Some(router);
     }
 
     let mut ledger = None;
@@ -141,6 +150,50 @@ pub async fn run_node(
         approval = Some(a);
     }
 
+    let mut executor = None;
+    if services.contains(&ServiceKind::Executor) {
+        let e = &cfg.executor;
+        let url = |what: &str, u: &Option<String>| -> anyhow::Result<tonic::transport::Channel> {
+            let u = u.as_deref().with_context(|| {
+                format!("the executor needs the {what}: run both in one process or set executor.{what}_url")
+            })?;
+            Ok(switchyard_kit::client::lazy_channel(u)?)
+        };
+        let clients = switchyard_executor::Clients {
+            registry: match &registry {
+                Some(r) => RegistryClient::local(Arc::new(r.clone())),
+                None => RegistryClient::remote(url("registry", &e.registry_url)?, max),
+            },
+            router: match &router_svc {
+                Some(r) => RouterClient::local(Arc::new(r.clone())),
+                None => RouterClient::remote(url("router", &e.router_url)?, max),
+            },
+            ledger: match &ledger {
+                Some(l) => LedgerClient::local(Arc::new(l.clone())),
+                None => LedgerClient::remote(url("ledger", &e.ledger_url)?, max),
+            },
+            approval: match &approval {
+                Some(a) => ApprovalClient::local(Arc::new(a.clone())),
+                None => ApprovalClient::remote(url("approval", &e.approval_url)?, max),
+            },
+        };
+        let x = Executor::open(
+            e.clone(),
+            open("executor")?,
+            clients,
+            Arc::new(SystemClock),
+            shutdown.clone(),
+            &cfg.storage.data_dir,
+            max,
+        )?;
+        x.start(listener.local_addr()?);
+        server = server.add_service(x.server(max));
+        if e.builtin_agents {
+            server = server.add_service(x.builtin_agents_server());
+        }
+        executor = Some(x);
+    }
+
     let names: Vec<_> = services.iter().map(|s| s.name()).collect();
     tracing::info!(services = ?names, addr = %listener.local_addr()?, "serving");
     server.run(listener, shutdown).await?;
@@ -152,6 +205,9 @@ pub async fn run_node(
     }
     if let Some(a) = approval {
         a.flush().context("flushing approval storage")?;
+    }
+    if let Some(x) = executor {
+        x.flush().context("flushing executor storage")?;
     }
     tracing::info!("stopped");
     Ok(())
@@ -168,6 +224,9 @@ mod tests {
             ServiceKind::Router
         );
         let e = "ledgr".parse::<ServiceKind>().unwrap_err();
-        assert!(e.contains("registry, router, ledger, approval"), "{e}");
+        assert!(
+            e.contains("registry, router, ledger, approval, executor"),
+            "{e}"
+        );
     }
 }

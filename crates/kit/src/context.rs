@@ -77,6 +77,20 @@ pub fn outgoing_traceparent() -> Option<String> {
     current().and_then(|c| c.traceparent)
 }
 
+/// Makes `span` a child of the trace in `traceparent` (when OTLP tracing is
+/// on), so work resumed later — after a restart, say — joins the trace it
+/// started in.
+pub fn continue_trace(span: &tracing::Span, traceparent: &str) {
+    use opentelemetry::propagation::TextMapPropagator;
+    if traceparent.is_empty() || !crate::telemetry::otel_enabled() {
+        return;
+    }
+    let carrier =
+        std::collections::HashMap::from([(TRACEPARENT_HEADER.to_owned(), traceparent.to_owned())]);
+    let parent = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier);
+    let _ = span.set_parent(parent);
+}
+
 /// Adds the correlation id and trace context to an outgoing request, keeping
 /// any the caller already set.
 pub fn inject<T>(req: &mut tonic::Request<T>) {

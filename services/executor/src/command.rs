@@ -1,0 +1,303 @@
+//! Command tasks (seed 001): no shell — the program is resolved on the
+//! configured PATH and started with its arguments; a scrubbed environment;
+//! the job's scratch directory as working directory; stdout/stderr captured
+//! up to a cap and streamed; on timeout SIGTERM to the whole process group,
+//! then SIGKILL after a grace period. Dropping a run (cancellation) kills
+//! the group at once.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use rustix::process::{Pid, Signal, kill_process_group};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+
+/// What one run produced.
+#[derive(Debug, Default)]
+pub struct Finished {
+    /// Exit code; `None` when killed by a signal.
+    pub exit_code: Option<i32>,
+    /// Signal that ended it, if any.
+    pub signal: Option<i32>,
+    /// Captured stdout (capped).
+    pub stdout: Vec<u8>,
+    /// Captured stderr (capped).
+    pub stderr: Vec<u8>,
+    /// True when either stream hit the cap.
+    pub truncated: bool,
+    /// True when the timeout fired.
+    pub timed_out: bool,
+}
+
+/// A run that could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Not found on the configured PATH.
+    #[error("command {0:?} was not found on the executor's PATH")]
+    NotFound(String),
+    /// The OS refused.
+    #[error("starting {0:?}: {1}")]
+    Spawn(String, std::io::Error),
+}
+
+/// How to run.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Attempt timeout.
+    pub timeout: Duration,
+    /// Wait between SIGTERM and SIGKILL.
+    pub grace: Duration,
+    /// Bytes kept per stream.
+    pub cap: usize,
+}
+
+/// Finds `command` on `path` (a `:`-separated list). Absolute paths are used
+/// as given (only reachable when the allowlist names them).
+pub fn resolve(command: &str, path: &str) -> Option<PathBuf> {
+    if command.contains('/') {
+        let p = PathBuf::from(command);
+        return p.is_file().then_some(p);
+    }
+    path.split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| Path::new(d).join(command))
+        .find(|p| p.is_file())
+}
+
+/// Kills the process group when dropped, unless disarmed.
+struct GroupGuard(Option<Pid>);
+
+impl GroupGuard {
+    fn signal(&self, sig: Signal) {
+        if let Some(pid) = self.0 {
+            // ESRCH (already gone) is fine.
+            let _ = kill_process_group(pid, sig);
+        }
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        self.signal(Signal::KILL);
+    }
+}
+
+async fn capture(
+    mut r: impl AsyncRead + Unpin,
+    cap: usize,
+    stream: &'static str,
+    on_chunk: &(dyn Fn(&'static str, &[u8]) + Send + Sync),
+) -> (Vec<u8>, bool) {
+    let mut kept = Vec::new();
+    let mut truncated = false;
+    let mut buf = vec![0u8; 8192];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = cap.saturating_sub(kept.len());
+                let take = n.min(room);
+                if take > 0 {
+                    kept.extend_from_slice(&buf[..take]);
+                    on_chunk(stream, &buf[..take]);
+                }
+                // Keep draining past the cap so the child never blocks on a full pipe.
+                truncated |= take < n;
+            }
+        }
+    }
+    (kept, truncated)
+}
+
+/// Runs `program args…` in `cwd` with exactly `env`, feeding `stdin`.
+pub async fn run(
+    program: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    cwd: &Path,
+    stdin: Option<Vec<u8>>,
+    limits: &Limits,
+    on_chunk: &(dyn Fn(&'static str, &[u8]) + Send + Sync),
+) -> Result<Finished, StartError> {
+    let name = program.display().to_string();
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .current_dir(cwd)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own process group, so signals reach everything it starts.
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => StartError::NotFound(name.clone()),
+        _ => StartError::Spawn(name.clone(), e),
+    })?;
+    let guard = GroupGuard(child.id().and_then(|id| Pid::from_raw(id as i32)));
+    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        tokio::spawn(async move {
+            // A child that exits without reading its input is not an error.
+            let _ = pipe.write_all(&input).await;
+        });
+    }
+    let out = child.stdout.take();
+    let err = child.stderr.take();
+    let io = async {
+        let o = async {
+            match out {
+                Some(o) => capture(o, limits.cap, "stdout", on_chunk).await,
+                None => (Vec::new(), false),
+            }
+        };
+        let e = async {
+            match err {
+                Some(e) => capture(e, limits.cap, "stderr", on_chunk).await,
+                None => (Vec::new(), false),
+            }
+        };
+        tokio::join!(o, e)
+    };
+    let waited = async {
+        let status = child.wait().await;
+        status
+    };
+    let both = async { tokio::join!(waited, io) };
+    tokio::pin!(both);
+    let mut timed_out = false;
+    let (status, ((stdout, t1), (stderr, t2))) = tokio::select! {
+        r = &mut both => r,
+        _ = tokio::time::sleep(limits.timeout) => {
+            timed_out = true;
+            guard.signal(Signal::TERM);
+            match tokio::time::timeout(limits.grace, &mut both).await {
+                Ok(r) => r,
+                Err(_) => {
+                    guard.signal(Signal::KILL);
+                    both.await
+                }
+            }
+        }
+    };
+    // The leader has exited; make sure nothing it started lingers.
+    drop(guard);
+    let status = status.map_err(|e| StartError::Spawn(name, e))?;
+    use std::os::unix::process::ExitStatusExt;
+    Ok(Finished {
+        exit_code: status.code(),
+        signal: status.signal(),
+        stdout,
+        stderr,
+        truncated: t1 || t2,
+        timed_out,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+    fn limits(timeout_ms: u64) -> Limits {
+        Limits {
+            timeout: Duration::from_millis(timeout_ms),
+            grace: Duration::from_millis(300),
+            cap: 1024,
+        }
+    }
+
+    async fn go(cmd: &str, args: &[&str], stdin: Option<&str>, l: &Limits) -> Finished {
+        let dir = tempfile::tempdir().unwrap();
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        run(
+            &resolve(cmd, PATH).unwrap(),
+            &args,
+            &[("PATH".into(), PATH.into())],
+            dir.path(),
+            stdin.map(|s| s.as_bytes().to_vec()),
+            l,
+            &|_, _| {},
+        )
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn stdin_is_piped_and_stdout_captured_without_a_shell() {
+        let f = go("sort", &["-r"], Some("a\nc\nb\n"), &limits(5000)).await;
+        assert_eq!(
+            (f.exit_code, f.stdout.as_slice()),
+            (Some(0), &b"c\nb\na\n"[..])
+        );
+        // No shell: metacharacters are plain arguments.
+        let f = go("echo", &["$HOME", ";", "rm"], None, &limits(5000)).await;
+        assert_eq!(f.stdout, b"$HOME ; rm\n");
+    }
+
+    #[tokio::test]
+    async fn the_environment_is_only_what_was_given() {
+        let f = go("env", &[], None, &limits(5000)).await;
+        assert_eq!(String::from_utf8_lossy(&f.stdout), format!("PATH={PATH}\n"));
+    }
+
+    #[tokio::test]
+    async fn output_is_capped_and_streamed_in_chunks() {
+        let seen = Mutex::new(0usize);
+        let dir = tempfile::tempdir().unwrap();
+        let f = run(
+            &resolve("seq", PATH).unwrap(),
+            &["1".into(), "100000".into()],
+            &[],
+            dir.path(),
+            None,
+            &limits(5000),
+            &|stream, chunk| {
+                assert_eq!(stream, "stdout");
+                *seen.lock().unwrap() += chunk.len();
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(f.exit_code, Some(0), "the child was drained, not blocked");
+        assert!(f.truncated);
+        assert_eq!(f.stdout.len(), 1024);
+        assert_eq!(*seen.lock().unwrap(), 1024);
+    }
+
+    #[tokio::test]
+    async fn a_timeout_sends_sigterm_to_the_group() {
+        let f = go("sleep", &["30"], None, &limits(200)).await;
+        assert!(f.timed_out);
+        assert_eq!(f.signal, Some(15));
+    }
+
+    #[tokio::test]
+    async fn a_process_ignoring_sigterm_is_killed_after_the_grace_period() {
+        let started = std::time::Instant::now();
+        let f = go(
+            "sh",
+            &["-c", "trap '' TERM; sleep 30 & wait; sleep 30"],
+            None,
+            &limits(200),
+        )
+        .await;
+        assert!(f.timed_out);
+        assert_eq!(f.signal, Some(9), "SIGKILL after the grace period");
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+
+    #[test]
+    fn programs_resolve_only_on_the_given_path() {
+        assert!(resolve("sort", PATH).is_some());
+        assert!(resolve("sort", "/nonexistent").is_none());
+        assert!(resolve("no-such-tool-xyz", PATH).is_none());
+    }
+}

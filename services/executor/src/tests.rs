@@ -1,0 +1,1 @@
+//! Executor unit tests.
