@@ -117,3 +117,853 @@ async fn the_seed_001_envelope_runs_as_a_piped_chain() {
     );
     s.stop().await.unwrap();
 }
+
+async fn events(
+    c: &mut Jobs,
+    job_id: &str,
+    after: u64,
+) -> Vec<switchyard_proto::common::v1::Event> {
+    let mut s = c
+        .watch_job(WatchJobRequest {
+            job_id: job_id.into(),
+            after_sequence: after,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(e) = tokio::time::timeout(Duration::from_secs(10), s.next())
+        .await
+        .unwrap()
+    {
+        out.push(e.unwrap().event.unwrap());
+    }
+    out
+}
+
+fn field(e: &switchyard_proto::common::v1::Event, k: &str) -> String {
+    let v = e
+        .data
+        .as_ref()
+        .and_then(|d| d.fields.get(k))
+        .cloned()
+        .unwrap_or_default();
+    match switchyard_kit::json::value_to_json(&v) {
+        serde_json::Value::String(s) => s,
+        other => other.to_string(),
+    }
+}
+
+fn invalid(status: &tonic::Status) -> (String, Vec<String>) {
+    let e = switchyard_kit::error::ApiError::from(status.clone());
+    (
+        e.reason.unwrap_or_default(),
+        e.violations
+            .iter()
+            .map(|v| format!("{}: {}", v.field, v.description))
+            .collect(),
+    )
+}
+
+async fn approvals(
+    s: &Stack,
+) -> switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient<Channel> {
+    switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient::new(
+        s.channel().await.unwrap(),
+    )
+}
+
+fn as_actor<T>(msg: T, who: &str) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut()
+        .insert("x-switchyard-actor", who.parse().unwrap());
+    r
+}
+
+#[tokio::test]
+async fn seed_001_rules_are_refused_with_the_seeds_texts() {
+    let (s, mut c) = stack().await;
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            r#"{"plan_id":"p","tasks":[{"task_number":1,"command":"sort"},{"task_number":2,"command":"uniq"},{"task_number":4,"command":"wc"}]}"#,
+            "INVALID_TASK_NUMBERING",
+            "Invalid task numbering: gap between task 2 and 4",
+        ),
+        (
+            r#"{"plan_id":"p","tasks":[]}"#,
+            "INVALID_ARGUMENT",
+            "Invalid job: tasks must contain at least one task",
+        ),
+        (
+            r#"{"plan_id":"p","tasks":[{"task_number":2,"command":"sort"}]}"#,
+            "INVALID_TASK_NUMBERING",
+            "Invalid task numbering: must start at 1, found 2",
+        ),
+        (
+            r#"{"plan_id":"p","tasks":[{"task_number":1,"command":"sort","input_from_task":2},{"task_number":2,"command":"uniq"}]}"#,
+            "INVALID_ARGUMENT",
+            "Invalid input reference: task 1 reads task 2, which does not come before it",
+        ),
+        (
+            r#"{"plan_id":"p","tasks":[{"task_number":1,"command":"sort","input_from_task":1}]}"#,
+            "INVALID_ARGUMENT",
+            "Invalid input reference: task 1 cannot read its own output",
+        ),
+        (
+            r#"{"plan_id":"p","tasks":[{"task_number":1,"command":" "}]}"#,
+            "INVALID_ARGUMENT",
+            "Invalid command: task 1 has an empty command",
+        ),
+        (
+            r#"{"plan_id":"p","tasks":[{"task_number":1,"command":"rm","args":["-rf","/"]}]}"#,
+            "COMMAND_NOT_ALLOWED",
+            "is not on the allowlist",
+        ),
+    ];
+    for (doc, reason, text) in cases {
+        let e = submit(&mut c, doc).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{doc}");
+        assert!(e.message().contains(text), "{doc}: {}", e.message());
+        assert_eq!(invalid(&e).0, *reason, "{doc}");
+    }
+    // The 100-task limit.
+    let tasks: Vec<String> = (1..=101)
+        .map(|n| format!(r#"{{"task_number":{n},"command":"true"}}"#))
+        .collect();
+    let e = submit(
+        &mut c,
+        &format!(r#"{{"plan_id":"p","tasks":[{}]}}"#, tasks.join(",")),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        e.message(),
+        "Invalid job: 101 tasks exceed the limit of 100"
+    );
+    // Nothing was created.
+    let list = c
+        .list_jobs(switchyard_proto::executor::v1::ListJobsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(list.jobs.is_empty());
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn graphs_and_templates_are_checked_at_submit_with_field_violations() {
+    let (s, mut c) = stack().await;
+    let cycle = r#"{"tasks":[
+        {"id":"a","depends_on":["c"],"agent":{"capability":"builtin.echo"}},
+        {"id":"b","depends_on":["a"],"agent":{"capability":"builtin.echo"}},
+        {"id":"c","depends_on":["b"],"agent":{"capability":"builtin.echo"}}]}"#;
+    let e = submit(&mut c, cycle).await.unwrap_err();
+    assert!(
+        invalid(&e)
+            .1
+            .iter()
+            .any(|v| v.starts_with("tasks: dependency cycle: ")),
+        "{e:?}"
+    );
+    let unknown =
+        r#"{"tasks":[{"id":"a","depends_on":["zz"],"agent":{"capability":"builtin.echo"}}]}"#;
+    let e = submit(&mut c, unknown).await.unwrap_err();
+    assert_eq!(
+        invalid(&e).1,
+        ["tasks[0].depends_on[0]: depends on unknown task \"zz\""]
+    );
+    // b reads a's output without depending on it; c reads a job input that does not exist.
+    let unseen = r#"{"input":{"x":1},"tasks":[
+        {"id":"a","agent":{"capability":"builtin.echo"}},
+        {"id":"b","agent":{"capability":"builtin.echo","input":{"t":"${a.output.text}"}}},
+        {"id":"c","agent":{"capability":"builtin.echo","input":{"t":"${parent.input.y}"}}}]}"#;
+    let e = submit(&mut c, unseen).await.unwrap_err();
+    let v = invalid(&e).1;
+    assert!(
+        v.iter()
+            .any(|v| v.starts_with("tasks[1].agent.input.t: task \"b\" cannot read \"a\"")),
+        "{v:?}"
+    );
+    assert!(
+        v.iter()
+            .any(|v| v == "tasks[2].agent.input.t: the job input has no field \"y\""),
+        "{v:?}"
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn seed_000_ojs_fields_are_validated_and_llm_tasks_fail_cleanly_without_a_provider() {
+    let (s, mut c) = stack().await;
+    let bad_temp = r#"{"type":"agent.research","args":["x"],"ext_agent_model":"gpt-4o","ext_agent_temperature":2.5}"#;
+    let e = submit(&mut c, bad_temp).await.unwrap_err();
+    assert_eq!(invalid(&e).0, "AGENT_INVALID_PARAMETER");
+    let bad_tool = r#"{"type":"agent.research","ext_agent_model":"gpt-4o","ext_agent_tools":[{"name":"Web-Search"}]}"#;
+    assert_eq!(
+        invalid(&submit(&mut c, bad_tool).await.unwrap_err()).0,
+        "AGENT_INVALID_PARAMETER"
+    );
+    let dup_tool = r#"{"type":"agent.research","ext_agent_model":"gpt-4o","ext_agent_tools":[{"name":"web_search"},{"name":"web_search"}]}"#;
+    assert_eq!(
+        invalid(&submit(&mut c, dup_tool).await.unwrap_err()).0,
+        "AGENT_INVALID_PARAMETER"
+    );
+    let deep = r#"{"type":"agent.research","ext_agent_model":"gpt-4o","ext_agent_delegation_depth":3,"ext_agent_max_delegation_depth":3}"#;
+    assert_eq!(
+        invalid(&submit(&mut c, deep).await.unwrap_err()).0,
+        "AGENT_MAX_DELEGATION_DEPTH"
+    );
+    assert!(
+        c.list_jobs(switchyard_proto::executor::v1::ListJobsRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .jobs
+            .is_empty()
+    );
+
+    // The seed's own example: accepted, estimated, waits for a person (the model is not priced).
+    let example = r#"{"type":"agent.research","args":["Summarize recent developments in quantum computing"],
+      "options":{"queue":"ai-agents","timeout_ms":120000},
+      "ext_agent_model":"gpt-4o","ext_agent_fallback_models":["claude-3.5-sonnet","gpt-4o-mini"],
+      "ext_agent_provider":"openai","ext_agent_temperature":0.7,"ext_agent_max_tokens":4096,
+      "ext_agent_token_budget":50000,"ext_agent_tokens_used":123456,"ext_agent_custom_flag":"kept",
+      "ext_agent_tools":[{"name":"web_search","description":"Search the web","parameters":{"type":"object","properties":{"query":{"type":"string"}},"required":["query"]}}],
+      "ext_agent_tool_choice":"auto",
+      "ext_agent_output_schema":{"type":"object","properties":{"summary":{"type":"string"}},"required":["summary"]},
+      "ext_agent_output_format":"json"}"#;
+    let job = submit(&mut c, example).await.unwrap();
+    assert_eq!(job.state, JobState::Pending as i32);
+    assert_eq!(job.tokens_used, 0, "client tokens_used is ignored");
+    let spec = job.spec.clone().unwrap();
+    assert_eq!(spec.source_format, "ojs");
+    let Some(switchyard_proto::executor::v1::task_spec::Kind::Llm(l)) = &spec.tasks[0].kind else {
+        panic!()
+    };
+    assert_eq!(l.fallback_models, ["claude-3.5-sonnet", "gpt-4o-mini"]);
+    assert!(
+        l.extensions
+            .as_ref()
+            .unwrap()
+            .fields
+            .contains_key("ext_agent_custom_flag"),
+        "unknown ext_agent_* kept"
+    );
+    let mut a = approvals(&s).await;
+    a.approve(as_actor(
+        switchyard_proto::approval::v1::ApproveRequest {
+            run_id: job.run_id.clone(),
+            comment: "ok".into(),
+        },
+        "@reviewer",
+    ))
+    .await
+    .unwrap();
+    let r = finish(&mut c, &id(&job)).await;
+    assert_eq!(r.state, JobState::Discarded as i32);
+    assert_eq!(r.reason, "LLM_PROVIDER_NOT_CONFIGURED");
+    assert!(
+        r.error.contains("no LLM provider is configured"),
+        "{}",
+        r.error
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_aitp_task_runs_its_subtasks_as_a_dag_with_templates_and_mappings() {
+    let (s, mut c) = stack().await;
+    let doc = r#"
+task_id: paper-1
+name: Research Paper Analysis
+description: Analyze a research paper
+input:
+  type: object
+  properties:
+    paper_pdf_url: {type: string}
+    max_pages: {type: integer, default: 50}
+input_values:
+  paper_pdf_url: https://example.org/p.pdf
+metadata:
+  retry_policy: {max_retries: 1, backoff_strategy: fixed, backoff_base_ms: 10}
+subtasks:
+  - subtask_id: subtask_1
+    name: Extract Text from PDF
+    agent_capability: builtin.echo
+    input:
+      text: "text of ${parent.input.paper_pdf_url}"
+      max_pages: "${parent.input.max_pages}"
+    output_mapping: {text: raw_text}
+    priority: 1
+  - subtask_id: subtask_2
+    name: Analyze Text with NLP
+    agent_capability: builtin.echo
+    depends_on: [subtask_1]
+    input: {text: "${subtask_1.output.raw_text}"}
+    output_mapping: {text: nlp_results}
+    priority: 2
+  - subtask_id: subtask_3
+    name: Aggregate Results
+    agent_capability: builtin.echo
+    depends_on: [subtask_1, subtask_2]
+    input:
+      raw_text: "${subtask_1.output.raw_text}"
+      nlp_results: "${subtask_2.output.nlp_results}"
+      pages: "${subtask_1.output.max_pages}"
+    output_mapping: {}
+    priority: 3
+"#;
+    let job = submit(&mut c, doc).await.unwrap();
+    assert_eq!(job.spec.as_ref().unwrap().source_format, "aitp");
+    let r = finish(&mut c, "paper-1").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let out = switchyard_kit::json::value_to_json(r.result.as_ref().unwrap());
+    let agg = &out["subtask_3"];
+    assert_eq!(agg["raw_text"], "text of https://example.org/p.pdf");
+    assert_eq!(agg["nlp_results"], "text of https://example.org/p.pdf");
+    assert_eq!(agg["pages"], 50, "a whole template keeps its JSON type");
+    // Routing decisions were logged with their score breakdown.
+    let evs = events(&mut c, "paper-1", 0).await;
+    let routed: Vec<_> = evs
+        .iter()
+        .filter(|e| e.kind == "routing.decision")
+        .collect();
+    assert_eq!(routed.len(), 3);
+    assert!(field(routed[0], "candidates").contains("capability_match"));
+    s.stop().await.unwrap();
+}
+
+fn ms(t: &Option<prost_types::Timestamp>) -> u64 {
+    switchyard_kit::time::timestamp_ms(t.as_ref().unwrap())
+}
+
+#[tokio::test]
+async fn independent_tasks_run_in_parallel_and_dependents_wait_for_all() {
+    let (s, mut c) = stack().await;
+    let doc = r#"{"job_id":"diamond","max_parallel":4,"tasks":[
+        {"id":"a","command":{"command":"true"}},
+        {"id":"b","depends_on":["a"],"agent":{"capability":"builtin.sleep","input":{"ms":400}}},
+        {"id":"c","depends_on":["a"],"command":{"command":"sleep","args":["0.4"]}},
+        {"id":"d","depends_on":["b","c"],"command":{"command":"echo","args":["done"]}}]}"#;
+    submit(&mut c, doc).await.unwrap();
+    let r = finish(&mut c, "diamond").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let t = |id: &str| r.tasks.iter().find(|t| t.task_id == id).unwrap().clone();
+    let (a, b, cc, d) = (t("a"), t("b"), t("c"), t("d"));
+    assert!(ms(&b.started_at) >= ms(&a.finished_at) && ms(&cc.started_at) >= ms(&a.finished_at));
+    // b and c overlap: each started before the other finished.
+    assert!(
+        ms(&b.started_at) < ms(&cc.finished_at) && ms(&cc.started_at) < ms(&b.finished_at),
+        "{b:?} {cc:?}"
+    );
+    assert!(ms(&d.started_at) >= ms(&b.finished_at).max(ms(&cc.finished_at)));
+    assert_eq!(stdout(&r, "d"), "done\n");
+    // With max_parallel 1 the same tasks never overlap.
+    submit(
+        &mut c,
+        &doc.replace(
+            "\"diamond\",\"max_parallel\":4",
+            "\"serial\",\"max_parallel\":1",
+        ),
+    )
+    .await
+    .unwrap();
+    let r = finish(&mut c, "serial").await;
+    let t = |id: &str| r.tasks.iter().find(|t| t.task_id == id).unwrap().clone();
+    let (b, cc) = (t("b"), t("c"));
+    assert!(ms(&b.finished_at) <= ms(&cc.started_at) || ms(&cc.finished_at) <= ms(&b.started_at));
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn retries_back_off_and_keep_every_attempts_error() {
+    let (s, mut c) = stack().await;
+    let doc = r#"{"job_id":"flaky","tasks":[
+        {"id":"once","agent":{"capability":"builtin.fail_once"},
+         "retry":{"max_retries":2,"backoff_strategy":"fixed","backoff_base_ms":200}}]}"#;
+    submit(&mut c, doc).await.unwrap();
+    let r = finish(&mut c, "flaky").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let t = &r.tasks[0];
+    assert_eq!(t.attempts.len(), 2);
+    assert_eq!(t.attempts[0].reason, "AGENT_ERROR");
+    assert!(t.attempts[0].error.contains("fails its first attempt"));
+    assert!(
+        ms(&t.attempts[1].started_at) >= ms(&t.attempts[0].finished_at) + 200,
+        "fixed backoff waited"
+    );
+    assert_eq!(t.attempts[1].error, "");
+
+    let doc = r#"{"job_id":"doomed","tasks":[
+        {"id":"always","agent":{"capability":"builtin.fail_always"},
+         "retry":{"max_retries":2,"backoff_strategy":"exponential","backoff_base_ms":100}}]}"#;
+    submit(&mut c, doc).await.unwrap();
+    let r = finish(&mut c, "doomed").await;
+    assert_eq!(r.state, JobState::Discarded as i32);
+    assert_eq!(r.reason, "AGENT_ERROR");
+    let a = &r.tasks[0].attempts;
+    assert_eq!(a.len(), 3, "1 + max_retries");
+    let gap = |i: usize| ms(&a[i].started_at) - ms(&a[i - 1].finished_at);
+    assert!(
+        gap(1) >= 100 && gap(2) >= 200,
+        "exponential: 100 ms then 200 ms ({}, {})",
+        gap(1),
+        gap(2)
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn fail_fast_skips_what_did_not_start_and_keeps_partial_results() {
+    let (s, mut c) = stack().await;
+    let doc = r#"{"plan_id":"p","job_id":"ff","tasks":[
+        {"task_number":1,"command":"echo","args":["partial output"]},
+        {"task_number":2,"command":"sh","args":["-c","echo oops >&2; exit 3"]},
+        {"task_number":3,"command":"wc","input_from_task":2}]}"#;
+    submit(&mut c, doc).await.unwrap();
+    let r = finish(&mut c, "ff").await;
+    assert_eq!(r.state, JobState::Discarded as i32);
+    assert_eq!(r.reason, "COMMAND_FAILED");
+    assert_eq!(stdout(&r, "task_1"), "partial output\n");
+    assert_eq!(state_of(&r, "task_2"), TaskState::Failed);
+    let t2 = r.tasks.iter().find(|t| t.task_id == "task_2").unwrap();
+    assert_eq!(t2.exit_code, Some(3));
+    assert!(
+        t2.error.contains("exited with code 3: oops"),
+        "{}",
+        t2.error
+    );
+    assert_eq!(state_of(&r, "task_3"), TaskState::Skipped);
+    assert_eq!(r.tasks[2].reason, "UPSTREAM_FAILED");
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_timeout_kills_a_process_that_ignores_sigterm() {
+    let (s, mut c) = stack().await;
+    let doc = r#"{"job_id":"stubborn","tasks":[
+        {"id":"t","timeout_secs":1,"command":{"command":"sh","args":["-c","trap '' TERM; sleep 30"]}}]}"#;
+    let started = std::time::Instant::now();
+    submit(&mut c, doc).await.unwrap();
+    let r = finish(&mut c, "stubborn").await;
+    assert!(started.elapsed() < Duration::from_secs(8));
+    assert_eq!(r.reason, "TASK_TIMEOUT");
+    assert_eq!(
+        r.tasks[0].exit_code,
+        Some(137),
+        "SIGKILL after the grace period"
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn timeout_extension_retries_once_with_the_longer_timeout() {
+    let (s, mut c) = stack().await;
+    let doc = r#"{"job_id":"slow","tasks":[
+        {"id":"t","timeout_secs":1,"agent":{"capability":"builtin.sleep","input":{"ms":1500}},
+         "fallback":{"on_timeout":{"strategy":"RETRY_WITH_TIMEOUT_EXTENSION","extended_timeout_seconds":5}}}]}"#;
+    submit(&mut c, doc).await.unwrap();
+    let r = finish(&mut c, "slow").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    assert_eq!(r.tasks[0].attempts.len(), 2);
+    assert_eq!(r.tasks[0].attempts[0].reason, "TASK_TIMEOUT");
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_offline_agent_falls_back_to_the_next_best() {
+    let (s, mut c) = stack().await;
+    let mut reg =
+        switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient::new(
+            s.channel().await.unwrap(),
+        );
+    let mut dead = switchyard_executor::builtin::spec("http://127.0.0.1:9");
+    dead.id = "dead".into();
+    reg.register_agent(switchyard_proto::registry::v1::RegisterAgentRequest { agent: Some(dead) })
+        .await
+        .unwrap();
+    let doc = r#"{"job_id":"offline","tasks":[
+        {"id":"t","agent":{"capability":"builtin.echo","input":{"text":"hi"},"prefer_agents":["dead"]},
+         "fallback":{"on_agent_offline":{"strategy":"SELECT_NEXT_BEST"}}}]}"#;
+    let mut ok = false;
+    for _ in 0..100 {
+        // The router learns of the new agent through its watch.
+        let v = c
+            .validate_job(switchyard_proto::executor::v1::ValidateJobRequest {
+                document: doc.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if v.routes.len() == 1 {
+            ok = true;
+            break;
+        }
+    }
+    assert!(ok);
+    submit(&mut c, doc).await.unwrap();
+    let r = finish(&mut c, "offline").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    assert_eq!(r.tasks[0].agent_id, "builtin");
+    let calls: Vec<_> = events(&mut c, "offline", 0)
+        .await
+        .into_iter()
+        .filter(|e| e.kind == "agent.call")
+        .collect();
+    assert_eq!(
+        calls
+            .iter()
+            .map(|e| (field(e, "agent_id"), field(e, "status")))
+            .collect::<Vec<_>>(),
+        [
+            ("dead".to_owned(), "unreachable".to_owned()),
+            ("builtin".to_owned(), "success".to_owned())
+        ]
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_refused_reservation_means_the_agent_is_never_called() {
+    let (s, mut c) = stack().await;
+    let mut ledger = switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient::new(
+        s.channel().await.unwrap(),
+    );
+    ledger
+        .create_budget(switchyard_proto::ledger::v1::CreateBudgetRequest {
+            budget_id: "team".into(),
+            token_limit: Some(100),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let doc = r#"{"job_id":"broke","budget":{"parent_budget_id":"team"},"tasks":[
+        {"id":"t","agent":{"capability":"builtin.echo"},
+         "fallback":{"on_cost_exceeded":{"strategy":"FAIL_AND_NOTIFY","notification":"Task exceeded budget"}}}]}"#;
+    submit(&mut c, doc).await.unwrap();
+    let r = finish(&mut c, "broke").await;
+    assert_eq!(
+        r.state,
+        JobState::Retryable as i32,
+        "seed 000: budget exhaustion is retryable"
+    );
+    assert_eq!(r.reason, "AGENT_TOKEN_BUDGET_EXCEEDED");
+    let evs = events(&mut c, "broke", 0).await;
+    assert!(
+        evs.iter()
+            .any(|e| e.kind == "budget.refused" && field(e, "refused_by") == "team")
+    );
+    assert!(
+        evs.iter()
+            .any(|e| e.kind == "job.notice"
+                && field(e, "message").starts_with("Task exceeded budget"))
+    );
+    assert!(
+        !evs.iter()
+            .any(|e| e.kind == "agent.call" || e.kind == "budget.reserved"),
+        "no call without a reservation"
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn nothing_runs_before_approval_and_a_rejection_cancels_the_job() {
+    let (s, mut c) = stack().await;
+    let doc = |id: &str| {
+        format!(
+            r#"{{"job_id":"{id}","approval":{{"intent":"echo things","requires_approval":true}},
+        "tasks":[{{"id":"t","agent":{{"capability":"builtin.echo","input":{{"text":"hi"}}}}}}]}}"#
+        )
+    };
+    let mut sub = tonic::Request::new(SubmitJobRequest {
+        document: doc("gated"),
+        ..Default::default()
+    });
+    sub.metadata_mut()
+        .insert("x-switchyard-actor", "@alice".parse().unwrap());
+    let job = c.submit_job(sub).await.unwrap().into_inner().job.unwrap();
+    assert_eq!(job.state, JobState::Pending as i32);
+    assert_eq!(job.submitted_by, "@alice");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let j = c
+        .get_job(GetJobRequest {
+            job_id: "gated".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap();
+    assert_eq!(j.state, JobState::Pending as i32);
+    assert_eq!(j.tasks[0].attempts.len(), 0, "no agent before approval");
+    let mut a = approvals(&s).await;
+    // Separation of duties holds for jobs too.
+    let own = a
+        .approve(as_actor(
+            switchyard_proto::approval::v1::ApproveRequest {
+                run_id: j.run_id.clone(),
+                comment: String::new(),
+            },
+            "@alice",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        switchyard_kit::error::ApiError::from(own).reason.as_deref(),
+        Some("SEPARATION_OF_DUTIES")
+    );
+    a.approve(as_actor(
+        switchyard_proto::approval::v1::ApproveRequest {
+            run_id: j.run_id.clone(),
+            comment: "fine".into(),
+        },
+        "@bob",
+    ))
+    .await
+    .unwrap();
+    let r = finish(&mut c, "gated").await;
+    assert_eq!(r.state, JobState::Completed as i32);
+    let evs = events(&mut c, "gated", 0).await;
+    let decided = evs
+        .iter()
+        .position(|e| e.kind == "approval.decided")
+        .unwrap();
+    assert_eq!(field(&evs[decided], "by"), "@bob");
+    let first_call = evs.iter().position(|e| e.kind == "agent.call").unwrap();
+    assert!(decided < first_call);
+    let run = a
+        .get_run(switchyard_proto::approval::v1::GetRunRequest {
+            run_id: j.run_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap();
+    assert_eq!(
+        run.status,
+        switchyard_proto::approval::v1::RunStatus::Completed as i32,
+        "the executor completed its run"
+    );
+
+    let mut sub = tonic::Request::new(SubmitJobRequest {
+        document: doc("nope"),
+        ..Default::default()
+    });
+    sub.metadata_mut()
+        .insert("x-switchyard-actor", "@alice".parse().unwrap());
+    let job = c.submit_job(sub).await.unwrap().into_inner().job.unwrap();
+    a.reject(as_actor(
+        switchyard_proto::approval::v1::RejectRequest {
+            run_id: job.run_id.clone(),
+            comment: "too risky".into(),
+        },
+        "@bob",
+    ))
+    .await
+    .unwrap();
+    let r = finish(&mut c, "nope").await;
+    assert_eq!(r.state, JobState::Cancelled as i32);
+    assert_eq!(r.reason, "APPROVAL_REJECTED");
+    assert_eq!(r.tasks[0].attempts.len(), 0);
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn cancelling_stops_running_work_and_cancels_the_run() {
+    let (s, mut c) = stack().await;
+    let doc = r#"{"job_id":"long","tasks":[
+        {"id":"cmd","command":{"command":"sleep","args":["30"]}},
+        {"id":"agent","agent":{"capability":"builtin.sleep","input":{"ms":30000}}},
+        {"id":"after","depends_on":["cmd"],"command":{"command":"true"}}]}"#;
+    submit(&mut c, doc).await.unwrap();
+    let mut watch = c
+        .watch_job(WatchJobRequest {
+            job_id: "long".into(),
+            after_sequence: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut seen = Vec::new();
+    // Wait until the agent call holds a reservation and the command runs.
+    while !(seen
+        .iter()
+        .any(|e: &switchyard_proto::common::v1::Event| e.kind == "budget.reserved")
+        && seen
+            .iter()
+            .any(|e| e.kind == "task.state" && e.task_id == "cmd" && field(e, "to") == "running"))
+    {
+        let e = tokio::time::timeout(Duration::from_secs(10), watch.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        seen.push(e.event.unwrap());
+    }
+    let started = std::time::Instant::now();
+    let j = c
+        .cancel_job(switchyard_proto::executor::v1::CancelJobRequest {
+            job_id: "long".into(),
+            reason: "changed my mind".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(j.state, JobState::Cancelled as i32);
+    assert_eq!(j.error, "changed my mind");
+    assert!(
+        j.tasks
+            .iter()
+            .all(|t| t.state == TaskState::Cancelled as i32),
+        "{:?}",
+        j.tasks
+    );
+    // The reservation of the agent call was released; the live stream ends with the job.
+    while let Some(e) = tokio::time::timeout(Duration::from_secs(10), watch.next())
+        .await
+        .unwrap()
+    {
+        seen.push(e.unwrap().event.unwrap());
+    }
+    assert_eq!(
+        seen,
+        events(&mut c, "long", 0).await,
+        "live and replayed streams agree"
+    );
+    let evs = seen;
+    let reserved = evs.iter().filter(|e| e.kind == "budget.reserved").count();
+    let released = evs.iter().filter(|e| e.kind == "budget.released").count();
+    assert_eq!((reserved, released), (1, 1));
+    let mut a = approvals(&s).await;
+    let run = a
+        .get_run(switchyard_proto::approval::v1::GetRunRequest {
+            run_id: j.run_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap();
+    assert_eq!(
+        run.status,
+        switchyard_proto::approval::v1::RunStatus::Cancelled as i32
+    );
+    // A finished job cannot be cancelled again.
+    let again = c
+        .cancel_job(switchyard_proto::executor::v1::CancelJobRequest {
+            job_id: "long".into(),
+            reason: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(
+        switchyard_kit::error::ApiError::from(again)
+            .reason
+            .as_deref(),
+        Some("JOB_TERMINAL")
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn watch_replays_a_finished_job_and_resumes_after_any_sequence() {
+    let (s, mut c) = stack().await;
+    let doc = r#"{"job_id":"w","tasks":[{"id":"a","command":{"command":"echo","args":["x"]}},
+        {"id":"b","depends_on":["a"],"agent":{"capability":"builtin.echo","input":{"text":"${a.output.stdout}"}}}]}"#;
+    submit(&mut c, doc).await.unwrap();
+    let all = events(&mut c, "w", 0).await;
+    assert_eq!(
+        all.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+        (1..=all.len() as u64).collect::<Vec<_>>()
+    );
+    assert_eq!(all.last().unwrap().kind, "job.state");
+    assert_eq!(field(all.last().unwrap(), "to"), "completed");
+    assert!(
+        all.iter()
+            .all(|e| e.job_id == "w" && !e.correlation_id.is_empty() && e.time.is_some())
+    );
+    for kind in [
+        "job.submitted",
+        "approval.requested",
+        "approval.decided",
+        "budget.created",
+        "task.attempt",
+        "task.output",
+        "routing.decision",
+        "budget.reserved",
+        "agent.call",
+        "task.result",
+    ] {
+        assert!(all.iter().any(|e| e.kind == kind), "missing {kind}");
+    }
+    let after = 5;
+    let rest = events(&mut c, "w", after).await;
+    assert_eq!(rest, all[after as usize..].to_vec());
+    assert!(
+        events(&mut c, "w", all.len() as u64).await.is_empty(),
+        "nothing after the last event: the stream closes"
+    );
+    let e = c
+        .watch_job(WatchJobRequest {
+            job_id: "nope".into(),
+            after_sequence: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_client_job_id_is_idempotent_for_the_same_spec_only() {
+    let (s, mut c) = stack().await;
+    let doc = r#"{"job_id":"same","tasks":[{"id":"a","command":{"command":"true"}}]}"#;
+    let first = c
+        .submit_job(SubmitJobRequest {
+            document: doc.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let again = c
+        .submit_job(SubmitJobRequest {
+            document: doc.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(first.created && !again.created);
+    assert_eq!(
+        id(first.job.as_ref().unwrap()),
+        id(again.job.as_ref().unwrap())
+    );
+    let e = submit(&mut c, &doc.replace("true", "false"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::AlreadyExists);
+    assert_eq!(
+        switchyard_kit::error::ApiError::from(e).reason.as_deref(),
+        Some("JOB_ALREADY_EXISTS")
+    );
+    let j = submit(
+        &mut c,
+        r#"{"tasks":[{"id":"a","command":{"command":"true"}}]}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(uuid_version(&id(&j)), Some(7));
+    s.stop().await.unwrap();
+}
+
+fn uuid_version(s: &str) -> Option<usize> {
+    let hex: Vec<char> = s.chars().filter(|c| *c != '-').collect();
+    (hex.len() == 32).then(|| hex[12].to_digit(16).unwrap() as usize)
+}

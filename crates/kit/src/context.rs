@@ -12,6 +12,9 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 pub const CORRELATION_HEADER: &str = "x-correlation-id";
 /// W3C trace-context header.
 pub const TRACEPARENT_HEADER: &str = "traceparent";
+/// Metadata key naming the person or system acting (until authentication
+/// arrives, a trusted claim); carried on to the calls a request makes.
+pub const ACTOR_HEADER: &str = "x-switchyard-actor";
 
 /// Correlation of the request being served.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,6 +23,8 @@ pub struct RequestContext {
     pub correlation_id: String,
     /// The caller's `traceparent`, when it sent one.
     pub traceparent: Option<String>,
+    /// Who acts (`x-switchyard-actor`), when known.
+    pub actor: Option<String>,
 }
 
 tokio::task_local! {
@@ -103,6 +108,12 @@ pub fn inject<T>(req: &mut tonic::Request<T>) {
             md.insert(CORRELATION_HEADER, v);
         }
     }
+    if !md.contains_key(ACTOR_HEADER)
+        && let Some(actor) = current().and_then(|c| c.actor)
+        && let Ok(v) = actor.parse()
+    {
+        md.insert(ACTOR_HEADER, v);
+    }
     if !md.contains_key(TRACEPARENT_HEADER)
         && let Some(tp) = outgoing_traceparent()
         && let Ok(v) = tp.parse()
@@ -128,12 +139,18 @@ mod tests {
         let ctx = RequestContext {
             correlation_id: "corr-1".into(),
             traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
+            actor: Some("@carol".into()),
         };
         scope(ctx, async {
             let mut req = tonic::Request::new(());
             inject(&mut req);
             assert_eq!(req.metadata().get(CORRELATION_HEADER).unwrap(), "corr-1");
             assert!(req.metadata().get(TRACEPARENT_HEADER).is_some());
+            assert_eq!(
+                req.metadata().get(ACTOR_HEADER).unwrap(),
+                "@carol",
+                "the actor rides along"
+            );
             assert_eq!(correlation_id(&req), "corr-1");
 
             let mut own = tonic::Request::new(());

@@ -115,9 +115,17 @@ where
             let parent = TraceContextPropagator::new().extract(&HeaderExtractor(req.headers()));
             let _ = span.set_parent(parent);
         }
+        let actor = req
+            .headers()
+            .get(context::ACTOR_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned);
         let ctx = RequestContext {
             correlation_id: correlation_id.clone(),
             traceparent,
+            actor,
         };
 
         Box::pin(

@@ -36,7 +36,7 @@ pub use policy::Policy;
 
 /// Metadata key carrying the acting person or service until authentication
 /// arrives; read only by [`actor`].
-pub const ACTOR_HEADER: &str = "x-switchyard-actor";
+pub const ACTOR_HEADER: &str = switchyard_kit::context::ACTOR_HEADER;
 
 /// `[approval]` configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -91,8 +91,8 @@ struct Snapshot {
 /// Claim outcome.
 enum Claimed {
     Yes,
-    /// The run was cancelled or rejected meanwhile.
-    Gone(String),
+    /// The job was cancelled, or its run ended, meanwhile (why, by whom).
+    Gone(String, Option<String>),
     /// The process is stopping.
     Stopping,
 }
@@ -120,6 +120,7 @@ impl Executor {
         let ctx = RequestContext {
             correlation_id,
             traceparent: (!traceparent.is_empty()).then_some(traceparent),
+            actor: Some(format!("executor/{}", self.inner.cfg.worker_id)),
         };
         let run = async {
             if let Err(e) = self.run_job(job_id, &ctl).await {
@@ -137,8 +138,8 @@ impl Executor {
                 return Claimed::Stopping;
             }
             let cancel = lock(&ctl.cancel).clone();
-            if let Some(why) = cancel {
-                return Claimed::Gone(why);
+            if let Some((why, who)) = cancel {
+                return Claimed::Gone(why, who);
             }
             let claimed = approval
                 .claim(ap::ClaimRequest {
@@ -166,7 +167,10 @@ impl Executor {
                     }
                 }
                 Some(Reason::RunTerminal) => {
-                    return Claimed::Gone(format!("approval run {run_id} ended: {}", err.message));
+                    return Claimed::Gone(
+                        format!("approval run {run_id} ended: {}", err.message),
+                        None,
+                    );
                 }
                 // A lapsed lease scheduled a retry; wait for it.
                 Some(Reason::RunNotDue | Reason::ClaimNotHeld) => {}
@@ -187,13 +191,13 @@ impl Executor {
         match self.claim(&run_id, ctl).await {
             Claimed::Yes => {}
             Claimed::Stopping => return Ok(()),
-            Claimed::Gone(why) => {
+            Claimed::Gone(why, who) => {
                 let g = {
                     let mut st = self.lock();
                     self.cancel_idle(&mut st, job_id, Reason::JobCancelled, &why)?
                 };
                 self.durable(g).await?;
-                self.cancel_run(job_id, &why).await;
+                self.cancel_run(job_id, &why, who).await;
                 self.close_budget(job_id).await;
                 return Ok(());
             }
@@ -293,10 +297,10 @@ impl Executor {
         renew.tick().await;
         loop {
             let cancel = lock(&ctl.cancel).clone();
-            if let Some(why) = cancel {
+            if let Some((why, who)) = cancel {
                 running.abort_all();
                 while running.join_next().await.is_some() {}
-                return self.finish_cancelled(job_id, &why).await;
+                return self.finish_cancelled(job_id, &why, who).await;
             }
             let now = self.now();
             let (g, next_wake, done) = {
@@ -769,27 +773,33 @@ impl Executor {
         Ok(())
     }
 
-    async fn finish_cancelled(&self, job_id: &str, why: &str) -> Result<(), ExecutorError> {
-        let (g, open) = {
-            let mut st = self.lock();
-            let g = self.cancel_idle(&mut st, job_id, Reason::JobCancelled, why)?;
-            let open: Vec<(String, String)> = st
-                .jobs
-                .get(job_id)
-                .map(|e| {
-                    e.open_reservations
-                        .iter()
-                        .map(|(r, t)| (r.clone(), t.clone()))
-                        .collect()
-                })
-                .unwrap_or_default();
-            (g, open)
-        };
-        self.durable(g).await?;
+    async fn finish_cancelled(
+        &self,
+        job_id: &str,
+        why: &str,
+        who: Option<String>,
+    ) -> Result<(), ExecutorError> {
+        // Release first, so the job's last event is its final state.
+        let open: Vec<(String, String)> = self
+            .lock()
+            .jobs
+            .get(job_id)
+            .map(|e| {
+                e.open_reservations
+                    .iter()
+                    .map(|(r, t)| (r.clone(), t.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
         for (rid, task) in open {
             self.release(job_id, &task, &rid, "job cancelled").await;
         }
-        self.cancel_run(job_id, why).await;
+        let g = {
+            let mut st = self.lock();
+            self.cancel_idle(&mut st, job_id, Reason::JobCancelled, why)?
+        };
+        self.durable(g).await?;
+        self.cancel_run(job_id, why, who).await;
         self.close_budget(job_id).await;
         Ok(())
     }

@@ -367,8 +367,8 @@ impl<'a> Change<'a> {
 /// Per-job control of a running driver.
 #[derive(Debug, Default)]
 struct Control {
-    /// Why the job is being cancelled, once asked.
-    cancel: Mutex<Option<String>>,
+    /// Why the job is being cancelled and by whom, once asked.
+    cancel: Mutex<Option<(String, Option<String>)>>,
     wake: tokio::sync::Notify,
 }
 
@@ -1260,6 +1260,7 @@ impl Executor {
         tokio::spawn(async move {
             me.drive(&id, ctl).await;
             me.lock().drivers.remove(&id);
+            me.inner.finished.send_modify(|n| *n += 1);
         });
     }
 
@@ -1354,7 +1355,12 @@ impl Executor {
     }
 
     /// CancelJob: stops running work, releases reservations, cancels the run.
-    pub async fn cancel(&self, job_id: &str, why: &str) -> Result<Job, ExecutorError> {
+    pub async fn cancel(
+        &self,
+        job_id: &str,
+        why: &str,
+        who: Option<String>,
+    ) -> Result<Job, ExecutorError> {
         let why = if why.is_empty() {
             "cancelled by request"
         } else {
@@ -1370,7 +1376,7 @@ impl Executor {
             e.state().check(JobState::Cancelled)?;
             match st.drivers.get(job_id).cloned() {
                 Some(ctl) => {
-                    *lock(&ctl.cancel) = Some(why.to_owned());
+                    *lock(&ctl.cancel) = Some((why.to_owned(), who.clone()));
                     ctl.wake.notify_one();
                     None
                 }
@@ -1400,13 +1406,15 @@ impl Executor {
             })
             .await;
         } else {
-            self.cancel_run(job_id, why).await;
+            self.cancel_run(job_id, why, who).await;
             self.close_budget(job_id).await;
         }
         self.job(job_id)
     }
 
-    async fn cancel_run(&self, job_id: &str, why: &str) {
+    /// Cancels the job's approval run as `who` (the person cancelling the
+    /// job), or as this executor when no one is named.
+    async fn cancel_run(&self, job_id: &str, why: &str, who: Option<String>) {
         let run_id = self
             .lock()
             .jobs
@@ -1416,16 +1424,24 @@ impl Executor {
         if run_id.is_empty() {
             return;
         }
-        if let Err(e) = self
-            .inner
-            .clients
-            .approval
-            .cancel(ap::CancelRequest {
-                run_id,
-                comment: why.to_owned(),
-            })
-            .await
-            && !matches!(e.code(), Code::FailedPrecondition)
+        let actor = who.unwrap_or_else(|| format!("executor/{}", self.inner.cfg.worker_id));
+        let mut ctx = switchyard_kit::context::current().unwrap_or_else(|| {
+            switchyard_kit::context::RequestContext {
+                correlation_id: switchyard_kit::context::new_correlation_id(),
+                traceparent: None,
+                actor: None,
+            }
+        });
+        ctx.actor = Some(actor);
+        let call = self.inner.clients.approval.cancel(ap::CancelRequest {
+            run_id,
+            comment: why.to_owned(),
+        });
+        if let Err(e) = switchyard_kit::context::scope(ctx, call).await
+            && !matches!(
+                switchyard_kit::error::ApiError::from(e.clone()).known_reason(),
+                Some(Reason::RunTerminal)
+            )
         {
             tracing::warn!(job_id, error = %e.message(), "cancelling approval run");
         }
@@ -1456,7 +1472,7 @@ impl Executor {
                     .copied()
                     .unwrap_or_else(|| e.events.last().copied().unwrap_or(0)),
             };
-            let done = e.state().is_terminal() && !st.drivers.contains_key(job_id);
+            let done = finished(e.state()) && !st.drivers.contains_key(job_id);
             (start, e.job.last_sequence, done)
         };
         let id = job_id.to_owned();
@@ -1495,6 +1511,12 @@ impl Executor {
         });
         Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
     }
+}
+
+/// Nothing more happens to a job in these states unless someone acts:
+/// watch streams end there.
+fn finished(s: JobState) -> bool {
+    s.is_terminal() || s == JobState::Retryable
 }
 
 /// Drops captured output from list views (GetJob/GetResult carry it).
@@ -1643,8 +1665,9 @@ impl JobService for Executor {
         &self,
         req: Request<CancelJobRequest>,
     ) -> Result<Response<CancelJobResponse>, Status> {
+        let who = actor(&req);
         let r = req.into_inner();
-        let job = self.cancel(&r.job_id, &r.reason).await?;
+        let job = self.cancel(&r.job_id, &r.reason, who).await?;
         Ok(Response::new(CancelJobResponse { job: Some(job) }))
     }
 
