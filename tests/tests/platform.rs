@@ -84,15 +84,23 @@ async fn reflection_v1_lists_services_and_describes_a_method() {
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
-    let s = Stack::start().await.unwrap();
-    let names = reflected_services(&s).await;
+    // Only hosted services are advertised.
+    let lone = Stack::start_with(&[ServiceKind::Ledger], |_| {})
+        .await
+        .unwrap();
+    let names = reflected_services(&lone).await;
     assert!(
         !names
             .iter()
             .any(|n| n == "switchyard.executor.v1.JobService"),
         "only hosted services are advertised: {names:?}"
     );
+    lone.stop().await.unwrap();
+    let s = Stack::start().await.unwrap();
+    let names = reflected_services(&s).await;
     for want in [
+        "switchyard.executor.v1.JobService",
+        "switchyard.agent.v1.AgentService",
         "switchyard.registry.v1.RegistryService",
         "switchyard.router.v1.RouterService",
         "switchyard.ledger.v1.LedgerService",

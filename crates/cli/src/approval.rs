@@ -13,10 +13,10 @@ use tonic::transport::Channel;
 
 use crate::client::{Conn, Files, MAX_MESSAGE, api};
 use crate::files::RunFile;
-use crate::output::{Format, print_json, table, usd};
+use crate::output::{Format, print_json, short_name, table, usd};
 
 /// Who is acting: sent as `x-switchyard-actor`.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct Actor {
     /// Your identity for the audit log and separation of duties
     /// (default: $SWITCHYARD_ACTOR, else $USER).
@@ -117,7 +117,20 @@ pub struct Decision {
 
 /// Adds correlation, trace context and the actor to every call.
 #[derive(Clone)]
-struct WithActor(Option<MetadataValue<tonic::metadata::Ascii>>);
+pub(crate) struct WithActor(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl WithActor {
+    /// The interceptor for `actor` (none: calls carry no actor).
+    pub(crate) fn new(actor: Option<&Actor>) -> anyhow::Result<WithActor> {
+        Ok(WithActor(match actor.and_then(Actor::resolve) {
+            Some(a) => Some(
+                MetadataValue::try_from(a.as_str())
+                    .map_err(|_| anyhow::anyhow!("actor {a:?} is not valid ASCII metadata"))?,
+            ),
+            None => None,
+        }))
+    }
+}
 
 impl tonic::service::Interceptor for WithActor {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
@@ -132,28 +145,18 @@ impl tonic::service::Interceptor for WithActor {
 type Client = ApprovalServiceClient<InterceptedService<Channel, WithActor>>;
 
 async fn client(conn: &Conn, actor: Option<&Actor>) -> anyhow::Result<Client> {
-    let value = match actor.and_then(Actor::resolve) {
-        Some(a) => Some(
-            MetadataValue::try_from(a.as_str())
-                .map_err(|_| anyhow::anyhow!("actor {a:?} is not valid ASCII metadata"))?,
-        ),
-        None => None,
-    };
     Ok(
-        ApprovalServiceClient::with_interceptor(conn.channel().await?, WithActor(value))
+        ApprovalServiceClient::with_interceptor(conn.channel().await?, WithActor::new(actor)?)
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE),
     )
 }
 
 fn status_name(s: i32) -> String {
-    RunStatus::try_from(s)
-        .map(|s| {
-            s.as_str_name()
-                .trim_start_matches("RUN_STATUS_")
-                .to_ascii_lowercase()
-        })
-        .unwrap_or_else(|_| "unknown".into())
+    short_name(
+        RunStatus::try_from(s).ok().map(|s| s.as_str_name()),
+        "RUN_STATUS_",
+    )
 }
 
 fn parse_status(s: &str) -> anyhow::Result<i32> {

@@ -1,10 +1,11 @@
 //! `switchyard`: run services (`dev`, `serve`) and talk to them (`agent`,
-//! `tool`, `route`, `budget`, `approval`). Argument parsing only; the work is in the library.
+//! `tool`, `route`, `budget`, `approval`, `job`). Argument parsing only; the work is in the library.
 
 mod approval;
 mod budget;
 mod client;
 mod files;
+mod job;
 mod output;
 
 use std::path::PathBuf;
@@ -52,6 +53,9 @@ enum Command {
     /// Review, approve and run AgentRunSpec runs.
     #[command(subcommand)]
     Approval(approval::ApprovalCmd),
+    /// Submit, follow, inspect and cancel jobs.
+    #[command(subcommand)]
+    Job(job::JobCmd),
 }
 
 #[derive(Args)]
@@ -133,6 +137,7 @@ async fn main() -> ExitCode {
         Command::Route(args) => client::route(args).await,
         Command::Budget(cmd) => budget::run(cmd).await,
         Command::Approval(cmd) => approval::run(cmd).await,
+        Command::Job(cmd) => job::run(cmd).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -35,6 +35,14 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) {
     }
 }
 
+/// A proto enum value's short lowercase name (`RUN_STATUS_PROPOSED` → `proposed`).
+pub fn short_name(full: Option<&str>, prefix: &str) -> String {
+    full.map_or_else(
+        || "unknown".into(),
+        |n| n.trim_start_matches(prefix).to_ascii_lowercase(),
+    )
+}
+
 /// Prints a JSON document.
 pub fn print_json(v: &Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());

@@ -164,10 +164,7 @@ pub async fn run(
         };
         tokio::join!(o, e)
     };
-    let waited = async {
-        let status = child.wait().await;
-        status
-    };
+    let waited = child.wait();
     let both = async { tokio::join!(waited, io) };
     tokio::pin!(both);
     let mut timed_out = false;

@@ -658,7 +658,7 @@ impl Executor {
             _ => {}
         }
         // The retry policy. Deferrals and the timeout extension are not retries.
-        let policy = task.retry.clone().unwrap_or_default();
+        let policy = task.retry.unwrap_or_default();
         let used = attempts
             .iter()
             .filter(|a| {
@@ -911,7 +911,7 @@ impl Executor {
         scratch: &std::path::Path,
     ) -> Outcome {
         let cfg = &self.inner.cfg;
-        if !cfg.commands.iter().any(|a| *a == c.command) {
+        if !cfg.commands.contains(&c.command) {
             return Outcome::fail(
                 Class::Permanent,
                 Reason::CommandNotAllowed,

@@ -373,7 +373,7 @@ fn is_schema(v: &Value) -> bool {
 }
 
 fn usd_to_micro(usd: f64, field: &str) -> Result<Money, FormatError> {
-    if !(usd.is_finite() && usd >= 0.0 && usd <= 1e9) {
+    if !(usd.is_finite() && (0.0..=1e9).contains(&usd)) {
         return Err(FormatError::one(
             Reason::InvalidArgument,
             field,

@@ -879,7 +879,7 @@ impl Executor {
                 json!({"budget_id": budget_id, "parent_id": self.parent_budget(&spec)}),
                 None,
             );
-            let est = run.cost_estimate.clone().unwrap_or_default();
+            let est = run.cost_estimate.unwrap_or_default();
             let mut g = self.record(
                 &mut st,
                 &job_id,

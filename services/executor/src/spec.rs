@@ -118,7 +118,7 @@ pub fn validate(spec: &JobSpec, rules: &Rules<'_>) -> Result<Dag, FormatError> {
             ),
         );
     }
-    for (k, _) in &spec.labels {
+    for k in spec.labels.keys() {
         v.check(format!("labels.{k}"), key(k, "label key"));
     }
     if let Some(b) = &spec.budget {
@@ -306,7 +306,7 @@ fn check_task(
         Some(Kind::Command(c)) => {
             if c.command.trim().is_empty() {
                 v.add(format!("{at}.command.command"), "command is required");
-            } else if !rules.commands.iter().any(|a| *a == c.command) {
+            } else if !rules.commands.contains(&c.command) {
                 v.add(
                     format!("{at}.command.command"),
                     format!(

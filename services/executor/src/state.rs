@@ -283,7 +283,7 @@ impl JobEntry {
         self.job.progress = Some(Progress {
             current_step: done,
             total_steps: total,
-            percent_complete: if total == 0 { 100 } else { done * 100 / total },
+            percent_complete: (done * 100).checked_div(total).unwrap_or(100),
         });
     }
 

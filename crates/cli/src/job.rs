@@ -1,0 +1,700 @@
+//! `switchyard job ...`: submit jobs in any accepted format, follow them
+//! live, read results, cancel.
+
+use std::io::IsTerminal as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use clap::Subcommand;
+use serde_json::{Value, json};
+use switchyard_proto::common::v1::Event;
+use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
+use switchyard_proto::executor::v1::*;
+use tokio_stream::StreamExt;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use crate::approval::{Actor, WithActor};
+use crate::client::{Conn, MAX_MESSAGE, api};
+use crate::output::{Format, print_json, short_name, table, usd};
+
+/// `switchyard job ...`
+#[derive(Subcommand, Debug)]
+pub enum JobCmd {
+    /// Submit a job: a native JobSpec, an AGEniX envelope, an AITP task or an
+    /// OJS job, as JSON or YAML.
+    Submit {
+        /// The job file.
+        file: PathBuf,
+        /// Files for the job's scratch directory (by file name); repeat for several.
+        #[arg(long = "attach")]
+        attach: Vec<PathBuf>,
+        /// Follow the job live until it finishes (exit 1 unless it completes).
+        #[arg(long)]
+        watch: bool,
+        #[command(flatten)]
+        actor: Actor,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Dry run: validation, execution order, worst-case cost, routing preview.
+    Validate {
+        /// The job file.
+        file: PathBuf,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Show a job: state, progress, cost, tasks.
+    Get {
+        /// Job id.
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List jobs, newest first.
+    List {
+        /// Only these states, comma-separated (pending, active, completed, ...).
+        #[arg(long, value_delimiter = ',')]
+        state: Vec<String>,
+        /// Only jobs of this plan.
+        #[arg(long)]
+        plan: Option<String>,
+        /// Most jobs to show.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Follow a job's events (resumable with --after); ends when the job does.
+    Watch {
+        /// Job id.
+        id: String,
+        /// Resume after this event sequence.
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+        /// Print every event instead of the progress view.
+        #[arg(long)]
+        events: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Outputs, partial results, cost and execution time.
+    Result {
+        /// Job id.
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Cancel a job: stop running work, release reservations, cancel its run.
+    Cancel {
+        /// Job id.
+        id: String,
+        /// Why (kept on the job and the approval run).
+        #[arg(short = 'm', long, default_value = "")]
+        reason: String,
+        #[command(flatten)]
+        actor: Actor,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+type Client = JobServiceClient<InterceptedService<Channel, WithActor>>;
+
+async fn client(conn: &Conn, actor: Option<&Actor>) -> anyhow::Result<Client> {
+    Ok(
+        JobServiceClient::with_interceptor(conn.channel().await?, WithActor::new(actor)?)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE),
+    )
+}
+
+fn read(file: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))
+}
+
+fn attachments(paths: &[PathBuf]) -> anyhow::Result<std::collections::HashMap<String, Vec<u8>>> {
+    let mut out = std::collections::HashMap::new();
+    for p in paths {
+        let name = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .with_context(|| format!("{} has no file name", p.display()))?
+            .to_owned();
+        let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+        if out.insert(name.clone(), bytes).is_some() {
+            anyhow::bail!("two attachments are named {name:?}");
+        }
+    }
+    Ok(out)
+}
+
+/// A state's short name.
+pub fn job_state(s: i32) -> String {
+    short_name(
+        JobState::try_from(s).ok().map(|s| s.as_str_name()),
+        "JOB_STATE_",
+    )
+}
+
+fn task_state(s: i32) -> String {
+    short_name(
+        TaskState::try_from(s).ok().map(|s| s.as_str_name()),
+        "TASK_STATE_",
+    )
+}
+
+fn parse_state(s: &str) -> anyhow::Result<i32> {
+    JobState::from_str_name(&format!("JOB_STATE_{}", s.to_ascii_uppercase()))
+        .filter(|s| *s != JobState::Unspecified)
+        .map(|s| s as i32)
+        .ok_or_else(|| anyhow::anyhow!("unknown state {s:?}; expected scheduled, available, pending, active, completed, retryable, cancelled or discarded"))
+}
+
+fn ms(t: &Option<prost_types::Timestamp>) -> Option<u64> {
+    t.as_ref().map(switchyard_kit::time::timestamp_ms)
+}
+
+fn task_json(t: &TaskStatus) -> Value {
+    json!({
+        "task_id": t.task_id, "state": task_state(t.state), "reason": t.reason, "error": t.error,
+        "agent_id": t.agent_id, "exit_code": t.exit_code,
+        "started_at_ms": ms(&t.started_at), "finished_at_ms": ms(&t.finished_at),
+        "attempts": t.attempts.iter().map(|a| json!({
+            "number": a.number, "agent_id": a.agent_id, "error": a.error, "reason": a.reason,
+            "started_at_ms": ms(&a.started_at), "finished_at_ms": ms(&a.finished_at)})).collect::<Vec<_>>(),
+        "output": t.output.as_ref().map(switchyard_kit::json::struct_to_json),
+        "stdout": String::from_utf8_lossy(&t.stdout), "stderr": String::from_utf8_lossy(&t.stderr),
+        "output_truncated": t.output_truncated,
+        "tokens_used": t.tokens_used, "cost_micro_usd": t.cost.map_or(0, |m| m.micro_usd),
+    })
+}
+
+/// A job as JSON.
+pub fn job_json(j: &Job) -> Value {
+    let s = j.spec.clone().unwrap_or_default();
+    let p = j.progress.unwrap_or_default();
+    json!({
+        "job_id": s.job_id, "plan_id": s.plan_id, "plan_description": s.plan_description,
+        "source_format": s.source_format, "correlation_id": s.correlation_id,
+        "state": job_state(j.state), "reason": j.reason, "error": j.error,
+        "progress": {"current_step": p.current_step, "total_steps": p.total_steps, "percent_complete": p.percent_complete},
+        "cost_so_far_micro_usd": j.cost_so_far.map_or(0, |m| m.micro_usd), "tokens_used": j.tokens_used,
+        "run_id": j.run_id, "budget_id": j.budget_id, "submitted_by": j.submitted_by,
+        "created_at_ms": ms(&j.created_at), "started_at_ms": ms(&j.started_at), "finished_at_ms": ms(&j.finished_at),
+        "last_sequence": j.last_sequence,
+        "tasks": j.tasks.iter().map(task_json).collect::<Vec<_>>(),
+    })
+}
+
+fn event_json(e: &Event) -> Value {
+    json!({
+        "sequence": e.sequence, "time_ms": ms(&e.time), "kind": e.kind, "job_id": e.job_id,
+        "task_id": e.task_id, "correlation_id": e.correlation_id,
+        "data": e.data.as_ref().map(switchyard_kit::json::struct_to_json),
+    })
+}
+
+fn duration(t: &TaskStatus) -> String {
+    match (ms(&t.started_at), ms(&t.finished_at)) {
+        (Some(a), Some(b)) => format!("{} ms", b.saturating_sub(a)),
+        _ => String::new(),
+    }
+}
+
+fn print_job(j: &Job) {
+    let s = j.spec.clone().unwrap_or_default();
+    let p = j.progress.unwrap_or_default();
+    println!(
+        "job {}  ({}, plan {})",
+        s.job_id, s.source_format, s.plan_id
+    );
+    println!(
+        "state      {}{}",
+        job_state(j.state),
+        if j.reason.is_empty() {
+            String::new()
+        } else {
+            format!(" ({}: {})", j.reason, j.error)
+        }
+    );
+    println!(
+        "progress   step {}/{} ({}%)",
+        p.current_step, p.total_steps, p.percent_complete
+    );
+    println!(
+        "cost       {}   tokens {}",
+        usd(j.cost_so_far.map_or(0, |m| m.micro_usd)),
+        j.tokens_used
+    );
+    println!(
+        "approval   {}   budget {}   by {}",
+        j.run_id, j.budget_id, j.submitted_by
+    );
+    println!("correlation {}", s.correlation_id);
+    println!();
+    let rows: Vec<Vec<String>> = j
+        .tasks
+        .iter()
+        .map(|t| {
+            vec![
+                t.task_id.clone(),
+                task_state(t.state),
+                t.attempts.len().to_string(),
+                t.agent_id.clone(),
+                t.exit_code.map(|c| c.to_string()).unwrap_or_default(),
+                duration(t),
+                if t.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!("{}: {}", t.reason, t.error)
+                },
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "TASK", "STATE", "ATTEMPTS", "AGENT", "EXIT", "TIME", "REASON",
+        ],
+        &rows,
+    );
+}
+
+fn show(format: Format, j: &Job) {
+    match format {
+        Format::Json => print_json(&job_json(j)),
+        Format::Table => print_job(j),
+    }
+}
+
+fn bar(t: &TaskStatus, percent: Option<u32>) -> String {
+    const W: usize = 20;
+    let fill = match TaskState::try_from(t.state) {
+        Ok(TaskState::Succeeded) => W,
+        Ok(TaskState::Running) => percent.map_or(W / 2, |p| (p as usize * W / 100).min(W - 1)),
+        Ok(TaskState::Failed | TaskState::Skipped | TaskState::Cancelled) => 0,
+        _ => 0,
+    };
+    format!("[{}{}]", "#".repeat(fill), "-".repeat(W - fill))
+}
+
+/// Renders the live view: a bar per task, step, cost, approval prompt.
+fn render(
+    j: &Job,
+    percents: &std::collections::HashMap<String, u32>,
+    lines_before: usize,
+    tty: bool,
+) -> usize {
+    let s = j.spec.clone().unwrap_or_default();
+    let p = j.progress.unwrap_or_default();
+    let mut out = Vec::new();
+    out.push(format!(
+        "job {}  {}  step {}/{} ({}%)  cost {}  tokens {}",
+        s.job_id,
+        job_state(j.state),
+        p.current_step,
+        p.total_steps,
+        p.percent_complete,
+        usd(j.cost_so_far.map_or(0, |m| m.micro_usd)),
+        j.tokens_used
+    ));
+    if JobState::try_from(j.state) == Ok(JobState::Pending) {
+        out.push(format!(
+            "  waiting for approval of run {}: switchyard approval approve {} --as <someone else>",
+            j.run_id, j.run_id
+        ));
+    }
+    let width = j.tasks.iter().map(|t| t.task_id.len()).max().unwrap_or(4);
+    for t in &j.tasks {
+        let detail = if !t.error.is_empty() {
+            format!("  {}: {}", t.reason, t.error)
+        } else if !t.agent_id.is_empty() {
+            format!("  {}", t.agent_id)
+        } else {
+            String::new()
+        };
+        let detail: String = detail.chars().take(100).collect();
+        out.push(format!(
+            "  {:<width$} {} {:<9}{}",
+            t.task_id,
+            bar(t, percents.get(&t.task_id).copied()),
+            task_state(t.state),
+            detail
+        ));
+    }
+    if tty && lines_before > 0 {
+        // Move up and clear the previous view.
+        print!("\x1b[{lines_before}A\x1b[J");
+    }
+    for l in &out {
+        println!("{l}");
+    }
+    out.len()
+}
+
+async fn get(c: &mut Client, job_id: &str) -> anyhow::Result<Job> {
+    Ok(c.get_job(GetJobRequest {
+        job_id: job_id.into(),
+    })
+    .await
+    .map_err(api)?
+    .into_inner()
+    .job
+    .unwrap_or_default())
+}
+
+/// Follows a job until it finishes; returns it.
+async fn follow(
+    c: &mut Client,
+    job_id: &str,
+    after: u64,
+    raw: bool,
+    format: Format,
+) -> anyhow::Result<Job> {
+    let mut stream = c
+        .watch_job(WatchJobRequest {
+            job_id: job_id.into(),
+            after_sequence: after,
+        })
+        .await
+        .map_err(api)?
+        .into_inner();
+    let tty = std::io::stdout().is_terminal() && format == Format::Table && !raw;
+    let mut percents = std::collections::HashMap::new();
+    let mut lines = 0;
+    let mut last_state = String::new();
+    if tty {
+        let j = get(c, job_id).await?;
+        lines = render(&j, &percents, 0, tty);
+        last_state = job_state(j.state);
+    }
+    while let Some(msg) = stream.next().await {
+        let e = msg.map_err(api)?.event.unwrap_or_default();
+        if raw || format == Format::Json {
+            if format == Format::Json {
+                println!("{}", event_json(&e));
+            } else {
+                let data = e
+                    .data
+                    .as_ref()
+                    .map(switchyard_kit::json::struct_to_json)
+                    .unwrap_or(Value::Null);
+                println!(
+                    "{:>4} {:<18} {:<10} {}",
+                    e.sequence, e.kind, e.task_id, data
+                );
+            }
+            continue;
+        }
+        if e.kind == "agent.progress"
+            && let Some(p) = e
+                .data
+                .as_ref()
+                .and_then(|d| d.fields.get("percent"))
+                .and_then(|v| match v.kind {
+                    Some(prost_types::value::Kind::NumberValue(n)) => Some(n as u32),
+                    _ => None,
+                })
+        {
+            percents.insert(e.task_id.clone(), p);
+        }
+        // Redraw on changes that the view shows.
+        if !matches!(
+            e.kind.as_str(),
+            "job.state" | "task.state" | "agent.progress" | "budget.committed" | "approval.decided"
+        ) {
+            continue;
+        }
+        let j = get(c, job_id).await?;
+        if tty {
+            lines = render(&j, &percents, lines, tty);
+        } else if e.kind == "job.state" || e.kind == "task.state" {
+            let to = e
+                .data
+                .as_ref()
+                .and_then(|d| d.fields.get("to"))
+                .map(switchyard_kit::json::value_to_json)
+                .unwrap_or(Value::Null);
+            let what = if e.task_id.is_empty() {
+                "job".to_owned()
+            } else {
+                format!("task {}", e.task_id)
+            };
+            println!("{what} -> {}", to.as_str().unwrap_or_default());
+            let now = job_state(j.state);
+            if now != last_state && now == "pending" {
+                println!(
+                    "waiting for approval of run {}: switchyard approval approve {} --as <someone else>",
+                    j.run_id, j.run_id
+                );
+            }
+            last_state = now;
+        }
+    }
+    let j = get(c, job_id).await?;
+    if !tty && !raw && format == Format::Table {
+        render(&j, &percents, 0, false);
+    }
+    Ok(j)
+}
+
+/// Runs a job command.
+pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
+    match cmd {
+        JobCmd::Submit {
+            file,
+            attach,
+            watch,
+            actor,
+            conn,
+        } => {
+            let document = read(&file)?;
+            let files = attachments(&attach)?;
+            let mut c = client(&conn, Some(&actor)).await?;
+            let out = c
+                .submit_job(SubmitJobRequest {
+                    spec: None,
+                    document,
+                    files,
+                })
+                .await
+                .map_err(api)?
+                .into_inner();
+            let j = out.job.unwrap_or_default();
+            let id = j
+                .spec
+                .as_ref()
+                .map(|s| s.job_id.clone())
+                .unwrap_or_default();
+            if !watch {
+                match conn.output {
+                    Format::Json => {
+                        print_json(&json!({"job": job_json(&j), "created": out.created}))
+                    }
+                    Format::Table => println!(
+                        "{} job {id} ({}): {}",
+                        if out.created {
+                            "submitted"
+                        } else {
+                            "already submitted"
+                        },
+                        j.spec
+                            .as_ref()
+                            .map(|s| s.source_format.clone())
+                            .unwrap_or_default(),
+                        job_state(j.state)
+                    ),
+                }
+                return Ok(());
+            }
+            if conn.output == Format::Table {
+                println!("submitted job {id}");
+            }
+            let j = follow(&mut c, &id, 0, false, conn.output).await?;
+            if job_state(j.state) != "completed" {
+                anyhow::bail!(
+                    "job {id} ended {}{}",
+                    job_state(j.state),
+                    if j.error.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", j.error)
+                    }
+                );
+            }
+            Ok(())
+        }
+        JobCmd::Validate { file, conn } => {
+            let mut c = client(&conn, None).await?;
+            let v = c
+                .validate_job(ValidateJobRequest {
+                    spec: None,
+                    document: read(&file)?,
+                })
+                .await
+                .map_err(api)?
+                .into_inner();
+            match conn.output {
+                Format::Json => print_json(&json!({
+                    "source_format": v.source_format, "order": v.order, "context_hash": v.context_hash,
+                    "estimated_micro_usd": v.estimated_cost.map(|m| m.micro_usd), "estimated_tokens": v.estimated_tokens,
+                    "routes": v.routes.iter().map(|r| json!({"task_id": r.task_id, "agent_id": r.agent_id, "score": r.score})).collect::<Vec<_>>(),
+                })),
+                Format::Table => {
+                    println!("valid {} job", v.source_format);
+                    println!("order          {}", v.order.join(" -> "));
+                    println!(
+                        "worst case     {} , {} tokens",
+                        v.estimated_cost
+                            .map_or("unknown (needs a person to approve)".into(), |m| usd(
+                                m.micro_usd
+                            )),
+                        v.estimated_tokens
+                    );
+                    println!("context hash   {}", v.context_hash);
+                    if !v.routes.is_empty() {
+                        println!();
+                        let rows: Vec<Vec<String>> = v
+                            .routes
+                            .iter()
+                            .map(|r| {
+                                vec![
+                                    r.task_id.clone(),
+                                    if r.agent_id.is_empty() {
+                                        "(no agent now)".into()
+                                    } else {
+                                        r.agent_id.clone()
+                                    },
+                                    format!("{:.3}", r.score),
+                                ]
+                            })
+                            .collect();
+                        table(&["TASK", "AGENT", "SCORE"], &rows);
+                    }
+                }
+            }
+            Ok(())
+        }
+        JobCmd::Get { id, conn } => {
+            let mut c = client(&conn, None).await?;
+            let j = get(&mut c, &id).await?;
+            show(conn.output, &j);
+            Ok(())
+        }
+        JobCmd::List {
+            state,
+            plan,
+            limit,
+            conn,
+        } => {
+            let states = state
+                .iter()
+                .map(|s| parse_state(s))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let mut c = client(&conn, None).await?;
+            let l = c
+                .list_jobs(ListJobsRequest {
+                    states,
+                    plan_id: plan.unwrap_or_default(),
+                    page_size: limit,
+                    ..Default::default()
+                })
+                .await
+                .map_err(api)?
+                .into_inner();
+            match conn.output {
+                Format::Json => print_json(
+                    &json!({"jobs": l.jobs.iter().map(job_json).collect::<Vec<_>>(), "next_page_token": l.next_page_token}),
+                ),
+                Format::Table => {
+                    let rows: Vec<Vec<String>> = l
+                        .jobs
+                        .iter()
+                        .map(|j| {
+                            let s = j.spec.clone().unwrap_or_default();
+                            let p = j.progress.unwrap_or_default();
+                            vec![
+                                s.job_id,
+                                job_state(j.state),
+                                format!("{}/{}", p.current_step, p.total_steps),
+                                usd(j.cost_so_far.map_or(0, |m| m.micro_usd)),
+                                s.source_format,
+                                s.plan_id,
+                            ]
+                        })
+                        .collect();
+                    table(&["JOB", "STATE", "STEPS", "COST", "FORMAT", "PLAN"], &rows);
+                }
+            }
+            Ok(())
+        }
+        JobCmd::Watch {
+            id,
+            after,
+            events,
+            conn,
+        } => {
+            let mut c = client(&conn, None).await?;
+            follow(&mut c, &id, after, events, conn.output).await?;
+            Ok(())
+        }
+        JobCmd::Result { id, conn } => {
+            let mut c = client(&conn, None).await?;
+            let r = c
+                .get_result(GetResultRequest { job_id: id })
+                .await
+                .map_err(api)?
+                .into_inner();
+            let result = r
+                .result
+                .as_ref()
+                .map(switchyard_kit::json::value_to_json)
+                .unwrap_or(Value::Null);
+            match conn.output {
+                Format::Json => print_json(&json!({
+                    "job_id": r.job_id, "state": job_state(r.state), "reason": r.reason, "error": r.error,
+                    "result": result, "cost_micro_usd": r.cost.map_or(0, |m| m.micro_usd), "tokens_used": r.tokens_used,
+                    "execution_time_ms": r.execution_time_ms, "tasks": r.tasks.iter().map(task_json).collect::<Vec<_>>(),
+                })),
+                Format::Table => {
+                    println!(
+                        "job {}: {} in {} ms, cost {}, {} tokens",
+                        r.job_id,
+                        job_state(r.state),
+                        r.execution_time_ms,
+                        usd(r.cost.map_or(0, |m| m.micro_usd)),
+                        r.tokens_used
+                    );
+                    if !r.error.is_empty() {
+                        println!("{}: {}", r.reason, r.error);
+                    }
+                    for t in &r.tasks {
+                        println!("\n== {} ({})", t.task_id, task_state(t.state));
+                        if !t.stdout.is_empty() {
+                            print!("{}", String::from_utf8_lossy(&t.stdout));
+                        }
+                        if !t.stderr.is_empty() {
+                            println!(
+                                "-- stderr --\n{}",
+                                String::from_utf8_lossy(&t.stderr).trim_end()
+                            );
+                        }
+                        if let Some(o) = &t.output
+                            && !o.fields.is_empty()
+                            && t.exit_code.is_none()
+                        {
+                            println!(
+                                "{}",
+                                serde_json::to_string_pretty(
+                                    &switchyard_kit::json::struct_to_json(o)
+                                )
+                                .unwrap_or_default()
+                            );
+                        }
+                        if !t.error.is_empty() {
+                            println!("{}: {}", t.reason, t.error);
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }
+        JobCmd::Cancel {
+            id,
+            reason,
+            actor,
+            conn,
+        } => {
+            let mut c = client(&conn, Some(&actor)).await?;
+            let j = c
+                .cancel_job(CancelJobRequest { job_id: id, reason })
+                .await
+                .map_err(api)?
+                .into_inner()
+                .job
+                .unwrap_or_default();
+            show(conn.output, &j);
+            Ok(())
+        }
+    }
+}
