@@ -1,0 +1,303 @@
+//! The executor with every service in its own `switchyard serve` process:
+//! jobs driven from the CLI, approval by a second person, and a `kill -9` of
+//! the executor in the middle of a job, after which the job resumes: finished
+//! tasks never run again, the interrupted one runs again, its reservation is
+//! reconciled, and a watcher resumes from the last sequence it saw.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+use switchyard_proto::common::v1::Event;
+use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
+use switchyard_proto::executor::v1::{SubmitJobRequest, WatchJobRequest};
+use tokio_stream::StreamExt;
+
+fn serve(services: &str, data_dir: &std::path::Path, env: &[(&str, &str)]) -> Proc {
+    Proc::start(
+        &[
+            "serve",
+            "--services",
+            services,
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data_dir.to_str().unwrap(),
+        ],
+        env,
+    )
+}
+
+fn executor(data: &std::path::Path, others: &str) -> Proc {
+    let url = format!("http://{others}");
+    serve(
+        "executor",
+        data,
+        &[
+            ("SWITCHYARD_EXECUTOR__REGISTRY_URL", &url),
+            ("SWITCHYARD_EXECUTOR__ROUTER_URL", &url),
+            ("SWITCHYARD_EXECUTOR__LEDGER_URL", &url),
+            ("SWITCHYARD_EXECUTOR__APPROVAL_URL", &url),
+            ("SWITCHYARD_EXECUTOR__APPROVAL_POLL_MS", "50"),
+            (
+                "SWITCHYARD_EXECUTOR__COMMANDS",
+                "[\"sh\", \"echo\", \"grep\", \"sort\", \"uniq\", \"cut\", \"sleep\", \"true\"]",
+            ),
+        ],
+    )
+}
+
+fn field(e: &Event, k: &str) -> String {
+    let v = e
+        .data
+        .as_ref()
+        .and_then(|d| d.fields.get(k))
+        .cloned()
+        .unwrap_or_default();
+    match switchyard_kit::json::value_to_json(&v) {
+        serde_json::Value::String(s) => s,
+        other => other.to_string(),
+    }
+}
+
+#[test]
+fn five_processes_run_jobs_driven_from_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| {
+        let p = dir.path().join(n);
+        std::fs::create_dir_all(&p).unwrap();
+        p
+    };
+    let registry = serve("registry", &d("registry"), &[]);
+    let router = serve(
+        "router",
+        &d("router"),
+        &[("SWITCHYARD_ROUTER__REGISTRY_URL", &registry.url())],
+    );
+    let ledger = serve("ledger", &d("ledger"), &[]);
+    let approval = serve("approval", &d("approval"), &[]);
+    let (r, l, a, ro) = (registry.url(), ledger.url(), approval.url(), router.url());
+    let x = serve(
+        "executor",
+        &d("executor"),
+        &[
+            ("SWITCHYARD_EXECUTOR__REGISTRY_URL", &r),
+            ("SWITCHYARD_EXECUTOR__ROUTER_URL", &ro),
+            ("SWITCHYARD_EXECUTOR__LEDGER_URL", &l),
+            ("SWITCHYARD_EXECUTOR__APPROVAL_URL", &a),
+            ("SWITCHYARD_EXECUTOR__APPROVAL_POLL_MS", "50"),
+        ],
+    );
+    let url = x.url();
+    // The built-in agents register with the remote registry and the router learns of them.
+    wait_for("built-in agents routable", Duration::from_secs(20), || {
+        routed(&ro, &["--capability", "builtin.echo"]).is_some_and(|ids| ids == ["builtin"])
+    });
+
+    // The seed 001 envelope over the bundled log, followed live.
+    let out = ok(&cli(
+        &url,
+        &[
+            "job",
+            "submit",
+            "examples/jobs/log_analysis.json",
+            "--attach",
+            "examples/jobs/sample.log",
+            "--watch",
+            "--as",
+            "alice",
+        ],
+    ));
+    assert!(out.contains("job -> completed"), "{out}");
+    let id = out
+        .lines()
+        .next()
+        .unwrap()
+        .trim_start_matches("submitted job ")
+        .to_owned();
+    let result = ok(&cli(&url, &["job", "result", &id]));
+    assert!(
+        result.contains("3 ERROR db       connection refused host=db-1"),
+        "{result}"
+    );
+
+    // The seed's validation text, from the CLI, exit 1, nothing created.
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"plan_id":"p","tasks":[{"task_number":1,"command":"sort"},{"task_number":3,"command":"uniq"}]}"#).unwrap();
+    let e = cli(&url, &["job", "submit", bad.to_str().unwrap()]);
+    assert!(!e.status.success());
+    assert!(
+        String::from_utf8_lossy(&e.stderr)
+            .contains("Invalid task numbering: gap between task 1 and 3"),
+        "{e:?}"
+    );
+
+    // A job needing a person: pending until bob approves in the approval service.
+    let out = ok(&cli(
+        &url,
+        &[
+            "job",
+            "submit",
+            "examples/jobs/needs_approval.yaml",
+            "--as",
+            "alice",
+            "-o",
+            "json",
+        ],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (job, run) = (
+        v["job"]["job_id"].as_str().unwrap().to_owned(),
+        v["job"]["run_id"].as_str().unwrap().to_owned(),
+    );
+    assert_eq!(v["job"]["state"], "pending");
+    let own = cli(&a, &["approval", "approve", &run, "--as", "alice"]);
+    assert!(
+        String::from_utf8_lossy(&own.stderr).contains("SEPARATION_OF_DUTIES"),
+        "{own:?}"
+    );
+    ok(&cli(
+        &a,
+        &["approval", "approve", &run, "--as", "bob", "-m", "ok"],
+    ));
+    let watched = ok(&cli(&url, &["job", "watch", &job]));
+    assert!(watched.contains("job -> completed"), "{watched}");
+    let got: serde_json::Value =
+        serde_json::from_str(&ok(&cli(&url, &["job", "get", &job, "-o", "json"]))).unwrap();
+    assert_eq!(got["tasks"][0]["agent_id"], "builtin");
+    assert_eq!(got["submitted_by"], "alice");
+
+    // Validate shows the route; list shows both jobs.
+    let v = ok(&cli(
+        &url,
+        &["job", "validate", "examples/jobs/echo_chain.yaml"],
+    ));
+    assert!(
+        v.contains("first -> second -> third") && v.contains("builtin"),
+        "{v}"
+    );
+    let list = ok(&cli(&url, &["job", "list"]));
+    assert_eq!(list.lines().count(), 3, "{list}");
+
+    assert_eq!(x.terminate(), Some(0));
+    for p in [approval, ledger, router, registry] {
+        assert_eq!(p.terminate(), Some(0));
+    }
+}
+
+async fn watch_until(
+    c: &mut JobServiceClient<tonic::transport::Channel>,
+    job: &str,
+    after: u64,
+    mut stop: impl FnMut(&Event) -> bool,
+) -> Vec<Event> {
+    let mut s = c
+        .watch_job(WatchJobRequest {
+            job_id: job.into(),
+            after_sequence: after,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(e) = tokio::time::timeout(Duration::from_secs(30), s.next())
+        .await
+        .unwrap()
+    {
+        let e = e.unwrap().event.unwrap();
+        let done = stop(&e);
+        out.push(e);
+        if done {
+            break;
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_executor_resumes_its_job_without_rerunning_finished_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let others = serve(
+        "registry,router,ledger,approval",
+        &dir.path().join("others"),
+        &[],
+    );
+    let xdata = dir.path().join("executor");
+    let x = executor(&xdata, &others.addr);
+    let marks = dir.path().join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let m = marks.to_str().unwrap();
+    let doc = format!(
+        r#"{{"job_id":"survivor","tasks":[
+          {{"id":"t1","command":{{"command":"sh","args":["-c","echo ran >> {m}/t1"]}}}},
+          {{"id":"t2","depends_on":["t1"],"agent":{{"capability":"builtin.sleep","input":{{"ms":3000}}}},
+            "retry":{{"max_retries":5,"backoff_strategy":"fixed","backoff_base_ms":300}}}},
+          {{"id":"t3","depends_on":["t2"],"command":{{"command":"sh","args":["-c","echo ran >> {m}/t3"]}}}}]}}"#
+    );
+    // The built-in agents register and reach the router before the job is priced.
+    wait_for("built-in agents routable", Duration::from_secs(20), || {
+        routed(&others.url(), &["--capability", "builtin.sleep"]).is_some_and(|ids| !ids.is_empty())
+    });
+    let mut c = JobServiceClient::new(switchyard_kit::client::connect(&x.url()).await.unwrap());
+    c.submit_job(SubmitJobRequest {
+        document: doc,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // Watch until t2's agent call holds a reservation: t1 is done and durable.
+    let before = watch_until(&mut c, "survivor", 0, |e| {
+        e.kind == "budget.reserved" && e.task_id == "t2"
+    })
+    .await;
+    let seen = before.last().unwrap().sequence;
+    assert!(
+        before
+            .iter()
+            .any(|e| e.kind == "task.state" && e.task_id == "t1" && field(e, "to") == "succeeded")
+    );
+    x.kill9();
+
+    let x = executor(&xdata, &others.addr);
+    let mut c = JobServiceClient::new(switchyard_kit::client::connect(&x.url()).await.unwrap());
+    let after = watch_until(&mut c, "survivor", seen, |_| false).await;
+    assert_eq!(
+        after.first().unwrap().sequence,
+        seen + 1,
+        "the watcher resumes right after what it saw"
+    );
+    assert!(
+        after.windows(2).all(|w| w[1].sequence == w[0].sequence + 1),
+        "no gaps"
+    );
+    assert_eq!(
+        (
+            after.last().unwrap().kind.as_str(),
+            field(after.last().unwrap(), "to").as_str()
+        ),
+        ("job.state", "completed")
+    );
+    assert!(
+        after.iter().any(|e| e.kind == "task.state"
+            && e.task_id == "t2"
+            && field(e, "from") == "running"
+            && field(e, "to") == "ready"),
+        "the interrupted attempt is requeued"
+    );
+    assert!(
+        after
+            .iter()
+            .any(|e| e.kind == "budget.released" && field(e, "why") == "reconciled after restart"),
+        "its reservation is reconciled"
+    );
+    assert_eq!(
+        std::fs::read_to_string(marks.join("t1")).unwrap(),
+        "ran\n",
+        "t1 never ran again"
+    );
+    assert_eq!(std::fs::read_to_string(marks.join("t3")).unwrap(), "ran\n");
+    assert_eq!(x.terminate(), Some(0));
+    assert_eq!(others.terminate(), Some(0));
+}
