@@ -967,3 +967,145 @@ fn uuid_version(s: &str) -> Option<usize> {
     let hex: Vec<char> = s.chars().filter(|c| *c != '-').collect();
     (hex.len() == 32).then(|| hex[12].to_digit(16).unwrap() as usize)
 }
+
+/// An agent written with the SDK that fails its first call and records what
+/// it was asked.
+#[derive(Clone, Default)]
+struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(u32, String)>>>);
+
+#[tonic::async_trait]
+impl switchyard_agent_sdk::Agent for Recorder {
+    async fn invoke(
+        &self,
+        req: switchyard_agent_sdk::Invocation,
+        _progress: switchyard_agent_sdk::Progress,
+    ) -> switchyard_proto::agent::v1::AgentResponse {
+        let ctx = req.context.clone().unwrap_or_default();
+        let calls = {
+            let mut seen = self.0.lock().unwrap();
+            seen.push((ctx.attempt, ctx.idempotency_key.clone()));
+            seen.len()
+        };
+        if calls == 1 {
+            switchyard_agent_sdk::respond::error("first call fails")
+        } else {
+            switchyard_agent_sdk::respond::success(
+                switchyard_agent_sdk::input_text(&req, "text"),
+                None,
+            )
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_deferred_task_runs_once_its_capability_appears_and_retries_keep_one_idempotency_key() {
+    let (s, mut c) = stack().await;
+    let doc = r#"{"job_id":"later","tasks":[{"id":"t","agent":{"capability":"late.echo","input":{"text":"finally"}},
+        "retry":{"max_retries":1,"backoff_strategy":"fixed","backoff_base_ms":100},
+        "fallback":{"on_capability_unavailable":{"strategy":"DEFER","interval_seconds":1}}}]}"#;
+    let job = submit(&mut c, doc).await.unwrap();
+    assert_eq!(
+        job.state,
+        JobState::Pending as i32,
+        "no agent yet: the cost is unknown, a person decides"
+    );
+    let mut a = approvals(&s).await;
+    a.approve(as_actor(
+        switchyard_proto::approval::v1::ApproveRequest {
+            run_id: job.run_id.clone(),
+            comment: String::new(),
+        },
+        "@bob",
+    ))
+    .await
+    .unwrap();
+    let mut watch = c
+        .watch_job(WatchJobRequest {
+            job_id: "later".into(),
+            after_sequence: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    loop {
+        let e = tokio::time::timeout(Duration::from_secs(10), watch.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+            .event
+            .unwrap();
+        if e.kind == "task.state" && field(&e, "to") == "deferred" {
+            assert_eq!(field(&e, "reason"), "CAPABILITY_UNAVAILABLE");
+            break;
+        }
+    }
+    // Now an agent offering the capability comes up.
+    let rec = Recorder::default();
+    let (trigger, shutdown) = switchyard_kit::shutdown::channel();
+    let mut spec = switchyard_proto::registry::v1::AgentSpec {
+        id: "late".into(),
+        capabilities: vec![switchyard_proto::registry::v1::Capability {
+            name: "late.echo".into(),
+            ..Default::default()
+        }],
+        trust_score: 90,
+        ..Default::default()
+    };
+    let opts = switchyard_agent_sdk::ServeOptions {
+        registry_url: s.url.clone(),
+        ..Default::default()
+    };
+    let agent = {
+        let rec = rec.clone();
+        tokio::spawn(async move {
+            switchyard_agent_sdk::serve_until(rec, &mut spec, opts, shutdown).await
+        })
+    };
+    let r = finish(&mut c, "later").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    assert_eq!(r.tasks[0].agent_id, "late");
+    let reasons: Vec<&str> = r.tasks[0]
+        .attempts
+        .iter()
+        .map(|a| a.reason.as_str())
+        .collect();
+    assert_eq!(reasons.first(), Some(&"CAPABILITY_UNAVAILABLE"));
+    assert_eq!(
+        reasons[reasons.len() - 2..],
+        ["AGENT_ERROR", ""],
+        "{reasons:?}"
+    );
+    let calls = rec.0.lock().unwrap().clone();
+    assert_eq!(calls.len(), 2);
+    assert!(calls[0].0 < calls[1].0, "attempt numbers grow: {calls:?}");
+    assert_eq!(calls[0].1, "later/t");
+    assert_eq!(calls[0].1, calls[1].1, "one idempotency key across retries");
+    trigger.fire();
+    agent.await.unwrap().unwrap();
+
+    // Deferral is bounded by the deadline.
+    let deadline = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 2;
+    let doc = format!(
+        r#"{{"job_id":"never","tasks":[{{"id":"t","deadline":{deadline},"agent":{{"capability":"never.here"}},
+        "fallback":{{"on_capability_unavailable":{{"strategy":"DEFER","interval_seconds":1}}}}}}]}}"#
+    );
+    let job = submit(&mut c, &doc).await.unwrap();
+    a.approve(as_actor(
+        switchyard_proto::approval::v1::ApproveRequest {
+            run_id: job.run_id.clone(),
+            comment: String::new(),
+        },
+        "@bob",
+    ))
+    .await
+    .unwrap();
+    let r = finish(&mut c, "never").await;
+    assert_eq!(r.state, JobState::Discarded as i32);
+    assert_eq!(r.tasks[0].reason, "DEADLINE_EXCEEDED");
+    s.stop().await.unwrap();
+}

@@ -83,3 +83,74 @@ fn grpcurl_lists_describes_and_invokes_through_reflection() {
     );
     assert_eq!(dev.terminate(), Some(0));
 }
+
+#[test]
+fn a_python_agent_built_from_the_generated_stubs_takes_part_in_a_job() {
+    let python = tool("SWITCHYARD_PYTHON");
+    let (dev, _data) = Proc::dev(&[]);
+    let root = repo_root();
+    let mut agent = Command::new(&python)
+        .arg(root.join("examples/python-agent/agent.py"))
+        .arg(&dev.addr)
+        .arg(root.join("proto"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "the python agent to register",
+        std::time::Duration::from_secs(30),
+        || {
+            routed(&dev.url(), &["--capability", "text.sentiment"])
+                .is_some_and(|ids| ids == ["py_sentiment"])
+        },
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.yaml");
+    std::fs::write(
+        &job,
+        "plan_id: py\ntasks:\n  - id: mood\n    agent: {capability: text.sentiment, input: {text: \"fast reliable great release, one slow test\"}}\n",
+    )
+    .unwrap();
+    let out = ok(&cli(
+        &dev.url(),
+        &[
+            "job",
+            "submit",
+            job.to_str().unwrap(),
+            "--as",
+            "alice",
+            "-o",
+            "json",
+        ],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (id, run) = (
+        v["job"]["job_id"].as_str().unwrap().to_owned(),
+        v["job"]["run_id"].as_str().unwrap().to_owned(),
+    );
+    // The Python agent charges per call, so a person approves.
+    ok(&cli(
+        &dev.url(),
+        &["approval", "approve", &run, "--as", "bob"],
+    ));
+    ok(&cli(&dev.url(), &["job", "watch", &id]));
+    let r: serde_json::Value =
+        serde_json::from_str(&ok(&cli(&dev.url(), &["job", "result", &id, "-o", "json"]))).unwrap();
+    assert_eq!(r["state"], "completed", "{r}");
+    assert_eq!(r["result"]["mood"]["label"], "positive", "{r}");
+    assert_eq!(r["tasks"][0]["agent_id"], "py_sentiment");
+    assert_eq!(
+        r["cost_micro_usd"], 5,
+        "the agent's price was committed to the ledger"
+    );
+    Command::new("kill")
+        .args(["-TERM", &agent.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(
+        agent.wait().unwrap().success(),
+        "the agent deregisters and exits cleanly"
+    );
+    assert_eq!(dev.terminate(), Some(0));
+}

@@ -34,7 +34,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::state::kind;
-use crate::{AgentClient, Change, Control, Executor, ExecutorError, command, lock, route_request};
+use crate::{AgentClient, Change, Control, Executor, ExecutorError, command, lock};
 
 /// How an attempt failed, which decides what happens next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1047,7 +1047,7 @@ impl Executor {
     ) -> Outcome {
         let clients = &self.inner.clients;
         let task_id = snap.task.id.as_str();
-        let routed = match clients.router.route(route_request(a, 5)).await {
+        let routed = match self.route(a).await {
             Ok(r) => r,
             Err(e) => {
                 return Outcome::fail(

@@ -711,13 +711,7 @@ impl Executor {
             let attempts = 1 + u64::from(retry) + u64::from(extension);
             match &t.kind {
                 Some(Kind::Agent(a)) => {
-                    let routed = self
-                        .inner
-                        .clients
-                        .router
-                        .route(route_request(a, 5))
-                        .await
-                        .map_err(upstream("router"))?;
+                    let routed = self.route(a).await.map_err(upstream("router"))?;
                     let worst = routed
                         .candidates
                         .iter()
@@ -770,6 +764,23 @@ impl Executor {
             }
         }
         Ok(est)
+    }
+
+    /// Candidates for an agent task; none (rather than an error) when no
+    /// agent offers the capability right now.
+    async fn route(
+        &self,
+        a: &switchyard_proto::executor::v1::AgentTask,
+    ) -> Result<switchyard_proto::router::v1::RouteResponse, Status> {
+        match self.inner.clients.router.route(route_request(a, 5)).await {
+            Err(e)
+                if switchyard_kit::error::ApiError::from(e.clone()).known_reason()
+                    == Some(Reason::CapabilityUnavailable) =>
+            {
+                Ok(Default::default())
+            }
+            r => r,
+        }
     }
 
     fn agent_tokens(&self, token_cap: Option<u64>) -> u64 {

@@ -1,1 +1,240 @@
-//! Executor unit tests.
+//! Unit tests of format conversion and spec rules (the service end to end is
+//! tested over gRPC in `tests/tests/executor.rs`).
+
+use serde_json::json;
+use switchyard_core::Reason;
+use switchyard_proto::executor::v1::task_spec::Kind;
+
+use crate::formats::{self, Limits};
+use crate::spec::{self, Rules};
+
+const LIMITS: Limits = Limits {
+    max_tasks: 100,
+    max_delegation_depth: 10,
+};
+
+fn rules(commands: &[String]) -> Rules<'_> {
+    Rules {
+        max_tasks: 100,
+        commands,
+        default_timeout_secs: 300,
+        default_max_parallel: 4,
+        max_delegation_depth: 10,
+        max_file_bytes: 1024,
+    }
+}
+
+#[test]
+fn each_format_is_recognised_by_its_shape() {
+    let cases = [
+        (
+            json!({"plan_id": "p", "tasks": [{"task_number": 1, "command": "sort"}]}),
+            "agenix",
+        ),
+        (
+            json!({"name": "x", "subtasks": [{"subtask_id": "a", "agent_capability": "c"}]}),
+            "aitp",
+        ),
+        (
+            json!({"type": "agent.research", "ext_agent_model": "m"}),
+            "ojs",
+        ),
+        (json!({"type": "builtin.echo", "args": ["hi"]}), "ojs"),
+        (
+            json!({"tasks": [{"id": "a", "command": {"command": "true"}}]}),
+            "native",
+        ),
+    ];
+    for (doc, want) in cases {
+        assert_eq!(formats::detect(&doc), want, "{doc}");
+        assert_eq!(formats::convert(&doc, LIMITS).unwrap().source_format, want);
+    }
+}
+
+#[test]
+fn an_envelope_becomes_a_chain_with_stdin_piping_and_one_worker() {
+    let doc = json!({"job_id": "j", "plan_id": "p", "tasks": [
+        {"task_number": 1, "command": "sort", "args": ["-r"], "timeout_secs": 30},
+        {"task_number": 2, "command": "uniq", "input_from_task": 1}]});
+    let s = formats::convert(&doc, LIMITS).unwrap();
+    assert_eq!(s.max_parallel, 1);
+    assert_eq!(s.tasks[1].depends_on, ["task_1"]);
+    let Some(Kind::Command(c)) = &s.tasks[1].kind else {
+        panic!()
+    };
+    assert_eq!(c.stdin_from, "task_1");
+    assert_eq!(s.tasks[0].timeout_secs, 30);
+}
+
+#[test]
+fn the_task_limit_is_configurable() {
+    let doc = json!({"plan_id": "p", "tasks": [
+        {"task_number": 1, "command": "a"}, {"task_number": 2, "command": "b"}, {"task_number": 3, "command": "c"}]});
+    let e = formats::convert(
+        &doc,
+        Limits {
+            max_tasks: 2,
+            ..LIMITS
+        },
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.violations.0[0].description,
+        "Invalid job: 3 tasks exceed the limit of 2"
+    );
+}
+
+#[test]
+fn aitp_input_schema_gives_defaults_and_checks_values() {
+    let doc = json!({"name": "Paper", "input": {"type": "object",
+        "properties": {"url": {"type": "string"}, "max_pages": {"type": "integer", "default": 50}},
+        "required": ["url"]},
+        "input_values": {"url": "u"},
+        "metadata": {"cost_limit": 10.0, "deadline": 1700700600,
+                     "retry_policy": {"max_retries": 3, "backoff_strategy": "linear", "backoff_base_ms": 1000}},
+        "subtasks": [{"subtask_id": "s1", "agent_capability": "c"}]});
+    let s = formats::convert(&doc, LIMITS).unwrap();
+    let input = switchyard_kit::json::struct_to_json(s.input.as_ref().unwrap());
+    assert_eq!(input, json!({"url": "u", "max_pages": 50}));
+    assert_eq!(s.budget.unwrap().cost_limit.unwrap().micro_usd, 10_000_000);
+    assert_eq!(
+        s.tasks[0].retry.unwrap().max_retries,
+        3,
+        "the task inherits the task-level policy"
+    );
+    assert_eq!(s.tasks[0].deadline.unwrap().seconds, 1700700600);
+    let mut bad = doc.clone();
+    bad["input_values"] = json!({"url": 7});
+    let e = formats::convert(&bad, LIMITS).unwrap_err();
+    assert_eq!(e.violations.0[0].field, "input_values/url");
+}
+
+#[test]
+fn ojs_rules_give_the_seeds_error_codes() {
+    let e = |doc: serde_json::Value| formats::convert(&doc, LIMITS).unwrap_err().reason;
+    assert_eq!(
+        e(json!({"type": "t", "ext_agent_model": "m", "ext_agent_temperature": -0.1})),
+        Reason::AgentInvalidParameter
+    );
+    assert_eq!(
+        e(json!({"type": "t", "ext_agent_model": "m", "ext_agent_tool_choice": "sometimes"})),
+        Reason::AgentInvalidParameter
+    );
+    assert_eq!(
+        e(json!({"type": "t", "ext_agent_model": "m", "ext_agent_delegation_depth": 10})),
+        Reason::AgentMaxDelegationDepth
+    );
+    assert_eq!(
+        e(
+            json!({"type": "t", "ext_agent_model": "m", "ext_agent_delegation_depth": 2, "ext_agent_max_delegation_depth": 2})
+        ),
+        Reason::AgentMaxDelegationDepth
+    );
+    let ok = formats::convert(&json!({"type": "t", "ext_agent_model": "m", "ext_agent_delegation_depth": 1, "ext_agent_max_delegation_depth": 2}), LIMITS).unwrap();
+    assert_eq!(ok.delegation.unwrap().depth, 1);
+}
+
+#[test]
+fn the_allowlist_and_env_rules_are_enforced_with_the_specific_reason() {
+    let allowed = vec!["sort".to_owned()];
+    let mut s = formats::convert(
+        &json!({"tasks": [
+        {"id": "a", "command": {"command": "curl", "env": {"LD_PRELOAD": "x", "OK_VAR": "1"}}}]}),
+        LIMITS,
+    )
+    .unwrap();
+    spec::normalize(&mut s, &rules(&allowed));
+    let e = spec::validate(&s, &rules(&allowed)).unwrap_err();
+    assert_eq!(e.reason, Reason::CommandNotAllowed);
+    let fields: Vec<&str> = e.violations.0.iter().map(|v| v.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "tasks[0].command.command",
+            "tasks[0].command.env.LD_PRELOAD"
+        ]
+    );
+}
+
+#[test]
+fn normalizing_fills_defaults_and_the_context_hash_ignores_ids_and_map_order() {
+    let allowed = vec!["true".to_owned()];
+    let doc = json!({"tasks": [{"id": "a", "command": {"command": "true", "env": {"A": "1", "B": "2", "C": "3"}}}],
+                     "labels": {"x": "1", "y": "2", "z": "3"}});
+    let mut s = formats::convert(&doc, LIMITS).unwrap();
+    spec::normalize(&mut s, &rules(&allowed));
+    assert_eq!(
+        (
+            s.plan_id.as_str(),
+            s.max_parallel,
+            s.tasks[0].timeout_secs,
+            s.tasks[0].name.as_str()
+        ),
+        ("adhoc", 4, 300, "a")
+    );
+    let h = spec::context_hash(&s);
+    assert!(h.starts_with("sha256:") && h.len() == 71);
+    for _ in 0..8 {
+        let mut again = formats::convert(&doc, LIMITS).unwrap();
+        spec::normalize(&mut again, &rules(&allowed));
+        again.job_id = "other".into();
+        again.correlation_id = "c".into();
+        assert_eq!(spec::context_hash(&again), h);
+    }
+    s.labels.insert("x".into(), "changed".into());
+    assert_ne!(spec::context_hash(&s), h);
+}
+
+#[test]
+fn file_names_must_be_plain() {
+    let allowed = vec!["true".to_owned()];
+    let mut s = formats::convert(
+        &json!({"tasks": [{"id": "a", "command": {"command": "true"}}]}),
+        LIMITS,
+    )
+    .unwrap();
+    s.files.insert("../etc/passwd".into(), b"x".to_vec());
+    s.files.insert("big".into(), vec![0; 2048]);
+    spec::normalize(&mut s, &rules(&allowed));
+    let e = spec::validate(&s, &rules(&allowed))
+        .unwrap_err()
+        .violations
+        .to_string();
+    assert!(
+        e.contains("files.../etc/passwd: file names must be plain names"),
+        "{e}"
+    );
+    assert!(e.contains("the limit is 1024"), "{e}");
+}
+
+#[test]
+fn fallback_strategies_must_fit_their_situation() {
+    let allowed = vec!["true".to_owned()];
+    let mut s = formats::convert(
+        &json!({"tasks": [{"id": "a", "timeout_secs": 60, "command": {"command": "true"},
+        "fallback": {"on_timeout": {"strategy": "DEFER"},
+                     "on_cost_exceeded": {"strategy": "SELECT_NEXT_BEST"}}}]}),
+        LIMITS,
+    )
+    .unwrap();
+    spec::normalize(&mut s, &rules(&allowed));
+    let e = spec::validate(&s, &rules(&allowed))
+        .unwrap_err()
+        .violations
+        .to_string();
+    assert!(
+        e.contains(
+            "tasks[0].fallback.on_timeout: FALLBACK_STRATEGY_DEFER does not apply to on_timeout"
+        ),
+        "{e}"
+    );
+    assert!(e.contains("on_cost_exceeded"), "{e}");
+    let mut s = formats::convert(&json!({"tasks": [{"id": "a", "timeout_secs": 60, "command": {"command": "true"},
+        "fallback": {"on_timeout": {"strategy": "RETRY_WITH_TIMEOUT_EXTENSION", "extended_timeout_seconds": 30}}}]}), LIMITS).unwrap();
+    spec::normalize(&mut s, &rules(&allowed));
+    let e = spec::validate(&s, &rules(&allowed))
+        .unwrap_err()
+        .violations
+        .to_string();
+    assert!(e.contains("must exceed the task's timeout of 60s"), "{e}");
+}
