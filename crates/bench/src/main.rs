@@ -13,8 +13,14 @@
 //!    budget and spread over 1,000 budgets, with Reserve latency and the
 //!    RPC rate's ratio to the bare ping of item 2.
 //!
+//! 5. The executor (see `executor.rs`): 5,000 single-task jobs on
+//!    `builtin.noop` from 64 submitters, a durable 3-step echo chain, and a
+//!    command task against spawning the command directly.
+//!
 //! The stack is the one `switchyard dev` runs (durable sled store in a
 //! temporary directory, per-RPC spans enabled at the default `info` level).
+
+mod executor;
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -189,6 +195,10 @@ async fn run() -> anyhow::Result<()> {
         "Switchyard benchmarks ({} cores)\n",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
+    // `switchyard-bench executor` runs only the executor's figures.
+    if std::env::args().nth(1).as_deref() == Some("executor") {
+        return executor::run().await;
+    }
 
     println!("Route, in-process (no gRPC), {CAPABILITIES} capabilities, limit 5, one exclusion:");
     for n in [10_000, 100_000] {
@@ -330,6 +340,7 @@ async fn run() -> anyhow::Result<()> {
 
     ledger_grpc(&channels, ping.rate).await?;
     stack.stop().await?;
+    executor::run().await?;
     Ok(())
 }
 
@@ -468,7 +479,9 @@ fn main() -> anyhow::Result<()> {
         // The same telemetry a default `switchyard dev` has: per-RPC spans at
         // info; the registry's per-registration log lines silenced.
         let t = switchyard_kit::telemetry::TelemetryConfig {
-            log_filter: "info,switchyard_registry=warn,switchyard_router=warn".into(),
+            log_filter:
+                "info,switchyard_registry=warn,switchyard_router=warn,switchyard_executor=warn"
+                    .into(),
             ..Default::default()
         };
         let guard = switchyard_kit::telemetry::init(&t)?;

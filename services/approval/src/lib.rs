@@ -538,7 +538,7 @@ impl Approval {
                 ..note
             },
         )?;
-        tracing::info!(run_id = %id, %from, %to, "run moved");
+        tracing::debug!(run_id = %id, %from, %to, "run moved");
         st.runs.insert(id.to_owned(), run.clone());
         Ok((run, seq))
     }

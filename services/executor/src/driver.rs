@@ -88,6 +88,15 @@ struct Snapshot {
     attempt: u32,
 }
 
+/// One scheduling step: the last event, the next timer, whether every task
+/// is final, and the attempts to start once the step is durable.
+struct Step {
+    g: u64,
+    next_wake: Option<u64>,
+    done: bool,
+    starts: Vec<(usize, Snapshot, Duration)>,
+}
+
 /// Claim outcome.
 enum Claimed {
     Yes,
@@ -202,8 +211,9 @@ impl Executor {
                 return Ok(());
             }
         }
-        // Start, or resume after a restart: attempts that were running run again.
-        let (g, stale) = {
+        // Start, or resume after a restart: attempts that were running run
+        // again. Made durable with the first scheduling step, before anything starts.
+        let stale = {
             let mut st = self.lock();
             let entry = st
                 .jobs
@@ -215,9 +225,8 @@ impl Executor {
                 .iter()
                 .map(|(r, t)| (r.clone(), t.clone()))
                 .collect();
-            let mut g = self.inner.events.last();
             if entry.state() == JobState::Available {
-                g = self.move_job(
+                self.move_job(
                     &mut st,
                     job_id,
                     JobState::Active,
@@ -231,7 +240,7 @@ impl Executor {
                     .get(job_id)
                     .is_some_and(|e| e.task_state(i) == TaskState::Running)
                 {
-                    g = self.move_task(
+                    self.move_task(
                         &mut st,
                         job_id,
                         i,
@@ -242,9 +251,8 @@ impl Executor {
                     )?;
                 }
             }
-            (g, stale)
+            stale
         };
-        self.durable(g).await?;
         for (rid, task) in stale {
             self.release(job_id, &task, &rid, "reconciled after restart")
                 .await;
@@ -303,11 +311,30 @@ impl Executor {
                 return self.finish_cancelled(job_id, &why, who).await;
             }
             let now = self.now();
-            let (g, next_wake, done) = {
+            let Step {
+                g,
+                next_wake,
+                done,
+                starts,
+            } = {
                 let mut st = self.lock();
-                self.advance(&mut st, job_id, now, &mut running, scratch)?
+                self.advance(&mut st, job_id, now, &mut running)?
             };
+            // One durable step covers the last settle and these starts: a
+            // task starts only once what it depends on is on disk.
             self.durable(g).await?;
+            for (i, snap, timeout) in starts {
+                let me = self.clone();
+                let job = job_id.to_owned();
+                let dir = scratch.to_path_buf();
+                running.spawn(
+                    async move {
+                        let out = me.attempt(&job, snap, timeout, &dir).await;
+                        (i, out)
+                    }
+                    .in_current_span(),
+                );
+            }
             if done && running.is_empty() {
                 return self.finish(job_id, run_id).await;
             }
@@ -318,8 +345,7 @@ impl Executor {
             tokio::select! {
                 joined = running.join_next(), if !running.is_empty() => {
                     if let Some(Ok((i, outcome))) = joined {
-                        let g = self.settle(job_id, i, outcome)?;
-                        self.durable(g).await?;
+                        self.settle(job_id, i, outcome)?;
                     }
                 }
                 _ = tokio::time::sleep(sleep) => {}
@@ -350,9 +376,9 @@ impl Executor {
         job_id: &str,
         now: u64,
         running: &mut JoinSet<(usize, Outcome)>,
-        scratch: &std::path::Path,
-    ) -> Result<(u64, Option<u64>, bool), ExecutorError> {
+    ) -> Result<Step, ExecutorError> {
         let mut g = self.inner.events.last();
+        let mut starts = Vec::new();
         let entry = st
             .jobs
             .get(job_id)
@@ -449,7 +475,7 @@ impl Executor {
                 }
                 _ => false,
             };
-            if !due || running.len() >= max_parallel {
+            if !due || running.len() + starts.len() >= max_parallel {
                 continue;
             }
             let spec = &e.spec().tasks[i];
@@ -471,24 +497,19 @@ impl Executor {
             );
             g = self.move_task(st, job_id, i, Change::to(TaskState::Running))?;
             let snap = self.snapshot(st, job_id, i, attempt)?;
-            let me = self.clone();
-            let job = job_id.to_owned();
-            let dir = scratch.to_path_buf();
-            let timeout = Duration::from_secs(u64::from(timeout_secs));
-            running.spawn(
-                async move {
-                    let out = me.attempt(&job, snap, timeout, &dir).await;
-                    (i, out)
-                }
-                .in_current_span(),
-            );
+            starts.push((i, snap, Duration::from_secs(u64::from(timeout_secs))));
         }
         let e = st
             .jobs
             .get(job_id)
             .ok_or_else(|| ExecutorError::NotFound(job_id.into()))?;
         let done = (0..n).all(|i| e.task_state(i).is_terminal());
-        Ok((g, next_wake, done))
+        Ok(Step {
+            g,
+            next_wake,
+            done,
+            starts,
+        })
     }
 
     fn snapshot(
@@ -707,8 +728,8 @@ impl Executor {
 
     /// Every task is final: the job ends, and so does its approval run.
     async fn finish(&self, job_id: &str, run_id: &str) -> Result<(), ExecutorError> {
-        let (g, to, error) = {
-            let mut st = self.lock();
+        let (to, reason, error) = {
+            let st = self.lock();
             let e = st
                 .jobs
                 .get(job_id)
@@ -733,43 +754,53 @@ impl Executor {
                     (to, r, format!("task {id} failed: {error}"))
                 }
             };
-            let g = self.move_job(&mut st, job_id, to, reason, &error)?;
-            (g, to, error)
+            (to, reason, error)
         };
-        self.durable(g).await?;
+        // The run and the budget are settled first (both at once), so a job
+        // seen finished has its run ended; after a crash in between, finishing
+        // again finds the run already ended and goes on.
         let approval = &self.inner.clients.approval;
         let worker_id = self.inner.cfg.worker_id.clone();
-        let r = if to == JobState::Completed {
-            let result = self.result(job_id)?;
-            approval
-                .complete(ap::CompleteRequest {
-                    run_id: run_id.into(),
-                    worker_id,
-                    result: Some(ap::RunResult {
-                        summary: format!(
-                            "job {job_id} completed in {} ms",
-                            result.execution_time_ms
-                        ),
-                        ..Default::default()
-                    }),
-                })
-                .await
-                .map(|_| ())
-        } else {
-            approval
-                .fail(ap::FailRequest {
-                    run_id: run_id.into(),
-                    worker_id,
-                    last_error: error,
-                    retryable: false,
-                })
-                .await
-                .map(|_| ())
+        let end_run = async {
+            if to == JobState::Completed {
+                let result = self.result(job_id).map_err(|e| e.to_string())?;
+                approval
+                    .complete(ap::CompleteRequest {
+                        run_id: run_id.into(),
+                        worker_id,
+                        result: Some(ap::RunResult {
+                            summary: format!(
+                                "job {job_id} completed in {} ms",
+                                result.execution_time_ms
+                            ),
+                            ..Default::default()
+                        }),
+                    })
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.message().to_owned())
+            } else {
+                approval
+                    .fail(ap::FailRequest {
+                        run_id: run_id.into(),
+                        worker_id,
+                        last_error: error.clone(),
+                        retryable: false,
+                    })
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.message().to_owned())
+            }
         };
-        if let Err(e) = r {
-            tracing::warn!(job_id, error = %e.message(), "ending approval run");
+        let (ended, ()) = tokio::join!(end_run, self.close_budget(job_id));
+        if let Err(e) = ended {
+            tracing::warn!(job_id, error = %e, "ending approval run");
         }
-        self.close_budget(job_id).await;
+        let g = {
+            let mut st = self.lock();
+            self.move_job(&mut st, job_id, to, reason, &error)?
+        };
+        self.durable(g).await?;
         Ok(())
     }
 
@@ -828,18 +859,12 @@ impl Executor {
                 return;
             }
         }
-        let g = {
-            let mut st = self.lock();
-            self.record(
-                &mut st,
-                job_id,
-                task_id,
-                kind::RELEASED,
-                json!({"reservation_id": reservation_id, "why": why}),
-                None,
-            )
-        };
-        let _ = self.durable(g).await;
+        self.event(
+            job_id,
+            task_id,
+            kind::RELEASED,
+            json!({"reservation_id": reservation_id, "why": why}),
+        );
     }
 
     // ------------------------------------------------------------ attempts
@@ -946,14 +971,11 @@ impl Executor {
         let me = self.clone();
         let (job, task) = (job_id.to_owned(), snap.task.id.clone());
         let on_chunk = move |stream: &'static str, chunk: &[u8]| {
-            let mut st = me.lock();
-            me.record(
-                &mut st,
+            me.event(
                 &job,
                 &task,
                 kind::OUTPUT,
                 json!({"stream": stream, "chunk": String::from_utf8_lossy(chunk)}),
-                None,
             );
         };
         let ran = command::run(
@@ -1032,9 +1054,23 @@ impl Executor {
         Ok(client)
     }
 
-    fn event(&self, job_id: &str, task_id: &str, kind: &str, data: Value) -> u64 {
-        let mut st = self.lock();
-        self.record(&mut st, job_id, task_id, kind, data, None)
+    /// Records an event and has it flushed in the background (shared with
+    /// other flushes), so watchers see it soon without this caller waiting.
+    fn event(&self, job_id: &str, task_id: &str, kind: &str, data: Value) {
+        let g = {
+            let mut st = self.lock();
+            self.record(&mut st, job_id, task_id, kind, data, None)
+        };
+        self.flush_soon(g);
+    }
+
+    pub(crate) fn flush_soon(&self, g: u64) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = me.durable(g).await {
+                tracing::warn!(error = %e, "flushing job events");
+            }
+        });
     }
 
     async fn agent_attempt(
@@ -1073,13 +1109,12 @@ impl Executor {
                 })
             })
             .collect();
-        let g = self.event(
+        self.event(
             job_id,
             task_id,
             kind::ROUTED,
             json!({"capability": a.capability, "candidates": shown, "filtered": routed.filtered}),
         );
-        let _ = self.durable(g).await;
         if candidates.is_empty() {
             return Outcome::fail(
                 Class::Unavailable,
@@ -1143,8 +1178,7 @@ impl Executor {
                     let api = ApiError::from(e);
                     if api.known_reason() == Some(Reason::BudgetExceeded) {
                         let by = api.metadata.get("refused_by").cloned().unwrap_or_default();
-                        let g = self.event(job_id, task_id, kind::REFUSED, json!({"refused_by": by, "message": api.message, "tokens": tokens, "cost_micro_usd": cost}));
-                        let _ = self.durable(g).await;
+                        self.event(job_id, task_id, kind::REFUSED, json!({"refused_by": by, "message": api.message, "tokens": tokens, "cost_micro_usd": cost}));
                         return Outcome::fail(
                             Class::Budget,
                             Reason::AgentTokenBudgetExceeded,
@@ -1159,8 +1193,7 @@ impl Executor {
                 }
             };
             let rid = reservation.reservation_id.clone();
-            let g = self.event(job_id, task_id, kind::RESERVED, json!({"reservation_id": rid, "tokens": tokens, "cost_micro_usd": cost, "agent_id": c.agent_id}));
-            let _ = self.durable(g).await;
+            self.event(job_id, task_id, kind::RESERVED, json!({"reservation_id": rid, "tokens": tokens, "cost_micro_usd": cost, "agent_id": c.agent_id}));
 
             let started = Instant::now();
             let called = self
@@ -1345,8 +1378,7 @@ impl Executor {
             .await;
         match r {
             Ok(c) => {
-                let g = self.event(job_id, task_id, kind::COMMITTED, json!({"reservation_id": rid, "tokens": tokens, "cost_micro_usd": cost, "overrun": c.overrun}));
-                let _ = self.durable(g).await;
+                self.event(job_id, task_id, kind::COMMITTED, json!({"reservation_id": rid, "tokens": tokens, "cost_micro_usd": cost, "overrun": c.overrun}));
             }
             Err(e) => {
                 tracing::warn!(job_id, reservation_id = rid, error = %e.message(), "commit failed; the reservation's TTL bounds the hold")

@@ -379,6 +379,8 @@ struct State {
     order: std::collections::BTreeSet<(u64, String)>,
     /// Drivers running, by job id.
     drivers: HashMap<String, Arc<Control>>,
+    /// Jobs with events not yet known durable.
+    dirty: std::collections::HashSet<String>,
 }
 
 struct Inner {
@@ -463,6 +465,9 @@ impl Executor {
                 entry.apply(&ev, |_| outputs.get(&key).ok().flatten());
                 entry.events.push(g);
             }
+        }
+        for e in st.jobs.values_mut() {
+            e.durable_to.send_replace(e.job.last_sequence);
         }
         let spec = builtin::spec("");
         Ok(Executor {
@@ -580,8 +585,10 @@ impl Executor {
         };
         entry.apply(&ev, |_| stored.cloned());
         tracing::debug!(job_id, task_id, kind, sequence = ev.sequence, "job event");
+        entry.cache.push(ev.clone());
         let (g, _) = self.inner.events.append(|_| ev);
         entry.events.push(g);
+        st.dirty.insert(job_id.to_owned());
         g
     }
 
@@ -608,7 +615,11 @@ impl Executor {
         } else {
             reason.as_str().to_owned()
         };
-        tracing::info!(job_id, %from, %to, %reason, "job moved");
+        if finished(to) {
+            tracing::info!(job_id, %from, %to, %reason, error, "job finished");
+        } else {
+            tracing::debug!(job_id, %from, %to, "job moved");
+        }
         let g = self.record(
             st,
             job_id,
@@ -653,8 +664,30 @@ impl Executor {
         ))
     }
 
+    /// Waits until the log is durable up to `g`, then tells each job's
+    /// watchers how far its events are durable.
     async fn durable(&self, g: u64) -> Result<(), ExecutorError> {
         self.inner.events.make_durable(g).await?;
+        let upto = self.inner.events.durable();
+        let mut st = self.lock();
+        let st = &mut *st;
+        st.dirty.retain(|id| {
+            let Some(e) = st.jobs.get_mut(id) else {
+                return false;
+            };
+            let n = e.events.partition_point(|&x| x <= upto) as u64;
+            e.durable_to.send_if_modified(|d| {
+                let moved = n > *d;
+                *d = (*d).max(n);
+                moved
+            });
+            let all = n == e.events.len() as u64;
+            if all && finished(e.state()) {
+                // Watchers of a finished job read the log.
+                e.cache = Vec::new();
+            }
+            !all
+        });
         Ok(())
     }
 
@@ -968,18 +1001,6 @@ impl Executor {
         let b = spec.budget.clone().unwrap_or_default();
         let mut labels = HashMap::new();
         labels.insert("job_id".to_owned(), spec.job_id.clone());
-        self.inner
-            .clients
-            .ledger
-            .create_budget(CreateBudgetRequest {
-                budget_id: budget_id.clone(),
-                parent_id: self.parent_budget(spec),
-                token_limit: b.token_budget,
-                cost_limit: b.cost_limit,
-                labels,
-            })
-            .await
-            .map_err(upstream("ledger"))?;
         let first_llm = spec.tasks.iter().find_map(|t| match &t.kind {
             Some(Kind::Llm(l)) => Some(l),
             _ => None,
@@ -1049,16 +1070,33 @@ impl Executor {
             correlation_id: spec.correlation_id.clone(),
             ..Default::default()
         };
-        let out = self
+        // The budget and the proposal are independent: both at once.
+        let budget = self
             .inner
             .clients
-            .approval
-            .propose(ap::ProposeRequest {
-                run: Some(run),
-                skip_policies: approval.requires_approval,
-            })
-            .await
-            .map_err(upstream("approval"))?;
+            .ledger
+            .create_budget(CreateBudgetRequest {
+                budget_id: budget_id.clone(),
+                parent_id: self.parent_budget(spec),
+                token_limit: b.token_budget,
+                cost_limit: b.cost_limit,
+                labels,
+            });
+        let propose = self.inner.clients.approval.propose(ap::ProposeRequest {
+            run: Some(run),
+            skip_policies: approval.requires_approval,
+        });
+        let (budget, out) = tokio::join!(budget, propose);
+        if let Err(e) = budget {
+            // No job: withdraw the proposal made alongside.
+            if let Ok(p) = &out {
+                let run_id = p.run.as_ref().map(|r| r.run_id.clone()).unwrap_or_default();
+                let why = "the job was not accepted: its budget could not be created";
+                self.cancel_run_by_id(run_id, why, None).await;
+            }
+            return Err(upstream("ledger")(e));
+        }
+        let out = out.map_err(upstream("approval"))?;
         let run = out.run.unwrap_or_default();
         let approved = matches!(
             ap::RunStatus::try_from(run.status),
@@ -1432,6 +1470,10 @@ impl Executor {
             .get(job_id)
             .map(|e| e.job.run_id.clone())
             .unwrap_or_default();
+        self.cancel_run_by_id(run_id, why, who).await;
+    }
+
+    async fn cancel_run_by_id(&self, run_id: String, why: &str, who: Option<String>) {
         if run_id.is_empty() {
             return;
         }
@@ -1454,12 +1496,13 @@ impl Executor {
                 Some(Reason::RunTerminal)
             )
         {
-            tracing::warn!(job_id, error = %e.message(), "cancelling approval run");
+            tracing::warn!(error = %e.message(), "cancelling approval run");
         }
     }
 
-    /// WatchJob: the job's events after `after`, then live ones; ends after
-    /// the job's final event.
+    /// WatchJob: the job's durable events after `after`, then each new one
+    /// as it becomes durable; ends after the job's final event. Running
+    /// jobs' events come from memory, finished jobs' from the log.
     pub fn watch(
         &self,
         job_id: &str,
@@ -1468,55 +1511,61 @@ impl Executor {
         impl futures_util::Stream<Item = Result<Event, Status>> + Send + 'static,
         ExecutorError,
     > {
-        let (start, last_known, done) = {
+        let mut durable = {
             let st = self.lock();
             let e = st
                 .jobs
                 .get(job_id)
                 .ok_or_else(|| ExecutorError::NotFound(job_id.into()))?;
-            let first = e.events.first().copied().unwrap_or(1);
-            let start = match after {
-                0 => first.saturating_sub(1),
-                n => e
-                    .events
-                    .get(n as usize - 1)
-                    .copied()
-                    .unwrap_or_else(|| e.events.last().copied().unwrap_or(0)),
-            };
-            let done = finished(e.state()) && !st.drivers.contains_key(job_id);
-            (start, e.job.last_sequence, done)
+            e.durable_to.subscribe()
         };
-        let id = job_id.to_owned();
-        let tail = self.inner.events.tail(start);
         let (tx, rx) = tokio::sync::mpsc::channel(64);
-        let shutdown = self.inner.shutdown.clone();
+        let me = self.clone();
+        let id = job_id.to_owned();
         tokio::spawn(async move {
-            if done && after >= last_known {
-                return;
-            }
-            tokio::pin!(tail);
+            let mut sent = after;
             loop {
-                let next = tokio::select! {
-                    n = tail.next() => n,
-                    _ = shutdown.wait() => None,
-                };
-                let Some(item) = next else { break };
-                let ev = match item {
-                    Ok((_, ev)) => ev,
-                    Err(e) => {
-                        let _ = tx.send(Err(Status::internal(e.to_string()))).await;
-                        break;
+                let upto = *durable.borrow_and_update();
+                // Under the lock: cached events, or the log positions of the rest.
+                let (cached, from_log, end) = {
+                    let st = me.lock();
+                    let Some(e) = st.jobs.get(&id) else { return };
+                    let mut cached = Vec::new();
+                    let mut from_log = Vec::new();
+                    for seq in sent + 1..=upto {
+                        match e.cache.get(seq as usize - 1) {
+                            Some(ev) => cached.push(ev.clone()),
+                            None => from_log.extend(e.events.get(seq as usize - 1).copied()),
+                        }
                     }
+                    // The final state is a job's last event.
+                    let end = finished(e.state()) && upto >= e.job.last_sequence;
+                    (cached, from_log, end)
                 };
-                if ev.job_id != id || ev.sequence <= after {
-                    continue;
+                let mut batch = Vec::with_capacity(cached.len() + from_log.len());
+                for g in from_log {
+                    match me.inner.events.read(g - 1, g, 1) {
+                        Ok(mut r) => batch.extend(r.pop().map(|(_, ev)| ev)),
+                        Err(e) => {
+                            let _ = tx.send(Err(Status::internal(e.to_string()))).await;
+                            return;
+                        }
+                    }
                 }
-                let end = (done && ev.sequence >= last_known)
-                    || (ev.kind == kind::JOB_STATE
-                        && JobState::parse(&state::text(&ev, "to"))
-                            .is_some_and(|s| s.is_terminal()));
-                if tx.send(Ok(ev)).await.is_err() || end {
-                    break;
+                batch.extend(cached);
+                batch.sort_by_key(|e| e.sequence);
+                for ev in batch {
+                    sent = sent.max(ev.sequence);
+                    if tx.send(Ok(ev)).await.is_err() {
+                        return;
+                    }
+                }
+                if end {
+                    return;
+                }
+                tokio::select! {
+                    changed = durable.changed() => if changed.is_err() { return },
+                    _ = me.inner.shutdown.wait() => return,
                 }
             }
         });

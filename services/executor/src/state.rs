@@ -95,6 +95,11 @@ pub struct JobEntry {
     pub context_hash: String,
     /// Task index by id.
     pub index: std::collections::HashMap<String, usize>,
+    /// The job's events while it runs (index = sequence - 1), so live
+    /// watchers need not read the log; emptied once the job finished.
+    pub cache: Vec<Event>,
+    /// The job's highest sequence known durable; watchers follow it.
+    pub durable_to: tokio::sync::watch::Sender<u64>,
 }
 
 impl JobEntry {
@@ -137,6 +142,8 @@ impl JobEntry {
             extended: HashSet::new(),
             context_hash: String::new(),
             index,
+            cache: Vec::new(),
+            durable_to: tokio::sync::watch::channel(0).0,
         }
     }
 

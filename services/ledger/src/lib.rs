@@ -470,7 +470,7 @@ impl Ledger {
         };
         self.inner.journal.make_durable(seq).await?;
         if created {
-            tracing::info!(budget_id = %req.budget_id, "budget created");
+            tracing::debug!(budget_id = %req.budget_id, "budget created");
         }
         Ok(CreateBudgetResponse {
             budget: Some(self.budget(&req.budget_id)?),

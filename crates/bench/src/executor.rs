@@ -1,0 +1,227 @@
+//! Executor benchmarks (issue 4): job throughput on `builtin.noop`, the
+//! latency of a durable 3-step `builtin.echo` chain, and the overhead of a
+//! command task over spawning the command directly. The whole stack runs in
+//! this process as `switchyard dev` does; clients use gRPC on loopback and
+//! learn of completion through WatchJob, as a user would.
+
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use switchyard_cli::ServiceKind;
+use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
+use switchyard_proto::executor::v1::{
+    AgentTask, CommandTask, JobSpec, SubmitJobRequest, TaskSpec, WatchJobRequest, task_spec::Kind,
+};
+use switchyard_testkit::Stack;
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+
+use crate::{CALLERS, CONNECTIONS, us, verdict};
+
+const JOBS: usize = 5_000;
+const CHAIN_RUNS: usize = 200;
+const COMMAND_RUNS: usize = 200;
+
+fn agent(id: &str, capability: &str, depends_on: &[&str], input: serde_json::Value) -> TaskSpec {
+    TaskSpec {
+        id: id.into(),
+        depends_on: depends_on.iter().map(|s| s.to_string()).collect(),
+        kind: Some(Kind::Agent(AgentTask {
+            capability: capability.into(),
+            input: switchyard_kit::json::json_to_struct(&input),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+/// Submits `spec` and waits for its end through WatchJob; returns the time
+/// from submit to the final event, and whether it completed.
+async fn run_job(
+    c: &mut JobServiceClient<Channel>,
+    spec: JobSpec,
+) -> anyhow::Result<(Duration, bool)> {
+    let t = Instant::now();
+    let job = c
+        .submit_job(SubmitJobRequest {
+            spec: Some(spec),
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .job
+        .unwrap_or_default();
+    let id = job.spec.map(|s| s.job_id).unwrap_or_default();
+    let mut stream = c
+        .watch_job(WatchJobRequest {
+            job_id: id,
+            after_sequence: 0,
+        })
+        .await?
+        .into_inner();
+    let mut completed = false;
+    while let Some(e) = stream.next().await {
+        let e = e?.event.unwrap_or_default();
+        if e.kind == "job.state" {
+            let to = e
+                .data
+                .as_ref()
+                .and_then(|d| d.fields.get("to"))
+                .map(switchyard_kit::json::value_to_json);
+            completed = to.as_ref().and_then(|v| v.as_str()) == Some("completed");
+        }
+    }
+    Ok((t.elapsed(), completed))
+}
+
+fn ms(h: &Histogram<u64>, q: f64) -> f64 {
+    us(h, q) / 1000.0
+}
+
+pub async fn run() -> anyhow::Result<()> {
+    let stack = Stack::start_with(ServiceKind::ALL, |c| {
+        c.server.request_timeout_ms = 60_000;
+        c.executor.max_parallel = 4;
+    })
+    .await?;
+    let mut channels = Vec::new();
+    for _ in 0..CONNECTIONS {
+        channels.push(stack.channel().await?);
+    }
+    // The built-in agents register at start; wait until they route.
+    let mut c = JobServiceClient::new(channels[0].clone());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = c
+            .validate_job(switchyard_proto::executor::v1::ValidateJobRequest {
+                spec: Some(JobSpec {
+                    tasks: vec![agent("t", "builtin.noop", &[], serde_json::json!({}))],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        if v.routes.first().is_some_and(|r| !r.agent_id.is_empty()) {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "built-in agents did not register"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    println!(
+        "\nExecutor: the whole stack in-process, gRPC on loopback, durable sled (group commit), approval by policy:"
+    );
+
+    // 1. Throughput: 5,000 single-task jobs on builtin.noop, 64 submitters.
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..CALLERS {
+        let mut c = JobServiceClient::new(channels[w % CONNECTIONS].clone());
+        tasks.push(tokio::spawn(async move {
+            let mut h = Histogram::<u64>::new(3).expect("histogram");
+            let mut failed = 0u64;
+            for _ in (w..JOBS).step_by(CALLERS) {
+                let spec = JobSpec {
+                    tasks: vec![agent("t", "builtin.noop", &[], serde_json::json!({}))],
+                    ..Default::default()
+                };
+                let (took, ok) = run_job(&mut c, spec).await?;
+                h.record(took.as_nanos() as u64).ok();
+                failed += u64::from(!ok);
+            }
+            Ok::<_, anyhow::Error>((h, failed))
+        }));
+    }
+    let mut all = Histogram::<u64>::new(3)?;
+    let mut failed = 0;
+    for t in tasks {
+        let (h, f) = t.await??;
+        all.add(h).ok();
+        failed += f;
+    }
+    let rate = JOBS as f64 / start.elapsed().as_secs_f64();
+    println!(
+        "  {JOBS} single-task jobs (builtin.noop), {CALLERS} submitters: {rate:>7.0} jobs/s  submit->completed p50 {:>6.1} ms  p99 {:>6.1} ms  not completed {failed}  [{}: >= 2000 jobs/s]",
+        ms(&all, 0.5),
+        ms(&all, 0.99),
+        verdict(rate >= 2000.0 && failed == 0)
+    );
+
+    // 2. Latency: a 3-step chain of builtin.echo, one at a time.
+    let mut h = Histogram::<u64>::new(3)?;
+    let mut c = JobServiceClient::new(channels[0].clone());
+    for i in 0..CHAIN_RUNS {
+        let spec = JobSpec {
+            input: switchyard_kit::json::json_to_struct(&serde_json::json!({"n": i})),
+            tasks: vec![
+                agent(
+                    "a",
+                    "builtin.echo",
+                    &[],
+                    serde_json::json!({"text": "${parent.input.n}"}),
+                ),
+                agent(
+                    "b",
+                    "builtin.echo",
+                    &["a"],
+                    serde_json::json!({"text": "${a.output.text}"}),
+                ),
+                agent(
+                    "c",
+                    "builtin.echo",
+                    &["b"],
+                    serde_json::json!({"text": "${b.output.text}"}),
+                ),
+            ],
+            ..Default::default()
+        };
+        let (took, ok) = run_job(&mut c, spec).await?;
+        anyhow::ensure!(ok, "chain {i} did not complete");
+        h.record(took.as_nanos() as u64).ok();
+    }
+    println!(
+        "  3-step builtin.echo chain, {CHAIN_RUNS} runs, every step durable: submit->result p50 {:>6.2} ms  p99 {:>6.2} ms  [{}: p50 <= 5 ms]",
+        ms(&h, 0.5),
+        ms(&h, 0.99),
+        verdict(ms(&h, 0.5) <= 5.0)
+    );
+
+    // 3. Command-task overhead: a job of one `true` vs spawning `true`.
+    let mut direct = Histogram::<u64>::new(3)?;
+    for _ in 0..COMMAND_RUNS {
+        let t = Instant::now();
+        tokio::process::Command::new("true").status().await?;
+        direct.record(t.elapsed().as_nanos() as u64).ok();
+    }
+    let mut job = Histogram::<u64>::new(3)?;
+    for _ in 0..COMMAND_RUNS {
+        let spec = JobSpec {
+            tasks: vec![TaskSpec {
+                id: "t".into(),
+                kind: Some(Kind::Command(CommandTask {
+                    command: "true".into(),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let (took, ok) = run_job(&mut c, spec).await?;
+        anyhow::ensure!(ok, "command job did not complete");
+        job.record(took.as_nanos() as u64).ok();
+    }
+    println!(
+        "  one `true` command: spawned directly p50 {:>6.2} ms  p99 {:>6.2} ms; as a job p50 {:>6.2} ms  p99 {:>6.2} ms; overhead p50 {:>6.2} ms",
+        ms(&direct, 0.5),
+        ms(&direct, 0.99),
+        ms(&job, 0.5),
+        ms(&job, 0.99),
+        ms(&job, 0.5) - ms(&direct, 0.5)
+    );
+    stack.stop().await?;
+    Ok(())
+}
