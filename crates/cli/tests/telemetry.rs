@@ -43,8 +43,13 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rpc_spans_are_exported_over_otlp_continuing_the_callers_trace() {
+/// An OTLP collector on an ephemeral port: (sink, endpoint, stop, server).
+async fn collector() -> (
+    Sink,
+    String,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+) {
     let sink = Sink::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let sink_addr = listener.local_addr().unwrap();
@@ -59,8 +64,109 @@ async fn rpc_spans_are_exported_over_otlp_continuing_the_callers_trace() {
                 },
             ),
     );
+    (sink, format!("http://{sink_addr}"), stop_tx, server)
+}
 
-    let endpoint = format!("http://{sink_addr}");
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_trace_covers_a_job_across_the_services_it_calls() {
+    use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
+    use switchyard_proto::executor::v1::{SubmitJobRequest, WatchJobRequest};
+    use tokio_stream::StreamExt;
+
+    let (sink, endpoint, stop_tx, server) = collector().await;
+    let dir = tempfile::tempdir().unwrap();
+    let otel = ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str());
+    let data = |n: &str| dir.path().join(n).to_str().unwrap().to_owned();
+    let (d1, d2) = (data("others"), data("executor"));
+    let others = Proc::start(
+        &[
+            "serve",
+            "--services",
+            "registry,router,ledger,approval",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &d1,
+        ],
+        &[otel],
+    );
+    let url = others.url();
+    let x = Proc::start(
+        &[
+            "serve",
+            "--services",
+            "executor",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &d2,
+        ],
+        &[
+            otel,
+            ("SWITCHYARD_EXECUTOR__REGISTRY_URL", &url),
+            ("SWITCHYARD_EXECUTOR__ROUTER_URL", &url),
+            ("SWITCHYARD_EXECUTOR__LEDGER_URL", &url),
+            ("SWITCHYARD_EXECUTOR__APPROVAL_URL", &url),
+        ],
+    );
+    wait_for(
+        "built-in agents routable",
+        std::time::Duration::from_secs(20),
+        || routed(&url, &["--capability", "builtin.echo"]).is_some_and(|ids| !ids.is_empty()),
+    );
+    let trace_id = "0af7651916cd43dd8448eb211c80319c";
+    let mut c = JobServiceClient::connect(x.url()).await.unwrap();
+    let mut req = tonic::Request::new(SubmitJobRequest {
+        document: r#"{"job_id":"traced","tasks":[{"id":"a","agent":{"capability":"builtin.echo","input":{"text":"hi"}}}]}"#.into(),
+        ..Default::default()
+    });
+    req.metadata_mut().insert(
+        "traceparent",
+        format!("00-{trace_id}-b7ad6b7169203331-01")
+            .parse()
+            .unwrap(),
+    );
+    c.submit_job(req).await.unwrap();
+    let mut w = c
+        .watch_job(WatchJobRequest {
+            job_id: "traced".into(),
+            after_sequence: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    while w.next().await.is_some() {}
+    assert_eq!(x.terminate(), Some(0));
+    assert_eq!(others.terminate(), Some(0));
+
+    let spans = sink.0.lock().unwrap().clone();
+    let in_trace: Vec<&str> = spans
+        .iter()
+        .filter(|s| hex(&s.trace_id) == trace_id)
+        .map(|s| s.name.as_str())
+        .collect();
+    for want in [
+        "executor.SubmitJob",
+        "executor.job",
+        "ledger.CreateBudget",
+        "approval.Propose",
+        "approval.Claim",
+        "router.Route",
+        "ledger.Reserve",
+        "approval.Complete",
+    ] {
+        assert!(
+            in_trace.contains(&want),
+            "{want} not in the job's trace: {in_trace:?}"
+        );
+    }
+    let _ = stop_tx.send(());
+    server.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rpc_spans_are_exported_over_otlp_continuing_the_callers_trace() {
+    let (sink, endpoint, stop_tx, server) = collector().await;
     let (dev, _data) = Proc::dev(&[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)]);
 
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
