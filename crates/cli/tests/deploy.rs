@@ -27,10 +27,14 @@ fn manifests() -> Vec<Value> {
 }
 
 /// The effective configuration for `args`, as the binary computes it.
-fn dump_config(args: &[String]) -> toml::Table {
+fn dump_config(args: &[String], env: &[(String, String)]) -> toml::Table {
     let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
     a.push("--dump-config");
-    let out = std::process::Command::new(BIN).args(&a).output().unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(&a)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "switchyard {a:?} refused: {}",
@@ -40,6 +44,9 @@ fn dump_config(args: &[String]) -> toml::Table {
 }
 
 fn proto_service(role: &str) -> String {
+    if role == "executor" {
+        return "switchyard.executor.v1.JobService".into();
+    }
     format!(
         "switchyard.{role}.v1.{}Service",
         role[..1].to_uppercase() + &role[1..]
@@ -54,7 +61,11 @@ fn kubernetes_workloads_match_the_binary_and_each_other() {
         .iter()
         .filter(|m| m["kind"] == "Deployment" || m["kind"] == "StatefulSet")
         .collect();
-    assert_eq!(workloads.len(), 4, "registry, router, ledger, approval");
+    assert_eq!(
+        workloads.len(),
+        5,
+        "registry, router, ledger, approval, executor"
+    );
 
     for w in workloads {
         let name = w["metadata"]["name"].as_str().unwrap();
@@ -65,7 +76,18 @@ fn kubernetes_workloads_match_the_binary_and_each_other() {
             .iter()
             .map(|a| a.as_str().unwrap().to_owned())
             .collect();
-        let cfg = dump_config(&args);
+        let env: Vec<(String, String)> = c["env"]
+            .as_array()
+            .map(|e| {
+                e.iter()
+                    .map(|v| {
+                        let s = |k: &str| v[k].as_str().unwrap_or_default().to_owned();
+                        (s("name"), s("value"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let cfg = dump_config(&args, &env);
 
         let port = c["ports"][0]["containerPort"].as_i64().unwrap();
         let listen = cfg["server"]["listen"].as_str().unwrap();
@@ -113,7 +135,27 @@ fn kubernetes_workloads_match_the_binary_and_each_other() {
             "{name}"
         );
 
-        if let Some(url) = cfg["router"].get("registry_url").and_then(|u| u.as_str()) {
+        // Every URL a workload calls names a Service and its port.
+        let urls = [
+            cfg["router"].get("registry_url"),
+            cfg["executor"].get("registry_url"),
+            cfg["executor"].get("router_url"),
+            cfg["executor"].get("ledger_url"),
+            cfg["executor"].get("approval_url"),
+        ];
+        let calls = if roles.contains("router") || roles.contains("executor") {
+            urls.iter().flatten().filter_map(|u| u.as_str()).collect()
+        } else {
+            Vec::new()
+        };
+        if roles == "executor" {
+            assert_eq!(
+                calls.len(),
+                4,
+                "{name}: the executor reaches all four services"
+            );
+        }
+        for url in calls {
             let hostport = url.trim_start_matches("http://");
             let (host, port) = hostport.split_once(':').unwrap();
             let reg = services
@@ -139,7 +181,7 @@ fn container_image_default_command_is_accepted() {
         .find_map(|l| l.strip_prefix("CMD "))
         .expect("a CMD line");
     let args: Vec<String> = serde_json::from_str(cmd).unwrap();
-    let cfg = dump_config(&args);
+    let cfg = dump_config(&args, &[]);
     assert_eq!(cfg["server"]["listen"].as_str(), Some("0.0.0.0:7600"));
     assert_eq!(
         cfg["storage"]["data_dir"].as_str(),
