@@ -1109,3 +1109,165 @@ async fn a_deferred_task_runs_once_its_capability_appears_and_retries_keep_one_i
     assert_eq!(r.tasks[0].reason, "DEADLINE_EXCEEDED");
     s.stop().await.unwrap();
 }
+
+fn example(name: &str) -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/jobs");
+    std::fs::read_to_string(root.join(name)).unwrap()
+}
+
+#[tokio::test]
+async fn every_example_job_validates_and_the_paper_analysis_runs_on_the_example_agents() {
+    let (s, mut c) = stack().await;
+    for name in [
+        "log_analysis.json",
+        "paper_analysis.yaml",
+        "echo_chain.yaml",
+        "ojs_research.json",
+        "needs_approval.yaml",
+    ] {
+        let v = c
+            .validate_job(switchyard_proto::executor::v1::ValidateJobRequest {
+                document: example(name),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e:?}"))
+            .into_inner();
+        assert!(!v.order.is_empty(), "{name}");
+    }
+    // The two example agents, served and registered as their binaries do.
+    let (trigger, shutdown) = switchyard_kit::shutdown::channel();
+    let opts = switchyard_agent_sdk::ServeOptions {
+        registry_url: s.url.clone(),
+        ..Default::default()
+    };
+    let mut stats = switchyard_example_agents::spec(
+        "text_stats",
+        "Text statistics",
+        "counts",
+        "text.stats",
+        10,
+    );
+    let mut extract = switchyard_example_agents::spec(
+        "text_extract",
+        "Text extraction",
+        "extracts",
+        "text.extract",
+        20,
+    );
+    let (o1, o2, sd1, sd2) = (opts.clone(), opts, shutdown.clone(), shutdown);
+    let a1 = tokio::spawn(async move {
+        switchyard_agent_sdk::serve_until(switchyard_example_agents::TextStats, &mut stats, o1, sd1)
+            .await
+    });
+    let a2 = tokio::spawn(async move {
+        switchyard_agent_sdk::serve_until(switchyard_example_agents::Extract, &mut extract, o2, sd2)
+            .await
+    });
+    for _ in 0..200 {
+        let v = c
+            .validate_job(switchyard_proto::executor::v1::ValidateJobRequest {
+                document: example("paper_analysis.yaml"),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if v.routes.iter().all(|r| !r.agent_id.is_empty()) {
+            assert_eq!(
+                v.estimated_cost.unwrap().micro_usd,
+                90,
+                "(20 + 10 + 0) x 3 attempts"
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let mut sub = tonic::Request::new(SubmitJobRequest {
+        document: example("paper_analysis.yaml"),
+        ..Default::default()
+    });
+    sub.metadata_mut()
+        .insert("x-switchyard-actor", "@alice".parse().unwrap());
+    let job = c.submit_job(sub).await.unwrap().into_inner().job.unwrap();
+    assert_eq!(
+        job.state,
+        JobState::Pending as i32,
+        "priced agents: a person decides"
+    );
+    let mut a = approvals(&s).await;
+    a.approve(as_actor(
+        switchyard_proto::approval::v1::ApproveRequest {
+            run_id: job.run_id.clone(),
+            comment: String::new(),
+        },
+        "@bob",
+    ))
+    .await
+    .unwrap();
+    let r = finish(&mut c, &id(&job)).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let out = switchyard_kit::json::value_to_json(r.result.as_ref().unwrap());
+    let agg = &out["subtask_3"];
+    assert_eq!(
+        agg["links"],
+        serde_json::json!(["https://example.org/routing"])
+    );
+    assert_eq!(agg["top_terms"][0]["term"], "agents");
+    assert!(
+        agg["findings"]["limitation"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("A limitation is the small fleet")
+    );
+    assert_eq!(
+        r.cost.unwrap().micro_usd,
+        30,
+        "each agent's price, committed once"
+    );
+    trigger.fire();
+    a1.await.unwrap().unwrap();
+    a2.await.unwrap().unwrap();
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_scheduled_job_waits_for_its_time_and_a_passed_deadline_stops_a_task_from_starting() {
+    let (s, mut c) = stack().await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let doc = format!(
+        r#"{{"job_id":"later-on","scheduled_at":{},"tasks":[{{"id":"a","command":{{"command":"true"}}}}]}}"#,
+        now + 2
+    );
+    let j = submit(&mut c, &doc).await.unwrap();
+    assert_eq!(j.state, JobState::Scheduled as i32);
+    let r = finish(&mut c, "later-on").await;
+    assert_eq!(r.state, JobState::Completed as i32);
+    let started = ms(&c
+        .get_job(GetJobRequest {
+            job_id: "later-on".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap()
+        .started_at);
+    assert!(started >= (now + 2) * 1000, "not before scheduled_at");
+
+    let doc = format!(
+        r#"{{"job_id":"too-late","deadline":{},"tasks":[{{"id":"a","command":{{"command":"true"}}}}]}}"#,
+        now - 60
+    );
+    submit(&mut c, &doc).await.unwrap();
+    let r = finish(&mut c, "too-late").await;
+    assert_eq!(
+        (r.state, r.tasks[0].reason.as_str()),
+        (JobState::Discarded as i32, "DEADLINE_EXCEEDED")
+    );
+    assert!(r.tasks[0].attempts.is_empty(), "it never started");
+    s.stop().await.unwrap();
+}

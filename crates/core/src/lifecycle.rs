@@ -141,8 +141,9 @@ machine! {
     terminal [Succeeded, Failed, Skipped, Cancelled]
     table {
         Waiting => [Ready, Skipped, Cancelled],
-        // ready -> waiting: none; ready -> skipped: fail-fast before it started.
-        Ready => [Running, Skipped, Cancelled],
+        // ready -> skipped: fail-fast before it started; ready -> failed: its
+        // deadline passed before it could start.
+        Ready => [Running, Skipped, Cancelled, Failed],
         // running -> ready: the executor restarted mid-attempt and runs it again.
         Running => [Succeeded, Failed, Retrying, Deferred, Cancelled, Ready],
         Retrying => [Running, Failed, Cancelled],
@@ -179,7 +180,7 @@ mod tests {
         matches!(
             (from, to),
             (Waiting, Ready | Skipped | Cancelled)
-                | (Ready, Running | Skipped | Cancelled)
+                | (Ready, Running | Skipped | Cancelled | Failed)
                 | (
                     Running,
                     Succeeded | Failed | Retrying | Deferred | Cancelled | Ready

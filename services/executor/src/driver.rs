@@ -479,6 +479,21 @@ impl Executor {
                 continue;
             }
             let spec = &e.spec().tasks[i];
+            let deadline = [spec.deadline.as_ref(), e.spec().deadline.as_ref()]
+                .into_iter()
+                .flatten()
+                .map(switchyard_kit::time::timestamp_ms)
+                .min();
+            if deadline.is_some_and(|d| d < now) {
+                let why = "the deadline passed before the task could start";
+                g = self.move_task(
+                    st,
+                    job_id,
+                    i,
+                    Change::to(TaskState::Failed).because(Reason::DeadlineExceeded, why),
+                )?;
+                continue;
+            }
             let timeout_secs = match &spec.fallback {
                 Some(f) if e.extended.contains(&spec.id) && f.extended_timeout_seconds > 0 => {
                     f.extended_timeout_seconds
