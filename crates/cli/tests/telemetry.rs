@@ -2,6 +2,8 @@
 //! OTLP collector, continues the caller's W3C trace, is named
 //! `<service>.<rpc>` and carries the correlation id.
 
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 use std::sync::{Arc, Mutex};
