@@ -86,10 +86,13 @@ struct Snapshot {
     correlation_id: String,
     delegation_depth: u32,
     attempt: u32,
+    /// Log position of the attempt's start: nothing with an effect outside
+    /// the executor happens before it is durable.
+    start_g: u64,
 }
 
 /// One scheduling step: the last event, the next timer, whether every task
-/// is final, and the attempts to start once the step is durable.
+/// is final, and the attempts to start.
 struct Step {
     g: u64,
     next_wake: Option<u64>,
@@ -511,7 +514,8 @@ impl Executor {
                 None,
             );
             g = self.move_task(st, job_id, i, Change::to(TaskState::Running))?;
-            let snap = self.snapshot(st, job_id, i, attempt)?;
+            let mut snap = self.snapshot(st, job_id, i, attempt)?;
+            snap.start_g = g;
             starts.push((i, snap, Duration::from_secs(u64::from(timeout_secs))));
         }
         let e = st
@@ -569,6 +573,7 @@ impl Executor {
             delegation_depth: spec.delegation.as_ref().map_or(0, |d| d.depth),
             attempt,
             task,
+            start_g: 0,
         })
     }
 
@@ -993,6 +998,9 @@ impl Executor {
                 json!({"stream": stream, "chunk": String::from_utf8_lossy(chunk)}),
             );
         };
+        if let Err(e) = self.durable(snap.start_g).await {
+            return Outcome::fail(Class::Other, Reason::StorageFailure, e.to_string());
+        }
         let ran = command::run(
             &program,
             &args,
@@ -1079,13 +1087,10 @@ impl Executor {
         self.flush_soon(g);
     }
 
-    pub(crate) fn flush_soon(&self, g: u64) {
-        let me = self.clone();
-        tokio::spawn(async move {
-            if let Err(e) = me.durable(g).await {
-                tracing::warn!(error = %e, "flushing job events");
-            }
-        });
+    /// Asks the background flusher to make the log durable soon; one
+    /// flush covers every event recorded until it starts.
+    pub(crate) fn flush_soon(&self, _g: u64) {
+        self.inner.flush_wanted.notify_one();
     }
 
     async fn agent_attempt(
@@ -1210,6 +1215,10 @@ impl Executor {
             let rid = reservation.reservation_id.clone();
             self.event(job_id, task_id, kind::RESERVED, json!({"reservation_id": rid, "tokens": tokens, "cost_micro_usd": cost, "agent_id": c.agent_id}));
 
+            if let Err(e) = self.durable(snap.start_g).await {
+                self.release(job_id, task_id, &rid, "storage failed").await;
+                return Outcome::fail(Class::Other, Reason::StorageFailure, e.to_string());
+            }
             let started = Instant::now();
             let called = self
                 .call_agent(job_id, snap, a, c, &input, tokens, timeout)
@@ -1223,9 +1232,18 @@ impl Executor {
                     success,
                     latency: Some(switchyard_kit::time::duration(millis(latency))),
                 };
-                tokio::spawn(async move {
-                    let _ = registry.report_outcome(req).await;
-                });
+                // In-process it is a quick in-memory update; over gRPC it must
+                // not hold up the task.
+                match registry {
+                    switchyard_registry::RegistryClient::Local(_) => {
+                        let _ = futures_util::FutureExt::now_or_never(registry.report_outcome(req));
+                    }
+                    remote => {
+                        tokio::spawn(async move {
+                            let _ = remote.report_outcome(req).await;
+                        });
+                    }
+                }
             };
             let call_event = |status: &str, error: &str| {
                 self.event(job_id, task_id, kind::AGENT_CALL, json!({"agent_id": c.agent_id, "status": status, "latency_ms": millis(latency), "error": error}));

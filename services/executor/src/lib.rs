@@ -399,6 +399,8 @@ struct Inner {
     shutdown: Shutdown,
     /// Bumped whenever a job finishes (for waiters such as CancelJob).
     finished: tokio::sync::watch::Sender<u64>,
+    /// Wakes the background flusher of events nobody waits for.
+    flush_wanted: tokio::sync::Notify,
 }
 
 /// The executor service.
@@ -486,6 +488,7 @@ impl Executor {
                 max_message_bytes,
                 shutdown,
                 finished: tokio::sync::watch::channel(0).0,
+                flush_wanted: tokio::sync::Notify::new(),
             }),
         })
     }
@@ -523,6 +526,20 @@ impl Executor {
                 keep_builtins_registered(registry, builtin::spec(&endpoint), shutdown).await;
             });
         }
+        // Flushes events recorded without a waiter (progress, output, routing).
+        let me = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = me.inner.flush_wanted.notified() => {}
+                    _ = me.inner.shutdown.wait() => return,
+                }
+                let g = me.inner.events.last();
+                if let Err(e) = me.durable(g).await {
+                    tracing::warn!(error = %e, "flushing job events");
+                }
+            }
+        });
         let me = self.clone();
         self.inner.shutdown.spawn_every(
             Duration::from_millis(self.inner.cfg.approval_poll_ms),
@@ -667,6 +684,10 @@ impl Executor {
     /// Waits until the log is durable up to `g`, then tells each job's
     /// watchers how far its events are durable.
     async fn durable(&self, g: u64) -> Result<(), ExecutorError> {
+        if self.inner.events.durable() >= g {
+            // Already on disk; whoever flushed it told the watchers.
+            return Ok(());
+        }
         self.inner.events.make_durable(g).await?;
         let upto = self.inner.events.durable();
         let mut st = self.lock();
