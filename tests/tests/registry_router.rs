@@ -26,9 +26,16 @@ async fn clients(
     )
 }
 
+/// Just the services under test (no executor registering its built-in agents).
+async fn registry_and_router() -> Stack {
+    Stack::start_with(&[ServiceKind::Registry, ServiceKind::Router], |_| {})
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn register_route_and_fall_back_to_next_best_with_exclude() {
-    let s = Stack::start().await.unwrap();
+    let s = registry_and_router().await;
     let (mut reg, mut router) = clients(&s).await;
     register(&mut reg, agent("best", "pdf_text_extraction", 95, 1_000)).await;
     register(&mut reg, agent("second", "pdf_text_extraction", 80, 1_000)).await;
@@ -135,7 +142,7 @@ async fn lapsed_agents_leave_routing_and_return_on_heartbeat() {
 
 #[tokio::test]
 async fn invalid_input_carries_error_info_and_field_violations() {
-    let s = Stack::start().await.unwrap();
+    let s = registry_and_router().await;
     let (mut reg, _) = clients(&s).await;
     let mut bad = agent("Bad Id", "x", 101, -5);
     bad.endpoint = "not-a-url".into();
@@ -200,7 +207,7 @@ async fn oversized_request_is_resource_exhausted_and_server_keeps_serving() {
 
 #[tokio::test]
 async fn correlation_id_is_taken_from_metadata_or_generated_and_echoed() {
-    let s = Stack::start().await.unwrap();
+    let s = registry_and_router().await;
     let (mut reg, _) = clients(&s).await;
     let mut req = tonic::Request::new(ListAgentsRequest::default());
     req.metadata_mut()
@@ -231,7 +238,7 @@ async fn correlation_id_is_taken_from_metadata_or_generated_and_echoed() {
 
 #[tokio::test]
 async fn registry_state_survives_a_restart_on_the_same_data_dir() {
-    let s = Stack::start().await.unwrap();
+    let s = registry_and_router().await;
     let (mut reg, _) = clients(&s).await;
     register(&mut reg, agent("durable", "x", 80, 0)).await;
     let dir = s.stop().await.unwrap();
@@ -260,7 +267,7 @@ async fn registry_state_survives_a_restart_on_the_same_data_dir() {
 #[tokio::test]
 async fn watch_over_grpc_resumes_from_revision() {
     use tokio_stream::StreamExt;
-    let s = Stack::start().await.unwrap();
+    let s = registry_and_router().await;
     let (mut reg, _) = clients(&s).await;
     register(&mut reg, agent("a", "x", 80, 0)).await;
     let mut w = reg
