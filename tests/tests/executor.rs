@@ -173,6 +173,19 @@ async fn approvals(
     )
 }
 
+/// Approves a run as `who`.
+async fn approve(
+    a: &mut switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient<Channel>,
+    run_id: &str,
+    who: &str,
+) {
+    let req = switchyard_proto::approval::v1::ApproveRequest {
+        run_id: run_id.into(),
+        comment: "ok".into(),
+    };
+    a.approve(as_actor(req, who)).await.unwrap();
+}
+
 fn as_actor<T>(msg: T, who: &str) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
     r.metadata_mut()
@@ -350,15 +363,7 @@ async fn seed_000_ojs_fields_are_validated_and_llm_tasks_fail_cleanly_without_a_
         "unknown ext_agent_* kept"
     );
     let mut a = approvals(&s).await;
-    a.approve(as_actor(
-        switchyard_proto::approval::v1::ApproveRequest {
-            run_id: job.run_id.clone(),
-            comment: "ok".into(),
-        },
-        "@reviewer",
-    ))
-    .await
-    .unwrap();
+    approve(&mut a, &job.run_id, "@reviewer").await;
     let r = finish(&mut c, &id(&job)).await;
     assert_eq!(r.state, JobState::Discarded as i32);
     assert_eq!(r.reason, "LLM_PROVIDER_NOT_CONFIGURED");
@@ -713,15 +718,7 @@ async fn nothing_runs_before_approval_and_a_rejection_cancels_the_job() {
         switchyard_kit::error::ApiError::from(own).reason.as_deref(),
         Some("SEPARATION_OF_DUTIES")
     );
-    a.approve(as_actor(
-        switchyard_proto::approval::v1::ApproveRequest {
-            run_id: j.run_id.clone(),
-            comment: "fine".into(),
-        },
-        "@bob",
-    ))
-    .await
-    .unwrap();
+    approve(&mut a, &j.run_id, "@bob").await;
     let r = finish(&mut c, "gated").await;
     assert_eq!(r.state, JobState::Completed as i32);
     let evs = events(&mut c, "gated", 0).await;
@@ -1010,15 +1007,7 @@ async fn a_deferred_task_runs_once_its_capability_appears_and_retries_keep_one_i
         "no agent yet: the cost is unknown, a person decides"
     );
     let mut a = approvals(&s).await;
-    a.approve(as_actor(
-        switchyard_proto::approval::v1::ApproveRequest {
-            run_id: job.run_id.clone(),
-            comment: String::new(),
-        },
-        "@bob",
-    ))
-    .await
-    .unwrap();
+    approve(&mut a, &job.run_id, "@bob").await;
     let mut watch = c
         .watch_job(WatchJobRequest {
             job_id: "later".into(),
@@ -1095,15 +1084,7 @@ async fn a_deferred_task_runs_once_its_capability_appears_and_retries_keep_one_i
         "fallback":{{"on_capability_unavailable":{{"strategy":"DEFER","interval_seconds":1}}}}}}]}}"#
     );
     let job = submit(&mut c, &doc).await.unwrap();
-    a.approve(as_actor(
-        switchyard_proto::approval::v1::ApproveRequest {
-            run_id: job.run_id.clone(),
-            comment: String::new(),
-        },
-        "@bob",
-    ))
-    .await
-    .unwrap();
+    approve(&mut a, &job.run_id, "@bob").await;
     let r = finish(&mut c, "never").await;
     assert_eq!(r.state, JobState::Discarded as i32);
     assert_eq!(r.tasks[0].reason, "DEADLINE_EXCEEDED");
@@ -1196,15 +1177,7 @@ async fn every_example_job_validates_and_the_paper_analysis_runs_on_the_example_
         "priced agents: a person decides"
     );
     let mut a = approvals(&s).await;
-    a.approve(as_actor(
-        switchyard_proto::approval::v1::ApproveRequest {
-            run_id: job.run_id.clone(),
-            comment: String::new(),
-        },
-        "@bob",
-    ))
-    .await
-    .unwrap();
+    approve(&mut a, &job.run_id, "@bob").await;
     let r = finish(&mut c, &id(&job)).await;
     assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
     let out = switchyard_kit::json::value_to_json(r.result.as_ref().unwrap());

@@ -30,7 +30,7 @@ async fn clients(
 async fn registry_and_router() -> Stack {
     Stack::start_with(&[ServiceKind::Registry, ServiceKind::Router], |_| {})
         .await
-        .unwrap()
+        .expect("stack starts")
 }
 
 #[tokio::test]

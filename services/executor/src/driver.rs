@@ -406,31 +406,30 @@ impl Executor {
                     TaskState::Failed | TaskState::Skipped | TaskState::Cancelled
                 )
             });
-            match s {
+            // Fail-fast: what has not started is skipped, what waits to retry stops.
+            let stop = match s {
                 TaskState::Waiting | TaskState::Ready if failed.is_some() || upstream_bad => {
-                    let why = format!(
-                        "not run: task {:?} failed (fail-fast)",
-                        failed.clone().unwrap_or_default()
-                    );
-                    g = self.move_task(
-                        st,
-                        job_id,
-                        i,
-                        Change::to(TaskState::Skipped).because(Reason::UpstreamFailed, &why),
-                    )?;
+                    Some((TaskState::Skipped, "not run"))
                 }
                 TaskState::Retrying | TaskState::Deferred if failed.is_some() => {
-                    let why = format!(
-                        "stopped: task {:?} failed (fail-fast)",
-                        failed.clone().unwrap_or_default()
-                    );
-                    g = self.move_task(
-                        st,
-                        job_id,
-                        i,
-                        Change::to(TaskState::Cancelled).because(Reason::UpstreamFailed, &why),
-                    )?;
+                    Some((TaskState::Cancelled, "stopped"))
                 }
+                _ => None,
+            };
+            if let Some((to, what)) = stop {
+                let why = match &failed {
+                    Some(id) => format!("{what}: task {id:?} failed (fail-fast)"),
+                    None => format!("{what}: a task it depends on did not succeed"),
+                };
+                g = self.move_task(
+                    st,
+                    job_id,
+                    i,
+                    Change::to(to).because(Reason::UpstreamFailed, &why),
+                )?;
+                continue;
+            }
+            match s {
                 TaskState::Waiting if deps.iter().all(|d| *d == TaskState::Succeeded) => {
                     g = self.move_task(st, job_id, i, Change::to(TaskState::Ready))?;
                 }

@@ -962,17 +962,7 @@ impl Executor {
             );
             let mut start = false;
             if let Some(by) = auto {
-                self.record(
-                    &mut st,
-                    &job_id,
-                    "",
-                    kind::APPROVAL_DECIDED,
-                    json!({"status": "approved", "by": by}),
-                    None,
-                );
-                let (to, go) = self.after_approval(&spec, now);
-                g = self.move_job(&mut st, &job_id, to, Reason::InvalidArgument, "")?;
-                start = go;
+                (g, start) = self.approved(&mut st, &job_id, &by, now)?;
             }
             (g, start)
         };
@@ -994,6 +984,35 @@ impl Executor {
             .map(|b| b.parent_budget_id.clone())
             .filter(|p| !p.is_empty())
             .unwrap_or_else(|| self.inner.cfg.default_parent_budget.clone())
+    }
+
+    /// Records the approval of a pending job and moves it on; returns the
+    /// last event and whether it may start now.
+    fn approved(
+        &self,
+        st: &mut State,
+        job_id: &str,
+        by: &str,
+        now: u64,
+    ) -> Result<(u64, bool), ExecutorError> {
+        let spec = st
+            .jobs
+            .get(job_id)
+            .ok_or_else(|| ExecutorError::NotFound(job_id.into()))?
+            .spec();
+        let (to, go) = self.after_approval(spec, now);
+        self.record(
+            st,
+            job_id,
+            "",
+            kind::APPROVAL_DECIDED,
+            json!({"status": "approved", "by": by}),
+            None,
+        );
+        Ok((
+            self.move_job(st, job_id, to, Reason::InvalidArgument, "")?,
+            go,
+        ))
     }
 
     /// Where an approved job goes: scheduled (not due yet) or available.
@@ -1196,17 +1215,7 @@ impl Executor {
                         if entry.state() != JobState::Pending {
                             continue;
                         }
-                        let (to, go) = self.after_approval(entry.spec(), now);
-                        self.record(
-                            &mut st,
-                            &job_id,
-                            "",
-                            kind::APPROVAL_DECIDED,
-                            json!({"status": "approved", "by": by}),
-                            None,
-                        );
-                        let g = self.move_job(&mut st, &job_id, to, Reason::InvalidArgument, "")?;
-                        (g, go)
+                        self.approved(&mut st, &job_id, &by, now)?
                     };
                     self.durable(go.0).await?;
                     if go.1 {
