@@ -746,7 +746,19 @@ impl Executor {
     }
 
     /// Every task is final: the job ends, and so does its approval run.
+    /// Waits for the job's background releases, so its final state stays
+    /// its last event.
+    async fn settled(&self, job_id: &str) {
+        let pending = lock(&self.inner.settling)
+            .remove(job_id)
+            .unwrap_or_default();
+        for h in pending {
+            let _ = h.await;
+        }
+    }
+
     async fn finish(&self, job_id: &str, run_id: &str) -> Result<(), ExecutorError> {
+        self.settled(job_id).await;
         let (to, reason, error) = {
             let st = self.lock();
             let e = st
@@ -830,6 +842,7 @@ impl Executor {
         who: Option<String>,
     ) -> Result<(), ExecutorError> {
         // Release first, so the job's last event is its final state.
+        self.settled(job_id).await;
         let open: Vec<(String, String)> = self
             .lock()
             .jobs
@@ -1325,7 +1338,18 @@ impl Executor {
                         )
                         .await;
                     } else {
-                        self.release(job_id, task_id, &rid, "nothing used").await;
+                        // Nothing to account for: release off the task's
+                        // path; the job's end waits for it.
+                        let me = self.clone();
+                        let (job, task, rid) = (job_id.to_owned(), task_id.to_owned(), rid.clone());
+                        let h = tokio::spawn(
+                            async move { me.release(&job, &task, &rid, "nothing used").await }
+                                .in_current_span(),
+                        );
+                        lock(&self.inner.settling)
+                            .entry(job_id.to_owned())
+                            .or_default()
+                            .push(h);
                     }
                     if status == ResponseStatus::Success {
                         call_event("success", "");

@@ -401,6 +401,8 @@ struct Inner {
     finished: tokio::sync::watch::Sender<u64>,
     /// Wakes the background flusher of events nobody waits for.
     flush_wanted: tokio::sync::Notify,
+    /// Releases running in the background, by job.
+    settling: Mutex<HashMap<String, Vec<tokio::task::JoinHandle<()>>>>,
 }
 
 /// The executor service.
@@ -489,6 +491,7 @@ impl Executor {
                 shutdown,
                 finished: tokio::sync::watch::channel(0).0,
                 flush_wanted: tokio::sync::Notify::new(),
+                settling: Mutex::new(HashMap::new()),
             }),
         })
     }
