@@ -1244,3 +1244,43 @@ async fn a_scheduled_job_waits_for_its_time_and_a_passed_deadline_stops_a_task_f
     assert!(r.tasks[0].attempts.is_empty(), "it never started");
     s.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn jobs_survive_a_restart_even_when_the_config_no_longer_allows_them() {
+    let (s, mut c) = stack().await;
+    submit(&mut c, r#"{"job_id":"kept","tasks":[{"id":"a","command":{"command":"sh","args":["-c","echo hi"]}}]}"#).await.unwrap();
+    let before = finish(&mut c, "kept").await;
+    assert_eq!(before.state, JobState::Completed as i32);
+    let all_before = events(&mut c, "kept", 0).await;
+    let dir = s.stop().await.unwrap();
+    // `sh` is no longer on the allowlist: the accepted job still loads, as it was.
+    let path = dir.path().to_path_buf();
+    let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |cfg| {
+        cfg.storage.data_dir = path
+    })
+    .await
+    .unwrap();
+    let mut c = JobServiceClient::new(s.channel().await.unwrap());
+    let after = c
+        .get_result(GetResultRequest {
+            job_id: "kept".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(after.state, JobState::Completed as i32);
+    assert_eq!(stdout(&after, "a"), "hi\n");
+    assert_eq!(
+        events(&mut c, "kept", 0).await,
+        all_before,
+        "the log replays as it was written"
+    );
+    let e = submit(&mut c, r#"{"job_id":"new","tasks":[{"id":"a","command":{"command":"sh","args":["-c","echo hi"]}}]}"#).await.unwrap_err();
+    assert_eq!(
+        invalid(&e).0,
+        "COMMAND_NOT_ALLOWED",
+        "new jobs follow the new config"
+    );
+    s.stop().await.unwrap();
+    drop(dir);
+}

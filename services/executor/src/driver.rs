@@ -280,12 +280,7 @@ impl Executor {
             .get(job_id)
             .map(|e| e.spec().files.clone())
             .unwrap_or_default();
-        let io = |e: std::io::Error| {
-            ExecutorError::Storage(switchyard_store::StoreError::Io(format!(
-                "scratch directory {}: {e}",
-                dir.display()
-            )))
-        };
+        let io = |e: std::io::Error| ExecutorError::Scratch(format!("{}: {e}", dir.display()));
         std::fs::create_dir_all(dir).map_err(io)?;
         for (name, bytes) in files {
             std::fs::write(dir.join(name), bytes).map_err(io)?;

@@ -258,6 +258,9 @@ pub enum ExecutorError {
     /// Storage failed.
     #[error("storage: {0}")]
     Storage(#[from] StoreError),
+    /// The job's scratch directory could not be prepared.
+    #[error("scratch directory: {0}")]
+    Scratch(String),
 }
 
 impl From<ExecutorError> for Status {
@@ -293,6 +296,7 @@ impl From<ExecutorError> for Status {
                 Status::with_details(status.code(), msg, status.details().to_vec().into())
             }
             ExecutorError::Storage(_) => status(Code::Internal, Reason::StorageFailure, msg),
+            ExecutorError::Scratch(_) => status(Code::Internal, Reason::Internal, msg),
         }
     }
 }
@@ -451,8 +455,10 @@ impl Executor {
             let Some(spec) = job.spec.clone() else {
                 continue;
             };
-            // Stored specs were validated when accepted.
-            let dag = spec::validate(&spec, &cfg.rules()).map_err(ExecutorError::Invalid)?;
+            // Stored specs were validated when accepted; only their graph is
+            // rebuilt, so a later config change (say, a shorter allowlist)
+            // cannot stop accepted jobs from loading.
+            let dag = spec::dag(&spec).map_err(ExecutorError::Invalid)?;
             let created = job
                 .created_at
                 .as_ref()
@@ -890,9 +896,7 @@ impl Executor {
         {
             let mut st = self.lock();
             if let Some(existing) = st.jobs.get(&job_id) {
-                return if existing.context_hash == hash
-                    || spec::context_hash(existing.spec()) == hash
-                {
+                return if existing.context_hash == hash {
                     Ok(SubmitJobResponse {
                         job: Some(existing.job.clone()),
                         created: false,

@@ -181,19 +181,10 @@ pub fn validate(spec: &JobSpec, rules: &Rules<'_>) -> Result<Dag, FormatError> {
         check_task(&mut v, &mut reason, &mut specific, i, t, rules);
     }
     let dag = if v.is_empty() {
-        let nodes: Vec<Node<'_>> = spec
-            .tasks
-            .iter()
-            .map(|t| Node {
-                id: &t.id,
-                depends_on: &t.depends_on,
-                priority: t.priority,
-            })
-            .collect();
-        match Dag::build(&nodes) {
+        match dag(spec) {
             Ok(d) => Some(d),
             Err(e) => {
-                v.0.extend(e.0);
+                v.0.extend(e.violations.0);
                 None
             }
         }
@@ -378,6 +369,23 @@ fn check_task(
             }
         }
     }
+}
+
+/// The task graph of a spec (ids, dependencies, no cycles).
+pub fn dag(spec: &JobSpec) -> Result<Dag, FormatError> {
+    let nodes: Vec<Node<'_>> = spec
+        .tasks
+        .iter()
+        .map(|t| Node {
+            id: &t.id,
+            depends_on: &t.depends_on,
+            priority: t.priority,
+        })
+        .collect();
+    Dag::build(&nodes).map_err(|violations| FormatError {
+        reason: Reason::InvalidArgument,
+        violations,
+    })
 }
 
 /// The templated inputs of a task, as JSON, with where they sit.
