@@ -385,6 +385,8 @@ struct State {
     drivers: HashMap<String, Arc<Control>>,
     /// Jobs with events not yet known durable.
     dirty: std::collections::HashSet<String>,
+    /// Jobs waiting for approval or their scheduled time (what the poller checks).
+    waiting: std::collections::BTreeSet<String>,
 }
 
 struct Inner {
@@ -479,6 +481,12 @@ impl Executor {
         for e in st.jobs.values_mut() {
             e.durable_to.send_replace(e.job.last_sequence);
         }
+        st.waiting = st
+            .jobs
+            .values()
+            .filter(|e| matches!(e.state(), JobState::Pending | JobState::Scheduled))
+            .map(|e| e.id().to_owned())
+            .collect();
         let spec = builtin::spec("");
         Ok(Executor {
             inner: Arc::new(Inner {
@@ -610,6 +618,11 @@ impl Executor {
             data: state::data(data),
         };
         entry.apply(&ev, |_| stored.cloned());
+        if matches!(entry.state(), JobState::Pending | JobState::Scheduled) {
+            st.waiting.insert(job_id.to_owned());
+        } else {
+            st.waiting.remove(job_id);
+        }
         tracing::debug!(job_id, task_id, kind, sequence = ev.sequence, "job event");
         entry.cache.push(ev.clone());
         let (g, _) = self.inner.events.append(|_| ev);
@@ -1164,20 +1177,19 @@ impl Executor {
         let now = self.now();
         let (pending, due): (Vec<(String, String)>, Vec<String>) = {
             let st = self.lock();
-            let pending = st
-                .jobs
-                .values()
-                .filter(|e| e.state() == JobState::Pending && !e.job.run_id.is_empty())
-                .map(|e| (e.id().to_owned(), e.job.run_id.clone()))
-                .collect();
-            let due = st
-                .jobs
-                .values()
-                .filter(|e| {
-                    e.state() == JobState::Scheduled && self.after_approval(e.spec(), now).1
-                })
-                .map(|e| e.id().to_owned())
-                .collect();
+            let waiting = st.waiting.iter().filter_map(|id| st.jobs.get(id));
+            let (mut pending, mut due) = (Vec::new(), Vec::new());
+            for e in waiting {
+                match e.state() {
+                    JobState::Pending if !e.job.run_id.is_empty() => {
+                        pending.push((e.id().to_owned(), e.job.run_id.clone()))
+                    }
+                    JobState::Scheduled if self.after_approval(e.spec(), now).1 => {
+                        due.push(e.id().to_owned())
+                    }
+                    _ => {}
+                }
+            }
             (pending, due)
         };
         for id in due {
