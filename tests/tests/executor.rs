@@ -173,6 +173,23 @@ async fn approvals(
     )
 }
 
+/// A run's status.
+async fn run_status(
+    a: &mut switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient<Channel>,
+    run_id: &str,
+) -> i32 {
+    let req = switchyard_proto::approval::v1::GetRunRequest {
+        run_id: run_id.into(),
+    };
+    a.get_run(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap()
+        .status
+}
+
 /// Approves a run as `who`.
 async fn approve(
     a: &mut switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient<Channel>,
@@ -729,17 +746,8 @@ async fn nothing_runs_before_approval_and_a_rejection_cancels_the_job() {
     assert_eq!(field(&evs[decided], "by"), "@bob");
     let first_call = evs.iter().position(|e| e.kind == "agent.call").unwrap();
     assert!(decided < first_call);
-    let run = a
-        .get_run(switchyard_proto::approval::v1::GetRunRequest {
-            run_id: j.run_id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .run
-        .unwrap();
     assert_eq!(
-        run.status,
+        run_status(&mut a, &j.run_id).await,
         switchyard_proto::approval::v1::RunStatus::Completed as i32,
         "the executor completed its run"
     );
@@ -837,17 +845,8 @@ async fn cancelling_stops_running_work_and_cancels_the_run() {
     let released = evs.iter().filter(|e| e.kind == "budget.released").count();
     assert_eq!((reserved, released), (1, 1));
     let mut a = approvals(&s).await;
-    let run = a
-        .get_run(switchyard_proto::approval::v1::GetRunRequest {
-            run_id: j.run_id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .run
-        .unwrap();
     assert_eq!(
-        run.status,
+        run_status(&mut a, &j.run_id).await,
         switchyard_proto::approval::v1::RunStatus::Cancelled as i32
     );
     // A finished job cannot be cancelled again.

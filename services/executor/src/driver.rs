@@ -142,6 +142,20 @@ impl Executor {
         context::scope(ctx, run.instrument(span)).await;
     }
 
+    /// Renews this worker's claim on the job's approval run.
+    async fn renew(&self, run_id: &str) -> Result<ap::RenewClaimResponse, tonic::Status> {
+        let cfg = &self.inner.cfg;
+        self.inner
+            .clients
+            .approval
+            .renew_claim(ap::RenewClaimRequest {
+                run_id: run_id.into(),
+                worker_id: cfg.worker_id.clone(),
+                lease_secs: cfg.lease_secs,
+            })
+            .await
+    }
+
     async fn claim(&self, run_id: &str, ctl: &Control) -> Claimed {
         let cfg = &self.inner.cfg;
         let approval = &self.inner.clients.approval;
@@ -167,14 +181,7 @@ impl Executor {
             match err.known_reason() {
                 // Already running: ours from before a restart, if the lease holds.
                 Some(Reason::TransitionNotAllowed | Reason::RunAlreadyInStatus) => {
-                    let renewed = approval
-                        .renew_claim(ap::RenewClaimRequest {
-                            run_id: run_id.into(),
-                            worker_id: cfg.worker_id.clone(),
-                            lease_secs: cfg.lease_secs,
-                        })
-                        .await;
-                    if renewed.is_ok() {
+                    if self.renew(run_id).await.is_ok() {
                         return Claimed::Yes;
                     }
                 }
@@ -349,10 +356,7 @@ impl Executor {
                 _ = tokio::time::sleep(sleep) => {}
                 _ = ctl.wake.notified() => {}
                 _ = renew.tick() => {
-                    let r = self.inner.clients.approval
-                        .renew_claim(ap::RenewClaimRequest { run_id: run_id.into(), worker_id: cfg.worker_id.clone(), lease_secs: cfg.lease_secs })
-                        .await;
-                    if let Err(e) = r {
+                    if let Err(e) = self.renew(run_id).await {
                         tracing::warn!(job_id, error = %e.message(), "renewing approval claim");
                     }
                 }
