@@ -920,22 +920,12 @@ async fn watch_replays_a_finished_job_and_resumes_after_any_sequence() {
 async fn a_client_job_id_is_idempotent_for_the_same_spec_only() {
     let (s, mut c) = stack().await;
     let doc = r#"{"job_id":"same","tasks":[{"id":"a","command":{"command":"true"}}]}"#;
-    let first = c
-        .submit_job(SubmitJobRequest {
-            document: doc.into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let again = c
-        .submit_job(SubmitJobRequest {
-            document: doc.into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let req = || SubmitJobRequest {
+        document: doc.into(),
+        ..Default::default()
+    };
+    let first = c.submit_job(req()).await.unwrap().into_inner();
+    let again = c.submit_job(req()).await.unwrap().into_inner();
     assert!(first.created && !again.created);
     assert_eq!(
         id(first.job.as_ref().unwrap()),

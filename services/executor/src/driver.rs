@@ -1259,6 +1259,16 @@ impl Executor {
             let call_event = |status: &str, error: &str| {
                 self.event(job_id, task_id, kind::AGENT_CALL, json!({"agent_id": c.agent_id, "status": status, "latency_ms": millis(latency), "error": error}));
             };
+            // The agent answered ERROR (or its call failed): the retry policy decides.
+            let agent_error = |msg: String| {
+                call_event("error", &msg);
+                report(false);
+                Outcome::fail(
+                    Class::Other,
+                    Reason::AgentError,
+                    format!("agent {}: {msg}", c.agent_id),
+                )
+            };
             match called {
                 Err(CallError::Timeout) => {
                     self.release(job_id, task_id, &rid, "agent call timed out")
@@ -1293,13 +1303,7 @@ impl Executor {
                 Err(CallError::Failed(msg)) => {
                     self.release(job_id, task_id, &rid, "agent call failed")
                         .await;
-                    call_event("error", &msg);
-                    report(false);
-                    return Outcome::fail(
-                        Class::Other,
-                        Reason::AgentError,
-                        format!("agent {}: {msg}", c.agent_id),
-                    );
+                    return agent_error(msg);
                 }
                 Ok(resp) => {
                     let status = ResponseStatus::try_from(resp.status)
@@ -1381,13 +1385,7 @@ impl Executor {
                     } else {
                         resp.error.clone()
                     };
-                    call_event("error", &msg);
-                    report(false);
-                    return Outcome::fail(
-                        Class::Other,
-                        Reason::AgentError,
-                        format!("agent {}: {msg}", c.agent_id),
-                    );
+                    return agent_error(msg);
                 }
             }
         }

@@ -24,6 +24,20 @@ fn rules(commands: &[String]) -> Rules<'_> {
     }
 }
 
+/// Converts, normalizes and checks `spec` the way SubmitJob does.
+fn check(
+    mut spec: switchyard_proto::executor::v1::JobSpec,
+    allowed: &[&str],
+) -> Result<(), crate::formats::FormatError> {
+    let allowed: Vec<String> = allowed.iter().map(|c| c.to_string()).collect();
+    spec::normalize(&mut spec, &rules(&allowed));
+    spec::validate(&spec, &rules(&allowed)).map(|_| ())
+}
+
+fn convert(doc: serde_json::Value) -> switchyard_proto::executor::v1::JobSpec {
+    formats::convert(&doc, LIMITS).unwrap()
+}
+
 #[test]
 fn each_format_is_recognised_by_its_shape() {
     let cases = [
@@ -136,15 +150,9 @@ fn ojs_rules_give_the_seeds_error_codes() {
 
 #[test]
 fn the_allowlist_and_env_rules_are_enforced_with_the_specific_reason() {
-    let allowed = vec!["sort".to_owned()];
-    let mut s = formats::convert(
-        &json!({"tasks": [
-        {"id": "a", "command": {"command": "curl", "env": {"LD_PRELOAD": "x", "OK_VAR": "1"}}}]}),
-        LIMITS,
-    )
-    .unwrap();
-    spec::normalize(&mut s, &rules(&allowed));
-    let e = spec::validate(&s, &rules(&allowed)).unwrap_err();
+    let s = convert(json!({"tasks": [
+        {"id": "a", "command": {"command": "curl", "env": {"LD_PRELOAD": "x", "OK_VAR": "1"}}}]}));
+    let e = check(s, &["sort"]).unwrap_err();
     assert_eq!(e.reason, Reason::CommandNotAllowed);
     let fields: Vec<&str> = e.violations.0.iter().map(|v| v.field.as_str()).collect();
     assert_eq!(
@@ -187,19 +195,10 @@ fn normalizing_fills_defaults_and_the_context_hash_ignores_ids_and_map_order() {
 
 #[test]
 fn file_names_must_be_plain() {
-    let allowed = vec!["true".to_owned()];
-    let mut s = formats::convert(
-        &json!({"tasks": [{"id": "a", "command": {"command": "true"}}]}),
-        LIMITS,
-    )
-    .unwrap();
+    let mut s = convert(json!({"tasks": [{"id": "a", "command": {"command": "true"}}]}));
     s.files.insert("../etc/passwd".into(), b"x".to_vec());
     s.files.insert("big".into(), vec![0; 2048]);
-    spec::normalize(&mut s, &rules(&allowed));
-    let e = spec::validate(&s, &rules(&allowed))
-        .unwrap_err()
-        .violations
-        .to_string();
+    let e = check(s, &["true"]).unwrap_err().violations.to_string();
     assert!(
         e.contains("files.../etc/passwd: file names must be plain names"),
         "{e}"
@@ -209,19 +208,12 @@ fn file_names_must_be_plain() {
 
 #[test]
 fn fallback_strategies_must_fit_their_situation() {
-    let allowed = vec!["true".to_owned()];
-    let mut s = formats::convert(
-        &json!({"tasks": [{"id": "a", "timeout_secs": 60, "command": {"command": "true"},
+    let s = convert(
+        json!({"tasks": [{"id": "a", "timeout_secs": 60, "command": {"command": "true"},
         "fallback": {"on_timeout": {"strategy": "DEFER"},
                      "on_cost_exceeded": {"strategy": "SELECT_NEXT_BEST"}}}]}),
-        LIMITS,
-    )
-    .unwrap();
-    spec::normalize(&mut s, &rules(&allowed));
-    let e = spec::validate(&s, &rules(&allowed))
-        .unwrap_err()
-        .violations
-        .to_string();
+    );
+    let e = check(s, &["true"]).unwrap_err().violations.to_string();
     assert!(
         e.contains(
             "tasks[0].fallback.on_timeout: FALLBACK_STRATEGY_DEFER does not apply to on_timeout"
@@ -229,12 +221,10 @@ fn fallback_strategies_must_fit_their_situation() {
         "{e}"
     );
     assert!(e.contains("on_cost_exceeded"), "{e}");
-    let mut s = formats::convert(&json!({"tasks": [{"id": "a", "timeout_secs": 60, "command": {"command": "true"},
-        "fallback": {"on_timeout": {"strategy": "RETRY_WITH_TIMEOUT_EXTENSION", "extended_timeout_seconds": 30}}}]}), LIMITS).unwrap();
-    spec::normalize(&mut s, &rules(&allowed));
-    let e = spec::validate(&s, &rules(&allowed))
-        .unwrap_err()
-        .violations
-        .to_string();
+    let s = convert(
+        json!({"tasks": [{"id": "a", "timeout_secs": 60, "command": {"command": "true"},
+        "fallback": {"on_timeout": {"strategy": "RETRY_WITH_TIMEOUT_EXTENSION", "extended_timeout_seconds": 30}}}]}),
+    );
+    let e = check(s, &["true"]).unwrap_err().violations.to_string();
     assert!(e.contains("must exceed the task's timeout of 60s"), "{e}");
 }
