@@ -11,6 +11,7 @@ pub mod backoff;
 pub mod clock;
 pub mod dag;
 pub mod lifecycle;
+pub mod money;
 pub mod reason;
 pub mod routing;
 pub mod run;

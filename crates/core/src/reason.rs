@@ -135,6 +135,33 @@ reasons! {
     TemplateUnresolved => "TEMPLATE_UNRESOLVED",
     /// An LLM task, but no LLM provider is configured.
     LlmProviderNotConfigured => "LLM_PROVIDER_NOT_CONFIGURED",
+    /// Every model in the fallback chain was rate-limited, unavailable or
+    /// unreachable, or the provider answered with an error.
+    LlmUnavailable => "LLM_UNAVAILABLE",
+    /// The model's answer could not be used (malformed JSON, no choices).
+    LlmBadResponse => "LLM_BAD_RESPONSE",
+    /// A tool call's arguments do not match the tool's JSON Schema.
+    ToolInvalidArguments => "AGENT_TOOL_INVALID_ARGUMENTS",
+    /// A tool ran past its timeout.
+    ToolTimeout => "AGENT_TOOL_TIMEOUT",
+    /// A tool failed while running.
+    ToolFailed => "AGENT_TOOL_FAILED",
+    /// `tool_choice=required`, but the model answered without a tool call.
+    ToolCallRequired => "AGENT_TOOL_CALL_REQUIRED",
+    /// The agent loop reached `max_turns` without a final answer.
+    AgentMaxTurns => "AGENT_MAX_TURNS",
+    /// The agent loop used its `max_tokens_per_invocation`.
+    AgentTokenLimit => "AGENT_TOKEN_LIMIT",
+    /// The agent loop ran out of its `time_budget_ms`.
+    AgentTimeBudget => "AGENT_TIME_BUDGET",
+    /// `output_format=json`, but the answer is not JSON.
+    AgentOutputNotJson => "AGENT_OUTPUT_NOT_JSON",
+    /// Delegation needs the parent job to be active.
+    ParentNotActive => "PARENT_NOT_ACTIVE",
+    /// Delegation needs the parent's run to be running.
+    RunNotRunning => "RUN_NOT_RUNNING",
+    /// An agent manifest is invalid.
+    InvalidManifest => "INVALID_MANIFEST",
     /// An internal invariant broke; a bug.
     Internal => "INTERNAL",
 }

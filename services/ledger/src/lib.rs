@@ -256,9 +256,7 @@ fn money_amount(v: &mut Violations, field: &str, m: Option<&switchyard_proto::co
 
 /// Rounds `units × price` up to a whole micro-USD.
 pub fn charge(units: u64, price: &UnitPrice) -> i64 {
-    let p = i128::from(price.micro_usd_per_million.max(0));
-    let total = (i128::from(units) * p + 999_999) / 1_000_000;
-    i64::try_from(total).unwrap_or(i64::MAX)
+    switchyard_core::money::charge(units, price.micro_usd_per_million)
 }
 
 struct Inner {

@@ -1,0 +1,790 @@
+//! The agent loop: call the model, run the tools it asks for, give it the
+//! results, until it answers — within max_turns, a token limit and a time
+//! budget. Shared by LLM tasks (in the executor) and declarative agents
+//! (`switchyard agents serve`); what differs between them — where budget
+//! is reserved, how a tool runs, where events go — is the [`Host`].
+//!
+//! Before **each** model call the worst case of that call (estimated prompt
+//! tokens + the completion cap, at the highest price in the fallback chain)
+//! is reserved through the host; a refusal means the call is not made.
+//! After the call the actual usage is committed at the answering model's
+//! price.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::{Value, json};
+use switchyard_core::Reason;
+
+use crate::{BoxFuture, CallRecord, ChatRequest, Llm, Message, Role, ToolChoice, ToolSpec, Usage};
+
+/// What one run of the loop is asked to do.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// The primary model, then the fallbacks in order.
+    pub chain: Vec<String>,
+    /// Preferred provider (`ext_agent_provider`), or empty.
+    pub provider: String,
+    /// System prompt; empty for none.
+    pub instructions: String,
+    /// The task.
+    pub prompt: String,
+    /// Tools offered (the allowlist: nothing else may run).
+    pub tools: Vec<ToolSpec>,
+    /// Tool choice; `required` applies to the first turn, after which the
+    /// model may answer.
+    pub tool_choice: ToolChoice,
+    /// Sampling temperature.
+    pub temperature: Option<f64>,
+    /// Completion cap of each call.
+    pub max_tokens: u64,
+    /// The answer must be JSON (`output_format=json`).
+    pub json: bool,
+    /// JSON Schema the answer must match.
+    pub output_schema: Option<Value>,
+    /// Most model calls.
+    pub max_turns: u32,
+    /// Most tokens over all calls; 0: no limit.
+    pub max_tokens_per_invocation: u64,
+    /// When the run must end (time budget and task timeout).
+    pub deadline: Instant,
+    /// Timeout of one tool call.
+    pub tool_timeout: Duration,
+}
+
+/// Why a reservation was not granted.
+#[derive(Debug, Clone)]
+pub enum Refusal {
+    /// The budget (or an ancestor, or the task's cost limit) refused.
+    Budget(String),
+    /// The ledger could not be asked.
+    Unavailable(String),
+}
+
+/// What the loop needs from where it runs.
+pub trait Host: Send + Sync {
+    /// Reserves `tokens` and `cost` (micro-USD) for model call `call`
+    /// (1-based); returns a handle for commit or release.
+    fn reserve(&self, call: u32, tokens: u64, cost: i64) -> BoxFuture<'_, Result<String, Refusal>>;
+    /// Commits what call `hold` used.
+    fn commit<'a>(
+        &'a self,
+        hold: &'a str,
+        model: &'a str,
+        usage: Usage,
+        cost: i64,
+    ) -> BoxFuture<'a, ()>;
+    /// Releases `hold` unused.
+    fn release<'a>(&'a self, hold: &'a str, why: &'a str) -> BoxFuture<'a, ()>;
+    /// Runs tool `name` with arguments already checked against its schema.
+    fn call_tool<'a>(
+        &'a self,
+        name: &'a str,
+        call_id: &'a str,
+        args: Value,
+    ) -> BoxFuture<'a, Result<Value, String>>;
+    /// Records an event (`llm_call`, `tool_call`).
+    fn event(&self, kind: &str, data: Value);
+}
+
+/// One tool call, as recorded (`ext_agent_tool_results`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolResult {
+    /// The model's id for the call.
+    pub call_id: String,
+    /// Tool name.
+    pub name: String,
+    /// Arguments as sent.
+    pub arguments: String,
+    /// Result, when the tool ran.
+    pub result: Option<Value>,
+    /// Error given to the model instead.
+    pub error: String,
+    /// Reason code of the error.
+    pub reason: String,
+    /// Turn that asked.
+    pub turn: u32,
+    /// Duration, milliseconds.
+    pub duration_ms: u64,
+}
+
+/// What a run produced, also when it failed (partial results).
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// Final text.
+    pub content: String,
+    /// Parsed JSON answer, when JSON was asked for.
+    pub output: Option<Value>,
+    /// Usage over every call.
+    pub usage: Usage,
+    /// Model calls that answered.
+    pub llm_calls: u32,
+    /// Turns started.
+    pub turns: u32,
+    /// The model that answered last.
+    pub model_used: String,
+    /// Tool calls in invocation order.
+    pub tool_results: Vec<ToolResult>,
+    /// Money committed.
+    pub cost: i64,
+}
+
+/// A failed run: why, and what it did before.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    /// Reason code.
+    pub reason: Reason,
+    /// What happened.
+    pub message: String,
+    /// Everything up to the failure.
+    pub report: Box<Report>,
+}
+
+/// Rough prompt size: 4 characters a token, plus framing per message and
+/// the tool schemas. Usage above a reservation is still committed and
+/// recorded by the ledger as an overrun; nothing is lost.
+pub fn estimate_prompt_tokens(messages: &[Message], tools: &[ToolSpec]) -> u64 {
+    let chars: usize = messages
+        .iter()
+        .map(|m| {
+            m.content.len()
+                + m.tool_calls
+                    .iter()
+                    .map(|c| c.name.len() + c.arguments.len() + 16)
+                    .sum::<usize>()
+        })
+        .sum::<usize>()
+        + tools
+            .iter()
+            .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
+            .sum::<usize>();
+    (chars as u64).div_ceil(4) + 4 * messages.len() as u64 + 8
+}
+
+/// Reads a model's JSON answer, allowing a fenced ```json block.
+fn parse_json_answer(text: &str) -> Option<Value> {
+    let t = text.trim();
+    if let Ok(v) = serde_json::from_str(t) {
+        return Some(v);
+    }
+    let inner = t
+        .strip_prefix("```json")
+        .or_else(|| t.strip_prefix("```"))?
+        .strip_suffix("```")?;
+    serde_json::from_str(inner.trim()).ok()
+}
+
+/// Checks `value` against `schema`; the validator's first messages.
+pub fn check_schema(schema: &Value, value: &Value) -> Result<(), String> {
+    let v = jsonschema::validator_for(schema).map_err(|e| format!("invalid schema: {e}"))?;
+    let errors: Vec<String> = v
+        .iter_errors(value)
+        .take(3)
+        .map(|e| {
+            let at = e.instance_path().to_string();
+            if at.is_empty() {
+                e.to_string()
+            } else {
+                format!("{at}: {e}")
+            }
+        })
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
+/// Runs the loop.
+pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Failure> {
+    let mut report = Report::default();
+    let fail = |reason: Reason, message: String, report: &Report| Failure {
+        reason,
+        message,
+        report: Box::new(report.clone()),
+    };
+    let Some(price) = llm.chain_price(&spec.chain, &spec.provider) else {
+        return Err(fail(
+            Reason::LlmProviderNotConfigured,
+            format!(
+                "no configured LLM provider serves {}",
+                spec.chain.join(" or ")
+            ),
+            &report,
+        ));
+    };
+    let mut messages = Vec::new();
+    if !spec.instructions.trim().is_empty() {
+        messages.push(Message::text(Role::System, spec.instructions.clone()));
+    }
+    messages.push(Message::text(Role::User, spec.prompt.clone()));
+    let mut choice = spec.tool_choice;
+    for turn in 1..=spec.max_turns.max(1) {
+        report.turns = turn;
+        if Instant::now() >= spec.deadline {
+            return Err(fail(
+                Reason::AgentTimeBudget,
+                format!("the time budget ran out after {} turns", turn - 1),
+                &report,
+            ));
+        }
+        let offered: &[ToolSpec] = if choice == ToolChoice::None {
+            &[]
+        } else {
+            &spec.tools
+        };
+        let prompt = estimate_prompt_tokens(&messages, offered);
+        let mut cap = spec.max_tokens.max(1);
+        if spec.max_tokens_per_invocation > 0 {
+            let left = spec
+                .max_tokens_per_invocation
+                .saturating_sub(report.usage.total_tokens);
+            if left <= prompt {
+                return Err(fail(
+                    Reason::AgentTokenLimit,
+                    format!(
+                        "max_tokens_per_invocation {} is used up ({} used, the next call needs about {prompt} for its prompt)",
+                        spec.max_tokens_per_invocation, report.usage.total_tokens
+                    ),
+                    &report,
+                ));
+            }
+            cap = cap.min(left - prompt);
+        }
+        let tokens = prompt + cap;
+        let cost = crate::Price::cost(
+            &price,
+            &Usage {
+                prompt_tokens: prompt,
+                completion_tokens: cap,
+                total_tokens: tokens,
+            },
+        );
+        let hold = match host.reserve(turn, tokens, cost).await {
+            Ok(h) => h,
+            Err(Refusal::Budget(m)) => {
+                return Err(fail(Reason::AgentTokenBudgetExceeded, m, &report));
+            }
+            Err(Refusal::Unavailable(m)) => {
+                return Err(fail(Reason::Unavailable, m, &report));
+            }
+        };
+        let req = ChatRequest {
+            messages: messages.clone(),
+            tools: offered.to_vec(),
+            tool_choice: choice,
+            temperature: spec.temperature,
+            max_tokens: Some(cap),
+            json: spec.json && offered.is_empty(),
+        };
+        let mut on_call = |c: &CallRecord| {
+            host.event(
+                "llm_call",
+                json!({"turn": turn, "model": c.model, "provider": c.provider, "outcome": c.outcome,
+                       "error": c.error, "round": c.round, "latency_ms": c.latency_ms}),
+            );
+        };
+        let answered = llm
+            .chat(
+                &spec.chain,
+                &spec.provider,
+                &req,
+                spec.deadline,
+                &mut on_call,
+            )
+            .await;
+        let (resp, model) = match answered {
+            Ok(x) => x,
+            Err(e) => {
+                host.release(&hold, "the model call failed").await;
+                return Err(fail(e.reason, e.message, &report));
+            }
+        };
+        let used = llm.price(&model, &spec.provider).unwrap_or(price);
+        let call_cost = used.cost(&resp.usage);
+        host.commit(&hold, &model, resp.usage, call_cost).await;
+        report.usage.add(&resp.usage);
+        report.cost = report.cost.saturating_add(call_cost);
+        report.llm_calls += 1;
+        report.model_used = model;
+        if resp.tool_calls.is_empty() {
+            if choice == ToolChoice::Required {
+                return Err(fail(
+                    Reason::ToolCallRequired,
+                    "tool_choice is required, but the model answered without calling a tool".into(),
+                    &report,
+                ));
+            }
+            report.content = resp.content;
+            return finish(spec, report);
+        }
+        messages.push(Message {
+            role: Role::Assistant,
+            content: resp.content.clone(),
+            tool_calls: resp.tool_calls.clone(),
+            tool_call_id: String::new(),
+        });
+        for call in &resp.tool_calls {
+            let r = run_tool(spec, host, offered, call, turn).await;
+            let content = match (&r.result, r.error.is_empty()) {
+                (Some(v), true) => v.to_string(),
+                _ => json!({"error": r.error, "reason": r.reason}).to_string(),
+            };
+            messages.push(Message {
+                role: Role::Tool,
+                content,
+                tool_calls: Vec::new(),
+                tool_call_id: call.id.clone(),
+            });
+            report.tool_results.push(r);
+        }
+        // `required` forces a tool call once; then the model may answer.
+        if choice == ToolChoice::Required {
+            choice = ToolChoice::Auto;
+        }
+    }
+    Err(fail(
+        Reason::AgentMaxTurns,
+        format!(
+            "max_turns {} reached without a final answer",
+            spec.max_turns.max(1)
+        ),
+        &report,
+    ))
+}
+
+fn finish(spec: &Spec, mut report: Report) -> Result<Report, Failure> {
+    if !spec.json && spec.output_schema.is_none() {
+        return Ok(report);
+    }
+    let Some(value) = parse_json_answer(&report.content) else {
+        let reason = if spec.json {
+            Reason::AgentOutputNotJson
+        } else {
+            Reason::AgentOutputSchemaViolation
+        };
+        let shown: String = report.content.chars().take(120).collect();
+        return Err(Failure {
+            reason,
+            message: format!("the answer is not JSON: {shown:?}"),
+            report: Box::new(report),
+        });
+    };
+    if let Some(schema) = &spec.output_schema
+        && let Err(e) = check_schema(schema, &value)
+    {
+        return Err(Failure {
+            reason: Reason::AgentOutputSchemaViolation,
+            message: format!("the answer does not match ext_agent_output_schema: {e}"),
+            report: Box::new(report),
+        });
+    }
+    report.output = Some(value);
+    Ok(report)
+}
+
+async fn run_tool(
+    spec: &Spec,
+    host: &dyn Host,
+    offered: &[ToolSpec],
+    call: &crate::ToolCall,
+    turn: u32,
+) -> ToolResult {
+    let started = Instant::now();
+    let mut r = ToolResult {
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        arguments: call.arguments.clone(),
+        result: None,
+        error: String::new(),
+        reason: String::new(),
+        turn,
+        duration_ms: 0,
+    };
+    let mut refuse = |reason: Reason, error: String| {
+        r.reason = reason.as_str().into();
+        r.error = error;
+    };
+    match offered.iter().find(|t| t.name == call.name) {
+        None => {
+            let names: Vec<&str> = offered.iter().map(|t| t.name.as_str()).collect();
+            refuse(
+                Reason::ToolNotFound,
+                format!(
+                    "tool {:?} is not available to this task (available: {})",
+                    call.name,
+                    if names.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        names.join(", ")
+                    }
+                ),
+            );
+        }
+        Some(tool) => {
+            let args = if call.arguments.trim().is_empty() {
+                Ok(json!({}))
+            } else {
+                serde_json::from_str::<Value>(&call.arguments)
+            };
+            match args {
+                Err(e) => refuse(
+                    Reason::ToolInvalidArguments,
+                    format!("the arguments are not JSON: {e}"),
+                ),
+                Ok(args) => {
+                    let schema = if tool.parameters.is_object() {
+                        tool.parameters.clone()
+                    } else {
+                        json!({"type": "object"})
+                    };
+                    if let Err(e) = check_schema(&schema, &args) {
+                        refuse(
+                            Reason::ToolInvalidArguments,
+                            format!("the arguments do not match the tool's schema: {e}"),
+                        );
+                    } else {
+                        let left = spec.deadline.saturating_duration_since(Instant::now());
+                        let limit = spec.tool_timeout.min(left);
+                        match tokio::time::timeout(
+                            limit,
+                            host.call_tool(&call.name, &call.id, args),
+                        )
+                        .await
+                        {
+                            Ok(Ok(v)) => r.result = Some(v),
+                            Ok(Err(e)) => refuse(Reason::ToolFailed, e),
+                            Err(_) => refuse(
+                                Reason::ToolTimeout,
+                                format!(
+                                    "tool {:?} did not finish within {} ms",
+                                    call.name,
+                                    limit.as_millis()
+                                ),
+                            ),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    r.duration_ms = started.elapsed().as_millis() as u64;
+    host.event(
+        "tool_call",
+        json!({"turn": turn, "call_id": r.call_id, "name": r.name,
+               "status": if r.error.is_empty() { "ok" } else { "error" },
+               "reason": r.reason, "error": r.error, "duration_ms": r.duration_ms}),
+    );
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::scripted::{Reply, Script};
+    use crate::{LlmConfig, ModelConfig, ProviderConfig};
+
+    /// A host with a token allowance, a `lookup` tool and a `slow` tool.
+    #[derive(Default)]
+    struct TestHost {
+        allowance: Mutex<u64>,
+        reserved: Mutex<Vec<u64>>,
+        committed: Mutex<Vec<(String, Usage, i64)>>,
+        tools_run: Mutex<Vec<String>>,
+        events: Mutex<Vec<(String, Value)>>,
+    }
+
+    impl Host for TestHost {
+        fn reserve(
+            &self,
+            _call: u32,
+            tokens: u64,
+            _cost: i64,
+        ) -> BoxFuture<'_, Result<String, Refusal>> {
+            Box::pin(async move {
+                let mut a = self.allowance.lock().unwrap();
+                if tokens > *a {
+                    return Err(Refusal::Budget(format!(
+                        "{tokens} tokens do not fit in {}",
+                        *a
+                    )));
+                }
+                *a -= tokens;
+                let mut r = self.reserved.lock().unwrap();
+                r.push(tokens);
+                Ok(format!("hold-{}", r.len()))
+            })
+        }
+        fn commit<'a>(
+            &'a self,
+            _hold: &'a str,
+            model: &'a str,
+            usage: Usage,
+            cost: i64,
+        ) -> BoxFuture<'a, ()> {
+            Box::pin(async move {
+                self.committed
+                    .lock()
+                    .unwrap()
+                    .push((model.into(), usage, cost))
+            })
+        }
+        fn release<'a>(&'a self, _hold: &'a str, _why: &'a str) -> BoxFuture<'a, ()> {
+            Box::pin(async {})
+        }
+        fn call_tool<'a>(
+            &'a self,
+            name: &'a str,
+            _id: &'a str,
+            args: Value,
+        ) -> BoxFuture<'a, Result<Value, String>> {
+            Box::pin(async move {
+                self.tools_run.lock().unwrap().push(name.into());
+                match name {
+                    "slow" => {
+                        tokio::time::sleep(Duration::from_secs(5)).await;
+                        Ok(json!("late"))
+                    }
+                    "broken" => Err("the tool crashed".into()),
+                    _ => Ok(json!({"found": args["q"]})),
+                }
+            })
+        }
+        fn event(&self, kind: &str, data: Value) {
+            self.events.lock().unwrap().push((kind.into(), data));
+        }
+    }
+
+    fn host(allowance: u64) -> TestHost {
+        TestHost {
+            allowance: Mutex::new(allowance),
+            ..Default::default()
+        }
+    }
+
+    fn tool(name: &str) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: format!("{name} things"),
+            parameters: json!({"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}),
+        }
+    }
+
+    fn spec(tools: Vec<ToolSpec>) -> Spec {
+        Spec {
+            chain: vec!["m".into()],
+            provider: String::new(),
+            instructions: "be brief".into(),
+            prompt: "find it".into(),
+            tools,
+            tool_choice: ToolChoice::Auto,
+            temperature: None,
+            max_tokens: 100,
+            json: false,
+            output_schema: None,
+            max_turns: 5,
+            max_tokens_per_invocation: 0,
+            deadline: Instant::now() + Duration::from_secs(10),
+            tool_timeout: Duration::from_millis(200),
+        }
+    }
+
+    async fn llm(script: &Script) -> (Llm, crate::scripted::Server) {
+        let server = script.serve().await;
+        let llm = Llm::new(&LlmConfig {
+            providers: vec![ProviderConfig {
+                name: "s".into(),
+                base_url: server.base_url(),
+                models: vec![ModelConfig {
+                    name: "m".into(),
+                    input_micro_usd_per_million: Some(1_000_000),
+                    output_micro_usd_per_million: Some(3_000_000),
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        })
+        .unwrap();
+        (llm, server)
+    }
+
+    #[tokio::test]
+    async fn tool_turns_run_in_order_and_usage_is_committed_per_call() {
+        let script = Script::new();
+        script.for_model(
+            "m",
+            vec![
+                Reply::tools(
+                    &[("lookup", json!({"q": "a"})), ("lookup", json!({"q": "b"}))],
+                    100,
+                    10,
+                ),
+                Reply::text("done", 150, 5),
+            ],
+        );
+        let (llm, _s) = llm(&script).await;
+        let h = host(1_000_000);
+        let r = run(&llm, &spec(vec![tool("lookup")]), &h).await.unwrap();
+        assert_eq!(r.content, "done");
+        assert_eq!(r.llm_calls, 2);
+        assert_eq!(r.usage.total_tokens, 265);
+        assert_eq!(
+            r.tool_results
+                .iter()
+                .map(|t| t.result.clone())
+                .collect::<Vec<_>>(),
+            vec![Some(json!({"found": "a"})), Some(json!({"found": "b"}))]
+        );
+        let committed = h.committed.lock().unwrap().clone();
+        assert_eq!(committed.len(), 2);
+        // 100 × $1/M + 10 × $3/M = 130 µ$.
+        assert_eq!(committed[0].2, 130);
+        assert_eq!(r.cost, 130 + 165);
+        // The second request carries the tool results back.
+        let second = &script.received()[1].body;
+        let roles: Vec<&str> = second["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap())
+            .collect();
+        assert_eq!(roles, vec!["system", "user", "assistant", "tool", "tool"]);
+    }
+
+    #[tokio::test]
+    async fn a_refused_reservation_makes_no_request() {
+        let script = Script::new();
+        script.otherwise(Reply::text("never", 1, 1));
+        let (llm, _s) = llm(&script).await;
+        let f = run(&llm, &spec(vec![]), &host(10)).await.unwrap_err();
+        assert_eq!(f.reason, Reason::AgentTokenBudgetExceeded);
+        assert_eq!(script.count(), 0);
+    }
+
+    #[tokio::test]
+    async fn unknown_tools_and_bad_arguments_are_reported_to_the_model_not_run() {
+        let script = Script::new();
+        script.for_model(
+            "m",
+            vec![
+                Reply::tools(
+                    &[
+                        ("shell_exec", json!({"cmd": "rm -rf /"})),
+                        ("lookup", json!({"q": 7})),
+                    ],
+                    10,
+                    10,
+                ),
+                Reply::text("ok", 10, 1),
+            ],
+        );
+        let (llm, _s) = llm(&script).await;
+        let h = host(1_000_000);
+        let r = run(&llm, &spec(vec![tool("lookup")]), &h).await.unwrap();
+        assert_eq!(r.tool_results[0].reason, "AGENT_TOOL_NOT_FOUND");
+        assert_eq!(r.tool_results[1].reason, "AGENT_TOOL_INVALID_ARGUMENTS");
+        assert!(h.tools_run.lock().unwrap().is_empty());
+        let back = script.received()[1].body["messages"][3]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(back.contains("AGENT_TOOL_NOT_FOUND"), "{back}");
+    }
+
+    #[tokio::test]
+    async fn a_slow_tool_times_out_and_a_failing_one_reports_its_error() {
+        let script = Script::new();
+        script.for_model(
+            "m",
+            vec![
+                Reply::tools(
+                    &[("slow", json!({"q": "x"})), ("broken", json!({"q": "y"}))],
+                    10,
+                    10,
+                ),
+                Reply::text("ok", 10, 1),
+            ],
+        );
+        let (llm, _s) = llm(&script).await;
+        let started = Instant::now();
+        let r = run(
+            &llm,
+            &spec(vec![tool("slow"), tool("broken")]),
+            &host(1_000_000),
+        )
+        .await
+        .unwrap();
+        assert!(started.elapsed() < Duration::from_secs(3));
+        assert_eq!(r.tool_results[0].reason, "AGENT_TOOL_TIMEOUT");
+        assert_eq!(r.tool_results[1].reason, "AGENT_TOOL_FAILED");
+        assert_eq!(r.tool_results[1].error, "the tool crashed");
+    }
+
+    #[tokio::test]
+    async fn tool_choice_required_and_none() {
+        let script = Script::new();
+        script.for_model("m", vec![Reply::text("no tools for me", 10, 1)]);
+        let (llm, _s) = llm(&script).await;
+        let mut s = spec(vec![tool("lookup")]);
+        s.tool_choice = ToolChoice::Required;
+        let f = run(&llm, &s, &host(1_000_000)).await.unwrap_err();
+        assert_eq!(f.reason, Reason::ToolCallRequired);
+        assert_eq!(script.received()[0].body["tool_choice"], "required");
+        script.for_model("m", vec![Reply::text("plain", 10, 1)]);
+        s.tool_choice = ToolChoice::None;
+        run(&llm, &s, &host(1_000_000)).await.unwrap();
+        assert!(script.received()[1].body.get("tools").is_none());
+    }
+
+    #[tokio::test]
+    async fn max_turns_and_token_limit_end_the_run() {
+        let script = Script::new();
+        script.otherwise(Reply::tools(&[("lookup", json!({"q": "again"}))], 10, 10));
+        let (llm, _s) = llm(&script).await;
+        let mut s = spec(vec![tool("lookup")]);
+        s.max_turns = 3;
+        let f = run(&llm, &s, &host(1_000_000)).await.unwrap_err();
+        assert_eq!(f.reason, Reason::AgentMaxTurns);
+        assert_eq!(script.count(), 3);
+        assert_eq!(f.report.tool_results.len(), 3);
+        script.clear_received();
+        s.max_turns = 50;
+        s.max_tokens_per_invocation = 150;
+        let f = run(&llm, &s, &host(1_000_000)).await.unwrap_err();
+        assert_eq!(f.reason, Reason::AgentTokenLimit);
+        assert!(f.report.usage.total_tokens <= 150);
+    }
+
+    #[tokio::test]
+    async fn json_output_is_parsed_and_checked_against_the_schema() {
+        let script = Script::new();
+        script.for_model(
+            "m",
+            vec![
+                Reply::text("```json\n{\"summary\": \"s\"}\n```", 10, 5),
+                Reply::text("{\"sources\": []}", 10, 5),
+                Reply::text("not json at all", 10, 5),
+            ],
+        );
+        let (llm, _s) = llm(&script).await;
+        let mut s = spec(vec![]);
+        s.json = true;
+        s.output_schema = Some(
+            json!({"type": "object", "properties": {"summary": {"type": "string"}}, "required": ["summary"]}),
+        );
+        let r = run(&llm, &s, &host(1_000_000)).await.unwrap();
+        assert_eq!(r.output, Some(json!({"summary": "s"})));
+        assert_eq!(
+            script.received()[0].body["response_format"]["type"],
+            "json_object"
+        );
+        let f = run(&llm, &s, &host(1_000_000)).await.unwrap_err();
+        assert_eq!(f.reason, Reason::AgentOutputSchemaViolation);
+        assert!(f.message.contains("summary"), "{}", f.message);
+        let f = run(&llm, &s, &host(1_000_000)).await.unwrap_err();
+        assert_eq!(f.reason, Reason::AgentOutputNotJson);
+    }
+}

@@ -1,0 +1,246 @@
+//! `[llm]` configuration: providers, the models each serves, and their
+//! prices. API keys are named by environment variable, never written here.
+
+use serde::{Deserialize, Serialize};
+
+/// Wire protocol of a provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    /// OpenAI's chat-completions API, which OpenAI, vLLM, llama.cpp server,
+    /// Ollama, LM Studio and LiteLLM all speak.
+    #[default]
+    Openai,
+}
+
+/// One model a provider serves, with its prices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Model id as the provider knows it, e.g. `gpt-4o-mini`.
+    pub name: String,
+    /// Price per million prompt tokens, micro-USD (`2500000` = $2.50).
+    /// Required: a model without a price would look free to approval
+    /// policies. Local models say 0.
+    pub input_micro_usd_per_million: Option<i64>,
+    /// Price per million completion tokens, micro-USD. Required.
+    pub output_micro_usd_per_million: Option<i64>,
+}
+
+/// One provider endpoint.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// Unique name, matched against a task's `ext_agent_provider`.
+    pub name: String,
+    /// Wire protocol.
+    pub kind: ProviderKind,
+    /// Base URL up to and including the version, e.g.
+    /// `https://api.openai.com/v1` or `http://127.0.0.1:11434/v1`.
+    pub base_url: String,
+    /// Environment variable holding the API key (sent as a bearer token);
+    /// empty for servers without keys. The key never appears in logs,
+    /// events or errors.
+    pub api_key_env: String,
+    /// TCP/TLS connect timeout, milliseconds.
+    pub connect_timeout_ms: u64,
+    /// Whole-request timeout, milliseconds.
+    pub request_timeout_ms: u64,
+    /// Ask for JSON mode (`response_format: json_object`) when a task wants
+    /// JSON output. Turn off for servers that reject the field.
+    pub json_mode: bool,
+    /// Models served here.
+    pub models: Vec<ModelConfig>,
+}
+
+impl Default for ProviderConfig {
+    fn default() -> Self {
+        ProviderConfig {
+            name: String::new(),
+            kind: ProviderKind::Openai,
+            base_url: String::new(),
+            api_key_env: String::new(),
+            connect_timeout_ms: 5_000,
+            request_timeout_ms: 120_000,
+            json_mode: true,
+            models: Vec::new(),
+        }
+    }
+}
+
+impl std::fmt::Debug for ProviderConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Only the variable's name is configuration; its value is a secret
+        // and is never read here.
+        f.debug_struct("ProviderConfig")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("base_url", &self.base_url)
+            .field("api_key_env", &self.api_key_env)
+            .field("models", &self.models.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The `[llm]` section.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LlmConfig {
+    /// Providers, in preference order when several serve a model.
+    pub providers: Vec<ProviderConfig>,
+    /// Rounds over the fallback chain when every model was rate-limited or
+    /// unavailable and one named a Retry-After that fits the deadline.
+    pub max_rounds: u32,
+    /// Longest Retry-After honoured, milliseconds.
+    pub max_retry_after_ms: u64,
+}
+
+impl Default for LlmConfig {
+    fn default() -> Self {
+        LlmConfig {
+            providers: Vec::new(),
+            max_rounds: 2,
+            max_retry_after_ms: 30_000,
+        }
+    }
+}
+
+impl LlmConfig {
+    /// Every problem with the section, as `llm.…: why` lines.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut errors = Vec::new();
+        let mut names = std::collections::HashSet::new();
+        for (i, p) in self.providers.iter().enumerate() {
+            let at = if p.name.is_empty() {
+                format!("llm.providers[{i}]")
+            } else {
+                format!("llm.providers.{}", p.name)
+            };
+            if p.name.is_empty() {
+                errors.push(format!("{at}.name is required"));
+            } else if !names.insert(p.name.as_str()) {
+                errors.push(format!("{at}: the name is used twice"));
+            }
+            if !(p.base_url.starts_with("http://") || p.base_url.starts_with("https://")) {
+                errors.push(format!(
+                    "{at}.base_url must be an http:// or https:// URL, got {:?}",
+                    p.base_url
+                ));
+            }
+            if !p.api_key_env.is_empty()
+                && !p
+                    .api_key_env
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            {
+                errors.push(format!(
+                    "{at}.api_key_env must be an environment variable name, not a key"
+                ));
+            }
+            if p.request_timeout_ms == 0 || p.connect_timeout_ms == 0 {
+                errors.push(format!("{at}: timeouts must be positive"));
+            }
+            if p.models.is_empty() {
+                errors.push(format!("{at}.models: list at least one model"));
+            }
+            let mut models = std::collections::HashSet::new();
+            for m in &p.models {
+                if m.name.trim().is_empty() {
+                    errors.push(format!("{at}.models: a model has no name"));
+                    continue;
+                }
+                if !models.insert(m.name.as_str()) {
+                    errors.push(format!("{at}.models.{}: listed twice", m.name));
+                }
+                match (m.input_micro_usd_per_million, m.output_micro_usd_per_million) {
+                    (Some(i), Some(o)) if i >= 0 && o >= 0 => {}
+                    (Some(_), Some(_)) => {
+                        errors.push(format!("{at}.models.{}: prices must not be negative", m.name))
+                    }
+                    _ => errors.push(format!(
+                        "{at}.models.{}: input_micro_usd_per_million and output_micro_usd_per_million are required (0 for a free local model)",
+                        m.name
+                    )),
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.join("; "))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn provider() -> ProviderConfig {
+        ProviderConfig {
+            name: "local".into(),
+            base_url: "http://127.0.0.1:1/v1".into(),
+            models: vec![ModelConfig {
+                name: "m".into(),
+                input_micro_usd_per_million: Some(0),
+                output_micro_usd_per_million: Some(0),
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_priced_provider_is_valid_and_each_mistake_is_named() {
+        let ok = LlmConfig {
+            providers: vec![provider()],
+            ..Default::default()
+        };
+        assert_eq!(ok.validate(), Ok(()));
+        type Mutate = Box<dyn Fn(&mut ProviderConfig)>;
+        let cases: Vec<(Mutate, &str)> = vec![
+            (Box::new(|p| p.name.clear()), "name is required"),
+            (
+                Box::new(|p| p.base_url = "api.openai.com".into()),
+                "base_url",
+            ),
+            (
+                Box::new(|p| p.api_key_env = "sk-live-123".into()),
+                "not a key",
+            ),
+            (Box::new(|p| p.models.clear()), "at least one model"),
+            (
+                Box::new(|p| p.models[0].output_micro_usd_per_million = None),
+                "are required",
+            ),
+            (
+                Box::new(|p| p.models[0].input_micro_usd_per_million = Some(-1)),
+                "negative",
+            ),
+            (Box::new(|p| p.request_timeout_ms = 0), "positive"),
+        ];
+        for (mutate, want) in cases {
+            let mut p = provider();
+            mutate(&mut p);
+            let err = LlmConfig {
+                providers: vec![p],
+                ..Default::default()
+            }
+            .validate()
+            .unwrap_err();
+            assert!(err.contains(want), "{err} should mention {want}");
+        }
+        let twice = LlmConfig {
+            providers: vec![provider(), provider()],
+            ..Default::default()
+        };
+        assert!(twice.validate().unwrap_err().contains("used twice"));
+    }
+
+    #[test]
+    fn debug_output_names_the_key_variable_only() {
+        let mut p = provider();
+        p.api_key_env = "OPENAI_API_KEY".into();
+        let shown = format!("{p:?}");
+        assert!(shown.contains("OPENAI_API_KEY"));
+    }
+}

@@ -1,0 +1,291 @@
+//! A scripted OpenAI-compatible server for tests and benchmarks: it
+//! answers `POST /v1/chat/completions` from per-model queues of replies
+//! (text, tool calls, usage figures, 429/503 with Retry-After, malformed
+//! or schema-violating JSON, delays) and records every request it gets.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+/// One scripted answer.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    status: u16,
+    body: String,
+    retry_after: Option<String>,
+    delay: Duration,
+}
+
+impl Reply {
+    fn completion(message: Value, prompt: u64, completion: u64) -> Reply {
+        let finish = if message.get("tool_calls").is_some() {
+            "tool_calls"
+        } else {
+            "stop"
+        };
+        Reply {
+            status: 200,
+            body: json!({
+                "id": "chatcmpl-scripted", "object": "chat.completion", "model": "scripted",
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+            })
+            .to_string(),
+            retry_after: None,
+            delay: Duration::ZERO,
+        }
+    }
+
+    /// A text answer with these usage figures.
+    pub fn text(content: &str, prompt: u64, completion: u64) -> Reply {
+        Reply::completion(
+            json!({"role": "assistant", "content": content}),
+            prompt,
+            completion,
+        )
+    }
+
+    /// An answer asking for tool calls: `(name, arguments)` pairs.
+    pub fn tools(calls: &[(&str, Value)], prompt: u64, completion: u64) -> Reply {
+        let calls: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, (name, args))| {
+                json!({"id": format!("call_{i}_{name}"), "type": "function",
+                       "function": {"name": name, "arguments": args.to_string()}})
+            })
+            .collect();
+        Reply::completion(
+            json!({"role": "assistant", "content": null, "tool_calls": calls}),
+            prompt,
+            completion,
+        )
+    }
+
+    /// An error status with a JSON error body.
+    pub fn status(status: u16) -> Reply {
+        Reply {
+            status,
+            body: json!({"error": {"message": format!("scripted status {status}")}}).to_string(),
+            retry_after: None,
+            delay: Duration::ZERO,
+        }
+    }
+
+    /// A 200 whose body is not JSON.
+    pub fn malformed() -> Reply {
+        Reply {
+            status: 200,
+            body: "{\"choices\": [ this is not json".into(),
+            retry_after: None,
+            delay: Duration::ZERO,
+        }
+    }
+
+    /// Adds a Retry-After header.
+    pub fn retry_after(mut self, v: &str) -> Reply {
+        self.retry_after = Some(v.into());
+        self
+    }
+
+    /// Replaces the body.
+    pub fn body(mut self, b: &str) -> Reply {
+        self.body = b.into();
+        self
+    }
+
+    /// Waits this long before answering.
+    pub fn delay(mut self, d: Duration) -> Reply {
+        self.delay = d;
+        self
+    }
+}
+
+/// A request the server received.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// The `model` field.
+    pub model: String,
+    /// The whole body.
+    pub body: Value,
+    /// The Authorization header, if any.
+    pub authorization: Option<String>,
+}
+
+#[derive(Default)]
+struct Inner {
+    queues: HashMap<String, VecDeque<Reply>>,
+    fallback: Option<Reply>,
+    received: Vec<Received>,
+}
+
+/// The script and the record of requests; clone it freely.
+#[derive(Clone, Default)]
+pub struct Script {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl std::fmt::Debug for Script {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Script")
+    }
+}
+
+/// The running server; stops when dropped.
+#[derive(Debug)]
+pub struct Server {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Server {
+    /// `http://127.0.0.1:PORT/v1`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+impl Script {
+    /// An empty script: every request gets a 500 until replies are queued.
+    pub fn new() -> Script {
+        Script::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues replies for requests naming `model` (`*`: any model whose
+    /// own queue is empty).
+    pub fn for_model(&self, model: &str, replies: Vec<Reply>) {
+        self.lock()
+            .queues
+            .entry(model.to_owned())
+            .or_default()
+            .extend(replies);
+    }
+
+    /// The reply when no queue has one left.
+    pub fn otherwise(&self, reply: Reply) {
+        self.lock().fallback = Some(reply);
+    }
+
+    /// Every request so far.
+    pub fn received(&self) -> Vec<Received> {
+        self.lock().received.clone()
+    }
+
+    /// How many requests arrived.
+    pub fn count(&self) -> usize {
+        self.lock().received.len()
+    }
+
+    /// The model of each request, in order.
+    pub fn models_called(&self) -> Vec<String> {
+        self.lock()
+            .received
+            .iter()
+            .map(|r| r.model.clone())
+            .collect()
+    }
+
+    /// The Authorization header of each request that had one.
+    pub fn auth_headers(&self) -> Vec<String> {
+        self.lock()
+            .received
+            .iter()
+            .filter_map(|r| r.authorization.clone())
+            .collect()
+    }
+
+    /// Forgets the requests received so far.
+    pub fn clear_received(&self) {
+        self.lock().received.clear();
+    }
+
+    /// Serves on an ephemeral loopback port.
+    pub async fn serve(&self) -> Server {
+        let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
+            Ok(l) => l,
+            Err(e) => panic!("scripted LLM server: cannot bind loopback: {e}"),
+        };
+        let addr = match listener.local_addr() {
+            Ok(a) => a,
+            Err(e) => panic!("scripted LLM server: {e}"),
+        };
+        let app = axum::Router::new()
+            .route("/v1/chat/completions", axum::routing::post(answer))
+            .with_state(self.clone());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx.await;
+                })
+                .await;
+        });
+        Server {
+            addr,
+            stop: Some(tx),
+        }
+    }
+}
+
+async fn answer(State(script): State<Script>, headers: HeaderMap, body: String) -> Response {
+    let body: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    let model = body
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let reply = {
+        let mut s = script.lock();
+        s.received.push(Received {
+            model: model.clone(),
+            body,
+            authorization: headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+        });
+        let own = s.queues.get_mut(&model).and_then(VecDeque::pop_front);
+        own.or_else(|| s.queues.get_mut("*").and_then(VecDeque::pop_front))
+            .or_else(|| s.fallback.clone())
+    };
+    let Some(reply) = reply else {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the script has no reply left",
+        )
+            .into_response();
+    };
+    if !reply.delay.is_zero() {
+        tokio::time::sleep(reply.delay).await;
+    }
+    let mut resp = (
+        StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        [("content-type", "application/json")],
+        reply.body,
+    )
+        .into_response();
+    if let Some(r) = reply.retry_after
+        && let Ok(v) = r.parse()
+    {
+        resp.headers_mut().insert("retry-after", v);
+    }
+    resp
+}
