@@ -49,6 +49,9 @@ pub struct AgentFile {
     uses_tools: Vec<String>,
     #[serde(default)]
     latency_estimate_ms: u32,
+    /// The agent reserves and commits its own model usage on the job budget.
+    #[serde(default)]
+    bills_tokens: bool,
 }
 
 /// A tool definition file (seed 000's tool shape plus an endpoint).
@@ -248,6 +251,7 @@ impl AgentFile {
             models: self.models,
             uses_tools: self.uses_tools,
             latency_estimate_ms: self.latency_estimate_ms,
+            bills_tokens: self.bills_tokens,
         })
     }
 }

@@ -91,6 +91,17 @@ pub fn tool_name(s: &str) -> Result<(), String> {
     ident(s, 64, "tool name", "^[a-z][a-z0-9_]{0,63}$")
 }
 
+/// The tool name an agent is offered under (seed ADR 003 `agent_<id>`); an
+/// id that already starts with `agent_` (declarative agents register so)
+/// is used as it is.
+pub fn agent_tool_name(agent_id: &str) -> String {
+    if agent_id.starts_with("agent_") {
+        agent_id.to_owned()
+    } else {
+        format!("agent_{agent_id}")
+    }
+}
+
 /// Capability names: dot-separated segments, each `[a-z][a-z0-9_]*`, at most 128
 /// characters in all (`pdf_text_extraction`, `nlp.analysis`).
 pub fn capability(s: &str) -> Result<(), String> {

@@ -101,6 +101,8 @@ pub enum ApprovalError {
     #[error("invalid request: {0}")]
     Invalid(Violations),
     /// No such run.
+    #[error("run {parent:?} is {status}, not running, so it cannot cover a delegated run")]
+    ParentNotRunning { parent: String, status: String },
     #[error("run {0:?} does not exist")]
     RunNotFound(String),
     /// The id is taken by a run with another spec.
@@ -174,6 +176,11 @@ impl From<ApprovalError> for Status {
         let msg = e.to_string();
         let (code, reason, md) = match e {
             ApprovalError::Invalid(v) => return invalid_argument(Reason::InvalidArgument, &v),
+            ApprovalError::ParentNotRunning { parent, status } => (
+                Code::FailedPrecondition,
+                Reason::RunNotRunning,
+                metadata([("approved_under", parent), ("status", status)]),
+            ),
             ApprovalError::RunNotFound(id) => (
                 Code::NotFound,
                 Reason::RunNotFound,
@@ -580,6 +587,17 @@ impl Approval {
         let spec = validate::spec_of(&run);
         let (out, seq) = {
             let mut st = self.lock();
+            if !req.approved_under.is_empty() && !st.runs.contains_key(&run.run_id) {
+                let Some(parent) = st.runs.get(&req.approved_under) else {
+                    return Err(ApprovalError::RunNotFound(req.approved_under));
+                };
+                if status_of(parent) != S::Running {
+                    return Err(ApprovalError::ParentNotRunning {
+                        parent: req.approved_under.clone(),
+                        status: status_of(parent).as_str().to_owned(),
+                    });
+                }
+            }
             if let Some(existing) = st.runs.get(&run.run_id) {
                 if validate::spec_of(existing) != spec {
                     return Err(ApprovalError::RunExists(run.run_id));
@@ -631,12 +649,25 @@ impl Approval {
                     .detail("requested_by", &actor),
                 )?;
                 let mut auto = String::new();
-                let policy = if req.skip_policies {
+                let policy = if req.skip_policies || !req.approved_under.is_empty() {
                     None
                 } else {
                     policy::first_match(&self.inner.cfg.policies, &run)
                 };
-                if let Some(p) = policy {
+                if !req.approved_under.is_empty() {
+                    // Delegation: the parent's approval covers the child,
+                    // which spends inside the parent's budget.
+                    let by = format!("delegation:{}", req.approved_under);
+                    let (approved, s) = self.transition(
+                        &mut st,
+                        &run.run_id,
+                        S::Approved,
+                        Note::new(&by, "auto_approved", "delegated by a running, approved run")
+                            .detail("approved_under", &req.approved_under),
+                        |_| {},
+                    )?;
+                    (run, seq, auto) = (approved, s, by);
+                } else if let Some(p) = policy {
                     let by = format!("policy:{}", p.name);
                     let (approved, s) = self.transition(
                         &mut st,

@@ -303,6 +303,7 @@ async fn skip_policies_leaves_even_a_zero_cost_run_for_a_person() {
             ProposeRequest {
                 run: Some(spec(Some(0))),
                 skip_policies: true,
+                ..Default::default()
             },
             Some("@you".into()),
         )
@@ -310,6 +311,70 @@ async fn skip_policies_leaves_even_a_zero_cost_run_for_a_person() {
         .unwrap();
     assert_eq!(out.auto_approved_by, "");
     assert_eq!(out.run.as_ref().map(status_of), Some(S::Proposed));
+}
+
+#[tokio::test]
+async fn a_delegated_run_is_approved_only_under_a_running_parent() {
+    for status in [
+        S::Proposed,
+        S::Approved,
+        S::Running,
+        S::Completed,
+        S::Failed,
+        S::Rejected,
+        S::Cancelled,
+    ] {
+        let f = fixture();
+        let parent = run_in(&f.svc, status).await;
+        let mut child = spec(Some(5_000));
+        child.run_id = "run-child".into();
+        let out = f
+            .svc
+            .propose(
+                ProposeRequest {
+                    run: Some(child),
+                    approved_under: parent.clone(),
+                    ..Default::default()
+                },
+                Some("@you".into()),
+            )
+            .await;
+        if status == S::Running {
+            let out = out.unwrap();
+            assert_eq!(out.auto_approved_by, format!("delegation:{parent}"));
+            assert_eq!(out.run.as_ref().map(status_of), Some(S::Approved));
+            let audit = f
+                .svc
+                .list_audit(&ListAuditRequest {
+                    run_id: "run-child".into(),
+                    ..Default::default()
+                })
+                .unwrap();
+            let last = audit.records.last().unwrap();
+            assert_eq!(
+                (last.actor.clone(), last.event_type.as_str()),
+                (format!("delegation:{parent}"), "auto_approved")
+            );
+        } else {
+            let e = api(out.unwrap_err());
+            assert_eq!(e.reason.as_deref(), Some("RUN_NOT_RUNNING"), "{status:?}");
+            assert!(f.svc.get("run-child").is_err(), "no child run is created");
+        }
+    }
+    let f = fixture();
+    let e = f
+        .svc
+        .propose(
+            ProposeRequest {
+                run: Some(spec(Some(1))),
+                approved_under: "run-nope".into(),
+                ..Default::default()
+            },
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(api(e).reason.as_deref(), Some("RUN_NOT_FOUND"));
 }
 
 #[tokio::test]

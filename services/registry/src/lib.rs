@@ -604,6 +604,66 @@ impl Registry {
     }
 }
 
+impl Registry {
+    /// Tools and routable tool-mode agents, listed apart for a prompt.
+    pub fn summary(&self, req: &GetCapabilitiesSummaryRequest) -> GetCapabilitiesSummaryResponse {
+        let st = self.lock();
+        let tools: Vec<SummaryItem> = st
+            .tools
+            .values()
+            .filter(|t| req.tools.is_empty() || req.tools.contains(&t.name))
+            .map(|t| SummaryItem {
+                name: t.name.clone(),
+                description: t.description.clone(),
+            })
+            .collect();
+        let wanted = |e: &Entry| {
+            let id = e.agent.spec.as_ref().map_or("", |s| s.id.as_str());
+            req.agents.is_empty()
+                || req.agents.iter().any(|w| {
+                    w == id
+                        || e.capabilities().any(|c| {
+                            switchyard_core::validate::capability_lineage(c).any(|l| l == w)
+                        })
+                })
+        };
+        let agents: Vec<SummaryItem> = st
+            .agents
+            .values()
+            .filter(|e| e.status() == AgentStatus::Available)
+            .filter(|e| {
+                e.agent.spec.as_ref().is_some_and(|s| {
+                    s.integration_mode
+                        != switchyard_proto::agent::v1::IntegrationMode::Handoff as i32
+                })
+            })
+            .filter(|e| wanted(e))
+            .filter_map(|e| e.agent.spec.as_ref())
+            .map(|s| SummaryItem {
+                name: switchyard_core::validate::agent_tool_name(&s.id),
+                description: s.description.trim().to_owned(),
+            })
+            .collect();
+        let line = |i: &SummaryItem| {
+            let d = i
+                .description
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            format!("- {}: {d}\n", i.name)
+        };
+        let mut text = String::from("Available tools:\n");
+        tools.iter().for_each(|t| text.push_str(&line(t)));
+        text.push_str("\nAvailable agents:\n");
+        agents.iter().for_each(|a| text.push_str(&line(a)));
+        GetCapabilitiesSummaryResponse {
+            tools,
+            agents,
+            text,
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl RegistryService for Registry {
     async fn register_agent(
@@ -666,6 +726,13 @@ impl RegistryService for Registry {
             .map(Entry::view)
             .collect();
         Ok(Response::new(FindByCapabilityResponse { agents }))
+    }
+
+    async fn get_capabilities_summary(
+        &self,
+        req: Request<GetCapabilitiesSummaryRequest>,
+    ) -> Result<Response<GetCapabilitiesSummaryResponse>, Status> {
+        Ok(Response::new(self.summary(&req.into_inner())))
     }
 
     async fn register_tool(
@@ -789,6 +856,8 @@ switchyard_kit::service_client! {
             deregister_tool(DeregisterToolRequest) -> DeregisterToolResponse;
             /// Lists tools.
             list_tools(ListToolsRequest) -> ListToolsResponse;
+            /// Tools and agents for a prompt.
+            get_capabilities_summary(GetCapabilitiesSummaryRequest) -> GetCapabilitiesSummaryResponse;
             /// Records a call outcome.
             report_outcome(ReportOutcomeRequest) -> ReportOutcomeResponse;
         }

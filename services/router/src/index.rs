@@ -15,6 +15,7 @@ use switchyard_proto::router::v1::{Candidate, RouteConstraints, ScoreBreakdown};
 pub(crate) struct AgentInfo {
     pub id: String,
     pub endpoint: String,
+    pub bills_tokens: bool,
     pub trust: u32,
     pub available: bool,
     pub saturated: bool,
@@ -40,6 +41,7 @@ impl AgentInfo {
         Some(AgentInfo {
             id: spec.id.clone(),
             endpoint: spec.endpoint.clone(),
+            bills_tokens: spec.bills_tokens,
             trust: spec.trust_score,
             available: a.status == AgentStatus::Available as i32,
             saturated: spec.max_concurrency > 0 && in_flight >= spec.max_concurrency,
@@ -265,6 +267,7 @@ impl Index {
                 Candidate {
                     agent_id: a.id.clone(),
                     endpoint: a.endpoint.clone(),
+                    bills_tokens: a.bills_tokens,
                     score: b.total,
                     breakdown: Some(ScoreBreakdown {
                         capability_match: b.capability_match,
