@@ -385,7 +385,7 @@ async fn seed_000_ojs_fields_are_validated_and_llm_tasks_fail_cleanly_without_a_
     assert_eq!(r.state, JobState::Discarded as i32);
     assert_eq!(r.reason, "LLM_PROVIDER_NOT_CONFIGURED");
     assert!(
-        r.error.contains("no LLM provider is configured"),
+        r.error.contains("no configured LLM provider serves"),
         "{}",
         r.error
     );

@@ -62,6 +62,17 @@ impl Progress {
         self.emit(String::new(), None, text.into()).await;
     }
 
+    /// Reports progress without waiting: dropped if the caller is slow.
+    pub fn note(&self, message: impl Into<String>) {
+        let _ = self.0.try_send(Ok(InvokeResponse {
+            message: Some(Message::Progress(ProgressMsg {
+                message: message.into(),
+                percent: None,
+                output_chunk: String::new(),
+            })),
+        }));
+    }
+
     async fn emit(&self, message: String, percent: Option<u32>, output_chunk: String) {
         let msg = InvokeResponse {
             message: Some(Message::Progress(ProgressMsg {
@@ -194,6 +205,9 @@ impl<A: Agent> AgentService for AgentServer<A> {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
+
+pub mod delegation;
+pub mod tools;
 
 /// Errors serving or registering.
 #[derive(Debug, thiserror::Error)]

@@ -142,6 +142,17 @@ pub enum ToolCmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// The capabilities summary a model is given: tools and agents, apart.
+    Summary {
+        /// Only these tools (repeatable; all when none).
+        #[arg(long = "tool")]
+        tools: Vec<String>,
+        /// Only agents with these ids or capabilities (repeatable).
+        #[arg(long = "agent")]
+        agents: Vec<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
 }
 
 /// `switchyard route ...`
@@ -386,6 +397,28 @@ pub async fn tool(cmd: ToolCmd) -> anyhow::Result<()> {
                         if r.created { "registered" } else { "updated" }
                     ),
                 }
+            }
+        }
+        ToolCmd::Summary {
+            tools,
+            agents,
+            conn,
+        } => {
+            let r = conn
+                .registry()
+                .await?
+                .get_capabilities_summary(
+                    switchyard_proto::registry::v1::GetCapabilitiesSummaryRequest { tools, agents },
+                )
+                .await
+                .map_err(api)?;
+            let item = |i: &switchyard_proto::registry::v1::SummaryItem| serde_json::json!({"name": i.name, "description": i.description});
+            match conn.output {
+                Format::Json => print_json(&serde_json::json!({
+                    "tools": r.tools.iter().map(item).collect::<Vec<_>>(),
+                    "agents": r.agents.iter().map(item).collect::<Vec<_>>(),
+                })),
+                Format::Table => print!("{}", r.text),
             }
         }
         ToolCmd::List { conn } => {

@@ -48,6 +48,11 @@ pub struct Config {
     pub approval: ApprovalConfig,
     /// `[executor]`.
     pub executor: switchyard_executor::ExecutorConfig,
+    /// `[llm]`: providers and the models they serve, with prices.
+    pub llm: switchyard_llm::LlmConfig,
+    /// `[agents]`: declarative agents hosted by `switchyard dev` or
+    /// `switchyard agents serve`.
+    pub agents: switchyard_agents::AgentsConfig,
 }
 
 impl Config {
@@ -58,6 +63,7 @@ impl Config {
         self.ledger.validate()?;
         self.approval.validate()?;
         self.executor.validate()?;
+        self.llm.validate()?;
         if self.server.max_message_bytes < 1024 {
             return Err("server.max_message_bytes must be at least 1024".into());
         }

@@ -3,6 +3,7 @@
 //! parses arguments and calls in here; `switchyard-testkit` uses the same
 //! composition to run the stack in-process for tests and benchmarks.
 
+pub mod agents;
 pub mod config;
 pub mod node;
 

@@ -56,6 +56,35 @@ enum Command {
     /// Submit, follow, inspect and cancel jobs.
     #[command(subcommand)]
     Job(job::JobCmd),
+    /// Declarative agents: manifest.yaml + prompt, no code.
+    #[command(subcommand)]
+    Agents(AgentsCmd),
+}
+
+#[derive(Subcommand)]
+enum AgentsCmd {
+    /// Host every manifest under DIR: register each as agent_<id>,
+    /// heartbeat, and answer Invoke until SIGINT/SIGTERM.
+    Serve {
+        /// Directory of manifests (DIR/manifest.yaml and DIR/*/manifest.yaml).
+        #[arg(long)]
+        dir: PathBuf,
+        /// Switchyard (registry, ledger and executor) URL, unless each is set
+        /// in [agents].
+        #[arg(long, env = "SWITCHYARD_URL", default_value = "http://127.0.0.1:7600")]
+        url: String,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Load and validate every manifest under DIR; print what would be hosted.
+    Check {
+        /// Directory of manifests.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Project root for instruction files (default: DIR's parent).
+        #[arg(long)]
+        root: Option<PathBuf>,
+    },
 }
 
 #[derive(Args)]
@@ -126,6 +155,61 @@ async fn run_services(args: RunArgs, services: &[ServiceKind]) -> anyhow::Result
     result
 }
 
+async fn agents(cmd: AgentsCmd) -> anyhow::Result<()> {
+    match cmd {
+        AgentsCmd::Check { dir, root } => {
+            let root = root
+                .or_else(|| dir.parent().map(std::path::Path::to_path_buf))
+                .unwrap_or_else(|| dir.clone());
+            let loaded = switchyard_agents::load_dir(&dir, &root)
+                .map_err(switchyard_agents::AgentsError::Manifests)?;
+            for a in &loaded.agents {
+                println!(
+                    "ok      {} ({}) model {} tools [{}] capabilities [{}]",
+                    a.registry_id,
+                    a.name,
+                    a.models.join(" > "),
+                    a.uses_tools.join(", "),
+                    a.capabilities
+                        .iter()
+                        .map(|c| c.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            for (path, why) in &loaded.skipped {
+                println!("skipped {}: {why}", path.display());
+            }
+            Ok(())
+        }
+        AgentsCmd::Serve { dir, url, run } => {
+            let mut cfg = run.config()?;
+            if run.dump_config {
+                print!("{}", switchyard_kit::config::dump(&cfg)?);
+                return Ok(());
+            }
+            let telemetry = switchyard_kit::telemetry::init(&cfg.telemetry)?;
+            if let Some(l) = &run.listen {
+                cfg.agents.listen.clone_from(l);
+            }
+            let hosted = switchyard_cli::agents::host(&cfg, &dir, Some(&url))?;
+            let (trigger, shutdown) = switchyard_kit::shutdown::channel();
+            switchyard_kit::shutdown::on_signals(trigger);
+            let ids = hosted.ids();
+            let result = switchyard_agents::serve_until(hosted, shutdown, |addr| {
+                use std::io::Write;
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "listening grpc={addr}");
+                let _ = writeln!(out, "agents {}", ids.join(","));
+                let _ = out.flush();
+            })
+            .await;
+            telemetry.shutdown();
+            Ok(result?)
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -138,6 +222,7 @@ async fn main() -> ExitCode {
         Command::Budget(cmd) => budget::run(cmd).await,
         Command::Approval(cmd) => approval::run(cmd).await,
         Command::Job(cmd) => job::run(cmd).await,
+        Command::Agents(cmd) => agents(cmd).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

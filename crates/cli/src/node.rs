@@ -160,6 +160,7 @@ pub async fn run_node(
             Ok(switchyard_kit::client::lazy_channel(u)?)
         };
         let clients = switchyard_executor::Clients {
+            llm: switchyard_llm::Llm::new(&cfg.llm).map_err(anyhow::Error::msg)?,
             registry: match &registry {
                 Some(r) => RegistryClient::local(Arc::new(r.clone())),
                 None => RegistryClient::remote(url("registry", &e.registry_url)?, max),
@@ -194,9 +195,34 @@ pub async fn run_node(
         executor = Some(x);
     }
 
+    // Declarative agents (`[agents] dir`): their own AgentService endpoint,
+    // talking to this node's services over loopback like any agent process.
+    let mut agents_task = None;
+    if let Some(dir) = &cfg.agents.dir {
+        let own = format!("http://{}", listener.local_addr()?);
+        let hosted = crate::agents::host(&cfg, dir, Some(&own))?;
+        let ids = hosted.ids();
+        let stop = shutdown.clone();
+        agents_task = Some(tokio::spawn(async move {
+            let r = switchyard_agents::serve_until(hosted, stop, |addr| {
+                tracing::info!(%addr, agents = ?ids, "declarative agents serving");
+            })
+            .await;
+            if let Err(e) = &r {
+                tracing::error!(error = %e, "declarative agents stopped");
+            }
+            r
+        }));
+    }
+
     let names: Vec<_> = services.iter().map(|s| s.name()).collect();
     tracing::info!(services = ?names, addr = %listener.local_addr()?, "serving");
     server.run(listener, shutdown).await?;
+    if let Some(t) = agents_task
+        && let Err(e) = t.await
+    {
+        tracing::error!(error = %e, "declarative agents task failed");
+    }
     if let Some(reg) = registry {
         reg.flush().context("flushing registry storage")?;
     }

@@ -61,6 +61,20 @@ pub enum Refusal {
     Unavailable(String),
 }
 
+impl Refusal {
+    /// The refusal for a ledger answer to the reservation of model call
+    /// `call`: `budget` when the ledger said BUDGET_EXCEEDED.
+    pub fn from_ledger(budget: bool, message: &str, call: u32) -> Refusal {
+        if budget {
+            Refusal::Budget(format!(
+                "the budget refused the reservation for model call {call}: {message}"
+            ))
+        } else {
+            Refusal::Unavailable(format!("ledger: {message}"))
+        }
+    }
+}
+
 /// What the loop needs from where it runs.
 pub trait Host: Send + Sync {
     /// Reserves `tokens` and `cost` (micro-USD) for model call `call`
@@ -140,11 +154,14 @@ pub struct Failure {
     pub report: Box<Report>,
 }
 
-/// Rough prompt size: 4 characters a token, plus framing per message and
-/// the tool schemas. Usage above a reservation is still committed and
-/// recorded by the ledger as an overrun; nothing is lost.
+/// An upper bound on a prompt's tokens: a token never covers less than one
+/// byte (byte-level BPE), so the bytes of every message and tool schema,
+/// plus framing per message, are at least the tokens the provider counts.
+/// Reserving this bound (not a 4-characters-a-token guess) is what keeps
+/// parallel calls on one budget from overrunning it; what is not used is
+/// released at commit.
 pub fn estimate_prompt_tokens(messages: &[Message], tools: &[ToolSpec]) -> u64 {
-    let chars: usize = messages
+    let bytes: usize = messages
         .iter()
         .map(|m| {
             m.content.len()
@@ -158,7 +175,7 @@ pub fn estimate_prompt_tokens(messages: &[Message], tools: &[ToolSpec]) -> u64 {
             .iter()
             .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
             .sum::<usize>();
-    (chars as u64).div_ceil(4) + 4 * messages.len() as u64 + 8
+    bytes as u64 + 4 * messages.len() as u64 + 8 * tools.len() as u64 + 8
 }
 
 /// Reads a model's JSON answer, allowing a fenced ```json block.
@@ -220,6 +237,10 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
     }
     messages.push(Message::text(Role::User, spec.prompt.clone()));
     let mut choice = spec.tool_choice;
+    // Once a fallback answered, later turns start from it: the
+    // conversation stays with one model, and a model known to be down is
+    // not asked again on every turn.
+    let mut chain: &[String] = &spec.chain;
     for turn in 1..=spec.max_turns.max(1) {
         report.turns = turn;
         if Instant::now() >= spec.deadline {
@@ -286,13 +307,7 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
             );
         };
         let answered = llm
-            .chat(
-                &spec.chain,
-                &spec.provider,
-                &req,
-                spec.deadline,
-                &mut on_call,
-            )
+            .chat(chain, &spec.provider, &req, spec.deadline, &mut on_call)
             .await;
         let (resp, model) = match answered {
             Ok(x) => x,
@@ -301,6 +316,9 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
                 return Err(fail(e.reason, e.message, &report));
             }
         };
+        if let Some(i) = chain.iter().position(|m| *m == model) {
+            chain = &chain[i..];
+        }
         let used = llm.price(&model, &spec.provider).unwrap_or(price);
         let call_cost = used.cost(&resp.usage);
         host.commit(&hold, &model, resp.usage, call_cost).await;

@@ -425,6 +425,12 @@ impl Llm {
         self.served(model, hint).map(|s| s.price)
     }
 
+    /// One per-million price for a journal entry of `model` (the higher of
+    /// its two; the entry's total is the exact cost either way).
+    pub fn entry_price(&self, model: &str, hint: &str) -> i64 {
+        self.price(model, hint).map_or(0, |p| p.input.max(p.output))
+    }
+
     /// The highest price over a chain's configured models: what one call
     /// is reserved at, whichever model ends up answering.
     pub fn chain_price(&self, chain: &[String], hint: &str) -> Option<Price> {

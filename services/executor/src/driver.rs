@@ -38,7 +38,7 @@ use crate::{AgentClient, Change, Control, Executor, ExecutorError, command, lock
 
 /// How an attempt failed, which decides what happens next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Class {
+pub(crate) enum Class {
     /// The budget refused: on_cost_exceeded.
     Budget,
     /// The attempt timed out: on_timeout.
@@ -53,21 +53,21 @@ enum Class {
 
 /// The end of one attempt.
 #[derive(Debug)]
-struct Outcome {
-    failure: Option<(Class, Reason, String)>,
+pub(crate) struct Outcome {
+    pub(crate) failure: Option<(Class, Reason, String)>,
     /// Outputs to keep (also for failed attempts: partial results).
-    status: Option<TaskStatus>,
+    pub(crate) status: Option<TaskStatus>,
 }
 
 impl Outcome {
-    fn ok(status: TaskStatus) -> Self {
+    pub(crate) fn ok(status: TaskStatus) -> Self {
         Outcome {
             failure: None,
             status: Some(status),
         }
     }
 
-    fn fail(class: Class, reason: Reason, error: impl Into<String>) -> Self {
+    pub(crate) fn fail(class: Class, reason: Reason, error: impl Into<String>) -> Self {
         Outcome {
             failure: Some((class, reason, error.into())),
             status: None,
@@ -76,19 +76,33 @@ impl Outcome {
 }
 
 /// What an attempt needs from the job, read once under the lock.
-struct Snapshot {
-    task: TaskSpec,
-    job_input: Value,
-    outputs: HashMap<String, Value>,
-    stdin: Option<Vec<u8>>,
-    budget_id: String,
-    token_budget: Option<u64>,
-    correlation_id: String,
-    delegation_depth: u32,
-    attempt: u32,
+#[derive(Debug, Clone)]
+pub(crate) struct Snapshot {
+    pub(crate) task: TaskSpec,
+    pub(crate) job_input: Value,
+    pub(crate) outputs: HashMap<String, Value>,
+    pub(crate) stdin: Option<Vec<u8>>,
+    pub(crate) budget_id: String,
+    pub(crate) token_budget: Option<u64>,
+    pub(crate) correlation_id: String,
+    pub(crate) delegation_depth: u32,
+    pub(crate) attempt: u32,
     /// Log position of the attempt's start: nothing with an effect outside
     /// the executor happens before it is durable.
-    start_g: u64,
+    pub(crate) start_g: u64,
+    /// Empty for the task itself; `/tool/<call id>` for a call an LLM task
+    /// makes to an agent, so its idempotency keys are its own.
+    pub(crate) scope: String,
+}
+
+impl Snapshot {
+    /// The snapshot of an agent call made as LLM tool call `call_id`.
+    pub(crate) fn clone_for_call(&self, call_id: &str) -> Snapshot {
+        Snapshot {
+            scope: format!("{}/tool/{call_id}", self.scope),
+            ..self.clone()
+        }
+    }
 }
 
 /// One scheduling step: the last event, the next timer, whether every task
@@ -572,6 +586,7 @@ impl Executor {
             attempt,
             task,
             start_g: 0,
+            scope: String::new(),
         })
     }
 
@@ -867,7 +882,13 @@ impl Executor {
     }
 
     /// Releases a reservation and records it (idempotent).
-    async fn release(&self, job_id: &str, task_id: &str, reservation_id: &str, why: &str) {
+    pub(crate) async fn release(
+        &self,
+        job_id: &str,
+        task_id: &str,
+        reservation_id: &str,
+        why: &str,
+    ) {
         let r = self
             .inner
             .clients
@@ -941,14 +962,7 @@ impl Executor {
                 };
                 self.agent_attempt(job_id, &snap, &a, input, timeout).await
             }
-            Some(Kind::Llm(l)) => Outcome::fail(
-                Class::Permanent,
-                Reason::LlmProviderNotConfigured,
-                format!(
-                    "no LLM provider is configured, so model {:?} cannot run",
-                    l.model
-                ),
-            ),
+            Some(Kind::Llm(l)) => self.llm_attempt(job_id, &snap, &l, timeout, scratch).await,
             None => Outcome::fail(
                 Class::Permanent,
                 Reason::InvalidArgument,
@@ -984,16 +998,7 @@ impl Executor {
                 ),
             );
         };
-        let mut env = vec![
-            ("PATH".to_owned(), cfg.path.clone()),
-            ("LANG".to_owned(), "C.UTF-8".to_owned()),
-            ("HOME".to_owned(), scratch.display().to_string()),
-            ("SWITCHYARD_JOB_ID".to_owned(), job_id.to_owned()),
-            ("SWITCHYARD_TASK_ID".to_owned(), snap.task.id.clone()),
-        ];
-        let mut extra: Vec<_> = c.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        extra.sort();
-        env.extend(extra);
+        let env = self.command_env(job_id, &snap.task.id, scratch, &c.env);
         let limits = command::Limits {
             timeout,
             grace: Duration::from_millis(cfg.kill_grace_ms),
@@ -1074,6 +1079,27 @@ impl Executor {
         }
     }
 
+    /// The whole environment a command sees: nothing inherited.
+    pub(crate) fn command_env(
+        &self,
+        job_id: &str,
+        task_id: &str,
+        scratch: &std::path::Path,
+        extra: &HashMap<String, String>,
+    ) -> Vec<(String, String)> {
+        let mut env = vec![
+            ("PATH".to_owned(), self.inner.cfg.path.clone()),
+            ("LANG".to_owned(), "C.UTF-8".to_owned()),
+            ("HOME".to_owned(), scratch.display().to_string()),
+            ("SWITCHYARD_JOB_ID".to_owned(), job_id.to_owned()),
+            ("SWITCHYARD_TASK_ID".to_owned(), task_id.to_owned()),
+        ];
+        let mut extra: Vec<_> = extra.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        extra.sort();
+        env.extend(extra);
+        env
+    }
+
     fn agent_client(&self, endpoint: &str) -> Result<AgentClient, String> {
         if endpoint == *lock(&self.inner.local_endpoint) {
             return Ok(AgentClient::local(self.inner.local_agents.clone()));
@@ -1090,7 +1116,7 @@ impl Executor {
 
     /// Records an event and has it flushed in the background (shared with
     /// other flushes), so watchers see it soon without this caller waiting.
-    fn event(&self, job_id: &str, task_id: &str, kind: &str, data: Value) {
+    pub(crate) fn event(&self, job_id: &str, task_id: &str, kind: &str, data: Value) {
         let g = {
             let mut st = self.lock();
             self.record(&mut st, job_id, task_id, kind, data, None)
@@ -1104,7 +1130,7 @@ impl Executor {
         self.inner.flush_wanted.notify_one();
     }
 
-    async fn agent_attempt(
+    pub(crate) async fn agent_attempt(
         &self,
         job_id: &str,
         snap: &Snapshot,
@@ -1185,6 +1211,9 @@ impl Executor {
                 ));
                 continue;
             }
+            // A self-billing agent reserves its own model calls on the
+            // budget it is given; holding tokens here too would halve it.
+            let tokens = if c.bills_tokens { 0 } else { tokens };
             // Reserve the worst case first; a refusal means the call is not made.
             let reserved = clients
                 .ledger
@@ -1192,7 +1221,10 @@ impl Executor {
                     budget_id: snap.budget_id.clone(),
                     tokens,
                     cost: Some(Money { micro_usd: cost }),
-                    idempotency_key: format!("{job_id}/{task_id}/{}/{}", snap.attempt, c.agent_id),
+                    idempotency_key: format!(
+                        "{job_id}/{task_id}/{}{}/{}",
+                        snap.attempt, snap.scope, c.agent_id
+                    ),
                     ttl: None,
                     context: Some(CorrelationContext {
                         correlation_id: snap.correlation_id.clone(),
@@ -1321,25 +1353,39 @@ impl Executor {
                         ));
                         continue;
                     }
+                    // An agent that bills its own model calls has committed
+                    // them on the job budget already: record them, charge
+                    // only its price here.
+                    let billed = c.bills_tokens && resp.billed;
+                    if billed
+                        && (resp.tokens_used > 0 || resp.cost.is_some_and(|m| m.micro_usd > 0))
+                    {
+                        self.event(job_id, task_id, kind::BILLED, json!({"agent_id": c.agent_id, "tokens": resp.tokens_used, "cost_micro_usd": resp.cost.map_or(0, |m| m.micro_usd), "model": resp.model_used}));
+                    }
+                    let (used_tokens, reported) = if billed {
+                        (0, 0)
+                    } else {
+                        (resp.tokens_used, resp.cost.map_or(0, |m| m.micro_usd))
+                    };
                     // Commit what was used (server-side: the agent's report, never the client's).
-                    let used_cost = resp.cost.map_or(0, |m| m.micro_usd).max(
-                        if status == ResponseStatus::Success {
-                            cost
-                        } else {
-                            0
-                        },
-                    );
-                    if resp.tokens_used > 0 || used_cost > 0 {
-                        self.commit(
-                            job_id,
-                            task_id,
-                            &rid,
-                            &c.agent_id,
-                            resp.tokens_used,
-                            used_cost,
-                            cost,
-                        )
-                        .await;
+                    let used_cost = reported.max(if status == ResponseStatus::Success {
+                        cost
+                    } else {
+                        0
+                    });
+                    if used_tokens > 0 || used_cost > 0 {
+                        let entry = Entry {
+                            subtask_id: task_id.into(),
+                            agent_id: c.agent_id.clone(),
+                            model: resp.model_used.clone(),
+                            units: 1,
+                            price_per_unit: Some(UnitPrice {
+                                micro_usd_per_million: cost.saturating_mul(1_000_000),
+                            }),
+                            ..Default::default()
+                        };
+                        self.commit(job_id, task_id, &rid, used_tokens, used_cost, entry)
+                            .await;
                     } else {
                         // Nothing to account for: release off the task's
                         // path; the job's end waits for it.
@@ -1398,16 +1444,15 @@ impl Executor {
         })
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn commit(
+    /// Commits what reservation `rid` used, with its journal entry.
+    pub(crate) async fn commit(
         &self,
         job_id: &str,
         task_id: &str,
         rid: &str,
-        agent_id: &str,
         tokens: u64,
         cost: i64,
-        price: i64,
+        entry: Entry,
     ) {
         let r = self
             .inner
@@ -1417,15 +1462,7 @@ impl Executor {
                 reservation_id: rid.into(),
                 tokens,
                 cost: Some(Money { micro_usd: cost }),
-                entry: Some(Entry {
-                    subtask_id: task_id.into(),
-                    agent_id: agent_id.into(),
-                    units: 1,
-                    price_per_unit: Some(UnitPrice {
-                        micro_usd_per_million: price.saturating_mul(1_000_000),
-                    }),
-                    ..Default::default()
-                }),
+                entry: Some(entry),
                 idempotency_key: format!("commit-{rid}"),
             })
             .await;
@@ -1455,6 +1492,7 @@ impl Executor {
             .map_err(CallError::Unreachable)?;
         let task_id = snap.task.id.as_str();
         let req = InvokeRequest {
+            agent_id: c.agent_id.clone(),
             capability: a.capability.clone(),
             task: snap.task.name.clone(),
             input: json_to_struct(input),
@@ -1467,7 +1505,8 @@ impl Executor {
                 }),
                 attempt: snap.attempt,
                 // Stable across retries and restarts: the agent can deduplicate.
-                idempotency_key: format!("{job_id}/{task_id}"),
+                idempotency_key: format!("{job_id}/{task_id}{}", snap.scope),
+                budget_id: snap.budget_id.clone(),
                 delegation_depth: snap.delegation_depth,
                 ..Default::default()
             }),

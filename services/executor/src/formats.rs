@@ -27,7 +27,7 @@ pub struct FormatError {
 }
 
 impl FormatError {
-    fn one(reason: Reason, field: &str, text: impl Into<String>) -> Self {
+    pub(crate) fn one(reason: Reason, field: &str, text: impl Into<String>) -> Self {
         let mut violations = Violations::new();
         violations.add(field, text);
         FormatError { reason, violations }
@@ -610,6 +610,18 @@ fn slug(s: &str) -> String {
 
 // ---------------------------------------------------------------- OJS (seed 000)
 
+/// An optional array of strings (absent or null: empty).
+fn strings(v: Option<&Value>, field: &str, why: &str) -> Result<Vec<String>, FormatError> {
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) => Ok(a
+            .iter()
+            .filter_map(|m| m.as_str().map(str::to_owned))
+            .collect()),
+        Some(_) => Err(FormatError::one(Reason::AgentInvalidParameter, field, why)),
+    }
+}
+
 fn ojs(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
     let o = v.as_object().cloned().unwrap_or_default();
     let bad =
@@ -711,6 +723,18 @@ fn ojs(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
                     "parameters must be a JSON Schema object".into(),
                 ));
             }
+            let command = t.get("command").and_then(Value::as_str).unwrap_or_default();
+            let args = strings(
+                t.get("args"),
+                &format!("ext_agent_tools[{i}].args"),
+                "args must be an array of strings",
+            )?;
+            if !args.is_empty() && command.is_empty() {
+                return Err(bad(
+                    &format!("ext_agent_tools[{i}].args"),
+                    "args needs a command".into(),
+                ));
+            }
             tools.push(ToolDefinition {
                 name: name.to_owned(),
                 description: t
@@ -719,6 +743,8 @@ fn ojs(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
                     .unwrap_or_default()
                     .to_owned(),
                 parameters: json_to_struct(&parameters),
+                command: command.to_owned(),
+                args,
             });
         }
     }
@@ -756,21 +782,37 @@ fn ojs(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
             ));
         }
     };
-    let fallback_models: Vec<String> = match o.get("ext_agent_fallback_models") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) if a.iter().all(Value::is_string) => a
-            .iter()
-            .filter_map(|m| m.as_str().map(str::to_owned))
-            .collect(),
-        Some(_) => {
-            return Err(bad(
-                "ext_agent_fallback_models",
-                "must be an array of model names".into(),
-            ));
-        }
-    };
+    let fallback_models = strings(
+        o.get("ext_agent_fallback_models"),
+        "ext_agent_fallback_models",
+        "must be an array of model names",
+    )?;
     let max_tokens = uint("ext_agent_max_tokens")?;
     let token_budget = uint("ext_agent_token_budget")?;
+    let max_turns = uint("ext_agent_max_turns")?.unwrap_or(0);
+    if max_turns > 1000 {
+        return Err(bad(
+            "ext_agent_max_turns",
+            format!("ext_agent_max_turns must be at most 1000, got {max_turns}"),
+        ));
+    }
+    let max_tokens_per_invocation = uint("ext_agent_max_tokens_per_invocation")?.unwrap_or(0);
+    let time_budget_ms = uint("ext_agent_time_budget_ms")?.unwrap_or(0);
+    let tool_timeout_ms = uint("ext_agent_tool_timeout_ms")?.unwrap_or(0);
+    let instructions = str_field("ext_agent_instructions")?;
+    let agents = strings(
+        o.get("ext_agent_agents"),
+        "ext_agent_agents",
+        "must be an array of agent ids or capabilities",
+    )?;
+    for (i, a) in agents.iter().enumerate() {
+        if switchyard_core::validate::capability(a).is_err() {
+            return Err(bad(
+                &format!("ext_agent_agents[{i}]"),
+                format!("{a:?} is neither an agent id nor a capability"),
+            ));
+        }
+    }
     // System-managed fields from the client are ignored (seed 000 §6).
     const KNOWN: &[&str] = &[
         "ext_agent_model",
@@ -788,6 +830,13 @@ fn ojs(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
         "ext_agent_max_delegation_depth",
         "ext_agent_output_schema",
         "ext_agent_output_format",
+        "ext_agent_model_used",
+        "ext_agent_agents",
+        "ext_agent_max_turns",
+        "ext_agent_max_tokens_per_invocation",
+        "ext_agent_time_budget_ms",
+        "ext_agent_tool_timeout_ms",
+        "ext_agent_instructions",
     ];
     let unknown: Map<String, Value> = o
         .iter()
@@ -801,8 +850,11 @@ fn ojs(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
         .map(|a| a.as_str().map_or_else(|| a.to_string(), str::to_owned))
         .collect::<Vec<_>>()
         .join("\n");
-    let is_llm =
-        !model.is_empty() || !provider.is_empty() || !tools.is_empty() || max_tokens.is_some();
+    let is_llm = !model.is_empty()
+        || !provider.is_empty()
+        || !tools.is_empty()
+        || max_tokens.is_some()
+        || !agents.is_empty();
     let kind = if is_llm {
         task_spec::Kind::Llm(LlmTask {
             model,
@@ -811,7 +863,7 @@ fn ojs(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
             temperature,
             max_tokens,
             token_budget,
-            instructions: String::new(),
+            instructions,
             prompt,
             tools,
             tool_choice,
@@ -820,6 +872,11 @@ fn ojs(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
             extensions: (!unknown.is_empty())
                 .then(|| json_to_struct(&Value::Object(unknown)))
                 .flatten(),
+            agents,
+            max_turns: max_turns as u32,
+            max_tokens_per_invocation,
+            time_budget_ms,
+            tool_timeout_ms,
         })
     } else {
         task_spec::Kind::Agent(AgentTask {

@@ -16,6 +16,7 @@ pub mod builtin;
 pub mod command;
 mod driver;
 pub mod formats;
+mod llm;
 pub mod spec;
 pub mod state;
 
@@ -105,6 +106,11 @@ pub struct ExecutorConfig {
     pub agent_max_tokens: u64,
     /// Output tokens assumed for an LLM task without max_tokens.
     pub llm_default_max_tokens: u64,
+    /// Most model calls of one LLM task attempt when the task says none.
+    pub llm_max_turns: u32,
+    /// Timeout of one tool call when the task says none, ms (seed 000
+    /// `ext_agent_tool_timeout_ms`).
+    pub tool_timeout_ms: u64,
     /// Approval claim lease, seconds (renewed at a third of it).
     pub lease_secs: u32,
     /// How often pending jobs check their approval run, ms.
@@ -178,6 +184,8 @@ impl Default for ExecutorConfig {
             default_parent_budget: String::new(),
             agent_max_tokens: 4096,
             llm_default_max_tokens: 4096,
+            llm_max_turns: 10,
+            tool_timeout_ms: 30_000,
             lease_secs: 60,
             approval_poll_ms: 250,
             defer_interval_secs: 300,
@@ -201,6 +209,11 @@ impl ExecutorConfig {
         }
         if self.lease_secs < 3 {
             return Err("executor.lease_secs must be at least 3".into());
+        }
+        if self.llm_max_turns == 0 || self.tool_timeout_ms == 0 {
+            return Err(
+                "executor.llm_max_turns and executor.tool_timeout_ms must be at least 1".into(),
+            );
         }
         if self.approval_poll_ms == 0 {
             return Err("executor.approval_poll_ms must be at least 1".into());
@@ -261,6 +274,14 @@ pub enum ExecutorError {
     /// The job's scratch directory could not be prepared.
     #[error("scratch directory: {0}")]
     Scratch(String),
+    /// Delegation from a job that is not running.
+    #[error("job {parent:?} is {state}, not active: only a running job can delegate")]
+    ParentNotActive {
+        /// The parent job.
+        parent: String,
+        /// Its state.
+        state: String,
+    },
 }
 
 impl From<ExecutorError> for Status {
@@ -279,6 +300,12 @@ impl From<ExecutorError> for Status {
                 Reason::JobNotFound,
                 msg,
                 metadata([("job_id", id)]),
+            ),
+            ExecutorError::ParentNotActive { parent, state } => status_with_metadata(
+                Code::FailedPrecondition,
+                Reason::ParentNotActive,
+                msg,
+                metadata([("parent_job_id", parent), ("state", state)]),
             ),
             ExecutorError::Exists(id) => status_with_metadata(
                 Code::AlreadyExists,
@@ -305,6 +332,14 @@ fn upstream(service: &'static str) -> impl FnOnce(Status) -> ExecutorError {
     move |status| ExecutorError::Upstream { service, status }
 }
 
+/// The job a delegated job comes from.
+#[derive(Debug, Clone)]
+struct Parent {
+    run_id: String,
+    budget_id: String,
+    submitted_by: String,
+}
+
 /// The services the executor calls, each in-process or remote.
 #[derive(Debug, Clone)]
 pub struct Clients {
@@ -316,6 +351,8 @@ pub struct Clients {
     pub ledger: LedgerClient,
     /// Approval (runs).
     pub approval: ApprovalClient,
+    /// LLM providers (`[llm]`), for LLM tasks.
+    pub llm: switchyard_llm::Llm,
 }
 
 switchyard_kit::service_client! {
@@ -399,6 +436,7 @@ struct Inner {
     state: Mutex<State>,
     clients: Clients,
     agents: Mutex<HashMap<String, AgentClient>>,
+    tool_channels: llm::ToolChannels,
     local_agents: Arc<AgentServer<Builtins>>,
     local_endpoint: Mutex<String>,
     max_message_bytes: usize,
@@ -499,6 +537,7 @@ impl Executor {
                 state: Mutex::new(st),
                 clients,
                 agents: Mutex::new(HashMap::new()),
+                tool_channels: Mutex::new(HashMap::new()),
                 local_agents: Arc::new(AgentServer::new(Builtins, &spec)),
                 local_endpoint: Mutex::new(String::new()),
                 max_message_bytes,
@@ -788,11 +827,18 @@ impl Executor {
             match &t.kind {
                 Some(Kind::Agent(a)) => {
                     let routed = self.route(a).await.map_err(upstream("router"))?;
-                    let worst = routed
-                        .candidates
-                        .iter()
-                        .map(|c| c.price_per_unit_micro_usd)
-                        .max();
+                    // An agent that bills its own model calls can spend more
+                    // than its price: its worst case is unknown, so a person
+                    // (not a cost policy) approves.
+                    let worst = if routed.candidates.iter().any(|c| c.bills_tokens) {
+                        None
+                    } else {
+                        routed
+                            .candidates
+                            .iter()
+                            .map(|c| c.price_per_unit_micro_usd)
+                            .max()
+                    };
                     let tokens = self.agent_tokens(token_cap) * attempts;
                     est.output_tokens += tokens;
                     est.cost = match (est.cost, worst) {
@@ -817,6 +863,44 @@ impl Executor {
                     let output = l
                         .max_tokens
                         .unwrap_or(self.inner.cfg.llm_default_max_tokens);
+                    let mut chain = vec![l.model.clone()];
+                    chain.extend(l.fallback_models.iter().cloned());
+                    if let Some(price) = self.inner.clients.llm.chain_price(&chain, &l.provider) {
+                        // Worst case: every turn of every attempt spends its
+                        // full completion cap, within the token budget.
+                        let turns = u64::from(if l.max_turns == 0 {
+                            self.inner.cfg.llm_max_turns
+                        } else {
+                            l.max_turns
+                        });
+                        let (mut i, mut o) = (input * turns * attempts, output * turns * attempts);
+                        let cap = l.token_budget.or(token_cap);
+                        if let Some(cap) = cap
+                            && i + o > cap
+                        {
+                            o = (u128::from(cap) * u128::from(o) / u128::from(i + o)) as u64;
+                            i = cap - o;
+                        }
+                        est.input_tokens += i;
+                        est.output_tokens += o;
+                        let usage = switchyard_llm::Usage {
+                            prompt_tokens: i,
+                            completion_tokens: o,
+                            total_tokens: i + o,
+                        };
+                        // Agents called as tools and delegated jobs spend
+                        // inside the job's budget too, by amounts not known
+                        // now: a person approves.
+                        let open_ended = !l.agents.is_empty()
+                            || l.tools
+                                .iter()
+                                .any(|t| t.name == "delegate" && t.command.is_empty());
+                        est.cost = est
+                            .cost
+                            .filter(|_| !open_ended)
+                            .map(|c| c + price.cost(&usage));
+                        continue;
+                    }
                     est.input_tokens += input * attempts;
                     est.output_tokens += output * attempts;
                     let priced = self
@@ -902,6 +986,7 @@ impl Executor {
         if !client_id {
             spec.job_id = uuid::Uuid::now_v7().to_string();
         }
+        let parent = self.adopt(&mut spec)?;
         let job_id = spec.job_id.clone();
         let hash = spec::context_hash(&spec);
         let now = self.now();
@@ -922,8 +1007,12 @@ impl Executor {
             entry.context_hash = hash.clone();
             st.jobs.insert(job_id.clone(), entry);
         }
-        let submitted_by = actor.unwrap_or_else(|| "anonymous".into());
-        let result = self.admit(&spec, &hash, &submitted_by).await;
+        let submitted_by = actor
+            .or_else(|| parent.as_ref().map(|p| p.submitted_by.clone()))
+            .unwrap_or_else(|| "anonymous".into());
+        let result = self
+            .admit(&spec, &hash, &submitted_by, parent.as_ref())
+            .await;
         let (budget_id, run, auto) = match result {
             Ok(x) => x,
             Err(e) => {
@@ -998,6 +1087,60 @@ impl Executor {
         })
     }
 
+    /// Delegation (seed 000 §2.3): a job naming a parent is accepted only
+    /// while the parent is active and below its maximum depth; it gets the
+    /// parent's depth + 1, and its budget nests under the parent's.
+    fn adopt(&self, spec: &mut JobSpec) -> Result<Option<Parent>, ExecutorError> {
+        let Some(d) = spec
+            .delegation
+            .as_mut()
+            .filter(|d| !d.parent_job_id.is_empty())
+        else {
+            return Ok(None);
+        };
+        let st = self.lock();
+        let Some(p) = st.jobs.get(&d.parent_job_id) else {
+            return Err(ExecutorError::Invalid(FormatError::one(
+                Reason::JobNotFound,
+                "delegation.parent_job_id",
+                format!("parent job {:?} does not exist", d.parent_job_id),
+            )));
+        };
+        if p.state() != JobState::Active {
+            return Err(ExecutorError::ParentNotActive {
+                parent: d.parent_job_id.clone(),
+                state: p.state().as_str().to_owned(),
+            });
+        }
+        let pd = p.spec().delegation.clone().unwrap_or_default();
+        let cap = self.inner.cfg.max_delegation_depth;
+        let max = if pd.max_depth == 0 {
+            cap
+        } else {
+            pd.max_depth.min(cap)
+        };
+        let depth = pd.depth + 1;
+        if depth >= max {
+            return Err(ExecutorError::Invalid(FormatError::one(
+                Reason::AgentMaxDelegationDepth,
+                "delegation.depth",
+                format!(
+                    "delegation depth {depth} reaches the maximum of {max}: job {:?} may not delegate",
+                    d.parent_job_id
+                ),
+            )));
+        }
+        d.depth = depth;
+        d.max_depth = max;
+        let parent = Parent {
+            run_id: p.job.run_id.clone(),
+            budget_id: p.job.budget_id.clone(),
+            submitted_by: p.job.submitted_by.clone(),
+        };
+        spec.budget.get_or_insert_default().parent_budget_id = parent.budget_id.clone();
+        Ok(Some(parent))
+    }
+
     fn parent_budget(&self, spec: &JobSpec) -> String {
         spec.budget
             .as_ref()
@@ -1055,10 +1198,39 @@ impl Executor {
         spec: &JobSpec,
         hash: &str,
         submitted_by: &str,
+        parent: Option<&Parent>,
     ) -> Result<(String, ap::Run, Option<String>), ExecutorError> {
         let est = self.estimate(spec).await?;
         let budget_id = format!("job-{}", spec.job_id);
-        let b = spec.budget.clone().unwrap_or_default();
+        let mut b = spec.budget.clone().unwrap_or_default();
+        if let Some(p) = parent {
+            // The child gets what the parent has left, as a budget nested
+            // under the parent's: its spending rolls up, and every
+            // reservation must also fit the parent's.
+            let left = self
+                .inner
+                .clients
+                .ledger
+                .get_budget(switchyard_proto::ledger::v1::GetBudgetRequest {
+                    budget_id: p.budget_id.clone(),
+                })
+                .await
+                .map_err(upstream("ledger"))?
+                .budget
+                .unwrap_or_default();
+            let min = |a: Option<u64>, b: Option<u64>| match (a, b) {
+                (Some(x), Some(y)) => Some(x.min(y)),
+                (x, y) => x.or(y),
+            };
+            b.token_budget = min(b.token_budget, left.tokens_remaining);
+            b.cost_limit = min(
+                b.cost_limit.map(|m| m.micro_usd.max(0) as u64),
+                left.cost_remaining.map(|m| m.micro_usd.max(0) as u64),
+            )
+            .map(|c| Money {
+                micro_usd: c as i64,
+            });
+        }
         let mut labels = HashMap::new();
         labels.insert("job_id".to_owned(), spec.job_id.clone());
         let first_llm = spec.tasks.iter().find_map(|t| match &t.kind {
@@ -1145,6 +1317,7 @@ impl Executor {
         let propose = self.inner.clients.approval.propose(ap::ProposeRequest {
             run: Some(run),
             skip_policies: approval.requires_approval,
+            approved_under: parent.map(|p| p.run_id.clone()).unwrap_or_default(),
         });
         let (budget, out) = tokio::join!(budget, propose);
         if let Err(e) = budget {
@@ -1162,7 +1335,9 @@ impl Executor {
             ap::RunStatus::try_from(run.status),
             Ok(ap::RunStatus::Approved | ap::RunStatus::Running)
         );
-        let by = if !out.auto_approved_by.is_empty() {
+        let by = if out.auto_approved_by.starts_with("delegation:") {
+            Some(out.auto_approved_by.clone())
+        } else if !out.auto_approved_by.is_empty() {
             Some(format!("policy:{}", out.auto_approved_by))
         } else if approved {
             Some("approval".to_owned())

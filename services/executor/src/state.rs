@@ -49,6 +49,20 @@ pub mod kind {
     pub const AGENT_PROGRESS: &str = "agent.progress";
     /// A note for people (data: message), e.g. FAIL_AND_NOTIFY's notification.
     pub const NOTICE: &str = "job.notice";
+    /// A model call of an LLM task ended (data: turn, model, provider,
+    /// outcome, error, round, latency_ms); fallbacks show as several.
+    pub const LLM_CALL: &str = "llm.call";
+    /// A tool call of an LLM task ended (data: turn, call_id, name, status,
+    /// reason, error, duration_ms).
+    pub const TOOL_CALL: &str = "llm.tool_call";
+    /// The task created a child job (data: child_job_id).
+    pub const DELEGATED: &str = "delegation.created";
+    /// A child job ended; its usage rolls up into this job (data:
+    /// child_job_id, state, tokens, cost_micro_usd).
+    pub const CHILD_SETTLED: &str = "delegation.settled";
+    /// A self-billing agent committed its own usage on the job's budget
+    /// (data: agent_id, model, tokens, cost_micro_usd).
+    pub const BILLED: &str = "budget.billed_by_agent";
 }
 
 /// Builds an event's data object.
@@ -204,16 +218,11 @@ impl JobEntry {
             }
             kind::COMMITTED => {
                 self.open_reservations.remove(&text(e, "reservation_id"));
-                let tokens = num(e, "tokens") as u64;
-                let cost = num(e, "cost_micro_usd") as i64;
-                self.job.tokens_used += tokens;
-                self.job.cost_so_far.get_or_insert_default().micro_usd += cost;
-                if let Some(i) = task {
-                    let t = &mut self.job.tasks[i];
-                    t.tokens_used += tokens;
-                    t.cost.get_or_insert_default().micro_usd += cost;
-                }
+                self.count_usage(e, task);
             }
+            // Charged on this job's budget elsewhere (a child's nested
+            // budget, or a self-billing agent's own commits): counted here too.
+            kind::CHILD_SETTLED | kind::BILLED => self.count_usage(e, task),
             kind::RELEASED => {
                 self.open_reservations.remove(&text(e, "reservation_id"));
             }
@@ -247,6 +256,10 @@ impl JobEntry {
                     t.exit_code = stored.exit_code;
                     t.output_truncated = stored.output_truncated;
                     t.agent_id = stored.agent_id;
+                    t.model_used = stored.model_used;
+                    t.tool_results = stored.tool_results;
+                    t.llm_usage = stored.llm_usage;
+                    t.child_job_ids = stored.child_job_ids;
                 }
             }
             kind::TASK_STATE => {
@@ -279,6 +292,19 @@ impl JobEntry {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Adds an event's tokens and cost to the job and its task.
+    fn count_usage(&mut self, e: &Event, task: Option<usize>) {
+        let tokens = num(e, "tokens") as u64;
+        let cost = num(e, "cost_micro_usd") as i64;
+        self.job.tokens_used += tokens;
+        self.job.cost_so_far.get_or_insert_default().micro_usd += cost;
+        if let Some(i) = task {
+            let t = &mut self.job.tasks[i];
+            t.tokens_used += tokens;
+            t.cost.get_or_insert_default().micro_usd += cost;
         }
     }
 

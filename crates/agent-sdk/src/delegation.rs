@@ -1,0 +1,108 @@
+//! Delegation for programmatic agents (seed 000 §2.3): create a child job
+//! of the job that invoked you. The executor checks the depth limit and
+//! that the parent is still active, nests the child's budget under the
+//! parent's, and approves it under the parent's run; the child's costs
+//! roll up into the parent's budget.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use switchyard_kit::json::value_to_json;
+use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
+use switchyard_proto::executor::v1::{
+    Delegation, GetJobRequest, GetResultRequest, JobSpec, JobState, SubmitJobRequest,
+};
+use tonic::transport::Channel;
+
+use crate::Invocation;
+
+/// The child job's end.
+#[derive(Debug, Clone)]
+pub struct ChildResult {
+    /// Child job id.
+    pub job_id: String,
+    /// Its final state (or the state when the wait ran out).
+    pub state: JobState,
+    /// Outputs of its sink tasks.
+    pub result: Value,
+    /// Tokens it used.
+    pub tokens_used: u64,
+    /// Money it spent, micro-USD.
+    pub cost_micro_usd: i64,
+    /// Why it did not complete, if it did not.
+    pub error: String,
+}
+
+/// Submits `spec` as a child of the job that sent `req`, then waits up to
+/// `wait` for it to end. Refusals (depth, inactive parent) come back as
+/// the executor's status.
+pub async fn delegate(
+    executor: &mut JobServiceClient<Channel>,
+    req: &Invocation,
+    mut spec: JobSpec,
+    wait: Duration,
+) -> Result<ChildResult, tonic::Status> {
+    let ctx = req.context.clone().unwrap_or_default();
+    let corr = ctx.correlation.unwrap_or_default();
+    if corr.job_id.is_empty() {
+        return Err(tonic::Status::failed_precondition(
+            "this invocation carries no job id to delegate from",
+        ));
+    }
+    spec.delegation = Some(Delegation {
+        parent_job_id: corr.job_id.clone(),
+        ..Default::default()
+    });
+    if spec.correlation_id.is_empty() {
+        spec.correlation_id = corr.correlation_id.clone();
+    }
+    let mut submit = tonic::Request::new(SubmitJobRequest {
+        spec: Some(spec),
+        ..Default::default()
+    });
+    switchyard_kit::context::inject(&mut submit);
+    let job = executor.submit_job(submit).await?.into_inner().job;
+    let job_id = job
+        .and_then(|j| j.spec)
+        .map(|s| s.job_id)
+        .unwrap_or_default();
+    let until = Instant::now() + wait;
+    let mut tick = Duration::from_millis(20);
+    loop {
+        let j = executor
+            .get_job(GetJobRequest {
+                job_id: job_id.clone(),
+            })
+            .await?
+            .into_inner()
+            .job
+            .unwrap_or_default();
+        let state = JobState::try_from(j.state).unwrap_or(JobState::Unspecified);
+        let ended = matches!(
+            state,
+            JobState::Completed | JobState::Cancelled | JobState::Discarded | JobState::Retryable
+        );
+        if ended || Instant::now() >= until {
+            let r = executor
+                .get_result(GetResultRequest {
+                    job_id: job_id.clone(),
+                })
+                .await?
+                .into_inner();
+            return Ok(ChildResult {
+                job_id,
+                state,
+                result: r.result.as_ref().map(value_to_json).unwrap_or(json!(null)),
+                tokens_used: r.tokens_used,
+                cost_micro_usd: r.cost.map_or(0, |m| m.micro_usd),
+                error: if ended {
+                    r.error
+                } else {
+                    "the wait ran out; the child job is still running".into()
+                },
+            });
+        }
+        tokio::time::sleep(tick).await;
+        tick = (tick * 2).min(Duration::from_millis(250));
+    }
+}

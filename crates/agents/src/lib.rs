@@ -1,0 +1,722 @@
+//! Declarative agents (seed ADR 003): every `manifest.yaml` in a directory
+//! becomes an agent served on one `AgentService` endpoint, registered as
+//! `agent_<id>` with its capabilities and its description written for LLM
+//! routing, kept alive by heartbeats, and run by the shared agent loop.
+//!
+//! These agents bill their own model calls: each call is reserved on the
+//! job budget the caller passes (`InvocationContext.budget_id`) before it is
+//! made and committed after, so they register with `bills_tokens`. They see
+//! only the tools their manifest lists in `uses_tools`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use switchyard_agent_sdk::{Agent, Invocation, Progress, respond};
+use switchyard_core::Reason;
+use switchyard_kit::json::json_to_struct;
+use switchyard_kit::shutdown::Shutdown;
+use switchyard_llm::agent::{self, Host, Refusal};
+use switchyard_llm::{BoxFuture, Llm, ToolChoice, ToolSpec, Usage};
+use switchyard_proto::agent::v1::{AgentResponse, IntegrationMode, ResponseStatus};
+use switchyard_proto::common::v1::{CorrelationContext, Money, UnitPrice};
+use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
+use switchyard_proto::executor::v1::{AgentTask, JobSpec, LlmTask, TaskSpec, task_spec::Kind};
+use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
+use switchyard_proto::ledger::v1::{CommitRequest, Entry, ReleaseRequest, ReserveRequest};
+use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
+use switchyard_proto::registry::v1::{AgentSpec, Capability, ListToolsRequest};
+use tonic::transport::Channel;
+
+pub mod manifest;
+
+pub use manifest::{Declared, Loaded, load_dir};
+
+/// `[agents]` configuration (and `switchyard agents serve` flags).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentsConfig {
+    /// Directory of manifests; unset: `switchyard dev` hosts none.
+    pub dir: Option<PathBuf>,
+    /// Project root instruction files are also looked up in (default: the
+    /// parent of `dir`).
+    pub root: Option<PathBuf>,
+    /// Address the AgentService binds.
+    pub listen: String,
+    /// Endpoint registered; empty: `http://<bound address>`.
+    pub advertise_url: String,
+    /// Registry URL (default in `switchyard dev`: the node itself).
+    pub registry_url: Option<String>,
+    /// Ledger URL, for the agents' own reservations.
+    pub ledger_url: Option<String>,
+    /// Executor URL, for the `delegate` tool.
+    pub executor_url: Option<String>,
+    /// Default completion cap per model call when the manifest sets none.
+    pub default_max_output_tokens: u64,
+    /// Default tool-call timeout, milliseconds.
+    pub tool_timeout_ms: u64,
+}
+
+impl Default for AgentsConfig {
+    fn default() -> Self {
+        AgentsConfig {
+            dir: None,
+            root: None,
+            listen: "127.0.0.1:0".into(),
+            advertise_url: String::new(),
+            registry_url: None,
+            ledger_url: None,
+            executor_url: None,
+            default_max_output_tokens: 4096,
+            tool_timeout_ms: 30_000,
+        }
+    }
+}
+
+/// Errors starting the agents host.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentsError {
+    /// Manifests are invalid (every problem, one per line).
+    #[error("invalid agent manifests:\n  {}", .0.join("\n  "))]
+    Manifests(Vec<String>),
+    /// A name is already taken in the registry.
+    #[error("{0}")]
+    Collision(String),
+    /// Configuration is missing or wrong.
+    #[error("{0}")]
+    Config(String),
+    /// A client could not be built.
+    #[error("client: {0}")]
+    Client(#[from] switchyard_kit::client::ClientError),
+    /// Serving failed.
+    #[error(transparent)]
+    Sdk(#[from] switchyard_agent_sdk::SdkError),
+    /// The registry refused.
+    #[error("registry: {0}")]
+    Registry(tonic::Status),
+}
+
+/// The registration of one declared agent.
+pub fn agent_spec(a: &Declared, endpoint: &str) -> AgentSpec {
+    AgentSpec {
+        id: a.registry_id.clone(),
+        name: a.name.clone(),
+        description: a.description.clone(),
+        endpoint: endpoint.into(),
+        capabilities: a
+            .capabilities
+            .iter()
+            .map(|c| Capability {
+                name: c.name.clone(),
+                proficiency: None,
+                price_per_unit_micro_usd: c.price_per_unit_micro_usd,
+                unit: c.unit.clone(),
+            })
+            .collect(),
+        trust_score: 80,
+        max_concurrency: 0,
+        labels: HashMap::from([
+            ("kind".to_owned(), "declarative".to_owned()),
+            ("version".to_owned(), a.version.clone()),
+        ]),
+        integration_mode: IntegrationMode::Tool as i32,
+        models: a.models.clone(),
+        uses_tools: a
+            .uses_tools
+            .iter()
+            .filter(|t| *t != "delegate")
+            .cloned()
+            .collect(),
+        latency_estimate_ms: 2000,
+        bills_tokens: true,
+    }
+}
+
+/// Every declared agent, served from one endpoint: `Invoke` dispatches on
+/// `InvokeRequest.agent_id`.
+#[derive(Clone)]
+pub struct Hosted {
+    agents: Arc<HashMap<String, Declared>>,
+    llm: Llm,
+    cfg: AgentsConfig,
+    registry: RegistryServiceClient<Channel>,
+    ledger: LedgerServiceClient<Channel>,
+    executor: Option<JobServiceClient<Channel>>,
+    channels: Arc<std::sync::Mutex<HashMap<String, Channel>>>,
+    max_message_bytes: usize,
+}
+
+impl std::fmt::Debug for Hosted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hosted")
+            .field("agents", &self.agents.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Hosted {
+    /// Hosts `loaded` with model calls through `llm`.
+    pub fn new(
+        loaded: Loaded,
+        llm: Llm,
+        cfg: AgentsConfig,
+        max_message_bytes: usize,
+    ) -> Result<Hosted, AgentsError> {
+        let url = |what: &str, u: &Option<String>| -> Result<Channel, AgentsError> {
+            let u = u.as_deref().ok_or_else(|| {
+                AgentsError::Config(format!("declarative agents need agents.{what}_url"))
+            })?;
+            Ok(switchyard_kit::client::lazy_channel(u)?)
+        };
+        let registry = RegistryServiceClient::new(url("registry", &cfg.registry_url)?)
+            .max_decoding_message_size(max_message_bytes);
+        let ledger = LedgerServiceClient::new(url("ledger", &cfg.ledger_url)?)
+            .max_decoding_message_size(max_message_bytes);
+        let executor = match &cfg.executor_url {
+            Some(u) => Some(
+                JobServiceClient::new(switchyard_kit::client::lazy_channel(u)?)
+                    .max_decoding_message_size(max_message_bytes),
+            ),
+            None => None,
+        };
+        for a in &loaded.agents {
+            if llm.chain_price(&a.models, &a.provider).is_none() {
+                return Err(AgentsError::Config(format!(
+                    "agent {}: no configured LLM provider serves {} (see [llm])",
+                    a.id,
+                    a.models.join(" or ")
+                )));
+            }
+        }
+        Ok(Hosted {
+            agents: Arc::new(
+                loaded
+                    .agents
+                    .into_iter()
+                    .map(|a| (a.registry_id.clone(), a))
+                    .collect(),
+            ),
+            llm,
+            cfg,
+            registry,
+            ledger,
+            executor,
+            channels: Default::default(),
+            max_message_bytes,
+        })
+    }
+
+    /// Registry ids of the hosted agents.
+    pub fn ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.agents.keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    /// Refuses to start when a hosted agent's tool name `agent_<id>` is
+    /// taken by a registered tool (seed ADR 003: names are unique at wire
+    /// time).
+    pub async fn check_collisions(&self) -> Result<(), AgentsError> {
+        for t in registry_tools(self).await? {
+            if self.agents.contains_key(&t) {
+                return Err(AgentsError::Collision(format!(
+                    "agent {t} would be offered as tool {t:?}, but a registered tool already has that name"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn channel(&self, endpoint: &str) -> Result<Channel, String> {
+        let mut m = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = m.get(endpoint) {
+            return Ok(c.clone());
+        }
+        let c = switchyard_kit::client::lazy_channel(endpoint).map_err(|e| e.to_string())?;
+        m.insert(endpoint.into(), c.clone());
+        Ok(c)
+    }
+
+    /// The tools `a` may call, resolved against the registry now: only
+    /// those in its `uses_tools`.
+    async fn tools(
+        &self,
+        a: &Declared,
+    ) -> Result<(Vec<ToolSpec>, HashMap<String, String>), String> {
+        let names: Vec<String> = a
+            .uses_tools
+            .iter()
+            .filter(|t| *t != "delegate")
+            .cloned()
+            .collect();
+        let mut specs = Vec::new();
+        let mut endpoints = HashMap::new();
+        if !names.is_empty() {
+            let listed = self
+                .registry
+                .clone()
+                .list_tools(ListToolsRequest { names: Vec::new() })
+                .await
+                .map_err(|e| format!("registry: {}", e.message()))?
+                .into_inner()
+                .tools;
+            for t in listed.into_iter().filter(|t| names.contains(&t.name)) {
+                specs.push(ToolSpec {
+                    name: t.name.clone(),
+                    description: t.description.clone(),
+                    parameters: t
+                        .parameters
+                        .as_ref()
+                        .map(switchyard_kit::json::struct_to_json)
+                        .unwrap_or(json!({"type": "object"})),
+                });
+                endpoints.insert(t.name, t.endpoint);
+            }
+        }
+        if a.uses_tools.iter().any(|t| t == "delegate") && self.executor.is_some() {
+            specs.push(ToolSpec {
+                name: "delegate".into(),
+                description: "Create a child job for a subtask and wait for its result".into(),
+                parameters: json!({"type": "object", "properties": {
+                    "task": {"type": "string"}, "capability": {"type": "string"}, "input": {"type": "object"}},
+                    "required": ["task"], "additionalProperties": false}),
+            });
+        }
+        Ok((specs, endpoints))
+    }
+}
+
+/// Names of the registered tools.
+async fn registry_tools(h: &Hosted) -> Result<Vec<String>, AgentsError> {
+    Ok(h.registry
+        .clone()
+        .list_tools(ListToolsRequest { names: Vec::new() })
+        .await
+        .map_err(AgentsError::Registry)?
+        .into_inner()
+        .tools
+        .into_iter()
+        .map(|t| t.name)
+        .collect())
+}
+
+/// The loop's host for one invocation.
+struct InvocationHost<'a> {
+    hosted: &'a Hosted,
+    agent: &'a Declared,
+    req: &'a Invocation,
+    progress: &'a Progress,
+    budget_id: String,
+    correlation: CorrelationContext,
+    key: String,
+    endpoints: HashMap<String, String>,
+}
+
+impl Host for InvocationHost<'_> {
+    fn reserve(&self, call: u32, tokens: u64, cost: i64) -> BoxFuture<'_, Result<String, Refusal>> {
+        Box::pin(async move {
+            let r = self
+                .hosted
+                .ledger
+                .clone()
+                .reserve(ReserveRequest {
+                    budget_id: self.budget_id.clone(),
+                    tokens,
+                    cost: Some(Money { micro_usd: cost }),
+                    idempotency_key: format!("{}/{}/llm/{call}", self.key, self.agent.registry_id),
+                    ttl: None,
+                    context: Some(self.correlation.clone()),
+                    note: format!("{} call {call}", self.agent.registry_id),
+                })
+                .await;
+            match r {
+                Ok(r) => Ok(r
+                    .into_inner()
+                    .reservation
+                    .unwrap_or_default()
+                    .reservation_id),
+                Err(s) => {
+                    let api = switchyard_kit::error::ApiError::from(s);
+                    let budget = api.known_reason() == Some(Reason::BudgetExceeded);
+                    Err(Refusal::from_ledger(budget, &api.message, call))
+                }
+            }
+        })
+    }
+
+    fn commit<'a>(
+        &'a self,
+        hold: &'a str,
+        model: &'a str,
+        usage: Usage,
+        cost: i64,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let price = self.hosted.llm.entry_price(model, &self.agent.provider);
+            let r = self
+                .hosted
+                .ledger
+                .clone()
+                .commit(CommitRequest {
+                    reservation_id: hold.into(),
+                    tokens: usage.total_tokens,
+                    cost: Some(Money { micro_usd: cost }),
+                    entry: Some(Entry {
+                        subtask_id: self.correlation.task_id.clone(),
+                        agent_id: self.agent.registry_id.clone(),
+                        model: model.into(),
+                        units: usage.total_tokens,
+                        price_per_unit: Some(UnitPrice {
+                            micro_usd_per_million: price,
+                        }),
+                        ..Default::default()
+                    }),
+                    idempotency_key: format!("commit-{hold}"),
+                })
+                .await;
+            if let Err(e) = r {
+                tracing::warn!(reservation_id = hold, error = %e.message(), "commit failed; the reservation's TTL bounds the hold");
+            }
+        })
+    }
+
+    fn release<'a>(&'a self, hold: &'a str, why: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            tracing::debug!(
+                reservation_id = hold,
+                why,
+                "releasing an unused reservation"
+            );
+            let _ = self
+                .hosted
+                .ledger
+                .clone()
+                .release(ReleaseRequest {
+                    reservation_id: hold.into(),
+                    idempotency_key: format!("release-{hold}"),
+                })
+                .await;
+        })
+    }
+
+    fn call_tool<'a>(
+        &'a self,
+        name: &'a str,
+        call_id: &'a str,
+        args: Value,
+    ) -> BoxFuture<'a, Result<Value, String>> {
+        Box::pin(async move {
+            if name == "delegate" {
+                return self.delegate(args).await;
+            }
+            let endpoint = self
+                .endpoints
+                .get(name)
+                .filter(|e| !e.is_empty())
+                .ok_or_else(|| format!("tool {name:?} has no provider endpoint"))?;
+            let channel = self.hosted.channel(endpoint)?;
+            switchyard_agent_sdk::tools::call(
+                channel,
+                self.hosted.max_message_bytes,
+                name,
+                call_id,
+                &args,
+                self.correlation.clone(),
+            )
+            .await
+        })
+    }
+
+    fn event(&self, kind: &str, data: Value) {
+        let line = match kind {
+            "llm_call" => format!(
+                "model {} {} (turn {})",
+                data["model"].as_str().unwrap_or_default(),
+                data["outcome"].as_str().unwrap_or_default(),
+                data["turn"]
+            ),
+            "tool_call" => format!(
+                "tool {} {}",
+                data["name"].as_str().unwrap_or_default(),
+                data["status"].as_str().unwrap_or_default()
+            ),
+            other => other.to_owned(),
+        };
+        self.progress.note(line);
+    }
+}
+
+impl InvocationHost<'_> {
+    async fn delegate(&self, args: Value) -> Result<Value, String> {
+        let Some(mut executor) = self.hosted.executor.clone() else {
+            return Err("delegation is not configured here (agents.executor_url)".into());
+        };
+        let task = args["task"].as_str().unwrap_or_default().to_owned();
+        let kind = match args.get("capability").and_then(Value::as_str) {
+            Some(cap) => {
+                let mut input = args.get("input").cloned().unwrap_or_else(|| json!({}));
+                if let Some(o) = input.as_object_mut() {
+                    o.insert("task".into(), json!(task));
+                }
+                Kind::Agent(AgentTask {
+                    capability: cap.into(),
+                    input: json_to_struct(&input),
+                    ..Default::default()
+                })
+            }
+            None => Kind::Llm(LlmTask {
+                model: self.agent.models[0].clone(),
+                fallback_models: self.agent.models[1..].to_vec(),
+                provider: self.agent.provider.clone(),
+                instructions: self.agent.instructions.clone(),
+                prompt: task.clone(),
+                max_tokens: self.agent.max_output_tokens,
+                ..Default::default()
+            }),
+        };
+        let spec = JobSpec {
+            plan_id: format!("delegated-by-{}", self.agent.registry_id),
+            plan_description: task.chars().take(200).collect(),
+            tasks: vec![TaskSpec {
+                id: "delegated".into(),
+                name: task.chars().take(80).collect(),
+                kind: Some(kind),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let wait = Duration::from_millis(
+            self.agent
+                .tool_timeout_ms
+                .unwrap_or(self.hosted.cfg.tool_timeout_ms),
+        );
+        let child = switchyard_agent_sdk::delegation::delegate(&mut executor, self.req, spec, wait)
+            .await
+            .map_err(|s| {
+                let api = switchyard_kit::error::ApiError::from(s);
+                format!("{}: {}", api.reason.unwrap_or_default(), api.message)
+            })?;
+        if child.error.is_empty() {
+            Ok(
+                json!({"job_id": child.job_id, "state": child.state.as_str_name(), "result": child.result,
+                      "tokens_used": child.tokens_used, "cost_micro_usd": child.cost_micro_usd}),
+            )
+        } else {
+            Err(format!(
+                "delegated job {} ended {}: {}",
+                child.job_id,
+                child.state.as_str_name(),
+                child.error
+            ))
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Agent for Hosted {
+    async fn invoke(&self, req: Invocation, progress: Progress) -> AgentResponse {
+        let agent = match self.agents.get(&req.agent_id) {
+            Some(a) => a,
+            None if req.agent_id.is_empty() && self.agents.len() == 1 => {
+                match self.agents.values().next() {
+                    Some(a) => a,
+                    None => return respond::refused("no agents are hosted here"),
+                }
+            }
+            None => {
+                return respond::refused(format!(
+                    "agent {:?} is not hosted here (hosted: {})",
+                    req.agent_id,
+                    self.ids().join(", ")
+                ));
+            }
+        };
+        let ctx = req.context.clone().unwrap_or_default();
+        if ctx.budget_id.is_empty() {
+            return respond::refused(format!(
+                "{} spends model tokens and bills them to a job budget: InvocationContext.budget_id is required",
+                agent.registry_id
+            ));
+        }
+        let (tools, endpoints) = match self.tools(agent).await {
+            Ok(x) => x,
+            Err(e) => return respond::error(format!("{}: {e}", Reason::Unavailable)),
+        };
+        let input = switchyard_agent_sdk::input_json(&req);
+        let mut prompt = req.task.clone();
+        let fields = input.as_object().map_or(0, |o| o.len());
+        if fields > 0 {
+            let extra = input.as_object().map(|o| {
+                o.iter()
+                    .filter(|(k, v)| {
+                        !(k.as_str() == "task" && v.as_str() == Some(req.task.as_str()))
+                    })
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect::<serde_json::Map<_, _>>()
+            });
+            if let Some(extra) = extra.filter(|m| !m.is_empty()) {
+                if prompt.is_empty()
+                    && let Some(Value::String(t)) = extra.get("task")
+                {
+                    prompt = t.clone();
+                }
+                prompt = format!(
+                    "{prompt}\n\nInput:\n{}",
+                    serde_json::to_string_pretty(&Value::Object(extra)).unwrap_or_default()
+                );
+            }
+        }
+        let limits = req.limits.unwrap_or_default();
+        let l = agent.limits;
+        let pick = |own: u64, asked: u64| if asked > 0 { own.min(asked) } else { own };
+        let mut time = pick(l.time_budget_ms, limits.time_budget_ms);
+        if let Some(t) = agent.timeout_ms {
+            time = time.min(t);
+        }
+        let spec = agent::Spec {
+            chain: agent.models.clone(),
+            provider: agent.provider.clone(),
+            instructions: agent.instructions.clone(),
+            prompt,
+            tools,
+            tool_choice: ToolChoice::parse(&agent.tool_choice).unwrap_or_default(),
+            temperature: agent.temperature,
+            max_tokens: agent
+                .max_output_tokens
+                .unwrap_or(self.cfg.default_max_output_tokens),
+            json: agent.output_format == "json",
+            output_schema: agent.output_schema.clone(),
+            max_turns: pick(u64::from(l.max_turns), u64::from(limits.max_turns)) as u32,
+            max_tokens_per_invocation: pick(l.max_tokens_per_invocation, limits.max_tokens),
+            deadline: Instant::now() + Duration::from_millis(time),
+            tool_timeout: Duration::from_millis(
+                agent.tool_timeout_ms.unwrap_or(self.cfg.tool_timeout_ms),
+            ),
+        };
+        let correlation = ctx.correlation.clone().unwrap_or_default();
+        let host = InvocationHost {
+            hosted: self,
+            agent,
+            req: &req,
+            progress: &progress,
+            budget_id: ctx.budget_id.clone(),
+            key: if ctx.idempotency_key.is_empty() {
+                uuid_like()
+            } else {
+                format!("{}/{}", ctx.idempotency_key, ctx.attempt)
+            },
+            correlation,
+            endpoints,
+        };
+        let ran = agent::run(&self.llm, &spec, &host).await;
+        let (report, status, error) = match ran {
+            Ok(r) => (r, ResponseStatus::Success, String::new()),
+            Err(f) => (
+                *f.report,
+                ResponseStatus::Error,
+                format!("{}: {}", f.reason, f.message),
+            ),
+        };
+        AgentResponse {
+            status: status as i32,
+            content: report.content.clone(),
+            output: report.output.as_ref().and_then(json_to_struct).or_else(|| {
+                json_to_struct(&json!({"tool_results": report.tool_results}))
+                    .filter(|_| !report.tool_results.is_empty())
+            }),
+            error,
+            tokens_used: report.usage.total_tokens,
+            turns_used: report.turns,
+            cost: Some(Money {
+                micro_usd: report.cost,
+            }),
+            billed: true,
+            model_used: report.model_used,
+        }
+    }
+}
+
+fn uuid_like() -> String {
+    format!(
+        "direct-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    )
+}
+
+/// Serves every agent of `hosted` on `cfg.listen` and keeps each
+/// registered until `shutdown`. Calls `on_bound` with the bound address.
+pub async fn serve_until(
+    hosted: Hosted,
+    shutdown: Shutdown,
+    on_bound: impl FnOnce(std::net::SocketAddr),
+) -> Result<(), AgentsError> {
+    hosted.check_collisions().await?;
+    let cfg = switchyard_kit::server::ServerConfig {
+        listen: hosted.cfg.listen.clone(),
+        max_message_bytes: hosted.max_message_bytes,
+        ..Default::default()
+    };
+    let listener = switchyard_kit::server::bind(&cfg)
+        .await
+        .map_err(switchyard_agent_sdk::SdkError::from)?;
+    let addr = listener
+        .local_addr()
+        .map_err(switchyard_agent_sdk::SdkError::from)?;
+    on_bound(addr);
+    let endpoint = if hosted.cfg.advertise_url.is_empty() {
+        format!("http://{addr}")
+    } else {
+        hosted.cfg.advertise_url.clone()
+    };
+    // The registry accepts only registered tools in uses_tools; tools
+    // registered later still work (they are resolved at each invocation),
+    // they are just not listed there.
+    let registered: Vec<String> = registry_tools(&hosted).await?;
+    let specs: Vec<AgentSpec> = hosted
+        .agents
+        .values()
+        .map(|a| {
+            let mut s = agent_spec(a, &endpoint);
+            s.uses_tools.retain(|t| registered.contains(t));
+            s
+        })
+        .collect();
+    // One descriptor for the endpoint; each registration carries its own.
+    let describe = AgentSpec {
+        name: "switchyard declarative agents".into(),
+        description: format!("Declarative agents: {}", hosted.ids().join(", ")),
+        integration_mode: IntegrationMode::Tool as i32,
+        capabilities: specs.iter().flat_map(|s| s.capabilities.clone()).collect(),
+        ..Default::default()
+    };
+    let registry = hosted.registry.clone();
+    let server = switchyard_kit::server::Server::new(cfg.clone()).add_service(
+        switchyard_agent_sdk::AgentServer::new(hosted, &describe)
+            .into_service(cfg.max_message_bytes),
+    );
+    let serving = tokio::spawn(server.run(listener, shutdown.clone()));
+    let mut keepers = Vec::new();
+    for spec in specs {
+        keepers.push(tokio::spawn(switchyard_agent_sdk::keep_registered(
+            registry.clone(),
+            spec,
+            shutdown.clone(),
+        )));
+    }
+    for k in keepers {
+        match k.await {
+            Ok(r) => r?,
+            Err(e) => return Err(AgentsError::Config(format!("registration task: {e}"))),
+        }
+    }
+    serving
+        .await
+        .map_err(|e| AgentsError::Config(format!("server task: {e}")))?
+        .map_err(switchyard_agent_sdk::SdkError::from)?;
+    Ok(())
+}

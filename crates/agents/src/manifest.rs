@@ -1,0 +1,831 @@
+//! Agent manifests (seed ADR 003 §4 and §9): `manifest.yaml` files, their
+//! validation rules, instruction resolution and Jinja rendering.
+//!
+//! A manifest with an `agent` section and no `entrypoint` is a declarative
+//! agent: it needs `agent.model` and `agent.instructions` (a file path, inline
+//! text, or `""` for none). Manifests with an `entrypoint` are programmatic
+//! (code, served with the SDK) and manifests without `agent` are plain
+//! extensions; both are skipped here, not refused. `handoff` mode is refused
+//! until it is designed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// A declared capability: a name, or a name with a price.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+enum CapabilityDecl {
+    Name(String),
+    Priced {
+        name: String,
+        #[serde(default)]
+        price_per_unit_micro_usd: i64,
+        #[serde(default)]
+        unit: String,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawManifest {
+    id: Option<String>,
+    name: Option<String>,
+    #[serde(default)]
+    version: Option<String>,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    entrypoint: Option<String>,
+    #[serde(default)]
+    setup_instructions: String,
+    #[serde(default)]
+    depends_on: Vec<String>,
+    #[serde(default)]
+    secrets: Vec<String>,
+    #[serde(default)]
+    config: Map<String, Value>,
+    #[serde(default = "yes")]
+    enabled: bool,
+    #[serde(default)]
+    agent: Option<RawAgent>,
+    /// Switchyard: what the agent registers as able to do (default: its id).
+    #[serde(default)]
+    capabilities: Vec<CapabilityDecl>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAgent {
+    #[serde(default)]
+    integration_mode: Option<String>,
+    #[serde(default)]
+    model: Option<String>,
+    /// Switchyard: models tried in order when the model is unavailable.
+    #[serde(default)]
+    fallback_models: Vec<String>,
+    /// Switchyard: preferred provider.
+    #[serde(default)]
+    provider: String,
+    #[serde(default)]
+    instructions: Option<String>,
+    #[serde(default)]
+    parameters: Map<String, Value>,
+    #[serde(default)]
+    uses_tools: Vec<String>,
+    #[serde(default)]
+    limits: RawLimits,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    max_turns: Option<u32>,
+    max_tokens_per_invocation: Option<u64>,
+    time_budget_ms: Option<u64>,
+}
+
+/// Guardrails of one invocation (seed ADR 003 `AgentLimits`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most agent-loop iterations (default 10).
+    pub max_turns: u32,
+    /// Most tokens over the invocation (default 50000).
+    pub max_tokens_per_invocation: u64,
+    /// Wall-clock budget, milliseconds (default 120000).
+    pub time_budget_ms: u64,
+}
+
+/// A capability the agent registers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Capability {
+    /// Name.
+    pub name: String,
+    /// Price per unit, micro-USD (on top of the model calls it bills).
+    pub price_per_unit_micro_usd: i64,
+    /// Unit.
+    pub unit: String,
+}
+
+/// A loaded, validated declarative agent.
+#[derive(Debug, Clone)]
+pub struct Declared {
+    /// The manifest's id.
+    pub id: String,
+    /// Registry id and tool name: `agent_<id>`.
+    pub registry_id: String,
+    /// Display name.
+    pub name: String,
+    /// Description written for LLM routing.
+    pub description: String,
+    /// Version.
+    pub version: String,
+    /// Model, then fallbacks.
+    pub models: Vec<String>,
+    /// Preferred provider.
+    pub provider: String,
+    /// The rendered system prompt ("" for none).
+    pub instructions: String,
+    /// `parameters.temperature`.
+    pub temperature: Option<f64>,
+    /// `parameters.max_output_tokens`.
+    pub max_output_tokens: Option<u64>,
+    /// `parameters.timeout_ms`: per-call ceiling on the time budget.
+    pub timeout_ms: Option<u64>,
+    /// `parameters.tool_choice`.
+    pub tool_choice: String,
+    /// `parameters.output_format`.
+    pub output_format: String,
+    /// `parameters.output_schema`.
+    pub output_schema: Option<Value>,
+    /// `parameters.tool_timeout_ms`.
+    pub tool_timeout_ms: Option<u64>,
+    /// The only tools it may call (`delegate` is the built-in child job).
+    pub uses_tools: Vec<String>,
+    /// Limits.
+    pub limits: Limits,
+    /// Capabilities it registers.
+    pub capabilities: Vec<Capability>,
+    /// Where its manifest lives.
+    pub dir: PathBuf,
+}
+
+/// What a directory held.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// Declarative agents, by id.
+    pub agents: Vec<Declared>,
+    /// Manifests not hosted here, with why (programmatic, not an agent,
+    /// disabled).
+    pub skipped: Vec<(PathBuf, String)>,
+}
+
+const PARAMETERS: &[&str] = &[
+    "temperature",
+    "max_output_tokens",
+    "timeout_ms",
+    "tool_choice",
+    "output_format",
+    "output_schema",
+    "tool_timeout_ms",
+];
+
+/// Every manifest under `dir`: `dir/manifest.yaml` and
+/// `dir/*/manifest.yaml`. `root` is the project root instruction files
+/// are also looked up in. All problems are reported at once.
+pub fn load_dir(dir: &Path, root: &Path) -> Result<Loaded, Vec<String>> {
+    let mut files = Vec::new();
+    if dir.join("manifest.yaml").is_file() {
+        files.push(dir.join("manifest.yaml"));
+    }
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| vec![format!("{}: cannot read the directory: {e}", dir.display())])?;
+    let mut subdirs: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.join("manifest.yaml").is_file())
+        .collect();
+    subdirs.sort();
+    files.extend(subdirs.into_iter().map(|d| d.join("manifest.yaml")));
+    if files.is_empty() {
+        return Err(vec![format!(
+            "{}: no manifest.yaml here or in its subdirectories",
+            dir.display()
+        )]);
+    }
+    let mut loaded = Loaded::default();
+    let mut errors = Vec::new();
+    let mut ids: HashMap<String, PathBuf> = HashMap::new();
+    let mut names: HashMap<String, PathBuf> = HashMap::new();
+    for f in files {
+        let text = match std::fs::read_to_string(&f) {
+            Ok(t) => t,
+            Err(e) => {
+                errors.push(format!("{}: {e}", f.display()));
+                continue;
+            }
+        };
+        let ext_dir = f.parent().unwrap_or(dir).to_path_buf();
+        match parse(&text, &ext_dir, root) {
+            Ok(Parsed::Agent(a)) => {
+                if let Some(other) = ids.insert(a.id.clone(), f.clone()) {
+                    errors.push(format!(
+                        "{}: agent id {:?} is already defined by {}",
+                        f.display(),
+                        a.id,
+                        other.display()
+                    ));
+                    continue;
+                }
+                if let Some(other) = names.insert(a.name.clone(), f.clone()) {
+                    errors.push(format!(
+                        "{}: agent name {:?} is already used by {}",
+                        f.display(),
+                        a.name,
+                        other.display()
+                    ));
+                    continue;
+                }
+                loaded.agents.push(*a);
+            }
+            Ok(Parsed::Skipped(why)) => loaded.skipped.push((f, why)),
+            Err(es) => errors.extend(es.into_iter().map(|e| format!("{}: {e}", f.display()))),
+        }
+    }
+    if errors.is_empty() {
+        Ok(loaded)
+    } else {
+        Err(errors)
+    }
+}
+
+/// One manifest's outcome.
+#[derive(Debug)]
+pub enum Parsed {
+    /// A declarative agent to host.
+    Agent(Box<Declared>),
+    /// Valid, but not hosted here (why).
+    Skipped(String),
+}
+
+impl Parsed {
+    /// The agent, if it is one.
+    pub fn agent(self) -> Option<Declared> {
+        match self {
+            Parsed::Agent(a) => Some(*a),
+            Parsed::Skipped(_) => None,
+        }
+    }
+}
+
+/// Parses and validates one manifest; `ext_dir` holds it.
+pub fn parse(text: &str, ext_dir: &Path, root: &Path) -> Result<Parsed, Vec<String>> {
+    // PyYAML, which the reference loader uses, keeps the last of repeated
+    // keys; seed 003's own example repeats `description`.
+    let options = serde_saphyr::options! {
+        duplicate_keys: serde_saphyr::options::DuplicateKeyPolicy::LastWins,
+    };
+    let raw: RawManifest = serde_saphyr::from_str_with_options(text, options)
+        .map_err(|e| vec![format!("not a valid manifest: {e}")])?;
+    let mut errors = Vec::new();
+    let id = raw.id.clone().unwrap_or_default();
+    if id.is_empty() {
+        errors.push("id is required".to_owned());
+    } else if !valid_id(&id) {
+        errors.push(format!(
+            "id {id:?} must match ^[a-z][a-z0-9_]{{0,51}}$ (it becomes the tool name agent_{id})"
+        ));
+    }
+    let name = raw.name.clone().unwrap_or_default();
+    if name.trim().is_empty() {
+        errors.push("name is required".to_owned());
+    }
+    if !raw.enabled {
+        return if errors.is_empty() {
+            Ok(Parsed::Skipped("enabled: false".into()))
+        } else {
+            Err(errors)
+        };
+    }
+    let Some(agent) = raw.agent else {
+        if raw.entrypoint.as_deref().unwrap_or("").is_empty() {
+            errors.push("a manifest without an agent section needs an entrypoint".into());
+            return Err(errors);
+        }
+        return if errors.is_empty() {
+            Ok(Parsed::Skipped("not an agent (no agent section)".into()))
+        } else {
+            Err(errors)
+        };
+    };
+    let mode = agent.integration_mode.as_deref().unwrap_or("tool");
+    match mode {
+        "tool" => {}
+        "handoff" => errors.push(
+            "agent.integration_mode handoff is not supported yet: its reclaim protocol is still to be designed (seed ADR 003, phase 2); use tool".into(),
+        ),
+        other => errors.push(format!(
+            "agent.integration_mode must be tool or handoff, got {other:?}"
+        )),
+    }
+    let model = agent.model.clone().unwrap_or_default();
+    if model.trim().is_empty() {
+        errors.push("agent.model is required".into());
+    }
+    if let Some(ep) = raw.entrypoint.as_deref().filter(|e| !e.is_empty()) {
+        return if errors.is_empty() {
+            Ok(Parsed::Skipped(format!(
+                "programmatic agent (entrypoint {ep}): serve it with its own code and the SDK"
+            )))
+        } else {
+            Err(errors)
+        };
+    }
+    let Some(instructions) = agent.instructions.clone() else {
+        errors.push(
+            "agent.instructions is required for a declarative agent (a file path, inline text, or \"\" for no system prompt)".into(),
+        );
+        return Err(errors);
+    };
+    let mut vars = raw.config.clone();
+    vars.entry("agent")
+        .or_insert(serde_json::json!({"id": id, "name": name, "model": model}));
+    let instructions = match resolve_instructions(&instructions, ext_dir, root, &vars) {
+        Ok(s) => s,
+        Err(e) => {
+            errors.push(e);
+            String::new()
+        }
+    };
+    let p = &agent.parameters;
+    for k in p.keys() {
+        if !PARAMETERS.contains(&k.as_str()) {
+            errors.push(format!(
+                "agent.parameters.{k} is not a known parameter (known: {})",
+                PARAMETERS.join(", ")
+            ));
+        }
+    }
+    let temperature = match p.get("temperature") {
+        None => None,
+        Some(t) => match t.as_f64() {
+            Some(t) if (0.0..=2.0).contains(&t) => Some(t),
+            _ => {
+                errors.push(format!(
+                    "agent.parameters.temperature must be between 0.0 and 2.0, got {t}"
+                ));
+                None
+            }
+        },
+    };
+    let mut positive = |k: &str| match p.get(k) {
+        None => None,
+        Some(v) => match v.as_u64() {
+            Some(n) if n > 0 => Some(n),
+            _ => {
+                errors.push(format!(
+                    "agent.parameters.{k} must be a positive integer, got {v}"
+                ));
+                None
+            }
+        },
+    };
+    let max_output_tokens = positive("max_output_tokens");
+    let timeout_ms = positive("timeout_ms");
+    let tool_timeout_ms = positive("tool_timeout_ms");
+    let text = |k: &str| {
+        p.get(k)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let tool_choice = text("tool_choice");
+    if !matches!(tool_choice.as_str(), "" | "auto" | "required" | "none") {
+        errors.push(format!(
+            "agent.parameters.tool_choice must be auto, required or none, got {tool_choice:?}"
+        ));
+    }
+    let output_format = text("output_format");
+    if !matches!(output_format.as_str(), "" | "json" | "text" | "markdown") {
+        errors.push(format!(
+            "agent.parameters.output_format must be json, text or markdown, got {output_format:?}"
+        ));
+    }
+    let output_schema = match p.get("output_schema") {
+        None => None,
+        Some(s @ Value::Object(_)) => {
+            if let Err(e) = jsonschema::validator_for(s) {
+                errors.push(format!(
+                    "agent.parameters.output_schema is not a valid JSON Schema: {e}"
+                ));
+            }
+            Some(s.clone())
+        }
+        Some(_) => {
+            errors.push("agent.parameters.output_schema must be a JSON Schema object".into());
+            None
+        }
+    };
+    let mut seen = std::collections::HashSet::new();
+    for t in &agent.uses_tools {
+        if switchyard_core::validate::tool_name(t).is_err() {
+            errors.push(format!("agent.uses_tools: {t:?} is not a tool name"));
+        } else if !seen.insert(t) {
+            errors.push(format!("agent.uses_tools: {t:?} is listed twice"));
+        }
+    }
+    let l = &agent.limits;
+    let limits = Limits {
+        max_turns: l.max_turns.unwrap_or(10),
+        max_tokens_per_invocation: l.max_tokens_per_invocation.unwrap_or(50_000),
+        time_budget_ms: l.time_budget_ms.unwrap_or(120_000),
+    };
+    if limits.max_turns == 0 || limits.max_tokens_per_invocation == 0 || limits.time_budget_ms == 0
+    {
+        errors.push("agent.limits must be positive".into());
+    }
+    let mut capabilities = Vec::new();
+    for c in &raw.capabilities {
+        let (name, price, unit) = match c {
+            CapabilityDecl::Name(n) => (n.clone(), 0, String::new()),
+            CapabilityDecl::Priced {
+                name,
+                price_per_unit_micro_usd,
+                unit,
+            } => (name.clone(), *price_per_unit_micro_usd, unit.clone()),
+        };
+        if let Err(e) = switchyard_core::validate::capability(&name) {
+            errors.push(format!("capabilities: {e}"));
+        }
+        if price < 0 {
+            errors.push(format!(
+                "capabilities.{name}: the price must not be negative"
+            ));
+        }
+        capabilities.push(Capability {
+            name,
+            price_per_unit_micro_usd: price,
+            unit: if unit.is_empty() { "task".into() } else { unit },
+        });
+    }
+    if capabilities.is_empty() && valid_id(&id) {
+        capabilities.push(Capability {
+            name: id.clone(),
+            price_per_unit_micro_usd: 0,
+            unit: "task".into(),
+        });
+    }
+    if raw.description.trim().is_empty() {
+        errors.push(
+            "description is required: it is what a model reads to decide when to use this agent"
+                .into(),
+        );
+    }
+    let _ = (&raw.setup_instructions, &raw.depends_on, &raw.secrets);
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let mut models = vec![model];
+    models.extend(agent.fallback_models);
+    Ok(Parsed::Agent(Box::new(Declared {
+        registry_id: format!("agent_{id}"),
+        id,
+        name,
+        description: raw.description.trim().to_owned(),
+        version: raw.version.unwrap_or_else(|| "1.0.0".into()),
+        models,
+        provider: agent.provider,
+        instructions,
+        temperature,
+        max_output_tokens,
+        timeout_ms,
+        tool_choice,
+        output_format,
+        output_schema,
+        tool_timeout_ms,
+        uses_tools: agent.uses_tools,
+        limits,
+        capabilities,
+        dir: ext_dir.to_path_buf(),
+    })))
+}
+
+fn valid_id(id: &str) -> bool {
+    let mut c = id.chars();
+    c.next().is_some_and(|f| f.is_ascii_lowercase())
+        && id.len() <= 52
+        && id
+            .chars()
+            .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '_')
+}
+
+/// Seed ADR 003: a file path (looked up in the extension's directory, then
+/// the project root; `.jinja2`/`.j2` files are rendered with the manifest's
+/// `config`), inline text (rendered too), or empty for no system prompt.
+pub fn resolve_instructions(
+    raw: &str,
+    ext_dir: &Path,
+    root: &Path,
+    vars: &Map<String, Value>,
+) -> Result<String, String> {
+    let t = raw.trim();
+    if t.is_empty() {
+        return Ok(String::new());
+    }
+    let is_path = !t.contains('\n')
+        && [".jinja2", ".j2", ".md", ".txt"]
+            .iter()
+            .any(|ext| t.ends_with(ext));
+    if !is_path {
+        return render(raw, vars).map_err(|e| format!("agent.instructions: {e}"));
+    }
+    for base in [ext_dir, root] {
+        let candidate = base.join(t);
+        if !candidate.is_file() {
+            continue;
+        }
+        // A prompt file must stay inside the directory it is looked up in.
+        let (Ok(c), Ok(b)) = (candidate.canonicalize(), base.canonicalize()) else {
+            continue;
+        };
+        if !c.starts_with(&b) {
+            return Err(format!(
+                "agent.instructions: {t:?} points outside {}",
+                base.display()
+            ));
+        }
+        let text = std::fs::read_to_string(&c)
+            .map_err(|e| format!("agent.instructions: {}: {e}", c.display()))?;
+        return if t.ends_with(".jinja2") || t.ends_with(".j2") {
+            render(&text, vars).map_err(|e| format!("agent.instructions ({t}): {e}"))
+        } else {
+            Ok(text)
+        };
+    }
+    Err(format!(
+        "agent.instructions: file {t:?} not found in {} or {}",
+        ext_dir.display(),
+        root.display()
+    ))
+}
+
+fn render(template: &str, vars: &Map<String, Value>) -> Result<String, String> {
+    let mut env = minijinja::Environment::new();
+    env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+    let ctx: BTreeMap<&str, minijinja::Value> = vars
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str(),
+                minijinja::Value::from(minijinja::value::Serde(v)),
+            )
+        })
+        .collect();
+    env.render_str(
+        template,
+        minijinja::Value::from(minijinja::value::Serde(ctx)),
+    )
+    .map_err(|e| {
+        let mut s = e.to_string();
+        if let Some(d) = e.detail() {
+            s = format!("{s} ({d})");
+        }
+        s
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> tempfile::TempDir {
+        tempfile::tempdir().unwrap()
+    }
+
+    const SEED_EXAMPLE: &str = r#"
+id: code_reviewer
+name: Code Review Agent
+version: "1.0.0"
+description: >
+  AI agent specialized in code review: analyzes diffs, finds bugs,
+  suggests improvements, checks style compliance.
+
+description: |
+  Use this agent when the user asks to review code, analyze a diff,
+  or check code quality.
+  DO NOT use for writing new code — use the Builder Agent instead.
+
+agent:
+  integration_mode: tool
+  model: gpt-4o-mini
+  instructions: prompts/code_reviewer.jinja2
+
+  parameters:
+    temperature: 0.2
+    max_output_tokens: 4000
+
+  uses_tools:
+    - kv
+    - file_manager
+
+  limits:
+    max_turns: 10
+    max_tokens_per_invocation: 20000
+
+depends_on:
+  - kv
+
+config:
+  style_guide: PEP 8
+
+enabled: true
+"#;
+
+    #[test]
+    fn the_seed_example_loads_with_its_prompt_rendered_and_the_last_description() {
+        let d = dir();
+        std::fs::create_dir(d.path().join("prompts")).unwrap();
+        std::fs::write(
+            d.path().join("prompts/code_reviewer.jinja2"),
+            "You are {{ agent.name }}. Follow {{ style_guide }}.",
+        )
+        .unwrap();
+        let a = parse(SEED_EXAMPLE, d.path(), d.path())
+            .unwrap()
+            .agent()
+            .unwrap();
+        assert_eq!(a.registry_id, "agent_code_reviewer");
+        assert_eq!(a.instructions, "You are Code Review Agent. Follow PEP 8.");
+        assert!(a.description.starts_with("Use this agent when"));
+        assert_eq!(a.uses_tools, vec!["kv", "file_manager"]);
+        assert_eq!(a.limits.max_turns, 10);
+        assert_eq!(a.limits.max_tokens_per_invocation, 20_000);
+        assert_eq!(a.limits.time_budget_ms, 120_000);
+        assert_eq!(a.max_output_tokens, Some(4000));
+        assert_eq!(a.temperature, Some(0.2));
+        assert_eq!(a.capabilities[0].name, "code_reviewer");
+    }
+
+    #[test]
+    fn instructions_come_from_the_extension_dir_then_the_root_inline_or_empty() {
+        let root = dir();
+        let ext = root.path().join("ext");
+        std::fs::create_dir(&ext).unwrap();
+        std::fs::write(
+            root.path().join("shared.md"),
+            "from the root {{ not rendered }}",
+        )
+        .unwrap();
+        let vars = Map::new();
+        assert_eq!(
+            resolve_instructions("shared.md", &ext, root.path(), &vars).unwrap(),
+            "from the root {{ not rendered }}"
+        );
+        std::fs::write(ext.join("shared.md"), "from the extension").unwrap();
+        assert_eq!(
+            resolve_instructions("shared.md", &ext, root.path(), &vars).unwrap(),
+            "from the extension"
+        );
+        assert_eq!(
+            resolve_instructions("", &ext, root.path(), &vars).unwrap(),
+            ""
+        );
+        assert_eq!(
+            resolve_instructions("Be kind.\nBe brief.", &ext, root.path(), &vars).unwrap(),
+            "Be kind.\nBe brief."
+        );
+        let missing = resolve_instructions("nope.jinja2", &ext, root.path(), &vars).unwrap_err();
+        assert!(missing.contains("not found"), "{missing}");
+        let undefined = resolve_instructions("Hi {{ who }}", &ext, root.path(), &vars).unwrap_err();
+        assert!(undefined.contains("undefined"), "{undefined}");
+        std::fs::write(root.path().join("secret.md"), "x").unwrap();
+        let escape = resolve_instructions("../secret.md", &ext, &ext, &vars).unwrap_err();
+        assert!(escape.contains("outside"), "{escape}");
+    }
+
+    fn errors(yaml: &str) -> String {
+        let d = dir();
+        parse(yaml, d.path(), d.path()).unwrap_err().join("\n")
+    }
+
+    #[test]
+    fn every_invalid_case_is_named() {
+        let base = "id: a\nname: A\ndescription: d\n";
+        let cases = [
+            (
+                "name: A\ndescription: d\nagent: {model: m, instructions: ''}",
+                "id is required",
+            ),
+            (
+                "id: Bad-Id\nname: A\ndescription: d\nagent: {model: m, instructions: ''}",
+                "must match",
+            ),
+            (
+                "id: a\ndescription: d\nagent: {model: m, instructions: ''}",
+                "name is required",
+            ),
+            (
+                &format!("{base}agent: {{instructions: ''}}"),
+                "agent.model is required",
+            ),
+            (
+                &format!("{base}agent: {{model: m}}"),
+                "agent.instructions is required",
+            ),
+            (
+                &format!("{base}agent: {{model: m, instructions: '', integration_mode: handoff}}"),
+                "not supported yet",
+            ),
+            (
+                &format!("{base}agent: {{model: m, instructions: '', integration_mode: solo}}"),
+                "tool or handoff",
+            ),
+            (
+                &format!(
+                    "{base}agent: {{model: m, instructions: '', parameters: {{temperature: 3}}}}"
+                ),
+                "between 0.0 and 2.0",
+            ),
+            (
+                &format!(
+                    "{base}agent: {{model: m, instructions: '', parameters: {{temprature: 1}}}}"
+                ),
+                "not a known parameter",
+            ),
+            (
+                &format!(
+                    "{base}agent: {{model: m, instructions: '', parameters: {{max_output_tokens: 0}}}}"
+                ),
+                "positive integer",
+            ),
+            (
+                &format!("{base}agent: {{model: m, instructions: '', uses_tools: [kv, kv]}}"),
+                "listed twice",
+            ),
+            (
+                &format!("{base}agent: {{model: m, instructions: '', limits: {{max_turns: 0}}}}"),
+                "must be positive",
+            ),
+            (
+                &format!("{base}agent: {{model: m, instructions: '', limits: {{max_turnz: 3}}}}"),
+                "unknown field",
+            ),
+            (
+                &format!(
+                    "{base}agent: {{model: m, instructions: '', parameters: {{output_schema: {{type: 12}}}}}}"
+                ),
+                "not a valid JSON Schema",
+            ),
+            ("id: a\nname: A\ndescription: d\n", "needs an entrypoint"),
+            (
+                "id: a\nname: A\nagent: {model: m, instructions: ''}",
+                "description is required",
+            ),
+            (
+                "id: a\nname: A\ndescription: d\nagent: {model: m, instructions: ''}\ncapabilities: [Bad]",
+                "capabilities",
+            ),
+            ("id: a\nname: [oops", "not a valid manifest"),
+        ];
+        for (yaml, want) in cases {
+            let e = errors(yaml);
+            assert!(e.contains(want), "{yaml}\n=> {e}\n(wanted {want:?})");
+        }
+    }
+
+    #[test]
+    fn programmatic_plain_and_disabled_manifests_are_skipped_not_refused() {
+        let d = dir();
+        let skip = |y: &str| match parse(y, d.path(), d.path()).unwrap() {
+            Parsed::Skipped(why) => why,
+            Parsed::Agent(_) => panic!("{y} loaded as an agent"),
+        };
+        assert!(
+            skip("id: b\nname: B\nentrypoint: main:B\nagent: {model: m}").contains("programmatic")
+        );
+        assert!(skip("id: k\nname: K\nentrypoint: main:Kv").contains("not an agent"));
+        assert!(
+            skip("id: o\nname: O\nenabled: false\nagent: {model: m}").contains("enabled: false")
+        );
+    }
+
+    #[test]
+    fn a_directory_refuses_colliding_ids_and_names_and_reports_every_problem() {
+        let d = dir();
+        let write = |sub: &str, y: &str| {
+            std::fs::create_dir_all(d.path().join(sub)).unwrap();
+            std::fs::write(d.path().join(sub).join("manifest.yaml"), y).unwrap();
+        };
+        write(
+            "one",
+            "id: sum\nname: Summarizer\ndescription: d\nagent: {model: m, instructions: hi}",
+        );
+        write(
+            "two",
+            "id: sum\nname: Other\ndescription: d\nagent: {model: m, instructions: hi}",
+        );
+        write(
+            "three",
+            "id: third\nname: Summarizer\ndescription: d\nagent: {model: m, instructions: hi}",
+        );
+        write(
+            "four",
+            "id: four\nname: Four\nagent: {model: m, instructions: hi}",
+        );
+        let e = load_dir(d.path(), d.path()).unwrap_err().join("\n");
+        assert!(e.contains("agent id \"sum\" is already defined"), "{e}");
+        assert!(
+            e.contains("agent name \"Summarizer\" is already used"),
+            "{e}"
+        );
+        assert!(e.contains("description is required"), "{e}");
+        let empty = dir();
+        assert!(load_dir(empty.path(), empty.path()).unwrap_err()[0].contains("no manifest.yaml"));
+    }
+}

@@ -1,0 +1,844 @@
+//! LLM tasks and declarative agents end to end, against a scripted
+//! OpenAI-compatible server on loopback that counts every request: nothing
+//! reaches the model before approval or past the budget; fallback, tools,
+//! structured output, delegation and declarative agents behave as the seeds
+//! say.
+
+#![allow(clippy::unwrap_used)] // test helpers: a failed call is a failed test
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use switchyard_agent_sdk::tools::{ToolProvider, ToolServer};
+use switchyard_kit::json::{struct_to_json, value_to_json};
+use switchyard_llm::scripted::{Reply, Script, Server};
+use switchyard_llm::{LlmConfig, ModelConfig, ProviderConfig};
+use switchyard_proto::approval::v1::ApproveRequest;
+use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
+use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
+use switchyard_proto::executor::v1::{
+    GetJobRequest, GetResultRequest, GetResultResponse, Job, JobState, ListJobsRequest,
+    SubmitJobRequest, TaskState, TaskStatus, WatchJobRequest,
+};
+use switchyard_proto::ledger::v1::GetBudgetRequest;
+use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
+use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
+use switchyard_proto::registry::v1::{RegisterToolRequest, Tool};
+use switchyard_testkit::Stack;
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+
+type Jobs = JobServiceClient<Channel>;
+
+/// Models served by the scripted provider: $2.50/$10 per million tokens.
+const MODELS: &[&str] = &[
+    "gpt-4o",
+    "claude-3.5-sonnet",
+    "gpt-4o-mini",
+    "m-required",
+    "m-none",
+    "m-turns",
+    "m-schema",
+    "m-deleg",
+    "m-tools",
+    "m-parallel",
+    "m-budget",
+];
+
+fn llm_config(base_url: &str) -> LlmConfig {
+    LlmConfig {
+        providers: vec![ProviderConfig {
+            name: "openai".into(),
+            base_url: base_url.into(),
+            models: MODELS
+                .iter()
+                .map(|m| ModelConfig {
+                    name: (*m).into(),
+                    input_micro_usd_per_million: Some(2_500_000),
+                    output_micro_usd_per_million: Some(10_000_000),
+                })
+                .collect(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+struct Env {
+    stack: Stack,
+    jobs: Jobs,
+    script: Script,
+    _server: Server,
+}
+
+/// The whole stack with the scripted provider; `auto_approve` adds a
+/// policy approving runs up to $10 (else only zero-cost runs pass).
+async fn env(auto_approve: bool, tweak: impl FnOnce(&mut switchyard_cli::Config)) -> Env {
+    let script = Script::new();
+    let server = script.serve().await;
+    let url = server.base_url();
+    let stack = Stack::start_with(switchyard_cli::ServiceKind::ALL, move |c| {
+        c.llm = llm_config(&url);
+        c.executor.approval_poll_ms = 20;
+        c.executor.commands.push("sh".into());
+        if auto_approve {
+            c.approval.policies.push(switchyard_approval::Policy {
+                name: "up-to-10-dollars".into(),
+                max_estimated_cost_micro_usd: Some(10_000_000),
+                ..Default::default()
+            });
+        }
+        tweak(c);
+    })
+    .await
+    .unwrap();
+    let jobs = JobServiceClient::new(stack.channel().await.unwrap());
+    Env {
+        stack,
+        jobs,
+        script,
+        _server: server,
+    }
+}
+
+async fn submit(c: &mut Jobs, doc: &str) -> Result<Job, tonic::Status> {
+    c.submit_job(SubmitJobRequest {
+        document: doc.into(),
+        ..Default::default()
+    })
+    .await
+    .map(|r| r.into_inner().job.unwrap())
+}
+
+fn id(j: &Job) -> String {
+    j.spec.as_ref().unwrap().job_id.clone()
+}
+
+async fn get(c: &mut Jobs, job_id: &str) -> Job {
+    c.get_job(GetJobRequest {
+        job_id: job_id.into(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .job
+    .unwrap()
+}
+
+/// Waits (bounded: 20 s) for a final state; returns the result.
+async fn finish(c: &mut Jobs, job_id: &str) -> GetResultResponse {
+    for _ in 0..800 {
+        let s = JobState::try_from(get(c, job_id).await.state).unwrap();
+        if matches!(
+            s,
+            JobState::Completed | JobState::Cancelled | JobState::Discarded | JobState::Retryable
+        ) {
+            return c
+                .get_result(GetResultRequest {
+                    job_id: job_id.into(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("job {job_id} did not finish in 20 s");
+}
+
+fn task<'a>(r: &'a GetResultResponse, id: &str) -> &'a TaskStatus {
+    r.tasks.iter().find(|t| t.task_id == id).unwrap()
+}
+
+fn output(t: &TaskStatus) -> Value {
+    t.output.as_ref().map(struct_to_json).unwrap_or(Value::Null)
+}
+
+async fn approve(s: &Stack, run_id: &str) {
+    let mut a = ApprovalServiceClient::new(s.channel().await.unwrap());
+    let mut req = tonic::Request::new(ApproveRequest {
+        run_id: run_id.into(),
+        comment: "ok".into(),
+    });
+    req.metadata_mut()
+        .insert("x-switchyard-actor", "@reviewer".parse().unwrap());
+    a.approve(req).await.unwrap();
+}
+
+/// Events of a job: (kind, data).
+async fn events(c: &mut Jobs, job_id: &str) -> Vec<(String, Value)> {
+    let mut stream = c
+        .watch_job(WatchJobRequest {
+            job_id: job_id.into(),
+            after_sequence: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(Ok(m)) = stream.next().await {
+        if let Some(e) = m.event {
+            out.push((
+                e.kind,
+                e.data.as_ref().map(struct_to_json).unwrap_or(Value::Null),
+            ));
+        }
+    }
+    out
+}
+
+async fn budget(s: &Stack, id: &str) -> switchyard_proto::ledger::v1::Budget {
+    LedgerServiceClient::new(s.channel().await.unwrap())
+        .get_budget(GetBudgetRequest {
+            budget_id: id.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .budget
+        .unwrap()
+}
+
+/// A tool provider that records its calls: `lookup` echoes, `secret`
+/// answers (and must never be reached by a task that did not list it).
+#[derive(Clone, Default)]
+struct Provider(Arc<Mutex<Vec<(String, Value)>>>);
+
+#[tonic::async_trait]
+impl ToolProvider for Provider {
+    async fn call(&self, name: &str, args: Value) -> Result<Value, String> {
+        self.0.lock().unwrap().push((name.into(), args.clone()));
+        match name {
+            "web_search" => Ok(json!({"results": ["https://arxiv.org/abs/2401.00001"]})),
+            _ => Ok(json!({"found": args})),
+        }
+    }
+}
+
+impl Provider {
+    fn calls(&self) -> Vec<String> {
+        self.0.lock().unwrap().iter().map(|c| c.0.clone()).collect()
+    }
+}
+
+/// Serves `p` on loopback and registers `tools` with its endpoint.
+async fn provide(s: &Stack, p: Provider, tools: &[&str]) -> switchyard_kit::shutdown::Trigger {
+    let cfg = switchyard_kit::server::ServerConfig {
+        listen: "127.0.0.1:0".into(),
+        ..Default::default()
+    };
+    let listener = switchyard_kit::server::bind(&cfg).await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let (trigger, shutdown) = switchyard_kit::shutdown::channel();
+    let server = switchyard_kit::server::Server::new(cfg)
+        .add_service(ToolServer::new(p).into_service(4 << 20));
+    tokio::spawn(server.run(listener, shutdown));
+    let mut reg = RegistryServiceClient::new(s.channel().await.unwrap());
+    for name in tools {
+        reg.register_tool(RegisterToolRequest {
+            tool: Some(Tool {
+                name: (*name).into(),
+                description: format!("{name} things"),
+                parameters: switchyard_kit::json::json_to_struct(&json!({
+                    "type": "object", "properties": {"q": {"type": "string"}, "query": {"type": "string"}}
+                })),
+                endpoint: endpoint.clone(),
+            }),
+        })
+        .await
+        .unwrap();
+    }
+    trigger
+}
+
+const SEED_000_EXAMPLE: &str = include_str!("../../examples/jobs/ojs_research.json");
+
+#[tokio::test]
+async fn no_request_reaches_the_model_before_approval_or_after_the_budget_refuses() {
+    let mut e = env(false, |_| {}).await;
+    e.script.otherwise(Reply::text("fine", 20, 5));
+    let doc = r#"{"type": "t.ask", "args": ["Say fine"], "ext_agent_model": "gpt-4o", "ext_agent_max_tokens": 50}"#;
+    let job = submit(&mut e.jobs, doc).await.unwrap();
+    assert_eq!(
+        job.state,
+        JobState::Pending as i32,
+        "a priced model needs a person"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(e.script.count(), 0, "no request before approval");
+    approve(&e.stack, &job.run_id).await;
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    assert_eq!(e.script.count(), 1);
+    assert_eq!(output(task(&r, "agent"))["content"], "fine");
+    // Tokens are server-managed: the provider's usage, committed.
+    assert_eq!(r.tokens_used, 25);
+    // 20 × $2.50/M + 5 × $10/M = 50 + 50 µ$.
+    assert_eq!(r.cost.unwrap().micro_usd, 100);
+
+    // A token budget too small for one call: refused, no request, retryable.
+    let tight = r#"{"type": "t.ask", "args": ["Say fine"], "ext_agent_model": "gpt-4o",
+                    "ext_agent_max_tokens": 500, "ext_agent_token_budget": 100}"#;
+    let job = submit(&mut e.jobs, tight).await.unwrap();
+    approve(&e.stack, &job.run_id).await;
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.state, JobState::Retryable as i32, "{r:?}");
+    assert_eq!(r.reason, "AGENT_TOKEN_BUDGET_EXCEEDED");
+    assert_eq!(e.script.count(), 1, "no request once the budget refuses");
+    let b = budget(&e.stack, &format!("job-{}", id(&job))).await;
+    assert_eq!((b.tokens_spent, b.tokens_reserved), (0, 0));
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn parallel_tasks_sharing_one_budget_never_exceed_it() {
+    let mut e = env(true, |_| {}).await;
+    // Every answer takes a while, so reservations overlap.
+    e.script
+        .otherwise(Reply::text("part", 10, 300).delay(Duration::from_millis(150)));
+    let tasks: Vec<Value> = (0..6)
+        .map(|i| json!({"id": format!("t{i}"), "llm": {"model": "m-parallel", "prompt": format!("part {i}"), "max_tokens": 300}}))
+        .collect();
+    let doc = json!({"plan_id": "parallel", "max_parallel": 6,
+                     "budget": {"token_budget": 1500}, "tasks": tasks})
+    .to_string();
+    let job = submit(&mut e.jobs, &doc).await.unwrap();
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    let b = budget(&e.stack, &format!("job-{}", id(&job))).await;
+    let done = r
+        .tasks
+        .iter()
+        .filter(|t| t.state == TaskState::Succeeded as i32)
+        .count();
+    assert!(b.tokens_spent <= 1500, "spent {} of 1500", b.tokens_spent);
+    assert!(!b.overrun);
+    assert_eq!(b.tokens_spent, 310 * done as u64, "every request committed");
+    assert_eq!(
+        e.script.count(),
+        done,
+        "one request per successful call, none refused"
+    );
+    assert!((2..6).contains(&done), "{done} of 6 fit");
+    assert_eq!(r.reason, "AGENT_TOKEN_BUDGET_EXCEEDED");
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn fallback_follows_the_order_records_model_used_and_honours_retry_after() {
+    let mut e = env(true, |_| {}).await;
+    e.script.for_model("gpt-4o", vec![Reply::status(429)]);
+    e.script
+        .for_model("claude-3.5-sonnet", vec![Reply::status(503)]);
+    e.script
+        .for_model("gpt-4o-mini", vec![Reply::text("from mini", 10, 2)]);
+    let doc = r#"{"type": "t.ask", "args": ["hi"], "ext_agent_model": "gpt-4o", "ext_agent_max_tokens": 20,
+                  "ext_agent_fallback_models": ["claude-3.5-sonnet", "gpt-4o-mini"]}"#;
+    let job = submit(&mut e.jobs, doc).await.unwrap();
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let t = task(&r, "agent");
+    assert_eq!(t.model_used, "gpt-4o-mini");
+    assert_eq!(output(t)["model_used"], "gpt-4o-mini");
+    assert_eq!(t.attempts.len(), 1, "fallbacks are not job retries");
+    assert_eq!(
+        e.script.models_called(),
+        ["gpt-4o", "claude-3.5-sonnet", "gpt-4o-mini"]
+    );
+    let calls: Vec<(String, String)> = events(&mut e.jobs, &id(&job))
+        .await
+        .into_iter()
+        .filter(|(k, _)| k == "llm.call")
+        .map(|(_, d)| {
+            (
+                d["model"].as_str().unwrap().into(),
+                d["outcome"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            ("gpt-4o".into(), "rate_limited".into()),
+            ("claude-3.5-sonnet".into(), "unavailable".into()),
+            ("gpt-4o-mini".into(), "ok".into())
+        ]
+    );
+    // The primary answering is recorded too.
+    e.script.for_model(
+        "gpt-4o",
+        vec![
+            Reply::status(429).retry_after("1"),
+            Reply::text("after wait", 1, 1),
+        ],
+    );
+    let doc = r#"{"type": "t.ask", "args": ["hi"], "ext_agent_model": "gpt-4o", "ext_agent_max_tokens": 20}"#;
+    let started = Instant::now();
+    let job = submit(&mut e.jobs, doc).await.unwrap();
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(950),
+        "Retry-After was honoured"
+    );
+    assert_eq!(task(&r, "agent").model_used, "gpt-4o");
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn only_declared_tools_run_with_valid_arguments_within_their_timeout() {
+    let mut e = env(true, |c| {
+        c.executor.tool_timeout_ms = 300;
+    })
+    .await;
+    let provider = Provider::default();
+    let _stop = provide(&e.stack, provider.clone(), &["lookup", "secret"]).await;
+    e.script.for_model(
+        "m-tools",
+        vec![
+            Reply::tools(
+                &[
+                    ("lookup", json!({"q": "switchyard"})),
+                    ("secret", json!({"q": "x"})),
+                    ("lookup", json!({"q": 5})),
+                    ("slow", json!({})),
+                    ("stamp", json!({"n": 1})),
+                ],
+                40,
+                10,
+            ),
+            Reply::text("all done", 80, 5),
+        ],
+    );
+    let doc = json!({"type": "t.tools", "args": ["use the tools"], "ext_agent_model": "m-tools", "ext_agent_max_tokens": 50,
+        "ext_agent_tools": [
+            {"name": "lookup", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}},
+            {"name": "slow", "command": "sleep", "args": ["5"]},
+            {"name": "stamp", "command": "sh", "args": ["-c", "cat; echo"]}
+        ]})
+    .to_string();
+    let job = submit(&mut e.jobs, &doc).await.unwrap();
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let t = task(&r, "agent");
+    let seen: Vec<(&str, &str)> = t
+        .tool_results
+        .iter()
+        .map(|x| (x.name.as_str(), x.reason.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("lookup", ""),
+            ("secret", "AGENT_TOOL_NOT_FOUND"),
+            ("lookup", "AGENT_TOOL_INVALID_ARGUMENTS"),
+            ("slow", "AGENT_TOOL_TIMEOUT"),
+            ("stamp", "")
+        ]
+    );
+    assert_eq!(
+        value_to_json(t.tool_results[0].result.as_ref().unwrap()),
+        json!({"found": {"q": "switchyard"}})
+    );
+    // The command tool got its arguments as JSON on stdin.
+    assert_eq!(
+        value_to_json(t.tool_results[4].result.as_ref().unwrap()),
+        json!({"n": 1})
+    );
+    assert_eq!(
+        provider.calls(),
+        ["lookup"],
+        "only the valid, declared call ran"
+    );
+    // The model saw only the declared tools, and got every result back in order.
+    let req = &e.script.received()[0].body;
+    let offered: Vec<&str> = req["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(offered, ["lookup", "slow", "stamp"]);
+    let back = &e.script.received()[1].body["messages"];
+    // user, the assistant's calls, then one result per call.
+    assert_eq!(back.as_array().unwrap().len(), 1 + 1 + 5);
+    assert!(
+        back[3]["content"]
+            .as_str()
+            .unwrap()
+            .contains("AGENT_TOOL_NOT_FOUND")
+    );
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn tool_choice_modes_and_max_turns_end_runs_as_asked() {
+    let mut e = env(true, |_| {}).await;
+    e.script
+        .for_model("m-required", vec![Reply::text("no tools", 5, 1)]);
+    e.script
+        .for_model("m-none", vec![Reply::text("plain", 5, 1)]);
+    e.script
+        .otherwise(Reply::tools(&[("stamp", json!({}))], 5, 1));
+    let tool = r#"[{"name": "stamp", "command": "true"}]"#;
+    let doc = |model: &str, choice: &str, extra: &str| {
+        format!(
+            r#"{{"type": "t", "args": ["x"], "ext_agent_model": "{model}", "ext_agent_max_tokens": 10,
+                "ext_agent_tools": {tool}, "ext_agent_tool_choice": "{choice}" {extra}}}"#
+        )
+    };
+    let job = submit(&mut e.jobs, &doc("m-required", "required", ""))
+        .await
+        .unwrap();
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.reason, "AGENT_TOOL_CALL_REQUIRED", "{r:?}");
+
+    let job = submit(&mut e.jobs, &doc("m-none", "none", ""))
+        .await
+        .unwrap();
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.state, JobState::Completed as i32);
+    let none_req = e
+        .script
+        .received()
+        .into_iter()
+        .find(|x| x.model == "m-none")
+        .unwrap();
+    assert!(none_req.body.get("tools").is_none(), "none offers no tools");
+
+    let job = submit(
+        &mut e.jobs,
+        &doc("m-turns", "auto", r#", "ext_agent_max_turns": 3"#),
+    )
+    .await
+    .unwrap();
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.reason, "AGENT_MAX_TURNS", "{r:?}");
+    assert_eq!(
+        e.script
+            .models_called()
+            .iter()
+            .filter(|m| *m == "m-turns")
+            .count(),
+        3
+    );
+    let t = task(&r, "agent");
+    assert_eq!(t.tool_results.len(), 3, "partial results are kept");
+    assert_eq!(t.llm_usage.unwrap().llm_calls, 3);
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn structured_output_must_parse_and_match_the_schema_with_retries_per_policy() {
+    let mut e = env(true, |_| {}).await;
+    e.script.for_model(
+        "m-schema",
+        vec![
+            Reply::text(r#"{"summary": "ok", "sources": ["a"]}"#, 10, 5),
+            Reply::text(r#"{"sources": "not a list"}"#, 10, 5),
+            Reply::text("plain words", 10, 5),
+        ],
+    );
+    let schema = r#"{"type": "object", "properties": {"summary": {"type": "string"}, "sources": {"type": "array"}}, "required": ["summary"]}"#;
+    let doc = |retries: u32| {
+        format!(
+            r#"{{"plan_id": "s", "tasks": [{{"id": "a", "retry": {{"max_retries": {retries}, "backoff_strategy": "FIXED", "backoff_base_ms": 1}},
+               "llm": {{"model": "m-schema", "prompt": "x", "max_tokens": 20, "output_format": "json", "output_schema": {schema}}}}}]}}"#
+        )
+    };
+    let job = submit(&mut e.jobs, &doc(0)).await.unwrap();
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    assert_eq!(output(task(&r, "a"))["summary"], "ok");
+    assert_eq!(output(task(&r, "a"))["output"]["sources"], json!(["a"]));
+
+    let job = submit(&mut e.jobs, &doc(1)).await.unwrap();
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.state, JobState::Discarded as i32, "{r:?}");
+    let t = task(&r, "a");
+    let reasons: Vec<&str> = t.attempts.iter().map(|a| a.reason.as_str()).collect();
+    assert_eq!(
+        reasons,
+        ["AGENT_OUTPUT_SCHEMA_VIOLATION", "AGENT_OUTPUT_NOT_JSON"]
+    );
+    assert!(
+        t.attempts[0].error.contains("sources"),
+        "{}",
+        t.attempts[0].error
+    );
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn delegation_nests_the_budget_rolls_costs_up_and_stops_at_the_depth_limit() {
+    let mut e = env(false, |_| {}).await;
+    // Parent turn 1 delegates; the child's turn 1 tries to delegate again
+    // (depth 2 = the maximum: refused, told to the model), then answers;
+    // the parent then answers.
+    e.script.for_model(
+        "m-deleg",
+        vec![
+            Reply::tools(&[("delegate", json!({"task": "find the answer"}))], 100, 20),
+            Reply::tools(&[("delegate", json!({"task": "deeper"}))], 50, 10),
+            Reply::text("child says 42", 60, 5),
+            Reply::text("parent says 42", 150, 5),
+        ],
+    );
+    let doc = r#"{"type": "t.deleg", "args": ["what is the answer"], "ext_agent_model": "m-deleg",
+                  "ext_agent_max_tokens": 100, "ext_agent_token_budget": 10000,
+                  "ext_agent_max_delegation_depth": 2, "ext_agent_tools": [{"name": "delegate"}]}"#;
+    let job = submit(&mut e.jobs, doc).await.unwrap();
+    assert_eq!(
+        job.state,
+        JobState::Pending as i32,
+        "delegation spends open-ended: a person approves"
+    );
+    approve(&e.stack, &job.run_id).await;
+    let parent = id(&job);
+    let r = finish(&mut e.jobs, &parent).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let t = task(&r, "agent");
+    assert_eq!(output(t)["content"], "parent says 42");
+    assert_eq!(t.child_job_ids.len(), 1);
+    let child_id = t.child_job_ids[0].clone();
+    let child = get(&mut e.jobs, &child_id).await;
+    assert_eq!(
+        child.state,
+        JobState::Completed as i32,
+        "approved under the parent's run"
+    );
+    let d = child.spec.as_ref().unwrap().delegation.clone().unwrap();
+    assert_eq!(
+        (d.parent_job_id.as_str(), d.depth, d.max_depth),
+        (parent.as_str(), 1, 2)
+    );
+    let cr = finish(&mut e.jobs, &child_id).await;
+    let ct = task(&cr, "delegated");
+    assert_eq!(ct.tool_results.len(), 1);
+    assert!(
+        ct.tool_results[0]
+            .error
+            .contains("AGENT_MAX_DELEGATION_DEPTH"),
+        "{:?}",
+        ct.tool_results[0]
+    );
+    let all = e
+        .jobs
+        .list_jobs(ListJobsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    assert_eq!(all.len(), 2, "no grandchild was created");
+    // The child's budget: nested under the parent's, with what the parent
+    // had left (10000 - the 120 tokens of its first call).
+    let cb = budget(&e.stack, &format!("job-{child_id}")).await;
+    assert_eq!(cb.parent_id, format!("job-{parent}"));
+    assert_eq!(cb.token_limit, Some(10_000 - 120));
+    assert_eq!(cb.tokens_spent, 60 + 65);
+    // Roll-up: the parent's budget and job count the child's tokens too.
+    let pb = budget(&e.stack, &format!("job-{parent}")).await;
+    assert_eq!(pb.tokens_spent, 120 + 155 + 125);
+    assert_eq!(r.tokens_used, 120 + 155 + 125);
+    // Delegating from a finished job is refused.
+    let late = json!({"plan_id": "late", "delegation": {"parent_job_id": parent},
+                      "tasks": [{"id": "a", "command": {"command": "true"}}]})
+    .to_string();
+    let err = submit(&mut e.jobs, &late).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert!(err.message().contains("not active"), "{}", err.message());
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_seed_000_example_runs_end_to_end_with_fallback_a_tool_and_a_schema() {
+    let mut e = env(false, |_| {}).await;
+    let provider = Provider::default();
+    let _stop = provide(&e.stack, provider.clone(), &["web_search"]).await;
+    e.script.for_model("gpt-4o", vec![Reply::status(503)]);
+    e.script.for_model(
+        "claude-3.5-sonnet",
+        vec![
+            Reply::tools(&[("web_search", json!({"query": "quantum computing 2026"}))], 300, 30),
+            Reply::text(
+                r#"{"summary": "Error-corrected qubits scaled up.", "sources": ["https://arxiv.org/abs/2401.00001"]}"#,
+                500,
+                60,
+            ),
+        ],
+    );
+    let job = submit(&mut e.jobs, SEED_000_EXAMPLE).await.unwrap();
+    assert_eq!(job.state, JobState::Pending as i32);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(e.script.count(), 0);
+    approve(&e.stack, &job.run_id).await;
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let t = task(&r, "agent");
+    assert_eq!(t.model_used, "claude-3.5-sonnet");
+    assert_eq!(output(t)["summary"], "Error-corrected qubits scaled up.");
+    assert_eq!(t.tool_results[0].name, "web_search");
+    assert_eq!(provider.calls(), ["web_search"]);
+    let req = &e.script.received()[1].body;
+    assert_eq!(req["temperature"], 0.7);
+    assert_eq!(req["max_tokens"], 4096);
+    assert_eq!(req["tool_choice"], "auto");
+    // Usage is the provider's, never the client's ext_agent_tokens_used.
+    assert_eq!(r.tokens_used, 330 + 560);
+    let b = budget(&e.stack, &format!("job-{}", id(&job))).await;
+    assert_eq!(b.tokens_spent, 890);
+    assert_eq!(b.token_limit, Some(50_000));
+    e.stack.stop().await.unwrap();
+}
+
+fn write_agent(dir: &std::path::Path, id: &str, yaml: &str) {
+    let d = dir.join(id);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join("manifest.yaml"), yaml).unwrap();
+}
+
+#[tokio::test]
+async fn declarative_agents_bill_their_own_calls_see_only_their_tools_and_serve_as_tools() {
+    let agents = tempfile::tempdir().unwrap();
+    // The shipped example, copied, plus an agent allowed one tool.
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents/summarizer");
+    let d = agents.path().join("summarizer");
+    std::fs::create_dir_all(d.join("prompts")).unwrap();
+    for f in ["manifest.yaml", "prompts/summarizer.jinja2"] {
+        std::fs::copy(example.join(f), d.join(f)).unwrap();
+    }
+    write_agent(
+        agents.path(),
+        "researcher",
+        "id: researcher\nname: Researcher\ndescription: Looks things up.\ncapabilities: [research.lookup]\n\
+         agent:\n  model: gpt-4o-mini\n  instructions: 'Look it up with {{ tool_name }}.'\n  uses_tools: [lookup]\n\
+         config:\n  tool_name: lookup\n",
+    );
+    let dir = agents.path().to_path_buf();
+    let mut e = env(false, move |c| c.agents.dir = Some(dir)).await;
+    let provider = Provider::default();
+    let _stop = provide(&e.stack, provider.clone(), &["lookup", "secret"]).await;
+    // Both agents register (bills_tokens) and route.
+    let mut reg = RegistryServiceClient::new(e.stack.channel().await.unwrap());
+    let mut ids = Vec::new();
+    for _ in 0..200 {
+        ids = reg
+            .list_agents(switchyard_proto::registry::v1::ListAgentsRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .agents
+            .into_iter()
+            .filter_map(|a| a.spec)
+            .filter(|s| s.bills_tokens)
+            .map(|s| s.id)
+            .collect::<Vec<_>>();
+        if ids.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(ids, ["agent_researcher", "agent_summarizer"]);
+
+    // 1. The researcher: the model asks for a tool it was not given, then its own.
+    e.script.for_model(
+        "gpt-4o-mini",
+        vec![
+            Reply::tools(&[("secret", json!({"q": "x"}))], 30, 5),
+            Reply::tools(&[("lookup", json!({"q": "bills"}))], 40, 5),
+            Reply::text("found it", 50, 5),
+        ],
+    );
+    let doc = r#"{"plan_id": "r", "tasks": [{"id": "a", "agent": {"capability": "research.lookup", "input": {"task": "find bills"}}}]}"#;
+    let job = submit(&mut e.jobs, doc).await.unwrap();
+    assert_eq!(
+        job.state,
+        JobState::Pending as i32,
+        "an agent billing its own tokens needs a person"
+    );
+    approve(&e.stack, &job.run_id).await;
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    assert_eq!(output(task(&r, "a"))["content"], "found it");
+    assert_eq!(provider.calls(), ["lookup"], "the unlisted tool never ran");
+    let first = &e.script.received()[0].body;
+    assert_eq!(first["messages"][0]["content"], "Look it up with lookup.");
+    let offered: Vec<&str> = first["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(offered, ["lookup"]);
+    // Billed once: by the agent on the job's budget, recorded on the task.
+    let b = budget(&e.stack, &format!("job-{}", id(&job))).await;
+    assert_eq!(b.tokens_spent, 35 + 45 + 55);
+    assert_eq!(r.tokens_used, 135);
+
+    // 2. Agent-as-tool: an LLM task calls agent_summarizer, which calls the model.
+    e.script.clear_received();
+    e.script.for_model(
+        "gpt-4o",
+        vec![
+            Reply::tools(
+                &[(
+                    "agent_summarizer",
+                    json!({"task": "summarize: the ledger ships in March"}),
+                )],
+                70,
+                10,
+            ),
+            Reply::text("The summary is in.", 90, 5),
+        ],
+    );
+    e.script.for_model(
+        "gpt-4o-mini",
+        vec![Reply::text("Ledger ships in March.", 40, 8)],
+    );
+    let doc = r#"{"type": "t.orchestrate", "args": ["get a summary"], "ext_agent_model": "gpt-4o",
+                  "ext_agent_max_tokens": 50, "ext_agent_agents": ["text.summary"]}"#;
+    let job = submit(&mut e.jobs, doc).await.unwrap();
+    approve(&e.stack, &job.run_id).await;
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let t = task(&r, "agent");
+    assert_eq!(t.tool_results[0].name, "agent_summarizer");
+    let got = value_to_json(t.tool_results[0].result.as_ref().unwrap());
+    assert_eq!(got["content"], "Ledger ships in March.");
+    let first = &e.script.received()[0].body;
+    let tool = &first["tools"][0]["function"];
+    assert_eq!(tool["name"], "agent_summarizer");
+    assert!(
+        tool["description"]
+            .as_str()
+            .unwrap()
+            .starts_with("Use this agent to summarize")
+    );
+    // The summarizer's system prompt was rendered from its template.
+    let sub = e
+        .script
+        .received()
+        .into_iter()
+        .find(|x| x.model == "gpt-4o-mini")
+        .unwrap();
+    assert!(
+        sub.body["messages"][0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("concise summary")
+    );
+    let kinds: HashMap<String, usize> =
+        events(&mut e.jobs, &id(&job))
+            .await
+            .into_iter()
+            .fold(HashMap::new(), |mut m, (k, _)| {
+                *m.entry(k).or_default() += 1;
+                m
+            });
+    assert!(kinds.contains_key("routing.decision"), "{kinds:?}");
+    assert!(kinds.contains_key("budget.billed_by_agent"), "{kinds:?}");
+    assert_eq!(r.tokens_used, 80 + 95 + 48);
+    e.stack.stop().await.unwrap();
+}
