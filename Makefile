@@ -52,7 +52,7 @@ fmt: ## Format the code
 	$(CARGO) fmt --all
 
 .PHONY: bench
-bench: ## Benchmarks (release): routing, registry and ledger throughput and latency vs a bare ping
+bench: ## Benchmarks (release): routing, registry, ledger, executor and the LLM agent loop vs a bare ping
 	$(CARGO) run --release --locked -p switchyard-bench
 
 .PHONY: clean

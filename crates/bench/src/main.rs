@@ -17,10 +17,15 @@
 //!    `builtin.noop` from 64 submitters, a durable 3-step echo chain, and a
 //!    command task against spawning the command directly.
 //!
+//! 6. The LLM agent loop (see `llm.rs`): a task with 3 tool-call turns
+//!    against the scripted OpenAI-compatible server, 200 runs; the latency
+//!    the loop and the whole job add beyond the server's own time.
+//!
 //! The stack is the one `switchyard dev` runs (durable sled store in a
 //! temporary directory, per-RPC spans enabled at the default `info` level).
 
 mod executor;
+mod llm;
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -199,6 +204,10 @@ async fn run() -> anyhow::Result<()> {
     if std::env::args().nth(1).as_deref() == Some("executor") {
         return executor::run().await;
     }
+    // `switchyard-bench llm` runs only the agent loop's figures.
+    if std::env::args().nth(1).as_deref() == Some("llm") {
+        return llm::run().await;
+    }
 
     println!("Route, in-process (no gRPC), {CAPABILITIES} capabilities, limit 5, one exclusion:");
     for n in [10_000, 100_000] {
@@ -341,6 +350,7 @@ async fn run() -> anyhow::Result<()> {
     ledger_grpc(&channels, ping.rate).await?;
     stack.stop().await?;
     executor::run().await?;
+    llm::run().await?;
     Ok(())
 }
 

@@ -167,6 +167,15 @@ fn task_json(t: &TaskStatus) -> Value {
         "stdout": String::from_utf8_lossy(&t.stdout), "stderr": String::from_utf8_lossy(&t.stderr),
         "output_truncated": t.output_truncated,
         "tokens_used": t.tokens_used, "cost_micro_usd": t.cost.map_or(0, |m| m.micro_usd),
+        "model_used": t.model_used,
+        "tool_results": t.tool_results.iter().map(|r| json!({
+            "call_id": r.call_id, "name": r.name, "arguments": r.arguments,
+            "result": r.result.as_ref().map(switchyard_kit::json::value_to_json),
+            "error": r.error, "reason": r.reason, "turn": r.turn, "duration_ms": r.duration_ms})).collect::<Vec<_>>(),
+        "llm_usage": t.llm_usage.map(|u| json!({
+            "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.total_tokens, "llm_calls": u.llm_calls, "turns": u.turns})),
+        "child_job_ids": t.child_job_ids,
     })
 }
 
@@ -258,6 +267,29 @@ fn print_job(j: &Job) {
         ],
         &rows,
     );
+    // LLM tasks: the model that answered, usage and every tool call.
+    for t in j.tasks.iter().filter(|t| !t.model_used.is_empty()) {
+        let u = t.llm_usage.unwrap_or_default();
+        println!();
+        println!(
+            "{}: model {}  {} calls, {} turns, {} prompt + {} completion tokens",
+            t.task_id, t.model_used, u.llm_calls, u.turns, u.prompt_tokens, u.completion_tokens
+        );
+        for r in &t.tool_results {
+            let outcome = if r.error.is_empty() {
+                "ok".to_owned()
+            } else {
+                format!("{}: {}", r.reason, r.error)
+            };
+            println!(
+                "  turn {} {}({}) {} ms  {outcome}",
+                r.turn, r.name, r.arguments, r.duration_ms
+            );
+        }
+        for c in &t.child_job_ids {
+            println!("  delegated job {c}");
+        }
+    }
 }
 
 fn show(format: Format, j: &Job) {

@@ -500,7 +500,9 @@ impl Llm {
                     });
                 }
                 let started = Instant::now();
-                let r = match tokio::time::timeout(left, provider.chat(model, req)).await {
+                let span = tracing::info_span!("llm.chat", model = %model, provider = %served.provider, round);
+                let call = tracing::Instrument::instrument(provider.chat(model, req), span);
+                let r = match tokio::time::timeout(left, call).await {
                     Ok(r) => r,
                     Err(_) => Err(ProviderError::Timeout),
                 };

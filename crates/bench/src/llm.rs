@@ -1,0 +1,292 @@
+//! The agent loop's orchestration overhead (issue 5): an LLM task whose
+//! model asks for a tool three times and then answers — four model calls
+//! and three tool calls — against the scripted OpenAI-compatible server,
+//! 200 runs. Three layers are timed the same way so the differences are
+//! the overhead:
+//! 1. the four chat calls made directly (the scripted server's own time,
+//!    with HTTP on loopback);
+//! 2. the agent loop alone with a host that does nothing (the loop's own
+//!    cost: estimates, tool lookup, argument checks against the schema);
+//! 3. the whole job through the stack: submit, policy approval, budget,
+//!    a reservation and commit per model call, three ToolService calls on
+//!    loopback, durable events, completion seen through WatchJob.
+
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde_json::{Value, json};
+use switchyard_agent_sdk::tools::{ToolProvider, ToolServer};
+use switchyard_cli::ServiceKind;
+use switchyard_llm::agent::{self, Host, Refusal};
+use switchyard_llm::scripted::{Reply, Script};
+use switchyard_llm::{BoxFuture, ChatRequest, Llm, LlmConfig, ModelConfig, ProviderConfig, Usage};
+use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
+use switchyard_proto::executor::v1::{
+    JobSpec, LlmTask, SubmitJobRequest, TaskSpec, ToolDefinition, WatchJobRequest, task_spec::Kind,
+};
+use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
+use switchyard_proto::registry::v1::{RegisterToolRequest, Tool};
+use switchyard_testkit::Stack;
+use tokio_stream::StreamExt;
+
+use crate::us;
+
+const RUNS: usize = 200;
+const MODEL: &str = "bench-model";
+
+fn replies() -> Vec<Reply> {
+    let mut r: Vec<Reply> = (0..3)
+        .map(|i| Reply::tools(&[("lookup", json!({"q": format!("step {i}")}))], 200, 20))
+        .collect();
+    r.push(Reply::text("done", 300, 10));
+    r
+}
+
+fn schema() -> Value {
+    json!({"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]})
+}
+
+struct Echo;
+
+#[tonic::async_trait]
+impl ToolProvider for Echo {
+    async fn call(&self, _name: &str, args: Value) -> Result<Value, String> {
+        Ok(json!({"found": args}))
+    }
+}
+
+/// A host that grants everything and runs tools as no-ops.
+struct NullHost;
+
+impl Host for NullHost {
+    fn reserve(&self, _c: u32, _t: u64, _cost: i64) -> BoxFuture<'_, Result<String, Refusal>> {
+        Box::pin(async { Ok(String::new()) })
+    }
+    fn commit<'a>(&'a self, _h: &'a str, _m: &'a str, _u: Usage, _c: i64) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+    fn release<'a>(&'a self, _h: &'a str, _w: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+    fn call_tool<'a>(
+        &'a self,
+        _n: &'a str,
+        _i: &'a str,
+        args: Value,
+    ) -> BoxFuture<'a, Result<Value, String>> {
+        Box::pin(async move { Ok(json!({"found": args})) })
+    }
+    fn event(&self, _k: &str, _d: Value) {}
+}
+
+fn ms(h: &Histogram<u64>, q: f64) -> f64 {
+    us(h, q) / 1000.0
+}
+
+pub async fn run() -> anyhow::Result<()> {
+    let script = Script::new();
+    let server = script.serve().await;
+    let cfg = LlmConfig {
+        providers: vec![ProviderConfig {
+            name: "scripted".into(),
+            base_url: server.base_url(),
+            models: vec![ModelConfig {
+                name: MODEL.into(),
+                input_micro_usd_per_million: Some(150_000),
+                output_micro_usd_per_million: Some(600_000),
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let llm = Llm::new(&cfg).map_err(anyhow::Error::msg)?;
+    println!(
+        "\nLLM agent loop: 3 tool-call turns + a final answer (4 model calls, 3 tool calls) against the scripted server, {RUNS} runs:"
+    );
+
+    // 1. The four calls made directly: the scripted server's own time.
+    let chain = vec![MODEL.to_owned()];
+    let mut direct = Histogram::<u64>::new(3)?;
+    for _ in 0..RUNS {
+        script.for_model(MODEL, replies());
+        let t = Instant::now();
+        for _ in 0..4 {
+            llm.chat(
+                &chain,
+                "",
+                &ChatRequest::default(),
+                Instant::now() + Duration::from_secs(10),
+                &mut |_| {},
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        direct.record(t.elapsed().as_nanos() as u64)?;
+    }
+
+    // 2. The loop alone.
+    let spec = agent::Spec {
+        chain: chain.clone(),
+        provider: String::new(),
+        instructions: "Use the tool three times.".into(),
+        prompt: "Look it up.".into(),
+        tools: vec![switchyard_llm::ToolSpec {
+            name: "lookup".into(),
+            description: "Look things up".into(),
+            parameters: schema(),
+        }],
+        tool_choice: Default::default(),
+        temperature: None,
+        max_tokens: 256,
+        json: false,
+        output_schema: None,
+        max_turns: 10,
+        max_tokens_per_invocation: 0,
+        deadline: Instant::now() + Duration::from_secs(3600),
+        tool_timeout: Duration::from_secs(5),
+    };
+    let mut bare = Histogram::<u64>::new(3)?;
+    for _ in 0..RUNS {
+        script.for_model(MODEL, replies());
+        let t = Instant::now();
+        let r = agent::run(&llm, &spec, &NullHost).await;
+        anyhow::ensure!(r.is_ok(), "loop failed: {:?}", r.err().map(|f| f.message));
+        bare.record(t.elapsed().as_nanos() as u64)?;
+    }
+
+    // 3. The whole job through the stack.
+    let base = server.base_url();
+    let stack = Stack::start_with(ServiceKind::ALL, move |c| {
+        c.llm = LlmConfig {
+            providers: vec![ProviderConfig {
+                name: "scripted".into(),
+                base_url: base,
+                models: vec![ModelConfig {
+                    name: MODEL.into(),
+                    input_micro_usd_per_million: Some(150_000),
+                    output_micro_usd_per_million: Some(600_000),
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        c.approval.policies.push(switchyard_approval::Policy {
+            name: "bench".into(),
+            max_estimated_cost_micro_usd: Some(1_000_000),
+            ..Default::default()
+        });
+    })
+    .await?;
+    let tool_cfg = switchyard_kit::server::ServerConfig {
+        listen: "127.0.0.1:0".into(),
+        ..Default::default()
+    };
+    let listener = switchyard_kit::server::bind(&tool_cfg).await?;
+    let endpoint = format!("http://{}", listener.local_addr()?);
+    let (trigger, shutdown) = switchyard_kit::shutdown::channel();
+    tokio::spawn(
+        switchyard_kit::server::Server::new(tool_cfg)
+            .add_service(ToolServer::new(Echo).into_service(4 << 20))
+            .run(listener, shutdown),
+    );
+    let channel = stack.channel().await?;
+    RegistryServiceClient::new(channel.clone())
+        .register_tool(RegisterToolRequest {
+            tool: Some(Tool {
+                name: "lookup".into(),
+                description: "Look things up".into(),
+                parameters: switchyard_kit::json::json_to_struct(&schema()),
+                endpoint,
+            }),
+        })
+        .await?;
+    let mut jobs = JobServiceClient::new(channel);
+    let job_spec = JobSpec {
+        tasks: vec![TaskSpec {
+            id: "ask".into(),
+            kind: Some(Kind::Llm(LlmTask {
+                model: MODEL.into(),
+                instructions: "Use the tool three times.".into(),
+                prompt: "Look it up.".into(),
+                max_tokens: Some(256),
+                tools: vec![ToolDefinition {
+                    name: "lookup".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let mut full = Histogram::<u64>::new(3)?;
+    let mut failed = 0;
+    for _ in 0..RUNS {
+        script.for_model(MODEL, replies());
+        let t = Instant::now();
+        let job = jobs
+            .submit_job(SubmitJobRequest {
+                spec: Some(job_spec.clone()),
+                ..Default::default()
+            })
+            .await?
+            .into_inner()
+            .job
+            .unwrap_or_default();
+        let mut stream = jobs
+            .watch_job(WatchJobRequest {
+                job_id: job.spec.map(|s| s.job_id).unwrap_or_default(),
+                after_sequence: 0,
+            })
+            .await?
+            .into_inner();
+        let mut completed = false;
+        while let Some(e) = stream.next().await {
+            let e = e?.event.unwrap_or_default();
+            if e.kind == "job.state" {
+                let to = e
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.fields.get("to"))
+                    .map(switchyard_kit::json::value_to_json);
+                completed = to.as_ref().and_then(|v| v.as_str()) == Some("completed");
+            }
+        }
+        if !completed {
+            failed += 1;
+        }
+        full.record(t.elapsed().as_nanos() as u64)?;
+    }
+    trigger.fire();
+    stack.stop().await?;
+    drop(server);
+
+    let row = |what: &str, h: &Histogram<u64>| {
+        println!(
+            "  {what:<58} p50 {:>6.2} ms  p99 {:>6.2} ms",
+            ms(h, 0.5),
+            ms(h, 0.99)
+        );
+    };
+    row(
+        "four chat calls made directly (the server's own time)",
+        &direct,
+    );
+    row("agent loop alone (null host)", &bare);
+    row(
+        "whole job (approval, budget, tools over gRPC, durable)",
+        &full,
+    );
+    println!(
+        "  added by the agent loop:          p50 {:>6.2} ms  p99 {:>6.2} ms",
+        ms(&bare, 0.5) - ms(&direct, 0.5),
+        ms(&bare, 0.99) - ms(&direct, 0.99)
+    );
+    println!(
+        "  added by orchestration (job):     p50 {:>6.2} ms  p99 {:>6.2} ms  ({failed} of {RUNS} not completed)",
+        ms(&full, 0.5) - ms(&direct, 0.5),
+        ms(&full, 0.99) - ms(&direct, 0.99)
+    );
+    anyhow::ensure!(failed == 0, "{failed} LLM jobs did not complete");
+    Ok(())
+}

@@ -1,0 +1,246 @@
+//! LLM work with the services in separate processes: the core services in
+//! one, the executor in another, and the declarative agents of
+//! `examples/agents` in a third (`switchyard agents serve`), all calling a
+//! scripted OpenAI-compatible server, driven from the CLI.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::json;
+use support::*;
+use switchyard_llm::scripted::{Reply, Script};
+
+/// Runs the scripted server on its own runtime thread for the test's life.
+fn scripted() -> (Script, String, std::sync::mpsc::Sender<()>) {
+    let script = Script::new();
+    let (url_tx, url_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let s = script.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let server = s.serve().await;
+            url_tx.send(server.base_url()).unwrap();
+            let _ = tokio::task::spawn_blocking(move || stop_rx.recv()).await;
+            drop(server);
+        });
+    });
+    let url = url_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    (script, url, stop_tx)
+}
+
+#[test]
+fn llm_jobs_and_declarative_agents_across_processes() {
+    let (script, llm_url, _stop) = scripted();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("switchyard.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[llm]
+[[llm.providers]]
+name = "openai"
+base_url = "{llm_url}"
+api_key_env = "SWITCHYARD_TEST_LLM_KEY"
+models = [
+  {{ name = "gpt-4o", input_micro_usd_per_million = 2500000, output_micro_usd_per_million = 10000000 }},
+  {{ name = "gpt-4o-mini", input_micro_usd_per_million = 150000, output_micro_usd_per_million = 600000 }},
+]
+"#
+        ),
+    )
+    .unwrap();
+    let cfg = config.to_str().unwrap();
+    let key = ("SWITCHYARD_TEST_LLM_KEY", "sk-test-split");
+    let d = |n: &str| {
+        let p = dir.path().join(n);
+        std::fs::create_dir_all(&p).unwrap();
+        p.to_str().unwrap().to_owned()
+    };
+    let core = Proc::start(
+        &[
+            "serve",
+            "--services",
+            "registry,router,ledger,approval",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &d("core"),
+        ],
+        &[],
+    );
+    let c = core.url();
+    let executor = Proc::start(
+        &[
+            "serve",
+            "--services",
+            "executor",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &d("executor"),
+            "--config",
+            cfg,
+        ],
+        &[
+            ("SWITCHYARD_EXECUTOR__REGISTRY_URL", &c),
+            ("SWITCHYARD_EXECUTOR__ROUTER_URL", &c),
+            ("SWITCHYARD_EXECUTOR__LEDGER_URL", &c),
+            ("SWITCHYARD_EXECUTOR__APPROVAL_URL", &c),
+            ("SWITCHYARD_EXECUTOR__APPROVAL_POLL_MS", "50"),
+            key,
+        ],
+    );
+    let x = executor.url();
+    let agents = Proc::start(
+        &[
+            "agents",
+            "serve",
+            "--dir",
+            repo_root().join("examples/agents").to_str().unwrap(),
+            "--url",
+            &c,
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            cfg,
+        ],
+        &[("SWITCHYARD_AGENTS__EXECUTOR_URL", &x), key],
+    );
+    wait_for(
+        "the summarizer is routable",
+        Duration::from_secs(20),
+        || {
+            routed(&c, &["--capability", "text.summary"])
+                .is_some_and(|ids| ids == ["agent_summarizer"])
+        },
+    );
+    let summary = ok(&cli(&c, &["tool", "summary"]));
+    assert!(
+        summary.contains("Available agents:\n- agent_summarizer: Use this agent to summarize"),
+        "{summary}"
+    );
+    let checked = ok(&cli(&c, &["agents", "check", "--dir", "examples/agents"]));
+    assert!(
+        checked.starts_with("ok      agent_summarizer (Summarizer) model gpt-4o-mini"),
+        "{checked}"
+    );
+
+    // 1. An agent task routed to the declarative summarizer: a person
+    // approves (it bills its own tokens), then one model call.
+    script.for_model(
+        "gpt-4o-mini",
+        vec![Reply::text(
+            "Ledger ships in March; dashboards first.",
+            120,
+            12,
+        )],
+    );
+    let out = ok(&cli(
+        &x,
+        &[
+            "job",
+            "submit",
+            "examples/jobs/summarize.yaml",
+            "--as",
+            "alice",
+            "-o",
+            "json",
+        ],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (job, run) = (
+        v["job"]["job_id"].as_str().unwrap().to_owned(),
+        v["job"]["run_id"].as_str().unwrap().to_owned(),
+    );
+    assert_eq!(v["job"]["state"], "pending");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        script.count(),
+        0,
+        "nothing reaches the model before approval"
+    );
+    ok(&cli(&c, &["approval", "approve", &run, "--as", "bob"]));
+    let watched = ok(&cli(&x, &["job", "watch", &job]));
+    assert!(watched.contains("job -> completed"), "{watched}");
+    let got: serde_json::Value =
+        serde_json::from_str(&ok(&cli(&x, &["job", "get", &job, "-o", "json"]))).unwrap();
+    assert_eq!(got["tasks"][0]["agent_id"], "agent_summarizer");
+    assert_eq!(got["tokens_used"], 132, "billed by the agent, counted once");
+    assert_eq!(
+        script.auth_headers(),
+        ["Bearer sk-test-split"],
+        "the key comes from the environment variable the config names"
+    );
+
+    // 2. The OJS research job: gpt-4o calls agent_summarizer as a tool
+    // (through routing and the budget), then answers in JSON.
+    script.for_model(
+        "gpt-4o",
+        vec![
+            Reply::tools(
+                &[(
+                    "agent_summarizer",
+                    json!({"task": "summarize: qubits scaled"}),
+                )],
+                400,
+                20,
+            ),
+            Reply::text(r#"{"summary": "Qubits scaled.", "sources": []}"#, 600, 30),
+        ],
+    );
+    script.for_model("gpt-4o-mini", vec![Reply::text("Qubits scaled.", 50, 5)]);
+    let out = ok(&cli(
+        &x,
+        &[
+            "job",
+            "submit",
+            "examples/jobs/research_llm.json",
+            "--as",
+            "alice",
+            "-o",
+            "json",
+        ],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (job, run) = (
+        v["job"]["job_id"].as_str().unwrap().to_owned(),
+        v["job"]["run_id"].as_str().unwrap().to_owned(),
+    );
+    ok(&cli(&c, &["approval", "approve", &run, "--as", "bob"]));
+    let watched = ok(&cli(&x, &["job", "watch", &job]));
+    assert!(watched.contains("job -> completed"), "{watched}");
+    let got: serde_json::Value =
+        serde_json::from_str(&ok(&cli(&x, &["job", "get", &job, "-o", "json"]))).unwrap();
+    let t = &got["tasks"][0];
+    assert_eq!(t["model_used"], "gpt-4o");
+    assert_eq!(t["output"]["summary"], "Qubits scaled.");
+    assert_eq!(t["tool_results"][0]["name"], "agent_summarizer");
+    assert_eq!(got["tokens_used"], 420 + 630 + 55);
+    let entries = ok(&cli(
+        &c,
+        &["budget", "entries", "--job", &job, "-o", "json"],
+    ));
+    let e: serde_json::Value = serde_json::from_str(&entries).unwrap();
+    let models: Vec<&str> = e["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["model"].as_str().unwrap_or_default())
+        .collect();
+    assert!(
+        models.contains(&"gpt-4o") && models.contains(&"gpt-4o-mini"),
+        "{entries}"
+    );
+
+    assert_eq!(agents.terminate(), Some(0));
+    assert_eq!(executor.terminate(), Some(0));
+    assert_eq!(core.terminate(), Some(0));
+}
