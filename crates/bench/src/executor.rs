@@ -37,7 +37,7 @@ fn agent(id: &str, capability: &str, depends_on: &[&str], input: serde_json::Val
 
 /// Submits `spec` and waits for its end through WatchJob; returns the time
 /// from submit to the final event, and whether it completed.
-async fn run_job(
+pub(crate) async fn run_job(
     c: &mut JobServiceClient<Channel>,
     spec: JobSpec,
 ) -> anyhow::Result<(Duration, bool)> {

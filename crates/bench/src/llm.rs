@@ -21,13 +21,10 @@ use switchyard_llm::agent::{self, Host, Refusal};
 use switchyard_llm::scripted::{Reply, Script};
 use switchyard_llm::{BoxFuture, ChatRequest, Llm, LlmConfig, ModelConfig, ProviderConfig, Usage};
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
-use switchyard_proto::executor::v1::{
-    JobSpec, LlmTask, SubmitJobRequest, TaskSpec, ToolDefinition, WatchJobRequest, task_spec::Kind,
-};
+use switchyard_proto::executor::v1::{JobSpec, LlmTask, TaskSpec, ToolDefinition, task_spec::Kind};
 use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
 use switchyard_proto::registry::v1::{RegisterToolRequest, Tool};
 use switchyard_testkit::Stack;
-use tokio_stream::StreamExt;
 
 use crate::us;
 
@@ -79,17 +76,12 @@ impl Host for NullHost {
     fn event(&self, _k: &str, _d: Value) {}
 }
 
-fn ms(h: &Histogram<u64>, q: f64) -> f64 {
-    us(h, q) / 1000.0
-}
-
-pub async fn run() -> anyhow::Result<()> {
-    let script = Script::new();
-    let server = script.serve().await;
-    let cfg = LlmConfig {
+/// The scripted provider serving the bench model.
+fn config(base_url: &str) -> LlmConfig {
+    LlmConfig {
         providers: vec![ProviderConfig {
             name: "scripted".into(),
-            base_url: server.base_url(),
+            base_url: base_url.into(),
             models: vec![ModelConfig {
                 name: MODEL.into(),
                 input_micro_usd_per_million: Some(150_000),
@@ -98,8 +90,17 @@ pub async fn run() -> anyhow::Result<()> {
             ..Default::default()
         }],
         ..Default::default()
-    };
-    let llm = Llm::new(&cfg).map_err(anyhow::Error::msg)?;
+    }
+}
+
+fn ms(h: &Histogram<u64>, q: f64) -> f64 {
+    us(h, q) / 1000.0
+}
+
+pub async fn run() -> anyhow::Result<()> {
+    let script = Script::new();
+    let server = script.serve().await;
+    let llm = Llm::new(&config(&server.base_url())).map_err(anyhow::Error::msg)?;
     println!(
         "\nLLM agent loop: 3 tool-call turns + a final answer (4 model calls, 3 tool calls) against the scripted server, {RUNS} runs:"
     );
@@ -157,19 +158,7 @@ pub async fn run() -> anyhow::Result<()> {
     // 3. The whole job through the stack.
     let base = server.base_url();
     let stack = Stack::start_with(ServiceKind::ALL, move |c| {
-        c.llm = LlmConfig {
-            providers: vec![ProviderConfig {
-                name: "scripted".into(),
-                base_url: base,
-                models: vec![ModelConfig {
-                    name: MODEL.into(),
-                    input_micro_usd_per_million: Some(150_000),
-                    output_micro_usd_per_million: Some(600_000),
-                }],
-                ..Default::default()
-            }],
-            ..Default::default()
-        };
+        c.llm = config(&base);
         c.approval.policies.push(switchyard_approval::Policy {
             name: "bench".into(),
             max_estimated_cost_micro_usd: Some(1_000_000),
@@ -223,39 +212,11 @@ pub async fn run() -> anyhow::Result<()> {
     let mut failed = 0;
     for _ in 0..RUNS {
         script.for_model(MODEL, replies());
-        let t = Instant::now();
-        let job = jobs
-            .submit_job(SubmitJobRequest {
-                spec: Some(job_spec.clone()),
-                ..Default::default()
-            })
-            .await?
-            .into_inner()
-            .job
-            .unwrap_or_default();
-        let mut stream = jobs
-            .watch_job(WatchJobRequest {
-                job_id: job.spec.map(|s| s.job_id).unwrap_or_default(),
-                after_sequence: 0,
-            })
-            .await?
-            .into_inner();
-        let mut completed = false;
-        while let Some(e) = stream.next().await {
-            let e = e?.event.unwrap_or_default();
-            if e.kind == "job.state" {
-                let to = e
-                    .data
-                    .as_ref()
-                    .and_then(|d| d.fields.get("to"))
-                    .map(switchyard_kit::json::value_to_json);
-                completed = to.as_ref().and_then(|v| v.as_str()) == Some("completed");
-            }
-        }
+        let (took, completed) = crate::executor::run_job(&mut jobs, job_spec.clone()).await?;
         if !completed {
             failed += 1;
         }
-        full.record(t.elapsed().as_nanos() as u64)?;
+        full.record(took.as_nanos() as u64)?;
     }
     trigger.fire();
     stack.stop().await?;

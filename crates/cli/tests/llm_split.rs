@@ -35,6 +35,17 @@ fn scripted() -> (Script, String, std::sync::mpsc::Sender<()>) {
     (script, url, stop_tx)
 }
 
+/// Submits `file` as alice; returns the job id, run id and state.
+fn submit(url: &str, file: &str) -> (String, String, String) {
+    let out = ok(&cli(
+        url,
+        &["job", "submit", file, "--as", "alice", "-o", "json"],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let s = |k: &str| v["job"][k].as_str().unwrap().to_owned();
+    (s("job_id"), s("run_id"), s("state"))
+}
+
 #[test]
 fn llm_jobs_and_declarative_agents_across_processes() {
     let (script, llm_url, _stop) = scripted();
@@ -143,24 +154,8 @@ models = [
             12,
         )],
     );
-    let out = ok(&cli(
-        &x,
-        &[
-            "job",
-            "submit",
-            "examples/jobs/summarize.yaml",
-            "--as",
-            "alice",
-            "-o",
-            "json",
-        ],
-    ));
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let (job, run) = (
-        v["job"]["job_id"].as_str().unwrap().to_owned(),
-        v["job"]["run_id"].as_str().unwrap().to_owned(),
-    );
-    assert_eq!(v["job"]["state"], "pending");
+    let (job, run, state) = submit(&x, "examples/jobs/summarize.yaml");
+    assert_eq!(state, "pending");
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(
         script.count(),
@@ -197,23 +192,7 @@ models = [
         ],
     );
     script.for_model("gpt-4o-mini", vec![Reply::text("Qubits scaled.", 50, 5)]);
-    let out = ok(&cli(
-        &x,
-        &[
-            "job",
-            "submit",
-            "examples/jobs/research_llm.json",
-            "--as",
-            "alice",
-            "-o",
-            "json",
-        ],
-    ));
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let (job, run) = (
-        v["job"]["job_id"].as_str().unwrap().to_owned(),
-        v["job"]["run_id"].as_str().unwrap().to_owned(),
-    );
+    let (job, run, _) = submit(&x, "examples/jobs/research_llm.json");
     ok(&cli(&c, &["approval", "approve", &run, "--as", "bob"]));
     let watched = ok(&cli(&x, &["job", "watch", &job]));
     assert!(watched.contains("job -> completed"), "{watched}");
