@@ -114,5 +114,16 @@ mod tests {
         );
         let c: Config = switchyard_kit::config::load(Some(std::path::Path::new(path)), []).unwrap();
         c.validate().unwrap();
+        assert_eq!(c.llm.providers[0].models.len(), 2);
+        let llm = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../examples/llm/switchyard.toml"
+        );
+        let c: Config = switchyard_kit::config::load(Some(std::path::Path::new(llm)), []).unwrap();
+        c.validate().unwrap();
+        assert_eq!(
+            c.agents.dir.as_deref(),
+            Some(std::path::Path::new("examples/agents"))
+        );
     }
 }

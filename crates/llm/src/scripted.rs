@@ -217,16 +217,19 @@ impl Script {
         self.lock().received.clear();
     }
 
-    /// Serves on an ephemeral loopback port.
+    /// Serves on an ephemeral loopback port (tests: a failure to bind
+    /// loopback is a broken machine, so it panics).
     pub async fn serve(&self) -> Server {
-        let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
-            Ok(l) => l,
+        match self.serve_on("127.0.0.1:0").await {
+            Ok(s) => s,
             Err(e) => panic!("scripted LLM server: cannot bind loopback: {e}"),
-        };
-        let addr = match listener.local_addr() {
-            Ok(a) => a,
-            Err(e) => panic!("scripted LLM server: {e}"),
-        };
+        }
+    }
+
+    /// Serves on `addr`.
+    pub async fn serve_on(&self, addr: &str) -> std::io::Result<Server> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
         let app = axum::Router::new()
             .route("/v1/chat/completions", axum::routing::post(answer))
             .with_state(self.clone());
@@ -238,10 +241,10 @@ impl Script {
                 })
                 .await;
         });
-        Server {
+        Ok(Server {
             addr,
             stop: Some(tx),
-        }
+        })
     }
 }
 
