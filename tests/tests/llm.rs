@@ -842,3 +842,21 @@ async fn declarative_agents_bill_their_own_calls_see_only_their_tools_and_serve_
     assert_eq!(r.tokens_used, 80 + 95 + 48);
     e.stack.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn an_agent_whose_tool_name_is_taken_is_refused_at_start() {
+    let e = env(false, |_| {}).await;
+    let _stop = provide(&e.stack, Provider::default(), &["agent_summarizer"]).await;
+    let cfg = switchyard_cli::Config {
+        llm: llm_config("http://127.0.0.1:9/v1"),
+        ..Default::default()
+    };
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    let hosted = switchyard_cli::agents::host(&cfg, &examples, Some(&e.stack.url)).unwrap();
+    let err = hosted.check_collisions().await.unwrap_err().to_string();
+    assert!(
+        err.contains("agent_summarizer") && err.contains("already has that name"),
+        "{err}"
+    );
+    e.stack.stop().await.unwrap();
+}
