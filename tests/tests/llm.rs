@@ -42,6 +42,7 @@ const MODELS: &[&str] = &[
     "m-turns",
     "m-schema",
     "m-deleg",
+    "m-deleg-slow",
     "m-tools",
     "m-parallel",
     "m-budget",
@@ -648,6 +649,30 @@ async fn delegation_nests_the_budget_rolls_costs_up_and_stops_at_the_depth_limit
     let err = submit(&mut e.jobs, &late).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
     assert!(err.message().contains("not active"), "{}", err.message());
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_child_job_is_cancelled_when_its_parent_stops_waiting_for_it() {
+    let mut e = env(true, |_| {}).await;
+    e.script.for_model(
+        "m-deleg-slow",
+        vec![
+            Reply::tools(&[("delegate", json!({"task": "slow work"}))], 10, 5),
+            Reply::text("too late", 10, 5).delay(Duration::from_secs(3)),
+            Reply::text("gave up on the child", 10, 5),
+        ],
+    );
+    let doc = r#"{"type": "t.deleg", "args": ["x"], "ext_agent_model": "m-deleg-slow", "ext_agent_max_tokens": 20,
+                  "ext_agent_tool_timeout_ms": 300, "ext_agent_tools": [{"name": "delegate"}]}"#;
+    let job = submit(&mut e.jobs, doc).await.unwrap();
+    approve(&e.stack, &job.run_id).await;
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let t = task(&r, "agent");
+    assert_eq!(t.tool_results[0].reason, "AGENT_TOOL_TIMEOUT");
+    let child = finish(&mut e.jobs, &t.child_job_ids[0]).await;
+    assert_eq!(child.state, JobState::Cancelled as i32, "{child:?}");
     e.stack.stop().await.unwrap();
 }
 

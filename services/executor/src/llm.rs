@@ -536,7 +536,14 @@ impl TaskHost<'_> {
             kind::DELEGATED,
             json!({"child_job_id": child}),
         );
-        // Wait for the child (the loop's tool timeout bounds the wait).
+        // Wait for the child (the loop's tool timeout bounds the wait). If
+        // the wait is abandoned — the tool call timed out, or this task was
+        // cancelled — the child is cancelled too: nobody would read it.
+        let mut abandon = Abandon {
+            x: self.x.clone(),
+            child: Some(child.clone()),
+            parent: self.job_id.to_owned(),
+        };
         let mut tick = Duration::from_millis(20);
         loop {
             let job = self.x.job(&child).map_err(|e| e.to_string())?;
@@ -548,6 +555,7 @@ impl TaskHost<'_> {
                     | PbJobState::Discarded
                     | PbJobState::Retryable
             ) {
+                abandon.child = None;
                 let result = self.x.result(&child).map_err(|e| e.to_string())?;
                 let cost = result.cost.map_or(0, |m| m.micro_usd);
                 self.x.event(
@@ -577,6 +585,27 @@ impl TaskHost<'_> {
             }
             tokio::time::sleep(tick).await;
             tick = (tick * 2).min(Duration::from_millis(250));
+        }
+    }
+}
+
+/// Cancels a child job whose parent stopped waiting for it.
+struct Abandon {
+    x: Executor,
+    child: Option<String>,
+    parent: String,
+}
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            let (x, why) = (
+                self.x.clone(),
+                format!("job {} stopped waiting for it", self.parent),
+            );
+            tokio::spawn(async move {
+                let _ = x.cancel(&child, &why, None).await;
+            });
         }
     }
 }
