@@ -184,15 +184,23 @@ async fn agents(cmd: AgentsCmd) -> anyhow::Result<()> {
         }
         AgentsCmd::Serve { dir, url, run } => {
             let mut cfg = run.config()?;
+            if let Some(l) = &run.listen {
+                cfg.agents.listen.clone_from(l);
+            }
+            cfg.agents.dir = Some(dir.clone());
+            for u in [
+                &mut cfg.agents.registry_url,
+                &mut cfg.agents.ledger_url,
+                &mut cfg.agents.executor_url,
+            ] {
+                u.get_or_insert_with(|| url.clone());
+            }
             if run.dump_config {
                 print!("{}", switchyard_kit::config::dump(&cfg)?);
                 return Ok(());
             }
             let telemetry = switchyard_kit::telemetry::init(&cfg.telemetry)?;
-            if let Some(l) = &run.listen {
-                cfg.agents.listen.clone_from(l);
-            }
-            let hosted = switchyard_cli::agents::host(&cfg, &dir, Some(&url))?;
+            let hosted = switchyard_cli::agents::host(&cfg, &dir, None)?;
             let (trigger, shutdown) = switchyard_kit::shutdown::channel();
             switchyard_kit::shutdown::on_signals(trigger);
             let ids = hosted.ids();

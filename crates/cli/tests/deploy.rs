@@ -63,8 +63,8 @@ fn kubernetes_workloads_match_the_binary_and_each_other() {
         .collect();
     assert_eq!(
         workloads.len(),
-        5,
-        "registry, router, ledger, approval, executor"
+        6,
+        "registry, router, ledger, approval, executor, agents"
     );
 
     for w in workloads {
@@ -111,7 +111,24 @@ fn kubernetes_workloads_match_the_binary_and_each_other() {
             "{name}: liveness must not depend on readiness"
         );
 
-        let roles = &args[args.iter().position(|a| a == "--services").unwrap() + 1];
+        // `serve --services a,b` hosts services; `agents serve` hosts agents.
+        let roles = match args.iter().position(|a| a == "--services") {
+            Some(i) => args[i + 1].clone(),
+            None => {
+                assert_eq!(args[..2], ["agents", "serve"], "{name}");
+                "agent".to_owned()
+            }
+        };
+        let listen = if roles == "agent" {
+            cfg["agents"]["listen"].as_str().unwrap()
+        } else {
+            listen
+        };
+        assert_eq!(
+            listen,
+            format!("0.0.0.0:{port}"),
+            "{name}: serves on its container port"
+        );
         let ready_on = c["readinessProbe"]["grpc"]["service"].as_str().unwrap();
         assert!(
             roles.split(',').any(|r| proto_service(r) == ready_on),
@@ -142,17 +159,38 @@ fn kubernetes_workloads_match_the_binary_and_each_other() {
             cfg["executor"].get("router_url"),
             cfg["executor"].get("ledger_url"),
             cfg["executor"].get("approval_url"),
+            cfg["executor"].get("advertise_url"),
+            cfg["agents"].get("registry_url"),
+            cfg["agents"].get("ledger_url"),
+            cfg["agents"].get("executor_url"),
+            cfg["agents"].get("advertise_url"),
         ];
-        let calls = if roles.contains("router") || roles.contains("executor") {
-            urls.iter().flatten().filter_map(|u| u.as_str()).collect()
-        } else {
-            Vec::new()
-        };
-        if roles == "executor" {
+        let calls: Vec<&str> =
+            if roles == "agent" || roles.contains("router") || roles.contains("executor") {
+                urls.iter()
+                    .flatten()
+                    .filter_map(|u| u.as_str())
+                    .filter(|u| !u.is_empty())
+                    .collect()
+            } else {
+                Vec::new()
+            };
+        if roles == "agent" {
             assert_eq!(
                 calls.len(),
                 4,
-                "{name}: the executor reaches all four services"
+                "{name}: the agents reach the registry, ledger and executor, and advertise their Service"
+            );
+        }
+        if roles == "executor" {
+            assert_eq!(
+                calls.len(),
+                5,
+                "{name}: the executor reaches all four services and advertises its own"
+            );
+            assert!(
+                !cfg["llm"]["providers"].as_array().unwrap().is_empty(),
+                "{name}: LLM providers are configured"
             );
         }
         for url in calls {
