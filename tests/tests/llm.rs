@@ -46,6 +46,7 @@ const MODELS: &[&str] = &[
     "m-tools",
     "m-parallel",
     "m-budget",
+    "m-cost",
 ];
 
 fn llm_config(base_url: &str) -> LlmConfig {
@@ -323,6 +324,36 @@ async fn parallel_tasks_sharing_one_budget_never_exceed_it() {
     );
     assert!((2..6).contains(&done), "{done} of 6 fit");
     assert_eq!(r.reason, "AGENT_TOKEN_BUDGET_EXCEEDED");
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_tasks_cost_limit_bounds_the_sum_of_its_model_calls() {
+    let mut e = env(true, |_| {}).await;
+    // Call 1 reserves about 308 µ$ and commits 225; call 2 would reserve
+    // about 390 more: past the 600 µ$ limit, so it is not made.
+    e.script.for_model(
+        "m-cost",
+        vec![
+            Reply::tools(&[("stamp", json!({}))], 10, 20),
+            Reply::text("never sent", 1, 1),
+        ],
+    );
+    let doc = r#"{"plan_id": "c", "tasks": [{"id": "a", "cost_limit_usd": 0.0006,
+        "llm": {"model": "m-cost", "prompt": "x", "max_tokens": 20, "tools": [{"name": "stamp", "command": "true"}]}}]}"#;
+    let job = submit(&mut e.jobs, doc).await.unwrap();
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.reason, "AGENT_TOKEN_BUDGET_EXCEEDED", "{r:?}");
+    assert_eq!(e.script.count(), 1);
+    assert_eq!(r.cost.unwrap().micro_usd, 225);
+    let refused: Vec<Value> = events(&mut e.jobs, &id(&job))
+        .await
+        .into_iter()
+        .filter(|(k, _)| k == "budget.refused")
+        .map(|(_, d)| d)
+        .collect();
+    assert_eq!(refused.len(), 1);
+    assert_eq!(refused[0]["refused_by"], "task.cost_limit");
     e.stack.stop().await.unwrap();
 }
 

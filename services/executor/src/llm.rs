@@ -83,6 +83,8 @@ struct TaskHost<'a> {
     routes: HashMap<String, Route>,
     scratch: &'a Path,
     children: std::sync::Mutex<Vec<String>>,
+    /// Committed by this attempt so far, against the task's cost_limit.
+    spent: std::sync::atomic::AtomicI64,
 }
 
 impl Executor {
@@ -168,6 +170,7 @@ impl Executor {
             routes,
             scratch,
             children: Default::default(),
+            spent: Default::default(),
         };
         let ran = agent::run(llm, &spec, &host).await;
         let children = host.children.lock().map(|c| c.clone()).unwrap_or_default();
@@ -614,11 +617,12 @@ impl Host for TaskHost<'_> {
     fn reserve(&self, call: u32, tokens: u64, cost: i64) -> BoxFuture<'_, Result<String, Refusal>> {
         Box::pin(async move {
             let (job_id, task_id) = (self.job_id, self.task_id());
+            let spent = self.spent.load(std::sync::atomic::Ordering::Relaxed);
             if let Some(limit) = &self.snap.task.cost_limit
-                && cost > limit.micro_usd
+                && spent.saturating_add(cost) > limit.micro_usd
             {
                 let msg = format!(
-                    "a model call may cost up to {cost} micro-USD, above the task's cost_limit of {}",
+                    "model call {call} may cost up to {cost} micro-USD; with {spent} spent that is above the task's cost_limit of {}",
                     limit.micro_usd
                 );
                 self.x.event(
@@ -674,6 +678,8 @@ impl Host for TaskHost<'_> {
         cost: i64,
     ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
+            self.spent
+                .fetch_add(cost, std::sync::atomic::Ordering::Relaxed);
             let price = self
                 .x
                 .inner
