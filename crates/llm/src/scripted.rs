@@ -116,6 +116,9 @@ pub struct Received {
     pub body: Value,
     /// The Authorization header, if any.
     pub authorization: Option<String>,
+    /// The server's own time on it, from receipt to the reply being ready
+    /// (including a scripted delay).
+    pub handled: Duration,
 }
 
 #[derive(Default)]
@@ -249,14 +252,16 @@ impl Script {
 }
 
 async fn answer(State(script): State<Script>, headers: HeaderMap, body: String) -> Response {
+    let started = std::time::Instant::now();
     let body: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
     let model = body
         .get("model")
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_owned();
-    let reply = {
+    let (reply, index) = {
         let mut s = script.lock();
+        let index = s.received.len();
         s.received.push(Received {
             model: model.clone(),
             body,
@@ -264,10 +269,13 @@ async fn answer(State(script): State<Script>, headers: HeaderMap, body: String) 
                 .get("authorization")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned),
+            handled: Duration::ZERO,
         });
         let own = s.queues.get_mut(&model).and_then(VecDeque::pop_front);
-        own.or_else(|| s.queues.get_mut("*").and_then(VecDeque::pop_front))
-            .or_else(|| s.fallback.clone())
+        let reply = own
+            .or_else(|| s.queues.get_mut("*").and_then(VecDeque::pop_front))
+            .or_else(|| s.fallback.clone());
+        (reply, index)
     };
     let Some(reply) = reply else {
         return (
@@ -289,6 +297,9 @@ async fn answer(State(script): State<Script>, headers: HeaderMap, body: String) 
         && let Ok(v) = r.parse()
     {
         resp.headers_mut().insert("retry-after", v);
+    }
+    if let Some(r) = script.lock().received.get_mut(index) {
+        r.handled = started.elapsed();
     }
     resp
 }
