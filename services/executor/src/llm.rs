@@ -280,13 +280,15 @@ impl Executor {
                     declared.unwrap_or(json!({"type": "object"})),
                 )
             };
-            let description = if t.description.is_empty() {
-                registered
+            let description = match (&route, t.description.is_empty()) {
+                (_, false) => t.description.clone(),
+                (Route::Delegate, true) => {
+                    "Hand a subtask to a child job and wait for its result".to_owned()
+                }
+                _ => registered
                     .get(&t.name)
                     .map(|r| r.description.clone())
-                    .unwrap_or_default()
-            } else {
-                t.description.clone()
+                    .unwrap_or_default(),
             };
             specs.push(ToolSpec {
                 name: t.name.clone(),
@@ -313,7 +315,13 @@ impl Executor {
                     .unwrap_or_default(),
             };
             for a in found {
-                let Some(s) = a.spec else { continue };
+                // Handoff agents take over a conversation; they are not tools.
+                let Some(s) = a.spec.filter(|s| {
+                    s.integration_mode
+                        != switchyard_proto::agent::v1::IntegrationMode::Handoff as i32
+                }) else {
+                    continue;
+                };
                 let name = switchyard_core::validate::agent_tool_name(&s.id);
                 if routes.contains_key(&name) {
                     continue;
@@ -371,8 +379,8 @@ impl TaskHost<'_> {
         };
         let env = x.command_env(self.job_id, self.task_id(), self.scratch, &HashMap::new());
         let limits = command::Limits {
-            // The loop's own timeout ends the call first; this one also
-            // stops the process group.
+            // A backstop: the loop's tool timeout usually ends the call
+            // first, and dropping the run kills the whole process group.
             timeout: Duration::from_millis(cfg.tool_timeout_ms.max(self.llm_task.tool_timeout_ms)),
             grace: Duration::from_millis(cfg.kill_grace_ms),
             cap: cfg.max_output_bytes,
