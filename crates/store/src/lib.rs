@@ -75,6 +75,25 @@ impl Store {
         Ok(Self::from_db(db))
     }
 
+    /// Opens a database whose last handle in this process was just dropped
+    /// (a restart inside one process, as tests do). sled's background
+    /// threads let go of the file lock a moment after the drop, so a held
+    /// lock is retried for up to `wait`; other errors return at once.
+    pub fn reopen(path: impl AsRef<Path>, wait: std::time::Duration) -> Result<Store, StoreError> {
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            match Store::open(path.as_ref()) {
+                Err(StoreError::Io(e))
+                    if e.contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// A database that lives in memory and vanishes on drop (tests, benches).
     pub fn temporary() -> Result<Store, StoreError> {
         Ok(Self::from_db(sled::Config::new().temporary(true).open()?))

@@ -9,6 +9,11 @@ struct Fixture {
     _trigger: switchyard_kit::shutdown::Trigger,
 }
 
+/// The store at `path`, opened again after a drop in this process.
+fn reopen(path: &std::path::Path) -> Store {
+    Store::reopen(path, std::time::Duration::from_secs(5)).unwrap()
+}
+
 fn fixture_on(store: Store, clock: ManualClock) -> Fixture {
     let (trigger, shutdown) = switchyard_kit::shutdown::channel();
     let svc = Approval::open(
@@ -816,10 +821,10 @@ async fn runs_and_audit_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(1_700_000_000_000);
     let id = {
-        let f = fixture_on(Store::open(dir.path()).unwrap(), clock.clone());
+        let f = fixture_on(reopen(dir.path()), clock.clone());
         run_in(&f.svc, S::Running).await
     };
-    let f = fixture_on(Store::open(dir.path()).unwrap(), clock);
+    let f = fixture_on(reopen(dir.path()), clock);
     let run = f.svc.get(&id).unwrap();
     assert_eq!(
         (status_of(&run), run.claimed_by.as_str()),

@@ -10,6 +10,11 @@ struct Fixture {
     _trigger: switchyard_kit::shutdown::Trigger,
 }
 
+/// The store at `path`, opened again after a drop in this process.
+fn reopen(path: &std::path::Path) -> Store {
+    Store::reopen(path, std::time::Duration::from_secs(5)).unwrap()
+}
+
 fn cfg() -> LedgerConfig {
     LedgerConfig {
         prices: BTreeMap::from([(
@@ -560,7 +565,7 @@ async fn balances_survive_reopen_and_equal_the_journal_replay() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(1_700_000_000_000);
     let open_rid = {
-        let f = fixture_on(Store::open(dir.path()).unwrap(), clock.clone());
+        let f = fixture_on(reopen(dir.path()), clock.clone());
         let l = &f.ledger;
         budget(l, "org", "", Some(10_000), Some(1_000_000)).await;
         budget(l, "job", "org", None, None).await;
@@ -573,7 +578,7 @@ async fn balances_survive_reopen_and_equal_the_journal_replay() {
             .unwrap()
             .reservation_id
     };
-    let f = fixture_on(Store::open(dir.path()).unwrap(), clock);
+    let f = fixture_on(reopen(dir.path()), clock);
     let l = &f.ledger;
     let org = l.budget("org").unwrap();
     assert_eq!((org.tokens_spent, org.tokens_reserved), (700, 300));
@@ -751,7 +756,7 @@ mod properties {
     async fn run(ops: Vec<Op>) {
         let dir = tempfile::tempdir().unwrap();
         let clock = ManualClock::new(1_700_000_000_000);
-        let mut f = fixture_on(Store::open(dir.path()).unwrap(), clock.clone());
+        let mut f = fixture_on(reopen(dir.path()), clock.clone());
         for (id, parent, t, c) in BUDGETS {
             budget(&f.ledger, id, parent, t, c).await;
         }
@@ -828,7 +833,7 @@ mod properties {
                 Op::Restart => {
                     let before = f.ledger.budgets();
                     drop(f);
-                    f = fixture_on(Store::open(dir.path()).unwrap(), clock.clone());
+                    f = fixture_on(reopen(dir.path()), clock.clone());
                     assert_eq!(
                         f.ledger.budgets(),
                         before,
