@@ -90,7 +90,11 @@ pub async fn run_node(
     let mut registry = None;
     let open = |name: &str| {
         let path = cfg.storage.data_dir.join(name);
-        Store::open(&path).with_context(|| format!("opening {name} store at {}", path.display()))
+        // A lock still held by a node that stopped in this process (tests
+        // restart in-process) is waited for briefly; another live process
+        // holding it is still an error.
+        Store::reopen(&path, std::time::Duration::from_secs(2))
+            .with_context(|| format!("opening {name} store at {}", path.display()))
     };
 
     if services.contains(&ServiceKind::Registry) {
