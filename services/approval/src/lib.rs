@@ -648,36 +648,39 @@ impl Approval {
                     )
                     .detail("requested_by", &actor),
                 )?;
-                let mut auto = String::new();
-                let policy = if req.skip_policies || !req.approved_under.is_empty() {
+                // Delegation (the parent's approval covers a child spending
+                // inside the parent's budget) or a matching policy approves
+                // at once, in its own name: (actor, why, detail, answer).
+                let automatic = if !req.approved_under.is_empty() {
+                    let by = format!("delegation:{}", req.approved_under);
+                    Some((
+                        by.clone(),
+                        "delegated by a running, approved run".to_owned(),
+                        ("approved_under", req.approved_under.clone()),
+                        by,
+                    ))
+                } else if req.skip_policies {
                     None
                 } else {
-                    policy::first_match(&self.inner.cfg.policies, &run)
+                    policy::first_match(&self.inner.cfg.policies, &run).map(|p| {
+                        (
+                            format!("policy:{}", p.name),
+                            format!("policy {:?} matched", p.name),
+                            ("policy", p.name.clone()),
+                            p.name.clone(),
+                        )
+                    })
                 };
-                if !req.approved_under.is_empty() {
-                    // Delegation: the parent's approval covers the child,
-                    // which spends inside the parent's budget.
-                    let by = format!("delegation:{}", req.approved_under);
+                let mut auto = String::new();
+                if let Some((by, why, (k, v), answer)) = automatic {
                     let (approved, s) = self.transition(
                         &mut st,
                         &run.run_id,
                         S::Approved,
-                        Note::new(&by, "auto_approved", "delegated by a running, approved run")
-                            .detail("approved_under", &req.approved_under),
+                        Note::new(&by, "auto_approved", why).detail(k, v),
                         |_| {},
                     )?;
-                    (run, seq, auto) = (approved, s, by);
-                } else if let Some(p) = policy {
-                    let by = format!("policy:{}", p.name);
-                    let (approved, s) = self.transition(
-                        &mut st,
-                        &run.run_id,
-                        S::Approved,
-                        Note::new(&by, "auto_approved", format!("policy {:?} matched", p.name))
-                            .detail("policy", &p.name),
-                        |_| {},
-                    )?;
-                    (run, seq, auto) = (approved, s, p.name.clone());
+                    (run, seq, auto) = (approved, s, answer);
                 }
                 let out = ProposeResponse {
                     run: Some(run),
