@@ -145,7 +145,7 @@ pub struct Hosted {
     registry: RegistryServiceClient<Channel>,
     ledger: LedgerServiceClient<Channel>,
     executor: Option<JobServiceClient<Channel>>,
-    channels: Arc<std::sync::Mutex<HashMap<String, Channel>>>,
+    channels: switchyard_kit::client::Channels,
     max_message_bytes: usize,
 }
 
@@ -219,25 +219,15 @@ impl Hosted {
     /// Refuses to start when a hosted agent's tool name `agent_<id>` is
     /// taken by a registered tool (seed ADR 003: names are unique at wire
     /// time).
-    pub async fn check_collisions(&self) -> Result<(), AgentsError> {
-        for t in registry_tools(self).await? {
-            if self.agents.contains_key(&t) {
-                return Err(AgentsError::Collision(format!(
-                    "agent {t} would be offered as tool {t:?}, but a registered tool already has that name"
-                )));
-            }
+    /// Returns the registered tool names (what registration needs next).
+    pub async fn check_collisions(&self) -> Result<Vec<String>, AgentsError> {
+        let registered = registry_tools(self).await?;
+        if let Some(t) = registered.iter().find(|t| self.agents.contains_key(*t)) {
+            return Err(AgentsError::Collision(format!(
+                "agent {t} would be offered as tool {t:?}, but a registered tool already has that name"
+            )));
         }
-        Ok(())
-    }
-
-    fn channel(&self, endpoint: &str) -> Result<Channel, String> {
-        let mut m = self.channels.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = m.get(endpoint) {
-            return Ok(c.clone());
-        }
-        let c = switchyard_kit::client::lazy_channel(endpoint).map_err(|e| e.to_string())?;
-        m.insert(endpoint.into(), c.clone());
-        Ok(c)
+        Ok(registered)
     }
 
     /// The tools `a` may call, resolved against the registry now: only
@@ -417,7 +407,11 @@ impl Host for InvocationHost<'_> {
                 .get(name)
                 .filter(|e| !e.is_empty())
                 .ok_or_else(|| format!("tool {name:?} has no provider endpoint"))?;
-            let channel = self.hosted.channel(endpoint)?;
+            let channel = self
+                .hosted
+                .channels
+                .get(endpoint)
+                .map_err(|e| e.to_string())?;
             switchyard_agent_sdk::tools::call(
                 channel,
                 self.hosted.max_message_bytes,
@@ -655,7 +649,7 @@ pub async fn serve_until(
     shutdown: Shutdown,
     on_bound: impl FnOnce(std::net::SocketAddr),
 ) -> Result<(), AgentsError> {
-    hosted.check_collisions().await?;
+    let registered = hosted.check_collisions().await?;
     let cfg = switchyard_kit::server::ServerConfig {
         listen: hosted.cfg.listen.clone(),
         max_message_bytes: hosted.max_message_bytes,
@@ -676,7 +670,6 @@ pub async fn serve_until(
     // The registry accepts only registered tools in uses_tools; tools
     // registered later still work (they are resolved at each invocation),
     // they are just not listed there.
-    let registered: Vec<String> = registry_tools(&hosted).await?;
     let specs: Vec<AgentSpec> = hosted
         .agents
         .values()

@@ -51,6 +51,25 @@ pub fn lazy_channel(url: &str) -> Result<Channel, ClientError> {
     Ok(endpoint(url)?.connect_lazy())
 }
 
+/// Lazy channels by endpoint, each made once and shared (clones share the
+/// cache): for callers that reach many endpoints they learn at run time,
+/// such as tool providers.
+#[derive(Debug, Clone, Default)]
+pub struct Channels(std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Channel>>>);
+
+impl Channels {
+    /// The channel to `url`, made on first use.
+    pub fn get(&self, url: &str) -> Result<Channel, ClientError> {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = m.get(url) {
+            return Ok(c.clone());
+        }
+        let c = lazy_channel(url)?;
+        m.insert(url.to_owned(), c.clone());
+        Ok(c)
+    }
+}
+
 /// A channel connected now (fails fast when nothing listens).
 pub async fn connect(url: &str) -> Result<Channel, ClientError> {
     endpoint(url)?

@@ -436,7 +436,8 @@ struct Inner {
     state: Mutex<State>,
     clients: Clients,
     agents: Mutex<HashMap<String, AgentClient>>,
-    tool_channels: llm::ToolChannels,
+    /// Channels to tool providers, by endpoint.
+    tool_channels: switchyard_kit::client::Channels,
     local_agents: Arc<AgentServer<Builtins>>,
     local_endpoint: Mutex<String>,
     max_message_bytes: usize,
@@ -537,7 +538,7 @@ impl Executor {
                 state: Mutex::new(st),
                 clients,
                 agents: Mutex::new(HashMap::new()),
-                tool_channels: Mutex::new(HashMap::new()),
+                tool_channels: Default::default(),
                 local_agents: Arc::new(AgentServer::new(Builtins, &spec)),
                 local_endpoint: Mutex::new(String::new()),
                 max_message_bytes,

@@ -417,7 +417,12 @@ impl TaskHost<'_> {
         call_id: &str,
         args: Value,
     ) -> Result<Value, String> {
-        let channel = self.x.tool_channel(endpoint)?;
+        let channel = self
+            .x
+            .inner
+            .tool_channels
+            .get(endpoint)
+            .map_err(|e| e.to_string())?;
         switchyard_agent_sdk::tools::call(
             channel,
             self.x.inner.max_message_bytes,
@@ -754,19 +759,3 @@ impl Host for TaskHost<'_> {
         self.x.event(self.job_id, self.task_id(), k, data);
     }
 }
-
-impl Executor {
-    /// A cached channel to a tool provider.
-    fn tool_channel(&self, endpoint: &str) -> Result<tonic::transport::Channel, String> {
-        let mut tools = crate::lock(&self.inner.tool_channels);
-        if let Some(c) = tools.get(endpoint) {
-            return Ok(c.clone());
-        }
-        let c = switchyard_kit::client::lazy_channel(endpoint).map_err(|e| e.to_string())?;
-        tools.insert(endpoint.to_owned(), c.clone());
-        Ok(c)
-    }
-}
-
-/// Channels to tool providers, by endpoint.
-pub(crate) type ToolChannels = std::sync::Mutex<HashMap<String, tonic::transport::Channel>>;
