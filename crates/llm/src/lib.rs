@@ -588,6 +588,22 @@ mod tests {
         m.iter().map(|s| (*s).to_owned()).collect()
     }
 
+    /// One plain request over `models`, within `secs`.
+    async fn ask(
+        llm: &Llm,
+        models: &[&str],
+        secs: u64,
+    ) -> Result<(ChatResponse, String), ChainError> {
+        llm.chat(
+            &chain(models),
+            "",
+            &ChatRequest::default(),
+            Instant::now() + Duration::from_secs(secs),
+            &mut |_| {},
+        )
+        .await
+    }
+
     #[tokio::test]
     async fn fallback_tries_models_in_order_on_429_503_and_stops_at_the_first_answer() {
         let script = Script::new();
@@ -626,29 +642,11 @@ mod tests {
         script.for_model("a", vec![Reply::status(400)]);
         let server = script.serve().await;
         let llm = Llm::new(&cfg(&server.base_url(), &["a", "b"])).unwrap();
-        let err = llm
-            .chat(
-                &chain(&["a", "b"]),
-                "",
-                &ChatRequest::default(),
-                Instant::now() + Duration::from_secs(5),
-                &mut |_| {},
-            )
-            .await
-            .unwrap_err();
+        let err = ask(&llm, &["a", "b"], 5).await.unwrap_err();
         assert_eq!(err.reason, Reason::LlmUnavailable);
         assert_eq!(script.models_called(), vec!["a"]);
         script.for_model("a", vec![Reply::malformed()]);
-        let err = llm
-            .chat(
-                &chain(&["a", "b"]),
-                "",
-                &ChatRequest::default(),
-                Instant::now() + Duration::from_secs(5),
-                &mut |_| {},
-            )
-            .await
-            .unwrap_err();
+        let err = ask(&llm, &["a", "b"], 5).await.unwrap_err();
         assert_eq!(err.reason, Reason::LlmBadResponse);
     }
 
@@ -665,31 +663,13 @@ mod tests {
         let server = script.serve().await;
         let llm = Llm::new(&cfg(&server.base_url(), &["a"])).unwrap();
         let started = Instant::now();
-        let (resp, _) = llm
-            .chat(
-                &chain(&["a"]),
-                "",
-                &ChatRequest::default(),
-                Instant::now() + Duration::from_secs(5),
-                &mut |_| {},
-            )
-            .await
-            .unwrap();
+        let (resp, _) = ask(&llm, &["a"], 5).await.unwrap();
         assert_eq!(resp.content, "late");
         assert!(started.elapsed() >= Duration::from_millis(950));
         // A Retry-After beyond the deadline is not waited for.
         script.for_model("a", vec![Reply::status(429).retry_after("30")]);
         let started = Instant::now();
-        let err = llm
-            .chat(
-                &chain(&["a"]),
-                "",
-                &ChatRequest::default(),
-                Instant::now() + Duration::from_secs(2),
-                &mut |_| {},
-            )
-            .await
-            .unwrap_err();
+        let err = ask(&llm, &["a"], 2).await.unwrap_err();
         assert_eq!(err.reason, Reason::LlmUnavailable);
         assert!(started.elapsed() < Duration::from_secs(2));
     }
@@ -704,27 +684,9 @@ mod tests {
         c.providers
             .push(cfg(&server.base_url(), &["b"]).providers.remove(0));
         let llm = Llm::new(&c).unwrap();
-        let (_, used) = llm
-            .chat(
-                &chain(&["a", "b"]),
-                "",
-                &ChatRequest::default(),
-                Instant::now() + Duration::from_secs(5),
-                &mut |_| {},
-            )
-            .await
-            .unwrap();
+        let (_, used) = ask(&llm, &["a", "b"], 5).await.unwrap();
         assert_eq!(used, "b");
-        let err = llm
-            .chat(
-                &chain(&["x", "y"]),
-                "",
-                &ChatRequest::default(),
-                Instant::now() + Duration::from_secs(5),
-                &mut |_| {},
-            )
-            .await
-            .unwrap_err();
+        let err = ask(&llm, &["x", "y"], 5).await.unwrap_err();
         assert_eq!(err.reason, Reason::LlmProviderNotConfigured);
         assert!(err.message.contains("\"x\" or \"y\""));
     }
@@ -741,16 +703,7 @@ mod tests {
         c.providers[0].api_key_env = "SWITCHYARD_TEST_LLM_KEY".into();
         crate::openai::test_key("SWITCHYARD_TEST_LLM_KEY", "sk-test-SECRET-42");
         let llm = Llm::new(&c).unwrap();
-        let err = llm
-            .chat(
-                &chain(&["a"]),
-                "",
-                &ChatRequest::default(),
-                Instant::now() + Duration::from_secs(5),
-                &mut |_| {},
-            )
-            .await
-            .unwrap_err();
+        let err = ask(&llm, &["a"], 5).await.unwrap_err();
         assert!(!err.message.contains("SECRET"), "{}", err.message);
         assert!(err.message.contains("[redacted]"));
         assert_eq!(
