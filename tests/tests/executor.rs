@@ -9,14 +9,15 @@ use std::time::Duration;
 
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{
-    GetJobRequest, GetResultRequest, GetResultResponse, Job, JobState, SubmitJobRequest, TaskState,
+    GetJobRequest, GetResultRequest, GetResultResponse, JobState, SubmitJobRequest, TaskState,
     WatchJobRequest,
 };
 use switchyard_testkit::Stack;
+
+mod common;
+use common::*;
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
-
-type Jobs = JobServiceClient<Channel>;
 
 async fn stack() -> (Stack, Jobs) {
     let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
@@ -28,49 +29,6 @@ async fn stack() -> (Stack, Jobs) {
     .unwrap();
     let c = JobServiceClient::new(s.channel().await.unwrap());
     (s, c)
-}
-
-async fn submit(c: &mut Jobs, doc: &str) -> Result<Job, tonic::Status> {
-    c.submit_job(SubmitJobRequest {
-        document: doc.into(),
-        ..Default::default()
-    })
-    .await
-    .map(|r| r.into_inner().job.unwrap())
-}
-
-fn id(j: &Job) -> String {
-    j.spec.as_ref().unwrap().job_id.clone()
-}
-
-/// Waits (bounded) until the job is in a final state; returns its result.
-async fn finish(c: &mut Jobs, job_id: &str) -> GetResultResponse {
-    for _ in 0..400 {
-        let j = c
-            .get_job(GetJobRequest {
-                job_id: job_id.into(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .job
-            .unwrap();
-        let s = JobState::try_from(j.state).unwrap();
-        if matches!(
-            s,
-            JobState::Completed | JobState::Cancelled | JobState::Discarded | JobState::Retryable
-        ) {
-            return c
-                .get_result(GetResultRequest {
-                    job_id: job_id.into(),
-                })
-                .await
-                .unwrap()
-                .into_inner();
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("job {job_id} did not finish in 10 s");
 }
 
 fn stdout(r: &GetResultResponse, task: &str) -> String {
@@ -165,14 +123,6 @@ fn invalid(status: &tonic::Status) -> (String, Vec<String>) {
     )
 }
 
-async fn approvals(
-    s: &Stack,
-) -> switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient<Channel> {
-    switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient::new(
-        s.channel().await.unwrap(),
-    )
-}
-
 /// A run's status.
 async fn run_status(
     a: &mut switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient<Channel>,
@@ -188,26 +138,6 @@ async fn run_status(
         .run
         .unwrap()
         .status
-}
-
-/// Approves a run as `who`.
-async fn approve(
-    a: &mut switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient<Channel>,
-    run_id: &str,
-    who: &str,
-) {
-    let req = switchyard_proto::approval::v1::ApproveRequest {
-        run_id: run_id.into(),
-        comment: "ok".into(),
-    };
-    a.approve(as_actor(req, who)).await.unwrap();
-}
-
-fn as_actor<T>(msg: T, who: &str) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(msg);
-    r.metadata_mut()
-        .insert("x-switchyard-actor", who.parse().unwrap());
-    r
 }
 
 #[tokio::test]

@@ -15,22 +15,20 @@ use switchyard_agent_sdk::tools::{ToolProvider, ToolServer};
 use switchyard_kit::json::{struct_to_json, value_to_json};
 use switchyard_llm::scripted::{Reply, Script, Server};
 use switchyard_llm::{LlmConfig, ModelConfig, ProviderConfig};
-use switchyard_proto::approval::v1::ApproveRequest;
-use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{
-    GetJobRequest, GetResultRequest, GetResultResponse, Job, JobState, ListJobsRequest,
-    SubmitJobRequest, TaskState, TaskStatus, WatchJobRequest,
+    GetJobRequest, GetResultResponse, Job, JobState, ListJobsRequest, TaskState, TaskStatus,
+    WatchJobRequest,
 };
 use switchyard_proto::ledger::v1::GetBudgetRequest;
 use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
 use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
 use switchyard_proto::registry::v1::{RegisterToolRequest, Tool};
 use switchyard_testkit::Stack;
-use tokio_stream::StreamExt;
-use tonic::transport::Channel;
 
-type Jobs = JobServiceClient<Channel>;
+mod common;
+use common::{Jobs, approvals, finish, id, submit};
+use tokio_stream::StreamExt;
 
 /// Models served by the scripted provider: $2.50/$10 per million tokens.
 const MODELS: &[&str] = &[
@@ -105,19 +103,6 @@ async fn env(auto_approve: bool, tweak: impl FnOnce(&mut switchyard_cli::Config)
     }
 }
 
-async fn submit(c: &mut Jobs, doc: &str) -> Result<Job, tonic::Status> {
-    c.submit_job(SubmitJobRequest {
-        document: doc.into(),
-        ..Default::default()
-    })
-    .await
-    .map(|r| r.into_inner().job.unwrap())
-}
-
-fn id(j: &Job) -> String {
-    j.spec.as_ref().unwrap().job_id.clone()
-}
-
 async fn get(c: &mut Jobs, job_id: &str) -> Job {
     c.get_job(GetJobRequest {
         job_id: job_id.into(),
@@ -129,27 +114,6 @@ async fn get(c: &mut Jobs, job_id: &str) -> Job {
     .unwrap()
 }
 
-/// Waits (bounded: 20 s) for a final state; returns the result.
-async fn finish(c: &mut Jobs, job_id: &str) -> GetResultResponse {
-    for _ in 0..800 {
-        let s = JobState::try_from(get(c, job_id).await.state).unwrap();
-        if matches!(
-            s,
-            JobState::Completed | JobState::Cancelled | JobState::Discarded | JobState::Retryable
-        ) {
-            return c
-                .get_result(GetResultRequest {
-                    job_id: job_id.into(),
-                })
-                .await
-                .unwrap()
-                .into_inner();
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("job {job_id} did not finish in 20 s");
-}
-
 fn task<'a>(r: &'a GetResultResponse, id: &str) -> &'a TaskStatus {
     r.tasks.iter().find(|t| t.task_id == id).unwrap()
 }
@@ -158,15 +122,9 @@ fn output(t: &TaskStatus) -> Value {
     t.output.as_ref().map(struct_to_json).unwrap_or(Value::Null)
 }
 
+/// Approves a run as a reviewer (the submitter is anonymous).
 async fn approve(s: &Stack, run_id: &str) {
-    let mut a = ApprovalServiceClient::new(s.channel().await.unwrap());
-    let mut req = tonic::Request::new(ApproveRequest {
-        run_id: run_id.into(),
-        comment: "ok".into(),
-    });
-    req.metadata_mut()
-        .insert("x-switchyard-actor", "@reviewer".parse().unwrap());
-    a.approve(req).await.unwrap();
+    common::approve(&mut approvals(s).await, run_id, "@reviewer").await;
 }
 
 /// Events of a job: (kind, data).

@@ -7,6 +7,83 @@ use switchyard_proto::router::v1::router_service_client::RouterServiceClient;
 use switchyard_proto::router::v1::{RouteConstraints, RouteRequest, RouteResponse};
 use tonic::transport::Channel;
 
+use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
+use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
+use switchyard_proto::executor::v1::{
+    GetJobRequest, GetResultRequest, GetResultResponse, Job, JobState, SubmitJobRequest,
+};
+use switchyard_testkit::Stack;
+
+/// A JobService client.
+pub type Jobs = JobServiceClient<Channel>;
+
+/// Submits `doc` (any accepted format) and returns the job.
+pub async fn submit(c: &mut Jobs, doc: &str) -> Result<Job, tonic::Status> {
+    c.submit_job(SubmitJobRequest {
+        document: doc.into(),
+        ..Default::default()
+    })
+    .await
+    .map(|r| r.into_inner().job.unwrap())
+}
+
+/// A job's id.
+pub fn id(j: &Job) -> String {
+    j.spec.as_ref().unwrap().job_id.clone()
+}
+
+/// Waits (bounded: 20 s) until the job is in a final state; returns its result.
+pub async fn finish(c: &mut Jobs, job_id: &str) -> GetResultResponse {
+    for _ in 0..800 {
+        let j = c
+            .get_job(GetJobRequest {
+                job_id: job_id.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .job
+            .unwrap();
+        let s = JobState::try_from(j.state).unwrap();
+        if matches!(
+            s,
+            JobState::Completed | JobState::Cancelled | JobState::Discarded | JobState::Retryable
+        ) {
+            return c
+                .get_result(GetResultRequest {
+                    job_id: job_id.into(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("job {job_id} did not finish in 20 s");
+}
+
+/// An approval client on the stack.
+pub async fn approvals(s: &Stack) -> ApprovalServiceClient<Channel> {
+    ApprovalServiceClient::new(s.channel().await.unwrap())
+}
+
+/// Approves a run as `who`.
+pub async fn approve(a: &mut ApprovalServiceClient<Channel>, run_id: &str, who: &str) {
+    let req = switchyard_proto::approval::v1::ApproveRequest {
+        run_id: run_id.into(),
+        comment: "ok".into(),
+    };
+    a.approve(as_actor(req, who)).await.unwrap();
+}
+
+/// `msg` sent in `who`'s name (`x-switchyard-actor`).
+pub fn as_actor<T>(msg: T, who: &str) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut()
+        .insert("x-switchyard-actor", who.parse().unwrap());
+    r
+}
+
 pub fn agent(id: &str, cap: &str, trust: u32, price: i64) -> AgentSpec {
     AgentSpec {
         id: id.into(),
