@@ -14,7 +14,9 @@ use switchyard_proto::common::v1::Money;
 use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
 use switchyard_proto::ledger::v1::*;
 use switchyard_testkit::Stack;
-use tonic::transport::Channel;
+
+mod common;
+use common::budget;
 
 /// xorshift64*: a small deterministic generator per task.
 struct Rng(u64);
@@ -42,17 +44,6 @@ struct Tally {
     reserved_cost: i64,
     spent_tokens: i64,
     spent_cost: i64,
-}
-
-async fn budget(c: &mut LedgerServiceClient<Channel>, id: &str) -> Budget {
-    c.get_budget(GetBudgetRequest {
-        budget_id: id.into(),
-    })
-    .await
-    .unwrap()
-    .into_inner()
-    .budget
-    .unwrap()
 }
 
 fn within_limits(b: &Budget) -> bool {

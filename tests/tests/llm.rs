@@ -20,7 +20,6 @@ use switchyard_proto::executor::v1::{
     GetJobRequest, GetResultResponse, Job, JobState, ListJobsRequest, TaskState, TaskStatus,
     WatchJobRequest,
 };
-use switchyard_proto::ledger::v1::GetBudgetRequest;
 use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
 use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
 use switchyard_proto::registry::v1::{RegisterToolRequest, Tool};
@@ -150,15 +149,11 @@ async fn events(c: &mut Jobs, job_id: &str) -> Vec<(String, Value)> {
 }
 
 async fn budget(s: &Stack, id: &str) -> switchyard_proto::ledger::v1::Budget {
-    LedgerServiceClient::new(s.channel().await.unwrap())
-        .get_budget(GetBudgetRequest {
-            budget_id: id.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .budget
-        .unwrap()
+    common::budget(
+        &mut LedgerServiceClient::new(s.channel().await.unwrap()),
+        id,
+    )
+    .await
 }
 
 /// A tool provider that records its calls: `lookup` echoes, `secret`

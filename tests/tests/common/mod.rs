@@ -62,6 +62,21 @@ pub async fn finish(c: &mut Jobs, job_id: &str) -> GetResultResponse {
     panic!("job {job_id} did not finish in 20 s");
 }
 
+/// A budget as the ledger reports it.
+pub async fn budget(
+    c: &mut switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient<Channel>,
+    id: &str,
+) -> switchyard_proto::ledger::v1::Budget {
+    c.get_budget(switchyard_proto::ledger::v1::GetBudgetRequest {
+        budget_id: id.into(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .budget
+    .unwrap()
+}
+
 /// An approval client on the stack.
 pub async fn approvals(s: &Stack) -> ApprovalServiceClient<Channel> {
     ApprovalServiceClient::new(s.channel().await.unwrap())
