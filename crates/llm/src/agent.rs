@@ -225,7 +225,7 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
         return Err(fail(
             Reason::LlmProviderNotConfigured,
             format!(
-                "no configured LLM provider serves {}",
+                "no configured LLM provider serves {} (see [llm] in the configuration)",
                 spec.chain.join(" or ")
             ),
             &report,

@@ -403,11 +403,6 @@ impl Llm {
         self.providers.insert(p.name.clone(), provider);
     }
 
-    /// True when no provider is configured.
-    pub fn is_empty(&self) -> bool {
-        self.providers.is_empty()
-    }
-
     fn served(&self, model: &str, hint: &str) -> Option<&Served> {
         let all = self.models.get(model)?;
         if hint.is_empty() {

@@ -116,16 +116,6 @@ impl Executor {
         let llm = &self.inner.clients.llm;
         let mut chain = vec![l.model.clone()];
         chain.extend(l.fallback_models.iter().cloned());
-        if llm.chain_price(&chain, &l.provider).is_none() {
-            return Outcome::fail(
-                Class::Permanent,
-                Reason::LlmProviderNotConfigured,
-                format!(
-                    "no configured LLM provider serves {} (see [llm] in the configuration)",
-                    chain.join(" or ")
-                ),
-            );
-        }
         let (tools, routes) = match self.offered_tools(l).await {
             Ok(x) => x,
             Err(e) => return Outcome::fail(Class::Other, Reason::Unavailable, e),
