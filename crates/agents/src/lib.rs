@@ -539,30 +539,7 @@ impl Agent for Hosted {
             Ok(x) => x,
             Err(e) => return respond::error(format!("{}: {e}", Reason::Unavailable)),
         };
-        let input = switchyard_agent_sdk::input_json(&req);
-        let mut prompt = req.task.clone();
-        let fields = input.as_object().map_or(0, |o| o.len());
-        if fields > 0 {
-            let extra = input.as_object().map(|o| {
-                o.iter()
-                    .filter(|(k, v)| {
-                        !(k.as_str() == "task" && v.as_str() == Some(req.task.as_str()))
-                    })
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect::<serde_json::Map<_, _>>()
-            });
-            if let Some(extra) = extra.filter(|m| !m.is_empty()) {
-                if prompt.is_empty()
-                    && let Some(Value::String(t)) = extra.get("task")
-                {
-                    prompt = t.clone();
-                }
-                prompt = format!(
-                    "{prompt}\n\nInput:\n{}",
-                    serde_json::to_string_pretty(&Value::Object(extra)).unwrap_or_default()
-                );
-            }
-        }
+        let prompt = prompt_of(&req);
         let limits = req.limits.unwrap_or_default();
         let l = agent.limits;
         let pick = |own: u64, asked: u64| if asked > 0 { own.min(asked) } else { own };
@@ -631,6 +608,30 @@ impl Agent for Hosted {
             model_used: report.model_used,
         }
     }
+}
+
+/// The user message: the task (or the input's `task`), then any other
+/// input as JSON.
+fn prompt_of(req: &Invocation) -> String {
+    let mut input = switchyard_agent_sdk::input_json(req)
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    let from_input = match input.get("task") {
+        Some(Value::String(t)) if req.task.is_empty() || *t == req.task => input.remove("task"),
+        _ => None,
+    };
+    let task = match (req.task.is_empty(), from_input) {
+        (true, Some(Value::String(t))) => t,
+        _ => req.task.clone(),
+    };
+    if input.is_empty() {
+        return task;
+    }
+    format!(
+        "{task}\n\nInput:\n{}",
+        serde_json::to_string_pretty(&Value::Object(input)).unwrap_or_default()
+    )
 }
 
 fn uuid_like() -> String {
