@@ -7,14 +7,76 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use switchyard_kit::json::json_to_struct;
 use switchyard_kit::json::value_to_json;
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{
-    Delegation, GetJobRequest, GetResultRequest, JobSpec, JobState, SubmitJobRequest,
+    AgentTask, Delegation, GetJobRequest, GetResultRequest, JobSpec, JobState, LlmTask,
+    SubmitJobRequest, TaskSpec, task_spec::Kind,
 };
 use tonic::transport::Channel;
 
 use crate::Invocation;
+
+/// The built-in `delegate` tool's name.
+pub const TOOL: &str = "delegate";
+
+/// What the model is told the `delegate` tool does.
+pub const TOOL_DESCRIPTION: &str = "Hand a subtask to a child job and wait for its result";
+
+/// The `delegate` tool's arguments.
+pub fn tool_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "task": {"type": "string", "description": "What the delegated job must do, in full"},
+            "capability": {"type": "string", "description": "Send the task to an agent with this capability instead of a model"},
+            "input": {"type": "object", "description": "Structured input for that agent"}
+        },
+        "required": ["task"],
+        "additionalProperties": false
+    })
+}
+
+/// The child job a `delegate` call asks for: an agent task on `capability`
+/// (with `input` plus the task) when given, else `model_task(task)`.
+/// `plan_id` names who delegated. The caller sets the delegation itself.
+pub fn child_job(
+    args: &Value,
+    plan_id: String,
+    model_task: impl FnOnce(String) -> LlmTask,
+) -> JobSpec {
+    let task = args
+        .get("task")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let kind = match args.get("capability").and_then(Value::as_str) {
+        Some(cap) => {
+            let mut input = args.get("input").cloned().unwrap_or_else(|| json!({}));
+            if let Some(o) = input.as_object_mut() {
+                o.insert("task".into(), json!(task));
+            }
+            Kind::Agent(AgentTask {
+                capability: cap.into(),
+                input: json_to_struct(&input),
+                ..Default::default()
+            })
+        }
+        None => Kind::Llm(model_task(task.clone())),
+    };
+    JobSpec {
+        plan_id,
+        plan_description: task.chars().take(200).collect(),
+        tasks: vec![TaskSpec {
+            id: "delegated".into(),
+            name: task.chars().take(80).collect(),
+            kind: Some(kind),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
 
 /// The child job's end.
 #[derive(Debug, Clone)]
@@ -31,6 +93,26 @@ pub struct ChildResult {
     pub cost_micro_usd: i64,
     /// Why it did not complete, if it did not.
     pub error: String,
+}
+
+impl ChildResult {
+    /// What the `delegate` tool gives back to the model: the result when
+    /// the child completed, else why not.
+    pub fn tool_result(&self) -> Result<Value, String> {
+        if self.state == JobState::Completed {
+            Ok(
+                json!({"job_id": self.job_id, "state": "completed", "result": self.result,
+                      "tokens_used": self.tokens_used, "cost_micro_usd": self.cost_micro_usd}),
+            )
+        } else {
+            Err(format!(
+                "delegated job {} ended {}: {}",
+                self.job_id,
+                self.state.as_str_name(),
+                self.error
+            ))
+        }
+    }
 }
 
 /// Submits `spec` as a child of the job that sent `req`, then waits up to

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use switchyard_agent_sdk::{Agent, Invocation, Progress, respond};
+use switchyard_agent_sdk::{Agent, Invocation, Progress, delegation, respond};
 use switchyard_core::Reason;
 use switchyard_kit::json::json_to_struct;
 use switchyard_kit::shutdown::Shutdown;
@@ -23,8 +23,8 @@ use switchyard_llm::agent::{self, Host, Refusal};
 use switchyard_llm::{BoxFuture, Llm, ToolChoice, ToolSpec, Usage};
 use switchyard_proto::agent::v1::{AgentResponse, IntegrationMode, ResponseStatus};
 use switchyard_proto::common::v1::{CorrelationContext, Money, UnitPrice};
+use switchyard_proto::executor::v1::LlmTask;
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
-use switchyard_proto::executor::v1::{AgentTask, JobSpec, LlmTask, TaskSpec, task_spec::Kind};
 use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
 use switchyard_proto::ledger::v1::{CommitRequest, Entry, ReleaseRequest, ReserveRequest};
 use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
@@ -127,7 +127,7 @@ pub fn agent_spec(a: &Declared, endpoint: &str) -> AgentSpec {
         uses_tools: a
             .uses_tools
             .iter()
-            .filter(|t| *t != "delegate")
+            .filter(|t| *t != delegation::TOOL)
             .cloned()
             .collect(),
         latency_estimate_ms: 2000,
@@ -239,7 +239,7 @@ impl Hosted {
         let names: Vec<String> = a
             .uses_tools
             .iter()
-            .filter(|t| *t != "delegate")
+            .filter(|t| *t != delegation::TOOL)
             .cloned()
             .collect();
         let mut specs = Vec::new();
@@ -266,13 +266,11 @@ impl Hosted {
                 endpoints.insert(t.name, t.endpoint);
             }
         }
-        if a.uses_tools.iter().any(|t| t == "delegate") && self.executor.is_some() {
+        if a.uses_tools.iter().any(|t| t == delegation::TOOL) && self.executor.is_some() {
             specs.push(ToolSpec {
-                name: "delegate".into(),
-                description: "Create a child job for a subtask and wait for its result".into(),
-                parameters: json!({"type": "object", "properties": {
-                    "task": {"type": "string"}, "capability": {"type": "string"}, "input": {"type": "object"}},
-                    "required": ["task"], "additionalProperties": false}),
+                name: delegation::TOOL.into(),
+                description: delegation::TOOL_DESCRIPTION.into(),
+                parameters: delegation::tool_schema(),
             });
         }
         Ok((specs, endpoints))
@@ -399,7 +397,7 @@ impl Host for InvocationHost<'_> {
         args: Value,
     ) -> BoxFuture<'a, Result<Value, String>> {
         Box::pin(async move {
-            if name == "delegate" {
+            if name == delegation::TOOL {
                 return self.delegate(args).await;
             }
             let endpoint = self
@@ -448,64 +446,32 @@ impl InvocationHost<'_> {
         let Some(mut executor) = self.hosted.executor.clone() else {
             return Err("delegation is not configured here (agents.executor_url)".into());
         };
-        let task = args["task"].as_str().unwrap_or_default().to_owned();
-        let kind = match args.get("capability").and_then(Value::as_str) {
-            Some(cap) => {
-                let mut input = args.get("input").cloned().unwrap_or_else(|| json!({}));
-                if let Some(o) = input.as_object_mut() {
-                    o.insert("task".into(), json!(task));
-                }
-                Kind::Agent(AgentTask {
-                    capability: cap.into(),
-                    input: json_to_struct(&input),
-                    ..Default::default()
-                })
-            }
-            None => Kind::Llm(LlmTask {
-                model: self.agent.models[0].clone(),
-                fallback_models: self.agent.models[1..].to_vec(),
-                provider: self.agent.provider.clone(),
-                instructions: self.agent.instructions.clone(),
-                prompt: task.clone(),
-                max_tokens: self.agent.max_output_tokens,
+        let agent = self.agent;
+        let spec = delegation::child_job(
+            &args,
+            format!("delegated-by-{}", agent.registry_id),
+            |task| LlmTask {
+                model: agent.models[0].clone(),
+                fallback_models: agent.models[1..].to_vec(),
+                provider: agent.provider.clone(),
+                instructions: agent.instructions.clone(),
+                prompt: task,
+                max_tokens: agent.max_output_tokens,
                 ..Default::default()
-            }),
-        };
-        let spec = JobSpec {
-            plan_id: format!("delegated-by-{}", self.agent.registry_id),
-            plan_description: task.chars().take(200).collect(),
-            tasks: vec![TaskSpec {
-                id: "delegated".into(),
-                name: task.chars().take(80).collect(),
-                kind: Some(kind),
-                ..Default::default()
-            }],
-            ..Default::default()
-        };
+            },
+        );
         let wait = Duration::from_millis(
             self.agent
                 .tool_timeout_ms
                 .unwrap_or(self.hosted.cfg.tool_timeout_ms),
         );
-        let child = switchyard_agent_sdk::delegation::delegate(&mut executor, self.req, spec, wait)
+        let child = delegation::delegate(&mut executor, self.req, spec, wait)
             .await
             .map_err(|s| {
                 let api = switchyard_kit::error::ApiError::from(s);
                 format!("{}: {}", api.reason.unwrap_or_default(), api.message)
             })?;
-        if child.error.is_empty() {
-            Ok(
-                json!({"job_id": child.job_id, "state": child.state.as_str_name(), "result": child.result,
-                      "tokens_used": child.tokens_used, "cost_micro_usd": child.cost_micro_usd}),
-            )
-        } else {
-            Err(format!(
-                "delegated job {} ended {}: {}",
-                child.job_id,
-                child.state.as_str_name(),
-                child.error
-            ))
-        }
+        child.tool_result()
     }
 }
 

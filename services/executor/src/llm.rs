@@ -12,6 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use switchyard_agent_sdk::delegation;
 use switchyard_core::Reason;
 use switchyard_core::template;
 use switchyard_kit::context;
@@ -21,8 +22,8 @@ use switchyard_llm::agent::{self, Host, Refusal};
 use switchyard_llm::{BoxFuture, ToolChoice, ToolSpec, Usage};
 use switchyard_proto::common::v1::{CorrelationContext, Money, UnitPrice};
 use switchyard_proto::executor::v1::{
-    AgentTask, Delegation, JobSpec, JobState as PbJobState, LlmTask, LlmUsage, SubmitJobRequest,
-    TaskSpec, TaskStatus, ToolDefinition, ToolResult, task_spec::Kind,
+    AgentTask, Delegation, JobState as PbJobState, LlmTask, LlmUsage, SubmitJobRequest, TaskStatus,
+    ToolDefinition, ToolResult,
 };
 use switchyard_proto::ledger::v1::{Entry, ReserveRequest};
 use switchyard_proto::registry::v1::{FindByCapabilityRequest, GetAgentRequest, ListToolsRequest};
@@ -47,20 +48,6 @@ enum Route {
     Delegate,
     /// Declared, but nothing runs it (the model is told so).
     Missing,
-}
-
-/// The built-in `delegate` tool's arguments.
-fn delegate_schema() -> Value {
-    json!({
-        "type": "object",
-        "properties": {
-            "task": {"type": "string", "description": "What the delegated job must do, in full"},
-            "capability": {"type": "string", "description": "Send the task to an agent with this capability instead of a model"},
-            "input": {"type": "object", "description": "Structured input for that agent"}
-        },
-        "required": ["task"],
-        "additionalProperties": false
-    })
 }
 
 fn agent_schema() -> Value {
@@ -231,7 +218,7 @@ impl Executor {
         let wanted: Vec<String> = l
             .tools
             .iter()
-            .filter(|t| t.command.is_empty() && t.name != "delegate")
+            .filter(|t| t.command.is_empty() && t.name != delegation::TOOL)
             .map(|t| t.name.clone())
             .collect();
         let registered: HashMap<String, switchyard_proto::registry::v1::Tool> = if wanted.is_empty()
@@ -252,8 +239,11 @@ impl Executor {
         };
         for t in &l.tools {
             let declared = t.parameters.as_ref().map(struct_to_json);
-            let (route, parameters) = if t.name == "delegate" && t.command.is_empty() {
-                (Route::Delegate, declared.unwrap_or_else(delegate_schema))
+            let (route, parameters) = if t.name == delegation::TOOL && t.command.is_empty() {
+                (
+                    Route::Delegate,
+                    declared.unwrap_or_else(delegation::tool_schema),
+                )
             } else if !t.command.is_empty() {
                 (
                     Route::Command(t.clone()),
@@ -272,9 +262,7 @@ impl Executor {
             };
             let description = match (&route, t.description.is_empty()) {
                 (_, false) => t.description.clone(),
-                (Route::Delegate, true) => {
-                    "Hand a subtask to a child job and wait for its result".to_owned()
-                }
+                (Route::Delegate, true) => delegation::TOOL_DESCRIPTION.to_owned(),
                 _ => registered
                     .get(&t.name)
                     .map(|r| r.description.clone())
@@ -468,49 +456,22 @@ impl TaskHost<'_> {
     }
 
     async fn delegate(&self, args: Value) -> Result<Value, String> {
-        let task_text = args
-            .get("task")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
-        let kind = match args.get("capability").and_then(Value::as_str) {
-            Some(cap) => {
-                let mut input = args.get("input").cloned().unwrap_or_else(|| json!({}));
-                if let Some(o) = input.as_object_mut() {
-                    o.insert("task".into(), json!(task_text));
+        // Without a capability the child is the same kind of model task,
+        // with the task as its prompt (and the same tools, so it may
+        // delegate in turn, down to the depth limit).
+        let mut spec =
+            delegation::child_job(&args, format!("delegated-by-{}", self.job_id), |task| {
+                LlmTask {
+                    prompt: task,
+                    ..self.llm_task.clone()
                 }
-                Kind::Agent(AgentTask {
-                    capability: cap.into(),
-                    input: json_to_struct(&input),
-                    ..Default::default()
-                })
-            }
-            None => {
-                // The child is the same kind of model task, with the task
-                // as its prompt (and the same tools, so it may delegate in
-                // turn, down to the depth limit).
-                let mut l = self.llm_task.clone();
-                l.prompt = task_text.clone();
-                Kind::Llm(l)
-            }
-        };
-        let spec = JobSpec {
-            plan_id: format!("delegated-by-{}", self.job_id),
-            plan_description: task_text.chars().take(200).collect(),
-            correlation_id: self.snap.correlation_id.clone(),
-            tasks: vec![TaskSpec {
-                id: "delegated".into(),
-                name: task_text.chars().take(80).collect(),
-                timeout_secs: self.snap.task.timeout_secs,
-                kind: Some(kind),
-                ..Default::default()
-            }],
-            delegation: Some(Delegation {
-                parent_job_id: self.job_id.into(),
-                ..Default::default()
-            }),
+            });
+        spec.correlation_id = self.snap.correlation_id.clone();
+        spec.tasks[0].timeout_secs = self.snap.task.timeout_secs;
+        spec.delegation = Some(Delegation {
+            parent_job_id: self.job_id.into(),
             ..Default::default()
-        };
+        });
         let created = self
             .x
             .submit(
@@ -563,31 +524,22 @@ impl TaskHost<'_> {
             ) {
                 abandon.child = None;
                 let result = self.x.result(&child).map_err(|e| e.to_string())?;
-                let cost = result.cost.map_or(0, |m| m.micro_usd);
+                let settled = delegation::ChildResult {
+                    job_id: child.clone(),
+                    state,
+                    result: result.result.as_ref().map_or(Value::Null, value_to_json),
+                    tokens_used: result.tokens_used,
+                    cost_micro_usd: result.cost.map_or(0, |m| m.micro_usd),
+                    error: format!("{} {}", result.reason, result.error),
+                };
                 self.x.event(
                     self.job_id,
                     self.task_id(),
                     kind::CHILD_SETTLED,
-                    json!({"child_job_id": child, "tokens": result.tokens_used, "cost_micro_usd": cost,
-                           "state": state.as_str_name()}),
+                    json!({"child_job_id": child, "tokens": settled.tokens_used,
+                           "cost_micro_usd": settled.cost_micro_usd, "state": state.as_str_name()}),
                 );
-                let value = result
-                    .result
-                    .as_ref()
-                    .map(value_to_json)
-                    .unwrap_or(Value::Null);
-                if state != PbJobState::Completed {
-                    return Err(format!(
-                        "delegated job {child} ended {}: {} {}",
-                        state.as_str_name(),
-                        result.reason,
-                        result.error
-                    ));
-                }
-                return Ok(
-                    json!({"job_id": child, "state": "completed", "result": value,
-                                 "tokens_used": result.tokens_used, "cost_micro_usd": cost}),
-                );
+                return settled.tool_result();
             }
             tokio::time::sleep(tick).await;
             tick = (tick * 2).min(Duration::from_millis(250));
