@@ -236,7 +236,21 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
         messages.push(Message::text(Role::System, spec.instructions.clone()));
     }
     messages.push(Message::text(Role::User, spec.prompt.clone()));
-    let mut choice = spec.tool_choice;
+    // `none` offers no tools at all; otherwise the offer never changes.
+    let offered: &[ToolSpec] = if spec.tool_choice == ToolChoice::None {
+        &[]
+    } else {
+        &spec.tools
+    };
+    // One request, grown turn by turn.
+    let mut req = ChatRequest {
+        messages,
+        tools: offered.to_vec(),
+        tool_choice: spec.tool_choice,
+        temperature: spec.temperature,
+        max_tokens: None,
+        json: spec.json && offered.is_empty(),
+    };
     // Once a fallback answered, later turns start from it: the
     // conversation stays with one model, and a model known to be down is
     // not asked again on every turn.
@@ -250,12 +264,7 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
                 &report,
             ));
         }
-        let offered: &[ToolSpec] = if choice == ToolChoice::None {
-            &[]
-        } else {
-            &spec.tools
-        };
-        let prompt = estimate_prompt_tokens(&messages, offered);
+        let prompt = estimate_prompt_tokens(&req.messages, offered);
         let mut cap = spec.max_tokens.max(1);
         if spec.max_tokens_per_invocation > 0 {
             let left = spec
@@ -291,14 +300,7 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
                 return Err(fail(Reason::Unavailable, m, &report));
             }
         };
-        let req = ChatRequest {
-            messages: messages.clone(),
-            tools: offered.to_vec(),
-            tool_choice: choice,
-            temperature: spec.temperature,
-            max_tokens: Some(cap),
-            json: spec.json && offered.is_empty(),
-        };
+        req.max_tokens = Some(cap);
         let mut on_call = |c: &CallRecord| {
             host.event(
                 "llm_call",
@@ -327,7 +329,7 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
         report.llm_calls += 1;
         report.model_used = model;
         if resp.tool_calls.is_empty() {
-            if choice == ToolChoice::Required {
+            if req.tool_choice == ToolChoice::Required {
                 return Err(fail(
                     Reason::ToolCallRequired,
                     "tool_choice is required, but the model answered without calling a tool".into(),
@@ -337,9 +339,9 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
             report.content = resp.content;
             return finish(spec, report);
         }
-        messages.push(Message {
+        req.messages.push(Message {
             role: Role::Assistant,
-            content: resp.content.clone(),
+            content: resp.content,
             tool_calls: resp.tool_calls.clone(),
             tool_call_id: String::new(),
         });
@@ -349,7 +351,7 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
                 (Some(v), true) => v.to_string(),
                 _ => json!({"error": r.error, "reason": r.reason}).to_string(),
             };
-            messages.push(Message {
+            req.messages.push(Message {
                 role: Role::Tool,
                 content,
                 tool_calls: Vec::new(),
@@ -358,8 +360,8 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
             report.tool_results.push(r);
         }
         // `required` forces a tool call once; then the model may answer.
-        if choice == ToolChoice::Required {
-            choice = ToolChoice::Auto;
+        if req.tool_choice == ToolChoice::Required {
+            req.tool_choice = ToolChoice::Auto;
         }
     }
     Err(fail(
