@@ -1725,6 +1725,43 @@ impl Executor {
         }
     }
 
+    /// Follows how far `job_id`'s events are durable.
+    fn durable_to(&self, job_id: &str) -> Result<tokio::sync::watch::Receiver<u64>, ExecutorError> {
+        let st = self.lock();
+        let e = st
+            .jobs
+            .get(job_id)
+            .ok_or_else(|| ExecutorError::NotFound(job_id.into()))?;
+        Ok(e.durable_to.subscribe())
+    }
+
+    /// Waits, without polling, until `job_id` has finished and its final
+    /// event is durable (the point where WatchJob ends). `None` when the
+    /// executor shuts down first.
+    pub(crate) async fn until_finished(
+        &self,
+        job_id: &str,
+    ) -> Result<Option<JobState>, ExecutorError> {
+        let mut durable = self.durable_to(job_id)?;
+        loop {
+            {
+                let st = self.lock();
+                let e = st
+                    .jobs
+                    .get(job_id)
+                    .ok_or_else(|| ExecutorError::NotFound(job_id.into()))?;
+                let state = e.state();
+                if finished(state) && *durable.borrow_and_update() >= e.job.last_sequence {
+                    return Ok(Some(state));
+                }
+            }
+            tokio::select! {
+                changed = durable.changed() => if changed.is_err() { return Ok(None) },
+                _ = self.inner.shutdown.wait() => return Ok(None),
+            }
+        }
+    }
+
     /// WatchJob: the job's durable events after `after`, then each new one
     /// as it becomes durable; ends after the job's final event. Running
     /// jobs' events come from memory, finished jobs' from the log.
@@ -1736,14 +1773,7 @@ impl Executor {
         impl futures_util::Stream<Item = Result<Event, Status>> + Send + 'static,
         ExecutorError,
     > {
-        let mut durable = {
-            let st = self.lock();
-            let e = st
-                .jobs
-                .get(job_id)
-                .ok_or_else(|| ExecutorError::NotFound(job_id.into()))?;
-            e.durable_to.subscribe()
-        };
+        let mut durable = self.durable_to(job_id)?;
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         let me = self.clone();
         let id = job_id.to_owned();

@@ -22,8 +22,8 @@ use switchyard_llm::agent::{self, Host, Refusal};
 use switchyard_llm::{BoxFuture, ToolChoice, ToolSpec, Usage};
 use switchyard_proto::common::v1::{CorrelationContext, Money, UnitPrice};
 use switchyard_proto::executor::v1::{
-    AgentTask, Delegation, JobState as PbJobState, LlmTask, LlmUsage, SubmitJobRequest, TaskStatus,
-    ToolDefinition, ToolResult,
+    AgentTask, Delegation, LlmTask, LlmUsage, SubmitJobRequest, TaskStatus, ToolDefinition,
+    ToolResult,
 };
 use switchyard_proto::ledger::v1::{Entry, ReserveRequest};
 use switchyard_proto::registry::v1::{FindByCapabilityRequest, GetAgentRequest, ListToolsRequest};
@@ -511,39 +511,33 @@ impl TaskHost<'_> {
             child: Some(child.clone()),
             parent: self.job_id.to_owned(),
         };
-        let mut tick = Duration::from_millis(20);
-        loop {
-            let job = self.x.job(&child).map_err(|e| e.to_string())?;
-            let state = PbJobState::try_from(job.state).unwrap_or(PbJobState::Unspecified);
-            if matches!(
-                state,
-                PbJobState::Completed
-                    | PbJobState::Cancelled
-                    | PbJobState::Discarded
-                    | PbJobState::Retryable
-            ) {
-                abandon.child = None;
-                let result = self.x.result(&child).map_err(|e| e.to_string())?;
-                let settled = delegation::ChildResult {
-                    job_id: child.clone(),
-                    state,
-                    result: result.result.as_ref().map_or(Value::Null, value_to_json),
-                    tokens_used: result.tokens_used,
-                    cost_micro_usd: result.cost.map_or(0, |m| m.micro_usd),
-                    error: format!("{} {}", result.reason, result.error),
-                };
-                self.x.event(
-                    self.job_id,
-                    self.task_id(),
-                    kind::CHILD_SETTLED,
-                    json!({"child_job_id": child, "tokens": settled.tokens_used,
-                           "cost_micro_usd": settled.cost_micro_usd, "state": state.as_str_name()}),
-                );
-                return settled.tool_result();
-            }
-            tokio::time::sleep(tick).await;
-            tick = (tick * 2).min(Duration::from_millis(250));
-        }
+        let Some(state) = self
+            .x
+            .until_finished(&child)
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Err("the executor is shutting down".into());
+        };
+        abandon.child = None;
+        let state = crate::state::proto_job_state(state);
+        let result = self.x.result(&child).map_err(|e| e.to_string())?;
+        let settled = delegation::ChildResult {
+            job_id: child.clone(),
+            state,
+            result: result.result.as_ref().map_or(Value::Null, value_to_json),
+            tokens_used: result.tokens_used,
+            cost_micro_usd: result.cost.map_or(0, |m| m.micro_usd),
+            error: format!("{} {}", result.reason, result.error),
+        };
+        self.x.event(
+            self.job_id,
+            self.task_id(),
+            kind::CHILD_SETTLED,
+            json!({"child_job_id": child, "tokens": settled.tokens_used,
+                   "cost_micro_usd": settled.cost_micro_usd, "state": state.as_str_name()}),
+        );
+        settled.tool_result()
     }
 }
 
