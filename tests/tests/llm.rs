@@ -44,6 +44,7 @@ const MODELS: &[&str] = &[
     "m-parallel",
     "m-budget",
     "m-cost",
+    "m-sdk",
 ];
 
 fn llm_config(base_url: &str) -> LlmConfig {
@@ -113,6 +114,14 @@ async fn get(c: &mut Jobs, job_id: &str) -> Job {
     .unwrap()
 }
 
+async fn all_jobs(c: &mut Jobs) -> Vec<Job> {
+    c.list_jobs(ListJobsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs
+}
+
 fn task<'a>(r: &'a GetResultResponse, id: &str) -> &'a TaskStatus {
     r.tasks.iter().find(|t| t.task_id == id).unwrap()
 }
@@ -124,6 +133,14 @@ fn output(t: &TaskStatus) -> Value {
 /// Approves a run as a reviewer (the submitter is anonymous).
 async fn approve(s: &Stack, run_id: &str) {
     common::approve(&mut approvals(s).await, run_id, "@reviewer").await;
+}
+
+/// Submits a job that waits for a person, approves it, and waits for its end.
+async fn approved(e: &mut Env, doc: &str) -> GetResultResponse {
+    let job = submit(&mut e.jobs, doc).await.unwrap();
+    assert_eq!(job.state, JobState::Pending as i32, "{job:?}");
+    approve(&e.stack, &job.run_id).await;
+    finish(&mut e.jobs, &id(&job)).await
 }
 
 /// Events of a job: (kind, data).
@@ -608,13 +625,7 @@ async fn delegation_nests_the_budget_rolls_costs_up_and_stops_at_the_depth_limit
         "{:?}",
         ct.tool_results[0]
     );
-    let all = e
-        .jobs
-        .list_jobs(ListJobsRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .jobs;
+    let all = all_jobs(&mut e.jobs).await;
     assert_eq!(all.len(), 2, "no grandchild was created");
     // The child's budget: nested under the parent's, with what the parent
     // had left (10000 - the 120 tokens of its first call).
@@ -657,6 +668,126 @@ async fn a_child_job_is_cancelled_when_its_parent_stops_waiting_for_it() {
     assert_eq!(t.tool_results[0].reason, "AGENT_TOOL_TIMEOUT");
     let child = finish(&mut e.jobs, &t.child_job_ids[0]).await;
     assert_eq!(child.state, JobState::Cancelled as i32, "{child:?}");
+    e.stack.stop().await.unwrap();
+}
+
+/// A programmatic agent that hands its `task` to a child model job through
+/// the SDK's `delegation::delegate`, waits up to `wait_ms` for it, and
+/// answers with what the child gave back.
+struct Planner {
+    executor_url: String,
+}
+
+#[tonic::async_trait]
+impl switchyard_agent_sdk::Agent for Planner {
+    async fn invoke(
+        &self,
+        req: switchyard_agent_sdk::Invocation,
+        _progress: switchyard_agent_sdk::Progress,
+    ) -> switchyard_proto::agent::v1::AgentResponse {
+        use switchyard_agent_sdk::{delegation, input_json, respond};
+        let input = input_json(&req);
+        let wait = Duration::from_millis(input["wait_ms"].as_u64().unwrap_or(10_000));
+        let spec = delegation::child_job(&input, "planner".into(), |task| {
+            switchyard_proto::executor::v1::LlmTask {
+                model: "m-sdk".into(),
+                max_tokens: Some(50),
+                prompt: task,
+                ..Default::default()
+            }
+        });
+        let mut executor = match JobServiceClient::connect(self.executor_url.clone()).await {
+            Ok(c) => c,
+            Err(e) => return respond::error(e.to_string()),
+        };
+        match delegation::delegate(&mut executor, &req, spec, wait).await {
+            Ok(child) => match child.tool_result() {
+                Ok(v) => respond::success(v.to_string(), Some(v)),
+                Err(why) => respond::error(why),
+            },
+            Err(status) => respond::error(status.message()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_programmatic_agent_delegates_through_the_sdk_and_waits_within_its_bound() {
+    let mut e = env(false, |_| {}).await;
+    e.script.for_model(
+        "m-sdk",
+        vec![
+            Reply::text("child done", 40, 7),
+            Reply::text("slow child done", 30, 3).delay(Duration::from_millis(1500)),
+        ],
+    );
+    let (stop, shutdown) = switchyard_kit::shutdown::channel();
+    // A price makes the parent's cost non-zero, so a person approves it.
+    let mut spec = common::agent("planner", "plan", 90, 1_000);
+    let opts = switchyard_agent_sdk::ServeOptions {
+        registry_url: e.stack.url.clone(),
+        ..Default::default()
+    };
+    let planner = Planner {
+        executor_url: e.stack.url.clone(),
+    };
+    let served = tokio::spawn(async move {
+        switchyard_agent_sdk::serve_until(planner, &mut spec, opts, shutdown).await
+    });
+    let plan = |job: &str, wait_ms: u64| {
+        json!({"job_id": job, "tasks": [{"id": "plan", "retry": {"max_retries": 0}, "agent": {"capability": "plan",
+               "input": {"task": "count the words", "wait_ms": wait_ms}}}]})
+        .to_string()
+    };
+
+    // The child completes within the wait: its result is the agent's, and
+    // its tokens roll up into the parent.
+    let r = approved(&mut e, &plan("sdk-parent", 10_000)).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let out = output(task(&r, "plan"));
+    assert_eq!(out["state"], "completed", "{out}");
+    assert_eq!(out["result"]["delegated"]["content"], "child done", "{out}");
+    assert_eq!(out["tokens_used"], 47);
+    let child_id = out["job_id"].as_str().unwrap().to_owned();
+    let child = get(&mut e.jobs, &child_id).await;
+    let d = child.spec.as_ref().unwrap().delegation.clone().unwrap();
+    assert_eq!((d.parent_job_id.as_str(), d.depth), ("sdk-parent", 1));
+    assert_eq!(
+        child.spec.as_ref().unwrap().correlation_id,
+        get(&mut e.jobs, "sdk-parent")
+            .await
+            .spec
+            .unwrap()
+            .correlation_id,
+        "one correlation id across parent and child"
+    );
+    let pb = budget(&e.stack, "job-sdk-parent").await;
+    assert_eq!(pb.tokens_spent, 47, "the child's tokens roll up");
+
+    // The child outlives the wait: the agent is told it is still running,
+    // and the child itself goes on to complete.
+    let r = approved(&mut e, &plan("sdk-impatient", 200)).await;
+    assert_eq!(r.state, JobState::Discarded as i32, "{r:?}");
+    assert!(
+        r.tasks[0].error.contains("still running"),
+        "{}",
+        r.tasks[0].error
+    );
+    let all = all_jobs(&mut e.jobs).await;
+    let slow = all
+        .iter()
+        .find(|j| {
+            j.spec
+                .as_ref()
+                .and_then(|s| s.delegation.as_ref())
+                .map(|d| d.parent_job_id.as_str())
+                == Some("sdk-impatient")
+        })
+        .map(id)
+        .unwrap();
+    let cr = finish(&mut e.jobs, &slow).await;
+    assert_eq!(cr.state, JobState::Completed as i32, "{cr:?}");
+    stop.fire();
+    served.await.unwrap().unwrap();
     e.stack.stop().await.unwrap();
 }
 

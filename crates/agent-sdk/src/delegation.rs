@@ -4,7 +4,7 @@
 //! parent's, and approves it under the parent's run; the child's costs
 //! roll up into the parent's budget.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use switchyard_kit::json::json_to_struct;
@@ -12,7 +12,7 @@ use switchyard_kit::json::value_to_json;
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{
     AgentTask, Delegation, GetJobRequest, GetResultRequest, JobSpec, JobState, LlmTask,
-    SubmitJobRequest, TaskSpec, task_spec::Kind,
+    SubmitJobRequest, TaskSpec, WatchJobRequest, task_spec::Kind,
 };
 use tonic::transport::Channel;
 
@@ -116,8 +116,10 @@ impl ChildResult {
 }
 
 /// Submits `spec` as a child of the job that sent `req`, then waits up to
-/// `wait` for it to end. Refusals (depth, inactive parent) come back as
-/// the executor's status.
+/// `wait` for it to end, following its events (WatchJob) rather than
+/// polling. Refusals (depth, inactive parent) come back as the executor's
+/// status. When the wait runs out the child keeps running: its id is in
+/// the result, to look at later or cancel.
 pub async fn delegate(
     executor: &mut JobServiceClient<Channel>,
     req: &Invocation,
@@ -148,43 +150,51 @@ pub async fn delegate(
         .and_then(|j| j.spec)
         .map(|s| s.job_id)
         .unwrap_or_default();
-    let until = Instant::now() + wait;
-    let mut tick = Duration::from_millis(20);
-    loop {
-        let j = executor
-            .get_job(GetJobRequest {
+    // WatchJob ends after the child's final event; `wait` bounds it. The
+    // state is read afterwards, so a stream cut short is not taken for an end.
+    let watch = async {
+        let mut events = executor
+            .watch_job(WatchJobRequest {
                 job_id: job_id.clone(),
+                after_sequence: 0,
             })
             .await?
-            .into_inner()
-            .job
-            .unwrap_or_default();
-        let state = JobState::try_from(j.state).unwrap_or(JobState::Unspecified);
-        let ended = matches!(
-            state,
-            JobState::Completed | JobState::Cancelled | JobState::Discarded | JobState::Retryable
-        );
-        if ended || Instant::now() >= until {
-            let r = executor
-                .get_result(GetResultRequest {
-                    job_id: job_id.clone(),
-                })
-                .await?
-                .into_inner();
-            return Ok(ChildResult {
-                job_id,
-                state,
-                result: r.result.as_ref().map(value_to_json).unwrap_or(json!(null)),
-                tokens_used: r.tokens_used,
-                cost_micro_usd: r.cost.map_or(0, |m| m.micro_usd),
-                error: if ended {
-                    r.error
-                } else {
-                    "the wait ran out; the child job is still running".into()
-                },
-            });
-        }
-        tokio::time::sleep(tick).await;
-        tick = (tick * 2).min(Duration::from_millis(250));
+            .into_inner();
+        while events.message().await?.is_some() {}
+        Ok::<_, tonic::Status>(())
+    };
+    if let Ok(watched) = tokio::time::timeout(wait, watch).await {
+        watched?;
     }
+    let j = executor
+        .get_job(GetJobRequest {
+            job_id: job_id.clone(),
+        })
+        .await?
+        .into_inner()
+        .job
+        .unwrap_or_default();
+    let state = JobState::try_from(j.state).unwrap_or(JobState::Unspecified);
+    let ended = matches!(
+        state,
+        JobState::Completed | JobState::Cancelled | JobState::Discarded | JobState::Retryable
+    );
+    let r = executor
+        .get_result(GetResultRequest {
+            job_id: job_id.clone(),
+        })
+        .await?
+        .into_inner();
+    Ok(ChildResult {
+        job_id,
+        state,
+        result: r.result.as_ref().map(value_to_json).unwrap_or(json!(null)),
+        tokens_used: r.tokens_used,
+        cost_micro_usd: r.cost.map_or(0, |m| m.micro_usd),
+        error: if ended {
+            r.error
+        } else {
+            "the wait ran out; the child job is still running".into()
+        },
+    })
 }
