@@ -22,7 +22,9 @@ use switchyard_proto::executor::v1::{
 };
 use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
 use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
-use switchyard_proto::registry::v1::{RegisterToolRequest, Tool};
+use switchyard_proto::registry::v1::{
+    DeregisterToolRequest, GetAgentRequest, RegisterToolRequest, Tool,
+};
 use switchyard_testkit::Stack;
 
 mod common;
@@ -857,9 +859,12 @@ async fn declarative_agents_bill_their_own_calls_see_only_their_tools_and_serve_
          config:\n  tool_name: lookup\n",
     );
     let dir = agents.path().to_path_buf();
-    let mut e = env(false, move |c| c.agents.dir = Some(dir)).await;
-    let provider = Provider::default();
-    let _stop = provide(&e.stack, provider.clone(), &["lookup", "secret"]).await;
+    let mut e = env(false, move |c| {
+        c.agents.dir = Some(dir);
+        // Agents heartbeat every second, and add late tools then.
+        c.registry.lease_ttl_secs = 3;
+    })
+    .await;
     // Both agents register (bills_tokens) and route.
     let mut reg = RegistryServiceClient::new(e.stack.channel().await.unwrap());
     let mut ids = Vec::new();
@@ -881,6 +886,9 @@ async fn declarative_agents_bill_their_own_calls_see_only_their_tools_and_serve_
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     assert_eq!(ids, ["agent_researcher", "agent_summarizer"]);
+    // The tools come up after the agents.
+    let provider = Provider::default();
+    let _stop = provide(&e.stack, provider.clone(), &["lookup", "secret"]).await;
 
     // 1. The researcher: the model asks for a tool it was not given, then its own.
     e.script.for_model(
@@ -980,6 +988,40 @@ async fn declarative_agents_bill_their_own_calls_see_only_their_tools_and_serve_
     assert!(kinds.contains_key("routing.decision"), "{kinds:?}");
     assert!(kinds.contains_key("budget.billed_by_agent"), "{kinds:?}");
     assert_eq!(r.tokens_used, 80 + 95 + 48);
+
+    // 3. The researcher registered before `lookup` existed; its registration
+    // gains the tool at a heartbeat, and the registry then protects it.
+    let mut uses = Vec::new();
+    for _ in 0..100 {
+        uses = reg
+            .get_agent(GetAgentRequest {
+                agent_id: "agent_researcher".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .agent
+            .and_then(|a| a.spec)
+            .unwrap()
+            .uses_tools;
+        if !uses.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(uses, ["lookup"]);
+    let err = reg
+        .deregister_tool(DeregisterToolRequest {
+            name: "lookup".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("agent_researcher"),
+        "{}",
+        err.message()
+    );
     e.stack.stop().await.unwrap();
 }
 

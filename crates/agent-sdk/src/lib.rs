@@ -254,6 +254,22 @@ pub async fn keep_registered(
     spec: AgentSpec,
     shutdown: Shutdown,
 ) -> Result<(), SdkError> {
+    keep_registered_updating(registry, spec, shutdown, |_| std::future::ready(None)).await
+}
+
+/// [`keep_registered`], asking `update` at each heartbeat whether the
+/// registration should change: `Some(spec)` registers that spec instead
+/// (which renews the lease too), `None` heartbeats as usual.
+pub async fn keep_registered_updating<F, Fut>(
+    registry: RegistryServiceClient<tonic::transport::Channel>,
+    mut spec: AgentSpec,
+    shutdown: Shutdown,
+    mut update: F,
+) -> Result<(), SdkError>
+where
+    F: FnMut(&AgentSpec) -> Fut,
+    Fut: std::future::Future<Output = Option<AgentSpec>>,
+{
     let mut client = registry;
     let register = |mut c: RegistryServiceClient<tonic::transport::Channel>, spec: AgentSpec| async move {
         c.register_agent(RegisterAgentRequest { agent: Some(spec) })
@@ -274,6 +290,16 @@ pub async fn keep_registered(
         tokio::select! {
             _ = shutdown.wait() => break,
             _ = tick.tick() => {
+                if let Some(next) = update(&spec).await {
+                    match register(client.clone(), next.clone()).await {
+                        Ok(_) => {
+                            tracing::info!(agent_id = %next.id, "agent registration updated");
+                            spec = next;
+                            continue;
+                        }
+                        Err(status) => tracing::warn!(agent_id = %spec.id, error = %status.message(), "updating the registration failed"),
+                    }
+                }
                 let hb = client.heartbeat(HeartbeatRequest { agent_id: spec.id.clone(), in_flight: 0 }).await;
                 if let Err(status) = hb {
                     if status.code() == tonic::Code::NotFound {

@@ -221,7 +221,7 @@ impl Hosted {
     /// time).
     /// Returns the registered tool names (what registration needs next).
     pub async fn check_collisions(&self) -> Result<Vec<String>, AgentsError> {
-        let registered = registry_tools(self).await?;
+        let registered = registry_tools(&self.registry).await?;
         if let Some(t) = registered.iter().find(|t| self.agents.contains_key(*t)) {
             return Err(AgentsError::Collision(format!(
                 "agent {t} would be offered as tool {t:?}, but a registered tool already has that name"
@@ -278,8 +278,10 @@ impl Hosted {
 }
 
 /// Names of the registered tools.
-async fn registry_tools(h: &Hosted) -> Result<Vec<String>, AgentsError> {
-    Ok(h.registry
+async fn registry_tools(
+    registry: &RegistryServiceClient<Channel>,
+) -> Result<Vec<String>, AgentsError> {
+    Ok(registry
         .clone()
         .list_tools(ListToolsRequest { names: Vec::new() })
         .await
@@ -609,6 +611,25 @@ fn uuid_like() -> String {
     )
 }
 
+/// `spec` with every tool of `wanted` that is registered by now, when that
+/// adds any to its `uses_tools`.
+async fn with_new_tools(
+    registry: RegistryServiceClient<Channel>,
+    mut spec: AgentSpec,
+    wanted: Vec<String>,
+) -> Option<AgentSpec> {
+    if spec.uses_tools.len() == wanted.len() {
+        return None;
+    }
+    let registered = registry_tools(&registry).await.ok()?;
+    let had = spec.uses_tools.len();
+    spec.uses_tools = wanted
+        .into_iter()
+        .filter(|t| registered.contains(t))
+        .collect();
+    (spec.uses_tools.len() > had).then_some(spec)
+}
+
 /// Serves every agent of `hosted` on `cfg.listen` and keeps each
 /// registered until `shutdown`. Calls `on_bound` with the bound address.
 pub async fn serve_until(
@@ -634,16 +655,17 @@ pub async fn serve_until(
     } else {
         hosted.cfg.advertise_url.clone()
     };
-    // The registry accepts only registered tools in uses_tools; tools
-    // registered later still work (they are resolved at each invocation),
-    // they are just not listed there.
-    let specs: Vec<AgentSpec> = hosted
+    // The registry accepts only registered tools in uses_tools, so each
+    // agent registers those that exist now and adds the others as they
+    // appear (a tool is resolved at each invocation, so it works before).
+    let specs: Vec<(AgentSpec, Vec<String>)> = hosted
         .agents
         .values()
         .map(|a| {
             let mut s = agent_spec(a, &endpoint);
+            let wanted = s.uses_tools.clone();
             s.uses_tools.retain(|t| registered.contains(t));
-            s
+            (s, wanted)
         })
         .collect();
     // One descriptor for the endpoint; each registration carries its own.
@@ -651,7 +673,10 @@ pub async fn serve_until(
         name: "switchyard declarative agents".into(),
         description: format!("Declarative agents: {}", hosted.ids().join(", ")),
         integration_mode: IntegrationMode::Tool as i32,
-        capabilities: specs.iter().flat_map(|s| s.capabilities.clone()).collect(),
+        capabilities: specs
+            .iter()
+            .flat_map(|(s, _)| s.capabilities.clone())
+            .collect(),
         ..Default::default()
     };
     let registry = hosted.registry.clone();
@@ -661,12 +686,16 @@ pub async fn serve_until(
     );
     let serving = tokio::spawn(server.run(listener, shutdown.clone()));
     let mut keepers = Vec::new();
-    for spec in specs {
-        keepers.push(tokio::spawn(switchyard_agent_sdk::keep_registered(
-            registry.clone(),
-            spec,
-            shutdown.clone(),
-        )));
+    for (spec, wanted) in specs {
+        let tools = registry.clone();
+        keepers.push(tokio::spawn(
+            switchyard_agent_sdk::keep_registered_updating(
+                registry.clone(),
+                spec,
+                shutdown.clone(),
+                move |now: &AgentSpec| with_new_tools(tools.clone(), now.clone(), wanted.clone()),
+            ),
+        ));
     }
     for k in keepers {
         match k.await {
