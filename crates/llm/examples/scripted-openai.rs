@@ -1,6 +1,7 @@
-//! A stand-in OpenAI-compatible server for demos and manual testing without
-//! a model: it answers `POST /v1/chat/completions` from a JSON script and
-//! prints every request's model and messages count.
+//! A stand-in model server for demos and manual testing without a model:
+//! it answers `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages`
+//! (Anthropic) from a JSON script and prints every request's model and
+//! messages count.
 //!
 //! ```sh
 //! cargo run -p switchyard-llm --features scripted --example scripted-openai -- 127.0.0.1:8089 script.json
@@ -76,7 +77,10 @@ async fn main() -> Result<(), String> {
         .serve_on(addr)
         .await
         .map_err(|e| format!("{addr}: {e}"))?;
-    println!("scripted OpenAI-compatible server on {}", server.base_url());
+    println!(
+        "scripted model server on {} (chat/completions and messages)",
+        server.base_url()
+    );
     let mut seen = 0;
     loop {
         tokio::select! {
@@ -86,7 +90,8 @@ async fn main() -> Result<(), String> {
         let got = script.received();
         for r in &got[seen..] {
             println!(
-                "request: model {} with {} messages{}",
+                "request: {} model {} with {} messages{}",
+                r.route,
                 r.model,
                 r.body["messages"].as_array().map_or(0, Vec::len),
                 if r.body.get("tools").is_some() {

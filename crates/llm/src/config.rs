@@ -11,6 +11,9 @@ pub enum ProviderKind {
     /// Ollama, LM Studio and LiteLLM all speak.
     #[default]
     Openai,
+    /// Anthropic's native Messages API (`{base_url}/messages`, key in
+    /// `x-api-key`); `json_mode` has no effect there.
+    Anthropic,
 }
 
 /// One model a provider serves, with its prices.
@@ -36,9 +39,11 @@ pub struct ProviderConfig {
     /// Wire protocol.
     pub kind: ProviderKind,
     /// Base URL up to and including the version, e.g.
-    /// `https://api.openai.com/v1` or `http://127.0.0.1:11434/v1`.
+    /// `https://api.openai.com/v1`, `http://127.0.0.1:11434/v1` or
+    /// `https://api.anthropic.com/v1`.
     pub base_url: String,
-    /// Environment variable holding the API key (sent as a bearer token);
+    /// Environment variable holding the API key (sent as a bearer token,
+    /// or as `x-api-key` to Anthropic);
     /// empty for servers without keys. The key never appears in logs,
     /// events or errors.
     pub api_key_env: String,

@@ -4,8 +4,8 @@
 //! deadline; and the agent loop ([`agent`]) that LLM tasks and declarative
 //! agents share, in which every model call is reserved on a budget first.
 //!
-//! The [`Provider`] trait is the seam for other wire protocols (a native
-//! Anthropic client would be a second implementation).
+//! The [`Provider`] trait is the seam for wire protocols: OpenAI's chat
+//! completions ([`openai`]) and Anthropic's Messages API ([`anthropic`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -18,7 +18,9 @@ use serde_json::Value;
 use switchyard_core::Reason;
 
 pub mod agent;
+pub mod anthropic;
 pub mod config;
+mod http;
 pub mod openai;
 #[cfg(any(test, feature = "scripted"))]
 pub mod scripted;
@@ -278,15 +280,23 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
     ) -> BoxFuture<'a, Result<ChatResponse, ProviderError>>;
 }
 
-impl Provider for openai::OpenAi {
-    fn chat<'a>(
-        &'a self,
-        model: &'a str,
-        req: &'a ChatRequest,
-    ) -> BoxFuture<'a, Result<ChatResponse, ProviderError>> {
-        Box::pin(openai::OpenAi::chat(self, model, req))
-    }
+/// The HTTP wires: each writes its request body and reads its answer;
+/// their endpoint does the rest.
+macro_rules! over_http {
+    ($($wire:ident :: $client:ident),+) => {$(
+        impl Provider for $wire::$client {
+            fn chat<'a>(
+                &'a self,
+                model: &'a str,
+                req: &'a ChatRequest,
+            ) -> BoxFuture<'a, Result<ChatResponse, ProviderError>> {
+                Box::pin(self.endpoint.call(self.body(model, req), $wire::parse_response))
+            }
+        }
+    )+};
 }
+
+over_http!(openai::OpenAi, anthropic::Anthropic);
 
 /// Per-million prices of a model, micro-USD.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
@@ -383,6 +393,7 @@ impl Llm {
         for p in &cfg.providers {
             let provider: Arc<dyn Provider> = match p.kind {
                 ProviderKind::Openai => Arc::new(openai::OpenAi::new(p)?),
+                ProviderKind::Anthropic => Arc::new(anthropic::Anthropic::new(p)?),
             };
             llm.add(p, provider);
         }
@@ -696,7 +707,7 @@ mod tests {
         let server = script.serve().await;
         let mut c = cfg(&server.base_url(), &["a"]);
         c.providers[0].api_key_env = "SWITCHYARD_TEST_LLM_KEY".into();
-        crate::openai::test_key("SWITCHYARD_TEST_LLM_KEY", "sk-test-SECRET-42");
+        crate::http::test_key("SWITCHYARD_TEST_LLM_KEY", "sk-test-SECRET-42");
         let llm = Llm::new(&c).unwrap();
         let err = ask(&llm, &["a"], 5).await.unwrap_err();
         assert!(!err.message.contains("SECRET"), "{}", err.message);
@@ -706,5 +717,69 @@ mod tests {
             vec!["Bearer sk-test-SECRET-42".to_owned()]
         );
         assert!(!format!("{llm:?}").contains("SECRET"));
+    }
+
+    #[tokio::test]
+    async fn an_anthropic_provider_speaks_messages_falls_back_on_529_and_hides_its_key() {
+        let script = Script::new();
+        script.for_model("claude", vec![Reply::status(529)]);
+        script.for_model("gpt", vec![Reply::text("from openai", 5, 2)]);
+        let server = script.serve().await;
+        let mut c = cfg(&server.base_url(), &["claude"]);
+        c.providers[0].name = "anthropic".into();
+        c.providers[0].kind = ProviderKind::Anthropic;
+        c.providers[0].api_key_env = "SWITCHYARD_TEST_ANTHROPIC_KEY".into();
+        c.providers
+            .push(cfg(&server.base_url(), &["gpt"]).providers.remove(0));
+        crate::http::test_key("SWITCHYARD_TEST_ANTHROPIC_KEY", "sk-ant-test-SECRET-7");
+        let llm = Llm::new(&c).unwrap();
+        // 529 (overloaded) falls back like 503, across wire protocols.
+        let (resp, used) = ask(&llm, &["claude", "gpt"], 5).await.unwrap();
+        assert_eq!(
+            (resp.content.as_str(), used.as_str()),
+            ("from openai", "gpt")
+        );
+        let got = script.received();
+        assert_eq!(
+            got.iter().map(|r| r.route).collect::<Vec<_>>(),
+            ["messages", "chat/completions"]
+        );
+        assert_eq!(got[0].api_key.as_deref(), Some("sk-ant-test-SECRET-7"));
+        assert_eq!(
+            got[0].authorization, None,
+            "the key is not a bearer token here"
+        );
+        assert_eq!(
+            got[0].anthropic_version.as_deref(),
+            Some(anthropic::API_VERSION)
+        );
+        // A tool call and its usage come back in the common shape.
+        script.for_model(
+            "claude",
+            vec![Reply::tools(
+                &[("lookup", serde_json::json!({"q": "x"}))],
+                11,
+                4,
+            )],
+        );
+        let (resp, _) = ask(&llm, &["claude"], 5).await.unwrap();
+        assert_eq!(resp.tool_calls[0].name, "lookup");
+        assert_eq!(resp.tool_calls[0].arguments, r#"{"q":"x"}"#);
+        assert_eq!(resp.finish_reason, "tool_calls");
+        assert_eq!(resp.usage.total_tokens, 15);
+        // An error echoing the key shows it redacted.
+        script.for_model(
+            "claude",
+            vec![Reply::status(401).body(
+                r#"{"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key sk-ant-test-SECRET-7"}}"#,
+            )],
+        );
+        let err = ask(&llm, &["claude"], 5).await.unwrap_err();
+        assert!(!err.message.contains("SECRET"), "{}", err.message);
+        assert!(
+            err.message.contains("invalid x-api-key [redacted]"),
+            "{}",
+            err.message
+        );
     }
 }

@@ -1,7 +1,9 @@
-//! A scripted OpenAI-compatible server for tests and benchmarks: it
-//! answers `POST /v1/chat/completions` from per-model queues of replies
-//! (text, tool calls, usage figures, 429/503 with Retry-After, malformed
-//! or schema-violating JSON, delays) and records every request it gets.
+//! A scripted model server for tests and benchmarks: it answers
+//! `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages`
+//! (Anthropic) from per-model queues of replies (text, tool calls, usage
+//! figures, 429/503 with Retry-After, malformed or schema-violating JSON,
+//! delays) and records every request it gets. Replies are written once, in
+//! OpenAI's shape; the Messages route answers them in Anthropic's.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -116,6 +118,12 @@ pub struct Received {
     pub body: Value,
     /// The Authorization header, if any.
     pub authorization: Option<String>,
+    /// The x-api-key header (Anthropic's), if any.
+    pub api_key: Option<String>,
+    /// The anthropic-version header, if any.
+    pub anthropic_version: Option<String>,
+    /// Which route: `chat/completions` or `messages`.
+    pub route: &'static str,
     /// The server's own time on it, from receipt to the reply being ready
     /// (including a scripted delay).
     pub handled: Duration,
@@ -234,7 +242,8 @@ impl Script {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let app = axum::Router::new()
-            .route("/v1/chat/completions", axum::routing::post(answer))
+            .route("/v1/chat/completions", axum::routing::post(openai))
+            .route("/v1/messages", axum::routing::post(anthropic))
             .with_state(self.clone());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {
@@ -251,7 +260,21 @@ impl Script {
     }
 }
 
-async fn answer(State(script): State<Script>, headers: HeaderMap, body: String) -> Response {
+async fn openai(State(script): State<Script>, headers: HeaderMap, body: String) -> Response {
+    answer(script, headers, body, "chat/completions").await
+}
+
+async fn anthropic(State(script): State<Script>, headers: HeaderMap, body: String) -> Response {
+    answer(script, headers, body, "messages").await
+}
+
+async fn answer(script: Script, headers: HeaderMap, body: String, route: &'static str) -> Response {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
     let started = std::time::Instant::now();
     let body: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
     let model = body
@@ -265,10 +288,10 @@ async fn answer(State(script): State<Script>, headers: HeaderMap, body: String) 
         s.received.push(Received {
             model: model.clone(),
             body,
-            authorization: headers
-                .get("authorization")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned),
+            authorization: header("authorization"),
+            api_key: header("x-api-key"),
+            anthropic_version: header("anthropic-version"),
+            route,
             handled: Duration::ZERO,
         });
         let own = s.queues.get_mut(&model).and_then(VecDeque::pop_front);
@@ -287,10 +310,14 @@ async fn answer(State(script): State<Script>, headers: HeaderMap, body: String) 
     if !reply.delay.is_zero() {
         tokio::time::sleep(reply.delay).await;
     }
+    let body = match route {
+        "messages" if reply.status == 200 => as_message(&reply.body).unwrap_or(reply.body),
+        _ => reply.body,
+    };
     let mut resp = (
         StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         [("content-type", "application/json")],
-        reply.body,
+        body,
     )
         .into_response();
     if let Some(r) = reply.retry_after
@@ -302,4 +329,34 @@ async fn answer(State(script): State<Script>, headers: HeaderMap, body: String) 
         r.handled = started.elapsed();
     }
     resp
+}
+
+/// A scripted chat completion in Anthropic's Messages shape; `None` for a
+/// body that is not one (a malformed reply stays malformed).
+fn as_message(completion: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(completion).ok()?;
+    let message = v.pointer("/choices/0/message")?;
+    let mut content = Vec::new();
+    if let Some(text) = message.get("content").and_then(Value::as_str) {
+        content.push(json!({"type": "text", "text": text}));
+    }
+    let calls = message.get("tool_calls").and_then(Value::as_array);
+    for c in calls.into_iter().flatten() {
+        let input: Value =
+            serde_json::from_str(c.pointer("/function/arguments")?.as_str()?).ok()?;
+        content.push(json!({"type": "tool_use", "id": c["id"], "name": c.pointer("/function/name")?, "input": input}));
+    }
+    let stop = if calls.is_some_and(|c| !c.is_empty()) {
+        "tool_use"
+    } else {
+        "end_turn"
+    };
+    Some(
+        json!({
+            "id": "msg_scripted", "type": "message", "role": "assistant", "model": "scripted",
+            "content": content, "stop_reason": stop,
+            "usage": {"input_tokens": v.pointer("/usage/prompt_tokens"), "output_tokens": v.pointer("/usage/completion_tokens")},
+        })
+        .to_string(),
+    )
 }
