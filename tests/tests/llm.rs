@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use switchyard_agent_sdk::tools::{ToolProvider, ToolServer};
 use switchyard_kit::json::{struct_to_json, value_to_json};
 use switchyard_llm::scripted::{Reply, Script, Server};
-use switchyard_llm::{LlmConfig, ModelConfig, ProviderConfig};
+use switchyard_llm::{LlmConfig, ModelConfig, ProviderConfig, ProviderKind};
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{
     GetJobRequest, GetResultResponse, Job, JobState, ListJobsRequest, TaskState, TaskStatus,
@@ -31,10 +31,10 @@ mod common;
 use common::{Jobs, approvals, finish, id, submit};
 use tokio_stream::StreamExt;
 
-/// Models served by the scripted provider: $2.50/$10 per million tokens.
+/// Models served by the scripted server over OpenAI's wire, at $2.50/$10
+/// per million tokens.
 const MODELS: &[&str] = &[
     "gpt-4o",
-    "claude-3.5-sonnet",
     "gpt-4o-mini",
     "m-required",
     "m-none",
@@ -49,21 +49,29 @@ const MODELS: &[&str] = &[
     "m-sdk",
 ];
 
+/// Served over Anthropic's Messages wire by the same server, same prices.
+const ANTHROPIC_MODELS: &[&str] = &["claude-3.5-sonnet"];
+
 fn llm_config(base_url: &str) -> LlmConfig {
+    let provider = |name: &str, kind, models: &[&str]| ProviderConfig {
+        name: name.into(),
+        kind,
+        base_url: base_url.into(),
+        models: models
+            .iter()
+            .map(|m| ModelConfig {
+                name: (*m).into(),
+                input_micro_usd_per_million: Some(2_500_000),
+                output_micro_usd_per_million: Some(10_000_000),
+            })
+            .collect(),
+        ..Default::default()
+    };
     LlmConfig {
-        providers: vec![ProviderConfig {
-            name: "openai".into(),
-            base_url: base_url.into(),
-            models: MODELS
-                .iter()
-                .map(|m| ModelConfig {
-                    name: (*m).into(),
-                    input_micro_usd_per_million: Some(2_500_000),
-                    output_micro_usd_per_million: Some(10_000_000),
-                })
-                .collect(),
-            ..Default::default()
-        }],
+        providers: vec![
+            provider("openai", ProviderKind::Openai, MODELS),
+            provider("anthropic", ProviderKind::Anthropic, ANTHROPIC_MODELS),
+        ],
         ..Default::default()
     }
 }
@@ -350,13 +358,14 @@ async fn fallback_follows_the_order_records_model_used_and_honours_retry_after()
         e.script.models_called(),
         ["gpt-4o", "claude-3.5-sonnet", "gpt-4o-mini"]
     );
-    let calls: Vec<(String, String)> = events(&mut e.jobs, &id(&job))
+    let calls: Vec<(String, String, String)> = events(&mut e.jobs, &id(&job))
         .await
         .into_iter()
         .filter(|(k, _)| k == "llm.call")
         .map(|(_, d)| {
             (
                 d["model"].as_str().unwrap().into(),
+                d["provider"].as_str().unwrap().into(),
                 d["outcome"].as_str().unwrap().into(),
             )
         })
@@ -364,9 +373,13 @@ async fn fallback_follows_the_order_records_model_used_and_honours_retry_after()
     assert_eq!(
         calls,
         [
-            ("gpt-4o".into(), "rate_limited".into()),
-            ("claude-3.5-sonnet".into(), "unavailable".into()),
-            ("gpt-4o-mini".into(), "ok".into())
+            ("gpt-4o".into(), "openai".into(), "rate_limited".into()),
+            (
+                "claude-3.5-sonnet".into(),
+                "anthropic".into(),
+                "unavailable".into()
+            ),
+            ("gpt-4o-mini".into(), "openai".into(), "ok".into())
         ]
     );
     // The primary answering is recorded too.
@@ -822,10 +835,19 @@ async fn the_seed_000_example_runs_end_to_end_with_fallback_a_tool_and_a_schema(
     assert_eq!(output(t)["summary"], "Error-corrected qubits scaled up.");
     assert_eq!(t.tool_results[0].name, "web_search");
     assert_eq!(provider.calls(), ["web_search"]);
-    let req = &e.script.received()[1].body;
+    // The fallback speaks Anthropic's Messages API, tool round trip included.
+    let got = e.script.received();
+    assert_eq!(
+        got.iter().map(|r| r.route).collect::<Vec<_>>(),
+        ["chat/completions", "messages", "messages"]
+    );
+    let req = &got[1].body;
     assert_eq!(req["temperature"], 0.7);
     assert_eq!(req["max_tokens"], 4096);
-    assert_eq!(req["tool_choice"], "auto");
+    assert_eq!(req["tool_choice"], json!({"type": "auto"}));
+    let turns = got[2].body["messages"].as_array().unwrap();
+    assert_eq!(turns[1]["content"][0]["type"], "tool_use");
+    assert_eq!(turns[2]["content"][0]["type"], "tool_result");
     // Usage is the provider's, never the client's ext_agent_tokens_used.
     assert_eq!(r.tokens_used, 330 + 560);
     let b = budget(&e.stack, &format!("job-{}", id(&job))).await;

@@ -115,6 +115,10 @@ mod tests {
         let c: Config = switchyard_kit::config::load(Some(std::path::Path::new(path)), []).unwrap();
         c.validate().unwrap();
         assert_eq!(c.llm.providers[0].models.len(), 2);
+        assert_eq!(
+            c.llm.providers[1].kind,
+            switchyard_llm::ProviderKind::Anthropic
+        );
         let llm = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../examples/llm/switchyard.toml"

@@ -64,6 +64,15 @@ models = [
   {{ name = "gpt-4o", input_micro_usd_per_million = 2500000, output_micro_usd_per_million = 10000000 }},
   {{ name = "gpt-4o-mini", input_micro_usd_per_million = 150000, output_micro_usd_per_million = 600000 }},
 ]
+
+[[llm.providers]]
+name = "anthropic"
+kind = "anthropic"
+base_url = "{llm_url}"
+api_key_env = "SWITCHYARD_TEST_ANTHROPIC_KEY"
+models = [
+  {{ name = "claude-3.5-sonnet", input_micro_usd_per_million = 3000000, output_micro_usd_per_million = 15000000 }},
+]
 "#
         ),
     )
@@ -107,6 +116,7 @@ models = [
             ("SWITCHYARD_EXECUTOR__APPROVAL_URL", &c),
             ("SWITCHYARD_EXECUTOR__APPROVAL_POLL_MS", "50"),
             key,
+            ("SWITCHYARD_TEST_ANTHROPIC_KEY", "sk-ant-split"),
         ],
     );
     let x = executor.url();
@@ -175,10 +185,14 @@ models = [
         "the key comes from the environment variable the config names"
     );
 
-    // 2. The OJS research job: gpt-4o calls agent_summarizer as a tool
-    // (through routing and the budget), then answers in JSON.
+    // 2. The OJS research job: gpt-4o is unavailable, so its fallback
+    // claude-3.5-sonnet, over Anthropic's Messages API, calls
+    // agent_summarizer as a tool (through routing and the budget), then
+    // answers in JSON.
+    script.clear_received();
+    script.for_model("gpt-4o", vec![Reply::status(503)]);
     script.for_model(
-        "gpt-4o",
+        "claude-3.5-sonnet",
         vec![
             Reply::tools(
                 &[(
@@ -199,7 +213,7 @@ models = [
     let got: serde_json::Value =
         serde_json::from_str(&ok(&cli(&x, &["job", "get", &job, "-o", "json"]))).unwrap();
     let t = &got["tasks"][0];
-    assert_eq!(t["model_used"], "gpt-4o");
+    assert_eq!(t["model_used"], "claude-3.5-sonnet");
     assert_eq!(t["output"]["summary"], "Qubits scaled.");
     assert_eq!(t["tool_results"][0]["name"], "agent_summarizer");
     assert_eq!(got["tokens_used"], 420 + 630 + 55);
@@ -215,8 +229,20 @@ models = [
         .map(|x| x["model"].as_str().unwrap_or_default())
         .collect();
     assert!(
-        models.contains(&"gpt-4o") && models.contains(&"gpt-4o-mini"),
+        models.contains(&"claude-3.5-sonnet") && models.contains(&"gpt-4o-mini"),
         "{entries}"
+    );
+    let claude: Vec<_> = script
+        .received()
+        .into_iter()
+        .filter(|r| r.model == "claude-3.5-sonnet")
+        .collect();
+    assert_eq!(claude.len(), 2);
+    assert!(
+        claude
+            .iter()
+            .all(|r| r.route == "messages" && r.api_key.as_deref() == Some("sk-ant-split")),
+        "{claude:?}"
     );
 
     assert_eq!(agents.terminate(), Some(0));
