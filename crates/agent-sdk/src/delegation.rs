@@ -11,8 +11,8 @@ use switchyard_kit::json::json_to_struct;
 use switchyard_kit::json::value_to_json;
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{
-    AgentTask, Delegation, GetJobRequest, GetResultRequest, JobSpec, JobState, LlmTask,
-    SubmitJobRequest, TaskSpec, WatchJobRequest, task_spec::Kind,
+    AgentTask, Delegation, GetResultRequest, JobSpec, JobState, LlmTask, SubmitJobRequest,
+    TaskSpec, WatchJobRequest, task_spec::Kind,
 };
 use tonic::transport::Channel;
 
@@ -166,25 +166,18 @@ pub async fn delegate(
     if let Ok(watched) = tokio::time::timeout(wait, watch).await {
         watched?;
     }
-    let j = executor
-        .get_job(GetJobRequest {
-            job_id: job_id.clone(),
-        })
-        .await?
-        .into_inner()
-        .job
-        .unwrap_or_default();
-    let state = JobState::try_from(j.state).unwrap_or(JobState::Unspecified);
-    let ended = matches!(
-        state,
-        JobState::Completed | JobState::Cancelled | JobState::Discarded | JobState::Retryable
-    );
+    // GetResult carries the job's state as it is now, ended or not.
     let r = executor
         .get_result(GetResultRequest {
             job_id: job_id.clone(),
         })
         .await?
         .into_inner();
+    let state = JobState::try_from(r.state).unwrap_or(JobState::Unspecified);
+    let ended = matches!(
+        state,
+        JobState::Completed | JobState::Cancelled | JobState::Discarded | JobState::Retryable
+    );
     Ok(ChildResult {
         job_id,
         state,
