@@ -330,8 +330,7 @@ impl Host for InvocationHost<'_> {
                     .reservation_id),
                 Err(s) => {
                     let api = switchyard_kit::error::ApiError::from(s);
-                    let budget = api.known_reason() == Some(Reason::BudgetExceeded);
-                    Err(Refusal::from_ledger(budget, &api.message, call))
+                    Err(Refusal::from_ledger(api.known_reason(), &api.message, call))
                 }
             }
         })

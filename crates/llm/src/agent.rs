@@ -62,10 +62,11 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// The refusal for a ledger answer to the reservation of model call
-    /// `call`: `budget` when the ledger said BUDGET_EXCEEDED.
-    pub fn from_ledger(budget: bool, message: &str, call: u32) -> Refusal {
-        if budget {
+    /// The refusal for the ledger's answer (its reason, if it gave a known
+    /// one, and message) to the reservation of model call `call`: a budget
+    /// refusal for BUDGET_EXCEEDED, else the ledger being unavailable.
+    pub fn from_ledger(reason: Option<Reason>, message: &str, call: u32) -> Refusal {
+        if reason == Some(Reason::BudgetExceeded) {
             Refusal::Budget(format!(
                 "the budget refused the reservation for model call {call}: {message}"
             ))

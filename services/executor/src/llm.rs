@@ -608,12 +608,12 @@ impl Host for TaskHost<'_> {
                 }
                 Err(e) => {
                     let api = ApiError::from(e);
-                    let budget = api.known_reason() == Some(Reason::BudgetExceeded);
-                    if budget {
+                    let refusal = Refusal::from_ledger(api.known_reason(), &api.message, call);
+                    if matches!(refusal, Refusal::Budget(_)) {
                         let by = api.metadata.get("refused_by").cloned().unwrap_or_default();
                         self.x.event(job_id, task_id, kind::REFUSED, json!({"refused_by": by, "message": api.message, "tokens": tokens, "cost_micro_usd": cost}));
                     }
-                    Err(Refusal::from_ledger(budget, &api.message, call))
+                    Err(refusal)
                 }
             }
         })
