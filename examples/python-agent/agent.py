@@ -1,6 +1,6 @@
 """A Switchyard agent written in Python with grpcio, from the generated stubs.
 
-Usage: agent.py REGISTRY_HOST:PORT PROTO_ROOT [--id ID]
+Usage: SWITCHYARD_TOKEN=<agent key> agent.py REGISTRY_HOST:PORT PROTO_ROOT [--id ID]
 
 Generates Python stubs from Switchyard's proto/ with grpcio-tools, serves
 switchyard.agent.v1.AgentService on an ephemeral port, registers itself with
@@ -80,6 +80,8 @@ def main() -> int:
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
 
+    # The agent's API key (role agent) rides every registry call.
+    auth = [("authorization", f"Bearer {os.environ['SWITCHYARD_TOKEN']}")]
     registry = registry_pb2_grpc.RegistryServiceStub(grpc.insecure_channel(registry_addr))
     spec = registry_pb2.AgentSpec(
         id=agent_id, name="Python sentiment",
@@ -87,7 +89,7 @@ def main() -> int:
         endpoint=f"http://127.0.0.1:{port}",
         capabilities=[registry_pb2.Capability(name="text.sentiment", proficiency=0.9, price_per_unit_micro_usd=5, unit="call")],
         trust_score=70, latency_estimate_ms=5)
-    lease = registry.RegisterAgent(registry_pb2.RegisterAgentRequest(agent=spec)).lease
+    lease = registry.RegisterAgent(registry_pb2.RegisterAgentRequest(agent=spec), metadata=auth).lease
     print(f"listening grpc=127.0.0.1:{port}", flush=True)
 
     stop = threading.Event()
@@ -96,11 +98,11 @@ def main() -> int:
     every = max(lease.ttl.seconds / 3, 0.5)
     while not stop.wait(every):
         try:
-            registry.Heartbeat(registry_pb2.HeartbeatRequest(agent_id=agent_id))
+            registry.Heartbeat(registry_pb2.HeartbeatRequest(agent_id=agent_id), metadata=auth)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND:
-                registry.RegisterAgent(registry_pb2.RegisterAgentRequest(agent=spec))
-    registry.DeregisterAgent(registry_pb2.DeregisterAgentRequest(agent_id=agent_id))
+                registry.RegisterAgent(registry_pb2.RegisterAgentRequest(agent=spec), metadata=auth)
+    registry.DeregisterAgent(registry_pb2.DeregisterAgentRequest(agent_id=agent_id), metadata=auth)
     server.stop(grace=2).wait()
     return 0
 

@@ -9,6 +9,7 @@ calls: what a polyglot platform team would do. Prints one line per
 check and a final "N passed, N failed" line; exits non-zero on any failure.
 """
 
+import collections
 import os
 import sys
 import tempfile
@@ -57,15 +58,45 @@ def error_info(err: grpc.RpcError):
     return reason, fields, metadata
 
 
+class _Details(
+    collections.namedtuple("_Details", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+class Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Adds `authorization: Bearer <token>` to every call, as any grpcio client can."""
+
+    def __init__(self, token):
+        self.token = token
+
+    def _with_token(self, d):
+        metadata = list(d.metadata or []) + [("authorization", f"Bearer {self.token}")]
+        return _Details(d.method, d.timeout, metadata, d.credentials, getattr(d, "wait_for_ready", None),
+                        getattr(d, "compression", None))
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+
 def main() -> int:
     addr, proto_root = sys.argv[1], sys.argv[2]
+    token = os.environ["SWITCHYARD_TOKEN"]
     generate(proto_root)
     from switchyard.registry.v1 import registry_pb2, registry_pb2_grpc
     from switchyard.common.v1 import common_pb2
     from switchyard.ledger.v1 import ledger_pb2, ledger_pb2_grpc
     from switchyard.router.v1 import router_pb2, router_pb2_grpc
 
-    channel = grpc.insecure_channel(addr)
+    anonymous = registry_pb2_grpc.RegistryServiceStub(grpc.insecure_channel(addr))
+    forged = registry_pb2_grpc.RegistryServiceStub(
+        grpc.intercept_channel(grpc.insecure_channel(addr), Bearer("syk_000000000000_" + "0" * 64))
+    )
+    channel = grpc.intercept_channel(grpc.insecure_channel(addr), Bearer(token))
     registry = registry_pb2_grpc.RegistryServiceStub(channel)
     router = router_pb2_grpc.RouterServiceStub(channel)
     ledger = ledger_pb2_grpc.LedgerServiceStub(channel)
@@ -74,6 +105,14 @@ def main() -> int:
     def check(name, cond, info=""):
         results.append(bool(cond))
         print(f"{'ok  ' if cond else 'FAIL'} {name} {info}")
+
+    for name, stub, want in [("no credential", anonymous, "AUTH_REQUIRED"), ("unknown key", forged, "AUTH_INVALID")]:
+        try:
+            stub.ListAgents(registry_pb2.ListAgentsRequest())
+            check(f"{name} refused", False)
+        except grpc.RpcError as err:
+            reason, _ = error_details(err)
+            check(f"{name}: UNAUTHENTICATED with {want}", err.code() == grpc.StatusCode.UNAUTHENTICATED and reason == want, str(reason))
 
     spec = registry_pb2.AgentSpec(
         id="py_summarizer",

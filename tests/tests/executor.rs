@@ -16,8 +16,10 @@ use switchyard_testkit::Stack;
 
 mod common;
 use common::*;
+use switchyard_kit::client::Intercepted;
+use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
+use switchyard_proto::auth::v1::PrincipalKind;
 use tokio_stream::StreamExt;
-use tonic::transport::Channel;
 
 async fn stack() -> (Stack, Jobs) {
     let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
@@ -125,7 +127,9 @@ fn invalid(status: &tonic::Status) -> (String, Vec<String>) {
 
 /// A run's status.
 async fn run_status(
-    a: &mut switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient<Channel>,
+    a: &mut switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient<
+        Intercepted,
+    >,
     run_id: &str,
 ) -> i32 {
     let req = switchyard_proto::approval::v1::GetRunRequest {
@@ -268,7 +272,7 @@ async fn seed_000_ojs_fields_are_validated_and_llm_tasks_fail_cleanly_without_a_
         invalid(&submit(&mut c, dup_tool).await.unwrap_err()).0,
         "AGENT_INVALID_PARAMETER"
     );
-    let deep = r#"{"type":"agent.research","ext_agent_model":"gpt-4o","ext_agent_delegation_depth":3,"ext_agent_max_delegation_depth":3}"#;
+    let deep = r#"{"type":"agent.research","ext_agent_model":"gpt-4o","ext_agent_delegation_depth":4,"ext_agent_max_delegation_depth":3}"#;
     assert_eq!(
         invalid(&submit(&mut c, deep).await.unwrap_err()).0,
         "AGENT_MAX_DELEGATION_DEPTH"
@@ -309,8 +313,7 @@ async fn seed_000_ojs_fields_are_validated_and_llm_tasks_fail_cleanly_without_a_
             .contains_key("ext_agent_custom_flag"),
         "unknown ext_agent_* kept"
     );
-    let mut a = approvals(&s).await;
-    approve(&mut a, &job.run_id, "@reviewer").await;
+    approve(&s, &job.run_id).await;
     let r = finish(&mut c, &id(&job)).await;
     assert_eq!(r.state, JobState::Discarded as i32);
     assert_eq!(r.reason, "LLM_PROVIDER_NOT_CONFIGURED");
@@ -628,15 +631,19 @@ async fn nothing_runs_before_approval_and_a_rejection_cancels_the_job() {
         "tasks":[{{"id":"t","agent":{{"capability":"builtin.echo","input":{{"text":"hi"}}}}}}]}}"#
         )
     };
-    let mut sub = tonic::Request::new(SubmitJobRequest {
-        document: doc("gated"),
-        ..Default::default()
-    });
-    sub.metadata_mut()
-        .insert("x-switchyard-actor", "@alice".parse().unwrap());
-    let job = c.submit_job(sub).await.unwrap().into_inner().job.unwrap();
+    // carol may both submit and approve: separation of duties still stops
+    // her approving her own job.
+    let carol = s
+        .key("carol", &["submitter", "approver"], PrincipalKind::Human)
+        .await
+        .unwrap();
+    let mut as_carol = JobServiceClient::new(s.channel_with(&carol).await.unwrap());
+    let job = submit(&mut as_carol, &doc("gated")).await.unwrap();
     assert_eq!(job.state, JobState::Pending as i32);
-    assert_eq!(job.submitted_by, "@alice");
+    assert_eq!(
+        job.submitted_by, "carol",
+        "from the key, not from the request"
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     let j = c
         .get_job(GetJobRequest {
@@ -651,21 +658,18 @@ async fn nothing_runs_before_approval_and_a_rejection_cancels_the_job() {
     assert_eq!(j.tasks[0].attempts.len(), 0, "no agent before approval");
     let mut a = approvals(&s).await;
     // Separation of duties holds for jobs too.
-    let own = a
-        .approve(as_actor(
-            switchyard_proto::approval::v1::ApproveRequest {
-                run_id: j.run_id.clone(),
-                comment: String::new(),
-            },
-            "@alice",
-        ))
+    let own = ApprovalServiceClient::new(s.channel_with(&carol).await.unwrap())
+        .approve(switchyard_proto::approval::v1::ApproveRequest {
+            run_id: j.run_id.clone(),
+            comment: String::new(),
+        })
         .await
         .unwrap_err();
     assert_eq!(
         switchyard_kit::error::ApiError::from(own).reason.as_deref(),
         Some("SEPARATION_OF_DUTIES")
     );
-    approve(&mut a, &j.run_id, "@bob").await;
+    approve(&s, &j.run_id).await;
     let r = finish(&mut c, "gated").await;
     assert_eq!(r.state, JobState::Completed as i32);
     let evs = events(&mut c, "gated", 0).await;
@@ -673,7 +677,7 @@ async fn nothing_runs_before_approval_and_a_rejection_cancels_the_job() {
         .iter()
         .position(|e| e.kind == "approval.decided")
         .unwrap();
-    assert_eq!(field(&evs[decided], "by"), "@bob");
+    assert_eq!(field(&evs[decided], "by"), "bob");
     let first_call = evs.iter().position(|e| e.kind == "agent.call").unwrap();
     assert!(decided < first_call);
     assert_eq!(
@@ -682,22 +686,15 @@ async fn nothing_runs_before_approval_and_a_rejection_cancels_the_job() {
         "the executor completed its run"
     );
 
-    let mut sub = tonic::Request::new(SubmitJobRequest {
-        document: doc("nope"),
-        ..Default::default()
-    });
-    sub.metadata_mut()
-        .insert("x-switchyard-actor", "@alice".parse().unwrap());
-    let job = c.submit_job(sub).await.unwrap().into_inner().job.unwrap();
-    a.reject(as_actor(
-        switchyard_proto::approval::v1::RejectRequest {
+    let job = submit(&mut as_carol, &doc("nope")).await.unwrap();
+    approvals_as(&s, "bob")
+        .await
+        .reject(switchyard_proto::approval::v1::RejectRequest {
             run_id: job.run_id.clone(),
             comment: "too risky".into(),
-        },
-        "@bob",
-    ))
-    .await
-    .unwrap();
+        })
+        .await
+        .unwrap();
     let r = finish(&mut c, "nope").await;
     assert_eq!(r.state, JobState::Cancelled as i32);
     assert_eq!(r.reason, "APPROVAL_REJECTED");
@@ -925,8 +922,7 @@ async fn a_deferred_task_runs_once_its_capability_appears_and_retries_keep_one_i
         JobState::Pending as i32,
         "no agent yet: the cost is unknown, a person decides"
     );
-    let mut a = approvals(&s).await;
-    approve(&mut a, &job.run_id, "@bob").await;
+    approve(&s, &job.run_id).await;
     let mut watch = c
         .watch_job(WatchJobRequest {
             job_id: "later".into(),
@@ -962,6 +958,7 @@ async fn a_deferred_task_runs_once_its_capability_appears_and_retries_keep_one_i
     };
     let opts = switchyard_agent_sdk::ServeOptions {
         registry_url: s.url.clone(),
+        credential: switchyard_kit::client::Credential::bearer(&s.token("agents").unwrap()).ok(),
         ..Default::default()
     };
     let agent = {
@@ -1003,7 +1000,7 @@ async fn a_deferred_task_runs_once_its_capability_appears_and_retries_keep_one_i
         "fallback":{{"on_capability_unavailable":{{"strategy":"DEFER","interval_seconds":1}}}}}}]}}"#
     );
     let job = submit(&mut c, &doc).await.unwrap();
-    approve(&mut a, &job.run_id, "@bob").await;
+    approve(&s, &job.run_id).await;
     let r = finish(&mut c, "never").await;
     assert_eq!(r.state, JobState::Discarded as i32);
     assert_eq!(r.tasks[0].reason, "DEADLINE_EXCEEDED");
@@ -1039,6 +1036,7 @@ async fn every_example_job_validates_and_the_paper_analysis_runs_on_the_example_
     let (trigger, shutdown) = switchyard_kit::shutdown::channel();
     let opts = switchyard_agent_sdk::ServeOptions {
         registry_url: s.url.clone(),
+        credential: switchyard_kit::client::Credential::bearer(&s.token("agents").unwrap()).ok(),
         ..Default::default()
     };
     let mut stats = switchyard_example_agents::spec(
@@ -1083,20 +1081,15 @@ async fn every_example_job_validates_and_the_paper_analysis_runs_on_the_example_
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    let mut sub = tonic::Request::new(SubmitJobRequest {
-        document: example("paper_analysis.yaml"),
-        ..Default::default()
-    });
-    sub.metadata_mut()
-        .insert("x-switchyard-actor", "@alice".parse().unwrap());
-    let job = c.submit_job(sub).await.unwrap().into_inner().job.unwrap();
+    let job = submit(&mut c, &example("paper_analysis.yaml"))
+        .await
+        .unwrap();
     assert_eq!(
         job.state,
         JobState::Pending as i32,
         "priced agents: a person decides"
     );
-    let mut a = approvals(&s).await;
-    approve(&mut a, &job.run_id, "@bob").await;
+    approve(&s, &job.run_id).await;
     let r = finish(&mut c, &id(&job)).await;
     assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
     let out = switchyard_kit::json::value_to_json(r.result.as_ref().unwrap());

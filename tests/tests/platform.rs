@@ -53,8 +53,10 @@ async fn health_reports_each_hosted_service() {
         reflected_services(&s).await,
         [
             "grpc.health.v1.Health",
+            "switchyard.auth.v1.AuthService",
             "switchyard.registry.v1.RegistryService"
-        ]
+        ],
+        "every stack hosts its identity source"
     );
     let check = |svc: &str| HealthCheckRequest {
         service: svc.into(),

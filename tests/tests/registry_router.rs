@@ -16,8 +16,8 @@ use tonic::Code;
 async fn clients(
     s: &Stack,
 ) -> (
-    RegistryServiceClient<tonic::transport::Channel>,
-    RouterServiceClient<tonic::transport::Channel>,
+    RegistryServiceClient<switchyard_kit::client::Intercepted>,
+    RouterServiceClient<switchyard_kit::client::Intercepted>,
 ) {
     let ch = s.channel().await.expect("connect to the stack");
     (
@@ -270,6 +270,8 @@ async fn watch_over_grpc_resumes_from_revision() {
     let s = registry_and_router().await;
     let (mut reg, _) = clients(&s).await;
     register(&mut reg, agent("a", "x", 80, 0)).await;
+    // Following the registry is for routers: the cluster's service identity.
+    let mut reg = RegistryServiceClient::new(s.channel_as("operator").await.unwrap());
     let mut w = reg
         .watch(WatchRequest::default())
         .await

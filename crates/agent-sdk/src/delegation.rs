@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use switchyard_kit::client::Intercepted;
 use switchyard_kit::json::json_to_struct;
 use switchyard_kit::json::value_to_json;
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
@@ -14,7 +15,6 @@ use switchyard_proto::executor::v1::{
     AgentTask, Delegation, GetResultRequest, JobSpec, JobState, LlmTask, SubmitJobRequest,
     TaskSpec, WatchJobRequest, task_spec::Kind,
 };
-use tonic::transport::Channel;
 
 use crate::Invocation;
 
@@ -121,7 +121,7 @@ impl ChildResult {
 /// status. When the wait runs out the child keeps running: its id is in
 /// the result, to look at later or cancel.
 pub async fn delegate(
-    executor: &mut JobServiceClient<Channel>,
+    executor: &mut JobServiceClient<Intercepted>,
     req: &Invocation,
     mut spec: JobSpec,
     wait: Duration,

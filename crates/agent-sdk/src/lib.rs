@@ -235,6 +235,9 @@ pub struct ServeOptions {
     pub advertise: String,
     /// Registry (or `switchyard dev`) URL.
     pub registry_url: String,
+    /// The agent's API key (role `agent`), sent as a bearer token to the
+    /// registry. Binaries usually take it from `SWITCHYARD_TOKEN`.
+    pub credential: Option<switchyard_kit::client::Credential>,
 }
 
 impl Default for ServeOptions {
@@ -243,6 +246,7 @@ impl Default for ServeOptions {
             listen: "127.0.0.1:0".into(),
             advertise: String::new(),
             registry_url: "http://127.0.0.1:7600".into(),
+            credential: None,
         }
     }
 }
@@ -250,7 +254,7 @@ impl Default for ServeOptions {
 /// Keeps `spec` registered until `shutdown`, then deregisters it. Heartbeats
 /// at a third of the lease; re-registers if the registry lost the agent.
 pub async fn keep_registered(
-    registry: RegistryServiceClient<tonic::transport::Channel>,
+    registry: RegistryServiceClient<switchyard_kit::client::Intercepted>,
     spec: AgentSpec,
     shutdown: Shutdown,
 ) -> Result<(), SdkError> {
@@ -261,7 +265,7 @@ pub async fn keep_registered(
 /// registration should change: `Some(spec)` registers that spec instead
 /// (which renews the lease too), `None` heartbeats as usual.
 pub async fn keep_registered_updating<F, Fut>(
-    registry: RegistryServiceClient<tonic::transport::Channel>,
+    registry: RegistryServiceClient<switchyard_kit::client::Intercepted>,
     mut spec: AgentSpec,
     shutdown: Shutdown,
     mut update: F,
@@ -271,7 +275,8 @@ where
     Fut: std::future::Future<Output = Option<AgentSpec>>,
 {
     let mut client = registry;
-    let register = |mut c: RegistryServiceClient<tonic::transport::Channel>, spec: AgentSpec| async move {
+    let register = |mut c: RegistryServiceClient<switchyard_kit::client::Intercepted>,
+                    spec: AgentSpec| async move {
         c.register_agent(RegisterAgentRequest { agent: Some(spec) })
             .await
             .map(|r| r.into_inner())
@@ -354,7 +359,10 @@ pub async fn serve_until<A: Agent>(
     let server = Server::new(cfg.clone())
         .add_service(AgentServer::new(agent, spec).into_service(cfg.max_message_bytes));
     let serving = tokio::spawn(server.run(listener, shutdown.clone()));
-    let channel = switchyard_kit::client::lazy_channel(&opts.registry_url)?;
+    let channel = switchyard_kit::client::authed(
+        switchyard_kit::client::lazy_channel(&opts.registry_url)?,
+        opts.credential.clone(),
+    );
     keep_registered(RegistryServiceClient::new(channel), spec.clone(), shutdown).await?;
     serving
         .await

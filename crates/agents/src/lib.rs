@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use switchyard_agent_sdk::{Agent, Invocation, Progress, delegation, respond};
 use switchyard_core::Reason;
+use switchyard_kit::client::{Credential, Intercepted, authed};
 use switchyard_kit::json::json_to_struct;
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_llm::agent::{self, Host, Refusal};
@@ -29,7 +30,6 @@ use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
 use switchyard_proto::ledger::v1::{CommitRequest, Entry, ReleaseRequest, ReserveRequest};
 use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
 use switchyard_proto::registry::v1::{AgentSpec, Capability, ListToolsRequest};
-use tonic::transport::Channel;
 
 pub mod manifest;
 
@@ -142,9 +142,9 @@ pub struct Hosted {
     agents: Arc<HashMap<String, Declared>>,
     llm: Llm,
     cfg: AgentsConfig,
-    registry: RegistryServiceClient<Channel>,
-    ledger: LedgerServiceClient<Channel>,
-    executor: Option<JobServiceClient<Channel>>,
+    registry: RegistryServiceClient<Intercepted>,
+    ledger: LedgerServiceClient<Intercepted>,
+    executor: Option<JobServiceClient<Intercepted>>,
     channels: switchyard_kit::client::Channels,
     max_message_bytes: usize,
 }
@@ -163,13 +163,17 @@ impl Hosted {
         loaded: Loaded,
         llm: Llm,
         cfg: AgentsConfig,
+        credential: Option<Credential>,
         max_message_bytes: usize,
     ) -> Result<Hosted, AgentsError> {
-        let url = |what: &str, u: &Option<String>| -> Result<Channel, AgentsError> {
+        let url = |what: &str, u: &Option<String>| -> Result<Intercepted, AgentsError> {
             let u = u.as_deref().ok_or_else(|| {
                 AgentsError::Config(format!("declarative agents need agents.{what}_url"))
             })?;
-            Ok(switchyard_kit::client::lazy_channel(u)?)
+            Ok(authed(
+                switchyard_kit::client::lazy_channel(u)?,
+                credential.clone(),
+            ))
         };
         let registry = RegistryServiceClient::new(url("registry", &cfg.registry_url)?)
             .max_decoding_message_size(max_message_bytes);
@@ -177,8 +181,11 @@ impl Hosted {
             .max_decoding_message_size(max_message_bytes);
         let executor = match &cfg.executor_url {
             Some(u) => Some(
-                JobServiceClient::new(switchyard_kit::client::lazy_channel(u)?)
-                    .max_decoding_message_size(max_message_bytes),
+                JobServiceClient::new(authed(
+                    switchyard_kit::client::lazy_channel(u)?,
+                    credential.clone(),
+                ))
+                .max_decoding_message_size(max_message_bytes),
             ),
             None => None,
         };
@@ -279,7 +286,7 @@ impl Hosted {
 
 /// Names of the registered tools.
 async fn registry_tools(
-    registry: &RegistryServiceClient<Channel>,
+    registry: &RegistryServiceClient<Intercepted>,
 ) -> Result<Vec<String>, AgentsError> {
     Ok(registry
         .clone()
@@ -613,7 +620,7 @@ fn uuid_like() -> String {
 /// `spec` with every tool of `wanted` that is registered by now, when that
 /// adds any to its `uses_tools`.
 async fn with_new_tools(
-    registry: RegistryServiceClient<Channel>,
+    registry: RegistryServiceClient<Intercepted>,
     mut spec: AgentSpec,
     wanted: Vec<String>,
 ) -> Option<AgentSpec> {

@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use switchyard_cli::ServiceKind;
+use switchyard_kit::client::Intercepted;
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{
     AgentTask, CommandTask, JobSpec, SubmitJobRequest, TaskSpec, WatchJobRequest, task_spec::Kind,
 };
 use switchyard_testkit::Stack;
 use tokio_stream::StreamExt;
-use tonic::transport::Channel;
 
 use crate::{CALLERS, CONNECTIONS, us, verdict};
 
@@ -38,7 +38,7 @@ fn agent(id: &str, capability: &str, depends_on: &[&str], input: serde_json::Val
 /// Submits `spec` and waits for its end through WatchJob; returns the time
 /// from submit to the final event, and whether it completed.
 pub(crate) async fn run_job(
-    c: &mut JobServiceClient<Channel>,
+    c: &mut JobServiceClient<Intercepted>,
     spec: JobSpec,
 ) -> anyhow::Result<(Duration, bool)> {
     let t = Instant::now();

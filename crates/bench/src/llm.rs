@@ -226,6 +226,7 @@ pub async fn run() -> anyhow::Result<()> {
                 description: "Look things up".into(),
                 parameters: switchyard_kit::json::json_to_struct(&schema()),
                 endpoint,
+                ..Default::default()
             }),
         })
         .await?;

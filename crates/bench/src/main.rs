@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use switchyard_cli::ServiceKind;
 use switchyard_core::SystemClock;
+use switchyard_kit::client::Intercepted as Channel;
 use switchyard_ledger::{Ledger, LedgerConfig};
 use switchyard_proto::common::v1::Money;
 use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
@@ -45,7 +46,6 @@ use switchyard_proto::router::v1::router_service_client::RouterServiceClient;
 use switchyard_proto::router::v1::{RouteConstraints, RouteRequest};
 use switchyard_router::{Router, RouterConfig};
 use switchyard_testkit::Stack;
-use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 

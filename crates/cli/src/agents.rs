@@ -9,7 +9,12 @@ use crate::Config;
 
 /// Loads every manifest under `dir` and builds the host. `own` is this
 /// node's URL, the default for the registry, ledger and executor URLs.
-pub fn host(cfg: &Config, dir: &Path, own: Option<&str>) -> anyhow::Result<Hosted> {
+pub fn host(
+    cfg: &Config,
+    dir: &Path,
+    own: Option<&str>,
+    credential: Option<switchyard_kit::client::Credential>,
+) -> anyhow::Result<Hosted> {
     let root = cfg
         .agents
         .root
@@ -40,6 +45,7 @@ pub fn host(cfg: &Config, dir: &Path, own: Option<&str>) -> anyhow::Result<Hoste
         loaded,
         llm,
         acfg,
+        credential,
         cfg.server.max_message_bytes,
     )?)
 }

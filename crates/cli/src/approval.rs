@@ -4,34 +4,13 @@ use std::path::PathBuf;
 
 use clap::Subcommand;
 use serde_json::{Value, json};
-use switchyard_approval::ACTOR_HEADER;
+use switchyard_kit::client::Intercepted;
 use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
 use switchyard_proto::approval::v1::*;
-use tonic::metadata::MetadataValue;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
 
 use crate::client::{Conn, Files, MAX_MESSAGE, api};
 use crate::files::RunFile;
 use crate::output::{Format, print_json, short_name, table, usd};
-
-/// Who is acting: sent as `x-switchyard-actor`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct Actor {
-    /// Your identity for the audit log and separation of duties
-    /// (default: $SWITCHYARD_ACTOR, else $USER).
-    #[arg(long = "as", env = "SWITCHYARD_ACTOR")]
-    actor: Option<String>,
-}
-
-impl Actor {
-    fn resolve(&self) -> Option<String> {
-        self.actor
-            .clone()
-            .or_else(|| std::env::var("USER").ok())
-            .filter(|a| !a.is_empty())
-    }
-}
 
 /// `switchyard approval ...`
 #[derive(Subcommand, Debug)]
@@ -40,8 +19,6 @@ pub enum ApprovalCmd {
     Propose {
         #[command(flatten)]
         files: Files,
-        #[command(flatten)]
-        actor: Actor,
         #[command(flatten)]
         conn: Conn,
     },
@@ -80,8 +57,6 @@ pub enum ApprovalCmd {
         #[arg(long = "out")]
         out: Option<PathBuf>,
         #[command(flatten)]
-        actor: Actor,
-        #[command(flatten)]
         conn: Conn,
     },
     /// Complete an approved run with a result produced from its bundle.
@@ -94,8 +69,6 @@ pub enum ApprovalCmd {
         /// The context hash from the bundle.
         #[arg(long)]
         context_hash: String,
-        #[command(flatten)]
-        actor: Actor,
         #[command(flatten)]
         conn: Conn,
     },
@@ -110,46 +83,15 @@ pub struct Decision {
     #[arg(short = 'm', long, default_value = "")]
     comment: String,
     #[command(flatten)]
-    actor: Actor,
-    #[command(flatten)]
     conn: Conn,
 }
 
-/// Adds correlation, trace context and the actor to every call.
-#[derive(Clone)]
-pub(crate) struct WithActor(Option<MetadataValue<tonic::metadata::Ascii>>);
+type Client = ApprovalServiceClient<Intercepted>;
 
-impl WithActor {
-    /// The interceptor for `actor` (none: calls carry no actor).
-    pub(crate) fn new(actor: Option<&Actor>) -> anyhow::Result<WithActor> {
-        Ok(WithActor(match actor.and_then(Actor::resolve) {
-            Some(a) => Some(
-                MetadataValue::try_from(a.as_str())
-                    .map_err(|_| anyhow::anyhow!("actor {a:?} is not valid ASCII metadata"))?,
-            ),
-            None => None,
-        }))
-    }
-}
-
-impl tonic::service::Interceptor for WithActor {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        switchyard_kit::context::inject(&mut req);
-        if let Some(a) = &self.0 {
-            req.metadata_mut().insert(ACTOR_HEADER, a.clone());
-        }
-        Ok(req)
-    }
-}
-
-type Client = ApprovalServiceClient<InterceptedService<Channel, WithActor>>;
-
-async fn client(conn: &Conn, actor: Option<&Actor>) -> anyhow::Result<Client> {
-    Ok(
-        ApprovalServiceClient::with_interceptor(conn.channel().await?, WithActor::new(actor)?)
-            .max_decoding_message_size(MAX_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE),
-    )
+async fn client(conn: &Conn) -> anyhow::Result<Client> {
+    Ok(ApprovalServiceClient::new(conn.channel().await?)
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE))
 }
 
 fn status_name(s: i32) -> String {
@@ -250,7 +192,7 @@ enum Verdict {
 }
 
 async fn decide(d: Decision, verdict: Verdict) -> anyhow::Result<()> {
-    let mut c = client(&d.conn, Some(&d.actor)).await?;
+    let mut c = client(&d.conn).await?;
     let (run_id, comment) = (d.id, d.comment);
     let (run, verb) = match verdict {
         Verdict::Approve => {
@@ -273,9 +215,9 @@ async fn decide(d: Decision, verdict: Verdict) -> anyhow::Result<()> {
 /// Runs an approval command.
 pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
     match cmd {
-        ApprovalCmd::Propose { files, actor, conn } => {
+        ApprovalCmd::Propose { files, conn } => {
             let runs = files.parse(|f| RunFile::read(f).and_then(RunFile::into_run))?;
-            let mut c = client(&conn, Some(&actor)).await?;
+            let mut c = client(&conn).await?;
             let mut out = Vec::new();
             for run in runs {
                 let r = c
@@ -316,7 +258,7 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
                 .iter()
                 .map(|s| parse_status(s))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let mut c = client(&conn, None).await?;
+            let mut c = client(&conn).await?;
             let mut runs = Vec::new();
             let mut page_token = String::new();
             loop {
@@ -344,7 +286,7 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
             }
         }
         ApprovalCmd::Show { id, conn } => {
-            let mut c = client(&conn, None).await?;
+            let mut c = client(&conn).await?;
             let run = c
                 .get_run(GetRunRequest { run_id: id.clone() })
                 .await
@@ -421,13 +363,8 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
         ApprovalCmd::Approve(d) => decide(d, Verdict::Approve).await?,
         ApprovalCmd::Reject(d) => decide(d, Verdict::Reject).await?,
         ApprovalCmd::Cancel(d) => decide(d, Verdict::Cancel).await?,
-        ApprovalCmd::Bundle {
-            id,
-            out,
-            actor,
-            conn,
-        } => {
-            let mut c = client(&conn, Some(&actor)).await?;
+        ApprovalCmd::Bundle { id, out, conn } => {
+            let mut c = client(&conn).await?;
             let r = c
                 .export_prompt_bundle(ExportPromptBundleRequest { run_id: id })
                 .await
@@ -449,12 +386,11 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
             id,
             file,
             context_hash,
-            actor,
             conn,
         } => {
             let content = std::fs::read_to_string(&file)
                 .map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))?;
-            let mut c = client(&conn, Some(&actor)).await?;
+            let mut c = client(&conn).await?;
             let r = c
                 .import_manual_result(ImportManualResultRequest {
                     run_id: id,

@@ -3,7 +3,10 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use anyhow::Context as _;
 use clap::{Args, Subcommand};
+use switchyard_auth::credentials::Credentials;
+use switchyard_kit::client::{Credential, Intercepted};
 use switchyard_kit::error::ApiError;
 use switchyard_proto::registry::v1::*;
 use switchyard_proto::router::v1::{RouteConstraints, RouteRequest};
@@ -27,13 +30,63 @@ pub struct Conn {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table", global = true)]
     pub(crate) output: Format,
+    /// Bearer token (API key or JWT) to call with. Wins over --as.
+    #[arg(long, env = "SWITCHYARD_TOKEN", hide_env_values = true, global = true)]
+    pub(crate) token: Option<String>,
+    /// Call as this principal of the credentials file (`switchyard dev`
+    /// writes admin, alice and bob). Default: admin, when the file exists.
+    #[arg(long = "as", env = "SWITCHYARD_AS", global = true)]
+    pub(crate) as_name: Option<String>,
+    /// The credentials file `switchyard dev` wrote.
+    #[arg(
+        long,
+        env = "SWITCHYARD_CREDENTIALS",
+        default_value = ".switchyard/credentials.json",
+        global = true
+    )]
+    pub(crate) credentials: PathBuf,
 }
 
 pub(crate) const MAX_MESSAGE: usize = 16 * 1024 * 1024;
 
 impl Conn {
-    pub(crate) async fn channel(&self) -> anyhow::Result<tonic::transport::Channel> {
-        Ok(switchyard_kit::client::connect(&self.url).await?)
+    /// A connected channel carrying this invocation's credential.
+    pub(crate) async fn channel(&self) -> anyhow::Result<Intercepted> {
+        let credential = self.credential()?;
+        Ok(switchyard_kit::client::authed(
+            switchyard_kit::client::connect(&self.url).await?,
+            credential,
+        ))
+    }
+
+    /// `--token`, else `--as NAME` from the credentials file, else the
+    /// file's admin; none when there is no file (calls are then anonymous
+    /// and the server answers AUTH_REQUIRED).
+    pub(crate) fn credential(&self) -> anyhow::Result<Option<Credential>> {
+        if let Some(t) = &self.token {
+            return Ok(Some(
+                Credential::bearer(t).context("--token / SWITCHYARD_TOKEN")?,
+            ));
+        }
+        let file = &self.credentials;
+        let creds = match (file.exists(), &self.as_name) {
+            (true, _) => Credentials::read(file).map_err(anyhow::Error::msg)?,
+            (false, None) => return Ok(None),
+            (false, Some(name)) => anyhow::bail!(
+                "--as {name}: no credentials file at {} (switchyard dev writes it into its data directory; pass --credentials, or --token)",
+                file.display()
+            ),
+        };
+        let name = self.as_name.as_deref().unwrap_or("admin");
+        let token = creds.token(name).with_context(|| {
+            let names: Vec<_> = creds.principals.keys().cloned().collect();
+            format!(
+                "no principal {name:?} in {}; it has: {}",
+                file.display(),
+                names.join(", ")
+            )
+        })?;
+        Ok(Some(Credential::bearer(token)?))
     }
     async fn registry(&self) -> anyhow::Result<RegistryClient> {
         Ok(RegistryClient::remote(self.channel().await?, MAX_MESSAGE))

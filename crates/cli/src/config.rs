@@ -53,6 +53,9 @@ pub struct Config {
     /// `[agents]`: declarative agents hosted by `switchyard dev` or
     /// `switchyard agents serve`.
     pub agents: switchyard_agents::AgentsConfig,
+    /// `[auth]`: the service token, where the key set comes from, dev
+    /// credentials.
+    pub auth: switchyard_kit::auth::authn::AuthConfig,
 }
 
 impl Config {
@@ -64,11 +67,27 @@ impl Config {
         self.approval.validate()?;
         self.executor.validate()?;
         self.llm.validate()?;
+        if self.auth.dev_credentials() && !is_loopback(&self.server.listen) {
+            return Err(format!(
+                "refusing to listen on {} with auth.dev_credentials on: the generated demo credentials (admin, alice, bob) would be reachable from the network. Listen on 127.0.0.1, or set auth.dev_credentials = false (SWITCHYARD_AUTH__DEV_CREDENTIALS=false) and give the first admin key through auth.bootstrap_admin_env",
+                self.server.listen
+            ));
+        }
         if self.server.max_message_bytes < 1024 {
             return Err("server.max_message_bytes must be at least 1024".into());
         }
         Ok(())
     }
+}
+
+/// Whether `listen` (`host:port`) binds only loopback.
+fn is_loopback(listen: &str) -> bool {
+    let host = listen.rsplit_once(':').map_or(listen, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]

@@ -271,6 +271,7 @@ impl ToolFile {
             description: self.description,
             parameters: Some(parameters),
             endpoint: self.endpoint,
+            ..Default::default()
         })
     }
 }

@@ -7,14 +7,12 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use clap::Subcommand;
 use serde_json::{Value, json};
+use switchyard_kit::client::Intercepted;
 use switchyard_proto::common::v1::Event;
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::*;
 use tokio_stream::StreamExt;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
 
-use crate::approval::{Actor, WithActor};
 use crate::client::{Conn, MAX_MESSAGE, api};
 use crate::output::{Format, print_json, short_name, table, usd};
 
@@ -32,8 +30,6 @@ pub enum JobCmd {
         /// Follow the job live until it finishes (exit 1 unless it completes).
         #[arg(long)]
         watch: bool,
-        #[command(flatten)]
-        actor: Actor,
         #[command(flatten)]
         conn: Conn,
     },
@@ -93,20 +89,16 @@ pub enum JobCmd {
         #[arg(short = 'm', long, default_value = "")]
         reason: String,
         #[command(flatten)]
-        actor: Actor,
-        #[command(flatten)]
         conn: Conn,
     },
 }
 
-type Client = JobServiceClient<InterceptedService<Channel, WithActor>>;
+type Client = JobServiceClient<Intercepted>;
 
-async fn client(conn: &Conn, actor: Option<&Actor>) -> anyhow::Result<Client> {
-    Ok(
-        JobServiceClient::with_interceptor(conn.channel().await?, WithActor::new(actor)?)
-            .max_decoding_message_size(MAX_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE),
-    )
+async fn client(conn: &Conn) -> anyhow::Result<Client> {
+    Ok(JobServiceClient::new(conn.channel().await?)
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE))
 }
 
 fn read(file: &Path) -> anyhow::Result<String> {
@@ -477,12 +469,11 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             file,
             attach,
             watch,
-            actor,
             conn,
         } => {
             let document = read(&file)?;
             let files = attachments(&attach)?;
-            let mut c = client(&conn, Some(&actor)).await?;
+            let mut c = client(&conn).await?;
             let out = c
                 .submit_job(SubmitJobRequest {
                     spec: None,
@@ -537,7 +528,7 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             Ok(())
         }
         JobCmd::Validate { file, conn } => {
-            let mut c = client(&conn, None).await?;
+            let mut c = client(&conn).await?;
             let v = c
                 .validate_job(ValidateJobRequest {
                     spec: None,
@@ -588,7 +579,7 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             Ok(())
         }
         JobCmd::Get { id, conn } => {
-            let mut c = client(&conn, None).await?;
+            let mut c = client(&conn).await?;
             let j = get(&mut c, &id).await?;
             show(conn.output, &j);
             Ok(())
@@ -603,7 +594,7 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
                 .iter()
                 .map(|s| parse_state(s))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let mut c = client(&conn, None).await?;
+            let mut c = client(&conn).await?;
             let l = c
                 .list_jobs(ListJobsRequest {
                     states,
@@ -646,12 +637,12 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             events,
             conn,
         } => {
-            let mut c = client(&conn, None).await?;
+            let mut c = client(&conn).await?;
             follow(&mut c, &id, after, events, conn.output).await?;
             Ok(())
         }
         JobCmd::Result { id, conn } => {
-            let mut c = client(&conn, None).await?;
+            let mut c = client(&conn).await?;
             let r = c
                 .get_result(GetResultRequest { job_id: id })
                 .await
@@ -711,13 +702,8 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        JobCmd::Cancel {
-            id,
-            reason,
-            actor,
-            conn,
-        } => {
-            let mut c = client(&conn, Some(&actor)).await?;
+        JobCmd::Cancel { id, reason, conn } => {
+            let mut c = client(&conn).await?;
             let j = c
                 .cancel_job(CancelJobRequest { job_id: id, reason })
                 .await

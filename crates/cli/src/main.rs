@@ -2,6 +2,7 @@
 //! `tool`, `route`, `budget`, `approval`, `job`). Argument parsing only; the work is in the library.
 
 mod approval;
+mod auth;
 mod budget;
 mod client;
 mod files;
@@ -59,6 +60,9 @@ enum Command {
     /// Declarative agents: manifest.yaml + prompt, no code.
     #[command(subcommand)]
     Agents(AgentsCmd),
+    /// API keys and who-am-i.
+    #[command(subcommand)]
+    Auth(auth::AuthCmd),
 }
 
 #[derive(Subcommand)]
@@ -73,6 +77,10 @@ enum AgentsCmd {
         /// in [agents].
         #[arg(long, env = "SWITCHYARD_URL", default_value = "http://127.0.0.1:7600")]
         url: String,
+        /// The agents' API key (role agent), for the registry, ledger and
+        /// executor.
+        #[arg(long, env = "SWITCHYARD_TOKEN", hide_env_values = true)]
+        token: Option<String>,
         #[command(flatten)]
         run: RunArgs,
     },
@@ -110,9 +118,13 @@ struct RunArgs {
 }
 
 impl RunArgs {
-    fn config(&self) -> anyhow::Result<Config> {
+    /// The layered configuration; `dev` turns the dev credentials on unless
+    /// the configuration says otherwise (`switchyard dev` is zero-config;
+    /// `serve` never makes demo identities by itself).
+    fn config(&self, dev: bool) -> anyhow::Result<Config> {
         let mut cfg: Config =
             switchyard_kit::config::load(self.config.as_deref(), std::env::vars())?;
+        cfg.auth.dev_credentials.get_or_insert(dev);
         if let Some(l) = &self.listen {
             cfg.server.listen.clone_from(l);
         }
@@ -132,8 +144,8 @@ impl RunArgs {
     }
 }
 
-async fn run_services(args: RunArgs, services: &[ServiceKind]) -> anyhow::Result<()> {
-    let cfg = args.config()?;
+async fn run_services(args: RunArgs, services: &[ServiceKind], dev: bool) -> anyhow::Result<()> {
+    let cfg = args.config(dev)?;
     if args.dump_config {
         print!("{}", switchyard_kit::config::dump(&cfg)?);
         return Ok(());
@@ -182,8 +194,13 @@ async fn agents(cmd: AgentsCmd) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        AgentsCmd::Serve { dir, url, run } => {
-            let mut cfg = run.config()?;
+        AgentsCmd::Serve {
+            dir,
+            url,
+            token,
+            run,
+        } => {
+            let mut cfg = run.config(false)?;
             if let Some(l) = &run.listen {
                 cfg.agents.listen.clone_from(l);
             }
@@ -200,7 +217,12 @@ async fn agents(cmd: AgentsCmd) -> anyhow::Result<()> {
                 return Ok(());
             }
             let telemetry = switchyard_kit::telemetry::init(&cfg.telemetry)?;
-            let hosted = switchyard_cli::agents::host(&cfg, &dir, None)?;
+            let credential = token
+                .as_deref()
+                .map(switchyard_kit::client::Credential::bearer)
+                .transpose()
+                .context("--token / SWITCHYARD_TOKEN")?;
+            let hosted = switchyard_cli::agents::host(&cfg, &dir, None, credential)?;
             let (trigger, shutdown) = switchyard_kit::shutdown::channel();
             switchyard_kit::shutdown::on_signals(trigger);
             let ids = hosted.ids();
@@ -222,8 +244,8 @@ async fn agents(cmd: AgentsCmd) -> anyhow::Result<()> {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Dev(args) => run_services(args, ServiceKind::ALL).await,
-        Command::Serve { services, run } => run_services(run, &services).await,
+        Command::Dev(args) => run_services(args, ServiceKind::ALL, true).await,
+        Command::Serve { services, run } => run_services(run, &services, false).await,
         Command::Agent(cmd) => client::agent(cmd).await,
         Command::Tool(cmd) => client::tool(cmd).await,
         Command::Route(args) => client::route(args).await,
@@ -231,6 +253,7 @@ async fn main() -> ExitCode {
         Command::Approval(cmd) => approval::run(cmd).await,
         Command::Job(cmd) => job::run(cmd).await,
         Command::Agents(cmd) => agents(cmd).await,
+        Command::Auth(cmd) => auth::run(cmd).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

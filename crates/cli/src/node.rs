@@ -7,8 +7,12 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use switchyard_approval::{Approval, ApprovalClient};
+use switchyard_auth::{Auth, AuthClient};
 use switchyard_core::SystemClock;
 use switchyard_executor::Executor;
+use switchyard_kit::auth::authn::Authenticator;
+use switchyard_kit::auth::keys::KeySet;
+use switchyard_kit::client::Credential;
 use switchyard_kit::server::Server;
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_ledger::Ledger;
@@ -21,9 +25,22 @@ use tokio::net::TcpListener;
 
 use crate::Config;
 
+/// The cluster's service token (`auth.service_token_env` or
+/// `auth.service_token_file`), as a credential for calls to other processes.
+fn service_credential(
+    cfg: &switchyard_kit::auth::authn::AuthConfig,
+) -> anyhow::Result<Option<Credential>> {
+    match cfg.service_token().map_err(anyhow::Error::msg)? {
+        Some(token) => Ok(Some(Credential::bearer(&token)?)),
+        None => Ok(None),
+    }
+}
+
 /// A service a process can host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ServiceKind {
+    /// API keys and who-am-i.
+    Auth,
     /// Agents and tools.
     Registry,
     /// Capability routing.
@@ -39,6 +56,7 @@ pub enum ServiceKind {
 impl ServiceKind {
     /// Every service implemented in this build (what `switchyard dev` runs).
     pub const ALL: &'static [ServiceKind] = &[
+        ServiceKind::Auth,
         ServiceKind::Registry,
         ServiceKind::Router,
         ServiceKind::Ledger,
@@ -49,6 +67,7 @@ impl ServiceKind {
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
         match self {
+            ServiceKind::Auth => "auth",
             ServiceKind::Registry => "registry",
             ServiceKind::Router => "router",
             ServiceKind::Ledger => "ledger",
@@ -86,8 +105,6 @@ pub async fn run_node(
 ) -> anyhow::Result<()> {
     cfg.validate().map_err(anyhow::Error::msg)?;
     let max = cfg.server.max_message_bytes;
-    let mut server = Server::new(cfg.server.clone());
-    let mut registry = None;
     let open = |name: &str| {
         let path = cfg.storage.data_dir.join(name);
         // A lock still held by a node that stopped in this process (tests
@@ -96,6 +113,57 @@ pub async fn run_node(
         Store::reopen(&path, std::time::Duration::from_secs(2))
             .with_context(|| format!("opening {name} store at {}", path.display()))
     };
+
+    // Identity first: every port is served behind it.
+    // A process following another's key set is not ready until its first
+    // snapshot arrives.
+    let keys = if services.contains(&ServiceKind::Auth) || cfg.auth.keys_url.is_none() {
+        KeySet::default()
+    } else {
+        KeySet::pending()
+    };
+    let authenticator = Authenticator::new(&cfg.auth, keys.clone()).map_err(anyhow::Error::msg)?;
+    // What this process presents when it calls a Switchyard service in
+    // another process: the cluster's service token.
+    let credential = service_credential(&cfg.auth)?;
+    let remote = |url: &str| -> anyhow::Result<switchyard_kit::client::Intercepted> {
+        Ok(switchyard_kit::client::authed(
+            switchyard_kit::client::lazy_channel(url)?,
+            credential.clone(),
+        ))
+    };
+    let mut server = Server::new(cfg.server.clone()).with_auth(Arc::new(authenticator));
+    let mut auth = None;
+    if services.contains(&ServiceKind::Auth) {
+        let a = Auth::open(open("auth")?, keys.clone())?;
+        if cfg.auth.dev_credentials() {
+            let path = a.bootstrap_dev(&cfg.storage.data_dir).await?;
+            tracing::info!(path = %path.display(), "dev credentials (admin, alice, bob) are in this file, mode 0600");
+        }
+        if let Some(var) = &cfg.auth.bootstrap_admin_env {
+            let token = std::env::var(var)
+                .with_context(|| format!("{var} (auth.bootstrap_admin_env) is not set"))?;
+            if a.ensure_admin(&token, &cfg.auth.bootstrap_tenant).await? {
+                tracing::info!(tenant = %cfg.auth.bootstrap_tenant, "bootstrap admin key created");
+            }
+        }
+        server = server.add_service(a.server(max));
+        auth = Some(a);
+    } else if let Some(url) = &cfg.auth.keys_url {
+        let client = AuthClient::remote(remote(url)?, max);
+        let ready = switchyard_auth::spawn_follow(client, keys.clone(), shutdown.clone());
+        // Serving before the key set arrives would refuse every key.
+        let mut ready = ready;
+        server = server.with_gate("switchyard.auth.v1.KeySet", async move {
+            let _ = ready.wait_for(|r| *r).await;
+        });
+    } else {
+        tracing::warn!(
+            "no key source (auth.keys_url) and no auth service here: only the service token authenticates"
+        );
+    }
+
+    let mut registry = None;
 
     if services.contains(&ServiceKind::Registry) {
         let store = open("registry")?;
@@ -114,9 +182,7 @@ pub async fn run_node(
     if services.contains(&ServiceKind::Router) {
         let client = match (&registry, &cfg.router.registry_url) {
             (Some(reg), _) => RegistryClient::local(Arc::new(reg.clone())),
-            (None, Some(url)) => {
-                RegistryClient::remote(switchyard_kit::client::lazy_channel(url)?, max)
-            }
+            (None, Some(url)) => RegistryClient::remote(remote(url)?, max),
             (None, None) => anyhow::bail!(
                 "the router needs a registry: run both in one process or pass --registry-url (router.registry_url)"
             ),
@@ -157,11 +223,13 @@ pub async fn run_node(
     let mut executor = None;
     if services.contains(&ServiceKind::Executor) {
         let e = &cfg.executor;
-        let url = |what: &str, u: &Option<String>| -> anyhow::Result<tonic::transport::Channel> {
+        let url = |what: &str,
+                   u: &Option<String>|
+         -> anyhow::Result<switchyard_kit::client::Intercepted> {
             let u = u.as_deref().with_context(|| {
                 format!("the executor needs the {what}: run both in one process or set executor.{what}_url")
             })?;
-            Ok(switchyard_kit::client::lazy_channel(u)?)
+            remote(u)
         };
         let clients = switchyard_executor::Clients {
             llm: switchyard_llm::Llm::new(&cfg.llm).map_err(anyhow::Error::msg)?,
@@ -204,7 +272,25 @@ pub async fn run_node(
     let mut agents_task = None;
     if let Some(dir) = &cfg.agents.dir {
         let own = format!("http://{}", listener.local_addr()?);
-        let hosted = crate::agents::host(&cfg, dir, Some(&own))?;
+        // They call this node over loopback as an agent would, with the dev
+        // agents identity (or the service token in split deployments).
+        let agents_credential = if cfg.auth.dev_credentials() {
+            {
+                let path = cfg
+                    .storage
+                    .data_dir
+                    .join(switchyard_auth::credentials::FILE);
+                let creds = switchyard_auth::credentials::Credentials::read(&path)
+                    .map_err(anyhow::Error::msg)?;
+                let token = creds
+                    .token("agents")
+                    .with_context(|| format!("{} has no agents credential", path.display()))?;
+                Some(Credential::bearer(token)?)
+            }
+        } else {
+            credential.clone()
+        };
+        let hosted = crate::agents::host(&cfg, dir, Some(&own), agents_credential)?;
         let ids = hosted.ids();
         let stop = shutdown.clone();
         agents_task = Some(tokio::spawn(async move {
@@ -226,6 +312,9 @@ pub async fn run_node(
         && let Err(e) = t.await
     {
         tracing::error!(error = %e, "declarative agents task failed");
+    }
+    if let Some(a) = auth {
+        a.flush().context("flushing auth storage")?;
     }
     if let Some(reg) = registry {
         reg.flush().context("flushing registry storage")?;
@@ -255,7 +344,7 @@ mod tests {
         );
         let e = "ledgr".parse::<ServiceKind>().unwrap_err();
         assert!(
-            e.contains("registry, router, ledger, approval, executor"),
+            e.contains("auth, registry, router, ledger, approval, executor"),
             "{e}"
         );
     }

@@ -219,8 +219,32 @@ fn container_image_default_command_is_accepted() {
         .find_map(|l| l.strip_prefix("CMD "))
         .expect("a CMD line");
     let args: Vec<String> = serde_json::from_str(cmd).unwrap();
-    let cfg = dump_config(&args, &[]);
+    // The image's ENV, as the container gets it.
+    let env: Vec<(String, String)> = dockerfile
+        .split("ENV ")
+        .skip(1)
+        .flat_map(|block| {
+            block
+                .lines()
+                .take_while(|l| !l.trim().is_empty() && !l.starts_with("ENTRYPOINT"))
+                .flat_map(|l| l.trim().trim_end_matches('\\').split_whitespace())
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let cfg = dump_config(&args, &env);
     assert_eq!(cfg["server"]["listen"].as_str(), Some("0.0.0.0:7600"));
+    assert_eq!(
+        cfg["auth"]["dev_credentials"].as_bool(),
+        Some(false),
+        "no demo identities on a network address"
+    );
+    assert_eq!(
+        cfg["auth"]["bootstrap_admin_env"].as_str(),
+        Some("SWITCHYARD_BOOTSTRAP_ADMIN_TOKEN"),
+        "the first admin comes from the environment"
+    );
     assert_eq!(
         cfg["storage"]["data_dir"].as_str(),
         Some("/var/lib/switchyard")

@@ -15,18 +15,18 @@ use switchyard_ledger::LedgerClient;
 use switchyard_proto::common::v1::Money;
 use switchyard_proto::ledger::v1::*;
 
-fn serve(service: &str, data_dir: &str) -> Proc {
+fn serve(services: &str, data_dir: &str, env: &[(&str, &str)]) -> Proc {
     Proc::start(
         &[
             "serve",
             "--services",
-            service,
+            services,
             "--listen",
             "127.0.0.1:0",
             "--data-dir",
             data_dir,
         ],
-        &[],
+        env,
     )
 }
 
@@ -35,7 +35,43 @@ fn usd(micro_usd: i64) -> Option<Money> {
 }
 
 async fn ledger(url: &str) -> LedgerClient {
-    LedgerClient::remote(switchyard_kit::client::connect(url).await.unwrap(), 4 << 20)
+    // The load acts as a tenant admin that also spends (roles admin, agent),
+    // with a key the dev admin makes once per data directory.
+    let channel = switchyard_kit::client::authed(
+        switchyard_kit::client::connect(url).await.unwrap(),
+        Some(switchyard_kit::client::Credential::bearer(&loadgen_key(url)).unwrap()),
+    );
+    LedgerClient::remote(channel, 4 << 20)
+}
+
+/// The load generator's key, made with the CLI on first use and kept in the
+/// process's credentials directory.
+fn loadgen_key(url: &str) -> String {
+    let creds = credentials_for(url).unwrap();
+    let kept = creds.with_file_name("loadgen.key");
+    if let Ok(k) = std::fs::read_to_string(&kept) {
+        return k;
+    }
+    let out = ok(&cli(
+        url,
+        &[
+            "auth",
+            "key",
+            "create",
+            "--subject",
+            "loadgen",
+            "--roles",
+            "admin,agent",
+            "-o",
+            "json",
+        ],
+    ));
+    let secret = serde_json::from_str::<serde_json::Value>(&out).unwrap()["secret"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    std::fs::write(&kept, &secret).unwrap();
+    secret
 }
 
 fn reserve_req(key: &str) -> ReserveRequest {
@@ -107,7 +143,7 @@ async fn replay_over_watch(
 fn a_ledger_killed_mid_load_keeps_every_acknowledged_operation_and_balances_replay() {
     let data = tempfile::tempdir().unwrap();
     let dir = data.path().to_str().unwrap().to_owned();
-    let proc = serve("ledger", &dir);
+    let proc = serve("ledger,auth", &dir, &[]);
     let url = proc.url();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -177,7 +213,7 @@ fn a_ledger_killed_mid_load_keeps_every_acknowledged_operation_and_balances_repl
     let reserves = acked_reserves.lock().unwrap().clone();
     let commits = acked_commits.lock().unwrap().clone();
 
-    let proc = serve("ledger", &dir);
+    let proc = serve("ledger,auth", &dir, &[]);
     rt.block_on(async {
         let c = ledger(&proc.url()).await;
         let mut entries = Vec::new();
@@ -272,8 +308,14 @@ fn a_ledger_killed_mid_load_keeps_every_acknowledged_operation_and_balances_repl
 fn ledger_and_approval_each_serve_alone_and_the_cli_drives_them() {
     let data = tempfile::tempdir().unwrap();
     let dir = data.path().to_str().unwrap();
-    let ledger_proc = serve("ledger", dir);
-    let approval_proc = serve("approval", dir);
+    // The ledger's process also keeps the API keys; the approval process
+    // follows its key set, and each calls the other with the service token.
+    let ledger_proc = serve("ledger,auth", dir, &[]);
+    let approval_proc = serve(
+        "approval",
+        dir,
+        &[("SWITCHYARD_AUTH__KEYS_URL", &ledger_proc.url())],
+    );
     let (l, a) = (ledger_proc.url(), approval_proc.url());
     wait_for("ledger SERVING", Duration::from_secs(10), || {
         health(&ledger_proc.addr, "switchyard.ledger.v1.LedgerService") == SERVING
@@ -323,7 +365,7 @@ fn ledger_and_approval_each_serve_alone_and_the_cli_drives_them() {
             "-f",
             "examples/runs/lint_report.yaml",
             "--as",
-            "@you",
+            "alice",
         ],
     ));
     assert!(out.contains("approved by policy zero-cost"), "{out}");
@@ -337,17 +379,17 @@ fn ledger_and_approval_each_serve_alone_and_the_cli_drives_them() {
         serde_json::from_str(&ok(&cli(&a, &["approval", "list", "-o", "json"]))).unwrap();
     let id = runs[0]["run_id"].as_str().unwrap().to_owned();
 
-    let own = cli(&a, &["approval", "approve", &id, "--as", "@you"]);
+    // alice proposed it; she cannot approve (no approver role), and the
+    // audit shows who did.
+    let own = cli(&a, &["approval", "approve", &id, "--as", "alice"]);
     assert!(!own.status.success());
-    assert!(String::from_utf8_lossy(&own.stderr).contains("SEPARATION_OF_DUTIES"));
+    assert!(String::from_utf8_lossy(&own.stderr).contains("PERMISSION_DENIED"));
     ok(&cli(
         &a,
-        &[
-            "approval", "approve", &id, "--as", "@lead", "-m", "scope ok",
-        ],
+        &["approval", "approve", &id, "--as", "bob", "-m", "scope ok"],
     ));
-    let b1 = ok(&cli(&a, &["approval", "bundle", &id, "--as", "@lead"]));
-    let b2 = ok(&cli(&a, &["approval", "bundle", &id, "--as", "@other"]));
+    let b1 = ok(&cli(&a, &["approval", "bundle", &id, "--as", "bob"]));
+    let b2 = ok(&cli(&a, &["approval", "bundle", &id, "--as", "bob"]));
     assert_eq!(b1, b2, "deterministic bundle");
     let bundle: serde_json::Value = serde_json::from_str(&b1).unwrap();
     let hash = bundle["context_pack"]["hash"].as_str().unwrap();
@@ -364,7 +406,7 @@ fn ledger_and_approval_each_serve_alone_and_the_cli_drives_them() {
             "--context-hash",
             hash,
             "--as",
-            "@lead",
+            "bob",
         ];
         cli(&a, &args)
     };

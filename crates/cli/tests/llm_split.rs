@@ -88,7 +88,7 @@ models = [
         &[
             "serve",
             "--services",
-            "registry,router,ledger,approval",
+            "registry,router,ledger,approval,auth",
             "--listen",
             "127.0.0.1:0",
             "--data-dir",
@@ -110,6 +110,7 @@ models = [
             cfg,
         ],
         &[
+            ("SWITCHYARD_AUTH__KEYS_URL", &c),
             ("SWITCHYARD_EXECUTOR__REGISTRY_URL", &c),
             ("SWITCHYARD_EXECUTOR__ROUTER_URL", &c),
             ("SWITCHYARD_EXECUTOR__LEDGER_URL", &c),
@@ -133,7 +134,11 @@ models = [
             "--config",
             cfg,
         ],
-        &[("SWITCHYARD_AGENTS__EXECUTOR_URL", &x), key],
+        &[
+            ("SWITCHYARD_AGENTS__EXECUTOR_URL", &x),
+            ("SWITCHYARD_TOKEN", &token(&c, "agents")),
+            key,
+        ],
     );
     wait_for(
         "the summarizer is routable",

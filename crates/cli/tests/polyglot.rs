@@ -19,7 +19,28 @@ fn python_client_generated_from_proto_registers_routes_reserves_and_reads_error_
     let python = tool("SWITCHYARD_PYTHON");
     let (dev, _data) = Proc::dev(&[]);
     let root = repo_root();
+    // A key for the Python client: it registers agents, routes, creates
+    // budgets and reserves on them.
+    let made = ok(&cli(
+        &dev.url(),
+        &[
+            "auth",
+            "key",
+            "create",
+            "--subject",
+            "py-client",
+            "--roles",
+            "admin,agent",
+            "-o",
+            "json",
+        ],
+    ));
+    let secret = serde_json::from_str::<serde_json::Value>(&made).unwrap()["secret"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let out = Command::new(python)
+        .env("SWITCHYARD_TOKEN", &secret)
         .arg(root.join("tests/python/test_client.py"))
         .arg(&dev.addr)
         .arg(root.join("proto"))
@@ -31,7 +52,7 @@ fn python_client_generated_from_proto_registers_routes_reserves_and_reads_error_
         "python client failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("7 passed, 0 failed"), "{stdout}");
+    assert!(stdout.contains("9 passed, 0 failed"), "{stdout}");
     assert_eq!(dev.terminate(), Some(0));
 }
 
@@ -39,12 +60,34 @@ fn python_client_generated_from_proto_registers_routes_reserves_and_reads_error_
 fn grpcurl_lists_describes_and_invokes_through_reflection() {
     let grpcurl = tool("SWITCHYARD_GRPCURL");
     let (dev, _data) = Proc::dev(&[]);
-    let run = |args: &[&str]| {
+    let header = format!("authorization: Bearer {}", token(&dev.url(), "admin"));
+    // Reflection and health need no credential; everything else does.
+    let anonymous = |args: &[&str]| {
         let mut a = vec!["-plaintext"];
         a.extend_from_slice(args);
         Command::new(&grpcurl).args(&a).output().unwrap()
     };
-    let list = ok(&run(&[&dev.addr, "list"]));
+    let run = |args: &[&str]| {
+        let mut a = vec!["-plaintext", "-H", header.as_str()];
+        a.extend_from_slice(args);
+        Command::new(&grpcurl).args(&a).output().unwrap()
+    };
+    let refused = anonymous(&[
+        "-d",
+        "{}",
+        &dev.addr,
+        "switchyard.registry.v1.RegistryService/ListAgents",
+    ]);
+    let text = String::from_utf8_lossy(&refused.stdout).to_string()
+        + &String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success()
+            && text.contains("Unauthenticated")
+            && text.contains("AUTH_REQUIRED"),
+        "{text}"
+    );
+    ok(&anonymous(&[&dev.addr, "grpc.health.v1.Health/Check"]));
+    let list = ok(&anonymous(&[&dev.addr, "list"]));
     for svc in [
         "switchyard.registry.v1.RegistryService",
         "switchyard.router.v1.RouterService",
@@ -90,6 +133,7 @@ fn a_python_agent_built_from_the_generated_stubs_takes_part_in_a_job() {
     let (dev, _data) = Proc::dev(&[]);
     let root = repo_root();
     let mut agent = Command::new(&python)
+        .env("SWITCHYARD_TOKEN", token(&dev.url(), "agents"))
         .arg(root.join("examples/python-agent/agent.py"))
         .arg(&dev.addr)
         .arg(root.join("proto"))

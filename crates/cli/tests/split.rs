@@ -19,7 +19,8 @@ fn start_router(registry_url: &str) -> Proc {
             "--registry-url",
             registry_url,
         ],
-        &[],
+        // The registry's process keeps the API keys; the router follows them.
+        &[("SWITCHYARD_AUTH__KEYS_URL", registry_url)],
     )
 }
 
@@ -34,7 +35,7 @@ fn split_mode_registers_routes_lapses_and_survives_kill_9() {
     let registry_args = [
         "serve",
         "--services",
-        "registry",
+        "registry,auth",
         "--listen",
         "127.0.0.1:0",
         "--data-dir",
@@ -164,9 +165,23 @@ fn router_without_a_reachable_registry_is_not_serving_and_refuses_routes() {
         SERVING,
         "alive, so a liveness probe must not restart it"
     );
-    let out = cli(&router.url(), &["route", "--capability", "x"]);
+    // Nor can it verify keys: its key source is the same unreachable
+    // process, so a keyed call is UNAVAILABLE, not "invalid".
+    let out = cli(
+        &router.url(),
+        &[
+            "route",
+            "--capability",
+            "x",
+            "--token",
+            &format!("syk_0_{}", "0".repeat(64)),
+        ],
+    );
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("SERVICE_UNAVAILABLE"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("SERVICE_UNAVAILABLE"),
+        "{out:?}"
+    );
     assert_eq!(
         router.terminate(),
         Some(0),

@@ -84,7 +84,7 @@ async fn one_trace_covers_a_job_across_the_services_it_calls() {
         &[
             "serve",
             "--services",
-            "registry,router,ledger,approval",
+            "registry,router,ledger,approval,auth",
             "--listen",
             "127.0.0.1:0",
             "--data-dir",
@@ -105,6 +105,7 @@ async fn one_trace_covers_a_job_across_the_services_it_calls() {
         ],
         &[
             otel,
+            ("SWITCHYARD_AUTH__KEYS_URL", &url),
             ("SWITCHYARD_EXECUTOR__REGISTRY_URL", &url),
             ("SWITCHYARD_EXECUTOR__ROUTER_URL", &url),
             ("SWITCHYARD_EXECUTOR__LEDGER_URL", &url),
@@ -117,7 +118,10 @@ async fn one_trace_covers_a_job_across_the_services_it_calls() {
         || routed(&url, &["--capability", "builtin.echo"]).is_some_and(|ids| !ids.is_empty()),
     );
     let trace_id = "0af7651916cd43dd8448eb211c80319c";
-    let mut c = JobServiceClient::connect(x.url()).await.unwrap();
+    let mut c = JobServiceClient::new(switchyard_kit::client::authed(
+        switchyard_kit::client::connect(&x.url()).await.unwrap(),
+        switchyard_kit::client::Credential::bearer(&token(&url, "alice")).ok(),
+    ));
     let mut req = tonic::Request::new(SubmitJobRequest {
         document: r#"{"job_id":"traced","tasks":[{"id":"a","agent":{"capability":"builtin.echo","input":{"text":"hi"}}}]}"#.into(),
         ..Default::default()
@@ -173,7 +177,10 @@ async fn rpc_spans_are_exported_over_otlp_continuing_the_callers_trace() {
 
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent_id = "00f067aa0ba902b7";
-    let mut client = RegistryServiceClient::connect(dev.url()).await.unwrap();
+    let mut client = RegistryServiceClient::new(switchyard_kit::client::authed(
+        switchyard_kit::client::connect(&dev.url()).await.unwrap(),
+        switchyard_kit::client::Credential::bearer(&token(&dev.url(), "admin")).ok(),
+    ));
     let mut req = tonic::Request::new(ListAgentsRequest::default());
     req.metadata_mut().insert(
         "traceparent",

@@ -99,7 +99,7 @@ reasons! {
     ClaimNotHeld => "CLAIM_NOT_HELD",
     /// The approver is the run's creator; someone else must approve.
     SeparationOfDuties => "SEPARATION_OF_DUTIES",
-    /// The request has no `x-switchyard-actor`; the action needs an actor.
+    /// The action needs an authenticated person.
     ActorRequired => "ACTOR_REQUIRED",
     /// The imported result was produced against another context pack.
     ContextHashMismatch => "CONTEXT_HASH_MISMATCH",
@@ -162,6 +162,25 @@ reasons! {
     RunNotRunning => "RUN_NOT_RUNNING",
     /// An agent manifest is invalid.
     InvalidManifest => "INVALID_MANIFEST",
+    /// The request carries no credential; every RPC but health and
+    /// reflection needs one.
+    AuthRequired => "AUTH_REQUIRED",
+    /// The credential is unknown, revoked, malformed or its signature fails.
+    AuthInvalid => "AUTH_INVALID",
+    /// The credential has expired.
+    AuthExpired => "AUTH_EXPIRED",
+    /// The principal lacks the permission the RPC needs (ErrorInfo metadata
+    /// `permission` names it).
+    PermissionDenied => "PERMISSION_DENIED",
+    /// The named API key does not exist in the caller's tenant.
+    KeyNotFound => "KEY_NOT_FOUND",
+    /// A request could not be decoded (bad protobuf bytes, invalid UTF-8 in a
+    /// string field).
+    MalformedRequest => "MALFORMED_REQUEST",
+    /// A sum of money or tokens would overflow its integer type.
+    AmountOverflow => "AMOUNT_OVERFLOW",
+    /// The run needs a second, distinct approver (two-person rule).
+    SecondApprovalRequired => "SECOND_APPROVAL_REQUIRED",
     /// An internal invariant broke; a bug.
     Internal => "INTERNAL",
 }

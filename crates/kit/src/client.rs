@@ -19,6 +19,9 @@ pub enum ClientError {
         /// Why.
         reason: String,
     },
+    /// A token that cannot travel as a header value.
+    #[error("the credential is empty or has characters other than visible ASCII")]
+    InvalidCredential,
     /// Connecting failed.
     #[error("cannot connect to {url}: {source}")]
     Connect {
@@ -81,19 +84,73 @@ pub async fn connect(url: &str) -> Result<Channel, ClientError> {
         })
 }
 
-/// Interceptor adding `x-correlation-id` and `traceparent` to every call.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Propagate;
+/// A bearer credential (API key, JWT or service token). Its `Debug` never
+/// shows the secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credential(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
+
+impl Credential {
+    /// `token` as an `authorization: Bearer …` value; refuses tokens that are
+    /// not visible ASCII.
+    pub fn bearer(token: &str) -> Result<Credential, ClientError> {
+        let token = token.trim();
+        if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(ClientError::InvalidCredential);
+        }
+        format!("Bearer {token}")
+            .parse()
+            .map(Credential)
+            .map_err(|_| ClientError::InvalidCredential)
+    }
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Credential([redacted])")
+    }
+}
+
+/// Interceptor adding `x-correlation-id`, `traceparent`, the caller's
+/// credential and, when a service calls while serving a user, the user it
+/// acts for (`x-switchyard-on-behalf-of`) to every call.
+#[derive(Debug, Clone, Default)]
+pub struct Propagate {
+    credential: Option<Credential>,
+}
+
+impl Propagate {
+    /// Calls authenticated with `credential` (none: anonymous).
+    pub fn new(credential: Option<Credential>) -> Propagate {
+        Propagate { credential }
+    }
+}
 
 impl tonic::service::Interceptor for Propagate {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         crate::context::inject(&mut req);
+        if let Some(c) = &self.credential {
+            let md = req.metadata_mut();
+            if !md.contains_key("authorization") {
+                md.insert("authorization", c.0.clone());
+            }
+            if !md.contains_key(crate::auth::ON_BEHALF_HEADER)
+                && let Some(user) = crate::context::outgoing_on_behalf()
+                && let Ok(v) = user.encode().parse()
+            {
+                md.insert(crate::auth::ON_BEHALF_HEADER, v);
+            }
+        }
         Ok(req)
     }
 }
 
 /// A channel with [`Propagate`] applied.
 pub type Intercepted = InterceptedService<Channel, Propagate>;
+
+/// `channel` with correlation, trace context and `credential` on every call.
+pub fn authed(channel: Channel, credential: Option<Credential>) -> Intercepted {
+    InterceptedService::new(channel, Propagate::new(credential))
+}
 
 /// Declares a client enum that calls a service either in-process or over
 /// gRPC, with identical methods and behaviour. In-process calls go through the
@@ -146,10 +203,11 @@ macro_rules! service_client {
                 Self::Local(svc)
             }
 
-            /// A client calling over `channel`, propagating correlation.
-            pub fn remote(channel: ::tonic::transport::Channel, max_message_bytes: usize) -> Self {
+            /// A client calling over `channel` (see [`authed`](crate::client::authed)),
+            /// propagating correlation and the caller's credential.
+            pub fn remote(channel: $crate::client::Intercepted, max_message_bytes: usize) -> Self {
                 Self::Remote(
-                    $remote::with_interceptor(channel, $crate::client::Propagate)
+                    $remote::new(channel)
                         .max_decoding_message_size(max_message_bytes)
                         .max_encoding_message_size(max_message_bytes),
                 )
@@ -161,7 +219,10 @@ macro_rules! service_client {
                     let mut req = ::tonic::Request::new(req);
                     $crate::context::inject(&mut req);
                     match self {
-                        Self::Local(svc) => <$local as $tr>::$method(svc, req).await.map(|r| r.into_inner()),
+                        Self::Local(svc) => {
+                            req.extensions_mut().insert($crate::context::local_principal());
+                            <$local as $tr>::$method(svc, req).await.map(|r| r.into_inner())
+                        }
                         Self::Remote(c) => c.clone().$method(req).await.map(|r| r.into_inner()),
                     }
                 }
@@ -173,7 +234,10 @@ macro_rules! service_client {
                     let mut req = ::tonic::Request::new(req);
                     $crate::context::inject(&mut req);
                     match self {
-                        Self::Local(svc) => Ok(Box::pin(<$local as $tr>::$smethod(svc, req).await?.into_inner())),
+                        Self::Local(svc) => {
+                            req.extensions_mut().insert($crate::context::local_principal());
+                            Ok(Box::pin(<$local as $tr>::$smethod(svc, req).await?.into_inner()))
+                        }
                         Self::Remote(c) => Ok(Box::pin(c.clone().$smethod(req).await?.into_inner())),
                     }
                 }

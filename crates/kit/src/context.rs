@@ -12,9 +12,6 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 pub const CORRELATION_HEADER: &str = "x-correlation-id";
 /// W3C trace-context header.
 pub const TRACEPARENT_HEADER: &str = "traceparent";
-/// Metadata key naming the person or system acting (until authentication
-/// arrives, a trusted claim); carried on to the calls a request makes.
-pub const ACTOR_HEADER: &str = "x-switchyard-actor";
 
 /// Correlation of the request being served.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,8 +20,9 @@ pub struct RequestContext {
     pub correlation_id: String,
     /// The caller's `traceparent`, when it sent one.
     pub traceparent: Option<String>,
-    /// Who acts (`x-switchyard-actor`), when known.
-    pub actor: Option<String>,
+    /// Who is calling, as authenticated by the server layer (or the
+    /// in-process client); `None` on open methods and outside requests.
+    pub principal: Option<std::sync::Arc<crate::auth::Principal>>,
 }
 
 tokio::task_local! {
@@ -96,6 +94,24 @@ pub fn continue_trace(span: &tracing::Span, traceparent: &str) {
     let _ = span.set_parent(parent);
 }
 
+/// The principal an in-process call carries: this process's services acting
+/// for whoever the current request or job stands for — what a remote call
+/// authenticated by service credential plus on-behalf-of would produce.
+pub fn local_principal() -> std::sync::Arc<crate::auth::Principal> {
+    let service = crate::auth::Principal::in_process();
+    std::sync::Arc::new(match current().and_then(|c| c.principal) {
+        Some(p) => p.for_outgoing_call(&service),
+        None => service,
+    })
+}
+
+/// The user an outgoing remote call acts for, from the current context.
+pub fn outgoing_on_behalf() -> Option<crate::auth::OnBehalf> {
+    let p = current()?.principal?;
+    p.for_outgoing_call(&crate::auth::Principal::in_process())
+        .on_behalf_of
+}
+
 /// Adds the correlation id and trace context to an outgoing request, keeping
 /// any the caller already set.
 pub fn inject<T>(req: &mut tonic::Request<T>) {
@@ -107,12 +123,6 @@ pub fn inject<T>(req: &mut tonic::Request<T>) {
         if let Ok(v) = id.parse() {
             md.insert(CORRELATION_HEADER, v);
         }
-    }
-    if !md.contains_key(ACTOR_HEADER)
-        && let Some(actor) = current().and_then(|c| c.actor)
-        && let Ok(v) = actor.parse()
-    {
-        md.insert(ACTOR_HEADER, v);
     }
     if !md.contains_key(TRACEPARENT_HEADER)
         && let Some(tp) = outgoing_traceparent()
@@ -139,18 +149,13 @@ mod tests {
         let ctx = RequestContext {
             correlation_id: "corr-1".into(),
             traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
-            actor: Some("@carol".into()),
+            principal: None,
         };
         scope(ctx, async {
             let mut req = tonic::Request::new(());
             inject(&mut req);
             assert_eq!(req.metadata().get(CORRELATION_HEADER).unwrap(), "corr-1");
             assert!(req.metadata().get(TRACEPARENT_HEADER).is_some());
-            assert_eq!(
-                req.metadata().get(ACTOR_HEADER).unwrap(),
-                "@carol",
-                "the actor rides along"
-            );
             assert_eq!(correlation_id(&req), "corr-1");
 
             let mut own = tonic::Request::new(());

@@ -1,7 +1,8 @@
 //! The tower layer every Switchyard server runs requests through: correlation
 //! id and trace context in, a span per RPC named `<service>.<rpc>`, the id
-//! echoed back, the request time limit, and the message-size refusal mapped
-//! to RESOURCE_EXHAUSTED with a reason.
+//! echoed back, authentication and the authorization table (default deny),
+//! the request time limit, and the message-size refusal mapped to
+//! RESOURCE_EXHAUSTED with a reason.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,13 +19,58 @@ use tonic::body::Body;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use crate::auth::authn::{Authenticator, Presented};
+use crate::auth::{Access, AuthError, Principal};
 use crate::context::{self, CORRELATION_HEADER, RequestContext, TRACEPARENT_HEADER};
 use crate::error;
+
+/// What a request must pass: nothing (open methods, servers without auth)
+/// or authentication with `Presented` and the method's access rule.
+enum Gate {
+    Open,
+    Check(Arc<Authenticator>, Access, Presented),
+}
+
+fn gate(
+    auth: Option<&Arc<Authenticator>>,
+    path: &str,
+    headers: &HeaderMap,
+) -> Result<Gate, AuthError> {
+    let Some(auth) = auth else {
+        return Ok(Gate::Open);
+    };
+    let access = crate::auth::access(path);
+    if access == Access::Open {
+        return Ok(Gate::Open);
+    }
+    Ok(Gate::Check(
+        auth.clone(),
+        access,
+        Presented::from_headers(headers)?,
+    ))
+}
+
+/// Authenticates and authorizes a request to `path`: `Ok(None)` for open
+/// methods (health, reflection) and servers without auth.
+async fn admit(gate: Gate, path: &str) -> Result<Option<Arc<Principal>>, AuthError> {
+    let Gate::Check(auth, access, presented) = gate else {
+        return Ok(None);
+    };
+    let principal = auth.authenticate(&presented, crate::time::now_ms()).await?;
+    match access {
+        Access::Needs(perm) => principal.require(perm)?,
+        Access::Unknown => return Err(AuthError::Unlisted(path.to_owned())),
+        Access::Open | Access::Authenticated => {}
+    }
+    Ok(Some(Arc::new(principal)))
+}
 
 #[derive(Debug, Clone)]
 pub(crate) struct RpcLayer {
     pub(crate) timeout: Option<Duration>,
     pub(crate) max_message_bytes: usize,
+    /// `None` only on agent and tool endpoints (not control-plane services).
+    pub(crate) auth: Option<Arc<Authenticator>>,
 }
 
 impl<S> tower::Layer<S> for RpcLayer {
@@ -82,7 +128,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<Body>) -> Self::Future {
+    fn call(&mut self, mut req: Request<Body>) -> Self::Future {
         // Take the service that was driven to readiness; leave a clone behind.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
@@ -109,27 +155,42 @@ where
             rpc.service = %service,
             rpc.method = %method,
             correlation_id = %correlation_id,
+            principal = tracing::field::Empty,
             grpc.status = tracing::field::Empty,
         );
         if crate::telemetry::otel_enabled() && traceparent.is_some() {
             let parent = TraceContextPropagator::new().extract(&HeaderExtractor(req.headers()));
             let _ = span.set_parent(parent);
         }
-        let actor = req
-            .headers()
-            .get(context::ACTOR_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned);
-        let ctx = RequestContext {
-            correlation_id: correlation_id.clone(),
-            traceparent,
-            actor,
-        };
+        let gate = gate(cfg.auth.as_ref(), req.uri().path(), req.headers());
+        let path = req.uri().path().to_owned();
 
         Box::pin(
             async move {
+                let admitted = match gate {
+                    Ok(g) => admit(g, &path).await,
+                    Err(e) => Err(e),
+                };
+                let principal = match admitted {
+                    Ok(p) => p,
+                    Err(refused) => {
+                        tracing::debug!(error = %refused, "request refused");
+                        let mut resp = tonic::Status::from(refused).into_http();
+                        if let Ok(v) = HeaderValue::from_str(&correlation_id) {
+                            resp.headers_mut().insert(CORRELATION_HEADER, v);
+                        }
+                        return Ok(resp);
+                    }
+                };
+                if let Some(p) = &principal {
+                    tracing::Span::current().record("principal", tracing::field::display(&p.subject));
+                    req.extensions_mut().insert(p.clone());
+                }
+                let ctx = RequestContext {
+                    correlation_id: correlation_id.clone(),
+                    traceparent,
+                    principal,
+                };
                 let fut = context::scope(ctx, inner.call(req));
                 let result = match cfg.timeout {
                     Some(limit) => match tokio::time::timeout(limit, fut).await {
@@ -152,6 +213,14 @@ where
                                 "request message is larger than the server's limit of {} bytes (server.max_message_bytes)",
                                 cfg.max_message_bytes
                             ),
+                        )
+                        .into_http();
+                    }
+                    if is_decode_failure(resp.headers()) {
+                        resp = error::status(
+                            Code::InvalidArgument,
+                            Reason::MalformedRequest,
+                            "the request message could not be decoded (bad protobuf bytes or invalid UTF-8 in a string field); send a message of the method's request type",
                         )
                         .into_http();
                     }
@@ -178,6 +247,18 @@ fn is_decode_too_large(h: &HeaderMap) -> bool {
             .is_some_and(|m| {
                 m.contains("decoded%20message%20length%20too%20large")
                     || m.contains("decoded message length too large")
+            })
+}
+
+/// tonic answers a request it cannot decode with a bare INTERNAL; it is the
+/// caller's input that is wrong, so it becomes INVALID_ARGUMENT with a reason.
+fn is_decode_failure(h: &HeaderMap) -> bool {
+    h.get("grpc-status").is_some_and(|v| v == "13")
+        && h.get("grpc-message")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|m| {
+                m.starts_with("failed%20to%20decode%20Protobuf%20message")
+                    || m.starts_with("failed to decode Protobuf message")
             })
 }
 
@@ -235,6 +316,7 @@ mod tests {
         let layer = RpcLayer {
             timeout: Some(Duration::from_millis(100)),
             max_message_bytes: 4,
+            auth: None,
         };
         let mut svc = layer.layer(Inner {
             delay: Duration::from_secs(5),
@@ -264,6 +346,7 @@ mod tests {
         let layer = RpcLayer {
             timeout: None,
             max_message_bytes: 4,
+            auth: None,
         };
         let mut svc = layer.layer(Inner {
             delay: Duration::ZERO,

@@ -5,14 +5,18 @@
 //!   graceful shutdown.
 //! - [`client`]: channels whose calls carry `x-correlation-id` and `traceparent`,
 //!   and [`service_client!`] for clients that are the same in-process or remote.
-//! - [`context`]: the per-request correlation context.
+//! - [`auth`]: principals, authentication (API keys, service token) and the
+//!   one authorization table.
+//! - [`context`]: the per-request correlation context and principal.
 //! - [`error`]: `tonic::Status` with `ErrorInfo` reasons and `BadRequest`
 //!   violations, and their client-side reading ([`error::ApiError`]).
 //! - [`config`]: defaults → TOML file → `SWITCHYARD_*` env layering.
 //! - [`telemetry`]: logs (human or JSON) and OTLP trace export.
 //! - [`shutdown`]: SIGINT/SIGTERM handling shared by every binary.
+//! - [`tls`]: the process's rustls crypto provider.
 //! - [`json`], [`time`]: protobuf `Struct`/`Timestamp`/`Duration` conversions.
 
+pub mod auth;
 pub mod client;
 pub mod config;
 pub mod context;
@@ -23,6 +27,7 @@ pub mod server;
 pub mod shutdown;
 pub mod telemetry;
 pub mod time;
+pub mod tls;
 
 /// A boxed stream of messages or statuses, as returned by streaming client calls.
 pub type BoxStream<T> =

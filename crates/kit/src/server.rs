@@ -107,6 +107,7 @@ impl<S> GrpcService for S where
 /// Services to serve on one port.
 pub struct Server {
     cfg: ServerConfig,
+    auth: Option<std::sync::Arc<crate::auth::authn::Authenticator>>,
     routes: RoutesBuilder,
     names: Vec<&'static str>,
     gates: Vec<(&'static str, Gate)>,
@@ -124,14 +125,24 @@ impl std::fmt::Debug for Server {
 }
 
 impl Server {
-    /// An empty server with `cfg`'s limits.
+    /// An empty server with `cfg`'s limits and no authentication: for agent
+    /// and tool endpoints, which Switchyard calls. Control-plane services are
+    /// served [`Server::with_auth`].
     pub fn new(cfg: ServerConfig) -> Self {
         Server {
             cfg,
+            auth: None,
             routes: RoutesBuilder::default(),
             names: Vec::new(),
             gates: Vec::new(),
         }
+    }
+
+    /// Every request but health and reflection is authenticated by `auth`
+    /// and checked against the authorization table (default deny).
+    pub fn with_auth(mut self, auth: std::sync::Arc<crate::auth::authn::Authenticator>) -> Self {
+        self.auth = Some(auth);
+        self
     }
 
     /// The configuration.
@@ -158,6 +169,18 @@ impl Server {
     ) -> Self {
         self.gates.push((S::NAME, Box::pin(ready)));
         self.add_service(svc)
+    }
+
+    /// Health reports the server as a whole NOT_SERVING until `ready`
+    /// completes (reported under `name`): for state the whole process needs,
+    /// such as the key set it verifies credentials against.
+    pub fn with_gate(
+        mut self,
+        name: &'static str,
+        ready: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Self {
+        self.gates.push((name, Box::pin(ready)));
+        self
     }
 
     /// Serves on `listener` until `shutdown` fires, then reports NOT_SERVING,
@@ -198,6 +221,7 @@ impl Server {
             timeout: (self.cfg.request_timeout_ms > 0)
                 .then(|| Duration::from_millis(self.cfg.request_timeout_ms)),
             max_message_bytes: self.cfg.max_message_bytes,
+            auth: self.auth,
         };
         let drain = Duration::from_millis(self.cfg.drain_timeout_ms);
 

@@ -32,6 +32,13 @@ pub fn duration_ms(d: &prost_types::Duration) -> f64 {
     d.seconds as f64 * 1000.0 + f64::from(d.nanos) / 1e6
 }
 
+/// Wall-clock milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,13 +27,9 @@ pub mod scripted;
 
 pub use config::{LlmConfig, ModelConfig, ProviderConfig, ProviderKind};
 
-/// Installs the ring crypto provider for rustls once per process.
+/// Installs the process's rustls crypto provider (see `switchyard_kit::tls`).
 pub(crate) fn install_crypto() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        // Err means another provider is installed already: that one serves.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
+    switchyard_kit::tls::install_crypto();
 }
 
 /// Who speaks in a chat message.

@@ -16,6 +16,14 @@ pub mod common {
     }
 }
 
+/// `switchyard.auth.v1`: API keys and who-am-i.
+pub mod auth {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("switchyard.auth.v1");
+    }
+}
+
 /// `switchyard.registry.v1`: agents, tools, leases, outcomes, watch.
 pub mod registry {
     /// Version 1.

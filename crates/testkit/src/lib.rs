@@ -4,17 +4,37 @@
 //! same composition `switchyard dev` uses, with storage in a temporary
 //! directory; [`Stack::stop`] shuts it down and waits for it. No fixed ports,
 //! no sleeps: readiness is polled through `grpc.health.v1`.
+//!
+//! Every call is authenticated like a real client's: the stack bootstraps the
+//! dev credentials (admin, alice, bob, agents), and [`Stack::channel`]
+//! carries a `tester` key holding every role but approver, so tests approve
+//! as `bob` ([`Stack::channel_as`]), like people.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use switchyard_auth::credentials::Credentials;
 use switchyard_cli::{Config, ServiceKind, run_node};
+use switchyard_kit::client::{Credential, Intercepted, authed};
 use switchyard_kit::shutdown::Trigger;
+use switchyard_proto::auth::v1::auth_service_client::AuthServiceClient;
+use switchyard_proto::auth::v1::{CreateKeyRequest, PrincipalKind};
 use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
+
+fn uuid_like() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    format!("{:016x}", h.finish())
+}
 
 /// A running in-process stack.
 pub struct Stack {
@@ -25,6 +45,7 @@ pub struct Stack {
     trigger: Trigger,
     handle: tokio::task::JoinHandle<anyhow::Result<()>>,
     dir: tempfile::TempDir,
+    tokens: std::collections::BTreeMap<String, String>,
 }
 
 impl std::fmt::Debug for Stack {
@@ -50,22 +71,99 @@ impl Stack {
         let mut cfg = Config::default();
         cfg.storage.data_dir = dir.path().to_path_buf();
         cfg.server.listen = "127.0.0.1:0".into();
+        // The `switchyard dev` composition, dev credentials included, plus a
+        // cluster service token tests can act as (`operator`).
+        cfg.auth.dev_credentials = Some(true);
+        let service_token = format!("svc-{}-{}", uuid_like(), uuid_like());
+        let token_file = dir.path().join("service-token");
+        std::fs::write(&token_file, &service_token)?;
+        cfg.auth.service_token_file = Some(token_file);
         tweak(&mut cfg);
         let listener = switchyard_kit::server::bind(&cfg.server).await?;
         let addr = listener.local_addr()?;
         let (trigger, shutdown) = switchyard_kit::shutdown::channel();
-        let services = services.to_vec();
+        // Every deployment has an identity source: a stack of any services
+        // also hosts the auth service.
+        let mut services = services.to_vec();
+        if !services.contains(&ServiceKind::Auth) {
+            services.insert(0, ServiceKind::Auth);
+        }
+        let data_dir = cfg.storage.data_dir.clone();
         let handle =
             tokio::spawn(async move { run_node(cfg, &services, listener, shutdown).await });
-        let stack = Stack {
+        let mut stack = Stack {
             addr,
             url: format!("http://{addr}"),
             trigger,
             handle,
             dir,
+            tokens: Default::default(),
         };
         stack.wait_serving(Duration::from_secs(10)).await?;
+        let creds = data_dir.join(switchyard_auth::credentials::FILE);
+        if creds.exists() {
+            let creds = Credentials::read(&creds).map_err(anyhow::Error::msg)?;
+            for (name, e) in &creds.principals {
+                stack.tokens.insert(name.clone(), e.token.clone());
+            }
+            let tester = stack
+                .key(
+                    "tester",
+                    &["submitter", "operator", "admin", "agent", "viewer"],
+                    PrincipalKind::Human,
+                )
+                .await?;
+            stack.tokens.insert("tester".into(), tester);
+        }
+        stack.tokens.insert("operator".into(), service_token);
         Ok(stack)
+    }
+
+    /// The token of a named principal: `admin`, `alice` (submitter), `bob`
+    /// (approver), `agents` (agent), `tester` (every role but approver), and
+    /// `operator`: the cluster's service token (a service principal across
+    /// tenants, as the services present to each other).
+    pub fn token(&self, name: &str) -> anyhow::Result<String> {
+        self.tokens
+            .get(name)
+            .cloned()
+            .with_context(|| format!("the stack has no principal {name:?}"))
+    }
+
+    /// Creates an API key in tenant `default` (as admin) and returns its token.
+    pub async fn key(
+        &self,
+        subject: &str,
+        roles: &[&str],
+        kind: PrincipalKind,
+    ) -> anyhow::Result<String> {
+        let admin = authed(
+            self.raw_channel().await?,
+            Some(Credential::bearer(&self.token("admin")?)?),
+        );
+        let made = AuthServiceClient::new(admin)
+            .create_key(CreateKeyRequest {
+                subject: subject.into(),
+                roles: roles.iter().map(|r| (*r).to_owned()).collect(),
+                kind: kind as i32,
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        Ok(made.secret)
+    }
+
+    /// A channel authenticated with `token`.
+    pub async fn channel_with(&self, token: &str) -> anyhow::Result<Intercepted> {
+        Ok(authed(
+            self.raw_channel().await?,
+            Some(Credential::bearer(token)?),
+        ))
+    }
+
+    /// A channel authenticated as the named principal (see [`Stack::token`]).
+    pub async fn channel_as(&self, name: &str) -> anyhow::Result<Intercepted> {
+        self.channel_with(&self.token(name)?).await
     }
 
     /// The data directory.
@@ -73,16 +171,25 @@ impl Stack {
         self.dir.path()
     }
 
-    /// A connected channel.
-    pub async fn channel(&self) -> anyhow::Result<Channel> {
+    /// A connected channel carrying no credential.
+    pub async fn raw_channel(&self) -> anyhow::Result<Channel> {
         Ok(switchyard_kit::client::connect(&self.url).await?)
+    }
+
+    /// A connected channel authenticated as `tester` (every role but
+    /// approver); anonymous on a stack without the auth service.
+    pub async fn channel(&self) -> anyhow::Result<Intercepted> {
+        match self.tokens.get("tester") {
+            Some(t) => self.channel_with(t).await,
+            None => Ok(authed(self.raw_channel().await?, None)),
+        }
     }
 
     /// Polls the overall health status until SERVING.
     pub async fn wait_serving(&self, limit: Duration) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
-            if let Ok(ch) = self.channel().await {
+            if let Ok(ch) = self.raw_channel().await {
                 let resp = HealthClient::new(ch)
                     .check(HealthCheckRequest {
                         service: String::new(),

@@ -220,9 +220,15 @@ pub async fn main_with<A: Agent>(agent: A, mut spec: AgentSpec) -> anyhow::Resul
     if let Some(id) = o.id {
         spec.id = id;
     }
+    let credential = o
+        .token
+        .as_deref()
+        .map(switchyard_kit::client::Credential::bearer)
+        .transpose()?;
     let opts = switchyard_agent_sdk::ServeOptions {
         listen: o.listen,
         registry_url: o.registry,
+        credential,
         ..Default::default()
     };
     switchyard_agent_sdk::serve(agent, spec, opts).await?;
@@ -238,6 +244,9 @@ pub struct Opts {
     /// Registry (or `switchyard dev`) URL.
     #[arg(long, env = "SWITCHYARD_URL", default_value = "http://127.0.0.1:7600")]
     pub registry: String,
+    /// The agent's API key (role agent).
+    #[arg(long, env = "SWITCHYARD_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// Agent id to register as.
     #[arg(long)]
     pub id: Option<String>,

@@ -34,9 +34,7 @@ use tonic::{Code, Request, Response, Status};
 
 pub use policy::Policy;
 
-/// Metadata key carrying the acting person or service until authentication
-/// arrives; read only by [`actor`].
-pub const ACTOR_HEADER: &str = switchyard_kit::context::ACTOR_HEADER;
+use switchyard_kit::auth::{Permission, Principal};
 
 /// `[approval]` configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -143,7 +141,7 @@ pub enum ApprovalError {
         actor: String,
     },
     /// The action needs an actor.
-    #[error("{action} needs an actor: send {ACTOR_HEADER} metadata")]
+    #[error("{action} needs an authenticated person")]
     ActorRequired {
         /// The action.
         action: &'static str,
@@ -281,15 +279,17 @@ fn status_of(run: &Run) -> S {
     from_proto(run.status).unwrap_or(S::Proposed)
 }
 
-/// The actor of a request: `x-switchyard-actor` metadata. The one place the
-/// identity is read, so authentication can replace its source later.
-pub fn actor<T>(req: &Request<T>) -> Option<String> {
-    req.metadata()
-        .get(ACTOR_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
+/// The authenticated principal of a request (set by the server layer or the
+/// in-process client), never a header or body field.
+fn principal<T>(req: &Request<T>) -> Result<std::sync::Arc<Principal>, Status> {
+    switchyard_kit::auth::principal(req)
+}
+
+/// Whether `p` may see `run`: its tenant's runs, and of those only its own
+/// unless it reads the audit (approvers, operators, viewers, admins,
+/// services).
+pub fn visible(p: &Principal, run: &Run) -> bool {
+    p.may_see(&run.tenant, &run.created_by)
 }
 
 /// Actions that need a decision about who may act.
@@ -1103,22 +1103,80 @@ impl Approval {
         Ok(run)
     }
 
-    /// Approve, reject or cancel as asked over gRPC: the actor from the
-    /// request metadata, run id and comment from the message.
+    /// Approve, reject or cancel as asked over gRPC, by the authenticated
+    /// principal: another tenant's run (or, for a submitter, someone else's)
+    /// is not found; deciding needs `run.decide` even when called in-process.
     async fn decide_request<T>(
         &self,
         action: Action,
         req: Request<T>,
         fields: impl FnOnce(T) -> (String, String),
-    ) -> Result<Run, ApprovalError> {
-        let who = actor(&req);
+    ) -> Result<Run, Status> {
+        let p = principal(&req)?;
+        if action != Action::Cancel {
+            p.require(Permission::RunDecide)?;
+        }
         let (run_id, comment) = fields(req.into_inner());
-        self.decide(action, &run_id, &comment, who.as_deref()).await
+        self.visible_run(&p, &run_id)?;
+        Ok(self
+            .decide(action, &run_id, &comment, Some(p.acting_subject()))
+            .await?)
+    }
+
+    /// The run `run_id` if `p` may see it, else RUN_NOT_FOUND.
+    fn visible_run(&self, p: &Principal, run_id: &str) -> Result<Run, ApprovalError> {
+        self.get(run_id)
+            .ok()
+            .filter(|r| visible(p, r))
+            .ok_or_else(|| ApprovalError::RunNotFound(run_id.to_owned()))
+    }
+
+    /// Binds a proposal to its proposer: `created_by` and `tenant` come from
+    /// the principal; a body naming someone else is refused.
+    fn bind_proposal(&self, p: &Principal, req: &mut ProposeRequest) -> Result<(), ApprovalError> {
+        let me = p.acting_subject().to_owned();
+        let tenant = p.tenant_scope().unwrap_or_default().to_owned();
+        if let Some(run) = req.run.as_mut() {
+            if !run.created_by.is_empty() && run.created_by != me {
+                return Err(invalid(
+                    "run.created_by",
+                    format!("created_by is your authenticated identity ({me:?}); leave it empty"),
+                ));
+            }
+            if tenant.is_empty() {
+                return Err(invalid(
+                    "run.tenant",
+                    "a run belongs to a tenant: a service proposes on behalf of a user",
+                ));
+            }
+            if !run.tenant.is_empty() && run.tenant != tenant {
+                return Err(invalid(
+                    "run.tenant",
+                    format!(
+                        "runs are proposed in your own tenant ({tenant:?}); leave tenant empty"
+                    ),
+                ));
+            }
+            run.created_by = me;
+            run.tenant = tenant;
+        }
+        if !req.approved_under.is_empty() {
+            self.visible_run(p, &req.approved_under)?;
+        }
+        Ok(())
+    }
+
+    /// The run of a worker request, when `p` may see it.
+    fn worker_check<T>(&self, req: &Request<T>, run_id: &str) -> Result<(), Status> {
+        let p = principal(req)?;
+        self.visible_run(&p, run_id)?;
+        Ok(())
     }
 
     fn watch_stream(
         &self,
         req: WatchRequest,
+        p: std::sync::Arc<Principal>,
     ) -> Result<
         futures_util::stream::BoxStream<'static, Result<WatchResponse, Status>>,
         ApprovalError,
@@ -1136,7 +1194,10 @@ impl Approval {
             .filter_map(move |r| {
                 let out = match r {
                     Err(e) => Some(Err(Status::from(ApprovalError::Storage(e)))),
-                    Ok((_, rec)) if req.run_id.is_empty() || rec.run_id == req.run_id => {
+                    Ok((_, rec))
+                        if (req.run_id.is_empty() || rec.run_id == req.run_id)
+                            && me.visible_run(&p, &rec.run_id).is_ok() =>
+                    {
                         let run = me.lock().runs.get(&rec.run_id).cloned();
                         Some(Ok(WatchResponse {
                             event: Some(Event {
@@ -1168,10 +1229,16 @@ impl ApprovalService for Approval {
         &self,
         req: Request<ProposeRequest>,
     ) -> Result<Response<ProposeResponse>, Status> {
-        let who = actor(&req);
-        Ok(Response::new(
-            Approval::propose(self, req.into_inner(), who).await?,
-        ))
+        let p = principal(&req)?;
+        let mut r = req.into_inner();
+        self.bind_proposal(&p, &mut r)?;
+        // The audit log names the user and, for a service acting for them,
+        // the service too.
+        let who = match p.via() {
+            Some(via) => format!("{} (via {via})", p.acting_subject()),
+            None => p.acting_subject().to_owned(),
+        };
+        Ok(Response::new(Approval::propose(self, r, Some(who)).await?))
     }
 
     async fn approve(
@@ -1208,7 +1275,8 @@ impl ApprovalService for Approval {
         &self,
         req: Request<GetRunRequest>,
     ) -> Result<Response<GetRunResponse>, Status> {
-        let run = self.get(&req.into_inner().run_id)?;
+        let p = principal(&req)?;
+        let run = self.visible_run(&p, &req.get_ref().run_id)?;
         Ok(Response::new(GetRunResponse { run: Some(run) }))
     }
 
@@ -1216,10 +1284,14 @@ impl ApprovalService for Approval {
         &self,
         req: Request<ListRunsRequest>,
     ) -> Result<Response<ListRunsResponse>, Status> {
-        Ok(Response::new(self.list(req.get_ref())?))
+        let p = principal(&req)?;
+        let mut out = self.list(req.get_ref())?;
+        out.runs.retain(|r| visible(&p, r));
+        Ok(Response::new(out))
     }
 
     async fn claim(&self, req: Request<ClaimRequest>) -> Result<Response<ClaimResponse>, Status> {
+        self.worker_check(&req, &req.get_ref().run_id)?;
         let run = Approval::claim(self, req.into_inner()).await?;
         Ok(Response::new(ClaimResponse { run: Some(run) }))
     }
@@ -1228,6 +1300,7 @@ impl ApprovalService for Approval {
         &self,
         req: Request<RenewClaimRequest>,
     ) -> Result<Response<RenewClaimResponse>, Status> {
+        self.worker_check(&req, &req.get_ref().run_id)?;
         let run = self.renew(req.into_inner()).await?;
         Ok(Response::new(RenewClaimResponse { run: Some(run) }))
     }
@@ -1236,11 +1309,13 @@ impl ApprovalService for Approval {
         &self,
         req: Request<CompleteRequest>,
     ) -> Result<Response<CompleteResponse>, Status> {
+        self.worker_check(&req, &req.get_ref().run_id)?;
         let run = Approval::complete(self, req.into_inner()).await?;
         Ok(Response::new(CompleteResponse { run: Some(run) }))
     }
 
     async fn fail(&self, req: Request<FailRequest>) -> Result<Response<FailResponse>, Status> {
+        self.worker_check(&req, &req.get_ref().run_id)?;
         let run = Approval::fail(self, req.into_inner()).await?;
         Ok(Response::new(FailResponse { run: Some(run) }))
     }
@@ -1249,16 +1324,24 @@ impl ApprovalService for Approval {
         &self,
         req: Request<ListAuditRequest>,
     ) -> Result<Response<ListAuditResponse>, Status> {
-        Ok(Response::new(Approval::list_audit(self, req.get_ref())?))
+        let p = principal(&req)?;
+        if !req.get_ref().run_id.is_empty() {
+            self.visible_run(&p, &req.get_ref().run_id)?;
+        }
+        let mut out = Approval::list_audit(self, req.get_ref())?;
+        out.records
+            .retain(|rec| self.visible_run(&p, &rec.run_id).is_ok());
+        Ok(Response::new(out))
     }
 
     async fn export_prompt_bundle(
         &self,
         req: Request<ExportPromptBundleRequest>,
     ) -> Result<Response<ExportPromptBundleResponse>, Status> {
-        let who = actor(&req);
+        let p = principal(&req)?;
+        self.visible_run(&p, &req.get_ref().run_id)?;
         Ok(Response::new(
-            self.export(&req.into_inner().run_id, who.as_deref())
+            self.export(&req.into_inner().run_id, Some(p.acting_subject()))
                 .await?,
         ))
     }
@@ -1267,8 +1350,11 @@ impl ApprovalService for Approval {
         &self,
         req: Request<ImportManualResultRequest>,
     ) -> Result<Response<ImportManualResultResponse>, Status> {
-        let who = actor(&req);
-        let run = self.import(req.into_inner(), who.as_deref()).await?;
+        let p = principal(&req)?;
+        self.visible_run(&p, &req.get_ref().run_id)?;
+        let run = self
+            .import(req.into_inner(), Some(p.acting_subject()))
+            .await?;
         Ok(Response::new(ImportManualResultResponse { run: Some(run) }))
     }
 
@@ -1278,7 +1364,11 @@ impl ApprovalService for Approval {
         &self,
         req: Request<WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        Ok(Response::new(self.watch_stream(req.into_inner())?))
+        let p = principal(&req)?;
+        if !req.get_ref().run_id.is_empty() {
+            self.visible_run(&p, &req.get_ref().run_id)?;
+        }
+        Ok(Response::new(self.watch_stream(req.into_inner(), p)?))
     }
 }
 

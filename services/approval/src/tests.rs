@@ -856,10 +856,13 @@ async fn watch_streams_run_events_of_one_run() {
     let id = run_in(&f.svc, S::Proposed).await;
     let mut w = f
         .svc
-        .watch_stream(WatchRequest {
-            run_id: id.clone(),
-            after_sequence: 0,
-        })
+        .watch_stream(
+            WatchRequest {
+                run_id: id.clone(),
+                after_sequence: 0,
+            },
+            std::sync::Arc::new(Principal::in_process()),
+        )
         .unwrap();
     f.svc
         .decide(Action::Reject, &other, "", REVIEWER)

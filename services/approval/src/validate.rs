@@ -65,7 +65,7 @@ pub fn run(r: &Run) -> Result<(), Violations> {
     if r.created_by.is_empty() {
         v.add(
             "created_by",
-            "created_by is required (or send x-switchyard-actor)",
+            "created_by is required: the authenticated proposer",
         );
     } else {
         v.check("created_by", key(&r.created_by, "created_by"));

@@ -134,10 +134,14 @@ fn unit_random() -> f64 {
 impl Executor {
     /// Runs a job to its end (or until shutdown), inside its own trace.
     pub(crate) async fn drive(&self, job_id: &str, ctl: Arc<Control>) {
-        let (correlation_id, traceparent) = {
+        let (correlation_id, traceparent, submitter) = {
             let st = self.lock();
             match st.jobs.get(job_id) {
-                Some(e) => (e.spec().correlation_id.clone(), e.traceparent.clone()),
+                Some(e) => (
+                    e.spec().correlation_id.clone(),
+                    e.traceparent.clone(),
+                    e.submitter(),
+                ),
                 None => return,
             }
         };
@@ -146,7 +150,10 @@ impl Executor {
         let ctx = RequestContext {
             correlation_id,
             traceparent: (!traceparent.is_empty()).then_some(traceparent),
-            actor: Some(format!("executor/{}", self.inner.cfg.worker_id)),
+            // The driver's calls act for the job's submitter.
+            principal: Some(std::sync::Arc::new(
+                switchyard_kit::auth::Principal::in_process().acting_for(submitter),
+            )),
         };
         let run = async {
             if let Err(e) = self.run_job(job_id, &ctl).await {
@@ -1109,7 +1116,11 @@ impl Executor {
             return Ok(c.clone());
         }
         let channel = switchyard_kit::client::lazy_channel(endpoint).map_err(|e| e.to_string())?;
-        let client = AgentClient::remote(channel, self.inner.max_message_bytes);
+        // Agents are third parties: they never get this process's credential.
+        let client = AgentClient::remote(
+            switchyard_kit::client::authed(channel, None),
+            self.inner.max_message_bytes,
+        );
         agents.insert(endpoint.to_owned(), client.clone());
         Ok(client)
     }

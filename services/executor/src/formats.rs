@@ -689,13 +689,13 @@ fn ojs(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
         .map_or(limits.max_delegation_depth, |m| {
             (m as u32).min(limits.max_delegation_depth)
         });
-    // A delegated job (depth > 0) must stay below the maximum; the
-    // deployment's cap bounds whatever the client asks for.
-    if depth > 0 && depth >= max_depth {
+    // Seed 000: a job fails when its depth *exceeds* the maximum (equal is
+    // allowed); the deployment's cap bounds whatever the client asks for.
+    if depth > max_depth {
         return Err(FormatError::one(
             Reason::AgentMaxDelegationDepth,
             "ext_agent_delegation_depth",
-            format!("delegation depth {depth} reaches the maximum of {max_depth}"),
+            format!("delegation depth {depth} exceeds the maximum of {max_depth}"),
         ));
     }
     let mut tools = Vec::new();

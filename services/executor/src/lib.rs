@@ -32,6 +32,7 @@ use switchyard_agent_sdk::AgentServer;
 use switchyard_approval::ApprovalClient;
 use switchyard_core::lifecycle::{JobState, Refused, TaskState};
 use switchyard_core::{Clock, Reason};
+use switchyard_kit::auth::{OnBehalf, Principal};
 use switchyard_kit::error::{metadata, status, status_with_metadata};
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_ledger::LedgerClient;
@@ -60,9 +61,6 @@ use crate::builtin::Builtins;
 use crate::formats::{FormatError, Limits};
 use crate::spec::Rules;
 use crate::state::{JobEntry, kind};
-
-/// Header naming the person or system submitting (as for approval).
-pub const ACTOR_HEADER: &str = switchyard_approval::ACTOR_HEADER;
 
 /// `[executor]` configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -337,7 +335,7 @@ fn upstream(service: &'static str) -> impl FnOnce(Status) -> ExecutorError {
 struct Parent {
     run_id: String,
     budget_id: String,
-    submitted_by: String,
+    submitter: OnBehalf,
 }
 
 /// The services the executor calls, each in-process or remote.
@@ -975,7 +973,7 @@ impl Executor {
     pub async fn submit(
         &self,
         req: SubmitJobRequest,
-        actor: Option<String>,
+        who: Option<OnBehalf>,
         correlation_id: String,
         traceparent: Option<String>,
     ) -> Result<SubmitJobResponse, ExecutorError> {
@@ -988,6 +986,27 @@ impl Executor {
             spec.job_id = uuid::Uuid::now_v7().to_string();
         }
         let parent = self.adopt(&mut spec)?;
+        // The submitter: the caller, else (a service delegating) the parent's.
+        let submitter = match (who, &parent) {
+            (Some(w), Some(p)) if w.tenant != p.submitter.tenant => {
+                // Another tenant's parent job does not exist for this caller.
+                let id = spec
+                    .delegation
+                    .as_ref()
+                    .map(|d| d.parent_job_id.clone())
+                    .unwrap_or_default();
+                return Err(ExecutorError::NotFound(id));
+            }
+            (Some(w), _) => w,
+            (None, Some(p)) => p.submitter.clone(),
+            (None, None) => {
+                return Err(ExecutorError::Invalid(FormatError::one(
+                    Reason::InvalidArgument,
+                    "job",
+                    "a job belongs to a tenant: a service submits on behalf of a user",
+                )));
+            }
+        };
         let job_id = spec.job_id.clone();
         let hash = spec::context_hash(&spec);
         let now = self.now();
@@ -995,7 +1014,7 @@ impl Executor {
         {
             let mut st = self.lock();
             if let Some(existing) = st.jobs.get(&job_id) {
-                return if existing.context_hash == hash {
+                return if existing.context_hash == hash && existing.job.tenant == submitter.tenant {
                     Ok(SubmitJobResponse {
                         job: Some(existing.job.clone()),
                         created: false,
@@ -1006,14 +1025,20 @@ impl Executor {
             }
             let mut entry = JobEntry::new(spec.clone(), dag, now);
             entry.context_hash = hash.clone();
+            entry.job.tenant.clone_from(&submitter.tenant);
+            entry.job.submitted_by.clone_from(&submitter.subject);
+            entry.submitter_kind = submitter.kind.as_str().to_owned();
             st.jobs.insert(job_id.clone(), entry);
         }
-        let submitted_by = actor
-            .or_else(|| parent.as_ref().map(|p| p.submitted_by.clone()))
-            .unwrap_or_else(|| "anonymous".into());
-        let result = self
-            .admit(&spec, &hash, &submitted_by, parent.as_ref())
-            .await;
+        let submitted_by = submitter.subject.clone();
+        // The budget and the run are made for the submitter, whatever context
+        // the caller runs in (a gRPC request, a job driver, an LLM tool).
+        let ctx = acting_context(&spec.correlation_id, submitter.clone());
+        let result = switchyard_kit::context::scope(
+            ctx,
+            self.admit(&spec, &hash, &submitted_by, parent.as_ref()),
+        )
+        .await;
         let (budget_id, run, auto) = match result {
             Ok(x) => x,
             Err(e) => {
@@ -1042,6 +1067,8 @@ impl Executor {
                 json!({
                     "format": spec.source_format, "tasks": spec.tasks.len(),
                     "submitted_by": submitted_by,
+                    "tenant": submitter.tenant,
+                    "submitter_kind": submitter.kind.as_str(),
                     "traceparent": traceparent.unwrap_or_default(),
                 }),
                 None,
@@ -1121,12 +1148,13 @@ impl Executor {
             pd.max_depth.min(cap)
         };
         let depth = pd.depth + 1;
-        if depth >= max {
+        // Seed 000: refused only when the child's depth exceeds the maximum.
+        if depth > max {
             return Err(ExecutorError::Invalid(FormatError::one(
                 Reason::AgentMaxDelegationDepth,
                 "delegation.depth",
                 format!(
-                    "delegation depth {depth} reaches the maximum of {max}: job {:?} may not delegate",
+                    "delegation depth {depth} exceeds the maximum of {max}: job {:?} may not delegate further",
                     d.parent_job_id
                 ),
             )));
@@ -1136,7 +1164,7 @@ impl Executor {
         let parent = Parent {
             run_id: p.job.run_id.clone(),
             budget_id: p.job.budget_id.clone(),
-            submitted_by: p.job.submitted_by.clone(),
+            submitter: p.submitter(),
         };
         spec.budget.get_or_insert_default().parent_budget_id = parent.budget_id.clone();
         Ok(Some(parent))
@@ -1447,31 +1475,39 @@ impl Executor {
         Ok(())
     }
 
-    /// Who decided a run, from its audit log (best effort).
+    /// Who decided a run, from its audit log (best effort, bounded). The
+    /// run's status can be seen before its audit record is durable, so this
+    /// follows the run's watch, which yields records once durable.
     async fn decider(&self, run: &ap::Run) -> String {
-        let audit = self
-            .inner
-            .clients
-            .approval
-            .list_audit(ap::ListAuditRequest {
-                run_id: run.run_id.clone(),
-                ..Default::default()
-            })
-            .await;
-        audit
+        use futures_util::StreamExt as _;
+        let find = async {
+            let mut events = self
+                .inner
+                .clients
+                .approval
+                .watch(ap::WatchRequest {
+                    run_id: run.run_id.clone(),
+                    after_sequence: 0,
+                })
+                .await
+                .ok()?;
+            while let Some(Ok(w)) = events.next().await {
+                let Some(e) = w.event else { continue };
+                let decided = matches!(
+                    e.kind.as_str(),
+                    "run.approved" | "run.auto_approved" | "run.rejected" | "run.cancelled"
+                );
+                if decided {
+                    let data = e.data.as_ref().map(switchyard_kit::json::struct_to_json);
+                    return data.and_then(|d| d["actor"].as_str().map(str::to_owned));
+                }
+            }
+            None
+        };
+        tokio::time::timeout(Duration::from_secs(5), find)
+            .await
             .ok()
-            .and_then(|a| {
-                a.records
-                    .into_iter()
-                    .rev()
-                    .find(|r| {
-                        matches!(
-                            r.event_type.as_str(),
-                            "approved" | "auto_approved" | "rejected" | "cancelled"
-                        )
-                    })
-                    .map(|r| r.actor)
-            })
+            .flatten()
             .unwrap_or_default()
     }
 
@@ -1550,7 +1586,11 @@ impl Executor {
     }
 
     /// ListJobs: newest first, filtered, paginated by job id.
-    pub fn list(&self, req: &ListJobsRequest) -> Result<ListJobsResponse, ExecutorError> {
+    pub fn list_for(
+        &self,
+        req: &ListJobsRequest,
+        p: &Principal,
+    ) -> Result<ListJobsResponse, ExecutorError> {
         let size = switchyard_core::validate::page_size(req.page_size);
         let st = self.lock();
         let mut jobs = Vec::new();
@@ -1564,6 +1604,9 @@ impl Executor {
                 continue;
             }
             let Some(e) = st.jobs.get(id) else { continue };
+            if !p.may_see(&e.job.tenant, &e.job.submitted_by) {
+                continue;
+            }
             if !req.states.is_empty() && !req.states.contains(&e.job.state) {
                 continue;
             }
@@ -1702,15 +1745,16 @@ impl Executor {
         if run_id.is_empty() {
             return;
         }
-        let actor = who.unwrap_or_else(|| format!("executor/{}", self.inner.cfg.worker_id));
-        let mut ctx = switchyard_kit::context::current().unwrap_or_else(|| {
+        // The run is cancelled in the name of whoever the current request or
+        // job driver acts for (see `context::local_principal`).
+        let _ = who;
+        let ctx = switchyard_kit::context::current().unwrap_or_else(|| {
             switchyard_kit::context::RequestContext {
                 correlation_id: switchyard_kit::context::new_correlation_id(),
                 traceparent: None,
-                actor: None,
+                principal: None,
             }
         });
-        ctx.actor = Some(actor);
         let call = self.inner.clients.approval.cancel(ap::CancelRequest {
             run_id,
             comment: why.to_owned(),
@@ -1915,8 +1959,43 @@ async fn keep_builtins_registered(
         .await;
 }
 
-fn actor<T>(req: &Request<T>) -> Option<String> {
-    switchyard_approval::actor(req)
+/// A request context in which this process's calls act for `user`, keeping
+/// the current trace context.
+fn acting_context(correlation_id: &str, user: OnBehalf) -> switchyard_kit::context::RequestContext {
+    let current = switchyard_kit::context::current();
+    switchyard_kit::context::RequestContext {
+        correlation_id: correlation_id.to_owned(),
+        traceparent: current.and_then(|c| c.traceparent),
+        principal: Some(std::sync::Arc::new(
+            Principal::in_process().acting_for(user),
+        )),
+    }
+}
+
+/// The user a request acts for: the authenticated principal's acting
+/// subject and tenant (none for a service acting for no one).
+fn submitter(p: &Principal) -> Option<OnBehalf> {
+    let tenant = p.tenant_scope()?;
+    Some(match &p.on_behalf_of {
+        Some(o) => o.clone(),
+        None => OnBehalf {
+            subject: p.subject.clone(),
+            tenant: tenant.to_owned(),
+            kind: p.kind,
+        },
+    })
+}
+
+impl Executor {
+    /// Refuses with JOB_NOT_FOUND unless `p` may see job `job_id`: its
+    /// tenant's jobs, and for submitters and agents only their own.
+    fn visible(&self, p: &Principal, job_id: &str) -> Result<(), ExecutorError> {
+        let st = self.lock();
+        match st.jobs.get(job_id) {
+            Some(e) if p.may_see(&e.job.tenant, &e.job.submitted_by) => Ok(()),
+            _ => Err(ExecutorError::NotFound(job_id.into())),
+        }
+    }
 }
 
 #[tonic::async_trait]
@@ -1925,7 +2004,8 @@ impl JobService for Executor {
         &self,
         req: Request<SubmitJobRequest>,
     ) -> Result<Response<SubmitJobResponse>, Status> {
-        let who = actor(&req);
+        let p = switchyard_kit::auth::principal(&req)?;
+        let who = submitter(&p);
         let ctx = switchyard_kit::context::current();
         let correlation = ctx
             .as_ref()
@@ -1951,6 +2031,8 @@ impl JobService for Executor {
         &self,
         req: Request<GetJobRequest>,
     ) -> Result<Response<GetJobResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        self.visible(&p, &req.get_ref().job_id)?;
         let job = self.job(&req.get_ref().job_id)?;
         Ok(Response::new(GetJobResponse { job: Some(job) }))
     }
@@ -1959,7 +2041,8 @@ impl JobService for Executor {
         &self,
         req: Request<ListJobsRequest>,
     ) -> Result<Response<ListJobsResponse>, Status> {
-        Ok(Response::new(self.list(req.get_ref())?))
+        let p = switchyard_kit::auth::principal(&req)?;
+        Ok(Response::new(self.list_for(req.get_ref(), &p)?))
     }
 
     type WatchJobStream =
@@ -1969,6 +2052,8 @@ impl JobService for Executor {
         &self,
         req: Request<WatchJobRequest>,
     ) -> Result<Response<Self::WatchJobStream>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        self.visible(&p, &req.get_ref().job_id)?;
         let r = req.into_inner();
         let s = self.watch(&r.job_id, r.after_sequence)?;
         Ok(Response::new(Box::pin(s.map(|e| {
@@ -1980,7 +2065,9 @@ impl JobService for Executor {
         &self,
         req: Request<CancelJobRequest>,
     ) -> Result<Response<CancelJobResponse>, Status> {
-        let who = actor(&req);
+        let p = switchyard_kit::auth::principal(&req)?;
+        self.visible(&p, &req.get_ref().job_id)?;
+        let who = Some(p.acting_subject().to_owned());
         let r = req.into_inner();
         let job = self.cancel(&r.job_id, &r.reason, who).await?;
         Ok(Response::new(CancelJobResponse { job: Some(job) }))
@@ -1990,6 +2077,8 @@ impl JobService for Executor {
         &self,
         req: Request<GetResultRequest>,
     ) -> Result<Response<GetResultResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        self.visible(&p, &req.get_ref().job_id)?;
         Ok(Response::new(self.result(&req.get_ref().job_id)?))
     }
 }

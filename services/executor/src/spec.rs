@@ -136,10 +136,10 @@ pub fn validate(spec: &JobSpec, rules: &Rules<'_>) -> Result<Dag, FormatError> {
         } else {
             d.max_depth.min(rules.max_delegation_depth)
         };
-        if d.depth > 0 && d.depth >= max {
+        if d.depth > max {
             v.add(
                 "delegation.depth",
-                format!("delegation depth {} reaches the maximum of {max}", d.depth),
+                format!("delegation depth {} exceeds the maximum of {max}", d.depth),
             );
             specific(Reason::AgentMaxDelegationDepth, &mut reason);
         }

@@ -114,9 +114,21 @@ pub struct JobEntry {
     pub cache: Vec<Event>,
     /// The job's highest sequence known durable; watchers follow it.
     pub durable_to: tokio::sync::watch::Sender<u64>,
+    /// Kind of the submitting principal (`human`, `agent`, `service`).
+    pub submitter_kind: String,
 }
 
 impl JobEntry {
+    /// The user the job runs for: its driver's calls act on their behalf.
+    pub fn submitter(&self) -> switchyard_kit::auth::OnBehalf {
+        switchyard_kit::auth::OnBehalf {
+            subject: self.job.submitted_by.clone(),
+            tenant: self.job.tenant.clone(),
+            kind: switchyard_kit::auth::Kind::parse(&self.submitter_kind)
+                .unwrap_or(switchyard_kit::auth::Kind::Human),
+        }
+    }
+
     /// A new entry for an accepted spec.
     pub fn new(spec: JobSpec, dag: Dag, created_ms: u64) -> JobEntry {
         let tasks = spec
@@ -158,6 +170,7 @@ impl JobEntry {
             index,
             cache: Vec::new(),
             durable_to: tokio::sync::watch::channel(0).0,
+            submitter_kind: String::new(),
         }
     }
 
@@ -193,6 +206,8 @@ impl JobEntry {
         match e.kind.as_str() {
             kind::SUBMITTED => {
                 self.job.submitted_by = text(e, "submitted_by");
+                self.job.tenant = text(e, "tenant");
+                self.submitter_kind = text(e, "submitter_kind");
                 self.traceparent = text(e, "traceparent");
             }
             kind::JOB_STATE => {

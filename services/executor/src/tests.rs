@@ -135,17 +135,25 @@ fn ojs_rules_give_the_seeds_error_codes() {
         Reason::AgentInvalidParameter
     );
     assert_eq!(
-        e(json!({"type": "t", "ext_agent_model": "m", "ext_agent_delegation_depth": 10})),
+        e(json!({"type": "t", "ext_agent_model": "m", "ext_agent_delegation_depth": 11})),
         Reason::AgentMaxDelegationDepth
     );
     assert_eq!(
         e(
-            json!({"type": "t", "ext_agent_model": "m", "ext_agent_delegation_depth": 2, "ext_agent_max_delegation_depth": 2})
+            json!({"type": "t", "ext_agent_model": "m", "ext_agent_delegation_depth": 3, "ext_agent_max_delegation_depth": 2})
         ),
         Reason::AgentMaxDelegationDepth
     );
-    let ok = formats::convert(&json!({"type": "t", "ext_agent_model": "m", "ext_agent_delegation_depth": 1, "ext_agent_max_delegation_depth": 2}), LIMITS).unwrap();
-    assert_eq!(ok.delegation.unwrap().depth, 1);
+    let err = formats::convert(&json!({"type": "t", "ext_agent_model": "m", "ext_agent_delegation_depth": 3, "ext_agent_max_delegation_depth": 2}), LIMITS).unwrap_err();
+    assert!(
+        err.violations
+            .to_string()
+            .contains("exceeds the maximum of 2"),
+        "{err:?}"
+    );
+    // Seed 000: only a depth that *exceeds* the maximum fails; equal is fine.
+    let ok = formats::convert(&json!({"type": "t", "ext_agent_model": "m", "ext_agent_delegation_depth": 2, "ext_agent_max_delegation_depth": 2}), LIMITS).unwrap();
+    assert_eq!(ok.delegation.unwrap().depth, 2);
 }
 
 #[test]

@@ -15,6 +15,7 @@ use switchyard_proto::ledger::v1::{Budget, Entry, JournalRecord, RecordKind, Res
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct BudgetState {
     pub id: String,
+    pub tenant: String,
     pub parent: Option<String>,
     pub token_limit: Option<u64>,
     pub cost_limit: Option<i64>,
@@ -63,6 +64,7 @@ impl BudgetState {
             labels: self.labels.clone(),
             closed: self.closed,
             overrun: self.overrun(),
+            tenant: self.tenant.clone(),
         }
     }
 }
@@ -232,6 +234,7 @@ impl Books {
                     b.budget_id.clone(),
                     BudgetState {
                         id: b.budget_id.clone(),
+                        tenant: b.tenant.clone(),
                         parent,
                         token_limit: b.token_limit,
                         cost_limit: b.cost_limit.map(|m| m.micro_usd),

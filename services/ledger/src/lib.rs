@@ -140,6 +140,16 @@ pub enum LedgerError {
         if .0.refused_by == .0.budget_id { String::new() } else { format!(" (an ancestor of {:?})", .0.budget_id) }
     )]
     Exceeded(Box<Refusal>),
+    /// A sum on the budget chain would overflow its integer type.
+    #[error(
+        "budget {budget_id:?} cannot hold more: its token or money sums would overflow (tokens at most {}, money at most {} micro-USD)",
+        u64::MAX,
+        i64::MAX
+    )]
+    Overflow {
+        /// The budget whose sums would overflow.
+        budget_id: String,
+    },
     /// No such reservation.
     #[error("reservation {0:?} does not exist")]
     ReservationNotFound(String),
@@ -172,6 +182,14 @@ impl From<LedgerError> for Status {
         let msg = e.to_string();
         let (code, reason, md) = match e {
             LedgerError::Invalid(v) => return invalid_argument(Reason::InvalidArgument, &v),
+            LedgerError::Overflow { budget_id } => {
+                return status_with_metadata(
+                    Code::ResourceExhausted,
+                    Reason::AmountOverflow,
+                    msg,
+                    metadata([("budget_id", budget_id)]),
+                );
+            }
             LedgerError::Exceeded(r) => {
                 let info = metadata([
                     ("budget_id", r.budget_id.clone()),
@@ -408,6 +426,34 @@ impl Ledger {
         format!("{kind}-{}-{sequence}", self.inner.id_prefix)
     }
 
+    /// Refuses with BUDGET_NOT_FOUND unless `p` sees budget `id`'s tenant.
+    fn visible(&self, p: &switchyard_kit::auth::Principal, id: &str) -> Result<(), LedgerError> {
+        match self.lock().budgets.get(id) {
+            Some(b) if p.sees_tenant(&b.tenant) => Ok(()),
+            _ => Err(LedgerError::BudgetNotFound(id.to_owned())),
+        }
+    }
+
+    /// Refuses with RESERVATION_NOT_FOUND unless `p` sees the reservation's
+    /// budget.
+    fn visible_reservation(
+        &self,
+        p: &switchyard_kit::auth::Principal,
+        id: &str,
+    ) -> Result<(), LedgerError> {
+        let books = self.lock();
+        let seen = books
+            .reservations
+            .get(id)
+            .and_then(|r| books.budgets.get(&r.budget_id))
+            .is_some_and(|b| p.sees_tenant(&b.tenant));
+        if seen {
+            Ok(())
+        } else {
+            Err(LedgerError::ReservationNotFound(id.to_owned()))
+        }
+    }
+
     /// Returns one budget.
     pub fn budget(&self, id: &str) -> Result<Budget, LedgerError> {
         self.lock()
@@ -417,10 +463,20 @@ impl Ledger {
             .ok_or_else(|| LedgerError::BudgetNotFound(id.to_owned()))
     }
 
-    /// Creates a budget (idempotent for identical settings).
+    /// Creates a budget with no tenant (tests and tools inside the ledger).
     pub async fn create_budget(
         &self,
         req: CreateBudgetRequest,
+    ) -> Result<CreateBudgetResponse, LedgerError> {
+        self.create_budget_in(req, "").await
+    }
+
+    /// Creates a budget of `tenant` (idempotent for identical settings); a
+    /// parent of another tenant is not found.
+    pub async fn create_budget_in(
+        &self,
+        req: CreateBudgetRequest,
+        tenant: &str,
     ) -> Result<CreateBudgetResponse, LedgerError> {
         let mut v = Violations::new();
         v.check(
@@ -445,12 +501,22 @@ impl Ledger {
             token_limit: req.token_limit,
             cost_limit: req.cost_limit,
             labels: req.labels,
+            tenant: tenant.to_owned(),
             ..Default::default()
         };
         let (seq, created) = {
             let mut books = self.lock();
+            if !req.parent_id.is_empty()
+                && books
+                    .budgets
+                    .get(&req.parent_id)
+                    .is_some_and(|p| p.tenant != tenant)
+            {
+                return Err(LedgerError::BudgetNotFound(req.parent_id));
+            }
             if let Some(b) = books.budgets.get(&req.budget_id) {
-                let same = b.parent.clone().unwrap_or_default() == wanted.parent_id
+                let same = b.tenant == tenant
+                    && b.parent.clone().unwrap_or_default() == wanted.parent_id
                     && b.token_limit == wanted.token_limit
                     && b.cost_limit == wanted.cost_limit.map(|m| m.micro_usd)
                     && b.labels == wanted.labels;
@@ -806,6 +872,14 @@ impl Ledger {
                 }
             } else {
                 let res = open_reservation(&books, &req.reservation_id)?.clone();
+                // Usage replaces the reservation on every budget of the chain.
+                fits_integers(
+                    &books.chain(&res.budget_id),
+                    req.tokens,
+                    cost,
+                    res.tokens,
+                    res.cost,
+                )?;
                 let over_tokens = req.tokens.saturating_sub(res.tokens);
                 let over_cost = (cost - res.cost).max(0);
                 let overrun = over_tokens > 0 || over_cost > 0;
@@ -1041,6 +1115,7 @@ impl Ledger {
     fn watch_stream(
         &self,
         req: WatchRequest,
+        p: std::sync::Arc<switchyard_kit::auth::Principal>,
     ) -> Result<futures_util::stream::BoxStream<'static, Result<WatchResponse, Status>>, LedgerError>
     {
         if !req.budget_id.is_empty() && !self.lock().budgets.contains_key(&req.budget_id) {
@@ -1057,8 +1132,9 @@ impl Ledger {
                 let out = match r {
                     Err(e) => Some(Err(Status::from(LedgerError::Storage(e)))),
                     Ok((_, rec)) => {
-                        let wanted = req.budget_id.is_empty()
-                            || me.lock().within(&rec.budget_id, &req.budget_id);
+                        let wanted = (req.budget_id.is_empty()
+                            || me.lock().within(&rec.budget_id, &req.budget_id))
+                            && me.visible(&p, &rec.budget_id).is_ok();
                         wanted.then(|| Ok(watch_response(rec)))
                     }
                 };
@@ -1087,6 +1163,7 @@ fn check_reserve(
     if chain.is_empty() {
         return Err(LedgerError::BudgetNotFound(budget_id.to_owned()));
     }
+    fits_integers(&chain, tokens, cost, 0, 0)?;
     for b in &chain {
         if b.closed {
             return Err(LedgerError::Closed {
@@ -1110,6 +1187,31 @@ fn check_reserve(
                 tokens,
                 cost,
             ))));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a change that would take any budget of `chain` past u64 tokens or
+/// i64 micro-USD: adds `add_*` and takes `sub_*` from its reserved amounts
+/// (sums are checked in 128 bits, so nothing is ever saturated).
+fn fits_integers(
+    chain: &[&books::BudgetState],
+    add_tokens: u64,
+    add_cost: i64,
+    sub_tokens: u64,
+    sub_cost: i64,
+) -> Result<(), LedgerError> {
+    for b in chain {
+        let tokens =
+            u128::from(b.tokens_reserved) + u128::from(b.tokens_spent) + u128::from(add_tokens)
+                - u128::from(sub_tokens.min(b.tokens_reserved));
+        let cost = i128::from(b.cost_reserved) + i128::from(b.cost_spent) + i128::from(add_cost)
+            - i128::from(sub_cost.min(b.cost_reserved));
+        if tokens > u128::from(u64::MAX) || cost > i128::from(i64::MAX) {
+            return Err(LedgerError::Overflow {
+                budget_id: b.id.clone(),
+            });
         }
     }
     Ok(())
@@ -1216,8 +1318,19 @@ impl LedgerService for Ledger {
         &self,
         req: Request<CreateBudgetRequest>,
     ) -> Result<Response<CreateBudgetResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let tenant = p
+            .tenant_scope()
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| {
+                invalid(
+                    "budget_id",
+                    "a budget belongs to a tenant: a service creates budgets on behalf of a user",
+                )
+            })?
+            .to_owned();
         Ok(Response::new(
-            Ledger::create_budget(self, req.into_inner()).await?,
+            self.create_budget_in(req.into_inner(), &tenant).await?,
         ))
     }
 
@@ -1225,6 +1338,8 @@ impl LedgerService for Ledger {
         &self,
         req: Request<GetBudgetRequest>,
     ) -> Result<Response<GetBudgetResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        self.visible(&p, &req.get_ref().budget_id)?;
         let budget = self.budget(&req.into_inner().budget_id)?;
         Ok(Response::new(GetBudgetResponse {
             budget: Some(budget),
@@ -1235,13 +1350,18 @@ impl LedgerService for Ledger {
         &self,
         req: Request<ListBudgetsRequest>,
     ) -> Result<Response<ListBudgetsResponse>, Status> {
-        Ok(Response::new(Ledger::list_budgets(self, req.get_ref())))
+        let p = switchyard_kit::auth::principal(&req)?;
+        let mut out = Ledger::list_budgets(self, req.get_ref());
+        out.budgets.retain(|b| p.sees_tenant(&b.tenant));
+        Ok(Response::new(out))
     }
 
     async fn update_limits(
         &self,
         req: Request<UpdateLimitsRequest>,
     ) -> Result<Response<UpdateLimitsResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        self.visible(&p, &req.get_ref().budget_id)?;
         let budget = Ledger::update_limits(self, req.into_inner()).await?;
         Ok(Response::new(UpdateLimitsResponse {
             budget: Some(budget),
@@ -1252,6 +1372,8 @@ impl LedgerService for Ledger {
         &self,
         req: Request<CloseBudgetRequest>,
     ) -> Result<Response<CloseBudgetResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        self.visible(&p, &req.get_ref().budget_id)?;
         let budget = Ledger::close_budget(self, &req.into_inner().budget_id).await?;
         Ok(Response::new(CloseBudgetResponse {
             budget: Some(budget),
@@ -1262,6 +1384,8 @@ impl LedgerService for Ledger {
         &self,
         req: Request<ReserveRequest>,
     ) -> Result<Response<ReserveResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        self.visible(&p, &req.get_ref().budget_id)?;
         let corr = switchyard_kit::context::correlation_id(&req);
         let reservation = Ledger::reserve(self, req.into_inner(), &corr).await?;
         Ok(Response::new(ReserveResponse {
@@ -1273,6 +1397,8 @@ impl LedgerService for Ledger {
         &self,
         req: Request<CommitRequest>,
     ) -> Result<Response<CommitResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        self.visible_reservation(&p, &req.get_ref().reservation_id)?;
         Ok(Response::new(Ledger::commit(self, req.into_inner()).await?))
     }
 
@@ -1280,6 +1406,8 @@ impl LedgerService for Ledger {
         &self,
         req: Request<ReleaseRequest>,
     ) -> Result<Response<ReleaseResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        self.visible_reservation(&p, &req.get_ref().reservation_id)?;
         Ledger::release(self, req.into_inner()).await?;
         Ok(Response::new(ReleaseResponse {}))
     }
@@ -1288,7 +1416,14 @@ impl LedgerService for Ledger {
         &self,
         req: Request<ListEntriesRequest>,
     ) -> Result<Response<ListEntriesResponse>, Status> {
-        Ok(Response::new(Ledger::list_entries(self, req.get_ref())?))
+        let p = switchyard_kit::auth::principal(&req)?;
+        if !req.get_ref().budget_id.is_empty() {
+            self.visible(&p, &req.get_ref().budget_id)?;
+        }
+        let mut out = Ledger::list_entries(self, req.get_ref())?;
+        out.entries
+            .retain(|e| self.visible(&p, &e.budget_id).is_ok());
+        Ok(Response::new(out))
     }
 
     async fn estimate_cost(
@@ -1304,7 +1439,11 @@ impl LedgerService for Ledger {
         &self,
         req: Request<WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        Ok(Response::new(self.watch_stream(req.into_inner())?))
+        let p = switchyard_kit::auth::principal(&req)?;
+        if !req.get_ref().budget_id.is_empty() {
+            self.visible(&p, &req.get_ref().budget_id)?;
+        }
+        Ok(Response::new(self.watch_stream(req.into_inner(), p)?))
     }
 }
 

@@ -608,10 +608,13 @@ async fn watch_streams_durable_events_of_a_budget_subtree_and_resumes() {
     budget(l, "job", "org", None, None).await;
     budget(l, "other", "", None, None).await;
     let mut all = l
-        .watch_stream(WatchRequest {
-            budget_id: "org".into(),
-            after_sequence: 0,
-        })
+        .watch_stream(
+            WatchRequest {
+                budget_id: "org".into(),
+                after_sequence: 0,
+            },
+            std::sync::Arc::new(switchyard_kit::auth::Principal::in_process()),
+        )
         .unwrap();
     let r = reserve(l, "job", 60, 0, "k1").await.unwrap();
     reserve(l, "other", 1, 0, "k2").await.unwrap();
@@ -646,18 +649,24 @@ async fn watch_streams_durable_events_of_a_budget_subtree_and_resumes() {
         ]
     );
     let mut resumed = l
-        .watch_stream(WatchRequest {
-            budget_id: String::new(),
-            after_sequence: 4,
-        })
+        .watch_stream(
+            WatchRequest {
+                budget_id: String::new(),
+                after_sequence: 4,
+            },
+            std::sync::Arc::new(switchyard_kit::auth::Principal::in_process()),
+        )
         .unwrap();
     let ev = resumed.next().await.unwrap().unwrap().event.unwrap();
     assert_eq!((ev.sequence, ev.kind.as_str()), (5, "ledger.reserved"));
     let err = api(l
-        .watch_stream(WatchRequest {
-            budget_id: "nope".into(),
-            after_sequence: 0,
-        })
+        .watch_stream(
+            WatchRequest {
+                budget_id: "nope".into(),
+                after_sequence: 0,
+            },
+            std::sync::Arc::new(switchyard_kit::auth::Principal::in_process()),
+        )
         .err()
         .unwrap());
     assert_eq!(err.known_reason(), Some(Reason::BudgetNotFound));
@@ -854,4 +863,33 @@ mod properties {
             rt.block_on(run(ops));
         }
     }
+}
+
+#[tokio::test]
+async fn sums_that_would_overflow_are_refused_never_saturated() {
+    let f = fixture();
+    // Unlimited budgets: no limit stops the sums, only their integer types.
+    budget(&f.ledger, "root", "", None, None).await;
+    budget(&f.ledger, "root/job", "root", None, None).await;
+    let max = crate::MAX_AMOUNT;
+    // i64::MAX / 1e15 ≈ 9223 reservations of the largest amount fit.
+    let fit = (i64::MAX as u64 / max) as usize;
+    for i in 0..fit {
+        reserve(&f.ledger, "root/job", max, max as i64, &format!("k{i}"))
+            .await
+            .unwrap();
+    }
+    let before = f.ledger.budget("root").unwrap();
+    let e = reserve(&f.ledger, "root/job", max, max as i64, "one-too-many")
+        .await
+        .unwrap_err();
+    let e = api(e);
+    assert_eq!(e.reason.as_deref(), Some("AMOUNT_OVERFLOW"), "{e:?}");
+    assert_eq!(f.ledger.budget("root").unwrap(), before, "nothing changed");
+    assert!(
+        before.cost_reserved.unwrap().micro_usd > 0,
+        "not saturated or wrapped"
+    );
+    // The books still equal the replay of the journal.
+    assert_eq!(f.ledger.replayed_budgets().unwrap(), f.ledger.budgets());
 }

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use switchyard_core::{Clock, Reason, Violations};
+use switchyard_kit::auth::{Principal, Role};
 use switchyard_kit::error::{invalid_argument, status_with_metadata};
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_kit::time::{duration, duration_ms, timestamp, timestamp_ms};
@@ -101,9 +102,75 @@ pub enum RegistryError {
         /// Agents listing it.
         agents: Vec<String>,
     },
+    /// The agent or tool belongs to another subject (or is a shared
+    /// platform object) and the caller may change only its own.
+    #[error(
+        "{what} {id:?} belongs to {owner:?}; you may change only your own (operators and admins may change any of the tenant's)"
+    )]
+    NotOwner {
+        /// `agent` or `tool`.
+        what: &'static str,
+        /// Its id or name.
+        id: String,
+        /// Its owner (`platform` for shared ones).
+        owner: String,
+    },
+    /// The id is taken by another tenant's agent or tool.
+    #[error("{what} id {id:?} is taken; choose another")]
+    Taken {
+        /// `agent` or `tool`.
+        what: &'static str,
+        /// The id.
+        id: String,
+    },
     /// Storage failed; nothing was acknowledged.
     #[error("storage failed: {0}")]
     Storage(#[from] StoreError),
+}
+
+/// Who may change an agent or tool of `tenant` owned by `owner`: `Ok` or
+/// why not. Others' tenants' objects do not exist for the caller; shared
+/// (platform) ones belong to the services; within a tenant, operators and
+/// admins change any, agents only their own.
+fn may_change(
+    p: &Principal,
+    what: &'static str,
+    id: &str,
+    tenant: &str,
+    owner: &str,
+) -> Result<(), RegistryError> {
+    let unscoped = p.tenant_scope().is_none();
+    if !tenant.is_empty() && !p.sees_tenant(tenant) {
+        return Err(RegistryError::Taken {
+            what,
+            id: id.to_owned(),
+        });
+    }
+    if tenant.is_empty() && !unscoped {
+        return Err(RegistryError::NotOwner {
+            what,
+            id: id.to_owned(),
+            owner: "platform".into(),
+        });
+    }
+    let manager = [Role::Operator, Role::Admin, Role::Service]
+        .into_iter()
+        .any(|r| p.roles.has(r));
+    if manager || p.owns(owner) {
+        Ok(())
+    } else {
+        Err(RegistryError::NotOwner {
+            what,
+            id: id.to_owned(),
+            owner: owner.to_owned(),
+        })
+    }
+}
+
+/// Whether `p` sees an agent or tool of `tenant` (its own tenant's, and the
+/// shared platform ones).
+fn sees(p: &Principal, tenant: &str) -> bool {
+    tenant.is_empty() || p.sees_tenant(tenant)
 }
 
 impl From<RegistryError> for Status {
@@ -111,6 +178,29 @@ impl From<RegistryError> for Status {
         let msg = e.to_string();
         match e {
             RegistryError::Invalid(v) => invalid_argument(Reason::InvalidArgument, &v),
+            RegistryError::NotOwner { what, id, owner } => status_with_metadata(
+                Code::PermissionDenied,
+                Reason::PermissionDenied,
+                msg,
+                HashMap::from([
+                    ("permission".into(), format!("{what}.owner")),
+                    (format!("{what}_id"), id),
+                    ("owner".into(), owner),
+                ]),
+            ),
+            RegistryError::Taken { what, id } => {
+                let mut v = Violations::new();
+                v.add(
+                    if what == "agent" {
+                        "agent.id"
+                    } else {
+                        "tool.name"
+                    },
+                    msg,
+                );
+                let _ = id;
+                invalid_argument(Reason::InvalidArgument, &v)
+            }
             RegistryError::InvalidToolSchema(v) => invalid_argument(Reason::InvalidToolSchema, &v),
             RegistryError::AgentNotFound(id) => status_with_metadata(
                 Code::NotFound,
@@ -325,6 +415,7 @@ impl Registry {
     async fn register_agent_impl(
         &self,
         spec: Option<AgentSpec>,
+        p: &Principal,
     ) -> Result<RegisterAgentResponse, RegistryError> {
         let Some(mut spec) = spec else {
             return Err(invalid("agent", "agent is required"));
@@ -341,8 +432,17 @@ impl Registry {
                 return Err(RegistryError::Invalid(v));
             }
             let prev = st.agents.get(&spec.id);
+            if let Some(prev) = prev {
+                may_change(p, "agent", &spec.id, &prev.agent.tenant, &prev.agent.owner)?;
+            }
             let created = prev.is_none();
             let agent = Agent {
+                tenant: prev.map_or_else(
+                    || p.tenant_scope().unwrap_or_default().to_owned(),
+                    |e| e.agent.tenant.clone(),
+                ),
+                owner: prev
+                    .map_or_else(|| p.acting_subject().to_owned(), |e| e.agent.owner.clone()),
                 status: AgentStatus::Available as i32,
                 in_flight: 0,
                 lease_expires_at: Some(timestamp(expires)),
@@ -373,14 +473,23 @@ impl Registry {
         })
     }
 
-    fn heartbeat_impl(&self, req: HeartbeatRequest) -> Result<HeartbeatResponse, RegistryError> {
+    fn heartbeat_impl(
+        &self,
+        req: HeartbeatRequest,
+        p: &Principal,
+    ) -> Result<HeartbeatResponse, RegistryError> {
         let now = self.inner.clock.now_ms();
         let expires = now + self.inner.cfg.lease_ttl_secs * 1000;
         let changed = {
             let mut st = self.lock();
-            let Some(e) = st.agents.get_mut(&req.agent_id) else {
+            let Some(e) = st
+                .agents
+                .get_mut(&req.agent_id)
+                .filter(|e| sees(p, &e.agent.tenant))
+            else {
                 return Err(RegistryError::AgentNotFound(req.agent_id));
             };
+            may_change(p, "agent", &req.agent_id, &e.agent.tenant, &e.agent.owner)?;
             let was_saturated = e.saturated();
             let revived = e.status() == AgentStatus::Lapsed;
             e.lease_expires_ms = expires;
@@ -406,12 +515,14 @@ impl Registry {
         })
     }
 
-    async fn deregister_impl(&self, id: String) -> Result<(), RegistryError> {
+    async fn deregister_impl(&self, id: String, p: &Principal) -> Result<(), RegistryError> {
         {
             let mut st = self.lock();
-            if st.remove_agent(&id).is_none() {
+            let Some(e) = st.agents.get(&id).filter(|e| sees(p, &e.agent.tenant)) else {
                 return Err(RegistryError::AgentNotFound(id));
-            }
+            };
+            may_change(p, "agent", &id, &e.agent.tenant, &e.agent.owner)?;
+            st.remove_agent(&id);
             self.inner.agents.remove(&id)?;
             st.emit_agent_removed(&id);
         }
@@ -421,7 +532,11 @@ impl Registry {
         Ok(())
     }
 
-    fn list_impl(&self, req: ListAgentsRequest) -> Result<ListAgentsResponse, RegistryError> {
+    fn list_impl(
+        &self,
+        req: ListAgentsRequest,
+        p: &Principal,
+    ) -> Result<ListAgentsResponse, RegistryError> {
         let mut v = Violations::new();
         if !req.capability.is_empty() {
             v.check(
@@ -435,7 +550,8 @@ impl Registry {
         let size = switchyard_core::validate::page_size(req.page_size);
         let st = self.lock();
         let matches = |e: &Entry| {
-            (status == AgentStatus::Unspecified || e.status() == status)
+            sees(p, &e.agent.tenant)
+                && (status == AgentStatus::Unspecified || e.status() == status)
                 && req.labels.iter().all(|(k, val)| {
                     e.agent.spec.as_ref().and_then(|s| s.labels.get(k)) == Some(val)
                 })
@@ -493,8 +609,9 @@ impl Registry {
     async fn register_tool_impl(
         &self,
         tool: Option<Tool>,
+        p: &Principal,
     ) -> Result<RegisterToolResponse, RegistryError> {
-        let Some(tool) = tool else {
+        let Some(mut tool) = tool else {
             return Err(invalid("tool", "tool is required"));
         };
         let (v, schema_bad) = validate::tool(&tool);
@@ -507,7 +624,16 @@ impl Registry {
         }
         let created = {
             let mut st = self.lock();
-            let created = !st.tools.contains_key(&tool.name);
+            let prev = st.tools.get(&tool.name);
+            if let Some(prev) = prev {
+                may_change(p, "tool", &tool.name, &prev.tenant, &prev.owner)?;
+            }
+            tool.tenant = prev.map_or_else(
+                || p.tenant_scope().unwrap_or_default().to_owned(),
+                |t| t.tenant.clone(),
+            );
+            tool.owner = prev.map_or_else(|| p.acting_subject().to_owned(), |t| t.owner.clone());
+            let created = prev.is_none();
             self.inner.tools.put(&tool.name, &tool)?;
             st.tools.insert(tool.name.clone(), tool.clone());
             st.emit_tool(tool.clone());
@@ -522,12 +648,13 @@ impl Registry {
         })
     }
 
-    async fn deregister_tool_impl(&self, name: String) -> Result<(), RegistryError> {
+    async fn deregister_tool_impl(&self, name: String, p: &Principal) -> Result<(), RegistryError> {
         {
             let mut st = self.lock();
-            if !st.tools.contains_key(&name) {
+            let Some(t) = st.tools.get(&name).filter(|t| sees(p, &t.tenant)) else {
                 return Err(RegistryError::ToolNotFound(name));
-            }
+            };
+            may_change(p, "tool", &name, &t.tenant, &t.owner)?;
             let users = st.tool_users(&name);
             if !users.is_empty() {
                 return Err(RegistryError::ToolInUse {
@@ -547,6 +674,7 @@ impl Registry {
     fn report_outcome_impl(
         &self,
         req: ReportOutcomeRequest,
+        p: &Principal,
     ) -> Result<ReportOutcomeResponse, RegistryError> {
         let mut v = Violations::new();
         v.check(
@@ -568,7 +696,11 @@ impl Registry {
         let alpha = self.inner.cfg.ewma_alpha;
         let stats = {
             let mut st = self.lock();
-            let Some(e) = st.agents.get_mut(&req.agent_id) else {
+            let Some(e) = st
+                .agents
+                .get_mut(&req.agent_id)
+                .filter(|e| sees(p, &e.agent.tenant))
+            else {
                 return Err(RegistryError::AgentNotFound(req.agent_id));
             };
             let offered: Vec<&str> = e.capabilities().collect();
@@ -606,11 +738,16 @@ impl Registry {
 
 impl Registry {
     /// Tools and routable tool-mode agents, listed apart for a prompt.
-    pub fn summary(&self, req: &GetCapabilitiesSummaryRequest) -> GetCapabilitiesSummaryResponse {
+    pub fn summary(
+        &self,
+        req: &GetCapabilitiesSummaryRequest,
+        p: &Principal,
+    ) -> GetCapabilitiesSummaryResponse {
         let st = self.lock();
         let tools: Vec<SummaryItem> = st
             .tools
             .values()
+            .filter(|t| sees(p, &t.tenant))
             .filter(|t| req.tools.is_empty() || req.tools.contains(&t.name))
             .map(|t| SummaryItem {
                 name: t.name.clone(),
@@ -630,6 +767,7 @@ impl Registry {
         let agents: Vec<SummaryItem> = st
             .agents
             .values()
+            .filter(|e| sees(p, &e.agent.tenant))
             .filter(|e| e.status() == AgentStatus::Available)
             .filter(|e| {
                 e.agent.spec.as_ref().is_some_and(|s| {
@@ -664,14 +802,19 @@ impl Registry {
     }
 }
 
+fn principal<T>(req: &Request<T>) -> Result<std::sync::Arc<Principal>, Status> {
+    switchyard_kit::auth::principal(req)
+}
+
 #[tonic::async_trait]
 impl RegistryService for Registry {
     async fn register_agent(
         &self,
         req: Request<RegisterAgentRequest>,
     ) -> Result<Response<RegisterAgentResponse>, Status> {
+        let p = principal(&req)?;
         Ok(Response::new(
-            self.register_agent_impl(req.into_inner().agent).await?,
+            self.register_agent_impl(req.into_inner().agent, &p).await?,
         ))
     }
 
@@ -679,14 +822,16 @@ impl RegistryService for Registry {
         &self,
         req: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
-        Ok(Response::new(self.heartbeat_impl(req.into_inner())?))
+        let p = principal(&req)?;
+        Ok(Response::new(self.heartbeat_impl(req.into_inner(), &p)?))
     }
 
     async fn deregister_agent(
         &self,
         req: Request<DeregisterAgentRequest>,
     ) -> Result<Response<DeregisterAgentResponse>, Status> {
-        self.deregister_impl(req.into_inner().agent_id).await?;
+        let p = principal(&req)?;
+        self.deregister_impl(req.into_inner().agent_id, &p).await?;
         Ok(Response::new(DeregisterAgentResponse {}))
     }
 
@@ -694,8 +839,14 @@ impl RegistryService for Registry {
         &self,
         req: Request<GetAgentRequest>,
     ) -> Result<Response<GetAgentResponse>, Status> {
+        let p = principal(&req)?;
         let id = req.into_inner().agent_id;
-        let agent = self.lock().agents.get(&id).map(Entry::view);
+        let agent = self
+            .lock()
+            .agents
+            .get(&id)
+            .filter(|e| sees(&p, &e.agent.tenant))
+            .map(Entry::view);
         match agent {
             Some(a) => Ok(Response::new(GetAgentResponse { agent: Some(a) })),
             None => Err(RegistryError::AgentNotFound(id).into()),
@@ -706,13 +857,15 @@ impl RegistryService for Registry {
         &self,
         req: Request<ListAgentsRequest>,
     ) -> Result<Response<ListAgentsResponse>, Status> {
-        Ok(Response::new(self.list_impl(req.into_inner())?))
+        let p = principal(&req)?;
+        Ok(Response::new(self.list_impl(req.into_inner(), &p)?))
     }
 
     async fn find_by_capability(
         &self,
         req: Request<FindByCapabilityRequest>,
     ) -> Result<Response<FindByCapabilityResponse>, Status> {
+        let p = principal(&req)?;
         let req = req.into_inner();
         if let Err(e) = switchyard_core::validate::capability(&req.capability) {
             return Err(invalid("capability", e).into());
@@ -722,6 +875,7 @@ impl RegistryService for Registry {
             .offering(&req.capability)
             .iter()
             .filter_map(|id| st.agents.get(id))
+            .filter(|e| sees(&p, &e.agent.tenant))
             .filter(|e| req.include_unavailable || e.status() == AgentStatus::Available)
             .map(Entry::view)
             .collect();
@@ -732,15 +886,17 @@ impl RegistryService for Registry {
         &self,
         req: Request<GetCapabilitiesSummaryRequest>,
     ) -> Result<Response<GetCapabilitiesSummaryResponse>, Status> {
-        Ok(Response::new(self.summary(&req.into_inner())))
+        let p = principal(&req)?;
+        Ok(Response::new(self.summary(req.get_ref(), &p)))
     }
 
     async fn register_tool(
         &self,
         req: Request<RegisterToolRequest>,
     ) -> Result<Response<RegisterToolResponse>, Status> {
+        let p = principal(&req)?;
         Ok(Response::new(
-            self.register_tool_impl(req.into_inner().tool).await?,
+            self.register_tool_impl(req.into_inner().tool, &p).await?,
         ))
     }
 
@@ -748,7 +904,8 @@ impl RegistryService for Registry {
         &self,
         req: Request<DeregisterToolRequest>,
     ) -> Result<Response<DeregisterToolResponse>, Status> {
-        self.deregister_tool_impl(req.into_inner().name).await?;
+        let p = principal(&req)?;
+        self.deregister_tool_impl(req.into_inner().name, &p).await?;
         Ok(Response::new(DeregisterToolResponse {}))
     }
 
@@ -756,14 +913,19 @@ impl RegistryService for Registry {
         &self,
         req: Request<ListToolsRequest>,
     ) -> Result<Response<ListToolsResponse>, Status> {
+        let p = principal(&req)?;
         let names = req.into_inner().names;
         let st = self.lock();
         let tools = if names.is_empty() {
-            st.tools.values().cloned().collect()
+            st.tools
+                .values()
+                .filter(|t| sees(&p, &t.tenant))
+                .cloned()
+                .collect()
         } else {
             let mut out = Vec::new();
             for n in &names {
-                match st.tools.get(n) {
+                match st.tools.get(n).filter(|t| sees(&p, &t.tenant)) {
                     Some(t) => out.push(t.clone()),
                     None => return Err(RegistryError::ToolNotFound(n.clone()).into()),
                 }
@@ -777,7 +939,10 @@ impl RegistryService for Registry {
         &self,
         req: Request<ReportOutcomeRequest>,
     ) -> Result<Response<ReportOutcomeResponse>, Status> {
-        Ok(Response::new(self.report_outcome_impl(req.into_inner())?))
+        let p = principal(&req)?;
+        Ok(Response::new(
+            self.report_outcome_impl(req.into_inner(), &p)?,
+        ))
     }
 
     type WatchStream = ReceiverStream<Result<WatchResponse, Status>>;

@@ -1,4 +1,13 @@
 use super::*;
+
+/// A request as the in-process client sends it: with the calling service's
+/// principal.
+fn rq<T>(msg: T) -> Request<T> {
+    let mut r = Request::new(msg);
+    r.extensions_mut()
+        .insert(std::sync::Arc::new(Principal::in_process()));
+    r
+}
 use futures_util::StreamExt;
 use switchyard_core::ManualClock;
 use switchyard_kit::error::ApiError;
@@ -55,14 +64,14 @@ fn fixture() -> Fixture {
 }
 
 async fn register(reg: &Registry, s: AgentSpec) -> Result<RegisterAgentResponse, ApiError> {
-    reg.register_agent(Request::new(RegisterAgentRequest { agent: Some(s) }))
+    reg.register_agent(rq(RegisterAgentRequest { agent: Some(s) }))
         .await
         .map(|r| r.into_inner())
         .map_err(ApiError::from)
 }
 
 async fn get(reg: &Registry, id: &str) -> Agent {
-    reg.get_agent(Request::new(GetAgentRequest {
+    reg.get_agent(rq(GetAgentRequest {
         agent_id: id.into(),
     }))
     .await
@@ -101,7 +110,7 @@ async fn register_returns_lease_and_reregister_updates_in_place() {
         let reg = f.reg.clone();
         let cap = cap.to_owned();
         async move {
-            reg.find_by_capability(Request::new(FindByCapabilityRequest {
+            reg.find_by_capability(rq(FindByCapabilityRequest {
                 capability: cap,
                 include_unavailable: true,
             }))
@@ -138,7 +147,7 @@ async fn lease_lapses_without_heartbeat_and_heartbeat_revives() {
     f.clock.advance_ms(9_999);
     assert_eq!(f.reg.sweep(), 0);
     f.reg
-        .heartbeat(Request::new(HeartbeatRequest {
+        .heartbeat(rq(HeartbeatRequest {
             agent_id: "a".into(),
             in_flight: 0,
         }))
@@ -154,7 +163,7 @@ async fn lease_lapses_without_heartbeat_and_heartbeat_revives() {
     // lapsed agents are kept, hidden from FindByCapability by default
     let found = f
         .reg
-        .find_by_capability(Request::new(FindByCapabilityRequest {
+        .find_by_capability(rq(FindByCapabilityRequest {
             capability: "nlp".into(),
             include_unavailable: false,
         }))
@@ -165,7 +174,7 @@ async fn lease_lapses_without_heartbeat_and_heartbeat_revives() {
 
     let lease = f
         .reg
-        .heartbeat(Request::new(HeartbeatRequest {
+        .heartbeat(rq(HeartbeatRequest {
             agent_id: "a".into(),
             in_flight: 1,
         }))
@@ -188,7 +197,7 @@ async fn heartbeat_for_unknown_agent_is_not_found_with_reason() {
     let f = fixture();
     let err = ApiError::from(
         f.reg
-            .heartbeat(Request::new(HeartbeatRequest {
+            .heartbeat(rq(HeartbeatRequest {
                 agent_id: "ghost".into(),
                 in_flight: 0,
             }))
@@ -206,7 +215,7 @@ async fn heartbeats_emit_watch_events_only_on_routing_relevant_changes() {
     register(&f.reg, spec("a", &["nlp"])).await.unwrap(); // max_concurrency 2
     let before = f.reg.revision();
     let hb = |n| {
-        f.reg.heartbeat(Request::new(HeartbeatRequest {
+        f.reg.heartbeat(rq(HeartbeatRequest {
             agent_id: "a".into(),
             in_flight: n,
         }))
@@ -231,7 +240,7 @@ async fn report_outcome_keeps_count_success_rate_and_ewma() {
     let f = fixture();
     register(&f.reg, spec("a", &["nlp"])).await.unwrap();
     let report = |ok: bool, ms: u64, cap: &str| {
-        f.reg.report_outcome(Request::new(ReportOutcomeRequest {
+        f.reg.report_outcome(rq(ReportOutcomeRequest {
             agent_id: "a".into(),
             capability: cap.into(),
             success: ok,
@@ -280,7 +289,7 @@ async fn list_filters_and_paginates_by_id() {
             .insert("region".into(), if i < 3 { "eu" } else { "us" }.into());
         register(&f.reg, s).await.unwrap();
     }
-    let list = |req: ListAgentsRequest| f.reg.list_impl(req).unwrap();
+    let list = |req: ListAgentsRequest| f.reg.list_impl(req, &Principal::in_process()).unwrap();
     let ids = |r: &ListAgentsResponse| {
         r.agents
             .iter()
@@ -341,6 +350,7 @@ async fn tools_need_valid_schema_and_cannot_be_removed_while_used() {
         description: "search".into(),
         parameters: params,
         endpoint: String::new(),
+        ..Default::default()
     };
     let mut s = spec("a", &["nlp"]);
     s.uses_tools = vec!["web_search".into()];
@@ -348,7 +358,7 @@ async fn tools_need_valid_schema_and_cannot_be_removed_while_used() {
     assert!(err.violations[0].description.contains("not registered"));
 
     f.reg
-        .register_tool(Request::new(RegisterToolRequest {
+        .register_tool(rq(RegisterToolRequest {
             tool: Some(tool.clone()),
         }))
         .await
@@ -356,7 +366,7 @@ async fn tools_need_valid_schema_and_cannot_be_removed_while_used() {
     register(&f.reg, s).await.unwrap();
     let err = ApiError::from(
         f.reg
-            .deregister_tool(Request::new(DeregisterToolRequest {
+            .deregister_tool(rq(DeregisterToolRequest {
                 name: "web_search".into(),
             }))
             .await
@@ -370,7 +380,7 @@ async fn tools_need_valid_schema_and_cannot_be_removed_while_used() {
     };
     let err = ApiError::from(
         f.reg
-            .register_tool(Request::new(RegisterToolRequest { tool: Some(bad) }))
+            .register_tool(rq(RegisterToolRequest { tool: Some(bad) }))
             .await
             .unwrap_err(),
     );
@@ -380,7 +390,7 @@ async fn tools_need_valid_schema_and_cannot_be_removed_while_used() {
 
 async fn watch(reg: &Registry, start: u64, epoch: &str) -> BoxWatch {
     Box::pin(
-        reg.watch(Request::new(WatchRequest {
+        reg.watch(rq(WatchRequest {
             start_revision: start,
             epoch: epoch.into(),
         }))
@@ -417,7 +427,7 @@ async fn watch_starts_with_snapshot_then_streams_live_changes() {
     let ev = next(&mut w).await;
     assert_eq!((kind(&ev), ev.revision), (WatchEventType::AgentUpserted, 2));
     f.reg
-        .deregister_agent(Request::new(DeregisterAgentRequest {
+        .deregister_agent(rq(DeregisterAgentRequest {
             agent_id: "a".into(),
         }))
         .await
@@ -497,7 +507,7 @@ async fn agents_and_tools_survive_restart_and_expired_leases_come_back_lapsed() 
         let f = fixture_on(reopen(dir.path()));
         register(&f.reg, spec("a", &["nlp"])).await.unwrap();
         f.reg
-            .report_outcome(Request::new(ReportOutcomeRequest {
+            .report_outcome(rq(ReportOutcomeRequest {
                 agent_id: "a".into(),
                 capability: "nlp".into(),
                 success: true,
@@ -507,7 +517,7 @@ async fn agents_and_tools_survive_restart_and_expired_leases_come_back_lapsed() 
             .unwrap();
         let params = switchyard_kit::json::json_to_struct(&serde_json::json!({"type":"object"}));
         f.reg
-            .register_tool(Request::new(RegisterToolRequest {
+            .register_tool(rq(RegisterToolRequest {
                 tool: Some(Tool {
                     name: "t".into(),
                     parameters: params,
@@ -528,7 +538,7 @@ async fn agents_and_tools_survive_restart_and_expired_leases_come_back_lapsed() 
     );
     let tools = f
         .reg
-        .list_tools(Request::new(ListToolsRequest::default()))
+        .list_tools(rq(ListToolsRequest::default()))
         .await
         .unwrap()
         .into_inner()

@@ -226,6 +226,7 @@ mod tests {
             description: "Search".into(),
             parameters: switchyard_kit::json::json_to_struct(&good),
             endpoint: String::new(),
+            ..Default::default()
         };
         let (v, bad) = tool(&t);
         assert!(v.is_empty() && !bad, "{v}");

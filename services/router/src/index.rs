@@ -14,6 +14,8 @@ use switchyard_proto::router::v1::{Candidate, RouteConstraints, ScoreBreakdown};
 #[derive(Debug)]
 pub(crate) struct AgentInfo {
     pub id: String,
+    /// Tenant; empty for a shared platform agent.
+    pub tenant: String,
     pub endpoint: String,
     pub bills_tokens: bool,
     pub trust: u32,
@@ -40,6 +42,7 @@ impl AgentInfo {
         let in_flight = a.in_flight;
         Some(AgentInfo {
             id: spec.id.clone(),
+            tenant: a.tenant.clone(),
             endpoint: spec.endpoint.clone(),
             bills_tokens: spec.bills_tokens,
             trust: spec.trust_score,
@@ -156,7 +159,9 @@ impl Index {
         }
     }
 
-    /// Ranks the agents for `capability` under `constraints`, best first.
+    /// Ranks the agents for `capability` under `constraints`, best first,
+    /// among those visible to `tenant` (its own and the shared ones; `None`:
+    /// every agent).
     pub fn route(
         &self,
         cfg: &ScoringConfig,
@@ -164,6 +169,7 @@ impl Index {
         c: &RouteConstraints,
         min_trust: u32,
         limit: usize,
+        tenant: Option<&str>,
     ) -> Routed {
         let mut out = Routed::default();
         let lineage: Vec<&str> = capability_lineage(capability).collect();
@@ -173,6 +179,10 @@ impl Index {
                 continue;
             };
             for slot in slots {
+                // Another tenant's agents do not exist for this route.
+                if !slot.agent.tenant.is_empty() && tenant.is_some_and(|t| t != slot.agent.tenant) {
+                    continue;
+                }
                 // An agent declaring both a capability and its parent counts
                 // once, on its most specific match (checked only for parents).
                 if level > 0

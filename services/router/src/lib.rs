@@ -297,8 +297,18 @@ impl Router {
             .max_encoding_message_size(max_message_bytes)
     }
 
-    /// Routes one request.
+    /// Routes one request among every agent (in-process tools and tests).
     pub fn route(&self, req: &RouteRequest) -> Result<RouteResponse, RouterError> {
+        self.route_for(req, None)
+    }
+
+    /// Routes one request among the agents `tenant` sees: its own and the
+    /// shared platform ones (`None`: all).
+    pub fn route_for(
+        &self,
+        req: &RouteRequest,
+        tenant: Option<&str>,
+    ) -> Result<RouteResponse, RouterError> {
         let cfg = &self.inner.cfg;
         let default = RouteConstraints::default();
         let c = req.constraints.as_ref().unwrap_or(&default);
@@ -337,7 +347,7 @@ impl Router {
             .index
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .route(&cfg.scoring, &req.capability, c, min_trust, limit);
+            .route(&cfg.scoring, &req.capability, c, min_trust, limit, tenant);
         let filtered: HashMap<String, u32> = FILTER_REASONS
             .iter()
             .zip(routed.filtered)
@@ -361,7 +371,10 @@ impl Router {
 #[tonic::async_trait]
 impl RouterService for Router {
     async fn route(&self, req: Request<RouteRequest>) -> Result<Response<RouteResponse>, Status> {
-        Ok(Response::new(Router::route(self, req.get_ref())?))
+        let p = switchyard_kit::auth::principal(&req)?;
+        Ok(Response::new(
+            self.route_for(req.get_ref(), p.tenant_scope())?,
+        ))
     }
 }
 

@@ -1,11 +1,11 @@
 //! Helpers shared by the end-to-end tests.
 #![allow(dead_code, clippy::unwrap_used)]
 
+use switchyard_kit::client::Intercepted;
 use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
 use switchyard_proto::registry::v1::{AgentSpec, Capability, RegisterAgentRequest};
 use switchyard_proto::router::v1::router_service_client::RouterServiceClient;
 use switchyard_proto::router::v1::{RouteConstraints, RouteRequest, RouteResponse};
-use tonic::transport::Channel;
 
 use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
@@ -15,7 +15,7 @@ use switchyard_proto::executor::v1::{
 use switchyard_testkit::Stack;
 
 /// A JobService client.
-pub type Jobs = JobServiceClient<Channel>;
+pub type Jobs = JobServiceClient<Intercepted>;
 
 /// Submits `doc` (any accepted format) and returns the job.
 pub async fn submit(c: &mut Jobs, doc: &str) -> Result<Job, tonic::Status> {
@@ -64,7 +64,7 @@ pub async fn finish(c: &mut Jobs, job_id: &str) -> GetResultResponse {
 
 /// A budget as the ledger reports it.
 pub async fn budget(
-    c: &mut switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient<Channel>,
+    c: &mut switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient<Intercepted>,
     id: &str,
 ) -> switchyard_proto::ledger::v1::Budget {
     c.get_budget(switchyard_proto::ledger::v1::GetBudgetRequest {
@@ -78,25 +78,22 @@ pub async fn budget(
 }
 
 /// An approval client on the stack.
-pub async fn approvals(s: &Stack) -> ApprovalServiceClient<Channel> {
+pub async fn approvals(s: &Stack) -> ApprovalServiceClient<Intercepted> {
     ApprovalServiceClient::new(s.channel().await.unwrap())
 }
 
-/// Approves a run as `who`.
-pub async fn approve(a: &mut ApprovalServiceClient<Channel>, run_id: &str, who: &str) {
+/// An approval client authenticated as the named principal.
+pub async fn approvals_as(s: &Stack, who: &str) -> ApprovalServiceClient<Intercepted> {
+    ApprovalServiceClient::new(s.channel_as(who).await.unwrap())
+}
+
+/// Approves a run as bob, the stack's approver.
+pub async fn approve(s: &Stack, run_id: &str) {
     let req = switchyard_proto::approval::v1::ApproveRequest {
         run_id: run_id.into(),
         comment: "ok".into(),
     };
-    a.approve(as_actor(req, who)).await.unwrap();
-}
-
-/// `msg` sent in `who`'s name (`x-switchyard-actor`).
-pub fn as_actor<T>(msg: T, who: &str) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(msg);
-    r.metadata_mut()
-        .insert("x-switchyard-actor", who.parse().unwrap());
-    r
+    approvals_as(s, "bob").await.approve(req).await.unwrap();
 }
 
 pub fn agent(id: &str, cap: &str, trust: u32, price: i64) -> AgentSpec {
@@ -117,14 +114,14 @@ pub fn agent(id: &str, cap: &str, trust: u32, price: i64) -> AgentSpec {
     }
 }
 
-pub async fn register(reg: &mut RegistryServiceClient<Channel>, spec: AgentSpec) {
+pub async fn register(reg: &mut RegistryServiceClient<Intercepted>, spec: AgentSpec) {
     reg.register_agent(RegisterAgentRequest { agent: Some(spec) })
         .await
         .expect("register");
 }
 
 pub async fn route(
-    router: &mut RouterServiceClient<Channel>,
+    router: &mut RouterServiceClient<Intercepted>,
     cap: &str,
     exclude: &[&str],
 ) -> Result<RouteResponse, tonic::Status> {
@@ -163,7 +160,11 @@ where
 }
 
 /// Polls the router until `cap` routes to exactly `want`, in order (bounded: 5 s).
-pub async fn eventually_routed(router: &RouterServiceClient<Channel>, cap: &str, want: &[&str]) {
+pub async fn eventually_routed(
+    router: &RouterServiceClient<Intercepted>,
+    cap: &str,
+    want: &[&str],
+) {
     let want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
     eventually(&format!("route {cap}"), want, || {
         let mut r = router.clone();

@@ -9,6 +9,47 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
 
+/// The cluster service token every process of a test presents to the
+/// others (split mode), as a deployment would set it from a Secret.
+pub const SERVICE_TOKEN: &str = "test-cluster-service-token-0123456789abcdef";
+
+/// Credentials file of each started process, by its `http://addr` URL: its
+/// own (when it hosts the auth service) or that of the process whose key
+/// set it follows (`SWITCHYARD_AUTH__KEYS_URL`).
+static CREDENTIALS: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+
+/// The credentials file the CLI should use against `url`, once it exists
+/// (a process writes it while starting; bounded wait).
+pub fn credentials_for(url: &str) -> Option<PathBuf> {
+    let path = CREDENTIALS
+        .lock()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|(u, _)| u == url)
+        .map(|(_, p)| p.clone())?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !path.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Some(path)
+}
+
+/// A token from the credentials file used against `url` (`admin`, `alice`,
+/// `bob`, `agents`).
+pub fn token(url: &str, name: &str) -> String {
+    let path = credentials_for(url).expect("no credentials registered for this url");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["principals"][name]["token"].as_str().unwrap().to_owned()
+}
+
+/// Env for a process that does not host the auth service: follow the key
+/// set of the process at `auth_url`.
+pub fn follow_keys(auth_url: &str) -> (&'static str, String) {
+    ("SWITCHYARD_AUTH__KEYS_URL", auth_url.to_owned())
+}
+
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
@@ -30,9 +71,29 @@ impl Proc {
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .env("RUST_LOG", "warn");
+        // `agents serve` is an agent, not a service: it gets a key instead.
+        if args.first() != Some(&"agents") {
+            // Processes hosting the auth service write the dev credentials
+            // file the CLI then reads.
+            cmd.env("SWITCHYARD_SERVICE_TOKEN", SERVICE_TOKEN)
+                .env(
+                    "SWITCHYARD_AUTH__SERVICE_TOKEN_ENV",
+                    "SWITCHYARD_SERVICE_TOKEN",
+                )
+                .env("SWITCHYARD_AUTH__DEV_CREDENTIALS", "true");
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }
+        let data_dir = args
+            .iter()
+            .position(|a| *a == "--data-dir")
+            .and_then(|i| args.get(i + 1))
+            .map(PathBuf::from);
+        let keys_url = env
+            .iter()
+            .find(|(k, _)| *k == "SWITCHYARD_AUTH__KEYS_URL")
+            .map(|(_, v)| v.to_string());
         let mut child = cmd.spawn().expect("spawn switchyard");
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
@@ -50,6 +111,15 @@ impl Proc {
                 panic!("switchyard {args:?} did not print its listening line");
             }
         };
+        let url = format!("http://{addr}");
+        let creds = match (keys_url, data_dir) {
+            (Some(k), _) => credentials_for(&k),
+            (None, Some(d)) => Some(d.join("credentials.json")),
+            (None, None) => None,
+        };
+        if let Some(c) = creds {
+            CREDENTIALS.lock().unwrap().push((url, c));
+        }
         Proc { child, addr }
     }
 
@@ -106,13 +176,17 @@ impl Drop for Proc {
 }
 
 /// Runs a CLI command against `url`.
+/// Runs a CLI command against `url`, with the credentials file of the
+/// process there (the CLI picks `--as NAME` from it; admin by default).
 pub fn cli(url: &str, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
         .env("SWITCHYARD_URL", url)
-        .current_dir(repo_root())
-        .output()
-        .expect("run switchyard cli")
+        .current_dir(repo_root());
+    if let Some(c) = credentials_for(url) {
+        cmd.env("SWITCHYARD_CREDENTIALS", c);
+    }
+    cmd.output().expect("run switchyard cli")
 }
 
 pub fn ok(out: &Output) -> String {

@@ -1,0 +1,312 @@
+//! Authentication: request headers → [`Principal`], once per request, by the
+//! server layer. Sources, in order: the cluster's service token, a Switchyard
+//! API key. A service principal may name the user it acts for in
+//! [`ON_BEHALF_HEADER`](super::ON_BEHALF_HEADER); anyone else naming one is
+//! refused, never silently ignored.
+
+use http::HeaderMap;
+use serde::{Deserialize, Serialize};
+
+use super::keys::{self, KeySet};
+use super::{AuthError, Method, OnBehalf, Permission, Principal};
+
+/// `[auth]` configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Name of the environment variable holding the cluster's service token:
+    /// the credential Switchyard services present to each other in split mode
+    /// (the value itself never appears in config). Unset: no service token.
+    pub service_token_env: Option<String>,
+    /// A file holding the service token instead (a mounted Secret); used when
+    /// `service_token_env` is unset.
+    pub service_token_file: Option<std::path::PathBuf>,
+    /// Subject of principals authenticated by the service token.
+    pub service_subject: String,
+    /// URL of the process hosting the auth service (API keys), for processes
+    /// that do not host it; they follow its key set through `WatchKeys`.
+    pub keys_url: Option<String>,
+    /// Create the tenant `default`, an admin key and the demo people alice
+    /// (submitter) and bob (approver) on first start, in a 0600 credentials
+    /// file in the data directory. Unset: on for `switchyard dev`, off for
+    /// `switchyard serve`. Refused on a non-loopback listen address.
+    pub dev_credentials: Option<bool>,
+    /// Name of an environment variable holding an admin API key to create on
+    /// start if it does not exist yet (tenant [`AuthConfig::bootstrap_tenant`],
+    /// subject `bootstrap-admin`): how a fresh deployment gets its first
+    /// admin, from a Secret. The value never appears in config.
+    pub bootstrap_admin_env: Option<String>,
+    /// Tenant of the bootstrap admin.
+    pub bootstrap_tenant: String,
+    /// `[auth.oidc]`: accept JWTs from an identity provider.
+    pub oidc: Option<super::jwt::OidcConfig>,
+}
+
+impl AuthConfig {
+    /// The cluster's service token, from `service_token_env` or else
+    /// `service_token_file`; `None` when neither is set. A missing or short
+    /// (< 32 characters) token is a config error naming its source.
+    pub fn service_token(&self) -> Result<Option<String>, String> {
+        let (token, source) = match (&self.service_token_env, &self.service_token_file) {
+            (Some(var), _) => (
+                std::env::var(var).map_err(|_| {
+                    format!("auth.service_token_env names {var}, which is not set; set it to the cluster's service token (32+ characters)")
+                })?,
+                var.clone(),
+            ),
+            (None, Some(path)) => (
+                std::fs::read_to_string(path)
+                    .map_err(|e| format!("auth.service_token_file {}: {e}", path.display()))?,
+                path.display().to_string(),
+            ),
+            (None, None) => return Ok(None),
+        };
+        let token = token.trim().to_owned();
+        if token.len() < 32 {
+            return Err(format!(
+                "the service token in {source} is shorter than 32 characters; use a random secret (openssl rand -hex 32)"
+            ));
+        }
+        Ok(Some(token))
+    }
+
+    /// Whether the dev credentials are on.
+    pub fn dev_credentials(&self) -> bool {
+        self.dev_credentials.unwrap_or(false)
+    }
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            service_token_env: None,
+            service_token_file: None,
+            service_subject: "service:switchyard".into(),
+            keys_url: None,
+            dev_credentials: None,
+            bootstrap_admin_env: None,
+            bootstrap_tenant: "default".into(),
+            oidc: None,
+        }
+    }
+}
+
+/// What a request presents, taken from its headers before any await.
+#[derive(Clone, Default)]
+pub struct Presented {
+    /// The bearer token, if any.
+    bearer: Option<String>,
+    /// `x-switchyard-on-behalf-of`, if any.
+    on_behalf: Option<String>,
+}
+
+impl std::fmt::Debug for Presented {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Presented")
+            .field("bearer", &self.bearer.as_ref().map(|_| "[redacted]"))
+            .field("on_behalf", &self.on_behalf)
+            .finish()
+    }
+}
+
+impl Presented {
+    /// Reads the credential headers; a malformed `authorization` is invalid.
+    pub fn from_headers(headers: &HeaderMap) -> Result<Presented, AuthError> {
+        let bearer = match headers.get(http::header::AUTHORIZATION) {
+            None => None,
+            Some(v) => {
+                let v = v.to_str().map_err(|_| AuthError::Invalid)?.trim();
+                let (scheme, token) = v.split_once(' ').ok_or(AuthError::Invalid)?;
+                if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
+                    return Err(AuthError::Invalid);
+                }
+                Some(token.trim().to_owned())
+            }
+        };
+        let on_behalf = match headers.get(super::ON_BEHALF_HEADER) {
+            None => None,
+            Some(v) => Some(v.to_str().map_err(|_| AuthError::Invalid)?.to_owned()),
+        };
+        Ok(Presented { bearer, on_behalf })
+    }
+}
+
+/// Verifies credentials against the key set and the service token.
+#[derive(Debug, Clone)]
+pub struct Authenticator {
+    keys: KeySet,
+    service_token: Option<[u8; 32]>,
+    service_subject: String,
+    jwt: Option<std::sync::Arc<super::jwt::JwtVerifier>>,
+}
+
+impl Authenticator {
+    /// An authenticator over `keys`, with the service token read now
+    /// ([`AuthConfig::service_token`]).
+    pub fn new(cfg: &AuthConfig, keys: KeySet) -> Result<Authenticator, String> {
+        let service_token = cfg.service_token()?.map(|t| keys::hash(&t));
+        let jwt = match &cfg.oidc {
+            Some(o) => Some(super::jwt::JwtVerifier::new(o.clone())?),
+            None => None,
+        };
+        Ok(Authenticator {
+            keys,
+            service_token,
+            service_subject: cfg.service_subject.clone(),
+            jwt,
+        })
+    }
+
+    /// The key set this authenticator verifies against.
+    pub fn keys(&self) -> &KeySet {
+        &self.keys
+    }
+
+    /// The principal of a request presenting `presented`, at `now_ms`:
+    /// the service token, a Switchyard API key (`syk_…`) or, when OIDC is
+    /// configured, a JWT.
+    pub async fn authenticate(
+        &self,
+        presented: &Presented,
+        now_ms: u64,
+    ) -> Result<Principal, AuthError> {
+        let token = presented.bearer.as_deref().ok_or(AuthError::Required)?;
+        let principal = if self
+            .service_token
+            .is_some_and(|h| constant_time_eq(&h, &keys::hash(token)))
+        {
+            Principal::service(&self.service_subject, Method::ServiceToken)
+        } else if token.starts_with(keys::TOKEN_PREFIX) {
+            self.keys.verify(token, now_ms)?
+        } else if let Some(jwt) = &self.jwt
+            && super::jwt::JwtVerifier::looks_like_jwt(token)
+        {
+            jwt.verify(token, now_ms).await?
+        } else {
+            return Err(AuthError::Invalid);
+        };
+        on_behalf(principal, presented.on_behalf.as_deref())
+    }
+}
+
+/// Applies [`ON_BEHALF_HEADER`](super::ON_BEHALF_HEADER): only a principal
+/// allowed to impersonate may name someone, and the name must parse.
+fn on_behalf(mut p: Principal, header: Option<&str>) -> Result<Principal, AuthError> {
+    let Some(v) = header else {
+        return Ok(p);
+    };
+    p.require(Permission::Impersonate)?;
+    let user = OnBehalf::decode(v).ok_or(AuthError::Invalid)?;
+    p.on_behalf_of = Some(user);
+    Ok(p)
+}
+
+fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::keys::Binding;
+    use crate::auth::{Kind, Role, Roles};
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    fn authn() -> Authenticator {
+        let keys = KeySet::default();
+        keys.upsert(
+            keys::hash("syk_alice"),
+            Binding {
+                key_id: "key-a".into(),
+                subject: "alice".into(),
+                tenant: "acme".into(),
+                roles: Roles::of(&[Role::Submitter]),
+                kind: Kind::Human,
+                expires_at_ms: None,
+                revoked: false,
+            },
+        );
+        Authenticator {
+            keys,
+            service_token: Some(keys::hash("s3rvice-token-that-is-long-enough!!")),
+            service_subject: "service:test".into(),
+            jwt: None,
+        }
+    }
+
+    async fn auth(a: &Authenticator, h: HeaderMap) -> Result<Principal, AuthError> {
+        a.authenticate(&Presented::from_headers(&h)?, 0).await
+    }
+
+    #[tokio::test]
+    async fn no_credential_is_required_and_malformed_ones_invalid() {
+        let a = authn();
+        assert_eq!(auth(&a, headers(&[])).await, Err(AuthError::Required));
+        for bad in [
+            "syk_alice",
+            "Basic syk_alice",
+            "Bearer ",
+            "Bearer nope",
+            "Bearer syk_bob",
+            "Bearer a.b.c",
+        ] {
+            assert_eq!(
+                auth(&a, headers(&[("authorization", bad)])).await,
+                Err(AuthError::Invalid),
+                "{bad:?}"
+            );
+        }
+        let p = auth(&a, headers(&[("authorization", "bearer syk_alice")]))
+            .await
+            .unwrap();
+        assert_eq!((p.subject.as_str(), p.method), ("alice", Method::ApiKey));
+    }
+
+    #[tokio::test]
+    async fn only_a_service_may_act_on_behalf_of_someone() {
+        let a = authn();
+        let spoof = headers(&[
+            ("authorization", "Bearer syk_alice"),
+            ("x-switchyard-on-behalf-of", "human:acme:bob"),
+        ]);
+        assert_eq!(
+            auth(&a, spoof).await,
+            Err(AuthError::Denied(Permission::Impersonate))
+        );
+        let svc = headers(&[
+            (
+                "authorization",
+                "Bearer s3rvice-token-that-is-long-enough!!",
+            ),
+            ("x-switchyard-on-behalf-of", "human:acme:bob"),
+        ]);
+        let p = auth(&a, svc).await.unwrap();
+        assert_eq!(p.acting_subject(), "bob");
+        assert_eq!(p.via(), Some("service:test"));
+        let garbled = headers(&[
+            (
+                "authorization",
+                "Bearer s3rvice-token-that-is-long-enough!!",
+            ),
+            ("x-switchyard-on-behalf-of", "bob"),
+        ]);
+        assert_eq!(auth(&a, garbled).await, Err(AuthError::Invalid));
+    }
+
+    #[test]
+    fn a_short_or_missing_service_token_is_a_config_error() {
+        let cfg = AuthConfig {
+            service_token_env: Some("SWITCHYARD_TEST_NO_SUCH_VAR_FOR_AUTHN".into()),
+            ..AuthConfig::default()
+        };
+        let e = Authenticator::new(&cfg, KeySet::default()).unwrap_err();
+        assert!(e.contains("not set"), "{e}");
+    }
+}

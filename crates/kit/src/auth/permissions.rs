@@ -1,0 +1,285 @@
+//! The one authorization table: every RPC → the permission it needs, and
+//! every role → the permissions it grants. Default deny: a method not listed
+//! here is refused, and a test walks the descriptor set so a new RPC cannot
+//! ship unguarded.
+//!
+//! Object-level rules (tenant, ownership, separation of duties) sit on top,
+//! in the handlers, reading the same [`super::Principal`].
+
+use super::Role;
+
+/// What a caller may be allowed to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Permission {
+    /// Submit or validate a job (a submitter sees only its own jobs).
+    JobSubmit,
+    /// Read jobs, their events and results.
+    JobRead,
+    /// Cancel a job.
+    JobCancel,
+    /// Propose an approval run (services, for their users).
+    RunPropose,
+    /// Read runs.
+    RunRead,
+    /// Approve or reject a run: its own permission; admin does not imply it.
+    RunDecide,
+    /// Cancel a run.
+    RunCancel,
+    /// Claim, renew, complete or fail a run (executor workers).
+    RunWork,
+    /// Read the audit log.
+    AuditRead,
+    /// Manual mode: export a prompt bundle, import a result.
+    RunManual,
+    /// Read budgets, entries and estimates.
+    BudgetRead,
+    /// Create, change and close budgets.
+    BudgetManage,
+    /// Reserve, commit and release on a budget.
+    LedgerSpend,
+    /// Read agents and tools.
+    AgentRead,
+    /// Register, heartbeat and deregister agents (agents: only their own).
+    AgentRegister,
+    /// Register and deregister tools (agents: only their own).
+    ToolRegister,
+    /// Report a call's outcome (feeds trust and latency).
+    OutcomeReport,
+    /// Ask the router for candidates.
+    Route,
+    /// Follow the registry's change stream (routers).
+    RegistryWatch,
+    /// Create, list and revoke API keys of the tenant.
+    KeyManage,
+    /// Follow the key verification set (other Switchyard servers).
+    KeyWatch,
+    /// Call an agent or tool endpoint hosted by a Switchyard server.
+    AgentInvoke,
+    /// Act on behalf of another principal (`x-switchyard-on-behalf-of`).
+    Impersonate,
+}
+
+impl Permission {
+    /// Every permission.
+    pub const ALL: [Permission; 23] = [
+        Permission::JobSubmit,
+        Permission::JobRead,
+        Permission::JobCancel,
+        Permission::RunPropose,
+        Permission::RunRead,
+        Permission::RunDecide,
+        Permission::RunCancel,
+        Permission::RunWork,
+        Permission::AuditRead,
+        Permission::RunManual,
+        Permission::BudgetRead,
+        Permission::BudgetManage,
+        Permission::LedgerSpend,
+        Permission::AgentRead,
+        Permission::AgentRegister,
+        Permission::ToolRegister,
+        Permission::OutcomeReport,
+        Permission::Route,
+        Permission::RegistryWatch,
+        Permission::KeyManage,
+        Permission::KeyWatch,
+        Permission::AgentInvoke,
+        Permission::Impersonate,
+    ];
+
+    /// The name in errors (ErrorInfo metadata `permission`) and docs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Permission::JobSubmit => "job.submit",
+            Permission::JobRead => "job.read",
+            Permission::JobCancel => "job.cancel",
+            Permission::RunPropose => "run.propose",
+            Permission::RunRead => "run.read",
+            Permission::RunDecide => "run.decide",
+            Permission::RunCancel => "run.cancel",
+            Permission::RunWork => "run.work",
+            Permission::AuditRead => "audit.read",
+            Permission::RunManual => "run.manual",
+            Permission::BudgetRead => "budget.read",
+            Permission::BudgetManage => "budget.manage",
+            Permission::LedgerSpend => "ledger.spend",
+            Permission::AgentRead => "agent.read",
+            Permission::AgentRegister => "agent.register",
+            Permission::ToolRegister => "tool.register",
+            Permission::OutcomeReport => "outcome.report",
+            Permission::Route => "route",
+            Permission::RegistryWatch => "registry.watch",
+            Permission::KeyManage => "key.manage",
+            Permission::KeyWatch => "key.watch",
+            Permission::AgentInvoke => "agent.invoke",
+            Permission::Impersonate => "impersonate",
+        }
+    }
+}
+
+/// What a method needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Anyone, with or without a credential (health, reflection).
+    Open,
+    /// Any authenticated principal.
+    Authenticated,
+    /// A principal holding the permission.
+    Needs(Permission),
+    /// Not in the table: refused.
+    Unknown,
+}
+
+/// The access rule of a gRPC method path (`/pkg.Service/Method`).
+pub fn access(path: &str) -> Access {
+    use Permission as P;
+    let path = path.strip_prefix('/').unwrap_or(path);
+    let Some((service, method)) = path.split_once('/') else {
+        return Access::Unknown;
+    };
+    let needs = Access::Needs;
+    match (service, method) {
+        ("grpc.health.v1.Health", _)
+        | ("grpc.reflection.v1.ServerReflection", _)
+        | ("grpc.reflection.v1alpha.ServerReflection", _) => Access::Open,
+
+        ("switchyard.auth.v1.AuthService", m) => match m {
+            "CreateKey" | "ListKeys" | "RevokeKey" => needs(P::KeyManage),
+            "WhoAmI" => Access::Authenticated,
+            "WatchKeys" => needs(P::KeyWatch),
+            _ => Access::Unknown,
+        },
+        ("switchyard.registry.v1.RegistryService", m) => match m {
+            "RegisterAgent" | "Heartbeat" | "DeregisterAgent" => needs(P::AgentRegister),
+            "GetAgent"
+            | "ListAgents"
+            | "FindByCapability"
+            | "ListTools"
+            | "GetCapabilitiesSummary" => needs(P::AgentRead),
+            "RegisterTool" | "DeregisterTool" => needs(P::ToolRegister),
+            "ReportOutcome" => needs(P::OutcomeReport),
+            "Watch" => needs(P::RegistryWatch),
+            _ => Access::Unknown,
+        },
+        ("switchyard.router.v1.RouterService", "Route") => needs(P::Route),
+        ("switchyard.ledger.v1.LedgerService", m) => match m {
+            "CreateBudget" | "UpdateLimits" | "CloseBudget" => needs(P::BudgetManage),
+            "GetBudget" | "ListBudgets" | "ListEntries" | "EstimateCost" | "Watch" => {
+                needs(P::BudgetRead)
+            }
+            "Reserve" | "Commit" | "Release" => needs(P::LedgerSpend),
+            _ => Access::Unknown,
+        },
+        ("switchyard.approval.v1.ApprovalService", m) => match m {
+            "Propose" => needs(P::RunPropose),
+            "Approve" | "Reject" => needs(P::RunDecide),
+            "Cancel" => needs(P::RunCancel),
+            "GetRun" | "ListRuns" | "Watch" => needs(P::RunRead),
+            "Claim" | "RenewClaim" | "Complete" | "Fail" => needs(P::RunWork),
+            "ListAudit" => needs(P::AuditRead),
+            "ExportPromptBundle" | "ImportManualResult" => needs(P::RunManual),
+            _ => Access::Unknown,
+        },
+        ("switchyard.executor.v1.JobService", m) => match m {
+            "SubmitJob" | "ValidateJob" => needs(P::JobSubmit),
+            "GetJob" | "ListJobs" | "WatchJob" | "GetResult" => needs(P::JobRead),
+            "CancelJob" => needs(P::JobCancel),
+            _ => Access::Unknown,
+        },
+        ("switchyard.agent.v1.AgentService", "Describe" | "Invoke")
+        | ("switchyard.agent.v1.ToolService", "CallTool") => needs(P::AgentInvoke),
+        _ => Access::Unknown,
+    }
+}
+
+/// Whether `role` grants `perm`.
+pub fn grants(role: Role, perm: Permission) -> bool {
+    use Permission::*;
+    match role {
+        // Own jobs and runs only: the services check ownership. Proposing a
+        // run (AgentRunSpec) is like submitting: someone else approves it.
+        // Reading agents and routes previews where a job would go.
+        Role::Submitter => matches!(
+            perm,
+            JobSubmit | JobRead | JobCancel | RunPropose | RunRead | RunCancel | AgentRead | Route
+        ),
+        // Approvers see what they are asked to approve: the jobs, runs, audit
+        // and budgets of their tenant.
+        Role::Approver => matches!(
+            perm,
+            RunDecide | RunRead | AuditRead | RunManual | JobRead | BudgetRead | AgentRead
+        ),
+        Role::Operator => matches!(
+            perm,
+            JobRead
+                | JobCancel
+                | RunRead
+                | RunCancel
+                | AuditRead
+                | BudgetRead
+                | AgentRead
+                | AgentRegister
+                | ToolRegister
+                | Route
+        ),
+        // Its own agents and tools only (the registry checks ownership);
+        // spends on the job budgets it is handed; delegates child jobs.
+        Role::Agent => matches!(
+            perm,
+            AgentRegister
+                | ToolRegister
+                | OutcomeReport
+                | AgentRead
+                | LedgerSpend
+                | BudgetRead
+                | JobSubmit
+                | JobRead
+        ),
+        Role::Viewer => matches!(
+            perm,
+            JobRead | RunRead | AuditRead | BudgetRead | AgentRead | Route
+        ),
+        // Everything an operator may, plus budgets and keys; never RunDecide.
+        Role::Admin => grants(Role::Operator, perm) || matches!(perm, BudgetManage | KeyManage),
+        // Switchyard's own services and the cluster operator holding the
+        // service token (who makes each tenant's first admin key). Never
+        // RunDecide: a service cannot approve spend.
+        Role::Service => !matches!(perm, RunDecide | RunManual | Impersonate),
+        // The right to act for a user, checked by the authenticator.
+        Role::Impersonate => perm == Impersonate,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nobody_but_approvers_may_decide_runs() {
+        for role in Role::ALL {
+            assert_eq!(
+                grants(role, Permission::RunDecide),
+                role == Role::Approver,
+                "{role:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn permission_names_are_unique() {
+        let names: std::collections::HashSet<_> =
+            Permission::ALL.iter().map(|p| p.as_str()).collect();
+        assert_eq!(names.len(), Permission::ALL.len());
+    }
+
+    #[test]
+    fn unknown_methods_and_services_are_refused() {
+        assert_eq!(
+            access("/switchyard.ledger.v1.LedgerService/DropAll"),
+            Access::Unknown
+        );
+        assert_eq!(access("/switchyard.nope.v1.Nope/Get"), Access::Unknown);
+        assert_eq!(access("garbage"), Access::Unknown);
+        assert_eq!(access("/grpc.health.v1.Health/Check"), Access::Open);
+    }
+}

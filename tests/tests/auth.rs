@@ -1,0 +1,612 @@
+//! Identity and access against the in-process stack, over real gRPC with
+//! real keys: the authorization matrix over the descriptor set, the spoofing
+//! attacks that used to work, separation of duties, revocation, tenants.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::str::FromStr;
+use std::time::Duration;
+
+use common::*;
+use prost::Message as _;
+use switchyard_kit::client::Intercepted;
+use switchyard_kit::error::ApiError;
+use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
+use switchyard_proto::approval::v1::{ApproveRequest, ProposeRequest, Run};
+use switchyard_proto::auth::v1::auth_service_client::AuthServiceClient;
+use switchyard_proto::auth::v1::{
+    CreateKeyRequest, PrincipalKind, RevokeKeyRequest, WhoAmIRequest,
+};
+use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
+use switchyard_proto::executor::v1::{GetJobRequest, ListJobsRequest, SubmitJobRequest};
+use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
+use switchyard_proto::ledger::v1::{CreateBudgetRequest, GetBudgetRequest, ListBudgetsRequest};
+use switchyard_testkit::Stack;
+use tonic::Code;
+
+/// Every method of every Switchyard service in the descriptor set:
+/// (`/pkg.Service/Method`, server-streaming).
+fn methods() -> Vec<(String, bool)> {
+    let fds =
+        prost_types::FileDescriptorSet::decode(switchyard_proto::FILE_DESCRIPTOR_SET).unwrap();
+    let mut out = Vec::new();
+    for f in &fds.file {
+        for s in &f.service {
+            for m in &s.method {
+                out.push((
+                    format!("/{}.{}/{}", f.package(), s.name(), m.name()),
+                    m.server_streaming(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Calls `path` with an empty message (valid for every request type) and
+/// returns the status (OK when the call went through).
+async fn call(ch: Intercepted, path: &str, streaming: bool) -> tonic::Status {
+    let mut grpc = tonic::client::Grpc::new(ch);
+    if let Err(e) = grpc.ready().await {
+        return tonic::Status::unavailable(e.to_string());
+    }
+    let codec = tonic_prost::ProstCodec::<(), ()>::default();
+    let path = http::uri::PathAndQuery::from_str(path).unwrap();
+    let req = tonic::Request::new(());
+    let answer = async {
+        if streaming {
+            grpc.server_streaming(req, path, codec).await.map(|_| ())
+        } else {
+            grpc.unary(req, path, codec).await.map(|_| ())
+        }
+    };
+    match tokio::time::timeout(Duration::from_secs(5), answer).await {
+        Ok(Ok(())) => tonic::Status::ok(""),
+        Ok(Err(s)) => s,
+        Err(_) => tonic::Status::deadline_exceeded("no answer in 5 s"),
+    }
+}
+
+fn denied(s: &tonic::Status) -> bool {
+    s.code() == Code::PermissionDenied
+        && ApiError::from(s.clone()).reason.as_deref() == Some("PERMISSION_DENIED")
+}
+
+/// What each role may call, written out here independently of the server's
+/// table (`Service/Method`, without the package).
+fn allowed(role: &str) -> BTreeSet<&'static str> {
+    const READ_AGENTS: &[&str] = &[
+        "RegistryService/GetAgent",
+        "RegistryService/ListAgents",
+        "RegistryService/FindByCapability",
+        "RegistryService/ListTools",
+        "RegistryService/GetCapabilitiesSummary",
+    ];
+    const READ_RUNS: &[&str] = &[
+        "ApprovalService/GetRun",
+        "ApprovalService/ListRuns",
+        "ApprovalService/Watch",
+    ];
+    const READ_JOBS: &[&str] = &[
+        "JobService/GetJob",
+        "JobService/ListJobs",
+        "JobService/WatchJob",
+        "JobService/GetResult",
+    ];
+    const READ_BUDGETS: &[&str] = &[
+        "LedgerService/GetBudget",
+        "LedgerService/ListBudgets",
+        "LedgerService/ListEntries",
+        "LedgerService/EstimateCost",
+        "LedgerService/Watch",
+    ];
+    let mut set: BTreeSet<&'static str> = ["AuthService/WhoAmI"].into();
+    let mut add = |xs: &[&'static str]| set.extend(xs.iter().copied());
+    match role {
+        "submitter" => {
+            add(READ_AGENTS);
+            add(READ_RUNS);
+            add(READ_JOBS);
+            add(&[
+                "JobService/SubmitJob",
+                "JobService/ValidateJob",
+                "JobService/CancelJob",
+                "ApprovalService/Propose",
+                "ApprovalService/Cancel",
+                "RouterService/Route",
+            ]);
+        }
+        "approver" => {
+            add(READ_AGENTS);
+            add(READ_RUNS);
+            add(READ_JOBS);
+            add(READ_BUDGETS);
+            add(&[
+                "ApprovalService/Approve",
+                "ApprovalService/Reject",
+                "ApprovalService/ListAudit",
+                "ApprovalService/ExportPromptBundle",
+                "ApprovalService/ImportManualResult",
+            ]);
+        }
+        "viewer" => {
+            add(READ_AGENTS);
+            add(READ_RUNS);
+            add(READ_JOBS);
+            add(READ_BUDGETS);
+            add(&["ApprovalService/ListAudit", "RouterService/Route"]);
+        }
+        "operator" | "admin" => {
+            add(READ_AGENTS);
+            add(READ_RUNS);
+            add(READ_JOBS);
+            add(READ_BUDGETS);
+            add(&[
+                "ApprovalService/ListAudit",
+                "ApprovalService/Cancel",
+                "JobService/CancelJob",
+                "RouterService/Route",
+                "RegistryService/RegisterAgent",
+                "RegistryService/Heartbeat",
+                "RegistryService/DeregisterAgent",
+                "RegistryService/RegisterTool",
+                "RegistryService/DeregisterTool",
+            ]);
+            if role == "admin" {
+                add(&[
+                    "LedgerService/CreateBudget",
+                    "LedgerService/UpdateLimits",
+                    "LedgerService/CloseBudget",
+                    "AuthService/CreateKey",
+                    "AuthService/ListKeys",
+                    "AuthService/RevokeKey",
+                ]);
+            }
+        }
+        "agent" => {
+            add(READ_AGENTS);
+            add(&[
+                "RegistryService/RegisterAgent",
+                "RegistryService/Heartbeat",
+                "RegistryService/DeregisterAgent",
+                "RegistryService/RegisterTool",
+                "RegistryService/DeregisterTool",
+                "RegistryService/ReportOutcome",
+                "LedgerService/Reserve",
+                "LedgerService/Commit",
+                "LedgerService/Release",
+                "JobService/SubmitJob",
+                "JobService/ValidateJob",
+            ]);
+            add(READ_BUDGETS);
+            add(READ_JOBS);
+        }
+        other => panic!("unknown role {other}"),
+    }
+    set
+}
+
+#[tokio::test]
+async fn every_rpc_in_the_descriptor_set_is_in_the_authorization_table() {
+    let all = methods();
+    assert!(all.len() > 50, "the descriptor set lists the services");
+    let unlisted: Vec<_> = all
+        .iter()
+        .filter(|(p, _)| switchyard_kit::auth::access(p) == switchyard_kit::auth::Access::Unknown)
+        .collect();
+    assert!(
+        unlisted.is_empty(),
+        "RPCs missing from the table: {unlisted:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_authorization_matrix_holds_for_every_role_and_rpc() {
+    let s = Stack::start().await.unwrap();
+    let roles = [
+        "submitter",
+        "approver",
+        "operator",
+        "agent",
+        "viewer",
+        "admin",
+    ];
+    let all = methods();
+    let (mut tried, mut unauthorized_successes, mut wrong_denials) = (0, Vec::new(), Vec::new());
+    for role in roles {
+        let kind = if role == "agent" {
+            PrincipalKind::Agent
+        } else {
+            PrincipalKind::Human
+        };
+        let token = s.key(&format!("m-{role}"), &[role], kind).await.unwrap();
+        let expected = allowed(role);
+        for (path, streaming) in &all {
+            let short = path.rsplit_once('.').map_or(path.as_str(), |(_, m)| m);
+            // Agent and tool endpoints the stack hosts are for its own
+            // built-in agents; ToolService is not hosted at all.
+            let hosted = !path.contains("switchyard.agent.v1.ToolService");
+            if !hosted {
+                continue;
+            }
+            let status = call(s.channel_with(&token).await.unwrap(), path, *streaming).await;
+            tried += 1;
+            let want = expected.contains(short);
+            match (want, denied(&status)) {
+                (false, false) => unauthorized_successes.push(format!("{role} {path}: {status:?}")),
+                (true, true) => wrong_denials.push(format!("{role} {path}")),
+                _ => {}
+            }
+        }
+    }
+    println!(
+        "authorization matrix: {tried} (role x RPC) pairs tried, {} unauthorized successes, {} wrong denials",
+        unauthorized_successes.len(),
+        wrong_denials.len()
+    );
+    assert!(
+        unauthorized_successes.is_empty(),
+        "unauthorized successes:\n{}",
+        unauthorized_successes.join("\n")
+    );
+    assert!(
+        wrong_denials.is_empty(),
+        "wrongly denied:\n{}",
+        wrong_denials.join("\n")
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_valid_credential_only_health_and_reflection_answer() {
+    let s = Stack::start().await.unwrap();
+    let forged = format!("syk_000000000000_{}", "0".repeat(64));
+    for (token, reason) in [
+        (None, "AUTH_REQUIRED"),
+        (Some(forged.as_str()), "AUTH_INVALID"),
+    ] {
+        for (path, streaming) in methods() {
+            let ch = match token {
+                Some(t) => s.channel_with(t).await.unwrap(),
+                None => switchyard_kit::client::authed(s.raw_channel().await.unwrap(), None),
+            };
+            let st = call(ch, &path, streaming).await;
+            if path.starts_with("/switchyard.agent.v1.ToolService") {
+                continue;
+            }
+            assert_eq!(st.code(), Code::Unauthenticated, "{path}: {st:?}");
+            assert_eq!(ApiError::from(st).reason.as_deref(), Some(reason), "{path}");
+        }
+    }
+    let health = call(
+        switchyard_kit::client::authed(s.raw_channel().await.unwrap(), None),
+        "/grpc.health.v1.Health/Check",
+        false,
+    )
+    .await;
+    assert_eq!(health.code(), Code::Ok, "probes need no credential");
+    s.stop().await.unwrap();
+}
+
+fn reason(e: tonic::Status) -> (Code, String) {
+    let code = e.code();
+    (code, ApiError::from(e).reason.unwrap_or_default())
+}
+
+const GATED: &str = r#"{"job_id":"JOB","approval":{"intent":"echo","requires_approval":true},
+    "tasks":[{"id":"t","agent":{"capability":"builtin.echo","input":{"text":"hi"}}}]}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_old_spoofing_attacks_fail() {
+    let s = Stack::start().await.unwrap();
+    let mut alice = JobServiceClient::new(s.channel_as("alice").await.unwrap());
+    let job = submit(&mut alice, &GATED.replace("JOB", "spoof"))
+        .await
+        .unwrap();
+    assert_eq!(job.submitted_by, "alice");
+
+    // 1. Header spoofing: alice, refused, re-sends as "bob-anything".
+    let mut as_alice = ApprovalServiceClient::new(s.channel_as("alice").await.unwrap());
+    let approve = |who: &str| {
+        let mut r = tonic::Request::new(ApproveRequest {
+            run_id: job.run_id.clone(),
+            comment: String::new(),
+        });
+        r.metadata_mut()
+            .insert("x-switchyard-actor", who.parse().unwrap());
+        r
+    };
+    for who in ["alice", "bob-anything", "bob"] {
+        let e = as_alice.approve(approve(who)).await.unwrap_err();
+        assert_eq!(
+            reason(e),
+            (Code::PermissionDenied, "PERMISSION_DENIED".into())
+        );
+    }
+    // ... or claims to be a service acting for bob.
+    let mut r = approve("bob");
+    r.metadata_mut().insert(
+        "x-switchyard-on-behalf-of",
+        "human:default:bob".parse().unwrap(),
+    );
+    let e = as_alice.approve(r).await.unwrap_err();
+    assert_eq!(ApiError::from(e).metadata["permission"], "impersonate");
+
+    // 2. Body created_by: alice proposes a run "created by bob".
+    let run = Run {
+        created_by: "bob".into(),
+        intent: "x".into(),
+        ..serde_run()
+    };
+    let e = as_alice
+        .propose(ProposeRequest {
+            run: Some(run),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    let api = ApiError::from(e);
+    assert_eq!(api.code, Code::InvalidArgument);
+    assert!(
+        api.violations.iter().any(|v| v.field == "run.created_by"),
+        "{api:?}"
+    );
+
+    // 3. An anonymous job is not accepted at all.
+    let mut anon = JobServiceClient::new(switchyard_kit::client::authed(
+        s.raw_channel().await.unwrap(),
+        None,
+    ));
+    let e = anon
+        .submit_job(SubmitJobRequest {
+            document: GATED.replace("JOB", "anon"),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(e), (Code::Unauthenticated, "AUTH_REQUIRED".into()));
+
+    // The job is still pending: nothing ran; bob's approval runs it.
+    approve_as(&s, "bob", &job.run_id).await.unwrap();
+    let r = finish(&mut alice, "spoof").await;
+    assert_eq!(
+        r.state,
+        switchyard_proto::executor::v1::JobState::Completed as i32
+    );
+    s.stop().await.unwrap();
+}
+
+/// A minimal valid run for Propose.
+fn serde_run() -> Run {
+    Run {
+        intent: "do a thing".into(),
+        max_tokens: 100,
+        ..Default::default()
+    }
+}
+
+async fn approve_as(s: &Stack, who: &str, run_id: &str) -> Result<Run, tonic::Status> {
+    approvals_as(s, who)
+        .await
+        .approve(ApproveRequest {
+            run_id: run_id.into(),
+            comment: "ok".into(),
+        })
+        .await
+        .map(|r| r.into_inner().run.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submitter_who_is_also_an_approver_cannot_approve_their_own_job() {
+    let s = Stack::start().await.unwrap();
+    let carol = s
+        .key("carol", &["submitter", "approver"], PrincipalKind::Human)
+        .await
+        .unwrap();
+    let mut jobs = JobServiceClient::new(s.channel_with(&carol).await.unwrap());
+    let job = submit(&mut jobs, &GATED.replace("JOB", "own"))
+        .await
+        .unwrap();
+    let mut carol_approves = ApprovalServiceClient::new(s.channel_with(&carol).await.unwrap());
+    let mut r = tonic::Request::new(ApproveRequest {
+        run_id: job.run_id.clone(),
+        comment: String::new(),
+    });
+    // A header naming someone else changes nothing.
+    r.metadata_mut()
+        .insert("x-switchyard-actor", "dave".parse().unwrap());
+    let e = carol_approves.approve(r).await.unwrap_err();
+    assert_eq!(
+        reason(e),
+        (Code::PermissionDenied, "SEPARATION_OF_DUTIES".into())
+    );
+    let run = approve_as(&s, "bob", &job.run_id).await.unwrap();
+    assert_eq!(run.created_by, "carol");
+    let audit = ApprovalServiceClient::new(s.channel_as("admin").await.unwrap())
+        .list_audit(switchyard_proto::approval::v1::ListAuditRequest {
+            run_id: job.run_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .records;
+    let proposed = audit.iter().find(|a| a.event_type == "proposed").unwrap();
+    assert_eq!(
+        proposed.actor, "carol (via service:switchyard)",
+        "both identities are recorded"
+    );
+    let approved = audit.iter().find(|a| a.event_type == "approved").unwrap();
+    assert_eq!(approved.actor, "bob");
+    s.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_key_is_refused_on_the_very_next_call() {
+    let s = Stack::start().await.unwrap();
+    let mut admin = AuthServiceClient::new(s.channel_as("admin").await.unwrap());
+    let made = admin
+        .create_key(CreateKeyRequest {
+            subject: "ci".into(),
+            roles: vec!["viewer".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut ci = AuthServiceClient::new(s.channel_with(&made.secret).await.unwrap());
+    let me = ci.who_am_i(WhoAmIRequest {}).await.unwrap().into_inner();
+    assert_eq!((me.subject.as_str(), me.tenant.as_str()), ("ci", "default"));
+    assert_eq!(me.roles, ["viewer"]);
+    admin
+        .revoke_key(RevokeKeyRequest {
+            key_id: made.key.unwrap().key_id,
+        })
+        .await
+        .unwrap();
+    let e = ci.who_am_i(WhoAmIRequest {}).await.unwrap_err();
+    assert_eq!(reason(e), (Code::Unauthenticated, "AUTH_INVALID".into()));
+
+    // Keys expire too.
+    let short = admin
+        .create_key(CreateKeyRequest {
+            subject: "short".into(),
+            roles: vec!["viewer".into()],
+            ttl_secs: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .secret;
+    let mut short = AuthServiceClient::new(s.channel_with(&short).await.unwrap());
+    short.who_am_i(WhoAmIRequest {}).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let e = loop {
+        match short.who_am_i(WhoAmIRequest {}).await {
+            Err(e) => break e,
+            Ok(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Ok(_) => panic!("the key never expired"),
+        }
+    };
+    assert_eq!(reason(e), (Code::Unauthenticated, "AUTH_EXPIRED".into()));
+    s.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_tenants_objects_are_not_found_and_never_listed() {
+    let s = Stack::start().await.unwrap();
+    // The cluster operator (service token) makes an admin for tenant globex.
+    let mut root = AuthServiceClient::new(s.channel_as("operator").await.unwrap());
+    let globex_admin = root
+        .create_key(CreateKeyRequest {
+            subject: "g-admin".into(),
+            roles: vec!["admin".into(), "submitter".into(), "viewer".into()],
+            tenant: "globex".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .secret;
+    let g = s.channel_with(&globex_admin).await.unwrap();
+
+    // default's objects: a job (alice), its run, a budget.
+    let mut alice = JobServiceClient::new(s.channel_as("alice").await.unwrap());
+    let job = submit(&mut alice, &GATED.replace("JOB", "secret-job"))
+        .await
+        .unwrap();
+    LedgerServiceClient::new(s.channel_as("admin").await.unwrap())
+        .create_budget(CreateBudgetRequest {
+            budget_id: "org/default".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+    let mut gj = JobServiceClient::new(g.clone());
+    let e = gj
+        .get_job(GetJobRequest {
+            job_id: "secret-job".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(e), (Code::NotFound, "JOB_NOT_FOUND".into()));
+    let listed = gj
+        .list_jobs(ListJobsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    assert!(listed.is_empty(), "{listed:?}");
+    let mut ga = ApprovalServiceClient::new(g.clone());
+    let e = ga
+        .get_run(switchyard_proto::approval::v1::GetRunRequest {
+            run_id: job.run_id.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(e), (Code::NotFound, "RUN_NOT_FOUND".into()));
+    let runs = ga
+        .list_runs(switchyard_proto::approval::v1::ListRunsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .runs;
+    assert!(runs.is_empty());
+    let mut gl = LedgerServiceClient::new(g.clone());
+    let e = gl
+        .get_budget(GetBudgetRequest {
+            budget_id: "org/default".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(e), (Code::NotFound, "BUDGET_NOT_FOUND".into()));
+    let e = gl
+        .create_budget(CreateBudgetRequest {
+            budget_id: "org/globex/x".into(),
+            parent_id: "org/default".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        reason(e),
+        (Code::NotFound, "BUDGET_NOT_FOUND".into()),
+        "no parent across tenants"
+    );
+    let budgets = gl
+        .list_budgets(ListBudgetsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .budgets;
+    assert!(budgets.iter().all(|b| b.tenant == "globex"), "{budgets:?}");
+
+    // A submitter sees only their own jobs, even in their tenant.
+    let other = s
+        .key("dan", &["submitter"], PrincipalKind::Human)
+        .await
+        .unwrap();
+    let mut dan = JobServiceClient::new(s.channel_with(&other).await.unwrap());
+    let e = dan
+        .get_job(GetJobRequest {
+            job_id: "secret-job".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(e), (Code::NotFound, "JOB_NOT_FOUND".into()));
+    // An approver of the tenant sees it (to decide on it).
+    let mut bob = JobServiceClient::new(s.channel_as("bob").await.unwrap());
+    bob.get_job(GetJobRequest {
+        job_id: "secret-job".into(),
+    })
+    .await
+    .unwrap();
+    s.stop().await.unwrap();
+}
