@@ -125,10 +125,15 @@ pub async fn run_node(
     let authenticator = Authenticator::new(&cfg.auth, keys.clone()).map_err(anyhow::Error::msg)?;
     // What this process presents when it calls a Switchyard service in
     // another process: the cluster's service token.
+    // and, for https:// URLs, its certificate (mTLS).
     let credential = service_credential(&cfg.auth)?;
+    let client_tls = match &cfg.auth.service_tls {
+        Some(t) => Some(t.tonic().map_err(anyhow::Error::msg)?),
+        None => None,
+    };
     let remote = |url: &str| -> anyhow::Result<switchyard_kit::client::Intercepted> {
-        Ok(switchyard_kit::client::authed(
-            switchyard_kit::client::lazy_channel(url)?,
+        Ok(switchyard_kit::client::service(
+            switchyard_kit::client::service_channel(url, client_tls.as_ref())?,
             credential.clone(),
         ))
     };

@@ -54,6 +54,23 @@ pub fn lazy_channel(url: &str) -> Result<Channel, ClientError> {
     Ok(endpoint(url)?.connect_lazy())
 }
 
+/// A lazy channel to another Switchyard service: over TLS with `tls`
+/// (this process's certificate: mTLS) when the URL is `https://`.
+pub fn service_channel(
+    url: &str,
+    tls: Option<&tonic::transport::ClientTlsConfig>,
+) -> Result<Channel, ClientError> {
+    let mut e = endpoint(url)?;
+    if url.starts_with("https://") {
+        let tls = tls.cloned().unwrap_or_default();
+        e = e.tls_config(tls).map_err(|err| ClientError::InvalidUrl {
+            url: url.to_owned(),
+            reason: err.to_string(),
+        })?;
+    }
+    Ok(e.connect_lazy())
+}
+
 /// Lazy channels by endpoint, each made once and shared (clones share the
 /// cache): for callers that reach many endpoints they learn at run time,
 /// such as tool providers.
@@ -116,29 +133,36 @@ impl std::fmt::Debug for Credential {
 #[derive(Debug, Clone, Default)]
 pub struct Propagate {
     credential: Option<Credential>,
+    /// A service calling another Switchyard service: names the user it acts
+    /// for. Never set on channels to agents or tools (third parties).
+    service: bool,
 }
 
 impl Propagate {
     /// Calls authenticated with `credential` (none: anonymous).
     pub fn new(credential: Option<Credential>) -> Propagate {
-        Propagate { credential }
+        Propagate {
+            credential,
+            service: false,
+        }
     }
 }
 
 impl tonic::service::Interceptor for Propagate {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         crate::context::inject(&mut req);
-        if let Some(c) = &self.credential {
-            let md = req.metadata_mut();
-            if !md.contains_key("authorization") {
-                md.insert("authorization", c.0.clone());
-            }
-            if !md.contains_key(crate::auth::ON_BEHALF_HEADER)
-                && let Some(user) = crate::context::outgoing_on_behalf()
-                && let Ok(v) = user.encode().parse()
-            {
-                md.insert(crate::auth::ON_BEHALF_HEADER, v);
-            }
+        let md = req.metadata_mut();
+        if let Some(c) = &self.credential
+            && !md.contains_key("authorization")
+        {
+            md.insert("authorization", c.0.clone());
+        }
+        if self.service
+            && !md.contains_key(crate::auth::ON_BEHALF_HEADER)
+            && let Some(user) = crate::context::outgoing_on_behalf()
+            && let Ok(v) = user.encode().parse()
+        {
+            md.insert(crate::auth::ON_BEHALF_HEADER, v);
         }
         Ok(req)
     }
@@ -150,6 +174,19 @@ pub type Intercepted = InterceptedService<Channel, Propagate>;
 /// `channel` with correlation, trace context and `credential` on every call.
 pub fn authed(channel: Channel, credential: Option<Credential>) -> Intercepted {
     InterceptedService::new(channel, Propagate::new(credential))
+}
+
+/// A channel from one Switchyard service to another: `credential` (the
+/// service token; none under mTLS, where the certificate is the
+/// credential) and the user the current request or job acts for.
+pub fn service(channel: Channel, credential: Option<Credential>) -> Intercepted {
+    InterceptedService::new(
+        channel,
+        Propagate {
+            credential,
+            service: true,
+        },
+    )
 }
 
 /// Declares a client enum that calls a service either in-process or over

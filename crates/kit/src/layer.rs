@@ -50,6 +50,26 @@ fn gate(
     ))
 }
 
+/// What the connection proves: the verified client certificate's service
+/// identity (mTLS) and the peer's address.
+fn connection(req: &Request<Body>) -> (Option<String>, Option<std::net::IpAddr>) {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    if let Some(tls) = req.extensions().get::<TlsConnectInfo<TcpConnectInfo>>() {
+        let subject = tls.peer_certs().and_then(|certs| {
+            certs
+                .first()
+                .and_then(|c| crate::tls::certificate_subject(c))
+        });
+        return (subject, tls.get_ref().remote_addr().map(|a| a.ip()));
+    }
+    let peer = req
+        .extensions()
+        .get::<TcpConnectInfo>()
+        .and_then(|c| c.remote_addr())
+        .map(|a| a.ip());
+    (None, peer)
+}
+
 /// Authenticates and authorizes a request to `path`: `Ok(None)` for open
 /// methods (health, reflection) and servers without auth.
 async fn admit(gate: Gate, path: &str) -> Result<Option<Arc<Principal>>, AuthError> {
@@ -162,7 +182,19 @@ where
             let parent = TraceContextPropagator::new().extract(&HeaderExtractor(req.headers()));
             let _ = span.set_parent(parent);
         }
-        let gate = gate(cfg.auth.as_ref(), req.uri().path(), req.headers());
+        let gate = gate(cfg.auth.as_ref(), req.uri().path(), req.headers()).map(|g| match g {
+            Gate::Check(auth, access, presented) => {
+                let (certificate, peer) = connection(&req);
+                let presented = presented.with_connection(
+                    certificate,
+                    peer,
+                    req.headers(),
+                    auth.forwarded_cert(),
+                );
+                Gate::Check(auth, access, presented)
+            }
+            open => open,
+        });
         let path = req.uri().path().to_owned();
 
         Box::pin(

@@ -28,6 +28,9 @@ pub struct ServerConfig {
     pub request_timeout_ms: u64,
     /// How long shutdown waits for in-flight requests, ms.
     pub drain_timeout_ms: u64,
+    /// `[server.tls]`: TLS, and client certificates for mTLS between
+    /// services. Unset: plaintext h2c (loopback, or behind a mesh).
+    pub tls: Option<crate::tls::ServerTls>,
 }
 
 impl Default for ServerConfig {
@@ -37,6 +40,7 @@ impl Default for ServerConfig {
             max_message_bytes: 4 * 1024 * 1024,
             request_timeout_ms: 30_000,
             drain_timeout_ms: 10_000,
+            tls: None,
         }
     }
 }
@@ -55,6 +59,9 @@ pub enum ServerError {
     /// The transport failed.
     #[error("grpc server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The TLS settings could not be used.
+    #[error("server.tls: {0}")]
+    Tls(String),
     /// Binding the listen address failed.
     #[error("binding {addr}: {source}")]
     Bind {
@@ -226,7 +233,13 @@ impl Server {
         let drain = Duration::from_millis(self.cfg.drain_timeout_ms);
 
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &self.cfg.tls {
+            builder = builder
+                .tls_config(tls.tonic().map_err(ServerError::Tls)?)
+                .map_err(|e| ServerError::Tls(e.to_string()))?;
+        }
+        let server = builder
             .tcp_nodelay(true)
             .layer(layer)
             .add_routes(routes.routes())

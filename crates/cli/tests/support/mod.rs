@@ -65,14 +65,25 @@ pub struct Proc {
 
 impl Proc {
     /// Starts `switchyard ARGS` with `env` and waits for its `listening grpc=` line.
+    /// Services get the test cluster's service token and dev credentials.
     pub fn start(args: &[&str], env: &[(&str, &str)]) -> Proc {
+        Self::spawn(args, env, true)
+    }
+
+    /// Like [`Proc::start`] without the service token and dev credentials:
+    /// the test's own configuration only.
+    pub fn start_plain(args: &[&str], env: &[(&str, &str)]) -> Proc {
+        Self::spawn(args, env, false)
+    }
+
+    fn spawn(args: &[&str], env: &[(&str, &str)], defaults: bool) -> Proc {
         let mut cmd = Command::new(BIN);
         cmd.args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .env("RUST_LOG", "warn");
         // `agents serve` is an agent, not a service: it gets a key instead.
-        if args.first() != Some(&"agents") {
+        if defaults && args.first() != Some(&"agents") {
             // Processes hosting the auth service write the dev credentials
             // file the CLI then reads.
             cmd.env("SWITCHYARD_SERVICE_TOKEN", SERVICE_TOKEN)

@@ -40,6 +40,42 @@ pub struct AuthConfig {
     pub bootstrap_tenant: String,
     /// `[auth.oidc]`: accept JWTs from an identity provider.
     pub oidc: Option<super::jwt::OidcConfig>,
+    /// `[auth.service_tls]`: this process's certificate and the CA of the
+    /// others, for calls to services at `https://` URLs (mTLS).
+    pub service_tls: Option<crate::tls::ClientTls>,
+    /// Service identities (certificate SANs) accepted as service principals,
+    /// by prefix (e.g. `spiffe://cluster.local/ns/switchyard/`). Empty: any
+    /// certificate the server's client CA signed.
+    pub service_identities: Vec<String>,
+    /// `[auth.forwarded_cert]`: trust a client identity forwarded by a mesh
+    /// sidecar. Off unless set.
+    pub forwarded_cert: Option<ForwardedCert>,
+}
+
+/// Identity forwarded by a service-mesh proxy in `x-forwarded-client-cert`
+/// (Envoy/Istio: `By=…;Hash=…;URI=spiffe://…`), trusted only from the
+/// configured proxy addresses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct ForwardedCert {
+    /// Peer addresses of the proxy (usually the sidecar on 127.0.0.1).
+    pub trusted_proxies: Vec<std::net::IpAddr>,
+}
+
+/// Header a mesh proxy forwards the client certificate's identity in.
+pub const XFCC_HEADER: &str = "x-forwarded-client-cert";
+
+/// The `URI=` of the last element of an XFCC header (the hop closest to us).
+fn xfcc_uri(v: &str) -> Option<String> {
+    let last = v.rsplit(',').next()?;
+    last.split(';')
+        .find_map(|kv| {
+            let (k, val) = kv.split_once('=')?;
+            k.trim()
+                .eq_ignore_ascii_case("uri")
+                .then(|| val.trim().trim_matches('"').to_owned())
+        })
+        .filter(|u| !u.is_empty())
 }
 
 impl AuthConfig {
@@ -87,6 +123,9 @@ impl Default for AuthConfig {
             bootstrap_admin_env: None,
             bootstrap_tenant: "default".into(),
             oidc: None,
+            service_tls: None,
+            service_identities: Vec::new(),
+            forwarded_cert: None,
         }
     }
 }
@@ -98,6 +137,10 @@ pub struct Presented {
     bearer: Option<String>,
     /// `x-switchyard-on-behalf-of`, if any.
     on_behalf: Option<String>,
+    /// The verified client certificate's service identity (mTLS), if any.
+    certificate: Option<String>,
+    /// The identity a trusted mesh proxy forwarded, if any.
+    forwarded: Option<String>,
 }
 
 impl std::fmt::Debug for Presented {
@@ -105,6 +148,8 @@ impl std::fmt::Debug for Presented {
         f.debug_struct("Presented")
             .field("bearer", &self.bearer.as_ref().map(|_| "[redacted]"))
             .field("on_behalf", &self.on_behalf)
+            .field("certificate", &self.certificate)
+            .field("forwarded", &self.forwarded)
             .finish()
     }
 }
@@ -127,7 +172,33 @@ impl Presented {
             None => None,
             Some(v) => Some(v.to_str().map_err(|_| AuthError::Invalid)?.to_owned()),
         };
-        Ok(Presented { bearer, on_behalf })
+        Ok(Presented {
+            bearer,
+            on_behalf,
+            certificate: None,
+            forwarded: None,
+        })
+    }
+
+    /// Adds what the connection proves: the verified client certificate's
+    /// identity, and an XFCC identity when the peer is a trusted proxy.
+    pub fn with_connection(
+        mut self,
+        certificate: Option<String>,
+        peer: Option<std::net::IpAddr>,
+        headers: &HeaderMap,
+        cfg: Option<&ForwardedCert>,
+    ) -> Presented {
+        self.certificate = certificate;
+        if let (Some(cfg), Some(peer)) = (cfg, peer)
+            && cfg.trusted_proxies.contains(&peer)
+        {
+            self.forwarded = headers
+                .get(XFCC_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(xfcc_uri);
+        }
+        self
     }
 }
 
@@ -138,6 +209,8 @@ pub struct Authenticator {
     service_token: Option<[u8; 32]>,
     service_subject: String,
     jwt: Option<std::sync::Arc<super::jwt::JwtVerifier>>,
+    service_identities: Vec<String>,
+    forwarded_cert: Option<ForwardedCert>,
 }
 
 impl Authenticator {
@@ -154,7 +227,22 @@ impl Authenticator {
             service_token,
             service_subject: cfg.service_subject.clone(),
             jwt,
+            service_identities: cfg.service_identities.clone(),
+            forwarded_cert: cfg.forwarded_cert.clone(),
         })
+    }
+
+    /// Whether a mesh proxy's forwarded identity is trusted, and from where.
+    pub fn forwarded_cert(&self) -> Option<&ForwardedCert> {
+        self.forwarded_cert.as_ref()
+    }
+
+    fn service_identity_allowed(&self, id: &str) -> bool {
+        self.service_identities.is_empty()
+            || self
+                .service_identities
+                .iter()
+                .any(|p| id.starts_with(p.as_str()))
     }
 
     /// The key set this authenticator verifies against.
@@ -170,7 +258,22 @@ impl Authenticator {
         presented: &Presented,
         now_ms: u64,
     ) -> Result<Principal, AuthError> {
-        let token = presented.bearer.as_deref().ok_or(AuthError::Required)?;
+        let Some(token) = presented.bearer.as_deref() else {
+            // No bearer token: a verified client certificate (mTLS) or an
+            // identity forwarded by a trusted mesh proxy.
+            let (id, method) = match (&presented.certificate, &presented.forwarded) {
+                (Some(c), _) => (c, Method::Certificate),
+                (None, Some(f)) => (f, Method::ForwardedCertificate),
+                (None, None) => return Err(AuthError::Required),
+            };
+            if !self.service_identity_allowed(id) {
+                return Err(AuthError::Invalid);
+            }
+            return on_behalf(
+                Principal::service(id, method),
+                presented.on_behalf.as_deref(),
+            );
+        };
         let principal = if self
             .service_token
             .is_some_and(|h| constant_time_eq(&h, &keys::hash(token)))
@@ -238,6 +341,8 @@ mod tests {
             service_token: Some(keys::hash("s3rvice-token-that-is-long-enough!!")),
             service_subject: "service:test".into(),
             jwt: None,
+            service_identities: vec!["spiffe://sy.test/".into()],
+            forwarded_cert: None,
         }
     }
 
@@ -298,6 +403,59 @@ mod tests {
             ("x-switchyard-on-behalf-of", "bob"),
         ]);
         assert_eq!(auth(&a, garbled).await, Err(AuthError::Invalid));
+    }
+
+    #[tokio::test]
+    async fn certificates_and_forwarded_identities_are_services_only_when_trusted() {
+        let a = authn();
+        let xfcc = headers(&[(
+            "x-forwarded-client-cert",
+            "By=spiffe://sy.test/sa/x;Hash=ab;URI=spiffe://sy.test/ns/sy/sa/executor",
+        )]);
+        let proxy: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let trust = ForwardedCert {
+            trusted_proxies: vec![proxy],
+        };
+        let from = |peer: &str, cfg: Option<&ForwardedCert>| {
+            Presented::from_headers(&xfcc).unwrap().with_connection(
+                None,
+                Some(peer.parse().unwrap()),
+                &xfcc,
+                cfg,
+            )
+        };
+        // From the trusted proxy: a service principal.
+        let p = a
+            .authenticate(&from("127.0.0.1", Some(&trust)), 0)
+            .await
+            .unwrap();
+        assert_eq!(
+            (p.subject.as_str(), p.method),
+            (
+                "spiffe://sy.test/ns/sy/sa/executor",
+                Method::ForwardedCertificate
+            )
+        );
+        // From anyone else, or when not configured: ignored.
+        for (peer, cfg) in [("10.0.0.9", Some(&trust)), ("127.0.0.1", None)] {
+            assert_eq!(
+                a.authenticate(&from(peer, cfg), 0).await,
+                Err(AuthError::Required)
+            );
+        }
+        // A certificate outside the allowed identities is refused.
+        let cert = |id: &str| {
+            Presented::default().with_connection(Some(id.into()), None, &HeaderMap::new(), None)
+        };
+        assert!(
+            a.authenticate(&cert("spiffe://sy.test/ns/a/sa/b"), 0)
+                .await
+                .is_ok()
+        );
+        assert_eq!(
+            a.authenticate(&cert("spiffe://evil.test/sa/b"), 0).await,
+            Err(AuthError::Invalid)
+        );
     }
 
     #[test]
