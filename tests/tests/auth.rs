@@ -163,6 +163,7 @@ fn allowed(role: &str) -> BTreeSet<&'static str> {
                     "AuthService/CreateKey",
                     "AuthService/ListKeys",
                     "AuthService/RevokeKey",
+                    "ApprovalService/BreakGlassApprove",
                 ]);
             }
         }
@@ -608,5 +609,320 @@ async fn other_tenants_objects_are_not_found_and_never_listed() {
     })
     .await
     .unwrap();
+    s.stop().await.unwrap();
+}
+
+/// A run as alice proposes it, estimated at `micro_usd`.
+fn priced_run(micro_usd: i64) -> Run {
+    use switchyard_proto::approval::v1::{ContextPack, CostEstimate, Target};
+    Run {
+        schema_version: "agent_run_spec/v1".into(),
+        requires_approval: true,
+        target: Some(Target {
+            org: "acme".into(),
+            repo: "docs".into(),
+            work_item_ids: vec!["feat:x".into()],
+        }),
+        intent: "Draft the contracts pages".into(),
+        context_pack: Some(ContextPack {
+            pack_id: "cp_1".into(),
+            hash: format!("sha256:{}", "ab".repeat(32)),
+            version: "context_pack/v1".into(),
+            inputs: vec!["feat:x".into()],
+        }),
+        model: "gpt-5".into(),
+        max_tokens: 1_000,
+        cost_estimate: Some(CostEstimate {
+            estimated_input_tokens: 500,
+            estimated_output_tokens: 500,
+            estimated_cost: Some(switchyard_proto::common::v1::Money { micro_usd }),
+        }),
+        tools_allowed: vec!["none".into()],
+        outputs_allowed: vec!["propose_changeset_bundle".into()],
+        ..Default::default()
+    }
+}
+
+async fn propose_as_alice(s: &Stack, micro_usd: i64) -> Run {
+    ApprovalServiceClient::new(s.channel_as("alice").await.unwrap())
+        .propose(ProposeRequest {
+            run: Some(priced_run(micro_usd)),
+            skip_policies: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap()
+}
+
+fn status(r: &Run) -> switchyard_proto::approval::v1::RunStatus {
+    switchyard_proto::approval::v1::RunStatus::try_from(r.status).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn above_the_threshold_two_distinct_approvers_are_needed() {
+    use switchyard_proto::approval::v1::RunStatus;
+    let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
+        c.approval.two_person_above_micro_usd = Some(100_000)
+    })
+    .await
+    .unwrap();
+    let dave = s
+        .key("dave", &["approver"], PrincipalKind::Human)
+        .await
+        .unwrap();
+
+    // Below the threshold one approval does.
+    let small = propose_as_alice(&s, 50_000).await;
+    let r = approve_as(&s, "bob", &small.run_id).await.unwrap();
+    assert_eq!(status(&r), RunStatus::Approved);
+
+    let big = propose_as_alice(&s, 250_000).await;
+    let r = approve_as(&s, "bob", &big.run_id).await.unwrap();
+    assert_eq!(
+        status(&r),
+        RunStatus::Proposed,
+        "waits for a second approver"
+    );
+    assert_eq!(r.approved_by, ["bob"]);
+    let e = approve_as(&s, "bob", &big.run_id).await.unwrap_err();
+    assert_eq!(
+        reason(e),
+        (Code::FailedPrecondition, "SECOND_APPROVAL_REQUIRED".into())
+    );
+    let r = ApprovalServiceClient::new(s.channel_with(&dave).await.unwrap())
+        .approve(ApproveRequest {
+            run_id: big.run_id.clone(),
+            comment: "second".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap();
+    assert_eq!(status(&r), RunStatus::Approved);
+    assert_eq!(r.approved_by, ["bob", "dave"]);
+    let events: Vec<String> = ApprovalServiceClient::new(s.channel_as("admin").await.unwrap())
+        .list_audit(switchyard_proto::approval::v1::ListAuditRequest {
+            run_id: big.run_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .records
+        .into_iter()
+        .map(|a| format!("{}:{}", a.event_type, a.actor))
+        .collect();
+    assert_eq!(
+        events[events.len() - 2..],
+        ["approval_recorded:bob", "approved:dave"]
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_glass_is_admin_only_needs_a_reason_and_is_audited() {
+    use switchyard_proto::approval::v1::{BreakGlassApproveRequest, RunStatus};
+    let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
+        c.approval.two_person_above_micro_usd = Some(0)
+    })
+    .await
+    .unwrap();
+    let run = propose_as_alice(&s, 900_000).await;
+    let mut admin = ApprovalServiceClient::new(s.channel_as("admin").await.unwrap());
+    // Admin is not an approver.
+    let e = admin
+        .approve(ApproveRequest {
+            run_id: run.run_id.clone(),
+            comment: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        reason(e),
+        (Code::PermissionDenied, "PERMISSION_DENIED".into())
+    );
+    // An approver cannot break glass.
+    let glass = |reason: &str| BreakGlassApproveRequest {
+        run_id: run.run_id.clone(),
+        reason: reason.into(),
+    };
+    let e = approvals_as(&s, "bob")
+        .await
+        .break_glass_approve(glass("production is down, approving"))
+        .await
+        .unwrap_err();
+    assert_eq!(ApiError::from(e).metadata["permission"], "run.break_glass");
+    // A reason is required.
+    let e = admin
+        .break_glass_approve(glass("because"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    let r = admin
+        .break_glass_approve(glass("incident 4711: on-call lead unreachable"))
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap();
+    assert_eq!(status(&r), RunStatus::Approved, "no second approver needed");
+    let audit = admin
+        .list_audit(switchyard_proto::approval::v1::ListAuditRequest {
+            run_id: run.run_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .records;
+    let glass = audit
+        .iter()
+        .find(|a| a.event_type == "break_glass_approved")
+        .unwrap();
+    assert_eq!(glass.actor, "admin");
+    assert_eq!(glass.reason, "incident 4711: on-call lead unreachable");
+    s.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_change_only_their_own_registrations_and_route_only_in_their_tenant() {
+    use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
+    use switchyard_proto::registry::v1::{
+        DeregisterAgentRequest, HeartbeatRequest, ListAgentsRequest, RegisterAgentRequest,
+    };
+    use switchyard_proto::router::v1::RouteRequest;
+    use switchyard_proto::router::v1::router_service_client::RouterServiceClient;
+    let s = Stack::start().await.unwrap();
+    let reg = |token: String| {
+        let s = &s;
+        async move { RegistryServiceClient::new(s.channel_with(&token).await.unwrap()) }
+    };
+    let a = s
+        .key("agent-a", &["agent"], PrincipalKind::Agent)
+        .await
+        .unwrap();
+    let b = s
+        .key("agent-b", &["agent"], PrincipalKind::Agent)
+        .await
+        .unwrap();
+    let mut ra = reg(a).await;
+    let mut rb = reg(b).await;
+    ra.register_agent(RegisterAgentRequest {
+        agent: Some(agent("alpha", "cap.t", 80, 0)),
+    })
+    .await
+    .unwrap();
+    let hb = HeartbeatRequest {
+        agent_id: "alpha".into(),
+        in_flight: 0,
+    };
+    let not_owner = |e: tonic::Status| {
+        let api = ApiError::from(e);
+        assert_eq!(api.code, Code::PermissionDenied, "{api:?}");
+        assert_eq!(api.metadata["permission"], "agent.owner");
+    };
+    not_owner(rb.heartbeat(hb.clone()).await.unwrap_err());
+    not_owner(
+        rb.deregister_agent(DeregisterAgentRequest {
+            agent_id: "alpha".into(),
+        })
+        .await
+        .unwrap_err(),
+    );
+    not_owner(
+        rb.register_agent(RegisterAgentRequest {
+            agent: Some(agent("alpha", "cap.evil", 99, 0)),
+        })
+        .await
+        .unwrap_err(),
+    );
+    // The platform's built-in agents are not a tenant agent's to change.
+    let e = rb
+        .heartbeat(HeartbeatRequest {
+            agent_id: "builtin".into(),
+            in_flight: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(ApiError::from(e).metadata["owner"], "platform");
+    // Its owner and the tenant's operators may.
+    ra.heartbeat(hb.clone()).await.unwrap();
+    RegistryServiceClient::new(s.channel().await.unwrap())
+        .heartbeat(hb)
+        .await
+        .unwrap();
+
+    // Another tenant's agent with the same capability is not routed here.
+    let globex_agent = AuthServiceClient::new(s.channel_as("operator").await.unwrap())
+        .create_key(CreateKeyRequest {
+            subject: "g-agent".into(),
+            roles: vec!["agent".into()],
+            kind: PrincipalKind::Agent as i32,
+            tenant: "globex".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .secret;
+    reg(globex_agent)
+        .await
+        .register_agent(RegisterAgentRequest {
+            agent: Some(agent("beta", "cap.t", 99, 0)),
+        })
+        .await
+        .unwrap();
+    let route = |who: &'static str| {
+        let s = &s;
+        async move {
+            RouterServiceClient::new(s.channel_as(who).await.unwrap())
+                .route(RouteRequest {
+                    capability: "cap.t".into(),
+                    constraints: None,
+                    limit: 10,
+                })
+                .await
+                .map(|r| {
+                    let mut ids: Vec<String> = r
+                        .into_inner()
+                        .candidates
+                        .into_iter()
+                        .map(|c| c.agent_id)
+                        .collect();
+                    ids.sort();
+                    ids
+                })
+                .unwrap_or_default()
+        }
+    };
+    // The router learns of both through its watch (the cluster operator
+    // sees every tenant's) ...
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while route("operator").await != ["alpha", "beta"] {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the router never indexed both"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ... and routes only its own tenant's (and shared) agents for alice.
+    assert_eq!(route("alice").await, ["alpha"]);
+    let listed: Vec<String> = RegistryServiceClient::new(s.channel_as("alice").await.unwrap())
+        .list_agents(ListAgentsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .agents
+        .into_iter()
+        .filter_map(|a| a.spec.map(|s| s.id))
+        .collect();
+    assert!(
+        listed.contains(&"alpha".into()) && !listed.contains(&"beta".into()),
+        "{listed:?}"
+    );
     s.stop().await.unwrap();
 }

@@ -79,9 +79,13 @@ pub enum ApprovalCmd {
 pub struct Decision {
     /// Run id.
     id: String,
-    /// Comment for the audit log.
+    /// Comment for the audit log (with --break-glass: the required reason).
     #[arg(short = 'm', long, default_value = "")]
     comment: String,
+    /// Approve as the audited override (admins only): no approver role,
+    /// separation of duties or second approver needed; -m gives the reason.
+    #[arg(long)]
+    break_glass: bool,
     #[command(flatten)]
     conn: Conn,
 }
@@ -195,9 +199,30 @@ async fn decide(d: Decision, verdict: Verdict) -> anyhow::Result<()> {
     let mut c = client(&d.conn).await?;
     let (run_id, comment) = (d.id, d.comment);
     let (run, verb) = match verdict {
+        Verdict::Approve if d.break_glass => {
+            let r = c
+                .break_glass_approve(BreakGlassApproveRequest {
+                    run_id,
+                    reason: comment,
+                })
+                .await;
+            (
+                r.map_err(api)?.into_inner().run,
+                "approved (break-glass, audited)",
+            )
+        }
         Verdict::Approve => {
             let r = c.approve(ApproveRequest { run_id, comment }).await;
-            (r.map_err(api)?.into_inner().run, "approved")
+            let run = r.map_err(api)?.into_inner().run;
+            let still_proposed = run
+                .as_ref()
+                .is_some_and(|r| r.status == RunStatus::Proposed as i32);
+            let verb = if still_proposed {
+                "approval recorded; a second, different approver is needed"
+            } else {
+                "approved"
+            };
+            (run, verb)
         }
         Verdict::Reject => {
             let r = c.reject(RejectRequest { run_id, comment }).await;

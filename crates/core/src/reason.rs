@@ -179,8 +179,11 @@ reasons! {
     MalformedRequest => "MALFORMED_REQUEST",
     /// A sum of money or tokens would overflow its integer type.
     AmountOverflow => "AMOUNT_OVERFLOW",
-    /// The run needs a second, distinct approver (two-person rule).
+    /// The run needs a second, distinct approver (two-person rule): this
+    /// approver already approved it.
     SecondApprovalRequired => "SECOND_APPROVAL_REQUIRED",
+    /// A break-glass approval needs a reason.
+    ReasonRequired => "REASON_REQUIRED",
     /// An internal invariant broke; a bug.
     Internal => "INTERNAL",
 }

@@ -106,7 +106,9 @@ impl ClientTls {
             }
             (None, None) => {}
             _ => {
-                return Err("auth.service_tls needs both cert_file and key_file, or neither".into());
+                return Err(
+                    "auth.service_tls needs both cert_file and key_file, or neither".into(),
+                );
             }
         }
         if let Some(d) = &self.domain {

@@ -55,6 +55,9 @@ pub struct ApprovalConfig {
     /// Auto-approve rules, tried in order (`[[approval.policies]]`). The
     /// default approves only runs whose estimated cost is zero.
     pub policies: Vec<Policy>,
+    /// Two-person rule: a run whose estimated cost is above this many
+    /// micro-USD (or unknown) needs two distinct approvers. Unset: one.
+    pub two_person_above_micro_usd: Option<i64>,
 }
 
 impl Default for ApprovalConfig {
@@ -67,6 +70,7 @@ impl Default for ApprovalConfig {
             retry_backoff_max_ms: 300_000,
             sweep_interval_ms: 1_000,
             policies: vec![Policy::zero_cost()],
+            two_person_above_micro_usd: None,
         }
     }
 }
@@ -138,6 +142,14 @@ pub enum ApprovalError {
         /// Run id.
         run_id: String,
         /// Would-be approver.
+        actor: String,
+    },
+    /// Two-person rule: this approver already approved the run.
+    #[error("{actor:?} already approved run {run_id:?}; it needs a second, different approver")]
+    SecondApproval {
+        /// Run id.
+        run_id: String,
+        /// The approver who tried twice.
         actor: String,
     },
     /// The action needs an actor.
@@ -217,6 +229,11 @@ impl From<ApprovalError> for Status {
             ApprovalError::SeparationOfDuties { run_id, actor } => (
                 Code::PermissionDenied,
                 Reason::SeparationOfDuties,
+                metadata([("run_id", run_id), ("actor", actor)]),
+            ),
+            ApprovalError::SecondApproval { run_id, actor } => (
+                Code::FailedPrecondition,
+                Reason::SecondApprovalRequired,
                 metadata([("run_id", run_id), ("actor", actor)]),
             ),
             ApprovalError::ActorRequired { action } => (
@@ -719,20 +736,110 @@ impl Approval {
                 run_id: run_id.to_owned(),
                 refused,
             })?;
-            let reapproval = action == Action::Approve && from == S::Failed;
-            self.transition(
-                &mut st,
-                run_id,
-                to,
-                Note::new(&actor, event, comment),
-                |r| {
-                    if reapproval {
-                        // A person gives a failed run another attempt.
-                        r.next_attempt_at = Some(timestamp(now));
-                    }
-                },
-            )?
+            let two = action == Action::Approve && from == S::Proposed && self.needs_two(run);
+            if two && run.approved_by.contains(&actor) {
+                return Err(ApprovalError::SecondApproval {
+                    run_id: run_id.to_owned(),
+                    actor,
+                });
+            }
+            if two && run.approved_by.is_empty() {
+                // The first of two: recorded, the run stays proposed.
+                self.record_first_approval(&mut st, run_id, &actor, comment)?
+            } else {
+                let reapproval = action == Action::Approve && from == S::Failed;
+                self.transition(
+                    &mut st,
+                    run_id,
+                    to,
+                    Note::new(&actor, event, comment),
+                    |r| {
+                        if action == Action::Approve {
+                            r.approved_by.push(actor.clone());
+                        }
+                        if reapproval {
+                            // A person gives a failed run another attempt.
+                            r.next_attempt_at = Some(timestamp(now));
+                        }
+                    },
+                )?
+            }
         };
+        self.durable(seq).await?;
+        Ok(run)
+    }
+
+    /// Whether the two-person rule applies: the estimated cost is above the
+    /// threshold, or unknown.
+    fn needs_two(&self, run: &Run) -> bool {
+        let Some(limit) = self.inner.cfg.two_person_above_micro_usd else {
+            return false;
+        };
+        run.cost_estimate
+            .as_ref()
+            .and_then(|e| e.estimated_cost.as_ref())
+            .is_none_or(|m| m.micro_usd > limit)
+    }
+
+    /// The first of two approvals: recorded on the run and audited; the run
+    /// stays proposed.
+    fn record_first_approval(
+        &self,
+        st: &mut State,
+        run_id: &str,
+        actor: &str,
+        comment: &str,
+    ) -> Result<(Run, u64), ApprovalError> {
+        let Some(current) = st.runs.get(run_id) else {
+            return Err(ApprovalError::RunNotFound(run_id.to_owned()));
+        };
+        let mut run = current.clone();
+        run.approved_by.push(actor.to_owned());
+        self.inner.runs.put(run_id, &run)?;
+        let note = Note::new(actor, "approval_recorded", comment)
+            .detail("approvals", run.approved_by.len())
+            .detail("needed", 2);
+        let seq = self.audit(st, &run, note)?;
+        st.runs.insert(run_id.to_owned(), run.clone());
+        Ok((run, seq))
+    }
+
+    /// The audited override: `actor` (an admin) approves without approver,
+    /// separation of duties or second approver, for `reason`.
+    pub async fn break_glass(
+        &self,
+        run_id: &str,
+        reason: &str,
+        actor: &str,
+    ) -> Result<Run, ApprovalError> {
+        if reason.trim().chars().count() < 10 {
+            return Err(invalid(
+                "reason",
+                "a break-glass approval needs a reason of at least 10 characters; it is kept in the audit log",
+            ));
+        }
+        let now = self.now();
+        let (run, seq) = {
+            let mut st = self.lock();
+            let Some(run) = st.runs.get(run_id) else {
+                return Err(ApprovalError::RunNotFound(run_id.to_owned()));
+            };
+            let from = status_of(run);
+            table::check_by_person(from, S::Approved).map_err(|refused| {
+                ApprovalError::Transition {
+                    run_id: run_id.to_owned(),
+                    refused,
+                }
+            })?;
+            let note = Note::new(actor, "break_glass_approved", reason).detail("break_glass", true);
+            self.transition(&mut st, run_id, S::Approved, note, |r| {
+                r.approved_by.push(actor.to_owned());
+                if from == S::Failed {
+                    r.next_attempt_at = Some(timestamp(now));
+                }
+            })?
+        };
+        tracing::warn!(run_id, actor, reason, "break-glass approval");
         self.durable(seq).await?;
         Ok(run)
     }
@@ -1251,6 +1358,20 @@ impl ApprovalService for Approval {
         Ok(Response::new(ApproveResponse { run: Some(run) }))
     }
 
+    async fn break_glass_approve(
+        &self,
+        req: Request<BreakGlassApproveRequest>,
+    ) -> Result<Response<BreakGlassApproveResponse>, Status> {
+        let p = principal(&req)?;
+        p.require(Permission::RunBreakGlass)?;
+        let r = req.get_ref();
+        self.visible_run(&p, &r.run_id)?;
+        let run = self
+            .break_glass(&r.run_id, &r.reason, p.acting_subject())
+            .await?;
+        Ok(Response::new(BreakGlassApproveResponse { run: Some(run) }))
+    }
+
     async fn reject(
         &self,
         req: Request<RejectRequest>,
@@ -1382,6 +1503,8 @@ switchyard_kit::service_client! {
             propose(ProposeRequest) -> ProposeResponse;
             /// Approves a run.
             approve(ApproveRequest) -> ApproveResponse;
+            /// Approves a run as an audited override.
+            break_glass_approve(BreakGlassApproveRequest) -> BreakGlassApproveResponse;
             /// Rejects a run.
             reject(RejectRequest) -> RejectResponse;
             /// Cancels a run.

@@ -57,11 +57,14 @@ pub enum Permission {
     AgentInvoke,
     /// Act on behalf of another principal (`x-switchyard-on-behalf-of`).
     Impersonate,
+    /// The audited override: approve without approver, separation of duties
+    /// or second approver (admins only).
+    RunBreakGlass,
 }
 
 impl Permission {
     /// Every permission.
-    pub const ALL: [Permission; 23] = [
+    pub const ALL: [Permission; 24] = [
         Permission::JobSubmit,
         Permission::JobRead,
         Permission::JobCancel,
@@ -85,6 +88,7 @@ impl Permission {
         Permission::KeyWatch,
         Permission::AgentInvoke,
         Permission::Impersonate,
+        Permission::RunBreakGlass,
     ];
 
     /// The name in errors (ErrorInfo metadata `permission`) and docs.
@@ -113,6 +117,7 @@ impl Permission {
             Permission::KeyWatch => "key.watch",
             Permission::AgentInvoke => "agent.invoke",
             Permission::Impersonate => "impersonate",
+            Permission::RunBreakGlass => "run.break_glass",
         }
     }
 }
@@ -173,6 +178,7 @@ pub fn access(path: &str) -> Access {
         ("switchyard.approval.v1.ApprovalService", m) => match m {
             "Propose" => needs(P::RunPropose),
             "Approve" | "Reject" => needs(P::RunDecide),
+            "BreakGlassApprove" => needs(P::RunBreakGlass),
             "Cancel" => needs(P::RunCancel),
             "GetRun" | "ListRuns" | "Watch" => needs(P::RunRead),
             "Claim" | "RenewClaim" | "Complete" | "Fail" => needs(P::RunWork),
@@ -239,12 +245,15 @@ pub fn grants(role: Role, perm: Permission) -> bool {
             perm,
             JobRead | RunRead | AuditRead | BudgetRead | AgentRead | Route
         ),
-        // Everything an operator may, plus budgets and keys; never RunDecide.
-        Role::Admin => grants(Role::Operator, perm) || matches!(perm, BudgetManage | KeyManage),
+        // Everything an operator may, plus budgets, keys and the audited
+        // break-glass override; never RunDecide.
+        Role::Admin => {
+            grants(Role::Operator, perm) || matches!(perm, BudgetManage | KeyManage | RunBreakGlass)
+        }
         // Switchyard's own services and the cluster operator holding the
         // service token (who makes each tenant's first admin key). Never
         // RunDecide: a service cannot approve spend.
-        Role::Service => !matches!(perm, RunDecide | RunManual | Impersonate),
+        Role::Service => !matches!(perm, RunDecide | RunManual | Impersonate | RunBreakGlass),
         // The right to act for a user, checked by the authenticator.
         Role::Impersonate => perm == Impersonate,
     }
@@ -253,6 +262,17 @@ pub fn grants(role: Role, perm: Permission) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_admins_may_break_glass() {
+        for role in Role::ALL {
+            assert_eq!(
+                grants(role, Permission::RunBreakGlass),
+                role == Role::Admin,
+                "{role:?}"
+            );
+        }
+    }
 
     #[test]
     fn nobody_but_approvers_may_decide_runs() {
