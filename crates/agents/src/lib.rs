@@ -164,16 +164,16 @@ impl Hosted {
         llm: Llm,
         cfg: AgentsConfig,
         credential: Option<Credential>,
+        tls: Option<&tonic::transport::ClientTlsConfig>,
         max_message_bytes: usize,
     ) -> Result<Hosted, AgentsError> {
+        // https:// service URLs are reached over TLS (the cluster's CA).
+        let channel = |u: &str| switchyard_kit::client::service_channel(u, tls);
         let url = |what: &str, u: &Option<String>| -> Result<Intercepted, AgentsError> {
             let u = u.as_deref().ok_or_else(|| {
                 AgentsError::Config(format!("declarative agents need agents.{what}_url"))
             })?;
-            Ok(authed(
-                switchyard_kit::client::lazy_channel(u)?,
-                credential.clone(),
-            ))
+            Ok(authed(channel(u)?, credential.clone()))
         };
         let registry = RegistryServiceClient::new(url("registry", &cfg.registry_url)?)
             .max_decoding_message_size(max_message_bytes);
@@ -181,11 +181,8 @@ impl Hosted {
             .max_decoding_message_size(max_message_bytes);
         let executor = match &cfg.executor_url {
             Some(u) => Some(
-                JobServiceClient::new(authed(
-                    switchyard_kit::client::lazy_channel(u)?,
-                    credential.clone(),
-                ))
-                .max_decoding_message_size(max_message_bytes),
+                JobServiceClient::new(authed(channel(u)?, credential.clone()))
+                    .max_decoding_message_size(max_message_bytes),
             ),
             None => None,
         };

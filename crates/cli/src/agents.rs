@@ -41,11 +41,16 @@ pub fn host(
     or_own(&mut acfg.ledger_url);
     or_own(&mut acfg.executor_url);
     let llm = switchyard_llm::Llm::new(&cfg.llm).map_err(anyhow::Error::msg)?;
+    let tls = match &cfg.auth.service_tls {
+        Some(t) => Some(t.tonic().map_err(anyhow::Error::msg)?),
+        None => None,
+    };
     Ok(Hosted::new(
         loaded,
         llm,
         acfg,
         credential,
+        tls.as_ref(),
         cfg.server.max_message_bytes,
     )?)
 }

@@ -67,6 +67,9 @@ impl Config {
         self.approval.validate()?;
         self.executor.validate()?;
         self.llm.validate()?;
+        if let Some(o) = &self.auth.oidc {
+            o.validate()?;
+        }
         if self.auth.dev_credentials() && !is_loopback(&self.server.listen) {
             return Err(format!(
                 "refusing to listen on {} with auth.dev_credentials on: the generated demo credentials (admin, alice, bob) would be reachable from the network. Listen on 127.0.0.1, or set auth.dev_credentials = false (SWITCHYARD_AUTH__DEV_CREDENTIALS=false) and give the first admin key through auth.bootstrap_admin_env",
@@ -134,6 +137,8 @@ mod tests {
         let c: Config = switchyard_kit::config::load(Some(std::path::Path::new(path)), []).unwrap();
         c.validate().unwrap();
         assert_eq!(c.llm.providers[0].models.len(), 2);
+        assert_eq!(c.approval.two_person_above_micro_usd, Some(5_000_000));
+        c.auth.oidc.as_ref().unwrap().validate().unwrap();
         assert_eq!(
             c.llm.providers[1].kind,
             switchyard_llm::ProviderKind::Anthropic
@@ -148,5 +153,12 @@ mod tests {
             c.agents.dir.as_deref(),
             Some(std::path::Path::new("examples/agents"))
         );
+        let oidc = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/k8s/oidc.example.toml"
+        );
+        let c: Config = switchyard_kit::config::load(Some(std::path::Path::new(oidc)), []).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.auth.oidc.unwrap().role_prefix, "switchyard-");
     }
 }

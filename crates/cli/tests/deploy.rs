@@ -96,16 +96,35 @@ fn kubernetes_workloads_match_the_binary_and_each_other() {
             format!("0.0.0.0:{port}"),
             "{name}: listens on its container port"
         );
+        // kubelet probes speak neither TLS nor credentials: a TLS workload's
+        // probes go to its plaintext health-only port.
+        let probe_port = match cfg["server"].get("health_listen").and_then(|h| h.as_str()) {
+            Some(h) => {
+                let health = c["ports"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|p| p["name"] == "health")
+                    .unwrap_or_else(|| panic!("{name}: no health port"));
+                let hp = health["containerPort"].as_i64().unwrap();
+                assert_eq!(h, format!("0.0.0.0:{hp}"), "{name}: health port");
+                hp
+            }
+            None => port,
+        };
         assert_eq!(
             c["readinessProbe"]["grpc"]["port"].as_i64(),
-            Some(port),
+            Some(probe_port),
             "{name}"
         );
         assert_eq!(
             c["livenessProbe"]["grpc"]["port"].as_i64(),
-            Some(port),
+            Some(probe_port),
             "{name}"
         );
+        if cfg["server"].get("tls").is_some() {
+            assert_ne!(probe_port, port, "{name}: probes must not hit the TLS port");
+        }
         assert_eq!(
             c["livenessProbe"]["grpc"]["service"], "liveness",
             "{name}: liveness must not depend on readiness"
@@ -193,8 +212,48 @@ fn kubernetes_workloads_match_the_binary_and_each_other() {
                 "{name}: LLM providers are configured"
             );
         }
+        // Every service workload is authenticated: mTLS with a mounted
+        // certificate, and either hosts the API keys or follows them.
+        if roles != "agent" {
+            let tls = cfg["server"]
+                .get("tls")
+                .unwrap_or_else(|| panic!("{name}: no server.tls"));
+            let mount = c["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| m["name"] == "tls")
+                .unwrap_or_else(|| panic!("{name}: no tls volume"));
+            assert!(
+                tls["cert_file"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(mount["mountPath"].as_str().unwrap()),
+                "{name}: the certificate comes from the mounted Secret"
+            );
+            assert!(
+                cfg["auth"].get("service_tls").is_some(),
+                "{name}: mTLS client"
+            );
+            let keeps_keys = roles.split(',').any(|r| r == "auth");
+            let follows = cfg["auth"]
+                .get("keys_url")
+                .and_then(|u| u.as_str())
+                .is_some_and(|u| u == "https://switchyard-approval:7600");
+            assert!(
+                keeps_keys ^ follows,
+                "{name}: hosts the auth service or follows it"
+            );
+            assert_eq!(
+                cfg["auth"]["dev_credentials"].as_bool(),
+                Some(false),
+                "{name}"
+            );
+        }
         for url in calls {
-            let hostport = url.trim_start_matches("http://");
+            let hostport = url
+                .trim_start_matches("https://")
+                .trim_start_matches("http://");
             let (host, port) = hostport.split_once(':').unwrap();
             let reg = services
                 .iter()

@@ -31,6 +31,10 @@ pub struct ServerConfig {
     /// `[server.tls]`: TLS, and client certificates for mTLS between
     /// services. Unset: plaintext h2c (loopback, or behind a mesh).
     pub tls: Option<crate::tls::ServerTls>,
+    /// A second, plaintext address serving only `grpc.health.v1` (same
+    /// statuses): for kubelet gRPC probes, which speak neither TLS nor
+    /// credentials, when the main port is TLS. Unset: none.
+    pub health_listen: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -41,6 +45,7 @@ impl Default for ServerConfig {
             request_timeout_ms: 30_000,
             drain_timeout_ms: 10_000,
             tls: None,
+            health_listen: None,
         }
     }
 }
@@ -218,6 +223,10 @@ impl Server {
             .build_v1alpha()
             .map_err(|e| ServerError::Reflection(e.to_string()))?;
 
+        let health_only = match &self.cfg.health_listen {
+            Some(addr) => Some(spawn_health_only(addr, health.clone(), shutdown.clone()).await?),
+            None => None,
+        };
         let mut routes = self.routes;
         routes
             .add_service(health)
@@ -300,6 +309,9 @@ impl Server {
         let _ = opener.await;
         set_all(&reporter, &self.names, ServingStatus::NotServing).await;
         let _ = stop_tx.send(());
+        if let Some(h) = health_only {
+            let _ = h.await;
+        }
         match tokio::time::timeout(drain, &mut server).await {
             Ok(r) => flatten(r),
             Err(_) => {
@@ -312,6 +324,34 @@ impl Server {
             }
         }
     }
+}
+
+/// Serves only `health` on `addr`, in plaintext, until `shutdown`.
+async fn spawn_health_only(
+    addr: &str,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+    shutdown: Shutdown,
+) -> Result<tokio::task::JoinHandle<()>, ServerError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: addr.to_owned(),
+            source,
+        })?;
+    tracing::info!(addr = %addr, "health-only port (plaintext, for probes)");
+    Ok(tokio::spawn(async move {
+        let served = tonic::transport::Server::builder()
+            .add_service(health)
+            .serve_with_incoming_shutdown(TcpIncoming::from(listener), async move {
+                shutdown.wait().await
+            })
+            .await;
+        if let Err(e) = served {
+            tracing::warn!(error = %e, "health-only port stopped");
+        }
+    }))
 }
 
 /// Sets every hosted service, and the server as a whole (""), to `status`.
