@@ -24,6 +24,7 @@
 //! The stack is the one `switchyard dev` runs (durable sled store in a
 //! temporary directory, per-RPC spans enabled at the default `info` level).
 
+mod auth;
 mod executor;
 mod llm;
 
@@ -204,6 +205,10 @@ async fn run() -> anyhow::Result<()> {
     if std::env::args().nth(1).as_deref() == Some("executor") {
         return executor::run().await;
     }
+    // `switchyard-bench auth` runs only the authentication figures.
+    if std::env::args().nth(1).as_deref() == Some("auth") {
+        return auth::run().await;
+    }
     // `switchyard-bench llm` runs only the agent loop's figures.
     if std::env::args().nth(1).as_deref() == Some("llm") {
         return llm::run().await;
@@ -349,6 +354,7 @@ async fn run() -> anyhow::Result<()> {
 
     ledger_grpc(&channels, ping.rate).await?;
     stack.stop().await?;
+    auth::run().await?;
     executor::run().await?;
     llm::run().await?;
     Ok(())

@@ -1,0 +1,289 @@
+//! What authentication costs per RPC. The same in-process router (10k agents)
+//! and ledger (1,000 budgets) are served twice in one run:
+//!
+//! - by the Switchyard server (kit): per-RPC span, correlation, and
+//!   authentication + the authorization table, called with an API key and
+//!   with an RS256 JWT (verified against a JWKS file);
+//! - by a bare tonic server whose only layer puts a fixed principal in the
+//!   request ("without auth"): the handlers need a principal, so this is the
+//!   cheapest server they can run behind.
+//!
+//! The ratio kit/bare therefore bounds the cost of authentication from
+//! above: it also includes the kit server's span and correlation handling.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use jsonwebtoken::jwk::{Jwk, JwkSet};
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use switchyard_core::SystemClock;
+use switchyard_kit::auth::authn::{AuthConfig, Authenticator};
+use switchyard_kit::auth::jwt::OidcConfig;
+use switchyard_kit::auth::keys::{self, Binding, KeySet};
+use switchyard_kit::auth::{Kind, Method, Principal, Role, Roles};
+use switchyard_kit::client::{Credential, authed};
+use switchyard_ledger::{Ledger, LedgerConfig};
+use switchyard_proto::common::v1::Money;
+use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
+use switchyard_proto::ledger::v1::{CommitRequest, CreateBudgetRequest};
+use switchyard_proto::registry::v1::{Agent, AgentStatus};
+use switchyard_proto::router::v1::RouteRequest;
+use switchyard_proto::router::v1::router_service_client::RouterServiceClient;
+use switchyard_router::{Router, RouterConfig};
+use tonic::body::Body;
+
+use crate::{CAPABILITIES, CONNECTIONS, Channel, Lcg, Load, load, reserve_req, spec, verdict};
+
+const TENANT: &str = "bench";
+const BUDGETS: u64 = 1_000;
+
+/// Puts one principal in every request: the "no authentication" server.
+#[derive(Clone)]
+struct Fixed<S> {
+    inner: S,
+    principal: Arc<Principal>,
+}
+
+#[derive(Clone)]
+struct FixedLayer(Arc<Principal>);
+
+impl<S> tower::Layer<S> for FixedLayer {
+    type Service = Fixed<S>;
+    fn layer(&self, inner: S) -> Fixed<S> {
+        Fixed {
+            inner,
+            principal: self.0.clone(),
+        }
+    }
+}
+
+impl<S> tower::Service<http::Request<Body>> for Fixed<S>
+where
+    S: tower::Service<http::Request<Body>> + Send,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
+        req.extensions_mut().insert(self.principal.clone());
+        Box::pin(self.inner.call(req))
+    }
+}
+
+fn principal() -> Principal {
+    Principal::user(
+        "bench",
+        TENANT,
+        &[Role::Viewer, Role::Agent],
+        Kind::Agent,
+        Method::ApiKey,
+    )
+}
+
+/// A JWKS file with one RS256 key, and a token it verifies.
+fn jwt(dir: &std::path::Path) -> anyhow::Result<(OidcConfig, String)> {
+    let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256)?;
+    let key = EncodingKey::from_rsa_pem(kp.serialize_pem().as_bytes())?;
+    let mut jwk = Jwk::from_encoding_key(&key, Algorithm::RS256)?;
+    jwk.common.key_id = Some("bench-1".into());
+    let path = dir.join("jwks.json");
+    std::fs::write(&path, serde_json::to_vec(&JwkSet { keys: vec![jwk] })?)?;
+    let now = switchyard_kit::time::now_ms() / 1000;
+    let claims = serde_json::json!({
+        "iss": "https://idp.bench", "aud": "switchyard", "sub": "bench", "tenant": TENANT,
+        "switchyard_roles": ["viewer", "agent"], "exp": now + 3600, "iat": now,
+    });
+    let mut header = Header::new(Algorithm::RS256);
+    header.kid = Some("bench-1".into());
+    let token = jsonwebtoken::encode(&header, &claims, &key)?;
+    let cfg = OidcConfig {
+        issuer: "https://idp.bench".into(),
+        audience: "switchyard".into(),
+        jwks_file: Some(path),
+        ..Default::default()
+    };
+    Ok((cfg, token))
+}
+
+/// Route and Reserve+Commit with each credential, and their ratios to the
+/// server without authentication, measured in the same run.
+pub async fn run() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (trigger, shutdown) = switchyard_kit::shutdown::channel();
+
+    let mut rng = Lcg(7);
+    let agents: Vec<Agent> = (0..10_000)
+        .map(|i| Agent {
+            spec: Some(spec(i, &mut rng)),
+            status: AgentStatus::Available as i32,
+            ..Default::default()
+        })
+        .collect();
+    let router = Router::new(RouterConfig::default());
+    router.load_agents(&agents);
+    let ledger = Ledger::open(
+        LedgerConfig::default(),
+        switchyard_store::Store::open(dir.path().join("ledger"))?,
+        Arc::new(SystemClock),
+        shutdown.clone(),
+    )?;
+    for b in 0..=BUDGETS {
+        let (id, parent) = match b {
+            0 => ("org".to_owned(), String::new()),
+            b => (format!("org/b{:04}", b - 1), "org".to_owned()),
+        };
+        ledger
+            .create_budget_in(
+                CreateBudgetRequest {
+                    budget_id: id,
+                    parent_id: parent,
+                    token_limit: (b == 0).then_some(switchyard_ledger::MAX_AMOUNT),
+                    ..Default::default()
+                },
+                TENANT,
+            )
+            .await?;
+    }
+
+    // The credentials.
+    let api_key = keys::generate()?.token;
+    let set = KeySet::default();
+    set.upsert(
+        keys::hash(&api_key),
+        Binding {
+            key_id: "key-bench".into(),
+            subject: "bench".into(),
+            tenant: TENANT.into(),
+            roles: Roles::of(&[Role::Viewer, Role::Agent]),
+            kind: Kind::Agent,
+            expires_at_ms: None,
+            revoked: false,
+        },
+    );
+    let (oidc, token) = jwt(dir.path())?;
+    let authenticator = Authenticator::new(
+        &AuthConfig {
+            oidc: Some(oidc),
+            ..Default::default()
+        },
+        set,
+    )
+    .map_err(anyhow::Error::msg)?;
+
+    let max = 4 << 20;
+    let cfg = switchyard_kit::server::ServerConfig {
+        listen: "127.0.0.1:0".into(),
+        ..Default::default()
+    };
+    let with_auth = switchyard_kit::server::bind(&cfg).await?;
+    let with_auth_url = format!("http://{}", with_auth.local_addr()?);
+    let server = switchyard_kit::server::Server::new(cfg.clone())
+        .with_auth(Arc::new(authenticator))
+        .add_service(router.server(max))
+        .add_service(ledger.server(max));
+    let kit = tokio::spawn(server.run(with_auth, shutdown.clone()));
+
+    let bare = switchyard_kit::server::bind(&cfg).await?;
+    let bare_url = format!("http://{}", bare.local_addr()?);
+    let stop = shutdown.clone();
+    let plain = tokio::spawn(
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .layer(FixedLayer(Arc::new(principal())))
+            .add_service(router.server(max))
+            .add_service(ledger.server(max))
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(bare).with_nodelay(Some(true)),
+                async move { stop.wait().await },
+            ),
+    );
+
+    let channels = |url: String, cred: Option<String>| async move {
+        let mut out = Vec::new();
+        for _ in 0..CONNECTIONS {
+            let c = cred.as_deref().map(Credential::bearer).transpose()?;
+            out.push(authed(switchyard_kit::client::connect(&url).await?, c));
+        }
+        anyhow::Ok(out)
+    };
+    let setups = [
+        ("no auth (fixed principal)", channels(bare_url, None).await?),
+        ("API key", channels(with_auth_url.clone(), Some(api_key)).await?),
+        ("JWT (RS256)", channels(with_auth_url, Some(token)).await?),
+    ];
+    println!(
+        "\nAuthentication per RPC: the same router (10k agents) and ledger (1,000 budgets), {} callers:",
+        crate::CALLERS
+    );
+    let mut base = (0.0, 0.0);
+    for (i, (name, chans)) in setups.iter().enumerate() {
+        let route = route_load(chans).await;
+        // Each setup reserves under its own idempotency keys.
+        let pairs = pair_load(chans, i as u64 * 1_000_000_000_000).await;
+        if i == 0 {
+            base = (route.rate, pairs.rate);
+        }
+        let (rr, pr) = (route.rate / base.0, pairs.rate / base.1);
+        let goal = if i == 0 {
+            "(baseline)".to_owned()
+        } else {
+            format!(
+                "[{}: Route >= 0.9] [{}: pairs >= 0.9]",
+                verdict(rr >= 0.9),
+                verdict(pr >= 0.9)
+            )
+        };
+        println!(
+            "  {name:<26} Route {:>8.0}/s (x{rr:.2}, p99 {:>7.1} us, errors {})  Reserve+Commit {:>7.0} pairs/s (x{pr:.2}, errors {})  {goal}",
+            route.rate, route.p99_us, route.errors, pairs.rate, pairs.errors
+        );
+    }
+    trigger.fire();
+    let _ = kit.await;
+    let _ = plain.await;
+    Ok(())
+}
+
+async fn route_load(chans: &[Channel]) -> Load {
+    load(chans, |ch, seq| async move {
+        RouterServiceClient::new(ch)
+            .route(RouteRequest {
+                capability: format!("cap_{:03}", seq % CAPABILITIES as u64),
+                constraints: None,
+                limit: 5,
+            })
+            .await
+            .map(|_| None)
+    })
+    .await
+}
+
+async fn pair_load(chans: &[Channel], offset: u64) -> Load {
+    load(chans, move |ch, seq| async move {
+        let mut l = LedgerServiceClient::new(ch);
+        let budget = format!("org/b{:04}", seq % BUDGETS);
+        let r = l.reserve(reserve_req(budget, seq + offset)).await?;
+        let rid = r
+            .into_inner()
+            .reservation
+            .map(|r| r.reservation_id)
+            .unwrap_or_default();
+        l.commit(CommitRequest {
+            reservation_id: rid,
+            tokens: 80,
+            cost: Some(Money { micro_usd: 8 }),
+            ..Default::default()
+        })
+        .await?;
+        Ok(None)
+    })
+    .await
+}
