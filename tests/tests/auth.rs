@@ -926,3 +926,69 @@ async fn agents_change_only_their_own_registrations_and_route_only_in_their_tena
     );
     s.stop().await.unwrap();
 }
+
+/// Sends raw bytes as the request message; decodes the answer as nothing.
+#[derive(Clone, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = ();
+    type Encoder = RawCodec;
+    type Decoder = tonic_prost::ProstDecoder<()>;
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstCodec::<(), ()>::default().decoder()
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use bytes::BufMut as _;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_requests_are_invalid_argument_with_a_reason() {
+    let s = Stack::start().await.unwrap();
+    let cases: [(&str, Vec<u8>); 2] = [
+        // GetJobRequest.job_id (field 1, a string) holding invalid UTF-8.
+        (
+            "/switchyard.executor.v1.JobService/GetJob",
+            vec![0x0a, 0x02, 0xff, 0xfe],
+        ),
+        // Not protobuf at all: a field header claiming more bytes than follow.
+        (
+            "/switchyard.registry.v1.RegistryService/ListAgents",
+            vec![0x0a, 0x7f, 0x01],
+        ),
+    ];
+    for (path, bytes) in cases {
+        let mut grpc = tonic::client::Grpc::new(s.channel().await.unwrap());
+        grpc.ready().await.unwrap();
+        let e = grpc
+            .unary(
+                tonic::Request::new(bytes),
+                http::uri::PathAndQuery::from_static(path),
+                RawCodec,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(
+            reason(e),
+            (Code::InvalidArgument, "MALFORMED_REQUEST".into()),
+            "{path}"
+        );
+    }
+    s.stop().await.unwrap();
+}

@@ -216,7 +216,10 @@ pub async fn run() -> anyhow::Result<()> {
     };
     let setups = [
         ("no auth (fixed principal)", channels(bare_url, None).await?),
-        ("API key", channels(with_auth_url.clone(), Some(api_key)).await?),
+        (
+            "API key",
+            channels(with_auth_url.clone(), Some(api_key)).await?,
+        ),
         ("JWT (RS256)", channels(with_auth_url, Some(token)).await?),
     ];
     println!(
