@@ -992,3 +992,29 @@ async fn undecodable_requests_are_invalid_argument_with_a_reason() {
     }
     s.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_submits_only_delegated_child_jobs() {
+    let s = Stack::start().await.unwrap();
+    let agent = s
+        .key("worker-agent", &["agent"], PrincipalKind::Agent)
+        .await
+        .unwrap();
+    let mut jobs = JobServiceClient::new(s.channel_with(&agent).await.unwrap());
+    let e = submit(&mut jobs, &GATED.replace("JOB", "from-agent"))
+        .await
+        .unwrap_err();
+    let api = ApiError::from(e);
+    assert_eq!(api.code, Code::PermissionDenied, "{api:?}");
+    assert!(
+        api.message.contains("delegated child jobs"),
+        "{}",
+        api.message
+    );
+    // A child of a job that is not active is refused as such, not run.
+    let doc = r#"{"job_id":"child","delegation":{"parent_job_id":"nope"},
+        "tasks":[{"id":"t","agent":{"capability":"builtin.echo","input":{"text":"hi"}}}]}"#;
+    let e = submit(&mut jobs, doc).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    s.stop().await.unwrap();
+}

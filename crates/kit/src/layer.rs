@@ -29,20 +29,20 @@ use crate::error;
 enum Gate {
     Open,
     Check(Arc<Authenticator>, Access, Presented),
+    Fixed(Arc<Principal>),
 }
 
-fn gate(
-    auth: Option<&Arc<Authenticator>>,
-    path: &str,
-    headers: &HeaderMap,
-) -> Result<Gate, AuthError> {
-    let Some(auth) = auth else {
-        return Ok(Gate::Open);
-    };
+fn gate(cfg: &RpcLayer, path: &str, headers: &HeaderMap) -> Result<Gate, AuthError> {
     let access = crate::auth::access(path);
     if access == Access::Open {
         return Ok(Gate::Open);
     }
+    let Some(auth) = &cfg.auth else {
+        return Ok(match &cfg.fixed {
+            Some(p) => Gate::Fixed(p.clone()),
+            None => Gate::Open,
+        });
+    };
     Ok(Gate::Check(
         auth.clone(),
         access,
@@ -73,8 +73,10 @@ fn connection(req: &Request<Body>) -> (Option<String>, Option<std::net::IpAddr>)
 /// Authenticates and authorizes a request to `path`: `Ok(None)` for open
 /// methods (health, reflection) and servers without auth.
 async fn admit(gate: Gate, path: &str) -> Result<Option<Arc<Principal>>, AuthError> {
-    let Gate::Check(auth, access, presented) = gate else {
-        return Ok(None);
+    let (auth, access, presented) = match gate {
+        Gate::Open => return Ok(None),
+        Gate::Fixed(p) => return Ok(Some(p)),
+        Gate::Check(auth, access, presented) => (auth, access, presented),
     };
     let principal = auth.authenticate(&presented, crate::time::now_ms()).await?;
     match access {
@@ -82,7 +84,7 @@ async fn admit(gate: Gate, path: &str) -> Result<Option<Arc<Principal>>, AuthErr
         Access::Unknown => return Err(AuthError::Unlisted(path.to_owned())),
         Access::Open | Access::Authenticated => {}
     }
-    Ok(Some(Arc::new(principal)))
+    Ok(Some(principal))
 }
 
 #[derive(Debug, Clone)]
@@ -91,6 +93,8 @@ pub(crate) struct RpcLayer {
     pub(crate) max_message_bytes: usize,
     /// `None` only on agent and tool endpoints (not control-plane services).
     pub(crate) auth: Option<Arc<Authenticator>>,
+    /// Benchmarks only: every request runs as this principal, unchecked.
+    pub(crate) fixed: Option<Arc<Principal>>,
 }
 
 impl<S> tower::Layer<S> for RpcLayer {
@@ -182,7 +186,7 @@ where
             let parent = TraceContextPropagator::new().extract(&HeaderExtractor(req.headers()));
             let _ = span.set_parent(parent);
         }
-        let gate = gate(cfg.auth.as_ref(), req.uri().path(), req.headers()).map(|g| match g {
+        let gate = gate(&cfg, req.uri().path(), req.headers()).map(|g| match g {
             Gate::Check(auth, access, presented) => {
                 let (certificate, peer) = connection(&req);
                 let presented = presented.with_connection(
@@ -349,6 +353,7 @@ mod tests {
             timeout: Some(Duration::from_millis(100)),
             max_message_bytes: 4,
             auth: None,
+            fixed: None,
         };
         let mut svc = layer.layer(Inner {
             delay: Duration::from_secs(5),
@@ -379,6 +384,7 @@ mod tests {
             timeout: None,
             max_message_bytes: 4,
             auth: None,
+            fixed: None,
         };
         let mut svc = layer.layer(Inner {
             delay: Duration::ZERO,

@@ -120,6 +120,7 @@ impl<S> GrpcService for S where
 pub struct Server {
     cfg: ServerConfig,
     auth: Option<std::sync::Arc<crate::auth::authn::Authenticator>>,
+    fixed: Option<std::sync::Arc<crate::auth::Principal>>,
     routes: RoutesBuilder,
     names: Vec<&'static str>,
     gates: Vec<(&'static str, Gate)>,
@@ -144,6 +145,7 @@ impl Server {
         Server {
             cfg,
             auth: None,
+            fixed: None,
             routes: RoutesBuilder::default(),
             names: Vec::new(),
             gates: Vec::new(),
@@ -154,6 +156,15 @@ impl Server {
     /// and checked against the authorization table (default deny).
     pub fn with_auth(mut self, auth: std::sync::Arc<crate::auth::authn::Authenticator>) -> Self {
         self.auth = Some(auth);
+        self
+    }
+
+    /// Benchmarks only, never a deployment: no authentication at all, every
+    /// request runs as `principal`. It lets a benchmark measure what
+    /// authentication costs on an otherwise identical server; `switchyard`
+    /// itself never calls it.
+    pub fn with_fixed_principal_insecure(mut self, principal: crate::auth::Principal) -> Self {
+        self.fixed = Some(std::sync::Arc::new(principal));
         self
     }
 
@@ -238,6 +249,7 @@ impl Server {
                 .then(|| Duration::from_millis(self.cfg.request_timeout_ms)),
             max_message_bytes: self.cfg.max_message_bytes,
             auth: self.auth,
+            fixed: self.fixed,
         };
         let drain = Duration::from_millis(self.cfg.drain_timeout_ms);
 

@@ -252,6 +252,11 @@ pub enum ExecutorError {
     /// No such job.
     #[error("job {0:?} not found")]
     NotFound(String),
+    /// An agent (no submitter role) submitted a job that is not a delegation.
+    #[error(
+        "an agent submits only delegated child jobs: set delegation.parent_job_id to the active job it works for"
+    )]
+    DelegationOnly,
     /// The id is taken by a different spec.
     #[error("job {0:?} already exists with a different spec")]
     Exists(String),
@@ -298,6 +303,12 @@ impl From<ExecutorError> for Status {
                 Reason::JobNotFound,
                 msg,
                 metadata([("job_id", id)]),
+            ),
+            ExecutorError::DelegationOnly => status_with_metadata(
+                Code::PermissionDenied,
+                Reason::PermissionDenied,
+                msg,
+                metadata([("permission", "job.submit".to_owned())]),
             ),
             ExecutorError::ParentNotActive { parent, state } => status_with_metadata(
                 Code::FailedPrecondition,
@@ -977,7 +988,29 @@ impl Executor {
         correlation_id: String,
         traceparent: Option<String>,
     ) -> Result<SubmitJobResponse, ExecutorError> {
+        self.submit_as(req, who, false, correlation_id, traceparent)
+            .await
+    }
+
+    /// SubmitJob for `who`; with `delegation_only` (an agent without the
+    /// submitter role) only a child of an active job is accepted, so it
+    /// spends within the parent's approved budget.
+    async fn submit_as(
+        &self,
+        req: SubmitJobRequest,
+        who: Option<OnBehalf>,
+        delegation_only: bool,
+        correlation_id: String,
+        traceparent: Option<String>,
+    ) -> Result<SubmitJobResponse, ExecutorError> {
         let (mut spec, dag) = self.accept(req.spec, &req.document, req.files)?;
+        let delegated = spec
+            .delegation
+            .as_ref()
+            .is_some_and(|d| !d.parent_job_id.is_empty());
+        if delegation_only && !delegated {
+            return Err(ExecutorError::DelegationOnly);
+        }
         if spec.correlation_id.is_empty() {
             spec.correlation_id = correlation_id;
         }
@@ -2006,6 +2039,8 @@ impl JobService for Executor {
     ) -> Result<Response<SubmitJobResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
         let who = submitter(&p);
+        let delegation_only = !p.roles.has(switchyard_kit::auth::Role::Submitter)
+            && !p.roles.has(switchyard_kit::auth::Role::Service);
         let ctx = switchyard_kit::context::current();
         let correlation = ctx
             .as_ref()
@@ -2013,8 +2048,14 @@ impl JobService for Executor {
             .unwrap_or_else(switchyard_kit::context::new_correlation_id);
         let traceparent = switchyard_kit::context::outgoing_traceparent();
         Ok(Response::new(
-            self.submit(req.into_inner(), who, correlation, traceparent)
-                .await?,
+            self.submit_as(
+                req.into_inner(),
+                who,
+                delegation_only,
+                correlation,
+                traceparent,
+            )
+            .await?,
         ))
     }
 

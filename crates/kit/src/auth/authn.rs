@@ -4,6 +4,8 @@
 //! [`ON_BEHALF_HEADER`](super::ON_BEHALF_HEADER); anyone else naming one is
 //! refused, never silently ignored.
 
+use std::sync::Arc;
+
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
@@ -257,7 +259,7 @@ impl Authenticator {
         &self,
         presented: &Presented,
         now_ms: u64,
-    ) -> Result<Principal, AuthError> {
+    ) -> Result<Arc<Principal>, AuthError> {
         let Some(token) = presented.bearer.as_deref() else {
             // No bearer token: a verified client certificate (mTLS) or an
             // identity forwarded by a trusted mesh proxy.
@@ -270,23 +272,31 @@ impl Authenticator {
                 return Err(AuthError::Invalid);
             }
             return on_behalf(
-                Principal::service(id, method),
+                Arc::new(Principal::service(id, method)),
                 presented.on_behalf.as_deref(),
             );
         };
-        let principal = if self
-            .service_token
-            .is_some_and(|h| constant_time_eq(&h, &keys::hash(token)))
-        {
-            Principal::service(&self.service_subject, Method::ServiceToken)
-        } else if token.starts_with(keys::TOKEN_PREFIX) {
-            self.keys.verify(token, now_ms)?
-        } else if let Some(jwt) = &self.jwt
+        // A JWT has dots, a key or the service token has none: JWTs never pay
+        // for a SHA-256, and keys hash once.
+        let principal = if let Some(jwt) = &self.jwt
             && super::jwt::JwtVerifier::looks_like_jwt(token)
         {
             jwt.verify(token, now_ms).await?
         } else {
-            return Err(AuthError::Invalid);
+            let hash = keys::hash(token);
+            if self
+                .service_token
+                .is_some_and(|h| constant_time_eq(&h, &hash))
+            {
+                Arc::new(Principal::service(
+                    &self.service_subject,
+                    Method::ServiceToken,
+                ))
+            } else if token.starts_with(keys::TOKEN_PREFIX) {
+                self.keys.verify_hash(&hash, now_ms)?
+            } else {
+                return Err(AuthError::Invalid);
+            }
         };
         on_behalf(principal, presented.on_behalf.as_deref())
     }
@@ -294,14 +304,15 @@ impl Authenticator {
 
 /// Applies [`ON_BEHALF_HEADER`](super::ON_BEHALF_HEADER): only a principal
 /// allowed to impersonate may name someone, and the name must parse.
-fn on_behalf(mut p: Principal, header: Option<&str>) -> Result<Principal, AuthError> {
+fn on_behalf(p: Arc<Principal>, header: Option<&str>) -> Result<Arc<Principal>, AuthError> {
     let Some(v) = header else {
         return Ok(p);
     };
     p.require(Permission::Impersonate)?;
     let user = OnBehalf::decode(v).ok_or(AuthError::Invalid)?;
+    let mut p = Arc::unwrap_or_clone(p);
     p.on_behalf_of = Some(user);
-    Ok(p)
+    Ok(Arc::new(p))
 }
 
 fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
@@ -347,7 +358,9 @@ mod tests {
     }
 
     async fn auth(a: &Authenticator, h: HeaderMap) -> Result<Principal, AuthError> {
-        a.authenticate(&Presented::from_headers(&h)?, 0).await
+        a.authenticate(&Presented::from_headers(&h)?, 0)
+            .await
+            .map(Arc::unwrap_or_clone)
     }
 
     #[tokio::test]

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use jsonwebtoken::jwk::JwkSet;
@@ -127,7 +127,7 @@ pub struct JwtVerifier {
     keys: tokio::sync::RwLock<Keys>,
     /// Serialises refetches.
     fetching: tokio::sync::Mutex<()>,
-    cache: Mutex<HashMap<String, (Principal, u64)>>,
+    cache: RwLock<HashMap<String, (Arc<Principal>, u64)>>,
     http: reqwest::Client,
 }
 
@@ -168,7 +168,7 @@ impl JwtVerifier {
                 fetched: None,
             }),
             fetching: tokio::sync::Mutex::new(()),
-            cache: Mutex::new(HashMap::new()),
+            cache: RwLock::new(HashMap::new()),
             http,
         }))
     }
@@ -179,7 +179,7 @@ impl JwtVerifier {
     }
 
     /// The principal of `token` at `now_ms`.
-    pub async fn verify(&self, token: &str, now_ms: u64) -> Result<Principal, AuthError> {
+    pub async fn verify(&self, token: &str, now_ms: u64) -> Result<Arc<Principal>, AuthError> {
         if let Some(p) = self.cached(token, now_ms) {
             return Ok(p);
         }
@@ -208,7 +208,7 @@ impl JwtVerifier {
             jsonwebtoken::errors::ErrorKind::ExpiredSignature => AuthError::Expired,
             _ => AuthError::Invalid,
         })?;
-        let principal = self.principal(&data.claims)?;
+        let principal = Arc::new(self.principal(&data.claims)?);
         let exp_ms = data.claims["exp"]
             .as_u64()
             .unwrap_or(0)
@@ -217,16 +217,16 @@ impl JwtVerifier {
         Ok(principal)
     }
 
-    fn cached(&self, token: &str, now_ms: u64) -> Option<Principal> {
-        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+    fn cached(&self, token: &str, now_ms: u64) -> Option<Arc<Principal>> {
+        let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
         cache
             .get(token)
             .filter(|(_, exp)| now_ms < *exp + self.cfg.leeway_secs * 1000)
             .map(|(p, _)| p.clone())
     }
 
-    fn remember(&self, token: &str, p: &Principal, exp_ms: u64) {
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+    fn remember(&self, token: &str, p: &Arc<Principal>, exp_ms: u64) {
+        let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
         if cache.len() >= self.cfg.cache_entries {
             // Crude but bounded: start over rather than grow.
             cache.clear();

@@ -80,7 +80,8 @@ pub struct KeySet(Arc<RwLock<Loaded>>);
 
 #[derive(Debug)]
 struct Loaded {
-    keys: HashMap<[u8; 32], Binding>,
+    /// Each binding with the principal it authenticates as, built once.
+    keys: HashMap<[u8; 32], (Binding, Arc<Principal>)>,
     /// False until a follower has its first snapshot: keys then answer
     /// UNAVAILABLE rather than "invalid".
     ready: bool,
@@ -108,13 +109,21 @@ impl KeySet {
 
     /// Adds or replaces one key.
     pub fn upsert(&self, token_sha256: [u8; 32], binding: Binding) {
-        self.write().keys.insert(token_sha256, binding);
+        let p = principal_of(&binding);
+        self.write().keys.insert(token_sha256, (binding, p));
     }
 
     /// Replaces the whole set (a `WatchKeys` snapshot) and marks it ready.
     pub fn replace(&self, all: HashMap<[u8; 32], Binding>) {
+        let keys = all
+            .into_iter()
+            .map(|(h, b)| {
+                let p = principal_of(&b);
+                (h, (b, p))
+            })
+            .collect();
         let mut w = self.write();
-        w.keys = all;
+        w.keys = keys;
         w.ready = true;
     }
 
@@ -135,28 +144,36 @@ impl KeySet {
     /// The principal of `token` at `now_ms`: unknown and revoked keys are
     /// [`AuthError::Invalid`] alike (nothing that helps guessing), expired
     /// ones [`AuthError::Expired`].
-    pub fn verify(&self, token: &str, now_ms: u64) -> Result<Principal, AuthError> {
-        let h = hash(token);
+    pub fn verify(&self, token: &str, now_ms: u64) -> Result<Arc<Principal>, AuthError> {
+        self.verify_hash(&hash(token), now_ms)
+    }
+
+    /// [`KeySet::verify`] for a token already hashed.
+    pub fn verify_hash(&self, h: &[u8; 32], now_ms: u64) -> Result<Arc<Principal>, AuthError> {
         let set = self.0.read().unwrap_or_else(|p| p.into_inner());
         if !set.ready {
             return Err(AuthError::KeysUnavailable);
         }
-        let b = set.keys.get(&h).ok_or(AuthError::Invalid)?;
+        let (b, p) = set.keys.get(h).ok_or(AuthError::Invalid)?;
         if b.revoked {
             return Err(AuthError::Invalid);
         }
         if b.expires_at_ms.is_some_and(|e| now_ms >= e) {
             return Err(AuthError::Expired);
         }
-        Ok(Principal {
-            subject: b.subject.clone(),
-            tenant: b.tenant.clone(),
-            roles: b.roles,
-            kind: b.kind,
-            method: Method::ApiKey,
-            on_behalf_of: None,
-        })
+        Ok(p.clone())
     }
+}
+
+fn principal_of(b: &Binding) -> Arc<Principal> {
+    Arc::new(Principal {
+        subject: b.subject.clone(),
+        tenant: b.tenant.clone(),
+        roles: b.roles,
+        kind: b.kind,
+        method: Method::ApiKey,
+        on_behalf_of: None,
+    })
 }
 
 #[cfg(test)]
