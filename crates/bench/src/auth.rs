@@ -24,16 +24,15 @@ use switchyard_kit::auth::keys::{self, Binding, KeySet};
 use switchyard_kit::auth::{Kind, Method, Principal, Role, Roles};
 use switchyard_kit::client::{Credential, authed};
 use switchyard_ledger::{Ledger, LedgerConfig};
-use switchyard_proto::common::v1::Money;
+use switchyard_proto::ledger::v1::CreateBudgetRequest;
 use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
-use switchyard_proto::ledger::v1::{CommitRequest, CreateBudgetRequest};
 use switchyard_proto::registry::v1::{Agent, AgentStatus};
 use switchyard_proto::router::v1::RouteRequest;
 use switchyard_proto::router::v1::router_service_client::RouterServiceClient;
 use switchyard_router::{Router, RouterConfig};
 use tonic::body::Body;
 
-use crate::{CAPABILITIES, CONNECTIONS, Channel, Lcg, Load, load, reserve_req, spec, verdict};
+use crate::{CAPABILITIES, CONNECTIONS, Channel, Lcg, Load, load, reserve_commit, spec, verdict};
 
 const TENANT: &str = "bench";
 const BUDGETS: u64 = 1_000;
@@ -301,19 +300,7 @@ async fn pair_load(chans: &[Channel], offset: u64) -> Load {
     load(chans, move |ch, seq| async move {
         let mut l = LedgerServiceClient::new(ch);
         let budget = format!("org/b{:04}", seq % BUDGETS);
-        let r = l.reserve(reserve_req(budget, seq + offset)).await?;
-        let rid = r
-            .into_inner()
-            .reservation
-            .map(|r| r.reservation_id)
-            .unwrap_or_default();
-        l.commit(CommitRequest {
-            reservation_id: rid,
-            tokens: 80,
-            cost: Some(Money { micro_usd: 8 }),
-            ..Default::default()
-        })
-        .await?;
+        reserve_commit(&mut l, budget, seq + offset).await?;
         Ok(None)
     })
     .await

@@ -370,6 +370,31 @@ fn reserve_req(budget: String, seq: u64) -> ReserveRequest {
     }
 }
 
+/// One Reserve (key from `key_seq`) and its Commit; returns the Reserve's
+/// latency.
+async fn reserve_commit(
+    l: &mut LedgerServiceClient<Channel>,
+    budget: String,
+    key_seq: u64,
+) -> Result<Duration, tonic::Status> {
+    let t = Instant::now();
+    let r = l.reserve(reserve_req(budget, key_seq)).await?;
+    let reserve_took = t.elapsed();
+    let rid = r
+        .into_inner()
+        .reservation
+        .map(|r| r.reservation_id)
+        .unwrap_or_default();
+    l.commit(CommitRequest {
+        reservation_id: rid,
+        tokens: 80,
+        cost: Some(Money { micro_usd: 8 }),
+        ..Default::default()
+    })
+    .await?;
+    Ok(reserve_took)
+}
+
 /// The ledger engine alone: durable reservations on one hot budget.
 async fn ledger_in_process() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -452,23 +477,7 @@ Ledger over gRPC, {CALLERS} callers, Reserve+Commit pairs (both durable):"
         let pairs = load(channels, move |ch, seq| async move {
             let mut l = LedgerServiceClient::new(ch);
             let budget = format!("org/b{:04}", seq % spread);
-            let t = Instant::now();
-            let r = l
-                .reserve(reserve_req(budget, seq + spread * 1_000_000_000))
-                .await?;
-            let reserve_took = t.elapsed();
-            let rid = r
-                .into_inner()
-                .reservation
-                .map(|r| r.reservation_id)
-                .unwrap_or_default();
-            l.commit(CommitRequest {
-                reservation_id: rid,
-                tokens: 80,
-                cost: Some(Money { micro_usd: 8 }),
-                ..Default::default()
-            })
-            .await?;
+            let reserve_took = reserve_commit(&mut l, budget, seq + spread * 1_000_000_000).await?;
             Ok(Some(reserve_took))
         })
         .await;
