@@ -1011,10 +1011,10 @@ async fn an_agent_submits_only_delegated_child_jobs() {
         "{}",
         api.message
     );
-    // A child of a job that is not active is refused as such, not run.
+    // A delegation naming no existing job is refused as such, not run.
     let doc = r#"{"job_id":"child","delegation":{"parent_job_id":"nope"},
         "tasks":[{"id":"t","agent":{"capability":"builtin.echo","input":{"text":"hi"}}}]}"#;
     let e = submit(&mut jobs, doc).await.unwrap_err();
-    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    assert_eq!(reason(e), (Code::InvalidArgument, "JOB_NOT_FOUND".into()));
     s.stop().await.unwrap();
 }
