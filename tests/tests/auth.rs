@@ -1018,3 +1018,37 @@ async fn an_agent_submits_only_delegated_child_jobs() {
     assert_eq!(reason(e), (Code::InvalidArgument, "JOB_NOT_FOUND".into()));
     s.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_service_does_for_a_user_is_audited_under_both_names() {
+    let s = Stack::start().await.unwrap();
+    let mut alice = JobServiceClient::new(s.channel_as("alice").await.unwrap());
+    let job = submit(&mut alice, &GATED.replace("JOB", "to-cancel"))
+        .await
+        .unwrap();
+    alice
+        .cancel_job(switchyard_proto::executor::v1::CancelJobRequest {
+            job_id: "to-cancel".into(),
+            reason: "changed my mind".into(),
+        })
+        .await
+        .unwrap();
+    let audit = ApprovalServiceClient::new(s.channel_as("bob").await.unwrap())
+        .list_audit(switchyard_proto::approval::v1::ListAuditRequest {
+            run_id: job.run_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .records;
+    let actors: Vec<(String, String)> =
+        audit.into_iter().map(|a| (a.event_type, a.actor)).collect();
+    for event in ["proposed", "cancelled"] {
+        assert!(
+            actors.contains(&(event.into(), "alice (via service:switchyard)".into())),
+            "{event}: {actors:?}"
+        );
+    }
+    s.stop().await.unwrap();
+}

@@ -302,6 +302,15 @@ fn principal<T>(req: &Request<T>) -> Result<std::sync::Arc<Principal>, Status> {
     switchyard_kit::auth::principal(req)
 }
 
+/// The name the audit log records for `p`: the user, and the service acting
+/// for them when there is one (`alice (via service:executor)`).
+pub fn audit_name(p: &Principal) -> String {
+    match p.via() {
+        Some(via) => format!("{} (via {via})", p.acting_subject()),
+        None => p.acting_subject().to_owned(),
+    }
+}
+
 /// Whether `p` may see `run`: its tenant's runs, and of those only its own
 /// unless it reads the audit (approvers, operators, viewers, admins,
 /// services).
@@ -1226,7 +1235,9 @@ impl Approval {
         let (run_id, comment) = fields(req.into_inner());
         self.visible_run(&p, &run_id)?;
         Ok(self
-            .decide(action, &run_id, &comment, Some(p.acting_subject()))
+            // Services never hold run.decide, so an approver's name is always
+            // their own subject and separation of duties compares like with like.
+            .decide(action, &run_id, &comment, Some(&audit_name(&p)))
             .await?)
     }
 
@@ -1341,11 +1352,9 @@ impl ApprovalService for Approval {
         self.bind_proposal(&p, &mut r)?;
         // The audit log names the user and, for a service acting for them,
         // the service too.
-        let who = match p.via() {
-            Some(via) => format!("{} (via {via})", p.acting_subject()),
-            None => p.acting_subject().to_owned(),
-        };
-        Ok(Response::new(Approval::propose(self, r, Some(who)).await?))
+        Ok(Response::new(
+            Approval::propose(self, r, Some(audit_name(&p))).await?,
+        ))
     }
 
     async fn approve(
