@@ -118,7 +118,7 @@ struct Step {
 enum Claimed {
     Yes,
     /// The job was cancelled, or its run ended, meanwhile (why, by whom).
-    Gone(String, Option<String>),
+    Gone(String, Option<switchyard_kit::auth::OnBehalf>),
     /// The process is stopping.
     Stopping,
 }
@@ -860,7 +860,7 @@ impl Executor {
         &self,
         job_id: &str,
         why: &str,
-        who: Option<String>,
+        who: Option<switchyard_kit::auth::OnBehalf>,
     ) -> Result<(), ExecutorError> {
         // Release first, so the job's last event is its final state.
         self.settled(job_id).await;

@@ -418,7 +418,7 @@ impl<'a> Change<'a> {
 #[derive(Debug, Default)]
 struct Control {
     /// Why the job is being cancelled and by whom, once asked.
-    cancel: Mutex<Option<(String, Option<String>)>>,
+    cancel: Mutex<Option<(String, Option<OnBehalf>)>>,
     wake: tokio::sync::Notify,
 }
 
@@ -1709,7 +1709,7 @@ impl Executor {
         &self,
         job_id: &str,
         why: &str,
-        who: Option<String>,
+        who: Option<OnBehalf>,
     ) -> Result<Job, ExecutorError> {
         let why = if why.is_empty() {
             "cancelled by request"
@@ -1762,9 +1762,9 @@ impl Executor {
         self.job(job_id)
     }
 
-    /// Cancels the job's approval run as `who` (the person cancelling the
-    /// job), or as this executor when no one is named.
-    async fn cancel_run(&self, job_id: &str, why: &str, who: Option<String>) {
+    /// Cancels the job's approval run for `who` (the person cancelling the
+    /// job), or for whoever the current request or driver acts for.
+    async fn cancel_run(&self, job_id: &str, why: &str, who: Option<OnBehalf>) {
         let run_id = self
             .lock()
             .jobs
@@ -1774,25 +1774,26 @@ impl Executor {
         self.cancel_run_by_id(run_id, why, who).await;
     }
 
-    async fn cancel_run_by_id(&self, run_id: String, why: &str, who: Option<String>) {
+    async fn cancel_run_by_id(&self, run_id: String, why: &str, who: Option<OnBehalf>) {
         if run_id.is_empty() {
             return;
         }
-        // The run is cancelled in the name of whoever the current request or
-        // job driver acts for (see `context::local_principal`).
-        let _ = who;
-        let ctx = switchyard_kit::context::current().unwrap_or_else(|| {
-            switchyard_kit::context::RequestContext {
-                correlation_id: switchyard_kit::context::new_correlation_id(),
-                traceparent: None,
-                principal: None,
-            }
-        });
         let call = self.inner.clients.approval.cancel(ap::CancelRequest {
             run_id,
             comment: why.to_owned(),
         });
-        if let Err(e) = switchyard_kit::context::scope(ctx, call).await
+        // A job driver acts for the submitter; the run is cancelled for the
+        // person who cancelled the job.
+        let done = match who {
+            Some(who) => {
+                let corr = switchyard_kit::context::current()
+                    .map(|c| c.correlation_id)
+                    .unwrap_or_else(switchyard_kit::context::new_correlation_id);
+                switchyard_kit::context::scope(acting_context(&corr, who), call).await
+            }
+            None => call.await,
+        };
+        if let Err(e) = done
             && !matches!(
                 switchyard_kit::error::ApiError::from(e.clone()).known_reason(),
                 Some(Reason::RunTerminal)
@@ -2108,7 +2109,7 @@ impl JobService for Executor {
     ) -> Result<Response<CancelJobResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
         self.visible(&p, &req.get_ref().job_id)?;
-        let who = Some(p.acting_subject().to_owned());
+        let who = submitter(&p);
         let r = req.into_inner();
         let job = self.cancel(&r.job_id, &r.reason, who).await?;
         Ok(Response::new(CancelJobResponse { job: Some(job) }))
