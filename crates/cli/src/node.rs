@@ -25,17 +25,6 @@ use tokio::net::TcpListener;
 
 use crate::Config;
 
-/// The cluster's service token (`auth.service_token_env` or
-/// `auth.service_token_file`), as a credential for calls to other processes.
-fn service_credential(
-    cfg: &switchyard_kit::auth::authn::AuthConfig,
-) -> anyhow::Result<Option<Credential>> {
-    match cfg.service_token().map_err(anyhow::Error::msg)? {
-        Some(token) => Ok(Some(Credential::bearer(&token)?)),
-        None => Ok(None),
-    }
-}
-
 /// A service a process can host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ServiceKind {
@@ -122,11 +111,17 @@ pub async fn run_node(
     } else {
         KeySet::pending()
     };
-    let authenticator = Authenticator::new(&cfg.auth, keys.clone()).map_err(anyhow::Error::msg)?;
-    // What this process presents when it calls a Switchyard service in
-    // another process: the cluster's service token.
-    // and, for https:// URLs, its certificate (mTLS).
-    let credential = service_credential(&cfg.auth)?;
+    // The cluster's service token (auth.service_token_env or _file): it
+    // authenticates other processes here, and this process presents it to
+    // them, with its certificate for https:// URLs (mTLS).
+    let service_token = cfg.auth.service_token().map_err(anyhow::Error::msg)?;
+    let authenticator =
+        Authenticator::with_service_token(&cfg.auth, keys.clone(), service_token.as_deref())
+            .map_err(anyhow::Error::msg)?;
+    let credential = service_token
+        .as_deref()
+        .map(Credential::bearer)
+        .transpose()?;
     let client_tls = match &cfg.auth.service_tls {
         Some(t) => Some(t.tonic().map_err(anyhow::Error::msg)?),
         None => None,

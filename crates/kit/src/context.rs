@@ -98,18 +98,20 @@ pub fn continue_trace(span: &tracing::Span, traceparent: &str) {
 /// for whoever the current request or job stands for — what a remote call
 /// authenticated by service credential plus on-behalf-of would produce.
 pub fn local_principal() -> std::sync::Arc<crate::auth::Principal> {
-    let service = crate::auth::Principal::in_process();
-    std::sync::Arc::new(match current().and_then(|c| c.principal) {
-        Some(p) => p.for_outgoing_call(&service),
-        None => service,
-    })
+    static SERVICE: std::sync::LazyLock<std::sync::Arc<crate::auth::Principal>> =
+        std::sync::LazyLock::new(|| std::sync::Arc::new(crate::auth::Principal::in_process()));
+    match outgoing_on_behalf() {
+        Some(user) => std::sync::Arc::new(SERVICE.acting_for(user)),
+        None => SERVICE.clone(),
+    }
 }
 
-/// The user an outgoing remote call acts for, from the current context.
+/// The user an outgoing call acts for, from the current context.
 pub fn outgoing_on_behalf() -> Option<crate::auth::OnBehalf> {
-    let p = current()?.principal?;
-    p.for_outgoing_call(&crate::auth::Principal::in_process())
-        .on_behalf_of
+    CONTEXT
+        .try_with(|c| c.principal.as_ref().and_then(|p| p.user_for_calls()))
+        .ok()
+        .flatten()
 }
 
 /// Adds the correlation id and trace context to an outgoing request, keeping

@@ -34,7 +34,7 @@ use tonic::{Code, Request, Response, Status};
 
 pub use policy::Policy;
 
-use switchyard_kit::auth::{Permission, Principal};
+use switchyard_kit::auth::{Permission, Principal, principal};
 
 /// `[approval]` configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -294,12 +294,6 @@ pub fn from_proto(s: i32) -> Option<S> {
 
 fn status_of(run: &Run) -> S {
     from_proto(run.status).unwrap_or(S::Proposed)
-}
-
-/// The authenticated principal of a request (set by the server layer or the
-/// in-process client), never a header or body field.
-fn principal<T>(req: &Request<T>) -> Result<std::sync::Arc<Principal>, Status> {
-    switchyard_kit::auth::principal(req)
 }
 
 /// The name the audit log records for `p`: the user, and the service acting
@@ -1233,7 +1227,7 @@ impl Approval {
             p.require(Permission::RunDecide)?;
         }
         let (run_id, comment) = fields(req.into_inner());
-        self.visible_run(&p, &run_id)?;
+        self.check_visible(&p, &run_id)?;
         Ok(self
             // Services never hold run.decide, so an approver's name is always
             // their own subject and separation of duties compares like with like.
@@ -1247,6 +1241,15 @@ impl Approval {
             .ok()
             .filter(|r| visible(p, r))
             .ok_or_else(|| ApprovalError::RunNotFound(run_id.to_owned()))
+    }
+
+    /// RUN_NOT_FOUND unless `p` may see run `run_id` (nothing is copied).
+    fn check_visible(&self, p: &Principal, run_id: &str) -> Result<(), ApprovalError> {
+        if self.lock().runs.get(run_id).is_some_and(|r| visible(p, r)) {
+            Ok(())
+        } else {
+            Err(ApprovalError::RunNotFound(run_id.to_owned()))
+        }
     }
 
     /// Binds a proposal to its proposer: `created_by` and `tenant` come from
@@ -1279,7 +1282,7 @@ impl Approval {
             run.tenant = tenant;
         }
         if !req.approved_under.is_empty() {
-            self.visible_run(p, &req.approved_under)?;
+            self.check_visible(p, &req.approved_under)?;
         }
         Ok(())
     }
@@ -1287,7 +1290,7 @@ impl Approval {
     /// The run of a worker request, when `p` may see it.
     fn worker_check<T>(&self, req: &Request<T>, run_id: &str) -> Result<(), Status> {
         let p = principal(req)?;
-        self.visible_run(&p, run_id)?;
+        self.check_visible(&p, run_id)?;
         Ok(())
     }
 
@@ -1314,7 +1317,7 @@ impl Approval {
                     Err(e) => Some(Err(Status::from(ApprovalError::Storage(e)))),
                     Ok((_, rec))
                         if (req.run_id.is_empty() || rec.run_id == req.run_id)
-                            && me.visible_run(&p, &rec.run_id).is_ok() =>
+                            && me.check_visible(&p, &rec.run_id).is_ok() =>
                     {
                         let run = me.lock().runs.get(&rec.run_id).cloned();
                         Some(Ok(WatchResponse {
@@ -1374,7 +1377,7 @@ impl ApprovalService for Approval {
         let p = principal(&req)?;
         p.require(Permission::RunBreakGlass)?;
         let r = req.get_ref();
-        self.visible_run(&p, &r.run_id)?;
+        self.check_visible(&p, &r.run_id)?;
         let run = self
             .break_glass(&r.run_id, &r.reason, p.acting_subject())
             .await?;
@@ -1456,11 +1459,13 @@ impl ApprovalService for Approval {
     ) -> Result<Response<ListAuditResponse>, Status> {
         let p = principal(&req)?;
         if !req.get_ref().run_id.is_empty() {
-            self.visible_run(&p, &req.get_ref().run_id)?;
+            self.check_visible(&p, &req.get_ref().run_id)?;
         }
         let mut out = Approval::list_audit(self, req.get_ref())?;
+        let st = self.lock();
         out.records
-            .retain(|rec| self.visible_run(&p, &rec.run_id).is_ok());
+            .retain(|rec| st.runs.get(&rec.run_id).is_some_and(|r| visible(&p, r)));
+        drop(st);
         Ok(Response::new(out))
     }
 
@@ -1469,7 +1474,7 @@ impl ApprovalService for Approval {
         req: Request<ExportPromptBundleRequest>,
     ) -> Result<Response<ExportPromptBundleResponse>, Status> {
         let p = principal(&req)?;
-        self.visible_run(&p, &req.get_ref().run_id)?;
+        self.check_visible(&p, &req.get_ref().run_id)?;
         Ok(Response::new(
             self.export(&req.into_inner().run_id, Some(p.acting_subject()))
                 .await?,
@@ -1481,7 +1486,7 @@ impl ApprovalService for Approval {
         req: Request<ImportManualResultRequest>,
     ) -> Result<Response<ImportManualResultResponse>, Status> {
         let p = principal(&req)?;
-        self.visible_run(&p, &req.get_ref().run_id)?;
+        self.check_visible(&p, &req.get_ref().run_id)?;
         let run = self
             .import(req.into_inner(), Some(p.acting_subject()))
             .await?;
@@ -1496,7 +1501,7 @@ impl ApprovalService for Approval {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let p = principal(&req)?;
         if !req.get_ref().run_id.is_empty() {
-            self.visible_run(&p, &req.get_ref().run_id)?;
+            self.check_visible(&p, &req.get_ref().run_id)?;
         }
         Ok(Response::new(self.watch_stream(req.into_inner(), p)?))
     }

@@ -218,7 +218,7 @@ impl Auth {
         if roles == Roles::default() {
             return Err(invalid("roles", "a key needs at least one role"));
         }
-        if roles.iter().any(|r| !Role::GRANTABLE.contains(&r)) {
+        if roles.iter().any(|r| !r.grantable()) {
             return Err(invalid(
                 "roles",
                 "roles service and impersonate come only from a service certificate or the service token",

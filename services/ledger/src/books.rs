@@ -210,6 +210,13 @@ impl Books {
         }
     }
 
+    /// Whether `p` sees budget `id`: it exists and is in `p`'s tenant.
+    pub fn sees(&self, p: &switchyard_kit::auth::Principal, id: &str) -> bool {
+        self.budgets
+            .get(id)
+            .is_some_and(|b| p.sees_tenant(&b.tenant))
+    }
+
     /// Applies one journal record. The only place balances change.
     pub fn apply(&mut self, r: &JournalRecord) -> Result<(), ReplayGap> {
         let gap = |problem: String| ReplayGap {

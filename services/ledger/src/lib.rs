@@ -428,9 +428,10 @@ impl Ledger {
 
     /// Refuses with BUDGET_NOT_FOUND unless `p` sees budget `id`'s tenant.
     fn visible(&self, p: &switchyard_kit::auth::Principal, id: &str) -> Result<(), LedgerError> {
-        match self.lock().budgets.get(id) {
-            Some(b) if p.sees_tenant(&b.tenant) => Ok(()),
-            _ => Err(LedgerError::BudgetNotFound(id.to_owned())),
+        if self.lock().sees(p, id) {
+            Ok(())
+        } else {
+            Err(LedgerError::BudgetNotFound(id.to_owned()))
         }
     }
 
@@ -445,8 +446,7 @@ impl Ledger {
         let seen = books
             .reservations
             .get(id)
-            .and_then(|r| books.budgets.get(&r.budget_id))
-            .is_some_and(|b| p.sees_tenant(&b.tenant));
+            .is_some_and(|r| books.sees(p, &r.budget_id));
         if seen {
             Ok(())
         } else {
@@ -1132,9 +1132,12 @@ impl Ledger {
                 let out = match r {
                     Err(e) => Some(Err(Status::from(LedgerError::Storage(e)))),
                     Ok((_, rec)) => {
-                        let wanted = (req.budget_id.is_empty()
-                            || me.lock().within(&rec.budget_id, &req.budget_id))
-                            && me.visible(&p, &rec.budget_id).is_ok();
+                        let wanted = {
+                            let books = me.lock();
+                            (req.budget_id.is_empty()
+                                || books.within(&rec.budget_id, &req.budget_id))
+                                && books.sees(&p, &rec.budget_id)
+                        };
                         wanted.then(|| Ok(watch_response(rec)))
                     }
                 };
@@ -1421,8 +1424,9 @@ impl LedgerService for Ledger {
             self.visible(&p, &req.get_ref().budget_id)?;
         }
         let mut out = Ledger::list_entries(self, req.get_ref())?;
-        out.entries
-            .retain(|e| self.visible(&p, &e.budget_id).is_ok());
+        let books = self.lock();
+        out.entries.retain(|e| books.sees(&p, &e.budget_id));
+        drop(books);
         Ok(Response::new(out))
     }
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use switchyard_core::{Clock, Reason, Violations};
-use switchyard_kit::auth::{Principal, Role};
+use switchyard_kit::auth::{Principal, Role, principal};
 use switchyard_kit::error::{invalid_argument, status_with_metadata};
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_kit::time::{duration, duration_ms, timestamp, timestamp_ms};
@@ -188,7 +188,7 @@ impl From<RegistryError> for Status {
                     ("owner".into(), owner),
                 ]),
             ),
-            RegistryError::Taken { what, id } => {
+            RegistryError::Taken { what, .. } => {
                 let mut v = Violations::new();
                 v.add(
                     if what == "agent" {
@@ -198,7 +198,6 @@ impl From<RegistryError> for Status {
                     },
                     msg,
                 );
-                let _ = id;
                 invalid_argument(Reason::InvalidArgument, &v)
             }
             RegistryError::InvalidToolSchema(v) => invalid_argument(Reason::InvalidToolSchema, &v),
@@ -800,10 +799,6 @@ impl Registry {
             text,
         }
     }
-}
-
-fn principal<T>(req: &Request<T>) -> Result<std::sync::Arc<Principal>, Status> {
-    switchyard_kit::auth::principal(req)
 }
 
 #[tonic::async_trait]

@@ -219,7 +219,17 @@ impl Authenticator {
     /// An authenticator over `keys`, with the service token read now
     /// ([`AuthConfig::service_token`]).
     pub fn new(cfg: &AuthConfig, keys: KeySet) -> Result<Authenticator, String> {
-        let service_token = cfg.service_token()?.map(|t| keys::hash(&t));
+        Self::with_service_token(cfg, keys, cfg.service_token()?.as_deref())
+    }
+
+    /// [`Authenticator::new`] with the service token already read (a process
+    /// also presents it to others, and reads it once).
+    pub fn with_service_token(
+        cfg: &AuthConfig,
+        keys: KeySet,
+        service_token: Option<&str>,
+    ) -> Result<Authenticator, String> {
+        let service_token = service_token.map(keys::hash);
         let jwt = match &cfg.oidc {
             Some(o) => Some(super::jwt::JwtVerifier::new(o.clone())?),
             None => None,

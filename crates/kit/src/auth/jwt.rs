@@ -336,7 +336,7 @@ impl JwtVerifier {
             .iter()
             .filter_map(|n| n.strip_prefix(self.cfg.role_prefix.as_str()))
             .filter_map(Role::parse)
-            .filter(|r| Role::GRANTABLE.contains(r))
+            .filter(|r| r.grantable())
             .collect();
         let agent = !self.cfg.agent_claim.is_empty()
             && claims[&self.cfg.agent_claim].as_bool() == Some(true);

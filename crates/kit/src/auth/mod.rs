@@ -95,16 +95,12 @@ impl Role {
         Role::Impersonate,
     ];
 
-    /// Roles an admin may put on an API key or an identity provider may map:
-    /// everything but the service roles.
-    pub const GRANTABLE: [Role; 6] = [
-        Role::Submitter,
-        Role::Approver,
-        Role::Operator,
-        Role::Agent,
-        Role::Viewer,
-        Role::Admin,
-    ];
+    /// Whether an admin may put the role on an API key or an identity
+    /// provider may map it: everything but the service roles, which come
+    /// only from a service certificate or the service token.
+    pub fn grantable(self) -> bool {
+        !matches!(self, Role::Service | Role::Impersonate)
+    }
 
     /// The wire form.
     pub fn as_str(self) -> &'static str {
@@ -385,7 +381,17 @@ impl Principal {
     /// whoever `self` already acts for). A service calling for itself stays
     /// itself.
     pub fn for_outgoing_call(&self, service: &Principal) -> Principal {
-        let on_behalf_of = match &self.on_behalf_of {
+        Principal {
+            on_behalf_of: self.user_for_calls(),
+            ..service.clone()
+        }
+    }
+
+    /// The user calls made while serving `self` act for: whoever `self`
+    /// already acts for, else `self` — unless it is a service acting for no
+    /// one.
+    pub fn user_for_calls(&self) -> Option<OnBehalf> {
+        match &self.on_behalf_of {
             Some(o) => Some(o.clone()),
             None if self.kind == Kind::Service && self.tenant.is_empty() => None,
             None => Some(OnBehalf {
@@ -393,10 +399,6 @@ impl Principal {
                 tenant: self.tenant.clone(),
                 kind: self.kind,
             }),
-        };
-        Principal {
-            on_behalf_of,
-            ..service.clone()
         }
     }
 
