@@ -292,6 +292,47 @@ async fn without_a_valid_credential_only_health_and_reflection_answer() {
     s.stop().await.unwrap();
 }
 
+/// A run's audit log, read as `who`.
+async fn audit_of(
+    s: &Stack,
+    who: &str,
+    run_id: &str,
+) -> Vec<switchyard_proto::approval::v1::AuditRecord> {
+    approvals_as(s, who)
+        .await
+        .list_audit(switchyard_proto::approval::v1::ListAuditRequest {
+            run_id: run_id.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .records
+}
+
+/// A key of tenant `tenant`, made by the cluster operator (service token):
+/// how a new tenant gets its first principals.
+async fn tenant_key(
+    s: &Stack,
+    tenant: &str,
+    subject: &str,
+    roles: &[&str],
+    kind: PrincipalKind,
+) -> String {
+    AuthServiceClient::new(s.channel_as("operator").await.unwrap())
+        .create_key(CreateKeyRequest {
+            subject: subject.into(),
+            roles: roles.iter().map(|r| (*r).to_owned()).collect(),
+            kind: kind as i32,
+            tenant: tenant.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .secret
+}
+
 fn reason(e: tonic::Status) -> (Code, String) {
     let code = e.code();
     (code, ApiError::from(e).reason.unwrap_or_default())
@@ -426,15 +467,7 @@ async fn a_submitter_who_is_also_an_approver_cannot_approve_their_own_job() {
     );
     let run = approve_as(&s, "bob", &job.run_id).await.unwrap();
     assert_eq!(run.created_by, "carol");
-    let audit = ApprovalServiceClient::new(s.channel_as("admin").await.unwrap())
-        .list_audit(switchyard_proto::approval::v1::ListAuditRequest {
-            run_id: job.run_id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .records;
+    let audit = audit_of(&s, "admin", &job.run_id).await;
     let proposed = audit.iter().find(|a| a.event_type == "proposed").unwrap();
     assert_eq!(
         proposed.actor, "carol (via service:switchyard)",
@@ -503,18 +536,14 @@ async fn a_revoked_key_is_refused_on_the_very_next_call() {
 async fn other_tenants_objects_are_not_found_and_never_listed() {
     let s = Stack::start().await.unwrap();
     // The cluster operator (service token) makes an admin for tenant globex.
-    let mut root = AuthServiceClient::new(s.channel_as("operator").await.unwrap());
-    let globex_admin = root
-        .create_key(CreateKeyRequest {
-            subject: "g-admin".into(),
-            roles: vec!["admin".into(), "submitter".into(), "viewer".into()],
-            tenant: "globex".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .secret;
+    let globex_admin = tenant_key(
+        &s,
+        "globex",
+        "g-admin",
+        &["admin", "submitter", "viewer"],
+        PrincipalKind::Human,
+    )
+    .await;
     let g = s.channel_with(&globex_admin).await.unwrap();
 
     // default's objects: a job (alice), its run, a budget.
@@ -704,15 +733,8 @@ async fn above_the_threshold_two_distinct_approvers_are_needed() {
         .unwrap();
     assert_eq!(status(&r), RunStatus::Approved);
     assert_eq!(r.approved_by, ["bob", "dave"]);
-    let events: Vec<String> = ApprovalServiceClient::new(s.channel_as("admin").await.unwrap())
-        .list_audit(switchyard_proto::approval::v1::ListAuditRequest {
-            run_id: big.run_id.clone(),
-            ..Default::default()
-        })
+    let events: Vec<String> = audit_of(&s, "admin", &big.run_id)
         .await
-        .unwrap()
-        .into_inner()
-        .records
         .into_iter()
         .map(|a| format!("{}:{}", a.event_type, a.actor))
         .collect();
@@ -770,15 +792,7 @@ async fn break_glass_is_admin_only_needs_a_reason_and_is_audited() {
         .run
         .unwrap();
     assert_eq!(status(&r), RunStatus::Approved, "no second approver needed");
-    let audit = admin
-        .list_audit(switchyard_proto::approval::v1::ListAuditRequest {
-            run_id: run.run_id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .records;
+    let audit = audit_of(&s, "admin", &run.run_id).await;
     let glass = audit
         .iter()
         .find(|a| a.event_type == "break_glass_approved")
@@ -857,18 +871,7 @@ async fn agents_change_only_their_own_registrations_and_route_only_in_their_tena
         .unwrap();
 
     // Another tenant's agent with the same capability is not routed here.
-    let globex_agent = AuthServiceClient::new(s.channel_as("operator").await.unwrap())
-        .create_key(CreateKeyRequest {
-            subject: "g-agent".into(),
-            roles: vec!["agent".into()],
-            kind: PrincipalKind::Agent as i32,
-            tenant: "globex".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .secret;
+    let globex_agent = tenant_key(&s, "globex", "g-agent", &["agent"], PrincipalKind::Agent).await;
     reg(globex_agent)
         .await
         .register_agent(RegisterAgentRequest {
@@ -1033,15 +1036,7 @@ async fn what_a_service_does_for_a_user_is_audited_under_both_names() {
         })
         .await
         .unwrap();
-    let audit = ApprovalServiceClient::new(s.channel_as("bob").await.unwrap())
-        .list_audit(switchyard_proto::approval::v1::ListAuditRequest {
-            run_id: job.run_id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .records;
+    let audit = audit_of(&s, "bob", &job.run_id).await;
     let actors: Vec<(String, String)> =
         audit.into_iter().map(|a| (a.event_type, a.actor)).collect();
     for event in ["proposed", "cancelled"] {

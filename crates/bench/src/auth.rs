@@ -26,13 +26,11 @@ use switchyard_kit::client::{Credential, authed};
 use switchyard_ledger::{Ledger, LedgerConfig};
 use switchyard_proto::ledger::v1::CreateBudgetRequest;
 use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
-use switchyard_proto::registry::v1::{Agent, AgentStatus};
 use switchyard_proto::router::v1::RouteRequest;
 use switchyard_proto::router::v1::router_service_client::RouterServiceClient;
-use switchyard_router::{Router, RouterConfig};
 use tonic::body::Body;
 
-use crate::{CAPABILITIES, CONNECTIONS, Channel, Lcg, Load, load, reserve_commit, spec, verdict};
+use crate::{CAPABILITIES, CONNECTIONS, Channel, Load, load, reserve_commit, router_with, verdict};
 
 const TENANT: &str = "bench";
 const BUDGETS: u64 = 1_000;
@@ -117,16 +115,7 @@ pub async fn run() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let (trigger, shutdown) = switchyard_kit::shutdown::channel();
 
-    let mut rng = Lcg(7);
-    let agents: Vec<Agent> = (0..10_000)
-        .map(|i| Agent {
-            spec: Some(spec(i, &mut rng)),
-            status: AgentStatus::Available as i32,
-            ..Default::default()
-        })
-        .collect();
-    let router = Router::new(RouterConfig::default());
-    router.load_agents(&agents);
+    let router = router_with(10_000, 7);
     let ledger = Ledger::open(
         LedgerConfig::default(),
         switchyard_store::Store::open(dir.path().join("ledger"))?,

@@ -93,8 +93,9 @@ fn us(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
 }
 
-fn route_in_process(n: usize) -> (f64, f64, f64) {
-    let mut rng = Lcg(42);
+/// A router whose index holds `n` random available agents.
+fn router_with(n: usize, seed: u64) -> Router {
+    let mut rng = Lcg(seed);
     let agents: Vec<Agent> = (0..n)
         .map(|i| Agent {
             spec: Some(spec(i, &mut rng)),
@@ -104,6 +105,11 @@ fn route_in_process(n: usize) -> (f64, f64, f64) {
         .collect();
     let router = Router::new(RouterConfig::default());
     router.load_agents(&agents);
+    router
+}
+
+fn route_in_process(n: usize) -> (f64, f64, f64) {
+    let router = router_with(n, 42);
     let reqs: Vec<RouteRequest> = (0..CAPABILITIES)
         .map(|c| RouteRequest {
             capability: format!("cap_{c:03}"),

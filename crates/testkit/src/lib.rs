@@ -25,17 +25,6 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-fn uuid_like() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    format!("{:016x}", h.finish())
-}
-
 /// A running in-process stack.
 pub struct Stack {
     /// The bound address.
@@ -74,7 +63,8 @@ impl Stack {
         // The `switchyard dev` composition, dev credentials included, plus a
         // cluster service token tests can act as (`operator`).
         cfg.auth.dev_credentials = Some(true);
-        let service_token = format!("svc-{}-{}", uuid_like(), uuid_like());
+        // 256 random bits, as an API key's secret.
+        let service_token = switchyard_kit::auth::keys::generate()?.token;
         let token_file = dir.path().join("service-token");
         std::fs::write(&token_file, &service_token)?;
         cfg.auth.service_token_file = Some(token_file);
