@@ -688,7 +688,7 @@ impl Executor {
             {
                 let mut c = Change::to(TaskState::Retrying)
                     .because(reason, &error)
-                    .at(now);
+                    .after(0);
                 c.extend = true;
                 return self.move_task(&mut st, job_id, i, c);
             }
@@ -698,7 +698,8 @@ impl Executor {
                 } else {
                     self.inner.cfg.defer_interval_secs
                 };
-                let next = now + u64::from(every) * 1000;
+                let wait = u64::from(every) * 1000;
+                let next = now + wait;
                 let limit = deadline.unwrap_or(first_start + self.inner.cfg.max_defer_secs * 1000);
                 if next > limit {
                     return fail(
@@ -713,7 +714,7 @@ impl Executor {
                     i,
                     Change::to(TaskState::Deferred)
                         .because(reason, &error)
-                        .at(next),
+                        .after(wait),
                 );
             }
             _ => {}
@@ -748,8 +749,8 @@ impl Executor {
             }),
             jitter: policy.jitter,
         };
-        let next = now + millis(backoff.delay(used + 1, unit_random()));
-        if deadline.is_some_and(|d| next > d) {
+        let delay = millis(backoff.delay(used + 1, unit_random()));
+        if deadline.is_some_and(|d| now + delay > d) {
             return fail(
                 &mut st,
                 Reason::DeadlineExceeded,
@@ -762,7 +763,7 @@ impl Executor {
             i,
             Change::to(TaskState::Retrying)
                 .because(reason, &error)
-                .at(next),
+                .after(delay),
         )
     }
 

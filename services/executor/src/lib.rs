@@ -387,7 +387,9 @@ struct Change<'a> {
     to: TaskState,
     reason: Option<Reason>,
     error: &'a str,
-    next_ms: u64,
+    /// Retrying/deferred: the next attempt is due this long after the
+    /// change is recorded (the same clock reading stamps both).
+    after_ms: Option<u64>,
     extend: bool,
 }
 
@@ -397,7 +399,7 @@ impl<'a> Change<'a> {
             to,
             reason: None,
             error: "",
-            next_ms: 0,
+            after_ms: None,
             extend: false,
         }
     }
@@ -408,8 +410,8 @@ impl<'a> Change<'a> {
         self
     }
 
-    fn at(mut self, next_ms: u64) -> Self {
-        self.next_ms = next_ms;
+    fn after(mut self, delay_ms: u64) -> Self {
+        self.after_ms = Some(delay_ms);
         self
     }
 }
@@ -654,12 +656,28 @@ impl Executor {
         data: serde_json::Value,
         stored: Option<&TaskStatus>,
     ) -> u64 {
+        let now = self.now();
+        self.record_at(st, job_id, task_id, kind, data, stored, now)
+    }
+
+    /// [`Executor::record`] stamped at `time_ms`.
+    #[allow(clippy::too_many_arguments)]
+    fn record_at(
+        &self,
+        st: &mut State,
+        job_id: &str,
+        task_id: &str,
+        kind: &str,
+        data: serde_json::Value,
+        stored: Option<&TaskStatus>,
+        time_ms: u64,
+    ) -> u64 {
         let Some(entry) = st.jobs.get_mut(job_id) else {
             return self.inner.events.last();
         };
         let ev = Event {
             sequence: entry.job.last_sequence + 1,
-            time: Some(switchyard_kit::time::timestamp(self.now())),
+            time: Some(switchyard_kit::time::timestamp(time_ms)),
             correlation_id: entry.spec().correlation_id.clone(),
             job_id: job_id.to_owned(),
             task_id: task_id.to_owned(),
@@ -737,7 +755,10 @@ impl Executor {
         let from = entry.task_state(i);
         from.check(c.to)?;
         let task_id = entry.spec().tasks[i].id.clone();
-        Ok(self.record(
+        // One clock reading: an attempt's end and its retry's due time are
+        // exactly the delay apart.
+        let now = self.now();
+        Ok(self.record_at(
             st,
             job_id,
             &task_id,
@@ -745,10 +766,11 @@ impl Executor {
             json!({
                 "from": from.as_str(), "to": c.to.as_str(),
                 "reason": c.reason.map_or("", |r| r.as_str()), "error": c.error,
-                "next_attempt_at_ms": c.next_ms,
+                "next_attempt_at_ms": c.after_ms.map_or(0, |d| now + d),
                 "extend": if c.extend { "true" } else { "" },
             }),
             None,
+            now,
         ))
     }
 
