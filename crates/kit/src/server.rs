@@ -212,6 +212,13 @@ impl Server {
     pub async fn run(self, listener: TcpListener, shutdown: Shutdown) -> Result<(), ServerError> {
         let (reporter, health) = tonic_health::server::health_reporter();
         set_all(&reporter, &self.names, ServingStatus::NotServing).await;
+        // `liveness` means "this process is up": for liveness probes, which
+        // must not restart a process that is only waiting on a dependency.
+        // Set before the first request can be served, so no probe ever finds
+        // it missing.
+        reporter
+            .set_service_status(LIVENESS, ServingStatus::Serving)
+            .await;
 
         // Every descriptor is registered (so messages and error details
         // resolve), but only the services this process hosts are advertised.
@@ -274,12 +281,6 @@ impl Server {
                 },
             );
         let mut server = tokio::spawn(server);
-
-        // `liveness` means "this process is up": for liveness probes, which
-        // must not restart a process that is only waiting on a dependency.
-        reporter
-            .set_service_status(LIVENESS, ServingStatus::Serving)
-            .await;
         // Ungated services serve at once; gated ones, and the server as a
         // whole, once their gates open.
         let gated: Vec<&'static str> = self.gates.iter().map(|(n, _)| *n).collect();
