@@ -497,7 +497,7 @@ async fn fail_fast_skips_what_did_not_start_and_keeps_partial_results() {
 async fn a_timeout_kills_a_process_that_ignores_sigterm() {
     let (s, mut c) = stack().await;
     let doc = r#"{"job_id":"stubborn","tasks":[
-        {"id":"t","timeout_secs":1,"command":{"command":"sh","args":["-c","trap '' TERM; sleep 30"]}}]}"#;
+        {"id":"t","timeout_secs":1,"command":{"command":"sh","args":["-c","trap '' TERM; while :; do :; done"]}}]}"#;
     let started = std::time::Instant::now();
     submit(&mut c, doc).await.unwrap();
     let r = finish(&mut c, "stubborn").await;

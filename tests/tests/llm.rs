@@ -433,7 +433,7 @@ async fn only_declared_tools_run_with_valid_arguments_within_their_timeout() {
         "ext_agent_tools": [
             {"name": "lookup", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}},
             {"name": "slow", "command": "sleep", "args": ["5"]},
-            {"name": "stamp", "command": "sh", "args": ["-c", "cat; echo"]}
+            {"name": "stamp", "command": "sh", "args": ["-c", "read -r line; echo \"$line\""]}
         ]})
     .to_string();
     let job = submit(&mut e.jobs, &doc).await.unwrap();

@@ -168,7 +168,18 @@ fn task_json(t: &TaskStatus) -> Value {
             "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.total_tokens, "llm_calls": u.llm_calls, "turns": u.turns})),
         "child_job_ids": t.child_job_ids,
+        "isolation": isolation(t.isolation), "isolation_detail": t.isolation_detail,
+        "resource_limit": t.resource_limit,
     })
+}
+
+/// `TaskStatus.isolation` as a word ("" for tasks that ran no command).
+fn isolation(i: i32) -> &'static str {
+    match Isolation::try_from(i) {
+        Ok(Isolation::Sandboxed) => "sandboxed",
+        Ok(Isolation::Off) => "off",
+        _ => "",
+    }
 }
 
 /// A job as JSON.
@@ -259,6 +270,18 @@ fn print_job(j: &Job) {
         ],
         &rows,
     );
+    // Command tasks: how they were isolated; an unconfined run stands out.
+    let mut seen = std::collections::BTreeSet::new();
+    for t in j.tasks.iter().filter(|t| t.isolation != 0) {
+        if seen.insert((t.isolation, t.isolation_detail.clone())) {
+            let label = match isolation(t.isolation) {
+                "off" => "WARNING: commands ran WITHOUT the sandbox",
+                _ => "commands sandboxed",
+            };
+            println!();
+            println!("{label}: {}", t.isolation_detail);
+        }
+    }
     // LLM tasks: the model that answered, usage and every tool call.
     for t in j.tasks.iter().filter(|t| !t.model_used.is_empty()) {
         let u = t.llm_usage.unwrap_or_default();

@@ -12,7 +12,7 @@ use std::time::Duration;
 use support::*;
 use switchyard_proto::common::v1::Event;
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
-use switchyard_proto::executor::v1::{SubmitJobRequest, WatchJobRequest};
+use switchyard_proto::executor::v1::{GetResultRequest, SubmitJobRequest, WatchJobRequest};
 use tokio_stream::StreamExt;
 
 fn serve(services: &str, data_dir: &std::path::Path, env: &[(&str, &str)]) -> Proc {
@@ -251,16 +251,15 @@ async fn a_killed_executor_resumes_its_job_without_rerunning_finished_tasks() {
     );
     let xdata = dir.path().join("executor");
     let x = executor(&xdata, &others.addr);
-    let marks = dir.path().join("marks");
-    std::fs::create_dir_all(&marks).unwrap();
-    let m = marks.to_str().unwrap();
-    let doc = format!(
-        r#"{{"job_id":"survivor","tasks":[
-          {{"id":"t1","command":{{"command":"sh","args":["-c","echo ran >> {m}/t1"]}}}},
-          {{"id":"t2","depends_on":["t1"],"agent":{{"capability":"builtin.sleep","input":{{"ms":3000}}}},
-            "retry":{{"max_retries":5,"backoff_strategy":"fixed","backoff_base_ms":300}}}},
-          {{"id":"t3","depends_on":["t2"],"command":{{"command":"sh","args":["-c","echo ran >> {m}/t3"]}}}}]}}"#
-    );
+    // Each command task marks each run of itself in the job's scratch
+    // directory (the only place a sandboxed task can write), which outlives
+    // the executor; t3 reports every mark.
+    let doc = r#"{"job_id":"survivor","tasks":[
+          {"id":"t1","command":{"command":"sh","args":["-c","echo t1 ran >> marks"]}},
+          {"id":"t2","depends_on":["t1"],"agent":{"capability":"builtin.sleep","input":{"ms":3000}},
+            "retry":{"max_retries":5,"backoff_strategy":"fixed","backoff_base_ms":300}},
+          {"id":"t3","depends_on":["t2"],"command":{"command":"sh","args":["-c","echo t3 ran >> marks; while read -r l; do echo \"$l\"; done < marks"]}}]}"#
+        .to_owned();
     // The built-in agents register and reach the router before the job is priced.
     wait_for("built-in agents routable", Duration::from_secs(20), || {
         routed(&others.url(), &["--capability", "builtin.sleep"]).is_some_and(|ids| !ids.is_empty())
@@ -317,12 +316,19 @@ async fn a_killed_executor_resumes_its_job_without_rerunning_finished_tasks() {
             .any(|e| e.kind == "budget.released" && field(e, "why") == "reconciled after restart"),
         "its reservation is reconciled"
     );
+    let result = c
+        .get_result(GetResultRequest {
+            job_id: "survivor".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let t3 = result.tasks.iter().find(|t| t.task_id == "t3").unwrap();
     assert_eq!(
-        std::fs::read_to_string(marks.join("t1")).unwrap(),
-        "ran\n",
-        "t1 never ran again"
+        String::from_utf8_lossy(&t3.stdout),
+        "t1 ran\nt3 ran\n",
+        "t1 never ran again, t3 once"
     );
-    assert_eq!(std::fs::read_to_string(marks.join("t3")).unwrap(), "ran\n");
     assert_eq!(x.terminate(), Some(0));
     assert_eq!(others.terminate(), Some(0));
 }

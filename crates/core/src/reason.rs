@@ -123,6 +123,13 @@ reasons! {
     CommandFailed => "COMMAND_FAILED",
     /// The attempt ran past its timeout and was stopped.
     TaskTimeout => "TASK_TIMEOUT",
+    /// A command task hit one of its resource limits (metadata `limit`
+    /// names it: memory_bytes, cpu_seconds, processes, open_files,
+    /// file_size_bytes).
+    TaskResourceLimit => "TASK_RESOURCE_LIMIT",
+    /// This executor cannot isolate command tasks (no Landlock in the
+    /// kernel) and the operator has not turned the sandbox off.
+    SandboxUnavailable => "SANDBOX_UNAVAILABLE",
     /// The job's or task's deadline passed.
     DeadlineExceeded => "DEADLINE_EXCEEDED",
     /// The agent answered ERROR.

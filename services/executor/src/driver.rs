@@ -24,8 +24,8 @@ use switchyard_proto::agent::v1::{
 use switchyard_proto::approval::v1 as ap;
 use switchyard_proto::common::v1::{CorrelationContext, Money, UnitPrice};
 use switchyard_proto::executor::v1::{
-    AgentTask, BackoffStrategy, CommandTask, FallbackStrategy as FS, TaskSpec, TaskStatus,
-    task_spec::Kind,
+    AgentTask, BackoffStrategy, CommandTask, FallbackStrategy as FS, ResourceLimits, TaskSpec,
+    TaskStatus, task_spec::Kind,
 };
 use switchyard_proto::ledger::v1::{CommitRequest, Entry, ReleaseRequest, ReserveRequest};
 use switchyard_proto::registry::v1::ReportOutcomeRequest;
@@ -33,6 +33,7 @@ use switchyard_proto::router::v1::Candidate;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
+use crate::command::Confinement;
 use crate::state::kind;
 use crate::{AgentClient, Change, Control, Executor, ExecutorError, command, lock};
 
@@ -73,6 +74,16 @@ impl Outcome {
             status: None,
         }
     }
+}
+
+/// A command ready to start.
+pub(crate) struct Prepared {
+    /// The program file (resolved at start-up).
+    pub(crate) program: std::path::PathBuf,
+    /// Its resource limits.
+    pub(crate) limits: command::limits::ResourceLimits,
+    /// What confines it.
+    pub(crate) jail: Confinement,
 }
 
 /// What an attempt needs from the job, read once under the lock.
@@ -310,9 +321,15 @@ impl Executor {
             .unwrap_or_default();
         let io = |e: std::io::Error| ExecutorError::Scratch(format!("{}: {e}", dir.display()));
         std::fs::create_dir_all(dir).map_err(io)?;
+        let sandbox = &self.inner.sandbox;
         for (name, bytes) in files {
-            std::fs::write(dir.join(name), bytes).map_err(io)?;
+            let file = dir.join(name);
+            std::fs::write(&file, bytes).map_err(io)?;
+            sandbox.hand_over(&file).map_err(io)?;
         }
+        // When tasks run as the sandbox's user (the executor is root), the
+        // directory is theirs; Landlock keeps other jobs' tasks out of it.
+        sandbox.hand_over(dir).map_err(io)?;
         Ok(())
     }
 
@@ -629,7 +646,8 @@ impl Executor {
                 job_id,
                 &task.id,
                 kind::RESULT,
-                json!({"exit_code": status.exit_code, "agent_id": status.agent_id, "truncated": status.output_truncated}),
+                json!({"exit_code": status.exit_code, "agent_id": status.agent_id, "truncated": status.output_truncated,
+                    "resource_limit": status.resource_limit}),
                 Some(status),
             );
         }
@@ -989,22 +1007,9 @@ impl Executor {
         scratch: &std::path::Path,
     ) -> Outcome {
         let cfg = &self.inner.cfg;
-        if !cfg.commands.contains(&c.command) {
-            return Outcome::fail(
-                Class::Permanent,
-                Reason::CommandNotAllowed,
-                format!("command {:?} is not on the allowlist", c.command),
-            );
-        }
-        let Some(program) = command::resolve(&c.command, &cfg.path) else {
-            return Outcome::fail(
-                Class::Permanent,
-                Reason::CommandFailed,
-                format!(
-                    "command {:?} was not found on the executor's PATH",
-                    c.command
-                ),
-            );
+        let ready = match self.prepare_command(&c.command, scratch, c.limits.as_ref()) {
+            Ok(r) => r,
+            Err((class, reason, e)) => return Outcome::fail(class, reason, e),
         };
         let env = self.command_env(job_id, &snap.task.id, scratch, &c.env);
         let limits = command::Limits {
@@ -1025,13 +1030,16 @@ impl Executor {
         if let Err(e) = self.durable(snap.start_g).await {
             return Outcome::fail(Class::Other, Reason::StorageFailure, e.to_string());
         }
+        let sandbox = &self.inner.sandbox;
         let ran = command::run(
-            &program,
+            &ready.program,
+            &c.command,
             &args,
             &env,
             scratch,
             snap.stdin.clone(),
             &limits,
+            ready.jail,
             &on_chunk,
         )
         .await;
@@ -1039,12 +1047,16 @@ impl Executor {
             Ok(f) => f,
             Err(e) => return Outcome::fail(Class::Other, Reason::CommandFailed, e.to_string()),
         };
+        let hit = command::limits::hit(&f);
         let status = TaskStatus {
             task_id: snap.task.id.clone(),
             stdout: f.stdout.clone(),
             stderr: f.stderr.clone(),
             exit_code: f.exit_code.or(f.signal.map(|s| 128 + s)),
             output_truncated: f.truncated,
+            isolation: sandbox.isolation() as i32,
+            isolation_detail: sandbox.detail(&c.command),
+            resource_limit: hit.map(|l| l.name().to_owned()).unwrap_or_default(),
             ..Default::default()
         };
         let tail = |b: &[u8]| {
@@ -1057,7 +1069,13 @@ impl Executor {
                 format!(": {s}")
             }
         };
-        let failure = if f.timed_out {
+        let failure = if let Some(l) = hit {
+            Some((
+                Class::Other,
+                Reason::TaskResourceLimit,
+                command::limits::describe(&c.command, l, &ready.limits, &f),
+            ))
+        } else if f.timed_out {
             Some((
                 Class::Timeout,
                 Reason::TaskTimeout,
@@ -1087,7 +1105,48 @@ impl Executor {
         }
     }
 
-    /// The whole environment a command sees: nothing inherited.
+    /// An allowlisted command made ready to start: its program as resolved
+    /// at start-up, the task's resource limits, and the sandbox around it.
+    pub(crate) fn prepare_command(
+        &self,
+        command: &str,
+        scratch: &std::path::Path,
+        asked: Option<&ResourceLimits>,
+    ) -> Result<Prepared, (Class, Reason, String)> {
+        let inner = &self.inner;
+        if !inner.cfg.commands.iter().any(|c| c == command) {
+            return Err((
+                Class::Permanent,
+                Reason::CommandNotAllowed,
+                format!("command {command:?} is not on the executor's allowlist"),
+            ));
+        }
+        let program = inner
+            .programs
+            .get(command)
+            .map_err(|e| (Class::Permanent, Reason::CommandFailed, e))?;
+        let limits = inner.cfg.task_limits.for_task(asked);
+        let jail = inner
+            .sandbox
+            .confine(command, program, scratch, &limits)
+            .map_err(|e| {
+                let reason = if inner.sandbox.unavailable().is_some() {
+                    Reason::SandboxUnavailable
+                } else {
+                    Reason::CommandFailed
+                };
+                (Class::Permanent, reason, e)
+            })?;
+        Ok(Prepared {
+            program: program.path.clone(),
+            limits,
+            jail,
+        })
+    }
+
+    /// The whole environment a command sees: nothing inherited. HOME and
+    /// TMPDIR are the scratch directory (`.` when the task's user cannot
+    /// reach it by its absolute path; it starts there either way).
     pub(crate) fn command_env(
         &self,
         job_id: &str,
@@ -1095,10 +1154,16 @@ impl Executor {
         scratch: &std::path::Path,
         extra: &HashMap<String, String>,
     ) -> Vec<(String, String)> {
+        let home = if self.inner.sandbox.scratch_reachable() {
+            scratch.display().to_string()
+        } else {
+            ".".to_owned()
+        };
         let mut env = vec![
             ("PATH".to_owned(), self.inner.cfg.path.clone()),
             ("LANG".to_owned(), "C.UTF-8".to_owned()),
-            ("HOME".to_owned(), scratch.display().to_string()),
+            ("HOME".to_owned(), home.clone()),
+            ("TMPDIR".to_owned(), home),
             ("SWITCHYARD_JOB_ID".to_owned(), job_id.to_owned()),
             ("SWITCHYARD_TASK_ID".to_owned(), task_id.to_owned()),
         ];

@@ -14,7 +14,8 @@ use switchyard_kit::json::json_to_struct;
 use switchyard_proto::common::v1::Money;
 use switchyard_proto::executor::v1::{
     AgentTask, BackoffStrategy, CommandTask, Delegation, FallbackPolicy, FallbackStrategy,
-    JobApproval, JobBudget, JobSpec, LlmTask, RetryPolicy, TaskSpec, ToolDefinition, task_spec,
+    JobApproval, JobBudget, JobSpec, LlmTask, ResourceLimits, RetryPolicy, TaskSpec,
+    ToolDefinition, task_spec,
 };
 
 /// A document that is not a valid job of its format.
@@ -277,6 +278,7 @@ fn agenix(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
                 args: t.args.clone(),
                 env: HashMap::new(),
                 stdin_from: t.input_from_task.map(id).unwrap_or_default(),
+                limits: None,
             })),
             ..Default::default()
         })
@@ -993,6 +995,17 @@ struct NativeCommand {
     args: Vec<String>,
     env: HashMap<String, String>,
     stdin_from: String,
+    limits: Option<NativeLimits>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+struct NativeLimits {
+    memory_bytes: u64,
+    cpu_seconds: u64,
+    processes: u64,
+    open_files: u64,
+    file_size_bytes: u64,
 }
 
 #[derive(Deserialize, Default)]
@@ -1028,6 +1041,13 @@ fn native(v: &Value) -> Result<JobSpec, FormatError> {
                 args: c.args,
                 env: c.env,
                 stdin_from: c.stdin_from,
+                limits: c.limits.map(|l| ResourceLimits {
+                    memory_bytes: l.memory_bytes,
+                    cpu_seconds: l.cpu_seconds,
+                    processes: l.processes,
+                    open_files: l.open_files,
+                    file_size_bytes: l.file_size_bytes,
+                }),
             })
         } else if let Some(a) = t.agent {
             task_spec::Kind::Agent(AgentTask {

@@ -13,7 +13,8 @@
 //! Called by the gRPC server (`JobService`), the CLI and `switchyard dev`.
 
 pub mod builtin;
-pub mod command;
+/// Command tasks run through the sandbox crate.
+use switchyard_sandbox as command;
 mod driver;
 pub mod formats;
 mod llm;
@@ -58,6 +59,10 @@ use switchyard_store::{Log, Store, StoreError, Tree};
 use tonic::{Code, Request, Response, Status};
 
 use crate::builtin::Builtins;
+pub use crate::command::SandboxMode;
+use crate::command::limits::ResourceLimits;
+use crate::command::program::Programs;
+use crate::command::{Policy, Sandbox};
 use crate::formats::{FormatError, Limits};
 use crate::spec::Rules;
 use crate::state::{JobEntry, kind};
@@ -93,10 +98,33 @@ pub struct ExecutorConfig {
     pub max_output_bytes: usize,
     /// Bytes of `files` a job may carry.
     pub max_file_bytes: usize,
-    /// Commands a task may run (names looked up on `path`).
+    /// Commands a task may run (names looked up on `path` once, at start-up).
+    /// Tools that can start other programs (awk's `system()`, sed's `e`) are
+    /// safe here because the sandbox lets a task execute only its own
+    /// binary: such a call fails with EACCES. See docs/sandbox.md.
     pub commands: Vec<String>,
     /// The only PATH commands see and are looked up on.
     pub path: String,
+    /// `"on"`: every command task runs in the sandbox (Landlock, seccomp,
+    /// no_new_privs, rlimits), and command tasks are refused when the kernel
+    /// has no Landlock. `"off"`: they run unconfined as the executor's user
+    /// (rlimits only) — logged at start-up and shown on every command task.
+    pub sandbox: SandboxMode,
+    /// User id command tasks run as when the executor runs as root.
+    pub sandbox_uid: u32,
+    /// Group id command tasks run as when the executor runs as root.
+    pub sandbox_gid: u32,
+    /// Paths every command task may read (not write or execute). Keep
+    /// secrets out: the default names single files of /etc, not /etc.
+    pub sandbox_read_paths: Vec<PathBuf>,
+    /// Allowlisted commands that may open network connections (all others
+    /// cannot create a socket). No host allowlist: a command here reaches
+    /// whatever the executor's host reaches.
+    pub network_commands: Vec<String>,
+    /// Resource limits of every command task unless it asks for others.
+    pub task_limits: ResourceLimits,
+    /// The most a task may ask for (0: no cap).
+    pub task_limit_caps: ResourceLimits,
     /// Budget that job budgets nest under when the job names none (empty:
     /// job budgets are top-level).
     pub default_parent_budget: String,
@@ -179,6 +207,19 @@ impl Default for ExecutorConfig {
             .map(String::from)
             .to_vec(),
             path: "/usr/local/bin:/usr/bin:/bin".into(),
+            sandbox: SandboxMode::On,
+            sandbox_uid: 65534,
+            sandbox_gid: 65534,
+            sandbox_read_paths: command::policy::default_read_paths(),
+            network_commands: Vec::new(),
+            task_limits: ResourceLimits::default(),
+            task_limit_caps: ResourceLimits {
+                memory_bytes: 16 << 30,
+                cpu_seconds: 3600,
+                processes: 4096,
+                open_files: 65536,
+                file_size_bytes: 16 << 30,
+            },
             default_parent_budget: String::new(),
             agent_max_tokens: 4096,
             llm_default_max_tokens: 4096,
@@ -221,6 +262,16 @@ impl ExecutorConfig {
                 return Err(format!("executor.commands: {c:?} is not a command name"));
             }
         }
+        if let Some(c) = self
+            .network_commands
+            .iter()
+            .find(|c| !self.commands.contains(c))
+        {
+            return Err(format!(
+                "executor.network_commands: {c:?} is not in executor.commands"
+            ));
+        }
+        self.task_limits.check_within(&self.task_limit_caps)?;
         Ok(())
     }
 
@@ -232,6 +283,7 @@ impl ExecutorConfig {
             default_max_parallel: self.max_parallel,
             max_delegation_depth: self.max_delegation_depth,
             max_file_bytes: self.max_file_bytes,
+            limit_caps: &self.task_limit_caps,
         }
     }
 
@@ -241,6 +293,16 @@ impl ExecutorConfig {
             max_delegation_depth: self.max_delegation_depth,
         }
     }
+}
+
+/// Whether a job starts programs: command tasks, or LLM tasks offering a
+/// command tool.
+fn runs_commands(spec: &JobSpec) -> bool {
+    spec.tasks.iter().any(|t| match &t.kind {
+        Some(Kind::Command(_)) => true,
+        Some(Kind::Llm(l)) => l.tools.iter().any(|tool| !tool.command.is_empty()),
+        _ => false,
+    })
 }
 
 /// Executor errors; mapped to a status once, in `From<ExecutorError> for Status`.
@@ -277,6 +339,9 @@ pub enum ExecutorError {
     /// The job's scratch directory could not be prepared.
     #[error("scratch directory: {0}")]
     Scratch(String),
+    /// The command sandbox's configuration cannot be honoured.
+    #[error("{0}")]
+    Sandbox(String),
     /// Delegation from a job that is not running.
     #[error("job {parent:?} is {state}, not active: only a running job can delegate")]
     ParentNotActive {
@@ -333,6 +398,9 @@ impl From<ExecutorError> for Status {
             }
             ExecutorError::Storage(_) => status(Code::Internal, Reason::StorageFailure, msg),
             ExecutorError::Scratch(_) => status(Code::Internal, Reason::Internal, msg),
+            ExecutorError::Sandbox(_) => {
+                status(Code::FailedPrecondition, Reason::SandboxUnavailable, msg)
+            }
         }
     }
 }
@@ -459,6 +527,10 @@ struct Inner {
     flush_wanted: tokio::sync::Notify,
     /// Releases running in the background, by job.
     settling: Mutex<HashMap<String, Vec<tokio::task::JoinHandle<()>>>>,
+    /// The allowlist, resolved at start-up.
+    programs: Programs,
+    /// How command tasks are confined.
+    sandbox: Sandbox,
 }
 
 /// The executor service.
@@ -497,6 +569,23 @@ impl Executor {
     ) -> Result<Executor, ExecutorError> {
         if cfg.scratch_dir.as_os_str().is_empty() {
             cfg.scratch_dir = data_dir.join("scratch");
+        }
+        let sandbox = Sandbox::detect(&Policy {
+            mode: cfg.sandbox,
+            read_paths: &cfg.sandbox_read_paths,
+            ids_when_root: (cfg.sandbox_uid, cfg.sandbox_gid),
+            network_commands: &cfg.network_commands,
+            scratch_root: &cfg.scratch_dir,
+        })
+        .map_err(ExecutorError::Sandbox)?;
+        match (sandbox.mode(), sandbox.unavailable()) {
+            (SandboxMode::On, None) => tracing::info!("{}", sandbox.describe()),
+            (SandboxMode::On, Some(_)) => tracing::error!("{}", sandbox.describe()),
+            (SandboxMode::Off, _) => tracing::warn!("{}", sandbox.describe()),
+        }
+        let programs = Programs::resolve(&cfg.commands, &cfg.path);
+        for (name, why) in programs.unusable() {
+            tracing::warn!(command = name, "allowlisted command cannot run: {why}");
         }
         let events = store.log::<Event>("events")?;
         let specs = store.tree::<Job>("jobs")?;
@@ -557,6 +646,8 @@ impl Executor {
                 finished: tokio::sync::watch::channel(0).0,
                 flush_wanted: tokio::sync::Notify::new(),
                 settling: Mutex::new(HashMap::new()),
+                programs,
+                sandbox,
             }),
         })
     }
@@ -838,6 +929,11 @@ impl Executor {
         let rules = self.inner.cfg.rules();
         spec::normalize(&mut spec, &rules);
         let dag = spec::validate(&spec, &rules).map_err(ExecutorError::Invalid)?;
+        if let Some(why) = self.inner.sandbox.unavailable()
+            && runs_commands(&spec)
+        {
+            return Err(ExecutorError::Sandbox(why));
+        }
         Ok((spec, dag))
     }
 

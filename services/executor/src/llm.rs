@@ -346,15 +346,9 @@ impl TaskHost<'_> {
     async fn run_command(&self, def: &ToolDefinition, args: Value) -> Result<Value, String> {
         let x = self.x;
         let cfg = &x.inner.cfg;
-        if !cfg.commands.contains(&def.command) {
-            return Err(format!(
-                "command {:?} is not on the executor's allowlist",
-                def.command
-            ));
-        }
-        let Some(program) = command::resolve(&def.command, &cfg.path) else {
-            return Err(format!("command {:?} was not found", def.command));
-        };
+        let ready = x
+            .prepare_command(&def.command, self.scratch, None)
+            .map_err(|(_, _, e)| e)?;
         let env = x.command_env(self.job_id, self.task_id(), self.scratch, &HashMap::new());
         let limits = command::Limits {
             // A backstop: the loop's tool timeout usually ends the call
@@ -365,17 +359,27 @@ impl TaskHost<'_> {
         };
         let stdin = args.to_string().into_bytes();
         let done = command::run(
-            &program,
+            &ready.program,
+            &def.command,
             &def.args,
             &env,
             self.scratch,
             Some(stdin),
             &limits,
+            ready.jail,
             &|_, _| {},
         )
         .await
         .map_err(|e| e.to_string())?;
         let out = String::from_utf8_lossy(&done.stdout).trim().to_owned();
+        if let Some(l) = command::limits::hit(&done) {
+            return Err(command::limits::describe(
+                &def.command,
+                l,
+                &ready.limits,
+                &done,
+            ));
+        }
         if done.exit_code != Some(0) {
             let err = String::from_utf8_lossy(&done.stderr);
             return Err(format!(

@@ -18,6 +18,8 @@ use switchyard_proto::executor::v1::{FallbackStrategy as FS, JobSpec, TaskSpec, 
 
 use crate::formats::FormatError;
 
+use crate::command::limits::ResourceLimits;
+
 /// What validation needs from the deployment.
 #[derive(Debug, Clone)]
 pub struct Rules<'a> {
@@ -33,17 +35,30 @@ pub struct Rules<'a> {
     pub max_delegation_depth: u32,
     /// Most bytes of `files` in a job.
     pub max_file_bytes: usize,
+    /// The most a command task may ask for (0: no cap).
+    pub limit_caps: &'a ResourceLimits,
 }
 
-/// Environment variables a task may not set: they change what runs.
+/// Environment variables a task may not set: they change what runs, or make
+/// the C library load code from a path the task chose (its scratch
+/// directory is readable, and mapping a readable library is not something
+/// Landlock's execute right controls). Every `LD_*` name is refused too.
 const DENIED_ENV: &[&str] = &[
     "PATH",
-    "LD_PRELOAD",
-    "LD_LIBRARY_PATH",
-    "LD_AUDIT",
     "HOME",
+    "TMPDIR",
     "IFS",
+    "GCONV_PATH",
+    "LOCPATH",
+    "NLSPATH",
+    "HOSTALIASES",
+    "RESOLV_HOST_CONF",
+    "MALLOC_TRACE",
 ];
+
+fn denied_env(name: &str) -> bool {
+    name.starts_with("LD_") || DENIED_ENV.contains(&name)
+}
 
 fn task_id(s: &str) -> Result<(), String> {
     let ok = !s.is_empty()
@@ -316,12 +331,23 @@ fn check_task(
                     );
                 }
             }
+            if let Some(asked) = &c.limits {
+                for (l, v_asked, cap) in ResourceLimits::above_caps(asked, rules.limit_caps) {
+                    v.add(
+                        format!("{at}.command.limits.{}", l.name()),
+                        format!(
+                            "{v_asked} is above this executor's cap of {cap} (executor.task_limit_caps.{})",
+                            l.name()
+                        ),
+                    );
+                }
+            }
             for (k, val) in &c.env {
-                if !env_name(k) || DENIED_ENV.contains(&k.as_str()) {
+                if !env_name(k) || denied_env(k) {
                     v.add(
                         format!("{at}.command.env.{k}"),
                         format!(
-                            "{k:?} cannot be set (names are UPPER_SNAKE; {} are reserved)",
+                            "{k:?} cannot be set (names are UPPER_SNAKE; LD_* and {} are reserved)",
                             DENIED_ENV.join(", ")
                         ),
                     );

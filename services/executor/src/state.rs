@@ -275,6 +275,9 @@ impl JobEntry {
                     t.tool_results = stored.tool_results;
                     t.llm_usage = stored.llm_usage;
                     t.child_job_ids = stored.child_job_ids;
+                    t.isolation = stored.isolation;
+                    t.isolation_detail = stored.isolation_detail;
+                    t.resource_limit = stored.resource_limit;
                 }
             }
             kind::TASK_STATE => {

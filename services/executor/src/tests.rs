@@ -21,8 +21,17 @@ fn rules(commands: &[String]) -> Rules<'_> {
         default_max_parallel: 4,
         max_delegation_depth: 10,
         max_file_bytes: 1024,
+        limit_caps: &CAPS,
     }
 }
+
+const CAPS: crate::command::limits::ResourceLimits = crate::command::limits::ResourceLimits {
+    memory_bytes: 1 << 30,
+    cpu_seconds: 60,
+    processes: 0,
+    open_files: 1024,
+    file_size_bytes: 1 << 30,
+};
 
 /// Converts, normalizes and checks `spec` the way SubmitJob does.
 fn check(
@@ -170,6 +179,40 @@ fn the_allowlist_and_env_rules_are_enforced_with_the_specific_reason() {
             "tasks[0].command.env.LD_PRELOAD"
         ]
     );
+}
+
+#[test]
+fn loader_variables_and_limits_above_the_caps_are_refused() {
+    let s = convert(json!({"tasks": [
+        {"id": "a", "command": {"command": "sort",
+            "env": {"LD_BIND_NOW": "1", "GCONV_PATH": ".", "TMPDIR": "/tmp", "OK": "1"},
+            "limits": {"memory_bytes": 2147483648u64, "cpu_seconds": 5, "processes": 100000}}}]}));
+    let e = check(s, &["sort"]).unwrap_err();
+    let mut fields: Vec<&str> = e.violations.0.iter().map(|v| v.field.as_str()).collect();
+    fields.sort();
+    assert_eq!(
+        fields,
+        [
+            "tasks[0].command.env.GCONV_PATH",
+            "tasks[0].command.env.LD_BIND_NOW",
+            "tasks[0].command.env.TMPDIR",
+            "tasks[0].command.limits.memory_bytes",
+        ],
+        "processes has no cap here, cpu_seconds is within it"
+    );
+    assert!(
+        e.violations.to_string().contains(
+            "above this executor's cap of 1073741824 (executor.task_limit_caps.memory_bytes)"
+        ),
+        "{e:?}"
+    );
+    let ok = convert(json!({"tasks": [
+        {"id": "a", "command": {"command": "sort", "limits": {"cpu_seconds": 60}}}]}));
+    let Some(Kind::Command(c)) = &ok.tasks[0].kind else {
+        panic!()
+    };
+    assert_eq!(c.limits.as_ref().unwrap().cpu_seconds, 60);
+    check(ok, &["sort"]).unwrap();
 }
 
 #[test]

@@ -1,13 +1,22 @@
-//! Command tasks (seed 001): no shell — the program is resolved on the
-//! configured PATH and started with its arguments; a scrubbed environment;
-//! the job's scratch directory as working directory; stdout/stderr captured
-//! up to a cap and streamed; on timeout SIGTERM to the whole process group,
-//! then SIGKILL after a grace period. Dropping a run (cancellation) kills
-//! the group at once.
+//! Command tasks (seed 001): no shell — the program is resolved once at
+//! start-up ([`program`]) and started with its arguments; a scrubbed
+//! environment; the job's scratch directory as working directory; confined
+//! by the sandbox ([`policy`]) within resource limits ([`limits`]);
+//! stdout/stderr captured up to a cap and streamed; on timeout SIGTERM to the
+//! whole process group, then SIGKILL after a grace period. Dropping a run
+//! (cancellation) kills the group at once.
 
-use std::path::{Path, PathBuf};
+pub mod limits;
+pub mod policy;
+pub mod program;
+mod seccomp;
+
+use std::path::Path;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
+
+pub use policy::{Confinement, Policy, Sandbox, SandboxMode};
 
 use rustix::process::{Pid, Signal, kill_process_group};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -52,17 +61,15 @@ pub struct Limits {
     pub cap: usize,
 }
 
-/// Finds `command` on `path` (a `:`-separated list). Absolute paths are used
-/// as given (only reachable when the allowlist names them).
-pub fn resolve(command: &str, path: &str) -> Option<PathBuf> {
-    if command.contains('/') {
-        let p = PathBuf::from(command);
-        return p.is_file().then_some(p);
+/// Makes the child apply `jail` to itself between fork and exec.
+#[allow(unsafe_code)]
+fn confine_child(cmd: &mut Command, jail: Confinement) {
+    let jail = Arc::new(jail);
+    // SAFETY: `Confinement::apply` makes only async-signal-safe system calls
+    // on memory prepared before the fork (see its contract).
+    unsafe {
+        cmd.pre_exec(move || jail.apply());
     }
-    path.split(':')
-        .filter(|d| !d.is_empty())
-        .map(|d| Path::new(d).join(command))
-        .find(|p| p.is_file())
 }
 
 /// Kills the process group when dropped, unless disarmed.
@@ -110,19 +117,26 @@ async fn capture(
     (kept, truncated)
 }
 
-/// Runs `program args…` in `cwd` with exactly `env`, feeding `stdin`.
+/// Runs `program args…` (as `arg0`, the name it was asked for) in `cwd`
+/// with exactly `env`, feeding `stdin`, confined by `jail` from the moment
+/// it starts.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     program: &Path,
+    arg0: &str,
     args: &[String],
     env: &[(String, String)],
     cwd: &Path,
     stdin: Option<Vec<u8>>,
     limits: &Limits,
+    jail: Confinement,
     on_chunk: &(dyn Fn(&'static str, &[u8]) + Send + Sync),
 ) -> Result<Finished, StartError> {
     let name = program.display().to_string();
     let mut cmd = Command::new(program);
-    cmd.args(args)
+    confine_child(&mut cmd, jail);
+    cmd.arg0(arg0)
+        .args(args)
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
         .current_dir(cwd)
@@ -136,7 +150,10 @@ pub async fn run(
         // Its own process group, so signals reach everything it starts.
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = cmd.spawn().map_err(|e| match e.kind() {
+    let spawned = cmd.spawn();
+    // Closes the Landlock ruleset now that the child has it.
+    drop(cmd);
+    let mut child = spawned.map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => StartError::NotFound(name.clone()),
         _ => StartError::Spawn(name.clone(), e),
     })?;
@@ -211,16 +228,35 @@ mod tests {
         }
     }
 
+    /// The runner's own behaviour, with the sandbox off (the sandbox has
+    /// its own tests in `tests/confinement.rs`).
+    fn unconfined() -> Confinement {
+        let dir = std::env::temp_dir();
+        let s = Sandbox::detect(&Policy {
+            mode: SandboxMode::Off,
+            read_paths: &[],
+            ids_when_root: (65534, 65534),
+            network_commands: &[],
+            scratch_root: &dir,
+        })
+        .unwrap();
+        let p = program::Programs::resolve(&["true".into()], PATH);
+        s.confine("true", p.get("true").unwrap(), &dir, &Default::default())
+            .unwrap()
+    }
+
     async fn go(cmd: &str, args: &[&str], stdin: Option<&str>, l: &Limits) -> Finished {
         let dir = tempfile::tempdir().unwrap();
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         run(
-            &resolve(cmd, PATH).unwrap(),
+            &program::find(cmd, PATH).unwrap(),
+            cmd,
             &args,
             &[("PATH".into(), PATH.into())],
             dir.path(),
             stdin.map(|s| s.as_bytes().to_vec()),
             l,
+            unconfined(),
             &|_, _| {},
         )
         .await
@@ -250,12 +286,14 @@ mod tests {
         let seen = Mutex::new(0usize);
         let dir = tempfile::tempdir().unwrap();
         let f = run(
-            &resolve("seq", PATH).unwrap(),
+            &program::find("seq", PATH).unwrap(),
+            "seq",
             &["1".into(), "100000".into()],
             &[],
             dir.path(),
             None,
             &limits(5000),
+            unconfined(),
             &|stream, chunk| {
                 assert_eq!(stream, "stdout");
                 *seen.lock().unwrap() += chunk.len();
@@ -289,12 +327,5 @@ mod tests {
         assert!(f.timed_out);
         assert_eq!(f.signal, Some(9), "SIGKILL after the grace period");
         assert!(started.elapsed() < Duration::from_secs(10));
-    }
-
-    #[test]
-    fn programs_resolve_only_on_the_given_path() {
-        assert!(resolve("sort", PATH).is_some());
-        assert!(resolve("sort", "/nonexistent").is_none());
-        assert!(resolve("no-such-tool-xyz", PATH).is_none());
     }
 }
