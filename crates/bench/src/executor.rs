@@ -22,6 +22,59 @@ const JOBS: usize = 5_000;
 const CHAIN_RUNS: usize = 200;
 const COMMAND_RUNS: usize = 200;
 
+/// `true` through the command runner alone, sandboxed and not, interleaved;
+/// also the Landlock ABI in use.
+async fn runner_overhead() -> anyhow::Result<(Histogram<u64>, Histogram<u64>, i32)> {
+    use switchyard_sandbox::{Limits, Policy, Sandbox, SandboxMode, program::Programs};
+    let dir = tempfile::tempdir()?;
+    let scratch = dir.path().join("scratch");
+    std::fs::create_dir_all(&scratch)?;
+    let read = switchyard_sandbox::policy::default_read_paths();
+    let sandbox = |mode| {
+        Sandbox::detect(&Policy {
+            mode,
+            read_paths: &read,
+            ids_when_root: (65534, 65534),
+            network_commands: &[],
+            scratch_root: dir.path(),
+        })
+        .map_err(anyhow::Error::msg)
+    };
+    let (on, off) = (sandbox(SandboxMode::On)?, sandbox(SandboxMode::Off)?);
+    on.hand_over(&scratch)?;
+    let programs = Programs::resolve(&["true".into()], "/usr/bin:/bin");
+    let program = programs.get("true").map_err(anyhow::Error::msg)?;
+    let limits = Limits {
+        timeout: Duration::from_secs(10),
+        grace: Duration::from_millis(100),
+        cap: 1024,
+    };
+    let (mut h_on, mut h_off) = (Histogram::<u64>::new(3)?, Histogram::<u64>::new(3)?);
+    for _ in 0..COMMAND_RUNS {
+        for (s, h) in [(&on, &mut h_on), (&off, &mut h_off)] {
+            let t = Instant::now();
+            let jail = s
+                .confine("true", program, &scratch, &Default::default())
+                .map_err(anyhow::Error::msg)?;
+            let f = switchyard_sandbox::run(
+                &program.path,
+                "true",
+                &[],
+                &[],
+                &scratch,
+                None,
+                &limits,
+                jail,
+                &|_, _| {},
+            )
+            .await?;
+            anyhow::ensure!(f.exit_code == Some(0), "true failed: {f:?}");
+            h.record(t.elapsed().as_nanos() as u64).ok();
+        }
+    }
+    Ok((h_on, h_off, on.abi()))
+}
+
 fn agent(id: &str, capability: &str, depends_on: &[&str], input: serde_json::Value) -> TaskSpec {
     TaskSpec {
         id: id.into(),
@@ -190,38 +243,60 @@ pub async fn run() -> anyhow::Result<()> {
         verdict(ms(&h, 0.5) <= 5.0)
     );
 
-    // 3. Command-task overhead: a job of one `true` vs spawning `true`.
+    // 3. Command-task overhead: a job of one `true` vs spawning `true`, with
+    // the sandbox on (this stack) and off (a second stack), interleaved so
+    // both see the same machine; and the runner alone, on and off.
+    let off_stack = Stack::start_with(ServiceKind::ALL, |c| {
+        c.executor.approval_poll_ms = 5;
+        c.executor.sandbox = switchyard_executor::SandboxMode::Off;
+    })
+    .await?;
+    let mut c_off = JobServiceClient::new(off_stack.channel().await?);
+    let command_job = || JobSpec {
+        tasks: vec![TaskSpec {
+            id: "t".into(),
+            kind: Some(Kind::Command(CommandTask {
+                command: "true".into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
     let mut direct = Histogram::<u64>::new(3)?;
+    let mut job_on = Histogram::<u64>::new(3)?;
+    let mut job_off = Histogram::<u64>::new(3)?;
     for _ in 0..COMMAND_RUNS {
         let t = Instant::now();
         tokio::process::Command::new("true").status().await?;
         direct.record(t.elapsed().as_nanos() as u64).ok();
+        let (took, ok) = run_job(&mut c, command_job()).await?;
+        anyhow::ensure!(ok, "sandboxed command job did not complete");
+        job_on.record(took.as_nanos() as u64).ok();
+        let (took, ok) = run_job(&mut c_off, command_job()).await?;
+        anyhow::ensure!(ok, "unsandboxed command job did not complete");
+        job_off.record(took.as_nanos() as u64).ok();
     }
-    let mut job = Histogram::<u64>::new(3)?;
-    for _ in 0..COMMAND_RUNS {
-        let spec = JobSpec {
-            tasks: vec![TaskSpec {
-                id: "t".into(),
-                kind: Some(Kind::Command(CommandTask {
-                    command: "true".into(),
-                    ..Default::default()
-                })),
-                ..Default::default()
-            }],
-            ..Default::default()
-        };
-        let (took, ok) = run_job(&mut c, spec).await?;
-        anyhow::ensure!(ok, "command job did not complete");
-        job.record(took.as_nanos() as u64).ok();
-    }
+    let (runner_on, runner_off, abi) = runner_overhead().await?;
     println!(
         "  one `true` command: spawned directly p50 {:>6.2} ms  p99 {:>6.2} ms; as a job p50 {:>6.2} ms  p99 {:>6.2} ms; overhead p50 {:>6.2} ms",
         ms(&direct, 0.5),
         ms(&direct, 0.99),
-        ms(&job, 0.5),
-        ms(&job, 0.99),
-        ms(&job, 0.5) - ms(&direct, 0.5)
+        ms(&job_on, 0.5),
+        ms(&job_on, 0.99),
+        ms(&job_on, 0.5) - ms(&direct, 0.5)
     );
+    let added_job = ms(&job_on, 0.5) - ms(&job_off, 0.5);
+    let added_runner = ms(&runner_on, 0.5) - ms(&runner_off, 0.5);
+    println!(
+        "  the sandbox (Landlock ABI {abi}, seccomp, rlimits): job with it p50 {:>6.2} ms, without {:>6.2} ms (+{added_job:.2} ms); runner alone p50 {:>6.3} ms vs {:>6.3} ms (+{added_runner:.3} ms)  [{}: adds <= 1 ms p50]",
+        ms(&job_on, 0.5),
+        ms(&job_off, 0.5),
+        ms(&runner_on, 0.5),
+        ms(&runner_off, 0.5),
+        verdict(added_job <= 1.0 && added_runner <= 1.0)
+    );
+    off_stack.stop().await?;
     stack.stop().await?;
     Ok(())
 }

@@ -10,17 +10,15 @@ pub mod limits;
 pub mod policy;
 pub mod program;
 mod seccomp;
+mod spawn;
 
 use std::path::Path;
-use std::process::Stdio;
-use std::sync::Arc;
 use std::time::Duration;
 
 pub use policy::{Confinement, Policy, Sandbox, SandboxMode};
 
 use rustix::process::{Pid, Signal, kill_process_group};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::process::Command;
 
 /// What one run produced.
 #[derive(Debug, Default)]
@@ -59,17 +57,6 @@ pub struct Limits {
     pub grace: Duration,
     /// Bytes kept per stream.
     pub cap: usize,
-}
-
-/// Makes the child apply `jail` to itself between fork and exec.
-#[allow(unsafe_code)]
-fn confine_child(cmd: &mut Command, jail: Confinement) {
-    let jail = Arc::new(jail);
-    // SAFETY: `Confinement::apply` makes only async-signal-safe system calls
-    // on memory prepared before the fork (see its contract).
-    unsafe {
-        cmd.pre_exec(move || jail.apply());
-    }
 }
 
 /// Kills the process group when dropped, unless disarmed.
@@ -133,31 +120,24 @@ pub async fn run(
     on_chunk: &(dyn Fn(&'static str, &[u8]) + Send + Sync),
 ) -> Result<Finished, StartError> {
     let name = program.display().to_string();
-    let mut cmd = Command::new(program);
-    confine_child(&mut cmd, jail);
-    cmd.arg0(arg0)
-        .args(args)
-        .env_clear()
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .current_dir(cwd)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Its own process group, so signals reach everything it starts.
-        .process_group(0)
-        .kill_on_drop(true);
-    let spawned = cmd.spawn();
-    // Closes the Landlock ruleset now that the child has it.
-    drop(cmd);
-    let mut child = spawned.map_err(|e| match e.kind() {
+    let spec = spawn::Spec {
+        program,
+        arg0,
+        args,
+        env,
+        cwd,
+        stdin: stdin.is_some(),
+        jail: &jail,
+    };
+    let mut child = spawn::spawn(&spec).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => StartError::NotFound(name.clone()),
         _ => StartError::Spawn(name.clone(), e),
     })?;
-    let guard = GroupGuard(child.id().and_then(|id| Pid::from_raw(id as i32)));
+    // Closes the Landlock ruleset now that the child has it.
+    drop(jail);
+    // Its own session and process group (the child's pid), so signals
+    // reach everything it starts.
+    let guard = GroupGuard(Some(child.pid()));
     if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
         tokio::spawn(async move {
             // A child that exits without reading its input is not an error.
@@ -202,10 +182,9 @@ pub async fn run(
     // The leader has exited; make sure nothing it started lingers.
     drop(guard);
     let status = status.map_err(|e| StartError::Spawn(name, e))?;
-    use std::os::unix::process::ExitStatusExt;
     Ok(Finished {
-        exit_code: status.code(),
-        signal: status.signal(),
+        exit_code: status.code,
+        signal: status.signal,
         stdout,
         stderr,
         truncated: t1 || t2,
@@ -305,6 +284,44 @@ mod tests {
         assert!(f.truncated);
         assert_eq!(f.stdout.len(), 1024);
         assert_eq!(*seen.lock().unwrap(), 1024);
+    }
+
+    #[tokio::test]
+    async fn a_program_that_cannot_start_is_an_error_not_an_exit_code() {
+        let dir = tempfile::tempdir().unwrap();
+        let start = |program: std::path::PathBuf| {
+            let cwd = dir.path().to_path_buf();
+            async move {
+                run(
+                    &program,
+                    "x",
+                    &[],
+                    &[],
+                    &cwd,
+                    None,
+                    &limits(5000),
+                    unconfined(),
+                    &|_, _| {},
+                )
+                .await
+                .unwrap_err()
+            }
+        };
+        let e = start(dir.path().join("missing")).await;
+        assert!(matches!(e, StartError::NotFound(_)), "{e:?}");
+        let e = start("/etc/passwd".into()).await;
+        assert!(e.to_string().contains("Permission denied"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn the_program_leads_its_own_session_and_process_group() {
+        let f = go("cat", &["/proc/self/stat"], None, &limits(5000)).await;
+        let stat = String::from_utf8_lossy(&f.stdout).into_owned();
+        // pid (comm) state ppid pgrp session ...
+        let after = stat.rsplit_once(") ").unwrap().1;
+        let fields: Vec<&str> = after.split(' ').collect();
+        let pid = stat.split(' ').next().unwrap();
+        assert_eq!((fields[2], fields[3]), (pid, pid), "{stat}");
     }
 
     #[tokio::test]

@@ -103,16 +103,7 @@ impl Sandbox {
     /// Probes the kernel and fixes the policy.
     pub fn detect(p: &Policy<'_>) -> Result<Sandbox, String> {
         let (kernel, missing) = kernel_abi();
-        let cap = std::env::var(MAX_ABI_ENV)
-            .ok()
-            .and_then(|v| v.trim().parse::<i32>().ok())
-            .unwrap_or(i32::MAX);
-        let abi = kernel.min(cap).clamp(0, TARGET_ABI);
-        let missing = if abi == 0 && kernel > 0 {
-            format!("{MAX_ABI_ENV}={cap} hides the kernel's Landlock (ABI {kernel})")
-        } else {
-            missing
-        };
+        let abi = kernel.clamp(0, TARGET_ABI);
         let root = rustix::process::geteuid().is_root();
         let ids = (root && p.mode == SandboxMode::On).then_some(p.ids_when_root);
         if ids.is_some_and(|(u, g)| u == 0 || g == 0) {
@@ -151,7 +142,7 @@ impl Sandbox {
             Some((uid, gid)) => searchable(p.scratch_root, uid, gid),
             None => true,
         };
-        Ok(Sandbox {
+        let sandbox = Sandbox {
             mode: p.mode,
             abi,
             missing,
@@ -161,7 +152,34 @@ impl Sandbox {
             ids,
             network: p.network_commands.iter().cloned().collect(),
             scratch_reachable,
+        };
+        Ok(match std::env::var(MAX_ABI_ENV) {
+            Ok(v) => {
+                let cap = v.trim().parse::<i32>().map_err(|_| {
+                    format!("{MAX_ABI_ENV}={v:?} is not a Landlock ABI number (0-{TARGET_ABI})")
+                })?;
+                sandbox.limited_to_abi(cap)
+            }
+            Err(_) => sandbox,
         })
+    }
+
+    /// The same policy using at most Landlock ABI `max` (0: as if the kernel
+    /// had none), to see how the executor behaves on an older kernel. It
+    /// never raises the ABI above the kernel's.
+    pub fn limited_to_abi(mut self, max: i32) -> Sandbox {
+        let kernel = self.abi;
+        self.abi = self.abi.min(max).max(0);
+        if self.abi == 0 && kernel > 0 {
+            self.missing =
+                format!("{MAX_ABI_ENV}={max} hides the kernel's Landlock (ABI {kernel})");
+        }
+        self
+    }
+
+    /// The Landlock ABI in use (0: none).
+    pub fn abi(&self) -> i32 {
+        self.abi
     }
 
     /// The mode in force.
@@ -373,10 +391,17 @@ impl Confinement {
         };
         // SAFETY (whole block): plain system calls with valid arguments.
         unsafe {
+            // Raw calls: glibc's set*id wrappers would try to change every
+            // thread of the process they believe they run in, and the child
+            // shares the executor's memory until it execs.
             if let Some((uid, gid)) = self.ids {
-                check(libc::setgroups(0, std::ptr::null()) as libc::c_long)?;
-                check(libc::setgid(gid) as libc::c_long)?;
-                check(libc::setuid(uid) as libc::c_long)?;
+                check(libc::syscall(
+                    libc::SYS_setgroups,
+                    0,
+                    std::ptr::null::<libc::gid_t>(),
+                ))?;
+                check(libc::syscall(libc::SYS_setgid, gid))?;
+                check(libc::syscall(libc::SYS_setuid, uid))?;
             }
             check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) as libc::c_long)?;
             if let Some(rs) = &self.ruleset {
@@ -533,6 +558,25 @@ mod tests {
     }
 
     #[test]
+    fn an_older_abi_says_what_it_cannot_enforce_and_what_seccomp_covers() {
+        let dir = tempfile::tempdir().unwrap();
+        let read = default_read_paths();
+        let s = Sandbox::detect(&policy(SandboxMode::On, &read, dir.path()))
+            .unwrap()
+            .limited_to_abi(2);
+        assert_eq!(s.abi(), 2);
+        let d = s.describe();
+        assert!(d.contains("landlock abi 2"), "{d}");
+        assert!(
+            d.contains("truncate via seccomp") && d.contains("tcp via seccomp"),
+            "{d}"
+        );
+        assert!(d.contains("not enforced on this kernel"), "{d}");
+        // Lowering never raises.
+        assert_eq!(s.limited_to_abi(99).abi(), 2);
+    }
+
+    #[test]
     fn off_is_explicit_and_says_so() {
         let dir = tempfile::tempdir().unwrap();
         let read = default_read_paths();
@@ -548,10 +592,11 @@ mod tests {
     fn without_landlock_command_tasks_are_refused_with_the_way_out() {
         let dir = tempfile::tempdir().unwrap();
         let read = default_read_paths();
-        let mut s = Sandbox::detect(&policy(SandboxMode::On, &read, dir.path())).unwrap();
-        s.abi = 0;
-        s.missing = "the kernel has no Landlock".into();
+        let s = Sandbox::detect(&policy(SandboxMode::On, &read, dir.path()))
+            .unwrap()
+            .limited_to_abi(0);
         let why = s.unavailable().unwrap();
+        assert!(why.contains("hides the kernel's Landlock"), "{why}");
         assert!(why.contains("executor.sandbox = \"off\""), "{why}");
         assert!(s.describe().contains("REFUSED"));
         let program = Program {

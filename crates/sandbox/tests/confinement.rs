@@ -14,7 +14,7 @@ use switchyard_sandbox::program::Programs;
 use switchyard_sandbox::{Finished, Limits, Policy, Sandbox, SandboxMode, run};
 
 const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
-const TOOLS: &[&str] = &["awk", "sed", "cat", "bash", "true", "head"];
+const TOOLS: &[&str] = &["awk", "sed", "cat", "bash", "true", "truncate"];
 
 /// A host with a data directory, another job's scratch directory and a home
 /// directory holding a key, all world-readable; and this job's scratch.
@@ -322,6 +322,37 @@ async fn no_tcp_or_udp_connection_leaves_the_task() {
         std::io::ErrorKind::WouldBlock,
         "the task sent a datagram"
     );
+}
+
+#[tokio::test]
+async fn on_an_older_landlock_tcp_and_writes_outside_scratch_stay_blocked() {
+    let mut h = Host::sandboxed();
+    if h.sandbox.abi() < 4 {
+        // This kernel is the older one; the other tests cover it as it is.
+        return;
+    }
+    h.sandbox = h.sandbox.clone().limited_to_abi(2);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let f = h
+        .run(
+            "bash",
+            &[
+                "-c",
+                &format!("echo hi > /dev/tcp/127.0.0.1/{port}; echo tcp=$?"),
+            ],
+        )
+        .await;
+    assert!(text(&f.stdout).contains("tcp=1"), "{}", show(&f));
+    listener.set_nonblocking(true).unwrap();
+    assert_eq!(
+        listener.accept().unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock
+    );
+    let existing = h.path("outside/existing");
+    let f = h.run("truncate", &["-s", "0", &existing]).await;
+    assert_ne!(f.exit_code, Some(0), "{}", show(&f));
+    assert_eq!(std::fs::read_to_string(&existing).unwrap(), "secret\n");
 }
 
 fn only(l: Limit, value: u64) -> ResourceLimits {

@@ -1,0 +1,302 @@
+//! Starting a confined child the way `posix_spawn` does: `clone` with
+//! `CLONE_VM | CLONE_VFORK`, so the kernel copies no page tables (a `fork`
+//! of an executor holding a few hundred MB costs milliseconds per task), and
+//! the child — running on its own small stack in the parent's memory while
+//! the parent thread waits — makes only raw system calls on data prepared
+//! here: stdio, session, working directory, signal dispositions, the
+//! [`Confinement`], then `execve`. A failure before `execve` comes back as
+//! an errno over a close-on-exec pipe.
+//!
+//! The child is then waited for through a pidfd (Linux 5.3+; a blocking
+//! `waitpid` on older kernels), and its pipes are Tokio pipes.
+
+use std::ffi::{CString, c_void};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use rustix::process::{Pid, WaitId, WaitIdOptions, WaitOptions};
+use tokio::io::unix::AsyncFd;
+use tokio::net::unix::pipe;
+
+use crate::Confinement;
+
+/// Stack of the child between clone and exec.
+const CHILD_STACK: usize = 256 * 1024;
+
+/// What to start.
+pub(crate) struct Spec<'a> {
+    pub(crate) program: &'a Path,
+    pub(crate) arg0: &'a str,
+    pub(crate) args: &'a [String],
+    pub(crate) env: &'a [(String, String)],
+    pub(crate) cwd: &'a Path,
+    pub(crate) stdin: bool,
+    pub(crate) jail: &'a Confinement,
+}
+
+/// How a child ended.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Exit {
+    pub(crate) code: Option<i32>,
+    pub(crate) signal: Option<i32>,
+}
+
+/// A started child: its pipes and how to wait for it. Dropping it before it
+/// was waited for kills and reaps it.
+pub(crate) struct Child {
+    pid: Pid,
+    pidfd: Option<AsyncFd<OwnedFd>>,
+    reaped: bool,
+    pub(crate) stdin: Option<pipe::Sender>,
+    pub(crate) stdout: Option<pipe::Receiver>,
+    pub(crate) stderr: Option<pipe::Receiver>,
+}
+
+/// Everything the child reads, laid out before the clone.
+struct Prepared<'a> {
+    program: CString,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+    cwd: CString,
+    stdin: RawFd,
+    stdout: RawFd,
+    stderr: RawFd,
+    report: RawFd,
+    jail: &'a Confinement,
+}
+
+fn cstring(b: &[u8], what: &str) -> io::Result<CString> {
+    CString::new(b).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{what} contains a NUL byte"),
+        )
+    })
+}
+
+fn pipe_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    Ok(rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?)
+}
+
+/// Starts the child; returns once it has called `execve` (or failed to).
+pub(crate) fn spawn(spec: &Spec<'_>) -> io::Result<Child> {
+    let program = cstring(spec.program.as_os_str().as_bytes(), "the program path")?;
+    let mut strings = vec![cstring(spec.arg0.as_bytes(), "arg0")?];
+    for a in spec.args {
+        strings.push(cstring(a.as_bytes(), "an argument")?);
+    }
+    let argc = strings.len();
+    for (k, v) in spec.env {
+        strings.push(cstring(format!("{k}={v}").as_bytes(), "the environment")?);
+    }
+    let pointers = |s: &[CString]| {
+        let mut p: Vec<*const libc::c_char> = s.iter().map(|c| c.as_ptr()).collect();
+        p.push(std::ptr::null());
+        p
+    };
+    let cwd = cstring(spec.cwd.as_os_str().as_bytes(), "the working directory")?;
+    let (stdin_r, stdin_w) = if spec.stdin {
+        let (r, w) = pipe_pair()?;
+        (r, Some(w))
+    } else {
+        let null = std::fs::File::open("/dev/null")?;
+        (OwnedFd::from(null), None)
+    };
+    let (stdout_r, stdout_w) = pipe_pair()?;
+    let (stderr_r, stderr_w) = pipe_pair()?;
+    let (report_r, report_w) = pipe_pair()?;
+    let prepared = Prepared {
+        program,
+        argv: pointers(&strings[..argc]),
+        envp: pointers(&strings[argc..]),
+        cwd,
+        stdin: stdin_r.as_raw_fd(),
+        stdout: stdout_w.as_raw_fd(),
+        stderr: stderr_w.as_raw_fd(),
+        report: report_w.as_raw_fd(),
+        jail: spec.jail,
+    };
+    let pid = clone_child(&prepared)?;
+    // The child has exec'd or exited: its ends and the report's write end
+    // are ours alone now.
+    drop((stdin_r, stdout_w, stderr_w, report_w));
+    let mut errno = [0u8; 4];
+    let n = rustix::io::read(&report_r, &mut errno).unwrap_or(0);
+    if n == errno.len() {
+        let _ = rustix::process::waitpid(Some(pid), WaitOptions::empty());
+        return Err(io::Error::from_raw_os_error(i32::from_ne_bytes(errno)));
+    }
+    let pidfd = match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => Some(watch_pidfd(fd)?),
+        Err(_) => None,
+    };
+    Ok(Child {
+        pid,
+        pidfd,
+        reaped: false,
+        stdin: stdin_w.map(pipe::Sender::from_owned_fd).transpose()?,
+        stdout: Some(pipe::Receiver::from_owned_fd(stdout_r)?),
+        stderr: Some(pipe::Receiver::from_owned_fd(stderr_r)?),
+    })
+}
+
+/// Registers a pidfd (readable once the process has exited) with Tokio.
+#[allow(unsafe_code)]
+fn watch_pidfd(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: the AsyncFd owns the OwnedFd, so the descriptor stays open and
+    // the same until the AsyncFd is dropped.
+    unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(io::Error::from)
+}
+
+impl Child {
+    /// The child's pid (its process group id too).
+    pub(crate) fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    /// Waits for the child to end and reaps it.
+    pub(crate) async fn wait(&mut self) -> io::Result<Exit> {
+        let status = match &self.pidfd {
+            Some(fd) => loop {
+                let mut ready = fd.readable().await?;
+                match rustix::process::waitid(
+                    WaitId::PidFd(fd.get_ref().as_fd()),
+                    WaitIdOptions::EXITED | WaitIdOptions::NOHANG,
+                )? {
+                    Some(s) => {
+                        break Exit {
+                            code: s.exit_status(),
+                            signal: s.terminating_signal(),
+                        };
+                    }
+                    None => ready.clear_ready(),
+                }
+            },
+            None => {
+                let pid = self.pid;
+                tokio::task::spawn_blocking(move || {
+                    rustix::process::waitpid(Some(pid), WaitOptions::empty())
+                })
+                .await
+                .map_err(io::Error::other)??
+                .map(|(_, s)| Exit {
+                    code: s.exit_status(),
+                    signal: s.terminating_signal(),
+                })
+                .ok_or_else(|| io::Error::other("waitpid returned no status"))?
+            }
+        };
+        self.reaped = true;
+        Ok(status)
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        if self.reaped {
+            return;
+        }
+        let _ = rustix::process::kill_process(self.pid, rustix::process::Signal::KILL);
+        // SIGKILL is prompt; reap in the background so no zombie is left.
+        let pid = self.pid;
+        let reap = move || {
+            let _ = rustix::process::waitpid(Some(pid), WaitOptions::empty());
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn_blocking(reap);
+            }
+            Err(_) => reap(),
+        }
+    }
+}
+
+/// Clones the child with `CLONE_VM | CLONE_VFORK`, all signals blocked in
+/// this thread meanwhile so no handler of the parent runs on the child's
+/// stack.
+#[allow(unsafe_code)]
+fn clone_child(p: &Prepared<'_>) -> io::Result<Pid> {
+    let mut stack = vec![0u8; CHILD_STACK];
+    // SAFETY: the top of our own allocation, aligned down to 16 bytes.
+    let top = unsafe { stack.as_mut_ptr().add(CHILD_STACK) };
+    let top = ((top as usize) & !15) as *mut c_void;
+    // SAFETY: sigset manipulation on local values.
+    let pid = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        // SAFETY: `child` only makes raw system calls on `p`, which outlives
+        // the call: with CLONE_VFORK this thread resumes only after the
+        // child has exec'd or exited.
+        let pid = libc::clone(
+            child,
+            top,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            p as *const Prepared<'_> as *mut c_void,
+        );
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        pid
+    };
+    drop(stack);
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Pid::from_raw(pid).ok_or_else(|| io::Error::other("clone returned pid 0"))
+}
+
+/// The child, between clone and exec. Raw system calls only: it shares the
+/// parent's memory, and glibc wrappers that keep process-wide state (the
+/// set*id family signals every thread it believes it has) must not run.
+#[allow(unsafe_code)]
+extern "C" fn child(arg: *mut c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `Prepared` that `clone_child` passed; it stays
+    // alive and unchanged until this function execs or exits.
+    let p = unsafe { &*(arg as *const Prepared<'_>) };
+    // SAFETY (whole block): system calls on valid descriptors and pointers
+    // prepared before the clone.
+    unsafe {
+        let fail = |report: RawFd| -> ! {
+            let e = *libc::__errno_location();
+            let bytes = e.to_ne_bytes();
+            libc::write(report, bytes.as_ptr() as *const c_void, bytes.len());
+            libc::_exit(127)
+        };
+        for (from, to) in [(p.stdin, 0), (p.stdout, 1), (p.stderr, 2)] {
+            if libc::dup2(from, to) < 0 {
+                fail(p.report);
+            }
+        }
+        // Its own session, hence its own process group (pgid = pid) and no
+        // controlling terminal.
+        if libc::setsid() < 0 || libc::chdir(p.cwd.as_ptr()) != 0 {
+            fail(p.report);
+        }
+        // Default dispositions for every signal (the parent's handlers are
+        // not for this program; Rust ignores SIGPIPE), then an empty mask.
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        for sig in 1..libc::SIGRTMAX() {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            }
+        }
+        if p.jail.apply().is_err() {
+            fail(p.report);
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &empty as *const libc::sigset_t,
+            std::ptr::null_mut::<libc::sigset_t>(),
+            std::mem::size_of::<libc::c_ulong>(),
+        );
+        libc::execve(p.program.as_ptr(), p.argv.as_ptr(), p.envp.as_ptr());
+        fail(p.report)
+    }
+}
