@@ -57,6 +57,17 @@ pub fn repo_root() -> PathBuf {
         .unwrap()
 }
 
+/// `switchyard dev` on a free loopback port with its data in `data`.
+fn dev_args(data: &std::path::Path) -> [&str; 5] {
+    [
+        "dev",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]
+}
+
 /// A running `switchyard` process, killed on drop.
 pub struct Proc {
     child: Child,
@@ -77,10 +88,14 @@ impl Proc {
     }
 
     fn spawn(args: &[&str], env: &[(&str, &str)], defaults: bool) -> Proc {
+        Self::spawn_logging(args, env, defaults, Stdio::null())
+    }
+
+    fn spawn_logging(args: &[&str], env: &[(&str, &str)], defaults: bool, log: Stdio) -> Proc {
         let mut cmd = Command::new(BIN);
         cmd.args(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(log)
             .env("RUST_LOG", "warn");
         // `agents serve` is an agent, not a service: it gets a key instead.
         if defaults && args.first() != Some(&"agents") {
@@ -138,17 +153,18 @@ impl Proc {
     /// directory (returned, so it lives as long as the caller needs it).
     pub fn dev(env: &[(&str, &str)]) -> (Proc, tempfile::TempDir) {
         let data = tempfile::tempdir().unwrap();
-        let p = Proc::start(
-            &[
-                "dev",
-                "--listen",
-                "127.0.0.1:0",
-                "--data-dir",
-                data.path().to_str().unwrap(),
-            ],
-            env,
-        );
+        let p = Proc::start(&dev_args(data.path()), env);
         (p, data)
+    }
+
+    /// Like [`Proc::dev`], with its log (warnings and errors) in the
+    /// returned file.
+    pub fn dev_logged(env: &[(&str, &str)]) -> (Proc, tempfile::TempDir, PathBuf) {
+        let data = tempfile::tempdir().unwrap();
+        let log = data.path().join("stderr.log");
+        let file = std::fs::File::create(&log).unwrap();
+        let p = Proc::spawn_logging(&dev_args(data.path()), env, true, Stdio::from(file));
+        (p, data, log)
     }
 
     pub fn url(&self) -> String {
