@@ -174,11 +174,10 @@ fn task_json(t: &TaskStatus) -> Value {
 }
 
 /// `TaskStatus.isolation` as a word ("" for tasks that ran no command).
-fn isolation(i: i32) -> &'static str {
+fn isolation(i: i32) -> String {
     match Isolation::try_from(i) {
-        Ok(Isolation::Sandboxed) => "sandboxed",
-        Ok(Isolation::Off) => "off",
-        _ => "",
+        Ok(Isolation::Unspecified) | Err(_) => String::new(),
+        Ok(x) => short_name(Some(x.as_str_name()), "ISOLATION_"),
     }
 }
 
@@ -274,9 +273,10 @@ fn print_job(j: &Job) {
     let mut seen = std::collections::BTreeSet::new();
     for t in j.tasks.iter().filter(|t| t.isolation != 0) {
         if seen.insert((t.isolation, t.isolation_detail.clone())) {
-            let label = match isolation(t.isolation) {
-                "off" => "WARNING: commands ran WITHOUT the sandbox",
-                _ => "commands sandboxed",
+            let label = if t.isolation == Isolation::Off as i32 {
+                "WARNING: commands ran WITHOUT the sandbox"
+            } else {
+                "commands sandboxed"
             };
             println!();
             println!("{label}: {}", t.isolation_detail);

@@ -15,7 +15,7 @@ mod spawn;
 use std::path::Path;
 use std::time::Duration;
 
-pub use policy::{Confinement, Policy, Sandbox, SandboxMode};
+pub use policy::{ConfineError, Confinement, Policy, Sandbox, SandboxMode};
 
 use rustix::process::{Pid, Signal, kill_process_group};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};

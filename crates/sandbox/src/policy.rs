@@ -112,6 +112,7 @@ impl Sandbox {
                     .into(),
             );
         }
+        let scratch = canonical_ancestor(p.scratch_root).ok();
         for r in p.read_paths {
             if !r.is_absolute() {
                 return Err(format!(
@@ -119,16 +120,17 @@ impl Sandbox {
                     r.display()
                 ));
             }
-            if let Ok(real) = r.canonicalize()
-                && real.parent().is_none()
-            {
+            let Ok(real) = r.canonicalize() else {
+                continue;
+            };
+            if real.parent().is_none() {
                 return Err(format!(
                     "executor.sandbox_read_paths: {} is the root directory, which would let tasks read everything",
                     r.display()
                 ));
             }
-            if let (Ok(real), Ok(scratch)) = (r.canonicalize(), canonical_ancestor(p.scratch_root))
-                && (scratch.starts_with(&real) || real.starts_with(&scratch))
+            if let Some(scratch) = &scratch
+                && (scratch.starts_with(&real) || real.starts_with(scratch))
             {
                 return Err(format!(
                     "executor.sandbox_read_paths: {} overlaps the scratch directory {}; tasks would read other jobs' files",
@@ -137,7 +139,6 @@ impl Sandbox {
                 ));
             }
         }
-        let existing = |v: &mut dyn Iterator<Item = PathBuf>| v.filter(|p| p.exists()).collect();
         let scratch_reachable = match ids {
             Some((uid, gid)) => searchable(p.scratch_root, uid, gid),
             None => true,
@@ -146,9 +147,9 @@ impl Sandbox {
             mode: p.mode,
             abi,
             missing,
-            read_paths: existing(&mut p.read_paths.iter().cloned()),
-            devices_rw: existing(&mut DEVICES_RW.iter().map(PathBuf::from)),
-            devices_ro: existing(&mut DEVICES_RO.iter().map(PathBuf::from)),
+            read_paths: existing(p.read_paths.iter().cloned()),
+            devices_rw: existing(DEVICES_RW.iter().map(PathBuf::from)),
+            devices_ro: existing(DEVICES_RO.iter().map(PathBuf::from)),
             ids,
             network: p.network_commands.iter().cloned().collect(),
             scratch_reachable,
@@ -302,7 +303,7 @@ impl Sandbox {
         program: &Program,
         scratch: &Path,
         limits: &ResourceLimits,
-    ) -> Result<Confinement, String> {
+    ) -> Result<Confinement, ConfineError> {
         let rlimits = limits.rlimits();
         if self.mode == SandboxMode::Off {
             return Ok(Confinement {
@@ -313,12 +314,14 @@ impl Sandbox {
             });
         }
         if let Some(why) = self.unavailable() {
-            return Err(why);
+            return Err(ConfineError::Unavailable(why));
         }
         let network = self.network.contains(command);
         let ruleset = self
             .ruleset(program, scratch, network)
-            .map_err(|e| format!("building the Landlock ruleset: {e}"))?;
+            .map_err(|e| ConfineError::Ruleset(e.to_string()))?
+            // With an ABI above 0 the crate always creates a ruleset.
+            .ok_or_else(|| ConfineError::Ruleset("the kernel created no ruleset".into()))?;
         Ok(Confinement {
             ruleset: Some(ruleset),
             ids: self.ids,
@@ -327,14 +330,7 @@ impl Sandbox {
         })
     }
 
-    fn ruleset(&self, program: &Program, scratch: &Path, network: bool) -> Result<OwnedFd, String> {
-        self.ruleset_fd(program, scratch, network)
-            .map_err(|e| e.to_string())?
-            // With an ABI above 0 the crate always creates a ruleset.
-            .ok_or_else(|| "the kernel created no Landlock ruleset".to_owned())
-    }
-
-    fn ruleset_fd(
+    fn ruleset(
         &self,
         program: &Program,
         scratch: &Path,
@@ -362,6 +358,18 @@ impl Sandbox {
             .add_rules(path_beneath_rules([scratch], rw))?;
         Ok(rs.into())
     }
+}
+
+/// Why a command task cannot be confined.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfineError {
+    /// This executor cannot isolate command tasks (no Landlock) and the
+    /// sandbox is on.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The kernel refused the task's ruleset.
+    #[error("building the Landlock ruleset: {0}")]
+    Ruleset(String),
 }
 
 /// What the child applies to itself before exec.
@@ -463,6 +471,11 @@ fn kernel_abi() -> (i32, String) {
         }
     };
     (0, why.to_owned())
+}
+
+/// The paths that exist (rules need an open file).
+fn existing(paths: impl Iterator<Item = PathBuf>) -> Vec<PathBuf> {
+    paths.filter(|p| p.exists()).collect()
 }
 
 /// `path` or its nearest existing ancestor, canonical.
@@ -606,6 +619,6 @@ mod tests {
         let e = s
             .confine("true", &program, dir.path(), &ResourceLimits::default())
             .unwrap_err();
-        assert_eq!(e, why);
+        assert_eq!(e.to_string(), why);
     }
 }

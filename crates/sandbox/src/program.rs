@@ -18,6 +18,17 @@ pub struct Program {
     pub loader: Option<PathBuf>,
 }
 
+/// Why a command cannot run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unrunnable {
+    /// The name is not on the allowlist.
+    #[error("command {0:?} is not on the executor's allowlist")]
+    NotAllowed(String),
+    /// Allowlisted, but it could not be resolved to a program it may run.
+    #[error("{0}")]
+    Unusable(String),
+}
+
 /// The allowlist as resolved at start-up: every name maps to its program or
 /// to why it cannot run.
 #[derive(Debug, Clone, Default)]
@@ -36,11 +47,11 @@ impl Programs {
     }
 
     /// The program for `name`, or why it cannot run.
-    pub fn get(&self, name: &str) -> Result<&Program, String> {
+    pub fn get(&self, name: &str) -> Result<&Program, Unrunnable> {
         match self.by_name.get(name) {
             Some(Ok(p)) => Ok(p),
-            Some(Err(e)) => Err(e.clone()),
-            None => Err(format!("command {name:?} is not on the allowlist")),
+            Some(Err(e)) => Err(Unrunnable::Unusable(e.clone())),
+            None => Err(Unrunnable::NotAllowed(name.to_owned())),
         }
     }
 
@@ -216,10 +227,11 @@ mod tests {
         std::fs::write(dir.path().join("data"), "not a program").unwrap();
         let path = dir.path().display().to_string();
         let p = Programs::resolve(&["tool".into(), "data".into(), "nope".into()], &path);
-        assert!(p.get("tool").unwrap_err().contains("script run by /bin/sh"));
-        assert!(p.get("data").unwrap_err().contains("not an ELF"));
-        assert!(p.get("nope").unwrap_err().contains("not found"));
-        assert!(p.get("cat").unwrap_err().contains("not on the allowlist"));
+        let why = |name: &str| p.get(name).unwrap_err().to_string();
+        assert!(why("tool").contains("script run by /bin/sh"));
+        assert!(why("data").contains("not an ELF"));
+        assert!(why("nope").contains("not found"));
+        assert!(why("cat").contains("not on the executor's allowlist"));
         assert_eq!(p.unusable().len(), 3);
     }
 }

@@ -1114,28 +1114,23 @@ impl Executor {
         asked: Option<&ResourceLimits>,
     ) -> Result<Prepared, (Class, Reason, String)> {
         let inner = &self.inner;
-        if !inner.cfg.commands.iter().any(|c| c == command) {
-            return Err((
-                Class::Permanent,
-                Reason::CommandNotAllowed,
-                format!("command {command:?} is not on the executor's allowlist"),
-            ));
-        }
-        let program = inner
-            .programs
-            .get(command)
-            .map_err(|e| (Class::Permanent, Reason::CommandFailed, e))?;
+        let program = inner.programs.get(command).map_err(|e| {
+            let reason = match e {
+                command::program::Unrunnable::NotAllowed(_) => Reason::CommandNotAllowed,
+                command::program::Unrunnable::Unusable(_) => Reason::CommandFailed,
+            };
+            (Class::Permanent, reason, e.to_string())
+        })?;
         let limits = inner.cfg.task_limits.for_task(asked);
         let jail = inner
             .sandbox
             .confine(command, program, scratch, &limits)
             .map_err(|e| {
-                let reason = if inner.sandbox.unavailable().is_some() {
-                    Reason::SandboxUnavailable
-                } else {
-                    Reason::CommandFailed
+                let reason = match e {
+                    command::ConfineError::Unavailable(_) => Reason::SandboxUnavailable,
+                    command::ConfineError::Ruleset(_) => Reason::CommandFailed,
                 };
-                (Class::Permanent, reason, e)
+                (Class::Permanent, reason, e.to_string())
             })?;
         Ok(Prepared {
             program: program.path.clone(),
