@@ -128,18 +128,22 @@ pub(crate) fn spawn(spec: &Spec<'_>) -> io::Result<Child> {
         let _ = rustix::process::waitpid(Some(pid), WaitOptions::empty());
         return Err(io::Error::from_raw_os_error(i32::from_ne_bytes(errno)));
     }
-    let pidfd = match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) {
-        Ok(fd) => Some(watch_pidfd(fd)?),
-        Err(_) => None,
-    };
-    Ok(Child {
+    // From here on a failure drops `child`, which kills and reaps it.
+    let mut child = Child {
         pid,
-        pidfd,
+        // Without a pidfd (Linux < 5.3) `wait` falls back to waitpid.
+        pidfd: rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+            .ok()
+            .and_then(|fd| watch_pidfd(fd).ok()),
         reaped: false,
-        stdin: stdin_w.map(pipe::Sender::from_owned_fd).transpose()?,
-        stdout: Some(pipe::Receiver::from_owned_fd(stdout_r)?),
-        stderr: Some(pipe::Receiver::from_owned_fd(stderr_r)?),
-    })
+        stdin: None,
+        stdout: None,
+        stderr: None,
+    };
+    child.stdin = stdin_w.map(pipe::Sender::from_owned_fd).transpose()?;
+    child.stdout = Some(pipe::Receiver::from_owned_fd(stdout_r)?);
+    child.stderr = Some(pipe::Receiver::from_owned_fd(stderr_r)?);
+    Ok(child)
 }
 
 /// Registers a pidfd (readable once the process has exited) with Tokio.
