@@ -719,14 +719,17 @@ impl switchyard_agent_sdk::Agent for Planner {
                 ..Default::default()
             }
         });
-        let mut executor = match switchyard_kit::client::connect(&self.executor_url).await {
-            Ok(ch) => JobServiceClient::new(switchyard_kit::client::authed(
-                ch,
-                switchyard_kit::client::Credential::bearer(&self.token).ok(),
-            )),
+        let executor = match switchyard_kit::client::connect(&self.executor_url).await {
+            Ok(ch) => switchyard_api::ExecutorClient::remote(
+                switchyard_kit::client::authed(
+                    ch,
+                    switchyard_kit::client::Credential::bearer(&self.token).ok(),
+                ),
+                4 << 20,
+            ),
             Err(e) => return respond::error(e.to_string()),
         };
-        match delegation::delegate(&mut executor, &req, spec, wait).await {
+        match delegation::delegate(&executor, &req, spec, wait).await {
             Ok(child) => match child.tool_result() {
                 Ok(v) => respond::success(v.to_string(), Some(v)),
                 Err(why) => respond::error(why),

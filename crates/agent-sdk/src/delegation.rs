@@ -7,10 +7,9 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use switchyard_kit::client::Intercepted;
+use switchyard_api::ExecutorClient;
 use switchyard_kit::json::json_to_struct;
 use switchyard_kit::json::value_to_json;
-use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{
     AgentTask, Delegation, GetResultRequest, JobSpec, JobState, LlmTask, SubmitJobRequest,
     TaskSpec, WatchJobRequest, task_spec::Kind,
@@ -121,7 +120,7 @@ impl ChildResult {
 /// status. When the wait runs out the child keeps running: its id is in
 /// the result, to look at later or cancel.
 pub async fn delegate(
-    executor: &mut JobServiceClient<Intercepted>,
+    executor: &ExecutorClient,
     req: &Invocation,
     mut spec: JobSpec,
     wait: Duration,
@@ -140,12 +139,11 @@ pub async fn delegate(
     if spec.correlation_id.is_empty() {
         spec.correlation_id = corr.correlation_id.clone();
     }
-    let mut submit = tonic::Request::new(SubmitJobRequest {
+    let submit = SubmitJobRequest {
         spec: Some(spec),
         ..Default::default()
-    });
-    switchyard_kit::context::inject(&mut submit);
-    let job = executor.submit_job(submit).await?.into_inner().job;
+    };
+    let job = executor.submit_job(submit).await?.job;
     let job_id = job
         .and_then(|j| j.spec)
         .map(|s| s.job_id)
@@ -153,14 +151,16 @@ pub async fn delegate(
     // WatchJob ends after the child's final event; `wait` bounds it. The
     // state is read afterwards, so a stream cut short is not taken for an end.
     let watch = async {
+        use futures_util::StreamExt as _;
         let mut events = executor
             .watch_job(WatchJobRequest {
                 job_id: job_id.clone(),
                 after_sequence: 0,
             })
-            .await?
-            .into_inner();
-        while events.message().await?.is_some() {}
+            .await?;
+        while let Some(e) = events.next().await {
+            e?;
+        }
         Ok::<_, tonic::Status>(())
     };
     if let Ok(watched) = tokio::time::timeout(wait, watch).await {
@@ -171,8 +171,7 @@ pub async fn delegate(
         .get_result(GetResultRequest {
             job_id: job_id.clone(),
         })
-        .await?
-        .into_inner();
+        .await?;
     let state = JobState::try_from(r.state).unwrap_or(JobState::Unspecified);
     let ended = matches!(
         state,

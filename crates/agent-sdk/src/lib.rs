@@ -20,6 +20,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use switchyard_api::RegistryClient;
 use switchyard_kit::server::{Server, ServerConfig};
 use switchyard_kit::shutdown::{self, Shutdown};
 use switchyard_proto::agent::v1::agent_service_server::{AgentService, AgentServiceServer};
@@ -28,9 +29,9 @@ use switchyard_proto::agent::v1::{
     AgentResponse, DescribeRequest, DescribeResponse, InvokeRequest, InvokeResponse,
     Progress as ProgressMsg, ResponseStatus,
 };
-use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
 use switchyard_proto::registry::v1::{
     AgentSpec, DeregisterAgentRequest, HeartbeatRequest, RegisterAgentRequest,
+    RegisterAgentResponse,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -253,19 +254,49 @@ impl Default for ServeOptions {
 
 /// Keeps `spec` registered until `shutdown`, then deregisters it. Heartbeats
 /// at a third of the lease; re-registers if the registry lost the agent.
+/// Every agent host uses this: SDK agents, declarative agents and the
+/// executor's built-ins.
 pub async fn keep_registered(
-    registry: RegistryServiceClient<switchyard_kit::client::Intercepted>,
+    registry: RegistryClient,
     spec: AgentSpec,
     shutdown: Shutdown,
 ) -> Result<(), SdkError> {
     keep_registered_updating(registry, spec, shutdown, |_| std::future::ready(None)).await
 }
 
+/// Registers `spec`, retrying while the registry is unreachable (it may
+/// start after its agents); a refusal (bad credential, invalid spec) is
+/// returned at once. `None` when shutdown came first.
+async fn register_first(
+    registry: &RegistryClient,
+    spec: &AgentSpec,
+    shutdown: &Shutdown,
+) -> Result<Option<RegisterAgentResponse>, SdkError> {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let req = RegisterAgentRequest {
+            agent: Some(spec.clone()),
+        };
+        match registry.register_agent(req).await {
+            Ok(r) => return Ok(Some(r)),
+            Err(s) if s.code() == tonic::Code::Unavailable => {
+                tracing::debug!(agent_id = %spec.id, error = %s.message(), "registry unreachable; will retry");
+            }
+            Err(s) => return Err(SdkError::Register(s)),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = shutdown.wait() => return Ok(None),
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
 /// [`keep_registered`], asking `update` at each heartbeat whether the
 /// registration should change: `Some(spec)` registers that spec instead
 /// (which renews the lease too), `None` heartbeats as usual.
 pub async fn keep_registered_updating<F, Fut>(
-    registry: RegistryServiceClient<switchyard_kit::client::Intercepted>,
+    registry: RegistryClient,
     mut spec: AgentSpec,
     shutdown: Shutdown,
     mut update: F,
@@ -274,16 +305,17 @@ where
     F: FnMut(&AgentSpec) -> Fut,
     Fut: std::future::Future<Output = Option<AgentSpec>>,
 {
-    let mut client = registry;
-    let register = |mut c: RegistryServiceClient<switchyard_kit::client::Intercepted>,
-                    spec: AgentSpec| async move {
-        c.register_agent(RegisterAgentRequest { agent: Some(spec) })
-            .await
-            .map(|r| r.into_inner())
+    let register = |spec: AgentSpec| {
+        let registry = registry.clone();
+        async move {
+            registry
+                .register_agent(RegisterAgentRequest { agent: Some(spec) })
+                .await
+        }
     };
-    let lease = register(client.clone(), spec.clone())
-        .await
-        .map_err(SdkError::Register)?;
+    let Some(lease) = register_first(&registry, &spec, &shutdown).await? else {
+        return Ok(());
+    };
     let ttl = lease
         .lease
         .and_then(|l| l.ttl)
@@ -294,29 +326,34 @@ where
     loop {
         tokio::select! {
             _ = shutdown.wait() => break,
-            _ = tick.tick() => {
-                if let Some(next) = update(&spec).await {
-                    match register(client.clone(), next.clone()).await {
-                        Ok(_) => {
-                            tracing::info!(agent_id = %next.id, "agent registration updated");
-                            spec = next;
-                            continue;
-                        }
-                        Err(status) => tracing::warn!(agent_id = %spec.id, error = %status.message(), "updating the registration failed"),
-                    }
+            _ = tick.tick() => {}
+        }
+        if let Some(next) = update(&spec).await {
+            match register(next.clone()).await {
+                Ok(_) => {
+                    tracing::info!(agent_id = %next.id, "agent registration updated");
+                    spec = next;
+                    continue;
                 }
-                let hb = client.heartbeat(HeartbeatRequest { agent_id: spec.id.clone(), in_flight: 0 }).await;
-                if let Err(status) = hb {
-                    if status.code() == tonic::Code::NotFound {
-                        let _ = register(client.clone(), spec.clone()).await;
-                    } else {
-                        tracing::warn!(agent_id = %spec.id, error = %status.message(), "heartbeat failed");
-                    }
+                Err(status) => {
+                    tracing::warn!(agent_id = %spec.id, error = %status.message(), "updating the registration failed")
                 }
             }
         }
+        let hb = HeartbeatRequest {
+            agent_id: spec.id.clone(),
+            in_flight: 0,
+        };
+        if let Err(status) = registry.heartbeat(hb).await {
+            // Lost (the lease lapsed, the registry restarted empty): again.
+            if status.code() == tonic::Code::NotFound {
+                let _ = register(spec.clone()).await;
+            } else {
+                tracing::warn!(agent_id = %spec.id, error = %status.message(), "heartbeat failed");
+            }
+        }
     }
-    let _ = client
+    let _ = registry
         .deregister_agent(DeregisterAgentRequest {
             agent_id: spec.id.clone(),
         })
@@ -363,7 +400,8 @@ pub async fn serve_until<A: Agent>(
         switchyard_kit::client::lazy_channel(&opts.registry_url)?,
         opts.credential.clone(),
     );
-    keep_registered(RegistryServiceClient::new(channel), spec.clone(), shutdown).await?;
+    let registry = RegistryClient::remote(channel, cfg.max_message_bytes);
+    keep_registered(registry, spec.clone(), shutdown).await?;
     serving
         .await
         .map_err(|e| SdkError::Io(std::io::Error::other(e)))??;

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use serde_json::Value;
+use switchyard_api::ToolClient;
 use switchyard_kit::json::{json_to_struct, json_to_value, struct_to_json, value_to_json};
-use switchyard_proto::agent::v1::tool_service_client::ToolServiceClient;
 use switchyard_proto::agent::v1::tool_service_server::{ToolService, ToolServiceServer};
 use switchyard_proto::agent::v1::{CallToolRequest, CallToolResponse};
 use switchyard_proto::common::v1::CorrelationContext;
@@ -79,19 +79,21 @@ pub async fn call(
     args: &Value,
     correlation: CorrelationContext,
 ) -> Result<Value, String> {
-    let mut client = ToolServiceClient::new(channel).max_decoding_message_size(max_message_bytes);
-    let mut req = Request::new(CallToolRequest {
+    // Tool providers are third parties: no credential of this process.
+    let client = ToolClient::remote(
+        switchyard_kit::client::authed(channel, None),
+        max_message_bytes,
+    );
+    let req = CallToolRequest {
         name: name.into(),
         arguments: json_to_struct(args),
         correlation: Some(correlation),
         call_id: call_id.into(),
-    });
-    switchyard_kit::context::inject(&mut req);
+    };
     let resp = client
         .call_tool(req)
         .await
-        .map_err(|s| format!("tool provider: {}", s.message()))?
-        .into_inner();
+        .map_err(|s| format!("tool provider: {}", s.message()))?;
     if !resp.error.is_empty() {
         return Err(resp.error);
     }

@@ -16,19 +16,18 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use switchyard_agent_sdk::{Agent, Invocation, Progress, delegation, respond};
+use switchyard_api::spend::{self, Hold, HoldRequest};
+use switchyard_api::{ExecutorClient, LedgerClient, RegistryClient};
 use switchyard_core::Reason;
 use switchyard_kit::client::{Credential, Intercepted, authed};
 use switchyard_kit::json::json_to_struct;
 use switchyard_kit::shutdown::Shutdown;
-use switchyard_llm::agent::{self, Host, Refusal};
+use switchyard_llm::agent::{self, Host, LoopEvent, Refusal};
 use switchyard_llm::{BoxFuture, Llm, ToolChoice, ToolSpec, Usage};
 use switchyard_proto::agent::v1::{AgentResponse, IntegrationMode, ResponseStatus};
 use switchyard_proto::common::v1::{CorrelationContext, Money, UnitPrice};
 use switchyard_proto::executor::v1::LlmTask;
-use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
-use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
-use switchyard_proto::ledger::v1::{CommitRequest, Entry, ReleaseRequest, ReserveRequest};
-use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
+use switchyard_proto::ledger::v1::Entry;
 use switchyard_proto::registry::v1::{AgentSpec, Capability, ListToolsRequest};
 
 pub mod manifest;
@@ -142,9 +141,9 @@ pub struct Hosted {
     agents: Arc<HashMap<String, Declared>>,
     llm: Llm,
     cfg: AgentsConfig,
-    registry: RegistryServiceClient<Intercepted>,
-    ledger: LedgerServiceClient<Intercepted>,
-    executor: Option<JobServiceClient<Intercepted>>,
+    registry: RegistryClient,
+    ledger: LedgerClient,
+    executor: Option<ExecutorClient>,
     channels: switchyard_kit::client::Channels,
     max_message_bytes: usize,
 }
@@ -175,15 +174,14 @@ impl Hosted {
             })?;
             Ok(authed(channel(u)?, credential.clone()))
         };
-        let registry = RegistryServiceClient::new(url("registry", &cfg.registry_url)?)
-            .max_decoding_message_size(max_message_bytes);
-        let ledger = LedgerServiceClient::new(url("ledger", &cfg.ledger_url)?)
-            .max_decoding_message_size(max_message_bytes);
+        let registry =
+            RegistryClient::remote(url("registry", &cfg.registry_url)?, max_message_bytes);
+        let ledger = LedgerClient::remote(url("ledger", &cfg.ledger_url)?, max_message_bytes);
         let executor = match &cfg.executor_url {
-            Some(u) => Some(
-                JobServiceClient::new(authed(channel(u)?, credential.clone()))
-                    .max_decoding_message_size(max_message_bytes),
-            ),
+            Some(u) => Some(ExecutorClient::remote(
+                authed(channel(u)?, credential.clone()),
+                max_message_bytes,
+            )),
             None => None,
         };
         for a in &loaded.agents {
@@ -251,11 +249,9 @@ impl Hosted {
         if !names.is_empty() {
             let listed = self
                 .registry
-                .clone()
                 .list_tools(ListToolsRequest { names: Vec::new() })
                 .await
                 .map_err(|e| format!("registry: {}", e.message()))?
-                .into_inner()
                 .tools;
             for t in listed.into_iter().filter(|t| names.contains(&t.name)) {
                 specs.push(ToolSpec {
@@ -282,15 +278,11 @@ impl Hosted {
 }
 
 /// Names of the registered tools.
-async fn registry_tools(
-    registry: &RegistryServiceClient<Intercepted>,
-) -> Result<Vec<String>, AgentsError> {
+async fn registry_tools(registry: &RegistryClient) -> Result<Vec<String>, AgentsError> {
     Ok(registry
-        .clone()
         .list_tools(ListToolsRequest { names: Vec::new() })
         .await
         .map_err(AgentsError::Registry)?
-        .into_inner()
         .tools
         .into_iter()
         .map(|t| t.name)
@@ -312,29 +304,23 @@ struct InvocationHost<'a> {
 impl Host for InvocationHost<'_> {
     fn reserve(&self, call: u32, tokens: u64, cost: i64) -> BoxFuture<'_, Result<String, Refusal>> {
         Box::pin(async move {
-            let r = self
-                .hosted
-                .ledger
-                .clone()
-                .reserve(ReserveRequest {
-                    budget_id: self.budget_id.clone(),
-                    tokens,
-                    cost: Some(Money { micro_usd: cost }),
-                    idempotency_key: format!("{}/{}/llm/{call}", self.key, self.agent.registry_id),
-                    ttl: None,
-                    context: Some(self.correlation.clone()),
-                    note: format!("{} call {call}", self.agent.registry_id),
-                })
-                .await;
-            match r {
-                Ok(r) => Ok(r
-                    .into_inner()
-                    .reservation
-                    .unwrap_or_default()
-                    .reservation_id),
-                Err(s) => {
-                    let api = switchyard_kit::error::ApiError::from(s);
-                    Err(Refusal::from_ledger(api.known_reason(), &api.message, call))
+            let req = HoldRequest {
+                budget_id: self.budget_id.clone(),
+                tokens,
+                cost_micro_usd: cost,
+                key: spend::key(&[&self.key, &self.agent.registry_id, "llm", &call.to_string()]),
+                context: self.correlation.clone(),
+                note: format!("{} call {call}", self.agent.registry_id),
+            };
+            match spend::reserve(&self.hosted.ledger, req).await {
+                Ok(h) => Ok(h.id().to_owned()),
+                Err(spend::Refusal::Budget { message, .. }) => Err(Refusal::from_ledger(
+                    Some(switchyard_core::Reason::BudgetExceeded),
+                    &message,
+                    call,
+                )),
+                Err(spend::Refusal::Unavailable(m)) => {
+                    Err(Refusal::Unavailable(format!("ledger: {m}")))
                 }
             }
         })
@@ -349,29 +335,19 @@ impl Host for InvocationHost<'_> {
     ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             let price = self.hosted.llm.entry_price(model, &self.agent.provider);
-            let r = self
-                .hosted
-                .ledger
-                .clone()
-                .commit(CommitRequest {
-                    reservation_id: hold.into(),
-                    tokens: usage.total_tokens,
-                    cost: Some(Money { micro_usd: cost }),
-                    entry: Some(Entry {
-                        subtask_id: self.correlation.task_id.clone(),
-                        agent_id: self.agent.registry_id.clone(),
-                        model: model.into(),
-                        units: usage.total_tokens,
-                        price_per_unit: Some(UnitPrice {
-                            micro_usd_per_million: price,
-                        }),
-                        ..Default::default()
-                    }),
-                    idempotency_key: format!("commit-{hold}"),
-                })
-                .await;
-            if let Err(e) = r {
-                tracing::warn!(reservation_id = hold, error = %e.message(), "commit failed; the reservation's TTL bounds the hold");
+            let entry = Entry {
+                subtask_id: self.correlation.task_id.clone(),
+                agent_id: self.agent.registry_id.clone(),
+                model: model.into(),
+                units: usage.total_tokens,
+                price_per_unit: Some(UnitPrice {
+                    micro_usd_per_million: price,
+                }),
+                ..Default::default()
+            };
+            let hold = Hold::resume(&self.hosted.ledger, hold);
+            if let Err(e) = hold.commit(usage.total_tokens, cost, entry).await {
+                tracing::warn!(reservation_id = hold.id(), error = %e.message(), "commit failed; the reservation's TTL bounds the hold");
             }
         })
     }
@@ -383,15 +359,7 @@ impl Host for InvocationHost<'_> {
                 why,
                 "releasing an unused reservation"
             );
-            let _ = self
-                .hosted
-                .ledger
-                .clone()
-                .release(ReleaseRequest {
-                    reservation_id: hold.into(),
-                    idempotency_key: format!("release-{hold}"),
-                })
-                .await;
+            let _ = Hold::resume(&self.hosted.ledger, hold).release().await;
         })
     }
 
@@ -427,20 +395,10 @@ impl Host for InvocationHost<'_> {
         })
     }
 
-    fn event(&self, kind: &str, data: Value) {
-        let line = match kind {
-            "llm_call" => format!(
-                "model {} {} (turn {})",
-                data["model"].as_str().unwrap_or_default(),
-                data["outcome"].as_str().unwrap_or_default(),
-                data["turn"]
-            ),
-            "tool_call" => format!(
-                "tool {} {}",
-                data["name"].as_str().unwrap_or_default(),
-                data["status"].as_str().unwrap_or_default()
-            ),
-            other => other.to_owned(),
+    fn event(&self, event: LoopEvent) {
+        let line = match event {
+            LoopEvent::LlmCall(c) => format!("model {} {} (turn {})", c.model, c.outcome, c.turn),
+            LoopEvent::ToolCall(t) => format!("tool {} {}", t.name, t.status),
         };
         self.progress.note(line);
     }
@@ -448,7 +406,7 @@ impl Host for InvocationHost<'_> {
 
 impl InvocationHost<'_> {
     async fn delegate(&self, args: Value) -> Result<Value, String> {
-        let Some(mut executor) = self.hosted.executor.clone() else {
+        let Some(executor) = self.hosted.executor.clone() else {
             return Err("delegation is not configured here (agents.executor_url)".into());
         };
         let agent = self.agent;
@@ -470,7 +428,7 @@ impl InvocationHost<'_> {
                 .tool_timeout_ms
                 .unwrap_or(self.hosted.cfg.tool_timeout_ms),
         );
-        let child = delegation::delegate(&mut executor, self.req, spec, wait)
+        let child = delegation::delegate(&executor, self.req, spec, wait)
             .await
             .map_err(|s| {
                 let api = switchyard_kit::error::ApiError::from(s);
@@ -617,7 +575,7 @@ fn uuid_like() -> String {
 /// `spec` with every tool of `wanted` that is registered by now, when that
 /// adds any to its `uses_tools`.
 async fn with_new_tools(
-    registry: RegistryServiceClient<Intercepted>,
+    registry: RegistryClient,
     mut spec: AgentSpec,
     wanted: Vec<String>,
 ) -> Option<AgentSpec> {

@@ -7,9 +7,8 @@
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use switchyard_api::ExecutorClient;
 use switchyard_cli::ServiceKind;
-use switchyard_kit::client::Intercepted;
-use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{
     AgentTask, CommandTask, JobSpec, SubmitJobRequest, TaskSpec, WatchJobRequest, task_spec::Kind,
 };
@@ -90,10 +89,7 @@ fn agent(id: &str, capability: &str, depends_on: &[&str], input: serde_json::Val
 
 /// Submits `spec` and waits for its end through WatchJob; returns the time
 /// from submit to the final event, and whether it completed.
-pub(crate) async fn run_job(
-    c: &mut JobServiceClient<Intercepted>,
-    spec: JobSpec,
-) -> anyhow::Result<(Duration, bool)> {
+pub(crate) async fn run_job(c: &ExecutorClient, spec: JobSpec) -> anyhow::Result<(Duration, bool)> {
     let t = Instant::now();
     let job = c
         .submit_job(SubmitJobRequest {
@@ -101,7 +97,6 @@ pub(crate) async fn run_job(
             ..Default::default()
         })
         .await?
-        .into_inner()
         .job
         .unwrap_or_default();
     let id = job.spec.map(|s| s.job_id).unwrap_or_default();
@@ -110,8 +105,7 @@ pub(crate) async fn run_job(
             job_id: id,
             after_sequence: 0,
         })
-        .await?
-        .into_inner();
+        .await?;
     let mut completed = false;
     while let Some(e) = stream.next().await {
         let e = e?.event.unwrap_or_default();
@@ -142,7 +136,7 @@ pub async fn run() -> anyhow::Result<()> {
         channels.push(stack.channel().await?);
     }
     // The built-in agents register at start; wait until they route.
-    let mut c = JobServiceClient::new(channels[0].clone());
+    let c = ExecutorClient::remote(channels[0].clone(), 4 << 20);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let v = c
@@ -153,8 +147,7 @@ pub async fn run() -> anyhow::Result<()> {
                 }),
                 ..Default::default()
             })
-            .await?
-            .into_inner();
+            .await?;
         if v.routes.first().is_some_and(|r| !r.agent_id.is_empty()) {
             break;
         }
@@ -173,7 +166,7 @@ pub async fn run() -> anyhow::Result<()> {
     let start = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..CALLERS {
-        let mut c = JobServiceClient::new(channels[w % CONNECTIONS].clone());
+        let c = ExecutorClient::remote(channels[w % CONNECTIONS].clone(), 4 << 20);
         tasks.push(tokio::spawn(async move {
             let mut h = Histogram::<u64>::new(3).expect("histogram");
             let mut failed = 0u64;
@@ -182,7 +175,7 @@ pub async fn run() -> anyhow::Result<()> {
                     tasks: vec![agent("t", "builtin.noop", &[], serde_json::json!({}))],
                     ..Default::default()
                 };
-                let (took, ok) = run_job(&mut c, spec).await?;
+                let (took, ok) = run_job(&c, spec).await?;
                 h.record(took.as_nanos() as u64).ok();
                 failed += u64::from(!ok);
             }
@@ -206,7 +199,7 @@ pub async fn run() -> anyhow::Result<()> {
 
     // 2. Latency: a 3-step chain of builtin.echo, one at a time.
     let mut h = Histogram::<u64>::new(3)?;
-    let mut c = JobServiceClient::new(channels[0].clone());
+    let c = ExecutorClient::remote(channels[0].clone(), 4 << 20);
     for i in 0..CHAIN_RUNS {
         let spec = JobSpec {
             input: switchyard_kit::json::json_to_struct(&serde_json::json!({"n": i})),
@@ -232,7 +225,7 @@ pub async fn run() -> anyhow::Result<()> {
             ],
             ..Default::default()
         };
-        let (took, ok) = run_job(&mut c, spec).await?;
+        let (took, ok) = run_job(&c, spec).await?;
         anyhow::ensure!(ok, "chain {i} did not complete");
         h.record(took.as_nanos() as u64).ok();
     }
@@ -251,7 +244,7 @@ pub async fn run() -> anyhow::Result<()> {
         c.executor.sandbox = switchyard_executor::SandboxMode::Off;
     })
     .await?;
-    let mut c_off = JobServiceClient::new(off_stack.channel().await?);
+    let c_off = ExecutorClient::remote(off_stack.channel().await?, 4 << 20);
     let command_job = || JobSpec {
         tasks: vec![TaskSpec {
             id: "t".into(),
@@ -270,10 +263,10 @@ pub async fn run() -> anyhow::Result<()> {
         let t = Instant::now();
         tokio::process::Command::new("true").status().await?;
         direct.record(t.elapsed().as_nanos() as u64).ok();
-        let (took, ok) = run_job(&mut c, command_job()).await?;
+        let (took, ok) = run_job(&c, command_job()).await?;
         anyhow::ensure!(ok, "sandboxed command job did not complete");
         job_on.record(took.as_nanos() as u64).ok();
-        let (took, ok) = run_job(&mut c_off, command_job()).await?;
+        let (took, ok) = run_job(&c_off, command_job()).await?;
         anyhow::ensure!(ok, "unsandboxed command job did not complete");
         job_off.record(took.as_nanos() as u64).ok();
     }

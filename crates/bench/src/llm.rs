@@ -17,13 +17,12 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use switchyard_agent_sdk::tools::{ToolProvider, ToolServer};
+use switchyard_api::{ExecutorClient, RegistryClient};
 use switchyard_cli::ServiceKind;
 use switchyard_llm::agent::{self, Host, Refusal};
 use switchyard_llm::scripted::{Reply, Script};
 use switchyard_llm::{BoxFuture, ChatRequest, Llm, LlmConfig, ModelConfig, ProviderConfig, Usage};
-use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{JobSpec, LlmTask, TaskSpec, ToolDefinition, task_spec::Kind};
-use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
 use switchyard_proto::registry::v1::{RegisterToolRequest, Tool};
 use switchyard_testkit::Stack;
 
@@ -74,7 +73,7 @@ impl Host for NullHost {
     ) -> BoxFuture<'a, Result<Value, String>> {
         Box::pin(async move { Ok(json!({"found": args})) })
     }
-    fn event(&self, _k: &str, _d: Value) {}
+    fn event(&self, _e: switchyard_llm::agent::LoopEvent) {}
 }
 
 /// The scripted provider serving the bench model.
@@ -219,7 +218,7 @@ pub async fn run() -> anyhow::Result<()> {
             .run(listener, shutdown),
     );
     let channel = stack.channel().await?;
-    RegistryServiceClient::new(channel.clone())
+    RegistryClient::remote(channel.clone(), 4 << 20)
         .register_tool(RegisterToolRequest {
             tool: Some(Tool {
                 name: "lookup".into(),
@@ -230,7 +229,7 @@ pub async fn run() -> anyhow::Result<()> {
             }),
         })
         .await?;
-    let mut jobs = JobServiceClient::new(channel);
+    let jobs = ExecutorClient::remote(channel, 4 << 20);
     let job_spec = JobSpec {
         tasks: vec![TaskSpec {
             id: "ask".into(),
@@ -254,7 +253,7 @@ pub async fn run() -> anyhow::Result<()> {
     for _ in 0..RUNS {
         script.clear_received();
         script.for_model(MODEL, replies());
-        let (took, completed) = crate::executor::run_job(&mut jobs, job_spec.clone()).await?;
+        let (took, completed) = crate::executor::run_job(&jobs, job_spec.clone()).await?;
         if !completed {
             failed += 1;
         }

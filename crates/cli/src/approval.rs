@@ -4,8 +4,7 @@ use std::path::PathBuf;
 
 use clap::Subcommand;
 use serde_json::{Value, json};
-use switchyard_kit::client::Intercepted;
-use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
+use switchyard_api::ApprovalClient;
 use switchyard_proto::approval::v1::*;
 
 use crate::client::{Conn, Files, MAX_MESSAGE, api};
@@ -90,12 +89,10 @@ pub struct Decision {
     conn: Conn,
 }
 
-type Client = ApprovalServiceClient<Intercepted>;
+type Client = ApprovalClient;
 
 async fn client(conn: &Conn) -> anyhow::Result<Client> {
-    Ok(ApprovalServiceClient::new(conn.channel().await?)
-        .max_decoding_message_size(MAX_MESSAGE)
-        .max_encoding_message_size(MAX_MESSAGE))
+    Ok(ApprovalClient::remote(conn.channel().await?, MAX_MESSAGE))
 }
 
 fn status_name(s: i32) -> String {
@@ -196,7 +193,7 @@ enum Verdict {
 }
 
 async fn decide(d: Decision, verdict: Verdict) -> anyhow::Result<()> {
-    let mut c = client(&d.conn).await?;
+    let c = client(&d.conn).await?;
     let (run_id, comment) = (d.id, d.comment);
     let (run, verb) = match verdict {
         Verdict::Approve if d.break_glass => {
@@ -206,14 +203,11 @@ async fn decide(d: Decision, verdict: Verdict) -> anyhow::Result<()> {
                     reason: comment,
                 })
                 .await;
-            (
-                r.map_err(api)?.into_inner().run,
-                "approved (break-glass, audited)",
-            )
+            (r.map_err(api)?.run, "approved (break-glass, audited)")
         }
         Verdict::Approve => {
             let r = c.approve(ApproveRequest { run_id, comment }).await;
-            let run = r.map_err(api)?.into_inner().run;
+            let run = r.map_err(api)?.run;
             let still_proposed = run
                 .as_ref()
                 .is_some_and(|r| r.status == RunStatus::Proposed as i32);
@@ -226,11 +220,11 @@ async fn decide(d: Decision, verdict: Verdict) -> anyhow::Result<()> {
         }
         Verdict::Reject => {
             let r = c.reject(RejectRequest { run_id, comment }).await;
-            (r.map_err(api)?.into_inner().run, "rejected")
+            (r.map_err(api)?.run, "rejected")
         }
         Verdict::Cancel => {
             let r = c.cancel(CancelRequest { run_id, comment }).await;
-            (r.map_err(api)?.into_inner().run, "cancelled")
+            (r.map_err(api)?.run, "cancelled")
         }
     };
     show_run(&d.conn, &run.unwrap_or_default(), verb);
@@ -242,7 +236,7 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
     match cmd {
         ApprovalCmd::Propose { files, conn } => {
             let runs = files.parse(|f| RunFile::read(f).and_then(RunFile::into_run))?;
-            let mut c = client(&conn).await?;
+            let c = client(&conn).await?;
             let mut out = Vec::new();
             for run in runs {
                 let r = c
@@ -251,8 +245,7 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
                         ..Default::default()
                     })
                     .await
-                    .map_err(api)?
-                    .into_inner();
+                    .map_err(api)?;
                 let run = r.run.clone().unwrap_or_default();
                 if conn.output == Format::Table {
                     let how = if r.auto_approved_by.is_empty() {
@@ -283,7 +276,7 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
                 .iter()
                 .map(|s| parse_status(s))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let mut c = client(&conn).await?;
+            let c = client(&conn).await?;
             let mut runs = Vec::new();
             let mut page_token = String::new();
             loop {
@@ -297,8 +290,7 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
                         ..Default::default()
                     })
                     .await
-                    .map_err(api)?
-                    .into_inner();
+                    .map_err(api)?;
                 runs.extend(r.runs);
                 if r.next_page_token.is_empty() {
                     break;
@@ -311,12 +303,11 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
             }
         }
         ApprovalCmd::Show { id, conn } => {
-            let mut c = client(&conn).await?;
+            let c = client(&conn).await?;
             let run = c
                 .get_run(GetRunRequest { run_id: id.clone() })
                 .await
                 .map_err(api)?
-                .into_inner()
                 .run
                 .unwrap_or_default();
             let audit = c
@@ -327,7 +318,6 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
                 })
                 .await
                 .map_err(api)?
-                .into_inner()
                 .records;
             let audit_json: Vec<Value> = audit
                 .iter()
@@ -389,12 +379,11 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
         ApprovalCmd::Reject(d) => decide(d, Verdict::Reject).await?,
         ApprovalCmd::Cancel(d) => decide(d, Verdict::Cancel).await?,
         ApprovalCmd::Bundle { id, out, conn } => {
-            let mut c = client(&conn).await?;
+            let c = client(&conn).await?;
             let r = c
                 .export_prompt_bundle(ExportPromptBundleRequest { run_id: id })
                 .await
-                .map_err(api)?
-                .into_inner();
+                .map_err(api)?;
             match out {
                 Some(path) => {
                     std::fs::write(&path, &r.bundle)
@@ -415,7 +404,7 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
         } => {
             let content = std::fs::read_to_string(&file)
                 .map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))?;
-            let mut c = client(&conn).await?;
+            let c = client(&conn).await?;
             let r = c
                 .import_manual_result(ImportManualResultRequest {
                     run_id: id,
@@ -423,8 +412,7 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
                     context_hash,
                 })
                 .await
-                .map_err(api)?
-                .into_inner();
+                .map_err(api)?;
             show_run(&conn, &r.run.unwrap_or_default(), "completed");
         }
     }

@@ -2,7 +2,7 @@
 
 use clap::Subcommand;
 use serde_json::json;
-use switchyard_auth::AuthClient;
+use switchyard_api::AuthClient;
 use switchyard_proto::auth::v1::*;
 
 use crate::client::{Conn, MAX_MESSAGE, api};

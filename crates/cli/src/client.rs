@@ -5,13 +5,13 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
+use switchyard_api::RegistryClient;
+use switchyard_api::RouterClient;
 use switchyard_auth::credentials::Credentials;
 use switchyard_kit::client::{Credential, Intercepted};
 use switchyard_kit::error::ApiError;
 use switchyard_proto::registry::v1::*;
 use switchyard_proto::router::v1::{RouteConstraints, RouteRequest};
-use switchyard_registry::RegistryClient;
-use switchyard_router::RouterClient;
 
 use crate::files::{AgentFile, ToolFile};
 use crate::output::{self, Format, agent_json, print_json, route_json, table, tool_json, usd};
@@ -94,8 +94,8 @@ impl Conn {
     async fn router(&self) -> anyhow::Result<RouterClient> {
         Ok(RouterClient::remote(self.channel().await?, MAX_MESSAGE))
     }
-    pub(crate) async fn ledger(&self) -> anyhow::Result<switchyard_ledger::LedgerClient> {
-        Ok(switchyard_ledger::LedgerClient::remote(
+    pub(crate) async fn ledger(&self) -> anyhow::Result<switchyard_api::LedgerClient> {
+        Ok(switchyard_api::LedgerClient::remote(
             self.channel().await?,
             MAX_MESSAGE,
         ))

@@ -7,9 +7,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use clap::Subcommand;
 use serde_json::{Value, json};
-use switchyard_kit::client::Intercepted;
+use switchyard_api::ExecutorClient;
 use switchyard_proto::common::v1::Event;
-use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::*;
 use tokio_stream::StreamExt;
 
@@ -93,12 +92,10 @@ pub enum JobCmd {
     },
 }
 
-type Client = JobServiceClient<Intercepted>;
+type Client = ExecutorClient;
 
 async fn client(conn: &Conn) -> anyhow::Result<Client> {
-    Ok(JobServiceClient::new(conn.channel().await?)
-        .max_decoding_message_size(MAX_MESSAGE)
-        .max_encoding_message_size(MAX_MESSAGE))
+    Ok(ExecutorClient::remote(conn.channel().await?, MAX_MESSAGE))
 }
 
 fn read(file: &Path) -> anyhow::Result<String> {
@@ -379,20 +376,19 @@ fn render(
     out.len()
 }
 
-async fn get(c: &mut Client, job_id: &str) -> anyhow::Result<Job> {
+async fn get(c: &Client, job_id: &str) -> anyhow::Result<Job> {
     Ok(c.get_job(GetJobRequest {
         job_id: job_id.into(),
     })
     .await
     .map_err(api)?
-    .into_inner()
     .job
     .unwrap_or_default())
 }
 
 /// Follows a job until it finishes; returns it.
 async fn follow(
-    c: &mut Client,
+    c: &Client,
     job_id: &str,
     after: u64,
     raw: bool,
@@ -404,8 +400,7 @@ async fn follow(
             after_sequence: after,
         })
         .await
-        .map_err(api)?
-        .into_inner();
+        .map_err(api)?;
     let tty = std::io::stdout().is_terminal() && format == Format::Table && !raw;
     let mut percents = std::collections::HashMap::new();
     let mut lines = 0;
@@ -496,7 +491,7 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
         } => {
             let document = read(&file)?;
             let files = attachments(&attach)?;
-            let mut c = client(&conn).await?;
+            let c = client(&conn).await?;
             let out = c
                 .submit_job(SubmitJobRequest {
                     spec: None,
@@ -504,8 +499,7 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
                     files,
                 })
                 .await
-                .map_err(api)?
-                .into_inner();
+                .map_err(api)?;
             let j = out.job.unwrap_or_default();
             let id = j
                 .spec
@@ -536,7 +530,7 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             if conn.output == Format::Table {
                 println!("submitted job {id}");
             }
-            let j = follow(&mut c, &id, 0, false, conn.output).await?;
+            let j = follow(&c, &id, 0, false, conn.output).await?;
             if job_state(j.state) != "completed" {
                 anyhow::bail!(
                     "job {id} ended {}{}",
@@ -551,15 +545,14 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             Ok(())
         }
         JobCmd::Validate { file, conn } => {
-            let mut c = client(&conn).await?;
+            let c = client(&conn).await?;
             let v = c
                 .validate_job(ValidateJobRequest {
                     spec: None,
                     document: read(&file)?,
                 })
                 .await
-                .map_err(api)?
-                .into_inner();
+                .map_err(api)?;
             match conn.output {
                 Format::Json => print_json(&json!({
                     "source_format": v.source_format, "order": v.order, "context_hash": v.context_hash,
@@ -602,8 +595,8 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             Ok(())
         }
         JobCmd::Get { id, conn } => {
-            let mut c = client(&conn).await?;
-            let j = get(&mut c, &id).await?;
+            let c = client(&conn).await?;
+            let j = get(&c, &id).await?;
             show(conn.output, &j);
             Ok(())
         }
@@ -617,7 +610,7 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
                 .iter()
                 .map(|s| parse_state(s))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let mut c = client(&conn).await?;
+            let c = client(&conn).await?;
             let l = c
                 .list_jobs(ListJobsRequest {
                     states,
@@ -626,8 +619,7 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
                     ..Default::default()
                 })
                 .await
-                .map_err(api)?
-                .into_inner();
+                .map_err(api)?;
             match conn.output {
                 Format::Json => print_json(
                     &json!({"jobs": l.jobs.iter().map(job_json).collect::<Vec<_>>(), "next_page_token": l.next_page_token}),
@@ -660,17 +652,16 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             events,
             conn,
         } => {
-            let mut c = client(&conn).await?;
-            follow(&mut c, &id, after, events, conn.output).await?;
+            let c = client(&conn).await?;
+            follow(&c, &id, after, events, conn.output).await?;
             Ok(())
         }
         JobCmd::Result { id, conn } => {
-            let mut c = client(&conn).await?;
+            let c = client(&conn).await?;
             let r = c
                 .get_result(GetResultRequest { job_id: id })
                 .await
-                .map_err(api)?
-                .into_inner();
+                .map_err(api)?;
             let result = r
                 .result
                 .as_ref()
@@ -726,12 +717,11 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             Ok(())
         }
         JobCmd::Cancel { id, reason, conn } => {
-            let mut c = client(&conn).await?;
+            let c = client(&conn).await?;
             let j = c
                 .cancel_job(CancelJobRequest { job_id: id, reason })
                 .await
                 .map_err(api)?
-                .into_inner()
                 .job
                 .unwrap_or_default();
             show(conn.output, &j);

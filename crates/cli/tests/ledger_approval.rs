@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use support::*;
-use switchyard_ledger::LedgerClient;
+use switchyard_api::LedgerClient;
 use switchyard_proto::common::v1::Money;
 use switchyard_proto::ledger::v1::*;
 

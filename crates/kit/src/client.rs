@@ -189,16 +189,25 @@ pub fn service(channel: Channel, credential: Option<Credential>) -> Intercepted 
     )
 }
 
+/// A boxed future, as the erased in-process services of
+/// [`service_client!`](crate::service_client) return.
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
 /// Declares a client enum that calls a service either in-process or over
 /// gRPC, with identical methods and behaviour. In-process calls go through the
 /// same generated trait methods the gRPC server calls, with the correlation
 /// context injected into the request metadata just as the interceptor does.
 ///
+/// The in-process side is any implementation of the generated service trait,
+/// behind an object-safe mirror of it (`$local`, declared here), so a client
+/// is declared next to the proto types and never names the crate that
+/// implements the service.
+///
 /// ```ignore
 /// switchyard_kit::service_client! {
 ///     /// Registry client.
-///     pub RegistryClient {
-///         local: Registry as RegistryService,
+///     pub RegistryClient(LocalRegistry) {
+///         service: RegistryService,
 ///         remote: RegistryServiceClient,
 ///         unary { register_agent(RegisterAgentRequest) -> RegisterAgentResponse; }
 ///         streaming { watch(WatchRequest) -> WatchResponse; }
@@ -209,18 +218,50 @@ pub fn service(channel: Channel, credential: Option<Credential>) -> Intercepted 
 macro_rules! service_client {
     (
         $(#[$meta:meta])*
-        $vis:vis $name:ident {
-            local: $local:ty as $tr:path,
+        $vis:vis $name:ident($local:ident) {
+            service: $tr:path,
             remote: $remote:ident,
             unary { $( $(#[$um:meta])* $method:ident($req:ty) -> $resp:ty; )* }
             streaming { $( $(#[$sm:meta])* $smethod:ident($sreq:ty) -> $sresp:ty; )* }
         }
     ) => {
+        #[doc = concat!("The in-process side of [`", stringify!($name), "`]: any implementation of the service trait.")]
+        $vis trait $local: Send + Sync + 'static {
+            $(
+                #[doc = concat!("`", stringify!($method), "` in-process.")]
+                fn $method(&self, req: ::tonic::Request<$req>)
+                    -> $crate::client::BoxFuture<'_, ::std::result::Result<::tonic::Response<$resp>, ::tonic::Status>>;
+            )*
+            $(
+                #[doc = concat!("`", stringify!($smethod), "` in-process.")]
+                fn $smethod(&self, req: ::tonic::Request<$sreq>)
+                    -> $crate::client::BoxFuture<'_, ::std::result::Result<$crate::BoxStream<$sresp>, ::tonic::Status>>;
+            )*
+        }
+
+        impl<T: $tr> $local for T {
+            $(
+                fn $method(&self, req: ::tonic::Request<$req>)
+                    -> $crate::client::BoxFuture<'_, ::std::result::Result<::tonic::Response<$resp>, ::tonic::Status>> {
+                    <T as $tr>::$method(self, req)
+                }
+            )*
+            $(
+                fn $smethod(&self, req: ::tonic::Request<$sreq>)
+                    -> $crate::client::BoxFuture<'_, ::std::result::Result<$crate::BoxStream<$sresp>, ::tonic::Status>> {
+                    Box::pin(async move {
+                        let stream = <T as $tr>::$smethod(self, req).await?.into_inner();
+                        Ok(Box::pin(stream) as $crate::BoxStream<$sresp>)
+                    })
+                }
+            )*
+        }
+
         $(#[$meta])*
         #[derive(Clone)]
         $vis enum $name {
             /// The service in this process.
-            Local(::std::sync::Arc<$local>),
+            Local(::std::sync::Arc<dyn $local>),
             /// The service over gRPC.
             Remote($remote<$crate::client::Intercepted>),
         }
@@ -236,7 +277,7 @@ macro_rules! service_client {
 
         impl $name {
             /// A client calling the in-process service.
-            pub fn local(svc: ::std::sync::Arc<$local>) -> Self {
+            pub fn local(svc: ::std::sync::Arc<impl $local>) -> Self {
                 Self::Local(svc)
             }
 
@@ -250,6 +291,11 @@ macro_rules! service_client {
                 )
             }
 
+            /// Whether calls stay in this process.
+            pub fn is_local(&self) -> bool {
+                matches!(self, Self::Local(_))
+            }
+
             $(
                 $(#[$um])*
                 pub async fn $method(&self, req: $req) -> ::std::result::Result<$resp, ::tonic::Status> {
@@ -258,7 +304,7 @@ macro_rules! service_client {
                     match self {
                         Self::Local(svc) => {
                             req.extensions_mut().insert($crate::context::local_principal());
-                            <$local as $tr>::$method(svc, req).await.map(|r| r.into_inner())
+                            svc.$method(req).await.map(|r| r.into_inner())
                         }
                         Self::Remote(c) => c.clone().$method(req).await.map(|r| r.into_inner()),
                     }
@@ -273,7 +319,7 @@ macro_rules! service_client {
                     match self {
                         Self::Local(svc) => {
                             req.extensions_mut().insert($crate::context::local_principal());
-                            Ok(Box::pin(<$local as $tr>::$smethod(svc, req).await?.into_inner()))
+                            svc.$smethod(req).await
                         }
                         Self::Remote(c) => Ok(Box::pin(c.clone().$smethod(req).await?.into_inner())),
                     }

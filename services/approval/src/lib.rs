@@ -23,7 +23,6 @@ use switchyard_core::{Clock, Reason, Violations};
 use switchyard_kit::error::{invalid_argument, metadata, status_with_metadata};
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_kit::time::{timestamp, timestamp_ms};
-use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
 use switchyard_proto::approval::v1::approval_service_server::{
     ApprovalService, ApprovalServiceServer,
 };
@@ -1504,48 +1503,6 @@ impl ApprovalService for Approval {
             self.check_visible(&p, &req.get_ref().run_id)?;
         }
         Ok(Response::new(self.watch_stream(req.into_inner(), p)?))
-    }
-}
-
-switchyard_kit::service_client! {
-    /// An approval client: in-process in `switchyard dev`, over gRPC when split.
-    pub ApprovalClient {
-        local: Approval as ApprovalService,
-        remote: ApprovalServiceClient,
-        unary {
-            /// Proposes a run.
-            propose(ProposeRequest) -> ProposeResponse;
-            /// Approves a run.
-            approve(ApproveRequest) -> ApproveResponse;
-            /// Approves a run as an audited override.
-            break_glass_approve(BreakGlassApproveRequest) -> BreakGlassApproveResponse;
-            /// Rejects a run.
-            reject(RejectRequest) -> RejectResponse;
-            /// Cancels a run.
-            cancel(CancelRequest) -> CancelResponse;
-            /// Returns a run.
-            get_run(GetRunRequest) -> GetRunResponse;
-            /// Lists runs.
-            list_runs(ListRunsRequest) -> ListRunsResponse;
-            /// Claims a run.
-            claim(ClaimRequest) -> ClaimResponse;
-            /// Renews a claim.
-            renew_claim(RenewClaimRequest) -> RenewClaimResponse;
-            /// Completes a run.
-            complete(CompleteRequest) -> CompleteResponse;
-            /// Fails a run.
-            fail(FailRequest) -> FailResponse;
-            /// Lists the audit log.
-            list_audit(ListAuditRequest) -> ListAuditResponse;
-            /// Exports the prompt bundle.
-            export_prompt_bundle(ExportPromptBundleRequest) -> ExportPromptBundleResponse;
-            /// Imports a manual result.
-            import_manual_result(ImportManualResultRequest) -> ImportManualResultResponse;
-        }
-        streaming {
-            /// Streams run events.
-            watch(WatchRequest) -> WatchResponse;
-        }
     }
 }
 

@@ -23,7 +23,6 @@ use switchyard_kit::auth::{Kind, Principal, Role, Roles, valid_subject};
 use switchyard_kit::error::{invalid_argument, status, status_with_metadata};
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_kit::time::{now_ms, timestamp, timestamp_ms};
-use switchyard_proto::auth::v1::auth_service_client::AuthServiceClient;
 use switchyard_proto::auth::v1::auth_service_server::{AuthService, AuthServiceServer};
 use switchyard_proto::auth::v1::*;
 use switchyard_store::{Store, StoreError, Tree};
@@ -488,33 +487,11 @@ pub fn who_am_i(p: &Principal) -> WhoAmIResponse {
     }
 }
 
-switchyard_kit::service_client! {
-    /// Calls the auth service in-process or over gRPC.
-    pub AuthClient {
-        local: Auth as AuthService,
-        remote: AuthServiceClient,
-        unary {
-            /// CreateKey.
-            create_key(CreateKeyRequest) -> CreateKeyResponse;
-            /// ListKeys.
-            list_keys(ListKeysRequest) -> ListKeysResponse;
-            /// RevokeKey.
-            revoke_key(RevokeKeyRequest) -> RevokeKeyResponse;
-            /// WhoAmI.
-            who_am_i(WhoAmIRequest) -> WhoAmIResponse;
-        }
-        streaming {
-            /// WatchKeys.
-            watch_keys(WatchKeysRequest) -> WatchKeysResponse;
-        }
-    }
-}
-
 /// Keeps `set` equal to the auth service's key set, reconnecting with
 /// backoff until `shutdown`; the first snapshot opens `ready`. While the
 /// stream is down the last snapshot stays in force.
 pub fn spawn_follow(
-    client: AuthClient,
+    client: switchyard_api::AuthClient,
     set: KeySet,
     shutdown: Shutdown,
 ) -> tokio::sync::watch::Receiver<bool> {

@@ -177,7 +177,7 @@ async fn a_follower_sees_new_keys_and_revocations() {
     let follower = KeySet::default();
     let (trigger, shutdown) = switchyard_kit::shutdown::channel();
     let mut ready = spawn_follow(
-        AuthClient::local(Arc::new(auth.clone())),
+        switchyard_api::AuthClient::local(Arc::new(auth.clone())),
         follower.clone(),
         shutdown,
     );

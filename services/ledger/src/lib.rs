@@ -21,7 +21,6 @@ use switchyard_kit::error::{invalid_argument, metadata, status_with_metadata};
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_kit::time::{duration_ms, timestamp};
 use switchyard_proto::common::v1::{CorrelationContext, Event, UnitPrice};
-use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
 use switchyard_proto::ledger::v1::ledger_service_server::{LedgerService, LedgerServiceServer};
 use switchyard_proto::ledger::v1::*;
 use switchyard_store::{Log, Store, StoreError};
@@ -1448,40 +1447,6 @@ impl LedgerService for Ledger {
             self.visible(&p, &req.get_ref().budget_id)?;
         }
         Ok(Response::new(self.watch_stream(req.into_inner(), p)?))
-    }
-}
-
-switchyard_kit::service_client! {
-    /// A ledger client: in-process in `switchyard dev`, over gRPC when split.
-    pub LedgerClient {
-        local: Ledger as LedgerService,
-        remote: LedgerServiceClient,
-        unary {
-            /// Creates a budget.
-            create_budget(CreateBudgetRequest) -> CreateBudgetResponse;
-            /// Returns a budget.
-            get_budget(GetBudgetRequest) -> GetBudgetResponse;
-            /// Lists budgets.
-            list_budgets(ListBudgetsRequest) -> ListBudgetsResponse;
-            /// Changes limits.
-            update_limits(UpdateLimitsRequest) -> UpdateLimitsResponse;
-            /// Closes a budget.
-            close_budget(CloseBudgetRequest) -> CloseBudgetResponse;
-            /// Reserves on a budget chain.
-            reserve(ReserveRequest) -> ReserveResponse;
-            /// Commits usage.
-            commit(CommitRequest) -> CommitResponse;
-            /// Releases a reservation.
-            release(ReleaseRequest) -> ReleaseResponse;
-            /// Lists journal entries.
-            list_entries(ListEntriesRequest) -> ListEntriesResponse;
-            /// Estimates a model call's cost.
-            estimate_cost(EstimateCostRequest) -> EstimateCostResponse;
-        }
-        streaming {
-            /// Streams ledger events.
-            watch(WatchRequest) -> WatchResponse;
-        }
     }
 }
 

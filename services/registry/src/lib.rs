@@ -20,7 +20,6 @@ use switchyard_kit::auth::{Principal, Role, principal};
 use switchyard_kit::error::{invalid_argument, status_with_metadata};
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_kit::time::{duration, duration_ms, timestamp, timestamp_ms};
-use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
 use switchyard_proto::registry::v1::registry_service_server::{
     RegistryService, RegistryServiceServer,
 };
@@ -989,42 +988,6 @@ impl RegistryService for Registry {
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
-    }
-}
-
-switchyard_kit::service_client! {
-    /// A registry client: in-process in `switchyard dev`, over gRPC when split.
-    pub RegistryClient {
-        local: Registry as RegistryService,
-        remote: RegistryServiceClient,
-        unary {
-            /// Registers or updates an agent.
-            register_agent(RegisterAgentRequest) -> RegisterAgentResponse;
-            /// Renews a lease.
-            heartbeat(HeartbeatRequest) -> HeartbeatResponse;
-            /// Removes an agent.
-            deregister_agent(DeregisterAgentRequest) -> DeregisterAgentResponse;
-            /// Returns one agent.
-            get_agent(GetAgentRequest) -> GetAgentResponse;
-            /// Lists agents.
-            list_agents(ListAgentsRequest) -> ListAgentsResponse;
-            /// Agents offering a capability.
-            find_by_capability(FindByCapabilityRequest) -> FindByCapabilityResponse;
-            /// Registers a tool.
-            register_tool(RegisterToolRequest) -> RegisterToolResponse;
-            /// Removes a tool.
-            deregister_tool(DeregisterToolRequest) -> DeregisterToolResponse;
-            /// Lists tools.
-            list_tools(ListToolsRequest) -> ListToolsResponse;
-            /// Tools and agents for a prompt.
-            get_capabilities_summary(GetCapabilitiesSummaryRequest) -> GetCapabilitiesSummaryResponse;
-            /// Records a call outcome.
-            report_outcome(ReportOutcomeRequest) -> ReportOutcomeResponse;
-        }
-        streaming {
-            /// Streams changes.
-            watch(WatchRequest) -> WatchResponse;
-        }
     }
 }
 

@@ -15,15 +15,14 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
+use switchyard_api::RegistryClient;
 use switchyard_core::routing::ScoringConfig;
 use switchyard_core::{Reason, Violations};
 use switchyard_kit::error::{invalid_argument, status, status_with_metadata};
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_proto::registry::v1::{WatchEventType, WatchRequest, WatchResponse};
-use switchyard_proto::router::v1::router_service_client::RouterServiceClient;
 use switchyard_proto::router::v1::router_service_server::{RouterService, RouterServiceServer};
 use switchyard_proto::router::v1::{RouteConstraints, RouteRequest, RouteResponse};
-use switchyard_registry::RegistryClient;
 use tokio::sync::watch;
 use tonic::{Code, Request, Response, Status};
 
@@ -375,19 +374,6 @@ impl RouterService for Router {
         Ok(Response::new(
             self.route_for(req.get_ref(), p.tenant_scope())?,
         ))
-    }
-}
-
-switchyard_kit::service_client! {
-    /// A router client: in-process in `switchyard dev`, over gRPC when split.
-    pub RouterClient {
-        local: Router as RouterService,
-        remote: RouterServiceClient,
-        unary {
-            /// Ranks agents for a capability.
-            route(RouteRequest) -> RouteResponse;
-        }
-        streaming {}
     }
 }
 

@@ -1,0 +1,251 @@
+//! The spend protocol, the one way anything spends on a budget: [`reserve`]
+//! the worst case first (a refusal means the work is not done), then
+//! [`Hold::commit`] what was used, with its journal entry, or
+//! [`Hold::release`] it. The executor's agent calls, its LLM tasks and the
+//! declarative agents all go through here, with keys from [`key`].
+
+use std::fmt::Write as _;
+
+use sha2::{Digest, Sha256};
+use switchyard_core::Reason;
+use switchyard_kit::error::ApiError;
+use switchyard_proto::common::v1::{CorrelationContext, Money};
+use switchyard_proto::ledger::v1::{
+    CommitRequest, CommitResponse, Entry, ReleaseRequest, ReserveRequest,
+};
+use tonic::Status;
+
+use crate::LedgerClient;
+
+/// Longest idempotency key the ledger accepts.
+const MAX_KEY: usize = 128;
+
+/// An idempotency key from its parts, joined by `/`: the same parts give the
+/// same key, so a retried call (after a restart, say) is answered, not
+/// repeated. Parts come from clients and providers (job ids, tool-call ids),
+/// so a key that would be too long or use characters the ledger refuses
+/// keeps a readable prefix and ends in a hash of the whole.
+pub fn key(parts: &[&str]) -> String {
+    let whole = parts.join("/");
+    if switchyard_core::validate::key(&whole, "key").is_ok() {
+        return whole;
+    }
+    let digest = Sha256::digest(whole.as_bytes());
+    let mut hash = String::with_capacity(32);
+    for b in &digest[..16] {
+        let _ = write!(hash, "{b:02x}");
+    }
+    let readable: String = whole
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '/' | '@' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(MAX_KEY - hash.len() - 1)
+        .collect();
+    let readable = readable.trim_start_matches(|c: char| !c.is_ascii_alphanumeric() && c != '@');
+    if readable.is_empty() {
+        hash
+    } else {
+        format!("{readable}-{hash}")
+    }
+}
+
+/// What to hold.
+#[derive(Debug, Clone)]
+pub struct HoldRequest {
+    /// The budget to hold on (its ancestors are held too).
+    pub budget_id: String,
+    /// Tokens to hold.
+    pub tokens: u64,
+    /// Cost to hold, micro-USD.
+    pub cost_micro_usd: i64,
+    /// From [`key`]; the same key gives the same hold.
+    pub key: String,
+    /// Where the spending comes from.
+    pub context: CorrelationContext,
+    /// A note for the ledger's readers.
+    pub note: String,
+}
+
+/// Why nothing was held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// A budget on the chain has not enough left: the work must not run.
+    Budget {
+        /// The budget that refused.
+        refused_by: String,
+        /// The ledger's words.
+        message: String,
+    },
+    /// The ledger could not be asked, or refused for another reason.
+    Unavailable(String),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Budget { message, .. } => {
+                write!(f, "the budget refused the reservation: {message}")
+            }
+            Refusal::Unavailable(m) => write!(f, "ledger: {m}"),
+        }
+    }
+}
+
+/// A reservation: commit what was used, or release it. Dropping a hold
+/// leaves it to the reservation's TTL.
+#[derive(Debug, Clone)]
+pub struct Hold {
+    ledger: LedgerClient,
+    id: String,
+}
+
+/// Reserves `r` on its budget chain, all or nothing.
+pub async fn reserve(ledger: &LedgerClient, r: HoldRequest) -> Result<Hold, Refusal> {
+    let reserved = ledger
+        .reserve(ReserveRequest {
+            budget_id: r.budget_id,
+            tokens: r.tokens,
+            cost: Some(Money {
+                micro_usd: r.cost_micro_usd,
+            }),
+            idempotency_key: r.key,
+            ttl: None,
+            context: Some(r.context),
+            note: r.note,
+        })
+        .await;
+    match reserved {
+        Ok(res) => Ok(Hold {
+            ledger: ledger.clone(),
+            id: res.reservation.unwrap_or_default().reservation_id,
+        }),
+        Err(e) => {
+            let api = ApiError::from(e);
+            if api.known_reason() == Some(Reason::BudgetExceeded) {
+                let refused_by = api.metadata.get("refused_by").cloned().unwrap_or_default();
+                Err(Refusal::Budget {
+                    refused_by,
+                    message: api.message,
+                })
+            } else {
+                Err(Refusal::Unavailable(api.message))
+            }
+        }
+    }
+}
+
+impl Hold {
+    /// The hold on reservation `id` (made earlier, e.g. by a loop that
+    /// passes holds around by id).
+    pub fn resume(ledger: &LedgerClient, id: &str) -> Hold {
+        Hold {
+            ledger: ledger.clone(),
+            id: id.to_owned(),
+        }
+    }
+
+    /// The reservation id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Commits what was used, with its journal entry (idempotent).
+    pub async fn commit(
+        &self,
+        tokens: u64,
+        cost_micro_usd: i64,
+        entry: Entry,
+    ) -> Result<CommitResponse, Status> {
+        self.ledger
+            .commit(CommitRequest {
+                reservation_id: self.id.clone(),
+                tokens,
+                cost: Some(Money {
+                    micro_usd: cost_micro_usd,
+                }),
+                entry: Some(entry),
+                idempotency_key: format!("commit-{}", self.id),
+            })
+            .await
+    }
+
+    /// Releases the hold unused (idempotent). A reservation already
+    /// committed, released or expired holds nothing: that is success.
+    pub async fn release(&self) -> Result<(), Status> {
+        let r = self
+            .ledger
+            .release(ReleaseRequest {
+                reservation_id: self.id.clone(),
+                idempotency_key: format!("release-{}", self.id),
+            })
+            .await;
+        match r {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    ApiError::from(e.clone()).known_reason(),
+                    Some(Reason::ReservationNotOpen | Reason::ReservationNotFound)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_that_fit_are_kept_as_they_are() {
+        assert_eq!(key(&["job-1", "t", "1", "agent_x"]), "job-1/t/1/agent_x");
+    }
+
+    #[test]
+    fn long_or_foreign_keys_stay_valid_distinct_and_stable() {
+        let id = "call__0_agent_summarizer_cmpl-0b5b3e53-5f0e-4c3e-9d55-0d5d0e7c2b7a";
+        let a = key(&[
+            "01a206cf-e166-71cd-b879-5971accf9e08",
+            "agent",
+            "1/tool",
+            id,
+            "agent_summarizer",
+        ]);
+        let b = key(&[
+            "01a206cf-e166-71cd-b879-5971accf9e08",
+            "agent",
+            "1/tool",
+            id,
+            "agent_other",
+        ]);
+        for k in [&a, &b] {
+            assert!(switchyard_core::validate::key(k, "key").is_ok(), "{k}");
+        }
+        assert_ne!(a, b);
+        assert_eq!(
+            a,
+            key(&[
+                "01a206cf-e166-71cd-b879-5971accf9e08",
+                "agent",
+                "1/tool",
+                id,
+                "agent_summarizer"
+            ])
+        );
+        let odd = key(&["job", "t", "call id with spaces+ü"]);
+        assert!(switchyard_core::validate::key(&odd, "key").is_ok(), "{odd}");
+        assert!(odd.starts_with("job/t/call_id"), "{odd}");
+        let all_odd = key(&["~~~"]);
+        assert!(
+            switchyard_core::validate::key(&all_odd, "key").is_ok(),
+            "{all_odd}"
+        );
+    }
+}
