@@ -67,6 +67,7 @@ impl Config {
         self.approval.validate()?;
         self.executor.validate()?;
         self.llm.validate()?;
+        self.price_catalogue()?;
         if let Some(o) = &self.auth.oidc {
             o.validate()?;
         }
@@ -80,6 +81,48 @@ impl Config {
             return Err("server.max_message_bytes must be at least 1024".into());
         }
         Ok(())
+    }
+}
+
+impl Config {
+    /// The one price catalogue: every `[llm]` model's price (what LLM tasks
+    /// are estimated and charged at) and the `[ledger.prices]` of models no
+    /// provider serves here. `EstimateCost` answers from it. A model priced
+    /// differently in both places is refused: an estimate would disagree
+    /// with the charge.
+    pub fn price_catalogue(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, switchyard_ledger::PriceConfig>, String> {
+        let mut prices = self.ledger.prices.clone();
+        for p in &self.llm.providers {
+            for m in &p.models {
+                let (Some(input), Some(output)) = (
+                    m.input_micro_usd_per_million,
+                    m.output_micro_usd_per_million,
+                ) else {
+                    continue;
+                };
+                let price = switchyard_ledger::PriceConfig {
+                    input_micro_usd_per_million: input,
+                    output_micro_usd_per_million: output,
+                };
+                match self.ledger.prices.get(&m.name) {
+                    Some(other) if *other != price => {
+                        return Err(format!(
+                            "model {:?} is priced in [llm] (provider {:?}: {input}/{output} micro-USD per million tokens) and differently in [ledger.prices] ({}/{}): keep one price; LLM tasks are charged the [llm] one",
+                            m.name,
+                            p.name,
+                            other.input_micro_usd_per_million,
+                            other.output_micro_usd_per_million
+                        ));
+                    }
+                    _ => {
+                        prices.entry(m.name.clone()).or_insert(price);
+                    }
+                }
+            }
+        }
+        Ok(prices)
     }
 }
 
@@ -126,6 +169,32 @@ mod tests {
         assert_eq!(c.registry.lease_ttl_secs, 7);
         assert_eq!(c.storage.data_dir, PathBuf::from("/tmp/x"));
         assert_eq!(c.router.registry_url.as_deref(), Some("http://127.0.0.1:1"));
+    }
+
+    #[test]
+    fn llm_prices_are_the_price_catalogue_and_a_second_price_is_refused() {
+        let mut c = Config::default();
+        c.llm.providers.push(switchyard_llm::ProviderConfig {
+            name: "openai".into(),
+            base_url: "http://127.0.0.1:8089/v1".into(),
+            models: vec![switchyard_llm::ModelConfig {
+                name: "gpt-4o-mini".into(),
+                input_micro_usd_per_million: Some(150_000),
+                output_micro_usd_per_million: Some(600_000),
+            }],
+            ..Default::default()
+        });
+        let prices = c.price_catalogue().unwrap();
+        assert_eq!(prices["gpt-4o-mini"].output_micro_usd_per_million, 600_000);
+        c.ledger.prices.insert(
+            "gpt-4o-mini".into(),
+            switchyard_ledger::PriceConfig {
+                input_micro_usd_per_million: 150_000,
+                output_micro_usd_per_million: 700_000,
+            },
+        );
+        let e = c.validate().unwrap_err();
+        assert!(e.contains("keep one price"), "{e}");
     }
 
     #[test]

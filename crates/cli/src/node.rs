@@ -6,8 +6,9 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use switchyard_approval::{Approval, ApprovalClient};
-use switchyard_auth::{Auth, AuthClient};
+use switchyard_api::{ApprovalClient, AuthClient, LedgerClient, RegistryClient, RouterClient};
+use switchyard_approval::Approval;
+use switchyard_auth::Auth;
 use switchyard_core::SystemClock;
 use switchyard_executor::Executor;
 use switchyard_kit::auth::authn::Authenticator;
@@ -16,10 +17,8 @@ use switchyard_kit::client::Credential;
 use switchyard_kit::server::Server;
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_ledger::Ledger;
-use switchyard_ledger::LedgerClient;
-use switchyard_registry::{Registry, RegistryClient};
+use switchyard_registry::Registry;
 use switchyard_router::Router;
-use switchyard_router::RouterClient;
 use switchyard_store::Store;
 use tokio::net::TcpListener;
 
@@ -196,8 +195,10 @@ pub async fn run_node(
 
     let mut ledger = None;
     if services.contains(&ServiceKind::Ledger) {
+        let mut ledger_cfg = cfg.ledger.clone();
+        ledger_cfg.prices = cfg.price_catalogue().map_err(anyhow::Error::msg)?;
         let l = Ledger::open(
-            cfg.ledger.clone(),
+            ledger_cfg,
             open("ledger")?,
             Arc::new(SystemClock),
             shutdown.clone(),
