@@ -76,6 +76,56 @@ impl Refusal {
     }
 }
 
+/// A model call of the loop ended (one per provider tried: fallbacks show
+/// as several).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct LlmCall {
+    /// Turn (1-based) the call served.
+    pub turn: u32,
+    /// Model tried.
+    pub model: String,
+    /// Provider that served it ("" when none is configured).
+    pub provider: String,
+    /// `ok`, or the failure kind.
+    pub outcome: String,
+    /// Error text for failures.
+    pub error: String,
+    /// Round over the fallback chain (1-based).
+    pub round: u32,
+    /// How long the call took, milliseconds.
+    pub latency_ms: u64,
+}
+
+/// A tool call of the loop ended.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct ToolCall {
+    /// Turn (1-based) that asked for it.
+    pub turn: u32,
+    /// The model's id for the call.
+    pub call_id: String,
+    /// Tool name.
+    pub name: String,
+    /// `ok` or `error`.
+    pub status: String,
+    /// Reason code of the error.
+    pub reason: String,
+    /// Error given to the model instead of a result.
+    pub error: String,
+    /// How long the tool ran, milliseconds.
+    pub duration_ms: u64,
+}
+
+/// What the loop reports as it goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoopEvent {
+    /// A model call ended.
+    LlmCall(LlmCall),
+    /// A tool call ended.
+    ToolCall(ToolCall),
+}
+
 /// What the loop needs from where it runs.
 pub trait Host: Send + Sync {
     /// Reserves `tokens` and `cost` (micro-USD) for model call `call`
@@ -98,8 +148,8 @@ pub trait Host: Send + Sync {
         call_id: &'a str,
         args: Value,
     ) -> BoxFuture<'a, Result<Value, String>>;
-    /// Records an event (`llm_call`, `tool_call`).
-    fn event(&self, kind: &str, data: Value);
+    /// Records what the loop did.
+    fn event(&self, event: LoopEvent);
 }
 
 /// One tool call, as recorded (`ext_agent_tool_results`).
@@ -179,6 +229,19 @@ pub fn estimate_prompt_tokens(messages: &[Message], tools: &[ToolSpec]) -> u64 {
     bytes as u64 + 4 * messages.len() as u64 + 8 * tools.len() as u64 + 8
 }
 
+/// The conversation a loop starts with: the instructions (if any) as the
+/// system message, then the prompt. The approval estimate prices exactly
+/// these messages with [`estimate_prompt_tokens`], as the loop does before
+/// its first call.
+pub fn first_turn(instructions: &str, prompt: &str) -> Vec<Message> {
+    let mut messages = Vec::with_capacity(2);
+    if !instructions.trim().is_empty() {
+        messages.push(Message::text(Role::System, instructions));
+    }
+    messages.push(Message::text(Role::User, prompt));
+    messages
+}
+
 /// Reads a model's JSON answer, allowing a fenced ```json block.
 fn parse_json_answer(text: &str) -> Option<Value> {
     let t = text.trim();
@@ -232,11 +295,7 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
             &report,
         ));
     };
-    let mut messages = Vec::new();
-    if !spec.instructions.trim().is_empty() {
-        messages.push(Message::text(Role::System, spec.instructions.clone()));
-    }
-    messages.push(Message::text(Role::User, spec.prompt.clone()));
+    let messages = first_turn(&spec.instructions, &spec.prompt);
     // `none` offers no tools at all; otherwise the offer never changes.
     let offered: &[ToolSpec] = if spec.tool_choice == ToolChoice::None {
         &[]
@@ -303,11 +362,15 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
         };
         req.max_tokens = Some(cap);
         let mut on_call = |c: &CallRecord| {
-            host.event(
-                "llm_call",
-                json!({"turn": turn, "model": c.model, "provider": c.provider, "outcome": c.outcome,
-                       "error": c.error, "round": c.round, "latency_ms": c.latency_ms}),
-            );
+            host.event(LoopEvent::LlmCall(LlmCall {
+                turn,
+                model: c.model.clone(),
+                provider: c.provider.clone(),
+                outcome: c.outcome.clone(),
+                error: c.error.clone(),
+                round: c.round,
+                latency_ms: c.latency_ms,
+            }));
         };
         let answered = llm
             .chat(chain, &spec.provider, &req, spec.deadline, &mut on_call)
@@ -491,12 +554,15 @@ async fn run_tool(
         }
     }
     r.duration_ms = started.elapsed().as_millis() as u64;
-    host.event(
-        "tool_call",
-        json!({"turn": turn, "call_id": r.call_id, "name": r.name,
-               "status": if r.error.is_empty() { "ok" } else { "error" },
-               "reason": r.reason, "error": r.error, "duration_ms": r.duration_ms}),
-    );
+    host.event(LoopEvent::ToolCall(ToolCall {
+        turn,
+        call_id: r.call_id.clone(),
+        name: r.name.clone(),
+        status: if r.error.is_empty() { "ok" } else { "error" }.to_owned(),
+        reason: r.reason.clone(),
+        error: r.error.clone(),
+        duration_ms: r.duration_ms,
+    }));
     r
 }
 
@@ -515,7 +581,7 @@ mod tests {
         reserved: Mutex<Vec<u64>>,
         committed: Mutex<Vec<(String, Usage, i64)>>,
         tools_run: Mutex<Vec<String>>,
-        events: Mutex<Vec<(String, Value)>>,
+        events: Mutex<Vec<LoopEvent>>,
     }
 
     impl Host for TestHost {
@@ -574,8 +640,8 @@ mod tests {
                 }
             })
         }
-        fn event(&self, kind: &str, data: Value) {
-            self.events.lock().unwrap().push((kind.into(), data));
+        fn event(&self, event: LoopEvent) {
+            self.events.lock().unwrap().push(event);
         }
     }
 

@@ -1,93 +1,27 @@
-//! A job's state is derived only from its events: live changes build an
-//! event, [`JobEntry::apply`] it, then append it to the durable log; start-up
-//! replays the log through the same `apply`. So "the state equals the replay
-//! of the log" holds by construction.
+//! One job in memory, derived only from its events: live changes build a
+//! [`JobEvent`], [`JobEntry::apply`] it, then append it to the durable log;
+//! start-up replays the log through the same `apply`. So "the state equals
+//! the replay of the log" holds by construction. Pure: no I/O, no clock.
 
 use std::collections::{BTreeMap, HashSet};
 
 use serde_json::{Value, json};
 use switchyard_core::dag::Dag;
 use switchyard_core::lifecycle::{JobState, TaskState};
-use switchyard_kit::json::{json_to_struct, struct_to_json};
+use switchyard_kit::json::struct_to_json;
 use switchyard_kit::time::timestamp;
 use switchyard_proto::common::v1::{Event, Money};
 use switchyard_proto::executor::v1::{self as pb, Attempt, Job, JobSpec, Progress, TaskStatus};
 
-/// Event kinds, `<area>.<what>`.
-pub mod kind {
-    /// The job was accepted (data: format, tasks, submitted_by, traceparent).
-    pub const SUBMITTED: &str = "job.submitted";
-    /// The job changed state (data: from, to, reason, error).
-    pub const JOB_STATE: &str = "job.state";
-    /// An approval run was proposed (data: run_id, estimates, context_hash).
-    pub const APPROVAL_REQUESTED: &str = "approval.requested";
-    /// The approval run was decided (data: status, by, comment).
-    pub const APPROVAL_DECIDED: &str = "approval.decided";
-    /// The job's budget exists (data: budget_id, parent_id).
-    pub const BUDGET_CREATED: &str = "budget.created";
-    /// A reservation was made (data: reservation_id, tokens, cost_micro_usd).
-    pub const RESERVED: &str = "budget.reserved";
-    /// A reservation was committed (data: reservation_id, tokens, cost_micro_usd).
-    pub const COMMITTED: &str = "budget.committed";
-    /// A reservation was released (data: reservation_id, why).
-    pub const RELEASED: &str = "budget.released";
-    /// A reservation was refused (data: refused_by, message).
-    pub const REFUSED: &str = "budget.refused";
-    /// A task changed state (data: from, to, reason, error, next_attempt_at_ms).
-    pub const TASK_STATE: &str = "task.state";
-    /// A task attempt started (data: attempt, timeout_secs).
-    pub const ATTEMPT: &str = "task.attempt";
-    /// A task's final outputs were stored (data: exit_code, output, agent_id).
-    pub const RESULT: &str = "task.result";
-    /// A chunk of output (data: stream, chunk).
-    pub const OUTPUT: &str = "task.output";
-    /// Candidates from the router, with scores (data: capability, candidates).
-    pub const ROUTED: &str = "routing.decision";
-    /// An agent call ended (data: agent_id, status, latency_ms, error).
-    pub const AGENT_CALL: &str = "agent.call";
-    /// Progress relayed from an agent (data: agent_id, message, percent).
-    pub const AGENT_PROGRESS: &str = "agent.progress";
-    /// A note for people (data: message), e.g. FAIL_AND_NOTIFY's notification.
-    pub const NOTICE: &str = "job.notice";
-    /// A model call of an LLM task ended (data: turn, model, provider,
-    /// outcome, error, round, latency_ms); fallbacks show as several.
-    pub const LLM_CALL: &str = "llm.call";
-    /// A tool call of an LLM task ended (data: turn, call_id, name, status,
-    /// reason, error, duration_ms).
-    pub const TOOL_CALL: &str = "llm.tool_call";
-    /// The task created a child job (data: child_job_id).
-    pub const DELEGATED: &str = "delegation.created";
-    /// A child job ended; its usage rolls up into this job (data:
-    /// child_job_id, state, tokens, cost_micro_usd).
-    pub const CHILD_SETTLED: &str = "delegation.settled";
-    /// A self-billing agent committed its own usage on the job's budget
-    /// (data: agent_id, model, tokens, cost_micro_usd).
-    pub const BILLED: &str = "budget.billed_by_agent";
-}
+use crate::events::JobEvent;
 
-/// Builds an event's data object.
-pub fn data(v: Value) -> Option<prost_types::Struct> {
-    json_to_struct(&v)
-}
-
-fn get<'a>(e: &'a Event, k: &str) -> Option<&'a prost_types::Value> {
-    e.data.as_ref().and_then(|d| d.fields.get(k))
-}
-
-/// A string field of an event's data.
-pub fn text(e: &Event, k: &str) -> String {
-    match get(e, k).and_then(|v| v.kind.as_ref()) {
-        Some(prost_types::value::Kind::StringValue(s)) => s.clone(),
-        _ => String::new(),
-    }
-}
-
-/// A numeric field of an event's data.
-pub fn num(e: &Event, k: &str) -> f64 {
-    match get(e, k).and_then(|v| v.kind.as_ref()) {
-        Some(prost_types::value::Kind::NumberValue(n)) => *n,
-        _ => 0.0,
-    }
+/// A reservation not yet committed or released.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenHold {
+    /// The task it is for.
+    pub task_id: String,
+    /// The cost it holds.
+    pub cost_micro_usd: i64,
 }
 
 /// One job in memory.
@@ -99,8 +33,12 @@ pub struct JobEntry {
     pub dag: Dag,
     /// Global log sequences of its events, in order.
     pub events: Vec<u64>,
-    /// Reservations made and not yet committed or released: id -> task id.
-    pub open_reservations: BTreeMap<String, String>,
+    /// Reservations made and not yet committed or released, by id.
+    pub open_reservations: BTreeMap<String, OpenHold>,
+    /// Cost being reserved right now, by task (not an event: what is in
+    /// flight to the ledger, so two reservations of one task cannot both
+    /// pass its cost limit).
+    pub reserving: std::collections::HashMap<String, i64>,
     /// Trace context at submission, so work resumed later joins the trace.
     pub traceparent: String,
     /// Tasks whose timeout was already extended (RETRY_WITH_TIMEOUT_EXTENSION).
@@ -164,6 +102,7 @@ impl JobEntry {
             dag,
             events: Vec::new(),
             open_reservations: BTreeMap::new(),
+            reserving: Default::default(),
             traceparent: String::new(),
             extended: HashSet::new(),
             context_hash: String::new(),
@@ -197,126 +136,154 @@ impl JobEntry {
         task_state(self.job.tasks[i].state)
     }
 
-    /// Applies one event to the state. Transitions were checked when the
-    /// event was made; replay trusts the log.
-    pub fn apply(&mut self, e: &Event, outputs: impl FnOnce(&str) -> Option<TaskStatus>) {
-        let at = e.time;
-        let task = self.index.get(&e.task_id).copied();
-        self.job.last_sequence = e.sequence;
-        match e.kind.as_str() {
-            kind::SUBMITTED => {
-                self.job.submitted_by = text(e, "submitted_by");
-                self.job.tenant = text(e, "tenant");
-                self.submitter_kind = text(e, "submitter_kind");
-                self.traceparent = text(e, "traceparent");
+    /// Applies one event, `ev`, whose envelope (sequence, time, task) is
+    /// `at`. Transitions were checked when the event was made; replay trusts
+    /// the log. `outputs` reads a task's stored outputs.
+    pub fn apply(
+        &mut self,
+        at: &Event,
+        ev: &JobEvent,
+        outputs: impl FnOnce(&str) -> Option<TaskStatus>,
+    ) {
+        let time = at.time;
+        let task = self.index.get(&at.task_id).copied();
+        self.job.last_sequence = at.sequence;
+        match ev {
+            JobEvent::Submitted(s) => {
+                self.job.submitted_by.clone_from(&s.submitted_by);
+                self.job.tenant.clone_from(&s.tenant);
+                self.submitter_kind.clone_from(&s.submitter_kind);
+                self.traceparent.clone_from(&s.traceparent);
             }
-            kind::JOB_STATE => {
-                let to = JobState::parse(&text(e, "to")).unwrap_or(JobState::Pending);
+            JobEvent::JobMoved(m) => {
+                let to = JobState::parse(&m.to).unwrap_or(JobState::Pending);
                 self.job.state = proto_job_state(to) as i32;
-                self.job.reason = text(e, "reason");
-                self.job.error = text(e, "error");
+                self.job.reason.clone_from(&m.reason);
+                self.job.error.clone_from(&m.error);
                 if to == JobState::Active && self.job.started_at.is_none() {
-                    self.job.started_at = at;
+                    self.job.started_at = time;
                 }
                 if to.is_terminal() || to == JobState::Retryable {
-                    self.job.finished_at = at;
+                    self.job.finished_at = time;
                 }
             }
-            kind::APPROVAL_REQUESTED => {
-                self.job.run_id = text(e, "run_id");
-                self.context_hash = text(e, "context_hash");
+            JobEvent::ApprovalRequested(r) => {
+                self.job.run_id.clone_from(&r.run_id);
+                self.context_hash.clone_from(&r.context_hash);
             }
-            kind::BUDGET_CREATED => self.job.budget_id = text(e, "budget_id"),
-            kind::RESERVED => {
+            JobEvent::BudgetCreated(b) => self.job.budget_id.clone_from(&b.budget_id),
+            JobEvent::Reserved(r) => {
+                let hold = OpenHold {
+                    task_id: at.task_id.clone(),
+                    cost_micro_usd: r.cost_micro_usd,
+                };
                 self.open_reservations
-                    .insert(text(e, "reservation_id"), e.task_id.clone());
+                    .insert(r.reservation_id.clone(), hold);
             }
-            kind::COMMITTED => {
-                self.open_reservations.remove(&text(e, "reservation_id"));
-                self.count_usage(e, task);
+            JobEvent::Committed(c) => {
+                self.open_reservations.remove(&c.reservation_id);
+                self.count_usage(task, c.tokens, c.cost_micro_usd);
             }
             // Charged on this job's budget elsewhere (a child's nested
             // budget, or a self-billing agent's own commits): counted here too.
-            kind::CHILD_SETTLED | kind::BILLED => self.count_usage(e, task),
-            kind::RELEASED => {
-                self.open_reservations.remove(&text(e, "reservation_id"));
+            JobEvent::ChildSettled(c) => self.count_usage(task, c.tokens, c.cost_micro_usd),
+            JobEvent::BilledByAgent(b) => self.count_usage(task, b.tokens, b.cost_micro_usd),
+            JobEvent::Released(r) => {
+                self.open_reservations.remove(&r.reservation_id);
             }
-            kind::ATTEMPT => {
+            JobEvent::AttemptStarted(_) => {
                 if let Some(i) = task {
                     let t = &mut self.job.tasks[i];
-                    t.started_at = t.started_at.or(at);
+                    t.started_at = t.started_at.or(time);
                     let number = t.attempts.len() as u32 + 1;
                     t.attempts.push(Attempt {
                         number,
-                        started_at: at,
+                        started_at: time,
                         ..Default::default()
                     });
                 }
             }
-            kind::AGENT_CALL => {
+            JobEvent::AgentCalled(c) => {
                 if let Some(i) = task
                     && let Some(a) = self.job.tasks[i].attempts.last_mut()
                 {
-                    a.agent_id = text(e, "agent_id");
+                    a.agent_id.clone_from(&c.agent_id);
                 }
             }
-            kind::RESULT => {
+            JobEvent::ResultStored(_) => {
                 if let Some(i) = task
-                    && let Some(stored) = outputs(&e.task_id)
+                    && let Some(stored) = outputs(&at.task_id)
                 {
-                    let t = &mut self.job.tasks[i];
-                    t.output = stored.output;
-                    t.stdout = stored.stdout;
-                    t.stderr = stored.stderr;
-                    t.exit_code = stored.exit_code;
-                    t.output_truncated = stored.output_truncated;
-                    t.agent_id = stored.agent_id;
-                    t.model_used = stored.model_used;
-                    t.tool_results = stored.tool_results;
-                    t.llm_usage = stored.llm_usage;
-                    t.child_job_ids = stored.child_job_ids;
-                    t.isolation = stored.isolation;
-                    t.isolation_detail = stored.isolation_detail;
-                    t.resource_limit = stored.resource_limit;
+                    self.keep_outputs(i, stored);
                 }
             }
-            kind::TASK_STATE => {
+            JobEvent::TaskMoved(m) => {
                 if let Some(i) = task {
-                    let from = self.task_state(i);
-                    let to = TaskState::parse(&text(e, "to")).unwrap_or(TaskState::Waiting);
-                    let t = &mut self.job.tasks[i];
-                    t.state = proto_task_state(to) as i32;
-                    let (reason, error) = (text(e, "reason"), text(e, "error"));
-                    if from == TaskState::Running
-                        && let Some(a) = t.attempts.last_mut()
-                    {
-                        a.finished_at = at;
-                        if to != TaskState::Succeeded {
-                            a.error = error.clone();
-                            a.reason = reason.clone();
-                        }
-                    }
-                    t.reason = reason;
-                    t.error = error;
-                    if text(e, "extend") == "true" {
-                        self.extended.insert(e.task_id.clone());
-                    }
-                    let next = num(e, "next_attempt_at_ms") as u64;
-                    t.next_attempt_at = (next > 0).then(|| timestamp(next));
-                    if to.is_terminal() {
-                        t.finished_at = at;
-                    }
-                    self.recount();
+                    self.move_task(i, m, time);
                 }
             }
-            _ => {}
+            JobEvent::ApprovalDecided(_)
+            | JobEvent::Refused(_)
+            | JobEvent::Output(_)
+            | JobEvent::Routed(_)
+            | JobEvent::AgentProgress(_)
+            | JobEvent::Notice(_)
+            | JobEvent::LlmCalled(_)
+            | JobEvent::ToolCalled(_)
+            | JobEvent::Delegated(_) => {}
         }
     }
 
-    /// Adds an event's tokens and cost to the job and its task.
-    fn count_usage(&mut self, e: &Event, task: Option<usize>) {
-        let tokens = num(e, "tokens") as u64;
-        let cost = num(e, "cost_micro_usd") as i64;
+    fn keep_outputs(&mut self, i: usize, stored: TaskStatus) {
+        let t = &mut self.job.tasks[i];
+        t.output = stored.output;
+        t.stdout = stored.stdout;
+        t.stderr = stored.stderr;
+        t.exit_code = stored.exit_code;
+        t.output_truncated = stored.output_truncated;
+        t.agent_id = stored.agent_id;
+        t.model_used = stored.model_used;
+        t.tool_results = stored.tool_results;
+        t.llm_usage = stored.llm_usage;
+        t.child_job_ids = stored.child_job_ids;
+        t.isolation = stored.isolation;
+        t.isolation_detail = stored.isolation_detail;
+        t.resource_limit = stored.resource_limit;
+    }
+
+    fn move_task(
+        &mut self,
+        i: usize,
+        m: &crate::events::TaskMoved,
+        time: Option<prost_types::Timestamp>,
+    ) {
+        let from = self.task_state(i);
+        let to = TaskState::parse(&m.to).unwrap_or(TaskState::Waiting);
+        let t = &mut self.job.tasks[i];
+        t.state = proto_task_state(to) as i32;
+        if from == TaskState::Running
+            && let Some(a) = t.attempts.last_mut()
+        {
+            a.finished_at = time;
+            if to != TaskState::Succeeded {
+                a.error.clone_from(&m.error);
+                a.reason.clone_from(&m.reason);
+            }
+        }
+        t.reason.clone_from(&m.reason);
+        t.error.clone_from(&m.error);
+        if m.extend {
+            self.extended.insert(t.task_id.clone());
+        }
+        t.next_attempt_at = (m.next_attempt_at_ms > 0).then(|| timestamp(m.next_attempt_at_ms));
+        if to.is_terminal() {
+            t.finished_at = time;
+        }
+        self.recount();
+    }
+
+    /// Adds tokens and cost to the job and, if any, its task.
+    fn count_usage(&mut self, task: Option<usize>, tokens: u64, cost: i64) {
         self.job.tokens_used += tokens;
         self.job.cost_so_far.get_or_insert_default().micro_usd += cost;
         if let Some(i) = task {
@@ -336,6 +303,24 @@ impl JobEntry {
             total_steps: total,
             percent_complete: (done * 100).checked_div(total).unwrap_or(100),
         });
+    }
+
+    /// What task `task_id` has spent or holds: its committed cost (its
+    /// own calls, agents billing themselves, child jobs), its open
+    /// reservations and those being made. The task's cost limit bounds this.
+    pub fn task_exposure(&self, task_id: &str) -> i64 {
+        let spent = self
+            .index
+            .get(task_id)
+            .and_then(|&i| self.job.tasks[i].cost)
+            .map_or(0, |m| m.micro_usd);
+        let held: i64 = self
+            .open_reservations
+            .values()
+            .filter(|h| h.task_id == task_id)
+            .map(|h| h.cost_micro_usd)
+            .sum();
+        spent + held + self.reserving.get(task_id).copied().unwrap_or(0)
     }
 
     /// Outputs visible to templates: task id -> output object (command tasks:

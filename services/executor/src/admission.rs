@@ -1,0 +1,934 @@
+//! Admission: a request's job is converted and checked ([`Executor::accept`]),
+//! its worst case estimated ([`estimate`], pure, from the routes and prices
+//! gathered first), its approval run proposed ([`proposal`], pure) and its
+//! budget created ([`Executor::admit`]); then it waits for approval
+//! ([`Executor::poll_approvals`]) or starts at once.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use switchyard_core::Reason;
+use switchyard_core::lifecycle::JobState;
+use switchyard_kit::auth::{OnBehalf, Principal};
+use switchyard_proto::approval::v1 as ap;
+use switchyard_proto::common::v1::Money;
+use switchyard_proto::executor::v1::{
+    AgentTask, FallbackStrategy, JobSpec, LlmTask, RoutePreview, SubmitJobRequest,
+    SubmitJobResponse, ValidateJobRequest, ValidateJobResponse, task_spec::Kind,
+};
+use switchyard_proto::ledger::v1::CreateBudgetRequest;
+use switchyard_proto::router::v1::{RouteConstraints, RouteRequest, RouteResponse};
+use tonic::Status;
+
+use crate::book::Jobs;
+use crate::error::{ExecutorError, upstream};
+use crate::events::{self, JobEvent};
+use crate::formats::{self, FormatError};
+use crate::job::JobEntry;
+use crate::{Executor, spec};
+
+/// The job a delegated job comes from.
+#[derive(Debug, Clone)]
+pub(crate) struct Parent {
+    run_id: String,
+    budget_id: String,
+    submitter: OnBehalf,
+}
+
+/// The worst case of a job.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Estimate {
+    pub(crate) input_tokens: u64,
+    pub(crate) output_tokens: u64,
+    /// `None` when some part cannot be priced (unknown model, no agent yet,
+    /// or spending decided later: agents as tools, delegation).
+    pub(crate) cost: Option<i64>,
+    pub(crate) routes: Vec<RoutePreview>,
+}
+
+/// What the estimate needs from outside the spec.
+pub(crate) struct Known<'a> {
+    /// Candidates of each agent task, by task id.
+    pub(crate) routes: &'a HashMap<String, RouteResponse>,
+    /// The one price catalogue (`[llm]`).
+    pub(crate) llm: &'a switchyard_llm::Llm,
+    /// Tokens reserved for one agent call.
+    pub(crate) agent_max_tokens: u64,
+    /// Output tokens assumed for an LLM task without max_tokens.
+    pub(crate) llm_default_max_tokens: u64,
+    /// Model calls of an LLM task attempt without max_turns.
+    pub(crate) llm_max_turns: u32,
+}
+
+/// Tokens reserved for one agent call: the configured amount within the
+/// job's token budget.
+pub(crate) fn agent_tokens(configured: u64, token_cap: Option<u64>) -> u64 {
+    token_cap.map_or(configured, |cap| configured.min(cap))
+}
+
+/// Attempts a task may make: its retries and one timeout extension.
+fn attempts(t: &switchyard_proto::executor::v1::TaskSpec) -> u64 {
+    let retry = t.retry.as_ref().map_or(0, |r| r.max_retries);
+    let extension = t
+        .fallback
+        .as_ref()
+        .is_some_and(|f| f.on_timeout == FallbackStrategy::RetryWithTimeoutExtension as i32);
+    1 + u64::from(retry) + u64::from(extension)
+}
+
+/// Worst-case tokens and cost of `spec`, with a routing preview.
+pub(crate) fn estimate(spec: &JobSpec, known: &Known<'_>) -> Estimate {
+    let mut est = Estimate {
+        cost: Some(0),
+        ..Default::default()
+    };
+    let token_cap = spec.budget.as_ref().and_then(|b| b.token_budget);
+    for t in &spec.tasks {
+        let n = attempts(t);
+        match &t.kind {
+            Some(Kind::Agent(_)) => {
+                let routed = known.routes.get(&t.id).cloned().unwrap_or_default();
+                // An agent that bills its own model calls can spend more
+                // than its price: its worst case is unknown, so a person
+                // (not a cost policy) approves.
+                let worst = if routed.candidates.iter().any(|c| c.bills_tokens) {
+                    None
+                } else {
+                    routed
+                        .candidates
+                        .iter()
+                        .map(|c| c.price_per_unit_micro_usd)
+                        .max()
+                };
+                est.output_tokens += agent_tokens(known.agent_max_tokens, token_cap) * n;
+                est.cost = est.cost.zip(worst).map(|(c, p)| c + p * n as i64);
+                let best = routed.candidates.first();
+                est.routes.push(RoutePreview {
+                    task_id: t.id.clone(),
+                    agent_id: best.map(|b| b.agent_id.clone()).unwrap_or_default(),
+                    score: best.map_or(0.0, |b| b.score),
+                });
+            }
+            Some(Kind::Llm(l)) => estimate_llm(&mut est, l, n, token_cap, known),
+            _ => {}
+        }
+    }
+    est
+}
+
+/// An LLM task's worst case: every turn of every attempt sends its first
+/// prompt, estimated by the same bound the loop reserves before each call
+/// ([`switchyard_llm::agent::estimate_prompt_tokens`] over the same
+/// messages and declared tools), and spends its full completion cap,
+/// within the token budget.
+fn estimate_llm(
+    est: &mut Estimate,
+    l: &LlmTask,
+    attempts: u64,
+    cap: Option<u64>,
+    known: &Known<'_>,
+) {
+    use switchyard_llm::agent::{estimate_prompt_tokens, first_turn};
+    let tools: Vec<switchyard_llm::ToolSpec> = l
+        .tools
+        .iter()
+        .map(|t| switchyard_llm::ToolSpec {
+            name: t.name.clone(),
+            description: t.description.clone(),
+            parameters: t.parameters.as_ref().map_or(
+                serde_json::json!({"type": "object"}),
+                switchyard_kit::json::struct_to_json,
+            ),
+        })
+        .collect();
+    let input = estimate_prompt_tokens(&first_turn(&l.instructions, &l.prompt), &tools);
+    let output = l.max_tokens.unwrap_or(known.llm_default_max_tokens);
+    let turns = u64::from(if l.max_turns == 0 {
+        known.llm_max_turns
+    } else {
+        l.max_turns
+    });
+    let (mut i, mut o) = (input * turns * attempts, output * turns * attempts);
+    if let Some(cap) = l.token_budget.or(cap)
+        && i + o > cap
+    {
+        o = (u128::from(cap) * u128::from(o) / u128::from(i + o)) as u64;
+        i = cap - o;
+    }
+    est.input_tokens += i;
+    est.output_tokens += o;
+    let mut chain = vec![l.model.clone()];
+    chain.extend(l.fallback_models.iter().cloned());
+    let price = known.llm.chain_price(&chain, &l.provider);
+    // Agents called as tools and delegated jobs spend inside the job's
+    // budget too, by amounts not known now: a person approves.
+    let open_ended = !l.agents.is_empty()
+        || l.tools
+            .iter()
+            .any(|t| t.name == switchyard_agent_sdk::delegation::TOOL && t.command.is_empty());
+    let usage = switchyard_llm::Usage {
+        prompt_tokens: i,
+        completion_tokens: o,
+        total_tokens: i + o,
+    };
+    est.cost = match (est.cost, price) {
+        (Some(c), Some(p)) if !open_ended => Some(c + p.cost(&usage)),
+        _ => None,
+    };
+}
+
+/// The approval run proposed for `spec` (seed 004's AgentRunSpec).
+pub(crate) fn proposal(
+    spec: &JobSpec,
+    est: &Estimate,
+    hash: &str,
+    submitted_by: &str,
+    default_org: &str,
+) -> ap::Run {
+    let first_llm = spec.tasks.iter().find_map(|t| match &t.kind {
+        Some(Kind::Llm(l)) => Some(l),
+        _ => None,
+    });
+    let approval = spec.approval.clone().unwrap_or_default();
+    let mut tools: Vec<String> = approval.tools_allowed.clone();
+    if tools.is_empty() {
+        tools = spec
+            .tasks
+            .iter()
+            .flat_map(|t| match &t.kind {
+                Some(Kind::Llm(l)) => l.tools.iter().map(|t| t.name.clone()).collect(),
+                _ => Vec::new(),
+            })
+            .collect();
+    }
+    if tools.is_empty() {
+        tools.push("none".into());
+    }
+    let outputs = if approval.outputs_allowed.is_empty() {
+        vec!["job_result".into()]
+    } else {
+        approval.outputs_allowed.clone()
+    };
+    let intent: String = [approval.intent.as_str(), spec.plan_description.as_str()]
+        .into_iter()
+        .find(|s| !s.trim().is_empty())
+        .map_or_else(
+            || format!("run job of plan {}", spec.plan_id),
+            str::to_owned,
+        )
+        .chars()
+        .take(400)
+        .collect();
+    let label = |k: &str| spec.labels.get(k).cloned();
+    ap::Run {
+        schema_version: "agent_run_spec/v1".into(),
+        run_id: format!("run-{}", spec.job_id),
+        created_by: submitted_by.to_owned(),
+        target: Some(ap::Target {
+            org: label("org").unwrap_or_else(|| default_org.to_owned()),
+            repo: label("repo").unwrap_or_default(),
+            work_item_ids: vec![spec.job_id.clone()],
+        }),
+        intent,
+        context_pack: Some(ap::ContextPack {
+            pack_id: spec.job_id.clone(),
+            hash: hash.to_owned(),
+            version: "jobspec/v1".into(),
+            inputs: spec.tasks.iter().map(|t| t.id.clone()).collect(),
+        }),
+        model: first_llm.map_or_else(|| "none".into(), |l| l.model.clone()),
+        // Seed 004 requires a positive cap; jobs that spend no tokens say 1.
+        max_tokens: (est.input_tokens + est.output_tokens).max(1),
+        temperature: first_llm.and_then(|l| l.temperature),
+        cost_estimate: Some(ap::CostEstimate {
+            estimated_input_tokens: est.input_tokens,
+            estimated_output_tokens: est.output_tokens,
+            estimated_cost: est.cost.map(|micro_usd| Money { micro_usd }),
+        }),
+        tools_allowed: tools,
+        outputs_allowed: outputs,
+        job_id: spec.job_id.clone(),
+        correlation_id: spec.correlation_id.clone(),
+        ..Default::default()
+    }
+}
+
+/// Whether a job starts programs: command tasks, or LLM tasks offering a
+/// command tool.
+fn runs_commands(spec: &JobSpec) -> bool {
+    spec.tasks.iter().any(|t| match &t.kind {
+        Some(Kind::Command(_)) => true,
+        Some(Kind::Llm(l)) => l.tools.iter().any(|tool| !tool.command.is_empty()),
+        _ => false,
+    })
+}
+
+/// Where an approved job goes: scheduled (not due yet) or available.
+pub(crate) fn after_approval(spec: &JobSpec, now: u64) -> JobState {
+    let due = spec
+        .scheduled_at
+        .as_ref()
+        .is_none_or(|t| switchyard_kit::time::timestamp_ms(t) <= now);
+    if due {
+        JobState::Available
+    } else {
+        JobState::Scheduled
+    }
+}
+
+/// Who approved an accepted proposal, if it is approved already.
+fn approved_by(out: &ap::ProposeResponse) -> Option<String> {
+    let run = out.run.as_ref()?;
+    let approved = matches!(
+        ap::RunStatus::try_from(run.status),
+        Ok(ap::RunStatus::Approved | ap::RunStatus::Running)
+    );
+    if out.auto_approved_by.starts_with("delegation:") {
+        Some(out.auto_approved_by.clone())
+    } else if !out.auto_approved_by.is_empty() {
+        Some(format!("policy:{}", out.auto_approved_by))
+    } else {
+        approved.then(|| "approval".to_owned())
+    }
+}
+
+/// A router request for an agent task.
+pub(crate) fn route_request(a: &AgentTask, limit: u32) -> RouteRequest {
+    RouteRequest {
+        capability: a.capability.clone(),
+        constraints: Some(RouteConstraints {
+            min_trust: a.min_trust,
+            max_cost_micro_usd: a.max_cost_micro_usd,
+            exclude_agents: a.exclude_agents.clone(),
+            prefer_labels: HashMap::new(),
+        }),
+        limit,
+    }
+}
+
+/// A request context in which this process's calls act for `user`, keeping
+/// the current trace context.
+pub(crate) fn acting_context(
+    correlation_id: &str,
+    user: OnBehalf,
+) -> switchyard_kit::context::RequestContext {
+    let current = switchyard_kit::context::current();
+    switchyard_kit::context::RequestContext {
+        correlation_id: correlation_id.to_owned(),
+        traceparent: current.and_then(|c| c.traceparent),
+        principal: Some(std::sync::Arc::new(
+            Principal::in_process().acting_for(user),
+        )),
+    }
+}
+
+/// The user a request acts for: the authenticated principal's acting
+/// subject and tenant (none for a service acting for no one).
+pub(crate) fn submitter(p: &Principal) -> Option<OnBehalf> {
+    let tenant = p.tenant_scope()?;
+    Some(match &p.on_behalf_of {
+        Some(o) => o.clone(),
+        None => OnBehalf {
+            subject: p.subject.clone(),
+            tenant: tenant.to_owned(),
+            kind: p.kind,
+        },
+    })
+}
+
+/// How a submission is made.
+pub(crate) struct Submission {
+    /// The user it is for (none: a service delegating for the parent's).
+    pub(crate) who: Option<OnBehalf>,
+    /// Only a child of an active job is accepted (an agent without the
+    /// submitter role), so it spends within the parent's approved budget.
+    pub(crate) delegation_only: bool,
+    /// The request's correlation id, used when the spec has none.
+    pub(crate) correlation_id: String,
+    /// The trace context the job's work joins.
+    pub(crate) traceparent: Option<String>,
+}
+
+impl Executor {
+    /// Converts and checks a request's job; returns the normalized spec and its DAG.
+    fn accept(
+        &self,
+        spec: Option<JobSpec>,
+        document: &str,
+        files: HashMap<String, Vec<u8>>,
+    ) -> Result<(JobSpec, switchyard_core::dag::Dag), ExecutorError> {
+        let cfg = &self.inner.cfg;
+        let mut spec = match spec {
+            Some(mut s) => {
+                s.source_format = formats::NATIVE.into();
+                s
+            }
+            None if !document.trim().is_empty() => {
+                formats::parse_document(document, cfg.limits()).map_err(ExecutorError::Invalid)?
+            }
+            None => {
+                return Err(ExecutorError::Invalid(FormatError::one(
+                    Reason::InvalidArgument,
+                    "spec",
+                    "a job is required: send spec or document",
+                )));
+            }
+        };
+        spec.files.extend(files);
+        let rules = cfg.rules();
+        spec::normalize(&mut spec, &rules);
+        let dag = spec::validate(&spec, &rules).map_err(ExecutorError::Invalid)?;
+        if let Some(why) = self.inner.sandbox.unavailable()
+            && runs_commands(&spec)
+        {
+            return Err(ExecutorError::Sandbox(why));
+        }
+        Ok((spec, dag))
+    }
+
+    /// Gathers what the estimate needs (each agent task's candidates), then
+    /// estimates.
+    async fn estimate(&self, spec: &JobSpec) -> Result<Estimate, ExecutorError> {
+        let mut routes = HashMap::new();
+        for t in &spec.tasks {
+            if let Some(Kind::Agent(a)) = &t.kind {
+                let routed = self.route(a).await.map_err(upstream("router"))?;
+                routes.insert(t.id.clone(), routed);
+            }
+        }
+        let cfg = &self.inner.cfg;
+        Ok(estimate(
+            spec,
+            &Known {
+                routes: &routes,
+                llm: &self.inner.clients.llm,
+                agent_max_tokens: cfg.agent_max_tokens,
+                llm_default_max_tokens: cfg.llm_default_max_tokens,
+                llm_max_turns: cfg.llm_max_turns,
+            },
+        ))
+    }
+
+    /// Candidates for an agent task; none (rather than an error) when no
+    /// agent offers the capability right now.
+    pub(crate) async fn route(&self, a: &AgentTask) -> Result<RouteResponse, Status> {
+        match self.inner.clients.router.route(route_request(a, 5)).await {
+            Err(e)
+                if switchyard_kit::error::ApiError::from(e.clone()).known_reason()
+                    == Some(Reason::CapabilityUnavailable) =>
+            {
+                Ok(Default::default())
+            }
+            r => r,
+        }
+    }
+
+    /// ValidateJob: everything SubmitJob checks and estimates; creates nothing.
+    pub async fn validate_job(
+        &self,
+        req: ValidateJobRequest,
+    ) -> Result<ValidateJobResponse, ExecutorError> {
+        let (spec, dag) = self.accept(req.spec, &req.document, HashMap::new())?;
+        let est = self.estimate(&spec).await?;
+        Ok(ValidateJobResponse {
+            order: dag
+                .order()
+                .iter()
+                .map(|&i| spec.tasks[i].id.clone())
+                .collect(),
+            estimated_cost: est.cost.map(|micro_usd| Money { micro_usd }),
+            estimated_tokens: est.input_tokens + est.output_tokens,
+            routes: est.routes,
+            context_hash: spec::context_hash(&spec),
+            source_format: spec.source_format.clone(),
+            spec: Some(spec),
+        })
+    }
+
+    /// SubmitJob for a user (the CLI, a job's `delegate` tool).
+    pub async fn submit(
+        &self,
+        req: SubmitJobRequest,
+        who: Option<OnBehalf>,
+        correlation_id: String,
+        traceparent: Option<String>,
+    ) -> Result<SubmitJobResponse, ExecutorError> {
+        let how = Submission {
+            who,
+            delegation_only: false,
+            correlation_id,
+            traceparent,
+        };
+        self.submit_as(req, how).await
+    }
+
+    /// SubmitJob: accept, claim the id (or answer for the job that has it),
+    /// admit (budget and approval run), record, and start if approved.
+    pub(crate) async fn submit_as(
+        &self,
+        req: SubmitJobRequest,
+        how: Submission,
+    ) -> Result<SubmitJobResponse, ExecutorError> {
+        let (mut spec, dag) = self.accept(req.spec, &req.document, req.files)?;
+        let delegated = spec
+            .delegation
+            .as_ref()
+            .is_some_and(|d| !d.parent_job_id.is_empty());
+        if how.delegation_only && !delegated {
+            return Err(ExecutorError::DelegationOnly);
+        }
+        if spec.correlation_id.is_empty() {
+            spec.correlation_id = how.correlation_id;
+        }
+        if spec.job_id.is_empty() {
+            spec.job_id = uuid::Uuid::now_v7().to_string();
+        }
+        let parent = self.adopt(&mut spec)?;
+        let submitter = for_whom(how.who, parent.as_ref(), &spec)?;
+        let hash = spec::context_hash(&spec);
+        let now = self.inner.book.now();
+        if let Some(existing) = self.claim_id(&spec, dag, &hash, &submitter, now)? {
+            return Ok(existing);
+        }
+        // The budget and the run are made for the submitter, whatever context
+        // the caller runs in (a gRPC request, a job driver, an LLM tool).
+        let ctx = acting_context(&spec.correlation_id, submitter.clone());
+        let admitted = self.admit(&spec, &hash, &submitter.subject, parent.as_ref());
+        let (budget_id, run, auto) = match switchyard_kit::context::scope(ctx, admitted).await {
+            Ok(x) => x,
+            Err(e) => {
+                self.inner.book.lock().unclaim(&spec.job_id);
+                return Err(e);
+            }
+        };
+        let admitted = Admitted {
+            budget_id,
+            run,
+            auto,
+            hash,
+            traceparent: how.traceparent.unwrap_or_default(),
+        };
+        let (g, start) = self.record_admission(&spec, &submitter, admitted, now)?;
+        self.inner.book.durable(g).await?;
+        if start {
+            self.spawn_driver(&spec.job_id);
+        }
+        let job = self.inner.book.job(&spec.job_id)?;
+        tracing::info!(job_id = %spec.job_id, state = ?job.state, "job submitted");
+        Ok(SubmitJobResponse {
+            job: Some(job),
+            created: true,
+        })
+    }
+
+    /// Claims the job id; when a job has it already, the answer for a
+    /// retried submission of the same job, else JOB_ALREADY_EXISTS.
+    fn claim_id(
+        &self,
+        spec: &JobSpec,
+        dag: switchyard_core::dag::Dag,
+        hash: &str,
+        submitter: &OnBehalf,
+        now: u64,
+    ) -> Result<Option<SubmitJobResponse>, ExecutorError> {
+        let mut st = self.inner.book.lock();
+        if let Some(existing) = st.find(&spec.job_id) {
+            return if existing.context_hash == hash && existing.job.tenant == submitter.tenant {
+                Ok(Some(SubmitJobResponse {
+                    job: Some(existing.job.clone()),
+                    created: false,
+                }))
+            } else {
+                Err(ExecutorError::Exists(spec.job_id.clone()))
+            };
+        }
+        let mut entry = JobEntry::new(spec.clone(), dag, now);
+        entry.context_hash = hash.to_owned();
+        entry.job.tenant.clone_from(&submitter.tenant);
+        entry.job.submitted_by.clone_from(&submitter.subject);
+        entry.submitter_kind = submitter.kind.as_str().to_owned();
+        st.claim(entry);
+        Ok(None)
+    }
+
+    /// Stores an admitted job and records its admission; returns the last
+    /// event and whether it may start now.
+    fn record_admission(
+        &self,
+        spec: &JobSpec,
+        submitter: &OnBehalf,
+        a: Admitted,
+        now: u64,
+    ) -> Result<(u64, bool), ExecutorError> {
+        let book = &self.inner.book;
+        let job_id = spec.job_id.as_str();
+        let mut st = book.lock();
+        book.accept(&mut st, spec)?;
+        let submitted = events::Submitted {
+            format: spec.source_format.clone(),
+            tasks: spec.tasks.len() as u64,
+            submitted_by: submitter.subject.clone(),
+            tenant: submitter.tenant.clone(),
+            submitter_kind: submitter.kind.as_str().to_owned(),
+            traceparent: a.traceparent,
+        };
+        book.record(&mut st, job_id, "", JobEvent::Submitted(submitted));
+        let budget = events::BudgetCreated {
+            budget_id: a.budget_id,
+            parent_id: self.parent_budget(spec),
+        };
+        book.record(&mut st, job_id, "", JobEvent::BudgetCreated(budget));
+        let est = a.run.cost_estimate.unwrap_or_default();
+        let requested = events::ApprovalRequested {
+            run_id: a.run.run_id.clone(),
+            context_hash: a.hash,
+            estimated_input_tokens: est.estimated_input_tokens,
+            estimated_output_tokens: est.estimated_output_tokens,
+            estimated_cost_micro_usd: est.estimated_cost.map(|m| m.micro_usd),
+            max_tokens: a.run.max_tokens,
+            skip_policies: spec.approval.as_ref().is_some_and(|a| a.requires_approval),
+        };
+        let g = book.record(&mut st, job_id, "", JobEvent::ApprovalRequested(requested));
+        match a.auto {
+            Some(by) => self.approved(&mut st, job_id, &by, now),
+            None => Ok((g, false)),
+        }
+    }
+
+    /// Delegation (seed 000 §2.3): a job naming a parent is accepted only
+    /// while the parent is active and below its maximum depth; it gets the
+    /// parent's depth + 1, and its budget nests under the parent's.
+    fn adopt(&self, spec: &mut JobSpec) -> Result<Option<Parent>, ExecutorError> {
+        let Some(d) = spec
+            .delegation
+            .as_mut()
+            .filter(|d| !d.parent_job_id.is_empty())
+        else {
+            return Ok(None);
+        };
+        let st = self.inner.book.lock();
+        let Some(p) = st.find(&d.parent_job_id) else {
+            return Err(ExecutorError::Invalid(FormatError::one(
+                Reason::JobNotFound,
+                "delegation.parent_job_id",
+                format!("parent job {:?} does not exist", d.parent_job_id),
+            )));
+        };
+        if p.state() != JobState::Active {
+            return Err(ExecutorError::ParentNotActive {
+                parent: d.parent_job_id.clone(),
+                state: p.state().as_str().to_owned(),
+            });
+        }
+        let pd = p.spec().delegation.clone().unwrap_or_default();
+        let cap = self.inner.cfg.max_delegation_depth;
+        let max = if pd.max_depth == 0 {
+            cap
+        } else {
+            pd.max_depth.min(cap)
+        };
+        let depth = pd.depth + 1;
+        // Seed 000: refused only when the child's depth exceeds the maximum.
+        if depth > max {
+            return Err(ExecutorError::Invalid(FormatError::one(
+                Reason::AgentMaxDelegationDepth,
+                "delegation.depth",
+                format!(
+                    "delegation depth {depth} exceeds the maximum of {max}: job {:?} may not delegate further",
+                    d.parent_job_id
+                ),
+            )));
+        }
+        d.depth = depth;
+        d.max_depth = max;
+        let parent = Parent {
+            run_id: p.job.run_id.clone(),
+            budget_id: p.job.budget_id.clone(),
+            submitter: p.submitter(),
+        };
+        spec.budget.get_or_insert_default().parent_budget_id = parent.budget_id.clone();
+        Ok(Some(parent))
+    }
+
+    fn parent_budget(&self, spec: &JobSpec) -> String {
+        spec.budget
+            .as_ref()
+            .map(|b| b.parent_budget_id.clone())
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| self.inner.cfg.default_parent_budget.clone())
+    }
+
+    /// Records the approval of a pending job and moves it on; returns the
+    /// last event and whether it may start now.
+    fn approved(
+        &self,
+        st: &mut Jobs,
+        job_id: &str,
+        by: &str,
+        now: u64,
+    ) -> Result<(u64, bool), ExecutorError> {
+        let book = &self.inner.book;
+        let to = after_approval(st.get(job_id)?.spec(), now);
+        let decided = events::ApprovalDecided {
+            status: "approved".into(),
+            by: by.to_owned(),
+        };
+        book.record(st, job_id, "", JobEvent::ApprovalDecided(decided));
+        let g = book.move_job(st, job_id, to, Reason::InvalidArgument, "")?;
+        Ok((g, to == JobState::Available))
+    }
+
+    /// Creates the job's budget and proposes its approval run, both at once.
+    /// Both are idempotent, so a client retrying the same job id repeats
+    /// them safely.
+    async fn admit(
+        &self,
+        spec: &JobSpec,
+        hash: &str,
+        submitted_by: &str,
+        parent: Option<&Parent>,
+    ) -> Result<(String, ap::Run, Option<String>), ExecutorError> {
+        let est = self.estimate(spec).await?;
+        let budget_id = format!("job-{}", spec.job_id);
+        let limits = self.budget_limits(spec, parent).await?;
+        let run = proposal(spec, &est, hash, submitted_by, &self.inner.cfg.default_org);
+        let clients = &self.inner.clients;
+        let budget = clients.ledger.create_budget(CreateBudgetRequest {
+            budget_id: budget_id.clone(),
+            parent_id: self.parent_budget(spec),
+            token_limit: limits.token_budget,
+            cost_limit: limits.cost_limit,
+            labels: HashMap::from([("job_id".to_owned(), spec.job_id.clone())]),
+        });
+        let approval = spec.approval.clone().unwrap_or_default();
+        let propose = clients.approval.propose(ap::ProposeRequest {
+            run: Some(run),
+            skip_policies: approval.requires_approval,
+            approved_under: parent.map(|p| p.run_id.clone()).unwrap_or_default(),
+        });
+        let (budget, out) = tokio::join!(budget, propose);
+        if let Err(e) = budget {
+            // No job: withdraw the proposal made alongside.
+            if let Ok(p) = &out {
+                let run_id = p.run.as_ref().map(|r| r.run_id.clone()).unwrap_or_default();
+                let why = "the job was not accepted: its budget could not be created";
+                self.cancel_run_by_id(run_id, why, None).await;
+            }
+            return Err(upstream("ledger")(e));
+        }
+        let out = out.map_err(upstream("approval"))?;
+        let by = approved_by(&out);
+        Ok((budget_id, out.run.unwrap_or_default(), by))
+    }
+
+    /// The job budget's limits: the job's own, and for a child job no more
+    /// than its parent has left (its spending rolls up, and every
+    /// reservation must also fit the parent's).
+    async fn budget_limits(
+        &self,
+        spec: &JobSpec,
+        parent: Option<&Parent>,
+    ) -> Result<switchyard_proto::executor::v1::JobBudget, ExecutorError> {
+        let mut b = spec.budget.clone().unwrap_or_default();
+        let Some(p) = parent else {
+            return Ok(b);
+        };
+        let left = self
+            .inner
+            .clients
+            .ledger
+            .get_budget(switchyard_proto::ledger::v1::GetBudgetRequest {
+                budget_id: p.budget_id.clone(),
+            })
+            .await
+            .map_err(upstream("ledger"))?
+            .budget
+            .unwrap_or_default();
+        let min = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(x), Some(y)) => Some(x.min(y)),
+            (x, y) => x.or(y),
+        };
+        b.token_budget = min(b.token_budget, left.tokens_remaining);
+        let micro = |m: Option<Money>| m.map(|m| m.micro_usd.max(0) as u64);
+        b.cost_limit = min(micro(b.cost_limit), micro(left.cost_remaining)).map(|c| Money {
+            micro_usd: c as i64,
+        });
+        Ok(b)
+    }
+
+    /// Checks pending jobs' runs and starts scheduled jobs that are due.
+    pub(crate) async fn poll_approvals(&self) -> Result<(), ExecutorError> {
+        let now = self.inner.book.now();
+        let (pending, due) = {
+            let st = self.inner.book.lock();
+            let (mut pending, mut due) = (Vec::new(), Vec::new());
+            for e in st.waiting.iter().filter_map(|id| st.find(id)) {
+                match e.state() {
+                    JobState::Pending if !e.job.run_id.is_empty() => {
+                        pending.push((e.id().to_owned(), e.job.run_id.clone()))
+                    }
+                    JobState::Scheduled if after_approval(e.spec(), now) == JobState::Available => {
+                        due.push(e.id().to_owned())
+                    }
+                    _ => {}
+                }
+            }
+            (pending, due)
+        };
+        for id in due {
+            self.start_scheduled(&id).await?;
+        }
+        for (job_id, run_id) in pending {
+            self.check_run(&job_id, run_id, now).await?;
+        }
+        Ok(())
+    }
+
+    /// A scheduled job whose time has come starts.
+    async fn start_scheduled(&self, job_id: &str) -> Result<(), ExecutorError> {
+        let book = &self.inner.book;
+        let g = {
+            let mut st = book.lock();
+            book.move_job(
+                &mut st,
+                job_id,
+                JobState::Available,
+                Reason::InvalidArgument,
+                "",
+            )
+        };
+        if let Ok(g) = g {
+            book.durable(g).await?;
+            self.spawn_driver(job_id);
+        }
+        Ok(())
+    }
+
+    /// Follows a pending job's approval run: approved starts it, rejected or
+    /// cancelled cancels it.
+    async fn check_run(&self, job_id: &str, run_id: String, now: u64) -> Result<(), ExecutorError> {
+        let book = &self.inner.book;
+        let run = match self
+            .inner
+            .clients
+            .approval
+            .get_run(ap::GetRunRequest { run_id })
+            .await
+        {
+            Ok(r) => r.run.unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!(job_id, error = %e.message(), "cannot read approval run");
+                return Ok(());
+            }
+        };
+        let status = ap::RunStatus::try_from(run.status).unwrap_or(ap::RunStatus::Unspecified);
+        let word = status
+            .as_str_name()
+            .trim_start_matches("RUN_STATUS_")
+            .to_lowercase();
+        let still_pending = |st: &Jobs| {
+            st.find(job_id)
+                .is_some_and(|e| e.state() == JobState::Pending)
+        };
+        match status {
+            ap::RunStatus::Approved | ap::RunStatus::Running => {
+                let by = self.decider(&run).await;
+                let (g, go) = {
+                    let mut st = book.lock();
+                    if !still_pending(&st) {
+                        return Ok(());
+                    }
+                    self.approved(&mut st, job_id, &by, now)?
+                };
+                book.durable(g).await?;
+                if go {
+                    self.spawn_driver(job_id);
+                }
+            }
+            ap::RunStatus::Rejected | ap::RunStatus::Cancelled => {
+                let by = self.decider(&run).await;
+                let why = format!("approval run {} was {word}", run.run_id);
+                let g = {
+                    let mut st = book.lock();
+                    if !still_pending(&st) {
+                        return Ok(());
+                    }
+                    let decided = events::ApprovalDecided { status: word, by };
+                    book.record(&mut st, job_id, "", JobEvent::ApprovalDecided(decided));
+                    book.cancel_idle(&mut st, job_id, Reason::ApprovalRejected, &why)?
+                };
+                book.durable(g).await?;
+                self.close_budget(job_id).await;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Who decided a run, from its audit log (best effort, bounded). The
+    /// run's status can be seen before its audit record is durable, so this
+    /// follows the run's watch, which yields records once durable.
+    async fn decider(&self, run: &ap::Run) -> String {
+        use futures_util::StreamExt as _;
+        let find = async {
+            let req = ap::WatchRequest {
+                run_id: run.run_id.clone(),
+                after_sequence: 0,
+            };
+            let mut events = self.inner.clients.approval.watch(req).await.ok()?;
+            while let Some(Ok(w)) = events.next().await {
+                let Some(e) = w.event else { continue };
+                let decided = matches!(
+                    e.kind.as_str(),
+                    "run.approved" | "run.auto_approved" | "run.rejected" | "run.cancelled"
+                );
+                if decided {
+                    let data = e.data.as_ref().map(switchyard_kit::json::struct_to_json);
+                    return data.and_then(|d| d["actor"].as_str().map(str::to_owned));
+                }
+            }
+            None
+        };
+        tokio::time::timeout(Duration::from_secs(5), find)
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    }
+}
+
+/// What admission made for a job.
+struct Admitted {
+    budget_id: String,
+    run: ap::Run,
+    /// Who approved it already, if anyone.
+    auto: Option<String>,
+    hash: String,
+    traceparent: String,
+}
+
+/// The submitter: the caller, else (a service delegating) the parent's.
+fn for_whom(
+    who: Option<OnBehalf>,
+    parent: Option<&Parent>,
+    spec: &JobSpec,
+) -> Result<OnBehalf, ExecutorError> {
+    match (who, parent) {
+        (Some(w), Some(p)) if w.tenant != p.submitter.tenant => {
+            // Another tenant's parent job does not exist for this caller.
+            let id = spec
+                .delegation
+                .as_ref()
+                .map(|d| d.parent_job_id.clone())
+                .unwrap_or_default();
+            Err(ExecutorError::NotFound(id))
+        }
+        (Some(w), _) => Ok(w),
+        (None, Some(p)) => Ok(p.submitter.clone()),
+        (None, None) => Err(ExecutorError::Invalid(FormatError::one(
+            Reason::InvalidArgument,
+            "job",
+            "a job belongs to a tenant: a service submits on behalf of a user",
+        ))),
+    }
+}

@@ -1,0 +1,479 @@
+//! Agent attempts: route the capability, then try candidates in order —
+//! reserve the call's worst case, `AgentService.Invoke` (relaying progress
+//! and output as events), commit what the agent reports or release — until
+//! one answers, every candidate refused, or a failure that the next
+//! candidate cannot fix. An LLM task calling an agent as a tool runs the
+//! same attempt under the tool call's scope.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use switchyard_api::AgentClient;
+use switchyard_api::spend::Hold;
+use switchyard_core::Reason;
+use switchyard_kit::json::{json_to_struct, struct_to_json};
+use switchyard_proto::agent::v1::invoke_response::Message;
+use switchyard_proto::agent::v1::{
+    AgentResponse, InvocationContext, InvokeRequest, Limits as AgentLimits, ResponseStatus,
+};
+use switchyard_proto::common::v1::UnitPrice;
+use switchyard_proto::executor::v1::{AgentTask, TaskStatus};
+use switchyard_proto::ledger::v1::Entry;
+use switchyard_proto::registry::v1::ReportOutcomeRequest;
+use switchyard_proto::router::v1::{Candidate, RouteResponse};
+
+use super::{NotHeld, Outcome, Purpose, Snapshot, Spender};
+use crate::Executor;
+use crate::events::{self, JobEvent};
+use crate::schedule::{self, Class};
+
+/// Why a call produced no response.
+#[derive(Debug)]
+enum CallError {
+    Timeout,
+    Unreachable(String),
+    Failed(String),
+}
+
+fn classify(s: tonic::Status) -> CallError {
+    match s.code() {
+        tonic::Code::Unavailable | tonic::Code::Unimplemented => {
+            CallError::Unreachable(s.message().to_owned())
+        }
+        tonic::Code::DeadlineExceeded => CallError::Timeout,
+        _ => CallError::Failed(s.message().to_owned()),
+    }
+}
+
+/// After one candidate: the attempt's outcome, or try the next one.
+enum Next {
+    Done(Outcome),
+    Try(Outcome),
+}
+
+/// The routing decision as an event.
+fn routed_event(a: &AgentTask, candidates: &[Candidate], routed: &RouteResponse) -> JobEvent {
+    let shown = candidates
+        .iter()
+        .map(|c| {
+            let b = c.breakdown.clone().unwrap_or_default();
+            events::Candidate {
+                agent_id: c.agent_id.clone(),
+                score: c.score,
+                endpoint: c.endpoint.clone(),
+                price_per_unit_micro_usd: c.price_per_unit_micro_usd,
+                unit: c.unit.clone(),
+                breakdown: events::Breakdown {
+                    capability_match: b.capability_match,
+                    trust: b.trust,
+                    latency: b.latency,
+                    cost: b.cost,
+                    preference: b.preference,
+                    latency_ms: b.latency_ms,
+                    matched_capability: b.matched_capability,
+                },
+            }
+        })
+        .collect();
+    JobEvent::Routed(events::Routed {
+        capability: a.capability.clone(),
+        candidates: shown,
+        filtered: routed
+            .filtered
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect(),
+    })
+}
+
+impl Executor {
+    /// One attempt of an agent task (or an agent called as an LLM tool).
+    pub(crate) async fn agent_attempt(
+        &self,
+        snap: &Snapshot,
+        a: &AgentTask,
+        input: Value,
+        timeout: Duration,
+    ) -> Outcome {
+        let routed = match self.route(a).await {
+            Ok(r) => r,
+            Err(e) => {
+                let why = format!("router: {}", e.message());
+                return Outcome::fail(Class::Other, Reason::AgentUnreachable, why);
+            }
+        };
+        let mut candidates = routed.candidates.clone();
+        // prefer_agents first, keeping the router's order otherwise.
+        candidates.sort_by_key(|c| !a.prefer_agents.contains(&c.agent_id));
+        let book = &self.inner.book;
+        book.note(
+            &snap.job_id,
+            &snap.task.id,
+            routed_event(a, &candidates, &routed),
+        );
+        if candidates.is_empty() {
+            let why = format!("no agent offers {:?} right now", a.capability);
+            return Outcome::fail(Class::Unavailable, Reason::CapabilityUnavailable, why);
+        }
+        let mut last = None;
+        for c in &candidates {
+            match self.try_candidate(snap, a, c, &input, timeout).await {
+                Next::Done(out) => return out,
+                Next::Try(out) => last = Some(out),
+            }
+        }
+        last.unwrap_or_else(|| {
+            Outcome::fail(
+                Class::Other,
+                Reason::AgentError,
+                "no candidate could be called",
+            )
+        })
+    }
+
+    /// Reserves for, calls and settles one candidate.
+    async fn try_candidate(
+        &self,
+        snap: &Snapshot,
+        a: &AgentTask,
+        c: &Candidate,
+        input: &Value,
+        timeout: Duration,
+    ) -> Next {
+        let spender = Spender { x: self, snap };
+        // A self-billing agent reserves its own model calls on the budget
+        // it is given; holding tokens here too would halve it.
+        let tokens = if c.bills_tokens {
+            0
+        } else {
+            crate::admission::agent_tokens(self.inner.cfg.agent_max_tokens, snap.token_budget)
+        };
+        let cost = c.price_per_unit_micro_usd;
+        // Reserve the worst case first; a refusal means the call is not made.
+        let key = spender.key(&[&c.agent_id]);
+        let note = format!("{} via {}", a.capability, c.agent_id);
+        let purpose = Purpose::Agent(c.agent_id.clone());
+        let hold = match spender.reserve(purpose, tokens, cost, key, note).await {
+            Ok(h) => h,
+            Err(NotHeld::CostLimit(m)) => {
+                return Next::Try(Outcome::fail(
+                    Class::Budget,
+                    Reason::AgentTokenBudgetExceeded,
+                    m,
+                ));
+            }
+            Err(NotHeld::Budget(m)) => {
+                let why = format!("the budget refused the reservation: {m}");
+                return Next::Done(Outcome::fail(
+                    Class::Budget,
+                    Reason::AgentTokenBudgetExceeded,
+                    why,
+                ));
+            }
+            Err(NotHeld::Unavailable(m)) => {
+                return Next::Done(Outcome::fail(Class::Other, Reason::Unavailable, m));
+            }
+        };
+        if let Err(e) = self.inner.book.durable(snap.start_g).await {
+            spender.release(&hold, "storage failed").await;
+            return Next::Done(Outcome::fail(
+                Class::Other,
+                Reason::StorageFailure,
+                e.to_string(),
+            ));
+        }
+        let started = Instant::now();
+        let called = self.call_agent(snap, a, c, input, tokens, timeout).await;
+        let call = Called {
+            spender: &spender,
+            a,
+            c,
+            hold: &hold,
+            cost,
+            latency: started.elapsed(),
+        };
+        call.settle(called, timeout).await
+    }
+
+    /// `AgentService.Invoke` on candidate `c`, relaying its progress and
+    /// output as events, within `timeout`.
+    async fn call_agent(
+        &self,
+        snap: &Snapshot,
+        a: &AgentTask,
+        c: &Candidate,
+        input: &Value,
+        tokens: u64,
+        timeout: Duration,
+    ) -> Result<AgentResponse, CallError> {
+        let client = self
+            .agent_client(&c.endpoint)
+            .map_err(CallError::Unreachable)?;
+        let (job_id, task_id) = (snap.job_id.as_str(), snap.task.id.as_str());
+        let req = InvokeRequest {
+            agent_id: c.agent_id.clone(),
+            capability: a.capability.clone(),
+            task: snap.task.name.clone(),
+            input: json_to_struct(input),
+            context: Some(InvocationContext {
+                correlation: Some(snap.correlation()),
+                attempt: snap.attempt,
+                // Stable across retries and restarts: the agent can deduplicate.
+                idempotency_key: format!("{job_id}/{task_id}{}", snap.scope),
+                budget_id: snap.budget_id.clone(),
+                delegation_depth: snap.delegation_depth,
+                ..Default::default()
+            }),
+            limits: Some(AgentLimits {
+                max_turns: 0,
+                max_tokens: tokens,
+                time_budget_ms: timeout.as_millis() as u64,
+            }),
+        };
+        let book = &self.inner.book;
+        let call = async {
+            let mut stream = client.invoke(req).await.map_err(classify)?;
+            while let Some(msg) = stream.next().await {
+                match msg.map_err(classify)?.message {
+                    Some(Message::Progress(p)) => {
+                        if !p.output_chunk.is_empty() {
+                            let out = events::Output {
+                                stream: "agent".into(),
+                                chunk: p.output_chunk,
+                            };
+                            book.note(job_id, task_id, JobEvent::Output(out));
+                        }
+                        if !p.message.is_empty() || p.percent.is_some() {
+                            let progress = events::AgentProgress {
+                                agent_id: c.agent_id.clone(),
+                                message: p.message,
+                                percent: p.percent,
+                            };
+                            book.note(job_id, task_id, JobEvent::AgentProgress(progress));
+                        }
+                    }
+                    Some(Message::Response(r)) => return Ok(r),
+                    None => {}
+                }
+            }
+            Err(CallError::Failed(
+                "the agent ended its stream without a response".into(),
+            ))
+        };
+        match tokio::time::timeout(timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(CallError::Timeout),
+        }
+    }
+
+    /// The client of the agent at `endpoint`: the built-ins in this
+    /// process, any other over gRPC without this process's credential.
+    fn agent_client(&self, endpoint: &str) -> Result<AgentClient, String> {
+        if endpoint == *crate::lock(&self.inner.local_endpoint) {
+            return Ok(AgentClient::local(self.inner.local_agents.clone()));
+        }
+        let mut agents = crate::lock(&self.inner.agents);
+        if let Some(c) = agents.get(endpoint) {
+            return Ok(c.clone());
+        }
+        let channel = switchyard_kit::client::lazy_channel(endpoint).map_err(|e| e.to_string())?;
+        // Agents are third parties: they never get this process's credential.
+        let client = AgentClient::remote(
+            switchyard_kit::client::authed(channel, None),
+            self.inner.max_message_bytes,
+        );
+        agents.insert(endpoint.to_owned(), client.clone());
+        Ok(client)
+    }
+}
+
+/// A call made on a hold, to settle.
+struct Called<'a> {
+    spender: &'a Spender<'a>,
+    a: &'a AgentTask,
+    c: &'a Candidate,
+    hold: &'a Hold,
+    /// The candidate's price: what a successful call costs at least.
+    cost: i64,
+    latency: Duration,
+}
+
+impl Called<'_> {
+    fn event(&self, status: &str, error: &str) {
+        let s = self.spender.snap;
+        let called = events::AgentCalled {
+            agent_id: self.c.agent_id.clone(),
+            status: status.to_owned(),
+            latency_ms: self.latency.as_millis() as u64,
+            error: error.to_owned(),
+        };
+        self.spender
+            .x
+            .inner
+            .book
+            .note(&s.job_id, &s.task.id, JobEvent::AgentCalled(called));
+    }
+
+    /// Tells the registry how the call went: in-process a quick in-memory
+    /// update; over gRPC it must not hold up the task.
+    fn report(&self, success: bool) {
+        let registry = self.spender.x.inner.clients.registry.clone();
+        let req = ReportOutcomeRequest {
+            agent_id: self.c.agent_id.clone(),
+            capability: self.a.capability.clone(),
+            success,
+            latency: Some(switchyard_kit::time::duration(
+                self.latency.as_millis() as u64
+            )),
+        };
+        if registry.is_local() {
+            let _ = futures_util::FutureExt::now_or_never(registry.report_outcome(req));
+        } else {
+            tokio::spawn(async move {
+                let _ = registry.report_outcome(req).await;
+            });
+        }
+    }
+
+    /// The agent answered ERROR (or its call failed): the retry policy decides.
+    fn agent_error(&self, msg: String) -> Next {
+        self.event("error", &msg);
+        self.report(false);
+        let why = format!("agent {}: {msg}", self.c.agent_id);
+        Next::Done(Outcome::fail(Class::Other, Reason::AgentError, why))
+    }
+
+    /// Settles the hold and decides what the call means for the attempt.
+    async fn settle(self, called: Result<AgentResponse, CallError>, timeout: Duration) -> Next {
+        let id = &self.c.agent_id;
+        match called {
+            Err(CallError::Timeout) => {
+                self.spender
+                    .release(self.hold, "agent call timed out")
+                    .await;
+                self.event("timeout", "");
+                self.report(false);
+                let why = format!("agent {id} did not answer within {} s", timeout.as_secs());
+                Next::Done(Outcome::fail(Class::Timeout, Reason::TaskTimeout, why))
+            }
+            Err(CallError::Unreachable(msg)) => {
+                self.spender.release(self.hold, "agent unreachable").await;
+                self.event("unreachable", &msg);
+                self.report(false);
+                let why = format!("agent {id} is unreachable: {msg}");
+                let out = Outcome::fail(Class::Other, Reason::AgentUnreachable, why);
+                if schedule::next_on_offline(&self.spender.snap.task) {
+                    Next::Try(out)
+                } else {
+                    Next::Done(out)
+                }
+            }
+            Err(CallError::Failed(msg)) => {
+                self.spender.release(self.hold, "agent call failed").await;
+                self.agent_error(msg)
+            }
+            Ok(resp) => self.answered(resp).await,
+        }
+    }
+
+    /// The agent answered: refused (try the next), or charge what it used
+    /// and take its output or error.
+    async fn answered(self, resp: AgentResponse) -> Next {
+        let status = ResponseStatus::try_from(resp.status).unwrap_or(ResponseStatus::Unspecified);
+        if status == ResponseStatus::Refused {
+            self.spender.release(self.hold, "agent refused").await;
+            self.event("refused", &resp.error);
+            let why = format!(
+                "every candidate refused; last, {}: {}",
+                self.c.agent_id, resp.error
+            );
+            return Next::Try(Outcome::fail(Class::Other, Reason::AgentRefused, why));
+        }
+        self.charge(&resp, status == ResponseStatus::Success).await;
+        if status != ResponseStatus::Success {
+            let msg = if resp.error.is_empty() {
+                "the agent reported an error".to_owned()
+            } else {
+                resp.error.clone()
+            };
+            return self.agent_error(msg);
+        }
+        self.event("success", "");
+        self.report(true);
+        let mut output = resp
+            .output
+            .as_ref()
+            .map(struct_to_json)
+            .unwrap_or_else(|| json!({}));
+        if let Some(o) = output.as_object_mut() {
+            for (from, to) in &self.a.output_mapping {
+                if let Some(v) = o.remove(from) {
+                    o.insert(to.clone(), v);
+                }
+            }
+            if !resp.content.is_empty() {
+                o.entry("content")
+                    .or_insert(Value::String(resp.content.clone()));
+            }
+        }
+        Next::Done(Outcome::ok(TaskStatus {
+            task_id: self.spender.snap.task.id.clone(),
+            output: json_to_struct(&output),
+            agent_id: self.c.agent_id.clone(),
+            ..Default::default()
+        }))
+    }
+
+    /// Commits what the call used — the agent's report (never the
+    /// client's), and at least its price when it succeeded — or releases
+    /// the hold. A self-billing agent has committed its own model calls on
+    /// the job's budget already: they are recorded, and only its price is
+    /// charged here.
+    async fn charge(&self, resp: &AgentResponse, success: bool) {
+        let snap = self.spender.snap;
+        let billed = self.c.bills_tokens && resp.billed;
+        let reported_cost = resp.cost.map_or(0, |m| m.micro_usd);
+        if billed && (resp.tokens_used > 0 || reported_cost > 0) {
+            let by_agent = events::BilledByAgent {
+                agent_id: self.c.agent_id.clone(),
+                model: resp.model_used.clone(),
+                tokens: resp.tokens_used,
+                cost_micro_usd: reported_cost,
+            };
+            let book = &self.spender.x.inner.book;
+            book.note(
+                &snap.job_id,
+                &snap.task.id,
+                JobEvent::BilledByAgent(by_agent),
+            );
+        }
+        let (tokens, reported) = if billed {
+            (0, 0)
+        } else {
+            (resp.tokens_used, reported_cost)
+        };
+        let cost = reported.max(if success { self.cost } else { 0 });
+        if tokens == 0 && cost == 0 {
+            // Nothing to account for: release off the task's path; the
+            // job's end waits for it.
+            let (x, hold) = (self.spender.x.clone(), self.hold.clone());
+            let (job, task) = (snap.job_id.clone(), snap.task.id.clone());
+            self.spender.x.settle_later(&snap.job_id, async move {
+                super::release(&x, &job, &task, &hold, "nothing used").await;
+            });
+            return;
+        }
+        let entry = Entry {
+            subtask_id: snap.task.id.clone(),
+            agent_id: self.c.agent_id.clone(),
+            model: resp.model_used.clone(),
+            units: 1,
+            price_per_unit: Some(UnitPrice {
+                micro_usd_per_million: self.cost.saturating_mul(1_000_000),
+            }),
+            ..Default::default()
+        };
+        self.spender.commit(self.hold, tokens, cost, entry).await;
+    }
+}

@@ -1,0 +1,648 @@
+//! LLM tasks: the shared agent loop ([`switchyard_llm::agent`]) run with
+//! the job's budget, the job's events and the task's tools.
+//!
+//! Tools a task may run are exactly those it declares (`ext_agent_tools`)
+//! and the agents it lists (`ext_agent_agents`, offered as `agent_<id>`).
+//! A declared tool runs as its allowlisted `command`, through the
+//! registry's provider of that name (ToolService), or as the built-in
+//! `delegate`, which creates a child job.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use switchyard_agent_sdk::delegation;
+use switchyard_api::spend::Hold;
+use switchyard_core::Reason;
+use switchyard_kit::context;
+use switchyard_kit::error::ApiError;
+use switchyard_kit::json::{json_to_struct, json_to_value, struct_to_json, value_to_json};
+use switchyard_llm::agent::{self, Host, LoopEvent, Refusal};
+use switchyard_llm::{BoxFuture, ToolChoice, ToolSpec, Usage};
+use switchyard_proto::common::v1::UnitPrice;
+use switchyard_proto::executor::v1::{
+    AgentTask, Delegation, LlmTask, LlmUsage, SubmitJobRequest, TaskStatus, ToolDefinition,
+    ToolResult,
+};
+use switchyard_proto::ledger::v1::Entry;
+use switchyard_proto::registry::v1::{FindByCapabilityRequest, GetAgentRequest, ListToolsRequest};
+
+use super::{NotHeld, Outcome, Purpose, Snapshot, Spender};
+use crate::events::{self, JobEvent};
+use crate::schedule::Class;
+use crate::{Executor, command};
+
+/// How one offered tool runs.
+#[derive(Debug, Clone)]
+enum Route {
+    /// An allowlisted command: arguments on stdin, stdout back.
+    Command(ToolDefinition),
+    /// A registered tool provider's ToolService.
+    Provider(String),
+    /// An agent, through routing and the budget.
+    Agent {
+        agent_id: String,
+        capability: String,
+    },
+    /// The built-in child-job tool.
+    Delegate,
+    /// Declared, but nothing runs it (the model is told so).
+    Missing,
+}
+
+fn agent_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "task": {"type": "string", "description": "The task for the agent"},
+            "input": {"type": "object", "description": "Structured input, if the agent takes any"}
+        },
+        "required": ["task"]
+    })
+}
+
+/// The loop's host for one attempt of one LLM task.
+struct TaskHost<'a> {
+    x: &'a Executor,
+    job_id: &'a str,
+    snap: &'a Snapshot,
+    llm_task: &'a LlmTask,
+    routes: HashMap<String, Route>,
+    scratch: &'a Path,
+    children: std::sync::Mutex<Vec<String>>,
+    spender: Spender<'a>,
+}
+
+impl Executor {
+    /// One attempt of an LLM task.
+    pub(crate) async fn llm_attempt(
+        &self,
+        snap: &Snapshot,
+        l: &LlmTask,
+        timeout: Duration,
+        scratch: &Path,
+    ) -> Outcome {
+        let job_id = snap.job_id.as_str();
+        let text = |s: &str| snap.resolve_text(s);
+        let (prompt, instructions) = match (text(&l.prompt), text(&l.instructions)) {
+            (Ok(p), Ok(i)) => (p, i),
+            (Err(e), _) | (_, Err(e)) => {
+                return Outcome::fail(Class::Permanent, Reason::TemplateUnresolved, e);
+            }
+        };
+        let cfg = &self.inner.cfg;
+        let llm = &self.inner.clients.llm;
+        let mut chain = vec![l.model.clone()];
+        chain.extend(l.fallback_models.iter().cloned());
+        let (tools, routes) = match self.offered_tools(l).await {
+            Ok(x) => x,
+            Err(e) => return Outcome::fail(Class::Other, Reason::Unavailable, e),
+        };
+        let time_budget = if l.time_budget_ms > 0 {
+            Duration::from_millis(l.time_budget_ms).min(timeout)
+        } else {
+            timeout
+        };
+        let spec = agent::Spec {
+            chain,
+            provider: l.provider.clone(),
+            instructions,
+            prompt,
+            tools,
+            tool_choice: ToolChoice::parse(&l.tool_choice).unwrap_or_default(),
+            temperature: l.temperature,
+            max_tokens: l.max_tokens.unwrap_or(cfg.llm_default_max_tokens),
+            json: l.output_format == "json",
+            output_schema: l.output_schema.as_ref().map(struct_to_json),
+            max_turns: if l.max_turns == 0 {
+                cfg.llm_max_turns
+            } else {
+                l.max_turns
+            },
+            max_tokens_per_invocation: l.max_tokens_per_invocation,
+            deadline: Instant::now() + time_budget,
+            tool_timeout: Duration::from_millis(if l.tool_timeout_ms == 0 {
+                cfg.tool_timeout_ms
+            } else {
+                l.tool_timeout_ms
+            }),
+        };
+        if let Err(e) = self.inner.book.durable(snap.start_g).await {
+            return Outcome::fail(Class::Other, Reason::StorageFailure, e.to_string());
+        }
+        let host = TaskHost {
+            x: self,
+            job_id,
+            snap,
+            llm_task: l,
+            routes,
+            scratch,
+            children: Default::default(),
+            spender: Spender { x: self, snap },
+        };
+        let ran = agent::run(llm, &spec, &host).await;
+        let children = host.children.lock().map(|c| c.clone()).unwrap_or_default();
+        let (report, failure) = match ran {
+            Ok(r) => (r, None),
+            Err(f) => {
+                let class = match f.reason {
+                    Reason::AgentTokenBudgetExceeded => Class::Budget,
+                    Reason::AgentTimeBudget | Reason::DeadlineExceeded => Class::Timeout,
+                    Reason::LlmProviderNotConfigured => Class::Permanent,
+                    _ => Class::Other,
+                };
+                let failure = crate::schedule::Failure {
+                    class,
+                    reason: f.reason,
+                    error: f.message,
+                };
+                (*f.report, Some(failure))
+            }
+        };
+        let mut output = json!({"content": report.content});
+        if let Some(v) = &report.output {
+            output["output"] = v.clone();
+            if let (Some(o), Some(fields)) = (output.as_object_mut(), v.as_object()) {
+                for (k, v) in fields {
+                    o.entry(k.clone()).or_insert(v.clone());
+                }
+            }
+        }
+        output["model_used"] = json!(report.model_used);
+        let status = TaskStatus {
+            task_id: snap.task.id.clone(),
+            output: json_to_struct(&output),
+            model_used: report.model_used.clone(),
+            tool_results: report
+                .tool_results
+                .iter()
+                .map(|t| ToolResult {
+                    call_id: t.call_id.clone(),
+                    name: t.name.clone(),
+                    arguments: t.arguments.clone(),
+                    result: t.result.as_ref().map(json_to_value),
+                    error: t.error.clone(),
+                    reason: t.reason.clone(),
+                    turn: t.turn,
+                    duration_ms: t.duration_ms,
+                })
+                .collect(),
+            llm_usage: Some(LlmUsage {
+                prompt_tokens: report.usage.prompt_tokens,
+                completion_tokens: report.usage.completion_tokens,
+                total_tokens: report.usage.total_tokens,
+                llm_calls: report.llm_calls,
+                turns: report.turns,
+            }),
+            child_job_ids: children,
+            ..Default::default()
+        };
+        Outcome {
+            failure,
+            status: Some(status),
+        }
+    }
+
+    /// The tools a task offers its model, and how each runs.
+    async fn offered_tools(
+        &self,
+        l: &LlmTask,
+    ) -> Result<(Vec<ToolSpec>, HashMap<String, Route>), String> {
+        let registry = &self.inner.clients.registry;
+        let mut specs = Vec::new();
+        let mut routes = HashMap::new();
+        let wanted: Vec<String> = l
+            .tools
+            .iter()
+            .filter(|t| t.command.is_empty() && t.name != delegation::TOOL)
+            .map(|t| t.name.clone())
+            .collect();
+        let registered: HashMap<String, switchyard_proto::registry::v1::Tool> = if wanted.is_empty()
+        {
+            HashMap::new()
+        } else {
+            // Unknown names are not an error here: the model is told when
+            // it calls one.
+            let all = registry
+                .list_tools(ListToolsRequest { names: Vec::new() })
+                .await
+                .map_err(|e| format!("registry: {}", e.message()))?;
+            all.tools
+                .into_iter()
+                .filter(|t| wanted.contains(&t.name))
+                .map(|t| (t.name.clone(), t))
+                .collect()
+        };
+        for t in &l.tools {
+            let declared = t.parameters.as_ref().map(struct_to_json);
+            let (route, parameters) = if t.name == delegation::TOOL && t.command.is_empty() {
+                (
+                    Route::Delegate,
+                    declared.unwrap_or_else(delegation::tool_schema),
+                )
+            } else if !t.command.is_empty() {
+                (
+                    Route::Command(t.clone()),
+                    declared.unwrap_or(json!({"type": "object"})),
+                )
+            } else if let Some(r) = registered.get(&t.name).filter(|r| !r.endpoint.is_empty()) {
+                let p = declared
+                    .or_else(|| r.parameters.as_ref().map(struct_to_json))
+                    .unwrap_or(json!({"type": "object"}));
+                (Route::Provider(r.endpoint.clone()), p)
+            } else {
+                (
+                    Route::Missing,
+                    declared.unwrap_or(json!({"type": "object"})),
+                )
+            };
+            let description = match (&route, t.description.is_empty()) {
+                (_, false) => t.description.clone(),
+                (Route::Delegate, true) => delegation::TOOL_DESCRIPTION.to_owned(),
+                _ => registered
+                    .get(&t.name)
+                    .map(|r| r.description.clone())
+                    .unwrap_or_default(),
+            };
+            specs.push(ToolSpec {
+                name: t.name.clone(),
+                description,
+                parameters,
+            });
+            routes.insert(t.name.clone(), route);
+        }
+        for wanted in &l.agents {
+            let found = match registry
+                .get_agent(GetAgentRequest {
+                    agent_id: wanted.clone(),
+                })
+                .await
+            {
+                Ok(a) => a.agent.into_iter().collect::<Vec<_>>(),
+                Err(_) => registry
+                    .find_by_capability(FindByCapabilityRequest {
+                        capability: wanted.clone(),
+                        include_unavailable: false,
+                    })
+                    .await
+                    .map(|r| r.agents)
+                    .unwrap_or_default(),
+            };
+            for a in found {
+                // Handoff agents take over a conversation; they are not tools.
+                let Some(s) = a.spec.filter(|s| {
+                    s.integration_mode
+                        != switchyard_proto::agent::v1::IntegrationMode::Handoff as i32
+                }) else {
+                    continue;
+                };
+                let name = switchyard_core::validate::agent_tool_name(&s.id);
+                if routes.contains_key(&name) {
+                    continue;
+                }
+                let capability = s
+                    .capabilities
+                    .iter()
+                    .map(|c| c.name.clone())
+                    .find(|c| switchyard_core::validate::capability_lineage(c).any(|l| l == wanted))
+                    .or_else(|| s.capabilities.first().map(|c| c.name.clone()))
+                    .unwrap_or_default();
+                specs.push(ToolSpec {
+                    name: name.clone(),
+                    description: s.description.trim().to_owned(),
+                    parameters: agent_schema(),
+                });
+                routes.insert(
+                    name,
+                    Route::Agent {
+                        agent_id: s.id.clone(),
+                        capability,
+                    },
+                );
+            }
+        }
+        Ok((specs, routes))
+    }
+}
+
+impl TaskHost<'_> {
+    fn task_id(&self) -> &str {
+        &self.snap.task.id
+    }
+
+    async fn run_command(&self, def: &ToolDefinition, args: Value) -> Result<Value, String> {
+        let x = self.x;
+        let cfg = &x.inner.cfg;
+        let ready = x
+            .prepare_command(&def.command, self.scratch, None)
+            .map_err(|f| f.error)?;
+        let env = x.command_env(self.job_id, self.task_id(), self.scratch, &HashMap::new());
+        let limits = command::Limits {
+            // A backstop: the loop's tool timeout usually ends the call
+            // first, and dropping the run kills the whole process group.
+            timeout: Duration::from_millis(cfg.tool_timeout_ms.max(self.llm_task.tool_timeout_ms)),
+            grace: Duration::from_millis(cfg.kill_grace_ms),
+            cap: cfg.max_output_bytes,
+        };
+        let stdin = args.to_string().into_bytes();
+        let done = command::run(
+            &ready.program,
+            &def.command,
+            &def.args,
+            &env,
+            self.scratch,
+            Some(stdin),
+            &limits,
+            ready.jail,
+            &|_, _| {},
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let out = String::from_utf8_lossy(&done.stdout).trim().to_owned();
+        if let Some(l) = command::limits::hit(&done) {
+            return Err(command::limits::describe(
+                &def.command,
+                l,
+                &ready.limits,
+                &done,
+            ));
+        }
+        if done.exit_code != Some(0) {
+            let err = String::from_utf8_lossy(&done.stderr);
+            return Err(format!(
+                "{} exited with {:?}: {}",
+                def.command,
+                done.exit_code,
+                err.trim().chars().take(300).collect::<String>()
+            ));
+        }
+        Ok(serde_json::from_str(&out).unwrap_or(Value::String(out)))
+    }
+
+    async fn run_provider(
+        &self,
+        endpoint: &str,
+        name: &str,
+        call_id: &str,
+        args: Value,
+    ) -> Result<Value, String> {
+        let channel = self
+            .x
+            .inner
+            .tool_channels
+            .get(endpoint)
+            .map_err(|e| e.to_string())?;
+        switchyard_agent_sdk::tools::call(
+            channel,
+            self.x.inner.max_message_bytes,
+            name,
+            call_id,
+            &args,
+            self.snap.correlation(),
+        )
+        .await
+    }
+
+    async fn run_agent(
+        &self,
+        agent_id: &str,
+        capability: &str,
+        call_id: &str,
+        args: Value,
+    ) -> Result<Value, String> {
+        let mut input = args.get("input").cloned().unwrap_or_else(|| json!({}));
+        if let Some(o) = input.as_object_mut() {
+            o.insert(
+                "task".into(),
+                args.get("task").cloned().unwrap_or(Value::Null),
+            );
+        }
+        let task = AgentTask {
+            capability: capability.into(),
+            prefer_agents: vec![agent_id.into()],
+            ..Default::default()
+        };
+        let mut snap = self.snap.clone_for_call(call_id);
+        snap.task.name = args
+            .get("task")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let left = Duration::from_millis(
+            self.x
+                .inner
+                .cfg
+                .tool_timeout_ms
+                .max(self.llm_task.tool_timeout_ms),
+        );
+        let out = self.x.agent_attempt(&snap, &task, input, left).await;
+        match (out.failure, out.status) {
+            (None, Some(s)) => Ok(s.output.as_ref().map(struct_to_json).unwrap_or(Value::Null)),
+            (Some(f), _) => Err(format!("{}: {}", f.reason, f.error)),
+            (None, None) => Err("the agent returned nothing".into()),
+        }
+    }
+
+    async fn delegate(&self, args: Value) -> Result<Value, String> {
+        // Without a capability the child is the same kind of model task,
+        // with the task as its prompt (and the same tools, so it may
+        // delegate in turn, down to the depth limit).
+        let mut spec =
+            delegation::child_job(&args, format!("delegated-by-{}", self.job_id), |task| {
+                LlmTask {
+                    prompt: task,
+                    ..self.llm_task.clone()
+                }
+            });
+        spec.correlation_id = self.snap.correlation_id.clone();
+        spec.tasks[0].timeout_secs = self.snap.task.timeout_secs;
+        spec.delegation = Some(Delegation {
+            parent_job_id: self.job_id.into(),
+            ..Default::default()
+        });
+        let created = self
+            .x
+            .submit(
+                SubmitJobRequest {
+                    spec: Some(spec),
+                    ..Default::default()
+                },
+                None,
+                self.snap.correlation_id.clone(),
+                context::outgoing_traceparent(),
+            )
+            .await
+            .map_err(|e| {
+                let s: tonic::Status = e.into();
+                let api = ApiError::from(s);
+                format!("{}: {}", api.reason.unwrap_or_default(), api.message)
+            })?;
+        let child = created
+            .job
+            .and_then(|j| j.spec)
+            .map(|s| s.job_id)
+            .unwrap_or_default();
+        if let Ok(mut c) = self.children.lock() {
+            c.push(child.clone());
+        }
+        let delegated = events::Delegated {
+            child_job_id: child.clone(),
+        };
+        let book = &self.x.inner.book;
+        book.note(self.job_id, self.task_id(), JobEvent::Delegated(delegated));
+        // Wait for the child (the loop's tool timeout bounds the wait). If
+        // the wait is abandoned — the tool call timed out, or this task was
+        // cancelled — the child is cancelled too: nobody would read it.
+        let mut abandon = Abandon {
+            x: self.x.clone(),
+            child: Some(child.clone()),
+            parent: self.job_id.to_owned(),
+        };
+        let Some(state) = book
+            .until_finished(&child)
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Err("the executor is shutting down".into());
+        };
+        abandon.child = None;
+        let state = crate::job::proto_job_state(state);
+        let result = book.result(&child).map_err(|e| e.to_string())?;
+        let settled = delegation::ChildResult {
+            job_id: child.clone(),
+            state,
+            result: result.result.as_ref().map_or(Value::Null, value_to_json),
+            tokens_used: result.tokens_used,
+            cost_micro_usd: result.cost.map_or(0, |m| m.micro_usd),
+            error: format!("{} {}", result.reason, result.error),
+        };
+        let child_settled = events::ChildSettled {
+            child_job_id: child,
+            state: state.as_str_name().to_owned(),
+            tokens: settled.tokens_used,
+            cost_micro_usd: settled.cost_micro_usd,
+        };
+        book.note(
+            self.job_id,
+            self.task_id(),
+            JobEvent::ChildSettled(child_settled),
+        );
+        settled.tool_result()
+    }
+}
+
+/// Cancels a child job whose parent stopped waiting for it.
+struct Abandon {
+    x: Executor,
+    child: Option<String>,
+    parent: String,
+}
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            let (x, why) = (
+                self.x.clone(),
+                format!("job {} stopped waiting for it", self.parent),
+            );
+            tokio::spawn(async move {
+                let _ = x.cancel(&child, &why, None).await;
+            });
+        }
+    }
+}
+
+impl Host for TaskHost<'_> {
+    fn reserve(&self, call: u32, tokens: u64, cost: i64) -> BoxFuture<'_, Result<String, Refusal>> {
+        Box::pin(async move {
+            let key = self.spender.key(&["llm", &call.to_string()]);
+            let note = format!("{} call {call}", self.llm_task.model);
+            let held = self
+                .spender
+                .reserve(Purpose::ModelCall(call), tokens, cost, key, note)
+                .await;
+            match held {
+                Ok(h) => Ok(h.id().to_owned()),
+                Err(NotHeld::CostLimit(m)) => {
+                    Err(Refusal::Budget(format!("model call {call}: {m}")))
+                }
+                Err(NotHeld::Budget(m)) => {
+                    Err(Refusal::from_ledger(Some(Reason::BudgetExceeded), &m, call))
+                }
+                Err(NotHeld::Unavailable(m)) => Err(Refusal::Unavailable(m)),
+            }
+        })
+    }
+
+    fn commit<'a>(
+        &'a self,
+        hold: &'a str,
+        model: &'a str,
+        usage: Usage,
+        cost: i64,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let price = self
+                .x
+                .inner
+                .clients
+                .llm
+                .entry_price(model, &self.llm_task.provider);
+            let entry = Entry {
+                subtask_id: self.task_id().into(),
+                agent_id: format!("llm:{model}"),
+                model: model.into(),
+                units: usage.total_tokens,
+                price_per_unit: Some(UnitPrice {
+                    micro_usd_per_million: price,
+                }),
+                ..Default::default()
+            };
+            let hold = Hold::resume(&self.x.inner.clients.ledger, hold);
+            self.spender
+                .commit(&hold, usage.total_tokens, cost, entry)
+                .await;
+        })
+    }
+
+    fn release<'a>(&'a self, hold: &'a str, why: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let hold = Hold::resume(&self.x.inner.clients.ledger, hold);
+            self.spender.release(&hold, why).await;
+        })
+    }
+
+    fn call_tool<'a>(
+        &'a self,
+        name: &'a str,
+        call_id: &'a str,
+        args: Value,
+    ) -> BoxFuture<'a, Result<Value, String>> {
+        Box::pin(async move {
+            match self.routes.get(name) {
+                Some(Route::Command(def)) => self.run_command(def, args).await,
+                Some(Route::Provider(endpoint)) => {
+                    self.run_provider(endpoint, name, call_id, args).await
+                }
+                Some(Route::Agent {
+                    agent_id,
+                    capability,
+                }) => self.run_agent(agent_id, capability, call_id, args).await,
+                Some(Route::Delegate) => self.delegate(args).await,
+                Some(Route::Missing) | None => Err(format!(
+                    "{}: tool {name:?} has no provider: register it with the registry (RegisterTool with an endpoint) or give it a command",
+                    Reason::ToolNotFound
+                )),
+            }
+        })
+    }
+
+    fn event(&self, event: LoopEvent) {
+        let ev = match event {
+            LoopEvent::LlmCall(c) => JobEvent::LlmCalled(c),
+            LoopEvent::ToolCall(t) => JobEvent::ToolCalled(t),
+        };
+        self.x.inner.book.note(self.job_id, self.task_id(), ev);
+    }
+}

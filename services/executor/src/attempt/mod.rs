@@ -1,0 +1,319 @@
+//! One attempt of one task, by kind: [`command`] (an allowlisted program in
+//! the sandbox), [`agent`] (routed, reserved, `AgentService.Invoke`) and
+//! [`llm`] (the agent loop with the job's budget and the task's tools).
+//! An attempt reads a [`Snapshot`] taken when it started and ends in an
+//! [`Outcome`]; the driver records it and the scheduler decides what next.
+//!
+//! Spending goes through [`Spender`]: the ledger's spend protocol
+//! ([`switchyard_api::spend`]) with the job's events and the task's cost
+//! limit, the same for agent calls and model calls.
+
+pub(crate) mod agent;
+pub(crate) mod command;
+pub(crate) mod llm;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use switchyard_api::spend::{self, Hold, HoldRequest, Refusal};
+use switchyard_core::Reason;
+use switchyard_core::template;
+use switchyard_proto::common::v1::CorrelationContext;
+use switchyard_proto::executor::v1::{TaskSpec, TaskStatus, task_spec::Kind};
+use switchyard_proto::ledger::v1::Entry;
+
+use crate::Executor;
+use crate::events::{self, JobEvent};
+use crate::schedule::{Class, Failure};
+
+/// The end of one attempt.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    pub(crate) failure: Option<Failure>,
+    /// Outputs to keep (also for failed attempts: partial results).
+    pub(crate) status: Option<TaskStatus>,
+}
+
+impl Outcome {
+    pub(crate) fn ok(status: TaskStatus) -> Self {
+        Outcome {
+            failure: None,
+            status: Some(status),
+        }
+    }
+
+    pub(crate) fn fail(class: Class, reason: Reason, error: impl Into<String>) -> Self {
+        Outcome {
+            failure: Some(Failure {
+                class,
+                reason,
+                error: error.into(),
+            }),
+            status: None,
+        }
+    }
+}
+
+/// What an attempt needs from the job, read once under the lock.
+#[derive(Debug, Clone)]
+pub(crate) struct Snapshot {
+    pub(crate) job_id: String,
+    pub(crate) task: TaskSpec,
+    pub(crate) job_input: Value,
+    pub(crate) outputs: HashMap<String, Value>,
+    pub(crate) stdin: Option<Vec<u8>>,
+    pub(crate) budget_id: String,
+    pub(crate) token_budget: Option<u64>,
+    pub(crate) correlation_id: String,
+    pub(crate) delegation_depth: u32,
+    pub(crate) attempt: u32,
+    /// Log position of the attempt's start: nothing with an effect outside
+    /// the executor happens before it is durable.
+    pub(crate) start_g: u64,
+    /// Empty for the task itself; `/tool/<call id>` for a call an LLM task
+    /// makes to an agent, so its idempotency keys are its own.
+    pub(crate) scope: String,
+}
+
+impl Snapshot {
+    /// The snapshot of an agent call made as LLM tool call `call_id`.
+    pub(crate) fn clone_for_call(&self, call_id: &str) -> Snapshot {
+        Snapshot {
+            scope: format!("{}/tool/{call_id}", self.scope),
+            ..self.clone()
+        }
+    }
+
+    /// A template's value: `${parent.…}` from the job's input, `${id.…}`
+    /// from an upstream task's output.
+    pub(crate) fn resolve(&self, v: &Value) -> Result<Value, String> {
+        template::resolve(v, &|t: Option<&str>| match t {
+            None => Some(&self.job_input),
+            Some(id) => self.outputs.get(id),
+        })
+    }
+
+    /// A template resolved to text.
+    pub(crate) fn resolve_text(&self, s: &str) -> Result<String, String> {
+        match self.resolve(&Value::String(s.to_owned()))? {
+            Value::String(s) => Ok(s),
+            other => Ok(other.to_string()),
+        }
+    }
+
+    /// Where this attempt's spending comes from.
+    pub(crate) fn correlation(&self) -> CorrelationContext {
+        CorrelationContext {
+            correlation_id: self.correlation_id.clone(),
+            traceparent: switchyard_kit::context::outgoing_traceparent().unwrap_or_default(),
+            job_id: self.job_id.clone(),
+            task_id: self.task.id.clone(),
+        }
+    }
+}
+
+impl Executor {
+    /// Runs one attempt of the snapshot's task.
+    pub(crate) async fn attempt(
+        &self,
+        snap: Snapshot,
+        timeout: Duration,
+        scratch: &std::path::Path,
+    ) -> Outcome {
+        match snap.task.kind.clone() {
+            Some(Kind::Command(c)) => self.command_attempt(&snap, &c, timeout, scratch).await,
+            Some(Kind::Agent(a)) => {
+                let input = a
+                    .input
+                    .as_ref()
+                    .map(switchyard_kit::json::struct_to_json)
+                    .unwrap_or_else(|| json!({}));
+                match snap.resolve(&input) {
+                    Ok(input) => self.agent_attempt(&snap, &a, input, timeout).await,
+                    Err(e) => Outcome::fail(Class::Permanent, Reason::TemplateUnresolved, e),
+                }
+            }
+            Some(Kind::Llm(l)) => self.llm_attempt(&snap, &l, timeout, scratch).await,
+            None => Outcome::fail(
+                Class::Permanent,
+                Reason::InvalidArgument,
+                "task has no kind",
+            ),
+        }
+    }
+}
+
+/// What a hold is for, as its events say.
+#[derive(Debug, Clone)]
+pub(crate) enum Purpose {
+    /// A call to this agent.
+    Agent(String),
+    /// Model call `n` of an LLM task.
+    ModelCall(u32),
+}
+
+/// Why the spender did not reserve.
+#[derive(Debug, Clone)]
+pub(crate) enum NotHeld {
+    /// The task's cost limit (the sum of what it spends) would be passed.
+    CostLimit(String),
+    /// The budget refused (the ledger's words).
+    Budget(String),
+    /// The ledger could not be asked.
+    Unavailable(String),
+}
+
+/// One task's spending through the spend protocol: every hold, commit,
+/// release and refusal is a job event, and the task's cost limit bounds
+/// the sum of everything the task spends, across attempts and calls.
+pub(crate) struct Spender<'a> {
+    pub(crate) x: &'a Executor,
+    pub(crate) snap: &'a Snapshot,
+}
+
+impl Spender<'_> {
+    fn note(&self, ev: JobEvent) {
+        self.x
+            .inner
+            .book
+            .note(&self.snap.job_id, &self.snap.task.id, ev);
+    }
+
+    /// The idempotency key of a hold of this attempt: job, task, attempt
+    /// (with the tool-call scope), then `rest`.
+    pub(crate) fn key(&self, rest: &[&str]) -> String {
+        let s = self.snap;
+        let attempt = format!("{}{}", s.attempt, s.scope);
+        let mut parts = vec![s.job_id.as_str(), s.task.id.as_str(), attempt.as_str()];
+        parts.extend_from_slice(rest);
+        spend::key(&parts)
+    }
+
+    /// Holds `tokens` and `cost` on the job's budget for `purpose`, after
+    /// checking the task's cost limit.
+    pub(crate) async fn reserve(
+        &self,
+        purpose: Purpose,
+        tokens: u64,
+        cost: i64,
+        key: String,
+        note: String,
+    ) -> Result<Hold, NotHeld> {
+        let (job_id, task_id) = (&self.snap.job_id, &self.snap.task.id);
+        self.claim_within_limit(cost)?;
+        let held = spend::reserve(
+            &self.x.inner.clients.ledger,
+            HoldRequest {
+                budget_id: self.snap.budget_id.clone(),
+                tokens,
+                cost_micro_usd: cost,
+                key,
+                context: self.snap.correlation(),
+                note,
+            },
+        )
+        .await;
+        let book = &self.x.inner.book;
+        let reserved = |hold: &Hold| {
+            let (agent_id, call) = match &purpose {
+                Purpose::Agent(a) => (a.clone(), None),
+                Purpose::ModelCall(n) => (String::new(), Some(*n)),
+            };
+            JobEvent::Reserved(events::Reserved {
+                reservation_id: hold.id().to_owned(),
+                tokens,
+                cost_micro_usd: cost,
+                agent_id,
+                call,
+            })
+        };
+        {
+            // The claim becomes a hold (or nothing) in one step.
+            let mut st = book.lock();
+            st.unreserve(job_id, task_id, cost);
+            if let Ok(h) = &held {
+                book.record(&mut st, job_id, task_id, reserved(h));
+            }
+        }
+        match held {
+            Ok(h) => Ok(h),
+            Err(Refusal::Budget {
+                refused_by,
+                message,
+            }) => {
+                self.note(JobEvent::Refused(events::Refused {
+                    refused_by,
+                    message: message.clone(),
+                    tokens: Some(tokens),
+                    cost_micro_usd: Some(cost),
+                }));
+                Err(NotHeld::Budget(message))
+            }
+            Err(Refusal::Unavailable(m)) => Err(NotHeld::Unavailable(format!("ledger: {m}"))),
+        }
+    }
+
+    /// Counts `cost` as being reserved for the task, unless that would pass
+    /// its cost limit.
+    fn claim_within_limit(&self, cost: i64) -> Result<(), NotHeld> {
+        let (job_id, task_id) = (&self.snap.job_id, &self.snap.task.id);
+        let limit = self.snap.task.cost_limit.map(|m| m.micro_usd);
+        let mut st = self.x.inner.book.lock();
+        let exposure = st.find(job_id).map_or(0, |e| e.task_exposure(task_id));
+        if let Some(limit) = limit
+            && exposure.saturating_add(cost) > limit
+        {
+            drop(st);
+            let msg = format!(
+                "this call may cost up to {cost} micro-USD; with {exposure} spent or held by task {task_id:?} that is above its cost_limit of {limit}"
+            );
+            self.note(JobEvent::Refused(events::Refused {
+                refused_by: "task.cost_limit".into(),
+                message: msg.clone(),
+                tokens: None,
+                cost_micro_usd: None,
+            }));
+            return Err(NotHeld::CostLimit(msg));
+        }
+        st.reserving(job_id, task_id, cost);
+        Ok(())
+    }
+
+    /// Commits what `hold` used, with its journal entry.
+    pub(crate) async fn commit(&self, hold: &Hold, tokens: u64, cost: i64, entry: Entry) {
+        match hold.commit(tokens, cost, entry).await {
+            Ok(c) => self.note(JobEvent::Committed(events::Committed {
+                reservation_id: hold.id().to_owned(),
+                tokens,
+                cost_micro_usd: cost,
+                overrun: c.overrun,
+            })),
+            Err(e) => {
+                tracing::warn!(job_id = %self.snap.job_id, reservation_id = hold.id(), error = %e.message(), "commit failed; the reservation's TTL bounds the hold")
+            }
+        }
+    }
+
+    /// Releases `hold` unused and records why.
+    pub(crate) async fn release(&self, hold: &Hold, why: &str) {
+        release(self.x, &self.snap.job_id, &self.snap.task.id, hold, why).await;
+    }
+}
+
+/// Releases `hold` (of job `job_id`'s task `task_id`) and records it.
+pub(crate) async fn release(x: &Executor, job_id: &str, task_id: &str, hold: &Hold, why: &str) {
+    match hold.release().await {
+        Ok(()) => x.inner.book.note(
+            job_id,
+            task_id,
+            JobEvent::Released(events::Released {
+                reservation_id: hold.id().to_owned(),
+                why: why.to_owned(),
+            }),
+        ),
+        Err(e) => {
+            tracing::warn!(job_id, reservation_id = hold.id(), error = %e.message(), "releasing reservation; its TTL will free it")
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! Cancelling a job (`CancelJob`), and ending what a job holds in other
+//! services when it ends: its approval run and its budget.
+
+use std::time::Duration;
+
+use switchyard_core::Reason;
+use switchyard_core::lifecycle::JobState;
+use switchyard_kit::auth::OnBehalf;
+use switchyard_proto::approval::v1 as ap;
+use switchyard_proto::executor::v1::Job;
+
+use crate::Executor;
+use crate::admission::acting_context;
+use crate::error::ExecutorError;
+
+impl Executor {
+    /// CancelJob: a running job's driver stops its tasks (SIGTERM, grace,
+    /// SIGKILL), releases its reservations and finishes it; a job no driver
+    /// runs is cancelled here. Either way its run is cancelled for `who`.
+    pub async fn cancel(
+        &self,
+        job_id: &str,
+        why: &str,
+        who: Option<OnBehalf>,
+    ) -> Result<Job, ExecutorError> {
+        let book = &self.inner.book;
+        let why = if why.is_empty() {
+            "cancelled by request"
+        } else {
+            why
+        };
+        let mut finishes = book.finishes();
+        let idle = {
+            let mut st = book.lock();
+            st.get(job_id)?.state().check(JobState::Cancelled)?;
+            match st.drivers.get(job_id).cloned() {
+                Some(ctl) => {
+                    *crate::lock(&ctl.cancel) = Some((why.to_owned(), who.clone()));
+                    ctl.wake.notify_one();
+                    None
+                }
+                None => Some(book.cancel_idle(&mut st, job_id, Reason::JobCancelled, why)?),
+            }
+        };
+        let Some(g) = idle else {
+            let limit =
+                Duration::from_millis(self.inner.cfg.kill_grace_ms) + Duration::from_secs(10);
+            let ended = async {
+                while !book
+                    .job(job_id)
+                    .is_ok_and(|j| crate::job::job_state(j.state).is_terminal())
+                {
+                    if finishes.changed().await.is_err() {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(limit, ended).await;
+            return book.job(job_id);
+        };
+        book.durable(g).await?;
+        self.cancel_run(job_id, why, who).await;
+        self.close_budget(job_id).await;
+        book.job(job_id)
+    }
+
+    /// Cancels the job's approval run for `who` (the person cancelling the
+    /// job), or for whoever the current request or driver acts for.
+    pub(crate) async fn cancel_run(&self, job_id: &str, why: &str, who: Option<OnBehalf>) {
+        let run_id = self
+            .inner
+            .book
+            .lock()
+            .find(job_id)
+            .map(|e| e.job.run_id.clone())
+            .unwrap_or_default();
+        self.cancel_run_by_id(run_id, why, who).await;
+    }
+
+    pub(crate) async fn cancel_run_by_id(&self, run_id: String, why: &str, who: Option<OnBehalf>) {
+        if run_id.is_empty() {
+            return;
+        }
+        let call = self.inner.clients.approval.cancel(ap::CancelRequest {
+            run_id,
+            comment: why.to_owned(),
+        });
+        // A job driver acts for the submitter; the run is cancelled for the
+        // person who cancelled the job.
+        let done = match who {
+            Some(who) => {
+                let corr = switchyard_kit::context::current()
+                    .map(|c| c.correlation_id)
+                    .unwrap_or_else(switchyard_kit::context::new_correlation_id);
+                switchyard_kit::context::scope(acting_context(&corr, who), call).await
+            }
+            None => call.await,
+        };
+        if let Err(e) = done
+            && !matches!(
+                switchyard_kit::error::ApiError::from(e.clone()).known_reason(),
+                Some(Reason::RunTerminal)
+            )
+        {
+            tracing::warn!(error = %e.message(), "cancelling approval run");
+        }
+    }
+
+    /// Closes the job's budget: what it did not spend is no longer held.
+    pub(crate) async fn close_budget(&self, job_id: &str) {
+        let budget_id = self
+            .inner
+            .book
+            .lock()
+            .find(job_id)
+            .map(|e| e.job.budget_id.clone())
+            .unwrap_or_default();
+        if budget_id.is_empty() {
+            return;
+        }
+        let req = switchyard_proto::ledger::v1::CloseBudgetRequest { budget_id };
+        if let Err(e) = self.inner.clients.ledger.close_budget(req).await {
+            tracing::warn!(job_id, error = %e.message(), "closing job budget");
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! `[executor]` configuration: every knob, its default, and the checks that
+//! refuse values the executor could not honour.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::SandboxMode;
+use crate::command::limits::ResourceLimits;
+use crate::formats::Limits;
+use crate::spec::Rules;
+
+/// `[executor]` configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExecutorConfig {
+    /// Worker id used to claim approval runs; keep it stable across restarts.
+    pub worker_id: String,
+    /// Registry URL when it runs in another process.
+    pub registry_url: Option<String>,
+    /// Router URL when it runs in another process.
+    pub router_url: Option<String>,
+    /// Ledger URL when it runs in another process.
+    pub ledger_url: Option<String>,
+    /// Approval URL when it runs in another process.
+    pub approval_url: Option<String>,
+    /// URL at which this process's built-in agents are reachable; empty =
+    /// `http://<listen address>`.
+    pub advertise_url: String,
+    /// Host and register the built-in agents.
+    pub builtin_agents: bool,
+    /// Most tasks in one job (seed 001's limit).
+    pub max_tasks: usize,
+    /// Tasks of one job running at once when the job sets no limit.
+    pub max_parallel: u32,
+    /// Task timeout when a task sets none, seconds (seed 001: 300).
+    pub default_timeout_secs: u32,
+    /// Wait between SIGTERM and SIGKILL, ms.
+    pub kill_grace_ms: u64,
+    /// Bytes of stdout and of stderr kept per task.
+    pub max_output_bytes: usize,
+    /// Bytes of `files` a job may carry.
+    pub max_file_bytes: usize,
+    /// Commands a task may run (names looked up on `path` once, at start-up).
+    /// Tools that can start other programs (awk's `system()`, sed's `e`) are
+    /// safe here because the sandbox lets a task execute only its own
+    /// binary: such a call fails with EACCES. See docs/sandbox.md.
+    pub commands: Vec<String>,
+    /// The only PATH commands see and are looked up on.
+    pub path: String,
+    /// `"on"`: every command task runs in the sandbox (Landlock, seccomp,
+    /// no_new_privs, rlimits), and command tasks are refused when the kernel
+    /// has no Landlock. `"off"`: they run unconfined as the executor's user
+    /// (rlimits only) — logged at start-up and shown on every command task.
+    pub sandbox: SandboxMode,
+    /// User id command tasks run as when the executor runs as root.
+    pub sandbox_uid: u32,
+    /// Group id command tasks run as when the executor runs as root.
+    pub sandbox_gid: u32,
+    /// Paths every command task may read (not write or execute). Keep
+    /// secrets out: the default names single files of /etc, not /etc.
+    pub sandbox_read_paths: Vec<PathBuf>,
+    /// Allowlisted commands that may open network connections (all others
+    /// cannot create a socket). No host allowlist: a command here reaches
+    /// whatever the executor's host reaches.
+    pub network_commands: Vec<String>,
+    /// Resource limits of every command task unless it asks for others.
+    pub task_limits: ResourceLimits,
+    /// The most a task may ask for (0: no cap).
+    pub task_limit_caps: ResourceLimits,
+    /// Budget that job budgets nest under when the job names none (empty:
+    /// job budgets are top-level).
+    pub default_parent_budget: String,
+    /// Tokens reserved for one agent call (capped by the job's token budget).
+    pub agent_max_tokens: u64,
+    /// Output tokens assumed for an LLM task without max_tokens.
+    pub llm_default_max_tokens: u64,
+    /// Most model calls of one LLM task attempt when the task says none.
+    pub llm_max_turns: u32,
+    /// Timeout of one tool call when the task says none, ms (seed 000
+    /// `ext_agent_tool_timeout_ms`).
+    pub tool_timeout_ms: u64,
+    /// Approval claim lease, seconds (renewed at a third of it).
+    pub lease_secs: u32,
+    /// How often pending jobs check their approval run, ms.
+    pub approval_poll_ms: u64,
+    /// DEFER re-check interval when the task gives none, seconds (seed 002: 5 minutes).
+    pub defer_interval_secs: u32,
+    /// Longest a task may stay deferred when it has no deadline, seconds.
+    pub max_defer_secs: u64,
+    /// Seed 000's delegation cap.
+    pub max_delegation_depth: u32,
+    /// Organisation recorded on approval runs when the job has no `org` label.
+    pub default_org: String,
+    /// Cancel a job's running tasks when another fails for good (else they finish).
+    pub cancel_running_on_failure: bool,
+    /// Where per-job scratch directories live; empty = `<data_dir>/scratch`.
+    pub scratch_dir: PathBuf,
+}
+
+impl Default for ExecutorConfig {
+    fn default() -> Self {
+        Self {
+            worker_id: "executor".into(),
+            registry_url: None,
+            router_url: None,
+            ledger_url: None,
+            approval_url: None,
+            advertise_url: String::new(),
+            builtin_agents: true,
+            max_tasks: 100,
+            max_parallel: 4,
+            default_timeout_secs: 300,
+            kill_grace_ms: 2000,
+            max_output_bytes: 1024 * 1024,
+            max_file_bytes: 2 * 1024 * 1024,
+            commands: [
+                "cat",
+                "echo",
+                "grep",
+                "sort",
+                "uniq",
+                "wc",
+                "head",
+                "tail",
+                "cut",
+                "tr",
+                "sed",
+                "awk",
+                "jq",
+                "tac",
+                "rev",
+                "nl",
+                "fold",
+                "paste",
+                "seq",
+                "printf",
+                "true",
+                "false",
+                "sleep",
+                "date",
+                "base64",
+                "sha256sum",
+                "md5sum",
+                "comm",
+                "join",
+                "expand",
+                "fmt",
+            ]
+            .map(String::from)
+            .to_vec(),
+            path: "/usr/local/bin:/usr/bin:/bin".into(),
+            sandbox: SandboxMode::On,
+            sandbox_uid: 65534,
+            sandbox_gid: 65534,
+            sandbox_read_paths: crate::command::policy::default_read_paths(),
+            network_commands: Vec::new(),
+            task_limits: ResourceLimits::default(),
+            task_limit_caps: ResourceLimits {
+                memory_bytes: 16 << 30,
+                cpu_seconds: 3600,
+                processes: 4096,
+                open_files: 65536,
+                file_size_bytes: 16 << 30,
+            },
+            default_parent_budget: String::new(),
+            agent_max_tokens: 4096,
+            llm_default_max_tokens: 4096,
+            llm_max_turns: 10,
+            tool_timeout_ms: 30_000,
+            lease_secs: 60,
+            approval_poll_ms: 250,
+            defer_interval_secs: 300,
+            max_defer_secs: 3600,
+            max_delegation_depth: 10,
+            default_org: "default".into(),
+            cancel_running_on_failure: false,
+            scratch_dir: PathBuf::new(),
+        }
+    }
+}
+
+impl ExecutorConfig {
+    /// Checks values that would make the executor misbehave.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.worker_id.trim().is_empty() {
+            return Err("executor.worker_id must not be empty".into());
+        }
+        if self.max_tasks == 0 || self.max_parallel == 0 {
+            return Err("executor.max_tasks and executor.max_parallel must be at least 1".into());
+        }
+        if self.lease_secs < 3 {
+            return Err("executor.lease_secs must be at least 3".into());
+        }
+        if self.llm_max_turns == 0 || self.tool_timeout_ms == 0 {
+            return Err(
+                "executor.llm_max_turns and executor.tool_timeout_ms must be at least 1".into(),
+            );
+        }
+        if self.approval_poll_ms == 0 {
+            return Err("executor.approval_poll_ms must be at least 1".into());
+        }
+        for c in &self.commands {
+            if c.is_empty() || c.contains(char::is_whitespace) {
+                return Err(format!("executor.commands: {c:?} is not a command name"));
+            }
+        }
+        if let Some(c) = self
+            .network_commands
+            .iter()
+            .find(|c| !self.commands.contains(c))
+        {
+            return Err(format!(
+                "executor.network_commands: {c:?} is not in executor.commands"
+            ));
+        }
+        self.task_limits.check_within(&self.task_limit_caps)?;
+        Ok(())
+    }
+
+    pub(crate) fn rules(&self) -> Rules<'_> {
+        Rules {
+            max_tasks: self.max_tasks,
+            commands: &self.commands,
+            default_timeout_secs: self.default_timeout_secs,
+            default_max_parallel: self.max_parallel,
+            max_delegation_depth: self.max_delegation_depth,
+            max_file_bytes: self.max_file_bytes,
+            limit_caps: &self.task_limit_caps,
+        }
+    }
+
+    pub(crate) fn limits(&self) -> Limits {
+        Limits {
+            max_tasks: self.max_tasks,
+            max_delegation_depth: self.max_delegation_depth,
+        }
+    }
+}

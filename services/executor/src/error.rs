@@ -1,0 +1,120 @@
+//! Executor errors, mapped to a `tonic::Status` once, here.
+
+use switchyard_core::Reason;
+use switchyard_core::lifecycle::Refused;
+use switchyard_kit::error::{metadata, status, status_with_metadata};
+use switchyard_store::StoreError;
+use tonic::{Code, Status};
+
+use crate::events::DecodeError;
+use crate::formats::FormatError;
+
+/// Executor errors; mapped to a status once, in `From<ExecutorError> for Status`.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutorError {
+    /// The job is not valid; see the field violations.
+    #[error("{}", .0.violations.0.iter().map(|v| v.description.as_str()).collect::<Vec<_>>().join("; "))]
+    Invalid(FormatError),
+    /// No such job.
+    #[error("job {0:?} not found")]
+    NotFound(String),
+    /// An agent (no submitter role) submitted a job that is not a delegation.
+    #[error(
+        "an agent submits only delegated child jobs: set delegation.parent_job_id to the active job it works for"
+    )]
+    DelegationOnly,
+    /// The id is taken by a different spec.
+    #[error("job {0:?} already exists with a different spec")]
+    Exists(String),
+    /// A state change the table refuses.
+    #[error(transparent)]
+    Refused(#[from] Refused),
+    /// Another service refused or failed; its status is passed on.
+    #[error("{service}: {}", .status.message())]
+    Upstream {
+        /// Which service.
+        service: &'static str,
+        /// What it said.
+        status: Status,
+    },
+    /// Storage failed.
+    #[error("storage: {0}")]
+    Storage(#[from] StoreError),
+    /// A stored event does not fit its kind (a damaged or foreign log).
+    #[error("job event log: {0}")]
+    Decode(#[from] DecodeError),
+    /// The job's scratch directory could not be prepared.
+    #[error("scratch directory: {0}")]
+    Scratch(String),
+    /// The command sandbox's configuration cannot be honoured.
+    #[error("{0}")]
+    Sandbox(String),
+    /// Delegation from a job that is not running.
+    #[error("job {parent:?} is {state}, not active: only a running job can delegate")]
+    ParentNotActive {
+        /// The parent job.
+        parent: String,
+        /// Its state.
+        state: String,
+    },
+}
+
+impl From<ExecutorError> for Status {
+    fn from(e: ExecutorError) -> Status {
+        let msg = e.to_string();
+        match e {
+            ExecutorError::Invalid(f) => {
+                let mut s = switchyard_kit::error::invalid_argument(f.reason, &f.violations);
+                // Keep the seed's wording as the message (e.g. `Invalid task numbering: …`).
+                let details = s.details().to_vec();
+                s = Status::with_details(Code::InvalidArgument, msg, details.into());
+                s
+            }
+            ExecutorError::NotFound(id) => status_with_metadata(
+                Code::NotFound,
+                Reason::JobNotFound,
+                msg,
+                metadata([("job_id", id)]),
+            ),
+            ExecutorError::DelegationOnly => status_with_metadata(
+                Code::PermissionDenied,
+                Reason::PermissionDenied,
+                msg,
+                metadata([("permission", "job.submit".to_owned())]),
+            ),
+            ExecutorError::ParentNotActive { parent, state } => status_with_metadata(
+                Code::FailedPrecondition,
+                Reason::ParentNotActive,
+                msg,
+                metadata([("parent_job_id", parent), ("state", state)]),
+            ),
+            ExecutorError::Exists(id) => status_with_metadata(
+                Code::AlreadyExists,
+                Reason::JobAlreadyExists,
+                msg,
+                metadata([("job_id", id)]),
+            ),
+            ExecutorError::Refused(r) => status_with_metadata(
+                Code::FailedPrecondition,
+                r.reason,
+                msg,
+                metadata([("from", r.from.to_owned()), ("to", r.to.to_owned())]),
+            ),
+            ExecutorError::Upstream { status, .. } => {
+                Status::with_details(status.code(), msg, status.details().to_vec().into())
+            }
+            ExecutorError::Storage(_) | ExecutorError::Decode(_) => {
+                status(Code::Internal, Reason::StorageFailure, msg)
+            }
+            ExecutorError::Scratch(_) => status(Code::Internal, Reason::Internal, msg),
+            ExecutorError::Sandbox(_) => {
+                status(Code::FailedPrecondition, Reason::SandboxUnavailable, msg)
+            }
+        }
+    }
+}
+
+/// Wraps another service's refusal or failure, naming the service.
+pub(crate) fn upstream(service: &'static str) -> impl FnOnce(Status) -> ExecutorError {
+    move |status| ExecutorError::Upstream { service, status }
+}

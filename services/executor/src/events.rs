@@ -1,0 +1,509 @@
+//! The job event log, typed: one [`JobEvent`] per kind, each with its
+//! payload struct. Recording encodes an event into the wire
+//! [`Event`](switchyard_proto::common::v1::Event) (`kind` + `data`, what
+//! `WatchJob` streams and the log stores); replay decodes it back. Both go
+//! through the one table in [`job_events!`], so a kind and its fields cannot
+//! drift apart between the writer and the reader.
+//!
+//! Wire compatibility: every payload serializes to the same `data` object
+//! the untyped log wrote (field names, numbers, `""` for absent text), so
+//! data directories and `WatchJob` clients of earlier releases keep working
+//! (`tests/replay.rs` replays a log written before this module existed).
+//! Fields added later are `#[serde(default)]`, so older events decode.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+pub use switchyard_llm::agent::{LlmCall, ToolCall};
+
+/// Declares [`JobEvent`] and its one mapping to and from `(kind, data)`.
+macro_rules! job_events {
+    ($( $(#[$doc:meta])* $variant:ident($payload:ty) = $kind:literal, )*) => {
+        /// One event of a job's log.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum JobEvent {
+            $( $(#[$doc])* $variant($payload), )*
+        }
+
+        impl JobEvent {
+            /// The wire kind, `<area>.<what>`.
+            pub fn kind(&self) -> &'static str {
+                match self { $( JobEvent::$variant(_) => $kind, )* }
+            }
+
+            /// The wire `data` object.
+            pub fn data(&self) -> Option<prost_types::Struct> {
+                let v = match self {
+                    $( JobEvent::$variant(p) => serde_json::to_value(p), )*
+                };
+                // Payloads are plain structs of text, numbers and flags:
+                // serializing them cannot fail.
+                v.ok().and_then(|v| switchyard_kit::json::json_to_struct(&v))
+            }
+
+            /// Decodes a stored or streamed event; `Ok(None)` for a kind this
+            /// release does not know (written by a newer one: replay skips it).
+            pub fn decode(kind: &str, data: Option<&prost_types::Struct>) -> Result<Option<JobEvent>, DecodeError> {
+                let v = data.map_or_else(|| Value::Object(Default::default()), switchyard_kit::json::struct_to_json);
+                let wrap = |e: serde_json::Error| DecodeError { kind: kind.to_owned(), message: e.to_string() };
+                match kind {
+                    $( $kind => serde_json::from_value(v).map(JobEvent::$variant).map(Some).map_err(wrap), )*
+                    _ => Ok(None),
+                }
+            }
+        }
+    };
+}
+
+job_events! {
+    /// The job was accepted.
+    Submitted(Submitted) = "job.submitted",
+    /// The job changed state.
+    JobMoved(JobMoved) = "job.state",
+    /// An approval run was proposed.
+    ApprovalRequested(ApprovalRequested) = "approval.requested",
+    /// The approval run was decided.
+    ApprovalDecided(ApprovalDecided) = "approval.decided",
+    /// The job's budget exists.
+    BudgetCreated(BudgetCreated) = "budget.created",
+    /// A reservation was made.
+    Reserved(Reserved) = "budget.reserved",
+    /// A reservation was committed.
+    Committed(Committed) = "budget.committed",
+    /// A reservation was released.
+    Released(Released) = "budget.released",
+    /// A reservation was refused (by the ledger or the task's cost limit).
+    Refused(Refused) = "budget.refused",
+    /// A self-billing agent committed its own usage on the job's budget.
+    BilledByAgent(BilledByAgent) = "budget.billed_by_agent",
+    /// A task changed state.
+    TaskMoved(TaskMoved) = "task.state",
+    /// A task attempt started.
+    AttemptStarted(AttemptStarted) = "task.attempt",
+    /// A task's outputs were stored (the outputs tree holds them).
+    ResultStored(ResultStored) = "task.result",
+    /// A chunk of output.
+    Output(Output) = "task.output",
+    /// Candidates from the router, with scores.
+    Routed(Routed) = "routing.decision",
+    /// An agent call ended.
+    AgentCalled(AgentCalled) = "agent.call",
+    /// Progress relayed from an agent.
+    AgentProgress(AgentProgress) = "agent.progress",
+    /// A note for people, e.g. FAIL_AND_NOTIFY's notification.
+    Notice(Notice) = "job.notice",
+    /// A model call of an LLM task ended; fallbacks show as several.
+    LlmCalled(LlmCall) = "llm.call",
+    /// A tool call of an LLM task ended.
+    ToolCalled(ToolCall) = "llm.tool_call",
+    /// The task created a child job.
+    Delegated(Delegated) = "delegation.created",
+    /// A child job ended; its usage rolls up into this job.
+    ChildSettled(ChildSettled) = "delegation.settled",
+}
+
+/// An event whose data does not fit its kind.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("event {kind:?}: {message}")]
+pub struct DecodeError {
+    /// The event's kind.
+    pub kind: String,
+    /// What did not fit.
+    pub message: String,
+}
+
+/// `job.submitted`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Submitted {
+    /// Source format (native, agenix, aitp, ojs).
+    pub format: String,
+    /// Number of tasks.
+    pub tasks: u64,
+    /// The submitting subject.
+    pub submitted_by: String,
+    /// Its tenant.
+    pub tenant: String,
+    /// Its kind (`human`, `agent`, `service`).
+    pub submitter_kind: String,
+    /// Trace context at submission, so work resumed later joins the trace.
+    pub traceparent: String,
+}
+
+/// `job.state`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct JobMoved {
+    /// State before.
+    pub from: String,
+    /// State after.
+    pub to: String,
+    /// Reason code ("" for a normal move).
+    pub reason: String,
+    /// Error text.
+    pub error: String,
+}
+
+/// `approval.requested`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ApprovalRequested {
+    /// The run.
+    pub run_id: String,
+    /// Context hash bound to the run.
+    pub context_hash: String,
+    /// Worst-case input tokens.
+    pub estimated_input_tokens: u64,
+    /// Worst-case output tokens.
+    pub estimated_output_tokens: u64,
+    /// Worst-case cost; `None` when some part cannot be priced.
+    pub estimated_cost_micro_usd: Option<i64>,
+    /// The cap a person approves.
+    pub max_tokens: u64,
+    /// The job asked for a person whatever the policies say.
+    pub skip_policies: bool,
+}
+
+/// `approval.decided`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ApprovalDecided {
+    /// `approved`, `rejected` or `cancelled`.
+    pub status: String,
+    /// Who decided (`policy:<name>`, a subject, `delegation:<run>`).
+    pub by: String,
+}
+
+/// `budget.created`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BudgetCreated {
+    /// The job's budget.
+    pub budget_id: String,
+    /// The budget it nests under ("" for none).
+    pub parent_id: String,
+}
+
+/// `budget.reserved`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Reserved {
+    /// The reservation.
+    pub reservation_id: String,
+    /// Tokens held.
+    pub tokens: u64,
+    /// Cost held.
+    pub cost_micro_usd: i64,
+    /// The agent called (agent calls).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub agent_id: String,
+    /// The model call (LLM tasks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call: Option<u32>,
+}
+
+/// `budget.committed`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Committed {
+    /// The reservation.
+    pub reservation_id: String,
+    /// Tokens spent.
+    pub tokens: u64,
+    /// Cost spent.
+    pub cost_micro_usd: i64,
+    /// The commit exceeded the hold.
+    pub overrun: bool,
+}
+
+/// `budget.released`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Released {
+    /// The reservation.
+    pub reservation_id: String,
+    /// Why nothing was spent.
+    pub why: String,
+}
+
+/// `budget.refused`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Refused {
+    /// The budget that refused, or `task.cost_limit`.
+    pub refused_by: String,
+    /// Why.
+    pub message: String,
+    /// Tokens asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    /// Cost asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_micro_usd: Option<i64>,
+}
+
+/// `budget.billed_by_agent`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BilledByAgent {
+    /// The agent.
+    pub agent_id: String,
+    /// Model it used.
+    pub model: String,
+    /// Tokens it committed.
+    pub tokens: u64,
+    /// Cost it committed.
+    pub cost_micro_usd: i64,
+}
+
+/// `task.state`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TaskMoved {
+    /// State before.
+    pub from: String,
+    /// State after.
+    pub to: String,
+    /// Reason code ("" for a normal move).
+    pub reason: String,
+    /// Error text.
+    pub error: String,
+    /// Retrying/deferred: when the next attempt is due (0: not waiting).
+    pub next_attempt_at_ms: u64,
+    /// The next attempt runs with the extended timeout
+    /// (RETRY_WITH_TIMEOUT_EXTENSION). On the wire `"true"` or `""`.
+    #[serde(with = "flag")]
+    pub extend: bool,
+}
+
+/// `task.attempt`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AttemptStarted {
+    /// Attempt number (1-based).
+    pub attempt: u32,
+    /// Its timeout.
+    pub timeout_secs: u32,
+}
+
+/// `task.result`: a summary; the outputs are in the outputs tree.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ResultStored {
+    /// Command tasks: the exit code.
+    pub exit_code: Option<i32>,
+    /// Agent tasks: the agent that answered.
+    pub agent_id: String,
+    /// Output was cut at the cap.
+    pub truncated: bool,
+    /// The resource limit the command hit ("" for none).
+    pub resource_limit: String,
+}
+
+/// `task.output`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Output {
+    /// `stdout`, `stderr` or `agent`.
+    pub stream: String,
+    /// The text.
+    pub chunk: String,
+}
+
+/// `routing.decision`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Routed {
+    /// The capability asked for.
+    pub capability: String,
+    /// Ranked candidates.
+    pub candidates: Vec<Candidate>,
+    /// Agents filtered out, by reason.
+    pub filtered: std::collections::BTreeMap<String, u32>,
+}
+
+/// One routing candidate.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Candidate {
+    /// Agent.
+    pub agent_id: String,
+    /// Total score.
+    pub score: f64,
+    /// Where it listens.
+    pub endpoint: String,
+    /// Its price per unit.
+    pub price_per_unit_micro_usd: i64,
+    /// The unit.
+    pub unit: String,
+    /// The score's parts.
+    pub breakdown: Breakdown,
+}
+
+/// A candidate's score by factor.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Breakdown {
+    /// Capability match.
+    pub capability_match: f64,
+    /// Trust.
+    pub trust: f64,
+    /// Latency.
+    pub latency: f64,
+    /// Cost.
+    pub cost: f64,
+    /// Label preference.
+    pub preference: f64,
+    /// Observed latency.
+    pub latency_ms: f64,
+    /// The capability that matched.
+    pub matched_capability: String,
+}
+
+/// `agent.call`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AgentCalled {
+    /// The agent.
+    pub agent_id: String,
+    /// `success`, `error`, `refused`, `timeout` or `unreachable`.
+    pub status: String,
+    /// How long the call took.
+    pub latency_ms: u64,
+    /// Error text.
+    pub error: String,
+}
+
+/// `agent.progress`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AgentProgress {
+    /// The agent.
+    pub agent_id: String,
+    /// What it says.
+    pub message: String,
+    /// How far, if it says.
+    pub percent: Option<u32>,
+}
+
+/// `job.notice`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Notice {
+    /// The note.
+    pub message: String,
+}
+
+/// `delegation.created`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Delegated {
+    /// The child job.
+    pub child_job_id: String,
+}
+
+/// `delegation.settled`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ChildSettled {
+    /// The child job.
+    pub child_job_id: String,
+    /// Its final state (`JOB_STATE_…`).
+    pub state: String,
+    /// Tokens it used.
+    pub tokens: u64,
+    /// What it cost.
+    pub cost_micro_usd: i64,
+}
+
+/// A flag written as `"true"` or `""` (the untyped log's encoding).
+mod flag {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &bool, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(if *v { "true" } else { "" })
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Text(String),
+            Flag(bool),
+        }
+        Ok(match Either::deserialize(d)? {
+            Either::Text(s) => s == "true",
+            Either::Flag(b) => b,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(e: JobEvent) {
+        let data = e.data();
+        let back = JobEvent::decode(e.kind(), data.as_ref()).expect("decodes");
+        assert_eq!(back, Some(e));
+    }
+
+    #[test]
+    fn every_kind_round_trips_through_its_wire_form() {
+        round_trip(JobEvent::TaskMoved(TaskMoved {
+            from: "running".into(),
+            to: "retrying".into(),
+            reason: "TASK_TIMEOUT".into(),
+            error: "slow".into(),
+            next_attempt_at_ms: 1_795_410_601_873,
+            extend: true,
+        }));
+        round_trip(JobEvent::AgentProgress(AgentProgress {
+            agent_id: "a".into(),
+            message: "half".into(),
+            percent: Some(50),
+        }));
+        round_trip(JobEvent::Delegated(Delegated {
+            child_job_id: "c".into(),
+        }));
+        round_trip(JobEvent::ChildSettled(ChildSettled {
+            child_job_id: "c".into(),
+            state: "JOB_STATE_COMPLETED".into(),
+            tokens: 7,
+            cost_micro_usd: 9,
+        }));
+        round_trip(JobEvent::Refused(Refused {
+            refused_by: "task.cost_limit".into(),
+            message: "no".into(),
+            tokens: None,
+            cost_micro_usd: None,
+        }));
+        round_trip(JobEvent::ApprovalRequested(ApprovalRequested {
+            estimated_cost_micro_usd: None,
+            ..Default::default()
+        }));
+    }
+
+    #[test]
+    fn the_extension_flag_keeps_its_text_encoding() {
+        let e = JobEvent::TaskMoved(TaskMoved {
+            extend: true,
+            ..Default::default()
+        });
+        let data = switchyard_kit::json::struct_to_json(&e.data().expect("an object"));
+        assert_eq!(data["extend"], "true");
+        let plain = JobEvent::TaskMoved(TaskMoved::default());
+        let data = switchyard_kit::json::struct_to_json(&plain.data().expect("an object"));
+        assert_eq!(data["extend"], "");
+    }
+
+    #[test]
+    fn unknown_kinds_are_skipped_and_misfit_data_is_an_error() {
+        assert_eq!(
+            JobEvent::decode("job.from_the_future", None).ok(),
+            Some(None)
+        );
+        let bad = switchyard_kit::json::json_to_struct(&serde_json::json!({"tokens": "many"}));
+        let e = JobEvent::decode("budget.committed", bad.as_ref()).expect_err("tokens is a number");
+        assert!(e.to_string().contains("budget.committed"), "{e}");
+    }
+}

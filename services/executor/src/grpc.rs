@@ -1,0 +1,107 @@
+//! The gRPC adapter: `JobService` over the executor. Authentication is the
+//! server layer's; here each call learns its principal, checks the job is
+//! visible to it, and maps errors to a status once (`ExecutorError`).
+
+use futures_util::StreamExt;
+use switchyard_proto::executor::v1::job_service_server::JobService;
+use switchyard_proto::executor::v1::{
+    CancelJobRequest, CancelJobResponse, GetJobRequest, GetJobResponse, GetResultRequest,
+    GetResultResponse, ListJobsRequest, ListJobsResponse, SubmitJobRequest, SubmitJobResponse,
+    ValidateJobRequest, ValidateJobResponse, WatchJobRequest, WatchJobResponse,
+};
+use tonic::{Request, Response, Status};
+
+use crate::Executor;
+use crate::admission::{Submission, submitter};
+
+#[tonic::async_trait]
+impl JobService for Executor {
+    async fn submit_job(
+        &self,
+        req: Request<SubmitJobRequest>,
+    ) -> Result<Response<SubmitJobResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let who = submitter(&p);
+        let delegation_only = !p.roles.has(switchyard_kit::auth::Role::Submitter)
+            && !p.roles.has(switchyard_kit::auth::Role::Service);
+        let ctx = switchyard_kit::context::current();
+        let correlation = ctx
+            .as_ref()
+            .map(|c| c.correlation_id.clone())
+            .unwrap_or_else(switchyard_kit::context::new_correlation_id);
+        let traceparent = switchyard_kit::context::outgoing_traceparent();
+        let how = Submission {
+            who,
+            delegation_only,
+            correlation_id: correlation,
+            traceparent,
+        };
+        Ok(Response::new(self.submit_as(req.into_inner(), how).await?))
+    }
+
+    async fn validate_job(
+        &self,
+        req: Request<ValidateJobRequest>,
+    ) -> Result<Response<ValidateJobResponse>, Status> {
+        Ok(Response::new(
+            Executor::validate_job(self, req.into_inner()).await?,
+        ))
+    }
+
+    async fn get_job(
+        &self,
+        req: Request<GetJobRequest>,
+    ) -> Result<Response<GetJobResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        self.inner.book.visible(&p, &req.get_ref().job_id)?;
+        let job = self.job(&req.get_ref().job_id)?;
+        Ok(Response::new(GetJobResponse { job: Some(job) }))
+    }
+
+    async fn list_jobs(
+        &self,
+        req: Request<ListJobsRequest>,
+    ) -> Result<Response<ListJobsResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        Ok(Response::new(self.inner.book.list_for(req.get_ref(), &p)))
+    }
+
+    type WatchJobStream =
+        futures_util::stream::BoxStream<'static, Result<WatchJobResponse, Status>>;
+
+    async fn watch_job(
+        &self,
+        req: Request<WatchJobRequest>,
+    ) -> Result<Response<Self::WatchJobStream>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        self.inner.book.visible(&p, &req.get_ref().job_id)?;
+        let r = req.into_inner();
+        let events = self.watch(&r.job_id, r.after_sequence)?;
+        Ok(Response::new(Box::pin(events.map(|e| {
+            e.map(|event| WatchJobResponse { event: Some(event) })
+        }))))
+    }
+
+    async fn cancel_job(
+        &self,
+        req: Request<CancelJobRequest>,
+    ) -> Result<Response<CancelJobResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        self.inner.book.visible(&p, &req.get_ref().job_id)?;
+        let who = submitter(&p);
+        let r = req.into_inner();
+        let job = self.cancel(&r.job_id, &r.reason, who).await?;
+        Ok(Response::new(CancelJobResponse { job: Some(job) }))
+    }
+
+    async fn get_result(
+        &self,
+        req: Request<GetResultRequest>,
+    ) -> Result<Response<GetResultResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        self.inner.book.visible(&p, &req.get_ref().job_id)?;
+        Ok(Response::new(
+            self.inner.book.result(&req.get_ref().job_id)?,
+        ))
+    }
+}
