@@ -152,6 +152,9 @@ struct EnvelopeTask {
 }
 
 /// Seed 001's client-side rules, in its order, with its texts.
+///
+/// Long on purpose: the seed's rules one after another, so each can be
+/// checked against the seed's text and error message in order.
 fn agenix(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
     let env: Envelope = serde_json::from_value(v.clone()).map_err(serde_error)?;
     if env.plan_id.trim().is_empty() {
@@ -470,6 +473,10 @@ fn aitp_priority(v: &Value) -> i32 {
     }
 }
 
+/// Seed 002's AITP task definition to a JobSpec.
+///
+/// Long on purpose: one seed format's whole mapping, in the seed's order,
+/// so it reads against the seed document.
 fn aitp(v: &Value) -> Result<JobSpec, FormatError> {
     let mut v = v.clone();
     if let Some(o) = v.as_object_mut()
@@ -624,6 +631,11 @@ fn strings(v: Option<&Value>, field: &str, why: &str) -> Result<Vec<String>, For
     }
 }
 
+/// Seed 000's OJS job (`ext_agent_*`) to a JobSpec.
+///
+/// Long on purpose: one seed format's whole mapping, field by field in the
+/// seed's order, so it reads against the seed document; split up, the
+/// mapping would be scattered over helpers that each make sense only here.
 fn ojs(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
     let o = v.as_object().cloned().unwrap_or_default();
     let bad =
@@ -1020,6 +1032,10 @@ struct NativeAgent {
     prefer_agents: Vec<String>,
 }
 
+/// The native JobSpec document (JSON or YAML) to a JobSpec.
+///
+/// Long on purpose: every field of the document mapped in one place, in
+/// the proto's order, so a new field is added next to its neighbours.
 fn native(v: &Value) -> Result<JobSpec, FormatError> {
     let j: NativeJob = serde_json::from_value(v.clone()).map_err(serde_error)?;
     let mut tasks = Vec::new();

@@ -139,6 +139,10 @@ impl JobEntry {
     /// Applies one event, `ev`, whose envelope (sequence, time, task) is
     /// `at`. Transitions were checked when the event was made; replay trusts
     /// the log. `outputs` reads a task's stored outputs.
+    ///
+    /// One arm per event kind, with no catch-all: a new kind does not
+    /// compile until this says what it does to the state (the larger arms
+    /// are their own functions).
     pub fn apply(
         &mut self,
         at: &Event,

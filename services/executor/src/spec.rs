@@ -159,37 +159,9 @@ pub fn validate(spec: &JobSpec, rules: &Rules<'_>) -> Result<Dag, FormatError> {
             specific(Reason::AgentMaxDelegationDepth, &mut reason);
         }
     }
-    let mut total = 0;
-    for (name, bytes) in &spec.files {
-        total += bytes.len();
-        let plain = !name.is_empty()
-            && name.len() <= 128
-            && name != "."
-            && name != ".."
-            && !name.contains(['/', '\\', '\0']);
-        if !plain {
-            v.add(
-                format!("files.{name}"),
-                "file names must be plain names without directories",
-            );
-        }
-    }
-    if total > rules.max_file_bytes {
-        v.add(
-            "files",
-            format!(
-                "files hold {total} bytes; the limit is {}",
-                rules.max_file_bytes
-            ),
-        );
-    }
-    if let Some(t) = &spec.approval {
-        for (i, n) in t.tools_allowed.iter().enumerate() {
-            v.check(format!("approval.tools_allowed[{i}]"), tool_name(n));
-        }
-        for (i, n) in t.outputs_allowed.iter().enumerate() {
-            v.check(format!("approval.outputs_allowed[{i}]"), tool_name(n));
-        }
+    check_files(&mut v, &spec.files, rules.max_file_bytes);
+    if let Some(a) = &spec.approval {
+        check_approval(&mut v, a);
     }
     for (i, t) in spec.tasks.iter().enumerate() {
         v.check(format!("tasks[{i}].id"), task_id(&t.id));
@@ -234,69 +206,10 @@ fn check_task(
         );
     }
     if let Some(r) = &t.retry {
-        if r.max_retries > 100 {
-            v.add(
-                format!("{at}.retry.max_retries"),
-                "max_retries must be at most 100",
-            );
-        }
-        if !(0.0..=1.0).contains(&r.jitter) {
-            v.add(
-                format!("{at}.retry.jitter"),
-                "jitter must be between 0 and 1",
-            );
-        }
-        if r.backoff_max_ms != 0 && r.backoff_max_ms < r.backoff_base_ms {
-            v.add(
-                format!("{at}.retry.backoff_max_ms"),
-                "backoff_max_ms must be at least backoff_base_ms",
-            );
-        }
+        check_retry(v, &at, r);
     }
     if let Some(f) = &t.fallback {
-        let only = |v: &mut Violations, field: &str, got: i32, allowed: &[FS]| {
-            let ok = got == 0 || allowed.iter().any(|a| *a as i32 == got);
-            if !ok {
-                let name =
-                    FS::try_from(got).map_or("unknown".into(), |s| s.as_str_name().to_owned());
-                v.add(
-                    format!("{at}.fallback.{field}"),
-                    format!("{name} does not apply to {field}"),
-                );
-            }
-        };
-        only(
-            v,
-            "on_agent_offline",
-            f.on_agent_offline,
-            &[FS::SelectNextBest, FS::FailAndNotify],
-        );
-        only(
-            v,
-            "on_timeout",
-            f.on_timeout,
-            &[FS::RetryWithTimeoutExtension, FS::FailAndNotify],
-        );
-        only(
-            v,
-            "on_cost_exceeded",
-            f.on_cost_exceeded,
-            &[FS::FailAndNotify],
-        );
-        only(
-            v,
-            "on_capability_unavailable",
-            f.on_capability_unavailable,
-            &[FS::Defer, FS::FailAndNotify],
-        );
-        if f.on_timeout == FS::RetryWithTimeoutExtension as i32
-            && f.extended_timeout_seconds <= t.timeout_secs
-        {
-            v.add(
-                format!("{at}.fallback.extended_timeout_seconds"),
-                format!("must exceed the task's timeout of {}s", t.timeout_secs),
-            );
-        }
+        check_fallback(v, &at, t, f);
     }
     if t.cost_limit.as_ref().is_some_and(|m| m.micro_usd < 0) {
         v.add(
@@ -309,54 +222,7 @@ fn check_task(
             format!("{at}.kind"),
             "a task needs one of command, agent or llm",
         ),
-        Some(Kind::Command(c)) => {
-            if c.command.trim().is_empty() {
-                v.add(format!("{at}.command.command"), "command is required");
-            } else if !rules.commands.contains(&c.command) {
-                v.add(
-                    format!("{at}.command.command"),
-                    format!(
-                        "command {:?} is not on the allowlist ({})",
-                        c.command,
-                        rules.commands.join(", ")
-                    ),
-                );
-                specific(Reason::CommandNotAllowed, reason);
-            }
-            for (j, a) in c.args.iter().enumerate() {
-                if a.contains('\0') {
-                    v.add(
-                        format!("{at}.command.args[{j}]"),
-                        "arguments cannot contain NUL",
-                    );
-                }
-            }
-            if let Some(asked) = &c.limits {
-                for (l, v_asked, cap) in ResourceLimits::above_caps(asked, rules.limit_caps) {
-                    v.add(
-                        format!("{at}.command.limits.{}", l.name()),
-                        format!(
-                            "{v_asked} is above this executor's cap of {cap} (executor.task_limit_caps.{})",
-                            l.name()
-                        ),
-                    );
-                }
-            }
-            for (k, val) in &c.env {
-                if !env_name(k) || denied_env(k) {
-                    v.add(
-                        format!("{at}.command.env.{k}"),
-                        format!(
-                            "{k:?} cannot be set (names are UPPER_SNAKE; LD_* and {} are reserved)",
-                            DENIED_ENV.join(", ")
-                        ),
-                    );
-                }
-                if val.contains('\0') {
-                    v.add(format!("{at}.command.env.{k}"), "values cannot contain NUL");
-                }
-            }
-        }
+        Some(Kind::Command(c)) => check_command(v, reason, specific, &at, c, rules),
         Some(Kind::Agent(a)) => {
             v.check(format!("{at}.agent.capability"), capability(&a.capability));
             if a.min_trust.is_some_and(|m| m > 100) {
@@ -369,31 +235,209 @@ fn check_task(
                 );
             }
         }
-        Some(Kind::Llm(l)) => {
-            if l.model.is_empty() {
-                v.add(format!("{at}.llm.model"), "model is required");
-            }
-            if let Some(t) = l.temperature
-                && !(0.0..=2.0).contains(&t)
-            {
-                v.add(
-                    format!("{at}.llm.temperature"),
-                    format!("temperature must be between 0.0 and 2.0, got {t}"),
-                );
-                specific(Reason::AgentInvalidParameter, reason);
-            }
-            let mut seen = HashSet::new();
-            for (j, tool) in l.tools.iter().enumerate() {
-                let field = format!("{at}.llm.tools[{j}].name");
-                if let Err(e) = tool_name(&tool.name) {
-                    v.add(field, e);
-                    specific(Reason::AgentInvalidParameter, reason);
-                } else if !seen.insert(&tool.name) {
-                    v.add(field, format!("tool name {:?} is used twice", tool.name));
-                    specific(Reason::AgentInvalidParameter, reason);
-                }
-            }
+        Some(Kind::Llm(l)) => check_llm(v, reason, specific, &at, l),
+    }
+}
+
+/// A task's retry policy.
+fn check_retry(v: &mut Violations, at: &str, r: &switchyard_proto::executor::v1::RetryPolicy) {
+    if r.max_retries > 100 {
+        v.add(
+            format!("{at}.retry.max_retries"),
+            "max_retries must be at most 100",
+        );
+    }
+    if !(0.0..=1.0).contains(&r.jitter) {
+        v.add(
+            format!("{at}.retry.jitter"),
+            "jitter must be between 0 and 1",
+        );
+    }
+    if r.backoff_max_ms != 0 && r.backoff_max_ms < r.backoff_base_ms {
+        v.add(
+            format!("{at}.retry.backoff_max_ms"),
+            "backoff_max_ms must be at least backoff_base_ms",
+        );
+    }
+}
+
+/// A task's fallbacks: each strategy only where it applies.
+fn check_fallback(
+    v: &mut Violations,
+    at: &str,
+    t: &TaskSpec,
+    f: &switchyard_proto::executor::v1::FallbackPolicy,
+) {
+    let only = |v: &mut Violations, field: &str, got: i32, allowed: &[FS]| {
+        let ok = got == 0 || allowed.iter().any(|a| *a as i32 == got);
+        if !ok {
+            let name = FS::try_from(got).map_or("unknown".into(), |s| s.as_str_name().to_owned());
+            v.add(
+                format!("{at}.fallback.{field}"),
+                format!("{name} does not apply to {field}"),
+            );
         }
+    };
+    only(
+        v,
+        "on_agent_offline",
+        f.on_agent_offline,
+        &[FS::SelectNextBest, FS::FailAndNotify],
+    );
+    only(
+        v,
+        "on_timeout",
+        f.on_timeout,
+        &[FS::RetryWithTimeoutExtension, FS::FailAndNotify],
+    );
+    only(
+        v,
+        "on_cost_exceeded",
+        f.on_cost_exceeded,
+        &[FS::FailAndNotify],
+    );
+    only(
+        v,
+        "on_capability_unavailable",
+        f.on_capability_unavailable,
+        &[FS::Defer, FS::FailAndNotify],
+    );
+    if f.on_timeout == FS::RetryWithTimeoutExtension as i32
+        && f.extended_timeout_seconds <= t.timeout_secs
+    {
+        v.add(
+            format!("{at}.fallback.extended_timeout_seconds"),
+            format!("must exceed the task's timeout of {}s", t.timeout_secs),
+        );
+    }
+}
+
+/// A command task: the allowlist, arguments, limits within the caps, env.
+fn check_command(
+    v: &mut Violations,
+    reason: &mut Reason,
+    specific: &mut impl FnMut(Reason, &mut Reason),
+    at: &str,
+    c: &switchyard_proto::executor::v1::CommandTask,
+    rules: &Rules<'_>,
+) {
+    if c.command.trim().is_empty() {
+        v.add(format!("{at}.command.command"), "command is required");
+    } else if !rules.commands.contains(&c.command) {
+        v.add(
+            format!("{at}.command.command"),
+            format!(
+                "command {:?} is not on the allowlist ({})",
+                c.command,
+                rules.commands.join(", ")
+            ),
+        );
+        specific(Reason::CommandNotAllowed, reason);
+    }
+    for (j, a) in c.args.iter().enumerate() {
+        if a.contains('\0') {
+            v.add(
+                format!("{at}.command.args[{j}]"),
+                "arguments cannot contain NUL",
+            );
+        }
+    }
+    if let Some(asked) = &c.limits {
+        for (l, v_asked, cap) in ResourceLimits::above_caps(asked, rules.limit_caps) {
+            v.add(
+                format!("{at}.command.limits.{}", l.name()),
+                format!(
+                    "{v_asked} is above this executor's cap of {cap} (executor.task_limit_caps.{})",
+                    l.name()
+                ),
+            );
+        }
+    }
+    for (k, val) in &c.env {
+        if !env_name(k) || denied_env(k) {
+            v.add(
+                format!("{at}.command.env.{k}"),
+                format!(
+                    "{k:?} cannot be set (names are UPPER_SNAKE; LD_* and {} are reserved)",
+                    DENIED_ENV.join(", ")
+                ),
+            );
+        }
+        if val.contains('\0') {
+            v.add(format!("{at}.command.env.{k}"), "values cannot contain NUL");
+        }
+    }
+}
+
+/// An LLM task: model, temperature, tool names.
+fn check_llm(
+    v: &mut Violations,
+    reason: &mut Reason,
+    specific: &mut impl FnMut(Reason, &mut Reason),
+    at: &str,
+    l: &switchyard_proto::executor::v1::LlmTask,
+) {
+    if l.model.is_empty() {
+        v.add(format!("{at}.llm.model"), "model is required");
+    }
+    if let Some(t) = l.temperature
+        && !(0.0..=2.0).contains(&t)
+    {
+        v.add(
+            format!("{at}.llm.temperature"),
+            format!("temperature must be between 0.0 and 2.0, got {t}"),
+        );
+        specific(Reason::AgentInvalidParameter, reason);
+    }
+    let mut seen = HashSet::new();
+    for (j, tool) in l.tools.iter().enumerate() {
+        let field = format!("{at}.llm.tools[{j}].name");
+        if let Err(e) = tool_name(&tool.name) {
+            v.add(field, e);
+            specific(Reason::AgentInvalidParameter, reason);
+        } else if !seen.insert(&tool.name) {
+            v.add(field, format!("tool name {:?} is used twice", tool.name));
+            specific(Reason::AgentInvalidParameter, reason);
+        }
+    }
+}
+
+/// The job's files: plain names, within the size limit.
+fn check_files(
+    v: &mut Violations,
+    files: &std::collections::HashMap<String, Vec<u8>>,
+    max_bytes: usize,
+) {
+    let mut total = 0;
+    for (name, bytes) in files {
+        total += bytes.len();
+        let plain = !name.is_empty()
+            && name.len() <= 128
+            && name != "."
+            && name != ".."
+            && !name.contains(['/', '\\', '\0']);
+        if !plain {
+            v.add(
+                format!("files.{name}"),
+                "file names must be plain names without directories",
+            );
+        }
+    }
+    if total > max_bytes {
+        v.add(
+            "files",
+            format!("files hold {total} bytes; the limit is {}", max_bytes),
+        );
+    }
+}
+
+/// The tools and outputs an approval allows: valid names.
+fn check_approval(v: &mut Violations, t: &switchyard_proto::executor::v1::JobApproval) {
+    for (i, n) in t.tools_allowed.iter().enumerate() {
+        v.check(format!("approval.tools_allowed[{i}]"), tool_name(n));
+    }
+    for (i, n) in t.outputs_allowed.iter().enumerate() {
+        v.check(format!("approval.outputs_allowed[{i}]"), tool_name(n));
     }
 }
 

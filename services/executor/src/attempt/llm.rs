@@ -33,6 +33,90 @@ use crate::events::{self, JobEvent};
 use crate::schedule::Class;
 use crate::{Executor, command};
 
+/// An LLM task's outputs: the answer (and its structured fields), the model
+/// that gave it, every tool call and the usage.
+fn llm_status(task_id: &str, report: &agent::Report, children: Vec<String>) -> TaskStatus {
+    let mut output = json!({"content": report.content});
+    if let Some(v) = &report.output {
+        output["output"] = v.clone();
+        if let (Some(o), Some(fields)) = (output.as_object_mut(), v.as_object()) {
+            for (k, v) in fields {
+                o.entry(k.clone()).or_insert(v.clone());
+            }
+        }
+    }
+    output["model_used"] = json!(report.model_used);
+    let tool_results = report
+        .tool_results
+        .iter()
+        .map(|t| ToolResult {
+            call_id: t.call_id.clone(),
+            name: t.name.clone(),
+            arguments: t.arguments.clone(),
+            result: t.result.as_ref().map(json_to_value),
+            error: t.error.clone(),
+            reason: t.reason.clone(),
+            turn: t.turn,
+            duration_ms: t.duration_ms,
+        })
+        .collect();
+    TaskStatus {
+        task_id: task_id.to_owned(),
+        output: json_to_struct(&output),
+        model_used: report.model_used.clone(),
+        tool_results,
+        llm_usage: Some(LlmUsage {
+            prompt_tokens: report.usage.prompt_tokens,
+            completion_tokens: report.usage.completion_tokens,
+            total_tokens: report.usage.total_tokens,
+            llm_calls: report.llm_calls,
+            turns: report.turns,
+        }),
+        child_job_ids: children,
+        ..Default::default()
+    }
+}
+
+/// A declared tool as offered to the model, and how it runs: the built-in
+/// `delegate`, an allowlisted command, a registered provider, or nothing.
+fn declared_tool(
+    t: &ToolDefinition,
+    registered: &HashMap<String, switchyard_proto::registry::v1::Tool>,
+) -> (ToolSpec, Route) {
+    let declared = t.parameters.as_ref().map(struct_to_json);
+    let object = || json!({"type": "object"});
+    let provider = registered.get(&t.name).filter(|r| !r.endpoint.is_empty());
+    let (route, parameters) = if t.name == delegation::TOOL && t.command.is_empty() {
+        (
+            Route::Delegate,
+            declared.unwrap_or_else(delegation::tool_schema),
+        )
+    } else if !t.command.is_empty() {
+        (Route::Command(t.clone()), declared.unwrap_or_else(object))
+    } else if let Some(r) = provider {
+        let p = declared
+            .or_else(|| r.parameters.as_ref().map(struct_to_json))
+            .unwrap_or_else(object);
+        (Route::Provider(r.endpoint.clone()), p)
+    } else {
+        (Route::Missing, declared.unwrap_or_else(object))
+    };
+    let description = match (&route, t.description.is_empty()) {
+        (_, false) => t.description.clone(),
+        (Route::Delegate, true) => delegation::TOOL_DESCRIPTION.to_owned(),
+        _ => registered
+            .get(&t.name)
+            .map(|r| r.description.clone())
+            .unwrap_or_default(),
+    };
+    let spec = ToolSpec {
+        name: t.name.clone(),
+        description,
+        parameters,
+    };
+    (spec, route)
+}
+
 /// How one offered tool runs.
 #[derive(Debug, Clone)]
 enum Route {
@@ -83,57 +167,16 @@ impl Executor {
         timeout: Duration,
         scratch: &Path,
     ) -> Outcome {
-        let job_id = snap.job_id.as_str();
-        let text = |s: &str| snap.resolve_text(s);
-        let (prompt, instructions) = match (text(&l.prompt), text(&l.instructions)) {
-            (Ok(p), Ok(i)) => (p, i),
-            (Err(e), _) | (_, Err(e)) => {
-                return Outcome::fail(Class::Permanent, Reason::TemplateUnresolved, e);
-            }
-        };
-        let cfg = &self.inner.cfg;
-        let llm = &self.inner.clients.llm;
-        let mut chain = vec![l.model.clone()];
-        chain.extend(l.fallback_models.iter().cloned());
-        let (tools, routes) = match self.offered_tools(l).await {
+        let (spec, routes) = match self.loop_spec(snap, l, timeout).await {
             Ok(x) => x,
-            Err(e) => return Outcome::fail(Class::Other, Reason::Unavailable, e),
-        };
-        let time_budget = if l.time_budget_ms > 0 {
-            Duration::from_millis(l.time_budget_ms).min(timeout)
-        } else {
-            timeout
-        };
-        let spec = agent::Spec {
-            chain,
-            provider: l.provider.clone(),
-            instructions,
-            prompt,
-            tools,
-            tool_choice: ToolChoice::parse(&l.tool_choice).unwrap_or_default(),
-            temperature: l.temperature,
-            max_tokens: l.max_tokens.unwrap_or(cfg.llm_default_max_tokens),
-            json: l.output_format == "json",
-            output_schema: l.output_schema.as_ref().map(struct_to_json),
-            max_turns: if l.max_turns == 0 {
-                cfg.llm_max_turns
-            } else {
-                l.max_turns
-            },
-            max_tokens_per_invocation: l.max_tokens_per_invocation,
-            deadline: Instant::now() + time_budget,
-            tool_timeout: Duration::from_millis(if l.tool_timeout_ms == 0 {
-                cfg.tool_timeout_ms
-            } else {
-                l.tool_timeout_ms
-            }),
+            Err(out) => return out,
         };
         if let Err(e) = self.inner.book.durable(snap.start_g).await {
             return Outcome::fail(Class::Other, Reason::StorageFailure, e.to_string());
         }
         let host = TaskHost {
             x: self,
-            job_id,
+            job_id: &snap.job_id,
             snap,
             llm_task: l,
             routes,
@@ -141,7 +184,7 @@ impl Executor {
             children: Default::default(),
             spender: Spender { x: self, snap },
         };
-        let ran = agent::run(llm, &spec, &host).await;
+        let ran = agent::run(&self.inner.clients.llm, &spec, &host).await;
         let children = host.children.lock().map(|c| c.clone()).unwrap_or_default();
         let (report, failure) = match ran {
             Ok(r) => (r, None),
@@ -160,147 +203,141 @@ impl Executor {
                 (*f.report, Some(failure))
             }
         };
-        let mut output = json!({"content": report.content});
-        if let Some(v) = &report.output {
-            output["output"] = v.clone();
-            if let (Some(o), Some(fields)) = (output.as_object_mut(), v.as_object()) {
-                for (k, v) in fields {
-                    o.entry(k.clone()).or_insert(v.clone());
-                }
-            }
-        }
-        output["model_used"] = json!(report.model_used);
-        let status = TaskStatus {
-            task_id: snap.task.id.clone(),
-            output: json_to_struct(&output),
-            model_used: report.model_used.clone(),
-            tool_results: report
-                .tool_results
-                .iter()
-                .map(|t| ToolResult {
-                    call_id: t.call_id.clone(),
-                    name: t.name.clone(),
-                    arguments: t.arguments.clone(),
-                    result: t.result.as_ref().map(json_to_value),
-                    error: t.error.clone(),
-                    reason: t.reason.clone(),
-                    turn: t.turn,
-                    duration_ms: t.duration_ms,
-                })
-                .collect(),
-            llm_usage: Some(LlmUsage {
-                prompt_tokens: report.usage.prompt_tokens,
-                completion_tokens: report.usage.completion_tokens,
-                total_tokens: report.usage.total_tokens,
-                llm_calls: report.llm_calls,
-                turns: report.turns,
-            }),
-            child_job_ids: children,
-            ..Default::default()
-        };
         Outcome {
             failure,
-            status: Some(status),
+            status: Some(llm_status(&snap.task.id, &report, children)),
         }
     }
 
-    /// The tools a task offers its model, and how each runs.
+    /// What the loop runs for this attempt: the task's templates resolved,
+    /// its tools offered, its limits and the executor's defaults.
+    async fn loop_spec(
+        &self,
+        snap: &Snapshot,
+        l: &LlmTask,
+        timeout: Duration,
+    ) -> Result<(agent::Spec, HashMap<String, Route>), Outcome> {
+        let text = |s: &str| snap.resolve_text(s);
+        let (prompt, instructions) = match (text(&l.prompt), text(&l.instructions)) {
+            (Ok(p), Ok(i)) => (p, i),
+            (Err(e), _) | (_, Err(e)) => {
+                return Err(Outcome::fail(
+                    Class::Permanent,
+                    Reason::TemplateUnresolved,
+                    e,
+                ));
+            }
+        };
+        let (tools, routes) = self
+            .offered_tools(l)
+            .await
+            .map_err(|e| Outcome::fail(Class::Other, Reason::Unavailable, e))?;
+        let cfg = &self.inner.cfg;
+        let time_budget = if l.time_budget_ms > 0 {
+            Duration::from_millis(l.time_budget_ms).min(timeout)
+        } else {
+            timeout
+        };
+        let or = |v: u64, default: u64| if v == 0 { default } else { v };
+        let mut chain = vec![l.model.clone()];
+        chain.extend(l.fallback_models.iter().cloned());
+        let spec = agent::Spec {
+            chain,
+            provider: l.provider.clone(),
+            instructions,
+            prompt,
+            tools,
+            tool_choice: ToolChoice::parse(&l.tool_choice).unwrap_or_default(),
+            temperature: l.temperature,
+            max_tokens: l.max_tokens.unwrap_or(cfg.llm_default_max_tokens),
+            json: l.output_format == "json",
+            output_schema: l.output_schema.as_ref().map(struct_to_json),
+            max_turns: or(u64::from(l.max_turns), u64::from(cfg.llm_max_turns)) as u32,
+            max_tokens_per_invocation: l.max_tokens_per_invocation,
+            deadline: Instant::now() + time_budget,
+            tool_timeout: Duration::from_millis(or(l.tool_timeout_ms, cfg.tool_timeout_ms)),
+        };
+        Ok((spec, routes))
+    }
+
+    /// The tools a task offers its model, and how each runs: its declared
+    /// tools, then the agents it lists.
     async fn offered_tools(
         &self,
         l: &LlmTask,
     ) -> Result<(Vec<ToolSpec>, HashMap<String, Route>), String> {
-        let registry = &self.inner.clients.registry;
+        let registered = self.registered_tools(l).await?;
         let mut specs = Vec::new();
         let mut routes = HashMap::new();
-        let wanted: Vec<String> = l
-            .tools
-            .iter()
-            .filter(|t| t.command.is_empty() && t.name != delegation::TOOL)
-            .map(|t| t.name.clone())
-            .collect();
-        let registered: HashMap<String, switchyard_proto::registry::v1::Tool> = if wanted.is_empty()
-        {
-            HashMap::new()
-        } else {
-            // Unknown names are not an error here: the model is told when
-            // it calls one.
-            let all = registry
-                .list_tools(ListToolsRequest { names: Vec::new() })
-                .await
-                .map_err(|e| format!("registry: {}", e.message()))?;
-            all.tools
-                .into_iter()
-                .filter(|t| wanted.contains(&t.name))
-                .map(|t| (t.name.clone(), t))
-                .collect()
-        };
         for t in &l.tools {
-            let declared = t.parameters.as_ref().map(struct_to_json);
-            let (route, parameters) = if t.name == delegation::TOOL && t.command.is_empty() {
-                (
-                    Route::Delegate,
-                    declared.unwrap_or_else(delegation::tool_schema),
-                )
-            } else if !t.command.is_empty() {
-                (
-                    Route::Command(t.clone()),
-                    declared.unwrap_or(json!({"type": "object"})),
-                )
-            } else if let Some(r) = registered.get(&t.name).filter(|r| !r.endpoint.is_empty()) {
-                let p = declared
-                    .or_else(|| r.parameters.as_ref().map(struct_to_json))
-                    .unwrap_or(json!({"type": "object"}));
-                (Route::Provider(r.endpoint.clone()), p)
-            } else {
-                (
-                    Route::Missing,
-                    declared.unwrap_or(json!({"type": "object"})),
-                )
-            };
-            let description = match (&route, t.description.is_empty()) {
-                (_, false) => t.description.clone(),
-                (Route::Delegate, true) => delegation::TOOL_DESCRIPTION.to_owned(),
-                _ => registered
-                    .get(&t.name)
-                    .map(|r| r.description.clone())
-                    .unwrap_or_default(),
-            };
-            specs.push(ToolSpec {
-                name: t.name.clone(),
-                description,
-                parameters,
-            });
+            let (spec, route) = declared_tool(t, &registered);
+            specs.push(spec);
             routes.insert(t.name.clone(), route);
         }
         for wanted in &l.agents {
-            let found = match registry
-                .get_agent(GetAgentRequest {
-                    agent_id: wanted.clone(),
+            for (spec, route) in self.agents_as_tools(wanted).await {
+                if !routes.contains_key(&spec.name) {
+                    routes.insert(spec.name.clone(), route);
+                    specs.push(spec);
+                }
+            }
+        }
+        Ok((specs, routes))
+    }
+
+    /// The registry's tools that `l` declares by name only (no command).
+    /// Unknown names are not an error here: the model is told when it calls one.
+    async fn registered_tools(
+        &self,
+        l: &LlmTask,
+    ) -> Result<HashMap<String, switchyard_proto::registry::v1::Tool>, String> {
+        let wanted: Vec<&str> = l
+            .tools
+            .iter()
+            .filter(|t| t.command.is_empty() && t.name != delegation::TOOL)
+            .map(|t| t.name.as_str())
+            .collect();
+        if wanted.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let all = self
+            .inner
+            .clients
+            .registry
+            .list_tools(ListToolsRequest { names: Vec::new() })
+            .await
+            .map_err(|e| format!("registry: {}", e.message()))?;
+        Ok(all
+            .tools
+            .into_iter()
+            .filter(|t| wanted.contains(&t.name.as_str()))
+            .map(|t| (t.name.clone(), t))
+            .collect())
+    }
+
+    /// Agent `wanted` (an id, else a capability) as tools `agent_<id>`;
+    /// handoff agents take over a conversation and are not tools.
+    async fn agents_as_tools(&self, wanted: &str) -> Vec<(ToolSpec, Route)> {
+        let registry = &self.inner.clients.registry;
+        let by_id = GetAgentRequest {
+            agent_id: wanted.to_owned(),
+        };
+        let found = match registry.get_agent(by_id).await {
+            Ok(a) => a.agent.into_iter().collect::<Vec<_>>(),
+            Err(_) => registry
+                .find_by_capability(FindByCapabilityRequest {
+                    capability: wanted.to_owned(),
+                    include_unavailable: false,
                 })
                 .await
-            {
-                Ok(a) => a.agent.into_iter().collect::<Vec<_>>(),
-                Err(_) => registry
-                    .find_by_capability(FindByCapabilityRequest {
-                        capability: wanted.clone(),
-                        include_unavailable: false,
-                    })
-                    .await
-                    .map(|r| r.agents)
-                    .unwrap_or_default(),
-            };
-            for a in found {
-                // Handoff agents take over a conversation; they are not tools.
-                let Some(s) = a.spec.filter(|s| {
-                    s.integration_mode
-                        != switchyard_proto::agent::v1::IntegrationMode::Handoff as i32
-                }) else {
-                    continue;
-                };
-                let name = switchyard_core::validate::agent_tool_name(&s.id);
-                if routes.contains_key(&name) {
-                    continue;
-                }
+                .map(|r| r.agents)
+                .unwrap_or_default(),
+        };
+        let handoff = switchyard_proto::agent::v1::IntegrationMode::Handoff as i32;
+        found
+            .into_iter()
+            .filter_map(|a| a.spec.filter(|s| s.integration_mode != handoff))
+            .map(|s| {
                 let capability = s
                     .capabilities
                     .iter()
@@ -308,21 +345,18 @@ impl Executor {
                     .find(|c| switchyard_core::validate::capability_lineage(c).any(|l| l == wanted))
                     .or_else(|| s.capabilities.first().map(|c| c.name.clone()))
                     .unwrap_or_default();
-                specs.push(ToolSpec {
-                    name: name.clone(),
+                let spec = ToolSpec {
+                    name: switchyard_core::validate::agent_tool_name(&s.id),
                     description: s.description.trim().to_owned(),
                     parameters: agent_schema(),
-                });
-                routes.insert(
-                    name,
-                    Route::Agent {
-                        agent_id: s.id.clone(),
-                        capability,
-                    },
-                );
-            }
-        }
-        Ok((specs, routes))
+                };
+                let route = Route::Agent {
+                    agent_id: s.id.clone(),
+                    capability,
+                };
+                (spec, route)
+            })
+            .collect()
     }
 }
 
@@ -444,53 +478,10 @@ impl TaskHost<'_> {
         }
     }
 
+    /// The built-in `delegate` tool: a child job, waited for.
     async fn delegate(&self, args: Value) -> Result<Value, String> {
-        // Without a capability the child is the same kind of model task,
-        // with the task as its prompt (and the same tools, so it may
-        // delegate in turn, down to the depth limit).
-        let mut spec =
-            delegation::child_job(&args, format!("delegated-by-{}", self.job_id), |task| {
-                LlmTask {
-                    prompt: task,
-                    ..self.llm_task.clone()
-                }
-            });
-        spec.correlation_id = self.snap.correlation_id.clone();
-        spec.tasks[0].timeout_secs = self.snap.task.timeout_secs;
-        spec.delegation = Some(Delegation {
-            parent_job_id: self.job_id.into(),
-            ..Default::default()
-        });
-        let created = self
-            .x
-            .submit(
-                SubmitJobRequest {
-                    spec: Some(spec),
-                    ..Default::default()
-                },
-                None,
-                self.snap.correlation_id.clone(),
-                context::outgoing_traceparent(),
-            )
-            .await
-            .map_err(|e| {
-                let s: tonic::Status = e.into();
-                let api = ApiError::from(s);
-                format!("{}: {}", api.reason.unwrap_or_default(), api.message)
-            })?;
-        let child = created
-            .job
-            .and_then(|j| j.spec)
-            .map(|s| s.job_id)
-            .unwrap_or_default();
-        if let Ok(mut c) = self.children.lock() {
-            c.push(child.clone());
-        }
-        let delegated = events::Delegated {
-            child_job_id: child.clone(),
-        };
+        let child = self.submit_child(&args).await?;
         let book = &self.x.inner.book;
-        book.note(self.job_id, self.task_id(), JobEvent::Delegated(delegated));
         // Wait for the child (the loop's tool timeout bounds the wait). If
         // the wait is abandoned — the tool call timed out, or this task was
         // cancelled — the child is cancelled too: nobody would read it.
@@ -523,12 +514,54 @@ impl TaskHost<'_> {
             tokens: settled.tokens_used,
             cost_micro_usd: settled.cost_micro_usd,
         };
-        book.note(
-            self.job_id,
-            self.task_id(),
-            JobEvent::ChildSettled(child_settled),
-        );
+        let ev = JobEvent::ChildSettled(child_settled);
+        book.note(self.job_id, self.task_id(), ev);
         settled.tool_result()
+    }
+
+    /// Submits the child job `args` asks for; returns its id. Without a
+    /// capability the child is the same kind of model task, with the task
+    /// as its prompt (and the same tools, so it may delegate in turn, down
+    /// to the depth limit).
+    async fn submit_child(&self, args: &Value) -> Result<String, String> {
+        let name = format!("delegated-by-{}", self.job_id);
+        let mut spec = delegation::child_job(args, name, |task| LlmTask {
+            prompt: task,
+            ..self.llm_task.clone()
+        });
+        spec.correlation_id = self.snap.correlation_id.clone();
+        spec.tasks[0].timeout_secs = self.snap.task.timeout_secs;
+        spec.delegation = Some(Delegation {
+            parent_job_id: self.job_id.into(),
+            ..Default::default()
+        });
+        let req = SubmitJobRequest {
+            spec: Some(spec),
+            ..Default::default()
+        };
+        let corr = self.snap.correlation_id.clone();
+        let created = self
+            .x
+            .submit(req, None, corr, context::outgoing_traceparent())
+            .await
+            .map_err(|e| {
+                let api = ApiError::from(tonic::Status::from(e));
+                format!("{}: {}", api.reason.unwrap_or_default(), api.message)
+            })?;
+        let child = created
+            .job
+            .and_then(|j| j.spec)
+            .map(|s| s.job_id)
+            .unwrap_or_default();
+        if let Ok(mut c) = self.children.lock() {
+            c.push(child.clone());
+        }
+        let delegated = events::Delegated {
+            child_job_id: child.clone(),
+        };
+        let book = &self.x.inner.book;
+        book.note(self.job_id, self.task_id(), JobEvent::Delegated(delegated));
+        Ok(child)
     }
 }
 
