@@ -4,13 +4,11 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::str::FromStr;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use prost::Message as _;
 use switchyard_kit::client::Intercepted;
 use switchyard_kit::error::ApiError;

@@ -14,8 +14,7 @@ use switchyard_proto::executor::v1::{
 };
 use switchyard_testkit::Stack;
 
-mod common;
-use common::*;
+use crate::common::*;
 use switchyard_kit::client::Intercepted;
 use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
 use switchyard_proto::auth::v1::PrincipalKind;
@@ -644,7 +643,6 @@ async fn nothing_runs_before_approval_and_a_rejection_cancels_the_job() {
         job.submitted_by, "carol",
         "from the key, not from the request"
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let j = c
         .get_job(GetJobRequest {
             job_id: "gated".into(),
@@ -678,6 +676,13 @@ async fn nothing_runs_before_approval_and_a_rejection_cancels_the_job() {
         .position(|e| e.kind == "approval.decided")
         .unwrap();
     assert_eq!(field(&evs[decided], "by"), "bob");
+    // Nothing of any task happened before the approval: the log is the
+    // order things happened in.
+    assert!(
+        evs[..decided].iter().all(|e| e.task_id.is_empty()),
+        "{:?}",
+        evs[..decided].iter().map(|e| &e.kind).collect::<Vec<_>>()
+    );
     let first_call = evs.iter().position(|e| e.kind == "agent.call").unwrap();
     assert!(decided < first_call);
     assert_eq!(

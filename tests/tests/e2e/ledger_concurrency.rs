@@ -15,8 +15,7 @@ use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
 use switchyard_proto::ledger::v1::*;
 use switchyard_testkit::Stack;
 
-mod common;
-use common::budget;
+use crate::common::budget;
 
 /// xorshift64*: a small deterministic generator per task.
 struct Rng(u64);

@@ -1,9 +1,7 @@
 //! Registry and router end to end over the generated gRPC clients, against
 //! the in-process stack (the same composition as `switchyard dev`).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use switchyard_cli::ServiceKind;
 use switchyard_core::Reason;
 use switchyard_kit::error::ApiError;

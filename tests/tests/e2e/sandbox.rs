@@ -11,8 +11,7 @@ use switchyard_proto::executor::v1::{
 };
 use switchyard_testkit::Stack;
 
-mod common;
-use common::*;
+use crate::common::*;
 
 async fn stack(off: bool) -> (Stack, Jobs) {
     let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {

@@ -5,10 +5,8 @@
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed read is a failed test
 
-mod support;
-
+use crate::support::*;
 use serde_json::Value;
-use support::*;
 
 fn manifests() -> Vec<Value> {
     let dir = repo_root().join("deploy/k8s");

@@ -5,11 +5,9 @@
 //! reconciled, and a watcher resumes from the last sequence it saw.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::time::Duration;
 
-use support::*;
+use crate::support::*;
 use switchyard_proto::common::v1::Event;
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{GetResultRequest, SubmitJobRequest, WatchJobRequest};

@@ -4,13 +4,11 @@
 //! there and every balance equals the replay of the journal.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::*;
+use crate::support::*;
 use switchyard_api::LedgerClient;
 use switchyard_proto::common::v1::Money;
 use switchyard_proto::ledger::v1::*;

@@ -4,12 +4,10 @@
 //! scripted OpenAI-compatible server, driven from the CLI.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use serde_json::json;
-use support::*;
 use switchyard_llm::scripted::{Reply, Script};
 
 /// Runs the scripted server on its own runtime thread for the test's life.
@@ -171,15 +169,21 @@ models = [
     );
     let (job, run, state) = submit(&x, "examples/jobs/summarize.yaml");
     assert_eq!(state, "pending");
-    std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(
-        script.count(),
-        0,
-        "nothing reaches the model before approval"
-    );
     ok(&cli(&c, &["approval", "approve", &run, "--as", "bob"]));
     let watched = ok(&cli(&x, &["job", "watch", &job]));
     assert!(watched.contains("job -> completed"), "{watched}");
+    // Nothing reached the model before approval: the log is the order
+    // things happened in, and the job's task started only after the
+    // decision (the agent's one model call is inside that attempt).
+    let log = ok(&cli(&x, &["job", "watch", &job, "--events"]));
+    let kinds: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect();
+    let decided = kinds.iter().position(|k| *k == "approval.decided").unwrap();
+    let first_attempt = kinds.iter().position(|k| *k == "task.attempt").unwrap();
+    assert!(decided < first_attempt, "{log}");
+    assert_eq!(script.count(), 1, "one model call, by the approved attempt");
     let got: serde_json::Value =
         serde_json::from_str(&ok(&cli(&x, &["job", "get", &job, "-o", "json"]))).unwrap();
     assert_eq!(got["tasks"][0]["agent_id"], "agent_summarizer");

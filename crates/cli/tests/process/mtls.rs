@@ -8,13 +8,11 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 
+use crate::support::*;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
-use support::*;
 
 struct Ca {
     issuer: Issuer<'static, KeyPair>,

@@ -3,10 +3,8 @@
 //! both into `.venv` and passes their paths in SWITCHYARD_PYTHON and
 //! SWITCHYARD_GRPCURL.
 
-mod support;
-
+use crate::support::*;
 use std::process::Command;
-use support::*;
 
 fn tool(var: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| {

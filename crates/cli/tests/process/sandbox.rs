@@ -4,8 +4,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed step is a failed test
 
-mod support;
-use support::*;
+use crate::support::*;
 
 const COMMAND_JOB: &str = r#"{"tasks":[{"id":"t","command":{"command":"echo","args":["hi"]}}]}"#;
 

@@ -2,10 +2,8 @@
 //! CLI talking to each: register, route, fallback by exclusion, lapse and
 //! heartbeat, crash durability and graceful shutdown.
 
-mod support;
-
+use crate::support::*;
 use std::time::Duration;
-use support::*;
 
 /// `switchyard serve --services router` on a free port, watching `registry_url`.
 fn start_router(registry_url: &str) -> Proc {

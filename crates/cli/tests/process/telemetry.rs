@@ -4,10 +4,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::sync::{Arc, Mutex};
 
+use crate::support::*;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -16,7 +15,6 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
-use support::*;
 use switchyard_proto::registry::v1::ListAgentsRequest;
 use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
 

@@ -1,0 +1,14 @@
+//! Tests of real `switchyard` processes (dev, serve, split), one binary for all:
+//! each module is one area.
+
+mod support;
+
+mod deploy;
+mod executor_split;
+mod ledger_approval;
+mod llm_split;
+mod mtls;
+mod polyglot;
+mod sandbox;
+mod split;
+mod telemetry;

@@ -1,0 +1,13 @@
+//! End-to-end tests against the in-process stack, one binary (one link) for all:
+//! each module is one area.
+
+mod common;
+
+mod auth;
+mod executor;
+mod ledger_concurrency;
+mod llm;
+mod oidc;
+mod platform;
+mod registry_router;
+mod sandbox;
