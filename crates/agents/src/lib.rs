@@ -397,7 +397,12 @@ impl Host for InvocationHost<'_> {
 
     fn event(&self, event: LoopEvent) {
         let line = match event {
-            LoopEvent::LlmCall(c) => format!("model {} {} (turn {})", c.model, c.outcome, c.turn),
+            LoopEvent::LlmCall(c) => {
+                format!(
+                    "model {} {} (turn {})",
+                    c.call.model, c.call.outcome, c.turn
+                )
+            }
             LoopEvent::ToolCall(t) => format!("tool {} {}", t.name, t.status),
         };
         self.progress.note(line);

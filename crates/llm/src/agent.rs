@@ -83,18 +83,9 @@ impl Refusal {
 pub struct LlmCall {
     /// Turn (1-based) the call served.
     pub turn: u32,
-    /// Model tried.
-    pub model: String,
-    /// Provider that served it ("" when none is configured).
-    pub provider: String,
-    /// `ok`, or the failure kind.
-    pub outcome: String,
-    /// Error text for failures.
-    pub error: String,
-    /// Round over the fallback chain (1-based).
-    pub round: u32,
-    /// How long the call took, milliseconds.
-    pub latency_ms: u64,
+    /// The call: model, provider, outcome, error, round, latency.
+    #[serde(flatten)]
+    pub call: CallRecord,
 }
 
 /// A tool call of the loop ended.
@@ -364,12 +355,7 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
         let mut on_call = |c: &CallRecord| {
             host.event(LoopEvent::LlmCall(LlmCall {
                 turn,
-                model: c.model.clone(),
-                provider: c.provider.clone(),
-                outcome: c.outcome.clone(),
-                error: c.error.clone(),
-                round: c.round,
-                latency_ms: c.latency_ms,
+                call: c.clone(),
             }));
         };
         let answered = llm

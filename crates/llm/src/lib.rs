@@ -327,7 +327,8 @@ struct Served {
 }
 
 /// One call of a fallback chain, for events.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct CallRecord {
     /// Model tried.
     pub model: String,
