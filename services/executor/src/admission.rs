@@ -44,6 +44,21 @@ pub(crate) struct Estimate {
     /// or spending decided later: agents as tools, delegation).
     pub(crate) cost: Option<i64>,
     pub(crate) routes: Vec<RoutePreview>,
+    /// Part of the job spends amounts decided later — agents (which may
+    /// bill their own calls or delegate child jobs whose budgets nest under
+    /// the job's), agents called as tools, delegation: its tokens are not
+    /// bounded by this estimate.
+    pub(crate) open_ended: bool,
+}
+
+impl Estimate {
+    /// The tokens a person approves as the job's cap (`max_tokens` of its
+    /// run), when the estimate bounds them: then the job's budget holds no
+    /// more, so what is approved bounds what can be reserved.
+    pub(crate) fn token_cap(&self) -> Option<u64> {
+        let tokens = self.input_tokens + self.output_tokens;
+        (!self.open_ended && tokens > 0).then_some(tokens)
+    }
 }
 
 /// What the estimate needs from outside the spec.
@@ -91,6 +106,7 @@ pub(crate) fn estimate(spec: &JobSpec, known: &Known<'_>) -> Estimate {
                 // An agent that bills its own model calls can spend more
                 // than its price: its worst case is unknown, so a person
                 // (not a cost policy) approves.
+                est.open_ended = true;
                 let worst = if routed.candidates.iter().any(|c| c.bills_tokens) {
                     None
                 } else {
@@ -171,6 +187,7 @@ fn estimate_llm(
         completion_tokens: o,
         total_tokens: i + o,
     };
+    est.open_ended |= open_ended;
     est.cost = match (est.cost, price) {
         (Some(c), Some(p)) if !open_ended => Some(c + p.cost(&usage)),
         _ => None,
@@ -690,7 +707,10 @@ impl Executor {
     ) -> Result<(String, ap::Run, Option<String>), ExecutorError> {
         let est = self.estimate(spec).await?;
         let budget_id = format!("job-{}", spec.job_id);
-        let limits = self.budget_limits(spec, parent).await?;
+        let mut limits = self.budget_limits(spec, parent).await?;
+        if let Some(cap) = est.token_cap() {
+            limits.token_budget = Some(limits.token_budget.map_or(cap, |t| t.min(cap)));
+        }
         let run = proposal(spec, &est, hash, submitted_by, &self.inner.cfg.default_org);
         let clients = &self.inner.clients;
         let budget = clients.ledger.create_budget(CreateBudgetRequest {
@@ -930,5 +950,135 @@ fn for_whom(
             "job",
             "a job belongs to a tenant: a service submits on behalf of a user",
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use switchyard_llm::agent::{estimate_prompt_tokens, first_turn};
+    use switchyard_llm::{LlmConfig, ModelConfig, ProviderConfig};
+    use switchyard_proto::executor::v1::{LlmTask, TaskSpec, ToolDefinition};
+    use switchyard_proto::router::v1::Candidate;
+
+    use super::*;
+
+    fn llm() -> switchyard_llm::Llm {
+        let cfg = LlmConfig {
+            providers: vec![ProviderConfig {
+                name: "p".into(),
+                base_url: "http://127.0.0.1:9/v1".into(),
+                models: vec![ModelConfig {
+                    name: "m".into(),
+                    input_micro_usd_per_million: Some(1_000_000),
+                    output_micro_usd_per_million: Some(2_000_000),
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        switchyard_llm::Llm::new(&cfg).expect("a valid [llm]")
+    }
+
+    fn job(kind: Kind) -> JobSpec {
+        JobSpec {
+            tasks: vec![TaskSpec {
+                id: "t".into(),
+                kind: Some(kind),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn known<'a>(
+        routes: &'a HashMap<String, RouteResponse>,
+        llm: &'a switchyard_llm::Llm,
+    ) -> Known<'a> {
+        Known {
+            routes,
+            llm,
+            agent_max_tokens: 4096,
+            llm_default_max_tokens: 100,
+            llm_max_turns: 3,
+        }
+    }
+
+    #[test]
+    fn an_llm_estimate_bounds_prompts_as_the_loop_reserves_them_and_caps_the_budget() {
+        let (routes, llm) = (HashMap::new(), llm());
+        let task = LlmTask {
+            model: "m".into(),
+            instructions: "Be brief.".into(),
+            prompt: "Say something about the weather in three words.".into(),
+            ..Default::default()
+        };
+        let est = estimate(&job(Kind::Llm(task.clone())), &known(&routes, &llm));
+        let per_turn = estimate_prompt_tokens(&first_turn(&task.instructions, &task.prompt), &[]);
+        assert_eq!(
+            est.input_tokens,
+            per_turn * 3,
+            "the loop's own bound, every turn"
+        );
+        assert_eq!(est.output_tokens, 100 * 3);
+        assert_eq!(est.token_cap(), Some(per_turn * 3 + 300));
+        assert!(est.cost.is_some_and(|c| c > 0));
+    }
+
+    #[test]
+    fn spending_decided_later_is_not_capped_by_the_estimate() {
+        let (routes, llm) = (HashMap::new(), llm());
+        let delegating = LlmTask {
+            model: "m".into(),
+            prompt: "p".into(),
+            tools: vec![ToolDefinition {
+                name: "delegate".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let est = estimate(&job(Kind::Llm(delegating)), &known(&routes, &llm));
+        assert_eq!((est.cost, est.token_cap()), (None, None));
+        let routes = HashMap::from([(
+            "t".to_owned(),
+            RouteResponse {
+                candidates: vec![Candidate {
+                    agent_id: "a".into(),
+                    bills_tokens: true,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        )]);
+        let agent = switchyard_proto::executor::v1::AgentTask {
+            capability: "c".into(),
+            ..Default::default()
+        };
+        let est = estimate(&job(Kind::Agent(agent.clone())), &known(&routes, &llm));
+        assert_eq!((est.cost, est.token_cap()), (None, None));
+        // Any agent may delegate within the job's budget: priced, not capped.
+        let priced = HashMap::from([(
+            "t".to_owned(),
+            RouteResponse {
+                candidates: vec![Candidate {
+                    agent_id: "a".into(),
+                    price_per_unit_micro_usd: 7,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        )]);
+        let est = estimate(&job(Kind::Agent(agent)), &known(&priced, &llm));
+        assert_eq!((est.cost, est.token_cap()), (Some(7), None));
+    }
+
+    #[test]
+    fn jobs_that_spend_no_tokens_get_no_token_cap() {
+        let (routes, llm) = (HashMap::new(), llm());
+        let cmd = switchyard_proto::executor::v1::CommandTask {
+            command: "true".into(),
+            ..Default::default()
+        };
+        let est = estimate(&job(Kind::Command(cmd)), &known(&routes, &llm));
+        assert_eq!((est.cost, est.token_cap()), (Some(0), None));
     }
 }

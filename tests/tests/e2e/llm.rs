@@ -269,7 +269,16 @@ async fn no_request_reaches_the_model_before_approval_or_after_the_budget_refuse
     assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
     // One request in all, made by the one attempt, which came after the approval.
     assert_eq!(e.script.count(), 1);
-    nothing_before_approval(&events(&mut e.jobs, &id(&job)).await);
+    let log = events(&mut e.jobs, &id(&job)).await;
+    nothing_before_approval(&log);
+    // What the person approved is what the job's budget holds at most.
+    let approved = log
+        .iter()
+        .find(|(k, _)| k == "approval.requested")
+        .and_then(|(_, d)| d["max_tokens"].as_u64())
+        .unwrap();
+    let b = budget(&e.stack, &format!("job-{}", id(&job))).await;
+    assert_eq!(b.token_limit, Some(approved));
     assert_eq!(output(task(&r, "agent"))["content"], "fine");
     // Tokens are server-managed: the provider's usage, committed.
     assert_eq!(r.tokens_used, 25);
@@ -860,7 +869,13 @@ async fn the_seed_000_example_runs_end_to_end_with_fallback_a_tool_and_a_schema(
     approve(&e.stack, &job.run_id).await;
     let r = finish(&mut e.jobs, &id(&job)).await;
     assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
-    nothing_before_approval(&events(&mut e.jobs, &id(&job)).await);
+    let log = events(&mut e.jobs, &id(&job)).await;
+    nothing_before_approval(&log);
+    let approved_tokens = log
+        .iter()
+        .find(|(k, _)| k == "approval.requested")
+        .and_then(|(_, d)| d["max_tokens"].as_u64())
+        .unwrap();
     let t = task(&r, "agent");
     assert_eq!(t.model_used, "claude-3.5-sonnet");
     assert_eq!(output(t)["summary"], "Error-corrected qubits scaled up.");
@@ -883,7 +898,10 @@ async fn the_seed_000_example_runs_end_to_end_with_fallback_a_tool_and_a_schema(
     assert_eq!(r.tokens_used, 330 + 560);
     let b = budget(&e.stack, &format!("job-{}", id(&job))).await;
     assert_eq!(b.tokens_spent, 890);
-    assert_eq!(b.token_limit, Some(50_000));
+    // The job asked for 50,000 tokens; the person approved its estimate,
+    // which is less: the budget holds what was approved.
+    assert!(approved_tokens < 50_000, "{approved_tokens}");
+    assert_eq!(b.token_limit, Some(approved_tokens));
     e.stack.stop().await.unwrap();
 }
 
