@@ -407,3 +407,78 @@ pub fn proto_task_state(s: TaskState) -> pb::TaskState {
         TaskState::Deferred => pb::TaskState::Deferred,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use switchyard_proto::executor::v1::{CommandTask, TaskSpec, task_spec::Kind};
+
+    use super::*;
+    use crate::events;
+
+    fn entry() -> JobEntry {
+        let task = |id: &str| TaskSpec {
+            id: id.into(),
+            kind: Some(Kind::Command(CommandTask {
+                command: "true".into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let spec = JobSpec {
+            job_id: "j".into(),
+            tasks: vec![task("a"), task("b")],
+            ..Default::default()
+        };
+        let dag = crate::spec::dag(&spec).expect("a valid DAG");
+        JobEntry::new(spec, dag, 0)
+    }
+
+    fn apply(j: &mut JobEntry, task: &str, ev: JobEvent) {
+        let at = Event {
+            sequence: j.job.last_sequence + 1,
+            task_id: task.into(),
+            ..Default::default()
+        };
+        j.apply(&at, &ev, |_| None);
+    }
+
+    fn reserved(id: &str, cost: i64) -> JobEvent {
+        JobEvent::Reserved(events::Reserved {
+            reservation_id: id.into(),
+            cost_micro_usd: cost,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_tasks_exposure_is_all_it_spent_holds_and_is_reserving_across_attempts() {
+        let mut j = entry();
+        apply(&mut j, "a", reserved("r1", 40));
+        let committed = events::Committed {
+            reservation_id: "r1".into(),
+            tokens: 5,
+            cost_micro_usd: 30,
+            overrun: false,
+        };
+        apply(&mut j, "a", JobEvent::Committed(committed));
+        // A later attempt's hold, another task's hold, a billing agent.
+        apply(&mut j, "a", reserved("r2", 25));
+        apply(&mut j, "b", reserved("r3", 1000));
+        let billed = events::BilledByAgent {
+            agent_id: "x".into(),
+            model: "m".into(),
+            tokens: 1,
+            cost_micro_usd: 7,
+        };
+        apply(&mut j, "a", JobEvent::BilledByAgent(billed));
+        j.reserving.insert("a".into(), 3);
+        assert_eq!(j.task_exposure("a"), 30 + 25 + 7 + 3);
+        let released = events::Released {
+            reservation_id: "r2".into(),
+            why: "unused".into(),
+        };
+        apply(&mut j, "a", JobEvent::Released(released));
+        assert_eq!(j.task_exposure("a"), 30 + 7 + 3);
+        assert_eq!(j.task_exposure("b"), 1000);
+    }
+}
