@@ -201,7 +201,10 @@ impl Spender<'_> {
         note: String,
     ) -> Result<Hold, NotHeld> {
         let (job_id, task_id) = (&self.snap.job_id, &self.snap.task.id);
-        self.claim_within_limit(cost)?;
+        let limited = self.snap.task.cost_limit.is_some();
+        if limited {
+            self.claim_within_limit(cost)?;
+        }
         let held = spend::reserve(
             &self.x.inner.clients.ledger,
             HoldRequest {
@@ -231,7 +234,9 @@ impl Spender<'_> {
         {
             // The claim becomes a hold (or nothing) in one step.
             let mut st = book.lock();
-            st.unreserve(job_id, task_id, cost);
+            if limited {
+                st.unreserve(job_id, task_id, cost);
+            }
             if let Ok(h) = &held {
                 book.record(&mut st, job_id, task_id, reserved(h));
             }
@@ -255,7 +260,7 @@ impl Spender<'_> {
     }
 
     /// Counts `cost` as being reserved for the task, unless that would pass
-    /// its cost limit.
+    /// its cost limit (only tasks with one keep the count).
     fn claim_within_limit(&self, cost: i64) -> Result<(), NotHeld> {
         let (job_id, task_id) = (&self.snap.job_id, &self.snap.task.id);
         let limit = self.snap.task.cost_limit.map(|m| m.micro_usd);
