@@ -9,7 +9,10 @@
 //! the untyped log wrote (field names, numbers, `""` for absent text), so
 //! data directories and `WatchJob` clients of earlier releases keep working
 //! (`tests/replay.rs` replays a log written before this module existed).
-//! Fields added later are `#[serde(default)]`, so older events decode.
+//! Fields added later are `#[serde(default)]`, so older events decode. The
+//! contract for clients is the comment on `WatchJobResponse` in
+//! `proto/switchyard/executor/v1/executor.proto`; a test keeps every kind
+//! listed there.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -25,6 +28,9 @@ macro_rules! job_events {
         }
 
         impl JobEvent {
+            /// Every kind, in declaration order.
+            pub const KINDS: &'static [&'static str] = &[$($kind),*];
+
             /// The wire kind, `<area>.<what>`.
             pub fn kind(&self) -> &'static str {
                 match self { $( JobEvent::$variant(_) => $kind, )* }
@@ -481,6 +487,18 @@ mod tests {
             estimated_cost_micro_usd: None,
             ..Default::default()
         }));
+    }
+
+    #[test]
+    fn the_contract_lists_every_kind() {
+        let proto = include_str!("../../../proto/switchyard/executor/v1/executor.proto");
+        let contract = &proto[proto.find("message WatchJobResponse").expect("the message")..];
+        for kind in JobEvent::KINDS {
+            assert!(
+                contract.contains(&format!("//   {kind} ")),
+                "{kind} is not documented in WatchJobResponse"
+            );
+        }
     }
 
     #[test]
