@@ -58,20 +58,49 @@ impl Executor {
             st.drivers.insert(job_id.to_owned(), ctl.clone());
             ctl
         };
-        let me = self.clone();
-        let id = job_id.to_owned();
+        let driver = Driver {
+            x: self.clone(),
+            job_id: job_id.to_owned(),
+            ctl,
+        };
+        let (me, id) = (self.clone(), job_id.to_owned());
         tokio::spawn(async move {
-            me.drive(&id, ctl).await;
+            driver.drive().await;
             me.inner.book.lock().drivers.remove(&id);
             me.inner.book.bump_finished();
         });
     }
 
+    /// Runs `work` (a release nobody waits for) off the task's path; the
+    /// job's end waits for it, so its final state stays its last event.
+    pub(crate) fn settle_later(
+        &self,
+        job_id: &str,
+        work: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let h = tokio::spawn(work.in_current_span());
+        crate::lock(&self.inner.settling)
+            .entry(job_id.to_owned())
+            .or_default()
+            .push(h);
+    }
+}
+
+/// The driver of one running job.
+struct Driver {
+    x: Executor,
+    job_id: String,
+    /// How the job's canceller and the executor reach this driver.
+    ctl: Arc<Control>,
+}
+
+impl Driver {
     /// Runs a job to its end (or until shutdown), inside its own trace,
     /// acting for its submitter.
-    async fn drive(&self, job_id: &str, ctl: Arc<Control>) {
+    async fn drive(self) {
+        let job_id = self.job_id.as_str();
         let (correlation_id, traceparent, submitter) = {
-            let st = self.inner.book.lock();
+            let st = self.x.inner.book.lock();
             match st.find(job_id) {
                 Some(e) => (
                     e.spec().correlation_id.clone(),
@@ -91,7 +120,7 @@ impl Executor {
             )),
         };
         let run = async {
-            if let Err(e) = self.run_job(job_id, &ctl).await {
+            if let Err(e) = self.run_job().await {
                 tracing::error!(job_id, error = %e, "job driver stopped");
             }
         };
@@ -100,8 +129,9 @@ impl Executor {
 
     /// Renews this worker's claim on the job's approval run.
     async fn renew(&self, run_id: &str) -> Result<ap::RenewClaimResponse, tonic::Status> {
-        let cfg = &self.inner.cfg;
-        self.inner
+        let cfg = &self.x.inner.cfg;
+        self.x
+            .inner
             .clients
             .approval
             .renew_claim(ap::RenewClaimRequest {
@@ -114,17 +144,18 @@ impl Executor {
 
     /// Claims the job's approval run for this worker, retrying until it is
     /// ours, the job is gone, or the process stops.
-    async fn claim(&self, run_id: &str, ctl: &Control) -> Claimed {
-        let cfg = &self.inner.cfg;
+    async fn claim(&self, run_id: &str) -> Claimed {
+        let cfg = &self.x.inner.cfg;
         loop {
-            if self.inner.shutdown.is_shutdown() {
+            if self.x.inner.shutdown.is_shutdown() {
                 return Claimed::Stopping;
             }
-            let cancel = crate::lock(&ctl.cancel).clone();
+            let cancel = crate::lock(&self.ctl.cancel).clone();
             if let Some((why, who)) = cancel {
                 return Claimed::Gone(why, who);
             }
             let claimed = self
+                .x
                 .inner
                 .clients
                 .approval
@@ -157,16 +188,17 @@ impl Executor {
             }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-                _ = ctl.wake.notified() => {}
-                _ = self.inner.shutdown.wait() => {}
+                _ = self.ctl.wake.notified() => {}
+                _ = self.x.inner.shutdown.wait() => {}
             }
         }
     }
 
-    async fn run_job(&self, job_id: &str, ctl: &Control) -> Result<(), ExecutorError> {
-        let book = &self.inner.book;
+    async fn run_job(&self) -> Result<(), ExecutorError> {
+        let job_id = self.job_id.as_str();
+        let book = &self.x.inner.book;
         let run_id = book.job(job_id)?.run_id;
-        match self.claim(&run_id, ctl).await {
+        match self.claim(&run_id).await {
             Claimed::Yes => {}
             Claimed::Stopping => return Ok(()),
             Claimed::Gone(why, who) => {
@@ -175,16 +207,16 @@ impl Executor {
                     book.cancel_idle(&mut st, job_id, Reason::JobCancelled, &why)?
                 };
                 book.durable(g).await?;
-                self.cancel_run(job_id, &why, who).await;
-                self.close_budget(job_id).await;
+                self.x.cancel_run(job_id, &why, who).await;
+                self.x.close_budget(job_id).await;
                 return Ok(());
             }
         }
-        self.resume(job_id).await?;
-        let scratch = self.inner.cfg.scratch_dir.join(job_id);
-        self.prepare_scratch(job_id, &scratch)?;
-        let result = self.run_loop(job_id, &run_id, ctl, &scratch).await;
-        if !self.inner.shutdown.is_shutdown() {
+        self.resume().await?;
+        let scratch = self.x.inner.cfg.scratch_dir.join(job_id);
+        self.prepare_scratch(&scratch)?;
+        let result = self.run_loop(&run_id, &scratch).await;
+        if !self.x.inner.shutdown.is_shutdown() {
             let _ = std::fs::remove_dir_all(&scratch);
         }
         result
@@ -193,8 +225,9 @@ impl Executor {
     /// Starts the job, or resumes it after a restart: attempts that were
     /// running run again (made durable with the first scheduling step,
     /// before anything starts) and reservations left open are released.
-    async fn resume(&self, job_id: &str) -> Result<(), ExecutorError> {
-        let book = &self.inner.book;
+    async fn resume(&self) -> Result<(), ExecutorError> {
+        let job_id = self.job_id.as_str();
+        let book = &self.x.inner.book;
         let stale = {
             let mut st = book.lock();
             let entry = st.get(job_id)?;
@@ -222,17 +255,20 @@ impl Executor {
             }
             stale
         };
-        let ledger = &self.inner.clients.ledger;
+        let ledger = &self.x.inner.clients.ledger;
         for (rid, task) in stale {
             let hold = Hold::resume(ledger, &rid);
-            crate::attempt::release(self, job_id, &task, &hold, "reconciled after restart").await;
+            crate::attempt::release(&self.x, job_id, &task, &hold, "reconciled after restart")
+                .await;
         }
         Ok(())
     }
 
     /// The job's scratch directory with its files, owned by the tasks' user.
-    fn prepare_scratch(&self, job_id: &str, dir: &std::path::Path) -> Result<(), ExecutorError> {
+    fn prepare_scratch(&self, dir: &std::path::Path) -> Result<(), ExecutorError> {
+        let job_id = self.job_id.as_str();
         let files = self
+            .x
             .inner
             .book
             .lock()
@@ -241,7 +277,7 @@ impl Executor {
             .unwrap_or_default();
         let io = |e: std::io::Error| ExecutorError::Scratch(format!("{}: {e}", dir.display()));
         std::fs::create_dir_all(dir).map_err(io)?;
-        let sandbox = &self.inner.sandbox;
+        let sandbox = &self.x.inner.sandbox;
         for (name, bytes) in files {
             let file = dir.join(name);
             std::fs::write(&file, bytes).map_err(io)?;
@@ -255,38 +291,33 @@ impl Executor {
 
     /// The scheduling loop: step, make durable, start; then wait for an
     /// attempt to end, a timer, a cancel, the lease renewal or shutdown.
-    async fn run_loop(
-        &self,
-        job_id: &str,
-        run_id: &str,
-        ctl: &Control,
-        scratch: &std::path::Path,
-    ) -> Result<(), ExecutorError> {
-        let book = &self.inner.book;
+    async fn run_loop(&self, run_id: &str, scratch: &std::path::Path) -> Result<(), ExecutorError> {
+        let job_id = self.job_id.as_str();
+        let book = &self.x.inner.book;
         let mut running = Running::new();
-        let lease = u64::from(self.inner.cfg.lease_secs / 3).max(1);
+        let lease = u64::from(self.x.inner.cfg.lease_secs / 3).max(1);
         let mut renew = tokio::time::interval(Duration::from_secs(lease));
         renew.tick().await;
         loop {
-            let cancel = crate::lock(&ctl.cancel).clone();
+            let cancel = crate::lock(&self.ctl.cancel).clone();
             if let Some((why, who)) = cancel {
                 running.abort_all();
                 while running.join_next().await.is_some() {}
-                return self.finish_cancelled(job_id, &why, who).await;
+                return self.finish_cancelled(&why, who).await;
             }
             let now = book.now();
-            let (g, step) = self.take_step(job_id, now, &mut running)?;
+            let (g, step) = self.take_step(now, &mut running)?;
             // One durable step covers the last settle and these starts: a
             // task starts only once what it depends on is on disk.
             book.durable(g).await?;
             for (i, snap, timeout) in step.starts {
-                let me = self.clone();
+                let me = self.x.clone();
                 let dir = scratch.to_path_buf();
                 let attempt = async move { (i, me.attempt(snap, timeout, &dir).await) };
                 running.spawn(attempt.in_current_span());
             }
             if step.done && running.is_empty() {
-                return self.finish(job_id, run_id).await;
+                return self.finish(run_id).await;
             }
             let sleep = step.next_wake.map_or(Duration::from_secs(3600), |at| {
                 Duration::from_millis(at.saturating_sub(now))
@@ -294,17 +325,17 @@ impl Executor {
             tokio::select! {
                 joined = running.join_next(), if !running.is_empty() => {
                     if let Some(Ok((i, outcome))) = joined {
-                        self.settle(job_id, i, outcome)?;
+                        self.settle(i, outcome)?;
                     }
                 }
                 _ = tokio::time::sleep(sleep) => {}
-                _ = ctl.wake.notified() => {}
+                _ = self.ctl.wake.notified() => {}
                 _ = renew.tick() => {
                     if let Err(e) = self.renew(run_id).await {
                         tracing::warn!(job_id, error = %e.message(), "renewing approval claim");
                     }
                 }
-                _ = self.inner.shutdown.wait() => {
+                _ = self.x.inner.shutdown.wait() => {
                     // Attempts stop here and run again after the restart.
                     running.abort_all();
                     while running.join_next().await.is_some() {}
@@ -316,13 +347,9 @@ impl Executor {
 
     /// Asks the scheduler for a step and records its decisions under one
     /// lock; returns the last event and what to start.
-    fn take_step(
-        &self,
-        job_id: &str,
-        now: u64,
-        running: &mut Running,
-    ) -> Result<(u64, Started), ExecutorError> {
-        let book = &self.inner.book;
+    fn take_step(&self, now: u64, running: &mut Running) -> Result<(u64, Started), ExecutorError> {
+        let job_id = self.job_id.as_str();
+        let book = &self.x.inner.book;
         let policy = self.policy();
         let mut st = book.lock();
         let step = schedule::step(st.get(job_id)?, now, running.len(), &policy);
@@ -363,7 +390,7 @@ impl Executor {
     }
 
     fn policy(&self) -> schedule::Policy {
-        let cfg = &self.inner.cfg;
+        let cfg = &self.x.inner.cfg;
         schedule::Policy {
             cancel_running_on_failure: cfg.cancel_running_on_failure,
             defer_interval_secs: cfg.defer_interval_secs,
@@ -372,8 +399,9 @@ impl Executor {
     }
 
     /// Records an attempt's end and the scheduler's decision about it.
-    fn settle(&self, job_id: &str, i: usize, out: Outcome) -> Result<u64, ExecutorError> {
-        let book = &self.inner.book;
+    fn settle(&self, i: usize, out: Outcome) -> Result<u64, ExecutorError> {
+        let job_id = self.job_id.as_str();
+        let book = &self.x.inner.book;
         let now = book.now();
         let mut st = book.lock();
         let e = st.get(job_id)?;
@@ -401,23 +429,10 @@ impl Executor {
         book.move_task(&mut st, job_id, i, m.change())
     }
 
-    /// Runs `work` (a release nobody waits for) off the task's path; the
-    /// job's end waits for it, so its final state stays its last event.
-    pub(crate) fn settle_later(
-        &self,
-        job_id: &str,
-        work: impl std::future::Future<Output = ()> + Send + 'static,
-    ) {
-        let h = tokio::spawn(work.in_current_span());
-        crate::lock(&self.inner.settling)
-            .entry(job_id.to_owned())
-            .or_default()
-            .push(h);
-    }
-
     /// Waits for the job's background releases.
-    async fn settled(&self, job_id: &str) {
-        let pending = crate::lock(&self.inner.settling)
+    async fn settled(&self) {
+        let job_id = self.job_id.as_str();
+        let pending = crate::lock(&self.x.inner.settling)
             .remove(job_id)
             .unwrap_or_default();
         for h in pending {
@@ -426,16 +441,17 @@ impl Executor {
     }
 
     /// Every task is final: the job ends, and so do its run and budget.
-    async fn finish(&self, job_id: &str, run_id: &str) -> Result<(), ExecutorError> {
-        self.settled(job_id).await;
-        let book = &self.inner.book;
+    async fn finish(&self, run_id: &str) -> Result<(), ExecutorError> {
+        let job_id = self.job_id.as_str();
+        self.settled().await;
+        let book = &self.x.inner.book;
         let (to, reason, error) = final_state(&book.lock(), job_id)?;
         // The run and the budget are settled first (both at once), so a job
         // seen finished has its run ended; after a crash in between, finishing
         // again finds the run already ended and goes on.
         let (ended, ()) = tokio::join!(
-            self.end_run(job_id, run_id, to, &error),
-            self.close_budget(job_id)
+            self.end_run(run_id, to, &error),
+            self.x.close_budget(job_id)
         );
         if let Err(e) = ended {
             tracing::warn!(job_id, error = %e, "ending approval run");
@@ -449,17 +465,17 @@ impl Executor {
     }
 
     /// Completes or fails the job's approval run.
-    async fn end_run(
-        &self,
-        job_id: &str,
-        run_id: &str,
-        to: JobState,
-        error: &str,
-    ) -> Result<(), String> {
-        let approval = &self.inner.clients.approval;
-        let worker_id = self.inner.cfg.worker_id.clone();
+    async fn end_run(&self, run_id: &str, to: JobState, error: &str) -> Result<(), String> {
+        let job_id = self.job_id.as_str();
+        let approval = &self.x.inner.clients.approval;
+        let worker_id = self.x.inner.cfg.worker_id.clone();
         let ended = if to == JobState::Completed {
-            let result = self.inner.book.result(job_id).map_err(|e| e.to_string())?;
+            let result = self
+                .x
+                .inner
+                .book
+                .result(job_id)
+                .map_err(|e| e.to_string())?;
             let summary = format!("job {job_id} completed in {} ms", result.execution_time_ms);
             approval
                 .complete(ap::CompleteRequest {
@@ -490,12 +506,12 @@ impl Executor {
     /// last event is its final state; then its run and budget end.
     async fn finish_cancelled(
         &self,
-        job_id: &str,
         why: &str,
         who: Option<OnBehalf>,
     ) -> Result<(), ExecutorError> {
-        self.settled(job_id).await;
-        let book = &self.inner.book;
+        let job_id = self.job_id.as_str();
+        self.settled().await;
+        let book = &self.x.inner.book;
         let open: Vec<(String, String)> = book
             .lock()
             .find(job_id)
@@ -506,18 +522,18 @@ impl Executor {
                     .collect()
             })
             .unwrap_or_default();
-        let ledger = &self.inner.clients.ledger;
+        let ledger = &self.x.inner.clients.ledger;
         for (rid, task) in open {
             let hold = Hold::resume(ledger, &rid);
-            crate::attempt::release(self, job_id, &task, &hold, "job cancelled").await;
+            crate::attempt::release(&self.x, job_id, &task, &hold, "job cancelled").await;
         }
         let g = {
             let mut st = book.lock();
             book.cancel_idle(&mut st, job_id, Reason::JobCancelled, why)?
         };
         book.durable(g).await?;
-        self.cancel_run(job_id, why, who).await;
-        self.close_budget(job_id).await;
+        self.x.cancel_run(job_id, why, who).await;
+        self.x.close_budget(job_id).await;
         Ok(())
     }
 }
