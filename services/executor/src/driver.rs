@@ -23,7 +23,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::Executor;
-use crate::attempt::{Outcome, Snapshot};
+use crate::attempt::{Attempt, Outcome, Snapshot};
 use crate::book::{Change, Control, Jobs};
 use crate::error::ExecutorError;
 use crate::events::{self, JobEvent};
@@ -313,7 +313,15 @@ impl Driver {
             for (i, snap, timeout) in step.starts {
                 let me = self.x.clone();
                 let dir = scratch.to_path_buf();
-                let attempt = async move { (i, me.attempt(snap, timeout, &dir).await) };
+                let attempt = async move {
+                    let attempt = Attempt {
+                        x: &me,
+                        snap: &snap,
+                        timeout,
+                        scratch: &dir,
+                    };
+                    (i, attempt.run().await)
+                };
                 running.spawn(attempt.in_current_span());
             }
             if step.done && running.is_empty() {

@@ -23,7 +23,7 @@ use switchyard_proto::ledger::v1::Entry;
 use switchyard_proto::registry::v1::ReportOutcomeRequest;
 use switchyard_proto::router::v1::{Candidate, RouteResponse};
 
-use super::{NotHeld, Outcome, Purpose, Snapshot, Spender};
+use super::{Attempt, NotHeld, Outcome, Purpose, Spender};
 use crate::Executor;
 use crate::events::{self, JobEvent};
 use crate::schedule::{self, Class};
@@ -87,16 +87,11 @@ fn routed_event(a: &AgentTask, candidates: &[Candidate], routed: &RouteResponse)
     })
 }
 
-impl Executor {
+impl Attempt<'_> {
     /// One attempt of an agent task (or an agent called as an LLM tool).
-    pub(crate) async fn agent_attempt(
-        &self,
-        snap: &Snapshot,
-        a: &AgentTask,
-        input: Value,
-        timeout: Duration,
-    ) -> Outcome {
-        let routed = match self.route(a).await {
+    pub(crate) async fn agent(&self, a: &AgentTask, input: Value) -> Outcome {
+        let (x, snap) = (self.x, self.snap);
+        let routed = match x.route(a).await {
             Ok(r) => r,
             Err(e) => {
                 let why = format!("router: {}", e.message());
@@ -106,7 +101,7 @@ impl Executor {
         let mut candidates = routed.candidates.clone();
         // prefer_agents first, keeping the router's order otherwise.
         candidates.sort_by_key(|c| !a.prefer_agents.contains(&c.agent_id));
-        let book = &self.inner.book;
+        let book = &self.x.inner.book;
         book.note(
             &snap.job_id,
             &snap.task.id,
@@ -118,7 +113,7 @@ impl Executor {
         }
         let mut last = None;
         for c in &candidates {
-            match self.try_candidate(snap, a, c, &input, timeout).await {
+            match self.try_candidate(a, c, &input).await {
                 Next::Done(out) => return out,
                 Next::Try(out) => last = Some(out),
             }
@@ -133,21 +128,15 @@ impl Executor {
     }
 
     /// Reserves for, calls and settles one candidate.
-    async fn try_candidate(
-        &self,
-        snap: &Snapshot,
-        a: &AgentTask,
-        c: &Candidate,
-        input: &Value,
-        timeout: Duration,
-    ) -> Next {
-        let spender = Spender { x: self, snap };
+    async fn try_candidate(&self, a: &AgentTask, c: &Candidate, input: &Value) -> Next {
+        let (snap, timeout) = (self.snap, self.timeout);
+        let spender = self.spender();
         // A self-billing agent reserves its own model calls on the budget
         // it is given; holding tokens here too would halve it.
         let tokens = if c.bills_tokens {
             0
         } else {
-            crate::admission::agent_tokens(self.inner.cfg.agent_max_tokens, snap.token_budget)
+            crate::admission::agent_tokens(self.x.inner.cfg.agent_max_tokens, snap.token_budget)
         };
         let cost = c.price_per_unit_micro_usd;
         // Reserve the worst case first; a refusal means the call is not made.
@@ -175,7 +164,7 @@ impl Executor {
                 return Next::Done(Outcome::fail(Class::Other, Reason::Unavailable, m));
             }
         };
-        if let Err(e) = self.inner.book.durable(snap.start_g).await {
+        if let Err(e) = self.x.inner.book.durable(snap.start_g).await {
             spender.release(&hold, "storage failed").await;
             return Next::Done(Outcome::fail(
                 Class::Other,
@@ -184,7 +173,7 @@ impl Executor {
             ));
         }
         let started = Instant::now();
-        let called = self.call_agent(snap, a, c, input, tokens, timeout).await;
+        let called = self.call_agent(a, c, input, tokens).await;
         let call = Called {
             spender: &spender,
             a,
@@ -200,14 +189,14 @@ impl Executor {
     /// output as events, within `timeout`.
     async fn call_agent(
         &self,
-        snap: &Snapshot,
         a: &AgentTask,
         c: &Candidate,
         input: &Value,
         tokens: u64,
-        timeout: Duration,
     ) -> Result<AgentResponse, CallError> {
+        let (snap, timeout) = (self.snap, self.timeout);
         let client = self
+            .x
             .agent_client(&c.endpoint)
             .map_err(CallError::Unreachable)?;
         let (job_id, task_id) = (snap.job_id.as_str(), snap.task.id.as_str());
@@ -231,7 +220,7 @@ impl Executor {
                 time_budget_ms: timeout.as_millis() as u64,
             }),
         };
-        let book = &self.inner.book;
+        let book = &self.x.inner.book;
         let call = async {
             let mut stream = client.invoke(req).await.map_err(classify)?;
             while let Some(msg) = stream.next().await {
@@ -266,7 +255,9 @@ impl Executor {
             Err(_) => Err(CallError::Timeout),
         }
     }
+}
 
+impl Executor {
     /// The client of the agent at `endpoint`: the built-ins in this
     /// process, any other over gRPC without this process's credential.
     fn agent_client(&self, endpoint: &str) -> Result<AgentClient, String> {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use switchyard_core::Reason;
 use switchyard_proto::executor::v1::{CommandTask, ResourceLimits, TaskStatus};
 
-use super::{Outcome, Snapshot};
+use super::{Attempt, Outcome};
 use crate::Executor;
 use crate::command::{self, Confinement, Finished};
 use crate::events::{self, JobEvent};
@@ -26,15 +26,10 @@ pub(crate) struct Prepared {
     pub(crate) jail: Confinement,
 }
 
-impl Executor {
+impl Attempt<'_> {
     /// One attempt of a command task.
-    pub(crate) async fn command_attempt(
-        &self,
-        snap: &Snapshot,
-        c: &CommandTask,
-        timeout: Duration,
-        scratch: &Path,
-    ) -> Outcome {
+    pub(crate) async fn command(&self, c: &CommandTask) -> Outcome {
+        let (x, snap, timeout, scratch) = (self.x, self.snap, self.timeout, self.scratch);
         let mut args = Vec::with_capacity(c.args.len());
         for a in &c.args {
             match snap.resolve_text(a) {
@@ -46,18 +41,18 @@ impl Executor {
             program,
             limits: rlimits,
             jail,
-        } = match self.prepare_command(&c.command, scratch, c.limits.as_ref()) {
+        } = match x.prepare_command(&c.command, scratch, c.limits.as_ref()) {
             Ok(r) => r,
             Err(f) => return Outcome::fail(f.class, f.reason, f.error),
         };
-        let cfg = &self.inner.cfg;
-        let env = self.command_env(&snap.job_id, &snap.task.id, scratch, &c.env);
+        let cfg = &x.inner.cfg;
+        let env = x.command_env(&snap.job_id, &snap.task.id, scratch, &c.env);
         let limits = command::Limits {
             timeout,
             grace: Duration::from_millis(cfg.kill_grace_ms),
             cap: cfg.max_output_bytes,
         };
-        let book = self.inner.book.clone();
+        let book = x.inner.book.clone();
         let (job, task) = (snap.job_id.clone(), snap.task.id.clone());
         let on_chunk = move |stream: &'static str, chunk: &[u8]| {
             let chunk = String::from_utf8_lossy(chunk).into_owned();
@@ -67,7 +62,7 @@ impl Executor {
             };
             book.note(&job, &task, JobEvent::Output(out));
         };
-        if let Err(e) = self.inner.book.durable(snap.start_g).await {
+        if let Err(e) = x.inner.book.durable(snap.start_g).await {
             return Outcome::fail(Class::Other, Reason::StorageFailure, e.to_string());
         }
         let ran = command::run(
@@ -83,7 +78,7 @@ impl Executor {
         )
         .await;
         match ran {
-            Ok(f) => self.command_outcome(snap, c, &rlimits, &f, timeout),
+            Ok(f) => self.command_outcome(c, &rlimits, &f),
             Err(e) => Outcome::fail(Class::Other, Reason::CommandFailed, e.to_string()),
         }
     }
@@ -92,13 +87,12 @@ impl Executor {
     /// limit hit, a timeout or a non-zero exit.
     fn command_outcome(
         &self,
-        snap: &Snapshot,
         c: &CommandTask,
         rlimits: &command::limits::ResourceLimits,
         f: &Finished,
-        timeout: Duration,
     ) -> Outcome {
-        let sandbox = &self.inner.sandbox;
+        let (snap, timeout) = (self.snap, self.timeout);
+        let sandbox = &self.x.inner.sandbox;
         let hit = command::limits::hit(f);
         let status = TaskStatus {
             task_id: snap.task.id.clone(),
@@ -144,7 +138,9 @@ impl Executor {
             status: Some(status),
         }
     }
+}
 
+impl Executor {
     /// An allowlisted command made ready to start: its program as resolved
     /// at start-up, the task's resource limits, and the sandbox around it.
     pub(crate) fn prepare_command(

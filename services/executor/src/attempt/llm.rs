@@ -28,7 +28,7 @@ use switchyard_proto::executor::v1::{
 use switchyard_proto::ledger::v1::Entry;
 use switchyard_proto::registry::v1::{FindByCapabilityRequest, GetAgentRequest, ListToolsRequest};
 
-use super::{NotHeld, Outcome, Purpose, Snapshot, Spender};
+use super::{Attempt, NotHeld, Outcome, Purpose, Snapshot, Spender};
 use crate::events::{self, JobEvent};
 use crate::schedule::Class;
 use crate::{Executor, command};
@@ -158,33 +158,28 @@ struct TaskHost<'a> {
     spender: Spender<'a>,
 }
 
-impl Executor {
+impl Attempt<'_> {
     /// One attempt of an LLM task.
-    pub(crate) async fn llm_attempt(
-        &self,
-        snap: &Snapshot,
-        l: &LlmTask,
-        timeout: Duration,
-        scratch: &Path,
-    ) -> Outcome {
-        let (spec, routes) = match self.loop_spec(snap, l, timeout).await {
+    pub(crate) async fn llm(&self, l: &LlmTask) -> Outcome {
+        let (x, snap) = (self.x, self.snap);
+        let (spec, routes) = match self.loop_spec(l).await {
             Ok(x) => x,
             Err(out) => return out,
         };
-        if let Err(e) = self.inner.book.durable(snap.start_g).await {
+        if let Err(e) = x.inner.book.durable(snap.start_g).await {
             return Outcome::fail(Class::Other, Reason::StorageFailure, e.to_string());
         }
         let host = TaskHost {
-            x: self,
+            x,
             job_id: &snap.job_id,
             snap,
             llm_task: l,
             routes,
-            scratch,
+            scratch: self.scratch,
             children: Default::default(),
-            spender: Spender { x: self, snap },
+            spender: self.spender(),
         };
-        let ran = agent::run(&self.inner.clients.llm, &spec, &host).await;
+        let ran = agent::run(&x.inner.clients.llm, &spec, &host).await;
         let children = host.children.lock().map(|c| c.clone()).unwrap_or_default();
         let (report, failure) = match ran {
             Ok(r) => (r, None),
@@ -213,10 +208,9 @@ impl Executor {
     /// its tools offered, its limits and the executor's defaults.
     async fn loop_spec(
         &self,
-        snap: &Snapshot,
         l: &LlmTask,
-        timeout: Duration,
     ) -> Result<(agent::Spec, HashMap<String, Route>), Outcome> {
+        let (snap, timeout) = (self.snap, self.timeout);
         let text = |s: &str| snap.resolve_text(s);
         let (prompt, instructions) = match (text(&l.prompt), text(&l.instructions)) {
             (Ok(p), Ok(i)) => (p, i),
@@ -232,7 +226,7 @@ impl Executor {
             .offered_tools(l)
             .await
             .map_err(|e| Outcome::fail(Class::Other, Reason::Unavailable, e))?;
-        let cfg = &self.inner.cfg;
+        let cfg = &self.x.inner.cfg;
         let time_budget = if l.time_budget_ms > 0 {
             Duration::from_millis(l.time_budget_ms).min(timeout)
         } else {
@@ -301,6 +295,7 @@ impl Executor {
             return Ok(HashMap::new());
         }
         let all = self
+            .x
             .inner
             .clients
             .registry
@@ -318,7 +313,7 @@ impl Executor {
     /// Agent `wanted` (an id, else a capability) as tools `agent_<id>`;
     /// handoff agents take over a conversation and are not tools.
     async fn agents_as_tools(&self, wanted: &str) -> Vec<(ToolSpec, Route)> {
-        let registry = &self.inner.clients.registry;
+        let registry = &self.x.inner.clients.registry;
         let by_id = GetAgentRequest {
             agent_id: wanted.to_owned(),
         };
@@ -470,7 +465,13 @@ impl TaskHost<'_> {
                 .tool_timeout_ms
                 .max(self.llm_task.tool_timeout_ms),
         );
-        let out = self.x.agent_attempt(&snap, &task, input, left).await;
+        let call = Attempt {
+            x: self.x,
+            snap: &snap,
+            timeout: left,
+            scratch: self.scratch,
+        };
+        let out = call.agent(&task, input).await;
         match (out.failure, out.status) {
             (None, Some(s)) => Ok(s.output.as_ref().map(struct_to_json).unwrap_or(Value::Null)),
             (Some(f), _) => Err(format!("{}: {}", f.reason, f.error)),

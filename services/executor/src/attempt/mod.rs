@@ -113,33 +113,48 @@ impl Snapshot {
     }
 }
 
-impl Executor {
-    /// Runs one attempt of the snapshot's task.
-    pub(crate) async fn attempt(
-        &self,
-        snap: Snapshot,
-        timeout: Duration,
-        scratch: &std::path::Path,
-    ) -> Outcome {
-        match snap.task.kind.clone() {
-            Some(Kind::Command(c)) => self.command_attempt(&snap, &c, timeout, scratch).await,
+/// One attempt of one task: what it runs as, and with what.
+pub(crate) struct Attempt<'a> {
+    /// The executor's services (clients, sandbox, the book).
+    pub(crate) x: &'a Executor,
+    /// What the attempt reads of its job.
+    pub(crate) snap: &'a Snapshot,
+    /// How long it may take.
+    pub(crate) timeout: Duration,
+    /// The job's scratch directory.
+    pub(crate) scratch: &'a std::path::Path,
+}
+
+impl Attempt<'_> {
+    /// Runs the attempt by its task's kind.
+    pub(crate) async fn run(&self) -> Outcome {
+        match self.snap.task.kind.clone() {
+            Some(Kind::Command(c)) => self.command(&c).await,
             Some(Kind::Agent(a)) => {
                 let input = a
                     .input
                     .as_ref()
                     .map(switchyard_kit::json::struct_to_json)
                     .unwrap_or_else(|| json!({}));
-                match snap.resolve(&input) {
-                    Ok(input) => self.agent_attempt(&snap, &a, input, timeout).await,
+                match self.snap.resolve(&input) {
+                    Ok(input) => self.agent(&a, input).await,
                     Err(e) => Outcome::fail(Class::Permanent, Reason::TemplateUnresolved, e),
                 }
             }
-            Some(Kind::Llm(l)) => self.llm_attempt(&snap, &l, timeout, scratch).await,
+            Some(Kind::Llm(l)) => self.llm(&l).await,
             None => Outcome::fail(
                 Class::Permanent,
                 Reason::InvalidArgument,
                 "task has no kind",
             ),
+        }
+    }
+
+    /// This attempt's spending.
+    pub(crate) fn spender(&self) -> Spender<'_> {
+        Spender {
+            x: self.x,
+            snap: self.snap,
         }
     }
 }
