@@ -314,11 +314,7 @@ impl Host for InvocationHost<'_> {
             };
             match spend::reserve(&self.hosted.ledger, req).await {
                 Ok(h) => Ok(h.id().to_owned()),
-                Err(spend::Refusal::Budget { message, .. }) => Err(Refusal::from_ledger(
-                    Some(switchyard_core::Reason::BudgetExceeded),
-                    &message,
-                    call,
-                )),
+                Err(spend::Refusal::Budget { message, .. }) => Err(Refusal::budget(&message, call)),
                 Err(spend::Refusal::Unavailable(m)) => {
                     Err(Refusal::Unavailable(format!("ledger: {m}")))
                 }

@@ -62,17 +62,13 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// The refusal for the ledger's answer (its reason, if it gave a known
-    /// one, and message) to the reservation of model call `call`: a budget
-    /// refusal for BUDGET_EXCEEDED, else the ledger being unavailable.
-    pub fn from_ledger(reason: Option<Reason>, message: &str, call: u32) -> Refusal {
-        if reason == Some(Reason::BudgetExceeded) {
-            Refusal::Budget(format!(
-                "the budget refused the reservation for model call {call}: {message}"
-            ))
-        } else {
-            Refusal::Unavailable(format!("ledger: {message}"))
-        }
+    /// The ledger's budget refusal (its `message`) of model call `call`'s
+    /// reservation. Which answers are refusals the spend protocol decides
+    /// (`switchyard_api::spend::reserve`).
+    pub fn budget(message: &str, call: u32) -> Refusal {
+        Refusal::Budget(format!(
+            "the budget refused the reservation for model call {call}: {message}"
+        ))
     }
 }
 

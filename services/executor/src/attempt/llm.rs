@@ -601,9 +601,7 @@ impl Host for TaskHost<'_> {
                 Err(NotHeld::CostLimit(m)) => {
                     Err(Refusal::Budget(format!("model call {call}: {m}")))
                 }
-                Err(NotHeld::Budget(m)) => {
-                    Err(Refusal::from_ledger(Some(Reason::BudgetExceeded), &m, call))
-                }
+                Err(NotHeld::Budget(m)) => Err(Refusal::budget(&m, call)),
                 Err(NotHeld::Unavailable(m)) => Err(Refusal::Unavailable(m)),
             }
         })
