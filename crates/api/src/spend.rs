@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 
 use sha2::{Digest, Sha256};
-use switchyard_core::Reason;
+use switchyard_core::{Reason, validate};
 use switchyard_kit::error::ApiError;
 use switchyard_proto::common::v1::{CorrelationContext, Money};
 use switchyard_proto::ledger::v1::{
@@ -27,7 +27,7 @@ const MAX_KEY: usize = 128;
 /// keeps a readable prefix and ends in a hash of the whole.
 pub fn key(parts: &[&str]) -> String {
     let whole = parts.join("/");
-    if switchyard_core::validate::key(&whole, "key").is_ok() {
+    if validate::key(&whole, "key").is_ok() {
         return whole;
     }
     let digest = Sha256::digest(whole.as_bytes());
@@ -37,16 +37,10 @@ pub fn key(parts: &[&str]) -> String {
     }
     let readable: String = whole
         .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '/' | '@' | '-') {
-                c
-            } else {
-                '_'
-            }
-        })
+        .map(|c| if validate::key_char(c) { c } else { '_' })
         .take(MAX_KEY - hash.len() - 1)
         .collect();
-    let readable = readable.trim_start_matches(|c: char| !c.is_ascii_alphanumeric() && c != '@');
+    let readable = readable.trim_start_matches(|c: char| !validate::key_start(c));
     if readable.is_empty() {
         hash
     } else {

@@ -150,15 +150,22 @@ pub fn endpoint(s: &str) -> Result<(), String> {
     }
 }
 
+/// A character a key may hold: `[A-Za-z0-9._:/@-]`.
+pub fn key_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '/' | '@' | '-')
+}
+
+/// A character a key may start with: a letter, digit or `@`.
+pub fn key_start(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '@'
+}
+
 /// Keys chosen by clients (budget and run ids, idempotency keys, worker ids):
 /// 1–128 characters of `[A-Za-z0-9._:/@-]`, starting with a letter, digit or `@`
 /// (`org/acme`, `job:0193…`, `@you`).
 pub fn key(s: &str, what: &str) -> Result<(), String> {
     let mut chars = s.chars();
-    let ok = matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric() || c == '@')
-        && chars
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '/' | '@' | '-'))
-        && s.len() <= 128;
+    let ok = chars.next().is_some_and(key_start) && chars.all(key_char) && s.len() <= 128;
     if ok {
         Ok(())
     } else if s.is_empty() {
