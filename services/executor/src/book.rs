@@ -196,8 +196,9 @@ impl JobBook {
             let Some(typed) = JobEvent::decode(&ev.kind, ev.data.as_ref())? else {
                 continue;
             };
-            let key = output_key(&ev.job_id, &ev.task_id);
-            entry.apply(&ev, &typed, |_| outputs.get(&key).ok().flatten());
+            // Outputs are read only for the events that store them.
+            let stored = |task: &str| outputs.get(&output_key(&ev.job_id, task)).ok().flatten();
+            entry.apply(&ev, &typed, stored);
             entry.events.push(g);
         }
         for e in st.jobs.values_mut() {

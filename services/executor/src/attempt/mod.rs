@@ -216,9 +216,9 @@ impl Spender<'_> {
         note: String,
     ) -> Result<Hold, NotHeld> {
         let (job_id, task_id) = (&self.snap.job_id, &self.snap.task.id);
-        let limited = self.snap.task.cost_limit.is_some();
-        if limited {
-            self.claim_within_limit(cost)?;
+        let limit = self.snap.task.cost_limit.map(|m| m.micro_usd);
+        if let Some(limit) = limit {
+            self.claim_within_limit(limit, cost)?;
         }
         let held = spend::reserve(
             &self.x.inner.clients.ledger,
@@ -249,7 +249,7 @@ impl Spender<'_> {
         {
             // The claim becomes a hold (or nothing) in one step.
             let mut st = book.lock();
-            if limited {
+            if limit.is_some() {
                 st.unreserve(job_id, task_id, cost);
             }
             if let Ok(h) = &held {
@@ -275,15 +275,12 @@ impl Spender<'_> {
     }
 
     /// Counts `cost` as being reserved for the task, unless that would pass
-    /// its cost limit (only tasks with one keep the count).
-    fn claim_within_limit(&self, cost: i64) -> Result<(), NotHeld> {
+    /// its cost limit, `limit` (only tasks with one keep the count).
+    fn claim_within_limit(&self, limit: i64, cost: i64) -> Result<(), NotHeld> {
         let (job_id, task_id) = (&self.snap.job_id, &self.snap.task.id);
-        let limit = self.snap.task.cost_limit.map(|m| m.micro_usd);
         let mut st = self.x.inner.book.lock();
         let exposure = st.find(job_id).map_or(0, |e| e.task_exposure(task_id));
-        if let Some(limit) = limit
-            && exposure.saturating_add(cost) > limit
-        {
+        if exposure.saturating_add(cost) > limit {
             drop(st);
             let msg = format!(
                 "this call may cost up to {cost} micro-USD; with {exposure} spent or held by task {task_id:?} that is above its cost_limit of {limit}"
