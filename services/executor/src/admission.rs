@@ -145,17 +145,12 @@ fn estimate_llm(
     known: &Known<'_>,
 ) {
     use switchyard_llm::agent::{estimate_prompt_tokens, first_turn};
+    // The tools as offered, without what the registry adds at run time.
+    let registered = HashMap::new();
     let tools: Vec<switchyard_llm::ToolSpec> = l
         .tools
         .iter()
-        .map(|t| switchyard_llm::ToolSpec {
-            name: t.name.clone(),
-            description: t.description.clone(),
-            parameters: t.parameters.as_ref().map_or(
-                serde_json::json!({"type": "object"}),
-                switchyard_kit::json::struct_to_json,
-            ),
-        })
+        .map(|t| crate::attempt::llm::declared_tool(t, &registered).0)
         .collect();
     let input = estimate_prompt_tokens(&first_turn(&l.instructions, &l.prompt), &tools);
     let output = l.max_tokens.unwrap_or(known.llm_default_max_tokens);

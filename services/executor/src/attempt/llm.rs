@@ -79,7 +79,7 @@ fn llm_status(task_id: &str, report: &agent::Report, children: Vec<String>) -> T
 
 /// A declared tool as offered to the model, and how it runs: the built-in
 /// `delegate`, an allowlisted command, a registered provider, or nothing.
-fn declared_tool(
+pub(crate) fn declared_tool(
     t: &ToolDefinition,
     registered: &HashMap<String, switchyard_proto::registry::v1::Tool>,
 ) -> (ToolSpec, Route) {
@@ -119,7 +119,7 @@ fn declared_tool(
 
 /// How one offered tool runs.
 #[derive(Debug, Clone)]
-enum Route {
+pub(crate) enum Route {
     /// An allowlisted command: arguments on stdin, stdout back.
     Command(ToolDefinition),
     /// A registered tool provider's ToolService.
