@@ -53,6 +53,11 @@ reasons! {
     RequestTimeout => "REQUEST_TIMEOUT",
     /// The service is starting or draining.
     Unavailable => "SERVICE_UNAVAILABLE",
+    /// The service is replaying its log after a start; it answers once done.
+    Starting => "STARTING",
+    /// Another Switchyard service this work needs cannot be reached right
+    /// now; the work waits for it (only a deadline turns that into a failure).
+    DependencyUnavailable => "DEPENDENCY_UNAVAILABLE",
     /// Storage failed; the operation was not applied.
     StorageFailure => "STORAGE_FAILURE",
     /// A state-machine transition that the table does not allow.

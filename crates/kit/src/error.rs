@@ -68,6 +68,29 @@ impl ApiError {
     }
 }
 
+/// True when `s` says the service could not be reached or could not answer
+/// right now, rather than that it refused the request: UNAVAILABLE (a
+/// connection refused or reset, a service starting, storage failing), or a
+/// transport-level failure without a server's `ErrorInfo` (a connection
+/// that dropped mid-request). A call that failed this way may be repeated;
+/// one a server refused with a reason may not.
+pub fn is_outage(s: &Status) -> bool {
+    match s.code() {
+        Code::Unavailable => true,
+        Code::Unknown | Code::Cancelled | Code::Internal => {
+            s.get_error_details().error_info().is_none()
+                && (std::error::Error::source(s).is_some() || {
+                    let m = s.message();
+                    m.contains("transport error")
+                        || m.contains("connection")
+                        || m.contains("h2 protocol error")
+                        || m.contains("broken pipe")
+                })
+        }
+        _ => false,
+    }
+}
+
 impl From<Status> for ApiError {
     fn from(s: Status) -> Self {
         let details = s.get_error_details();
@@ -153,5 +176,32 @@ mod tests {
         let err = ApiError::from(Status::unavailable("connection refused"));
         assert_eq!(err.reason, None);
         assert_eq!(err.to_string(), "UNAVAILABLE: connection refused");
+    }
+
+    #[test]
+    fn outages_are_transport_failures_and_unavailable_not_refusals() {
+        assert!(is_outage(&Status::unavailable("tcp connect error")));
+        assert!(is_outage(&status(
+            Code::Unavailable,
+            Reason::Starting,
+            "replaying"
+        )));
+        assert!(is_outage(&Status::unknown("transport error")));
+        assert!(is_outage(&Status::cancelled(
+            "h2 protocol error: connection reset"
+        )));
+        // A server's refusal carries a reason: never repeated as an outage.
+        assert!(!is_outage(&status(
+            Code::Internal,
+            Reason::Internal,
+            "connection pool broke"
+        )));
+        assert!(!is_outage(&status(
+            Code::FailedPrecondition,
+            Reason::BudgetExceeded,
+            "no"
+        )));
+        assert!(!is_outage(&Status::unknown("the agent said no")));
+        assert!(!is_outage(&Status::deadline_exceeded("slow")));
     }
 }

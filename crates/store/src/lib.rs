@@ -192,7 +192,44 @@ impl<V: prost::Message + Default> Tree<V> {
 
     /// Every entry in key order.
     pub fn iter(&self) -> impl Iterator<Item = Result<(String, V), StoreError>> + '_ {
-        self.tree.iter().map(move |r| {
+        self.entries(self.tree.iter())
+    }
+
+    /// The entries whose keys start with `prefix`, in key order.
+    pub fn scan_prefix(
+        &self,
+        prefix: &str,
+    ) -> impl Iterator<Item = Result<(String, V), StoreError>> + '_ {
+        self.entries(self.tree.scan_prefix(prefix.as_bytes()))
+    }
+
+    /// The entries with keys before `key` (all, when `None`), last first.
+    pub fn iter_rev_before(
+        &self,
+        key: Option<&str>,
+    ) -> impl Iterator<Item = Result<(String, V), StoreError>> + '_ {
+        let range = match key {
+            Some(k) => self.tree.range(..k.as_bytes()),
+            None => self.tree.range::<&[u8], _>(..),
+        };
+        self.entries(range.rev())
+    }
+
+    /// Removes every entry whose key starts with `prefix`; returns how many.
+    pub fn remove_prefix(&self, prefix: &str) -> Result<usize, StoreError> {
+        let mut n = 0;
+        for k in self.tree.scan_prefix(prefix.as_bytes()).keys() {
+            self.tree.remove(k?)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn entries<'a>(
+        &'a self,
+        it: impl Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>> + 'a,
+    ) -> impl Iterator<Item = Result<(String, V), StoreError>> + 'a {
+        it.map(move |r| {
             let (k, v) = r?;
             let value = self.decode(&k, &v)?;
             Ok((String::from_utf8_lossy(&k).into_owned(), value))
@@ -241,6 +278,26 @@ mod tests {
         }
         let keys: Vec<_> = t.iter().map(|r| r.unwrap().0).collect();
         assert_eq!(keys, ["a", "b", "c"]);
+    }
+
+    #[tokio::test]
+    async fn prefixes_scan_and_remove_and_reverse_ranges_stop_before_the_key() {
+        let store = Store::temporary().unwrap();
+        let t = store.tree::<Tool>("tools").unwrap();
+        for n in ["a/1", "a/2", "ab", "b/1", "c"] {
+            t.put(n, &tool(n)).unwrap();
+        }
+        let keys = |it: &mut dyn Iterator<Item = Result<(String, Tool), StoreError>>| {
+            it.map(|r| r.unwrap().0).collect::<Vec<_>>()
+        };
+        assert_eq!(keys(&mut t.scan_prefix("a/")), ["a/1", "a/2"]);
+        assert_eq!(
+            keys(&mut t.iter_rev_before(Some("b/1"))),
+            ["ab", "a/2", "a/1"]
+        );
+        assert_eq!(keys(&mut t.iter_rev_before(None)).len(), 5);
+        assert_eq!(t.remove_prefix("a/").unwrap(), 2);
+        assert_eq!(keys(&mut t.iter()), ["ab", "b/1", "c"]);
     }
 
     #[tokio::test]

@@ -209,8 +209,16 @@ impl<V: prost::Message + Default> Log<V> {
 
     /// Every written record in order (replay at start-up).
     pub fn replay(&self) -> impl Iterator<Item = Result<(u64, V), StoreError>> + '_ {
+        self.replay_after(0)
+    }
+
+    /// Every written record after `after`, in order (replay from a
+    /// checkpoint).
+    pub fn replay_after(
+        &self,
+        mut after: u64,
+    ) -> impl Iterator<Item = Result<(u64, V), StoreError>> + '_ {
         const CHUNK: usize = 4096;
-        let mut after = 0;
         let mut buf = VecDeque::new();
         let mut failed = false;
         std::iter::from_fn(move || {
@@ -230,6 +238,34 @@ impl<V: prost::Message + Default> Log<V> {
             after = seq;
             Some(Ok((seq, v)))
         })
+    }
+
+    /// Removes the written records before `seq`, a whole chunk at a time
+    /// (so some may stay), never the last chunk (it numbers what comes
+    /// next). Returns how many records were removed. Not durable until the
+    /// store syncs.
+    pub fn prune_before(&self, seq: u64) -> Result<u64, StoreError> {
+        let mut removed = 0;
+        let mut keys = self.inner.tree.iter().keys();
+        let Some(first) = keys.next() else {
+            return Ok(0);
+        };
+        let mut start = first?;
+        for next in keys {
+            let next = next?;
+            let next_seq = u64::from_be_bytes(next.as_ref().try_into().map_err(|_| {
+                StoreError::Io(format!("log {} has a malformed chunk key", self.inner.name))
+            })?);
+            // This chunk holds [start, next_seq).
+            if next_seq > seq {
+                break;
+            }
+            let start_seq = u64::from_be_bytes(start.as_ref().try_into().unwrap_or([0; 8]));
+            self.inner.tree.remove(&start)?;
+            removed += next_seq - start_seq;
+            start = next;
+        }
+        Ok(removed)
     }
 }
 
@@ -360,6 +396,39 @@ mod tests {
             [251, 252, 253]
         );
         assert_eq!(log.replay().count(), 407);
+    }
+
+    #[tokio::test]
+    async fn pruning_drops_whole_chunks_before_the_position_never_the_last_one() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path()).unwrap();
+            let log = store.log::<Tool>("log").unwrap();
+            // Chunks start at 1, 257, 301, 401.
+            for batch in [300, 100, 7] {
+                for _ in 0..batch {
+                    log.append(|s| tool(&format!("t{s}")));
+                }
+                log.make_durable(log.last()).await.unwrap();
+            }
+            assert_eq!(
+                log.prune_before(300).unwrap(),
+                256,
+                "only [1, 257) lies wholly before 300"
+            );
+            assert_eq!(log.read(0, 407, 1_000).unwrap()[0].0, 257);
+            assert_eq!(log.replay_after(300).next().unwrap().unwrap().0, 301);
+            assert_eq!(log.prune_before(u64::MAX).unwrap(), 144);
+            store.sync().await.unwrap();
+        }
+        // The last chunk stays: numbering goes on after a restart.
+        let store = Store::open(dir.path()).unwrap();
+        let log = store.log::<Tool>("log").unwrap();
+        assert_eq!(log.last(), 407);
+        assert_eq!(
+            log.replay().map(|r| r.unwrap().0).collect::<Vec<_>>(),
+            (401..=407).collect::<Vec<_>>()
+        );
     }
 
     #[tokio::test]
