@@ -8,4 +8,4 @@ pub mod config;
 pub mod node;
 
 pub use config::Config;
-pub use node::{ServiceKind, run_node};
+pub use node::{ServiceKind, run_node, run_node_then};

@@ -14,7 +14,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use switchyard_cli::{Config, ServiceKind, run_node};
+use switchyard_cli::{Config, ServiceKind, run_node_then};
 use switchyard_kit::telemetry::LogFormat;
 
 #[derive(Parser)]
@@ -152,17 +152,17 @@ async fn run_services(args: RunArgs, services: &[ServiceKind], dev: bool) -> any
     }
     let telemetry = switchyard_kit::telemetry::init(&cfg.telemetry)?;
     let listener = switchyard_kit::server::bind(&cfg.server).await?;
-    let addr = listener.local_addr().context("reading the bound address")?;
-    // One machine-readable line, for scripts and tests that start us on port 0.
-    {
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "listening grpc={addr}")?;
-        out.flush()?;
-    }
     let (trigger, shutdown) = switchyard_kit::shutdown::channel();
     switchyard_kit::shutdown::on_signals(trigger);
-    let result = run_node(cfg, services, listener, shutdown).await;
+    // One machine-readable line once the stores are replayed and the
+    // services serve, for scripts and tests that start us on port 0.
+    let ready = |addr| {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "listening grpc={addr}");
+        let _ = out.flush();
+    };
+    let result = run_node_then(cfg, services, listener, shutdown, ready).await;
     telemetry.shutdown();
     result
 }

@@ -91,9 +91,24 @@ pub async fn run_node(
     listener: TcpListener,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
+    run_node_then(cfg, services, listener, shutdown, |_| {}).await
+}
+
+/// [`run_node`], calling `ready` once every store is open (their logs
+/// replayed) and the services are about to serve. Until then the port
+/// answers every call with UNAVAILABLE / STARTING and health NOT_SERVING.
+pub async fn run_node_then(
+    cfg: Config,
+    services: &[ServiceKind],
+    listener: TcpListener,
+    shutdown: Shutdown,
+    ready: impl FnOnce(std::net::SocketAddr),
+) -> anyhow::Result<()> {
     cfg.validate().map_err(anyhow::Error::msg)?;
     let max = cfg.server.max_message_bytes;
+    let starting = switchyard_kit::server::Starting::serve(&cfg.server, &listener).await?;
     let open = |name: &str| {
+        starting.phase(format!("opening and replaying the {name} store"));
         let path = cfg.storage.data_dir.join(name);
         // A lock still held by a node that stopped in this process (tests
         // restart in-process) is waited for briefly; another live process
@@ -166,12 +181,14 @@ pub async fn run_node(
 
     if services.contains(&ServiceKind::Registry) {
         let store = open("registry")?;
-        let reg = Registry::open(
-            cfg.registry.clone(),
-            store,
-            Arc::new(SystemClock),
-            shutdown.clone(),
-        )?;
+        let reg = blocking(|| {
+            Registry::open(
+                cfg.registry.clone(),
+                store,
+                Arc::new(SystemClock),
+                shutdown.clone(),
+            )
+        })?;
         reg.spawn_background();
         server = server.add_service(reg.server(max));
         registry = Some(reg);
@@ -197,12 +214,9 @@ pub async fn run_node(
     if services.contains(&ServiceKind::Ledger) {
         let mut ledger_cfg = cfg.ledger.clone();
         ledger_cfg.prices = cfg.price_catalogue().map_err(anyhow::Error::msg)?;
-        let l = Ledger::open(
-            ledger_cfg,
-            open("ledger")?,
-            Arc::new(SystemClock),
-            shutdown.clone(),
-        )?;
+        let store = open("ledger")?;
+        let l =
+            blocking(|| Ledger::open(ledger_cfg, store, Arc::new(SystemClock), shutdown.clone()))?;
         l.spawn_sweeper();
         server = server.add_service(l.server(max));
         ledger = Some(l);
@@ -210,12 +224,15 @@ pub async fn run_node(
 
     let mut approval = None;
     if services.contains(&ServiceKind::Approval) {
-        let a = Approval::open(
-            cfg.approval.clone(),
-            open("approval")?,
-            Arc::new(SystemClock),
-            shutdown.clone(),
-        )?;
+        let store = open("approval")?;
+        let a = blocking(|| {
+            Approval::open(
+                cfg.approval.clone(),
+                store,
+                Arc::new(SystemClock),
+                shutdown.clone(),
+            )
+        })?;
         a.spawn_sweeper();
         server = server.add_service(a.server(max));
         approval = Some(a);
@@ -251,15 +268,18 @@ pub async fn run_node(
                 None => ApprovalClient::remote(url("approval", &e.approval_url)?, max),
             },
         };
-        let x = Executor::open(
-            e.clone(),
-            open("executor")?,
-            clients,
-            Arc::new(SystemClock),
-            shutdown.clone(),
-            &cfg.storage.data_dir,
-            max,
-        )?;
+        let store = open("executor")?;
+        let x = blocking(|| {
+            Executor::open(
+                e.clone(),
+                store,
+                clients,
+                Arc::new(SystemClock),
+                shutdown.clone(),
+                &cfg.storage.data_dir,
+                max,
+            )
+        })?;
         x.start(listener.local_addr()?);
         server = server.add_service(x.server(max));
         if e.builtin_agents {
@@ -306,8 +326,10 @@ pub async fn run_node(
         }));
     }
 
+    starting.stop().await;
     let names: Vec<_> = services.iter().map(|s| s.name()).collect();
     tracing::info!(services = ?names, addr = %listener.local_addr()?, "serving");
+    ready(listener.local_addr()?);
     server.run(listener, shutdown).await?;
     if let Some(t) = agents_task
         && let Err(e) = t.await
@@ -331,6 +353,15 @@ pub async fn run_node(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Runs a store's replay (CPU-bound, synchronous) without holding up the
+/// runtime's other tasks (the starting port answers meanwhile).
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
 }
 
 #[cfg(test)]

@@ -339,6 +339,129 @@ impl Server {
     }
 }
 
+/// What a process answers on its port while it opens its stores (replaying
+/// their logs): every call gets UNAVAILABLE with reason STARTING and what
+/// is being replayed, so callers retry instead of hanging on a port that
+/// accepts but never answers; `grpc.health.v1` answers NOT_SERVING for the
+/// services (and SERVING for [`LIVENESS`], so a long replay is not killed).
+/// Stop it, then [`Server::run`] on the same listener.
+pub struct Starting {
+    phase: std::sync::Arc<std::sync::Mutex<String>>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Starting {
+    /// Serves the starting answers on a second handle of `listener`.
+    pub async fn serve(
+        cfg: &ServerConfig,
+        listener: &TcpListener,
+    ) -> Result<Starting, ServerError> {
+        use std::os::fd::AsFd;
+        let bind_err = |source| ServerError::Bind {
+            addr: cfg.listen.clone(),
+            source,
+        };
+        let owned = listener.as_fd().try_clone_to_owned().map_err(bind_err)?;
+        let std_listener = std::net::TcpListener::from(owned);
+        std_listener.set_nonblocking(true).map_err(bind_err)?;
+        let second = TcpListener::from_std(std_listener).map_err(bind_err)?;
+        let (reporter, health) = tonic_health::server::health_reporter();
+        reporter
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+        reporter
+            .set_service_status(LIVENESS, ServingStatus::Serving)
+            .await;
+        let phase = std::sync::Arc::new(std::sync::Mutex::new("opening storage".to_owned()));
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &cfg.tls {
+            builder = builder
+                .tls_config(tls.tonic().map_err(ServerError::Tls)?)
+                .map_err(|e| ServerError::Tls(e.to_string()))?;
+        }
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = builder
+            .layer(RefuseLayer(phase.clone()))
+            .add_service(health)
+            .serve_with_incoming_shutdown(TcpIncoming::from(second), async {
+                let _ = stopped.await;
+            });
+        let task = tokio::spawn(async move {
+            if let Err(e) = served.await {
+                tracing::warn!(error = %e, "the starting port stopped");
+            }
+        });
+        Ok(Starting { phase, stop, task })
+    }
+
+    /// Says what the process is doing now (`replaying the ledger's journal`).
+    pub fn phase(&self, what: impl Into<String>) {
+        let what = what.into();
+        tracing::info!(phase = %what, "starting");
+        *self.phase.lock().unwrap_or_else(|p| p.into_inner()) = what;
+    }
+
+    /// Stops answering (connections made meanwhile are closed gracefully,
+    /// and their clients reconnect to the real server).
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
+}
+
+/// Refuses everything but health with STARTING.
+#[derive(Clone)]
+struct RefuseLayer(std::sync::Arc<std::sync::Mutex<String>>);
+
+impl<S> tower::Layer<S> for RefuseLayer {
+    type Service = Refuse<S>;
+    fn layer(&self, inner: S) -> Refuse<S> {
+        Refuse {
+            inner,
+            phase: self.0.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Refuse<S> {
+    inner: S,
+    phase: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl<S> tower::Service<http::Request<Body>> for Refuse<S>
+where
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, S::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        if req.uri().path().starts_with("/grpc.health.v1.Health/") {
+            return Box::pin(self.inner.call(req));
+        }
+        let phase = self.phase.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let refused = crate::error::status(
+            tonic::Code::Unavailable,
+            switchyard_core::Reason::Starting,
+            format!("the server is starting ({phase}); retry shortly"),
+        );
+        Box::pin(async move { Ok(refused.into_http()) })
+    }
+}
+
 /// Serves only `health` on `addr`, in plaintext, until `shutdown`.
 async fn spawn_health_only(
     addr: &str,
