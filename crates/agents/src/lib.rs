@@ -315,8 +315,8 @@ impl Host for InvocationHost<'_> {
             match spend::reserve(&self.hosted.ledger, req).await {
                 Ok(h) => Ok(h.id().to_owned()),
                 Err(spend::Refusal::Budget { message, .. }) => Err(Refusal::budget(&message, call)),
-                Err(spend::Refusal::Unavailable(m)) => {
-                    Err(Refusal::Unavailable(format!("ledger: {m}")))
+                Err(r @ (spend::Refusal::Unavailable(_) | spend::Refusal::Unreachable(_))) => {
+                    Err(Refusal::Unavailable(r.to_string()))
                 }
             }
         })

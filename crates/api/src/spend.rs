@@ -66,7 +66,7 @@ pub struct HoldRequest {
 }
 
 /// Why nothing was held.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Refusal {
     /// A budget on the chain has not enough left: the work must not run.
     Budget {
@@ -75,8 +75,11 @@ pub enum Refusal {
         /// The ledger's words.
         message: String,
     },
-    /// The ledger could not be asked, or refused for another reason.
+    /// The ledger refused for another reason (not the budget).
     Unavailable(String),
+    /// The ledger could not be reached ([`switchyard_kit::error::is_outage`]):
+    /// nothing was decided, and the same request may be repeated.
+    Unreachable(Status),
 }
 
 impl std::fmt::Display for Refusal {
@@ -86,6 +89,7 @@ impl std::fmt::Display for Refusal {
                 write!(f, "the budget refused the reservation: {message}")
             }
             Refusal::Unavailable(m) => write!(f, "ledger: {m}"),
+            Refusal::Unreachable(s) => write!(f, "ledger unreachable: {}", s.message()),
         }
     }
 }
@@ -118,6 +122,7 @@ pub async fn reserve(ledger: &LedgerClient, r: HoldRequest) -> Result<Hold, Refu
             ledger: ledger.clone(),
             id: res.reservation.unwrap_or_default().reservation_id,
         }),
+        Err(e) if switchyard_kit::error::is_outage(&e) => Err(Refusal::Unreachable(e)),
         Err(e) => {
             let api = ApiError::from(e);
             if api.known_reason() == Some(Reason::BudgetExceeded) {

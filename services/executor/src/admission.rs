@@ -10,6 +10,7 @@ use std::time::Duration;
 use switchyard_core::Reason;
 use switchyard_core::lifecycle::JobState;
 use switchyard_kit::auth::{OnBehalf, Principal};
+use switchyard_kit::error::is_outage;
 use switchyard_proto::approval::v1 as ap;
 use switchyard_proto::common::v1::Money;
 use switchyard_proto::executor::v1::{
@@ -21,10 +22,12 @@ use switchyard_proto::router::v1::{RouteConstraints, RouteRequest, RouteResponse
 use tonic::Status;
 
 use crate::book::Jobs;
+use crate::depend::{Service, Waiter};
 use crate::error::{ExecutorError, upstream};
 use crate::events::{self, JobEvent};
 use crate::formats::{self, FormatError};
 use crate::job::JobEntry;
+use crate::outbox::RunEnd;
 use crate::{Executor, spec};
 
 /// The job a delegated job comes from.
@@ -400,11 +403,18 @@ impl Executor {
 
     /// Gathers what the estimate needs (each agent task's candidates), then
     /// estimates.
-    async fn estimate(&self, spec: &JobSpec) -> Result<Estimate, ExecutorError> {
+    async fn estimate(
+        &self,
+        spec: &JobSpec,
+        waiter: &Waiter<'_>,
+    ) -> Result<Estimate, ExecutorError> {
         let mut routes = HashMap::new();
         for t in &spec.tasks {
             if let Some(Kind::Agent(a)) = &t.kind {
-                let routed = self.route(a).await.map_err(upstream("router"))?;
+                let routed = waiter
+                    .call(Service::Router, || self.route(a))
+                    .await
+                    .map_err(upstream("router"))?;
                 routes.insert(t.id.clone(), routed);
             }
         }
@@ -441,7 +451,11 @@ impl Executor {
         req: ValidateJobRequest,
     ) -> Result<ValidateJobResponse, ExecutorError> {
         let (spec, dag) = self.accept(req.spec, &req.document, HashMap::new())?;
-        let est = self.estimate(&spec).await?;
+        let now = self.inner.book.now();
+        let waiter = self
+            .waiter("", "")
+            .until(Some(now + self.inner.cfg.submit_wait_ms));
+        let est = self.estimate(&spec, &waiter).await?;
         Ok(ValidateJobResponse {
             order: dag
                 .order()
@@ -505,22 +519,41 @@ impl Executor {
         // The budget and the run are made for the submitter, whatever context
         // the caller runs in (a gRPC request, a job driver, an LLM tool).
         let ctx = acting_context(&spec.correlation_id, submitter.clone());
-        let admitted = self.admit(&spec, &hash, &submitter.subject, parent.as_ref());
-        let (budget_id, run, auto) = match switchyard_kit::context::scope(ctx, admitted).await {
-            Ok(x) => x,
+        let until = now + self.inner.cfg.submit_wait_ms;
+        let admitted = self.admit(&spec, &hash, &submitter.subject, parent.as_ref(), until);
+        let traceparent = how.traceparent.unwrap_or_default();
+        let admitted = switchyard_kit::context::scope(ctx, admitted).await;
+        let (g, start) = match admitted {
+            Ok((budget_id, run, auto)) => {
+                let a = Admitted {
+                    budget_id,
+                    run,
+                    auto,
+                    hash,
+                };
+                let mut st = self.inner.book.lock();
+                self.record_submitted(&mut st, &spec, &submitter, traceparent)?;
+                self.record_admitted(&mut st, &spec, a, now)?
+            }
+            // A service it needs is down: the job is accepted and waits in
+            // `pending`; the approval poller admits it once they are back.
+            Err(e) if e.outage().is_some() => {
+                let (service, error) = e.outage().unwrap_or_default();
+                tracing::warn!(job_id = %spec.job_id, service, error, "job accepted to wait for a service");
+                let mut st = self.inner.book.lock();
+                self.record_submitted(&mut st, &spec, &submitter, traceparent)?;
+                let waiting = events::DependencyWaiting {
+                    service: service.to_owned(),
+                    error,
+                };
+                let ev = JobEvent::DependencyWaiting(waiting);
+                (self.inner.book.record(&mut st, &spec.job_id, "", ev), false)
+            }
             Err(e) => {
                 self.inner.book.lock().unclaim(&spec.job_id);
                 return Err(e);
             }
         };
-        let admitted = Admitted {
-            budget_id,
-            run,
-            auto,
-            hash,
-            traceparent: how.traceparent.unwrap_or_default(),
-        };
-        let (g, start) = self.record_admission(&spec, &submitter, admitted, now)?;
         self.inner.book.durable(g).await?;
         if start {
             self.spawn_driver(&spec.job_id);
@@ -543,6 +576,20 @@ impl Executor {
         submitter: &OnBehalf,
         now: u64,
     ) -> Result<Option<SubmitJobResponse>, ExecutorError> {
+        // A finished job is on disk only.
+        let retired = self.inner.book.read(&spec.job_id, |e| {
+            (e.context_hash.clone(), e.job.tenant.clone(), e.job.clone())
+        });
+        if let Ok((h, tenant, job)) = retired {
+            return if h == hash && tenant == submitter.tenant {
+                Ok(Some(SubmitJobResponse {
+                    job: Some(job),
+                    created: false,
+                }))
+            } else {
+                Err(ExecutorError::Exists(spec.job_id.clone()))
+            };
+        }
         let mut st = self.inner.book.lock();
         if let Some(existing) = st.find(&spec.job_id) {
             return if existing.context_hash == hash && existing.job.tenant == submitter.tenant {
@@ -563,33 +610,43 @@ impl Executor {
         Ok(None)
     }
 
-    /// Stores an admitted job and records its admission; returns the last
-    /// event and whether it may start now.
-    fn record_admission(
+    /// Stores an accepted job and records its submission.
+    fn record_submitted(
         &self,
+        st: &mut Jobs,
         spec: &JobSpec,
         submitter: &OnBehalf,
-        a: Admitted,
-        now: u64,
-    ) -> Result<(u64, bool), ExecutorError> {
+        traceparent: String,
+    ) -> Result<u64, ExecutorError> {
         let book = &self.inner.book;
-        let job_id = spec.job_id.as_str();
-        let mut st = book.lock();
-        book.accept(&mut st, spec)?;
+        book.accept(st, spec)?;
         let submitted = events::Submitted {
             format: spec.source_format.clone(),
             tasks: spec.tasks.len() as u64,
             submitted_by: submitter.subject.clone(),
             tenant: submitter.tenant.clone(),
             submitter_kind: submitter.kind.as_str().to_owned(),
-            traceparent: a.traceparent,
+            traceparent,
         };
-        book.record(&mut st, job_id, "", JobEvent::Submitted(submitted));
+        Ok(book.record(st, &spec.job_id, "", JobEvent::Submitted(submitted)))
+    }
+
+    /// Records a job's budget and approval run; returns the last event and
+    /// whether it may start now.
+    fn record_admitted(
+        &self,
+        st: &mut Jobs,
+        spec: &JobSpec,
+        a: Admitted,
+        now: u64,
+    ) -> Result<(u64, bool), ExecutorError> {
+        let book = &self.inner.book;
+        let job_id = spec.job_id.as_str();
         let budget = events::BudgetCreated {
             budget_id: a.budget_id,
             parent_id: self.parent_budget(spec),
         };
-        book.record(&mut st, job_id, "", JobEvent::BudgetCreated(budget));
+        book.record(st, job_id, "", JobEvent::BudgetCreated(budget));
         let est = a.run.cost_estimate.unwrap_or_default();
         let requested = events::ApprovalRequested {
             run_id: a.run.run_id.clone(),
@@ -600,11 +657,103 @@ impl Executor {
             max_tokens: a.run.max_tokens,
             skip_policies: spec.approval.as_ref().is_some_and(|a| a.requires_approval),
         };
-        let g = book.record(&mut st, job_id, "", JobEvent::ApprovalRequested(requested));
+        let g = book.record(st, job_id, "", JobEvent::ApprovalRequested(requested));
         match a.auto {
-            Some(by) => self.approved(&mut st, job_id, &by, now),
+            Some(by) => self.approved(st, job_id, &by, now),
             None => Ok((g, false)),
         }
+    }
+
+    /// Admits a job that was accepted while a service it needs was down:
+    /// one try; still down, it goes on waiting (and `Ok(false)` tells the
+    /// poller to leave the others for the next round).
+    async fn readmit(&self, job_id: &str, now: u64) -> Result<bool, ExecutorError> {
+        let book = &self.inner.book;
+        let (spec, hash, submitter, parent_id) = {
+            let st = book.lock();
+            let e = st.get(job_id)?;
+            let parent_id = e
+                .spec()
+                .delegation
+                .as_ref()
+                .map(|d| d.parent_job_id.clone())
+                .unwrap_or_default();
+            let hash = spec::context_hash(e.spec());
+            (e.spec().clone(), hash, e.submitter(), parent_id)
+        };
+        let parent = if parent_id.is_empty() {
+            None
+        } else {
+            let st = book.lock();
+            match st.find(&parent_id) {
+                Some(p) if p.state() == JobState::Active => Some(Parent {
+                    run_id: p.job.run_id.clone(),
+                    budget_id: p.job.budget_id.clone(),
+                    submitter: p.submitter(),
+                }),
+                _ => None,
+            }
+        };
+        let admitted = if !parent_id.is_empty() && parent.is_none() {
+            Err(ExecutorError::ParentNotActive {
+                parent: parent_id,
+                state: "finished".into(),
+            })
+        } else {
+            let ctx = acting_context(&spec.correlation_id, submitter.clone());
+            let admit = self.admit(&spec, &hash, &submitter.subject, parent.as_ref(), now);
+            switchyard_kit::context::scope(ctx, admit).await
+        };
+        let (g, start) = {
+            let mut st = book.lock();
+            if st
+                .find(job_id)
+                .is_none_or(|e| e.state() != JobState::Pending)
+            {
+                // Cancelled meanwhile.
+                return Ok(true);
+            }
+            match admitted {
+                Ok((budget_id, run, auto)) => {
+                    let waited_ms = now.saturating_sub(
+                        st.get(job_id)?
+                            .job
+                            .created_at
+                            .as_ref()
+                            .map_or(now, switchyard_kit::time::timestamp_ms),
+                    );
+                    let recovered = events::DependencyRecovered {
+                        service: String::new(),
+                        waited_ms,
+                    };
+                    book.record(
+                        &mut st,
+                        job_id,
+                        "",
+                        JobEvent::DependencyRecovered(recovered),
+                    );
+                    let a = Admitted {
+                        budget_id,
+                        run,
+                        auto,
+                        hash,
+                    };
+                    self.record_admitted(&mut st, &spec, a, now)?
+                }
+                Err(e) if e.outage().is_some() => return Ok(false),
+                Err(e) => {
+                    let why = format!("the job could not be admitted: {e}");
+                    tracing::warn!(job_id, error = %e, "admitting a waiting job failed");
+                    let reason = e.into_reason();
+                    (book.cancel_idle(&mut st, job_id, reason, &why)?, false)
+                }
+            }
+        };
+        book.durable(g).await?;
+        if start {
+            self.spawn_driver(job_id);
+        }
+        Ok(true)
     }
 
     /// Delegation (seed 000 §2.3): a job naming a parent is accepted only
@@ -618,13 +767,22 @@ impl Executor {
         else {
             return Ok(None);
         };
-        let st = self.inner.book.lock();
+        let book = &self.inner.book;
+        let st = book.lock();
         let Some(p) = st.find(&d.parent_job_id) else {
-            return Err(ExecutorError::Invalid(FormatError::one(
-                Reason::JobNotFound,
-                "delegation.parent_job_id",
-                format!("parent job {:?} does not exist", d.parent_job_id),
-            )));
+            drop(st);
+            // Finished parents are on disk only.
+            return Err(match book.read(&d.parent_job_id, |e| e.state()) {
+                Ok(state) => ExecutorError::ParentNotActive {
+                    parent: d.parent_job_id.clone(),
+                    state: state.as_str().to_owned(),
+                },
+                Err(_) => ExecutorError::Invalid(FormatError::one(
+                    Reason::JobNotFound,
+                    "delegation.parent_job_id",
+                    format!("parent job {:?} does not exist", d.parent_job_id),
+                )),
+            });
         };
         if p.state() != JobState::Active {
             return Err(ExecutorError::ParentNotActive {
@@ -690,50 +848,66 @@ impl Executor {
         Ok((g, to == JobState::Available))
     }
 
-    /// Creates the job's budget and proposes its approval run, both at once.
-    /// Both are idempotent, so a client retrying the same job id repeats
-    /// them safely.
+    /// Creates the job's budget and proposes its approval run, both at once,
+    /// waiting for an unreachable service until `until_ms`. Both are
+    /// idempotent, so a client retrying the same job id (or a job admitted
+    /// after waiting) repeats them safely.
     async fn admit(
         &self,
         spec: &JobSpec,
         hash: &str,
         submitted_by: &str,
         parent: Option<&Parent>,
+        until_ms: u64,
     ) -> Result<(String, ap::Run, Option<String>), ExecutorError> {
-        let est = self.estimate(spec).await?;
+        let waiter = self.waiter("", "").until(Some(until_ms));
+        let est = self.estimate(spec, &waiter).await?;
         let budget_id = format!("job-{}", spec.job_id);
-        let mut limits = self.budget_limits(spec, parent).await?;
+        let mut limits = self.budget_limits(spec, parent, &waiter).await?;
         if let Some(cap) = est.token_cap() {
             limits.token_budget = Some(limits.token_budget.map_or(cap, |t| t.min(cap)));
         }
         let run = proposal(spec, &est, hash, submitted_by, &self.inner.cfg.default_org);
         let clients = &self.inner.clients;
-        let budget = clients.ledger.create_budget(CreateBudgetRequest {
+        let create = CreateBudgetRequest {
             budget_id: budget_id.clone(),
             parent_id: self.parent_budget(spec),
             token_limit: limits.token_budget,
             cost_limit: limits.cost_limit,
             labels: HashMap::from([("job_id".to_owned(), spec.job_id.clone())]),
+        };
+        let budget = waiter.call(Service::Ledger, || {
+            clients.ledger.create_budget(create.clone())
         });
         let approval = spec.approval.clone().unwrap_or_default();
-        let propose = clients.approval.propose(ap::ProposeRequest {
+        let propose = ap::ProposeRequest {
             run: Some(run),
             skip_policies: approval.requires_approval,
             approved_under: parent.map(|p| p.run_id.clone()).unwrap_or_default(),
+        };
+        let propose = waiter.call(Service::Approval, || {
+            clients.approval.propose(propose.clone())
         });
         let (budget, out) = tokio::join!(budget, propose);
-        if let Err(e) = budget {
-            // No job: withdraw the proposal made alongside.
-            if let Ok(p) = &out {
-                let run_id = p.run.as_ref().map(|r| r.run_id.clone()).unwrap_or_default();
-                let why = "the job was not accepted: its budget could not be created";
-                self.cancel_run_by_id(run_id, why, None).await;
+        match (budget, out) {
+            (Ok(_), Ok(out)) => {
+                let by = approved_by(&out);
+                Ok((budget_id, out.run.unwrap_or_default(), by))
             }
-            return Err(upstream("ledger")(e));
+            // Down: the job waits, and both are made again when it is back.
+            (Err(e), _) if is_outage(&e) => Err(upstream("ledger")(e)),
+            (_, Err(e)) if is_outage(&e) => Err(upstream("approval")(e)),
+            (Err(e), out) => {
+                // Refused: no job, so the proposal made alongside is withdrawn.
+                if let Ok(p) = out {
+                    let run_id = p.run.map(|r| r.run_id).unwrap_or_default();
+                    let why = "the job was not accepted: its budget could not be created";
+                    self.cancel_run_by_id(run_id, why, None).await;
+                }
+                Err(upstream("ledger")(e))
+            }
+            (Ok(_), Err(e)) => Err(upstream("approval")(e)),
         }
-        let out = out.map_err(upstream("approval"))?;
-        let by = approved_by(&out);
-        Ok((budget_id, out.run.unwrap_or_default(), by))
     }
 
     /// The job budget's limits: the job's own, and for a child job no more
@@ -743,18 +917,18 @@ impl Executor {
         &self,
         spec: &JobSpec,
         parent: Option<&Parent>,
+        waiter: &Waiter<'_>,
     ) -> Result<switchyard_proto::executor::v1::JobBudget, ExecutorError> {
         let mut b = spec.budget.clone().unwrap_or_default();
         let Some(p) = parent else {
             return Ok(b);
         };
-        let left = self
-            .inner
-            .clients
-            .ledger
-            .get_budget(switchyard_proto::ledger::v1::GetBudgetRequest {
-                budget_id: p.budget_id.clone(),
-            })
+        let ledger = &self.inner.clients.ledger;
+        let get = switchyard_proto::ledger::v1::GetBudgetRequest {
+            budget_id: p.budget_id.clone(),
+        };
+        let left = waiter
+            .call(Service::Ledger, || ledger.get_budget(get.clone()))
             .await
             .map_err(upstream("ledger"))?
             .budget
@@ -774,24 +948,31 @@ impl Executor {
     /// Checks pending jobs' runs and starts scheduled jobs that are due.
     pub(crate) async fn poll_approvals(&self) -> Result<(), ExecutorError> {
         let now = self.inner.book.now();
-        let (pending, due) = {
+        let (pending, due, unadmitted) = {
             let st = self.inner.book.lock();
-            let (mut pending, mut due) = (Vec::new(), Vec::new());
+            let (mut pending, mut due, mut unadmitted) = (Vec::new(), Vec::new(), Vec::new());
             for e in st.waiting.iter().filter_map(|id| st.find(id)) {
                 match e.state() {
                     JobState::Pending if !e.job.run_id.is_empty() => {
                         pending.push((e.id().to_owned(), e.job.run_id.clone()))
                     }
+                    JobState::Pending => unadmitted.push(e.id().to_owned()),
                     JobState::Scheduled if after_approval(e.spec(), now) == JobState::Available => {
                         due.push(e.id().to_owned())
                     }
                     _ => {}
                 }
             }
-            (pending, due)
+            (pending, due, unadmitted)
         };
         for id in due {
             self.start_scheduled(&id).await?;
+        }
+        for id in unadmitted {
+            if !self.readmit(&id, now).await? {
+                // Still down: the others wait for the next round.
+                break;
+            }
         }
         for (job_id, run_id) in pending {
             self.check_run(&job_id, run_id, now).await?;
@@ -863,17 +1044,18 @@ impl Executor {
             ap::RunStatus::Rejected | ap::RunStatus::Cancelled => {
                 let by = self.decider(&run).await;
                 let why = format!("approval run {} was {word}", run.run_id);
-                let g = {
+                let (g, intents) = {
                     let mut st = book.lock();
                     if !still_pending(&st) {
                         return Ok(());
                     }
                     let decided = events::ApprovalDecided { status: word, by };
                     book.record(&mut st, job_id, "", JobEvent::ApprovalDecided(decided));
-                    book.cancel_idle(&mut st, job_id, Reason::ApprovalRejected, &why)?
+                    let g = book.cancel_idle(&mut st, job_id, Reason::ApprovalRejected, &why)?;
+                    (g, self.intend(&st, job_id, RunEnd::Ended)?)
                 };
                 book.durable(g).await?;
-                self.close_budget(job_id).await;
+                self.deliver_now(intents).await;
             }
             _ => {}
         }
@@ -919,7 +1101,6 @@ struct Admitted {
     /// Who approved it already, if anyone.
     auto: Option<String>,
     hash: String,
-    traceparent: String,
 }
 
 /// The submitter: the caller, else (a service delegating) the parent's.

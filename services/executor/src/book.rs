@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use switchyard_core::Clock;
 use switchyard_core::Reason;
@@ -81,8 +82,6 @@ pub(crate) struct Control {
 #[derive(Default)]
 pub(crate) struct Jobs {
     jobs: HashMap<String, JobEntry>,
-    /// Jobs by creation (ms, id), for listing newest first.
-    order: BTreeSet<(u64, String)>,
     /// Drivers running, by job id.
     pub(crate) drivers: HashMap<String, Arc<Control>>,
     /// Jobs with events not yet known durable.
@@ -149,8 +148,18 @@ pub(crate) struct JobBook {
     store: Store,
     clock: Arc<dyn Clock>,
     events: Log<Event>,
+    /// Every job by id: a running job's spec and creation time; a finished
+    /// (retired) job's final record, its outputs stripped.
     specs: Tree<Job>,
     outputs: Tree<TaskStatus>,
+    /// Jobs not yet retired (start-up loads only these).
+    live: Tree<Mark>,
+    /// Every job by `{created ms:016x}/{id}`, for listing newest first.
+    by_time: Tree<Mark>,
+    /// A retired job's event positions in the log.
+    index: Tree<Positions>,
+    /// The layout version and the replay checkpoint.
+    meta: Tree<Meta>,
     jobs: Mutex<Jobs>,
     shutdown: Shutdown,
     /// Bumped whenever a job finishes (for waiters such as CancelJob).
@@ -160,18 +169,48 @@ pub(crate) struct JobBook {
 }
 
 impl JobBook {
-    /// Opens the book on `store`, replaying its event log.
+    /// Opens the book on `store`: loads the jobs not yet retired and
+    /// replays the log from the checkpoint (a data directory of the first
+    /// layout is replayed whole once, and its finished jobs retired).
     pub(crate) fn open(
         store: &Store,
         clock: Arc<dyn Clock>,
         shutdown: Shutdown,
     ) -> Result<JobBook, ExecutorError> {
-        let events = store.log::<Event>("events")?;
-        let specs = store.tree::<Job>("jobs")?;
-        let outputs = store.tree::<TaskStatus>("outputs")?;
+        let book = JobBook {
+            store: store.clone(),
+            clock,
+            events: store.log::<Event>("events")?,
+            specs: store.tree::<Job>("jobs")?,
+            outputs: store.tree::<TaskStatus>("outputs")?,
+            live: store.tree::<Mark>("live")?,
+            by_time: store.tree::<Mark>("by_time")?,
+            index: store.tree::<Positions>("index")?,
+            meta: store.tree::<Meta>("meta")?,
+            jobs: Mutex::new(Jobs::default()),
+            shutdown,
+            finished: tokio::sync::watch::channel(0).0,
+            flush_wanted: tokio::sync::Notify::new(),
+        };
+        let layout = book.meta.get(LAYOUT)?.map_or(1, |m| m.value);
+        let first_layout = layout < 2 && !book.specs.is_empty();
+        let started = Instant::now();
         let mut st = Jobs::default();
-        for r in specs.iter() {
-            let (id, job) = r?;
+        let ids: Vec<String> = if first_layout {
+            book.specs
+                .iter()
+                .map(|r| r.map(|(id, _)| id))
+                .collect::<Result<_, _>>()?
+        } else {
+            book.live
+                .iter()
+                .map(|r| r.map(|(id, _)| id))
+                .collect::<Result<_, _>>()?
+        };
+        for id in ids {
+            let Some(job) = book.specs.get(&id)? else {
+                continue;
+            };
             let Some(spec) = job.spec.clone() else {
                 continue;
             };
@@ -179,28 +218,16 @@ impl JobBook {
             // rebuilt, so a later config change (say, a shorter allowlist)
             // cannot stop accepted jobs from loading.
             let dag = crate::spec::dag(&spec).map_err(ExecutorError::Invalid)?;
-            let created = job
-                .created_at
-                .as_ref()
-                .map_or(0, switchyard_kit::time::timestamp_ms);
-            let mut entry = JobEntry::new(spec, dag, created);
+            let mut entry = JobEntry::new(spec, dag, created_ms(&job));
             entry.job.created_at = job.created_at;
-            st.order.insert((created, id.clone()));
             st.jobs.insert(id, entry);
         }
-        for r in events.replay() {
-            let (g, ev) = r?;
-            let Some(entry) = st.jobs.get_mut(&ev.job_id) else {
-                continue;
-            };
-            let Some(typed) = JobEvent::decode(&ev.kind, ev.data.as_ref())? else {
-                continue;
-            };
-            // Outputs are read only for the events that store them.
-            let stored = |task: &str| outputs.get(&output_key(&ev.job_id, task)).ok().flatten();
-            entry.apply(&ev, &typed, stored);
-            entry.events.push(g);
-        }
+        let after = if first_layout {
+            0
+        } else {
+            book.meta.get(CHECKPOINT)?.map_or(0, |m| m.value)
+        };
+        let (replayed, applied) = book.replay(&mut st, after)?;
         for e in st.jobs.values_mut() {
             e.durable_to.send_replace(e.job.last_sequence);
         }
@@ -208,17 +235,205 @@ impl JobBook {
             .in_states(&[JobState::Pending, JobState::Scheduled])
             .into_iter()
             .collect();
-        Ok(JobBook {
-            store: store.clone(),
-            clock,
-            events,
-            specs,
-            outputs,
-            jobs: Mutex::new(st),
-            shutdown,
-            finished: tokio::sync::watch::channel(0).0,
-            flush_wanted: tokio::sync::Notify::new(),
-        })
+        if first_layout {
+            book.upgrade(&mut st)?;
+        }
+        tracing::info!(
+            jobs = st.jobs.len(),
+            replayed,
+            applied,
+            after,
+            ms = started.elapsed().as_millis() as u64,
+            "job book open"
+        );
+        *book.lock() = st;
+        book.checkpoint()?;
+        Ok(book)
+    }
+
+    /// Applies the log's records after `after` to the jobs loaded;
+    /// returns how many it read and how many it applied.
+    fn replay(&self, st: &mut Jobs, after: u64) -> Result<(u64, u64), ExecutorError> {
+        let (mut read, mut applied) = (0u64, 0u64);
+        let mut told = Instant::now();
+        for r in self.events.replay_after(after) {
+            let (g, ev) = r?;
+            read += 1;
+            if told.elapsed() >= Duration::from_secs(2) {
+                told = Instant::now();
+                tracing::info!(
+                    read,
+                    at = g,
+                    last = self.events.last(),
+                    "replaying job events"
+                );
+            }
+            let Some(entry) = st.jobs.get_mut(&ev.job_id) else {
+                continue;
+            };
+            let Some(typed) = JobEvent::decode(&ev.kind, ev.data.as_ref())? else {
+                continue;
+            };
+            // Outputs are read only for the events that store them.
+            let outputs = &self.outputs;
+            let stored = |task: &str| outputs.get(&output_key(&ev.job_id, task)).ok().flatten();
+            entry.apply(&ev, &typed, stored);
+            entry.events.push(g);
+            applied += 1;
+        }
+        Ok((read, applied))
+    }
+
+    /// Moves a data directory of the first layout to this one: every job
+    /// indexed by time, the finished ones retired.
+    fn upgrade(&self, st: &mut Jobs) -> Result<(), ExecutorError> {
+        let ids: Vec<String> = st.jobs.keys().cloned().collect();
+        for id in ids {
+            let created = st.jobs.get(&id).map_or(0, |e| created_ms(&e.job));
+            self.by_time.put(&time_key(created, &id), &Mark {})?;
+            self.live.put(&id, &Mark {})?;
+            if st.jobs.get(&id).is_some_and(|e| e.state().is_terminal()) {
+                self.retire(st, &id)?;
+            }
+        }
+        self.meta.put(LAYOUT, &Meta { value: 2 })?;
+        self.store.flush_blocking()?;
+        tracing::info!("job book upgraded: finished jobs are read from disk on demand");
+        Ok(())
+    }
+
+    /// Moves a finished job out of memory: its final record, without its
+    /// outputs (kept apart), and where its events are, go to disk.
+    fn retire(&self, st: &mut Jobs, id: &str) -> Result<(), ExecutorError> {
+        let Some(e) = st.jobs.get(id) else {
+            return Ok(());
+        };
+        let mut job = e.job.clone();
+        for t in &mut job.tasks {
+            t.stdout.clear();
+            t.stderr.clear();
+            t.output = None;
+        }
+        self.specs.put(id, &job)?;
+        let positions = Positions {
+            positions: e.events.clone(),
+        };
+        self.index.put(id, &positions)?;
+        self.live.remove(id)?;
+        st.jobs.remove(id);
+        st.waiting.remove(id);
+        st.dirty.remove(id);
+        Ok(())
+    }
+
+    /// Retires job `id` once it is final, durable and no driver runs it.
+    pub(crate) fn retire_if_done(&self, id: &str) {
+        let mut st = self.lock();
+        let done = st.jobs.get(id).is_some_and(|e| {
+            e.state().is_terminal() && *e.durable_to.borrow() >= e.job.last_sequence
+        }) && !st.drivers.contains_key(id);
+        if done && let Err(e) = self.retire(&mut st, id) {
+            tracing::warn!(job_id = id, error = %e, "retiring a finished job; it stays in memory");
+        }
+    }
+
+    /// A retired job, rebuilt from disk (`None`: no such job).
+    fn load_retired(&self, id: &str) -> Result<Option<JobEntry>, ExecutorError> {
+        let Some(job) = self.specs.get(id)? else {
+            return Ok(None);
+        };
+        let Some(spec) = job.spec.clone() else {
+            return Ok(None);
+        };
+        let dag = crate::spec::dag(&spec).map_err(ExecutorError::Invalid)?;
+        let mut e = JobEntry::new(spec, dag, created_ms(&job));
+        e.context_hash = crate::spec::context_hash(e.spec());
+        e.job = job;
+        for i in 0..e.job.tasks.len() {
+            let key = output_key(id, &e.job.tasks[i].task_id);
+            if let Some(stored) = self.outputs.get(&key)? {
+                e.keep_outputs(i, stored);
+            }
+        }
+        e.events = self.index.get(id)?.unwrap_or_default().positions;
+        e.durable_to.send_replace(e.job.last_sequence);
+        Ok(Some(e))
+    }
+
+    /// `f` of job `id`: from memory while it runs, else from disk.
+    pub(crate) fn read<R>(
+        &self,
+        id: &str,
+        f: impl FnOnce(&JobEntry) -> R,
+    ) -> Result<R, ExecutorError> {
+        {
+            let st = self.lock();
+            if let Some(e) = st.find(id) {
+                return Ok(f(e));
+            }
+        }
+        match self.load_retired(id)? {
+            Some(e) => Ok(f(&e)),
+            None => Err(ExecutorError::NotFound(id.into())),
+        }
+    }
+
+    /// Records where replay may start: before the first event of every job
+    /// not yet retired. (A job that starts later has later events, so an
+    /// old checkpoint is only slower, never wrong.)
+    pub(crate) fn checkpoint(&self) -> Result<u64, ExecutorError> {
+        let at = {
+            let st = self.lock();
+            let first = st.jobs.values().filter_map(|e| e.events.first()).min();
+            first.map_or(self.events.last(), |f| f - 1)
+        };
+        self.meta.put(CHECKPOINT, &Meta { value: at })?;
+        Ok(at)
+    }
+
+    /// Removes the jobs that finished before `cutoff_ms` (their record,
+    /// outputs and events); nothing of a job not yet retired is touched.
+    /// Returns how many jobs and log records went.
+    pub(crate) async fn prune(&self, cutoff_ms: u64) -> Result<(u64, u64), ExecutorError> {
+        let mut keep_from = {
+            let st = self.lock();
+            let first = st.jobs.values().filter_map(|e| e.events.first()).min();
+            first.copied().unwrap_or(self.events.last() + 1)
+        };
+        let mut jobs = 0;
+        for r in self.by_time.iter() {
+            let (key, _) = r?;
+            let id = key.split_once('/').map_or(key.as_str(), |(_, id)| id);
+            if self.lock().find(id).is_some() {
+                continue;
+            }
+            let finished = self.specs.get(id)?.and_then(|j| {
+                j.finished_at
+                    .as_ref()
+                    .map(switchyard_kit::time::timestamp_ms)
+            });
+            match finished {
+                Some(at) if at < cutoff_ms => {
+                    self.specs.remove(id)?;
+                    self.index.remove(id)?;
+                    self.outputs.remove_prefix(&format!("{id}/"))?;
+                    self.by_time.remove(&key)?;
+                    jobs += 1;
+                }
+                Some(_) => {
+                    let index = self.index.get(id)?.unwrap_or_default();
+                    if let Some(&f) = index.positions.first() {
+                        keep_from = keep_from.min(f);
+                    }
+                }
+                // Accepted a moment ago, not yet in memory here: keep.
+                None => {}
+            }
+        }
+        let records = self.events.prune_before(keep_from)?;
+        self.checkpoint()?;
+        self.store.sync().await?;
+        Ok((jobs, records))
     }
 
     /// Flushes storage (shutdown).
@@ -251,6 +466,10 @@ impl JobBook {
 
     /// Stores an accepted job's spec and lists it (it was claimed).
     pub(crate) fn accept(&self, st: &mut Jobs, spec: &JobSpec) -> Result<(), ExecutorError> {
+        if self.specs.get(&spec.job_id)?.is_some() {
+            // Retired (it is not in memory): the id is taken.
+            return Err(ExecutorError::Exists(spec.job_id.clone()));
+        }
         let entry = st.get(&spec.job_id)?;
         let created_at = entry.job.created_at;
         let created = created_at
@@ -262,7 +481,9 @@ impl JobBook {
             ..Default::default()
         };
         self.specs.put(&spec.job_id, &stored)?;
-        st.order.insert((created, spec.job_id.clone()));
+        self.live.put(&spec.job_id, &Mark {})?;
+        self.by_time
+            .put(&time_key(created, &spec.job_id), &Mark {})?;
         Ok(())
     }
 
@@ -455,6 +676,7 @@ impl JobBook {
         let upto = self.events.durable();
         let mut st = self.lock();
         let st = &mut *st;
+        let mut retire = Vec::new();
         st.dirty.retain(|id| {
             let Some(e) = st.jobs.get_mut(id) else {
                 return false;
@@ -469,9 +691,17 @@ impl JobBook {
             if all && finished(e.state()) {
                 // Watchers of a finished job read the log.
                 e.cache = Vec::new();
+                if e.state().is_terminal() && !st.drivers.contains_key(id) {
+                    retire.push(id.clone());
+                }
             }
             !all
         });
+        for id in retire {
+            if let Err(e) = self.retire(st, &id) {
+                tracing::warn!(job_id = %id, error = %e, "retiring a finished job; it stays in memory");
+            }
+        }
         Ok(())
     }
 
@@ -479,92 +709,77 @@ impl JobBook {
 
     /// A job as it is now.
     pub(crate) fn job(&self, job_id: &str) -> Result<Job, ExecutorError> {
-        Ok(self.lock().get(job_id)?.job.clone())
+        self.read(job_id, |e| e.job.clone())
     }
 
     /// JOB_NOT_FOUND unless `p` may see job `job_id`: its tenant's jobs, and
     /// for submitters and agents only their own.
     pub(crate) fn visible(&self, p: &Principal, job_id: &str) -> Result<(), ExecutorError> {
-        match self.lock().find(job_id) {
-            Some(e) if p.may_see(&e.job.tenant, &e.job.submitted_by) => Ok(()),
+        match self.read(job_id, |e| p.may_see(&e.job.tenant, &e.job.submitted_by)) {
+            Ok(true) => Ok(()),
             _ => Err(ExecutorError::NotFound(job_id.into())),
         }
     }
 
-    /// ListJobs: newest first, filtered, paginated by job id.
-    pub(crate) fn list_for(&self, req: &ListJobsRequest, p: &Principal) -> ListJobsResponse {
+    /// ListJobs: newest first, filtered, paginated by job id. Running jobs
+    /// are read from memory, finished ones from disk.
+    pub(crate) fn list_for(
+        &self,
+        req: &ListJobsRequest,
+        p: &Principal,
+    ) -> Result<ListJobsResponse, ExecutorError> {
         let size = switchyard_core::validate::page_size(req.page_size);
-        let st = self.lock();
-        let wanted = |e: &JobEntry| {
-            p.may_see(&e.job.tenant, &e.job.submitted_by)
-                && (req.states.is_empty() || req.states.contains(&e.job.state))
-                && (req.plan_id.is_empty() || e.spec().plan_id == req.plan_id)
-                && (req.correlation_id.is_empty() || e.spec().correlation_id == req.correlation_id)
+        let wanted = |j: &Job| {
+            let spec = j.spec.as_ref();
+            let of = |f: fn(&JobSpec) -> &str| spec.map_or("", f);
+            p.may_see(&j.tenant, &j.submitted_by)
+                && (req.states.is_empty() || req.states.contains(&j.state))
+                && (req.plan_id.is_empty() || of(|s| &s.plan_id) == req.plan_id)
+                && (req.correlation_id.is_empty()
+                    || of(|s| &s.correlation_id) == req.correlation_id)
         };
-        let newest_first = st.order.iter().rev().map(|(_, id)| id);
-        let after_token = newest_first
-            .skip_while(|id| !req.page_token.is_empty() && **id != req.page_token)
-            .skip(usize::from(!req.page_token.is_empty()));
+        let before = if req.page_token.is_empty() {
+            None
+        } else {
+            let created = self.read(&req.page_token, |e| created_ms(&e.job))?;
+            Some(time_key(created, &req.page_token))
+        };
         let mut jobs = Vec::new();
         let mut next = String::new();
-        for e in after_token
-            .filter_map(|id| st.jobs.get(id))
-            .filter(|e| wanted(e))
-        {
+        for r in self.by_time.iter_rev_before(before.as_deref()) {
+            let (key, _) = r?;
+            let id = key.split_once('/').map_or(key.as_str(), |(_, id)| id);
+            let live = self.lock().find(id).map(|e| e.job.clone());
+            let Some(mut j) = live.or(self.specs.get(id)?) else {
+                continue;
+            };
+            if !wanted(&j) {
+                continue;
+            }
             if jobs.len() == size {
                 next = jobs.last().map_or(String::new(), |j: &Job| {
                     j.spec.as_ref().map_or(String::new(), |s| s.job_id.clone())
                 });
                 break;
             }
-            let mut j = e.job.clone();
             strip_outputs(&mut j);
             jobs.push(j);
         }
-        ListJobsResponse {
+        Ok(ListJobsResponse {
             jobs,
             next_page_token: next,
-        }
+        })
     }
 
     /// GetResult: the outputs of the job's sink tasks (no dependents), by task id.
     pub(crate) fn result(&self, job_id: &str) -> Result<GetResultResponse, ExecutorError> {
-        let st = self.lock();
-        let e = st.get(job_id)?;
-        let mut result = serde_json::Map::new();
-        for (i, t) in e.spec().tasks.iter().enumerate() {
-            if e.dag.dependents(i).is_empty()
-                && let Some(out) = e.output_of(&t.id)
-            {
-                result.insert(t.id.clone(), out);
-            }
-        }
-        let j = &e.job;
-        let ms =
-            |t: &Option<prost_types::Timestamp>| t.as_ref().map(switchyard_kit::time::timestamp_ms);
-        let execution_time_ms = match (ms(&j.started_at), ms(&j.finished_at)) {
-            (Some(a), Some(b)) => b.saturating_sub(a),
-            (Some(a), None) => self.now().saturating_sub(a),
-            _ => 0,
-        };
-        Ok(GetResultResponse {
-            job_id: job_id.to_owned(),
-            state: j.state,
-            result: Some(switchyard_kit::json::json_to_value(
-                &serde_json::Value::Object(result),
-            )),
-            tasks: j.tasks.clone(),
-            cost: j.cost_so_far,
-            tokens_used: j.tokens_used,
-            execution_time_ms,
-            reason: j.reason.clone(),
-            error: j.error.clone(),
-        })
+        let now = self.now();
+        self.read(job_id, |e| result_of(e, now))
     }
 
-    /// Follows how far `job_id`'s events are durable.
+    /// Follows how far `job_id`'s events are durable (a retired job's are all).
     fn durable_to(&self, job_id: &str) -> Result<tokio::sync::watch::Receiver<u64>, ExecutorError> {
-        Ok(self.lock().get(job_id)?.durable_to.subscribe())
+        self.read(job_id, |e| e.durable_to.subscribe())
     }
 
     /// Waits, without polling, until `job_id` has finished and its final
@@ -576,16 +791,19 @@ impl JobBook {
     ) -> Result<Option<JobState>, ExecutorError> {
         let mut durable = self.durable_to(job_id)?;
         loop {
-            {
-                let st = self.lock();
-                let e = st.get(job_id)?;
+            let state = self.read(job_id, |e| {
                 let state = e.state();
-                if finished(state) && *durable.borrow_and_update() >= e.job.last_sequence {
-                    return Ok(Some(state));
-                }
+                (finished(state) && *durable.borrow_and_update() >= e.job.last_sequence)
+                    .then_some(state)
+            })?;
+            if state.is_some() {
+                return Ok(state);
             }
             tokio::select! {
-                changed = durable.changed() => if changed.is_err() { return Ok(None) },
+                changed = durable.changed() => if changed.is_err() {
+                    // Retired meanwhile: it finished, and disk says how.
+                    return Ok(Some(self.read(job_id, JobEntry::state)?));
+                },
                 _ = self.shutdown.wait() => return Ok(None),
             }
         }
@@ -607,13 +825,10 @@ impl JobBook {
             let mut sent = after;
             loop {
                 let upto = *durable.borrow_and_update();
-                let Some((batch, end)) = book.durable_events(&id, sent, upto) else {
-                    return;
-                };
-                let batch = match batch {
-                    Ok(b) => b,
+                let (batch, end) = match book.durable_events(&id, sent, upto) {
+                    Ok(x) => x,
                     Err(e) => {
-                        let _ = tx.send(Err(Status::internal(e.to_string()))).await;
+                        let _ = tx.send(Err(Status::from(e))).await;
                         return;
                     }
                 };
@@ -627,7 +842,10 @@ impl JobBook {
                     return;
                 }
                 tokio::select! {
-                    changed = durable.changed() => if changed.is_err() { return },
+                    // Retired meanwhile: the next round reads the rest from disk.
+                    changed = durable.changed() => if changed.is_err() {
+                        durable = tokio::sync::watch::channel(u64::MAX).1;
+                    },
                     _ = book.shutdown.wait() => return,
                 }
             }
@@ -635,19 +853,17 @@ impl JobBook {
         Ok(rx)
     }
 
-    /// `job_id`'s events with sequences in `(after, upto]`, in order, and
-    /// whether they include its final one. `None` when the job is gone.
-    #[allow(clippy::type_complexity)]
+    /// `job_id`'s durable events with sequences in `(after, upto]`, in
+    /// order, and whether they include its final one.
     fn durable_events(
         &self,
         job_id: &str,
         after: u64,
         upto: u64,
-    ) -> Option<(Result<Vec<Event>, ExecutorError>, bool)> {
-        // Under the lock: cached events, or the log positions of the rest.
-        let (cached, from_log, end) = {
-            let st = self.lock();
-            let e = st.find(job_id)?;
+    ) -> Result<(Vec<Event>, bool), ExecutorError> {
+        // Cached events, or the log positions of the rest.
+        let (cached, from_log, end) = self.read(job_id, |e| {
+            let upto = upto.min(*e.durable_to.borrow());
             let mut cached = Vec::new();
             let mut from_log = Vec::new();
             for seq in after + 1..=upto {
@@ -659,18 +875,84 @@ impl JobBook {
             // The final state is a job's last event.
             let end = finished(e.state()) && upto >= e.job.last_sequence;
             (cached, from_log, end)
-        };
+        })?;
         let mut batch = Vec::with_capacity(cached.len() + from_log.len());
         for g in from_log {
-            match self.events.read(g - 1, g, 1) {
-                Ok(mut r) => batch.extend(r.pop().map(|(_, ev)| ev)),
-                Err(e) => return Some((Err(e.into()), true)),
-            }
+            let mut r = self.events.read(g - 1, g, 1)?;
+            batch.extend(r.pop().map(|(_, ev)| ev));
         }
         batch.extend(cached);
         batch.sort_by_key(|e| e.sequence);
-        Some((Ok(batch), end))
+        Ok((batch, end))
     }
+}
+
+/// GetResult of job `e` at `now`.
+fn result_of(e: &JobEntry, now: u64) -> GetResultResponse {
+    let mut result = serde_json::Map::new();
+    for (i, t) in e.spec().tasks.iter().enumerate() {
+        if e.dag.dependents(i).is_empty()
+            && let Some(out) = e.output_of(&t.id)
+        {
+            result.insert(t.id.clone(), out);
+        }
+    }
+    let j = &e.job;
+    let ms =
+        |t: &Option<prost_types::Timestamp>| t.as_ref().map(switchyard_kit::time::timestamp_ms);
+    let execution_time_ms = match (ms(&j.started_at), ms(&j.finished_at)) {
+        (Some(a), Some(b)) => b.saturating_sub(a),
+        (Some(a), None) => now.saturating_sub(a),
+        _ => 0,
+    };
+    GetResultResponse {
+        job_id: e.id().to_owned(),
+        state: j.state,
+        result: Some(switchyard_kit::json::json_to_value(
+            &serde_json::Value::Object(result),
+        )),
+        tasks: j.tasks.clone(),
+        cost: j.cost_so_far,
+        tokens_used: j.tokens_used,
+        execution_time_ms,
+        reason: j.reason.clone(),
+        error: j.error.clone(),
+    }
+}
+
+/// When a job was created, ms.
+fn created_ms(j: &Job) -> u64 {
+    j.created_at
+        .as_ref()
+        .map_or(0, switchyard_kit::time::timestamp_ms)
+}
+
+/// A job's key in the by-time index: sorts by creation, then id.
+fn time_key(created_ms: u64, id: &str) -> String {
+    format!("{created_ms:016x}/{id}")
+}
+
+/// The layout version (`meta` key).
+const LAYOUT: &str = "layout";
+/// Where replay starts (`meta` key).
+const CHECKPOINT: &str = "checkpoint";
+
+/// A key-only mark.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct Mark {}
+
+/// A retired job's event positions in the log.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct Positions {
+    #[prost(uint64, repeated, tag = "1")]
+    pub(crate) positions: Vec<u64>,
+}
+
+/// A number kept in `meta`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct Meta {
+    #[prost(uint64, tag = "1")]
+    pub(crate) value: u64,
 }
 
 /// Where a task's outputs are kept.

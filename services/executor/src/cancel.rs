@@ -1,5 +1,5 @@
-//! Cancelling a job (`CancelJob`), and ending what a job holds in other
-//! services when it ends: its approval run and its budget.
+//! Cancelling a job (`CancelJob`). What the job holds in other services
+//! (its approval run and its budget) ends through the outbox.
 
 use std::time::Duration;
 
@@ -12,6 +12,7 @@ use switchyard_proto::executor::v1::Job;
 use crate::Executor;
 use crate::admission::acting_context;
 use crate::error::ExecutorError;
+use crate::outbox::RunEnd;
 
 impl Executor {
     /// CancelJob: a running job's driver stops its tasks (SIGTERM, grace,
@@ -29,6 +30,9 @@ impl Executor {
         } else {
             why
         };
+        // A finished job (perhaps on disk only) refuses with its state.
+        book.read(job_id, crate::job::JobEntry::state)?
+            .check(JobState::Cancelled)?;
         let mut finishes = book.finishes();
         let idle = {
             let mut st = book.lock();
@@ -39,10 +43,14 @@ impl Executor {
                     ctl.wake.notify_one();
                     None
                 }
-                None => Some(book.cancel_idle(&mut st, job_id, Reason::JobCancelled, why)?),
+                None => {
+                    let g = book.cancel_idle(&mut st, job_id, Reason::JobCancelled, why)?;
+                    let run = RunEnd::Cancel(why.to_owned(), who);
+                    Some((g, self.intend(&st, job_id, run)?))
+                }
             }
         };
-        let Some(g) = idle else {
+        let Some((g, intents)) = idle else {
             let limit =
                 Duration::from_millis(self.inner.cfg.kill_grace_ms) + Duration::from_secs(10);
             let ended = async {
@@ -59,24 +67,12 @@ impl Executor {
             return book.job(job_id);
         };
         book.durable(g).await?;
-        self.cancel_run(job_id, why, who).await;
-        self.close_budget(job_id).await;
+        self.deliver_now(intents).await;
         book.job(job_id)
     }
 
-    /// Cancels the job's approval run for `who` (the person cancelling the
-    /// job), or for whoever the current request or driver acts for.
-    pub(crate) async fn cancel_run(&self, job_id: &str, why: &str, who: Option<OnBehalf>) {
-        let run_id = self
-            .inner
-            .book
-            .lock()
-            .find(job_id)
-            .map(|e| e.job.run_id.clone())
-            .unwrap_or_default();
-        self.cancel_run_by_id(run_id, why, who).await;
-    }
-
+    /// Withdraws approval run `run_id` of a job that was not accepted
+    /// (best effort: no job is left to wait for it).
     pub(crate) async fn cancel_run_by_id(&self, run_id: String, why: &str, who: Option<OnBehalf>) {
         if run_id.is_empty() {
             return;
@@ -103,24 +99,6 @@ impl Executor {
             )
         {
             tracing::warn!(error = %e.message(), "cancelling approval run");
-        }
-    }
-
-    /// Closes the job's budget: what it did not spend is no longer held.
-    pub(crate) async fn close_budget(&self, job_id: &str) {
-        let budget_id = self
-            .inner
-            .book
-            .lock()
-            .find(job_id)
-            .map(|e| e.job.budget_id.clone())
-            .unwrap_or_default();
-        if budget_id.is_empty() {
-            return;
-        }
-        let req = switchyard_proto::ledger::v1::CloseBudgetRequest { budget_id };
-        if let Err(e) = self.inner.clients.ledger.close_budget(req).await {
-            tracing::warn!(job_id, error = %e.message(), "closing job budget");
         }
     }
 }

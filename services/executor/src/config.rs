@@ -96,6 +96,19 @@ pub struct ExecutorConfig {
     pub cancel_running_on_failure: bool,
     /// Where per-job scratch directories live; empty = `<data_dir>/scratch`.
     pub scratch_dir: PathBuf,
+    /// Longest pause between calls to a Switchyard service that cannot be
+    /// reached (the pauses grow from 50 ms to this), ms. Work waits for
+    /// such a service; only its deadline ends the wait.
+    pub dependency_retry_max_ms: u64,
+    /// How long SubmitJob waits for an unreachable ledger, router or
+    /// approval service before accepting the job to wait (`pending`, reason
+    /// DEPENDENCY_UNAVAILABLE) and admitting it once they are back, ms.
+    pub submit_wait_ms: u64,
+    /// Finished jobs (their record, events and outputs) are kept this long
+    /// after they finish, seconds; 0 keeps them forever.
+    pub retention_secs: u64,
+    /// How often finished jobs past their retention are pruned, seconds.
+    pub prune_interval_secs: u64,
 }
 
 impl Default for ExecutorConfig {
@@ -176,6 +189,10 @@ impl Default for ExecutorConfig {
             default_org: "default".into(),
             cancel_running_on_failure: false,
             scratch_dir: PathBuf::new(),
+            dependency_retry_max_ms: 2_000,
+            submit_wait_ms: 3_000,
+            retention_secs: 7 * 24 * 3600,
+            prune_interval_secs: 3600,
         }
     }
 }
@@ -195,6 +212,12 @@ impl ExecutorConfig {
         if self.llm_max_turns == 0 || self.tool_timeout_ms == 0 {
             return Err(
                 "executor.llm_max_turns and executor.tool_timeout_ms must be at least 1".into(),
+            );
+        }
+        if self.dependency_retry_max_ms < 50 || self.prune_interval_secs == 0 {
+            return Err(
+                "executor.dependency_retry_max_ms must be at least 50 and executor.prune_interval_secs at least 1"
+                    .into(),
             );
         }
         if self.approval_poll_ms == 0 {

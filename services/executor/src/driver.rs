@@ -25,8 +25,10 @@ use tracing::Instrument;
 use crate::Executor;
 use crate::attempt::{Attempt, Outcome, Snapshot};
 use crate::book::{Change, Control, Jobs};
+use crate::depend::Service;
 use crate::error::ExecutorError;
 use crate::events::{self, JobEvent};
+use crate::outbox::RunEnd;
 use crate::schedule::{self, Decision};
 
 /// Claim outcome.
@@ -42,7 +44,7 @@ enum Claimed {
 type Running = JoinSet<(usize, Outcome)>;
 
 /// A uniform random number in [0, 1), for backoff jitter.
-fn unit_random() -> f64 {
+pub(crate) fn unit_random() -> f64 {
     (uuid::Uuid::new_v4().as_u128() >> 75) as f64 / (1u64 << 53) as f64
 }
 
@@ -68,6 +70,8 @@ impl Executor {
             driver.drive().await;
             me.inner.book.lock().drivers.remove(&id);
             me.inner.book.bump_finished();
+            // A finished job leaves memory once its driver is gone.
+            me.inner.book.retire_if_done(&id);
         });
     }
 
@@ -154,16 +158,17 @@ impl Driver {
             if let Some((why, who)) = cancel {
                 return Claimed::Gone(why, who);
             }
+            let approval = &self.x.inner.clients.approval;
+            let req = ap::ClaimRequest {
+                run_id: run_id.into(),
+                worker_id: cfg.worker_id.clone(),
+                lease_secs: cfg.lease_secs,
+            };
+            // Waits (recorded on the job) while the approval service is down.
             let claimed = self
                 .x
-                .inner
-                .clients
-                .approval
-                .claim(ap::ClaimRequest {
-                    run_id: run_id.into(),
-                    worker_id: cfg.worker_id.clone(),
-                    lease_secs: cfg.lease_secs,
-                })
+                .waiter(&self.job_id, "")
+                .call(Service::Approval, || approval.claim(req.clone()))
                 .await;
             let err = match claimed {
                 Ok(_) => return Claimed::Yes,
@@ -202,13 +207,13 @@ impl Driver {
             Claimed::Yes => {}
             Claimed::Stopping => return Ok(()),
             Claimed::Gone(why, who) => {
-                let g = {
+                let (g, intents) = {
                     let mut st = book.lock();
-                    book.cancel_idle(&mut st, job_id, Reason::JobCancelled, &why)?
+                    let g = book.cancel_idle(&mut st, job_id, Reason::JobCancelled, &why)?;
+                    (g, self.x.intend(&st, job_id, RunEnd::Cancel(why, who))?)
                 };
                 book.durable(g).await?;
-                self.x.cancel_run(job_id, &why, who).await;
-                self.x.close_budget(job_id).await;
+                self.x.deliver_now(intents).await;
                 return Ok(());
             }
         }
@@ -325,7 +330,7 @@ impl Driver {
                 running.spawn(attempt.in_current_span());
             }
             if step.done && running.is_empty() {
-                return self.finish(run_id).await;
+                return self.finish().await;
             }
             let sleep = step.next_wake.map_or(Duration::from_secs(3600), |at| {
                 Duration::from_millis(at.saturating_sub(now))
@@ -449,65 +454,29 @@ impl Driver {
     }
 
     /// Every task is final: the job ends, and so do its run and budget.
-    async fn finish(&self, run_id: &str) -> Result<(), ExecutorError> {
+    async fn finish(&self) -> Result<(), ExecutorError> {
         let job_id = self.job_id.as_str();
         self.settled().await;
         let book = &self.x.inner.book;
         let (to, reason, error) = final_state(&book.lock(), job_id)?;
-        // The run and the budget are settled first (both at once), so a job
-        // seen finished has its run ended; after a crash in between, finishing
-        // again finds the run already ended and goes on.
-        let (ended, ()) = tokio::join!(
-            self.end_run(run_id, to, &error),
-            self.x.close_budget(job_id)
-        );
-        if let Err(e) = ended {
-            tracing::warn!(job_id, error = %e, "ending approval run");
-        }
+        let run = if to == JobState::Completed {
+            let ms = book.result(job_id)?.execution_time_ms;
+            RunEnd::Complete(format!("job {job_id} completed in {ms} ms"))
+        } else {
+            RunEnd::Fail(error.clone())
+        };
+        let intents = self.x.intend(&book.lock(), job_id, run)?;
+        // The run and the budget end first (both at once), so a job seen
+        // finished has its run ended — when the services answer. If one is
+        // down, the outbox keeps the intent (durable with the final event
+        // below) and delivers it once it is back; the job does not wait.
+        self.x.deliver_now(intents).await;
         let g = {
             let mut st = book.lock();
             book.move_job(&mut st, job_id, to, reason, &error)?
         };
         book.durable(g).await?;
         Ok(())
-    }
-
-    /// Completes or fails the job's approval run.
-    async fn end_run(&self, run_id: &str, to: JobState, error: &str) -> Result<(), String> {
-        let job_id = self.job_id.as_str();
-        let approval = &self.x.inner.clients.approval;
-        let worker_id = self.x.inner.cfg.worker_id.clone();
-        let ended = if to == JobState::Completed {
-            let result = self
-                .x
-                .inner
-                .book
-                .result(job_id)
-                .map_err(|e| e.to_string())?;
-            let summary = format!("job {job_id} completed in {} ms", result.execution_time_ms);
-            approval
-                .complete(ap::CompleteRequest {
-                    run_id: run_id.into(),
-                    worker_id,
-                    result: Some(ap::RunResult {
-                        summary,
-                        ..Default::default()
-                    }),
-                })
-                .await
-                .map(|_| ())
-        } else {
-            approval
-                .fail(ap::FailRequest {
-                    run_id: run_id.into(),
-                    worker_id,
-                    last_error: error.to_owned(),
-                    retryable: false,
-                })
-                .await
-                .map(|_| ())
-        };
-        ended.map_err(|e| e.message().to_owned())
     }
 
     /// A cancelled running job: its holds are released first, so the job's
@@ -535,13 +504,14 @@ impl Driver {
             let hold = Hold::resume(ledger, &rid);
             crate::attempt::release(&self.x, job_id, &task, &hold, "job cancelled").await;
         }
-        let g = {
+        let (g, intents) = {
             let mut st = book.lock();
-            book.cancel_idle(&mut st, job_id, Reason::JobCancelled, why)?
+            let g = book.cancel_idle(&mut st, job_id, Reason::JobCancelled, why)?;
+            let run = RunEnd::Cancel(why.to_owned(), who);
+            (g, self.x.intend(&st, job_id, run)?)
         };
         book.durable(g).await?;
-        self.x.cancel_run(job_id, why, who).await;
-        self.x.close_budget(job_id).await;
+        self.x.deliver_now(intents).await;
         Ok(())
     }
 }
@@ -610,6 +580,7 @@ fn snapshot(st: &Jobs, job_id: &str, i: usize, attempt: u32) -> Result<Snapshot,
         correlation_id: spec.correlation_id.clone(),
         delegation_depth: spec.delegation.as_ref().map_or(0, |d| d.depth),
         attempt,
+        deadline_ms: schedule::deadline(e, i),
         task,
         start_g: 0,
         scope: String::new(),

@@ -2,7 +2,7 @@
 
 use switchyard_core::Reason;
 use switchyard_core::lifecycle::Refused;
-use switchyard_kit::error::{metadata, status, status_with_metadata};
+use switchyard_kit::error::{is_outage, metadata, status, status_with_metadata};
 use switchyard_store::StoreError;
 use tonic::{Code, Status};
 
@@ -100,6 +100,17 @@ impl From<ExecutorError> for Status {
                 msg,
                 metadata([("from", r.from.to_owned()), ("to", r.to.to_owned())]),
             ),
+            // Unreachable (no answer to pass on): say which service.
+            ExecutorError::Upstream { service, status }
+                if is_outage(&status) && status.details().is_empty() =>
+            {
+                status_with_metadata(
+                    Code::Unavailable,
+                    Reason::DependencyUnavailable,
+                    format!("{msg}; retry the same request once {service} is back"),
+                    metadata([("service", service.to_owned())]),
+                )
+            }
             ExecutorError::Upstream { status, .. } => {
                 Status::with_details(status.code(), msg, status.details().to_vec().into())
             }
@@ -111,6 +122,26 @@ impl From<ExecutorError> for Status {
                 status(Code::FailedPrecondition, Reason::SandboxUnavailable, msg)
             }
         }
+    }
+}
+
+impl ExecutorError {
+    /// The service that could not be reached, and why, when that is what
+    /// this error is.
+    pub(crate) fn outage(&self) -> Option<(&'static str, String)> {
+        match self {
+            ExecutorError::Upstream { service, status } if is_outage(status) => {
+                Some((service, status.message().to_owned()))
+            }
+            _ => None,
+        }
+    }
+
+    /// The catalogued reason its status carries.
+    pub(crate) fn into_reason(self) -> Reason {
+        switchyard_kit::error::ApiError::from(Status::from(self))
+            .known_reason()
+            .unwrap_or(Reason::Internal)
     }
 }
 

@@ -105,6 +105,10 @@ job_events! {
     Delegated(Delegated) = "delegation.created",
     /// A child job ended; its usage rolls up into this job.
     ChildSettled(ChildSettled) = "delegation.settled",
+    /// A Switchyard service the work needs is unreachable; it waits.
+    DependencyWaiting(DependencyWaiting) = "dependency.waiting",
+    /// The service answered again after a wait.
+    DependencyRecovered(DependencyRecovered) = "dependency.recovered",
 }
 
 /// An event whose data does not fit its kind.
@@ -397,6 +401,26 @@ pub struct AgentProgress {
 pub struct Notice {
     /// The note.
     pub message: String,
+}
+
+/// `dependency.waiting`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DependencyWaiting {
+    /// The service waited for: `ledger`, `router`, `approval`, `registry`.
+    pub service: String,
+    /// Why it could not be reached, as the transport said.
+    pub error: String,
+}
+
+/// `dependency.recovered`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DependencyRecovered {
+    /// The service that answered again.
+    pub service: String,
+    /// How long the work waited for it, ms.
+    pub waited_ms: u64,
 }
 
 /// `delegation.created`.

@@ -63,7 +63,7 @@ impl JobService for Executor {
         req: Request<ListJobsRequest>,
     ) -> Result<Response<ListJobsResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
-        Ok(Response::new(self.inner.book.list_for(req.get_ref(), &p)))
+        Ok(Response::new(self.inner.book.list_for(req.get_ref(), &p)?))
     }
 
     type WatchJobStream =

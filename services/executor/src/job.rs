@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use serde_json::{Value, json};
+use switchyard_core::Reason;
 use switchyard_core::dag::Dag;
 use switchyard_core::lifecycle::{JobState, TaskState};
 use switchyard_kit::json::struct_to_json;
@@ -226,6 +227,18 @@ impl JobEntry {
                     self.move_task(i, m, time);
                 }
             }
+            JobEvent::DependencyWaiting(w) => {
+                let (reason, error) = self.reason_of(task);
+                *reason = Reason::DependencyUnavailable.as_str().to_owned();
+                *error = format!("waiting for {}: {}", w.service, w.error);
+            }
+            JobEvent::DependencyRecovered(_) => {
+                let (reason, error) = self.reason_of(task);
+                if reason == Reason::DependencyUnavailable.as_str() {
+                    reason.clear();
+                    error.clear();
+                }
+            }
             JobEvent::ApprovalDecided(_)
             | JobEvent::Refused(_)
             | JobEvent::Output(_)
@@ -238,7 +251,18 @@ impl JobEntry {
         }
     }
 
-    fn keep_outputs(&mut self, i: usize, stored: TaskStatus) {
+    /// The reason and error fields of task `task`, or of the job.
+    fn reason_of(&mut self, task: Option<usize>) -> (&mut String, &mut String) {
+        match task {
+            Some(i) => {
+                let t = &mut self.job.tasks[i];
+                (&mut t.reason, &mut t.error)
+            }
+            None => (&mut self.job.reason, &mut self.job.error),
+        }
+    }
+
+    pub(crate) fn keep_outputs(&mut self, i: usize, stored: TaskStatus) {
         let t = &mut self.job.tasks[i];
         t.output = stored.output;
         t.stdout = stored.stdout;

@@ -27,6 +27,7 @@ mod attempt;
 mod book;
 pub mod builtin;
 mod cancel;
+mod depend;
 /// Command tasks run through the sandbox crate.
 use switchyard_sandbox as command;
 pub mod config;
@@ -36,6 +37,7 @@ pub mod events;
 pub mod formats;
 mod grpc;
 mod job;
+mod outbox;
 mod schedule;
 pub mod spec;
 
@@ -94,6 +96,8 @@ struct Inner {
     programs: Programs,
     /// How command tasks are confined.
     sandbox: Sandbox,
+    /// What finished jobs must still do in other services.
+    outbox: outbox::Outbox,
 }
 
 /// The executor service.
@@ -156,6 +160,7 @@ impl Executor {
                 settling: Mutex::new(HashMap::new()),
                 programs,
                 sandbox,
+                outbox: outbox::Outbox::open(&store)?,
             }),
         })
     }
@@ -202,6 +207,8 @@ impl Executor {
         let book = self.inner.book.clone();
         tokio::spawn(async move { book.flush_in_background().await });
         let me = self.clone();
+        tokio::spawn(async move { me.deliver_in_background().await });
+        let me = self.clone();
         self.inner.shutdown.spawn_every(
             Duration::from_millis(self.inner.cfg.approval_poll_ms),
             "executor approval poll",
@@ -210,6 +217,25 @@ impl Executor {
                 async move { me.poll_approvals().await }
             },
         );
+        let book = self.inner.book.clone();
+        self.inner
+            .shutdown
+            .spawn_every(CHECKPOINT_EVERY, "executor checkpoint", move || {
+                let book = book.clone();
+                async move { book.checkpoint().map(|_| ()) }
+            });
+        let retention_ms = self.inner.cfg.retention_secs.saturating_mul(1000);
+        if retention_ms > 0 {
+            let me = self.clone();
+            self.inner.shutdown.spawn_every(
+                Duration::from_secs(self.inner.cfg.prune_interval_secs),
+                "executor prune",
+                move || {
+                    let me = me.clone();
+                    async move { me.prune(retention_ms).await.map(|_| ()) }
+                },
+            );
+        }
         let active = [
             switchyard_core::lifecycle::JobState::Available,
             switchyard_core::lifecycle::JobState::Active,
@@ -221,9 +247,22 @@ impl Executor {
         }
     }
 
-    /// Flushes storage (shutdown).
+    /// Flushes storage (shutdown), with a fresh replay checkpoint.
     pub fn flush(&self) -> Result<(), ExecutorError> {
+        self.inner.book.checkpoint()?;
         self.inner.book.flush_blocking()
+    }
+
+    /// Removes the jobs that finished more than `older_than_ms` ago: their
+    /// records, outputs and events (never anything of a job still running
+    /// or waiting). Returns how many jobs and log records went.
+    pub async fn prune(&self, older_than_ms: u64) -> Result<(u64, u64), ExecutorError> {
+        let cutoff = self.inner.book.now().saturating_sub(older_than_ms);
+        let (jobs, records) = self.inner.book.prune(cutoff).await?;
+        if jobs > 0 || records > 0 {
+            tracing::info!(jobs, records, "pruned finished jobs past their retention");
+        }
+        Ok((jobs, records))
     }
 
     /// A job as it is now.
@@ -250,6 +289,9 @@ impl Executor {
         Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
     }
 }
+
+/// How often the replay checkpoint moves forward.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

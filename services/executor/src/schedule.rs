@@ -137,7 +137,7 @@ pub(crate) struct Policy {
 }
 
 /// The earlier of the task's and the job's deadline, ms.
-fn deadline(job: &JobEntry, i: usize) -> Option<u64> {
+pub(crate) fn deadline(job: &JobEntry, i: usize) -> Option<u64> {
     [
         job.spec().tasks[i].deadline.as_ref(),
         job.spec().deadline.as_ref(),

@@ -25,8 +25,13 @@ use switchyard_proto::router::v1::{Candidate, RouteResponse};
 
 use super::{Attempt, NotHeld, Outcome, Purpose, Spender};
 use crate::Executor;
+use crate::depend::Service;
 use crate::events::{self, JobEvent};
 use crate::schedule::{self, Class};
+
+/// How long an outcome report waits for an unreachable registry, ms (it
+/// only feeds routing statistics; the task does not wait for it).
+const REPORT_PATIENCE_MS: u64 = 5 * 60 * 1000;
 
 /// Why a call produced no response.
 #[derive(Debug)]
@@ -91,8 +96,16 @@ impl Attempt<'_> {
     /// One attempt of an agent task (or an agent called as an LLM tool).
     pub(crate) async fn agent(&self, a: &AgentTask, input: Value) -> Outcome {
         let (x, snap) = (self.x, self.snap);
-        let routed = match x.route(a).await {
+        let waiter = self.spender().waiter();
+        let routed = match waiter.call(Service::Router, || x.route(a)).await {
             Ok(r) => r,
+            Err(e) if switchyard_kit::error::is_outage(&e) => {
+                let why = format!(
+                    "router: {} (the deadline passed while waiting for it)",
+                    e.message()
+                );
+                return Outcome::fail(Class::Other, Reason::DependencyUnavailable, why);
+            }
             Err(e) => {
                 let why = format!("router: {}", e.message());
                 return Outcome::fail(Class::Other, Reason::AgentUnreachable, why);
@@ -162,6 +175,10 @@ impl Attempt<'_> {
             }
             Err(NotHeld::Unavailable(m)) => {
                 return Next::Done(Outcome::fail(Class::Other, Reason::Unavailable, m));
+            }
+            Err(NotHeld::Unreachable(m)) => {
+                let r = Reason::DependencyUnavailable;
+                return Next::Done(Outcome::fail(Class::Other, r, m));
             }
         };
         if let Err(e) = self.x.inner.book.durable(snap.start_g).await {
@@ -307,9 +324,12 @@ impl Called<'_> {
     }
 
     /// Tells the registry how the call went: in-process a quick in-memory
-    /// update; over gRPC it must not hold up the task.
+    /// update; over gRPC it must not hold up the task, so it goes on in the
+    /// background, in the job's trace and context, waiting a while for a
+    /// registry that cannot be reached.
     fn report(&self, success: bool) {
-        let registry = self.spender.x.inner.clients.registry.clone();
+        let x = self.spender.x.clone();
+        let registry = x.inner.clients.registry.clone();
         let req = ReportOutcomeRequest {
             agent_id: self.c.agent_id.clone(),
             capability: self.a.capability.clone(),
@@ -321,9 +341,24 @@ impl Called<'_> {
         if registry.is_local() {
             let _ = futures_util::FutureExt::now_or_never(registry.report_outcome(req));
         } else {
-            tokio::spawn(async move {
-                let _ = registry.report_outcome(req).await;
-            });
+            let until = x.inner.book.now() + REPORT_PATIENCE_MS;
+            let report = async move {
+                let waiter = x.waiter("", "").until(Some(until));
+                let sent = waiter
+                    .call(Service::Registry, || registry.report_outcome(req.clone()))
+                    .await;
+                if let Err(e) = sent {
+                    tracing::warn!(error = %e.message(), "reporting an agent call's outcome");
+                }
+            };
+            let ctx = switchyard_kit::context::current();
+            let report = async move {
+                match ctx {
+                    Some(ctx) => switchyard_kit::context::scope(ctx, report).await,
+                    None => report.await,
+                }
+            };
+            tokio::spawn(tracing::Instrument::in_current_span(report));
         }
     }
 

@@ -29,6 +29,7 @@ use switchyard_proto::ledger::v1::Entry;
 use switchyard_proto::registry::v1::{FindByCapabilityRequest, GetAgentRequest, ListToolsRequest};
 
 use super::{Attempt, NotHeld, Outcome, Purpose, Snapshot, Spender};
+use crate::depend::Service;
 use crate::events::{self, JobEvent};
 use crate::schedule::Class;
 use crate::{Executor, command};
@@ -294,12 +295,13 @@ impl Attempt<'_> {
         if wanted.is_empty() {
             return Ok(HashMap::new());
         }
+        let registry = &self.x.inner.clients.registry;
         let all = self
-            .x
-            .inner
-            .clients
-            .registry
-            .list_tools(ListToolsRequest { names: Vec::new() })
+            .spender()
+            .waiter()
+            .call(Service::Registry, || {
+                registry.list_tools(ListToolsRequest { names: Vec::new() })
+            })
             .await
             .map_err(|e| format!("registry: {}", e.message()))?;
         Ok(all
@@ -317,12 +319,18 @@ impl Attempt<'_> {
         let by_id = GetAgentRequest {
             agent_id: wanted.to_owned(),
         };
-        let found = match registry.get_agent(by_id).await {
+        let waiter = self.spender().waiter();
+        let found = match waiter
+            .call(Service::Registry, || registry.get_agent(by_id.clone()))
+            .await
+        {
             Ok(a) => a.agent.into_iter().collect::<Vec<_>>(),
-            Err(_) => registry
-                .find_by_capability(FindByCapabilityRequest {
-                    capability: wanted.to_owned(),
-                    include_unavailable: false,
+            Err(_) => waiter
+                .call(Service::Registry, || {
+                    registry.find_by_capability(FindByCapabilityRequest {
+                        capability: wanted.to_owned(),
+                        include_unavailable: false,
+                    })
                 })
                 .await
                 .map(|r| r.agents)
@@ -602,7 +610,9 @@ impl Host for TaskHost<'_> {
                     Err(Refusal::Budget(format!("model call {call}: {m}")))
                 }
                 Err(NotHeld::Budget(m)) => Err(Refusal::budget(&m, call)),
-                Err(NotHeld::Unavailable(m)) => Err(Refusal::Unavailable(m)),
+                Err(NotHeld::Unavailable(m) | NotHeld::Unreachable(m)) => {
+                    Err(Refusal::Unavailable(m))
+                }
             }
         })
     }

@@ -24,6 +24,7 @@ use switchyard_proto::executor::v1::{TaskSpec, TaskStatus, task_spec::Kind};
 use switchyard_proto::ledger::v1::Entry;
 
 use crate::Executor;
+use crate::depend::{Service, Waiter};
 use crate::events::{self, JobEvent};
 use crate::schedule::{Class, Failure};
 
@@ -68,6 +69,9 @@ pub(crate) struct Snapshot {
     pub(crate) correlation_id: String,
     pub(crate) delegation_depth: u32,
     pub(crate) attempt: u32,
+    /// The earlier of the task's and the job's deadline, ms: waiting for
+    /// an unreachable service ends there.
+    pub(crate) deadline_ms: Option<u64>,
     /// Log position of the attempt's start: nothing with an effect outside
     /// the executor happens before it is durable.
     pub(crate) start_g: u64,
@@ -175,8 +179,10 @@ pub(crate) enum NotHeld {
     CostLimit(String),
     /// The budget refused (the ledger's words).
     Budget(String),
-    /// The ledger could not be asked.
+    /// The ledger refused for another reason.
     Unavailable(String),
+    /// The ledger stayed unreachable until the deadline.
+    Unreachable(String),
 }
 
 /// One task's spending through the spend protocol: every hold, commit,
@@ -187,7 +193,7 @@ pub(crate) struct Spender<'a> {
     pub(crate) snap: &'a Snapshot,
 }
 
-impl Spender<'_> {
+impl<'a> Spender<'a> {
     fn note(&self, ev: JobEvent) {
         self.x
             .inner
@@ -220,18 +226,25 @@ impl Spender<'_> {
         if let Some(limit) = limit {
             self.claim_within_limit(limit, cost)?;
         }
-        let held = spend::reserve(
-            &self.x.inner.clients.ledger,
-            HoldRequest {
-                budget_id: self.snap.budget_id.clone(),
-                tokens,
-                cost_micro_usd: cost,
-                key,
-                context: self.snap.correlation(),
-                note,
-            },
-        )
-        .await;
+        let req = HoldRequest {
+            budget_id: self.snap.budget_id.clone(),
+            tokens,
+            cost_micro_usd: cost,
+            key,
+            context: self.snap.correlation(),
+            note,
+        };
+        // The key makes the repeats one hold.
+        let held = self
+            .waiter()
+            .call(Service::Ledger, || async {
+                match spend::reserve(&self.x.inner.clients.ledger, req.clone()).await {
+                    Err(Refusal::Unreachable(s)) => Err(s),
+                    r => Ok(r),
+                }
+            })
+            .await
+            .unwrap_or_else(|s| Err(Refusal::Unreachable(s)));
         let book = &self.x.inner.book;
         let reserved = |hold: &Hold| {
             let (agent_id, call) = match &purpose {
@@ -271,6 +284,10 @@ impl Spender<'_> {
                 Err(NotHeld::Budget(message))
             }
             Err(Refusal::Unavailable(m)) => Err(NotHeld::Unavailable(format!("ledger: {m}"))),
+            Err(Refusal::Unreachable(s)) => Err(NotHeld::Unreachable(format!(
+                "ledger: {} (the deadline passed while waiting for it)",
+                s.message()
+            ))),
         }
     }
 
@@ -297,9 +314,22 @@ impl Spender<'_> {
         Ok(())
     }
 
-    /// Commits what `hold` used, with its journal entry.
+    /// Waits for unreachable services on behalf of this task, until its
+    /// deadline.
+    pub(crate) fn waiter(&self) -> Waiter<'a> {
+        self.x
+            .waiter(&self.snap.job_id, &self.snap.task.id)
+            .until(self.snap.deadline_ms)
+    }
+
+    /// Commits what `hold` used, with its journal entry (the ledger makes
+    /// repeats one commit).
     pub(crate) async fn commit(&self, hold: &Hold, tokens: u64, cost: i64, entry: Entry) {
-        match hold.commit(tokens, cost, entry).await {
+        let committed = self
+            .waiter()
+            .call(Service::Ledger, || hold.commit(tokens, cost, entry.clone()))
+            .await;
+        match committed {
             Ok(c) => self.note(JobEvent::Committed(events::Committed {
                 reservation_id: hold.id().to_owned(),
                 tokens,
@@ -318,9 +348,14 @@ impl Spender<'_> {
     }
 }
 
-/// Releases `hold` (of job `job_id`'s task `task_id`) and records it.
+/// Releases `hold` (of job `job_id`'s task `task_id`) and records it,
+/// waiting for the ledger if it cannot be reached (a release is idempotent).
 pub(crate) async fn release(x: &Executor, job_id: &str, task_id: &str, hold: &Hold, why: &str) {
-    match hold.release().await {
+    let released = x
+        .waiter(job_id, task_id)
+        .call(Service::Ledger, || hold.release())
+        .await;
+    match released {
         Ok(()) => x.inner.book.note(
             job_id,
             task_id,
