@@ -8,6 +8,7 @@ mod executor_split;
 mod ledger_approval;
 mod llm_split;
 mod mtls;
+mod outage;
 mod polyglot;
 mod sandbox;
 mod split;
