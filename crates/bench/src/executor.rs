@@ -74,7 +74,12 @@ async fn runner_overhead() -> anyhow::Result<(Histogram<u64>, Histogram<u64>, i3
     Ok((h_on, h_off, on.abi()))
 }
 
-fn agent(id: &str, capability: &str, depends_on: &[&str], input: serde_json::Value) -> TaskSpec {
+pub(crate) fn agent(
+    id: &str,
+    capability: &str,
+    depends_on: &[&str],
+    input: serde_json::Value,
+) -> TaskSpec {
     TaskSpec {
         id: id.into(),
         depends_on: depends_on.iter().map(|s| s.to_string()).collect(),

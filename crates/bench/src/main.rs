@@ -26,6 +26,7 @@
 
 mod auth;
 mod executor;
+mod history;
 mod llm;
 
 use std::hint::black_box;
@@ -214,6 +215,14 @@ async fn run() -> anyhow::Result<()> {
     // `switchyard-bench auth` runs only the authentication figures.
     if std::env::args().nth(1).as_deref() == Some("auth") {
         return auth::run().await;
+    }
+    // `switchyard-bench history [N]` runs only the growth-with-history figures.
+    if std::env::args().nth(1).as_deref() == Some("history") {
+        let n = std::env::args()
+            .nth(2)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(100_000);
+        return history::run(n).await;
     }
     // `switchyard-bench llm` runs only the agent loop's figures.
     if std::env::args().nth(1).as_deref() == Some("llm") {

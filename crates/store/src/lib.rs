@@ -18,6 +18,9 @@ use std::sync::Arc;
 use group_commit::GroupCommit;
 pub use log::Log;
 
+/// Page cache of one database, bytes.
+const CACHE_BYTES: u64 = 8 << 20;
+
 /// Storage errors. The operation they come from was not applied (or, for
 /// [`Store::sync`], not made durable).
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +71,10 @@ impl Store {
             .map_err(|e| StoreError::Io(format!("create {}: {e}", path.display())))?;
         let db = sled::Config::new()
             .path(path)
+            // sled caches pages up to this (its default is 1 GiB per
+            // database); services keep their hot state in their own
+            // structures, so a small cache keeps memory flat with history.
+            .cache_capacity(CACHE_BYTES)
             // sled's own background flush: what is written without `sync`
             // (e.g. heartbeats) reaches disk within this interval.
             .flush_every_ms(Some(1_000))

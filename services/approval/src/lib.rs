@@ -10,8 +10,10 @@
 
 mod bundle;
 mod policy;
+mod runs;
 mod validate;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -28,7 +30,9 @@ use switchyard_proto::approval::v1::approval_service_server::{
 };
 use switchyard_proto::approval::v1::*;
 use switchyard_proto::common::v1::Event;
-use switchyard_store::{Log, Store, StoreError, Tree};
+use switchyard_store::{Log, Store, StoreError};
+
+use crate::runs::Runs;
 use tonic::{Code, Request, Response, Status};
 
 pub use policy::Policy;
@@ -401,17 +405,14 @@ impl<'a> Note<'a> {
     }
 }
 
-#[derive(Default)]
 struct State {
-    runs: HashMap<String, Run>,
-    audit_by_run: HashMap<String, Vec<u64>>,
+    runs: Runs,
 }
 
 struct Inner {
     cfg: ApprovalConfig,
     clock: Arc<dyn Clock>,
     state: Mutex<State>,
-    runs: Tree<Run>,
     audit: Log<AuditRecord>,
     store: Store,
     shutdown: Shutdown,
@@ -444,20 +445,15 @@ impl Approval {
         clock: Arc<dyn Clock>,
         shutdown: Shutdown,
     ) -> Result<Approval, ApprovalError> {
-        let runs = store.tree::<Run>("runs")?;
         let audit = store.log::<AuditRecord>("audit")?;
-        let mut st = State::default();
-        for r in runs.iter() {
-            let (id, run) = r?;
-            st.runs.insert(id, run);
-        }
-        for r in audit.replay() {
-            let (seq, rec) = r?;
-            st.audit_by_run.entry(rec.run_id).or_default().push(seq);
-        }
+        let started = std::time::Instant::now();
+        let st = State {
+            runs: Runs::open(&store, &audit)?,
+        };
         tracing::info!(
-            runs = st.runs.len(),
+            runs_in_flight = st.runs.in_memory(),
             audit_records = audit.last(),
+            ms = started.elapsed().as_millis() as u64,
             "approval loaded"
         );
         Ok(Approval {
@@ -465,7 +461,6 @@ impl Approval {
                 cfg,
                 clock,
                 state: Mutex::new(st),
-                runs,
                 audit,
                 store,
                 shutdown,
@@ -481,7 +476,7 @@ impl Approval {
     }
 
     /// Returns runs with expired claims to `approved` (or `failed`) every
-    /// `sweep_interval_ms` until shutdown.
+    /// `sweep_interval_ms` until shutdown, and moves the replay checkpoint.
     pub fn spawn_sweeper(&self) -> tokio::task::JoinHandle<()> {
         let me = self.clone();
         let period = Duration::from_millis(self.inner.cfg.sweep_interval_ms);
@@ -489,12 +484,19 @@ impl Approval {
             .shutdown
             .spawn_every(period, "expiring claims", move || {
                 let me = me.clone();
-                async move { me.sweep().await.map(drop) }
+                async move {
+                    me.sweep().await?;
+                    // The next start-up replays from here.
+                    let last = me.inner.audit.last();
+                    me.lock().runs.checkpoint(last)?;
+                    Ok::<_, ApprovalError>(())
+                }
             })
     }
 
-    /// Flushes to disk (shutdown).
+    /// Flushes to disk (shutdown), with a fresh replay checkpoint.
     pub fn flush(&self) -> Result<(), ApprovalError> {
+        self.lock().runs.checkpoint(self.inner.audit.last())?;
         self.inner.store.flush_blocking()?;
         Ok(())
     }
@@ -523,10 +525,7 @@ impl Approval {
             correlation_id: run.correlation_id.clone(),
             details: note.details,
         });
-        st.audit_by_run
-            .entry(run.run_id.clone())
-            .or_default()
-            .push(seq);
+        st.runs.audited(&run.run_id, seq)?;
         Ok(seq)
     }
 
@@ -543,19 +542,18 @@ impl Approval {
         let Some(current) = st.runs.get(id) else {
             return Err(ApprovalError::RunNotFound(id.to_owned()));
         };
-        let from = status_of(current);
+        let from = status_of(&current);
         table::check(from, to).map_err(|refused| ApprovalError::Transition {
             run_id: id.to_owned(),
             refused,
         })?;
-        let mut run = current.clone();
+        let mut run = current.into_owned();
         change(&mut run);
         run.status = to_proto(to) as i32;
         if matches!(to, S::Approved | S::Completed | S::Failed | S::Cancelled) {
             run.claimed_by.clear();
             run.claim_expires_at = None;
         }
-        self.inner.runs.put(id, &run)?;
         let seq = self.audit(
             st,
             &run,
@@ -565,7 +563,7 @@ impl Approval {
             },
         )?;
         tracing::debug!(run_id = %id, %from, %to, "run moved");
-        st.runs.insert(id.to_owned(), run.clone());
+        st.runs.store(run.clone())?;
         Ok((run, seq))
     }
 
@@ -610,19 +608,19 @@ impl Approval {
                 let Some(parent) = st.runs.get(&req.approved_under) else {
                     return Err(ApprovalError::RunNotFound(req.approved_under));
                 };
-                if status_of(parent) != S::Running {
+                if status_of(&parent) != S::Running {
                     return Err(ApprovalError::ParentNotRunning {
                         parent: req.approved_under.clone(),
-                        status: status_of(parent).as_str().to_owned(),
+                        status: status_of(&parent).as_str().to_owned(),
                     });
                 }
             }
             if let Some(existing) = st.runs.get(&run.run_id) {
-                if validate::spec_of(existing) != spec {
+                if validate::spec_of(&existing) != spec {
                     return Err(ApprovalError::RunExists(run.run_id));
                 }
                 let out = ProposeResponse {
-                    run: Some(existing.clone()),
+                    run: Some(existing.into_owned()),
                     auto_approved_by: String::new(),
                     created: false,
                 };
@@ -640,8 +638,7 @@ impl Approval {
                 run.next_attempt_at = None;
                 run.last_error.clear();
                 run.result = None;
-                self.inner.runs.put(&run.run_id, &run)?;
-                st.runs.insert(run.run_id.clone(), run.clone());
+                st.runs.store(run.clone())?;
                 self.audit(&mut st, &run, Note::new(&actor, "proposed", ""))?;
                 let pack = run.context_pack.clone().unwrap_or_default();
                 let est = run.cost_estimate.unwrap_or_default();
@@ -727,18 +724,19 @@ impl Approval {
             let Some(run) = st.runs.get(run_id) else {
                 return Err(ApprovalError::RunNotFound(run_id.to_owned()));
             };
-            let actor = authorize(action, actor, run)?;
+            let run = run.into_owned();
+            let actor = authorize(action, actor, &run)?;
             let (to, event) = match action {
                 Action::Approve => (S::Approved, "approved"),
                 Action::Reject => (S::Rejected, "rejected"),
                 _ => (S::Cancelled, "cancelled"),
             };
-            let from = status_of(run);
+            let from = status_of(&run);
             table::check_by_person(from, to).map_err(|refused| ApprovalError::Transition {
                 run_id: run_id.to_owned(),
                 refused,
             })?;
-            let two = action == Action::Approve && from == S::Proposed && self.needs_two(run);
+            let two = action == Action::Approve && from == S::Proposed && self.needs_two(&run);
             if two && run.approved_by.contains(&actor) {
                 return Err(ApprovalError::SecondApproval {
                     run_id: run_id.to_owned(),
@@ -795,14 +793,13 @@ impl Approval {
         let Some(current) = st.runs.get(run_id) else {
             return Err(ApprovalError::RunNotFound(run_id.to_owned()));
         };
-        let mut run = current.clone();
+        let mut run = current.into_owned();
         run.approved_by.push(actor.to_owned());
-        self.inner.runs.put(run_id, &run)?;
         let note = Note::new(actor, "approval_recorded", comment)
             .detail("approvals", run.approved_by.len())
             .detail("needed", 2);
         let seq = self.audit(st, &run, note)?;
-        st.runs.insert(run_id.to_owned(), run.clone());
+        st.runs.store(run.clone())?;
         Ok((run, seq))
     }
 
@@ -826,7 +823,7 @@ impl Approval {
             let Some(run) = st.runs.get(run_id) else {
                 return Err(ApprovalError::RunNotFound(run_id.to_owned()));
             };
-            let from = status_of(run);
+            let from = status_of(&run);
             table::check_by_person(from, S::Approved).map_err(|refused| {
                 ApprovalError::Transition {
                     run_id: run_id.to_owned(),
@@ -856,7 +853,7 @@ impl Approval {
                 return Err(ApprovalError::RunNotFound(req.run_id));
             };
             let due = run.next_attempt_at.as_ref().map_or(0, timestamp_ms);
-            if status_of(run) == S::Approved && due > now {
+            if status_of(&run) == S::Approved && due > now {
                 return Err(ApprovalError::NotDue {
                     run_id: req.run_id,
                     next_attempt_ms: due,
@@ -902,10 +899,10 @@ impl Approval {
             let Some(run) = st.runs.get_mut(&req.run_id) else {
                 return Err(ApprovalError::RunNotFound(req.run_id));
             };
-            claim_held(run, &req.worker_id, now)?;
+            claim_held(&run, &req.worker_id, now)?;
             run.claim_expires_at = Some(timestamp(now + lease));
             let run = run.clone();
-            self.inner.runs.put(&run.run_id, &run)?;
+            st.runs.store(run.clone())?;
             let note = Note::new(&req.worker_id, "claim_renewed", "").detail("lease_ms", lease);
             let seq = self.audit(
                 &mut st,
@@ -929,7 +926,7 @@ impl Approval {
             let Some(run) = st.runs.get(&req.run_id) else {
                 return Err(ApprovalError::RunNotFound(req.run_id));
             };
-            claim_held(run, &req.worker_id, now)?;
+            claim_held(&run, &req.worker_id, now)?;
             let note = Note::new(&req.worker_id, "completed", "");
             self.transition(&mut st, &req.run_id, S::Completed, note, |r| {
                 r.result = req.result;
@@ -947,7 +944,7 @@ impl Approval {
             let Some(run) = st.runs.get(&req.run_id) else {
                 return Err(ApprovalError::RunNotFound(req.run_id));
             };
-            claim_held(run, &req.worker_id, now)?;
+            claim_held(&run, &req.worker_id, now)?;
             self.fail_locked(
                 &mut st,
                 &req.run_id,
@@ -973,7 +970,8 @@ impl Approval {
         let run = st
             .runs
             .get(run_id)
-            .ok_or_else(|| ApprovalError::RunNotFound(run_id.to_owned()))?;
+            .ok_or_else(|| ApprovalError::RunNotFound(run_id.to_owned()))?
+            .into_owned();
         let max = run
             .max_retries
             .unwrap_or(self.inner.cfg.default_max_retries);
@@ -1008,7 +1006,7 @@ impl Approval {
             let mut st = self.lock();
             let expired: Vec<(String, String)> = st
                 .runs
-                .values()
+                .live()
                 .filter(|r| {
                     status_of(r) == S::Running
                         && r.claim_expires_at.as_ref().map_or(0, timestamp_ms) <= now
@@ -1033,7 +1031,7 @@ impl Approval {
         self.lock()
             .runs
             .get(run_id)
-            .cloned()
+            .map(Cow::into_owned)
             .ok_or_else(|| ApprovalError::RunNotFound(run_id.to_owned()))
     }
 
@@ -1048,9 +1046,14 @@ impl Approval {
         }
         let size = switchyard_core::validate::page_size(req.page_size);
         let st = self.lock();
-        let mut runs: Vec<(String, &Run)> = st
-            .runs
-            .values()
+        // Ended runs are read from disk only when the filter asks for them.
+        let in_flight_only = !statuses.is_empty() && statuses.iter().all(|s| !runs::ended(*s));
+        let candidates: Box<dyn Iterator<Item = Cow<'_, Run>>> = if in_flight_only {
+            Box::new(st.runs.live().map(Cow::Borrowed))
+        } else {
+            Box::new(st.runs.all())
+        };
+        let mut runs: Vec<(String, Cow<'_, Run>)> = candidates
             .filter(|r| statuses.is_empty() || statuses.contains(&status_of(r)))
             .filter(|r| req.created_by.is_empty() || r.created_by == req.created_by)
             .filter(|r| {
@@ -1060,7 +1063,7 @@ impl Approval {
                     && (req.work_item_id.is_empty()
                         || t.is_some_and(|t| t.work_item_ids.contains(&req.work_item_id)))
             })
-            .map(|r| (list_key(r), r))
+            .map(|r| (list_key(&r), r))
             .filter(|(k, _)| req.page_token.is_empty() || *k > req.page_token)
             .collect();
         runs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
@@ -1071,7 +1074,7 @@ impl Approval {
             String::new()
         };
         Ok(ListRunsResponse {
-            runs: runs.into_iter().map(|(_, r)| r.clone()).collect(),
+            runs: runs.into_iter().map(|(_, r)| r.into_owned()).collect(),
             next_page_token,
         })
     }
@@ -1086,10 +1089,7 @@ impl Approval {
         } else {
             let seqs: Vec<u64> = {
                 let st = self.lock();
-                let Some(seqs) = st.audit_by_run.get(&req.run_id) else {
-                    if st.runs.contains_key(&req.run_id) {
-                        return Ok(ListAuditResponse::default());
-                    }
+                let Some(seqs) = st.runs.positions(&req.run_id) else {
                     return Err(ApprovalError::RunNotFound(req.run_id.clone()));
                 };
                 seqs.iter()
@@ -1120,7 +1120,7 @@ impl Approval {
             let run = st
                 .runs
                 .get(run_id)
-                .cloned()
+                .map(Cow::into_owned)
                 .ok_or_else(|| ApprovalError::RunNotFound(run_id.to_owned()))?;
             let actor = authorize(Action::Export, actor, &run)?;
             if matches!(status_of(&run), S::Proposed | S::Rejected | S::Cancelled) {
@@ -1180,8 +1180,9 @@ impl Approval {
             let run = st
                 .runs
                 .get(&req.run_id)
+                .map(Cow::into_owned)
                 .ok_or_else(|| ApprovalError::RunNotFound(req.run_id.clone()))?;
-            let actor = authorize(Action::Import, actor, run)?;
+            let actor = authorize(Action::Import, actor, &run)?;
             let expected = run
                 .context_pack
                 .as_ref()
@@ -1244,7 +1245,7 @@ impl Approval {
 
     /// RUN_NOT_FOUND unless `p` may see run `run_id` (nothing is copied).
     fn check_visible(&self, p: &Principal, run_id: &str) -> Result<(), ApprovalError> {
-        if self.lock().runs.get(run_id).is_some_and(|r| visible(p, r)) {
+        if self.lock().runs.get(run_id).is_some_and(|r| visible(p, &r)) {
             Ok(())
         } else {
             Err(ApprovalError::RunNotFound(run_id.to_owned()))
@@ -1318,7 +1319,7 @@ impl Approval {
                         if (req.run_id.is_empty() || rec.run_id == req.run_id)
                             && me.check_visible(&p, &rec.run_id).is_ok() =>
                     {
-                        let run = me.lock().runs.get(&rec.run_id).cloned();
+                        let run = me.lock().runs.get(&rec.run_id).map(Cow::into_owned);
                         Some(Ok(WatchResponse {
                             event: Some(Event {
                                 sequence: rec.sequence,
@@ -1463,7 +1464,7 @@ impl ApprovalService for Approval {
         let mut out = Approval::list_audit(self, req.get_ref())?;
         let st = self.lock();
         out.records
-            .retain(|rec| st.runs.get(&rec.run_id).is_some_and(|r| visible(&p, r)));
+            .retain(|rec| st.runs.get(&rec.run_id).is_some_and(|r| visible(&p, &r)));
         drop(st);
         Ok(Response::new(out))
     }

@@ -895,3 +895,62 @@ fn backoff_doubles_from_the_base_and_is_capped() {
     assert_eq!(cfg.backoff_ms(40), 300_000);
     assert_eq!(cfg.backoff_ms(200), 300_000);
 }
+
+#[tokio::test]
+async fn ended_runs_leave_memory_and_a_restart_loads_only_runs_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_700_000_000_000);
+    let (done, running, failed) = {
+        let f = fixture_on(reopen(dir.path()), clock.clone());
+        let done = run_in(&f.svc, S::Completed).await;
+        let running = run_in(&f.svc, S::Running).await;
+        let failed = run_in(&f.svc, S::Failed).await;
+        assert_eq!(f.svc.lock().runs.in_memory(), 1, "only the running run");
+        // Ended runs read back from disk, with their audit trail.
+        assert_eq!(status_of(&f.svc.get(&done).unwrap()), S::Completed);
+        let audit = f
+            .svc
+            .list_audit(&ListAuditRequest {
+                run_id: done.clone(),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(
+            audit.records.last().unwrap().to_status,
+            RunStatus::Completed as i32
+        );
+        assert_eq!(
+            f.svc.list(&ListRunsRequest::default()).unwrap().runs.len(),
+            3
+        );
+        f.svc.flush().unwrap();
+        (done, running, failed)
+    };
+    let f = fixture_on(reopen(dir.path()), clock);
+    assert_eq!(f.svc.lock().runs.in_memory(), 1);
+    assert_eq!(status_of(&f.svc.get(&running).unwrap()), S::Running);
+    assert_eq!(status_of(&f.svc.get(&done).unwrap()), S::Completed);
+    let in_flight = ListRunsRequest {
+        statuses: vec![RunStatus::Running as i32],
+        ..Default::default()
+    };
+    assert_eq!(f.svc.list(&in_flight).unwrap().runs.len(), 1);
+    // A failed run approved again is back in flight, its audit trail whole.
+    f.svc
+        .decide(Action::Approve, &failed, "again", REVIEWER)
+        .await
+        .unwrap();
+    assert_eq!(f.svc.lock().runs.in_memory(), 2);
+    let audit = f
+        .svc
+        .list_audit(&ListAuditRequest {
+            run_id: failed,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(audit.records.first().unwrap().event_type, "proposed");
+    assert_eq!(
+        audit.records.last().unwrap().to_status,
+        RunStatus::Approved as i32
+    );
+}
