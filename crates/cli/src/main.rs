@@ -150,7 +150,10 @@ async fn run_services(args: RunArgs, services: &[ServiceKind], dev: bool) -> any
         print!("{}", switchyard_kit::config::dump(&cfg)?);
         return Ok(());
     }
-    let telemetry = switchyard_kit::telemetry::init(&cfg.telemetry)?;
+    let names: Vec<&str> = services.iter().map(|s| s.name()).collect();
+    let service_name = switchyard_kit::telemetry::service_name(&cfg.telemetry, &names, dev);
+    let telemetry =
+        switchyard_kit::telemetry::init_as(&cfg.telemetry, &service_name, &names.join(","))?;
     let listener = switchyard_kit::server::bind(&cfg.server).await?;
     let (trigger, shutdown) = switchyard_kit::shutdown::channel();
     switchyard_kit::shutdown::on_signals(trigger);
@@ -216,7 +219,8 @@ async fn agents(cmd: AgentsCmd) -> anyhow::Result<()> {
                 print!("{}", switchyard_kit::config::dump(&cfg)?);
                 return Ok(());
             }
-            let telemetry = switchyard_kit::telemetry::init(&cfg.telemetry)?;
+            let telemetry =
+                switchyard_kit::telemetry::init_as(&cfg.telemetry, "switchyard-agents", "agents")?;
             let credential = token
                 .as_deref()
                 .map(switchyard_kit::client::Credential::bearer)

@@ -80,6 +80,22 @@ pub fn outgoing_traceparent() -> Option<String> {
     current().and_then(|c| c.traceparent)
 }
 
+/// `fut` with this task's request context and span, to run on another
+/// task (`tokio::spawn`, a `JoinSet`): the calls it makes carry the same
+/// correlation id and join the same trace.
+pub fn propagate<F: std::future::Future>(fut: F) -> impl std::future::Future<Output = F::Output> {
+    use tracing::Instrument as _;
+    let ctx = current();
+    let span = tracing::Span::current();
+    async move {
+        match ctx {
+            Some(ctx) => scope(ctx, fut).await,
+            None => fut.await,
+        }
+    }
+    .instrument(span)
+}
+
 /// Makes `span` a child of the trace in `traceparent` (when OTLP tracing is
 /// on), so work resumed later — after a restart, say — joins the trace it
 /// started in.

@@ -40,12 +40,20 @@ pub struct TelemetryConfig {
     /// Filter directives for logs (overridden by `RUST_LOG`).
     pub log_filter: String,
     /// Filter directives for exported spans, separate from logs so quiet
-    /// logs do not silence traces.
+    /// logs do not silence traces. The default exports Switchyard's own
+    /// spans only (RPCs, jobs), not HTTP/2 and runtime internals.
     pub trace_filter: String,
     /// OTLP gRPC endpoint; when unset, `OTEL_EXPORTER_OTLP_ENDPOINT` is used.
     pub otlp_endpoint: Option<String>,
-    /// `service.name` resource attribute of exported spans.
+    /// `service.name` resource attribute of exported spans; empty: from the
+    /// process's role (`switchyard-executor`, `switchyard-dev`, …).
     pub service_name: String,
+    /// Fraction of traces exported, decided once per trace at its root (a
+    /// job's trace is kept or dropped whole); 1.0 keeps every trace.
+    pub trace_sample_ratio: f64,
+    /// Spans buffered for export; beyond it new spans are dropped (and
+    /// counted in the exporter's shutdown log). Sized for bursts of jobs.
+    pub span_queue: usize,
 }
 
 impl Default for TelemetryConfig {
@@ -53,9 +61,11 @@ impl Default for TelemetryConfig {
         Self {
             log_format: LogFormat::Human,
             log_filter: "info".into(),
-            trace_filter: "info".into(),
+            trace_filter: "switchyard=info".into(),
             otlp_endpoint: None,
-            service_name: "switchyard".into(),
+            service_name: String::new(),
+            trace_sample_ratio: 1.0,
+            span_queue: 65_536,
         }
     }
 }
@@ -91,9 +101,32 @@ pub enum TelemetryError {
     AlreadyInit(String),
 }
 
+/// `service.name` for a process hosting `services` (unless configured).
+pub fn service_name(cfg: &TelemetryConfig, services: &[&str], dev: bool) -> String {
+    if !cfg.service_name.is_empty() {
+        cfg.service_name.clone()
+    } else if dev {
+        "switchyard-dev".into()
+    } else if services.is_empty() {
+        "switchyard".into()
+    } else {
+        format!("switchyard-{}", services.join("+"))
+    }
+}
+
 /// Installs the global subscriber. Must run inside a tokio runtime when OTLP
-/// export is on.
+/// export is on. `role` names the services this process hosts (the
+/// `switchyard.role` resource attribute; `service.name` derives from it).
 pub fn init(cfg: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
+    init_as(cfg, "switchyard", "")
+}
+
+/// [`init`] for a process named `service_name` in role `role`.
+pub fn init_as(
+    cfg: &TelemetryConfig,
+    service_name: &str,
+    role: &str,
+) -> Result<TelemetryGuard, TelemetryError> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(v) if !v.is_empty() => {
             EnvFilter::try_new(&v).map_err(|e| TelemetryError::Filter(v, e.to_string()))?
@@ -125,11 +158,37 @@ pub fn init(cfg: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
                 .with_endpoint(ep.clone())
                 .build()
                 .map_err(|e| TelemetryError::Exporter(ep, e.to_string()))?;
+            let trace_filter = EnvFilter::try_new(&cfg.trace_filter)
+                .map_err(|e| TelemetryError::Filter(cfg.trace_filter.clone(), e.to_string()))?;
+            let batch = opentelemetry_sdk::trace::BatchConfigBuilder::default()
+                .with_max_queue_size(cfg.span_queue.max(512))
+                .with_max_export_batch_size(4_096.min(cfg.span_queue.max(512)))
+                .with_scheduled_delay(std::time::Duration::from_millis(500))
+                .build();
+            let processor = opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter)
+                .with_batch_config(batch)
+                .build();
+            let ratio = cfg.trace_sample_ratio.clamp(0.0, 1.0);
+            // Head sampling by trace: a job's spans share its trace id, so
+            // a sampled job is exported whole.
+            let sampler = opentelemetry_sdk::trace::Sampler::ParentBased(Box::new(
+                opentelemetry_sdk::trace::Sampler::TraceIdRatioBased(ratio),
+            ));
+            let name = if cfg.service_name.is_empty() {
+                service_name.to_owned()
+            } else {
+                cfg.service_name.clone()
+            };
             let provider = SdkTracerProvider::builder()
-                .with_batch_exporter(exporter)
+                .with_span_processor(processor)
+                .with_sampler(sampler)
                 .with_resource(
                     opentelemetry_sdk::Resource::builder()
-                        .with_service_name(cfg.service_name.clone())
+                        .with_service_name(name)
+                        .with_attribute(opentelemetry::KeyValue::new(
+                            "switchyard.role",
+                            role.to_owned(),
+                        ))
                         .build(),
                 )
                 .build();
@@ -138,7 +197,11 @@ pub fn init(cfg: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
                 opentelemetry_sdk::propagation::TraceContextPropagator::new(),
             );
             (
-                Some(tracing_opentelemetry::layer().with_tracer(tracer)),
+                Some(
+                    tracing_opentelemetry::layer()
+                        .with_tracer(tracer)
+                        .with_filter(trace_filter),
+                ),
                 Some(provider),
             )
         }

@@ -82,7 +82,7 @@ impl Executor {
         job_id: &str,
         work: impl std::future::Future<Output = ()> + Send + 'static,
     ) {
-        let h = tokio::spawn(work.in_current_span());
+        let h = tokio::spawn(context::propagate(work));
         crate::lock(&self.inner.settling)
             .entry(job_id.to_owned())
             .or_default()
@@ -327,7 +327,8 @@ impl Driver {
                     };
                     (i, attempt.run().await)
                 };
-                running.spawn(attempt.in_current_span());
+                // The attempt's calls carry the job's correlation id and trace.
+                running.spawn(context::propagate(attempt));
             }
             if step.done && running.is_empty() {
                 return self.finish().await;

@@ -16,9 +16,7 @@ use switchyard_kit::client::{Credential, Intercepted, authed, connect};
 use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
 use switchyard_proto::approval::v1::{GetRunRequest, RunStatus};
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
-use switchyard_proto::executor::v1::{
-    Job, JobState, ListJobsRequest, SubmitJobRequest, TaskState,
-};
+use switchyard_proto::executor::v1::{Job, JobState, ListJobsRequest, SubmitJobRequest, TaskState};
 use switchyard_proto::ledger::v1::GetBudgetRequest;
 use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
 
@@ -198,7 +196,10 @@ async fn inconsistencies(cluster: &Cluster, jobs: &[Job]) -> Vec<String> {
             })
             .await
             .map(|r| r.into_inner().run.unwrap_or_default().status);
-        if !run.as_ref().is_ok_and(|s| *s == RunStatus::Completed as i32) {
+        if !run
+            .as_ref()
+            .is_ok_and(|s| *s == RunStatus::Completed as i32)
+        {
             wrong.push(format!("run {} is {run:?}", j.run_id));
         }
         let budget = ledger
@@ -239,7 +240,11 @@ async fn outage_of(service: &'static str) -> String {
         .collect::<Vec<_>>()
         .await;
     let refused: Vec<_> = submitted.iter().filter_map(|r| r.as_ref().err()).collect();
-    assert!(refused.is_empty(), "every job is accepted: {:?}", &refused[..refused.len().min(3)]);
+    assert!(
+        refused.is_empty(),
+        "every job is accepted: {:?}",
+        &refused[..refused.len().min(3)]
+    );
     let mut c = client.clone();
     // The outage starts while every job is running — for the approval
     // service, as their last steps start, so the jobs end while it is down.

@@ -19,7 +19,7 @@ use switchyard_proto::registry::v1::ListAgentsRequest;
 use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
 
 #[derive(Clone, Default)]
-struct Sink(Arc<Mutex<Vec<Span>>>);
+struct Sink(Arc<Mutex<Vec<Span>>>, Arc<Mutex<Vec<(String, Span)>>>);
 
 #[tonic::async_trait]
 impl TraceService for Sink {
@@ -28,8 +28,20 @@ impl TraceService for Sink {
         req: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
         let mut spans = self.0.lock().expect("sink lock");
+        let mut named = self.1.lock().expect("sink lock");
         for rs in req.into_inner().resource_spans {
+            let service = rs
+                .resource
+                .as_ref()
+                .and_then(|r| r.attributes.iter().find(|a| a.key == "service.name"))
+                .and_then(|a| a.value.as_ref())
+                .and_then(|v| match &v.value {
+                    Some(Value::StringValue(s)) => Some(s.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default();
             for ss in rs.scope_spans {
+                named.extend(ss.spans.iter().map(|s| (service.clone(), s.clone())));
                 spans.extend(ss.spans);
             }
         }
@@ -222,6 +234,194 @@ async fn rpc_spans_are_exported_over_otlp_continuing_the_callers_trace() {
         "{corr:?}"
     );
 
+    let _ = stop_tx.send(());
+    server.await.unwrap().unwrap();
+}
+
+fn attr(s: &Span, key: &str) -> Option<String> {
+    s.attributes
+        .iter()
+        .find(|a| a.key == key)
+        .and_then(|a| a.value.as_ref())
+        .and_then(|v| match &v.value {
+            Some(Value::StringValue(s)) => Some(s.clone()),
+            _ => None,
+        })
+}
+
+/// 100 jobs submitted at 100 a second, each in its own trace with its own
+/// correlation id: every job's trace is complete — every service's spans,
+/// the registry's outcome report included — each span names the process's
+/// service and carries the job's correlation id, and nothing but
+/// Switchyard's own spans is exported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_job_trace_is_complete_at_100_jobs_a_second() {
+    use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
+    use switchyard_proto::executor::v1::{JobState, SubmitJobRequest, WatchJobRequest};
+    use tokio_stream::StreamExt;
+
+    const JOBS: usize = 100;
+    let (sink, endpoint, stop_tx, server) = collector().await;
+    let dir = tempfile::tempdir().unwrap();
+    let otel = ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str());
+    let data = |n: &str| dir.path().join(n).to_str().unwrap().to_owned();
+    let (d1, d2) = (data("others"), data("executor"));
+    let others = Proc::start(
+        &[
+            "serve",
+            "--services",
+            "registry,router,ledger,approval,auth",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &d1,
+        ],
+        &[otel],
+    );
+    let url = others.url();
+    let x = Proc::start(
+        &[
+            "serve",
+            "--services",
+            "executor",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &d2,
+        ],
+        &[
+            otel,
+            ("SWITCHYARD_AUTH__KEYS_URL", &url),
+            ("SWITCHYARD_EXECUTOR__REGISTRY_URL", &url),
+            ("SWITCHYARD_EXECUTOR__ROUTER_URL", &url),
+            ("SWITCHYARD_EXECUTOR__LEDGER_URL", &url),
+            ("SWITCHYARD_EXECUTOR__APPROVAL_URL", &url),
+            ("SWITCHYARD_EXECUTOR__APPROVAL_POLL_MS", "50"),
+        ],
+    );
+    wait_for(
+        "built-in agents routable",
+        std::time::Duration::from_secs(20),
+        || routed(&url, &["--capability", "builtin.echo"]).is_some_and(|ids| !ids.is_empty()),
+    );
+    let c = JobServiceClient::new(switchyard_kit::client::authed(
+        switchyard_kit::client::connect(&x.url()).await.unwrap(),
+        switchyard_kit::client::Credential::bearer(&token(&url, "alice")).ok(),
+    ));
+    let trace_of = |i: usize| {
+        format!(
+            "{:032x}",
+            0x5eed_0000_0000_0000_0000_0000_0000u128 + i as u128
+        )
+    };
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(10));
+    let mut watches = Vec::new();
+    for i in 0..JOBS {
+        tick.tick().await;
+        let mut c = c.clone();
+        let job = format!("load-{i}");
+        let mut req = tonic::Request::new(SubmitJobRequest {
+            document: format!(
+                r#"{{"job_id":"{job}","tasks":[{{"id":"a","agent":{{"capability":"builtin.echo","input":{{"text":"hi"}}}}}}]}}"#
+            ),
+            ..Default::default()
+        });
+        req.metadata_mut().insert(
+            "traceparent",
+            format!("00-{}-b7ad6b7169203331-01", trace_of(i))
+                .parse()
+                .unwrap(),
+        );
+        req.metadata_mut().insert(
+            "x-correlation-id",
+            format!("corr-load-{i}").parse().unwrap(),
+        );
+        watches.push(tokio::spawn(async move {
+            c.submit_job(req).await.unwrap();
+            let mut w = c
+                .watch_job(WatchJobRequest {
+                    job_id: job,
+                    after_sequence: 0,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let mut last = None;
+            while let Some(e) = w.next().await {
+                last = Some(e.unwrap().event.unwrap());
+            }
+            last.map(|e| e.kind)
+        }));
+    }
+    for w in watches {
+        assert_eq!(w.await.unwrap().as_deref(), Some("job.state"));
+    }
+    let _ = JobState::Completed;
+    // SIGTERM flushes each process's spans.
+    assert_eq!(x.terminate(), Some(0));
+    assert_eq!(others.terminate(), Some(0));
+
+    let named = sink.1.lock().unwrap().clone();
+    let foreign: Vec<&str> = named
+        .iter()
+        .filter(|(_, s)| !s.name.contains('.'))
+        .map(|(_, s)| s.name.as_str())
+        .collect();
+    assert!(
+        foreign.len() <= named.len() / 100,
+        "only Switchyard spans: {:?}",
+        &foreign[..foreign.len().min(10)]
+    );
+    let mut incomplete = Vec::new();
+    for i in 0..JOBS {
+        let trace = trace_of(i);
+        let spans: Vec<&(String, Span)> = named
+            .iter()
+            .filter(|(_, s)| hex(&s.trace_id) == trace)
+            .collect();
+        let names: Vec<&str> = spans.iter().map(|(_, s)| s.name.as_str()).collect();
+        for want in [
+            "executor.SubmitJob",
+            "executor.job",
+            "ledger.CreateBudget",
+            "approval.Propose",
+            "approval.Claim",
+            "router.Route",
+            "ledger.Reserve",
+            "registry.ReportOutcome",
+            "approval.Complete",
+            "ledger.CloseBudget",
+        ] {
+            if !names.contains(&want) {
+                incomplete.push(format!("load-{i}: no {want} in {names:?}"));
+            }
+        }
+        if !names.contains(&"ledger.Commit") && !names.contains(&"ledger.Release") {
+            incomplete.push(format!(
+                "load-{i}: the hold is neither committed nor released"
+            ));
+        }
+        for (service, s) in &spans {
+            let corr = attr(s, "correlation_id");
+            if corr.as_deref() != Some(format!("corr-load-{i}").as_str()) {
+                incomplete.push(format!("load-{i}: {} carries {corr:?}", s.name));
+            }
+            let want = if s.name.starts_with("executor.") {
+                "switchyard-executor"
+            } else {
+                "switchyard-registry+router+ledger+approval+auth"
+            };
+            if service != want {
+                incomplete.push(format!("load-{i}: {} from service {service:?}", s.name));
+            }
+        }
+    }
+    assert!(
+        incomplete.is_empty(),
+        "{} problems, first: {:?}",
+        incomplete.len(),
+        &incomplete[..incomplete.len().min(5)]
+    );
     let _ = stop_tx.send(());
     server.await.unwrap().unwrap();
 }

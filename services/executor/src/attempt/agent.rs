@@ -351,14 +351,7 @@ impl Called<'_> {
                     tracing::warn!(error = %e.message(), "reporting an agent call's outcome");
                 }
             };
-            let ctx = switchyard_kit::context::current();
-            let report = async move {
-                match ctx {
-                    Some(ctx) => switchyard_kit::context::scope(ctx, report).await,
-                    None => report.await,
-                }
-            };
-            tokio::spawn(tracing::Instrument::in_current_span(report));
+            tokio::spawn(switchyard_kit::context::propagate(report));
         }
     }
 
