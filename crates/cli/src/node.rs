@@ -218,6 +218,7 @@ pub async fn run_node_then(
         let l =
             blocking(|| Ledger::open(ledger_cfg, store, Arc::new(SystemClock), shutdown.clone()))?;
         l.spawn_sweeper();
+        l.spawn_maintenance();
         server = server.add_service(l.server(max));
         ledger = Some(l);
     }

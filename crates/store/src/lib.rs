@@ -222,6 +222,18 @@ impl<V: prost::Message + Default> Tree<V> {
         self.entries(range.rev())
     }
 
+    /// The entries with keys after `key`, in key order.
+    pub fn iter_after(
+        &self,
+        key: &str,
+    ) -> impl Iterator<Item = Result<(String, V), StoreError>> + '_ {
+        let range = self.tree.range::<&[u8], _>((
+            std::ops::Bound::Excluded(key.as_bytes()),
+            std::ops::Bound::Unbounded,
+        ));
+        self.entries(range)
+    }
+
     /// Removes every entry whose key starts with `prefix`; returns how many.
     pub fn remove_prefix(&self, prefix: &str) -> Result<usize, StoreError> {
         let mut n = 0;

@@ -899,7 +899,7 @@ impl Approval {
             let Some(run) = st.runs.get_mut(&req.run_id) else {
                 return Err(ApprovalError::RunNotFound(req.run_id));
             };
-            claim_held(&run, &req.worker_id, now)?;
+            claim_held(run, &req.worker_id, now)?;
             run.claim_expires_at = Some(timestamp(now + lease));
             let run = run.clone();
             st.runs.store(run.clone())?;

@@ -163,6 +163,58 @@ pub(crate) struct ReplayGap {
 }
 
 impl Books {
+    /// Keeps the entry a Committed record charged, indexed by job and
+    /// correlation id.
+    pub fn index_entry(&mut self, r: &JournalRecord) {
+        let entry = r.entry.clone().unwrap_or_default();
+        let ctx = entry.context.clone().unwrap_or_default();
+        if !ctx.job_id.is_empty() {
+            self.by_job.entry(ctx.job_id).or_default().push(r.sequence);
+        }
+        if !ctx.correlation_id.is_empty() {
+            self.by_correlation
+                .entry(ctx.correlation_id)
+                .or_default()
+                .push(r.sequence);
+        }
+        self.entries.insert(
+            r.sequence,
+            Charge {
+                entry,
+                overrun: r.overrun,
+            },
+        );
+    }
+
+    /// Forgets entry `seq` from the job and correlation indexes (it is
+    /// retired with its budget).
+    pub fn forget_entry(&mut self, job_id: &str, correlation_id: &str, seq: u64) {
+        for (map, key) in [
+            (&mut self.by_job, job_id),
+            (&mut self.by_correlation, correlation_id),
+        ] {
+            if let Some(v) = map.get_mut(key) {
+                v.retain(|s| *s != seq);
+                if v.is_empty() {
+                    map.remove(key);
+                }
+            }
+        }
+    }
+
+    /// Puts back a reservation from a snapshot, with its keys and expiry.
+    pub fn restore(&mut self, res: Res) {
+        if res.settled == Settled::Open {
+            self.expiry.insert((res.expires_ms, res.id.clone()));
+        }
+        self.reserve_keys.insert(res.key.clone(), res.id.clone());
+        if !res.settle_key.is_empty() {
+            self.settle_keys
+                .insert(res.settle_key.clone(), res.id.clone());
+        }
+        self.reservations.insert(res.id.clone(), res);
+    }
+
     /// The budget and its ancestors, nearest first.
     pub fn chain(&self, id: &str) -> Vec<&BudgetState> {
         let mut out = Vec::new();
@@ -177,11 +229,6 @@ impl Books {
             cur = b.parent.as_deref().and_then(|p| self.budgets.get(p));
         }
         out
-    }
-
-    /// True when `ancestor` is `id` or one of its ancestors.
-    pub fn within(&self, id: &str, ancestor: &str) -> bool {
-        self.chain(id).iter().any(|b| b.id == ancestor)
     }
 
     /// The budget and every budget nested under it.
@@ -208,13 +255,6 @@ impl Books {
             f(b);
             cur.clone_from(&b.parent);
         }
-    }
-
-    /// Whether `p` sees budget `id`: it exists and is in `p`'s tenant.
-    pub fn sees(&self, p: &switchyard_kit::auth::Principal, id: &str) -> bool {
-        self.budgets
-            .get(id)
-            .is_some_and(|b| p.sees_tenant(&b.tenant))
     }
 
     /// Applies one journal record. The only place balances change.
@@ -329,27 +369,10 @@ impl Books {
                     b.cost_spent = b.cost_spent.saturating_add(spent_cost);
                 });
                 if r.kind() == RecordKind::Committed {
-                    let entry = r.entry.clone().unwrap_or_default();
-                    let ctx = entry.context.clone().unwrap_or_default();
                     if let Some(b) = self.budgets.get_mut(&budget) {
                         b.entries.push(r.sequence);
                     }
-                    if !ctx.job_id.is_empty() {
-                        self.by_job.entry(ctx.job_id).or_default().push(r.sequence);
-                    }
-                    if !ctx.correlation_id.is_empty() {
-                        self.by_correlation
-                            .entry(ctx.correlation_id)
-                            .or_default()
-                            .push(r.sequence);
-                    }
-                    self.entries.insert(
-                        r.sequence,
-                        Charge {
-                            entry,
-                            overrun: r.overrun,
-                        },
-                    );
+                    self.index_entry(r);
                 }
             }
             // Facts for watchers and audits; balances already reflect them.

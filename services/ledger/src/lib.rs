@@ -9,6 +9,7 @@
 //! commit: concurrent callers share one flush).
 
 mod books;
+mod cold;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -28,6 +29,7 @@ use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use books::{Books, Settled, micro, money};
+use cold::Cold;
 
 /// Prices of one model or agent, per million units, in micro-USD.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -49,6 +51,14 @@ pub struct LedgerConfig {
     pub max_ttl_secs: u64,
     /// How often expired reservations are released, ms.
     pub sweep_interval_ms: u64,
+    /// How often the books are snapshotted (start-up replays the journal
+    /// only after the last snapshot) and closed budgets that hold nothing
+    /// leave memory, ms.
+    pub snapshot_interval_ms: u64,
+    /// Retired budgets (their reservations, keys and entry index) and the
+    /// journal records before the snapshot are kept this long, seconds; 0
+    /// keeps them forever. Balances are never lost: the snapshot holds them.
+    pub retention_secs: u64,
     /// The price catalogue: `[ledger.prices."gpt-4o-mini"]`.
     pub prices: BTreeMap<String, PriceConfig>,
 }
@@ -59,6 +69,8 @@ impl Default for LedgerConfig {
             default_ttl_secs: 300,
             max_ttl_secs: 86_400,
             sweep_interval_ms: 1_000,
+            snapshot_interval_ms: 10_000,
+            retention_secs: 7 * 24 * 3600,
             prices: BTreeMap::new(),
         }
     }
@@ -70,8 +82,10 @@ impl LedgerConfig {
         if self.default_ttl_secs == 0 || self.default_ttl_secs > self.max_ttl_secs {
             return Err("ledger.default_ttl_secs must be > 0 and <= ledger.max_ttl_secs".into());
         }
-        if self.sweep_interval_ms == 0 {
-            return Err("ledger.sweep_interval_ms must be > 0".into());
+        if self.sweep_interval_ms == 0 || self.snapshot_interval_ms == 0 {
+            return Err(
+                "ledger.sweep_interval_ms and ledger.snapshot_interval_ms must be > 0".into(),
+            );
         }
         for (model, p) in &self.prices {
             if p.input_micro_usd_per_million < 0 || p.output_micro_usd_per_million < 0 {
@@ -283,6 +297,8 @@ struct Inner {
     clock: Arc<dyn Clock>,
     books: Mutex<Books>,
     journal: Log<JournalRecord>,
+    /// Retired budgets and the books' snapshot.
+    cold: Cold,
     store: Store,
     shutdown: Shutdown,
 }
@@ -314,19 +330,17 @@ impl Ledger {
         shutdown: Shutdown,
     ) -> Result<Ledger, LedgerError> {
         let journal = store.log::<JournalRecord>("journal")?;
-        let mut books = Books::default();
-        let mut records = 0u64;
-        for r in journal.replay() {
-            let (_, record) = r?;
-            records += 1;
-            if let Err(gap) = books.apply(&record) {
-                tracing::error!(error = %gap, "journal record skipped");
-            }
+        let cold = Cold::open(&store)?;
+        let started = std::time::Instant::now();
+        let (books, records, gaps) = cold.load(&journal)?;
+        for gap in gaps {
+            tracing::error!(error = %gap, "journal record skipped");
         }
         tracing::info!(
             records,
             budgets = books.budgets.len(),
             open_reservations = books.expiry.len(),
+            ms = started.elapsed().as_millis() as u64,
             "ledger loaded"
         );
         Ok(Ledger {
@@ -336,6 +350,7 @@ impl Ledger {
                 clock,
                 books: Mutex::new(books),
                 journal,
+                cold,
                 store,
                 shutdown,
             }),
@@ -359,6 +374,75 @@ impl Ledger {
                 let me = me.clone();
                 async move { me.sweep().await.map(drop) }
             })
+    }
+
+    /// Snapshots the books and retires what can go every
+    /// `snapshot_interval_ms` until shutdown.
+    pub fn spawn_maintenance(&self) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        let period = Duration::from_millis(self.inner.cfg.snapshot_interval_ms);
+        self.inner
+            .shutdown
+            .spawn_every(period, "ledger snapshot", move || {
+                let me = me.clone();
+                async move { me.maintain().await }
+            })
+    }
+
+    /// Retires closed budgets that hold nothing, snapshots the books (once
+    /// the journal is durable up to the snapshot), and prunes what is past
+    /// retention: retired budgets, and journal records before the snapshot
+    /// that no budget in memory still reads.
+    pub async fn maintain(&self) -> Result<(), LedgerError> {
+        let journal = &self.inner.journal;
+        journal.make_durable(journal.last()).await?;
+        let now = self.now();
+        let (snap, keep_from) = {
+            let mut books = self.lock();
+            let retired = self.inner.cold.retire(&mut books, now)?;
+            if retired > 0 {
+                tracing::debug!(retired, "closed budgets left memory");
+            }
+            // Entries of budgets in memory are read back from the journal.
+            let first_entry = books.entries.keys().next().copied();
+            (
+                snapshot(&books, journal.last()),
+                first_entry.unwrap_or(u64::MAX),
+            )
+        };
+        journal.make_durable(snap.at).await?;
+        self.inner.cold.save(&snap)?;
+        let retention_ms = self.inner.cfg.retention_secs.saturating_mul(1000);
+        if retention_ms > 0 {
+            let cutoff = now.saturating_sub(retention_ms);
+            let pruned = self.inner.cold.prune(cutoff)?;
+            // Records before the snapshot, not read back, and older than
+            // the retention window go.
+            let mut before = keep_from.min(snap.at + 1);
+            for r in journal.replay() {
+                let (seq, rec) = r?;
+                if seq >= before
+                    || rec
+                        .time
+                        .as_ref()
+                        .map_or(0, switchyard_kit::time::timestamp_ms)
+                        >= cutoff
+                {
+                    before = before.min(seq);
+                    break;
+                }
+            }
+            let records = journal.prune_before(before)?;
+            if pruned > 0 || records > 0 {
+                tracing::info!(
+                    budgets = pruned,
+                    records,
+                    "pruned the ledger past its retention"
+                );
+            }
+        }
+        self.inner.store.sync().await?;
+        Ok(())
     }
 
     /// Releases every reservation past its TTL; returns how many.
@@ -408,6 +492,10 @@ impl Ledger {
 
     /// Flushes the journal to disk (shutdown).
     pub fn flush(&self) -> Result<(), LedgerError> {
+        // The flush below writes everything appended, so the books as they
+        // are now are the snapshot.
+        let snap = snapshot(&self.lock(), self.inner.journal.last());
+        self.inner.cold.save(&snap)?;
         self.inner.store.flush_blocking()?;
         Ok(())
     }
@@ -427,7 +515,7 @@ impl Ledger {
 
     /// Refuses with BUDGET_NOT_FOUND unless `p` sees budget `id`'s tenant.
     fn visible(&self, p: &switchyard_kit::auth::Principal, id: &str) -> Result<(), LedgerError> {
-        if self.lock().sees(p, id) {
+        if self.sees(&self.lock(), p, id) {
             Ok(())
         } else {
             Err(LedgerError::BudgetNotFound(id.to_owned()))
@@ -442,10 +530,11 @@ impl Ledger {
         id: &str,
     ) -> Result<(), LedgerError> {
         let books = self.lock();
-        let seen = books
-            .reservations
-            .get(id)
-            .is_some_and(|r| books.sees(p, &r.budget_id));
+        let budget = match books.reservations.get(id) {
+            Some(r) => Some(r.budget_id.clone()),
+            None => self.inner.cold.reservation(id)?.map(|r| r.budget_id),
+        };
+        let seen = budget.is_some_and(|b| self.sees(&books, p, &b));
         if seen {
             Ok(())
         } else {
@@ -455,11 +544,53 @@ impl Ledger {
 
     /// Returns one budget.
     pub fn budget(&self, id: &str) -> Result<Budget, LedgerError> {
-        self.lock()
-            .budgets
-            .get(id)
-            .map(|b| b.view())
-            .ok_or_else(|| LedgerError::BudgetNotFound(id.to_owned()))
+        let hot = self.lock().budgets.get(id).map(|b| b.view());
+        match hot {
+            Some(b) => Ok(b),
+            None => self
+                .inner
+                .cold
+                .budget(id)?
+                .and_then(|c| c.budget)
+                .ok_or_else(|| LedgerError::BudgetNotFound(id.to_owned())),
+        }
+    }
+
+    /// Budget `id`'s tenant and parent (`None`: no such budget), whether in
+    /// memory or retired.
+    fn facts(&self, books: &Books, id: &str) -> Option<(String, String)> {
+        match books.budgets.get(id) {
+            Some(b) => Some((b.tenant.clone(), b.parent.clone().unwrap_or_default())),
+            None => match self.inner.cold.budget(id) {
+                Ok(c) => c.and_then(|c| c.budget).map(|b| (b.tenant, b.parent_id)),
+                Err(e) => {
+                    tracing::error!(budget_id = id, error = %e, "reading a retired budget");
+                    None
+                }
+            },
+        }
+    }
+
+    /// Whether `p` sees budget `id` (in memory or retired).
+    fn sees(&self, books: &Books, p: &switchyard_kit::auth::Principal, id: &str) -> bool {
+        self.facts(books, id)
+            .is_some_and(|(tenant, _)| p.sees_tenant(&tenant))
+    }
+
+    /// True when `ancestor` is `id` or one of its ancestors (in memory or
+    /// retired).
+    fn within(&self, books: &Books, id: &str, ancestor: &str) -> bool {
+        let mut cur = id.to_owned();
+        for _ in 0..64 {
+            if cur == ancestor {
+                return true;
+            }
+            match self.facts(books, &cur) {
+                Some((_, parent)) if !parent.is_empty() => cur = parent,
+                _ => return false,
+            }
+        }
+        false
     }
 
     /// Creates a budget with no tenant (tests and tools inside the ledger).
@@ -506,14 +637,32 @@ impl Ledger {
         let (seq, created) = {
             let mut books = self.lock();
             if !req.parent_id.is_empty()
-                && books
-                    .budgets
-                    .get(&req.parent_id)
-                    .is_some_and(|p| p.tenant != tenant)
+                && self
+                    .facts(&books, &req.parent_id)
+                    .is_some_and(|(t, _)| t != tenant)
             {
                 return Err(LedgerError::BudgetNotFound(req.parent_id));
             }
-            if let Some(b) = books.budgets.get(&req.budget_id) {
+            let retired = match books.budgets.contains_key(&req.budget_id) {
+                true => None,
+                false => self
+                    .inner
+                    .cold
+                    .budget(&req.budget_id)?
+                    .and_then(|c| c.budget),
+            };
+            if let Some(b) = retired {
+                // Created (and closed) before: the same request is answered.
+                let same = b.tenant == tenant
+                    && b.parent_id == wanted.parent_id
+                    && b.token_limit == wanted.token_limit
+                    && b.cost_limit.map(|m| m.micro_usd) == wanted.cost_limit.map(|m| m.micro_usd)
+                    && b.labels == wanted.labels;
+                if !same {
+                    return Err(LedgerError::BudgetExists(req.budget_id));
+                }
+                (self.inner.journal.last(), false)
+            } else if let Some(b) = books.budgets.get(&req.budget_id) {
                 let same = b.tenant == tenant
                     && b.parent.clone().unwrap_or_default() == wanted.parent_id
                     && b.token_limit == wanted.token_limit
@@ -550,6 +699,13 @@ impl Ledger {
         if !parent_id.is_empty() {
             let chain = books.chain(&parent_id);
             if chain.is_empty() {
+                if self.inner.cold.budget(&parent_id)?.is_some() {
+                    // Retired: it was closed.
+                    return Err(LedgerError::Closed {
+                        budget_id: parent_id.clone(),
+                        closed: parent_id,
+                    });
+                }
                 return Err(LedgerError::BudgetNotFound(parent_id));
             }
             if let Some(c) = chain.iter().find(|b| b.closed) {
@@ -594,6 +750,12 @@ impl Ledger {
         let seq = {
             let mut books = self.lock();
             let Some(b) = books.budgets.get(&req.budget_id) else {
+                if self.inner.cold.budget(&req.budget_id)?.is_some() {
+                    return Err(LedgerError::Closed {
+                        budget_id: req.budget_id.clone(),
+                        closed: req.budget_id,
+                    });
+                }
                 return Err(LedgerError::BudgetNotFound(req.budget_id));
             };
             let token_limit = if req.remove_token_limit {
@@ -632,6 +794,8 @@ impl Ledger {
         let seq = {
             let mut books = self.lock();
             match books.budgets.get(id) {
+                // Retired: closed long ago.
+                None if self.inner.cold.budget(id)?.is_some() => None,
                 None => return Err(LedgerError::BudgetNotFound(id.to_owned())),
                 Some(b) if b.closed => None,
                 Some(_) => {
@@ -659,14 +823,32 @@ impl Ledger {
         let size = switchyard_core::validate::page_size(req.page_size);
         let books = self.lock();
         let start = std::ops::Bound::Excluded(req.page_token.clone());
+        let wanted = |parent: &str| req.parent_id.is_empty() || parent == req.parent_id;
         let mut budgets: Vec<Budget> = books
             .budgets
             .range::<String, _>((start, std::ops::Bound::Unbounded))
             .map(|(_, b)| b)
-            .filter(|b| req.parent_id.is_empty() || b.parent.as_deref() == Some(&req.parent_id))
+            .filter(|b| wanted(b.parent.as_deref().unwrap_or("")))
             .take(size + 1)
             .map(|b| b.view())
             .collect();
+        // Retired budgets, merged in id order.
+        let retired = self
+            .inner
+            .cold
+            .budgets_after(&req.page_token)
+            .filter_map(|r| match r {
+                Ok((_, c)) => c.budget,
+                Err(e) => {
+                    tracing::error!(error = %e, "listing retired budgets");
+                    None
+                }
+            })
+            .filter(|b| wanted(&b.parent_id))
+            .take(size + 1);
+        budgets.extend(retired);
+        budgets.sort_by(|a, b| a.budget_id.cmp(&b.budget_id));
+        budgets.truncate(size + 1);
         let next_page_token = if budgets.len() > size {
             budgets.truncate(size);
             budgets
@@ -726,9 +908,15 @@ impl Ledger {
         let now = self.now();
         let (seq, result) = {
             let mut books = self.lock();
-            if let Some(rid) = books.reserve_keys.get(&req.idempotency_key)
-                && let Some(res) = books.reservations.get(rid)
-            {
+            let prior = match books.reserve_keys.get(&req.idempotency_key) {
+                Some(rid) => books.reservations.get(rid).cloned(),
+                // A reservation of a retired budget answers too.
+                None => match self.inner.cold.key('r', &req.idempotency_key)? {
+                    Some(rid) => self.inner.cold.reservation(&rid)?,
+                    None => None,
+                },
+            };
+            if let Some(res) = prior {
                 let same = res.budget_id == req.budget_id
                     && res.tokens == req.tokens
                     && res.cost == cost
@@ -743,7 +931,18 @@ impl Ledger {
                 }
                 (self.inner.journal.last(), Ok(res.view()))
             } else {
-                match check_reserve(&books, &req.budget_id, req.tokens, cost) {
+                let fits = if !books.budgets.contains_key(&req.budget_id)
+                    && self.inner.cold.budget(&req.budget_id)?.is_some()
+                {
+                    // Retired: it was closed.
+                    Err(LedgerError::Closed {
+                        budget_id: req.budget_id.clone(),
+                        closed: req.budget_id.clone(),
+                    })
+                } else {
+                    check_reserve(&books, &req.budget_id, req.tokens, cost)
+                };
+                match fits {
                     Ok(()) => {
                         let (seq, rec) = self.inner.journal.append(|sequence| JournalRecord {
                             sequence,
@@ -833,10 +1032,16 @@ impl Ledger {
         let now = self.now();
         let (seq, response) = {
             let mut books = self.lock();
-            if let Some(prior) = settled_by_key(&books, &key, &req.reservation_id, "commit")? {
+            if let Some(prior) = settled_by_key(
+                &books,
+                &self.inner.cold,
+                &key,
+                &req.reservation_id,
+                "commit",
+            )? {
                 match prior {
                     Settled::Committed(seq) => {
-                        let charge = books.entries.get(&seq).cloned();
+                        let charge = cold::charge(&books, &self.inner.journal, seq)?;
                         let same = charge.as_ref().is_some_and(|c| {
                             c.entry.tokens == req.tokens
                                 && micro(c.entry.total.as_ref()) == cost
@@ -870,7 +1075,7 @@ impl Ledger {
                     }
                 }
             } else {
-                let res = open_reservation(&books, &req.reservation_id)?.clone();
+                let res = open_reservation(&books, &self.inner.cold, &req.reservation_id)?.clone();
                 // Usage replaces the reservation on every budget of the chain.
                 fits_integers(
                     &books.chain(&res.budget_id),
@@ -951,7 +1156,13 @@ impl Ledger {
         v.into_result().map_err(LedgerError::Invalid)?;
         let seq = {
             let mut books = self.lock();
-            match settled_by_key(&books, &key, &req.reservation_id, "release")? {
+            match settled_by_key(
+                &books,
+                &self.inner.cold,
+                &key,
+                &req.reservation_id,
+                "release",
+            )? {
                 Some(Settled::Released) => self.inner.journal.last(),
                 Some(other) => {
                     return Err(LedgerError::ReservationNotOpen {
@@ -960,7 +1171,8 @@ impl Ledger {
                     });
                 }
                 None => {
-                    let res = open_reservation(&books, &req.reservation_id)?.clone();
+                    let res =
+                        open_reservation(&books, &self.inner.cold, &req.reservation_id)?.clone();
                     let (seq, rec) = self.inner.journal.append(|sequence| JournalRecord {
                         sequence,
                         time: Some(timestamp(self.now())),
@@ -1007,31 +1219,44 @@ impl Ledger {
         };
         let size = switchyard_core::validate::page_size(req.page_size);
         let books = self.lock();
-        let (seqs, budget) = if !req.budget_id.is_empty() {
-            let Some(b) = books.budgets.get(&req.budget_id) else {
-                return Err(LedgerError::BudgetNotFound(req.budget_id.clone()));
+        let cold = &self.inner.cold;
+        let (mut seqs, budget) = if !req.budget_id.is_empty() {
+            let (mut seqs, view): (Vec<u64>, Budget) = match books.budgets.get(&req.budget_id) {
+                Some(b) => {
+                    let seqs = books
+                        .subtree(&req.budget_id)
+                        .iter()
+                        .flat_map(|b| b.entries.iter().copied())
+                        .collect();
+                    (seqs, b.view())
+                }
+                None => match cold.budget(&req.budget_id)? {
+                    Some(c) => (c.entries, c.budget.unwrap_or_default()),
+                    None => return Err(LedgerError::BudgetNotFound(req.budget_id.clone())),
+                },
             };
-            let mut seqs: Vec<u64> = books
-                .subtree(&req.budget_id)
-                .iter()
-                .flat_map(|b| b.entries.iter().copied())
-                .collect();
-            seqs.sort_unstable();
-            (seqs, Some(b.view()))
+            // Entries of retired budgets under it.
+            seqs.extend(cold.subtree_entries(&req.budget_id)?);
+            (seqs, Some(view))
         } else if !req.job_id.is_empty() {
-            (
-                books.by_job.get(&req.job_id).cloned().unwrap_or_default(),
-                None,
-            )
+            let mut seqs = books.by_job.get(&req.job_id).cloned().unwrap_or_default();
+            seqs.extend(cold.indexed('j', &req.job_id)?);
+            (seqs, None)
         } else {
             let seqs = books.by_correlation.get(&req.correlation_id).cloned();
-            (seqs.unwrap_or_default(), None)
+            let mut seqs = seqs.unwrap_or_default();
+            seqs.extend(cold.indexed('c', &req.correlation_id)?);
+            (seqs, None)
         };
+        seqs.sort_unstable();
+        seqs.dedup();
         let (mut total_cost, mut total_tokens) = (0i64, 0u64);
         let mut entries = Vec::new();
         let (mut last_seq, mut more) = (0, false);
         for seq in &seqs {
-            let Some(c) = books.entries.get(seq) else {
+            // Retired budgets' entries are read from the journal (and are
+            // gone once pruned past retention).
+            let Some(c) = cold::charge(&books, &self.inner.journal, *seq)? else {
                 continue;
             };
             total_cost = total_cost.saturating_add(micro(c.entry.total.as_ref()));
@@ -1108,6 +1333,20 @@ impl Ledger {
 
     /// Every budget as the live books hold it.
     pub fn budgets(&self) -> Vec<Budget> {
+        let retired: Vec<Budget> = self
+            .inner
+            .cold
+            .budgets_after("")
+            .filter_map(|r| r.ok().and_then(|(_, c)| c.budget))
+            .collect();
+        let mut all = self.hot_budgets();
+        all.extend(retired);
+        all.sort_by(|a, b| a.budget_id.cmp(&b.budget_id));
+        all
+    }
+
+    /// The budgets in memory.
+    fn hot_budgets(&self) -> Vec<Budget> {
         self.lock().budgets.values().map(|b| b.view()).collect()
     }
 
@@ -1117,7 +1356,7 @@ impl Ledger {
         p: std::sync::Arc<switchyard_kit::auth::Principal>,
     ) -> Result<futures_util::stream::BoxStream<'static, Result<WatchResponse, Status>>, LedgerError>
     {
-        if !req.budget_id.is_empty() && !self.lock().budgets.contains_key(&req.budget_id) {
+        if !req.budget_id.is_empty() && self.facts(&self.lock(), &req.budget_id).is_none() {
             return Err(LedgerError::BudgetNotFound(req.budget_id));
         }
         let me = self.clone();
@@ -1134,8 +1373,8 @@ impl Ledger {
                         let wanted = {
                             let books = me.lock();
                             (req.budget_id.is_empty()
-                                || books.within(&rec.budget_id, &req.budget_id))
-                                && books.sees(&p, &rec.budget_id)
+                                || me.within(&books, &rec.budget_id, &req.budget_id))
+                                && me.sees(&books, &p, &rec.budget_id)
                         };
                         wanted.then(|| Ok(watch_response(rec)))
                     }
@@ -1155,6 +1394,15 @@ fn apply_live(books: &mut Books, rec: &JournalRecord) {
 }
 
 /// Checks that `tokens` and `cost` fit the budget and every ancestor.
+/// The books in memory, as of journal position `at`.
+fn snapshot(books: &Books, at: u64) -> cold::Snapshot {
+    cold::Snapshot {
+        at,
+        budgets: books.budgets.values().map(Into::into).collect(),
+        reservations: books.reservations.values().map(Into::into).collect(),
+    }
+}
+
 fn check_reserve(
     books: &Books,
     budget_id: &str,
@@ -1254,10 +1502,21 @@ fn settle_key(v: &mut Violations, reservation_id: &str, idempotency_key: &str) -
     }
 }
 
-/// The open reservation `id`, or why it cannot be settled.
-fn open_reservation<'a>(books: &'a Books, id: &str) -> Result<&'a books::Res, LedgerError> {
+/// The open reservation `id`, or why it cannot be settled (a retired one
+/// was settled long ago).
+fn open_reservation<'a>(
+    books: &'a Books,
+    cold: &Cold,
+    id: &str,
+) -> Result<&'a books::Res, LedgerError> {
     match books.reservations.get(id) {
-        None => Err(LedgerError::ReservationNotFound(id.to_owned())),
+        None => match cold.reservation(id)? {
+            Some(r) => Err(LedgerError::ReservationNotOpen {
+                id: id.to_owned(),
+                state: r.settled.as_str(),
+            }),
+            None => Err(LedgerError::ReservationNotFound(id.to_owned())),
+        },
         Some(r) if r.settled != Settled::Open => Err(LedgerError::ReservationNotOpen {
             id: id.to_owned(),
             state: r.settled.as_str(),
@@ -1270,17 +1529,25 @@ fn open_reservation<'a>(books: &'a Books, id: &str) -> Result<&'a books::Res, Le
 /// A key that settled another reservation is a reuse with different arguments.
 fn settled_by_key(
     books: &Books,
+    cold: &Cold,
     key: &str,
     reservation_id: &str,
     what: &'static str,
 ) -> Result<Option<Settled>, LedgerError> {
-    match books.settle_keys.get(key) {
+    let rid = match books.settle_keys.get(key) {
+        Some(rid) => Some(rid.clone()),
+        None => cold.key('s', key)?,
+    };
+    match rid {
         None => Ok(None),
         Some(rid) if rid != reservation_id => Err(LedgerError::KeyReused {
             key: key.to_owned(),
             what,
         }),
-        Some(rid) => Ok(books.reservations.get(rid).map(|r| r.settled)),
+        Some(rid) => Ok(match books.reservations.get(&rid) {
+            Some(r) => Some(r.settled),
+            None => cold.reservation(&rid)?.map(|r| r.settled),
+        }),
     }
 }
 
@@ -1424,7 +1691,7 @@ impl LedgerService for Ledger {
         }
         let mut out = Ledger::list_entries(self, req.get_ref())?;
         let books = self.lock();
-        out.entries.retain(|e| books.sees(&p, &e.budget_id));
+        out.entries.retain(|e| self.sees(&books, &p, &e.budget_id));
         drop(books);
         Ok(Response::new(out))
     }

@@ -893,3 +893,93 @@ async fn sums_that_would_overflow_are_refused_never_saturated() {
     // The books still equal the replay of the journal.
     assert_eq!(f.ledger.replayed_budgets().unwrap(), f.ledger.budgets());
 }
+
+#[tokio::test]
+async fn closed_budgets_leave_memory_and_everything_about_them_still_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_700_000_000_000);
+    let (rid, entries_before) = {
+        let f = fixture_on(reopen(dir.path()), clock.clone());
+        let l = &f.ledger;
+        budget(l, "org", "", Some(10_000), Some(1_000_000)).await;
+        budget(l, "job-a", "org", None, None).await;
+        budget(l, "job-b", "org", None, None).await;
+        let r = reserve(l, "job-a", 1_000, 1_000, "ka").await.unwrap();
+        l.commit(commit_req(&r.reservation_id, 700, 700))
+            .await
+            .unwrap();
+        let rb = reserve(l, "job-b", 100, 10, "kb").await.unwrap();
+        l.release(ReleaseRequest {
+            reservation_id: rb.reservation_id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        l.close_budget("job-a").await.unwrap();
+        l.close_budget("job-b").await.unwrap();
+        let by = |job: &str| ListEntriesRequest {
+            job_id: job.into(),
+            ..Default::default()
+        };
+        let before = l.list_entries(&by("job-1")).unwrap().entries.len();
+        l.maintain().await.unwrap();
+        {
+            let books = l.lock();
+            assert!(!books.budgets.contains_key("job-a") && !books.budgets.contains_key("job-b"));
+            assert!(books.reservations.is_empty() && books.entries.is_empty());
+            assert!(books.budgets["org"].children.is_empty());
+        }
+        // Reads fall back to disk.
+        let a = l.budget("job-a").unwrap();
+        assert!(a.closed && a.tokens_spent == 700);
+        assert_eq!(l.list_entries(&by("job-1")).unwrap().entries.len(), before);
+        let org_entries = l
+            .list_entries(&ListEntriesRequest {
+                budget_id: "org".into(),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(
+            org_entries.total_tokens, 700,
+            "retired children's entries count"
+        );
+        let listed = l.list_budgets(&ListBudgetsRequest::default());
+        assert_eq!(listed.budgets.len(), 3);
+        (r.reservation_id, before)
+    };
+    // A restart loads the snapshot and replays nothing before it.
+    let f = fixture_on(reopen(dir.path()), clock);
+    let l = &f.ledger;
+    assert_eq!(l.lock().budgets.len(), 1, "only org is in memory");
+    assert_eq!(l.budgets(), l.replayed_budgets().unwrap());
+    let org = l.budget("org").unwrap();
+    assert_eq!((org.tokens_spent, org.tokens_reserved), (700, 0));
+    // Idempotent answers for retired reservations.
+    assert_eq!(
+        reserve(l, "job-a", 1_000, 1_000, "ka")
+            .await
+            .unwrap()
+            .reservation_id,
+        rid
+    );
+    let again = l.commit(commit_req(&rid, 700, 700)).await.unwrap();
+    assert_eq!(
+        again.entry.unwrap().tokens,
+        700,
+        "the same commit answers the same"
+    );
+    assert_eq!(
+        api(reserve(l, "job-a", 1, 1, "new").await.unwrap_err()).known_reason(),
+        Some(Reason::BudgetClosed)
+    );
+    assert_eq!(
+        l.list_entries(&ListEntriesRequest {
+            job_id: "job-1".into(),
+            ..Default::default()
+        })
+        .unwrap()
+        .entries
+        .len(),
+        entries_before
+    );
+}
