@@ -36,6 +36,15 @@ impl Dev {
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
+        // `SWITCHYARD_BENCH_LOG=FILE`: start-up and warnings go there.
+        if let Some(log) = std::env::var_os("SWITCHYARD_BENCH_LOG") {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)?;
+            cmd.env("RUST_LOG", "warn,switchyard_kit::server=info,switchyard_ledger=info,switchyard_approval=info,switchyard_executor::book=info,switchyard_cli=info")
+                .stderr(Stdio::from(f));
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }

@@ -19,7 +19,7 @@ use group_commit::GroupCommit;
 pub use log::Log;
 
 /// Page cache of one database, bytes.
-const CACHE_BYTES: u64 = 8 << 20;
+const CACHE_BYTES: u64 = 4 << 20;
 
 /// Storage errors. The operation they come from was not applied (or, for
 /// [`Store::sync`], not made durable).

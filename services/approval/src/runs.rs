@@ -66,8 +66,12 @@ impl Runs {
             ended_audit: store.tree("ended_audit")?,
             meta: store.tree("meta")?,
         };
-        let first_layout =
-            runs.meta.get(LAYOUT)?.is_none_or(|m| m.value < 2) && !runs.tree.is_empty();
+        let old_layout = runs.meta.get(LAYOUT)?.is_none_or(|m| m.value < 2);
+        let first_layout = old_layout && !runs.tree.is_empty();
+        if old_layout && !first_layout {
+            // A new data directory starts in this layout.
+            runs.meta.put(LAYOUT, &Meta { value: 2 })?;
+        }
         if first_layout {
             // Every run in memory once, then the ended ones leave.
             for r in runs.tree.iter() {

@@ -237,6 +237,9 @@ impl JobBook {
             .collect();
         if first_layout {
             book.upgrade(&mut st)?;
+        } else if layout < 2 {
+            // A new data directory starts in this layout.
+            book.meta.put(LAYOUT, &Meta { value: 2 })?;
         }
         tracing::info!(
             jobs = st.jobs.len(),

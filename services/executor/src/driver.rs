@@ -466,12 +466,12 @@ impl Driver {
         } else {
             RunEnd::Fail(error.clone())
         };
-        let intents = self.x.intend(&book.lock(), job_id, run)?;
+        let intents = self.x.intents(&book.lock(), job_id, run)?;
         // The run and the budget end first (both at once), so a job seen
         // finished has its run ended — when the services answer. If one is
         // down, the outbox keeps the intent (durable with the final event
         // below) and delivers it once it is back; the job does not wait.
-        self.x.deliver_now(intents).await;
+        self.x.deliver_first(intents).await?;
         let g = {
             let mut st = book.lock();
             book.move_job(&mut st, job_id, to, reason, &error)?

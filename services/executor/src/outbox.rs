@@ -162,16 +162,14 @@ impl Outbox {
 }
 
 impl Executor {
-    /// Records what job `job_id`'s end must do elsewhere: `run`, and
-    /// closing its budget. Called under the book's lock right after the
-    /// job's final event (or, for a job that finishes its run first,
-    /// before it), so the intents become durable with that event.
-    pub(crate) fn intend(
+    /// What job `job_id`'s end must do elsewhere: `run`, and closing its
+    /// budget.
+    pub(crate) fn intents(
         &self,
         st: &Jobs,
         job_id: &str,
         run: RunEnd,
-    ) -> Result<Vec<(String, Intent)>, ExecutorError> {
+    ) -> Result<Vec<Intent>, ExecutorError> {
         let e = st.get(job_id)?;
         let corr = e.spec().correlation_id.as_str();
         let submitter = e.submitter();
@@ -209,14 +207,58 @@ impl Executor {
             intents.push(Intent::new(job_id, corr, &submitter, close));
         }
         let now = self.inner.book.now();
-        let mut keyed = Vec::with_capacity(intents.len());
-        for mut i in intents {
+        for i in &mut intents {
             i.since_ms = now;
+        }
+        Ok(intents)
+    }
+
+    /// Records what job `job_id`'s end must do elsewhere ([`Executor::intents`]),
+    /// under the book's lock right after the job's final event, so the
+    /// intents become durable with that event.
+    pub(crate) fn intend(
+        &self,
+        st: &Jobs,
+        job_id: &str,
+        run: RunEnd,
+    ) -> Result<Vec<(String, Intent)>, ExecutorError> {
+        let intents = self.intents(st, job_id, run)?;
+        Ok(self.keep(intents)?)
+    }
+
+    /// Stores intents for delivery until acknowledged.
+    fn keep(&self, intents: Vec<Intent>) -> Result<Vec<(String, Intent)>, StoreError> {
+        let mut keyed = Vec::with_capacity(intents.len());
+        for i in intents {
             let key = i.key();
             self.inner.outbox.tree.put(&key, &i)?;
             keyed.push((key, i));
         }
         Ok(keyed)
+    }
+
+    /// Delivers `intents` now, before the job's final event is recorded;
+    /// what an outage keeps back is stored (durable with that event) and
+    /// retried in the background. A crash before the final event finishes
+    /// the job again, so nothing needs storing when all are delivered.
+    pub(crate) async fn deliver_first(&self, intents: Vec<Intent>) -> Result<(), StoreError> {
+        let tried = intents.iter().map(|i| async move {
+            let ctx = acting_context(&i.correlation_id, i.who());
+            let done = switchyard_kit::context::scope(ctx, self.deliver(i)).await;
+            matches!(done, Delivery::Done)
+        });
+        let done = futures_util::future::join_all(tried).await;
+        let left: Vec<Intent> = intents
+            .into_iter()
+            .zip(done)
+            .filter(|(_, done)| !done)
+            .map(|(i, _)| i)
+            .collect();
+        if !left.is_empty() {
+            self.keep(left)?;
+            self.inner.outbox.wake.notify_one();
+        }
+        Ok(())
     }
 
     /// Tries each recorded intent once now; what an outage kept back is

@@ -69,7 +69,7 @@ impl Default for LedgerConfig {
             default_ttl_secs: 300,
             max_ttl_secs: 86_400,
             sweep_interval_ms: 1_000,
-            snapshot_interval_ms: 10_000,
+            snapshot_interval_ms: 2_000,
             retention_secs: 7 * 24 * 3600,
             prices: BTreeMap::new(),
         }
@@ -494,7 +494,13 @@ impl Ledger {
     pub fn flush(&self) -> Result<(), LedgerError> {
         // The flush below writes everything appended, so the books as they
         // are now are the snapshot.
-        let snap = snapshot(&self.lock(), self.inner.journal.last());
+        let snap = {
+            let mut books = self.lock();
+            // Everything appended is durable after the flush below; what
+            // can retire does, so the next start loads less.
+            self.inner.cold.retire(&mut books, self.now())?;
+            snapshot(&books, self.inner.journal.last())
+        };
         self.inner.cold.save(&snap)?;
         self.inner.store.flush_blocking()?;
         Ok(())

@@ -73,6 +73,25 @@ pub(crate) enum Catchup {
     Snapshot(Vec<WatchResponse>),
 }
 
+/// What a change is about: `a/<agent id>` or `t/<tool name>`.
+fn change_key(ev: &WatchResponse) -> String {
+    let t = WatchEventType::try_from(ev.r#type).unwrap_or(WatchEventType::Unspecified);
+    match t {
+        WatchEventType::AgentUpserted => format!(
+            "a/{}",
+            ev.agent
+                .as_ref()
+                .and_then(|a| a.spec.as_ref())
+                .map_or("", |s| s.id.as_str())
+        ),
+        WatchEventType::AgentRemoved => format!("a/{}", ev.removed_id),
+        WatchEventType::ToolUpserted => {
+            format!("t/{}", ev.tool.as_ref().map_or("", |t| t.name.as_str()))
+        }
+        _ => format!("t/{}", ev.removed_id),
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct State {
     pub epoch: String,
@@ -80,7 +99,15 @@ pub(crate) struct State {
     pub tools: BTreeMap<String, Tool>,
     /// capability name → ids of agents declaring exactly it.
     pub by_capability: HashMap<String, BTreeSet<String>>,
-    log: VecDeque<Arc<WatchResponse>>,
+    /// The change log for watchers that resume, one slot per revision from
+    /// `first`. A change superseded by a later one about the same agent or
+    /// tool is dropped (`None`): a watcher resuming gets the later state, and
+    /// frequent outcome reports do not fill memory with agent copies.
+    log: VecDeque<Option<Arc<WatchResponse>>>,
+    /// Revision of the log's first slot.
+    first: u64,
+    /// The revision of the latest change about each agent (`a/…`) and tool (`t/…`).
+    latest: HashMap<String, u64>,
     log_capacity: usize,
     head: u64,
 }
@@ -93,6 +120,8 @@ impl State {
             tools: BTreeMap::new(),
             by_capability: HashMap::new(),
             log: VecDeque::new(),
+            first: 1,
+            latest: HashMap::new(),
             log_capacity: log_capacity.max(1),
             head: 0,
         }
@@ -106,10 +135,23 @@ impl State {
         self.head += 1;
         ev.revision = self.head;
         ev.epoch = self.epoch.clone();
+        let key = change_key(&ev);
         if self.log.len() == self.log_capacity {
-            self.log.pop_front();
+            if let Some(Some(gone)) = self.log.pop_front() {
+                let k = change_key(&gone);
+                if self.latest.get(&k) == Some(&gone.revision) {
+                    self.latest.remove(&k);
+                }
+            }
+            self.first += 1;
         }
-        self.log.push_back(Arc::new(ev));
+        if let Some(old) = self.latest.insert(key, self.head)
+            && old >= self.first
+            && let Some(slot) = self.log.get_mut((old - self.first) as usize)
+        {
+            *slot = None;
+        }
+        self.log.push_back(Some(Arc::new(ev)));
     }
 
     pub fn emit_agent(&mut self, id: &str) {
@@ -213,14 +255,18 @@ impl State {
 
     /// What a watcher positioned after `after` in `epoch` needs next.
     pub fn catch_up(&self, epoch: &str, after: u64) -> Catchup {
-        let oldest = self.log.front().map_or(self.head + 1, |e| e.revision);
+        let oldest = if self.log.is_empty() {
+            self.head + 1
+        } else {
+            self.first
+        };
         // A client that saw the snapshot of an empty registry resumes at revision 0.
         let known = epoch == self.epoch && after <= self.head && after + 1 >= oldest;
         if !known {
             return Catchup::Snapshot(self.snapshot());
         }
         let skip = (after + 1 - oldest) as usize;
-        Catchup::Events(self.log.iter().skip(skip).cloned().collect())
+        Catchup::Events(self.log.iter().skip(skip).flatten().cloned().collect())
     }
 
     fn snapshot(&self) -> Vec<WatchResponse> {
@@ -246,5 +292,78 @@ impl State {
         }
         out.push(mk(WatchEventType::SnapshotComplete));
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_proto::registry::v1::AgentSpec;
+
+    fn put(st: &mut State, id: &str, note: &str) {
+        let agent = Agent {
+            spec: Some(AgentSpec {
+                id: id.into(),
+                description: note.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        st.put_agent(Entry {
+            agent,
+            lease_expires_ms: 0,
+            dirty: false,
+        });
+        st.emit_agent(id);
+    }
+
+    fn described(events: &[Arc<WatchResponse>]) -> Vec<(u64, String)> {
+        events
+            .iter()
+            .map(|e| {
+                let spec = e
+                    .agent
+                    .as_ref()
+                    .and_then(|a| a.spec.clone())
+                    .unwrap_or_default();
+                (e.revision, format!("{}:{}", spec.id, spec.description))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn superseded_changes_leave_the_watch_log_and_resuming_watchers_get_the_latest() {
+        let mut st = State::new("e".into(), 1_000);
+        for n in 0..500 {
+            put(&mut st, "a", &format!("report {n}"));
+        }
+        put(&mut st, "b", "once");
+        put(&mut st, "a", "last");
+        assert_eq!(
+            st.log.iter().flatten().count(),
+            2,
+            "one change per agent is kept"
+        );
+        let Catchup::Events(from_start) = st.catch_up("e", 0) else {
+            panic!("position known");
+        };
+        assert_eq!(
+            described(&from_start),
+            [(501, "b:once".to_owned()), (502, "a:last".to_owned())]
+        );
+        let Catchup::Events(after_b) = st.catch_up("e", 501) else {
+            panic!("position known");
+        };
+        assert_eq!(described(&after_b), [(502, "a:last".to_owned())]);
+        // Past the capacity the oldest slots go; resuming before them needs a snapshot.
+        let mut small = State::new("e".into(), 3);
+        for n in 0..5 {
+            put(&mut small, &format!("x{n}"), "");
+        }
+        assert!(matches!(small.catch_up("e", 1), Catchup::Snapshot(_)));
+        let Catchup::Events(tail) = small.catch_up("e", 3) else {
+            panic!("position known");
+        };
+        assert_eq!(tail.len(), 2);
     }
 }
