@@ -217,6 +217,8 @@ pub mod executor {
                 cancel_job(CancelJobRequest) -> CancelJobResponse;
                 /// GetResult.
                 get_result(GetResultRequest) -> GetResultResponse;
+                /// PruneJobs.
+                prune_jobs(PruneJobsRequest) -> PruneJobsResponse;
             }
             streaming {
                 /// WatchJob.

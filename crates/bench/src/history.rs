@@ -249,6 +249,9 @@ pub async fn run(n: usize) -> anyhow::Result<()> {
     let env = [
         ("SWITCHYARD_EXECUTOR__RETENTION_SECS", "1"),
         ("SWITCHYARD_EXECUTOR__PRUNE_INTERVAL_SECS", "1"),
+        ("SWITCHYARD_LEDGER__RETENTION_SECS", "1"),
+        ("SWITCHYARD_APPROVAL__RETENTION_SECS", "1"),
+        ("SWITCHYARD_APPROVAL__PRUNE_INTERVAL_SECS", "1"),
     ];
     let dev = Dev::start(&bin, data, &env)?;
     let c = alice(&dev.url, data).await?;
@@ -263,6 +266,11 @@ pub async fn run(n: usize) -> anyhow::Result<()> {
         anyhow::ensure!(Instant::now() < deadline, "retention did not prune");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Steady state with the short window: another fifth as many jobs, all
+    // pruned in turn. Space the pruned jobs held is written again.
+    let more = (n / 5).max(1);
+    run_jobs(&c, more).await?;
+    std::thread::sleep(Duration::from_millis(2_500));
     dev.stop()?;
     let disk3 = disk(data);
 
@@ -287,11 +295,12 @@ pub async fn run(n: usize) -> anyhow::Result<()> {
         verdict(restart <= Duration::from_secs(2))
     );
     println!(
-        "  disk: fresh {:.1} MB, after the jobs {:.1} MB ({:.0} B/job), after retention pruned them {:.1} MB",
+        "  disk: fresh {:.1} MB, after the jobs {:.1} MB ({:.0} B/job); with a 1 s retention window, pruned and {more} more jobs run: {:.1} MB  [{}: no growth past the first {n}]",
         mb(disk0),
         mb(disk1),
         per_job(disk0, disk1),
-        mb(disk3)
+        mb(disk3),
+        verdict(disk3 <= disk1 + disk1 / 20)
     );
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `switchyard`: run services (`dev`, `serve`) and talk to them (`agent`,
 //! `tool`, `route`, `budget`, `approval`, `job`). Argument parsing only; the work is in the library.
 
+mod admin;
 mod approval;
 mod auth;
 mod budget;
@@ -63,6 +64,9 @@ enum Command {
     /// API keys and who-am-i.
     #[command(subcommand)]
     Auth(auth::AuthCmd),
+    /// Operating a deployment: prune finished jobs.
+    #[command(subcommand)]
+    Admin(admin::AdminCmd),
 }
 
 #[derive(Subcommand)]
@@ -258,6 +262,7 @@ async fn main() -> ExitCode {
         Command::Job(cmd) => job::run(cmd).await,
         Command::Agents(cmd) => agents(cmd).await,
         Command::Auth(cmd) => auth::run(cmd).await,
+        Command::Admin(cmd) => admin::run(cmd).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -235,6 +235,7 @@ pub async fn run_node_then(
             )
         })?;
         a.spawn_sweeper();
+        a.spawn_pruner();
         server = server.add_service(a.server(max));
         approval = Some(a);
     }

@@ -61,6 +61,12 @@ pub struct ApprovalConfig {
     /// Two-person rule: a run whose estimated cost is above this many
     /// micro-USD (or unknown) needs two distinct approvers. Unset: one.
     pub two_person_above_micro_usd: Option<i64>,
+    /// Runs that ended (completed, rejected, cancelled, failed) are kept
+    /// this long after they ended, with their audit records, seconds; 0
+    /// keeps them forever.
+    pub retention_secs: u64,
+    /// How often runs past their retention are pruned, seconds.
+    pub prune_interval_secs: u64,
 }
 
 impl Default for ApprovalConfig {
@@ -74,6 +80,8 @@ impl Default for ApprovalConfig {
             sweep_interval_ms: 1_000,
             policies: vec![Policy::zero_cost()],
             two_person_above_micro_usd: None,
+            retention_secs: 7 * 24 * 3600,
+            prune_interval_secs: 3600,
         }
     }
 }
@@ -494,6 +502,40 @@ impl Approval {
             })
     }
 
+    /// Removes the runs that ended longer ago than `retention_secs` every
+    /// `prune_interval_secs` until shutdown (when a retention is set).
+    pub fn spawn_pruner(&self) -> Option<tokio::task::JoinHandle<()>> {
+        let keep_ms = self.inner.cfg.retention_secs.saturating_mul(1000);
+        if keep_ms == 0 {
+            return None;
+        }
+        let me = self.clone();
+        let period = Duration::from_secs(self.inner.cfg.prune_interval_secs.max(1));
+        Some(
+            self.inner
+                .shutdown
+                .spawn_every(period, "pruning ended runs", move || {
+                    let me = me.clone();
+                    async move { me.prune(keep_ms).await.map(drop) }
+                }),
+        )
+    }
+
+    /// Removes the runs that ended more than `older_than_ms` ago, with
+    /// their audit records; returns how many runs and records went.
+    pub async fn prune(&self, older_than_ms: u64) -> Result<(usize, u64), ApprovalError> {
+        let cutoff = self.now().saturating_sub(older_than_ms);
+        let (runs, records) = {
+            let mut st = self.lock();
+            st.runs.prune(cutoff, &self.inner.audit)?
+        };
+        self.inner.store.sync().await?;
+        if runs > 0 {
+            tracing::info!(runs, records, "pruned ended runs past their retention");
+        }
+        Ok((runs, records))
+    }
+
     /// Flushes to disk (shutdown), with a fresh replay checkpoint.
     pub fn flush(&self) -> Result<(), ApprovalError> {
         self.lock().runs.checkpoint(self.inner.audit.last())?;
@@ -563,7 +605,7 @@ impl Approval {
             },
         )?;
         tracing::debug!(run_id = %id, %from, %to, "run moved");
-        st.runs.store(run.clone())?;
+        st.runs.store(run.clone(), self.now())?;
         Ok((run, seq))
     }
 
@@ -638,7 +680,7 @@ impl Approval {
                 run.next_attempt_at = None;
                 run.last_error.clear();
                 run.result = None;
-                st.runs.store(run.clone())?;
+                st.runs.store(run.clone(), self.now())?;
                 self.audit(&mut st, &run, Note::new(&actor, "proposed", ""))?;
                 let pack = run.context_pack.clone().unwrap_or_default();
                 let est = run.cost_estimate.unwrap_or_default();
@@ -799,7 +841,7 @@ impl Approval {
             .detail("approvals", run.approved_by.len())
             .detail("needed", 2);
         let seq = self.audit(st, &run, note)?;
-        st.runs.store(run.clone())?;
+        st.runs.store(run.clone(), self.now())?;
         Ok((run, seq))
     }
 
@@ -902,7 +944,7 @@ impl Approval {
             claim_held(run, &req.worker_id, now)?;
             run.claim_expires_at = Some(timestamp(now + lease));
             let run = run.clone();
-            st.runs.store(run.clone())?;
+            st.runs.store(run.clone(), self.now())?;
             let note = Note::new(&req.worker_id, "claim_renewed", "").detail("lease_ms", lease);
             let seq = self.audit(
                 &mut st,

@@ -28,11 +28,14 @@ pub(crate) fn ended(s: S) -> bool {
 #[derive(Clone, PartialEq, prost::Message)]
 pub(crate) struct Mark {}
 
-/// A run's audit positions.
+/// An ended run's audit positions, and when it ended.
 #[derive(Clone, PartialEq, prost::Message)]
 pub(crate) struct Positions {
     #[prost(uint64, repeated, tag = "1")]
     pub(crate) positions: Vec<u64>,
+    /// When the run ended, ms.
+    #[prost(uint64, tag = "2")]
+    pub(crate) ended_ms: u64,
 }
 
 /// A number kept in `meta`.
@@ -105,7 +108,11 @@ impl Runs {
             let ids: Vec<String> = runs.live.keys().cloned().collect();
             for id in ids {
                 if let Some(run) = runs.live.get(&id).cloned() {
-                    runs.store(run)?;
+                    // Ended before this layout: their retention starts now.
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64);
+                    runs.store(run, now)?;
                 }
             }
             runs.meta.put(LAYOUT, &Meta { value: 2 })?;
@@ -139,13 +146,17 @@ impl Runs {
 
     /// Stores `run` as it is now: in memory while it can move, on disk only
     /// once it ended.
-    pub(crate) fn store(&mut self, run: Run) -> Result<(), StoreError> {
+    pub(crate) fn store(&mut self, run: Run, now_ms: u64) -> Result<(), StoreError> {
         let id = run.run_id.clone();
         self.tree.put(&id, &run)?;
         if ended(status_of(&run)) {
             let positions = self.audit.remove(&id).unwrap_or_default();
             if self.live.remove(&id).is_some() || !positions.is_empty() {
-                self.ended_audit.put(&id, &Positions { positions })?;
+                let ended = Positions {
+                    positions,
+                    ended_ms: now_ms,
+                };
+                self.ended_audit.put(&id, &ended)?;
             }
             self.live_ids.remove(&id)?;
         } else {
@@ -204,6 +215,38 @@ impl Runs {
             }
         });
         self.live.values().map(Cow::Borrowed).chain(ended)
+    }
+
+    /// Removes the runs that ended before `cutoff_ms` and the audit records
+    /// no run kept still has (a whole chunk at a time); returns how many
+    /// runs and records went.
+    pub(crate) fn prune(
+        &mut self,
+        cutoff_ms: u64,
+        log: &Log<AuditRecord>,
+    ) -> Result<(usize, u64), StoreError> {
+        let mut keep_from = self
+            .audit
+            .values()
+            .filter_map(|p| p.first())
+            .min()
+            .copied()
+            .unwrap_or(log.last() + 1);
+        let mut gone = Vec::new();
+        for r in self.ended_audit.iter() {
+            let (id, p) = r?;
+            if p.ended_ms < cutoff_ms {
+                gone.push(id);
+            } else if let Some(&f) = p.positions.first() {
+                keep_from = keep_from.min(f);
+            }
+        }
+        for id in &gone {
+            self.tree.remove(id)?;
+            self.ended_audit.remove(id)?;
+        }
+        let records = log.prune_before(keep_from)?;
+        Ok((gone.len(), records))
     }
 
     /// How many runs are in memory.

@@ -954,3 +954,33 @@ async fn ended_runs_leave_memory_and_a_restart_loads_only_runs_in_flight() {
         RunStatus::Approved as i32
     );
 }
+
+#[tokio::test]
+async fn pruning_removes_runs_that_ended_past_retention_and_keeps_runs_in_flight() {
+    let f = fixture();
+    let done = run_in(&f.svc, S::Completed).await;
+    let running = run_in(&f.svc, S::Running).await;
+    f.clock.advance_ms(3_600_000);
+    let recent = run_in(&f.svc, S::Cancelled).await;
+    let (runs, _) = f.svc.prune(1_800_000).await.unwrap();
+    assert_eq!(runs, 1, "only the run that ended an hour ago");
+    assert_eq!(
+        api(f.svc.get(&done).unwrap_err()).known_reason(),
+        Some(Reason::RunNotFound)
+    );
+    for kept in [&running, &recent] {
+        let audit = f
+            .svc
+            .list_audit(&ListAuditRequest {
+                run_id: kept.clone(),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(
+            audit.records.first().unwrap().event_type,
+            "proposed",
+            "{kept}"
+        );
+    }
+    assert_eq!(status_of(&f.svc.get(&running).unwrap()), S::Running);
+}

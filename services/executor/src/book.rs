@@ -395,9 +395,13 @@ impl JobBook {
     }
 
     /// Removes the jobs that finished before `cutoff_ms` (their record,
-    /// outputs and events); nothing of a job not yet retired is touched.
-    /// Returns how many jobs and log records went.
-    pub(crate) async fn prune(&self, cutoff_ms: u64) -> Result<(u64, u64), ExecutorError> {
+    /// outputs and events), of `tenant` only when given; nothing of a job
+    /// not yet retired is touched. Returns how many jobs and log records went.
+    pub(crate) async fn prune(
+        &self,
+        cutoff_ms: u64,
+        tenant: Option<&str>,
+    ) -> Result<(u64, u64), ExecutorError> {
         let mut keep_from = {
             let st = self.lock();
             let first = st.jobs.values().filter_map(|e| e.events.first()).min();
@@ -410,27 +414,27 @@ impl JobBook {
             if self.lock().find(id).is_some() {
                 continue;
             }
-            let finished = self.specs.get(id)?.and_then(|j| {
-                j.finished_at
-                    .as_ref()
-                    .map(switchyard_kit::time::timestamp_ms)
-            });
-            match finished {
-                Some(at) if at < cutoff_ms => {
-                    self.specs.remove(id)?;
-                    self.index.remove(id)?;
-                    self.outputs.remove_prefix(&format!("{id}/"))?;
-                    self.by_time.remove(&key)?;
-                    jobs += 1;
+            let Some(job) = self.specs.get(id)? else {
+                continue;
+            };
+            let finished = job
+                .finished_at
+                .as_ref()
+                .map(switchyard_kit::time::timestamp_ms);
+            let ours = tenant.is_none_or(|t| job.tenant == t);
+            if ours && finished.is_some_and(|at| at < cutoff_ms) {
+                self.specs.remove(id)?;
+                self.index.remove(id)?;
+                self.outputs.remove_prefix(&format!("{id}/"))?;
+                self.by_time.remove(&key)?;
+                jobs += 1;
+            } else {
+                // Kept (recent, another tenant's, or accepted a moment ago
+                // and not yet in memory here), and so are its events.
+                let index = self.index.get(id)?.unwrap_or_default();
+                if let Some(&f) = index.positions.first() {
+                    keep_from = keep_from.min(f);
                 }
-                Some(_) => {
-                    let index = self.index.get(id)?.unwrap_or_default();
-                    if let Some(&f) = index.positions.first() {
-                        keep_from = keep_from.min(f);
-                    }
-                }
-                // Accepted a moment ago, not yet in memory here: keep.
-                None => {}
             }
         }
         let records = self.events.prune_before(keep_from)?;

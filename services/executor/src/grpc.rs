@@ -6,8 +6,9 @@ use futures_util::StreamExt;
 use switchyard_proto::executor::v1::job_service_server::JobService;
 use switchyard_proto::executor::v1::{
     CancelJobRequest, CancelJobResponse, GetJobRequest, GetJobResponse, GetResultRequest,
-    GetResultResponse, ListJobsRequest, ListJobsResponse, SubmitJobRequest, SubmitJobResponse,
-    ValidateJobRequest, ValidateJobResponse, WatchJobRequest, WatchJobResponse,
+    GetResultResponse, ListJobsRequest, ListJobsResponse, PruneJobsRequest, PruneJobsResponse,
+    SubmitJobRequest, SubmitJobResponse, ValidateJobRequest, ValidateJobResponse, WatchJobRequest,
+    WatchJobResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -92,6 +93,32 @@ impl JobService for Executor {
         let r = req.into_inner();
         let job = self.cancel(&r.job_id, &r.reason, who).await?;
         Ok(Response::new(CancelJobResponse { job: Some(job) }))
+    }
+
+    async fn prune_jobs(
+        &self,
+        req: Request<PruneJobsRequest>,
+    ) -> Result<Response<PruneJobsResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let older = req.get_ref().older_than.as_ref();
+        let ms = older.map_or(0, |d| {
+            (d.seconds.max(0) as u64).saturating_mul(1000) + (d.nanos.max(0) as u64) / 1_000_000
+        });
+        if ms < 1000 || older.is_some_and(|d| d.seconds < 0 || d.nanos < 0) {
+            let mut v = switchyard_core::Violations::new();
+            v.add(
+                "older_than",
+                "must be at least 1s: jobs that finished longer ago than this are removed",
+            );
+            return Err(switchyard_kit::error::invalid_argument(
+                switchyard_core::Reason::InvalidArgument,
+                &v,
+            ));
+        }
+        // A tenant's admin prunes that tenant's jobs; the service token, all.
+        let tenant = p.tenant_scope().map(str::to_owned);
+        let (jobs, records) = self.prune(ms, tenant.as_deref()).await?;
+        Ok(Response::new(PruneJobsResponse { jobs, records }))
     }
 
     async fn get_result(

@@ -232,7 +232,7 @@ impl Executor {
                 "executor prune",
                 move || {
                     let me = me.clone();
-                    async move { me.prune(retention_ms).await.map(|_| ()) }
+                    async move { me.prune(retention_ms, None).await.map(|_| ()) }
                 },
             );
         }
@@ -253,12 +253,17 @@ impl Executor {
         self.inner.book.flush_blocking()
     }
 
-    /// Removes the jobs that finished more than `older_than_ms` ago: their
-    /// records, outputs and events (never anything of a job still running
-    /// or waiting). Returns how many jobs and log records went.
-    pub async fn prune(&self, older_than_ms: u64) -> Result<(u64, u64), ExecutorError> {
+    /// Removes the jobs (of `tenant`, when given) that finished more than
+    /// `older_than_ms` ago: their records, outputs and events (never anything
+    /// of a job still running or waiting). Returns how many jobs and log
+    /// records went.
+    pub async fn prune(
+        &self,
+        older_than_ms: u64,
+        tenant: Option<&str>,
+    ) -> Result<(u64, u64), ExecutorError> {
         let cutoff = self.inner.book.now().saturating_sub(older_than_ms);
-        let (jobs, records) = self.inner.book.prune(cutoff).await?;
+        let (jobs, records) = self.inner.book.prune(cutoff, tenant).await?;
         if jobs > 0 || records > 0 {
             tracing::info!(jobs, records, "pruned finished jobs past their retention");
         }

@@ -299,6 +299,8 @@ struct Inner {
     journal: Log<JournalRecord>,
     /// Retired budgets and the books' snapshot.
     cold: Cold,
+    /// When retention last pruned, ms.
+    pruned_at: std::sync::atomic::AtomicU64,
     store: Store,
     shutdown: Shutdown,
 }
@@ -351,6 +353,7 @@ impl Ledger {
                 books: Mutex::new(books),
                 journal,
                 cold,
+                pruned_at: std::sync::atomic::AtomicU64::new(0),
                 store,
                 shutdown,
             }),
@@ -413,7 +416,17 @@ impl Ledger {
         journal.make_durable(snap.at).await?;
         self.inner.cold.save(&snap)?;
         let retention_ms = self.inner.cfg.retention_secs.saturating_mul(1000);
-        if retention_ms > 0 {
+        // Pruning reads every retired budget: at most once a minute (or once
+        // per window, for windows shorter than that).
+        let every = retention_ms.min(60_000);
+        let last = self
+            .inner
+            .pruned_at
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if retention_ms > 0 && now.saturating_sub(last) >= every {
+            self.inner
+                .pruned_at
+                .store(now, std::sync::atomic::Ordering::Relaxed);
             let cutoff = now.saturating_sub(retention_ms);
             let pruned = self.inner.cold.prune(cutoff)?;
             // Records before the snapshot, not read back, and older than

@@ -983,3 +983,44 @@ async fn closed_budgets_leave_memory_and_everything_about_them_still_answers() {
         entries_before
     );
 }
+
+#[tokio::test]
+async fn retention_prunes_retired_budgets_and_old_journal_but_never_balances() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_700_000_000_000);
+    {
+        let f = fixture_on(reopen(dir.path()), clock.clone());
+        let l = &f.ledger;
+        budget(l, "org", "", Some(10_000), None).await;
+        for i in 0..300 {
+            let job = format!("job-{i}");
+            budget(l, &job, "org", None, None).await;
+            let r = reserve(l, &job, 10, 0, &format!("k{i}")).await.unwrap();
+            l.commit(commit_req(&r.reservation_id, 10, 0))
+                .await
+                .unwrap();
+            l.close_budget(&job).await.unwrap();
+        }
+        l.maintain().await.unwrap();
+        assert_eq!(
+            l.budget("job-0").unwrap().tokens_spent,
+            10,
+            "retired, still readable"
+        );
+        // Past the retention window (7 days by default).
+        clock.advance_ms(8 * 24 * 3_600_000);
+        l.maintain().await.unwrap();
+        assert_eq!(
+            api(l.budget("job-0").unwrap_err()).known_reason(),
+            Some(Reason::BudgetNotFound)
+        );
+        assert!(
+            l.inner.journal.read(0, 10, 10).unwrap().is_empty(),
+            "old records are gone"
+        );
+    }
+    // The balances came through in the snapshot.
+    let f = fixture_on(reopen(dir.path()), clock);
+    let org = f.ledger.budget("org").unwrap();
+    assert_eq!((org.tokens_spent, org.tokens_reserved), (3_000, 0));
+}

@@ -5,6 +5,7 @@ mod support;
 
 mod deploy;
 mod executor_split;
+mod history;
 mod ledger_approval;
 mod llm_split;
 mod mtls;

@@ -60,11 +60,13 @@ pub enum Permission {
     /// The audited override: approve without approver, separation of duties
     /// or second approver (admins only).
     RunBreakGlass,
+    /// Remove finished jobs past an age (admins: their tenant's).
+    JobPrune,
 }
 
 impl Permission {
     /// Every permission.
-    pub const ALL: [Permission; 24] = [
+    pub const ALL: [Permission; 25] = [
         Permission::JobSubmit,
         Permission::JobRead,
         Permission::JobCancel,
@@ -89,6 +91,7 @@ impl Permission {
         Permission::AgentInvoke,
         Permission::Impersonate,
         Permission::RunBreakGlass,
+        Permission::JobPrune,
     ];
 
     /// The name in errors (ErrorInfo metadata `permission`) and docs.
@@ -118,6 +121,7 @@ impl Permission {
             Permission::AgentInvoke => "agent.invoke",
             Permission::Impersonate => "impersonate",
             Permission::RunBreakGlass => "run.break_glass",
+            Permission::JobPrune => "job.prune",
         }
     }
 }
@@ -190,6 +194,7 @@ pub fn access(path: &str) -> Access {
             "SubmitJob" | "ValidateJob" => needs(P::JobSubmit),
             "GetJob" | "ListJobs" | "WatchJob" | "GetResult" => needs(P::JobRead),
             "CancelJob" => needs(P::JobCancel),
+            "PruneJobs" => needs(P::JobPrune),
             _ => Access::Unknown,
         },
         ("switchyard.agent.v1.AgentService", "Describe" | "Invoke")
@@ -248,7 +253,8 @@ pub fn grants(role: Role, perm: Permission) -> bool {
         // Everything an operator may, plus budgets, keys and the audited
         // break-glass override; never RunDecide.
         Role::Admin => {
-            grants(Role::Operator, perm) || matches!(perm, BudgetManage | KeyManage | RunBreakGlass)
+            grants(Role::Operator, perm)
+                || matches!(perm, BudgetManage | KeyManage | RunBreakGlass | JobPrune)
         }
         // Switchyard's own services and the cluster operator holding the
         // service token (who makes each tenant's first admin key). Never

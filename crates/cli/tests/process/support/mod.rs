@@ -167,6 +167,17 @@ impl Proc {
         (p, data, log)
     }
 
+    /// `switchyard dev` on a free port with its data in `data` (which may
+    /// hold a previous run's), its log (at `RUST_LOG`, in `env`) appended to `log`.
+    pub fn dev_at(data: &std::path::Path, env: &[(&str, &str)], log: &std::path::Path) -> Proc {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        Proc::spawn_logging(&dev_args(data), env, true, Stdio::from(file))
+    }
+
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
