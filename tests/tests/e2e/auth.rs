@@ -162,6 +162,7 @@ fn allowed(role: &str) -> BTreeSet<&'static str> {
                     "AuthService/ListKeys",
                     "AuthService/RevokeKey",
                     "ApprovalService/BreakGlassApprove",
+                    "JobService/PruneJobs",
                 ]);
             }
         }
