@@ -440,10 +440,44 @@ async fn follow(
         {
             percents.insert(e.task_id.clone(), p);
         }
+        // A service this job needs went away or came back.
+        if !tty && e.kind.starts_with("dependency.") {
+            let field = |k: &str| {
+                e.data
+                    .as_ref()
+                    .and_then(|d| d.fields.get(k))
+                    .map(switchyard_kit::json::value_to_json)
+                    .unwrap_or(Value::Null)
+            };
+            let whose = if e.task_id.is_empty() {
+                "job".to_owned()
+            } else {
+                format!("task {}", e.task_id)
+            };
+            let service = field("service");
+            let service = service
+                .as_str()
+                .filter(|s| !s.is_empty())
+                .unwrap_or("its services");
+            if e.kind == "dependency.waiting" {
+                println!(
+                    "{whose} waits for {service}: {}",
+                    field("error").as_str().unwrap_or_default()
+                );
+            } else {
+                println!("{whose}: {service} is back after {} ms", field("waited_ms"));
+            }
+        }
         // Redraw on changes that the view shows.
         if !matches!(
             e.kind.as_str(),
-            "job.state" | "task.state" | "agent.progress" | "budget.committed" | "approval.decided"
+            "job.state"
+                | "task.state"
+                | "agent.progress"
+                | "budget.committed"
+                | "approval.decided"
+                | "dependency.waiting"
+                | "dependency.recovered"
         ) {
             continue;
         }

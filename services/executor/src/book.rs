@@ -308,36 +308,49 @@ impl JobBook {
     /// Moves a finished job out of memory: its final record, without its
     /// outputs (kept apart), and where its events are, go to disk.
     fn retire(&self, st: &mut Jobs, id: &str) -> Result<(), ExecutorError> {
-        let Some(e) = st.jobs.get(id) else {
-            return Ok(());
-        };
-        let mut job = e.job.clone();
-        for t in &mut job.tasks {
-            t.stdout.clear();
-            t.stderr.clear();
-            t.output = None;
+        if let Some(r) = retiring(st, id) {
+            self.write_retired(&r)?;
+            forget(st, id);
         }
-        self.specs.put(id, &job)?;
-        let positions = Positions {
-            positions: e.events.clone(),
-        };
-        self.index.put(id, &positions)?;
-        self.live.remove(id)?;
-        st.jobs.remove(id);
-        st.waiting.remove(id);
-        st.dirty.remove(id);
         Ok(())
+    }
+
+    /// Writes what a retired job keeps on disk (outside the book's lock:
+    /// the job is final, so nothing changes it meanwhile, and readers find
+    /// it in memory until [`forget`] removes it there).
+    fn write_retired(&self, r: &Retiring) -> Result<(), ExecutorError> {
+        self.specs.put(&r.id, &r.job)?;
+        self.index.put(&r.id, &r.positions)?;
+        self.live.remove(&r.id)?;
+        Ok(())
+    }
+
+    /// Retires jobs `ids`, once each is final and durable with no driver:
+    /// copies taken under the lock, written without it, forgotten under it.
+    fn retire_all(&self, ids: &[String]) {
+        let taken: Vec<Retiring> = {
+            let st = self.lock();
+            ids.iter().filter_map(|id| retiring(&st, id)).collect()
+        };
+        let written: Vec<&Retiring> = taken
+            .iter()
+            .filter(|r| match self.write_retired(r) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(job_id = %r.id, error = %e, "retiring a finished job; it stays in memory");
+                    false
+                }
+            })
+            .collect();
+        let mut st = self.lock();
+        for r in written {
+            forget(&mut st, &r.id);
+        }
     }
 
     /// Retires job `id` once it is final, durable and no driver runs it.
     pub(crate) fn retire_if_done(&self, id: &str) {
-        let mut st = self.lock();
-        let done = st.jobs.get(id).is_some_and(|e| {
-            e.state().is_terminal() && *e.durable_to.borrow() >= e.job.last_sequence
-        }) && !st.drivers.contains_key(id);
-        if done && let Err(e) = self.retire(&mut st, id) {
-            tracing::warn!(job_id = id, error = %e, "retiring a finished job; it stays in memory");
-        }
+        self.retire_all(&[id.to_owned()]);
     }
 
     /// A retired job, rebuilt from disk (`None`: no such job).
@@ -681,8 +694,8 @@ impl JobBook {
         }
         self.events.make_durable(g).await?;
         let upto = self.events.durable();
-        let mut st = self.lock();
-        let st = &mut *st;
+        let mut st_guard = self.lock();
+        let st = &mut *st_guard;
         let mut retire = Vec::new();
         st.dirty.retain(|id| {
             let Some(e) = st.jobs.get_mut(id) else {
@@ -704,11 +717,8 @@ impl JobBook {
             }
             !all
         });
-        for id in retire {
-            if let Err(e) = self.retire(st, &id) {
-                tracing::warn!(job_id = %id, error = %e, "retiring a finished job; it stays in memory");
-            }
-        }
+        drop(st_guard);
+        self.retire_all(&retire);
         Ok(())
     }
 
@@ -891,6 +901,46 @@ impl JobBook {
         batch.extend(cached);
         batch.sort_by_key(|e| e.sequence);
         Ok((batch, end))
+    }
+}
+
+/// A finished job's copy for disk.
+struct Retiring {
+    id: String,
+    job: Job,
+    positions: Positions,
+}
+
+/// Job `id`'s copy for disk, when it can retire: final, durable, no driver.
+fn retiring(st: &Jobs, id: &str) -> Option<Retiring> {
+    let e = st.jobs.get(id)?;
+    let done = e.state().is_terminal()
+        && *e.durable_to.borrow() >= e.job.last_sequence
+        && !st.drivers.contains_key(id);
+    if !done {
+        return None;
+    }
+    let mut job = e.job.clone();
+    for t in &mut job.tasks {
+        t.stdout.clear();
+        t.stderr.clear();
+        t.output = None;
+    }
+    Some(Retiring {
+        id: id.to_owned(),
+        job,
+        positions: Positions {
+            positions: e.events.clone(),
+        },
+    })
+}
+
+/// Drops a retired job from memory (it is on disk).
+fn forget(st: &mut Jobs, id: &str) {
+    if st.jobs.get(id).is_some_and(|e| e.state().is_terminal()) {
+        st.jobs.remove(id);
+        st.waiting.remove(id);
+        st.dirty.remove(id);
     }
 }
 

@@ -210,6 +210,14 @@ pub(crate) struct Id {
 #[derive(Clone, PartialEq, prost::Message)]
 pub(crate) struct Mark {}
 
+/// A budget about to retire: what goes to disk.
+pub(crate) struct Retirement {
+    /// The budget as the books hold it (to see that it did not change).
+    state: StoredBudget,
+    cold: ColdBudget,
+    reservations: Vec<StoredRes>,
+}
+
 /// The retired part of the books, on disk.
 pub(crate) struct Cold {
     budgets: Tree<ColdBudget>,
@@ -280,97 +288,135 @@ impl Cold {
         self.snapshot.put(SNAPSHOT, snap)
     }
 
-    /// Moves every budget that can go (closed, holding nothing, no child in
-    /// memory) out of `books`, leaves first; returns how many went.
+    /// The budgets that can go now (closed, holding nothing, no child in
+    /// memory), copied for disk. Called under the books' lock; the writing
+    /// ([`Cold::write`]) happens without it and [`Cold::forget`] after.
+    pub(crate) fn plan(&self, books: &Books, now_ms: u64) -> Vec<Retirement> {
+        let ready: Vec<&BudgetState> = books
+            .budgets
+            .values()
+            .filter(|b| {
+                b.closed && b.children.is_empty() && b.tokens_reserved == 0 && b.cost_reserved == 0
+            })
+            .collect();
+        if ready.is_empty() {
+            return Vec::new();
+        }
+        let ids: BTreeSet<&str> = ready.iter().map(|b| b.id.as_str()).collect();
+        let mut by_budget: HashMap<&str, Vec<StoredRes>> = HashMap::new();
+        for r in books.reservations.values() {
+            if let Some(id) = ids.get(r.budget_id.as_str()) {
+                by_budget.entry(id).or_default().push(StoredRes::from(r));
+            }
+        }
+        ready
+            .into_iter()
+            .map(|b| {
+                let mut index_keys = Vec::new();
+                for seq in &b.entries {
+                    let ctx = books
+                        .entries
+                        .get(seq)
+                        .and_then(|c| c.entry.context.clone())
+                        .unwrap_or_default();
+                    if !ctx.job_id.is_empty() {
+                        index_keys.push(format!("j/{}/{seq:016x}", ctx.job_id));
+                    }
+                    if !ctx.correlation_id.is_empty() {
+                        index_keys.push(format!("c/{}/{seq:016x}", ctx.correlation_id));
+                    }
+                }
+                let reservations = by_budget.remove(b.id.as_str()).unwrap_or_default();
+                Retirement {
+                    state: StoredBudget::from(b),
+                    cold: ColdBudget {
+                        budget: Some(b.view()),
+                        entries: b.entries.clone(),
+                        reservations: reservations.iter().map(|r| r.id.clone()).collect(),
+                        index_keys,
+                        retired_ms: now_ms,
+                    },
+                    reservations,
+                }
+            })
+            .collect()
+    }
+
+    /// Writes planned retirements to disk.
+    pub(crate) fn write(&self, plan: &[Retirement]) -> Result<(), StoreError> {
+        for r in plan {
+            let id = &r.state.id;
+            for res in &r.reservations {
+                self.reservations.put(&res.id, res)?;
+                let rid = Id {
+                    value: res.id.clone(),
+                };
+                self.keys.put(&format!("r/{}", res.key), &rid)?;
+                if !res.settle_key.is_empty() {
+                    self.keys.put(&format!("s/{}", res.settle_key), &rid)?;
+                }
+            }
+            for k in &r.cold.index_keys {
+                self.index.put(k, &Mark {})?;
+            }
+            if let Some(parent) = &r.state.parent {
+                self.children.put(&format!("{parent}/{id}"), &Mark {})?;
+            }
+            self.budgets.put(id, &r.cold)?;
+        }
+        Ok(())
+    }
+
+    /// Drops written retirements from the books (a budget changed meanwhile
+    /// stays, and goes next time); returns how many went.
+    pub(crate) fn forget(&self, books: &mut Books, plan: Vec<Retirement>) -> usize {
+        let mut gone = 0;
+        for r in plan {
+            let id = r.state.id.as_str();
+            let unchanged = books
+                .budgets
+                .get(id)
+                .is_some_and(|b| StoredBudget::from(b) == r.state);
+            if !unchanged {
+                continue;
+            }
+            books.budgets.remove(id);
+            for res in &r.reservations {
+                books.reservations.remove(&res.id);
+                books.reserve_keys.remove(&res.key);
+                if !res.settle_key.is_empty() {
+                    books.settle_keys.remove(&res.settle_key);
+                }
+            }
+            for seq in &r.state.entries {
+                if let Some(c) = books.entries.remove(seq) {
+                    let ctx = c.entry.context.unwrap_or_default();
+                    books.forget_entry(&ctx.job_id, &ctx.correlation_id, *seq);
+                }
+            }
+            if let Some(parent) = &r.state.parent
+                && let Some(p) = books.budgets.get_mut(parent)
+            {
+                p.children.remove(id);
+            }
+            gone += 1;
+        }
+        gone
+    }
+
+    /// Retires everything that can go, all in one step (start-up, shutdown,
+    /// tests: nobody else holds the books). Parents whose last child went
+    /// follow in the next rounds.
     pub(crate) fn retire(&self, books: &mut Books, now_ms: u64) -> Result<usize, StoreError> {
         let mut gone = 0;
         loop {
-            let ready: Vec<String> = books
-                .budgets
-                .values()
-                .filter(|b| {
-                    b.closed
-                        && b.children.is_empty()
-                        && b.tokens_reserved == 0
-                        && b.cost_reserved == 0
-                })
-                .map(|b| b.id.clone())
-                .collect();
-            if ready.is_empty() {
+            let plan = self.plan(books, now_ms);
+            if plan.is_empty() {
                 return Ok(gone);
             }
-            let ready_set: BTreeSet<&str> = ready.iter().map(String::as_str).collect();
-            let mut by_budget: HashMap<String, Vec<String>> = HashMap::new();
-            for r in books.reservations.values() {
-                if ready_set.contains(r.budget_id.as_str()) {
-                    by_budget
-                        .entry(r.budget_id.clone())
-                        .or_default()
-                        .push(r.id.clone());
-                }
-            }
-            for id in &ready {
-                self.retire_one(books, id, by_budget.remove(id).unwrap_or_default(), now_ms)?;
-                gone += 1;
-            }
+            self.write(&plan)?;
+            gone += self.forget(books, plan);
         }
-    }
-
-    fn retire_one(
-        &self,
-        books: &mut Books,
-        id: &str,
-        reservations: Vec<String>,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
-        let Some(b) = books.budgets.remove(id) else {
-            return Ok(());
-        };
-        for rid in &reservations {
-            if let Some(r) = books.reservations.remove(rid) {
-                self.reservations.put(rid, &StoredRes::from(&r))?;
-                let reserve_key = format!("r/{}", r.key);
-                self.keys.put(&reserve_key, &Id { value: rid.clone() })?;
-                books.reserve_keys.remove(&r.key);
-                if !r.settle_key.is_empty() {
-                    self.keys
-                        .put(&format!("s/{}", r.settle_key), &Id { value: rid.clone() })?;
-                    books.settle_keys.remove(&r.settle_key);
-                }
-            }
-        }
-        let mut index_keys = Vec::new();
-        for seq in &b.entries {
-            let Some(c) = books.entries.remove(seq) else {
-                continue;
-            };
-            let ctx = c.entry.context.unwrap_or_default();
-            if !ctx.job_id.is_empty() {
-                books.forget_entry(&ctx.job_id, "", *seq);
-                index_keys.push(format!("j/{}/{seq:016x}", ctx.job_id));
-            }
-            if !ctx.correlation_id.is_empty() {
-                books.forget_entry("", &ctx.correlation_id, *seq);
-                index_keys.push(format!("c/{}/{seq:016x}", ctx.correlation_id));
-            }
-        }
-        for k in &index_keys {
-            self.index.put(k, &Mark {})?;
-        }
-        if let Some(parent) = &b.parent {
-            if let Some(p) = books.budgets.get_mut(parent) {
-                p.children.remove(id);
-            }
-            self.children.put(&format!("{parent}/{id}"), &Mark {})?;
-        }
-        let cold = ColdBudget {
-            budget: Some(b.view()),
-            entries: b.entries,
-            reservations,
-            index_keys,
-            retired_ms: now_ms,
-        };
-        self.budgets.put(id, &cold)
     }
 
     /// A retired budget.

@@ -400,9 +400,13 @@ impl Ledger {
         let journal = &self.inner.journal;
         journal.make_durable(journal.last()).await?;
         let now = self.now();
+        // Closed budgets that hold nothing: copied under the lock, written
+        // without it, dropped from the books under it.
+        let plan = self.inner.cold.plan(&self.lock(), now);
+        self.inner.cold.write(&plan)?;
         let (snap, keep_from) = {
             let mut books = self.lock();
-            let retired = self.inner.cold.retire(&mut books, now)?;
+            let retired = self.inner.cold.forget(&mut books, plan);
             if retired > 0 {
                 tracing::debug!(retired, "closed budgets left memory");
             }
