@@ -511,3 +511,47 @@ fn flatten(
         Err(_) => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_proto::registry::v1::ListAgentsRequest;
+    use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn while_starting_every_call_is_refused_with_starting_and_health_says_not_serving() {
+        let cfg = ServerConfig {
+            listen: "127.0.0.1:0".into(),
+            ..Default::default()
+        };
+        let listener = bind(&cfg).await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let starting = Starting::serve(&cfg, &listener).await.unwrap();
+        starting.phase("replaying the ledger's journal");
+        let ch = tonic::transport::Endpoint::from_shared(url)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let refused = RegistryServiceClient::new(ch.clone())
+            .list_agents(ListAgentsRequest::default())
+            .await
+            .unwrap_err();
+        let api = crate::error::ApiError::from(refused.clone());
+        assert_eq!(refused.code(), tonic::Code::Unavailable);
+        assert_eq!(api.known_reason(), Some(switchyard_core::Reason::Starting));
+        assert!(refused.message().contains("replaying the ledger's journal"), "{refused:?}");
+        assert!(crate::error::is_outage(&refused), "callers wait, not fail");
+        let mut health = HealthClient::new(ch);
+        let check = |service: &str| HealthCheckRequest {
+            service: service.into(),
+        };
+        let all = health.check(check("")).await.unwrap().into_inner().status;
+        assert_eq!(all, ServingStatus::NotServing as i32);
+        let live = health.check(check(LIVENESS)).await.unwrap().into_inner().status;
+        assert_eq!(live, ServingStatus::Serving as i32, "a long replay is not killed");
+        starting.stop().await;
+    }
+}
