@@ -142,26 +142,7 @@ pub async fn run() -> anyhow::Result<()> {
     }
     // The built-in agents register at start; wait until they route.
     let c = ExecutorClient::remote(channels[0].clone(), 4 << 20);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let v = c
-            .validate_job(switchyard_proto::executor::v1::ValidateJobRequest {
-                spec: Some(JobSpec {
-                    tasks: vec![agent("t", "builtin.noop", &[], serde_json::json!({}))],
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .await?;
-        if v.routes.first().is_some_and(|r| !r.agent_id.is_empty()) {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "built-in agents did not register"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    crate::history::wait_routable(&c).await?;
 
     println!(
         "\nExecutor: the whole stack in-process, gRPC on loopback, durable sled (group commit), approval by policy:"

@@ -542,7 +542,10 @@ mod tests {
         let api = crate::error::ApiError::from(refused.clone());
         assert_eq!(refused.code(), tonic::Code::Unavailable);
         assert_eq!(api.known_reason(), Some(switchyard_core::Reason::Starting));
-        assert!(refused.message().contains("replaying the ledger's journal"), "{refused:?}");
+        assert!(
+            refused.message().contains("replaying the ledger's journal"),
+            "{refused:?}"
+        );
         assert!(crate::error::is_outage(&refused), "callers wait, not fail");
         let mut health = HealthClient::new(ch);
         let check = |service: &str| HealthCheckRequest {
@@ -550,8 +553,17 @@ mod tests {
         };
         let all = health.check(check("")).await.unwrap().into_inner().status;
         assert_eq!(all, ServingStatus::NotServing as i32);
-        let live = health.check(check(LIVENESS)).await.unwrap().into_inner().status;
-        assert_eq!(live, ServingStatus::Serving as i32, "a long replay is not killed");
+        let live = health
+            .check(check(LIVENESS))
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        assert_eq!(
+            live,
+            ServingStatus::Serving as i32,
+            "a long replay is not killed"
+        );
         starting.stop().await;
     }
 }

@@ -50,6 +50,18 @@ impl From<sled::Error> for StoreError {
     }
 }
 
+/// A key-only entry: the key is the fact (an index, a set member).
+#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
+pub struct Mark {}
+
+/// A single number kept under a key (a layout version, a checkpoint).
+#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
+pub struct Number {
+    /// The number.
+    #[prost(uint64, tag = "1")]
+    pub value: u64,
+}
+
 /// One service's database.
 #[derive(Clone)]
 pub struct Store {

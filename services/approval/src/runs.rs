@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use switchyard_core::run::RunStatus as S;
 use switchyard_proto::approval::v1::{AuditRecord, Run};
-use switchyard_store::{Log, Store, StoreError, Tree};
+use switchyard_store::{Log, Mark, Number, Store, StoreError, Tree};
 
 use crate::status_of;
 
@@ -23,10 +23,6 @@ use crate::status_of;
 pub(crate) fn ended(s: S) -> bool {
     matches!(s, S::Completed | S::Rejected | S::Cancelled | S::Failed)
 }
-
-/// A key-only mark.
-#[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct Mark {}
 
 /// An ended run's audit positions, and when it ended.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -36,13 +32,6 @@ pub(crate) struct Positions {
     /// When the run ended, ms.
     #[prost(uint64, tag = "2")]
     pub(crate) ended_ms: u64,
-}
-
-/// A number kept in `meta`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct Meta {
-    #[prost(uint64, tag = "1")]
-    pub(crate) value: u64,
 }
 
 const LAYOUT: &str = "layout";
@@ -55,7 +44,7 @@ pub(crate) struct Runs {
     tree: Tree<Run>,
     live_ids: Tree<Mark>,
     ended_audit: Tree<Positions>,
-    meta: Tree<Meta>,
+    meta: Tree<Number>,
 }
 
 impl Runs {
@@ -73,7 +62,7 @@ impl Runs {
         let first_layout = old_layout && !runs.tree.is_empty();
         if old_layout && !first_layout {
             // A new data directory starts in this layout.
-            runs.meta.put(LAYOUT, &Meta { value: 2 })?;
+            runs.meta.put(LAYOUT, &Number { value: 2 })?;
         }
         if first_layout {
             // Every run in memory once, then the ended ones leave.
@@ -115,7 +104,7 @@ impl Runs {
                     runs.store(run, now)?;
                 }
             }
-            runs.meta.put(LAYOUT, &Meta { value: 2 })?;
+            runs.meta.put(LAYOUT, &Number { value: 2 })?;
         }
         Ok(runs)
     }
@@ -259,7 +248,7 @@ impl Runs {
     pub(crate) fn checkpoint(&self, last: u64) -> Result<u64, StoreError> {
         let first = self.audit.values().filter_map(|p| p.first()).min();
         let at = first.map_or(last, |f| f - 1);
-        self.meta.put(CHECKPOINT, &Meta { value: at })?;
+        self.meta.put(CHECKPOINT, &Number { value: at })?;
         Ok(at)
     }
 }

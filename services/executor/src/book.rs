@@ -21,7 +21,7 @@ use switchyard_proto::common::v1::Event;
 use switchyard_proto::executor::v1::{
     GetResultResponse, Job, JobSpec, ListJobsRequest, ListJobsResponse, TaskStatus,
 };
-use switchyard_store::{Log, Store, Tree};
+use switchyard_store::{Log, Mark, Number, Store, Tree};
 use tonic::Status;
 
 use crate::error::ExecutorError;
@@ -159,7 +159,7 @@ pub(crate) struct JobBook {
     /// A retired job's event positions in the log.
     index: Tree<Positions>,
     /// The layout version and the replay checkpoint.
-    meta: Tree<Meta>,
+    meta: Tree<Number>,
     jobs: Mutex<Jobs>,
     shutdown: Shutdown,
     /// Bumped whenever a job finishes (for waiters such as CancelJob).
@@ -186,7 +186,7 @@ impl JobBook {
             live: store.tree::<Mark>("live")?,
             by_time: store.tree::<Mark>("by_time")?,
             index: store.tree::<Positions>("index")?,
-            meta: store.tree::<Meta>("meta")?,
+            meta: store.tree::<Number>("meta")?,
             jobs: Mutex::new(Jobs::default()),
             shutdown,
             finished: tokio::sync::watch::channel(0).0,
@@ -239,7 +239,7 @@ impl JobBook {
             book.upgrade(&mut st)?;
         } else if layout < 2 {
             // A new data directory starts in this layout.
-            book.meta.put(LAYOUT, &Meta { value: 2 })?;
+            book.meta.put(LAYOUT, &Number { value: 2 })?;
         }
         tracing::info!(
             jobs = st.jobs.len(),
@@ -299,7 +299,7 @@ impl JobBook {
                 self.retire(st, &id)?;
             }
         }
-        self.meta.put(LAYOUT, &Meta { value: 2 })?;
+        self.meta.put(LAYOUT, &Number { value: 2 })?;
         self.store.flush_blocking()?;
         tracing::info!("job book upgraded: finished jobs are read from disk on demand");
         Ok(())
@@ -403,7 +403,7 @@ impl JobBook {
             let first = st.jobs.values().filter_map(|e| e.events.first()).min();
             first.map_or(self.events.last(), |f| f - 1)
         };
-        self.meta.put(CHECKPOINT, &Meta { value: at })?;
+        self.meta.put(CHECKPOINT, &Number { value: at })?;
         Ok(at)
     }
 
@@ -994,22 +994,11 @@ const LAYOUT: &str = "layout";
 /// Where replay starts (`meta` key).
 const CHECKPOINT: &str = "checkpoint";
 
-/// A key-only mark.
-#[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct Mark {}
-
 /// A retired job's event positions in the log.
 #[derive(Clone, PartialEq, prost::Message)]
 pub(crate) struct Positions {
     #[prost(uint64, repeated, tag = "1")]
     pub(crate) positions: Vec<u64>,
-}
-
-/// A number kept in `meta`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct Meta {
-    #[prost(uint64, tag = "1")]
-    pub(crate) value: u64,
 }
 
 /// Where a task's outputs are kept.

@@ -13,7 +13,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use switchyard_proto::common::v1::CorrelationContext;
 use switchyard_proto::ledger::v1::{Budget, JournalRecord};
-use switchyard_store::{Log, Store, StoreError, Tree};
+use switchyard_store::{Log, Mark, Store, StoreError, Tree};
 
 use crate::books::{Books, BudgetState, Charge, Res, Settled};
 
@@ -205,10 +205,6 @@ pub(crate) struct Id {
     #[prost(string, tag = "1")]
     pub(crate) value: String,
 }
-
-/// A key-only mark.
-#[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct Mark {}
 
 /// A budget about to retire: what goes to disk.
 pub(crate) struct Retirement {

@@ -79,6 +79,48 @@ async fn collector() -> (
     (sink, format!("http://{sink_addr}"), stop_tx, server)
 }
 
+/// Every service but the executor in one `serve` process, the executor in
+/// another, both exporting spans to `endpoint`; returns once the built-in
+/// agents route.
+fn split_exporting_to(endpoint: &str, dir: &std::path::Path) -> (Proc, Proc) {
+    let otel = ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint);
+    let data = |n: &str| dir.join(n).to_str().unwrap().to_owned();
+    let (d1, d2) = (data("others"), data("executor"));
+    let serve = |services: &str, data: &str, env: &[(&str, &str)]| {
+        let args = [
+            "serve",
+            "--services",
+            services,
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data,
+        ];
+        Proc::start(&args, env)
+    };
+    let others = serve("registry,router,ledger,approval,auth", &d1, &[otel]);
+    let url = others.url();
+    let x = serve(
+        "executor",
+        &d2,
+        &[
+            otel,
+            ("SWITCHYARD_AUTH__KEYS_URL", &url),
+            ("SWITCHYARD_EXECUTOR__REGISTRY_URL", &url),
+            ("SWITCHYARD_EXECUTOR__ROUTER_URL", &url),
+            ("SWITCHYARD_EXECUTOR__LEDGER_URL", &url),
+            ("SWITCHYARD_EXECUTOR__APPROVAL_URL", &url),
+            ("SWITCHYARD_EXECUTOR__APPROVAL_POLL_MS", "50"),
+        ],
+    );
+    wait_for(
+        "built-in agents routable",
+        std::time::Duration::from_secs(20),
+        || routed(&url, &["--capability", "builtin.echo"]).is_some_and(|ids| !ids.is_empty()),
+    );
+    (others, x)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_trace_covers_a_job_across_the_services_it_calls() {
     use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
@@ -87,46 +129,8 @@ async fn one_trace_covers_a_job_across_the_services_it_calls() {
 
     let (sink, endpoint, stop_tx, server) = collector().await;
     let dir = tempfile::tempdir().unwrap();
-    let otel = ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str());
-    let data = |n: &str| dir.path().join(n).to_str().unwrap().to_owned();
-    let (d1, d2) = (data("others"), data("executor"));
-    let others = Proc::start(
-        &[
-            "serve",
-            "--services",
-            "registry,router,ledger,approval,auth",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            &d1,
-        ],
-        &[otel],
-    );
+    let (others, x) = split_exporting_to(&endpoint, dir.path());
     let url = others.url();
-    let x = Proc::start(
-        &[
-            "serve",
-            "--services",
-            "executor",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            &d2,
-        ],
-        &[
-            otel,
-            ("SWITCHYARD_AUTH__KEYS_URL", &url),
-            ("SWITCHYARD_EXECUTOR__REGISTRY_URL", &url),
-            ("SWITCHYARD_EXECUTOR__ROUTER_URL", &url),
-            ("SWITCHYARD_EXECUTOR__LEDGER_URL", &url),
-            ("SWITCHYARD_EXECUTOR__APPROVAL_URL", &url),
-        ],
-    );
-    wait_for(
-        "built-in agents routable",
-        std::time::Duration::from_secs(20),
-        || routed(&url, &["--capability", "builtin.echo"]).is_some_and(|ids| !ids.is_empty()),
-    );
     let trace_id = "0af7651916cd43dd8448eb211c80319c";
     let mut c = JobServiceClient::new(switchyard_kit::client::authed(
         switchyard_kit::client::connect(&x.url()).await.unwrap(),
@@ -263,47 +267,8 @@ async fn every_job_trace_is_complete_at_100_jobs_a_second() {
     const JOBS: usize = 100;
     let (sink, endpoint, stop_tx, server) = collector().await;
     let dir = tempfile::tempdir().unwrap();
-    let otel = ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str());
-    let data = |n: &str| dir.path().join(n).to_str().unwrap().to_owned();
-    let (d1, d2) = (data("others"), data("executor"));
-    let others = Proc::start(
-        &[
-            "serve",
-            "--services",
-            "registry,router,ledger,approval,auth",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            &d1,
-        ],
-        &[otel],
-    );
+    let (others, x) = split_exporting_to(&endpoint, dir.path());
     let url = others.url();
-    let x = Proc::start(
-        &[
-            "serve",
-            "--services",
-            "executor",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            &d2,
-        ],
-        &[
-            otel,
-            ("SWITCHYARD_AUTH__KEYS_URL", &url),
-            ("SWITCHYARD_EXECUTOR__REGISTRY_URL", &url),
-            ("SWITCHYARD_EXECUTOR__ROUTER_URL", &url),
-            ("SWITCHYARD_EXECUTOR__LEDGER_URL", &url),
-            ("SWITCHYARD_EXECUTOR__APPROVAL_URL", &url),
-            ("SWITCHYARD_EXECUTOR__APPROVAL_POLL_MS", "50"),
-        ],
-    );
-    wait_for(
-        "built-in agents routable",
-        std::time::Duration::from_secs(20),
-        || routed(&url, &["--capability", "builtin.echo"]).is_some_and(|ids| !ids.is_empty()),
-    );
     let c = JobServiceClient::new(switchyard_kit::client::authed(
         switchyard_kit::client::connect(&x.url()).await.unwrap(),
         switchyard_kit::client::Credential::bearer(&token(&url, "alice")).ok(),
