@@ -52,8 +52,10 @@ fmt: ## Format the code
 	$(CARGO) fmt --all
 
 .PHONY: bench
-bench: ## Benchmarks (release): routing, registry, ledger, executor and the LLM agent loop vs a bare ping
+bench: ## Benchmarks (release): routing, registry, ledger, executor, the LLM agent loop vs a bare ping, and growth with 100k jobs of history
 	$(CARGO) run --release --locked -p switchyard-bench
+	$(CARGO) build --release --locked -p switchyard-cli
+	$(CARGO) run --release --locked -p switchyard-bench -- history 100000
 
 .PHONY: clean
 clean: ## Remove build output, the venv and the dev data directory
