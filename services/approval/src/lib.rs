@@ -495,8 +495,10 @@ impl Approval {
                 async move {
                     me.sweep().await?;
                     // The next start-up replays from here.
-                    let last = me.inner.audit.last();
-                    me.lock().runs.checkpoint(last)?;
+                    // Never past what is on disk (numbers after it could be
+                    // handed out again after a crash).
+                    let durable = me.inner.audit.durable();
+                    me.lock().runs.checkpoint(durable)?;
                     Ok::<_, ApprovalError>(())
                 }
             })
@@ -538,6 +540,8 @@ impl Approval {
 
     /// Flushes to disk (shutdown), with a fresh replay checkpoint.
     pub fn flush(&self) -> Result<(), ApprovalError> {
+        // Everything written goes to disk, then the checkpoint moves up to it.
+        self.inner.store.flush_blocking()?;
         self.lock().runs.checkpoint(self.inner.audit.last())?;
         self.inner.store.flush_blocking()?;
         Ok(())

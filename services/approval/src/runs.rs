@@ -244,10 +244,10 @@ impl Runs {
     }
 
     /// Records where the next start-up replays the audit log from: before
-    /// the first record of every run in memory (`last` when none).
-    pub(crate) fn checkpoint(&self, last: u64) -> Result<u64, StoreError> {
+    /// the first record of every run in memory, and never past `durable`.
+    pub(crate) fn checkpoint(&self, durable: u64) -> Result<u64, StoreError> {
         let first = self.audit.values().filter_map(|p| p.first()).min();
-        let at = first.map_or(last, |f| f - 1);
+        let at = first.map_or(durable, |f| f - 1).min(durable);
         self.meta.put(CHECKPOINT, &Number { value: at })?;
         Ok(at)
     }

@@ -398,10 +398,16 @@ impl JobBook {
     /// not yet retired. (A job that starts later has later events, so an
     /// old checkpoint is only slower, never wrong.)
     pub(crate) fn checkpoint(&self) -> Result<u64, ExecutorError> {
+        self.checkpoint_upto(self.events.durable())
+    }
+
+    /// [`JobBook::checkpoint`], never past `upto`: what is on disk (a crash
+    /// could lose records after it, and their numbers be handed out again).
+    fn checkpoint_upto(&self, upto: u64) -> Result<u64, ExecutorError> {
         let at = {
             let st = self.lock();
             let first = st.jobs.values().filter_map(|e| e.events.first()).min();
-            first.map_or(self.events.last(), |f| f - 1)
+            first.map_or(self.events.last(), |f| f - 1).min(upto)
         };
         self.meta.put(CHECKPOINT, &Number { value: at })?;
         Ok(at)
@@ -456,8 +462,11 @@ impl JobBook {
         Ok((jobs, records))
     }
 
-    /// Flushes storage (shutdown).
+    /// Flushes storage (shutdown): everything written is on disk, then the
+    /// checkpoint moves up to it.
     pub(crate) fn flush_blocking(&self) -> Result<(), ExecutorError> {
+        self.store.flush_blocking()?;
+        self.checkpoint_upto(self.events.last())?;
         Ok(self.store.flush_blocking()?)
     }
 

@@ -249,7 +249,6 @@ impl Executor {
 
     /// Flushes storage (shutdown), with a fresh replay checkpoint.
     pub fn flush(&self) -> Result<(), ExecutorError> {
-        self.inner.book.checkpoint()?;
         self.inner.book.flush_blocking()
     }
 
