@@ -207,6 +207,42 @@ impl<V: prost::Message + Default> Log<V> {
         Ok(out)
     }
 
+    /// The written records at `seqs` (ascending), in order, decoding each
+    /// chunk that holds some of them once. Records no longer in the log
+    /// (pruned) are left out.
+    pub fn read_each(&self, seqs: &[u64]) -> Result<Vec<(u64, V)>, StoreError> {
+        let mut out = Vec::with_capacity(seqs.len());
+        let mut i = 0;
+        while let Some(&want) = seqs.get(i) {
+            // The chunk holding `want`: the last one starting at or before it.
+            let Some(found) = self.inner.tree.range(..=key(want)).next_back() else {
+                i += 1;
+                continue;
+            };
+            let (_, value) = found?;
+            let before = i;
+            for (seq, bytes) in self.inner.decode_chunk(&value)? {
+                while seqs.get(i).is_some_and(|&s| s < seq) {
+                    i += 1;
+                }
+                if seqs.get(i) == Some(&seq) {
+                    let record = V::decode(bytes).map_err(|source| StoreError::Corrupt {
+                        tree: self.inner.name.clone(),
+                        key: seq.to_string(),
+                        source,
+                    })?;
+                    out.push((seq, record));
+                    i += 1;
+                }
+            }
+            if i == before {
+                // Not in the log any more.
+                i += 1;
+            }
+        }
+        Ok(out)
+    }
+
     /// Every written record in order (replay at start-up).
     pub fn replay(&self) -> impl Iterator<Item = Result<(u64, V), StoreError>> + '_ {
         self.replay_after(0)
@@ -396,6 +432,24 @@ mod tests {
             [251, 252, 253]
         );
         assert_eq!(log.replay().count(), 407);
+        let picked: Vec<u64> = log
+            .read_each(&[1, 2, 256, 257, 300, 301, 407, 500])
+            .unwrap()
+            .iter()
+            .map(|(s, t)| {
+                assert_eq!(t.name, format!("t{s}"));
+                *s
+            })
+            .collect();
+        assert_eq!(picked, [1, 2, 256, 257, 300, 301, 407]);
+        log.prune_before(300).unwrap();
+        let after_prune: Vec<u64> = log
+            .read_each(&[1, 256, 257, 301])
+            .unwrap()
+            .iter()
+            .map(|r| r.0)
+            .collect();
+        assert_eq!(after_prune, [257, 301], "pruned records are left out");
     }
 
     #[tokio::test]

@@ -1144,11 +1144,7 @@ impl Approval {
                     .take(size)
                     .collect()
             };
-            let mut out = Vec::with_capacity(seqs.len());
-            for s in seqs {
-                out.extend(log.read(s - 1, s, 1)?);
-            }
-            out
+            log.read_each(&seqs)?
         };
         Ok(ListAuditResponse {
             records: records.into_iter().map(|(_, r)| r).collect(),

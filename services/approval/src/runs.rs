@@ -214,13 +214,7 @@ impl Runs {
         cutoff_ms: u64,
         log: &Log<AuditRecord>,
     ) -> Result<(usize, u64), StoreError> {
-        let mut keep_from = self
-            .audit
-            .values()
-            .filter_map(|p| p.first())
-            .min()
-            .copied()
-            .unwrap_or(log.last() + 1);
+        let mut keep_from = self.first_audit().unwrap_or(log.last() + 1);
         let mut gone = Vec::new();
         for r in self.ended_audit.iter() {
             let (id, p) = r?;
@@ -238,6 +232,11 @@ impl Runs {
         Ok((gone.len(), records))
     }
 
+    /// The first audit record of any run in memory.
+    fn first_audit(&self) -> Option<u64> {
+        self.audit.values().filter_map(|p| p.first()).min().copied()
+    }
+
     /// How many runs are in memory.
     pub(crate) fn in_memory(&self) -> usize {
         self.live.len()
@@ -246,8 +245,7 @@ impl Runs {
     /// Records where the next start-up replays the audit log from: before
     /// the first record of every run in memory, and never past `durable`.
     pub(crate) fn checkpoint(&self, durable: u64) -> Result<u64, StoreError> {
-        let first = self.audit.values().filter_map(|p| p.first()).min();
-        let at = first.map_or(durable, |f| f - 1).min(durable);
+        let at = self.first_audit().map_or(durable, |f| f - 1).min(durable);
         self.meta.put(CHECKPOINT, &Number { value: at })?;
         Ok(at)
     }

@@ -38,6 +38,16 @@ pub(crate) struct Parent {
     submitter: OnBehalf,
 }
 
+impl Parent {
+    fn of(p: &JobEntry) -> Parent {
+        Parent {
+            run_id: p.job.run_id.clone(),
+            budget_id: p.job.budget_id.clone(),
+            submitter: p.submitter(),
+        }
+    }
+}
+
 /// The worst case of a job.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Estimate {
@@ -578,7 +588,13 @@ impl Executor {
     ) -> Result<Option<SubmitJobResponse>, ExecutorError> {
         // A finished job is on disk only.
         let retired = self.inner.book.read(&spec.job_id, |e| {
-            (e.context_hash.clone(), e.job.tenant.clone(), e.job.clone())
+            // A finished job's hash is its spec's (kept only while it runs).
+            let h = if e.context_hash.is_empty() {
+                spec::context_hash(e.spec())
+            } else {
+                e.context_hash.clone()
+            };
+            (h, e.job.tenant.clone(), e.job.clone())
         });
         if let Ok((h, tenant, job)) = retired {
             return if h == hash && tenant == submitter.tenant {
@@ -678,7 +694,7 @@ impl Executor {
                 .as_ref()
                 .map(|d| d.parent_job_id.clone())
                 .unwrap_or_default();
-            let hash = spec::context_hash(e.spec());
+            let hash = e.context_hash.clone();
             (e.spec().clone(), hash, e.submitter(), parent_id)
         };
         let parent = if parent_id.is_empty() {
@@ -686,11 +702,7 @@ impl Executor {
         } else {
             let st = book.lock();
             match st.find(&parent_id) {
-                Some(p) if p.state() == JobState::Active => Some(Parent {
-                    run_id: p.job.run_id.clone(),
-                    budget_id: p.job.budget_id.clone(),
-                    submitter: p.submitter(),
-                }),
+                Some(p) if p.state() == JobState::Active => Some(Parent::of(p)),
                 _ => None,
             }
         };
@@ -811,11 +823,7 @@ impl Executor {
         }
         d.depth = depth;
         d.max_depth = max;
-        let parent = Parent {
-            run_id: p.job.run_id.clone(),
-            budget_id: p.job.budget_id.clone(),
-            submitter: p.submitter(),
-        };
+        let parent = Parent::of(p);
         spec.budget.get_or_insert_default().parent_budget_id = parent.budget_id.clone();
         Ok(Some(parent))
     }

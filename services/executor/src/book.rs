@@ -133,6 +133,15 @@ impl Jobs {
         }
     }
 
+    /// The log position of the first event of any job in memory.
+    fn first_event(&self) -> Option<u64> {
+        self.jobs
+            .values()
+            .filter_map(|e| e.events.first())
+            .min()
+            .copied()
+    }
+
     /// Ids of jobs in `states`.
     pub(crate) fn in_states(&self, states: &[JobState]) -> Vec<String> {
         self.jobs
@@ -363,7 +372,6 @@ impl JobBook {
         };
         let dag = crate::spec::dag(&spec).map_err(ExecutorError::Invalid)?;
         let mut e = JobEntry::new(spec, dag, created_ms(&job));
-        e.context_hash = crate::spec::context_hash(e.spec());
         e.job = job;
         for i in 0..e.job.tasks.len() {
             let key = output_key(id, &e.job.tasks[i].task_id);
@@ -404,11 +412,11 @@ impl JobBook {
     /// [`JobBook::checkpoint`], never past `upto`: what is on disk (a crash
     /// could lose records after it, and their numbers be handed out again).
     fn checkpoint_upto(&self, upto: u64) -> Result<u64, ExecutorError> {
-        let at = {
-            let st = self.lock();
-            let first = st.jobs.values().filter_map(|e| e.events.first()).min();
-            first.map_or(self.events.last(), |f| f - 1).min(upto)
-        };
+        let at = self
+            .lock()
+            .first_event()
+            .map_or(self.events.last(), |f| f - 1)
+            .min(upto);
         self.meta.put(CHECKPOINT, &Number { value: at })?;
         Ok(at)
     }
@@ -421,11 +429,7 @@ impl JobBook {
         cutoff_ms: u64,
         tenant: Option<&str>,
     ) -> Result<(u64, u64), ExecutorError> {
-        let mut keep_from = {
-            let st = self.lock();
-            let first = st.jobs.values().filter_map(|e| e.events.first()).min();
-            first.copied().unwrap_or(self.events.last() + 1)
-        };
+        let mut keep_from = self.lock().first_event().unwrap_or(self.events.last() + 1);
         let mut jobs = 0;
         for r in self.by_time.iter() {
             let (key, _) = r?;
@@ -495,10 +499,6 @@ impl JobBook {
 
     /// Stores an accepted job's spec and lists it (it was claimed).
     pub(crate) fn accept(&self, st: &mut Jobs, spec: &JobSpec) -> Result<(), ExecutorError> {
-        if self.specs.get(&spec.job_id)?.is_some() {
-            // Retired (it is not in memory): the id is taken.
-            return Err(ExecutorError::Exists(spec.job_id.clone()));
-        }
         let entry = st.get(&spec.job_id)?;
         let created_at = entry.job.created_at;
         let created = created_at
@@ -902,11 +902,12 @@ impl JobBook {
             let end = finished(e.state()) && upto >= e.job.last_sequence;
             (cached, from_log, end)
         })?;
-        let mut batch = Vec::with_capacity(cached.len() + from_log.len());
-        for g in from_log {
-            let mut r = self.events.read(g - 1, g, 1)?;
-            batch.extend(r.pop().map(|(_, ev)| ev));
-        }
+        let mut batch: Vec<Event> = self
+            .events
+            .read_each(&from_log)?
+            .into_iter()
+            .map(|(_, ev)| ev)
+            .collect();
         batch.extend(cached);
         batch.sort_by_key(|e| e.sequence);
         Ok((batch, end))

@@ -126,13 +126,10 @@ impl Waiter<'_> {
             error,
             "waiting for a service that cannot be reached"
         );
-        if !self.job_id.is_empty() {
-            let ev = JobEvent::DependencyWaiting(events::DependencyWaiting {
-                service: service.as_str().to_owned(),
-                error: error.to_owned(),
-            });
-            self.x.inner.book.note(self.job_id, self.task_id, ev);
-        }
+        self.note(JobEvent::DependencyWaiting(events::DependencyWaiting {
+            service: service.as_str().to_owned(),
+            error: error.to_owned(),
+        }));
     }
 
     fn recovered(&self, service: Service, waited_ms: u64) {
@@ -142,11 +139,15 @@ impl Waiter<'_> {
             waited_ms,
             "service answered again"
         );
+        self.note(JobEvent::DependencyRecovered(events::DependencyRecovered {
+            service: service.as_str().to_owned(),
+            waited_ms,
+        }));
+    }
+
+    /// Records `ev` on the job waited for (nothing for nobody's waits).
+    fn note(&self, ev: JobEvent) {
         if !self.job_id.is_empty() {
-            let ev = JobEvent::DependencyRecovered(events::DependencyRecovered {
-                service: service.as_str().to_owned(),
-                waited_ms,
-            });
             self.x.inner.book.note(self.job_id, self.task_id, ev);
         }
     }

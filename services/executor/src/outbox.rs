@@ -41,9 +41,6 @@ pub(crate) struct Intent {
     pub(crate) tenant: String,
     #[prost(string, tag = "5")]
     pub(crate) kind: String,
-    /// When it was recorded, ms.
-    #[prost(uint64, tag = "6")]
-    pub(crate) since_ms: u64,
     /// The effect.
     #[prost(oneof = "Effect", tags = "10, 11, 12")]
     pub(crate) effect: Option<Effect>,
@@ -102,7 +99,6 @@ impl Intent {
             subject: who.subject.clone(),
             tenant: who.tenant.clone(),
             kind: who.kind.as_str().to_owned(),
-            since_ms: 0,
             effect: Some(effect),
         }
     }
@@ -206,10 +202,6 @@ impl Executor {
             });
             intents.push(Intent::new(job_id, corr, &submitter, close));
         }
-        let now = self.inner.book.now();
-        for i in &mut intents {
-            i.since_ms = now;
-        }
         Ok(intents)
     }
 
@@ -242,12 +234,8 @@ impl Executor {
     /// retried in the background. A crash before the final event finishes
     /// the job again, so nothing needs storing when all are delivered.
     pub(crate) async fn deliver_first(&self, intents: Vec<Intent>) -> Result<(), StoreError> {
-        let tried = intents.iter().map(|i| async move {
-            let ctx = acting_context(&i.correlation_id, i.who());
-            let done = switchyard_kit::context::scope(ctx, self.deliver(i)).await;
-            matches!(done, Delivery::Done)
-        });
-        let done = futures_util::future::join_all(tried).await;
+        let done =
+            futures_util::future::join_all(intents.iter().map(|i| self.try_deliver(i))).await;
         let left: Vec<Intent> = intents
             .into_iter()
             .zip(done)
@@ -261,32 +249,38 @@ impl Executor {
         Ok(())
     }
 
-    /// Tries each recorded intent once now; what an outage kept back is
-    /// retried in the background.
+    /// Tries each stored intent once now; the background retries the rest
+    /// soon.
     pub(crate) async fn deliver_now(&self, intents: Vec<(String, Intent)>) {
-        let tried = intents.iter().map(|(key, i)| self.deliver_one(key, i));
-        let left = futures_util::future::join_all(tried)
-            .await
-            .into_iter()
-            .filter(|done| !done)
-            .count();
-        if left > 0 {
+        if self.deliver_stored(&intents).await < intents.len() {
             self.inner.outbox.wake.notify_one();
         }
     }
 
-    /// Delivers one intent; true when it is done with.
-    async fn deliver_one(&self, key: &str, i: &Intent) -> bool {
+    /// Tries each stored intent once and forgets the delivered ones;
+    /// returns how many were.
+    async fn deliver_stored(&self, intents: &[(String, Intent)]) -> usize {
+        let tried = intents.iter().map(|(key, i)| async move {
+            let done = self.try_deliver(i).await;
+            if done && let Err(e) = self.inner.outbox.tree.remove(key) {
+                tracing::warn!(key, error = %e, "forgetting a delivered intent");
+            }
+            done
+        });
+        futures_util::future::join_all(tried)
+            .await
+            .into_iter()
+            .filter(|d| *d)
+            .count()
+    }
+
+    /// One delivery, acting for the intent's user; true when it is done with.
+    async fn try_deliver(&self, i: &Intent) -> bool {
         let ctx = acting_context(&i.correlation_id, i.who());
         match switchyard_kit::context::scope(ctx, self.deliver(i)).await {
-            Delivery::Done => {
-                if let Err(e) = self.inner.outbox.tree.remove(key) {
-                    tracing::warn!(key, error = %e, "forgetting a delivered intent");
-                }
-                true
-            }
+            Delivery::Done => true,
             Delivery::Later(why) => {
-                tracing::debug!(key, job_id = %i.job_id, why, "intent not delivered yet");
+                tracing::debug!(job_id = %i.job_id, why, "intent not delivered yet");
                 false
             }
         }
@@ -399,12 +393,7 @@ impl Executor {
                 })
                 .collect();
             if !pending.is_empty() {
-                let tried = pending.iter().map(|(k, i)| self.deliver_one(k, i));
-                let done = futures_util::future::join_all(tried)
-                    .await
-                    .into_iter()
-                    .filter(|d| *d)
-                    .count();
+                let done = self.deliver_stored(&pending).await;
                 tracing::info!(
                     delivered = done,
                     left = pending.len() - done,

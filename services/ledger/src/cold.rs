@@ -256,15 +256,14 @@ impl Cold {
             books.restore(Res::from(r));
         }
         // Entries of the budgets in memory come back from the journal.
-        let seqs: Vec<u64> = books
+        let mut seqs: Vec<u64> = books
             .budgets
             .values()
             .flat_map(|b| b.entries.iter().copied())
             .collect();
-        for seq in seqs {
-            if let Some((_, rec)) = journal.read(seq - 1, seq, 1)?.pop() {
-                books.index_entry(&rec);
-            }
+        seqs.sort_unstable();
+        for (_, rec) in journal.read_each(&seqs)? {
+            books.index_entry(&rec);
         }
         let mut read = 0;
         let mut gaps = Vec::new();
@@ -500,17 +499,30 @@ impl Cold {
     }
 }
 
-/// The charge of entry `seq`: from the books, else from the journal.
-pub(crate) fn charge(
+/// The charges of entries `seqs` (ascending), in order: from the books,
+/// else from the journal (entries pruned past retention are left out).
+pub(crate) fn charges(
     books: &Books,
     journal: &Log<JournalRecord>,
-    seq: u64,
-) -> Result<Option<Charge>, StoreError> {
-    if let Some(c) = books.entries.get(&seq) {
-        return Ok(Some(c.clone()));
+    seqs: &[u64],
+) -> Result<Vec<(u64, Charge)>, StoreError> {
+    let cold: Vec<u64> = seqs
+        .iter()
+        .copied()
+        .filter(|s| !books.entries.contains_key(s))
+        .collect();
+    let mut read = journal.read_each(&cold)?.into_iter().peekable();
+    let mut out = Vec::with_capacity(seqs.len());
+    for &seq in seqs {
+        if let Some(c) = books.entries.get(&seq) {
+            out.push((seq, c.clone()));
+        } else if let Some((_, rec)) = read.next_if(|(s, _)| *s == seq) {
+            let charge = Charge {
+                entry: rec.entry.unwrap_or_default(),
+                overrun: rec.overrun,
+            };
+            out.push((seq, charge));
+        }
     }
-    Ok(journal.read(seq - 1, seq, 1)?.pop().map(|(_, rec)| Charge {
-        entry: rec.entry.unwrap_or_default(),
-        overrun: rec.overrun,
-    }))
+    Ok(out)
 }

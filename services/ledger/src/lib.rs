@@ -596,8 +596,13 @@ impl Ledger {
 
     /// Whether `p` sees budget `id` (in memory or retired).
     fn sees(&self, books: &Books, p: &switchyard_kit::auth::Principal, id: &str) -> bool {
-        self.facts(books, id)
-            .is_some_and(|(tenant, _)| p.sees_tenant(&tenant))
+        match books.budgets.get(id) {
+            // Every call checks this: no copies for budgets in memory.
+            Some(b) => p.sees_tenant(&b.tenant),
+            None => self
+                .facts(books, id)
+                .is_some_and(|(tenant, _)| p.sees_tenant(&tenant)),
+        }
     }
 
     /// True when `ancestor` is `id` or one of its ancestors (in memory or
@@ -1064,7 +1069,9 @@ impl Ledger {
             )? {
                 match prior {
                     Settled::Committed(seq) => {
-                        let charge = cold::charge(&books, &self.inner.journal, seq)?;
+                        let charge = cold::charges(&books, &self.inner.journal, &[seq])?
+                            .pop()
+                            .map(|(_, c)| c);
                         let same = charge.as_ref().is_some_and(|c| {
                             c.entry.tokens == req.tokens
                                 && micro(c.entry.total.as_ref()) == cost
@@ -1276,12 +1283,9 @@ impl Ledger {
         let (mut total_cost, mut total_tokens) = (0i64, 0u64);
         let mut entries = Vec::new();
         let (mut last_seq, mut more) = (0, false);
-        for seq in &seqs {
-            // Retired budgets' entries are read from the journal (and are
-            // gone once pruned past retention).
-            let Some(c) = cold::charge(&books, &self.inner.journal, *seq)? else {
-                continue;
-            };
+        // Retired budgets' entries are read from the journal (and are gone
+        // once pruned past retention).
+        for (seq, c) in &cold::charges(&books, &self.inner.journal, &seqs)? {
             total_cost = total_cost.saturating_add(micro(c.entry.total.as_ref()));
             total_tokens = total_tokens.saturating_add(c.entry.tokens);
             if *seq > after {

@@ -19,7 +19,15 @@ use switchyard_proto::registry::v1::ListAgentsRequest;
 use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
 
 #[derive(Clone, Default)]
-struct Sink(Arc<Mutex<Vec<Span>>>, Arc<Mutex<Vec<(String, Span)>>>);
+/// Every exported span, with the `service.name` of the process that sent it.
+struct Sink(Arc<Mutex<Vec<(String, Span)>>>);
+
+impl Sink {
+    fn spans(&self) -> Vec<Span> {
+        let named = self.0.lock().unwrap();
+        named.iter().map(|(_, s)| s.clone()).collect()
+    }
+}
 
 #[tonic::async_trait]
 impl TraceService for Sink {
@@ -27,8 +35,7 @@ impl TraceService for Sink {
         &self,
         req: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut spans = self.0.lock().expect("sink lock");
-        let mut named = self.1.lock().expect("sink lock");
+        let mut named = self.0.lock().expect("sink lock");
         for rs in req.into_inner().resource_spans {
             let service = rs
                 .resource
@@ -41,8 +48,7 @@ impl TraceService for Sink {
                 })
                 .unwrap_or_default();
             for ss in rs.scope_spans {
-                named.extend(ss.spans.iter().map(|s| (service.clone(), s.clone())));
-                spans.extend(ss.spans);
+                named.extend(ss.spans.into_iter().map(|s| (service.clone(), s)));
             }
         }
         Ok(tonic::Response::new(ExportTraceServiceResponse {
@@ -159,7 +165,7 @@ async fn one_trace_covers_a_job_across_the_services_it_calls() {
     assert_eq!(x.terminate(), Some(0));
     assert_eq!(others.terminate(), Some(0));
 
-    let spans = sink.0.lock().unwrap().clone();
+    let spans = sink.spans();
     let in_trace: Vec<&str> = spans
         .iter()
         .filter(|s| hex(&s.trace_id) == trace_id)
@@ -207,7 +213,7 @@ async fn rpc_spans_are_exported_over_otlp_continuing_the_callers_trace() {
     // SIGTERM flushes telemetry before exit.
     assert_eq!(dev.terminate(), Some(0));
 
-    let spans = sink.0.lock().unwrap().clone();
+    let spans = sink.spans();
     let span = spans
         .iter()
         .find(|s| s.name == "registry.ListAgents")
@@ -326,7 +332,7 @@ async fn every_job_trace_is_complete_at_100_jobs_a_second() {
     assert_eq!(x.terminate(), Some(0));
     assert_eq!(others.terminate(), Some(0));
 
-    let named = sink.1.lock().unwrap().clone();
+    let named = sink.0.lock().unwrap().clone();
     let foreign: Vec<&str> = named
         .iter()
         .filter(|(_, s)| !s.name.contains('.'))
