@@ -196,15 +196,18 @@ impl<V: prost::Message + Default> Log<V> {
                 if seq > upto || out.len() == limit {
                     return Ok(out);
                 }
-                let record = V::decode(bytes).map_err(|source| StoreError::Corrupt {
-                    tree: self.inner.name.clone(),
-                    key: seq.to_string(),
-                    source,
-                })?;
-                out.push((seq, record));
+                out.push((seq, self.decode(seq, bytes)?));
             }
         }
         Ok(out)
+    }
+
+    fn decode(&self, seq: u64, bytes: &[u8]) -> Result<V, StoreError> {
+        V::decode(bytes).map_err(|source| StoreError::Corrupt {
+            tree: self.inner.name.clone(),
+            key: seq.to_string(),
+            source,
+        })
     }
 
     /// The written records at `seqs` (ascending), in order, decoding each
@@ -226,12 +229,7 @@ impl<V: prost::Message + Default> Log<V> {
                     i += 1;
                 }
                 if seqs.get(i) == Some(&seq) {
-                    let record = V::decode(bytes).map_err(|source| StoreError::Corrupt {
-                        tree: self.inner.name.clone(),
-                        key: seq.to_string(),
-                        source,
-                    })?;
-                    out.push((seq, record));
+                    out.push((seq, self.decode(seq, bytes)?));
                     i += 1;
                 }
             }

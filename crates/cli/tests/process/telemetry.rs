@@ -57,6 +57,18 @@ impl TraceService for Sink {
     }
 }
 
+/// Spans every job's trace holds, across the services it calls.
+const JOB_SPANS: [&str; 8] = [
+    "executor.SubmitJob",
+    "executor.job",
+    "ledger.CreateBudget",
+    "approval.Propose",
+    "approval.Claim",
+    "router.Route",
+    "ledger.Reserve",
+    "approval.Complete",
+];
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -171,16 +183,7 @@ async fn one_trace_covers_a_job_across_the_services_it_calls() {
         .filter(|s| hex(&s.trace_id) == trace_id)
         .map(|s| s.name.as_str())
         .collect();
-    for want in [
-        "executor.SubmitJob",
-        "executor.job",
-        "ledger.CreateBudget",
-        "approval.Propose",
-        "approval.Claim",
-        "router.Route",
-        "ledger.Reserve",
-        "approval.Complete",
-    ] {
+    for want in JOB_SPANS {
         assert!(
             in_trace.contains(&want),
             "{want} not in the job's trace: {in_trace:?}"
@@ -351,18 +354,10 @@ async fn every_job_trace_is_complete_at_100_jobs_a_second() {
             .filter(|(_, s)| hex(&s.trace_id) == trace)
             .collect();
         let names: Vec<&str> = spans.iter().map(|(_, s)| s.name.as_str()).collect();
-        for want in [
-            "executor.SubmitJob",
-            "executor.job",
-            "ledger.CreateBudget",
-            "approval.Propose",
-            "approval.Claim",
-            "router.Route",
-            "ledger.Reserve",
-            "registry.ReportOutcome",
-            "approval.Complete",
-            "ledger.CloseBudget",
-        ] {
+        for want in JOB_SPANS
+            .iter()
+            .chain(&["registry.ReportOutcome", "ledger.CloseBudget"])
+        {
             if !names.contains(&want) {
                 incomplete.push(format!("load-{i}: no {want} in {names:?}"));
             }
