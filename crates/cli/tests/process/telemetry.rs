@@ -358,7 +358,7 @@ async fn every_job_trace_is_complete_at_100_jobs_a_second() {
             .iter()
             .chain(&["registry.ReportOutcome", "ledger.CloseBudget"])
         {
-            if !names.contains(&want) {
+            if !names.contains(want) {
                 incomplete.push(format!("load-{i}: no {want} in {names:?}"));
             }
         }
