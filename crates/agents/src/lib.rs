@@ -400,6 +400,12 @@ impl Host for InvocationHost<'_> {
                 )
             }
             LoopEvent::ToolCall(t) => format!("tool {} {}", t.name, t.status),
+            LoopEvent::Overrun(o) => format!(
+                "model {} used {} tokens where {} were reserved (turn {}): stopping",
+                o.model, o.used_tokens, o.reserved_tokens, o.turn
+            ),
+            // Answers are not streamed here (`streams` is false).
+            LoopEvent::Delta(_) => return,
         };
         self.progress.note(line);
     }

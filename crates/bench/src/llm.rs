@@ -82,11 +82,7 @@ fn config(base_url: &str) -> LlmConfig {
         providers: vec![ProviderConfig {
             name: "scripted".into(),
             base_url: base_url.into(),
-            models: vec![ModelConfig {
-                name: MODEL.into(),
-                input_micro_usd_per_million: Some(150_000),
-                output_micro_usd_per_million: Some(600_000),
-            }],
+            models: vec![ModelConfig::priced(MODEL, 150_000, 600_000)],
             ..Default::default()
         }],
         ..Default::default()
@@ -156,6 +152,7 @@ pub async fn run() -> anyhow::Result<()> {
                 &ChatRequest::default(),
                 Instant::now() + Duration::from_secs(10),
                 &mut |_| {},
+                None,
             )
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -41,6 +41,7 @@ pub fn host(
     or_own(&mut acfg.ledger_url);
     or_own(&mut acfg.executor_url);
     let llm = switchyard_llm::Llm::new(&cfg.llm).map_err(anyhow::Error::msg)?;
+    llm.spawn_model_checks();
     let tls = match &cfg.auth.service_tls {
         Some(t) => Some(t.tonic().map_err(anyhow::Error::msg)?),
         None => None,

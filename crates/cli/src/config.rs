@@ -177,11 +177,11 @@ mod tests {
         c.llm.providers.push(switchyard_llm::ProviderConfig {
             name: "openai".into(),
             base_url: "http://127.0.0.1:8089/v1".into(),
-            models: vec![switchyard_llm::ModelConfig {
-                name: "gpt-4o-mini".into(),
-                input_micro_usd_per_million: Some(150_000),
-                output_micro_usd_per_million: Some(600_000),
-            }],
+            models: vec![switchyard_llm::ModelConfig::priced(
+                "gpt-4o-mini",
+                150_000,
+                600_000,
+            )],
             ..Default::default()
         });
         let prices = c.price_catalogue().unwrap();

@@ -326,6 +326,7 @@ fn bar(t: &TaskStatus, percent: Option<u32>) -> String {
 fn render(
     j: &Job,
     percents: &std::collections::HashMap<String, u32>,
+    streamed: &std::collections::HashMap<String, String>,
     lines_before: usize,
     tty: bool,
 ) -> usize {
@@ -365,6 +366,12 @@ fn render(
             task_state(t.state),
             detail
         ));
+        // The tail of the model's streamed answer, while the task runs.
+        if let Some(text) = streamed.get(&t.task_id)
+            && TaskState::try_from(t.state) == Ok(TaskState::Running)
+        {
+            out.push(format!("  {:<width$} > {}", "", tail(text, 100)));
+        }
     }
     if tty && lines_before > 0 {
         // Move up and clear the previous view.
@@ -374,6 +381,49 @@ fn render(
         println!("{l}");
     }
     out.len()
+}
+
+/// The last `n` characters of `text` on one line.
+fn tail(text: &str, n: usize) -> String {
+    let one: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let skip = one.chars().count().saturating_sub(n);
+    one.chars().skip(skip).collect()
+}
+
+/// Where the text of a streamed answer is being printed (no terminal):
+/// the task and turn whose line is open.
+#[derive(Default)]
+struct Open(Option<(String, u64)>);
+
+impl Open {
+    /// Ends the open line, before anything else is printed.
+    fn close(&mut self) {
+        if self.0.take().is_some() {
+            println!();
+        }
+    }
+
+    /// Prints a piece of task `task`'s answer for turn `turn`.
+    fn piece(&mut self, task: &str, turn: u64, data: &Value) {
+        use std::io::Write;
+        let at = (task.to_owned(), turn);
+        if self.0.as_ref() != Some(&at) {
+            self.close();
+            print!("task {task} turn {turn}: ");
+            self.0 = Some(at);
+        }
+        print!("{}", data["text"].as_str().unwrap_or_default());
+        for t in data["tool_calls"].as_array().into_iter().flatten() {
+            if let Some(name) = t["name"].as_str().filter(|n| !n.is_empty()) {
+                print!("\n  calls {name} ");
+            }
+            print!("{}", t["arguments"].as_str().unwrap_or_default());
+        }
+        let _ = std::io::stdout().flush();
+    }
 }
 
 async fn get(c: &Client, job_id: &str) -> anyhow::Result<Job> {
@@ -403,12 +453,15 @@ async fn follow(
         .map_err(api)?;
     let tty = std::io::stdout().is_terminal() && format == Format::Table && !raw;
     let mut percents = std::collections::HashMap::new();
+    let mut streamed: std::collections::HashMap<String, String> = Default::default();
+    let mut open = Open::default();
     let mut lines = 0;
     let mut last_state = String::new();
+    let mut shown = Job::default();
     if tty {
-        let j = get(c, job_id).await?;
-        lines = render(&j, &percents, 0, tty);
-        last_state = job_state(j.state);
+        shown = get(c, job_id).await?;
+        lines = render(&shown, &percents, &streamed, 0, tty);
+        last_state = job_state(shown.state);
     }
     while let Some(msg) = stream.next().await {
         let e = msg.map_err(api)?.event.unwrap_or_default();
@@ -439,6 +492,29 @@ async fn follow(
                 })
         {
             percents.insert(e.task_id.clone(), p);
+        }
+        // The model's answer as it arrives.
+        if e.kind == "llm.delta" {
+            let data = e
+                .data
+                .as_ref()
+                .map(switchyard_kit::json::struct_to_json)
+                .unwrap_or(Value::Null);
+            if tty {
+                let text = streamed.entry(e.task_id.clone()).or_default();
+                text.push_str(data["text"].as_str().unwrap_or_default());
+                let keep = text.len().saturating_sub(400);
+                if keep > 0 && text.is_char_boundary(keep) {
+                    text.drain(..keep);
+                }
+                lines = render(&shown, &percents, &streamed, lines, tty);
+            } else {
+                open.piece(&e.task_id, data["turn"].as_u64().unwrap_or(0), &data);
+            }
+            continue;
+        }
+        if !tty {
+            open.close();
         }
         // A service this job needs went away or came back.
         if !tty && e.kind.starts_with("dependency.") {
@@ -483,7 +559,8 @@ async fn follow(
         }
         let j = get(c, job_id).await?;
         if tty {
-            lines = render(&j, &percents, lines, tty);
+            lines = render(&j, &percents, &streamed, lines, tty);
+            shown = j.clone();
         } else if e.kind == "job.state" || e.kind == "task.state" {
             let to = e
                 .data
@@ -507,9 +584,10 @@ async fn follow(
             last_state = now;
         }
     }
+    open.close();
     let j = get(c, job_id).await?;
     if !tty && !raw && format == Format::Table {
-        render(&j, &percents, 0, false);
+        render(&j, &percents, &streamed, 0, false);
     }
     Ok(j)
 }

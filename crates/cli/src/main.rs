@@ -8,6 +8,7 @@ mod budget;
 mod client;
 mod files;
 mod job;
+mod llm;
 mod output;
 
 use std::path::PathBuf;
@@ -67,6 +68,9 @@ enum Command {
     /// Operating a deployment: prune finished jobs.
     #[command(subcommand)]
     Admin(admin::AdminCmd),
+    /// LLM providers: which configured models each serves.
+    #[command(subcommand)]
+    Llm(llm::LlmCmd),
 }
 
 #[derive(Subcommand)]
@@ -263,6 +267,7 @@ async fn main() -> ExitCode {
         Command::Agents(cmd) => agents(cmd).await,
         Command::Auth(cmd) => auth::run(cmd).await,
         Command::Admin(cmd) => admin::run(cmd).await,
+        Command::Llm(cmd) => llm::run(cmd).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -251,8 +251,11 @@ pub async fn run_node_then(
             })?;
             remote(u)
         };
+        let llm = switchyard_llm::Llm::new(&cfg.llm).map_err(anyhow::Error::msg)?;
+        // Which configured models each provider serves, now and then.
+        llm.spawn_model_checks();
         let clients = switchyard_executor::Clients {
-            llm: switchyard_llm::Llm::new(&cfg.llm).map_err(anyhow::Error::msg)?,
+            llm,
             registry: match &registry {
                 Some(r) => RegistryClient::local(Arc::new(r.clone())),
                 None => RegistryClient::remote(url("registry", &e.registry_url)?, max),

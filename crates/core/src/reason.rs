@@ -168,6 +168,11 @@ reasons! {
     AgentTimeBudget => "AGENT_TIME_BUDGET",
     /// `output_format=json`, but the answer is not JSON.
     AgentOutputNotJson => "AGENT_OUTPUT_NOT_JSON",
+    /// The answer was cut off at `max_tokens` (`finish_reason: length`)
+    /// before the JSON it had to be ended.
+    AgentOutputTruncated => "AGENT_OUTPUT_TRUNCATED",
+    /// The model's final answer was empty.
+    AgentOutputEmpty => "AGENT_OUTPUT_EMPTY",
     /// Delegation needs the parent job to be active.
     ParentNotActive => "PARENT_NOT_ACTIVE",
     /// Delegation needs the parent's run to be running.

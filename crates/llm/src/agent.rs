@@ -16,7 +16,10 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use switchyard_core::Reason;
 
-use crate::{BoxFuture, CallRecord, ChatRequest, Llm, Message, Role, ToolChoice, ToolSpec, Usage};
+use crate::{
+    BoxFuture, CallRecord, ChatRequest, Delta, Llm, Message, OutputFormat, Role, ToolChoice,
+    ToolSpec, Usage,
+};
 
 /// What one run of the loop is asked to do.
 #[derive(Debug, Clone)]
@@ -104,6 +107,37 @@ pub struct ToolCall {
     pub duration_ms: u64,
 }
 
+/// Part of a model's answer arrived (streaming providers only).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct LlmDelta {
+    /// Turn (1-based) the call serves.
+    pub turn: u32,
+    /// The text and tool-call pieces that arrived.
+    #[serde(flatten)]
+    pub delta: Delta,
+}
+
+/// A provider reported more usage than the call's reservation held.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Overrun {
+    /// Turn (1-based) of the call.
+    pub turn: u32,
+    /// The model that answered.
+    pub model: String,
+    /// Tokens reserved for the call.
+    pub reserved_tokens: u64,
+    /// Tokens the provider reported.
+    pub used_tokens: u64,
+    /// Of which prompt tokens.
+    pub prompt_tokens: u64,
+    /// Cost reserved, micro-USD.
+    pub reserved_cost_micro_usd: i64,
+    /// Cost of what was used, micro-USD.
+    pub cost_micro_usd: i64,
+}
+
 /// What the loop reports as it goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LoopEvent {
@@ -111,6 +145,10 @@ pub enum LoopEvent {
     LlmCall(LlmCall),
     /// A tool call ended.
     ToolCall(ToolCall),
+    /// Part of an answer arrived.
+    Delta(LlmDelta),
+    /// A call used more than was reserved for it; the loop stops.
+    Overrun(Overrun),
 }
 
 /// What the loop needs from where it runs.
@@ -137,6 +175,11 @@ pub trait Host: Send + Sync {
     ) -> BoxFuture<'a, Result<Value, String>>;
     /// Records what the loop did.
     fn event(&self, event: LoopEvent);
+    /// Whether answers should be streamed to [`Host::event`] as
+    /// [`LoopEvent::Delta`]s (by providers configured to stream).
+    fn streams(&self) -> bool {
+        false
+    }
 }
 
 /// One tool call, as recorded (`ext_agent_tool_results`).
@@ -173,8 +216,11 @@ pub struct Report {
     pub llm_calls: u32,
     /// Turns started.
     pub turns: u32,
-    /// The model that answered last.
+    /// The model that answered last; empty when none answered (the
+    /// `llm.call` events say what was tried).
     pub model_used: String,
+    /// Why the last answer ended (`stop`, `length`, `tool_calls`).
+    pub finish_reason: String,
     /// Tool calls in invocation order.
     pub tool_results: Vec<ToolResult>,
     /// Money committed.
@@ -214,6 +260,21 @@ pub fn estimate_prompt_tokens(messages: &[Message], tools: &[ToolSpec]) -> u64 {
             .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
             .sum::<usize>();
     bytes as u64 + 4 * messages.len() as u64 + 8 * tools.len() as u64 + 8
+}
+
+/// The most prompt tokens a call of `chain` with `messages` and `tools`
+/// can be counted for: the messages' bound ([`estimate_prompt_tokens`])
+/// plus what the chain's providers add to a prompt (their configured
+/// prompt overhead, and tool overhead when tools are offered). The loop
+/// reserves this before each call and the approval estimate prices it.
+pub fn prompt_bound(
+    llm: &Llm,
+    chain: &[String],
+    hint: &str,
+    messages: &[Message],
+    tools: &[ToolSpec],
+) -> u64 {
+    estimate_prompt_tokens(messages, tools) + llm.prompt_overhead(chain, hint, !tools.is_empty())
 }
 
 /// The conversation a loop starts with: the instructions (if any) as the
@@ -289,6 +350,15 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
     } else {
         &spec.tools
     };
+    // Structured output is asked for when no tools are offered (a model
+    // that must answer in a schema could not call a tool); the answer is
+    // checked either way.
+    let format = match (&spec.output_schema, spec.json) {
+        _ if !offered.is_empty() => OutputFormat::Text,
+        (Some(s), _) => OutputFormat::Schema(s.clone()),
+        (None, true) => OutputFormat::Json,
+        (None, false) => OutputFormat::Text,
+    };
     // One request, grown turn by turn.
     let mut req = ChatRequest {
         messages,
@@ -296,7 +366,7 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
         tool_choice: spec.tool_choice,
         temperature: spec.temperature,
         max_tokens: None,
-        json: spec.json && offered.is_empty(),
+        format,
     };
     // Once a fallback answered, later turns start from it: the
     // conversation stays with one model, and a model known to be down is
@@ -311,7 +381,7 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
                 &report,
             ));
         }
-        let prompt = estimate_prompt_tokens(&req.messages, offered);
+        let prompt = prompt_bound(llm, chain, &spec.provider, &req.messages, offered);
         let mut cap = spec.max_tokens.max(1);
         if spec.max_tokens_per_invocation > 0 {
             let left = spec
@@ -354,10 +424,19 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
                 call: c.clone(),
             }));
         };
+        let on_delta = |delta: Delta| host.event(LoopEvent::Delta(LlmDelta { turn, delta }));
+        let streamed: Option<&(dyn Fn(Delta) + Send + Sync)> = host.streams().then_some(&on_delta);
         let answered = llm
-            .chat(chain, &spec.provider, &req, spec.deadline, &mut on_call)
+            .chat(
+                chain,
+                &spec.provider,
+                &req,
+                spec.deadline,
+                &mut on_call,
+                streamed,
+            )
             .await;
-        let (resp, model) = match answered {
+        let (mut resp, model) = match answered {
             Ok(x) => x,
             Err(e) => {
                 host.release(&hold, "the model call failed").await;
@@ -367,13 +446,47 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
         if let Some(i) = chain.iter().position(|m| *m == model) {
             chain = &chain[i..];
         }
+        if !resp.usage_reported {
+            // No usage from the provider: bill what was reserved (the
+            // prompt's bound and the cap, or the chunks counted if more).
+            let completion = cap.max(resp.usage.completion_tokens);
+            resp.usage = Usage {
+                prompt_tokens: prompt,
+                completion_tokens: completion,
+                total_tokens: prompt + completion,
+            };
+        }
         let used = llm.price(&model, &spec.provider).unwrap_or(price);
         let call_cost = used.cost(&resp.usage);
         host.commit(&hold, &model, resp.usage, call_cost).await;
         report.usage.add(&resp.usage);
         report.cost = report.cost.saturating_add(call_cost);
         report.llm_calls += 1;
-        report.model_used = model;
+        report.model_used = model.clone();
+        report.finish_reason = resp.finish_reason.clone();
+        // A provider that used more than was held for the call (a hidden
+        // prompt larger than the margin, or `max_tokens` ignored) has
+        // overspent: the ledger recorded the overrun; no further call is
+        // made on the budget, and the run does not end as a success.
+        if resp.usage.total_tokens > tokens || call_cost > cost {
+            host.event(LoopEvent::Overrun(Overrun {
+                turn,
+                model: model.clone(),
+                reserved_tokens: tokens,
+                used_tokens: resp.usage.total_tokens,
+                prompt_tokens: resp.usage.prompt_tokens,
+                reserved_cost_micro_usd: cost,
+                cost_micro_usd: call_cost,
+            }));
+            return Err(fail(
+                Reason::AgentTokenBudgetExceeded,
+                format!(
+                    "model call {turn} ({model}) used {} tokens ({} prompt, {} completion) where {tokens} were reserved ({prompt} prompt at most, {cap} completion): the overrun is recorded on the budget and no further call is made; if the provider adds hidden prompt text, raise its prompt_overhead_tokens or tool_overhead_tokens",
+                    resp.usage.total_tokens, resp.usage.prompt_tokens, resp.usage.completion_tokens
+                ),
+                &report,
+            ));
+        }
         if resp.tool_calls.is_empty() {
             if req.tool_choice == ToolChoice::Required {
                 return Err(fail(
@@ -421,7 +534,30 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
 }
 
 fn finish(spec: &Spec, mut report: Report) -> Result<Report, Failure> {
-    if !spec.json && spec.output_schema.is_none() {
+    let structured = spec.json || spec.output_schema.is_some();
+    if report.finish_reason == "length" && structured {
+        let shown: String = report.content.chars().take(120).collect();
+        return Err(Failure {
+            reason: Reason::AgentOutputTruncated,
+            message: format!(
+                "the answer was cut off at max_tokens ({}) before its JSON ended: {shown:?}; raise ext_agent_max_tokens",
+                spec.max_tokens
+            ),
+            report: Box::new(report),
+        });
+    }
+    if report.content.trim().is_empty() {
+        let wanted = if structured { "JSON" } else { "text" };
+        return Err(Failure {
+            reason: Reason::AgentOutputEmpty,
+            message: format!(
+                "the model answered with no {wanted} (finish_reason {:?})",
+                report.finish_reason
+            ),
+            report: Box::new(report),
+        });
+    }
+    if !structured {
         return Ok(report);
     }
     let Some(value) = parse_json_answer(&report.content) else {
@@ -662,18 +798,23 @@ mod tests {
     }
 
     async fn llm(script: &Script) -> (Llm, crate::scripted::Server) {
+        llm_with(script, |_| {}).await
+    }
+
+    async fn llm_with(
+        script: &Script,
+        change: impl FnOnce(&mut ProviderConfig),
+    ) -> (Llm, crate::scripted::Server) {
         let server = script.serve().await;
+        let mut p = ProviderConfig {
+            name: "s".into(),
+            base_url: server.base_url(),
+            models: vec![ModelConfig::priced("m", 1_000_000, 3_000_000)],
+            ..Default::default()
+        };
+        change(&mut p);
         let llm = Llm::new(&LlmConfig {
-            providers: vec![ProviderConfig {
-                name: "s".into(),
-                base_url: server.base_url(),
-                models: vec![ModelConfig {
-                    name: "m".into(),
-                    input_micro_usd_per_million: Some(1_000_000),
-                    output_micro_usd_per_million: Some(3_000_000),
-                }],
-                ..Default::default()
-            }],
+            providers: vec![p],
             ..Default::default()
         })
         .unwrap();
@@ -846,14 +987,151 @@ mod tests {
         );
         let r = run(&llm, &s, &host(1_000_000)).await.unwrap();
         assert_eq!(r.output, Some(json!({"summary": "s"})));
+        // The schema goes to the model (json_schema, the default mode).
+        let asked = &script.received()[0].body["response_format"];
+        assert_eq!(asked["type"], "json_schema");
         assert_eq!(
-            script.received()[0].body["response_format"]["type"],
-            "json_object"
+            asked["json_schema"]["schema"],
+            *s.output_schema.as_ref().unwrap()
         );
         let f = run(&llm, &s, &host(1_000_000)).await.unwrap_err();
         assert_eq!(f.reason, Reason::AgentOutputSchemaViolation);
         assert!(f.message.contains("summary"), "{}", f.message);
         let f = run(&llm, &s, &host(1_000_000)).await.unwrap_err();
         assert_eq!(f.reason, Reason::AgentOutputNotJson);
+    }
+
+    #[tokio::test]
+    async fn usage_over_the_reservation_stops_the_run_with_an_overrun_event() {
+        let script = Script::new();
+        // The provider says it read 5,000 prompt tokens of a tiny prompt.
+        script.for_model("m", vec![Reply::text("fine", 5_000, 3)]);
+        let (llm, _s) = llm(&script).await;
+        let h = host(1_000_000);
+        let f = run(&llm, &spec(vec![]), &h).await.unwrap_err();
+        assert_eq!(f.reason, Reason::AgentTokenBudgetExceeded);
+        assert!(f.message.contains("used 5003 tokens"), "{}", f.message);
+        assert_eq!(
+            f.report.content, "",
+            "an overspent answer is not the result"
+        );
+        let reserved = h.reserved.lock().unwrap()[0];
+        // The usage is still committed: the ledger records the overrun.
+        assert_eq!(h.committed.lock().unwrap()[0].1.total_tokens, 5_003);
+        let events = h.events.lock().unwrap();
+        let o = events
+            .iter()
+            .find_map(|e| match e {
+                LoopEvent::Overrun(o) => Some(o.clone()),
+                _ => None,
+            })
+            .expect("an overrun event");
+        assert_eq!(
+            (o.reserved_tokens, o.used_tokens, o.prompt_tokens),
+            (reserved, 5_003, 5_000)
+        );
+        assert_eq!(script.count(), 1, "no further call");
+    }
+
+    #[tokio::test]
+    async fn configured_overheads_are_reserved_on_top_of_the_prompt_bound() {
+        let script = Script::new();
+        script.otherwise(Reply::text("ok", 1, 1));
+        let (llm, _s) = llm_with(&script, |p| {
+            p.prompt_overhead_tokens = 20;
+            p.tool_overhead_tokens = 300;
+            p.models[0].tool_overhead_tokens = Some(400);
+        })
+        .await;
+        let bare = spec(vec![]);
+        let tools = spec(vec![tool("lookup")]);
+        for (s, extra) in [(&bare, 20), (&tools, 20 + 400)] {
+            let h = host(1_000_000);
+            run(&llm, s, &h).await.unwrap();
+            let messages = first_turn(&s.instructions, &s.prompt);
+            let bound = estimate_prompt_tokens(&messages, &s.tools);
+            assert_eq!(h.reserved.lock().unwrap()[0], bound + extra + s.max_tokens);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cut_off_or_empty_answer_is_named_as_such() {
+        let script = Script::new();
+        script.for_model(
+            "m",
+            vec![
+                Reply::text("{\"summary\": \"it was", 10, 100).finish_reason("length"),
+                Reply::text("  ", 10, 1),
+                Reply::text("a cut-off sentence", 10, 100).finish_reason("length"),
+            ],
+        );
+        let (llm, _s) = llm(&script).await;
+        let mut s = spec(vec![]);
+        s.json = true;
+        let f = run(&llm, &s, &host(1_000_000)).await.unwrap_err();
+        assert_eq!(f.reason, Reason::AgentOutputTruncated);
+        assert!(f.message.contains("max_tokens (100)"), "{}", f.message);
+        s.json = false;
+        let f = run(&llm, &s, &host(1_000_000)).await.unwrap_err();
+        assert_eq!(f.reason, Reason::AgentOutputEmpty);
+        // Text cut off is still an answer, and says how it ended.
+        let r = run(&llm, &s, &host(1_000_000)).await.unwrap();
+        assert_eq!(r.finish_reason, "length");
+    }
+
+    #[tokio::test]
+    async fn a_streamed_answer_without_usage_is_billed_at_its_reservation() {
+        let script = Script::new();
+        script.for_model(
+            "m",
+            vec![Reply::text("streamed", 3, 2).without_stream_usage()],
+        );
+        let (llm, _s) = llm_with(&script, |p| p.stream = true).await;
+        #[derive(Default)]
+        struct Streaming(TestHost);
+        impl Host for Streaming {
+            fn reserve(&self, c: u32, t: u64, cost: i64) -> BoxFuture<'_, Result<String, Refusal>> {
+                self.0.reserve(c, t, cost)
+            }
+            fn commit<'a>(&'a self, h: &'a str, m: &'a str, u: Usage, c: i64) -> BoxFuture<'a, ()> {
+                self.0.commit(h, m, u, c)
+            }
+            fn release<'a>(&'a self, h: &'a str, w: &'a str) -> BoxFuture<'a, ()> {
+                self.0.release(h, w)
+            }
+            fn call_tool<'a>(
+                &'a self,
+                n: &'a str,
+                i: &'a str,
+                a: Value,
+            ) -> BoxFuture<'a, Result<Value, String>> {
+                self.0.call_tool(n, i, a)
+            }
+            fn event(&self, e: LoopEvent) {
+                self.0.event(e)
+            }
+            fn streams(&self) -> bool {
+                true
+            }
+        }
+        let h = Streaming(host(1_000_000));
+        let r = run(&llm, &spec(vec![]), &h).await.unwrap();
+        assert_eq!(r.content, "streamed");
+        let reserved = h.0.reserved.lock().unwrap()[0];
+        assert_eq!(r.usage.total_tokens, reserved);
+        let events = h.0.events.lock().unwrap();
+        let text: String = events
+            .iter()
+            .filter_map(|e| match e {
+                LoopEvent::Delta(d) => Some(d.delta.text.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(text, "streamed");
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, LoopEvent::LlmCall(c) if c.call.usage_estimated))
+        );
     }
 }

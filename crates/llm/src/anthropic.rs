@@ -6,9 +6,12 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::config::ProviderConfig;
-use crate::http::{Auth, Endpoint};
-use crate::{ChatRequest, ChatResponse, Role, ToolCall, ToolChoice, Usage};
+use crate::config::{ProviderConfig, StructuredOutput};
+use crate::http::{Auth, Endpoint, Streamed as ReadStream};
+use crate::{
+    ChatRequest, ChatResponse, Delta, OutputFormat, ProviderError, Role, ToolCall, ToolChoice,
+    ToolDelta, Usage,
+};
 
 /// The API version this client speaks.
 pub const API_VERSION: &str = "2023-06-01";
@@ -17,10 +20,17 @@ pub const API_VERSION: &str = "2023-06-01";
 /// direct callers that do not get this.
 const DEFAULT_MAX_TOKENS: u64 = 4096;
 
+/// The tool that carries a structured answer (`structured_output =
+/// "tool"`): forced, with the task's schema as its `input_schema`; its
+/// input is the answer.
+pub const ANSWER_TOOL: &str = "switchyard_answer";
+
 /// A provider speaking Anthropic's Messages API.
 #[derive(Debug)]
 pub struct Anthropic {
     pub(crate) endpoint: Endpoint,
+    structured: StructuredOutput,
+    pub(crate) stream: bool,
 }
 
 impl Anthropic {
@@ -33,13 +43,16 @@ impl Anthropic {
                 Auth::ApiKeyHeader,
                 vec![("anthropic-version", API_VERSION)],
             )?,
+            structured: cfg.structured_output(),
+            stream: cfg.stream,
         })
     }
 
     /// The request body. System messages become `system`; an assistant's
     /// tool calls become `tool_use` blocks and tool results `tool_result`
-    /// blocks of one user turn, so user and assistant turns alternate.
-    pub fn body(&self, model: &str, req: &ChatRequest) -> Value {
+    /// blocks of one user turn, so user and assistant turns alternate. A
+    /// structured answer is a forced call of [`ANSWER_TOOL`].
+    pub fn body(&self, model: &str, req: &ChatRequest, stream: bool) -> Value {
         let mut system = Vec::new();
         let mut turns: Vec<(Role, Vec<Value>)> = Vec::new();
         for m in &req.messages {
@@ -103,10 +116,56 @@ impl Anthropic {
                 _ => "auto",
             }});
         }
+        let schema = match &req.format {
+            OutputFormat::Text => None,
+            OutputFormat::Json => Some(json!({"type": "object"})),
+            OutputFormat::Schema(s) => Some(s.clone()),
+        };
+        if let (Some(schema), StructuredOutput::Tool) = (schema, self.structured)
+            && body.get("tools").is_none()
+        {
+            body["tools"] = json!([{
+                "name": ANSWER_TOOL,
+                "description": "Give the answer, in the shape of this tool's input schema.",
+                "input_schema": schema,
+            }]);
+            body["tool_choice"] = json!({"type": "tool", "name": ANSWER_TOOL});
+        }
         if let Some(t) = req.temperature {
             body["temperature"] = json!(t);
         }
+        if stream {
+            body["stream"] = json!(true);
+        }
         body
+    }
+}
+
+/// The answer in OpenAI's words: the [`ANSWER_TOOL`] call's input becomes
+/// the text, stop reasons become `tool_calls`, `stop` or `length`.
+fn answer(
+    model: String,
+    mut content: String,
+    mut tool_calls: Vec<ToolCall>,
+    stop_reason: Option<&str>,
+    usage: Usage,
+) -> ChatResponse {
+    if let Some(i) = tool_calls.iter().position(|c| c.name == ANSWER_TOOL) {
+        content = tool_calls.remove(i).arguments;
+    }
+    let finish_reason = match stop_reason {
+        Some("max_tokens") => "length",
+        Some("tool_use") if !tool_calls.is_empty() => "tool_calls",
+        Some(_) => "stop",
+        None => "",
+    };
+    ChatResponse {
+        model,
+        content,
+        tool_calls,
+        finish_reason: finish_reason.into(),
+        usage,
+        usage_reported: true,
     }
 }
 
@@ -172,25 +231,169 @@ pub fn parse_response(text: &str) -> Result<ChatResponse, String> {
             WireBlock::Other => {}
         }
     }
-    let finish_reason = match wire.stop_reason.as_deref() {
-        Some("tool_use") => "tool_calls",
-        Some("max_tokens") => "length",
-        Some(_) => "stop",
-        None => "",
-    };
     let u = wire.usage;
     let prompt_tokens = u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens;
-    Ok(ChatResponse {
-        model: wire.model,
+    let usage = Usage {
+        prompt_tokens,
+        completion_tokens: u.output_tokens,
+        total_tokens: prompt_tokens + u.output_tokens,
+    };
+    Ok(answer(
+        wire.model,
         content,
         tool_calls,
-        finish_reason: finish_reason.into(),
-        usage: Usage {
-            prompt_tokens,
-            completion_tokens: u.output_tokens,
-            total_tokens: prompt_tokens + u.output_tokens,
-        },
-    })
+        wire.stop_reason.as_deref(),
+        usage,
+    ))
+}
+
+/// Reads Anthropic's message stream: `message_start` (model, prompt
+/// usage), `content_block_start`/`_delta` (text, and tool input as
+/// partial JSON), `message_delta` (stop reason, output tokens) and
+/// `message_stop`; an `error` event ends it.
+#[derive(Debug, Default)]
+pub struct Streamed {
+    model: String,
+    text: String,
+    /// Content blocks by index: tool calls with their input so far.
+    blocks: Vec<(u32, ToolCall)>,
+    stop_reason: Option<String>,
+    prompt_tokens: u64,
+    output_tokens: u64,
+    started: bool,
+}
+
+impl ReadStream for Streamed {
+    fn event(&mut self, name: &str, data: &str, out: &mut Delta) -> Result<bool, ProviderError> {
+        let v: Value = serde_json::from_str(data)
+            .map_err(|e| ProviderError::Malformed(format!("a streamed event is not JSON: {e}")))?;
+        let kind = if name.is_empty() {
+            v.get("type").and_then(Value::as_str).unwrap_or_default()
+        } else {
+            name
+        };
+        let num = |p: &str| v.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+        let text = |p: &str| {
+            v.pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        match kind {
+            "message_start" => {
+                self.started = true;
+                self.model = text("/message/model");
+                self.prompt_tokens = num("/message/usage/input_tokens")
+                    + num("/message/usage/cache_creation_input_tokens")
+                    + num("/message/usage/cache_read_input_tokens");
+                self.output_tokens = num("/message/usage/output_tokens");
+            }
+            "content_block_start" if text("/content_block/type") == "tool_use" => {
+                let call = ToolCall {
+                    id: text("/content_block/id"),
+                    name: text("/content_block/name"),
+                    arguments: String::new(),
+                };
+                if call.name != ANSWER_TOOL {
+                    out.tool_calls.push(ToolDelta {
+                        index: self.tool_index(),
+                        id: call.id.clone(),
+                        name: call.name.clone(),
+                        arguments: String::new(),
+                    });
+                }
+                self.blocks.push((num("/index") as u32, call));
+            }
+            "content_block_delta" => {
+                let index = num("/index") as u32;
+                match text("/delta/type").as_str() {
+                    "text_delta" => {
+                        let t = text("/delta/text");
+                        self.text.push_str(&t);
+                        out.text.push_str(&t);
+                    }
+                    "input_json_delta" => {
+                        let piece = text("/delta/partial_json");
+                        let at = self.blocks.iter().position(|(i, _)| *i == index);
+                        if let Some(at) = at {
+                            let call = &mut self.blocks[at].1;
+                            call.arguments.push_str(&piece);
+                            if call.name == ANSWER_TOOL {
+                                out.text.push_str(&piece);
+                            } else {
+                                out.tool_calls.push(ToolDelta {
+                                    index: at as u32,
+                                    arguments: piece,
+                                    ..Default::default()
+                                });
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            "message_delta" => {
+                if let Some(r) = v.pointer("/delta/stop_reason").and_then(Value::as_str) {
+                    self.stop_reason = Some(r.to_owned());
+                }
+                let o = num("/usage/output_tokens");
+                self.output_tokens = self.output_tokens.max(o);
+            }
+            "message_stop" => return Ok(true),
+            "error" => {
+                let kind = text("/error/type");
+                let message = text("/error/message");
+                return Err(if kind == "overloaded_error" {
+                    ProviderError::Unavailable {
+                        status: 529,
+                        retry_after: None,
+                    }
+                } else {
+                    ProviderError::Status {
+                        status: 200,
+                        message: format!("the stream ended in an error: {kind}: {message}"),
+                    }
+                });
+            }
+            _ => {}
+        }
+        Ok(false)
+    }
+
+    fn finish(self) -> Result<ChatResponse, String> {
+        if !self.started || self.stop_reason.is_none() {
+            return Err("the stream ended before the answer did (no stop_reason)".into());
+        }
+        let usage = Usage {
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.output_tokens,
+            total_tokens: self.prompt_tokens + self.output_tokens,
+        };
+        let calls = self
+            .blocks
+            .into_iter()
+            .map(|(_, mut c)| {
+                if c.arguments.trim().is_empty() {
+                    c.arguments = "{}".into();
+                }
+                c
+            })
+            .collect();
+        Ok(answer(
+            self.model,
+            self.text,
+            calls,
+            self.stop_reason.as_deref(),
+            usage,
+        ))
+    }
+}
+
+impl Streamed {
+    /// The index the next tool call of the answer gets.
+    fn tool_index(&self) -> u32 {
+        self.blocks.len() as u32
+    }
 }
 
 #[cfg(test)]
@@ -252,11 +455,11 @@ mod tests {
             tool_choice: ToolChoice::Required,
             temperature: Some(0.2),
             max_tokens: Some(300),
-            json: true,
+            format: OutputFormat::Json,
         };
         let c = client();
         assert_eq!(c.endpoint.url, "https://api.anthropic.com/v1/messages");
-        let b = c.body("claude-sonnet-4", &req);
+        let b = c.body("claude-sonnet-4", &req, false);
         assert_eq!(b["system"], "Be brief.");
         assert_eq!(b["max_tokens"], 300);
         assert_eq!(b["temperature"], 0.2);
@@ -265,6 +468,11 @@ mod tests {
         assert!(
             b.get("response_format").is_none(),
             "no JSON mode on this wire"
+        );
+        assert_eq!(
+            b["tools"].as_array().unwrap().len(),
+            1,
+            "the answer tool is forced only when no tools are offered"
         );
         let m = b["messages"].as_array().unwrap();
         let roles: Vec<&str> = m.iter().map(|t| t["role"].as_str().unwrap()).collect();
@@ -291,7 +499,7 @@ mod tests {
             tool_choice: ToolChoice::None,
             ..Default::default()
         };
-        let b = client().body("m", &req);
+        let b = client().body("m", &req, false);
         assert!(b.get("tools").is_none() && b.get("tool_choice").is_none());
         assert!(b.get("system").is_none());
         assert_eq!(b["max_tokens"], DEFAULT_MAX_TOKENS);
@@ -332,5 +540,96 @@ mod tests {
             "an OpenAI body is not a Messages body"
         );
         assert!(parse_response("{oops").is_err());
+    }
+
+    #[test]
+    fn a_structured_answer_is_a_forced_tool_call_whose_input_is_the_text() {
+        let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+        let req = ChatRequest {
+            messages: vec![Message::text(Role::User, "count")],
+            format: OutputFormat::Schema(schema.clone()),
+            ..Default::default()
+        };
+        let b = client().body("m", &req, false);
+        assert_eq!(b["tools"][0]["name"], ANSWER_TOOL);
+        assert_eq!(b["tools"][0]["input_schema"], schema);
+        assert_eq!(
+            b["tool_choice"],
+            json!({"type": "tool", "name": ANSWER_TOOL})
+        );
+        let r = parse_response(&format!(
+            r#"{{"content":[{{"type":"tool_use","id":"t","name":"{ANSWER_TOOL}","input":{{"n":3}}}}],"stop_reason":"tool_use","usage":{{"input_tokens":5,"output_tokens":2}}}}"#
+        ))
+        .unwrap();
+        assert_eq!(r.content, r#"{"n":3}"#);
+        assert!(r.tool_calls.is_empty());
+        assert_eq!(r.finish_reason, "stop");
+    }
+
+    #[test]
+    fn a_message_stream_assembles_text_tool_input_and_usage() {
+        let events = [
+            (
+                "message_start",
+                r#"{"type":"message_start","message":{"model":"claude","usage":{"input_tokens":25,"output_tokens":1}}}"#,
+            ),
+            (
+                "content_block_start",
+                r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+            ),
+            ("ping", r#"{"type":"ping"}"#),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Let me "}}"#,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"look."}}"#,
+            ),
+            (
+                "content_block_start",
+                r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_9","name":"lookup","input":{}}}"#,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"q\": "}}"#,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"\"x\"}"}}"#,
+            ),
+            (
+                "message_delta",
+                r#"{"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":30}}"#,
+            ),
+        ];
+        let mut s = Streamed::default();
+        let mut seen = Delta::default();
+        for (name, data) in events {
+            let mut piece = Delta::default();
+            assert!(!s.event(name, data, &mut piece).unwrap());
+            seen.merge(piece);
+        }
+        assert!(
+            s.event("message_stop", r#"{"type":"message_stop"}"#, &mut seen)
+                .unwrap()
+        );
+        assert_eq!(seen.text, "Let me look.");
+        assert_eq!(seen.tool_calls[0].name, "lookup");
+        assert_eq!(seen.tool_calls[0].arguments, r#"{"q": "x"}"#);
+        let r = s.finish().unwrap();
+        assert_eq!(r.tool_calls[0].id, "toolu_9");
+        assert_eq!(r.tool_calls[0].arguments, r#"{"q": "x"}"#);
+        assert_eq!(r.finish_reason, "tool_calls");
+        assert_eq!((r.usage.prompt_tokens, r.usage.completion_tokens), (25, 30));
+        let mut s = Streamed::default();
+        let err = s
+            .event(
+                "error",
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+                &mut Delta::default(),
+            )
+            .unwrap_err();
+        assert!(err.falls_back());
     }
 }

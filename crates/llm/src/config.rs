@@ -12,8 +12,55 @@ pub enum ProviderKind {
     #[default]
     Openai,
     /// Anthropic's native Messages API (`{base_url}/messages`, key in
-    /// `x-api-key`); `json_mode` has no effect there.
+    /// `x-api-key`).
     Anthropic,
+}
+
+/// How a provider is asked for structured (JSON) output when a task wants
+/// JSON (`output_format = json`) or gives `ext_agent_output_schema`. The
+/// answer is checked against the schema after the call whatever the mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StructuredOutput {
+    /// OpenAI's `response_format: {type: json_schema, json_schema: {name,
+    /// schema, strict}}`, strict when the schema allows it (every object
+    /// closed with `additionalProperties: false` and every property
+    /// required); `json_object` when the task gives no schema. OpenAI,
+    /// vLLM, llama.cpp's `llama-server`, LM Studio and Ollama accept it.
+    JsonSchema,
+    /// `response_format: {type: json_object, schema}`: the form
+    /// llama-cpp-python's server (and other llama.cpp-family servers)
+    /// constrain decoding with; they answer HTTP 500 to `json_schema`.
+    JsonObjectSchema,
+    /// `response_format: {type: json_object}` only: valid JSON of no
+    /// particular shape.
+    JsonObject,
+    /// Nothing is sent; the prompt alone asks for JSON.
+    None,
+    /// Anthropic: a forced tool call whose `input_schema` is the schema (the
+    /// tool's input is the answer). The default for `kind = "anthropic"`.
+    Tool,
+}
+
+impl StructuredOutput {
+    /// The mode a provider of `kind` uses when its configuration names none.
+    pub fn default_for(kind: ProviderKind) -> StructuredOutput {
+        match kind {
+            ProviderKind::Openai => StructuredOutput::JsonSchema,
+            ProviderKind::Anthropic => StructuredOutput::Tool,
+        }
+    }
+
+    /// The configuration's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StructuredOutput::JsonSchema => "json_schema",
+            StructuredOutput::JsonObjectSchema => "json_object_schema",
+            StructuredOutput::JsonObject => "json_object",
+            StructuredOutput::None => "none",
+            StructuredOutput::Tool => "tool",
+        }
+    }
 }
 
 /// One model a provider serves, with its prices.
@@ -28,7 +75,34 @@ pub struct ModelConfig {
     pub input_micro_usd_per_million: Option<i64>,
     /// Price per million completion tokens, micro-USD. Required.
     pub output_micro_usd_per_million: Option<i64>,
+    /// This model's [`ProviderConfig::prompt_overhead_tokens`], when it
+    /// differs from its provider's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_overhead_tokens: Option<u64>,
+    /// This model's [`ProviderConfig::tool_overhead_tokens`], when it
+    /// differs from its provider's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_overhead_tokens: Option<u64>,
 }
+
+impl ModelConfig {
+    /// A model at these per-million prices (micro-USD), with its
+    /// provider's overheads.
+    pub fn priced(name: impl Into<String>, input: i64, output: i64) -> ModelConfig {
+        ModelConfig {
+            name: name.into(),
+            input_micro_usd_per_million: Some(input),
+            output_micro_usd_per_million: Some(output),
+            ..Default::default()
+        }
+    }
+}
+
+/// The default [`ProviderConfig::tool_overhead_tokens`]: above what the
+/// function-calling templates measured in the tests add (llama-cpp-python's
+/// `chatml-function-calling`: about 150 tokens; OpenAI's hidden tool
+/// preamble is smaller).
+pub const DEFAULT_TOOL_OVERHEAD_TOKENS: u64 = 256;
 
 /// One provider endpoint.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,11 +125,38 @@ pub struct ProviderConfig {
     pub connect_timeout_ms: u64,
     /// Whole-request timeout, milliseconds.
     pub request_timeout_ms: u64,
-    /// Ask for JSON mode (`response_format: json_object`) when a task wants
-    /// JSON output. Turn off for servers that reject the field.
-    pub json_mode: bool,
+    /// How structured output is asked for; by default `json_schema` for
+    /// `kind = "openai"` and `tool` for `kind = "anthropic"`.
+    pub structured_output: Option<StructuredOutput>,
+    /// Stream answers (`stream: true` with `stream_options.include_usage`
+    /// on chat completions; Anthropic's message stream): the text becomes
+    /// `llm.delta` events on the job as it arrives.
+    pub stream: bool,
+    /// Tokens the provider adds to every prompt beyond its messages (chat
+    /// template, hidden instructions), added to each reservation's prompt
+    /// bound. Per model: `models[].prompt_overhead_tokens`.
+    pub prompt_overhead_tokens: u64,
+    /// Tokens the provider adds when tools are offered (function-calling
+    /// templates describe the tools in hidden text: llama-cpp-python's
+    /// `chatml-function-calling` adds about 150), on top of
+    /// `prompt_overhead_tokens`. Per model: `models[].tool_overhead_tokens`.
+    pub tool_overhead_tokens: u64,
+    /// List the provider's models (`GET {base_url}/models`) at start-up and
+    /// every `llm.model_check_interval_ms`: a configured model the provider
+    /// does not serve is skipped as unavailable, so the fallback chain
+    /// moves on instead of being answered (and billed) by another model.
+    /// Turn off for servers without the endpoint.
+    pub check_models: bool,
     /// Models served here.
     pub models: Vec<ModelConfig>,
+}
+
+impl ProviderConfig {
+    /// The structured-output mode in force.
+    pub fn structured_output(&self) -> StructuredOutput {
+        self.structured_output
+            .unwrap_or_else(|| StructuredOutput::default_for(self.kind))
+    }
 }
 
 impl Default for ProviderConfig {
@@ -67,7 +168,11 @@ impl Default for ProviderConfig {
             api_key_env: String::new(),
             connect_timeout_ms: 5_000,
             request_timeout_ms: 120_000,
-            json_mode: true,
+            structured_output: None,
+            stream: false,
+            prompt_overhead_tokens: 0,
+            tool_overhead_tokens: DEFAULT_TOOL_OVERHEAD_TOKENS,
+            check_models: true,
             models: Vec::new(),
         }
     }
@@ -82,6 +187,8 @@ impl std::fmt::Debug for ProviderConfig {
             .field("kind", &self.kind)
             .field("base_url", &self.base_url)
             .field("api_key_env", &self.api_key_env)
+            .field("structured_output", &self.structured_output())
+            .field("stream", &self.stream)
             .field("models", &self.models.len())
             .finish_non_exhaustive()
     }
@@ -98,6 +205,13 @@ pub struct LlmConfig {
     pub max_rounds: u32,
     /// Longest Retry-After honoured, milliseconds.
     pub max_retry_after_ms: u64,
+    /// How often each provider's model list is read again, milliseconds.
+    pub model_check_interval_ms: u64,
+    /// A streamed answer's text is sent as an `llm.delta` event at most
+    /// this often, milliseconds (or sooner when `delta_max_bytes` gathered).
+    pub delta_interval_ms: u64,
+    /// An `llm.delta` event is sent once this many bytes gathered.
+    pub delta_max_bytes: usize,
 }
 
 impl Default for LlmConfig {
@@ -106,6 +220,9 @@ impl Default for LlmConfig {
             providers: Vec::new(),
             max_rounds: 2,
             max_retry_after_ms: 30_000,
+            model_check_interval_ms: 300_000,
+            delta_interval_ms: 50,
+            delta_max_bytes: 200,
         }
     }
 }
@@ -145,6 +262,23 @@ impl LlmConfig {
             if p.request_timeout_ms == 0 || p.connect_timeout_ms == 0 {
                 errors.push(format!("{at}: timeouts must be positive"));
             }
+            let mode = p.structured_output();
+            let fits = match p.kind {
+                ProviderKind::Openai => mode != StructuredOutput::Tool,
+                ProviderKind::Anthropic => {
+                    matches!(mode, StructuredOutput::Tool | StructuredOutput::None)
+                }
+            };
+            if !fits {
+                errors.push(format!(
+                    "{at}.structured_output {:?} does not fit kind {:?} (openai: json_schema, json_object_schema, json_object or none; anthropic: tool or none)",
+                    mode.as_str(),
+                    match p.kind {
+                        ProviderKind::Openai => "openai",
+                        ProviderKind::Anthropic => "anthropic",
+                    }
+                ));
+            }
             if p.models.is_empty() {
                 errors.push(format!("{at}.models: list at least one model"));
             }
@@ -169,6 +303,12 @@ impl LlmConfig {
                 }
             }
         }
+        if self.delta_interval_ms == 0 || self.delta_max_bytes == 0 {
+            errors.push("llm.delta_interval_ms and llm.delta_max_bytes must be positive".into());
+        }
+        if self.model_check_interval_ms < 1_000 {
+            errors.push("llm.model_check_interval_ms must be at least 1000".into());
+        }
         if errors.is_empty() {
             Ok(())
         } else {
@@ -185,11 +325,7 @@ mod tests {
         ProviderConfig {
             name: "local".into(),
             base_url: "http://127.0.0.1:1/v1".into(),
-            models: vec![ModelConfig {
-                name: "m".into(),
-                input_micro_usd_per_million: Some(0),
-                output_micro_usd_per_million: Some(0),
-            }],
+            models: vec![ModelConfig::priced("m", 0, 0)],
             ..Default::default()
         }
     }
@@ -222,6 +358,17 @@ mod tests {
                 "negative",
             ),
             (Box::new(|p| p.request_timeout_ms = 0), "positive"),
+            (
+                Box::new(|p| p.structured_output = Some(StructuredOutput::Tool)),
+                "does not fit kind",
+            ),
+            (
+                Box::new(|p| {
+                    p.kind = ProviderKind::Anthropic;
+                    p.structured_output = Some(StructuredOutput::JsonSchema);
+                }),
+                "does not fit kind",
+            ),
         ];
         for (mutate, want) in cases {
             let mut p = provider();

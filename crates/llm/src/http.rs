@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::config::ProviderConfig;
-use crate::{ChatResponse, ProviderError};
+use crate::{ChatResponse, Delta, ProviderError, Stream};
 
 /// How a provider expects its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +22,7 @@ pub(crate) enum Auth {
 pub(crate) struct Endpoint {
     pub(crate) name: String,
     pub(crate) url: String,
+    base: String,
     api_key_env: String,
     auth: Auth,
     headers: Vec<(&'static str, &'static str)>,
@@ -34,6 +35,28 @@ impl std::fmt::Debug for Endpoint {
             .field("name", &self.name)
             .field("url", &self.url)
             .finish_non_exhaustive()
+    }
+}
+
+/// A wire's reader of a streamed answer: fed each server-sent event, it
+/// passes on what arrived and builds the whole answer.
+pub(crate) trait Streamed: Send {
+    /// One event: its `event:` name (empty when none) and its `data:`.
+    /// What arrived goes into `out`. `Ok(true)` once the answer is whole.
+    fn event(&mut self, name: &str, data: &str, out: &mut Delta) -> Result<bool, ProviderError>;
+    /// The whole answer, once the stream ended.
+    fn finish(self) -> Result<ChatResponse, String>;
+}
+
+/// Removes the key from text shown to anyone.
+struct Scrub(Option<String>);
+
+impl Scrub {
+    fn apply(&self, s: String) -> String {
+        match &self.0 {
+            Some(k) if k.len() >= 4 => s.replace(k.as_str(), "[redacted]"),
+            _ => s,
+        }
     }
 }
 
@@ -52,9 +75,11 @@ impl Endpoint {
             .user_agent(concat!("switchyard/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| format!("llm.providers.{}: {e}", cfg.name))?;
+        let base = cfg.base_url.trim_end_matches('/').to_owned();
         Ok(Endpoint {
             name: cfg.name.clone(),
-            url: format!("{}/{path}", cfg.base_url.trim_end_matches('/')),
+            url: format!("{base}/{path}"),
+            base,
             api_key_env: cfg.api_key_env.clone(),
             auth,
             headers,
@@ -62,15 +87,15 @@ impl Endpoint {
         })
     }
 
-    /// Posts `body` and parses a 2xx answer with `parse`. 429 is
-    /// rate-limited; 503 and 529 (Anthropic's "overloaded") are
-    /// unavailable; both carry the server's Retry-After.
-    pub(crate) async fn call(
+    /// Sends `call` with the fixed headers and the key. A 2xx answer comes
+    /// back to be read; any other status is read here: 429 is rate-limited;
+    /// 503 and 529 (Anthropic's "overloaded") are unavailable, both with
+    /// the server's Retry-After; 404 and `model_not_found` mean the model
+    /// is not served.
+    async fn send(
         &self,
-        body: Value,
-        parse: impl FnOnce(&str) -> Result<ChatResponse, String>,
-    ) -> Result<ChatResponse, ProviderError> {
-        let mut call = self.http.post(&self.url).json(&body);
+        mut call: reqwest::RequestBuilder,
+    ) -> Result<(reqwest::Response, Scrub), ProviderError> {
         for (k, v) in &self.headers {
             call = call.header(*k, *v);
         }
@@ -93,37 +118,208 @@ impl Endpoint {
                 Auth::ApiKeyHeader => call.header("x-api-key", k),
             };
         }
-        let scrub = |s: String| match &key {
-            Some(k) if k.len() >= 4 => s.replace(k.as_str(), "[redacted]"),
-            _ => s,
-        };
+        let scrub = Scrub(key);
         let resp = match call.send().await {
             Ok(r) => r,
-            Err(e) if e.is_timeout() && !e.is_connect() => return Err(ProviderError::Timeout),
-            Err(e) => return Err(ProviderError::Connect(scrub(without_url(&e)))),
+            Err(e) => return Err(transport(e, &scrub)),
         };
         let status = resp.status().as_u16();
+        if (200..=299).contains(&status) {
+            return Ok((resp, scrub));
+        }
         let retry_after = resp
             .headers()
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(parse_retry_after);
-        let text = match resp.text().await {
-            Ok(t) => t,
-            Err(e) if e.is_timeout() => return Err(ProviderError::Timeout),
-            Err(e) => return Err(ProviderError::Connect(scrub(without_url(&e)))),
-        };
-        match status {
-            429 => Err(ProviderError::RateLimited { retry_after }),
-            503 | 529 => Err(ProviderError::Unavailable {
+        let text = resp.text().await.map_err(|e| transport(e, &scrub))?;
+        let (message, code) = error_message(&text);
+        let message = scrub.apply(message);
+        Err(match status {
+            429 => ProviderError::RateLimited { retry_after },
+            503 | 529 => ProviderError::Unavailable {
                 status,
                 retry_after,
-            }),
-            200..=299 => parse(&text).map_err(|e| ProviderError::Malformed(scrub(e))),
-            _ => Err(ProviderError::Status {
-                status,
-                message: scrub(error_message(&text)),
-            }),
+            },
+            404 => ProviderError::ModelNotFound(format!("HTTP 404: {message}")),
+            _ if code == "model_not_found" => {
+                ProviderError::ModelNotFound(format!("HTTP {status}: {message}"))
+            }
+            _ => ProviderError::Status { status, message },
+        })
+    }
+
+    /// Posts `body` and parses the whole answer with `parse`.
+    pub(crate) async fn call(
+        &self,
+        body: Value,
+        parse: impl FnOnce(&str) -> Result<ChatResponse, String>,
+    ) -> Result<ChatResponse, ProviderError> {
+        let (resp, scrub) = self.send(self.http.post(&self.url).json(&body)).await?;
+        let text = resp.text().await.map_err(|e| transport(e, &scrub))?;
+        parse(&text).map_err(|e| ProviderError::Malformed(scrub.apply(e)))
+    }
+
+    /// Posts `body` (which asks for a stream) and reads the server-sent
+    /// events with `wire`, passing what arrives on to `out.sink`, gathered
+    /// per `out.interval` or `out.max_bytes`. Dropping the future closes
+    /// the connection, which stops the server's generation.
+    pub(crate) async fn stream(
+        &self,
+        body: Value,
+        mut wire: impl Streamed,
+        out: &Stream<'_>,
+    ) -> Result<ChatResponse, ProviderError> {
+        let (mut resp, scrub) = self.send(self.http.post(&self.url).json(&body)).await?;
+        let mut buf: Vec<u8> = Vec::new();
+        let mut gathered = Delta::default();
+        let mut due: Option<tokio::time::Instant> = None;
+        let pass_on = |gathered: &mut Delta, due: &mut Option<tokio::time::Instant>| {
+            *due = None;
+            if !gathered.is_empty() {
+                (out.sink)(std::mem::take(gathered));
+            }
+        };
+        'read: loop {
+            let chunk = match due {
+                Some(at) => match tokio::time::timeout_at(at, resp.chunk()).await {
+                    Ok(c) => c,
+                    Err(_) => {
+                        pass_on(&mut gathered, &mut due);
+                        continue;
+                    }
+                },
+                None => resp.chunk().await,
+            };
+            match chunk.map_err(|e| transport(e, &scrub))? {
+                Some(bytes) => buf.extend_from_slice(&bytes),
+                None => break,
+            }
+            while let Some((name, data)) = next_event(&mut buf) {
+                let mut piece = Delta::default();
+                let done = wire.event(&name, &data, &mut piece).map_err(|e| match e {
+                    ProviderError::Malformed(m) => ProviderError::Malformed(scrub.apply(m)),
+                    ProviderError::Status { status, message } => ProviderError::Status {
+                        status,
+                        message: scrub.apply(message),
+                    },
+                    e => e,
+                })?;
+                gathered.merge(piece);
+                if done {
+                    break 'read;
+                }
+            }
+            if gathered.len() >= out.max_bytes {
+                pass_on(&mut gathered, &mut due);
+            } else if !gathered.is_empty() && due.is_none() {
+                due = Some(tokio::time::Instant::now() + out.interval);
+            }
+        }
+        pass_on(&mut gathered, &mut due);
+        wire.finish()
+            .map_err(|e| ProviderError::Malformed(scrub.apply(e)))
+    }
+
+    /// The ids of `GET {base_url}/models` (`{"data": [{"id": …}]}` on both
+    /// wires), following Anthropic's pages (`has_more`, `last_id`).
+    pub(crate) async fn models(&self) -> Result<Vec<String>, ProviderError> {
+        let mut ids = Vec::new();
+        let mut after: Option<String> = None;
+        for _ in 0..MAX_MODEL_PAGES {
+            let url = format!("{}/models", self.base);
+            let page_url = match &after {
+                Some(a) => format!("{url}?limit=1000&after_id={}", encode(a)),
+                None => url.clone(),
+            };
+            let (resp, scrub) = self.send(self.http.get(&page_url)).await?;
+            let text = resp.text().await.map_err(|e| transport(e, &scrub))?;
+            let page: ModelPage = serde_json::from_str(&text).map_err(|e| {
+                ProviderError::Malformed(format!("GET {url}: not a model list: {e}"))
+            })?;
+            ids.extend(page.data.into_iter().map(|m| m.id));
+            match (page.has_more, page.last_id) {
+                (true, Some(last)) if after.as_deref() != Some(last.as_str()) => after = Some(last),
+                _ => break,
+            }
+        }
+        Ok(ids)
+    }
+}
+
+/// `s` percent-encoded for a query value.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// More pages than any provider serves models: a server that keeps saying
+/// `has_more` is not followed further.
+const MAX_MODEL_PAGES: usize = 20;
+
+#[derive(serde::Deserialize)]
+struct ModelPage {
+    #[serde(default)]
+    data: Vec<ModelId>,
+    #[serde(default)]
+    has_more: bool,
+    #[serde(default)]
+    last_id: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct ModelId {
+    id: String,
+}
+
+/// A transport failure: a timeout, or a failed connection (without the
+/// URL, key scrubbed).
+fn transport(e: reqwest::Error, scrub: &Scrub) -> ProviderError {
+    if e.is_timeout() && !e.is_connect() {
+        ProviderError::Timeout
+    } else {
+        ProviderError::Connect(scrub.apply(without_url(&e)))
+    }
+}
+
+/// Takes the next whole server-sent event off `buf`: its `event:` name
+/// and its `data:` lines joined. Comments and events without data are
+/// skipped.
+fn next_event(buf: &mut Vec<u8>) -> Option<(String, String)> {
+    loop {
+        let end = buf
+            .windows(2)
+            .position(|w| w == b"\n\n")
+            .map(|i| (i, 2))
+            .into_iter()
+            .chain(
+                buf.windows(4)
+                    .position(|w| w == b"\r\n\r\n")
+                    .map(|i| (i, 4)),
+            )
+            .min_by_key(|(i, _)| *i)?;
+        let block: Vec<u8> = buf.drain(..end.0 + end.1).collect();
+        let text = String::from_utf8_lossy(&block[..end.0]);
+        let mut name = String::new();
+        let mut data: Vec<&str> = Vec::new();
+        for line in text.lines() {
+            let (field, value) = line.split_once(':').unwrap_or((line, ""));
+            let value = value.strip_prefix(' ').unwrap_or(value);
+            match field {
+                "event" => name = value.to_owned(),
+                "data" => data.push(value),
+                _ => {}
+            }
+        }
+        if !data.is_empty() {
+            return Some((name, data.join("\n")));
         }
     }
 }
@@ -176,17 +372,35 @@ fn parse_retry_after(v: &str) -> Option<Duration> {
     None
 }
 
-/// The provider's own error text, cut short.
-fn error_message(body: &str) -> String {
-    let from_json = serde_json::from_str::<Value>(body).ok().and_then(|v| {
+/// The provider's own error text, cut short, and its error code (OpenAI's
+/// `error.code`, Anthropic's `error.type`; empty when none). An empty body
+/// says so.
+fn error_message(body: &str) -> (String, String) {
+    let v = serde_json::from_str::<Value>(body).ok();
+    let from_json = v.as_ref().and_then(|v| {
         v.pointer("/error/message")
             .or_else(|| v.get("error"))
             .or_else(|| v.get("message"))
+            .or_else(|| v.get("detail"))
             .and_then(Value::as_str)
             .map(str::to_owned)
     });
-    let s = from_json.unwrap_or_else(|| body.to_owned());
-    s.chars().take(300).collect()
+    let code = v
+        .as_ref()
+        .and_then(|v| {
+            v.pointer("/error/code")
+                .or_else(|| v.pointer("/error/type"))
+        })
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let s = from_json.unwrap_or_else(|| body.trim().to_owned());
+    let s = if s.trim().is_empty() {
+        "the server sent no error text (its own log says why)".to_owned()
+    } else {
+        s
+    };
+    (s.chars().take(300).collect(), code)
 }
 
 #[cfg(test)]
@@ -202,17 +416,46 @@ mod tests {
     }
 
     #[test]
-    fn error_messages_come_from_either_wire_shape() {
+    fn error_messages_come_from_either_wire_shape_and_an_empty_body_says_so() {
         assert_eq!(
-            error_message(r#"{"error":{"message":"bad model"}}"#),
-            "bad model"
+            error_message(r#"{"error":{"message":"bad model","code":"model_not_found"}}"#),
+            ("bad model".to_owned(), "model_not_found".to_owned())
         );
         assert_eq!(
             error_message(
                 r#"{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: required"}}"#
             ),
-            "max_tokens: required"
+            (
+                "max_tokens: required".to_owned(),
+                "invalid_request_error".to_owned()
+            )
         );
-        assert_eq!(error_message("plain text"), "plain text");
+        assert_eq!(error_message("plain text").0, "plain text");
+        assert_eq!(
+            error_message("  ").0,
+            "the server sent no error text (its own log says why)"
+        );
+    }
+
+    #[test]
+    fn server_sent_events_are_split_whole_across_chunks_and_line_endings() {
+        let mut buf =
+            b"event: a\ndata: {\"x\":1}\n\n: comment\n\ndata: one\r\ndata: two\r\n\r\ndata: par"
+                .to_vec();
+        assert_eq!(
+            next_event(&mut buf),
+            Some(("a".to_owned(), r#"{"x":1}"#.to_owned()))
+        );
+        assert_eq!(
+            next_event(&mut buf),
+            Some((String::new(), "one\ntwo".to_owned()))
+        );
+        assert_eq!(next_event(&mut buf), None, "a partial event waits");
+        buf.extend_from_slice(b"tial\n\n");
+        assert_eq!(
+            next_event(&mut buf),
+            Some((String::new(), "partial".to_owned()))
+        );
+        assert!(buf.is_empty());
     }
 }

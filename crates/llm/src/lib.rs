@@ -25,7 +25,7 @@ pub mod openai;
 #[cfg(any(test, feature = "scripted"))]
 pub mod scripted;
 
-pub use config::{LlmConfig, ModelConfig, ProviderConfig, ProviderKind};
+pub use config::{LlmConfig, ModelConfig, ProviderConfig, ProviderKind, StructuredOutput};
 
 /// Installs the process's rustls crypto provider (see `switchyard_kit::tls`).
 pub(crate) fn install_crypto() {
@@ -137,6 +137,91 @@ impl ToolChoice {
     }
 }
 
+/// The form an answer must take.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum OutputFormat {
+    /// Free text.
+    #[default]
+    Text,
+    /// Any JSON value.
+    Json,
+    /// JSON matching this schema.
+    Schema(Value),
+}
+
+/// A piece of a streamed answer, as gathered for one `llm.delta` event.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Delta {
+    /// Text that arrived.
+    pub text: String,
+    /// Tool-call pieces that arrived.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolDelta>,
+}
+
+/// A piece of one tool call of a streamed answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct ToolDelta {
+    /// Which call of the answer (0-based).
+    pub index: u32,
+    /// The call's id, once known.
+    pub id: String,
+    /// The tool's name, once known.
+    pub name: String,
+    /// More of the arguments' JSON text.
+    pub arguments: String,
+}
+
+impl Delta {
+    /// Whether nothing arrived.
+    pub fn is_empty(&self) -> bool {
+        self.text.is_empty() && self.tool_calls.is_empty()
+    }
+
+    /// Bytes gathered.
+    pub fn len(&self) -> usize {
+        self.text.len()
+            + self
+                .tool_calls
+                .iter()
+                .map(|t| t.arguments.len() + t.name.len())
+                .sum::<usize>()
+    }
+
+    /// Appends `o`, merging pieces of the same tool call.
+    pub fn merge(&mut self, o: Delta) {
+        self.text.push_str(&o.text);
+        for t in o.tool_calls {
+            match self.tool_calls.iter_mut().find(|x| x.index == t.index) {
+                Some(x) => {
+                    if x.id.is_empty() {
+                        x.id = t.id;
+                    }
+                    if x.name.is_empty() {
+                        x.name = t.name;
+                    }
+                    x.arguments.push_str(&t.arguments);
+                }
+                None => self.tool_calls.push(t),
+            }
+        }
+    }
+}
+
+/// Where a streamed answer's pieces go, and how they are gathered: one
+/// call of `sink` per `interval` or `max_bytes`, whichever comes first, so
+/// a fast model does not turn every token into an event.
+pub struct Stream<'a> {
+    /// Receives the gathered pieces.
+    pub sink: &'a (dyn Fn(Delta) + Send + Sync),
+    /// Longest wait before gathered text is passed on.
+    pub interval: Duration,
+    /// Gathered bytes that are passed on at once.
+    pub max_bytes: usize,
+}
+
 /// One chat-completions request, without the model (the fallback chain
 /// picks it).
 #[derive(Debug, Clone, Default)]
@@ -151,8 +236,9 @@ pub struct ChatRequest {
     pub temperature: Option<f64>,
     /// Most completion tokens.
     pub max_tokens: Option<u64>,
-    /// Ask for a JSON answer.
-    pub json: bool,
+    /// The form the answer must take, asked for in the provider's
+    /// structured-output mode.
+    pub format: OutputFormat,
 }
 
 /// Token usage of one or more calls.
@@ -186,8 +272,12 @@ pub struct ChatResponse {
     pub tool_calls: Vec<ToolCall>,
     /// Why the model stopped.
     pub finish_reason: String,
-    /// What the call used.
+    /// What the call used, as the provider reported it.
     pub usage: Usage,
+    /// Whether the provider reported usage at all (some servers send none
+    /// in streams); when it did not, `usage` holds only the completion
+    /// chunks counted, and the caller bills its reservation instead.
+    pub usage_reported: bool,
 }
 
 /// Why one provider call failed.
@@ -213,6 +303,10 @@ pub enum ProviderError {
     /// The request ran past the provider's timeout.
     #[error("the request timed out")]
     Timeout,
+    /// The provider does not serve the model: HTTP 404, an error coded
+    /// `model_not_found`, or a model its model list does not name.
+    #[error("model not found: {0}")]
+    ModelNotFound(String),
     /// Another HTTP error.
     #[error("HTTP {status}: {message}")]
     Status {
@@ -231,13 +325,17 @@ pub enum ProviderError {
 
 impl ProviderError {
     /// Seed 000 §3.2: the next model in the chain is tried only when this
-    /// one is rate-limited, unavailable or unreachable.
+    /// one is unavailable: rate-limited (429), unavailable or overloaded
+    /// (503, 529), unreachable (connection failed), or not served by its
+    /// provider (404, `model_not_found`, or absent from the provider's
+    /// model list).
     pub fn falls_back(&self) -> bool {
         matches!(
             self,
             ProviderError::RateLimited { .. }
                 | ProviderError::Unavailable { .. }
                 | ProviderError::Connect(_)
+                | ProviderError::ModelNotFound(_)
         )
     }
 
@@ -256,6 +354,7 @@ impl ProviderError {
             ProviderError::Unavailable { .. } => "unavailable",
             ProviderError::Connect(_) => "connect_failed",
             ProviderError::Timeout => "timeout",
+            ProviderError::ModelNotFound(_) => "model_not_found",
             ProviderError::Status { .. } => "http_error",
             ProviderError::Malformed(_) => "malformed",
             ProviderError::Config(_) => "config",
@@ -268,16 +367,22 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// A wire protocol to a model server.
 pub trait Provider: Send + Sync + std::fmt::Debug {
-    /// One chat call to `model`.
+    /// One chat call to `model`. With `stream`, a provider configured to
+    /// stream passes the answer's pieces on as they arrive; the answer is
+    /// the same either way.
     fn chat<'a>(
         &'a self,
         model: &'a str,
         req: &'a ChatRequest,
+        stream: Option<&'a Stream<'a>>,
     ) -> BoxFuture<'a, Result<ChatResponse, ProviderError>>;
+
+    /// The models the provider serves (`GET {base_url}/models`).
+    fn models(&self) -> BoxFuture<'_, Result<Vec<String>, ProviderError>>;
 }
 
-/// The HTTP wires: each writes its request body and reads its answer;
-/// their endpoint does the rest.
+/// The HTTP wires: each writes its request body and reads its answer,
+/// whole or streamed; their endpoint does the rest.
 macro_rules! over_http {
     ($($wire:ident :: $client:ident),+) => {$(
         impl Provider for $wire::$client {
@@ -285,8 +390,24 @@ macro_rules! over_http {
                 &'a self,
                 model: &'a str,
                 req: &'a ChatRequest,
+                stream: Option<&'a Stream<'a>>,
             ) -> BoxFuture<'a, Result<ChatResponse, ProviderError>> {
-                Box::pin(self.endpoint.call(self.body(model, req), $wire::parse_response))
+                Box::pin(async move {
+                    match stream.filter(|_| self.stream) {
+                        Some(s) => {
+                            let body = self.body(model, req, true);
+                            self.endpoint.stream(body, $wire::Streamed::default(), s).await
+                        }
+                        None => {
+                            let body = self.body(model, req, false);
+                            self.endpoint.call(body, $wire::parse_response).await
+                        }
+                    }
+                })
+            }
+
+            fn models(&self) -> BoxFuture<'_, Result<Vec<String>, ProviderError>> {
+                Box::pin(self.endpoint.models())
             }
         }
     )+};
@@ -324,6 +445,34 @@ impl Price {
 struct Served {
     provider: String,
     price: Price,
+    /// Prompt overhead, and the extra when tools are offered.
+    overhead: (u64, u64),
+}
+
+/// What a provider's model list said, last time it was read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listing {
+    /// Not read yet, or the provider is configured not to be checked.
+    Unchecked,
+    /// Reading it failed; calls go ahead (and fail over if the provider is
+    /// down).
+    Failed(String),
+    /// The models it serves.
+    Served(std::collections::BTreeSet<String>),
+}
+
+/// One provider's model check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderCheck {
+    /// The provider.
+    pub provider: String,
+    /// Its base URL.
+    pub base_url: String,
+    /// What its list said.
+    pub listing: Listing,
+    /// Each configured model, and whether the list names it (`None` when
+    /// the list could not be read or is not checked).
+    pub models: Vec<(String, Option<bool>)>,
 }
 
 /// One call of a fallback chain, for events.
@@ -342,6 +491,10 @@ pub struct CallRecord {
     pub round: u32,
     /// How long the call took, milliseconds.
     pub latency_ms: u64,
+    /// The provider reported no usage, so the call was billed at what was
+    /// reserved for it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub usage_estimated: bool,
 }
 
 /// Why a chain produced no answer.
@@ -358,10 +511,18 @@ pub struct ChainError {
 #[derive(Clone, Default)]
 pub struct Llm {
     providers: HashMap<String, Arc<dyn Provider>>,
+    /// Provider names in configuration order, with their base URL and
+    /// configured models, and whether their model lists are checked.
+    order: Vec<(String, String, Vec<String>, bool)>,
     /// model → (provider, price), in configuration order.
     models: HashMap<String, Vec<Served>>,
+    /// provider → what its model list said.
+    listings: Arc<std::sync::RwLock<HashMap<String, Listing>>>,
     max_rounds: u32,
     max_retry_after: Duration,
+    check_interval: Duration,
+    delta_interval: Duration,
+    delta_max_bytes: usize,
 }
 
 impl std::fmt::Debug for Llm {
@@ -385,6 +546,9 @@ impl Llm {
         let mut llm = Llm {
             max_rounds: cfg.max_rounds.max(1),
             max_retry_after: Duration::from_millis(cfg.max_retry_after_ms),
+            check_interval: Duration::from_millis(cfg.model_check_interval_ms),
+            delta_interval: Duration::from_millis(cfg.delta_interval_ms),
+            delta_max_bytes: cfg.delta_max_bytes,
             ..Default::default()
         };
         for p in &cfg.providers {
@@ -406,9 +570,132 @@ impl Llm {
                     input: m.input_micro_usd_per_million.unwrap_or(0),
                     output: m.output_micro_usd_per_million.unwrap_or(0),
                 },
+                overhead: (
+                    m.prompt_overhead_tokens.unwrap_or(p.prompt_overhead_tokens),
+                    m.tool_overhead_tokens.unwrap_or(p.tool_overhead_tokens),
+                ),
             });
         }
+        self.order.push((
+            p.name.clone(),
+            p.base_url.clone(),
+            p.models.iter().map(|m| m.name.clone()).collect(),
+            p.check_models,
+        ));
         self.providers.insert(p.name.clone(), provider);
+    }
+
+    /// Tokens the providers of `chain` may add to a prompt beyond its
+    /// messages (the most over the chain): their prompt overhead, and
+    /// their tool overhead when `tools` are offered.
+    pub fn prompt_overhead(&self, chain: &[String], hint: &str, tools: bool) -> u64 {
+        chain
+            .iter()
+            .filter_map(|m| self.served(m, hint))
+            .map(|s| s.overhead.0 + if tools { s.overhead.1 } else { 0 })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// What `provider`'s model list said last.
+    pub fn listing(&self, provider: &str) -> Listing {
+        self.listings
+            .read()
+            .ok()
+            .and_then(|l| l.get(provider).cloned())
+            .unwrap_or(Listing::Unchecked)
+    }
+
+    /// Reads every checked provider's model list now, and says, for each
+    /// configured model, whether its provider serves it. A model its
+    /// provider does not list is skipped by [`Llm::chat`] until a later
+    /// check finds it.
+    pub async fn check_models(&self) -> Vec<ProviderCheck> {
+        let mut out = Vec::with_capacity(self.order.len());
+        for (name, base_url, configured, checked) in &self.order {
+            let listing = match (checked, self.providers.get(name)) {
+                (true, Some(p)) => match p.models().await {
+                    Ok(ids) => Listing::Served(ids.into_iter().collect()),
+                    Err(e) => Listing::Failed(e.to_string()),
+                },
+                _ => Listing::Unchecked,
+            };
+            if let Ok(mut l) = self.listings.write() {
+                l.insert(name.clone(), listing.clone());
+            }
+            let models = configured
+                .iter()
+                .map(|m| {
+                    let found = match &listing {
+                        Listing::Served(ids) => Some(ids.contains(m)),
+                        _ => None,
+                    };
+                    (m.clone(), found)
+                })
+                .collect();
+            out.push(ProviderCheck {
+                provider: name.clone(),
+                base_url: base_url.clone(),
+                listing,
+                models,
+            });
+        }
+        out
+    }
+
+    /// Checks the model lists now and every `llm.model_check_interval_ms`,
+    /// logging each configured model a provider does not serve, until the
+    /// runtime stops.
+    pub fn spawn_model_checks(&self) -> tokio::task::JoinHandle<()> {
+        let llm = self.clone();
+        tokio::spawn(async move {
+            let mut reported = std::collections::HashSet::new();
+            loop {
+                for c in llm.check_models().await {
+                    for (model, found) in &c.models {
+                        let key = (c.provider.clone(), model.clone());
+                        if *found == Some(false) {
+                            if reported.insert(key) {
+                                tracing::warn!(
+                                    provider = %c.provider,
+                                    model = %model,
+                                    "provider {} does not serve model {model:?} (its model list does not name it): calls to it are skipped and the fallback chain moves on",
+                                    c.provider
+                                );
+                            }
+                        } else {
+                            reported.remove(&key);
+                        }
+                    }
+                    if let Listing::Failed(e) = &c.listing {
+                        tracing::debug!(provider = %c.provider, "could not list models: {e}");
+                    }
+                }
+                tokio::time::sleep(llm.check_interval.max(Duration::from_secs(1))).await;
+            }
+        })
+    }
+
+    /// Why `provider` cannot serve `model`, when its list says so.
+    fn not_served(&self, provider: &str, model: &str) -> Option<ProviderError> {
+        let l = self.listings.read().ok()?;
+        match l.get(provider)? {
+            Listing::Served(ids) if !ids.contains(model) => {
+                let mut named: Vec<&str> = ids.iter().take(5).map(String::as_str).collect();
+                if ids.len() > 5 {
+                    named.push("…");
+                }
+                Some(ProviderError::ModelNotFound(format!(
+                    "provider {provider} does not serve {model:?}; its model list names {}",
+                    if named.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        named.join(", ")
+                    }
+                )))
+            }
+            _ => None,
+        }
     }
 
     fn served(&self, model: &str, hint: &str) -> Option<&Served> {
@@ -447,8 +734,10 @@ impl Llm {
     /// 503 or a connection failure the next model is tried, strictly in
     /// order. When every model failed so and one named a Retry-After that
     /// fits before `deadline`, the chain is tried again after it (up to
-    /// `max_rounds`). Other errors end the chain at once. Returns the
-    /// answer and the model that gave it.
+    /// `max_rounds`). A model its provider's list does not name is skipped
+    /// as not found. Other errors end the chain at once. With `on_delta`,
+    /// providers configured to stream pass on the answer as it arrives.
+    /// Returns the answer and the model that gave it.
     pub async fn chat(
         &self,
         chain: &[String],
@@ -456,7 +745,13 @@ impl Llm {
         req: &ChatRequest,
         deadline: Instant,
         on_call: &mut (dyn FnMut(&CallRecord) + Send),
+        on_delta: Option<&(dyn Fn(Delta) + Send + Sync)>,
     ) -> Result<(ChatResponse, String), ChainError> {
+        let stream = on_delta.map(|sink| Stream {
+            sink,
+            interval: self.delta_interval,
+            max_bytes: self.delta_max_bytes,
+        });
         let mut tried = Vec::new();
         let configured: Vec<&String> = chain
             .iter()
@@ -485,7 +780,7 @@ impl Llm {
                         outcome: "not_configured".into(),
                         error: "no provider serves this model".into(),
                         round,
-                        latency_ms: 0,
+                        ..Default::default()
                     });
                     if round == 1 {
                         tried.push(format!("{model}: not configured"));
@@ -503,11 +798,17 @@ impl Llm {
                     });
                 }
                 let started = Instant::now();
-                let span = tracing::info_span!("llm.chat", model = %model, provider = %served.provider, round);
-                let call = tracing::Instrument::instrument(provider.chat(model, req), span);
-                let r = match tokio::time::timeout(left, call).await {
-                    Ok(r) => r,
-                    Err(_) => Err(ProviderError::Timeout),
+                let r = match self.not_served(&served.provider, model) {
+                    Some(e) => Err(e),
+                    None => {
+                        let span = tracing::info_span!("llm.chat", model = %model, provider = %served.provider, round);
+                        let call = provider.chat(model, req, stream.as_ref());
+                        let call = tracing::Instrument::instrument(call, span);
+                        match tokio::time::timeout(left, call).await {
+                            Ok(r) => r,
+                            Err(_) => Err(ProviderError::Timeout),
+                        }
+                    }
                 };
                 let latency_ms = started.elapsed().as_millis() as u64;
                 match r {
@@ -519,6 +820,7 @@ impl Llm {
                             error: String::new(),
                             round,
                             latency_ms,
+                            usage_estimated: !resp.usage_reported,
                         });
                         return Ok((resp, model.clone()));
                     }
@@ -530,6 +832,7 @@ impl Llm {
                             error: e.to_string(),
                             round,
                             latency_ms,
+                            ..Default::default()
                         });
                         tried.push(format!("{model} via {}: {e}", served.provider));
                         if !e.falls_back() {
@@ -574,16 +877,13 @@ mod tests {
                 base_url: base.into(),
                 models: models
                     .iter()
-                    .map(|m| ModelConfig {
-                        name: (*m).into(),
-                        input_micro_usd_per_million: Some(1_000_000),
-                        output_micro_usd_per_million: Some(2_000_000),
-                    })
+                    .map(|m| ModelConfig::priced(*m, 1_000_000, 2_000_000))
                     .collect(),
                 ..Default::default()
             }],
             max_rounds: 2,
             max_retry_after_ms: 5_000,
+            ..Default::default()
         }
     }
 
@@ -603,6 +903,7 @@ mod tests {
             &ChatRequest::default(),
             Instant::now() + Duration::from_secs(secs),
             &mut |_| {},
+            None,
         )
         .await
     }
@@ -623,6 +924,7 @@ mod tests {
                 &ChatRequest::default(),
                 Instant::now() + Duration::from_secs(5),
                 &mut |c| calls.push((c.model.clone(), c.outcome.clone())),
+                None,
             )
             .await
             .unwrap();
@@ -778,5 +1080,249 @@ mod tests {
             "{}",
             err.message
         );
+    }
+
+    #[tokio::test]
+    async fn a_model_its_provider_does_not_list_is_skipped_so_the_chain_falls_back() {
+        let script = Script::new();
+        script.serve_models(&["b"]);
+        script.otherwise(Reply::text("from b", 3, 1));
+        let server = script.serve().await;
+        let llm = Llm::new(&cfg(&server.base_url(), &["gpt-4o", "b"])).unwrap();
+        let checks = llm.check_models().await;
+        assert_eq!(
+            checks[0].models,
+            vec![
+                ("gpt-4o".to_owned(), Some(false)),
+                ("b".to_owned(), Some(true))
+            ]
+        );
+        let mut calls = Vec::new();
+        let (_, used) = llm
+            .chat(
+                &chain(&["gpt-4o", "b"]),
+                "",
+                &ChatRequest::default(),
+                Instant::now() + Duration::from_secs(5),
+                &mut |c| calls.push((c.outcome.clone(), c.error.clone())),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(used, "b");
+        assert_eq!(script.models_called(), vec!["b"], "gpt-4o was never asked");
+        assert_eq!(calls[0].0, "model_not_found");
+        assert!(calls[0].1.contains("names b"), "{}", calls[0].1);
+        // Alone, the unserved model is unavailable, and says why.
+        let err = ask(&llm, &["gpt-4o"], 5).await.unwrap_err();
+        assert_eq!(err.reason, Reason::LlmUnavailable);
+        assert!(
+            err.message.contains("does not serve \"gpt-4o\""),
+            "{}",
+            err.message
+        );
+    }
+
+    #[tokio::test]
+    async fn http_404_and_model_not_found_fall_back_and_an_empty_error_body_says_so() {
+        let script = Script::new();
+        script.for_model("a", vec![Reply::status(404)]);
+        script.for_model(
+            "b",
+            vec![
+                Reply::status(400)
+                    .body(r#"{"error":{"message":"no such model","code":"model_not_found"}}"#),
+            ],
+        );
+        script.for_model("c", vec![Reply::text("ok", 1, 1)]);
+        let server = script.serve().await;
+        let llm = Llm::new(&cfg(&server.base_url(), &["a", "b", "c"])).unwrap();
+        let (_, used) = ask(&llm, &["a", "b", "c"], 5).await.unwrap();
+        assert_eq!(used, "c");
+        assert_eq!(script.models_called(), vec!["a", "b", "c"]);
+        script.for_model("a", vec![Reply::status(500).body("")]);
+        let err = ask(&llm, &["a", "c"], 5).await.unwrap_err();
+        assert_eq!(err.reason, Reason::LlmUnavailable);
+        assert!(
+            err.message
+                .ends_with("HTTP 500: the server sent no error text (its own log says why)"),
+            "{}",
+            err.message
+        );
+    }
+
+    fn streaming(base: &str, models: &[&str]) -> Llm {
+        let mut c = cfg(base, models);
+        c.providers[0].stream = true;
+        c.delta_max_bytes = 8;
+        Llm::new(&c).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_streamed_answer_arrives_in_gathered_pieces_before_the_call_ends() {
+        let text = "The quick brown fox jumps over the lazy dog.";
+        let script = Script::new();
+        script.for_model(
+            "a",
+            vec![Reply::text(text, 9, 11).chunk_delay(Duration::from_millis(15))],
+        );
+        let server = script.serve().await;
+        let llm = streaming(&server.base_url(), &["a"]);
+        let seen = std::sync::Mutex::new(Vec::<(Delta, usize)>::new());
+        let sink = |d: Delta| {
+            let finished = script.streams_finished();
+            seen.lock().unwrap().push((d, finished));
+        };
+        let (resp, _) = llm
+            .chat(
+                &chain(&["a"]),
+                "",
+                &ChatRequest::default(),
+                Instant::now() + Duration::from_secs(10),
+                &mut |_| {},
+                Some(&sink),
+            )
+            .await
+            .unwrap();
+        assert_eq!(resp.content, text);
+        assert_eq!(resp.usage.total_tokens, 20);
+        assert!(resp.usage_reported);
+        let body = &script.received()[0].body;
+        assert_eq!(body["stream"], true);
+        assert_eq!(body["stream_options"]["include_usage"], true);
+        let seen = seen.into_inner().unwrap();
+        let joined: String = seen.iter().map(|(d, _)| d.text.as_str()).collect();
+        assert_eq!(joined, text);
+        // Gathered: fewer events than the server's 4-character chunks.
+        assert!(
+            seen.len() > 1 && seen.len() < text.len() / 4,
+            "{}",
+            seen.len()
+        );
+        assert_eq!(
+            seen[0].1, 0,
+            "the first piece came while the stream was still open"
+        );
+        // Without a sink (or with streaming off) the same call is not streamed.
+        script.for_model("a", vec![Reply::text(text, 9, 11)]);
+        let (resp, _) = ask(&llm, &["a"], 5).await.unwrap();
+        assert_eq!(resp.content, text);
+        assert!(script.received()[1].body.get("stream").is_none());
+    }
+
+    #[tokio::test]
+    async fn streamed_tool_calls_are_assembled_over_both_wires() {
+        let script = Script::new();
+        let reply = || {
+            Reply::tools(
+                &[("lookup", serde_json::json!({"q": "a long query"}))],
+                5,
+                6,
+            )
+        };
+        script.for_model("a", vec![reply()]);
+        script.for_model("claude", vec![reply()]);
+        let server = script.serve().await;
+        let mut c = cfg(&server.base_url(), &["a"]);
+        c.providers[0].stream = true;
+        let mut ant = cfg(&server.base_url(), &["claude"]).providers.remove(0);
+        ant.name = "anthropic".into();
+        ant.kind = ProviderKind::Anthropic;
+        ant.stream = true;
+        c.providers.push(ant);
+        let llm = Llm::new(&c).unwrap();
+        for model in ["a", "claude"] {
+            let pieces = std::sync::Mutex::new(Delta::default());
+            let sink = |d: Delta| pieces.lock().unwrap().merge(d);
+            let (resp, _) = llm
+                .chat(
+                    &chain(&[model]),
+                    "",
+                    &ChatRequest::default(),
+                    Instant::now() + Duration::from_secs(5),
+                    &mut |_| {},
+                    Some(&sink),
+                )
+                .await
+                .unwrap();
+            assert_eq!(resp.tool_calls.len(), 1, "{model}");
+            assert_eq!(resp.tool_calls[0].name, "lookup");
+            let args: serde_json::Value =
+                serde_json::from_str(&resp.tool_calls[0].arguments).unwrap();
+            assert_eq!(args, serde_json::json!({"q": "a long query"}));
+            assert_eq!(resp.finish_reason, "tool_calls");
+            assert_eq!(resp.usage.total_tokens, 11, "{model}");
+            let pieces = pieces.into_inner().unwrap();
+            assert_eq!(pieces.tool_calls[0].name, "lookup");
+            assert_eq!(pieces.tool_calls[0].arguments, resp.tool_calls[0].arguments);
+        }
+    }
+
+    #[tokio::test]
+    async fn dropping_a_streamed_call_closes_the_stream() {
+        let script = Script::new();
+        script.for_model(
+            "a",
+            vec![Reply::text(&"word ".repeat(200), 1, 200).chunk_delay(Duration::from_millis(20))],
+        );
+        let server = script.serve().await;
+        let llm = streaming(&server.base_url(), &["a"]);
+        let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
+        let first = std::sync::Mutex::new(Some(first_tx));
+        let sink = |_d: Delta| {
+            if let Some(t) = first.lock().unwrap().take() {
+                let _ = t.send(());
+            }
+        };
+        let (models, req) = (chain(&["a"]), ChatRequest::default());
+        let mut on_call = |_: &CallRecord| {};
+        let call = llm.chat(
+            &models,
+            "",
+            &req,
+            Instant::now() + Duration::from_secs(30),
+            &mut on_call,
+            Some(&sink),
+        );
+        tokio::select! {
+            _ = call => panic!("the stream of 250 chunks 20 ms apart ended first"),
+            _ = first_rx => {}
+        }
+        // The call future is dropped here: the connection closes.
+        let started = Instant::now();
+        while script.streams_dropped() == 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "the server kept streaming"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(script.streams_finished(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_stream_without_usage_is_marked_estimated() {
+        let script = Script::new();
+        script.for_model(
+            "a",
+            vec![Reply::text("abcdefgh", 5, 2).without_stream_usage()],
+        );
+        let server = script.serve().await;
+        let llm = streaming(&server.base_url(), &["a"]);
+        let mut estimated = Vec::new();
+        let (resp, _) = llm
+            .chat(
+                &chain(&["a"]),
+                "",
+                &ChatRequest::default(),
+                Instant::now() + Duration::from_secs(5),
+                &mut |c| estimated.push(c.usage_estimated),
+                Some(&|_| {}),
+            )
+            .await
+            .unwrap();
+        assert!(!resp.usage_reported);
+        assert_eq!(resp.usage.completion_tokens, 2, "two 4-character chunks");
+        assert_eq!(estimated, vec![true]);
     }
 }

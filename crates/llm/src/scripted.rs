@@ -3,7 +3,10 @@
 //! (Anthropic) from per-model queues of replies (text, tool calls, usage
 //! figures, 429/503 with Retry-After, malformed or schema-violating JSON,
 //! delays) and records every request it gets. Replies are written once, in
-//! OpenAI's shape; the Messages route answers them in Anthropic's.
+//! OpenAI's shape; the Messages route answers them in Anthropic's. A
+//! request asking for a stream gets the reply as server-sent events in
+//! the route's stream shape, a few characters a chunk. `GET /v1/models`
+//! lists the models given to [`Script::serve_models`] (404 until then).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -22,6 +25,8 @@ pub struct Reply {
     body: String,
     retry_after: Option<String>,
     delay: Duration,
+    chunk_delay: Duration,
+    usage_in_stream: bool,
 }
 
 impl Reply {
@@ -41,6 +46,8 @@ impl Reply {
             .to_string(),
             retry_after: None,
             delay: Duration::ZERO,
+            chunk_delay: Duration::ZERO,
+            usage_in_stream: true,
         }
     }
 
@@ -77,6 +84,8 @@ impl Reply {
             body: json!({"error": {"message": format!("scripted status {status}")}}).to_string(),
             retry_after: None,
             delay: Duration::ZERO,
+            chunk_delay: Duration::ZERO,
+            usage_in_stream: true,
         }
     }
 
@@ -87,6 +96,8 @@ impl Reply {
             body: "{\"choices\": [ this is not json".into(),
             retry_after: None,
             delay: Duration::ZERO,
+            chunk_delay: Duration::ZERO,
+            usage_in_stream: true,
         }
     }
 
@@ -105,6 +116,29 @@ impl Reply {
     /// Waits this long before answering.
     pub fn delay(mut self, d: Duration) -> Reply {
         self.delay = d;
+        self
+    }
+
+    /// Streamed, waits this long before each chunk.
+    pub fn chunk_delay(mut self, d: Duration) -> Reply {
+        self.chunk_delay = d;
+        self
+    }
+
+    /// Streamed, sends no usage (as servers that ignore
+    /// `stream_options.include_usage` do).
+    pub fn without_stream_usage(mut self) -> Reply {
+        self.usage_in_stream = false;
+        self
+    }
+
+    /// With a finish reason other than the one it was made with (e.g.
+    /// `length`).
+    pub fn finish_reason(mut self, reason: &str) -> Reply {
+        if let Ok(mut v) = serde_json::from_str::<Value>(&self.body) {
+            v["choices"][0]["finish_reason"] = json!(reason);
+            self.body = v.to_string();
+        }
         self
     }
 }
@@ -134,6 +168,9 @@ struct Inner {
     queues: HashMap<String, VecDeque<Reply>>,
     fallback: Option<Reply>,
     received: Vec<Received>,
+    models: Option<Vec<String>>,
+    streams_dropped: usize,
+    streams_finished: usize,
 }
 
 /// The script and the record of requests; clone it freely.
@@ -223,6 +260,21 @@ impl Script {
             .collect()
     }
 
+    /// Lists these models at `GET /v1/models`.
+    pub fn serve_models(&self, models: &[&str]) {
+        self.lock().models = Some(models.iter().map(|m| (*m).to_owned()).collect());
+    }
+
+    /// Streams whose client went away before their last chunk.
+    pub fn streams_dropped(&self) -> usize {
+        self.lock().streams_dropped
+    }
+
+    /// Streams sent to their last chunk.
+    pub fn streams_finished(&self) -> usize {
+        self.lock().streams_finished
+    }
+
     /// Forgets the requests received so far.
     pub fn clear_received(&self) {
         self.lock().received.clear();
@@ -244,6 +296,7 @@ impl Script {
         let app = axum::Router::new()
             .route("/v1/chat/completions", axum::routing::post(openai))
             .route("/v1/messages", axum::routing::post(anthropic))
+            .route("/v1/models", axum::routing::get(models))
             .with_state(self.clone());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {
@@ -257,6 +310,19 @@ impl Script {
             addr,
             stop: Some(tx),
         })
+    }
+}
+
+async fn models(State(script): State<Script>) -> Response {
+    match script.lock().models.clone() {
+        Some(m) => {
+            let data: Vec<Value> = m
+                .iter()
+                .map(|id| json!({"id": id, "object": "model"}))
+                .collect();
+            axum::Json(json!({"object": "list", "data": data})).into_response()
+        }
+        None => (StatusCode::NOT_FOUND, "no model list").into_response(),
     }
 }
 
@@ -277,6 +343,8 @@ async fn answer(script: Script, headers: HeaderMap, body: String, route: &'stati
     };
     let started = std::time::Instant::now();
     let body: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    let stream = body.get("stream") == Some(&json!(true));
+    let include_usage = body.pointer("/stream_options/include_usage") == Some(&json!(true));
     let model = body
         .get("model")
         .and_then(Value::as_str)
@@ -309,6 +377,18 @@ async fn answer(script: Script, headers: HeaderMap, body: String, route: &'stati
     };
     if !reply.delay.is_zero() {
         tokio::time::sleep(reply.delay).await;
+    }
+    if stream && reply.status == 200 {
+        let events = match route {
+            "messages" => anthropic_events(&reply.body),
+            _ => openai_chunks(&reply.body, include_usage && reply.usage_in_stream),
+        };
+        if let Some(events) = events {
+            if let Some(r) = script.lock().received.get_mut(index) {
+                r.handled = started.elapsed();
+            }
+            return sse(script.clone(), events, reply.chunk_delay);
+        }
     }
     let body = match route {
         "messages" if reply.status == 200 => as_message(&reply.body).unwrap_or(reply.body),
@@ -359,4 +439,136 @@ fn as_message(completion: &str) -> Option<String> {
         })
         .to_string(),
     )
+}
+
+/// Pieces of `text`, a few characters each (on character boundaries).
+fn pieces(text: &str) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    chars.chunks(4).map(|c| c.iter().collect()).collect()
+}
+
+/// A scripted chat completion as chat-completion chunks (`data:` events),
+/// with a usage chunk when asked for, then `[DONE]`.
+fn openai_chunks(completion: &str, usage: bool) -> Option<Vec<String>> {
+    let v: Value = serde_json::from_str(completion).ok()?;
+    let message = v.pointer("/choices/0/message")?;
+    let finish = v
+        .pointer("/choices/0/finish_reason")
+        .cloned()
+        .unwrap_or(json!("stop"));
+    let chunk = |delta: Value, finish: Value| {
+        json!({"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "model": "scripted",
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        .to_string()
+    };
+    let mut out = vec![chunk(json!({"role": "assistant"}), Value::Null)];
+    if let Some(text) = message.get("content").and_then(Value::as_str) {
+        for p in pieces(text) {
+            out.push(chunk(json!({"content": p}), Value::Null));
+        }
+    }
+    let calls = message.get("tool_calls").and_then(Value::as_array);
+    for (i, c) in calls.into_iter().flatten().enumerate() {
+        let args = c.pointer("/function/arguments")?.as_str()?;
+        out.push(chunk(
+            json!({"tool_calls": [{"index": i, "id": c["id"], "type": "function", "function": {"name": c.pointer("/function/name")?, "arguments": ""}}]}),
+            Value::Null,
+        ));
+        for p in pieces(args) {
+            out.push(chunk(
+                json!({"tool_calls": [{"index": i, "function": {"arguments": p}}]}),
+                Value::Null,
+            ));
+        }
+    }
+    out.push(chunk(json!({}), finish));
+    if usage {
+        out.push(
+            json!({"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "choices": [], "usage": v["usage"]})
+                .to_string(),
+        );
+    }
+    out.push("[DONE]".into());
+    Some(out.into_iter().map(|d| format!("data: {d}\n\n")).collect())
+}
+
+/// A scripted chat completion as Anthropic's message stream.
+fn anthropic_events(completion: &str) -> Option<Vec<String>> {
+    let message: Value = serde_json::from_str(&as_message(completion)?).ok()?;
+    let event = |name: &str, data: Value| format!("event: {name}\ndata: {data}\n\n");
+    let mut out = vec![event(
+        "message_start",
+        json!({"type": "message_start", "message": {"model": "scripted", "usage": {"input_tokens": message["usage"]["input_tokens"], "output_tokens": 1}}}),
+    )];
+    for (i, block) in message["content"].as_array()?.iter().enumerate() {
+        match block["type"].as_str()? {
+            "text" => {
+                out.push(event("content_block_start", json!({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}})));
+                for p in pieces(block["text"].as_str()?) {
+                    out.push(event("content_block_delta", json!({"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": p}})));
+                }
+            }
+            _ => {
+                out.push(event("content_block_start", json!({"type": "content_block_start", "index": i, "content_block": {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}})));
+                for p in pieces(&block["input"].to_string()) {
+                    out.push(event("content_block_delta", json!({"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": p}})));
+                }
+            }
+        }
+        out.push(event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": i}),
+        ));
+    }
+    out.push(event(
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": message["stop_reason"]}, "usage": {"output_tokens": message["usage"]["output_tokens"]}}),
+    ));
+    out.push(event("message_stop", json!({"type": "message_stop"})));
+    Some(out)
+}
+
+/// Counts a stream whose client left before its end.
+struct Dropped {
+    script: Script,
+    done: bool,
+}
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        let mut s = self.script.lock();
+        if self.done {
+            s.streams_finished += 1;
+        } else {
+            s.streams_dropped += 1;
+        }
+    }
+}
+
+/// Sends `events` as a server-sent event stream, `delay` before each.
+fn sse(script: Script, events: Vec<String>, delay: Duration) -> Response {
+    let guard = Dropped {
+        script,
+        done: false,
+    };
+    let state = (events.into_iter(), guard);
+    let body = futures_util::stream::unfold(state, move |(mut events, mut guard)| async move {
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        match events.next() {
+            Some(e) => Some((Ok::<_, std::io::Error>(e), (events, guard))),
+            None => {
+                guard.done = true;
+                drop(guard);
+                None
+            }
+        }
+    });
+    (
+        StatusCode::OK,
+        [("content-type", "text/event-stream")],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response()
 }

@@ -147,9 +147,9 @@ pub(crate) fn estimate(spec: &JobSpec, known: &Known<'_>) -> Estimate {
 
 /// An LLM task's worst case: every turn of every attempt sends its first
 /// prompt, estimated by the same bound the loop reserves before each call
-/// ([`switchyard_llm::agent::estimate_prompt_tokens`] over the same
-/// messages and declared tools), and spends its full completion cap,
-/// within the token budget.
+/// ([`switchyard_llm::agent::prompt_bound`] over the same messages and
+/// declared tools, with the providers' overheads), and spends its full
+/// completion cap, within the token budget.
 fn estimate_llm(
     est: &mut Estimate,
     l: &LlmTask,
@@ -157,15 +157,20 @@ fn estimate_llm(
     cap: Option<u64>,
     known: &Known<'_>,
 ) {
-    use switchyard_llm::agent::{estimate_prompt_tokens, first_turn};
-    // The tools as offered, without what the registry adds at run time.
+    use switchyard_llm::agent::{first_turn, prompt_bound};
+    // The tools as offered (none for tool_choice none), without what the
+    // registry adds at run time.
     let registered = HashMap::new();
     let tools: Vec<switchyard_llm::ToolSpec> = l
         .tools
         .iter()
+        .filter(|_| l.tool_choice != "none")
         .map(|t| crate::attempt::llm::declared_tool(t, &registered).0)
         .collect();
-    let input = estimate_prompt_tokens(&first_turn(&l.instructions, &l.prompt), &tools);
+    let mut chain = vec![l.model.clone()];
+    chain.extend(l.fallback_models.iter().cloned());
+    let messages = first_turn(&l.instructions, &l.prompt);
+    let input = prompt_bound(known.llm, &chain, &l.provider, &messages, &tools);
     let output = l.max_tokens.unwrap_or(known.llm_default_max_tokens);
     let turns = u64::from(if l.max_turns == 0 {
         known.llm_max_turns
@@ -181,8 +186,6 @@ fn estimate_llm(
     }
     est.input_tokens += i;
     est.output_tokens += o;
-    let mut chain = vec![l.model.clone()];
-    chain.extend(l.fallback_models.iter().cloned());
     let price = known.llm.chain_price(&chain, &l.provider);
     // Agents called as tools and delegated jobs spend inside the job's
     // budget too, by amounts not known now: a person approves.
@@ -1151,11 +1154,7 @@ mod tests {
             providers: vec![ProviderConfig {
                 name: "p".into(),
                 base_url: "http://127.0.0.1:9/v1".into(),
-                models: vec![ModelConfig {
-                    name: "m".into(),
-                    input_micro_usd_per_million: Some(1_000_000),
-                    output_micro_usd_per_million: Some(2_000_000),
-                }],
+                models: vec![ModelConfig::priced("m", 1_000_000, 2_000_000)],
                 ..Default::default()
             }],
             ..Default::default()

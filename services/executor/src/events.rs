@@ -16,7 +16,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-pub use switchyard_llm::agent::{LlmCall, ToolCall};
+pub use switchyard_llm::agent::{LlmCall, LlmDelta, Overrun, ToolCall};
 
 /// Declares [`JobEvent`] and its one mapping to and from `(kind, data)`.
 macro_rules! job_events {
@@ -101,6 +101,10 @@ job_events! {
     LlmCalled(LlmCall) = "llm.call",
     /// A tool call of an LLM task ended.
     ToolCalled(ToolCall) = "llm.tool_call",
+    /// Part of a streamed model answer arrived.
+    LlmDelta(LlmDelta) = "llm.delta",
+    /// A model call used more than its reservation held; the task stops.
+    Overrun(Overrun) = "budget.overrun",
     /// The task created a child job.
     Delegated(Delegated) = "delegation.created",
     /// A child job ended; its usage rolls up into this job.

@@ -247,6 +247,8 @@ impl JobEntry {
             | JobEvent::Notice(_)
             | JobEvent::LlmCalled(_)
             | JobEvent::ToolCalled(_)
+            | JobEvent::LlmDelta(_)
+            | JobEvent::Overrun(_)
             | JobEvent::Delegated(_) => {}
         }
     }

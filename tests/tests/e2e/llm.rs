@@ -58,11 +58,7 @@ fn llm_config(base_url: &str) -> LlmConfig {
         base_url: base_url.into(),
         models: models
             .iter()
-            .map(|m| ModelConfig {
-                name: (*m).into(),
-                input_micro_usd_per_million: Some(2_500_000),
-                output_micro_usd_per_million: Some(10_000_000),
-            })
+            .map(|m| ModelConfig::priced(*m, 2_500_000, 10_000_000))
             .collect(),
         ..Default::default()
     };
@@ -334,7 +330,13 @@ async fn parallel_tasks_sharing_one_budget_never_exceed_it() {
 
 #[tokio::test]
 async fn a_tasks_cost_limit_bounds_the_sum_of_its_model_calls() {
-    let mut e = env(true, |_| {}).await;
+    // The figures below are for a provider that adds no hidden tool text.
+    let mut e = env(true, |c| {
+        for p in &mut c.llm.providers {
+            p.tool_overhead_tokens = 0;
+        }
+    })
+    .await;
     // Call 1 reserves about 308 µ$ and commits 225; call 2 would reserve
     // about 390 more: past the 600 µ$ limit, so it is not made.
     e.script.for_model(

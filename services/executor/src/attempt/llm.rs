@@ -684,7 +684,13 @@ impl Host for TaskHost<'_> {
         let ev = match event {
             LoopEvent::LlmCall(c) => JobEvent::LlmCalled(c),
             LoopEvent::ToolCall(t) => JobEvent::ToolCalled(t),
+            LoopEvent::Delta(d) => JobEvent::LlmDelta(d),
+            LoopEvent::Overrun(o) => JobEvent::Overrun(o),
         };
         self.x.inner.book.note(self.job_id, self.task_id(), ev);
+    }
+
+    fn streams(&self) -> bool {
+        true
     }
 }
