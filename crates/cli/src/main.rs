@@ -252,8 +252,22 @@ async fn agents(cmd: AgentsCmd) -> anyhow::Result<()> {
     }
 }
 
+/// `switchyard job watch … | head` ends as a shell expects when the reader
+/// goes away (status 141, like SIGPIPE), instead of with a panic message.
+fn quiet_on_closed_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info.payload_as_str().unwrap_or_default();
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
+    quiet_on_closed_pipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Dev(args) => run_services(args, ServiceKind::ALL, true).await,

@@ -449,6 +449,10 @@ struct Served {
     overhead: (u64, u64),
 }
 
+/// The longest a model list is waited for: a provider that does not
+/// answer it is called anyway (and fails over if it is down).
+const MODEL_LIST_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What a provider's model list said, last time it was read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Listing {
@@ -491,10 +495,20 @@ pub struct CallRecord {
     pub round: u32,
     /// How long the call took, milliseconds.
     pub latency_ms: u64,
+    /// Prompt tokens the provider reported (answered calls).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub prompt_tokens: u64,
+    /// Completion tokens the provider reported (answered calls).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub completion_tokens: u64,
     /// The provider reported no usage, so the call was billed at what was
     /// reserved for it.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub usage_estimated: bool,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Why a chain produced no answer.
@@ -606,6 +620,25 @@ impl Llm {
             .unwrap_or(Listing::Unchecked)
     }
 
+    /// Reads `name`'s model list now (when it is checked) and keeps it.
+    async fn list(&self, name: &str, checked: bool) -> Listing {
+        let listing = match (checked, self.providers.get(name)) {
+            (true, Some(p)) => match tokio::time::timeout(MODEL_LIST_TIMEOUT, p.models()).await {
+                Ok(Ok(ids)) => Listing::Served(ids.into_iter().collect()),
+                Ok(Err(e)) => Listing::Failed(e.to_string()),
+                Err(_) => Listing::Failed(format!(
+                    "GET /models did not answer within {} s",
+                    MODEL_LIST_TIMEOUT.as_secs()
+                )),
+            },
+            _ => Listing::Unchecked,
+        };
+        if let Ok(mut l) = self.listings.write() {
+            l.insert(name.to_owned(), listing.clone());
+        }
+        listing
+    }
+
     /// Reads every checked provider's model list now, and says, for each
     /// configured model, whether its provider serves it. A model its
     /// provider does not list is skipped by [`Llm::chat`] until a later
@@ -613,16 +646,7 @@ impl Llm {
     pub async fn check_models(&self) -> Vec<ProviderCheck> {
         let mut out = Vec::with_capacity(self.order.len());
         for (name, base_url, configured, checked) in &self.order {
-            let listing = match (checked, self.providers.get(name)) {
-                (true, Some(p)) => match p.models().await {
-                    Ok(ids) => Listing::Served(ids.into_iter().collect()),
-                    Err(e) => Listing::Failed(e.to_string()),
-                },
-                _ => Listing::Unchecked,
-            };
-            if let Ok(mut l) = self.listings.write() {
-                l.insert(name.clone(), listing.clone());
-            }
+            let listing = self.list(name, *checked).await;
             let models = configured
                 .iter()
                 .map(|m| {
@@ -676,10 +700,19 @@ impl Llm {
         })
     }
 
-    /// Why `provider` cannot serve `model`, when its list says so.
-    fn not_served(&self, provider: &str, model: &str) -> Option<ProviderError> {
-        let l = self.listings.read().ok()?;
-        match l.get(provider)? {
+    /// Why `provider` cannot serve `model`, when its list says so. A
+    /// checked provider whose list was never read is read first, so the
+    /// first call after start-up cannot reach a model it does not serve.
+    async fn not_served(&self, provider: &str, model: &str) -> Option<ProviderError> {
+        let checked = self
+            .order
+            .iter()
+            .any(|(name, _, _, checked)| name == provider && *checked);
+        let listing = match self.listing(provider) {
+            Listing::Unchecked if checked => self.list(provider, true).await,
+            l => l,
+        };
+        match &listing {
             Listing::Served(ids) if !ids.contains(model) => {
                 let mut named: Vec<&str> = ids.iter().take(5).map(String::as_str).collect();
                 if ids.len() > 5 {
@@ -798,7 +831,7 @@ impl Llm {
                     });
                 }
                 let started = Instant::now();
-                let r = match self.not_served(&served.provider, model) {
+                let r = match self.not_served(&served.provider, model).await {
                     Some(e) => Err(e),
                     None => {
                         let span = tracing::info_span!("llm.chat", model = %model, provider = %served.provider, round);
@@ -820,6 +853,8 @@ impl Llm {
                             error: String::new(),
                             round,
                             latency_ms,
+                            prompt_tokens: resp.usage.prompt_tokens,
+                            completion_tokens: resp.usage.completion_tokens,
                             usage_estimated: !resp.usage_reported,
                         });
                         return Ok((resp, model.clone()));

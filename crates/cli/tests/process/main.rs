@@ -11,6 +11,7 @@ mod llm_split;
 mod mtls;
 mod outage;
 mod polyglot;
+mod real_llm;
 mod sandbox;
 mod split;
 mod telemetry;
