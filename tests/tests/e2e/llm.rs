@@ -46,6 +46,8 @@ const MODELS: &[&str] = &[
     "m-budget",
     "m-cost",
     "m-sdk",
+    "m-stream",
+    "m-overrun",
 ];
 
 /// Served over Anthropic's Messages wire by the same server, same prices.
@@ -325,6 +327,85 @@ async fn parallel_tasks_sharing_one_budget_never_exceed_it() {
     );
     assert!((2..6).contains(&done), "{done} of 6 fit");
     assert_eq!(r.reason, "AGENT_TOKEN_BUDGET_EXCEEDED");
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_streamed_answer_becomes_gathered_llm_delta_events_before_the_call_ends() {
+    let mut e = env(true, |c| {
+        c.llm.providers[0].stream = true;
+        c.llm.delta_max_bytes = 16;
+    })
+    .await;
+    let text = "Streamed answers arrive piece by piece, gathered into a few events.";
+    e.script.for_model(
+        "m-stream",
+        vec![Reply::text(text, 12, 30).chunk_delay(Duration::from_millis(2))],
+    );
+    let doc = r#"{"plan_id": "s", "tasks": [{"id": "a", "llm": {"model": "m-stream", "prompt": "tell"}}]}"#;
+    let job = submit(&mut e.jobs, doc).await.unwrap();
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let log = events(&mut e.jobs, &id(&job)).await;
+    let call = log.iter().position(|(k, _)| k == "llm.call").unwrap();
+    let deltas: Vec<&Value> = log
+        .iter()
+        .filter(|(k, _)| k == "llm.delta")
+        .map(|(_, d)| d)
+        .collect();
+    assert!(
+        log[call + 1..].iter().all(|(k, _)| k != "llm.delta"),
+        "every piece came before the call ended"
+    );
+    let joined: String = deltas.iter().map(|d| d["text"].as_str().unwrap()).collect();
+    assert_eq!(joined, text);
+    // Gathered by size: far fewer events than the stand-in's 4-byte chunks.
+    assert!(
+        deltas.len() > 1 && deltas.len() <= text.len() / 16 + 1,
+        "{} events",
+        deltas.len()
+    );
+    assert_eq!(deltas[0]["turn"], 1);
+    assert_eq!(
+        log[call].1["completion_tokens"], 30,
+        "the usage of the last chunk"
+    );
+    assert_eq!(r.tokens_used, 42);
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn usage_beyond_the_reservation_is_an_overrun_that_stops_the_task() {
+    let mut e = env(true, |_| {}).await;
+    // The provider claims a 40,000-token prompt for a few words.
+    e.script.for_model(
+        "m-overrun",
+        vec![
+            Reply::tools(&[("stamp", json!({}))], 40_000, 5),
+            Reply::text("never sent", 1, 1),
+        ],
+    );
+    let doc = r#"{"plan_id": "o", "tasks": [{"id": "a",
+        "llm": {"model": "m-overrun", "prompt": "x", "max_tokens": 20, "tools": [{"name": "stamp", "command": "true"}]}}]}"#;
+    let job = submit(&mut e.jobs, doc).await.unwrap();
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.reason, "AGENT_TOKEN_BUDGET_EXCEEDED", "{r:?}");
+    assert_eq!(
+        e.script.count(),
+        1,
+        "no call after the overrun, and no tool ran"
+    );
+    assert!(r.tasks[0].tool_results.is_empty());
+    let log = events(&mut e.jobs, &id(&job)).await;
+    let overrun: Vec<&Value> = log
+        .iter()
+        .filter(|(k, _)| k == "budget.overrun")
+        .map(|(_, d)| d)
+        .collect();
+    assert_eq!(overrun.len(), 1);
+    assert_eq!(overrun[0]["used_tokens"], 40_005);
+    let b = budget(&e.stack, &format!("job-{}", id(&job))).await;
+    assert_eq!(b.tokens_spent, 40_005, "what was used is on the books");
     e.stack.stop().await.unwrap();
 }
 
