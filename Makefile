@@ -74,10 +74,14 @@ fmt: ## Format the code
 	$(CARGO) fmt --all
 
 .PHONY: bench
-bench: ## Benchmarks (release): routing, registry, ledger, executor, the LLM agent loop vs a bare ping, and growth with 100k jobs of history
+bench: ## Benchmarks (release): routing, registry, ledger, executor, the LLM agent loop, growth with 100k jobs of history, and a real model server's calls (after make llm-venv)
 	$(CARGO) run --release --locked -p switchyard-bench
 	$(CARGO) build --release --locked -p switchyard-cli
 	$(CARGO) run --release --locked -p switchyard-bench -- history 100000
+	if [ -f $(LLM_VENV)/.installed ]; then \
+		SWITCHYARD_LLAMA_PYTHON=$(abspath $(LLM_VENV)/bin/python) SWITCHYARD_LLAMA_MODEL=$(abspath $(LLM_MODEL)) \
+		$(CARGO) run --release --locked -p switchyard-bench -- real-llm; \
+	else echo "real model server: skipped (make llm-venv first)"; fi
 
 .PHONY: clean
 clean: ## Remove build output, the venv and the dev data directory

@@ -28,6 +28,7 @@ mod auth;
 mod executor;
 mod history;
 mod llm;
+mod real_llm;
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -227,6 +228,10 @@ async fn run() -> anyhow::Result<()> {
     // `switchyard-bench llm` runs only the agent loop's figures.
     if std::env::args().nth(1).as_deref() == Some("llm") {
         return llm::run().await;
+    }
+    // `switchyard-bench real-llm` runs only the real model server's figures.
+    if std::env::args().nth(1).as_deref() == Some("real-llm") {
+        return real_llm::run().await;
     }
 
     println!("Route, in-process (no gRPC), {CAPABILITIES} capabilities, limit 5, one exclusion:");

@@ -21,6 +21,8 @@ pub mod agent;
 pub mod anthropic;
 pub mod config;
 mod http;
+#[cfg(feature = "scripted")]
+pub mod llama;
 pub mod openai;
 #[cfg(any(test, feature = "scripted"))]
 pub mod scripted;

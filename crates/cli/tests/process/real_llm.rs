@@ -10,99 +10,40 @@
 #![allow(clippy::unwrap_used)]
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use switchyard_llm::agent::{estimate_prompt_tokens, first_turn};
 use switchyard_llm::config::DEFAULT_TOOL_OVERHEAD_TOKENS;
+use switchyard_llm::llama::{self, MODEL};
 use switchyard_llm::{Message, ToolSpec};
 
 use crate::support::*;
 
-/// The alias the server serves the model under.
-const MODEL: &str = "gemma3-270m";
-
-const NEEDS: &str = "needs a real model server: make test-real-llm";
-
-/// One llama-cpp-python server, stopped on drop.
+/// One llama-cpp-python server (`switchyard_llm::llama`), stopped on drop.
 struct Llama {
-    child: Child,
+    server: llama::Server,
     url: String,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
 }
 
 impl Llama {
-    /// Starts the server with `chat_format` (`gemma` for plain chat,
-    /// `chatml-function-calling` for tools) on a free port, two threads.
     fn start(chat_format: &str) -> Llama {
-        let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: {NEEDS}"));
-        let (python, model) = (
-            var("SWITCHYARD_LLAMA_PYTHON"),
-            var("SWITCHYARD_LLAMA_MODEL"),
-        );
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("server.log");
-        let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(python)
-            .args(["-m", "llama_cpp.server", "--model", &model])
-            .args(["--model_alias", MODEL, "--host", "127.0.0.1", "--port", "0"])
-            .args([
-                "--n_threads",
-                "2",
-                "--n_ctx",
-                "2048",
-                "--chat_format",
-                chat_format,
-            ])
-            .stdout(Stdio::from(file.try_clone().unwrap()))
-            .stderr(Stdio::from(file))
-            .spawn()
-            .expect("start llama_cpp.server");
-        let mut s = Llama {
-            child,
-            url: String::new(),
-            log,
-            _dir: dir,
-        };
-        wait_for(
-            "the model server to listen",
-            Duration::from_secs(90),
-            || {
-                if let Some(st) = s.child.try_wait().unwrap() {
-                    panic!("the model server exited ({st}):\n{}", s.text());
-                }
-                s.text()
-                    .lines()
-                    .find_map(|l| l.split("Uvicorn running on ").nth(1))
-                    .and_then(|rest| rest.split_whitespace().next())
-                    .map(|u| s.url = format!("{u}/v1"))
-                    .is_some()
-            },
-        );
-        s
+        let server = llama::Server::start(chat_format).unwrap();
+        let url = server.url().to_owned();
+        Llama { server, url }
     }
 
     fn text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.server.log_text()
     }
 
-    /// Chat requests that reached the server (its access log).
     fn requests(&self) -> usize {
-        self.text()
-            .matches("\"POST /v1/chat/completions HTTP/1.1\"")
-            .count()
+        self.server.requests()
     }
 
-    /// Answers it gave with a status other than 200.
     fn failures(&self) -> Vec<String> {
-        self.text()
-            .lines()
-            .filter(|l| l.contains("POST /v1/chat/completions") && !l.ends_with("200 OK"))
-            .map(str::to_owned)
-            .collect()
+        self.server.failures()
     }
 
     /// One chat call made directly, as a reference for the accounting.
@@ -119,13 +60,6 @@ impl Llama {
             .unwrap();
         assert!(out.status.success(), "direct call failed: {out:?}");
         serde_json::from_slice(&out.stdout).unwrap()
-    }
-}
-
-impl Drop for Llama {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
