@@ -76,7 +76,11 @@ pub async fn run(cmd: LlmCmd) -> anyhow::Result<()> {
                 c.provider.clone(),
                 model.clone(),
                 served.to_owned(),
-                format!("{}/{}", price.input, price.output),
+                format!(
+                    "${:.2} / ${:.2}",
+                    price.input as f64 / 1e6,
+                    price.output as f64 / 1e6
+                ),
                 mode.to_owned(),
                 if stream { "yes" } else { "no" }.to_owned(),
             ]);
@@ -97,7 +101,7 @@ pub async fn run(cmd: LlmCmd) -> anyhow::Result<()> {
                     "PROVIDER",
                     "MODEL",
                     "SERVED",
-                    "PRICE_µUSD/M",
+                    "PER_M_TOKENS_IN/OUT",
                     "STRUCTURED",
                     "STREAM",
                 ],

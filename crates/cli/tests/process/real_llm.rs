@@ -524,7 +524,9 @@ fn real_llm_fallback_moves_past_a_model_the_server_does_not_serve() {
 #[ignore = "needs a real model server: make test-real-llm"]
 fn real_llm_a_streamed_answer_arrives_before_the_call_ends() {
     let server = Llama::start("gemma");
-    let d = dev(&server, "stream = true", "");
+    // Pieces gathered for up to half a second: several tokens an event
+    // even on a slow machine.
+    let d = dev(&server, "stream = true", "[llm]\ndelta_interval_ms = 500\n");
     let job = d.run(llm_job(
         "Write a story about a lighthouse keeper.",
         json!({"ext_agent_max_tokens": 120, "ext_agent_temperature": 0.8}),
