@@ -555,30 +555,24 @@ mod tests {
         assert_eq!(r.usage.total_tokens, 19);
         assert!(r.usage_reported);
         // No usage chunk: the chunks are counted and the answer says so.
-        let mut s = Streamed::default();
-        s.event(
-            "",
-            r#"{"choices":[{"delta":{"content":"x"}}]}"#,
-            &mut Delta::default(),
-        )
-        .unwrap();
-        s.event(
-            "",
+        let fed = |chunks: &[&str]| {
+            let mut s = Streamed::default();
+            for c in chunks {
+                s.event("", c, &mut Delta::default()).unwrap();
+            }
+            s
+        };
+        let x = r#"{"choices":[{"delta":{"content":"x"}}]}"#;
+        let r = fed(&[
+            x,
             r#"{"choices":[{"delta":{"content":"y"},"finish_reason":"stop"}]}"#,
-            &mut Delta::default(),
-        )
+        ])
+        .finish()
         .unwrap();
-        let r = s.finish().unwrap();
         assert!(!r.usage_reported);
         assert_eq!(r.usage.completion_tokens, 2);
         // A stream cut before its finish reason is no answer.
-        let mut s = Streamed::default();
-        s.event(
-            "",
-            r#"{"choices":[{"delta":{"content":"x"}}]}"#,
-            &mut Delta::default(),
-        )
-        .unwrap();
+        let s = fed(&[x]);
         assert!(s.finish().unwrap_err().contains("finish_reason"));
     }
 }
