@@ -47,8 +47,8 @@ pub async fn run(cmd: LlmCmd) -> anyhow::Result<()> {
         };
         match &c.listing {
             Listing::Failed(e) => problems.push(format!(
-                "provider {} ({}): its model list could not be read: {e}",
-                c.provider, c.base_url
+                "provider {}: its model list (GET /models) could not be read: {e}",
+                c.provider
             )),
             Listing::Unchecked => {}
             Listing::Served(_) => {}
@@ -85,7 +85,7 @@ pub async fn run(cmd: LlmCmd) -> anyhow::Result<()> {
                 if stream { "yes" } else { "no" }.to_owned(),
             ]);
             out.push(json!({
-                "provider": c.provider, "base_url": c.base_url, "model": model,
+                "provider": c.provider, "model": model,
                 "served": found, "listed": listed,
                 "input_micro_usd_per_million": price.input,
                 "output_micro_usd_per_million": price.output,

@@ -235,7 +235,7 @@ impl Endpoint {
             let (resp, scrub) = self.send(self.http.get(&page_url)).await?;
             let text = resp.text().await.map_err(|e| transport(e, &scrub))?;
             let page: ModelPage = serde_json::from_str(&text).map_err(|e| {
-                ProviderError::Malformed(format!("GET {url}: not a model list: {e}"))
+                ProviderError::Malformed(format!("GET /models: not a model list: {e}"))
             })?;
             ids.extend(page.data.into_iter().map(|m| m.id));
             match (page.has_more, page.last_id) {

@@ -472,8 +472,6 @@ pub enum Listing {
 pub struct ProviderCheck {
     /// The provider.
     pub provider: String,
-    /// Its base URL.
-    pub base_url: String,
     /// What its list said.
     pub listing: Listing,
     /// Each configured model, and whether the list names it (`None` when
@@ -527,9 +525,9 @@ pub struct ChainError {
 #[derive(Clone, Default)]
 pub struct Llm {
     providers: HashMap<String, Arc<dyn Provider>>,
-    /// Provider names in configuration order, with their base URL and
-    /// configured models, and whether their model lists are checked.
-    order: Vec<(String, String, Vec<String>, bool)>,
+    /// Provider names in configuration order, with their configured
+    /// models, and whether their model lists are checked.
+    order: Vec<(String, Vec<String>, bool)>,
     /// model → (provider, price), in configuration order.
     models: HashMap<String, Vec<Served>>,
     /// provider → what its model list said.
@@ -594,7 +592,6 @@ impl Llm {
         }
         self.order.push((
             p.name.clone(),
-            p.base_url.clone(),
             p.models.iter().map(|m| m.name.clone()).collect(),
             p.check_models,
         ));
@@ -647,7 +644,7 @@ impl Llm {
     /// check finds it.
     pub async fn check_models(&self) -> Vec<ProviderCheck> {
         let mut out = Vec::with_capacity(self.order.len());
-        for (name, base_url, configured, checked) in &self.order {
+        for (name, configured, checked) in &self.order {
             let listing = self.list(name, *checked).await;
             let models = configured
                 .iter()
@@ -661,7 +658,6 @@ impl Llm {
                 .collect();
             out.push(ProviderCheck {
                 provider: name.clone(),
-                base_url: base_url.clone(),
                 listing,
                 models,
             });
@@ -709,7 +705,7 @@ impl Llm {
         let checked = self
             .order
             .iter()
-            .any(|(name, _, _, checked)| name == provider && *checked);
+            .any(|(name, _, checked)| name == provider && *checked);
         let listing = match self.listing(provider) {
             Listing::Unchecked if checked => self.list(provider, true).await,
             l => l,
