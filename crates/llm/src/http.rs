@@ -58,6 +58,18 @@ impl Scrub {
             _ => s,
         }
     }
+
+    /// `e` with the key removed from any text the server sent.
+    fn error(&self, e: ProviderError) -> ProviderError {
+        match e {
+            ProviderError::Malformed(m) => ProviderError::Malformed(self.apply(m)),
+            ProviderError::Status { status, message } => ProviderError::Status {
+                status,
+                message: self.apply(message),
+            },
+            e => e,
+        }
+    }
 }
 
 impl Endpoint {
@@ -197,14 +209,9 @@ impl Endpoint {
             }
             while let Some((name, data)) = next_event(&mut buf) {
                 let mut piece = Delta::default();
-                let done = wire.event(&name, &data, &mut piece).map_err(|e| match e {
-                    ProviderError::Malformed(m) => ProviderError::Malformed(scrub.apply(m)),
-                    ProviderError::Status { status, message } => ProviderError::Status {
-                        status,
-                        message: scrub.apply(message),
-                    },
-                    e => e,
-                })?;
+                let done = wire
+                    .event(&name, &data, &mut piece)
+                    .map_err(|e| scrub.error(e))?;
                 gathered.merge(piece);
                 if done {
                     break 'read;

@@ -610,15 +610,6 @@ impl Llm {
             .unwrap_or(0)
     }
 
-    /// What `provider`'s model list said last.
-    pub fn listing(&self, provider: &str) -> Listing {
-        self.listings
-            .read()
-            .ok()
-            .and_then(|l| l.get(provider).cloned())
-            .unwrap_or(Listing::Unchecked)
-    }
-
     /// Reads `name`'s model list now (when it is checked) and keeps it.
     async fn list(&self, name: &str, checked: bool) -> Listing {
         let listing = match (checked, self.providers.get(name)) {
@@ -706,27 +697,34 @@ impl Llm {
             .order
             .iter()
             .any(|(name, _, checked)| name == provider && *checked);
-        let listing = match self.listing(provider) {
-            Listing::Unchecked if checked => self.list(provider, true).await,
-            l => l,
+        let unread = || {
+            self.listings
+                .read()
+                .is_ok_and(|l| matches!(l.get(provider), None | Some(Listing::Unchecked)))
         };
-        match &listing {
-            Listing::Served(ids) if !ids.contains(model) => {
-                let mut named: Vec<&str> = ids.iter().take(5).map(String::as_str).collect();
-                if ids.len() > 5 {
-                    named.push("…");
-                }
-                Some(ProviderError::ModelNotFound(format!(
-                    "provider {provider} does not serve {model:?}; its model list names {}",
-                    if named.is_empty() {
-                        "none".to_owned()
-                    } else {
-                        named.join(", ")
-                    }
-                )))
-            }
-            _ => None,
+        if checked && unread() {
+            self.list(provider, true).await;
         }
+        // Looked up in place: a call does not copy the provider's list.
+        let l = self.listings.read().ok()?;
+        let Some(Listing::Served(ids)) = l.get(provider) else {
+            return None;
+        };
+        if ids.contains(model) {
+            return None;
+        }
+        let mut named: Vec<&str> = ids.iter().take(5).map(String::as_str).collect();
+        if ids.len() > 5 {
+            named.push("…");
+        }
+        Some(ProviderError::ModelNotFound(format!(
+            "provider {provider} does not serve {model:?}; its model list names {}",
+            if named.is_empty() {
+                "none".to_owned()
+            } else {
+                named.join(", ")
+            }
+        )))
     }
 
     fn served(&self, model: &str, hint: &str) -> Option<&Served> {

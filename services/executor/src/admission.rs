@@ -164,7 +164,10 @@ fn estimate_llm(
     let tools: Vec<switchyard_llm::ToolSpec> = l
         .tools
         .iter()
-        .filter(|_| l.tool_choice != "none")
+        .filter(|_| {
+            switchyard_llm::ToolChoice::parse(&l.tool_choice)
+                != Some(switchyard_llm::ToolChoice::None)
+        })
         .map(|t| crate::attempt::llm::declared_tool(t, &registered).0)
         .collect();
     let mut chain = vec![l.model.clone()];
