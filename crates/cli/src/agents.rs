@@ -7,13 +7,15 @@ use switchyard_agents::{Hosted, load_dir};
 
 use crate::Config;
 
-/// Loads every manifest under `dir` and builds the host. `own` is this
-/// node's URL, the default for the registry, ledger and executor URLs.
+/// Loads every manifest under `dir` and builds the host, calling models
+/// through `llm`. `own` is this node's URL, the default for the registry,
+/// ledger and executor URLs.
 pub fn host(
     cfg: &Config,
     dir: &Path,
     own: Option<&str>,
     credential: Option<switchyard_kit::client::Credential>,
+    llm: switchyard_llm::Llm,
 ) -> anyhow::Result<Hosted> {
     let root = cfg
         .agents
@@ -40,8 +42,6 @@ pub fn host(
     or_own(&mut acfg.registry_url);
     or_own(&mut acfg.ledger_url);
     or_own(&mut acfg.executor_url);
-    let llm = switchyard_llm::Llm::new(&cfg.llm).map_err(anyhow::Error::msg)?;
-    llm.spawn_model_checks();
     let tls = match &cfg.auth.service_tls {
         Some(t) => Some(t.tonic().map_err(anyhow::Error::msg)?),
         None => None,

@@ -234,7 +234,9 @@ async fn agents(cmd: AgentsCmd) -> anyhow::Result<()> {
                 .map(switchyard_kit::client::Credential::bearer)
                 .transpose()
                 .context("--token / SWITCHYARD_TOKEN")?;
-            let hosted = switchyard_cli::agents::host(&cfg, &dir, None, credential)?;
+            let llm = switchyard_llm::Llm::new(&cfg.llm).map_err(anyhow::Error::msg)?;
+            llm.spawn_model_checks();
+            let hosted = switchyard_cli::agents::host(&cfg, &dir, None, credential, llm)?;
             let (trigger, shutdown) = switchyard_kit::shutdown::channel();
             switchyard_kit::shutdown::on_signals(trigger);
             let ids = hosted.ids();

@@ -146,6 +146,12 @@ pub async fn run_node_then(
             credential.clone(),
         ))
     };
+    // One set of LLM providers per process: the executor and the
+    // declarative agents share it, and so its model checks.
+    let llm = switchyard_llm::Llm::new(&cfg.llm).map_err(anyhow::Error::msg)?;
+    if services.contains(&ServiceKind::Executor) || cfg.agents.dir.is_some() {
+        llm.spawn_model_checks();
+    }
     let mut server = Server::new(cfg.server.clone()).with_auth(Arc::new(authenticator));
     let mut auth = None;
     if services.contains(&ServiceKind::Auth) {
@@ -251,11 +257,8 @@ pub async fn run_node_then(
             })?;
             remote(u)
         };
-        let llm = switchyard_llm::Llm::new(&cfg.llm).map_err(anyhow::Error::msg)?;
-        // Which configured models each provider serves, now and then.
-        llm.spawn_model_checks();
         let clients = switchyard_executor::Clients {
-            llm,
+            llm: llm.clone(),
             registry: match &registry {
                 Some(r) => RegistryClient::local(Arc::new(r.clone())),
                 None => RegistryClient::remote(url("registry", &e.registry_url)?, max),
@@ -316,7 +319,7 @@ pub async fn run_node_then(
         } else {
             credential.clone()
         };
-        let hosted = crate::agents::host(&cfg, dir, Some(&own), agents_credential)?;
+        let hosted = crate::agents::host(&cfg, dir, Some(&own), agents_credential, llm.clone())?;
         let ids = hosted.ids();
         let stop = shutdown.clone();
         agents_task = Some(tokio::spawn(async move {

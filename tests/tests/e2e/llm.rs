@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use switchyard_agent_sdk::tools::{ToolProvider, ToolServer};
 use switchyard_kit::json::{struct_to_json, value_to_json};
 use switchyard_llm::scripted::{Reply, Script, Server};
-use switchyard_llm::{LlmConfig, ModelConfig, ProviderConfig, ProviderKind};
+use switchyard_llm::{Llm, LlmConfig, ModelConfig, ProviderConfig, ProviderKind};
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{
     GetJobRequest, GetResultResponse, Job, JobState, ListJobsRequest, TaskState, TaskStatus,
@@ -1190,8 +1190,9 @@ async fn an_agent_whose_tool_name_is_taken_is_refused_at_start() {
     let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
     let credential =
         switchyard_kit::client::Credential::bearer(&e.stack.token("agents").unwrap()).ok();
+    let llm = Llm::new(&cfg.llm).unwrap();
     let hosted =
-        switchyard_cli::agents::host(&cfg, &examples, Some(&e.stack.url), credential).unwrap();
+        switchyard_cli::agents::host(&cfg, &examples, Some(&e.stack.url), credential, llm).unwrap();
     let err = hosted.check_collisions().await.unwrap_err().to_string();
     assert!(
         err.contains("agent_summarizer") && err.contains("already has that name"),
