@@ -700,6 +700,8 @@ mod tests {
         committed: Mutex<Vec<(String, Usage, i64)>>,
         tools_run: Mutex<Vec<String>>,
         events: Mutex<Vec<LoopEvent>>,
+        /// Ask for streamed answers.
+        streams: bool,
     }
 
     impl Host for TestHost {
@@ -760,6 +762,9 @@ mod tests {
         }
         fn event(&self, event: LoopEvent) {
             self.events.lock().unwrap().push(event);
+        }
+        fn streams(&self) -> bool {
+            self.streams
         }
     }
 
@@ -1087,39 +1092,15 @@ mod tests {
             vec![Reply::text("streamed", 3, 2).without_stream_usage()],
         );
         let (llm, _s) = llm_with(&script, |p| p.stream = true).await;
-        #[derive(Default)]
-        struct Streaming(TestHost);
-        impl Host for Streaming {
-            fn reserve(&self, c: u32, t: u64, cost: i64) -> BoxFuture<'_, Result<String, Refusal>> {
-                self.0.reserve(c, t, cost)
-            }
-            fn commit<'a>(&'a self, h: &'a str, m: &'a str, u: Usage, c: i64) -> BoxFuture<'a, ()> {
-                self.0.commit(h, m, u, c)
-            }
-            fn release<'a>(&'a self, h: &'a str, w: &'a str) -> BoxFuture<'a, ()> {
-                self.0.release(h, w)
-            }
-            fn call_tool<'a>(
-                &'a self,
-                n: &'a str,
-                i: &'a str,
-                a: Value,
-            ) -> BoxFuture<'a, Result<Value, String>> {
-                self.0.call_tool(n, i, a)
-            }
-            fn event(&self, e: LoopEvent) {
-                self.0.event(e)
-            }
-            fn streams(&self) -> bool {
-                true
-            }
-        }
-        let h = Streaming(host(1_000_000));
+        let h = TestHost {
+            streams: true,
+            ..host(1_000_000)
+        };
         let r = run(&llm, &spec(vec![]), &h).await.unwrap();
         assert_eq!(r.content, "streamed");
-        let reserved = h.0.reserved.lock().unwrap()[0];
+        let reserved = h.reserved.lock().unwrap()[0];
         assert_eq!(r.usage.total_tokens, reserved);
-        let events = h.0.events.lock().unwrap();
+        let events = h.events.lock().unwrap();
         let text: String = events
             .iter()
             .filter_map(|e| match e {

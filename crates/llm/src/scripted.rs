@@ -30,25 +30,33 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// `status` with `body`, at once, streamed with usage when asked.
+    fn new(status: u16, body: String) -> Reply {
+        Reply {
+            status,
+            body,
+            retry_after: None,
+            delay: Duration::ZERO,
+            chunk_delay: Duration::ZERO,
+            usage_in_stream: true,
+        }
+    }
+
     fn completion(message: Value, prompt: u64, completion: u64) -> Reply {
         let finish = if message.get("tool_calls").is_some() {
             "tool_calls"
         } else {
             "stop"
         };
-        Reply {
-            status: 200,
-            body: json!({
+        Reply::new(
+            200,
+            json!({
                 "id": "chatcmpl-scripted", "object": "chat.completion", "model": "scripted",
                 "choices": [{"index": 0, "message": message, "finish_reason": finish}],
                 "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
             })
             .to_string(),
-            retry_after: None,
-            delay: Duration::ZERO,
-            chunk_delay: Duration::ZERO,
-            usage_in_stream: true,
-        }
+        )
     }
 
     /// A text answer with these usage figures.
@@ -79,26 +87,15 @@ impl Reply {
 
     /// An error status with a JSON error body.
     pub fn status(status: u16) -> Reply {
-        Reply {
+        Reply::new(
             status,
-            body: json!({"error": {"message": format!("scripted status {status}")}}).to_string(),
-            retry_after: None,
-            delay: Duration::ZERO,
-            chunk_delay: Duration::ZERO,
-            usage_in_stream: true,
-        }
+            json!({"error": {"message": format!("scripted status {status}")}}).to_string(),
+        )
     }
 
     /// A 200 whose body is not JSON.
     pub fn malformed() -> Reply {
-        Reply {
-            status: 200,
-            body: "{\"choices\": [ this is not json".into(),
-            retry_after: None,
-            delay: Duration::ZERO,
-            chunk_delay: Duration::ZERO,
-            usage_in_stream: true,
-        }
+        Reply::new(200, "{\"choices\": [ this is not json".into())
     }
 
     /// Adds a Retry-After header.

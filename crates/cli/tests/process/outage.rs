@@ -148,6 +148,18 @@ fn job(i: usize) -> String {
     )
 }
 
+/// Submits job `i` of the test.
+async fn submit(
+    mut c: JobServiceClient<Intercepted>,
+    i: usize,
+) -> Result<tonic::Response<switchyard_proto::executor::v1::SubmitJobResponse>, tonic::Status> {
+    c.submit_job(SubmitJobRequest {
+        document: job(i),
+        ..Default::default()
+    })
+    .await
+}
+
 async fn as_admin(url: &str, auth_url: &str) -> Intercepted {
     as_user(url, auth_url, "admin").await
 }
@@ -226,16 +238,7 @@ async fn outage_of(service: &'static str) -> String {
     });
     let client = JobServiceClient::new(as_user(&url, &cluster.addr("auth"), "alice").await);
     let submitted = futures_util::stream::iter(0..JOBS)
-        .map(|i| {
-            let mut c = client.clone();
-            async move {
-                c.submit_job(SubmitJobRequest {
-                    document: job(i),
-                    ..Default::default()
-                })
-                .await
-            }
-        })
+        .map(|i| submit(client.clone(), i))
         .buffer_unordered(32)
         .collect::<Vec<_>>()
         .await;
@@ -275,16 +278,8 @@ async fn outage_of(service: &'static str) -> String {
     // Jobs submitted meanwhile are accepted and wait (the submission waits
     // a while first), unless the service is one admission does not need.
     let late: Vec<_> = futures_util::future::join_all((JOBS..JOBS + LATE).map(|i| {
-        let mut c = client.clone();
-        async move {
-            c.submit_job(SubmitJobRequest {
-                document: job(i),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-        }
+        let submitted = submit(client.clone(), i);
+        async move { submitted.await.unwrap().into_inner() }
     }))
     .await;
     if ["ledger", "approval", "router"].contains(&service) {

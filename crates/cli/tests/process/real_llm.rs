@@ -21,46 +21,26 @@ use switchyard_llm::{Message, ToolSpec};
 
 use crate::support::*;
 
-/// One llama-cpp-python server (`switchyard_llm::llama`), stopped on drop.
-struct Llama {
-    server: llama::Server,
-    url: String,
+/// A llama-cpp-python server with `chat_format`, stopped on drop.
+fn start(chat_format: &str) -> llama::Server {
+    llama::Server::start(chat_format).unwrap()
 }
 
-impl Llama {
-    fn start(chat_format: &str) -> Llama {
-        let server = llama::Server::start(chat_format).unwrap();
-        let url = server.url().to_owned();
-        Llama { server, url }
-    }
-
-    fn text(&self) -> String {
-        self.server.log_text()
-    }
-
-    fn requests(&self) -> usize {
-        self.server.requests()
-    }
-
-    fn failures(&self) -> Vec<String> {
-        self.server.failures()
-    }
-
-    /// One chat call made directly, as a reference for the accounting.
-    fn direct(&self, body: Value) -> Value {
-        let out = Command::new("curl")
-            .args(["-sf", &format!("{}/chat/completions", self.url)])
-            .args([
-                "-H",
-                "content-type: application/json",
-                "-d",
-                &body.to_string(),
-            ])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "direct call failed: {out:?}");
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
+/// One chat call made directly to `server`, as a reference for the
+/// accounting.
+fn direct(server: &llama::Server, body: Value) -> Value {
+    let out = Command::new("curl")
+        .args(["-sf", &format!("{}/chat/completions", server.url())])
+        .args([
+            "-H",
+            "content-type: application/json",
+            "-d",
+            &body.to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "direct call failed: {out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// `switchyard dev` with `llm` (the `[llm]` provider lines) and any
@@ -71,7 +51,7 @@ struct Dev {
     dir: tempfile::TempDir,
 }
 
-fn dev(server: &Llama, provider: &str, extra: &str) -> Dev {
+fn dev(server: &llama::Server, provider: &str, extra: &str) -> Dev {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("switchyard.toml");
     let text = format!(
@@ -87,7 +67,7 @@ models = [
 ]
 {extra}
 "#,
-        url = server.url
+        url = server.url()
     );
     std::fs::write(&config, text).unwrap();
     let data = dir.path().join("data");
@@ -227,7 +207,7 @@ fn lookup_tool() -> Value {
 #[test]
 #[ignore = "needs a real model server: make test-real-llm"]
 fn real_llm_plain_text_is_billed_exactly_what_the_server_reports() {
-    let server = Llama::start("gemma");
+    let server = start("gemma");
     let d = dev(&server, "", "");
     let prompt = "Name three colours.";
     let job = d.run(llm_job(prompt, json!({})));
@@ -236,10 +216,13 @@ fn real_llm_plain_text_is_billed_exactly_what_the_server_reports() {
     assert_eq!(t["model_used"], MODEL);
     assert!(!t["output"]["content"].as_str().unwrap().is_empty(), "{t}");
     // The same request made directly (greedy decoding: the same tokens).
-    let direct = server.direct(json!({
-        "model": MODEL, "temperature": 0.0, "max_tokens": 24,
-        "messages": [{"role": "user", "content": prompt}],
-    }));
+    let direct = direct(
+        &server,
+        json!({
+            "model": MODEL, "temperature": 0.0, "max_tokens": 24,
+            "messages": [{"role": "user", "content": prompt}],
+        }),
+    );
     let reported = direct["usage"]["total_tokens"].as_u64().unwrap();
     assert_eq!(
         job["tokens_used"].as_u64(),
@@ -255,7 +238,7 @@ fn real_llm_plain_text_is_billed_exactly_what_the_server_reports() {
 #[test]
 #[ignore = "needs a real model server: make test-real-llm"]
 fn real_llm_a_multi_turn_tool_loop_completes_its_turns() {
-    let server = Llama::start("chatml-function-calling");
+    let server = start("chatml-function-calling");
     let d = dev(&server, "", "");
     let job = d.run(llm_job(
         "Look up the word 'harbour', then answer.",
@@ -289,10 +272,10 @@ fn real_llm_a_multi_turn_tool_loop_completes_its_turns() {
 #[test]
 #[ignore = "needs a real model server: make test-real-llm"]
 fn real_llm_an_agent_called_as_a_tool_with_the_servers_call_ids() {
-    let server = Llama::start("chatml-function-calling");
+    let server = start("chatml-function-calling");
     // The agent's own model call goes to a plain chat server (the tools
     // template leaves this base model nothing to say without tools).
-    let plain = Llama::start("gemma");
+    let plain = start("gemma");
     let agents = tempfile::tempdir().unwrap();
     std::fs::write(
         agents.path().join("manifest.yaml"),
@@ -306,7 +289,7 @@ fn real_llm_an_agent_called_as_a_tool_with_the_servers_call_ids() {
         "",
         &format!(
             "[[llm.providers]]\nname = \"plain\"\nbase_url = \"{}\"\nmodels = [{{ name = \"{MODEL}\", input_micro_usd_per_million = 0, output_micro_usd_per_million = 0 }}]\n\n[agents]\ndir = {:?}\n",
-            plain.url,
+            plain.url(),
             agents.path().to_str().unwrap()
         ),
     );
@@ -351,7 +334,7 @@ fn real_llm_an_agent_called_as_a_tool_with_the_servers_call_ids() {
 #[test]
 #[ignore = "needs a real model server: make test-real-llm"]
 fn real_llm_json_output_follows_the_schema_sent_and_a_cut_off_answer_is_named() {
-    let server = Llama::start("gemma");
+    let server = start("gemma");
     let d = dev(&server, "", "");
     let schema = json!({"type": "object",
         "properties": {"city": {"type": "string", "maxLength": 20}, "visits": {"type": "integer"}},
@@ -380,7 +363,7 @@ fn real_llm_json_output_follows_the_schema_sent_and_a_cut_off_answer_is_named() 
 #[test]
 #[ignore = "needs a real model server: make test-real-llm"]
 fn real_llm_a_budget_too_small_is_refused_before_any_request() {
-    let server = Llama::start("gemma");
+    let server = start("gemma");
     let d = dev(&server, "", "");
     let job = d.run(llm_job(
         "Name three colours.",
@@ -422,7 +405,7 @@ fn tight_bound() -> u64 {
 #[test]
 #[ignore = "needs a real model server: make test-real-llm"]
 fn real_llm_a_tight_budget_under_tool_overhead_is_never_exceeded() {
-    let server = Llama::start("chatml-function-calling");
+    let server = start("chatml-function-calling");
     let d = dev(&server, "", "");
     let first = tight_bound() + DEFAULT_TOOL_OVERHEAD_TOKENS + 32;
     let job = d.run(tight_job(first + 40));
@@ -459,7 +442,7 @@ fn real_llm_a_tight_budget_under_tool_overhead_is_never_exceeded() {
 #[test]
 #[ignore = "needs a real model server: make test-real-llm"]
 fn real_llm_without_the_tool_margin_the_overrun_stops_the_task() {
-    let server = Llama::start("chatml-function-calling");
+    let server = start("chatml-function-calling");
     let d = dev(&server, "tool_overhead_tokens = 0", "");
     let job = d.run(tight_job(10_000));
     let id = job["job_id"].as_str().unwrap();
@@ -486,7 +469,7 @@ fn real_llm_without_the_tool_margin_the_overrun_stops_the_task() {
 #[test]
 #[ignore = "needs a real model server: make test-real-llm"]
 fn real_llm_fallback_moves_past_a_model_the_server_does_not_serve() {
-    let server = Llama::start("gemma");
+    let server = start("gemma");
     let d = dev(&server, "", "");
     // `switchyard llm check` names the model the server does not serve.
     let cfg = d.dir.path().join("switchyard.toml");
@@ -523,7 +506,7 @@ fn real_llm_fallback_moves_past_a_model_the_server_does_not_serve() {
 #[test]
 #[ignore = "needs a real model server: make test-real-llm"]
 fn real_llm_a_streamed_answer_arrives_before_the_call_ends() {
-    let server = Llama::start("gemma");
+    let server = start("gemma");
     // Pieces gathered for up to half a second: several tokens an event
     // even on a slow machine.
     let d = dev(&server, "stream = true", "[llm]\ndelta_interval_ms = 500\n");
@@ -572,7 +555,7 @@ fn real_llm_a_streamed_answer_arrives_before_the_call_ends() {
 #[test]
 #[ignore = "needs a real model server: make test-real-llm"]
 fn real_llm_cancelling_a_job_stops_the_stream() {
-    let server = Llama::start("gemma");
+    let server = start("gemma");
     let d = dev(&server, "stream = true", "");
     let id = d.submit(llm_job(
         "Write a very long story about a dragon who lives by the sea.",
@@ -613,6 +596,6 @@ fn real_llm_cancelling_a_job_stops_the_stream() {
     wait_for(
         "the server to see the client leave",
         Duration::from_secs(30),
-        || server.text().contains("Disconnected from client"),
+        || server.log_text().contains("Disconnected from client"),
     );
 }
