@@ -17,15 +17,15 @@ LLM_MODEL := $(LLM_VENV)/gemma-3-270m-q4_k_m.gguf
 
 .PHONY: help
 help: ## Show this help
-	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
 
 .PHONY: run
-run: ## Start `switchyard dev`: every service on 127.0.0.1:7600, data in .switchyard/
-	$(CARGO) run -p switchyard-cli --bin switchyard -- dev
+run: build ## Start `switchyard dev`: every service on 127.0.0.1:7600, data in .switchyard/
+	./target/debug/switchyard dev
 
 .PHONY: build
-build: ## Build the switchyard binary (debug)
-	$(CARGO) build -p switchyard-cli --bin switchyard
+build: ## Build every binary the Quickstart uses (switchyard and the example agents), in one build
+	$(CARGO) build --workspace --bins
 
 $(VENV)/.installed: Makefile
 	python3 -m venv $(VENV)

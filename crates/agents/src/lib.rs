@@ -25,9 +25,8 @@ use switchyard_kit::shutdown::Shutdown;
 use switchyard_llm::agent::{self, Host, LoopEvent, Refusal};
 use switchyard_llm::{BoxFuture, Llm, ToolChoice, ToolSpec, Usage};
 use switchyard_proto::agent::v1::{AgentResponse, IntegrationMode, ResponseStatus};
-use switchyard_proto::common::v1::{CorrelationContext, Money, UnitPrice};
+use switchyard_proto::common::v1::{CorrelationContext, Money};
 use switchyard_proto::executor::v1::LlmTask;
-use switchyard_proto::ledger::v1::Entry;
 use switchyard_proto::registry::v1::{AgentSpec, Capability, ListToolsRequest};
 
 pub mod manifest;
@@ -330,17 +329,18 @@ impl Host for InvocationHost<'_> {
         cost: i64,
     ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let price = self.hosted.llm.entry_price(model, &self.agent.provider);
-            let entry = Entry {
-                subtask_id: self.correlation.task_id.clone(),
-                agent_id: self.agent.registry_id.clone(),
-                model: model.into(),
-                units: usage.total_tokens,
-                price_per_unit: Some(UnitPrice {
-                    micro_usd_per_million: price,
-                }),
-                ..Default::default()
-            };
+            let prices = self.hosted.llm.entry_prices(model, &self.agent.provider);
+            let entry = switchyard_api::spend::llm_entry(
+                &self.correlation.task_id,
+                &self.agent.registry_id,
+                model,
+                (
+                    usage.prompt_tokens,
+                    usage.completion_tokens,
+                    usage.total_tokens,
+                ),
+                prices,
+            );
             let hold = Hold::resume(&self.hosted.ledger, hold);
             if let Err(e) = hold.commit(usage.total_tokens, cost, entry).await {
                 tracing::warn!(reservation_id = hold.id(), error = %e.message(), "commit failed; the reservation's TTL bounds the hold");

@@ -9,13 +9,55 @@ use std::fmt::Write as _;
 use sha2::{Digest, Sha256};
 use switchyard_core::{Reason, validate};
 use switchyard_kit::error::ApiError;
-use switchyard_proto::common::v1::{CorrelationContext, Money};
+use switchyard_proto::common::v1::{CorrelationContext, Money, TokenUsage, UnitPrice};
 use switchyard_proto::ledger::v1::{
     CommitRequest, CommitResponse, Entry, ReleaseRequest, ReserveRequest,
 };
 use tonic::Status;
 
 use crate::LedgerClient;
+
+/// The journal entry of one LLM call: prompt and completion tokens priced
+/// apart, so `input × input_price + output × output_price` is the line's
+/// total; `units` is their sum and `price_per_unit` the effective price
+/// (rounded up) for readers that know only one price. `tokens` is
+/// `(prompt, completion, total)`, `prices` per million `(input, output)`.
+pub fn llm_entry(
+    task_id: &str,
+    agent_id: &str,
+    model: &str,
+    tokens: (u64, u64, u64),
+    prices: (i64, i64),
+) -> Entry {
+    let (input, output, total) = tokens;
+    let micro_times_million =
+        i128::from(input) * i128::from(prices.0) + i128::from(output) * i128::from(prices.1);
+    let effective = match i128::from(total) {
+        0 => prices.0.max(prices.1),
+        t => i64::try_from((micro_times_million + t - 1) / t).unwrap_or(i64::MAX),
+    };
+    Entry {
+        subtask_id: task_id.into(),
+        agent_id: agent_id.into(),
+        model: model.into(),
+        units: total,
+        price_per_unit: Some(UnitPrice {
+            micro_usd_per_million: effective,
+        }),
+        usage: Some(TokenUsage {
+            input_tokens: input,
+            output_tokens: output,
+            total_tokens: total,
+        }),
+        input_price: Some(UnitPrice {
+            micro_usd_per_million: prices.0,
+        }),
+        output_price: Some(UnitPrice {
+            micro_usd_per_million: prices.1,
+        }),
+        ..Default::default()
+    }
+}
 
 /// Longest idempotency key the ledger accepts.
 const MAX_KEY: usize = 128;

@@ -5,11 +5,12 @@ use std::path::PathBuf;
 use clap::Subcommand;
 use serde_json::{Value, json};
 use switchyard_api::ApprovalClient;
+use switchyard_kit::error::ApiError;
 use switchyard_proto::approval::v1::*;
 
 use crate::client::{Conn, Files, MAX_MESSAGE, api};
 use crate::files::RunFile;
-use crate::output::{Format, print_json, short_name, table, usd};
+use crate::output::{Format, print_json, print_list, short_name, table, usd};
 
 /// `switchyard approval ...`
 #[derive(Subcommand, Debug)]
@@ -42,7 +43,8 @@ pub enum ApprovalCmd {
         #[command(flatten)]
         conn: Conn,
     },
-    /// Approve a proposed (or failed) run; the approver must not be its creator.
+    /// Approve a proposed (or failed) run, named by its id or its job's id;
+    /// the approver must not be its creator.
     Approve(Decision),
     /// Reject a proposed run.
     Reject(Decision),
@@ -76,7 +78,7 @@ pub enum ApprovalCmd {
 /// A person's decision on a run.
 #[derive(clap::Args, Debug)]
 pub struct Decision {
-    /// Run id.
+    /// Run id, or the id of the job whose run it is.
     id: String,
     /// Comment for the audit log (with --break-glass: the required reason).
     #[arg(short = 'm', long, default_value = "")]
@@ -192,9 +194,39 @@ enum Verdict {
     Cancel,
 }
 
+/// The run `id` names: a run id as is, or a job id, whose job's run is
+/// looked up (a job's run is `run-<job id>`, an id people rarely have at
+/// hand). Unknown ids get an error that says where run ids come from.
+async fn resolve(conn: &Conn, c: &Client, id: &str) -> anyhow::Result<String> {
+    let not_found = match c.get_run(GetRunRequest { run_id: id.into() }).await {
+        Ok(_) => return Ok(id.to_owned()),
+        Err(s) if s.code() == tonic::Code::NotFound => s,
+        Err(s) => return Err(api(s)),
+    };
+    // Not a run: perhaps a job, on the same server (dev mode) or wherever
+    // --url points.
+    let jobs = switchyard_api::ExecutorClient::remote(conn.channel().await?, MAX_MESSAGE);
+    let job = jobs
+        .get_job(switchyard_proto::executor::v1::GetJobRequest { job_id: id.into() })
+        .await
+        .ok()
+        .and_then(|r| r.job)
+        .filter(|j| !j.run_id.is_empty());
+    match job {
+        Some(j) => {
+            eprintln!("job {id} waits on run {}", j.run_id);
+            Ok(j.run_id)
+        }
+        None => Err(anyhow::Error::from(ApiError::from(not_found)).context(format!(
+            "no run or job {id:?}: a job's run is named run-<job id>; `switchyard approval list --status proposed` lists the runs waiting"
+        ))),
+    }
+}
+
 async fn decide(d: Decision, verdict: Verdict) -> anyhow::Result<()> {
     let c = client(&d.conn).await?;
-    let (run_id, comment) = (d.id, d.comment);
+    let run_id = resolve(&d.conn, &c, &d.id).await?;
+    let comment = d.comment;
     let (run, verb) = match verdict {
         Verdict::Approve if d.break_glass => {
             let r = c
@@ -298,12 +330,13 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
                 page_token = r.next_page_token;
             }
             match conn.output {
-                Format::Json => print_json(&Value::Array(runs.iter().map(run_json).collect())),
+                Format::Json => print_list(runs.iter().map(run_json).collect(), ""),
                 Format::Table => table(&RUN_HEADERS, &run_rows(&runs)),
             }
         }
         ApprovalCmd::Show { id, conn } => {
             let c = client(&conn).await?;
+            let id = resolve(&conn, &c, &id).await?;
             let run = c
                 .get_run(GetRunRequest { run_id: id.clone() })
                 .await

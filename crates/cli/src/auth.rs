@@ -6,7 +6,7 @@ use switchyard_api::AuthClient;
 use switchyard_proto::auth::v1::*;
 
 use crate::client::{Conn, MAX_MESSAGE, api};
-use crate::output::{Format, print_json, table};
+use crate::output::{Format, print_json, print_list, table};
 
 /// `switchyard auth ...`
 #[derive(Subcommand, Debug)]
@@ -166,7 +166,7 @@ pub async fn run(cmd: AuthCmd) -> anyhow::Result<()> {
                 .map_err(api)?
                 .keys;
             match conn.output {
-                Format::Json => print_json(&json!(keys.iter().map(key_json).collect::<Vec<_>>())),
+                Format::Json => print_list(keys.iter().map(key_json).collect(), ""),
                 Format::Table => {
                     let rows: Vec<Vec<String>> = keys
                         .iter()

@@ -2,11 +2,11 @@
 
 use clap::Subcommand;
 use serde_json::{Value, json};
-use switchyard_proto::common::v1::Money;
+use switchyard_proto::common::v1::{Money, UnitPrice};
 use switchyard_proto::ledger::v1::*;
 
-use crate::client::{Conn, api, parse_kv};
-use crate::output::{Format, parse_usd, print_json, table, usd};
+use crate::client::{Conn, MAX_MESSAGE, api, parse_kv};
+use crate::output::{Format, parse_money, print_json, print_list, table, usd, usd_compact};
 
 /// `switchyard budget ...`
 #[derive(Subcommand, Debug)]
@@ -21,8 +21,9 @@ pub enum BudgetCmd {
         /// Token limit (unlimited when omitted).
         #[arg(long)]
         tokens: Option<u64>,
-        /// Money limit in USD, e.g. 12.50 (unlimited when omitted).
-        #[arg(long, value_parser = parse_usd)]
+        /// Money limit in USD, e.g. 12.50, or micro-USD with a suffix:
+        /// 12500000micro (unlimited when omitted).
+        #[arg(long, value_parser = parse_money)]
         usd: Option<i64>,
         /// Label (KEY=VALUE); repeatable.
         #[arg(long = "label", value_parser = parse_kv)]
@@ -53,7 +54,7 @@ pub enum BudgetCmd {
         #[arg(long, conflicts_with = "unlimited_tokens")]
         tokens: Option<u64>,
         /// New money limit in USD.
-        #[arg(long, value_parser = parse_usd, conflicts_with = "unlimited_usd")]
+        #[arg(long, value_parser = parse_money, conflicts_with = "unlimited_usd")]
         usd: Option<i64>,
         /// Remove the token limit.
         #[arg(long)]
@@ -85,6 +86,37 @@ pub enum BudgetCmd {
         #[command(flatten)]
         conn: Conn,
     },
+}
+
+/// UNITS and PRICE_PER_M of a journal line, so that units × prices is the
+/// line's total: LLM calls show prompt and completion tokens with their own
+/// prices; other lines one count at one price.
+fn units_and_price(e: &Entry) -> (String, String) {
+    let per_m = |p: Option<UnitPrice>| usd_compact(p.map_or(0, |p| p.micro_usd_per_million));
+    match e.usage {
+        Some(u) if e.input_price.is_some() || e.output_price.is_some() => (
+            format!("{} in + {} out", u.input_tokens, u.output_tokens),
+            format!("{} in, {} out", per_m(e.input_price), per_m(e.output_price)),
+        ),
+        _ => (e.units.to_string(), per_m(e.price_per_unit)),
+    }
+}
+
+/// No entries for `--job ID`: say when the job itself does not exist
+/// (JOB_NOT_FOUND) rather than print an empty table. The ledger knows no
+/// jobs, so the executor at the same URL is asked; a server without one
+/// (a ledger on its own) leaves the empty answer as it is.
+async fn job_exists(conn: &Conn, job_id: &str) -> anyhow::Result<()> {
+    let jobs = switchyard_api::ExecutorClient::remote(conn.channel().await?, MAX_MESSAGE);
+    match jobs
+        .get_job(switchyard_proto::executor::v1::GetJobRequest {
+            job_id: job_id.into(),
+        })
+        .await
+    {
+        Err(s) if s.code() == tonic::Code::NotFound => Err(api(s)),
+        _ => Ok(()),
+    }
 }
 
 fn micro(m: &Option<Money>) -> i64 {
@@ -152,11 +184,10 @@ const BUDGET_HEADERS: [&str; 11] = [
     "STATE",
 ];
 
-fn show(conn: &Conn, budgets: &[Budget]) {
+fn show(conn: &Conn, b: Budget) {
     match conn.output {
-        Format::Json if budgets.len() == 1 => print_json(&budget_json(&budgets[0])),
-        Format::Json => print_json(&Value::Array(budgets.iter().map(budget_json).collect())),
-        Format::Table => table(&BUDGET_HEADERS, &budget_rows(budgets)),
+        Format::Json => print_json(&budget_json(&b)),
+        Format::Table => table(&BUDGET_HEADERS, &budget_rows(&[b])),
     }
 }
 
@@ -191,7 +222,7 @@ pub async fn run(cmd: BudgetCmd) -> anyhow::Result<()> {
                     b.budget_id
                 );
             }
-            show(&conn, &[b]);
+            show(&conn, b);
         }
         BudgetCmd::Get { id, conn } => {
             let b = conn
@@ -202,7 +233,7 @@ pub async fn run(cmd: BudgetCmd) -> anyhow::Result<()> {
                 .map_err(api)?
                 .budget
                 .unwrap_or_default();
-            show(&conn, &[b]);
+            show(&conn, b);
         }
         BudgetCmd::List { parent, conn } => {
             let c = conn.ledger().await?;
@@ -224,9 +255,7 @@ pub async fn run(cmd: BudgetCmd) -> anyhow::Result<()> {
                 page_token = r.next_page_token;
             }
             match conn.output {
-                Format::Json => {
-                    print_json(&Value::Array(budgets.iter().map(budget_json).collect()))
-                }
+                Format::Json => print_list(budgets.iter().map(budget_json).collect(), ""),
                 Format::Table => table(&BUDGET_HEADERS, &budget_rows(&budgets)),
             }
         }
@@ -252,7 +281,7 @@ pub async fn run(cmd: BudgetCmd) -> anyhow::Result<()> {
                 .map_err(api)?
                 .budget
                 .unwrap_or_default();
-            show(&conn, &[b]);
+            show(&conn, b);
         }
         BudgetCmd::Close { id, conn } => {
             let b = conn
@@ -263,7 +292,7 @@ pub async fn run(cmd: BudgetCmd) -> anyhow::Result<()> {
                 .map_err(api)?
                 .budget
                 .unwrap_or_default();
-            show(&conn, &[b]);
+            show(&conn, b);
         }
         BudgetCmd::Entries {
             budget,
@@ -296,14 +325,24 @@ pub async fn run(cmd: BudgetCmd) -> anyhow::Result<()> {
                     break;
                 }
             }
+            if entries.is_empty()
+                && let Some(job_id) = &job
+            {
+                job_exists(&conn, job_id).await?;
+            }
             let head = first.unwrap_or_default();
             match conn.output {
                 Format::Json => print_json(&json!({
                     "budget": head.budget.as_ref().map(budget_json),
-                    "entries": entries.iter().map(|e| json!({
+                    "next_page_token": "",
+                    "items": entries.iter().map(|e| json!({
                         "entry_id": e.entry_id, "budget_id": e.budget_id, "subtask_id": e.subtask_id,
                         "agent_id": e.agent_id, "model": e.model, "units": e.units,
                         "price_per_unit_micro_usd_per_million": e.price_per_unit.map(|p| p.micro_usd_per_million),
+                        "input_tokens": e.usage.map(|u| u.input_tokens),
+                        "output_tokens": e.usage.map(|u| u.output_tokens),
+                        "input_price_micro_usd_per_million": e.input_price.map(|p| p.micro_usd_per_million),
+                        "output_price_micro_usd_per_million": e.output_price.map(|p| p.micro_usd_per_million),
                         "total_micro_usd": micro(&e.total), "tokens": e.tokens,
                         "job_id": e.context.as_ref().map(|c| c.job_id.clone()),
                         "correlation_id": e.context.as_ref().map(|c| c.correlation_id.clone()),
@@ -316,7 +355,7 @@ pub async fn run(cmd: BudgetCmd) -> anyhow::Result<()> {
                     let rows: Vec<Vec<String>> = entries
                         .iter()
                         .map(|e| {
-                            let ppu = e.price_per_unit.map_or(0, |p| p.micro_usd_per_million);
+                            let (units, price) = units_and_price(e);
                             vec![
                                 if e.subtask_id.is_empty() {
                                     "-".into()
@@ -333,8 +372,8 @@ pub async fn run(cmd: BudgetCmd) -> anyhow::Result<()> {
                                 } else {
                                     e.model.clone()
                                 },
-                                e.units.to_string(),
-                                format!("{}/M", usd(ppu)),
+                                units,
+                                price,
                                 usd(micro(&e.total)),
                                 e.budget_id.clone(),
                             ]
@@ -346,7 +385,7 @@ pub async fn run(cmd: BudgetCmd) -> anyhow::Result<()> {
                             "AGENT",
                             "MODEL",
                             "UNITS",
-                            "PRICE_PER_UNIT",
+                            "PRICE_PER_M",
                             "TOTAL",
                             "BUDGET",
                         ],

@@ -102,6 +102,28 @@ impl Conn {
     }
 }
 
+/// A failed connection said once, with where the URL came from and the
+/// likely fix; other errors pass through.
+pub(crate) fn explain(e: anyhow::Error, args: &[String]) -> anyhow::Error {
+    let Some(switchyard_kit::client::ClientError::Connect { url, .. }) =
+        e.downcast_ref::<switchyard_kit::client::ClientError>()
+    else {
+        return e;
+    };
+    // The innermost cause says what happened (connection refused, no such
+    // host); the layers above it only repeat "transport error".
+    crate::report::Unreachable {
+        url: url.clone(),
+        from: crate::report::url_source(args),
+        cause: e
+            .chain()
+            .last()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
+    }
+    .into()
+}
+
 pub(crate) fn api(s: tonic::Status) -> anyhow::Error {
     ApiError::from(s).into()
 }
@@ -217,8 +239,9 @@ pub struct RouteArgs {
     /// Minimum trust score (default: the router's, 50).
     #[arg(long)]
     min_trust: Option<u32>,
-    /// Maximum price per unit, micro-USD.
-    #[arg(long)]
+    /// Maximum price per unit in USD, e.g. 0.002 (or micro-USD with a
+    /// suffix: 2000micro).
+    #[arg(long, value_parser = output::parse_money)]
     max_cost: Option<i64>,
     /// Agents to exclude, comma-separated.
     #[arg(long, value_delimiter = ',')]
@@ -327,9 +350,7 @@ pub async fn agent(cmd: AgentCmd) -> anyhow::Result<()> {
                 page_token = r.next_page_token;
             }
             match conn.output {
-                Format::Json => print_json(&serde_json::Value::Array(
-                    agents.iter().map(agent_json).collect(),
-                )),
+                Format::Json => output::print_list(agents.iter().map(agent_json).collect(), ""),
                 Format::Table => table(&AGENT_HEADERS, &agent_rows(&agents)),
             }
         }
@@ -483,9 +504,7 @@ pub async fn tool(cmd: ToolCmd) -> anyhow::Result<()> {
                 .map_err(api)?
                 .tools;
             match conn.output {
-                Format::Json => print_json(&serde_json::Value::Array(
-                    tools.iter().map(tool_json).collect(),
-                )),
+                Format::Json => output::print_list(tools.iter().map(tool_json).collect(), ""),
                 Format::Table => {
                     let rows: Vec<Vec<String>> = tools
                         .iter()

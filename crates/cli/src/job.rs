@@ -13,20 +13,22 @@ use switchyard_proto::executor::v1::*;
 use tokio_stream::StreamExt;
 
 use crate::client::{Conn, MAX_MESSAGE, api};
-use crate::output::{Format, print_json, short_name, table, usd};
+use crate::output::{Format, print_json, print_list, short_name, table, usd};
 
 /// `switchyard job ...`
 #[derive(Subcommand, Debug)]
 pub enum JobCmd {
     /// Submit a job: a native JobSpec, an AGEniX envelope, an AITP task or an
     /// OJS job, as JSON or YAML.
+    #[command(after_help = crate::report::EXIT_CODES)]
     Submit {
-        /// The job file.
+        /// The job file; `-` reads it from standard input.
         file: PathBuf,
         /// Files for the job's scratch directory (by file name); repeat for several.
         #[arg(long = "attach")]
         attach: Vec<PathBuf>,
-        /// Follow the job live until it finishes (exit 1 unless it completes).
+        /// Follow the job live until it finishes (exit 0 when it completes,
+        /// 3 when it ends discarded or cancelled).
         #[arg(long)]
         watch: bool,
         #[command(flatten)]
@@ -34,7 +36,7 @@ pub enum JobCmd {
     },
     /// Dry run: validation, execution order, worst-case cost, routing preview.
     Validate {
-        /// The job file.
+        /// The job file; `-` reads it from standard input.
         file: PathBuf,
         #[command(flatten)]
         conn: Conn,
@@ -60,7 +62,9 @@ pub enum JobCmd {
         #[command(flatten)]
         conn: Conn,
     },
-    /// Follow a job's events (resumable with --after); ends when the job does.
+    /// Follow a job's events (resumable with --after); ends when the job
+    /// does: exit 0 when it completed, 3 when it ended discarded or cancelled.
+    #[command(after_help = crate::report::EXIT_CODES)]
     Watch {
         /// Job id.
         id: String,
@@ -98,8 +102,60 @@ async fn client(conn: &Conn) -> anyhow::Result<Client> {
     Ok(ExecutorClient::remote(conn.channel().await?, MAX_MESSAGE))
 }
 
+/// The document in `file`, or on standard input for `-`.
 fn read(file: &Path) -> anyhow::Result<String> {
+    if file == Path::new("-") {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .context("reading the job document from standard input")?;
+        return Ok(text);
+    }
     std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))
+}
+
+/// What a person sees of progress: how many tasks succeeded, so a job that
+/// failed early never reads "5/5 (100%)".
+fn progress(j: &Job) -> String {
+    let total = j.tasks.len();
+    let ok = j
+        .tasks
+        .iter()
+        .filter(|t| t.state == TaskState::Succeeded as i32)
+        .count();
+    let percent = (ok * 100).checked_div(total).unwrap_or(0);
+    format!("{ok}/{total} tasks succeeded ({percent}%)")
+}
+
+/// The line that says a job waits for a person, and what to run.
+fn approval_hint(j: &Job) -> String {
+    let by = if j.submitted_by.is_empty() {
+        "the submitter".to_owned()
+    } else {
+        j.submitted_by.clone()
+    };
+    format!(
+        "waiting for approval of run {run} by someone other than {by}: switchyard approval approve {run} --as <approver>  (or reject it: switchyard approval reject {run} -m why)",
+        run = j.run_id
+    )
+}
+
+/// A followed job's end as the exit-code rule wants it.
+fn ended(j: &Job) -> anyhow::Result<()> {
+    let state = job_state(j.state);
+    if state == "completed" {
+        return Ok(());
+    }
+    Err(crate::report::Stop::JobEnded {
+        job_id: j
+            .spec
+            .as_ref()
+            .map(|s| s.job_id.clone())
+            .unwrap_or_default(),
+        state,
+        reason: j.reason.clone(),
+        error: j.error.clone(),
+    }
+    .into())
 }
 
 fn attachments(paths: &[PathBuf]) -> anyhow::Result<std::collections::HashMap<String, Vec<u8>>> {
@@ -212,7 +268,6 @@ fn duration(t: &TaskStatus) -> String {
 
 fn print_job(j: &Job) {
     let s = j.spec.clone().unwrap_or_default();
-    let p = j.progress.unwrap_or_default();
     println!(
         "job {}  ({}, plan {})",
         s.job_id, s.source_format, s.plan_id
@@ -226,10 +281,7 @@ fn print_job(j: &Job) {
             format!(" ({}: {})", j.reason, j.error)
         }
     );
-    println!(
-        "progress   step {}/{} ({}%)",
-        p.current_step, p.total_steps, p.percent_complete
-    );
+    println!("progress   {}", progress(j));
     println!(
         "cost       {}   tokens {}",
         usd(j.cost_so_far.map_or(0, |m| m.micro_usd)),
@@ -331,23 +383,17 @@ fn render(
     tty: bool,
 ) -> usize {
     let s = j.spec.clone().unwrap_or_default();
-    let p = j.progress.unwrap_or_default();
     let mut out = Vec::new();
     out.push(format!(
-        "job {}  {}  step {}/{} ({}%)  cost {}  tokens {}",
+        "job {}  {}  {}  cost {}  tokens {}",
         s.job_id,
         job_state(j.state),
-        p.current_step,
-        p.total_steps,
-        p.percent_complete,
+        progress(j),
         usd(j.cost_so_far.map_or(0, |m| m.micro_usd)),
         j.tokens_used
     ));
-    if JobState::try_from(j.state) == Ok(JobState::Pending) {
-        out.push(format!(
-            "  waiting for approval of run {}: switchyard approval approve {} --as <someone else>",
-            j.run_id, j.run_id
-        ));
+    if JobState::try_from(j.state) == Ok(JobState::Pending) && !j.run_id.is_empty() {
+        out.push(format!("  {}", approval_hint(j)));
     }
     let width = j.tasks.iter().map(|t| t.task_id.len()).max().unwrap_or(4);
     for t in &j.tasks {
@@ -462,8 +508,26 @@ async fn follow(
         shown = get(c, job_id).await?;
         lines = render(&shown, &percents, &streamed, 0, tty);
         last_state = job_state(shown.state);
+    } else if format == Format::Table && !raw {
+        // A job already waiting for a person says so at once, not only
+        // when its state next changes.
+        let j = get(c, job_id).await?;
+        last_state = job_state(j.state);
+        if last_state == "pending" && !j.run_id.is_empty() {
+            println!("{}", approval_hint(&j));
+        }
     }
-    while let Some(msg) = stream.next().await {
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
+    loop {
+        let msg = tokio::select! {
+            msg = stream.next() => msg,
+            _ = &mut interrupted => {
+                open.close();
+                return Err(crate::report::Stop::Interrupted { job_id: job_id.to_owned() }.into());
+            }
+        };
+        let Some(msg) = msg else { break };
         let e = msg.map_err(api)?.event.unwrap_or_default();
         if raw || format == Format::Json {
             if format == Format::Json {
@@ -575,11 +639,8 @@ async fn follow(
             };
             println!("{what} -> {}", to.as_str().unwrap_or_default());
             let now = job_state(j.state);
-            if now != last_state && now == "pending" {
-                println!(
-                    "waiting for approval of run {}: switchyard approval approve {} --as <someone else>",
-                    j.run_id, j.run_id
-                );
+            if now != last_state && now == "pending" && !j.run_id.is_empty() {
+                println!("{}", approval_hint(&j));
             }
             last_state = now;
         }
@@ -643,18 +704,7 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
                 println!("submitted job {id}");
             }
             let j = follow(&c, &id, 0, false, conn.output).await?;
-            if job_state(j.state) != "completed" {
-                anyhow::bail!(
-                    "job {id} ended {}{}",
-                    job_state(j.state),
-                    if j.error.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {}", j.error)
-                    }
-                );
-            }
-            Ok(())
+            ended(&j)
         }
         JobCmd::Validate { file, conn } => {
             let c = client(&conn).await?;
@@ -733,9 +783,9 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
                 .await
                 .map_err(api)?;
             match conn.output {
-                Format::Json => print_json(
-                    &json!({"jobs": l.jobs.iter().map(job_json).collect::<Vec<_>>(), "next_page_token": l.next_page_token}),
-                ),
+                Format::Json => {
+                    print_list(l.jobs.iter().map(job_json).collect(), &l.next_page_token)
+                }
                 Format::Table => {
                     let rows: Vec<Vec<String>> = l
                         .jobs
@@ -765,8 +815,8 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             conn,
         } => {
             let c = client(&conn).await?;
-            follow(&c, &id, after, events, conn.output).await?;
-            Ok(())
+            let j = follow(&c, &id, after, events, conn.output).await?;
+            ended(&j)
         }
         JobCmd::Result { id, conn } => {
             let c = client(&conn).await?;

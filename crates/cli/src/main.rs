@@ -10,6 +10,7 @@ mod files;
 mod job;
 mod llm;
 mod output;
+mod report;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,8 +23,9 @@ use switchyard_kit::telemetry::LogFormat;
 #[derive(Parser)]
 #[command(
     name = "switchyard",
-    version,
-    about = "Switchyard: a control plane for AI-agent work"
+    version = VERSION,
+    about = "Switchyard: a control plane for AI-agent work",
+    after_help = report::EXIT_CODES
 )]
 struct Cli {
     #[command(subcommand)]
@@ -71,7 +73,22 @@ enum Command {
     /// LLM providers: which configured models each serves.
     #[command(subcommand)]
     Llm(llm::LlmCmd),
+    /// Print the version and the git commit it was built from.
+    Version,
+    /// Print a shell completion script: `source <(switchyard completions bash)`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
+
+/// `0.1.0 (commit abc1234)`: the crate version and the commit built.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("SWITCHYARD_GIT_COMMIT"),
+    ")"
+);
 
 #[derive(Subcommand)]
 enum AgentsCmd {
@@ -162,7 +179,18 @@ async fn run_services(args: RunArgs, services: &[ServiceKind], dev: bool) -> any
     let service_name = switchyard_kit::telemetry::service_name(&cfg.telemetry, &names, dev);
     let telemetry =
         switchyard_kit::telemetry::init_as(&cfg.telemetry, &service_name, &names.join(","))?;
-    let listener = switchyard_kit::server::bind(&cfg.server).await?;
+    let listener = switchyard_kit::server::bind(&cfg.server)
+        .await
+        .map_err(|e| match &e {
+            switchyard_kit::server::ServerError::Bind { addr, source }
+                if source.kind() == std::io::ErrorKind::AddrInUse =>
+            {
+                anyhow::anyhow!(
+                    "{addr} is already in use: another switchyard (or another program) listens there; stop it, or start this one elsewhere with --listen 127.0.0.1:0 and its own --data-dir"
+                )
+            }
+            _ => e.into(),
+        })?;
     let (trigger, shutdown) = switchyard_kit::shutdown::channel();
     switchyard_kit::shutdown::on_signals(trigger);
     // One machine-readable line once the stores are replayed and the
@@ -270,6 +298,7 @@ fn quiet_on_closed_pipe() {
 #[tokio::main]
 async fn main() -> ExitCode {
     quiet_on_closed_pipe();
+    let args: Vec<String> = std::env::args().collect();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Dev(args) => run_services(args, ServiceKind::ALL, true).await,
@@ -284,15 +313,31 @@ async fn main() -> ExitCode {
         Command::Auth(cmd) => auth::run(cmd).await,
         Command::Admin(cmd) => admin::run(cmd).await,
         Command::Llm(cmd) => llm::run(cmd).await,
+        Command::Version => {
+            println!("switchyard {VERSION}");
+            Ok(())
+        }
+        Command::Completions { shell } => {
+            use clap::CommandFactory as _;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "switchyard",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            match e.downcast_ref::<switchyard_kit::error::ApiError>() {
-                Some(api) => eprintln!("error: {api}"),
-                None => eprintln!("error: {e:#}"),
+            let e = client::explain(e, &args);
+            if report::wants_json(&args[1..]) {
+                eprintln!("{}", report::json(&e));
+            } else {
+                eprintln!("error: {}", report::text(&e));
             }
-            ExitCode::FAILURE
+            ExitCode::from(report::exit_code(&e))
         }
     }
 }

@@ -43,9 +43,33 @@ pub fn short_name(full: Option<&str>, prefix: &str) -> String {
     )
 }
 
-/// Prints a JSON document.
+/// Prints a JSON document, its fractions rounded to 6 decimals (scores and
+/// rates are `float`s in the protos: 0.709 must not print as
+/// 0.7090000000000001).
 pub fn print_json(v: &Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&rounded(v)).unwrap_or_default()
+    );
+}
+
+/// Every list command's JSON: `{"items": [...], "next_page_token": ""}`
+/// (the token is empty when there is no further page).
+pub fn print_list(items: Vec<Value>, next_page_token: &str) {
+    print_json(&json!({"items": items, "next_page_token": next_page_token}));
+}
+
+fn rounded(v: &Value) -> Value {
+    match v {
+        Value::Number(n) if n.is_f64() => n
+            .as_f64()
+            .map(|f| (f * 1e6).round() / 1e6)
+            .and_then(serde_json::Number::from_f64)
+            .map_or_else(|| v.clone(), Value::Number),
+        Value::Array(a) => Value::Array(a.iter().map(rounded).collect()),
+        Value::Object(o) => Value::Object(o.iter().map(|(k, v)| (k.clone(), rounded(v))).collect()),
+        other => other.clone(),
+    }
 }
 
 fn ts(t: &Option<prost_types::Timestamp>) -> Value {
@@ -114,6 +138,28 @@ pub fn usd(micro: i64) -> String {
     format!("{sign}${}.{:06}", m / 1_000_000, m % 1_000_000)
 }
 
+/// Micro-USD as dollars without trailing zeros (`$3`, `$0.15`, `$0.000001`),
+/// for prices.
+pub fn usd_compact(micro: i64) -> String {
+    let full = usd(micro);
+    full.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
+/// A money amount given at the CLI: dollars (`12`, `0.42`, `$1.000001`),
+/// or micro-USD with an explicit suffix (`420000micro`, `420000µ`), exactly.
+pub fn parse_money(s: &str) -> Result<i64, String> {
+    let t = s.trim();
+    match t.strip_suffix("micro").or_else(|| t.strip_suffix('µ')) {
+        Some(n) => n
+            .trim()
+            .parse::<i64>()
+            .ok()
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| format!("{s:?} is not a whole number of micro-USD like 420000micro")),
+        None => parse_usd(s),
+    }
+}
+
 /// A dollar amount (`12`, `0.42`, `$1.000001`) as micro-USD, exactly: the
 /// digits are read as a decimal, never through a float.
 pub fn parse_usd(s: &str) -> Result<i64, String> {
@@ -141,6 +187,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn json_fractions_print_short() {
+        let v = json!({"a": [0.709_f32 as f64, 1], "b": {"c": 0.1 + 0.2}});
+        assert_eq!(rounded(&v).to_string(), r#"{"a":[0.709,1],"b":{"c":0.3}}"#);
+    }
+
+    #[test]
     fn dollars_parse_exactly_and_format_back() {
         assert_eq!(parse_usd("12.50"), Ok(12_500_000));
         assert_eq!(parse_usd("$0.000001"), Ok(1));
@@ -159,6 +211,14 @@ mod tests {
             assert!(parse_usd(bad).is_err(), "{bad}");
         }
         assert_eq!(usd(12_500_000), "$12.500000");
+        assert_eq!(usd_compact(3_000_000), "$3");
+        assert_eq!(usd_compact(150_000), "$0.15");
+        assert_eq!(usd_compact(0), "$0");
+        assert_eq!(parse_money("0.42"), Ok(420_000));
+        assert_eq!(parse_money("420000micro"), Ok(420_000));
+        assert_eq!(parse_money("5µ"), Ok(5));
+        assert!(parse_money("1.5micro").is_err());
+        assert!(parse_money("-5micro").is_err());
         assert_eq!(usd(-1), "-$0.000001");
     }
 }

@@ -136,6 +136,12 @@ pub fn init_as(
     };
     let fmt = match cfg.log_format {
         LogFormat::Human => tracing_subscriber::fmt::layer()
+            // Colours only for a person at a terminal, never into files or
+            // log collectors (NO_COLOR turns them off there too).
+            .with_ansi(
+                std::io::IsTerminal::is_terminal(&std::io::stderr())
+                    && std::env::var_os("NO_COLOR").is_none(),
+            )
             .with_writer(std::io::stderr)
             .with_filter(filter)
             .boxed(),

@@ -744,10 +744,11 @@ impl Llm {
         self.served(model, hint).map(|s| s.price)
     }
 
-    /// One per-million price for a journal entry of `model` (the higher of
-    /// its two; the entry's total is the exact cost either way).
-    pub fn entry_price(&self, model: &str, hint: &str) -> i64 {
-        self.price(model, hint).map_or(0, |p| p.input.max(p.output))
+    /// The per-million prices of `model`'s input and output tokens for a
+    /// journal entry (zero for a model with no price).
+    pub fn entry_prices(&self, model: &str, hint: &str) -> (i64, i64) {
+        self.price(model, hint)
+            .map_or((0, 0), |p| (p.input, p.output))
     }
 
     /// The highest price over a chain's configured models: what one call

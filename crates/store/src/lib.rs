@@ -42,6 +42,14 @@ pub enum StoreError {
     /// The store was closed.
     #[error("store is closed")]
     Closed,
+    /// Another process holds the database's lock.
+    #[error(
+        "{path} is in use by another process (is another switchyard running on this data directory?); stop it, or give this one its own --data-dir"
+    )]
+    Locked {
+        /// The database directory.
+        path: String,
+    },
 }
 
 impl From<sled::Error> for StoreError {
@@ -90,7 +98,13 @@ impl Store {
             // sled's own background flush: what is written without `sync`
             // (e.g. heartbeats) reaches disk within this interval.
             .flush_every_ms(Some(1_000))
-            .open()?;
+            .open()
+            .map_err(|e| match StoreError::from(e) {
+                StoreError::Io(m) if m.contains("could not acquire lock") => StoreError::Locked {
+                    path: path.display().to_string(),
+                },
+                other => other,
+            })?;
         Ok(Self::from_db(db))
     }
 
@@ -102,10 +116,7 @@ impl Store {
         let deadline = std::time::Instant::now() + wait;
         loop {
             match Store::open(path.as_ref()) {
-                Err(StoreError::Io(e))
-                    if e.contains("could not acquire lock")
-                        && std::time::Instant::now() < deadline =>
-                {
+                Err(StoreError::Locked { .. }) if std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }
                 r => return r,

@@ -575,7 +575,9 @@ impl Executor {
             self.spawn_driver(&spec.job_id);
         }
         let job = self.inner.book.job(&spec.job_id)?;
-        tracing::info!(job_id = %spec.job_id, state = ?job.state, "job submitted");
+        let state = switchyard_proto::executor::v1::JobState::try_from(job.state)
+            .map_or("unknown", |s| s.as_str_name());
+        tracing::info!(job_id = %spec.job_id, state, "job submitted");
         Ok(SubmitJobResponse {
             job: Some(job),
             created: true,

@@ -1040,8 +1040,14 @@ impl Ledger {
         let mut entry = req.entry.clone().unwrap_or_default();
         amount(&mut v, "entry.units", entry.units);
         let price = entry.price_per_unit.unwrap_or_default();
-        if price.micro_usd_per_million < 0 {
-            v.add("entry.price_per_unit", "must not be negative");
+        for (field, p) in [
+            ("entry.price_per_unit", Some(price)),
+            ("entry.input_price", entry.input_price),
+            ("entry.output_price", entry.output_price),
+        ] {
+            if p.is_some_and(|p| p.micro_usd_per_million < 0) {
+                v.add(field, "must not be negative");
+            }
         }
         for (field, value) in [
             ("entry.subtask_id", &entry.subtask_id),
@@ -1080,6 +1086,9 @@ impl Ledger {
                                 && c.entry.model == entry.model
                                 && c.entry.units == entry.units
                                 && c.entry.price_per_unit.unwrap_or_default() == price
+                                && c.entry.usage == entry.usage
+                                && c.entry.input_price == entry.input_price
+                                && c.entry.output_price == entry.output_price
                         });
                         match (same, charge) {
                             (true, Some(c)) => (

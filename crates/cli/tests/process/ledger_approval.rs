@@ -375,7 +375,7 @@ fn ledger_and_approval_each_serve_alone_and_the_cli_drives_them() {
     );
     let runs: serde_json::Value =
         serde_json::from_str(&ok(&cli(&a, &["approval", "list", "-o", "json"]))).unwrap();
-    let id = runs[0]["run_id"].as_str().unwrap().to_owned();
+    let id = runs["items"][0]["run_id"].as_str().unwrap().to_owned();
 
     // alice proposed it; she cannot approve (no approver role), and the
     // audit shows who did.

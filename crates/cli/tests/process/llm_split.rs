@@ -231,7 +231,7 @@ models = [
         &["budget", "entries", "--job", &job, "-o", "json"],
     ));
     let e: serde_json::Value = serde_json::from_str(&entries).unwrap();
-    let models: Vec<&str> = e["entries"]
+    let models: Vec<&str> = e["items"]
         .as_array()
         .unwrap()
         .iter()

@@ -20,12 +20,10 @@ use switchyard_kit::error::ApiError;
 use switchyard_kit::json::{json_to_struct, json_to_value, struct_to_json, value_to_json};
 use switchyard_llm::agent::{self, Host, LoopEvent, Refusal};
 use switchyard_llm::{BoxFuture, ToolChoice, ToolSpec, Usage};
-use switchyard_proto::common::v1::UnitPrice;
 use switchyard_proto::executor::v1::{
     AgentTask, Delegation, LlmTask, LlmUsage, SubmitJobRequest, TaskStatus, ToolDefinition,
     ToolResult,
 };
-use switchyard_proto::ledger::v1::Entry;
 use switchyard_proto::registry::v1::{FindByCapabilityRequest, GetAgentRequest, ListToolsRequest};
 
 use super::{Attempt, NotHeld, Outcome, Purpose, Snapshot, Spender};
@@ -625,22 +623,23 @@ impl Host for TaskHost<'_> {
         cost: i64,
     ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let price = self
+            let prices = self
                 .x
                 .inner
                 .clients
                 .llm
-                .entry_price(model, &self.llm_task.provider);
-            let entry = Entry {
-                subtask_id: self.task_id().into(),
-                agent_id: format!("llm:{model}"),
-                model: model.into(),
-                units: usage.total_tokens,
-                price_per_unit: Some(UnitPrice {
-                    micro_usd_per_million: price,
-                }),
-                ..Default::default()
-            };
+                .entry_prices(model, &self.llm_task.provider);
+            let entry = switchyard_api::spend::llm_entry(
+                self.task_id(),
+                &format!("llm:{model}"),
+                model,
+                (
+                    usage.prompt_tokens,
+                    usage.completion_tokens,
+                    usage.total_tokens,
+                ),
+                prices,
+            );
             let hold = Hold::resume(&self.x.inner.clients.ledger, hold);
             self.spender
                 .commit(&hold, usage.total_tokens, cost, entry)
