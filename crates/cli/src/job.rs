@@ -720,9 +720,13 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
                     "source_format": v.source_format, "order": v.order, "context_hash": v.context_hash,
                     "estimated_micro_usd": v.estimated_cost.map(|m| m.micro_usd), "estimated_tokens": v.estimated_tokens,
                     "routes": v.routes.iter().map(|r| json!({"task_id": r.task_id, "agent_id": r.agent_id, "score": r.score})).collect::<Vec<_>>(),
+                    "warnings": v.warnings,
                 })),
                 Format::Table => {
                     println!("valid {} job", v.source_format);
+                    for w in &v.warnings {
+                        println!("warning        {w}");
+                    }
                     println!("order          {}", v.order.join(" -> "));
                     println!(
                         "worst case     {} , {} tokens",

@@ -18,6 +18,63 @@ impl fmt::Display for FieldViolation {
     }
 }
 
+/// Longest field path a violation keeps.
+pub const MAX_FIELD: usize = 200;
+/// Longest description a violation keeps.
+pub const MAX_DESCRIPTION: usize = 300;
+
+/// `text` if it has at most `max` characters; else its head and tail
+/// around a note of how much was cut, so that both the quoted value's start
+/// and the rule after it (`… must match ^[a-z]…`) stay readable.
+pub fn clamp(text: &str, max: usize) -> String {
+    let n = text.chars().count();
+    if n <= max {
+        return text.to_owned();
+    }
+    let tail = max / 4;
+    let head = max.saturating_sub(tail);
+    let cut = n - head - tail;
+    let start: String = text.chars().take(head).collect();
+    let end: String = text.chars().skip(n - tail).collect();
+    format!("{start}…[{cut} characters cut]…{end}")
+}
+
+/// The candidate closest to `word` by edit distance, when close enough to
+/// be a likely typo (`depends_onn` → `depends_on`, `agnet` → `agent`).
+pub fn did_you_mean<'a>(
+    word: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
+    let limit = (word.chars().count() / 3).max(2);
+    candidates
+        .into_iter()
+        .map(|c| (edit_distance(word, c), c))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+/// Levenshtein distance over characters, transpositions counting one.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    // Two rows back, for transpositions (`agnet` is one step from `agent`).
+    let mut before: Vec<usize> = vec![0; b.len() + 1];
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for i in 1..=a.len() {
+        let mut row = vec![i; b.len() + 1];
+        for j in 1..=b.len() {
+            let sub = prev[j - 1] + usize::from(a[i - 1] != b[j - 1]);
+            row[j] = sub.min(prev[j] + 1).min(row[j - 1] + 1);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                row[j] = row[j].min(before[j - 2] + 1);
+            }
+        }
+        before = std::mem::replace(&mut prev, row);
+    }
+    prev[b.len()]
+}
+
 /// Collects every violation of a request, so one round trip reports them all.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Violations(pub Vec<FieldViolation>);
@@ -28,11 +85,14 @@ impl Violations {
         Self::default()
     }
 
-    /// Records a violation.
+    /// Records a violation. Field and description are bounded
+    /// ([`clamp`]): a description quotes what the client sent, and a
+    /// 10,000-character id must not come back whole (nor overflow a
+    /// client's metadata limit).
     pub fn add(&mut self, field: impl Into<String>, description: impl Into<String>) {
         self.0.push(FieldViolation {
-            field: field.into(),
-            description: description.into(),
+            field: clamp(&field.into(), MAX_FIELD),
+            description: clamp(&description.into(), MAX_DESCRIPTION),
         });
     }
 
@@ -202,6 +262,30 @@ pub fn in_range(v: f64, lo: f64, hi: f64, what: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn long_values_are_cut_in_the_middle_and_say_so() {
+        let id = "a".repeat(10_000);
+        let mut v = Violations::new();
+        v.add(
+            format!("tasks.{id}"),
+            format!("job_id {id:?} must match ^[a-z]"),
+        );
+        let d = &v.0[0].description;
+        assert!(d.chars().count() < MAX_DESCRIPTION + 40, "{}", d.len());
+        assert!(d.ends_with("must match ^[a-z]") && d.contains("characters cut]"));
+        assert!(v.0[0].field.chars().count() < MAX_FIELD + 40);
+        assert_eq!(clamp("short", 10), "short");
+    }
+
+    #[test]
+    fn typos_suggest_the_field_meant() {
+        let fields = ["id", "depends_on", "agent", "command", "timeout_secs"];
+        assert_eq!(did_you_mean("depends_onn", fields), Some("depends_on"));
+        assert_eq!(did_you_mean("agnet", fields), Some("agent"));
+        assert_eq!(did_you_mean("timeout", fields), None);
+        assert_eq!(did_you_mean("zzzzzz", fields), None);
+    }
     use super::*;
 
     #[test]

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use switchyard_core::reason::DOMAIN;
+use switchyard_core::validate::clamp;
 use switchyard_core::{FieldViolation, Reason, Violations};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
@@ -30,20 +31,55 @@ pub fn status_with_metadata(
     message: impl Into<String>,
     metadata: HashMap<String, String>,
 ) -> Status {
+    // Messages and metadata may quote what a client sent: bounded, so an
+    // error never echoes unbounded input nor outgrows a client's header
+    // limit (grpcio's is 16 KiB).
+    let metadata = metadata
+        .into_iter()
+        .map(|(k, v)| (k, clamp(&v, MAX_METADATA_VALUE)))
+        .collect::<HashMap<_, _>>();
     Status::with_error_details(
         code,
-        message,
+        clamp(&message.into(), MAX_MESSAGE),
         ErrorDetails::with_error_info(reason.as_str(), DOMAIN, metadata),
     )
 }
 
+/// Longest message a status carries.
+const MAX_MESSAGE: usize = 1_000;
+/// Longest `ErrorInfo` metadata value.
+const MAX_METADATA_VALUE: usize = 200;
+/// Bytes of field violations one status lists (the rest are counted):
+/// with base64 and the message, well under 8 KiB of headers.
+const MAX_DETAILS_BYTES: usize = 4_000;
+
 /// INVALID_ARGUMENT with `reason` and a BadRequest carrying every violation.
 pub fn invalid_argument(reason: Reason, violations: &Violations) -> Status {
     let mut details = ErrorDetails::with_error_info(reason.as_str(), DOMAIN, HashMap::new());
+    // Every violation while they fit a byte budget (the details travel
+    // base64-encoded in one header); the rest are counted.
+    let mut budget = MAX_DETAILS_BYTES;
+    let mut listed = 0;
     for v in &violations.0 {
-        details.add_bad_request_violation(v.field.clone(), v.description.clone());
+        let field = clamp(&v.field, switchyard_core::validate::MAX_FIELD);
+        let description = clamp(&v.description, switchyard_core::validate::MAX_DESCRIPTION);
+        let size = field.len() + description.len();
+        if size > budget {
+            break;
+        }
+        budget -= size;
+        listed += 1;
+        details.add_bad_request_violation(field, description);
     }
-    Status::with_error_details(Code::InvalidArgument, violations.to_string(), details)
+    if listed < violations.0.len() {
+        let more = violations.0.len() - listed;
+        details.add_bad_request_violation("", format!("and {more} more problems"));
+    }
+    Status::with_error_details(
+        Code::InvalidArgument,
+        clamp(&violations.to_string(), MAX_MESSAGE),
+        details,
+    )
 }
 
 /// An error as a client sees it, rebuilt from a `Status`.
@@ -143,6 +179,40 @@ impl std::error::Error for ApiError {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_quoting_huge_input_stay_far_below_client_header_limits() {
+        let huge = "x".repeat(20_000);
+        let mut v = Violations::new();
+        for i in 0..200 {
+            v.add(
+                format!("tasks[{i}].{huge}"),
+                format!("job_id {huge:?} must match ^[a-z]"),
+            );
+        }
+        let s = invalid_argument(Reason::InvalidArgument, &v);
+        let plain = status_with_metadata(
+            Code::NotFound,
+            Reason::JobNotFound,
+            format!("job {huge:?} not found"),
+            metadata([("job_id", huge.clone())]),
+        );
+        for s in [s, plain] {
+            let headers = s.into_http::<()>().into_parts().0.headers;
+            let size: usize = headers
+                .iter()
+                .map(|(k, v)| k.as_str().len() + v.len())
+                .sum();
+            assert!(size < 16 * 1024 / 2, "{size} bytes of headers");
+        }
+        let back = ApiError::from(invalid_argument(Reason::InvalidArgument, &v));
+        let last = back.violations.last().unwrap();
+        assert!(back.violations.len() > 2, "{}", back.violations.len());
+        assert_eq!(
+            last.description,
+            format!("and {} more problems", 200 - (back.violations.len() - 1))
+        );
+    }
 
     #[test]
     fn status_round_trips_reason_metadata_and_violations() {

@@ -7,8 +7,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use switchyard_core::Reason;
 use switchyard_core::lifecycle::JobState;
+use switchyard_core::{Reason, Violations};
 use switchyard_kit::auth::{OnBehalf, Principal};
 use switchyard_kit::error::is_outage;
 use switchyard_proto::approval::v1 as ap;
@@ -381,21 +381,42 @@ pub(crate) struct Submission {
 }
 
 impl Executor {
-    /// Converts and checks a request's job; returns the normalized spec and its DAG.
+    /// Converts and checks a request's job; returns the normalized spec,
+    /// its DAG and warnings. Every problem is reported at once (fields that
+    /// do not fit and the rules the rest breaks), each with its line and
+    /// column in the document.
     fn accept(
         &self,
         spec: Option<JobSpec>,
         document: &str,
         files: HashMap<String, Vec<u8>>,
-    ) -> Result<(JobSpec, switchyard_core::dag::Dag), ExecutorError> {
+    ) -> Result<(JobSpec, switchyard_core::dag::Dag, Vec<String>), ExecutorError> {
+        self.check(spec, document, files).map_err(|mut e| {
+            if let ExecutorError::Invalid(f) = &mut e
+                && !document.trim().is_empty()
+            {
+                crate::locate::Positions::of(document).annotate(&mut f.violations);
+            }
+            e
+        })
+    }
+
+    fn check(
+        &self,
+        spec: Option<JobSpec>,
+        document: &str,
+        files: HashMap<String, Vec<u8>>,
+    ) -> Result<(JobSpec, switchyard_core::dag::Dag, Vec<String>), ExecutorError> {
         let cfg = &self.inner.cfg;
-        let mut spec = match spec {
+        let (mut spec, found, warnings) = match spec {
             Some(mut s) => {
                 s.source_format = formats::NATIVE.into();
-                s
+                (s, Violations::new(), Vec::new())
             }
             None if !document.trim().is_empty() => {
-                formats::parse_document(document, cfg.limits()).map_err(ExecutorError::Invalid)?
+                let p = formats::parse_document(document, cfg.limits())
+                    .map_err(ExecutorError::Invalid)?;
+                (p.spec, p.found, p.warnings)
             }
             None => {
                 return Err(ExecutorError::Invalid(FormatError::one(
@@ -408,13 +429,27 @@ impl Executor {
         spec.files.extend(files);
         let rules = cfg.rules();
         spec::normalize(&mut spec, &rules);
-        let dag = spec::validate(&spec, &rules).map_err(ExecutorError::Invalid)?;
+        let dag = match (spec::validate(&spec, &rules), found.is_empty()) {
+            (Ok(dag), true) => dag,
+            (Ok(_), false) => {
+                return Err(ExecutorError::Invalid(FormatError {
+                    reason: Reason::InvalidArgument,
+                    violations: found,
+                }));
+            }
+            (Err(mut e), _) => {
+                let mut all = found;
+                all.0.append(&mut e.violations.0);
+                e.violations = all;
+                return Err(ExecutorError::Invalid(e));
+            }
+        };
         if let Some(why) = self.inner.sandbox.unavailable()
             && runs_commands(&spec)
         {
             return Err(ExecutorError::Sandbox(why));
         }
-        Ok((spec, dag))
+        Ok((spec, dag, warnings))
     }
 
     /// Gathers what the estimate needs (each agent task's candidates), then
@@ -466,7 +501,7 @@ impl Executor {
         &self,
         req: ValidateJobRequest,
     ) -> Result<ValidateJobResponse, ExecutorError> {
-        let (spec, dag) = self.accept(req.spec, &req.document, HashMap::new())?;
+        let (spec, dag, warnings) = self.accept(req.spec, &req.document, HashMap::new())?;
         let now = self.inner.book.now();
         let waiter = self
             .waiter("", "")
@@ -484,6 +519,7 @@ impl Executor {
             context_hash: spec::context_hash(&spec),
             source_format: spec.source_format.clone(),
             spec: Some(spec),
+            warnings,
         })
     }
 
@@ -511,7 +547,7 @@ impl Executor {
         req: SubmitJobRequest,
         how: Submission,
     ) -> Result<SubmitJobResponse, ExecutorError> {
-        let (mut spec, dag) = self.accept(req.spec, &req.document, req.files)?;
+        let (mut spec, dag, _warnings) = self.accept(req.spec, &req.document, req.files)?;
         let delegated = spec
             .delegation
             .as_ref()

@@ -53,8 +53,20 @@ pub struct Limits {
     pub max_delegation_depth: u32,
 }
 
+/// A document read as a job: the spec, the fields that did not fit (see
+/// [`convert_all`]) and warnings that do not stop it.
+#[derive(Debug)]
+pub struct Parsed {
+    /// The job, without the fields in `found`.
+    pub spec: JobSpec,
+    /// Fields that did not fit.
+    pub found: Violations,
+    /// What is kept but not used (unknown `ext_agent_*` fields of an OJS job).
+    pub warnings: Vec<String>,
+}
+
 /// Parses JSON or YAML text and converts it.
-pub fn parse_document(text: &str, limits: Limits) -> Result<JobSpec, FormatError> {
+pub fn parse_document(text: &str, limits: Limits) -> Result<Parsed, FormatError> {
     let trimmed = text.trim_start();
     let value: Value = if trimmed.starts_with('{') {
         serde_json::from_str(text).map_err(|e| {
@@ -69,11 +81,71 @@ pub fn parse_document(text: &str, limits: Limits) -> Result<JobSpec, FormatError
             FormatError::one(
                 Reason::InvalidArgument,
                 "document",
-                format!("not valid JSON or YAML: {e}"),
+                // The parser's first line says where and what; the rest
+                // is a drawing of the same spot.
+                format!(
+                    "not valid JSON or YAML: {}",
+                    e.to_string().lines().next().unwrap_or_default()
+                ),
             )
         })?
     };
-    convert(&value, limits)
+    let (spec, found) = convert_all(&value, limits)?;
+    Ok(Parsed {
+        spec,
+        found,
+        warnings: warnings(&value),
+    })
+}
+
+/// Seed 000's `ext_agent_*` fields. Others are kept on the job (the seed
+/// says so) but draw a warning: most are typos.
+const OJS_AGENT_FIELDS: &[&str] = &[
+    "ext_agent_model",
+    "ext_agent_fallback_models",
+    "ext_agent_provider",
+    "ext_agent_temperature",
+    "ext_agent_max_tokens",
+    "ext_agent_token_budget",
+    "ext_agent_tokens_used",
+    "ext_agent_tools",
+    "ext_agent_tool_choice",
+    "ext_agent_tool_results",
+    "ext_agent_parent_id",
+    "ext_agent_delegation_depth",
+    "ext_agent_max_delegation_depth",
+    "ext_agent_output_schema",
+    "ext_agent_output_format",
+    "ext_agent_model_used",
+    "ext_agent_agents",
+    "ext_agent_max_turns",
+    "ext_agent_max_tokens_per_invocation",
+    "ext_agent_time_budget_ms",
+    "ext_agent_tool_timeout_ms",
+    "ext_agent_instructions",
+];
+
+/// Warnings about a document that is still accepted: each `ext_agent_*`
+/// field of an OJS job that the extension does not define, by name.
+pub fn warnings(v: &Value) -> Vec<String> {
+    if detect(v) != OJS {
+        return Vec::new();
+    }
+    let Some(o) = v.as_object() else {
+        return Vec::new();
+    };
+    o.keys()
+        .filter(|k| k.starts_with("ext_agent_") && !OJS_AGENT_FIELDS.contains(&k.as_str()))
+        .map(|k| {
+            let hint = switchyard_core::validate::did_you_mean(k, OJS_AGENT_FIELDS.iter().copied())
+                .map(|m| format!("; did you mean {m:?}?"))
+                .unwrap_or_default();
+            format!(
+                "{:?} is not a field of the OJS AI-agent extension: it is kept with the job but has no effect{hint}",
+                switchyard_core::validate::clamp(k, 100)
+            )
+        })
+        .collect()
 }
 
 /// Which format a document is, from its shape.
@@ -100,6 +172,21 @@ pub fn detect(v: &Value) -> &'static str {
 
 /// Converts a parsed document of any accepted format.
 pub fn convert(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
+    let (spec, found) = convert_all(v, limits)?;
+    match found.is_empty() {
+        true => Ok(spec),
+        false => Err(FormatError {
+            reason: Reason::InvalidArgument,
+            violations: found,
+        }),
+    }
+}
+
+/// Converts a document, going on past fields that do not fit (unknown
+/// fields, wrong types): those are returned, not the first alone, with
+/// the spec of the rest, so later checks can add theirs to one answer.
+/// An error means the document could not be read as a job at all.
+pub fn convert_all(v: &Value, limits: Limits) -> Result<(JobSpec, Violations), FormatError> {
     if !v.is_object() {
         return Err(FormatError::one(
             Reason::InvalidArgument,
@@ -108,18 +195,162 @@ pub fn convert(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
         ));
     }
     let format = detect(v);
-    let mut spec = match format {
-        AGENIX => agenix(v, limits)?,
-        AITP => aitp(v)?,
-        OJS => ojs(v, limits)?,
-        _ => native(v)?,
+    let mut found = Violations::new();
+    let converted = match format {
+        AGENIX => agenix(v, limits, &mut found),
+        AITP => aitp(v, &mut found),
+        OJS => ojs(v, limits),
+        _ => native(v, &mut found),
     };
-    spec.source_format = format.into();
-    Ok(spec)
+    match converted {
+        Ok(mut spec) => {
+            spec.source_format = format.into();
+            Ok((spec, found))
+        }
+        Err(mut e) => {
+            found.0.append(&mut e.violations.0);
+            e.violations = found;
+            Err(e)
+        }
+    }
 }
 
-fn serde_error(e: serde_json::Error) -> FormatError {
-    FormatError::one(Reason::InvalidArgument, "document", e.to_string())
+/// Most problems one document reports before reading stops.
+const MAX_PROBLEMS: usize = 100;
+
+/// Reads `v` as `T`. Each field that does not fit is recorded in `found`
+/// (unknown ones with the field probably meant) and dropped, and reading
+/// goes on, so one answer names every such field. Errs, with nothing more
+/// to add, when what is left still cannot be read.
+fn typed<T: serde::de::DeserializeOwned>(
+    v: &Value,
+    found: &mut Violations,
+) -> Result<T, FormatError> {
+    let mut v = v.clone();
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..MAX_PROBLEMS {
+        let e = match serde_path_to_error::deserialize::<_, T>(&v) {
+            Ok(t) => return Ok(t),
+            Err(e) => e,
+        };
+        let mut path: Vec<Segment> = e.path().iter().map(Segment::from).collect();
+        let text = e.inner().to_string();
+        // serde names an unknown field in its message; the path ends at
+        // the object that has it (or at the field itself).
+        let unknown = between(&text, "unknown field `", "`");
+        if let Some(name) = &unknown
+            && path.last() != Some(&Segment::Key(name.clone()))
+        {
+            path.push(Segment::Key(name.clone()));
+        }
+        let field = render(&path);
+        let description = match &unknown {
+            Some(name) => unknown_field(name, &text),
+            None => text.split(" at line ").next().unwrap_or(&text).to_owned(),
+        };
+        if !seen.insert(field.clone()) || !remove(&mut v, &path) {
+            // Dropping it cannot help (a required field, the document
+            // itself): what was found is the answer.
+            found.add(
+                if field.is_empty() {
+                    "document".into()
+                } else {
+                    field
+                },
+                description,
+            );
+            break;
+        }
+        found.add(field, description);
+    }
+    Err(FormatError {
+        reason: Reason::InvalidArgument,
+        violations: Violations::new(),
+    })
+}
+
+/// One step of a field path.
+#[derive(Debug, Clone, PartialEq)]
+enum Segment {
+    Key(String),
+    Index(usize),
+}
+
+impl From<&serde_path_to_error::Segment> for Segment {
+    fn from(s: &serde_path_to_error::Segment) -> Self {
+        match s {
+            serde_path_to_error::Segment::Seq { index } => Segment::Index(*index),
+            serde_path_to_error::Segment::Map { key } => Segment::Key(key.clone()),
+            serde_path_to_error::Segment::Enum { variant } => Segment::Key(variant.clone()),
+            serde_path_to_error::Segment::Unknown => Segment::Key("?".into()),
+        }
+    }
+}
+
+/// `tasks[1].depends_on`, as violations name fields.
+fn render(path: &[Segment]) -> String {
+    let mut out = String::new();
+    for s in path {
+        match s {
+            Segment::Index(i) => out.push_str(&format!("[{i}]")),
+            Segment::Key(k) if out.is_empty() => out.push_str(k),
+            Segment::Key(k) => {
+                out.push('.');
+                out.push_str(k);
+            }
+        }
+    }
+    out
+}
+
+/// Removes the value at `path`; false when there is none.
+fn remove(v: &mut Value, path: &[Segment]) -> bool {
+    let Some((last, parents)) = path.split_last() else {
+        return false;
+    };
+    let mut at = v;
+    for s in parents {
+        let next = match (s, at) {
+            (Segment::Key(k), Value::Object(o)) => o.get_mut(k),
+            (Segment::Index(i), Value::Array(a)) => a.get_mut(*i),
+            _ => None,
+        };
+        match next {
+            Some(n) => at = n,
+            None => return false,
+        }
+    }
+    match (last, at) {
+        (Segment::Key(k), Value::Object(o)) => o.remove(k).is_some(),
+        // Dropping an item would renumber the rest; null it instead (the
+        // next read reports it, once, as of the wrong type).
+        (Segment::Index(i), Value::Array(a)) if *i < a.len() && !a[*i].is_null() => {
+            a[*i] = Value::Null;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The text between `start` and the next `end` in `s`.
+fn between(s: &str, start: &str, end: &str) -> Option<String> {
+    let from = s.find(start)? + start.len();
+    let len = s[from..].find(end)?;
+    Some(s[from..from + len].to_owned())
+}
+
+/// "unknown field; did you mean `depends_on`?" from serde's message, which
+/// lists the expected fields in backticks after the unknown one.
+fn unknown_field(name: &str, serde_text: &str) -> String {
+    let expected: Vec<&str> = serde_text.split('`').skip(3).step_by(2).collect();
+    match switchyard_core::validate::did_you_mean(name, expected.iter().copied()) {
+        Some(meant) => format!("unknown field {name:?}; did you mean {meant:?}?"),
+        None if expected.is_empty() => format!("unknown field {name:?}"),
+        None => format!(
+            "unknown field {name:?}; the fields here are {}",
+            expected.join(", ")
+        ),
+    }
 }
 
 // ---------------------------------------------------------------- AGEniX (seed 001)
@@ -155,8 +386,8 @@ struct EnvelopeTask {
 ///
 /// Long on purpose: the seed's rules one after another, so each can be
 /// checked against the seed's text and error message in order.
-fn agenix(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
-    let env: Envelope = serde_json::from_value(v.clone()).map_err(serde_error)?;
+fn agenix(v: &Value, limits: Limits, found: &mut Violations) -> Result<JobSpec, FormatError> {
+    let env: Envelope = typed(v, found)?;
     if env.plan_id.trim().is_empty() {
         return Err(FormatError::one(
             Reason::InvalidArgument,
@@ -477,14 +708,14 @@ fn aitp_priority(v: &Value) -> i32 {
 ///
 /// Long on purpose: one seed format's whole mapping, in the seed's order,
 /// so it reads against the seed document.
-fn aitp(v: &Value) -> Result<JobSpec, FormatError> {
+fn aitp(v: &Value, found: &mut Violations) -> Result<JobSpec, FormatError> {
     let mut v = v.clone();
     if let Some(o) = v.as_object_mut()
         && let Some(s) = o.remove("Subtasks")
     {
         o.insert("subtasks".into(), s);
     }
-    let t: AitpTask = serde_json::from_value(v).map_err(serde_error)?;
+    let t: AitpTask = typed(&v, found)?;
     // The task's `input` is either the values themselves or (as in the seed)
     // a JSON Schema whose defaults, overridden by `input_values`, are the values.
     let mut input = Map::new();
@@ -828,33 +1059,9 @@ fn ojs(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
         }
     }
     // System-managed fields from the client are ignored (seed 000 §6).
-    const KNOWN: &[&str] = &[
-        "ext_agent_model",
-        "ext_agent_fallback_models",
-        "ext_agent_provider",
-        "ext_agent_temperature",
-        "ext_agent_max_tokens",
-        "ext_agent_token_budget",
-        "ext_agent_tokens_used",
-        "ext_agent_tools",
-        "ext_agent_tool_choice",
-        "ext_agent_tool_results",
-        "ext_agent_parent_id",
-        "ext_agent_delegation_depth",
-        "ext_agent_max_delegation_depth",
-        "ext_agent_output_schema",
-        "ext_agent_output_format",
-        "ext_agent_model_used",
-        "ext_agent_agents",
-        "ext_agent_max_turns",
-        "ext_agent_max_tokens_per_invocation",
-        "ext_agent_time_budget_ms",
-        "ext_agent_tool_timeout_ms",
-        "ext_agent_instructions",
-    ];
     let unknown: Map<String, Value> = o
         .iter()
-        .filter(|(k, _)| k.starts_with("ext_agent_") && !KNOWN.contains(&k.as_str()))
+        .filter(|(k, _)| k.starts_with("ext_agent_") && !OJS_AGENT_FIELDS.contains(&k.as_str()))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     let model = str_field("ext_agent_model")?;
@@ -1036,8 +1243,8 @@ struct NativeAgent {
 ///
 /// Long on purpose: every field of the document mapped in one place, in
 /// the proto's order, so a new field is added next to its neighbours.
-fn native(v: &Value) -> Result<JobSpec, FormatError> {
-    let j: NativeJob = serde_json::from_value(v.clone()).map_err(serde_error)?;
+fn native(v: &Value, found: &mut Violations) -> Result<JobSpec, FormatError> {
+    let j: NativeJob = typed(v, found)?;
     let mut tasks = Vec::new();
     for (i, t) in j.tasks.into_iter().enumerate() {
         let at = format!("tasks[{i}]");

@@ -37,6 +37,7 @@ pub mod events;
 pub mod formats;
 mod grpc;
 mod job;
+mod locate;
 mod outbox;
 mod schedule;
 pub mod spec;

@@ -279,3 +279,71 @@ fn fallback_strategies_must_fit_their_situation() {
     let e = check(s, &["true"]).unwrap_err().violations.to_string();
     assert!(e.contains("must exceed the task's timeout of 60s"), "{e}");
 }
+
+#[test]
+fn every_field_that_does_not_fit_is_reported_at_once_with_the_field_meant() {
+    let doc = json!({
+        "plan_id": "p",
+        "prioritty": 3,
+        "tasks": [
+            {"id": "a", "agnet": {"capability": "x"}},
+            {"id": "b", "depends_onn": ["a"], "agent": {"capability": "x"}, "timeout_secs": "soon"},
+        ]
+    });
+    let e = formats::convert(&doc, LIMITS).unwrap_err();
+    let got: Vec<(&str, &str)> = e
+        .violations
+        .0
+        .iter()
+        .map(|v| (v.field.as_str(), v.description.as_str()))
+        .collect();
+    let has = |field: &str, text: &str| got.iter().any(|(f, d)| *f == field && d.contains(text));
+    assert!(has("prioritty", "did you mean \"priority\"?"), "{got:?}");
+    assert!(has("tasks[0].agnet", "did you mean \"agent\"?"), "{got:?}");
+    assert!(
+        has("tasks[1].depends_onn", "did you mean \"depends_on\"?"),
+        "{got:?}"
+    );
+    assert!(has("tasks[1].timeout_secs", "invalid type"), "{got:?}");
+    // Read without the unknown field, task a has no kind: said in the same answer.
+    assert!(
+        has("tasks[0]", "exactly one of command, agent or llm"),
+        "{got:?}"
+    );
+    assert_eq!(got.len(), 5, "{got:?}");
+}
+
+#[test]
+fn unknown_ext_agent_fields_are_kept_and_warned_about_by_name() {
+    let doc = json!({"type": "t", "ext_agent_model": "m", "ext_agent_max_token": 5, "ext_agent_mood": "calm"});
+    let s = convert(doc.clone());
+    let Some(Kind::Llm(l)) = &s.tasks[0].kind else {
+        panic!("an llm task")
+    };
+    let kept = switchyard_kit::json::struct_to_json(l.extensions.as_ref().unwrap());
+    assert_eq!(kept["ext_agent_mood"], "calm");
+    let w = formats::warnings(&doc);
+    assert_eq!(w.len(), 2, "{w:?}");
+    assert!(
+        w.iter().any(|w| w.contains("\"ext_agent_max_token\"")
+            && w.contains("did you mean \"ext_agent_max_tokens\"?")),
+        "{w:?}"
+    );
+    assert!(w.iter().any(|w| w.contains("\"ext_agent_mood\"")), "{w:?}");
+    assert!(formats::warnings(&json!({"plan_id": "p", "tasks": []})).is_empty());
+}
+
+#[test]
+fn documents_report_positions_through_parse() {
+    let yaml = "plan_id: p\nlabelz: {}\ntasks:\n  - id: a\n    agent: {capability: x}\n";
+    let p = formats::parse_document(yaml, LIMITS).unwrap();
+    assert_eq!(p.found.0.len(), 1, "{:?}", p.found);
+    assert_eq!(p.found.0[0].field, "labelz");
+    assert_eq!(p.spec.tasks.len(), 1, "the rest of the job is read");
+    let e = formats::parse_document("plan_id: p\ntasks: [\n", LIMITS).unwrap_err();
+    assert!(
+        e.violations.0[0].description.contains("line"),
+        "{:?}",
+        e.violations
+    );
+}
