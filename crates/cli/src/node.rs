@@ -105,6 +105,11 @@ pub async fn run_node_then(
     ready: impl FnOnce(std::net::SocketAddr),
 ) -> anyhow::Result<()> {
     cfg.validate().map_err(anyhow::Error::msg)?;
+    switchyard_store::observe_flushes(|took| {
+        switchyard_kit::metrics::global()
+            .store_flush
+            .observe(took.as_secs_f64())
+    });
     let max = cfg.server.max_message_bytes;
     let starting = switchyard_kit::server::Starting::serve(&cfg.server, &listener).await?;
     let open = |name: &str| {

@@ -200,6 +200,9 @@ where
             open => open,
         });
         let path = req.uri().path().to_owned();
+        let started = std::time::Instant::now();
+        // gRPC methods only: `/metrics` itself is not an RPC.
+        let metered = (!method.is_empty()).then(|| (service.to_owned(), method.to_owned()));
 
         Box::pin(
             async move {
@@ -211,9 +214,17 @@ where
                     Ok(p) => p,
                     Err(refused) => {
                         tracing::debug!(error = %refused, "request refused");
-                        let mut resp = tonic::Status::from(refused).into_http();
+                        let status = tonic::Status::from(refused);
+                        if metered.is_none() {
+                            // Plain HTTP (`/metrics`): an HTTP status, not a gRPC one.
+                            return Ok(http_refusal(&status));
+                        }
+                        let mut resp = status.into_http();
                         if let Ok(v) = HeaderValue::from_str(&correlation_id) {
                             resp.headers_mut().insert(CORRELATION_HEADER, v);
+                        }
+                        if let Some((service, method)) = &metered {
+                            resp = crate::metrics::metered(resp, service, method, started);
                         }
                         return Ok(resp);
                     }
@@ -266,12 +277,28 @@ where
                     if let Ok(v) = HeaderValue::from_str(&correlation_id) {
                         resp.headers_mut().insert(CORRELATION_HEADER, v);
                     }
-                    resp
+                    match &metered {
+                        Some((service, method)) => crate::metrics::metered(resp, service, method, started),
+                        None => resp,
+                    }
                 })
             }
             .instrument(span),
         )
     }
+}
+
+/// A refused plain-HTTP request: 401 without valid credentials, 403
+/// without the permission, with the reason as text.
+fn http_refusal(status: &tonic::Status) -> Response<Body> {
+    use axum::response::IntoResponse as _;
+    let code = match status.code() {
+        Code::Unauthenticated => http::StatusCode::UNAUTHORIZED,
+        Code::PermissionDenied => http::StatusCode::FORBIDDEN,
+        _ => http::StatusCode::BAD_REQUEST,
+    };
+    let reason = crate::error::ApiError::from(status.clone());
+    (code, format!("{reason}\n")).into_response().map(Body::new)
 }
 
 /// tonic refuses an oversized request with OUT_OF_RANGE; gRPC's convention

@@ -23,6 +23,7 @@ pub mod context;
 pub mod error;
 pub mod json;
 mod layer;
+pub mod metrics;
 pub mod server;
 pub mod shutdown;
 pub mod telemetry;

@@ -267,10 +267,19 @@ impl Server {
                 .tls_config(tls.tonic().map_err(ServerError::Tls)?)
                 .map_err(|e| ServerError::Tls(e.to_string()))?;
         }
+        // `GET /metrics` beside the gRPC services, over HTTP/1.1 as
+        // Prometheus and curl speak it (gRPC stays on HTTP/2).
+        let routes = tonic::service::Routes::from(
+            routes
+                .routes()
+                .into_axum_router()
+                .merge(crate::metrics::router()),
+        );
         let server = builder
             .tcp_nodelay(true)
+            .accept_http1(true)
             .layer(layer)
-            .add_routes(routes.routes())
+            .add_routes(routes)
             // The listener is bound by the caller, so tonic's own
             // `tcp_nodelay` does not reach it: without this, multi-frame
             // responses stall ~40 ms on Nagle + delayed ACK.

@@ -760,6 +760,51 @@ impl Llm {
             .reduce(Price::max)
     }
 
+    /// Counts a call in the metrics: outcome, tokens and cost by provider
+    /// and model. Only configured models are labels (a job may name any
+    /// model; those no provider serves stay out, so labels stay bounded).
+    fn count(&self, r: &CallRecord, hint: &str) {
+        if r.provider.is_empty() {
+            return;
+        }
+        let m = switchyard_kit::metrics::global();
+        m.llm_calls
+            .get_or_create(&switchyard_kit::metrics::LlmCallLabels {
+                provider: r.provider.clone(),
+                model: r.model.clone(),
+                outcome: r.outcome.clone(),
+            })
+            .inc();
+        for (direction, n) in [
+            ("prompt", r.prompt_tokens),
+            ("completion", r.completion_tokens),
+        ] {
+            if n > 0 {
+                m.llm_tokens
+                    .get_or_create(&switchyard_kit::metrics::TokenLabels {
+                        provider: r.provider.clone(),
+                        model: r.model.clone(),
+                        direction: direction.into(),
+                    })
+                    .inc_by(n);
+            }
+        }
+        let usage = Usage {
+            prompt_tokens: r.prompt_tokens,
+            completion_tokens: r.completion_tokens,
+            total_tokens: r.prompt_tokens + r.completion_tokens,
+        };
+        let cost = self.price(&r.model, hint).map_or(0, |p| p.cost(&usage));
+        if cost > 0 {
+            m.llm_cost_micro_usd
+                .get_or_create(&switchyard_kit::metrics::ModelLabels {
+                    provider: r.provider.clone(),
+                    model: r.model.clone(),
+                })
+                .inc_by(u64::try_from(cost).unwrap_or(0));
+        }
+    }
+
     /// One answer from the first model of `chain` that gives one: on 429,
     /// 503 or a connection failure the next model is tried, strictly in
     /// order. When every model failed so and one named a Retry-After that
@@ -782,6 +827,11 @@ impl Llm {
             interval: self.delta_interval,
             max_bytes: self.delta_max_bytes,
         });
+        // Every call record is counted in the process's metrics too.
+        let mut on_call = |r: &CallRecord| {
+            self.count(r, hint);
+            on_call(r);
+        };
         let mut tried = Vec::new();
         let configured: Vec<&String> = chain
             .iter()
@@ -867,6 +917,15 @@ impl Llm {
                             ..Default::default()
                         });
                         tried.push(format!("{model} via {}: {e}", served.provider));
+                        if e.falls_back() {
+                            switchyard_kit::metrics::global()
+                                .llm_fallbacks
+                                .get_or_create(&switchyard_kit::metrics::ModelLabels {
+                                    provider: served.provider.clone(),
+                                    model: model.clone(),
+                                })
+                                .inc();
+                        }
                         if !e.falls_back() {
                             let reason = match e {
                                 ProviderError::Malformed(_) => Reason::LlmBadResponse,

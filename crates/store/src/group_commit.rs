@@ -45,6 +45,16 @@ const BUSY: Duration = Duration::from_millis(1);
 /// Callers worth one flush under load.
 const GATHER_AT_LEAST: u64 = 16;
 
+/// Told how long each flush took (the process's metrics), when set.
+static FLUSH_OBSERVER: std::sync::OnceLock<fn(std::time::Duration)> = std::sync::OnceLock::new();
+
+/// Has every store of this process report each flush's duration to
+/// `observe` (set once; later calls are ignored). The store knows no
+/// metrics library; the binary connects it.
+pub fn observe_flushes(observe: fn(std::time::Duration)) {
+    let _ = FLUSH_OBSERVER.set(observe);
+}
+
 /// Moves buffered writes into the database; runs on the flusher thread.
 pub(crate) type Drain = Arc<dyn Fn() -> Result<(), StoreError> + Send + Sync>;
 
@@ -180,9 +190,13 @@ fn flusher(shared: &Shared, db: sled::Db) {
             (t.wanted, t.stop)
         };
         if target > done {
+            let started = Instant::now();
             let result = drain_all(shared).and_then(|()| Ok(db.flush()?));
             shared.flushes.fetch_add(1, Ordering::Relaxed);
             last_flush = Instant::now();
+            if let Some(observe) = FLUSH_OBSERVER.get() {
+                observe(last_flush - started);
+            }
             last_batch = target - done;
             shared.progress.send_modify(|p| match &result {
                 Ok(_) => p.durable_through = target,

@@ -9,6 +9,7 @@
 //! append-only, sequence-numbered tree with a durable watermark readers tail.
 
 mod group_commit;
+pub use group_commit::observe_flushes;
 mod log;
 
 use std::marker::PhantomData;

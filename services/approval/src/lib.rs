@@ -426,6 +426,27 @@ struct Inner {
     shutdown: Shutdown,
 }
 
+/// Runs waiting for a person, and how long the oldest has waited.
+impl switchyard_kit::metrics::Gauges for Inner {
+    fn set(&self, m: &switchyard_kit::metrics::Metrics) {
+        let now = self.clock.now_ms();
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let waiting: Vec<u64> = st
+            .runs
+            .live()
+            .filter(|r| status_of(r) == S::Proposed)
+            .map(|r| r.created_at.as_ref().map_or(now, timestamp_ms))
+            .collect();
+        m.approvals_pending.set(waiting.len() as i64);
+        let oldest = waiting
+            .iter()
+            .min()
+            .map_or(0, |t| now.saturating_sub(*t) / 1000);
+        m.oldest_approval_seconds
+            .set(i64::try_from(oldest).unwrap_or(i64::MAX));
+    }
+}
+
 /// The approval service. Cheap to clone; all clones share state.
 #[derive(Clone)]
 pub struct Approval {
@@ -464,16 +485,17 @@ impl Approval {
             ms = started.elapsed().as_millis() as u64,
             "approval loaded"
         );
-        Ok(Approval {
-            inner: Arc::new(Inner {
-                cfg,
-                clock,
-                state: Mutex::new(st),
-                audit,
-                store,
-                shutdown,
-            }),
-        })
+        let inner = Arc::new(Inner {
+            cfg,
+            clock,
+            state: Mutex::new(st),
+            audit,
+            store,
+            shutdown,
+        });
+        let gauges: Arc<dyn switchyard_kit::metrics::Gauges> = inner.clone();
+        switchyard_kit::metrics::global().add_gauges(&gauges);
+        Ok(Approval { inner })
     }
 
     /// The tonic server for this service.

@@ -91,6 +91,38 @@ pub(crate) struct Jobs {
 }
 
 impl Jobs {
+    /// Sets the jobs gauges: live jobs by state, how many wait to run and
+    /// how long the oldest has waited for approval.
+    pub(crate) fn gauges(&self, m: &switchyard_kit::metrics::Metrics, now_ms: u64) {
+        let mut oldest_pending = now_ms;
+        let mut waiting = 0;
+        for e in self.jobs.values() {
+            let state = e.state();
+            if finished(state) {
+                continue;
+            }
+            m.jobs
+                .get_or_create(&switchyard_kit::metrics::StateLabels {
+                    state: state.as_str().into(),
+                })
+                .inc();
+            if matches!(state, JobState::Pending | JobState::Available) {
+                waiting += 1;
+            }
+            if state == JobState::Pending {
+                let created = e
+                    .job
+                    .created_at
+                    .as_ref()
+                    .map_or(now_ms, switchyard_kit::time::timestamp_ms);
+                oldest_pending = oldest_pending.min(created);
+            }
+        }
+        m.queue_depth.inc_by(waiting);
+        m.oldest_pending_seconds
+            .set(i64::try_from(now_ms.saturating_sub(oldest_pending) / 1000).unwrap_or(i64::MAX));
+    }
+
     /// Job `id`, or JOB_NOT_FOUND.
     pub(crate) fn get(&self, id: &str) -> Result<&JobEntry, ExecutorError> {
         self.jobs
@@ -615,6 +647,12 @@ impl JobBook {
             reason.as_str().to_owned()
         };
         if finished(to) {
+            switchyard_kit::metrics::global()
+                .jobs_finished
+                .get_or_create(&switchyard_kit::metrics::StateLabels {
+                    state: to.as_str().into(),
+                })
+                .inc();
             tracing::info!(job_id, %from, %to, %reason, error, "job finished");
         } else {
             tracing::debug!(job_id, %from, %to, "job moved");
@@ -644,6 +682,7 @@ impl JobBook {
         let from = entry.task_state(i);
         from.check(c.to)?;
         let task_id = entry.spec().tasks[i].id.clone();
+        count_task(entry.spec().tasks[i].kind.as_ref(), c.to);
         // One clock reading: an attempt's end and its retry's due time are
         // exactly the delay apart.
         let now = self.now();
@@ -1025,5 +1064,34 @@ fn strip_outputs(j: &mut Job) {
     }
     if let Some(s) = &mut j.spec {
         s.files.clear();
+    }
+}
+
+/// Counts a live task move in the process's metrics: every attempt that
+/// starts, and each task's final success or failure, by kind.
+fn count_task(kind: Option<&switchyard_proto::executor::v1::task_spec::Kind>, to: TaskState) {
+    use switchyard_proto::executor::v1::task_spec::Kind;
+    let m = switchyard_kit::metrics::global();
+    let family = match to {
+        TaskState::Running => &m.tasks_started,
+        TaskState::Succeeded => &m.tasks_succeeded,
+        TaskState::Failed => &m.tasks_failed,
+        _ => return,
+    };
+    let kind = match kind {
+        Some(Kind::Command(_)) => "command",
+        Some(Kind::Agent(_)) => "agent",
+        Some(Kind::Llm(_)) => "llm",
+        None => "unknown",
+    };
+    family
+        .get_or_create(&switchyard_kit::metrics::TaskLabels { kind: kind.into() })
+        .inc();
+}
+
+impl switchyard_kit::metrics::Gauges for JobBook {
+    fn set(&self, m: &switchyard_kit::metrics::Metrics) {
+        let now = self.now();
+        self.lock().gauges(m, now);
     }
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use switchyard_core::{Clock, Reason, Violations};
-use switchyard_kit::error::{invalid_argument, metadata, status_with_metadata};
+use switchyard_kit::error::{ApiError, invalid_argument, metadata, status_with_metadata};
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_kit::time::{duration_ms, timestamp};
 use switchyard_proto::common::v1::{CorrelationContext, Event, UnitPrice};
@@ -305,6 +305,21 @@ struct Inner {
     shutdown: Shutdown,
 }
 
+/// Money held by open reservations, summed over each tenant's root budgets
+/// (a reservation is held on every ancestor, so roots hold it all).
+impl switchyard_kit::metrics::Gauges for Inner {
+    fn set(&self, m: &switchyard_kit::metrics::Metrics) {
+        let books = self.books.lock().unwrap_or_else(|p| p.into_inner());
+        for b in books.budgets.values().filter(|b| b.parent.is_none()) {
+            m.budget_reserved_micro_usd
+                .get_or_create(&switchyard_kit::metrics::BudgetLabels {
+                    tenant: b.tenant.clone(),
+                })
+                .inc_by(b.cost_reserved);
+        }
+    }
+}
+
 /// The ledger service. Cheap to clone; all clones share state.
 #[derive(Clone)]
 pub struct Ledger {
@@ -345,19 +360,20 @@ impl Ledger {
             ms = started.elapsed().as_millis() as u64,
             "ledger loaded"
         );
-        Ok(Ledger {
-            inner: Arc::new(Inner {
-                id_prefix: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
-                cfg,
-                clock,
-                books: Mutex::new(books),
-                journal,
-                cold,
-                pruned_at: std::sync::atomic::AtomicU64::new(0),
-                store,
-                shutdown,
-            }),
-        })
+        let inner = Arc::new(Inner {
+            id_prefix: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
+            cfg,
+            clock,
+            books: Mutex::new(books),
+            journal,
+            cold,
+            pruned_at: std::sync::atomic::AtomicU64::new(0),
+            store,
+            shutdown,
+        });
+        let gauges: Arc<dyn switchyard_kit::metrics::Gauges> = inner.clone();
+        switchyard_kit::metrics::global().add_gauges(&gauges);
+        Ok(Ledger { inner })
     }
 
     /// The tonic server for this ledger.
@@ -1126,6 +1142,14 @@ impl Ledger {
                 let over_tokens = req.tokens.saturating_sub(res.tokens);
                 let over_cost = (cost - res.cost).max(0);
                 let overrun = over_tokens > 0 || over_cost > 0;
+                if let Some(b) = books.budgets.get(&res.budget_id) {
+                    switchyard_kit::metrics::global()
+                        .budget_spent_micro_usd
+                        .get_or_create(&switchyard_kit::metrics::BudgetLabels {
+                            tenant: b.tenant.clone(),
+                        })
+                        .inc_by(u64::try_from(cost).unwrap_or(0));
+                }
                 entry.budget_id = res.budget_id.clone();
                 entry.reservation_id = res.id.clone();
                 entry.tokens = req.tokens;
@@ -1692,7 +1716,19 @@ impl LedgerService for Ledger {
         let p = switchyard_kit::auth::principal(&req)?;
         self.visible(&p, &req.get_ref().budget_id)?;
         let corr = switchyard_kit::context::correlation_id(&req);
-        let reservation = Ledger::reserve(self, req.into_inner(), &corr).await?;
+        let reservation = Ledger::reserve(self, req.into_inner(), &corr)
+            .await
+            .map_err(|e| {
+                let s = Status::from(e);
+                let reason = ApiError::from(s.clone())
+                    .reason
+                    .unwrap_or_else(|| "UNKNOWN".into());
+                switchyard_kit::metrics::global()
+                    .ledger_refusals
+                    .get_or_create(&switchyard_kit::metrics::ReasonLabels { reason })
+                    .inc();
+                s
+            })?;
         Ok(Response::new(ReserveResponse {
             reservation: Some(reservation),
         }))

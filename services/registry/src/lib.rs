@@ -242,6 +242,23 @@ struct Inner {
     shutdown: Shutdown,
 }
 
+/// Registered agents by status.
+impl switchyard_kit::metrics::Gauges for Inner {
+    fn set(&self, m: &switchyard_kit::metrics::Metrics) {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        for e in st.agents.values() {
+            let status = e
+                .status()
+                .as_str_name()
+                .trim_start_matches("AGENT_STATUS_")
+                .to_ascii_lowercase();
+            m.agents
+                .get_or_create(&switchyard_kit::metrics::StateLabels { state: status })
+                .inc();
+        }
+    }
+}
+
 /// The registry service. Cheap to clone; all clones share state.
 #[derive(Clone)]
 pub struct Registry {
@@ -290,18 +307,19 @@ impl Registry {
         }
         tracing::info!(agents = st.agents.len(), tools = st.tools.len(), epoch = %st.epoch, "registry loaded");
         let (head_tx, _) = watch::channel(0);
-        Ok(Registry {
-            inner: Arc::new(Inner {
-                cfg,
-                clock,
-                state: Mutex::new(st),
-                head_tx,
-                store,
-                agents,
-                tools,
-                shutdown,
-            }),
-        })
+        let inner = Arc::new(Inner {
+            cfg,
+            clock,
+            state: Mutex::new(st),
+            head_tx,
+            store,
+            agents,
+            tools,
+            shutdown,
+        });
+        let gauges: Arc<dyn switchyard_kit::metrics::Gauges> = inner.clone();
+        switchyard_kit::metrics::global().add_gauges(&gauges);
+        Ok(Registry { inner })
     }
 
     /// Runs lease sweeping and lazy persistence until shutdown.

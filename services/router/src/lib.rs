@@ -371,9 +371,19 @@ impl Router {
 impl RouterService for Router {
     async fn route(&self, req: Request<RouteRequest>) -> Result<Response<RouteResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
-        Ok(Response::new(
-            self.route_for(req.get_ref(), p.tenant_scope())?,
-        ))
+        let routed = self.route_for(req.get_ref(), p.tenant_scope());
+        let outcome = match &routed {
+            Ok(_) => "routed",
+            Err(RouterError::CapabilityUnavailable { .. }) => "CAPABILITY_UNAVAILABLE",
+            Err(_) => "refused",
+        };
+        switchyard_kit::metrics::global()
+            .routing_decisions
+            .get_or_create(&switchyard_kit::metrics::ReasonLabels {
+                reason: outcome.into(),
+            })
+            .inc();
+        Ok(Response::new(routed?))
     }
 }
 

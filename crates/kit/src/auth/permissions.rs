@@ -62,11 +62,13 @@ pub enum Permission {
     RunBreakGlass,
     /// Remove finished jobs past an age (admins: their tenant's).
     JobPrune,
+    /// Scrape `/metrics`.
+    MetricsRead,
 }
 
 impl Permission {
     /// Every permission.
-    pub const ALL: [Permission; 25] = [
+    pub const ALL: [Permission; 26] = [
         Permission::JobSubmit,
         Permission::JobRead,
         Permission::JobCancel,
@@ -92,6 +94,7 @@ impl Permission {
         Permission::Impersonate,
         Permission::RunBreakGlass,
         Permission::JobPrune,
+        Permission::MetricsRead,
     ];
 
     /// The name in errors (ErrorInfo metadata `permission`) and docs.
@@ -122,6 +125,7 @@ impl Permission {
             Permission::Impersonate => "impersonate",
             Permission::RunBreakGlass => "run.break_glass",
             Permission::JobPrune => "job.prune",
+            Permission::MetricsRead => "metrics.read",
         }
     }
 }
@@ -143,6 +147,10 @@ pub enum Access {
 pub fn access(path: &str) -> Access {
     use Permission as P;
     let path = path.strip_prefix('/').unwrap_or(path);
+    // The one HTTP route beside the gRPC services.
+    if path == "metrics" {
+        return Access::Needs(P::MetricsRead);
+    }
     let Some((service, method)) = path.split_once('/') else {
         return Access::Unknown;
     };
@@ -232,6 +240,7 @@ pub fn grants(role: Role, perm: Permission) -> bool {
                 | AgentRegister
                 | ToolRegister
                 | Route
+                | MetricsRead
         ),
         // Its own agents and tools only (the registry checks ownership);
         // spends on the job budgets it is handed; delegates child jobs.

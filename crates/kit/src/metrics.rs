@@ -1,0 +1,558 @@
+//! Prometheus metrics, served at `GET /metrics` on every Switchyard port in
+//! the Prometheus text format (prometheus-client).
+//!
+//! Counters and histograms are process-wide ([`global`]) and updated where
+//! the thing happens (the RPC layer, the executor, the ledger, the LLM
+//! client, the store). Gauges that describe state — jobs by state, runs
+//! waiting for approval, money held on budgets, agents by status — are read
+//! from each service at scrape time through a [`Gauges`] source it
+//! registers, so they can never drift from the state itself.
+//!
+//! Labels are bounded: services, methods, codes, states, reasons, models
+//! and tenants, never job, run, budget or agent ids.
+//!
+//! `/metrics` is not open: it needs `metrics.read` (admins, operators and
+//! the cluster's service token, which is what Prometheus scrapes with).
+//! Series labelled with a tenant are shown only to that tenant's
+//! principals and to the service token.
+
+use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// `service`, `method` and gRPC `code` of a finished RPC.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RpcLabels {
+    /// `executor`, `ledger`, … (`grpc` for health and reflection).
+    pub service: String,
+    /// `SubmitJob`, `Reserve`, …
+    pub method: String,
+    /// `OK`, `NOT_FOUND`, …
+    pub code: String,
+}
+
+/// `service` and `method`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabels {
+    /// Service.
+    pub service: String,
+    /// Method.
+    pub method: String,
+}
+
+/// One label named `kind` (task kinds, outcomes).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TaskLabels {
+    /// `command`, `agent` or `llm`.
+    pub kind: String,
+}
+
+/// A catalogued reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// `BUDGET_EXCEEDED`, `CAPABILITY_UNAVAILABLE`, …
+    pub reason: String,
+}
+
+/// An LLM model at a provider.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabels {
+    /// Provider name from the configuration.
+    pub provider: String,
+    /// Model name.
+    pub model: String,
+}
+
+/// An LLM call's model and outcome (`ok` or an error kind).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LlmCallLabels {
+    /// Provider name.
+    pub provider: String,
+    /// Model name.
+    pub model: String,
+    /// `ok`, `rate_limited`, `unavailable`, `model_not_found`, `error`.
+    pub outcome: String,
+}
+
+/// Tokens of one direction.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TokenLabels {
+    /// Provider name.
+    pub provider: String,
+    /// Model name.
+    pub model: String,
+    /// `prompt` or `completion`.
+    pub direction: String,
+}
+
+/// A state of some state machine.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    /// The state's short name.
+    pub state: String,
+}
+
+/// A tenant's budgets (the sum over its root budgets).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BudgetLabels {
+    /// The tenant.
+    pub tenant: String,
+}
+
+/// Every metric a Switchyard process exports.
+pub struct Metrics {
+    registry: Registry,
+    /// RPCs finished, by service, method and code.
+    pub rpc_requests: Family<RpcLabels, Counter>,
+    /// RPC latency (until the response headers), by service and method.
+    pub rpc_duration: Family<MethodLabels, Histogram>,
+    /// Jobs that ended, by final state.
+    pub jobs_finished: Family<StateLabels, Counter>,
+    /// Tasks started, by kind.
+    pub tasks_started: Family<TaskLabels, Counter>,
+    /// Tasks that succeeded, by kind.
+    pub tasks_succeeded: Family<TaskLabels, Counter>,
+    /// Tasks that failed for good, by kind.
+    pub tasks_failed: Family<TaskLabels, Counter>,
+    /// Reservations the ledger refused, by reason.
+    pub ledger_refusals: Family<ReasonLabels, Counter>,
+    /// Routing decisions, by outcome (`routed` or `CAPABILITY_UNAVAILABLE`).
+    pub routing_decisions: Family<ReasonLabels, Counter>,
+    /// LLM calls, by provider, model and outcome.
+    pub llm_calls: Family<LlmCallLabels, Counter>,
+    /// LLM tokens, by provider, model and direction.
+    pub llm_tokens: Family<TokenLabels, Counter>,
+    /// LLM cost in micro-USD, by provider and model.
+    pub llm_cost_micro_usd: Family<ModelLabels, Counter>,
+    /// Times a chain moved on to its next model, by the model that failed.
+    pub llm_fallbacks: Family<ModelLabels, Counter>,
+    /// Time to make a group of store writes durable (fsync).
+    pub store_flush: Histogram,
+    /// Jobs not yet finished, by OJS state (scrape time).
+    pub jobs: Family<StateLabels, Gauge>,
+    /// Jobs waiting to run: pending approval or available.
+    pub queue_depth: Gauge,
+    /// Age in seconds of the oldest job waiting for approval.
+    pub oldest_pending_seconds: Gauge,
+    /// Runs waiting for a person.
+    pub approvals_pending: Gauge,
+    /// Age in seconds of the oldest run waiting for a person.
+    pub oldest_approval_seconds: Gauge,
+    /// Money held by open reservations, by tenant (root budgets), micro-USD.
+    pub budget_reserved_micro_usd: Family<BudgetLabels, Gauge>,
+    /// Money committed (spent), by tenant, micro-USD.
+    pub budget_spent_micro_usd: Family<BudgetLabels, Counter>,
+    /// Registered agents by status.
+    pub agents: Family<StateLabels, Gauge>,
+    sources: Mutex<Vec<Weak<dyn Gauges>>>,
+}
+
+/// A service's state-describing gauges, set at scrape time.
+pub trait Gauges: Send + Sync {
+    /// Sets this source's gauges in `m` (they were cleared just before).
+    fn set(&self, m: &Metrics);
+}
+
+static GLOBAL: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+/// The process's metrics.
+pub fn global() -> &'static Metrics {
+    &GLOBAL
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut r = Registry::with_prefix("switchyard");
+        let seconds = || Histogram::new(exponential_buckets(0.0005, 2.0, 16));
+        let m = Metrics {
+            rpc_requests: Family::default(),
+            rpc_duration: Family::new_with_constructor(seconds),
+            jobs_finished: Family::default(),
+            tasks_started: Family::default(),
+            tasks_succeeded: Family::default(),
+            tasks_failed: Family::default(),
+            ledger_refusals: Family::default(),
+            routing_decisions: Family::default(),
+            llm_calls: Family::default(),
+            llm_tokens: Family::default(),
+            llm_cost_micro_usd: Family::default(),
+            llm_fallbacks: Family::default(),
+            store_flush: seconds(),
+            jobs: Family::default(),
+            queue_depth: Gauge::default(),
+            oldest_pending_seconds: Gauge::default(),
+            approvals_pending: Gauge::default(),
+            oldest_approval_seconds: Gauge::default(),
+            budget_reserved_micro_usd: Family::default(),
+            budget_spent_micro_usd: Family::default(),
+            agents: Family::default(),
+            sources: Mutex::new(Vec::new()),
+            registry: Registry::default(),
+        };
+        r.register(
+            "rpc_requests",
+            "RPCs finished, by service, method and gRPC code",
+            m.rpc_requests.clone(),
+        );
+        r.register(
+            "rpc_duration_seconds",
+            "RPC latency until the response starts, by service and method",
+            m.rpc_duration.clone(),
+        );
+        r.register(
+            "jobs_finished",
+            "Jobs that ended, by final state (completed, discarded, cancelled)",
+            m.jobs_finished.clone(),
+        );
+        r.register(
+            "tasks_started",
+            "Tasks started, by kind",
+            m.tasks_started.clone(),
+        );
+        r.register(
+            "tasks_succeeded",
+            "Tasks that succeeded, by kind",
+            m.tasks_succeeded.clone(),
+        );
+        r.register(
+            "tasks_failed",
+            "Tasks that failed for good, by kind",
+            m.tasks_failed.clone(),
+        );
+        r.register(
+            "ledger_refusals",
+            "Reservations the ledger refused, by reason",
+            m.ledger_refusals.clone(),
+        );
+        r.register(
+            "routing_decisions",
+            "Routing decisions, by outcome (routed or CAPABILITY_UNAVAILABLE)",
+            m.routing_decisions.clone(),
+        );
+        r.register(
+            "llm_calls",
+            "LLM calls, by provider, model and outcome",
+            m.llm_calls.clone(),
+        );
+        r.register(
+            "llm_tokens",
+            "LLM tokens, by provider, model and direction",
+            m.llm_tokens.clone(),
+        );
+        r.register(
+            "llm_cost_micro_usd",
+            "LLM cost in micro-USD, by provider and model",
+            m.llm_cost_micro_usd.clone(),
+        );
+        r.register(
+            "llm_fallbacks",
+            "Times a model chain moved past a model, by that model",
+            m.llm_fallbacks.clone(),
+        );
+        r.register(
+            "store_flush_seconds",
+            "Time to make a group of store writes durable",
+            m.store_flush.clone(),
+        );
+        r.register(
+            "jobs",
+            "Jobs not yet finished, by OJS state",
+            m.jobs.clone(),
+        );
+        r.register(
+            "queue_depth",
+            "Jobs waiting to run (pending approval or available)",
+            m.queue_depth.clone(),
+        );
+        r.register(
+            "oldest_pending_job_seconds",
+            "Age of the oldest job waiting for approval",
+            m.oldest_pending_seconds.clone(),
+        );
+        r.register(
+            "approvals_pending",
+            "Runs waiting for a person's decision",
+            m.approvals_pending.clone(),
+        );
+        r.register(
+            "oldest_approval_seconds",
+            "Age of the oldest run waiting for a person",
+            m.oldest_approval_seconds.clone(),
+        );
+        r.register(
+            "budget_reserved_micro_usd",
+            "Money held by open reservations on root budgets, by tenant",
+            m.budget_reserved_micro_usd.clone(),
+        );
+        r.register(
+            "budget_spent_micro_usd",
+            "Money committed on budgets, by tenant",
+            m.budget_spent_micro_usd.clone(),
+        );
+        r.register("agents", "Registered agents by status", m.agents.clone());
+        Metrics { registry: r, ..m }
+    }
+
+    /// Registers a source of gauges, read at every scrape while it lives.
+    pub fn add_gauges(&self, source: &Arc<dyn Gauges>) {
+        let mut s = self.sources.lock().unwrap_or_else(|e| e.into_inner());
+        s.retain(|w| w.strong_count() > 0);
+        s.push(Arc::downgrade(source));
+    }
+
+    /// Counts one finished RPC.
+    pub fn rpc(&self, service: &str, method: &str, code: tonic::Code, took: Duration) {
+        self.rpc_requests
+            .get_or_create(&RpcLabels {
+                service: service.into(),
+                method: method.into(),
+                code: code_name(code).into(),
+            })
+            .inc();
+        self.rpc_duration
+            .get_or_create(&MethodLabels {
+                service: service.into(),
+                method: method.into(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// The Prometheus text exposition of everything, gauges read now.
+    pub fn render(&self) -> String {
+        // One scrape at a time: gauges are cleared and set as a whole.
+        let sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
+        self.jobs.clear();
+        self.agents.clear();
+        self.budget_reserved_micro_usd.clear();
+        for g in [
+            &self.queue_depth,
+            &self.oldest_pending_seconds,
+            &self.approvals_pending,
+            &self.oldest_approval_seconds,
+        ] {
+            g.set(0);
+        }
+        for s in sources.iter().filter_map(Weak::upgrade) {
+            s.set(self);
+        }
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// The Content-Type of [`Metrics::render`]'s output.
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// gRPC code names as the gRPC spec spells them (`NOT_FOUND`).
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// Counts `resp` once it ends: its gRPC code comes from the headers (an
+/// error answered at once) or from the trailers at the end of the body
+/// (every other answer, streams included); a body dropped before its end is
+/// a CANCELLED call. The duration runs to that end.
+pub(crate) fn metered(
+    resp: http::Response<tonic::body::Body>,
+    service: &str,
+    method: &str,
+    start: std::time::Instant,
+) -> http::Response<tonic::body::Body> {
+    let record = Record {
+        service: service.to_owned(),
+        method: method.to_owned(),
+        start,
+    };
+    if let Some(code) = grpc_code(resp.headers()) {
+        record.done(code);
+        return resp;
+    }
+    resp.map(|inner| {
+        tonic::body::Body::new(Metered {
+            inner,
+            record: Some(record),
+        })
+    })
+}
+
+struct Record {
+    service: String,
+    method: String,
+    start: std::time::Instant,
+}
+
+impl Record {
+    fn done(self, code: tonic::Code) {
+        global().rpc(&self.service, &self.method, code, self.start.elapsed());
+    }
+}
+
+fn grpc_code(h: &http::HeaderMap) -> Option<tonic::Code> {
+    h.get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i32>().ok())
+        .map(tonic::Code::from)
+}
+
+struct Metered {
+    inner: tonic::body::Body,
+    record: Option<Record>,
+}
+
+impl http_body::Body for Metered {
+    type Data = <tonic::body::Body as http_body::Body>::Data;
+    type Error = <tonic::body::Body as http_body::Body>::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        let code = match &polled {
+            std::task::Poll::Ready(Some(Ok(frame))) => frame
+                .trailers_ref()
+                .map(|t| grpc_code(t).unwrap_or(tonic::Code::Ok)),
+            std::task::Poll::Ready(Some(Err(_))) => Some(tonic::Code::Internal),
+            std::task::Poll::Ready(None) => Some(tonic::Code::Ok),
+            std::task::Poll::Pending => None,
+        };
+        if let Some(code) = code
+            && let Some(r) = self.record.take()
+        {
+            r.done(code);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Metered {
+    fn drop(&mut self) {
+        if let Some(r) = self.record.take() {
+            r.done(tonic::Code::Cancelled);
+        }
+    }
+}
+
+/// The `GET /metrics` route, for every server's HTTP side. The RPC layer
+/// has authenticated the caller and checked `metrics.read` already.
+pub fn router() -> axum::Router {
+    axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(
+            |principal: Option<axum::Extension<Arc<crate::auth::Principal>>>| async move {
+                let text = global().render();
+                let text = match principal {
+                    Some(axum::Extension(p)) => visible(&text, |t| p.sees_tenant(t)),
+                    // Servers without authentication (tests, benches).
+                    None => text,
+                };
+                ([(http::header::CONTENT_TYPE, CONTENT_TYPE)], text)
+            },
+        ),
+    )
+}
+
+/// `text` without the series of tenants `sees` refuses.
+fn visible(text: &str, sees: impl Fn(&str) -> bool) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        let tenant = line
+            .split_once("tenant=\"")
+            .and_then(|(_, rest)| rest.split_once('"'))
+            .map(|(t, _)| t);
+        if line.starts_with('#') || tenant.is_none_or(&sees) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Two;
+    impl Gauges for Two {
+        fn set(&self, m: &Metrics) {
+            m.jobs
+                .get_or_create(&StateLabels {
+                    state: "active".into(),
+                })
+                .set(2);
+        }
+    }
+
+    #[test]
+    fn counters_histograms_and_scrape_time_gauges_render_as_prometheus_text() {
+        let m = global();
+        m.rpc(
+            "ledger",
+            "Reserve",
+            tonic::Code::Ok,
+            Duration::from_millis(3),
+        );
+        let source: Arc<dyn Gauges> = Arc::new(Two);
+        m.add_gauges(&source);
+        let text = m.render();
+        assert!(
+            text.contains("# TYPE switchyard_rpc_requests_total counter"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"switchyard_rpc_requests_total{service="ledger",method="Reserve",code="OK"}"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE switchyard_rpc_duration_seconds histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"switchyard_jobs{state="active"} 2"#),
+            "{text}"
+        );
+        // Each tenant sees its own tenant's series only.
+        let both = "a 1\nb{tenant=\"t1\"} 2\nb{tenant=\"t2\"} 3\n";
+        assert_eq!(visible(both, |t| t == "t1"), "a 1\nb{tenant=\"t1\"} 2\n");
+        // A source that is gone no longer counts.
+        drop(source);
+        assert!(!m.render().contains(r#"switchyard_jobs{state="active"}"#));
+    }
+}
