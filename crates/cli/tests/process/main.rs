@@ -5,6 +5,7 @@ mod support;
 
 mod deploy;
 mod executor_split;
+mod first_hour;
 mod history;
 mod ledger_approval;
 mod llm_split;

@@ -1,0 +1,396 @@
+//! The CLI and operational surface a newcomer meets first: quiet exits on a
+//! closed pipe, the ready line only once serving, documents from stdin,
+//! every problem of a document at once with its position, errors as JSON,
+//! one exit-code rule, and Prometheus metrics read by a real parser.
+
+use std::io::Write as _;
+use std::process::{Command, Output, Stdio};
+
+use crate::support::*;
+
+/// Runs the CLI against `url` with `stdin` as its standard input.
+fn cli_stdin(url: &str, args: &[&str], stdin: &str) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .env("SWITCHYARD_URL", url)
+        .current_dir(repo_root())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(c) = credentials_for(url) {
+        cmd.env("SWITCHYARD_CREDENTIALS", c);
+    }
+    let mut child = cmd.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+const FAILING: &str = "plan_id: failing
+tasks:
+  - id: a
+    agent: {capability: builtin.fail_always, input: {}}
+  - id: b
+    depends_on: [a]
+    agent: {capability: builtin.echo, input: {text: x}}
+";
+
+const FINE: &str = "plan_id: fine
+tasks:
+  - id: a
+    agent: {capability: builtin.echo, input: {text: hi}}
+";
+
+#[test]
+fn a_closed_stdout_ends_the_cli_with_141_and_no_panic() {
+    let (dev, _data) = Proc::dev(&[]);
+    ok(&cli_stdin(
+        &dev.url(),
+        &["job", "submit", "-", "--as", "alice"],
+        FINE,
+    ));
+    for args in [&["version"][..], &["job", "list"], &["completions", "bash"]] {
+        // The reading end is gone before the CLI writes a byte: every
+        // write fails with EPIPE, deterministically.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(BIN)
+            .args(args)
+            .env("SWITCHYARD_URL", dev.url())
+            .env(
+                "SWITCHYARD_CREDENTIALS",
+                credentials_for(&dev.url()).unwrap(),
+            )
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {}", stderr(&out));
+        assert!(out.stderr.is_empty(), "{args:?}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn dev_prints_its_ready_line_only_once_it_serves() {
+    let (first, data) = Proc::dev(&[]);
+    // A second node on the same data directory cannot open its stores: it
+    // must fail without ever saying it is listening.
+    let out = Command::new(BIN)
+        .args([
+            "dev",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.path().to_str().unwrap(),
+        ])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("listening grpc="), "{stdout}");
+    let err = stderr(&out);
+    assert!(
+        err.contains("is in use by another process") && err.contains("--data-dir"),
+        "{err}"
+    );
+    // The same address as a running node: one cause, said once, with the fix.
+    let out = Command::new(BIN)
+        .args(["dev", "--listen", &first.addr, "--data-dir"])
+        .arg(tempfile::tempdir().unwrap().path())
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("is already in use")
+            && err.contains("--listen")
+            && err.matches("in use").count() == 1,
+        "{err}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("listening grpc="));
+}
+
+#[test]
+fn job_submit_dash_reads_the_document_from_stdin() {
+    let (dev, _data) = Proc::dev(&[]);
+    let out = cli_stdin(
+        &dev.url(),
+        &["job", "submit", "-", "--watch", "--as", "alice"],
+        FINE,
+    );
+    let text = ok(&out);
+    assert!(text.contains("1/1 tasks succeeded"), "{text}");
+}
+
+#[test]
+fn validation_reports_every_problem_with_its_line_column_and_the_field_meant() {
+    let (dev, _data) = Proc::dev(&[]);
+    let doc = "plan_id: p
+prioritty: 3
+tasks:
+  - id: a
+    agnet: {capability: builtin.echo}
+  - id: b
+    depends_onn: [a]
+    agent: {capability: builtin.echo}
+    timeout_secs: soon
+";
+    let out = cli_stdin(&dev.url(), &["job", "validate", "-", "--as", "alice"], doc);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    for want in [
+        "prioritty: unknown field \"prioritty\"; did you mean \"priority\"? (line 2, column 1)",
+        "tasks[0].agnet: unknown field \"agnet\"; did you mean \"agent\"? (line 5, column 5)",
+        "tasks[1].depends_onn: unknown field \"depends_onn\"; did you mean \"depends_on\"? (line 7, column 5)",
+        "tasks[1].timeout_secs: invalid type: string \"soon\", expected u32 (line 9, column 5)",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
+    // The same as JSON, on stderr, under -o json.
+    let out = cli_stdin(
+        &dev.url(),
+        &["job", "validate", "-", "--as", "alice", "-o", "json"],
+        doc,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let v: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(v["error"]["reason"], "INVALID_ARGUMENT");
+    assert_eq!(v["error"]["code"], "InvalidArgument");
+    let fields: Vec<&str> = v["error"]["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "prioritty",
+            "tasks[0].agnet",
+            "tasks[1].depends_onn",
+            "tasks[1].timeout_secs",
+            "tasks[0]"
+        ]
+    );
+    // An OJS job's unknown ext_agent_* field is kept and warned about by name.
+    let ojs = r#"{"type": "summarize", "args": ["hi"], "ext_agent_model": "m", "ext_agent_max_token": 5}"#;
+    let out = ok(&cli_stdin(
+        &dev.url(),
+        &["job", "validate", "-", "--as", "alice"],
+        ojs,
+    ));
+    assert!(
+        out.contains("\"ext_agent_max_token\" is not a field")
+            && out.contains("did you mean \"ext_agent_max_tokens\"?"),
+        "{out}"
+    );
+    // A huge value is never echoed whole.
+    let huge = format!(
+        r#"{{"job_id": "{}", "plan_id": "p", "tasks": [{{"id": "a", "agent": {{"capability": "builtin.echo"}}}}]}}"#,
+        "a".repeat(10_000)
+    );
+    let out = cli_stdin(
+        &dev.url(),
+        &["job", "validate", "-", "--as", "alice"],
+        &huge,
+    );
+    let err = stderr(&out);
+    assert!(
+        err.len() < 1_000 && err.contains("characters cut"),
+        "{} bytes",
+        err.len()
+    );
+}
+
+#[test]
+fn commands_that_follow_a_job_share_one_exit_code_rule() {
+    let (dev, _data) = Proc::dev(&[]);
+    let url = dev.url();
+    // Completed: 0. Discarded: 3, from `submit --watch` and `watch` alike.
+    let out = cli_stdin(
+        &url,
+        &["job", "submit", "-", "--watch", "--as", "alice"],
+        FINE,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = cli_stdin(
+        &url,
+        &["job", "submit", "-", "--watch", "--as", "alice"],
+        FAILING,
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("ended discarded"), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("0/2 tasks succeeded (0%)"), "{text}");
+    let id = text
+        .lines()
+        .find_map(|l| l.strip_prefix("submitted job "))
+        .unwrap()
+        .to_owned();
+    let out = cli(&url, &["job", "watch", &id, "--as", "alice"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    // Under -o json the ending is JSON too.
+    let out = cli(&url, &["job", "watch", &id, "--as", "alice", "-o", "json"]);
+    assert_eq!(out.status.code(), Some(3));
+    let v: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(v["error"]["reason"], "JOB_DID_NOT_COMPLETE");
+    assert_eq!(v["error"]["state"], "discarded");
+    // Not found, and nothing listening: 1, with the reason and the fix.
+    let out = cli(&url, &["budget", "entries", "--job", "nope", "-o", "json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(v["error"]["reason"], "JOB_NOT_FOUND");
+    let out = cli("http://127.0.0.1:9", &["job", "list", "-o", "json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(v["error"]["reason"], "UNAVAILABLE");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("http://127.0.0.1:9 (from SWITCHYARD_URL)")
+            && msg.contains("switchyard dev")
+            && msg.matches("onnection refused").count() == 1,
+        "{msg}"
+    );
+    // The rule is in --help.
+    let help = ok(&cli(&url, &["job", "watch", "--help"]));
+    assert!(
+        help.contains("3 a followed job ended without completing"),
+        "{help}"
+    );
+}
+
+#[test]
+fn a_job_waiting_for_approval_says_who_must_act_and_a_job_id_finds_its_run() {
+    let (dev, _data) = Proc::dev(&[]);
+    let url = dev.url();
+    let out = ok(&cli(
+        &url,
+        &[
+            "job",
+            "submit",
+            "examples/jobs/needs_approval.yaml",
+            "--as",
+            "alice",
+            "-o",
+            "json",
+        ],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let id = v["job"]["job_id"].as_str().unwrap().to_owned();
+    // Following it prints, at once, the run and the command to run.
+    let mut watch = Command::new(BIN)
+        .args(["job", "watch", &id, "--as", "alice"])
+        .env("SWITCHYARD_URL", &url)
+        .env("SWITCHYARD_CREDENTIALS", credentials_for(&url).unwrap())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(watch.stdout.take().unwrap()));
+    let first = lines.next().unwrap().unwrap();
+    assert!(
+        first.contains(&format!("run-{id}"))
+            && first.contains("someone other than alice")
+            && first.contains("switchyard approval approve"),
+        "{first}"
+    );
+    // bob approves by the job's id.
+    let out = cli(&url, &["approval", "approve", &id, "--as", "bob"]);
+    assert!(ok(&out).contains("approved"), "{}", stderr(&out));
+    assert!(watch.wait().unwrap().success());
+    let out = cli(&url, &["approval", "approve", "nope", "--as", "bob"]);
+    assert!(stderr(&out).contains("run-<job id>"), "{}", stderr(&out));
+}
+
+#[test]
+fn metrics_parse_as_prometheus_text_and_counters_move_after_a_job() {
+    let python = std::env::var("SWITCHYARD_PYTHON")
+        .expect("SWITCHYARD_PYTHON is not set: run the tests with `make test`");
+    let (dev, data) = Proc::dev(&[]);
+    let url = dev.url();
+    let creds: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.path().join("credentials.json")).unwrap())
+            .unwrap();
+    let admin = creds["principals"]["admin"]["token"].as_str().unwrap();
+    let alice = creds["principals"]["alice"]["token"].as_str().unwrap();
+    let scrape = |token: &str| -> (u16, serde_json::Value) {
+        let out = Command::new(&python)
+            .arg(repo_root().join("tests/python/scrape_metrics.py"))
+            .arg(format!("{url}/metrics"))
+            .arg(token)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (v["status"].as_u64().unwrap() as u16, v["families"].clone())
+    };
+    // Not open: no credential is 401, a submitter's is 403.
+    assert_eq!(scrape("").0, 401);
+    assert_eq!(scrape(alice).0, 403);
+    let (status, before) = scrape(admin);
+    assert_eq!(status, 200);
+    ok(&cli_stdin(
+        &url,
+        &["job", "submit", "-", "--watch", "--as", "alice"],
+        FINE,
+    ));
+    let (_, after) = scrape(admin);
+    for (name, kind) in [
+        ("switchyard_rpc_requests", "counter"),
+        ("switchyard_rpc_duration_seconds", "histogram"),
+        ("switchyard_jobs_finished", "counter"),
+        ("switchyard_tasks_started", "counter"),
+        ("switchyard_queue_depth", "gauge"),
+        ("switchyard_approvals_pending", "gauge"),
+        ("switchyard_agents", "gauge"),
+        ("switchyard_store_flush_seconds", "histogram"),
+    ] {
+        assert_eq!(after[name]["type"], kind, "{name}: {after}");
+    }
+    let sum = |f: &serde_json::Value, name: &str, label: Option<(&str, &str)>| -> f64 {
+        f[name]["samples"]
+            .as_array()
+            .map(|s| {
+                s.iter()
+                    .filter(|s| label.is_none_or(|(k, v)| s["labels"][k] == v))
+                    .map(|s| s["value"].as_f64().unwrap())
+                    .sum()
+            })
+            .unwrap_or(0.0)
+    };
+    let moved = |name: &str, label: Option<(&str, &str)>| {
+        sum(&after, name, label) > sum(&before, name, label)
+    };
+    assert!(
+        moved("switchyard_rpc_requests", Some(("method", "SubmitJob"))),
+        "{after}"
+    );
+    assert!(
+        moved("switchyard_tasks_started", Some(("kind", "agent"))),
+        "{after}"
+    );
+    assert!(
+        moved("switchyard_tasks_succeeded", Some(("kind", "agent"))),
+        "{after}"
+    );
+    assert!(
+        moved("switchyard_jobs_finished", Some(("state", "completed"))),
+        "{after}"
+    );
+    assert!(
+        moved("switchyard_routing_decisions", Some(("reason", "routed"))),
+        "{after}"
+    );
+    // No job id ever becomes a label.
+    let text = after.to_string();
+    assert!(!text.contains("job_id"), "{text}");
+}
