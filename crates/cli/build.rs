@@ -1,6 +1,14 @@
 //! Records the git commit the binary is built from, for `switchyard version`.
 
 fn main() {
+    println!("cargo:rerun-if-env-changed=SWITCHYARD_GIT_COMMIT");
+    // A build without the repository (a container build) is told the commit.
+    if let Ok(c) = std::env::var("SWITCHYARD_GIT_COMMIT")
+        && !c.is_empty()
+    {
+        println!("cargo:rustc-env=SWITCHYARD_GIT_COMMIT={c}");
+        return;
+    }
     let commit = std::process::Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
         .output()
