@@ -248,7 +248,12 @@ fn typed<T: serde::de::DeserializeOwned>(
             Some(name) => unknown_field(name, &text),
             None => text.split(" at line ").next().unwrap_or(&text).to_owned(),
         };
-        if !seen.insert(field.clone()) || !remove(&mut v, &path) {
+        if !seen.insert(field.clone()) {
+            // Already reported (a list item nulled out is still of the
+            // wrong type): what was found is the answer.
+            break;
+        }
+        if !remove(&mut v, &path) {
             // Dropping it cannot help (a required field, the document
             // itself): what was found is the answer.
             found.add(

@@ -347,3 +347,11 @@ fn documents_report_positions_through_parse() {
         e.violations
     );
 }
+
+#[test]
+fn a_list_item_of_the_wrong_type_is_reported_once() {
+    let doc = json!({"plan_id": "p", "tasks": [{"id": "a", "command": {"command": "head", "args": [-3]}}]});
+    let e = formats::convert(&doc, LIMITS).unwrap_err();
+    assert_eq!(e.violations.0.len(), 1, "{:?}", e.violations);
+    assert_eq!(e.violations.0[0].field, "tasks[0].command.args[0]");
+}

@@ -214,7 +214,10 @@ fn cli_errors_print_reason_and_fields_and_exit_nonzero() {
     // nothing listening: a clear error, not a hang
     let out = cli("http://127.0.0.1:1", &["agent", "list"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot connect"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("cannot reach Switchyard at http://127.0.0.1:1")
+    );
     assert_eq!(dev.terminate(), Some(0));
 }
 
