@@ -113,15 +113,26 @@ fn read(file: &Path) -> anyhow::Result<String> {
     std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))
 }
 
-/// What a person sees of progress: how many tasks succeeded, so a job that
-/// failed early never reads "5/5 (100%)".
-fn progress(j: &Job) -> String {
-    let total = j.tasks.len();
+/// Tasks that succeeded and tasks in all.
+fn succeeded_of(j: &Job) -> (usize, usize) {
     let ok = j
         .tasks
         .iter()
         .filter(|t| t.state == TaskState::Succeeded as i32)
         .count();
+    (ok, j.tasks.len())
+}
+
+/// `3/5`: tasks that succeeded of all.
+fn succeeded(j: &Job) -> String {
+    let (ok, total) = succeeded_of(j);
+    format!("{ok}/{total}")
+}
+
+/// What a person sees of progress: how many tasks succeeded, so a job that
+/// failed early never reads "5/5 (100%)".
+fn progress(j: &Job) -> String {
+    let (ok, total) = succeeded_of(j);
     let percent = (ok * 100).checked_div(total).unwrap_or(0);
     format!("{ok}/{total} tasks succeeded ({percent}%)")
 }
@@ -796,18 +807,20 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
                         .iter()
                         .map(|j| {
                             let s = j.spec.clone().unwrap_or_default();
-                            let p = j.progress.unwrap_or_default();
                             vec![
                                 s.job_id,
                                 job_state(j.state),
-                                format!("{}/{}", p.current_step, p.total_steps),
+                                succeeded(j),
                                 usd(j.cost_so_far.map_or(0, |m| m.micro_usd)),
                                 s.source_format,
                                 s.plan_id,
                             ]
                         })
                         .collect();
-                    table(&["JOB", "STATE", "STEPS", "COST", "FORMAT", "PLAN"], &rows);
+                    table(
+                        &["JOB", "STATE", "SUCCEEDED", "COST", "FORMAT", "PLAN"],
+                        &rows,
+                    );
                 }
             }
             Ok(())
