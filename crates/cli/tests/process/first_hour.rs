@@ -3,6 +3,8 @@
 //! every problem of a document at once with its position, errors as JSON,
 //! one exit-code rule, and Prometheus metrics read by a real parser.
 
+#![allow(clippy::unwrap_used)] // test helpers: a failed spawn or pipe is a failed test
+
 use std::io::Write as _;
 use std::process::{Command, Output, Stdio};
 
