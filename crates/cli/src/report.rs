@@ -105,7 +105,7 @@ pub fn json(e: &anyhow::Error) -> Value {
             // A hint the CLI added around the server's error leads.
             "message": if e.to_string() == api.to_string() { api.message.clone() } else { text(e) },
             "metadata": api.metadata,
-            "fields": api.violations.iter().map(|v| json!({"field": v.field, "description": v.description})).collect::<Vec<_>>(),
+            "fields": api.violations.iter().map(|v| json!({"field": v.field, "description": v.description, "at": api.position(&v.field)})).collect::<Vec<_>>(),
         }),
         (
             None,

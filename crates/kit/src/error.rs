@@ -49,13 +49,45 @@ pub fn status_with_metadata(
 const MAX_MESSAGE: usize = 1_000;
 /// Longest `ErrorInfo` metadata value.
 const MAX_METADATA_VALUE: usize = 200;
+/// Most field positions one status carries.
+const MAX_POSITIONS: usize = 20;
 /// Bytes of field violations one status lists (the rest are counted):
 /// with base64 and the message, well under 8 KiB of headers.
 const MAX_DETAILS_BYTES: usize = 4_000;
 
 /// INVALID_ARGUMENT with `reason` and a BadRequest carrying every violation.
 pub fn invalid_argument(reason: Reason, violations: &Violations) -> Status {
-    let mut details = ErrorDetails::with_error_info(reason.as_str(), DOMAIN, HashMap::new());
+    invalid_argument_at(reason, violations, &std::collections::BTreeMap::new())
+}
+
+/// `ErrorInfo.metadata` key prefix of a field's position in the document
+/// the client sent: `at.tasks[1].depends_on` = `line 7, column 5`.
+pub const POSITION_KEY: &str = "at.";
+
+/// [`invalid_argument`], with where each field stands in the document
+/// (field path → `line L, column C`) as `ErrorInfo` metadata, so the
+/// descriptions keep their exact texts.
+pub fn invalid_argument_at(
+    reason: Reason,
+    violations: &Violations,
+    positions: &std::collections::BTreeMap<String, String>,
+) -> Status {
+    let metadata: HashMap<String, String> = violations
+        .0
+        .iter()
+        .take(MAX_POSITIONS)
+        .filter_map(|v| {
+            let at = positions.get(&v.field)?;
+            Some((
+                format!(
+                    "{POSITION_KEY}{}",
+                    clamp(&v.field, switchyard_core::validate::MAX_FIELD)
+                ),
+                at.clone(),
+            ))
+        })
+        .collect();
+    let mut details = ErrorDetails::with_error_info(reason.as_str(), DOMAIN, metadata);
     // Every violation while they fit a byte budget (the details travel
     // base64-encoded in one header); the rest are counted.
     let mut budget = MAX_DETAILS_BYTES;
@@ -98,6 +130,14 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// Where `field` stands in the document sent (`line 4, column 5`),
+    /// when the server said.
+    pub fn position(&self, field: &str) -> Option<&str> {
+        self.metadata
+            .get(&format!("{POSITION_KEY}{field}"))
+            .map(String::as_str)
+    }
+
     /// The catalogued reason, when known to this build.
     pub fn known_reason(&self) -> Option<Reason> {
         self.reason.as_deref().and_then(Reason::parse)
@@ -168,6 +208,9 @@ impl fmt::Display for ApiError {
             write!(f, "{reason}: invalid request")?;
             for v in &self.violations {
                 write!(f, "\n  {}: {}", v.field, v.description)?;
+                if let Some(at) = self.position(&v.field) {
+                    write!(f, " ({at})")?;
+                }
             }
             Ok(())
         }

@@ -395,7 +395,7 @@ impl Executor {
             if let ExecutorError::Invalid(f) = &mut e
                 && !document.trim().is_empty()
             {
-                crate::locate::Positions::of(document).annotate(&mut f.violations);
+                f.positions = crate::locate::Positions::of(document).of_fields(&f.violations);
             }
             e
         })
@@ -432,10 +432,10 @@ impl Executor {
         let dag = match (spec::validate(&spec, &rules), found.is_empty()) {
             (Ok(dag), true) => dag,
             (Ok(_), false) => {
-                return Err(ExecutorError::Invalid(FormatError {
-                    reason: Reason::InvalidArgument,
-                    violations: found,
-                }));
+                return Err(ExecutorError::Invalid(FormatError::new(
+                    Reason::InvalidArgument,
+                    found,
+                )));
             }
             (Err(mut e), _) => {
                 let mut all = found;

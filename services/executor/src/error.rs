@@ -64,7 +64,11 @@ impl From<ExecutorError> for Status {
         let msg = e.to_string();
         match e {
             ExecutorError::Invalid(f) => {
-                let mut s = switchyard_kit::error::invalid_argument(f.reason, &f.violations);
+                let mut s = switchyard_kit::error::invalid_argument_at(
+                    f.reason,
+                    &f.violations,
+                    &f.positions,
+                );
                 // Keep the seed's wording as the message (e.g. `Invalid task numbering: …`).
                 let details = s.details().to_vec();
                 s = Status::with_details(Code::InvalidArgument, msg, details.into());

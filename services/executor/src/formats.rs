@@ -25,13 +25,26 @@ pub struct FormatError {
     pub reason: Reason,
     /// Every problem, against its field.
     pub violations: Violations,
+    /// Where each field stands in the document (`line 4, column 5`), by
+    /// field path, when the job came as a document. Kept apart from the
+    /// descriptions, which keep the specifications' exact texts.
+    pub positions: std::collections::BTreeMap<String, String>,
 }
 
 impl FormatError {
+    /// A format error listing `violations`.
+    pub fn new(reason: Reason, violations: Violations) -> Self {
+        FormatError {
+            reason,
+            violations,
+            positions: Default::default(),
+        }
+    }
+
     pub(crate) fn one(reason: Reason, field: &str, text: impl Into<String>) -> Self {
         let mut violations = Violations::new();
         violations.add(field, text);
-        FormatError { reason, violations }
+        FormatError::new(reason, violations)
     }
 }
 
@@ -175,10 +188,7 @@ pub fn convert(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
     let (spec, found) = convert_all(v, limits)?;
     match found.is_empty() {
         true => Ok(spec),
-        false => Err(FormatError {
-            reason: Reason::InvalidArgument,
-            violations: found,
-        }),
+        false => Err(FormatError::new(Reason::InvalidArgument, found)),
     }
 }
 
@@ -268,10 +278,7 @@ fn typed<T: serde::de::DeserializeOwned>(
         }
         found.add(field, description);
     }
-    Err(FormatError {
-        reason: Reason::InvalidArgument,
-        violations: Violations::new(),
-    })
+    Err(FormatError::new(Reason::InvalidArgument, Violations::new()))
 }
 
 /// One step of a field path.

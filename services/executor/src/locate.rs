@@ -3,7 +3,7 @@
 //! (`tasks[1].depends_on`), so an error points at the text a person wrote.
 //! JSON is YAML, so one YAML event walk serves both.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde_saphyr::granit_parser::{Event, Parser};
 use switchyard_core::Violations;
@@ -98,14 +98,17 @@ impl Positions {
         }
     }
 
-    /// Adds ` (line L, column C)` to every violation whose field the
-    /// document has.
-    pub fn annotate(&self, violations: &mut Violations) {
-        for v in &mut violations.0 {
-            if let Some((line, col)) = self.find(&v.field) {
-                v.description = format!("{} (line {line}, column {col})", v.description);
-            }
-        }
+    /// `line L, column C` of each violation's field that the document has,
+    /// by field path.
+    pub fn of_fields(&self, violations: &Violations) -> BTreeMap<String, String> {
+        violations
+            .0
+            .iter()
+            .filter_map(|v| {
+                let (line, col) = self.find(&v.field)?;
+                Some((v.field.clone(), format!("line {line}, column {col}")))
+            })
+            .collect()
     }
 }
 

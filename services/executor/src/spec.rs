@@ -183,10 +183,7 @@ pub fn validate(spec: &JobSpec, rules: &Rules<'_>) -> Result<Dag, FormatError> {
     }
     match (dag, v.is_empty()) {
         (Some(d), true) => Ok(d),
-        _ => Err(FormatError {
-            reason,
-            violations: v,
-        }),
+        _ => Err(FormatError::new(reason, v)),
     }
 }
 
@@ -452,10 +449,7 @@ pub fn dag(spec: &JobSpec) -> Result<Dag, FormatError> {
             priority: t.priority,
         })
         .collect();
-    Dag::build(&nodes).map_err(|violations| FormatError {
-        reason: Reason::InvalidArgument,
-        violations,
-    })
+    Dag::build(&nodes).map_err(|violations| FormatError::new(Reason::InvalidArgument, violations))
 }
 
 /// The templated inputs of a task, as JSON, with where they sit.

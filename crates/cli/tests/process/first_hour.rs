@@ -184,6 +184,12 @@ tasks:
             "tasks[0]"
         ]
     );
+    // Positions travel beside the descriptions, which keep their exact texts.
+    assert_eq!(v["error"]["fields"][0]["at"], "line 2, column 1");
+    assert_eq!(
+        v["error"]["fields"][0]["description"],
+        "unknown field \"prioritty\"; did you mean \"priority\"?"
+    );
     // An OJS job's unknown ext_agent_* field is kept and warned about by name.
     let ojs = r#"{"type": "summarize", "args": ["hi"], "ext_agent_model": "m", "ext_agent_max_token": 5}"#;
     let out = ok(&cli_stdin(
