@@ -142,24 +142,12 @@ fn five_processes_run_jobs_driven_from_the_cli() {
     );
 
     // A job needing a person: pending until bob approves in the approval service.
-    let out = ok(&cli(
-        &url,
-        &[
-            "job",
-            "submit",
-            "examples/jobs/needs_approval.yaml",
-            "--as",
-            "alice",
-            "-o",
-            "json",
-        ],
-    ));
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let submitted = submit_as(&url, "examples/jobs/needs_approval.yaml", "alice");
     let (job, run) = (
-        v["job"]["job_id"].as_str().unwrap().to_owned(),
-        v["job"]["run_id"].as_str().unwrap().to_owned(),
+        submitted["job_id"].as_str().unwrap().to_owned(),
+        submitted["run_id"].as_str().unwrap().to_owned(),
     );
-    assert_eq!(v["job"]["state"], "pending");
+    assert_eq!(submitted["state"], "pending");
     let own = cli(&a, &["approval", "approve", &run, "--as", "alice"]);
     assert!(
         String::from_utf8_lossy(&own.stderr).contains("PERMISSION_DENIED"),

@@ -281,20 +281,8 @@ fn commands_that_follow_a_job_share_one_exit_code_rule() {
 fn a_job_waiting_for_approval_says_who_must_act_and_a_job_id_finds_its_run() {
     let (dev, _data) = Proc::dev(&[]);
     let url = dev.url();
-    let out = ok(&cli(
-        &url,
-        &[
-            "job",
-            "submit",
-            "examples/jobs/needs_approval.yaml",
-            "--as",
-            "alice",
-            "-o",
-            "json",
-        ],
-    ));
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let id = v["job"]["job_id"].as_str().unwrap().to_owned();
+    let submitted = submit_as(&url, "examples/jobs/needs_approval.yaml", "alice");
+    let id = submitted["job_id"].as_str().unwrap().to_owned();
     // Following it prints, at once, the run and the command to run.
     let mut watch = Command::new(BIN)
         .args(["job", "watch", &id, "--as", "alice"])

@@ -154,22 +154,10 @@ fn a_python_agent_built_from_the_generated_stubs_takes_part_in_a_job() {
         "plan_id: py\ntasks:\n  - id: mood\n    agent: {capability: text.sentiment, input: {text: \"fast reliable great release, one slow test\"}}\n",
     )
     .unwrap();
-    let out = ok(&cli(
-        &dev.url(),
-        &[
-            "job",
-            "submit",
-            job.to_str().unwrap(),
-            "--as",
-            "alice",
-            "-o",
-            "json",
-        ],
-    ));
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let submitted = submit_as(&dev.url(), job.to_str().unwrap(), "alice");
     let (id, run) = (
-        v["job"]["job_id"].as_str().unwrap().to_owned(),
-        v["job"]["run_id"].as_str().unwrap().to_owned(),
+        submitted["job_id"].as_str().unwrap().to_owned(),
+        submitted["run_id"].as_str().unwrap().to_owned(),
     );
     // The Python agent charges per call, so a person approves.
     ok(&cli(

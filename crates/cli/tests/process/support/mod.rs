@@ -227,6 +227,17 @@ pub fn cli(url: &str, args: &[&str]) -> Output {
     cmd.output().expect("run switchyard cli")
 }
 
+/// `switchyard job submit FILE --as WHO -o json` against `url`: the job
+/// submitted, as JSON.
+pub fn submit_as(url: &str, file: &str, who: &str) -> serde_json::Value {
+    let out = ok(&cli(
+        url,
+        &["job", "submit", file, "--as", who, "-o", "json"],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["job"].clone()
+}
+
 pub fn ok(out: &Output) -> String {
     assert!(
         out.status.success(),
