@@ -508,6 +508,11 @@ async fn follow(
         })
         .await
         .map_err(api)?;
+    // Ctrl-C is caught from here on (before anything is printed, so a
+    // person reacting to the first line is never met by the default
+    // handler): the job goes on, and the CLI says how to find it again.
+    let mut interrupted = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .context("listening for Ctrl-C")?;
     let tty = std::io::stdout().is_terminal() && format == Format::Table && !raw;
     let mut percents = std::collections::HashMap::new();
     let mut streamed: std::collections::HashMap<String, String> = Default::default();
@@ -528,12 +533,10 @@ async fn follow(
             println!("{}", approval_hint(&j));
         }
     }
-    let interrupted = tokio::signal::ctrl_c();
-    tokio::pin!(interrupted);
     loop {
         let msg = tokio::select! {
             msg = stream.next() => msg,
-            _ = &mut interrupted => {
+            _ = interrupted.recv() => {
                 open.close();
                 return Err(crate::report::Stop::Interrupted { job_id: job_id.to_owned() }.into());
             }

@@ -284,21 +284,44 @@ fn a_job_waiting_for_approval_says_who_must_act_and_a_job_id_finds_its_run() {
     let submitted = submit_as(&url, "examples/jobs/needs_approval.yaml", "alice");
     let id = submitted["job_id"].as_str().unwrap().to_owned();
     // Following it prints, at once, the run and the command to run.
-    let mut watch = Command::new(BIN)
-        .args(["job", "watch", &id, "--as", "alice"])
-        .env("SWITCHYARD_URL", &url)
-        .env("SWITCHYARD_CREDENTIALS", credentials_for(&url).unwrap())
-        .stdout(Stdio::piped())
-        .spawn()
+    let follow = || {
+        let mut watch = Command::new(BIN)
+            .args(["job", "watch", &id, "--as", "alice"])
+            .env("SWITCHYARD_URL", &url)
+            .env("SWITCHYARD_CREDENTIALS", credentials_for(&url).unwrap())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines =
+            std::io::BufRead::lines(std::io::BufReader::new(watch.stdout.take().unwrap()));
+        let first = lines.next().unwrap().unwrap();
+        assert!(
+            first.contains(&format!("run-{id}"))
+                && first.contains("someone other than alice")
+                && first.contains("switchyard approval approve"),
+            "{first}"
+        );
+        // The rest of its output is read to the end, so it never meets a
+        // closed pipe.
+        let rest = std::thread::spawn(move || lines.count());
+        (watch, rest)
+    };
+    // Ctrl-C: 130, and the job goes on, with how to follow or cancel it.
+    let (interrupted, _) = follow();
+    Command::new("kill")
+        .args(["-INT", &interrupted.id().to_string()])
+        .status()
         .unwrap();
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(watch.stdout.take().unwrap()));
-    let first = lines.next().unwrap().unwrap();
+    let out = interrupted.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    let err = stderr(&out);
     assert!(
-        first.contains(&format!("run-{id}"))
-            && first.contains("someone other than alice")
-            && first.contains("switchyard approval approve"),
-        "{first}"
+        err.contains("continues on the server")
+            && err.contains(&format!("switchyard job cancel {id}")),
+        "{err}"
     );
+    let (mut watch, _) = follow();
     // bob approves by the job's id.
     let out = cli(&url, &["approval", "approve", &id, "--as", "bob"]);
     assert!(ok(&out).contains("approved"), "{}", stderr(&out));
