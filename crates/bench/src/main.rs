@@ -28,6 +28,7 @@ mod auth;
 mod executor;
 mod history;
 mod llm;
+mod metrics;
 mod real_llm;
 
 use std::hint::black_box;
@@ -228,6 +229,11 @@ async fn run() -> anyhow::Result<()> {
     // `switchyard-bench llm` runs only the agent loop's figures.
     if std::env::args().nth(1).as_deref() == Some("llm") {
         return llm::run().await;
+    }
+    // `switchyard-bench metrics` runs only the metrics' cost.
+    if std::env::args().nth(1).as_deref() == Some("metrics") {
+        metrics::run();
+        return Ok(());
     }
     // `switchyard-bench real-llm` runs only the real model server's figures.
     if std::env::args().nth(1).as_deref() == Some("real-llm") {

@@ -202,7 +202,8 @@ where
         let path = req.uri().path().to_owned();
         let started = std::time::Instant::now();
         // gRPC methods only: `/metrics` itself is not an RPC.
-        let metered = (!method.is_empty()).then(|| (service.to_owned(), method.to_owned()));
+        let metered =
+            (!method.is_empty()).then(|| crate::metrics::global().method(service, method));
 
         Box::pin(
             async move {
@@ -223,8 +224,8 @@ where
                         if let Ok(v) = HeaderValue::from_str(&correlation_id) {
                             resp.headers_mut().insert(CORRELATION_HEADER, v);
                         }
-                        if let Some((service, method)) = &metered {
-                            resp = crate::metrics::metered(resp, service, method, started);
+                        if let Some(m) = metered {
+                            resp = crate::metrics::metered(resp, m, started);
                         }
                         return Ok(resp);
                     }
@@ -277,8 +278,8 @@ where
                     if let Ok(v) = HeaderValue::from_str(&correlation_id) {
                         resp.headers_mut().insert(CORRELATION_HEADER, v);
                     }
-                    match &metered {
-                        Some((service, method)) => crate::metrics::metered(resp, service, method, started),
+                    match metered {
+                        Some(m) => crate::metrics::metered(resp, m, started),
                         None => resp,
                     }
                 })

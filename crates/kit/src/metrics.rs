@@ -16,6 +16,7 @@
 //! Series labelled with a tenant are shown only to that tenant's
 //! principals and to the service token.
 
+use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
 
@@ -105,6 +106,33 @@ pub struct BudgetLabels {
     pub tenant: String,
 }
 
+/// One RPC method's series: its latency and its OK count at hand, other
+/// codes through the family.
+pub(crate) struct MethodMetrics {
+    labels: MethodLabels,
+    duration: Histogram,
+    ok: Counter,
+}
+
+impl MethodMetrics {
+    /// Counts a finished call.
+    pub(crate) fn done(&self, code: tonic::Code, took: Duration) {
+        self.duration.observe(took.as_secs_f64());
+        if code == tonic::Code::Ok {
+            self.ok.inc();
+            return;
+        }
+        global()
+            .rpc_requests
+            .get_or_create(&RpcLabels {
+                service: self.labels.service.clone(),
+                method: self.labels.method.clone(),
+                code: code_name(code).into(),
+            })
+            .inc();
+    }
+}
+
 /// Every metric a Switchyard process exports.
 pub struct Metrics {
     registry: Registry,
@@ -151,6 +179,8 @@ pub struct Metrics {
     /// Registered agents by status.
     pub agents: Family<StateLabels, Gauge>,
     sources: Mutex<Vec<Weak<dyn Gauges>>>,
+    /// Per-method series, by service then method.
+    methods: std::sync::RwLock<HashMap<String, HashMap<String, Arc<MethodMetrics>>>>,
 }
 
 /// A service's state-describing gauges, set at scrape time.
@@ -193,6 +223,7 @@ impl Metrics {
             budget_spent_micro_usd: Family::default(),
             agents: Family::default(),
             sources: Mutex::new(Vec::new()),
+            methods: Default::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -308,19 +339,40 @@ impl Metrics {
 
     /// Counts one finished RPC.
     pub fn rpc(&self, service: &str, method: &str, code: tonic::Code, took: Duration) {
-        self.rpc_requests
-            .get_or_create(&RpcLabels {
-                service: service.into(),
-                method: method.into(),
-                code: code_name(code).into(),
-            })
-            .inc();
-        self.rpc_duration
-            .get_or_create(&MethodLabels {
-                service: service.into(),
-                method: method.into(),
-            })
-            .observe(took.as_secs_f64());
+        self.method(service, method).done(code, took);
+    }
+
+    /// The metrics of one RPC method, made once and then looked up without
+    /// allocating: every RPC passes through here.
+    pub(crate) fn method(&self, service: &str, method: &str) -> Arc<MethodMetrics> {
+        let read = self.methods.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = read.get(service).and_then(|by| by.get(method)) {
+            return m.clone();
+        }
+        drop(read);
+        let mut write = self.methods.write().unwrap_or_else(|e| e.into_inner());
+        let labels = MethodLabels {
+            service: service.into(),
+            method: method.into(),
+        };
+        let made = Arc::new(MethodMetrics {
+            duration: self.rpc_duration.get_or_create(&labels).clone(),
+            ok: self
+                .rpc_requests
+                .get_or_create(&RpcLabels {
+                    service: service.into(),
+                    method: method.into(),
+                    code: code_name(tonic::Code::Ok).into(),
+                })
+                .clone(),
+            labels,
+        });
+        write
+            .entry(service.to_owned())
+            .or_default()
+            .entry(method.to_owned())
+            .or_insert(made)
+            .clone()
     }
 
     /// The Prometheus text exposition of everything, gauges read now.
@@ -381,15 +433,10 @@ pub fn code_name(code: tonic::Code) -> &'static str {
 /// a CANCELLED call. The duration runs to that end.
 pub(crate) fn metered(
     resp: http::Response<tonic::body::Body>,
-    service: &str,
-    method: &str,
+    method: Arc<MethodMetrics>,
     start: std::time::Instant,
 ) -> http::Response<tonic::body::Body> {
-    let record = Record {
-        service: service.to_owned(),
-        method: method.to_owned(),
-        start,
-    };
+    let record = Record { method, start };
     if let Some(code) = grpc_code(resp.headers()) {
         record.done(code);
         return resp;
@@ -403,14 +450,13 @@ pub(crate) fn metered(
 }
 
 struct Record {
-    service: String,
-    method: String,
+    method: Arc<MethodMetrics>,
     start: std::time::Instant,
 }
 
 impl Record {
     fn done(self, code: tonic::Code) {
-        global().rpc(&self.service, &self.method, code, self.start.elapsed());
+        self.method.done(code, self.start.elapsed());
     }
 }
 
