@@ -303,7 +303,7 @@ pub async fn run_node_then(
 
     // Declarative agents (`[agents] dir`): their own AgentService endpoint,
     // talking to this node's services over loopback like any agent process.
-    let mut agents_task = None;
+    let mut agents_hosted = None;
     if let Some(dir) = &cfg.agents.dir {
         let own = format!("http://{}", listener.local_addr()?);
         // They call this node over loopback as an agent would, with the dev
@@ -324,10 +324,24 @@ pub async fn run_node_then(
         } else {
             credential.clone()
         };
-        let hosted = crate::agents::host(&cfg, dir, Some(&own), agents_credential, llm.clone())?;
+        agents_hosted = Some(crate::agents::host(
+            &cfg,
+            dir,
+            Some(&own),
+            agents_credential,
+            llm.clone(),
+        )?);
+    }
+
+    starting.stop().await;
+    // The declarative agents call this node: only once it no longer
+    // answers "starting" (their first call, the tool-collision check, would
+    // be refused and end them). Calls made before `server.run` accepts wait
+    // in the listen backlog.
+    let agents_task = agents_hosted.map(|hosted| {
         let ids = hosted.ids();
         let stop = shutdown.clone();
-        agents_task = Some(tokio::spawn(async move {
+        tokio::spawn(async move {
             let r = switchyard_agents::serve_until(hosted, stop, |addr| {
                 tracing::info!(%addr, agents = ?ids, "declarative agents serving");
             })
@@ -336,10 +350,8 @@ pub async fn run_node_then(
                 tracing::error!(error = %e, "declarative agents stopped");
             }
             r
-        }));
-    }
-
-    starting.stop().await;
+        })
+    });
     let names: Vec<_> = services.iter().map(|s| s.name()).collect();
     tracing::info!(services = ?names, addr = %listener.local_addr()?, "serving");
     ready(listener.local_addr()?);
