@@ -331,10 +331,12 @@ impl Metrics {
     }
 
     /// Registers a source of gauges, read at every scrape while it lives.
-    pub fn add_gauges(&self, source: &Arc<dyn Gauges>) {
+    pub fn add_gauges<G: Gauges + 'static>(&self, source: &Arc<G>) {
+        let weak: Weak<G> = Arc::downgrade(source);
+        let weak: Weak<dyn Gauges> = weak;
         let mut s = self.sources.lock().unwrap_or_else(|e| e.into_inner());
         s.retain(|w| w.strong_count() > 0);
-        s.push(Arc::downgrade(source));
+        s.push(weak);
     }
 
     /// Counts one finished RPC.
@@ -573,7 +575,7 @@ mod tests {
             tonic::Code::Ok,
             Duration::from_millis(3),
         );
-        let source: Arc<dyn Gauges> = Arc::new(Two);
+        let source = Arc::new(Two);
         m.add_gauges(&source);
         let text = m.render();
         assert!(

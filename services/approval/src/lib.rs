@@ -493,8 +493,7 @@ impl Approval {
             store,
             shutdown,
         });
-        let gauges: Arc<dyn switchyard_kit::metrics::Gauges> = inner.clone();
-        switchyard_kit::metrics::global().add_gauges(&gauges);
+        switchyard_kit::metrics::global().add_gauges(&inner);
         Ok(Approval { inner })
     }
 

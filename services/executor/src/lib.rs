@@ -146,8 +146,7 @@ impl Executor {
             tracing::warn!(command = name, "allowlisted command cannot run: {why}");
         }
         let book = Arc::new(JobBook::open(&store, clock, shutdown.clone())?);
-        let gauges: Arc<dyn switchyard_kit::metrics::Gauges> = book.clone();
-        switchyard_kit::metrics::global().add_gauges(&gauges);
+        switchyard_kit::metrics::global().add_gauges(&book);
         let spec = builtin::spec("");
         Ok(Executor {
             inner: Arc::new(Inner {

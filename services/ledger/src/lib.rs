@@ -371,8 +371,7 @@ impl Ledger {
             store,
             shutdown,
         });
-        let gauges: Arc<dyn switchyard_kit::metrics::Gauges> = inner.clone();
-        switchyard_kit::metrics::global().add_gauges(&gauges);
+        switchyard_kit::metrics::global().add_gauges(&inner);
         Ok(Ledger { inner })
     }
 

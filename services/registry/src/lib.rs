@@ -317,8 +317,7 @@ impl Registry {
             tools,
             shutdown,
         });
-        let gauges: Arc<dyn switchyard_kit::metrics::Gauges> = inner.clone();
-        switchyard_kit::metrics::global().add_gauges(&gauges);
+        switchyard_kit::metrics::global().add_gauges(&inner);
         Ok(Registry { inner })
     }
 
