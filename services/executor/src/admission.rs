@@ -437,12 +437,7 @@ impl Executor {
                     found,
                 )));
             }
-            (Err(mut e), _) => {
-                let mut all = found;
-                all.0.append(&mut e.violations.0);
-                e.violations = all;
-                return Err(ExecutorError::Invalid(e));
-            }
+            (Err(e), _) => return Err(ExecutorError::Invalid(e.after(found))),
         };
         if let Some(why) = self.inner.sandbox.unavailable()
             && runs_commands(&spec)

@@ -41,6 +41,14 @@ impl FormatError {
         }
     }
 
+    /// This error with `found` (problems met earlier in the same document)
+    /// listed first, so one answer names them all in document order.
+    pub fn after(mut self, mut found: Violations) -> Self {
+        found.0.append(&mut self.violations.0);
+        self.violations = found;
+        self
+    }
+
     pub(crate) fn one(reason: Reason, field: &str, text: impl Into<String>) -> Self {
         let mut violations = Violations::new();
         violations.add(field, text);
@@ -217,11 +225,7 @@ pub fn convert_all(v: &Value, limits: Limits) -> Result<(JobSpec, Violations), F
             spec.source_format = format.into();
             Ok((spec, found))
         }
-        Err(mut e) => {
-            found.0.append(&mut e.violations.0);
-            e.violations = found;
-            Err(e)
-        }
+        Err(e) => Err(e.after(found)),
     }
 }
 

@@ -389,26 +389,15 @@ fn metrics_parse_as_prometheus_text_and_counters_move_after_a_job() {
     let moved = |name: &str, label: Option<(&str, &str)>| {
         sum(&after, name, label) > sum(&before, name, label)
     };
-    assert!(
-        moved("switchyard_rpc_requests", Some(("method", "SubmitJob"))),
-        "{after}"
-    );
-    assert!(
-        moved("switchyard_tasks_started", Some(("kind", "agent"))),
-        "{after}"
-    );
-    assert!(
-        moved("switchyard_tasks_succeeded", Some(("kind", "agent"))),
-        "{after}"
-    );
-    assert!(
-        moved("switchyard_jobs_finished", Some(("state", "completed"))),
-        "{after}"
-    );
-    assert!(
-        moved("switchyard_routing_decisions", Some(("reason", "routed"))),
-        "{after}"
-    );
+    for (name, label) in [
+        ("switchyard_rpc_requests", ("method", "SubmitJob")),
+        ("switchyard_tasks_started", ("kind", "agent")),
+        ("switchyard_tasks_succeeded", ("kind", "agent")),
+        ("switchyard_jobs_finished", ("state", "completed")),
+        ("switchyard_routing_decisions", ("reason", "routed")),
+    ] {
+        assert!(moved(name, Some(label)), "{name} {label:?}: {after}");
+    }
     // No job id ever becomes a label.
     let text = after.to_string();
     assert!(!text.contains("job_id"), "{text}");
