@@ -31,6 +31,10 @@ pub enum JobCmd {
         /// 3 when it ends discarded or cancelled).
         #[arg(long)]
         watch: bool,
+        /// Read the file as this format only (native, agenix, aitp, ojs)
+        /// instead of detecting it from the document's shape.
+        #[arg(long)]
+        format: Option<String>,
         #[command(flatten)]
         conn: Conn,
     },
@@ -38,6 +42,9 @@ pub enum JobCmd {
     Validate {
         /// The job file; `-` reads it from standard input.
         file: PathBuf,
+        /// Read the file as this format only (native, agenix, aitp, ojs).
+        #[arg(long)]
+        format: Option<String>,
         #[command(flatten)]
         conn: Conn,
     },
@@ -674,6 +681,7 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             file,
             attach,
             watch,
+            format,
             conn,
         } => {
             let document = read(&file)?;
@@ -684,6 +692,7 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
                     spec: None,
                     document,
                     files,
+                    format: format.unwrap_or_default(),
                 })
                 .await
                 .map_err(api)?;
@@ -720,12 +729,13 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             let j = follow(&c, &id, 0, false, conn.output).await?;
             ended(&j)
         }
-        JobCmd::Validate { file, conn } => {
+        JobCmd::Validate { file, format, conn } => {
             let c = client(&conn).await?;
             let v = c
                 .validate_job(ValidateJobRequest {
                     spec: None,
                     document: read(&file)?,
+                    format: format.unwrap_or_default(),
                 })
                 .await
                 .map_err(api)?;

@@ -389,9 +389,10 @@ impl Executor {
         &self,
         spec: Option<JobSpec>,
         document: &str,
+        format: &str,
         files: HashMap<String, Vec<u8>>,
     ) -> Result<(JobSpec, switchyard_core::dag::Dag, Vec<String>), ExecutorError> {
-        self.check(spec, document, files).map_err(|mut e| {
+        self.check(spec, document, format, files).map_err(|mut e| {
             if let ExecutorError::Invalid(f) = &mut e
                 && !document.trim().is_empty()
             {
@@ -405,6 +406,7 @@ impl Executor {
         &self,
         spec: Option<JobSpec>,
         document: &str,
+        format: &str,
         files: HashMap<String, Vec<u8>>,
     ) -> Result<(JobSpec, switchyard_core::dag::Dag, Vec<String>), ExecutorError> {
         let cfg = &self.inner.cfg;
@@ -414,7 +416,7 @@ impl Executor {
                 (s, Violations::new(), Vec::new())
             }
             None if !document.trim().is_empty() => {
-                let p = formats::parse_document(document, cfg.limits())
+                let p = formats::parse_document(document, format, cfg.limits())
                     .map_err(ExecutorError::Invalid)?;
                 (p.spec, p.found, p.warnings)
             }
@@ -496,7 +498,8 @@ impl Executor {
         &self,
         req: ValidateJobRequest,
     ) -> Result<ValidateJobResponse, ExecutorError> {
-        let (spec, dag, warnings) = self.accept(req.spec, &req.document, HashMap::new())?;
+        let (spec, dag, warnings) =
+            self.accept(req.spec, &req.document, &req.format, HashMap::new())?;
         let now = self.inner.book.now();
         let waiter = self
             .waiter("", "")
@@ -542,7 +545,8 @@ impl Executor {
         req: SubmitJobRequest,
         how: Submission,
     ) -> Result<SubmitJobResponse, ExecutorError> {
-        let (mut spec, dag, _warnings) = self.accept(req.spec, &req.document, req.files)?;
+        let (mut spec, dag, _warnings) =
+            self.accept(req.spec, &req.document, &req.format, req.files)?;
         let delegated = spec
             .delegation
             .as_ref()

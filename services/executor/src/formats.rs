@@ -86,8 +86,31 @@ pub struct Parsed {
     pub warnings: Vec<String>,
 }
 
-/// Parses JSON or YAML text and converts it.
-pub fn parse_document(text: &str, limits: Limits) -> Result<Parsed, FormatError> {
+/// The format a document must be read as: `format` when the client named
+/// one (a front door that speaks one format), else detected from `v`'s
+/// shape. An unknown name is refused, naming the choices.
+fn format_of(v: &Value, format: &str) -> Result<&'static str, FormatError> {
+    match format.trim() {
+        "" => Ok(detect(v)),
+        f => [NATIVE, AGENIX, AITP, OJS]
+            .into_iter()
+            .find(|known| known.eq_ignore_ascii_case(f))
+            .ok_or_else(|| {
+                FormatError::one(
+                    Reason::InvalidArgument,
+                    "format",
+                    format!(
+                        "unknown format {:?}: use native, agenix, aitp or ojs, or leave it empty to detect it",
+                        switchyard_core::validate::clamp(f, 40)
+                    ),
+                )
+            }),
+    }
+}
+
+/// Parses JSON or YAML text and converts it, as `format` when not empty
+/// (see [`format_of`]).
+pub fn parse_document(text: &str, format: &str, limits: Limits) -> Result<Parsed, FormatError> {
     let trimmed = text.trim_start();
     let value: Value = if trimmed.starts_with('{') {
         serde_json::from_str(text).map_err(|e| {
@@ -111,7 +134,8 @@ pub fn parse_document(text: &str, limits: Limits) -> Result<Parsed, FormatError>
             )
         })?
     };
-    let (spec, found) = convert_all(&value, limits)?;
+    let format = format_of(&value, format)?;
+    let (spec, found) = convert_as(&value, format, limits)?;
     Ok(Parsed {
         spec,
         found,
@@ -205,6 +229,15 @@ pub fn convert(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
 /// the spec of the rest, so later checks can add theirs to one answer.
 /// An error means the document could not be read as a job at all.
 pub fn convert_all(v: &Value, limits: Limits) -> Result<(JobSpec, Violations), FormatError> {
+    convert_as(v, detect(v), limits)
+}
+
+/// [`convert_all`] as the named format, whatever the document's shape.
+fn convert_as(
+    v: &Value,
+    format: &'static str,
+    limits: Limits,
+) -> Result<(JobSpec, Violations), FormatError> {
     if !v.is_object() {
         return Err(FormatError::one(
             Reason::InvalidArgument,
@@ -212,7 +245,6 @@ pub fn convert_all(v: &Value, limits: Limits) -> Result<(JobSpec, Violations), F
             "a job document must be an object",
         ));
     }
-    let format = detect(v);
     let mut found = Violations::new();
     let converted = match format {
         AGENIX => agenix(v, limits, &mut found),

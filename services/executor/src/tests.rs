@@ -336,11 +336,11 @@ fn unknown_ext_agent_fields_are_kept_and_warned_about_by_name() {
 #[test]
 fn documents_report_positions_through_parse() {
     let yaml = "plan_id: p\nlabelz: {}\ntasks:\n  - id: a\n    agent: {capability: x}\n";
-    let p = formats::parse_document(yaml, LIMITS).unwrap();
+    let p = formats::parse_document(yaml, "", LIMITS).unwrap();
     assert_eq!(p.found.0.len(), 1, "{:?}", p.found);
     assert_eq!(p.found.0[0].field, "labelz");
     assert_eq!(p.spec.tasks.len(), 1, "the rest of the job is read");
-    let e = formats::parse_document("plan_id: p\ntasks: [\n", LIMITS).unwrap_err();
+    let e = formats::parse_document("plan_id: p\ntasks: [\n", "", LIMITS).unwrap_err();
     assert!(
         e.violations.0[0].description.contains("line"),
         "{:?}",
@@ -354,4 +354,33 @@ fn a_list_item_of_the_wrong_type_is_reported_once() {
     let e = formats::convert(&doc, LIMITS).unwrap_err();
     assert_eq!(e.violations.0.len(), 1, "{:?}", e.violations);
     assert_eq!(e.violations.0[0].field, "tasks[0].command.args[0]");
+}
+
+#[test]
+fn a_named_format_reads_the_document_as_that_format_only() {
+    // An AITP task document without subtasks would be detected as a native
+    // job; named, it gets the AITP rule it breaks.
+    let aitp = r#"{"name": "Research", "goal": "g"}"#;
+    let e = formats::parse_document(aitp, "aitp", LIMITS).unwrap_err();
+    assert_eq!(e.violations.0[0].field, "subtasks", "{:?}", e.violations);
+    // A native job sent where an AGEniX envelope is required is refused
+    // with the envelope's rules, not run as a native job.
+    let native = r#"{"plan_id": "p", "tasks": [{"id": "a", "command": {"command": "true"}}]}"#;
+    assert!(formats::parse_document(native, "", LIMITS).is_ok());
+    let e = formats::parse_document(native, "agenix", LIMITS).unwrap_err();
+    let missing = e.violations.0.iter().find(|v| v.field == "tasks[0]");
+    assert!(
+        missing.is_some_and(|v| v.description.contains("task_number")),
+        "{:?}",
+        e.violations
+    );
+    let p = formats::parse_document(native, "NATIVE", LIMITS).unwrap();
+    assert_eq!(p.spec.source_format, "native");
+    let e = formats::parse_document(native, "yaml", LIMITS).unwrap_err();
+    assert_eq!(e.violations.0[0].field, "format");
+    assert!(
+        e.violations.0[0].description.contains("native, agenix, aitp or ojs"),
+        "{:?}",
+        e.violations
+    );
 }
