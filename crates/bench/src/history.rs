@@ -58,7 +58,8 @@ impl Dev {
                 .next()
                 .context("switchyard dev exited before it was ready")??;
             if let Some(a) = line.strip_prefix("listening grpc=") {
-                break a.to_owned();
+                // `grpc=ADDR http=ADDR resp=ADDR`: the first is the gRPC port.
+                break a.split_whitespace().next().unwrap_or_default().to_owned();
             }
         };
         // Keep draining stdout so the process never blocks on it.

@@ -56,6 +56,8 @@ pub struct Config {
     /// `[auth]`: the service token, where the key set comes from, dev
     /// credentials.
     pub auth: switchyard_kit::auth::authn::AuthConfig,
+    /// `[gateway]`: the AITP REST and AGEniX RESP doors.
+    pub gateway: switchyard_gateway::GatewayConfig,
 }
 
 impl Config {
@@ -67,14 +69,21 @@ impl Config {
         self.approval.validate()?;
         self.executor.validate()?;
         self.llm.validate()?;
+        self.gateway.validate()?;
         self.price_catalogue()?;
         if let Some(o) = &self.auth.oidc {
             o.validate()?;
         }
-        if self.auth.dev_credentials() && !is_loopback(&self.server.listen) {
+        let listens = [
+            self.server.listen.clone(),
+            self.gateway.http_listen(&self.server.listen),
+            self.gateway.resp_listen(&self.server.listen),
+        ];
+        if let Some(open) = listens.iter().find(|l| !is_loopback(l))
+            && self.auth.dev_credentials()
+        {
             return Err(format!(
-                "refusing to listen on {} with auth.dev_credentials on: the generated demo credentials (admin, alice, bob) would be reachable from the network. Listen on 127.0.0.1, or set auth.dev_credentials = false (SWITCHYARD_AUTH__DEV_CREDENTIALS=false) and give the first admin key through auth.bootstrap_admin_env",
-                self.server.listen
+                "refusing to listen on {open} with auth.dev_credentials on: the generated demo credentials (admin, alice, bob) would be reachable from the network. Listen on 127.0.0.1, or set auth.dev_credentials = false (SWITCHYARD_AUTH__DEV_CREDENTIALS=false) and give the first admin key through auth.bootstrap_admin_env"
             ));
         }
         if self.server.max_message_bytes < 1024 {

@@ -8,4 +8,4 @@ pub mod config;
 pub mod node;
 
 pub use config::Config;
-pub use node::{ServiceKind, run_node, run_node_then};
+pub use node::{Addresses, BindError, Listeners, ServiceKind, run_node, run_node_then};

@@ -179,29 +179,19 @@ async fn run_services(args: RunArgs, services: &[ServiceKind], dev: bool) -> any
     let service_name = switchyard_kit::telemetry::service_name(&cfg.telemetry, &names, dev);
     let telemetry =
         switchyard_kit::telemetry::init_as(&cfg.telemetry, &service_name, &names.join(","))?;
-    let listener = switchyard_kit::server::bind(&cfg.server)
-        .await
-        .map_err(|e| match &e {
-            switchyard_kit::server::ServerError::Bind { addr, source }
-                if source.kind() == std::io::ErrorKind::AddrInUse =>
-            {
-                anyhow::anyhow!(
-                    "{addr} is already in use: another switchyard (or another program) listens there; stop it, or start this one elsewhere with --listen 127.0.0.1:0 and its own --data-dir"
-                )
-            }
-            _ => e.into(),
-        })?;
+    let listeners = switchyard_cli::Listeners::bind(&cfg, services).await?;
     let (trigger, shutdown) = switchyard_kit::shutdown::channel();
     switchyard_kit::shutdown::on_signals(trigger);
     // One machine-readable line once the stores are replayed and the
     // services serve, for scripts and tests that start us on port 0.
-    let ready = |addr| {
+    // `listening grpc=ADDR [http=ADDR] [resp=ADDR]`.
+    let ready = |addrs: switchyard_cli::Addresses| {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "listening grpc={addr}");
+        let _ = writeln!(out, "listening {addrs}");
         let _ = out.flush();
     };
-    let result = run_node_then(cfg, services, listener, shutdown, ready).await;
+    let result = run_node_then(cfg, services, listeners, shutdown, ready).await;
     telemetry.shutdown();
     result
 }

@@ -39,6 +39,8 @@ pub enum ServiceKind {
     Approval,
     /// Jobs: conversion, approval, budgets, the durable DAG run, events.
     Executor,
+    /// The other front doors: AITP REST/JSON and AGEniX RESP.
+    Gateway,
 }
 
 impl ServiceKind {
@@ -50,6 +52,7 @@ impl ServiceKind {
         ServiceKind::Ledger,
         ServiceKind::Approval,
         ServiceKind::Executor,
+        ServiceKind::Gateway,
     ];
 
     /// The name used on the command line.
@@ -61,6 +64,7 @@ impl ServiceKind {
             ServiceKind::Ledger => "ledger",
             ServiceKind::Approval => "approval",
             ServiceKind::Executor => "executor",
+            ServiceKind::Gateway => "gateway",
         }
     }
 }
@@ -83,15 +87,116 @@ impl FromStr for ServiceKind {
     }
 }
 
-/// Runs `services` on `listener` until `shutdown` fires, then drains and
+/// The listeners of one process: the gRPC port, and the gateway's doors
+/// when it hosts the gateway and they are on. Bound before the process
+/// starts (binaries from the configuration, tests on `127.0.0.1:0`).
+#[derive(Debug)]
+pub struct Listeners {
+    /// Every gRPC service, health, reflection and `/metrics`.
+    pub grpc: TcpListener,
+    /// The AITP REST/JSON door.
+    pub http: Option<TcpListener>,
+    /// The RESP door.
+    pub resp: Option<TcpListener>,
+}
+
+impl From<TcpListener> for Listeners {
+    fn from(grpc: TcpListener) -> Listeners {
+        Listeners {
+            grpc,
+            http: None,
+            resp: None,
+        }
+    }
+}
+
+/// Where a process listens, as its start-up line says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Addresses {
+    /// The gRPC port.
+    pub grpc: std::net::SocketAddr,
+    /// The AITP REST/JSON door, if open.
+    pub http: Option<std::net::SocketAddr>,
+    /// The RESP door, if open.
+    pub resp: Option<std::net::SocketAddr>,
+}
+
+impl std::fmt::Display for Addresses {
+    /// `grpc=127.0.0.1:7600 http=127.0.0.1:7680 resp=127.0.0.1:7679`
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "grpc={}", self.grpc)?;
+        if let Some(a) = self.http {
+            write!(f, " http={a}")?;
+        }
+        if let Some(a) = self.resp {
+            write!(f, " resp={a}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Binding a listen address failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{addr}{}", in_use_hint(.source))]
+pub struct BindError {
+    /// The address.
+    pub addr: String,
+    /// Why.
+    #[source]
+    pub source: std::io::Error,
+}
+
+fn in_use_hint(e: &std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::AddrInUse {
+        " is already in use: another switchyard (or another program) listens there; stop it, or start this one elsewhere with --listen 127.0.0.1:0 and its own --data-dir".into()
+    } else {
+        format!(": {e}")
+    }
+}
+
+impl Listeners {
+    /// Binds what `cfg` asks for `services`: the gRPC port, and the
+    /// gateway's open doors when it hosts the gateway.
+    pub async fn bind(cfg: &Config, services: &[ServiceKind]) -> Result<Listeners, BindError> {
+        let bind = |addr: String| async move {
+            TcpListener::bind(&addr)
+                .await
+                .map_err(|source| BindError { addr, source })
+        };
+        let grpc = bind(cfg.server.listen.clone()).await?;
+        let gateway = services.contains(&ServiceKind::Gateway);
+        let g = &cfg.gateway;
+        let http = match gateway && g.http.enabled {
+            true => Some(bind(g.http_listen(&cfg.server.listen)).await?),
+            false => None,
+        };
+        let resp = match gateway && g.resp.enabled {
+            true => Some(bind(g.resp_listen(&cfg.server.listen)).await?),
+            false => None,
+        };
+        Ok(Listeners { grpc, http, resp })
+    }
+
+    /// The bound addresses.
+    pub fn addresses(&self) -> std::io::Result<Addresses> {
+        let local = |l: &Option<TcpListener>| l.as_ref().map(TcpListener::local_addr).transpose();
+        Ok(Addresses {
+            grpc: self.grpc.local_addr()?,
+            http: local(&self.http)?,
+            resp: local(&self.resp)?,
+        })
+    }
+}
+
+/// Runs `services` on `listeners` until `shutdown` fires, then drains and
 /// flushes storage.
 pub async fn run_node(
     cfg: Config,
     services: &[ServiceKind],
-    listener: TcpListener,
+    listeners: impl Into<Listeners>,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
-    run_node_then(cfg, services, listener, shutdown, |_| {}).await
+    run_node_then(cfg, services, listeners, shutdown, |_| {}).await
 }
 
 /// [`run_node`], calling `ready` once every store is open (their logs
@@ -100,10 +205,17 @@ pub async fn run_node(
 pub async fn run_node_then(
     cfg: Config,
     services: &[ServiceKind],
-    listener: TcpListener,
+    listeners: impl Into<Listeners>,
     shutdown: Shutdown,
-    ready: impl FnOnce(std::net::SocketAddr),
+    ready: impl FnOnce(Addresses),
 ) -> anyhow::Result<()> {
+    let listeners = listeners.into();
+    let addresses = listeners.addresses()?;
+    let Listeners {
+        grpc: listener,
+        http: http_listener,
+        resp: resp_listener,
+    } = listeners;
     cfg.validate().map_err(anyhow::Error::msg)?;
     switchyard_store::observe_flushes(|took| {
         switchyard_kit::metrics::global()
@@ -157,7 +269,8 @@ pub async fn run_node_then(
     if services.contains(&ServiceKind::Executor) || cfg.agents.dir.is_some() {
         llm.spawn_model_checks();
     }
-    let mut server = Server::new(cfg.server.clone()).with_auth(Arc::new(authenticator));
+    let authenticator = Arc::new(authenticator);
+    let mut server = Server::new(cfg.server.clone()).with_auth(authenticator.clone());
     let mut auth = None;
     if services.contains(&ServiceKind::Auth) {
         let a = Auth::open(open("auth")?, keys.clone())?;
@@ -301,6 +414,33 @@ pub async fn run_node_then(
         executor = Some(x);
     }
 
+    // The other doors: they call the executor as their callers, in-process
+    // when it is here, else over gRPC with each caller's own credential
+    // (so the channel carries none of its own).
+    let gateway = if services.contains(&ServiceKind::Gateway) {
+        let client = match &executor {
+            Some(x) => switchyard_api::ExecutorClient::local(Arc::new(x.clone())),
+            None => {
+                let url = cfg.gateway.executor_url.as_deref().context(
+                    "the gateway needs the executor: run both in one process or set gateway.executor_url",
+                )?;
+                let channel = switchyard_kit::client::service_channel(url, client_tls.as_ref())?;
+                switchyard_api::ExecutorClient::remote(
+                    switchyard_kit::client::authed(channel, None),
+                    max,
+                )
+            }
+        };
+        Some(switchyard_gateway::Gateway::new(
+            cfg.gateway.clone(),
+            max,
+            switchyard_gateway::Jobs::new(client),
+            authenticator.clone(),
+        ))
+    } else {
+        None
+    };
+
     // Declarative agents (`[agents] dir`): their own AgentService endpoint,
     // talking to this node's services over loopback like any agent process.
     let mut agents_hosted = None;
@@ -352,10 +492,21 @@ pub async fn run_node_then(
             r
         })
     });
+    let gateway_task = gateway.map(|g| {
+        let drain = std::time::Duration::from_millis(cfg.server.drain_timeout_ms);
+        tokio::spawn(g.run(http_listener, resp_listener, shutdown.clone(), drain))
+    });
     let names: Vec<_> = services.iter().map(|s| s.name()).collect();
-    tracing::info!(services = ?names, addr = %listener.local_addr()?, "serving");
-    ready(listener.local_addr()?);
+    tracing::info!(services = ?names, addr = %addresses, "serving");
+    ready(addresses);
     server.run(listener, shutdown).await?;
+    if let Some(t) = gateway_task {
+        match t.await {
+            Ok(Err(e)) => tracing::error!(error = %e, "gateway stopped"),
+            Err(e) => tracing::error!(error = %e, "gateway task failed"),
+            Ok(Ok(())) => {}
+        }
+    }
     if let Some(t) = agents_task
         && let Err(e) = t.await
     {
@@ -401,7 +552,7 @@ mod tests {
         );
         let e = "ledgr".parse::<ServiceKind>().unwrap_err();
         assert!(
-            e.contains("auth, registry, router, ledger, approval, executor"),
+            e.contains("auth, registry, router, ledger, approval, executor, gateway"),
             "{e}"
         );
     }

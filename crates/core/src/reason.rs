@@ -114,6 +114,13 @@ reasons! {
     JobAlreadyExists => "JOB_ALREADY_EXISTS",
     /// The job finished (completed, cancelled or discarded); nothing moves it.
     JobTerminal => "JOB_TERMINAL",
+    /// The job has not finished yet, so it has no result; follow it or ask
+    /// again once it has.
+    JobNotFinished => "JOB_NOT_FINISHED",
+    /// No HTTP route has this path (or not with this method).
+    RouteNotFound => "ROUTE_NOT_FOUND",
+    /// A request body is not in a media type the route accepts.
+    UnsupportedMediaType => "UNSUPPORTED_MEDIA_TYPE",
     /// The task finished; nothing moves it.
     TaskTerminal => "TASK_TERMINAL",
     /// The job's approval run was rejected or cancelled.

@@ -121,6 +121,15 @@ impl Credential {
     }
 }
 
+impl Credential {
+    /// Puts the credential on `req` as its `authorization`: for a front
+    /// door forwarding its caller's own credential, so the service called
+    /// authenticates that caller, not the door.
+    pub fn authorize<T>(&self, req: &mut tonic::Request<T>) {
+        req.metadata_mut().insert("authorization", self.0.clone());
+    }
+}
+
 impl std::fmt::Debug for Credential {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Credential([redacted])")

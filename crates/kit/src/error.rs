@@ -219,9 +219,159 @@ impl fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
+/// The HTTP status answering a gRPC status on an HTTP route: the usual
+/// mapping (google.rpc), except that a refused precondition (a job that
+/// already finished, a transition the state table refuses) is 409 Conflict,
+/// which is what an HTTP client branches on, and an oversized body is 413.
+pub fn http_status(s: &Status) -> http::StatusCode {
+    use http::StatusCode as H;
+    let reason = s.get_error_details().error_info().map(|i| i.reason.clone());
+    if reason.as_deref() == Some(Reason::MessageTooLarge.as_str()) {
+        return H::PAYLOAD_TOO_LARGE;
+    }
+    if reason.as_deref() == Some(Reason::UnsupportedMediaType.as_str()) {
+        return H::UNSUPPORTED_MEDIA_TYPE;
+    }
+    match s.code() {
+        Code::Ok => H::OK,
+        Code::InvalidArgument | Code::OutOfRange => H::BAD_REQUEST,
+        Code::Unauthenticated => H::UNAUTHORIZED,
+        Code::PermissionDenied => H::FORBIDDEN,
+        Code::NotFound => H::NOT_FOUND,
+        Code::AlreadyExists | Code::Aborted | Code::FailedPrecondition => H::CONFLICT,
+        Code::ResourceExhausted => H::TOO_MANY_REQUESTS,
+        Code::Cancelled => H::from_u16(499).unwrap_or(H::BAD_REQUEST),
+        Code::Unimplemented => H::NOT_IMPLEMENTED,
+        Code::Unavailable => H::SERVICE_UNAVAILABLE,
+        Code::DeadlineExceeded => H::GATEWAY_TIMEOUT,
+        Code::Unknown | Code::Internal | Code::DataLoss => H::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// The one error envelope of every HTTP route (the gateway's doors and
+/// `/metrics`), built from the same status a gRPC caller gets:
+///
+/// ```json
+/// {"error": {"code": 400, "status": "INVALID_ARGUMENT", "reason": "INVALID_TASK_NUMBERING",
+///            "message": "…", "fields": [{"field": "…", "description": "…", "at": "line 3, column 7"}],
+///            "metadata": {…}, "request_id": "…"}}
+/// ```
+///
+/// `reason` is the catalogue's (as `ErrorInfo.reason` over gRPC), `fields`
+/// the BadRequest violations, `request_id` the request's correlation id.
+pub fn http_error(s: &Status, request_id: &str) -> (http::StatusCode, serde_json::Value) {
+    let code = http_status(s);
+    let api = ApiError::from(s.clone());
+    let fields: Vec<serde_json::Value> = api
+        .violations
+        .iter()
+        .map(|v| {
+            let mut f = serde_json::json!({"field": v.field, "description": v.description});
+            if let Some(at) = api.position(&v.field) {
+                f["at"] = at.into();
+            }
+            f
+        })
+        .collect();
+    // Positions are in `fields`; the rest of the metadata as sent.
+    let metadata: serde_json::Map<String, serde_json::Value> = api
+        .metadata
+        .iter()
+        .filter(|(k, _)| !k.starts_with(POSITION_KEY))
+        .map(|(k, v)| (k.clone(), v.clone().into()))
+        .collect();
+    let body = serde_json::json!({"error": {
+        "code": code.as_u16(),
+        "status": code_name(s.code()),
+        "reason": api.reason.unwrap_or_else(|| code_name(s.code()).to_owned()),
+        "message": api.message,
+        "fields": fields,
+        "metadata": metadata,
+        "request_id": request_id,
+    }});
+    (code, body)
+}
+
+/// `INVALID_ARGUMENT`, `NOT_FOUND`, …: a gRPC code's canonical name.
+pub fn code_name(c: Code) -> &'static str {
+    match c {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_http_envelope_carries_the_grpc_reason_fields_and_positions() {
+        let mut v = Violations::new();
+        v.add(
+            "tasks[1].task_number",
+            "Invalid task numbering: gap between task 2 and 4",
+        );
+        let positions = std::collections::BTreeMap::from([(
+            "tasks[1].task_number".to_owned(),
+            "line 3, column 7".to_owned(),
+        )]);
+        let s = invalid_argument_at(Reason::InvalidTaskNumbering, &v, &positions);
+        let (code, body) = http_error(&s, "req-1");
+        assert_eq!(code, http::StatusCode::BAD_REQUEST);
+        let e = &body["error"];
+        assert_eq!(e["code"], 400);
+        assert_eq!(e["status"], "INVALID_ARGUMENT");
+        assert_eq!(e["reason"], "INVALID_TASK_NUMBERING");
+        assert_eq!(e["request_id"], "req-1");
+        assert_eq!(e["fields"][0]["field"], "tasks[1].task_number");
+        assert_eq!(e["fields"][0]["at"], "line 3, column 7");
+        assert!(e["metadata"].as_object().unwrap().is_empty(), "{e}");
+        for (status, want) in [
+            (status(Code::NotFound, Reason::JobNotFound, "x"), 404),
+            (
+                status(Code::FailedPrecondition, Reason::JobTerminal, "x"),
+                409,
+            ),
+            (
+                status(Code::Unauthenticated, Reason::AuthRequired, "x"),
+                401,
+            ),
+            (
+                status(Code::PermissionDenied, Reason::PermissionDenied, "x"),
+                403,
+            ),
+            (
+                status(Code::ResourceExhausted, Reason::MessageTooLarge, "x"),
+                413,
+            ),
+            (
+                status(Code::Unavailable, Reason::DependencyUnavailable, "x"),
+                503,
+            ),
+            (Status::internal("no reason"), 500),
+        ] {
+            assert_eq!(http_error(&status, "r").0.as_u16(), want, "{status:?}");
+        }
+        assert_eq!(
+            http_error(&Status::internal("x"), "r").1["error"]["reason"],
+            "INTERNAL"
+        );
+    }
 
     #[test]
     fn errors_quoting_huge_input_stay_far_below_client_header_limits() {

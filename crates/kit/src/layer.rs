@@ -217,8 +217,9 @@ where
                         tracing::debug!(error = %refused, "request refused");
                         let status = tonic::Status::from(refused);
                         if metered.is_none() {
-                            // Plain HTTP (`/metrics`): an HTTP status, not a gRPC one.
-                            return Ok(http_refusal(&status));
+                            // Plain HTTP (`/metrics`): an HTTP status and the
+                            // JSON error envelope, not a gRPC status.
+                            return Ok(http_refusal(&status, &correlation_id));
                         }
                         let mut resp = status.into_http();
                         if let Ok(v) = HeaderValue::from_str(&correlation_id) {
@@ -290,16 +291,11 @@ where
 }
 
 /// A refused plain-HTTP request: 401 without valid credentials, 403
-/// without the permission, with the reason as text.
-fn http_refusal(status: &tonic::Status) -> Response<Body> {
+/// without the permission, in the one JSON error envelope.
+fn http_refusal(status: &tonic::Status, request_id: &str) -> Response<Body> {
     use axum::response::IntoResponse as _;
-    let code = match status.code() {
-        Code::Unauthenticated => http::StatusCode::UNAUTHORIZED,
-        Code::PermissionDenied => http::StatusCode::FORBIDDEN,
-        _ => http::StatusCode::BAD_REQUEST,
-    };
-    let reason = crate::error::ApiError::from(status.clone());
-    (code, format!("{reason}\n")).into_response().map(Body::new)
+    let (code, body) = crate::error::http_error(status, request_id);
+    (code, axum::Json(body)).into_response().map(Body::new)
 }
 
 /// tonic refuses an oversized request with OUT_OF_RANGE; gRPC's convention

@@ -31,6 +31,10 @@ pub struct Stack {
     pub addr: SocketAddr,
     /// `http://` URL of the bound address.
     pub url: String,
+    /// The gateway's AITP REST door, when the stack hosts the gateway.
+    pub http: Option<SocketAddr>,
+    /// The gateway's RESP door, when the stack hosts the gateway.
+    pub resp: Option<SocketAddr>,
     trigger: Trigger,
     handle: tokio::task::JoinHandle<anyhow::Result<()>>,
     dir: tempfile::TempDir,
@@ -69,8 +73,11 @@ impl Stack {
         std::fs::write(&token_file, &service_token)?;
         cfg.auth.service_token_file = Some(token_file);
         tweak(&mut cfg);
-        let listener = switchyard_kit::server::bind(&cfg.server).await?;
-        let addr = listener.local_addr()?;
+        // Every listener (the gRPC port, the gateway's doors) on a free
+        // port, bound here and handed over.
+        let listeners = switchyard_cli::Listeners::bind(&cfg, services).await?;
+        let addresses = listeners.addresses()?;
+        let addr = addresses.grpc;
         let (trigger, shutdown) = switchyard_kit::shutdown::channel();
         // Every deployment has an identity source: a stack of any services
         // also hosts the auth service.
@@ -80,10 +87,12 @@ impl Stack {
         }
         let data_dir = cfg.storage.data_dir.clone();
         let handle =
-            tokio::spawn(async move { run_node(cfg, &services, listener, shutdown).await });
+            tokio::spawn(async move { run_node(cfg, &services, listeners, shutdown).await });
         let mut stack = Stack {
             addr,
             url: format!("http://{addr}"),
+            http: addresses.http,
+            resp: addresses.resp,
             trigger,
             handle,
             dir,

@@ -379,7 +379,9 @@ fn a_named_format_reads_the_document_as_that_format_only() {
     let e = formats::parse_document(native, "yaml", LIMITS).unwrap_err();
     assert_eq!(e.violations.0[0].field, "format");
     assert!(
-        e.violations.0[0].description.contains("native, agenix, aitp or ojs"),
+        e.violations.0[0]
+            .description
+            .contains("native, agenix, aitp or ojs"),
         "{:?}",
         e.violations
     );

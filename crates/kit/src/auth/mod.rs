@@ -23,7 +23,7 @@ use std::sync::Arc;
 use switchyard_core::Reason;
 use tonic::{Code, Status};
 
-pub use permissions::{Access, Permission, access};
+pub use permissions::{Access, HTTP_ROUTES, Permission, access, http_access, resp_access};
 
 /// The kind of party a principal is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

@@ -211,6 +211,63 @@ pub fn access(path: &str) -> Access {
     }
 }
 
+/// Every gateway HTTP route — its method, its route template as the router
+/// and the OpenAPI document name it (`/aitp/tasks/{task_id}`) — and what it
+/// needs. Tests check this list against both the router and the document.
+pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
+    use Permission as P;
+    &[
+        // What the API is and whether it is up: open, like reflection and
+        // health on the gRPC port.
+        ("GET", "/openapi.json", Access::Open),
+        ("GET", "/healthz", Access::Open),
+        ("POST", "/aitp/tasks", Access::Needs(P::JobSubmit)),
+        ("GET", "/aitp/tasks/{task_id}", Access::Needs(P::JobRead)),
+        (
+            "DELETE",
+            "/aitp/tasks/{task_id}",
+            Access::Needs(P::JobCancel),
+        ),
+        (
+            "GET",
+            "/aitp/tasks/{task_id}/result",
+            Access::Needs(P::JobRead),
+        ),
+        (
+            "GET",
+            "/aitp/tasks/{task_id}/events",
+            Access::Needs(P::JobRead),
+        ),
+    ]
+};
+
+/// The access rule of a gateway HTTP route ([`HTTP_ROUTES`]). Same
+/// default deny as [`access`]: a route not listed is refused for everyone.
+pub fn http_access(method: &str, route: &str) -> Access {
+    HTTP_ROUTES
+        .iter()
+        .find(|(m, r, _)| *m == method && *r == route)
+        .map_or(Access::Unknown, |(_, _, a)| *a)
+}
+
+/// The access rule of a RESP command (its verb, upper case). The
+/// connection handshake is open (a client must be able to authenticate);
+/// everything else needs what the same gRPC call needs. Not listed:
+/// refused, as an unknown command.
+pub fn resp_access(verb: &str) -> Access {
+    use Permission as P;
+    let needs = Access::Needs;
+    match verb {
+        "PING" | "HELLO" | "AUTH" | "QUIT" => Access::Open,
+        // Connection bookkeeping client libraries send after connecting.
+        "CLIENT" => Access::Authenticated,
+        "PLAN.SUBMIT" | "JOB.SUBMIT" => needs(P::JobSubmit),
+        "JOB.STATUS" | "JOB.RESULT" => needs(P::JobRead),
+        "JOB.CANCEL" => needs(P::JobCancel),
+        _ => Access::Unknown,
+    }
+}
+
 /// Whether `role` grants `perm`.
 pub fn grants(role: Role, perm: Permission) -> bool {
     use Permission::*;
@@ -305,6 +362,39 @@ mod tests {
         let names: std::collections::HashSet<_> =
             Permission::ALL.iter().map(|p| p.as_str()).collect();
         assert_eq!(names.len(), Permission::ALL.len());
+    }
+
+    #[test]
+    fn gateway_routes_and_resp_verbs_need_what_the_same_grpc_call_needs() {
+        let rpc = |m: &str| access(&format!("/switchyard.executor.v1.JobService/{m}"));
+        assert_eq!(http_access("POST", "/aitp/tasks"), rpc("SubmitJob"));
+        assert_eq!(http_access("GET", "/aitp/tasks/{task_id}"), rpc("GetJob"));
+        assert_eq!(
+            http_access("GET", "/aitp/tasks/{task_id}/result"),
+            rpc("GetResult")
+        );
+        assert_eq!(
+            http_access("GET", "/aitp/tasks/{task_id}/events"),
+            rpc("WatchJob")
+        );
+        assert_eq!(
+            http_access("DELETE", "/aitp/tasks/{task_id}"),
+            rpc("CancelJob")
+        );
+        assert_eq!(resp_access("PLAN.SUBMIT"), rpc("SubmitJob"));
+        assert_eq!(resp_access("JOB.SUBMIT"), rpc("SubmitJob"));
+        assert_eq!(resp_access("JOB.STATUS"), rpc("GetJob"));
+        assert_eq!(resp_access("JOB.RESULT"), rpc("GetResult"));
+        assert_eq!(resp_access("JOB.CANCEL"), rpc("CancelJob"));
+        // Default deny: other methods, routes and verbs.
+        assert_eq!(http_access("PUT", "/aitp/tasks/{task_id}"), Access::Unknown);
+        assert_eq!(http_access("GET", "/aitp/tasks/x"), Access::Unknown);
+        assert_eq!(resp_access("FLUSHALL"), Access::Unknown);
+        assert_eq!(
+            resp_access("job.submit"),
+            Access::Unknown,
+            "verbs are matched upper case"
+        );
     }
 
     #[test]

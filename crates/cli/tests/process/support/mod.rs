@@ -71,7 +71,22 @@ fn dev_args(data: &std::path::Path) -> [&str; 5] {
 /// A running `switchyard` process, killed on drop.
 pub struct Proc {
     child: Child,
+    /// The gRPC address.
     pub addr: String,
+    /// The gateway's AITP REST door, when it hosts one.
+    pub http: Option<String>,
+    /// The gateway's RESP door, when it hosts one.
+    pub resp: Option<String>,
+}
+
+/// The addresses of a `listening grpc=A [http=B] [resp=C]` line.
+fn listening(line: &str) -> Option<(String, Option<String>, Option<String>)> {
+    let rest = line.strip_prefix("listening ")?;
+    let field = |name: &str| {
+        rest.split_whitespace()
+            .find_map(|f| f.strip_prefix(name).map(str::to_owned))
+    };
+    Some((field("grpc=")?, field("http="), field("resp=")))
 }
 
 impl Proc {
@@ -125,12 +140,12 @@ impl Proc {
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(a) = line.strip_prefix("listening grpc=") {
-                    let _ = tx.send(a.to_owned());
+                if let Some(a) = listening(&line) {
+                    let _ = tx.send(a);
                 }
             }
         });
-        let addr = match rx.recv_timeout(Duration::from_secs(20)) {
+        let (addr, http, resp) = match rx.recv_timeout(Duration::from_secs(20)) {
             Ok(a) => a,
             Err(_) => {
                 let _ = child.kill();
@@ -146,7 +161,12 @@ impl Proc {
         if let Some(c) = creds {
             CREDENTIALS.lock().unwrap().push((url, c));
         }
-        Proc { child, addr }
+        Proc {
+            child,
+            addr,
+            http,
+            resp,
+        }
     }
 
     /// `switchyard dev` on a free port with its data in a new temporary

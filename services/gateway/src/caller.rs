@@ -1,0 +1,214 @@
+//! Who calls through a door, and calling the executor as that caller.
+//!
+//! A door authenticates the credential it is shown with the same
+//! [`Authenticator`] every gRPC port uses, checks the route's or verb's
+//! permission in the one table, and then calls the executor *as the
+//! caller*: in-process with the caller's own principal, over the network
+//! with the caller's own credential. The executor therefore applies exactly
+//! the rules a direct gRPC call gets (tenant, ownership, delegation), and
+//! records the same `submitted_by` — never the gateway's identity acting
+//! for someone, which would read the whole tenant.
+
+use std::sync::Arc;
+
+use switchyard_api::ExecutorClient;
+use switchyard_kit::auth::authn::{Authenticator, Presented};
+use switchyard_kit::auth::{Access, AuthError, Principal};
+use switchyard_kit::client::Credential;
+use switchyard_kit::context::{CORRELATION_HEADER, TRACEPARENT_HEADER};
+use switchyard_proto::executor::v1::*;
+use tonic::{Response, Status};
+
+/// An authenticated caller of a door.
+#[derive(Clone)]
+pub struct Caller {
+    /// Who it is.
+    pub principal: Arc<Principal>,
+    /// The credential it presented, forwarded to a remote executor.
+    credential: Credential,
+    /// `x-switchyard-on-behalf-of` as presented (honoured only for
+    /// principals allowed to impersonate), forwarded with the credential.
+    on_behalf: Option<String>,
+}
+
+impl std::fmt::Debug for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Caller")
+            .field("principal", &self.principal)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Authenticates what a request presents in `headers` (`authorization:
+/// Bearer …`) and checks `access`: `Ok(None)` for open routes.
+pub async fn admit(
+    auth: &Authenticator,
+    headers: &http::HeaderMap,
+    access: Access,
+    what: &str,
+) -> Result<Option<Caller>, AuthError> {
+    if access == Access::Open {
+        return Ok(None);
+    }
+    let presented = Presented::from_headers(headers)?;
+    let principal = auth
+        .authenticate(&presented, switchyard_kit::time::now_ms())
+        .await?;
+    match access {
+        Access::Needs(perm) => principal.require(perm)?,
+        Access::Unknown => return Err(AuthError::Unlisted(what.to_owned())),
+        Access::Open | Access::Authenticated => {}
+    }
+    // `from_headers` accepted the header, so it is a bearer token.
+    let token = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .map(|(_, t)| t.trim())
+        .ok_or(AuthError::Required)?;
+    let credential = Credential::bearer(token).map_err(|_| AuthError::Invalid)?;
+    let on_behalf = headers
+        .get(switchyard_kit::auth::ON_BEHALF_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    Ok(Some(Caller {
+        principal,
+        credential,
+        on_behalf,
+    }))
+}
+
+/// Authenticates a bare token (RESP `AUTH`), as [`admit`] would a bearer
+/// header, with no permission checked yet.
+pub async fn authenticate_token(auth: &Authenticator, token: &str) -> Result<Caller, AuthError> {
+    let value = format!("Bearer {token}")
+        .parse::<http::HeaderValue>()
+        .map_err(|_| AuthError::Invalid)?;
+    let headers = http::HeaderMap::from_iter([(http::header::AUTHORIZATION, value)]);
+    admit(auth, &headers, Access::Authenticated, "AUTH")
+        .await?
+        .ok_or(AuthError::Required)
+}
+
+impl Caller {
+    /// `msg` as a request from this caller: its principal for an
+    /// in-process executor, its credential (and on-behalf header) for a
+    /// remote one, plus the correlation id and trace context of the
+    /// request being served.
+    fn request<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(msg);
+        self.credential.authorize(&mut req);
+        if let Some(v) = self.on_behalf.as_deref().and_then(|v| v.parse().ok()) {
+            req.metadata_mut()
+                .insert(switchyard_kit::auth::ON_BEHALF_HEADER, v);
+        }
+        switchyard_kit::context::inject(&mut req);
+        req.extensions_mut().insert(self.principal.clone());
+        req
+    }
+
+    /// Whether `perm` is held (a verb that needs more than the first).
+    pub fn require(&self, access: Access, what: &str) -> Result<(), AuthError> {
+        match access {
+            Access::Needs(perm) => self.principal.require(perm),
+            Access::Unknown => Err(AuthError::Unlisted(what.to_owned())),
+            Access::Open | Access::Authenticated => Ok(()),
+        }
+    }
+}
+
+/// The executor, called as a door's caller (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Jobs(ExecutorClient);
+
+/// One unary call as `caller`, in-process or remote alike.
+macro_rules! as_caller {
+    ($jobs:expr, $caller:expr, $method:ident, $msg:expr) => {{
+        let req = $caller.request($msg);
+        match &$jobs.0 {
+            ExecutorClient::Local(svc) => svc.$method(req).await,
+            ExecutorClient::Remote(c) => c.clone().$method(req).await,
+        }
+        .map(Response::into_inner)
+    }};
+}
+
+impl Jobs {
+    /// Calls through `client`. A remote client must carry no credential of
+    /// its own ([`switchyard_kit::client::authed`] with none): each call
+    /// carries its caller's.
+    pub fn new(client: ExecutorClient) -> Jobs {
+        Jobs(client)
+    }
+
+    /// SubmitJob.
+    pub async fn submit(
+        &self,
+        c: &Caller,
+        req: SubmitJobRequest,
+    ) -> Result<SubmitJobResponse, Status> {
+        as_caller!(self, c, submit_job, req)
+    }
+
+    /// GetJob.
+    pub async fn get(&self, c: &Caller, job_id: &str) -> Result<Job, Status> {
+        let req = GetJobRequest {
+            job_id: job_id.to_owned(),
+        };
+        let job = as_caller!(self, c, get_job, req)?.job;
+        job.ok_or_else(|| Status::internal("GetJob answered without a job"))
+    }
+
+    /// GetResult.
+    pub async fn result(&self, c: &Caller, job_id: &str) -> Result<GetResultResponse, Status> {
+        let req = GetResultRequest {
+            job_id: job_id.to_owned(),
+        };
+        as_caller!(self, c, get_result, req)
+    }
+
+    /// CancelJob.
+    pub async fn cancel(&self, c: &Caller, job_id: &str, reason: &str) -> Result<Job, Status> {
+        let req = CancelJobRequest {
+            job_id: job_id.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let job = as_caller!(self, c, cancel_job, req)?.job;
+        job.ok_or_else(|| Status::internal("CancelJob answered without a job"))
+    }
+
+    /// WatchJob, after `after`.
+    pub async fn watch(
+        &self,
+        c: &Caller,
+        job_id: &str,
+        after: u64,
+    ) -> Result<switchyard_kit::BoxStream<WatchJobResponse>, Status> {
+        let req = c.request(WatchJobRequest {
+            job_id: job_id.to_owned(),
+            after_sequence: after,
+        });
+        match &self.0 {
+            ExecutorClient::Local(svc) => svc.watch_job(req).await,
+            ExecutorClient::Remote(cl) => {
+                Ok(Box::pin(cl.clone().watch_job(req).await?.into_inner()))
+            }
+        }
+    }
+}
+
+/// The correlation id a request asks for (`x-correlation-id`, when valid),
+/// else a new one; and its `traceparent`.
+pub fn correlation(headers: &http::HeaderMap) -> (String, Option<String>) {
+    let id = headers
+        .get(CORRELATION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| switchyard_kit::context::is_valid_correlation_id(s))
+        .map(str::to_owned)
+        .unwrap_or_else(switchyard_kit::context::new_correlation_id);
+    let traceparent = headers
+        .get(TRACEPARENT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    (id, traceparent)
+}

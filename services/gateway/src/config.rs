@@ -1,0 +1,176 @@
+//! `[gateway]`: which doors are open, where they listen, and their limits.
+
+use serde::{Deserialize, Serialize};
+
+/// Default AITP REST/JSON address.
+pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:7680";
+/// Default RESP address.
+pub const DEFAULT_RESP_LISTEN: &str = "127.0.0.1:7679";
+
+/// `[gateway]` configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// The executor, when this process does not host it (`http://host:7600`
+    /// or `https://` for mTLS with `[auth.service_tls]`).
+    pub executor_url: Option<String>,
+    /// `[gateway.http]`: AITP over REST/JSON (seed 002 §8), SSE, OpenAPI.
+    pub http: HttpConfig,
+    /// `[gateway.resp]`: the AGEniX RESP door (seed 001).
+    pub resp: RespConfig,
+}
+
+/// `[gateway.http]` configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Serve this door.
+    pub enabled: bool,
+    /// `host:port`. Unset: 127.0.0.1:7680, or a free port on the gRPC
+    /// listener's host when that one asks for a free port (`--listen
+    /// 127.0.0.1:0`), so several processes can start side by side.
+    pub listen: Option<String>,
+    /// Largest request body, bytes. Unset: `server.max_message_bytes`, the
+    /// largest job the executor accepts anyway.
+    pub max_body_bytes: Option<usize>,
+    /// Time to produce a response's head, ms (an SSE stream then runs on
+    /// until its job ends); 0 = none.
+    pub request_timeout_ms: u64,
+    /// Connections served at once; more wait in the listen backlog.
+    pub max_connections: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            enabled: true,
+            listen: None,
+            max_body_bytes: None,
+            request_timeout_ms: 30_000,
+            max_connections: 1024,
+        }
+    }
+}
+
+/// `[gateway.resp]` configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RespConfig {
+    /// Serve this door.
+    pub enabled: bool,
+    /// `host:port`. Unset: 127.0.0.1:7679, or a free port as for
+    /// [`HttpConfig::listen`].
+    pub listen: Option<String>,
+    /// Largest bulk string (a command argument), bytes; a longer one is
+    /// refused from its length prefix, before it is read. Unset:
+    /// `server.max_message_bytes`.
+    pub max_bulk_bytes: Option<usize>,
+    /// Most arguments in one command.
+    pub max_arguments: usize,
+    /// Connections open at once; one more is answered `-ERR max number of
+    /// clients reached` and closed, as Redis does.
+    pub max_connections: usize,
+    /// A connection that sends nothing for this long is closed, seconds;
+    /// 0 = never.
+    pub idle_timeout_secs: u64,
+}
+
+impl Default for RespConfig {
+    fn default() -> Self {
+        RespConfig {
+            enabled: true,
+            listen: None,
+            max_bulk_bytes: None,
+            max_arguments: 64,
+            max_connections: 1024,
+            idle_timeout_secs: 300,
+        }
+    }
+}
+
+impl GatewayConfig {
+    /// Checks the limits.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.http.max_connections == 0 || self.resp.max_connections == 0 {
+            return Err(
+                "gateway.http.max_connections and gateway.resp.max_connections must be at least 1"
+                    .into(),
+            );
+        }
+        if self.resp.max_arguments < 2 {
+            return Err(
+                "gateway.resp.max_arguments must be at least 2 (a verb and its argument)".into(),
+            );
+        }
+        for (key, v) in [
+            ("gateway.http.max_body_bytes", self.http.max_body_bytes),
+            ("gateway.resp.max_bulk_bytes", self.resp.max_bulk_bytes),
+        ] {
+            if v.is_some_and(|b| b < 1024) {
+                return Err(format!("{key} must be at least 1024"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Where the HTTP door listens, given the gRPC listen address.
+    pub fn http_listen(&self, grpc_listen: &str) -> String {
+        resolve(
+            self.http.listen.as_deref(),
+            DEFAULT_HTTP_LISTEN,
+            grpc_listen,
+        )
+    }
+
+    /// Where the RESP door listens, given the gRPC listen address.
+    pub fn resp_listen(&self, grpc_listen: &str) -> String {
+        resolve(
+            self.resp.listen.as_deref(),
+            DEFAULT_RESP_LISTEN,
+            grpc_listen,
+        )
+    }
+}
+
+/// The configured address, else the default — or a free port on the gRPC
+/// host when the gRPC listener asks for a free port.
+fn resolve(set: Option<&str>, default: &str, grpc_listen: &str) -> String {
+    if let Some(a) = set {
+        return a.to_owned();
+    }
+    match grpc_listen.rsplit_once(':') {
+        Some((host, "0")) => format!("{host}:0"),
+        _ => default.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unset_addresses_follow_a_free_grpc_port_and_else_take_the_defaults() {
+        let c = GatewayConfig::default();
+        assert_eq!(c.http_listen("127.0.0.1:7600"), DEFAULT_HTTP_LISTEN);
+        assert_eq!(c.resp_listen("127.0.0.1:7600"), DEFAULT_RESP_LISTEN);
+        assert_eq!(c.http_listen("127.0.0.1:0"), "127.0.0.1:0");
+        assert_eq!(c.resp_listen("[::1]:0"), "[::1]:0");
+        let set = GatewayConfig {
+            resp: RespConfig {
+                listen: Some("0.0.0.0:6379".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert_eq!(set.resp_listen("127.0.0.1:0"), "0.0.0.0:6379");
+        c.validate().unwrap();
+        let tiny = GatewayConfig {
+            resp: RespConfig {
+                max_bulk_bytes: Some(10),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert!(tiny.validate().unwrap_err().contains("max_bulk_bytes"));
+    }
+}

@@ -1,0 +1,244 @@
+//! AITP's endpoints (seed 002 §8) and what a REST user expects beside them:
+//! submit, status, result, cancel, and the task's events as SSE.
+
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures_util::StreamExt as _;
+use switchyard_core::Reason;
+use switchyard_kit::error::status_with_metadata;
+use switchyard_proto::executor::v1::{JobState, SubmitJobRequest};
+use tonic::{Code, Status};
+
+use super::shapes;
+use super::{Door, Failure};
+use crate::caller::Caller;
+
+/// The AITP routes (their permissions are in the one table).
+pub(super) fn routes() -> Router<Arc<Door>> {
+    Router::new()
+        .route("/aitp/tasks", post(submit))
+        .route("/aitp/tasks/{task_id}", get(status).delete(cancel))
+        .route("/aitp/tasks/{task_id}/result", get(result))
+        .route("/aitp/tasks/{task_id}/events", get(events))
+}
+
+/// Media types a task document may come in (the executor reads JSON or
+/// YAML alike); none given is taken as JSON.
+fn accepted_media_type(headers: &http::HeaderMap) -> Result<(), Status> {
+    let Some(ct) = headers.get(http::header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let essence = ct
+        .to_str()
+        .unwrap_or_default()
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    match essence.as_str() {
+        "application/json" | "application/yaml" | "application/x-yaml" | "text/yaml" => Ok(()),
+        _ => Err(switchyard_kit::error::status(
+            Code::InvalidArgument,
+            Reason::UnsupportedMediaType,
+            format!(
+                "a task document is sent as application/json (or application/yaml), not {:?}",
+                switchyard_core::validate::clamp(&essence, 80)
+            ),
+        )),
+    }
+}
+
+/// `POST /aitp/tasks`: 201 with the new task's id and status and a
+/// `Location`; 200 when a task with this `task_id` and the same document
+/// already exists (a retried submission runs once).
+async fn submit(
+    State(door): State<Arc<Door>>,
+    Extension(caller): Extension<Caller>,
+    headers: http::HeaderMap,
+    body: Body,
+) -> Result<Response, Failure> {
+    accepted_media_type(&headers)?;
+    let bytes = axum::body::to_bytes(body, door.max_body).await.map_err(|_| {
+        switchyard_kit::error::status(
+            Code::ResourceExhausted,
+            Reason::MessageTooLarge,
+            format!(
+                "the task document is larger than the gateway's limit of {} bytes (gateway.http.max_body_bytes)",
+                door.max_body
+            ),
+        )
+    })?;
+    let document = String::from_utf8(bytes.to_vec()).map_err(|_| {
+        let mut v = switchyard_core::Violations::new();
+        v.add("document", "the body is not valid UTF-8 text");
+        switchyard_kit::error::invalid_argument(Reason::MalformedRequest, &v)
+    })?;
+    let req = SubmitJobRequest {
+        document,
+        format: "aitp".into(),
+        ..Default::default()
+    };
+    let out = door.jobs.submit(&caller, req).await?;
+    let job = out
+        .job
+        .ok_or_else(|| Status::internal("SubmitJob answered without a job"))?;
+    let id = shapes::job_id(&job).to_owned();
+    let code = if out.created {
+        http::StatusCode::CREATED
+    } else {
+        http::StatusCode::OK
+    };
+    let location = format!("/aitp/tasks/{}", percent_encode(&id));
+    Ok((
+        code,
+        [(http::header::LOCATION, location)],
+        axum::Json(shapes::submitted(&job)),
+    )
+        .into_response())
+}
+
+/// `GET /aitp/tasks/{task_id}`: status and progress.
+async fn status(
+    State(door): State<Arc<Door>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, Failure> {
+    let job = door.jobs.get(&caller, &id).await?;
+    let now = switchyard_kit::time::now_ms();
+    Ok(axum::Json(shapes::status(&job, now)).into_response())
+}
+
+/// `GET /aitp/tasks/{task_id}/result`: 409 until the task has finished.
+async fn result(
+    State(door): State<Arc<Door>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, Failure> {
+    let r = door.jobs.result(&caller, &id).await?;
+    let state = JobState::try_from(r.state).unwrap_or(JobState::Unspecified);
+    if !shapes::finished(state) {
+        return Err(not_finished(&id, state).into());
+    }
+    Ok(axum::Json(shapes::result(&r)).into_response())
+}
+
+/// JOB_NOT_FINISHED, saying how to follow the task instead.
+pub(crate) fn not_finished(id: &str, state: JobState) -> Status {
+    let name = state
+        .as_str_name()
+        .trim_start_matches("JOB_STATE_")
+        .to_ascii_lowercase();
+    status_with_metadata(
+        Code::FailedPrecondition,
+        Reason::JobNotFinished,
+        format!(
+            "task {:?} has not finished (it is {name}), so it has no result yet; follow GET /aitp/tasks/{{task_id}}/events, or ask again once it has finished",
+            switchyard_core::validate::clamp(id, 100)
+        ),
+        switchyard_kit::error::metadata([("task_id", id.to_owned()), ("state", name)]),
+    )
+}
+
+/// `DELETE /aitp/tasks/{task_id}`: cancels; answers the status.
+async fn cancel(
+    State(door): State<Arc<Door>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, Failure> {
+    let job = door
+        .jobs
+        .cancel(&caller, &id, "cancelled through the AITP REST door")
+        .await?;
+    let now = switchyard_kit::time::now_ms();
+    Ok(axum::Json(shapes::status(&job, now)).into_response())
+}
+
+/// `GET /aitp/tasks/{task_id}/events`: the job's events as Server-Sent
+/// Events (`id` = the event's sequence, `event` = its kind), resumable with
+/// `Last-Event-ID`; an `end` event with the final status closes the stream.
+async fn events(
+    State(door): State<Arc<Door>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    headers: http::HeaderMap,
+) -> Result<Response, Failure> {
+    let after = match headers.get("last-event-id") {
+        None => 0,
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .ok_or_else(|| {
+                let mut v = switchyard_core::Violations::new();
+                v.add("Last-Event-ID", "must be the sequence number of an event (the `id` of an event this stream sent)");
+                switchyard_kit::error::invalid_argument(Reason::InvalidArgument, &v)
+            })?,
+    };
+    let watched = door.jobs.watch(&caller, &id, after).await?;
+    let events = watched.map(|item| match item {
+        Ok(w) => {
+            let e = w.event.unwrap_or_default();
+            Event::default()
+                .id(e.sequence.to_string())
+                .event(sse_name(&e.kind))
+                .json_data(shapes::event(&e))
+        }
+        Err(s) => {
+            let request_id = switchyard_kit::context::current()
+                .map(|c| c.correlation_id)
+                .unwrap_or_default();
+            Event::default()
+                .event("error")
+                .json_data(switchyard_kit::error::http_error(&s, &request_id).1)
+        }
+    });
+    // The final status once the log ends, so a client knows to stop
+    // (EventSource would otherwise reconnect).
+    let end_door = door.clone();
+    let end = futures_util::stream::once(async move {
+        let job = end_door.jobs.get(&caller, &id).await;
+        match job {
+            Ok(j) => Event::default()
+                .event("end")
+                .json_data(shapes::submitted(&j)),
+            Err(s) => Event::default()
+                .event("error")
+                .json_data(switchyard_kit::error::http_error(&s, "").1),
+        }
+    });
+    let stop = door.shutdown.clone();
+    let stream = events
+        .chain(end)
+        .take_until(async move { stop.wait().await });
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+/// An event kind as an SSE event name (kinds are dotted words already;
+/// anything else is made safe for the `event:` line).
+fn sse_name(kind: &str) -> String {
+    kind.chars()
+        .map(|c| if c.is_ascii_graphic() { c } else { '_' })
+        .collect()
+}
+
+/// A task id as one path segment.
+fn percent_encode(id: &str) -> String {
+    id.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}

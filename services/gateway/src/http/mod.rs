@@ -1,0 +1,413 @@
+//! The HTTP door: AITP over REST/JSON (seed 002 §8), each task's events as
+//! Server-Sent Events, and the OpenAPI document, on the gateway's own
+//! listener.
+//!
+//! Every route passes one gate ([`gate`]): the correlation id (taken from
+//! `x-correlation-id` or made, and echoed), a span named `gateway.<METHOD>
+//! <route>`, authentication and the route's permission from the one table
+//! ([`switchyard_kit::auth::http_access`]), and the time limit. Every error,
+//! from the gate or the executor, is the one JSON envelope
+//! ([`switchyard_kit::error::http_error`]).
+
+mod aitp;
+mod shapes;
+
+pub(crate) use aitp::not_finished;
+pub(crate) use shapes::{finished, job_id, job_state_name, task_state_name};
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use switchyard_core::Reason;
+use switchyard_kit::auth::authn::Authenticator;
+use switchyard_kit::context::{CORRELATION_HEADER, RequestContext};
+use switchyard_kit::shutdown::Shutdown;
+use tokio::net::TcpListener;
+use tonic::{Code, Status};
+use tracing::Instrument as _;
+
+use crate::caller::{Jobs, admit, correlation};
+use crate::config::HttpConfig;
+
+/// The OpenAPI 3.1 document of this door, served at `/openapi.json`.
+pub const OPENAPI: &str = include_str!("../../openapi.json");
+
+/// What every handler shares.
+pub(crate) struct Door {
+    pub(crate) jobs: Jobs,
+    auth: Arc<Authenticator>,
+    timeout: Option<Duration>,
+    pub(crate) max_body: usize,
+    /// Ends event streams on shutdown, so draining does not wait for jobs.
+    pub(crate) shutdown: Shutdown,
+}
+
+/// An error answered in the envelope, with the request's correlation id.
+#[derive(Debug)]
+pub(crate) struct Failure(pub(crate) Status);
+
+impl From<Status> for Failure {
+    fn from(s: Status) -> Failure {
+        Failure(s)
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        let request_id = switchyard_kit::context::current()
+            .map(|c| c.correlation_id)
+            .unwrap_or_default();
+        let (code, body) = switchyard_kit::error::http_error(&self.0, &request_id);
+        (code, axum::Json(body)).into_response()
+    }
+}
+
+/// The router of the HTTP door over `jobs`.
+pub fn router(
+    cfg: &HttpConfig,
+    max_message_bytes: usize,
+    jobs: Jobs,
+    auth: Arc<Authenticator>,
+    shutdown: Shutdown,
+) -> Router {
+    let door = Arc::new(Door {
+        jobs,
+        auth,
+        timeout: (cfg.request_timeout_ms > 0)
+            .then(|| Duration::from_millis(cfg.request_timeout_ms)),
+        max_body: cfg.max_body_bytes.unwrap_or(max_message_bytes),
+        shutdown,
+    });
+    Router::new()
+        .route("/openapi.json", get(openapi))
+        .route("/healthz", get(healthz))
+        .merge(aitp::routes())
+        .route_layer(axum::middleware::from_fn_with_state(door.clone(), gate))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(door)
+}
+
+/// Correlation, span, authentication and authorization, time limit.
+async fn gate(
+    State(door): State<Arc<Door>>,
+    matched: Option<MatchedPath>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let (correlation_id, traceparent) = correlation(req.headers());
+    let route = matched.as_ref().map_or("", MatchedPath::as_str).to_owned();
+    let method = req.method().as_str().to_owned();
+    let span = tracing::info_span!(
+        "http",
+        otel.name = %format_args!("gateway.{method} {route}"),
+        otel.kind = "server",
+        http.request.method = %method,
+        http.route = %route,
+        correlation_id = %correlation_id,
+        principal = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+    );
+    if let Some(tp) = &traceparent {
+        switchyard_kit::context::continue_trace(&span, tp);
+    }
+    let ctx = RequestContext {
+        correlation_id: correlation_id.clone(),
+        traceparent,
+        principal: None,
+    };
+    let base = ctx.clone();
+    let served = async {
+        let access = switchyard_kit::auth::http_access(&method, &route);
+        let caller = match admit(
+            &door.auth,
+            req.headers(),
+            access,
+            &format!("{method} {route}"),
+        )
+        .await
+        {
+            Ok(c) => c,
+            Err(refused) => {
+                tracing::debug!(error = %refused, "request refused");
+                return Failure(Status::from(refused)).into_response();
+            }
+        };
+        let mut ctx = base;
+        if let Some(c) = caller {
+            tracing::Span::current()
+                .record("principal", tracing::field::display(&c.principal.subject));
+            ctx.principal = Some(c.principal.clone());
+            req.extensions_mut().insert(c);
+        }
+        let run = switchyard_kit::context::scope(ctx, next.run(req));
+        match door.timeout {
+            Some(limit) => tokio::time::timeout(limit, run).await.unwrap_or_else(|_| {
+                Failure(switchyard_kit::error::status(
+                    Code::DeadlineExceeded,
+                    Reason::RequestTimeout,
+                    format!(
+                        "request did not finish within the gateway's {} ms limit (gateway.http.request_timeout_ms)",
+                        limit.as_millis()
+                    ),
+                ))
+                .into_response()
+            }),
+            None => run.await,
+        }
+    };
+    let mut resp = switchyard_kit::context::scope(ctx, served)
+        .instrument(span.clone())
+        .await;
+    span.record("http.response.status_code", resp.status().as_u16());
+    if let Ok(v) = http::HeaderValue::from_str(&correlation_id) {
+        resp.headers_mut().insert(CORRELATION_HEADER, v);
+    }
+    resp
+}
+
+async fn openapi() -> Response {
+    ([(http::header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+async fn healthz() -> Response {
+    axum::Json(serde_json::json!({"status": "ok"})).into_response()
+}
+
+/// The envelope for a path no route has.
+async fn not_found(req: Request) -> Response {
+    unrouted(&req, http::StatusCode::NOT_FOUND, "no route")
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    unrouted(
+        &req,
+        http::StatusCode::METHOD_NOT_ALLOWED,
+        "no route takes this method at",
+    )
+}
+
+fn unrouted(req: &Request, code: http::StatusCode, what: &str) -> Response {
+    let (request_id, _) = correlation(req.headers());
+    let path = switchyard_core::validate::clamp(req.uri().path(), 200);
+    let status = switchyard_kit::error::status(
+        Code::NotFound,
+        Reason::RouteNotFound,
+        format!(
+            "{what} {} {path}; GET /openapi.json lists the routes",
+            req.method()
+        ),
+    );
+    let (_, body) = switchyard_kit::error::http_error(&status, &request_id);
+    let mut resp = (code, axum::Json(body)).into_response();
+    if let Ok(v) = http::HeaderValue::from_str(&request_id) {
+        resp.headers_mut().insert(CORRELATION_HEADER, v);
+    }
+    resp
+}
+
+/// Serves `router` on `listener`, at most `max_connections` at once (more
+/// wait in the backlog), until `shutdown`; then stops accepting and gives
+/// open requests `drain` to finish (event streams end at shutdown).
+pub async fn serve(
+    router: Router,
+    listener: TcpListener,
+    max_connections: usize,
+    shutdown: Shutdown,
+    drain: Duration,
+) -> std::io::Result<()> {
+    let limited = Limited {
+        inner: listener,
+        permits: Arc::new(tokio::sync::Semaphore::new(max_connections)),
+    };
+    let stop = shutdown.clone();
+    let served = axum::serve(limited, router.into_make_service())
+        .with_graceful_shutdown(async move { stop.wait().await });
+    tokio::select! {
+        r = served => r,
+        _ = async { shutdown.wait().await; tokio::time::sleep(drain).await } => {
+            tracing::warn!(drain_ms = drain.as_millis() as u64, "http drain timed out; closing remaining connections");
+            Ok(())
+        }
+    }
+}
+
+/// A listener that holds a permit per open connection.
+struct Limited {
+    inner: TcpListener,
+    permits: Arc<tokio::sync::Semaphore>,
+}
+
+impl axum::serve::Listener for Limited {
+    type Io = Counted;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Counted, std::net::SocketAddr) {
+        // Acquired before accepting: excess connections wait in the
+        // kernel's backlog instead of being read.
+        let permit = match self.permits.clone().acquire_owned().await {
+            Ok(p) => p,
+            // Never closed; should it be, stop taking connections.
+            Err(_) => std::future::pending().await,
+        };
+        loop {
+            match self.inner.accept().await {
+                Ok((io, addr)) => {
+                    let _ = io.set_nodelay(true);
+                    return (
+                        Counted {
+                            io,
+                            _permit: permit,
+                        },
+                        addr,
+                    );
+                }
+                // Out of file descriptors and the like: wait, do not spin.
+                Err(e) => {
+                    tracing::warn!(error = %e, "http accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+/// A connection and the permit it holds until it closes.
+struct Counted {
+    io: tokio::net::TcpStream,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl tokio::io::AsyncRead for Counted {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Counted {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_kit::auth::{Access, HTTP_ROUTES};
+
+    /// The document's (method, path) pairs.
+    fn documented() -> std::collections::BTreeSet<(String, String)> {
+        let doc: serde_json::Value = serde_json::from_str(OPENAPI).expect("openapi.json is JSON");
+        assert_eq!(doc["openapi"], "3.1.0");
+        let mut out = std::collections::BTreeSet::new();
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            for method in ["get", "post", "put", "patch", "delete"] {
+                if item.get(method).is_some() {
+                    out.insert((method.to_ascii_uppercase(), path.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_openapi_document_lists_exactly_the_routes_of_the_authorization_table() {
+        let table: std::collections::BTreeSet<(String, String)> = HTTP_ROUTES
+            .iter()
+            .map(|(m, r, _)| (m.to_string(), r.to_string()))
+            .collect();
+        assert_eq!(documented(), table);
+        assert!(HTTP_ROUTES.iter().all(|(_, _, a)| *a != Access::Unknown));
+    }
+
+    #[tokio::test]
+    async fn every_route_in_the_table_is_routed_and_nothing_else_is() {
+        use tower::ServiceExt as _;
+        let keys = switchyard_kit::auth::keys::KeySet::default();
+        let auth = Arc::new(
+            Authenticator::new(&Default::default(), keys)
+                .expect("an authenticator without a service token"),
+        );
+        let jobs = Jobs::new(switchyard_api::ExecutorClient::remote(
+            switchyard_kit::client::authed(
+                switchyard_kit::client::lazy_channel("http://127.0.0.1:9").expect("channel"),
+                None,
+            ),
+            1024,
+        ));
+        let (_trigger, shutdown) = switchyard_kit::shutdown::channel();
+        let app = router(&HttpConfig::default(), 4096, jobs, auth, shutdown);
+        let call = |method: &str, path: &str| {
+            let req = http::Request::builder()
+                .method(method)
+                .uri(path)
+                .body(axum::body::Body::empty())
+                .expect("request");
+            app.clone().oneshot(req)
+        };
+        for (method, route, access) in HTTP_ROUTES {
+            let path = route.replace("{task_id}", "t1");
+            let resp = call(method, &path).await.expect("infallible");
+            // Routed: the gate answered (401 without a credential) or the
+            // open route did; never the fallback's 404/405.
+            let want = if *access == Access::Open { 200 } else { 401 };
+            assert_eq!(resp.status().as_u16(), want, "{method} {route}");
+        }
+        for (method, path, code) in [
+            ("GET", "/aitp/nope", 404),
+            ("PUT", "/aitp/tasks/t1", 405),
+            ("POST", "/aitp/tasks/t1/result", 405),
+        ] {
+            let resp = call(method, path).await.expect("infallible");
+            assert_eq!(resp.status().as_u16(), code, "{method} {path}");
+            let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
+                .await
+                .expect("body");
+            let v: serde_json::Value = serde_json::from_slice(&body).expect("the error envelope");
+            assert_eq!(v["error"]["reason"], "ROUTE_NOT_FOUND", "{v}");
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! The gateway: Switchyard's other front doors, for clients that do not
+//! speak gRPC.
+//!
+//! - [`http`]: AITP over REST/JSON (seed 002 §8) — submit a task, read its
+//!   status, progress and result, cancel it, follow its events as
+//!   Server-Sent Events — and the OpenAPI 3.1 document of those routes.
+//! - [`resp`]: the AGEniX RESP door (seed 001): `PLAN.SUBMIT <json>`,
+//!   `JOB.STATUS`, `JOB.RESULT`, `JOB.CANCEL` for `redis-cli` and any
+//!   Redis client library.
+//!
+//! Each door only translates: the executor stays the one place jobs are
+//! validated, admitted and run, reached in-process when this process hosts
+//! it and over gRPC otherwise. Callers authenticate with the same
+//! credentials as on the gRPC ports, each route and verb is in the same
+//! default-deny table, and the executor sees the caller itself
+//! ([`caller`]), so tenancy, ownership and `submitted_by` are what a
+//! direct gRPC call gets. Nothing is stored here: run any number.
+//!
+//! `switchyard dev` and `switchyard serve --services gateway` host it
+//! ([`Gateway::run`]).
+
+pub mod caller;
+pub mod config;
+pub mod http;
+pub mod resp;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use switchyard_kit::auth::authn::Authenticator;
+use switchyard_kit::shutdown::Shutdown;
+use tokio::net::TcpListener;
+
+pub use caller::Jobs;
+pub use config::GatewayConfig;
+
+/// The doors of one process.
+#[derive(Debug)]
+pub struct Gateway {
+    cfg: GatewayConfig,
+    max_message_bytes: usize,
+    jobs: Jobs,
+    auth: Arc<Authenticator>,
+}
+
+impl Gateway {
+    /// Doors over `jobs`, authenticating with `auth`; bodies and bulk
+    /// strings default to `max_message_bytes` (the gRPC limit).
+    pub fn new(
+        cfg: GatewayConfig,
+        max_message_bytes: usize,
+        jobs: Jobs,
+        auth: Arc<Authenticator>,
+    ) -> Gateway {
+        Gateway {
+            cfg,
+            max_message_bytes,
+            jobs,
+            auth,
+        }
+    }
+
+    /// Serves the HTTP door on `http` and the RESP door on `resp` (each
+    /// when given) until `shutdown`, then drains each for up to `drain`.
+    pub async fn run(
+        self,
+        http: Option<TcpListener>,
+        resp: Option<TcpListener>,
+        shutdown: Shutdown,
+        drain: Duration,
+    ) -> std::io::Result<()> {
+        let resp_task = resp.map(|listener| {
+            let door = Arc::new(resp::Door::new(
+                &self.cfg.resp,
+                self.max_message_bytes,
+                self.jobs.clone(),
+                self.auth.clone(),
+            ));
+            tokio::spawn(resp::serve(door, listener, shutdown.clone(), drain))
+        });
+        let served = match http {
+            Some(listener) => {
+                let router = http::router(
+                    &self.cfg.http,
+                    self.max_message_bytes,
+                    self.jobs.clone(),
+                    self.auth.clone(),
+                    shutdown.clone(),
+                );
+                http::serve(
+                    router,
+                    listener,
+                    self.cfg.http.max_connections,
+                    shutdown,
+                    drain,
+                )
+                .await
+            }
+            None => Ok(()),
+        };
+        if let Some(t) = resp_task {
+            let _ = t.await;
+        }
+        served
+    }
+}
