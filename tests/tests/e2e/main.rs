@@ -5,6 +5,7 @@ mod common;
 
 mod auth;
 mod executor;
+mod gateway;
 mod ledger_concurrency;
 mod llm;
 mod oidc;
