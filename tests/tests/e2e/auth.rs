@@ -75,7 +75,7 @@ fn denied(s: &tonic::Status) -> bool {
 
 /// What each role may call, written out here independently of the server's
 /// table (`Service/Method`, without the package).
-fn allowed(role: &str) -> BTreeSet<&'static str> {
+pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
     const READ_AGENTS: &[&str] = &[
         "RegistryService/GetAgent",
         "RegistryService/ListAgents",

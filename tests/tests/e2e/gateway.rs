@@ -734,3 +734,122 @@ async fn resp_framing_holds_pipelines_partial_reads_bad_frames_and_huge_lengths(
     assert!(big.reply().await.is_none());
     s.stop().await.unwrap();
 }
+
+/// The gRPC call each gateway route and verb stands for.
+const DOOR_RPCS: &[(&str, &str)] = &[
+    ("POST /aitp/tasks", "JobService/SubmitJob"),
+    ("GET /aitp/tasks/{task_id}", "JobService/GetJob"),
+    ("GET /aitp/tasks/{task_id}/result", "JobService/GetResult"),
+    ("GET /aitp/tasks/{task_id}/events", "JobService/WatchJob"),
+    ("DELETE /aitp/tasks/{task_id}", "JobService/CancelJob"),
+    ("PLAN.SUBMIT", "JobService/SubmitJob"),
+    ("JOB.SUBMIT", "JobService/SubmitJob"),
+    ("JOB.STATUS", "JobService/GetJob"),
+    ("JOB.RESULT", "JobService/GetResult"),
+    ("JOB.CANCEL", "JobService/CancelJob"),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_authorization_matrix_holds_for_every_gateway_route_and_verb() {
+    let s = stack().await;
+    let h = Http::new(&s);
+    // Every guarded route of the table is in the matrix.
+    for (m, r, a) in switchyard_kit::auth::HTTP_ROUTES {
+        if *a != switchyard_kit::auth::Access::Open {
+            assert!(
+                DOOR_RPCS.iter().any(|(d, _)| *d == format!("{m} {r}")),
+                "{m} {r} is not in the matrix"
+            );
+        }
+    }
+    let (mut tried, mut wrong) = (0, Vec::new());
+    for role in [
+        "submitter",
+        "approver",
+        "operator",
+        "agent",
+        "viewer",
+        "admin",
+    ] {
+        let kind = if role == "agent" {
+            PrincipalKind::Agent
+        } else {
+            PrincipalKind::Human
+        };
+        let token = s.key(&format!("g-{role}"), &[role], kind).await.unwrap();
+        let allowed = crate::auth::allowed(role);
+        let mut resp = Resp::connect(&s).await;
+        assert_eq!(text(&resp.cmd(&["AUTH", &token]).await), "OK");
+        for (door, rpc) in DOOR_RPCS {
+            let want = allowed.contains(*rpc);
+            let denied = match door.split_once(' ') {
+                Some((method, route)) => {
+                    let path = route.replace("{task_id}", "no-such-task");
+                    let body = (method == "POST").then(|| paper(&format!("m-{role}")));
+                    let (code, e) = h
+                        .call(method.parse().unwrap(), &path, Some(&token), body)
+                        .await;
+                    assert_ne!(code, 401, "{role} {door}: {e}");
+                    if role == "agent" && *rpc == "JobService/SubmitJob" {
+                        // The executor's own rule, as over gRPC: an agent
+                        // submits only child jobs of the job it works for.
+                        assert!(
+                            e["error"]["message"]
+                                .as_str()
+                                .unwrap()
+                                .contains("delegated"),
+                            "{e}"
+                        );
+                        continue;
+                    }
+                    code == 403
+                }
+                None => {
+                    let arg = if door.ends_with("SUBMIT") {
+                        LOG_ANALYSIS
+                    } else {
+                        "no-such-job"
+                    };
+                    let answer = text(&resp.cmd(&[door, arg]).await);
+                    if role == "agent" && *rpc == "JobService/SubmitJob" {
+                        assert!(
+                            answer.starts_with("NOPERM") && answer.contains("delegated"),
+                            "{answer}"
+                        );
+                        continue;
+                    }
+                    answer.starts_with("NOPERM")
+                }
+            };
+            tried += 1;
+            if want == denied {
+                wrong.push(format!("{role} {door}: allowed={want}, denied={denied}"));
+            }
+        }
+    }
+    // Without a credential: 401 and -NOAUTH everywhere.
+    let mut anon = Resp::connect(&s).await;
+    for (door, _) in DOOR_RPCS {
+        match door.split_once(' ') {
+            Some((method, route)) => {
+                let path = route.replace("{task_id}", "x");
+                let (code, e) = h.call(method.parse().unwrap(), &path, None, None).await;
+                assert_eq!(
+                    (code, &e["error"]["reason"]),
+                    (401, &json!("AUTH_REQUIRED")),
+                    "{door}"
+                );
+            }
+            None => assert!(
+                text(&anon.cmd(&[door, "x"]).await).starts_with("NOAUTH"),
+                "{door}"
+            ),
+        }
+    }
+    println!(
+        "gateway authorization matrix: {tried} (role x door) pairs tried, {} wrong",
+        wrong.len()
+    );
+    assert!(wrong.is_empty(), "wrong:\n{}", wrong.join("\n"));
+    s.stop().await.unwrap();
+}
