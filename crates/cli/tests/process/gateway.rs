@@ -1,0 +1,182 @@
+//! The gateway's doors on real processes, with real third-party clients:
+//! `redis-cli` (Debian's redis-tools) and Python's `redis`, `requests`,
+//! `httpx` and `openapi-spec-validator` (installed by `make test`), against
+//! `switchyard dev` and against a gateway in a process of its own.
+
+use std::process::Command;
+
+use crate::support::*;
+
+fn tool(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!("{var} is not set: run the tests with `make test`, which installs the tools")
+    })
+}
+
+/// A key made with the CLI (as admin) against `url`.
+fn key(url: &str, subject: &str, roles: &str) -> String {
+    let out = ok(&cli(
+        url,
+        &[
+            "auth",
+            "key",
+            "create",
+            "--subject",
+            subject,
+            "--roles",
+            roles,
+            "-o",
+            "json",
+        ],
+    ));
+    serde_json::from_str::<serde_json::Value>(&out).unwrap()["secret"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// `redis-cli -p PORT ARGS…` (with `--user/--pass` when `auth` is given).
+fn redis_cli(resp: &str, auth: Option<(&str, &str)>, args: &[&str]) -> String {
+    let (host, port) = resp.rsplit_once(':').unwrap();
+    let mut cmd = Command::new(tool("SWITCHYARD_REDIS_CLI"));
+    cmd.args(["-h", host, "-p", port]);
+    if let Some((user, token)) = auth {
+        cmd.args(["--user", user, "--pass", token, "--no-auth-warning"]);
+    }
+    let out = cmd.args(args).output().expect("run redis-cli");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[test]
+fn python_clients_drive_both_doors_of_switchyard_dev() {
+    let python = tool("SWITCHYARD_PYTHON");
+    let (dev, _data) = Proc::dev(&[]);
+    let url = dev.url();
+    let alice = token(&url, "alice");
+    let carol = key(&url, "carol", "submitter");
+    let viewer = key(&url, "vera", "viewer");
+    let out = Command::new(python)
+        .arg(repo_root().join("tests/python/test_gateway.py"))
+        .arg(format!("http://{}", dev.http.as_deref().unwrap()))
+        .arg(dev.resp.as_deref().unwrap())
+        .args([&alice, &carol, &viewer])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "python clients failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("7 passed, 0 failed"), "{stdout}");
+    assert_eq!(dev.terminate(), Some(0));
+}
+
+#[test]
+fn redis_cli_submits_the_seed_example_with_the_seeds_answers() {
+    let (dev, _data) = Proc::dev(&[]);
+    let resp = dev.resp.clone().unwrap();
+    let alice = token(&dev.url(), "alice");
+    let example =
+        std::fs::read_to_string(repo_root().join("examples/jobs/log_analysis.json")).unwrap();
+    // The README's command, first without credentials.
+    assert_eq!(redis_cli(&resp, None, &["PING"]), "PONG");
+    assert_eq!(
+        redis_cli(&resp, None, &["PLAN.SUBMIT", &example]),
+        "NOAUTH Authentication required."
+    );
+    let ok = redis_cli(&resp, Some(("alice", &alice)), &["PLAN.SUBMIT", &example]);
+    let id = ok
+        .strip_prefix("OK job_id=")
+        .unwrap_or_else(|| panic!("{ok:?}"));
+    // The job is alice's, as the CLI over gRPC sees it.
+    let job: serde_json::Value = serde_json::from_str(&ok_as(
+        &dev.url(),
+        &["job", "get", id, "-o", "json"],
+        "alice",
+    ))
+    .unwrap();
+    assert_eq!(job["submitted_by"], "alice", "{job}");
+    assert_eq!(job["source_format"], "agenix", "{job}");
+    // The seed's error example, word for word.
+    let gap = r#"{"plan_id":"p","tasks":[{"task_number":1,"command":"sort"},{"task_number":2,"command":"uniq"},{"task_number":4,"command":"wc"}]}"#;
+    assert_eq!(
+        redis_cli(&resp, Some(("alice", &alice)), &["JOB.SUBMIT", gap]),
+        "ERR Invalid task numbering: gap between task 2 and 4"
+    );
+    // RESP3 (`-3`: HELLO 3), and a status in it.
+    let status = redis_cli(&resp, Some(("alice", &alice)), &["-3", "JOB.STATUS", id]);
+    assert!(status.contains("job_id") && status.contains(id), "{status}");
+    assert!(
+        redis_cli(&resp, Some(("alice", &alice)), &["FLUSHALL"])
+            .starts_with("ERR unknown command 'FLUSHALL'")
+    );
+    assert_eq!(dev.terminate(), Some(0));
+}
+
+/// `switchyard job … --as WHO` against `url`, which must succeed.
+fn ok_as(url: &str, args: &[&str], who: &str) -> String {
+    let mut all = args.to_vec();
+    all.extend(["--as", who]);
+    ok(&cli(url, &all))
+}
+
+#[test]
+fn a_gateway_in_its_own_process_serves_both_doors_for_a_remote_executor() {
+    let (dev, _data) = Proc::dev(&[]);
+    let url = dev.url();
+    let data = tempfile::tempdir().unwrap();
+    let (keys_var, keys_url) = follow_keys(&url);
+    // No stores: the gateway follows dev's key set and calls its executor.
+    let gw = Proc::start(
+        &[
+            "serve",
+            "--services",
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.path().to_str().unwrap(),
+        ],
+        &[
+            (keys_var, keys_url.as_str()),
+            ("SWITCHYARD_AUTH__DEV_CREDENTIALS", "false"),
+            ("SWITCHYARD_GATEWAY__EXECUTOR_URL", url.as_str()),
+        ],
+    );
+    assert!(
+        std::fs::read_dir(data.path()).unwrap().next().is_none(),
+        "the gateway stores nothing"
+    );
+    let alice = token(&url, "alice");
+    let carol = key(&url, "carol", "submitter");
+    let example =
+        std::fs::read_to_string(repo_root().join("examples/jobs/log_analysis.json")).unwrap();
+    let resp = gw.resp.clone().unwrap();
+    let ok = redis_cli(&resp, Some(("alice", &alice)), &["PLAN.SUBMIT", &example]);
+    let id = ok
+        .strip_prefix("OK job_id=")
+        .unwrap_or_else(|| panic!("{ok:?}"))
+        .to_owned();
+    let job: serde_json::Value =
+        serde_json::from_str(&ok_as(&url, &["job", "get", &id, "-o", "json"], "alice")).unwrap();
+    assert_eq!(
+        job["submitted_by"], "alice",
+        "the executor saw alice, not the gateway: {job}"
+    );
+    // Over HTTP: alice reads it; carol, another submitter, does not see it.
+    let http = format!("http://{}", gw.http.as_deref().unwrap());
+    let get = |token: &str| {
+        Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H"])
+            .arg(format!("authorization: Bearer {token}"))
+            .arg(format!("{http}/aitp/tasks/{id}"))
+            .output()
+            .unwrap()
+    };
+    assert_eq!(String::from_utf8_lossy(&get(&alice).stdout), "200");
+    assert_eq!(String::from_utf8_lossy(&get(&carol).stdout), "404");
+    assert_eq!(String::from_utf8_lossy(&get("syk_nope").stdout), "401");
+    assert_eq!(gw.terminate(), Some(0));
+    assert_eq!(dev.terminate(), Some(0));
+}

@@ -1,0 +1,262 @@
+"""Drives Switchyard's gateway with third-party clients only: `requests` and
+`httpx` against the AITP REST door (seed 002 section 8), the `redis` client
+(RESP2 and RESP3) against the AGEniX RESP door (seed 001), and
+`openapi-spec-validator` against the published OpenAPI document.
+
+usage: test_gateway.py HTTP_BASE RESP_HOST:PORT ALICE CAROL VIEWER
+       (ALICE and CAROL: submitter keys; VIEWER: a viewer key)
+prints one line per check, then "N passed, M failed"; exits 1 on a failure.
+"""
+
+import json
+import socket
+import sys
+import time
+import traceback
+
+import httpx
+import redis
+import requests
+from openapi_spec_validator import validate
+
+BASE, RESP, ALICE, CAROL, VIEWER = sys.argv[1:6]
+RESP_HOST, RESP_PORT = RESP.rsplit(":", 1)
+EXERCISED = set()  # (METHOD, route template) the checks called
+
+# Seed 002's paper analysis (sections 2.1 and 3.1): an input schema whose
+# defaults are the input, three subtasks with depends_on, ${...} templates
+# and output mappings. The capabilities are the executor's built-in echo
+# agent, so the test needs no agent process; routing, the DAG and the data
+# flow are the seed's.
+PAPER = {
+    "name": "Research Paper Analysis",
+    "description": "Analyze a research paper and extract key findings",
+    "goal": "Extract key findings from the research paper including: main hypothesis, methodology, key results, limitations",
+    "input": {"type": "object", "properties": {
+        "paper_pdf_url": {"type": "string", "format": "uri", "default": "https://example.org/paper.pdf"},
+        "max_pages": {"type": "integer", "default": 50}}},
+    "output": {"type": "object", "properties": {"hypothesis": {"type": "string"}}},
+    "priority": "HIGH",
+    "metadata": {"timeout_seconds": 3600, "tags": ["research", "nlp", "analysis"],
+                 "retry_policy": {"max_retries": 3, "backoff_strategy": "exponential", "backoff_base_ms": 100}},
+    "subtasks": [
+        {"subtask_id": "subtask_1", "name": "Extract Text from PDF", "agent_capability": "builtin.echo",
+         "input": {"text": "${parent.input.paper_pdf_url}", "max_pages": "${parent.input.max_pages}"},
+         "output_mapping": {"text": "raw_text"}, "priority": 1},
+        {"subtask_id": "subtask_2", "name": "Analyze Text with NLP", "agent_capability": "builtin.echo",
+         "depends_on": ["subtask_1"], "input": {"text": "${subtask_1.output.raw_text}"},
+         "output_mapping": {"text": "nlp_results"}, "priority": 2},
+        {"subtask_id": "subtask_3", "name": "Aggregate Results", "agent_capability": "builtin.echo",
+         "depends_on": ["subtask_1", "subtask_2"],
+         "input": {"raw_text": "${subtask_1.output.raw_text}", "nlp_results": "${subtask_2.output.nlp_results}"},
+         "output_mapping": {}, "priority": 3},
+    ],
+}
+
+ENVELOPE = {
+    "plan_id": "plan-log-analysis",
+    "plan_description": "Count words",
+    "tasks": [
+        {"task_number": 1, "command": "echo", "args": ["b a b"], "timeout_secs": 30},
+        {"task_number": 2, "command": "tr", "args": [" ", "\\n"], "input_from_task": 1, "timeout_secs": 30},
+    ],
+}
+
+
+def auth(token):
+    return {"Authorization": f"Bearer {token}"}
+
+
+def call(method, route, path, token=None, **kw):
+    EXERCISED.add((method, route))
+    headers = kw.pop("headers", {})
+    if token:
+        headers.update(auth(token))
+    return requests.request(method, BASE + path, headers=headers, timeout=20, **kw)
+
+
+def check_openapi_document_is_valid_and_open():
+    r = call("GET", "/openapi.json", "/openapi.json")
+    assert r.status_code == 200, r.status_code
+    doc = r.json()
+    validate(doc)  # raises on an invalid OpenAPI 3.1 document
+    assert doc["openapi"] == "3.1.0"
+    h = call("GET", "/healthz", "/healthz")
+    assert h.json() == {"status": "ok"}, h.text
+    check_openapi_document_is_valid_and_open.doc = doc
+
+
+def check_paper_analysis_submitted_followed_over_sse_and_read():
+    r = call("POST", "/aitp/tasks", "/aitp/tasks", ALICE, json=PAPER)
+    assert r.status_code == 201, r.text
+    body = r.json()
+    tid = body["task_id"]
+    assert body["status"] in ("PENDING", "EXECUTING", "COMPLETED"), body
+    assert isinstance(body["created_at"], int), body
+    assert r.headers["Location"] == f"/aitp/tasks/{tid}", r.headers
+    # SSE with requests' streaming: every event in order, then `end`.
+    events = []
+    with call("GET", "/aitp/tasks/{task_id}/events", f"/aitp/tasks/{tid}/events", ALICE, stream=True) as s:
+        assert s.headers["Content-Type"].startswith("text/event-stream"), s.headers
+        current = {}
+        for line in s.iter_lines(decode_unicode=True):
+            if line.startswith(":"):
+                continue
+            if not line:
+                if current:
+                    events.append(current)
+                    if current.get("event") == "end":
+                        break
+                current = {}
+                continue
+            key, _, value = line.partition(":")
+            current[key] = value.strip()
+    assert events[-1]["event"] == "end", events[-1]
+    assert json.loads(events[-1]["data"])["status"] == "COMPLETED", events[-1]
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "job.submitted" and "task.state" in kinds, kinds
+    ids = [int(e["id"]) for e in events if "id" in e]
+    assert ids == list(range(1, len(ids) + 1)), ids
+    # Status (httpx), then the result.
+    with httpx.Client(base_url=BASE, headers=auth(ALICE), timeout=20) as c:
+        EXERCISED.add(("GET", "/aitp/tasks/{task_id}"))
+        st = c.get(f"/aitp/tasks/{tid}").json()
+        assert st["status"] == "COMPLETED" and st["state"] == "completed", st
+        assert st["progress"]["total_steps"] == 3 and st["progress"]["percent_complete"] == 100, st
+        assert [s["status"] for s in st["progress"]["steps"]] == ["COMPLETED"] * 3, st
+        assert isinstance(st["cost_so_far"], float) and st["cost_so_far_micro_usd"] == 0, st
+        EXERCISED.add(("GET", "/aitp/tasks/{task_id}/result"))
+        res = c.get(f"/aitp/tasks/{tid}/result")
+        assert res.status_code == 200, res.text
+        out = res.json()
+        assert out["status"] == "COMPLETED", out
+        assert out["result"]["subtask_3"]["raw_text"] == "https://example.org/paper.pdf", out
+        assert out["result"]["subtask_3"]["nlp_results"] == "https://example.org/paper.pdf", out
+        assert isinstance(out["execution_time_ms"], int) and out["cost"] == 0.0, out
+    # Resumed after the third event with Last-Event-ID.
+    with call("GET", "/aitp/tasks/{task_id}/events", f"/aitp/tasks/{tid}/events", ALICE,
+              headers={"Last-Event-ID": "3"}, stream=True) as s:
+        first = next(l for l in s.iter_lines(decode_unicode=True) if l.startswith("id:"))
+        assert first == "id: 4" or first == "id:4", first
+
+
+def check_status_codes_400_404_409_401_403_and_cancel():
+    bad = dict(PAPER, subtasks=[dict(PAPER["subtasks"][1], depends_on=["nowhere"])])
+    r = call("POST", "/aitp/tasks", "/aitp/tasks", ALICE, json=bad)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["status"] == "INVALID_ARGUMENT" and err["fields"], err
+    assert err["request_id"] == r.headers["x-correlation-id"], (err, r.headers)
+    assert call("GET", "/aitp/tasks/{task_id}", "/aitp/tasks/nope", ALICE).status_code == 404
+    slow = {"task_id": "py-slow-1", "subtasks": [{"subtask_id": "nap", "agent_capability": "builtin.sleep", "input": {"ms": 60000}}]}
+    assert call("POST", "/aitp/tasks", "/aitp/tasks", ALICE, json=slow).status_code == 201
+    r = call("GET", "/aitp/tasks/{task_id}/result", "/aitp/tasks/py-slow-1/result", ALICE)
+    assert r.status_code == 409 and r.json()["error"]["reason"] == "JOB_NOT_FINISHED", r.text
+    # Another submitter does not see it; a viewer may not cancel it.
+    assert call("GET", "/aitp/tasks/{task_id}", "/aitp/tasks/py-slow-1", CAROL).status_code == 404
+    r = call("DELETE", "/aitp/tasks/{task_id}", "/aitp/tasks/py-slow-1", VIEWER)
+    assert r.status_code == 403 and r.json()["error"]["reason"] == "PERMISSION_DENIED", r.text
+    assert call("POST", "/aitp/tasks", "/aitp/tasks", None, json=PAPER).status_code == 401
+    r = call("DELETE", "/aitp/tasks/{task_id}", "/aitp/tasks/py-slow-1", ALICE)
+    assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+
+
+def check_every_documented_route_was_exercised():
+    doc = check_openapi_document_is_valid_and_open.doc
+    documented = {(m.upper(), p) for p, item in doc["paths"].items() for m in item if m in ("get", "post", "put", "patch", "delete")}
+    missing = documented - EXERCISED
+    assert not missing, f"documented but not exercised: {missing}"
+
+
+def resp_client(protocol, token=ALICE, username="alice"):
+    return redis.Redis(host=RESP_HOST, port=int(RESP_PORT), protocol=protocol, username=username,
+                       password=token, decode_responses=True, socket_timeout=20)
+
+
+def check_redis_client_resp2_submits_the_envelope_and_reads_it_back():
+    r = resp_client(2)
+    assert r.ping() is True
+    ok = r.execute_command("PLAN.SUBMIT", json.dumps(ENVELOPE))
+    assert ok.startswith("OK job_id="), ok
+    job = ok.split("=", 1)[1]
+    for _ in range(400):
+        try:
+            res = r.execute_command("JOB.RESULT", job)
+            break
+        except redis.ResponseError as e:
+            assert "has not finished" in str(e), e
+            time.sleep(0.025)
+    fields = dict(zip(res[::2], res[1::2]))
+    assert fields["state"] == "completed", fields
+    tasks = [dict(zip(t[::2], t[1::2])) for t in fields["tasks"]]
+    assert [t["task_number"] for t in tasks] == [1, 2], tasks
+    assert tasks[1]["stdout"] == "b\na\nb\n" and tasks[1]["exit_code"] == 0, tasks
+    status = r.execute_command("JOB.STATUS", job)
+    assert dict(zip(status[::2], status[1::2]))["percent_complete"] == 100, status
+    try:
+        r.execute_command("JOB.SUBMIT", json.dumps(dict(ENVELOPE, tasks=[dict(ENVELOPE["tasks"][0], task_number=2)])))
+        raise AssertionError("a bad envelope was accepted")
+    except redis.ResponseError as e:
+        assert str(e) == "Invalid task numbering: must start at 1, found 2", str(e)
+
+
+def check_redis_client_resp3_and_pipelining():
+    r = resp_client(3)
+    hello = r.execute_command("HELLO", "3")
+    assert hello["server"] == "switchyard" and hello["proto"] == 3, hello
+    pipe = r.pipeline(transaction=False)
+    for i in range(20):
+        pipe.execute_command("PLAN.SUBMIT", json.dumps(dict(ENVELOPE, job_id=f"py-pipe-{i}")))
+    pipe.execute_command("JOB.STATUS", "py-pipe-0")
+    replies = pipe.execute()
+    assert replies[:20] == [f"OK job_id=py-pipe-{i}" for i in range(20)], replies[:3]
+    assert replies[20]["job_id"] == "py-pipe-0", replies[20]
+
+
+def check_redis_client_auth_is_required_and_roles_hold():
+    # Without credentials redis-py is refused as soon as it connects: its
+    # first command (CLIENT SETINFO) needs AUTH, as on a Redis with a password.
+    anon = redis.Redis(host=RESP_HOST, port=int(RESP_PORT), protocol=2, decode_responses=True, socket_timeout=20)
+    try:
+        anon.execute_command("PLAN.SUBMIT", json.dumps(ENVELOPE))
+        raise AssertionError("submitted without AUTH")
+    except redis.AuthenticationError as e:
+        assert "Authentication required" in str(e), e
+    # The handshake itself is open: PING answers before AUTH.
+    with socket.create_connection((RESP_HOST, int(RESP_PORT)), timeout=20) as s:
+        s.sendall(b"*1\r\n$4\r\nPING\r\n*2\r\n$10\r\nJOB.STATUS\r\n$1\r\nx\r\n")
+        got = b""
+        while got.count(b"\r\n") < 2:
+            got += s.recv(4096)
+        assert got == b"+PONG\r\n-NOAUTH Authentication required.\r\n", got
+    try:
+        resp_client(2, token="syk_wrong").ping()
+        raise AssertionError("a wrong key was accepted")
+    except redis.AuthenticationError:
+        pass
+    viewer = resp_client(2, token=VIEWER, username="default")
+    try:
+        viewer.execute_command("PLAN.SUBMIT", json.dumps(ENVELOPE))
+        raise AssertionError("a viewer submitted")
+    except redis.exceptions.NoPermissionError:
+        pass
+
+
+def main():
+    checks = [v for k, v in globals().items() if k.startswith("check_")]
+    passed = failed = 0
+    for check in checks:
+        try:
+            check()
+            passed += 1
+            print(f"ok     {check.__name__}")
+        except Exception:
+            failed += 1
+            print(f"FAILED {check.__name__}")
+            traceback.print_exc()
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
