@@ -26,6 +26,7 @@
 
 mod auth;
 mod executor;
+mod gateway;
 mod history;
 mod llm;
 mod metrics;
@@ -234,6 +235,10 @@ async fn run() -> anyhow::Result<()> {
     if std::env::args().nth(1).as_deref() == Some("metrics") {
         metrics::run();
         return Ok(());
+    }
+    // `switchyard-bench gateway` runs only the doors' figures.
+    if std::env::args().nth(1).as_deref() == Some("gateway") {
+        return gateway::run().await;
     }
     // `switchyard-bench real-llm` runs only the real model server's figures.
     if std::env::args().nth(1).as_deref() == Some("real-llm") {

@@ -135,15 +135,15 @@ impl std::fmt::Display for Addresses {
     }
 }
 
-/// Binding a listen address failed.
+/// Binding a listen address failed. The message says the cause once (it
+/// is not also chained as a source, which would print it twice).
 #[derive(Debug, thiserror::Error)]
-#[error("{addr}{}", in_use_hint(.source))]
+#[error("{addr}{}", in_use_hint(.cause))]
 pub struct BindError {
     /// The address.
     pub addr: String,
     /// Why.
-    #[source]
-    pub source: std::io::Error,
+    pub cause: std::io::Error,
 }
 
 fn in_use_hint(e: &std::io::Error) -> String {
@@ -161,7 +161,7 @@ impl Listeners {
         let bind = |addr: String| async move {
             TcpListener::bind(&addr)
                 .await
-                .map_err(|source| BindError { addr, source })
+                .map_err(|cause| BindError { addr, cause })
         };
         let grpc = bind(cfg.server.listen.clone()).await?;
         let gateway = services.contains(&ServiceKind::Gateway);

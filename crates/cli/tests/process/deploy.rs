@@ -61,8 +61,8 @@ fn kubernetes_workloads_match_the_binary_and_each_other() {
         .collect();
     assert_eq!(
         workloads.len(),
-        6,
-        "registry, router, ledger, approval, executor, agents"
+        7,
+        "registry, router, ledger, approval, executor, gateway, agents"
     );
 
     for w in workloads {
@@ -147,10 +147,30 @@ fn kubernetes_workloads_match_the_binary_and_each_other() {
             "{name}: serves on its container port"
         );
         let ready_on = c["readinessProbe"]["grpc"]["service"].as_str().unwrap();
+        // The gateway hosts no gRPC service: it is ready when the server as
+        // a whole is ("", once its key set has arrived).
         assert!(
-            roles.split(',').any(|r| proto_service(r) == ready_on),
+            roles.split(',').any(|r| proto_service(r) == ready_on)
+                || (roles == "gateway" && ready_on.is_empty()),
             "{name}: readiness probes {ready_on}, hosts {roles}"
         );
+        // The gateway's doors listen on the container ports named for them.
+        if roles == "gateway" {
+            for door in ["http", "resp"] {
+                let p = c["ports"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|p| p["name"] == door)
+                    .unwrap_or_else(|| panic!("{name}: no {door} port"));
+                let want = format!("0.0.0.0:{}", p["containerPort"]);
+                assert_eq!(
+                    cfg["gateway"][door]["listen"].as_str(),
+                    Some(want.as_str()),
+                    "{name}"
+                );
+            }
+        }
 
         // a Service selects this workload and targets its port
         let labels = &w["spec"]["template"]["metadata"]["labels"];
@@ -181,17 +201,21 @@ fn kubernetes_workloads_match_the_binary_and_each_other() {
             cfg["agents"].get("ledger_url"),
             cfg["agents"].get("executor_url"),
             cfg["agents"].get("advertise_url"),
+            cfg["gateway"].get("executor_url"),
         ];
-        let calls: Vec<&str> =
-            if roles == "agent" || roles.contains("router") || roles.contains("executor") {
-                urls.iter()
-                    .flatten()
-                    .filter_map(|u| u.as_str())
-                    .filter(|u| !u.is_empty())
-                    .collect()
-            } else {
-                Vec::new()
-            };
+        let calls: Vec<&str> = if roles == "agent"
+            || roles.contains("router")
+            || roles.contains("executor")
+            || roles.contains("gateway")
+        {
+            urls.iter()
+                .flatten()
+                .filter_map(|u| u.as_str())
+                .filter(|u| !u.is_empty())
+                .collect()
+        } else {
+            Vec::new()
+        };
         if roles == "agent" {
             assert_eq!(
                 calls.len(),
