@@ -94,6 +94,21 @@ impl Config {
 }
 
 impl Config {
+    /// Fills in what the gateway leaves unset from the gRPC server's
+    /// settings (its listen addresses, its size limits), so `--dump-config`
+    /// shows what the process will use.
+    pub fn resolve(&mut self) {
+        let listen = self.server.listen.clone();
+        let max = self.server.max_message_bytes;
+        let g = &mut self.gateway;
+        g.http.listen = Some(g.http_listen(&listen));
+        g.resp.listen = Some(g.resp_listen(&listen));
+        g.http.max_body_bytes.get_or_insert(max);
+        g.resp.max_bulk_bytes.get_or_insert(max);
+    }
+}
+
+impl Config {
     /// The one price catalogue: every `[llm]` model's price (what LLM tasks
     /// are estimated and charged at) and the `[ledger.prices]` of models no
     /// provider serves here. `EstimateCost` answers from it. A model priced

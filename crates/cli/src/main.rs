@@ -164,6 +164,7 @@ impl RunArgs {
             Some("human") => cfg.telemetry.log_format = LogFormat::Human,
             _ => {}
         }
+        cfg.resolve();
         cfg.validate().map_err(anyhow::Error::msg)?;
         Ok(cfg)
     }
