@@ -2,6 +2,8 @@
 //! (reqwest) and AGEniX over RESP (a raw socket, replies read by the RESP
 //! codec), each behind the same identity as the gRPC API.
 
+#![allow(clippy::unwrap_used)] // test helpers: a failed call is a failed test
+
 use std::time::Duration;
 
 use bytes::BytesMut;

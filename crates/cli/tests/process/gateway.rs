@@ -3,6 +3,8 @@
 //! `httpx` and `openapi-spec-validator` (installed by `make test`), against
 //! `switchyard dev` and against a gateway in a process of its own.
 
+#![allow(clippy::unwrap_used)] // test helpers: a failed call is a failed test
+
 use std::process::Command;
 
 use crate::support::*;

@@ -73,7 +73,7 @@ impl Conn {
             ("JOB.CANCEL", [id, reason @ ..]) if reason.len() <= 1 => {
                 let why = reason
                     .first()
-                    .map_or_else(|| "cancelled through the RESP door".to_owned(), |r| text(r));
+                    .map_or_else(|| "cancelled through the RESP door".to_owned(), text);
                 match self.door.jobs.cancel(&caller, &text(id), &why).await {
                     Ok(_) => Reply::Simple("OK".into()),
                     Err(s) => status_error(&s),
