@@ -855,3 +855,62 @@ async fn the_authorization_matrix_holds_for_every_gateway_route_and_verb() {
     assert!(wrong.is_empty(), "wrong:\n{}", wrong.join("\n"));
     s.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn resp_connections_past_the_limit_are_refused_and_idle_ones_closed() {
+    let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
+        c.gateway.resp.max_connections = 2;
+        c.gateway.resp.idle_timeout_secs = 1;
+    })
+    .await
+    .unwrap();
+    let alice = s.token("alice").unwrap();
+    let mut a = Resp::connect(&s).await;
+    let mut b = Resp::connect(&s).await;
+    assert_eq!(text(&a.cmd(&["AUTH", &alice]).await), "OK");
+    assert_eq!(text(&b.cmd(&["PING"]).await), "PONG");
+    // A third, while two are open: Redis's answer, then closed.
+    let mut c = Resp::connect(&s).await;
+    assert_eq!(
+        text(&c.reply().await.unwrap()),
+        "ERR max number of clients reached"
+    );
+    assert!(c.reply().await.is_none());
+    // Silent past the idle limit: the server closes (awaited, bounded by
+    // the reply timeout, not slept).
+    assert!(a.reply().await.is_none(), "an idle connection is closed");
+    assert!(b.reply().await.is_none());
+    // Their places are free again.
+    let mut d = Resp::connect(&s).await;
+    assert_eq!(text(&d.cmd(&["PING"]).await), "PONG");
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_rest_callers_correlation_id_is_the_tasks_and_answers_carry_it() {
+    let s = stack().await;
+    let h = Http::new(&s);
+    let alice = s.token("alice").unwrap();
+    let resp = h
+        .client
+        .post(format!("{}/aitp/tasks", h.base))
+        .bearer_auth(&alice)
+        .header("x-correlation-id", "corr-rest-1")
+        .header("content-type", "application/json")
+        .body(paper("corr-1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["x-correlation-id"], "corr-rest-1");
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["correlation_id"], "corr-rest-1", "{v}");
+    let events = h.events("corr-1", &alice, None).await;
+    assert!(
+        events
+            .iter()
+            .filter(|e| e.1 != "end")
+            .all(|e| e.2["correlation_id"] == "corr-rest-1"),
+        "every event carries it"
+    );
+    s.stop().await.unwrap();
+}
