@@ -200,6 +200,52 @@ def check_redis_client_resp2_submits_the_envelope_and_reads_it_back():
         assert str(e) == "Invalid task numbering: must start at 1, found 2", str(e)
 
 
+def check_redis_client_gets_every_agenix_validation_text():
+    r = resp_client(2)
+
+    def task(n, **extra):
+        return dict({"task_number": n, "command": "sort"}, **extra)
+
+    def env(tasks, **top):
+        return json.dumps(dict({"plan_id": "p", "tasks": tasks}, **top))
+
+    cases = [
+        (env([]), "Invalid job: tasks must contain at least one task"),
+        (env([task(1), task(2), task(4)]), "Invalid task numbering: gap between task 2 and 4"),
+        (env([task(2)]), "Invalid task numbering: must start at 1, found 2"),
+        (env([task(1), task(1)]), "Invalid task numbering: duplicate or out-of-order task 1 after task 1"),
+        (env([task(n) for n in range(1, 102)]), "Invalid job: 101 tasks exceed the limit of 100"),
+        (env([task(1, input_from_task=1)]), "Invalid input reference: task 1 cannot read its own output"),
+        (env([task(1, input_from_task=2), task(2)]), "Invalid input reference: task 1 reads task 2, which does not come before it"),
+        (env([task(1, command="")]), "Invalid command: task 1 has an empty command"),
+        (json.dumps({"tasks": [task(1)]}), "Invalid job: plan_id is required"),
+    ]
+    for doc, want in cases:
+        try:
+            r.execute_command("PLAN.SUBMIT", doc)
+            raise AssertionError(f"accepted: {doc[:80]}")
+        except redis.ResponseError as e:
+            assert str(e) == want, (str(e), want)
+
+
+def check_malformed_frames_and_huge_lengths_close_the_connection():
+    def exchange(payload):
+        with socket.create_connection((RESP_HOST, int(RESP_PORT)), timeout=20) as s:
+            s.sendall(payload)
+            got = b""
+            while True:
+                chunk = s.recv(4096)
+                if not chunk:
+                    return got  # the server closed the connection
+                got += chunk
+
+    got = exchange(b"*1\r\n:5\r\n")
+    assert got.startswith(b"-ERR Protocol error"), got
+    # 100 MB announced, none of it sent: refused from the header at once.
+    got = exchange(b"*2\r\n$11\r\nPLAN.SUBMIT\r\n$104857600\r\n")
+    assert got.startswith(b"-ERR Protocol error: invalid bulk length"), got
+
+
 def check_redis_client_resp3_and_pipelining():
     r = resp_client(3)
     hello = r.execute_command("HELLO", "3")
