@@ -84,6 +84,23 @@ impl Http {
         )
     }
 
+    /// `POST /aitp/tasks` with `body` as `token`.
+    async fn post(&self, token: &str, body: impl Into<String>) -> (u16, Value) {
+        self.call(
+            reqwest::Method::POST,
+            "/aitp/tasks",
+            Some(token),
+            Some(body.into()),
+        )
+        .await
+    }
+
+    /// `GET path` as `token`.
+    async fn get(&self, path: &str, token: &str) -> (u16, Value) {
+        self.call(reqwest::Method::GET, path, Some(token), None)
+            .await
+    }
+
     /// Polls the status until the task is no longer PENDING or EXECUTING.
     async fn until_done(&self, id: &str, token: &str) -> Value {
         for _ in 0..400 {
@@ -205,14 +222,7 @@ async fn aitp_tasks_are_submitted_followed_and_read_over_rest_as_the_seed_shows(
     );
     assert_eq!(done["cost_so_far"], 0.0);
 
-    let (code, r) = h
-        .call(
-            reqwest::Method::GET,
-            "/aitp/tasks/paper-rest-1/result",
-            Some(&alice),
-            None,
-        )
-        .await;
+    let (code, r) = h.get("/aitp/tasks/paper-rest-1/result", &alice).await;
     assert_eq!(code, 200, "{r}");
     assert_eq!(r["status"], "COMPLETED");
     assert_eq!(
@@ -249,14 +259,7 @@ async fn aitp_errors_are_one_envelope_with_grpc_reasons_and_http_statuses() {
     let bad = json!({"name": "x", "subtasks": [
         {"subtask_id": "a", "agent_capability": "builtin.echo", "depends_on": ["b"]},
         {"subtask_id": "b", "agent_capability": "builtin.echo", "depends_on": ["a"], "colour": "red"}]});
-    let (code, e) = h
-        .call(
-            reqwest::Method::POST,
-            "/aitp/tasks",
-            Some(&alice),
-            Some(bad.to_string()),
-        )
-        .await;
+    let (code, e) = h.post(&alice, bad.to_string()).await;
     assert_eq!(code, 400, "{e}");
     let err = &e["error"];
     assert_eq!(err["status"], "INVALID_ARGUMENT");
@@ -277,24 +280,10 @@ async fn aitp_errors_are_one_envelope_with_grpc_reasons_and_http_statuses() {
     // A document of another format is read as AITP and refused as such.
     let native =
         json!({"plan_id": "p", "tasks": [{"id": "a", "agent": {"capability": "builtin.echo"}}]});
-    let (code, e) = h
-        .call(
-            reqwest::Method::POST,
-            "/aitp/tasks",
-            Some(&alice),
-            Some(native.to_string()),
-        )
-        .await;
+    let (code, e) = h.post(&alice, native.to_string()).await;
     assert_eq!(code, 400, "{e}");
     // Not JSON at all; the wrong media type; too large.
-    let (code, _) = h
-        .call(
-            reqwest::Method::POST,
-            "/aitp/tasks",
-            Some(&alice),
-            Some("{nope".into()),
-        )
-        .await;
+    let (code, _) = h.post(&alice, "{nope").await;
     assert_eq!(code, 400);
     let resp = h
         .client
@@ -307,31 +296,20 @@ async fn aitp_errors_are_one_envelope_with_grpc_reasons_and_http_statuses() {
         .unwrap();
     assert_eq!(resp.status().as_u16(), 415);
     let big = "x".repeat(5 * 1024 * 1024);
-    let (code, e) = h
-        .call(
-            reqwest::Method::POST,
-            "/aitp/tasks",
-            Some(&alice),
-            Some(big),
-        )
-        .await;
+    let (code, e) = h.post(&alice, big).await;
     assert_eq!(
         (code, &e["error"]["reason"]),
         (413, &json!("MESSAGE_TOO_LARGE")),
         "{e}"
     );
     // 404 for an unknown task; 404 for an unknown route.
-    let (code, e) = h
-        .call(reqwest::Method::GET, "/aitp/tasks/nope", Some(&alice), None)
-        .await;
+    let (code, e) = h.get("/aitp/tasks/nope", &alice).await;
     assert_eq!(
         (code, &e["error"]["reason"]),
         (404, &json!("JOB_NOT_FOUND")),
         "{e}"
     );
-    let (code, e) = h
-        .call(reqwest::Method::GET, "/aitp/nothing", Some(&alice), None)
-        .await;
+    let (code, e) = h.get("/aitp/nothing", &alice).await;
     assert_eq!(
         (code, &e["error"]["reason"]),
         (404, &json!("ROUTE_NOT_FOUND")),
@@ -339,23 +317,9 @@ async fn aitp_errors_are_one_envelope_with_grpc_reasons_and_http_statuses() {
     );
     // 409 while a task has not finished: one that sleeps.
     let slow = json!({"task_id": "slow-1", "subtasks": [{"subtask_id": "nap", "agent_capability": "builtin.sleep", "input": {"ms": 60000}}]});
-    let (code, v) = h
-        .call(
-            reqwest::Method::POST,
-            "/aitp/tasks",
-            Some(&alice),
-            Some(slow.to_string()),
-        )
-        .await;
+    let (code, v) = h.post(&alice, slow.to_string()).await;
     assert_eq!(code, 201, "{v}");
-    let (code, e) = h
-        .call(
-            reqwest::Method::GET,
-            "/aitp/tasks/slow-1/result",
-            Some(&alice),
-            None,
-        )
-        .await;
+    let (code, e) = h.get("/aitp/tasks/slow-1/result", &alice).await;
     assert_eq!(
         (code, &e["error"]["reason"]),
         (409, &json!("JOB_NOT_FINISHED")),
@@ -372,14 +336,7 @@ async fn aitp_errors_are_one_envelope_with_grpc_reasons_and_http_statuses() {
         .await;
     assert_eq!((code, &v["status"]), (200, &json!("FAILED")), "{v}");
     assert_eq!(v["state"], "cancelled");
-    let (code, r) = h
-        .call(
-            reqwest::Method::GET,
-            "/aitp/tasks/slow-1/result",
-            Some(&alice),
-            None,
-        )
-        .await;
+    let (code, r) = h.get("/aitp/tasks/slow-1/result", &alice).await;
     assert_eq!((code, &r["state"]), (200, &json!("cancelled")), "{r}");
     // Cancelling again: the job is final (409).
     let (code, e) = h
@@ -407,14 +364,7 @@ async fn aitp_callers_are_who_they_authenticate_as_not_the_gateway() {
         .key("vera", &["viewer"], PrincipalKind::Human)
         .await
         .unwrap();
-    let (code, v) = h
-        .call(
-            reqwest::Method::POST,
-            "/aitp/tasks",
-            Some(&alice),
-            Some(paper("owned-1")),
-        )
-        .await;
+    let (code, v) = h.post(&alice, paper("owned-1")).await;
     assert_eq!(code, 201, "{v}");
     // Recorded as alice's, from her key, whatever the document says.
     let mut jobs = switchyard_proto::executor::v1::job_service_client::JobServiceClient::new(
@@ -437,7 +387,7 @@ async fn aitp_callers_are_who_they_authenticate_as_not_the_gateway() {
         "/aitp/tasks/owned-1/result",
         "/aitp/tasks/owned-1/events",
     ] {
-        let (code, e) = h.call(reqwest::Method::GET, path, Some(&carol), None).await;
+        let (code, e) = h.get(path, &carol).await;
         assert_eq!(
             (code, &e["error"]["reason"]),
             (404, &json!("JOB_NOT_FOUND")),
@@ -453,14 +403,7 @@ async fn aitp_callers_are_who_they_authenticate_as_not_the_gateway() {
         )
         .await;
     assert_eq!(code, 404);
-    let (code, _) = h
-        .call(
-            reqwest::Method::GET,
-            "/aitp/tasks/owned-1",
-            Some(&viewer),
-            None,
-        )
-        .await;
+    let (code, _) = h.get("/aitp/tasks/owned-1", &viewer).await;
     assert_eq!(code, 200);
     for (method, path, body) in [
         (reqwest::Method::POST, "/aitp/tasks", Some(paper("v-1"))),

@@ -9,34 +9,6 @@ use std::process::Command;
 
 use crate::support::*;
 
-fn tool(var: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| {
-        panic!("{var} is not set: run the tests with `make test`, which installs the tools")
-    })
-}
-
-/// A key made with the CLI (as admin) against `url`.
-fn key(url: &str, subject: &str, roles: &str) -> String {
-    let out = ok(&cli(
-        url,
-        &[
-            "auth",
-            "key",
-            "create",
-            "--subject",
-            subject,
-            "--roles",
-            roles,
-            "-o",
-            "json",
-        ],
-    ));
-    serde_json::from_str::<serde_json::Value>(&out).unwrap()["secret"]
-        .as_str()
-        .unwrap()
-        .to_owned()
-}
-
 /// `redis-cli -p PORT ARGS…` (with `--user/--pass` when `auth` is given).
 fn redis_cli(resp: &str, auth: Option<(&str, &str)>, args: &[&str]) -> String {
     let (host, port) = resp.rsplit_once(':').unwrap();
@@ -55,8 +27,8 @@ fn python_clients_drive_both_doors_of_switchyard_dev() {
     let (dev, _data) = Proc::dev(&[]);
     let url = dev.url();
     let alice = token(&url, "alice");
-    let carol = key(&url, "carol", "submitter");
-    let viewer = key(&url, "vera", "viewer");
+    let carol = create_key(&url, "carol", "submitter");
+    let viewer = create_key(&url, "vera", "viewer");
     let out = Command::new(python)
         .arg(repo_root().join("tests/python/test_gateway.py"))
         .arg(format!("http://{}", dev.http.as_deref().unwrap()))
@@ -151,7 +123,7 @@ fn a_gateway_in_its_own_process_serves_both_doors_for_a_remote_executor() {
         "the gateway stores nothing"
     );
     let alice = token(&url, "alice");
-    let carol = key(&url, "carol", "submitter");
+    let carol = create_key(&url, "carol", "submitter");
     let example =
         std::fs::read_to_string(repo_root().join("examples/jobs/log_analysis.json")).unwrap();
     let resp = gw.resp.clone().unwrap();

@@ -50,24 +50,7 @@ fn loadgen_key(url: &str) -> String {
     if let Ok(k) = std::fs::read_to_string(&kept) {
         return k;
     }
-    let out = ok(&cli(
-        url,
-        &[
-            "auth",
-            "key",
-            "create",
-            "--subject",
-            "loadgen",
-            "--roles",
-            "admin,agent",
-            "-o",
-            "json",
-        ],
-    ));
-    let secret = serde_json::from_str::<serde_json::Value>(&out).unwrap()["secret"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let secret = create_key(url, "loadgen", "admin,agent");
     std::fs::write(&kept, &secret).unwrap();
     secret
 }

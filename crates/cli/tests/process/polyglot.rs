@@ -6,12 +6,6 @@
 use crate::support::*;
 use std::process::Command;
 
-fn tool(var: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| {
-        panic!("{var} is not set: run the tests with `make test`, which installs the Python tools")
-    })
-}
-
 #[test]
 fn python_client_generated_from_proto_registers_routes_reserves_and_reads_error_info() {
     let python = tool("SWITCHYARD_PYTHON");
@@ -19,24 +13,7 @@ fn python_client_generated_from_proto_registers_routes_reserves_and_reads_error_
     let root = repo_root();
     // A key for the Python client: it registers agents, routes, creates
     // budgets and reserves on them.
-    let made = ok(&cli(
-        &dev.url(),
-        &[
-            "auth",
-            "key",
-            "create",
-            "--subject",
-            "py-client",
-            "--roles",
-            "admin,agent",
-            "-o",
-            "json",
-        ],
-    ));
-    let secret = serde_json::from_str::<serde_json::Value>(&made).unwrap()["secret"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let secret = create_key(&dev.url(), "py-client", "admin,agent");
     let out = Command::new(python)
         .env("SWITCHYARD_TOKEN", &secret)
         .arg(root.join("tests/python/test_client.py"))

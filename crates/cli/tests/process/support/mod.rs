@@ -247,6 +247,35 @@ pub fn cli(url: &str, args: &[&str]) -> Output {
     cmd.output().expect("run switchyard cli")
 }
 
+/// The path of an outside tool the tests drive, from `var` (`make test`
+/// installs the tools and sets the variables).
+pub fn tool(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!("{var} is not set: run the tests with `make test`, which installs the tools")
+    })
+}
+
+/// A new API key of tenant `default` (made with the CLI as admin) against
+/// `url`: its secret.
+pub fn create_key(url: &str, subject: &str, roles: &str) -> String {
+    let out = ok(&cli(
+        url,
+        &[
+            "auth",
+            "key",
+            "create",
+            "--subject",
+            subject,
+            "--roles",
+            roles,
+            "-o",
+            "json",
+        ],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["secret"].as_str().unwrap().to_owned()
+}
+
 /// `switchyard job submit FILE --as WHO -o json` against `url`: the job
 /// submitted, as JSON.
 pub fn submit_as(url: &str, file: &str, who: &str) -> serde_json::Value {
