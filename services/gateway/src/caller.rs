@@ -91,19 +91,23 @@ pub async fn authenticate_token(auth: &Authenticator, token: &str) -> Result<Cal
 }
 
 impl Caller {
-    /// `msg` as a request from this caller: its principal for an
-    /// in-process executor, its credential (and on-behalf header) for a
-    /// remote one, plus the correlation id and trace context of the
-    /// request being served.
-    fn request<T>(&self, msg: T) -> tonic::Request<T> {
+    /// `msg` as a request from this caller, with the correlation id and
+    /// trace context of the request being served: over the network
+    /// (`remote`) carrying its credential (and on-behalf header) for the
+    /// executor to authenticate; in-process carrying its principal, as the
+    /// server layer would after authenticating it — and no secret.
+    fn request<T>(&self, msg: T, remote: bool) -> tonic::Request<T> {
         let mut req = tonic::Request::new(msg);
-        self.credential.authorize(&mut req);
-        if let Some(v) = self.on_behalf.as_deref().and_then(|v| v.parse().ok()) {
-            req.metadata_mut()
-                .insert(switchyard_kit::auth::ON_BEHALF_HEADER, v);
-        }
         switchyard_kit::context::inject(&mut req);
-        req.extensions_mut().insert(self.principal.clone());
+        if remote {
+            self.credential.authorize(&mut req);
+            if let Some(v) = self.on_behalf.as_deref().and_then(|v| v.parse().ok()) {
+                req.metadata_mut()
+                    .insert(switchyard_kit::auth::ON_BEHALF_HEADER, v);
+            }
+        } else {
+            req.extensions_mut().insert(self.principal.clone());
+        }
         req
     }
 
@@ -124,10 +128,9 @@ pub struct Jobs(ExecutorClient);
 /// One unary call as `caller`, in-process or remote alike.
 macro_rules! as_caller {
     ($jobs:expr, $caller:expr, $method:ident, $msg:expr) => {{
-        let req = $caller.request($msg);
         match &$jobs.0 {
-            ExecutorClient::Local(svc) => svc.$method(req).await,
-            ExecutorClient::Remote(c) => c.clone().$method(req).await,
+            ExecutorClient::Local(svc) => svc.$method($caller.request($msg, false)).await,
+            ExecutorClient::Remote(c) => c.clone().$method($caller.request($msg, true)).await,
         }
         .map(Response::into_inner)
     }};
@@ -184,14 +187,15 @@ impl Jobs {
         job_id: &str,
         after: u64,
     ) -> Result<switchyard_kit::BoxStream<WatchJobResponse>, Status> {
-        let req = c.request(WatchJobRequest {
+        let req = WatchJobRequest {
             job_id: job_id.to_owned(),
             after_sequence: after,
-        });
+        };
         match &self.0 {
-            ExecutorClient::Local(svc) => svc.watch_job(req).await,
+            ExecutorClient::Local(svc) => svc.watch_job(c.request(req, false)).await,
             ExecutorClient::Remote(cl) => {
-                Ok(Box::pin(cl.clone().watch_job(req).await?.into_inner()))
+                let stream = cl.clone().watch_job(c.request(req, true)).await?;
+                Ok(Box::pin(stream.into_inner()))
             }
         }
     }
