@@ -203,6 +203,13 @@ async fn aitp_tasks_are_submitted_followed_and_read_over_rest_as_the_seed_shows(
     let resumed = h.events("paper-rest-1", &alice, Some(seqs[2])).await;
     assert_eq!(resumed[0].0, Some(seqs[3]));
     assert_eq!(resumed.len(), events.len() - 3);
+    // Resumed after the last event: only `end`, with the final status.
+    let tail = h.events("paper-rest-1", &alice, seqs.last().copied()).await;
+    assert_eq!(tail.len(), 1, "{tail:?}");
+    assert_eq!(
+        (tail[0].1.as_str(), &tail[0].2["status"]),
+        ("end", &json!("COMPLETED"))
+    );
 
     let done = h.until_done("paper-rest-1", &alice).await;
     assert_eq!(done["state"], "completed");

@@ -183,9 +183,19 @@ async fn events(
             })?,
     };
     let watched = door.jobs.watch(&caller, &id, after).await?;
-    let events = watched.map(|item| match item {
+    // The last `job.state` seen says how the job ended, so the `end` event
+    // needs no further call unless the stream resumed past it.
+    let ended: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    let seen = ended.clone();
+    let events = watched.map(move |item| match item {
         Ok(w) => {
             let e = w.event.unwrap_or_default();
+            if e.kind == "job.state"
+                && let Some(to) = e.data.as_ref().and_then(|d| d.fields.get("to"))
+                && let Some(prost_types::value::Kind::StringValue(to)) = &to.kind
+            {
+                *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(to.clone());
+            }
             Event::default()
                 .id(e.sequence.to_string())
                 .event(sse_name(&e.kind))
@@ -204,14 +214,22 @@ async fn events(
     // (EventSource would otherwise reconnect).
     let end_door = door.clone();
     let end = futures_util::stream::once(async move {
-        let job = end_door.jobs.get(&caller, &id).await;
-        match job {
-            Ok(j) => Event::default()
+        let state = ended.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let state = state.as_deref().and_then(|s| {
+            JobState::from_str_name(&format!("JOB_STATE_{}", s.to_ascii_uppercase()))
+        });
+        match state {
+            Some(state) if shapes::finished(state) => Event::default()
                 .event("end")
-                .json_data(shapes::submitted(&j)),
-            Err(s) => Event::default()
-                .event("error")
-                .json_data(switchyard_kit::error::http_error(&s, "").1),
+                .json_data(shapes::ended(&id, state)),
+            _ => match end_door.jobs.get(&caller, &id).await {
+                Ok(j) => Event::default()
+                    .event("end")
+                    .json_data(shapes::submitted(&j)),
+                Err(s) => Event::default()
+                    .event("error")
+                    .json_data(switchyard_kit::error::http_error(&s, "").1),
+            },
         }
     });
     let stop = door.shutdown.clone();

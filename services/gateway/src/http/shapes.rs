@@ -247,6 +247,15 @@ pub fn submitted(j: &Job) -> Value {
     })
 }
 
+/// The `end` event of a task's event stream: how it ended.
+pub fn ended(task_id: &str, state: JobState) -> Value {
+    json!({
+        "task_id": task_id,
+        "status": job_status(state),
+        "state": short(state.as_str_name(), "JOB_STATE_"),
+    })
+}
+
 /// §8.3: the result of a finished task, with every subtask's own outcome
 /// (the partial results of a failed one).
 pub fn result(r: &GetResultResponse) -> Value {
