@@ -808,9 +808,10 @@ async fn the_authorization_matrix_holds_for_every_gateway_route_and_verb() {
 
 #[tokio::test]
 async fn resp_connections_past_the_limit_are_refused_and_idle_ones_closed() {
+    // The limit, with no idle timeout to free a place meanwhile.
     let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
         c.gateway.resp.max_connections = 2;
-        c.gateway.resp.idle_timeout_secs = 1;
+        c.gateway.resp.idle_timeout_secs = 0;
     })
     .await
     .unwrap();
@@ -826,13 +827,32 @@ async fn resp_connections_past_the_limit_are_refused_and_idle_ones_closed() {
         "ERR max number of clients reached"
     );
     assert!(c.reply().await.is_none());
-    // Silent past the idle limit: the server closes (awaited, bounded by
-    // the reply timeout, not slept).
-    assert!(a.reply().await.is_none(), "an idle connection is closed");
-    assert!(b.reply().await.is_none());
-    // Their places are free again.
-    let mut d = Resp::connect(&s).await;
-    assert_eq!(text(&d.cmd(&["PING"]).await), "PONG");
+    // One leaves: its place is free again.
+    assert_eq!(text(&a.cmd(&["QUIT"]).await), "OK");
+    assert!(a.reply().await.is_none());
+    // (Its connection task ends just after the close: poll, bounded.)
+    let mut freed = false;
+    for _ in 0..100 {
+        let mut d = Resp::connect(&s).await;
+        if text(&d.cmd(&["PING"]).await) == "PONG" {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(freed, "a closed connection's place is given back");
+    s.stop().await.unwrap();
+
+    // Silent past the idle limit: the server closes the connection
+    // (awaited, bounded by the reply timeout, not slept).
+    let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
+        c.gateway.resp.idle_timeout_secs = 1;
+    })
+    .await
+    .unwrap();
+    let mut idle = Resp::connect(&s).await;
+    assert_eq!(text(&idle.cmd(&["PING"]).await), "PONG");
+    assert!(idle.reply().await.is_none(), "an idle connection is closed");
     s.stop().await.unwrap();
 }
 
