@@ -49,6 +49,23 @@ pub fn is_valid_correlation_id(s: &str) -> bool {
     !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic())
 }
 
+/// What an incoming request says of its correlation: its `x-correlation-id`
+/// when valid, else a new one; and its `traceparent`. Every server surface
+/// (gRPC ports, the gateway's doors) reads them through this.
+pub fn from_headers(headers: &http::HeaderMap) -> (String, Option<String>) {
+    let id = headers
+        .get(CORRELATION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| is_valid_correlation_id(s))
+        .map(str::to_owned)
+        .unwrap_or_else(new_correlation_id);
+    let traceparent = headers
+        .get(TRACEPARENT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    (id, traceparent)
+}
+
 /// The correlation id of a request: from its metadata, else the task's
 /// context, else a new one.
 pub fn correlation_id<T>(req: &tonic::Request<T>) -> String {

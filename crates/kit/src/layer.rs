@@ -21,7 +21,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::auth::authn::{Authenticator, Presented};
 use crate::auth::{Access, AuthError, Principal};
-use crate::context::{self, CORRELATION_HEADER, RequestContext, TRACEPARENT_HEADER};
+use crate::context::{self, CORRELATION_HEADER, RequestContext};
 use crate::error;
 
 /// What a request must pass: nothing (open methods, servers without auth)
@@ -79,11 +79,7 @@ async fn admit(gate: Gate, path: &str) -> Result<Option<Arc<Principal>>, AuthErr
         Gate::Check(auth, access, presented) => (auth, access, presented),
     };
     let principal = auth.authenticate(&presented, crate::time::now_ms()).await?;
-    match access {
-        Access::Needs(perm) => principal.require(perm)?,
-        Access::Unknown => return Err(AuthError::Unlisted(path.to_owned())),
-        Access::Open | Access::Authenticated => {}
-    }
+    principal.allowed(access, path)?;
     Ok(Some(principal))
 }
 
@@ -158,18 +154,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let cfg = self.cfg.clone();
 
-        let correlation_id = req
-            .headers()
-            .get(CORRELATION_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .filter(|s| context::is_valid_correlation_id(s))
-            .map(str::to_owned)
-            .unwrap_or_else(context::new_correlation_id);
-        let traceparent = req
-            .headers()
-            .get(TRACEPARENT_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+        let (correlation_id, traceparent) = context::from_headers(req.headers());
         let (service, method) = rpc_name(req.uri().path());
         let span = tracing::info_span!(
             "rpc",

@@ -15,7 +15,6 @@ use switchyard_api::ExecutorClient;
 use switchyard_kit::auth::authn::{Authenticator, Presented};
 use switchyard_kit::auth::{Access, AuthError, Principal};
 use switchyard_kit::client::Credential;
-use switchyard_kit::context::{CORRELATION_HEADER, TRACEPARENT_HEADER};
 use switchyard_proto::executor::v1::*;
 use tonic::{Response, Status};
 
@@ -54,11 +53,7 @@ pub async fn admit(
     let principal = auth
         .authenticate(&presented, switchyard_kit::time::now_ms())
         .await?;
-    match access {
-        Access::Needs(perm) => principal.require(perm)?,
-        Access::Unknown => return Err(AuthError::Unlisted(what.to_owned())),
-        Access::Open | Access::Authenticated => {}
-    }
+    principal.allowed(access, what)?;
     // `from_headers` accepted the header, so it is a bearer token.
     let token = headers
         .get(http::header::AUTHORIZATION)
@@ -109,15 +104,6 @@ impl Caller {
             req.extensions_mut().insert(self.principal.clone());
         }
         req
-    }
-
-    /// Whether `perm` is held (a verb that needs more than the first).
-    pub fn require(&self, access: Access, what: &str) -> Result<(), AuthError> {
-        match access {
-            Access::Needs(perm) => self.principal.require(perm),
-            Access::Unknown => Err(AuthError::Unlisted(what.to_owned())),
-            Access::Open | Access::Authenticated => Ok(()),
-        }
     }
 }
 
@@ -199,20 +185,4 @@ impl Jobs {
             }
         }
     }
-}
-
-/// The correlation id a request asks for (`x-correlation-id`, when valid),
-/// else a new one; and its `traceparent`.
-pub fn correlation(headers: &http::HeaderMap) -> (String, Option<String>) {
-    let id = headers
-        .get(CORRELATION_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .filter(|s| switchyard_kit::context::is_valid_correlation_id(s))
-        .map(str::to_owned)
-        .unwrap_or_else(switchyard_kit::context::new_correlation_id);
-    let traceparent = headers
-        .get(TRACEPARENT_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    (id, traceparent)
 }

@@ -357,6 +357,17 @@ impl Principal {
         }
     }
 
+    /// Whether the principal may make a call whose rule is `access` (the
+    /// RPC, route or verb named `what`): every surface checks the one
+    /// table's answer through this.
+    pub fn allowed(&self, access: Access, what: &str) -> Result<(), AuthError> {
+        match access {
+            Access::Needs(perm) => self.require(perm),
+            Access::Unknown => Err(AuthError::Unlisted(what.to_owned())),
+            Access::Open | Access::Authenticated => Ok(()),
+        }
+    }
+
     /// Whether the acting subject is the owner `owner` (in a visible tenant).
     pub fn owns(&self, owner: &str) -> bool {
         self.acting_subject() == owner

@@ -31,8 +31,9 @@ use tokio::net::TcpListener;
 use tonic::{Code, Status};
 use tracing::Instrument as _;
 
-use crate::caller::{Jobs, admit, correlation};
+use crate::caller::{Jobs, admit};
 use crate::config::HttpConfig;
+use switchyard_kit::context::from_headers as correlation;
 
 /// The OpenAPI 3.1 document of this door, served at `/openapi.json`.
 pub const OPENAPI: &str = include_str!("../../openapi.json");

@@ -59,7 +59,7 @@ impl Conn {
         if access == Access::Unknown {
             return (unknown(verb, args), After::Continue);
         }
-        if let Err(e) = caller.require(access, verb) {
+        if let Err(e) = caller.principal.allowed(access, verb) {
             return (auth_error(&e), After::Continue);
         }
         let reply = match (verb, args) {
