@@ -12,7 +12,7 @@ use switchyard_kit::json::json_to_struct;
 use switchyard_kit::json::value_to_json;
 use switchyard_proto::executor::v1::{
     AgentTask, Delegation, GetResultRequest, JobSpec, JobState, LlmTask, SubmitJobRequest,
-    TaskSpec, WatchJobRequest, task_spec::Kind,
+    TaskSpec, task_spec::Kind,
 };
 
 use crate::Invocation;
@@ -115,8 +115,8 @@ impl ChildResult {
 }
 
 /// Submits `spec` as a child of the job that sent `req`, then waits up to
-/// `wait` for it to end, following its events (WatchJob) rather than
-/// polling. Refusals (depth, inactive parent) come back as the executor's
+/// `wait` for it to end: the submission itself waits (SubmitJob's `wait`),
+/// without polling or following events. Refusals (depth, inactive parent) come back as the executor's
 /// status. When the wait runs out the child keeps running: its id is in
 /// the result, to look at later or cancel.
 pub async fn delegate(
@@ -139,44 +139,40 @@ pub async fn delegate(
     if spec.correlation_id.is_empty() {
         spec.correlation_id = corr.correlation_id.clone();
     }
+    // SubmitJob with `wait` answers with the result once the child ends; the
+    // server cuts each wait to its request limit, so a longer one goes on
+    // with GetResult's `wait` until `wait` runs out.
+    let deadline = tokio::time::Instant::now() + wait;
     let submit = SubmitJobRequest {
         spec: Some(spec),
+        wait: Some(switchyard_kit::time::duration(wait.as_millis() as u64)),
         ..Default::default()
     };
-    let job = executor.submit_job(submit).await?.job;
-    let job_id = job
+    let submitted = executor.submit_job(submit).await?;
+    let job_id = submitted
+        .job
         .and_then(|j| j.spec)
         .map(|s| s.job_id)
         .unwrap_or_default();
-    // WatchJob ends after the child's final event; `wait` bounds it. The
-    // state is read afterwards, so a stream cut short is not taken for an end.
-    let watch = async {
-        use futures_util::StreamExt as _;
-        let mut events = executor
-            .watch_job(WatchJobRequest {
-                job_id: job_id.clone(),
-                after_sequence: 0,
-            })
-            .await?;
-        while let Some(e) = events.next().await {
-            e?;
+    let mut result = submitted.result;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if result.as_ref().is_some_and(|r| ended(r.state)) || (result.is_some() && left.is_zero()) {
+            break;
         }
-        Ok::<_, tonic::Status>(())
-    };
-    if let Ok(watched) = tokio::time::timeout(wait, watch).await {
-        watched?;
+        // GetResult carries the job's state as it is now, ended or not.
+        result = Some(
+            executor
+                .get_result(GetResultRequest {
+                    job_id: job_id.clone(),
+                    wait: Some(switchyard_kit::time::duration(left.as_millis() as u64)),
+                })
+                .await?,
+        );
     }
-    // GetResult carries the job's state as it is now, ended or not.
-    let r = executor
-        .get_result(GetResultRequest {
-            job_id: job_id.clone(),
-        })
-        .await?;
+    let r = result.unwrap_or_default();
     let state = JobState::try_from(r.state).unwrap_or(JobState::Unspecified);
-    let ended = matches!(
-        state,
-        JobState::Completed | JobState::Cancelled | JobState::Discarded | JobState::Retryable
-    );
+    let ended = ended(r.state);
     Ok(ChildResult {
         job_id,
         state,
@@ -189,4 +185,12 @@ pub async fn delegate(
             "the wait ran out; the child job is still running".into()
         },
     })
+}
+
+/// Whether a job in `state` has ended.
+fn ended(state: i32) -> bool {
+    matches!(
+        JobState::try_from(state).unwrap_or(JobState::Unspecified),
+        JobState::Completed | JobState::Cancelled | JobState::Discarded | JobState::Retryable
+    )
 }

@@ -160,12 +160,18 @@ async fn grpc_round_trip(c: &ExecutorClient, doc: String) -> anyhow::Result<()> 
         .watch_job(WatchJobRequest {
             job_id: id.clone(),
             after_sequence: 0,
+            ..Default::default()
         })
         .await?;
     while let Some(e) = events.next().await {
         e?;
     }
-    let r = c.get_result(GetResultRequest { job_id: id }).await?;
+    let r = c
+        .get_result(GetResultRequest {
+            job_id: id,
+            ..Default::default()
+        })
+        .await?;
     anyhow::ensure!(r.state == 5, "not completed: {}", r.state);
     Ok(())
 }

@@ -38,6 +38,25 @@ pub enum JobCmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Run a job and print its result: one call submits it and waits for it
+    /// to end (no event stream). Exit 0 when it completed, 3 when it ended
+    /// discarded or cancelled, 4 when it was still running after --wait.
+    #[command(after_help = crate::report::EXIT_CODES)]
+    Run {
+        /// The job file; `-` reads it from standard input.
+        file: PathBuf,
+        /// Files for the job's scratch directory (by file name); repeat for several.
+        #[arg(long = "attach")]
+        attach: Vec<PathBuf>,
+        /// Read the file as this format only (native, agenix, aitp, ojs).
+        #[arg(long)]
+        format: Option<String>,
+        /// Seconds to wait for the job to end; it goes on after that.
+        #[arg(long, default_value_t = 600)]
+        wait: u64,
+        #[command(flatten)]
+        conn: Conn,
+    },
     /// Dry run: validation, execution order, worst-case cost, routing preview.
     Validate {
         /// The job file; `-` reads it from standard input.
@@ -85,9 +104,15 @@ pub enum JobCmd {
         conn: Conn,
     },
     /// Outputs, partial results, cost and execution time.
+    #[command(after_help = crate::report::EXIT_CODES)]
     Result {
         /// Job id.
         id: String,
+        /// Wait up to this many seconds for the job to end first (exit 4
+        /// when it is still running then; without it, the result as it is
+        /// now, exit 0).
+        #[arg(long)]
+        wait: Option<u64>,
         #[command(flatten)]
         conn: Conn,
     },
@@ -512,6 +537,7 @@ async fn follow(
         .watch_job(WatchJobRequest {
             job_id: job_id.into(),
             after_sequence: after,
+            ..Default::default()
         })
         .await
         .map_err(api)?;
@@ -693,6 +719,7 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
                     document,
                     files,
                     format: format.unwrap_or_default(),
+                    wait: None,
                 })
                 .await
                 .map_err(api)?;
@@ -848,65 +875,62 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             let j = follow(&c, &id, after, events, conn.output).await?;
             ended(&j)
         }
-        JobCmd::Result { id, conn } => {
+        JobCmd::Run {
+            file,
+            attach,
+            format,
+            wait,
+            conn,
+        } => {
+            let document = read(&file)?;
+            let files = attachments(&attach)?;
             let c = client(&conn).await?;
-            let r = c
-                .get_result(GetResultRequest { job_id: id })
+            let waited = std::time::Duration::from_secs(wait);
+            let deadline = tokio::time::Instant::now() + waited;
+            let out = c
+                .submit_job(SubmitJobRequest {
+                    spec: None,
+                    document,
+                    files,
+                    format: format.unwrap_or_default(),
+                    wait: Some(switchyard_kit::time::duration(waited.as_millis() as u64)),
+                })
                 .await
                 .map_err(api)?;
-            let result = r
-                .result
+            let id = out
+                .job
                 .as_ref()
-                .map(switchyard_kit::json::value_to_json)
-                .unwrap_or(Value::Null);
-            match conn.output {
-                Format::Json => print_json(&json!({
-                    "job_id": r.job_id, "state": job_state(r.state), "reason": r.reason, "error": r.error,
-                    "result": result, "cost_micro_usd": r.cost.map_or(0, |m| m.micro_usd), "tokens_used": r.tokens_used,
-                    "execution_time_ms": r.execution_time_ms, "tasks": r.tasks.iter().map(task_json).collect::<Vec<_>>(),
-                })),
-                Format::Table => {
-                    println!(
-                        "job {}: {} in {} ms, cost {}, {} tokens",
-                        r.job_id,
-                        job_state(r.state),
-                        r.execution_time_ms,
-                        usd(r.cost.map_or(0, |m| m.micro_usd)),
-                        r.tokens_used
-                    );
-                    if !r.error.is_empty() {
-                        println!("{}: {}", r.reason, r.error);
-                    }
-                    for t in &r.tasks {
-                        println!("\n== {} ({})", t.task_id, task_state(t.state));
-                        if !t.stdout.is_empty() {
-                            print!("{}", String::from_utf8_lossy(&t.stdout));
-                        }
-                        if !t.stderr.is_empty() {
-                            println!(
-                                "-- stderr --\n{}",
-                                String::from_utf8_lossy(&t.stderr).trim_end()
-                            );
-                        }
-                        if let Some(o) = &t.output
-                            && !o.fields.is_empty()
-                            && t.exit_code.is_none()
-                        {
-                            println!(
-                                "{}",
-                                serde_json::to_string_pretty(
-                                    &switchyard_kit::json::struct_to_json(o)
-                                )
-                                .unwrap_or_default()
-                            );
-                        }
-                        if !t.error.is_empty() {
-                            println!("{}: {}", t.reason, t.error);
-                        }
-                    }
+                .and_then(|j| j.spec.as_ref())
+                .map(|s| s.job_id.clone())
+                .unwrap_or_default();
+            let r = match out.result {
+                Some(r) => r,
+                None => result_by(&c, &id, deadline).await?,
+            };
+            show_result(&r, conn.output);
+            result_ended(&r, wait)
+        }
+        JobCmd::Result { id, wait, conn } => {
+            let c = client(&conn).await?;
+            let r = match wait {
+                Some(secs) => {
+                    let deadline =
+                        tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
+                    result_by(&c, &id, deadline).await?
                 }
+                None => c
+                    .get_result(GetResultRequest {
+                        job_id: id,
+                        wait: None,
+                    })
+                    .await
+                    .map_err(api)?,
+            };
+            show_result(&r, conn.output);
+            match wait {
+                Some(secs) => result_ended(&r, secs),
+                None => Ok(()),
             }
-            Ok(())
         }
         JobCmd::Cancel { id, reason, conn } => {
             let c = client(&conn).await?;
@@ -920,4 +944,113 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Prints a GetResult answer (`job result`, `job run`).
+fn show_result(r: &GetResultResponse, output: Format) {
+    let result = r
+        .result
+        .as_ref()
+        .map(switchyard_kit::json::value_to_json)
+        .unwrap_or(Value::Null);
+    match output {
+        Format::Json => print_json(&json!({
+            "job_id": r.job_id, "state": job_state(r.state), "reason": r.reason, "error": r.error,
+            "result": result, "cost_micro_usd": r.cost.map_or(0, |m| m.micro_usd), "tokens_used": r.tokens_used,
+            "execution_time_ms": r.execution_time_ms, "tasks": r.tasks.iter().map(task_json).collect::<Vec<_>>(),
+        })),
+        Format::Table => {
+            println!(
+                "job {}: {} in {} ms, cost {}, {} tokens",
+                r.job_id,
+                job_state(r.state),
+                r.execution_time_ms,
+                usd(r.cost.map_or(0, |m| m.micro_usd)),
+                r.tokens_used
+            );
+            if !r.error.is_empty() {
+                println!("{}: {}", r.reason, r.error);
+            }
+            for t in &r.tasks {
+                println!("\n== {} ({})", t.task_id, task_state(t.state));
+                if !t.stdout.is_empty() {
+                    print!("{}", String::from_utf8_lossy(&t.stdout));
+                }
+                if !t.stderr.is_empty() {
+                    println!(
+                        "-- stderr --\n{}",
+                        String::from_utf8_lossy(&t.stderr).trim_end()
+                    );
+                }
+                if let Some(o) = &t.output
+                    && !o.fields.is_empty()
+                    && t.exit_code.is_none()
+                {
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&switchyard_kit::json::struct_to_json(o))
+                            .unwrap_or_default()
+                    );
+                }
+                if !t.error.is_empty() {
+                    println!("{}: {}", t.reason, t.error);
+                }
+            }
+        }
+    }
+}
+
+/// Polls nothing: waits with GetResult's `wait` (the server cuts each wait
+/// to its request limit) until `job_id` ends or `deadline` passes; the
+/// result as it is then.
+async fn result_by(
+    c: &Client,
+    job_id: &str,
+    deadline: tokio::time::Instant,
+) -> anyhow::Result<GetResultResponse> {
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let r = c
+            .get_result(GetResultRequest {
+                job_id: job_id.into(),
+                wait: Some(switchyard_kit::time::duration(left.as_millis() as u64)),
+            })
+            .await
+            .map_err(api)?;
+        if is_final(r.state) || left.is_zero() {
+            return Ok(r);
+        }
+    }
+}
+
+/// The exit of `job run` and `job result --wait`: 0 completed, 3 ended
+/// otherwise, 4 still running after `waited_secs`.
+fn result_ended(r: &GetResultResponse, waited_secs: u64) -> anyhow::Result<()> {
+    let state = job_state(r.state);
+    if state == "completed" {
+        return Ok(());
+    }
+    if !is_final(r.state) {
+        return Err(crate::report::Stop::StillRunning {
+            job_id: r.job_id.clone(),
+            state,
+            waited_secs,
+        }
+        .into());
+    }
+    Err(crate::report::Stop::JobEnded {
+        job_id: r.job_id.clone(),
+        state,
+        reason: r.reason.clone(),
+        error: r.error.clone(),
+    }
+    .into())
+}
+
+fn is_final(state: i32) -> bool {
+    use switchyard_proto::executor::v1::JobState as S;
+    matches!(
+        S::try_from(state).unwrap_or(S::Unspecified),
+        S::Completed | S::Cancelled | S::Discarded
+    )
 }

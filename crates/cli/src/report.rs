@@ -11,11 +11,14 @@ use switchyard_kit::error::ApiError;
 
 /// The exit-code rule, for `--help`.
 pub const EXIT_CODES: &str = "Exit codes: 0 success (a followed job completed), 1 error, 2 bad usage, \
-3 a followed job ended without completing (discarded or cancelled), 130 interrupted, \
+3 a followed job ended without completing (discarded or cancelled), 4 the job was still running \
+when the wait ran out (`job run`, `job result --wait`), 130 interrupted, \
 141 stdout closed (e.g. `| head`). With -o json, errors are a JSON document on stderr.";
 
 /// Exit status when a followed job ended discarded or cancelled.
 pub const JOB_DID_NOT_COMPLETE: u8 = 3;
+/// Exit status when a job was still running when the wait for it ran out.
+pub const JOB_STILL_RUNNING: u8 = 4;
 /// Exit status after Ctrl-C (128 + SIGINT, as shells report it).
 pub const INTERRUPTED: u8 = 130;
 
@@ -57,6 +60,18 @@ pub enum Stop {
         /// Job id.
         job_id: String,
     },
+    /// `job run` / `job result --wait`: the wait ran out first.
+    #[error(
+        "job {job_id} is still {state} after waiting {waited_secs} s; it goes on on the server: follow it with `switchyard job watch {job_id}`, or wait longer with `switchyard job result {job_id} --wait SECS`"
+    )]
+    StillRunning {
+        /// Job id.
+        job_id: String,
+        /// Its state when the wait ran out.
+        state: String,
+        /// How long the CLI waited.
+        waited_secs: u64,
+    },
 }
 
 fn detail(reason: &str, error: &str) -> String {
@@ -73,6 +88,7 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
     match e.downcast_ref::<Stop>() {
         Some(Stop::JobEnded { .. }) => JOB_DID_NOT_COMPLETE,
         Some(Stop::Interrupted { .. }) => INTERRUPTED,
+        Some(Stop::StillRunning { .. }) => JOB_STILL_RUNNING,
         None => 1,
     }
 }
@@ -123,6 +139,9 @@ pub fn json(e: &anyhow::Error) -> Value {
         }),
         (None, Some(Stop::Interrupted { job_id })) => json!({
             "reason": "INTERRUPTED", "message": text(e), "job_id": job_id, "fields": [],
+        }),
+        (None, Some(Stop::StillRunning { job_id, state, .. })) => json!({
+            "reason": "JOB_STILL_RUNNING", "message": text(e), "job_id": job_id, "state": state, "fields": [],
         }),
         (None, None) if e.downcast_ref::<Unreachable>().is_some() => {
             json!({"code": "Unavailable", "reason": "UNAVAILABLE", "message": text(e), "fields": []})

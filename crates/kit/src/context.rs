@@ -39,6 +39,62 @@ pub async fn scope<F: std::future::Future>(ctx: RequestContext, fut: F) -> F::Ou
     CONTEXT.scope(ctx, fut).await
 }
 
+tokio::task_local! {
+    static DEADLINE: std::time::Instant;
+}
+
+/// Runs `fut` with `deadline` as the time by which the request being served
+/// must be answered (the server layer sets it from its request limit and
+/// the caller's `grpc-timeout`).
+pub async fn with_deadline<F: std::future::Future>(
+    deadline: std::time::Instant,
+    fut: F,
+) -> F::Output {
+    DEADLINE.scope(deadline, fut).await
+}
+
+/// How long a handler may still take before the request being served is cut
+/// off; `None` when it has no deadline (in-process calls, background work).
+pub fn time_left() -> Option<std::time::Duration> {
+    DEADLINE
+        .try_with(|d| d.saturating_duration_since(std::time::Instant::now()))
+        .ok()
+}
+
+/// How long a handler may wait for something before answering: `wanted`,
+/// cut to the request's deadline less a margin to answer in (a tenth of
+/// what is left, at most 250 ms).
+pub fn wait_within_deadline(wanted: std::time::Duration) -> std::time::Duration {
+    match time_left() {
+        Some(left) => {
+            let margin = (left / 10).min(std::time::Duration::from_millis(250));
+            wanted.min(left.saturating_sub(margin))
+        }
+        None => wanted,
+    }
+}
+
+/// The `grpc-timeout` a caller sent (gRPC over HTTP/2: up to 8 digits and a
+/// unit, H M S m u n), when it is well formed.
+pub fn grpc_timeout(headers: &http::HeaderMap) -> Option<std::time::Duration> {
+    let v = headers.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    use std::time::Duration as D;
+    Some(match unit {
+        "H" => D::from_secs(n * 3600),
+        "M" => D::from_secs(n * 60),
+        "S" => D::from_secs(n),
+        "m" => D::from_millis(n),
+        "u" => D::from_micros(n),
+        "n" => D::from_nanos(n),
+        _ => return None,
+    })
+}
+
 /// A new correlation id (UUIDv7: time-ordered).
 pub fn new_correlation_id() -> String {
     uuid::Uuid::now_v7().to_string()
@@ -177,6 +233,43 @@ mod tests {
         assert!(!is_valid_correlation_id(""));
         assert!(!is_valid_correlation_id("has space"));
         assert!(!is_valid_correlation_id(&"x".repeat(129)));
+    }
+
+    #[test]
+    fn grpc_timeout_reads_every_unit_and_refuses_malformed_values() {
+        let read = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert("grpc-timeout", v.parse().unwrap());
+            grpc_timeout(&h)
+        };
+        use std::time::Duration as D;
+        assert_eq!(read("2H"), Some(D::from_secs(7200)));
+        assert_eq!(read("3M"), Some(D::from_secs(180)));
+        assert_eq!(read("5S"), Some(D::from_secs(5)));
+        assert_eq!(read("250m"), Some(D::from_millis(250)));
+        assert_eq!(read("7u"), Some(D::from_micros(7)));
+        assert_eq!(read("9n"), Some(D::from_nanos(9)));
+        for bad in ["", "S", "123456789S", "5x", "-5S", "5 S"] {
+            assert_eq!(read(bad), None, "{bad:?}");
+        }
+        assert_eq!(grpc_timeout(&http::HeaderMap::new()), None);
+    }
+
+    #[tokio::test]
+    async fn a_wait_is_cut_to_the_deadline_less_a_margin() {
+        use std::time::{Duration as D, Instant};
+        assert_eq!(wait_within_deadline(D::from_secs(60)), D::from_secs(60));
+        let deadline = Instant::now() + D::from_secs(10);
+        with_deadline(deadline, async {
+            let w = wait_within_deadline(D::from_secs(60));
+            assert!(w <= D::from_millis(9_750) && w > D::from_secs(9), "{w:?}");
+            assert_eq!(wait_within_deadline(D::from_secs(1)), D::from_secs(1));
+        })
+        .await;
+        with_deadline(Instant::now(), async {
+            assert_eq!(wait_within_deadline(D::from_secs(1)), D::ZERO);
+        })
+        .await;
     }
 
     #[tokio::test]

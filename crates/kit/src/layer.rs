@@ -225,7 +225,19 @@ where
                     traceparent,
                     principal,
                 };
+                // The handler's deadline: the server's limit, or the
+                // caller's own `grpc-timeout` when that comes first.
+                let limit = match (cfg.timeout, context::grpc_timeout(req.headers())) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
                 let fut = context::scope(ctx, inner.call(req));
+                let fut = async move {
+                    match limit {
+                        Some(l) => context::with_deadline(std::time::Instant::now() + l, fut).await,
+                        None => fut.await,
+                    }
+                };
                 let result = match cfg.timeout {
                     Some(limit) => match tokio::time::timeout(limit, fut).await {
                         Ok(r) => r,

@@ -616,6 +616,7 @@ impl Executor {
         Ok(SubmitJobResponse {
             job: Some(job),
             created: true,
+            result: None,
         })
     }
 
@@ -644,6 +645,7 @@ impl Executor {
                 Ok(Some(SubmitJobResponse {
                     job: Some(job),
                     created: false,
+                    result: None,
                 }))
             } else {
                 Err(ExecutorError::Exists(spec.job_id.clone()))
@@ -655,6 +657,7 @@ impl Executor {
                 Ok(Some(SubmitJobResponse {
                     job: Some(existing.job.clone()),
                     created: false,
+                    result: None,
                 }))
             } else {
                 Err(ExecutorError::Exists(spec.job_id.clone()))

@@ -19,7 +19,7 @@ use switchyard_kit::auth::Principal;
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_proto::common::v1::Event;
 use switchyard_proto::executor::v1::{
-    GetResultResponse, Job, JobSpec, ListJobsRequest, ListJobsResponse, TaskStatus,
+    GetResultResponse, Job, JobSpec, ListJobsRequest, ListJobsResponse, TaskStatus, WatchDetail,
 };
 use switchyard_store::{Log, Mark, Number, Store, Tree};
 use tonic::Status;
@@ -881,7 +881,9 @@ impl JobBook {
         self: &Arc<Self>,
         job_id: &str,
         after: u64,
+        detail: WatchDetail,
     ) -> Result<tokio::sync::mpsc::Receiver<Result<Event, Status>>, ExecutorError> {
+        let wanted = watched(detail);
         let mut durable = self.durable_to(job_id)?;
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         let book = self.clone();
@@ -890,7 +892,7 @@ impl JobBook {
             let mut sent = after;
             loop {
                 let upto = *durable.borrow_and_update();
-                let (batch, end) = match book.durable_events(&id, sent, upto) {
+                let (batch, upto_read, end) = match book.durable_events(&id, sent, upto, wanted) {
                     Ok(x) => x,
                     Err(e) => {
                         let _ = tx.send(Err(Status::from(e))).await;
@@ -898,11 +900,12 @@ impl JobBook {
                     }
                 };
                 for ev in batch {
-                    sent = sent.max(ev.sequence);
                     if tx.send(Ok(ev)).await.is_err() {
                         return;
                     }
                 }
+                // Events skipped at this detail count as sent.
+                sent = sent.max(upto_read);
                 if end {
                     return;
                 }
@@ -918,38 +921,51 @@ impl JobBook {
         Ok(rx)
     }
 
-    /// `job_id`'s durable events with sequences in `(after, upto]`, in
-    /// order, and whether they include its final one.
+    /// `job_id`'s durable events of the `wanted` kinds with sequences in
+    /// `(after, upto]`, in order; the last sequence read (events up to it
+    /// are durable); and whether they include its final one.
     fn durable_events(
         &self,
         job_id: &str,
         after: u64,
         upto: u64,
-    ) -> Result<(Vec<Event>, bool), ExecutorError> {
+        wanted: fn(&str) -> bool,
+    ) -> Result<(Vec<Event>, u64, bool), ExecutorError> {
         // Cached events, or the log positions of the rest.
-        let (cached, from_log, end) = self.read(job_id, |e| {
-            let upto = upto.min(*e.durable_to.borrow());
+        let (cached, from_log, upto, end) = self.read(job_id, |e| {
+            let upto = upto.min(*e.durable_to.borrow()).max(after);
             let mut cached = Vec::new();
             let mut from_log = Vec::new();
             for seq in after + 1..=upto {
                 match e.cache.get(seq as usize - 1) {
-                    Some(ev) => cached.push(ev.clone()),
+                    Some(ev) if wanted(&ev.kind) => cached.push(ev.clone()),
+                    Some(_) => {}
                     None => from_log.extend(e.events.get(seq as usize - 1).copied()),
                 }
             }
             // The final state is a job's last event.
             let end = finished(e.state()) && upto >= e.job.last_sequence;
-            (cached, from_log, end)
+            (cached, from_log, upto, end)
         })?;
         let mut batch: Vec<Event> = self
             .events
             .read_each(&from_log)?
             .into_iter()
             .map(|(_, ev)| ev)
+            .filter(|ev| wanted(&ev.kind))
             .collect();
         batch.extend(cached);
         batch.sort_by_key(|e| e.sequence);
-        Ok((batch, end))
+        Ok((batch, upto, end))
+    }
+}
+
+/// Which event kinds WatchJob streams at `detail`.
+fn watched(detail: WatchDetail) -> fn(&str) -> bool {
+    match detail {
+        WatchDetail::Job => |kind| kind == "job.state",
+        WatchDetail::Tasks => |kind| kind == "job.state" || kind == "task.state",
+        WatchDetail::Unspecified | WatchDetail::All => |_| true,
     }
 }
 

@@ -219,9 +219,18 @@ impl Driver {
         }
         self.resume().await?;
         let scratch = self.x.inner.cfg.scratch_dir.join(job_id);
-        self.prepare_scratch(&scratch)?;
+        // Only commands (and a model's command tools) run in the scratch
+        // directory; a job of agent calls alone never touches it, and a
+        // directory made and removed per job costs more than the job.
+        let needs_scratch = book
+            .lock()
+            .find(job_id)
+            .is_some_and(|e| needs_scratch(e.spec()));
+        if needs_scratch {
+            self.prepare_scratch(&scratch)?;
+        }
         let result = self.run_loop(&run_id, &scratch).await;
-        if !self.x.inner.shutdown.is_shutdown() {
+        if needs_scratch && !self.x.inner.shutdown.is_shutdown() {
             let _ = std::fs::remove_dir_all(&scratch);
         }
         result
@@ -586,4 +595,49 @@ fn snapshot(st: &Jobs, job_id: &str, i: usize, attempt: u32) -> Result<Snapshot,
         start_g: 0,
         scope: String::new(),
     })
+}
+
+/// Whether a job runs anything in a scratch directory: a command task, a
+/// model task (its tools may be commands), or files handed to its tasks.
+fn needs_scratch(spec: &switchyard_proto::executor::v1::JobSpec) -> bool {
+    use switchyard_proto::executor::v1::task_spec::Kind;
+    !spec.files.is_empty()
+        || spec
+            .tasks
+            .iter()
+            .any(|t| matches!(t.kind, Some(Kind::Command(_) | Kind::Llm(_))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::needs_scratch;
+    use switchyard_proto::executor::v1::task_spec::Kind;
+    use switchyard_proto::executor::v1::{AgentTask, CommandTask, JobSpec, LlmTask, TaskSpec};
+
+    fn job(kinds: Vec<Kind>) -> JobSpec {
+        JobSpec {
+            tasks: kinds
+                .into_iter()
+                .map(|k| TaskSpec {
+                    kind: Some(k),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_jobs_that_run_commands_models_or_get_files_get_a_scratch_directory() {
+        let agent = || Kind::Agent(AgentTask::default());
+        assert!(!needs_scratch(&job(vec![agent(), agent()])));
+        assert!(needs_scratch(&job(vec![
+            agent(),
+            Kind::Command(CommandTask::default())
+        ])));
+        assert!(needs_scratch(&job(vec![Kind::Llm(LlmTask::default())])));
+        let mut with_files = job(vec![agent()]);
+        with_files.files.insert("in.txt".into(), b"x".to_vec());
+        assert!(needs_scratch(&with_files));
+    }
 }

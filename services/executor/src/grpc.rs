@@ -37,7 +37,23 @@ impl JobService for Executor {
             correlation_id: correlation,
             traceparent,
         };
-        Ok(Response::new(self.submit_as(req.into_inner(), how).await?))
+        let req = req.into_inner();
+        let wait = wait_of(req.wait.as_ref())?;
+        let mut resp = self.submit_as(req, how).await?;
+        if !wait.is_zero() {
+            let id = resp
+                .job
+                .as_ref()
+                .and_then(|j| j.spec.as_ref())
+                .map(|s| s.job_id.clone());
+            if let Some(id) = id
+                && let Some(result) = self.result_within(&id, wait).await?
+            {
+                resp.job = Some(self.job(&id)?);
+                resp.result = Some(result);
+            }
+        }
+        Ok(Response::new(resp))
     }
 
     async fn validate_job(
@@ -77,7 +93,7 @@ impl JobService for Executor {
         let p = switchyard_kit::auth::principal(&req)?;
         self.inner.book.visible(&p, &req.get_ref().job_id)?;
         let r = req.into_inner();
-        let events = self.watch(&r.job_id, r.after_sequence)?;
+        let events = self.watch(&r.job_id, r.after_sequence, r.detail())?;
         Ok(Response::new(Box::pin(events.map(|e| {
             e.map(|event| WatchJobResponse { event: Some(event) })
         }))))
@@ -127,8 +143,33 @@ impl JobService for Executor {
     ) -> Result<Response<GetResultResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
         self.inner.book.visible(&p, &req.get_ref().job_id)?;
-        Ok(Response::new(
-            self.inner.book.result(&req.get_ref().job_id)?,
-        ))
+        let wait = wait_of(req.get_ref().wait.as_ref())?;
+        let id = &req.get_ref().job_id;
+        let result = match self.result_within(id, wait).await? {
+            Some(r) => r,
+            None => self.inner.book.result(id)?,
+        };
+        Ok(Response::new(result))
     }
+}
+
+/// A request's `wait`, cut to the request's deadline less a margin to answer
+/// in; zero when unset. A negative one is refused.
+fn wait_of(wait: Option<&prost_types::Duration>) -> Result<std::time::Duration, Status> {
+    let Some(d) = wait else {
+        return Ok(std::time::Duration::ZERO);
+    };
+    if d.seconds < 0 || d.nanos < 0 || d.nanos >= 1_000_000_000 {
+        let mut v = switchyard_core::Violations::new();
+        v.add(
+            "wait",
+            "must be a non-negative duration: how long to wait for the job to end (unset: do not wait)",
+        );
+        return Err(switchyard_kit::error::invalid_argument(
+            switchyard_core::Reason::InvalidArgument,
+            &v,
+        ));
+    }
+    let wanted = std::time::Duration::new(d.seconds as u64, d.nanos as u32);
+    Ok(switchyard_kit::context::wait_within_deadline(wanted))
 }

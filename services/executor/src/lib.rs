@@ -52,7 +52,7 @@ use switchyard_core::Clock;
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_proto::common::v1::Event;
 use switchyard_proto::executor::v1::job_service_server::JobServiceServer;
-use switchyard_proto::executor::v1::{GetResultResponse, Job};
+use switchyard_proto::executor::v1::{GetResultResponse, Job, WatchDetail};
 use switchyard_store::Store;
 use tonic::Status;
 
@@ -281,17 +281,37 @@ impl Executor {
         self.inner.book.result(job_id)
     }
 
-    /// WatchJob: the job's durable events after `after`, then each new one
-    /// as it becomes durable; ends after the job's final event.
+    /// GetResult once `job_id` has ended and its final event is durable,
+    /// waiting up to `wait` for that; `None` when it has not ended by then
+    /// (or the executor is shutting down).
+    pub async fn result_within(
+        &self,
+        job_id: &str,
+        wait: Duration,
+    ) -> Result<Option<GetResultResponse>, ExecutorError> {
+        let ended = match tokio::time::timeout(wait, self.inner.book.until_finished(job_id)).await {
+            Ok(state) => state?.is_some(),
+            Err(_) => false,
+        };
+        Ok(if ended {
+            Some(self.result(job_id)?)
+        } else {
+            None
+        })
+    }
+
+    /// WatchJob: the job's durable events after `after` at `detail`, then
+    /// each new one as it becomes durable; ends after the job's final event.
     pub fn watch(
         &self,
         job_id: &str,
         after: u64,
+        detail: WatchDetail,
     ) -> Result<
         impl futures_util::Stream<Item = Result<Event, Status>> + Send + 'static,
         ExecutorError,
     > {
-        let rx = self.inner.book.watch(job_id, after)?;
+        let rx = self.inner.book.watch(job_id, after, detail)?;
         Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
     }
 }

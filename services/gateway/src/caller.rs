@@ -152,6 +152,7 @@ impl Jobs {
     pub async fn result(&self, c: &Caller, job_id: &str) -> Result<GetResultResponse, Status> {
         let req = GetResultRequest {
             job_id: job_id.to_owned(),
+            ..Default::default()
         };
         as_caller!(self, c, get_result, req)
     }
@@ -176,6 +177,7 @@ impl Jobs {
         let req = WatchJobRequest {
             job_id: job_id.to_owned(),
             after_sequence: after,
+            ..Default::default()
         };
         match &self.0 {
             ExecutorClient::Local(svc) => svc.watch_job(c.request(req, false)).await,

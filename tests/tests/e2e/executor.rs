@@ -86,6 +86,7 @@ async fn events(
         .watch_job(WatchJobRequest {
             job_id: job_id.into(),
             after_sequence: after,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -719,6 +720,7 @@ async fn cancelling_stops_running_work_and_cancels_the_run() {
         .watch_job(WatchJobRequest {
             job_id: "long".into(),
             after_sequence: 0,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -841,6 +843,7 @@ async fn watch_replays_a_finished_job_and_resumes_after_any_sequence() {
         .watch_job(WatchJobRequest {
             job_id: "nope".into(),
             after_sequence: 0,
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -932,6 +935,7 @@ async fn a_deferred_task_runs_once_its_capability_appears_and_retries_keep_one_i
         .watch_job(WatchJobRequest {
             job_id: "later".into(),
             after_sequence: 0,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -1181,6 +1185,7 @@ async fn jobs_survive_a_restart_even_when_the_config_no_longer_allows_them() {
     let after = c
         .get_result(GetResultRequest {
             job_id: "kept".into(),
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -172,6 +172,7 @@ async fn events(c: &mut Jobs, job_id: &str) -> Vec<(String, Value)> {
         .watch_job(WatchJobRequest {
             job_id: job_id.into(),
             after_sequence: 0,
+            ..Default::default()
         })
         .await
         .unwrap()

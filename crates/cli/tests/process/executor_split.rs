@@ -208,6 +208,7 @@ async fn watch_until(
         .watch_job(WatchJobRequest {
             job_id: job.into(),
             after_sequence: after,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -305,6 +306,7 @@ async fn a_killed_executor_resumes_its_job_without_rerunning_finished_tasks() {
     let result = c
         .get_result(GetResultRequest {
             job_id: "survivor".into(),
+            ..Default::default()
         })
         .await
         .unwrap()

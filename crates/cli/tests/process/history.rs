@@ -46,6 +46,7 @@ async fn run(c: &JobServiceClient<Intercepted>, id: String, capability: &str, in
         .watch_job(WatchJobRequest {
             job_id: id,
             after_sequence: 0,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -110,6 +111,7 @@ async fn finished_jobs_leave_memory_a_restart_loads_only_live_work_and_prune_rem
     let result = c
         .get_result(GetResultRequest {
             job_id: "h-0".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -119,6 +121,7 @@ async fn finished_jobs_leave_memory_a_restart_loads_only_live_work_and_prune_rem
         .watch_job(WatchJobRequest {
             job_id: "h-0".into(),
             after_sequence: 0,
+            ..Default::default()
         })
         .await
         .unwrap()

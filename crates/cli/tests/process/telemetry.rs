@@ -169,6 +169,7 @@ async fn one_trace_covers_a_job_across_the_services_it_calls() {
         .watch_job(WatchJobRequest {
             job_id: "traced".into(),
             after_sequence: 0,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -316,6 +317,7 @@ async fn every_job_trace_is_complete_at_100_jobs_a_second() {
                 .watch_job(WatchJobRequest {
                     job_id: job,
                     after_sequence: 0,
+                    ..Default::default()
                 })
                 .await
                 .unwrap()

@@ -52,6 +52,7 @@ pub async fn finish(c: &mut Jobs, job_id: &str) -> GetResultResponse {
             return c
                 .get_result(GetResultRequest {
                     job_id: job_id.into(),
+                    ..Default::default()
                 })
                 .await
                 .unwrap()
