@@ -87,6 +87,34 @@ impl FromStr for ServiceKind {
     }
 }
 
+/// The services that keep state, each in a store of its own name.
+const STATEFUL: &[ServiceKind] = &[
+    ServiceKind::Auth,
+    ServiceKind::Registry,
+    ServiceKind::Ledger,
+    ServiceKind::Approval,
+    ServiceKind::Executor,
+];
+
+/// Where a process hosting every stateful service (`switchyard dev`) keeps
+/// them all: one database, each service under its own namespace, so one
+/// group commit (one fsync) makes a round of all their writes durable
+/// instead of one per service. `None` when the process hosts only some
+/// (a split keeps a database per service, so the split can change), or
+/// when the data directory already holds per-service databases from a
+/// release before this layout (they go on being used as they are).
+pub fn shared_store_path(
+    data_dir: &std::path::Path,
+    services: &[ServiceKind],
+) -> Option<std::path::PathBuf> {
+    let all = STATEFUL.iter().all(|k| services.contains(k));
+    let apart = STATEFUL.iter().any(|k| data_dir.join(k.name()).exists());
+    (all && !apart).then(|| data_dir.join(SHARED_STORE))
+}
+
+/// The shared database's directory under the data directory.
+const SHARED_STORE: &str = "services";
+
 /// The listeners of one process: the gRPC port, and the gateway's doors
 /// when it hosts the gateway and they are on. Bound before the process
 /// starts (binaries from the configuration, tests on `127.0.0.1:0`).
@@ -224,14 +252,26 @@ pub async fn run_node_then(
     });
     let max = cfg.server.max_message_bytes;
     let starting = switchyard_kit::server::Starting::serve(&cfg.server, &listener).await?;
+    // A lock still held by a node that stopped in this process (tests
+    // restart in-process) is waited for briefly; another live process
+    // holding it is still an error.
+    let reopen = |path: &std::path::Path, what: &str| {
+        Store::reopen(path, std::time::Duration::from_secs(2))
+            .with_context(|| format!("opening {what} store at {}", path.display()))
+    };
+    let shared = match shared_store_path(&cfg.storage.data_dir, services) {
+        Some(path) => {
+            starting.phase("opening the services' shared store".to_string());
+            Some(reopen(&path, "the services' shared")?)
+        }
+        None => None,
+    };
     let open = |name: &str| {
         starting.phase(format!("opening and replaying the {name} store"));
-        let path = cfg.storage.data_dir.join(name);
-        // A lock still held by a node that stopped in this process (tests
-        // restart in-process) is waited for briefly; another live process
-        // holding it is still an error.
-        Store::reopen(&path, std::time::Duration::from_secs(2))
-            .with_context(|| format!("opening {name} store at {}", path.display()))
+        match &shared {
+            Some(store) => Ok(store.within(name)),
+            None => reopen(&cfg.storage.data_dir.join(name), name),
+        }
     };
 
     // Identity first: every port is served behind it.
@@ -555,5 +595,20 @@ mod tests {
             e.contains("auth, registry, router, ledger, approval, executor, gateway"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn every_stateful_service_in_one_process_shares_a_store_unless_the_data_dir_is_per_service() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = dir.path().join("services");
+        assert_eq!(
+            shared_store_path(dir.path(), ServiceKind::ALL),
+            Some(shared.clone())
+        );
+        let split = [ServiceKind::Ledger, ServiceKind::Approval];
+        assert_eq!(shared_store_path(dir.path(), &split), None);
+        // A data directory from before the shared layout keeps its own.
+        std::fs::create_dir_all(dir.path().join("ledger")).unwrap();
+        assert_eq!(shared_store_path(dir.path(), ServiceKind::ALL), None);
     }
 }

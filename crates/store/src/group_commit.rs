@@ -34,12 +34,15 @@ struct Tickets {
     gather_until: Option<u64>,
 }
 
-/// When flushes run back to back (the last one finished this recently) yet
-/// each covers only a few callers, the flusher waits up to this long for
-/// [`GATHER_AT_LEAST`] callers before flushing again: a sled flush costs
-/// about as much CPU as it takes time, and on a small machine that CPU is
-/// taken from the callers themselves. Large batches (callers arrive faster
-/// than flushes) and a lone sequential caller never wait.
+/// When flushes run back to back (the last one finished this recently),
+/// callers kept arriving while it ran, yet each covers only a few callers,
+/// the flusher waits up to this long for [`GATHER_AT_LEAST`] callers before
+/// flushing again: a sled flush costs about as much CPU as it takes time,
+/// and on a small machine that CPU is taken from the callers themselves.
+/// Large batches (callers arrive faster than flushes) never wait, and
+/// neither does a sequential chain of callers (each waits for the flush
+/// before it makes the next ticket, so none arrives during a flush), even
+/// when several services share the database and its flushes.
 const GATHER_WINDOW: Duration = Duration::from_micros(300);
 const BUSY: Duration = Duration::from_millis(1);
 /// Callers worth one flush under load.
@@ -162,6 +165,8 @@ fn flusher(shared: &Shared, db: sled::Db) {
     let mut done = 0u64;
     let mut last_flush = Instant::now() - BUSY;
     let mut last_batch = 0;
+    // Callers that took a ticket while the last flush ran.
+    let mut arrived_during = 0;
     loop {
         let (target, stop) = {
             let mut t = shared.tickets.lock().unwrap_or_else(|p| p.into_inner());
@@ -171,7 +176,7 @@ fn flusher(shared: &Shared, db: sled::Db) {
             }
             t.idle = false;
             let goal = done + GATHER_AT_LEAST;
-            let few = (2..GATHER_AT_LEAST).contains(&last_batch);
+            let few = (2..GATHER_AT_LEAST).contains(&last_batch) && arrived_during > 0;
             if !t.stop && few && last_flush.elapsed() < BUSY && t.wanted < goal {
                 t.gather_until = Some(goal);
                 let deadline = Instant::now() + GATHER_WINDOW;
@@ -198,6 +203,12 @@ fn flusher(shared: &Shared, db: sled::Db) {
                 observe(last_flush - started);
             }
             last_batch = target - done;
+            arrived_during = shared
+                .tickets
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .wanted
+                .saturating_sub(target);
             shared.progress.send_modify(|p| match &result {
                 Ok(_) => p.durable_through = target,
                 Err(e) => {

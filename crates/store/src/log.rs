@@ -113,7 +113,7 @@ impl Store {
     /// counts as durable. Open each log once per store and share the handle
     /// (it is cheap to clone): two handles would number records separately.
     pub fn log<V: prost::Message + Default>(&self, name: &str) -> Result<Log<V>, StoreError> {
-        let tree = self.db.open_tree(name)?;
+        let tree = self.db.open_tree(self.full_name(name))?;
         let inner = Arc::new(Inner {
             name: name.to_owned(),
             tree,
