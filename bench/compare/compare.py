@@ -310,6 +310,14 @@ async def switchyard(binary):
 # ---------------------------------------------------------------- Restate
 
 RESTATE_SERVICE = r"""
+// The SDK uses Promise.withResolvers (Node 22); Debian's Node 20 lacks it.
+if (!Promise.withResolvers) {
+  Promise.withResolvers = function () {
+    let resolve, reject;
+    const promise = new Promise((res, rej) => { resolve = res; reject = rej; });
+    return { promise, resolve, reject };
+  };
+}
 const restate = require("@restatedev/restate-sdk");
 const callee = restate.service({
   name: "callee",
@@ -346,7 +354,7 @@ def restate_paths():
 
 
 async def restate():
-    import httpx
+    import aiohttp
 
     server_bin, _, mods = restate_paths()
     work = tempfile.mkdtemp(prefix="restate_compare_")
@@ -379,23 +387,28 @@ async def restate():
             headers={"content-type": "application/json"},
         )
         urllib.request.urlopen(req, timeout=30).read()
-        limits = httpx.Limits(max_connections=INFLIGHT, max_keepalive_connections=INFLIGHT)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{ingress}", limits=limits, timeout=90) as http:
+        # aiohttp (C HTTP parser), keep-alive, one connection per caller:
+        # the lightest common Python HTTP client, as grpcio is for gRPC.
+        connector = aiohttp.TCPConnector(limit=INFLIGHT)
+        timeout = aiohttp.ClientTimeout(total=90)
+        base = f"http://127.0.0.1:{ingress}"
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
 
             def caller(handler):
                 async def call(i=0):
                     try:
-                        r = await http.post(f"/bench/{handler}", json={"text": str(i)})
-                    except httpx.HTTPError:
+                        async with http.post(f"{base}/bench/{handler}", json={"text": str(i)}) as r:
+                            return r.status == 200 and await r.json() == {"text": str(i)}
+                    except aiohttp.ClientError:
                         return False
-                    return r.status_code == 200 and r.json() == {"text": str(i)}
 
                 return call
 
             deadline = time.monotonic() + START_TIMEOUT
             while not await caller("one")():
                 if time.monotonic() > deadline:
-                    raise SystemExit(f"restate: the service never answered; see {log.name}")
+                    log.flush()
+                    raise SystemExit(f"restate: the service never answered; its log ends: {open(log.name).read()[-1500:]}")
                 await asyncio.sleep(0.2)
             pids = [server.pid, endpoint.pid]
             run = await workloads(caller("one"), caller("chain"), pids)
@@ -409,30 +422,11 @@ async def restate():
 
 
 async def temporal():
-    from datetime import timedelta
-
-    from temporalio import activity, workflow
     from temporalio.client import Client
     from temporalio.worker import Worker
 
-    @activity.defn(name="step")
-    async def step(text: str) -> str:
-        return text
-
-    @workflow.defn(name="One", sandboxed=False)
-    class One:
-        @workflow.run
-        async def run(self, text: str) -> str:
-            return await workflow.execute_activity("step", text, start_to_close_timeout=timedelta(seconds=60))
-
-    @workflow.defn(name="Chain", sandboxed=False)
-    class Chain:
-        @workflow.run
-        async def run(self, text: str) -> str:
-            t = timedelta(seconds=60)
-            a = await workflow.execute_activity("step", text, start_to_close_timeout=t)
-            b = await workflow.execute_activity("step", a, start_to_close_timeout=t)
-            return await workflow.execute_activity("step", b, start_to_close_timeout=t)
+    sys.path.insert(0, HERE)
+    from temporal_workflows import Chain, One, step
 
     cli = shutil.which("temporal") or os.path.join(os.path.dirname(sys.executable), "temporal")
     work = tempfile.mkdtemp(prefix="temporal_compare_")

@@ -58,8 +58,12 @@ pub fn observe_flushes(observe: fn(std::time::Duration)) {
     let _ = FLUSH_OBSERVER.set(observe);
 }
 
-/// Moves buffered writes into the database; runs on the flusher thread.
-pub(crate) type Drain = Arc<dyn Fn() -> Result<(), StoreError> + Send + Sync>;
+/// Moves buffered writes into the database; runs on the flusher thread
+/// before each flush. Returns what to run once that flush has succeeded
+/// (e.g. a log marking what it moved as durable), so a flush that one
+/// caller asked for makes every other buffer's moved writes durable too.
+pub(crate) type Drain =
+    Arc<dyn Fn() -> Result<Option<Box<dyn FnOnce() + Send>>, StoreError> + Send + Sync>;
 
 struct Shared {
     tickets: Mutex<Tickets>,
@@ -105,7 +109,7 @@ impl GroupCommit {
 
     /// Runs every drain now (shutdown).
     pub(crate) fn drain_now(&self) -> Result<(), StoreError> {
-        drain_all(&self.shared)
+        drain_all(&self.shared).map(drop)
     }
 
     /// Flushes run so far.
@@ -196,7 +200,11 @@ fn flusher(shared: &Shared, db: sled::Db) {
         };
         if target > done {
             let started = Instant::now();
-            let result = drain_all(shared).and_then(|()| Ok(db.flush()?));
+            let result = drain_all(shared).and_then(|flushed| {
+                db.flush()?;
+                flushed.into_iter().for_each(|f| f());
+                Ok(())
+            });
             shared.flushes.fetch_add(1, Ordering::Relaxed);
             last_flush = Instant::now();
             if let Some(observe) = FLUSH_OBSERVER.get() {
@@ -220,7 +228,7 @@ fn flusher(shared: &Shared, db: sled::Db) {
             done = target;
         }
         if stop {
-            if let Err(e) = drain_all(shared) {
+            if let Err(e) = drain_all(shared).map(drop) {
                 tracing::error!(error = %e, "writing buffered records at close failed");
             }
             let _ = db.flush();
@@ -229,11 +237,16 @@ fn flusher(shared: &Shared, db: sled::Db) {
     }
 }
 
-fn drain_all(shared: &Shared) -> Result<(), StoreError> {
+/// Runs every drain; what to run once the flush after them succeeds.
+fn drain_all(shared: &Shared) -> Result<Vec<Box<dyn FnOnce() + Send>>, StoreError> {
     let drains = shared
         .drains
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
-    drains.iter().try_for_each(|d| d())
+    let mut flushed = Vec::new();
+    for d in &drains {
+        flushed.extend(d()?);
+    }
+    Ok(flushed)
 }

@@ -380,6 +380,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_flush_one_caller_asked_for_makes_every_log_drained_into_it_durable() {
+        let store = Store::temporary().unwrap();
+        let (a, b) = (store.within("executor"), store.within("ledger"));
+        let log = a.log::<Tool>("events").unwrap();
+        let (seq, _) = log.append(|_| tool("event"));
+        assert_eq!(log.durable(), 0);
+        // The ledger's own sync carries the executor's buffered record.
+        b.tree::<Tool>("budgets")
+            .unwrap()
+            .put("k", &tool("b"))
+            .unwrap();
+        b.sync().await.unwrap();
+        assert_eq!(log.durable(), seq);
+        // So waiting for it costs no further flush.
+        let before = store.commit.flushes();
+        log.make_durable(seq).await.unwrap();
+        assert_eq!(store.commit.flushes(), before);
+    }
+
+    #[tokio::test]
     async fn iteration_is_in_key_order() {
         let store = Store::temporary().unwrap();
         let t = store.tree::<Tool>("tools").unwrap();

@@ -42,9 +42,14 @@ impl Inner {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Writes buffered records as chunks (called by the flusher thread).
-    fn drain(&self) -> Result<(), StoreError> {
-        let records = std::mem::take(&mut self.pending().records);
+    /// Writes buffered records as chunks (called by the flusher thread);
+    /// returns the last sequence written, durable once the flush after it
+    /// succeeds.
+    fn drain(&self) -> Result<u64, StoreError> {
+        let (records, upto) = {
+            let mut p = self.pending();
+            (std::mem::take(&mut p.records), p.last)
+        };
         for chunk in records.chunks(CHUNK_RECORDS) {
             let mut value = Vec::with_capacity(chunk.iter().map(|(_, r)| r.len() + 12).sum());
             for (seq, r) in chunk {
@@ -54,7 +59,16 @@ impl Inner {
             }
             self.tree.insert(key(chunk[0].0), value)?;
         }
-        Ok(())
+        Ok(upto)
+    }
+
+    /// Every record up to `seq` is on disk: tails may see them.
+    fn durable_upto(&self, seq: u64) {
+        self.durable.send_if_modified(|d| {
+            let moved = seq > *d;
+            *d = (*d).max(seq);
+            moved
+        });
     }
 
     /// The records of one chunk value.
@@ -128,11 +142,20 @@ impl Store {
         inner.pending().last = last;
         inner.durable.send_replace(last);
         let weak = Arc::downgrade(&inner);
-        self.commit
-            .add_drain(Arc::new(move || match weak.upgrade() {
-                Some(inner) => inner.drain(),
-                None => Ok(()),
-            }));
+        self.commit.add_drain(Arc::new(move || {
+            let Some(inner) = weak.upgrade() else {
+                return Ok(None);
+            };
+            let upto = inner.drain()?;
+            // Held weakly across the flush, as the drain itself is.
+            let weak = Arc::downgrade(&inner);
+            let flushed: Box<dyn FnOnce() + Send> = Box::new(move || {
+                if let Some(inner) = weak.upgrade() {
+                    inner.durable_upto(upto);
+                }
+            });
+            Ok(Some(flushed))
+        }));
         Ok(Log {
             inner,
             _v: PhantomData,
@@ -167,12 +190,13 @@ impl<V: prost::Message + Default> Log<V> {
     /// Waits until every record up to `seq` is on disk (sharing flushes with
     /// concurrent callers), then lets tails see them.
     pub async fn make_durable(&self, seq: u64) -> Result<(), StoreError> {
+        if self.durable() >= seq {
+            // Another caller's flush (of this store or a namespace sharing
+            // its database) already carried it.
+            return Ok(());
+        }
         self.inner.store.sync().await?;
-        self.inner.durable.send_if_modified(|d| {
-            let moved = seq > *d;
-            *d = (*d).max(seq);
-            moved
-        });
+        self.inner.durable_upto(seq);
         Ok(())
     }
 

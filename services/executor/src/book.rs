@@ -205,6 +205,9 @@ pub(crate) struct JobBook {
     shutdown: Shutdown,
     /// Bumped whenever a job finishes (for waiters such as CancelJob).
     finished: tokio::sync::watch::Sender<u64>,
+    /// The log position up to which watchers have been told their jobs'
+    /// events are durable.
+    told: std::sync::atomic::AtomicU64,
     /// Wakes the background flusher of events nobody waits for.
     flush_wanted: tokio::sync::Notify,
 }
@@ -231,6 +234,7 @@ impl JobBook {
             jobs: Mutex::new(Jobs::default()),
             shutdown,
             finished: tokio::sync::watch::channel(0).0,
+            told: std::sync::atomic::AtomicU64::new(0),
             flush_wanted: tokio::sync::Notify::new(),
         };
         let layout = book.meta.get(LAYOUT)?.map_or(1, |m| m.value);
@@ -736,10 +740,12 @@ impl JobBook {
     /// Waits until the log is durable up to `g`, then tells each job's
     /// watchers how far its events are durable.
     pub(crate) async fn durable(&self, g: u64) -> Result<(), ExecutorError> {
-        if self.events.durable() >= g {
-            // Already on disk; whoever flushed it told the watchers.
+        if self.told.load(std::sync::atomic::Ordering::Acquire) >= g {
+            // On disk, and whoever saw it there told the watchers.
             return Ok(());
         }
+        // Free when a flush asked for by another caller (or another
+        // service sharing the database) carried it already.
         self.events.make_durable(g).await?;
         let upto = self.events.durable();
         let mut st_guard = self.lock();
@@ -766,6 +772,8 @@ impl JobBook {
             !all
         });
         drop(st_guard);
+        self.told
+            .fetch_max(upto, std::sync::atomic::Ordering::AcqRel);
         self.retire_all(&retire);
         Ok(())
     }
