@@ -1206,3 +1206,170 @@ async fn jobs_survive_a_restart_even_when_the_config_no_longer_allows_them() {
     s.stop().await.unwrap();
     drop(dir);
 }
+
+/// WatchJob at `detail`, to the end.
+async fn events_at(
+    c: &mut Jobs,
+    job_id: &str,
+    detail: switchyard_proto::executor::v1::WatchDetail,
+) -> Vec<switchyard_proto::common::v1::Event> {
+    let mut s = c
+        .watch_job(WatchJobRequest {
+            job_id: job_id.into(),
+            after_sequence: 0,
+            detail: detail as i32,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(e) = tokio::time::timeout(Duration::from_secs(10), s.next())
+        .await
+        .unwrap()
+    {
+        out.push(e.unwrap().event.unwrap());
+    }
+    out
+}
+
+fn wait(ms: u64) -> Option<prost_types::Duration> {
+    Some(switchyard_kit::time::duration(ms))
+}
+
+#[tokio::test]
+async fn submit_with_wait_answers_with_the_result_in_one_call() {
+    let (s, mut c) = stack().await;
+    let doc = r#"{"job_id":"one-call","tasks":[
+        {"id":"a","agent":{"capability":"builtin.echo","input":{"text":"hi"}}},
+        {"id":"b","depends_on":["a"],"agent":{"capability":"builtin.echo","input":{"text":"${a.output.text}!"}}}]}"#;
+    let out = c
+        .submit_job(SubmitJobRequest {
+            document: doc.into(),
+            wait: wait(20_000),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let r = out
+        .result
+        .expect("the job ended within the wait: its result");
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    assert_eq!(
+        switchyard_kit::json::value_to_json(r.result.as_ref().unwrap())["b"]["text"],
+        "hi!"
+    );
+    // The job in the answer is the job as it ended.
+    assert_eq!(out.job.unwrap().state, JobState::Completed as i32);
+    // Resubmitting the same job answers with the same result at once.
+    let again = c
+        .submit_job(SubmitJobRequest {
+            document: doc.into(),
+            wait: wait(20_000),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!again.created);
+    assert_eq!(again.result.unwrap().state, JobState::Completed as i32);
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_wait_ends_at_the_callers_deadline_with_the_job_as_it_is_and_get_result_waits_on() {
+    let (s, mut c) = stack().await;
+    let doc = example("needs_approval.yaml");
+    // The caller allows 1 s; the job waits for a person: the answer comes
+    // before the deadline, without a result, and the job goes on.
+    let mut req = tonic::Request::new(SubmitJobRequest {
+        document: doc,
+        wait: wait(60_000),
+        ..Default::default()
+    });
+    req.set_timeout(Duration::from_secs(1));
+    let out = c.submit_job(req).await.unwrap().into_inner();
+    assert!(out.result.is_none());
+    let job = out.job.unwrap();
+    assert_eq!(job.state, JobState::Pending as i32);
+    let job_id = id(&job);
+    // GetResult with a wait answers with the state as it is when the wait ends.
+    let r = c
+        .get_result(GetResultRequest {
+            job_id: job_id.clone(),
+            wait: wait(50),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.state, JobState::Pending as i32);
+    // Approved, the job runs; GetResult waits for its end.
+    approve(&s, &job.run_id).await;
+    let r = c
+        .get_result(GetResultRequest {
+            job_id,
+            wait: wait(20_000),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_negative_wait_is_refused_naming_the_field_and_creates_nothing() {
+    let (s, mut c) = stack().await;
+    let doc = r#"{"job_id":"neg","tasks":[{"id":"a","agent":{"capability":"builtin.echo"}}]}"#;
+    let e = c
+        .submit_job(SubmitJobRequest {
+            document: doc.into(),
+            wait: Some(prost_types::Duration {
+                seconds: -1,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("wait"), "{}", e.message());
+    let gone = c
+        .get_job(GetJobRequest {
+            job_id: "neg".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), tonic::Code::NotFound);
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn watch_detail_narrows_the_stream_to_state_changes_with_the_logs_own_sequences() {
+    use switchyard_proto::executor::v1::WatchDetail;
+    let (s, mut c) = stack().await;
+    let doc = r#"{"job_id":"narrow","tasks":[
+        {"id":"a","agent":{"capability":"builtin.echo","input":{"text":"x"}}},
+        {"id":"b","depends_on":["a"],"agent":{"capability":"builtin.echo"}}]}"#;
+    submit(&mut c, doc).await.unwrap();
+    let all = events_at(&mut c, "narrow", WatchDetail::Unspecified).await;
+    let jobs = events_at(&mut c, "narrow", WatchDetail::Job).await;
+    let tasks = events_at(&mut c, "narrow", WatchDetail::Tasks).await;
+    let want = |kinds: &[&str]| {
+        all.iter()
+            .filter(|e| kinds.contains(&e.kind.as_str()))
+            .map(|e| (e.sequence, e.kind.clone()))
+            .collect::<Vec<_>>()
+    };
+    let got = |es: &[switchyard_proto::common::v1::Event]| {
+        es.iter()
+            .map(|e| (e.sequence, e.kind.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(got(&jobs), want(&["job.state"]));
+    assert_eq!(got(&tasks), want(&["job.state", "task.state"]));
+    assert!(all.len() > tasks.len() && tasks.len() > jobs.len());
+    assert_eq!(field(jobs.last().unwrap(), "to"), "completed");
+    assert_eq!(events_at(&mut c, "narrow", WatchDetail::All).await, all);
+    s.stop().await.unwrap();
+}
