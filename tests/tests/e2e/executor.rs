@@ -82,23 +82,8 @@ async fn events(
     job_id: &str,
     after: u64,
 ) -> Vec<switchyard_proto::common::v1::Event> {
-    let mut s = c
-        .watch_job(WatchJobRequest {
-            job_id: job_id.into(),
-            after_sequence: after,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut out = Vec::new();
-    while let Some(e) = tokio::time::timeout(Duration::from_secs(10), s.next())
-        .await
-        .unwrap()
-    {
-        out.push(e.unwrap().event.unwrap());
-    }
-    out
+    let every = switchyard_proto::executor::v1::WatchDetail::Unspecified;
+    events_after(c, job_id, after, every).await
 }
 
 fn field(e: &switchyard_proto::common::v1::Event, k: &str) -> String {
@@ -1213,10 +1198,20 @@ async fn events_at(
     job_id: &str,
     detail: switchyard_proto::executor::v1::WatchDetail,
 ) -> Vec<switchyard_proto::common::v1::Event> {
+    events_after(c, job_id, 0, detail).await
+}
+
+/// WatchJob after `after` at `detail`, to the end.
+async fn events_after(
+    c: &mut Jobs,
+    job_id: &str,
+    after: u64,
+    detail: switchyard_proto::executor::v1::WatchDetail,
+) -> Vec<switchyard_proto::common::v1::Event> {
     let mut s = c
         .watch_job(WatchJobRequest {
             job_id: job_id.into(),
-            after_sequence: 0,
+            after_sequence: after,
             detail: detail as i32,
         })
         .await
