@@ -700,6 +700,25 @@ async fn follow(
     Ok(j)
 }
 
+/// SubmitJob of the document in `file` with its attachments (`job submit`,
+/// `job run`), waiting up to `wait` for its end when given.
+async fn submit_file(
+    c: &Client,
+    file: &std::path::Path,
+    attach: &[PathBuf],
+    format: Option<String>,
+    wait: Option<std::time::Duration>,
+) -> anyhow::Result<switchyard_proto::executor::v1::SubmitJobResponse> {
+    let req = SubmitJobRequest {
+        spec: None,
+        document: read(file)?,
+        files: attachments(attach)?,
+        format: format.unwrap_or_default(),
+        wait: wait.map(|w| switchyard_kit::time::duration(w.as_millis() as u64)),
+    };
+    c.submit_job(req).await.map_err(api)
+}
+
 /// Runs a job command.
 pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
     match cmd {
@@ -710,19 +729,8 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             format,
             conn,
         } => {
-            let document = read(&file)?;
-            let files = attachments(&attach)?;
             let c = client(&conn).await?;
-            let out = c
-                .submit_job(SubmitJobRequest {
-                    spec: None,
-                    document,
-                    files,
-                    format: format.unwrap_or_default(),
-                    wait: None,
-                })
-                .await
-                .map_err(api)?;
+            let out = submit_file(&c, &file, &attach, format, None).await?;
             let j = out.job.unwrap_or_default();
             let id = j
                 .spec
@@ -882,21 +890,10 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             wait,
             conn,
         } => {
-            let document = read(&file)?;
-            let files = attachments(&attach)?;
             let c = client(&conn).await?;
             let waited = std::time::Duration::from_secs(wait);
             let deadline = tokio::time::Instant::now() + waited;
-            let out = c
-                .submit_job(SubmitJobRequest {
-                    spec: None,
-                    document,
-                    files,
-                    format: format.unwrap_or_default(),
-                    wait: Some(switchyard_kit::time::duration(waited.as_millis() as u64)),
-                })
-                .await
-                .map_err(api)?;
+            let out = submit_file(&c, &file, &attach, format, Some(waited)).await?;
             let id = out
                 .job
                 .as_ref()
