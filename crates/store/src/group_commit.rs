@@ -42,7 +42,9 @@ struct Tickets {
 /// Large batches (callers arrive faster than flushes) never wait, and
 /// neither does a sequential chain of callers (each waits for the flush
 /// before it makes the next ticket, so none arrives during a flush), even
-/// when several services share the database and its flushes.
+/// when several services share the database and its flushes, nor a chain
+/// with one write of its own running beside it (a background release):
+/// gathering needs at least two callers arriving during a flush.
 const GATHER_WINDOW: Duration = Duration::from_micros(300);
 const BUSY: Duration = Duration::from_millis(1);
 /// Callers worth one flush under load.
@@ -180,7 +182,7 @@ fn flusher(shared: &Shared, db: sled::Db) {
             }
             t.idle = false;
             let goal = done + GATHER_AT_LEAST;
-            let few = (2..GATHER_AT_LEAST).contains(&last_batch) && arrived_during > 0;
+            let few = (2..GATHER_AT_LEAST).contains(&last_batch) && arrived_during >= 2;
             if !t.stop && few && last_flush.elapsed() < BUSY && t.wanted < goal {
                 t.gather_until = Some(goal);
                 let deadline = Instant::now() + GATHER_WINDOW;

@@ -605,10 +605,15 @@ impl Executor {
                 return Err(e);
             }
         };
-        self.inner.book.durable(g).await?;
+        // The driver starts while the job's first events are flushed: its
+        // claim on the approval run (for a run the proposal made, so nothing
+        // a crash here could leave behind that the proposal did not) shares
+        // or overlaps this flush, and every task waits for it before it
+        // touches anything outside the job.
         if start {
             self.spawn_driver(&spec.job_id);
         }
+        self.inner.book.durable(g).await?;
         let job = self.inner.book.job(&spec.job_id)?;
         let state = switchyard_proto::executor::v1::JobState::try_from(job.state)
             .map_or("unknown", |s| s.as_str_name());

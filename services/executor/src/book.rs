@@ -725,10 +725,18 @@ impl JobBook {
 
     /// Runs until shutdown: makes events recorded without a waiter
     /// (progress, output, routing) durable soon after they are recorded.
+    /// It waits [`NOTED_FLUSH_DELAY`] first: a job's next step (or any
+    /// other caller's flush) usually carries them sooner, and a flush of
+    /// their own started just before that step's would make it wait for
+    /// two.
     pub(crate) async fn flush_in_background(&self) {
         loop {
             tokio::select! {
                 _ = self.flush_wanted.notified() => {}
+                _ = self.shutdown.wait() => return,
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(NOTED_FLUSH_DELAY) => {}
                 _ = self.shutdown.wait() => return,
             }
             if let Err(e) = self.durable(self.events.last()).await {
@@ -1066,6 +1074,9 @@ fn time_key(created_ms: u64, id: &str) -> String {
 const LAYOUT: &str = "layout";
 /// Where replay starts (`meta` key).
 const CHECKPOINT: &str = "checkpoint";
+/// How long events recorded without a waiter wait for another flush to
+/// carry them before the background flusher asks for one.
+const NOTED_FLUSH_DELAY: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// A retired job's event positions in the log.
 #[derive(Clone, PartialEq, prost::Message)]

@@ -310,8 +310,11 @@ impl Driver {
         let book = &self.x.inner.book;
         let mut running = Running::new();
         let lease = u64::from(self.x.inner.cfg.lease_secs / 3).max(1);
-        let mut renew = tokio::time::interval(Duration::from_secs(lease));
-        renew.tick().await;
+        // The first renewal is one period away. (An interval's immediate
+        // first tick is not free: it waits for the timer's next turn, a
+        // millisecond on every job.)
+        let period = Duration::from_secs(lease);
+        let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         loop {
             let cancel = crate::lock(&self.ctl.cancel).clone();
             if let Some((why, who)) = cancel {
@@ -321,9 +324,11 @@ impl Driver {
             }
             let now = book.now();
             let (g, step) = self.take_step(now, &mut running)?;
-            // One durable step covers the last settle and these starts: a
-            // task starts only once what it depends on is on disk.
-            book.durable(g).await?;
+            // One durable step covers the last settle and these starts. An
+            // attempt does nothing outside the job before this step is on
+            // disk (it waits for it after routing and its idempotent
+            // reservation), so it starts now and its own writes share this
+            // step's flush instead of following it.
             for (i, snap, timeout) in step.starts {
                 let me = self.x.clone();
                 let dir = scratch.to_path_buf();
@@ -339,6 +344,7 @@ impl Driver {
                 // The attempt's calls carry the job's correlation id and trace.
                 running.spawn(context::propagate(attempt));
             }
+            book.durable(g).await?;
             if step.done && running.is_empty() {
                 return self.finish().await;
             }
@@ -466,7 +472,6 @@ impl Driver {
     /// Every task is final: the job ends, and so do its run and budget.
     async fn finish(&self) -> Result<(), ExecutorError> {
         let job_id = self.job_id.as_str();
-        self.settled().await;
         let book = &self.x.inner.book;
         let (to, reason, error) = final_state(&book.lock(), job_id)?;
         let run = if to == JobState::Completed {
@@ -475,12 +480,24 @@ impl Driver {
         } else {
             RunEnd::Fail(error.clone())
         };
-        let intents = self.x.intents(&book.lock(), job_id, run)?;
-        // The run and the budget end first (both at once), so a job seen
-        // finished has its run ended — when the services answer. If one is
-        // down, the outbox keeps the intent (durable with the final event
-        // below) and delivers it once it is back; the job does not wait.
-        self.x.deliver_first(intents).await?;
+        let (close, end) = self
+            .x
+            .intents(&book.lock(), job_id, run)?
+            .into_iter()
+            .partition(|i| i.closes_budget());
+        // The run and the budget end first, so a job seen finished has its
+        // run ended — when the services answer. The run ends while the
+        // job's last holds are released; the budget closes after them. If
+        // a service is down, the outbox keeps the intent (durable with the
+        // final event below) and delivers it once it is back; the job does
+        // not wait.
+        let closed = async {
+            self.settled().await;
+            self.x.deliver_first(close).await
+        };
+        let (ended, closed) = tokio::join!(self.x.deliver_first(end), closed);
+        ended?;
+        closed?;
         let g = {
             let mut st = book.lock();
             book.move_job(&mut st, job_id, to, reason, &error)?

@@ -103,6 +103,11 @@ impl Intent {
         }
     }
 
+    /// Whether it closes a budget (which waits for the job's releases).
+    pub(crate) fn closes_budget(&self) -> bool {
+        matches!(self.effect, Some(Effect::CloseBudget(_)))
+    }
+
     /// Where it is kept: one run effect and one budget effect per job.
     fn key(&self) -> String {
         let what = match &self.effect {
