@@ -54,9 +54,19 @@ tools: ## System tools the tests drive: redis-cli (Debian's redis-tools), curl
 
 .PHONY: test
 test: venv tools proto-lint ## What CI runs: proto lint, every Rust test incl. process, Python, grpcurl, redis-cli and curl tests, then the real-model tests
+	cd tests/ojs && $(abspath $(PY)) -m unittest -q test_conformance
 	SWITCHYARD_PYTHON=$(abspath $(PY)) SWITCHYARD_GRPCURL=$(abspath $(VENV)/bin/grpcurl) SWITCHYARD_REDIS_CLI=$$(command -v redis-cli) \
 		$(CARGO) test --workspace --locked
 	$(MAKE) test-real-llm
+
+# The public OJS conformance test cases (data; a user's clone has none).
+OJS_SUITE ?= ../shared/ojs-conformance
+
+.PHONY: ojs-conformance
+ojs-conformance: venv ## Replay the public OJS conformance test cases (levels 0, 1, ext-ai-agents) against a fresh `switchyard dev` per test; skipped when OJS_SUITE is absent
+	@if [ ! -d "$(OJS_SUITE)" ]; then echo "ojs-conformance: skipped: no test cases at $(OJS_SUITE) (set OJS_SUITE=DIR)"; exit 0; fi
+	$(CARGO) build --release --locked -p switchyard-cli
+	$(PY) tests/ojs/conformance.py --suite $(OJS_SUITE) --switchyard target/release/switchyard
 
 .PHONY: test-real-llm
 test-real-llm: llm-venv ## LLM tasks against a real OpenAI-compatible server (llama-cpp-python serving Gemma 3 270M)
