@@ -101,17 +101,16 @@ impl Http {
             .await
     }
 
+    /// `DELETE path` as `token`.
+    async fn delete(&self, path: &str, token: &str) -> (u16, Value) {
+        self.call(reqwest::Method::DELETE, path, Some(token), None)
+            .await
+    }
+
     /// Polls the status until the task is no longer PENDING or EXECUTING.
     async fn until_done(&self, id: &str, token: &str) -> Value {
         for _ in 0..400 {
-            let (code, v) = self
-                .call(
-                    reqwest::Method::GET,
-                    &format!("/aitp/tasks/{id}"),
-                    Some(token),
-                    None,
-                )
-                .await;
+            let (code, v) = self.get(&format!("/aitp/tasks/{id}"), token).await;
             assert_eq!(code, 200, "{v}");
             if v["status"] == "COMPLETED" || v["status"] == "FAILED" {
                 return v;
@@ -333,27 +332,13 @@ async fn aitp_errors_are_one_envelope_with_grpc_reasons_and_http_statuses() {
         "{e}"
     );
     // DELETE cancels; then the result is there, partial.
-    let (code, v) = h
-        .call(
-            reqwest::Method::DELETE,
-            "/aitp/tasks/slow-1",
-            Some(&alice),
-            None,
-        )
-        .await;
+    let (code, v) = h.delete("/aitp/tasks/slow-1", &alice).await;
     assert_eq!((code, &v["status"]), (200, &json!("FAILED")), "{v}");
     assert_eq!(v["state"], "cancelled");
     let (code, r) = h.get("/aitp/tasks/slow-1/result", &alice).await;
     assert_eq!((code, &r["state"]), (200, &json!("cancelled")), "{r}");
     // Cancelling again: the job is final (409).
-    let (code, e) = h
-        .call(
-            reqwest::Method::DELETE,
-            "/aitp/tasks/slow-1",
-            Some(&alice),
-            None,
-        )
-        .await;
+    let (code, e) = h.delete("/aitp/tasks/slow-1", &alice).await;
     assert_eq!(code, 409, "{e}");
     s.stop().await.unwrap();
 }
@@ -401,14 +386,7 @@ async fn aitp_callers_are_who_they_authenticate_as_not_the_gateway() {
             "{path}: {e}"
         );
     }
-    let (code, _) = h
-        .call(
-            reqwest::Method::DELETE,
-            "/aitp/tasks/owned-1",
-            Some(&carol),
-            None,
-        )
-        .await;
+    let (code, _) = h.delete("/aitp/tasks/owned-1", &carol).await;
     assert_eq!(code, 404);
     let (code, _) = h.get("/aitp/tasks/owned-1", &viewer).await;
     assert_eq!(code, 200);
