@@ -66,7 +66,7 @@ OJS_SUITE ?= ../shared/ojs-conformance
 ojs-conformance: venv ## Replay the public OJS conformance test cases (levels 0, 1, ext-ai-agents) against a fresh `switchyard dev` per test; skipped when OJS_SUITE is absent
 	@if [ ! -d "$(OJS_SUITE)" ]; then echo "ojs-conformance: skipped: no test cases at $(OJS_SUITE) (set OJS_SUITE=DIR)"; exit 0; fi
 	$(CARGO) build --release --locked -p switchyard-cli
-	$(PY) tests/ojs/conformance.py --suite $(OJS_SUITE) --switchyard target/release/switchyard
+	$(PY) tests/ojs/conformance.py --suite $(OJS_SUITE) --switchyard target/release/switchyard --config tests/ojs/conformance.toml
 
 .PHONY: test-real-llm
 test-real-llm: llm-venv ## LLM tasks against a real OpenAI-compatible server (llama-cpp-python serving Gemma 3 270M)

@@ -426,6 +426,13 @@ class Target:
     reset_url: str | None = None
     timeout: float = 30.0
     extra: dict = field(default_factory=dict)
+    # OJS roles: the worker routes' token when it differs from the producer's.
+    worker_token: str | None = None
+
+    def token_for(self, path: str) -> str | None:
+        if self.worker_token and path.startswith("/ojs/v1/workers/"):
+            return self.worker_token
+        return self.token
 
 
 class Failed(Exception):
@@ -445,8 +452,10 @@ def run_step(step: dict, ctx: dict, target: Target) -> None:
         check_assert(sid, assertions, ctx)
         return
     headers = {k: fill_text(str(v), ctx) for k, v in (step.get("headers") or {}).items()}
-    if target.token and not any(k.lower() == "authorization" for k in headers):
-        headers["Authorization"] = f"Bearer {target.token}"
+    path = fill_text(step.get("path", "/"), ctx)
+    token = target.token_for(path)
+    if token and not any(k.lower() == "authorization" for k in headers):
+        headers["Authorization"] = f"Bearer {token}"
     data = None
     if "raw_body" in step:
         data = fill_text(step["raw_body"], ctx).encode()
@@ -454,7 +463,6 @@ def run_step(step: dict, ctx: dict, target: Target) -> None:
         data = json.dumps(fill(step["body"], ctx)).encode()
     if data is not None and not any(k.lower() == "content-type" for k in headers):
         headers["Content-Type"] = "application/openjobspec+json"
-    path = fill_text(step.get("path", "/"), ctx)
     try:
         resp = send(target.base_url, action, path, headers, data, target.timeout)
     except OSError as e:
@@ -584,11 +592,12 @@ def run_test(test: dict, target: Target) -> str | None:
 class Server:
     """`switchyard dev` on a new data directory and ephemeral ports; stopped on exit."""
 
-    def __init__(self, binary: str, timeout: float = 30.0):
+    def __init__(self, binary: str, config: str | None = None, timeout: float = 30.0):
         self.dir = tempfile.mkdtemp(prefix="ojs-conformance-")
         self.log = open(os.path.join(self.dir, "server.log"), "w")
+        extra = ["--config", config] if config else []
         self.proc = subprocess.Popen(
-            [binary, "dev", "--listen", "127.0.0.1:0", "--data-dir", os.path.join(self.dir, "data")],
+            [binary, "dev", "--listen", "127.0.0.1:0", "--data-dir", os.path.join(self.dir, "data")] + extra,
             stdout=self.log, stderr=subprocess.STDOUT,
             env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
         )
@@ -604,8 +613,12 @@ class Server:
         if not self.http:
             self.stop()
             raise RuntimeError(f"switchyard dev did not start; see {self.dir}/server.log")
+        # OJS roles on the dev principals: alice produces (submitter), the
+        # agents principal works the queues (agent role: task.work).
         with open(os.path.join(self.dir, "data", "credentials.json")) as f:
-            self.token = json.load(f)["principals"]["admin"]["token"]
+            principals = json.load(f)["principals"]
+        self.token = principals["alice"]["token"]
+        self.worker_token = principals["agents"]["token"]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -666,6 +679,8 @@ def main(argv=None) -> int:
     ap.add_argument("--switchyard", help="start this binary's `switchyard dev` afresh for every test")
     ap.add_argument("--base-url", help="a server already running (instead of --switchyard)")
     ap.add_argument("--token", help="bearer token for --base-url")
+    ap.add_argument("--worker-token", help="bearer token for the worker routes with --base-url (default --token)")
+    ap.add_argument("--config", help="configuration file for the started `switchyard dev`")
     ap.add_argument("--reset-url", help="POSTed before each test when using --base-url")
     ap.add_argument("--levels", default=",".join(GROUPS), help="comma-separated test groups")
     ap.add_argument("--only", help="a regular expression on test id and file path")
@@ -686,10 +701,12 @@ def main(argv=None) -> int:
         server = None
         try:
             if args.switchyard:
-                server = Server(args.switchyard)
-                target = Target(server.http, server.token, timeout=args.timeout)
+                server = Server(args.switchyard, args.config)
+                target = Target(server.http, server.token, timeout=args.timeout,
+                                worker_token=server.worker_token)
             else:
-                target = Target(args.base_url, args.token, args.reset_url, args.timeout)
+                target = Target(args.base_url, args.token, args.reset_url, args.timeout,
+                                worker_token=args.worker_token)
             failure = run_test(t, target)
         except (RuntimeError, ValueError, OSError) as e:
             failure = f"could not run: {e}"

@@ -228,6 +228,34 @@ pub mod executor {
     }
 }
 
+/// The executor's pull workers' service (`WorkerService`).
+pub mod worker {
+    use switchyard_proto::executor::v1::worker_service_client::WorkerServiceClient;
+    use switchyard_proto::executor::v1::worker_service_server::WorkerService;
+    use switchyard_proto::executor::v1::*;
+
+    switchyard_kit::service_client! {
+        /// WorkerService client, in-process or remote.
+        pub WorkerClient(LocalWorkers) {
+            service: WorkerService,
+            remote: WorkerServiceClient,
+            unary {
+                /// Fetch.
+                fetch(FetchRequest) -> FetchResponse;
+                /// Ack.
+                ack(AckRequest) -> AckResponse;
+                /// Nack.
+                nack(NackRequest) -> NackResponse;
+                /// Heartbeat.
+                heartbeat(HeartbeatRequest) -> HeartbeatResponse;
+                /// SetWorkerState.
+                set_worker_state(SetWorkerStateRequest) -> SetWorkerStateResponse;
+            }
+            streaming {}
+        }
+    }
+}
+
 /// An agent (`AgentService`): the executor's built-ins in-process, any other over gRPC.
 pub mod agent {
     use switchyard_proto::agent::v1::agent_service_client::AgentServiceClient;
@@ -280,3 +308,4 @@ pub use ledger::LedgerClient;
 pub use registry::RegistryClient;
 pub use router::RouterClient;
 pub use tool::ToolClient;
+pub use worker::WorkerClient;

@@ -448,6 +448,7 @@ pub async fn run_node_then(
         })?;
         x.start(listener.local_addr()?);
         server = server.add_service(x.server(max));
+        server = server.add_service(x.worker_server(max));
         if e.builtin_agents {
             server = server.add_service(x.builtin_agents_server());
         }
@@ -458,23 +459,27 @@ pub async fn run_node_then(
     // when it is here, else over gRPC with each caller's own credential
     // (so the channel carries none of its own).
     let gateway = if services.contains(&ServiceKind::Gateway) {
-        let client = match &executor {
-            Some(x) => switchyard_api::ExecutorClient::local(Arc::new(x.clone())),
+        let (client, workers) = match &executor {
+            Some(x) => (
+                switchyard_api::ExecutorClient::local(Arc::new(x.clone())),
+                switchyard_api::WorkerClient::local(Arc::new(x.clone())),
+            ),
             None => {
                 let url = cfg.gateway.executor_url.as_deref().context(
                     "the gateway needs the executor: run both in one process or set gateway.executor_url",
                 )?;
                 let channel = switchyard_kit::client::service_channel(url, client_tls.as_ref())?;
-                switchyard_api::ExecutorClient::remote(
-                    switchyard_kit::client::authed(channel, None),
-                    max,
+                let channel = switchyard_kit::client::authed(channel, None);
+                (
+                    switchyard_api::ExecutorClient::remote(channel.clone(), max),
+                    switchyard_api::WorkerClient::remote(channel, max),
                 )
             }
         };
         Some(switchyard_gateway::Gateway::new(
             cfg.gateway.clone(),
             max,
-            switchyard_gateway::Jobs::new(client),
+            switchyard_gateway::Jobs::new(client, workers),
             authenticator.clone(),
         ))
     } else {

@@ -10,7 +10,8 @@ pub enum Strategy {
     Fixed,
     /// `base × n` before retry n.
     Linear,
-    /// `base × 2^(n−1)` before retry n (the seed's 1 s, 2 s, 4 s).
+    /// `base × coefficient^(n−1)` before retry n (with the default
+    /// coefficient 2, the seed's 1 s, 2 s, 4 s).
     #[default]
     Exponential,
 }
@@ -27,6 +28,8 @@ pub struct Backoff {
     /// Fraction of the delay (0–1) randomised: the delay is scaled by a
     /// factor in `[1 − jitter, 1]`.
     pub jitter: f64,
+    /// Growth factor of [`Strategy::Exponential`] (at least 1).
+    pub coefficient: f64,
 }
 
 impl Backoff {
@@ -38,7 +41,11 @@ impl Backoff {
         let ms = match self.strategy {
             Strategy::Fixed => base,
             Strategy::Linear => base.saturating_mul(u64::from(n)),
-            Strategy::Exponential => base.saturating_mul(1u64 << (n - 1).min(40)),
+            Strategy::Exponential => {
+                let factor = self.coefficient.max(1.0).powi((n - 1).min(64) as i32);
+                // Saturates (as f64 → u64 casts do) past u64::MAX.
+                (base as f64 * factor) as u64
+            }
         };
         let capped = Duration::from_millis(ms).min(self.max);
         let jitter = self.jitter.clamp(0.0, 1.0) * unit.clamp(0.0, 1.0);
@@ -56,6 +63,7 @@ mod tests {
             base: Duration::from_millis(1000),
             max: Duration::from_secs(5),
             jitter: 0.0,
+            coefficient: 2.0,
         }
         .delay(n, 0.7)
         .as_millis()
@@ -87,9 +95,26 @@ mod tests {
             base: Duration::from_millis(1000),
             max: Duration::from_secs(10),
             jitter: 0.5,
+            coefficient: 2.0,
         };
         assert_eq!(b.delay(1, 0.0).as_millis(), 1000);
         assert_eq!(b.delay(1, 0.5).as_millis(), 750);
         assert!(b.delay(1, 0.999).as_millis() >= 500);
+    }
+
+    #[test]
+    fn exponential_grows_by_its_coefficient_and_stops_at_the_cap() {
+        let b = |coefficient| Backoff {
+            strategy: Strategy::Exponential,
+            base: Duration::from_millis(1000),
+            max: Duration::from_secs(2),
+            jitter: 0.0,
+            coefficient,
+        };
+        assert_eq!(b(10.0).delay(1, 0.0).as_millis(), 1000);
+        assert_eq!(b(10.0).delay(2, 0.0).as_millis(), 2000);
+        assert_eq!(b(1.5).delay(2, 0.0).as_millis(), 1500);
+        assert_eq!(b(1.0).delay(5, 0.0).as_millis(), 1000);
+        assert_eq!(b(10.0).delay(u32::MAX, 0.0).as_millis(), 2000);
     }
 }

@@ -110,6 +110,13 @@ reasons! {
     ContextHashMismatch => "CONTEXT_HASH_MISMATCH",
     /// The named job does not exist.
     JobNotFound => "JOB_NOT_FOUND",
+    /// The caller does not hold this queue task's lease (it lapsed, was
+    /// re-leased, the task was cancelled, or another worker holds it); its
+    /// ack, nack or heartbeat changed nothing.
+    LeaseLost => "LEASE_LOST",
+    /// The queue task is not leased (waiting for a worker, backing off, or
+    /// finished): there is nothing to ack or nack.
+    TaskNotLeased => "TASK_NOT_LEASED",
     /// A job with this id exists with a different spec.
     JobAlreadyExists => "JOB_ALREADY_EXISTS",
     /// The job finished (completed, cancelled or discarded); nothing moves it.

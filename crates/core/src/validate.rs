@@ -140,6 +140,46 @@ fn ident(s: &str, max_len: usize, what: &str, pattern: &str) -> Result<(), Strin
     }
 }
 
+/// A queue name (OJS): lowercase letters, digits, `.`, `-` and `_`,
+/// starting with a letter or digit, 1–255 characters.
+pub fn queue(s: &str) -> Result<(), String> {
+    let ok_start = s
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    let ok_rest = s
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-' | '_'));
+    if s.len() <= 255 && ok_start && ok_rest {
+        Ok(())
+    } else {
+        Err(format!(
+            "queue {:?} is not a queue name: lowercase letters, digits, '.', '-' and '_', starting with a letter or digit, at most 255 characters",
+            clamp(s, 64)
+        ))
+    }
+}
+
+/// A job type (OJS): dot-separated segments of lowercase letters, digits
+/// and `_`, each starting with a letter, at most 255 characters
+/// (`email.send`, `report.generate_v2`).
+pub fn job_type(s: &str) -> Result<(), String> {
+    let segment_ok = |seg: &str| {
+        seg.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+            && seg
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+    };
+    if !s.is_empty() && s.len() <= 255 && s.split('.').all(segment_ok) {
+        Ok(())
+    } else {
+        Err(format!(
+            "type {:?} is not a job type: dot-separated segments of lowercase letters, digits, '_' and '-', each starting with a letter (e.g. \"email.send\")",
+            clamp(s, 64)
+        ))
+    }
+}
+
 /// Agent ids: `^[a-z][a-z0-9_]{0,57}$`, so that seed 003's tool name
 /// `agent_<id>` (6 more characters) is itself a valid tool name.
 pub fn agent_id(s: &str) -> Result<(), String> {

@@ -12,7 +12,8 @@ use switchyard_proto::approval::v1::Run;
 pub struct Policy {
     /// Name recorded as the approver (`policy:<name>`).
     pub name: String,
-    /// Required: the run's estimated cost must be known and at most this.
+    /// The run's estimated cost must be known and at most this (or, with
+    /// `allow_unpriced`, unknown).
     pub max_estimated_cost_micro_usd: Option<i64>,
     /// The run's `max_tokens` must be at most this.
     pub max_tokens: Option<u64>,
@@ -22,6 +23,11 @@ pub struct Policy {
     pub tools_allowed: Option<Vec<String>>,
     /// Every output the run may propose must be one of these (any when unset).
     pub outputs_allowed: Option<Vec<String>>,
+    /// Also approve runs whose cost cannot be estimated (a pull worker's
+    /// spending under a token budget with no cost limit, unpriced models)
+    /// when every other condition holds. Pair it with `max_tokens`: then
+    /// the tokens approved are bounded though the money is not.
+    pub allow_unpriced: bool,
 }
 
 impl Policy {
@@ -46,7 +52,10 @@ impl Policy {
             .as_ref()
             .and_then(|e| e.estimated_cost.as_ref())
             .map(|m| m.micro_usd);
-        matches!((cost, self.max_estimated_cost_micro_usd), (Some(c), Some(max)) if c <= max)
+        let priced =
+            matches!((cost, self.max_estimated_cost_micro_usd), (Some(c), Some(max)) if c <= max);
+        let unpriced = self.allow_unpriced && cost.is_none() && run.max_tokens > 0;
+        (priced || unpriced)
             && self.max_tokens.is_none_or(|m| run.max_tokens <= m)
             && self.models.as_ref().is_none_or(|m| m.contains(&run.model))
             && subset(&self.tools_allowed, &run.tools_allowed)
@@ -84,6 +93,12 @@ pub fn validate_all(policies: &[Policy]) -> Result<(), String> {
             }
             Some(_) => {}
         }
+        if p.allow_unpriced && p.max_tokens.is_none() {
+            return Err(format!(
+                "approval.policies {:?}: allow_unpriced needs max_tokens (the tokens it may approve without a price)",
+                p.name
+            ));
+        }
     }
     Ok(())
 }
@@ -117,6 +132,39 @@ mod tests {
     }
 
     #[test]
+    fn allow_unpriced_approves_an_unknown_cost_only_within_its_tokens() {
+        let p = Policy {
+            name: "budgets".into(),
+            max_estimated_cost_micro_usd: Some(0),
+            max_tokens: Some(10_000),
+            allow_unpriced: true,
+            ..Default::default()
+        };
+        let mut r = run(None);
+        r.max_tokens = 10_000;
+        assert!(p.matches(&r));
+        r.max_tokens = 10_001;
+        assert!(!p.matches(&r), "more tokens than the policy allows");
+        let strict = Policy {
+            allow_unpriced: false,
+            ..p.clone()
+        };
+        r.max_tokens = 1;
+        assert!(
+            !strict.matches(&r),
+            "an unknown cost is not approved without allow_unpriced"
+        );
+        let unbounded = Policy {
+            max_tokens: None,
+            ..p
+        };
+        assert!(
+            validate_all(&[unbounded]).is_err(),
+            "allow_unpriced needs max_tokens"
+        );
+    }
+
+    #[test]
     fn every_condition_must_hold() {
         let p = Policy {
             name: "cheap-readonly".into(),
@@ -125,6 +173,7 @@ mod tests {
             models: Some(vec!["gpt-4o-mini".into()]),
             tools_allowed: Some(vec!["none".into(), "filesystem_read".into()]),
             outputs_allowed: Some(vec!["propose_pr".into(), "propose_test_plan".into()]),
+            allow_unpriced: false,
         };
         assert!(p.matches(&run(Some(50_000))));
         assert!(!p.matches(&run(Some(50_001))));

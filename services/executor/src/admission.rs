@@ -139,6 +139,21 @@ pub(crate) fn estimate(spec: &JobSpec, known: &Known<'_>) -> Estimate {
                 });
             }
             Some(Kind::Llm(l)) => estimate_llm(&mut est, l, n, token_cap, known),
+            // A pull worker spends only through the job's budget, and only
+            // when the job declares one: then its token budget bounds the
+            // tokens and its cost limit (if any) the money; unpriced
+            // without one, so a person approves unless a policy takes it.
+            Some(Kind::Queue(_)) => {
+                if let Some(b) = &spec.budget
+                    && (b.token_budget.is_some() || b.cost_limit.is_some())
+                {
+                    est.output_tokens += b.token_budget.unwrap_or(0);
+                    est.cost = est
+                        .cost
+                        .zip(b.cost_limit.as_ref().map(|m| m.micro_usd))
+                        .map(|(c, l)| c + l);
+                }
+            }
             _ => {}
         }
     }

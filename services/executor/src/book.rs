@@ -1117,6 +1117,7 @@ fn count_task(kind: Option<&switchyard_proto::executor::v1::task_spec::Kind>, to
         Some(Kind::Command(_)) => "command",
         Some(Kind::Agent(_)) => "agent",
         Some(Kind::Llm(_)) => "llm",
+        Some(Kind::Queue(_)) => "queue",
         None => "unknown",
     };
     family

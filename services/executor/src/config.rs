@@ -82,6 +82,15 @@ pub struct ExecutorConfig {
     pub tool_timeout_ms: u64,
     /// Approval claim lease, seconds (renewed at a third of it).
     pub lease_secs: u32,
+    /// How long a pull worker's lease on a queue task lasts without a
+    /// heartbeat, ms, when neither the task nor the Fetch says.
+    pub queue_visibility_timeout_ms: u64,
+    /// Answer a pull worker's heartbeat with `quiet` or `terminate` when a
+    /// job it holds says so in its OJS envelope's
+    /// `options.metadata.test_directive`, as the OJS conformance suite's
+    /// worker-signal tests expect. Off by default: it lets a producer stop
+    /// workers.
+    pub queue_test_directives: bool,
     /// How often pending jobs check their approval run, ms.
     pub approval_poll_ms: u64,
     /// DEFER re-check interval when the task gives none, seconds (seed 002: 5 minutes).
@@ -182,6 +191,8 @@ impl Default for ExecutorConfig {
             llm_max_turns: 10,
             tool_timeout_ms: 30_000,
             lease_secs: 60,
+            queue_visibility_timeout_ms: 30_000,
+            queue_test_directives: false,
             approval_poll_ms: 250,
             defer_interval_secs: 300,
             max_defer_secs: 3600,
@@ -205,6 +216,9 @@ impl ExecutorConfig {
         }
         if self.max_tasks == 0 || self.max_parallel == 0 {
             return Err("executor.max_tasks and executor.max_parallel must be at least 1".into());
+        }
+        if self.queue_visibility_timeout_ms < 100 {
+            return Err("executor.queue_visibility_timeout_ms must be at least 100".into());
         }
         if self.lease_secs < 3 {
             return Err("executor.lease_secs must be at least 3".into());

@@ -251,7 +251,8 @@ impl Driver {
                 .iter()
                 .map(|(r, h)| (r.clone(), h.task_id.clone()))
                 .collect();
-            if entry.state() == JobState::Available {
+            // A queue job stays available until a worker leases it.
+            if entry.state() == JobState::Available && !crate::queue::queue_job(entry.spec()) {
                 book.move_job(
                     &mut st,
                     job_id,
@@ -315,6 +316,8 @@ impl Driver {
         // millisecond on every job.)
         let period = Duration::from_secs(lease);
         let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        // Workers' reports waiting for their outcome to be durable.
+        let mut settled: Vec<tokio::sync::oneshot::Sender<()>> = Vec::new();
         loop {
             let cancel = crate::lock(&self.ctl.cancel).clone();
             if let Some((why, who)) = cancel {
@@ -345,6 +348,9 @@ impl Driver {
                 running.spawn(context::propagate(attempt));
             }
             book.durable(g).await?;
+            for s in settled.drain(..) {
+                let _ = s.send(());
+            }
             if step.done && running.is_empty() {
                 return self.finish().await;
             }
@@ -353,8 +359,10 @@ impl Driver {
             });
             tokio::select! {
                 joined = running.join_next(), if !running.is_empty() => {
-                    if let Some(Ok((i, outcome))) = joined {
+                    if let Some(Ok((i, mut outcome))) = joined {
+                        let reply = outcome.settled.take();
                         self.settle(i, outcome)?;
+                        settled.extend(reply);
                     }
                 }
                 _ = tokio::time::sleep(sleep) => {}
@@ -395,12 +403,17 @@ impl Driver {
                     attempt,
                     timeout_secs,
                 } => {
-                    let task_id = st.get(job_id)?.spec().tasks[task].id.clone();
-                    let started = events::AttemptStarted {
-                        attempt,
-                        timeout_secs,
-                    };
-                    book.record(&mut st, job_id, &task_id, JobEvent::AttemptStarted(started));
+                    let spec_task = &st.get(job_id)?.spec().tasks[task];
+                    let task_id = spec_task.id.clone();
+                    // A queue task's attempt starts when a worker leases it.
+                    if !matches!(spec_task.kind, Some(Kind::Queue(_))) {
+                        let started = events::AttemptStarted {
+                            attempt,
+                            timeout_secs,
+                            worker_id: String::new(),
+                        };
+                        book.record(&mut st, job_id, &task_id, JobEvent::AttemptStarted(started));
+                    }
                     g = book.move_task(&mut st, job_id, task, Change::to(TaskState::Running))?;
                     let mut snap = snapshot(&st, job_id, task, attempt)?;
                     snap.start_g = g;

@@ -85,6 +85,8 @@ job_events! {
     TaskMoved(TaskMoved) = "task.state",
     /// A task attempt started.
     AttemptStarted(AttemptStarted) = "task.attempt",
+    /// A queue task's worker reported a failure (Nack).
+    WorkerFailed(WorkerFailed) = "task.worker_error",
     /// A task's outputs were stored (the outputs tree holds them).
     ResultStored(ResultStored) = "task.result",
     /// A chunk of output.
@@ -297,6 +299,30 @@ pub struct AttemptStarted {
     pub attempt: u32,
     /// Its timeout.
     pub timeout_secs: u32,
+    /// Queue tasks: the worker that leased it (an attempt of a queue task
+    /// starts when a worker fetches it).
+    pub worker_id: String,
+}
+
+/// `task.worker_error`: the worker's own account of a failed queue task
+/// attempt (Nack), before the task's state change says what follows.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WorkerFailed {
+    /// The attempt.
+    pub attempt: u32,
+    /// The worker.
+    pub worker_id: String,
+    /// Its error code.
+    pub code: String,
+    /// Its error type (the code when it gave none).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Its message.
+    pub message: String,
+    /// Handed back untried.
+    #[serde(with = "flag")]
+    pub requeue: bool,
 }
 
 /// `task.result`: a summary; the outputs are in the outputs tree.

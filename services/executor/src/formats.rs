@@ -62,8 +62,13 @@ pub const NATIVE: &str = "native";
 pub const AGENIX: &str = "agenix";
 /// AITP task.
 pub const AITP: &str = "aitp";
-/// OJS job.
+/// OJS job that Switchyard runs itself (an LLM task, or an agent call).
 pub const OJS: &str = "ojs";
+/// OJS job for pull workers: one queue task (the OJS HTTP binding's jobs).
+pub const OJS_QUEUE: &str = "ojs-queue";
+
+mod ojs_queue;
+pub use ojs_queue::{TASK_ID as OJS_QUEUE_TASK_ID, is_uuidv7, iso_duration_ms};
 
 /// Limits that depend on the deployment.
 #[derive(Debug, Clone, Copy)]
@@ -92,7 +97,7 @@ pub struct Parsed {
 fn format_of(v: &Value, format: &str) -> Result<&'static str, FormatError> {
     match format.trim() {
         "" => Ok(detect(v)),
-        f => [NATIVE, AGENIX, AITP, OJS]
+        f => [NATIVE, AGENIX, AITP, OJS, OJS_QUEUE]
             .into_iter()
             .find(|known| known.eq_ignore_ascii_case(f))
             .ok_or_else(|| {
@@ -100,7 +105,7 @@ fn format_of(v: &Value, format: &str) -> Result<&'static str, FormatError> {
                     Reason::InvalidArgument,
                     "format",
                     format!(
-                        "unknown format {:?}: use native, agenix, aitp or ojs, or leave it empty to detect it",
+                        "unknown format {:?}: use native, agenix, aitp, ojs or ojs-queue, or leave it empty to detect it",
                         switchyard_core::validate::clamp(f, 40)
                     ),
                 )
@@ -250,6 +255,7 @@ fn convert_as(
         AGENIX => agenix(v, limits, &mut found),
         AITP => aitp(v, &mut found),
         OJS => ojs(v, limits),
+        OJS_QUEUE => ojs_queue::convert(v, limits, switchyard_kit::time::now_ms()),
         _ => native(v, &mut found),
     };
     match converted {
@@ -741,6 +747,7 @@ fn retry(r: &Option<AitpRetry>, field: &str) -> Result<Option<RetryPolicy>, Form
         backoff_base_ms: r.backoff_base_ms,
         backoff_max_ms: r.backoff_max_ms,
         jitter: r.jitter,
+        ..Default::default()
     }))
 }
 
@@ -820,7 +827,7 @@ fn aitp(v: &Value, found: &mut Violations) -> Result<JobSpec, FormatError> {
                 .timeout_seconds
                 .or(t.metadata.timeout_seconds)
                 .unwrap_or(0),
-            retry: retry(&s.retry_policy, &format!("{at}.retry_policy"))?.or(job_retry),
+            retry: retry(&s.retry_policy, &format!("{at}.retry_policy"))?.or(job_retry.clone()),
             fallback: fallback(&s.fallback, &format!("{at}.fallback"))?.or(job_fallback.clone()),
             priority: s.priority,
             deadline: timestamp(s.deadline.or(t.metadata.deadline)),

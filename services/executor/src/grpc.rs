@@ -1,9 +1,14 @@
-//! The gRPC adapter: `JobService` over the executor. Authentication is the
+//! The gRPC adapters: `JobService` and `WorkerService` over the executor. Authentication is the
 //! server layer's; here each call learns its principal, checks the job is
 //! visible to it, and maps errors to a status once (`ExecutorError`).
 
 use futures_util::StreamExt;
 use switchyard_proto::executor::v1::job_service_server::JobService;
+use switchyard_proto::executor::v1::worker_service_server::WorkerService;
+use switchyard_proto::executor::v1::{
+    AckRequest, AckResponse, FetchRequest, FetchResponse, HeartbeatRequest, HeartbeatResponse,
+    NackRequest, NackResponse, SetWorkerStateRequest, SetWorkerStateResponse,
+};
 use switchyard_proto::executor::v1::{
     CancelJobRequest, CancelJobResponse, GetJobRequest, GetJobResponse, GetResultRequest,
     GetResultResponse, ListJobsRequest, ListJobsResponse, PruneJobsRequest, PruneJobsResponse,
@@ -150,6 +155,52 @@ impl JobService for Executor {
             None => self.inner.book.result(id)?,
         };
         Ok(Response::new(result))
+    }
+}
+
+#[tonic::async_trait]
+impl WorkerService for Executor {
+    async fn fetch(&self, req: Request<FetchRequest>) -> Result<Response<FetchResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        Ok(Response::new(
+            Executor::fetch(self, &p, req.into_inner()).await?,
+        ))
+    }
+
+    async fn ack(&self, req: Request<AckRequest>) -> Result<Response<AckResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        Ok(Response::new(
+            Executor::ack(self, &p, req.into_inner()).await?,
+        ))
+    }
+
+    async fn nack(&self, req: Request<NackRequest>) -> Result<Response<NackResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        Ok(Response::new(
+            Executor::nack(self, &p, req.into_inner()).await?,
+        ))
+    }
+
+    async fn heartbeat(
+        &self,
+        req: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        Ok(Response::new(Executor::heartbeat(
+            self,
+            &p,
+            req.into_inner(),
+        )?))
+    }
+
+    async fn set_worker_state(
+        &self,
+        req: Request<SetWorkerStateRequest>,
+    ) -> Result<Response<SetWorkerStateResponse>, Status> {
+        Ok(Response::new(Executor::set_worker_state(
+            self,
+            req.into_inner(),
+        )?))
     }
 }
 

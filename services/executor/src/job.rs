@@ -196,7 +196,7 @@ impl JobEntry {
             JobEvent::Released(r) => {
                 self.open_reservations.remove(&r.reservation_id);
             }
-            JobEvent::AttemptStarted(_) => {
+            JobEvent::AttemptStarted(s) => {
                 if let Some(i) = task {
                     let t = &mut self.job.tasks[i];
                     t.started_at = t.started_at.or(time);
@@ -204,8 +204,18 @@ impl JobEntry {
                     t.attempts.push(Attempt {
                         number,
                         started_at: time,
+                        worker_id: s.worker_id.clone(),
                         ..Default::default()
                     });
+                }
+            }
+            JobEvent::WorkerFailed(w) => {
+                if let Some(i) = task
+                    && let Some(a) = self.job.tasks[i].attempts.last_mut()
+                {
+                    a.error_code.clone_from(&w.code);
+                    a.error_type.clone_from(&w.kind);
+                    a.worker_message.clone_from(&w.message);
                 }
             }
             JobEvent::AgentCalled(c) => {
@@ -293,6 +303,7 @@ impl JobEntry {
         t.state = proto_task_state(to) as i32;
         if from == TaskState::Running
             && let Some(a) = t.attempts.last_mut()
+            && a.finished_at.is_none()
         {
             a.finished_at = time;
             if to != TaskState::Succeeded {

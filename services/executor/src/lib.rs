@@ -15,7 +15,9 @@
 //! - `driver` — one task per running job, applying the scheduler's
 //!   decisions; `cancel` — CancelJob and ending runs and budgets;
 //! - `attempt` — one attempt per task kind (command in the sandbox, agent,
-//!   LLM), spending through the ledger's spend protocol;
+//!   LLM, queue), spending through the ledger's spend protocol;
+//! - `queue` — pull workers: queue tasks offered on a board, leased,
+//!   acked and nacked through `WorkerService`, fenced by attempt and owner;
 //! - [`builtin`] — the built-in agents.
 //!
 //! Durability: a job's state is derived only from its event log; everything
@@ -39,6 +41,7 @@ mod grpc;
 mod job;
 mod locate;
 mod outbox;
+mod queue;
 mod schedule;
 pub mod spec;
 
@@ -99,6 +102,8 @@ struct Inner {
     sandbox: Sandbox,
     /// What finished jobs must still do in other services.
     outbox: outbox::Outbox,
+    /// Queue tasks offered to pull workers, and their leases.
+    board: queue::Board,
 }
 
 /// The executor service.
@@ -163,6 +168,7 @@ impl Executor {
                 programs,
                 sandbox,
                 outbox: outbox::Outbox::open(&store)?,
+                board: queue::Board::default(),
             }),
         })
     }
@@ -172,6 +178,19 @@ impl Executor {
         JobServiceServer::new(self.clone())
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes)
+    }
+
+    /// The pull workers' gRPC service (`WorkerService`), to mount beside
+    /// [`Executor::server`].
+    pub fn worker_server(
+        &self,
+        max_message_bytes: usize,
+    ) -> switchyard_proto::executor::v1::worker_service_server::WorkerServiceServer<Executor> {
+        switchyard_proto::executor::v1::worker_service_server::WorkerServiceServer::new(
+            self.clone(),
+        )
+        .max_decoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes)
     }
 
     /// The built-in agents' gRPC service, to mount on the same server.

@@ -38,6 +38,9 @@ pub(crate) enum Class {
     Unavailable,
     /// Retrying cannot help (bad template, no LLM provider).
     Permanent,
+    /// A pull worker's lease lapsed or it handed the task back: offered
+    /// again at once, counting the attempt against the retry policy.
+    Requeue,
     /// Anything else: the retry policy.
     Other,
 }
@@ -342,7 +345,7 @@ fn defer(job: &JobEntry, i: usize, f: &Failure, now: u64, policy: &Policy) -> Mo
 /// The retry policy. Deferrals and the timeout extension are not retries.
 fn retry(job: &JobEntry, i: usize, f: &Failure, now: u64, unit_random: f64) -> Move {
     let task = &job.spec().tasks[i];
-    let policy = task.retry.unwrap_or_default();
+    let policy = task.retry.clone().unwrap_or_default();
     let extended = job.extended.contains(&task.id);
     let used = job.job.tasks[i]
         .attempts
@@ -355,7 +358,11 @@ fn retry(job: &JobEntry, i: usize, f: &Failure, now: u64, unit_random: f64) -> M
     if used >= policy.max_retries {
         return Move::to(i, TaskState::Failed).because(f.reason, &f.error);
     }
-    let delay = backoff(task).delay(used + 1, unit_random).as_millis() as u64;
+    let delay = if f.class == Class::Requeue {
+        0
+    } else {
+        backoff(task).delay(used + 1, unit_random).as_millis() as u64
+    };
     if deadline(job, i).is_some_and(|d| now + delay > d) {
         let why = format!("{}; the next retry would pass the deadline", f.error);
         return Move::to(i, TaskState::Failed).because(Reason::DeadlineExceeded, why);
@@ -367,7 +374,7 @@ fn retry(job: &JobEntry, i: usize, f: &Failure, now: u64, unit_random: f64) -> M
 
 /// A task's backoff (seed defaults: exponential from 1 s, at most 5 min).
 pub(crate) fn backoff(task: &TaskSpec) -> Backoff {
-    let policy = task.retry.unwrap_or_default();
+    let policy = task.retry.clone().unwrap_or_default();
     let or =
         |v: u64, default: u64| std::time::Duration::from_millis(if v == 0 { default } else { v });
     Backoff {
@@ -379,6 +386,11 @@ pub(crate) fn backoff(task: &TaskSpec) -> Backoff {
         base: or(policy.backoff_base_ms, 1000),
         max: or(policy.backoff_max_ms, 300_000),
         jitter: policy.jitter,
+        coefficient: if policy.backoff_coefficient == 0.0 {
+            2.0
+        } else {
+            policy.backoff_coefficient
+        },
     }
 }
 

@@ -79,6 +79,7 @@ fn start(j: &mut JobEntry, task: usize, attempt: u32, timeout_secs: u32, now: u6
     let started = events::AttemptStarted {
         attempt,
         timeout_secs,
+        worker_id: String::new(),
     };
     apply(j, task, JobEvent::AttemptStarted(started), now);
     record(j, &Move::to(task, TaskState::Running), now);
@@ -408,6 +409,7 @@ fn retrying(strategy: BackoffStrategy, jitter: f64, max_retries: u32) -> TaskSpe
             backoff_base_ms: 100,
             backoff_max_ms: 1_000,
             jitter,
+            ..Default::default()
         }),
         ..task("a", &[])
     }

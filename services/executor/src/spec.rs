@@ -217,7 +217,7 @@ fn check_task(
     match &t.kind {
         None => v.add(
             format!("{at}.kind"),
-            "a task needs one of command, agent or llm",
+            "a task needs one of command, agent, llm or queue",
         ),
         Some(Kind::Command(c)) => check_command(v, reason, specific, &at, c, rules),
         Some(Kind::Agent(a)) => {
@@ -233,6 +233,18 @@ fn check_task(
             }
         }
         Some(Kind::Llm(l)) => check_llm(v, reason, specific, &at, l),
+        Some(Kind::Queue(q)) => {
+            v.check(
+                format!("{at}.queue.queue"),
+                switchyard_core::validate::queue(&q.queue),
+            );
+            if q.visibility_timeout_ms > 86_400_000 {
+                v.add(
+                    format!("{at}.queue.visibility_timeout_ms"),
+                    "visibility_timeout_ms must be at most 86400000 (a day)",
+                );
+            }
+        }
     }
 }
 
@@ -248,6 +260,15 @@ fn check_retry(v: &mut Violations, at: &str, r: &switchyard_proto::executor::v1:
         v.add(
             format!("{at}.retry.jitter"),
             "jitter must be between 0 and 1",
+        );
+    }
+    if r.backoff_coefficient != 0.0 && !(1.0..=100.0).contains(&r.backoff_coefficient) {
+        v.add(
+            format!("{at}.retry.backoff_coefficient"),
+            format!(
+                "backoff_coefficient must be between 1 and 100, got {}",
+                r.backoff_coefficient
+            ),
         );
     }
     if r.backoff_max_ms != 0 && r.backoff_max_ms < r.backoff_base_ms {
@@ -472,7 +493,8 @@ pub fn templated(t: &TaskSpec) -> Vec<(String, Value)> {
             .enumerate()
             .map(|(j, a)| (format!("command.args[{j}]"), Value::String(a.clone())))
             .collect(),
-        None => Vec::new(),
+        // A worker gets its payload as submitted: no templates.
+        Some(Kind::Queue(_)) | None => Vec::new(),
     }
 }
 

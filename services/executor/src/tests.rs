@@ -121,7 +121,7 @@ fn aitp_input_schema_gives_defaults_and_checks_values() {
     assert_eq!(input, json!({"url": "u", "max_pages": 50}));
     assert_eq!(s.budget.unwrap().cost_limit.unwrap().micro_usd, 10_000_000);
     assert_eq!(
-        s.tasks[0].retry.unwrap().max_retries,
+        s.tasks[0].retry.as_ref().unwrap().max_retries,
         3,
         "the task inherits the task-level policy"
     );

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use switchyard_api::ExecutorClient;
+use switchyard_api::{ExecutorClient, WorkerClient};
 use switchyard_kit::auth::authn::{Authenticator, Presented};
 use switchyard_kit::auth::{Access, AuthError, Principal};
 use switchyard_kit::client::Credential;
@@ -107,16 +107,17 @@ impl Caller {
     }
 }
 
-/// The executor, called as a door's caller (see the module docs).
+/// The executor (its `JobService` and `WorkerService`), called as a door's
+/// caller (see the module docs).
 #[derive(Debug, Clone)]
-pub struct Jobs(ExecutorClient);
+pub struct Jobs(ExecutorClient, WorkerClient);
 
-/// One unary call as `caller`, in-process or remote alike.
+/// One unary call of `client` as `caller`, in-process or remote alike.
 macro_rules! as_caller {
-    ($jobs:expr, $caller:expr, $method:ident, $msg:expr) => {{
-        match &$jobs.0 {
-            ExecutorClient::Local(svc) => svc.$method($caller.request($msg, false)).await,
-            ExecutorClient::Remote(c) => c.clone().$method($caller.request($msg, true)).await,
+    ($kind:ident, $client:expr, $caller:expr, $method:ident, $msg:expr) => {{
+        match &$client {
+            $kind::Local(svc) => svc.$method($caller.request($msg, false)).await,
+            $kind::Remote(c) => c.clone().$method($caller.request($msg, true)).await,
         }
         .map(Response::into_inner)
     }};
@@ -126,8 +127,8 @@ impl Jobs {
     /// Calls through `client`. A remote client must carry no credential of
     /// its own ([`switchyard_kit::client::authed`] with none): each call
     /// carries its caller's.
-    pub fn new(client: ExecutorClient) -> Jobs {
-        Jobs(client)
+    pub fn new(client: ExecutorClient, workers: WorkerClient) -> Jobs {
+        Jobs(client, workers)
     }
 
     /// SubmitJob.
@@ -136,7 +137,7 @@ impl Jobs {
         c: &Caller,
         req: SubmitJobRequest,
     ) -> Result<SubmitJobResponse, Status> {
-        as_caller!(self, c, submit_job, req)
+        as_caller!(ExecutorClient, self.0, c, submit_job, req)
     }
 
     /// GetJob.
@@ -144,7 +145,7 @@ impl Jobs {
         let req = GetJobRequest {
             job_id: job_id.to_owned(),
         };
-        let job = as_caller!(self, c, get_job, req)?.job;
+        let job = as_caller!(ExecutorClient, self.0, c, get_job, req)?.job;
         job.ok_or_else(|| Status::internal("GetJob answered without a job"))
     }
 
@@ -154,7 +155,7 @@ impl Jobs {
             job_id: job_id.to_owned(),
             ..Default::default()
         };
-        as_caller!(self, c, get_result, req)
+        as_caller!(ExecutorClient, self.0, c, get_result, req)
     }
 
     /// CancelJob.
@@ -163,8 +164,37 @@ impl Jobs {
             job_id: job_id.to_owned(),
             reason: reason.to_owned(),
         };
-        let job = as_caller!(self, c, cancel_job, req)?.job;
+        let job = as_caller!(ExecutorClient, self.0, c, cancel_job, req)?.job;
         job.ok_or_else(|| Status::internal("CancelJob answered without a job"))
+    }
+
+    /// WorkerService.Fetch.
+    pub async fn fetch(&self, c: &Caller, req: FetchRequest) -> Result<FetchResponse, Status> {
+        as_caller!(WorkerClient, self.1, c, fetch, req)
+    }
+
+    /// WorkerService.Ack.
+    pub async fn ack(&self, c: &Caller, req: AckRequest) -> Result<AckResponse, Status> {
+        as_caller!(WorkerClient, self.1, c, ack, req)
+    }
+
+    /// WorkerService.Nack.
+    pub async fn nack(&self, c: &Caller, req: NackRequest) -> Result<NackResponse, Status> {
+        as_caller!(WorkerClient, self.1, c, nack, req)
+    }
+
+    /// WorkerService.Heartbeat.
+    pub async fn heartbeat(
+        &self,
+        c: &Caller,
+        req: HeartbeatRequest,
+    ) -> Result<HeartbeatResponse, Status> {
+        as_caller!(WorkerClient, self.1, c, heartbeat, req)
+    }
+
+    /// ListJobs.
+    pub async fn list(&self, c: &Caller, req: ListJobsRequest) -> Result<ListJobsResponse, Status> {
+        as_caller!(ExecutorClient, self.0, c, list_jobs, req)
     }
 
     /// WatchJob, after `after`.

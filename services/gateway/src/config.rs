@@ -18,6 +18,41 @@ pub struct GatewayConfig {
     pub http: HttpConfig,
     /// `[gateway.resp]`: the AGEniX RESP door (seed 001).
     pub resp: RespConfig,
+    /// `[gateway.ojs]`: the OJS HTTP binding on the HTTP door.
+    pub ojs: OjsConfig,
+}
+
+/// `[gateway.ojs]` configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OjsConfig {
+    /// Job types Switchyard runs itself (an LLM task when the job carries
+    /// `ext_agent_*` model fields, else a call to an agent offering the
+    /// type as a capability): exact types, or prefixes ending in `.*`.
+    /// Every other OJS job is a queue job for pull workers.
+    pub run_types: Vec<String>,
+    /// How long `POST /ojs/v1/workers/fetch` waits for a job when none is
+    /// available and the request gives no `wait_ms`, ms.
+    pub fetch_wait_ms: u64,
+}
+
+impl Default for OjsConfig {
+    fn default() -> Self {
+        OjsConfig {
+            run_types: vec!["switchyard.*".into()],
+            fetch_wait_ms: 500,
+        }
+    }
+}
+
+impl OjsConfig {
+    /// Whether Switchyard runs jobs of `job_type` itself.
+    pub fn runs(&self, job_type: &str) -> bool {
+        self.run_types.iter().any(|p| match p.strip_suffix('*') {
+            Some(prefix) => job_type.starts_with(prefix),
+            None => job_type == p,
+        })
+    }
 }
 
 /// `[gateway.http]` configuration.

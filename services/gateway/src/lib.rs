@@ -82,6 +82,7 @@ impl Gateway {
             Some(listener) => {
                 let router = http::router(
                     &self.cfg.http,
+                    &self.cfg.ojs,
                     self.max_message_bytes,
                     self.jobs.clone(),
                     self.auth.clone(),

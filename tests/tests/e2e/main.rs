@@ -12,3 +12,4 @@ mod oidc;
 mod platform;
 mod registry_router;
 mod sandbox;
+mod workers;

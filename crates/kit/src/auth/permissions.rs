@@ -64,11 +64,15 @@ pub enum Permission {
     JobPrune,
     /// Scrape `/metrics`.
     MetricsRead,
+    /// Fetch, ack, nack and heartbeat queue tasks (pull workers).
+    TaskWork,
+    /// Set a pull worker's state (drain or stop it).
+    WorkerManage,
 }
 
 impl Permission {
     /// Every permission.
-    pub const ALL: [Permission; 26] = [
+    pub const ALL: [Permission; 28] = [
         Permission::JobSubmit,
         Permission::JobRead,
         Permission::JobCancel,
@@ -95,6 +99,8 @@ impl Permission {
         Permission::RunBreakGlass,
         Permission::JobPrune,
         Permission::MetricsRead,
+        Permission::TaskWork,
+        Permission::WorkerManage,
     ];
 
     /// The name in errors (ErrorInfo metadata `permission`) and docs.
@@ -126,6 +132,8 @@ impl Permission {
             Permission::RunBreakGlass => "run.break_glass",
             Permission::JobPrune => "job.prune",
             Permission::MetricsRead => "metrics.read",
+            Permission::TaskWork => "task.work",
+            Permission::WorkerManage => "worker.manage",
         }
     }
 }
@@ -205,6 +213,11 @@ pub fn access(path: &str) -> Access {
             "PruneJobs" => needs(P::JobPrune),
             _ => Access::Unknown,
         },
+        ("switchyard.executor.v1.WorkerService", m) => match m {
+            "Fetch" | "Ack" | "Nack" | "Heartbeat" => needs(P::TaskWork),
+            "SetWorkerState" => needs(P::WorkerManage),
+            _ => Access::Unknown,
+        },
         ("switchyard.agent.v1.AgentService", "Describe" | "Invoke")
         | ("switchyard.agent.v1.ToolService", "CallTool") => needs(P::AgentInvoke),
         _ => Access::Unknown,
@@ -238,6 +251,23 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
             "/aitp/tasks/{task_id}/events",
             Access::Needs(P::JobRead),
         ),
+        // The OJS binding: producers (submitters), workers (agents and
+        // anyone with task.work), operators.
+        ("GET", "/ojs/manifest", Access::Open),
+        ("GET", "/ojs/v1/health", Access::Open),
+        ("POST", "/ojs/v1/jobs", Access::Needs(P::JobSubmit)),
+        ("POST", "/ojs/v1/jobs/batch", Access::Needs(P::JobSubmit)),
+        ("GET", "/ojs/v1/jobs/{id}", Access::Needs(P::JobRead)),
+        ("DELETE", "/ojs/v1/jobs/{id}", Access::Needs(P::JobCancel)),
+        ("POST", "/ojs/v1/workers/fetch", Access::Needs(P::TaskWork)),
+        ("POST", "/ojs/v1/workers/ack", Access::Needs(P::TaskWork)),
+        ("POST", "/ojs/v1/workers/nack", Access::Needs(P::TaskWork)),
+        (
+            "POST",
+            "/ojs/v1/workers/heartbeat",
+            Access::Needs(P::TaskWork),
+        ),
+        ("GET", "/ojs/v1/events", Access::Needs(P::JobRead)),
     ]
 };
 
@@ -298,6 +328,7 @@ pub fn grants(role: Role, perm: Permission) -> bool {
                 | ToolRegister
                 | Route
                 | MetricsRead
+                | WorkerManage
         ),
         // Its own agents and tools only (the registry checks ownership);
         // spends on the job budgets it is handed; delegates child jobs.
@@ -311,6 +342,7 @@ pub fn grants(role: Role, perm: Permission) -> bool {
                 | BudgetRead
                 | JobSubmit
                 | JobRead
+                | TaskWork
         ),
         Role::Viewer => matches!(
             perm,

@@ -136,6 +136,7 @@ impl Attempt<'_> {
         Outcome {
             failure,
             status: Some(status),
+            settled: None,
         }
     }
 }

@@ -200,6 +200,7 @@ impl Attempt<'_> {
         Outcome {
             failure,
             status: Some(llm_status(&snap.task.id, &report, children)),
+            settled: None,
         }
     }
 

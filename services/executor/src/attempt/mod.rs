@@ -11,6 +11,7 @@
 pub(crate) mod agent;
 pub(crate) mod command;
 pub(crate) mod llm;
+pub(crate) mod queue;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -34,6 +35,9 @@ pub(crate) struct Outcome {
     pub(crate) failure: Option<Failure>,
     /// Outputs to keep (also for failed attempts: partial results).
     pub(crate) status: Option<TaskStatus>,
+    /// Answered once the outcome is durable (a pull worker's Ack or Nack
+    /// waits for it).
+    pub(crate) settled: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Outcome {
@@ -41,6 +45,7 @@ impl Outcome {
         Outcome {
             failure: None,
             status: Some(status),
+            settled: None,
         }
     }
 
@@ -52,6 +57,7 @@ impl Outcome {
                 error: error.into(),
             }),
             status: None,
+            settled: None,
         }
     }
 }
@@ -146,6 +152,7 @@ impl Attempt<'_> {
                 }
             }
             Some(Kind::Llm(l)) => self.llm(&l).await,
+            Some(Kind::Queue(q)) => self.queue(&q).await,
             None => Outcome::fail(
                 Class::Permanent,
                 Reason::InvalidArgument,

@@ -10,6 +10,7 @@
 //! ([`switchyard_kit::error::http_error`]).
 
 mod aitp;
+pub mod ojs;
 mod shapes;
 
 pub(crate) use aitp::not_finished;
@@ -46,6 +47,8 @@ pub(crate) struct Door {
     pub(crate) max_body: usize,
     /// Ends event streams on shutdown, so draining does not wait for jobs.
     pub(crate) shutdown: Shutdown,
+    /// The OJS binding's settings.
+    pub(crate) ojs: crate::config::OjsConfig,
 }
 
 /// An error answered in the envelope, with the request's correlation id.
@@ -71,6 +74,7 @@ impl IntoResponse for Failure {
 /// The router of the HTTP door over `jobs`.
 pub fn router(
     cfg: &HttpConfig,
+    ojs: &crate::config::OjsConfig,
     max_message_bytes: usize,
     jobs: Jobs,
     auth: Arc<Authenticator>,
@@ -83,11 +87,13 @@ pub fn router(
             .then(|| Duration::from_millis(cfg.request_timeout_ms)),
         max_body: cfg.max_body_bytes.unwrap_or(max_message_bytes),
         shutdown,
+        ojs: ojs.clone(),
     });
     Router::new()
         .route("/openapi.json", get(openapi))
         .route("/healthz", get(healthz))
         .merge(aitp::routes())
+        .merge(ojs::routes())
         .route_layer(axum::middleware::from_fn_with_state(door.clone(), gate))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -372,15 +378,23 @@ mod tests {
             Authenticator::new(&Default::default(), keys)
                 .expect("an authenticator without a service token"),
         );
-        let jobs = Jobs::new(switchyard_api::ExecutorClient::remote(
-            switchyard_kit::client::authed(
-                switchyard_kit::client::lazy_channel("http://127.0.0.1:9").expect("channel"),
-                None,
-            ),
-            1024,
-        ));
+        let channel = switchyard_kit::client::authed(
+            switchyard_kit::client::lazy_channel("http://127.0.0.1:9").expect("channel"),
+            None,
+        );
+        let jobs = Jobs::new(
+            switchyard_api::ExecutorClient::remote(channel.clone(), 1024),
+            switchyard_api::WorkerClient::remote(channel, 1024),
+        );
         let (_trigger, shutdown) = switchyard_kit::shutdown::channel();
-        let app = router(&HttpConfig::default(), 4096, jobs, auth, shutdown);
+        let app = router(
+            &HttpConfig::default(),
+            &Default::default(),
+            4096,
+            jobs,
+            auth,
+            shutdown,
+        );
         let call = |method: &str, path: &str| {
             let req = http::Request::builder()
                 .method(method)

@@ -1,0 +1,192 @@
+//! Pull workers over gRPC (`WorkerService`), against the whole stack in one
+//! process: leases are handed out once, fenced by attempt and owner, lapse
+//! and are offered again, and only principals with `task.work` may pull.
+
+#![allow(clippy::unwrap_used)] // test helpers: a failed call is a failed test
+
+use switchyard_core::Reason;
+use switchyard_kit::client::Intercepted;
+use switchyard_kit::error::ApiError;
+use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
+use switchyard_proto::executor::v1::worker_service_client::WorkerServiceClient;
+use switchyard_proto::executor::v1::{
+    AckRequest, FetchRequest, HeartbeatRequest, JobState, LeasedTask, SubmitJobRequest, TaskRef,
+};
+use switchyard_testkit::Stack;
+
+use crate::common::*;
+
+type Workers = WorkerServiceClient<Intercepted>;
+
+async fn stack() -> (Stack, Jobs, Workers) {
+    let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
+        c.executor.approval_poll_ms = 20;
+    })
+    .await
+    .unwrap();
+    let jobs = JobServiceClient::new(s.channel_as("alice").await.unwrap());
+    let workers = WorkerServiceClient::new(s.channel_as("agents").await.unwrap());
+    (s, jobs, workers)
+}
+
+/// Enqueues an OJS queue job on `queue`; returns its id.
+async fn enqueue(c: &mut Jobs, queue: &str, extra: &str) -> String {
+    let doc = format!(
+        r#"{{"type": "test.work", "args": [1, "two"], "options": {{"queue": "{queue}"{extra}}}}}"#
+    );
+    let out = c
+        .submit_job(SubmitJobRequest {
+            document: doc,
+            format: "ojs-queue".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let job = out.job.unwrap();
+    assert_eq!(
+        job.state,
+        JobState::Available as i32,
+        "a job that cannot spend is approved at once"
+    );
+    job.spec.unwrap().job_id
+}
+
+/// Fetches from `queue` as `worker`, waiting up to `wait_ms` for a task.
+async fn fetch(w: &mut Workers, queue: &str, worker: &str, wait_ms: u64) -> Vec<LeasedTask> {
+    w.fetch(FetchRequest {
+        queues: vec![queue.into()],
+        count: 1,
+        worker_id: worker.into(),
+        wait: Some(switchyard_kit::time::duration(wait_ms)),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .tasks
+}
+
+fn ack(job_id: &str, attempt: u32, worker: &str) -> AckRequest {
+    AckRequest {
+        task: Some(TaskRef {
+            job_id: job_id.into(),
+            attempt,
+            ..Default::default()
+        }),
+        worker_id: worker.into(),
+        result: Some(switchyard_kit::json::json_to_value(
+            &serde_json::json!({"done": true}),
+        )),
+        tokens_used: 0,
+    }
+}
+
+fn reason(s: &tonic::Status) -> Option<String> {
+    ApiError::from(s.clone()).reason
+}
+
+#[tokio::test]
+async fn a_task_is_leased_to_one_worker_and_only_its_holder_completes_it() {
+    let (_s, mut jobs, mut workers) = stack().await;
+    let id = enqueue(&mut jobs, "work", "").await;
+    let got = fetch(&mut workers, "work", "w1", 5_000).await;
+    assert_eq!(got.len(), 1);
+    let lease = got[0].task.clone().unwrap();
+    assert_eq!((lease.job_id.as_str(), lease.attempt), (id.as_str(), 1));
+    assert_eq!(
+        switchyard_kit::json::value_to_json(got[0].payload.as_ref().unwrap()),
+        serde_json::json!([1, "two"])
+    );
+    assert!(
+        got[0].budget_id.is_empty(),
+        "a job with no budget may not spend"
+    );
+    // Nobody else gets it.
+    assert!(fetch(&mut workers, "work", "w2", 0).await.is_empty());
+    // Another worker's ack is fenced out and changes nothing.
+    let refused = workers.ack(ack(&id, 1, "w2")).await.unwrap_err();
+    assert_eq!(
+        reason(&refused).as_deref(),
+        Some(Reason::LeaseLost.as_str())
+    );
+    // The holder's ack completes the job with its result, durably.
+    let done = workers
+        .ack(ack(&id, 1, "w1"))
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap();
+    assert_eq!(done.state, JobState::Completed as i32);
+    let out = switchyard_kit::json::struct_to_json(done.tasks[0].output.as_ref().unwrap());
+    assert_eq!(out, serde_json::json!({"done": true}));
+    // A second ack finds the job finished.
+    let again = workers.ack(ack(&id, 1, "w1")).await.unwrap_err();
+    assert_eq!(
+        reason(&again).as_deref(),
+        Some(Reason::JobTerminal.as_str())
+    );
+}
+
+#[tokio::test]
+async fn a_lapsed_lease_is_offered_again_and_its_old_holder_is_fenced_out() {
+    let (_s, mut jobs, mut workers) = stack().await;
+    let id = enqueue(&mut jobs, "lapse", r#", "visibility_timeout_ms": 300"#).await;
+    let first = fetch(&mut workers, "lapse", "slow", 5_000).await;
+    assert_eq!(first[0].task.as_ref().unwrap().attempt, 1);
+    // No heartbeat: the lease lapses and the task is offered again (the
+    // long poll returns when it is).
+    let second = fetch(&mut workers, "lapse", "fast", 10_000).await;
+    assert_eq!(second.len(), 1, "offered again after the lapse");
+    assert_eq!(
+        second[0].task.as_ref().unwrap().attempt,
+        2,
+        "the lapse counted an attempt"
+    );
+    // The first holder's heartbeat and ack are refused.
+    let hb = workers
+        .heartbeat(HeartbeatRequest {
+            worker_id: "slow".into(),
+            active: vec![TaskRef {
+                job_id: id.clone(),
+                ..Default::default()
+            }],
+            visibility_timeout: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((hb.extended, hb.lost.len()), (0, 1));
+    let refused = workers.ack(ack(&id, 1, "slow")).await.unwrap_err();
+    assert_eq!(
+        reason(&refused).as_deref(),
+        Some(Reason::LeaseLost.as_str())
+    );
+    let done = workers
+        .ack(ack(&id, 2, "fast"))
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap();
+    assert_eq!(done.state, JobState::Completed as i32);
+    assert_eq!(done.tasks[0].attempts.len(), 2);
+    assert!(done.tasks[0].attempts[0].reason == Reason::LeaseLost.as_str());
+}
+
+#[tokio::test]
+async fn only_principals_with_task_work_pull_tasks() {
+    let (s, mut jobs, _workers) = stack().await;
+    enqueue(&mut jobs, "guarded", "").await;
+    let mut alice = WorkerServiceClient::new(s.channel_as("alice").await.unwrap());
+    let refused = alice
+        .fetch(FetchRequest {
+            queues: vec!["guarded".into()],
+            worker_id: "alice-laptop".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+}
