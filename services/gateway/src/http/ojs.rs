@@ -398,7 +398,7 @@ async fn manifest() -> Response {
                 "version": env!("CARGO_PKG_VERSION"),
                 "vendor": "Switchyard",
             },
-            "conformance_level": 1,
+            "conformance_level": 0,
             "protocols": ["http", "grpc"],
             "extensions": ["ext-ai-agents"],
             "backend": "sled",
