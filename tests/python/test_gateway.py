@@ -161,6 +161,36 @@ def check_status_codes_400_404_409_401_403_and_cancel():
     assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
 
 
+def check_ojs_binding_enqueues_reads_cancels_and_keeps_workers_routes_for_workers():
+    OJS = {"Content-Type": "application/openjobspec+json"}
+    r = call("GET", "/ojs/manifest", "/ojs/manifest")
+    assert r.status_code == 200 and r.json()["specversion"] == "1.0", r.text
+    r = call("GET", "/ojs/v1/health", "/ojs/v1/health")
+    assert r.status_code == 200 and r.json()["status"] == "ok", r.text
+    job = {"type": "email.send", "args": ["a@example.com"], "options": {"queue": "py-mail"}, "x_kept": 1}
+    r = call("POST", "/ojs/v1/jobs", "/ojs/v1/jobs", ALICE, json=job, headers=dict(OJS))
+    assert r.status_code == 201 and r.headers["OJS-Version"] == "1.0", r.text
+    j = r.json()["job"]
+    assert j["state"] == "available" and j["x_kept"] == 1, j
+    r = call("POST", "/ojs/v1/jobs/batch", "/ojs/v1/jobs/batch", ALICE, json={"jobs": [job, job]}, headers=dict(OJS))
+    assert r.status_code == 201 and r.json()["count"] == 2, r.text
+    r = call("GET", "/ojs/v1/jobs/{id}", f"/ojs/v1/jobs/{j['id']}", ALICE)
+    assert r.status_code == 200 and r.json()["job"]["queue"] == "py-mail", r.text
+    r = call("GET", "/ojs/v1/jobs/{id}", f"/ojs/v1/jobs/{j['id']}", CAROL)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
+    r = call("GET", "/ojs/v1/events", "/ojs/v1/events?types=job.enqueued&queues=py-mail", ALICE)
+    assert r.status_code == 200 and r.json()["events"][0]["data"]["queue"] == "py-mail", r.text
+    # A producer does not pull: every worker route needs task.work.
+    for route in ("fetch", "ack", "nack", "heartbeat"):
+        r = call("POST", f"/ojs/v1/workers/{route}", f"/ojs/v1/workers/{route}", ALICE,
+                 json={"queues": ["py-mail"], "job_id": j["id"], "worker_id": "w"}, headers=dict(OJS))
+        assert r.status_code == 403, (route, r.text)
+    r = call("DELETE", "/ojs/v1/jobs/{id}", f"/ojs/v1/jobs/{j['id']}", ALICE)
+    assert r.status_code == 200 and r.json()["job"]["state"] == "cancelled", r.text
+    r = call("DELETE", "/ojs/v1/jobs/{id}", f"/ojs/v1/jobs/{j['id']}", ALICE)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "conflict", r.text
+
+
 def check_every_documented_route_was_exercised():
     doc = check_openapi_document_is_valid_and_open.doc
     documented = {(m.upper(), p) for p, item in doc["paths"].items() for m in item if m in ("get", "post", "put", "patch", "delete")}
