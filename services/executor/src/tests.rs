@@ -381,7 +381,7 @@ fn a_named_format_reads_the_document_as_that_format_only() {
     assert!(
         e.violations.0[0]
             .description
-            .contains("native, agenix, aitp or ojs"),
+            .contains("native, agenix, aitp, ojs or ojs-queue"),
         "{:?}",
         e.violations
     );
