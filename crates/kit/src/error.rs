@@ -60,6 +60,14 @@ pub fn invalid_argument(reason: Reason, violations: &Violations) -> Status {
     invalid_argument_at(reason, violations, &std::collections::BTreeMap::new())
 }
 
+/// INVALID_ARGUMENT (`INVALID_ARGUMENT`) for one field: `field` and what it
+/// must be.
+pub fn invalid_field(field: &str, description: impl Into<String>) -> Status {
+    let mut v = Violations::new();
+    v.add(field, description);
+    invalid_argument(Reason::InvalidArgument, &v)
+}
+
 /// `ErrorInfo.metadata` key prefix of a field's position in the document
 /// the client sent: `at.tasks[1].depends_on` = `line 7, column 5`.
 pub const POSITION_KEY: &str = "at.";

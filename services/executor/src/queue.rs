@@ -23,6 +23,7 @@ use std::sync::Mutex;
 use switchyard_core::Reason;
 use switchyard_core::lifecycle::{JobState, TaskState};
 use switchyard_kit::auth::Principal;
+use switchyard_kit::error::invalid_field;
 use switchyard_proto::executor::v1::{
     AckRequest, AckResponse, FetchRequest, FetchResponse, HeartbeatRequest, HeartbeatResponse, Job,
     LeasedTask, NackRequest, NackResponse, SetWorkerStateRequest, SetWorkerStateResponse, TaskRef,
@@ -196,15 +197,9 @@ fn lease_lost(job_id: &str, why: &str) -> Status {
     )
 }
 
-fn bad_field(field: &str, text: &str) -> Status {
-    let mut v = switchyard_core::Violations::new();
-    v.add(field, text);
-    switchyard_kit::error::invalid_argument(Reason::InvalidArgument, &v)
-}
-
 fn millis(d: Option<&prost_types::Duration>) -> Option<u64> {
-    d.filter(|d| d.seconds > 0 || d.nanos > 0)
-        .map(|d| d.seconds.max(0) as u64 * 1000 + d.nanos.max(0) as u64 / 1_000_000)
+    d.map(|d| switchyard_kit::time::duration_ms(d) as u64)
+        .filter(|ms| *ms > 0)
 }
 
 /// True for a job whose every task is a queue task: its state follows its
@@ -225,14 +220,17 @@ impl Executor {
         req: FetchRequest,
     ) -> Result<FetchResponse, Status> {
         if req.queues.is_empty() {
-            return Err(bad_field("queues", "name at least one queue to fetch from"));
+            return Err(invalid_field(
+                "queues",
+                "name at least one queue to fetch from",
+            ));
         }
         for (i, q) in req.queues.iter().enumerate() {
             switchyard_core::validate::queue(q)
-                .map_err(|e| bad_field(&format!("queues[{i}]"), &e))?;
+                .map_err(|e| invalid_field(&format!("queues[{i}]"), &e))?;
         }
         if req.worker_id.is_empty() || req.worker_id.len() > 255 {
-            return Err(bad_field(
+            return Err(invalid_field(
                 "worker_id",
                 "a worker needs an id of 1-255 characters, stable for its life (e.g. host and pid)",
             ));
@@ -397,20 +395,30 @@ impl Executor {
     /// empty), after checking the caller may see the job.
     fn task_of(&self, p: &Principal, r: Option<&TaskRef>) -> Result<(String, String, u32), Status> {
         let r = r.ok_or_else(|| {
-            bad_field(
+            invalid_field(
                 "task",
                 "name the leased task: job_id (and task_id, attempt)",
             )
         })?;
         if r.job_id.is_empty() {
-            return Err(bad_field(
+            return Err(invalid_field(
                 "task.job_id",
                 "name the job whose task you leased",
             ));
         }
         // A worker reports on any task of its tenant it leased (the lease
-        // fences it), not only on jobs it submitted.
-        let tenant = self.inner.book.read(&r.job_id, |e| e.job.tenant.clone())?;
+        // fences it), not only on jobs it submitted. One read, from disk
+        // for a finished job.
+        let (tenant, queued): (String, Vec<String>) = self.inner.book.read(&r.job_id, |e| {
+            let queued = e
+                .spec()
+                .tasks
+                .iter()
+                .filter(|t| matches!(t.kind, Some(Kind::Queue(_))))
+                .map(|t| t.id.clone())
+                .collect();
+            (e.job.tenant.clone(), queued)
+        })?;
         if !p.sees_tenant(&tenant) {
             return Err(Status::from(crate::ExecutorError::NotFound(
                 r.job_id.clone(),
@@ -419,15 +427,6 @@ impl Executor {
         if !r.task_id.is_empty() {
             return Ok((r.job_id.clone(), r.task_id.clone(), r.attempt));
         }
-        // A finished job is read from disk.
-        let queued: Vec<String> = self.inner.book.read(&r.job_id, |e| {
-            e.spec()
-                .tasks
-                .iter()
-                .filter(|t| matches!(t.kind, Some(Kind::Queue(_))))
-                .map(|t| t.id.clone())
-                .collect()
-        })?;
         match queued.as_slice() {
             [one] => Ok((r.job_id.clone(), one.clone(), r.attempt)),
             [] => Err(refuse(
@@ -438,7 +437,7 @@ impl Executor {
                     r.job_id
                 ),
             )),
-            _ => Err(bad_field(
+            _ => Err(invalid_field(
                 "task.task_id",
                 "this job has several queue tasks: name the one you leased",
             )),
@@ -602,7 +601,7 @@ impl Executor {
         let (job_id, task_id, attempt) = self.task_of(p, req.task.as_ref())?;
         let error = req.error.unwrap_or_default();
         if error.message.len() > 64 * 1024 {
-            return Err(bad_field("error.message", "at most 64 KiB"));
+            return Err(invalid_field("error.message", "at most 64 KiB"));
         }
         let lease = self.take_lease(&job_id, &task_id, attempt, &req.worker_id)?;
         let job = self
@@ -630,7 +629,7 @@ impl Executor {
         req: HeartbeatRequest,
     ) -> Result<HeartbeatResponse, Status> {
         if req.worker_id.is_empty() {
-            return Err(bad_field(
+            return Err(invalid_field(
                 "worker_id",
                 "name the worker whose leases to extend",
             ));
@@ -696,11 +695,11 @@ impl Executor {
         req: SetWorkerStateRequest,
     ) -> Result<SetWorkerStateResponse, Status> {
         if req.worker_id.is_empty() {
-            return Err(bad_field("worker_id", "name the worker"));
+            return Err(invalid_field("worker_id", "name the worker"));
         }
         let state = WorkerState::try_from(req.state).unwrap_or(WorkerState::Unspecified);
         if state == WorkerState::Unspecified {
-            return Err(bad_field("state", "RUNNING, QUIET or TERMINATE"));
+            return Err(invalid_field("state", "RUNNING, QUIET or TERMINATE"));
         }
         let mut st = crate::lock(&self.inner.board.state);
         if state == WorkerState::Running {

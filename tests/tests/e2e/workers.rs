@@ -10,7 +10,8 @@ use switchyard_kit::error::ApiError;
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::worker_service_client::WorkerServiceClient;
 use switchyard_proto::executor::v1::{
-    AckRequest, FetchRequest, HeartbeatRequest, JobState, LeasedTask, SubmitJobRequest, TaskRef,
+    AckRequest, FetchRequest, HeartbeatRequest, Job, JobState, LeasedTask, SubmitJobRequest,
+    TaskRef,
 };
 use switchyard_testkit::Stack;
 
@@ -82,8 +83,23 @@ fn ack(job_id: &str, attempt: u32, worker: &str) -> AckRequest {
     }
 }
 
-fn reason(s: &tonic::Status) -> Option<String> {
-    ApiError::from(s.clone()).reason
+/// Asserts `s` carries `want` as its reason.
+fn assert_reason(s: &tonic::Status, want: Reason) {
+    assert_eq!(
+        ApiError::from(s.clone()).reason.as_deref(),
+        Some(want.as_str()),
+        "{s:?}"
+    );
+}
+
+/// Acks as `worker`; the job as the ack left it.
+async fn acked(w: &mut Workers, job_id: &str, attempt: u32, worker: &str) -> Job {
+    w.ack(ack(job_id, attempt, worker))
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap()
 }
 
 #[tokio::test]
@@ -106,27 +122,15 @@ async fn a_task_is_leased_to_one_worker_and_only_its_holder_completes_it() {
     assert!(fetch(&mut workers, "work", "w2", 0).await.is_empty());
     // Another worker's ack is fenced out and changes nothing.
     let refused = workers.ack(ack(&id, 1, "w2")).await.unwrap_err();
-    assert_eq!(
-        reason(&refused).as_deref(),
-        Some(Reason::LeaseLost.as_str())
-    );
+    assert_reason(&refused, Reason::LeaseLost);
     // The holder's ack completes the job with its result, durably.
-    let done = workers
-        .ack(ack(&id, 1, "w1"))
-        .await
-        .unwrap()
-        .into_inner()
-        .job
-        .unwrap();
+    let done = acked(&mut workers, &id, 1, "w1").await;
     assert_eq!(done.state, JobState::Completed as i32);
     let out = switchyard_kit::json::struct_to_json(done.tasks[0].output.as_ref().unwrap());
     assert_eq!(out, serde_json::json!({"done": true}));
     // A second ack finds the job finished.
     let again = workers.ack(ack(&id, 1, "w1")).await.unwrap_err();
-    assert_eq!(
-        reason(&again).as_deref(),
-        Some(Reason::JobTerminal.as_str())
-    );
+    assert_reason(&again, Reason::JobTerminal);
 }
 
 #[tokio::test]
@@ -159,17 +163,8 @@ async fn a_lapsed_lease_is_offered_again_and_its_old_holder_is_fenced_out() {
         .into_inner();
     assert_eq!((hb.extended, hb.lost.len()), (0, 1));
     let refused = workers.ack(ack(&id, 1, "slow")).await.unwrap_err();
-    assert_eq!(
-        reason(&refused).as_deref(),
-        Some(Reason::LeaseLost.as_str())
-    );
-    let done = workers
-        .ack(ack(&id, 2, "fast"))
-        .await
-        .unwrap()
-        .into_inner()
-        .job
-        .unwrap();
+    assert_reason(&refused, Reason::LeaseLost);
+    let done = acked(&mut workers, &id, 2, "fast").await;
     assert_eq!(done.state, JobState::Completed as i32);
     assert_eq!(done.tasks[0].attempts.len(), 2);
     assert!(done.tasks[0].attempts[0].reason == Reason::LeaseLost.as_str());

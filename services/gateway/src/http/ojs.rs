@@ -26,7 +26,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Map, Value, json};
 use switchyard_core::Reason;
-use switchyard_kit::error::ApiError;
+use switchyard_kit::error::{ApiError, invalid_field};
 use switchyard_kit::json::{json_to_value, struct_to_json, value_to_json};
 use switchyard_proto::executor::v1::{
     AckRequest, Attempt, FetchRequest, HeartbeatRequest, Job, JobState, ListJobsRequest,
@@ -179,12 +179,6 @@ async fn body_object(door: &Door, body: Body) -> Result<Map<String, Value>, Stat
         ))),
         Err(e) => Err(malformed(format!("the body is not valid JSON: {e}"))),
     }
-}
-
-fn field_error(field: &str, text: &str) -> Status {
-    let mut v = switchyard_core::Violations::new();
-    v.add(field, text);
-    switchyard_kit::error::invalid_argument(Reason::InvalidArgument, &v)
 }
 
 fn rfc3339(t: Option<&prost_types::Timestamp>) -> Option<Value> {
@@ -437,10 +431,7 @@ async fn submit_one(
         ..Default::default()
     };
     let out = door.jobs.submit(caller, req).await?;
-    let j = out
-        .job
-        .ok_or_else(|| Status::internal("SubmitJob answered without a job"))?;
-    Ok((j, out.created))
+    Ok((answered(out.job, "SubmitJob")?, out.created))
 }
 
 /// `POST /ojs/v1/jobs`: 201 with the job; 200 for a repeat of an existing
@@ -481,15 +472,15 @@ async fn enqueue_batch(
 ) -> Result<Response, OjsFailure> {
     let o = body_object(&door, body).await?;
     let Some(Value::Array(jobs)) = o.get("jobs") else {
-        return Err(field_error("jobs", "a batch is {\"jobs\": [job, ...]}").into());
+        return Err(invalid_field("jobs", "a batch is {\"jobs\": [job, ...]}").into());
     };
     if jobs.is_empty() || jobs.len() > 1000 {
-        return Err(field_error("jobs", "a batch has 1 to 1000 jobs").into());
+        return Err(invalid_field("jobs", "a batch has 1 to 1000 jobs").into());
     }
     let mut out = Vec::with_capacity(jobs.len());
     for (i, j) in jobs.iter().enumerate() {
         let Value::Object(j) = j else {
-            return Err(field_error(&format!("jobs[{i}]"), "each job is a JSON object").into());
+            return Err(invalid_field(&format!("jobs[{i}]"), "each job is a JSON object").into());
         };
         match submit_one(&door, &caller, j).await {
             Ok((job, _)) => out.push(ojs_job(&job)),
@@ -556,7 +547,9 @@ async fn fetch(
             .collect(),
         None => vec!["default".to_owned()],
         _ => {
-            return Err(field_error("queues", "queues is a non-empty array of queue names").into());
+            return Err(
+                invalid_field("queues", "queues is a non-empty array of queue names").into(),
+            );
         }
     };
     let req = FetchRequest {
@@ -606,8 +599,21 @@ fn job_ref(o: &Map<String, Value>) -> Result<TaskRef, Status> {
             task_id: String::new(),
             attempt: o.get("attempt").and_then(Value::as_u64).unwrap_or(0) as u32,
         }),
-        _ => Err(field_error("job_id", "name the job you fetched: job_id")),
+        _ => Err(invalid_field("job_id", "name the job you fetched: job_id")),
     }
+}
+
+/// Text field `k` of `o` (empty when absent or not text).
+fn text(o: &Map<String, Value>, k: &str) -> String {
+    o.get(k)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The job a WorkerService answer carries.
+fn answered(job: Option<Job>, rpc: &str) -> Result<Job, Status> {
+    job.ok_or_else(|| Status::internal(format!("{rpc} answered without a job")))
 }
 
 /// An ack's or nack's answer: the job's id, state, attempt and times at the
@@ -642,21 +648,14 @@ async fn ack(
     let o = body_object(&door, body).await?;
     let req = AckRequest {
         task: Some(job_ref(&o)?),
-        worker_id: o
-            .get("worker_id")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned(),
+        worker_id: text(&o, "worker_id"),
         result: o.get("result").map(json_to_value),
         tokens_used: o
             .get("ext_agent_tokens_used")
             .and_then(Value::as_u64)
             .unwrap_or(0),
     };
-    let out = door.jobs.ack(&caller, req).await?;
-    let job = out
-        .job
-        .ok_or_else(|| Status::internal("Ack answered without a job"))?;
+    let job = answered(door.jobs.ack(&caller, req).await?.job, "Ack")?;
     let mut extra = Map::new();
     extra.insert("acknowledged".into(), json!(true));
     ok(settled(&job, extra))
@@ -673,35 +672,23 @@ async fn nack(
         .and_then(Value::as_object)
         .cloned()
         .unwrap_or_default();
-    let text = |k: &str| {
-        e.get(k)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned()
-    };
     let error = WorkerError {
-        code: text("code"),
-        message: text("message"),
+        code: text(&e, "code"),
+        message: text(&e, "message"),
         retryable: e.get("retryable").and_then(Value::as_bool),
-        r#type: text("type"),
+        r#type: text(&e, "type"),
         details: e
             .get("details")
             .and_then(switchyard_kit::json::json_to_struct),
     };
     let req = NackRequest {
         task: Some(job_ref(&o)?),
-        worker_id: o
-            .get("worker_id")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned(),
+        worker_id: text(&o, "worker_id"),
         error: Some(error),
         requeue: o.get("requeue").and_then(Value::as_bool).unwrap_or(false),
     };
     let out = door.jobs.nack(&caller, req).await?;
-    let job = out
-        .job
-        .ok_or_else(|| Status::internal("Nack answered without a job"))?;
+    let job = answered(out.job, "Nack")?;
     let mut extra = Map::new();
     if out.retry_delay_ms > 0 {
         extra.insert("retry_delay_ms".into(), json!(out.retry_delay_ms));
@@ -720,7 +707,7 @@ async fn heartbeat(
         .and_then(Value::as_str)
         .filter(|w| !w.is_empty())
     else {
-        return Err(field_error("worker_id", "name the worker whose leases to extend").into());
+        return Err(invalid_field("worker_id", "name the worker whose leases to extend").into());
     };
     let ids: Vec<String> = o
         .get("active_jobs")
@@ -779,7 +766,7 @@ async fn events(
             "limit" => {
                 limit = v
                     .parse::<usize>()
-                    .map_err(|_| field_error("limit", "limit is a number from 1 to 1000"))?
+                    .map_err(|_| invalid_field("limit", "limit is a number from 1 to 1000"))?
                     .clamp(1, 1000);
             }
             _ => {}
