@@ -300,7 +300,9 @@ pub struct AttemptStarted {
     /// Its timeout.
     pub timeout_secs: u32,
     /// Queue tasks: the worker that leased it (an attempt of a queue task
-    /// starts when a worker fetches it).
+    /// starts when a worker fetches it). Absent for other tasks, so their
+    /// events stay as earlier releases wrote them.
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub worker_id: String,
 }
 
