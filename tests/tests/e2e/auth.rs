@@ -152,6 +152,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
                 "RegistryService/DeregisterAgent",
                 "RegistryService/RegisterTool",
                 "RegistryService/DeregisterTool",
+                "WorkerService/SetWorkerState",
             ]);
             if role == "admin" {
                 add(&[
@@ -180,6 +181,10 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
                 "LedgerService/Release",
                 "JobService/SubmitJob",
                 "JobService/ValidateJob",
+                "WorkerService/Fetch",
+                "WorkerService/Ack",
+                "WorkerService/Nack",
+                "WorkerService/Heartbeat",
             ]);
             add(READ_BUDGETS);
             add(READ_JOBS);

@@ -677,6 +677,15 @@ const DOOR_RPCS: &[(&str, &str)] = &[
     ("JOB.STATUS", "JobService/GetJob"),
     ("JOB.RESULT", "JobService/GetResult"),
     ("JOB.CANCEL", "JobService/CancelJob"),
+    ("POST /ojs/v1/jobs", "JobService/SubmitJob"),
+    ("POST /ojs/v1/jobs/batch", "JobService/SubmitJob"),
+    ("GET /ojs/v1/jobs/{id}", "JobService/GetJob"),
+    ("DELETE /ojs/v1/jobs/{id}", "JobService/CancelJob"),
+    ("GET /ojs/v1/events", "JobService/ListJobs"),
+    ("POST /ojs/v1/workers/fetch", "WorkerService/Fetch"),
+    ("POST /ojs/v1/workers/ack", "WorkerService/Ack"),
+    ("POST /ojs/v1/workers/nack", "WorkerService/Nack"),
+    ("POST /ojs/v1/workers/heartbeat", "WorkerService/Heartbeat"),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -714,8 +723,19 @@ async fn the_authorization_matrix_holds_for_every_gateway_route_and_verb() {
             let want = allowed.contains(*rpc);
             let denied = match door.split_once(' ') {
                 Some((method, route)) => {
-                    let path = route.replace("{task_id}", "no-such-task");
-                    let body = (method == "POST").then(|| paper(&format!("m-{role}")));
+                    let path = route
+                        .replace("{task_id}", "no-such-task")
+                        .replace("{id}", "no-such-job");
+                    let body = (method == "POST").then(|| match route {
+                        "/ojs/v1/jobs/batch" => {
+                            json!({"jobs": [{"type": "m.x", "args": []}]}).to_string()
+                        }
+                        r if r.starts_with("/ojs/") => {
+                            json!({"type": "m.x", "args": [], "queues": ["m"], "worker_id": "w"})
+                                .to_string()
+                        }
+                        _ => paper(&format!("m-{role}")),
+                    });
                     let (code, e) = h
                         .call(method.parse().unwrap(), &path, Some(&token), body)
                         .await;
