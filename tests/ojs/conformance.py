@@ -156,7 +156,8 @@ def fill_text(text: str, ctx: dict) -> str:
 
 def fill(value, ctx: dict):
     """Templates in a JSON value: a string that is one template becomes the value it
-    names (objects and numbers included); templates inside longer strings become text."""
+    names (objects and numbers included); templates inside longer strings become text,
+    and so do templates in keys (JSONPath filters such as `$.jobs[?(@.id=='{{...}}')]`)."""
     if isinstance(value, str):
         m = TEMPLATE.fullmatch(value.strip())
         if m:
@@ -166,7 +167,7 @@ def fill(value, ctx: dict):
     if isinstance(value, list):
         return [fill(v, ctx) for v in value]
     if isinstance(value, dict):
-        return {k: fill(v, ctx) for k, v in value.items()}
+        return {fill_text(k, ctx): fill(v, ctx) for k, v in value.items()}
     return value
 
 
@@ -426,12 +427,16 @@ class Target:
     reset_url: str | None = None
     timeout: float = 30.0
     extra: dict = field(default_factory=dict)
-    # OJS roles: the worker routes' token when it differs from the producer's.
+    # OJS roles: the worker routes' token and the operator routes' token
+    # (dead letter) when they differ from the producer's.
     worker_token: str | None = None
+    operator_token: str | None = None
 
     def token_for(self, path: str) -> str | None:
         if self.worker_token and path.startswith("/ojs/v1/workers/"):
             return self.worker_token
+        if self.operator_token and path.startswith("/ojs/v1/dead-letter"):
+            return self.operator_token
         return self.token
 
 
@@ -619,6 +624,8 @@ class Server:
             principals = json.load(f)["principals"]
         self.token = principals["alice"]["token"]
         self.worker_token = principals["agents"]["token"]
+        # The dead letter is an operator's (admin holds dead_letter.manage).
+        self.operator_token = principals["admin"]["token"]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -680,6 +687,7 @@ def main(argv=None) -> int:
     ap.add_argument("--base-url", help="a server already running (instead of --switchyard)")
     ap.add_argument("--token", help="bearer token for --base-url")
     ap.add_argument("--worker-token", help="bearer token for the worker routes with --base-url (default --token)")
+    ap.add_argument("--operator-token", help="bearer token for the dead-letter routes with --base-url (default --token)")
     ap.add_argument("--config", help="configuration file for the started `switchyard dev`")
     ap.add_argument("--reset-url", help="POSTed before each test when using --base-url")
     ap.add_argument("--levels", default=",".join(GROUPS), help="comma-separated test groups")
@@ -703,10 +711,12 @@ def main(argv=None) -> int:
             if args.switchyard:
                 server = Server(args.switchyard, args.config)
                 target = Target(server.http, server.token, timeout=args.timeout,
-                                worker_token=server.worker_token)
+                                worker_token=server.worker_token,
+                                operator_token=server.operator_token)
             else:
                 target = Target(args.base_url, args.token, args.reset_url, args.timeout,
-                                worker_token=args.worker_token)
+                                worker_token=args.worker_token,
+                                operator_token=args.operator_token)
             failure = run_test(t, target)
         except (RuntimeError, ValueError, OSError) as e:
             failure = f"could not run: {e}"

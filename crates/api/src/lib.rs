@@ -219,6 +219,10 @@ pub mod executor {
                 get_result(GetResultRequest) -> GetResultResponse;
                 /// PruneJobs.
                 prune_jobs(PruneJobsRequest) -> PruneJobsResponse;
+                /// RetryDeadLetter.
+                retry_dead_letter(RetryDeadLetterRequest) -> RetryDeadLetterResponse;
+                /// DeleteDeadLetter.
+                delete_dead_letter(DeleteDeadLetterRequest) -> DeleteDeadLetterResponse;
             }
             streaming {
                 /// WatchJob.

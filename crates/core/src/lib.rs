@@ -17,6 +17,7 @@ pub mod routing;
 pub mod run;
 pub mod template;
 pub mod validate;
+pub mod worker_error;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use reason::Reason;

@@ -112,6 +112,9 @@ machine! {
         Available => [Active, Cancelled],
         Active => [Completed, Retryable, Discarded, Cancelled],
         Retryable => [Available, Discarded, Cancelled],
+        // Terminal but for one door: an operator retries a dead-lettered
+        // job (RetryDeadLetter), which starts a new round at approval.
+        Discarded => [Pending],
     }
 }
 
@@ -172,6 +175,7 @@ mod tests {
                 | (Available, Active | Cancelled)
                 | (Active, Completed | Retryable | Discarded | Cancelled)
                 | (Retryable, Available | Discarded | Cancelled)
+                | (Discarded, Pending)
         )
     }
 

@@ -117,6 +117,9 @@ reasons! {
     /// The queue task is not leased (waiting for a worker, backing off, or
     /// finished): there is nothing to ack or nack.
     TaskNotLeased => "TASK_NOT_LEASED",
+    /// The job is not in the dead letter (it did not end `discarded`, or
+    /// its spec does not keep it there): nothing to retry or delete.
+    NotInDeadLetter => "NOT_IN_DEAD_LETTER",
     /// A job with this id exists with a different spec.
     JobAlreadyExists => "JOB_ALREADY_EXISTS",
     /// The job finished (completed, cancelled or discarded); nothing moves it.

@@ -268,7 +268,7 @@ pub(crate) fn proposal(
     let label = |k: &str| spec.labels.get(k).cloned();
     ap::Run {
         schema_version: "agent_run_spec/v1".into(),
-        run_id: format!("run-{}", spec.job_id),
+        run_id: round_ids(&spec.job_id, 0).0,
         created_by: submitted_by.to_owned(),
         target: Some(ap::Target {
             org: label("org").unwrap_or_else(|| default_org.to_owned()),
@@ -297,6 +297,21 @@ pub(crate) fn proposal(
         correlation_id: spec.correlation_id.clone(),
         ..Default::default()
     }
+}
+
+/// The approval run and budget ids of a job's round: `run-{id}` and
+/// `job-{id}` for the first, suffixed `-r{round}` for each retry from the
+/// dead letter (a finished round's run and budget are closed for good).
+pub(crate) fn round_ids(job_id: &str, round: u32) -> (String, String) {
+    let suffix = if round == 0 {
+        String::new()
+    } else {
+        format!("-r{round}")
+    };
+    (
+        format!("run-{job_id}{suffix}"),
+        format!("job-{job_id}{suffix}"),
+    )
 }
 
 /// Whether a job starts programs: command tasks, or LLM tasks offering a
@@ -586,7 +601,7 @@ impl Executor {
         // the caller runs in (a gRPC request, a job driver, an LLM tool).
         let ctx = acting_context(&spec.correlation_id, submitter.clone());
         let until = now + self.inner.cfg.submit_wait_ms;
-        let admitted = self.admit(&spec, &hash, &submitter.subject, parent.as_ref(), until);
+        let admitted = self.admit(&spec, &hash, &submitter.subject, parent.as_ref(), until, 0);
         let traceparent = how.traceparent.unwrap_or_default();
         let admitted = switchyard_kit::context::scope(ctx, admitted).await;
         let (g, start) = match admitted {
@@ -746,14 +761,17 @@ impl Executor {
         }
     }
 
-    /// Admits a job that was accepted while a service it needs was down:
-    /// one try; still down, it goes on waiting (and `Ok(false)` tells the
-    /// poller to leave the others for the next round).
-    async fn readmit(&self, job_id: &str, now: u64) -> Result<bool, ExecutorError> {
+    /// Admits a job that was accepted while a service it needs was down, or
+    /// a dead-lettered job retried: one try; still down, it goes on waiting
+    /// (and `Ok(false)` tells the poller to leave the others for the next
+    /// round).
+    pub(crate) async fn readmit(&self, job_id: &str, now: u64) -> Result<bool, ExecutorError> {
         let book = &self.inner.book;
-        let (spec, hash, submitter, parent_id) = {
+        let (spec, hash, submitter, parent_id, round, waited) = {
             let st = book.lock();
             let e = st.get(job_id)?;
+            let round = e.job.round;
+            let waited = e.job.reason == Reason::DependencyUnavailable.as_str();
             let parent_id = e
                 .spec()
                 .delegation
@@ -761,7 +779,14 @@ impl Executor {
                 .map(|d| d.parent_job_id.clone())
                 .unwrap_or_default();
             let hash = e.context_hash.clone();
-            (e.spec().clone(), hash, e.submitter(), parent_id)
+            (
+                e.spec().clone(),
+                hash,
+                e.submitter(),
+                parent_id,
+                round,
+                waited,
+            )
         };
         let parent = if parent_id.is_empty() {
             None
@@ -779,7 +804,14 @@ impl Executor {
             })
         } else {
             let ctx = acting_context(&spec.correlation_id, submitter.clone());
-            let admit = self.admit(&spec, &hash, &submitter.subject, parent.as_ref(), now);
+            let admit = self.admit(
+                &spec,
+                &hash,
+                &submitter.subject,
+                parent.as_ref(),
+                now,
+                round,
+            );
             switchyard_kit::context::scope(ctx, admit).await
         };
         let (g, start) = {
@@ -793,23 +825,21 @@ impl Executor {
             }
             match admitted {
                 Ok((budget_id, run, auto)) => {
-                    let waited_ms = now.saturating_sub(
-                        st.get(job_id)?
-                            .job
-                            .created_at
-                            .as_ref()
-                            .map_or(now, switchyard_kit::time::timestamp_ms),
-                    );
-                    let recovered = events::DependencyRecovered {
-                        service: String::new(),
-                        waited_ms,
-                    };
-                    book.record(
-                        &mut st,
-                        job_id,
-                        "",
-                        JobEvent::DependencyRecovered(recovered),
-                    );
+                    if waited {
+                        let waited_ms = now.saturating_sub(
+                            st.get(job_id)?
+                                .job
+                                .created_at
+                                .as_ref()
+                                .map_or(now, switchyard_kit::time::timestamp_ms),
+                        );
+                        let recovered = events::DependencyRecovered {
+                            service: String::new(),
+                            waited_ms,
+                        };
+                        let ev = JobEvent::DependencyRecovered(recovered);
+                        book.record(&mut st, job_id, "", ev);
+                    }
                     let a = Admitted {
                         budget_id,
                         run,
@@ -933,15 +963,17 @@ impl Executor {
         submitted_by: &str,
         parent: Option<&Parent>,
         until_ms: u64,
+        round: u32,
     ) -> Result<(String, ap::Run, Option<String>), ExecutorError> {
         let waiter = self.waiter("", "").until(Some(until_ms));
         let est = self.estimate(spec, &waiter).await?;
-        let budget_id = format!("job-{}", spec.job_id);
+        let (run_id, budget_id) = round_ids(&spec.job_id, round);
         let mut limits = self.budget_limits(spec, parent, &waiter).await?;
         if let Some(cap) = est.token_cap() {
             limits.token_budget = Some(limits.token_budget.map_or(cap, |t| t.min(cap)));
         }
-        let run = proposal(spec, &est, hash, submitted_by, &self.inner.cfg.default_org);
+        let mut run = proposal(spec, &est, hash, submitted_by, &self.inner.cfg.default_org);
+        run.run_id = run_id;
         let clients = &self.inner.clients;
         let create = CreateBudgetRequest {
             budget_id: budget_id.clone(),

@@ -448,8 +448,12 @@ impl JobBook {
     /// [`JobBook::checkpoint`], never past `upto`: what is on disk (a crash
     /// could lose records after it, and their numbers be handed out again).
     fn checkpoint_upto(&self, upto: u64) -> Result<u64, ExecutorError> {
-        let at = self
-            .lock()
+        self.checkpoint_of(&self.lock(), upto)
+    }
+
+    /// [`JobBook::checkpoint_upto`] of the jobs `st` (the book's lock held).
+    fn checkpoint_of(&self, st: &Jobs, upto: u64) -> Result<u64, ExecutorError> {
+        let at = st
             .first_event()
             .map_or(self.events.last(), |f| f - 1)
             .min(upto);
@@ -482,10 +486,7 @@ impl JobBook {
                 .map(switchyard_kit::time::timestamp_ms);
             let ours = tenant.is_none_or(|t| job.tenant == t);
             if ours && finished.is_some_and(|at| at < cutoff_ms) {
-                self.specs.remove(id)?;
-                self.index.remove(id)?;
-                self.outputs.remove_prefix(&format!("{id}/"))?;
-                self.by_time.remove(&key)?;
+                self.remove_retired(id, &key)?;
                 jobs += 1;
             } else {
                 // Kept (recent, another tenant's, or accepted a moment ago
@@ -500,6 +501,109 @@ impl JobBook {
         self.checkpoint()?;
         self.store.sync().await?;
         Ok((jobs, records))
+    }
+
+    /// Removes retired job `id` (listed under `key`): its record, outputs
+    /// and where its events are (the log drops them with their chunk).
+    fn remove_retired(&self, id: &str, key: &str) -> Result<(), ExecutorError> {
+        self.specs.remove(id)?;
+        self.index.remove(id)?;
+        self.outputs.remove_prefix(&format!("{id}/"))?;
+        self.by_time.remove(key)?;
+        Ok(())
+    }
+
+    /// Waits (up to `within`) until no driver runs job `id` and it is
+    /// retired if it is final: a job that has just ended is still being
+    /// wound up for a moment (its run and budget settled).
+    pub(crate) async fn settle(&self, id: &str, within: Duration) {
+        let mut finishes = self.finishes();
+        let until = tokio::time::Instant::now() + within;
+        loop {
+            self.retire_if_done(id);
+            let busy = {
+                let st = self.lock();
+                st.drivers.contains_key(id) || st.find(id).is_some_and(|e| e.state().is_terminal())
+            };
+            if !busy {
+                return;
+            }
+            if tokio::time::timeout_at(until, finishes.changed())
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+
+    /// Job `id` as the dead letter holds it, or why it is not there.
+    fn dead_letter(&self, id: &str) -> Result<Job, ExecutorError> {
+        let job = self.read(id, |e| e.job.clone())?;
+        if dead_lettered(&job) {
+            return Ok(job);
+        }
+        Err(not_in_dead_letter(id, &job))
+    }
+
+    /// Starts round `round` of dead-lettered job `id`, for `by`: brought
+    /// back into memory, its tasks reset and the job `pending` (admission
+    /// follows). Returns the last event recorded.
+    pub(crate) fn revive(&self, id: &str, by: &str) -> Result<u64, ExecutorError> {
+        self.dead_letter(id)?;
+        // Retired (the usual case, once settled): rebuilt from disk with
+        // its earlier events, which the live cache then carries, so
+        // watchers read one numbering from the first event.
+        let loaded = match self.lock().find(id) {
+            Some(_) => None,
+            None => self.load_retired(id)?,
+        };
+        let mut st = self.lock();
+        if let Some(mut e) = loaded
+            && st.find(id).is_none()
+        {
+            e.cache = self
+                .events
+                .read_each(&e.events)?
+                .into_iter()
+                .map(|(_, ev)| ev)
+                .collect();
+            st.jobs.insert(id.to_owned(), e);
+        }
+        let e = st.get(id)?;
+        if !dead_lettered(&e.job) {
+            // Retried by someone else meanwhile.
+            return Err(not_in_dead_letter(id, &e.job));
+        }
+        if st.drivers.contains_key(id) {
+            return Err(winding_up(id));
+        }
+        let round = e.job.round + 1;
+        self.live.put(id, &Mark {})?;
+        // Replay after a crash must reach back to this job's first event.
+        self.checkpoint_of(&st, self.events.durable())?;
+        let ev = JobEvent::Revived(events::Revived {
+            round,
+            by: by.to_owned(),
+        });
+        self.record(&mut st, id, "", ev);
+        self.move_job(&mut st, id, JobState::Pending, Reason::InvalidArgument, "")
+    }
+
+    /// Removes dead-lettered job `id` for good.
+    pub(crate) async fn delete_dead_letter(&self, id: &str) -> Result<(), ExecutorError> {
+        let job = self.dead_letter(id)?;
+        {
+            let mut st = self.lock();
+            if st.drivers.contains_key(id) {
+                return Err(winding_up(id));
+            }
+            forget(&mut st, id);
+        }
+        self.live.remove(id)?;
+        self.remove_retired(id, &time_key(created_ms(&job), id))?;
+        self.store.sync().await?;
+        Ok(())
     }
 
     /// Flushes storage (shutdown): everything written is on disk, then the
@@ -818,6 +922,7 @@ impl JobBook {
                 && (req.plan_id.is_empty() || of(|s| &s.plan_id) == req.plan_id)
                 && (req.correlation_id.is_empty()
                     || of(|s| &s.correlation_id) == req.correlation_id)
+                && (!req.dead_letter || dead_lettered(j))
         };
         let before = if req.page_token.is_empty() {
             None
@@ -952,8 +1057,14 @@ impl JobBook {
             let upto = upto.min(*e.durable_to.borrow()).max(after);
             let mut cached = Vec::new();
             let mut from_log = Vec::new();
+            // The cache holds the events from its first on (a job resumed
+            // after a restart caches only what it records from then).
+            let first_cached = e.cache.first().map_or(u64::MAX, |c| c.sequence);
             for seq in after + 1..=upto {
-                match e.cache.get(seq as usize - 1) {
+                let hit = seq
+                    .checked_sub(first_cached)
+                    .and_then(|i| e.cache.get(usize::try_from(i).ok()?));
+                match hit {
                     Some(ev) if wanted(&ev.kind) => cached.push(ev.clone()),
                     Some(_) => {}
                     None => from_log.extend(e.events.get(seq as usize - 1).copied()),
@@ -1014,6 +1125,37 @@ fn retiring(st: &Jobs, id: &str) -> Option<Retiring> {
             positions: e.events.clone(),
         },
     })
+}
+
+/// Whether job `j` is in the dead letter.
+pub(crate) fn dead_lettered(j: &Job) -> bool {
+    j.state == switchyard_proto::executor::v1::JobState::Discarded as i32
+        && j.spec.as_ref().is_some_and(|s| s.dead_letter)
+}
+
+/// Why job `j` (`id`) is not in the dead letter.
+fn not_in_dead_letter(id: &str, j: &Job) -> ExecutorError {
+    let state = crate::job::job_state(j.state);
+    let why = if state == JobState::Discarded {
+        " without dead_letter in its spec"
+    } else {
+        ""
+    };
+    ExecutorError::NotInDeadLetter {
+        job: id.to_owned(),
+        state: state.as_str().to_owned(),
+        why,
+    }
+}
+
+/// A dead-lettered job that has only just ended: its driver still settles
+/// its run and budget.
+fn winding_up(id: &str) -> ExecutorError {
+    ExecutorError::NotInDeadLetter {
+        job: id.to_owned(),
+        state: JobState::Discarded.as_str().to_owned(),
+        why: " and still being wound up (its run and budget settled); ask again in a moment",
+    }
 }
 
 /// Drops a retired job from memory (it is on disk).

@@ -49,6 +49,18 @@ pub enum ExecutorError {
     /// The command sandbox's configuration cannot be honoured.
     #[error("{0}")]
     Sandbox(String),
+    /// RetryDeadLetter or DeleteDeadLetter of a job not in the dead letter.
+    #[error(
+        "job {job:?} is not in the dead letter: it is {state}{why}; only a discarded job whose spec sets dead_letter is kept there"
+    )]
+    NotInDeadLetter {
+        /// The job.
+        job: String,
+        /// Its state.
+        state: String,
+        /// `""`, or why a discarded job is not there.
+        why: &'static str,
+    },
     /// Delegation from a job that is not running.
     #[error("job {parent:?} is {state}, not active: only a running job can delegate")]
     ParentNotActive {
@@ -91,6 +103,12 @@ impl From<ExecutorError> for Status {
                 Reason::ParentNotActive,
                 msg,
                 metadata([("parent_job_id", parent), ("state", state)]),
+            ),
+            ExecutorError::NotInDeadLetter { job, state, .. } => status_with_metadata(
+                Code::FailedPrecondition,
+                Reason::NotInDeadLetter,
+                msg,
+                metadata([("job_id", job), ("state", state)]),
             ),
             ExecutorError::Exists(id) => status_with_metadata(
                 Code::AlreadyExists,

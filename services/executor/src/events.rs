@@ -97,6 +97,8 @@ job_events! {
     AgentCalled(AgentCalled) = "agent.call",
     /// Progress relayed from an agent.
     AgentProgress(AgentProgress) = "agent.progress",
+    /// An operator retried the dead-lettered job: its tasks start over.
+    Revived(Revived) = "job.revived",
     /// A note for people, e.g. FAIL_AND_NOTIFY's notification.
     Notice(Notice) = "job.notice",
     /// A model call of an LLM task ended; fallbacks show as several.
@@ -177,6 +179,16 @@ pub struct ApprovalRequested {
     pub max_tokens: u64,
     /// The job asked for a person whatever the policies say.
     pub skip_policies: bool,
+}
+
+/// `job.revived`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Revived {
+    /// The round that starts (1 for the first retry).
+    pub round: u32,
+    /// Who retried it.
+    pub by: String,
 }
 
 /// `approval.decided`.

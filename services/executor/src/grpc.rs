@@ -10,10 +10,11 @@ use switchyard_proto::executor::v1::{
     NackRequest, NackResponse, SetWorkerStateRequest, SetWorkerStateResponse,
 };
 use switchyard_proto::executor::v1::{
-    CancelJobRequest, CancelJobResponse, GetJobRequest, GetJobResponse, GetResultRequest,
-    GetResultResponse, ListJobsRequest, ListJobsResponse, PruneJobsRequest, PruneJobsResponse,
-    SubmitJobRequest, SubmitJobResponse, ValidateJobRequest, ValidateJobResponse, WatchJobRequest,
-    WatchJobResponse,
+    CancelJobRequest, CancelJobResponse, DeleteDeadLetterRequest, DeleteDeadLetterResponse,
+    GetJobRequest, GetJobResponse, GetResultRequest, GetResultResponse, ListJobsRequest,
+    ListJobsResponse, PruneJobsRequest, PruneJobsResponse, RetryDeadLetterRequest,
+    RetryDeadLetterResponse, SubmitJobRequest, SubmitJobResponse, ValidateJobRequest,
+    ValidateJobResponse, WatchJobRequest, WatchJobResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -140,6 +141,25 @@ impl JobService for Executor {
         let tenant = p.tenant_scope().map(str::to_owned);
         let (jobs, records) = self.prune(ms, tenant.as_deref()).await?;
         Ok(Response::new(PruneJobsResponse { jobs, records }))
+    }
+
+    async fn retry_dead_letter(
+        &self,
+        req: Request<RetryDeadLetterRequest>,
+    ) -> Result<Response<RetryDeadLetterResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let job = Executor::retry_dead_letter(self, &p, &req.get_ref().job_id).await?;
+        Ok(Response::new(RetryDeadLetterResponse { job: Some(job) }))
+    }
+
+    async fn delete_dead_letter(
+        &self,
+        req: Request<DeleteDeadLetterRequest>,
+    ) -> Result<Response<DeleteDeadLetterResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let job_id = req.into_inner().job_id;
+        Executor::delete_dead_letter(self, &p, &job_id).await?;
+        Ok(Response::new(DeleteDeadLetterResponse { job_id }))
     }
 
     async fn get_result(

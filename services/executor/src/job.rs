@@ -48,7 +48,7 @@ pub struct JobEntry {
     pub context_hash: String,
     /// Task index by id.
     pub index: std::collections::HashMap<String, usize>,
-    /// The job's events while it runs (index = sequence - 1), so live
+    /// The job's events while it runs, in order from the first it holds, so live
     /// watchers need not read the log; emptied once the job finished.
     pub cache: Vec<Event>,
     /// The job's highest sequence known durable; watchers follow it.
@@ -237,6 +237,7 @@ impl JobEntry {
                     self.move_task(i, m, time);
                 }
             }
+            JobEvent::Revived(r) => self.revive(r.round),
             JobEvent::DependencyWaiting(w) => {
                 let (reason, error) = self.reason_of(task);
                 *reason = Reason::DependencyUnavailable.as_str().to_owned();
@@ -261,6 +262,30 @@ impl JobEntry {
             | JobEvent::Overrun(_)
             | JobEvent::Delegated(_) => {}
         }
+    }
+
+    /// A new round (RetryDeadLetter): every task starts over with no
+    /// attempts; the job keeps its id, spec, events and what it spent, and
+    /// gets its run and budget anew at approval.
+    fn revive(&mut self, round: u32) {
+        for t in &mut self.job.tasks {
+            *t = TaskStatus {
+                task_id: std::mem::take(&mut t.task_id),
+                state: pb::TaskState::Waiting as i32,
+                ..Default::default()
+            };
+        }
+        let j = &mut self.job;
+        j.round = round;
+        j.run_id.clear();
+        j.budget_id.clear();
+        j.reason.clear();
+        j.error.clear();
+        j.started_at = None;
+        j.finished_at = None;
+        self.extended.clear();
+        self.context_hash = crate::spec::context_hash(self.spec());
+        self.recount();
     }
 
     /// The reason and error fields of task `task`, or of the job.

@@ -29,6 +29,7 @@ mod attempt;
 mod book;
 pub mod builtin;
 mod cancel;
+mod dead_letter;
 mod depend;
 /// Command tasks run through the sandbox crate.
 use switchyard_sandbox as command;

@@ -168,6 +168,23 @@ impl Jobs {
         job.ok_or_else(|| Status::internal("CancelJob answered without a job"))
     }
 
+    /// RetryDeadLetter.
+    pub async fn retry_dead_letter(&self, c: &Caller, job_id: &str) -> Result<Job, Status> {
+        let req = RetryDeadLetterRequest {
+            job_id: job_id.to_owned(),
+        };
+        let job = as_caller!(ExecutorClient, self.0, c, retry_dead_letter, req)?.job;
+        job.ok_or_else(|| Status::internal("RetryDeadLetter answered without a job"))
+    }
+
+    /// DeleteDeadLetter.
+    pub async fn delete_dead_letter(&self, c: &Caller, job_id: &str) -> Result<(), Status> {
+        let req = DeleteDeadLetterRequest {
+            job_id: job_id.to_owned(),
+        };
+        as_caller!(ExecutorClient, self.0, c, delete_dead_letter, req).map(|_| ())
+    }
+
     /// WorkerService.Fetch.
     pub async fn fetch(&self, c: &Caller, req: FetchRequest) -> Result<FetchResponse, Status> {
         as_caller!(WorkerClient, self.1, c, fetch, req)

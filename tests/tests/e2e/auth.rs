@@ -153,6 +153,8 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
                 "RegistryService/RegisterTool",
                 "RegistryService/DeregisterTool",
                 "WorkerService/SetWorkerState",
+                "JobService/RetryDeadLetter",
+                "JobService/DeleteDeadLetter",
             ]);
             if role == "admin" {
                 add(&[

@@ -682,6 +682,15 @@ const DOOR_RPCS: &[(&str, &str)] = &[
     ("GET /ojs/v1/jobs/{id}", "JobService/GetJob"),
     ("DELETE /ojs/v1/jobs/{id}", "JobService/CancelJob"),
     ("GET /ojs/v1/events", "JobService/ListJobs"),
+    ("GET /ojs/v1/dead-letter", "JobService/ListJobs"),
+    (
+        "POST /ojs/v1/dead-letter/{id}/retry",
+        "JobService/RetryDeadLetter",
+    ),
+    (
+        "DELETE /ojs/v1/dead-letter/{id}",
+        "JobService/DeleteDeadLetter",
+    ),
     ("POST /ojs/v1/workers/fetch", "WorkerService/Fetch"),
     ("POST /ojs/v1/workers/ack", "WorkerService/Ack"),
     ("POST /ojs/v1/workers/nack", "WorkerService/Nack"),

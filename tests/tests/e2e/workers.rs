@@ -10,8 +10,9 @@ use switchyard_kit::error::ApiError;
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::worker_service_client::WorkerServiceClient;
 use switchyard_proto::executor::v1::{
-    AckRequest, FetchRequest, HeartbeatRequest, Job, JobState, LeasedTask, SubmitJobRequest,
-    TaskRef,
+    AckRequest, DeleteDeadLetterRequest, FetchRequest, GetJobRequest, HeartbeatRequest, Job,
+    JobState, LeasedTask, ListJobsRequest, NackRequest, RetryDeadLetterRequest, SubmitJobRequest,
+    TaskRef, WatchJobRequest, WorkerError,
 };
 use switchyard_testkit::Stack;
 
@@ -184,4 +185,120 @@ async fn only_principals_with_task_work_pull_tasks() {
         .await
         .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+}
+
+/// Fetches one task of `queue` as `worker` and nacks it as retryable; the
+/// job as the nack left it.
+async fn fetched_and_nacked(w: &mut Workers, queue: &str, worker: &str) -> Job {
+    let got = fetch(w, queue, worker, 5_000).await;
+    let lease = got[0].task.clone().unwrap();
+    w.nack(NackRequest {
+        task: Some(lease),
+        worker_id: worker.into(),
+        error: Some(WorkerError {
+            code: "handler_error".into(),
+            message: "it broke".into(),
+            retryable: Some(true),
+            ..Default::default()
+        }),
+        requeue: false,
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .job
+    .unwrap()
+}
+
+/// The ids of the dead-lettered jobs `c` sees.
+async fn dead_letter_ids(c: &mut Jobs) -> Vec<String> {
+    let page = c
+        .list_jobs(ListJobsRequest {
+            dead_letter: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    page.jobs
+        .into_iter()
+        .map(|j| j.spec.unwrap().job_id)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_dead_lettered_job_is_retried_as_a_new_round_or_deleted_by_an_operator_only() {
+    let (s, mut jobs, mut workers) = stack().await;
+    let dlq = r#", "retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}"#;
+    let id = enqueue(&mut jobs, "dlq", dlq).await;
+    let plain = enqueue(&mut jobs, "dlq-plain", r#", "retry": {"max_attempts": 1}"#).await;
+    for q in ["dlq", "dlq-plain"] {
+        let job = fetched_and_nacked(&mut workers, q, "w1").await;
+        assert_eq!(job.state, JobState::Discarded as i32, "{q}");
+    }
+    // Only the job whose spec keeps it is in the dead letter.
+    assert_eq!(dead_letter_ids(&mut jobs).await, vec![id.clone()]);
+
+    // The submitter may not retry or delete it: operators do.
+    let retry = |id: &str| RetryDeadLetterRequest { job_id: id.into() };
+    let refused = jobs.retry_dead_letter(retry(&id)).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+    let delete = |id: &str| DeleteDeadLetterRequest { job_id: id.into() };
+    let refused = jobs.delete_dead_letter(delete(&id)).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+    let mut ops = JobServiceClient::new(s.channel_as("admin").await.unwrap());
+    let not_there = ops.retry_dead_letter(retry(&plain)).await.unwrap_err();
+    assert_reason(&not_there, Reason::NotInDeadLetter);
+    let not_there = ops.delete_dead_letter(delete(&plain)).await.unwrap_err();
+    assert_reason(&not_there, Reason::NotInDeadLetter);
+
+    // Retried: the same job, no attempts, its own run and budget, at work.
+    let job = ops
+        .retry_dead_letter(retry(&id))
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap();
+    assert_eq!(job.state, JobState::Available as i32);
+    assert_eq!(job.round, 1);
+    assert!(job.tasks[0].attempts.is_empty());
+    assert_eq!(job.run_id, format!("run-{id}-r1"));
+    assert_eq!(job.budget_id, format!("job-{id}-r1"));
+    assert!(dead_letter_ids(&mut jobs).await.is_empty());
+    let again = ops.retry_dead_letter(retry(&id)).await.unwrap_err();
+    assert_reason(&again, Reason::NotInDeadLetter);
+    let got = fetch(&mut workers, "dlq", "w2", 5_000).await;
+    assert_eq!(got[0].task.as_ref().unwrap().attempt, 1);
+    let done = acked(&mut workers, &id, 1, "w2").await;
+    assert_eq!(done.state, JobState::Completed as i32);
+
+    // Its log reads as one numbering from the first event, both rounds.
+    let mut events = jobs
+        .watch_job(WatchJobRequest {
+            job_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut seen = Vec::new();
+    while let Some(ev) = events.message().await.unwrap() {
+        let ev = ev.event.unwrap();
+        seen.push((ev.sequence, ev.kind));
+    }
+    let numbers: Vec<u64> = seen.iter().map(|(n, _)| *n).collect();
+    assert_eq!(numbers, (1..=numbers.len() as u64).collect::<Vec<_>>());
+    assert_eq!(seen.iter().filter(|(_, k)| k == "job.revived").count(), 1);
+
+    // Deleted: gone from the dead letter and from GetJob.
+    let third = enqueue(&mut jobs, "dlq", dlq).await;
+    fetched_and_nacked(&mut workers, "dlq", "w1").await;
+    ops.delete_dead_letter(delete(&third)).await.unwrap();
+    assert!(dead_letter_ids(&mut jobs).await.is_empty());
+    let gone = jobs
+        .get_job(GetJobRequest { job_id: third })
+        .await
+        .unwrap_err();
+    assert_reason(&gone, Reason::JobNotFound);
 }

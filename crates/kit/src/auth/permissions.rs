@@ -68,11 +68,13 @@ pub enum Permission {
     TaskWork,
     /// Set a pull worker's state (drain or stop it).
     WorkerManage,
+    /// Retry or delete dead-lettered jobs.
+    DeadLetterManage,
 }
 
 impl Permission {
     /// Every permission.
-    pub const ALL: [Permission; 28] = [
+    pub const ALL: [Permission; 29] = [
         Permission::JobSubmit,
         Permission::JobRead,
         Permission::JobCancel,
@@ -101,6 +103,7 @@ impl Permission {
         Permission::MetricsRead,
         Permission::TaskWork,
         Permission::WorkerManage,
+        Permission::DeadLetterManage,
     ];
 
     /// The name in errors (ErrorInfo metadata `permission`) and docs.
@@ -134,6 +137,7 @@ impl Permission {
             Permission::MetricsRead => "metrics.read",
             Permission::TaskWork => "task.work",
             Permission::WorkerManage => "worker.manage",
+            Permission::DeadLetterManage => "dead_letter.manage",
         }
     }
 }
@@ -211,6 +215,7 @@ pub fn access(path: &str) -> Access {
             "GetJob" | "ListJobs" | "WatchJob" | "GetResult" => needs(P::JobRead),
             "CancelJob" => needs(P::JobCancel),
             "PruneJobs" => needs(P::JobPrune),
+            "RetryDeadLetter" | "DeleteDeadLetter" => needs(P::DeadLetterManage),
             _ => Access::Unknown,
         },
         ("switchyard.executor.v1.WorkerService", m) => match m {
@@ -268,6 +273,17 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
             Access::Needs(P::TaskWork),
         ),
         ("GET", "/ojs/v1/events", Access::Needs(P::JobRead)),
+        ("GET", "/ojs/v1/dead-letter", Access::Needs(P::JobRead)),
+        (
+            "POST",
+            "/ojs/v1/dead-letter/{id}/retry",
+            Access::Needs(P::DeadLetterManage),
+        ),
+        (
+            "DELETE",
+            "/ojs/v1/dead-letter/{id}",
+            Access::Needs(P::DeadLetterManage),
+        ),
     ]
 };
 
@@ -329,6 +345,7 @@ pub fn grants(role: Role, perm: Permission) -> bool {
                 | Route
                 | MetricsRead
                 | WorkerManage
+                | DeadLetterManage
         ),
         // Its own agents and tools only (the registry checks ownership);
         // spends on the job budgets it is handed; delegates child jobs.

@@ -109,7 +109,7 @@ impl Attempt<'_> {
                     })
                     .unwrap_or_default();
                 let kind = if e.r#type.is_empty() {
-                    e.code.clone()
+                    switchyard_core::worker_error::classify(&e.code, &e.message).to_owned()
                 } else {
                     e.r#type.clone()
                 };

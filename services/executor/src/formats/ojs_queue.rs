@@ -364,6 +364,11 @@ pub(crate) fn convert(v: &Value, limits: Limits, now_ms: u64) -> Result<JobSpec,
         None | Some(Value::Null) => Some(default_retry()),
         Some(r) => retry(r, &mut bad),
     };
+    let dead_letter = options
+        .get("retry")
+        .and_then(|r| r.get("on_exhaustion"))
+        .and_then(Value::as_str)
+        == Some("dead_letter");
     let scheduled_at = schedule(&options, now_ms, &mut bad);
     let pending = match options.get("pending") {
         None | Some(Value::Null) => false,
@@ -446,6 +451,7 @@ pub(crate) fn convert(v: &Value, limits: Limits, now_ms: u64) -> Result<JobSpec,
         }),
         scheduled_at,
         envelope: json_to_struct(&Value::Object(envelope)),
+        dead_letter,
         ..Default::default()
     })
 }

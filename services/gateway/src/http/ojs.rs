@@ -58,6 +58,12 @@ pub(super) fn routes() -> Router<Arc<Door>> {
         .route("/ojs/v1/workers/nack", post(nack))
         .route("/ojs/v1/workers/heartbeat", post(heartbeat))
         .route("/ojs/v1/events", get(events))
+        .route("/ojs/v1/dead-letter", get(dead_letter))
+        .route(
+            "/ojs/v1/dead-letter/{id}",
+            axum::routing::delete(dead_letter_delete),
+        )
+        .route("/ojs/v1/dead-letter/{id}/retry", post(dead_letter_retry))
 }
 
 /// An error in the OJS envelope.
@@ -79,6 +85,11 @@ pub fn ojs_error(s: &Status, request_id: &str) -> (http::StatusCode, Value) {
     let is = |r: Reason| reason == r.as_str();
     let mut http = switchyard_kit::error::http_status(s);
     let (code, kind, retryable) = match s.code() {
+        // OJS: the dead letter has no such job.
+        _ if is(Reason::NotInDeadLetter) => {
+            http = http::StatusCode::NOT_FOUND;
+            ("not_found", "not_found", false)
+        }
         Code::InvalidArgument | Code::OutOfRange if is(Reason::MalformedRequest) => {
             ("invalid_payload", "validation_error", false)
         }
@@ -392,13 +403,13 @@ async fn manifest() -> Response {
                 "version": env!("CARGO_PKG_VERSION"),
                 "vendor": "Switchyard",
             },
-            "conformance_level": 0,
+            "conformance_level": 1,
             "protocols": ["http", "grpc"],
             "extensions": ["ext-ai-agents"],
             "backend": "sled",
             "capabilities": {
                 "batch_enqueue": true,
-                "dead_letter": false,
+                "dead_letter": true,
                 "pending_approval": true,
                 "heartbeat": true,
             },
@@ -741,6 +752,65 @@ async fn heartbeat(
     }))
 }
 
+/// A `limit` query parameter: 1 to 1000.
+fn limit_of(v: &str) -> Result<usize, Status> {
+    v.parse::<usize>()
+        .map(|n| n.clamp(1, 1000))
+        .map_err(|_| invalid_field("limit", "limit is a number from 1 to 1000"))
+}
+
+/// `GET /ojs/v1/dead-letter?limit=&cursor=`: the caller's dead-lettered
+/// jobs (discarded with `on_exhaustion: "dead_letter"`), newest first, each
+/// with its `errors`; `next_cursor` pages on.
+async fn dead_letter(
+    State(door): State<Arc<Door>>,
+    Extension(caller): Extension<Caller>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, OjsFailure> {
+    let mut req = ListJobsRequest {
+        dead_letter: true,
+        page_size: 100,
+        ..Default::default()
+    };
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        match pair.split_once('=').unwrap_or((pair, "")) {
+            ("limit", v) => req.page_size = limit_of(v)? as u32,
+            ("cursor", v) => req.page_token = v.to_owned(),
+            _ => {}
+        }
+    }
+    let page = door.jobs.list(&caller, req).await?;
+    let jobs: Vec<Value> = page.jobs.iter().map(ojs_job).collect();
+    let next = (!page.next_page_token.is_empty()).then_some(page.next_page_token);
+    ok(json!({"jobs": jobs, "count": jobs.len(), "next_cursor": next}))
+}
+
+/// `POST /ojs/v1/dead-letter/{id}/retry`: the job goes back to work with
+/// no attempts, approved and budgeted anew (`available` when a policy
+/// approves it at once, else `pending`).
+async fn dead_letter_retry(
+    State(door): State<Arc<Door>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, OjsFailure> {
+    let job = door.jobs.retry_dead_letter(&caller, &id).await?;
+    ok(json!({ "job": ojs_job(&job) }))
+}
+
+/// `DELETE /ojs/v1/dead-letter/{id}`: the job is removed for good.
+async fn dead_letter_delete(
+    State(door): State<Arc<Door>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, OjsFailure> {
+    door.jobs.delete_dead_letter(&caller, &id).await?;
+    ok(json!({"deleted": true, "job_id": id}))
+}
+
 /// `GET /ojs/v1/events?types=&queues=&limit=`: the lifecycle events of the
 /// caller's recent jobs (`job.enqueued`, `job.started`, `job.completed`,
 /// `job.failed`, `job.cancelled`), newest first, read from the jobs'
@@ -763,12 +833,7 @@ async fn events(
         match k {
             "types" => types.extend(list()),
             "queues" => queues.extend(list()),
-            "limit" => {
-                limit = v
-                    .parse::<usize>()
-                    .map_err(|_| invalid_field("limit", "limit is a number from 1 to 1000"))?
-                    .clamp(1, 1000);
-            }
+            "limit" => limit = limit_of(v)?,
             _ => {}
         }
     }
