@@ -476,10 +476,23 @@ pub async fn run_node_then(
                 )
             }
         };
+        let mut jobs = switchyard_gateway::Jobs::new(client, workers);
+        let approvals = match (&approval, &cfg.gateway.approval_url) {
+            (Some(a), _) => Some(ApprovalClient::local(Arc::new(a.clone()))),
+            (None, Some(url)) => {
+                let channel = switchyard_kit::client::service_channel(url, client_tls.as_ref())?;
+                let channel = switchyard_kit::client::authed(channel, None);
+                Some(ApprovalClient::remote(channel, max))
+            }
+            (None, None) => None,
+        };
+        if let Some(a) = approvals {
+            jobs = jobs.with_approvals(a);
+        }
         Some(switchyard_gateway::Gateway::new(
             cfg.gateway.clone(),
             max,
-            switchyard_gateway::Jobs::new(client, workers),
+            jobs,
             authenticator.clone(),
         ))
     } else {

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use switchyard_api::{ExecutorClient, WorkerClient};
+use switchyard_api::{ApprovalClient, ExecutorClient, WorkerClient};
 use switchyard_kit::auth::authn::{Authenticator, Presented};
 use switchyard_kit::auth::{Access, AuthError, Principal};
 use switchyard_kit::client::Credential;
@@ -110,7 +110,7 @@ impl Caller {
 /// The executor (its `JobService` and `WorkerService`), called as a door's
 /// caller (see the module docs).
 #[derive(Debug, Clone)]
-pub struct Jobs(ExecutorClient, WorkerClient);
+pub struct Jobs(ExecutorClient, WorkerClient, Option<ApprovalClient>);
 
 /// One unary call of `client` as `caller`, in-process or remote alike.
 macro_rules! as_caller {
@@ -128,7 +128,37 @@ impl Jobs {
     /// its own ([`switchyard_kit::client::authed`] with none): each call
     /// carries its caller's.
     pub fn new(client: ExecutorClient, workers: WorkerClient) -> Jobs {
-        Jobs(client, workers)
+        Jobs(client, workers, None)
+    }
+
+    /// With the approval service (OJS activate approves through it), called
+    /// the same way: as each caller.
+    pub fn with_approvals(mut self, approvals: ApprovalClient) -> Jobs {
+        self.2 = Some(approvals);
+        self
+    }
+
+    /// Approves run `run_id` as the caller (the approval service checks the
+    /// caller may decide, and is not the run's creator).
+    pub async fn approve(
+        &self,
+        c: &Caller,
+        run_id: &str,
+        comment: &str,
+    ) -> Result<switchyard_proto::approval::v1::Run, Status> {
+        let Some(approvals) = &self.2 else {
+            return Err(switchyard_kit::error::status(
+                tonic::Code::Unavailable,
+                switchyard_core::Reason::DependencyUnavailable,
+                "this gateway reaches no approval service: run it in one process with approval or set gateway.approval_url",
+            ));
+        };
+        let req = switchyard_proto::approval::v1::ApproveRequest {
+            run_id: run_id.to_owned(),
+            comment: comment.to_owned(),
+        };
+        let run = as_caller!(ApprovalClient, approvals, c, approve, req)?.run;
+        run.ok_or_else(|| Status::internal("Approve answered without a run"))
     }
 
     /// SubmitJob.

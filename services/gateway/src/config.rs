@@ -14,6 +14,11 @@ pub struct GatewayConfig {
     /// The executor, when this process does not host it (`http://host:7600`
     /// or `https://` for mTLS with `[auth.service_tls]`).
     pub executor_url: Option<String>,
+    /// The approval service, when this process does not host it: OJS
+    /// `POST /ojs/v1/jobs/{id}/activate` approves the job's run there, as
+    /// the caller. Unset in a split deployment: activate answers
+    /// UNAVAILABLE naming this setting.
+    pub approval_url: Option<String>,
     /// `[gateway.http]`: AITP over REST/JSON (seed 002 §8), SSE, OpenAPI.
     pub http: HttpConfig,
     /// `[gateway.resp]`: the AGEniX RESP door (seed 001).

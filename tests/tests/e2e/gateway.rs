@@ -681,6 +681,7 @@ const DOOR_RPCS: &[(&str, &str)] = &[
     ("POST /ojs/v1/jobs/batch", "JobService/SubmitJob"),
     ("GET /ojs/v1/jobs/{id}", "JobService/GetJob"),
     ("DELETE /ojs/v1/jobs/{id}", "JobService/CancelJob"),
+    ("POST /ojs/v1/jobs/{id}/activate", "ApprovalService/Approve"),
     ("GET /ojs/v1/events", "JobService/ListJobs"),
     ("GET /ojs/v1/dead-letter", "JobService/ListJobs"),
     (

@@ -1201,3 +1201,68 @@ async fn an_agent_whose_tool_name_is_taken_is_refused_at_start() {
     );
     e.stack.stop().await.unwrap();
 }
+
+/// `POST path` with an OJS body as `token` on the stack's HTTP door.
+async fn ojs_post(s: &Stack, path: &str, token: &str, body: Value) -> (u16, Value) {
+    switchyard_kit::tls::install_crypto();
+    let resp = reqwest::Client::new()
+        .post(format!("http://{}{path}", s.http.unwrap()))
+        .bearer_auth(token)
+        .header("content-type", "application/openjobspec+json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let code = resp.status().as_u16();
+    (code, resp.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn over_ojs_an_approver_activates_a_pending_llm_job_and_a_too_small_budget_calls_no_model() {
+    let mut e = env(false, |_| {}).await;
+    let (alice, bob) = (
+        e.stack.token("alice").unwrap(),
+        e.stack.token("bob").unwrap(),
+    );
+    // A job Switchyard runs (type switchyard.*): it may spend, so it waits.
+    let tight = json!({"type": "switchyard.ask", "args": ["Say fine"], "ext_agent_model": "gpt-4o",
+                       "ext_agent_max_tokens": 500, "ext_agent_token_budget": 100});
+    let (code, v) = ojs_post(&e.stack, "/ojs/v1/jobs", &alice, tight).await;
+    assert_eq!(
+        (code, v["job"]["state"].as_str()),
+        (201, Some("pending")),
+        "{v}"
+    );
+    let job_id = v["job"]["id"].as_str().unwrap().to_owned();
+    let activate = format!("/ojs/v1/jobs/{job_id}/activate");
+
+    // Activating is approving: not the submitter's to do.
+    let (code, v) = ojs_post(&e.stack, &activate, &alice, json!({})).await;
+    assert_eq!(code, 403, "{v}");
+    let (code, v) = ojs_post(&e.stack, &activate, &bob, json!({})).await;
+    assert_eq!(code, 200, "{v}");
+    assert_ne!(v["job"]["state"], "pending", "moved on once approved: {v}");
+
+    // Its budget cannot hold one call: refused before any model request.
+    let r = finish(&mut e.jobs, &job_id).await;
+    assert_eq!(r.state, JobState::Retryable as i32, "{r:?}");
+    assert_eq!(r.reason, "AGENT_TOKEN_BUDGET_EXCEEDED");
+    assert_eq!(e.script.count(), 0, "no model request");
+    let (code, v) = ojs_post(&e.stack, &activate, &bob, json!({})).await;
+    assert_eq!(
+        (code, v["error"]["code"].as_str()),
+        (409, Some("conflict")),
+        "{v}"
+    );
+
+    // Deeper than the delegation limit: refused at the door.
+    let deep = json!({"type": "switchyard.ask", "args": ["x"], "ext_agent_model": "gpt-4o",
+                      "ext_agent_delegation_depth": 4, "ext_agent_max_delegation_depth": 3});
+    let (code, v) = ojs_post(&e.stack, "/ojs/v1/jobs", &alice, deep).await;
+    assert_eq!(code, 400, "{v}");
+    assert_eq!(
+        v["error"]["details"]["reason"],
+        "AGENT_MAX_DELEGATION_DEPTH"
+    );
+    e.stack.stop().await.unwrap();
+}

@@ -202,6 +202,7 @@ fn kubernetes_workloads_match_the_binary_and_each_other() {
             cfg["agents"].get("executor_url"),
             cfg["agents"].get("advertise_url"),
             cfg["gateway"].get("executor_url"),
+            cfg["gateway"].get("approval_url"),
         ];
         let calls: Vec<&str> = if roles == "agent"
             || roles.contains("router")

@@ -264,6 +264,12 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
         ("POST", "/ojs/v1/jobs/batch", Access::Needs(P::JobSubmit)),
         ("GET", "/ojs/v1/jobs/{id}", Access::Needs(P::JobRead)),
         ("DELETE", "/ojs/v1/jobs/{id}", Access::Needs(P::JobCancel)),
+        // Activating a pending job approves its run.
+        (
+            "POST",
+            "/ojs/v1/jobs/{id}/activate",
+            Access::Needs(P::RunDecide),
+        ),
         ("POST", "/ojs/v1/workers/fetch", Access::Needs(P::TaskWork)),
         ("POST", "/ojs/v1/workers/ack", Access::Needs(P::TaskWork)),
         ("POST", "/ojs/v1/workers/nack", Access::Needs(P::TaskWork)),

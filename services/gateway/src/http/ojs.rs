@@ -24,6 +24,7 @@ use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use futures_util::StreamExt as _;
 use serde_json::{Map, Value, json};
 use switchyard_core::Reason;
 use switchyard_kit::error::{ApiError, invalid_field};
@@ -53,6 +54,7 @@ pub(super) fn routes() -> Router<Arc<Door>> {
         .route("/ojs/v1/jobs", post(enqueue))
         .route("/ojs/v1/jobs/batch", post(enqueue_batch))
         .route("/ojs/v1/jobs/{id}", get(info).delete(cancel))
+        .route("/ojs/v1/jobs/{id}/activate", post(activate))
         .route("/ojs/v1/workers/fetch", post(fetch))
         .route("/ojs/v1/workers/ack", post(ack))
         .route("/ojs/v1/workers/nack", post(nack))
@@ -530,6 +532,57 @@ async fn cancel(
     let job = door.jobs.cancel(&caller, &id, "cancelled over OJS").await?;
     ok(json!({ "job": ojs_job(&job) }))
 }
+
+/// `POST /ojs/v1/jobs/{id}/activate`: OJS `pending` is the approval gate,
+/// so activating is approving the job's run, as the caller — an approver
+/// (`run.decide`) other than the submitter (the approval service checks
+/// both). Answers once the executor has moved the job on (`available` or
+/// `scheduled`), or with it still `pending` when its policy wants a second
+/// approver.
+async fn activate(
+    State(door): State<Arc<Door>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, OjsFailure> {
+    let job = door.jobs.get(&caller, &id).await?;
+    if job.state != JobState::Pending as i32 {
+        let state = ojs_state(&job);
+        return Err(switchyard_kit::error::status(
+            Code::FailedPrecondition,
+            Reason::TransitionNotAllowed,
+            format!("job {id} is {state}, not pending: only a pending job is activated"),
+        )
+        .into());
+    }
+    if job.run_id.is_empty() {
+        return Err(switchyard_kit::error::status(
+            Code::Unavailable,
+            Reason::DependencyUnavailable,
+            format!("job {id} waits for a service before its approval run exists; activate it again shortly"),
+        )
+        .into());
+    }
+    door.jobs
+        .approve(&caller, &job.run_id, "activated over OJS")
+        .await?;
+    // The executor follows the run and moves the job: wait for that move
+    // (bounded), so the answer shows where the job went.
+    if let Ok(mut events) = door.jobs.watch(&caller, &id, job.last_sequence).await {
+        let moved = async {
+            while let Some(Ok(ev)) = events.next().await {
+                if ev.event.is_some_and(|e| e.kind == "job.state") {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(ACTIVATE_WAIT, moved).await;
+    }
+    let job = door.jobs.get(&caller, &id).await?;
+    ok(json!({ "job": ojs_job(&job) }))
+}
+
+/// How long activate waits for the executor to move an approved job.
+const ACTIVATE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The worker id of a request, or one for the caller when it sent none.
 fn worker_of(o: &Map<String, Value>, caller: &Caller) -> String {
