@@ -12,25 +12,13 @@ check and a final "N passed, N failed" line; exits non-zero on any failure.
 import collections
 import os
 import sys
-import tempfile
 import time
 
 import grpc
-import grpc_tools
-from grpc_tools import protoc
 
-
-def generate(proto_root: str) -> str:
-    out = tempfile.mkdtemp(prefix="switchyard_py_")
-    wkt = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
-    files = []
-    for base, _, names in os.walk(proto_root):
-        files += [os.path.join(base, n) for n in names if n.endswith(".proto")]
-    rc = protoc.main(["protoc", f"-I{proto_root}", f"-I{wkt}", f"--python_out={out}", f"--grpc_python_out={out}", *files])
-    if rc != 0:
-        raise SystemExit(f"protoc failed with {rc}")
-    sys.path.insert(0, out)
-    return out
+# The same stub generation the examples use.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "python"))
+from stubs import generate  # noqa: E402
 
 
 def error_details(err: grpc.RpcError):

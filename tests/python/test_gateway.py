@@ -3,8 +3,9 @@
 (RESP2 and RESP3) against the AGEniX RESP door (seed 001), and
 `openapi-spec-validator` against the published OpenAPI document.
 
-usage: test_gateway.py HTTP_BASE RESP_HOST:PORT ALICE CAROL VIEWER
-       (ALICE and CAROL: submitter keys; VIEWER: a viewer key)
+usage: test_gateway.py HTTP_BASE RESP_HOST:PORT ALICE CAROL VIEWER BOB AGENTS ADMIN
+       (ALICE and CAROL: submitter keys; VIEWER: a viewer key; BOB: an approver;
+        AGENTS: an agent key (OJS worker); ADMIN: an admin key (OJS operator))
 prints one line per check, then "N passed, M failed"; exits 1 on a failure.
 """
 
@@ -19,7 +20,7 @@ import redis
 import requests
 from openapi_spec_validator import validate
 
-BASE, RESP, ALICE, CAROL, VIEWER = sys.argv[1:6]
+BASE, RESP, ALICE, CAROL, VIEWER, BOB, AGENTS, ADMIN = sys.argv[1:9]
 RESP_HOST, RESP_PORT = RESP.rsplit(":", 1)
 EXERCISED = set()  # (METHOD, route template) the checks called
 
@@ -189,6 +190,39 @@ def check_ojs_binding_enqueues_reads_cancels_and_keeps_workers_routes_for_worker
     assert r.status_code == 200 and r.json()["job"]["state"] == "cancelled", r.text
     r = call("DELETE", "/ojs/v1/jobs/{id}", f"/ojs/v1/jobs/{j['id']}", ALICE)
     assert r.status_code == 409 and r.json()["error"]["code"] == "conflict", r.text
+
+
+def check_ojs_dead_letter_and_activate_are_operators_and_approvers():
+    OJS = {"Content-Type": "application/openjobspec+json"}
+    job = {"type": "report.build", "args": [7], "options": {
+        "queue": "py-dlq", "retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}}}
+    r = call("POST", "/ojs/v1/jobs", "/ojs/v1/jobs", ALICE, json=job, headers=dict(OJS))
+    jid = r.json()["job"]["id"]
+    r = call("POST", "/ojs/v1/workers/fetch", "/ojs/v1/workers/fetch", AGENTS,
+             json={"queues": ["py-dlq"], "worker_id": "py-w", "wait_ms": 5000}, headers=dict(OJS))
+    assert r.status_code == 200 and r.json()["jobs"][0]["id"] == jid, r.text
+    r = call("POST", "/ojs/v1/workers/nack", "/ojs/v1/workers/nack", AGENTS, headers=dict(OJS),
+             json={"job_id": jid, "worker_id": "py-w", "error": {"code": "boom", "message": "Database connection timed out"}})
+    assert r.status_code == 200 and r.json()["state"] == "discarded", r.text
+    r = call("GET", "/ojs/v1/dead-letter", "/ojs/v1/dead-letter?limit=10", ALICE)
+    listed = {j["id"]: j for j in r.json()["jobs"]}
+    assert r.status_code == 200 and listed[jid]["errors"][0]["type"] == "ConnectionTimeout", r.text
+    # A producer neither retries nor deletes dead letters; an operator does.
+    r = call("POST", "/ojs/v1/dead-letter/{id}/retry", f"/ojs/v1/dead-letter/{jid}/retry", ALICE, headers=dict(OJS))
+    assert r.status_code == 403, r.text
+    r = call("POST", "/ojs/v1/dead-letter/{id}/retry", f"/ojs/v1/dead-letter/{jid}/retry", ADMIN, headers=dict(OJS))
+    assert r.status_code == 200 and (r.json()["job"]["state"], r.json()["job"]["attempt"]) == ("available", 0), r.text
+    r = call("DELETE", "/ojs/v1/dead-letter/{id}", f"/ojs/v1/dead-letter/{jid}", ADMIN)
+    assert r.status_code == 404 and r.json()["error"]["details"]["reason"] == "NOT_IN_DEAD_LETTER", r.text
+    # Activate = approve: a pending job waits for an approver, never its submitter.
+    pending = {"type": "report.review", "args": [], "options": {"queue": "py-review", "pending": True}}
+    r = call("POST", "/ojs/v1/jobs", "/ojs/v1/jobs", ALICE, json=pending, headers=dict(OJS))
+    pid = r.json()["job"]["id"]
+    assert r.json()["job"]["state"] == "pending", r.text
+    r = call("POST", "/ojs/v1/jobs/{id}/activate", f"/ojs/v1/jobs/{pid}/activate", ALICE, headers=dict(OJS))
+    assert r.status_code == 403, r.text
+    r = call("POST", "/ojs/v1/jobs/{id}/activate", f"/ojs/v1/jobs/{pid}/activate", BOB, headers=dict(OJS))
+    assert r.status_code == 200 and r.json()["job"]["state"] == "available", r.text
 
 
 def check_every_documented_route_was_exercised():

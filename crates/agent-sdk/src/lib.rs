@@ -209,6 +209,7 @@ impl<A: Agent> AgentService for AgentServer<A> {
 
 pub mod delegation;
 pub mod tools;
+pub mod worker;
 
 /// Errors serving or registering.
 #[derive(Debug, thiserror::Error)]

@@ -362,10 +362,7 @@ impl Executor {
                         Some(Kind::Queue(q)) => q.payload.clone(),
                         _ => None,
                     });
-            let declared = spec
-                .budget
-                .as_ref()
-                .is_some_and(|b| b.token_budget.is_some() || b.cost_limit.is_some());
+            let declared = may_spend(&spec);
             tasks.push(LeasedTask {
                 task: Some(TaskRef {
                     job_id: o.job_id.clone(),
@@ -711,4 +708,12 @@ impl Executor {
             state: state as i32,
         })
     }
+}
+
+/// Whether a queue job's workers may spend: it declared a budget (its
+/// workers are handed the budget id and reserve on it).
+pub(crate) fn may_spend(spec: &switchyard_proto::executor::v1::JobSpec) -> bool {
+    spec.budget
+        .as_ref()
+        .is_some_and(|b| b.token_budget.is_some() || b.cost_limit.is_some())
 }

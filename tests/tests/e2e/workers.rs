@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed call is a failed test
 
+use switchyard_agent_sdk::worker::{Done, Failure, Handler, WorkerOptions, payload};
 use switchyard_core::Reason;
 use switchyard_kit::client::Intercepted;
 use switchyard_kit::error::ApiError;
@@ -33,8 +34,13 @@ async fn stack() -> (Stack, Jobs, Workers) {
 
 /// Enqueues an OJS queue job on `queue`; returns its id.
 async fn enqueue(c: &mut Jobs, queue: &str, extra: &str) -> String {
+    enqueue_args(c, queue, r#"[1, "two"]"#, extra).await
+}
+
+/// Enqueues an OJS queue job with `args` (JSON) on `queue`; returns its id.
+async fn enqueue_args(c: &mut Jobs, queue: &str, args: &str, extra: &str) -> String {
     let doc = format!(
-        r#"{{"type": "test.work", "args": [1, "two"], "options": {{"queue": "{queue}"{extra}}}}}"#
+        r#"{{"type": "test.work", "args": {args}, "options": {{"queue": "{queue}"{extra}}}}}"#
     );
     let out = c
         .submit_job(SubmitJobRequest {
@@ -46,10 +52,10 @@ async fn enqueue(c: &mut Jobs, queue: &str, extra: &str) -> String {
         .unwrap()
         .into_inner();
     let job = out.job.unwrap();
-    assert_eq!(
-        job.state,
-        JobState::Available as i32,
-        "a job that cannot spend is approved at once"
+    // Available, or already leased by a worker waiting on the queue.
+    assert!(
+        [JobState::Available as i32, JobState::Active as i32].contains(&job.state),
+        "a job that cannot spend is approved at once: {job:?}"
     );
     job.spec.unwrap().job_id
 }
@@ -301,4 +307,80 @@ async fn a_dead_lettered_job_is_retried_as_a_new_round_or_deleted_by_an_operator
         .await
         .unwrap_err();
     assert_reason(&gone, Reason::JobNotFound);
+}
+
+/// Upper-cases its payload's first word; fails on "fail"; on "slow" says it
+/// started and waits to be released.
+struct Upper {
+    started: std::sync::Arc<tokio::sync::Notify>,
+    release: std::sync::Arc<tokio::sync::Notify>,
+}
+
+#[tonic::async_trait]
+impl Handler for Upper {
+    async fn handle(&self, task: &LeasedTask) -> Result<Done, Failure> {
+        let word = payload(task)[0].as_str().unwrap_or_default().to_owned();
+        match word.as_str() {
+            "fail" => Err(Failure::permanent("bad_input", "cannot shout that")),
+            "slow" => {
+                self.started.notify_one();
+                self.release.notified().await;
+                Ok(Done::new(serde_json::json!({"upper": "SLOW"})))
+            }
+            w => Ok(Done::new(serde_json::json!({"upper": w.to_uppercase()}))),
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_sdk_worker_acks_results_nacks_failures_and_drains_its_work_on_shutdown() {
+    let (s, mut jobs, _workers) = stack().await;
+    let started = std::sync::Arc::new(tokio::sync::Notify::new());
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    let handler = Upper {
+        started: started.clone(),
+        release: release.clone(),
+    };
+    let client =
+        switchyard_api::WorkerClient::remote(s.channel_as("agents").await.unwrap(), 1 << 20);
+    let opts = WorkerOptions {
+        worker_id: "sdk-1".into(),
+        queues: vec!["sdk".into()],
+        concurrency: 2,
+        visibility_timeout: std::time::Duration::from_secs(2),
+        poll_wait: std::time::Duration::from_millis(200),
+        drain: std::time::Duration::from_secs(30),
+    };
+    let (trigger, shutdown) = switchyard_kit::shutdown::channel();
+    let worker = tokio::spawn(switchyard_agent_sdk::worker::run(
+        handler, client, opts, shutdown,
+    ));
+
+    let hello = enqueue_args(&mut jobs, "sdk", r#"["hello"]"#, "").await;
+    let bad = enqueue_args(&mut jobs, "sdk", r#"["fail"]"#, "").await;
+    let done = crate::common::finish(&mut jobs, &hello).await;
+    assert_eq!(done.state, JobState::Completed as i32, "{done:?}");
+    let out = switchyard_kit::json::value_to_json(done.result.as_ref().unwrap());
+    assert_eq!(out["job"]["upper"], "HELLO", "{out}");
+    let failed = crate::common::finish(&mut jobs, &bad).await;
+    assert_eq!(
+        failed.state,
+        JobState::Discarded as i32,
+        "a permanent failure is not retried"
+    );
+
+    // Shutdown while a task is in hand: it finishes and is acked, then the
+    // loop ends.
+    let slow = enqueue_args(&mut jobs, "sdk", r#"["slow"]"#, "").await;
+    started.notified().await;
+    trigger.fire();
+    release.notify_one();
+    let summary = worker.await.unwrap().unwrap();
+    assert_eq!(
+        (summary.acked, summary.failed, summary.handed_back),
+        (2, 1, 0),
+        "{summary:?}"
+    );
+    let drained = crate::common::finish(&mut jobs, &slow).await;
+    assert_eq!(drained.state, JobState::Completed as i32, "{drained:?}");
 }

@@ -34,6 +34,11 @@ fn python_clients_drive_both_doors_of_switchyard_dev() {
         .arg(format!("http://{}", dev.http.as_deref().unwrap()))
         .arg(dev.resp.as_deref().unwrap())
         .args([&alice, &carol, &viewer])
+        .args([
+            token(&url, "bob"),
+            token(&url, "agents"),
+            token(&url, "admin"),
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -42,7 +47,7 @@ fn python_clients_drive_both_doors_of_switchyard_dev() {
         "python clients failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("10 passed, 0 failed"), "{stdout}");
+    assert!(stdout.contains("11 passed, 0 failed"), "{stdout}");
     assert_eq!(dev.terminate(), Some(0));
 }
 

@@ -109,7 +109,7 @@ fn a_python_agent_built_from_the_generated_stubs_takes_part_in_a_job() {
     let root = repo_root();
     let mut agent = Command::new(&python)
         .env("SWITCHYARD_TOKEN", token(&dev.url(), "agents"))
-        .arg(root.join("examples/python-agent/agent.py"))
+        .arg(root.join("examples/python/agent.py"))
         .arg(&dev.addr)
         .arg(root.join("proto"))
         .stdout(std::process::Stdio::piped())
@@ -159,5 +159,89 @@ fn a_python_agent_built_from_the_generated_stubs_takes_part_in_a_job() {
         agent.wait().unwrap().success(),
         "the agent deregisters and exits cleanly"
     );
+    assert_eq!(dev.terminate(), Some(0));
+}
+
+#[test]
+fn a_python_pull_worker_built_from_the_generated_stubs_works_a_queue_and_spends_only_its_budget() {
+    let python = tool("SWITCHYARD_PYTHON");
+    let (dev, _data) = Proc::dev(&[]);
+    let root = repo_root();
+    let dir = tempfile::tempdir().unwrap();
+    let enqueue = |name: &str, doc: serde_json::Value| {
+        let file = dir.path().join(name);
+        std::fs::write(&file, doc.to_string()).unwrap();
+        let out = ok(&cli(
+            &dev.url(),
+            &[
+                "job",
+                "submit",
+                file.to_str().unwrap(),
+                "--format",
+                "ojs-queue",
+                "--as",
+                "alice",
+                "-o",
+                "json",
+            ],
+        ));
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["job"].clone()
+    };
+    // A job with no budget may not spend: it is approved at once.
+    let free = enqueue(
+        "free.json",
+        serde_json::json!({"type": "text.count", "args": ["one two three"], "options": {"queue": "text.count"}}),
+    );
+    assert_eq!(free["state"], "available", "{free}");
+    // A job with a token budget may spend: a person approves it first.
+    let paid = enqueue(
+        "paid.json",
+        serde_json::json!({"type": "text.count", "args": ["four five six seven"],
+                           "options": {"queue": "text.count"}, "ext_agent_token_budget": 100}),
+    );
+    assert_eq!(paid["state"], "pending", "{paid}");
+    ok(&cli(
+        &dev.url(),
+        &[
+            "approval",
+            "approve",
+            paid["run_id"].as_str().unwrap(),
+            "--as",
+            "bob",
+        ],
+    ));
+    let worker = Command::new(&python)
+        .env("SWITCHYARD_TOKEN", token(&dev.url(), "agents"))
+        .arg(root.join("examples/python/worker.py"))
+        .arg(&dev.addr)
+        .arg(root.join("proto"))
+        .args(["--max", "2", "--id", "py-counter"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = worker.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("worker stopped after 2 tasks"), "{said}");
+    let result = |job: &serde_json::Value| -> serde_json::Value {
+        let id = job["job_id"].as_str().unwrap();
+        serde_json::from_str(&ok(&cli(&dev.url(), &["job", "result", id, "-o", "json"]))).unwrap()
+    };
+    let r = result(&free);
+    assert_eq!(r["state"], "completed", "{r}");
+    assert_eq!(r["result"]["job"]["words"], 3, "{r}");
+    assert_eq!(r["tokens_used"], 0, "{r}");
+    // The four words were reserved and committed on the job's budget: the
+    // job's count is the ledger's.
+    let r = result(&paid);
+    assert_eq!(r["state"], "completed", "{r}");
+    assert_eq!(r["result"]["job"]["words"], 4, "{r}");
+    assert_eq!(r["tokens_used"], 4, "{r}");
     assert_eq!(dev.terminate(), Some(0));
 }

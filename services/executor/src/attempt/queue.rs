@@ -40,7 +40,7 @@ impl Attempt<'_> {
         match rx.recv().await {
             Some(Signal::Leased) => {}
             // Only a lease holder reports, and it cannot hold one unleased.
-            Some(Signal::Reported(r, settled)) => return self.reported(r, settled),
+            Some(Signal::Reported(r, settled)) => return self.settle(r, settled).await,
             None => return Outcome::fail(Class::Other, Reason::Internal, "the board closed"),
         }
         let timeout_at = book.now() + self.timeout.as_millis() as u64;
@@ -54,7 +54,7 @@ impl Attempt<'_> {
             let sleep = Duration::from_millis(wake.saturating_sub(now).min(3_600_000));
             tokio::select! {
                 sig = rx.recv() => match sig {
-                    Some(Signal::Reported(r, settled)) => return self.reported(r, settled),
+                    Some(Signal::Reported(r, settled)) => return self.settle(r, settled).await,
                     Some(Signal::Leased) => {}
                     None => return Outcome::fail(Class::Other, Reason::Internal, "the board closed"),
                 },
@@ -78,6 +78,74 @@ impl Attempt<'_> {
                     }
                 }
             }
+        }
+    }
+
+    /// The lease holder's report as the attempt's outcome, once what its
+    /// worker spent is counted.
+    async fn settle(&self, r: Report, settled: tokio::sync::oneshot::Sender<()>) -> Outcome {
+        self.follow_ledger().await;
+        self.reported(r, settled)
+    }
+
+    /// A worker spends on the job's budget through the ledger, so the job's
+    /// count follows the ledger: what the budget shows spent beyond what the
+    /// job has counted is recorded as the worker's (`budget.billed_by_agent`,
+    /// under the book's lock, so two reports count it once). The worker's
+    /// own figure is never used.
+    async fn follow_ledger(&self) {
+        let (x, s) = (self.x, self.snap);
+        let (budget_id, worker) = {
+            let st = x.inner.book.lock();
+            let Some(e) = st
+                .find(&s.job_id)
+                .filter(|e| crate::queue::may_spend(e.spec()))
+            else {
+                return;
+            };
+            let worker = e
+                .index
+                .get(&s.task.id)
+                .and_then(|&i| e.job.tasks[i].attempts.last())
+                .map(|a| a.worker_id.clone())
+                .unwrap_or_default();
+            (e.job.budget_id.clone(), worker)
+        };
+        if budget_id.is_empty() {
+            return;
+        }
+        let req = switchyard_proto::ledger::v1::GetBudgetRequest { budget_id };
+        let budget = match x.inner.clients.ledger.get_budget(req).await {
+            Ok(b) => b.budget.unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!(job_id = %s.job_id, error = %e.message(), "reading the job's budget; its count catches up at the next report");
+                return;
+            }
+        };
+        let mut st = x.inner.book.lock();
+        let Some(e) = st.find(&s.job_id) else {
+            return;
+        };
+        let tokens = budget.tokens_spent.saturating_sub(e.job.tokens_used);
+        let counted = e.job.cost_so_far.map_or(0, |m| m.micro_usd);
+        let cost = budget
+            .cost_spent
+            .map_or(0, |m| m.micro_usd)
+            .saturating_sub(counted)
+            .max(0);
+        if tokens > 0 || cost > 0 {
+            let billed = events::BilledByAgent {
+                agent_id: worker,
+                model: String::new(),
+                tokens,
+                cost_micro_usd: cost,
+            };
+            x.inner.book.record(
+                &mut st,
+                &s.job_id,
+                &s.task.id,
+                JobEvent::BilledByAgent(billed),
+            );
         }
     }
 

@@ -15,28 +15,15 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import threading
 from concurrent import futures
 
 import grpc
-import grpc_tools
-from grpc_tools import protoc
+
+from stubs import generate
 
 POSITIVE = {"good", "great", "excellent", "fast", "reliable", "improved", "success", "win", "love", "clean", "stable"}
 NEGATIVE = {"bad", "slow", "error", "errors", "failure", "failed", "broken", "timeout", "crash", "refused", "down"}
-
-
-def generate(proto_root: str) -> None:
-    out = tempfile.mkdtemp(prefix="switchyard_agent_py_")
-    wkt = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
-    files = []
-    for base, _, names in os.walk(proto_root):
-        files += [os.path.join(base, n) for n in names if n.endswith(".proto")]
-    rc = protoc.main(["protoc", f"-I{proto_root}", f"-I{wkt}", f"--python_out={out}", f"--grpc_python_out={out}", *files])
-    if rc != 0:
-        raise SystemExit(f"protoc failed with {rc}")
-    sys.path.insert(0, out)
 
 
 def sentiment(text: str) -> dict:
