@@ -53,10 +53,11 @@ tools: ## System tools the tests drive: redis-cli (Debian's redis-tools), curl
 		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends redis-tools curl; }
 
 .PHONY: test
-test: venv tools proto-lint ## What CI runs: proto lint, every Rust test incl. process, Python, grpcurl, redis-cli and curl tests, then the real-model tests
+test: venv tools proto-lint ## What CI runs: proto lint, every Rust test incl. process, Python, grpcurl, redis-cli and curl tests, the public OJS conformance suite (when ../shared has it), then the real-model tests
 	cd tests/ojs && $(abspath $(PY)) -m unittest -q test_conformance
 	SWITCHYARD_PYTHON=$(abspath $(PY)) SWITCHYARD_GRPCURL=$(abspath $(VENV)/bin/grpcurl) SWITCHYARD_REDIS_CLI=$$(command -v redis-cli) \
 		$(CARGO) test --workspace --locked
+	$(MAKE) ojs-conformance
 	$(MAKE) test-real-llm
 
 # The public OJS conformance test cases (data; a user's clone has none).
@@ -65,8 +66,8 @@ OJS_SUITE ?= ../shared/ojs-conformance
 .PHONY: ojs-conformance
 ojs-conformance: venv ## Replay the public OJS conformance test cases (levels 0, 1, ext-ai-agents) against a fresh `switchyard dev` per test; skipped when OJS_SUITE is absent
 	@if [ ! -d "$(OJS_SUITE)" ]; then echo "ojs-conformance: skipped: no test cases at $(OJS_SUITE) (set OJS_SUITE=DIR)"; exit 0; fi
-	$(CARGO) build --release --locked -p switchyard-cli
-	$(PY) tests/ojs/conformance.py --suite $(OJS_SUITE) --switchyard target/release/switchyard --config tests/ojs/conformance.toml
+	$(CARGO) build --locked -p switchyard-cli
+	$(PY) tests/ojs/conformance.py --suite $(OJS_SUITE) --switchyard target/debug/switchyard --config tests/ojs/conformance.toml
 
 .PHONY: test-real-llm
 test-real-llm: llm-venv ## LLM tasks against a real OpenAI-compatible server (llama-cpp-python serving Gemma 3 270M)
@@ -92,10 +93,11 @@ fmt: ## Format the code
 	$(CARGO) fmt --all
 
 .PHONY: bench
-bench: ## Benchmarks (release): routing, registry, ledger, executor, the LLM agent loop, the metrics' cost, the REST and RESP doors against gRPC, growth with 100k jobs of history, and a real model server's calls (after make llm-venv)
+bench: ## Benchmarks (release): routing, registry, ledger, executor, the LLM agent loop, the metrics' cost, the REST and RESP doors against gRPC, pull workers over gRPC and OJS HTTP, growth with 100k jobs of history, and a real model server's calls (after make llm-venv)
 	$(CARGO) run --release --locked -p switchyard-bench
 	$(CARGO) run --release --locked -p switchyard-bench -- metrics
 	$(CARGO) run --release --locked -p switchyard-bench -- gateway
+	$(CARGO) run --release --locked -p switchyard-bench -- queue
 	$(CARGO) build --release --locked -p switchyard-cli
 	$(CARGO) run --release --locked -p switchyard-bench -- history 100000
 	if [ -f $(LLM_VENV)/.installed ]; then \

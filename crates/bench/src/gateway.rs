@@ -24,8 +24,8 @@ use tokio_stream::StreamExt;
 
 use crate::{CALLERS, us, verdict};
 
-const ROUNDS: usize = 3;
-const PHASE: Duration = Duration::from_secs(3);
+pub(crate) const ROUNDS: usize = 3;
+pub(crate) const PHASE: Duration = Duration::from_secs(3);
 
 /// A one-subtask AITP task on the built-in no-op agent, with a fresh id.
 fn aitp(id: &str) -> String {
@@ -43,22 +43,22 @@ fn envelope(id: &str) -> String {
 
 /// What one phase measured.
 #[derive(Default)]
-struct Phase {
-    done: u64,
-    errors: u64,
-    took: Duration,
-    latency: Option<Histogram<u64>>,
+pub(crate) struct Phase {
+    pub(crate) done: u64,
+    pub(crate) errors: u64,
+    pub(crate) took: Duration,
+    pub(crate) latency: Option<Histogram<u64>>,
 }
 
 impl Phase {
-    fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         self.done as f64 / self.took.as_secs_f64()
     }
 }
 
 /// `CALLERS` clients, each made by `client(i)`, run `op` in a loop for
 /// `PHASE`; `op` takes its client and hands it back with the outcome.
-async fn phase<C, Mk, MkFut, Op, OpFut>(client: Mk, op: Op) -> anyhow::Result<Phase>
+pub(crate) async fn phase<C, Mk, MkFut, Op, OpFut>(client: Mk, op: Op) -> anyhow::Result<Phase>
 where
     C: Send + 'static,
     Mk: Fn(usize) -> MkFut,
@@ -232,7 +232,7 @@ async fn quiet(c: &ExecutorClient) -> anyhow::Result<()> {
     }
 }
 
-fn line(name: &str, p: &Phase) {
+pub(crate) fn line(name: &str, p: &Phase) {
     let h = p.latency.as_ref();
     println!(
         "  {name:<44} {:>8.0}/s  p50 {:>8.2} ms  p99 {:>8.2} ms  errors {}",
@@ -243,8 +243,9 @@ fn line(name: &str, p: &Phase) {
     );
 }
 
-/// `switchyard-bench gateway`.
-pub async fn run() -> anyhow::Result<()> {
+/// The whole stack with its doors; the `tester` key (every role but
+/// approver); the HTTP door's base URL.
+pub(crate) async fn stack_with_doors() -> anyhow::Result<(Stack, Arc<String>, Arc<String>)> {
     switchyard_kit::tls::install_crypto();
     let stack = Stack::start_with(ServiceKind::ALL, |c| {
         c.server.request_timeout_ms = 60_000;
@@ -255,6 +256,12 @@ pub async fn run() -> anyhow::Result<()> {
         "http://{}",
         stack.http.ok_or_else(|| anyhow::anyhow!("no http door"))?
     ));
+    Ok((stack, token, base))
+}
+
+/// `switchyard-bench gateway`.
+pub async fn run() -> anyhow::Result<()> {
+    let (stack, token, base) = stack_with_doors().await?;
     let resp = stack.resp.ok_or_else(|| anyhow::anyhow!("no resp door"))?;
     let grpc = ExecutorClient::remote(stack.channel().await?, 4 * 1024 * 1024);
     let http = reqwest::Client::builder()

@@ -30,6 +30,7 @@ mod gateway;
 mod history;
 mod llm;
 mod metrics;
+mod queue;
 mod real_llm;
 
 use std::hint::black_box;
@@ -239,6 +240,10 @@ async fn run() -> anyhow::Result<()> {
     // `switchyard-bench gateway` runs only the doors' figures.
     if std::env::args().nth(1).as_deref() == Some("gateway") {
         return gateway::run().await;
+    }
+    // `switchyard-bench queue` runs only the pull workers' figures.
+    if std::env::args().nth(1).as_deref() == Some("queue") {
+        return queue::run().await;
     }
     // `switchyard-bench real-llm` runs only the real model server's figures.
     if std::env::args().nth(1).as_deref() == Some("real-llm") {

@@ -1193,6 +1193,7 @@ fn ojs(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
             depth,
             max_depth,
         }),
+        envelope: ojs_queue::envelope(&o, true),
         ..Default::default()
     })
 }

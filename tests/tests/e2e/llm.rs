@@ -1226,7 +1226,8 @@ async fn over_ojs_an_approver_activates_a_pending_llm_job_and_a_too_small_budget
     );
     // A job Switchyard runs (type switchyard.*): it may spend, so it waits.
     let tight = json!({"type": "switchyard.ask", "args": ["Say fine"], "ext_agent_model": "gpt-4o",
-                       "ext_agent_max_tokens": 500, "ext_agent_token_budget": 100});
+                       "ext_agent_max_tokens": 500, "ext_agent_token_budget": 100,
+                       "meta": {"team": "docs"}});
     let (code, v) = ojs_post(&e.stack, "/ojs/v1/jobs", &alice, tight).await;
     assert_eq!(
         (code, v["job"]["state"].as_str()),
@@ -1242,6 +1243,9 @@ async fn over_ojs_an_approver_activates_a_pending_llm_job_and_a_too_small_budget
     let (code, v) = ojs_post(&e.stack, &activate, &bob, json!({})).await;
     assert_eq!(code, 200, "{v}");
     assert_ne!(v["job"]["state"], "pending", "moved on once approved: {v}");
+    // Its envelope comes back as submitted.
+    assert_eq!(v["job"]["args"], json!(["Say fine"]), "{v}");
+    assert_eq!(v["job"]["meta"], json!({"team": "docs"}), "{v}");
 
     // Its budget cannot hold one call: refused before any model request.
     let r = finish(&mut e.jobs, &job_id).await;

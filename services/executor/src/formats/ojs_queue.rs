@@ -19,6 +19,24 @@ use switchyard_proto::executor::v1::{
 
 use super::{FormatError, Limits};
 
+/// What an OJS job keeps of its document beyond the job model's own
+/// fields: `meta`, `options`, `ext_*` and unknown top-level fields, as
+/// submitted (`args` too when `keep_args`: a queue job's args are its
+/// task's payload). Never `id`, `type` or what the server sets.
+pub(crate) fn envelope(o: &Map<String, Value>, keep_args: bool) -> Option<prost_types::Struct> {
+    let kept: Map<String, Value> = o
+        .iter()
+        .filter(|(k, _)| {
+            let k = k.as_str();
+            !matches!(k, "id" | "type")
+                && (keep_args || k != "args")
+                && !SYSTEM_MANAGED.contains(&k)
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    json_to_struct(&Value::Object(kept))
+}
+
 /// Fields the server sets; a client's values are ignored.
 pub(crate) const SYSTEM_MANAGED: &[&str] = &[
     "state",
@@ -403,13 +421,6 @@ pub(crate) fn convert(v: &Value, limits: Limits, now_ms: u64) -> Result<JobSpec,
     if !bad.is_empty() {
         return Err(FormatError::new(reason, bad));
     }
-    let envelope: Map<String, Value> = o
-        .iter()
-        .filter(|(k, _)| {
-            !matches!(k.as_str(), "id" | "type" | "args") && !SYSTEM_MANAGED.contains(&k.as_str())
-        })
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
     let mut labels = std::collections::HashMap::new();
     labels.insert("ojs.type".to_owned(), job_type.clone());
     Ok(JobSpec {
@@ -450,7 +461,7 @@ pub(crate) fn convert(v: &Value, limits: Limits, now_ms: u64) -> Result<JobSpec,
             max_depth,
         }),
         scheduled_at,
-        envelope: json_to_struct(&Value::Object(envelope)),
+        envelope: envelope(&o, false),
         dead_letter,
         ..Default::default()
     })
