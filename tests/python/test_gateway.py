@@ -185,7 +185,7 @@ def check_ojs_binding_enqueues_reads_cancels_and_keeps_workers_routes_for_worker
     for route in ("fetch", "ack", "nack", "heartbeat"):
         r = call("POST", f"/ojs/v1/workers/{route}", f"/ojs/v1/workers/{route}", ALICE,
                  json={"queues": ["py-mail"], "job_id": j["id"], "worker_id": "w"}, headers=dict(OJS))
-        assert r.status_code == 403, (route, r.text)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", (route, r.text)
     r = call("DELETE", "/ojs/v1/jobs/{id}", f"/ojs/v1/jobs/{j['id']}", ALICE)
     assert r.status_code == 200 and r.json()["job"]["state"] == "cancelled", r.text
     r = call("DELETE", "/ojs/v1/jobs/{id}", f"/ojs/v1/jobs/{j['id']}", ALICE)
@@ -209,7 +209,8 @@ def check_ojs_dead_letter_and_activate_are_operators_and_approvers():
     assert r.status_code == 200 and listed[jid]["errors"][0]["type"] == "ConnectionTimeout", r.text
     # A producer neither retries nor deletes dead letters; an operator does.
     r = call("POST", "/ojs/v1/dead-letter/{id}/retry", f"/ojs/v1/dead-letter/{jid}/retry", ALICE, headers=dict(OJS))
-    assert r.status_code == 403, r.text
+    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", r.text
+    assert r.json()["error"]["details"]["reason"] == "PERMISSION_DENIED", r.text
     r = call("POST", "/ojs/v1/dead-letter/{id}/retry", f"/ojs/v1/dead-letter/{jid}/retry", ADMIN, headers=dict(OJS))
     assert r.status_code == 200 and (r.json()["job"]["state"], r.json()["job"]["attempt"]) == ("available", 0), r.text
     r = call("DELETE", "/ojs/v1/dead-letter/{id}", f"/ojs/v1/dead-letter/{jid}", ADMIN)

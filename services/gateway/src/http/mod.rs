@@ -142,7 +142,7 @@ async fn gate(
             Ok(c) => c,
             Err(refused) => {
                 tracing::debug!(error = %refused, "request refused");
-                return Failure(Status::from(refused)).into_response();
+                return refusal(&route, Status::from(refused));
             }
         };
         let mut ctx = base;
@@ -155,15 +155,15 @@ async fn gate(
         let run = switchyard_kit::context::scope(ctx, next.run(req));
         match door.timeout {
             Some(limit) => tokio::time::timeout(limit, run).await.unwrap_or_else(|_| {
-                Failure(switchyard_kit::error::status(
+                let late = switchyard_kit::error::status(
                     Code::DeadlineExceeded,
                     Reason::RequestTimeout,
                     format!(
                         "request did not finish within the gateway's {} ms limit (gateway.http.request_timeout_ms)",
                         limit.as_millis()
                     ),
-                ))
-                .into_response()
+                );
+                refusal(&route, late)
             }),
             None => run.await,
         }
@@ -176,6 +176,17 @@ async fn gate(
         resp.headers_mut().insert(CORRELATION_HEADER, v);
     }
     resp
+}
+
+/// A refusal by the door itself (authentication, permission, time limit)
+/// in the envelope of the route's protocol: OJS routes answer in the OJS
+/// error envelope, the others in the AITP one.
+fn refusal(route: &str, s: Status) -> Response {
+    if route.starts_with("/ojs/") {
+        ojs::OjsFailure::from(s).into_response()
+    } else {
+        Failure(s).into_response()
+    }
 }
 
 async fn openapi() -> Response {
