@@ -87,6 +87,10 @@ pub enum JobCmd {
         limit: u32,
         #[command(flatten)]
         conn: Conn,
+        /// Only dead-lettered jobs (discarded, kept for an operator to retry
+        /// or delete).
+        #[arg(long)]
+        dead_letter: bool,
     },
     /// Follow a job's events (resumable with --after); ends when the job
     /// does: exit 0 when it completed, 3 when it ended discarded or cancelled.
@@ -113,6 +117,23 @@ pub enum JobCmd {
         /// now, exit 0).
         #[arg(long)]
         wait: Option<u64>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Run a dead-lettered job again (`job list --dead-letter` lists them):
+    /// its tasks start over with no attempts, under a new approval run and
+    /// budget. Needs `dead_letter.manage` (operators, admins).
+    Retry {
+        /// Job id.
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Delete a dead-lettered job for good: its record, outputs and events.
+    /// Needs `dead_letter.manage` (operators, admins).
+    Delete {
+        /// Job id.
+        id: String,
         #[command(flatten)]
         conn: Conn,
     },
@@ -829,6 +850,7 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             state,
             plan,
             limit,
+            dead_letter,
             conn,
         } => {
             let states = state
@@ -841,6 +863,7 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
                     states,
                     plan_id: plan.unwrap_or_default(),
                     page_size: limit,
+                    dead_letter,
                     ..Default::default()
                 })
                 .await
@@ -929,18 +952,38 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
                 None => Ok(()),
             }
         }
-        JobCmd::Cancel { id, reason, conn } => {
+        JobCmd::Retry { id, conn } => {
             let c = client(&conn).await?;
-            let j = c
-                .cancel_job(CancelJobRequest { job_id: id, reason })
+            let req = RetryDeadLetterRequest { job_id: id };
+            shown(
+                conn.output,
+                c.retry_dead_letter(req).await.map_err(api)?.job,
+            )
+        }
+        JobCmd::Delete { id, conn } => {
+            let c = client(&conn).await?;
+            let out = c
+                .delete_dead_letter(DeleteDeadLetterRequest { job_id: id })
                 .await
-                .map_err(api)?
-                .job
-                .unwrap_or_default();
-            show(conn.output, &j);
+                .map_err(api)?;
+            match conn.output {
+                Format::Json => print_json(&json!({"deleted": true, "job_id": out.job_id})),
+                Format::Table => println!("deleted job {}", out.job_id),
+            }
             Ok(())
         }
+        JobCmd::Cancel { id, reason, conn } => {
+            let c = client(&conn).await?;
+            let req = CancelJobRequest { job_id: id, reason };
+            shown(conn.output, c.cancel_job(req).await.map_err(api)?.job)
+        }
     }
+}
+
+/// Prints the job an answer carries (`job cancel`, `job retry`).
+fn shown(output: Format, job: Option<Job>) -> anyhow::Result<()> {
+    show(output, &job.unwrap_or_default());
+    Ok(())
 }
 
 /// Prints a GetResult answer (`job result`, `job run`).

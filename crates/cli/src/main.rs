@@ -11,6 +11,7 @@ mod job;
 mod llm;
 mod output;
 mod report;
+mod worker;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -61,6 +62,9 @@ enum Command {
     /// Submit, follow, inspect and cancel jobs.
     #[command(subcommand)]
     Job(job::JobCmd),
+    /// Operate pull workers: drain (quiet) or stop (terminate) one.
+    #[command(subcommand)]
+    Worker(worker::WorkerCmd),
     /// Declarative agents: manifest.yaml + prompt, no code.
     #[command(subcommand)]
     Agents(AgentsCmd),
@@ -311,6 +315,7 @@ async fn main() -> ExitCode {
         Command::Budget(cmd) => budget::run(cmd).await,
         Command::Approval(cmd) => approval::run(cmd).await,
         Command::Job(cmd) => job::run(cmd).await,
+        Command::Worker(cmd) => worker::run(cmd).await,
         Command::Agents(cmd) => agents(cmd).await,
         Command::Auth(cmd) => auth::run(cmd).await,
         Command::Admin(cmd) => admin::run(cmd).await,

@@ -245,3 +245,84 @@ fn a_python_pull_worker_built_from_the_generated_stubs_works_a_queue_and_spends_
     assert_eq!(r["tokens_used"], 4, "{r}");
     assert_eq!(dev.terminate(), Some(0));
 }
+
+#[test]
+fn operators_retry_or_delete_dead_letters_and_drain_workers_from_the_cli() {
+    let python = tool("SWITCHYARD_PYTHON");
+    let (dev, _data) = Proc::dev(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let url = dev.url();
+    // Two jobs whose budget (2 tokens) cannot pay for their 4 words: the
+    // worker's reservation is refused, it nacks them undone, and they go to
+    // the dead letter.
+    let mut ids = Vec::new();
+    for n in 0..2 {
+        let file = dir.path().join(format!("tight-{n}.json"));
+        let doc = serde_json::json!({"type": "text.count", "args": ["four five six seven"],
+            "options": {"queue": "text.count", "retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}},
+            "ext_agent_token_budget": 2});
+        std::fs::write(&file, doc.to_string()).unwrap();
+        let args = [
+            "job",
+            "submit",
+            file.to_str().unwrap(),
+            "--format",
+            "ojs-queue",
+        ];
+        let out = ok(&cli(
+            &url,
+            &[&args[..], &["--as", "alice", "-o", "json"]].concat(),
+        ));
+        let job: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let run = job["job"]["run_id"].as_str().unwrap().to_owned();
+        ok(&cli(&url, &["approval", "approve", &run, "--as", "bob"]));
+        ids.push(job["job"]["job_id"].as_str().unwrap().to_owned());
+    }
+    let worker = Command::new(&python)
+        .env("SWITCHYARD_TOKEN", token(&url, "agents"))
+        .arg(repo_root().join("examples/python/worker.py"))
+        .arg(&dev.addr)
+        .arg(repo_root().join("proto"))
+        .args(["--max", "2"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&worker.stdout);
+    assert_eq!(said.matches("nacked").count(), 2, "{said}");
+    let listed = ok(&cli(&url, &["job", "list", "--dead-letter", "-o", "json"]));
+    for id in &ids {
+        assert!(listed.contains(id.as_str()), "{listed}");
+    }
+
+    // A submitter may not; an operator retries one (it spends, so it waits
+    // for approval again) and deletes the other.
+    let refused = cli(&url, &["job", "retry", &ids[0], "--as", "alice"]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("dead_letter.manage"),
+        "{refused:?}"
+    );
+    let retried = ok(&cli(
+        &url,
+        &["job", "retry", &ids[0], "--as", "admin", "-o", "json"],
+    ));
+    let retried: serde_json::Value = serde_json::from_str(&retried).unwrap();
+    assert_eq!(retried["state"], "pending", "{retried}");
+    ok(&cli(&url, &["job", "delete", &ids[1], "--as", "admin"]));
+    let gone = cli(&url, &["job", "get", &ids[1]]);
+    assert!(!gone.status.success(), "{gone:?}");
+    let listed = ok(&cli(&url, &["job", "list", "--dead-letter", "-o", "json"]));
+    assert!(!listed.contains(ids[1].as_str()), "{listed}");
+
+    // Draining a worker is an operator's call too.
+    let drained = ok(&cli(
+        &url,
+        &["worker", "state", "py-counter", "quiet", "--as", "admin"],
+    ));
+    assert_eq!(drained.trim(), "worker py-counter: quiet");
+    let refused = cli(
+        &url,
+        &["worker", "state", "py-counter", "quiet", "--as", "alice"],
+    );
+    assert!(!refused.status.success(), "{refused:?}");
+    assert_eq!(dev.terminate(), Some(0));
+}
