@@ -537,9 +537,27 @@ impl JobBook {
         }
     }
 
+    /// Job `id`'s record without its outputs: from memory while it runs,
+    /// else its retired record (no outputs read, unlike [`JobBook::read`]).
+    pub(crate) fn record_of(&self, id: &str) -> Result<Job, ExecutorError> {
+        self.with_record(id, Job::clone)
+    }
+
+    /// `f` of job `id`'s record ([`JobBook::record_of`], without a copy
+    /// while it runs).
+    fn with_record<R>(&self, id: &str, f: impl FnOnce(&Job) -> R) -> Result<R, ExecutorError> {
+        if let Some(e) = self.lock().find(id) {
+            return Ok(f(&e.job));
+        }
+        match self.specs.get(id)? {
+            Some(job) => Ok(f(&job)),
+            None => Err(ExecutorError::NotFound(id.into())),
+        }
+    }
+
     /// Job `id` as the dead letter holds it, or why it is not there.
     fn dead_letter(&self, id: &str) -> Result<Job, ExecutorError> {
-        let job = self.read(id, |e| e.job.clone())?;
+        let job = self.record_of(id)?;
         if dead_lettered(&job) {
             return Ok(job);
         }
@@ -550,13 +568,20 @@ impl JobBook {
     /// back into memory, its tasks reset and the job `pending` (admission
     /// follows). Returns the last event recorded.
     pub(crate) fn revive(&self, id: &str, by: &str) -> Result<u64, ExecutorError> {
-        self.dead_letter(id)?;
         // Retired (the usual case, once settled): rebuilt from disk with
         // its earlier events, which the live cache then carries, so
         // watchers read one numbering from the first event.
-        let loaded = match self.lock().find(id) {
-            Some(_) => None,
-            None => self.load_retired(id)?,
+        let in_memory = self.lock().find(id).is_some();
+        let loaded = if in_memory {
+            None
+        } else {
+            let e = self
+                .load_retired(id)?
+                .ok_or_else(|| ExecutorError::NotFound(id.into()))?;
+            if !dead_lettered(&e.job) {
+                return Err(not_in_dead_letter(id, &e.job));
+            }
+            Some(e)
         };
         let mut st = self.lock();
         if let Some(mut e) = loaded
@@ -572,7 +597,7 @@ impl JobBook {
         }
         let e = st.get(id)?;
         if !dead_lettered(&e.job) {
-            // Retried by someone else meanwhile.
+            // Not in the dead letter, or retried by someone else meanwhile.
             return Err(not_in_dead_letter(id, &e.job));
         }
         if st.drivers.contains_key(id) {
@@ -900,7 +925,7 @@ impl JobBook {
     /// JOB_NOT_FOUND unless `p` may see job `job_id`: its tenant's jobs, and
     /// for submitters and agents only their own.
     pub(crate) fn visible(&self, p: &Principal, job_id: &str) -> Result<(), ExecutorError> {
-        match self.read(job_id, |e| p.may_see(&e.job.tenant, &e.job.submitted_by)) {
+        match self.with_record(job_id, |j| p.may_see(&j.tenant, &j.submitted_by)) {
             Ok(true) => Ok(()),
             _ => Err(ExecutorError::NotFound(job_id.into())),
         }

@@ -29,15 +29,14 @@ impl Executor {
         book.settle(job_id, SETTLE).await;
         // A child job runs under its parent's run and budget: only while
         // the parent still runs.
-        let parent = book.read(job_id, |e| {
-            e.spec()
-                .delegation
-                .as_ref()
-                .map(|d| d.parent_job_id.clone())
-                .filter(|id| !id.is_empty())
-        })?;
+        let parent = book
+            .record_of(job_id)?
+            .spec
+            .and_then(|s| s.delegation)
+            .map(|d| d.parent_job_id)
+            .filter(|id| !id.is_empty());
         if let Some(parent) = parent {
-            let state = book.read(&parent, |e| e.state())?;
+            let state = crate::job::job_state(book.record_of(&parent)?.state);
             if state != switchyard_core::lifecycle::JobState::Active {
                 return Err(ExecutorError::ParentNotActive {
                     parent,

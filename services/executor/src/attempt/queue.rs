@@ -103,13 +103,7 @@ impl Attempt<'_> {
             else {
                 return;
             };
-            let worker = e
-                .index
-                .get(&s.task.id)
-                .and_then(|&i| e.job.tasks[i].attempts.last())
-                .map(|a| a.worker_id.clone())
-                .unwrap_or_default();
-            (e.job.budget_id.clone(), worker)
+            (e.job.budget_id.clone(), lease_holder(e, &s.task.id))
         };
         if budget_id.is_empty() {
             return;
@@ -171,10 +165,7 @@ impl Attempt<'_> {
                     .book
                     .lock()
                     .find(&s.job_id)
-                    .and_then(|j| {
-                        let &i = j.index.get(&s.task.id)?;
-                        j.job.tasks[i].attempts.last().map(|a| a.worker_id.clone())
-                    })
+                    .map(|j| lease_holder(j, &s.task.id))
                     .unwrap_or_default();
                 let kind = if e.r#type.is_empty() {
                     switchyard_core::worker_error::classify(&e.code, &e.message).to_owned()
@@ -215,6 +206,15 @@ impl Attempt<'_> {
         out.settled = Some(settled);
         out
     }
+}
+
+/// The worker whose lease started task `task_id`'s latest attempt.
+fn lease_holder(e: &crate::job::JobEntry, task_id: &str) -> String {
+    e.index
+        .get(task_id)
+        .and_then(|&i| e.job.tasks[i].attempts.last())
+        .map(|a| a.worker_id.clone())
+        .unwrap_or_default()
 }
 
 /// Whether the task's retry policy lists the error's code or type: exactly,

@@ -805,6 +805,15 @@ async fn heartbeat(
     }))
 }
 
+/// A query string's `key=value` pairs (a key alone has an empty value).
+fn pairs(query: Option<&str>) -> impl Iterator<Item = (&str, &str)> {
+    query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.split_once('=').unwrap_or((p, "")))
+}
+
 /// A `limit` query parameter: 1 to 1000.
 fn limit_of(v: &str) -> Result<usize, Status> {
     v.parse::<usize>()
@@ -825,14 +834,10 @@ async fn dead_letter(
         page_size: 100,
         ..Default::default()
     };
-    for pair in query
-        .unwrap_or_default()
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
-        match pair.split_once('=').unwrap_or((pair, "")) {
-            ("limit", v) => req.page_size = limit_of(v)? as u32,
-            ("cursor", v) => req.page_token = v.to_owned(),
+    for (k, v) in pairs(query.as_deref()) {
+        match k {
+            "limit" => req.page_size = limit_of(v)? as u32,
+            "cursor" => req.page_token = v.to_owned(),
             _ => {}
         }
     }
@@ -876,12 +881,7 @@ async fn events(
     let mut types: Vec<String> = Vec::new();
     let mut queues: Vec<String> = Vec::new();
     let mut limit = 100usize;
-    for pair in query
-        .unwrap_or_default()
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+    for (k, v) in pairs(query.as_deref()) {
         let list = || v.split(',').filter(|s| !s.is_empty()).map(str::to_owned);
         match k {
             "types" => types.extend(list()),
