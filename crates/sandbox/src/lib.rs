@@ -20,6 +20,30 @@ pub use policy::{ConfineError, Confinement, Policy, Sandbox, SandboxMode};
 use rustix::process::{Pid, Signal, kill_process_group};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
+/// Environment variables a confined program may not be given: they change
+/// what runs, or make the C library load code from a path the caller chose
+/// (a scratch directory is readable, and mapping a readable library is not
+/// something Landlock's execute right controls). Every `LD_*` name is
+/// refused too.
+pub const DENIED_ENV: &[&str] = &[
+    "PATH",
+    "HOME",
+    "TMPDIR",
+    "IFS",
+    "GCONV_PATH",
+    "LOCPATH",
+    "NLSPATH",
+    "HOSTALIASES",
+    "RESOLV_HOST_CONF",
+    "MALLOC_TRACE",
+];
+
+/// Whether `name` may not be set for a confined program (command tasks,
+/// stdio MCP servers).
+pub fn denied_env(name: &str) -> bool {
+    name.starts_with("LD_") || DENIED_ENV.contains(&name)
+}
+
 /// What one run produced.
 #[derive(Debug, Default)]
 pub struct Finished {
@@ -104,6 +128,103 @@ async fn capture(
     (kept, truncated)
 }
 
+/// A confined child that stays up while its owner talks to it over its
+/// pipes (an MCP server on stdio).
+#[derive(Debug)]
+pub struct Service {
+    /// Its standard input.
+    pub stdin: tokio::net::unix::pipe::Sender,
+    /// Its standard output.
+    pub stdout: tokio::net::unix::pipe::Receiver,
+    /// Its standard error, to be drained by the owner.
+    pub stderr: tokio::net::unix::pipe::Receiver,
+    /// The process; dropping it kills its whole process group.
+    pub process: Process,
+}
+
+/// A running confined child. Dropping it kills its whole process group.
+pub struct Process {
+    child: spawn::Child,
+    _guard: GroupGuard,
+}
+
+impl std::fmt::Debug for Process {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Process")
+            .field("pid", &self.child.pid().as_raw_nonzero())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Process {
+    /// Waits for it to end; `(exit code, signal)`.
+    pub async fn wait(&mut self) -> std::io::Result<(Option<i32>, Option<i32>)> {
+        let e = self.child.wait().await?;
+        Ok((e.code, e.signal))
+    }
+}
+
+/// Starts `program args…` confined by `jail` like [`run`], in its own
+/// process group, with all three pipes handed to the caller and no timeout:
+/// it runs until the [`Service`] is dropped.
+pub fn serve(
+    program: &Path,
+    arg0: &str,
+    args: &[String],
+    env: &[(String, String)],
+    cwd: &Path,
+    jail: Confinement,
+) -> Result<Service, StartError> {
+    let name = program.display().to_string();
+    let (mut child, guard) = start(program, arg0, args, env, cwd, true, jail)?;
+    let missing = || StartError::Spawn(name.clone(), std::io::Error::other("a pipe is missing"));
+    let stdin = child.stdin.take().ok_or_else(missing)?;
+    let stdout = child.stdout.take().ok_or_else(missing)?;
+    let stderr = child.stderr.take().ok_or_else(missing)?;
+    Ok(Service {
+        stdin,
+        stdout,
+        stderr,
+        process: Process {
+            child,
+            _guard: guard,
+        },
+    })
+}
+
+/// Starts `program` confined by `jail`, in its own session and process
+/// group (the child's pid), so signals reach everything it starts.
+fn start(
+    program: &Path,
+    arg0: &str,
+    args: &[String],
+    env: &[(String, String)],
+    cwd: &Path,
+    stdin: bool,
+    jail: Confinement,
+) -> Result<(spawn::Child, GroupGuard), StartError> {
+    let spec = spawn::Spec {
+        program,
+        arg0,
+        args,
+        env,
+        cwd,
+        stdin,
+        jail: &jail,
+    };
+    let child = spawn::spawn(&spec).map_err(|e| {
+        let name = program.display().to_string();
+        match e.kind() {
+            std::io::ErrorKind::NotFound => StartError::NotFound(name),
+            _ => StartError::Spawn(name, e),
+        }
+    })?;
+    // Closes the Landlock ruleset now that the child has it.
+    drop(jail);
+    let guard = GroupGuard(Some(child.pid()));
+    Ok((child, guard))
+}
+
 /// Runs `program args…` (as `arg0`, the name it was asked for) in `cwd`
 /// with exactly `env`, feeding `stdin`, confined by `jail` from the moment
 /// it starts.
@@ -119,25 +240,7 @@ pub async fn run(
     jail: Confinement,
     on_chunk: &(dyn Fn(&'static str, &[u8]) + Send + Sync),
 ) -> Result<Finished, StartError> {
-    let name = program.display().to_string();
-    let spec = spawn::Spec {
-        program,
-        arg0,
-        args,
-        env,
-        cwd,
-        stdin: stdin.is_some(),
-        jail: &jail,
-    };
-    let mut child = spawn::spawn(&spec).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => StartError::NotFound(name.clone()),
-        _ => StartError::Spawn(name.clone(), e),
-    })?;
-    // Closes the Landlock ruleset now that the child has it.
-    drop(jail);
-    // Its own session and process group (the child's pid), so signals
-    // reach everything it starts.
-    let guard = GroupGuard(Some(child.pid()));
+    let (mut child, guard) = start(program, arg0, args, env, cwd, stdin.is_some(), jail)?;
     if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
         tokio::spawn(async move {
             // A child that exits without reading its input is not an error.
@@ -181,7 +284,7 @@ pub async fn run(
     };
     // The leader has exited; make sure nothing it started lingers.
     drop(guard);
-    let status = status.map_err(|e| StartError::Spawn(name, e))?;
+    let status = status.map_err(|e| StartError::Spawn(program.display().to_string(), e))?;
     Ok(Finished {
         exit_code: status.code,
         signal: status.signal,

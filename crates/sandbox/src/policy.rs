@@ -231,6 +231,24 @@ impl Sandbox {
         self.scratch_reachable
     }
 
+    /// The environment every confined program starts from: nothing
+    /// inherited; PATH is `path`, LANG C.UTF-8, and HOME and TMPDIR the
+    /// scratch directory (`.` when the program's user cannot reach it by
+    /// its absolute path; it starts there either way).
+    pub fn base_env(&self, path: &str, scratch: &Path) -> Vec<(String, String)> {
+        let home = if self.scratch_reachable {
+            scratch.display().to_string()
+        } else {
+            ".".to_owned()
+        };
+        vec![
+            ("PATH".to_owned(), path.to_owned()),
+            ("LANG".to_owned(), "C.UTF-8".to_owned()),
+            ("HOME".to_owned(), home.clone()),
+            ("TMPDIR".to_owned(), home),
+        ]
+    }
+
     /// What a task of `command` gets on this kernel (`TaskStatus.isolation_detail`).
     pub fn detail(&self, command: &str) -> String {
         if self.mode == SandboxMode::Off {

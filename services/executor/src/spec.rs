@@ -15,6 +15,7 @@ use switchyard_core::validate::{capability, key, optional_key, tool_name};
 use switchyard_core::{Reason, Violations};
 use switchyard_kit::json::struct_to_json;
 use switchyard_proto::executor::v1::{FallbackStrategy as FS, JobSpec, TaskSpec, task_spec::Kind};
+use switchyard_sandbox::{DENIED_ENV, denied_env};
 
 use crate::formats::FormatError;
 
@@ -37,27 +38,6 @@ pub struct Rules<'a> {
     pub max_file_bytes: usize,
     /// The most a command task may ask for (0: no cap).
     pub limit_caps: &'a ResourceLimits,
-}
-
-/// Environment variables a task may not set: they change what runs, or make
-/// the C library load code from a path the task chose (its scratch
-/// directory is readable, and mapping a readable library is not something
-/// Landlock's execute right controls). Every `LD_*` name is refused too.
-const DENIED_ENV: &[&str] = &[
-    "PATH",
-    "HOME",
-    "TMPDIR",
-    "IFS",
-    "GCONV_PATH",
-    "LOCPATH",
-    "NLSPATH",
-    "HOSTALIASES",
-    "RESOLV_HOST_CONF",
-    "MALLOC_TRACE",
-];
-
-fn denied_env(name: &str) -> bool {
-    name.starts_with("LD_") || DENIED_ENV.contains(&name)
 }
 
 fn task_id(s: &str) -> Result<(), String> {

@@ -181,9 +181,8 @@ impl Executor {
         })
     }
 
-    /// The whole environment a command sees: nothing inherited. HOME and
-    /// TMPDIR are the scratch directory (`.` when the task's user cannot
-    /// reach it by its absolute path; it starts there either way).
+    /// The whole environment a command sees: the sandbox's base (nothing
+    /// inherited), the job and task ids, and the task's own variables.
     pub(crate) fn command_env(
         &self,
         job_id: &str,
@@ -191,19 +190,11 @@ impl Executor {
         scratch: &Path,
         extra: &HashMap<String, String>,
     ) -> Vec<(String, String)> {
-        let home = if self.inner.sandbox.scratch_reachable() {
-            scratch.display().to_string()
-        } else {
-            ".".to_owned()
-        };
-        let mut env = vec![
-            ("PATH".to_owned(), self.inner.cfg.path.clone()),
-            ("LANG".to_owned(), "C.UTF-8".to_owned()),
-            ("HOME".to_owned(), home.clone()),
-            ("TMPDIR".to_owned(), home),
+        let mut env = self.inner.sandbox.base_env(&self.inner.cfg.path, scratch);
+        env.extend([
             ("SWITCHYARD_JOB_ID".to_owned(), job_id.to_owned()),
             ("SWITCHYARD_TASK_ID".to_owned(), task_id.to_owned()),
-        ];
+        ]);
         let mut extra: Vec<_> = extra.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         extra.sort();
         env.extend(extra);
