@@ -45,10 +45,18 @@ pub mod registry {
                 get_capabilities_summary(GetCapabilitiesSummaryRequest) -> GetCapabilitiesSummaryResponse;
                 /// Records a call outcome.
                 report_outcome(ReportOutcomeRequest) -> ReportOutcomeResponse;
+                /// Registers an MCP server and its tools.
+                register_mcp_server(RegisterMcpServerRequest) -> RegisterMcpServerResponse;
+                /// Removes an MCP server and its tools.
+                deregister_mcp_server(DeregisterMcpServerRequest) -> DeregisterMcpServerResponse;
+                /// Lists MCP servers.
+                list_mcp_servers(ListMcpServersRequest) -> ListMcpServersResponse;
             }
             streaming {
                 /// Streams changes.
                 watch(WatchRequest) -> WatchResponse;
+                /// Runs one MCP tool call: progress, then the result.
+                call_mcp_tool(CallMcpToolRequest) -> CallMcpToolResponse;
             }
         }
     }

@@ -345,13 +345,12 @@ pub async fn run_node_then(
 
     if services.contains(&ServiceKind::Registry) {
         let store = open("registry")?;
+        let mut registry_cfg = cfg.registry.clone();
+        if registry_cfg.mcp.scratch_dir.as_os_str().is_empty() {
+            registry_cfg.mcp.scratch_dir = cfg.storage.data_dir.join("mcp");
+        }
         let reg = blocking(|| {
-            Registry::open(
-                cfg.registry.clone(),
-                store,
-                Arc::new(SystemClock),
-                shutdown.clone(),
-            )
+            Registry::open(registry_cfg, store, Arc::new(SystemClock), shutdown.clone())
         })?;
         reg.spawn_background();
         server = server.add_service(reg.server(max));

@@ -47,6 +47,12 @@ reasons! {
     ToolInUse => "TOOL_IN_USE",
     /// A tool's `parameters` is not a valid JSON Schema.
     InvalidToolSchema => "INVALID_TOOL_SCHEMA",
+    /// The named MCP server is not registered.
+    McpServerNotFound => "MCP_SERVER_NOT_FOUND",
+    /// An MCP server could not be started, reached or initialised.
+    McpServerUnavailable => "MCP_SERVER_UNAVAILABLE",
+    /// The tool comes from an MCP server: change the server, not the tool.
+    McpToolManaged => "MCP_TOOL_MANAGED",
     /// A request message is larger than the server accepts.
     MessageTooLarge => "MESSAGE_TOO_LARGE",
     /// The request did not finish within the server's time limit.

@@ -7,6 +7,7 @@
 //! router (watch) and the CLI. Durable records live in sled; heartbeats and
 //! stats are held in memory and written lazily, never one fsync each.
 
+pub mod mcp;
 mod state;
 pub mod validate;
 
@@ -45,6 +46,8 @@ pub struct RegistryConfig {
     pub watch_log_capacity: usize,
     /// Weight of the newest sample in the latency EWMA (0–1].
     pub ewma_alpha: f64,
+    /// MCP servers as tool providers (`[registry.mcp]`).
+    pub mcp: mcp::McpConfig,
 }
 
 impl Default for RegistryConfig {
@@ -55,6 +58,7 @@ impl Default for RegistryConfig {
             persist_interval_ms: 2_000,
             watch_log_capacity: 100_000,
             ewma_alpha: 0.2,
+            mcp: mcp::McpConfig::default(),
         }
     }
 }
@@ -74,7 +78,7 @@ impl RegistryConfig {
                 self.ewma_alpha
             ));
         }
-        Ok(())
+        self.mcp.validate()
     }
 }
 
@@ -122,6 +126,28 @@ pub enum RegistryError {
         /// The id.
         id: String,
     },
+    /// No such MCP server.
+    #[error("MCP server {0:?} is not registered")]
+    McpServerNotFound(String),
+    /// An MCP server could not be started, reached or initialised, or did
+    /// not list its tools; nothing was stored.
+    #[error("MCP server {server:?} is unavailable: {message}")]
+    McpUnavailable {
+        /// Server name.
+        server: String,
+        /// Why (never a credential).
+        message: String,
+    },
+    /// The tool comes from an MCP server and follows it.
+    #[error(
+        "tool {tool:?} comes from MCP server {server:?}: register or deregister the server instead"
+    )]
+    McpToolManaged {
+        /// Tool name.
+        tool: String,
+        /// Its server.
+        server: String,
+    },
     /// Storage failed; nothing was acknowledged.
     #[error("storage failed: {0}")]
     Storage(#[from] StoreError),
@@ -162,6 +188,18 @@ fn may_change(
             what,
             id: id.to_owned(),
             owner: owner.to_owned(),
+        })
+    }
+}
+
+/// Tools from an MCP server change only with the server.
+fn managed(t: &Tool) -> Result<(), RegistryError> {
+    if t.mcp_server.is_empty() {
+        Ok(())
+    } else {
+        Err(RegistryError::McpToolManaged {
+            tool: t.name.clone(),
+            server: t.mcp_server.clone(),
         })
     }
 }
@@ -218,6 +256,24 @@ impl From<RegistryError> for Status {
                 msg,
                 HashMap::from([("tool".into(), tool), ("agents".into(), agents.join(","))]),
             ),
+            RegistryError::McpServerNotFound(name) => status_with_metadata(
+                Code::NotFound,
+                Reason::McpServerNotFound,
+                msg,
+                HashMap::from([("server".into(), name)]),
+            ),
+            RegistryError::McpUnavailable { server, .. } => status_with_metadata(
+                Code::FailedPrecondition,
+                Reason::McpServerUnavailable,
+                msg,
+                HashMap::from([("server".into(), server)]),
+            ),
+            RegistryError::McpToolManaged { tool, server } => status_with_metadata(
+                Code::FailedPrecondition,
+                Reason::McpToolManaged,
+                msg,
+                HashMap::from([("tool".into(), tool), ("server".into(), server)]),
+            ),
             RegistryError::Storage(_) => {
                 switchyard_kit::error::status(Code::Unavailable, Reason::StorageFailure, msg)
             }
@@ -239,6 +295,8 @@ struct Inner {
     store: Store,
     agents: Tree<Agent>,
     tools: Tree<Tool>,
+    mcp_servers: Tree<McpServer>,
+    hub: mcp::Hub,
     shutdown: Shutdown,
 }
 
@@ -282,6 +340,7 @@ impl Registry {
     ) -> Result<Registry, RegistryError> {
         let agents = store.tree::<Agent>("agents")?;
         let tools = store.tree::<Tool>("tools")?;
+        let mcp_servers = store.tree::<McpServer>("mcp_servers")?;
         let now = clock.now_ms();
         let mut st = State::new(
             uuid::Uuid::new_v4().simple().to_string(),
@@ -307,6 +366,7 @@ impl Registry {
         }
         tracing::info!(agents = st.agents.len(), tools = st.tools.len(), epoch = %st.epoch, "registry loaded");
         let (head_tx, _) = watch::channel(0);
+        let hub = mcp::Hub::new(cfg.mcp.clone());
         let inner = Arc::new(Inner {
             cfg,
             clock,
@@ -315,10 +375,17 @@ impl Registry {
             store,
             agents,
             tools,
+            mcp_servers,
+            hub,
             shutdown,
         });
         switchyard_kit::metrics::global().add_gauges(&inner);
-        Ok(Registry { inner })
+        let reg = Registry { inner };
+        for r in reg.inner.mcp_servers.iter() {
+            let (_, server) = r?;
+            reg.load_mcp_server(server);
+        }
+        Ok(reg)
     }
 
     /// Runs lease sweeping and lazy persistence until shutdown.
@@ -340,6 +407,7 @@ impl Registry {
             "persisting heartbeats",
             move || std::future::ready(me.persist_dirty().map(drop)),
         );
+        self.spawn_mcp_connections();
     }
 
     /// Marks agents whose lease ran out as lapsed; returns how many lapsed.
@@ -629,6 +697,9 @@ impl Registry {
         let Some(mut tool) = tool else {
             return Err(invalid("tool", "tool is required"));
         };
+        // Only the registry says a tool comes from an MCP server.
+        tool.mcp_server.clear();
+        tool.mcp_tool.clear();
         let (v, schema_bad) = validate::tool(&tool);
         if !v.is_empty() {
             return Err(if schema_bad {
@@ -642,6 +713,7 @@ impl Registry {
             let prev = st.tools.get(&tool.name);
             if let Some(prev) = prev {
                 may_change(p, "tool", &tool.name, &prev.tenant, &prev.owner)?;
+                managed(prev)?;
             }
             tool.tenant = prev.map_or_else(
                 || p.tenant_scope().unwrap_or_default().to_owned(),
@@ -670,6 +742,7 @@ impl Registry {
                 return Err(RegistryError::ToolNotFound(name));
             };
             may_change(p, "tool", &name, &t.tenant, &t.owner)?;
+            managed(t)?;
             let users = st.tool_users(&name);
             if !users.is_empty() {
                 return Err(RegistryError::ToolInUse {
@@ -954,6 +1027,43 @@ impl RegistryService for Registry {
         Ok(Response::new(
             self.report_outcome_impl(req.into_inner(), &p)?,
         ))
+    }
+
+    async fn register_mcp_server(
+        &self,
+        req: Request<RegisterMcpServerRequest>,
+    ) -> Result<Response<RegisterMcpServerResponse>, Status> {
+        let p = principal(&req)?;
+        Ok(Response::new(
+            self.register_mcp_impl(req.into_inner().server, &p).await?,
+        ))
+    }
+
+    async fn deregister_mcp_server(
+        &self,
+        req: Request<DeregisterMcpServerRequest>,
+    ) -> Result<Response<DeregisterMcpServerResponse>, Status> {
+        let p = principal(&req)?;
+        self.deregister_mcp_impl(req.into_inner().name, &p).await?;
+        Ok(Response::new(DeregisterMcpServerResponse {}))
+    }
+
+    async fn list_mcp_servers(
+        &self,
+        req: Request<ListMcpServersRequest>,
+    ) -> Result<Response<ListMcpServersResponse>, Status> {
+        let p = principal(&req)?;
+        Ok(Response::new(self.list_mcp_impl(&p).await))
+    }
+
+    type CallMcpToolStream = ReceiverStream<Result<CallMcpToolResponse, Status>>;
+
+    async fn call_mcp_tool(
+        &self,
+        req: Request<CallMcpToolRequest>,
+    ) -> Result<Response<Self::CallMcpToolStream>, Status> {
+        let p = principal(&req)?;
+        Ok(Response::new(self.call_mcp_impl(req.into_inner(), &p)?))
     }
 
     type WatchStream = ReceiverStream<Result<WatchResponse, Status>>;

@@ -82,6 +82,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
         "RegistryService/FindByCapability",
         "RegistryService/ListTools",
         "RegistryService/GetCapabilitiesSummary",
+        "RegistryService/ListMcpServers",
     ];
     const READ_RUNS: &[&str] = &[
         "ApprovalService/GetRun",
@@ -152,6 +153,8 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
                 "RegistryService/DeregisterAgent",
                 "RegistryService/RegisterTool",
                 "RegistryService/DeregisterTool",
+                "RegistryService/RegisterMcpServer",
+                "RegistryService/DeregisterMcpServer",
                 "WorkerService/SetWorkerState",
                 "JobService/RetryDeadLetter",
                 "JobService/DeleteDeadLetter",
@@ -177,6 +180,9 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
                 "RegistryService/DeregisterAgent",
                 "RegistryService/RegisterTool",
                 "RegistryService/DeregisterTool",
+                "RegistryService/RegisterMcpServer",
+                "RegistryService/DeregisterMcpServer",
+                "RegistryService/CallMcpTool",
                 "RegistryService/ReportOutcome",
                 "LedgerService/Reserve",
                 "LedgerService/Commit",

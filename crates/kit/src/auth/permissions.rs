@@ -70,11 +70,15 @@ pub enum Permission {
     WorkerManage,
     /// Retry or delete dead-lettered jobs.
     DeadLetterManage,
+    /// Run a registered MCP tool through the registry (`CallMcpTool`):
+    /// the executor and agent hosts, after their own allowlist and schema
+    /// checks. People run tools only inside jobs.
+    ToolCall,
 }
 
 impl Permission {
     /// Every permission.
-    pub const ALL: [Permission; 29] = [
+    pub const ALL: [Permission; 30] = [
         Permission::JobSubmit,
         Permission::JobRead,
         Permission::JobCancel,
@@ -104,6 +108,7 @@ impl Permission {
         Permission::TaskWork,
         Permission::WorkerManage,
         Permission::DeadLetterManage,
+        Permission::ToolCall,
     ];
 
     /// The name in errors (ErrorInfo metadata `permission`) and docs.
@@ -138,6 +143,7 @@ impl Permission {
             Permission::TaskWork => "task.work",
             Permission::WorkerManage => "worker.manage",
             Permission::DeadLetterManage => "dead_letter.manage",
+            Permission::ToolCall => "tool.call",
         }
     }
 }
@@ -185,7 +191,11 @@ pub fn access(path: &str) -> Access {
             | "FindByCapability"
             | "ListTools"
             | "GetCapabilitiesSummary" => needs(P::AgentRead),
-            "RegisterTool" | "DeregisterTool" => needs(P::ToolRegister),
+            "RegisterTool" | "DeregisterTool" | "RegisterMcpServer" | "DeregisterMcpServer" => {
+                needs(P::ToolRegister)
+            }
+            "ListMcpServers" => needs(P::AgentRead),
+            "CallMcpTool" => needs(P::ToolCall),
             "ReportOutcome" => needs(P::OutcomeReport),
             "Watch" => needs(P::RegistryWatch),
             _ => Access::Unknown,
@@ -354,10 +364,12 @@ pub fn grants(role: Role, perm: Permission) -> bool {
                 | DeadLetterManage
         ),
         // Its own agents and tools only (the registry checks ownership);
-        // spends on the job budgets it is handed; delegates child jobs.
+        // spends on the job budgets it is handed; delegates child jobs;
+        // runs the MCP tools its declarative agents list.
         Role::Agent => matches!(
             perm,
-            AgentRegister
+            ToolCall
+                | AgentRegister
                 | ToolRegister
                 | OutcomeReport
                 | AgentRead

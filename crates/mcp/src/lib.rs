@@ -1,0 +1,12 @@
+//! The Model Context Protocol in Switchyard, on the official Rust SDK
+//! (`rmcp` 3.11): client sessions with MCP tool servers — a stdio server
+//! started under the command sandbox, or a streamable HTTP endpoint — that
+//! list tools, run calls with progress and cancellation, and report tool
+//! list changes ([`session`]); and how their tools are named here
+//! ([`names`]). The registry holds the sessions; the executor and agent
+//! hosts reach them through `RegistryService.CallMcpTool`.
+
+pub mod names;
+pub mod session;
+
+pub use session::{McpError, Progress, Session, ToolDef, Transport, result_value};
