@@ -103,3 +103,47 @@ pub async fn call(
         .map(value_to_json)
         .unwrap_or(Value::Null))
 }
+
+/// A progress update of an MCP tool call.
+pub use switchyard_proto::registry::v1::McpProgress;
+
+/// Calls the registered MCP tool `name` through the registry
+/// (`CallMcpTool`), handing each progress update to `on_progress` as it
+/// comes. The tool's error, or why the call could not run, is the `Err`
+/// given back to the model. Dropping the future cancels the call on the
+/// MCP server.
+pub async fn call_mcp(
+    registry: &switchyard_api::RegistryClient,
+    name: &str,
+    call_id: &str,
+    args: &Value,
+    correlation: CorrelationContext,
+    on_progress: &(dyn Fn(McpProgress) + Send + Sync),
+) -> Result<Value, String> {
+    use futures_util::StreamExt;
+    use switchyard_proto::registry::v1::CallMcpToolRequest;
+    use switchyard_proto::registry::v1::call_mcp_tool_response::Event;
+    let req = CallMcpToolRequest {
+        name: name.into(),
+        arguments: json_to_struct(args),
+        correlation: Some(correlation),
+        call_id: call_id.into(),
+    };
+    let mut stream = registry
+        .call_mcp_tool(req)
+        .await
+        .map_err(|s| format!("registry: {}", s.message()))?;
+    while let Some(msg) = stream.next().await {
+        match msg.map_err(|s| format!("registry: {}", s.message()))?.event {
+            Some(Event::Progress(p)) => on_progress(p),
+            Some(Event::Result(r)) if r.error.is_empty() => {
+                return Ok(r.result.as_ref().map(value_to_json).unwrap_or(Value::Null));
+            }
+            Some(Event::Result(r)) => return Err(r.error),
+            None => {}
+        }
+    }
+    Err(format!(
+        "registry: the call of MCP tool {name:?} ended without a result"
+    ))
+}

@@ -27,7 +27,7 @@ use switchyard_llm::{BoxFuture, Llm, ToolChoice, ToolSpec, Usage};
 use switchyard_proto::agent::v1::{AgentResponse, IntegrationMode, ResponseStatus};
 use switchyard_proto::common::v1::{CorrelationContext, Money};
 use switchyard_proto::executor::v1::LlmTask;
-use switchyard_proto::registry::v1::{AgentSpec, Capability, ListToolsRequest};
+use switchyard_proto::registry::v1::{AgentSpec, Capability, ListToolsRequest, Tool};
 
 pub mod manifest;
 
@@ -233,10 +233,7 @@ impl Hosted {
 
     /// The tools `a` may call, resolved against the registry now: only
     /// those in its `uses_tools`.
-    async fn tools(
-        &self,
-        a: &Declared,
-    ) -> Result<(Vec<ToolSpec>, HashMap<String, String>), String> {
+    async fn tools(&self, a: &Declared) -> Result<(Vec<ToolSpec>, HashMap<String, Tool>), String> {
         let names: Vec<String> = a
             .uses_tools
             .iter()
@@ -262,7 +259,7 @@ impl Hosted {
                         .map(switchyard_kit::json::struct_to_json)
                         .unwrap_or(json!({"type": "object"})),
                 });
-                endpoints.insert(t.name, t.endpoint);
+                endpoints.insert(t.name.clone(), t);
             }
         }
         if a.uses_tools.iter().any(|t| t == delegation::TOOL) && self.executor.is_some() {
@@ -297,7 +294,8 @@ struct InvocationHost<'a> {
     budget_id: String,
     correlation: CorrelationContext,
     key: String,
-    endpoints: HashMap<String, String>,
+    /// The registered tools the agent lists, by name.
+    endpoints: HashMap<String, Tool>,
 }
 
 impl Host for InvocationHost<'_> {
@@ -369,15 +367,38 @@ impl Host for InvocationHost<'_> {
             if name == delegation::TOOL {
                 return self.delegate(args).await;
             }
-            let endpoint = self
+            let tool = self
                 .endpoints
                 .get(name)
-                .filter(|e| !e.is_empty())
                 .ok_or_else(|| format!("tool {name:?} has no provider endpoint"))?;
+            if !tool.mcp_server.is_empty() {
+                // The tool's progress goes on as the agent's own.
+                let progress = |p: switchyard_agent_sdk::tools::McpProgress| {
+                    let of = if p.total > 0.0 {
+                        format!("/{}", p.total)
+                    } else {
+                        String::new()
+                    };
+                    let line = format!("{name}: {}{of} {}", p.progress, p.message);
+                    self.progress.note(line.trim_end());
+                };
+                return switchyard_agent_sdk::tools::call_mcp(
+                    &self.hosted.registry,
+                    name,
+                    call_id,
+                    &args,
+                    self.correlation.clone(),
+                    &progress,
+                )
+                .await;
+            }
+            if tool.endpoint.is_empty() {
+                return Err(format!("tool {name:?} has no provider endpoint"));
+            }
             let channel = self
                 .hosted
                 .channels
-                .get(endpoint)
+                .get(&tool.endpoint)
                 .map_err(|e| e.to_string())?;
             switchyard_agent_sdk::tools::call(
                 channel,

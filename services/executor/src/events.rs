@@ -105,6 +105,8 @@ job_events! {
     LlmCalled(LlmCall) = "llm.call",
     /// A tool call of an LLM task ended.
     ToolCalled(ToolCall) = "llm.tool_call",
+    /// An MCP tool reported progress (`notifications/progress`).
+    ToolProgress(ToolProgress) = "llm.tool_progress",
     /// Part of a streamed model answer arrived.
     LlmDelta(LlmDelta) = "llm.delta",
     /// A model call used more than its reservation held; the task stops.
@@ -437,6 +439,22 @@ pub struct AgentProgress {
     pub message: String,
     /// How far, if it says.
     pub percent: Option<u32>,
+}
+
+/// `llm.tool_progress`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ToolProgress {
+    /// The model's id for the call.
+    pub call_id: String,
+    /// Tool name.
+    pub name: String,
+    /// Progress so far, as the tool counts it.
+    pub progress: f64,
+    /// Total, when the tool knows it (0: unknown).
+    pub total: f64,
+    /// The tool's message.
+    pub message: String,
 }
 
 /// `job.notice`.

@@ -258,6 +258,7 @@ impl JobEntry {
             | JobEvent::Notice(_)
             | JobEvent::LlmCalled(_)
             | JobEvent::ToolCalled(_)
+            | JobEvent::ToolProgress(_)
             | JobEvent::LlmDelta(_)
             | JobEvent::Overrun(_)
             | JobEvent::Delegated(_) => {}

@@ -85,6 +85,7 @@ pub(crate) fn declared_tool(
     let declared = t.parameters.as_ref().map(struct_to_json);
     let object = || json!({"type": "object"});
     let provider = registered.get(&t.name).filter(|r| !r.endpoint.is_empty());
+    let mcp = registered.get(&t.name).filter(|r| !r.mcp_server.is_empty());
     let (route, parameters) = if t.name == delegation::TOOL && t.command.is_empty() {
         (
             Route::Delegate,
@@ -97,6 +98,11 @@ pub(crate) fn declared_tool(
             .or_else(|| r.parameters.as_ref().map(struct_to_json))
             .unwrap_or_else(object);
         (Route::Provider(r.endpoint.clone()), p)
+    } else if let Some(r) = mcp {
+        let p = declared
+            .or_else(|| r.parameters.as_ref().map(struct_to_json))
+            .unwrap_or_else(object);
+        (Route::Mcp, p)
     } else {
         (Route::Missing, declared.unwrap_or_else(object))
     };
@@ -123,6 +129,8 @@ pub(crate) enum Route {
     Command(ToolDefinition),
     /// A registered tool provider's ToolService.
     Provider(String),
+    /// A tool of a registered MCP server, called through the registry.
+    Mcp,
     /// An agent, through routing and the budget.
     Agent {
         agent_id: String,
@@ -440,6 +448,29 @@ impl TaskHost<'_> {
         .await
     }
 
+    async fn run_mcp(&self, name: &str, call_id: &str, args: Value) -> Result<Value, String> {
+        let book = &self.x.inner.book;
+        let progress = |p: switchyard_agent_sdk::tools::McpProgress| {
+            let ev = events::ToolProgress {
+                call_id: call_id.to_owned(),
+                name: name.to_owned(),
+                progress: p.progress,
+                total: p.total,
+                message: p.message,
+            };
+            book.note(self.job_id, self.task_id(), JobEvent::ToolProgress(ev));
+        };
+        switchyard_agent_sdk::tools::call_mcp(
+            &self.x.inner.clients.registry,
+            name,
+            call_id,
+            &args,
+            self.snap.correlation(),
+            &progress,
+        )
+        .await
+    }
+
     async fn run_agent(
         &self,
         agent_id: &str,
@@ -667,6 +698,7 @@ impl Host for TaskHost<'_> {
                 Some(Route::Provider(endpoint)) => {
                     self.run_provider(endpoint, name, call_id, args).await
                 }
+                Some(Route::Mcp) => self.run_mcp(name, call_id, args).await,
                 Some(Route::Agent {
                     agent_id,
                     capability,
