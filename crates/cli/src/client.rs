@@ -13,7 +13,7 @@ use switchyard_kit::error::ApiError;
 use switchyard_proto::registry::v1::*;
 use switchyard_proto::router::v1::{RouteConstraints, RouteRequest};
 
-use crate::files::{AgentFile, ToolFile};
+use crate::files::{AgentFile, McpServerFile, ToolFile};
 use crate::output::{self, Format, agent_json, print_json, route_json, table, tool_json, usd};
 
 /// Where the server is and how to print.
@@ -217,6 +217,9 @@ pub enum ToolCmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// MCP servers as tool providers: register, list, deregister.
+    #[command(subcommand)]
+    Mcp(McpCmd),
     /// The capabilities summary a model is given: tools and agents, apart.
     Summary {
         /// Only these tools (repeatable; all when none).
@@ -225,6 +228,31 @@ pub enum ToolCmd {
         /// Only agents with these ids or capabilities (repeatable).
         #[arg(long = "agent")]
         agents: Vec<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+/// `switchyard tool mcp ...`
+#[derive(Subcommand, Debug)]
+pub enum McpCmd {
+    /// Register (or update) MCP servers from YAML or JSON files; their tools
+    /// are listed and registered as `<server>__<tool>`.
+    Register {
+        #[command(flatten)]
+        files: Files,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List MCP servers with their state and tools.
+    List {
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Remove an MCP server and its tools.
+    Deregister {
+        /// Server name.
+        name: String,
         #[command(flatten)]
         conn: Conn,
     },
@@ -473,6 +501,7 @@ pub async fn tool(cmd: ToolCmd) -> anyhow::Result<()> {
                 }
             }
         }
+        ToolCmd::Mcp(cmd) => mcp(cmd).await?,
         ToolCmd::Summary {
             tools,
             agents,
@@ -511,7 +540,9 @@ pub async fn tool(cmd: ToolCmd) -> anyhow::Result<()> {
                         .map(|t| {
                             vec![
                                 t.name.clone(),
-                                if t.endpoint.is_empty() {
+                                if !t.mcp_server.is_empty() {
+                                    format!("mcp:{}", t.mcp_server)
+                                } else if t.endpoint.is_empty() {
                                     "-".into()
                                 } else {
                                     t.endpoint.clone()
@@ -526,6 +557,92 @@ pub async fn tool(cmd: ToolCmd) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+async fn mcp(cmd: McpCmd) -> anyhow::Result<()> {
+    use switchyard_proto::registry::v1::{
+        DeregisterMcpServerRequest, ListMcpServersRequest, RegisterMcpServerRequest,
+    };
+    match cmd {
+        McpCmd::Register { files, conn } => {
+            let servers =
+                files.parse(|f| McpServerFile::read(f).and_then(McpServerFile::into_server))?;
+            let reg = conn.registry().await?;
+            for server in servers {
+                let r = reg
+                    .register_mcp_server(RegisterMcpServerRequest {
+                        server: Some(server),
+                    })
+                    .await
+                    .map_err(api)?;
+                let info = r.server.unwrap_or_default();
+                match conn.output {
+                    Format::Json => print_json(&serde_json::json!({
+                        "created": r.created,
+                        "server": output::mcp_json(&info),
+                        "skipped": r.skipped,
+                    })),
+                    Format::Table => {
+                        let name = info.server.as_ref().map_or("", |s| s.name.as_str());
+                        println!(
+                            "{} MCP server {name} ({}, protocol {}): {} tools",
+                            if r.created { "registered" } else { "updated" },
+                            info.server_version,
+                            info.protocol_version,
+                            info.tools.len()
+                        );
+                        let width = r.tools.iter().map(|t| t.name.len()).max().unwrap_or(0);
+                        for t in &r.tools {
+                            println!("  {:<width$}  {}", t.name, one_line(&t.description, 70));
+                        }
+                        for s in &r.skipped {
+                            println!("  skipped {s}");
+                        }
+                    }
+                }
+            }
+        }
+        McpCmd::List { conn } => {
+            let servers = conn
+                .registry()
+                .await?
+                .list_mcp_servers(ListMcpServersRequest {})
+                .await
+                .map_err(api)?
+                .servers;
+            match conn.output {
+                Format::Json => {
+                    output::print_list(servers.iter().map(output::mcp_json).collect(), "")
+                }
+                Format::Table => {
+                    let rows: Vec<Vec<String>> = servers.iter().map(output::mcp_row).collect();
+                    table(&["NAME", "STATE", "TRANSPORT", "TOOLS", "SERVER"], &rows);
+                }
+            }
+        }
+        McpCmd::Deregister { name, conn } => {
+            conn.registry()
+                .await?
+                .deregister_mcp_server(DeregisterMcpServerRequest { name: name.clone() })
+                .await
+                .map_err(api)?;
+            if conn.output == Format::Table {
+                println!("deregistered MCP server {name}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The first line of `s`, cut to `max` characters.
+fn one_line(s: &str, max: usize) -> String {
+    let line = s.lines().next().unwrap_or_default();
+    if line.chars().count() > max {
+        let cut: String = line.chars().take(max.saturating_sub(1)).collect();
+        format!("{cut}…")
+    } else {
+        line.to_owned()
+    }
 }
 
 /// Runs `switchyard route`.

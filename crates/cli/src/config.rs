@@ -246,6 +246,13 @@ mod tests {
             c.agents.dir.as_deref(),
             Some(std::path::Path::new("examples/agents"))
         );
+        let mcp = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../examples/mcp/switchyard.toml"
+        );
+        let c: Config = switchyard_kit::config::load(Some(std::path::Path::new(mcp)), []).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.registry.mcp.commands, ["node"]);
         let oidc = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../deploy/k8s/oidc.example.toml"

@@ -9,7 +9,9 @@ use anyhow::Context as _;
 use serde::Deserialize;
 use switchyard_proto::approval::v1::{ContextPack, CostEstimate, Run, Target};
 use switchyard_proto::common::v1::Money;
-use switchyard_proto::registry::v1::{AgentSpec, Capability, IntegrationMode, Tool};
+use switchyard_proto::registry::v1::{
+    AgentSpec, Capability, IntegrationMode, McpHttp, McpServer, McpStdio, Tool, mcp_server,
+};
 
 /// One capability in an agent file.
 #[derive(Debug, Deserialize)]
@@ -256,6 +258,70 @@ impl AgentFile {
     }
 }
 
+/// An MCP server registration file: a name, and exactly one of `stdio`
+/// (an allowlisted program) or `http` (a URL and an optional configured
+/// bearer secret's name).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerFile {
+    name: String,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    stdio: Option<McpStdioFile>,
+    #[serde(default)]
+    http: Option<McpHttpFile>,
+}
+
+/// `stdio` of an MCP server file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpStdioFile {
+    command: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+}
+
+/// `http` of an MCP server file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpHttpFile {
+    url: String,
+    #[serde(default)]
+    bearer_secret: String,
+}
+
+impl McpServerFile {
+    /// Reads an MCP server file.
+    pub fn read(path: &Path) -> anyhow::Result<McpServerFile> {
+        parse(path)
+    }
+
+    /// The registration message.
+    pub fn into_server(self) -> anyhow::Result<McpServer> {
+        let transport = match (self.stdio, self.http) {
+            (Some(s), None) => mcp_server::Transport::Stdio(McpStdio {
+                command: s.command,
+                args: s.args,
+                env: s.env.into_iter().collect(),
+            }),
+            (None, Some(h)) => mcp_server::Transport::Http(McpHttp {
+                url: h.url,
+                bearer_secret: h.bearer_secret,
+            }),
+            _ => anyhow::bail!("an MCP server file needs exactly one of stdio or http"),
+        };
+        Ok(McpServer {
+            name: self.name,
+            description: self.description,
+            transport: Some(transport),
+            ..Default::default()
+        })
+    }
+}
+
 impl ToolFile {
     /// Reads a tool file.
     pub fn read(path: &Path) -> anyhow::Result<ToolFile> {
@@ -305,6 +371,25 @@ mod tests {
             let (v, _) = switchyard_registry::validate::tool(&tool);
             assert!(v.is_empty(), "{}: {v}", path.display());
         }
+    }
+
+    #[test]
+    fn example_mcp_servers_parse_into_registrations_with_one_transport() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/mcp");
+        let mut n = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                let s = McpServerFile::read(&path).unwrap().into_server().unwrap();
+                assert!(s.transport.is_some(), "{}", path.display());
+                n += 1;
+            }
+        }
+        assert_eq!(n, 2);
+        let both = "name: x\nstdio: {command: node}\nhttp: {url: 'http://h/'}\n";
+        let f: McpServerFile = serde_saphyr::from_str(both).unwrap();
+        let err = f.into_server().unwrap_err().to_string();
+        assert!(err.contains("exactly one of stdio or http"), "{err}");
     }
 
     #[test]

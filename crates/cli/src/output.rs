@@ -1,7 +1,9 @@
 //! Output: aligned tables for people, JSON (proto field names) for scripts.
 
 use serde_json::{Value, json};
-use switchyard_proto::registry::v1::{Agent, AgentStatus, CapabilityStats, Tool};
+use switchyard_proto::registry::v1::{
+    Agent, AgentStatus, CapabilityStats, McpServer, McpServerInfo, McpServerState, Tool, mcp_server,
+};
 use switchyard_proto::router::v1::{Candidate, RouteResponse};
 
 /// Output format of client commands.
@@ -114,7 +116,57 @@ pub fn agent_json(a: &Agent) -> Value {
 /// A tool as JSON.
 pub fn tool_json(t: &Tool) -> Value {
     json!({"name": t.name, "description": t.description, "endpoint": t.endpoint,
+           "mcp_server": t.mcp_server, "mcp_tool": t.mcp_tool,
            "parameters": t.parameters.as_ref().map_or(Value::Null, switchyard_kit::json::struct_to_json)})
+}
+
+/// How an MCP server is reached, for people: `stdio: node a.js` or the URL
+/// (with the secret's name, never a token).
+fn mcp_transport(s: &McpServer) -> String {
+    match &s.transport {
+        Some(mcp_server::Transport::Stdio(st)) => {
+            format!("stdio: {} {}", st.command, st.args.join(" "))
+                .trim_end()
+                .to_owned()
+        }
+        Some(mcp_server::Transport::Http(h)) if h.bearer_secret.is_empty() => h.url.clone(),
+        Some(mcp_server::Transport::Http(h)) => format!("{} (secret {})", h.url, h.bearer_secret),
+        None => "-".into(),
+    }
+}
+
+fn mcp_state(i: &McpServerInfo) -> &'static str {
+    match McpServerState::try_from(i.state) {
+        Ok(McpServerState::Connected) => "connected",
+        Ok(McpServerState::Disconnected) => "disconnected",
+        _ => "unknown",
+    }
+}
+
+/// An MCP server as JSON.
+pub fn mcp_json(i: &McpServerInfo) -> Value {
+    let s = i.server.clone().unwrap_or_default();
+    json!({"name": s.name, "description": s.description, "transport": mcp_transport(&s),
+           "tenant": s.tenant, "owner": s.owner, "state": mcp_state(i),
+           "state_message": i.state_message, "tools": i.tools,
+           "server_version": i.server_version, "protocol_version": i.protocol_version})
+}
+
+/// An MCP server as a table row: NAME STATE TRANSPORT TOOLS SERVER.
+pub fn mcp_row(i: &McpServerInfo) -> Vec<String> {
+    let s = i.server.clone().unwrap_or_default();
+    let state = if i.state_message.is_empty() {
+        mcp_state(i).to_owned()
+    } else {
+        format!("{} ({})", mcp_state(i), i.state_message)
+    };
+    vec![
+        s.name.clone(),
+        state,
+        mcp_transport(&s),
+        i.tools.len().to_string(),
+        i.server_version.clone(),
+    ]
 }
 
 fn candidate_json(c: &Candidate) -> Value {
