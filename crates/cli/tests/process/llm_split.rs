@@ -258,3 +258,226 @@ models = [
     assert_eq!(executor.terminate(), Some(0));
     assert_eq!(core.terminate(), Some(0));
 }
+
+/// Where `make test` installed the MCP reference servers (`tests/mcp`).
+fn mcp_servers() -> std::path::PathBuf {
+    std::path::PathBuf::from(tool("SWITCHYARD_MCP_SERVERS"))
+}
+
+#[test]
+fn mcp_tools_run_for_tasks_and_declarative_agents_across_processes() {
+    use std::os::unix::fs::PermissionsExt;
+    let (script, llm_url, _stop) = scripted();
+    let dir = tempfile::tempdir().unwrap();
+    // The stdio server's scratch directory must be reachable by the
+    // sandbox's user: not under the 0700 temporary directory.
+    let scratch = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let servers = mcp_servers();
+    let config = dir.path().join("switchyard.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[[llm.providers]]
+name = "openai"
+base_url = "{llm_url}"
+api_key_env = "SWITCHYARD_TEST_LLM_KEY"
+models = [
+  {{ name = "gpt-4o-mini", input_micro_usd_per_million = 150000, output_micro_usd_per_million = 600000 }},
+]
+
+[registry.mcp]
+scratch_dir = "{scratch}"
+read_paths = ["/usr", "/lib", "/lib64", "/bin", "/etc/ld.so.cache", "/etc/ssl/openssl.cnf", "{servers}"]
+"#,
+            scratch = scratch.path().display(),
+            servers = servers.display(),
+        ),
+    )
+    .unwrap();
+    // A declarative agent that may read notes, and nothing else.
+    let agents_dir = dir.path().join("agents/reader");
+    std::fs::create_dir_all(&agents_dir).unwrap();
+    std::fs::write(
+        agents_dir.join("manifest.yaml"),
+        "id: reader\nname: Reader\ndescription: Reads a note aloud.\ncapabilities: [notes.read]\n\
+         agent:\n  model: gpt-4o-mini\n  instructions: Read the note the task names.\n  uses_tools: [fs__read_text_file]\n",
+    )
+    .unwrap();
+    let cfg = config.to_str().unwrap();
+    let key = ("SWITCHYARD_TEST_LLM_KEY", "sk-test-split");
+    let d = |n: &str| {
+        let p = dir.path().join(n);
+        std::fs::create_dir_all(&p).unwrap();
+        p.to_str().unwrap().to_owned()
+    };
+    let core = Proc::start(
+        &[
+            "serve",
+            "--services",
+            "registry,router,ledger,approval,auth",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &d("core"),
+            "--config",
+            cfg,
+        ],
+        &[],
+    );
+    let c = core.url();
+    let executor = Proc::start(
+        &[
+            "serve",
+            "--services",
+            "executor",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &d("executor"),
+            "--config",
+            cfg,
+        ],
+        &[
+            ("SWITCHYARD_AUTH__KEYS_URL", &c),
+            ("SWITCHYARD_EXECUTOR__REGISTRY_URL", &c),
+            ("SWITCHYARD_EXECUTOR__ROUTER_URL", &c),
+            ("SWITCHYARD_EXECUTOR__LEDGER_URL", &c),
+            ("SWITCHYARD_EXECUTOR__APPROVAL_URL", &c),
+            ("SWITCHYARD_EXECUTOR__APPROVAL_POLL_MS", "50"),
+            key,
+        ],
+    );
+    let x = executor.url();
+    let agents = Proc::start(
+        &[
+            "agents",
+            "serve",
+            "--dir",
+            dir.path().join("agents").to_str().unwrap(),
+            "--url",
+            &c,
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            cfg,
+        ],
+        &[
+            ("SWITCHYARD_AGENTS__EXECUTOR_URL", &x),
+            ("SWITCHYARD_TOKEN", &token(&c, "agents")),
+            key,
+        ],
+    );
+    // The filesystem reference server, started by the registry process.
+    let server = dir.path().join("fs.yaml");
+    let index = servers.join("node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
+    std::fs::write(
+        &server,
+        format!(
+            "name: fs\nstdio:\n  command: node\n  args: [{}, \".\"]\n",
+            index.display()
+        ),
+    )
+    .unwrap();
+    let registered = ok(&cli(
+        &c,
+        &["tool", "mcp", "register", "-f", server.to_str().unwrap()],
+    ));
+    assert!(
+        registered.starts_with("registered MCP server fs (secure-filesystem-server"),
+        "{registered}"
+    );
+    let listed = ok(&cli(&c, &["tool", "mcp", "list"]));
+    assert!(listed.contains("fs    connected"), "{listed}");
+    wait_for("the reader is routable", Duration::from_secs(20), || {
+        routed(&c, &["--capability", "notes.read"]).is_some_and(|ids| ids == ["agent_reader"])
+    });
+
+    // 1. An LLM task in the executor process writes and reads through the
+    // registry process's session.
+    script.for_model(
+        "gpt-4o-mini",
+        vec![
+            Reply::tools(
+                &[(
+                    "fs__write_file",
+                    json!({"path": "notes.txt", "content": "ship in March"}),
+                )],
+                300,
+                20,
+            ),
+            Reply::tools(
+                &[("fs__read_text_file", json!({"path": "notes.txt"}))],
+                340,
+                20,
+            ),
+            Reply::text("The note says: ship in March.", 400, 10),
+        ],
+    );
+    let (job, run, state) = submit(&x, "examples/jobs/mcp_notes.json");
+    assert_eq!(state, "pending");
+    ok(&cli(&c, &["approval", "approve", &run, "--as", "bob"]));
+    let watched = ok(&cli(&x, &["job", "watch", &job]));
+    assert!(watched.contains("job -> completed"), "{watched}");
+    let got: serde_json::Value =
+        serde_json::from_str(&ok(&cli(&x, &["job", "get", &job, "-o", "json"]))).unwrap();
+    let results = got["tasks"][0]["tool_results"].as_array().unwrap();
+    let names: Vec<(&str, &str)> = results
+        .iter()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap(),
+                r["reason"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [("fs__write_file", ""), ("fs__read_text_file", "")],
+        "{got}"
+    );
+    assert_eq!(results[1]["result"]["content"], "ship in March");
+    let note = scratch.path().join("fs/notes.txt");
+    assert_eq!(std::fs::read_to_string(&note).unwrap(), "ship in March");
+
+    // 2. The declarative reader (in the agents process) may read, not
+    // write: its `uses_tools` holds, whatever the model asks for.
+    script.clear_received();
+    script.for_model(
+        "gpt-4o-mini",
+        vec![
+            Reply::tools(
+                &[
+                    (
+                        "fs__write_file",
+                        json!({"path": "notes.txt", "content": "overwritten"}),
+                    ),
+                    ("fs__read_text_file", json!({"path": "notes.txt"})),
+                ],
+                200,
+                20,
+            ),
+            Reply::text("It says: ship in March.", 260, 10),
+        ],
+    );
+    let doc = dir.path().join("read.yaml");
+    std::fs::write(
+        &doc,
+        "plan_id: read-note\ntasks:\n  - id: read\n    agent:\n      capability: notes.read\n      input:\n        task: Read notes.txt.\n",
+    )
+    .unwrap();
+    let (job, run, _) = submit(&x, doc.to_str().unwrap());
+    ok(&cli(&c, &["approval", "approve", &run, "--as", "bob"]));
+    let watched = ok(&cli(&x, &["job", "watch", &job]));
+    assert!(watched.contains("job -> completed"), "{watched}");
+    assert_eq!(std::fs::read_to_string(&note).unwrap(), "ship in March");
+    let answers = script.received();
+    let back = answers[1].body["messages"].to_string();
+    assert!(back.contains("AGENT_TOOL_NOT_FOUND"), "{back}");
+    assert!(back.contains("ship in March"), "{back}");
+
+    assert_eq!(agents.terminate(), Some(0));
+    assert_eq!(executor.terminate(), Some(0));
+    assert_eq!(core.terminate(), Some(0));
+}
