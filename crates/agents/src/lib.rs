@@ -130,6 +130,7 @@ pub fn agent_spec(a: &Declared, endpoint: &str) -> AgentSpec {
             .collect(),
         latency_estimate_ms: 2000,
         bills_tokens: true,
+        a2a: None,
     }
 }
 

@@ -51,6 +51,8 @@ pub mod registry {
                 deregister_mcp_server(DeregisterMcpServerRequest) -> DeregisterMcpServerResponse;
                 /// Lists MCP servers.
                 list_mcp_servers(ListMcpServersRequest) -> ListMcpServersResponse;
+                /// Registers an A2A agent from its Agent Card.
+                register_a2a_agent(RegisterA2aAgentRequest) -> RegisterA2aAgentResponse;
             }
             streaming {
                 /// Streams changes.

@@ -53,6 +53,9 @@ reasons! {
     McpServerUnavailable => "MCP_SERVER_UNAVAILABLE",
     /// The tool comes from an MCP server: change the server, not the tool.
     McpToolManaged => "MCP_TOOL_MANAGED",
+    /// An A2A Agent Card could not be read or describes no agent Switchyard
+    /// can call.
+    A2aAgentUnavailable => "A2A_AGENT_UNAVAILABLE",
     /// A request message is larger than the server accepts.
     MessageTooLarge => "MESSAGE_TOO_LARGE",
     /// The request did not finish within the server's time limit.

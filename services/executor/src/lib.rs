@@ -93,6 +93,8 @@ struct Inner {
     /// Channels to tool providers, by endpoint.
     tool_channels: switchyard_kit::client::Channels,
     local_agents: Arc<AgentServer<Builtins>>,
+    /// For A2A agents.
+    a2a_http: Result<reqwest::Client, String>,
     local_endpoint: Mutex<String>,
     max_message_bytes: usize,
     /// Releases running in the background, by job.
@@ -163,6 +165,7 @@ impl Executor {
                 agents: Mutex::new(HashMap::new()),
                 tool_channels: Default::default(),
                 local_agents: Arc::new(AgentServer::new(Builtins, &spec)),
+                a2a_http: switchyard_a2a::http_client(),
                 local_endpoint: Mutex::new(String::new()),
                 max_message_bytes,
                 settling: Mutex::new(HashMap::new()),

@@ -7,6 +7,7 @@
 //! router (watch) and the CLI. Durable records live in sled; heartbeats and
 //! stats are held in memory and written lazily, never one fsync each.
 
+pub mod a2a;
 pub mod mcp;
 mod state;
 pub mod validate;
@@ -48,6 +49,8 @@ pub struct RegistryConfig {
     pub ewma_alpha: f64,
     /// MCP servers as tool providers (`[registry.mcp]`).
     pub mcp: mcp::McpConfig,
+    /// A2A agents (`[registry.a2a]`).
+    pub a2a: a2a::A2aConfig,
 }
 
 impl Default for RegistryConfig {
@@ -59,6 +62,7 @@ impl Default for RegistryConfig {
             watch_log_capacity: 100_000,
             ewma_alpha: 0.2,
             mcp: mcp::McpConfig::default(),
+            a2a: a2a::A2aConfig::default(),
         }
     }
 }
@@ -78,7 +82,8 @@ impl RegistryConfig {
                 self.ewma_alpha
             ));
         }
-        self.mcp.validate()
+        self.mcp.validate()?;
+        self.a2a.validate()
     }
 }
 
@@ -125,6 +130,15 @@ pub enum RegistryError {
         what: &'static str,
         /// The id.
         id: String,
+    },
+    /// An Agent Card could not be read, or does not describe an agent
+    /// Switchyard can call; nothing was stored.
+    #[error("A2A agent card {url:?}: {message}")]
+    A2aUnavailable {
+        /// The card's URL.
+        url: String,
+        /// Why.
+        message: String,
     },
     /// No such MCP server.
     #[error("MCP server {0:?} is not registered")]
@@ -256,6 +270,12 @@ impl From<RegistryError> for Status {
                 msg,
                 HashMap::from([("tool".into(), tool), ("agents".into(), agents.join(","))]),
             ),
+            RegistryError::A2aUnavailable { url, .. } => status_with_metadata(
+                Code::FailedPrecondition,
+                Reason::A2aAgentUnavailable,
+                msg,
+                HashMap::from([("card_url".into(), url)]),
+            ),
             RegistryError::McpServerNotFound(name) => status_with_metadata(
                 Code::NotFound,
                 Reason::McpServerNotFound,
@@ -297,6 +317,8 @@ struct Inner {
     tools: Tree<Tool>,
     mcp_servers: Tree<McpServer>,
     hub: mcp::Hub,
+    /// For Agent Cards and HTTP MCP servers.
+    http: Result<reqwest::Client, String>,
     shutdown: Shutdown,
 }
 
@@ -366,7 +388,8 @@ impl Registry {
         }
         tracing::info!(agents = st.agents.len(), tools = st.tools.len(), epoch = %st.epoch, "registry loaded");
         let (head_tx, _) = watch::channel(0);
-        let hub = mcp::Hub::new(cfg.mcp.clone());
+        let http = switchyard_a2a::http_client();
+        let hub = mcp::Hub::new(cfg.mcp.clone(), http.clone());
         let inner = Arc::new(Inner {
             cfg,
             clock,
@@ -377,6 +400,7 @@ impl Registry {
             tools,
             mcp_servers,
             hub,
+            http,
             shutdown,
         });
         switchyard_kit::metrics::global().add_gauges(&inner);
@@ -408,6 +432,7 @@ impl Registry {
             move || std::future::ready(me.persist_dirty().map(drop)),
         );
         self.spawn_mcp_connections();
+        self.spawn_a2a_leases();
     }
 
     /// Marks agents whose lease ran out as lapsed; returns how many lapsed.
@@ -573,22 +598,7 @@ impl Registry {
                 return Err(RegistryError::AgentNotFound(req.agent_id));
             };
             may_change(p, "agent", &req.agent_id, &e.agent.tenant, &e.agent.owner)?;
-            let was_saturated = e.saturated();
-            let revived = e.status() == AgentStatus::Lapsed;
-            e.lease_expires_ms = expires;
-            e.agent.in_flight = req.in_flight;
-            e.agent.status = AgentStatus::Available as i32;
-            e.dirty = true;
-            // Only routing-relevant changes become watch events, so heartbeats
-            // at high rates do not flood watchers.
-            let changed = revived || was_saturated != e.saturated();
-            if changed {
-                st.emit_agent(&req.agent_id);
-            }
-            if revived {
-                tracing::info!(agent_id = %req.agent_id, "agent lease renewed after lapse");
-            }
-            changed
+            Self::renew(&mut st, &req.agent_id, req.in_flight, expires)
         };
         if changed {
             self.notify();
@@ -596,6 +606,30 @@ impl Registry {
         Ok(HeartbeatResponse {
             lease: Some(self.lease(&req.agent_id, expires)),
         })
+    }
+
+    /// Renews agent `id`'s lease to `expires` with `in_flight` calls;
+    /// whether routing sees a change (a revival, or saturation flipping).
+    fn renew(st: &mut State, id: &str, in_flight: u32, expires: u64) -> bool {
+        let Some(e) = st.agents.get_mut(id) else {
+            return false;
+        };
+        let was_saturated = e.saturated();
+        let revived = e.status() == AgentStatus::Lapsed;
+        e.lease_expires_ms = expires;
+        e.agent.in_flight = in_flight;
+        e.agent.status = AgentStatus::Available as i32;
+        e.dirty = true;
+        // Only routing-relevant changes become watch events, so heartbeats
+        // at high rates do not flood watchers.
+        let changed = revived || was_saturated != e.saturated();
+        if changed {
+            st.emit_agent(id);
+        }
+        if revived {
+            tracing::info!(agent_id = %id, "agent lease renewed after lapse");
+        }
+        changed
     }
 
     async fn deregister_impl(&self, id: String, p: &Principal) -> Result<(), RegistryError> {
@@ -897,8 +931,21 @@ impl RegistryService for Registry {
         req: Request<RegisterAgentRequest>,
     ) -> Result<Response<RegisterAgentResponse>, Status> {
         let p = principal(&req)?;
+        let mut spec = req.into_inner().agent;
+        // Only RegisterA2aAgent, which read the card, says an agent is A2A.
+        if let Some(s) = spec.as_mut() {
+            s.a2a = None;
+        }
+        Ok(Response::new(self.register_agent_impl(spec, &p).await?))
+    }
+
+    async fn register_a2a_agent(
+        &self,
+        req: Request<RegisterA2aAgentRequest>,
+    ) -> Result<Response<RegisterA2aAgentResponse>, Status> {
+        let p = principal(&req)?;
         Ok(Response::new(
-            self.register_agent_impl(req.into_inner().agent, &p).await?,
+            self.register_a2a_impl(req.into_inner(), &p).await?,
         ))
     }
 

@@ -158,7 +158,7 @@ pub(crate) struct Hub {
 }
 
 impl Hub {
-    pub(crate) fn new(cfg: McpConfig) -> Hub {
+    pub(crate) fn new(cfg: McpConfig, http: Result<reqwest::Client, String>) -> Hub {
         let sandbox = Sandbox::detect(&Policy {
             mode: cfg.sandbox,
             read_paths: &cfg.read_paths,
@@ -180,11 +180,6 @@ impl Hub {
                 "allowlisted MCP server command cannot run: {why}"
             );
         }
-        switchyard_kit::tls::install_crypto();
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_millis(cfg.connect_timeout_ms))
-            .build()
-            .map_err(|e| format!("building the HTTP client for MCP servers: {e}"));
         Hub {
             cfg,
             sandbox,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use switchyard_core::routing::{self, ScoreInput, ScoringConfig};
 use switchyard_core::validate::capability_lineage;
-use switchyard_proto::registry::v1::{Agent, AgentStatus};
+use switchyard_proto::registry::v1::{A2aBinding, Agent, AgentStatus};
 use switchyard_proto::router::v1::{Candidate, RouteConstraints, ScoreBreakdown};
 
 /// What routing needs to know about one agent.
@@ -18,6 +18,8 @@ pub(crate) struct AgentInfo {
     pub tenant: String,
     pub endpoint: String,
     pub bills_tokens: bool,
+    /// Set when the agent speaks A2A.
+    pub a2a: Option<A2aBinding>,
     pub trust: u32,
     pub available: bool,
     pub saturated: bool,
@@ -45,6 +47,7 @@ impl AgentInfo {
             tenant: a.tenant.clone(),
             endpoint: spec.endpoint.clone(),
             bills_tokens: spec.bills_tokens,
+            a2a: spec.a2a.clone(),
             trust: spec.trust_score,
             available: a.status == AgentStatus::Available as i32,
             saturated: spec.max_concurrency > 0 && in_flight >= spec.max_concurrency,
@@ -278,6 +281,7 @@ impl Index {
                     agent_id: a.id.clone(),
                     endpoint: a.endpoint.clone(),
                     bills_tokens: a.bills_tokens,
+                    a2a: a.a2a.clone(),
                     score: b.total,
                     breakdown: Some(ScoreBreakdown {
                         capability_match: b.capability_match,

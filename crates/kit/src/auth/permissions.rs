@@ -185,7 +185,9 @@ pub fn access(path: &str) -> Access {
             _ => Access::Unknown,
         },
         ("switchyard.registry.v1.RegistryService", m) => match m {
-            "RegisterAgent" | "Heartbeat" | "DeregisterAgent" => needs(P::AgentRegister),
+            "RegisterAgent" | "Heartbeat" | "DeregisterAgent" | "RegisterA2aAgent" => {
+                needs(P::AgentRegister)
+            }
             "GetAgent"
             | "ListAgents"
             | "FindByCapability"

@@ -212,10 +212,7 @@ impl Attempt<'_> {
         tokens: u64,
     ) -> Result<AgentResponse, CallError> {
         let (snap, timeout) = (self.snap, self.timeout);
-        let client = self
-            .x
-            .agent_client(&c.endpoint)
-            .map_err(CallError::Unreachable)?;
+        let client = self.x.agent_client(c).map_err(CallError::Unreachable)?;
         let (job_id, task_id) = (snap.job_id.as_str(), snap.task.id.as_str());
         let req = InvokeRequest {
             agent_id: c.agent_id.clone(),
@@ -275,23 +272,39 @@ impl Attempt<'_> {
 }
 
 impl Executor {
-    /// The client of the agent at `endpoint`: the built-ins in this
-    /// process, any other over gRPC without this process's credential.
-    fn agent_client(&self, endpoint: &str) -> Result<AgentClient, String> {
+    /// The client of candidate `c`: the built-ins in this process, an A2A
+    /// agent through its adapter, any other over gRPC; never with this
+    /// process's credential.
+    fn agent_client(&self, c: &Candidate) -> Result<AgentClient, String> {
+        let endpoint = c.endpoint.as_str();
         if endpoint == *crate::lock(&self.inner.local_endpoint) {
             return Ok(AgentClient::local(self.inner.local_agents.clone()));
         }
+        let key = match &c.a2a {
+            Some(_) => format!("a2a {endpoint}"),
+            None => endpoint.to_owned(),
+        };
         let mut agents = crate::lock(&self.inner.agents);
-        if let Some(c) = agents.get(endpoint) {
+        if let Some(c) = agents.get(&key) {
             return Ok(c.clone());
         }
-        let channel = switchyard_kit::client::lazy_channel(endpoint).map_err(|e| e.to_string())?;
         // Agents are third parties: they never get this process's credential.
-        let client = AgentClient::remote(
-            switchyard_kit::client::authed(channel, None),
-            self.inner.max_message_bytes,
-        );
-        agents.insert(endpoint.to_owned(), client.clone());
+        let client = match &c.a2a {
+            Some(binding) => {
+                let http = self.inner.a2a_http.as_ref().map_err(Clone::clone)?;
+                let agent = switchyard_a2a::A2aAgent::new(http.clone(), endpoint, binding);
+                AgentClient::local(std::sync::Arc::new(agent))
+            }
+            None => {
+                let channel =
+                    switchyard_kit::client::lazy_channel(endpoint).map_err(|e| e.to_string())?;
+                AgentClient::remote(
+                    switchyard_kit::client::authed(channel, None),
+                    self.inner.max_message_bytes,
+                )
+            }
+        };
+        agents.insert(key, client.clone());
         Ok(client)
     }
 }

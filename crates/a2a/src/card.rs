@@ -1,0 +1,272 @@
+//! Agent Cards (A2A 1.0, `/.well-known/agent-card.json`): what an agent
+//! says it is, where its JSON-RPC interface is, and its skills — which
+//! become the capabilities the registry routes on.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::A2aError;
+
+/// The A2A protocol version Switchyard speaks.
+pub const PROTOCOL_VERSION: &str = "1.0";
+
+/// What Switchyard reads from an Agent Card.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Card {
+    /// The agent's name.
+    pub name: String,
+    /// What it does.
+    pub description: String,
+    /// Its JSON-RPC endpoint.
+    pub url: String,
+    /// The protocol version of that endpoint.
+    pub protocol_version: String,
+    /// Whether it streams (`SendStreamingMessage`).
+    pub streaming: bool,
+    /// Its skills.
+    pub skills: Vec<Skill>,
+}
+
+/// One skill of an agent.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Skill {
+    /// Stable id.
+    pub id: String,
+    /// Name for people.
+    #[serde(default)]
+    pub name: String,
+    /// What it does.
+    #[serde(default)]
+    pub description: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Wire {
+    name: String,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    supported_interfaces: Vec<Interface>,
+    #[serde(default)]
+    capabilities: Capabilities,
+    #[serde(default)]
+    skills: Vec<Skill>,
+    /// A2A 0.3 cards name their one endpoint here.
+    #[serde(default)]
+    url: String,
+    /// A2A 0.3 cards' version.
+    #[serde(default)]
+    protocol_version: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Interface {
+    url: String,
+    #[serde(default)]
+    protocol_binding: String,
+    #[serde(default)]
+    protocol_version: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Capabilities {
+    #[serde(default)]
+    streaming: bool,
+}
+
+impl Card {
+    /// Reads a card from its JSON; the JSON-RPC interface of protocol
+    /// version 1.x is the one used.
+    pub fn parse(json: &[u8]) -> Result<Card, String> {
+        let w: Wire =
+            serde_json::from_slice(json).map_err(|e| format!("not an Agent Card: {e}"))?;
+        let jsonrpc = w.supported_interfaces.iter().find(|i| {
+            i.protocol_binding.eq_ignore_ascii_case("JSONRPC")
+                && (i.protocol_version.is_empty() || i.protocol_version.starts_with("1."))
+        });
+        let Some(i) = jsonrpc else {
+            let have: Vec<String> = w
+                .supported_interfaces
+                .iter()
+                .map(|i| format!("{} {}", i.protocol_binding, i.protocol_version))
+                .collect();
+            return Err(if w.supported_interfaces.is_empty() && !w.url.is_empty() {
+                format!(
+                    "the card is A2A {} (one `url`, no supportedInterfaces); Switchyard speaks A2A {PROTOCOL_VERSION} over JSON-RPC",
+                    if w.protocol_version.is_empty() {
+                        "0.x"
+                    } else {
+                        &w.protocol_version
+                    }
+                )
+            } else {
+                format!(
+                    "the card offers no JSON-RPC interface of A2A {PROTOCOL_VERSION} (it offers: {})",
+                    if have.is_empty() {
+                        "none".into()
+                    } else {
+                        have.join(", ")
+                    }
+                )
+            });
+        };
+        if !(i.url.starts_with("http://") || i.url.starts_with("https://")) {
+            return Err(format!(
+                "the card's JSON-RPC url {:?} is not http(s)",
+                i.url
+            ));
+        }
+        Ok(Card {
+            name: w.name,
+            description: w.description,
+            url: i.url.clone(),
+            protocol_version: if i.protocol_version.is_empty() {
+                PROTOCOL_VERSION.into()
+            } else {
+                i.protocol_version.clone()
+            },
+            streaming: w.capabilities.streaming,
+            skills: w.skills,
+        })
+    }
+
+    /// Fetches and reads the card at `url` within `timeout`.
+    pub async fn fetch(
+        http: &reqwest::Client,
+        url: &str,
+        timeout: Duration,
+    ) -> Result<Card, A2aError> {
+        let unreachable =
+            |e: String| A2aError::Unreachable(format!("reading the Agent Card at {url}: {e}"));
+        let resp = http
+            .get(url)
+            .timeout(timeout)
+            .header("accept", "application/json")
+            .send()
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        if !resp.status().is_success() {
+            return Err(unreachable(format!("HTTP {}", resp.status())));
+        }
+        let body = resp.bytes().await.map_err(|e| unreachable(e.to_string()))?;
+        Card::parse(&body).map_err(|e| A2aError::Protocol(format!("the Agent Card at {url}: {e}")))
+    }
+}
+
+/// The capability a skill becomes: its id in lowercase, each dot-separated
+/// segment made of `[a-z0-9_]` and starting with a letter (`Text-Shout` →
+/// `text_shout`). `Err` when nothing usable is left.
+pub fn capability(skill_id: &str) -> Result<String, String> {
+    let mut segments = Vec::new();
+    for seg in skill_id.split('.') {
+        let mut s = String::new();
+        for c in seg.chars() {
+            let c = c.to_ascii_lowercase();
+            if c.is_ascii_lowercase() || c.is_ascii_digit() {
+                s.push(c);
+            } else if !s.ends_with('_') && !s.is_empty() {
+                s.push('_');
+            }
+        }
+        let s = s.trim_end_matches('_').to_owned();
+        if !s.starts_with(|c: char| c.is_ascii_lowercase()) {
+            return Err(format!(
+                "skill id {skill_id:?} does not make a capability name (each dot-separated part must start with a letter)"
+            ));
+        }
+        segments.push(s);
+    }
+    let cap = segments.join(".");
+    if cap.len() > 128 {
+        return Err(format!(
+            "skill id {skill_id:?} is longer than 128 characters"
+        ));
+    }
+    Ok(cap)
+}
+
+/// A default agent id from a card's name: snake_case, at most 58
+/// characters (so `agent_<id>` is a valid tool name).
+pub fn agent_id(name: &str) -> String {
+    let mut id = String::new();
+    for c in name.chars() {
+        let c = c.to_ascii_lowercase();
+        if c.is_ascii_lowercase() || c.is_ascii_digit() {
+            id.push(c);
+        } else if !id.is_empty() && !id.ends_with('_') {
+            id.push('_');
+        }
+    }
+    let mut id = id.trim_end_matches('_').to_owned();
+    if !id.starts_with(|c: char| c.is_ascii_lowercase()) {
+        id.insert_str(0, "a2a_");
+    }
+    id.truncate(58);
+    id.trim_end_matches('_').to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CARD: &str = r#"{
+        "name": "Text tricks", "description": "Shouts.",
+        "supportedInterfaces": [
+            {"url": "http://127.0.0.1:9/grpc", "protocolBinding": "GRPC", "protocolVersion": "1.0"},
+            {"url": "http://127.0.0.1:9/", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}
+        ],
+        "capabilities": {"streaming": true},
+        "skills": [{"id": "text.shout", "name": "shout", "description": "Upper-cases."}]
+    }"#;
+
+    #[test]
+    fn a_card_gives_its_json_rpc_interface_streaming_and_skills() {
+        let c = Card::parse(CARD.as_bytes()).unwrap();
+        assert_eq!(c.url, "http://127.0.0.1:9/");
+        assert_eq!(c.protocol_version, "1.0");
+        assert!(c.streaming);
+        assert_eq!(c.skills[0].id, "text.shout");
+    }
+
+    #[test]
+    fn cards_switchyard_cannot_speak_to_are_refused_with_the_reason() {
+        let old = r#"{"name": "x", "url": "http://h/", "protocolVersion": "0.3.0", "skills": []}"#;
+        assert!(
+            Card::parse(old.as_bytes())
+                .unwrap_err()
+                .contains("A2A 0.3.0")
+        );
+        let grpc = r#"{"name": "x", "supportedInterfaces": [{"url": "http://h/", "protocolBinding": "GRPC", "protocolVersion": "1.0"}]}"#;
+        assert!(
+            Card::parse(grpc.as_bytes())
+                .unwrap_err()
+                .contains("GRPC 1.0")
+        );
+        assert!(
+            Card::parse(b"<html>")
+                .unwrap_err()
+                .contains("not an Agent Card")
+        );
+    }
+
+    #[test]
+    fn skill_ids_become_capability_names() {
+        assert_eq!(capability("text.shout").unwrap(), "text.shout");
+        assert_eq!(capability("Currency-Convert").unwrap(), "currency_convert");
+        assert_eq!(capability("geo.Find Place!").unwrap(), "geo.find_place");
+        assert!(capability("1st.skill").is_err());
+        assert!(capability("a..b").is_err());
+    }
+
+    #[test]
+    fn card_names_become_agent_ids() {
+        assert_eq!(agent_id("Text tricks"), "text_tricks");
+        assert_eq!(agent_id("  42 Agent "), "a2a_42_agent");
+        assert_eq!(agent_id(&"x".repeat(80)).len(), 58);
+    }
+}
