@@ -13,7 +13,7 @@ use switchyard_kit::error::ApiError;
 use switchyard_proto::registry::v1::*;
 use switchyard_proto::router::v1::{RouteConstraints, RouteRequest};
 
-use crate::files::{AgentFile, McpServerFile, ToolFile};
+use crate::files::{A2aAgentFile, AgentFile, McpServerFile, ToolFile};
 use crate::output::{self, Format, agent_json, print_json, route_json, table, tool_json, usd};
 
 /// Where the server is and how to print.
@@ -157,6 +157,14 @@ impl Files {
 pub enum AgentCmd {
     /// Register (or update) agents from YAML or JSON files.
     Register {
+        #[command(flatten)]
+        files: Files,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Register (or update) A2A agents from their Agent Cards: each file
+    /// names a card URL and the price, trust and limits Switchyard gives it.
+    RegisterA2a {
         #[command(flatten)]
         files: Files,
         #[command(flatten)]
@@ -341,6 +349,40 @@ pub async fn agent(cmd: AgentCmd) -> anyhow::Result<()> {
                         let id = r.agent.as_ref().and_then(|a| a.spec.as_ref()).map_or("", |s| s.id.as_str());
                         let ttl = r.lease.as_ref().and_then(|l| l.ttl).map_or(0, |d| d.seconds);
                         println!("{} agent {id} (lease {ttl}s)", if r.created { "registered" } else { "updated" });
+                    }
+                }
+            }
+        }
+        AgentCmd::RegisterA2a { files, conn } => {
+            let reqs = files.parse(|f| A2aAgentFile::read(f).map(A2aAgentFile::into_request))?;
+            let reg = conn.registry().await?;
+            for req in reqs {
+                let r = reg.register_a2a_agent(req).await.map_err(api)?;
+                let spec = r
+                    .agent
+                    .as_ref()
+                    .and_then(|a| a.spec.clone())
+                    .unwrap_or_default();
+                match conn.output {
+                    Format::Json => print_json(&serde_json::json!({
+                        "created": r.created,
+                        "agent": r.agent.as_ref().map(agent_json),
+                        "skipped": r.skipped,
+                    })),
+                    Format::Table => {
+                        let caps: Vec<&str> =
+                            spec.capabilities.iter().map(|c| c.name.as_str()).collect();
+                        println!(
+                            "{} A2A agent {} ({}) at {}: {}",
+                            if r.created { "registered" } else { "updated" },
+                            spec.id,
+                            spec.name,
+                            spec.endpoint,
+                            caps.join(", ")
+                        );
+                        for s in &r.skipped {
+                            println!("  skipped skill {s}");
+                        }
                     }
                 }
             }

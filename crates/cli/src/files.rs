@@ -10,7 +10,8 @@ use serde::Deserialize;
 use switchyard_proto::approval::v1::{ContextPack, CostEstimate, Run, Target};
 use switchyard_proto::common::v1::Money;
 use switchyard_proto::registry::v1::{
-    AgentSpec, Capability, IntegrationMode, McpHttp, McpServer, McpStdio, Tool, mcp_server,
+    AgentSpec, Capability, IntegrationMode, McpHttp, McpServer, McpStdio, RegisterA2aAgentRequest,
+    Tool, mcp_server,
 };
 
 /// One capability in an agent file.
@@ -254,7 +255,51 @@ impl AgentFile {
             uses_tools: self.uses_tools,
             latency_estimate_ms: self.latency_estimate_ms,
             bills_tokens: self.bills_tokens,
+            a2a: None,
         })
+    }
+}
+
+/// An A2A agent registration file: its Agent Card's URL, and what
+/// Switchyard decides about it (id, trust, price, limits, labels).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct A2aAgentFile {
+    card_url: String,
+    #[serde(default)]
+    id: String,
+    #[serde(default)]
+    trust_score: u32,
+    #[serde(default)]
+    price_per_unit_micro_usd: i64,
+    #[serde(default)]
+    unit: String,
+    #[serde(default)]
+    max_concurrency: u32,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    #[serde(default)]
+    latency_estimate_ms: u32,
+}
+
+impl A2aAgentFile {
+    /// Reads an A2A agent file.
+    pub fn read(path: &Path) -> anyhow::Result<A2aAgentFile> {
+        parse(path)
+    }
+
+    /// The registration request.
+    pub fn into_request(self) -> RegisterA2aAgentRequest {
+        RegisterA2aAgentRequest {
+            card_url: self.card_url,
+            id: self.id,
+            trust_score: self.trust_score,
+            price_per_unit_micro_usd: self.price_per_unit_micro_usd,
+            unit: self.unit,
+            max_concurrency: self.max_concurrency,
+            labels: self.labels.into_iter().collect(),
+            latency_estimate_ms: self.latency_estimate_ms,
+        }
     }
 }
 
@@ -390,6 +435,17 @@ mod tests {
         let f: McpServerFile = serde_saphyr::from_str(both).unwrap();
         let err = f.into_server().unwrap_err().to_string();
         assert!(err.contains("exactly one of stdio or http"), "{err}");
+    }
+
+    #[test]
+    fn the_example_a2a_registration_parses() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../examples/a2a/text-tricks.yaml"
+        );
+        let req = A2aAgentFile::read(Path::new(path)).unwrap().into_request();
+        assert!(req.card_url.ends_with("/.well-known/agent-card.json"));
+        assert_eq!(req.price_per_unit_micro_usd, 1_000);
     }
 
     #[test]
