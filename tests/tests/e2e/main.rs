@@ -3,6 +3,7 @@
 
 mod common;
 
+mod a2a;
 mod auth;
 mod executor;
 mod gateway;

@@ -29,6 +29,15 @@ use crate::llm::{Env, env, events, task, tool_outcomes};
 
 type Registry = RegistryServiceClient<switchyard_kit::client::Intercepted>;
 
+/// The Python of `.venv`, which has the `mcp` and `a2a-sdk` SDKs.
+pub(crate) fn python() -> String {
+    std::env::var("SWITCHYARD_PYTHON").unwrap_or_else(|_| {
+        panic!(
+            "SWITCHYARD_PYTHON is not set: run the tests with `make test`, which installs the SDKs"
+        )
+    })
+}
+
 /// Where `make test` installed the servers (`tests/mcp`).
 fn servers() -> PathBuf {
     PathBuf::from(std::env::var("SWITCHYARD_MCP_SERVERS").unwrap_or_else(|_| {
@@ -107,13 +116,13 @@ fn reason(s: &tonic::Status) -> String {
 }
 
 /// A third-party server process of the test: killed when dropped.
-struct Child {
+pub(crate) struct Child {
     _child: tokio::process::Child,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 /// Starts `program args…` and waits for its `LISTENING <port>` line.
-async fn listening(program: &str, args: &[&str]) -> Child {
+pub(crate) async fn listening(program: &str, args: &[&str]) -> Child {
     let mut child = tokio::process::Command::new(program)
         .args(args)
         .stdin(Stdio::null())
@@ -195,7 +204,10 @@ async fn run_llm(
 }
 
 /// Waits (bounded) until `f` holds.
-async fn until<F: std::future::Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
+pub(crate) async fn until<F: std::future::Future<Output = bool>>(
+    what: &str,
+    mut f: impl FnMut() -> F,
+) {
     for _ in 0..300 {
         if f().await {
             return;
@@ -374,9 +386,7 @@ async fn a_slow_tool_is_timed_out_and_cancelled_on_the_server_with_its_progress_
     let scratch = open_dir();
     let log = scratch.path().join("py-server.log");
     let py = listening(
-        &std::env::var("SWITCHYARD_PYTHON").unwrap_or_else(|_| {
-            panic!("SWITCHYARD_PYTHON is not set: run the tests with `make test`")
-        }),
+        &python(),
         &[
             &servers().join("py_server.py").display().to_string(),
             &log.display().to_string(),

@@ -1,0 +1,300 @@
+//! A2A agents as agents, against an agent built with the Python `a2a-sdk`
+//! and served by that SDK's own server (`examples/a2a/agent.py`): registered
+//! from its Agent Card, routed to by skill, invoked over A2A 1.0 JSON-RPC
+//! with streamed updates, its final states mapped to AgentResponse,
+//! cancelled when the job is, and mixed with a native agent in one job.
+
+#![allow(clippy::unwrap_used)] // test helpers: a failed call is a failed test
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use switchyard_kit::error::ApiError;
+use switchyard_kit::json::struct_to_json;
+use switchyard_proto::executor::v1::{CancelJobRequest, JobState, TaskState, WatchJobRequest};
+use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
+use switchyard_proto::registry::v1::*;
+use tokio_stream::StreamExt;
+
+use crate::common::{finish, id, submit};
+use crate::llm::{Env, env, events, task};
+use crate::mcp::{Child, listening, python, until};
+
+fn agent_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/a2a/agent.py")
+}
+
+/// The Python agent, logging to `log`.
+async fn start_agent(log: &Path) -> Child {
+    listening(
+        &python(),
+        &[
+            &agent_script().display().to_string(),
+            &log.display().to_string(),
+        ],
+    )
+    .await
+}
+
+/// The stack (auto-approving small spend), with the agent registered at
+/// $0.001 a call.
+async fn stack_with(
+    agent: &Child,
+    tweak: impl FnOnce(&mut switchyard_cli::Config),
+) -> (Env, RegisterA2aAgentResponse) {
+    let e = env(true, tweak).await;
+    let mut r = RegistryServiceClient::new(e.stack.channel().await.unwrap());
+    let reg = r
+        .register_a2a_agent(RegisterA2aAgentRequest {
+            card_url: format!(
+                "http://127.0.0.1:{}/.well-known/agent-card.json",
+                agent.port
+            ),
+            trust_score: 75,
+            price_per_unit_micro_usd: 1_000,
+            latency_estimate_ms: 200,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    (e, reg)
+}
+
+/// A one-task job on `capability` with `text` as its task, no retries.
+fn job(capability: &str, text: &str) -> String {
+    json!({"plan_id": "a2a", "tasks": [{"id": "t", "retry": {"max_retries": 0},
+        "agent": {"capability": capability, "input": {"task": text}}}]})
+    .to_string()
+}
+
+fn output(t: &switchyard_proto::executor::v1::TaskStatus) -> Value {
+    t.output.as_ref().map(struct_to_json).unwrap_or(Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_a2a_agent_is_registered_from_its_card_and_routed_to_by_skill_with_streamed_updates() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start_agent(&dir.path().join("agent.log")).await;
+    let (mut e, reg) = stack_with(&agent, |_| {}).await;
+    let spec = reg.agent.unwrap().spec.unwrap();
+    assert_eq!(spec.id, "text_tricks");
+    let caps: Vec<&str> = spec.capabilities.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        caps,
+        [
+            "text.shout",
+            "text.fail",
+            "text.refuse",
+            "text.ask",
+            "text.wait"
+        ]
+    );
+    let a2a = spec.a2a.unwrap();
+    assert!(a2a.streaming);
+    assert_eq!(a2a.protocol_version, "1.0");
+
+    let j = submit(&mut e.jobs, &job("text.shout", "shout: hello"))
+        .await
+        .unwrap();
+    let res = finish(&mut e.jobs, &id(&j)).await;
+    assert_eq!(res.state, JobState::Completed as i32, "{res:?}");
+    let t = task(&res, "t");
+    assert_eq!(t.agent_id, "text_tricks");
+    let out = output(t);
+    assert_eq!(out["text"], "HELLO");
+    assert_eq!(out["artifacts"][0]["name"], "shouted");
+    // Its working updates and its artifact arrived as the task ran.
+    let evs = events(&mut e.jobs, &id(&j)).await;
+    let progress: Vec<&str> = evs
+        .iter()
+        .filter(|(k, _)| k == "agent.progress")
+        .map(|(_, d)| d["message"].as_str().unwrap())
+        .collect();
+    assert_eq!(progress, ["reading the text", "raising its voice"]);
+    assert!(
+        evs.iter()
+            .any(|(k, d)| k == "task.output" && d["chunk"] == "HELLO")
+    );
+    let committed: Vec<i64> = evs
+        .iter()
+        .filter(|(k, _)| k == "budget.committed")
+        .map(|(_, d)| d["cost_micro_usd"].as_i64().unwrap())
+        .collect();
+    assert_eq!(
+        committed,
+        [1_000],
+        "the registered price, on the job's budget"
+    );
+    drop(agent);
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a2a_final_states_become_the_task_outcome_the_mapping_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start_agent(&dir.path().join("agent.log")).await;
+    let (mut e, _) = stack_with(&agent, |_| {}).await;
+    for (cap, text, says) in [
+        (
+            "text.fail",
+            "fail: no disk",
+            "the A2A agent failed the task: cannot do it: no disk",
+        ),
+        (
+            "text.refuse",
+            "refuse: poems",
+            "rejected the task: not my kind of work: poems",
+        ),
+        ("text.ask", "ask: x", "input-required"),
+    ] {
+        let j = submit(&mut e.jobs, &job(cap, text)).await.unwrap();
+        let res = finish(&mut e.jobs, &id(&j)).await;
+        assert_eq!(res.state, JobState::Discarded as i32, "{cap}: {res:?}");
+        let t = task(&res, "t");
+        assert_eq!(t.state, TaskState::Failed as i32, "{cap}");
+        assert!(t.error.contains(says), "{cap}: {}", t.error);
+    }
+    drop(agent);
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_the_job_cancels_the_a2a_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("agent.log");
+    let agent = start_agent(&log).await;
+    let (mut e, _) = stack_with(&agent, |_| {}).await;
+    let j = submit(&mut e.jobs, &job("text.wait", "wait: a minute"))
+        .await
+        .unwrap();
+    let job_id = id(&j);
+    // Running: the agent's first update is on the job.
+    let mut jobs = e.jobs.clone();
+    let mut watch = jobs
+        .watch_job(WatchJobRequest {
+            job_id: job_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let progressed = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(Ok(m)) = watch.next().await {
+            if m.event.is_some_and(|e| e.kind == "agent.progress") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(progressed.ok(), Some(true), "the agent reports progress");
+    jobs.cancel_job(CancelJobRequest {
+        job_id: job_id.clone(),
+        reason: "no longer needed".into(),
+    })
+    .await
+    .unwrap();
+    until("the agent records the cancellation", || async {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("cancelled "))
+    })
+    .await;
+    let res = finish(&mut e.jobs, &job_id).await;
+    assert_eq!(res.state, JobState::Cancelled as i32);
+    drop(agent);
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_job_mixes_a_native_agent_and_an_a2a_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start_agent(&dir.path().join("agent.log")).await;
+    let (mut e, _) = stack_with(&agent, |_| {}).await;
+    let doc = json!({"plan_id": "mixed", "tasks": [
+        {"id": "greet", "agent": {"capability": "builtin.echo", "input": {"text": "hello from echo"}}},
+        {"id": "loud", "depends_on": ["greet"],
+         "agent": {"capability": "text.shout", "input": {"task": "shout: ${greet.output.text}"}}}
+    ]})
+    .to_string();
+    let j = submit(&mut e.jobs, &doc).await.unwrap();
+    let res = finish(&mut e.jobs, &id(&j)).await;
+    assert_eq!(res.state, JobState::Completed as i32, "{res:?}");
+    assert_eq!(task(&res, "greet").agent_id, "builtin");
+    let loud = task(&res, "loud");
+    assert_eq!(loud.agent_id, "text_tricks");
+    assert_eq!(output(loud)["text"], "HELLO FROM ECHO");
+    drop(agent);
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_registry_keeps_an_a2a_agent_alive_while_its_card_answers_and_lets_it_lapse_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start_agent(&dir.path().join("agent.log")).await;
+    let (e, reg) = stack_with(&agent, |c| c.registry.lease_ttl_secs = 1).await;
+    let first = reg.lease.unwrap().expires_at.unwrap();
+    let mut r = RegistryServiceClient::new(e.stack.channel().await.unwrap());
+    let get = |r: &RegistryServiceClient<_>| {
+        let mut r = r.clone();
+        async move {
+            r.get_agent(GetAgentRequest {
+                agent_id: "text_tricks".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .agent
+            .unwrap()
+        }
+    };
+    // It never heartbeats; the registry renews it by reading its card.
+    until("the lease is renewed", || async {
+        let a = get(&r).await;
+        a.lease_expires_at.unwrap().seconds > first.seconds + 1
+            && a.status == AgentStatus::Available as i32
+    })
+    .await;
+    drop(agent);
+    until("the agent lapses once its card is gone", || async {
+        get(&r).await.status == AgentStatus::Lapsed as i32
+    })
+    .await;
+    // A card that cannot be read is refused, and nothing is stored.
+    let s = r
+        .register_a2a_agent(RegisterA2aAgentRequest {
+            card_url: "http://127.0.0.1:9/.well-known/agent-card.json".into(),
+            id: "ghost".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        ApiError::from(s.clone()).reason.as_deref(),
+        Some("A2A_AGENT_UNAVAILABLE"),
+        "{s:?}"
+    );
+    let s = r
+        .get_agent(GetAgentRequest {
+            agent_id: "ghost".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), tonic::Code::NotFound);
+    // Only RegisterA2aAgent says an agent is A2A.
+    let mut spec = crate::common::agent("pretender", "text.shout", 90, 1);
+    spec.a2a = Some(A2aBinding {
+        card_url: "http://127.0.0.1:9/".into(),
+        protocol_version: "1.0".into(),
+        streaming: true,
+    });
+    let stored = r
+        .register_agent(RegisterAgentRequest { agent: Some(spec) })
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap();
+    assert!(stored.spec.unwrap().a2a.is_none());
+    e.stack.stop().await.unwrap();
+}
