@@ -9,6 +9,7 @@ mod client;
 mod files;
 mod job;
 mod llm;
+mod mcp;
 mod output;
 mod report;
 mod worker;
@@ -77,6 +78,10 @@ enum Command {
     /// LLM providers: which configured models each serves.
     #[command(subcommand)]
     Llm(llm::LlmCmd),
+    /// Serve Switchyard to an MCP host on stdio: tools to validate, submit
+    /// and follow jobs, read results and cost, list agents and pending
+    /// approvals, as the caller's principal (never approving).
+    Mcp(mcp::McpArgs),
     /// Print the version and the git commit it was built from.
     Version,
     /// Print a shell completion script: `source <(switchyard completions bash)`.
@@ -311,6 +316,7 @@ async fn main() -> ExitCode {
         Command::Serve { services, run } => run_services(run, &services, false).await,
         Command::Agent(cmd) => client::agent(cmd).await,
         Command::Tool(cmd) => client::tool(cmd).await,
+        Command::Mcp(args) => mcp::run(args).await,
         Command::Route(args) => client::route(args).await,
         Command::Budget(cmd) => budget::run(cmd).await,
         Command::Approval(cmd) => approval::run(cmd).await,

@@ -488,12 +488,43 @@ pub async fn run_node_then(
         if let Some(a) = approvals {
             jobs = jobs.with_approvals(a);
         }
-        Some(switchyard_gateway::Gateway::new(
-            cfg.gateway.clone(),
-            max,
-            jobs,
-            authenticator.clone(),
-        ))
+        let gateway =
+            switchyard_gateway::Gateway::new(cfg.gateway.clone(), max, jobs, authenticator.clone());
+        // `/mcp` calls the services with each request's own token, over
+        // gRPC: this node's port for the services it hosts, the configured
+        // URLs for the others.
+        let own = format!("http://{}", listener.local_addr()?);
+        let url_of = |here: bool, there: &Option<String>| {
+            if here {
+                Some(own.clone())
+            } else {
+                there.clone()
+            }
+        };
+        let urls = [
+            url_of(executor.is_some(), &cfg.gateway.executor_url),
+            url_of(registry.is_some(), &cfg.gateway.registry_url),
+            url_of(approval.is_some(), &cfg.gateway.approval_url),
+        ];
+        Some(match urls {
+            [Some(x), Some(r), Some(a)] if cfg.gateway.mcp.enabled => {
+                let ch = |u: &str| switchyard_kit::client::service_channel(u, client_tls.as_ref());
+                let server = switchyard_mcp::server::SwitchyardMcp::with_channels(
+                    [ch(&x)?, ch(&r)?, ch(&a)?],
+                    switchyard_mcp::server::Identity::PerRequest,
+                    max,
+                );
+                gateway.with_mcp(server)
+            }
+            _ => {
+                if cfg.gateway.mcp.enabled {
+                    tracing::warn!(
+                        "/mcp is not served: the gateway needs the executor, registry and approval here or at gateway.executor_url, registry_url and approval_url"
+                    );
+                }
+                gateway
+            }
+        })
     } else {
         None
     };

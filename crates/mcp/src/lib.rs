@@ -2,11 +2,14 @@
 //! (`rmcp` 3.11): client sessions with MCP tool servers — a stdio server
 //! started under the command sandbox, or a streamable HTTP endpoint — that
 //! list tools, run calls with progress and cancellation, and report tool
-//! list changes ([`session`]); and how their tools are named here
-//! ([`names`]). The registry holds the sessions; the executor and agent
-//! hosts reach them through `RegistryService.CallMcpTool`.
+//! list changes ([`session`]); how their tools are named here ([`names`]);
+//! and Switchyard as an MCP server ([`server`]), served on stdio by
+//! `switchyard mcp` and over streamable HTTP by the gateway. The registry
+//! holds the client sessions; the executor and agent hosts reach them
+//! through `RegistryService.CallMcpTool`.
 
 pub mod names;
+pub mod server;
 pub mod session;
 
 pub use session::{McpError, Progress, Session, ToolDef, Transport, result_value};

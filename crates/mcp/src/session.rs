@@ -11,8 +11,8 @@ use std::time::Duration;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotification,
     CancelledNotificationParam, ClientCapabilities, ClientConfig, ClientNotification,
-    ClientRequest, Implementation, ProgressNotificationParam, ProgressToken, RequestId,
-    ServerResult,
+    ClientRequest, Implementation, ProgressNotificationParam, ProgressToken, ProtocolVersion,
+    RequestId, ServerResult,
 };
 use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RoleClient, RunningService};
 use rmcp::{ClientHandler, ServiceError, ServiceExt};
@@ -195,10 +195,15 @@ impl ClientHandler for Handler {
     }
 
     fn get_info(&self) -> ClientConfig {
+        // 2025-11-25, the newest version the reference servers and the
+        // conformance suite speak: on 2026-07-28 connections list changes
+        // arrive only on a `listen` subscription, which this client does
+        // not open.
         ClientConfig::new(
             ClientCapabilities::default(),
             Implementation::new("switchyard", env!("CARGO_PKG_VERSION")),
         )
+        .with_protocol_version(ProtocolVersion::V_2025_11_25)
     }
 }
 

@@ -19,12 +19,39 @@ pub struct GatewayConfig {
     /// the caller. Unset in a split deployment: activate answers
     /// UNAVAILABLE naming this setting.
     pub approval_url: Option<String>,
+    /// The registry, when this process does not host it: the MCP endpoint
+    /// lists agents and capabilities there. Unset in a split deployment
+    /// (with no registry here): `/mcp` is not served.
+    pub registry_url: Option<String>,
+    /// `[gateway.mcp]`: Switchyard as an MCP server at `/mcp` on the HTTP
+    /// door (streamable HTTP).
+    pub mcp: McpConfig,
     /// `[gateway.http]`: AITP over REST/JSON (seed 002 §8), SSE, OpenAPI.
     pub http: HttpConfig,
     /// `[gateway.resp]`: the AGEniX RESP door (seed 001).
     pub resp: RespConfig,
     /// `[gateway.ojs]`: the OJS HTTP binding on the HTTP door.
     pub ojs: OjsConfig,
+}
+
+/// `[gateway.mcp]` configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpConfig {
+    /// Serve `/mcp`.
+    pub enabled: bool,
+    /// `Host` header values (hostnames, or `host:port`) `/mcp` answers,
+    /// against DNS rebinding; a deployment behind a name adds it.
+    pub allowed_hosts: Vec<String>,
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        McpConfig {
+            enabled: true,
+            allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+        }
+    }
 }
 
 /// `[gateway.ojs]` configuration.

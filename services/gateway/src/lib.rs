@@ -41,6 +41,7 @@ pub struct Gateway {
     max_message_bytes: usize,
     jobs: Jobs,
     auth: Arc<Authenticator>,
+    mcp: Option<switchyard_mcp::server::SwitchyardMcp>,
 }
 
 impl Gateway {
@@ -57,7 +58,15 @@ impl Gateway {
             max_message_bytes,
             jobs,
             auth,
+            mcp: None,
         }
+    }
+
+    /// Serves Switchyard as an MCP server at `/mcp` (streamable HTTP), each
+    /// request's calls made with its own bearer token through `server`.
+    pub fn with_mcp(mut self, server: switchyard_mcp::server::SwitchyardMcp) -> Gateway {
+        self.mcp = Some(server);
+        self
     }
 
     /// Serves the HTTP door on `http` and the RESP door on `resp` (each
@@ -80,7 +89,7 @@ impl Gateway {
         });
         let served = match http {
             Some(listener) => {
-                let router = http::router(
+                let mut router = http::router(
                     &self.cfg.http,
                     &self.cfg.ojs,
                     self.max_message_bytes,
@@ -88,6 +97,9 @@ impl Gateway {
                     self.auth.clone(),
                     shutdown.clone(),
                 );
+                if let Some(server) = self.mcp.clone().filter(|_| self.cfg.mcp.enabled) {
+                    router = http::with_mcp(router, server, &self.cfg.mcp, self.auth.clone());
+                }
                 http::serve(
                     router,
                     listener,

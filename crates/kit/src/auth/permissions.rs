@@ -302,6 +302,11 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
             "/ojs/v1/dead-letter/{id}",
             Access::Needs(P::DeadLetterManage),
         ),
+        // Switchyard as an MCP server: any principal may open a session;
+        // each tool call then needs what its gRPC call needs.
+        ("POST", "/mcp", Access::Authenticated),
+        ("GET", "/mcp", Access::Authenticated),
+        ("DELETE", "/mcp", Access::Authenticated),
     ]
 };
 

@@ -100,6 +100,55 @@ pub fn router(
         .with_state(door)
 }
 
+/// `router` with Switchyard as an MCP server at `/mcp` (streamable HTTP,
+/// rmcp): each request authenticated like every route, and each tool call
+/// made with the request's own bearer token, so it can do what its
+/// principal may and nothing more.
+pub fn with_mcp(
+    router: Router,
+    server: switchyard_mcp::server::SwitchyardMcp,
+    cfg: &crate::config::McpConfig,
+    auth: Arc<Authenticator>,
+) -> Router {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService,
+    };
+    let mut config = StreamableHttpServerConfig::default();
+    config.allowed_hosts.clone_from(&cfg.allowed_hosts);
+    let svc = StreamableHttpService::new(
+        move || Ok(server.clone()),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    let mcp = Router::new()
+        .route_service("/mcp", svc)
+        .route_layer(axum::middleware::from_fn_with_state(auth, mcp_gate));
+    router.merge(mcp)
+}
+
+/// Authentication and the route's permission for `/mcp`, answering 401
+/// with `WWW-Authenticate: Bearer` as MCP clients expect.
+async fn mcp_gate(State(auth): State<Arc<Authenticator>>, req: Request, next: Next) -> Response {
+    let method = req.method().as_str().to_owned();
+    let access = switchyard_kit::auth::http_access(&method, "/mcp");
+    match admit(&auth, req.headers(), access, &format!("{method} /mcp")).await {
+        Ok(_) => next.run(req).await,
+        Err(refused) => {
+            let status = Status::from(refused);
+            let unauthenticated = status.code() == Code::Unauthenticated;
+            let mut resp = Failure(status).into_response();
+            if unauthenticated {
+                resp.headers_mut().insert(
+                    http::header::WWW_AUTHENTICATE,
+                    http::HeaderValue::from_static("Bearer"),
+                );
+            }
+            resp
+        }
+    }
+}
+
 /// Correlation, span, authentication and authorization, time limit.
 async fn gate(
     State(door): State<Arc<Door>>,
@@ -403,9 +452,17 @@ mod tests {
             &Default::default(),
             4096,
             jobs,
-            auth,
+            auth.clone(),
             shutdown,
         );
+        let nowhere =
+            || switchyard_kit::client::lazy_channel("http://127.0.0.1:9").expect("channel");
+        let mcp = switchyard_mcp::server::SwitchyardMcp::with_channels(
+            [nowhere(), nowhere(), nowhere()],
+            switchyard_mcp::server::Identity::PerRequest,
+            1024,
+        );
+        let app = with_mcp(app, mcp, &Default::default(), auth);
         let call = |method: &str, path: &str| {
             let req = http::Request::builder()
                 .method(method)
