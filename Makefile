@@ -60,17 +60,33 @@ $(MCP_SERVERS): tests/mcp/package.json tests/mcp/package-lock.json
 .PHONY: mcp-servers
 mcp-servers: $(MCP_SERVERS) ## The MCP reference servers the MCP tests run (npm: server-everything, server-filesystem)
 
+# The official MCP conformance suite and the Node.js 22 it needs (Debian's
+# nodejs is 20), both from npm, pinned in tests/mcp/conformance.
+MCP_CONFORMANCE := tests/mcp/conformance/node_modules/.installed
+
+$(MCP_CONFORMANCE): tests/mcp/conformance/package.json tests/mcp/conformance/package-lock.json
+	@command -v npm >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends nodejs npm; }
+	npm ci --prefix tests/mcp/conformance --no-audit --no-fund --silent
+	touch $@
+
+.PHONY: mcp-conformance
+mcp-conformance: $(MCP_CONFORMANCE) ## The official MCP conformance suite's server scenarios against `switchyard mcp` (what fails by design is in tests/mcp/conformance/baseline.yml)
+	$(CARGO) build --locked -p switchyard-cli
+	$(CARGO) build --locked -p switchyard-mcp --example conformance-client
+	bash tests/mcp/conformance/run.sh target/debug/switchyard target/debug/examples/conformance-client
+
 .PHONY: tools
 tools: ## System tools the tests drive: redis-cli (Debian's redis-tools), curl
 	@command -v redis-cli >/dev/null && command -v curl >/dev/null || { \
 		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends redis-tools curl; }
 
 .PHONY: test
-test: venv tools mcp-servers proto-lint ## What CI runs: proto lint, every Rust test incl. process, Python, grpcurl, redis-cli and curl tests, the public OJS conformance suite (when ../shared has it), then the real-model tests
+test: venv tools mcp-servers proto-lint ## What CI runs: proto lint, every Rust test incl. process, Python, grpcurl, redis-cli and curl tests, the public OJS conformance suite (when ../shared has it), the MCP conformance suite, then the real-model tests
 	cd tests/ojs && $(abspath $(PY)) -m unittest -q test_conformance
 	SWITCHYARD_PYTHON=$(abspath $(PY)) SWITCHYARD_GRPCURL=$(abspath $(VENV)/bin/grpcurl) SWITCHYARD_REDIS_CLI=$$(command -v redis-cli) \
 		SWITCHYARD_MCP_SERVERS=$(abspath tests/mcp) $(CARGO) test --workspace --locked
 	$(MAKE) ojs-conformance
+	$(MAKE) mcp-conformance
 	$(MAKE) test-real-llm
 
 # The public OJS conformance test cases (data; a user's clone has none).

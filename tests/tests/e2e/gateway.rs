@@ -696,6 +696,13 @@ const DOOR_RPCS: &[(&str, &str)] = &[
     ("POST /ojs/v1/workers/ack", "WorkerService/Ack"),
     ("POST /ojs/v1/workers/nack", "WorkerService/Nack"),
     ("POST /ojs/v1/workers/heartbeat", "WorkerService/Heartbeat"),
+    // `/mcp` admits any authenticated principal (as WhoAmI does); each of
+    // its tools then needs what its gRPC call needs, checked by the
+    // service it calls with the request's own token
+    // (tests/mcp/client_test.py: a viewer's submit_job is refused).
+    ("POST /mcp", "AuthService/WhoAmI"),
+    ("GET /mcp", "AuthService/WhoAmI"),
+    ("DELETE /mcp", "AuthService/WhoAmI"),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

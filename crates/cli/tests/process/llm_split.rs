@@ -33,6 +33,85 @@ fn scripted() -> (Script, String, std::sync::mpsc::Sender<()>) {
     (script, url, stop_tx)
 }
 
+/// The three processes of these tests, their data under `dir`: the core
+/// services (with `core_cfg`, if any), the executor (with `cfg`), and
+/// `switchyard agents serve` hosting `agents_dir`; `env` goes to the
+/// executor and the agents (provider keys). Returns (core, executor, agents).
+fn split(
+    dir: &std::path::Path,
+    core_cfg: Option<&str>,
+    cfg: &str,
+    agents_dir: &std::path::Path,
+    env: &[(&str, &str)],
+) -> (Proc, Proc, Proc) {
+    let d = |n: &str| {
+        let p = dir.join(n);
+        std::fs::create_dir_all(&p).unwrap();
+        p.to_str().unwrap().to_owned()
+    };
+    let core_dir = d("core");
+    let mut core_args = vec![
+        "serve",
+        "--services",
+        "registry,router,ledger,approval,auth",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &core_dir,
+    ];
+    if let Some(c) = core_cfg {
+        core_args.extend(["--config", c]);
+    }
+    let core = Proc::start(&core_args, &[]);
+    let c = core.url();
+    let mut x_env = vec![
+        ("SWITCHYARD_AUTH__KEYS_URL", c.as_str()),
+        ("SWITCHYARD_EXECUTOR__REGISTRY_URL", c.as_str()),
+        ("SWITCHYARD_EXECUTOR__ROUTER_URL", c.as_str()),
+        ("SWITCHYARD_EXECUTOR__LEDGER_URL", c.as_str()),
+        ("SWITCHYARD_EXECUTOR__APPROVAL_URL", c.as_str()),
+        ("SWITCHYARD_EXECUTOR__APPROVAL_POLL_MS", "50"),
+    ];
+    x_env.extend_from_slice(env);
+    let executor = Proc::start(
+        &[
+            "serve",
+            "--services",
+            "executor",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &d("executor"),
+            "--config",
+            cfg,
+        ],
+        &x_env,
+    );
+    let x = executor.url();
+    let agents_token = token(&c, "agents");
+    let mut a_env = vec![
+        ("SWITCHYARD_AGENTS__EXECUTOR_URL", x.as_str()),
+        ("SWITCHYARD_TOKEN", agents_token.as_str()),
+    ];
+    a_env.extend_from_slice(env);
+    let agents = Proc::start(
+        &[
+            "agents",
+            "serve",
+            "--dir",
+            agents_dir.to_str().unwrap(),
+            "--url",
+            &c,
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            cfg,
+        ],
+        &a_env,
+    );
+    (core, executor, agents)
+}
+
 /// Submits `file` as alice; returns the job id, run id and state.
 fn submit(url: &str, file: &str) -> (String, String, String) {
     let out = ok(&cli(
@@ -76,68 +155,17 @@ models = [
     )
     .unwrap();
     let cfg = config.to_str().unwrap();
-    let key = ("SWITCHYARD_TEST_LLM_KEY", "sk-test-split");
-    let d = |n: &str| {
-        let p = dir.path().join(n);
-        std::fs::create_dir_all(&p).unwrap();
-        p.to_str().unwrap().to_owned()
-    };
-    let core = Proc::start(
+    let (core, executor, agents) = split(
+        dir.path(),
+        None,
+        cfg,
+        &repo_root().join("examples/agents"),
         &[
-            "serve",
-            "--services",
-            "registry,router,ledger,approval,auth",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            &d("core"),
-        ],
-        &[],
-    );
-    let c = core.url();
-    let executor = Proc::start(
-        &[
-            "serve",
-            "--services",
-            "executor",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            &d("executor"),
-            "--config",
-            cfg,
-        ],
-        &[
-            ("SWITCHYARD_AUTH__KEYS_URL", &c),
-            ("SWITCHYARD_EXECUTOR__REGISTRY_URL", &c),
-            ("SWITCHYARD_EXECUTOR__ROUTER_URL", &c),
-            ("SWITCHYARD_EXECUTOR__LEDGER_URL", &c),
-            ("SWITCHYARD_EXECUTOR__APPROVAL_URL", &c),
-            ("SWITCHYARD_EXECUTOR__APPROVAL_POLL_MS", "50"),
-            key,
+            ("SWITCHYARD_TEST_LLM_KEY", "sk-test-split"),
             ("SWITCHYARD_TEST_ANTHROPIC_KEY", "sk-ant-split"),
         ],
     );
-    let x = executor.url();
-    let agents = Proc::start(
-        &[
-            "agents",
-            "serve",
-            "--dir",
-            repo_root().join("examples/agents").to_str().unwrap(),
-            "--url",
-            &c,
-            "--listen",
-            "127.0.0.1:0",
-            "--config",
-            cfg,
-        ],
-        &[
-            ("SWITCHYARD_AGENTS__EXECUTOR_URL", &x),
-            ("SWITCHYARD_TOKEN", &token(&c, "agents")),
-            key,
-        ],
-    );
+    let (c, x) = (core.url(), executor.url());
     wait_for(
         "the summarizer is routable",
         Duration::from_secs(20),
@@ -306,69 +334,14 @@ read_paths = ["/usr", "/lib", "/lib64", "/bin", "/etc/ld.so.cache", "/etc/ssl/op
     )
     .unwrap();
     let cfg = config.to_str().unwrap();
-    let key = ("SWITCHYARD_TEST_LLM_KEY", "sk-test-split");
-    let d = |n: &str| {
-        let p = dir.path().join(n);
-        std::fs::create_dir_all(&p).unwrap();
-        p.to_str().unwrap().to_owned()
-    };
-    let core = Proc::start(
-        &[
-            "serve",
-            "--services",
-            "registry,router,ledger,approval,auth",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            &d("core"),
-            "--config",
-            cfg,
-        ],
-        &[],
+    let (core, executor, agents) = split(
+        dir.path(),
+        Some(cfg),
+        cfg,
+        &dir.path().join("agents"),
+        &[("SWITCHYARD_TEST_LLM_KEY", "sk-test-split")],
     );
-    let c = core.url();
-    let executor = Proc::start(
-        &[
-            "serve",
-            "--services",
-            "executor",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            &d("executor"),
-            "--config",
-            cfg,
-        ],
-        &[
-            ("SWITCHYARD_AUTH__KEYS_URL", &c),
-            ("SWITCHYARD_EXECUTOR__REGISTRY_URL", &c),
-            ("SWITCHYARD_EXECUTOR__ROUTER_URL", &c),
-            ("SWITCHYARD_EXECUTOR__LEDGER_URL", &c),
-            ("SWITCHYARD_EXECUTOR__APPROVAL_URL", &c),
-            ("SWITCHYARD_EXECUTOR__APPROVAL_POLL_MS", "50"),
-            key,
-        ],
-    );
-    let x = executor.url();
-    let agents = Proc::start(
-        &[
-            "agents",
-            "serve",
-            "--dir",
-            dir.path().join("agents").to_str().unwrap(),
-            "--url",
-            &c,
-            "--listen",
-            "127.0.0.1:0",
-            "--config",
-            cfg,
-        ],
-        &[
-            ("SWITCHYARD_AGENTS__EXECUTOR_URL", &x),
-            ("SWITCHYARD_TOKEN", &token(&c, "agents")),
-            key,
-        ],
-    );
+    let (c, x) = (core.url(), executor.url());
     // The filesystem reference server, started by the registry process.
     let server = dir.path().join("fs.yaml");
     let index = servers.join("node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");

@@ -10,6 +10,7 @@ mod gateway;
 mod history;
 mod ledger_approval;
 mod llm_split;
+mod mcp_server;
 mod mtls;
 mod outage;
 mod polyglot;

