@@ -226,6 +226,22 @@ def check_ojs_dead_letter_and_activate_are_operators_and_approvers():
     assert r.status_code == 200 and r.json()["job"]["state"] == "available", r.text
 
 
+def check_mcp_endpoint_needs_a_token_and_speaks_mcp():
+    mcp = {"Accept": "application/json, text/event-stream"}
+    r = call("POST", "/mcp", "/mcp", None, json={"jsonrpc": "2.0", "id": 1, "method": "ping"}, headers=dict(mcp))
+    assert r.status_code == 401 and r.headers.get("WWW-Authenticate") == "Bearer", r.text
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "py", "version": "1"}}}
+    r = call("POST", "/mcp", "/mcp", ALICE, json=init, headers=dict(mcp))
+    assert r.status_code == 200 and '"switchyard"' in r.text, r.text
+    sid = r.headers["mcp-session-id"]
+    # The session's event stream needs the token too (with it, it would stay open).
+    r = call("GET", "/mcp", "/mcp", None, headers={"mcp-session-id": sid, "Accept": "text/event-stream"})
+    assert r.status_code == 401, r.text
+    r = call("DELETE", "/mcp", "/mcp", ALICE, headers={"mcp-session-id": sid})
+    assert r.status_code in (200, 202, 204), r.text
+
+
 def check_every_documented_route_was_exercised():
     doc = check_openapi_document_is_valid_and_open.doc
     documented = {(m.upper(), p) for p, item in doc["paths"].items() for m in item if m in ("get", "post", "put", "patch", "delete")}

@@ -29,6 +29,7 @@ mod executor;
 mod gateway;
 mod history;
 mod llm;
+mod mcp;
 mod metrics;
 mod queue;
 mod real_llm;
@@ -231,6 +232,10 @@ async fn run() -> anyhow::Result<()> {
     // `switchyard-bench llm` runs only the agent loop's figures.
     if std::env::args().nth(1).as_deref() == Some("llm") {
         return llm::run().await;
+    }
+    // `switchyard-bench mcp` runs only the MCP tool-call figures.
+    if std::env::args().nth(1).as_deref() == Some("mcp") {
+        return mcp::run().await;
     }
     // `switchyard-bench metrics` runs only the metrics' cost.
     if std::env::args().nth(1).as_deref() == Some("metrics") {

@@ -47,7 +47,7 @@ fn python_clients_drive_both_doors_of_switchyard_dev() {
         "python clients failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("11 passed, 0 failed"), "{stdout}");
+    assert!(stdout.contains("12 passed, 0 failed"), "{stdout}");
     assert_eq!(dev.terminate(), Some(0));
 }
 
@@ -93,6 +93,46 @@ fn redis_cli_submits_the_seed_example_with_the_seeds_answers() {
     assert_eq!(dev.terminate(), Some(0));
 }
 
+/// An MCP session at `url` with bearer `token` (initialize, then the
+/// initialized notification, with curl); returns a function posting one
+/// more JSON-RPC message in it and answering the response body.
+fn mcp_session(url: &str, token: &str) -> impl Fn(&str) -> String + use<> {
+    let post = {
+        let (url, token) = (url.to_owned(), token.to_owned());
+        move |session: Option<&str>, body: &str| {
+            let mut c = Command::new("curl");
+            c.args(["-s", "-D", "-", "-X", "POST", &url])
+                .args(["-H", "content-type: application/json"])
+                .args(["-H", "accept: application/json, text/event-stream"])
+                .arg("-H")
+                .arg(format!("authorization: Bearer {token}"));
+            if let Some(s) = session {
+                c.arg("-H").arg(format!("mcp-session-id: {s}"));
+            }
+            String::from_utf8_lossy(&c.arg("--data-binary").arg(body).output().unwrap().stdout)
+                .into_owned()
+        }
+    };
+    let init = post(
+        None,
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}"#,
+    );
+    assert!(init.contains(r#""name":"switchyard""#), "{init}");
+    let session = init
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no session id: {init}"));
+    post(
+        Some(&session),
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
+    move |body: &str| post(Some(&session), body)
+}
+
 /// `switchyard job … --as WHO` against `url`, which must succeed.
 fn ok_as(url: &str, args: &[&str], who: &str) -> String {
     let mut all = args.to_vec();
@@ -121,6 +161,8 @@ fn a_gateway_in_its_own_process_serves_both_doors_for_a_remote_executor() {
             (keys_var, keys_url.as_str()),
             ("SWITCHYARD_AUTH__DEV_CREDENTIALS", "false"),
             ("SWITCHYARD_GATEWAY__EXECUTOR_URL", url.as_str()),
+            ("SWITCHYARD_GATEWAY__REGISTRY_URL", url.as_str()),
+            ("SWITCHYARD_GATEWAY__APPROVAL_URL", url.as_str()),
         ],
     );
     assert!(
@@ -156,6 +198,10 @@ fn a_gateway_in_its_own_process_serves_both_doors_for_a_remote_executor() {
     assert_eq!(String::from_utf8_lossy(&get(&alice).stdout), "200");
     assert_eq!(String::from_utf8_lossy(&get(&carol).stdout), "404");
     assert_eq!(String::from_utf8_lossy(&get("syk_nope").stdout), "401");
+    // Its MCP endpoint reaches the remote services with alice's own token.
+    let mcp = mcp_session(&format!("{http}/mcp"), &alice);
+    let called = mcp(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"get_job","arguments":{"job_id":"ID"}}}"#.replace("ID", &id).as_str());
+    assert!(called.contains(r#"\"submitted_by\":\"alice\""#), "{called}");
     assert_eq!(gw.terminate(), Some(0));
     assert_eq!(dev.terminate(), Some(0));
 }

@@ -282,9 +282,72 @@ models = [
         "{claude:?}"
     );
 
+    // 3. An A2A agent (the Python a2a-sdk example): the core's registry
+    // reads its card, the executor process calls it over A2A.
+    let (_a2a, port) = a2a_agent(&dir.path().join("a2a.log"));
+    let reg = dir.path().join("text-tricks.yaml");
+    std::fs::write(
+        &reg,
+        format!("card_url: http://127.0.0.1:{port}/.well-known/agent-card.json\nprice_per_unit_micro_usd: 1000\ntrust_score: 75\n"),
+    )
+    .unwrap();
+    let registered = ok(&cli(
+        &c,
+        &["agent", "register-a2a", "-f", reg.to_str().unwrap()],
+    ));
+    assert!(
+        registered.starts_with("registered A2A agent text_tricks"),
+        "{registered}"
+    );
+    wait_for("the A2A agent is routable", Duration::from_secs(20), || {
+        routed(&c, &["--capability", "text.shout"]).is_some_and(|ids| ids == ["text_tricks"])
+    });
+    let (job, run, _) = submit(&x, "examples/jobs/a2a_mixed.yaml");
+    ok(&cli(&c, &["approval", "approve", &run, "--as", "bob"]));
+    let watched = ok(&cli(&x, &["job", "watch", &job]));
+    assert!(watched.contains("job -> completed"), "{watched}");
+    let got: serde_json::Value =
+        serde_json::from_str(&ok(&cli(&x, &["job", "get", &job, "-o", "json"]))).unwrap();
+    assert_eq!(got["tasks"][1]["agent_id"], "text_tricks", "{got}");
+
     assert_eq!(agents.terminate(), Some(0));
     assert_eq!(executor.terminate(), Some(0));
     assert_eq!(core.terminate(), Some(0));
+}
+
+/// The example A2A agent (`examples/a2a/agent.py`, Python a2a-sdk) on a
+/// port the kernel picks: the child (killed when dropped) and its port.
+fn a2a_agent(log: &std::path::Path) -> (KillOnDrop, u16) {
+    use std::io::BufRead as _;
+    let mut child = std::process::Command::new(tool("SWITCHYARD_PYTHON"))
+        .arg(repo_root().join("examples/a2a/agent.py"))
+        .arg(log)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let port = lines
+        .find_map(|l| {
+            l.ok()?
+                .strip_prefix("LISTENING ")?
+                .trim()
+                .parse::<u16>()
+                .ok()
+        })
+        .expect("the agent prints LISTENING <port>");
+    // Keep draining its stderr so it never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    (KillOnDrop(child), port)
+}
+
+/// A child process killed when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Where `make test` installed the MCP reference servers (`tests/mcp`).
@@ -293,7 +356,7 @@ fn mcp_servers() -> std::path::PathBuf {
 }
 
 #[test]
-fn mcp_tools_run_for_tasks_and_declarative_agents_across_processes() {
+fn mcp_tools_and_a2a_agents_serve_tasks_and_declarative_agents_across_processes() {
     use std::os::unix::fs::PermissionsExt;
     let (script, llm_url, _stop) = scripted();
     let dir = tempfile::tempdir().unwrap();
