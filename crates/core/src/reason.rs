@@ -247,12 +247,14 @@ mod tests {
         for r in Reason::ALL {
             assert_eq!(Reason::parse(r.as_str()), Some(*r));
             assert!(seen.insert(r.as_str()), "duplicate wire form {r}");
-            assert!(
-                r.as_str()
-                    .chars()
-                    .all(|c| c.is_ascii_uppercase() || c == '_'),
-                "{r} is not UPPER_SNAKE"
-            );
+            // google.rpc.ErrorInfo: `[A-Z][A-Z0-9_]+[A-Z0-9]`, at most 63.
+            let s = r.as_str();
+            let ok = s.len() <= 63
+                && s.starts_with(|c: char| c.is_ascii_uppercase())
+                && s.ends_with(|c: char| c.is_ascii_uppercase() || c.is_ascii_digit())
+                && s.chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+            assert!(ok, "{r} does not match ErrorInfo's [A-Z][A-Z0-9_]+[A-Z0-9]");
         }
         assert_eq!(Reason::parse("NO_SUCH_REASON"), None);
     }

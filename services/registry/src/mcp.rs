@@ -629,10 +629,9 @@ impl Registry {
             s.remove(&name);
         }
         guard.changed.notify_one();
-        if let Some(session) = guard.session.take() {
-            // Calls in flight hold the session; the last one closes it.
-            drop(session);
-        }
+        // Calls in flight hold the session; the last one to end closes it
+        // (and stops a stdio server).
+        guard.session = None;
         tracing::info!(server = %name, "MCP server deregistered");
         Ok(())
     }
