@@ -784,36 +784,51 @@ impl Registry {
         let (ptx, mut prx) = mpsc::unbounded_channel();
         let call = session.call(&tool.mcp_tool, args, ptx);
         tokio::pin!(call);
-        loop {
+        let ended = loop {
+            // Progress first: what the server sent before its answer is
+            // relayed before the result.
             tokio::select! {
-                r = &mut call => {
-                    return match r {
-                        Ok(r) => switchyard_mcp::result_value(&r),
-                        Err(e) => {
-                            if session.is_closed() || matches!(e, switchyard_mcp::McpError::Closed { .. }) {
-                                self.lost(&tool.mcp_server, &session, &e.to_string()).await;
-                            }
-                            Err(e.to_string())
-                        }
-                    };
-                }
+                biased;
                 Some(pg) = prx.recv() => {
-                    let ev = CallMcpToolResponse {
-                        event: Some(Event::Progress(McpProgress {
-                            progress: pg.progress,
-                            total: pg.total.unwrap_or(0.0),
-                            message: pg.message.unwrap_or_default(),
-                        })),
-                    };
-                    if tx.send(Ok(ev)).await.is_err() {
+                    if !relay(tx, pg).await {
                         return Err("the caller went away".into());
                     }
                 }
+                r = &mut call => break r,
                 () = tx.closed() => return Err("the caller went away".into()),
                 () = self.inner.shutdown.wait() => return Err("the registry is shutting down".into()),
             }
+        };
+        while let Ok(pg) = prx.try_recv() {
+            if !relay(tx, pg).await {
+                return Err("the caller went away".into());
+            }
+        }
+        match ended {
+            Ok(r) => switchyard_mcp::result_value(&r),
+            Err(e) => {
+                if session.is_closed() || matches!(e, switchyard_mcp::McpError::Closed { .. }) {
+                    self.lost(&tool.mcp_server, &session, &e.to_string()).await;
+                }
+                Err(e.to_string())
+            }
         }
     }
+}
+
+/// Sends one progress update to the caller; false when it went away.
+async fn relay(
+    tx: &mpsc::Sender<Result<CallMcpToolResponse, Status>>,
+    pg: switchyard_mcp::Progress,
+) -> bool {
+    let ev = CallMcpToolResponse {
+        event: Some(Event::Progress(McpProgress {
+            progress: pg.progress,
+            total: pg.total.unwrap_or(0.0),
+            message: pg.message.unwrap_or_default(),
+        })),
+    };
+    tx.send(Ok(ev)).await.is_ok()
 }
 
 fn info_of(slot: &Slot, tools: &[String]) -> McpServerInfo {
