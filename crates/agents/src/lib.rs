@@ -242,7 +242,7 @@ impl Hosted {
             .cloned()
             .collect();
         let mut specs = Vec::new();
-        let mut endpoints = HashMap::new();
+        let mut registered = HashMap::new();
         if !names.is_empty() {
             let listed = self
                 .registry
@@ -260,7 +260,7 @@ impl Hosted {
                         .map(switchyard_kit::json::struct_to_json)
                         .unwrap_or(json!({"type": "object"})),
                 });
-                endpoints.insert(t.name.clone(), t);
+                registered.insert(t.name.clone(), t);
             }
         }
         if a.uses_tools.iter().any(|t| t == delegation::TOOL) && self.executor.is_some() {
@@ -270,7 +270,7 @@ impl Hosted {
                 parameters: delegation::tool_schema(),
             });
         }
-        Ok((specs, endpoints))
+        Ok((specs, registered))
     }
 }
 
@@ -296,7 +296,7 @@ struct InvocationHost<'a> {
     correlation: CorrelationContext,
     key: String,
     /// The registered tools the agent lists, by name.
-    endpoints: HashMap<String, Tool>,
+    registered: HashMap<String, Tool>,
 }
 
 impl Host for InvocationHost<'_> {
@@ -369,7 +369,7 @@ impl Host for InvocationHost<'_> {
                 return self.delegate(args).await;
             }
             let tool = self
-                .endpoints
+                .registered
                 .get(name)
                 .ok_or_else(|| format!("tool {name:?} has no provider endpoint"))?;
             if !tool.mcp_server.is_empty() {
@@ -493,7 +493,7 @@ impl Agent for Hosted {
                 agent.registry_id
             ));
         }
-        let (tools, endpoints) = match self.tools(agent).await {
+        let (tools, registered) = match self.tools(agent).await {
             Ok(x) => x,
             Err(e) => return respond::error(format!("{}: {e}", Reason::Unavailable)),
         };
@@ -538,7 +538,7 @@ impl Agent for Hosted {
                 format!("{}/{}", ctx.idempotency_key, ctx.attempt)
             },
             correlation,
-            endpoints,
+            registered,
         };
         let ran = agent::run(&self.llm, &spec, &host).await;
         let (report, status, error) = match ran {

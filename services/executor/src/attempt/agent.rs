@@ -280,8 +280,9 @@ impl Executor {
         if endpoint == *crate::lock(&self.inner.local_endpoint) {
             return Ok(AgentClient::local(self.inner.local_agents.clone()));
         }
+        // A re-registration may change how an A2A agent is spoken to.
         let key = match &c.a2a {
-            Some(_) => format!("a2a {endpoint}"),
+            Some(b) => format!("a2a {} {} {endpoint}", b.protocol_version, b.streaming),
             None => endpoint.to_owned(),
         };
         let mut agents = crate::lock(&self.inner.agents);
