@@ -311,7 +311,8 @@ fn refused(s: tonic::Status) -> String {
 }
 
 impl SwitchyardMcp {
-    /// Runs tool `name`; `Err` is a tool error the model reads.
+    /// Runs tool `name` (the job tools here, the rest in
+    /// [`Self::directory`]); `Err` is a tool error the model reads.
     async fn run(
         &self,
         name: &str,
@@ -375,6 +376,18 @@ impl SwitchyardMcp {
                 let j = c.jobs.cancel_job(req).await.map_err(refused)?;
                 Ok(job_json(&j.job.unwrap_or_default()))
             }
+            other => self.directory(&c, other, args).await,
+        }
+    }
+
+    /// The tools that read the registry and the approval service.
+    async fn directory(
+        &self,
+        c: &Clients,
+        name: &str,
+        args: &Map<String, Value>,
+    ) -> Result<Value, String> {
+        match name {
             "list_agents" => {
                 let req = ListAgentsRequest {
                     capability: args
