@@ -314,6 +314,21 @@ impl Sandbox {
         }
     }
 
+    /// Logs [`Sandbox::describe`] once at start-up, prefixed with `whom`
+    /// (what it confines) when given: info when it confines, error when it
+    /// refuses (no kernel support), warn when an operator turned it off.
+    pub fn log(&self, whom: Option<&str>) {
+        let line = match whom {
+            Some(w) => format!("{w}: {}", self.describe()),
+            None => self.describe(),
+        };
+        match (self.mode, self.unavailable()) {
+            (SandboxMode::On, None) => tracing::info!("{line}"),
+            (SandboxMode::On, Some(_)) => tracing::error!("{line}"),
+            (SandboxMode::Off, _) => tracing::warn!("{line}"),
+        }
+    }
+
     /// Everything a run of `program` needs applied between fork and exec.
     pub fn confine(
         &self,

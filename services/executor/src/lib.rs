@@ -144,11 +144,7 @@ impl Executor {
             scratch_root: &cfg.scratch_dir,
         })
         .map_err(ExecutorError::Sandbox)?;
-        match (sandbox.mode(), sandbox.unavailable()) {
-            (SandboxMode::On, None) => tracing::info!("{}", sandbox.describe()),
-            (SandboxMode::On, Some(_)) => tracing::error!("{}", sandbox.describe()),
-            (SandboxMode::Off, _) => tracing::warn!("{}", sandbox.describe()),
-        }
+        sandbox.log(None);
         let programs = Programs::resolve(&cfg.commands, &cfg.path);
         for (name, why) in programs.unusable() {
             tracing::warn!(command = name, "allowlisted command cannot run: {why}");

@@ -167,9 +167,7 @@ impl Hub {
             scratch_root: &cfg.scratch_dir,
         });
         match &sandbox {
-            Ok(s) if !cfg.commands.is_empty() => {
-                tracing::info!("stdio MCP servers: {}", s.describe());
-            }
+            Ok(s) if !cfg.commands.is_empty() => s.log(Some("stdio MCP servers")),
             Ok(_) => {}
             Err(e) => tracing::error!("stdio MCP servers are refused: {e}"),
         }
