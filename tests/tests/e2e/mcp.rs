@@ -79,6 +79,21 @@ async fn registry(s: &Stack) -> Registry {
     RegistryServiceClient::new(s.channel().await.unwrap())
 }
 
+/// A scratch directory, the stack (with `tweak`) and a registry client.
+async fn started(
+    tweak: impl FnOnce(&mut switchyard_cli::Config),
+) -> (tempfile::TempDir, Env, Registry) {
+    let scratch = open_dir();
+    let e = stack(scratch.path(), tweak).await;
+    let r = registry(&e.stack).await;
+    (scratch, e, r)
+}
+
+/// The reference server-everything over stdio, named `everything`.
+fn everything() -> McpServer {
+    stdio("everything", &[&npm_server("server-everything"), "stdio"])
+}
+
 fn stdio(name: &str, args: &[&str]) -> McpServer {
     McpServer {
         name: name.into(),
@@ -219,11 +234,8 @@ pub(crate) async fn until<F: std::future::Future<Output = bool>>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reference_servers_over_stdio_serve_an_llm_task_with_every_tool_guarantee() {
-    let scratch = open_dir();
-    let mut e = stack(scratch.path(), |_| {}).await;
-    let mut r = registry(&e.stack).await;
-    let everything = npm_server("server-everything");
-    let reg = register(&mut r, stdio("everything", &[&everything, "stdio"])).await;
+    let (scratch, mut e, mut r) = started(|_| {}).await;
+    let reg = register(&mut r, everything()).await;
     assert!(reg.created);
     let names: Vec<&str> = reg.tools.iter().map(|t| t.name.as_str()).collect();
     for want in [
@@ -345,9 +357,7 @@ async fn reference_servers_over_stdio_serve_an_llm_task_with_every_tool_guarante
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stdio_server_is_confined_by_the_sandbox_whatever_it_allows_itself() {
-    let scratch = open_dir();
-    let e = stack(scratch.path(), |_| {}).await;
-    let mut r = registry(&e.stack).await;
+    let (scratch, e, mut r) = started(|_| {}).await;
     // The filesystem server told it may serve the whole disk: the sandbox
     // still lets it read only the system paths and its scratch directory.
     let fs = npm_server("server-filesystem");
@@ -475,11 +485,8 @@ fn pids_in(dir: &Path) -> Vec<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_dies_mid_call_fails_that_call_and_is_started_again_for_the_next() {
-    let scratch = open_dir();
-    let e = stack(scratch.path(), |_| {}).await;
-    let mut r = registry(&e.stack).await;
-    let everything = npm_server("server-everything");
-    register(&mut r, stdio("everything", &[&everything, "stdio"])).await;
+    let (scratch, e, mut r) = started(|_| {}).await;
+    register(&mut r, everything()).await;
     let mut stream = r
         .call_mcp_tool(CallMcpToolRequest {
             name: "everything__trigger_long_running_operation".into(),
@@ -535,7 +542,6 @@ async fn a_server_that_dies_mid_call_fails_that_call_and_is_started_again_for_th
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reference_server_over_streamable_http_lists_and_runs_its_tools() {
-    let scratch = open_dir();
     let server = listening(
         "node",
         &[
@@ -546,8 +552,7 @@ async fn the_reference_server_over_streamable_http_lists_and_runs_its_tools() {
         ],
     )
     .await;
-    let e = stack(scratch.path(), |_| {}).await;
-    let mut r = registry(&e.stack).await;
+    let (_scratch, e, mut r) = started(|_| {}).await;
     let url = format!("http://127.0.0.1:{}/mcp", server.port);
     let reg = register(&mut r, http("web", &url)).await;
     assert!(
@@ -581,8 +586,7 @@ async fn the_reference_server_over_streamable_http_lists_and_runs_its_tools() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_registrations_are_refused_with_the_reason_and_store_nothing() {
-    let scratch = open_dir();
-    let e = stack(scratch.path(), |c| {
+    let (_scratch, e, mut r) = started(|c| {
         c.registry.mcp.secrets.insert(
             "gh".into(),
             switchyard_registry::mcp::McpSecret {
@@ -592,7 +596,6 @@ async fn bad_registrations_are_refused_with_the_reason_and_store_nothing() {
         );
     })
     .await;
-    let mut r = registry(&e.stack).await;
     let refuse = |server: McpServer| {
         let mut r = r.clone();
         async move {
@@ -654,8 +657,7 @@ async fn bad_registrations_are_refused_with_the_reason_and_store_nothing() {
     assert!(servers.is_empty(), "{servers:?}");
 
     // An MCP tool changes only with its server.
-    let everything = npm_server("server-everything");
-    register(&mut r, stdio("everything", &[&everything, "stdio"])).await;
+    register(&mut r, everything()).await;
     let s = r
         .register_tool(RegisterToolRequest {
             tool: Some(Tool {

@@ -166,14 +166,7 @@ models = [
         ],
     );
     let (c, x) = (core.url(), executor.url());
-    wait_for(
-        "the summarizer is routable",
-        Duration::from_secs(20),
-        || {
-            routed(&c, &["--capability", "text.summary"])
-                .is_some_and(|ids| ids == ["agent_summarizer"])
-        },
-    );
+    wait_routed(&c, "text.summary", &["agent_summarizer"]);
     let summary = ok(&cli(&c, &["tool", "summary"]));
     assert!(
         summary.contains("Available agents:\n- agent_summarizer: Use this agent to summarize"),
@@ -299,9 +292,7 @@ models = [
         registered.starts_with("registered A2A agent text_tricks"),
         "{registered}"
     );
-    wait_for("the A2A agent is routable", Duration::from_secs(20), || {
-        routed(&c, &["--capability", "text.shout"]).is_some_and(|ids| ids == ["text_tricks"])
-    });
+    wait_routed(&c, "text.shout", &["text_tricks"]);
     let (job, run, _) = submit(&x, "examples/jobs/a2a_mixed.yaml");
     ok(&cli(&c, &["approval", "approve", &run, "--as", "bob"]));
     let watched = ok(&cli(&x, &["job", "watch", &job]));
@@ -426,9 +417,7 @@ read_paths = ["/usr", "/lib", "/lib64", "/bin", "/etc/ld.so.cache", "/etc/ssl/op
     );
     let listed = ok(&cli(&c, &["tool", "mcp", "list"]));
     assert!(listed.contains("fs    connected"), "{listed}");
-    wait_for("the reader is routable", Duration::from_secs(20), || {
-        routed(&c, &["--capability", "notes.read"]).is_some_and(|ids| ids == ["agent_reader"])
-    });
+    wait_routed(&c, "notes.read", &["agent_reader"]);
 
     // 1. An LLM task in the executor process writes and reads through the
     // registry process's session.

@@ -298,6 +298,15 @@ pub fn ok(out: &Output) -> String {
 }
 
 /// Polls `f` every 50 ms until it returns true (bounded by `limit`).
+/// Waits (bounded) until routing `capability` at `url` ranks exactly `ids`.
+pub fn wait_routed(url: &str, capability: &str, ids: &[&str]) {
+    wait_for(
+        &format!("{capability} routes to {ids:?}"),
+        Duration::from_secs(20),
+        || routed(url, &["--capability", capability]).is_some_and(|got| got == ids),
+    );
+}
+
 pub fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !f() {
