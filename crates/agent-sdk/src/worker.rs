@@ -49,6 +49,9 @@ pub struct Done {
     pub result: serde_json::Value,
     /// Tokens it spent (committed on the job's budget by the handler).
     pub tokens_used: u64,
+    /// Artifacts it produced; each kind must be allowed by the job's
+    /// outputs_allowed.
+    pub artifacts: Vec<switchyard_proto::common::v1::NewArtifact>,
 }
 
 impl Done {
@@ -57,7 +60,14 @@ impl Done {
         Done {
             result,
             tokens_used: 0,
+            artifacts: Vec::new(),
         }
+    }
+
+    /// The same result with an artifact.
+    pub fn with_artifact(mut self, a: switchyard_proto::common::v1::NewArtifact) -> Done {
+        self.artifacts.push(a);
+        self
     }
 }
 
@@ -318,6 +328,7 @@ async fn settle(
                 worker_id: worker_id.to_owned(),
                 result: Some(json_to_value(&done.result)),
                 tokens_used: done.tokens_used,
+                artifacts: done.artifacts,
             };
             (workers.ack(req).await.map(|_| ()), Settled::Acked)
         }

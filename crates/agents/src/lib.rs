@@ -564,6 +564,7 @@ impl Agent for Hosted {
             }),
             billed: true,
             model_used: report.model_used,
+            artifacts: Vec::new(),
         }
     }
 }

@@ -9,6 +9,7 @@
 //! [`spend`] is the one way to spend on a budget: reserve, then commit or
 //! release, with one idempotency-key builder.
 
+pub mod artifacts;
 pub mod spend;
 
 /// The registry (AINS): agents, tools, leases, outcomes.
@@ -165,6 +166,10 @@ pub mod approval {
                 export_prompt_bundle(ExportPromptBundleRequest) -> ExportPromptBundleResponse;
                 /// Imports a manual result.
                 import_manual_result(ImportManualResultRequest) -> ImportManualResultResponse;
+                /// Lists a run's artifacts.
+                list_run_artifacts(ListRunArtifactsRequest) -> ListRunArtifactsResponse;
+                /// Returns one of a run's artifacts.
+                get_run_artifact(GetRunArtifactRequest) -> GetRunArtifactResponse;
             }
             streaming {
                 /// Streams run events.
@@ -233,6 +238,10 @@ pub mod executor {
                 retry_dead_letter(RetryDeadLetterRequest) -> RetryDeadLetterResponse;
                 /// DeleteDeadLetter.
                 delete_dead_letter(DeleteDeadLetterRequest) -> DeleteDeadLetterResponse;
+                /// ListArtifacts.
+                list_artifacts(ListArtifactsRequest) -> ListArtifactsResponse;
+                /// GetArtifact.
+                get_artifact(GetArtifactRequest) -> GetArtifactResponse;
             }
             streaming {
                 /// WatchJob.

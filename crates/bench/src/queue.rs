@@ -99,6 +99,7 @@ async fn ack(workers: &WorkerClient, worker: &str, task: LeasedTask) -> anyhow::
             worker_id: worker.into(),
             result: None,
             tokens_used: 0,
+            artifacts: Vec::new(),
         })
         .await?;
     Ok(())

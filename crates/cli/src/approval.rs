@@ -70,6 +70,27 @@ pub enum ApprovalCmd {
         /// The context hash from the bundle.
         #[arg(long)]
         context_hash: String,
+        /// Kind of artifact the result is kept as (file, changeset_bundle,
+        /// draft_pr, issue_comment, test_plan); the run's outputs_allowed
+        /// must allow it.
+        #[arg(long, default_value = "file")]
+        kind: String,
+        /// File name of that artifact (default result.md).
+        #[arg(long)]
+        name: Option<String>,
+        /// Its media type (default text/markdown).
+        #[arg(long)]
+        media_type: Option<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List a run's artifacts; with --out, download them byte for byte.
+    Artifacts {
+        /// Run id.
+        id: String,
+        /// Write each artifact to DIR/<path>.
+        #[arg(long = "out", value_name = "DIR")]
+        out: Option<PathBuf>,
         #[command(flatten)]
         conn: Conn,
     },
@@ -146,7 +167,13 @@ pub fn run_json(r: &Run) -> Value {
         "tools_allowed": r.tools_allowed, "outputs_allowed": r.outputs_allowed,
         "result": r.result.as_ref().map(|_| json!({
             "changeset_bundle_id": res.changeset_bundle_id, "draft_pr_url": res.draft_pr_url,
-            "artifact_paths": res.artifact_paths, "summary": res.summary, "content": res.content})),
+            "artifact_paths": res.artifact_paths, "summary": res.summary, "content": res.content,
+            "artifacts": res.artifacts.iter().map(|a| json!({"path": a.path, "artifact_id": a.artifact_id,
+                "kind": crate::output::artifact_kind(a.kind), "size_bytes": a.size_bytes})).collect::<Vec<_>>()})),
+        "adapter": r.adapter, "adapter_state": r.adapter_state, "reason_code": r.reason_code,
+        "tool_call": r.tool_call.as_ref().map(|t| json!({"job_id": t.job_id, "task_id": t.task_id,
+            "call_id": t.call_id, "tool": t.tool, "arguments": t.arguments, "reason": t.reason,
+            "attempt": t.attempt, "job_run_id": t.job_run_id})),
         "claimed_by": r.claimed_by, "claim_expires_at_ms": ms(&r.claim_expires_at),
         "retry_count": r.retry_count, "max_retries": r.max_retries,
         "next_attempt_at_ms": ms(&r.next_attempt_at), "last_error": r.last_error,
@@ -174,7 +201,16 @@ fn run_rows(runs: &[Run]) -> Vec<Vec<String>> {
                 estimate(r),
                 r.model.clone(),
                 r.max_tokens.to_string(),
-                r.intent.clone(),
+                match &r.tool_call {
+                    // What a person approves: the call itself.
+                    Some(t) => format!(
+                        "call {}({}) in job {}",
+                        t.tool,
+                        t.arguments.chars().take(80).collect::<String>(),
+                        t.job_id
+                    ),
+                    None => r.intent.clone(),
+                },
             ]
         })
         .collect()
@@ -429,20 +465,52 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
                 }
             }
         }
+        ApprovalCmd::Artifacts { id, out, conn } => {
+            let c = client(&conn).await?;
+            let list = c
+                .list_run_artifacts(ListRunArtifactsRequest { run_id: id.clone() })
+                .await
+                .map_err(api)?
+                .artifacts;
+            let fetch = |artifact_id: String| {
+                let (c, id, list) = (c.clone(), id.clone(), list.clone());
+                async move {
+                    let path = list
+                        .iter()
+                        .find(|a| a.artifact_id == artifact_id)
+                        .map(|a| a.path.clone())
+                        .unwrap_or_default();
+                    let req = GetRunArtifactRequest { run_id: id, path };
+                    Ok(c.get_run_artifact(req).await.map_err(api)?.content)
+                }
+            };
+            crate::output::artifacts(&list, out.as_deref(), conn.output, fetch).await?;
+        }
         ApprovalCmd::Import {
             id,
             file,
             context_hash,
+            kind,
+            name,
+            media_type,
             conn,
         } => {
             let content = std::fs::read_to_string(&file)
                 .map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))?;
+            let Some(kind) = switchyard_core::artifact::ArtifactKind::parse(&kind) else {
+                anyhow::bail!(
+                    "--kind {kind:?} is not one of file, changeset_bundle, draft_pr, issue_comment, test_plan"
+                );
+            };
             let c = client(&conn).await?;
             let r = c
                 .import_manual_result(ImportManualResultRequest {
                     run_id: id,
                     content,
                     context_hash,
+                    kind: switchyard_api::artifacts::proto_kind(kind) as i32,
+                    name: name.unwrap_or_default(),
+                    media_type: media_type.unwrap_or_default(),
                 })
                 .await
                 .map_err(api)?;

@@ -107,6 +107,17 @@ pub enum JobCmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// List a job's artifacts (changeset bundles, draft PRs, files its
+    /// tasks produced); with --out, download them byte for byte.
+    Artifacts {
+        /// Job id.
+        id: String,
+        /// Write each artifact to DIR/<task id>/<name>.
+        #[arg(long = "out", value_name = "DIR")]
+        out: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        conn: Conn,
+    },
     /// Outputs, partial results, cost and execution time.
     #[command(after_help = crate::report::EXIT_CODES)]
     Result {
@@ -929,6 +940,27 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             };
             show_result(&r, conn.output);
             result_ended(&r, wait)
+        }
+        JobCmd::Artifacts { id, out, conn } => {
+            let c = client(&conn).await?;
+            let list = c
+                .list_artifacts(switchyard_proto::executor::v1::ListArtifactsRequest {
+                    job_id: id.clone(),
+                })
+                .await
+                .map_err(api)?
+                .artifacts;
+            let fetch = |artifact: String| {
+                let (c, id) = (c.clone(), id.clone());
+                async move {
+                    let req = switchyard_proto::executor::v1::GetArtifactRequest {
+                        job_id: id,
+                        artifact,
+                    };
+                    Ok(c.get_artifact(req).await.map_err(api)?.content)
+                }
+            };
+            crate::output::artifacts(&list, out.as_deref(), conn.output, fetch).await
         }
         JobCmd::Result { id, wait, conn } => {
             let c = client(&conn).await?;

@@ -399,6 +399,10 @@ pub async fn run_node_then(
         })?;
         a.spawn_sweeper();
         a.spawn_pruner();
+        a.spawn_dispatcher();
+        if let Some(u) = &cfg.approval.adapters.executor_url {
+            a.set_executor(switchyard_api::ExecutorClient::remote(remote(u)?, max));
+        }
         server = server.add_service(a.server(max));
         approval = Some(a);
     }
@@ -446,6 +450,9 @@ pub async fn run_node_then(
             )
         })?;
         x.start(listener.local_addr()?);
+        if let Some(a) = &approval {
+            a.set_executor(switchyard_api::ExecutorClient::local(Arc::new(x.clone())));
+        }
         server = server.add_service(x.server(max));
         server = server.add_service(x.worker_server(max));
         if e.builtin_agents {

@@ -234,6 +234,75 @@ pub fn parse_usd(s: &str) -> Result<i64, String> {
         .ok_or_else(|| format!("{s:?} is too large"))
 }
 
+/// An artifact's kind as the CLI shows it (`changeset_bundle`, ...).
+pub fn artifact_kind(k: i32) -> &'static str {
+    switchyard_api::artifacts::kind_of(k).as_str()
+}
+
+/// Lists artifacts, and with `out` writes each under `out/<path>` byte for
+/// byte (`content` fetches one). A path that would leave `out` is refused.
+pub async fn artifacts<F, Fut>(
+    list: &[switchyard_proto::common::v1::Artifact],
+    out: Option<&std::path::Path>,
+    format: Format,
+    content: F,
+) -> anyhow::Result<()>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Vec<u8>>>,
+{
+    let mut written = Vec::new();
+    if let Some(dir) = out {
+        for a in list {
+            let rel = std::path::Path::new(&a.path);
+            let plain = rel
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !plain {
+                anyhow::bail!(
+                    "refusing to write artifact path {:?}: it is not a plain relative path",
+                    a.path
+                );
+            }
+            let bytes = content(a.artifact_id.clone()).await?;
+            let file = dir.join(rel);
+            if let Some(parent) = file.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| anyhow::anyhow!("creating {}: {e}", parent.display()))?;
+            }
+            std::fs::write(&file, &bytes)
+                .map_err(|e| anyhow::anyhow!("writing {}: {e}", file.display()))?;
+            written.push(file.display().to_string());
+        }
+    }
+    match format {
+        Format::Json => print_json(&json!({"items": list.iter().map(|a| json!({
+            "artifact_id": a.artifact_id, "path": a.path, "name": a.name,
+            "kind": artifact_kind(a.kind), "media_type": a.media_type,
+            "size_bytes": a.size_bytes, "task_id": a.task_id,
+        })).collect::<Vec<_>>(), "written": written})),
+        Format::Table => {
+            let rows: Vec<Vec<String>> = list
+                .iter()
+                .map(|a| {
+                    vec![
+                        a.path.clone(),
+                        artifact_kind(a.kind).to_owned(),
+                        a.media_type.clone(),
+                        a.size_bytes.to_string(),
+                        a.artifact_id.chars().take(19).collect(),
+                    ]
+                })
+                .collect();
+            table(&["PATH", "KIND", "MEDIA_TYPE", "BYTES", "ID"], &rows);
+            for w in &written {
+                eprintln!("wrote {w}");
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

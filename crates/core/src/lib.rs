@@ -7,6 +7,7 @@
 //! ([`lifecycle`]), job DAGs ([`dag`]), `${...}` templates ([`template`]),
 //! retry backoff ([`backoff`]) and time as an injectable clock ([`clock`]).
 
+pub mod artifact;
 pub mod backoff;
 pub mod clock;
 pub mod dag;

@@ -140,6 +140,8 @@ machine! {
         Cancelled => "cancelled",
         /// No agent offers the capability; re-checked later.
         Deferred => "deferred",
+        /// Mid-attempt, a tool call waits for a person's decision.
+        AwaitingApproval => "awaiting_approval",
     }
     terminal [Succeeded, Failed, Skipped, Cancelled]
     table {
@@ -148,7 +150,13 @@ machine! {
         // deadline passed before it could start.
         Ready => [Running, Skipped, Cancelled, Failed],
         // running -> ready: the executor restarted mid-attempt and runs it again.
-        Running => [Succeeded, Failed, Retrying, Deferred, Cancelled, Ready],
+        // running -> awaiting_approval: the model called a tool that needs a
+        // person's approval.
+        Running => [Succeeded, Failed, Retrying, Deferred, Cancelled, Ready, AwaitingApproval],
+        // awaiting_approval -> running: decided (approved, rejected or timed
+        // out: the attempt goes on either way); -> failed: the attempt could
+        // not ask (approval refused the proposal for good).
+        AwaitingApproval => [Running, Failed, Cancelled],
         Retrying => [Running, Failed, Cancelled],
         Deferred => [Running, Failed, Cancelled],
     }
@@ -187,8 +195,9 @@ mod tests {
                 | (Ready, Running | Skipped | Cancelled | Failed)
                 | (
                     Running,
-                    Succeeded | Failed | Retrying | Deferred | Cancelled | Ready
+                    Succeeded | Failed | Retrying | Deferred | Cancelled | Ready | AwaitingApproval
                 )
+                | (AwaitingApproval, Running | Failed | Cancelled)
                 | (Retrying, Running | Failed | Cancelled)
                 | (Deferred, Running | Failed | Cancelled)
         )
@@ -219,7 +228,7 @@ mod tests {
 
     #[test]
     fn every_task_pair_follows_the_table_with_a_reason_fixed_by_the_pair() {
-        assert_eq!(TaskState::ALL.len(), 9);
+        assert_eq!(TaskState::ALL.len(), 10);
         for &from in TaskState::ALL {
             for &to in TaskState::ALL {
                 let got = from.check(to);

@@ -184,6 +184,35 @@ reasons! {
     ToolTimeout => "AGENT_TOOL_TIMEOUT",
     /// A tool failed while running.
     ToolFailed => "AGENT_TOOL_FAILED",
+    /// A person rejected a tool call that needed approval (or cancelled its
+    /// approval run): the tool did not run.
+    ToolCallRejected => "TOOL_CALL_REJECTED",
+    /// Nobody decided about a tool call within the approval timeout: it
+    /// counts as rejected.
+    ToolApprovalTimeout => "TOOL_APPROVAL_TIMEOUT",
+    /// An artifact's kind is not allowed by its run's `outputs_allowed`.
+    ArtifactKindNotAllowed => "ARTIFACT_KIND_NOT_ALLOWED",
+    /// An artifact is larger than the configured limit, or its name is not
+    /// a plain file name.
+    ArtifactInvalid => "ARTIFACT_INVALID",
+    /// No artifact with that id or path belongs to the job or run.
+    ArtifactNotFound => "ARTIFACT_NOT_FOUND",
+    /// Adapter: the outside system could not be reached (connection refused,
+    /// DNS, TLS, timeout).
+    AdapterUnreachable => "ADAPTER_UNREACHABLE",
+    /// Adapter: the outside system refused the submission (a 4xx answer).
+    AdapterSubmissionRejected => "ADAPTER_SUBMISSION_REJECTED",
+    /// Adapter: the outside system failed (a 5xx answer, or an answer that
+    /// is not its protocol).
+    AdapterBadResponse => "ADAPTER_BAD_RESPONSE",
+    /// Adapter: the submitted job is unknown to the outside system.
+    AdapterJobNotFound => "ADAPTER_JOB_NOT_FOUND",
+    /// Adapter: the submitted job failed there.
+    AdapterJobFailed => "ADAPTER_JOB_FAILED",
+    /// Adapter: the submitted job was cancelled there.
+    AdapterJobCancelled => "ADAPTER_JOB_CANCELLED",
+    /// Adapter: the run names an adapter this server has not configured.
+    AdapterNotConfigured => "ADAPTER_NOT_CONFIGURED",
     /// `tool_choice=required`, but the model answered without a tool call.
     ToolCallRequired => "AGENT_TOOL_CALL_REQUIRED",
     /// The agent loop reached `max_turns` without a final answer.

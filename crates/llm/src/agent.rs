@@ -180,10 +180,57 @@ pub trait Host: Send + Sync {
     fn streams(&self) -> bool {
         false
     }
+    /// Whether a call of tool `name` waits for a person's decision first.
+    fn needs_approval(&self, _name: &str) -> bool {
+        false
+    }
+    /// Asks for that decision about the first pending call of `at` (its
+    /// arguments already checked) and waits for it. `at` is the loop's
+    /// state at that call: a host that can outlive the wait (a restart)
+    /// keeps it and goes on from there with [`resume`]. Time spent here
+    /// does not count against the loop's time budget.
+    fn gate<'a>(&'a self, _at: &'a Checkpoint) -> BoxFuture<'a, Gate> {
+        Box::pin(async { Gate::Run })
+    }
+}
+
+/// A person's decision about one tool call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gate {
+    /// Run it.
+    Run,
+    /// Do not: the model is told why, as the call's result.
+    Refused {
+        /// `TOOL_CALL_REJECTED` or `TOOL_APPROVAL_TIMEOUT`.
+        reason: Reason,
+        /// What the model is told.
+        message: String,
+    },
+}
+
+/// The loop's state at a tool call waiting for a decision: what [`resume`]
+/// needs to go on from that call, exactly where it was.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Checkpoint {
+    /// The turn whose calls are being run.
+    pub turn: u32,
+    /// The conversation so far: up to the model's message with the calls,
+    /// then the results of the calls already answered.
+    pub messages: Vec<Message>,
+    /// What the loop reported so far.
+    pub report: Report,
+    /// Tool choice of this turn.
+    pub tool_choice: ToolChoice,
+    /// The model chain from the model that answered.
+    pub chain: Vec<String>,
+    /// This turn's calls not yet answered; the first is the one waiting.
+    pub pending: Vec<crate::ToolCall>,
 }
 
 /// One tool call, as recorded (`ext_agent_tool_results`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct ToolResult {
     /// The model's id for the call.
     pub call_id: String,
@@ -204,7 +251,8 @@ pub struct ToolResult {
 }
 
 /// What a run produced, also when it failed (partial results).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Report {
     /// Final text.
     pub content: String,
@@ -327,6 +375,18 @@ pub fn check_schema(schema: &Value, value: &Value) -> Result<(), String> {
 
 /// Runs the loop.
 pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Failure> {
+    resume(llm, spec, host, None).await
+}
+
+/// Runs the loop, from its start or from `from`: a checkpoint a gated
+/// tool call left (the calls still pending run first, the first of them
+/// through [`Host::gate`] again, then the next turn).
+pub async fn resume(
+    llm: &Llm,
+    spec: &Spec,
+    host: &dyn Host,
+    from: Option<Checkpoint>,
+) -> Result<Report, Failure> {
     let mut report = Report::default();
     let fail = |reason: Reason, message: String, report: &Report| Failure {
         reason,
@@ -372,9 +432,38 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
     // conversation stays with one model, and a model known to be down is
     // not asked again on every turn.
     let mut chain: &[String] = &spec.chain;
-    for turn in 1..=spec.max_turns.max(1) {
+    // Waiting for a person moves the deadline out by the wait.
+    let mut deadline = spec.deadline;
+    let mut first = 1;
+    if let Some(cp) = from {
+        req.messages = cp.messages;
+        req.tool_choice = cp.tool_choice;
+        report = cp.report;
+        if let Some(i) = cp
+            .chain
+            .first()
+            .and_then(|m| spec.chain.iter().position(|c| c == m))
+        {
+            chain = &spec.chain[i..];
+        }
+        let round = Round {
+            spec,
+            host,
+            offered,
+            turn: cp.turn,
+            chain,
+        };
+        round
+            .run(&cp.pending, &mut req, &mut report, &mut deadline)
+            .await;
+        if req.tool_choice == ToolChoice::Required {
+            req.tool_choice = ToolChoice::Auto;
+        }
+        first = cp.turn + 1;
+    }
+    for turn in first..=spec.max_turns.max(1) {
         report.turns = turn;
-        if Instant::now() >= spec.deadline {
+        if Instant::now() >= deadline {
             return Err(fail(
                 Reason::AgentTimeBudget,
                 format!("the time budget ran out after {} turns", turn - 1),
@@ -431,7 +520,7 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
                 chain,
                 &spec.provider,
                 &req,
-                spec.deadline,
+                deadline,
                 &mut on_call,
                 streamed,
             )
@@ -504,20 +593,16 @@ pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Fail
             tool_calls: resp.tool_calls.clone(),
             tool_call_id: String::new(),
         });
-        for call in &resp.tool_calls {
-            let r = run_tool(spec, host, offered, call, turn).await;
-            let content = match (&r.result, r.error.is_empty()) {
-                (Some(v), true) => v.to_string(),
-                _ => json!({"error": r.error, "reason": r.reason}).to_string(),
-            };
-            req.messages.push(Message {
-                role: Role::Tool,
-                content,
-                tool_calls: Vec::new(),
-                tool_call_id: call.id.clone(),
-            });
-            report.tool_results.push(r);
-        }
+        let round = Round {
+            spec,
+            host,
+            offered,
+            turn,
+            chain,
+        };
+        round
+            .run(&resp.tool_calls, &mut req, &mut report, &mut deadline)
+            .await;
         // `required` forces a tool call once; then the model may answer.
         if req.tool_choice == ToolChoice::Required {
             req.tool_choice = ToolChoice::Auto;
@@ -586,32 +671,109 @@ fn finish(spec: &Spec, mut report: Report) -> Result<Report, Failure> {
     Ok(report)
 }
 
-async fn run_tool(
-    spec: &Spec,
-    host: &dyn Host,
-    offered: &[ToolSpec],
-    call: &crate::ToolCall,
+/// One turn's tool calls, run in order, their results added to the
+/// conversation.
+struct Round<'a> {
+    spec: &'a Spec,
+    host: &'a dyn Host,
+    offered: &'a [ToolSpec],
     turn: u32,
-) -> ToolResult {
-    let started = Instant::now();
-    let mut r = ToolResult {
-        call_id: call.id.clone(),
-        name: call.name.clone(),
-        arguments: call.arguments.clone(),
-        result: None,
-        error: String::new(),
-        reason: String::new(),
-        turn,
-        duration_ms: 0,
-    };
-    let mut refuse = |reason: Reason, error: String| {
-        r.reason = reason.as_str().into();
-        r.error = error;
-    };
-    match offered.iter().find(|t| t.name == call.name) {
-        None => {
-            let names: Vec<&str> = offered.iter().map(|t| t.name.as_str()).collect();
-            refuse(
+    chain: &'a [String],
+}
+
+impl Round<'_> {
+    async fn run(
+        &self,
+        calls: &[crate::ToolCall],
+        req: &mut ChatRequest,
+        report: &mut Report,
+        deadline: &mut Instant,
+    ) {
+        for (k, call) in calls.iter().enumerate() {
+            let r = self.call(calls, k, req, report, deadline).await;
+            let content = match (&r.result, r.error.is_empty()) {
+                (Some(v), true) => v.to_string(),
+                _ => json!({"error": r.error, "reason": r.reason}).to_string(),
+            };
+            req.messages.push(Message {
+                role: Role::Tool,
+                content,
+                tool_calls: Vec::new(),
+                tool_call_id: call.id.clone(),
+            });
+            report.tool_results.push(r);
+        }
+    }
+
+    /// Call `k` of `calls`: its arguments checked, the decision asked for
+    /// when the tool needs one, then the tool run within its timeout.
+    async fn call(
+        &self,
+        calls: &[crate::ToolCall],
+        k: usize,
+        req: &ChatRequest,
+        report: &Report,
+        deadline: &mut Instant,
+    ) -> ToolResult {
+        let (host, call) = (self.host, &calls[k]);
+        let started = Instant::now();
+        let mut r = ToolResult {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            arguments: call.arguments.clone(),
+            result: None,
+            error: String::new(),
+            reason: String::new(),
+            turn: self.turn,
+            duration_ms: 0,
+        };
+        let ran = match self.checked_args(call) {
+            Err(refused) => Err(refused),
+            Ok(args) => {
+                let mut gate = Gate::Run;
+                if host.needs_approval(&call.name) {
+                    let at = Checkpoint {
+                        turn: self.turn,
+                        messages: req.messages.clone(),
+                        report: report.clone(),
+                        tool_choice: req.tool_choice,
+                        chain: self.chain.to_vec(),
+                        pending: calls[k..].to_vec(),
+                    };
+                    let asked = Instant::now();
+                    gate = host.gate(&at).await;
+                    *deadline += asked.elapsed();
+                }
+                match gate {
+                    Gate::Refused { reason, message } => Err((reason, message)),
+                    Gate::Run => self.invoke(call, args, *deadline).await,
+                }
+            }
+        };
+        if let Err((reason, error)) = ran.as_ref().map(|_| ()).map_err(Clone::clone) {
+            r.reason = reason.as_str().into();
+            r.error = error;
+        }
+        r.result = ran.ok();
+        r.duration_ms = started.elapsed().as_millis() as u64;
+        host.event(LoopEvent::ToolCall(ToolCall {
+            turn: self.turn,
+            call_id: r.call_id.clone(),
+            name: r.name.clone(),
+            status: if r.error.is_empty() { "ok" } else { "error" }.to_owned(),
+            reason: r.reason.clone(),
+            error: r.error.clone(),
+            duration_ms: r.duration_ms,
+        }));
+        r
+    }
+
+    /// The call's arguments, when the tool is offered and they match its
+    /// schema.
+    fn checked_args(&self, call: &crate::ToolCall) -> Result<Value, (Reason, String)> {
+        let Some(tool) = self.offered.iter().find(|t| t.name == call.name) else {
+            let names: Vec<&str> = self.offered.iter().map(|t| t.name.as_str()).collect();
+            return Err((
                 Reason::ToolNotFound,
                 format!(
                     "tool {:?} is not available to this task (available: {})",
@@ -622,66 +784,54 @@ async fn run_tool(
                         names.join(", ")
                     }
                 ),
-            );
-        }
-        Some(tool) => {
-            let args = if call.arguments.trim().is_empty() {
-                Ok(json!({}))
-            } else {
-                serde_json::from_str::<Value>(&call.arguments)
-            };
-            match args {
-                Err(e) => refuse(
+            ));
+        };
+        let args = if call.arguments.trim().is_empty() {
+            json!({})
+        } else {
+            serde_json::from_str::<Value>(&call.arguments).map_err(|e| {
+                (
                     Reason::ToolInvalidArguments,
                     format!("the arguments are not JSON: {e}"),
+                )
+            })?
+        };
+        let schema = if tool.parameters.is_object() {
+            tool.parameters.clone()
+        } else {
+            json!({"type": "object"})
+        };
+        check_schema(&schema, &args).map_err(|e| {
+            (
+                Reason::ToolInvalidArguments,
+                format!("the arguments do not match the tool's schema: {e}"),
+            )
+        })?;
+        Ok(args)
+    }
+
+    /// Runs the tool within its timeout (and what is left of the deadline).
+    async fn invoke(
+        &self,
+        call: &crate::ToolCall,
+        args: Value,
+        deadline: Instant,
+    ) -> Result<Value, (Reason, String)> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let limit = self.spec.tool_timeout.min(left);
+        match tokio::time::timeout(limit, self.host.call_tool(&call.name, &call.id, args)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err((Reason::ToolFailed, e)),
+            Err(_) => Err((
+                Reason::ToolTimeout,
+                format!(
+                    "tool {:?} did not finish within {} ms",
+                    call.name,
+                    limit.as_millis()
                 ),
-                Ok(args) => {
-                    let schema = if tool.parameters.is_object() {
-                        tool.parameters.clone()
-                    } else {
-                        json!({"type": "object"})
-                    };
-                    if let Err(e) = check_schema(&schema, &args) {
-                        refuse(
-                            Reason::ToolInvalidArguments,
-                            format!("the arguments do not match the tool's schema: {e}"),
-                        );
-                    } else {
-                        let left = spec.deadline.saturating_duration_since(Instant::now());
-                        let limit = spec.tool_timeout.min(left);
-                        match tokio::time::timeout(
-                            limit,
-                            host.call_tool(&call.name, &call.id, args),
-                        )
-                        .await
-                        {
-                            Ok(Ok(v)) => r.result = Some(v),
-                            Ok(Err(e)) => refuse(Reason::ToolFailed, e),
-                            Err(_) => refuse(
-                                Reason::ToolTimeout,
-                                format!(
-                                    "tool {:?} did not finish within {} ms",
-                                    call.name,
-                                    limit.as_millis()
-                                ),
-                            ),
-                        }
-                    }
-                }
-            }
+            )),
         }
     }
-    r.duration_ms = started.elapsed().as_millis() as u64;
-    host.event(LoopEvent::ToolCall(ToolCall {
-        turn,
-        call_id: r.call_id.clone(),
-        name: r.name.clone(),
-        status: if r.error.is_empty() { "ok" } else { "error" }.to_owned(),
-        reason: r.reason.clone(),
-        error: r.error.clone(),
-        duration_ms: r.duration_ms,
-    }));
-    r
 }
 
 #[cfg(test)]
@@ -702,6 +852,10 @@ mod tests {
         events: Mutex<Vec<LoopEvent>>,
         /// Ask for streamed answers.
         streams: bool,
+        /// Tools whose calls are put to a person, and the answer given.
+        gated: Vec<String>,
+        decision: Option<Gate>,
+        asked: Mutex<Vec<Checkpoint>>,
     }
 
     impl Host for TestHost {
@@ -766,6 +920,15 @@ mod tests {
         fn streams(&self) -> bool {
             self.streams
         }
+        fn needs_approval(&self, name: &str) -> bool {
+            self.gated.iter().any(|g| g == name)
+        }
+        fn gate<'a>(&'a self, at: &'a Checkpoint) -> BoxFuture<'a, Gate> {
+            Box::pin(async move {
+                self.asked.lock().unwrap().push(at.clone());
+                self.decision.clone().unwrap_or(Gate::Run)
+            })
+        }
     }
 
     fn host(allowance: u64) -> TestHost {
@@ -824,6 +987,122 @@ mod tests {
         })
         .unwrap();
         (llm, server)
+    }
+
+    fn gated_host(decision: Option<Gate>) -> TestHost {
+        TestHost {
+            gated: vec!["lookup".into()],
+            decision,
+            ..host(1_000_000)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_gated_call_is_put_to_a_person_with_its_checkpoint_and_a_refusal_reaches_the_model_not_the_tool()
+     {
+        let script = Script::new();
+        script.for_model(
+            "m",
+            vec![
+                Reply::tools_saying(
+                    "checking both",
+                    &[("lookup", json!({"q": "a"})), ("free", json!({"q": "b"}))],
+                    100,
+                    10,
+                ),
+                Reply::text("done", 150, 5),
+            ],
+        );
+        let (llm, _s) = llm(&script).await;
+        let refused = Gate::Refused {
+            reason: Reason::ToolCallRejected,
+            message: "rejected by bob: not today".into(),
+        };
+        let h = gated_host(Some(refused));
+        let r = run(&llm, &spec(vec![tool("lookup"), tool("free")]), &h)
+            .await
+            .unwrap();
+        assert_eq!(r.content, "done");
+        assert_eq!(
+            *h.tools_run.lock().unwrap(),
+            ["free"],
+            "the refused call never ran"
+        );
+        let asked = h.asked.lock().unwrap().clone();
+        assert_eq!(asked.len(), 1, "only the gated tool is asked about");
+        let cp = &asked[0];
+        assert_eq!(cp.turn, 1);
+        assert_eq!(
+            cp.pending
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>(),
+            ["lookup", "free"]
+        );
+        let last = cp.messages.last().unwrap();
+        assert_eq!(
+            (last.role, last.content.as_str()),
+            (Role::Assistant, "checking both")
+        );
+        assert_eq!(cp.report.llm_calls, 1);
+        assert_eq!(r.tool_results[0].reason, "TOOL_CALL_REJECTED");
+        let told = &script.received()[1].body["messages"];
+        let first_result = told
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["role"] == "tool")
+            .unwrap();
+        assert!(
+            first_result["content"]
+                .as_str()
+                .unwrap()
+                .contains("not today"),
+            "{first_result}"
+        );
+    }
+
+    #[tokio::test]
+    async fn resuming_from_a_checkpoint_runs_the_pending_calls_and_only_the_next_turn() {
+        // First life: the call is put to a person (who says no, so the
+        // checkpoint is all we keep), as before a restart.
+        let first = Script::new();
+        first.for_model(
+            "m",
+            vec![Reply::tools(
+                &[("lookup", json!({"q": "a"})), ("free", json!({"q": "b"}))],
+                100,
+                10,
+            )],
+        );
+        first.otherwise(Reply::text("unused", 1, 1));
+        let (llm1, _s1) = llm(&first).await;
+        let refused = Gate::Refused {
+            reason: Reason::ToolCallRejected,
+            message: "stop".into(),
+        };
+        let h1 = gated_host(Some(refused));
+        let specs = spec(vec![tool("lookup"), tool("free")]);
+        let _ = run(&llm1, &specs, &h1).await;
+        let cp = h1.asked.lock().unwrap()[0].clone();
+        // Second life: approved; only the second turn reaches the model.
+        let second = Script::new();
+        second.for_model("m", vec![Reply::text("after", 150, 5)]);
+        let (llm2, _s2) = llm(&second).await;
+        let h2 = gated_host(None);
+        let r = resume(&llm2, &specs, &h2, Some(cp)).await.unwrap();
+        assert_eq!(r.content, "after");
+        assert_eq!(*h2.tools_run.lock().unwrap(), ["lookup", "free"]);
+        assert_eq!(second.count(), 1, "the first turn is not asked again");
+        assert_eq!(r.llm_calls, 2, "the report goes on from the checkpoint");
+        assert_eq!(r.usage.total_tokens, 110 + 155);
+        assert_eq!(r.turns, 2);
+        let sent = second.received()[0].body["messages"]
+            .as_array()
+            .unwrap()
+            .len();
+        // system, user, the assistant's calls, two results.
+        assert_eq!(sent, 5);
     }
 
     #[tokio::test]

@@ -35,7 +35,8 @@ pub(crate) fn install_crypto() {
 }
 
 /// Who speaks in a chat message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Instructions.
     System,
@@ -61,7 +62,8 @@ impl Role {
 }
 
 /// One chat message.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Message {
     /// Speaker.
     pub role: Role,
@@ -96,7 +98,7 @@ pub struct ToolSpec {
 }
 
 /// A tool call the model asked for.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct ToolCall {
     /// The model's id for the call.
     pub id: String,
@@ -107,7 +109,8 @@ pub struct ToolCall {
 }
 
 /// `tool_choice`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ToolChoice {
     /// The model decides.
     #[default]
@@ -244,7 +247,7 @@ pub struct ChatRequest {
 }
 
 /// Token usage of one or more calls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
 pub struct Usage {
     /// Prompt tokens.
     pub prompt_tokens: u64,

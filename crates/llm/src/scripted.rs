@@ -70,6 +70,16 @@ impl Reply {
 
     /// An answer asking for tool calls: `(name, arguments)` pairs.
     pub fn tools(calls: &[(&str, Value)], prompt: u64, completion: u64) -> Reply {
+        Reply::tools_saying("", calls, prompt, completion)
+    }
+
+    /// An answer with text (empty: none) beside its tool calls.
+    pub fn tools_saying(
+        text: &str,
+        calls: &[(&str, Value)],
+        prompt: u64,
+        completion: u64,
+    ) -> Reply {
         let calls: Vec<Value> = calls
             .iter()
             .enumerate()
@@ -78,8 +88,13 @@ impl Reply {
                        "function": {"name": name, "arguments": args.to_string()}})
             })
             .collect();
+        let content = if text.is_empty() {
+            Value::Null
+        } else {
+            Value::String(text.to_owned())
+        };
         Reply::completion(
-            json!({"role": "assistant", "content": null, "tool_calls": calls}),
+            json!({"role": "assistant", "content": content, "tool_calls": calls}),
             prompt,
             completion,
         )

@@ -8,6 +8,7 @@
 //! so throughput does not collapse to one fsync per request. A [`Log`] is an
 //! append-only, sequence-numbered tree with a durable watermark readers tail.
 
+pub mod blobs;
 mod group_commit;
 pub use group_commit::observe_flushes;
 mod log;
@@ -16,6 +17,7 @@ use std::marker::PhantomData;
 use std::path::Path;
 use std::sync::Arc;
 
+pub use blobs::Blobs;
 use group_commit::GroupCommit;
 pub use log::Log;
 

@@ -8,7 +8,9 @@
 //! manual mode) and by watchers. Run statuses move only through
 //! [`switchyard_core::run::check`]; who may act is decided in [`authorize`].
 
+pub mod adapter;
 mod bundle;
+mod dispatch;
 mod policy;
 mod runs;
 mod validate;
@@ -67,6 +69,11 @@ pub struct ApprovalConfig {
     pub retention_secs: u64,
     /// How often runs past their retention are pruned, seconds.
     pub prune_interval_secs: u64,
+    /// The adapters that execute approved runs (`[approval.adapters]`).
+    pub adapters: adapter::AdaptersConfig,
+    /// Largest artifact a run may carry (a pasted result, an OJS job's
+    /// result), bytes.
+    pub artifact_max_bytes: usize,
 }
 
 impl Default for ApprovalConfig {
@@ -82,6 +89,8 @@ impl Default for ApprovalConfig {
             two_person_above_micro_usd: None,
             retention_secs: 7 * 24 * 3600,
             prune_interval_secs: 3600,
+            adapters: adapter::AdaptersConfig::default(),
+            artifact_max_bytes: 1 << 20,
         }
     }
 }
@@ -94,6 +103,22 @@ impl ApprovalConfig {
         }
         if self.sweep_interval_ms == 0 || self.retry_backoff_base_ms == 0 {
             return Err("approval.sweep_interval_ms and retry_backoff_base_ms must be > 0".into());
+        }
+        if !adapter::NAMES.contains(&self.adapters.default.as_str())
+            || self.adapters.default == "switchyard"
+        {
+            return Err(format!(
+                "approval.adapters.default must be manual or ojs, got {:?}",
+                self.adapters.default
+            ));
+        }
+        if self.adapters.poll_ms == 0 || self.artifact_max_bytes == 0 {
+            return Err(
+                "approval.adapters.poll_ms and approval.artifact_max_bytes must be > 0".into(),
+            );
+        }
+        if let Some(o) = &self.adapters.ojs {
+            adapter::Ojs::new(o.clone())?;
         }
         policy::validate_all(&self.policies)
     }
@@ -187,6 +212,22 @@ pub enum ApprovalError {
         /// Its status.
         status: S,
     },
+    /// An adapter failed or refused; its deterministic code is the reason.
+    #[error("{0}")]
+    Adapter(#[from] adapter::AdapterError),
+    /// A run's artifact was refused (kind not allowed, too large, bad name).
+    #[error("{}", .0.message)]
+    ArtifactRefused(switchyard_api::artifacts::Refused),
+    /// No artifact of the run has that path.
+    #[error(
+        "run {run_id:?} has no artifact {path:?}; `switchyard approval artifacts {run_id}` lists them"
+    )]
+    ArtifactNotFound {
+        /// Run id.
+        run_id: String,
+        /// The path asked for.
+        path: String,
+    },
     /// Storage failed; nothing was acknowledged.
     #[error("storage failed: {0}")]
     Storage(#[from] StoreError),
@@ -263,6 +304,21 @@ impl From<ApprovalError> for Status {
                 Code::FailedPrecondition,
                 Reason::ApprovalRequired,
                 metadata([("run_id", run_id), ("status", status.as_str().into())]),
+            ),
+            ApprovalError::Adapter(a) => (
+                match a.reason {
+                    Reason::AdapterUnreachable => Code::Unavailable,
+                    Reason::AdapterJobNotFound => Code::NotFound,
+                    _ => Code::FailedPrecondition,
+                },
+                a.reason,
+                metadata([]),
+            ),
+            ApprovalError::ArtifactRefused(r) => (Code::FailedPrecondition, r.reason, metadata([])),
+            ApprovalError::ArtifactNotFound { run_id, path } => (
+                Code::NotFound,
+                Reason::ArtifactNotFound,
+                metadata([("run_id", run_id), ("path", path)]),
             ),
             ApprovalError::Storage(_) => (Code::Unavailable, Reason::StorageFailure, metadata([])),
         };
@@ -424,6 +480,10 @@ struct Inner {
     audit: Log<AuditRecord>,
     store: Store,
     shutdown: Shutdown,
+    /// Adapters of approved runs.
+    adapters: adapter::Adapters,
+    /// Run artifacts' content, by address.
+    blobs: switchyard_store::Blobs,
 }
 
 /// Runs waiting for a person, and how long the oldest has waited.
@@ -485,6 +545,18 @@ impl Approval {
             ms = started.elapsed().as_millis() as u64,
             "approval loaded"
         );
+        let blobs = switchyard_store::Blobs::open(&store, "artifact_blobs")?;
+        let ojs = match &cfg.adapters.ojs {
+            Some(o) => Some(adapter::Ojs::new(o.clone()).map_err(|e| invalid("adapters.ojs", e))?),
+            None => None,
+        };
+        let adapters = adapter::Adapters {
+            manual: adapter::Manual {
+                blobs: Some(blobs.clone()),
+            },
+            switchyard: adapter::Switchyard::default(),
+            ojs,
+        };
         let inner = Arc::new(Inner {
             cfg,
             clock,
@@ -492,6 +564,8 @@ impl Approval {
             audit,
             store,
             shutdown,
+            adapters,
+            blobs,
         });
         switchyard_kit::metrics::global().add_gauges(&inner);
         Ok(Approval { inner })
@@ -652,6 +726,7 @@ impl Approval {
             run.created_by = actor.clone().unwrap_or_default();
         }
         validate::run(&run).map_err(ApprovalError::Invalid)?;
+        self.bind_adapter(&mut run)?;
         let actor = actor.unwrap_or_else(|| run.created_by.clone());
         let now = self.now();
         if run.run_id.is_empty() {
@@ -1258,18 +1333,22 @@ impl Approval {
                     got: req.context_hash,
                 });
             }
-            let claim = Note::new(&actor, "claimed", "manual mode");
-            self.transition(&mut st, &req.run_id, S::Running, claim, |r| {
-                r.claimed_by.clone_from(&actor);
-                r.claim_expires_at = Some(timestamp(now));
-            })?;
+            let result = self.manual_result(&run, &req)?;
+            // Handed to the manual adapter already (running), or not yet.
+            let handed =
+                status_of(&run) == S::Running && run.claimed_by == dispatch::worker("manual");
+            if !handed {
+                let claim = Note::new(&actor, "claimed", "manual mode");
+                self.transition(&mut st, &req.run_id, S::Running, claim, |r| {
+                    r.claimed_by.clone_from(&actor);
+                    r.claim_expires_at = Some(timestamp(now));
+                })?;
+            }
             let done = Note::new(&actor, "manual_result_imported", "")
-                .detail("content_bytes", req.content.len());
+                .detail("content_bytes", req.content.len())
+                .detail("artifacts", result.artifact_paths.join(","));
             self.transition(&mut st, &req.run_id, S::Completed, done, |r| {
-                r.result = Some(RunResult {
-                    content: req.content,
-                    ..Default::default()
-                });
+                r.result = Some(result);
             })?
         };
         self.durable(seq).await?;
@@ -1339,6 +1418,12 @@ impl Approval {
                     format!(
                         "runs are proposed in your own tenant ({tenant:?}); leave tenant empty"
                     ),
+                ));
+            }
+            if run.tool_call.is_some() && p.on_behalf_of.is_none() {
+                return Err(invalid(
+                    "run.tool_call",
+                    "per-call runs are proposed by the executor for a tool call awaiting approval; leave tool_call empty",
                 ));
             }
             run.created_by = me;
@@ -1461,10 +1546,39 @@ impl ApprovalService for Approval {
         &self,
         req: Request<CancelRequest>,
     ) -> Result<Response<CancelResponse>, Status> {
+        let before = self.get(&req.get_ref().run_id).ok();
         let run = self
             .decide_request(Action::Cancel, req, |r| (r.run_id, r.comment))
             .await?;
+        // Handed to an adapter: it is stopped there too.
+        let run = match before {
+            Some(b) => self.cancel_at_adapter(&b, run).await,
+            None => run,
+        };
         Ok(Response::new(CancelResponse { run: Some(run) }))
+    }
+
+    async fn list_run_artifacts(
+        &self,
+        req: Request<ListRunArtifactsRequest>,
+    ) -> Result<Response<ListRunArtifactsResponse>, Status> {
+        let p = principal(&req)?;
+        let run = self.visible_run(&p, &req.get_ref().run_id)?;
+        let artifacts = run.result.map(|r| r.artifacts).unwrap_or_default();
+        Ok(Response::new(ListRunArtifactsResponse { artifacts }))
+    }
+
+    async fn get_run_artifact(
+        &self,
+        req: Request<GetRunArtifactRequest>,
+    ) -> Result<Response<GetRunArtifactResponse>, Status> {
+        let p = principal(&req)?;
+        let run = self.visible_run(&p, &req.get_ref().run_id)?;
+        let (artifact, content) = self.run_artifact(&run, &req.get_ref().path).await?;
+        Ok(Response::new(GetRunArtifactResponse {
+            artifact: Some(artifact),
+            content,
+        }))
     }
 
     async fn get_run(

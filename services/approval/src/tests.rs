@@ -1,4 +1,5 @@
 use super::*;
+use crate::adapter::Adapter as _;
 use switchyard_core::ManualClock;
 use switchyard_kit::error::ApiError;
 use switchyard_proto::common::v1::Money;
@@ -72,17 +73,20 @@ fn spec(cost: Option<i64>) -> Run {
 }
 
 async fn propose(svc: &Approval, cost: Option<i64>) -> Run {
-    svc.propose(
-        ProposeRequest {
-            run: Some(spec(cost)),
-            ..Default::default()
-        },
-        Some("@you".into()),
-    )
-    .await
-    .unwrap()
-    .run
-    .unwrap()
+    propose_run(svc, spec(cost)).await.unwrap()
+}
+
+/// Proposes `run` as `@you`; the stored run.
+async fn propose_run(svc: &Approval, run: Run) -> Result<Run, ApprovalError> {
+    let req = ProposeRequest {
+        run: Some(run),
+        ..Default::default()
+    };
+    Ok(svc
+        .propose(req, Some("@you".into()))
+        .await?
+        .run
+        .unwrap_or_default())
 }
 
 fn api(e: ApprovalError) -> ApiError {
@@ -526,6 +530,7 @@ async fn the_prompt_bundle_is_deterministic_and_imports_check_the_context_hash()
         run_id: id.clone(),
         content: "Proposed changeset: docs/contracts.md".into(),
         context_hash: hash.into(),
+        ..Default::default()
     };
     let err = api(f
         .svc
@@ -983,4 +988,143 @@ async fn pruning_removes_runs_that_ended_past_retention_and_keeps_runs_in_flight
         );
     }
     assert_eq!(status_of(&f.svc.get(&running).unwrap()), S::Running);
+}
+
+#[tokio::test]
+async fn a_run_gets_its_adapter_manual_by_default_switchyard_for_a_job_and_none_for_a_call() {
+    let f = fixture();
+    let run = propose(&f.svc, Some(100)).await;
+    assert_eq!(run.adapter, "manual");
+    let mut job_run = spec(Some(100));
+    job_run.job_id = "job-1".into();
+    let out = propose_run(&f.svc, job_run).await.unwrap();
+    assert_eq!(out.adapter, "switchyard");
+    let mut call = spec(Some(100));
+    call.adapter = "ojs".into();
+    call.tool_call = Some(ToolCall {
+        job_id: "job-1".into(),
+        tool: "deploy".into(),
+        ..Default::default()
+    });
+    let out = propose_run(&f.svc, call).await.unwrap();
+    assert_eq!(out.adapter, "", "a per-call run is executed by its task");
+    for (adapter, job) in [("nope", ""), ("switchyard", "")] {
+        let mut bad = spec(Some(100));
+        bad.adapter = adapter.into();
+        bad.job_id = job.into();
+        let err = api(propose_run(&f.svc, bad).await.unwrap_err());
+        assert_eq!(err.code, Code::InvalidArgument, "{adapter}");
+        assert!(err.message.contains("adapter"), "{}", err.message);
+    }
+}
+
+#[tokio::test]
+async fn the_manual_round_trip_keeps_the_pasted_result_as_an_artifact_fetched_byte_identical() {
+    let f = fixture();
+    let id = propose(&f.svc, Some(100)).await.run_id;
+    f.svc
+        .decide(Action::Approve, &id, "ok", REVIEWER)
+        .await
+        .unwrap();
+    // The dispatcher hands it to the manual adapter: running, awaiting the result.
+    assert_eq!(f.svc.dispatch().await.unwrap(), 1);
+    let run = f.svc.get(&id).unwrap();
+    assert_eq!(status_of(&run), S::Running);
+    assert_eq!(
+        (run.job_id.as_str(), run.adapter_state.as_str()),
+        (format!("manual:{id}").as_str(), "awaiting_result")
+    );
+    assert_eq!(run.claimed_by, "adapter-manual");
+    // Nothing imported yet: polling changes nothing.
+    assert_eq!(f.svc.dispatch().await.unwrap(), 0);
+    let pasted = "diff --git a/x b/x\n+ü\u{1F600}\n";
+    let req = ImportManualResultRequest {
+        run_id: id.clone(),
+        content: pasted.into(),
+        context_hash: HASH.into(),
+        kind: switchyard_proto::common::v1::ArtifactKind::ChangesetBundle as i32,
+        name: "bundle.diff".into(),
+        media_type: "text/x-diff".into(),
+    };
+    let run = f.svc.import(req, REVIEWER).await.unwrap();
+    assert_eq!(status_of(&run), S::Completed);
+    let result = run.result.clone().unwrap();
+    assert_eq!(
+        result.artifact_paths,
+        vec!["prompt-bundle.json", "bundle.diff"]
+    );
+    assert!(result.changeset_bundle_id.starts_with("sha256:"));
+    let fetched = f
+        .svc
+        .inner
+        .adapters
+        .manual
+        .fetch_artifacts(&run)
+        .await
+        .unwrap();
+    let bundle = fetched.iter().find(|a| a.path == "bundle.diff").unwrap();
+    assert_eq!(bundle.content, pasted.as_bytes(), "byte-identical");
+    assert_eq!(
+        bundle.kind,
+        switchyard_proto::common::v1::ArtifactKind::ChangesetBundle
+    );
+    let exported = f.svc.export(&id, REVIEWER).await.unwrap().bundle;
+    let (_, content) = f
+        .svc
+        .run_artifact(&run, "prompt-bundle.json")
+        .await
+        .unwrap();
+    assert_eq!(content, exported);
+    let err = api(f.svc.run_artifact(&run, "nope").await.unwrap_err());
+    assert_eq!(err.known_reason(), Some(Reason::ArtifactNotFound));
+}
+
+#[tokio::test]
+async fn a_pasted_result_of_a_kind_outside_outputs_allowed_is_refused_and_nothing_changes() {
+    let f = fixture();
+    let id = propose(&f.svc, Some(100)).await.run_id;
+    f.svc
+        .decide(Action::Approve, &id, "ok", REVIEWER)
+        .await
+        .unwrap();
+    let req = ImportManualResultRequest {
+        run_id: id.clone(),
+        content: "post this".into(),
+        context_hash: HASH.into(),
+        kind: switchyard_proto::common::v1::ArtifactKind::IssueComment as i32,
+        ..Default::default()
+    };
+    let err = api(f.svc.import(req, REVIEWER).await.unwrap_err());
+    assert_eq!(err.known_reason(), Some(Reason::ArtifactKindNotAllowed));
+    assert!(
+        err.message.contains("propose_issue_comment"),
+        "{}",
+        err.message
+    );
+    assert_eq!(
+        status_of(&f.svc.get(&id).unwrap()),
+        S::Approved,
+        "still importable"
+    );
+}
+
+#[tokio::test]
+async fn an_ojs_run_without_an_ojs_server_fails_with_adapter_not_configured() {
+    let f = fixture();
+    let mut run = spec(Some(100));
+    run.adapter = "ojs".into();
+    let id = propose_run(&f.svc, run).await.unwrap().run_id;
+    f.svc
+        .decide(Action::Approve, &id, "ok", REVIEWER)
+        .await
+        .unwrap();
+    f.svc.dispatch().await.unwrap();
+    let run = f.svc.get(&id).unwrap();
+    assert_eq!(status_of(&run), S::Failed);
+    assert_eq!(run.reason_code, "ADAPTER_NOT_CONFIGURED");
+    assert!(
+        run.last_error.contains("ADAPTER_NOT_CONFIGURED"),
+        "{}",
+        run.last_error
+    );
 }

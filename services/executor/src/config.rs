@@ -118,6 +118,65 @@ pub struct ExecutorConfig {
     pub retention_secs: u64,
     /// How often finished jobs past their retention are pruned, seconds.
     pub prune_interval_secs: u64,
+    /// Per-call approval of risky tools, beyond what jobs and the registry
+    /// mark (`[executor.tool_approval]`).
+    pub tool_approval: ToolApproval,
+    /// Largest artifact a task may produce, bytes.
+    pub artifact_max_bytes: usize,
+}
+
+/// `[executor.tool_approval]`: which tool calls wait for a person, and for
+/// how long.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolApproval {
+    /// Tool names whose every call needs approval, in any job: exact names
+    /// or patterns with `*` (e.g. `"github__*"`, `"*__write_file"`,
+    /// `"agent_*"`).
+    pub tools: Vec<String>,
+    /// Every call of an agent offered as a tool (`agent_<id>`) whose
+    /// worst-case price is above this needs approval, micro-USD; unset:
+    /// no price rule.
+    pub above_micro_usd: Option<i64>,
+    /// A call nobody decides within this many seconds counts as rejected.
+    pub timeout_secs: u64,
+}
+
+impl Default for ToolApproval {
+    fn default() -> Self {
+        ToolApproval {
+            tools: Vec::new(),
+            above_micro_usd: None,
+            timeout_secs: 3600,
+        }
+    }
+}
+
+impl ToolApproval {
+    /// Whether the policy names tool `name`.
+    pub fn names(&self, name: &str) -> bool {
+        self.tools.iter().any(|p| glob(p, name))
+    }
+}
+
+/// `*` matches any run of characters; everything else matches itself.
+fn glob(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for p in middle {
+        match rest.find(p) {
+            Some(i) => rest = &rest[i + p.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 impl Default for ExecutorConfig {
@@ -204,6 +263,8 @@ impl Default for ExecutorConfig {
             submit_wait_ms: 3_000,
             retention_secs: 7 * 24 * 3600,
             prune_interval_secs: 3600,
+            tool_approval: ToolApproval::default(),
+            artifact_max_bytes: 1 << 20,
         }
     }
 }
@@ -233,6 +294,12 @@ impl ExecutorConfig {
                 "executor.dependency_retry_max_ms must be at least 50 and executor.prune_interval_secs at least 1"
                     .into(),
             );
+        }
+        if self.tool_approval.timeout_secs == 0 {
+            return Err("executor.tool_approval.timeout_secs must be at least 1".into());
+        }
+        if self.artifact_max_bytes == 0 {
+            return Err("executor.artifact_max_bytes must be at least 1".into());
         }
         if self.approval_poll_ms == 0 {
             return Err("executor.approval_poll_ms must be at least 1".into());
@@ -272,5 +339,45 @@ impl ExecutorConfig {
             max_tasks: self.max_tasks,
             max_delegation_depth: self.max_delegation_depth,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_approval_patterns_match_whole_names_with_stars() {
+        let p = ToolApproval {
+            tools: vec![
+                "github__*".into(),
+                "*__write_file".into(),
+                "rm".into(),
+                "a*b*c".into(),
+            ],
+            ..Default::default()
+        };
+        for yes in [
+            "github__merge",
+            "fs__write_file",
+            "rm",
+            "abc",
+            "a_b_c",
+            "axxbyyc",
+        ] {
+            assert!(p.names(yes), "{yes}");
+        }
+        for no in [
+            "gitlab__merge",
+            "fs__write_file2",
+            "rmdir",
+            "xrm",
+            "ab",
+            "acb",
+            "",
+        ] {
+            assert!(!p.names(no), "{no}");
+        }
+        assert!(!ToolApproval::default().names("anything"));
     }
 }

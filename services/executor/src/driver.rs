@@ -217,7 +217,7 @@ impl Driver {
                 return Ok(());
             }
         }
-        self.resume().await?;
+        let awaiting = self.resume().await?;
         let scratch = self.x.inner.cfg.scratch_dir.join(job_id);
         // Only commands (and a model's command tools) run in the scratch
         // directory; a job of agent calls alone never touches it, and a
@@ -229,7 +229,7 @@ impl Driver {
         if needs_scratch {
             self.prepare_scratch(&scratch)?;
         }
-        let result = self.run_loop(&run_id, &scratch).await;
+        let result = self.run_loop(&run_id, &scratch, awaiting).await;
         if needs_scratch && !self.x.inner.shutdown.is_shutdown() {
             let _ = std::fs::remove_dir_all(&scratch);
         }
@@ -239,9 +239,12 @@ impl Driver {
     /// Starts the job, or resumes it after a restart: attempts that were
     /// running run again (made durable with the first scheduling step,
     /// before anything starts) and reservations left open are released.
-    async fn resume(&self) -> Result<(), ExecutorError> {
+    /// Attempts paused at a tool call awaiting a person stay paused: their
+    /// tasks are returned, to go on from their checkpoints.
+    async fn resume(&self) -> Result<Vec<usize>, ExecutorError> {
         let job_id = self.job_id.as_str();
         let book = &self.x.inner.book;
+        let mut awaiting = Vec::new();
         let stale = {
             let mut st = book.lock();
             let entry = st.get(job_id)?;
@@ -262,6 +265,9 @@ impl Driver {
                 )?;
             }
             for i in 0..n {
+                if st.get(job_id)?.task_state(i) == TaskState::AwaitingApproval {
+                    awaiting.push(i);
+                }
                 if st.get(job_id)?.task_state(i) == TaskState::Running {
                     let why = "the executor restarted during this attempt; running it again";
                     let c = Change::to(TaskState::Ready).because(Reason::Unavailable, why);
@@ -276,7 +282,25 @@ impl Driver {
             crate::attempt::release(&self.x, job_id, &task, &hold, "reconciled after restart")
                 .await;
         }
-        Ok(())
+        Ok(awaiting)
+    }
+
+    /// The attempt of task `i`, paused at a tool call awaiting a person
+    /// before a restart, going on from its checkpoint: the same attempt
+    /// (so the same idempotency keys), not a new one.
+    fn paused_attempt(&self, i: usize) -> Result<Option<(Snapshot, Duration)>, ExecutorError> {
+        let job_id = self.job_id.as_str();
+        let st = self.x.inner.book.lock();
+        let e = st.get(job_id)?;
+        let attempt = e.job.tasks[i].attempts.len() as u32;
+        let mut snap = snapshot(&st, job_id, i, attempt)?;
+        let Some(cp) = self.x.checkpoint(job_id, &snap.task.id)? else {
+            return Ok(None);
+        };
+        snap.resume = Some(Box::new(cp));
+        snap.start_g = self.x.inner.book.last();
+        let timeout = Duration::from_secs(u64::from(schedule::timeout_secs(e, i)));
+        Ok(Some((snap, timeout)))
     }
 
     /// The job's scratch directory with its files, owned by the tasks' user.
@@ -306,10 +330,27 @@ impl Driver {
 
     /// The scheduling loop: step, make durable, start; then wait for an
     /// attempt to end, a timer, a cancel, the lease renewal or shutdown.
-    async fn run_loop(&self, run_id: &str, scratch: &std::path::Path) -> Result<(), ExecutorError> {
+    async fn run_loop(
+        &self,
+        run_id: &str,
+        scratch: &std::path::Path,
+        paused: Vec<usize>,
+    ) -> Result<(), ExecutorError> {
         let job_id = self.job_id.as_str();
         let book = &self.x.inner.book;
         let mut running = Running::new();
+        for i in paused {
+            match self.paused_attempt(i)? {
+                Some((snap, timeout)) => self.start(&mut running, i, snap, timeout, scratch),
+                None => {
+                    // No checkpoint (written by an older release): run it again.
+                    let mut st = book.lock();
+                    let why = "the executor restarted while a tool call awaited approval; running the attempt again";
+                    let c = Change::to(TaskState::Failed).because(Reason::Unavailable, why);
+                    book.move_task(&mut st, job_id, i, c)?;
+                }
+            }
+        }
         let lease = u64::from(self.x.inner.cfg.lease_secs / 3).max(1);
         // The first renewal is one period away. (An interval's immediate
         // first tick is not free: it waits for the timer's next turn, a
@@ -333,19 +374,7 @@ impl Driver {
             // reservation), so it starts now and its own writes share this
             // step's flush instead of following it.
             for (i, snap, timeout) in step.starts {
-                let me = self.x.clone();
-                let dir = scratch.to_path_buf();
-                let attempt = async move {
-                    let attempt = Attempt {
-                        x: &me,
-                        snap: &snap,
-                        timeout,
-                        scratch: &dir,
-                    };
-                    (i, attempt.run().await)
-                };
-                // The attempt's calls carry the job's correlation id and trace.
-                running.spawn(context::propagate(attempt));
+                self.start(&mut running, i, snap, timeout, scratch);
             }
             book.durable(g).await?;
             for s in settled.drain(..) {
@@ -380,6 +409,30 @@ impl Driver {
                 }
             }
         }
+    }
+
+    /// Starts an attempt of task `i`.
+    fn start(
+        &self,
+        running: &mut Running,
+        i: usize,
+        snap: Snapshot,
+        timeout: Duration,
+        scratch: &std::path::Path,
+    ) {
+        let me = self.x.clone();
+        let dir = scratch.to_path_buf();
+        let attempt = async move {
+            let attempt = Attempt {
+                x: &me,
+                snap: &snap,
+                timeout,
+                scratch: &dir,
+            };
+            (i, attempt.run().await)
+        };
+        // The attempt's calls carry the job's correlation id and trace.
+        running.spawn(context::propagate(attempt));
     }
 
     /// Asks the scheduler for a step and records its decisions under one
@@ -624,6 +677,7 @@ fn snapshot(st: &Jobs, job_id: &str, i: usize, attempt: u32) -> Result<Snapshot,
         task,
         start_g: 0,
         scope: String::new(),
+        resume: None,
     })
 }
 

@@ -61,6 +61,19 @@ pub enum ExecutorError {
         /// `""`, or why a discarded job is not there.
         why: &'static str,
     },
+    /// No artifact of the job has that id or path.
+    #[error(
+        "job {job:?} has no artifact {artifact:?}; `switchyard job artifacts {job}` lists them"
+    )]
+    ArtifactNotFound {
+        /// The job.
+        job: String,
+        /// What was asked for.
+        artifact: String,
+    },
+    /// An artifact a task handed over was refused.
+    #[error("{}", .0.message)]
+    ArtifactRefused(switchyard_api::artifacts::Refused),
     /// Delegation from a job that is not running.
     #[error("job {parent:?} is {state}, not active: only a running job can delegate")]
     ParentNotActive {
@@ -109,6 +122,18 @@ impl From<ExecutorError> for Status {
                 Reason::NotInDeadLetter,
                 msg,
                 metadata([("job_id", job), ("state", state)]),
+            ),
+            ExecutorError::ArtifactNotFound { job, artifact } => status_with_metadata(
+                Code::NotFound,
+                Reason::ArtifactNotFound,
+                msg,
+                metadata([("job_id", job), ("artifact", artifact)]),
+            ),
+            ExecutorError::ArtifactRefused(r) => status_with_metadata(
+                Code::FailedPrecondition,
+                r.reason,
+                msg,
+                metadata([("reason", r.reason.as_str().to_owned())]),
             ),
             ExecutorError::Exists(id) => status_with_metadata(
                 Code::AlreadyExists,

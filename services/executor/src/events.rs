@@ -119,6 +119,87 @@ job_events! {
     DependencyWaiting(DependencyWaiting) = "dependency.waiting",
     /// The service answered again after a wait.
     DependencyRecovered(DependencyRecovered) = "dependency.recovered",
+    /// A tool call waits for a person's approval.
+    AwaitingApproval(AwaitingApproval) = "task.awaiting_approval",
+    /// A person (or the timeout) decided about a waiting tool call.
+    CallDecided(CallDecided) = "task.approval_decided",
+    /// A task's artifact was stored.
+    ArtifactStored(ArtifactStored) = "artifact.stored",
+    /// A task's artifact was refused.
+    ArtifactRefused(ArtifactRefused) = "artifact.refused",
+}
+
+/// `task.awaiting_approval`. (The loop's checkpoint is kept beside the
+/// log, like outputs: the event names the call only.)
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AwaitingApproval {
+    /// The call's approval run.
+    pub run_id: String,
+    /// The model's id for the call.
+    pub call_id: String,
+    /// Tool name.
+    pub tool: String,
+    /// Arguments (JSON text).
+    pub arguments: String,
+    /// What the model said alongside the call.
+    pub reason: String,
+    /// The task's attempt.
+    pub attempt: u32,
+    /// A call undecided this long counts as rejected.
+    pub timeout_secs: u64,
+    /// When that is, ms since the epoch (a restart keeps it).
+    pub deadline_ms: u64,
+}
+
+/// `task.approval_decided`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CallDecided {
+    /// The call's approval run.
+    pub run_id: String,
+    /// The model's id for the call.
+    pub call_id: String,
+    /// Tool name.
+    pub tool: String,
+    /// `approved`, `rejected`, `cancelled` or `timed_out`.
+    pub decision: String,
+    /// Who decided (empty for a timeout).
+    pub by: String,
+    /// Their comment.
+    pub comment: String,
+}
+
+/// `artifact.stored`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ArtifactStored {
+    /// Content address.
+    pub artifact_id: String,
+    /// File name.
+    pub name: String,
+    /// Kind (`changeset_bundle`, ...).
+    pub kind: String,
+    /// Media type.
+    pub media_type: String,
+    /// Length.
+    pub size_bytes: u64,
+    /// `<task_id>/<name>`.
+    pub path: String,
+}
+
+/// `artifact.refused`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ArtifactRefused {
+    /// File name.
+    pub name: String,
+    /// Kind.
+    pub kind: String,
+    /// Reason code.
+    pub reason: String,
+    /// Why.
+    pub message: String,
 }
 
 /// An event whose data does not fit its kind.

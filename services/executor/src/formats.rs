@@ -13,9 +13,9 @@ use switchyard_core::{Reason, Violations};
 use switchyard_kit::json::json_to_struct;
 use switchyard_proto::common::v1::Money;
 use switchyard_proto::executor::v1::{
-    AgentTask, BackoffStrategy, CommandTask, Delegation, FallbackPolicy, FallbackStrategy,
-    JobApproval, JobBudget, JobSpec, LlmTask, ResourceLimits, RetryPolicy, TaskSpec,
-    ToolDefinition, task_spec,
+    AgentTask, ArtifactOutput, BackoffStrategy, CommandTask, Delegation, FallbackPolicy,
+    FallbackStrategy, JobApproval, JobBudget, JobSpec, LlmTask, ResourceLimits, RetryPolicy,
+    TaskSpec, ToolDefinition, task_spec,
 };
 
 /// A document that is not a valid job of its format.
@@ -173,6 +173,7 @@ const OJS_AGENT_FIELDS: &[&str] = &[
     "ext_agent_time_budget_ms",
     "ext_agent_tool_timeout_ms",
     "ext_agent_instructions",
+    "ext_agent_artifact",
 ];
 
 /// Warnings about a document that is still accepted: each `ext_agent_*`
@@ -1035,7 +1036,18 @@ fn ojs(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
                     "args needs a command".into(),
                 ));
             }
+            let requires_approval = match t.get("requires_approval") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => {
+                    return Err(bad(
+                        &format!("ext_agent_tools[{i}].requires_approval"),
+                        "requires_approval must be true or false".into(),
+                    ));
+                }
+            };
             tools.push(ToolDefinition {
+                requires_approval,
                 name: name.to_owned(),
                 description: t
                     .get("description")
@@ -1100,6 +1112,7 @@ fn ojs(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
     let time_budget_ms = uint("ext_agent_time_budget_ms")?.unwrap_or(0);
     let tool_timeout_ms = uint("ext_agent_tool_timeout_ms")?.unwrap_or(0);
     let instructions = str_field("ext_agent_instructions")?;
+    let artifact = artifact_output(o.get("ext_agent_artifact"))?;
     let agents = strings(
         o.get("ext_agent_agents"),
         "ext_agent_agents",
@@ -1153,6 +1166,7 @@ fn ojs(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
             max_tokens_per_invocation,
             time_budget_ms,
             tool_timeout_ms,
+            artifact,
         })
     } else {
         task_spec::Kind::Agent(AgentTask {
@@ -1218,6 +1232,43 @@ struct NativeJob {
     deadline: Option<i64>,
     scheduled_at: Option<i64>,
     max_parallel: u32,
+}
+
+/// `ext_agent_artifact`: `{"kind": "changeset_bundle", "name": "..."}`.
+fn artifact_output(v: Option<&Value>) -> Result<Option<ArtifactOutput>, FormatError> {
+    let bad =
+        |field: &str, text: String| FormatError::one(Reason::AgentInvalidParameter, field, text);
+    const FIELD: &str = "ext_agent_artifact";
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let Some(o) = v.as_object() else {
+        return Err(bad(FIELD, "must be an object {kind, name}".into()));
+    };
+    if let Some(k) = o.keys().find(|k| !matches!(k.as_str(), "kind" | "name")) {
+        return Err(bad(
+            &format!("{FIELD}.{k}"),
+            "unknown field (kind, name)".into(),
+        ));
+    }
+    let kind = o.get("kind").and_then(Value::as_str).unwrap_or("file");
+    let Some(kind) = switchyard_core::artifact::ArtifactKind::parse(kind) else {
+        return Err(bad(
+            &format!("{FIELD}.kind"),
+            format!(
+                "unknown artifact kind {kind:?} (file, changeset_bundle, draft_pr, issue_comment, test_plan)"
+            ),
+        ));
+    };
+    let name = o.get("name").and_then(Value::as_str).unwrap_or_default();
+    if !name.is_empty() {
+        switchyard_core::artifact::check_name(name)
+            .map_err(|e| bad(&format!("{FIELD}.name"), e))?;
+    }
+    Ok(Some(ArtifactOutput {
+        kind: switchyard_api::artifacts::proto_kind(kind) as i32,
+        name: name.to_owned(),
+    }))
 }
 
 #[derive(Deserialize, Default)]

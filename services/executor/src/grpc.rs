@@ -11,7 +11,8 @@ use switchyard_proto::executor::v1::{
 };
 use switchyard_proto::executor::v1::{
     CancelJobRequest, CancelJobResponse, DeleteDeadLetterRequest, DeleteDeadLetterResponse,
-    GetJobRequest, GetJobResponse, GetResultRequest, GetResultResponse, ListJobsRequest,
+    GetArtifactRequest, GetArtifactResponse, GetJobRequest, GetJobResponse, GetResultRequest,
+    GetResultResponse, ListArtifactsRequest, ListArtifactsResponse, ListJobsRequest,
     ListJobsResponse, PruneJobsRequest, PruneJobsResponse, RetryDeadLetterRequest,
     RetryDeadLetterResponse, SubmitJobRequest, SubmitJobResponse, ValidateJobRequest,
     ValidateJobResponse, WatchJobRequest, WatchJobResponse,
@@ -175,6 +176,33 @@ impl JobService for Executor {
             None => self.inner.book.result(id)?,
         };
         Ok(Response::new(result))
+    }
+
+    async fn list_artifacts(
+        &self,
+        req: Request<ListArtifactsRequest>,
+    ) -> Result<Response<ListArtifactsResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let id = &req.get_ref().job_id;
+        self.inner.book.visible(&p, id)?;
+        let job = self.inner.book.job(id)?;
+        Ok(Response::new(ListArtifactsResponse {
+            artifacts: crate::artifacts::listed(&job.artifacts),
+        }))
+    }
+
+    async fn get_artifact(
+        &self,
+        req: Request<GetArtifactRequest>,
+    ) -> Result<Response<GetArtifactResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let r = req.get_ref();
+        self.inner.book.visible(&p, &r.job_id)?;
+        let (artifact, content) = self.artifact(&r.job_id, &r.artifact)?;
+        Ok(Response::new(GetArtifactResponse {
+            artifact: Some(artifact),
+            content,
+        }))
     }
 }
 

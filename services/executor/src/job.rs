@@ -55,6 +55,8 @@ pub struct JobEntry {
     pub durable_to: tokio::sync::watch::Sender<u64>,
     /// Kind of the submitting principal (`human`, `agent`, `service`).
     pub submitter_kind: String,
+    /// Tool calls waiting for a person, by task id.
+    pub awaiting: std::collections::HashMap<String, crate::events::AwaitingApproval>,
 }
 
 impl JobEntry {
@@ -111,6 +113,7 @@ impl JobEntry {
             cache: Vec::new(),
             durable_to: tokio::sync::watch::channel(0).0,
             submitter_kind: String::new(),
+            awaiting: Default::default(),
         }
     }
 
@@ -250,7 +253,15 @@ impl JobEntry {
                     error.clear();
                 }
             }
+            JobEvent::AwaitingApproval(a) => {
+                self.awaiting.insert(at.task_id.clone(), a.clone());
+            }
+            JobEvent::CallDecided(_) => {
+                self.awaiting.remove(&at.task_id);
+            }
+            JobEvent::ArtifactStored(a) => self.job.artifacts.push(pb_artifact(a, at)),
             JobEvent::ApprovalDecided(_)
+            | JobEvent::ArtifactRefused(_)
             | JobEvent::Refused(_)
             | JobEvent::Output(_)
             | JobEvent::Routed(_)
@@ -285,6 +296,7 @@ impl JobEntry {
         j.started_at = None;
         j.finished_at = None;
         self.extended.clear();
+        self.awaiting.clear();
         self.context_hash = crate::spec::context_hash(self.spec());
         self.recount();
     }
@@ -441,6 +453,25 @@ pub fn proto_job_state(s: JobState) -> pb::JobState {
     }
 }
 
+/// The stored artifact an `artifact.stored` event describes.
+fn pb_artifact(
+    a: &crate::events::ArtifactStored,
+    at: &Event,
+) -> switchyard_proto::common::v1::Artifact {
+    let kind = switchyard_core::artifact::ArtifactKind::parse(&a.kind)
+        .unwrap_or(switchyard_core::artifact::ArtifactKind::File);
+    switchyard_proto::common::v1::Artifact {
+        artifact_id: a.artifact_id.clone(),
+        name: a.name.clone(),
+        kind: switchyard_api::artifacts::proto_kind(kind) as i32,
+        media_type: a.media_type.clone(),
+        size_bytes: a.size_bytes,
+        task_id: at.task_id.clone(),
+        created_at: at.time,
+        path: a.path.clone(),
+    }
+}
+
 /// Proto task state -> table state.
 pub fn task_state(s: i32) -> TaskState {
     match pb::TaskState::try_from(s).unwrap_or(pb::TaskState::Unspecified) {
@@ -452,6 +483,7 @@ pub fn task_state(s: i32) -> TaskState {
         pb::TaskState::Skipped => TaskState::Skipped,
         pb::TaskState::Cancelled => TaskState::Cancelled,
         pb::TaskState::Deferred => TaskState::Deferred,
+        pb::TaskState::AwaitingApproval => TaskState::AwaitingApproval,
         pb::TaskState::Waiting | pb::TaskState::Unspecified => TaskState::Waiting,
     }
 }
@@ -468,6 +500,7 @@ pub fn proto_task_state(s: TaskState) -> pb::TaskState {
         TaskState::Skipped => pb::TaskState::Skipped,
         TaskState::Cancelled => pb::TaskState::Cancelled,
         TaskState::Deferred => pb::TaskState::Deferred,
+        TaskState::AwaitingApproval => pb::TaskState::AwaitingApproval,
     }
 }
 

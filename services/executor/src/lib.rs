@@ -25,6 +25,7 @@
 //! the log and resumes what was running. See `docs/architecture.md`.
 
 mod admission;
+mod artifacts;
 mod attempt;
 mod book;
 pub mod builtin;
@@ -107,6 +108,11 @@ struct Inner {
     outbox: outbox::Outbox,
     /// Queue tasks offered to pull workers, and their leases.
     board: queue::Board,
+    /// Artifacts' content, by address.
+    artifacts: switchyard_store::Blobs,
+    /// Loop checkpoints of tool calls waiting for a person (JSON), by
+    /// `<job id>/<task id>`.
+    checkpoints: switchyard_store::Tree<Vec<u8>>,
 }
 
 /// The executor service.
@@ -169,6 +175,8 @@ impl Executor {
                 sandbox,
                 outbox: outbox::Outbox::open(&store)?,
                 board: queue::Board::default(),
+                artifacts: switchyard_store::Blobs::open(&store, "artifact_blobs")?,
+                checkpoints: store.tree("checkpoints")?,
             }),
         })
     }

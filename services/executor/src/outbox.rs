@@ -310,22 +310,29 @@ impl Executor {
                 })
                 .await
                 .map(|_| ()),
-            Some(Effect::EndRun(r)) => return self.end_run(r).await,
+            Some(Effect::EndRun(r)) => return self.end_run(i, r).await,
         };
         judge(answered)
     }
 
     /// Completes or fails a run; a claim that lapsed meanwhile (the
     /// approval service was down past the lease) is claimed again first.
-    async fn end_run(&self, r: &EndRun) -> Delivery {
+    async fn end_run(&self, i: &Intent, r: &EndRun) -> Delivery {
         let approval = &self.inner.clients.approval;
         let worker_id = self.inner.cfg.worker_id.clone();
         let end = || async {
             if r.completed {
-                let result = Some(ap::RunResult {
-                    summary: r.summary.clone(),
-                    ..Default::default()
-                });
+                let artifacts = self
+                    .inner
+                    .book
+                    .job(&i.job_id)
+                    .map(|j| j.artifacts)
+                    .unwrap_or_default();
+                let result = Some(switchyard_api::artifacts::run_result(
+                    &r.summary,
+                    String::new(),
+                    &artifacts,
+                ));
                 approval
                     .complete(ap::CompleteRequest {
                         run_id: r.run_id.clone(),

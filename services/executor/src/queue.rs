@@ -581,6 +581,25 @@ impl Executor {
     pub(crate) async fn ack(&self, p: &Principal, req: AckRequest) -> Result<AckResponse, Status> {
         let (job_id, task_id, attempt) = self.task_of(p, req.task.as_ref())?;
         let lease = self.take_lease(&job_id, &task_id, attempt, &req.worker_id)?;
+        if !req.artifacts.is_empty()
+            && let Err(e) = self.keep_artifacts(&job_id, &task_id, &req.artifacts)
+        {
+            // Refused: the task fails for good, and the worker is told why.
+            let why = e.to_string();
+            let reason = match &e {
+                crate::error::ExecutorError::ArtifactRefused(r) => r.reason,
+                _ => switchyard_core::Reason::StorageFailure,
+            };
+            let error = switchyard_proto::executor::v1::WorkerError {
+                code: reason.as_str().to_owned(),
+                message: why,
+                retryable: Some(false),
+                ..Default::default()
+            };
+            self.report(&job_id, lease, Report::Nack(error, false))
+                .await?;
+            return Err(e.into());
+        }
         let result = req
             .result
             .as_ref()

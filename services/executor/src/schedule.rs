@@ -175,7 +175,7 @@ pub(crate) fn step(job: &JobEntry, now: u64, running: usize, policy: &Policy) ->
         out.abort_running = running > 0;
         running = 0;
         for i in 0..n {
-            if states[i] == TaskState::Running {
+            if matches!(states[i], TaskState::Running | TaskState::AwaitingApproval) {
                 let m = Move::to(i, TaskState::Cancelled)
                     .because(Reason::UpstreamFailed, "cancelled: another task failed");
                 record(&mut states, &mut out, m);
@@ -249,7 +249,7 @@ fn readiness(job: &JobEntry, states: &[TaskState], i: usize, failed: Option<&str
 
 /// The timeout of task `i`'s next attempt: the extended one after a
 /// RETRY_WITH_TIMEOUT_EXTENSION.
-fn timeout_secs(job: &JobEntry, i: usize) -> u32 {
+pub(crate) fn timeout_secs(job: &JobEntry, i: usize) -> u32 {
     let spec = &job.spec().tasks[i];
     match &spec.fallback {
         Some(f) if job.extended.contains(&spec.id) && f.extended_timeout_seconds > 0 => {

@@ -518,6 +518,7 @@ impl Registry {
                 owner: server.owner.clone(),
                 mcp_server: server.name.clone(),
                 mcp_tool: t.name.clone(),
+                requires_approval: false,
             };
             let (v, _) = crate::validate::tool(&tool);
             if v.is_empty() {

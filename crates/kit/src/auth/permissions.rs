@@ -216,7 +216,9 @@ pub fn access(path: &str) -> Access {
             "Approve" | "Reject" => needs(P::RunDecide),
             "BreakGlassApprove" => needs(P::RunBreakGlass),
             "Cancel" => needs(P::RunCancel),
-            "GetRun" | "ListRuns" | "Watch" => needs(P::RunRead),
+            "GetRun" | "ListRuns" | "Watch" | "ListRunArtifacts" | "GetRunArtifact" => {
+                needs(P::RunRead)
+            }
             "Claim" | "RenewClaim" | "Complete" | "Fail" => needs(P::RunWork),
             "ListAudit" => needs(P::AuditRead),
             "ExportPromptBundle" | "ImportManualResult" => needs(P::RunManual),
@@ -224,7 +226,9 @@ pub fn access(path: &str) -> Access {
         },
         ("switchyard.executor.v1.JobService", m) => match m {
             "SubmitJob" | "ValidateJob" => needs(P::JobSubmit),
-            "GetJob" | "ListJobs" | "WatchJob" | "GetResult" => needs(P::JobRead),
+            "GetJob" | "ListJobs" | "WatchJob" | "GetResult" | "ListArtifacts" | "GetArtifact" => {
+                needs(P::JobRead)
+            }
             "CancelJob" => needs(P::JobCancel),
             "PruneJobs" => needs(P::JobPrune),
             "RetryDeadLetter" | "DeleteDeadLetter" => needs(P::DeadLetterManage),

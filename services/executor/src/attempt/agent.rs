@@ -434,6 +434,16 @@ impl Called<'_> {
         }
         self.event("success", "");
         self.report(true);
+        if !resp.artifacts.is_empty() {
+            let s = self.spender.snap;
+            let kept = self
+                .spender
+                .x
+                .keep_artifacts(&s.job_id, &s.task.id, &resp.artifacts);
+            if let Err(e) = kept {
+                return Next::Done(super::artifact_refused(e));
+            }
+        }
         let mut output = resp
             .output
             .as_ref()

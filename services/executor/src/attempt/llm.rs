@@ -7,7 +7,7 @@
 //! registry's provider of that name (ToolService), or as the built-in
 //! `delegate`, which creates a child job.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -163,13 +163,15 @@ struct TaskHost<'a> {
     scratch: &'a Path,
     children: std::sync::Mutex<Vec<String>>,
     spender: Spender<'a>,
+    /// Tools whose calls wait for a person's approval.
+    gated: HashSet<String>,
 }
 
 impl Attempt<'_> {
     /// One attempt of an LLM task.
     pub(crate) async fn llm(&self, l: &LlmTask) -> Outcome {
         let (x, snap) = (self.x, self.snap);
-        let (spec, routes) = match self.loop_spec(l).await {
+        let (spec, routes, gated) = match self.loop_spec(l).await {
             Ok(x) => x,
             Err(out) => return out,
         };
@@ -185,11 +187,16 @@ impl Attempt<'_> {
             scratch: self.scratch,
             children: Default::default(),
             spender: self.spender(),
+            gated,
         };
-        let ran = agent::run(&x.inner.clients.llm, &spec, &host).await;
+        let from = snap.resume.as_deref().cloned();
+        let ran = agent::resume(&x.inner.clients.llm, &spec, &host, from).await;
         let children = host.children.lock().map(|c| c.clone()).unwrap_or_default();
         let (report, failure) = match ran {
-            Ok(r) => (r, None),
+            Ok(r) => {
+                let refused = self.answer_artifact(l, &r);
+                (r, refused)
+            }
             Err(f) => {
                 let class = match f.reason {
                     Reason::AgentTokenBudgetExceeded => Class::Budget,
@@ -212,12 +219,41 @@ impl Attempt<'_> {
         }
     }
 
+    /// Keeps the answer as the artifact the task asks for (`ext_agent_artifact`):
+    /// the structured answer as JSON, else the text. A refusal fails the task.
+    fn answer_artifact(&self, l: &LlmTask, r: &agent::Report) -> Option<crate::schedule::Failure> {
+        let a = l.artifact.as_ref()?;
+        let task = &self.snap.task.id;
+        let (content, media, ext) = match &r.output {
+            Some(v) => (
+                serde_json::to_vec_pretty(v).unwrap_or_default(),
+                "application/json",
+                "json",
+            ),
+            None => (r.content.clone().into_bytes(), "text/markdown", "md"),
+        };
+        let new = switchyard_proto::common::v1::NewArtifact {
+            name: if a.name.is_empty() {
+                format!("{task}.{ext}")
+            } else {
+                a.name.clone()
+            },
+            kind: a.kind,
+            media_type: media.to_owned(),
+            content,
+        };
+        self.x
+            .keep_artifacts(&self.snap.job_id, task, std::slice::from_ref(&new))
+            .err()
+            .and_then(|e| super::artifact_refused(e).failure)
+    }
+
     /// What the loop runs for this attempt: the task's templates resolved,
     /// its tools offered, its limits and the executor's defaults.
     async fn loop_spec(
         &self,
         l: &LlmTask,
-    ) -> Result<(agent::Spec, HashMap<String, Route>), Outcome> {
+    ) -> Result<(agent::Spec, HashMap<String, Route>, HashSet<String>), Outcome> {
         let (snap, timeout) = (self.snap, self.timeout);
         let text = |s: &str| snap.resolve_text(s);
         let (prompt, instructions) = match (text(&l.prompt), text(&l.instructions)) {
@@ -230,7 +266,7 @@ impl Attempt<'_> {
                 ));
             }
         };
-        let (tools, routes) = self
+        let (tools, routes, gated) = self
             .offered_tools(l)
             .await
             .map_err(|e| Outcome::fail(Class::Other, Reason::Unavailable, e))?;
@@ -259,32 +295,43 @@ impl Attempt<'_> {
             deadline: Instant::now() + time_budget,
             tool_timeout: Duration::from_millis(or(l.tool_timeout_ms, cfg.tool_timeout_ms)),
         };
-        Ok((spec, routes))
+        Ok((spec, routes, gated))
     }
 
-    /// The tools a task offers its model, and how each runs: its declared
-    /// tools, then the agents it lists.
+    /// The tools a task offers its model, how each runs, and which need a
+    /// person's approval per call: its declared tools, then the agents it
+    /// lists.
     async fn offered_tools(
         &self,
         l: &LlmTask,
-    ) -> Result<(Vec<ToolSpec>, HashMap<String, Route>), String> {
+    ) -> Result<(Vec<ToolSpec>, HashMap<String, Route>, HashSet<String>), String> {
         let registered = self.registered_tools(l).await?;
+        let policy = &self.x.inner.cfg.tool_approval;
         let mut specs = Vec::new();
         let mut routes = HashMap::new();
+        let mut gated = HashSet::new();
         for t in &l.tools {
             let (spec, route) = declared_tool(t, &registered);
+            let marked = registered.get(&t.name).is_some_and(|r| r.requires_approval);
+            if t.requires_approval || marked || policy.names(&t.name) {
+                gated.insert(t.name.clone());
+            }
             specs.push(spec);
             routes.insert(t.name.clone(), route);
         }
         for wanted in &l.agents {
-            for (spec, route) in self.agents_as_tools(wanted).await {
+            for (spec, route, price) in self.agents_as_tools(wanted).await {
                 if !routes.contains_key(&spec.name) {
+                    let costly = policy.above_micro_usd.is_some_and(|above| price > above);
+                    if costly || policy.names(&spec.name) {
+                        gated.insert(spec.name.clone());
+                    }
                     routes.insert(spec.name.clone(), route);
                     specs.push(spec);
                 }
             }
         }
-        Ok((specs, routes))
+        Ok((specs, routes, gated))
     }
 
     /// The registry's tools that `l` declares by name only (no command).
@@ -319,9 +366,10 @@ impl Attempt<'_> {
             .collect())
     }
 
-    /// Agent `wanted` (an id, else a capability) as tools `agent_<id>`;
-    /// handoff agents take over a conversation and are not tools.
-    async fn agents_as_tools(&self, wanted: &str) -> Vec<(ToolSpec, Route)> {
+    /// Agent `wanted` (an id, else a capability) as tools `agent_<id>`,
+    /// with the price of a call (the capability's unit price); handoff
+    /// agents take over a conversation and are not tools.
+    async fn agents_as_tools(&self, wanted: &str) -> Vec<(ToolSpec, Route, i64)> {
         let registry = &self.x.inner.clients.registry;
         let by_id = GetAgentRequest {
             agent_id: wanted.to_owned(),
@@ -348,13 +396,15 @@ impl Attempt<'_> {
             .into_iter()
             .filter_map(|a| a.spec.filter(|s| s.integration_mode != handoff))
             .map(|s| {
-                let capability = s
+                let chosen = s
                     .capabilities
                     .iter()
-                    .map(|c| c.name.clone())
-                    .find(|c| switchyard_core::validate::capability_lineage(c).any(|l| l == wanted))
-                    .or_else(|| s.capabilities.first().map(|c| c.name.clone()))
-                    .unwrap_or_default();
+                    .find(|c| {
+                        switchyard_core::validate::capability_lineage(&c.name).any(|l| l == wanted)
+                    })
+                    .or_else(|| s.capabilities.first());
+                let capability = chosen.map(|c| c.name.clone()).unwrap_or_default();
+                let price = chosen.map_or(0, |c| c.price_per_unit_micro_usd);
                 let spec = ToolSpec {
                     name: switchyard_core::validate::agent_tool_name(&s.id),
                     description: s.description.trim().to_owned(),
@@ -364,7 +414,7 @@ impl Attempt<'_> {
                     agent_id: s.id.clone(),
                     capability,
                 };
-                (spec, route)
+                (spec, route, price)
             })
             .collect()
     }
@@ -724,5 +774,21 @@ impl Host for TaskHost<'_> {
 
     fn streams(&self) -> bool {
         true
+    }
+
+    fn needs_approval(&self, name: &str) -> bool {
+        self.gated.contains(name)
+    }
+
+    fn gate<'a>(&'a self, at: &'a agent::Checkpoint) -> BoxFuture<'a, agent::Gate> {
+        Box::pin(async move {
+            let gate = super::gate::CallGate {
+                x: self.x,
+                snap: self.snap,
+                model: &self.llm_task.model,
+                waiter: self.spender.waiter(),
+            };
+            gate.ask(at).await
+        })
     }
 }

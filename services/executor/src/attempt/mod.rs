@@ -10,6 +10,7 @@
 
 pub(crate) mod agent;
 pub(crate) mod command;
+pub(crate) mod gate;
 pub(crate) mod llm;
 pub(crate) mod queue;
 
@@ -62,6 +63,17 @@ impl Outcome {
     }
 }
 
+/// The outcome of an attempt whose artifacts were refused: the task fails
+/// for good (trying again would produce the same kinds).
+pub(crate) fn artifact_refused(e: crate::error::ExecutorError) -> Outcome {
+    match e {
+        crate::error::ExecutorError::ArtifactRefused(r) => {
+            Outcome::fail(Class::Permanent, r.reason, r.message)
+        }
+        other => Outcome::fail(Class::Other, Reason::StorageFailure, other.to_string()),
+    }
+}
+
 /// What an attempt needs from the job, read once under the lock.
 #[derive(Debug, Clone)]
 pub(crate) struct Snapshot {
@@ -84,6 +96,9 @@ pub(crate) struct Snapshot {
     /// Empty for the task itself; `/tool/<call id>` for a call an LLM task
     /// makes to an agent, so its idempotency keys are its own.
     pub(crate) scope: String,
+    /// An LLM attempt going on after a restart from the tool call that
+    /// waits for a person: the loop's state at that call.
+    pub(crate) resume: Option<Box<switchyard_llm::agent::Checkpoint>>,
 }
 
 impl Snapshot {

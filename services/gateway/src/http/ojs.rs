@@ -718,6 +718,8 @@ async fn ack(
             .get("ext_agent_tokens_used")
             .and_then(Value::as_u64)
             .unwrap_or(0),
+        // Artifacts are handed over through WorkerService.Ack (gRPC).
+        artifacts: Vec::new(),
     };
     let job = answered(door.jobs.ack(&caller, req).await?.job, "Ack")?;
     let mut extra = Map::new();
