@@ -88,12 +88,16 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
         "ApprovalService/GetRun",
         "ApprovalService/ListRuns",
         "ApprovalService/Watch",
+        "ApprovalService/ListRunArtifacts",
+        "ApprovalService/GetRunArtifact",
     ];
     const READ_JOBS: &[&str] = &[
         "JobService/GetJob",
         "JobService/ListJobs",
         "JobService/WatchJob",
         "JobService/GetResult",
+        "JobService/ListArtifacts",
+        "JobService/GetArtifact",
     ];
     const READ_BUDGETS: &[&str] = &[
         "LedgerService/GetBudget",

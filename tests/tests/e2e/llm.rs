@@ -50,12 +50,18 @@ const MODELS: &[&str] = &[
     "m-overrun",
     "m-mcp",
     "m-mcp-slow",
+    "m-gate",
+    "m-gate-reject",
+    "m-gate-timeout",
+    "m-gate-restart",
+    "m-gate-cancel",
+    "m-pr",
 ];
 
 /// Served over Anthropic's Messages wire by the same server, same prices.
 const ANTHROPIC_MODELS: &[&str] = &["claude-3.5-sonnet"];
 
-fn llm_config(base_url: &str) -> LlmConfig {
+pub(crate) fn llm_config(base_url: &str) -> LlmConfig {
     let provider = |name: &str, kind, models: &[&str]| ProviderConfig {
         name: name.into(),
         kind,
@@ -213,7 +219,7 @@ async fn budget(s: &Stack, id: &str) -> switchyard_proto::ledger::v1::Budget {
 /// A tool provider that records its calls: `lookup` echoes, `secret`
 /// answers (and must never be reached by a task that did not list it).
 #[derive(Clone, Default)]
-struct Provider(Arc<Mutex<Vec<(String, Value)>>>);
+pub(crate) struct Provider(Arc<Mutex<Vec<(String, Value)>>>);
 
 #[tonic::async_trait]
 impl ToolProvider for Provider {
@@ -227,13 +233,17 @@ impl ToolProvider for Provider {
 }
 
 impl Provider {
-    fn calls(&self) -> Vec<String> {
+    pub(crate) fn calls(&self) -> Vec<String> {
         self.0.lock().unwrap().iter().map(|c| c.0.clone()).collect()
     }
 }
 
 /// Serves `p` on loopback and registers `tools` with its endpoint.
-async fn provide(s: &Stack, p: Provider, tools: &[&str]) -> switchyard_kit::shutdown::Trigger {
+pub(crate) async fn provide(
+    s: &Stack,
+    p: Provider,
+    tools: &[&str],
+) -> switchyard_kit::shutdown::Trigger {
     let cfg = switchyard_kit::server::ServerConfig {
         listen: "127.0.0.1:0".into(),
         ..Default::default()

@@ -14,4 +14,5 @@ mod oidc;
 mod platform;
 mod registry_router;
 mod sandbox;
+mod tool_approval;
 mod workers;

@@ -87,6 +87,7 @@ fn ack(job_id: &str, attempt: u32, worker: &str) -> AckRequest {
             &serde_json::json!({"done": true}),
         )),
         tokens_used: 0,
+        artifacts: Vec::new(),
     }
 }
 

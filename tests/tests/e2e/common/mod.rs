@@ -32,18 +32,22 @@ pub fn id(j: &Job) -> String {
     j.spec.as_ref().unwrap().job_id.clone()
 }
 
+/// The job as GetJob answers.
+pub async fn job(c: &mut Jobs, job_id: &str) -> Job {
+    c.get_job(GetJobRequest {
+        job_id: job_id.into(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .job
+    .unwrap()
+}
+
 /// Waits (bounded: 20 s) until the job is in a final state; returns its result.
 pub async fn finish(c: &mut Jobs, job_id: &str) -> GetResultResponse {
     for _ in 0..800 {
-        let j = c
-            .get_job(GetJobRequest {
-                job_id: job_id.into(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .job
-            .unwrap();
+        let j = job(c, job_id).await;
         let s = JobState::try_from(j.state).unwrap();
         if matches!(
             s,

@@ -1,0 +1,583 @@
+//! Per-call approval of risky tools, and artifacts, end to end against the
+//! scripted model server: a gated call waits as its own approval run with
+//! no budget held, runs only once a person other than the submitter
+//! approves it, is refused to the model when rejected or undecided, and
+//! survives a restart while it waits; a run's artifacts are kept only when
+//! its outputs_allowed allows their kind.
+
+#![allow(clippy::unwrap_used)] // test helpers: a failed call is a failed test
+
+use serde_json::{Value, json};
+use switchyard_kit::json::struct_to_json;
+use switchyard_llm::scripted::{Reply, Script};
+use switchyard_proto::approval::v1::{
+    ApproveRequest, GetRunRequest, ListRunsRequest, RejectRequest, Run, RunStatus,
+};
+use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
+use switchyard_proto::executor::v1::{
+    CancelJobRequest, GetArtifactRequest, JobState, ListArtifactsRequest, TaskState,
+    WatchJobRequest,
+};
+use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
+use switchyard_testkit::Stack;
+use tokio_stream::StreamExt;
+
+use crate::common::{self, Jobs, approvals_as, budget, finish, id, submit};
+use crate::llm::{Provider, env, events, provide, task};
+
+/// A native job with one LLM task on `model` offering `deploy`, keeping its
+/// JSON answer as `artifact` (a kind) and allowing `outputs`.
+fn gated_job(job_id: &str, model: &str, gated: bool, artifact: &str, outputs: &[&str]) -> String {
+    json!({
+        "job_id": job_id,
+        "approval": {"outputs_allowed": outputs},
+        "tasks": [{"id": "fix", "llm": {
+            "model": model, "prompt": "fix the docs", "max_tokens": 50, "output_format": "json",
+            "artifact": {"kind": artifact, "name": "bundle.json"},
+            "tools": [{"name": "deploy", "requires_approval": gated}]
+        }}]
+    })
+    .to_string()
+}
+
+/// Follows the job's events until one of `kind` arrives; its data.
+async fn until_event(c: &mut Jobs, job_id: &str, kind: &str) -> Value {
+    let mut s = c
+        .watch_job(WatchJobRequest {
+            job_id: job_id.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let wait = async {
+        while let Some(Ok(m)) = s.next().await {
+            let e = m.event.unwrap();
+            if e.kind == kind {
+                return e.data.as_ref().map(struct_to_json).unwrap();
+            }
+        }
+        panic!("the stream of {job_id} ended without {kind}");
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(20), wait)
+        .await
+        .unwrap_or_else(|_| panic!("no {kind} for {job_id} within 20 s"))
+}
+
+/// The per-call runs waiting for a decision, as `who` sees them.
+async fn pending_calls(s: &Stack, who: &str) -> Vec<Run> {
+    approvals_as(s, who)
+        .await
+        .list_runs(ListRunsRequest {
+            statuses: vec![RunStatus::Proposed as i32],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .runs
+        .into_iter()
+        .filter(|r| r.tool_call.is_some())
+        .collect()
+}
+
+async fn run_of(s: &Stack, run_id: &str) -> Run {
+    approvals_as(s, "bob")
+        .await
+        .get_run(GetRunRequest {
+            run_id: run_id.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap()
+}
+
+/// Waits (bounded) until the run reaches `status`.
+async fn run_reaches(s: &Stack, run_id: &str, status: RunStatus) -> Run {
+    for _ in 0..400 {
+        let r = run_of(s, run_id).await;
+        if r.status == status as i32 {
+            return r;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("run {run_id} did not become {status:?} in 10 s");
+}
+
+async fn task_state(c: &mut Jobs, job_id: &str, task_id: &str) -> TaskState {
+    let j = common::job(c, job_id).await;
+    let t = j.tasks.iter().find(|t| t.task_id == task_id).unwrap();
+    TaskState::try_from(t.state).unwrap()
+}
+
+/// What the model was told about its call of `deploy` on its second turn.
+fn told(script: &Script) -> String {
+    let second = &script.received()[1].body["messages"];
+    second
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_gated_call_waits_holding_no_budget_until_bob_approves_and_alice_downloads_the_bundle() {
+    let e = env(true, |_| {}).await;
+    let provider = Provider::default();
+    let _stop = provide(&e.stack, provider.clone(), &["deploy"]).await;
+    let bundle = json!({"changes": [{"path": "README.md", "diff": "+hello"}]});
+    e.script.for_model(
+        "m-gate",
+        vec![
+            Reply::tools_saying(
+                "deploying the docs fix to check it renders",
+                &[("deploy", json!({"q": "prod"}))],
+                40,
+                10,
+            ),
+            Reply::text(&bundle.to_string(), 80, 20),
+        ],
+    );
+    let mut alice = JobServiceClient::new(e.stack.channel_as("alice").await.unwrap());
+    let doc = gated_job(
+        "gated-ok",
+        "m-gate",
+        true,
+        "changeset_bundle",
+        &["propose_changeset_bundle"],
+    );
+    let job = submit(&mut alice, &doc).await.unwrap();
+    let waiting = until_event(&mut alice, "gated-ok", "task.awaiting_approval").await;
+    assert_eq!(waiting["tool"], "deploy");
+    assert_eq!(waiting["arguments"], r#"{"q":"prod"}"#);
+    assert_eq!(
+        waiting["reason"],
+        "deploying the docs fix to check it renders"
+    );
+    assert_eq!(
+        task_state(&mut alice, "gated-ok", "fix").await,
+        TaskState::AwaitingApproval
+    );
+    assert!(
+        provider.calls().is_empty(),
+        "the tool does not run before approval"
+    );
+    // Waiting holds no budget: the first model call was committed, nothing is reserved.
+    let mut ledger = LedgerServiceClient::new(e.stack.channel().await.unwrap());
+    let job_now = common::job(&mut alice, "gated-ok").await;
+    let b = budget(&mut ledger, &job_now.budget_id).await;
+    assert_eq!((b.tokens_reserved, b.tokens_spent), (0, 50), "{b:?}");
+    // The call is in bob's list with its arguments and the model's reason.
+    let calls = pending_calls(&e.stack, "bob").await;
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let call = calls[0].clone();
+    let tc = call.tool_call.clone().unwrap();
+    assert_eq!(
+        (tc.job_id.as_str(), tc.task_id.as_str(), tc.tool.as_str()),
+        ("gated-ok", "fix", "deploy")
+    );
+    assert_eq!(tc.reason, "deploying the docs fix to check it renders");
+    assert_eq!(tc.job_run_id, job.run_id);
+    assert_eq!(call.created_by, "alice");
+    assert_eq!(call.run_id, waiting["run_id"]);
+    // Alice submitted the job: she cannot approve its call.
+    let own = approvals_as(&e.stack, "alice")
+        .await
+        .approve(ApproveRequest {
+            run_id: call.run_id.clone(),
+            comment: "mine".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(own.code(), tonic::Code::PermissionDenied, "{own:?}");
+    assert!(provider.calls().is_empty());
+    approvals_as(&e.stack, "bob")
+        .await
+        .approve(ApproveRequest {
+            run_id: call.run_id.clone(),
+            comment: "go".into(),
+        })
+        .await
+        .unwrap();
+    let r = finish(&mut alice, &id(&job)).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    assert_eq!(provider.calls(), ["deploy"], "the approved call ran once");
+    let t = task(&r, "fix");
+    assert_eq!(t.tool_results[0].name, "deploy");
+    assert_eq!(t.tool_results[0].reason, "");
+    let evs = events(&mut alice, "gated-ok").await;
+    let decided = evs
+        .iter()
+        .find(|(k, _)| k == "task.approval_decided")
+        .unwrap();
+    assert_eq!(
+        (decided.1["decision"].as_str(), decided.1["by"].as_str()),
+        (Some("approved"), Some("bob"))
+    );
+    let states: Vec<&str> = evs
+        .iter()
+        .filter(|(k, _)| k == "task.state")
+        .map(|(_, d)| d["to"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        states,
+        [
+            "ready",
+            "running",
+            "awaiting_approval",
+            "running",
+            "succeeded"
+        ]
+    );
+    // The answer is a changeset bundle, alice's to download byte for byte.
+    let listed = alice
+        .list_artifacts(ListArtifactsRequest {
+            job_id: "gated-ok".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .artifacts;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].path, "fix/bundle.json");
+    assert_eq!(
+        listed[0].kind,
+        switchyard_proto::common::v1::ArtifactKind::ChangesetBundle as i32
+    );
+    let got = alice
+        .get_artifact(GetArtifactRequest {
+            job_id: "gated-ok".into(),
+            artifact: "fix/bundle.json".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&got.content).unwrap(),
+        bundle
+    );
+    assert_eq!(got.artifact.unwrap().artifact_id, listed[0].artifact_id);
+    // The job's run is bound to the bundle; the call's run completed.
+    let run = run_reaches(&e.stack, &job.run_id, RunStatus::Completed).await;
+    let result = run.result.unwrap();
+    assert_eq!(result.changeset_bundle_id, listed[0].artifact_id);
+    assert_eq!(result.artifact_paths, ["fix/bundle.json"]);
+    run_reaches(&e.stack, &call.run_id, RunStatus::Completed).await;
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_rejected_call_does_not_run_and_the_model_is_told_why_and_goes_on() {
+    let mut e = env(true, |c| {
+        c.executor.tool_approval.tools = vec!["dep*".into()]
+    })
+    .await;
+    let provider = Provider::default();
+    let _stop = provide(&e.stack, provider.clone(), &["deploy"]).await;
+    e.script.for_model(
+        "m-gate-reject",
+        vec![
+            Reply::tools(&[("deploy", json!({"q": "prod"}))], 40, 10),
+            Reply::text(r#"{"changes": []}"#, 80, 20),
+        ],
+    );
+    // Not marked in the job: the executor's policy pattern gates it.
+    let doc = gated_job("gated-no", "m-gate-reject", false, "file", &[]);
+    let job = submit(&mut e.jobs, &doc).await.unwrap();
+    let waiting = until_event(&mut e.jobs, "gated-no", "task.awaiting_approval").await;
+    approvals_as(&e.stack, "bob")
+        .await
+        .reject(RejectRequest {
+            run_id: waiting["run_id"].as_str().unwrap().into(),
+            comment: "not on a Friday".into(),
+        })
+        .await
+        .unwrap();
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    assert!(provider.calls().is_empty(), "a rejected call never runs");
+    let t = task(&r, "fix");
+    assert_eq!(t.tool_results[0].reason, "TOOL_CALL_REJECTED");
+    let said = told(&e.script);
+    assert!(
+        said.contains("TOOL_CALL_REJECTED")
+            && said.contains("not on a Friday")
+            && said.contains("bob"),
+        "{said}"
+    );
+    let evs = events(&mut e.jobs, "gated-no").await;
+    let decided = evs
+        .iter()
+        .find(|(k, _)| k == "task.approval_decided")
+        .unwrap();
+    assert_eq!(decided.1["decision"], "rejected");
+    assert_eq!(decided.1["comment"], "not on a Friday");
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_undecided_call_times_out_as_a_rejection_and_its_run_is_withdrawn() {
+    let mut e = env(true, |c| c.executor.tool_approval.timeout_secs = 1).await;
+    let provider = Provider::default();
+    let _stop = provide(&e.stack, provider.clone(), &["deploy"]).await;
+    e.script.for_model(
+        "m-gate-timeout",
+        vec![
+            Reply::tools(&[("deploy", json!({"q": "prod"}))], 40, 10),
+            Reply::text(r#"{"changes": []}"#, 80, 20),
+        ],
+    );
+    let doc = gated_job("gated-late", "m-gate-timeout", true, "file", &[]);
+    let job = submit(&mut e.jobs, &doc).await.unwrap();
+    let waiting = until_event(&mut e.jobs, "gated-late", "task.awaiting_approval").await;
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    assert_eq!(
+        task(&r, "fix").tool_results[0].reason,
+        "TOOL_APPROVAL_TIMEOUT"
+    );
+    assert!(told(&e.script).contains("TOOL_APPROVAL_TIMEOUT"));
+    assert!(provider.calls().is_empty());
+    run_reaches(
+        &e.stack,
+        waiting["run_id"].as_str().unwrap(),
+        RunStatus::Cancelled,
+    )
+    .await;
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn cancelling_a_job_withdraws_its_waiting_call() {
+    let mut e = env(true, |_| {}).await;
+    let provider = Provider::default();
+    let _stop = provide(&e.stack, provider.clone(), &["deploy"]).await;
+    e.script.for_model(
+        "m-gate-cancel",
+        vec![Reply::tools(&[("deploy", json!({"q": "prod"}))], 40, 10)],
+    );
+    let doc = gated_job("gated-cancel", "m-gate-cancel", true, "file", &[]);
+    let job = submit(&mut e.jobs, &doc).await.unwrap();
+    let waiting = until_event(&mut e.jobs, "gated-cancel", "task.awaiting_approval").await;
+    e.jobs
+        .cancel_job(CancelJobRequest {
+            job_id: "gated-cancel".into(),
+            reason: "changed my mind".into(),
+        })
+        .await
+        .unwrap();
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.state, JobState::Cancelled as i32, "{r:?}");
+    run_reaches(
+        &e.stack,
+        waiting["run_id"].as_str().unwrap(),
+        RunStatus::Cancelled,
+    )
+    .await;
+    assert!(pending_calls(&e.stack, "bob").await.is_empty());
+    assert!(provider.calls().is_empty());
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_draft_pr_without_propose_pr_in_outputs_allowed_is_refused_and_nothing_is_kept() {
+    let mut e = env(true, |_| {}).await;
+    e.script.for_model(
+        "m-pr",
+        vec![Reply::text(
+            r#"{"title": "Fix docs", "body": "..."}"#,
+            40,
+            10,
+        )],
+    );
+    let doc = json!({
+        "job_id": "pr-refused",
+        "approval": {"outputs_allowed": ["propose_changeset_bundle"]},
+        "tasks": [{"id": "pr", "llm": {
+            "model": "m-pr", "prompt": "open a PR", "max_tokens": 50, "output_format": "json",
+            "artifact": {"kind": "draft_pr"}
+        }}]
+    })
+    .to_string();
+    let job = submit(&mut e.jobs, &doc).await.unwrap();
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.state, JobState::Discarded as i32, "{r:?}");
+    let t = task(&r, "pr");
+    assert_eq!(t.reason, "ARTIFACT_KIND_NOT_ALLOWED", "{t:?}");
+    assert!(t.error.contains("propose_pr"), "{}", t.error);
+    assert_eq!(e.script.count(), 1, "a refusal is not retried");
+    let evs = events(&mut e.jobs, "pr-refused").await;
+    let refused = evs.iter().find(|(k, _)| k == "artifact.refused").unwrap();
+    assert_eq!(
+        (refused.1["kind"].as_str(), refused.1["reason"].as_str()),
+        (Some("draft_pr"), Some("ARTIFACT_KIND_NOT_ALLOWED"))
+    );
+    let listed = e
+        .jobs
+        .list_artifacts(ListArtifactsRequest {
+            job_id: "pr-refused".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .artifacts;
+    assert!(listed.is_empty(), "{listed:?}");
+    let missing = e
+        .jobs
+        .get_artifact(GetArtifactRequest {
+            job_id: "pr-refused".into(),
+            artifact: "pr/pr.json".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_restart_while_a_call_awaits_keeps_it_waiting_and_approval_resumes_the_task_once() {
+    let script = Script::new();
+    let server = script.serve().await;
+    let url = server.base_url();
+    let configure = |c: &mut switchyard_cli::Config, url: &str| {
+        c.llm = crate::llm::llm_config(url);
+        c.executor.approval_poll_ms = 20;
+        c.approval.policies.push(switchyard_approval::Policy {
+            name: "up-to-10-dollars".into(),
+            max_estimated_cost_micro_usd: Some(10_000_000),
+            ..Default::default()
+        });
+    };
+    let stack = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| configure(c, &url))
+        .await
+        .unwrap();
+    let provider = Provider::default();
+    let stop_provider = provide(&stack, provider.clone(), &["deploy"]).await;
+    script.for_model(
+        "m-gate-restart",
+        vec![
+            Reply::tools(&[("deploy", json!({"q": "prod"}))], 40, 10),
+            Reply::text(r#"{"changes": ["after the restart"]}"#, 80, 20),
+        ],
+    );
+    let mut jobs = JobServiceClient::new(stack.channel_as("alice").await.unwrap());
+    let doc = gated_job(
+        "gated-restart",
+        "m-gate-restart",
+        true,
+        "changeset_bundle",
+        &["propose_changeset_bundle"],
+    );
+    let job = submit(&mut jobs, &doc).await.unwrap();
+    let waiting = until_event(&mut jobs, "gated-restart", "task.awaiting_approval").await;
+    let run_id = waiting["run_id"].as_str().unwrap().to_owned();
+    // The tool's provider stays up across the restart (its registration
+    // is kept by the registry).
+    let dir = stack.stop().await.unwrap();
+    let path = dir.path().to_path_buf();
+    let stack = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
+        configure(c, &url);
+        c.storage.data_dir = path;
+    })
+    .await
+    .unwrap();
+    let mut jobs = JobServiceClient::new(stack.channel_as("alice").await.unwrap());
+    assert_eq!(
+        task_state(&mut jobs, "gated-restart", "fix").await,
+        TaskState::AwaitingApproval
+    );
+    let calls = pending_calls(&stack, "bob").await;
+    assert_eq!(
+        calls.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(),
+        [run_id.as_str()]
+    );
+    assert_eq!(
+        script.count(),
+        1,
+        "the model is not asked again after the restart"
+    );
+    approvals_as(&stack, "bob")
+        .await
+        .approve(ApproveRequest {
+            run_id,
+            comment: "after restart".into(),
+        })
+        .await
+        .unwrap();
+    let r = finish(&mut jobs, &id(&job)).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    assert_eq!(
+        provider.calls(),
+        ["deploy"],
+        "the call ran exactly once: {:?}",
+        task(&r, "fix").tool_results
+    );
+    assert_eq!(script.count(), 2, "one model call before, one after");
+    let t = task(&r, "fix");
+    assert_eq!(t.attempts.len(), 1, "the same attempt went on");
+    // Same idempotency keys: the budget counts each model call once.
+    let mut ledger = LedgerServiceClient::new(stack.channel().await.unwrap());
+    let budget_id = common::job(&mut jobs, "gated-restart").await.budget_id;
+    let b = budget(&mut ledger, &budget_id).await;
+    assert_eq!((b.tokens_spent, b.tokens_reserved), (150, 0), "{b:?}");
+    let evs = events(&mut jobs, "gated-restart").await;
+    assert_eq!(
+        evs.iter()
+            .filter(|(k, _)| k == "task.awaiting_approval")
+            .count(),
+        1
+    );
+    assert_eq!(
+        evs.iter()
+            .filter(|(k, _)| k == "task.approval_decided")
+            .count(),
+        1
+    );
+    stack.stop().await.unwrap();
+    drop((dir, server, stop_provider));
+}
+
+#[tokio::test]
+async fn a_person_cannot_propose_a_per_call_run_only_the_executor_does() {
+    let e = env(true, |_| {}).await;
+    let run = Run {
+        schema_version: "agent_run_spec/v1".into(),
+        target: Some(switchyard_proto::approval::v1::Target {
+            org: "default".into(),
+            work_item_ids: vec!["someone-elses-job".into()],
+            ..Default::default()
+        }),
+        intent: "call tool deploy".into(),
+        context_pack: Some(switchyard_proto::approval::v1::ContextPack {
+            pack_id: "p".into(),
+            hash: "sha256:0123456789abcdef".into(),
+            version: "tool_call/v1".into(),
+            inputs: vec!["t".into()],
+        }),
+        model: "none".into(),
+        max_tokens: 1,
+        tools_allowed: vec!["deploy".into()],
+        outputs_allowed: vec!["tool_call".into()],
+        tool_call: Some(switchyard_proto::approval::v1::ToolCall {
+            job_id: "someone-elses-job".into(),
+            tool: "deploy".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let err = approvals_as(&e.stack, "alice")
+        .await
+        .propose(switchyard_proto::approval::v1::ProposeRequest {
+            run: Some(run),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("tool_call"), "{}", err.message());
+    e.stack.stop().await.unwrap();
+}
