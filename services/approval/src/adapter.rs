@@ -149,7 +149,12 @@ impl Default for AdaptersConfig {
 pub struct OjsConfig {
     /// Base URL of the OJS server, e.g. `http://jobs.internal:8080`.
     pub url: String,
-    /// Job type the run is enqueued as.
+    /// File holding the bearer token sent to it (a mounted secret); unset:
+    /// no Authorization header. The token is read at start-up and never
+    /// logged or shown by `--dump-config`.
+    pub token_file: Option<std::path::PathBuf>,
+    /// Job type the run is enqueued as (the OJS server's workers for that
+    /// type run it).
     pub job_type: String,
     /// Queue it is enqueued on.
     pub queue: String,
@@ -161,7 +166,8 @@ impl Default for OjsConfig {
     fn default() -> Self {
         OjsConfig {
             url: String::new(),
-            job_type: "switchyard.agent_run".into(),
+            token_file: None,
+            job_type: "agent_run".into(),
             queue: "default".into(),
             timeout_ms: 10_000,
         }
@@ -403,10 +409,20 @@ impl Adapter for Switchyard {
 // ---- ojs ----
 
 /// An OJS server (the Open Job Spec HTTP binding).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Ojs {
     cfg: OjsConfig,
     http: reqwest::Client,
+    token: Option<String>,
+}
+
+impl std::fmt::Debug for Ojs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ojs")
+            .field("url", &self.cfg.url)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish_non_exhaustive()
+    }
 }
 
 impl Ojs {
@@ -424,7 +440,16 @@ impl Ojs {
             .timeout(Duration::from_millis(cfg.timeout_ms))
             .build()
             .map_err(|e| format!("building the OJS adapter's HTTP client: {e}"))?;
-        Ok(Ojs { cfg, http })
+        let token = match &cfg.token_file {
+            Some(path) => {
+                let t = std::fs::read_to_string(path).map_err(|e| {
+                    format!("approval.adapters.ojs.token_file {}: {e}", path.display())
+                })?;
+                Some(t.trim().to_owned()).filter(|t| !t.is_empty())
+            }
+            None => None,
+        };
+        Ok(Ojs { cfg, http, token })
     }
 
     fn url(&self, path: &str) -> String {
@@ -433,7 +458,12 @@ impl Ojs {
 
     /// Sends a request; the answer's JSON, or the failure's code.
     async fn call(&self, req: reqwest::RequestBuilder) -> Result<Value, AdapterError> {
+        let req = match &self.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        };
         let resp = req
+            .header("content-type", "application/openjobspec+json")
             .send()
             .await
             .map_err(|e| err(Reason::AdapterUnreachable, format!("the OJS server: {e}")))?;
@@ -518,14 +548,18 @@ impl Adapter for Ojs {
                 serde_json::from_slice(&crate::bundle::render(run)).unwrap_or(Value::Null);
             // The run id as the job id makes a repeated submit the same job.
             let body = json!({
-                "id": ojs_id(&run.run_id),
+                "id": ojs_id(run),
                 "type": self.cfg.job_type,
                 "args": [bundle],
                 "options": {"queue": self.cfg.queue},
                 "meta": {"switchyard_run_id": run.run_id, "correlation_id": run.correlation_id},
             });
             let answered = self
-                .call(self.http.post(self.url("/ojs/v1/jobs")).json(&body))
+                .call(
+                    self.http
+                        .post(self.url("/ojs/v1/jobs"))
+                        .body(body.to_string()),
+                )
                 .await;
             let job = match answered {
                 Ok(b) => b.get("job").cloned().unwrap_or(b),
@@ -535,7 +569,7 @@ impl Adapter for Ojs {
                         && e.message.contains("409") =>
                 {
                     let mut probe = run.clone();
-                    probe.job_id = ojs_id(&run.run_id);
+                    probe.job_id = ojs_id(run);
                     self.job(&probe).await?
                 }
                 Err(e) => return Err(e),
@@ -588,15 +622,20 @@ impl Adapter for Ojs {
     }
 }
 
-/// The OJS job id of a run: a UUID derived from the run id (OJS ids are
-/// UUIDs), the same for every submit of the run.
-fn ojs_id(run_id: &str) -> String {
+/// The OJS job id of a run: a UUIDv7 (as OJS servers require) whose time
+/// is the run's creation and whose random bits come from its id, so every
+/// submit of the run names the same job.
+fn ojs_id(run: &Run) -> String {
     use sha2::Digest as _;
-    let d = sha2::Sha256::digest(run_id.as_bytes());
+    let ms = run
+        .created_at
+        .as_ref()
+        .map_or(0, switchyard_kit::time::timestamp_ms);
+    let d = sha2::Sha256::digest(run.run_id.as_bytes());
     let mut b = [0u8; 16];
-    b.copy_from_slice(&d[..16]);
-    // Version 8 (custom), RFC 9562 variant.
-    b[6] = (b[6] & 0x0f) | 0x80;
+    b[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+    b[6..].copy_from_slice(&d[..10]);
+    b[6] = (b[6] & 0x0f) | 0x70;
     b[8] = (b[8] & 0x3f) | 0x80;
     uuid::Uuid::from_bytes(b).to_string()
 }
@@ -645,11 +684,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_ojs_id_of_a_run_is_a_stable_uuid() {
-        let a = ojs_id("run-1");
-        assert_eq!(a, ojs_id("run-1"));
-        assert_ne!(a, ojs_id("run-2"));
-        assert!(uuid::Uuid::parse_str(&a).is_ok(), "{a}");
+    fn the_ojs_id_of_a_run_is_a_stable_uuid_v7() {
+        let run = |id: &str| Run {
+            run_id: id.into(),
+            created_at: Some(switchyard_kit::time::timestamp(1_700_000_000_123)),
+            ..Default::default()
+        };
+        let a = ojs_id(&run("run-1"));
+        assert_eq!(a, ojs_id(&run("run-1")));
+        assert_ne!(a, ojs_id(&run("run-2")));
+        let u = uuid::Uuid::parse_str(&a).unwrap();
+        assert_eq!(u.get_version_num(), 7, "{a}");
+        let (secs, nanos) = u.get_timestamp().unwrap().to_unix();
+        assert_eq!((secs, nanos / 1_000_000), (1_700_000_000, 123));
     }
 
     #[test]

@@ -429,32 +429,31 @@ impl Approval {
         Ok((a, f.content))
     }
 
-    /// After a cancel: a run its adapter was running is cancelled there
-    /// too (best effort; the code of a failure is kept on the run).
-    pub(crate) async fn cancel_at_adapter(&self, before: &Run, after: Run) -> Run {
-        let handed =
-            status_of(before) == S::Running && before.claimed_by == worker(&before.adapter);
-        if !handed || before.adapter == "manual" {
-            return after;
+    /// Before a cancel: a run its adapter is running is cancelled there
+    /// (best effort: the adapter's answer, or its failure's code, is kept
+    /// on the run).
+    pub(crate) async fn cancel_at_adapter(&self, run: &Run) {
+        let handed = status_of(run) == S::Running && run.claimed_by == worker(&run.adapter);
+        if !handed || run.adapter == "manual" {
+            return;
         }
-        let cancelled = match self.inner.adapters.get(&before.adapter) {
-            Ok(a) => a.cancel(before).await,
+        let cancelled = match self.inner.adapters.get(&run.adapter) {
+            Ok(a) => a.cancel(run).await,
             Err(e) => Err(e),
         };
         let (state, code) = match cancelled {
             Ok(p) => (p.detail, String::new()),
-            Err(e) => (before.adapter_state.clone(), e.reason.as_str().to_owned()),
+            Err(e) => (run.adapter_state.clone(), e.reason.as_str().to_owned()),
         };
-        let who = worker(&before.adapter);
+        let who = worker(&run.adapter);
         let noted = self
-            .note_adapter(&before.run_id, &who, "adapter_cancelled", |r| {
+            .note_adapter(&run.run_id, &who, "adapter_cancelled", |r| {
                 r.adapter_state = state;
                 r.reason_code = code;
             })
             .await;
         if let Err(e) = noted {
-            tracing::warn!(run_id = %before.run_id, error = %e, "recording an adapter's cancel");
+            tracing::warn!(run_id = %run.run_id, error = %e, "recording an adapter's cancel");
         }
-        self.get(&before.run_id).unwrap_or(after)
     }
 }

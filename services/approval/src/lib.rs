@@ -1546,15 +1546,15 @@ impl ApprovalService for Approval {
         &self,
         req: Request<CancelRequest>,
     ) -> Result<Response<CancelResponse>, Status> {
-        let before = self.get(&req.get_ref().run_id).ok();
+        // Handed to an adapter: stopped there first (what it answers is
+        // kept on the run), then cancelled here.
+        let p = principal(&req)?;
+        if let Ok(before) = self.visible_run(&p, &req.get_ref().run_id) {
+            self.cancel_at_adapter(&before).await;
+        }
         let run = self
             .decide_request(Action::Cancel, req, |r| (r.run_id, r.comment))
             .await?;
-        // Handed to an adapter: it is stopped there too.
-        let run = match before {
-            Some(b) => self.cancel_at_adapter(&b, run).await,
-            None => run,
-        };
         Ok(Response::new(CancelResponse { run: Some(run) }))
     }
 

@@ -4,6 +4,7 @@
 mod common;
 
 mod a2a;
+mod adapters;
 mod auth;
 mod executor;
 mod gateway;

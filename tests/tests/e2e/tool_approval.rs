@@ -10,6 +10,7 @@
 use serde_json::{Value, json};
 use switchyard_kit::json::struct_to_json;
 use switchyard_llm::scripted::{Reply, Script};
+use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
 use switchyard_proto::approval::v1::{
     ApproveRequest, GetRunRequest, ListRunsRequest, RejectRequest, Run, RunStatus,
 };
@@ -125,7 +126,7 @@ fn told(script: &Script) -> String {
 }
 
 #[tokio::test]
-async fn a_gated_call_waits_holding_no_budget_until_bob_approves_and_alice_downloads_the_bundle() {
+async fn a_gated_call_waits_holding_no_budget_until_bob_approves_and_carol_downloads_the_bundle() {
     let e = env(true, |_| {}).await;
     let provider = Provider::default();
     let _stop = provide(&e.stack, provider.clone(), &["deploy"]).await;
@@ -142,7 +143,18 @@ async fn a_gated_call_waits_holding_no_budget_until_bob_approves_and_alice_downl
             Reply::text(&bundle.to_string(), 80, 20),
         ],
     );
-    let mut alice = JobServiceClient::new(e.stack.channel_as("alice").await.unwrap());
+    // Carol may submit and approve: separation of duties is what stops
+    // her approving her own job's call.
+    let carol_key = e
+        .stack
+        .key(
+            "carol",
+            &["submitter", "approver"],
+            switchyard_proto::auth::v1::PrincipalKind::Human,
+        )
+        .await
+        .unwrap();
+    let mut carol = JobServiceClient::new(e.stack.channel_with(&carol_key).await.unwrap());
     let doc = gated_job(
         "gated-ok",
         "m-gate",
@@ -150,8 +162,8 @@ async fn a_gated_call_waits_holding_no_budget_until_bob_approves_and_alice_downl
         "changeset_bundle",
         &["propose_changeset_bundle"],
     );
-    let job = submit(&mut alice, &doc).await.unwrap();
-    let waiting = until_event(&mut alice, "gated-ok", "task.awaiting_approval").await;
+    let job = submit(&mut carol, &doc).await.unwrap();
+    let waiting = until_event(&mut carol, "gated-ok", "task.awaiting_approval").await;
     assert_eq!(waiting["tool"], "deploy");
     assert_eq!(waiting["arguments"], r#"{"q":"prod"}"#);
     assert_eq!(
@@ -159,7 +171,7 @@ async fn a_gated_call_waits_holding_no_budget_until_bob_approves_and_alice_downl
         "deploying the docs fix to check it renders"
     );
     assert_eq!(
-        task_state(&mut alice, "gated-ok", "fix").await,
+        task_state(&mut carol, "gated-ok", "fix").await,
         TaskState::AwaitingApproval
     );
     assert!(
@@ -168,7 +180,7 @@ async fn a_gated_call_waits_holding_no_budget_until_bob_approves_and_alice_downl
     );
     // Waiting holds no budget: the first model call was committed, nothing is reserved.
     let mut ledger = LedgerServiceClient::new(e.stack.channel().await.unwrap());
-    let job_now = common::job(&mut alice, "gated-ok").await;
+    let job_now = common::job(&mut carol, "gated-ok").await;
     let b = budget(&mut ledger, &job_now.budget_id).await;
     assert_eq!((b.tokens_reserved, b.tokens_spent), (0, 50), "{b:?}");
     // The call is in bob's list with its arguments and the model's reason.
@@ -182,18 +194,23 @@ async fn a_gated_call_waits_holding_no_budget_until_bob_approves_and_alice_downl
     );
     assert_eq!(tc.reason, "deploying the docs fix to check it renders");
     assert_eq!(tc.job_run_id, job.run_id);
-    assert_eq!(call.created_by, "alice");
+    assert_eq!(call.created_by, "carol");
     assert_eq!(call.run_id, waiting["run_id"]);
-    // Alice submitted the job: she cannot approve its call.
-    let own = approvals_as(&e.stack, "alice")
-        .await
+    // Carol submitted the job: she cannot approve its call.
+    let own = ApprovalServiceClient::new(e.stack.channel_with(&carol_key).await.unwrap())
         .approve(ApproveRequest {
             run_id: call.run_id.clone(),
             comment: "mine".into(),
         })
         .await
         .unwrap_err();
-    assert_eq!(own.code(), tonic::Code::PermissionDenied, "{own:?}");
+    assert_eq!(
+        switchyard_kit::error::ApiError::from(own.clone())
+            .reason
+            .as_deref(),
+        Some("SEPARATION_OF_DUTIES"),
+        "{own:?}"
+    );
     assert!(provider.calls().is_empty());
     approvals_as(&e.stack, "bob")
         .await
@@ -203,13 +220,13 @@ async fn a_gated_call_waits_holding_no_budget_until_bob_approves_and_alice_downl
         })
         .await
         .unwrap();
-    let r = finish(&mut alice, &id(&job)).await;
+    let r = finish(&mut carol, &id(&job)).await;
     assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
     assert_eq!(provider.calls(), ["deploy"], "the approved call ran once");
     let t = task(&r, "fix");
     assert_eq!(t.tool_results[0].name, "deploy");
     assert_eq!(t.tool_results[0].reason, "");
-    let evs = events(&mut alice, "gated-ok").await;
+    let evs = events(&mut carol, "gated-ok").await;
     let decided = evs
         .iter()
         .find(|(k, _)| k == "task.approval_decided")
@@ -233,8 +250,8 @@ async fn a_gated_call_waits_holding_no_budget_until_bob_approves_and_alice_downl
             "succeeded"
         ]
     );
-    // The answer is a changeset bundle, alice's to download byte for byte.
-    let listed = alice
+    // The answer is a changeset bundle, carol's to download byte for byte.
+    let listed = carol
         .list_artifacts(ListArtifactsRequest {
             job_id: "gated-ok".into(),
         })
@@ -248,7 +265,7 @@ async fn a_gated_call_waits_holding_no_budget_until_bob_approves_and_alice_downl
         listed[0].kind,
         switchyard_proto::common::v1::ArtifactKind::ChangesetBundle as i32
     );
-    let got = alice
+    let got = carol
         .get_artifact(GetArtifactRequest {
             job_id: "gated-ok".into(),
             artifact: "fix/bundle.json".into(),
@@ -266,6 +283,18 @@ async fn a_gated_call_waits_holding_no_budget_until_bob_approves_and_alice_downl
     let result = run.result.unwrap();
     assert_eq!(result.changeset_bundle_id, listed[0].artifact_id);
     assert_eq!(result.artifact_paths, ["fix/bundle.json"]);
+    // The job's run serves the bundle too (the switchyard adapter fetches
+    // it from the executor), byte for byte.
+    let through_run = approvals_as(&e.stack, "bob")
+        .await
+        .get_run_artifact(switchyard_proto::approval::v1::GetRunArtifactRequest {
+            run_id: job.run_id.clone(),
+            path: "fix/bundle.json".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(through_run.content, got.content);
     run_reaches(&e.stack, &call.run_id, RunStatus::Completed).await;
     e.stack.stop().await.unwrap();
 }

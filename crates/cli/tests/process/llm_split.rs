@@ -11,7 +11,7 @@ use serde_json::json;
 use switchyard_llm::scripted::{Reply, Script};
 
 /// Runs the scripted server on its own runtime thread for the test's life.
-fn scripted() -> (Script, String, std::sync::mpsc::Sender<()>) {
+pub(crate) fn scripted() -> (Script, String, std::sync::mpsc::Sender<()>) {
     let script = Script::new();
     let (url_tx, url_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
@@ -37,7 +37,7 @@ fn scripted() -> (Script, String, std::sync::mpsc::Sender<()>) {
 /// services (with `core_cfg`, if any), the executor (with `cfg`), and
 /// `switchyard agents serve` hosting `agents_dir`; `env` goes to the
 /// executor and the agents (provider keys). Returns (core, executor, agents).
-fn split(
+pub(crate) fn split(
     dir: &std::path::Path,
     core_cfg: Option<&str>,
     cfg: &str,

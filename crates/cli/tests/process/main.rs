@@ -18,3 +18,4 @@ mod real_llm;
 mod sandbox;
 mod split;
 mod telemetry;
+mod tool_approval;
