@@ -216,6 +216,52 @@ fn run_rows(runs: &[Run]) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// Where a run executes and what it produced: its adapter and submission,
+/// the tool call it stands for, its artifacts.
+fn show_execution(run: &Run) {
+    if let Some(t) = &run.tool_call {
+        println!(
+            "tool call:     {}({}) in job {} task {} (attempt {})",
+            t.tool, t.arguments, t.job_id, t.task_id, t.attempt
+        );
+        if !t.reason.is_empty() {
+            println!("model said:    {}", t.reason);
+        }
+    }
+    if !run.adapter.is_empty() {
+        let state = if run.adapter_state.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", run.adapter_state)
+        };
+        let job = if run.job_id.is_empty() {
+            String::new()
+        } else {
+            format!(" job {}", run.job_id)
+        };
+        println!("adapter:       {}{job}{state}", run.adapter);
+    }
+    if !run.reason_code.is_empty() {
+        println!("reason code:   {}", run.reason_code);
+    }
+    let r = run.result.clone().unwrap_or_default();
+    for a in &r.artifacts {
+        println!(
+            "artifact:      {} {} {} bytes {}",
+            a.path,
+            crate::output::artifact_kind(a.kind),
+            a.size_bytes,
+            a.artifact_id
+        );
+    }
+    if !r.draft_pr_url.is_empty() {
+        println!(
+            "draft PR:      {} (not published: a person opens it)",
+            r.draft_pr_url
+        );
+    }
+}
+
 fn show_run(conn: &Conn, run: &Run, verb: &str) {
     match conn.output {
         Format::Json => print_json(&run_json(run)),
@@ -422,6 +468,7 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
                     if !run.last_error.is_empty() {
                         println!("last error:    {}", run.last_error);
                     }
+                    show_execution(&run);
                     println!();
                     let rows: Vec<Vec<String>> = audit
                         .iter()

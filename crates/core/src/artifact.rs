@@ -63,7 +63,7 @@ impl ArtifactKind {
     pub fn allowed_by(self, outputs: &[String]) -> Result<(), String> {
         match self.required_output() {
             Some(out) if !outputs.iter().any(|o| o == out) => Err(format!(
-                "a {} artifact needs {out:?} in the run's outputs_allowed (it allows: {})",
+                "{} artifacts need {out:?} in the run's outputs_allowed (it allows: {})",
                 self.as_str(),
                 if outputs.is_empty() {
                     "nothing".to_owned()

@@ -716,7 +716,7 @@ impl Round<'_> {
         deadline: &mut Instant,
     ) -> ToolResult {
         let (host, call) = (self.host, &calls[k]);
-        let started = Instant::now();
+        let mut started = Instant::now();
         let mut r = ToolResult {
             call_id: call.id.clone(),
             name: call.name.clone(),
@@ -746,7 +746,11 @@ impl Round<'_> {
                 }
                 match gate {
                     Gate::Refused { reason, message } => Err((reason, message)),
-                    Gate::Run => self.invoke(call, args, *deadline).await,
+                    Gate::Run => {
+                        // The call's duration is the tool's, not the wait for a person.
+                        started = Instant::now();
+                        self.invoke(call, args, *deadline).await
+                    }
                 }
             }
         };

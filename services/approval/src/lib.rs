@@ -1313,7 +1313,8 @@ impl Approval {
         }
         v.into_result().map_err(ApprovalError::Invalid)?;
         let now = self.now();
-        let (run, seq) = {
+        // Imported, or refused (the refusal is audited too).
+        let outcome: Result<(Run, u64), (switchyard_api::artifacts::Refused, u64)> = 'import: {
             let mut st = self.lock();
             let run = st
                 .runs
@@ -1333,7 +1334,17 @@ impl Approval {
                     got: req.context_hash,
                 });
             }
-            let result = self.manual_result(&run, &req)?;
+            let result = match self.manual_result(&run, &req) {
+                Ok(r) => r,
+                Err(ApprovalError::ArtifactRefused(r)) => {
+                    let note = Note::new(&actor, "artifact_refused", r.reason.as_str())
+                        .detail("message", &r.message);
+                    let from = Some(status_of(&run));
+                    let seq = self.audit(&mut st, &run, Note { from, ..note })?;
+                    break 'import Err((r, seq));
+                }
+                Err(e) => return Err(e),
+            };
             // Handed to the manual adapter already (running), or not yet.
             let handed =
                 status_of(&run) == S::Running && run.claimed_by == dispatch::worker("manual");
@@ -1347,12 +1358,22 @@ impl Approval {
             let done = Note::new(&actor, "manual_result_imported", "")
                 .detail("content_bytes", req.content.len())
                 .detail("artifacts", result.artifact_paths.join(","));
-            self.transition(&mut st, &req.run_id, S::Completed, done, |r| {
-                r.result = Some(result);
-            })?
+            Ok(
+                self.transition(&mut st, &req.run_id, S::Completed, done, |r| {
+                    r.result = Some(result);
+                })?,
+            )
         };
-        self.durable(seq).await?;
-        Ok(run)
+        match outcome {
+            Ok((run, seq)) => {
+                self.durable(seq).await?;
+                Ok(run)
+            }
+            Err((refused, seq)) => {
+                self.durable(seq).await?;
+                Err(ApprovalError::ArtifactRefused(refused))
+            }
+        }
     }
 
     /// Approve, reject or cancel as asked over gRPC, by the authenticated

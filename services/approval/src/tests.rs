@@ -1106,6 +1106,19 @@ async fn a_pasted_result_of_a_kind_outside_outputs_allowed_is_refused_and_nothin
         S::Approved,
         "still importable"
     );
+    let audit = f
+        .svc
+        .list_audit(&ListAuditRequest {
+            run_id: id.clone(),
+            ..Default::default()
+        })
+        .unwrap()
+        .records;
+    let refused = audit.last().unwrap();
+    assert_eq!(
+        (refused.event_type.as_str(), refused.reason.as_str()),
+        ("artifact_refused", "ARTIFACT_KIND_NOT_ALLOWED")
+    );
 }
 
 #[tokio::test]

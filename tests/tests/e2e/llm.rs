@@ -55,6 +55,7 @@ const MODELS: &[&str] = &[
     "m-gate-timeout",
     "m-gate-restart",
     "m-gate-cancel",
+    "m-gate-price",
     "m-pr",
 ];
 

@@ -16,8 +16,7 @@ use switchyard_proto::approval::v1::{
 };
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{
-    CancelJobRequest, GetArtifactRequest, JobState, ListArtifactsRequest, TaskState,
-    WatchJobRequest,
+    CancelJobRequest, GetArtifactRequest, JobState, TaskState, WatchJobRequest,
 };
 use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
 use switchyard_testkit::Stack;
@@ -63,6 +62,27 @@ async fn until_event(c: &mut Jobs, job_id: &str, kind: &str) -> Value {
     tokio::time::timeout(std::time::Duration::from_secs(20), wait)
         .await
         .unwrap_or_else(|_| panic!("no {kind} for {job_id} within 20 s"))
+}
+
+/// Marks registered tool `name` risky in the registry: every call of it,
+/// in any job, waits for a person.
+async fn mark_risky(s: &Stack, name: &str) {
+    use switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient;
+    use switchyard_proto::registry::v1::{ListToolsRequest, RegisterToolRequest};
+    let mut reg = RegistryServiceClient::new(s.channel().await.unwrap());
+    let mut tool = reg
+        .list_tools(ListToolsRequest {
+            names: vec![name.into()],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .tools
+        .remove(0);
+    tool.requires_approval = true;
+    reg.register_tool(RegisterToolRequest { tool: Some(tool) })
+        .await
+        .unwrap();
 }
 
 /// The per-call runs waiting for a decision, as `who` sees them.
@@ -251,14 +271,7 @@ async fn a_gated_call_waits_holding_no_budget_until_bob_approves_and_carol_downl
         ]
     );
     // The answer is a changeset bundle, carol's to download byte for byte.
-    let listed = carol
-        .list_artifacts(ListArtifactsRequest {
-            job_id: "gated-ok".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .artifacts;
+    let listed = crate::common::artifacts(&mut carol, "gated-ok").await;
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0].path, "fix/bundle.json");
     assert_eq!(
@@ -389,7 +402,9 @@ async fn cancelling_a_job_withdraws_its_waiting_call() {
         "m-gate-cancel",
         vec![Reply::tools(&[("deploy", json!({"q": "prod"}))], 40, 10)],
     );
-    let doc = gated_job("gated-cancel", "m-gate-cancel", true, "file", &[]);
+    // Not marked in the job: the registry marks the tool itself.
+    mark_risky(&e.stack, "deploy").await;
+    let doc = gated_job("gated-cancel", "m-gate-cancel", false, "file", &[]);
     let job = submit(&mut e.jobs, &doc).await.unwrap();
     let waiting = until_event(&mut e.jobs, "gated-cancel", "task.awaiting_approval").await;
     e.jobs
@@ -445,15 +460,7 @@ async fn a_draft_pr_without_propose_pr_in_outputs_allowed_is_refused_and_nothing
         (refused.1["kind"].as_str(), refused.1["reason"].as_str()),
         (Some("draft_pr"), Some("ARTIFACT_KIND_NOT_ALLOWED"))
     );
-    let listed = e
-        .jobs
-        .list_artifacts(ListArtifactsRequest {
-            job_id: "pr-refused".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .artifacts;
+    let listed = crate::common::artifacts(&mut e.jobs, "pr-refused").await;
     assert!(listed.is_empty(), "{listed:?}");
     let missing = e
         .jobs
@@ -608,5 +615,132 @@ async fn a_person_cannot_propose_a_per_call_run_only_the_executor_does() {
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     assert!(err.message().contains("tool_call"), "{}", err.message());
+    e.stack.stop().await.unwrap();
+}
+
+/// An SDK agent whose answer carries a draft PR description.
+#[derive(Clone)]
+struct Drafter;
+
+#[tonic::async_trait]
+impl switchyard_agent_sdk::Agent for Drafter {
+    async fn invoke(
+        &self,
+        _req: switchyard_agent_sdk::Invocation,
+        _progress: switchyard_agent_sdk::Progress,
+    ) -> switchyard_proto::agent::v1::AgentResponse {
+        let mut r = switchyard_agent_sdk::respond::success(String::from("drafted"), None);
+        r.artifacts = vec![switchyard_proto::common::v1::NewArtifact {
+            name: "pr.md".into(),
+            kind: switchyard_proto::common::v1::ArtifactKind::DraftPr as i32,
+            media_type: "text/markdown".into(),
+            content: b"# Fix docs\n\nA draft for a person to open.\n".to_vec(),
+        }];
+        r
+    }
+}
+
+#[tokio::test]
+async fn an_agent_s_draft_pr_is_kept_only_where_propose_pr_is_allowed() {
+    let e = env(false, |_| {}).await;
+    let (trigger, shutdown) = switchyard_kit::shutdown::channel();
+    let mut spec = switchyard_proto::registry::v1::AgentSpec {
+        id: "drafter".into(),
+        capabilities: vec![switchyard_proto::registry::v1::Capability {
+            name: "docs.draft_pr".into(),
+            ..Default::default()
+        }],
+        trust_score: 90,
+        ..Default::default()
+    };
+    let opts = switchyard_agent_sdk::ServeOptions {
+        registry_url: e.stack.url.clone(),
+        credential: switchyard_kit::client::Credential::bearer(&e.stack.token("agents").unwrap())
+            .ok(),
+        ..Default::default()
+    };
+    let agent = tokio::spawn(async move {
+        switchyard_agent_sdk::serve_until(Drafter, &mut spec, opts, shutdown).await
+    });
+    crate::common::wait_routed(&e.stack, "docs.draft_pr").await;
+    let mut jobs = e.jobs.clone();
+    let doc = |id: &str, outputs: &str| {
+        format!(
+            r#"{{"job_id":"{id}","approval":{{"outputs_allowed":[{outputs}]}},
+            "tasks":[{{"id":"d","agent":{{"capability":"docs.draft_pr"}}}}]}}"#
+        )
+    };
+    // Allowed (a free agent: the default policy approves the job): kept,
+    // and the run's result names it (never published).
+    let job = submit(&mut jobs, &doc("pr-ok", r#""propose_pr""#))
+        .await
+        .unwrap();
+    let r = finish(&mut jobs, "pr-ok").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let listed = crate::common::artifacts(&mut jobs, "pr-ok").await;
+    assert_eq!(listed[0].path, "d/pr.md");
+    let run = run_reaches(&e.stack, &job.run_id, RunStatus::Completed).await;
+    assert_eq!(
+        run.result.unwrap().draft_pr_url,
+        format!("artifact:{}", listed[0].artifact_id)
+    );
+    // Not allowed: the task fails for good and nothing is kept.
+    submit(&mut jobs, &doc("pr-no", r#""propose_changeset_bundle""#))
+        .await
+        .unwrap();
+    let r = finish(&mut jobs, "pr-no").await;
+    assert_eq!(r.state, JobState::Discarded as i32, "{r:?}");
+    assert_eq!(task(&r, "d").reason, "ARTIFACT_KIND_NOT_ALLOWED");
+    let listed = crate::common::artifacts(&mut jobs, "pr-no").await;
+    assert!(listed.is_empty());
+    trigger.fire();
+    agent.await.unwrap().unwrap();
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_agent_offered_as_a_tool_above_the_price_rule_waits_for_a_person() {
+    let mut e = env(true, |c| {
+        c.executor.tool_approval.above_micro_usd = Some(100_000)
+    })
+    .await;
+    let mut reg =
+        switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient::new(
+            e.stack.channel().await.unwrap(),
+        );
+    // $0.50 a call (above the $0.10 rule); its endpoint is never reached.
+    crate::common::register(
+        &mut reg,
+        crate::common::agent("pricey", "text.pricey", 90, 500_000),
+    )
+    .await;
+    crate::common::wait_routed(&e.stack, "text.pricey").await;
+    e.script.for_model(
+        "m-gate-price",
+        vec![
+            Reply::tools(&[("agent_pricey", json!({"task": "say hi"}))], 40, 10),
+            Reply::text("done without it", 80, 5),
+        ],
+    );
+    let doc = json!({"job_id": "gated-price", "tasks": [{"id": "t", "llm": {
+        "model": "m-gate-price", "prompt": "ask the agent", "max_tokens": 50, "agents": ["text.pricey"]}}]})
+    .to_string();
+    let job = submit(&mut e.jobs, &doc).await.unwrap();
+    if job.state == JobState::Pending as i32 {
+        crate::common::approve(&e.stack, &job.run_id).await;
+    }
+    let waiting = until_event(&mut e.jobs, "gated-price", "task.awaiting_approval").await;
+    assert_eq!(waiting["tool"], "agent_pricey");
+    approvals_as(&e.stack, "bob")
+        .await
+        .reject(RejectRequest {
+            run_id: waiting["run_id"].as_str().unwrap().into(),
+            comment: "too expensive".into(),
+        })
+        .await
+        .unwrap();
+    let r = finish(&mut e.jobs, "gated-price").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    assert_eq!(task(&r, "t").tool_results[0].reason, "TOOL_CALL_REJECTED");
     e.stack.stop().await.unwrap();
 }

@@ -385,3 +385,62 @@ async fn the_sdk_worker_acks_results_nacks_failures_and_drains_its_work_on_shutd
     let drained = crate::common::finish(&mut jobs, &slow).await;
     assert_eq!(drained.state, JobState::Completed as i32, "{drained:?}");
 }
+
+/// A new artifact of `kind`.
+fn artifact(
+    name: &str,
+    kind: switchyard_proto::common::v1::ArtifactKind,
+    content: &[u8],
+) -> switchyard_proto::common::v1::NewArtifact {
+    switchyard_proto::common::v1::NewArtifact {
+        name: name.into(),
+        kind: kind as i32,
+        media_type: "text/plain".into(),
+        content: content.to_vec(),
+    }
+}
+
+#[tokio::test]
+async fn a_worker_hands_over_artifacts_with_its_ack_and_a_kind_the_job_does_not_allow_fails_it() {
+    use switchyard_proto::common::v1::ArtifactKind;
+    use switchyard_proto::executor::v1::GetArtifactRequest;
+    let (_s, mut jobs, mut workers) = stack().await;
+    // A plain file proposes nothing: any job may keep one.
+    let id = enqueue(&mut jobs, "art", "").await;
+    fetch(&mut workers, "art", "w1", 5_000).await;
+    let report = b"\x00binary report\xff".to_vec();
+    let mut req = ack(&id, 1, "w1");
+    req.artifacts = vec![artifact("report.bin", ArtifactKind::File, &report)];
+    let done = workers.ack(req).await.unwrap().into_inner().job.unwrap();
+    assert_eq!(done.state, JobState::Completed as i32);
+    let listed = crate::common::artifacts(&mut jobs, &id).await;
+    assert_eq!(listed.len(), 1);
+    let got = jobs
+        .get_artifact(GetArtifactRequest {
+            job_id: id.clone(),
+            artifact: listed[0].path.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.content, report, "byte for byte");
+    // A changeset bundle needs propose_changeset_bundle, which a queue job
+    // does not allow: the ack is refused and the task fails for good.
+    let id = enqueue(&mut jobs, "art", "").await;
+    fetch(&mut workers, "art", "w1", 5_000).await;
+    let mut req = ack(&id, 1, "w1");
+    req.artifacts = vec![
+        artifact("notes.txt", ArtifactKind::File, b"fine"),
+        artifact("bundle.json", ArtifactKind::ChangesetBundle, b"{}"),
+    ];
+    let refused = workers.ack(req).await.unwrap_err();
+    assert_reason(&refused, Reason::ArtifactKindNotAllowed);
+    assert!(
+        refused.message().contains("propose_changeset_bundle"),
+        "{refused:?}"
+    );
+    let j = finish(&mut jobs, &id).await;
+    assert_eq!(j.state, JobState::Discarded as i32, "{j:?}");
+    let listed = crate::common::artifacts(&mut jobs, &id).await;
+    assert!(listed.is_empty(), "all or nothing: {listed:?}");
+}

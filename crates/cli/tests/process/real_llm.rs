@@ -607,3 +607,86 @@ fn real_llm_cancelling_a_job_stops_the_stream() {
         || server.log_text().contains("Disconnected from client"),
     );
 }
+
+#[test]
+#[ignore = "needs a real model server: make test-real-llm"]
+fn real_llm_a_gated_tool_call_waits_for_bob_with_nothing_reserved_then_runs_once() {
+    let server = start("chatml-function-calling");
+    let d = dev(&server, "", "");
+    let mut tool = lookup_tool();
+    tool["requires_approval"] = json!(true);
+    let id = d.submit(llm_job(
+        "Look up the word 'harbour', then answer.",
+        json!({"ext_agent_instructions": "Use the lookup tool.", "ext_agent_tools": [tool],
+               "ext_agent_max_turns": 2}),
+    ));
+    d.approve(&id);
+    // The model asked for the tool: the call waits as a run of its own.
+    let started = std::time::Instant::now();
+    let mut pending = pending_calls(&d.url, Some(&id));
+    while pending.is_empty() {
+        let j = d.job(&id);
+        assert!(
+            started.elapsed() < Duration::from_secs(120)
+                && j["state"] != "completed"
+                && j["state"] != "discarded",
+            "no gated call: {j}\n{:?}",
+            d.events(&id)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        pending = pending_calls(&d.url, Some(&id));
+    }
+    assert_eq!(pending[0]["tool_call"]["tool"], "lookup");
+    assert_eq!(server.requests(), 1, "one model call, then the wait");
+    let b = d.budget(&id);
+    assert_eq!(b["tokens_reserved"].as_u64().unwrap_or(0), 0, "{b}");
+    // This base model calls the tool again on its next turn: bob approves
+    // each call as it comes, until the job ends.
+    let mut approved = 0;
+    loop {
+        for r in &pending {
+            let run = r["run_id"].as_str().unwrap();
+            ok(&cli(
+                &d.url,
+                &["approval", "approve", run, "--as", "bob", "-m", "fine"],
+            ));
+            approved += 1;
+        }
+        let j = d.job(&id);
+        if ["completed", "discarded"].contains(&j["state"].as_str().unwrap_or_default()) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(300), "{j}");
+        std::thread::sleep(Duration::from_millis(200));
+        pending = pending_calls(&d.url, Some(&id));
+    }
+    let job = d.job(&id);
+    let t = &job["tasks"][0];
+    let results = t["tool_results"].as_array().unwrap();
+    assert_eq!(
+        results.len(),
+        approved,
+        "each approved call ran once: {job}"
+    );
+    for r in results {
+        assert_eq!(r["name"], "lookup", "{job}");
+        assert!(r["error"].as_str().unwrap_or_default().is_empty(), "{job}");
+    }
+    let events = d.events(&id);
+    let decided: Vec<&Value> = events
+        .iter()
+        .filter(|(k, _)| k == "task.approval_decided")
+        .map(|(_, d)| d)
+        .collect();
+    assert_eq!(decided.len(), approved, "{events:?}");
+    assert!(
+        decided.iter().all(|d| d["decision"] == "approved"),
+        "{events:?}"
+    );
+    // Every model call was billed once, as the server reported it.
+    let c = calls(&events);
+    assert_eq!(server.requests(), c.len());
+    let b = d.budget(&id);
+    assert_eq!(b["tokens_spent"], job["tokens_used"], "{b}");
+    assert!(server.failures().is_empty(), "{:?}", server.failures());
+}

@@ -13,24 +13,6 @@ use crate::support::*;
 use serde_json::{Value, json};
 use switchyard_llm::scripted::Reply;
 
-/// The per-call runs waiting for a decision, as bob lists them.
-fn pending_calls(url: &str) -> Vec<Value> {
-    let out = ok(&cli(
-        url,
-        &[
-            "approval", "list", "--status", "proposed", "--as", "bob", "-o", "json",
-        ],
-    ));
-    let v: Value = serde_json::from_str(&out).unwrap();
-    v["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| !r["tool_call"].is_null())
-        .cloned()
-        .collect()
-}
-
 #[test]
 fn a_gated_call_across_processes_waits_for_bob_and_the_submitter_downloads_the_bundle() {
     let (script, llm_url, _stop) = scripted();
@@ -113,9 +95,9 @@ models = [
     // The job itself costs money: bob approves it first.
     ok(&cli(&c, &["approval", "approve", &run, "--as", "bob"]));
     wait_for("the call's run", Duration::from_secs(20), || {
-        !pending_calls(&c).is_empty()
+        !pending_calls(&c, None).is_empty()
     });
-    let call = pending_calls(&c).remove(0);
+    let call = pending_calls(&c, None).remove(0);
     assert_eq!(call["tool_call"]["tool"], "publish_preview");
     assert_eq!(call["tool_call"]["arguments"], r#"{"branch":"docs-fix"}"#);
     assert_eq!(call["tool_call"]["reason"], "I will publish the preview");

@@ -44,6 +44,17 @@ pub async fn job(c: &mut Jobs, job_id: &str) -> Job {
     .unwrap()
 }
 
+/// The job's artifacts, as ListArtifacts answers.
+pub async fn artifacts(c: &mut Jobs, job_id: &str) -> Vec<switchyard_proto::common::v1::Artifact> {
+    c.list_artifacts(switchyard_proto::executor::v1::ListArtifactsRequest {
+        job_id: job_id.into(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .artifacts
+}
+
 /// Waits (bounded: 20 s) until the job is in a final state; returns its result.
 pub async fn finish(c: &mut Jobs, job_id: &str) -> GetResultResponse {
     for _ in 0..800 {
@@ -182,4 +193,19 @@ pub async fn eventually_routed(
         }
     })
     .await;
+}
+
+/// Waits (bounded: 10 s) until the router routes `cap` to some agent.
+pub async fn wait_routed(s: &Stack, cap: &str) {
+    let mut router = RouterServiceClient::new(s.channel().await.unwrap());
+    for _ in 0..400 {
+        if route(&mut router, cap, &[])
+            .await
+            .is_ok_and(|r| !r.candidates.is_empty())
+        {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("nothing routes {cap} within 10 s");
 }

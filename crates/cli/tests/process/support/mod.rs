@@ -361,3 +361,23 @@ pub fn health(addr: &str, service: &str) -> Option<i32> {
 
 pub const SERVING: Option<i32> = Some(1);
 pub const NOT_SERVING: Option<i32> = Some(2);
+
+/// The per-call approval runs waiting for a decision at `url`, as bob lists
+/// them (`approval list --status proposed -o json`), of job `job` if given.
+pub fn pending_calls(url: &str, job: Option<&str>) -> Vec<serde_json::Value> {
+    let out = ok(&cli(
+        url,
+        &[
+            "approval", "list", "--status", "proposed", "--as", "bob", "-o", "json",
+        ],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| !r["tool_call"].is_null())
+        .filter(|r| job.is_none_or(|j| r["tool_call"]["job_id"] == j))
+        .cloned()
+        .collect()
+}
