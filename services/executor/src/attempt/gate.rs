@@ -103,6 +103,7 @@ impl CallGate<'_> {
         let mut withdraw = Withdraw {
             x: self.x.clone(),
             run_id: Some(run_id.clone()),
+            checkpoint: checkpoint_key(job_id, task_id),
         };
         let decided = match self.propose(at, &run_id, &said).await {
             Ok(()) => self.decision(&run_id, paused.deadline_ms).await,
@@ -461,6 +462,8 @@ fn refused(reason: Reason, message: String) -> Gate {
 struct Withdraw {
     x: Executor,
     run_id: Option<String>,
+    /// The call's checkpoint, which nothing will resume.
+    checkpoint: String,
 }
 
 impl Drop for Withdraw {
@@ -470,6 +473,9 @@ impl Drop for Withdraw {
         };
         if self.x.inner.shutdown.is_shutdown() {
             return;
+        }
+        if let Err(e) = self.x.inner.checkpoints.remove(&self.checkpoint) {
+            tracing::warn!(error = %e, "removing an abandoned call's checkpoint");
         }
         let approval = self.x.inner.clients.approval.clone();
         tokio::spawn(switchyard_kit::context::propagate(async move {
