@@ -731,6 +731,13 @@ async fn an_agent_offered_as_a_tool_above_the_price_rule_waits_for_a_person() {
     }
     let waiting = until_event(&mut e.jobs, "gated-price", "task.awaiting_approval").await;
     assert_eq!(waiting["tool"], "agent_pricey");
+    // The approver sees what the call costs.
+    let call = run_of(&e.stack, waiting["run_id"].as_str().unwrap()).await;
+    let cost = call
+        .cost_estimate
+        .and_then(|c| c.estimated_cost)
+        .map(|m| m.micro_usd);
+    assert_eq!(cost, Some(500_000));
     approvals_as(&e.stack, "bob")
         .await
         .reject(RejectRequest {

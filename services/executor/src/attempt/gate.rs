@@ -69,6 +69,9 @@ pub(crate) struct CallGate<'a> {
     pub(crate) snap: &'a super::Snapshot,
     pub(crate) model: &'a str,
     pub(crate) waiter: crate::depend::Waiter<'a>,
+    /// The call's price when known (shown to the approver; unknown counts
+    /// as above any two-person threshold).
+    pub(crate) price: Option<i64>,
 }
 
 impl CallGate<'_> {
@@ -252,6 +255,10 @@ impl CallGate<'_> {
                 self.model.to_owned()
             },
             max_tokens: 1,
+            cost_estimate: self.price.map(|micro_usd| ap::CostEstimate {
+                estimated_cost: Some(switchyard_proto::common::v1::Money { micro_usd }),
+                ..Default::default()
+            }),
             tools_allowed: vec![call.name.clone()],
             outputs_allowed: vec!["tool_call".into()],
             correlation_id: snap.correlation_id.clone(),

@@ -135,6 +135,8 @@ pub(crate) enum Route {
     Agent {
         agent_id: String,
         capability: String,
+        /// The capability's unit price, micro-USD.
+        price: i64,
     },
     /// The built-in child-job tool.
     Delegate,
@@ -413,6 +415,7 @@ impl Attempt<'_> {
                 let route = Route::Agent {
                     agent_id: s.id.clone(),
                     capability,
+                    price,
                 };
                 (spec, route, price)
             })
@@ -752,6 +755,7 @@ impl Host for TaskHost<'_> {
                 Some(Route::Agent {
                     agent_id,
                     capability,
+                    ..
                 }) => self.run_agent(agent_id, capability, call_id, args).await,
                 Some(Route::Delegate) => self.delegate(args).await,
                 Some(Route::Missing) | None => Err(format!(
@@ -782,11 +786,24 @@ impl Host for TaskHost<'_> {
 
     fn gate<'a>(&'a self, at: &'a agent::Checkpoint) -> BoxFuture<'a, agent::Gate> {
         Box::pin(async move {
+            // What the call costs, when Switchyard knows: a command spends
+            // nothing, an agent its price; other tools' costs are their own.
+            let name = at
+                .pending
+                .first()
+                .map(|c| c.name.as_str())
+                .unwrap_or_default();
+            let price = match self.routes.get(name) {
+                Some(Route::Command(_)) => Some(0),
+                Some(Route::Agent { price, .. }) => Some(*price),
+                _ => None,
+            };
             let gate = super::gate::CallGate {
                 x: self.x,
                 snap: self.snap,
                 model: &self.llm_task.model,
                 waiter: self.spender.waiter(),
+                price,
             };
             gate.ask(at).await
         })
