@@ -192,10 +192,30 @@ async fn an_ojs_run_is_submitted_polled_and_completed_with_the_result_as_an_arti
     let job = take(&outside, &job_id).await;
     let result = json!({"changes": [{"path": "docs/contracts.md", "diff": "+contracts"}], "note": "ünïcode"});
     let agents = outside.token("agents").unwrap();
-    let ack =
-        json!({"job_id": job_id, "attempt": job["attempt"], "worker_id": "w1", "result": result});
+    // An ack may carry artifacts over HTTP too (a Switchyard extension):
+    // a kind it does not know is a field error, and the lease stays held.
+    let bad = json!({"job_id": job_id, "attempt": job["attempt"], "worker_id": "w1", "result": result,
+        "artifacts": [{"name": "log.txt", "kind": "poem", "content_base64": "d29ya2VyIGxvZw=="}]});
+    let (code, v) = ojs(&outside, "POST", "/ojs/v1/workers/ack", &agents, bad).await;
+    assert_eq!(code, 400, "{v}");
+    let ack = json!({"job_id": job_id, "attempt": job["attempt"], "worker_id": "w1", "result": result,
+        "artifacts": [{"name": "log.txt", "kind": "file", "media_type": "text/plain", "content_base64": "d29ya2VyIGxvZw=="}]});
     let (code, v) = ojs(&outside, "POST", "/ojs/v1/workers/ack", &agents, ack).await;
     assert_eq!(code, 200, "{v}");
+    let mut there = switchyard_proto::executor::v1::job_service_client::JobServiceClient::new(
+        outside.channel_as("tester").await.unwrap(),
+    );
+    let listed = crate::common::artifacts(&mut there, &job_id).await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let got = there
+        .get_artifact(switchyard_proto::executor::v1::GetArtifactRequest {
+            job_id: job_id.clone(),
+            artifact: listed[0].path.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.content, b"worker log");
     let done = run_until(&ours, &id, "completed", |r| {
         r.status == RunStatus::Completed as i32
     })

@@ -667,6 +667,44 @@ fn job_ref(o: &Map<String, Value>) -> Result<TaskRef, Status> {
     }
 }
 
+/// The artifacts of an ack (a Switchyard extension of the OJS ack body):
+/// `"artifacts": [{"name", "kind", "media_type", "content_base64"}]`.
+fn ack_artifacts(
+    o: &Map<String, Value>,
+) -> Result<Vec<switchyard_proto::common::v1::NewArtifact>, Status> {
+    use base64::Engine as _;
+    let Some(list) = o.get("artifacts").filter(|v| !v.is_null()) else {
+        return Ok(Vec::new());
+    };
+    let Some(list) = list.as_array() else {
+        return Err(invalid_field(
+            "artifacts",
+            "artifacts is an array of {name, kind, media_type, content_base64}",
+        ));
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (i, a) in list.iter().enumerate() {
+        let field = |k: &str| format!("artifacts[{i}].{k}");
+        let kind = a["kind"].as_str().unwrap_or("file");
+        let Some(kind) = switchyard_core::artifact::ArtifactKind::parse(kind) else {
+            return Err(invalid_field(
+                &field("kind"),
+                "kind is one of file, changeset_bundle, draft_pr, issue_comment, test_plan",
+            ));
+        };
+        let content = base64::engine::general_purpose::STANDARD
+            .decode(a["content_base64"].as_str().unwrap_or_default())
+            .map_err(|e| invalid_field(&field("content_base64"), format!("not base64: {e}")))?;
+        out.push(switchyard_proto::common::v1::NewArtifact {
+            name: a["name"].as_str().unwrap_or_default().to_owned(),
+            kind: switchyard_api::artifacts::proto_kind(kind) as i32,
+            media_type: a["media_type"].as_str().unwrap_or_default().to_owned(),
+            content,
+        });
+    }
+    Ok(out)
+}
+
 /// Text field `k` of `o` (empty when absent or not text).
 fn text(o: &Map<String, Value>, k: &str) -> String {
     o.get(k)
@@ -718,8 +756,7 @@ async fn ack(
             .get("ext_agent_tokens_used")
             .and_then(Value::as_u64)
             .unwrap_or(0),
-        // Artifacts are handed over through WorkerService.Ack (gRPC).
-        artifacts: Vec::new(),
+        artifacts: ack_artifacts(&o)?,
     };
     let job = answered(door.jobs.ack(&caller, req).await?.job, "Ack")?;
     let mut extra = Map::new();
