@@ -89,6 +89,16 @@ async fn propose_run(svc: &Approval, run: Run) -> Result<Run, ApprovalError> {
         .unwrap_or_default())
 }
 
+/// The audit records of run `id`, in order.
+fn audit_of(svc: &Approval, id: &str) -> Vec<AuditRecord> {
+    svc.list_audit(&ListAuditRequest {
+        run_id: id.to_owned(),
+        ..Default::default()
+    })
+    .unwrap()
+    .records
+}
+
 fn api(e: ApprovalError) -> ApiError {
     ApiError::from(Status::from(e))
 }
@@ -575,14 +585,7 @@ async fn the_audit_log_records_every_action_in_order() {
         })
         .await
         .unwrap();
-    let recs = f
-        .svc
-        .list_audit(&ListAuditRequest {
-            run_id: id.clone(),
-            ..Default::default()
-        })
-        .unwrap()
-        .records;
+    let recs = audit_of(&f.svc, &id);
     let summary: Vec<_> = recs
         .iter()
         .map(|r| {
@@ -835,14 +838,7 @@ async fn runs_and_audit_survive_a_restart() {
         (status_of(&run), run.claimed_by.as_str()),
         (S::Running, "w1")
     );
-    let recs = f
-        .svc
-        .list_audit(&ListAuditRequest {
-            run_id: id.clone(),
-            ..Default::default()
-        })
-        .unwrap()
-        .records;
+    let recs = audit_of(&f.svc, &id);
     assert_eq!(recs.len(), 4);
     f.svc
         .complete(CompleteRequest {
@@ -1106,14 +1102,7 @@ async fn a_pasted_result_of_a_kind_outside_outputs_allowed_is_refused_and_nothin
         S::Approved,
         "still importable"
     );
-    let audit = f
-        .svc
-        .list_audit(&ListAuditRequest {
-            run_id: id.clone(),
-            ..Default::default()
-        })
-        .unwrap()
-        .records;
+    let audit = audit_of(&f.svc, &id);
     let refused = audit.last().unwrap();
     assert_eq!(
         (refused.event_type.as_str(), refused.reason.as_str()),

@@ -243,44 +243,23 @@ fn the_manual_adapter_round_trip_from_the_cli_keeps_the_pasted_result_byte_ident
         "--- a/docs/contracts.md\n+++ b/docs/contracts.md\n+héllo\n",
     )
     .unwrap();
-    let bad = cli(
-        &url,
-        &[
-            "approval",
-            "import",
-            &run,
-            "-f",
-            pasted.to_str().unwrap(),
-            "--context-hash",
-            &hash,
-            "--kind",
-            "issue_comment",
-            "--as",
-            "bob",
-        ],
-    );
+    let import = |extra: &[&str]| {
+        let mut args = vec!["approval", "import", &run, "-f", pasted.to_str().unwrap()];
+        args.extend(["--context-hash", &hash, "--as", "bob"]);
+        args.extend(extra);
+        cli(&url, &args)
+    };
+    let bad = import(&["--kind", "issue_comment"]);
     assert!(
         String::from_utf8_lossy(&bad.stderr).contains("ARTIFACT_KIND_NOT_ALLOWED"),
         "{bad:?}"
     );
-    ok(&cli(
-        &url,
-        &[
-            "approval",
-            "import",
-            &run,
-            "-f",
-            pasted.to_str().unwrap(),
-            "--context-hash",
-            &hash,
-            "--kind",
-            "changeset_bundle",
-            "--name",
-            "changes.diff",
-            "--as",
-            "bob",
-        ],
-    ));
+    ok(&import(&[
+        "--kind",
+        "changeset_bundle",
+        "--name",
+        "changes.diff",
+    ]));
     let out = dir.path().join("out");
     let listed = ok(&cli(
         &url,
