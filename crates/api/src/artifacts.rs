@@ -73,6 +73,19 @@ pub fn admit(new: &NewArtifact, outputs: &[String], max_bytes: usize) -> Result<
     })
 }
 
+/// Artifacts as listed: the latest per path (a retried task's replaces
+/// its earlier one), in the order their paths were first stored.
+pub fn latest_per_path(all: &[Artifact]) -> Vec<Artifact> {
+    let mut listed: Vec<Artifact> = Vec::with_capacity(all.len());
+    for a in all {
+        match listed.iter_mut().find(|o| o.path == a.path) {
+            Some(o) => *o = a.clone(),
+            None => listed.push(a.clone()),
+        }
+    }
+    listed
+}
+
 /// A run's result as seed 004 binds it, from its artifacts (the latest
 /// per path): the first changeset bundle's id, the draft PR's reference
 /// (Switchyard publishes nothing: `artifact:<id>` names the stored
@@ -82,13 +95,7 @@ pub fn run_result(
     content: String,
     all: &[Artifact],
 ) -> switchyard_proto::approval::v1::RunResult {
-    let mut listed: Vec<Artifact> = Vec::with_capacity(all.len());
-    for a in all {
-        match listed.iter_mut().find(|o| o.path == a.path) {
-            Some(o) => *o = a.clone(),
-            None => listed.push(a.clone()),
-        }
-    }
+    let listed = latest_per_path(all);
     let of = |k: ArtifactKind| {
         listed
             .iter()

@@ -335,12 +335,12 @@ impl Approval {
         content: String,
     ) -> Result<RunResult, ApprovalError> {
         let max = self.inner.cfg.artifact_max_bytes;
+        // All are checked before any is stored.
         let mut kept = Vec::with_capacity(news.len());
         for n in news {
-            let mut a = artifacts::admit(n, &run.outputs_allowed, max)
+            let a = artifacts::admit(n, &run.outputs_allowed, max)
                 .map_err(ApprovalError::ArtifactRefused)?;
-            kept.push((a.clone(), n));
-            a.path.clone_from(&n.name);
+            kept.push((a, n));
         }
         let now = timestamp(self.now());
         let mut out: Vec<Artifact> = Vec::with_capacity(kept.len());

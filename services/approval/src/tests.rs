@@ -76,6 +76,15 @@ async fn propose(svc: &Approval, cost: Option<i64>) -> Run {
     propose_run(svc, spec(cost)).await.unwrap()
 }
 
+/// A run proposed as `@you` and approved by the reviewer; its id.
+async fn approved(svc: &Approval) -> String {
+    let id = propose(svc, Some(100)).await.run_id;
+    svc.decide(Action::Approve, &id, "ok", REVIEWER)
+        .await
+        .unwrap();
+    id
+}
+
 /// Proposes `run` as `@you`; the stored run.
 async fn propose_run(svc: &Approval, run: Run) -> Result<Run, ApprovalError> {
     let req = ProposeRequest {
@@ -1017,11 +1026,7 @@ async fn a_run_gets_its_adapter_manual_by_default_switchyard_for_a_job_and_none_
 #[tokio::test]
 async fn the_manual_round_trip_keeps_the_pasted_result_as_an_artifact_fetched_byte_identical() {
     let f = fixture();
-    let id = propose(&f.svc, Some(100)).await.run_id;
-    f.svc
-        .decide(Action::Approve, &id, "ok", REVIEWER)
-        .await
-        .unwrap();
+    let id = approved(&f.svc).await;
     // The dispatcher hands it to the manual adapter: running, awaiting the result.
     assert_eq!(f.svc.dispatch().await.unwrap(), 1);
     let run = f.svc.get(&id).unwrap();
@@ -1078,11 +1083,7 @@ async fn the_manual_round_trip_keeps_the_pasted_result_as_an_artifact_fetched_by
 #[tokio::test]
 async fn a_pasted_result_of_a_kind_outside_outputs_allowed_is_refused_and_nothing_changes() {
     let f = fixture();
-    let id = propose(&f.svc, Some(100)).await.run_id;
-    f.svc
-        .decide(Action::Approve, &id, "ok", REVIEWER)
-        .await
-        .unwrap();
+    let id = approved(&f.svc).await;
     let req = ImportManualResultRequest {
         run_id: id.clone(),
         content: "post this".into(),

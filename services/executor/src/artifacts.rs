@@ -96,8 +96,3 @@ impl Executor {
         Ok((a, content))
     }
 }
-
-/// A job's artifacts as listed: the latest per path, in the order first stored.
-pub(crate) fn listed(all: &[Artifact]) -> Vec<Artifact> {
-    artifacts::run_result("", String::new(), all).artifacts
-}

@@ -187,7 +187,7 @@ impl JobService for Executor {
         self.inner.book.visible(&p, id)?;
         let job = self.inner.book.job(id)?;
         Ok(Response::new(ListArtifactsResponse {
-            artifacts: crate::artifacts::listed(&job.artifacts),
+            artifacts: switchyard_api::artifacts::latest_per_path(&job.artifacts),
         }))
     }
 
