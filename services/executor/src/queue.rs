@@ -620,10 +620,13 @@ impl Executor {
             return Err(invalid_field("error.message", "at most 64 KiB"));
         }
         let lease = self.take_lease(&job_id, &task_id, attempt, &req.worker_id)?;
+        // The delay counts from when the nack arrived: read the clock before
+        // the report schedules the retry, so the figure is never shorter
+        // than the backoff the schedule chose.
+        let now = self.inner.book.now();
         let job = self
             .report(&job_id, lease, Report::Nack(error, req.requeue))
             .await?;
-        let now = self.inner.book.now();
         let retry_delay_ms = job
             .tasks
             .iter()

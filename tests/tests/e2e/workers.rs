@@ -13,7 +13,7 @@ use switchyard_proto::executor::v1::worker_service_client::WorkerServiceClient;
 use switchyard_proto::executor::v1::{
     AckRequest, DeleteDeadLetterRequest, FetchRequest, GetJobRequest, HeartbeatRequest, Job,
     JobState, LeasedTask, ListJobsRequest, NackRequest, RetryDeadLetterRequest, SubmitJobRequest,
-    TaskRef, WatchJobRequest, WorkerError,
+    TaskRef, TaskState, WatchJobRequest, WorkerError,
 };
 use switchyard_testkit::Stack;
 
@@ -195,26 +195,42 @@ async fn only_principals_with_task_work_pull_tasks() {
 }
 
 /// Fetches one task of `queue` as `worker` and nacks it as retryable; the
-/// job as the nack left it.
-async fn fetched_and_nacked(w: &mut Workers, queue: &str, worker: &str) -> Job {
+/// job as the nack left it and the delay before its retry.
+async fn fetched_and_nacked(w: &mut Workers, queue: &str, worker: &str) -> (Job, u64) {
     let got = fetch(w, queue, worker, 5_000).await;
     let lease = got[0].task.clone().unwrap();
-    w.nack(NackRequest {
-        task: Some(lease),
-        worker_id: worker.into(),
-        error: Some(WorkerError {
-            code: "handler_error".into(),
-            message: "it broke".into(),
-            retryable: Some(true),
-            ..Default::default()
-        }),
-        requeue: false,
-    })
-    .await
-    .unwrap()
-    .into_inner()
-    .job
-    .unwrap()
+    let out = w
+        .nack(NackRequest {
+            task: Some(lease),
+            worker_id: worker.into(),
+            error: Some(WorkerError {
+                code: "handler_error".into(),
+                message: "it broke".into(),
+                retryable: Some(true),
+                ..Default::default()
+            }),
+            requeue: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    (out.job.unwrap(), out.retry_delay_ms)
+}
+
+#[tokio::test]
+async fn a_nack_reports_a_retry_delay_never_shorter_than_the_backoff() {
+    let (_s, mut jobs, mut workers) = stack().await;
+    // No jitter: every retry waits exactly the 2 s backoff, counted from
+    // the nack. A delay measured after the retry was scheduled would come
+    // out short by however long the nack took to record.
+    let retry = r#", "retry": {"max_attempts": 3, "initial_interval": "PT2S", "jitter": false}"#;
+    for n in 0..5 {
+        let q = format!("backoff-{n}");
+        enqueue(&mut jobs, &q, retry).await;
+        let (job, delay) = fetched_and_nacked(&mut workers, &q, "w1").await;
+        assert_eq!(job.tasks[0].state, TaskState::Retrying as i32);
+        assert!((2_000..3_000).contains(&delay), "nack {n}: {delay} ms");
+    }
 }
 
 /// The ids of the dead-lettered jobs `c` sees.
@@ -240,7 +256,7 @@ async fn a_dead_lettered_job_is_retried_as_a_new_round_or_deleted_by_an_operator
     let id = enqueue(&mut jobs, "dlq", dlq).await;
     let plain = enqueue(&mut jobs, "dlq-plain", r#", "retry": {"max_attempts": 1}"#).await;
     for q in ["dlq", "dlq-plain"] {
-        let job = fetched_and_nacked(&mut workers, q, "w1").await;
+        let (job, _) = fetched_and_nacked(&mut workers, q, "w1").await;
         assert_eq!(job.state, JobState::Discarded as i32, "{q}");
     }
     // Only the job whose spec keeps it is in the dead letter.
