@@ -10,6 +10,7 @@
 
 pub mod blobs;
 mod group_commit;
+pub mod pg;
 pub use group_commit::observe_flushes;
 mod log;
 
