@@ -503,7 +503,7 @@ impl Cold {
 /// else from the journal (entries pruned past retention are left out).
 pub(crate) fn charges(
     books: &Books,
-    journal: &Log<JournalRecord>,
+    journal: Option<&Log<JournalRecord>>,
     seqs: &[u64],
 ) -> Result<Vec<(u64, Charge)>, StoreError> {
     let cold: Vec<u64> = seqs
@@ -511,7 +511,11 @@ pub(crate) fn charges(
         .copied()
         .filter(|s| !books.entries.contains_key(s))
         .collect();
-    let mut read = journal.read_each(&cold)?.into_iter().peekable();
+    let read = match journal {
+        Some(j) => j.read_each(&cold)?,
+        None => Vec::new(),
+    };
+    let mut read = read.into_iter().peekable();
     let mut out = Vec::with_capacity(seqs.len());
     for &seq in seqs {
         if let Some(c) = books.entries.get(&seq) {

@@ -10,6 +10,8 @@
 
 mod books;
 mod cold;
+mod desk;
+mod pg;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -20,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use switchyard_core::{Clock, Reason, Violations};
 use switchyard_kit::error::{ApiError, invalid_argument, metadata, status_with_metadata};
 use switchyard_kit::shutdown::Shutdown;
-use switchyard_kit::time::{duration_ms, timestamp};
+use switchyard_kit::time::duration_ms;
 use switchyard_proto::common::v1::{CorrelationContext, Event, UnitPrice};
 use switchyard_proto::ledger::v1::ledger_service_server::{LedgerService, LedgerServiceServer};
 use switchyard_proto::ledger::v1::*;
@@ -28,8 +30,9 @@ use switchyard_store::{Log, Store, StoreError};
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use books::{Books, Settled, micro, money};
+use books::{Books, Charge, micro, money};
 use cold::Cold;
+use desk::{Desk, Done, LogSink, Op};
 
 /// Prices of one model or agent, per million units, in micro-USD.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -295,6 +298,21 @@ struct Inner {
     id_prefix: String,
     cfg: LedgerConfig,
     clock: Arc<dyn Clock>,
+    shutdown: Shutdown,
+    backend: Backend,
+}
+
+/// Where the books live.
+enum Backend {
+    /// In this process, journaled to sled.
+    Sled(Box<Sled>),
+    /// In PostgreSQL, shared by every replica.
+    Pg(Arc<pg::PgBooks>),
+}
+
+/// The embedded backend: the books in memory, the journal and the retired
+/// part on sled.
+struct Sled {
     books: Mutex<Books>,
     journal: Log<JournalRecord>,
     /// Retired budgets and the books' snapshot.
@@ -302,14 +320,16 @@ struct Inner {
     /// When retention last pruned, ms.
     pruned_at: std::sync::atomic::AtomicU64,
     store: Store,
-    shutdown: Shutdown,
 }
 
 /// Money held by open reservations, summed over each tenant's root budgets
 /// (a reservation is held on every ancestor, so roots hold it all).
 impl switchyard_kit::metrics::Gauges for Inner {
     fn set(&self, m: &switchyard_kit::metrics::Metrics) {
-        let books = self.books.lock().unwrap_or_else(|p| p.into_inner());
+        let Backend::Sled(sled) = &self.backend else {
+            return;
+        };
+        let books = sled.books.lock().unwrap_or_else(|p| p.into_inner());
         for b in books.budgets.values().filter(|b| b.parent.is_none()) {
             m.budget_reserved_micro_usd
                 .get_or_create(&switchyard_kit::metrics::BudgetLabels {
@@ -360,19 +380,48 @@ impl Ledger {
             ms = started.elapsed().as_millis() as u64,
             "ledger loaded"
         );
-        let inner = Arc::new(Inner {
-            id_prefix: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
-            cfg,
-            clock,
+        let sled = Sled {
             books: Mutex::new(books),
             journal,
             cold,
             pruned_at: std::sync::atomic::AtomicU64::new(0),
             store,
+        };
+        Ok(Self::with(
+            cfg,
+            clock,
             shutdown,
+            Backend::Sled(Box::new(sled)),
+        ))
+    }
+
+    /// Opens the ledger on PostgreSQL (migrating the schema first), as one
+    /// of any number of replicas sharing the database.
+    pub async fn open_pg(
+        cfg: LedgerConfig,
+        db: switchyard_store::pg::Pg,
+        clock: Arc<dyn Clock>,
+        shutdown: Shutdown,
+    ) -> Result<Ledger, LedgerError> {
+        let books = pg::PgBooks::open(db, shutdown.clone()).await?;
+        Ok(Self::with(cfg, clock, shutdown, Backend::Pg(books)))
+    }
+
+    fn with(
+        cfg: LedgerConfig,
+        clock: Arc<dyn Clock>,
+        shutdown: Shutdown,
+        backend: Backend,
+    ) -> Self {
+        let inner = Arc::new(Inner {
+            id_prefix: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
+            cfg,
+            clock,
+            shutdown,
+            backend,
         });
         switchyard_kit::metrics::global().add_gauges(&inner);
-        Ok(Ledger { inner })
+        Ledger { inner }
     }
 
     /// The tonic server for this ledger.
@@ -395,7 +444,8 @@ impl Ledger {
     }
 
     /// Snapshots the books and retires what can go every
-    /// `snapshot_interval_ms` until shutdown.
+    /// `snapshot_interval_ms` until shutdown (sled; PostgreSQL keeps the
+    /// books in its tables and needs neither).
     pub fn spawn_maintenance(&self) -> tokio::task::JoinHandle<()> {
         let me = self.clone();
         let period = Duration::from_millis(self.inner.cfg.snapshot_interval_ms);
@@ -412,16 +462,19 @@ impl Ledger {
     /// retention: retired budgets, and journal records before the snapshot
     /// that no budget in memory still reads.
     pub async fn maintain(&self) -> Result<(), LedgerError> {
-        let journal = &self.inner.journal;
+        let Backend::Sled(sled) = &self.inner.backend else {
+            return Ok(());
+        };
+        let journal = &sled.journal;
         journal.make_durable(journal.last()).await?;
         let now = self.now();
         // Closed budgets that hold nothing: copied under the lock, written
         // without it, dropped from the books under it.
-        let plan = self.inner.cold.plan(&self.lock(), now);
-        self.inner.cold.write(&plan)?;
+        let plan = sled.cold.plan(&sled.lock(), now);
+        sled.cold.write(&plan)?;
         let (snap, keep_from) = {
-            let mut books = self.lock();
-            let retired = self.inner.cold.forget(&mut books, plan);
+            let mut books = sled.lock();
+            let retired = sled.cold.forget(&mut books, plan);
             if retired > 0 {
                 tracing::debug!(retired, "closed budgets left memory");
             }
@@ -433,21 +486,17 @@ impl Ledger {
             )
         };
         journal.make_durable(snap.at).await?;
-        self.inner.cold.save(&snap)?;
+        sled.cold.save(&snap)?;
         let retention_ms = self.inner.cfg.retention_secs.saturating_mul(1000);
         // Pruning reads every retired budget: at most once a minute (or once
         // per window, for windows shorter than that).
         let every = retention_ms.min(60_000);
-        let last = self
-            .inner
-            .pruned_at
-            .load(std::sync::atomic::Ordering::Relaxed);
+        let last = sled.pruned_at.load(std::sync::atomic::Ordering::Relaxed);
         if retention_ms > 0 && now.saturating_sub(last) >= every {
-            self.inner
-                .pruned_at
+            sled.pruned_at
                 .store(now, std::sync::atomic::Ordering::Relaxed);
             let cutoff = now.saturating_sub(retention_ms);
-            let pruned = self.inner.cold.prune(cutoff)?;
+            let pruned = sled.cold.prune(cutoff)?;
             // Records before the snapshot, not read back, and older than
             // the retention window go.
             let mut before = keep_from.min(snap.at + 1);
@@ -473,87 +522,103 @@ impl Ledger {
                 );
             }
         }
-        self.inner.store.sync().await?;
+        sled.store.sync().await?;
         Ok(())
     }
 
-    /// Releases every reservation past its TTL; returns how many.
+    /// Releases every reservation past its TTL; returns how many. On
+    /// PostgreSQL only the replica holding the sweeper lease sweeps.
     pub async fn sweep(&self) -> Result<usize, LedgerError> {
-        let now = self.inner.clock.now_ms();
+        let now = self.now();
+        let sled = match &self.inner.backend {
+            Backend::Pg(pg) => {
+                let period = self.inner.cfg.sweep_interval_ms;
+                return pg.sweep(&self.inner.id_prefix, now, period).await;
+            }
+            Backend::Sled(sled) => sled,
+        };
         let (n, last) = {
-            let mut books = self.lock();
+            let mut books = sled.lock();
             let due: Vec<String> = books
                 .expiry
                 .iter()
                 .take_while(|(at, _)| *at <= now)
                 .map(|(_, id)| id.clone())
                 .collect();
-            let mut last = 0;
+            let mut sink = LogSink::new(&sled.journal);
+            let mut desk = Desk {
+                books: &mut books,
+                cold: Some(&sled.cold),
+                sink: &mut sink,
+                prefix: &self.inner.id_prefix,
+                now,
+            };
             for id in &due {
-                let Some(res) = books.reservations.get(id) else {
-                    continue;
-                };
-                let (budget_id, tokens, cost, context) = (
-                    res.budget_id.clone(),
-                    res.tokens,
-                    res.cost,
-                    res.context.clone(),
-                );
-                let (seq, rec) = self.inner.journal.append(|sequence| JournalRecord {
-                    sequence,
-                    time: Some(timestamp(now)),
-                    kind: RecordKind::Expired as i32,
-                    budget_id,
-                    reservation_id: id.clone(),
-                    tokens,
-                    cost: Some(money(cost)),
-                    context: Some(context),
-                    ..Default::default()
-                });
-                apply_live(&mut books, &rec);
-                tracing::info!(reservation_id = %id, "reservation expired and was released");
-                last = seq;
+                desk.decide(Op::Expire(id.clone()))?;
             }
-            (due.len(), last)
+            (due.len(), sink.durable_point())
         };
         if n > 0 {
-            self.inner.journal.make_durable(last).await?;
+            sled.journal.make_durable(last).await?;
         }
         Ok(n)
     }
 
     /// Flushes the journal to disk (shutdown).
     pub fn flush(&self) -> Result<(), LedgerError> {
+        let Backend::Sled(sled) = &self.inner.backend else {
+            return Ok(());
+        };
         // The flush below writes everything appended, so the books as they
         // are now are the snapshot.
         let snap = {
-            let mut books = self.lock();
+            let mut books = sled.lock();
             // Everything appended is durable after the flush below; what
             // can retire does, so the next start loads less.
-            self.inner.cold.retire(&mut books, self.now())?;
-            snapshot(&books, self.inner.journal.last())
+            sled.cold.retire(&mut books, self.now())?;
+            snapshot(&books, sled.journal.last())
         };
-        self.inner.cold.save(&snap)?;
-        self.inner.store.flush_blocking()?;
+        sled.cold.save(&snap)?;
+        sled.store.flush_blocking()?;
         Ok(())
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Books> {
-        self.inner.books.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn now(&self) -> u64 {
         self.inner.clock.now_ms()
     }
 
-    /// A reservation or entry id: `<kind>-<open prefix>-<journal sequence>`.
-    fn id(&self, kind: &str, sequence: u64) -> String {
-        format!("{kind}-{}-{sequence}", self.inner.id_prefix)
+    /// Decides and records one write; answers once it is durable.
+    async fn write(&self, op: Op) -> Result<Done, LedgerError> {
+        let now = self.now();
+        match &self.inner.backend {
+            Backend::Pg(pg) => pg.write(op, &self.inner.id_prefix, now).await,
+            Backend::Sled(sled) => {
+                let (done, seq) = {
+                    let mut books = sled.lock();
+                    let mut sink = LogSink::new(&sled.journal);
+                    let done = Desk {
+                        books: &mut books,
+                        cold: Some(&sled.cold),
+                        sink: &mut sink,
+                        prefix: &self.inner.id_prefix,
+                        now,
+                    }
+                    .decide(op);
+                    (done, sink.durable_point())
+                };
+                sled.journal.make_durable(seq).await?;
+                done
+            }
+        }
     }
 
     /// Refuses with BUDGET_NOT_FOUND unless `p` sees budget `id`'s tenant.
-    fn visible(&self, p: &switchyard_kit::auth::Principal, id: &str) -> Result<(), LedgerError> {
-        if self.sees(&self.lock(), p, id) {
+    async fn visible(
+        &self,
+        p: &switchyard_kit::auth::Principal,
+        id: &str,
+    ) -> Result<(), LedgerError> {
+        if self.sees(p, id).await? {
             Ok(())
         } else {
             Err(LedgerError::BudgetNotFound(id.to_owned()))
@@ -562,17 +627,25 @@ impl Ledger {
 
     /// Refuses with RESERVATION_NOT_FOUND unless `p` sees the reservation's
     /// budget.
-    fn visible_reservation(
+    async fn visible_reservation(
         &self,
         p: &switchyard_kit::auth::Principal,
         id: &str,
     ) -> Result<(), LedgerError> {
-        let books = self.lock();
-        let budget = match books.reservations.get(id) {
-            Some(r) => Some(r.budget_id.clone()),
-            None => self.inner.cold.reservation(id)?.map(|r| r.budget_id),
+        let budget = match &self.inner.backend {
+            Backend::Pg(pg) => pg.reservation_budget(id).await?,
+            Backend::Sled(sled) => {
+                let books = sled.lock();
+                match books.reservations.get(id) {
+                    Some(r) => Some(r.budget_id.clone()),
+                    None => sled.cold.reservation(id)?.map(|r| r.budget_id),
+                }
+            }
         };
-        let seen = budget.is_some_and(|b| self.sees(&books, p, &b));
+        let seen = match budget {
+            Some(b) => self.sees(p, &b).await?,
+            None => false,
+        };
         if seen {
             Ok(())
         } else {
@@ -581,59 +654,49 @@ impl Ledger {
     }
 
     /// Returns one budget.
-    pub fn budget(&self, id: &str) -> Result<Budget, LedgerError> {
-        let hot = self.lock().budgets.get(id).map(|b| b.view());
-        match hot {
-            Some(b) => Ok(b),
-            None => self
-                .inner
-                .cold
-                .budget(id)?
-                .and_then(|c| c.budget)
-                .ok_or_else(|| LedgerError::BudgetNotFound(id.to_owned())),
-        }
+    pub async fn budget(&self, id: &str) -> Result<Budget, LedgerError> {
+        let found = match &self.inner.backend {
+            Backend::Pg(pg) => pg.budget(id).await?,
+            Backend::Sled(sled) => sled.budget(id)?,
+        };
+        found.ok_or_else(|| LedgerError::BudgetNotFound(id.to_owned()))
     }
 
     /// Budget `id`'s tenant and parent (`None`: no such budget), whether in
     /// memory or retired.
-    fn facts(&self, books: &Books, id: &str) -> Option<(String, String)> {
-        match books.budgets.get(id) {
-            Some(b) => Some((b.tenant.clone(), b.parent.clone().unwrap_or_default())),
-            None => match self.inner.cold.budget(id) {
-                Ok(c) => c.and_then(|c| c.budget).map(|b| (b.tenant, b.parent_id)),
-                Err(e) => {
-                    tracing::error!(budget_id = id, error = %e, "reading a retired budget");
-                    None
-                }
-            },
+    async fn facts(&self, id: &str) -> Result<Option<(String, String)>, LedgerError> {
+        match &self.inner.backend {
+            Backend::Pg(pg) => pg.facts(id).await,
+            Backend::Sled(sled) => Ok(sled.facts(&sled.lock(), id)),
         }
     }
 
     /// Whether `p` sees budget `id` (in memory or retired).
-    fn sees(&self, books: &Books, p: &switchyard_kit::auth::Principal, id: &str) -> bool {
-        match books.budgets.get(id) {
-            // Every call checks this: no copies for budgets in memory.
-            Some(b) => p.sees_tenant(&b.tenant),
-            None => self
-                .facts(books, id)
-                .is_some_and(|(tenant, _)| p.sees_tenant(&tenant)),
-        }
+    async fn sees(
+        &self,
+        p: &switchyard_kit::auth::Principal,
+        id: &str,
+    ) -> Result<bool, LedgerError> {
+        Ok(self
+            .facts(id)
+            .await?
+            .is_some_and(|(tenant, _)| p.sees_tenant(&tenant)))
     }
 
     /// True when `ancestor` is `id` or one of its ancestors (in memory or
     /// retired).
-    fn within(&self, books: &Books, id: &str, ancestor: &str) -> bool {
+    async fn within(&self, id: &str, ancestor: &str) -> Result<bool, LedgerError> {
         let mut cur = id.to_owned();
         for _ in 0..64 {
             if cur == ancestor {
-                return true;
+                return Ok(true);
             }
-            match self.facts(books, &cur) {
+            match self.facts(&cur).await? {
                 Some((_, parent)) if !parent.is_empty() => cur = parent,
-                _ => return false,
+                _ => return Ok(false),
             }
         }
-        false
+        Ok(false)
     }
 
     /// Creates a budget with no tenant (tests and tools inside the ledger).
@@ -668,106 +731,19 @@ impl Ledger {
             money_amount(&mut v, "cost_limit", Some(c));
         }
         v.into_result().map_err(LedgerError::Invalid)?;
-        let wanted = Budget {
-            budget_id: req.budget_id.clone(),
-            parent_id: req.parent_id.clone(),
-            token_limit: req.token_limit,
-            cost_limit: req.cost_limit,
-            labels: req.labels,
+        let id = req.budget_id.clone();
+        let op = Op::Create {
+            req,
             tenant: tenant.to_owned(),
-            ..Default::default()
         };
-        let (seq, created) = {
-            let mut books = self.lock();
-            if !req.parent_id.is_empty()
-                && self
-                    .facts(&books, &req.parent_id)
-                    .is_some_and(|(t, _)| t != tenant)
-            {
-                return Err(LedgerError::BudgetNotFound(req.parent_id));
-            }
-            let retired = match books.budgets.contains_key(&req.budget_id) {
-                true => None,
-                false => self
-                    .inner
-                    .cold
-                    .budget(&req.budget_id)?
-                    .and_then(|c| c.budget),
-            };
-            if let Some(b) = retired {
-                // Created (and closed) before: the same request is answered.
-                let same = b.tenant == tenant
-                    && b.parent_id == wanted.parent_id
-                    && b.token_limit == wanted.token_limit
-                    && b.cost_limit.map(|m| m.micro_usd) == wanted.cost_limit.map(|m| m.micro_usd)
-                    && b.labels == wanted.labels;
-                if !same {
-                    return Err(LedgerError::BudgetExists(req.budget_id));
-                }
-                (self.inner.journal.last(), false)
-            } else if let Some(b) = books.budgets.get(&req.budget_id) {
-                let same = b.tenant == tenant
-                    && b.parent.clone().unwrap_or_default() == wanted.parent_id
-                    && b.token_limit == wanted.token_limit
-                    && b.cost_limit == wanted.cost_limit.map(|m| m.micro_usd)
-                    && b.labels == wanted.labels;
-                if !same {
-                    return Err(LedgerError::BudgetExists(req.budget_id));
-                }
-                // The first creation may still be on its way to disk.
-                (self.inner.journal.last(), false)
-            } else {
-                (
-                    self.create_locked(&mut books, req.parent_id.clone(), wanted)?,
-                    true,
-                )
-            }
-        };
-        self.inner.journal.make_durable(seq).await?;
+        let created = matches!(self.write(op).await?, Done::Created(true));
         if created {
-            tracing::debug!(budget_id = %req.budget_id, "budget created");
+            tracing::debug!(budget_id = %id, "budget created");
         }
         Ok(CreateBudgetResponse {
-            budget: Some(self.budget(&req.budget_id)?),
+            budget: Some(self.budget(&id).await?),
             created,
         })
-    }
-
-    fn create_locked(
-        &self,
-        books: &mut Books,
-        parent_id: String,
-        wanted: Budget,
-    ) -> Result<u64, LedgerError> {
-        if !parent_id.is_empty() {
-            let chain = books.chain(&parent_id);
-            if chain.is_empty() {
-                if self.inner.cold.budget(&parent_id)?.is_some() {
-                    // Retired: it was closed.
-                    return Err(LedgerError::Closed {
-                        budget_id: parent_id.clone(),
-                        closed: parent_id,
-                    });
-                }
-                return Err(LedgerError::BudgetNotFound(parent_id));
-            }
-            if let Some(c) = chain.iter().find(|b| b.closed) {
-                return Err(LedgerError::Closed {
-                    budget_id: parent_id.clone(),
-                    closed: c.id.clone(),
-                });
-            }
-        }
-        let (seq, rec) = self.inner.journal.append(|sequence| JournalRecord {
-            sequence,
-            time: Some(timestamp(self.now())),
-            kind: RecordKind::BudgetCreated as i32,
-            budget_id: wanted.budget_id.clone(),
-            budget: Some(wanted),
-            ..Default::default()
-        });
-        apply_live(books, &rec);
-        Ok(seq)
     }
 
     /// Changes a budget's limits.
@@ -790,120 +766,26 @@ impl Ledger {
             );
         }
         v.into_result().map_err(LedgerError::Invalid)?;
-        let seq = {
-            let mut books = self.lock();
-            let Some(b) = books.budgets.get(&req.budget_id) else {
-                if self.inner.cold.budget(&req.budget_id)?.is_some() {
-                    return Err(LedgerError::Closed {
-                        budget_id: req.budget_id.clone(),
-                        closed: req.budget_id,
-                    });
-                }
-                return Err(LedgerError::BudgetNotFound(req.budget_id));
-            };
-            let token_limit = if req.remove_token_limit {
-                None
-            } else {
-                req.token_limit.or(b.token_limit)
-            };
-            let cost_limit = if req.remove_cost_limit {
-                None
-            } else {
-                req.cost_limit.map(|m| m.micro_usd).or(b.cost_limit)
-            };
-            let (seq, rec) = self.inner.journal.append(|sequence| JournalRecord {
-                sequence,
-                time: Some(timestamp(self.now())),
-                kind: RecordKind::LimitsUpdated as i32,
-                budget_id: req.budget_id.clone(),
-                budget: Some(Budget {
-                    budget_id: req.budget_id.clone(),
-                    token_limit,
-                    cost_limit: cost_limit.map(money),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            });
-            apply_live(&mut books, &rec);
-            seq
-        };
-        self.inner.journal.make_durable(seq).await?;
-        tracing::info!(budget_id = %req.budget_id, "budget limits updated");
-        self.budget(&req.budget_id)
+        let id = req.budget_id.clone();
+        self.write(Op::Update(req)).await?;
+        tracing::info!(budget_id = %id, "budget limits updated");
+        self.budget(&id).await
     }
 
     /// Closes a budget to new reservations and children.
     pub async fn close_budget(&self, id: &str) -> Result<Budget, LedgerError> {
-        let seq = {
-            let mut books = self.lock();
-            match books.budgets.get(id) {
-                // Retired: closed long ago.
-                None if self.inner.cold.budget(id)?.is_some() => None,
-                None => return Err(LedgerError::BudgetNotFound(id.to_owned())),
-                Some(b) if b.closed => None,
-                Some(_) => {
-                    let (seq, rec) = self.inner.journal.append(|sequence| JournalRecord {
-                        sequence,
-                        time: Some(timestamp(self.now())),
-                        kind: RecordKind::BudgetClosed as i32,
-                        budget_id: id.to_owned(),
-                        ..Default::default()
-                    });
-                    apply_live(&mut books, &rec);
-                    Some(seq)
-                }
-            }
-        };
-        self.inner
-            .journal
-            .make_durable(seq.unwrap_or_else(|| self.inner.journal.last()))
-            .await?;
-        self.budget(id)
+        self.write(Op::Close(id.to_owned())).await?;
+        self.budget(id).await
     }
 
     /// Lists budgets in id order.
-    pub fn list_budgets(&self, req: &ListBudgetsRequest) -> ListBudgetsResponse {
-        let size = switchyard_core::validate::page_size(req.page_size);
-        let books = self.lock();
-        let start = std::ops::Bound::Excluded(req.page_token.clone());
-        let wanted = |parent: &str| req.parent_id.is_empty() || parent == req.parent_id;
-        let mut budgets: Vec<Budget> = books
-            .budgets
-            .range::<String, _>((start, std::ops::Bound::Unbounded))
-            .map(|(_, b)| b)
-            .filter(|b| wanted(b.parent.as_deref().unwrap_or("")))
-            .take(size + 1)
-            .map(|b| b.view())
-            .collect();
-        // Retired budgets, merged in id order.
-        let retired = self
-            .inner
-            .cold
-            .budgets_after(&req.page_token)
-            .filter_map(|r| match r {
-                Ok((_, c)) => c.budget,
-                Err(e) => {
-                    tracing::error!(error = %e, "listing retired budgets");
-                    None
-                }
-            })
-            .filter(|b| wanted(&b.parent_id))
-            .take(size + 1);
-        budgets.extend(retired);
-        budgets.sort_by(|a, b| a.budget_id.cmp(&b.budget_id));
-        budgets.truncate(size + 1);
-        let next_page_token = if budgets.len() > size {
-            budgets.truncate(size);
-            budgets
-                .last()
-                .map(|b| b.budget_id.clone())
-                .unwrap_or_default()
-        } else {
-            String::new()
-        };
-        ListBudgetsResponse {
-            budgets,
-            next_page_token,
+    pub async fn list_budgets(
+        &self,
+        req: &ListBudgetsRequest,
+    ) -> Result<ListBudgetsResponse, LedgerError> {
+        match &self.inner.backend {
+            Backend::Pg(pg) => pg.list_budgets(req).await,
+            Backend::Sled(sled) => Ok(sled.list_budgets(req)),
         }
     }
 
@@ -948,101 +830,16 @@ impl Ledger {
             context.correlation_id = correlation_id.to_owned();
         }
         let cost = micro(req.cost.as_ref());
-        let now = self.now();
-        let (seq, result) = {
-            let mut books = self.lock();
-            let prior = match books.reserve_keys.get(&req.idempotency_key) {
-                Some(rid) => books.reservations.get(rid).cloned(),
-                // A reservation of a retired budget answers too.
-                None => match self.inner.cold.key('r', &req.idempotency_key)? {
-                    Some(rid) => self.inner.cold.reservation(&rid)?,
-                    None => None,
-                },
-            };
-            if let Some(res) = prior {
-                let same = res.budget_id == req.budget_id
-                    && res.tokens == req.tokens
-                    && res.cost == cost
-                    && res.ttl_ms == ttl_ms
-                    && res.note == req.note
-                    && same_work(&res.context, &context);
-                if !same {
-                    return Err(LedgerError::KeyReused {
-                        key: req.idempotency_key,
-                        what: "reservation",
-                    });
-                }
-                (self.inner.journal.last(), Ok(res.view()))
-            } else {
-                let fits = if !books.budgets.contains_key(&req.budget_id)
-                    && self.inner.cold.budget(&req.budget_id)?.is_some()
-                {
-                    // Retired: it was closed.
-                    Err(LedgerError::Closed {
-                        budget_id: req.budget_id.clone(),
-                        closed: req.budget_id.clone(),
-                    })
-                } else {
-                    check_reserve(&books, &req.budget_id, req.tokens, cost)
-                };
-                match fits {
-                    Ok(()) => {
-                        let (seq, rec) = self.inner.journal.append(|sequence| JournalRecord {
-                            sequence,
-                            time: Some(timestamp(now)),
-                            kind: RecordKind::Reserved as i32,
-                            budget_id: req.budget_id.clone(),
-                            reservation_id: self.id("rsv", sequence),
-                            tokens: req.tokens,
-                            cost: Some(money(cost)),
-                            context: Some(context.clone()),
-                            idempotency_key: req.idempotency_key.clone(),
-                            expires_at: Some(timestamp(now + ttl_ms)),
-                            note: req.note.clone(),
-                            ttl_ms,
-                            ..Default::default()
-                        });
-                        apply_live(&mut books, &rec);
-                        let view = books
-                            .reservations
-                            .get(&rec.reservation_id)
-                            .map(|r| r.view());
-                        (seq, Ok(view.unwrap_or_default()))
-                    }
-                    Err(e) => {
-                        let (refused_by, why) = match &e {
-                            LedgerError::Exceeded(r) => {
-                                (r.refused_by.clone(), r.dimension.to_owned())
-                            }
-                            LedgerError::Closed { closed, .. } => {
-                                (closed.clone(), "closed".to_owned())
-                            }
-                            _ => return Err(e),
-                        };
-                        // Refusals are journaled for watchers and audits; the
-                        // caller hears of it once the record is durable.
-                        let (seq, _) = self.inner.journal.append(|sequence| JournalRecord {
-                            sequence,
-                            time: Some(timestamp(now)),
-                            kind: RecordKind::Refused as i32,
-                            budget_id: req.budget_id.clone(),
-                            tokens: req.tokens,
-                            cost: Some(money(cost)),
-                            context: Some(context.clone()),
-                            idempotency_key: req.idempotency_key.clone(),
-                            refused_by,
-                            reason: why,
-                            note: req.note.clone(),
-                            ..Default::default()
-                        });
-                        tracing::info!(budget_id = %req.budget_id, error = %e, "reservation refused");
-                        (seq, Err(e))
-                    }
-                }
-            }
+        let op = Op::Reserve {
+            req: Box::new(req),
+            context,
+            cost,
+            ttl_ms,
         };
-        self.inner.journal.make_durable(seq).await?;
-        result
+        match self.write(op).await? {
+            Done::Reserved(r) => Ok(r),
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// Commits a reservation's actual usage: journals the entry, releases the
@@ -1052,7 +849,7 @@ impl Ledger {
         let key = settle_key(&mut v, &req.reservation_id, &req.idempotency_key);
         amount(&mut v, "tokens", req.tokens);
         money_amount(&mut v, "cost", req.cost.as_ref());
-        let mut entry = req.entry.clone().unwrap_or_default();
+        let entry = req.entry.clone().unwrap_or_default();
         amount(&mut v, "entry.units", entry.units);
         let price = entry.price_per_unit.unwrap_or_default();
         for (field, p) in [
@@ -1078,137 +875,17 @@ impl Ledger {
             Some(m) => m.micro_usd,
             None => charge(entry.units, &price),
         };
-        let now = self.now();
-        let (seq, response) = {
-            let mut books = self.lock();
-            if let Some(prior) = settled_by_key(
-                &books,
-                &self.inner.cold,
-                &key,
-                &req.reservation_id,
-                "commit",
-            )? {
-                match prior {
-                    Settled::Committed(seq) => {
-                        let charge = cold::charges(&books, &self.inner.journal, &[seq])?
-                            .pop()
-                            .map(|(_, c)| c);
-                        let same = charge.as_ref().is_some_and(|c| {
-                            c.entry.tokens == req.tokens
-                                && micro(c.entry.total.as_ref()) == cost
-                                && c.entry.subtask_id == entry.subtask_id
-                                && c.entry.agent_id == entry.agent_id
-                                && c.entry.model == entry.model
-                                && c.entry.units == entry.units
-                                && c.entry.price_per_unit.unwrap_or_default() == price
-                                && c.entry.usage == entry.usage
-                                && c.entry.input_price == entry.input_price
-                                && c.entry.output_price == entry.output_price
-                        });
-                        match (same, charge) {
-                            (true, Some(c)) => (
-                                self.inner.journal.last(),
-                                CommitResponse {
-                                    entry: Some(c.entry),
-                                    overrun: c.overrun,
-                                },
-                            ),
-                            _ => {
-                                return Err(LedgerError::KeyReused {
-                                    key,
-                                    what: "commit",
-                                });
-                            }
-                        }
-                    }
-                    other => {
-                        return Err(LedgerError::ReservationNotOpen {
-                            id: req.reservation_id,
-                            state: other.as_str(),
-                        });
-                    }
-                }
-            } else {
-                let res = open_reservation(&books, &self.inner.cold, &req.reservation_id)?.clone();
-                // Usage replaces the reservation on every budget of the chain.
-                fits_integers(
-                    &books.chain(&res.budget_id),
-                    req.tokens,
-                    cost,
-                    res.tokens,
-                    res.cost,
-                )?;
-                let over_tokens = req.tokens.saturating_sub(res.tokens);
-                let over_cost = (cost - res.cost).max(0);
-                let overrun = over_tokens > 0 || over_cost > 0;
-                if let Some(b) = books.budgets.get(&res.budget_id) {
-                    switchyard_kit::metrics::global()
-                        .budget_spent_micro_usd
-                        .get_or_create(&switchyard_kit::metrics::BudgetLabels {
-                            tenant: b.tenant.clone(),
-                        })
-                        .inc_by(u64::try_from(cost).unwrap_or(0));
-                }
-                entry.budget_id = res.budget_id.clone();
-                entry.reservation_id = res.id.clone();
-                entry.tokens = req.tokens;
-                entry.total = Some(money(cost));
-                entry.price_per_unit = Some(price);
-                entry.time = Some(timestamp(now));
-                entry.context = Some(res.context.clone());
-                let (mut seq, rec) = self.inner.journal.append(|sequence| JournalRecord {
-                    sequence,
-                    time: Some(timestamp(now)),
-                    kind: RecordKind::Committed as i32,
-                    budget_id: res.budget_id.clone(),
-                    reservation_id: res.id.clone(),
-                    tokens: req.tokens,
-                    cost: Some(money(cost)),
-                    context: Some(res.context.clone()),
-                    idempotency_key: key.clone(),
-                    entry: Some(Entry {
-                        entry_id: self.id("ent", sequence),
-                        ..entry
-                    }),
-                    overrun,
-                    ..Default::default()
-                });
-                apply_live(&mut books, &rec);
-                if overrun {
-                    (seq, _) = self.inner.journal.append(|sequence| JournalRecord {
-                        sequence,
-                        time: Some(timestamp(now)),
-                        kind: RecordKind::Overrun as i32,
-                        budget_id: res.budget_id.clone(),
-                        reservation_id: res.id.clone(),
-                        tokens: over_tokens,
-                        cost: Some(money(over_cost)),
-                        context: Some(res.context.clone()),
-                        reason: format!(
-                            "used {} tokens and {} micro-USD against a reservation of {} and {}",
-                            req.tokens, cost, res.tokens, res.cost
-                        ),
-                        ..Default::default()
-                    });
-                    tracing::warn!(
-                        reservation_id = %res.id,
-                        budget_id = %res.budget_id,
-                        over_tokens,
-                        over_cost,
-                        "usage exceeded its reservation"
-                    );
-                }
-                (
-                    seq,
-                    CommitResponse {
-                        entry: rec.entry,
-                        overrun,
-                    },
-                )
-            }
+        let op = Op::Commit {
+            req: Box::new(req),
+            key,
+            cost,
+            entry: Box::new(entry),
+            price,
         };
-        self.inner.journal.make_durable(seq).await?;
-        Ok(response)
+        match self.write(op).await? {
+            Done::Committed(r) => Ok(r),
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// Releases a reservation without spending.
@@ -1216,49 +893,17 @@ impl Ledger {
         let mut v = Violations::new();
         let key = settle_key(&mut v, &req.reservation_id, &req.idempotency_key);
         v.into_result().map_err(LedgerError::Invalid)?;
-        let seq = {
-            let mut books = self.lock();
-            match settled_by_key(
-                &books,
-                &self.inner.cold,
-                &key,
-                &req.reservation_id,
-                "release",
-            )? {
-                Some(Settled::Released) => self.inner.journal.last(),
-                Some(other) => {
-                    return Err(LedgerError::ReservationNotOpen {
-                        id: req.reservation_id,
-                        state: other.as_str(),
-                    });
-                }
-                None => {
-                    let res =
-                        open_reservation(&books, &self.inner.cold, &req.reservation_id)?.clone();
-                    let (seq, rec) = self.inner.journal.append(|sequence| JournalRecord {
-                        sequence,
-                        time: Some(timestamp(self.now())),
-                        kind: RecordKind::Released as i32,
-                        budget_id: res.budget_id.clone(),
-                        reservation_id: res.id.clone(),
-                        tokens: res.tokens,
-                        cost: Some(money(res.cost)),
-                        context: Some(res.context.clone()),
-                        idempotency_key: key,
-                        ..Default::default()
-                    });
-                    apply_live(&mut books, &rec);
-                    seq
-                }
-            }
-        };
-        self.inner.journal.make_durable(seq).await?;
+        self.write(Op::Release {
+            reservation_id: req.reservation_id,
+            key,
+        })
+        .await?;
         Ok(())
     }
 
     /// Journal entries of a budget (and its nested budgets), a job or a
     /// correlation id, in the AITP cost-ledger shape.
-    pub fn list_entries(
+    pub async fn list_entries(
         &self,
         req: &ListEntriesRequest,
     ) -> Result<ListEntriesResponse, LedgerError> {
@@ -1280,44 +925,14 @@ impl Ledger {
                 .map_err(|_| invalid("page_token", "not a token from a previous page"))?
         };
         let size = switchyard_core::validate::page_size(req.page_size);
-        let books = self.lock();
-        let cold = &self.inner.cold;
-        let (mut seqs, budget) = if !req.budget_id.is_empty() {
-            let (mut seqs, view): (Vec<u64>, Budget) = match books.budgets.get(&req.budget_id) {
-                Some(b) => {
-                    let seqs = books
-                        .subtree(&req.budget_id)
-                        .iter()
-                        .flat_map(|b| b.entries.iter().copied())
-                        .collect();
-                    (seqs, b.view())
-                }
-                None => match cold.budget(&req.budget_id)? {
-                    Some(c) => (c.entries, c.budget.unwrap_or_default()),
-                    None => return Err(LedgerError::BudgetNotFound(req.budget_id.clone())),
-                },
-            };
-            // Entries of retired budgets under it.
-            seqs.extend(cold.subtree_entries(&req.budget_id)?);
-            (seqs, Some(view))
-        } else if !req.job_id.is_empty() {
-            let mut seqs = books.by_job.get(&req.job_id).cloned().unwrap_or_default();
-            seqs.extend(cold.indexed('j', &req.job_id)?);
-            (seqs, None)
-        } else {
-            let seqs = books.by_correlation.get(&req.correlation_id).cloned();
-            let mut seqs = seqs.unwrap_or_default();
-            seqs.extend(cold.indexed('c', &req.correlation_id)?);
-            (seqs, None)
+        let (charges, budget) = match &self.inner.backend {
+            Backend::Pg(pg) => pg.charges(req).await?,
+            Backend::Sled(sled) => sled.charges(req)?,
         };
-        seqs.sort_unstable();
-        seqs.dedup();
         let (mut total_cost, mut total_tokens) = (0i64, 0u64);
         let mut entries = Vec::new();
         let (mut last_seq, mut more) = (0, false);
-        // Retired budgets' entries are read from the journal (and are gone
-        // once pruned past retention).
-        for (seq, c) in &cold::charges(&books, &self.inner.journal, &seqs)? {
+        for (seq, c) in &charges {
             total_cost = total_cost.saturating_add(micro(c.entry.total.as_ref()));
             total_tokens = total_tokens.saturating_add(c.entry.tokens);
             if *seq > after {
@@ -1378,77 +993,227 @@ impl Ledger {
         })
     }
 
-    /// Replays the journal from disk into fresh books and returns every
-    /// budget, for checking that live balances equal the replay.
-    pub fn replayed_budgets(&self) -> Result<Vec<Budget>, LedgerError> {
+    /// Replays the whole journal into fresh books and returns every budget,
+    /// for checking that live balances equal the replay.
+    pub async fn replayed_budgets(&self) -> Result<Vec<Budget>, LedgerError> {
         let mut books = Books::default();
-        for r in self.inner.journal.replay() {
-            let (_, rec) = r?;
+        self.replay(&mut |rec: &JournalRecord| {
             // Gaps are reported at open; here they only mean a mismatch.
-            let _ = books.apply(&rec);
-        }
+            let _ = books.apply(rec);
+        })
+        .await?;
         Ok(books.budgets.values().map(|b| b.view()).collect())
     }
 
-    /// Every budget as the live books hold it.
-    pub fn budgets(&self) -> Vec<Budget> {
-        let retired: Vec<Budget> = self
-            .inner
-            .cold
-            .budgets_after("")
-            .filter_map(|r| r.ok().and_then(|(_, c)| c.budget))
-            .collect();
-        let mut all = self.hot_budgets();
-        all.extend(retired);
-        all.sort_by(|a, b| a.budget_id.cmp(&b.budget_id));
-        all
+    /// Feeds the whole journal, in order, to `apply`.
+    async fn replay(&self, apply: &mut impl FnMut(&JournalRecord)) -> Result<(), LedgerError> {
+        match &self.inner.backend {
+            Backend::Pg(pg) => pg.replay(apply).await,
+            Backend::Sled(sled) => {
+                for r in sled.journal.replay() {
+                    apply(&r?.1);
+                }
+                Ok(())
+            }
+        }
     }
 
-    /// The budgets in memory.
-    fn hot_budgets(&self) -> Vec<Budget> {
-        self.lock().budgets.values().map(|b| b.view()).collect()
+    /// Every budget as the live books hold it, in id order.
+    pub async fn budgets(&self) -> Result<Vec<Budget>, LedgerError> {
+        match &self.inner.backend {
+            Backend::Pg(pg) => pg.budgets().await,
+            Backend::Sled(sled) => Ok(sled.budgets()),
+        }
     }
 
-    fn watch_stream(
+    async fn watch_stream(
         &self,
         req: WatchRequest,
         p: std::sync::Arc<switchyard_kit::auth::Principal>,
     ) -> Result<futures_util::stream::BoxStream<'static, Result<WatchResponse, Status>>, LedgerError>
     {
-        if !req.budget_id.is_empty() && self.facts(&self.lock(), &req.budget_id).is_none() {
+        if !req.budget_id.is_empty() && self.facts(&req.budget_id).await?.is_none() {
             return Err(LedgerError::BudgetNotFound(req.budget_id));
         }
+        let records = match &self.inner.backend {
+            Backend::Pg(pg) => pg.tail(req.after_sequence),
+            Backend::Sled(sled) => sled
+                .journal
+                .tail(req.after_sequence)
+                .map(|r| r.map(|(_, rec)| rec))
+                .boxed(),
+        };
         let me = self.clone();
         let shutdown = self.inner.shutdown.clone();
-        let stream = self
-            .inner
-            .journal
-            .tail(req.after_sequence)
+        let stream = records
             .take_until(async move { shutdown.wait().await })
             .filter_map(move |r| {
-                let out = match r {
-                    Err(e) => Some(Err(Status::from(LedgerError::Storage(e)))),
-                    Ok((_, rec)) => {
-                        let wanted = {
-                            let books = me.lock();
-                            (req.budget_id.is_empty()
-                                || me.within(&books, &rec.budget_id, &req.budget_id))
-                                && me.sees(&books, &p, &rec.budget_id)
-                        };
-                        wanted.then(|| Ok(watch_response(rec)))
+                let me = me.clone();
+                let (p, budget_id) = (p.clone(), req.budget_id.clone());
+                async move {
+                    match r {
+                        Err(e) => Some(Err(Status::from(LedgerError::Storage(e)))),
+                        Ok(rec) => {
+                            let wanted = async {
+                                Ok::<_, LedgerError>(
+                                    (budget_id.is_empty()
+                                        || me.within(&rec.budget_id, &budget_id).await?)
+                                        && me.sees(&p, &rec.budget_id).await?,
+                                )
+                            };
+                            match wanted.await {
+                                Ok(true) => Some(Ok(watch_response(rec))),
+                                Ok(false) => None,
+                                Err(e) => Some(Err(Status::from(e))),
+                            }
+                        }
                     }
-                };
-                std::future::ready(out)
+                }
             });
         Ok(Box::pin(stream))
     }
 }
 
-/// Applies a record just journaled. Live records are built from the books
-/// they apply to, so a gap here is a bug; it is logged, never panics.
-fn apply_live(books: &mut Books, rec: &JournalRecord) {
-    if let Err(gap) = books.apply(rec) {
-        tracing::error!(error = %gap, "live journal record did not apply");
+/// A write answered with the wrong kind of result: a bug, reported as one.
+fn unexpected(done: &Done) -> LedgerError {
+    LedgerError::Storage(StoreError::Io(format!(
+        "internal error: unexpected answer {done:?}"
+    )))
+}
+
+impl Sled {
+    fn lock(&self) -> MutexGuard<'_, Books> {
+        self.books.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One budget, in memory or retired.
+    fn budget(&self, id: &str) -> Result<Option<Budget>, LedgerError> {
+        let hot = self.lock().budgets.get(id).map(|b| b.view());
+        match hot {
+            Some(b) => Ok(Some(b)),
+            None => Ok(self.cold.budget(id)?.and_then(|c| c.budget)),
+        }
+    }
+
+    /// Budget `id`'s tenant and parent (`None`: no such budget).
+    fn facts(&self, books: &Books, id: &str) -> Option<(String, String)> {
+        match books.budgets.get(id) {
+            Some(b) => Some((b.tenant.clone(), b.parent.clone().unwrap_or_default())),
+            None => match self.cold.budget(id) {
+                Ok(c) => c.and_then(|c| c.budget).map(|b| (b.tenant, b.parent_id)),
+                Err(e) => {
+                    tracing::error!(budget_id = id, error = %e, "reading a retired budget");
+                    None
+                }
+            },
+        }
+    }
+
+    fn list_budgets(&self, req: &ListBudgetsRequest) -> ListBudgetsResponse {
+        let size = switchyard_core::validate::page_size(req.page_size);
+        let books = self.lock();
+        let start = std::ops::Bound::Excluded(req.page_token.clone());
+        let wanted = |parent: &str| req.parent_id.is_empty() || parent == req.parent_id;
+        let mut budgets: Vec<Budget> = books
+            .budgets
+            .range::<String, _>((start, std::ops::Bound::Unbounded))
+            .map(|(_, b)| b)
+            .filter(|b| wanted(b.parent.as_deref().unwrap_or("")))
+            .take(size + 1)
+            .map(|b| b.view())
+            .collect();
+        // Retired budgets, merged in id order.
+        let retired = self
+            .cold
+            .budgets_after(&req.page_token)
+            .filter_map(|r| match r {
+                Ok((_, c)) => c.budget,
+                Err(e) => {
+                    tracing::error!(error = %e, "listing retired budgets");
+                    None
+                }
+            })
+            .filter(|b| wanted(&b.parent_id))
+            .take(size + 1);
+        budgets.extend(retired);
+        page_of_budgets(budgets, size)
+    }
+
+    /// The charges a ListEntries selects (ascending), and the budget it
+    /// names.
+    fn charges(&self, req: &ListEntriesRequest) -> Result<Selected, LedgerError> {
+        let books = self.lock();
+        let cold = &self.cold;
+        let (mut seqs, budget) = if !req.budget_id.is_empty() {
+            let (mut seqs, view): (Vec<u64>, Budget) = match books.budgets.get(&req.budget_id) {
+                Some(b) => {
+                    let seqs = books
+                        .subtree(&req.budget_id)
+                        .iter()
+                        .flat_map(|b| b.entries.iter().copied())
+                        .collect();
+                    (seqs, b.view())
+                }
+                None => match cold.budget(&req.budget_id)? {
+                    Some(c) => (c.entries, c.budget.unwrap_or_default()),
+                    None => return Err(LedgerError::BudgetNotFound(req.budget_id.clone())),
+                },
+            };
+            // Entries of retired budgets under it.
+            seqs.extend(cold.subtree_entries(&req.budget_id)?);
+            (seqs, Some(view))
+        } else if !req.job_id.is_empty() {
+            let mut seqs = books.by_job.get(&req.job_id).cloned().unwrap_or_default();
+            seqs.extend(cold.indexed('j', &req.job_id)?);
+            (seqs, None)
+        } else {
+            let seqs = books.by_correlation.get(&req.correlation_id).cloned();
+            let mut seqs = seqs.unwrap_or_default();
+            seqs.extend(cold.indexed('c', &req.correlation_id)?);
+            (seqs, None)
+        };
+        seqs.sort_unstable();
+        seqs.dedup();
+        // Retired budgets' entries are read from the journal (and are gone
+        // once pruned past retention).
+        let charges = cold::charges(&books, Some(&self.journal), &seqs)?;
+        Ok((charges, budget))
+    }
+
+    /// Every budget, in memory or retired, in id order.
+    fn budgets(&self) -> Vec<Budget> {
+        let retired: Vec<Budget> = self
+            .cold
+            .budgets_after("")
+            .filter_map(|r| r.ok().and_then(|(_, c)| c.budget))
+            .collect();
+        let mut all: Vec<Budget> = self.lock().budgets.values().map(|b| b.view()).collect();
+        all.extend(retired);
+        all.sort_by(|a, b| a.budget_id.cmp(&b.budget_id));
+        all
+    }
+}
+
+/// The charges a ListEntries selects (ascending), and the budget it names.
+type Selected = (Vec<(u64, Charge)>, Option<Budget>);
+
+/// Sorts `budgets` by id and cuts the page at `size`, with the token of the
+/// next page.
+fn page_of_budgets(mut budgets: Vec<Budget>, size: usize) -> ListBudgetsResponse {
+    budgets.sort_by(|a, b| a.budget_id.cmp(&b.budget_id));
+    budgets.truncate(size + 1);
+    let next_page_token = if budgets.len() > size {
+        budgets.truncate(size);
+        budgets
+            .last()
+            .map(|b| b.budget_id.clone())
+            .unwrap_or_default()
+    } else {
+        String::new()
+    };
+    ListBudgetsResponse {
+        budgets,
+        next_page_token,
     }
 }
 
@@ -1561,55 +1326,6 @@ fn settle_key(v: &mut Violations, reservation_id: &str, idempotency_key: &str) -
     }
 }
 
-/// The open reservation `id`, or why it cannot be settled (a retired one
-/// was settled long ago).
-fn open_reservation<'a>(
-    books: &'a Books,
-    cold: &Cold,
-    id: &str,
-) -> Result<&'a books::Res, LedgerError> {
-    match books.reservations.get(id) {
-        None => match cold.reservation(id)? {
-            Some(r) => Err(LedgerError::ReservationNotOpen {
-                id: id.to_owned(),
-                state: r.settled.as_str(),
-            }),
-            None => Err(LedgerError::ReservationNotFound(id.to_owned())),
-        },
-        Some(r) if r.settled != Settled::Open => Err(LedgerError::ReservationNotOpen {
-            id: id.to_owned(),
-            state: r.settled.as_str(),
-        }),
-        Some(r) => Ok(r),
-    }
-}
-
-/// How the reservation was settled under `key`, if the key was used before.
-/// A key that settled another reservation is a reuse with different arguments.
-fn settled_by_key(
-    books: &Books,
-    cold: &Cold,
-    key: &str,
-    reservation_id: &str,
-    what: &'static str,
-) -> Result<Option<Settled>, LedgerError> {
-    let rid = match books.settle_keys.get(key) {
-        Some(rid) => Some(rid.clone()),
-        None => cold.key('s', key)?,
-    };
-    match rid {
-        None => Ok(None),
-        Some(rid) if rid != reservation_id => Err(LedgerError::KeyReused {
-            key: key.to_owned(),
-            what,
-        }),
-        Some(rid) => Ok(match books.reservations.get(&rid) {
-            Some(r) => Some(r.settled),
-            None => cold.reservation(&rid)?.map(|r| r.settled),
-        }),
-    }
-}
-
 /// The watch form of a journal record.
 fn watch_response(rec: JournalRecord) -> WatchResponse {
     let kind = rec.kind().as_str_name();
@@ -1667,8 +1383,8 @@ impl LedgerService for Ledger {
         req: Request<GetBudgetRequest>,
     ) -> Result<Response<GetBudgetResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
-        self.visible(&p, &req.get_ref().budget_id)?;
-        let budget = self.budget(&req.into_inner().budget_id)?;
+        self.visible(&p, &req.get_ref().budget_id).await?;
+        let budget = self.budget(&req.into_inner().budget_id).await?;
         Ok(Response::new(GetBudgetResponse {
             budget: Some(budget),
         }))
@@ -1679,7 +1395,7 @@ impl LedgerService for Ledger {
         req: Request<ListBudgetsRequest>,
     ) -> Result<Response<ListBudgetsResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
-        let mut out = Ledger::list_budgets(self, req.get_ref());
+        let mut out = Ledger::list_budgets(self, req.get_ref()).await?;
         out.budgets.retain(|b| p.sees_tenant(&b.tenant));
         Ok(Response::new(out))
     }
@@ -1689,7 +1405,7 @@ impl LedgerService for Ledger {
         req: Request<UpdateLimitsRequest>,
     ) -> Result<Response<UpdateLimitsResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
-        self.visible(&p, &req.get_ref().budget_id)?;
+        self.visible(&p, &req.get_ref().budget_id).await?;
         let budget = Ledger::update_limits(self, req.into_inner()).await?;
         Ok(Response::new(UpdateLimitsResponse {
             budget: Some(budget),
@@ -1701,7 +1417,7 @@ impl LedgerService for Ledger {
         req: Request<CloseBudgetRequest>,
     ) -> Result<Response<CloseBudgetResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
-        self.visible(&p, &req.get_ref().budget_id)?;
+        self.visible(&p, &req.get_ref().budget_id).await?;
         let budget = Ledger::close_budget(self, &req.into_inner().budget_id).await?;
         Ok(Response::new(CloseBudgetResponse {
             budget: Some(budget),
@@ -1713,7 +1429,7 @@ impl LedgerService for Ledger {
         req: Request<ReserveRequest>,
     ) -> Result<Response<ReserveResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
-        self.visible(&p, &req.get_ref().budget_id)?;
+        self.visible(&p, &req.get_ref().budget_id).await?;
         let corr = switchyard_kit::context::correlation_id(&req);
         let reservation = Ledger::reserve(self, req.into_inner(), &corr)
             .await
@@ -1738,7 +1454,8 @@ impl LedgerService for Ledger {
         req: Request<CommitRequest>,
     ) -> Result<Response<CommitResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
-        self.visible_reservation(&p, &req.get_ref().reservation_id)?;
+        self.visible_reservation(&p, &req.get_ref().reservation_id)
+            .await?;
         Ok(Response::new(Ledger::commit(self, req.into_inner()).await?))
     }
 
@@ -1747,7 +1464,8 @@ impl LedgerService for Ledger {
         req: Request<ReleaseRequest>,
     ) -> Result<Response<ReleaseResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
-        self.visible_reservation(&p, &req.get_ref().reservation_id)?;
+        self.visible_reservation(&p, &req.get_ref().reservation_id)
+            .await?;
         Ledger::release(self, req.into_inner()).await?;
         Ok(Response::new(ReleaseResponse {}))
     }
@@ -1758,12 +1476,16 @@ impl LedgerService for Ledger {
     ) -> Result<Response<ListEntriesResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
         if !req.get_ref().budget_id.is_empty() {
-            self.visible(&p, &req.get_ref().budget_id)?;
+            self.visible(&p, &req.get_ref().budget_id).await?;
         }
-        let mut out = Ledger::list_entries(self, req.get_ref())?;
-        let books = self.lock();
-        out.entries.retain(|e| self.sees(&books, &p, &e.budget_id));
-        drop(books);
+        let mut out = Ledger::list_entries(self, req.get_ref()).await?;
+        let mut kept = Vec::with_capacity(out.entries.len());
+        for e in out.entries {
+            if self.sees(&p, &e.budget_id).await? {
+                kept.push(e);
+            }
+        }
+        out.entries = kept;
         Ok(Response::new(out))
     }
 
@@ -1782,9 +1504,9 @@ impl LedgerService for Ledger {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
         if !req.get_ref().budget_id.is_empty() {
-            self.visible(&p, &req.get_ref().budget_id)?;
+            self.visible(&p, &req.get_ref().budget_id).await?;
         }
-        Ok(Response::new(self.watch_stream(req.into_inner(), p)?))
+        Ok(Response::new(self.watch_stream(req.into_inner(), p).await?))
     }
 }
 

@@ -3,6 +3,7 @@ use std::collections::HashMap;
 use switchyard_core::ManualClock;
 use switchyard_kit::error::ApiError;
 use switchyard_proto::common::v1::Money;
+use switchyard_proto::ledger::v1::JournalRecord;
 
 struct Fixture {
     ledger: Ledger,
@@ -44,6 +45,86 @@ fn fixture() -> Fixture {
         ManualClock::new(1_700_000_000_000),
     )
 }
+
+impl Ledger {
+    /// The sled backend's state (tests that look inside it).
+    fn sled(&self) -> &Sled {
+        match &self.inner.backend {
+            Backend::Sled(s) => s,
+            Backend::Pg(_) => panic!("not a sled ledger"),
+        }
+    }
+}
+
+/// A ledger on a fresh database of the shared throwaway PostgreSQL
+/// cluster, or `None` (said on stderr) when the run skips PostgreSQL.
+async fn pg_fixture() -> Option<Fixture> {
+    let cluster = match switchyard_testkit::pg::shared() {
+        Ok(c) => c,
+        Err(switchyard_testkit::pg::Unavailable::Skip(why)) => {
+            eprintln!("skipped on PostgreSQL: {why}");
+            return None;
+        }
+    };
+    let db = switchyard_store::pg::Pg::connect(&switchyard_store::pg::PgConfig {
+        url: cluster.database().unwrap(),
+        pool_size: 8,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let clock = ManualClock::new(1_700_000_000_000);
+    let (trigger, shutdown) = switchyard_kit::shutdown::channel();
+    let ledger = Ledger::open_pg(cfg(), db, Arc::new(clock.clone()), shutdown)
+        .await
+        .unwrap();
+    Some(Fixture {
+        ledger,
+        clock,
+        _trigger: trigger,
+    })
+}
+
+/// Runs each behaviour test on both backends: `on_sled::NAME` and
+/// `on_postgres::NAME`.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod on_sled {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::fixture()).await
+                }
+            )*
+        }
+        mod on_postgres {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    if let Some(f) = super::pg_fixture().await {
+                        super::$name(f).await
+                    }
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    reservation_must_fit_every_ancestor_and_a_refusal_changes_nothing,
+    commit_journals_the_entry_releases_the_rest_and_rolls_spend_up,
+    cost_is_computed_from_units_and_price_when_not_given,
+    overrun_is_recorded_and_blocks_the_budget_until_raised,
+    lowering_a_limit_below_spend_is_allowed_and_blocks_new_reservations,
+    closed_budgets_refuse_reservations_and_children_but_settle_open_ones,
+    create_is_idempotent_for_identical_settings_only,
+    retried_calls_never_double_count_and_reused_keys_are_refused,
+    expired_reservations_are_released_by_the_sweeper_with_an_event,
+    entries_come_in_the_aitp_shape_by_budget_subtree_job_and_correlation,
+    bad_input_is_refused_with_every_field_named,
+    watch_streams_durable_events_of_a_budget_subtree_and_resumes,
+    sums_that_would_overflow_are_refused_never_saturated,
+);
 
 fn usd(micro_usd: i64) -> Option<Money> {
     Some(Money { micro_usd })
@@ -111,16 +192,14 @@ fn api(e: LedgerError) -> ApiError {
     ApiError::from(Status::from(e))
 }
 
-#[tokio::test]
-async fn reservation_must_fit_every_ancestor_and_a_refusal_changes_nothing() {
-    let f = fixture();
+async fn reservation_must_fit_every_ancestor_and_a_refusal_changes_nothing(f: Fixture) {
     let l = &f.ledger;
     budget(l, "org", "", Some(1_000), None).await;
     budget(l, "org/proj", "org", Some(10_000), Some(5_000_000)).await;
     budget(l, "org/proj/job", "org/proj", None, None).await;
 
     reserve(l, "org/proj/job", 600, 100, "k1").await.unwrap();
-    let before = l.budgets();
+    let before = l.budgets().await.unwrap();
     let err = api(reserve(l, "org/proj/job", 500, 100, "k2")
         .await
         .unwrap_err());
@@ -132,21 +211,23 @@ async fn reservation_must_fit_every_ancestor_and_a_refusal_changes_nothing() {
     assert_eq!(err.metadata["tokens_remaining"], "400");
     assert_eq!(err.metadata["cost_remaining_micro_usd"], "unlimited");
     assert!(err.message.contains("an ancestor of"), "{}", err.message);
-    assert_eq!(l.budgets(), before, "a refusal must not touch any budget");
+    assert_eq!(
+        l.budgets().await.unwrap(),
+        before,
+        "a refusal must not touch any budget"
+    );
 
     // What remains is exactly usable.
     reserve(l, "org/proj/job", 400, 0, "k3").await.unwrap();
-    let org = l.budget("org").unwrap();
+    let org = l.budget("org").await.unwrap();
     assert_eq!(
         (org.tokens_reserved, org.tokens_remaining),
         (1_000, Some(0))
     );
-    assert_eq!(l.budget("org/proj").unwrap().cost_reserved, usd(100));
+    assert_eq!(l.budget("org/proj").await.unwrap().cost_reserved, usd(100));
 }
 
-#[tokio::test]
-async fn commit_journals_the_entry_releases_the_rest_and_rolls_spend_up() {
-    let f = fixture();
+async fn commit_journals_the_entry_releases_the_rest_and_rolls_spend_up(f: Fixture) {
     let l = &f.ledger;
     budget(l, "org", "", Some(10_000), Some(1_000_000)).await;
     budget(l, "job", "org", Some(5_000), Some(500_000)).await;
@@ -163,7 +244,7 @@ async fn commit_journals_the_entry_releases_the_rest_and_rolls_spend_up() {
     );
     assert_eq!(e.context.unwrap().job_id, "job-1");
     for id in ["job", "org"] {
-        let b = l.budget(id).unwrap();
+        let b = l.budget(id).await.unwrap();
         assert_eq!((b.tokens_reserved, b.tokens_spent), (0, 1_500), "{id}");
         assert_eq!(
             (b.cost_reserved, b.cost_spent),
@@ -171,12 +252,10 @@ async fn commit_journals_the_entry_releases_the_rest_and_rolls_spend_up() {
             "{id}"
         );
     }
-    assert_eq!(l.budget("job").unwrap().tokens_remaining, Some(3_500));
+    assert_eq!(l.budget("job").await.unwrap().tokens_remaining, Some(3_500));
 }
 
-#[tokio::test]
-async fn cost_is_computed_from_units_and_price_when_not_given() {
-    let f = fixture();
+async fn cost_is_computed_from_units_and_price_when_not_given(f: Fixture) {
     let l = &f.ledger;
     budget(l, "b", "", None, None).await;
     let r = reserve(l, "b", 5_000, 100, "k").await.unwrap();
@@ -206,9 +285,7 @@ async fn cost_is_computed_from_units_and_price_when_not_given() {
     );
 }
 
-#[tokio::test]
-async fn overrun_is_recorded_and_blocks_the_budget_until_raised() {
-    let f = fixture();
+async fn overrun_is_recorded_and_blocks_the_budget_until_raised(f: Fixture) {
     let l = &f.ledger;
     budget(l, "b", "", Some(1_000), None).await;
     let r = reserve(l, "b", 800, 0, "k1").await.unwrap();
@@ -217,18 +294,16 @@ async fn overrun_is_recorded_and_blocks_the_budget_until_raised() {
         .await
         .unwrap();
     assert!(c.overrun);
-    let b = l.budget("b").unwrap();
+    let b = l.budget("b").await.unwrap();
     assert!(b.overrun);
     assert_eq!((b.tokens_spent, b.tokens_remaining), (1_200, Some(0)));
     let err = api(reserve(l, "b", 0, 0, "k2").await.unwrap_err());
     assert_eq!(err.known_reason(), Some(Reason::BudgetExceeded));
 
-    let kinds: Vec<_> = l
-        .inner
-        .journal
-        .replay()
-        .map(|r| r.unwrap().1.kind())
-        .collect();
+    let mut kinds = Vec::new();
+    l.replay(&mut |r: &JournalRecord| kinds.push(r.kind()))
+        .await
+        .unwrap();
     assert!(
         kinds.ends_with(&[
             RecordKind::Committed,
@@ -245,13 +320,11 @@ async fn overrun_is_recorded_and_blocks_the_budget_until_raised() {
     })
     .await
     .unwrap();
-    assert!(!l.budget("b").unwrap().overrun);
+    assert!(!l.budget("b").await.unwrap().overrun);
     reserve(l, "b", 800, 0, "k3").await.unwrap();
 }
 
-#[tokio::test]
-async fn lowering_a_limit_below_spend_is_allowed_and_blocks_new_reservations() {
-    let f = fixture();
+async fn lowering_a_limit_below_spend_is_allowed_and_blocks_new_reservations(f: Fixture) {
     let l = &f.ledger;
     budget(l, "b", "", Some(1_000), Some(1_000)).await;
     let r = reserve(l, "b", 500, 500, "k1").await.unwrap();
@@ -284,9 +357,7 @@ async fn lowering_a_limit_below_spend_is_allowed_and_blocks_new_reservations() {
     reserve(l, "b", 1, 0, "k3").await.unwrap();
 }
 
-#[tokio::test]
-async fn closed_budgets_refuse_reservations_and_children_but_settle_open_ones() {
-    let f = fixture();
+async fn closed_budgets_refuse_reservations_and_children_but_settle_open_ones(f: Fixture) {
     let l = &f.ledger;
     budget(l, "org", "", None, None).await;
     budget(l, "job", "org", None, None).await;
@@ -308,12 +379,10 @@ async fn closed_budgets_refuse_reservations_and_children_but_settle_open_ones() 
         .unwrap_err());
     assert_eq!(err.known_reason(), Some(Reason::BudgetClosed));
     l.commit(commit_req(&r.reservation_id, 5, 5)).await.unwrap();
-    assert_eq!(l.budget("org").unwrap().tokens_spent, 5);
+    assert_eq!(l.budget("org").await.unwrap().tokens_spent, 5);
 }
 
-#[tokio::test]
-async fn create_is_idempotent_for_identical_settings_only() {
-    let f = fixture();
+async fn create_is_idempotent_for_identical_settings_only(f: Fixture) {
     let l = &f.ledger;
     let req = CreateBudgetRequest {
         budget_id: "b".into(),
@@ -344,15 +413,13 @@ async fn create_is_idempotent_for_identical_settings_only() {
     assert_eq!(err.known_reason(), Some(Reason::BudgetNotFound));
 }
 
-#[tokio::test]
-async fn retried_calls_never_double_count_and_reused_keys_are_refused() {
-    let f = fixture();
+async fn retried_calls_never_double_count_and_reused_keys_are_refused(f: Fixture) {
     let l = &f.ledger;
     budget(l, "b", "", Some(1_000), None).await;
     let r1 = reserve(l, "b", 100, 10, "k").await.unwrap();
     let r2 = reserve(l, "b", 100, 10, "k").await.unwrap();
     assert_eq!(r1, r2);
-    assert_eq!(l.budget("b").unwrap().tokens_reserved, 100);
+    assert_eq!(l.budget("b").await.unwrap().tokens_reserved, 100);
     let err = api(reserve(l, "b", 101, 10, "k").await.unwrap_err());
     assert_eq!(
         (err.code, err.known_reason()),
@@ -368,7 +435,7 @@ async fn retried_calls_never_double_count_and_reused_keys_are_refused() {
         .await
         .unwrap();
     assert_eq!(c1, c2);
-    assert_eq!(l.budget("b").unwrap().tokens_spent, 50);
+    assert_eq!(l.budget("b").await.unwrap().tokens_spent, 50);
     let err = api(l
         .commit(commit_req(&r1.reservation_id, 60, 5))
         .await
@@ -397,7 +464,7 @@ async fn retried_calls_never_double_count_and_reused_keys_are_refused() {
     };
     l.release(rel.clone()).await.unwrap();
     l.release(rel).await.unwrap();
-    assert_eq!(l.budget("b").unwrap().tokens_reserved, 0);
+    assert_eq!(l.budget("b").await.unwrap().tokens_reserved, 0);
     let err = api(l
         .release(ReleaseRequest {
             reservation_id: "rsv-unknown".into(),
@@ -416,9 +483,7 @@ async fn retried_calls_never_double_count_and_reused_keys_are_refused() {
     assert_eq!(err.known_reason(), Some(Reason::ReservationNotFound));
 }
 
-#[tokio::test]
-async fn expired_reservations_are_released_by_the_sweeper_with_an_event() {
-    let f = fixture();
+async fn expired_reservations_are_released_by_the_sweeper_with_an_event(f: Fixture) {
     let l = &f.ledger;
     budget(l, "b", "", Some(100), None).await;
     let mut req = reserve_req("b", 100, 0, "k1");
@@ -427,22 +492,24 @@ async fn expired_reservations_are_released_by_the_sweeper_with_an_event() {
     assert_eq!(l.sweep().await.unwrap(), 0);
     f.clock.advance_ms(5_000);
     assert_eq!(l.sweep().await.unwrap(), 1);
-    assert_eq!(l.budget("b").unwrap().tokens_reserved, 0);
+    assert_eq!(l.budget("b").await.unwrap().tokens_reserved, 0);
     let err = api(l
         .commit(commit_req(&r.reservation_id, 1, 0))
         .await
         .unwrap_err());
     assert_eq!(err.metadata["state"], "expired");
-    let last = l.inner.journal.replay().last().unwrap().unwrap().1;
+    let mut last = None;
+    l.replay(&mut |r: &JournalRecord| last = Some(r.clone()))
+        .await
+        .unwrap();
+    let last = last.unwrap();
     assert_eq!(
         (last.kind(), last.context.unwrap().correlation_id.as_str()),
         (RecordKind::Expired, "corr-1")
     );
 }
 
-#[tokio::test]
-async fn entries_come_in_the_aitp_shape_by_budget_subtree_job_and_correlation() {
-    let f = fixture();
+async fn entries_come_in_the_aitp_shape_by_budget_subtree_job_and_correlation(f: Fixture) {
     let l = &f.ledger;
     budget(l, "task", "", None, Some(10_000_000)).await;
     budget(l, "task/a", "task", None, None).await;
@@ -473,6 +540,7 @@ async fn entries_come_in_the_aitp_shape_by_budget_subtree_job_and_correlation() 
             page_size: 2,
             ..Default::default()
         })
+        .await
         .unwrap();
     assert_eq!(all.entries.len(), 2);
     assert_eq!(all.total_cost, usd(51_100), "totals cover every page");
@@ -485,6 +553,7 @@ async fn entries_come_in_the_aitp_shape_by_budget_subtree_job_and_correlation() 
             page_token: all.next_page_token.clone(),
             ..Default::default()
         })
+        .await
         .unwrap();
     assert_eq!((rest.entries.len(), rest.next_page_token.as_str()), (1, ""));
     let by_job = l
@@ -492,6 +561,7 @@ async fn entries_come_in_the_aitp_shape_by_budget_subtree_job_and_correlation() 
             job_id: "job-1".into(),
             ..Default::default()
         })
+        .await
         .unwrap();
     assert_eq!((by_job.entries.len(), by_job.total_cost), (2, usd(51_000)));
     let by_corr = l
@@ -499,9 +569,13 @@ async fn entries_come_in_the_aitp_shape_by_budget_subtree_job_and_correlation() 
             correlation_id: "other".into(),
             ..Default::default()
         })
+        .await
         .unwrap();
     assert_eq!(by_corr.entries[0].units, 10);
-    let err = api(l.list_entries(&ListEntriesRequest::default()).unwrap_err());
+    let err = api(l
+        .list_entries(&ListEntriesRequest::default())
+        .await
+        .unwrap_err());
     assert_eq!(err.code, Code::InvalidArgument);
 }
 
@@ -531,9 +605,7 @@ fn estimates_round_each_part_up_and_unknown_models_are_named() {
     );
 }
 
-#[tokio::test]
-async fn bad_input_is_refused_with_every_field_named() {
-    let f = fixture();
+async fn bad_input_is_refused_with_every_field_named(f: Fixture) {
     let l = &f.ledger;
     let mut req = reserve_req("bad id", MAX_AMOUNT + 1, -5, "");
     req.ttl = Some(switchyard_kit::time::duration(0));
@@ -580,9 +652,12 @@ async fn balances_survive_reopen_and_equal_the_journal_replay() {
     };
     let f = fixture_on(reopen(dir.path()), clock);
     let l = &f.ledger;
-    let org = l.budget("org").unwrap();
+    let org = l.budget("org").await.unwrap();
     assert_eq!((org.tokens_spent, org.tokens_reserved), (700, 300));
-    assert_eq!(l.budgets(), l.replayed_budgets().unwrap());
+    assert_eq!(
+        l.budgets().await.unwrap(),
+        l.replayed_budgets().await.unwrap()
+    );
     // Idempotency survives the restart too.
     assert_eq!(
         reserve(l, "job", 300, 30, "k2")
@@ -597,12 +672,10 @@ async fn balances_survive_reopen_and_equal_the_journal_replay() {
     })
     .await
     .unwrap();
-    assert_eq!(l.budget("org").unwrap().tokens_reserved, 0);
+    assert_eq!(l.budget("org").await.unwrap().tokens_reserved, 0);
 }
 
-#[tokio::test]
-async fn watch_streams_durable_events_of_a_budget_subtree_and_resumes() {
-    let f = fixture();
+async fn watch_streams_durable_events_of_a_budget_subtree_and_resumes(f: Fixture) {
     let l = &f.ledger;
     budget(l, "org", "", Some(100), None).await;
     budget(l, "job", "org", None, None).await;
@@ -615,6 +688,7 @@ async fn watch_streams_durable_events_of_a_budget_subtree_and_resumes() {
             },
             std::sync::Arc::new(switchyard_kit::auth::Principal::in_process()),
         )
+        .await
         .unwrap();
     let r = reserve(l, "job", 60, 0, "k1").await.unwrap();
     reserve(l, "other", 1, 0, "k2").await.unwrap();
@@ -656,6 +730,7 @@ async fn watch_streams_durable_events_of_a_budget_subtree_and_resumes() {
             },
             std::sync::Arc::new(switchyard_kit::auth::Principal::in_process()),
         )
+        .await
         .unwrap();
     let ev = resumed.next().await.unwrap().unwrap().event.unwrap();
     assert_eq!((ev.sequence, ev.kind.as_str()), (5, "ledger.reserved"));
@@ -667,6 +742,7 @@ async fn watch_streams_durable_events_of_a_budget_subtree_and_resumes() {
             },
             std::sync::Arc::new(switchyard_kit::auth::Principal::in_process()),
         )
+        .await
         .err()
         .unwrap());
     assert_eq!(err.known_reason(), Some(Reason::BudgetNotFound));
@@ -677,6 +753,7 @@ mod properties {
     //! budget ever holds more than its limit except through recorded
     //! overruns, and the live balances always equal the journal replay.
     use super::*;
+    use crate::books::Settled;
     use proptest::prelude::*;
 
     #[derive(Debug, Clone)]
@@ -728,15 +805,15 @@ mod properties {
         ("j2", "p1", Some(300), Some(300)),
     ];
 
-    fn check_invariants(
+    async fn check_invariants(
         l: &Ledger,
         overrun_tokens: &HashMap<String, u64>,
         overrun_cost: &HashMap<String, i64>,
     ) {
-        let live = l.budgets();
+        let live = l.budgets().await.unwrap();
         assert_eq!(
             live,
-            l.replayed_budgets().unwrap(),
+            l.replayed_budgets().await.unwrap(),
             "live balances differ from the journal replay"
         );
         for b in &live {
@@ -805,10 +882,8 @@ mod properties {
                     if let Some((rid, b)) = reservations.get(res) {
                         let held = f
                             .ledger
-                            .inner
-                            .books
+                            .sled()
                             .lock()
-                            .unwrap()
                             .reservations
                             .get(rid)
                             .map(|r| (r.tokens, r.cost, r.settled));
@@ -816,7 +891,7 @@ mod properties {
                             && c.overrun
                             && let Some((ht, hc, Settled::Open)) = held
                         {
-                            for a in f.ledger.inner.books.lock().unwrap().chain(b) {
+                            for a in f.ledger.sled().lock().chain(b) {
                                 *over_t.entry(a.id.clone()).or_default() +=
                                     tokens.saturating_sub(ht);
                                 *over_c.entry(a.id.clone()).or_default() += (cost - hc).max(0);
@@ -840,17 +915,17 @@ mod properties {
                     f.ledger.sweep().await.unwrap();
                 }
                 Op::Restart => {
-                    let before = f.ledger.budgets();
+                    let before = f.ledger.budgets().await.unwrap();
                     drop(f);
                     f = fixture_on(reopen(dir.path()), clock.clone());
                     assert_eq!(
-                        f.ledger.budgets(),
+                        f.ledger.budgets().await.unwrap(),
                         before,
                         "balances changed across a restart"
                     );
                 }
             }
-            check_invariants(&f.ledger, &over_t, &over_c);
+            check_invariants(&f.ledger, &over_t, &over_c).await;
         }
     }
 
@@ -865,9 +940,7 @@ mod properties {
     }
 }
 
-#[tokio::test]
-async fn sums_that_would_overflow_are_refused_never_saturated() {
-    let f = fixture();
+async fn sums_that_would_overflow_are_refused_never_saturated(f: Fixture) {
     // Unlimited budgets: no limit stops the sums, only their integer types.
     budget(&f.ledger, "root", "", None, None).await;
     budget(&f.ledger, "root/job", "root", None, None).await;
@@ -879,19 +952,26 @@ async fn sums_that_would_overflow_are_refused_never_saturated() {
             .await
             .unwrap();
     }
-    let before = f.ledger.budget("root").unwrap();
+    let before = f.ledger.budget("root").await.unwrap();
     let e = reserve(&f.ledger, "root/job", max, max as i64, "one-too-many")
         .await
         .unwrap_err();
     let e = api(e);
     assert_eq!(e.reason.as_deref(), Some("AMOUNT_OVERFLOW"), "{e:?}");
-    assert_eq!(f.ledger.budget("root").unwrap(), before, "nothing changed");
+    assert_eq!(
+        f.ledger.budget("root").await.unwrap(),
+        before,
+        "nothing changed"
+    );
     assert!(
         before.cost_reserved.unwrap().micro_usd > 0,
         "not saturated or wrapped"
     );
     // The books still equal the replay of the journal.
-    assert_eq!(f.ledger.replayed_budgets().unwrap(), f.ledger.budgets());
+    assert_eq!(
+        f.ledger.replayed_budgets().await.unwrap(),
+        f.ledger.budgets().await.unwrap()
+    );
 }
 
 #[tokio::test]
@@ -921,38 +1001,48 @@ async fn closed_budgets_leave_memory_and_everything_about_them_still_answers() {
             job_id: job.into(),
             ..Default::default()
         };
-        let before = l.list_entries(&by("job-1")).unwrap().entries.len();
+        let before = l.list_entries(&by("job-1")).await.unwrap().entries.len();
         l.maintain().await.unwrap();
         {
-            let books = l.lock();
+            let books = l.sled().lock();
             assert!(!books.budgets.contains_key("job-a") && !books.budgets.contains_key("job-b"));
             assert!(books.reservations.is_empty() && books.entries.is_empty());
             assert!(books.budgets["org"].children.is_empty());
         }
         // Reads fall back to disk.
-        let a = l.budget("job-a").unwrap();
+        let a = l.budget("job-a").await.unwrap();
         assert!(a.closed && a.tokens_spent == 700);
-        assert_eq!(l.list_entries(&by("job-1")).unwrap().entries.len(), before);
+        assert_eq!(
+            l.list_entries(&by("job-1")).await.unwrap().entries.len(),
+            before
+        );
         let org_entries = l
             .list_entries(&ListEntriesRequest {
                 budget_id: "org".into(),
                 ..Default::default()
             })
+            .await
             .unwrap();
         assert_eq!(
             org_entries.total_tokens, 700,
             "retired children's entries count"
         );
-        let listed = l.list_budgets(&ListBudgetsRequest::default());
+        let listed = l
+            .list_budgets(&ListBudgetsRequest::default())
+            .await
+            .unwrap();
         assert_eq!(listed.budgets.len(), 3);
         (r.reservation_id, before)
     };
     // A restart loads the snapshot and replays nothing before it.
     let f = fixture_on(reopen(dir.path()), clock);
     let l = &f.ledger;
-    assert_eq!(l.lock().budgets.len(), 1, "only org is in memory");
-    assert_eq!(l.budgets(), l.replayed_budgets().unwrap());
-    let org = l.budget("org").unwrap();
+    assert_eq!(l.sled().lock().budgets.len(), 1, "only org is in memory");
+    assert_eq!(
+        l.budgets().await.unwrap(),
+        l.replayed_budgets().await.unwrap()
+    );
+    let org = l.budget("org").await.unwrap();
     assert_eq!((org.tokens_spent, org.tokens_reserved), (700, 0));
     // Idempotent answers for retired reservations.
     assert_eq!(
@@ -977,6 +1067,7 @@ async fn closed_budgets_leave_memory_and_everything_about_them_still_answers() {
             job_id: "job-1".into(),
             ..Default::default()
         })
+        .await
         .unwrap()
         .entries
         .len(),
@@ -1003,7 +1094,7 @@ async fn retention_prunes_retired_budgets_and_old_journal_but_never_balances() {
         }
         l.maintain().await.unwrap();
         assert_eq!(
-            l.budget("job-0").unwrap().tokens_spent,
+            l.budget("job-0").await.unwrap().tokens_spent,
             10,
             "retired, still readable"
         );
@@ -1011,16 +1102,16 @@ async fn retention_prunes_retired_budgets_and_old_journal_but_never_balances() {
         clock.advance_ms(8 * 24 * 3_600_000);
         l.maintain().await.unwrap();
         assert_eq!(
-            api(l.budget("job-0").unwrap_err()).known_reason(),
+            api(l.budget("job-0").await.unwrap_err()).known_reason(),
             Some(Reason::BudgetNotFound)
         );
         assert!(
-            l.inner.journal.read(0, 10, 10).unwrap().is_empty(),
+            l.sled().journal.read(0, 10, 10).unwrap().is_empty(),
             "old records are gone"
         );
     }
     // The balances came through in the snapshot.
     let f = fixture_on(reopen(dir.path()), clock);
-    let org = f.ledger.budget("org").unwrap();
+    let org = f.ledger.budget("org").await.unwrap();
     assert_eq!((org.tokens_spent, org.tokens_reserved), (3_000, 0));
 }

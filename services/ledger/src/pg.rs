@@ -1,0 +1,892 @@
+//! The ledger on PostgreSQL, for any number of replicas on one database.
+//!
+//! Budgets, reservations and the journal are tables. A write is decided by
+//! the same [`Desk`] code as on sled, against the slice of the books its
+//! transaction locked: the reservations it names (by id and by key) and
+//! every budget of the chains it touches, locked `FOR UPDATE` in id order —
+//! one fixed order, so concurrent chains cannot deadlock. The decision's
+//! records are inserted and the changed rows written back in the same
+//! transaction, so a Reserve is atomic across the whole ancestor chain and
+//! across replicas: two replicas reserving on one budget take turns on its
+//! row, each deciding against what the other committed.
+//!
+//! Each replica batches: writes that arrive while a transaction is in
+//! flight go together into the next one (up to [`MAX_BATCH`]), so one hot
+//! budget costs one row lock and one commit per batch rather than per
+//! request. A batch whose transaction hits a serialization failure, a
+//! deadlock or a key another replica inserted first runs again whole;
+//! any other database error fails the batch's callers (nothing was
+//! acknowledged).
+//!
+//! Journal sequence numbers come from a sequence, taken after the locks so
+//! that the records of one chain are numbered in commit order. Numbers a
+//! batch took but did not use are written as void rows, so a reader tailing
+//! the journal (`Watch`) meets a gap only while a transaction is in flight
+//! (or after one rolled back: it then waits [`GAP_GRACE`] before moving
+//! on). Watch polls; there is no LISTEN, which CockroachDB lacks.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+use prost::Message;
+use switchyard_kit::shutdown::Shutdown;
+use switchyard_proto::ledger::v1::{
+    Budget, Entry, JournalRecord, ListBudgetsRequest, ListBudgetsResponse, ListEntriesRequest,
+    RecordKind,
+};
+use switchyard_store::StoreError;
+use switchyard_store::pg::{Migration, Pg, retryable};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::books::{Books, BudgetState, Charge, Res, Settled};
+use crate::cold::{StoredBudget, StoredRes};
+use crate::desk::{Desk, Done, Op, Sink};
+use crate::{LedgerError, page_of_budgets};
+
+/// Most writes one transaction carries.
+pub(crate) const MAX_BATCH: usize = 128;
+/// Transactions each replica runs at once.
+const WRITERS: usize = 4;
+/// How long a tailing reader waits at a gap in the journal before taking
+/// it for a rolled-back transaction's numbers and moving on.
+pub(crate) const GAP_GRACE: Duration = Duration::from_secs(5);
+/// How often a tailing reader looks for new records.
+const POLL: Duration = Duration::from_millis(50);
+/// A batch runs again at most this often after a retryable failure.
+const ATTEMPTS: usize = 8;
+
+/// The schema, in order. Never edit a released migration: add one.
+pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "budgets, reservations and the journal",
+    sql: "
+        CREATE TABLE ledger_budgets (
+            id TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            parent TEXT NOT NULL,
+            data BYTEA NOT NULL);
+        CREATE INDEX ledger_budgets_by_parent ON ledger_budgets (parent, id);
+        CREATE TABLE ledger_reservations (
+            id TEXT PRIMARY KEY,
+            budget_id TEXT NOT NULL,
+            reserve_key TEXT NOT NULL UNIQUE,
+            settle_key TEXT UNIQUE,
+            open BOOLEAN NOT NULL,
+            expires_ms BIGINT NOT NULL,
+            data BYTEA NOT NULL,
+            entry BYTEA,
+            overrun BOOLEAN NOT NULL DEFAULT false);
+        CREATE INDEX ledger_reservations_open_by_expiry
+            ON ledger_reservations (expires_ms) WHERE open;
+        CREATE SEQUENCE ledger_journal_seq;
+        CREATE TABLE ledger_journal (
+            seq BIGINT PRIMARY KEY,
+            kind INT NOT NULL,
+            budget_id TEXT NOT NULL,
+            job_id TEXT NOT NULL,
+            correlation_id TEXT NOT NULL,
+            record BYTEA NOT NULL);
+        CREATE INDEX ledger_journal_entries_by_budget
+            ON ledger_journal (budget_id, seq) WHERE kind = 5;
+        CREATE INDEX ledger_journal_entries_by_job
+            ON ledger_journal (job_id, seq) WHERE kind = 5;
+        CREATE INDEX ledger_journal_entries_by_correlation
+            ON ledger_journal (correlation_id, seq) WHERE kind = 5;
+    ",
+}];
+
+// The SQL above and below names committed records by their number.
+const _: () = assert!(RecordKind::Committed as i32 == 5);
+
+/// One write waiting for a transaction.
+struct Job {
+    op: Op,
+    prefix: String,
+    now: u64,
+    reply: oneshot::Sender<Result<Done, LedgerError>>,
+}
+
+/// The books in PostgreSQL.
+pub(crate) struct PgBooks {
+    db: Pg,
+    /// Tenant and parent of budgets seen: both fixed at creation.
+    facts: Mutex<HashMap<String, (String, String)>>,
+    jobs: mpsc::Sender<Job>,
+    shutdown: Shutdown,
+}
+
+impl PgBooks {
+    /// Migrates the schema and starts this replica's writers.
+    pub(crate) async fn open(
+        db: Pg,
+        shutdown: Shutdown,
+    ) -> Result<std::sync::Arc<Self>, StoreError> {
+        db.migrate("switchyard", switchyard_store::pg::COMMON_MIGRATIONS)
+            .await?;
+        db.migrate("ledger", MIGRATIONS).await?;
+        let (tx, rx) = mpsc::channel::<Job>(4 * MAX_BATCH);
+        let books = std::sync::Arc::new(PgBooks {
+            db,
+            facts: Mutex::new(HashMap::new()),
+            jobs: tx,
+            shutdown,
+        });
+        let rx = std::sync::Arc::new(tokio::sync::Mutex::new(rx));
+        for _ in 0..WRITERS {
+            let (books, rx) = (std::sync::Arc::downgrade(&books), rx.clone());
+            tokio::spawn(async move {
+                loop {
+                    // Take what is waiting, up to a batch.
+                    let batch = {
+                        let mut rx = rx.lock().await;
+                        let Some(first) = rx.recv().await else { return };
+                        let mut batch = vec![first];
+                        while batch.len() < MAX_BATCH {
+                            match rx.try_recv() {
+                                Ok(j) => batch.push(j),
+                                Err(_) => break,
+                            }
+                        }
+                        batch
+                    };
+                    let Some(books) = books.upgrade() else { return };
+                    books.run(batch).await;
+                }
+            });
+        }
+        Ok(books)
+    }
+
+    /// Decides `op` in the next transaction; answers once it committed.
+    pub(crate) async fn write(&self, op: Op, prefix: &str, now: u64) -> Result<Done, LedgerError> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            op,
+            prefix: prefix.to_owned(),
+            now,
+            reply,
+        };
+        if self.jobs.send(job).await.is_err() {
+            return Err(StoreError::Closed.into());
+        }
+        answer.await.unwrap_or(Err(StoreError::Closed.into()))
+    }
+
+    /// Runs one batch, again while it fails in a way a retry cures, and
+    /// answers each caller.
+    async fn run(&self, jobs: Vec<Job>) {
+        let mut outcome = Err(StoreError::Closed);
+        for attempt in 0..ATTEMPTS {
+            match self.attempt(&jobs).await {
+                Ok(done) => {
+                    outcome = Ok(done);
+                    break;
+                }
+                Err(Failed::Retry(e)) if attempt + 1 < ATTEMPTS => {
+                    tracing::debug!(error = %e, attempt, "ledger batch runs again");
+                    // A little jitter, so two replicas that collided do not
+                    // collide again in step.
+                    let pause = 1 + (rand_unit() * 4.0 * (attempt as f64 + 1.0)) as u64;
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+                Err(Failed::Retry(e) | Failed::Store(e)) => {
+                    outcome = Err(e);
+                    break;
+                }
+            }
+        }
+        match outcome {
+            Ok(done) => {
+                for (job, d) in jobs.into_iter().zip(done) {
+                    let _ = job.reply.send(d);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, writes = jobs.len(), "ledger batch failed; nothing was recorded");
+                let msg = e.to_string();
+                for job in jobs {
+                    let _ = job.reply.send(Err(StoreError::Io(msg.clone()).into()));
+                }
+            }
+        }
+    }
+
+    /// One transaction over the batch.
+    async fn attempt(&self, jobs: &[Job]) -> Result<Vec<Result<Done, LedgerError>>, Failed> {
+        let db = &self.db;
+        let mut client = db.client().await.map_err(Failed::Store)?;
+        let fail = |doing: &'static str| move |e: tokio_postgres::Error| Failed::of(db, doing, &e);
+        let tx = client
+            .transaction()
+            .await
+            .map_err(fail("starting a transaction"))?;
+
+        // 1. The reservations the batch names, by id or key, locked.
+        let ids: Vec<&str> = jobs.iter().filter_map(|j| j.op.reservation()).collect();
+        let rkeys: Vec<&str> = jobs.iter().filter_map(|j| j.op.reserve_key()).collect();
+        let skeys: Vec<&str> = jobs.iter().filter_map(|j| j.op.settle_key()).collect();
+        let rows = tx
+            .query(
+                "SELECT data, entry, overrun FROM ledger_reservations
+                 WHERE id = ANY($1) OR reserve_key = ANY($2) OR settle_key = ANY($3)
+                 ORDER BY id FOR UPDATE",
+                &[&ids, &rkeys, &skeys],
+            )
+            .await
+            .map_err(fail("locking reservations"))?;
+        let mut books = Books::default();
+        let mut before: HashMap<String, Vec<u8>> = HashMap::new();
+        for row in rows {
+            let data: Vec<u8> = row.get(0);
+            let stored =
+                StoredRes::decode(data.as_slice()).map_err(|e| corrupt("reservation", e))?;
+            let res = Res::from(stored);
+            if let (Settled::Committed(seq), Some(entry)) =
+                (res.settled, row.get::<_, Option<Vec<u8>>>(1))
+            {
+                let entry = Entry::decode(entry.as_slice()).map_err(|e| corrupt("entry", e))?;
+                books.entries.insert(
+                    seq,
+                    Charge {
+                        entry,
+                        overrun: row.get(2),
+                    },
+                );
+            }
+            before.insert(format!("r{}", res.id), data);
+            books.restore(res);
+        }
+
+        // 2. Every budget of the chains the batch touches, locked in id order.
+        let mut leaves: BTreeSet<String> = jobs
+            .iter()
+            .flat_map(|j| j.op.budgets())
+            .map(str::to_owned)
+            .collect();
+        leaves.extend(books.reservations.values().map(|r| r.budget_id.clone()));
+        let chain_ids = self.chains(&tx, &leaves).await?;
+        let chain_ids: Vec<&str> = chain_ids.iter().map(String::as_str).collect();
+        let rows = tx
+            .query(
+                "SELECT data FROM ledger_budgets WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+                &[&chain_ids],
+            )
+            .await
+            .map_err(fail("locking budgets"))?;
+        for row in rows {
+            let data: Vec<u8> = row.get(0);
+            let b = BudgetState::from(
+                StoredBudget::decode(data.as_slice()).map_err(|e| corrupt("budget", e))?,
+            );
+            before.insert(format!("b{}", b.id), data);
+            books.budgets.insert(b.id.clone(), b);
+        }
+        // Parents learn of the children created under them in the batch.
+        for b in books.budgets.values_mut() {
+            b.children.clear();
+        }
+
+        // 3. Numbers for the records: at most two per write.
+        let wanted: i64 = jobs
+            .iter()
+            .map(|j| {
+                if matches!(j.op, Op::Commit { .. }) {
+                    2
+                } else {
+                    1
+                }
+            })
+            .sum();
+        let seqs: Vec<i64> = tx
+            .query(
+                "SELECT nextval('ledger_journal_seq') FROM generate_series(1, $1::BIGINT)",
+                &[&wanted],
+            )
+            .await
+            .map_err(fail("numbering records"))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let mut sink = Batch {
+            seqs: seqs
+                .iter()
+                .map(|s| *s as u64)
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+            next: 0,
+            records: Vec::new(),
+        };
+
+        // 4. Decide, in arrival order.
+        let mut done = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            let mut desk = Desk {
+                books: &mut books,
+                cold: None,
+                sink: &mut sink,
+                prefix: &job.prefix,
+                now: job.now,
+            };
+            done.push(desk.decide(job.op.clone()));
+        }
+
+        // 5. Write back what changed, the records and the unused numbers.
+        let mut b_rows: (Vec<String>, Vec<String>, Vec<String>, Vec<Vec<u8>>) = Default::default();
+        for b in books.budgets.values() {
+            let mut stored = StoredBudget::from(b);
+            // Children and entries are rows of their own here.
+            stored.children.clear();
+            stored.entries.clear();
+            let data = stored.encode_to_vec();
+            if before.get(&format!("b{}", b.id)) != Some(&data) {
+                b_rows.0.push(b.id.clone());
+                b_rows.1.push(b.tenant.clone());
+                b_rows.2.push(b.parent.clone().unwrap_or_default());
+                b_rows.3.push(data);
+            }
+        }
+        let mut r_rows = ResRows::default();
+        for r in books.reservations.values() {
+            let data = StoredRes::from(r).encode_to_vec();
+            if before.get(&format!("r{}", r.id)) != Some(&data) {
+                let charge = match r.settled {
+                    Settled::Committed(seq) => books.entries.get(&seq),
+                    _ => None,
+                };
+                r_rows.push(r, data, charge);
+            }
+        }
+        let used: BTreeSet<u64> = sink.records.iter().map(|r| r.sequence).collect();
+        let mut j_rows = JournalRows::default();
+        for rec in &sink.records {
+            j_rows.push(rec);
+        }
+        for seq in sink.seqs.iter().filter(|s| !used.contains(s)) {
+            j_rows.void(*seq);
+        }
+        let b_params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+            [&b_rows.0, &b_rows.1, &b_rows.2, &b_rows.3];
+        let r_params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
+            &r_rows.id,
+            &r_rows.budget,
+            &r_rows.reserve_key,
+            &r_rows.settle_key,
+            &r_rows.open,
+            &r_rows.expires,
+            &r_rows.data,
+            &r_rows.entry,
+            &r_rows.overrun,
+        ];
+        let j_params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [
+            &j_rows.seq,
+            &j_rows.kind,
+            &j_rows.budget,
+            &j_rows.job,
+            &j_rows.correlation,
+            &j_rows.record,
+        ];
+        let budgets_written = tx.execute(
+            "INSERT INTO ledger_budgets (id, tenant, parent, data)
+             SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BYTEA[])
+             ON CONFLICT (id) DO UPDATE SET data = EXCLUDED.data",
+            &b_params,
+        );
+        let reservations_written = tx.execute(
+            "INSERT INTO ledger_reservations
+                 (id, budget_id, reserve_key, settle_key, open, expires_ms, data, entry, overrun)
+             SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BOOL[],
+                                  $6::BIGINT[], $7::BYTEA[], $8::BYTEA[], $9::BOOL[])
+             ON CONFLICT (id) DO UPDATE SET settle_key = EXCLUDED.settle_key,
+                 open = EXCLUDED.open, data = EXCLUDED.data, entry = EXCLUDED.entry,
+                 overrun = EXCLUDED.overrun",
+            &r_params,
+        );
+        let journal_written = tx.execute(
+            "INSERT INTO ledger_journal (seq, kind, budget_id, job_id, correlation_id, record)
+             SELECT * FROM unnest($1::BIGINT[], $2::INT[], $3::TEXT[], $4::TEXT[], $5::TEXT[],
+                                  $6::BYTEA[])",
+            &j_params,
+        );
+        // Pipelined: one round trip for the three.
+        futures_util::try_join!(budgets_written, reservations_written, journal_written)
+            .map_err(fail("writing the batch"))?;
+        tx.commit().await.map_err(fail("committing the batch"))?;
+
+        let mut facts = self.facts.lock().unwrap_or_else(|p| p.into_inner());
+        for b in books.budgets.values() {
+            facts
+                .entry(b.id.clone())
+                .or_insert_with(|| (b.tenant.clone(), b.parent.clone().unwrap_or_default()));
+        }
+        Ok(done)
+    }
+
+    /// `leaves` and all their ancestors (those that exist).
+    async fn chains(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        leaves: &BTreeSet<String>,
+    ) -> Result<BTreeSet<String>, Failed> {
+        let mut out = BTreeSet::new();
+        let mut missing = Vec::new();
+        {
+            let facts = self.facts.lock().unwrap_or_else(|p| p.into_inner());
+            for leaf in leaves {
+                let mut cur = leaf.clone();
+                loop {
+                    match facts.get(&cur) {
+                        Some((_, parent)) => {
+                            out.insert(cur.clone());
+                            if parent.is_empty() || out.contains(parent) {
+                                break;
+                            }
+                            cur = parent.clone();
+                        }
+                        None => {
+                            missing.push(cur);
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if missing.is_empty() {
+            return Ok(out);
+        }
+        let rows = tx
+            .query(
+                "WITH RECURSIVE up (id, tenant, parent) AS (
+                     SELECT id, tenant, parent FROM ledger_budgets WHERE id = ANY($1)
+                     UNION
+                     SELECT b.id, b.tenant, b.parent FROM ledger_budgets b JOIN up ON b.id = up.parent)
+                 SELECT id, tenant, parent FROM up",
+                &[&missing],
+            )
+            .await
+            .map_err(|e| Failed::of(&self.db, "reading budget chains", &e))?;
+        let mut facts = self.facts.lock().unwrap_or_else(|p| p.into_inner());
+        for row in rows {
+            let (id, tenant, parent): (String, String, String) =
+                (row.get(0), row.get(1), row.get(2));
+            out.insert(id.clone());
+            facts.insert(id, (tenant, parent));
+        }
+        Ok(out)
+    }
+
+    /// Budget `id`'s tenant and parent.
+    pub(crate) async fn facts(&self, id: &str) -> Result<Option<(String, String)>, LedgerError> {
+        if let Some(f) = self.facts.lock().unwrap_or_else(|p| p.into_inner()).get(id) {
+            return Ok(Some(f.clone()));
+        }
+        let c = self.db.client().await?;
+        let row = c
+            .query_opt(
+                "SELECT tenant, parent FROM ledger_budgets WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .map_err(|e| self.db.error("reading a budget", &e))?;
+        Ok(row.map(|r| {
+            let f: (String, String) = (r.get(0), r.get(1));
+            self.facts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id.to_owned(), f.clone());
+            f
+        }))
+    }
+
+    /// One budget.
+    pub(crate) async fn budget(&self, id: &str) -> Result<Option<Budget>, LedgerError> {
+        let c = self.db.client().await?;
+        let row = c
+            .query_opt("SELECT data FROM ledger_budgets WHERE id = $1", &[&id])
+            .await
+            .map_err(|e| self.db.error("reading a budget", &e))?;
+        row.map(|r| budget_view(&r.get::<_, Vec<u8>>(0)))
+            .transpose()
+    }
+
+    /// The budget reservation `id` was made on.
+    pub(crate) async fn reservation_budget(&self, id: &str) -> Result<Option<String>, LedgerError> {
+        let c = self.db.client().await?;
+        let row = c
+            .query_opt(
+                "SELECT budget_id FROM ledger_reservations WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .map_err(|e| self.db.error("reading a reservation", &e))?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    /// A page of budgets in id order.
+    pub(crate) async fn list_budgets(
+        &self,
+        req: &ListBudgetsRequest,
+    ) -> Result<ListBudgetsResponse, LedgerError> {
+        let size = switchyard_core::validate::page_size(req.page_size);
+        let c = self.db.client().await?;
+        let rows = c
+            .query(
+                "SELECT data FROM ledger_budgets WHERE id > $1 AND ($2 = '' OR parent = $2)
+                 ORDER BY id LIMIT $3",
+                &[&req.page_token, &req.parent_id, &(size as i64 + 1)],
+            )
+            .await
+            .map_err(|e| self.db.error("listing budgets", &e))?;
+        let budgets = rows
+            .iter()
+            .map(|r| budget_view(&r.get::<_, Vec<u8>>(0)))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(page_of_budgets(budgets, size))
+    }
+
+    /// Every budget in id order.
+    pub(crate) async fn budgets(&self) -> Result<Vec<Budget>, LedgerError> {
+        let c = self.db.client().await?;
+        let rows = c
+            .query("SELECT data FROM ledger_budgets ORDER BY id", &[])
+            .await
+            .map_err(|e| self.db.error("listing budgets", &e))?;
+        rows.iter()
+            .map(|r| budget_view(&r.get::<_, Vec<u8>>(0)))
+            .collect()
+    }
+
+    /// The charges a ListEntries selects (ascending), and the budget it
+    /// names.
+    pub(crate) async fn charges(
+        &self,
+        req: &ListEntriesRequest,
+    ) -> Result<crate::Selected, LedgerError> {
+        let c = self.db.client().await?;
+        let err =
+            |e: tokio_postgres::Error| LedgerError::from(self.db.error("listing entries", &e));
+        let (rows, budget) = if !req.budget_id.is_empty() {
+            let Some(budget) = self.budget(&req.budget_id).await? else {
+                return Err(LedgerError::BudgetNotFound(req.budget_id.clone()));
+            };
+            let rows = c
+                .query(
+                    "WITH RECURSIVE down (id) AS (
+                         SELECT $1::TEXT
+                         UNION
+                         SELECT b.id FROM ledger_budgets b JOIN down ON b.parent = down.id)
+                     SELECT seq, record FROM ledger_journal
+                     WHERE kind = 5 AND budget_id IN (SELECT id FROM down) ORDER BY seq",
+                    &[&req.budget_id],
+                )
+                .await
+                .map_err(err)?;
+            (rows, Some(budget))
+        } else if !req.job_id.is_empty() {
+            let rows = c
+                .query(
+                    "SELECT seq, record FROM ledger_journal WHERE kind = 5 AND job_id = $1 ORDER BY seq",
+                    &[&req.job_id],
+                )
+                .await
+                .map_err(err)?;
+            (rows, None)
+        } else {
+            let rows = c
+                .query(
+                    "SELECT seq, record FROM ledger_journal WHERE kind = 5 AND correlation_id = $1
+                     ORDER BY seq",
+                    &[&req.correlation_id],
+                )
+                .await
+                .map_err(err)?;
+            (rows, None)
+        };
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            let rec = record(&r.get::<_, Vec<u8>>(1))?;
+            let charge = Charge {
+                entry: rec.entry.unwrap_or_default(),
+                overrun: rec.overrun,
+            };
+            out.push((r.get::<_, i64>(0) as u64, charge));
+        }
+        Ok((out, budget))
+    }
+
+    /// Feeds every journal record, in sequence order, to `apply`.
+    pub(crate) async fn replay(
+        &self,
+        apply: &mut impl FnMut(&JournalRecord),
+    ) -> Result<(), LedgerError> {
+        let c = self.db.client().await?;
+        let mut after = 0i64;
+        loop {
+            let rows = c
+                .query(
+                    "SELECT seq, record FROM ledger_journal WHERE seq > $1 AND kind <> 0
+                     ORDER BY seq LIMIT 10000",
+                    &[&after],
+                )
+                .await
+                .map_err(|e| self.db.error("replaying the journal", &e))?;
+            let Some(last) = rows.last() else {
+                return Ok(());
+            };
+            after = last.get(0);
+            for r in &rows {
+                apply(&record(&r.get::<_, Vec<u8>>(1))?);
+            }
+        }
+    }
+
+    /// Releases reservations past their TTL, when this replica holds the
+    /// sweeper lease (one replica sweeps; any may take over when it stops).
+    /// Each expiry is decided under the rows' locks like any write, so a
+    /// reservation committed meanwhile is left alone.
+    pub(crate) async fn sweep(
+        &self,
+        holder: &str,
+        now: u64,
+        period_ms: u64,
+    ) -> Result<usize, LedgerError> {
+        let ttl = period_ms.saturating_mul(3).max(1_000);
+        if self
+            .db
+            .lease("ledger.sweeper", holder, now, ttl)
+            .await?
+            .is_none()
+        {
+            return Ok(0);
+        }
+        let c = self.db.client().await?;
+        let rows = c
+            .query(
+                "SELECT id FROM ledger_reservations WHERE open AND expires_ms <= $1
+                 ORDER BY expires_ms LIMIT 1000",
+                &[&switchyard_store::pg::ms(now)],
+            )
+            .await
+            .map_err(|e| self.db.error("finding expired reservations", &e))?;
+        drop(c);
+        let expiring = rows.iter().map(|r| {
+            let id: String = r.get(0);
+            self.write(Op::Expire(id), holder, now)
+        });
+        let mut n = 0;
+        for done in futures_util::future::join_all(expiring).await {
+            if matches!(done?, Done::Expired(true)) {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// The journal after sequence `after`, as it commits, until shutdown.
+    pub(crate) fn tail(
+        self: &std::sync::Arc<Self>,
+        after: u64,
+    ) -> BoxStream<'static, Result<JournalRecord, StoreError>> {
+        let me = std::sync::Arc::downgrade(self);
+        let shutdown = self.shutdown.clone();
+        let state = (
+            after as i64,
+            None::<tokio::time::Instant>,
+            Vec::<JournalRecord>::new(),
+        );
+        futures_util::stream::unfold(state, move |(mut after, mut gap_since, mut ready)| {
+            let me = me.clone();
+            let shutdown = shutdown.clone();
+            async move {
+                loop {
+                    if let Some(rec) = ready.pop() {
+                        return Some((Ok(rec), (after, gap_since, ready)));
+                    }
+                    let books = me.upgrade()?;
+                    let rows = match books.poll(after).await {
+                        Ok(rows) => rows,
+                        Err(e) => return Some((Err(e), (after, gap_since, ready))),
+                    };
+                    let mut got = Vec::new();
+                    for (seq, kind, data) in rows {
+                        if seq != after + 1 {
+                            // A transaction still in flight holds the
+                            // numbers between: wait for it, up to the grace.
+                            let since = *gap_since.get_or_insert_with(tokio::time::Instant::now);
+                            if since.elapsed() < GAP_GRACE {
+                                break;
+                            }
+                            tracing::warn!(from = after + 1, to = seq - 1, "journal numbers never committed; moving on");
+                        }
+                        gap_since = None;
+                        after = seq;
+                        if kind != 0 {
+                            match record(&data) {
+                                Ok(rec) => got.push(rec),
+                                Err(e) => tracing::error!(seq, error = %e, "journal record does not decode"),
+                            }
+                        }
+                    }
+                    drop(books);
+                    if got.is_empty() {
+                        tokio::select! {
+                            () = tokio::time::sleep(POLL) => {}
+                            () = shutdown.wait() => return None,
+                        }
+                    } else {
+                        got.reverse();
+                        ready = got;
+                    }
+                }
+            }
+        })
+        .boxed()
+    }
+
+    async fn poll(&self, after: i64) -> Result<Vec<(i64, i32, Vec<u8>)>, StoreError> {
+        let c = self.db.client().await?;
+        let rows = c
+            .query(
+                "SELECT seq, kind, record FROM ledger_journal WHERE seq > $1 ORDER BY seq LIMIT 1000",
+                &[&after],
+            )
+            .await
+            .map_err(|e| self.db.error("tailing the journal", &e))?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect())
+    }
+}
+
+/// How a batch's transaction failed.
+enum Failed {
+    /// A retry may succeed (serialization failure, deadlock, a key another
+    /// replica inserted first).
+    Retry(StoreError),
+    /// It will not.
+    Store(StoreError),
+}
+
+impl Failed {
+    fn of(db: &Pg, doing: &str, e: &tokio_postgres::Error) -> Failed {
+        let err = db.error(doing, e);
+        if retryable(e) {
+            Failed::Retry(err)
+        } else {
+            Failed::Store(err)
+        }
+    }
+}
+
+fn corrupt(what: &str, e: prost::DecodeError) -> Failed {
+    Failed::Store(StoreError::Io(format!(
+        "a stored {what} does not decode: {e}"
+    )))
+}
+
+fn budget_view(data: &[u8]) -> Result<Budget, LedgerError> {
+    let stored = StoredBudget::decode(data)
+        .map_err(|e| StoreError::Io(format!("a stored budget does not decode: {e}")))?;
+    Ok(BudgetState::from(stored).view())
+}
+
+fn record(data: &[u8]) -> Result<JournalRecord, StoreError> {
+    JournalRecord::decode(data)
+        .map_err(|e| StoreError::Io(format!("a journal record does not decode: {e}")))
+}
+
+/// A number in [0, 1) for retry jitter.
+fn rand_unit() -> f64 {
+    let n = uuid::Uuid::new_v4().as_u128() as u64;
+    (n >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The batch's records, numbered from the sequence values it took.
+struct Batch {
+    seqs: Vec<u64>,
+    next: usize,
+    records: Vec<JournalRecord>,
+}
+
+impl Sink for Batch {
+    fn append(&mut self, build: impl FnOnce(u64) -> JournalRecord) -> (u64, JournalRecord) {
+        // Two numbers per write are taken, at most two used.
+        let seq = self.seqs.get(self.next).copied().unwrap_or_else(|| {
+            tracing::error!("a ledger batch ran out of journal numbers");
+            u64::MAX - self.next as u64
+        });
+        self.next += 1;
+        let rec = build(seq);
+        self.records.push(rec.clone());
+        (seq, rec)
+    }
+
+    fn charges(&self, books: &Books, seqs: &[u64]) -> Result<Vec<(u64, Charge)>, StoreError> {
+        // The transaction loaded the charges of the reservations it locked.
+        crate::cold::charges(books, None, seqs)
+    }
+}
+
+#[derive(Default)]
+struct ResRows {
+    id: Vec<String>,
+    budget: Vec<String>,
+    reserve_key: Vec<String>,
+    settle_key: Vec<Option<String>>,
+    open: Vec<bool>,
+    expires: Vec<i64>,
+    data: Vec<Vec<u8>>,
+    entry: Vec<Option<Vec<u8>>>,
+    overrun: Vec<bool>,
+}
+
+impl ResRows {
+    fn push(&mut self, r: &Res, data: Vec<u8>, charge: Option<&Charge>) {
+        self.id.push(r.id.clone());
+        self.budget.push(r.budget_id.clone());
+        self.reserve_key.push(r.key.clone());
+        self.settle_key
+            .push((!r.settle_key.is_empty()).then(|| r.settle_key.clone()));
+        self.open.push(r.settled == Settled::Open);
+        self.expires.push(switchyard_store::pg::ms(r.expires_ms));
+        self.data.push(data);
+        self.entry.push(charge.map(|c| c.entry.encode_to_vec()));
+        self.overrun.push(charge.is_some_and(|c| c.overrun));
+    }
+}
+
+#[derive(Default)]
+struct JournalRows {
+    seq: Vec<i64>,
+    kind: Vec<i32>,
+    budget: Vec<String>,
+    job: Vec<String>,
+    correlation: Vec<String>,
+    record: Vec<Vec<u8>>,
+}
+
+impl JournalRows {
+    fn push(&mut self, rec: &JournalRecord) {
+        let ctx = rec.context.clone().unwrap_or_default();
+        self.seq.push(rec.sequence as i64);
+        self.kind.push(rec.kind);
+        self.budget.push(rec.budget_id.clone());
+        self.job.push(ctx.job_id);
+        self.correlation.push(ctx.correlation_id);
+        self.record.push(rec.encode_to_vec());
+    }
+
+    /// A number the batch took and did not use.
+    fn void(&mut self, seq: u64) {
+        self.seq.push(seq as i64);
+        self.kind.push(0);
+        self.budget.push(String::new());
+        self.job.push(String::new());
+        self.correlation.push(String::new());
+        self.record.push(Vec::new());
+    }
+}
