@@ -80,11 +80,21 @@ tools: ## System tools the tests drive: redis-cli (Debian's redis-tools), curl
 	@command -v redis-cli >/dev/null && command -v curl >/dev/null || { \
 		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends redis-tools curl; }
 
+.PHONY: postgres
+postgres: ## PostgreSQL's server binaries (Debian's postgresql) for the suites on the PostgreSQL backend; they start throwaway clusters in temp dirs
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql; } || \
+		echo "postgres: PostgreSQL could not be installed: the PostgreSQL suites will be SKIPPED"
+
+# `skip` (and said) when PostgreSQL's binaries are absent: the suites then
+# print that they skipped, never pass silently.
+PG_SKIP = $$(ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "SKIPPING the PostgreSQL suites: PostgreSQL is not installed" >&2; echo skip; })
+
 .PHONY: test
-test: venv tools mcp-servers proto-lint ## What CI runs: proto lint, every Rust test incl. process, Python, grpcurl, redis-cli and curl tests, the public OJS conformance suite (when ../shared has it), the MCP conformance suite, then the real-model tests
+test: venv tools mcp-servers postgres proto-lint ## What CI runs: proto lint, every Rust test incl. process, Python, grpcurl, redis-cli and curl tests, the public OJS conformance suite (when ../shared has it), the MCP conformance suite, then the real-model tests
 	cd tests/ojs && $(abspath $(PY)) -m unittest -q test_conformance
 	SWITCHYARD_PYTHON=$(abspath $(PY)) SWITCHYARD_GRPCURL=$(abspath $(VENV)/bin/grpcurl) SWITCHYARD_REDIS_CLI=$$(command -v redis-cli) \
-		SWITCHYARD_MCP_SERVERS=$(abspath tests/mcp) $(CARGO) test --workspace --locked
+		SWITCHYARD_MCP_SERVERS=$(abspath tests/mcp) SWITCHYARD_PG=$(PG_SKIP) $(CARGO) test --workspace --locked
 	$(MAKE) ojs-conformance
 	$(MAKE) mcp-conformance
 	$(MAKE) test-real-llm

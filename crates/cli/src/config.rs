@@ -16,16 +16,35 @@ use switchyard_router::RouterConfig;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StorageConfig {
+    /// `sled` (embedded, the default: nothing to install) or `postgres`
+    /// (the services that support it keep their state in the database
+    /// `[storage.postgres]` names, and run as several replicas on it).
+    pub backend: StorageBackend,
     /// Directory holding one sled database per service.
     pub data_dir: PathBuf,
+    /// `[storage.postgres]`: url (or url_env / url_file), pool_size, tls.
+    pub postgres: switchyard_store::pg::PgConfig,
 }
 
 impl Default for StorageConfig {
     fn default() -> Self {
         Self {
+            backend: StorageBackend::Sled,
             data_dir: PathBuf::from(".switchyard"),
+            postgres: switchyard_store::pg::PgConfig::default(),
         }
     }
+}
+
+/// Where services keep their state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageBackend {
+    /// Embedded sled databases under `data_dir`.
+    #[default]
+    Sled,
+    /// One PostgreSQL database shared by every replica.
+    Postgres,
 }
 
 /// Everything a Switchyard process can be configured with.
@@ -63,6 +82,9 @@ pub struct Config {
 impl Config {
     /// Checks cross-field rules after layering.
     pub fn validate(&self) -> Result<(), String> {
+        if self.storage.backend == StorageBackend::Postgres {
+            self.storage.postgres.validate()?;
+        }
         self.registry.validate()?;
         self.router.validate()?;
         self.ledger.validate()?;

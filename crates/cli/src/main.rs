@@ -82,6 +82,10 @@ enum Command {
     /// and follow jobs, read results and cost, list agents and pending
     /// approvals, as the caller's principal (never approving).
     Mcp(mcp::McpArgs),
+    /// Apply the database schema migrations of the services on PostgreSQL
+    /// (`[storage] backend = "postgres"`) and exit; idempotent, and safe
+    /// while replicas run or start (they migrate at start-up too).
+    Migrate(RunArgs),
     /// Print the version and the git commit it was built from.
     Version,
     /// Print a shell completion script: `source <(switchyard completions bash)`.
@@ -206,6 +210,19 @@ async fn run_services(args: RunArgs, services: &[ServiceKind], dev: bool) -> any
     result
 }
 
+async fn migrate(args: RunArgs) -> anyhow::Result<()> {
+    let cfg = args.config(false)?;
+    if cfg.storage.backend != switchyard_cli::config::StorageBackend::Postgres {
+        anyhow::bail!(
+            "nothing to migrate: storage.backend is \"sled\" (its stores need no migrations); set [storage] backend = \"postgres\" and [storage.postgres] url"
+        );
+    }
+    let db = switchyard_store::pg::Pg::connect(&cfg.storage.postgres).await?;
+    let applied = switchyard_ledger::Ledger::migrate(&db).await?;
+    println!("migrated {db:?}: {applied} migration(s) applied, schema up to date");
+    Ok(())
+}
+
 async fn agents(cmd: AgentsCmd) -> anyhow::Result<()> {
     match cmd {
         AgentsCmd::Check { dir, root } => {
@@ -326,6 +343,7 @@ async fn main() -> ExitCode {
         Command::Auth(cmd) => auth::run(cmd).await,
         Command::Admin(cmd) => admin::run(cmd).await,
         Command::Llm(cmd) => llm::run(cmd).await,
+        Command::Migrate(args) => migrate(args).await,
         Command::Version => {
             println!("switchyard {VERSION}");
             Ok(())

@@ -266,6 +266,16 @@ pub async fn run_node_then(
         }
         None => None,
     };
+    // The PostgreSQL pool, shared by this process's services that keep
+    // their state there (the ledger; approval and registry stay on sled
+    // for now).
+    let pg = match cfg.storage.backend {
+        crate::config::StorageBackend::Postgres => {
+            starting.phase("connecting to PostgreSQL".to_string());
+            Some(switchyard_store::pg::Pg::connect(&cfg.storage.postgres).await?)
+        }
+        crate::config::StorageBackend::Sled => None,
+    };
     let open = |name: &str| {
         starting.phase(format!("opening and replaying the {name} store"));
         match &shared {
@@ -377,9 +387,24 @@ pub async fn run_node_then(
     if services.contains(&ServiceKind::Ledger) {
         let mut ledger_cfg = cfg.ledger.clone();
         ledger_cfg.prices = cfg.price_catalogue().map_err(anyhow::Error::msg)?;
-        let store = open("ledger")?;
-        let l =
-            blocking(|| Ledger::open(ledger_cfg, store, Arc::new(SystemClock), shutdown.clone()))?;
+        let l = match &pg {
+            Some(db) => {
+                starting.phase("migrating and opening the ledger on PostgreSQL".to_string());
+                Ledger::open_pg(
+                    ledger_cfg,
+                    db.clone(),
+                    Arc::new(SystemClock),
+                    shutdown.clone(),
+                )
+                .await?
+            }
+            None => {
+                let store = open("ledger")?;
+                blocking(|| {
+                    Ledger::open(ledger_cfg, store, Arc::new(SystemClock), shutdown.clone())
+                })?
+            }
+        };
         l.spawn_sweeper();
         l.spawn_maintenance();
         server = server.add_service(l.server(max));

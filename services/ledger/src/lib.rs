@@ -407,6 +407,15 @@ impl Ledger {
         Ok(Self::with(cfg, clock, shutdown, Backend::Pg(books)))
     }
 
+    /// Applies the ledger's schema migrations to `db` (idempotent, safe
+    /// from several replicas at once); returns how many this call applied.
+    pub async fn migrate(db: &switchyard_store::pg::Pg) -> Result<usize, LedgerError> {
+        Ok(db
+            .migrate("switchyard", switchyard_store::pg::COMMON_MIGRATIONS)
+            .await?
+            + db.migrate("ledger", pg::MIGRATIONS).await?)
+    }
+
     fn with(
         cfg: LedgerConfig,
         clock: Arc<dyn Clock>,

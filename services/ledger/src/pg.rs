@@ -123,10 +123,8 @@ impl PgBooks {
     pub(crate) async fn open(
         db: Pg,
         shutdown: Shutdown,
-    ) -> Result<std::sync::Arc<Self>, StoreError> {
-        db.migrate("switchyard", switchyard_store::pg::COMMON_MIGRATIONS)
-            .await?;
-        db.migrate("ledger", MIGRATIONS).await?;
+    ) -> Result<std::sync::Arc<Self>, LedgerError> {
+        crate::Ledger::migrate(&db).await?;
         let (tx, rx) = mpsc::channel::<Job>(4 * MAX_BATCH);
         let books = std::sync::Arc::new(PgBooks {
             db,

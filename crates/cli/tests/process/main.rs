@@ -9,6 +9,7 @@ mod first_hour;
 mod gateway;
 mod history;
 mod ledger_approval;
+mod ledger_replicas;
 mod llm_split;
 mod mcp_server;
 mod mtls;
