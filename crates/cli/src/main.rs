@@ -219,7 +219,10 @@ async fn migrate(args: RunArgs) -> anyhow::Result<()> {
     }
     let db = switchyard_store::pg::Pg::connect(&cfg.storage.postgres).await?;
     let applied = switchyard_ledger::Ledger::migrate(&db).await?;
-    println!("migrated {db:?}: {applied} migration(s) applied, schema up to date");
+    println!(
+        "{}: {applied} migration(s) applied; the schema is up to date",
+        db.target()
+    );
     Ok(())
 }
 

@@ -208,6 +208,11 @@ impl Pg {
         Ok(pg)
     }
 
+    /// Where the pool connects, password hidden.
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
     /// A connection from the pool.
     pub async fn client(&self) -> Result<Client, StoreError> {
         self.pool.get().await.map_err(|e| {
