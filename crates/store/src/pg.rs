@@ -357,6 +357,83 @@ impl Pg {
     }
 }
 
+/// How long a tailing reader waits at a gap in a log's numbers before
+/// taking it for a rolled-back transaction's and moving on.
+pub const GAP_GRACE: Duration = Duration::from_secs(5);
+/// How often a tailing reader looks for new rows.
+pub const TAIL_POLL: Duration = Duration::from_millis(50);
+
+/// A log table's rows after `after`, in order, as they commit, forever (drop
+/// the stream to stop). `query` takes the last sequence seen as `$1` and
+/// returns up to a page of `(seq BIGINT, data BYTEA)` rows in sequence
+/// order, `data` NULL for a number that was taken but holds nothing.
+///
+/// Numbers come from a sequence and are taken before commit, so a reader
+/// meets a gap while a transaction is in flight: it waits there (polling)
+/// until the gap fills, or for [`GAP_GRACE`] (a rolled-back transaction's
+/// numbers never fill), and never skips a committed row that fills a gap in
+/// time. Polling, not LISTEN: CockroachDB has none.
+pub fn tail(
+    db: Pg,
+    query: &'static str,
+    after: u64,
+) -> futures_util::stream::BoxStream<'static, Result<(u64, Vec<u8>), StoreError>> {
+    use futures_util::StreamExt;
+    let state = (
+        i64::try_from(after).unwrap_or(i64::MAX),
+        None::<tokio::time::Instant>,
+        std::collections::VecDeque::<(u64, Vec<u8>)>::new(),
+    );
+    futures_util::stream::unfold(state, move |(mut after, mut gap_since, mut ready)| {
+        let db = db.clone();
+        async move {
+            loop {
+                if let Some(row) = ready.pop_front() {
+                    return Some((Ok(row), (after, gap_since, ready)));
+                }
+                let rows = match db.client().await {
+                    Ok(c) => c
+                        .query(query, &[&after])
+                        .await
+                        .map_err(|e| db.error("tailing a log", &e)),
+                    Err(e) => Err(e),
+                };
+                let rows = match rows {
+                    Ok(rows) => rows,
+                    Err(e) => {
+                        // The caller sees the error; the next poll tries again.
+                        tokio::time::sleep(TAIL_POLL).await;
+                        return Some((Err(e), (after, gap_since, ready)));
+                    }
+                };
+                for row in rows {
+                    let seq: i64 = row.get(0);
+                    if seq != after + 1 {
+                        let since = *gap_since.get_or_insert_with(tokio::time::Instant::now);
+                        if since.elapsed() < GAP_GRACE {
+                            break;
+                        }
+                        tracing::warn!(
+                            from = after + 1,
+                            to = seq - 1,
+                            "log numbers never committed; moving on"
+                        );
+                    }
+                    gap_since = None;
+                    after = seq;
+                    if let Some(data) = row.get::<_, Option<Vec<u8>>>(1) {
+                        ready.push_back((seq as u64, data));
+                    }
+                }
+                if ready.is_empty() {
+                    tokio::time::sleep(TAIL_POLL).await;
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
 /// A millisecond count as a BIGINT.
 pub fn ms(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)

@@ -403,7 +403,7 @@ impl Ledger {
         clock: Arc<dyn Clock>,
         shutdown: Shutdown,
     ) -> Result<Ledger, LedgerError> {
-        let books = pg::PgBooks::open(db, shutdown.clone()).await?;
+        let books = pg::PgBooks::open(db).await?;
         Ok(Self::with(cfg, clock, shutdown, Backend::Pg(books)))
     }
 

@@ -22,8 +22,8 @@
 //! that the records of one chain are numbered in commit order. Numbers a
 //! batch took but did not use are written as void rows, so a reader tailing
 //! the journal (`Watch`) meets a gap only while a transaction is in flight
-//! (or after one rolled back: it then waits [`GAP_GRACE`] before moving
-//! on). Watch polls; there is no LISTEN, which CockroachDB lacks.
+//! (or after one rolled back: it then waits
+//! [`switchyard_store::pg::GAP_GRACE`] before moving on). Watch polls; there is no LISTEN, which CockroachDB lacks.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -32,7 +32,6 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use prost::Message;
-use switchyard_kit::shutdown::Shutdown;
 use switchyard_proto::ledger::v1::{
     Budget, Entry, JournalRecord, ListBudgetsRequest, ListBudgetsResponse, ListEntriesRequest,
     RecordKind,
@@ -50,11 +49,6 @@ use crate::{LedgerError, page_of_budgets};
 pub(crate) const MAX_BATCH: usize = 128;
 /// Transactions each replica runs at once.
 const WRITERS: usize = 4;
-/// How long a tailing reader waits at a gap in the journal before taking
-/// it for a rolled-back transaction's numbers and moving on.
-pub(crate) const GAP_GRACE: Duration = Duration::from_secs(5);
-/// How often a tailing reader looks for new records.
-const POLL: Duration = Duration::from_millis(50);
 /// A batch runs again at most this often after a retryable failure.
 const ATTEMPTS: usize = 8;
 
@@ -115,22 +109,17 @@ pub(crate) struct PgBooks {
     /// Tenant and parent of budgets seen: both fixed at creation.
     facts: Mutex<HashMap<String, (String, String)>>,
     jobs: mpsc::Sender<Job>,
-    shutdown: Shutdown,
 }
 
 impl PgBooks {
     /// Migrates the schema and starts this replica's writers.
-    pub(crate) async fn open(
-        db: Pg,
-        shutdown: Shutdown,
-    ) -> Result<std::sync::Arc<Self>, LedgerError> {
+    pub(crate) async fn open(db: Pg) -> Result<std::sync::Arc<Self>, LedgerError> {
         crate::Ledger::migrate(&db).await?;
         let (tx, rx) = mpsc::channel::<Job>(4 * MAX_BATCH);
         let books = std::sync::Arc::new(PgBooks {
             db,
             facts: Mutex::new(HashMap::new()),
             jobs: tx,
-            shutdown,
         });
         let rx = std::sync::Arc::new(tokio::sync::Mutex::new(rx));
         for _ in 0..WRITERS {
@@ -683,80 +672,16 @@ impl PgBooks {
         Ok(n)
     }
 
-    /// The journal after sequence `after`, as it commits, until shutdown.
-    pub(crate) fn tail(
-        self: &std::sync::Arc<Self>,
-        after: u64,
-    ) -> BoxStream<'static, Result<JournalRecord, StoreError>> {
-        let me = std::sync::Arc::downgrade(self);
-        let shutdown = self.shutdown.clone();
-        let state = (
-            after as i64,
-            None::<tokio::time::Instant>,
-            Vec::<JournalRecord>::new(),
-        );
-        futures_util::stream::unfold(state, move |(mut after, mut gap_since, mut ready)| {
-            let me = me.clone();
-            let shutdown = shutdown.clone();
-            async move {
-                loop {
-                    if let Some(rec) = ready.pop() {
-                        return Some((Ok(rec), (after, gap_since, ready)));
-                    }
-                    let books = me.upgrade()?;
-                    let rows = match books.poll(after).await {
-                        Ok(rows) => rows,
-                        Err(e) => return Some((Err(e), (after, gap_since, ready))),
-                    };
-                    let mut got = Vec::new();
-                    for (seq, kind, data) in rows {
-                        if seq != after + 1 {
-                            // A transaction still in flight holds the
-                            // numbers between: wait for it, up to the grace.
-                            let since = *gap_since.get_or_insert_with(tokio::time::Instant::now);
-                            if since.elapsed() < GAP_GRACE {
-                                break;
-                            }
-                            tracing::warn!(from = after + 1, to = seq - 1, "journal numbers never committed; moving on");
-                        }
-                        gap_since = None;
-                        after = seq;
-                        if kind != 0 {
-                            match record(&data) {
-                                Ok(rec) => got.push(rec),
-                                Err(e) => tracing::error!(seq, error = %e, "journal record does not decode"),
-                            }
-                        }
-                    }
-                    drop(books);
-                    if got.is_empty() {
-                        tokio::select! {
-                            () = tokio::time::sleep(POLL) => {}
-                            () = shutdown.wait() => return None,
-                        }
-                    } else {
-                        got.reverse();
-                        ready = got;
-                    }
-                }
-            }
-        })
+    /// The journal after sequence `after`, as it commits.
+    pub(crate) fn tail(&self, after: u64) -> BoxStream<'static, Result<JournalRecord, StoreError>> {
+        switchyard_store::pg::tail(
+            self.db.clone(),
+            "SELECT seq, CASE WHEN kind = 0 THEN NULL ELSE record END FROM ledger_journal
+             WHERE seq > $1 ORDER BY seq LIMIT 1000",
+            after,
+        )
+        .map(|r| r.and_then(|(_, data)| record(&data)))
         .boxed()
-    }
-
-    async fn poll(&self, after: i64) -> Result<Vec<(i64, i32, Vec<u8>)>, StoreError> {
-        let c = self.db.client().await?;
-        let rows = c
-            .query(
-                "SELECT seq, kind, record FROM ledger_journal WHERE seq > $1 ORDER BY seq LIMIT 1000",
-                &[&after],
-            )
-            .await
-            .map_err(|e| self.db.error("tailing the journal", &e))?;
-        Ok(rows
-            .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2)))
-            .collect())
     }
 }
 
