@@ -31,6 +31,7 @@ mod history;
 mod llm;
 mod mcp;
 mod metrics;
+mod postgres;
 mod queue;
 mod real_llm;
 
@@ -250,6 +251,10 @@ async fn run() -> anyhow::Result<()> {
     if std::env::args().nth(1).as_deref() == Some("queue") {
         return queue::run().await;
     }
+    // `switchyard-bench postgres` runs only the ledger-on-PostgreSQL figures.
+    if std::env::args().nth(1).as_deref() == Some("postgres") {
+        return postgres::run().await;
+    }
     // `switchyard-bench real-llm` runs only the real model server's figures.
     if std::env::args().nth(1).as_deref() == Some("real-llm") {
         return real_llm::run().await;
@@ -395,6 +400,7 @@ async fn run() -> anyhow::Result<()> {
 
     ledger_grpc(&channels, ping.rate).await?;
     stack.stop().await?;
+    postgres::run().await?;
     auth::run().await?;
     executor::run().await?;
     llm::run().await?;
