@@ -267,8 +267,8 @@ pub async fn run_node_then(
         None => None,
     };
     // The PostgreSQL pool, shared by this process's services that keep
-    // their state there (the ledger; approval and registry stay on sled
-    // for now).
+    // their state there (the ledger and approval; the registry stays on
+    // sled for now).
     let pg = match cfg.storage.backend {
         crate::config::StorageBackend::Postgres => {
             starting.phase("connecting to PostgreSQL".to_string());
@@ -413,15 +413,29 @@ pub async fn run_node_then(
 
     let mut approval = None;
     if services.contains(&ServiceKind::Approval) {
-        let store = open("approval")?;
-        let a = blocking(|| {
-            Approval::open(
-                cfg.approval.clone(),
-                store,
-                Arc::new(SystemClock),
-                shutdown.clone(),
-            )
-        })?;
+        let a = match &pg {
+            Some(db) => {
+                starting.phase("migrating and opening approval on PostgreSQL".to_string());
+                Approval::open_pg(
+                    cfg.approval.clone(),
+                    db.clone(),
+                    Arc::new(SystemClock),
+                    shutdown.clone(),
+                )
+                .await?
+            }
+            None => {
+                let store = open("approval")?;
+                blocking(|| {
+                    Approval::open(
+                        cfg.approval.clone(),
+                        store,
+                        Arc::new(SystemClock),
+                        shutdown.clone(),
+                    )
+                })?
+            }
+        };
         a.spawn_sweeper();
         a.spawn_pruner();
         a.spawn_dispatcher();

@@ -232,6 +232,17 @@ impl Pg {
         StoreError::Io(format!("postgres at {}: {doing}: {detail}", self.target))
     }
 
+    /// How a statement of a transaction failed: worth running the whole
+    /// transaction again ([`retryable`]), or not.
+    pub fn tx_error(&self, doing: &str, e: &tokio_postgres::Error) -> TxError {
+        let err = self.error(doing, e);
+        if retryable(e) {
+            TxError::Retry(err)
+        } else {
+            TxError::Fatal(err)
+        }
+    }
+
     /// Applies `migrations` of `service` that this database has not seen,
     /// in order, each in its own transaction with its version row. Safe to
     /// run from several replicas at once: the second to insert a version
@@ -461,6 +472,16 @@ pub const COMMON_MIGRATIONS: &[Migration] = &[Migration {
             token BIGINT NOT NULL,
             expires_ms BIGINT NOT NULL)",
 }];
+
+/// How a transaction failed.
+#[derive(Debug)]
+pub enum TxError {
+    /// Running it again whole may succeed (serialization failure,
+    /// deadlock, a key another replica inserted first).
+    Retry(StoreError),
+    /// It will not.
+    Fatal(StoreError),
+}
 
 /// Whether a failed transaction may simply be run again: a serialization
 /// failure, a deadlock, or a unique key another transaction inserted first

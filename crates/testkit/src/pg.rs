@@ -326,3 +326,46 @@ pub fn shared() -> Result<&'static PgCluster, Unavailable> {
         Err(why) => Err(Unavailable::Skip(why.clone())),
     }
 }
+
+/// A new empty database on the [`shared`] cluster, or `None` (said on
+/// stderr) when the run skips PostgreSQL.
+pub fn fresh_database() -> Option<String> {
+    match shared() {
+        Ok(c) => match c.database() {
+            Ok(url) => Some(url),
+            Err(e) => panic!("creating a test database: {e:#}"),
+        },
+        Err(Unavailable::Skip(why)) => {
+            eprintln!("skipped on PostgreSQL: {why}");
+            None
+        }
+    }
+}
+
+/// Runs each behaviour test `async fn NAME(f: Fixture)` of a service on
+/// both backends, as `on_sled::NAME` (with `sled()`, a fixture) and
+/// `on_postgres::NAME` (with `pg().await`, an `Option` of one: `None` when
+/// the run skips PostgreSQL): one set of tests, two backends.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($sled:ident, $pg:ident; $($name:ident),* $(,)?) => {
+        mod on_sled {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::$sled()).await
+                }
+            )*
+        }
+        mod on_postgres {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    if let Some(f) = super::$pg().await {
+                        super::$name(f).await
+                    }
+                }
+            )*
+        }
+    };
+}

@@ -183,7 +183,7 @@ pub const NAMES: &[&str] = &["manual", "switchyard", "ojs"];
 #[derive(Debug, Clone, Default)]
 pub struct Manual {
     /// Reads a stored artifact's content by id (the pasted result).
-    pub blobs: Option<switchyard_store::Blobs>,
+    pub(crate) blobs: Option<crate::content::Content>,
 }
 
 impl Adapter for Manual {
@@ -237,6 +237,7 @@ impl Adapter for Manual {
                 let content = match &self.blobs {
                     Some(b) => b
                         .get(&a.artifact_id)
+                        .await
                         .map_err(|e| err(Reason::AdapterBadResponse, e.to_string()))?,
                     None => None,
                 };

@@ -96,13 +96,32 @@ impl Approval {
     /// how many runs changed.
     pub async fn dispatch(&self) -> Result<usize, ApprovalError> {
         let now = self.now();
+        let live: Vec<Run> = match &self.inner.backend {
+            crate::Backend::Pg(pg) => {
+                // One replica dispatches (any takes over when it stops);
+                // claims are decided under the run's row lock regardless.
+                let ttl = self.inner.cfg.adapters.poll_ms.saturating_mul(3).max(1_000);
+                let held = pg
+                    .db()
+                    .lease("approval.dispatcher", pg.replica_id(), now, ttl)
+                    .await?;
+                if held.is_none() {
+                    return Ok(0);
+                }
+                pg.in_flight().await?
+            }
+            crate::Backend::Sled(sled) => {
+                let st = sled.lock();
+                st.runs
+                    .sled()
+                    .map(|r| r.live().cloned().collect())
+                    .unwrap_or_default()
+            }
+        };
         let (due, handed): (Vec<Run>, Vec<Run>) = {
-            let st = self.lock();
-            let live: Vec<Run> = st
-                .runs
-                .live()
+            let live: Vec<Run> = live
+                .into_iter()
                 .filter(|r| r.tool_call.is_none() && dispatched(&r.adapter))
-                .cloned()
                 .collect();
             live.into_iter()
                 .filter(|r| match status_of(r) {
@@ -184,7 +203,7 @@ impl Approval {
                 if polled.detail != run.adapter_state {
                     let detail = polled.detail.clone();
                     self.note_adapter(&run.run_id, &who, "adapter_state", |r| {
-                        r.adapter_state = detail
+                        r.adapter_state.clone_from(&detail)
                     })
                     .await?;
                 }
@@ -199,7 +218,7 @@ impl Approval {
                         return Ok(true);
                     }
                 };
-                let result = match self.keep_fetched(&run, &fetched) {
+                let result = match self.keep_fetched(&run, &fetched).await {
                     Ok(r) => r,
                     Err(ApprovalError::ArtifactRefused(r)) => {
                         let e = AdapterError {
@@ -260,7 +279,7 @@ impl Approval {
         tracing::warn!(run_id = %run.run_id, adapter = %run.adapter, reason = %e.reason, error = %e.message, "adapter failed");
         let code = e.reason.as_str().to_owned();
         self.note_adapter(&run.run_id, who, "adapter_failed", |r| {
-            r.reason_code = code;
+            r.reason_code.clone_from(&code);
         })
         .await?;
         let req = switchyard_proto::approval::v1::FailRequest {
@@ -283,10 +302,9 @@ impl Approval {
         run_id: &str,
         who: &str,
         event: &str,
-        change: impl FnOnce(&mut Run),
+        change: impl Fn(&mut Run) + Send + Sync,
     ) -> Result<(), ApprovalError> {
-        let seq = {
-            let mut st = self.lock();
+        self.mutate(&[run_id], |st| {
             let Some(run) = st.runs.get_mut(run_id) else {
                 return Err(ApprovalError::RunNotFound(run_id.to_owned()));
             };
@@ -297,20 +315,14 @@ impl Approval {
                 .detail("adapter", &run.adapter)
                 .detail("job_id", &run.job_id)
                 .detail("adapter_state", &run.adapter_state);
-            self.audit(
-                &mut st,
-                &run,
-                Note {
-                    from: Some(status_of(&run)),
-                    ..note
-                },
-            )?
-        };
-        self.durable(seq).await
+            let seq = self.audit_in_place(st, &run, note)?;
+            Ok(((), seq))
+        })
+        .await
     }
 
     /// Stores what an adapter fetched; the run's result binding.
-    pub(crate) fn keep_fetched(
+    pub(crate) async fn keep_fetched(
         &self,
         run: &Run,
         fetched: &[Fetched],
@@ -324,11 +336,11 @@ impl Approval {
                 content: f.content.clone(),
             })
             .collect();
-        self.keep(run, &news, String::new())
+        self.keep(run, &news, String::new()).await
     }
 
     /// Checks and stores a run's artifacts (all or none).
-    fn keep(
+    async fn keep(
         &self,
         run: &Run,
         news: &[NewArtifact],
@@ -345,7 +357,7 @@ impl Approval {
         let now = timestamp(self.now());
         let mut out: Vec<Artifact> = Vec::with_capacity(kept.len());
         for (mut a, n) in kept {
-            a.artifact_id = self.inner.blobs.put(&n.content)?;
+            a.artifact_id = self.inner.content.put(&n.content).await?;
             a.path.clone_from(&n.name);
             a.created_at = Some(now);
             out.push(a);
@@ -355,7 +367,7 @@ impl Approval {
 
     /// The result of a pasted manual result: the prompt bundle and the
     /// result, both stored as the run's artifacts.
-    pub(crate) fn manual_result(
+    pub(crate) async fn manual_result(
         &self,
         run: &Run,
         req: &ImportManualResultRequest,
@@ -389,7 +401,7 @@ impl Approval {
                 content: req.content.clone().into_bytes(),
             },
         ];
-        self.keep(run, &news, req.content.clone())
+        self.keep(run, &news, req.content.clone()).await
     }
 
     /// One artifact of a run with its content: stored here, or (a job's
@@ -413,7 +425,7 @@ impl Approval {
             .find(|a| a.path == path)
             .cloned()
             .ok_or_else(not_found)?;
-        if let Some(content) = self.inner.blobs.get(&a.artifact_id)? {
+        if let Some(content) = self.inner.content.get(&a.artifact_id).await? {
             return Ok((a, content));
         }
         let fetched = self
@@ -448,8 +460,8 @@ impl Approval {
         let who = worker(&run.adapter);
         let noted = self
             .note_adapter(&run.run_id, &who, "adapter_cancelled", |r| {
-                r.adapter_state = state;
-                r.reason_code = code;
+                r.adapter_state.clone_from(&state);
+                r.reason_code.clone_from(&code);
             })
             .await;
         if let Err(e) = noted {

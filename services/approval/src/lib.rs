@@ -10,7 +10,9 @@
 
 pub mod adapter;
 mod bundle;
+mod content;
 mod dispatch;
+mod pg;
 mod policy;
 mod runs;
 mod validate;
@@ -34,7 +36,7 @@ use switchyard_proto::approval::v1::*;
 use switchyard_proto::common::v1::Event;
 use switchyard_store::{Log, Store, StoreError};
 
-use crate::runs::Runs;
+use crate::runs::{RunSet, Runs};
 use tonic::{Code, Request, Response, Status};
 
 pub use policy::Policy;
@@ -469,30 +471,56 @@ impl<'a> Note<'a> {
     }
 }
 
-struct State {
-    runs: Runs,
+/// What a mutation works on: the runs, and (on PostgreSQL) the audit
+/// records it wrote, numbered when its transaction commits.
+pub(crate) struct State {
+    runs: RunSet,
+    pending: Vec<AuditRecord>,
 }
 
 struct Inner {
     cfg: ApprovalConfig,
     clock: Arc<dyn Clock>,
-    state: Mutex<State>,
-    audit: Log<AuditRecord>,
-    store: Store,
     shutdown: Shutdown,
     /// Adapters of approved runs.
     adapters: adapter::Adapters,
     /// Run artifacts' content, by address.
-    blobs: switchyard_store::Blobs,
+    content: content::Content,
+    backend: Backend,
+}
+
+/// Where the runs and the audit log live.
+enum Backend {
+    /// In this process, on sled.
+    Sled(Box<SledBook>),
+    /// In PostgreSQL, shared by every replica.
+    Pg(Arc<pg::PgRuns>),
+}
+
+/// The embedded backend: runs in flight in memory, the audit log and the
+/// runs on sled.
+struct SledBook {
+    state: Mutex<State>,
+    audit: Log<AuditRecord>,
+    store: Store,
+}
+
+impl SledBook {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// Runs waiting for a person, and how long the oldest has waited.
 impl switchyard_kit::metrics::Gauges for Inner {
     fn set(&self, m: &switchyard_kit::metrics::Metrics) {
         let now = self.clock.now_ms();
-        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let waiting: Vec<u64> = st
-            .runs
+        let Backend::Sled(sled) = &self.backend else {
+            return;
+        };
+        let st = sled.lock();
+        let Some(runs) = st.runs.sled() else { return };
+        let waiting: Vec<u64> = runs
             .live()
             .filter(|r| status_of(r) == S::Proposed)
             .map(|r| r.created_at.as_ref().map_or(now, timestamp_ms))
@@ -519,6 +547,17 @@ impl std::fmt::Debug for Approval {
     }
 }
 
+/// Whether `run` passes a ListRuns filter (`statuses` parsed from it).
+fn listed(req: &ListRunsRequest, statuses: &[S], r: &Run) -> bool {
+    let t = r.target.as_ref();
+    (statuses.is_empty() || statuses.contains(&status_of(r)))
+        && (req.created_by.is_empty() || r.created_by == req.created_by)
+        && (req.target_org.is_empty() || t.is_some_and(|t| t.org == req.target_org))
+        && (req.target_repo.is_empty() || t.is_some_and(|t| t.repo == req.target_repo))
+        && (req.work_item_id.is_empty()
+            || t.is_some_and(|t| t.work_item_ids.contains(&req.work_item_id)))
+}
+
 /// Sort key of `ListRuns`: proposed runs first, then by creation time.
 fn list_key(run: &Run) -> String {
     let rank = u8::from(status_of(run) != S::Proposed);
@@ -536,23 +575,61 @@ impl Approval {
     ) -> Result<Approval, ApprovalError> {
         let audit = store.log::<AuditRecord>("audit")?;
         let started = std::time::Instant::now();
-        let st = State {
-            runs: Runs::open(&store, &audit)?,
-        };
+        let runs = Runs::open(&store, &audit)?;
         tracing::info!(
-            runs_in_flight = st.runs.in_memory(),
+            runs_in_flight = runs.in_memory(),
             audit_records = audit.last(),
             ms = started.elapsed().as_millis() as u64,
             "approval loaded"
         );
         let blobs = switchyard_store::Blobs::open(&store, "artifact_blobs")?;
+        let content = content::Content::Sled(blobs);
+        let book = SledBook {
+            state: Mutex::new(State {
+                runs: RunSet::Sled(runs),
+                pending: Vec::new(),
+            }),
+            audit,
+            store,
+        };
+        Self::with(cfg, clock, shutdown, content, Backend::Sled(Box::new(book)))
+    }
+
+    /// Opens the approval service on PostgreSQL (migrating the schema
+    /// first), as one of any number of replicas sharing the database.
+    pub async fn open_pg(
+        cfg: ApprovalConfig,
+        db: switchyard_store::pg::Pg,
+        clock: Arc<dyn Clock>,
+        shutdown: Shutdown,
+    ) -> Result<Approval, ApprovalError> {
+        let runs = pg::PgRuns::open(db.clone()).await?;
+        let content = content::Content::Pg(db);
+        Self::with(cfg, clock, shutdown, content, Backend::Pg(runs))
+    }
+
+    /// Applies the approval service's schema migrations to `db`.
+    pub async fn migrate(db: &switchyard_store::pg::Pg) -> Result<usize, ApprovalError> {
+        Ok(db
+            .migrate("switchyard", switchyard_store::pg::COMMON_MIGRATIONS)
+            .await?
+            + db.migrate("approval", pg::MIGRATIONS).await?)
+    }
+
+    fn with(
+        cfg: ApprovalConfig,
+        clock: Arc<dyn Clock>,
+        shutdown: Shutdown,
+        content: content::Content,
+        backend: Backend,
+    ) -> Result<Approval, ApprovalError> {
         let ojs = match &cfg.adapters.ojs {
             Some(o) => Some(adapter::Ojs::new(o.clone()).map_err(|e| invalid("adapters.ojs", e))?),
             None => None,
         };
         let adapters = adapter::Adapters {
             manual: adapter::Manual {
-                blobs: Some(blobs.clone()),
+                blobs: Some(content.clone()),
             },
             switchyard: adapter::Switchyard::default(),
             ojs,
@@ -560,12 +637,10 @@ impl Approval {
         let inner = Arc::new(Inner {
             cfg,
             clock,
-            state: Mutex::new(st),
-            audit,
-            store,
             shutdown,
             adapters,
-            blobs,
+            content,
+            backend,
         });
         switchyard_kit::metrics::global().add_gauges(&inner);
         Ok(Approval { inner })
@@ -589,11 +664,15 @@ impl Approval {
                 let me = me.clone();
                 async move {
                     me.sweep().await?;
-                    // The next start-up replays from here.
-                    // Never past what is on disk (numbers after it could be
-                    // handed out again after a crash).
-                    let durable = me.inner.audit.durable();
-                    me.lock().runs.checkpoint(durable)?;
+                    if let Backend::Sled(sled) = &me.inner.backend {
+                        // The next start-up replays from here.
+                        // Never past what is on disk (numbers after it could be
+                        // handed out again after a crash).
+                        let durable = sled.audit.durable();
+                        if let Some(runs) = sled.lock().runs.sled() {
+                            runs.checkpoint(durable)?;
+                        }
+                    }
                     Ok::<_, ApprovalError>(())
                 }
             })
@@ -622,11 +701,20 @@ impl Approval {
     /// their audit records; returns how many runs and records went.
     pub async fn prune(&self, older_than_ms: u64) -> Result<(usize, u64), ApprovalError> {
         let cutoff = self.now().saturating_sub(older_than_ms);
-        let (runs, records) = {
-            let mut st = self.lock();
-            st.runs.prune(cutoff, &self.inner.audit)?
+        let (runs, records) = match &self.inner.backend {
+            Backend::Pg(pg) => pg.prune(cutoff).await?,
+            Backend::Sled(sled) => {
+                let pruned = {
+                    let mut st = sled.lock();
+                    match st.runs.sled_mut() {
+                        Some(runs) => runs.prune(cutoff, &sled.audit)?,
+                        None => (0, 0),
+                    }
+                };
+                sled.store.sync().await?;
+                pruned
+            }
         };
-        self.inner.store.sync().await?;
         if runs > 0 {
             tracing::info!(runs, records, "pruned ended runs past their retention");
         }
@@ -635,26 +723,63 @@ impl Approval {
 
     /// Flushes to disk (shutdown), with a fresh replay checkpoint.
     pub fn flush(&self) -> Result<(), ApprovalError> {
+        let Backend::Sled(sled) = &self.inner.backend else {
+            return Ok(());
+        };
         // Everything written goes to disk, then the checkpoint moves up to it.
-        self.inner.store.flush_blocking()?;
-        self.lock().runs.checkpoint(self.inner.audit.last())?;
-        self.inner.store.flush_blocking()?;
+        sled.store.flush_blocking()?;
+        if let Some(runs) = sled.lock().runs.sled() {
+            runs.checkpoint(sled.audit.last())?;
+        }
+        sled.store.flush_blocking()?;
         Ok(())
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn now(&self) -> u64 {
         self.inner.clock.now_ms()
     }
 
+    /// Everything audited so far (sled); an answer that rests on a record
+    /// may wait for it to be durable. (PostgreSQL answers after commit.)
+    fn audited_so_far(&self) -> u64 {
+        match &self.inner.backend {
+            Backend::Sled(sled) => sled.audit.last(),
+            Backend::Pg(_) => 0,
+        }
+    }
+
+    /// Runs `body` against the runs `ids` (and only those) and answers once
+    /// what it wrote is durable. On sled, under the books' lock, waiting for
+    /// the audit record whose sequence `body` returns; on PostgreSQL, in one
+    /// transaction holding those runs' rows, run again whole if the
+    /// transaction must be retried.
+    async fn mutate<T: Send>(
+        &self,
+        ids: &[&str],
+        mut body: impl FnMut(&mut State) -> Result<(T, u64), ApprovalError> + Send,
+    ) -> Result<T, ApprovalError> {
+        match &self.inner.backend {
+            Backend::Sled(sled) => {
+                let (out, seq) = {
+                    let mut st = sled.lock();
+                    body(&mut st)?
+                };
+                sled.audit.make_durable(seq).await?;
+                Ok(out)
+            }
+            Backend::Pg(pg) => {
+                let ids: Vec<String> = ids.iter().map(|s| (*s).to_owned()).collect();
+                pg.mutate(&ids, self.now(), &mut |st| body(st).map(|(out, _)| out))
+                    .await
+            }
+        }
+    }
+
     /// Appends an audit record about `run` (already in its new state).
     fn audit(&self, st: &mut State, run: &Run, note: Note<'_>) -> Result<u64, ApprovalError> {
         let now = self.now();
         let to = status_of(run);
-        let (seq, _) = self.inner.audit.append(|sequence| AuditRecord {
+        let make = |sequence| AuditRecord {
             sequence,
             time: Some(timestamp(now)),
             actor: note.actor.to_owned(),
@@ -665,9 +790,29 @@ impl Approval {
             reason: note.reason,
             correlation_id: run.correlation_id.clone(),
             details: note.details,
-        });
+        };
+        let seq = match (&self.inner.backend, &st.runs) {
+            (Backend::Sled(sled), RunSet::Sled(_)) => sled.audit.append(make).0,
+            _ => {
+                // Numbered when the transaction commits.
+                let seq = st.pending.len() as u64 + 1;
+                st.pending.push(make(seq));
+                seq
+            }
+        };
         st.runs.audited(&run.run_id, seq)?;
         Ok(seq)
+    }
+
+    /// Audits something that happened to `run` without moving it.
+    fn audit_in_place(
+        &self,
+        st: &mut State,
+        run: &Run,
+        note: Note<'_>,
+    ) -> Result<u64, ApprovalError> {
+        let from = Some(status_of(run));
+        self.audit(st, run, Note { from, ..note })
     }
 
     /// Moves run `id` to `to` through the table, applying `change`, storing
@@ -708,11 +853,6 @@ impl Approval {
         Ok((run, seq))
     }
 
-    async fn durable(&self, seq: u64) -> Result<(), ApprovalError> {
-        self.inner.audit.make_durable(seq).await?;
-        Ok(())
-    }
-
     /// Proposes a run; a matching policy approves it at once.
     pub async fn propose(
         &self,
@@ -744,11 +884,14 @@ impl Approval {
             run.correlation_id
         };
         let spec = validate::spec_of(&run);
-        let (out, seq) = {
-            let mut st = self.lock();
+        let proposal = run;
+        let approved_under = req.approved_under.clone();
+        let ids = [proposal.run_id.as_str(), approved_under.as_str()];
+        self.mutate(&ids, |st| {
+            let mut run = proposal.clone();
             if !req.approved_under.is_empty() && !st.runs.contains_key(&run.run_id) {
                 let Some(parent) = st.runs.get(&req.approved_under) else {
-                    return Err(ApprovalError::RunNotFound(req.approved_under));
+                    return Err(ApprovalError::RunNotFound(req.approved_under.clone()));
                 };
                 if status_of(&parent) != S::Running {
                     return Err(ApprovalError::ParentNotRunning {
@@ -766,7 +909,7 @@ impl Approval {
                     auto_approved_by: String::new(),
                     created: false,
                 };
-                (out, self.inner.audit.last())
+                Ok((out, self.audited_so_far()))
             } else {
                 run.schema_version = validate::SCHEMA_VERSION.into();
                 run.created_at = Some(timestamp(now));
@@ -781,11 +924,11 @@ impl Approval {
                 run.last_error.clear();
                 run.result = None;
                 st.runs.store(run.clone(), self.now())?;
-                self.audit(&mut st, &run, Note::new(&actor, "proposed", ""))?;
+                self.audit(st, &run, Note::new(&actor, "proposed", ""))?;
                 let pack = run.context_pack.clone().unwrap_or_default();
                 let est = run.cost_estimate.unwrap_or_default();
                 let mut seq = self.audit(
-                    &mut st,
+                    st,
                     &run,
                     Note::new(
                         &actor,
@@ -832,7 +975,7 @@ impl Approval {
                 let mut auto = String::new();
                 if let Some((by, why, (k, v), answer)) = automatic {
                     let (approved, s) = self.transition(
-                        &mut st,
+                        st,
                         &run.run_id,
                         S::Approved,
                         Note::new(&by, "auto_approved", why).detail(k, v),
@@ -845,11 +988,10 @@ impl Approval {
                     auto_approved_by: auto,
                     created: true,
                 };
-                (out, seq)
+                Ok((out, seq))
             }
-        };
-        self.durable(seq).await?;
-        Ok(out)
+        })
+        .await
     }
 
     /// Approve, reject or cancel: a person's decision.
@@ -861,8 +1003,7 @@ impl Approval {
         actor: Option<&str>,
     ) -> Result<Run, ApprovalError> {
         let now = self.now();
-        let (run, seq) = {
-            let mut st = self.lock();
+        self.mutate(&[run_id], |st| {
             let Some(run) = st.runs.get(run_id) else {
                 return Err(ApprovalError::RunNotFound(run_id.to_owned()));
             };
@@ -887,28 +1028,21 @@ impl Approval {
             }
             if two && run.approved_by.is_empty() {
                 // The first of two: recorded, the run stays proposed.
-                self.record_first_approval(&mut st, run_id, &actor, comment)?
+                self.record_first_approval(st, run_id, &actor, comment)
             } else {
                 let reapproval = action == Action::Approve && from == S::Failed;
-                self.transition(
-                    &mut st,
-                    run_id,
-                    to,
-                    Note::new(&actor, event, comment),
-                    |r| {
-                        if action == Action::Approve {
-                            r.approved_by.push(actor.clone());
-                        }
-                        if reapproval {
-                            // A person gives a failed run another attempt.
-                            r.next_attempt_at = Some(timestamp(now));
-                        }
-                    },
-                )?
+                self.transition(st, run_id, to, Note::new(&actor, event, comment), |r| {
+                    if action == Action::Approve {
+                        r.approved_by.push(actor.clone());
+                    }
+                    if reapproval {
+                        // A person gives a failed run another attempt.
+                        r.next_attempt_at = Some(timestamp(now));
+                    }
+                })
             }
-        };
-        self.durable(seq).await?;
-        Ok(run)
+        })
+        .await
     }
 
     /// Whether the two-person rule applies: the estimated cost is above the
@@ -960,28 +1094,29 @@ impl Approval {
             ));
         }
         let now = self.now();
-        let (run, seq) = {
-            let mut st = self.lock();
-            let Some(run) = st.runs.get(run_id) else {
-                return Err(ApprovalError::RunNotFound(run_id.to_owned()));
-            };
-            let from = status_of(&run);
-            table::check_by_person(from, S::Approved).map_err(|refused| {
-                ApprovalError::Transition {
-                    run_id: run_id.to_owned(),
-                    refused,
-                }
-            })?;
-            let note = Note::new(actor, "break_glass_approved", reason).detail("break_glass", true);
-            self.transition(&mut st, run_id, S::Approved, note, |r| {
-                r.approved_by.push(actor.to_owned());
-                if from == S::Failed {
-                    r.next_attempt_at = Some(timestamp(now));
-                }
-            })?
-        };
+        let run = self
+            .mutate(&[run_id], |st| {
+                let Some(run) = st.runs.get(run_id) else {
+                    return Err(ApprovalError::RunNotFound(run_id.to_owned()));
+                };
+                let from = status_of(&run);
+                table::check_by_person(from, S::Approved).map_err(|refused| {
+                    ApprovalError::Transition {
+                        run_id: run_id.to_owned(),
+                        refused,
+                    }
+                })?;
+                let note =
+                    Note::new(actor, "break_glass_approved", reason).detail("break_glass", true);
+                self.transition(st, run_id, S::Approved, note, |r| {
+                    r.approved_by.push(actor.to_owned());
+                    if from == S::Failed {
+                        r.next_attempt_at = Some(timestamp(now));
+                    }
+                })
+            })
+            .await?;
         tracing::warn!(run_id, actor, reason, "break-glass approval");
-        self.durable(seq).await?;
         Ok(run)
     }
 
@@ -989,26 +1124,24 @@ impl Approval {
     pub async fn claim(&self, req: ClaimRequest) -> Result<Run, ApprovalError> {
         let lease = self.lease_ms(&req.worker_id, req.lease_secs)?;
         let now = self.now();
-        let (run, seq) = {
-            let mut st = self.lock();
+        self.mutate(&[&req.run_id], |st| {
             let Some(run) = st.runs.get(&req.run_id) else {
-                return Err(ApprovalError::RunNotFound(req.run_id));
+                return Err(ApprovalError::RunNotFound(req.run_id.clone()));
             };
             let due = run.next_attempt_at.as_ref().map_or(0, timestamp_ms);
             if status_of(&run) == S::Approved && due > now {
                 return Err(ApprovalError::NotDue {
-                    run_id: req.run_id,
+                    run_id: req.run_id.clone(),
                     next_attempt_ms: due,
                 });
             }
             let note = Note::new(&req.worker_id, "claimed", "").detail("lease_ms", lease);
-            self.transition(&mut st, &req.run_id, S::Running, note, |r| {
+            self.transition(st, &req.run_id, S::Running, note, |r| {
                 r.claimed_by.clone_from(&req.worker_id);
                 r.claim_expires_at = Some(timestamp(now + lease));
-            })?
-        };
-        self.durable(seq).await?;
-        Ok(run)
+            })
+        })
+        .await
     }
 
     fn lease_ms(&self, worker: &str, lease_secs: u32) -> Result<u64, ApprovalError> {
@@ -1036,10 +1169,9 @@ impl Approval {
     pub async fn renew(&self, req: RenewClaimRequest) -> Result<Run, ApprovalError> {
         let lease = self.lease_ms(&req.worker_id, req.lease_secs)?;
         let now = self.now();
-        let (run, seq) = {
-            let mut st = self.lock();
+        self.mutate(&[&req.run_id], |st| {
             let Some(run) = st.runs.get_mut(&req.run_id) else {
-                return Err(ApprovalError::RunNotFound(req.run_id));
+                return Err(ApprovalError::RunNotFound(req.run_id.clone()));
             };
             claim_held(run, &req.worker_id, now)?;
             run.claim_expires_at = Some(timestamp(now + lease));
@@ -1047,57 +1179,52 @@ impl Approval {
             st.runs.store(run.clone(), self.now())?;
             let note = Note::new(&req.worker_id, "claim_renewed", "").detail("lease_ms", lease);
             let seq = self.audit(
-                &mut st,
+                st,
                 &run,
                 Note {
                     from: Some(S::Running),
                     ..note
                 },
             )?;
-            (run, seq)
-        };
-        self.durable(seq).await?;
-        Ok(run)
+            Ok((run, seq))
+        })
+        .await
     }
 
     /// Completes the caller's run with its result.
     pub async fn complete(&self, req: CompleteRequest) -> Result<Run, ApprovalError> {
         let now = self.now();
-        let (run, seq) = {
-            let mut st = self.lock();
+        self.mutate(&[&req.run_id], |st| {
             let Some(run) = st.runs.get(&req.run_id) else {
-                return Err(ApprovalError::RunNotFound(req.run_id));
+                return Err(ApprovalError::RunNotFound(req.run_id.clone()));
             };
             claim_held(&run, &req.worker_id, now)?;
             let note = Note::new(&req.worker_id, "completed", "");
-            self.transition(&mut st, &req.run_id, S::Completed, note, |r| {
-                r.result = req.result;
-            })?
-        };
-        self.durable(seq).await?;
-        Ok(run)
+            self.transition(st, &req.run_id, S::Completed, note, |r| {
+                r.result.clone_from(&req.result);
+            })
+        })
+        .await
     }
 
     /// Fails the caller's run: a retry while retries remain, else `failed`.
     pub async fn fail(&self, req: FailRequest) -> Result<Run, ApprovalError> {
         let now = self.now();
-        let (run, seq) = {
-            let mut st = self.lock();
+        self.mutate(&[&req.run_id], |st| {
             let Some(run) = st.runs.get(&req.run_id) else {
-                return Err(ApprovalError::RunNotFound(req.run_id));
+                return Err(ApprovalError::RunNotFound(req.run_id.clone()));
             };
             claim_held(&run, &req.worker_id, now)?;
             self.fail_locked(
-                &mut st,
+                st,
                 &req.run_id,
                 &req.worker_id,
                 &req.last_error,
                 req.retryable,
                 now,
-            )?
-        };
-        self.durable(seq).await?;
-        Ok(run)
+            )
+        })
+        .await
     }
 
     fn fail_locked(
@@ -1141,44 +1268,78 @@ impl Approval {
     }
 
     /// Treats every claim past its lease as a retryable failure; returns how
-    /// many runs it moved.
+    /// many runs it moved. On PostgreSQL only the replica holding the
+    /// sweeper lease sweeps, and each run is re-checked under its row lock.
     pub async fn sweep(&self) -> Result<usize, ApprovalError> {
         let now = self.now();
-        let (n, last) = {
-            let mut st = self.lock();
-            let expired: Vec<(String, String)> = st
-                .runs
-                .live()
-                .filter(|r| {
-                    status_of(r) == S::Running
-                        && r.claim_expires_at.as_ref().map_or(0, timestamp_ms) <= now
-                })
-                .map(|r| (r.run_id.clone(), r.claimed_by.clone()))
-                .collect();
-            let mut last = 0;
-            for (id, worker) in &expired {
-                let error = format!("claim of worker {worker:?} expired");
-                (_, last) = self.fail_locked(&mut st, id, "system:lease", &error, true, now)?;
+        let expired: Vec<(String, String)> = match &self.inner.backend {
+            Backend::Pg(pg) => {
+                let holder = pg.replica_id();
+                let ttl = self
+                    .inner
+                    .cfg
+                    .sweep_interval_ms
+                    .saturating_mul(3)
+                    .max(1_000);
+                if pg
+                    .db()
+                    .lease("approval.sweeper", holder, now, ttl)
+                    .await?
+                    .is_none()
+                {
+                    return Ok(0);
+                }
+                pg.expired_claims(now).await?
             }
-            (expired.len(), last)
+            Backend::Sled(sled) => {
+                let st = sled.lock();
+                st.runs
+                    .sled()
+                    .map(|runs| {
+                        runs.live()
+                            .filter(|r| {
+                                status_of(r) == S::Running
+                                    && r.claim_expires_at.as_ref().map_or(0, timestamp_ms) <= now
+                            })
+                            .map(|r| (r.run_id.clone(), r.claimed_by.clone()))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            }
         };
-        if n > 0 {
-            self.durable(last).await?;
+        let mut n = 0;
+        for (id, worker) in &expired {
+            let error = format!("claim of worker {worker:?} expired");
+            let moved = self
+                .mutate(&[id], |st| {
+                    // Still running past its lease, now that it is locked?
+                    let due = st.runs.get(id).is_some_and(|r| {
+                        status_of(&r) == S::Running
+                            && r.claim_expires_at.as_ref().map_or(0, timestamp_ms) <= now
+                    });
+                    if !due {
+                        return Ok((false, self.audited_so_far()));
+                    }
+                    let (_, seq) = self.fail_locked(st, id, "system:lease", &error, true, now)?;
+                    Ok((true, seq))
+                })
+                .await?;
+            n += usize::from(moved);
         }
         Ok(n)
     }
 
     /// Returns one run.
-    pub fn get(&self, run_id: &str) -> Result<Run, ApprovalError> {
-        self.lock()
-            .runs
-            .get(run_id)
-            .map(Cow::into_owned)
-            .ok_or_else(|| ApprovalError::RunNotFound(run_id.to_owned()))
+    pub async fn get(&self, run_id: &str) -> Result<Run, ApprovalError> {
+        let found = match &self.inner.backend {
+            Backend::Pg(pg) => pg.get(run_id).await?,
+            Backend::Sled(sled) => sled.lock().runs.get(run_id).map(Cow::into_owned),
+        };
+        found.ok_or_else(|| ApprovalError::RunNotFound(run_id.to_owned()))
     }
 
     /// Lists runs: filtered, proposed first, then by creation time.
-    pub fn list(&self, req: &ListRunsRequest) -> Result<ListRunsResponse, ApprovalError> {
+    pub async fn list(&self, req: &ListRunsRequest) -> Result<ListRunsResponse, ApprovalError> {
         let mut statuses = Vec::new();
         for (i, s) in req.statuses.iter().enumerate() {
             match from_proto(*s) {
@@ -1187,24 +1348,23 @@ impl Approval {
             }
         }
         let size = switchyard_core::validate::page_size(req.page_size);
-        let st = self.lock();
+        let sled = match &self.inner.backend {
+            Backend::Pg(pg) => return pg.list(req, &statuses, size).await,
+            Backend::Sled(sled) => sled,
+        };
+        let st = sled.lock();
+        let Some(all) = st.runs.sled() else {
+            return Ok(ListRunsResponse::default());
+        };
         // Ended runs are read from disk only when the filter asks for them.
         let in_flight_only = !statuses.is_empty() && statuses.iter().all(|s| !runs::ended(*s));
         let candidates: Box<dyn Iterator<Item = Cow<'_, Run>>> = if in_flight_only {
-            Box::new(st.runs.live().map(Cow::Borrowed))
+            Box::new(all.live().map(Cow::Borrowed))
         } else {
-            Box::new(st.runs.all())
+            Box::new(all.all())
         };
         let mut runs: Vec<(String, Cow<'_, Run>)> = candidates
-            .filter(|r| statuses.is_empty() || statuses.contains(&status_of(r)))
-            .filter(|r| req.created_by.is_empty() || r.created_by == req.created_by)
-            .filter(|r| {
-                let t = r.target.as_ref();
-                (req.target_org.is_empty() || t.is_some_and(|t| t.org == req.target_org))
-                    && (req.target_repo.is_empty() || t.is_some_and(|t| t.repo == req.target_repo))
-                    && (req.work_item_id.is_empty()
-                        || t.is_some_and(|t| t.work_item_ids.contains(&req.work_item_id)))
-            })
+            .filter(|r| listed(req, &statuses, r))
             .map(|r| (list_key(&r), r))
             .filter(|(k, _)| req.page_token.is_empty() || *k > req.page_token)
             .collect();
@@ -1222,16 +1382,23 @@ impl Approval {
     }
 
     /// The durable audit log, of one run or all, after a sequence.
-    pub fn list_audit(&self, req: &ListAuditRequest) -> Result<ListAuditResponse, ApprovalError> {
+    pub async fn list_audit(
+        &self,
+        req: &ListAuditRequest,
+    ) -> Result<ListAuditResponse, ApprovalError> {
         let size = switchyard_core::validate::page_size(req.page_size);
-        let durable = self.inner.audit.durable();
-        let log = &self.inner.audit;
+        let sled = match &self.inner.backend {
+            Backend::Pg(pg) => return pg.list_audit(req, size).await,
+            Backend::Sled(sled) => sled,
+        };
+        let durable = sled.audit.durable();
+        let log = &sled.audit;
         let records = if req.run_id.is_empty() {
             log.read(req.after_sequence, durable, size)?
         } else {
             let seqs: Vec<u64> = {
-                let st = self.lock();
-                let Some(seqs) = st.runs.positions(&req.run_id) else {
+                let st = sled.lock();
+                let Some(seqs) = st.runs.sled().and_then(|r| r.positions(&req.run_id)) else {
                     return Err(ApprovalError::RunNotFound(req.run_id.clone()));
                 };
                 seqs.iter()
@@ -1253,41 +1420,34 @@ impl Approval {
         run_id: &str,
         actor: Option<&str>,
     ) -> Result<ExportPromptBundleResponse, ApprovalError> {
-        let (bundle, seq) = {
-            let mut st = self.lock();
-            let run = st
-                .runs
-                .get(run_id)
-                .map(Cow::into_owned)
-                .ok_or_else(|| ApprovalError::RunNotFound(run_id.to_owned()))?;
-            let actor = authorize(Action::Export, actor, &run)?;
-            if matches!(status_of(&run), S::Proposed | S::Rejected | S::Cancelled) {
-                return Err(ApprovalError::ApprovalRequired {
-                    run_id: run_id.to_owned(),
-                    status: status_of(&run),
-                });
-            }
-            let bundle = bundle::render(&run);
-            let note = Note::new(&actor, "prompt_bundle_exported", "")
-                .detail("bundle_sha256", bundle::sha256_hex(&bundle))
-                .detail(
-                    "context_hash",
-                    run.context_pack
-                        .as_ref()
-                        .map(|p| p.hash.as_str())
-                        .unwrap_or(""),
-                );
-            let seq = self.audit(
-                &mut st,
-                &run,
-                Note {
-                    from: Some(status_of(&run)),
-                    ..note
-                },
-            )?;
-            (bundle, seq)
-        };
-        self.durable(seq).await?;
+        let bundle = self
+            .mutate(&[run_id], |st| {
+                let run = st
+                    .runs
+                    .get(run_id)
+                    .map(Cow::into_owned)
+                    .ok_or_else(|| ApprovalError::RunNotFound(run_id.to_owned()))?;
+                let actor = authorize(Action::Export, actor, &run)?;
+                if matches!(status_of(&run), S::Proposed | S::Rejected | S::Cancelled) {
+                    return Err(ApprovalError::ApprovalRequired {
+                        run_id: run_id.to_owned(),
+                        status: status_of(&run),
+                    });
+                }
+                let bundle = bundle::render(&run);
+                let note = Note::new(&actor, "prompt_bundle_exported", "")
+                    .detail("bundle_sha256", bundle::sha256_hex(&bundle))
+                    .detail(
+                        "context_hash",
+                        run.context_pack
+                            .as_ref()
+                            .map(|p| p.hash.as_str())
+                            .unwrap_or(""),
+                    );
+                let seq = self.audit_in_place(st, &run, note)?;
+                Ok((bundle, seq))
+            })
+            .await?;
         Ok(ExportPromptBundleResponse {
             bundle,
             content_type: bundle::CONTENT_TYPE.into(),
@@ -1313,67 +1473,67 @@ impl Approval {
         }
         v.into_result().map_err(ApprovalError::Invalid)?;
         let now = self.now();
-        // Imported, or refused (the refusal is audited too).
-        let outcome: Result<(Run, u64), (switchyard_api::artifacts::Refused, u64)> = 'import: {
-            let mut st = self.lock();
-            let run = st
-                .runs
-                .get(&req.run_id)
-                .map(Cow::into_owned)
-                .ok_or_else(|| ApprovalError::RunNotFound(req.run_id.clone()))?;
-            let actor = authorize(Action::Import, actor, &run)?;
-            let expected = run
-                .context_pack
-                .as_ref()
-                .map(|p| p.hash.clone())
-                .unwrap_or_default();
-            if expected != req.context_hash {
-                return Err(ApprovalError::ContextHashMismatch {
-                    run_id: req.run_id,
-                    expected,
-                    got: req.context_hash,
-                });
-            }
-            let result = match self.manual_result(&run, &req) {
-                Ok(r) => r,
-                Err(ApprovalError::ArtifactRefused(r)) => {
-                    let note = Note::new(&actor, "artifact_refused", r.reason.as_str())
-                        .detail("message", &r.message);
-                    let from = Some(status_of(&run));
-                    let seq = self.audit(&mut st, &run, Note { from, ..note })?;
-                    break 'import Err((r, seq));
-                }
-                Err(e) => return Err(e),
-            };
-            // Handed to the manual adapter already (running), or not yet.
-            let handed =
-                status_of(&run) == S::Running && run.claimed_by == dispatch::worker("manual");
-            if !handed {
-                let claim = Note::new(&actor, "claimed", "manual mode");
-                self.transition(&mut st, &req.run_id, S::Running, claim, |r| {
-                    r.claimed_by.clone_from(&actor);
-                    r.claim_expires_at = Some(timestamp(now));
-                })?;
-            }
-            let done = Note::new(&actor, "manual_result_imported", "")
-                .detail("content_bytes", req.content.len())
-                .detail("artifacts", result.artifact_paths.join(","));
-            Ok(
-                self.transition(&mut st, &req.run_id, S::Completed, done, |r| {
-                    r.result = Some(result);
-                })?,
-            )
+        // The artifacts are checked, and their content stored, before the
+        // run is locked (content-addressed: an import that then fails
+        // leaves only bytes nothing refers to).
+        let before = self.get(&req.run_id).await?;
+        authorize(Action::Import, actor, &before)?;
+        let kept = match self.manual_result(&before, &req).await {
+            Ok(result) => Ok(result),
+            Err(ApprovalError::ArtifactRefused(r)) => Err(r),
+            Err(e) => return Err(e),
         };
-        match outcome {
-            Ok((run, seq)) => {
-                self.durable(seq).await?;
-                Ok(run)
-            }
-            Err((refused, seq)) => {
-                self.durable(seq).await?;
-                Err(ApprovalError::ArtifactRefused(refused))
-            }
-        }
+        // Imported, or refused (the refusal is audited too).
+        let outcome = self
+            .mutate(&[&req.run_id], |st| {
+                let run = st
+                    .runs
+                    .get(&req.run_id)
+                    .map(Cow::into_owned)
+                    .ok_or_else(|| ApprovalError::RunNotFound(req.run_id.clone()))?;
+                let actor = authorize(Action::Import, actor, &run)?;
+                let expected = run
+                    .context_pack
+                    .as_ref()
+                    .map(|p| p.hash.clone())
+                    .unwrap_or_default();
+                if expected != req.context_hash {
+                    return Err(ApprovalError::ContextHashMismatch {
+                        run_id: req.run_id.clone(),
+                        expected,
+                        got: req.context_hash.clone(),
+                    });
+                }
+                let result = match &kept {
+                    Ok(r) => r.clone(),
+                    Err(r) => {
+                        let note = Note::new(&actor, "artifact_refused", r.reason.as_str())
+                            .detail("message", &r.message);
+                        let from = Some(status_of(&run));
+                        let seq = self.audit(st, &run, Note { from, ..note })?;
+                        return Ok((Err(r.clone()), seq));
+                    }
+                };
+                // Handed to the manual adapter already (running), or not yet.
+                let handed =
+                    status_of(&run) == S::Running && run.claimed_by == dispatch::worker("manual");
+                if !handed {
+                    let claim = Note::new(&actor, "claimed", "manual mode");
+                    self.transition(st, &req.run_id, S::Running, claim, |r| {
+                        r.claimed_by.clone_from(&actor);
+                        r.claim_expires_at = Some(timestamp(now));
+                    })?;
+                }
+                let done = Note::new(&actor, "manual_result_imported", "")
+                    .detail("content_bytes", req.content.len())
+                    .detail("artifacts", result.artifact_paths.join(","));
+                let (run, seq) = self.transition(st, &req.run_id, S::Completed, done, |r| {
+                    r.result = Some(result.clone());
+                })?;
+                Ok((Ok(run), seq))
+            })
+            .await?;
+        outcome.map_err(ApprovalError::ArtifactRefused)
     }
 
     /// Approve, reject or cancel as asked over gRPC, by the authenticated
@@ -1390,7 +1550,7 @@ impl Approval {
             p.require(Permission::RunDecide)?;
         }
         let (run_id, comment) = fields(req.into_inner());
-        self.check_visible(&p, &run_id)?;
+        self.check_visible(&p, &run_id).await?;
         Ok(self
             // Services never hold run.decide, so an approver's name is always
             // their own subject and separation of duties compares like with like.
@@ -1399,16 +1559,27 @@ impl Approval {
     }
 
     /// The run `run_id` if `p` may see it, else RUN_NOT_FOUND.
-    fn visible_run(&self, p: &Principal, run_id: &str) -> Result<Run, ApprovalError> {
-        self.get(run_id)
-            .ok()
-            .filter(|r| visible(p, r))
-            .ok_or_else(|| ApprovalError::RunNotFound(run_id.to_owned()))
+    async fn visible_run(&self, p: &Principal, run_id: &str) -> Result<Run, ApprovalError> {
+        match self.get(run_id).await {
+            Ok(r) if visible(p, &r) => Ok(r),
+            Ok(_) | Err(ApprovalError::RunNotFound(_)) => {
+                Err(ApprovalError::RunNotFound(run_id.to_owned()))
+            }
+            Err(e) => Err(e),
+        }
     }
 
-    /// RUN_NOT_FOUND unless `p` may see run `run_id` (nothing is copied).
-    fn check_visible(&self, p: &Principal, run_id: &str) -> Result<(), ApprovalError> {
-        if self.lock().runs.get(run_id).is_some_and(|r| visible(p, &r)) {
+    /// RUN_NOT_FOUND unless `p` may see run `run_id`.
+    async fn check_visible(&self, p: &Principal, run_id: &str) -> Result<(), ApprovalError> {
+        let seen = match &self.inner.backend {
+            // Nothing is copied.
+            Backend::Sled(sled) => sled.lock().runs.get(run_id).is_some_and(|r| visible(p, &r)),
+            Backend::Pg(_) => {
+                self.visible_run(p, run_id).await?;
+                true
+            }
+        };
+        if seen {
             Ok(())
         } else {
             Err(ApprovalError::RunNotFound(run_id.to_owned()))
@@ -1417,7 +1588,11 @@ impl Approval {
 
     /// Binds a proposal to its proposer: `created_by` and `tenant` come from
     /// the principal; a body naming someone else is refused.
-    fn bind_proposal(&self, p: &Principal, req: &mut ProposeRequest) -> Result<(), ApprovalError> {
+    async fn bind_proposal(
+        &self,
+        p: &Principal,
+        req: &mut ProposeRequest,
+    ) -> Result<(), ApprovalError> {
         let me = p.acting_subject().to_owned();
         let tenant = p.tenant_scope().unwrap_or_default().to_owned();
         if let Some(run) = req.run.as_mut() {
@@ -1451,19 +1626,19 @@ impl Approval {
             run.tenant = tenant;
         }
         if !req.approved_under.is_empty() {
-            self.check_visible(p, &req.approved_under)?;
+            self.check_visible(p, &req.approved_under).await?;
         }
         Ok(())
     }
 
     /// The run of a worker request, when `p` may see it.
-    fn worker_check<T>(&self, req: &Request<T>, run_id: &str) -> Result<(), Status> {
+    async fn worker_check<T>(&self, req: &Request<T>, run_id: &str) -> Result<(), Status> {
         let p = principal(req)?;
-        self.check_visible(&p, run_id)?;
+        self.check_visible(&p, run_id).await?;
         Ok(())
     }
 
-    fn watch_stream(
+    async fn watch_stream(
         &self,
         req: WatchRequest,
         p: std::sync::Arc<Principal>,
@@ -1471,43 +1646,52 @@ impl Approval {
         futures_util::stream::BoxStream<'static, Result<WatchResponse, Status>>,
         ApprovalError,
     > {
-        if !req.run_id.is_empty() && !self.lock().runs.contains_key(&req.run_id) {
-            return Err(ApprovalError::RunNotFound(req.run_id));
+        if !req.run_id.is_empty() {
+            self.get(&req.run_id).await?;
         }
+        let records = match &self.inner.backend {
+            Backend::Pg(pg) => pg.tail(req.after_sequence),
+            Backend::Sled(sled) => sled
+                .audit
+                .tail(req.after_sequence)
+                .map(|r| r.map(|(_, rec)| rec))
+                .boxed(),
+        };
         let me = self.clone();
         let shutdown = self.inner.shutdown.clone();
-        let stream = self
-            .inner
-            .audit
-            .tail(req.after_sequence)
+        let stream = records
             .take_until(async move { shutdown.wait().await })
             .filter_map(move |r| {
-                let out = match r {
-                    Err(e) => Some(Err(Status::from(ApprovalError::Storage(e)))),
-                    Ok((_, rec))
-                        if (req.run_id.is_empty() || rec.run_id == req.run_id)
-                            && me.check_visible(&p, &rec.run_id).is_ok() =>
-                    {
-                        let run = me.lock().runs.get(&rec.run_id).map(Cow::into_owned);
-                        Some(Ok(WatchResponse {
-                            event: Some(Event {
-                                sequence: rec.sequence,
-                                time: rec.time,
-                                correlation_id: rec.correlation_id.clone(),
-                                kind: format!("run.{}", rec.event_type),
-                                data: switchyard_kit::json::json_to_struct(&serde_json::json!({
-                                    "run_id": rec.run_id,
-                                    "actor": rec.actor,
-                                    "reason": rec.reason,
-                                })),
-                                ..Default::default()
-                            }),
-                            run,
-                        }))
+                let (me, p, only) = (me.clone(), p.clone(), req.run_id.clone());
+                async move {
+                    let rec = match r {
+                        Err(e) => return Some(Err(Status::from(ApprovalError::Storage(e)))),
+                        Ok(rec) => rec,
+                    };
+                    if !only.is_empty() && rec.run_id != only {
+                        return None;
                     }
-                    Ok(_) => None,
-                };
-                std::future::ready(out)
+                    let run = match me.visible_run(&p, &rec.run_id).await {
+                        Ok(run) => run,
+                        Err(ApprovalError::RunNotFound(_)) => return None,
+                        Err(e) => return Some(Err(Status::from(e))),
+                    };
+                    Some(Ok(WatchResponse {
+                        event: Some(Event {
+                            sequence: rec.sequence,
+                            time: rec.time,
+                            correlation_id: rec.correlation_id.clone(),
+                            kind: format!("run.{}", rec.event_type),
+                            data: switchyard_kit::json::json_to_struct(&serde_json::json!({
+                                "run_id": rec.run_id,
+                                "actor": rec.actor,
+                                "reason": rec.reason,
+                            })),
+                            ..Default::default()
+                        }),
+                        run: Some(run),
+                    }))
+                }
             });
         Ok(Box::pin(stream))
     }
@@ -1521,7 +1705,7 @@ impl ApprovalService for Approval {
     ) -> Result<Response<ProposeResponse>, Status> {
         let p = principal(&req)?;
         let mut r = req.into_inner();
-        self.bind_proposal(&p, &mut r)?;
+        self.bind_proposal(&p, &mut r).await?;
         // The audit log names the user and, for a service acting for them,
         // the service too.
         Ok(Response::new(
@@ -1546,7 +1730,7 @@ impl ApprovalService for Approval {
         let p = principal(&req)?;
         p.require(Permission::RunBreakGlass)?;
         let r = req.get_ref();
-        self.check_visible(&p, &r.run_id)?;
+        self.check_visible(&p, &r.run_id).await?;
         let run = self
             .break_glass(&r.run_id, &r.reason, p.acting_subject())
             .await?;
@@ -1570,7 +1754,7 @@ impl ApprovalService for Approval {
         // Handed to an adapter: stopped there first (what it answers is
         // kept on the run), then cancelled here.
         let p = principal(&req)?;
-        if let Ok(before) = self.visible_run(&p, &req.get_ref().run_id) {
+        if let Ok(before) = self.visible_run(&p, &req.get_ref().run_id).await {
             self.cancel_at_adapter(&before).await;
         }
         let run = self
@@ -1584,7 +1768,7 @@ impl ApprovalService for Approval {
         req: Request<ListRunArtifactsRequest>,
     ) -> Result<Response<ListRunArtifactsResponse>, Status> {
         let p = principal(&req)?;
-        let run = self.visible_run(&p, &req.get_ref().run_id)?;
+        let run = self.visible_run(&p, &req.get_ref().run_id).await?;
         let artifacts = run.result.map(|r| r.artifacts).unwrap_or_default();
         Ok(Response::new(ListRunArtifactsResponse { artifacts }))
     }
@@ -1594,7 +1778,7 @@ impl ApprovalService for Approval {
         req: Request<GetRunArtifactRequest>,
     ) -> Result<Response<GetRunArtifactResponse>, Status> {
         let p = principal(&req)?;
-        let run = self.visible_run(&p, &req.get_ref().run_id)?;
+        let run = self.visible_run(&p, &req.get_ref().run_id).await?;
         let (artifact, content) = self.run_artifact(&run, &req.get_ref().path).await?;
         Ok(Response::new(GetRunArtifactResponse {
             artifact: Some(artifact),
@@ -1607,7 +1791,7 @@ impl ApprovalService for Approval {
         req: Request<GetRunRequest>,
     ) -> Result<Response<GetRunResponse>, Status> {
         let p = principal(&req)?;
-        let run = self.visible_run(&p, &req.get_ref().run_id)?;
+        let run = self.visible_run(&p, &req.get_ref().run_id).await?;
         Ok(Response::new(GetRunResponse { run: Some(run) }))
     }
 
@@ -1616,13 +1800,13 @@ impl ApprovalService for Approval {
         req: Request<ListRunsRequest>,
     ) -> Result<Response<ListRunsResponse>, Status> {
         let p = principal(&req)?;
-        let mut out = self.list(req.get_ref())?;
+        let mut out = self.list(req.get_ref()).await?;
         out.runs.retain(|r| visible(&p, r));
         Ok(Response::new(out))
     }
 
     async fn claim(&self, req: Request<ClaimRequest>) -> Result<Response<ClaimResponse>, Status> {
-        self.worker_check(&req, &req.get_ref().run_id)?;
+        self.worker_check(&req, &req.get_ref().run_id).await?;
         let run = Approval::claim(self, req.into_inner()).await?;
         Ok(Response::new(ClaimResponse { run: Some(run) }))
     }
@@ -1631,7 +1815,7 @@ impl ApprovalService for Approval {
         &self,
         req: Request<RenewClaimRequest>,
     ) -> Result<Response<RenewClaimResponse>, Status> {
-        self.worker_check(&req, &req.get_ref().run_id)?;
+        self.worker_check(&req, &req.get_ref().run_id).await?;
         let run = self.renew(req.into_inner()).await?;
         Ok(Response::new(RenewClaimResponse { run: Some(run) }))
     }
@@ -1640,13 +1824,13 @@ impl ApprovalService for Approval {
         &self,
         req: Request<CompleteRequest>,
     ) -> Result<Response<CompleteResponse>, Status> {
-        self.worker_check(&req, &req.get_ref().run_id)?;
+        self.worker_check(&req, &req.get_ref().run_id).await?;
         let run = Approval::complete(self, req.into_inner()).await?;
         Ok(Response::new(CompleteResponse { run: Some(run) }))
     }
 
     async fn fail(&self, req: Request<FailRequest>) -> Result<Response<FailResponse>, Status> {
-        self.worker_check(&req, &req.get_ref().run_id)?;
+        self.worker_check(&req, &req.get_ref().run_id).await?;
         let run = Approval::fail(self, req.into_inner()).await?;
         Ok(Response::new(FailResponse { run: Some(run) }))
     }
@@ -1657,13 +1841,25 @@ impl ApprovalService for Approval {
     ) -> Result<Response<ListAuditResponse>, Status> {
         let p = principal(&req)?;
         if !req.get_ref().run_id.is_empty() {
-            self.check_visible(&p, &req.get_ref().run_id)?;
+            self.check_visible(&p, &req.get_ref().run_id).await?;
         }
-        let mut out = Approval::list_audit(self, req.get_ref())?;
-        let st = self.lock();
-        out.records
-            .retain(|rec| st.runs.get(&rec.run_id).is_some_and(|r| visible(&p, &r)));
-        drop(st);
+        let mut out = Approval::list_audit(self, req.get_ref()).await?;
+        let mut seen: HashMap<String, bool> = HashMap::new();
+        let mut kept = Vec::with_capacity(out.records.len());
+        for rec in out.records {
+            let ok = match seen.get(&rec.run_id) {
+                Some(ok) => *ok,
+                None => {
+                    let ok = self.check_visible(&p, &rec.run_id).await.is_ok();
+                    seen.insert(rec.run_id.clone(), ok);
+                    ok
+                }
+            };
+            if ok {
+                kept.push(rec);
+            }
+        }
+        out.records = kept;
         Ok(Response::new(out))
     }
 
@@ -1672,7 +1868,7 @@ impl ApprovalService for Approval {
         req: Request<ExportPromptBundleRequest>,
     ) -> Result<Response<ExportPromptBundleResponse>, Status> {
         let p = principal(&req)?;
-        self.check_visible(&p, &req.get_ref().run_id)?;
+        self.check_visible(&p, &req.get_ref().run_id).await?;
         Ok(Response::new(
             self.export(&req.into_inner().run_id, Some(p.acting_subject()))
                 .await?,
@@ -1684,7 +1880,7 @@ impl ApprovalService for Approval {
         req: Request<ImportManualResultRequest>,
     ) -> Result<Response<ImportManualResultResponse>, Status> {
         let p = principal(&req)?;
-        self.check_visible(&p, &req.get_ref().run_id)?;
+        self.check_visible(&p, &req.get_ref().run_id).await?;
         let run = self
             .import(req.into_inner(), Some(p.acting_subject()))
             .await?;
@@ -1699,9 +1895,9 @@ impl ApprovalService for Approval {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let p = principal(&req)?;
         if !req.get_ref().run_id.is_empty() {
-            self.check_visible(&p, &req.get_ref().run_id)?;
+            self.check_visible(&p, &req.get_ref().run_id).await?;
         }
-        Ok(Response::new(self.watch_stream(req.into_inner(), p)?))
+        Ok(Response::new(self.watch_stream(req.into_inner(), p).await?))
     }
 }
 

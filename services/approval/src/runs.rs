@@ -250,3 +250,77 @@ impl Runs {
         Ok(at)
     }
 }
+
+/// The runs one PostgreSQL transaction locked: what a mutation reads and
+/// changes; the changed ones are written back when it commits.
+#[derive(Default)]
+pub(crate) struct Slice {
+    pub(crate) runs: HashMap<String, Run>,
+    pub(crate) dirty: std::collections::BTreeSet<String>,
+}
+
+/// The runs a mutation works on: the sled replica's own, or a slice.
+pub(crate) enum RunSet {
+    Sled(Runs),
+    Slice(Slice),
+}
+
+impl RunSet {
+    /// Run `id`.
+    pub(crate) fn get(&self, id: &str) -> Option<Cow<'_, Run>> {
+        match self {
+            RunSet::Sled(r) => r.get(id),
+            RunSet::Slice(s) => s.runs.get(id).map(Cow::Borrowed),
+        }
+    }
+
+    /// True when run `id` exists.
+    pub(crate) fn contains_key(&self, id: &str) -> bool {
+        self.get(id).is_some()
+    }
+
+    /// A run in flight, to change in place (store it after).
+    pub(crate) fn get_mut(&mut self, id: &str) -> Option<&mut Run> {
+        match self {
+            RunSet::Sled(r) => r.get_mut(id),
+            RunSet::Slice(s) => s.runs.get_mut(id),
+        }
+    }
+
+    /// Stores `run` as it is now.
+    pub(crate) fn store(&mut self, run: Run, now_ms: u64) -> Result<(), StoreError> {
+        match self {
+            RunSet::Sled(r) => r.store(run, now_ms),
+            RunSet::Slice(s) => {
+                s.dirty.insert(run.run_id.clone());
+                s.runs.insert(run.run_id.clone(), run);
+                Ok(())
+            }
+        }
+    }
+
+    /// Notes that audit record `seq` is about run `id` (sled keeps an index;
+    /// PostgreSQL's audit table is indexed by run).
+    pub(crate) fn audited(&mut self, id: &str, seq: u64) -> Result<(), StoreError> {
+        match self {
+            RunSet::Sled(r) => r.audited(id, seq),
+            RunSet::Slice(_) => Ok(()),
+        }
+    }
+
+    /// The sled runs (`None` on PostgreSQL).
+    pub(crate) fn sled(&self) -> Option<&Runs> {
+        match self {
+            RunSet::Sled(r) => Some(r),
+            RunSet::Slice(_) => None,
+        }
+    }
+
+    /// The sled runs, to change (`None` on PostgreSQL).
+    pub(crate) fn sled_mut(&mut self) -> Option<&mut Runs> {
+        match self {
+            RunSet::Sled(r) => Some(r),
+            RunSet::Slice(_) => None,
+        }
+    }
+}

@@ -38,6 +38,55 @@ fn fixture() -> Fixture {
     )
 }
 
+/// An approval service on a fresh database of the shared throwaway
+/// PostgreSQL cluster, or `None` (said on stderr) when the run skips
+/// PostgreSQL.
+async fn pg_fixture() -> Option<Fixture> {
+    let db = switchyard_store::pg::Pg::connect(&switchyard_store::pg::PgConfig {
+        url: switchyard_testkit::pg::fresh_database()?,
+        pool_size: 4,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let clock = ManualClock::new(1_700_000_000_000);
+    let (trigger, shutdown) = switchyard_kit::shutdown::channel();
+    let svc = Approval::open_pg(
+        ApprovalConfig::default(),
+        db,
+        Arc::new(clock.clone()),
+        shutdown,
+    )
+    .await
+    .unwrap();
+    Some(Fixture {
+        svc,
+        clock,
+        _trigger: trigger,
+    })
+}
+
+switchyard_testkit::on_both_backends!(
+    fixture, pg_fixture;
+    every_status_and_action_follows_the_seed_table_with_deterministic_reasons,
+    the_creator_cannot_approve_and_decisions_need_an_actor,
+    the_default_policy_approves_only_zero_cost_runs,
+    skip_policies_leaves_even_a_zero_cost_run_for_a_person,
+    an_expired_claim_schedules_a_retry_with_backoff_until_retries_run_out,
+    renewing_extends_the_lease_of_the_holder_only,
+    the_prompt_bundle_is_deterministic_and_imports_check_the_context_hash,
+    the_audit_log_records_every_action_in_order,
+    proposals_are_validated_field_by_field,
+    a_client_chosen_run_id_is_idempotent_for_the_same_spec_only,
+    lists_put_pending_runs_first_filter_and_paginate,
+    watch_streams_run_events_of_one_run,
+    pruning_removes_runs_that_ended_past_retention_and_keeps_runs_in_flight,
+    a_run_gets_its_adapter_manual_by_default_switchyard_for_a_job_and_none_for_a_call,
+    the_manual_round_trip_keeps_the_pasted_result_as_an_artifact_fetched_byte_identical,
+    a_pasted_result_of_a_kind_outside_outputs_allowed_is_refused_and_nothing_changes,
+    an_ojs_run_without_an_ojs_server_fails_with_adapter_not_configured,
+);
+
 const HASH: &str = "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
 
 /// The seed's example run, with a cost estimate.
@@ -99,13 +148,24 @@ async fn propose_run(svc: &Approval, run: Run) -> Result<Run, ApprovalError> {
 }
 
 /// The audit records of run `id`, in order.
-fn audit_of(svc: &Approval, id: &str) -> Vec<AuditRecord> {
+async fn audit_of(svc: &Approval, id: &str) -> Vec<AuditRecord> {
     svc.list_audit(&ListAuditRequest {
         run_id: id.to_owned(),
         ..Default::default()
     })
+    .await
     .unwrap()
     .records
+}
+
+impl Approval {
+    /// How many runs the sled backend holds in memory.
+    fn sled_runs_in_memory(&self) -> usize {
+        match &self.inner.backend {
+            Backend::Sled(s) => s.lock().runs.sled().map_or(0, Runs::in_memory),
+            Backend::Pg(_) => panic!("not a sled approval service"),
+        }
+    }
 }
 
 fn api(e: ApprovalError) -> ApiError {
@@ -169,13 +229,11 @@ async fn run_in(svc: &Approval, status: S) -> String {
             }
         }
     }
-    assert_eq!(status_of(&svc.get(&id).unwrap()), status);
+    assert_eq!(status_of(&svc.get(&id).await.unwrap()), status);
     id
 }
 
-#[tokio::test]
-async fn every_status_and_action_follows_the_seed_table_with_deterministic_reasons() {
-    let f = fixture();
+async fn every_status_and_action_follows_the_seed_table_with_deterministic_reasons(f: Fixture) {
     let svc = &f.svc;
     let actions = [
         (Action::Approve, S::Approved),
@@ -199,7 +257,7 @@ async fn every_status_and_action_follows_the_seed_table_with_deterministic_reaso
                     assert_eq!(err.metadata["from"], from.as_str());
                     assert_eq!(err.metadata["to"], to.as_str());
                     assert_eq!(
-                        status_of(&svc.get(&id).unwrap()),
+                        status_of(&svc.get(&id).await.unwrap()),
                         from,
                         "a refusal changes nothing"
                     );
@@ -240,9 +298,7 @@ async fn every_status_and_action_follows_the_seed_table_with_deterministic_reaso
     }
 }
 
-#[tokio::test]
-async fn the_creator_cannot_approve_and_decisions_need_an_actor() {
-    let f = fixture();
+async fn the_creator_cannot_approve_and_decisions_need_an_actor(f: Fixture) {
     let id = propose(&f.svc, Some(5)).await.run_id;
     let err = api(f
         .svc
@@ -262,7 +318,7 @@ async fn the_creator_cannot_approve_and_decisions_need_an_actor() {
         (err.code, err.known_reason()),
         (Code::Unauthenticated, Some(Reason::ActorRequired))
     );
-    assert_eq!(status_of(&f.svc.get(&id).unwrap()), S::Proposed);
+    assert_eq!(status_of(&f.svc.get(&id).await.unwrap()), S::Proposed);
     // The creator may still withdraw it; someone else may approve.
     let run = f
         .svc
@@ -272,9 +328,7 @@ async fn the_creator_cannot_approve_and_decisions_need_an_actor() {
     assert_eq!(status_of(&run), S::Approved);
 }
 
-#[tokio::test]
-async fn the_default_policy_approves_only_zero_cost_runs() {
-    let f = fixture();
+async fn the_default_policy_approves_only_zero_cost_runs(f: Fixture) {
     let out = f
         .svc
         .propose(
@@ -294,6 +348,7 @@ async fn the_default_policy_approves_only_zero_cost_runs() {
             run_id: out.run.unwrap().run_id,
             ..Default::default()
         })
+        .await
         .unwrap();
     let last = audit.records.last().unwrap();
     assert_eq!(
@@ -322,9 +377,7 @@ async fn the_default_policy_approves_only_zero_cost_runs() {
     }
 }
 
-#[tokio::test]
-async fn skip_policies_leaves_even_a_zero_cost_run_for_a_person() {
-    let f = fixture();
+async fn skip_policies_leaves_even_a_zero_cost_run_for_a_person(f: Fixture) {
     let out = f
         .svc
         .propose(
@@ -377,6 +430,7 @@ async fn a_delegated_run_is_approved_only_under_a_running_parent() {
                     run_id: "run-child".into(),
                     ..Default::default()
                 })
+                .await
                 .unwrap();
             let last = audit.records.last().unwrap();
             assert_eq!(
@@ -386,7 +440,10 @@ async fn a_delegated_run_is_approved_only_under_a_running_parent() {
         } else {
             let e = api(out.unwrap_err());
             assert_eq!(e.reason.as_deref(), Some("RUN_NOT_RUNNING"), "{status:?}");
-            assert!(f.svc.get("run-child").is_err(), "no child run is created");
+            assert!(
+                f.svc.get("run-child").await.is_err(),
+                "no child run is created"
+            );
         }
     }
     let f = fixture();
@@ -405,9 +462,7 @@ async fn a_delegated_run_is_approved_only_under_a_running_parent() {
     assert_eq!(api(e).reason.as_deref(), Some("RUN_NOT_FOUND"));
 }
 
-#[tokio::test]
-async fn an_expired_claim_schedules_a_retry_with_backoff_until_retries_run_out() {
-    let f = fixture();
+async fn an_expired_claim_schedules_a_retry_with_backoff_until_retries_run_out(f: Fixture) {
     let mut r = spec(Some(9));
     r.max_retries = Some(2);
     let id = f
@@ -433,7 +488,7 @@ async fn an_expired_claim_schedules_a_retry_with_backoff_until_retries_run_out()
     assert_eq!(f.svc.sweep().await.unwrap(), 0);
     f.clock.advance_ms(1);
     assert_eq!(f.svc.sweep().await.unwrap(), 1);
-    let run = f.svc.get(&id).unwrap();
+    let run = f.svc.get(&id).await.unwrap();
     assert_eq!(
         (status_of(&run), run.retry_count, run.claimed_by.as_str()),
         (S::Approved, 1, "")
@@ -496,9 +551,7 @@ async fn an_expired_claim_schedules_a_retry_with_backoff_until_retries_run_out()
     assert_eq!(status_of(&run), S::Approved);
 }
 
-#[tokio::test]
-async fn renewing_extends_the_lease_of_the_holder_only() {
-    let f = fixture();
+async fn renewing_extends_the_lease_of_the_holder_only(f: Fixture) {
     let id = run_in(&f.svc, S::Approved).await;
     f.svc.claim(claim_req(&id, "w1", 10)).await.unwrap();
     f.clock.advance_ms(8_000);
@@ -521,9 +574,7 @@ async fn renewing_extends_the_lease_of_the_holder_only() {
     assert_eq!(err.known_reason(), Some(Reason::RunAlreadyInStatus));
 }
 
-#[tokio::test]
-async fn the_prompt_bundle_is_deterministic_and_imports_check_the_context_hash() {
-    let f = fixture();
+async fn the_prompt_bundle_is_deterministic_and_imports_check_the_context_hash(f: Fixture) {
     let id = run_in(&f.svc, S::Proposed).await;
     let err = api(f.svc.export(&id, REVIEWER).await.unwrap_err());
     assert_eq!(err.known_reason(), Some(Reason::ApprovalRequired));
@@ -574,9 +625,7 @@ async fn the_prompt_bundle_is_deterministic_and_imports_check_the_context_hash()
     );
 }
 
-#[tokio::test]
-async fn the_audit_log_records_every_action_in_order() {
-    let f = fixture();
+async fn the_audit_log_records_every_action_in_order(f: Fixture) {
     let id = propose(&f.svc, Some(100)).await.run_id;
     f.svc
         .decide(Action::Approve, &id, "lgtm", REVIEWER)
@@ -594,7 +643,7 @@ async fn the_audit_log_records_every_action_in_order() {
         })
         .await
         .unwrap();
-    let recs = audit_of(&f.svc, &id);
+    let recs = audit_of(&f.svc, &id).await;
     let summary: Vec<_> = recs
         .iter()
         .map(|r| {
@@ -656,13 +705,12 @@ async fn the_audit_log_records_every_action_in_order() {
             after_sequence: seqs[2],
             page_size: 1,
         })
+        .await
         .unwrap();
     assert_eq!(after.records[0].event_type, "claimed");
 }
 
-#[tokio::test]
-async fn proposals_are_validated_field_by_field() {
-    let f = fixture();
+async fn proposals_are_validated_field_by_field(f: Fixture) {
     let mut bad = spec(Some(-1));
     bad.schema_version = "agent_run_spec/v0".into();
     bad.created_by.clear();
@@ -715,15 +763,18 @@ async fn proposals_are_validated_field_by_field() {
         .unwrap_err());
     assert_eq!(err.violations[0].field, "run");
     assert_eq!(
-        f.svc.list(&ListRunsRequest::default()).unwrap().runs.len(),
+        f.svc
+            .list(&ListRunsRequest::default())
+            .await
+            .unwrap()
+            .runs
+            .len(),
         0,
         "nothing stored"
     );
 }
 
-#[tokio::test]
-async fn a_client_chosen_run_id_is_idempotent_for_the_same_spec_only() {
-    let f = fixture();
+async fn a_client_chosen_run_id_is_idempotent_for_the_same_spec_only(f: Fixture) {
     let mut r = spec(Some(3));
     r.run_id = "agent_run_2026-02-22_0003".into();
     let first = f
@@ -768,9 +819,7 @@ async fn a_client_chosen_run_id_is_idempotent_for_the_same_spec_only() {
     );
 }
 
-#[tokio::test]
-async fn lists_put_pending_runs_first_filter_and_paginate() {
-    let f = fixture();
+async fn lists_put_pending_runs_first_filter_and_paginate(f: Fixture) {
     let approved = run_in(&f.svc, S::Approved).await;
     f.clock.advance_ms(10);
     let p1 = run_in(&f.svc, S::Proposed).await;
@@ -798,6 +847,7 @@ async fn lists_put_pending_runs_first_filter_and_paginate() {
             page_size: 2,
             ..Default::default()
         })
+        .await
         .unwrap();
     let ids: Vec<_> = page1.runs.iter().map(|r| r.run_id.clone()).collect();
     assert_eq!(ids, [p1.clone(), p2.clone()]);
@@ -808,6 +858,7 @@ async fn lists_put_pending_runs_first_filter_and_paginate() {
             page_token: page1.next_page_token,
             ..Default::default()
         })
+        .await
         .unwrap();
     assert_eq!(
         (page2.runs[0].run_id.clone(), page2.next_page_token),
@@ -821,6 +872,7 @@ async fn lists_put_pending_runs_first_filter_and_paginate() {
             statuses: vec![RunStatus::Proposed as i32],
             ..Default::default()
         })
+        .await
         .unwrap();
     assert_eq!(acme.runs.len(), 1);
     let err = api(f
@@ -829,6 +881,7 @@ async fn lists_put_pending_runs_first_filter_and_paginate() {
             statuses: vec![42],
             ..Default::default()
         })
+        .await
         .unwrap_err());
     assert_eq!(err.violations[0].field, "statuses[0]");
 }
@@ -842,12 +895,12 @@ async fn runs_and_audit_survive_a_restart() {
         run_in(&f.svc, S::Running).await
     };
     let f = fixture_on(reopen(dir.path()), clock);
-    let run = f.svc.get(&id).unwrap();
+    let run = f.svc.get(&id).await.unwrap();
     assert_eq!(
         (status_of(&run), run.claimed_by.as_str()),
         (S::Running, "w1")
     );
-    let recs = audit_of(&f.svc, &id);
+    let recs = audit_of(&f.svc, &id).await;
     assert_eq!(recs.len(), 4);
     f.svc
         .complete(CompleteRequest {
@@ -859,9 +912,7 @@ async fn runs_and_audit_survive_a_restart() {
         .unwrap();
 }
 
-#[tokio::test]
-async fn watch_streams_run_events_of_one_run() {
-    let f = fixture();
+async fn watch_streams_run_events_of_one_run(f: Fixture) {
     let other = run_in(&f.svc, S::Proposed).await;
     let id = run_in(&f.svc, S::Proposed).await;
     let mut w = f
@@ -873,6 +924,7 @@ async fn watch_streams_run_events_of_one_run() {
             },
             std::sync::Arc::new(Principal::in_process()),
         )
+        .await
         .unwrap();
     f.svc
         .decide(Action::Reject, &other, "", REVIEWER)
@@ -915,48 +967,55 @@ async fn ended_runs_leave_memory_and_a_restart_loads_only_runs_in_flight() {
         let done = run_in(&f.svc, S::Completed).await;
         let running = run_in(&f.svc, S::Running).await;
         let failed = run_in(&f.svc, S::Failed).await;
-        assert_eq!(f.svc.lock().runs.in_memory(), 1, "only the running run");
+        assert_eq!(f.svc.sled_runs_in_memory(), 1, "only the running run");
         // Ended runs read back from disk, with their audit trail.
-        assert_eq!(status_of(&f.svc.get(&done).unwrap()), S::Completed);
+        assert_eq!(status_of(&f.svc.get(&done).await.unwrap()), S::Completed);
         let audit = f
             .svc
             .list_audit(&ListAuditRequest {
                 run_id: done.clone(),
                 ..Default::default()
             })
+            .await
             .unwrap();
         assert_eq!(
             audit.records.last().unwrap().to_status,
             RunStatus::Completed as i32
         );
         assert_eq!(
-            f.svc.list(&ListRunsRequest::default()).unwrap().runs.len(),
+            f.svc
+                .list(&ListRunsRequest::default())
+                .await
+                .unwrap()
+                .runs
+                .len(),
             3
         );
         f.svc.flush().unwrap();
         (done, running, failed)
     };
     let f = fixture_on(reopen(dir.path()), clock);
-    assert_eq!(f.svc.lock().runs.in_memory(), 1);
-    assert_eq!(status_of(&f.svc.get(&running).unwrap()), S::Running);
-    assert_eq!(status_of(&f.svc.get(&done).unwrap()), S::Completed);
+    assert_eq!(f.svc.sled_runs_in_memory(), 1);
+    assert_eq!(status_of(&f.svc.get(&running).await.unwrap()), S::Running);
+    assert_eq!(status_of(&f.svc.get(&done).await.unwrap()), S::Completed);
     let in_flight = ListRunsRequest {
         statuses: vec![RunStatus::Running as i32],
         ..Default::default()
     };
-    assert_eq!(f.svc.list(&in_flight).unwrap().runs.len(), 1);
+    assert_eq!(f.svc.list(&in_flight).await.unwrap().runs.len(), 1);
     // A failed run approved again is back in flight, its audit trail whole.
     f.svc
         .decide(Action::Approve, &failed, "again", REVIEWER)
         .await
         .unwrap();
-    assert_eq!(f.svc.lock().runs.in_memory(), 2);
+    assert_eq!(f.svc.sled_runs_in_memory(), 2);
     let audit = f
         .svc
         .list_audit(&ListAuditRequest {
             run_id: failed,
             ..Default::default()
         })
+        .await
         .unwrap();
     assert_eq!(audit.records.first().unwrap().event_type, "proposed");
     assert_eq!(
@@ -965,9 +1024,7 @@ async fn ended_runs_leave_memory_and_a_restart_loads_only_runs_in_flight() {
     );
 }
 
-#[tokio::test]
-async fn pruning_removes_runs_that_ended_past_retention_and_keeps_runs_in_flight() {
-    let f = fixture();
+async fn pruning_removes_runs_that_ended_past_retention_and_keeps_runs_in_flight(f: Fixture) {
     let done = run_in(&f.svc, S::Completed).await;
     let running = run_in(&f.svc, S::Running).await;
     f.clock.advance_ms(3_600_000);
@@ -975,7 +1032,7 @@ async fn pruning_removes_runs_that_ended_past_retention_and_keeps_runs_in_flight
     let (runs, _) = f.svc.prune(1_800_000).await.unwrap();
     assert_eq!(runs, 1, "only the run that ended an hour ago");
     assert_eq!(
-        api(f.svc.get(&done).unwrap_err()).known_reason(),
+        api(f.svc.get(&done).await.unwrap_err()).known_reason(),
         Some(Reason::RunNotFound)
     );
     for kept in [&running, &recent] {
@@ -985,6 +1042,7 @@ async fn pruning_removes_runs_that_ended_past_retention_and_keeps_runs_in_flight
                 run_id: kept.clone(),
                 ..Default::default()
             })
+            .await
             .unwrap();
         assert_eq!(
             audit.records.first().unwrap().event_type,
@@ -992,12 +1050,12 @@ async fn pruning_removes_runs_that_ended_past_retention_and_keeps_runs_in_flight
             "{kept}"
         );
     }
-    assert_eq!(status_of(&f.svc.get(&running).unwrap()), S::Running);
+    assert_eq!(status_of(&f.svc.get(&running).await.unwrap()), S::Running);
 }
 
-#[tokio::test]
-async fn a_run_gets_its_adapter_manual_by_default_switchyard_for_a_job_and_none_for_a_call() {
-    let f = fixture();
+async fn a_run_gets_its_adapter_manual_by_default_switchyard_for_a_job_and_none_for_a_call(
+    f: Fixture,
+) {
     let run = propose(&f.svc, Some(100)).await;
     assert_eq!(run.adapter, "manual");
     let mut job_run = spec(Some(100));
@@ -1023,13 +1081,13 @@ async fn a_run_gets_its_adapter_manual_by_default_switchyard_for_a_job_and_none_
     }
 }
 
-#[tokio::test]
-async fn the_manual_round_trip_keeps_the_pasted_result_as_an_artifact_fetched_byte_identical() {
-    let f = fixture();
+async fn the_manual_round_trip_keeps_the_pasted_result_as_an_artifact_fetched_byte_identical(
+    f: Fixture,
+) {
     let id = approved(&f.svc).await;
     // The dispatcher hands it to the manual adapter: running, awaiting the result.
     assert_eq!(f.svc.dispatch().await.unwrap(), 1);
-    let run = f.svc.get(&id).unwrap();
+    let run = f.svc.get(&id).await.unwrap();
     assert_eq!(status_of(&run), S::Running);
     assert_eq!(
         (run.job_id.as_str(), run.adapter_state.as_str()),
@@ -1080,9 +1138,9 @@ async fn the_manual_round_trip_keeps_the_pasted_result_as_an_artifact_fetched_by
     assert_eq!(err.known_reason(), Some(Reason::ArtifactNotFound));
 }
 
-#[tokio::test]
-async fn a_pasted_result_of_a_kind_outside_outputs_allowed_is_refused_and_nothing_changes() {
-    let f = fixture();
+async fn a_pasted_result_of_a_kind_outside_outputs_allowed_is_refused_and_nothing_changes(
+    f: Fixture,
+) {
     let id = approved(&f.svc).await;
     let req = ImportManualResultRequest {
         run_id: id.clone(),
@@ -1099,11 +1157,11 @@ async fn a_pasted_result_of_a_kind_outside_outputs_allowed_is_refused_and_nothin
         err.message
     );
     assert_eq!(
-        status_of(&f.svc.get(&id).unwrap()),
+        status_of(&f.svc.get(&id).await.unwrap()),
         S::Approved,
         "still importable"
     );
-    let audit = audit_of(&f.svc, &id);
+    let audit = audit_of(&f.svc, &id).await;
     let refused = audit.last().unwrap();
     assert_eq!(
         (refused.event_type.as_str(), refused.reason.as_str()),
@@ -1111,9 +1169,7 @@ async fn a_pasted_result_of_a_kind_outside_outputs_allowed_is_refused_and_nothin
     );
 }
 
-#[tokio::test]
-async fn an_ojs_run_without_an_ojs_server_fails_with_adapter_not_configured() {
-    let f = fixture();
+async fn an_ojs_run_without_an_ojs_server_fails_with_adapter_not_configured(f: Fixture) {
     let mut run = spec(Some(100));
     run.adapter = "ojs".into();
     let id = propose_run(&f.svc, run).await.unwrap().run_id;
@@ -1122,7 +1178,7 @@ async fn an_ojs_run_without_an_ojs_server_fails_with_adapter_not_configured() {
         .await
         .unwrap();
     f.svc.dispatch().await.unwrap();
-    let run = f.svc.get(&id).unwrap();
+    let run = f.svc.get(&id).await.unwrap();
     assert_eq!(status_of(&run), S::Failed);
     assert_eq!(run.reason_code, "ADAPTER_NOT_CONFIGURED");
     assert!(

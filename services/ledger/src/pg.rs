@@ -37,7 +37,7 @@ use switchyard_proto::ledger::v1::{
     RecordKind,
 };
 use switchyard_store::StoreError;
-use switchyard_store::pg::{Migration, Pg, retryable};
+use switchyard_store::pg::{Migration, Pg, TxError};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::books::{Books, BudgetState, Charge, Res, Settled};
@@ -179,14 +179,14 @@ impl PgBooks {
                     outcome = Ok(done);
                     break;
                 }
-                Err(Failed::Retry(e)) if attempt + 1 < ATTEMPTS => {
+                Err(TxError::Retry(e)) if attempt + 1 < ATTEMPTS => {
                     tracing::debug!(error = %e, attempt, "ledger batch runs again");
                     // A little jitter, so two replicas that collided do not
                     // collide again in step.
                     let pause = 1 + (rand_unit() * 4.0 * (attempt as f64 + 1.0)) as u64;
                     tokio::time::sleep(Duration::from_millis(pause)).await;
                 }
-                Err(Failed::Retry(e) | Failed::Store(e)) => {
+                Err(TxError::Retry(e) | TxError::Fatal(e)) => {
                     outcome = Err(e);
                     break;
                 }
@@ -209,10 +209,10 @@ impl PgBooks {
     }
 
     /// One transaction over the batch.
-    async fn attempt(&self, jobs: &[Job]) -> Result<Vec<Result<Done, LedgerError>>, Failed> {
+    async fn attempt(&self, jobs: &[Job]) -> Result<Vec<Result<Done, LedgerError>>, TxError> {
         let db = &self.db;
-        let mut client = db.client().await.map_err(Failed::Store)?;
-        let fail = |doing: &'static str| move |e: tokio_postgres::Error| Failed::of(db, doing, &e);
+        let mut client = db.client().await.map_err(TxError::Fatal)?;
+        let fail = |doing: &'static str| move |e: tokio_postgres::Error| db.tx_error(doing, &e);
         let tx = client
             .transaction()
             .await
@@ -503,7 +503,7 @@ impl PgBooks {
         &self,
         tx: &deadpool_postgres::Transaction<'_>,
         leaves: &BTreeSet<String>,
-    ) -> Result<BTreeSet<String>, Failed> {
+    ) -> Result<BTreeSet<String>, TxError> {
         let mut out = BTreeSet::new();
         let mut missing = Vec::new();
         {
@@ -540,7 +540,7 @@ impl PgBooks {
                 &[&missing],
             )
             .await
-            .map_err(|e| Failed::of(&self.db, "reading budget chains", &e))?;
+            .map_err(|e| self.db.tx_error("reading budget chains", &e))?;
         let mut facts = self.facts.lock().unwrap_or_else(|p| p.into_inner());
         for row in rows {
             let (id, tenant, parent): (String, String, String) =
@@ -771,34 +771,14 @@ impl PgBooks {
     }
 }
 
-/// How a batch's transaction failed.
-enum Failed {
-    /// A retry may succeed (serialization failure, deadlock, a key another
-    /// replica inserted first).
-    Retry(StoreError),
-    /// It will not.
-    Store(StoreError),
-}
-
-impl Failed {
-    fn of(db: &Pg, doing: &str, e: &tokio_postgres::Error) -> Failed {
-        let err = db.error(doing, e);
-        if retryable(e) {
-            Failed::Retry(err)
-        } else {
-            Failed::Store(err)
-        }
-    }
-}
-
-fn corrupt(what: &str, e: prost::DecodeError) -> Failed {
-    Failed::Store(StoreError::Io(format!(
+fn corrupt(what: &str, e: prost::DecodeError) -> TxError {
+    TxError::Fatal(StoreError::Io(format!(
         "a stored {what} does not decode: {e}"
     )))
 }
 
 /// The budget a stored reservation was made on.
-fn reservation_budget(data: &[u8]) -> Result<String, Failed> {
+fn reservation_budget(data: &[u8]) -> Result<String, TxError> {
     Ok(StoredRes::decode(data)
         .map_err(|e| corrupt("reservation", e))?
         .budget_id)

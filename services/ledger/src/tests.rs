@@ -59,15 +59,8 @@ impl Ledger {
 /// A ledger on a fresh database of the shared throwaway PostgreSQL
 /// cluster, or `None` (said on stderr) when the run skips PostgreSQL.
 async fn pg_fixture() -> Option<Fixture> {
-    let cluster = match switchyard_testkit::pg::shared() {
-        Ok(c) => c,
-        Err(switchyard_testkit::pg::Unavailable::Skip(why)) => {
-            eprintln!("skipped on PostgreSQL: {why}");
-            return None;
-        }
-    };
     let db = switchyard_store::pg::Pg::connect(&switchyard_store::pg::PgConfig {
-        url: cluster.database().unwrap(),
+        url: switchyard_testkit::pg::fresh_database()?,
         pool_size: 8,
         ..Default::default()
     })
@@ -85,32 +78,8 @@ async fn pg_fixture() -> Option<Fixture> {
     })
 }
 
-/// Runs each behaviour test on both backends: `on_sled::NAME` and
-/// `on_postgres::NAME`.
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod on_sled {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::fixture()).await
-                }
-            )*
-        }
-        mod on_postgres {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    if let Some(f) = super::pg_fixture().await {
-                        super::$name(f).await
-                    }
-                }
-            )*
-        }
-    };
-}
-
-on_both_backends!(
+switchyard_testkit::on_both_backends!(
+    fixture, pg_fixture;
     reservation_must_fit_every_ancestor_and_a_refusal_changes_nothing,
     commit_journals_the_entry_releases_the_rest_and_rolls_spend_up,
     cost_is_computed_from_units_and_price_when_not_given,

@@ -1,0 +1,438 @@
+//! The approval service on PostgreSQL, for any number of replicas on one
+//! database.
+//!
+//! Runs, the audit log and artifact content are tables. Every change to a
+//! run is one transaction that locks the rows of the runs it names
+//! (`SELECT … FOR UPDATE`, in id order), runs the same code as on sled
+//! against them — so every status change still goes through the one
+//! transition table — and writes back the changed runs and their audit
+//! records before it commits. Two replicas approving and cancelling one
+//! run at once take turns on its row: the second decides against what the
+//! first committed, and gets the table's reason. Claims are fenced the same
+//! way: a worker whose lease lapsed, and whose run another worker then
+//! claimed, finds the claim no longer its own.
+//!
+//! Audit records are numbered from a sequence when their transaction
+//! commits; `Watch` tails the table from any replica
+//! ([`switchyard_store::pg::tail`]). Expired claims are swept, and approved
+//! runs handed to their adapters, by whichever replica holds the
+//! `approval.sweeper` and `approval.dispatcher` lease rows.
+
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+use prost::Message;
+use switchyard_core::run::RunStatus as S;
+use switchyard_proto::approval::v1::{
+    AuditRecord, ListAuditRequest, ListAuditResponse, ListRunsRequest, ListRunsResponse, Run,
+    RunStatus,
+};
+use switchyard_store::StoreError;
+use switchyard_store::pg::{Migration, Pg, TxError, ms};
+
+use crate::runs::{RunSet, Slice, ended};
+use crate::{ApprovalError, State, list_key, listed, status_of};
+
+/// The schema, in order. Never edit a released migration: add one.
+pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "runs, the audit log and artifact content",
+    sql: "
+        CREATE TABLE approval_runs (
+            id TEXT PRIMARY KEY,
+            status INT NOT NULL,
+            list_key TEXT NOT NULL,
+            created_by TEXT NOT NULL,
+            claim_expires_ms BIGINT NOT NULL,
+            ended_ms BIGINT,
+            data BYTEA NOT NULL);
+        CREATE INDEX approval_runs_by_list_key ON approval_runs (list_key);
+        CREATE INDEX approval_runs_claims ON approval_runs (claim_expires_ms) WHERE status = 4;
+        CREATE INDEX approval_runs_in_flight ON approval_runs (status) WHERE status IN (2, 4);
+        CREATE INDEX approval_runs_ended ON approval_runs (ended_ms) WHERE ended_ms IS NOT NULL;
+        CREATE SEQUENCE approval_audit_seq;
+        CREATE TABLE approval_audit (
+            seq BIGINT PRIMARY KEY,
+            run_id TEXT NOT NULL,
+            record BYTEA NOT NULL);
+        CREATE INDEX approval_audit_by_run ON approval_audit (run_id, seq);
+        CREATE TABLE approval_blobs (
+            address TEXT PRIMARY KEY,
+            data BYTEA NOT NULL);
+    ",
+}];
+
+// The SQL above names statuses by number.
+const _: () = assert!(RunStatus::Approved as i32 == 2 && RunStatus::Running as i32 == 4);
+
+/// How often a transaction that must be retried runs again.
+const ATTEMPTS: usize = 8;
+
+/// The runs in PostgreSQL.
+pub(crate) struct PgRuns {
+    db: Pg,
+    /// Names this replica in lease rows.
+    replica: String,
+}
+
+impl PgRuns {
+    /// Migrates the schema.
+    pub(crate) async fn open(db: Pg) -> Result<std::sync::Arc<Self>, ApprovalError> {
+        crate::Approval::migrate(&db).await?;
+        Ok(std::sync::Arc::new(PgRuns {
+            db,
+            replica: format!("approval-{}", uuid::Uuid::new_v4().simple()),
+        }))
+    }
+
+    pub(crate) fn db(&self) -> &Pg {
+        &self.db
+    }
+
+    pub(crate) fn replica_id(&self) -> &str {
+        &self.replica
+    }
+
+    /// Runs `body` in a transaction holding the rows of runs `ids`; writes
+    /// back what it changed and audited, at time `now`. Run again whole
+    /// when the transaction must be retried; a refusal from `body` rolls
+    /// back and is returned.
+    pub(crate) async fn mutate<T>(
+        &self,
+        ids: &[String],
+        now: u64,
+        body: &mut (dyn FnMut(&mut State) -> Result<T, ApprovalError> + Send),
+    ) -> Result<T, ApprovalError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.attempt(ids, now, body).await {
+                Err(Attempt::Tx(TxError::Retry(e))) if attempt < ATTEMPTS => {
+                    tracing::debug!(error = %e, attempt, "approval transaction runs again");
+                }
+                Err(Attempt::Tx(TxError::Retry(e) | TxError::Fatal(e))) => return Err(e.into()),
+                Err(Attempt::Refused(e)) => return Err(e),
+                Ok(out) => return Ok(out),
+            }
+        }
+    }
+
+    async fn attempt<T>(
+        &self,
+        ids: &[String],
+        now: u64,
+        body: &mut (dyn FnMut(&mut State) -> Result<T, ApprovalError> + Send),
+    ) -> Result<T, Attempt> {
+        let db = &self.db;
+        let fail = |doing: &'static str| {
+            move |e: tokio_postgres::Error| Attempt::Tx(db.tx_error(doing, &e))
+        };
+        let mut client = db
+            .client()
+            .await
+            .map_err(|e| Attempt::Tx(TxError::Fatal(e)))?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(fail("starting a transaction"))?;
+        let mut ids: Vec<&str> = ids
+            .iter()
+            .map(String::as_str)
+            .filter(|s| !s.is_empty())
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let rows = tx
+            .query(
+                "SELECT data FROM approval_runs WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+                &[&ids],
+            )
+            .await
+            .map_err(fail("locking runs"))?;
+        let mut slice = Slice::default();
+        for row in rows {
+            let run = decode_run(&row.get::<_, Vec<u8>>(0))
+                .map_err(|e| Attempt::Tx(TxError::Fatal(e)))?;
+            slice.runs.insert(run.run_id.clone(), run);
+        }
+        let mut st = State {
+            runs: RunSet::Slice(slice),
+            pending: Vec::new(),
+        };
+        let out = body(&mut st).map_err(Attempt::Refused)?;
+        let RunSet::Slice(slice) = st.runs else {
+            return Err(Attempt::Tx(TxError::Fatal(StoreError::Io(
+                "internal error: not a slice".into(),
+            ))));
+        };
+        let mut w = RunRows::default();
+        for id in &slice.dirty {
+            if let Some(run) = slice.runs.get(id) {
+                w.push(run, now);
+            }
+        }
+        let mut records = st.pending;
+        let seqs: Vec<i64> = if records.is_empty() {
+            Vec::new()
+        } else {
+            tx.query(
+                "SELECT nextval('approval_audit_seq') FROM generate_series(1, $1::BIGINT)",
+                &[&(records.len() as i64)],
+            )
+            .await
+            .map_err(fail("numbering audit records"))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+        };
+        let mut sorted = seqs;
+        sorted.sort_unstable();
+        let (mut a_seq, mut a_run, mut a_rec) = (Vec::new(), Vec::new(), Vec::new());
+        for (rec, seq) in records.iter_mut().zip(&sorted) {
+            rec.sequence = *seq as u64;
+            a_seq.push(*seq);
+            a_run.push(rec.run_id.clone());
+            a_rec.push(rec.encode_to_vec());
+        }
+        type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
+        let run_params: [Param<'_>; 7] = [
+            &w.id,
+            &w.status,
+            &w.list_key,
+            &w.created_by,
+            &w.claim_expires,
+            &w.ended,
+            &w.data,
+        ];
+        let audit_params: [Param<'_>; 3] = [&a_seq, &a_run, &a_rec];
+        futures_util::try_join!(
+            tx.execute(
+                "INSERT INTO approval_runs
+                     (id, status, list_key, created_by, claim_expires_ms, ended_ms, data)
+                 SELECT * FROM unnest($1::TEXT[], $2::INT[], $3::TEXT[], $4::TEXT[],
+                                      $5::BIGINT[], $6::BIGINT[], $7::BYTEA[])
+                 ON CONFLICT (id) DO UPDATE SET status = EXCLUDED.status,
+                     list_key = EXCLUDED.list_key, claim_expires_ms = EXCLUDED.claim_expires_ms,
+                     ended_ms = EXCLUDED.ended_ms, data = EXCLUDED.data",
+                &run_params,
+            ),
+            tx.execute(
+                "INSERT INTO approval_audit (seq, run_id, record)
+                 SELECT * FROM unnest($1::BIGINT[], $2::TEXT[], $3::BYTEA[])",
+                &audit_params,
+            ),
+        )
+        .map_err(fail("writing runs"))?;
+        tx.commit().await.map_err(fail("committing"))?;
+        Ok(out)
+    }
+
+    /// One run.
+    pub(crate) async fn get(&self, id: &str) -> Result<Option<Run>, ApprovalError> {
+        let c = self.db.client().await?;
+        let row = c
+            .query_opt("SELECT data FROM approval_runs WHERE id = $1", &[&id])
+            .await
+            .map_err(|e| self.db.error("reading a run", &e))?;
+        Ok(row
+            .map(|r| decode_run(&r.get::<_, Vec<u8>>(0)))
+            .transpose()?)
+    }
+
+    /// A page of runs: the filter's, proposed first, then by creation time.
+    pub(crate) async fn list(
+        &self,
+        req: &ListRunsRequest,
+        statuses: &[S],
+        size: usize,
+    ) -> Result<ListRunsResponse, ApprovalError> {
+        let c = self.db.client().await?;
+        let wanted: Vec<i32> = statuses
+            .iter()
+            .map(|s| crate::to_proto(*s) as i32)
+            .collect();
+        let mut after = req.page_token.clone();
+        let mut runs = Vec::new();
+        // Target filters are applied here, a page of rows at a time.
+        'pages: loop {
+            let rows = c
+                .query(
+                    "SELECT list_key, data FROM approval_runs
+                     WHERE list_key > $1 AND (cardinality($2::INT[]) = 0 OR status = ANY($2))
+                       AND ($3 = '' OR created_by = $3)
+                     ORDER BY list_key LIMIT 500",
+                    &[&after, &wanted, &req.created_by],
+                )
+                .await
+                .map_err(|e| self.db.error("listing runs", &e))?;
+            let Some(last) = rows.last() else { break };
+            after = last.get(0);
+            for r in &rows {
+                let run = decode_run(&r.get::<_, Vec<u8>>(1))?;
+                if listed(req, statuses, &run) {
+                    runs.push(run);
+                    if runs.len() > size {
+                        break 'pages;
+                    }
+                }
+            }
+        }
+        let next_page_token = if runs.len() > size {
+            runs.truncate(size);
+            runs.last().map(list_key).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(ListRunsResponse {
+            runs,
+            next_page_token,
+        })
+    }
+
+    /// Audit records after a sequence, of one run or all.
+    pub(crate) async fn list_audit(
+        &self,
+        req: &ListAuditRequest,
+        size: usize,
+    ) -> Result<ListAuditResponse, ApprovalError> {
+        if !req.run_id.is_empty() && self.get(&req.run_id).await?.is_none() {
+            return Err(ApprovalError::RunNotFound(req.run_id.clone()));
+        }
+        let c = self.db.client().await?;
+        let rows = c
+            .query(
+                "SELECT record FROM approval_audit WHERE seq > $1 AND ($2 = '' OR run_id = $2)
+                 ORDER BY seq LIMIT $3",
+                &[&ms(req.after_sequence), &req.run_id, &(size as i64)],
+            )
+            .await
+            .map_err(|e| self.db.error("listing the audit log", &e))?;
+        let records = rows
+            .iter()
+            .map(|r| decode_audit(&r.get::<_, Vec<u8>>(0)))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ListAuditResponse { records })
+    }
+
+    /// The audit log after `after`, as it commits.
+    pub(crate) fn tail(&self, after: u64) -> BoxStream<'static, Result<AuditRecord, StoreError>> {
+        switchyard_store::pg::tail(
+            self.db.clone(),
+            "SELECT seq, record FROM approval_audit WHERE seq > $1 ORDER BY seq LIMIT 1000",
+            after,
+        )
+        .map(|r| r.and_then(|(_, data)| decode_audit(&data)))
+        .boxed()
+    }
+
+    /// Running runs whose claim lapsed by `now`: (run, worker).
+    pub(crate) async fn expired_claims(
+        &self,
+        now: u64,
+    ) -> Result<Vec<(String, String)>, ApprovalError> {
+        let c = self.db.client().await?;
+        let rows = c
+            .query(
+                "SELECT data FROM approval_runs WHERE status = 4 AND claim_expires_ms <= $1
+                 ORDER BY claim_expires_ms LIMIT 1000",
+                &[&ms(now)],
+            )
+            .await
+            .map_err(|e| self.db.error("finding expired claims", &e))?;
+        rows.iter()
+            .map(|r| {
+                let run = decode_run(&r.get::<_, Vec<u8>>(0))?;
+                Ok((run.run_id, run.claimed_by))
+            })
+            .collect()
+    }
+
+    /// Approved and running runs.
+    pub(crate) async fn in_flight(&self) -> Result<Vec<Run>, ApprovalError> {
+        let c = self.db.client().await?;
+        let rows = c
+            .query("SELECT data FROM approval_runs WHERE status IN (2, 4)", &[])
+            .await
+            .map_err(|e| self.db.error("listing runs in flight", &e))?;
+        Ok(rows
+            .iter()
+            .map(|r| decode_run(&r.get::<_, Vec<u8>>(0)))
+            .collect::<Result<_, _>>()?)
+    }
+
+    /// Removes the runs that ended before `cutoff_ms`, with their audit
+    /// records; returns how many of each went.
+    pub(crate) async fn prune(&self, cutoff_ms: u64) -> Result<(usize, u64), ApprovalError> {
+        let mut c = self.db.client().await?;
+        let tx = c
+            .transaction()
+            .await
+            .map_err(|e| self.db.error("pruning runs", &e))?;
+        let gone: Vec<String> = tx
+            .query(
+                "DELETE FROM approval_runs WHERE ended_ms < $1 RETURNING id",
+                &[&ms(cutoff_ms)],
+            )
+            .await
+            .map_err(|e| self.db.error("pruning runs", &e))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let records = tx
+            .execute(
+                "DELETE FROM approval_audit WHERE run_id = ANY($1)",
+                &[&gone],
+            )
+            .await
+            .map_err(|e| self.db.error("pruning the audit log", &e))?;
+        tx.commit()
+            .await
+            .map_err(|e| self.db.error("pruning runs", &e))?;
+        Ok((gone.len(), records))
+    }
+}
+
+/// How a transaction failed.
+enum Attempt {
+    /// In the database.
+    Tx(TxError),
+    /// The change itself was refused (nothing written).
+    Refused(ApprovalError),
+}
+
+fn decode_run(data: &[u8]) -> Result<Run, StoreError> {
+    Run::decode(data).map_err(|e| StoreError::Io(format!("a stored run does not decode: {e}")))
+}
+
+fn decode_audit(data: &[u8]) -> Result<AuditRecord, StoreError> {
+    AuditRecord::decode(data)
+        .map_err(|e| StoreError::Io(format!("a stored audit record does not decode: {e}")))
+}
+
+/// Changed runs, as columns.
+#[derive(Default)]
+struct RunRows {
+    id: Vec<String>,
+    status: Vec<i32>,
+    list_key: Vec<String>,
+    created_by: Vec<String>,
+    claim_expires: Vec<i64>,
+    ended: Vec<Option<i64>>,
+    data: Vec<Vec<u8>>,
+}
+
+impl RunRows {
+    fn push(&mut self, run: &Run, now: u64) {
+        let status = status_of(run);
+        self.id.push(run.run_id.clone());
+        self.status.push(run.status);
+        self.list_key.push(list_key(run));
+        self.created_by.push(run.created_by.clone());
+        self.claim_expires.push(
+            run.claim_expires_at
+                .as_ref()
+                .map_or(0, |t| ms(switchyard_kit::time::timestamp_ms(t))),
+        );
+        self.ended.push(ended(status).then(|| ms(now)));
+        self.data.push(run.encode_to_vec());
+    }
+}
