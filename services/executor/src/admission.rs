@@ -644,6 +644,19 @@ impl Executor {
             self.spawn_driver(&spec.job_id);
         }
         self.inner.book.durable(g).await?;
+        if start && crate::queue::queue_job(&spec) {
+            // Answered "available" only once a worker's fetch can take it.
+            let roots: Vec<String> = spec
+                .tasks
+                .iter()
+                .filter(|t| t.depends_on.is_empty())
+                .map(|t| t.id.clone())
+                .collect();
+            self.inner
+                .board
+                .wait_offered(&spec.job_id, &roots, std::time::Duration::from_secs(2))
+                .await;
+        }
         let job = self.inner.book.job(&spec.job_id)?;
         let state = switchyard_proto::executor::v1::JobState::try_from(job.state)
             .map_or("unknown", |s| s.as_str_name());

@@ -154,6 +154,33 @@ impl Board {
         OnBoard { board: self, key }
     }
 
+    /// Waits, up to `limit`, until one of `tasks` of job `job_id` is
+    /// offered or leased: a queue job answered as available is then there
+    /// for the next fetch (its driver offers it moments after submission).
+    pub(crate) async fn wait_offered(
+        &self,
+        job_id: &str,
+        tasks: &[String],
+        limit: std::time::Duration,
+    ) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let offered = self.offered.notified();
+            tokio::pin!(offered);
+            offered.as_mut().enable();
+            let there = {
+                let st = crate::lock(&self.state);
+                tasks.iter().any(|t| {
+                    let key = (job_id.to_owned(), t.clone());
+                    st.offered.contains_key(&key) || st.leases.contains_key(&key)
+                })
+            };
+            if there || tokio::time::timeout_at(deadline, offered).await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// The lease of a task, if any: (owner, attempt, expiry).
     pub(crate) fn lease_of(&self, job_id: &str, task_id: &str) -> Option<(String, u32, u64)> {
         let st = crate::lock(&self.state);

@@ -233,6 +233,35 @@ async fn a_nack_reports_a_retry_delay_never_shorter_than_the_backoff() {
     }
 }
 
+#[tokio::test]
+async fn a_queue_job_answered_available_is_taken_by_the_very_next_fetch() {
+    let (_s, mut jobs, mut workers) = stack().await;
+    // No long poll: the fetch right after the 201 must find the job, in
+    // the order the queues are named.
+    for n in 0..50 {
+        let (low, high) = (format!("low-{n}"), format!("high-{n}"));
+        enqueue(&mut jobs, &low, "").await;
+        let id = enqueue(&mut jobs, &high, "").await;
+        let got = workers
+            .fetch(FetchRequest {
+                queues: vec![high.clone(), low.clone()],
+                count: 1,
+                worker_id: "eager".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .tasks;
+        assert_eq!(got.len(), 1, "round {n}: nothing to fetch");
+        assert_eq!(
+            got[0].task.as_ref().unwrap().job_id,
+            id,
+            "round {n}: the high queue first"
+        );
+    }
+}
+
 /// The ids of the dead-lettered jobs `c` sees.
 async fn dead_letter_ids(c: &mut Jobs) -> Vec<String> {
     let page = c
