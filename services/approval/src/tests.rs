@@ -1187,3 +1187,144 @@ async fn an_ojs_run_without_an_ojs_server_fails_with_adapter_not_configured(f: F
         run.last_error
     );
 }
+
+/// Two approval replicas (each its own service and pool) on one fresh
+/// database of the shared cluster, sharing a manual clock.
+async fn two_replicas() -> Option<(
+    Approval,
+    Approval,
+    ManualClock,
+    Vec<switchyard_kit::shutdown::Trigger>,
+)> {
+    let url = switchyard_testkit::pg::fresh_database()?;
+    let clock = ManualClock::new(1_700_000_000_000);
+    let mut out = Vec::new();
+    let mut triggers = Vec::new();
+    for _ in 0..2 {
+        let db = switchyard_store::pg::Pg::connect(&switchyard_store::pg::PgConfig {
+            url: url.clone(),
+            pool_size: 4,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let (trigger, shutdown) = switchyard_kit::shutdown::channel();
+        let svc = Approval::open_pg(
+            ApprovalConfig::default(),
+            db,
+            Arc::new(clock.clone()),
+            shutdown,
+        )
+        .await
+        .unwrap();
+        out.push(svc);
+        triggers.push(trigger);
+    }
+    let b = out.pop()?;
+    let a = out.pop()?;
+    Some((a, b, clock, triggers))
+}
+
+#[tokio::test]
+async fn two_replicas_approving_and_cancelling_one_run_at_once_agree_on_exactly_one_winner() {
+    let Some((a, b, _clock, _t)) = two_replicas().await else {
+        return;
+    };
+    for round in 0..20 {
+        let id = propose(&a, Some(100)).await.run_id;
+        let (approved, cancelled) = tokio::join!(
+            a.decide(Action::Approve, &id, "ok", REVIEWER),
+            b.decide(Action::Cancel, &id, "stop", REVIEWER),
+        );
+        // Proposed → approved and proposed → cancelled are both allowed;
+        // approved → cancelled is too, cancelled → approved is not. So
+        // either both succeed in that order, or the approval loses with
+        // the table's reason: never two answers the table forbids.
+        let last = b.get(&id).await.unwrap();
+        match (&approved, &cancelled) {
+            (Ok(_), Ok(_)) | (Err(_), Ok(_)) => {
+                assert_eq!(status_of(&last), S::Cancelled, "round {round}")
+            }
+            (Ok(_), Err(e)) => panic!("round {round}: the cancel lost to an approval: {e}"),
+            (Err(e1), Err(e2)) => panic!("round {round}: both refused: {e1} / {e2}"),
+        }
+        let approved = approved.map(|_| ());
+        if let Err(e) = approved.as_ref().map_err(ToString::to_string) {
+            assert!(e.contains("cancelled"), "round {round}: {e}");
+        }
+        // The audit log holds exactly the moves that were answered yes.
+        let moves: Vec<String> = audit_of(&a, &id)
+            .await
+            .into_iter()
+            .map(|r| r.event_type)
+            .filter(|e| e == "approved" || e == "cancelled")
+            .collect();
+        let expected = if approved.is_ok() {
+            vec!["approved", "cancelled"]
+        } else {
+            vec!["cancelled"]
+        };
+        assert_eq!(moves, expected, "round {round}");
+    }
+    // Two replicas approving one run at once: one approval, one refusal.
+    for round in 0..20 {
+        let id = propose(&a, Some(100)).await.run_id;
+        let (x, y) = tokio::join!(
+            a.decide(Action::Approve, &id, "ok", REVIEWER),
+            b.decide(Action::Approve, &id, "ok", REVIEWER),
+        );
+        assert!(
+            x.is_ok() != y.is_ok(),
+            "round {round}: exactly one approval wins: {x:?} / {y:?}"
+        );
+        let refused = x.err().or(y.err()).unwrap();
+        assert_eq!(
+            api(refused).known_reason(),
+            Some(Reason::RunAlreadyInStatus),
+            "round {round}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_claim_taken_over_on_another_replica_fences_the_first_worker() {
+    let Some((a, b, clock, _t)) = two_replicas().await else {
+        return;
+    };
+    let id = approved(&a).await;
+    a.claim(claim_req(&id, "w1", 5)).await.unwrap();
+    // w1's lease lapses; a sweep on either replica returns the run to
+    // approved (a retry), and w2 claims it through the other replica.
+    clock.advance_ms(6_000);
+    assert_eq!(
+        b.sweep().await.unwrap() + a.sweep().await.unwrap(),
+        1,
+        "swept once"
+    );
+    clock.advance_ms(60_000);
+    b.claim(claim_req(&id, "w2", 30)).await.unwrap();
+    // w1, late, cannot renew, complete or fail on either replica.
+    for svc in [&a, &b] {
+        let renew = RenewClaimRequest {
+            run_id: id.clone(),
+            worker_id: "w1".into(),
+            lease_secs: 30,
+        };
+        let e = svc.renew(renew).await.unwrap_err();
+        assert_eq!(api(e).known_reason(), Some(Reason::ClaimNotHeld));
+        let done = CompleteRequest {
+            run_id: id.clone(),
+            worker_id: "w1".into(),
+            result: None,
+        };
+        let e = svc.complete(done).await.unwrap_err();
+        assert_eq!(api(e).known_reason(), Some(Reason::ClaimNotHeld));
+    }
+    let done = CompleteRequest {
+        run_id: id.clone(),
+        worker_id: "w2".into(),
+        result: None,
+    };
+    let run = a.complete(done).await.unwrap();
+    assert_eq!(status_of(&run), S::Completed);
+}
