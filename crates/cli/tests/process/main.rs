@@ -15,6 +15,7 @@ mod mcp_server;
 mod mtls;
 mod outage;
 mod polyglot;
+mod postgres_split;
 mod real_llm;
 mod sandbox;
 mod split;

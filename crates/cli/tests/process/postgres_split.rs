@@ -1,0 +1,120 @@
+//! The services split into processes with the ledger and approval as
+//! replicas on one PostgreSQL database: three `switchyard serve --services
+//! ledger` and two `--services approval` processes, the executor talking to
+//! one replica of each, people and operators to the others. A job that needs
+//! a person runs through: it is approved through the approval replica the
+//! executor does not use, and its budget is read through a ledger replica
+//! it never called.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use crate::support::*;
+
+fn serve(services: &str, data_dir: &std::path::Path, env: &[(&str, &str)]) -> Proc {
+    Proc::start(
+        &[
+            "serve",
+            "--services",
+            services,
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data_dir.to_str().unwrap(),
+        ],
+        env,
+    )
+}
+
+#[test]
+fn a_job_runs_through_ledger_and_approval_replicas_on_one_database() {
+    let Some(db) = switchyard_testkit::pg::fresh_database() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| {
+        let p = dir.path().join(n);
+        std::fs::create_dir_all(&p).unwrap();
+        p
+    };
+    let registry = serve("registry,auth", &d("registry"), &[]);
+    let keys = follow_keys(&registry.url());
+    let keys = (keys.0, keys.1.as_str());
+    let on_pg = [
+        keys,
+        ("SWITCHYARD_STORAGE__BACKEND", "postgres"),
+        ("SWITCHYARD_STORAGE__POSTGRES__URL", db.as_str()),
+        ("SWITCHYARD_STORAGE__POSTGRES__POOL_SIZE", "4"),
+    ];
+    let router = serve(
+        "router",
+        &d("router"),
+        &[("SWITCHYARD_ROUTER__REGISTRY_URL", &registry.url()), keys],
+    );
+    let ledgers: Vec<Proc> = (0..3)
+        .map(|i| serve("ledger", &d(&format!("ledger{i}")), &on_pg))
+        .collect();
+    let approvals: Vec<Proc> = (0..2)
+        .map(|i| serve("approval", &d(&format!("approval{i}")), &on_pg))
+        .collect();
+    let (r, ro) = (registry.url(), router.url());
+    let (l0, a0) = (ledgers[0].url(), approvals[0].url());
+    let x = serve(
+        "executor",
+        &d("executor"),
+        &[
+            keys,
+            ("SWITCHYARD_EXECUTOR__REGISTRY_URL", &r),
+            ("SWITCHYARD_EXECUTOR__ROUTER_URL", &ro),
+            ("SWITCHYARD_EXECUTOR__LEDGER_URL", &l0),
+            ("SWITCHYARD_EXECUTOR__APPROVAL_URL", &a0),
+            ("SWITCHYARD_EXECUTOR__APPROVAL_POLL_MS", "50"),
+        ],
+    );
+    let url = x.url();
+    wait_for("built-in agents routable", Duration::from_secs(20), || {
+        routed(&ro, &["--capability", "builtin.echo"]).is_some_and(|ids| ids == ["builtin"])
+    });
+
+    // A job needing a person, proposed through approval replica 0 ...
+    let submitted = submit_as(&url, "examples/jobs/needs_approval.yaml", "alice");
+    let (job, run) = (
+        submitted["job_id"].as_str().unwrap().to_owned(),
+        submitted["run_id"].as_str().unwrap().to_owned(),
+    );
+    assert_eq!(submitted["state"], "pending");
+    // ... is pending on replica 1 too, and approved there by bob.
+    let a1 = approvals[1].url();
+    let pending = ok(&cli(&a1, &["approval", "list", "--as", "bob"]));
+    assert!(pending.contains(&run), "{pending}");
+    let own = cli(&a1, &["approval", "approve", &run, "--as", "alice"]);
+    assert!(
+        String::from_utf8_lossy(&own.stderr).contains("PERMISSION_DENIED"),
+        "a submitter cannot approve on any replica: {own:?}"
+    );
+    ok(&cli(
+        &a1,
+        &["approval", "approve", &run, "--as", "bob", "-m", "ok"],
+    ));
+    // The executor, polling replica 0, sees it and runs the job.
+    let watched = ok(&cli(&url, &["job", "watch", &job]));
+    assert!(watched.contains("job -> completed"), "{watched}");
+    let shown = ok(&cli(&a0, &["approval", "show", &run, "--as", "bob"]));
+    assert!(
+        shown.contains("bob"),
+        "the approval, made on replica 1, on replica 0: {shown}"
+    );
+
+    // The job's budget, made through ledger replica 0, read through 2.
+    let l2 = ledgers[2].url();
+    let budgets = ok(&cli(&l2, &["budget", "list"]));
+    assert!(budgets.contains(&job), "{budgets}");
+
+    assert_eq!(x.terminate(), Some(0));
+    for p in approvals.into_iter().chain(ledgers) {
+        assert_eq!(p.terminate(), Some(0));
+    }
+    for p in [router, registry] {
+        assert_eq!(p.terminate(), Some(0));
+    }
+}
