@@ -267,8 +267,8 @@ pub async fn run_node_then(
         None => None,
     };
     // The PostgreSQL pool, shared by this process's services that keep
-    // their state there (the ledger and approval; the registry stays on
-    // sled for now).
+    // their state there (ledger, approval and registry; the executor stays
+    // on sled for now).
     let pg = match cfg.storage.backend {
         crate::config::StorageBackend::Postgres => {
             starting.phase("connecting to PostgreSQL".to_string());
@@ -354,14 +354,28 @@ pub async fn run_node_then(
     let mut registry = None;
 
     if services.contains(&ServiceKind::Registry) {
-        let store = open("registry")?;
         let mut registry_cfg = cfg.registry.clone();
         if registry_cfg.mcp.scratch_dir.as_os_str().is_empty() {
             registry_cfg.mcp.scratch_dir = cfg.storage.data_dir.join("mcp");
         }
-        let reg = blocking(|| {
-            Registry::open(registry_cfg, store, Arc::new(SystemClock), shutdown.clone())
-        })?;
+        let reg = match &pg {
+            Some(db) => {
+                starting.phase("migrating and loading the registry from PostgreSQL".to_string());
+                Registry::open_pg(
+                    registry_cfg,
+                    db.clone(),
+                    Arc::new(SystemClock),
+                    shutdown.clone(),
+                )
+                .await?
+            }
+            None => {
+                let store = open("registry")?;
+                blocking(|| {
+                    Registry::open(registry_cfg, store, Arc::new(SystemClock), shutdown.clone())
+                })?
+            }
+        };
         reg.spawn_background();
         server = server.add_service(reg.server(max));
         registry = Some(reg);

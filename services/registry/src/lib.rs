@@ -8,6 +8,7 @@
 //! stats are held in memory and written lazily, never one fsync each.
 
 pub mod a2a;
+mod durable;
 pub mod mcp;
 mod state;
 pub mod validate;
@@ -26,7 +27,7 @@ use switchyard_proto::registry::v1::registry_service_server::{
     RegistryService, RegistryServiceServer,
 };
 use switchyard_proto::registry::v1::*;
-use switchyard_store::{Store, StoreError, Tree};
+use switchyard_store::{Store, StoreError};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status};
@@ -312,14 +313,28 @@ struct Inner {
     clock: Arc<dyn Clock>,
     state: Mutex<State>,
     head_tx: watch::Sender<u64>,
-    store: Store,
-    agents: Tree<Agent>,
-    tools: Tree<Tool>,
-    mcp_servers: Tree<McpServer>,
+    /// Where the records are kept.
+    durable: durable::Durable,
     hub: mcp::Hub,
     /// For Agent Cards and HTTP MCP servers.
     http: Result<reqwest::Client, String>,
     shutdown: Shutdown,
+}
+
+/// The in-memory entry of a stored agent: available while its lease runs,
+/// lapsed once it ran out.
+fn entry_of(mut agent: Agent, now: u64) -> Entry {
+    let lease = agent.lease_expires_at.as_ref().map_or(0, timestamp_ms);
+    agent.status = if lease > now {
+        AgentStatus::Available
+    } else {
+        AgentStatus::Lapsed
+    } as i32;
+    Entry {
+        agent,
+        lease_expires_ms: lease,
+        dirty: false,
+    }
 }
 
 /// Registered agents by status.
@@ -360,31 +375,73 @@ impl Registry {
         clock: Arc<dyn Clock>,
         shutdown: Shutdown,
     ) -> Result<Registry, RegistryError> {
-        let agents = store.tree::<Agent>("agents")?;
-        let tools = store.tree::<Tool>("tools")?;
-        let mcp_servers = store.tree::<McpServer>("mcp_servers")?;
+        let durable = durable::Durable::sled(store)?;
+        let loaded = match &durable {
+            durable::Durable::Sled {
+                agents, tools, mcp, ..
+            } => (
+                agents
+                    .iter()
+                    .map(|r| r.map(|(_, v)| v))
+                    .collect::<Result<_, _>>()?,
+                tools
+                    .iter()
+                    .map(|r| r.map(|(_, v)| v))
+                    .collect::<Result<_, _>>()?,
+                mcp.iter()
+                    .map(|r| r.map(|(_, v)| v))
+                    .collect::<Result<_, _>>()?,
+            ),
+            durable::Durable::Pg(_) => (Vec::new(), Vec::new(), Vec::new()),
+        };
+        Ok(Self::with(cfg, clock, shutdown, durable, loaded))
+    }
+
+    /// Opens the registry on PostgreSQL (migrating the schema first), as
+    /// one of any number of replicas sharing the database: it loads every
+    /// stored record, then follows the other replicas' changes.
+    pub async fn open_pg(
+        cfg: RegistryConfig,
+        db: switchyard_store::pg::Pg,
+        clock: Arc<dyn Clock>,
+        shutdown: Shutdown,
+    ) -> Result<Registry, RegistryError> {
+        let pg = durable::PgRegistry::open(db).await?;
+        // Changes from here on are replayed (re-reading a record is
+        // harmless): a little before the last, for transactions in flight.
+        let from = pg.last_change().await?.saturating_sub(1_000);
+        let durable = durable::Durable::Pg(pg);
+        let loaded = durable.load().await?;
+        let reg = Self::with(cfg, clock, shutdown, durable, loaded);
+        reg.follow_changes(from);
+        Ok(reg)
+    }
+
+    /// Applies migrations of the registry's tables to `db`.
+    pub async fn migrate(db: &switchyard_store::pg::Pg) -> Result<usize, RegistryError> {
+        Ok(db
+            .migrate("switchyard", switchyard_store::pg::COMMON_MIGRATIONS)
+            .await?
+            + db.migrate("registry", durable::MIGRATIONS).await?)
+    }
+
+    fn with(
+        cfg: RegistryConfig,
+        clock: Arc<dyn Clock>,
+        shutdown: Shutdown,
+        durable: durable::Durable,
+        (agents, tools, servers): (Vec<Agent>, Vec<Tool>, Vec<McpServer>),
+    ) -> Registry {
         let now = clock.now_ms();
         let mut st = State::new(
             uuid::Uuid::new_v4().simple().to_string(),
             cfg.watch_log_capacity,
         );
-        for r in tools.iter() {
-            let (name, tool) = r?;
-            st.tools.insert(name, tool);
+        for tool in tools {
+            st.tools.insert(tool.name.clone(), tool);
         }
-        for r in agents.iter() {
-            let (_, mut agent) = r?;
-            let lease = agent.lease_expires_at.as_ref().map_or(0, timestamp_ms);
-            agent.status = if lease > now {
-                AgentStatus::Available
-            } else {
-                AgentStatus::Lapsed
-            } as i32;
-            st.put_agent(Entry {
-                agent,
-                lease_expires_ms: lease,
-                dirty: false,
-            });
+        for agent in agents {
+            st.put_agent(entry_of(agent, now));
         }
         tracing::info!(agents = st.agents.len(), tools = st.tools.len(), epoch = %st.epoch, "registry loaded");
         let (head_tx, _) = watch::channel(0);
@@ -395,21 +452,88 @@ impl Registry {
             clock,
             state: Mutex::new(st),
             head_tx,
-            store,
-            agents,
-            tools,
-            mcp_servers,
+            durable,
             hub,
             http,
             shutdown,
         });
         switchyard_kit::metrics::global().add_gauges(&inner);
         let reg = Registry { inner };
-        for r in reg.inner.mcp_servers.iter() {
-            let (_, server) = r?;
+        for server in servers {
             reg.load_mcp_server(server);
         }
-        Ok(reg)
+        reg
+    }
+
+    /// Applies the other replicas' changes (PostgreSQL) as they commit:
+    /// each record named is read again and replaces this replica's view.
+    fn follow_changes(&self, after: u64) {
+        let durable::Durable::Pg(pg) = &self.inner.durable else {
+            return;
+        };
+        let changes = pg.changes(after);
+        let me = self.clone();
+        let shutdown = self.inner.shutdown.clone();
+        tokio::spawn(async move {
+            use futures_util::StreamExt;
+            let mut changes =
+                std::pin::pin!(changes.take_until(async move { shutdown.wait().await }));
+            while let Some(c) = changes.next().await {
+                match c {
+                    Ok(c) => {
+                        if let Err(e) = me.apply_change(c).await {
+                            tracing::warn!(error = %e, "applying another replica's change");
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "following the registry's changes"),
+                }
+            }
+        });
+    }
+
+    async fn apply_change(&self, c: durable::Change) -> Result<(), RegistryError> {
+        let durable::Durable::Pg(pg) = &self.inner.durable else {
+            return Ok(());
+        };
+        let now = self.inner.clock.now_ms();
+        match c {
+            durable::Change::Agent(id) => {
+                let stored = pg.agent(&id).await?;
+                let mut st = self.lock();
+                match stored {
+                    Some(agent) => {
+                        st.put_agent(entry_of(agent, now));
+                        st.emit_agent(&id);
+                    }
+                    None => {
+                        if st.remove_agent(&id).is_some() {
+                            st.emit_agent_removed(&id);
+                        }
+                    }
+                }
+            }
+            durable::Change::Tool(name) => {
+                let stored = pg.tool(&name).await?;
+                let mut st = self.lock();
+                match stored {
+                    Some(tool) => {
+                        st.tools.insert(name.clone(), tool.clone());
+                        st.emit_tool(tool);
+                    }
+                    None => {
+                        if st.tools.remove(&name).is_some() {
+                            st.emit_tool_removed(&name);
+                        }
+                    }
+                }
+            }
+            durable::Change::Mcp(name) => match pg.mcp(&name).await? {
+                Some(server) => self.load_mcp_server(server),
+                None => self.unload_mcp_server(&name),
+            },
+        }
+        self.notify();
+        Ok(())
     }
 
     /// Runs lease sweeping and lazy persistence until shutdown.
@@ -421,15 +545,22 @@ impl Registry {
             Duration::from_millis(cfg.sweep_interval_ms),
             "sweeping leases",
             move || {
-                me.sweep();
-                std::future::ready(Ok::<_, RegistryError>(()))
+                let me = me.clone();
+                async move {
+                    me.sync_leases().await?;
+                    me.sweep();
+                    Ok::<_, RegistryError>(())
+                }
             },
         );
         let me = self.clone();
         shutdown.spawn_every(
             Duration::from_millis(cfg.persist_interval_ms),
             "persisting heartbeats",
-            move || std::future::ready(me.persist_dirty().map(drop)),
+            move || {
+                let me = me.clone();
+                async move { me.persist_dirty().await.map(drop) }
+            },
         );
         self.spawn_mcp_connections();
         self.spawn_a2a_leases();
@@ -462,9 +593,64 @@ impl Registry {
         lapsed
     }
 
-    /// Writes heartbeat and stats changes (without waiting for fsync; sled
-    /// flushes in the background). Returns how many agents were written.
-    pub fn persist_dirty(&self) -> Result<usize, RegistryError> {
+    /// Takes in the leases, in-flight counts and statistics other replicas
+    /// wrote since the last look (PostgreSQL), so every replica lapses an
+    /// agent from the same lease and routes on the same saturation.
+    pub async fn sync_leases(&self) -> Result<usize, RegistryError> {
+        let durable::Durable::Pg(pg) = &self.inner.durable else {
+            return Ok(0);
+        };
+        let now = self.inner.clock.now_ms();
+        // Batches are written every persist interval: look back two.
+        let since = now.saturating_sub(2 * self.inner.cfg.persist_interval_ms + 1_000);
+        let stored = pg.leases_since(since).await?;
+        let mut changed = 0;
+        {
+            let mut st = self.lock();
+            for a in stored {
+                let Some(id) = a.spec.as_ref().map(|s| s.id.clone()) else {
+                    continue;
+                };
+                let lease = a.lease_expires_at.as_ref().map_or(0, timestamp_ms);
+                let Some(e) = st.agents.get_mut(&id) else {
+                    continue;
+                };
+                if lease <= e.lease_expires_ms {
+                    continue;
+                }
+                let before = (e.status(), e.saturated());
+                e.lease_expires_ms = lease;
+                e.agent.in_flight = a.in_flight;
+                e.agent.stats = a.stats;
+                if lease > now {
+                    e.agent.status = AgentStatus::Available as i32;
+                }
+                if before != (e.status(), e.saturated()) {
+                    st.emit_agent(&id);
+                    changed += 1;
+                }
+            }
+        }
+        if changed > 0 {
+            self.notify();
+        }
+        Ok(changed)
+    }
+
+    /// Writes heartbeat and stats changes in one batch (without waiting for
+    /// fsync on sled, which flushes in the background). Returns how many
+    /// agents were written.
+    pub async fn persist_dirty(&self) -> Result<usize, RegistryError> {
+        let dirty = self.take_dirty();
+        self.inner
+            .durable
+            .persist_leases(&dirty, self.inner.clock.now_ms())
+            .await?;
+        Ok(dirty.len())
+    }
+
+    /// The agents whose lease or statistics changed since the last batch.
+    fn take_dirty(&self) -> Vec<Agent> {
         let dirty: Vec<Agent> = {
             let mut st = self.lock();
             st.agents
@@ -476,18 +662,21 @@ impl Registry {
                 })
                 .collect()
         };
-        for a in &dirty {
-            if let Some(s) = &a.spec {
-                self.inner.agents.put(&s.id, a)?;
-            }
-        }
-        Ok(dirty.len())
+        dirty
     }
 
-    /// Persists everything and flushes to disk (shutdown).
+    /// Persists everything and flushes to disk (shutdown; on PostgreSQL
+    /// the last lease batch is written by the background task, and leases
+    /// are renewed by heartbeats anyway).
     pub fn flush(&self) -> Result<(), RegistryError> {
-        self.persist_dirty()?;
-        self.inner.store.flush_blocking()?;
+        if let durable::Durable::Sled { agents, .. } = &self.inner.durable {
+            for a in self.take_dirty() {
+                if let Some(s) = &a.spec {
+                    agents.put(&s.id, &a)?;
+                }
+            }
+        }
+        self.inner.durable.flush_blocking()?;
         Ok(())
     }
 
@@ -562,7 +751,7 @@ impl Registry {
                 stats: prev.map(|p| p.agent.stats.clone()).unwrap_or_default(),
                 spec: Some(spec.clone()),
             };
-            self.inner.agents.put(&spec.id, &agent)?;
+            self.inner.durable.put_agent(&agent)?;
             st.put_agent(Entry {
                 agent: agent.clone(),
                 lease_expires_ms: expires,
@@ -572,7 +761,7 @@ impl Registry {
             (agent, created)
         };
         self.notify();
-        self.inner.store.sync().await?;
+        self.inner.durable.sync().await?;
         tracing::info!(agent_id = %spec.id, created, "agent registered");
         Ok(RegisterAgentResponse {
             lease: Some(self.lease(&spec.id, expires)),
@@ -640,11 +829,11 @@ impl Registry {
             };
             may_change(p, "agent", &id, &e.agent.tenant, &e.agent.owner)?;
             st.remove_agent(&id);
-            self.inner.agents.remove(&id)?;
+            self.inner.durable.remove_agent(&id)?;
             st.emit_agent_removed(&id);
         }
         self.notify();
-        self.inner.store.sync().await?;
+        self.inner.durable.sync().await?;
         tracing::info!(agent_id = %id, "agent deregistered");
         Ok(())
     }
@@ -755,13 +944,13 @@ impl Registry {
             );
             tool.owner = prev.map_or_else(|| p.acting_subject().to_owned(), |t| t.owner.clone());
             let created = prev.is_none();
-            self.inner.tools.put(&tool.name, &tool)?;
+            self.inner.durable.put_tool(&tool)?;
             st.tools.insert(tool.name.clone(), tool.clone());
             st.emit_tool(tool.clone());
             created
         };
         self.notify();
-        self.inner.store.sync().await?;
+        self.inner.durable.sync().await?;
         tracing::info!(tool = %tool.name, created, "tool registered");
         Ok(RegisterToolResponse {
             tool: Some(tool),
@@ -784,12 +973,12 @@ impl Registry {
                     agents: users,
                 });
             }
-            self.inner.tools.remove(&name)?;
+            self.inner.durable.remove_tool(&name)?;
             st.tools.remove(&name);
             st.emit_tool_removed(&name);
         }
         self.notify();
-        self.inner.store.sync().await?;
+        self.inner.durable.sync().await?;
         Ok(())
     }
 

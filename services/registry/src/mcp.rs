@@ -329,6 +329,13 @@ impl Registry {
         }
     }
 
+    /// Forgets a server another replica removed.
+    pub(crate) fn unload_mcp_server(&self, name: &str) {
+        if let Ok(mut s) = self.inner.hub.slots.lock() {
+            s.remove(name);
+        }
+    }
+
     /// Loads a stored server (start-up); it connects later.
     pub(crate) fn load_mcp_server(&self, server: McpServer) {
         let slot = Slot {
@@ -400,8 +407,8 @@ impl Registry {
         });
         let mut guard = slot.lock().await;
         let stored = self.store_tools(&server, &tools, true)?;
-        self.inner.mcp_servers.put(&server.name, &server)?;
-        self.inner.store.sync().await?;
+        self.inner.durable.put_mcp(&server)?;
+        self.inner.durable.sync().await?;
         guard.server = server.clone();
         self.attach(&mut guard, session, changed);
         let info = info_of(&guard, &stored);
@@ -466,7 +473,7 @@ impl Registry {
         let server = guard.server.clone();
         let (tools, skipped) = self.listed_tools(&server, session).await?;
         let stored = self.store_tools(&server, &tools, false)?;
-        self.inner.store.sync().await?;
+        self.inner.durable.sync().await?;
         tracing::info!(server = %name, tools = stored.len(), skipped = skipped.len(), "MCP server's tool list changed");
         Ok(())
     }
@@ -563,13 +570,13 @@ impl Registry {
             .map(|t| t.name.clone())
             .collect();
         for name in &gone {
-            self.inner.tools.remove(name)?;
+            self.inner.durable.remove_tool(name)?;
             st.tools.remove(name);
             st.emit_tool_removed(name);
         }
         for t in &keep {
             if st.tools.get(&t.name) != Some(*t) {
-                self.inner.tools.put(&t.name, *t)?;
+                self.inner.durable.put_tool(t)?;
                 st.tools.insert(t.name.clone(), (*t).clone());
                 st.emit_tool((*t).clone());
             }
@@ -616,14 +623,14 @@ impl Registry {
                 }
             }
             for t in &tools {
-                self.inner.tools.remove(t)?;
+                self.inner.durable.remove_tool(t)?;
                 st.tools.remove(t);
                 st.emit_tool_removed(t);
             }
-            self.inner.mcp_servers.remove(&name)?;
+            self.inner.durable.remove_mcp(&name)?;
         }
         self.notify();
-        self.inner.store.sync().await?;
+        self.inner.durable.sync().await?;
         if let Ok(mut s) = self.inner.hub.slots.lock() {
             s.remove(&name);
         }

@@ -43,15 +43,18 @@ struct Fixture {
     _trigger: switchyard_kit::shutdown::Trigger,
 }
 
-fn fixture_on(store: Store) -> Fixture {
-    let clock = ManualClock::new(1_700_000_000_000);
-    let (trigger, shutdown) = switchyard_kit::shutdown::channel();
-    let cfg = RegistryConfig {
+fn test_cfg() -> RegistryConfig {
+    RegistryConfig {
         lease_ttl_secs: 10,
         watch_log_capacity: 8,
         ..Default::default()
-    };
-    let reg = Registry::open(cfg, store, Arc::new(clock.clone()), shutdown).unwrap();
+    }
+}
+
+fn fixture_on(store: Store) -> Fixture {
+    let clock = ManualClock::new(1_700_000_000_000);
+    let (trigger, shutdown) = switchyard_kit::shutdown::channel();
+    let reg = Registry::open(test_cfg(), store, Arc::new(clock.clone()), shutdown).unwrap();
     Fixture {
         reg,
         clock,
@@ -62,6 +65,49 @@ fn fixture_on(store: Store) -> Fixture {
 fn fixture() -> Fixture {
     fixture_on(Store::temporary().unwrap())
 }
+
+/// A registry replica on database `url` with `clock`.
+async fn replica(url: &str, clock: &ManualClock) -> Fixture {
+    let db = switchyard_store::pg::Pg::connect(&switchyard_store::pg::PgConfig {
+        url: url.to_owned(),
+        pool_size: 4,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let (trigger, shutdown) = switchyard_kit::shutdown::channel();
+    let reg = Registry::open_pg(test_cfg(), db, Arc::new(clock.clone()), shutdown)
+        .await
+        .unwrap();
+    Fixture {
+        reg,
+        clock: clock.clone(),
+        _trigger: trigger,
+    }
+}
+
+/// A registry on a fresh database of the shared throwaway PostgreSQL
+/// cluster, or `None` (said on stderr) when the run skips PostgreSQL.
+async fn pg_fixture() -> Option<Fixture> {
+    let url = switchyard_testkit::pg::fresh_database()?;
+    Some(replica(&url, &ManualClock::new(1_700_000_000_000)).await)
+}
+
+switchyard_testkit::on_both_backends!(
+    fixture, pg_fixture;
+    register_returns_lease_and_reregister_updates_in_place,
+    invalid_registration_reports_field_violations_and_stores_nothing,
+    lease_lapses_without_heartbeat_and_heartbeat_revives,
+    heartbeat_for_unknown_agent_is_not_found_with_reason,
+    heartbeats_emit_watch_events_only_on_routing_relevant_changes,
+    report_outcome_keeps_count_success_rate_and_ewma,
+    list_filters_and_paginates_by_id,
+    tools_need_valid_schema_and_cannot_be_removed_while_used,
+    watch_starts_with_snapshot_then_streams_live_changes,
+    watch_of_an_empty_registry_sends_one_snapshot_then_waits,
+    watch_resumes_after_a_revision_in_the_same_epoch,
+    watch_gives_snapshot_for_foreign_epoch_future_revision_or_trimmed_log,
+);
 
 async fn register(reg: &Registry, s: AgentSpec) -> Result<RegisterAgentResponse, ApiError> {
     reg.register_agent(rq(RegisterAgentRequest { agent: Some(s) }))
@@ -81,9 +127,7 @@ async fn get(reg: &Registry, id: &str) -> Agent {
     .unwrap()
 }
 
-#[tokio::test]
-async fn register_returns_lease_and_reregister_updates_in_place() {
-    let f = fixture();
+async fn register_returns_lease_and_reregister_updates_in_place(f: Fixture) {
     let r = register(&f.reg, spec("a", &["nlp"])).await.unwrap();
     assert!(r.created);
     assert_eq!(r.lease.unwrap().ttl.unwrap().seconds, 10);
@@ -125,9 +169,7 @@ async fn register_returns_lease_and_reregister_updates_in_place() {
     assert_eq!(find("pdf").await, 1);
 }
 
-#[tokio::test]
-async fn invalid_registration_reports_field_violations_and_stores_nothing() {
-    let f = fixture();
+async fn invalid_registration_reports_field_violations_and_stores_nothing(f: Fixture) {
     let mut s = spec("Bad", &["nlp"]);
     s.trust_score = 500;
     let err = register(&f.reg, s).await.unwrap_err();
@@ -140,9 +182,7 @@ async fn invalid_registration_reports_field_violations_and_stores_nothing() {
     assert!(err.violations.len() >= 3);
 }
 
-#[tokio::test]
-async fn lease_lapses_without_heartbeat_and_heartbeat_revives() {
-    let f = fixture();
+async fn lease_lapses_without_heartbeat_and_heartbeat_revives(f: Fixture) {
     register(&f.reg, spec("a", &["nlp"])).await.unwrap();
     f.clock.advance_ms(9_999);
     assert_eq!(f.reg.sweep(), 0);
@@ -192,9 +232,7 @@ async fn lease_lapses_without_heartbeat_and_heartbeat_revives() {
     assert_eq!(a.in_flight, 1);
 }
 
-#[tokio::test]
-async fn heartbeat_for_unknown_agent_is_not_found_with_reason() {
-    let f = fixture();
+async fn heartbeat_for_unknown_agent_is_not_found_with_reason(f: Fixture) {
     let err = ApiError::from(
         f.reg
             .heartbeat(rq(HeartbeatRequest {
@@ -209,9 +247,7 @@ async fn heartbeat_for_unknown_agent_is_not_found_with_reason() {
     assert_eq!(err.metadata["agent_id"], "ghost");
 }
 
-#[tokio::test]
-async fn heartbeats_emit_watch_events_only_on_routing_relevant_changes() {
-    let f = fixture();
+async fn heartbeats_emit_watch_events_only_on_routing_relevant_changes(f: Fixture) {
     register(&f.reg, spec("a", &["nlp"])).await.unwrap(); // max_concurrency 2
     let before = f.reg.revision();
     let hb = |n| {
@@ -235,9 +271,7 @@ async fn heartbeats_emit_watch_events_only_on_routing_relevant_changes() {
     assert_eq!(f.reg.revision(), before + 2, "free again");
 }
 
-#[tokio::test]
-async fn report_outcome_keeps_count_success_rate_and_ewma() {
-    let f = fixture();
+async fn report_outcome_keeps_count_success_rate_and_ewma(f: Fixture) {
     register(&f.reg, spec("a", &["nlp"])).await.unwrap();
     let report = |ok: bool, ms: u64, cap: &str| {
         f.reg.report_outcome(rq(ReportOutcomeRequest {
@@ -277,9 +311,7 @@ async fn report_outcome_keeps_count_success_rate_and_ewma() {
     assert_eq!(err.violations[0].field, "capability");
 }
 
-#[tokio::test]
-async fn list_filters_and_paginates_by_id() {
-    let f = fixture();
+async fn list_filters_and_paginates_by_id(f: Fixture) {
     for i in 0..5 {
         let mut s = spec(
             &format!("a{i}"),
@@ -339,9 +371,7 @@ async fn list_filters_and_paginates_by_id() {
     assert_eq!(ids(&eu), ["a0", "a2"]);
 }
 
-#[tokio::test]
-async fn tools_need_valid_schema_and_cannot_be_removed_while_used() {
-    let f = fixture();
+async fn tools_need_valid_schema_and_cannot_be_removed_while_used(f: Fixture) {
     let params = switchyard_kit::json::json_to_struct(
         &serde_json::json!({"type":"object","properties":{"q":{"type":"string"}}}),
     );
@@ -412,9 +442,7 @@ fn kind(ev: &WatchResponse) -> WatchEventType {
     WatchEventType::try_from(ev.r#type).unwrap()
 }
 
-#[tokio::test]
-async fn watch_starts_with_snapshot_then_streams_live_changes() {
-    let f = fixture();
+async fn watch_starts_with_snapshot_then_streams_live_changes(f: Fixture) {
     register(&f.reg, spec("a", &["nlp"])).await.unwrap();
     let mut w = watch(&f.reg, 0, "").await;
     assert_eq!(kind(&next(&mut w).await), WatchEventType::Reset);
@@ -443,9 +471,7 @@ async fn watch_starts_with_snapshot_then_streams_live_changes() {
     assert_eq!(ev.agent.unwrap().status, AgentStatus::Lapsed as i32);
 }
 
-#[tokio::test]
-async fn watch_of_an_empty_registry_sends_one_snapshot_then_waits() {
-    let f = fixture();
+async fn watch_of_an_empty_registry_sends_one_snapshot_then_waits(f: Fixture) {
     let mut w = watch(&f.reg, 0, "").await;
     assert_eq!(kind(&next(&mut w).await), WatchEventType::Reset);
     assert_eq!(kind(&next(&mut w).await), WatchEventType::SnapshotComplete);
@@ -456,9 +482,7 @@ async fn watch_of_an_empty_registry_sends_one_snapshot_then_waits() {
     assert_eq!((kind(&ev), ev.revision), (WatchEventType::AgentUpserted, 1));
 }
 
-#[tokio::test]
-async fn watch_resumes_after_a_revision_in_the_same_epoch() {
-    let f = fixture();
+async fn watch_resumes_after_a_revision_in_the_same_epoch(f: Fixture) {
     for id in ["a", "b", "c"] {
         register(&f.reg, spec(id, &["nlp"])).await.unwrap();
     }
@@ -472,9 +496,8 @@ async fn watch_resumes_after_a_revision_in_the_same_epoch() {
     assert_eq!(next(&mut w).await.revision, 3);
 }
 
-#[tokio::test]
-async fn watch_gives_snapshot_for_foreign_epoch_future_revision_or_trimmed_log() {
-    let f = fixture(); // log capacity 8
+async fn watch_gives_snapshot_for_foreign_epoch_future_revision_or_trimmed_log(f: Fixture) {
+    // log capacity 8
     for i in 0..12 {
         register(&f.reg, spec(&format!("a{i}"), &["nlp"]))
             .await
@@ -551,4 +574,106 @@ async fn agents_and_tools_survive_restart_and_expired_leases_come_back_lapsed() 
     let (_t, shutdown) = switchyard_kit::shutdown::channel();
     let reg = Registry::open(RegistryConfig::default(), store, Arc::new(clock), shutdown).unwrap();
     assert_eq!(get(&reg, "a").await.status, AgentStatus::Lapsed as i32);
+}
+
+/// Waits (bounded) until `f` holds of `reg`'s view.
+async fn until(reg: &Registry, what: &str, f: impl Fn(&State) -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !f(&reg.lock()) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// The lease of agent `id` as stored in the database.
+async fn stored_lease(reg: &Registry, id: &str) -> u64 {
+    let durable::Durable::Pg(pg) = &reg.inner.durable else {
+        panic!("not on PostgreSQL")
+    };
+    let a = pg.agent(id).await.unwrap().unwrap();
+    a.lease_expires_at.as_ref().map_or(0, timestamp_ms)
+}
+
+#[tokio::test]
+async fn two_replicas_share_registrations_and_lapse_an_agent_from_the_same_lease() {
+    let Some(url) = switchyard_testkit::pg::fresh_database() else {
+        return;
+    };
+    let clock = ManualClock::new(1_700_000_000_000);
+    let (a, b) = (replica(&url, &clock).await, replica(&url, &clock).await);
+    register(&a.reg, spec("x", &["nlp.summarize"]))
+        .await
+        .unwrap();
+    // B learns of it from the change log.
+    until(&b.reg, "B to see agent x", |st| st.agents.contains_key("x")).await;
+    let available = |r: &Registry| r.lock().agents.get("x").map(Entry::status);
+
+    // Heartbeats reach A only, for longer than the 10 s lease: B keeps the
+    // agent too, from the leases A writes in batches.
+    for _ in 0..5 {
+        clock.advance_ms(4_000);
+        let hb = HeartbeatRequest {
+            agent_id: "x".into(),
+            in_flight: 0,
+        };
+        a.reg.heartbeat(rq(hb)).await.unwrap();
+        a.reg.persist_dirty().await.unwrap();
+        b.reg.sync_leases().await.unwrap();
+        assert_eq!((a.reg.sweep(), b.reg.sweep()), (0, 0));
+        assert_eq!(available(&b.reg), Some(AgentStatus::Available));
+    }
+
+    // Heartbeats write no row each: the stored lease moves at the batch.
+    let before = stored_lease(&a.reg, "x").await;
+    for _ in 0..100 {
+        clock.advance_ms(10);
+        let hb = HeartbeatRequest {
+            agent_id: "x".into(),
+            in_flight: 1,
+        };
+        a.reg.heartbeat(rq(hb)).await.unwrap();
+    }
+    assert_eq!(
+        stored_lease(&a.reg, "x").await,
+        before,
+        "no write per heartbeat"
+    );
+    assert_eq!(
+        a.reg.persist_dirty().await.unwrap(),
+        1,
+        "one agent in the batch"
+    );
+    assert_eq!(stored_lease(&a.reg, "x").await, clock.now_ms() + 10_000);
+
+    // No more heartbeats: both replicas lapse it once the lease ran out.
+    clock.advance_ms(10_001);
+    b.reg.sync_leases().await.unwrap();
+    assert_eq!((a.reg.sweep(), b.reg.sweep()), (1, 1));
+    assert_eq!(available(&a.reg), Some(AgentStatus::Lapsed));
+    assert_eq!(available(&b.reg), Some(AgentStatus::Lapsed));
+
+    // A heartbeat to B revives it on A too.
+    let hb = HeartbeatRequest {
+        agent_id: "x".into(),
+        in_flight: 0,
+    };
+    b.reg.heartbeat(rq(hb)).await.unwrap();
+    b.reg.persist_dirty().await.unwrap();
+    a.reg.sync_leases().await.unwrap();
+    assert_eq!(available(&a.reg), Some(AgentStatus::Available));
+
+    // Deregistered through B: gone from A.
+    b.reg
+        .deregister_agent(rq(DeregisterAgentRequest {
+            agent_id: "x".into(),
+        }))
+        .await
+        .unwrap();
+    until(&a.reg, "A to forget agent x", |st| {
+        !st.agents.contains_key("x")
+    })
+    .await;
 }

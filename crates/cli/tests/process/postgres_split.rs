@@ -1,10 +1,12 @@
-//! The services split into processes with the ledger and approval as
-//! replicas on one PostgreSQL database: three `switchyard serve --services
-//! ledger` and two `--services approval` processes, the executor talking to
-//! one replica of each, people and operators to the others. A job that needs
-//! a person runs through: it is approved through the approval replica the
-//! executor does not use, and its budget is read through a ledger replica
-//! it never called.
+//! The services split into processes with the ledger, approval and the
+//! registry as replicas on one PostgreSQL database: three `switchyard serve
+//! --services ledger`, two `approval` and two `registry` processes, the
+//! executor talking to one replica of each, the router and people to the
+//! others. The executor's built-in agents register through one registry
+//! replica and the router, watching the other, routes to them; a job that
+//! needs a person is approved through the approval replica the executor
+//! does not use, and its budget is read through a ledger replica it never
+//! called.
 #![allow(clippy::unwrap_used)]
 
 use std::time::Duration;
@@ -37,15 +39,18 @@ fn a_job_runs_through_ledger_and_approval_replicas_on_one_database() {
         std::fs::create_dir_all(&p).unwrap();
         p
     };
-    let registry = serve("registry,auth", &d("registry"), &[]);
-    let keys = follow_keys(&registry.url());
-    let keys = (keys.0, keys.1.as_str());
-    let on_pg = [
-        keys,
+    let pg_env = [
         ("SWITCHYARD_STORAGE__BACKEND", "postgres"),
         ("SWITCHYARD_STORAGE__POSTGRES__URL", db.as_str()),
         ("SWITCHYARD_STORAGE__POSTGRES__POOL_SIZE", "4"),
     ];
+    // The key service stays on its own store; the registry beside it is a
+    // replica on the database.
+    let registry = serve("registry,auth", &d("registry"), &pg_env);
+    let keys = follow_keys(&registry.url());
+    let keys = (keys.0, keys.1.as_str());
+    let on_pg = [keys, pg_env[0], pg_env[1], pg_env[2]];
+    let registry2 = serve("registry", &d("registry2"), &on_pg);
     let router = serve(
         "router",
         &d("router"),
@@ -57,7 +62,9 @@ fn a_job_runs_through_ledger_and_approval_replicas_on_one_database() {
     let approvals: Vec<Proc> = (0..2)
         .map(|i| serve("approval", &d(&format!("approval{i}")), &on_pg))
         .collect();
-    let (r, ro) = (registry.url(), router.url());
+    // The executor registers its agents through the second registry
+    // replica; the router watches the first.
+    let (r, ro) = (registry2.url(), router.url());
     let (l0, a0) = (ledgers[0].url(), approvals[0].url());
     let x = serve(
         "executor",
@@ -114,7 +121,7 @@ fn a_job_runs_through_ledger_and_approval_replicas_on_one_database() {
     for p in approvals.into_iter().chain(ledgers) {
         assert_eq!(p.terminate(), Some(0));
     }
-    for p in [router, registry] {
+    for p in [router, registry2, registry] {
         assert_eq!(p.terminate(), Some(0));
     }
 }
