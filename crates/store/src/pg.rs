@@ -313,6 +313,17 @@ impl Pg {
         Ok(applied)
     }
 
+    /// Applies the tables every service relies on ([`COMMON_MIGRATIONS`]),
+    /// then `service`'s own; returns how many this call applied.
+    pub async fn migrate_service(
+        &self,
+        service: &str,
+        migrations: &[Migration],
+    ) -> Result<usize, StoreError> {
+        Ok(self.migrate("switchyard", COMMON_MIGRATIONS).await?
+            + self.migrate(service, migrations).await?)
+    }
+
     /// Takes or renews lease `name` for `holder` until `now_ms + ttl_ms`,
     /// if it is free, lapsed, or already `holder`'s. Returns the fencing
     /// token: it grows every time the lease changes hands, so work fenced on

@@ -610,10 +610,7 @@ impl Approval {
 
     /// Applies the approval service's schema migrations to `db`.
     pub async fn migrate(db: &switchyard_store::pg::Pg) -> Result<usize, ApprovalError> {
-        Ok(db
-            .migrate("switchyard", switchyard_store::pg::COMMON_MIGRATIONS)
-            .await?
-            + db.migrate("approval", pg::MIGRATIONS).await?)
+        Ok(db.migrate_service("approval", pg::MIGRATIONS).await?)
     }
 
     fn with(

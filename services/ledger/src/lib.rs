@@ -410,10 +410,7 @@ impl Ledger {
     /// Applies the ledger's schema migrations to `db` (idempotent, safe
     /// from several replicas at once); returns how many this call applied.
     pub async fn migrate(db: &switchyard_store::pg::Pg) -> Result<usize, LedgerError> {
-        Ok(db
-            .migrate("switchyard", switchyard_store::pg::COMMON_MIGRATIONS)
-            .await?
-            + db.migrate("ledger", pg::MIGRATIONS).await?)
+        Ok(db.migrate_service("ledger", pg::MIGRATIONS).await?)
     }
 
     fn with(

@@ -237,9 +237,7 @@ fn join(data: &[u8], stats: &[u8], lease_ms: i64, in_flight: i32) -> Result<Agen
 impl PgRegistry {
     /// Migrates the schema.
     pub(crate) async fn open(db: Pg) -> Result<PgRegistry, StoreError> {
-        db.migrate("switchyard", switchyard_store::pg::COMMON_MIGRATIONS)
-            .await?;
-        db.migrate("registry", MIGRATIONS).await?;
+        db.migrate_service("registry", MIGRATIONS).await?;
         Ok(PgRegistry {
             db,
             replica: format!("registry-{}", uuid::Uuid::new_v4().simple()),

@@ -419,10 +419,7 @@ impl Registry {
 
     /// Applies migrations of the registry's tables to `db`.
     pub async fn migrate(db: &switchyard_store::pg::Pg) -> Result<usize, RegistryError> {
-        Ok(db
-            .migrate("switchyard", switchyard_store::pg::COMMON_MIGRATIONS)
-            .await?
-            + db.migrate("registry", durable::MIGRATIONS).await?)
+        Ok(db.migrate_service("registry", durable::MIGRATIONS).await?)
     }
 
     fn with(
