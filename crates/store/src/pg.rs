@@ -136,9 +136,16 @@ impl PgConfig {
         if self.tls == TlsMode::Verify && self.ca_file.is_none() {
             return Err("storage.postgres.tls = \"verify\" needs ca_file".into());
         }
-        let url = self.resolved_url()?;
-        url.parse::<tokio_postgres::Config>()
-            .map_err(|e| format!("storage.postgres.url {}: {e}", redact(&url)))?;
+        // The URL of url_env or url_file is read when connecting (it is a
+        // secret the process may only have at run time).
+        if self.url_env.is_none() && self.url_file.is_none() {
+            if self.url.is_empty() {
+                return Err("storage.postgres: set url, url_env or url_file".into());
+            }
+            self.url
+                .parse::<tokio_postgres::Config>()
+                .map_err(|e| format!("storage.postgres.url {}: {e}", redact(&self.url)))?;
+        }
         Ok(())
     }
 }

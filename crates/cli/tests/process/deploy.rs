@@ -8,8 +8,9 @@
 use crate::support::*;
 use serde_json::Value;
 
-fn manifests() -> Vec<Value> {
-    let dir = repo_root().join("deploy/k8s");
+/// The base layout's resources, read from its files.
+fn base_files() -> Vec<Value> {
+    let dir = repo_root().join("deploy/k8s/base");
     let kustomization: Value =
         serde_saphyr::from_str(&std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap())
             .unwrap();
@@ -22,6 +23,32 @@ fn manifests() -> Vec<Value> {
                 .unwrap()
         })
         .collect()
+}
+
+/// The layout in `deploy/k8s/{dir}` as `kubectl kustomize` renders it, or
+/// `None` (said on stderr) when kubectl is not installed.
+fn rendered(dir: &str) -> Option<Vec<Value>> {
+    let path = repo_root().join("deploy/k8s").join(dir);
+    let Ok(out) = std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&path)
+        .output()
+    else {
+        eprintln!("skipped rendering {dir}: kubectl is not installed");
+        return None;
+    };
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {dir}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    Some(
+        text.split("\n---\n")
+            .filter(|d| !d.trim().is_empty())
+            .map(|d| serde_saphyr::from_str(d).unwrap())
+            .collect(),
+    )
 }
 
 /// The effective configuration for `args`, as the binary computes it.
@@ -53,39 +80,181 @@ fn proto_service(role: &str) -> String {
 
 #[test]
 fn kubernetes_workloads_match_the_binary_and_each_other() {
-    let all = manifests();
-    let services: Vec<&Value> = all.iter().filter(|m| m["kind"] == "Service").collect();
-    let workloads: Vec<&Value> = all
-        .iter()
-        .filter(|m| m["kind"] == "Deployment" || m["kind"] == "StatefulSet")
-        .collect();
+    // As Kustomize renders it (what `kubectl apply -k deploy/k8s` sends),
+    // else from the base's files.
+    let all = rendered(".").unwrap_or_else(base_files);
+    let workloads = check(&all);
     assert_eq!(
         workloads.len(),
         7,
         "registry, router, ledger, approval, executor, gateway, agents"
     );
-
     for w in workloads {
-        let name = w["metadata"]["name"].as_str().unwrap();
-        let c = &w["spec"]["template"]["spec"]["containers"][0];
-        let args: Vec<String> = c["args"]
+        let (_, cfg) = container_config(w);
+        assert_eq!(cfg["storage"]["backend"].as_str(), Some("sled"));
+    }
+}
+
+#[test]
+fn the_postgres_overlay_runs_ledger_approval_and_registry_as_replicas_on_the_database() {
+    let Some(all) = rendered("overlays/postgres") else {
+        return;
+    };
+    let workloads = check(&all);
+    assert_eq!(workloads.len(), 8, "the base's seven and auth on its own");
+    let secret = all
+        .iter()
+        .find(|m| m["kind"] == "Secret" && m["metadata"]["name"] == "switchyard-postgres")
+        .expect("a Secret for the database URL");
+    assert!(secret["stringData"]["url"].as_str().is_some());
+    for (name, replicas) in [
+        ("switchyard-ledger", 3),
+        ("switchyard-approval", 2),
+        ("switchyard-registry", 2),
+    ] {
+        let w = workloads
+            .iter()
+            .find(|w| w["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {name}"));
+        assert_eq!(w["kind"], "Deployment", "{name}");
+        assert_eq!(w["spec"]["replicas"].as_i64(), Some(replicas), "{name}");
+        let (c, cfg) = container_config(w);
+        assert_eq!(
+            cfg["storage"]["backend"].as_str(),
+            Some("postgres"),
+            "{name}"
+        );
+        // The URL comes from the Secret, mounted where the config reads it.
+        let file = cfg["storage"]["postgres"]["url_file"].as_str().unwrap();
+        let mount = c["volumeMounts"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|a| a.as_str().unwrap().to_owned())
-            .collect();
-        let env: Vec<(String, String)> = c["env"]
+            .find(|m| file.starts_with(m["mountPath"].as_str().unwrap()) && m["name"] == "postgres")
+            .unwrap_or_else(|| panic!("{name}: {file} is not mounted"));
+        let volume = w["spec"]["template"]["spec"]["volumes"]
             .as_array()
-            .map(|e| {
-                e.iter()
-                    .map(|v| {
-                        let s = |k: &str| v[k].as_str().unwrap_or_default().to_owned();
-                        (s("name"), s("value"))
-                    })
-                    .collect()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap();
+        assert_eq!(
+            volume["secret"]["secretName"], "switchyard-postgres",
+            "{name}"
+        );
+        // A disruption budget keeps some of them serving.
+        let pdb = all
+            .iter()
+            .find(|m| {
+                m["kind"] == "PodDisruptionBudget"
+                    && m["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"]
+                        == w["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
             })
-            .unwrap_or_default();
-        let cfg = dump_config(&args, &env);
+            .unwrap_or_else(|| panic!("{name}: no PodDisruptionBudget"));
+        let min = pdb["spec"]["minAvailable"].as_i64().unwrap();
+        assert!(
+            (1..replicas).contains(&min),
+            "{name}: minAvailable {min} of {replicas}"
+        );
+    }
+    // Everything lands in the namespace, labelled as Switchyard's.
+    for m in &all {
+        if m["kind"] != "Namespace" {
+            assert_eq!(
+                m["metadata"]["namespace"], "switchyard",
+                "{}",
+                m["metadata"]["name"]
+            );
+        }
+        assert_eq!(
+            m["metadata"]["labels"]["app.kubernetes.io/part-of"],
+            "switchyard"
+        );
+    }
+    // No StatefulSet of the three is left from the base.
+    for name in [
+        "switchyard-ledger",
+        "switchyard-approval",
+        "switchyard-registry",
+    ] {
+        assert!(
+            !all.iter()
+                .any(|m| m["kind"] == "StatefulSet" && m["metadata"]["name"] == name),
+            "{name} is still a StatefulSet"
+        );
+    }
+}
+
+/// The Service selecting workload `w`'s pods.
+fn service_of<'a>(services: &[&'a Value], w: &Value) -> Option<&'a Value> {
+    let labels = &w["spec"]["template"]["metadata"]["labels"];
+    services.iter().copied().find(|s| {
+        s["spec"]["selector"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .all(|(k, v)| &labels[k] == v)
+    })
+}
+
+/// A container's arguments.
+fn args_of(c: &Value) -> Vec<String> {
+    c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The first container of workload `w` and its effective configuration.
+fn container_config(w: &Value) -> (&Value, toml::Table) {
+    let c = &w["spec"]["template"]["spec"]["containers"][0];
+    (c, dump_config(&args_of(c), &env_of(c)))
+}
+
+/// A container's plain environment (values from Secrets come out empty).
+fn env_of(c: &Value) -> Vec<(String, String)> {
+    c["env"]
+        .as_array()
+        .map(|e| {
+            e.iter()
+                .map(|v| {
+                    let s = |k: &str| v[k].as_str().unwrap_or_default().to_owned();
+                    (s("name"), s("value"))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Checks every workload of `all` against the binary and the Services; the
+/// workloads.
+fn check(all: &[Value]) -> Vec<&Value> {
+    let services: Vec<&Value> = all.iter().filter(|m| m["kind"] == "Service").collect();
+    let workloads: Vec<&Value> = all
+        .iter()
+        .filter(|m| m["kind"] == "Deployment" || m["kind"] == "StatefulSet")
+        .collect();
+    // Where the API keys live: the Service of the workload hosting auth.
+    let keys_host = workloads
+        .iter()
+        .find(|w| {
+            let args = &w["spec"]["template"]["spec"]["containers"][0]["args"];
+            args.as_array().unwrap().windows(2).any(|p| {
+                p[0] == "--services" && p[1].as_str().unwrap().split(',').any(|r| r == "auth")
+            })
+        })
+        .map(|w| {
+            let svc = service_of(&services, w).expect("a Service for the auth workload");
+            format!("https://{}:7600", svc["metadata"]["name"].as_str().unwrap())
+        })
+        .expect("a workload hosts the auth service");
+
+    for w in &workloads {
+        let name = w["metadata"]["name"].as_str().unwrap();
+        let (c, cfg) = container_config(w);
+        let args = args_of(c);
 
         let port = c["ports"][0]["containerPort"].as_i64().unwrap();
         let listen = cfg["server"]["listen"].as_str().unwrap();
@@ -173,17 +342,7 @@ fn kubernetes_workloads_match_the_binary_and_each_other() {
         }
 
         // a Service selects this workload and targets its port
-        let labels = &w["spec"]["template"]["metadata"]["labels"];
-        let svc = services
-            .iter()
-            .find(|s| {
-                s["spec"]["selector"]
-                    .as_object()
-                    .unwrap()
-                    .iter()
-                    .all(|(k, v)| &labels[k] == v)
-            })
-            .unwrap_or_else(|| panic!("no Service selects {name}"));
+        let svc = service_of(&services, w).unwrap_or_else(|| panic!("no Service selects {name}"));
         assert_eq!(
             svc["spec"]["ports"][0]["targetPort"], c["ports"][0]["name"],
             "{name}"
@@ -262,7 +421,7 @@ fn kubernetes_workloads_match_the_binary_and_each_other() {
             let follows = cfg["auth"]
                 .get("keys_url")
                 .and_then(|u| u.as_str())
-                .is_some_and(|u| u == "https://switchyard-approval:7600");
+                .is_some_and(|u| u == keys_host);
             assert!(
                 keeps_keys ^ follows,
                 "{name}: hosts the auth service or follows it"
@@ -291,6 +450,7 @@ fn kubernetes_workloads_match_the_binary_and_each_other() {
             );
         }
     }
+    workloads
 }
 
 #[test]
