@@ -59,23 +59,29 @@ impl Ledger {
 /// A ledger on a fresh database of the shared throwaway PostgreSQL
 /// cluster, or `None` (said on stderr) when the run skips PostgreSQL.
 async fn pg_fixture() -> Option<Fixture> {
+    let url = switchyard_testkit::pg::fresh_database()?;
+    Some(pg_replica(&url, &ManualClock::new(1_700_000_000_000)).await)
+}
+
+/// A ledger replica on database `url` with `clock`.
+async fn pg_replica(url: &str, clock: &ManualClock) -> Fixture {
     let db = switchyard_store::pg::Pg::connect(&switchyard_store::pg::PgConfig {
-        url: switchyard_testkit::pg::fresh_database()?,
+        url: url.to_owned(),
         pool_size: 8,
         ..Default::default()
     })
     .await
     .unwrap();
-    let clock = ManualClock::new(1_700_000_000_000);
+    let clock = clock.clone();
     let (trigger, shutdown) = switchyard_kit::shutdown::channel();
     let ledger = Ledger::open_pg(cfg(), db, Arc::new(clock.clone()), shutdown)
         .await
         .unwrap();
-    Some(Fixture {
+    Fixture {
         ledger,
         clock,
         _trigger: trigger,
-    })
+    }
 }
 
 switchyard_testkit::on_both_backends!(
@@ -1083,4 +1089,68 @@ async fn retention_prunes_retired_budgets_and_old_journal_but_never_balances() {
     let f = fixture_on(reopen(dir.path()), clock);
     let org = f.ledger.budget("org").await.unwrap();
     assert_eq!((org.tokens_spent, org.tokens_reserved), (3_000, 0));
+}
+
+#[tokio::test]
+async fn a_watch_on_one_replica_streams_what_the_others_journal_in_order() {
+    let Some(url) = switchyard_testkit::pg::fresh_database() else {
+        return;
+    };
+    let clock = ManualClock::new(1_700_000_000_000);
+    let (a, b) = (
+        pg_replica(&url, &clock).await,
+        pg_replica(&url, &clock).await,
+    );
+    budget(&a.ledger, "org", "", Some(1_000), None).await;
+    let mut watch = b
+        .ledger
+        .watch_stream(
+            WatchRequest {
+                budget_id: "org".into(),
+                after_sequence: 0,
+            },
+            std::sync::Arc::new(switchyard_kit::auth::Principal::in_process()),
+        )
+        .await
+        .unwrap();
+    // Reservations through A, one released through B.
+    let r = reserve(&a.ledger, "org", 100, 0, "k1").await.unwrap();
+    reserve(&a.ledger, "org", 200, 0, "k2").await.unwrap();
+    b.ledger
+        .release(ReleaseRequest {
+            reservation_id: r.reservation_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        let ev = tokio::time::timeout(Duration::from_secs(10), watch.next())
+            .await
+            .expect("the watch on B streams A's records")
+            .unwrap()
+            .unwrap();
+        let e = ev.event.unwrap();
+        seen.push((e.sequence, e.kind));
+    }
+    let kinds: Vec<&str> = seen.iter().map(|(_, k)| k.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "ledger.budget_created",
+            "ledger.reserved",
+            "ledger.reserved",
+            "ledger.released"
+        ]
+    );
+    assert!(
+        seen.windows(2).all(|w| w[0].0 < w[1].0),
+        "in sequence order: {seen:?}"
+    );
+    // Both replicas answer the same balances.
+    assert_eq!(
+        a.ledger.budget("org").await.unwrap(),
+        b.ledger.budget("org").await.unwrap()
+    );
+    assert_eq!(b.ledger.budget("org").await.unwrap().tokens_reserved, 200);
 }
