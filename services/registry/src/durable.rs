@@ -46,6 +46,9 @@ pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
     ",
 }];
 
+/// Every stored agent, tool and MCP server.
+pub(crate) type Loaded = (Vec<Agent>, Vec<Tool>, Vec<McpServer>);
+
 /// One staged write.
 #[derive(Debug, Clone)]
 enum Write {
@@ -167,24 +170,23 @@ impl Durable {
     }
 
     /// Every stored agent, tool and MCP server.
-    pub(crate) async fn load(&self) -> Result<(Vec<Agent>, Vec<Tool>, Vec<McpServer>), StoreError> {
+    pub(crate) async fn load(&self) -> Result<Loaded, StoreError> {
+        match self {
+            Durable::Sled { .. } => self.load_sled(),
+            Durable::Pg(pg) => pg.load().await,
+        }
+    }
+
+    /// Every record in the sled trees (nothing on PostgreSQL: see `load`).
+    pub(crate) fn load_sled(&self) -> Result<Loaded, StoreError> {
+        fn all<V: Message + Default>(t: &Tree<V>) -> Result<Vec<V>, StoreError> {
+            t.iter().map(|r| r.map(|(_, v)| v)).collect()
+        }
         match self {
             Durable::Sled {
                 agents, tools, mcp, ..
-            } => Ok((
-                agents
-                    .iter()
-                    .map(|r| r.map(|(_, v)| v))
-                    .collect::<Result<_, _>>()?,
-                tools
-                    .iter()
-                    .map(|r| r.map(|(_, v)| v))
-                    .collect::<Result<_, _>>()?,
-                mcp.iter()
-                    .map(|r| r.map(|(_, v)| v))
-                    .collect::<Result<_, _>>()?,
-            )),
-            Durable::Pg(pg) => pg.load().await,
+            } => Ok((all(agents)?, all(tools)?, all(mcp)?)),
+            Durable::Pg(_) => Ok(Loaded::default()),
         }
     }
 
@@ -404,7 +406,7 @@ impl PgRegistry {
             .collect()
     }
 
-    async fn load(&self) -> Result<(Vec<Agent>, Vec<Tool>, Vec<McpServer>), StoreError> {
+    async fn load(&self) -> Result<Loaded, StoreError> {
         let c = self.db.client().await?;
         let err = |e: tokio_postgres::Error| self.db.error("loading the registry", &e);
         let agents = c

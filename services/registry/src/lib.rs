@@ -376,24 +376,7 @@ impl Registry {
         shutdown: Shutdown,
     ) -> Result<Registry, RegistryError> {
         let durable = durable::Durable::sled(store)?;
-        let loaded = match &durable {
-            durable::Durable::Sled {
-                agents, tools, mcp, ..
-            } => (
-                agents
-                    .iter()
-                    .map(|r| r.map(|(_, v)| v))
-                    .collect::<Result<_, _>>()?,
-                tools
-                    .iter()
-                    .map(|r| r.map(|(_, v)| v))
-                    .collect::<Result<_, _>>()?,
-                mcp.iter()
-                    .map(|r| r.map(|(_, v)| v))
-                    .collect::<Result<_, _>>()?,
-            ),
-            durable::Durable::Pg(_) => (Vec::new(), Vec::new(), Vec::new()),
-        };
+        let loaded = durable.load_sled()?;
         Ok(Self::with(cfg, clock, shutdown, durable, loaded))
     }
 
@@ -427,7 +410,7 @@ impl Registry {
         clock: Arc<dyn Clock>,
         shutdown: Shutdown,
         durable: durable::Durable,
-        (agents, tools, servers): (Vec<Agent>, Vec<Tool>, Vec<McpServer>),
+        (agents, tools, servers): durable::Loaded,
     ) -> Registry {
         let now = clock.now_ms();
         let mut st = State::new(

@@ -13,21 +13,6 @@ use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{GetResultRequest, SubmitJobRequest, WatchJobRequest};
 use tokio_stream::StreamExt;
 
-fn serve(services: &str, data_dir: &std::path::Path, env: &[(&str, &str)]) -> Proc {
-    Proc::start(
-        &[
-            "serve",
-            "--services",
-            services,
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data_dir.to_str().unwrap(),
-        ],
-        env,
-    )
-}
-
 fn executor(data: &std::path::Path, others: &str) -> Proc {
     let url = format!("http://{others}");
     serve(

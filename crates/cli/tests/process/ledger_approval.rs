@@ -13,21 +13,6 @@ use switchyard_api::LedgerClient;
 use switchyard_proto::common::v1::Money;
 use switchyard_proto::ledger::v1::*;
 
-fn serve(services: &str, data_dir: &str, env: &[(&str, &str)]) -> Proc {
-    Proc::start(
-        &[
-            "serve",
-            "--services",
-            services,
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data_dir,
-        ],
-        env,
-    )
-}
-
 fn usd(micro_usd: i64) -> Option<Money> {
     Some(Money { micro_usd })
 }
@@ -124,7 +109,7 @@ async fn replay_over_watch(
 fn a_ledger_killed_mid_load_keeps_every_acknowledged_operation_and_balances_replay() {
     let data = tempfile::tempdir().unwrap();
     let dir = data.path().to_str().unwrap().to_owned();
-    let proc = serve("ledger,auth", &dir, &[]);
+    let proc = serve("ledger,auth", std::path::Path::new(&dir), &[]);
     let url = proc.url();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -194,7 +179,7 @@ fn a_ledger_killed_mid_load_keeps_every_acknowledged_operation_and_balances_repl
     let reserves = acked_reserves.lock().unwrap().clone();
     let commits = acked_commits.lock().unwrap().clone();
 
-    let proc = serve("ledger,auth", &dir, &[]);
+    let proc = serve("ledger,auth", std::path::Path::new(&dir), &[]);
     rt.block_on(async {
         let c = ledger(&proc.url()).await;
         let mut entries = Vec::new();
@@ -288,7 +273,7 @@ fn a_ledger_killed_mid_load_keeps_every_acknowledged_operation_and_balances_repl
 #[test]
 fn ledger_and_approval_each_serve_alone_and_the_cli_drives_them() {
     let data = tempfile::tempdir().unwrap();
-    let dir = data.path().to_str().unwrap();
+    let dir = data.path();
     // The ledger's process also keeps the API keys; the approval process
     // follows its key set, and each calls the other with the service token.
     let ledger_proc = serve("ledger,auth", dir, &[]);

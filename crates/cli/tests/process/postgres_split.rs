@@ -13,21 +13,6 @@ use std::time::Duration;
 
 use crate::support::*;
 
-fn serve(services: &str, data_dir: &std::path::Path, env: &[(&str, &str)]) -> Proc {
-    Proc::start(
-        &[
-            "serve",
-            "--services",
-            services,
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data_dir.to_str().unwrap(),
-        ],
-        env,
-    )
-}
-
 #[test]
 fn a_job_runs_through_ledger_and_approval_replicas_on_one_database() {
     let Some(db) = switchyard_testkit::pg::fresh_database() else {

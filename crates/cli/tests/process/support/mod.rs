@@ -381,3 +381,20 @@ pub fn pending_calls(url: &str, job: Option<&str>) -> Vec<serde_json::Value> {
         .cloned()
         .collect()
 }
+
+/// `switchyard serve --services SERVICES` on a free loopback port with its
+/// data in `data_dir`, and `env`.
+pub fn serve(services: &str, data_dir: &std::path::Path, env: &[(&str, &str)]) -> Proc {
+    Proc::start(
+        &[
+            "serve",
+            "--services",
+            services,
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data_dir.to_str().unwrap(),
+        ],
+        env,
+    )
+}
