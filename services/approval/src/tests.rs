@@ -42,14 +42,19 @@ fn fixture() -> Fixture {
 /// PostgreSQL cluster, or `None` (said on stderr) when the run skips
 /// PostgreSQL.
 async fn pg_fixture() -> Option<Fixture> {
+    let url = switchyard_testkit::pg::fresh_database()?;
+    Some(pg_replica(&url, &ManualClock::new(1_700_000_000_000)).await)
+}
+
+/// An approval replica on database `url` with `clock`.
+async fn pg_replica(url: &str, clock: &ManualClock) -> Fixture {
     let db = switchyard_store::pg::Pg::connect(&switchyard_store::pg::PgConfig {
-        url: switchyard_testkit::pg::fresh_database()?,
+        url: url.to_owned(),
         pool_size: 4,
         ..Default::default()
     })
     .await
     .unwrap();
-    let clock = ManualClock::new(1_700_000_000_000);
     let (trigger, shutdown) = switchyard_kit::shutdown::channel();
     let svc = Approval::open_pg(
         ApprovalConfig::default(),
@@ -59,11 +64,11 @@ async fn pg_fixture() -> Option<Fixture> {
     )
     .await
     .unwrap();
-    Some(Fixture {
+    Fixture {
         svc,
-        clock,
+        clock: clock.clone(),
         _trigger: trigger,
-    })
+    }
 }
 
 switchyard_testkit::on_both_backends!(
@@ -1190,48 +1195,23 @@ async fn an_ojs_run_without_an_ojs_server_fails_with_adapter_not_configured(f: F
 
 /// Two approval replicas (each its own service and pool) on one fresh
 /// database of the shared cluster, sharing a manual clock.
-async fn two_replicas() -> Option<(
-    Approval,
-    Approval,
-    ManualClock,
-    Vec<switchyard_kit::shutdown::Trigger>,
-)> {
+async fn two_replicas() -> Option<(Fixture, Fixture)> {
     let url = switchyard_testkit::pg::fresh_database()?;
     let clock = ManualClock::new(1_700_000_000_000);
-    let mut out = Vec::new();
-    let mut triggers = Vec::new();
-    for _ in 0..2 {
-        let db = switchyard_store::pg::Pg::connect(&switchyard_store::pg::PgConfig {
-            url: url.clone(),
-            pool_size: 4,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-        let (trigger, shutdown) = switchyard_kit::shutdown::channel();
-        let svc = Approval::open_pg(
-            ApprovalConfig::default(),
-            db,
-            Arc::new(clock.clone()),
-            shutdown,
-        )
-        .await
-        .unwrap();
-        out.push(svc);
-        triggers.push(trigger);
-    }
-    let b = out.pop()?;
-    let a = out.pop()?;
-    Some((a, b, clock, triggers))
+    Some((
+        pg_replica(&url, &clock).await,
+        pg_replica(&url, &clock).await,
+    ))
 }
 
 #[tokio::test]
 async fn two_replicas_approving_and_cancelling_one_run_at_once_agree_on_exactly_one_winner() {
-    let Some((a, b, _clock, _t)) = two_replicas().await else {
+    let Some((fa, fb)) = two_replicas().await else {
         return;
     };
+    let (a, b) = (&fa.svc, &fb.svc);
     for round in 0..20 {
-        let id = propose(&a, Some(100)).await.run_id;
+        let id = propose(a, Some(100)).await.run_id;
         let (approved, cancelled) = tokio::join!(
             a.decide(Action::Approve, &id, "ok", REVIEWER),
             b.decide(Action::Cancel, &id, "stop", REVIEWER),
@@ -1253,7 +1233,7 @@ async fn two_replicas_approving_and_cancelling_one_run_at_once_agree_on_exactly_
             assert!(e.contains("cancelled"), "round {round}: {e}");
         }
         // The audit log holds exactly the moves that were answered yes.
-        let moves: Vec<String> = audit_of(&a, &id)
+        let moves: Vec<String> = audit_of(a, &id)
             .await
             .into_iter()
             .map(|r| r.event_type)
@@ -1268,7 +1248,7 @@ async fn two_replicas_approving_and_cancelling_one_run_at_once_agree_on_exactly_
     }
     // Two replicas approving one run at once: one approval, one refusal.
     for round in 0..20 {
-        let id = propose(&a, Some(100)).await.run_id;
+        let id = propose(a, Some(100)).await.run_id;
         let (x, y) = tokio::join!(
             a.decide(Action::Approve, &id, "ok", REVIEWER),
             b.decide(Action::Approve, &id, "ok", REVIEWER),
@@ -1288,10 +1268,11 @@ async fn two_replicas_approving_and_cancelling_one_run_at_once_agree_on_exactly_
 
 #[tokio::test]
 async fn a_claim_taken_over_on_another_replica_fences_the_first_worker() {
-    let Some((a, b, clock, _t)) = two_replicas().await else {
+    let Some((fa, fb)) = two_replicas().await else {
         return;
     };
-    let id = approved(&a).await;
+    let (a, b, clock) = (&fa.svc, &fb.svc, &fa.clock);
+    let id = approved(a).await;
     a.claim(claim_req(&id, "w1", 5)).await.unwrap();
     // w1's lease lapses; a sweep on either replica returns the run to
     // approved (a retry), and w2 claims it through the other replica.
@@ -1304,7 +1285,7 @@ async fn a_claim_taken_over_on_another_replica_fences_the_first_worker() {
     clock.advance_ms(60_000);
     b.claim(claim_req(&id, "w2", 30)).await.unwrap();
     // w1, late, cannot renew, complete or fail on either replica.
-    for svc in [&a, &b] {
+    for svc in [a, b] {
         let renew = RenewClaimRequest {
             run_id: id.clone(),
             worker_id: "w1".into(),

@@ -101,6 +101,23 @@ switchyard_testkit::on_both_backends!(
     sums_that_would_overflow_are_refused_never_saturated,
 );
 
+/// A watch of `budget` (or everything, for "") after `after`, as the
+/// in-process principal.
+async fn watch(
+    l: &Ledger,
+    budget: impl Into<String>,
+    after: u64,
+) -> Result<futures_util::stream::BoxStream<'static, Result<WatchResponse, Status>>, LedgerError> {
+    l.watch_stream(
+        WatchRequest {
+            budget_id: budget.into(),
+            after_sequence: after,
+        },
+        std::sync::Arc::new(switchyard_kit::auth::Principal::in_process()),
+    )
+    .await
+}
+
 fn usd(micro_usd: i64) -> Option<Money> {
     Some(Money { micro_usd })
 }
@@ -655,16 +672,7 @@ async fn watch_streams_durable_events_of_a_budget_subtree_and_resumes(f: Fixture
     budget(l, "org", "", Some(100), None).await;
     budget(l, "job", "org", None, None).await;
     budget(l, "other", "", None, None).await;
-    let mut all = l
-        .watch_stream(
-            WatchRequest {
-                budget_id: "org".into(),
-                after_sequence: 0,
-            },
-            std::sync::Arc::new(switchyard_kit::auth::Principal::in_process()),
-        )
-        .await
-        .unwrap();
+    let mut all = watch(l, "org", 0).await.unwrap();
     let r = reserve(l, "job", 60, 0, "k1").await.unwrap();
     reserve(l, "other", 1, 0, "k2").await.unwrap();
     assert!(reserve(l, "job", 60, 0, "k3").await.is_err());
@@ -697,29 +705,10 @@ async fn watch_streams_durable_events_of_a_budget_subtree_and_resumes(f: Fixture
             "ledger.released"
         ]
     );
-    let mut resumed = l
-        .watch_stream(
-            WatchRequest {
-                budget_id: String::new(),
-                after_sequence: 4,
-            },
-            std::sync::Arc::new(switchyard_kit::auth::Principal::in_process()),
-        )
-        .await
-        .unwrap();
+    let mut resumed = watch(l, "", 4).await.unwrap();
     let ev = resumed.next().await.unwrap().unwrap().event.unwrap();
     assert_eq!((ev.sequence, ev.kind.as_str()), (5, "ledger.reserved"));
-    let err = api(l
-        .watch_stream(
-            WatchRequest {
-                budget_id: "nope".into(),
-                after_sequence: 0,
-            },
-            std::sync::Arc::new(switchyard_kit::auth::Principal::in_process()),
-        )
-        .await
-        .err()
-        .unwrap());
+    let err = api(watch(l, "nope", 0).await.err().unwrap());
     assert_eq!(err.known_reason(), Some(Reason::BudgetNotFound));
 }
 
@@ -1102,17 +1091,7 @@ async fn a_watch_on_one_replica_streams_what_the_others_journal_in_order() {
         pg_replica(&url, &clock).await,
     );
     budget(&a.ledger, "org", "", Some(1_000), None).await;
-    let mut watch = b
-        .ledger
-        .watch_stream(
-            WatchRequest {
-                budget_id: "org".into(),
-                after_sequence: 0,
-            },
-            std::sync::Arc::new(switchyard_kit::auth::Principal::in_process()),
-        )
-        .await
-        .unwrap();
+    let mut stream = watch(&b.ledger, "org", 0).await.unwrap();
     // Reservations through A, one released through B.
     let r = reserve(&a.ledger, "org", 100, 0, "k1").await.unwrap();
     reserve(&a.ledger, "org", 200, 0, "k2").await.unwrap();
@@ -1125,7 +1104,7 @@ async fn a_watch_on_one_replica_streams_what_the_others_journal_in_order() {
         .unwrap();
     let mut seen = Vec::new();
     while seen.len() < 4 {
-        let ev = tokio::time::timeout(Duration::from_secs(10), watch.next())
+        let ev = tokio::time::timeout(Duration::from_secs(10), stream.next())
             .await
             .expect("the watch on B streams A's records")
             .unwrap()
