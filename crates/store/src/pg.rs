@@ -342,21 +342,19 @@ impl Pg {
         now_ms: u64,
         ttl_ms: u64,
     ) -> Result<Option<i64>, StoreError> {
-        let c = self.client().await?;
         let (now, until) = (ms(now_ms), ms(now_ms.saturating_add(ttl_ms)));
-        c.execute(
-            "INSERT INTO switchyard_leases (name, holder, token, expires_ms) VALUES ($1, '', 0, 0)
-             ON CONFLICT (name) DO NOTHING",
-            &[&name],
-        )
-        .await
-        .map_err(|e| self.error("creating a lease row", &e))?;
-        let row = c
+        // One statement: the first holder creates the row; later takers
+        // update it only when it is theirs or lapsed (no row back: held).
+        let row = self
+            .client()
+            .await?
             .query_opt(
-                "UPDATE switchyard_leases
-                 SET token = CASE WHEN holder = $2 THEN token ELSE token + 1 END,
+                "INSERT INTO switchyard_leases AS l (name, holder, token, expires_ms)
+                 VALUES ($1, $2, 1, $4)
+                 ON CONFLICT (name) DO UPDATE
+                 SET token = CASE WHEN l.holder = $2 THEN l.token ELSE l.token + 1 END,
                      holder = $2, expires_ms = $4
-                 WHERE name = $1 AND (holder = $2 OR expires_ms < $3)
+                 WHERE l.holder = $2 OR l.expires_ms < $3
                  RETURNING token",
                 &[&name, &holder, &now, &until],
             )

@@ -1266,6 +1266,15 @@ async fn two_replicas_approving_and_cancelling_one_run_at_once_agree_on_exactly_
     }
 }
 
+/// `worker` completing run `id` with no result.
+fn done_by(id: &str, worker: &str) -> CompleteRequest {
+    CompleteRequest {
+        run_id: id.to_owned(),
+        worker_id: worker.into(),
+        result: None,
+    }
+}
+
 #[tokio::test]
 async fn a_claim_taken_over_on_another_replica_fences_the_first_worker() {
     let Some((fa, fb)) = two_replicas().await else {
@@ -1293,19 +1302,9 @@ async fn a_claim_taken_over_on_another_replica_fences_the_first_worker() {
         };
         let e = svc.renew(renew).await.unwrap_err();
         assert_eq!(api(e).known_reason(), Some(Reason::ClaimNotHeld));
-        let done = CompleteRequest {
-            run_id: id.clone(),
-            worker_id: "w1".into(),
-            result: None,
-        };
-        let e = svc.complete(done).await.unwrap_err();
+        let e = svc.complete(done_by(&id, "w1")).await.unwrap_err();
         assert_eq!(api(e).known_reason(), Some(Reason::ClaimNotHeld));
     }
-    let done = CompleteRequest {
-        run_id: id.clone(),
-        worker_id: "w2".into(),
-        result: None,
-    };
-    let run = a.complete(done).await.unwrap();
+    let run = a.complete(done_by(&id, "w2")).await.unwrap();
     assert_eq!(status_of(&run), S::Completed);
 }

@@ -167,6 +167,25 @@ pub(crate) enum Done {
     Expired(bool),
 }
 
+/// Budget `id`'s tenant and parent (`None`: no such budget), in `books` or
+/// retired in `cold`.
+pub(crate) fn facts(
+    books: &Books,
+    cold: Option<&Cold>,
+    id: &str,
+) -> Result<Option<(String, String)>, StoreError> {
+    Ok(match books.budgets.get(id) {
+        Some(b) => Some((b.tenant.clone(), b.parent.clone().unwrap_or_default())),
+        None => match cold {
+            Some(c) => c
+                .budget(id)?
+                .and_then(|c| c.budget)
+                .map(|b| (b.tenant, b.parent_id)),
+            None => None,
+        },
+    })
+}
+
 /// Decides writes against `books`.
 pub(crate) struct Desk<'a, S: Sink> {
     /// The books to decide against and apply to.
@@ -232,13 +251,7 @@ impl<S: Sink> Desk<'_, S> {
 
     /// Budget `id`'s tenant and parent, in the books or retired.
     fn facts(&self, id: &str) -> Result<Option<(String, String)>, LedgerError> {
-        Ok(match self.books.budgets.get(id) {
-            Some(b) => Some((b.tenant.clone(), b.parent.clone().unwrap_or_default())),
-            None => self
-                .cold_budget(id)?
-                .and_then(|c| c.budget)
-                .map(|b| (b.tenant, b.parent_id)),
-        })
+        Ok(facts(self.books, self.cold, id)?)
     }
 
     fn create(&mut self, req: CreateBudgetRequest, tenant: &str) -> Result<bool, LedgerError> {

@@ -1103,16 +1103,10 @@ impl Sled {
 
     /// Budget `id`'s tenant and parent (`None`: no such budget).
     fn facts(&self, books: &Books, id: &str) -> Option<(String, String)> {
-        match books.budgets.get(id) {
-            Some(b) => Some((b.tenant.clone(), b.parent.clone().unwrap_or_default())),
-            None => match self.cold.budget(id) {
-                Ok(c) => c.and_then(|c| c.budget).map(|b| (b.tenant, b.parent_id)),
-                Err(e) => {
-                    tracing::error!(budget_id = id, error = %e, "reading a retired budget");
-                    None
-                }
-            },
-        }
+        desk::facts(books, Some(&self.cold), id).unwrap_or_else(|e| {
+            tracing::error!(budget_id = id, error = %e, "reading a retired budget");
+            None
+        })
     }
 
     fn list_budgets(&self, req: &ListBudgetsRequest) -> ListBudgetsResponse {

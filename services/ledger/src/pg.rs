@@ -472,30 +472,50 @@ impl PgBooks {
     /// Every budget of the chains `jobs` touch, if this replica knows them
     /// all without asking the database.
     fn known_chains(&self, jobs: &[Job]) -> Option<BTreeSet<String>> {
-        let homes = self.homes.lock().unwrap_or_else(|p| p.into_inner());
-        let facts = self.facts.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out = BTreeSet::new();
-        for job in jobs {
-            if matches!(job.op, Op::Create { .. }) {
-                return None;
-            }
-            let mut leaves: Vec<&str> = job.op.budgets();
-            if let Some(rid) = job.op.reservation() {
-                leaves.push(homes.get(rid)?);
-            }
-            for leaf in leaves {
-                let mut cur = leaf;
-                while out.insert(cur.to_owned()) {
-                    let (_, parent) = facts.get(cur)?;
-                    if parent.is_empty() {
-                        break;
-                    }
-                    cur = parent;
+        let mut leaves = Vec::new();
+        {
+            let homes = self.homes.lock().unwrap_or_else(|p| p.into_inner());
+            for job in jobs {
+                if matches!(job.op, Op::Create { .. }) {
+                    return None;
                 }
-                facts.get(cur)?;
+                leaves.extend(job.op.budgets().into_iter().map(str::to_owned));
+                if let Some(rid) = job.op.reservation() {
+                    leaves.push(homes.get(rid)?.clone());
+                }
             }
         }
-        Some(out)
+        let (out, missing) = self.cached_chains(leaves.iter());
+        missing.is_empty().then_some(out)
+    }
+
+    /// `leaves` and their ancestors as far as this replica knows them, and
+    /// the budgets it does not know.
+    fn cached_chains<'a>(
+        &self,
+        leaves: impl Iterator<Item = &'a String>,
+    ) -> (BTreeSet<String>, Vec<String>) {
+        let facts = self.facts.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut out, mut missing) = (BTreeSet::new(), Vec::new());
+        for leaf in leaves {
+            let mut cur = leaf.clone();
+            loop {
+                match facts.get(&cur) {
+                    Some((_, parent)) => {
+                        out.insert(cur.clone());
+                        if parent.is_empty() || out.contains(parent) {
+                            break;
+                        }
+                        cur = parent.clone();
+                    }
+                    None => {
+                        missing.push(cur);
+                        break;
+                    }
+                }
+            }
+        }
+        (out, missing)
     }
 
     /// `leaves` and all their ancestors (those that exist).
@@ -504,29 +524,7 @@ impl PgBooks {
         tx: &deadpool_postgres::Transaction<'_>,
         leaves: &BTreeSet<String>,
     ) -> Result<BTreeSet<String>, TxError> {
-        let mut out = BTreeSet::new();
-        let mut missing = Vec::new();
-        {
-            let facts = self.facts.lock().unwrap_or_else(|p| p.into_inner());
-            for leaf in leaves {
-                let mut cur = leaf.clone();
-                loop {
-                    match facts.get(&cur) {
-                        Some((_, parent)) => {
-                            out.insert(cur.clone());
-                            if parent.is_empty() || out.contains(parent) {
-                                break;
-                            }
-                            cur = parent.clone();
-                        }
-                        None => {
-                            missing.push(cur);
-                            break;
-                        }
-                    }
-                }
-            }
-        }
+        let (mut out, missing) = self.cached_chains(leaves.iter());
         if missing.is_empty() {
             return Ok(out);
         }

@@ -157,14 +157,7 @@ impl Durable {
         now: u64,
     ) -> Result<(), StoreError> {
         match self {
-            Durable::Sled { agents: tree, .. } => {
-                for a in agents {
-                    if let Some(s) = &a.spec {
-                        tree.put(&s.id, a)?;
-                    }
-                }
-                Ok(())
-            }
+            Durable::Sled { agents: tree, .. } => put_agents(tree, agents),
             Durable::Pg(pg) => pg.persist_leases(agents, now).await,
         }
     }
@@ -197,6 +190,16 @@ impl Durable {
             Durable::Pg(_) => Ok(()),
         }
     }
+}
+
+/// Writes whole agent records to the sled tree (sled's lease batch).
+pub(crate) fn put_agents(tree: &Tree<Agent>, agents: &[Agent]) -> Result<(), StoreError> {
+    for a in agents {
+        if let Some(s) = &a.spec {
+            tree.put(&s.id, a)?;
+        }
+    }
+    Ok(())
 }
 
 /// The registry's tables.

@@ -14,6 +14,7 @@ mod state;
 pub mod validate;
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -315,6 +316,8 @@ struct Inner {
     head_tx: watch::Sender<u64>,
     /// Where the records are kept.
     durable: durable::Durable,
+    /// When this replica last read the leases others wrote (PostgreSQL), ms.
+    lease_synced_ms: std::sync::atomic::AtomicU64,
     hub: mcp::Hub,
     /// For Agent Cards and HTTP MCP servers.
     http: Result<reqwest::Client, String>,
@@ -433,6 +436,7 @@ impl Registry {
             state: Mutex::new(st),
             head_tx,
             durable,
+            lease_synced_ms: std::sync::atomic::AtomicU64::new(0),
             hub,
             http,
             shutdown,
@@ -581,9 +585,22 @@ impl Registry {
             return Ok(0);
         };
         let now = self.inner.clock.now_ms();
-        // Batches are written every persist interval: look back two.
-        let since = now.saturating_sub(2 * self.inner.cfg.persist_interval_ms + 1_000);
+        // Batches are written once per persist interval: looking more often
+        // would only read the same rows again. Each look reaches back one
+        // interval before the last (batches in flight, clocks apart); the
+        // first, two intervals and a second.
+        let every = self.inner.cfg.persist_interval_ms;
+        let last = self.inner.lease_synced_ms.load(Ordering::Relaxed);
+        if last != 0 && now < last.saturating_add(every) {
+            return Ok(0);
+        }
+        let since = if last == 0 {
+            now.saturating_sub(2 * every + 1_000)
+        } else {
+            last.saturating_sub(every)
+        };
         let stored = pg.leases_since(since).await?;
+        self.inner.lease_synced_ms.store(now, Ordering::Relaxed);
         let mut changed = 0;
         {
             let mut st = self.lock();
@@ -650,11 +667,7 @@ impl Registry {
     /// are renewed by heartbeats anyway).
     pub fn flush(&self) -> Result<(), RegistryError> {
         if let durable::Durable::Sled { agents, .. } = &self.inner.durable {
-            for a in self.take_dirty() {
-                if let Some(s) = &a.spec {
-                    agents.put(&s.id, &a)?;
-                }
-            }
+            durable::put_agents(agents, &self.take_dirty())?;
         }
         self.inner.durable.flush_blocking()?;
         Ok(())

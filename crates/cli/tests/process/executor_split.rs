@@ -15,22 +15,15 @@ use tokio_stream::StreamExt;
 
 fn executor(data: &std::path::Path, others: &str) -> Proc {
     let url = format!("http://{others}");
-    serve(
-        "executor",
-        data,
-        &[
-            ("SWITCHYARD_AUTH__KEYS_URL", &url),
-            ("SWITCHYARD_EXECUTOR__REGISTRY_URL", &url),
-            ("SWITCHYARD_EXECUTOR__ROUTER_URL", &url),
-            ("SWITCHYARD_EXECUTOR__LEDGER_URL", &url),
-            ("SWITCHYARD_EXECUTOR__APPROVAL_URL", &url),
-            ("SWITCHYARD_EXECUTOR__APPROVAL_POLL_MS", "50"),
-            (
-                "SWITCHYARD_EXECUTOR__COMMANDS",
-                "[\"sh\", \"echo\", \"grep\", \"sort\", \"uniq\", \"cut\", \"sleep\", \"true\"]",
-            ),
-        ],
-    )
+    let to = Remotes {
+        keys: &url,
+        registry: &url,
+        router: &url,
+        ledger: &url,
+        approval: &url,
+    };
+    let commands = "[\"sh\", \"echo\", \"grep\", \"sort\", \"uniq\", \"cut\", \"sleep\", \"true\"]";
+    serve_executor(data, &to, &[("SWITCHYARD_EXECUTOR__COMMANDS", commands)])
 }
 
 fn field(e: &Event, k: &str) -> String {
@@ -67,18 +60,14 @@ fn five_processes_run_jobs_driven_from_the_cli() {
     let ledger = serve("ledger", &d("ledger"), &[keys]);
     let approval = serve("approval", &d("approval"), &[keys]);
     let (r, l, a, ro) = (registry.url(), ledger.url(), approval.url(), router.url());
-    let x = serve(
-        "executor",
-        &d("executor"),
-        &[
-            keys,
-            ("SWITCHYARD_EXECUTOR__REGISTRY_URL", &r),
-            ("SWITCHYARD_EXECUTOR__ROUTER_URL", &ro),
-            ("SWITCHYARD_EXECUTOR__LEDGER_URL", &l),
-            ("SWITCHYARD_EXECUTOR__APPROVAL_URL", &a),
-            ("SWITCHYARD_EXECUTOR__APPROVAL_POLL_MS", "50"),
-        ],
-    );
+    let to = Remotes {
+        keys: keys.1,
+        registry: &r,
+        router: &ro,
+        ledger: &l,
+        approval: &a,
+    };
+    let x = serve_executor(&d("executor"), &to, &[]);
     let url = x.url();
     // The built-in agents register with the remote registry and the router learns of them.
     wait_for("built-in agents routable", Duration::from_secs(20), || {

@@ -51,18 +51,14 @@ fn a_job_runs_through_ledger_and_approval_replicas_on_one_database() {
     // replica; the router watches the first.
     let (r, ro) = (registry2.url(), router.url());
     let (l0, a0) = (ledgers[0].url(), approvals[0].url());
-    let x = serve(
-        "executor",
-        &d("executor"),
-        &[
-            keys,
-            ("SWITCHYARD_EXECUTOR__REGISTRY_URL", &r),
-            ("SWITCHYARD_EXECUTOR__ROUTER_URL", &ro),
-            ("SWITCHYARD_EXECUTOR__LEDGER_URL", &l0),
-            ("SWITCHYARD_EXECUTOR__APPROVAL_URL", &a0),
-            ("SWITCHYARD_EXECUTOR__APPROVAL_POLL_MS", "50"),
-        ],
-    );
+    let to = Remotes {
+        keys: keys.1,
+        registry: &r,
+        router: &ro,
+        ledger: &l0,
+        approval: &a0,
+    };
+    let x = serve_executor(&d("executor"), &to, &[]);
     let url = x.url();
     wait_for("built-in agents routable", Duration::from_secs(20), || {
         routed(&ro, &["--capability", "builtin.echo"]).is_some_and(|ids| ids == ["builtin"])

@@ -398,3 +398,32 @@ pub fn serve(services: &str, data_dir: &std::path::Path, env: &[(&str, &str)]) -
         env,
     )
 }
+
+/// Where a split executor finds the key set and the other services.
+pub struct Remotes<'a> {
+    pub keys: &'a str,
+    pub registry: &'a str,
+    pub router: &'a str,
+    pub ledger: &'a str,
+    pub approval: &'a str,
+}
+
+/// The executor alone in a `switchyard serve` process in `data_dir`,
+/// following the key set and calling the services `to` names, with
+/// `extra` settings.
+pub fn serve_executor(
+    data_dir: &std::path::Path,
+    to: &Remotes<'_>,
+    extra: &[(&str, &str)],
+) -> Proc {
+    let mut env = vec![
+        ("SWITCHYARD_AUTH__KEYS_URL", to.keys),
+        ("SWITCHYARD_EXECUTOR__REGISTRY_URL", to.registry),
+        ("SWITCHYARD_EXECUTOR__ROUTER_URL", to.router),
+        ("SWITCHYARD_EXECUTOR__LEDGER_URL", to.ledger),
+        ("SWITCHYARD_EXECUTOR__APPROVAL_URL", to.approval),
+        ("SWITCHYARD_EXECUTOR__APPROVAL_POLL_MS", "50"),
+    ];
+    env.extend_from_slice(extra);
+    serve("executor", data_dir, &env)
+}
