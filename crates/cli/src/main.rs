@@ -220,7 +220,8 @@ async fn migrate(args: RunArgs) -> anyhow::Result<()> {
     let db = switchyard_store::pg::Pg::connect(&cfg.storage.postgres).await?;
     let applied = switchyard_ledger::Ledger::migrate(&db).await?
         + switchyard_approval::Approval::migrate(&db).await?
-        + switchyard_registry::Registry::migrate(&db).await?;
+        + switchyard_registry::Registry::migrate(&db).await?
+        + switchyard_executor::Executor::migrate(&db).await?;
     println!(
         "{}: {applied} migration(s) applied; the schema is up to date",
         db.target()

@@ -267,8 +267,7 @@ pub async fn run_node_then(
         None => None,
     };
     // The PostgreSQL pool, shared by this process's services that keep
-    // their state there (ledger, approval and registry; the executor stays
-    // on sled for now).
+    // their state there (ledger, approval, registry and executor).
     let pg = match cfg.storage.backend {
         crate::config::StorageBackend::Postgres => {
             starting.phase("connecting to PostgreSQL".to_string());
@@ -491,17 +490,32 @@ pub async fn run_node_then(
             },
         };
         let store = open("executor")?;
-        let x = blocking(|| {
-            Executor::open(
-                e.clone(),
-                store,
-                clients,
-                Arc::new(SystemClock),
-                shutdown.clone(),
-                &cfg.storage.data_dir,
-                max,
-            )
-        })?;
+        let x = match &pg {
+            Some(db) => {
+                Executor::open_pg(
+                    e.clone(),
+                    store,
+                    db.clone(),
+                    clients,
+                    Arc::new(SystemClock),
+                    shutdown.clone(),
+                    &cfg.storage.data_dir,
+                    max,
+                )
+                .await?
+            }
+            None => blocking(|| {
+                Executor::open(
+                    e.clone(),
+                    store,
+                    clients,
+                    Arc::new(SystemClock),
+                    shutdown.clone(),
+                    &cfg.storage.data_dir,
+                    max,
+                )
+            })?,
+        };
         x.start(listener.local_addr()?);
         if let Some(a) = &approval {
             a.set_executor(switchyard_api::ExecutorClient::local(Arc::new(x.clone())));
@@ -673,6 +687,7 @@ pub async fn run_node_then(
         a.flush().context("flushing approval storage")?;
     }
     if let Some(x) = executor {
+        x.close().await;
         x.flush().context("flushing executor storage")?;
     }
     tracing::info!("stopped");

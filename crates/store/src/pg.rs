@@ -156,6 +156,14 @@ pub struct Pg {
     pool: deadpool_postgres::Pool,
     /// Where the pool connects, password hidden (for errors and logs).
     target: Arc<str>,
+    /// How to open a connection of its own (LISTEN needs one).
+    direct: Arc<Direct>,
+}
+
+/// A connection's settings, for connections outside the pool.
+struct Direct {
+    config: tokio_postgres::Config,
+    tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
 }
 
 impl std::fmt::Debug for Pg {
@@ -188,15 +196,24 @@ impl Pg {
         let manager_cfg = deadpool_postgres::ManagerConfig {
             recycling_method: deadpool_postgres::RecyclingMethod::Fast,
         };
-        let manager = match cfg.tls {
-            TlsMode::Disable => {
-                deadpool_postgres::Manager::from_config(pc, tokio_postgres::NoTls, manager_cfg)
-            }
+        let (manager, tls) = match cfg.tls {
+            TlsMode::Disable => (
+                deadpool_postgres::Manager::from_config(
+                    pc.clone(),
+                    tokio_postgres::NoTls,
+                    manager_cfg,
+                ),
+                None,
+            ),
             TlsMode::Verify => {
                 let tls = tls_connector(cfg.ca_file.as_deref())?;
-                deadpool_postgres::Manager::from_config(pc, tls, manager_cfg)
+                (
+                    deadpool_postgres::Manager::from_config(pc.clone(), tls.clone(), manager_cfg),
+                    Some(tls),
+                )
             }
         };
+        let direct = Arc::new(Direct { config: pc, tls });
         let timeout = Some(Duration::from_millis(cfg.connect_timeout_ms));
         let pool = deadpool_postgres::Pool::builder(manager)
             .max_size(cfg.pool_size)
@@ -206,7 +223,11 @@ impl Pg {
             .recycle_timeout(timeout)
             .build()
             .map_err(|e| StoreError::Io(format!("postgres pool for {target}: {e}")))?;
-        let pg = Pg { pool, target };
+        let pg = Pg {
+            pool,
+            target,
+            direct,
+        };
         pg.client()
             .await?
             .simple_query("SELECT 1")
@@ -383,6 +404,100 @@ impl Pg {
         Ok(row.is_some())
     }
 }
+
+impl Pg {
+    /// Notifications on `channels` (their payloads), from a connection of
+    /// its own, reconnecting after a failure; after each (re)connect it
+    /// sends [`RESYNC`] (notifications may have been missed meanwhile, so
+    /// listeners look again). Ends when the receiver is dropped. Listeners
+    /// must still poll now and then: a database without LISTEN (CockroachDB)
+    /// never notifies, and that is not an error here.
+    pub fn listen(&self, channels: &[&str]) -> tokio::sync::mpsc::Receiver<String> {
+        let (tx, rx) = tokio::sync::mpsc::channel(1024);
+        let sql: String = channels
+            .iter()
+            .map(|c| format!("LISTEN {c};"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let db = self.clone();
+        tokio::spawn(async move {
+            while !tx.is_closed() {
+                match db.listen_once(&sql, &tx).await {
+                    Ok(()) => return,
+                    Err(e) => tracing::debug!(error = %e, "postgres notifications interrupted"),
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    _ = tx.closed() => return,
+                }
+            }
+        });
+        rx
+    }
+
+    /// One connection's worth of [`Pg::listen`]: `Ok` once the receiver is gone.
+    async fn listen_once(
+        &self,
+        sql: &str,
+        tx: &tokio::sync::mpsc::Sender<String>,
+    ) -> Result<(), StoreError> {
+        let (msgs_tx, mut msgs) = tokio::sync::mpsc::unbounded_channel();
+        let fail = |e: tokio_postgres::Error| self.error("listening for notifications", &e);
+        let config = &self.direct.config;
+        let client = match &self.direct.tls {
+            None => open_direct(config, tokio_postgres::NoTls, msgs_tx).await,
+            Some(tls) => open_direct(config, tls.clone(), msgs_tx).await,
+        }
+        .map_err(fail)?;
+        client.batch_execute(sql).await.map_err(fail)?;
+        if tx.send(RESYNC.to_owned()).await.is_err() {
+            return Ok(());
+        }
+        loop {
+            tokio::select! {
+                m = msgs.recv() => match m {
+                    Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                        if tx.send(n.payload().to_owned()).await.is_err() {
+                            return Ok(());
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(fail(e)),
+                    None => return Err(StoreError::Io("the notification connection closed".into())),
+                },
+                _ = tx.closed() => return Ok(()),
+            }
+        }
+    }
+}
+
+/// A connection outside the pool whose messages (notifications) go to `out`.
+async fn open_direct<T>(
+    config: &tokio_postgres::Config,
+    tls: T,
+    out: tokio::sync::mpsc::UnboundedSender<
+        Result<tokio_postgres::AsyncMessage, tokio_postgres::Error>,
+    >,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error>
+where
+    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>,
+    T::Stream: Send + 'static,
+{
+    use futures_util::StreamExt;
+    let (client, mut conn) = config.connect(tls).await?;
+    tokio::spawn(async move {
+        let mut s = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(m) = s.next().await {
+            if out.send(m).is_err() {
+                return;
+            }
+        }
+    });
+    Ok(client)
+}
+
+/// What [`Pg::listen`] sends after (re)connecting: look at everything again.
+pub const RESYNC: &str = "*";
 
 /// How long a tailing reader waits at a gap in a log's numbers before
 /// taking it for a rolled-back transaction's and moving on.

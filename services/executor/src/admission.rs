@@ -594,6 +594,12 @@ impl Executor {
         let submitter = for_whom(how.who, parent.as_ref(), &spec)?;
         let hash = spec::context_hash(&spec);
         let now = self.inner.book.now();
+        if let Some(existing) = self
+            .stored_elsewhere(&spec.job_id, &hash, &submitter)
+            .await?
+        {
+            return Ok(existing);
+        }
         if let Some(existing) = self.claim_id(&spec, dag, &hash, &submitter, now)? {
             return Ok(existing);
         }
@@ -610,7 +616,7 @@ impl Executor {
                     budget_id,
                     run,
                     auto,
-                    hash,
+                    hash: hash.clone(),
                 };
                 let mut st = self.inner.book.lock();
                 self.record_submitted(&mut st, &spec, &submitter, traceparent)?;
@@ -644,6 +650,20 @@ impl Executor {
             self.spawn_driver(&spec.job_id);
         }
         self.inner.book.durable(g).await?;
+        if let Some(pg) = &self.inner.book.pg
+            && pg.holds(&spec.job_id).is_none()
+            && self.inner.book.lock().find(&spec.job_id).is_none()
+        {
+            // Another replica stored a job with this id first (a race of
+            // two submissions): answer as for a repeated submission.
+            return match self
+                .stored_elsewhere(&spec.job_id, &hash, &submitter)
+                .await?
+            {
+                Some(existing) => Ok(existing),
+                None => Err(ExecutorError::Exists(spec.job_id.clone())),
+            };
+        }
         if start && crate::queue::queue_job(&spec) {
             // Answered "available" only once a worker's fetch can take it.
             let roots: Vec<String> = spec
@@ -657,7 +677,7 @@ impl Executor {
                 .wait_offered(&spec.job_id, &roots, std::time::Duration::from_secs(2))
                 .await;
         }
-        let job = self.inner.book.job(&spec.job_id)?;
+        let job = self.inner.book.job_any(&spec.job_id).await?;
         let state = switchyard_proto::executor::v1::JobState::try_from(job.state)
             .map_or("unknown", |s| s.as_str_name());
         tracing::info!(job_id = %spec.job_id, state, "job submitted");
@@ -666,6 +686,36 @@ impl Executor {
             created: true,
             result: None,
         })
+    }
+
+    /// On PostgreSQL, for a job id another replica holds (or a finished
+    /// job): the answer for a retried submission of the same job, else
+    /// JOB_ALREADY_EXISTS; `None` when no job has the id.
+    async fn stored_elsewhere(
+        &self,
+        job_id: &str,
+        hash: &str,
+        submitter: &OnBehalf,
+    ) -> Result<Option<SubmitJobResponse>, ExecutorError> {
+        let book = &self.inner.book;
+        let Some(pg) = &book.pg else {
+            return Ok(None);
+        };
+        if book.lock().find(job_id).is_some() {
+            return Ok(None);
+        }
+        let Some((h, tenant)) = pg.identity(job_id).await? else {
+            return Ok(None);
+        };
+        if h == hash && tenant == submitter.tenant {
+            Ok(Some(SubmitJobResponse {
+                job: Some(book.job_any(job_id).await?),
+                created: false,
+                result: None,
+            }))
+        } else {
+            Err(ExecutorError::Exists(job_id.to_owned()))
+        }
     }
 
     /// Claims the job id; when a job has it already, the answer for a

@@ -70,12 +70,12 @@ impl Executor {
     }
 
     /// One artifact of a job with its content, by id or path.
-    pub(crate) fn artifact(
+    pub(crate) async fn artifact(
         &self,
         job_id: &str,
         wanted: &str,
     ) -> Result<(Artifact, Vec<u8>), ExecutorError> {
-        let job = self.inner.book.job(job_id)?;
+        let job = self.inner.book.job_any(job_id).await?;
         let not_found = || ExecutorError::ArtifactNotFound {
             job: job_id.to_owned(),
             artifact: wanted.to_owned(),
@@ -91,7 +91,8 @@ impl Executor {
         let content = self
             .inner
             .artifacts
-            .get(&a.artifact_id)?
+            .get(&a.artifact_id)
+            .await?
             .ok_or_else(not_found)?;
         Ok((a, content))
     }

@@ -27,6 +27,7 @@ use tonic::Status;
 use crate::error::ExecutorError;
 use crate::events::{self, JobEvent};
 use crate::job::JobEntry;
+use crate::pg::PgJobs;
 
 /// Nothing more happens to a job in these states unless someone acts:
 /// watch streams end there.
@@ -76,6 +77,18 @@ pub(crate) struct Control {
     /// Why the job is being cancelled and by whom, once asked.
     pub(crate) cancel: Mutex<Option<(String, Option<switchyard_kit::auth::OnBehalf>)>>,
     pub(crate) wake: tokio::sync::Notify,
+    /// Aborts the driver (its attempts with it): the job was taken over.
+    pub(crate) abort: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl Control {
+    /// Stops the driver where it is, dropping its attempts (their
+    /// processes are killed): another replica runs the job now.
+    pub(crate) fn stop(&self) {
+        if let Some(a) = crate::lock(&self.abort).take() {
+            a.abort();
+        }
+    }
 }
 
 /// The jobs in memory, behind the book's lock.
@@ -210,6 +223,8 @@ pub(crate) struct JobBook {
     told: std::sync::atomic::AtomicU64,
     /// Wakes the background flusher of events nobody waits for.
     flush_wanted: tokio::sync::Notify,
+    /// On PostgreSQL: the shared tables (the sled trees above stay empty).
+    pub(crate) pg: Option<Arc<PgJobs>>,
 }
 
 impl JobBook {
@@ -220,6 +235,7 @@ impl JobBook {
         store: &Store,
         clock: Arc<dyn Clock>,
         shutdown: Shutdown,
+        pg: Option<Arc<PgJobs>>,
     ) -> Result<JobBook, ExecutorError> {
         let book = JobBook {
             store: store.clone(),
@@ -236,7 +252,12 @@ impl JobBook {
             finished: tokio::sync::watch::channel(0).0,
             told: std::sync::atomic::AtomicU64::new(0),
             flush_wanted: tokio::sync::Notify::new(),
+            pg,
         };
+        if book.pg.is_some() {
+            // Jobs are claimed from the shared tables once started.
+            return Ok(book);
+        }
         let layout = book.meta.get(LAYOUT)?.map_or(1, |m| m.value);
         let first_layout = layout < 2 && !book.specs.is_empty();
         let started = Instant::now();
@@ -364,6 +385,11 @@ impl JobBook {
     /// the job is final, so nothing changes it meanwhile, and readers find
     /// it in memory until [`forget`] removes it there).
     fn write_retired(&self, r: &Retiring) -> Result<(), ExecutorError> {
+        if self.pg.is_some() {
+            // The job's row holds its final record (written with its
+            // final event).
+            return Ok(());
+        }
         self.specs.put(&r.id, &r.job)?;
         self.index.put(&r.id, &r.positions)?;
         self.live.remove(&r.id)?;
@@ -453,6 +479,9 @@ impl JobBook {
 
     /// [`JobBook::checkpoint_upto`] of the jobs `st` (the book's lock held).
     fn checkpoint_of(&self, st: &Jobs, upto: u64) -> Result<u64, ExecutorError> {
+        if self.pg.is_some() {
+            return Ok(0);
+        }
         let at = st
             .first_event()
             .map_or(self.events.last(), |f| f - 1)
@@ -469,6 +498,9 @@ impl JobBook {
         cutoff_ms: u64,
         tenant: Option<&str>,
     ) -> Result<(u64, u64), ExecutorError> {
+        if let Some(pg) = &self.pg {
+            return Ok(pg.prune(cutoff_ms, tenant).await?);
+        }
         let mut keep_from = self.lock().first_event().unwrap_or(self.events.last() + 1);
         let mut jobs = 0;
         for r in self.by_time.iter() {
@@ -556,8 +588,8 @@ impl JobBook {
     }
 
     /// Job `id` as the dead letter holds it, or why it is not there.
-    fn dead_letter(&self, id: &str) -> Result<Job, ExecutorError> {
-        let job = self.record_of(id)?;
+    async fn dead_letter(&self, id: &str) -> Result<Job, ExecutorError> {
+        let job = self.record_any(id).await?;
         if dead_lettered(&job) {
             return Ok(job);
         }
@@ -604,9 +636,11 @@ impl JobBook {
             return Err(winding_up(id));
         }
         let round = e.job.round + 1;
-        self.live.put(id, &Mark {})?;
-        // Replay after a crash must reach back to this job's first event.
-        self.checkpoint_of(&st, self.events.durable())?;
+        if self.pg.is_none() {
+            self.live.put(id, &Mark {})?;
+            // Replay after a crash must reach back to this job's first event.
+            self.checkpoint_of(&st, self.events.durable())?;
+        }
         let ev = JobEvent::Revived(events::Revived {
             round,
             by: by.to_owned(),
@@ -615,15 +649,36 @@ impl JobBook {
         self.move_job(&mut st, id, JobState::Pending, Reason::InvalidArgument, "")
     }
 
+    /// On PostgreSQL, takes dead-lettered job `id` into this replica's
+    /// memory (claimed at a new epoch) so [`JobBook::revive`] can start its
+    /// next round here; nothing to do on sled or when it is here already.
+    pub(crate) async fn adopt_dead_letter(&self, id: &str) -> Result<(), ExecutorError> {
+        let Some(pg) = &self.pg else {
+            return Ok(());
+        };
+        if self.lock().find(id).is_some() {
+            return Ok(());
+        }
+        self.dead_letter(id).await?;
+        match pg.adopt_finished(id).await? {
+            Some(epoch) => self.adopt(id, epoch).await.map(|_| ()),
+            // Retried on another replica meanwhile.
+            None => Err(not_in_dead_letter(id, &self.record_any(id).await?)),
+        }
+    }
+
     /// Removes dead-lettered job `id` for good.
     pub(crate) async fn delete_dead_letter(&self, id: &str) -> Result<(), ExecutorError> {
-        let job = self.dead_letter(id)?;
+        let job = self.dead_letter(id).await?;
         {
             let mut st = self.lock();
             if st.drivers.contains_key(id) {
                 return Err(winding_up(id));
             }
             forget(&mut st, id);
+        }
+        if let Some(pg) = &self.pg {
+            return Ok(pg.delete(id).await?);
         }
         self.live.remove(id)?;
         self.remove_retired(id, &time_key(created_ms(&job), id))?;
@@ -634,6 +689,10 @@ impl JobBook {
     /// Flushes storage (shutdown): everything written is on disk, then the
     /// checkpoint moves up to it.
     pub(crate) fn flush_blocking(&self) -> Result<(), ExecutorError> {
+        if self.pg.is_some() {
+            // The writer's last batch ran at shutdown.
+            return Ok(());
+        }
         self.store.flush_blocking()?;
         self.checkpoint_upto(self.events.last())?;
         Ok(self.store.flush_blocking()?)
@@ -649,7 +708,10 @@ impl JobBook {
 
     /// The log's last position.
     pub(crate) fn last(&self) -> u64 {
-        self.events.last()
+        match &self.pg {
+            Some(pg) => pg.last(),
+            None => self.events.last(),
+        }
     }
 
     /// Follows how many jobs have finished (CancelJob waits on it).
@@ -669,6 +731,21 @@ impl JobBook {
         let created = created_at
             .as_ref()
             .map_or(0, switchyard_kit::time::timestamp_ms);
+        if let Some(pg) = &self.pg {
+            let new = crate::pg::NewJob {
+                id: spec.job_id.clone(),
+                tenant: entry.job.tenant.clone(),
+                submitted_by: entry.job.submitted_by.clone(),
+                created_ms: created,
+                context_hash: entry.context_hash.clone(),
+                record: entry.job.clone(),
+            };
+            pg.accept(new);
+            if let Some(e) = st.jobs.get_mut(&spec.job_id) {
+                e.lease = 1;
+            }
+            return Ok(());
+        }
         let stored = Job {
             spec: Some(spec.clone()),
             created_at,
@@ -700,7 +777,8 @@ impl JobBook {
         time_ms: u64,
     ) -> u64 {
         let Some(entry) = st.jobs.get_mut(job_id) else {
-            return self.events.last();
+            // Not (or no longer) held here: nothing to record.
+            return self.last();
         };
         let wire = Event {
             sequence: entry.job.last_sequence + 1,
@@ -724,8 +802,21 @@ impl JobBook {
             sequence = wire.sequence,
             "job event"
         );
-        entry.cache.push(wire.clone());
-        let (g, _) = self.events.append(|_| wire);
+        let g = match &self.pg {
+            Some(pg) => {
+                let moved = matches!(ev, JobEvent::JobMoved(_)).then(|| {
+                    let state = entry.state();
+                    let finished = state.is_terminal().then_some(time_ms);
+                    (state.as_str().to_owned(), stripped(&entry.job), finished)
+                });
+                entry.cache.push(wire.clone());
+                pg.append(job_id, entry.lease, &wire, moved)
+            }
+            None => {
+                entry.cache.push(wire.clone());
+                self.events.append(|_| wire).0
+            }
+        };
         entry.events.push(g);
         st.dirty.insert(job_id.to_owned());
         g
@@ -748,8 +839,12 @@ impl JobBook {
         job_id: &str,
         status: &TaskStatus,
     ) -> Result<u64, ExecutorError> {
-        self.outputs
-            .put(&output_key(job_id, &status.task_id), status)?;
+        match &self.pg {
+            Some(pg) => pg.output(job_id, status),
+            None => self
+                .outputs
+                .put(&output_key(job_id, &status.task_id), status)?,
+        }
         let ev = JobEvent::ResultStored(events::ResultStored {
             exit_code: status.exit_code,
             agent_id: status.agent_id.clone(),
@@ -868,7 +963,7 @@ impl JobBook {
                 _ = tokio::time::sleep(NOTED_FLUSH_DELAY) => {}
                 _ = self.shutdown.wait() => return,
             }
-            if let Err(e) = self.durable(self.events.last()).await {
+            if let Err(e) = self.durable(self.last()).await {
                 tracing::warn!(error = %e, "flushing job events");
             }
         }
@@ -883,8 +978,16 @@ impl JobBook {
         }
         // Free when a flush asked for by another caller (or another
         // service sharing the database) carried it already.
-        self.events.make_durable(g).await?;
-        let upto = self.events.durable();
+        let upto = match &self.pg {
+            Some(pg) => {
+                pg.durable(g).await?;
+                pg.committed()
+            }
+            None => {
+                self.events.make_durable(g).await?;
+                self.events.durable()
+            }
+        };
         let mut st_guard = self.lock();
         let st = &mut *st_guard;
         let mut retire = Vec::new();
@@ -915,6 +1018,154 @@ impl JobBook {
         Ok(())
     }
 
+    // ------------------------------------------------------------ replicas
+
+    /// Job `id` from the shared tables: a finished job from its final
+    /// record and outputs (unless `replay`), a running one (or any, with
+    /// `replay`) as the replay of its events.
+    async fn load_pg(
+        &self,
+        pg: &PgJobs,
+        id: &str,
+        replay: bool,
+    ) -> Result<Option<JobEntry>, ExecutorError> {
+        let Some(stored) = pg.stored(id).await? else {
+            return Ok(None);
+        };
+        let Some(spec) = stored.record.spec.clone() else {
+            return Ok(None);
+        };
+        let dag = crate::spec::dag(&spec).map_err(ExecutorError::Invalid)?;
+        let mut e = JobEntry::new(spec, dag, created_ms(&stored.record));
+        let outputs: HashMap<String, TaskStatus> = pg
+            .outputs(id)
+            .await?
+            .into_iter()
+            .map(|s| (s.task_id.clone(), s))
+            .collect();
+        if stored.finished && !replay {
+            e.job = stored.record;
+            for i in 0..e.job.tasks.len() {
+                if let Some(o) = outputs.get(&e.job.tasks[i].task_id) {
+                    e.keep_outputs(i, o.clone());
+                }
+            }
+            e.events = vec![0; usize::try_from(e.job.last_sequence).unwrap_or(0)];
+        } else {
+            let mut after = 0;
+            loop {
+                let page = pg.events_after(id, after, REPLAY_PAGE).await?;
+                let n = page.len();
+                for ev in page {
+                    after = ev.sequence;
+                    if let Some(typed) = JobEvent::decode(&ev.kind, ev.data.as_ref())? {
+                        e.apply(&ev, &typed, |task| outputs.get(task).cloned());
+                    }
+                    // Stored events are durable: position 0 counts as such.
+                    e.events.push(0);
+                }
+                if n < REPLAY_PAGE as usize {
+                    break;
+                }
+            }
+        }
+        e.durable_to.send_replace(e.job.last_sequence);
+        Ok(Some(e))
+    }
+
+    /// Takes job `id`, claimed at `epoch`, into memory to run it here (its
+    /// state rebuilt from its events); returns its state.
+    pub(crate) async fn adopt(&self, id: &str, epoch: i64) -> Result<JobState, ExecutorError> {
+        let pg = self
+            .pg
+            .as_ref()
+            .ok_or_else(|| ExecutorError::NotFound(id.into()))?;
+        let mut e = self
+            .load_pg(pg, id, true)
+            .await?
+            .ok_or_else(|| ExecutorError::NotFound(id.into()))?;
+        e.lease = epoch;
+        let state = e.state();
+        let mut st = self.lock();
+        if matches!(state, JobState::Pending | JobState::Scheduled) {
+            st.waiting.insert(id.to_owned());
+        }
+        st.jobs.insert(id.to_owned(), e);
+        Ok(state)
+    }
+
+    /// Hands job `id` back to the shared tables for another replica to
+    /// run (no room here, or a lost lease when `lost`): out of memory now,
+    /// its lease released after its queued writes (unless lost).
+    pub(crate) fn drop_job(&self, id: &str, lost: bool) -> Option<Arc<Control>> {
+        let mut st = self.lock();
+        let lease = st.jobs.get(id).map(|e| e.lease);
+        st.jobs.remove(id);
+        st.waiting.remove(id);
+        st.dirty.remove(id);
+        let ctl = st.drivers.remove(id);
+        drop(st);
+        if let (Some(pg), Some(lease)) = (&self.pg, lease) {
+            if lost {
+                pg.forget(id);
+            } else {
+                pg.release(id, lease);
+            }
+        }
+        self.bump_finished();
+        ctl
+    }
+
+    /// `f` of job `id` wherever it is: in memory while this replica runs
+    /// it, else on disk (sled) or in the shared tables (PostgreSQL).
+    pub(crate) async fn read_any<R>(
+        &self,
+        id: &str,
+        f: impl FnOnce(&JobEntry) -> R,
+    ) -> Result<R, ExecutorError> {
+        let Some(pg) = &self.pg else {
+            return self.read(id, f);
+        };
+        {
+            let st = self.lock();
+            if let Some(e) = st.find(id) {
+                return Ok(f(e));
+            }
+        }
+        match self.load_pg(pg, id, false).await? {
+            Some(e) => Ok(f(&e)),
+            None => Err(ExecutorError::NotFound(id.into())),
+        }
+    }
+
+    /// Job `id`'s record without its outputs, wherever it is.
+    pub(crate) async fn record_any(&self, id: &str) -> Result<Job, ExecutorError> {
+        let Some(pg) = &self.pg else {
+            return self.record_of(id);
+        };
+        if let Some(e) = self.lock().find(id) {
+            return Ok(e.job.clone());
+        }
+        match pg.stored(id).await? {
+            Some(s) => Ok(s.record),
+            None => Err(ExecutorError::NotFound(id.into())),
+        }
+    }
+
+    /// A job as it is now, wherever it is.
+    pub(crate) async fn job_any(&self, job_id: &str) -> Result<Job, ExecutorError> {
+        self.read_any(job_id, |e| e.job.clone()).await
+    }
+
+    /// GetResult, wherever the job is.
+    pub(crate) async fn result_any(
+        &self,
+        job_id: &str,
+    ) -> Result<GetResultResponse, ExecutorError> {
+        let now = self.now();
+        self.read_any(job_id, |e| result_of(e, now)).await
+    }
+
     // ------------------------------------------------------------ reads
 
     /// A job as it is now.
@@ -924,8 +1175,15 @@ impl JobBook {
 
     /// JOB_NOT_FOUND unless `p` may see job `job_id`: its tenant's jobs, and
     /// for submitters and agents only their own.
-    pub(crate) fn visible(&self, p: &Principal, job_id: &str) -> Result<(), ExecutorError> {
-        match self.with_record(job_id, |j| p.may_see(&j.tenant, &j.submitted_by)) {
+    pub(crate) async fn visible(&self, p: &Principal, job_id: &str) -> Result<(), ExecutorError> {
+        let seen = match &self.pg {
+            None => self.with_record(job_id, |j| p.may_see(&j.tenant, &j.submitted_by)),
+            Some(_) => self
+                .record_any(job_id)
+                .await
+                .map(|j| p.may_see(&j.tenant, &j.submitted_by)),
+        };
+        match seen {
             Ok(true) => Ok(()),
             _ => Err(ExecutorError::NotFound(job_id.into())),
         }
@@ -933,22 +1191,16 @@ impl JobBook {
 
     /// ListJobs: newest first, filtered, paginated by job id. Running jobs
     /// are read from memory, finished ones from disk.
-    pub(crate) fn list_for(
+    pub(crate) async fn list_for(
         &self,
         req: &ListJobsRequest,
         p: &Principal,
     ) -> Result<ListJobsResponse, ExecutorError> {
         let size = switchyard_core::validate::page_size(req.page_size);
-        let wanted = |j: &Job| {
-            let spec = j.spec.as_ref();
-            let of = |f: fn(&JobSpec) -> &str| spec.map_or("", f);
-            p.may_see(&j.tenant, &j.submitted_by)
-                && (req.states.is_empty() || req.states.contains(&j.state))
-                && (req.plan_id.is_empty() || of(|s| &s.plan_id) == req.plan_id)
-                && (req.correlation_id.is_empty()
-                    || of(|s| &s.correlation_id) == req.correlation_id)
-                && (!req.dead_letter || dead_lettered(j))
-        };
+        let wanted = |j: &Job| listed(req, p, j);
+        if let Some(pg) = &self.pg {
+            return self.list_pg(pg, req, size, wanted).await;
+        }
         let before = if req.page_token.is_empty() {
             None
         } else {
@@ -982,6 +1234,54 @@ impl JobBook {
         })
     }
 
+    /// ListJobs from the shared tables: newest first, a page of rows at a
+    /// time; jobs running here are shown as they are in memory.
+    async fn list_pg(
+        &self,
+        pg: &PgJobs,
+        req: &ListJobsRequest,
+        size: usize,
+        wanted: impl Fn(&Job) -> bool,
+    ) -> Result<ListJobsResponse, ExecutorError> {
+        let mut before = if req.page_token.is_empty() {
+            None
+        } else {
+            let j = self.record_any(&req.page_token).await?;
+            Some((created_ms(&j), req.page_token.clone()))
+        };
+        let mut jobs: Vec<Job> = Vec::new();
+        let mut next = String::new();
+        'pages: loop {
+            let page = pg
+                .page(before.as_ref().map(|(c, id)| (*c, id.as_str())), LIST_PAGE)
+                .await?;
+            let full = page.len() == LIST_PAGE as usize;
+            for (id, record) in page {
+                before = Some((created_ms(&record), id.clone()));
+                let live = self.lock().find(&id).map(|e| e.job.clone());
+                let mut j = live.unwrap_or(record);
+                if !wanted(&j) {
+                    continue;
+                }
+                if jobs.len() == size {
+                    next = jobs.last().map_or(String::new(), |j| {
+                        j.spec.as_ref().map_or(String::new(), |s| s.job_id.clone())
+                    });
+                    break 'pages;
+                }
+                strip_outputs(&mut j);
+                jobs.push(j);
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(ListJobsResponse {
+            jobs,
+            next_page_token: next,
+        })
+    }
+
     /// GetResult: the outputs of the job's sink tasks (no dependents), by task id.
     pub(crate) fn result(&self, job_id: &str) -> Result<GetResultResponse, ExecutorError> {
         let now = self.now();
@@ -1000,6 +1300,25 @@ impl JobBook {
         &self,
         job_id: &str,
     ) -> Result<Option<JobState>, ExecutorError> {
+        if let Some(pg) = &self.pg {
+            // The row's state moves with the final event, in one commit.
+            let mut wake = pg.subscribe(job_id);
+            loop {
+                let stored = pg
+                    .stored(job_id)
+                    .await?
+                    .ok_or_else(|| ExecutorError::NotFound(job_id.into()))?;
+                let state = crate::job::job_state(stored.record.state);
+                if finished(state) {
+                    return Ok(Some(state));
+                }
+                tokio::select! {
+                    _ = wake.changed() => {}
+                    _ = tokio::time::sleep(crate::pg::WATCH_POLL) => {}
+                    _ = self.shutdown.wait() => return Ok(None),
+                }
+            }
+        }
         let mut durable = self.durable_to(job_id)?;
         loop {
             let state = self.read(job_id, |e| {
@@ -1030,6 +1349,9 @@ impl JobBook {
         detail: WatchDetail,
     ) -> Result<tokio::sync::mpsc::Receiver<Result<Event, Status>>, ExecutorError> {
         let wanted = watched(detail);
+        if self.pg.is_some() {
+            return Ok(self.watch_pg(job_id, after, wanted));
+        }
         let mut durable = self.durable_to(job_id)?;
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         let book = self.clone();
@@ -1065,6 +1387,67 @@ impl JobBook {
             }
         });
         Ok(rx)
+    }
+
+    /// WatchJob on PostgreSQL: the job's stored events after `after`, read
+    /// again on each wake-up (a batch committed here, a notification from
+    /// the replica running it, or a poll), so a watcher on any replica sees
+    /// one gapless sequence whoever runs the job, across takeovers.
+    fn watch_pg(
+        self: &Arc<Self>,
+        job_id: &str,
+        after: u64,
+        wanted: fn(&str) -> bool,
+    ) -> tokio::sync::mpsc::Receiver<Result<Event, Status>> {
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let book = self.clone();
+        let id = job_id.to_owned();
+        tokio::spawn(async move {
+            let Some(pg) = book.pg.clone() else {
+                return;
+            };
+            let mut wake = pg.subscribe(&id);
+            let mut sent = after;
+            loop {
+                wake.borrow_and_update();
+                let page = match pg.events_after(&id, sent, REPLAY_PAGE).await {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::from(ExecutorError::from(e)))).await;
+                        return;
+                    }
+                };
+                let full = page.len() == REPLAY_PAGE as usize;
+                for ev in page {
+                    sent = ev.sequence;
+                    let end = ends_watch(&ev);
+                    if wanted(&ev.kind) && tx.send(Ok(ev)).await.is_err() {
+                        return;
+                    }
+                    if end {
+                        return;
+                    }
+                }
+                if full {
+                    continue;
+                }
+                // Asked to resume after the final event: nothing follows.
+                if sent > 0
+                    && let Ok(Some(s)) = pg.stored(&id).await
+                    && finished(crate::job::job_state(s.record.state))
+                    && s.record.last_sequence <= sent
+                {
+                    return;
+                }
+                tokio::select! {
+                    _ = wake.changed() => {}
+                    _ = tokio::time::sleep(crate::pg::WATCH_POLL) => {}
+                    _ = tx.closed() => return,
+                    _ = book.shutdown.wait() => return,
+                }
+            }
+        });
+        rx
     }
 
     /// `job_id`'s durable events of the `wanted` kinds with sequences in
@@ -1112,6 +1495,25 @@ impl JobBook {
     }
 }
 
+/// Whether ListJobs `req` shows job `j` to `p`.
+fn listed(req: &ListJobsRequest, p: &Principal, j: &Job) -> bool {
+    let spec = j.spec.as_ref();
+    let of = |f: fn(&JobSpec) -> &str| spec.map_or("", f);
+    p.may_see(&j.tenant, &j.submitted_by)
+        && (req.states.is_empty() || req.states.contains(&j.state))
+        && (req.plan_id.is_empty() || of(|s| &s.plan_id) == req.plan_id)
+        && (req.correlation_id.is_empty() || of(|s| &s.correlation_id) == req.correlation_id)
+        && (!req.dead_letter || dead_lettered(j))
+}
+
+/// Whether `ev` is a job's move to a state where watching ends.
+fn ends_watch(ev: &Event) -> bool {
+    matches!(
+        JobEvent::decode(&ev.kind, ev.data.as_ref()),
+        Ok(Some(JobEvent::JobMoved(m))) if JobState::parse(&m.to).is_some_and(finished)
+    )
+}
+
 /// Which event kinds WatchJob streams at `detail`.
 fn watched(detail: WatchDetail) -> fn(&str) -> bool {
     match detail {
@@ -1137,12 +1539,7 @@ fn retiring(st: &Jobs, id: &str) -> Option<Retiring> {
     if !done {
         return None;
     }
-    let mut job = e.job.clone();
-    for t in &mut job.tasks {
-        t.stdout.clear();
-        t.stderr.clear();
-        t.output = None;
-    }
+    let job = stripped(&e.job);
     Some(Retiring {
         id: id.to_owned(),
         job,
@@ -1150,6 +1547,17 @@ fn retiring(st: &Jobs, id: &str) -> Option<Retiring> {
             positions: e.events.clone(),
         },
     })
+}
+
+/// A job's record without its tasks' outputs (kept apart).
+fn stripped(j: &Job) -> Job {
+    let mut job = j.clone();
+    for t in &mut job.tasks {
+        t.stdout.clear();
+        t.stderr.clear();
+        t.output = None;
+    }
+    job
 }
 
 /// Whether job `j` is in the dead letter.
@@ -1236,6 +1644,11 @@ fn created_ms(j: &Job) -> u64 {
 fn time_key(created_ms: u64, id: &str) -> String {
     format!("{created_ms:016x}/{id}")
 }
+
+/// Events read per query when replaying or watching from PostgreSQL.
+const REPLAY_PAGE: i64 = 1000;
+/// Jobs read per query when listing from PostgreSQL.
+const LIST_PAGE: i64 = 200;
 
 /// The layout version (`meta` key).
 const LAYOUT: &str = "layout";

@@ -13,6 +13,7 @@ use crate::Executor;
 use crate::admission::acting_context;
 use crate::error::ExecutorError;
 use crate::outbox::RunEnd;
+use crate::replica::CancelAsk;
 
 impl Executor {
     /// CancelJob: a running job's driver stops its tasks (SIGTERM, grace,
@@ -30,9 +31,37 @@ impl Executor {
         } else {
             why
         };
-        // A finished job (perhaps on disk only) refuses with its state.
-        book.read(job_id, crate::job::JobEntry::state)?
+        // A finished job (perhaps stored only) refuses with its state.
+        book.read_any(job_id, crate::job::JobEntry::state)
+            .await?
             .check(JobState::Cancelled)?;
+        if let Some(pg) = &book.pg
+            && book.lock().find(job_id).is_none()
+        {
+            // Run by another replica (or waiting for one to claim it): the
+            // request goes on the job's row, and whoever runs it acts.
+            let ask = prost::Message::encode_to_vec(&CancelAsk::new(why, who.as_ref()));
+            pg.request_cancel(job_id, &ask).await?;
+            let limit = self.cancel_limit();
+            let _ = tokio::time::timeout(limit, book.until_finished(job_id)).await;
+            return book.job_any(job_id).await;
+        }
+        self.cancel_here(job_id, why, who).await
+    }
+
+    /// How long CancelJob waits for a running job to stop.
+    fn cancel_limit(&self) -> Duration {
+        Duration::from_millis(self.inner.cfg.kill_grace_ms) + Duration::from_secs(10)
+    }
+
+    /// CancelJob of a job in this replica's memory.
+    pub(crate) async fn cancel_here(
+        &self,
+        job_id: &str,
+        why: &str,
+        who: Option<OnBehalf>,
+    ) -> Result<Job, ExecutorError> {
+        let book = &self.inner.book;
         let mut finishes = book.finishes();
         let idle = {
             let mut st = book.lock();
@@ -51,12 +80,14 @@ impl Executor {
             }
         };
         let Some((g, intents)) = idle else {
-            let limit =
-                Duration::from_millis(self.inner.cfg.kill_grace_ms) + Duration::from_secs(10);
+            let limit = self.cancel_limit();
+            // Ended: final, and its driver gone (the run and budget settled).
             let ended = async {
-                while !book
-                    .job(job_id)
-                    .is_ok_and(|j| crate::job::job_state(j.state).is_terminal())
+                while book.lock().drivers.contains_key(job_id)
+                    || !book
+                        .job_any(job_id)
+                        .await
+                        .is_ok_and(|j| crate::job::job_state(j.state).is_terminal())
                 {
                     if finishes.changed().await.is_err() {
                         break;
@@ -64,11 +95,11 @@ impl Executor {
                 }
             };
             let _ = tokio::time::timeout(limit, ended).await;
-            return book.job(job_id);
+            return book.job_any(job_id).await;
         };
         book.durable(g).await?;
         self.deliver_now(intents).await;
-        book.job(job_id)
+        book.job_any(job_id).await
     }
 
     /// Withdraws approval run `run_id` of a job that was not accepted

@@ -118,6 +118,20 @@ pub struct ExecutorConfig {
     pub retention_secs: u64,
     /// How often finished jobs past their retention are pruned, seconds.
     pub prune_interval_secs: u64,
+    /// On PostgreSQL: how long a replica's claim on a job lasts without
+    /// renewal, ms. A replica renews its leases every third of this; when
+    /// it dies, its jobs are taken over this long after its last renewal
+    /// (at once when it shuts down cleanly: it hands them back).
+    pub job_lease_ms: u64,
+    /// On PostgreSQL: most jobs one replica runs at once. A replica claims
+    /// jobs only while it has room and hands back what it accepted beyond
+    /// it, so work spreads across replicas.
+    pub max_running_jobs: usize,
+    /// On PostgreSQL: this replica's name in the job table's `owner` column;
+    /// empty = host name, process id and a random suffix (unique per start,
+    /// so a restarted replica never mistakes its predecessor's leases for
+    /// its own).
+    pub replica_id: String,
     /// Per-call approval of risky tools, beyond what jobs and the registry
     /// mark (`[executor.tool_approval]`).
     pub tool_approval: ToolApproval,
@@ -263,6 +277,9 @@ impl Default for ExecutorConfig {
             submit_wait_ms: 3_000,
             retention_secs: 7 * 24 * 3600,
             prune_interval_secs: 3600,
+            job_lease_ms: 5000,
+            max_running_jobs: 256,
+            replica_id: String::new(),
             tool_approval: ToolApproval::default(),
             artifact_max_bytes: 1 << 20,
         }
@@ -300,6 +317,12 @@ impl ExecutorConfig {
         }
         if self.artifact_max_bytes == 0 {
             return Err("executor.artifact_max_bytes must be at least 1".into());
+        }
+        if self.job_lease_ms < 300 || self.max_running_jobs == 0 {
+            return Err(
+                "executor.job_lease_ms must be at least 300 and executor.max_running_jobs at least 1"
+                    .into(),
+            );
         }
         if self.approval_poll_ms == 0 {
             return Err("executor.approval_poll_ms must be at least 1".into());

@@ -25,18 +25,19 @@ impl Executor {
         job_id: &str,
     ) -> Result<Job, ExecutorError> {
         let book = &self.inner.book;
-        book.visible(p, job_id)?;
+        book.visible(p, job_id).await?;
         book.settle(job_id, SETTLE).await;
         // A child job runs under its parent's run and budget: only while
         // the parent still runs.
         let parent = book
-            .record_of(job_id)?
+            .record_any(job_id)
+            .await?
             .spec
             .and_then(|s| s.delegation)
             .map(|d| d.parent_job_id)
             .filter(|id| !id.is_empty());
         if let Some(parent) = parent {
-            let state = crate::job::job_state(book.record_of(&parent)?.state);
+            let state = crate::job::job_state(book.record_any(&parent).await?.state);
             if state != switchyard_core::lifecycle::JobState::Active {
                 return Err(ExecutorError::ParentNotActive {
                     parent,
@@ -44,11 +45,12 @@ impl Executor {
                 });
             }
         }
+        book.adopt_dead_letter(job_id).await?;
         let g = book.revive(job_id, &p.subject)?;
         book.durable(g).await?;
         tracing::info!(job_id, by = %p.subject, "dead-lettered job retried");
         self.readmit(job_id, book.now()).await?;
-        self.job(job_id)
+        book.job_any(job_id).await
     }
 
     /// DeleteDeadLetter: job `job_id` is removed for good.
@@ -58,7 +60,7 @@ impl Executor {
         job_id: &str,
     ) -> Result<(), ExecutorError> {
         let book = &self.inner.book;
-        book.visible(p, job_id)?;
+        book.visible(p, job_id).await?;
         book.settle(job_id, SETTLE).await;
         book.delete_dead_letter(job_id).await?;
         tracing::info!(job_id, by = %p.subject, "dead-lettered job deleted");

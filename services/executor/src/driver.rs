@@ -56,6 +56,13 @@ impl Executor {
             if st.drivers.contains_key(job_id) {
                 return;
             }
+            if self.inner.book.pg.is_some() && st.drivers.len() >= self.inner.cfg.max_running_jobs {
+                // No room here: another replica with room claims it.
+                drop(st);
+                tracing::debug!(job_id, "no room to run the job here; handing it back");
+                self.inner.book.drop_job(job_id, false);
+                return;
+            }
             let ctl = Arc::new(Control::default());
             st.drivers.insert(job_id.to_owned(), ctl.clone());
             ctl
@@ -66,13 +73,15 @@ impl Executor {
             ctl,
         };
         let (me, id) = (self.clone(), job_id.to_owned());
-        tokio::spawn(async move {
+        let ctl = driver.ctl.clone();
+        let handle = tokio::spawn(async move {
             driver.drive().await;
             me.inner.book.lock().drivers.remove(&id);
             me.inner.book.bump_finished();
             // A finished job leaves memory once its driver is gone.
             me.inner.book.retire_if_done(&id);
         });
+        *crate::lock(&ctl.abort) = Some(handle.abort_handle());
     }
 
     /// Runs `work` (a release nobody waits for) off the task's path; the
@@ -288,18 +297,24 @@ impl Driver {
     /// The attempt of task `i`, paused at a tool call awaiting a person
     /// before a restart, going on from its checkpoint: the same attempt
     /// (so the same idempotency keys), not a new one.
-    fn paused_attempt(&self, i: usize) -> Result<Option<(Snapshot, Duration)>, ExecutorError> {
+    async fn paused_attempt(
+        &self,
+        i: usize,
+    ) -> Result<Option<(Snapshot, Duration)>, ExecutorError> {
         let job_id = self.job_id.as_str();
-        let st = self.x.inner.book.lock();
-        let e = st.get(job_id)?;
-        let attempt = e.job.tasks[i].attempts.len() as u32;
-        let mut snap = snapshot(&st, job_id, i, attempt)?;
-        let Some(cp) = self.x.checkpoint(job_id, &snap.task.id)? else {
+        let (mut snap, timeout) = {
+            let st = self.x.inner.book.lock();
+            let e = st.get(job_id)?;
+            let attempt = e.job.tasks[i].attempts.len() as u32;
+            let snap = snapshot(&st, job_id, i, attempt)?;
+            let timeout = Duration::from_secs(u64::from(schedule::timeout_secs(e, i)));
+            (snap, timeout)
+        };
+        let Some(cp) = self.x.checkpoint(job_id, &snap.task.id).await? else {
             return Ok(None);
         };
         snap.resume = Some(Box::new(cp));
         snap.start_g = self.x.inner.book.last();
-        let timeout = Duration::from_secs(u64::from(schedule::timeout_secs(e, i)));
         Ok(Some((snap, timeout)))
     }
 
@@ -340,7 +355,7 @@ impl Driver {
         let book = &self.x.inner.book;
         let mut running = Running::new();
         for i in paused {
-            match self.paused_attempt(i)? {
+            match self.paused_attempt(i).await? {
                 Some((snap, timeout)) => self.start(&mut running, i, snap, timeout, scratch),
                 None => {
                     // No checkpoint (written by an older release): run it again.

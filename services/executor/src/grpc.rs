@@ -56,7 +56,7 @@ impl JobService for Executor {
             if let Some(id) = id
                 && let Some(result) = self.result_within(&id, wait).await?
             {
-                resp.job = Some(self.job(&id)?);
+                resp.job = Some(self.job(&id).await?);
                 resp.result = Some(result);
             }
         }
@@ -77,8 +77,8 @@ impl JobService for Executor {
         req: Request<GetJobRequest>,
     ) -> Result<Response<GetJobResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
-        self.inner.book.visible(&p, &req.get_ref().job_id)?;
-        let job = self.job(&req.get_ref().job_id)?;
+        self.inner.book.visible(&p, &req.get_ref().job_id).await?;
+        let job = self.job(&req.get_ref().job_id).await?;
         Ok(Response::new(GetJobResponse { job: Some(job) }))
     }
 
@@ -87,7 +87,9 @@ impl JobService for Executor {
         req: Request<ListJobsRequest>,
     ) -> Result<Response<ListJobsResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
-        Ok(Response::new(self.inner.book.list_for(req.get_ref(), &p)?))
+        Ok(Response::new(
+            self.inner.book.list_for(req.get_ref(), &p).await?,
+        ))
     }
 
     type WatchJobStream =
@@ -98,7 +100,7 @@ impl JobService for Executor {
         req: Request<WatchJobRequest>,
     ) -> Result<Response<Self::WatchJobStream>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
-        self.inner.book.visible(&p, &req.get_ref().job_id)?;
+        self.inner.book.visible(&p, &req.get_ref().job_id).await?;
         let r = req.into_inner();
         let events = self.watch(&r.job_id, r.after_sequence, r.detail())?;
         Ok(Response::new(Box::pin(events.map(|e| {
@@ -111,7 +113,7 @@ impl JobService for Executor {
         req: Request<CancelJobRequest>,
     ) -> Result<Response<CancelJobResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
-        self.inner.book.visible(&p, &req.get_ref().job_id)?;
+        self.inner.book.visible(&p, &req.get_ref().job_id).await?;
         let who = submitter(&p);
         let r = req.into_inner();
         let job = self.cancel(&r.job_id, &r.reason, who).await?;
@@ -168,12 +170,12 @@ impl JobService for Executor {
         req: Request<GetResultRequest>,
     ) -> Result<Response<GetResultResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
-        self.inner.book.visible(&p, &req.get_ref().job_id)?;
+        self.inner.book.visible(&p, &req.get_ref().job_id).await?;
         let wait = wait_of(req.get_ref().wait.as_ref())?;
         let id = &req.get_ref().job_id;
         let result = match self.result_within(id, wait).await? {
             Some(r) => r,
-            None => self.inner.book.result(id)?,
+            None => self.inner.book.result_any(id).await?,
         };
         Ok(Response::new(result))
     }
@@ -184,8 +186,8 @@ impl JobService for Executor {
     ) -> Result<Response<ListArtifactsResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
         let id = &req.get_ref().job_id;
-        self.inner.book.visible(&p, id)?;
-        let job = self.inner.book.job(id)?;
+        self.inner.book.visible(&p, id).await?;
+        let job = self.inner.book.job_any(id).await?;
         Ok(Response::new(ListArtifactsResponse {
             artifacts: switchyard_api::artifacts::latest_per_path(&job.artifacts),
         }))
@@ -197,8 +199,8 @@ impl JobService for Executor {
     ) -> Result<Response<GetArtifactResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
         let r = req.get_ref();
-        self.inner.book.visible(&p, &r.job_id)?;
-        let (artifact, content) = self.artifact(&r.job_id, &r.artifact)?;
+        self.inner.book.visible(&p, &r.job_id).await?;
+        let (artifact, content) = self.artifact(&r.job_id, &r.artifact).await?;
         Ok(Response::new(GetArtifactResponse {
             artifact: Some(artifact),
             content,

@@ -57,6 +57,9 @@ pub struct JobEntry {
     pub submitter_kind: String,
     /// Tool calls waiting for a person, by task id.
     pub awaiting: std::collections::HashMap<String, crate::events::AwaitingApproval>,
+    /// On PostgreSQL, the epoch of this replica's lease on the job (the
+    /// fencing token its writes carry); 0 on sled.
+    pub lease: i64,
 }
 
 impl JobEntry {
@@ -114,6 +117,7 @@ impl JobEntry {
             durable_to: tokio::sync::watch::channel(0).0,
             submitter_kind: String::new(),
             awaiting: Default::default(),
+            lease: 0,
         }
     }
 

@@ -41,9 +41,12 @@ pub mod events;
 pub mod formats;
 mod grpc;
 mod job;
+mod kept;
 mod locate;
 mod outbox;
+mod pg;
 mod queue;
+mod replica;
 mod schedule;
 pub mod spec;
 
@@ -109,10 +112,12 @@ struct Inner {
     /// Queue tasks offered to pull workers, and their leases.
     board: queue::Board,
     /// Artifacts' content, by address.
-    artifacts: switchyard_store::Blobs,
+    artifacts: kept::Content,
     /// Loop checkpoints of tool calls waiting for a person (JSON), by
     /// `<job id>/<task id>`.
-    checkpoints: switchyard_store::Tree<Vec<u8>>,
+    checkpoints: kept::Kept<Vec<u8>>,
+    /// Cancel requests already acted on here (PostgreSQL replicas).
+    cancels_seen: Mutex<std::collections::HashSet<String>>,
 }
 
 /// The executor service.
@@ -131,7 +136,7 @@ impl Executor {
     /// Opens the executor on `store`, replaying its event log. Call
     /// [`Executor::start`] once the server is listening.
     pub fn open(
-        mut cfg: ExecutorConfig,
+        cfg: ExecutorConfig,
         store: Store,
         clients: Clients,
         clock: Arc<dyn Clock>,
@@ -139,6 +144,59 @@ impl Executor {
         data_dir: &std::path::Path,
         max_message_bytes: usize,
     ) -> Result<Executor, ExecutorError> {
+        let at = Placement { store, data_dir };
+        Self::build(cfg, at, clients, clock, shutdown, max_message_bytes, None)
+    }
+
+    /// Opens the executor as one of N replicas sharing job tables on
+    /// PostgreSQL (migrated here): it runs the jobs it claims, and answers
+    /// for every job. `store` holds nothing durable on this backend.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn open_pg(
+        cfg: ExecutorConfig,
+        store: Store,
+        db: switchyard_store::pg::Pg,
+        clients: Clients,
+        clock: Arc<dyn Clock>,
+        shutdown: Shutdown,
+        data_dir: &std::path::Path,
+        max_message_bytes: usize,
+    ) -> Result<Executor, ExecutorError> {
+        let me = if cfg.replica_id.is_empty() {
+            replica_name()
+        } else {
+            cfg.replica_id.clone()
+        };
+        let jobs =
+            pg::PgJobs::open(db, me, cfg.job_lease_ms, clock.clone(), shutdown.clone()).await?;
+        tracing::info!(replica = %jobs.me, "executor replica on postgres");
+        let at = Placement { store, data_dir };
+        Self::build(
+            cfg,
+            at,
+            clients,
+            clock,
+            shutdown,
+            max_message_bytes,
+            Some(jobs),
+        )
+    }
+
+    /// Migrates the executor's tables; returns how many migrations ran.
+    pub async fn migrate(db: &switchyard_store::pg::Pg) -> Result<usize, ExecutorError> {
+        Ok(db.migrate_service("executor", pg::MIGRATIONS).await?)
+    }
+
+    fn build(
+        mut cfg: ExecutorConfig,
+        at: Placement<'_>,
+        clients: Clients,
+        clock: Arc<dyn Clock>,
+        shutdown: Shutdown,
+        max_message_bytes: usize,
+        pg: Option<Arc<pg::PgJobs>>,
+    ) -> Result<Executor, ExecutorError> {
+        let Placement { store, data_dir } = at;
         if cfg.scratch_dir.as_os_str().is_empty() {
             cfg.scratch_dir = data_dir.join("scratch");
         }
@@ -155,7 +213,7 @@ impl Executor {
         for (name, why) in programs.unusable() {
             tracing::warn!(command = name, "allowlisted command cannot run: {why}");
         }
-        let book = Arc::new(JobBook::open(&store, clock, shutdown.clone())?);
+        let book = Arc::new(JobBook::open(&store, clock, shutdown.clone(), pg.clone())?);
         switchyard_kit::metrics::global().add_gauges(&book);
         let spec = builtin::spec("");
         Ok(Executor {
@@ -173,10 +231,20 @@ impl Executor {
                 settling: Mutex::new(HashMap::new()),
                 programs,
                 sandbox,
-                outbox: outbox::Outbox::open(&store)?,
+                outbox: outbox::Outbox::open(&store, pg.as_ref())?,
                 board: queue::Board::default(),
-                artifacts: switchyard_store::Blobs::open(&store, "artifact_blobs")?,
-                checkpoints: store.tree("checkpoints")?,
+                artifacts: match &pg {
+                    Some(pg) => kept::Content::Pg(pg.clone()),
+                    None => kept::Content::Sled(switchyard_store::Blobs::open(
+                        &store,
+                        "artifact_blobs",
+                    )?),
+                },
+                checkpoints: match &pg {
+                    Some(pg) => kept::Kept::Pg(pg.clone(), "checkpoints"),
+                    None => kept::Kept::Sled(store.tree("checkpoints")?),
+                },
+                cancels_seen: Mutex::new(Default::default()),
             }),
         })
     }
@@ -261,9 +329,19 @@ impl Executor {
                 "executor prune",
                 move || {
                     let me = me.clone();
-                    async move { me.prune(retention_ms, None).await.map(|_| ()) }
+                    async move {
+                        // On PostgreSQL one replica prunes for all.
+                        if !me.maintains().await {
+                            return Ok(());
+                        }
+                        me.prune(retention_ms, None).await.map(|_| ())
+                    }
                 },
             );
+        }
+        if let Some(pg) = self.inner.book.pg.clone() {
+            self.start_replica(pg);
+            return;
         }
         let active = [
             switchyard_core::lifecycle::JobState::Available,
@@ -279,6 +357,14 @@ impl Executor {
     /// Flushes storage (shutdown), with a fresh replay checkpoint.
     pub fn flush(&self) -> Result<(), ExecutorError> {
         self.inner.book.flush_blocking()
+    }
+
+    /// Waits for the last batch and the hand-back of running jobs on
+    /// PostgreSQL (shutdown); nothing to wait for on sled.
+    pub async fn close(&self) {
+        if let Some(pg) = &self.inner.book.pg {
+            pg.closed().await;
+        }
     }
 
     /// Removes the jobs (of `tenant`, when given) that finished more than
@@ -299,13 +385,13 @@ impl Executor {
     }
 
     /// A job as it is now.
-    pub fn job(&self, job_id: &str) -> Result<Job, ExecutorError> {
-        self.inner.book.job(job_id)
+    pub async fn job(&self, job_id: &str) -> Result<Job, ExecutorError> {
+        self.inner.book.job_any(job_id).await
     }
 
     /// GetResult.
-    pub fn result(&self, job_id: &str) -> Result<GetResultResponse, ExecutorError> {
-        self.inner.book.result(job_id)
+    pub async fn result(&self, job_id: &str) -> Result<GetResultResponse, ExecutorError> {
+        self.inner.book.result_any(job_id).await
     }
 
     /// GetResult once `job_id` has ended and its final event is durable,
@@ -321,7 +407,7 @@ impl Executor {
             Err(_) => false,
         };
         Ok(if ended {
-            Some(self.result(job_id)?)
+            Some(self.result(job_id).await?)
         } else {
             None
         })
@@ -341,6 +427,28 @@ impl Executor {
         let rx = self.inner.book.watch(job_id, after, detail)?;
         Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
     }
+}
+
+/// Where the executor keeps its embedded state.
+struct Placement<'a> {
+    store: Store,
+    data_dir: &'a std::path::Path,
+}
+
+/// A replica name unique to this process start: host, process id and a
+/// random suffix.
+fn replica_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .unwrap_or_else(|| "executor".into());
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}-{}-{}", std::process::id(), &random[..8])
 }
 
 /// How often the replay checkpoint moves forward.

@@ -12,12 +12,17 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
 use switchyard_core::Reason;
 use switchyard_kit::auth::{Kind, OnBehalf};
 use switchyard_kit::error::{ApiError, is_outage};
 use switchyard_proto::approval::v1 as ap;
 use switchyard_proto::ledger::v1::CloseBudgetRequest;
-use switchyard_store::{Store, StoreError, Tree};
+
+use switchyard_store::{Store, StoreError};
+
+use crate::kept::Kept;
+use crate::pg::PgJobs;
 use tonic::Status;
 
 use crate::Executor;
@@ -149,14 +154,17 @@ enum Delivery {
 
 /// The outbox's store.
 pub(crate) struct Outbox {
-    tree: Tree<Intent>,
+    tree: Kept<Intent>,
     wake: tokio::sync::Notify,
 }
 
 impl Outbox {
-    pub(crate) fn open(store: &Store) -> Result<Outbox, StoreError> {
+    pub(crate) fn open(store: &Store, pg: Option<&Arc<PgJobs>>) -> Result<Outbox, StoreError> {
         Ok(Outbox {
-            tree: store.tree("outbox")?,
+            tree: match pg {
+                Some(pg) => Kept::Pg(pg.clone(), "outbox"),
+                None => Kept::Sled(store.tree("outbox")?),
+            },
             wake: tokio::sync::Notify::new(),
         })
     }
@@ -325,7 +333,8 @@ impl Executor {
                 let artifacts = self
                     .inner
                     .book
-                    .job(&i.job_id)
+                    .job_any(&i.job_id)
+                    .await
                     .map(|j| j.artifacts)
                     .unwrap_or_default();
                 let result = Some(switchyard_api::artifacts::run_result(
@@ -391,19 +400,14 @@ impl Executor {
     pub(crate) async fn deliver_in_background(&self) {
         let every = Duration::from_millis(self.inner.cfg.dependency_retry_max_ms);
         loop {
-            let pending: Vec<(String, Intent)> = self
-                .inner
-                .outbox
-                .tree
-                .iter()
-                .filter_map(|r| match r {
-                    Ok(kv) => Some(kv),
-                    Err(e) => {
-                        tracing::error!(error = %e, "reading the outbox");
-                        None
-                    }
+            let pending: Vec<(String, Intent)> = if self.maintains().await {
+                self.inner.outbox.tree.list().await.unwrap_or_else(|e| {
+                    tracing::error!(error = %e, "reading the outbox");
+                    Vec::new()
                 })
-                .collect();
+            } else {
+                Vec::new()
+            };
             if !pending.is_empty() {
                 let done = self.deliver_stored(&pending).await;
                 tracing::info!(

@@ -379,7 +379,7 @@ impl Executor {
         let mut tasks = Vec::with_capacity(leased.len());
         for (queue, o, visibility, timeout_secs) in leased {
             let _ = o.to_attempt.send(Signal::Leased);
-            let job = self.job(&o.job_id)?;
+            let job = self.job(&o.job_id).await?;
             let spec = job.spec.clone().unwrap_or_default();
             let payload =
                 spec.tasks
@@ -601,7 +601,7 @@ impl Executor {
         if done {
             self.inner.book.until_finished(job_id).await?;
         }
-        Ok(self.job(job_id)?)
+        Ok(self.job(job_id).await?)
     }
 
     /// Ack: completes the lease holder's task with `result`.

@@ -188,7 +188,7 @@ async fn a_log_written_by_the_earlier_release_replays_to_the_jobs_it_served() {
     assert_eq!(recorded.len(), 7);
     for want in &recorded {
         let id = want["job_id"].as_str().expect("job_id");
-        let got = x.job(id).expect("the job is there after replay");
+        let got = x.job(id).await.expect("the job is there after replay");
         assert_eq!(job_view(&got), recorded_view(want), "job {id}");
     }
 }

@@ -20,11 +20,38 @@ use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClie
 use switchyard_proto::auth::v1::PrincipalKind;
 use tokio_stream::StreamExt;
 
-async fn stack() -> (Stack, Jobs) {
+/// Where the stack keeps its state: every test here runs on both.
+#[derive(Debug, Clone)]
+enum Backend {
+    /// The embedded default.
+    Sled,
+    /// A fresh database of the test cluster: every stateful service in it.
+    Postgres(String),
+}
+
+impl Backend {
+    fn apply(&self, c: &mut switchyard_cli::Config) {
+        if let Backend::Postgres(url) = self {
+            c.storage.backend = switchyard_cli::config::StorageBackend::Postgres;
+            c.storage.postgres.url = url.clone();
+        }
+    }
+}
+
+fn sled() -> Backend {
+    Backend::Sled
+}
+
+async fn postgres() -> Option<Backend> {
+    switchyard_testkit::pg::fresh_database().map(Backend::Postgres)
+}
+
+async fn stack(b: &Backend) -> (Stack, Jobs) {
     let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
         c.executor.commands.push("sh".into());
         c.executor.kill_grace_ms = 300;
         c.executor.approval_poll_ms = 20;
+        b.apply(c);
     })
     .await
     .unwrap();
@@ -41,9 +68,8 @@ fn state_of(r: &GetResultResponse, task: &str) -> TaskState {
     TaskState::try_from(r.tasks.iter().find(|t| t.task_id == task).unwrap().state).unwrap()
 }
 
-#[tokio::test]
-async fn the_seed_001_envelope_runs_as_a_piped_chain() {
-    let (s, mut c) = stack().await;
+async fn the_seed_001_envelope_runs_as_a_piped_chain(b: Backend) {
+    let (s, mut c) = stack(&b).await;
     let doc = r#"{
       "job_id": "job-abc123", "plan_id": "plan-log-analysis",
       "plan_description": "Extract errors from logs, count by severity",
@@ -129,9 +155,8 @@ async fn run_status(
         .status
 }
 
-#[tokio::test]
-async fn seed_001_rules_are_refused_with_the_seeds_texts() {
-    let (s, mut c) = stack().await;
+async fn seed_001_rules_are_refused_with_the_seeds_texts(b: Backend) {
+    let (s, mut c) = stack(&b).await;
     let cases: &[(&str, &str, &str)] = &[
         (
             r#"{"plan_id":"p","tasks":[{"task_number":1,"command":"sort"},{"task_number":2,"command":"uniq"},{"task_number":4,"command":"wc"}]}"#,
@@ -199,9 +224,8 @@ async fn seed_001_rules_are_refused_with_the_seeds_texts() {
     s.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn graphs_and_templates_are_checked_at_submit_with_field_violations() {
-    let (s, mut c) = stack().await;
+async fn graphs_and_templates_are_checked_at_submit_with_field_violations(b: Backend) {
+    let (s, mut c) = stack(&b).await;
     let cycle = r#"{"tasks":[
         {"id":"a","depends_on":["c"],"agent":{"capability":"builtin.echo"}},
         {"id":"b","depends_on":["a"],"agent":{"capability":"builtin.echo"}},
@@ -241,9 +265,10 @@ async fn graphs_and_templates_are_checked_at_submit_with_field_violations() {
     s.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn seed_000_ojs_fields_are_validated_and_llm_tasks_fail_cleanly_without_a_provider() {
-    let (s, mut c) = stack().await;
+async fn seed_000_ojs_fields_are_validated_and_llm_tasks_fail_cleanly_without_a_provider(
+    b: Backend,
+) {
+    let (s, mut c) = stack(&b).await;
     let bad_temp = r#"{"type":"agent.research","args":["x"],"ext_agent_model":"gpt-4o","ext_agent_temperature":2.5}"#;
     let e = submit(&mut c, bad_temp).await.unwrap_err();
     assert_eq!(invalid(&e).0, "AGENT_INVALID_PARAMETER");
@@ -310,9 +335,8 @@ async fn seed_000_ojs_fields_are_validated_and_llm_tasks_fail_cleanly_without_a_
     s.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn an_aitp_task_runs_its_subtasks_as_a_dag_with_templates_and_mappings() {
-    let (s, mut c) = stack().await;
+async fn an_aitp_task_runs_its_subtasks_as_a_dag_with_templates_and_mappings(b: Backend) {
+    let (s, mut c) = stack(&b).await;
     let doc = r#"
 task_id: paper-1
 name: Research Paper Analysis
@@ -377,9 +401,8 @@ fn ms(t: &Option<prost_types::Timestamp>) -> u64 {
     switchyard_kit::time::timestamp_ms(t.as_ref().unwrap())
 }
 
-#[tokio::test]
-async fn independent_tasks_run_in_parallel_and_dependents_wait_for_all() {
-    let (s, mut c) = stack().await;
+async fn independent_tasks_run_in_parallel_and_dependents_wait_for_all(b: Backend) {
+    let (s, mut c) = stack(&b).await;
     let doc = r#"{"job_id":"diamond","max_parallel":4,"tasks":[
         {"id":"a","command":{"command":"true"}},
         {"id":"b","depends_on":["a"],"agent":{"capability":"builtin.sleep","input":{"ms":400}}},
@@ -415,9 +438,8 @@ async fn independent_tasks_run_in_parallel_and_dependents_wait_for_all() {
     s.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn retries_back_off_and_keep_every_attempts_error() {
-    let (s, mut c) = stack().await;
+async fn retries_back_off_and_keep_every_attempts_error(b: Backend) {
+    let (s, mut c) = stack(&b).await;
     let doc = r#"{"job_id":"flaky","tasks":[
         {"id":"once","agent":{"capability":"builtin.fail_once"},
          "retry":{"max_retries":2,"backoff_strategy":"fixed","backoff_base_ms":200}}]}"#;
@@ -453,9 +475,8 @@ async fn retries_back_off_and_keep_every_attempts_error() {
     s.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn fail_fast_skips_what_did_not_start_and_keeps_partial_results() {
-    let (s, mut c) = stack().await;
+async fn fail_fast_skips_what_did_not_start_and_keeps_partial_results(b: Backend) {
+    let (s, mut c) = stack(&b).await;
     let doc = r#"{"plan_id":"p","job_id":"ff","tasks":[
         {"task_number":1,"command":"echo","args":["partial output"]},
         {"task_number":2,"command":"sh","args":["-c","echo oops >&2; exit 3"]},
@@ -478,9 +499,8 @@ async fn fail_fast_skips_what_did_not_start_and_keeps_partial_results() {
     s.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_timeout_kills_a_process_that_ignores_sigterm() {
-    let (s, mut c) = stack().await;
+async fn a_timeout_kills_a_process_that_ignores_sigterm(b: Backend) {
+    let (s, mut c) = stack(&b).await;
     let doc = r#"{"job_id":"stubborn","tasks":[
         {"id":"t","timeout_secs":1,"command":{"command":"sh","args":["-c","trap '' TERM; while :; do :; done"]}}]}"#;
     let started = std::time::Instant::now();
@@ -496,9 +516,8 @@ async fn a_timeout_kills_a_process_that_ignores_sigterm() {
     s.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn timeout_extension_retries_once_with_the_longer_timeout() {
-    let (s, mut c) = stack().await;
+async fn timeout_extension_retries_once_with_the_longer_timeout(b: Backend) {
+    let (s, mut c) = stack(&b).await;
     let doc = r#"{"job_id":"slow","tasks":[
         {"id":"t","timeout_secs":1,"agent":{"capability":"builtin.sleep","input":{"ms":1500}},
          "fallback":{"on_timeout":{"strategy":"RETRY_WITH_TIMEOUT_EXTENSION","extended_timeout_seconds":5}}}]}"#;
@@ -510,9 +529,8 @@ async fn timeout_extension_retries_once_with_the_longer_timeout() {
     s.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn an_offline_agent_falls_back_to_the_next_best() {
-    let (s, mut c) = stack().await;
+async fn an_offline_agent_falls_back_to_the_next_best(b: Backend) {
+    let (s, mut c) = stack(&b).await;
     let mut reg =
         switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient::new(
             s.channel().await.unwrap(),
@@ -564,9 +582,8 @@ async fn an_offline_agent_falls_back_to_the_next_best() {
     s.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_refused_reservation_means_the_agent_is_never_called() {
-    let (s, mut c) = stack().await;
+async fn a_refused_reservation_means_the_agent_is_never_called(b: Backend) {
+    let (s, mut c) = stack(&b).await;
     let mut ledger = switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient::new(
         s.channel().await.unwrap(),
     );
@@ -607,9 +624,8 @@ async fn a_refused_reservation_means_the_agent_is_never_called() {
     s.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn nothing_runs_before_approval_and_a_rejection_cancels_the_job() {
-    let (s, mut c) = stack().await;
+async fn nothing_runs_before_approval_and_a_rejection_cancels_the_job(b: Backend) {
+    let (s, mut c) = stack(&b).await;
     let doc = |id: &str| {
         format!(
             r#"{{"job_id":"{id}","approval":{{"intent":"echo things","requires_approval":true}},
@@ -693,9 +709,8 @@ async fn nothing_runs_before_approval_and_a_rejection_cancels_the_job() {
     s.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn cancelling_stops_running_work_and_cancels_the_run() {
-    let (s, mut c) = stack().await;
+async fn cancelling_stops_running_work_and_cancels_the_run(b: Backend) {
+    let (s, mut c) = stack(&b).await;
     let doc = r#"{"job_id":"long","tasks":[
         {"id":"cmd","command":{"command":"sleep","args":["30"]}},
         {"id":"agent","agent":{"capability":"builtin.sleep","input":{"ms":30000}}},
@@ -786,9 +801,8 @@ async fn cancelling_stops_running_work_and_cancels_the_run() {
     s.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn watch_replays_a_finished_job_and_resumes_after_any_sequence() {
-    let (s, mut c) = stack().await;
+async fn watch_replays_a_finished_job_and_resumes_after_any_sequence(b: Backend) {
+    let (s, mut c) = stack(&b).await;
     let doc = r#"{"job_id":"w","tasks":[{"id":"a","command":{"command":"echo","args":["x"]}},
         {"id":"b","depends_on":["a"],"agent":{"capability":"builtin.echo","input":{"text":"${a.output.stdout}"}}}]}"#;
     submit(&mut c, doc).await.unwrap();
@@ -836,9 +850,8 @@ async fn watch_replays_a_finished_job_and_resumes_after_any_sequence() {
     s.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_client_job_id_is_idempotent_for_the_same_spec_only() {
-    let (s, mut c) = stack().await;
+async fn a_client_job_id_is_idempotent_for_the_same_spec_only(b: Backend) {
+    let (s, mut c) = stack(&b).await;
     let doc = r#"{"job_id":"same","tasks":[{"id":"a","command":{"command":"true"}}]}"#;
     let req = || SubmitJobRequest {
         document: doc.into(),
@@ -903,9 +916,10 @@ impl switchyard_agent_sdk::Agent for Recorder {
     }
 }
 
-#[tokio::test]
-async fn a_deferred_task_runs_once_its_capability_appears_and_retries_keep_one_idempotency_key() {
-    let (s, mut c) = stack().await;
+async fn a_deferred_task_runs_once_its_capability_appears_and_retries_keep_one_idempotency_key(
+    b: Backend,
+) {
+    let (s, mut c) = stack(&b).await;
     let doc = r#"{"job_id":"later","tasks":[{"id":"t","agent":{"capability":"late.echo","input":{"text":"finally"}},
         "retry":{"max_retries":1,"backoff_strategy":"fixed","backoff_base_ms":100},
         "fallback":{"on_capability_unavailable":{"strategy":"DEFER","interval_seconds":1}}}]}"#;
@@ -1006,9 +1020,8 @@ fn example(name: &str) -> String {
     std::fs::read_to_string(root.join(name)).unwrap()
 }
 
-#[tokio::test]
-async fn every_example_job_validates_and_the_paper_analysis_runs_on_the_example_agents() {
-    let (s, mut c) = stack().await;
+async fn every_example_job_validates_and_the_paper_analysis_runs_on_the_example_agents(b: Backend) {
+    let (s, mut c) = stack(&b).await;
     for name in [
         "log_analysis.json",
         "paper_analysis.yaml",
@@ -1111,9 +1124,10 @@ async fn every_example_job_validates_and_the_paper_analysis_runs_on_the_example_
     s.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_scheduled_job_waits_for_its_time_and_a_passed_deadline_stops_a_task_from_starting() {
-    let (s, mut c) = stack().await;
+async fn a_scheduled_job_waits_for_its_time_and_a_passed_deadline_stops_a_task_from_starting(
+    b: Backend,
+) {
+    let (s, mut c) = stack(&b).await;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -1152,9 +1166,8 @@ async fn a_scheduled_job_waits_for_its_time_and_a_passed_deadline_stops_a_task_f
     s.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn jobs_survive_a_restart_even_when_the_config_no_longer_allows_them() {
-    let (s, mut c) = stack().await;
+async fn jobs_survive_a_restart_even_when_the_config_no_longer_allows_them(b: Backend) {
+    let (s, mut c) = stack(&b).await;
     submit(&mut c, r#"{"job_id":"kept","tasks":[{"id":"a","command":{"command":"sh","args":["-c","echo hi"]}}]}"#).await.unwrap();
     let before = finish(&mut c, "kept").await;
     assert_eq!(before.state, JobState::Completed as i32);
@@ -1163,7 +1176,8 @@ async fn jobs_survive_a_restart_even_when_the_config_no_longer_allows_them() {
     // `sh` is no longer on the allowlist: the accepted job still loads, as it was.
     let path = dir.path().to_path_buf();
     let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |cfg| {
-        cfg.storage.data_dir = path
+        cfg.storage.data_dir = path;
+        b.apply(cfg);
     })
     .await
     .unwrap();
@@ -1232,9 +1246,8 @@ fn wait(ms: u64) -> Option<prost_types::Duration> {
     Some(switchyard_kit::time::duration(ms))
 }
 
-#[tokio::test]
-async fn submit_with_wait_answers_with_the_result_in_one_call() {
-    let (s, mut c) = stack().await;
+async fn submit_with_wait_answers_with_the_result_in_one_call(b: Backend) {
+    let (s, mut c) = stack(&b).await;
     let doc = r#"{"job_id":"one-call","tasks":[
         {"id":"a","agent":{"capability":"builtin.echo","input":{"text":"hi"}}},
         {"id":"b","depends_on":["a"],"agent":{"capability":"builtin.echo","input":{"text":"${a.output.text}!"}}}]}"#;
@@ -1272,9 +1285,10 @@ async fn submit_with_wait_answers_with_the_result_in_one_call() {
     s.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_wait_ends_at_the_callers_deadline_with_the_job_as_it_is_and_get_result_waits_on() {
-    let (s, mut c) = stack().await;
+async fn a_wait_ends_at_the_callers_deadline_with_the_job_as_it_is_and_get_result_waits_on(
+    b: Backend,
+) {
+    let (s, mut c) = stack(&b).await;
     let doc = example("needs_approval.yaml");
     // The caller allows 1 s; the job waits for a person: the answer comes
     // before the deadline, without a result, and the job goes on.
@@ -1313,9 +1327,8 @@ async fn a_wait_ends_at_the_callers_deadline_with_the_job_as_it_is_and_get_resul
     s.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_negative_wait_is_refused_naming_the_field_and_creates_nothing() {
-    let (s, mut c) = stack().await;
+async fn a_negative_wait_is_refused_naming_the_field_and_creates_nothing(b: Backend) {
+    let (s, mut c) = stack(&b).await;
     let doc = r#"{"job_id":"neg","tasks":[{"id":"a","agent":{"capability":"builtin.echo"}}]}"#;
     let e = c
         .submit_job(SubmitJobRequest {
@@ -1340,10 +1353,9 @@ async fn a_negative_wait_is_refused_naming_the_field_and_creates_nothing() {
     s.stop().await.unwrap();
 }
 
-#[tokio::test]
-async fn watch_detail_narrows_the_stream_to_state_changes_with_the_logs_own_sequences() {
+async fn watch_detail_narrows_the_stream_to_state_changes_with_the_logs_own_sequences(b: Backend) {
     use switchyard_proto::executor::v1::WatchDetail;
-    let (s, mut c) = stack().await;
+    let (s, mut c) = stack(&b).await;
     let doc = r#"{"job_id":"narrow","tasks":[
         {"id":"a","agent":{"capability":"builtin.echo","input":{"text":"x"}}},
         {"id":"b","depends_on":["a"],"agent":{"capability":"builtin.echo"}}]}"#;
@@ -1369,3 +1381,31 @@ async fn watch_detail_narrows_the_stream_to_state_changes_with_the_logs_own_sequ
     assert_eq!(events_at(&mut c, "narrow", WatchDetail::All).await, all);
     s.stop().await.unwrap();
 }
+
+switchyard_testkit::on_both_backends!(
+    sled, postgres;
+    the_seed_001_envelope_runs_as_a_piped_chain,
+    seed_001_rules_are_refused_with_the_seeds_texts,
+    graphs_and_templates_are_checked_at_submit_with_field_violations,
+    seed_000_ojs_fields_are_validated_and_llm_tasks_fail_cleanly_without_a_provider,
+    an_aitp_task_runs_its_subtasks_as_a_dag_with_templates_and_mappings,
+    independent_tasks_run_in_parallel_and_dependents_wait_for_all,
+    retries_back_off_and_keep_every_attempts_error,
+    fail_fast_skips_what_did_not_start_and_keeps_partial_results,
+    a_timeout_kills_a_process_that_ignores_sigterm,
+    timeout_extension_retries_once_with_the_longer_timeout,
+    an_offline_agent_falls_back_to_the_next_best,
+    a_refused_reservation_means_the_agent_is_never_called,
+    nothing_runs_before_approval_and_a_rejection_cancels_the_job,
+    cancelling_stops_running_work_and_cancels_the_run,
+    watch_replays_a_finished_job_and_resumes_after_any_sequence,
+    a_client_job_id_is_idempotent_for_the_same_spec_only,
+    a_deferred_task_runs_once_its_capability_appears_and_retries_keep_one_idempotency_key,
+    every_example_job_validates_and_the_paper_analysis_runs_on_the_example_agents,
+    a_scheduled_job_waits_for_its_time_and_a_passed_deadline_stops_a_task_from_starting,
+    jobs_survive_a_restart_even_when_the_config_no_longer_allows_them,
+    submit_with_wait_answers_with_the_result_in_one_call,
+    a_wait_ends_at_the_callers_deadline_with_the_job_as_it_is_and_get_result_waits_on,
+    a_negative_wait_is_refused_naming_the_field_and_creates_nothing,
+    watch_detail_narrows_the_stream_to_state_changes_with_the_logs_own_sequences,
+);

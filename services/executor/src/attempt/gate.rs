@@ -47,7 +47,7 @@ fn checkpoint_key(job_id: &str, task_id: &str) -> String {
 
 impl Executor {
     /// The checkpoint of task `task_id`'s waiting call, if any.
-    pub(crate) fn checkpoint(
+    pub(crate) async fn checkpoint(
         &self,
         job_id: &str,
         task_id: &str,
@@ -55,7 +55,8 @@ impl Executor {
         let Some(bytes) = self
             .inner
             .checkpoints
-            .get(&checkpoint_key(job_id, task_id))?
+            .get(&checkpoint_key(job_id, task_id))
+            .await?
         else {
             return Ok(None);
         };

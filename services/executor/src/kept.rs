@@ -1,0 +1,113 @@
+//! What the executor keeps beside its jobs — the outbox's intents, waiting
+//! tool calls' checkpoints, artifacts' content — on either backend: sled
+//! trees in the data directory, or shared tables on PostgreSQL (written
+//! with the replica's next batch, so they become durable with the job
+//! events recorded alongside them, as on sled).
+
+use std::sync::Arc;
+
+use switchyard_store::{Blobs, StoreError, Tree};
+
+use crate::pg::PgJobs;
+
+/// Keyed values of one kind.
+pub(crate) enum Kept<V> {
+    /// A sled tree.
+    Sled(Tree<V>),
+    /// A space of the `exec_kv` table.
+    Pg(Arc<PgJobs>, &'static str),
+}
+
+impl<V: prost::Message + Default> Kept<V> {
+    /// Stores `value` under `key` (durable with the next flush or batch).
+    pub(crate) fn put(&self, key: &str, value: &V) -> Result<(), StoreError> {
+        match self {
+            Kept::Sled(t) => t.put(key, value),
+            Kept::Pg(pg, space) => {
+                pg.kv(space, key, Some(value.encode_to_vec()));
+                Ok(())
+            }
+        }
+    }
+
+    /// Removes `key`.
+    pub(crate) fn remove(&self, key: &str) -> Result<(), StoreError> {
+        match self {
+            Kept::Sled(t) => t.remove(key).map(|_| ()),
+            Kept::Pg(pg, space) => {
+                pg.kv(space, key, None);
+                Ok(())
+            }
+        }
+    }
+
+    /// The value under `key`.
+    pub(crate) async fn get(&self, key: &str) -> Result<Option<V>, StoreError> {
+        match self {
+            Kept::Sled(t) => t.get(key),
+            Kept::Pg(pg, space) => pg
+                .kv_get(space, key)
+                .await?
+                .map(|b| decode(space, key, &b))
+                .transpose(),
+        }
+    }
+
+    /// Every value, by key (what cannot be read is logged and skipped).
+    pub(crate) async fn list(&self) -> Result<Vec<(String, V)>, StoreError> {
+        match self {
+            Kept::Sled(t) => Ok(t
+                .iter()
+                .filter_map(|r| match r {
+                    Ok(kv) => Some(kv),
+                    Err(e) => {
+                        tracing::error!(error = %e, "reading kept executor state");
+                        None
+                    }
+                })
+                .collect()),
+            Kept::Pg(pg, space) => Ok(pg
+                .kv_list(space)
+                .await?
+                .into_iter()
+                .filter_map(|(k, b)| match decode(space, &k, &b) {
+                    Ok(v) => Some((k, v)),
+                    Err(e) => {
+                        tracing::error!(error = %e, "reading kept executor state");
+                        None
+                    }
+                })
+                .collect()),
+        }
+    }
+}
+
+fn decode<V: prost::Message + Default>(space: &str, key: &str, b: &[u8]) -> Result<V, StoreError> {
+    V::decode(b).map_err(|e| StoreError::Io(format!("exec_kv {space}/{key} does not decode: {e}")))
+}
+
+/// Artifacts' content, stored under its `sha256:` address.
+pub(crate) enum Content {
+    /// The sled blob tree.
+    Sled(Blobs),
+    /// The `exec_blobs` table.
+    Pg(Arc<PgJobs>),
+}
+
+impl Content {
+    /// Stores `bytes` (once per content); returns their address.
+    pub(crate) fn put(&self, bytes: &[u8]) -> Result<String, StoreError> {
+        match self {
+            Content::Sled(b) => b.put(bytes),
+            Content::Pg(pg) => Ok(pg.blob(bytes)),
+        }
+    }
+
+    /// The bytes at `address`, when stored.
+    pub(crate) async fn get(&self, address: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        match self {
+            Content::Sled(b) => b.get(address),
+            Content::Pg(pg) => pg.blob_get(address).await,
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! One executor replica among many on PostgreSQL: claiming jobs while it
+//! has room, dropping the ones another replica took over, acting on cancel
+//! requests made on other replicas, and the maintenance (outbox sweep,
+//! pruning) that one elected replica does for all.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use switchyard_core::lifecycle::JobState;
+use switchyard_kit::auth::OnBehalf;
+
+use crate::Executor;
+use crate::pg::PgJobs;
+
+/// The maintenance lease's name.
+const MAINTENANCE: &str = "executor.maintenance";
+
+/// A cancel request as stored on a job's row.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct CancelAsk {
+    /// Why.
+    #[prost(string, tag = "1")]
+    pub(crate) why: String,
+    /// Whom the cancel acts for (empty subject: the job's submitter).
+    #[prost(string, tag = "2")]
+    pub(crate) subject: String,
+    #[prost(string, tag = "3")]
+    pub(crate) tenant: String,
+    #[prost(string, tag = "4")]
+    pub(crate) kind: String,
+}
+
+impl CancelAsk {
+    pub(crate) fn new(why: &str, who: Option<&OnBehalf>) -> CancelAsk {
+        CancelAsk {
+            why: why.to_owned(),
+            subject: who.map(|w| w.subject.clone()).unwrap_or_default(),
+            tenant: who.map(|w| w.tenant.clone()).unwrap_or_default(),
+            kind: who.map(|w| w.kind.as_str().to_owned()).unwrap_or_default(),
+        }
+    }
+
+    fn who(&self) -> Option<OnBehalf> {
+        (!self.subject.is_empty()).then(|| OnBehalf {
+            subject: self.subject.clone(),
+            tenant: self.tenant.clone(),
+            kind: switchyard_kit::auth::Kind::parse(&self.kind)
+                .unwrap_or(switchyard_kit::auth::Kind::Human),
+        })
+    }
+}
+
+impl Executor {
+    /// Starts the replica's background work (see the module docs).
+    pub(crate) fn start_replica(&self, pg: Arc<PgJobs>) {
+        tokio::spawn(pg.clone().run_writer());
+        tokio::spawn(pg.clone().run_listener());
+        let me = self.clone();
+        let claims = pg.clone();
+        tokio::spawn(async move { me.claim_in_background(&claims).await });
+        let me = self.clone();
+        let lost = pg.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = lost.lost_wake.notified() => {}
+                    _ = me.inner.shutdown.wait() => return,
+                }
+                for id in lost.take_lost() {
+                    me.stop_lost(&id);
+                }
+            }
+        });
+        let me = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = pg.cancel_wake.notified() => {}
+                    _ = me.inner.shutdown.wait() => return,
+                }
+                for id in pg.take_cancels() {
+                    me.cancel_as_asked(&pg, &id).await;
+                }
+            }
+        });
+    }
+
+    /// Runs until shutdown: claims jobs while this replica has room, on a
+    /// notification, when room frees up, and every fifth of a lease.
+    async fn claim_in_background(&self, pg: &PgJobs) {
+        let every = Duration::from_millis((self.inner.cfg.job_lease_ms / 5).max(50));
+        let mut finishes = self.inner.book.finishes();
+        loop {
+            let room = self
+                .inner
+                .cfg
+                .max_running_jobs
+                .saturating_sub(self.inner.book.lock().drivers.len());
+            match pg.claim(room).await {
+                Ok(claimed) => {
+                    let full = !claimed.is_empty() && claimed.len() == room;
+                    for (id, epoch) in claimed {
+                        self.take_over(pg, &id, epoch).await;
+                    }
+                    if full {
+                        // More may be waiting: claim again once room frees.
+                        tokio::select! {
+                            _ = finishes.changed() => {}
+                            _ = tokio::time::sleep(every) => {}
+                            _ = self.inner.shutdown.wait() => return,
+                        }
+                        continue;
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "claiming jobs"),
+            }
+            tokio::select! {
+                _ = pg.claim_wake.notified() => {}
+                _ = tokio::time::sleep(every) => {}
+                _ = self.inner.shutdown.wait() => return,
+            }
+        }
+    }
+
+    /// Runs job `id`, just claimed at `epoch`: rebuilt from its events and
+    /// driven from where they stop (a task that was running runs again
+    /// with the same idempotency key; finished tasks never do).
+    async fn take_over(&self, pg: &PgJobs, id: &str, epoch: i64) {
+        match self.inner.book.adopt(id, epoch).await {
+            Ok(state) => {
+                tracing::info!(job_id = %id, %state, epoch, "job taken over");
+                if matches!(state, JobState::Available | JobState::Active) {
+                    self.spawn_driver(id);
+                }
+                self.cancel_as_asked(pg, id).await;
+            }
+            Err(e) => {
+                tracing::warn!(job_id = %id, error = %e, "taking over a job; handing it back");
+                self.inner.book.drop_job(id, false);
+            }
+        }
+    }
+
+    /// Stops job `id` here: another replica took it over.
+    fn stop_lost(&self, id: &str) {
+        if let Some(ctl) = self.inner.book.drop_job(id, true) {
+            ctl.stop();
+        }
+        tracing::warn!(job_id = %id, "lease lost: the job runs on another replica now");
+    }
+
+    /// Acts on a cancel request stored for job `id` (made on any replica),
+    /// once.
+    async fn cancel_as_asked(&self, pg: &PgJobs, id: &str) {
+        if pg.holds(id).is_none() || crate::lock(&self.inner.cancels_seen).contains(id) {
+            return;
+        }
+        let ask = match pg.cancel_request(id).await {
+            Ok(Some(bytes)) => match <CancelAsk as prost::Message>::decode(bytes.as_slice()) {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(job_id = %id, error = %e, "an unreadable cancel request");
+                    return;
+                }
+            },
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(job_id = %id, error = %e, "reading a cancel request");
+                return;
+            }
+        };
+        crate::lock(&self.inner.cancels_seen).insert(id.to_owned());
+        let me = self.clone();
+        let id = id.to_owned();
+        tokio::spawn(async move {
+            if let Err(e) = me.cancel_here(&id, &ask.why, ask.who()).await {
+                tracing::debug!(job_id = %id, error = %e, "cancel request");
+            }
+        });
+    }
+
+    /// Whether this replica does the maintenance shared by all (always on
+    /// sled; on PostgreSQL, the holder of the maintenance lease).
+    pub(crate) async fn maintains(&self) -> bool {
+        let Some(pg) = &self.inner.book.pg else {
+            return true;
+        };
+        let ttl = self
+            .inner
+            .cfg
+            .dependency_retry_max_ms
+            .max(self.inner.cfg.job_lease_ms)
+            .saturating_mul(3);
+        matches!(
+            pg.db
+                .lease(MAINTENANCE, &pg.me, self.inner.book.now(), ttl)
+                .await,
+            Ok(Some(_))
+        )
+    }
+}
