@@ -1168,11 +1168,6 @@ impl JobBook {
 
     // ------------------------------------------------------------ reads
 
-    /// A job as it is now.
-    pub(crate) fn job(&self, job_id: &str) -> Result<Job, ExecutorError> {
-        self.read(job_id, |e| e.job.clone())
-    }
-
     /// JOB_NOT_FOUND unless `p` may see job `job_id`: its tenant's jobs, and
     /// for submitters and agents only their own.
     pub(crate) async fn visible(&self, p: &Principal, job_id: &str) -> Result<(), ExecutorError> {

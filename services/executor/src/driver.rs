@@ -211,7 +211,19 @@ impl Driver {
     async fn run_job(&self) -> Result<(), ExecutorError> {
         let job_id = self.job_id.as_str();
         let book = &self.x.inner.book;
-        let run_id = book.job(job_id)?.run_id;
+        let (run_id, all_final) = {
+            let st = book.lock();
+            let e = st.get(job_id)?;
+            let all_final = (0..e.job.tasks.len()).all(|i| e.task_state(i).is_terminal());
+            (e.job.run_id.clone(), all_final)
+        };
+        if all_final {
+            // Every task ended before a crash (or a takeover) kept the job
+            // from recording its end: its run may have ended already
+            // (ending it again is an acknowledgement), so it is not claimed
+            // again — the job just finishes.
+            return self.finish().await;
+        }
         match self.claim(&run_id).await {
             Claimed::Yes => {}
             Claimed::Stopping => return Ok(()),

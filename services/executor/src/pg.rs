@@ -189,6 +189,22 @@ impl PgJobs {
         shutdown: Shutdown,
     ) -> Result<Arc<PgJobs>, ExecutorError> {
         db.migrate_service("executor", MIGRATIONS).await?;
+        // A replica named like an earlier one (a configured `replica_id`,
+        // a pod restarted under its name) must not renew leases it does not
+        // run: whatever that one held is handed back for claiming.
+        let handed = db
+            .client()
+            .await?
+            .execute(
+                "UPDATE exec_jobs SET owner = NULL, lease_until = 0
+                 WHERE owner = $1 AND finished_ms IS NULL",
+                &[&me],
+            )
+            .await
+            .map_err(|e| db.error("handing back an earlier run's jobs", &e))?;
+        if handed > 0 {
+            tracing::info!(jobs = handed, replica = %me, "handed back the jobs an earlier run under this name held");
+        }
         Ok(Arc::new(PgJobs {
             db,
             me,

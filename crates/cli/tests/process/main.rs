@@ -4,6 +4,7 @@
 mod support;
 
 mod deploy;
+mod executor_replicas;
 mod executor_split;
 mod first_hour;
 mod gateway;

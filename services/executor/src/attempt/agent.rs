@@ -272,12 +272,14 @@ impl Attempt<'_> {
 }
 
 impl Executor {
-    /// The client of candidate `c`: the built-ins in this process, an A2A
-    /// agent through its adapter, any other over gRPC; never with this
-    /// process's credential.
+    /// The client of candidate `c`: the built-ins in this process (every
+    /// executor replica hosts the same ones, so whichever registered last,
+    /// they are called here), an A2A agent through its adapter, any other
+    /// over gRPC; never with this process's credential.
     fn agent_client(&self, c: &Candidate) -> Result<AgentClient, String> {
         let endpoint = c.endpoint.as_str();
-        if endpoint == *crate::lock(&self.inner.local_endpoint) {
+        let builtin = self.inner.cfg.builtin_agents && c.agent_id == crate::builtin::AGENT_ID;
+        if builtin || endpoint == *crate::lock(&self.inner.local_endpoint) {
             return Ok(AgentClient::local(self.inner.local_agents.clone()));
         }
         // A re-registration may change how an A2A agent is spoken to.

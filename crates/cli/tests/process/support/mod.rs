@@ -187,6 +187,16 @@ impl Proc {
         (p, data, log)
     }
 
+    /// Like [`Proc::start`], its log (warnings and errors) appended to `log`.
+    pub fn start_logged(args: &[&str], env: &[(&str, &str)], log: &std::path::Path) -> Proc {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        Proc::spawn_logging(args, env, true, Stdio::from(file))
+    }
+
     /// `switchyard dev` on a free port with its data in `data` (which may
     /// hold a previous run's), its log (at `RUST_LOG`, in `env`) appended to `log`.
     pub fn dev_at(data: &std::path::Path, env: &[(&str, &str)], log: &std::path::Path) -> Proc {
@@ -220,6 +230,11 @@ impl Proc {
     }
 
     /// SIGKILL (a crash).
+    /// The process id (for signals).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn kill9(mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
@@ -416,6 +431,12 @@ pub fn serve_executor(
     to: &Remotes<'_>,
     extra: &[(&str, &str)],
 ) -> Proc {
+    let env = executor_env(to, extra);
+    serve("executor", data_dir, &env)
+}
+
+/// The settings of [`serve_executor`].
+pub fn executor_env<'a>(to: &Remotes<'a>, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
     let mut env = vec![
         ("SWITCHYARD_AUTH__KEYS_URL", to.keys),
         ("SWITCHYARD_EXECUTOR__REGISTRY_URL", to.registry),
@@ -425,5 +446,28 @@ pub fn serve_executor(
         ("SWITCHYARD_EXECUTOR__APPROVAL_POLL_MS", "50"),
     ];
     env.extend_from_slice(extra);
-    serve("executor", data_dir, &env)
+    env
+}
+
+/// [`serve_executor`] with its log appended to `log`.
+pub fn serve_executor_logged(
+    data_dir: &std::path::Path,
+    to: &Remotes<'_>,
+    extra: &[(&str, &str)],
+    log: &std::path::Path,
+) -> Proc {
+    let env = executor_env(to, extra);
+    Proc::start_logged(
+        &[
+            "serve",
+            "--services",
+            "executor",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data_dir.to_str().unwrap(),
+        ],
+        &env,
+        log,
+    )
 }

@@ -1,0 +1,758 @@
+//! Executor replicas (`switchyard serve --services executor`, each its own
+//! process) sharing one PostgreSQL database, with the other services in one
+//! process on the same database:
+//!
+//! - three replicas take a thousand jobs of mixed kinds (commands, built-in
+//!   agents, chains, DAGs) submitted round-robin, while one replica after
+//!   another is killed with `kill -9` and restarted, and PostgreSQL itself
+//!   crashes and restarts once: every accepted job completes exactly once,
+//!   no finished task runs again (marker files), none is stuck, every
+//!   replica ran a share, and watchers on other replicas see gapless logs;
+//! - a replica paused (SIGSTOP) past its lease loses the job to another and,
+//!   resumed, cannot write: the log has one owner per epoch;
+//! - a rolling restart (SIGTERM, one replica at a time) hands running jobs
+//!   over at once: none is lost and none waits a lease.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+use switchyard_kit::client::Intercepted;
+use switchyard_proto::common::v1::Event;
+use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
+use switchyard_proto::executor::v1::{GetJobRequest, JobState, SubmitJobRequest, WatchJobRequest};
+use switchyard_testkit::pg::{PgCluster, Unavailable};
+use tokio_stream::StreamExt;
+
+type Jobs = JobServiceClient<Intercepted>;
+
+/// The services besides the executors, the database, and where the
+/// replicas keep their (unshared) data.
+struct Cluster {
+    pg: PgCluster,
+    db: String,
+    hub: Proc,
+    dir: tempfile::TempDir,
+    marks: PathBuf,
+}
+
+impl Cluster {
+    fn start() -> Option<Cluster> {
+        let pg = match PgCluster::start() {
+            Ok(c) => c,
+            Err(Unavailable::Skip(why)) => {
+                eprintln!("skipped: {why}");
+                return None;
+            }
+        };
+        let db = pg.database().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let marks = dir.path().join("marks");
+        std::fs::create_dir_all(&marks).unwrap();
+        let hub = serve(
+            "auth,registry,router,ledger,approval",
+            &dir.path().join("hub"),
+            &[
+                ("SWITCHYARD_STORAGE__BACKEND", "postgres"),
+                ("SWITCHYARD_STORAGE__POSTGRES__URL", db.as_str()),
+                ("SWITCHYARD_STORAGE__POSTGRES__POOL_SIZE", "8"),
+            ],
+        );
+        Some(Cluster {
+            pg,
+            db,
+            hub,
+            dir,
+            marks,
+        })
+    }
+
+    /// Executor replica `name` with a lease of `lease_ms`.
+    fn replica(&self, name: &str, lease_ms: u64, extra: &[(&str, &str)]) -> Proc {
+        let hub = self.hub.url();
+        let to = Remotes {
+            keys: &hub,
+            registry: &hub,
+            router: &hub,
+            ledger: &hub,
+            approval: &hub,
+        };
+        let lease = lease_ms.to_string();
+        let mut env = vec![
+            ("SWITCHYARD_STORAGE__BACKEND", "postgres"),
+            ("SWITCHYARD_STORAGE__POSTGRES__URL", self.db.as_str()),
+            ("SWITCHYARD_STORAGE__POSTGRES__POOL_SIZE", "8"),
+            ("SWITCHYARD_EXECUTOR__REPLICA_ID", name),
+            ("SWITCHYARD_EXECUTOR__JOB_LEASE_MS", lease.as_str()),
+            // Marker files outside the job's scratch directory, which
+            // another replica does not share: commands run unconfined here.
+            ("SWITCHYARD_EXECUTOR__SANDBOX", "off"),
+            ("SWITCHYARD_EXECUTOR__COMMANDS", "[\"sh\", \"sleep\"]"),
+        ];
+        env.extend_from_slice(extra);
+        let data = self.dir.path().join(name);
+        std::fs::create_dir_all(&data).unwrap();
+        serve_executor_logged(&data, &to, &env, &self.log(name))
+    }
+
+    /// Where replica `name` logs (warnings and errors).
+    fn log(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.log"))
+    }
+
+    /// `sql`'s rows, one per line (psql's unaligned output).
+    fn sql(&self, sql: &str) -> String {
+        self.pg.psql(&self.db, sql).unwrap()
+    }
+
+    /// Lines in each marker file (`<job>.<task>`: one line per run).
+    fn runs(&self) -> HashMap<String, usize> {
+        std::fs::read_dir(&self.marks)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let n = std::fs::read_to_string(e.path()).unwrap().lines().count();
+                (e.file_name().to_string_lossy().into_owned(), n)
+            })
+            .collect()
+    }
+}
+
+async fn client(url: &str, token: &str) -> Option<Jobs> {
+    let channel = switchyard_kit::client::connect(url).await.ok()?;
+    Some(JobServiceClient::new(switchyard_kit::client::authed(
+        channel,
+        Some(switchyard_kit::client::Credential::bearer(token).unwrap()),
+    )))
+}
+
+/// Job `i` of the mix: a command, a built-in agent call, a three-step
+/// AGEniX chain, a four-task DAG; every command marks each run of itself.
+fn job(i: usize, marks: &Path) -> (String, String) {
+    let id = format!("j{i:05}");
+    let mark = |task: &str| format!("echo run >> {}/{id}.{task}", marks.display());
+    let doc = match i % 4 {
+        0 => serde_json::json!({"job_id": id, "tasks": [
+            {"id": "a", "command": {"command": "sh", "args": ["-c", mark("a")]}}]}),
+        1 => serde_json::json!({"job_id": id, "tasks": [
+            {"id": "a", "agent": {"capability": "builtin.echo", "input": {"text": "hi"}}}]}),
+        2 => serde_json::json!({"job_id": id, "plan_id": "chain", "tasks": [
+            {"task_number": 1, "command": "sh", "args": ["-c", format!("{}; echo one", mark("task_1"))]},
+            {"task_number": 2, "command": "sh", "args": ["-c", format!("{}; cat", mark("task_2"))], "input_from_task": 1},
+            {"task_number": 3, "command": "sh", "args": ["-c", format!("{}; cat", mark("task_3"))], "input_from_task": 2}]}),
+        _ => serde_json::json!({"job_id": id, "tasks": [
+            {"id": "a", "command": {"command": "sh", "args": ["-c", mark("a")]}},
+            {"id": "b", "depends_on": ["a"], "command": {"command": "sh", "args": ["-c", mark("b")]}},
+            {"id": "c", "depends_on": ["a"], "agent": {"capability": "builtin.echo", "input": {"text": "c"}}},
+            {"id": "d", "depends_on": ["b", "c"], "command": {"command": "sh", "args": ["-c", mark("d")]}}]}),
+    };
+    (id, doc.to_string())
+}
+
+/// The replicas' current URLs, by slot (a restarted replica has a new port).
+type Urls = Arc<Mutex<Vec<String>>>;
+
+fn url_of(urls: &Urls, n: usize) -> String {
+    let u = urls.lock().unwrap();
+    u[n % u.len()].clone()
+}
+
+/// Submits `doc` through replica `slot`, going on to the next replica
+/// while one is down (the same job id: a repeat is answered, never run
+/// twice). Returns the slot that accepted it.
+async fn submit(urls: &Urls, token: &str, slot: usize, doc: &str) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut n = slot;
+    loop {
+        let url = url_of(urls, n);
+        if let Some(mut c) = client(&url, token).await {
+            let r = c
+                .submit_job(SubmitJobRequest {
+                    document: doc.to_owned(),
+                    ..Default::default()
+                })
+                .await;
+            match r {
+                Ok(_) => return n % 3,
+                Err(s) => assert!(
+                    matches!(
+                        s.code(),
+                        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal
+                    ),
+                    "submission refused: {s:?}"
+                ),
+            }
+        }
+        assert!(Instant::now() < deadline, "no replica took the job");
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Watches job `id` from replicas other than `slot`'s, resuming after the
+/// last sequence seen whenever a replica goes away, until the job's final
+/// event. Returns every sequence seen, in order.
+async fn watch(urls: Urls, token: String, slot: usize, id: String) -> Vec<u64> {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut seen: Vec<u64> = Vec::new();
+    let mut n = slot + 1;
+    while Instant::now() < deadline {
+        let url = url_of(&urls, n);
+        n += 1;
+        let Some(mut c) = client(&url, &token).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let stream = c
+            .watch_job(WatchJobRequest {
+                job_id: id.clone(),
+                after_sequence: seen.last().copied().unwrap_or(0),
+                ..Default::default()
+            })
+            .await;
+        let Ok(stream) = stream else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let mut stream = stream.into_inner();
+        let mut ended = false;
+        while let Some(item) = stream.next().await {
+            let Ok(r) = item else { break };
+            let e: Event = r.event.unwrap();
+            seen.push(e.sequence);
+            if e.kind == "job.state" && terminal(&field(&e, "to")) {
+                ended = true;
+                break;
+            }
+        }
+        if ended {
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("watching {id}: no final event in time (seen {seen:?})");
+}
+
+fn terminal(state: &str) -> bool {
+    matches!(state, "completed" | "cancelled" | "discarded")
+}
+
+fn field(e: &Event, k: &str) -> String {
+    let v = e
+        .data
+        .as_ref()
+        .and_then(|d| d.fields.get(k))
+        .cloned()
+        .unwrap_or_default();
+    match switchyard_kit::json::value_to_json(&v) {
+        serde_json::Value::String(s) => s,
+        other => other.to_string(),
+    }
+}
+
+/// Waits until every job in `ids` has finished; returns their states.
+async fn finished(urls: &Urls, token: &str, ids: &[String], limit: Duration) -> Vec<i32> {
+    let deadline = Instant::now() + limit;
+    let mut states = vec![0; ids.len()];
+    let mut n = 0;
+    for (i, id) in ids.iter().enumerate() {
+        loop {
+            n += 1;
+            let job = match client(&url_of(urls, n), token).await {
+                Some(mut c) => c
+                    .get_job(GetJobRequest { job_id: id.clone() })
+                    .await
+                    .ok()
+                    .and_then(|r| r.into_inner().job),
+                None => None,
+            };
+            if let Some(j) = job
+                && [
+                    JobState::Completed as i32,
+                    JobState::Cancelled as i32,
+                    JobState::Discarded as i32,
+                ]
+                .contains(&j.state)
+            {
+                states[i] = j.state;
+                break;
+            }
+            assert!(Instant::now() < deadline, "job {id} is stuck");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    states
+}
+
+/// Checks that every job's stored log is numbered 1..n without a gap.
+fn stored_logs_are_gapless(c: &Cluster, ids: &[String]) {
+    let rows = c.sql(
+        "SELECT e.job_id, e.seq FROM exec_events e JOIN exec_jobs j ON j.id = e.job_id ORDER BY 1, 2",
+    );
+    let mut seqs: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for line in rows.lines() {
+        let (job, seq) = line.split_once('|').unwrap();
+        seqs.entry(job.to_owned())
+            .or_default()
+            .push(seq.parse().unwrap());
+    }
+    for id in ids {
+        let s = &seqs[id];
+        assert_eq!(
+            *s,
+            (1..=s.len() as u64).collect::<Vec<_>>(),
+            "{id}: stored sequence has a gap"
+        );
+    }
+}
+
+/// Per (job, task): starts and successes in the log, and whether a start
+/// came after the success.
+#[derive(Default, Debug)]
+struct TaskLog {
+    starts: usize,
+    successes: usize,
+    started_after_success: bool,
+}
+
+async fn task_logs(urls: &Urls, token: &str, ids: &[String]) -> HashMap<String, TaskLog> {
+    let mut out: HashMap<String, TaskLog> = HashMap::new();
+    let mut completions = HashMap::<String, usize>::new();
+    for (n, id) in ids.iter().enumerate() {
+        let mut c = client(&url_of(urls, n), token).await.unwrap();
+        let mut s = c
+            .watch_job(WatchJobRequest {
+                job_id: id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        while let Some(r) = s.next().await {
+            let e = r.unwrap().event.unwrap();
+            if e.kind == "job.state" && field(&e, "to") == "completed" {
+                *completions.entry(id.clone()).or_default() += 1;
+            }
+            if e.kind != "task.state" {
+                continue;
+            }
+            let t = out.entry(format!("{id}.{}", e.task_id)).or_default();
+            match field(&e, "to").as_str() {
+                "running" => {
+                    t.starts += 1;
+                    t.started_after_success |= t.successes > 0;
+                }
+                "succeeded" => t.successes += 1,
+                _ => {}
+            }
+        }
+    }
+    for id in ids {
+        assert_eq!(completions.get(id), Some(&1), "{id} completed once");
+    }
+    out
+}
+
+#[test]
+fn three_replicas_run_a_thousand_jobs_exactly_once_through_kills_and_a_database_restart() {
+    const JOBS: usize = 1000;
+    let Some(c) = Cluster::start() else { return };
+    let lease = 2000;
+    let mut incarnation = [0usize; 3];
+    let mut replicas: Vec<Option<Proc>> = (0..3)
+        .map(|i| Some(c.replica(&format!("x{i}-0"), lease, &[])))
+        .collect();
+    let urls: Urls = Arc::new(Mutex::new(
+        replicas.iter().map(|p| p.as_ref().unwrap().url()).collect(),
+    ));
+    let hub = c.hub.url();
+    wait_for("built-in agents routable", Duration::from_secs(20), || {
+        routed(&hub, &["--capability", "builtin.echo"]).is_some_and(|ids| !ids.is_empty())
+    });
+    let token = token(&hub, "alice");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let jobs: Vec<(String, String)> = (0..JOBS).map(|i| job(i, &c.marks)).collect();
+    let ids: Vec<String> = jobs.iter().map(|(id, _)| id.clone()).collect();
+    let done = Arc::new(AtomicBool::new(false));
+
+    // Submitters (16 at a time, round-robin over the replicas) and
+    // watchers of every 25th job, on replicas other than the submitter's.
+    let load = {
+        let (urls, token, jobs, done) = (urls.clone(), token.clone(), jobs.clone(), done.clone());
+        rt.spawn(async move {
+            let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let mut tasks = Vec::new();
+            let watchers = Arc::new(Mutex::new(Vec::new()));
+            for _ in 0..16 {
+                let (urls, token, jobs, next, watchers) = (
+                    urls.clone(),
+                    token.clone(),
+                    jobs.clone(),
+                    next.clone(),
+                    watchers.clone(),
+                );
+                tasks.push(tokio::spawn(async move {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some((id, doc)) = jobs.get(i) else { return };
+                        let slot = submit(&urls, &token, i, doc).await;
+                        if i % 25 == 0 {
+                            let w =
+                                tokio::spawn(watch(urls.clone(), token.clone(), slot, id.clone()));
+                            watchers.lock().unwrap().push((id.clone(), w));
+                        }
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            done.store(true, Ordering::Relaxed);
+            let ws: Vec<_> = std::mem::take(&mut *watchers.lock().unwrap());
+            let mut out = Vec::new();
+            for (id, w) in ws {
+                out.push((id, w.await.unwrap()));
+            }
+            out
+        })
+    };
+
+    // Chaos while the load runs: a replica killed (-9) and restarted every
+    // 3 s, in turn; PostgreSQL crashed and restarted once.
+    let started = Instant::now();
+    let mut kills = 0;
+    let mut db_restarted = false;
+    let mut round = 0usize;
+    while !done.load(Ordering::Relaxed) || round < 3 {
+        std::thread::sleep(Duration::from_secs(3));
+        let slot = round % 3;
+        round += 1;
+        if round == 3 && !db_restarted {
+            c.pg.kill().unwrap();
+            std::thread::sleep(Duration::from_millis(500));
+            c.pg.restart().unwrap();
+            db_restarted = true;
+            continue;
+        }
+        replicas[slot].take().unwrap().kill9();
+        kills += 1;
+        incarnation[slot] += 1;
+        let p = c.replica(&format!("x{slot}-{}", incarnation[slot]), lease, &[]);
+        urls.lock().unwrap()[slot] = p.url();
+        replicas[slot] = Some(p);
+        if round > 12 {
+            break;
+        }
+    }
+    let watched = rt.block_on(load).unwrap();
+    let submitted_in = started.elapsed();
+    let states = rt.block_on(finished(&urls, &token, &ids, Duration::from_secs(300)));
+    let completed = states
+        .iter()
+        .filter(|s| **s == JobState::Completed as i32)
+        .count();
+    if completed != JOBS {
+        rt.block_on(async {
+            let mut cl = client(&url_of(&urls, 0), &token).await.unwrap();
+            for (id, st) in ids.iter().zip(&states) {
+                if *st != JobState::Completed as i32 {
+                    let j = cl
+                        .get_job(GetJobRequest { job_id: id.clone() })
+                        .await
+                        .unwrap()
+                        .into_inner()
+                        .job
+                        .unwrap();
+                    let tasks: Vec<_> = j
+                        .tasks
+                        .iter()
+                        .map(|t| (t.task_id.clone(), t.state, t.error.clone()))
+                        .collect();
+                    eprintln!(
+                        "{id}: state {} reason {} error {} tasks {tasks:?}",
+                        j.state, j.reason, j.error
+                    );
+                }
+            }
+        });
+    }
+    assert_eq!(completed, JOBS, "every accepted job completed");
+
+    // Watchers on other replicas saw gapless logs to the end.
+    for (id, seqs) in &watched {
+        assert_eq!(
+            *seqs,
+            (1..=seqs.len() as u64).collect::<Vec<_>>(),
+            "watcher of {id} saw a gap"
+        );
+    }
+    stored_logs_are_gapless(&c, &ids);
+    let logs = rt.block_on(task_logs(&urls, &token, &ids));
+    let runs = c.runs();
+    let mut rerun_after_takeover = 0;
+    for (task, log) in &logs {
+        assert_eq!(log.successes, 1, "{task} succeeded exactly once: {log:?}");
+        assert!(
+            !log.started_after_success,
+            "{task} started after it succeeded"
+        );
+        if let Some(&n) = runs.get(task) {
+            assert!(
+                n <= log.starts,
+                "{task} ran {n} times but started {} times in its log",
+                log.starts
+            );
+            rerun_after_takeover += n - 1;
+        }
+    }
+    let marked: HashSet<&String> = runs.keys().collect();
+    for t in &marked {
+        assert!(logs.contains_key(*t), "a run of {t} the log never started");
+    }
+
+    // Each replica slot ran a share.
+    let shares = c.sql(
+        "SELECT split_part(owner, '-', 1), count(DISTINCT job_id) FROM exec_events GROUP BY 1 ORDER BY 1",
+    );
+    let shares: Vec<(String, usize)> = shares
+        .lines()
+        .map(|l| {
+            let (s, n) = l.split_once('|').unwrap();
+            (s.to_owned(), n.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(shares.len(), 3, "{shares:?}");
+    assert!(shares.iter().all(|(_, n)| *n >= JOBS / 20), "{shares:?}");
+    println!(
+        "executor replicas: {JOBS} jobs submitted in {:.1}s, {completed} completed, 0 lost, 0 stuck; \
+         {kills} replicas killed -9, database restarted {}; {} watchers gapless; \
+         tasks re-run after a takeover {rerun_after_takeover}, completed tasks re-run 0; \
+         jobs touched per replica slot {shares:?}",
+        submitted_in.as_secs_f64(),
+        u8::from(db_restarted),
+        watched.len(),
+    );
+    for p in replicas.into_iter().flatten() {
+        assert_eq!(p.terminate(), Some(0));
+    }
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to process `pid`.
+fn signal(pid: u32, signal: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{signal} {pid}");
+}
+
+/// Waits (bounded) until `sql` answers `want`.
+fn wait_sql(c: &Cluster, sql: &str, want: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let got = c.sql(sql);
+        if got == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{sql}: {got:?}, waited for {want:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_paused_replica_whose_lease_was_taken_over_cannot_write_when_it_wakes() {
+    let Some(c) = Cluster::start() else { return };
+    let lease = 1500;
+    let a = c.replica("pa-0", lease, &[]);
+    let b = c.replica("pb-0", lease, &[]);
+    let token = token(&c.hub.url(), "alice");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mark = c.marks.join("slow.a");
+    let doc = serde_json::json!({"job_id": "slow", "tasks": [
+        {"id": "a", "command": {"command": "sh", "args": ["-c",
+            format!("echo run >> {}; sleep 2; echo done", mark.display())]}},
+        {"id": "b", "depends_on": ["a"], "command": {"command": "sh", "args": ["-c", "echo b"]}}]})
+    .to_string();
+    // Accepted by A, so A runs it; its first task starts there.
+    let urls: Urls = Arc::new(Mutex::new(vec![a.url(), b.url()]));
+    rt.block_on(submit(&urls, &token, 0, &doc));
+    let owner = "SELECT owner || ' ' || epoch FROM exec_jobs WHERE id = 'slow'";
+    wait_sql(&c, owner, "pa-0 1", Duration::from_secs(10));
+    wait_for("task a running on A", Duration::from_secs(10), || {
+        std::fs::read_to_string(&mark).is_ok_and(|s| s.lines().count() == 1)
+    });
+
+    // Paused past its lease: B takes the job over (epoch 2) and finishes it.
+    signal(a.pid(), "STOP");
+    wait_sql(&c, owner, "pb-0 2", Duration::from_secs(10));
+    let states = rt.block_on(finished(
+        &Arc::new(Mutex::new(vec![b.url()])),
+        &token,
+        &["slow".to_owned()],
+        Duration::from_secs(30),
+    ));
+    assert_eq!(states, [JobState::Completed as i32]);
+    let before =
+        c.sql("SELECT seq, epoch, owner FROM exec_events WHERE job_id = 'slow' ORDER BY seq");
+
+    // Woken, A's attempt of task a ends and it tries to record that: refused.
+    signal(a.pid(), "CONT");
+    wait_for(
+        "A finds the job taken over",
+        Duration::from_secs(20),
+        || {
+            std::fs::read_to_string(c.log("pa-0"))
+                .is_ok_and(|l| l.contains("taken over by another replica"))
+        },
+    );
+    // A still works for new jobs after that.
+    let urls_a: Urls = Arc::new(Mutex::new(vec![a.url()]));
+    let next = serde_json::json!({"job_id": "after", "tasks": [
+        {"id": "a", "command": {"command": "sh", "args": ["-c", "echo ok"]}}]})
+    .to_string();
+    rt.block_on(submit(&urls_a, &token, 0, &next));
+    let states = rt.block_on(finished(
+        &urls_a,
+        &token,
+        &["after".to_owned()],
+        Duration::from_secs(30),
+    ));
+    assert_eq!(states, [JobState::Completed as i32]);
+
+    // Nothing A did after losing the lease is in the log: the same rows as
+    // before it woke, one owner per epoch, epochs in order.
+    let after =
+        c.sql("SELECT seq, epoch, owner FROM exec_events WHERE job_id = 'slow' ORDER BY seq");
+    assert_eq!(after, before, "a fenced replica's late writes are refused");
+    let mut owners: BTreeMap<u64, HashSet<String>> = BTreeMap::new();
+    let mut last_epoch = 0;
+    for line in after.lines() {
+        let f: Vec<&str> = line.split('|').collect();
+        let epoch: u64 = f[1].parse().unwrap();
+        assert!(epoch >= last_epoch, "epochs go up along the log: {after}");
+        last_epoch = epoch;
+        owners.entry(epoch).or_default().insert(f[2].to_owned());
+    }
+    assert_eq!(
+        owners,
+        BTreeMap::from([
+            (1, HashSet::from(["pa-0".to_owned()])),
+            (2, HashSet::from(["pb-0".to_owned()])),
+        ]),
+        "exactly one owner per epoch"
+    );
+    // Task a ran twice (at least once; A's run and B's), succeeded once.
+    assert_eq!(std::fs::read_to_string(&mark).unwrap().lines().count(), 2);
+    let logs = rt.block_on(task_logs(&urls_a, &token, &["slow".to_owned()]));
+    assert_eq!(logs["slow.a"].successes, 1);
+    assert_eq!(a.terminate(), Some(0));
+    assert_eq!(b.terminate(), Some(0));
+}
+
+#[test]
+fn a_rolling_restart_hands_running_jobs_over_without_loss_or_waiting_a_lease() {
+    const JOBS: usize = 300;
+    let Some(c) = Cluster::start() else { return };
+    let lease: u64 = 4000;
+    let mut replicas: Vec<Proc> = (0..3)
+        .map(|i| c.replica(&format!("r{i}-0"), lease, &[]))
+        .collect();
+    let urls: Urls = Arc::new(Mutex::new(replicas.iter().map(Proc::url).collect()));
+    let token = token(&c.hub.url(), "alice");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let ids: Vec<String> = (0..JOBS).map(|i| format!("roll{i:04}")).collect();
+    let load = {
+        let (urls, token, ids) = (urls.clone(), token.clone(), ids.clone());
+        rt.spawn(async move {
+            for (i, id) in ids.iter().enumerate() {
+                let doc = serde_json::json!({"job_id": id, "tasks": [
+                    {"id": "a", "command": {"command": "sh", "args": ["-c", "sleep 0.3; echo a"]}},
+                    {"id": "b", "depends_on": ["a"], "command": {"command": "sh", "args": ["-c", "sleep 0.3; echo b"]}}]})
+                .to_string();
+                submit(&urls, &token, i, &doc).await;
+                tokio::time::sleep(Duration::from_millis(15)).await;
+            }
+        })
+    };
+    // One replica at a time: SIGTERM (it hands its jobs back), then its
+    // successor starts under a new name.
+    for (slot, p) in replicas.iter_mut().enumerate() {
+        std::thread::sleep(Duration::from_millis(1200));
+        let next = c.replica(&format!("r{slot}-1"), lease, &[]);
+        urls.lock().unwrap()[slot] = next.url();
+        let old = std::mem::replace(p, next);
+        assert_eq!(old.terminate(), Some(0), "a replica stops cleanly");
+    }
+    rt.block_on(load).unwrap();
+    let states = rt.block_on(finished(&urls, &token, &ids, Duration::from_secs(120)));
+    assert!(
+        states.iter().all(|s| *s == JobState::Completed as i32),
+        "{states:?}"
+    );
+    // No job waited a lease: the longest pause between two of a job's
+    // events is well under it (a handed-back job is claimed at once).
+    let times = rt.block_on(event_times(&urls, &token, &ids));
+    let (worst_job, worst) = times
+        .iter()
+        .map(|(id, t)| (id, t.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0)))
+        .max_by_key(|(_, g)| *g)
+        .unwrap();
+    let handed = c.sql("SELECT count(DISTINCT job_id) FROM exec_events WHERE epoch > 1");
+    println!(
+        "rolling restart: {JOBS} jobs completed, {handed} taken over after a hand-back; longest pause between two events of one job {worst} ms ({worst_job}), lease {lease} ms"
+    );
+    assert!(
+        worst < lease,
+        "{worst_job} waited {worst} ms between events, a lease is {lease} ms"
+    );
+    assert!(
+        handed.parse::<usize>().unwrap() > 0,
+        "some jobs were handed over"
+    );
+    for p in replicas {
+        assert_eq!(p.terminate(), Some(0));
+    }
+}
+
+/// Each job's event times (ms), in order.
+async fn event_times(urls: &Urls, token: &str, ids: &[String]) -> Vec<(String, Vec<u64>)> {
+    let mut out = Vec::new();
+    for (n, id) in ids.iter().enumerate() {
+        let mut c = client(&url_of(urls, n), token).await.unwrap();
+        let mut s = c
+            .watch_job(WatchJobRequest {
+                job_id: id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut times = Vec::new();
+        while let Some(r) = s.next().await {
+            let e = r.unwrap().event.unwrap();
+            times.push(switchyard_kit::time::timestamp_ms(e.time.as_ref().unwrap()));
+        }
+        out.push((id.clone(), times));
+    }
+    out
+}
