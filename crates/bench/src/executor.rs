@@ -18,7 +18,7 @@ use tokio_stream::StreamExt;
 
 use crate::{CALLERS, CONNECTIONS, us, verdict};
 
-const JOBS: usize = 5_000;
+pub(crate) const JOBS: usize = 5_000;
 const CHAIN_RUNS: usize = 200;
 const COMMAND_RUNS: usize = 200;
 
@@ -161,7 +161,7 @@ pub(crate) async fn run_job_as(
     Ok((t.elapsed(), completed))
 }
 
-fn ms(h: &Histogram<u64>, q: f64) -> f64 {
+pub(crate) fn ms(h: &Histogram<u64>, q: f64) -> f64 {
     us(h, q) / 1000.0
 }
 
@@ -209,37 +209,8 @@ pub async fn run() -> anyhow::Result<()> {
     }
 
     // 2. Latency: a 3-step chain of builtin.echo, one at a time.
-    let mut h = Histogram::<u64>::new(3)?;
     let c = ExecutorClient::remote(channels[0].clone(), 4 << 20);
-    for i in 0..CHAIN_RUNS {
-        let spec = JobSpec {
-            input: switchyard_kit::json::json_to_struct(&serde_json::json!({"n": i})),
-            tasks: vec![
-                agent(
-                    "a",
-                    "builtin.echo",
-                    &[],
-                    serde_json::json!({"text": "${parent.input.n}"}),
-                ),
-                agent(
-                    "b",
-                    "builtin.echo",
-                    &["a"],
-                    serde_json::json!({"text": "${a.output.text}"}),
-                ),
-                agent(
-                    "c",
-                    "builtin.echo",
-                    &["b"],
-                    serde_json::json!({"text": "${b.output.text}"}),
-                ),
-            ],
-            ..Default::default()
-        };
-        let (took, ok) = run_job(&c, spec).await?;
-        anyhow::ensure!(ok, "chain {i} did not complete");
-        h.record(took.as_nanos() as u64).ok();
-    }
+    let h = chain(&c, CHAIN_RUNS).await?;
     println!(
         "  3-step builtin.echo chain, {CHAIN_RUNS} runs, every step durable: submit->result p50 {:>6.2} ms  p99 {:>6.2} ms  [{}: p50 <= 3 ms]",
         ms(&h, 0.5),
@@ -305,17 +276,53 @@ pub async fn run() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `runs` 3-step `builtin.echo` chains, one at a time through `c`: each
+/// one's time from submit to result.
+pub(crate) async fn chain(c: &ExecutorClient, runs: usize) -> anyhow::Result<Histogram<u64>> {
+    let mut h = Histogram::<u64>::new(3)?;
+    for i in 0..runs {
+        let spec = JobSpec {
+            input: switchyard_kit::json::json_to_struct(&serde_json::json!({"n": i})),
+            tasks: vec![
+                agent(
+                    "a",
+                    "builtin.echo",
+                    &[],
+                    serde_json::json!({"text": "${parent.input.n}"}),
+                ),
+                agent(
+                    "b",
+                    "builtin.echo",
+                    &["a"],
+                    serde_json::json!({"text": "${a.output.text}"}),
+                ),
+                agent(
+                    "c",
+                    "builtin.echo",
+                    &["b"],
+                    serde_json::json!({"text": "${b.output.text}"}),
+                ),
+            ],
+            ..Default::default()
+        };
+        let (took, ok) = run_job(c, spec).await?;
+        anyhow::ensure!(ok, "chain {i} did not complete");
+        h.record(took.as_nanos() as u64).ok();
+    }
+    Ok(h)
+}
+
 /// [`JOBS`] single-task `builtin.noop` jobs from [`CALLERS`] closed-loop
 /// submitters over `channels`: jobs/s, latencies, and how many did not
 /// complete.
-async fn throughput(
+pub(crate) async fn throughput(
     channels: &[switchyard_kit::client::Intercepted],
     shape: Shape,
 ) -> anyhow::Result<(f64, Histogram<u64>, u64)> {
     let start = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..CALLERS {
-        let c = ExecutorClient::remote(channels[w % CONNECTIONS].clone(), 4 << 20);
+        let c = ExecutorClient::remote(channels[w % channels.len()].clone(), 4 << 20);
         tasks.push(tokio::spawn(async move {
             let mut h = Histogram::<u64>::new(3).expect("histogram");
             let mut failed = 0u64;

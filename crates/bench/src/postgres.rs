@@ -171,7 +171,133 @@ pub(crate) async fn run() -> anyhow::Result<()> {
         "  one hot budget, best of 1 and 3 replicas: {hot:.0} pairs/s  [{}: >= 5000 pairs/s]",
         verdict(hot >= 5_000.0)
     );
+    executor(&cluster).await?;
     // The cluster stops when dropped; give the replicas' pools a moment.
     tokio::time::sleep(Duration::from_millis(50)).await;
+    Ok(())
+}
+
+/// A whole stack (every service) on database `url`, or on sled when `None`.
+async fn stack(url: Option<&str>) -> anyhow::Result<Stack> {
+    let url = url.map(str::to_owned);
+    Stack::start_with(ServiceKind::ALL, move |c| {
+        if let Some(url) = url {
+            c.storage.backend = switchyard_cli::config::StorageBackend::Postgres;
+            c.storage.postgres.url = url;
+            c.storage.postgres.pool_size = 16;
+        }
+        c.server.request_timeout_ms = 60_000;
+        c.executor.max_parallel = 4;
+    })
+    .await
+}
+
+/// What PostgreSQL ran for a phase: statements, and the one that took the
+/// most time (calls, ms, text).
+fn statements(cluster: &PgCluster, url: &str) -> Option<(u64, String)> {
+    let total = cluster
+        .psql(
+            url,
+            "SELECT sum(calls) FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        )
+        .ok()?;
+    let top = cluster
+        .psql(
+            url,
+            "SELECT calls || ' calls, ' || round(total_exec_time) || ' ms: ' || left(regexp_replace(query, '\\s+', ' ', 'g'), 70)
+             FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+             ORDER BY total_exec_time DESC LIMIT 1",
+        )
+        .ok()?;
+    Some((total.trim().parse().ok()?, top.trim().to_owned()))
+}
+
+/// The executor on PostgreSQL with one and three replicas (each a whole
+/// stack on the database), next to sled: W1 (single-task jobs, 64
+/// submitters, SubmitJob waiting for the end) and the 3-step chain.
+async fn executor(cluster: &PgCluster) -> anyhow::Result<()> {
+    use crate::executor::{Shape, chain, ms, throughput};
+    const CHAINS: usize = 100;
+    println!(
+        "\nExecutor on PostgreSQL 15 (each replica a whole stack on one database; {CALLERS} submitters; approval by policy):"
+    );
+    let mut rows: Vec<(String, f64, f64, f64, f64, f64, String)> = Vec::new();
+    for n in [0usize, 1, 3] {
+        let url = if n == 0 {
+            None
+        } else {
+            Some(cluster.database()?)
+        };
+        if let Some(u) = &url {
+            let _ = cluster.psql(u, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+        }
+        let mut stacks = Vec::new();
+        for _ in 0..n.max(1) {
+            stacks.push(stack(url.as_deref()).await?);
+        }
+        let mut channels = Vec::new();
+        for s in &stacks {
+            channels.push(s.channel().await?);
+            channels.push(s.channel().await?);
+        }
+        for ch in &channels {
+            let c = switchyard_api::ExecutorClient::remote(ch.clone(), 4 << 20);
+            crate::history::wait_routable(&c).await?;
+        }
+        if let Some(u) = &url {
+            let _ = cluster.psql(u, "SELECT pg_stat_statements_reset()");
+        }
+        let (cpu0, t0) = (postgres_cpu_secs(), Instant::now());
+        let (rate, all, failed) = throughput(&channels, Shape::Wait).await?;
+        anyhow::ensure!(failed == 0, "{failed} jobs did not complete");
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let share = (postgres_cpu_secs() - cpu0) / (t0.elapsed().as_secs_f64() * cores);
+        let stmts = url.as_deref().and_then(|u| statements(cluster, u));
+        let c = switchyard_api::ExecutorClient::remote(channels[0].clone(), 4 << 20);
+        let h = chain(&c, CHAINS).await?;
+        let who = match n {
+            0 => "sled, 1 process".to_owned(),
+            1 => "postgres, 1 replica".to_owned(),
+            _ => format!("postgres, {n} replicas"),
+        };
+        let (per_job, top) = match stmts {
+            Some((total, top)) => (total as f64 / crate::executor::JOBS as f64, top),
+            None => (0.0, String::new()),
+        };
+        rows.push((who, rate, ms(&all, 0.5), ms(&h, 0.5), share, per_job, top));
+        for s in stacks {
+            s.stop().await?;
+        }
+    }
+    for (who, rate, p50, chain_p50, share, per_job, _) in &rows {
+        let pg = if who.starts_with("postgres") {
+            format!(
+                "  postgres CPU {:>3.0}% of the machine, {per_job:.1} statements/job",
+                share * 100.0
+            )
+        } else {
+            String::new()
+        };
+        println!(
+            "  {who:<22} W1 {rate:>6.0} jobs/s  submit->completed p50 {p50:>6.1} ms;  3-step chain p50 {chain_p50:>6.2} ms{pg}"
+        );
+    }
+    for (who, _, _, _, _, _, top) in &rows {
+        if !top.is_empty() {
+            println!("  {who}: most time in {top}");
+        }
+    }
+    let three = rows.iter().find(|r| r.0 == "postgres, 3 replicas");
+    let one = rows.iter().find(|r| r.0 == "postgres, 1 replica");
+    if let (Some(three), Some(one)) = (three, one) {
+        println!(
+            "  3 replicas: {:.0} jobs/s ({:.2}x of 1 replica)  [{}: >= 1000 jobs/s]; chain p50 {:.2} ms  [{}: <= 20 ms]",
+            three.1,
+            three.1 / one.1.max(1.0),
+            verdict(three.1 >= 1000.0),
+            three.3,
+            verdict(three.3 <= 20.0)
+        );
+    }
     Ok(())
 }

@@ -209,11 +209,15 @@ impl PgCluster {
     }
 
     fn start_server(&self) -> anyhow::Result<()> {
-        let opts = format!(
+        let mut opts = format!(
             "-c listen_addresses=127.0.0.1 -p {} -k {} -c max_connections=300 -c shared_buffers=64MB",
             self.port,
             self.socket_dir()
         );
+        // Statement counts for the benchmarks, where the module is installed.
+        if self.bindir.join("../lib/pg_stat_statements.so").exists() {
+            opts.push_str(" -c shared_preload_libraries=pg_stat_statements");
+        }
         let log = format!("{}/server.log", self.socket_dir());
         self.run(
             "pg_ctl",

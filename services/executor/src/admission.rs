@@ -587,16 +587,20 @@ impl Executor {
         if spec.correlation_id.is_empty() {
             spec.correlation_id = how.correlation_id;
         }
-        if spec.job_id.is_empty() {
+        // An id made here is new everywhere; only a client's is looked up
+        // among the jobs other replicas hold.
+        let client_id = !spec.job_id.is_empty();
+        if !client_id {
             spec.job_id = uuid::Uuid::now_v7().to_string();
         }
         let parent = self.adopt(&mut spec)?;
         let submitter = for_whom(how.who, parent.as_ref(), &spec)?;
         let hash = spec::context_hash(&spec);
         let now = self.inner.book.now();
-        if let Some(existing) = self
-            .stored_elsewhere(&spec.job_id, &hash, &submitter)
-            .await?
+        if client_id
+            && let Some(existing) = self
+                .stored_elsewhere(&spec.job_id, &hash, &submitter)
+                .await?
         {
             return Ok(existing);
         }

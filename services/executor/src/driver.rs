@@ -76,7 +76,20 @@ impl Executor {
         let ctl = driver.ctl.clone();
         let handle = tokio::spawn(async move {
             driver.drive().await;
-            me.inner.book.lock().drivers.remove(&id);
+            let stalled = {
+                let mut st = me.inner.book.lock();
+                st.drivers.remove(&id);
+                st.find(&id)
+                    .is_some_and(|e| matches!(e.state(), JobState::Available | JobState::Active))
+            };
+            if stalled && me.inner.book.pg.is_some() && !me.inner.shutdown.is_shutdown() {
+                // The driver stopped on an error (the database or a service
+                // was unreachable) with the job unfinished: handed back, the
+                // job is claimed again (here or elsewhere) and resumed from
+                // its events, instead of sitting on a renewed lease.
+                tracing::warn!(job_id = %id, "job driver stopped early; handing the job back to be resumed");
+                me.inner.book.drop_job(&id, false);
+            }
             me.inner.book.bump_finished();
             // A finished job leaves memory once its driver is gone.
             me.inner.book.retire_if_done(&id);

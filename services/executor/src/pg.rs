@@ -8,10 +8,10 @@
 //! many as it has room for, oldest first, one per tenant per round (so one
 //! tenant's backlog cannot starve the others). Everything a running job
 //! writes goes through one batch writer per replica: each batch is one
-//! transaction whose first statement updates the rows of the jobs it
-//! touches *where this replica still owns them at their epoch* — which
-//! locks them, renews their leases and stores their latest record — and
-//! whose event and output inserts join on the rows that statement returned.
+//! transaction whose one statement updates the rows of the jobs it touches
+//! *where this replica still owns them at their epoch* — which locks them,
+//! renews their leases and stores the latest record of those that moved —
+//! and inserts their events and outputs joined on the rows it updated.
 //! A job missing from that answer was taken over (or never inserted): its
 //! events are dropped, and the book stops its driver. So a replica that
 //! lost a lease (paused, partitioned, slow) cannot write anything after
@@ -444,13 +444,13 @@ impl PgJobs {
                 .collect();
             let rows = tx
                 .query(
-                    "INSERT INTO exec_jobs (id, tenant, submitted_by, created_ms, state, context_hash, record, owner, lease_until, epoch)
-                     SELECT u.id, u.tenant, u.sub, u.created, u.state, u.hash, u.record, $7, $8, 1
-                     FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $9::bytea[])
-                          AS u(id, tenant, sub, created, state, hash, record)
-                     ON CONFLICT (id) DO NOTHING
-                     RETURNING id",
-                    &[&ids, &tenants, &subs, &created, &states, &hashes, &self.me, &until, &records],
+                    &tx.prepare_cached(INSERT_JOBS)
+                        .await
+                        .map_err(|e| db.tx_error("preparing a statement", &e))?,
+                    &[
+                        &ids, &tenants, &subs, &created, &states, &hashes, &self.me, &until,
+                        &records,
+                    ],
                 )
                 .await
                 .map_err(|e| db.tx_error("inserting jobs", &e))?;
@@ -491,29 +491,9 @@ impl PgJobs {
             // the record; then events and outputs of the jobs still held.
             let rows = tx
                 .query(
-                    "WITH held AS (
-                         UPDATE exec_jobs j
-                         SET lease_until = GREATEST(j.lease_until, $7),
-                             state = COALESCE(u.state, j.state),
-                             record = COALESCE(u.record, j.record),
-                             finished_ms = COALESCE(u.finished, j.finished_ms)
-                         FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bytea[], $5::bigint[])
-                              AS u(id, epoch, state, record, finished)
-                         WHERE j.id = u.id AND j.owner = $6 AND j.epoch = u.epoch
-                         RETURNING j.id, j.epoch
-                     ), evs AS (
-                         INSERT INTO exec_events (job_id, seq, epoch, owner, data)
-                         SELECT e.job_id, e.seq, h.epoch, $6, e.data
-                         FROM unnest($8::text[], $9::bigint[], $10::bytea[]) AS e(job_id, seq, data)
-                         JOIN held h ON h.id = e.job_id
-                     ), outs AS (
-                         INSERT INTO exec_outputs (job_id, task_id, data)
-                         SELECT o.job_id, o.task_id, o.data
-                         FROM unnest($11::text[], $12::text[], $13::bytea[]) AS o(job_id, task_id, data)
-                         JOIN held h ON h.id = o.job_id
-                         ON CONFLICT (job_id, task_id) DO UPDATE SET data = EXCLUDED.data
-                     )
-                     SELECT id FROM held",
+                    &tx.prepare_cached(WRITE_BATCH)
+                        .await
+                        .map_err(|e| db.tx_error("preparing a statement", &e))?,
                     &[
                         &ids, &epochs, &states, &records, &finished, &self.me, &until, &ev_jobs,
                         &ev_seqs, &ev_data, &out_jobs, &out_tasks, &out_data,
@@ -588,9 +568,9 @@ impl PgJobs {
         let renewed = if renew {
             let rows = tx
                 .query(
-                    "UPDATE exec_jobs SET lease_until = $2
-                     WHERE owner = $1 AND finished_ms IS NULL
-                     RETURNING id, epoch, cancel IS NOT NULL",
+                    &tx.prepare_cached(RENEW)
+                        .await
+                        .map_err(|e| db.tx_error("preparing a statement", &e))?,
                     &[&self.me, &until],
                 )
                 .await
@@ -630,8 +610,15 @@ impl PgJobs {
         if let (Some(before), Some(renewed)) = (held_before, renewed) {
             let still: HashMap<&str, i64> =
                 renewed.iter().map(|(id, e, _)| (id.as_str(), *e)).collect();
+            // Jobs that finished or were handed back in this very batch are
+            // not renewed, and not lost either.
+            let let_go = |id: &str| {
+                b.touched
+                    .get(id)
+                    .is_some_and(|t| t.release || t.moved.as_ref().is_some_and(|m| m.2.is_some()))
+            };
             for (id, epoch) in before {
-                if still.get(id.as_str()) != Some(&epoch) {
+                if still.get(id.as_str()) != Some(&epoch) && !let_go(&id) {
                     lost.push(id);
                 }
             }
@@ -1069,6 +1056,47 @@ impl PgJobs {
         }
     }
 }
+
+/// Inserts the jobs accepted here (owned here, epoch 1); answers the ids
+/// inserted (an id already taken is not).
+const INSERT_JOBS: &str = "INSERT INTO exec_jobs (id, tenant, submitted_by, created_ms, state, context_hash, record, owner, lease_until, epoch)
+    SELECT u.id, u.tenant, u.sub, u.created, u.state, u.hash, u.record, $7, $8, 1
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $9::bytea[])
+    AS u(id, tenant, sub, created, state, hash, record)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id";
+/// The batch: fences (locks the rows of the jobs still held here at their
+/// epoch), renews their leases and stores the records of those that moved,
+/// then inserts the events and outputs of held jobs only; answers the ids
+/// still held.
+const WRITE_BATCH: &str = "WITH held AS (
+    UPDATE exec_jobs j
+    SET lease_until = GREATEST(j.lease_until, $7),
+        state = COALESCE(u.state, j.state),
+        record = COALESCE(u.record, j.record),
+        finished_ms = COALESCE(u.finished, j.finished_ms)
+    FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bytea[], $5::bigint[])
+         AS u(id, epoch, state, record, finished)
+    WHERE j.id = u.id AND j.owner = $6 AND j.epoch = u.epoch
+    RETURNING j.id, j.epoch
+), evs AS (
+    INSERT INTO exec_events (job_id, seq, epoch, owner, data)
+    SELECT e.job_id, e.seq, h.epoch, $6, e.data
+    FROM unnest($8::text[], $9::bigint[], $10::bytea[]) AS e(job_id, seq, data)
+    JOIN held h ON h.id = e.job_id
+), outs AS (
+    INSERT INTO exec_outputs (job_id, task_id, data)
+    SELECT o.job_id, o.task_id, o.data
+    FROM unnest($11::text[], $12::text[], $13::bytea[]) AS o(job_id, task_id, data)
+    JOIN held h ON h.id = o.job_id
+    ON CONFLICT (job_id, task_id) DO UPDATE SET data = EXCLUDED.data
+)
+SELECT id FROM held";
+/// Renews every lease this replica holds; answers them, with whether a
+/// cancel was asked.
+const RENEW: &str = "UPDATE exec_jobs SET lease_until = $2
+    WHERE owner = $1 AND finished_ms IS NULL
+    RETURNING id, epoch, cancel IS NOT NULL";
 
 /// A NOTIFY payload naming `ids` (or every job, past the payload limit).
 fn notify_payload<'a>(ids: impl Iterator<Item = &'a str>) -> String {

@@ -96,7 +96,7 @@ fn kubernetes_workloads_match_the_binary_and_each_other() {
 }
 
 #[test]
-fn the_postgres_overlay_runs_ledger_approval_and_registry_as_replicas_on_the_database() {
+fn the_postgres_overlay_runs_every_stateful_service_as_replicas_on_the_database() {
     let Some(all) = rendered("overlays/postgres") else {
         return;
     };
@@ -111,6 +111,7 @@ fn the_postgres_overlay_runs_ledger_approval_and_registry_as_replicas_on_the_dat
         ("switchyard-ledger", 3),
         ("switchyard-approval", 2),
         ("switchyard-registry", 2),
+        ("switchyard-executor", 3),
     ] {
         let w = workloads
             .iter()
@@ -171,11 +172,34 @@ fn the_postgres_overlay_runs_ledger_approval_and_registry_as_replicas_on_the_dat
             "switchyard"
         );
     }
-    // No StatefulSet of the three is left from the base.
+    // The executor replicas are named by their pods, and stop gracefully
+    // (handing their jobs back) within the pod's grace period.
+    let x = workloads
+        .iter()
+        .find(|w| w["metadata"]["name"] == "switchyard-executor")
+        .unwrap();
+    let env = x["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap();
+    let replica_id = env
+        .iter()
+        .find(|e| e["name"] == "SWITCHYARD_EXECUTOR__REPLICA_ID")
+        .expect("executor replicas named");
+    assert_eq!(
+        replica_id["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.name"
+    );
+    assert!(
+        x["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+            .as_i64()
+            .is_some_and(|s| s >= 30)
+    );
+    // No StatefulSet of the four is left from the base.
     for name in [
         "switchyard-ledger",
         "switchyard-approval",
         "switchyard-registry",
+        "switchyard-executor",
     ] {
         assert!(
             !all.iter()

@@ -270,6 +270,17 @@ async fn finished(urls: &Urls, token: &str, ids: &[String], limit: Duration) -> 
                     .and_then(|r| r.into_inner().job),
                 None => None,
             };
+            if Instant::now() >= deadline {
+                let tasks: Vec<_> = job
+                    .iter()
+                    .flat_map(|j| j.tasks.iter().map(|t| (t.task_id.clone(), t.state)))
+                    .collect();
+                panic!(
+                    "job {id} is stuck: state {:?} reason {:?} tasks {tasks:?}",
+                    job.as_ref().map(|j| j.state),
+                    job.as_ref().map(|j| j.reason.clone())
+                );
+            }
             if let Some(j) = job
                 && [
                     JobState::Completed as i32,
@@ -281,7 +292,6 @@ async fn finished(urls: &Urls, token: &str, ids: &[String], limit: Duration) -> 
                 states[i] = j.state;
                 break;
             }
-            assert!(Instant::now() < deadline, "job {id} is stuck");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
