@@ -668,7 +668,7 @@ impl Executor {
                 None => Err(ExecutorError::Exists(spec.job_id.clone())),
             };
         }
-        if start && crate::queue::queue_job(&spec) {
+        if start && crate::queue::queue_job(&spec) && self.inner.book.pg.is_none() {
             // Answered "available" only once a worker's fetch can take it.
             let roots: Vec<String> = spec
                 .tasks

@@ -661,7 +661,7 @@ impl JobBook {
         }
         self.dead_letter(id).await?;
         match pg.adopt_finished(id).await? {
-            Some(epoch) => self.adopt(id, epoch).await.map(|_| ()),
+            Some(epoch) => self.adopt(id, epoch, false).await.map(|_| ()),
             // Retried on another replica meanwhile.
             None => Err(not_in_dead_letter(id, &self.record_any(id).await?)),
         }
@@ -732,6 +732,21 @@ impl JobBook {
             .as_ref()
             .map_or(0, switchyard_kit::time::timestamp_ms);
         if let Some(pg) = &self.pg {
+            let queues = crate::queue::queue_job(spec).then(|| {
+                let mut q: Vec<String> = spec
+                    .tasks
+                    .iter()
+                    .filter_map(|t| match &t.kind {
+                        Some(switchyard_proto::executor::v1::task_spec::Kind::Queue(q)) => {
+                            Some(q.queue.clone())
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                q.sort();
+                q.dedup();
+                q
+            });
             let new = crate::pg::NewJob {
                 id: spec.job_id.clone(),
                 tenant: entry.job.tenant.clone(),
@@ -739,6 +754,8 @@ impl JobBook {
                 created_ms: created,
                 context_hash: entry.context_hash.clone(),
                 record: entry.job.clone(),
+                queues,
+                priority: spec.priority,
             };
             pg.accept(new);
             if let Some(e) = st.jobs.get_mut(&spec.job_id) {
@@ -1075,7 +1092,12 @@ impl JobBook {
 
     /// Takes job `id`, claimed at `epoch`, into memory to run it here (its
     /// state rebuilt from its events); returns its state.
-    pub(crate) async fn adopt(&self, id: &str, epoch: i64) -> Result<JobState, ExecutorError> {
+    pub(crate) async fn adopt(
+        &self,
+        id: &str,
+        epoch: i64,
+        fetched: bool,
+    ) -> Result<JobState, ExecutorError> {
         let pg = self
             .pg
             .as_ref()
@@ -1085,6 +1107,7 @@ impl JobBook {
             .await?
             .ok_or_else(|| ExecutorError::NotFound(id.into()))?;
         e.lease = epoch;
+        e.fetched = fetched;
         let state = e.state();
         let mut st = self.lock();
         if matches!(state, JobState::Pending | JobState::Scheduled) {
@@ -1413,21 +1436,21 @@ impl JobBook {
                     }
                 };
                 let full = page.len() == REPLAY_PAGE as usize;
+                let mut ending = page.is_empty();
                 for ev in page {
                     sent = ev.sequence;
-                    let end = ends_watch(&ev);
+                    // A job's end is its last event unless it is retried
+                    // (a dead letter's next round): the stored record says.
+                    ending = ends_watch(&ev);
                     if wanted(&ev.kind) && tx.send(Ok(ev)).await.is_err() {
-                        return;
-                    }
-                    if end {
                         return;
                     }
                 }
                 if full {
                     continue;
                 }
-                // Asked to resume after the final event: nothing follows.
-                if sent > 0
+                if ending
+                    && sent > 0
                     && let Ok(Some(s)) = pg.stored(&id).await
                     && finished(crate::job::job_state(s.record.state))
                     && s.record.last_sequence <= sent

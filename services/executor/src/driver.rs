@@ -63,6 +63,17 @@ impl Executor {
                 self.inner.book.drop_job(job_id, false);
                 return;
             }
+            let for_workers = self.inner.book.pg.is_some()
+                && st
+                    .find(job_id)
+                    .is_some_and(|e| !e.fetched && crate::queue::queue_job(e.spec()));
+            if for_workers {
+                // Only workers run it: it waits, unowned, for the replica a
+                // worker fetches from to claim it.
+                drop(st);
+                self.inner.book.drop_job(job_id, false);
+                return;
+            }
             let ctl = Arc::new(Control::default());
             st.drivers.insert(job_id.to_owned(), ctl.clone());
             ctl

@@ -236,11 +236,9 @@ impl WorkerService for Executor {
         req: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
-        Ok(Response::new(Executor::heartbeat(
-            self,
-            &p,
-            req.into_inner(),
-        )?))
+        Ok(Response::new(
+            Executor::heartbeat(self, &p, req.into_inner()).await?,
+        ))
     }
 
     async fn set_worker_state(

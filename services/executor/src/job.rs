@@ -60,6 +60,9 @@ pub struct JobEntry {
     /// On PostgreSQL, the epoch of this replica's lease on the job (the
     /// fencing token its writes carry); 0 on sled.
     pub lease: i64,
+    /// On PostgreSQL, a job of queue tasks only claimed here for a worker's
+    /// fetch (such jobs run where their workers fetch).
+    pub fetched: bool,
 }
 
 impl JobEntry {
@@ -118,6 +121,7 @@ impl JobEntry {
             submitter_kind: String::new(),
             awaiting: Default::default(),
             lease: 0,
+            fetched: false,
         }
     }
 

@@ -38,10 +38,11 @@ use switchyard_store::pg::{Migration, Pg, TxError, ms};
 use crate::error::ExecutorError;
 
 /// The executor's tables.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "jobs, events, outputs, blobs and keyed state",
-    sql: "
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "jobs, events, outputs, blobs and keyed state",
+        sql: "
 CREATE TABLE exec_jobs (
     id TEXT PRIMARY KEY,
     tenant TEXT NOT NULL,
@@ -82,7 +83,16 @@ CREATE TABLE exec_kv (
     PRIMARY KEY (space, key)
 );
 ",
-}];
+    },
+    Migration {
+        version: 2,
+        name: "pull-worker queues of jobs that only workers run",
+        sql: "
+ALTER TABLE exec_jobs ADD COLUMN queues TEXT;
+ALTER TABLE exec_jobs ADD COLUMN priority INT NOT NULL DEFAULT 0;
+",
+    },
+];
 
 /// Notified with the ids of jobs that have new events (comma-separated).
 const EVENTS: &str = "switchyard_exec_events";
@@ -107,6 +117,10 @@ pub(crate) struct NewJob {
     pub(crate) created_ms: u64,
     pub(crate) context_hash: String,
     pub(crate) record: Job,
+    /// For a job whose every task is a queue task: its queues (the replica
+    /// a worker fetches from claims it), with its priority.
+    pub(crate) queues: Option<Vec<String>>,
+    pub(crate) priority: i32,
 }
 
 /// The latest of a touched job, stored with its batch.
@@ -442,14 +456,31 @@ impl PgJobs {
                 .iter()
                 .map(|j| crate::job::job_state(j.record.state).as_str())
                 .collect();
+            // Queue names never hold a space: " q1 q2 " matches each by
+            // position.
+            let queues: Vec<Option<String>> = b
+                .new_jobs
+                .iter()
+                .map(|j| j.queues.as_ref().map(|q| format!(" {} ", q.join(" "))))
+                .collect();
+            let priorities: Vec<i32> = b.new_jobs.iter().map(|j| j.priority).collect();
             let rows = tx
                 .query(
                     &tx.prepare_cached(INSERT_JOBS)
                         .await
                         .map_err(|e| db.tx_error("preparing a statement", &e))?,
                     &[
-                        &ids, &tenants, &subs, &created, &states, &hashes, &self.me, &until,
+                        &ids,
+                        &tenants,
+                        &subs,
+                        &created,
+                        &states,
+                        &hashes,
+                        &self.me,
+                        &until,
                         &records,
+                        &queues,
+                        &priorities,
                     ],
                 )
                 .await
@@ -687,6 +718,7 @@ impl PgJobs {
                             row_number() OVER (PARTITION BY tenant ORDER BY created_ms, id) AS turn
                      FROM exec_jobs
                      WHERE finished_ms IS NULL AND lease_until < $2 AND owner IS DISTINCT FROM $1
+                       AND queues IS NULL
                      ORDER BY created_ms, id
                      LIMIT $5
                  ), picked AS (
@@ -709,12 +741,63 @@ impl PgJobs {
             )
             .await
             .map_err(|e| self.db.error("claiming jobs", &e))?;
-        let claimed: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        Ok(self.hold(rows.iter().map(|r| (r.get(0), r.get(1))).collect()))
+    }
+
+    /// Notes `claimed` jobs (id, epoch) as held here; returns them.
+    fn hold(&self, claimed: Vec<(String, i64)>) -> Vec<(String, i64)> {
         let mut held = crate::lock(&self.held);
         for (id, epoch) in &claimed {
             held.insert(id.clone(), *epoch);
         }
-        Ok(claimed)
+        claimed
+    }
+
+    /// Claims up to `n` jobs whose every task is a queue task, on one of
+    /// `queues` (of `tenant` when given), that nobody runs (or whose
+    /// runner's lease lapsed): a worker fetching here will take their
+    /// tasks. Highest priority first, then oldest.
+    pub(crate) async fn claim_queued(
+        &self,
+        queues: &[String],
+        tenant: Option<&str>,
+        n: usize,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let now = self.clock.now_ms();
+        let rows = self
+            .db
+            .client()
+            .await?
+            .query(
+                "UPDATE exec_jobs j SET owner = $1, lease_until = $3, epoch = j.epoch + 1
+                 FROM (
+                     SELECT id FROM exec_jobs
+                     WHERE finished_ms IS NULL AND queues IS NOT NULL AND lease_until < $2
+                       AND state IN ('available', 'active')
+                       AND ($5::text IS NULL OR tenant = $5)
+                       AND EXISTS (SELECT 1 FROM unnest($6::text[]) q
+                                   WHERE position(' ' || q || ' ' IN queues) > 0)
+                     ORDER BY priority DESC, created_ms, id
+                     LIMIT $4
+                     FOR UPDATE SKIP LOCKED
+                 ) picked
+                 WHERE j.id = picked.id
+                 RETURNING j.id, j.epoch",
+                &[
+                    &self.me,
+                    &ms(now),
+                    &ms(now.saturating_add(self.lease_ms)),
+                    &i64::try_from(n).unwrap_or(i64::MAX),
+                    &tenant,
+                    &queues,
+                ],
+            )
+            .await
+            .map_err(|e| self.db.error("claiming queued jobs", &e))?;
+        Ok(self.hold(rows.iter().map(|r| (r.get(0), r.get(1))).collect()))
     }
 
     /// Takes finished job `id` back to run it again (a dead-letter retry):
@@ -1059,10 +1142,10 @@ impl PgJobs {
 
 /// Inserts the jobs accepted here (owned here, epoch 1); answers the ids
 /// inserted (an id already taken is not).
-const INSERT_JOBS: &str = "INSERT INTO exec_jobs (id, tenant, submitted_by, created_ms, state, context_hash, record, owner, lease_until, epoch)
-    SELECT u.id, u.tenant, u.sub, u.created, u.state, u.hash, u.record, $7, $8, 1
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $9::bytea[])
-    AS u(id, tenant, sub, created, state, hash, record)
+const INSERT_JOBS: &str = "INSERT INTO exec_jobs (id, tenant, submitted_by, created_ms, state, context_hash, record, owner, lease_until, epoch, queues, priority)
+    SELECT u.id, u.tenant, u.sub, u.created, u.state, u.hash, u.record, $7, $8, 1, u.queues, u.priority
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $9::bytea[], $10::text[], $11::int[])
+    AS u(id, tenant, sub, created, state, hash, record, queues, priority)
     ON CONFLICT (id) DO NOTHING
     RETURNING id";
 /// The batch: fences (locks the rows of the jobs still held here at their

@@ -37,6 +37,8 @@ use crate::events::{self, JobEvent};
 
 /// Most tasks one Fetch leases.
 const MAX_FETCH: u32 = 100;
+/// How often a long-polling Fetch looks for claimable jobs on PostgreSQL.
+const CLAIM_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// What a worker reported for a lease, handed to the waiting attempt.
 #[derive(Debug)]
@@ -278,6 +280,12 @@ impl Executor {
             let offered = board.offered.notified();
             tokio::pin!(offered);
             offered.as_mut().enable();
+            if book.pg.is_some() {
+                // Jobs only workers run are claimed by the replica their
+                // worker fetches from.
+                self.claim_for_workers(&req.queues, tenant, count - taken.len())
+                    .await;
+            }
             let state = {
                 let mut st = crate::lock(&board.state);
                 let state = Board::worker_state(&st, &req.worker_id);
@@ -304,7 +312,15 @@ impl Executor {
             if !taken.is_empty() || state != WorkerState::Running {
                 break state;
             }
-            if tokio::time::timeout_at(deadline, offered).await.is_err() {
+            // On PostgreSQL another replica may accept work meanwhile: look
+            // again every CLAIM_POLL within the long poll.
+            let until = match book.pg {
+                Some(_) => deadline.min(tokio::time::Instant::now() + CLAIM_POLL),
+                None => deadline,
+            };
+            if tokio::time::timeout_at(until, offered).await.is_err()
+                && tokio::time::Instant::now() >= deadline
+            {
                 break state;
             }
         };
@@ -415,9 +431,62 @@ impl Executor {
         })
     }
 
+    /// On PostgreSQL: claims up to `n` jobs of queue tasks only, on
+    /// `queues`, that no replica runs, and starts them here so their tasks
+    /// are offered on this replica's board (waiting briefly until they are).
+    async fn claim_for_workers(&self, queues: &[String], tenant: Option<&str>, n: usize) {
+        let Some(pg) = self.inner.book.pg.clone() else {
+            return;
+        };
+        // Queue by queue, in the order the worker named them.
+        let mut claimed = Vec::new();
+        for q in queues {
+            if claimed.len() >= n {
+                break;
+            }
+            match pg
+                .claim_queued(std::slice::from_ref(q), tenant, n - claimed.len())
+                .await
+            {
+                Ok(c) => claimed.extend(c),
+                Err(e) => {
+                    tracing::warn!(error = %e, "claiming queued jobs for a fetch");
+                    break;
+                }
+            }
+        }
+        for (id, epoch) in claimed {
+            match self.inner.book.adopt(&id, epoch, true).await {
+                Ok(JobState::Available | JobState::Active) => {
+                    self.spawn_driver(&id);
+                    let tasks: Vec<String> = self
+                        .inner
+                        .book
+                        .lock()
+                        .find(&id)
+                        .map(|e| e.spec().tasks.iter().map(|t| t.id.clone()).collect())
+                        .unwrap_or_default();
+                    self.inner
+                        .board
+                        .wait_offered(&id, &tasks, std::time::Duration::from_secs(2))
+                        .await;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(job_id = %id, error = %e, "taking a queued job; handing it back");
+                    self.inner.book.drop_job(&id, false);
+                }
+            }
+        }
+    }
+
     /// The task a [`TaskRef`] names: its id (the job's only queue task when
     /// empty), after checking the caller may see the job.
-    fn task_of(&self, p: &Principal, r: Option<&TaskRef>) -> Result<(String, String, u32), Status> {
+    async fn task_of(
+        &self,
+        p: &Principal,
+        r: Option<&TaskRef>,
+    ) -> Result<(String, String, u32), Status> {
         let r = r.ok_or_else(|| {
             invalid_field(
                 "task",
@@ -433,20 +502,42 @@ impl Executor {
         // A worker reports on any task of its tenant it leased (the lease
         // fences it), not only on jobs it submitted. One read, from disk
         // for a finished job.
-        let (tenant, queued): (String, Vec<String>) = self.inner.book.read(&r.job_id, |e| {
-            let queued = e
-                .spec()
-                .tasks
-                .iter()
-                .filter(|t| matches!(t.kind, Some(Kind::Queue(_))))
-                .map(|t| t.id.clone())
-                .collect();
-            (e.job.tenant.clone(), queued)
-        })?;
+        let book = &self.inner.book;
+        let here = book.pg.is_none() || book.lock().find(&r.job_id).is_some();
+        let (tenant, queued, state): (String, Vec<String>, JobState) = book
+            .read_any(&r.job_id, |e| {
+                let queued = e
+                    .spec()
+                    .tasks
+                    .iter()
+                    .filter(|t| matches!(t.kind, Some(Kind::Queue(_))))
+                    .map(|t| t.id.clone())
+                    .collect();
+                (e.job.tenant.clone(), queued, e.state())
+            })
+            .await?;
         if !p.sees_tenant(&tenant) {
             return Err(Status::from(crate::ExecutorError::NotFound(
                 r.job_id.clone(),
             )));
+        }
+        if !here {
+            // PostgreSQL: the job is run (and its leases kept) by another
+            // replica, or was taken over since this worker fetched it here.
+            if state.is_terminal() {
+                return Err(refuse(
+                    Code::FailedPrecondition,
+                    Reason::JobTerminal,
+                    format!(
+                        "job {} is {state}: nothing acks or nacks it any more",
+                        r.job_id
+                    ),
+                ));
+            }
+            return Err(lease_lost(
+                &r.job_id,
+                "the job is run by another replica now (this one's lease on it ended)",
+            ));
         }
         if !r.task_id.is_empty() {
             return Ok((r.job_id.clone(), r.task_id.clone(), r.attempt));
@@ -606,7 +697,7 @@ impl Executor {
 
     /// Ack: completes the lease holder's task with `result`.
     pub(crate) async fn ack(&self, p: &Principal, req: AckRequest) -> Result<AckResponse, Status> {
-        let (job_id, task_id, attempt) = self.task_of(p, req.task.as_ref())?;
+        let (job_id, task_id, attempt) = self.task_of(p, req.task.as_ref()).await?;
         let lease = self.take_lease(&job_id, &task_id, attempt, &req.worker_id)?;
         if !req.artifacts.is_empty()
             && let Err(e) = self.keep_artifacts(&job_id, &task_id, &req.artifacts)
@@ -641,7 +732,7 @@ impl Executor {
         p: &Principal,
         req: NackRequest,
     ) -> Result<NackResponse, Status> {
-        let (job_id, task_id, attempt) = self.task_of(p, req.task.as_ref())?;
+        let (job_id, task_id, attempt) = self.task_of(p, req.task.as_ref()).await?;
         let error = req.error.unwrap_or_default();
         if error.message.len() > 64 * 1024 {
             return Err(invalid_field("error.message", "at most 64 KiB"));
@@ -669,7 +760,7 @@ impl Executor {
     }
 
     /// Heartbeat: extends every listed lease the worker holds.
-    pub(crate) fn heartbeat(
+    pub(crate) async fn heartbeat(
         &self,
         p: &Principal,
         req: HeartbeatRequest,
@@ -686,7 +777,7 @@ impl Executor {
         let mut extended = 0;
         let mut refs = Vec::with_capacity(req.active.len());
         for r in req.active {
-            match self.task_of(p, Some(&r)) {
+            match self.task_of(p, Some(&r)).await {
                 Ok((job_id, task_id, attempt)) => refs.push((r, job_id, task_id, attempt)),
                 Err(_) => lost.push(r),
             }

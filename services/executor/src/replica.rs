@@ -126,7 +126,7 @@ impl Executor {
     /// driven from where they stop (a task that was running runs again
     /// with the same idempotency key; finished tasks never do).
     async fn take_over(&self, pg: &PgJobs, id: &str, epoch: i64) {
-        match self.inner.book.adopt(id, epoch).await {
+        match self.inner.book.adopt(id, epoch, false).await {
             Ok(state) => {
                 tracing::info!(job_id = %id, %state, epoch, "job taken over");
                 if matches!(state, JobState::Available | JobState::Active) {

@@ -20,32 +20,6 @@ use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClie
 use switchyard_proto::auth::v1::PrincipalKind;
 use tokio_stream::StreamExt;
 
-/// Where the stack keeps its state: every test here runs on both.
-#[derive(Debug, Clone)]
-enum Backend {
-    /// The embedded default.
-    Sled,
-    /// A fresh database of the test cluster: every stateful service in it.
-    Postgres(String),
-}
-
-impl Backend {
-    fn apply(&self, c: &mut switchyard_cli::Config) {
-        if let Backend::Postgres(url) = self {
-            c.storage.backend = switchyard_cli::config::StorageBackend::Postgres;
-            c.storage.postgres.url = url.clone();
-        }
-    }
-}
-
-fn sled() -> Backend {
-    Backend::Sled
-}
-
-async fn postgres() -> Option<Backend> {
-    switchyard_testkit::pg::fresh_database().map(Backend::Postgres)
-}
-
 async fn stack(b: &Backend) -> (Stack, Jobs) {
     let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
         c.executor.commands.push("sh".into());

@@ -21,9 +21,10 @@ use crate::common::*;
 
 type Workers = WorkerServiceClient<Intercepted>;
 
-async fn stack() -> (Stack, Jobs, Workers) {
+async fn stack(b: &Backend) -> (Stack, Jobs, Workers) {
     let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
         c.executor.approval_poll_ms = 20;
+        b.apply(c);
     })
     .await
     .unwrap();
@@ -110,9 +111,8 @@ async fn acked(w: &mut Workers, job_id: &str, attempt: u32, worker: &str) -> Job
         .unwrap()
 }
 
-#[tokio::test]
-async fn a_task_is_leased_to_one_worker_and_only_its_holder_completes_it() {
-    let (_s, mut jobs, mut workers) = stack().await;
+async fn a_task_is_leased_to_one_worker_and_only_its_holder_completes_it(b: Backend) {
+    let (_s, mut jobs, mut workers) = stack(&b).await;
     let id = enqueue(&mut jobs, "work", "").await;
     let got = fetch(&mut workers, "work", "w1", 5_000).await;
     assert_eq!(got.len(), 1);
@@ -141,9 +141,8 @@ async fn a_task_is_leased_to_one_worker_and_only_its_holder_completes_it() {
     assert_reason(&again, Reason::JobTerminal);
 }
 
-#[tokio::test]
-async fn a_lapsed_lease_is_offered_again_and_its_old_holder_is_fenced_out() {
-    let (_s, mut jobs, mut workers) = stack().await;
+async fn a_lapsed_lease_is_offered_again_and_its_old_holder_is_fenced_out(b: Backend) {
+    let (_s, mut jobs, mut workers) = stack(&b).await;
     let id = enqueue(&mut jobs, "lapse", r#", "visibility_timeout_ms": 300"#).await;
     let first = fetch(&mut workers, "lapse", "slow", 5_000).await;
     assert_eq!(first[0].task.as_ref().unwrap().attempt, 1);
@@ -178,9 +177,8 @@ async fn a_lapsed_lease_is_offered_again_and_its_old_holder_is_fenced_out() {
     assert!(done.tasks[0].attempts[0].reason == Reason::LeaseLost.as_str());
 }
 
-#[tokio::test]
-async fn only_principals_with_task_work_pull_tasks() {
-    let (s, mut jobs, _workers) = stack().await;
+async fn only_principals_with_task_work_pull_tasks(b: Backend) {
+    let (s, mut jobs, _workers) = stack(&b).await;
     enqueue(&mut jobs, "guarded", "").await;
     let mut alice = WorkerServiceClient::new(s.channel_as("alice").await.unwrap());
     let refused = alice
@@ -217,9 +215,8 @@ async fn fetched_and_nacked(w: &mut Workers, queue: &str, worker: &str) -> (Job,
     (out.job.unwrap(), out.retry_delay_ms)
 }
 
-#[tokio::test]
-async fn a_nack_reports_a_retry_delay_never_shorter_than_the_backoff() {
-    let (_s, mut jobs, mut workers) = stack().await;
+async fn a_nack_reports_a_retry_delay_never_shorter_than_the_backoff(b: Backend) {
+    let (_s, mut jobs, mut workers) = stack(&b).await;
     // No jitter: every retry waits exactly the 2 s backoff, counted from
     // the nack. A delay measured after the retry was scheduled would come
     // out short by however long the nack took to record.
@@ -233,9 +230,8 @@ async fn a_nack_reports_a_retry_delay_never_shorter_than_the_backoff() {
     }
 }
 
-#[tokio::test]
-async fn a_queue_job_answered_available_is_taken_by_the_very_next_fetch() {
-    let (_s, mut jobs, mut workers) = stack().await;
+async fn a_queue_job_answered_available_is_taken_by_the_very_next_fetch(b: Backend) {
+    let (_s, mut jobs, mut workers) = stack(&b).await;
     // No long poll: the fetch right after the 201 must find the job, in
     // the order the queues are named.
     for n in 0..50 {
@@ -278,9 +274,8 @@ async fn dead_letter_ids(c: &mut Jobs) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
-async fn a_dead_lettered_job_is_retried_as_a_new_round_or_deleted_by_an_operator_only() {
-    let (s, mut jobs, mut workers) = stack().await;
+async fn a_dead_lettered_job_is_retried_as_a_new_round_or_deleted_by_an_operator_only(b: Backend) {
+    let (s, mut jobs, mut workers) = stack(&b).await;
     let dlq = r#", "retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}"#;
     let id = enqueue(&mut jobs, "dlq", dlq).await;
     let plain = enqueue(&mut jobs, "dlq-plain", r#", "retry": {"max_attempts": 1}"#).await;
@@ -378,9 +373,8 @@ impl Handler for Upper {
     }
 }
 
-#[tokio::test]
-async fn the_sdk_worker_acks_results_nacks_failures_and_drains_its_work_on_shutdown() {
-    let (s, mut jobs, _workers) = stack().await;
+async fn the_sdk_worker_acks_results_nacks_failures_and_drains_its_work_on_shutdown(b: Backend) {
+    let (s, mut jobs, _workers) = stack(&b).await;
     let started = std::sync::Arc::new(tokio::sync::Notify::new());
     let release = std::sync::Arc::new(tokio::sync::Notify::new());
     let handler = Upper {
@@ -445,11 +439,12 @@ fn artifact(
     }
 }
 
-#[tokio::test]
-async fn a_worker_hands_over_artifacts_with_its_ack_and_a_kind_the_job_does_not_allow_fails_it() {
+async fn a_worker_hands_over_artifacts_with_its_ack_and_a_kind_the_job_does_not_allow_fails_it(
+    b: Backend,
+) {
     use switchyard_proto::common::v1::ArtifactKind;
     use switchyard_proto::executor::v1::GetArtifactRequest;
-    let (_s, mut jobs, mut workers) = stack().await;
+    let (_s, mut jobs, mut workers) = stack(&b).await;
     // A plain file proposes nothing: any job may keep one.
     let id = enqueue(&mut jobs, "art", "").await;
     fetch(&mut workers, "art", "w1", 5_000).await;
@@ -489,3 +484,15 @@ async fn a_worker_hands_over_artifacts_with_its_ack_and_a_kind_the_job_does_not_
     let listed = crate::common::artifacts(&mut jobs, &id).await;
     assert!(listed.is_empty(), "all or nothing: {listed:?}");
 }
+
+switchyard_testkit::on_both_backends!(
+    sled, postgres;
+    a_task_is_leased_to_one_worker_and_only_its_holder_completes_it,
+    a_lapsed_lease_is_offered_again_and_its_old_holder_is_fenced_out,
+    only_principals_with_task_work_pull_tasks,
+    a_nack_reports_a_retry_delay_never_shorter_than_the_backoff,
+    a_queue_job_answered_available_is_taken_by_the_very_next_fetch,
+    a_dead_lettered_job_is_retried_as_a_new_round_or_deleted_by_an_operator_only,
+    the_sdk_worker_acks_results_nacks_failures_and_drains_its_work_on_shutdown,
+    a_worker_hands_over_artifacts_with_its_ack_and_a_kind_the_job_does_not_allow_fails_it,
+);

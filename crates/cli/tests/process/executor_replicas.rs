@@ -766,3 +766,149 @@ async fn event_times(urls: &Urls, token: &str, ids: &[String]) -> Vec<(String, V
     }
     out
 }
+
+type Workers =
+    switchyard_proto::executor::v1::worker_service_client::WorkerServiceClient<Intercepted>;
+
+async fn workers(url: &str, token: &str) -> Workers {
+    let channel = switchyard_kit::client::connect(url).await.unwrap();
+    Workers::new(switchyard_kit::client::authed(
+        channel,
+        Some(switchyard_kit::client::Credential::bearer(token).unwrap()),
+    ))
+}
+
+/// Fetches up to `count` tasks of queue `q` as `worker`, waiting up to 3 s.
+async fn fetch_n(w: &mut Workers, q: &str, worker: &str, count: u32) -> Vec<(String, u32)> {
+    use switchyard_proto::executor::v1::FetchRequest;
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got.len() < count as usize && Instant::now() < deadline {
+        let tasks = w
+            .fetch(FetchRequest {
+                queues: vec![q.into()],
+                count: count - got.len() as u32,
+                worker_id: worker.into(),
+                wait: Some(switchyard_kit::time::duration(3000)),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .tasks;
+        got.extend(tasks.into_iter().map(|t| {
+            let r = t.task.unwrap();
+            (r.job_id, r.attempt)
+        }));
+    }
+    got
+}
+
+fn ack_req(job_id: &str, attempt: u32, worker: &str) -> switchyard_proto::executor::v1::AckRequest {
+    use switchyard_proto::executor::v1::{AckRequest, TaskRef};
+    AckRequest {
+        task: Some(TaskRef {
+            job_id: job_id.into(),
+            attempt,
+            ..Default::default()
+        }),
+        worker_id: worker.into(),
+        result: Some(switchyard_kit::json::json_to_value(
+            &serde_json::json!({"done": true}),
+        )),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn pull_workers_fetch_from_any_replica_and_a_dead_replicas_leased_work_is_fetched_again() {
+    let Some(c) = Cluster::start() else { return };
+    let lease = 1500;
+    let a = c.replica("qa-0", lease, &[]);
+    let b = c.replica("qb-0", lease, &[]);
+    let hub = c.hub.url();
+    let (alice, agents) = (token(&hub, "alice"), token(&hub, "agents"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // Twenty queue jobs, all submitted through replica A.
+        let mut jobs = client(&a.url(), &alice).await.unwrap();
+        let mut ids = Vec::new();
+        for n in 0..20 {
+            let doc =
+                format!(r#"{{"type": "test.work", "args": [{n}], "options": {{"queue": "q1"}}}}"#);
+            let out = jobs
+                .submit_job(SubmitJobRequest {
+                    document: doc,
+                    format: "ojs-queue".into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            ids.push(out.job.unwrap().spec.unwrap().job_id);
+        }
+        // A worker on replica B fetches and acks ten of them there.
+        let mut wb = workers(&b.url(), &agents).await;
+        let first = fetch_n(&mut wb, "q1", "w-b", 10).await;
+        assert_eq!(
+            first.len(),
+            10,
+            "fetched through the replica that did not accept them"
+        );
+        for (id, attempt) in &first {
+            let job = wb
+                .ack(ack_req(id, *attempt, "w-b"))
+                .await
+                .unwrap()
+                .into_inner()
+                .job
+                .unwrap();
+            assert_eq!(job.state, JobState::Completed as i32);
+        }
+        // A report to a replica that does not run the job is refused
+        // (LEASE_LOST), never applied.
+        let mut wa = workers(&a.url(), &agents).await;
+        let (id, attempt) = fetch_n(&mut wb, "q1", "w-b", 1).await.remove(0);
+        let refused = wa.ack(ack_req(&id, attempt, "w-b")).await.unwrap_err();
+        assert_eq!(
+            switchyard_kit::error::ApiError::from(refused)
+                .reason
+                .as_deref(),
+            Some("LEASE_LOST")
+        );
+        wb.ack(ack_req(&id, attempt, "w-b")).await.unwrap();
+        // Five more leased on B, which then dies holding them.
+        let held = fetch_n(&mut wb, "q1", "w-b", 5).await;
+        assert_eq!(held.len(), 5);
+        drop(wb);
+        b.kill9();
+        // Once B's leases lapse, a worker on A fetches them again (a new
+        // attempt) with the four never fetched, and completes them all.
+        let rest = fetch_n(&mut wa, "q1", "w-a", 9).await;
+        let again: HashSet<&String> = rest.iter().map(|(id, _)| id).collect();
+        for (id, _) in &held {
+            assert!(
+                again.contains(id),
+                "{id}, leased on the dead replica, is fetched again"
+            );
+        }
+        for (id, attempt) in &rest {
+            let job = wa
+                .ack(ack_req(id, *attempt, "w-a"))
+                .await
+                .unwrap()
+                .into_inner()
+                .job
+                .unwrap();
+            assert_eq!(job.state, JobState::Completed as i32, "{id}");
+        }
+        let urls: Urls = Arc::new(Mutex::new(vec![a.url()]));
+        let states = finished(&urls, &alice, &ids, Duration::from_secs(30)).await;
+        assert!(states.iter().all(|s| *s == JobState::Completed as i32));
+    });
+    assert_eq!(a.terminate(), Some(0));
+}

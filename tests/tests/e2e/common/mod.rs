@@ -209,3 +209,30 @@ pub async fn wait_routed(s: &Stack, cap: &str) {
     }
     panic!("nothing routes {cap} within 10 s");
 }
+
+/// Where a test stack keeps its state: suites that run on both use
+/// `switchyard_testkit::on_both_backends!(sled, postgres; ...)`.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// The embedded default.
+    Sled,
+    /// A fresh database of the test cluster: every stateful service in it.
+    Postgres(String),
+}
+
+impl Backend {
+    pub fn apply(&self, c: &mut switchyard_cli::Config) {
+        if let Backend::Postgres(url) = self {
+            c.storage.backend = switchyard_cli::config::StorageBackend::Postgres;
+            c.storage.postgres.url = url.clone();
+        }
+    }
+}
+
+pub fn sled() -> Backend {
+    Backend::Sled
+}
+
+pub async fn postgres() -> Option<Backend> {
+    switchyard_testkit::pg::fresh_database().map(Backend::Postgres)
+}
