@@ -209,7 +209,28 @@ fn statements(cluster: &PgCluster, url: &str) -> Option<(u64, String)> {
              ORDER BY total_exec_time DESC LIMIT 1",
         )
         .ok()?;
-    Some((total.trim().parse().ok()?, top.trim().to_owned()))
+    // Calls by the service whose tables a statement names (BEGIN, COMMIT
+    // and the like apart).
+    let by = cluster
+        .psql(
+            url,
+            "SELECT string_agg(who || ' ' || n, ', ' ORDER BY n DESC) FROM (
+                 SELECT CASE WHEN query ~* 'exec_' THEN 'executor'
+                             WHEN query ~* 'ledger_' THEN 'ledger'
+                             WHEN query ~* 'approval_' THEN 'approval'
+                             WHEN query ~* 'registry_' THEN 'registry'
+                             WHEN query ~* 'switchyard_leases' THEN 'leases'
+                             ELSE 'begin/commit/other' END AS who,
+                        sum(calls) AS n
+                 FROM pg_stat_statements
+                 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                 GROUP BY 1) x",
+        )
+        .ok()?;
+    Some((
+        total.trim().parse().ok()?,
+        format!("{}; calls by service: {}", top.trim(), by.trim()),
+    ))
 }
 
 /// The executor on PostgreSQL with one and three replicas (each a whole

@@ -1318,40 +1318,60 @@ impl JobBook {
         &self,
         job_id: &str,
     ) -> Result<Option<JobState>, ExecutorError> {
-        if let Some(pg) = &self.pg {
-            // The row's state moves with the final event, in one commit.
-            let mut wake = pg.subscribe(job_id);
-            loop {
-                let stored = pg
-                    .stored(job_id)
-                    .await?
-                    .ok_or_else(|| ExecutorError::NotFound(job_id.into()))?;
-                let state = crate::job::job_state(stored.record.state);
-                if finished(state) {
-                    return Ok(Some(state));
-                }
-                tokio::select! {
-                    _ = wake.changed() => {}
-                    _ = tokio::time::sleep(crate::pg::WATCH_POLL) => {}
-                    _ = self.shutdown.wait() => return Ok(None),
-                }
-            }
-        }
-        let mut durable = self.durable_to(job_id)?;
+        // On PostgreSQL a job in memory runs here; else it is stored.
+        let local = match &self.pg {
+            Some(_) => self.lock().find(job_id).map(|e| e.durable_to.subscribe()),
+            None => Some(self.durable_to(job_id)?),
+        };
+        let Some(mut durable) = local else {
+            return self.until_stored_finished(job_id).await;
+        };
         loop {
-            let state = self.read(job_id, |e| {
-                let state = e.state();
-                (finished(state) && *durable.borrow_and_update() >= e.job.last_sequence)
-                    .then_some(state)
-            })?;
+            let state = self
+                .read_any(job_id, |e| {
+                    let state = e.state();
+                    (finished(state) && *durable.borrow_and_update() >= e.job.last_sequence)
+                        .then_some(state)
+                })
+                .await?;
             if state.is_some() {
                 return Ok(state);
             }
             tokio::select! {
                 changed = durable.changed() => if changed.is_err() {
-                    // Retired meanwhile: it finished, and disk says how.
-                    return Ok(Some(self.read(job_id, JobEntry::state)?));
+                    // Retired (or, on PostgreSQL, handed over) meanwhile:
+                    // where it is stored says how it stands.
+                    let state = self.read_any(job_id, JobEntry::state).await?;
+                    if finished(state) || self.pg.is_none() {
+                        return Ok(Some(state));
+                    }
+                    return self.until_stored_finished(job_id).await;
                 },
+                _ = self.shutdown.wait() => return Ok(None),
+            }
+        }
+    }
+
+    /// [`JobBook::until_finished`] of a job run by another replica (or
+    /// none): its stored state, looked at on each wake-up.
+    async fn until_stored_finished(&self, job_id: &str) -> Result<Option<JobState>, ExecutorError> {
+        let Some(pg) = &self.pg else {
+            return Err(ExecutorError::NotFound(job_id.into()));
+        };
+        // The row's state moves with the final event, in one commit.
+        let mut wake = pg.subscribe(job_id);
+        loop {
+            let stored = pg
+                .stored(job_id)
+                .await?
+                .ok_or_else(|| ExecutorError::NotFound(job_id.into()))?;
+            let state = crate::job::job_state(stored.record.state);
+            if finished(state) {
+                return Ok(Some(state));
+            }
+            tokio::select! {
+                _ = wake.changed() => {}
+                _ = tokio::time::sleep(crate::pg::WATCH_POLL) => {}
                 _ = self.shutdown.wait() => return Ok(None),
             }
         }
