@@ -998,6 +998,12 @@ impl JobBook {
         let upto = match &self.pg {
             Some(pg) => {
                 pg.durable(g).await?;
+                // Jobs whose writes were refused (taken over) leave memory
+                // before any caller learns its position is done, so no
+                // attempt of theirs starts on a step that was not stored.
+                for id in pg.take_lost() {
+                    self.stop_lost(&id);
+                }
                 pg.committed()
             }
             None => {
@@ -1137,6 +1143,27 @@ impl JobBook {
         }
         self.bump_finished();
         ctl
+    }
+
+    /// Stops job `id` here: another replica took it over.
+    pub(crate) fn stop_lost(&self, id: &str) {
+        if let Some(ctl) = self.drop_job(id, true) {
+            ctl.stop();
+        }
+        tracing::warn!(job_id = %id, "lease lost: the job runs on another replica now");
+    }
+
+    /// [`JobBook::durable`] for an attempt of job `job_id` about to act
+    /// outside the job: on PostgreSQL also that this replica still runs it
+    /// (its step was stored under its lease, not refused).
+    pub(crate) async fn durable_for(&self, job_id: &str, g: u64) -> Result<(), ExecutorError> {
+        self.durable(g).await?;
+        if self.pg.is_some() && self.lock().find(job_id).is_none() {
+            return Err(ExecutorError::Storage(switchyard_store::StoreError::Io(
+                format!("job {job_id} was taken over by another replica; it runs there now"),
+            )));
+        }
+        Ok(())
     }
 
     /// `f` of job `id` wherever it is: in memory while this replica runs

@@ -191,6 +191,8 @@ pub(crate) struct PgJobs {
     pub(crate) claim_wake: tokio::sync::Notify,
     /// Watchers' wake-ups, by job (bumped when its events change).
     hub: Mutex<HashMap<String, tokio::sync::watch::Sender<u64>>>,
+    /// Jobs found owned here but not run at the last renewal.
+    strays: Mutex<HashSet<String>>,
 }
 
 impl PgJobs {
@@ -236,6 +238,7 @@ impl PgJobs {
             cancel_wake: tokio::sync::Notify::new(),
             claim_wake: tokio::sync::Notify::new(),
             hub: Mutex::new(HashMap::new()),
+            strays: Mutex::new(HashSet::new()),
         }))
     }
 
@@ -597,15 +600,66 @@ impl PgJobs {
         let held_before: Option<HashMap<String, i64>> =
             renew.then(|| crate::lock(&self.held).clone());
         let renewed = if renew {
+            // Only the leases of jobs this replica runs (held, or accepted
+            // in this batch); a row it owns but does not run — a job it
+            // dropped, a claim it lost track of — is handed back, so no
+            // lease is ever renewed for a job nobody drives.
+            let mut running: Vec<&str> = held_before
+                .iter()
+                .flat_map(|h| h.keys().map(String::as_str))
+                .collect();
+            running.extend(
+                b.new_jobs
+                    .iter()
+                    .filter(|j| !refused.contains(&j.id))
+                    .map(|j| j.id.as_str()),
+            );
             let rows = tx
                 .query(
                     &tx.prepare_cached(RENEW)
                         .await
                         .map_err(|e| db.tx_error("preparing a statement", &e))?,
-                    &[&self.me, &until],
+                    &[&self.me, &until, &running],
                 )
                 .await
                 .map_err(|e| db.tx_error("renewing leases", &e))?;
+            // Owned here but not run: handed back only when it was so at
+            // the last renewal too (a claim commits a moment before the
+            // claimer notes it as held).
+            let strays: Vec<String> = tx
+                .query(
+                    "SELECT id FROM exec_jobs
+                     WHERE owner = $1 AND finished_ms IS NULL AND NOT (id = ANY($2))",
+                    &[&self.me, &running],
+                )
+                .await
+                .map_err(|e| db.tx_error("looking for jobs not run here", &e))?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let orphans: Vec<String> = {
+                let mut suspects = crate::lock(&self.strays);
+                let orphans = strays
+                    .iter()
+                    .filter(|id| suspects.contains(*id))
+                    .cloned()
+                    .collect();
+                *suspects = strays.into_iter().collect();
+                orphans
+            };
+            if !orphans.is_empty() {
+                tx.execute(
+                    "UPDATE exec_jobs SET owner = NULL, lease_until = 0
+                     WHERE owner = $1 AND finished_ms IS NULL AND id = ANY($2)",
+                    &[&self.me, &orphans],
+                )
+                .await
+                .map_err(|e| db.tx_error("handing back jobs not run here", &e))?;
+                tracing::warn!(jobs = ?orphans, replica = %self.me, "handed back jobs this replica owned but did not run");
+                tx.execute("SELECT pg_notify($1, '')", &[&JOBS])
+                    .await
+                    .map_err(|e| db.tx_error("notifying", &e))?;
+            }
             Some(
                 rows.iter()
                     .map(|r| {
@@ -1175,10 +1229,10 @@ const WRITE_BATCH: &str = "WITH held AS (
     ON CONFLICT (job_id, task_id) DO UPDATE SET data = EXCLUDED.data
 )
 SELECT id FROM held";
-/// Renews every lease this replica holds; answers them, with whether a
-/// cancel was asked.
+/// Renews the leases of the jobs this replica runs (`$3`); answers them,
+/// with whether a cancel was asked.
 const RENEW: &str = "UPDATE exec_jobs SET lease_until = $2
-    WHERE owner = $1 AND finished_ms IS NULL
+    WHERE owner = $1 AND finished_ms IS NULL AND id = ANY($3)
     RETURNING id, epoch, cancel IS NOT NULL";
 
 /// A NOTIFY payload naming `ids` (or every job, past the payload limit).

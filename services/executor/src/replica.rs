@@ -67,7 +67,7 @@ impl Executor {
                     _ = me.inner.shutdown.wait() => return,
                 }
                 for id in lost.take_lost() {
-                    me.stop_lost(&id);
+                    me.inner.book.stop_lost(&id);
                 }
             }
         });
@@ -139,14 +139,6 @@ impl Executor {
                 self.inner.book.drop_job(id, false);
             }
         }
-    }
-
-    /// Stops job `id` here: another replica took it over.
-    fn stop_lost(&self, id: &str) {
-        if let Some(ctl) = self.inner.book.drop_job(id, true) {
-            ctl.stop();
-        }
-        tracing::warn!(job_id = %id, "lease lost: the job runs on another replica now");
     }
 
     /// Acts on a cancel request stored for job `id` (made on any replica),

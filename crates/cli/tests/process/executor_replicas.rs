@@ -178,10 +178,17 @@ async fn submit(urls: &Urls, token: &str, slot: usize, doc: &str) -> usize {
                 .await;
             match r {
                 Ok(_) => return n % 3,
+                // A replica going away or the database restarting: try the
+                // next. Anything else is a refusal, and a failure here.
                 Err(s) => assert!(
                     matches!(
                         s.code(),
-                        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal
+                        tonic::Code::Unavailable
+                            | tonic::Code::Unknown
+                            | tonic::Code::Internal
+                            | tonic::Code::DeadlineExceeded
+                            | tonic::Code::Cancelled
+                            | tonic::Code::Aborted
                     ),
                     "submission refused: {s:?}"
                 ),

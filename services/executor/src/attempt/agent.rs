@@ -181,7 +181,13 @@ impl Attempt<'_> {
                 return Next::Done(Outcome::fail(Class::Other, r, m));
             }
         };
-        if let Err(e) = self.x.inner.book.durable(snap.start_g).await {
+        if let Err(e) = self
+            .x
+            .inner
+            .book
+            .durable_for(&snap.job_id, snap.start_g)
+            .await
+        {
             spender.release(&hold, "storage failed").await;
             return Next::Done(Outcome::fail(
                 Class::Other,
