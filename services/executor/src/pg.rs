@@ -15,8 +15,9 @@
 //! A job missing from that answer was taken over (or never inserted): its
 //! events are dropped, and the book stops its driver. So a replica that
 //! lost a lease (paused, partitioned, slow) cannot write anything after
-//! another took over. Leases of all running jobs are renewed in one
-//! statement per batch interval.
+//! another took over. The leases of the jobs a replica runs are renewed
+//! in one statement every third of a lease; a row it owns but does not run
+//! is handed back.
 //!
 //! Wake-ups: `NOTIFY switchyard_exec_events` (job ids) after each batch,
 //! `switchyard_exec_jobs` when a job is up for claiming and
