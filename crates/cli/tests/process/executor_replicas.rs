@@ -122,12 +122,26 @@ impl Cluster {
     }
 }
 
-async fn client(url: &str, token: &str) -> Option<Jobs> {
+/// The test's client runtime.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A channel to `url` presenting `token`, unless `url` does not answer.
+async fn channel(url: &str, token: &str) -> Option<Intercepted> {
     let channel = switchyard_kit::client::connect(url).await.ok()?;
-    Some(JobServiceClient::new(switchyard_kit::client::authed(
+    Some(switchyard_kit::client::authed(
         channel,
         Some(switchyard_kit::client::Credential::bearer(token).unwrap()),
-    )))
+    ))
+}
+
+async fn client(url: &str, token: &str) -> Option<Jobs> {
+    Some(JobServiceClient::new(channel(url, token).await?))
 }
 
 /// Job `i` of the mix: a command, a built-in agent call, a three-step
@@ -246,19 +260,6 @@ async fn watch(urls: Urls, token: String, slot: usize, id: String) -> Vec<u64> {
 
 fn terminal(state: &str) -> bool {
     matches!(state, "completed" | "cancelled" | "discarded")
-}
-
-fn field(e: &Event, k: &str) -> String {
-    let v = e
-        .data
-        .as_ref()
-        .and_then(|d| d.fields.get(k))
-        .cloned()
-        .unwrap_or_default();
-    match switchyard_kit::json::value_to_json(&v) {
-        serde_json::Value::String(s) => s,
-        other => other.to_string(),
-    }
 }
 
 /// Waits until every job in `ids` has finished; returns their states.
@@ -391,11 +392,7 @@ fn three_replicas_run_a_thousand_jobs_exactly_once_through_kills_and_a_database_
         routed(&hub, &["--capability", "builtin.echo"]).is_some_and(|ids| !ids.is_empty())
     });
     let token = token(&hub, "alice");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let jobs: Vec<(String, String)> = (0..JOBS).map(|i| job(i, &c.marks)).collect();
     let ids: Vec<String> = jobs.iter().map(|(id, _)| id.clone()).collect();
     let done = Arc::new(AtomicBool::new(false));
@@ -595,11 +592,7 @@ fn a_paused_replica_whose_lease_was_taken_over_cannot_write_when_it_wakes() {
     let a = c.replica("pa-0", lease, &[]);
     let b = c.replica("pb-0", lease, &[]);
     let token = token(&c.hub.url(), "alice");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let mark = c.marks.join("slow.a");
     let doc = serde_json::json!({"job_id": "slow", "tasks": [
         {"id": "a", "command": {"command": "sh", "args": ["-c",
@@ -692,11 +685,7 @@ fn a_rolling_restart_hands_running_jobs_over_without_loss_or_waiting_a_lease() {
         .collect();
     let urls: Urls = Arc::new(Mutex::new(replicas.iter().map(Proc::url).collect()));
     let token = token(&c.hub.url(), "alice");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let ids: Vec<String> = (0..JOBS).map(|i| format!("roll{i:04}")).collect();
     let load = {
         let (urls, token, ids) = (urls.clone(), token.clone(), ids.clone());
@@ -778,11 +767,7 @@ type Workers =
     switchyard_proto::executor::v1::worker_service_client::WorkerServiceClient<Intercepted>;
 
 async fn workers(url: &str, token: &str) -> Workers {
-    let channel = switchyard_kit::client::connect(url).await.unwrap();
-    Workers::new(switchyard_kit::client::authed(
-        channel,
-        Some(switchyard_kit::client::Credential::bearer(token).unwrap()),
-    ))
+    Workers::new(channel(url, token).await.unwrap())
 }
 
 /// Fetches up to `count` tasks of queue `q` as `worker`, waiting up to 3 s.
@@ -835,11 +820,7 @@ fn pull_workers_fetch_from_any_replica_and_a_dead_replicas_leased_work_is_fetche
     let b = c.replica("qb-0", lease, &[]);
     let hub = c.hub.url();
     let (alice, agents) = (token(&hub, "alice"), token(&hub, "agents"));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         // Twenty queue jobs, all submitted through replica A.
         let mut jobs = client(&a.url(), &alice).await.unwrap();

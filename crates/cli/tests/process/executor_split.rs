@@ -26,19 +26,6 @@ fn executor(data: &std::path::Path, others: &str) -> Proc {
     serve_executor(data, &to, &[("SWITCHYARD_EXECUTOR__COMMANDS", commands)])
 }
 
-fn field(e: &Event, k: &str) -> String {
-    let v = e
-        .data
-        .as_ref()
-        .and_then(|d| d.fields.get(k))
-        .cloned()
-        .unwrap_or_default();
-    match switchyard_kit::json::value_to_json(&v) {
-        serde_json::Value::String(s) => s,
-        other => other.to_string(),
-    }
-}
-
 #[test]
 fn five_processes_run_jobs_driven_from_the_cli() {
     let dir = tempfile::tempdir().unwrap();

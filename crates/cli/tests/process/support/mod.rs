@@ -471,3 +471,17 @@ pub fn serve_executor_logged(
         log,
     )
 }
+
+/// Field `k` of event `e`'s data, as text (a string as is, anything else as JSON).
+pub fn field(e: &switchyard_proto::common::v1::Event, k: &str) -> String {
+    let v = e
+        .data
+        .as_ref()
+        .and_then(|d| d.fields.get(k))
+        .cloned()
+        .unwrap_or_default();
+    match switchyard_kit::json::value_to_json(&v) {
+        serde_json::Value::String(s) => s,
+        other => other.to_string(),
+    }
+}
