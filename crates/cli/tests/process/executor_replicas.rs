@@ -900,3 +900,48 @@ fn pull_workers_fetch_from_any_replica_and_a_dead_replicas_leased_work_is_fetche
     });
     assert_eq!(a.terminate(), Some(0));
 }
+
+#[test]
+fn a_job_is_cancelled_through_a_replica_that_does_not_run_it() {
+    let Some(c) = Cluster::start() else { return };
+    let a = c.replica("ca-0", 5000, &[]);
+    let b = c.replica("cb-0", 5000, &[]);
+    let token = token(&c.hub.url(), "alice");
+    let rt = runtime();
+    let doc = serde_json::json!({"job_id": "long", "tasks": [
+        {"id": "a", "command": {"command": "sleep", "args": ["30"]}}]})
+    .to_string();
+    let urls: Urls = Arc::new(Mutex::new(vec![a.url()]));
+    rt.block_on(submit(&urls, &token, 0, &doc));
+    let running = "SELECT owner || ' ' || state FROM exec_jobs WHERE id = 'long'";
+    wait_sql(&c, running, "ca-0 active", Duration::from_secs(10));
+    // Asked on B, which does not run it: A stops the task and cancels the
+    // job, long before the command would have ended.
+    let started = Instant::now();
+    let job = rt.block_on(async {
+        let mut cb = client(&b.url(), &token).await.unwrap();
+        cb.cancel_job(switchyard_proto::executor::v1::CancelJobRequest {
+            job_id: "long".into(),
+            reason: "not needed any more".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap()
+    });
+    assert_eq!(job.state, JobState::Cancelled as i32, "{job:?}");
+    assert_eq!(job.error, "not needed any more");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    // Every event was written by A, the replica that ran it.
+    assert_eq!(
+        c.sql("SELECT DISTINCT owner FROM exec_events WHERE job_id = 'long'"),
+        "ca-0"
+    );
+    assert_eq!(a.terminate(), Some(0));
+    assert_eq!(b.terminate(), Some(0));
+}
