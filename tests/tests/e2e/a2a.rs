@@ -180,7 +180,10 @@ async fn cancelling_the_job_cancels_the_a2a_task() {
         .await
         .unwrap()
         .into_inner();
-    let progressed = tokio::time::timeout(Duration::from_secs(30), async {
+    // A bound on waiting for the event, not a sleep: generous, because on
+    // two cores this test shares the machine with the whole suite (its
+    // PostgreSQL stacks included) and the agent is a Python process.
+    let progressed = tokio::time::timeout(Duration::from_secs(90), async {
         while let Some(Ok(m)) = watch.next().await {
             if m.event.is_some_and(|e| e.kind == "agent.progress") {
                 return true;
