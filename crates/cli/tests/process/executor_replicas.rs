@@ -337,21 +337,29 @@ struct TaskLog {
     started_after_success: bool,
 }
 
+/// Job `id`'s whole log, read through replica `n` (of the current ones).
+async fn job_events(urls: &Urls, token: &str, n: usize, id: &str) -> Vec<Event> {
+    let mut c = client(&url_of(urls, n), token).await.unwrap();
+    let mut s = c
+        .watch_job(WatchJobRequest {
+            job_id: id.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut events = Vec::new();
+    while let Some(r) = s.next().await {
+        events.push(r.unwrap().event.unwrap());
+    }
+    events
+}
+
 async fn task_logs(urls: &Urls, token: &str, ids: &[String]) -> HashMap<String, TaskLog> {
     let mut out: HashMap<String, TaskLog> = HashMap::new();
     let mut completions = HashMap::<String, usize>::new();
     for (n, id) in ids.iter().enumerate() {
-        let mut c = client(&url_of(urls, n), token).await.unwrap();
-        let mut s = c
-            .watch_job(WatchJobRequest {
-                job_id: id.clone(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        while let Some(r) = s.next().await {
-            let e = r.unwrap().event.unwrap();
+        for e in job_events(urls, token, n, id).await {
             if e.kind == "job.state" && field(&e, "to") == "completed" {
                 *completions.entry(id.clone()).or_default() += 1;
             }
@@ -744,20 +752,11 @@ fn a_rolling_restart_hands_running_jobs_over_without_loss_or_waiting_a_lease() {
 async fn event_times(urls: &Urls, token: &str, ids: &[String]) -> Vec<(String, Vec<u64>)> {
     let mut out = Vec::new();
     for (n, id) in ids.iter().enumerate() {
-        let mut c = client(&url_of(urls, n), token).await.unwrap();
-        let mut s = c
-            .watch_job(WatchJobRequest {
-                job_id: id.clone(),
-                ..Default::default()
-            })
+        let times = job_events(urls, token, n, id)
             .await
-            .unwrap()
-            .into_inner();
-        let mut times = Vec::new();
-        while let Some(r) = s.next().await {
-            let e = r.unwrap().event.unwrap();
-            times.push(switchyard_kit::time::timestamp_ms(e.time.as_ref().unwrap()));
-        }
+            .iter()
+            .map(|e| switchyard_kit::time::timestamp_ms(e.time.as_ref().unwrap()))
+            .collect();
         out.push((id.clone(), times));
     }
     out
