@@ -55,9 +55,11 @@ pub async fn artifacts(c: &mut Jobs, job_id: &str) -> Vec<switchyard_proto::comm
     .artifacts
 }
 
-/// Waits (bounded: 20 s) until the job is in a final state; returns its result.
+/// Waits (bounded: 60 s) until the job is in a final state; returns its result.
+/// (Generous: the suite runs its PostgreSQL stacks beside the sled ones on
+/// two cores, and an A2A agent's first calls meet a cold Python process.)
 pub async fn finish(c: &mut Jobs, job_id: &str) -> GetResultResponse {
-    for _ in 0..800 {
+    for _ in 0..2400 {
         let j = job(c, job_id).await;
         let s = JobState::try_from(j.state).unwrap();
         if matches!(
@@ -75,7 +77,7 @@ pub async fn finish(c: &mut Jobs, job_id: &str) -> GetResultResponse {
         }
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
-    panic!("job {job_id} did not finish in 20 s");
+    panic!("job {job_id} did not finish in 60 s");
 }
 
 /// A budget as the ledger reports it.
