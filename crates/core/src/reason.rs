@@ -244,6 +244,9 @@ reasons! {
     /// The principal lacks the permission the RPC needs (ErrorInfo metadata
     /// `permission` names it).
     PermissionDenied => "PERMISSION_DENIED",
+    /// A console form came without its session's anti-forgery token, or
+    /// from another site: nothing was done. Reload the page and try again.
+    FormForged => "FORM_FORGED",
     /// The named API key does not exist in the caller's tenant.
     KeyNotFound => "KEY_NOT_FOUND",
     /// A request could not be decoded (bad protobuf bytes, invalid UTF-8 in a

@@ -1568,6 +1568,7 @@ fn listed(req: &ListJobsRequest, p: &Principal, j: &Job) -> bool {
         && (req.states.is_empty() || req.states.contains(&j.state))
         && (req.plan_id.is_empty() || of(|s| &s.plan_id) == req.plan_id)
         && (req.correlation_id.is_empty() || of(|s| &s.correlation_id) == req.correlation_id)
+        && (req.submitted_by.is_empty() || j.submitted_by == req.submitted_by)
         && (!req.dead_letter || dead_lettered(j))
 }
 

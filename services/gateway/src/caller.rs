@@ -16,7 +16,7 @@ use switchyard_kit::auth::authn::{Authenticator, Presented};
 use switchyard_kit::auth::{Access, AuthError, Principal};
 use switchyard_kit::client::Credential;
 use switchyard_proto::executor::v1::*;
-use tonic::{Response, Status};
+use tonic::Status;
 
 /// An authenticated caller of a door.
 #[derive(Clone)]
@@ -91,7 +91,7 @@ impl Caller {
     /// (`remote`) carrying its credential (and on-behalf header) for the
     /// executor to authenticate; in-process carrying its principal, as the
     /// server layer would after authenticating it — and no secret.
-    fn request<T>(&self, msg: T, remote: bool) -> tonic::Request<T> {
+    pub(crate) fn request<T>(&self, msg: T, remote: bool) -> tonic::Request<T> {
         let mut req = tonic::Request::new(msg);
         switchyard_kit::context::inject(&mut req);
         if remote {
@@ -119,8 +119,23 @@ macro_rules! as_caller {
             $kind::Local(svc) => svc.$method($caller.request($msg, false)).await,
             $kind::Remote(c) => c.clone().$method($caller.request($msg, true)).await,
         }
-        .map(Response::into_inner)
+        .map(tonic::Response::into_inner)
     }};
+}
+pub(crate) use as_caller;
+
+/// `client`, or UNAVAILABLE naming the setting that would give this
+/// gateway the `service` it lacks.
+pub(crate) fn reach<'a, C>(client: &'a Option<C>, service: &str) -> Result<&'a C, Status> {
+    client.as_ref().ok_or_else(|| {
+        switchyard_kit::error::status(
+            tonic::Code::Unavailable,
+            switchyard_core::Reason::DependencyUnavailable,
+            format!(
+                "this gateway reaches no {service} service: run it in one process with the {service} or set gateway.{service}_url"
+            ),
+        )
+    })
 }
 
 impl Jobs {
@@ -146,13 +161,7 @@ impl Jobs {
         run_id: &str,
         comment: &str,
     ) -> Result<switchyard_proto::approval::v1::Run, Status> {
-        let Some(approvals) = &self.2 else {
-            return Err(switchyard_kit::error::status(
-                tonic::Code::Unavailable,
-                switchyard_core::Reason::DependencyUnavailable,
-                "this gateway reaches no approval service: run it in one process with approval or set gateway.approval_url",
-            ));
-        };
+        let approvals = reach(&self.2, "approval")?;
         let req = switchyard_proto::approval::v1::ApproveRequest {
             run_id: run_id.to_owned(),
             comment: comment.to_owned(),

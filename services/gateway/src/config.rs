@@ -23,6 +23,14 @@ pub struct GatewayConfig {
     /// lists agents and capabilities there. Unset in a split deployment
     /// (with no registry here): `/mcp` is not served.
     pub registry_url: Option<String>,
+    /// The ledger, when this process does not host it: the console's
+    /// budget pages read it, as each signed-in person.
+    pub ledger_url: Option<String>,
+    /// The router, when this process does not host it: the console's
+    /// routing preview asks it, as each signed-in person.
+    pub router_url: Option<String>,
+    /// `[gateway.console]`: the web console at `/ui/` on the HTTP door.
+    pub console: ConsoleConfig,
     /// `[gateway.mcp]`: Switchyard as an MCP server at `/mcp` on the HTTP
     /// door (streamable HTTP).
     pub mcp: McpConfig,
@@ -32,6 +40,31 @@ pub struct GatewayConfig {
     pub resp: RespConfig,
     /// `[gateway.ojs]`: the OJS HTTP binding on the HTTP door.
     pub ojs: OjsConfig,
+}
+
+/// `[gateway.console]` configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConsoleConfig {
+    /// Serve the console at `/ui/`.
+    pub enabled: bool,
+    /// How long a sign-in lasts in the browser, seconds (the session ends
+    /// sooner when its key is revoked or its token expires).
+    pub session_ttl_secs: u64,
+    /// Mark the session cookie `Secure` (sent over HTTPS only): set it when
+    /// the console is reached over TLS (an ingress terminating TLS in front
+    /// of the gateway).
+    pub secure_cookie: bool,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        ConsoleConfig {
+            enabled: true,
+            session_ttl_secs: 12 * 3600,
+            secure_cookie: false,
+        }
+    }
 }
 
 /// `[gateway.mcp]` configuration.

@@ -4,6 +4,8 @@
 //! - [`http`]: AITP over REST/JSON (seed 002 §8) — submit a task, read its
 //!   status, progress and result, cancel it, follow its events as
 //!   Server-Sent Events — and the OpenAPI 3.1 document of those routes.
+//! - [`console`]: the web console at `/ui/` — approvals inbox, live jobs,
+//!   budgets, agents — on the HTTP door's listener.
 //! - [`resp`]: the AGEniX RESP door (seed 001): `PLAN.SUBMIT <json>`,
 //!   `JOB.STATUS`, `JOB.RESULT`, `JOB.CANCEL` for `redis-cli` and any
 //!   Redis client library.
@@ -21,6 +23,7 @@
 
 pub mod caller;
 pub mod config;
+pub mod console;
 pub mod http;
 pub mod resp;
 
@@ -33,6 +36,7 @@ use tokio::net::TcpListener;
 
 pub use caller::Jobs;
 pub use config::GatewayConfig;
+pub use console::ConsoleServices;
 
 /// The doors of one process.
 #[derive(Debug)]
@@ -42,6 +46,7 @@ pub struct Gateway {
     jobs: Jobs,
     auth: Arc<Authenticator>,
     mcp: Option<switchyard_mcp::server::SwitchyardMcp>,
+    console: ConsoleServices,
 }
 
 impl Gateway {
@@ -59,7 +64,15 @@ impl Gateway {
             jobs,
             auth,
             mcp: None,
+            console: ConsoleServices::default(),
         }
+    }
+
+    /// Serves the web console at `/ui/` (unless `gateway.console.enabled`
+    /// is off), reading and acting through `services` as each person.
+    pub fn with_console(mut self, services: ConsoleServices) -> Gateway {
+        self.console = services;
+        self
     }
 
     /// Serves Switchyard as an MCP server at `/mcp` (streamable HTTP), each
@@ -96,6 +109,10 @@ impl Gateway {
                     self.jobs.clone(),
                     self.auth.clone(),
                     shutdown.clone(),
+                    self.cfg
+                        .console
+                        .enabled
+                        .then(|| (self.cfg.console.clone(), self.console.clone())),
                 );
                 if let Some(server) = self.mcp.clone().filter(|_| self.cfg.mcp.enabled) {
                     router = http::with_mcp(router, server, &self.cfg.mcp, self.auth.clone());

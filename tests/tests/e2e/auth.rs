@@ -73,6 +73,29 @@ fn denied(s: &tonic::Status) -> bool {
         && ApiError::from(s.clone()).reason.as_deref() == Some("PERMISSION_DENIED")
 }
 
+/// Every role a key can hold, for the authorization matrices.
+pub(crate) const ROLES: [&str; 6] = [
+    "submitter",
+    "approver",
+    "operator",
+    "agent",
+    "viewer",
+    "admin",
+];
+
+/// A new key of tenant `default` holding only `role`, for subject
+/// `PREFIX-ROLE` (an agent principal for `agent`, else a person).
+pub(crate) async fn role_key(s: &Stack, prefix: &str, role: &str) -> String {
+    let kind = if role == "agent" {
+        PrincipalKind::Agent
+    } else {
+        PrincipalKind::Human
+    };
+    s.key(&format!("{prefix}-{role}"), &[role], kind)
+        .await
+        .unwrap()
+}
+
 /// What each role may call, written out here independently of the server's
 /// table (`Service/Method`, without the package).
 pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
@@ -133,6 +156,8 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
                 "ApprovalService/ListAudit",
                 "ApprovalService/ExportPromptBundle",
                 "ApprovalService/ImportManualResult",
+                // Where a run's tasks would go is part of deciding it.
+                "RouterService/Route",
             ]);
         }
         "viewer" => {
@@ -225,23 +250,11 @@ async fn every_rpc_in_the_descriptor_set_is_in_the_authorization_table() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_authorization_matrix_holds_for_every_role_and_rpc() {
     let s = Stack::start().await.unwrap();
-    let roles = [
-        "submitter",
-        "approver",
-        "operator",
-        "agent",
-        "viewer",
-        "admin",
-    ];
+    let roles = ROLES;
     let all = methods();
     let (mut tried, mut unauthorized_successes, mut wrong_denials) = (0, Vec::new(), Vec::new());
     for role in roles {
-        let kind = if role == "agent" {
-            PrincipalKind::Agent
-        } else {
-            PrincipalKind::Human
-        };
-        let token = s.key(&format!("m-{role}"), &[role], kind).await.unwrap();
+        let token = role_key(&s, "m", role).await;
         let expected = allowed(role);
         for (path, streaming) in &all {
             let short = path.rsplit_once('.').map_or(path.as_str(), |(_, m)| m);

@@ -989,7 +989,7 @@ async fn a_deferred_task_runs_once_its_capability_appears_and_retries_keep_one_i
     s.stop().await.unwrap();
 }
 
-fn example(name: &str) -> String {
+pub(crate) fn example(name: &str) -> String {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/jobs");
     std::fs::read_to_string(root.join(name)).unwrap()
 }

@@ -6,6 +6,7 @@ mod common;
 mod a2a;
 mod adapters;
 mod auth;
+mod console;
 mod executor;
 mod gateway;
 mod ledger_concurrency;

@@ -133,6 +133,34 @@ fn mcp_session(url: &str, token: &str) -> impl Fn(&str) -> String + use<> {
     move |body: &str| post(Some(&session), body)
 }
 
+/// `switchyard serve --services gateway` storing nothing in `data`,
+/// following the key set of the process at `url` and reaching the services
+/// named in `remotes` (`EXECUTOR`, `LEDGER`, …) there.
+fn gateway_for(url: &str, data: &std::path::Path, remotes: &[&str]) -> Proc {
+    let (keys_var, keys_url) = follow_keys(url);
+    let vars: Vec<String> = remotes
+        .iter()
+        .map(|r| format!("SWITCHYARD_GATEWAY__{r}_URL"))
+        .collect();
+    let mut env = vec![
+        (keys_var, keys_url.as_str()),
+        ("SWITCHYARD_AUTH__DEV_CREDENTIALS", "false"),
+    ];
+    env.extend(vars.iter().map(|v| (v.as_str(), url)));
+    Proc::start(
+        &[
+            "serve",
+            "--services",
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
+        &env,
+    )
+}
+
 /// `switchyard job … --as WHO` against `url`, which must succeed.
 fn ok_as(url: &str, args: &[&str], who: &str) -> String {
     let mut all = args.to_vec();
@@ -145,26 +173,8 @@ fn a_gateway_in_its_own_process_serves_both_doors_for_a_remote_executor() {
     let (dev, _data) = Proc::dev(&[]);
     let url = dev.url();
     let data = tempfile::tempdir().unwrap();
-    let (keys_var, keys_url) = follow_keys(&url);
     // No stores: the gateway follows dev's key set and calls its executor.
-    let gw = Proc::start(
-        &[
-            "serve",
-            "--services",
-            "gateway",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.path().to_str().unwrap(),
-        ],
-        &[
-            (keys_var, keys_url.as_str()),
-            ("SWITCHYARD_AUTH__DEV_CREDENTIALS", "false"),
-            ("SWITCHYARD_GATEWAY__EXECUTOR_URL", url.as_str()),
-            ("SWITCHYARD_GATEWAY__REGISTRY_URL", url.as_str()),
-            ("SWITCHYARD_GATEWAY__APPROVAL_URL", url.as_str()),
-        ],
-    );
+    let gw = gateway_for(&url, data.path(), &["EXECUTOR", "REGISTRY", "APPROVAL"]);
     assert!(
         std::fs::read_dir(data.path()).unwrap().next().is_none(),
         "the gateway stores nothing"
@@ -202,6 +212,162 @@ fn a_gateway_in_its_own_process_serves_both_doors_for_a_remote_executor() {
     let mcp = mcp_session(&format!("{http}/mcp"), &alice);
     let called = mcp(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"get_job","arguments":{"job_id":"ID"}}}"#.replace("ID", &id).as_str());
     assert!(called.contains(r#"\"submitted_by\":\"alice\""#), "{called}");
+    assert_eq!(gw.terminate(), Some(0));
+    assert_eq!(dev.terminate(), Some(0));
+}
+
+/// A browser-like session against the console at `http` with curl: a
+/// cookie jar, signing in through the form (pre-session cookie, token),
+/// then pages and form posts carrying the session's anti-forgery token.
+struct ConsoleSession {
+    http: String,
+    jar: std::path::PathBuf,
+}
+
+impl ConsoleSession {
+    fn sign_in(http: &str, dir: &std::path::Path, who: &str, secret: &str) -> ConsoleSession {
+        let s = ConsoleSession {
+            http: http.to_owned(),
+            jar: dir.join(format!("{who}.jar")),
+        };
+        let form = s.curl(&["/ui/sign-in"]);
+        let nonce = field(&form, "csrf");
+        let signed = s.curl(&[
+            "/ui/sign-in",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %{redirect_url}",
+            "--data-urlencode",
+            &format!("csrf={nonce}"),
+            "--data-urlencode",
+            &format!("credential={secret}"),
+        ]);
+        assert!(
+            signed.starts_with("303 "),
+            "{who} did not sign in: {signed}"
+        );
+        s
+    }
+
+    /// curl PATH ARGS… with the jar; stdout.
+    fn curl(&self, args: &[&str]) -> String {
+        let (path, rest) = args.split_first().unwrap();
+        let out = Command::new("curl")
+            .args(["-s", "-b"])
+            .arg(&self.jar)
+            .arg("-c")
+            .arg(&self.jar)
+            .arg(format!("{}{path}", self.http))
+            .args(rest)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// POSTs `fields` (and the page's token) to PATH: the status code.
+    fn post(&self, path: &str, fields: &[&str]) -> String {
+        let page = self.curl(&["/ui/jobs"]);
+        let mut args = vec![
+            path.to_owned(),
+            "-o".into(),
+            "/dev/null".into(),
+            "-w".into(),
+            "%{http_code}".into(),
+            "--data-urlencode".into(),
+            format!("csrf={}", field(&page, "csrf")),
+        ];
+        for f in fields {
+            args.extend(["--data-urlencode".to_owned(), (*f).to_owned()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.curl(&args)
+    }
+}
+
+/// The value of the first `<input name=NAME value=…>` of `page`.
+fn field(page: &str, name: &str) -> String {
+    let at = page
+        .find(&format!("name=\"{name}\" value=\""))
+        .unwrap_or_else(|| panic!("no {name} field in {page}"));
+    let rest = &page[at + name.len() + 15..];
+    rest[..rest.find('"').unwrap()].to_owned()
+}
+
+#[test]
+fn the_console_of_a_gateway_in_its_own_process_acts_on_every_remote_service_as_the_person() {
+    let (dev, _data) = Proc::dev(&[]);
+    let url = dev.url();
+    let data = tempfile::tempdir().unwrap();
+    let gw = gateway_for(
+        &url,
+        data.path(),
+        &["EXECUTOR", "REGISTRY", "APPROVAL", "LEDGER", "ROUTER"],
+    );
+    let http = format!("http://{}", gw.http.as_deref().unwrap());
+    let jars = tempfile::tempdir().unwrap();
+    let bob = ConsoleSession::sign_in(&http, jars.path(), "bob", &token(&url, "bob"));
+    let alice = ConsoleSession::sign_in(&http, jars.path(), "alice", &token(&url, "alice"));
+    let job = submit_as(&url, "examples/jobs/needs_approval.yaml", "alice");
+    let (id, run) = (
+        job["job_id"].as_str().unwrap().to_owned(),
+        job["run_id"].as_str().unwrap().to_owned(),
+    );
+    // Bob's inbox, built from the remote approval service, executor,
+    // ledger and router, each called with bob's own key.
+    let inbox = bob.curl(&["/ui/"]);
+    assert!(inbox.contains(&format!("id=\"run-{run}\"")), "{inbox}");
+    // `switchyard dev` serves the same console on its own HTTP door.
+    let on_dev = format!("http://{}", dev.http.as_deref().unwrap());
+    let dev_bob = ConsoleSession::sign_in(&on_dev, jars.path(), "dev-bob", &token(&url, "bob"));
+    let dev_inbox = dev_bob.curl(&["/ui/"]);
+    assert!(
+        dev_inbox.contains(&format!("id=\"run-{run}\"")),
+        "{dev_inbox}"
+    );
+    assert!(
+        dev_inbox.contains("<code>builtin</code> (score"),
+        "{dev_inbox}"
+    );
+    assert!(inbox.contains("echo a message after review"), "{inbox}");
+    assert!(inbox.contains(&format!("job-{id}")), "the budget: {inbox}");
+    assert!(
+        inbox.contains("<code>builtin</code> (score"),
+        "the route: {inbox}"
+    );
+    assert!(bob.curl(&["/ui/agents"]).contains("builtin.echo"));
+    // Alice may not decide; bob may, and the job runs.
+    assert_eq!(alice.post(&format!("/ui/runs/{run}/approve"), &[]), "403");
+    assert_eq!(
+        bob.post(
+            &format!("/ui/runs/{run}/approve"),
+            &["comment=from the console"]
+        ),
+        "303"
+    );
+    let result = ok_as(&url, &["job", "result", &id, "--wait", "30"], "alice");
+    assert!(result.contains("approved and done"), "{result}");
+    let budgets = bob.curl(&[
+        "/ui/budgets",
+        "-G",
+        "--data-urlencode",
+        &format!("budget=job-{id}"),
+    ]);
+    assert!(
+        budgets.contains("Cost-ledger entries recorded on this budget"),
+        "{budgets}"
+    );
+    let page = alice.curl(&[&format!("/ui/jobs/{id}")]);
+    assert!(page.contains("data-state=\"succeeded\""), "{page}");
+    assert_eq!(gw.terminate(), Some(0));
+
+    // Without the ledger's URL the budget page says which setting is missing.
+    let gw = gateway_for(&url, data.path(), &["EXECUTOR"]);
+    let http = format!("http://{}", gw.http.as_deref().unwrap());
+    let bob = ConsoleSession::sign_in(&http, jars.path(), "bob2", &token(&url, "bob"));
+    let page = bob.curl(&["/ui/budgets", "-w", "%{http_code}"]);
+    assert!(page.ends_with("503"), "{page}");
+    assert!(page.contains("gateway.ledger_url"), "{page}");
     assert_eq!(gw.terminate(), Some(0));
     assert_eq!(dev.terminate(), Some(0));
 }

@@ -306,6 +306,33 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
             "/ojs/v1/dead-letter/{id}",
             Access::Needs(P::DeadLetterManage),
         ),
+        // The web console (`/ui/`): the same permissions as the calls each
+        // page makes. Signing in and the embedded assets are open (the form
+        // authenticates what is pasted); every other page needs a session.
+        ("GET", "/ui", Access::Open),
+        ("GET", "/ui/sign-in", Access::Open),
+        ("POST", "/ui/sign-in", Access::Open),
+        ("GET", "/ui/assets/{file}", Access::Open),
+        ("POST", "/ui/sign-out", Access::Authenticated),
+        ("GET", "/ui/", Access::Needs(P::RunRead)),
+        // `{decision}`: approve or reject.
+        (
+            "POST",
+            "/ui/runs/{run_id}/{decision}",
+            Access::Needs(P::RunDecide),
+        ),
+        ("GET", "/ui/jobs", Access::Needs(P::JobRead)),
+        ("GET", "/ui/jobs/{job_id}", Access::Needs(P::JobRead)),
+        ("GET", "/ui/jobs/{job_id}/events", Access::Needs(P::JobRead)),
+        (
+            "POST",
+            "/ui/jobs/{job_id}/cancel",
+            Access::Needs(P::JobCancel),
+        ),
+        ("GET", "/ui/submit", Access::Needs(P::JobSubmit)),
+        ("POST", "/ui/submit", Access::Needs(P::JobSubmit)),
+        ("GET", "/ui/budgets", Access::Needs(P::BudgetRead)),
+        ("GET", "/ui/agents", Access::Needs(P::AgentRead)),
         // Switchyard as an MCP server: any principal may open a session;
         // each tool call then needs what its gRPC call needs.
         ("POST", "/mcp", Access::Authenticated),
@@ -353,10 +380,11 @@ pub fn grants(role: Role, perm: Permission) -> bool {
             JobSubmit | JobRead | JobCancel | RunPropose | RunRead | RunCancel | AgentRead | Route
         ),
         // Approvers see what they are asked to approve: the jobs, runs, audit
-        // and budgets of their tenant.
+        // and budgets of their tenant, and where the run's tasks would be
+        // routed (the console's inbox shows it beside each run).
         Role::Approver => matches!(
             perm,
-            RunDecide | RunRead | AuditRead | RunManual | JobRead | BudgetRead | AgentRead
+            RunDecide | RunRead | AuditRead | RunManual | JobRead | BudgetRead | AgentRead | Route
         ),
         Role::Operator => matches!(
             perm,

@@ -18,7 +18,8 @@ use tonic::{Code, Status};
 
 use super::shapes;
 use super::{Door, Failure};
-use crate::caller::Caller;
+use crate::caller::{Caller, Jobs};
+use switchyard_kit::shutdown::Shutdown;
 
 /// The AITP routes (their permissions are in the one table).
 pub(super) fn routes() -> Router<Arc<Door>> {
@@ -96,7 +97,7 @@ async fn submit(
     } else {
         http::StatusCode::OK
     };
-    let location = format!("/aitp/tasks/{}", percent_encode(&id));
+    let location = format!("/aitp/tasks/{}", crate::console::encode(&id));
     Ok((
         code,
         [(http::header::LOCATION, location)],
@@ -170,6 +171,31 @@ async fn events(
     Path(id): Path<String>,
     headers: http::HeaderMap,
 ) -> Result<Response, Failure> {
+    Ok(event_stream(
+        &door.jobs,
+        door.shutdown.clone(),
+        caller,
+        id,
+        &headers,
+        true,
+    )
+    .await?)
+}
+
+/// Job `id`'s events, as `caller` may see them, as Server-Sent Events: each
+/// with `id` = its sequence and its data in [`shapes::event`]'s shape;
+/// `named` gives each the event name of its kind (else the default
+/// `message`, for a page that follows them all with one handler). Resumes
+/// after `Last-Event-ID`; an `end` event with the final status closes the
+/// stream (an EventSource would otherwise reconnect), as does `shutdown`.
+pub(crate) async fn event_stream(
+    jobs: &Jobs,
+    shutdown: Shutdown,
+    caller: Caller,
+    id: String,
+    headers: &http::HeaderMap,
+    named: bool,
+) -> Result<Response, Status> {
     let after = match headers.get("last-event-id") {
         None => 0,
         Some(v) => v
@@ -182,7 +208,7 @@ async fn events(
                 switchyard_kit::error::invalid_argument(Reason::InvalidArgument, &v)
             })?,
     };
-    let watched = door.jobs.watch(&caller, &id, after).await?;
+    let watched = jobs.watch(&caller, &id, after).await?;
     // The last `job.state` seen says how the job ended, so the `end` event
     // needs no further call unless the stream resumed past it.
     let ended: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
@@ -196,10 +222,13 @@ async fn events(
             {
                 *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(to.clone());
             }
-            Event::default()
-                .id(e.sequence.to_string())
-                .event(sse_name(&e.kind))
-                .json_data(shapes::event(&e))
+            let ev = Event::default().id(e.sequence.to_string());
+            let ev = if named {
+                ev.event(sse_name(&e.kind))
+            } else {
+                ev
+            };
+            ev.json_data(shapes::event(&e))
         }
         Err(s) => {
             let request_id = switchyard_kit::context::current()
@@ -210,9 +239,8 @@ async fn events(
                 .json_data(switchyard_kit::error::http_error(&s, &request_id).1)
         }
     });
-    // The final status once the log ends, so a client knows to stop
-    // (EventSource would otherwise reconnect).
-    let end_door = door.clone();
+    // The final status once the log ends, so a client knows to stop.
+    let end_jobs = jobs.clone();
     let end = futures_util::stream::once(async move {
         let state = ended.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let state = state.as_deref().and_then(|s| {
@@ -222,7 +250,7 @@ async fn events(
             Some(state) if shapes::finished(state) => Event::default()
                 .event("end")
                 .json_data(shapes::ended(&id, state)),
-            _ => match end_door.jobs.get(&caller, &id).await {
+            _ => match end_jobs.get(&caller, &id).await {
                 Ok(j) => Event::default()
                     .event("end")
                     .json_data(shapes::submitted(&j)),
@@ -232,10 +260,9 @@ async fn events(
             },
         }
     });
-    let stop = door.shutdown.clone();
     let stream = events
         .chain(end)
-        .take_until(async move { stop.wait().await });
+        .take_until(async move { shutdown.wait().await });
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response())
@@ -246,17 +273,5 @@ async fn events(
 fn sse_name(kind: &str) -> String {
     kind.chars()
         .map(|c| if c.is_ascii_graphic() { c } else { '_' })
-        .collect()
-}
-
-/// A task id as one path segment.
-fn percent_encode(id: &str) -> String {
-    id.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
         .collect()
 }

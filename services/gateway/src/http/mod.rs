@@ -13,8 +13,10 @@ mod aitp;
 pub mod ojs;
 mod shapes;
 
-pub(crate) use aitp::not_finished;
+pub(crate) use aitp::{event_stream, not_finished};
 pub(crate) use shapes::{finished, job_id, job_state_name, task_state_name};
+
+use crate::console;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,7 +73,8 @@ impl IntoResponse for Failure {
     }
 }
 
-/// The router of the HTTP door over `jobs`.
+/// The router of the HTTP door over `jobs`, with the web console over
+/// `console` when given.
 pub fn router(
     cfg: &HttpConfig,
     ojs: &crate::config::OjsConfig,
@@ -79,21 +82,33 @@ pub fn router(
     jobs: Jobs,
     auth: Arc<Authenticator>,
     shutdown: Shutdown,
+    console: Option<(crate::config::ConsoleConfig, console::ConsoleServices)>,
 ) -> Router {
+    let max_body = cfg.max_body_bytes.unwrap_or(max_message_bytes);
+    let console_routes = console.map(|(c, services)| {
+        console::routes(jobs.clone(), services, auth.clone(), c, shutdown.clone())
+    });
     let door = Arc::new(Door {
         jobs,
         auth,
         timeout: (cfg.request_timeout_ms > 0)
             .then(|| Duration::from_millis(cfg.request_timeout_ms)),
-        max_body: cfg.max_body_bytes.unwrap_or(max_message_bytes),
+        max_body,
         shutdown,
         ojs: ojs.clone(),
     });
-    Router::new()
+    let mut router = Router::new()
         .route("/openapi.json", get(openapi))
         .route("/healthz", get(healthz))
         .merge(aitp::routes())
-        .merge(ojs::routes())
+        .merge(ojs::routes());
+    if let Some(c) = console_routes {
+        router = router.merge(c).route(
+            "/ui",
+            get(|| async { axum::response::Redirect::to("/ui/") }),
+        );
+    }
+    router
         .route_layer(axum::middleware::from_fn_with_state(door.clone(), gate))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -180,20 +195,36 @@ async fn gate(
     let base = ctx.clone();
     let served = async {
         let access = switchyard_kit::auth::http_access(&method, &route);
-        let caller = match admit(
-            &door.auth,
-            req.headers(),
-            access,
-            &format!("{method} {route}"),
-        )
-        .await
+        let on_console = console::is_console(&route);
+        let path = req
+            .uri()
+            .path_and_query()
+            .map_or("", |p| p.as_str())
+            .to_owned();
+        // A console form is checked for forgery before anyone acts on it.
+        if on_console && method == "POST" {
+            req = match console::check_form(req, &route, door.max_body).await {
+                Ok(r) => r,
+                Err(refused) => return refused,
+            };
+        }
+        let session = on_console.then(|| console::credential_headers(req.headers()));
+        let presented = session.as_ref().unwrap_or(req.headers());
+        let caller = match admit(&door.auth, presented, access, &format!("{method} {route}")).await
         {
             Ok(c) => c,
             Err(refused) => {
                 tracing::debug!(error = %refused, "request refused");
+                if on_console {
+                    return console::refusal(&method, &route, &path, Status::from(refused));
+                }
                 return refusal(&route, Status::from(refused));
             }
         };
+        if on_console {
+            let session = console::session_of(req.headers());
+            req.extensions_mut().insert(session);
+        }
         let mut ctx = base;
         if let Some(c) = caller {
             tracing::Span::current()
@@ -231,7 +262,9 @@ async fn gate(
 /// in the envelope of the route's protocol: OJS routes answer in the OJS
 /// error envelope, the others in the AITP one.
 fn refusal(route: &str, s: Status) -> Response {
-    if route.starts_with("/ojs/") {
+    if console::is_console(route) {
+        console::error_page(&s, None)
+    } else if route.starts_with("/ojs/") {
         ojs::OjsFailure::from(s).into_response()
     } else {
         Failure(s).into_response()
@@ -422,8 +455,10 @@ mod tests {
 
     #[test]
     fn the_openapi_document_lists_exactly_the_routes_of_the_authorization_table() {
+        // The console's pages are HTML for people, not API: not documented.
         let table: std::collections::BTreeSet<(String, String)> = HTTP_ROUTES
             .iter()
+            .filter(|(_, r, _)| *r != "/ui" && !console::is_console(r))
             .map(|(m, r, _)| (m.to_string(), r.to_string()))
             .collect();
         assert_eq!(documented(), table);
@@ -454,6 +489,7 @@ mod tests {
             jobs,
             auth.clone(),
             shutdown,
+            Some((Default::default(), Default::default())),
         );
         let nowhere =
             || switchyard_kit::client::lazy_channel("http://127.0.0.1:9").expect("channel");
@@ -472,11 +508,21 @@ mod tests {
             app.clone().oneshot(req)
         };
         for (method, route, access) in HTTP_ROUTES {
-            let path = route.replace("{task_id}", "t1");
+            let path = route
+                .replace("{task_id}", "t1")
+                .replace("{file}", "console.css");
             let resp = call(method, &path).await.expect("infallible");
             // Routed: the gate answered (401 without a credential) or the
-            // open route did; never the fallback's 404/405.
-            let want = if *access == Access::Open { 200 } else { 401 };
+            // open route did; never the fallback's 404/405. The console
+            // sends a page without a session to sign-in (303) and refuses a
+            // form without its anti-forgery token (403) before anything.
+            let want = match (*method, *access == Access::Open) {
+                _ if *route == "/ui" => 303,
+                ("POST", _) if console::is_console(route) => 403,
+                ("GET", false) if console::is_console(route) && !route.ends_with("/events") => 303,
+                (_, true) => 200,
+                (_, false) => 401,
+            };
             assert_eq!(resp.status().as_u16(), want, "{method} {route}");
         }
         for (method, path, code) in [

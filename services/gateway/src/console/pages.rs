@@ -1,0 +1,899 @@
+//! The console's pages: each fetches as the signed-in person, shapes with
+//! [`super::views`] and renders a template.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Form};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use switchyard_api::{ApprovalClient, LedgerClient, RegistryClient, RouterClient};
+use switchyard_core::Reason;
+use switchyard_kit::auth::Permission;
+use switchyard_proto::approval::v1 as ap;
+use switchyard_proto::executor::v1::{JobState, ListJobsRequest, SubmitJobRequest};
+use switchyard_proto::ledger::v1 as lg;
+use switchyard_proto::registry::v1 as rg;
+use switchyard_proto::router::v1 as rt;
+use tonic::{Code, Status};
+
+use super::views::{self, money, when};
+use super::{Console, Session, encode, error_page, render, secured, session};
+use crate::caller::{Caller, as_caller, reach};
+
+type Shared = State<Arc<Console>>;
+
+/// A page that could not be made: the reason on an error page, inside the
+/// person's layout.
+pub(crate) struct PageError(Status, Value);
+
+impl IntoResponse for PageError {
+    fn into_response(self) -> Response {
+        error_page(&self.0, Some(self.1))
+    }
+}
+
+/// What every signed-in page shows around its content: who is signed in,
+/// what the navigation offers them, and the token their forms carry.
+fn layout(c: &Caller, s: &Session, active: &str) -> Value {
+    let p = &c.principal;
+    json!({
+        "me": {"subject": p.subject, "tenant": p.tenant, "roles": p.roles.names()},
+        "csrf": s.csrf,
+        "active": active,
+        "may": {
+            "inbox": p.may(Permission::RunRead),
+            "decide": p.may(Permission::RunDecide),
+            "jobs": p.may(Permission::JobRead),
+            "cancel": p.may(Permission::JobCancel),
+            "submit": p.may(Permission::JobSubmit),
+            "budgets": p.may(Permission::BudgetRead),
+            "agents": p.may(Permission::AgentRead),
+            "route": p.may(Permission::Route),
+        },
+    })
+}
+
+/// `data` merged into the layout and rendered.
+fn page(template: &str, mut base: Value, data: Value) -> Response {
+    if let (Some(b), Value::Object(d)) = (base.as_object_mut(), data) {
+        b.extend(d);
+    }
+    render(template, &base)
+}
+
+fn now() -> u64 {
+    switchyard_kit::time::now_ms()
+}
+
+fn see_other(to: &str) -> Response {
+    secured(
+        (
+            http::StatusCode::SEE_OTHER,
+            [(http::header::LOCATION, to.to_owned())],
+        )
+            .into_response(),
+    )
+}
+
+/// An invalid query or form value, said as the API would.
+fn invalid(field: &str, why: &str) -> Status {
+    let mut v = switchyard_core::Violations::new();
+    v.add(field, why);
+    switchyard_kit::error::invalid_argument(Reason::InvalidArgument, &v)
+}
+
+// --- sign-in -------------------------------------------------------------
+
+#[derive(Deserialize)]
+pub(crate) struct NextQuery {
+    next: Option<String>,
+}
+
+/// `GET /ui/sign-in`: the form, bound to a new pre-session cookie.
+pub(crate) async fn sign_in_form(State(c): Shared, Query(q): Query<NextQuery>) -> Response {
+    sign_in_page(&c, q.next.as_deref(), None, http::StatusCode::OK)
+}
+
+fn sign_in_page(
+    c: &Console,
+    next: Option<&str>,
+    problem: Option<String>,
+    code: http::StatusCode,
+) -> Response {
+    let nonce = match session::nonce() {
+        Ok(n) => n,
+        Err(e) => {
+            return error_page(
+                &Status::internal(format!("no randomness for the sign-in form: {e}")),
+                None,
+            );
+        }
+    };
+    let mut resp = render(
+        "sign_in.html",
+        &json!({
+            "csrf": nonce,
+            "next": session::next_path(next),
+            "problem": problem,
+            "title": "Sign in",
+        }),
+    );
+    *resp.status_mut() = code;
+    if let Ok(v) =
+        session::set_cookie(session::SIGN_IN_COOKIE, &nonce, 600, c.cfg.secure_cookie).parse()
+    {
+        resp.headers_mut().append(http::header::SET_COOKIE, v);
+    }
+    resp
+}
+
+#[derive(Deserialize)]
+pub(crate) struct SignInForm {
+    #[serde(default)]
+    credential: String,
+    #[serde(default)]
+    next: Option<String>,
+}
+
+/// `POST /ui/sign-in`: authenticates the pasted API key (or OIDC token) as
+/// every door would, then keeps it in the session cookie.
+pub(crate) async fn sign_in(State(c): Shared, Form(f): Form<SignInForm>) -> Response {
+    let credential = f.credential.trim();
+    let next = f.next.as_deref();
+    if !session::cookie_safe(credential) {
+        return sign_in_page(
+            &c,
+            next,
+            Some("that is not an API key or token: paste the secret `switchyard auth key create` printed (sy_…), or a token from your identity provider".into()),
+            http::StatusCode::BAD_REQUEST,
+        );
+    }
+    match crate::caller::authenticate_token(&c.auth, credential).await {
+        Ok(caller) => {
+            tracing::info!(principal = %caller.principal.subject, "console sign-in");
+            let mut resp = see_other(session::next_path(next));
+            let h = resp.headers_mut();
+            for v in [
+                session::set_cookie(
+                    session::SESSION_COOKIE,
+                    credential,
+                    c.cfg.session_ttl_secs,
+                    c.cfg.secure_cookie,
+                ),
+                session::set_cookie(session::SIGN_IN_COOKIE, "", 0, c.cfg.secure_cookie),
+            ] {
+                if let Ok(v) = v.parse() {
+                    h.append(http::header::SET_COOKIE, v);
+                }
+            }
+            resp
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "console sign-in refused");
+            sign_in_page(
+                &c,
+                next,
+                Some(format!("not signed in: {e}")),
+                http::StatusCode::UNAUTHORIZED,
+            )
+        }
+    }
+}
+
+/// `POST /ui/sign-out`: forgets the session cookie.
+pub(crate) async fn sign_out(State(c): Shared) -> Response {
+    let mut resp = see_other("/ui/sign-in");
+    if let Ok(v) = session::set_cookie(session::SESSION_COOKIE, "", 0, c.cfg.secure_cookie).parse()
+    {
+        resp.headers_mut().append(http::header::SET_COOKIE, v);
+    }
+    resp
+}
+
+/// `GET /ui/assets/{file}`: the stylesheet and script, compiled in.
+pub(crate) async fn asset(Path(file): Path<String>) -> Response {
+    let (body, kind) = match file.as_str() {
+        "console.css" => (
+            include_str!("../../console/assets/console.css"),
+            "text/css; charset=utf-8",
+        ),
+        "console.js" => (
+            include_str!("../../console/assets/console.js"),
+            "text/javascript; charset=utf-8",
+        ),
+        _ => {
+            return error_page(
+                &switchyard_kit::error::status(
+                    Code::NotFound,
+                    Reason::RouteNotFound,
+                    format!(
+                        "no console asset {:?}",
+                        switchyard_core::validate::clamp(&file, 80)
+                    ),
+                ),
+                None,
+            );
+        }
+    };
+    secured(
+        (
+            [
+                (http::header::CONTENT_TYPE, kind),
+                (http::header::CACHE_CONTROL, "public, max-age=300"),
+            ],
+            body,
+        )
+            .into_response(),
+    )
+}
+
+// --- approvals inbox -----------------------------------------------------
+
+#[derive(Deserialize)]
+pub(crate) struct InboxQuery {
+    done: Option<String>,
+    run: Option<String>,
+}
+
+/// `GET /ui/`: the runs waiting for a decision in the person's tenant, each
+/// with what it would spend and from which budget, what it may use and
+/// produce, the job's plan and where each task would be routed.
+pub(crate) async fn inbox(
+    State(c): Shared,
+    Extension(caller): Extension<Caller>,
+    Extension(s): Extension<Session>,
+    Query(q): Query<InboxQuery>,
+) -> Result<Response, PageError> {
+    let base = layout(&caller, &s, "inbox");
+    let fail = |e: Status| PageError(e, base.clone());
+    let approvals = reach(&c.services.approval, "approval").map_err(fail)?;
+    let req = ap::ListRunsRequest {
+        statuses: vec![ap::RunStatus::Proposed as i32],
+        page_size: 50,
+        ..Default::default()
+    };
+    let runs = as_caller!(ApprovalClient, approvals, caller, list_runs, req)
+        .map_err(fail)?
+        .runs;
+    let cards = futures_util::future::join_all(runs.iter().map(|r| run_card(&c, &caller, r))).await;
+    let notice = match (q.done.as_deref(), q.run.as_deref()) {
+        (Some(d @ ("approved" | "rejected")), Some(run)) => Some(format!("run {run} {d}")),
+        _ => None,
+    };
+    Ok(page(
+        "inbox.html",
+        base,
+        json!({"title": "Approvals", "runs": cards, "notice": notice}),
+    ))
+}
+
+/// One run as the inbox shows it.
+async fn run_card(c: &Console, caller: &Caller, r: &ap::Run) -> Value {
+    let now = now();
+    let est = r.cost_estimate.unwrap_or_default();
+    let created = r
+        .created_at
+        .as_ref()
+        .map_or(0, switchyard_kit::time::timestamp_ms);
+    let mut card = json!({
+        "run_id": r.run_id,
+        "intent": r.intent,
+        "created_by": r.created_by,
+        "own": r.created_by == caller.principal.subject,
+        "created": when(created, now),
+        "model": r.model,
+        "max_tokens": r.max_tokens,
+        "estimate": money(est.estimated_cost.as_ref().map_or(0, |m| m.micro_usd)),
+        "estimate_known": est.estimated_cost.is_some(),
+        "input_tokens": est.estimated_input_tokens,
+        "output_tokens": est.estimated_output_tokens,
+        "tools_allowed": r.tools_allowed,
+        "outputs_allowed": r.outputs_allowed,
+        "context_hash": r.context_pack.as_ref().map_or("", |p| p.hash.as_str()),
+        "job_id": r.job_id,
+        "correlation_id": r.correlation_id,
+        "approved_by": r.approved_by,
+        "tool_call": r.tool_call.as_ref().map(|t| json!({
+            "tool": t.tool, "arguments": t.arguments, "task_id": t.task_id,
+        })),
+    });
+    if r.job_id.is_empty() {
+        return card;
+    }
+    let job = match c.jobs.get(caller, &r.job_id).await {
+        Ok(j) => j,
+        Err(e) => {
+            card["job_problem"] = e.message().into();
+            return card;
+        }
+    };
+    let spec = job.spec.clone().unwrap_or_default();
+    card["plan_id"] = spec.plan_id.clone().into();
+    card["plan_description"] = spec.plan_description.clone().into();
+    let mut tasks = views::tasks(&job, now);
+    // Where each agent task would go today: the router's first choice.
+    if caller.principal.may(Permission::Route)
+        && let Some(router) = &c.services.router
+    {
+        for (t, spec) in tasks.iter_mut().zip(&spec.tasks) {
+            if let Some(switchyard_proto::executor::v1::task_spec::Kind::Agent(a)) = &spec.kind {
+                let req = rt::RouteRequest {
+                    capability: a.capability.clone(),
+                    limit: 1,
+                    ..Default::default()
+                };
+                t["route"] = match as_caller!(RouterClient, router, caller, route, req) {
+                    Ok(r) => r.candidates.first().map_or_else(
+                        || json!({"none": true}),
+                        |cand| {
+                            json!({
+                                "agent": cand.agent_id,
+                                "score": format!("{:.2}", cand.score),
+                                "price": money(cand.price_per_unit_micro_usd),
+                                "unit": cand.unit,
+                            })
+                        },
+                    ),
+                    Err(e) => json!({"problem": e.message()}),
+                };
+            }
+        }
+    }
+    card["tasks"] = tasks.into();
+    card["budgets"] = budget_chain(c, caller, &job.budget_id).await;
+    card
+}
+
+/// Budget `id` and its ancestors (job → project → tenant), as far as the
+/// person may read; a problem reading one ends the chain with its reason.
+async fn budget_chain(c: &Console, caller: &Caller, id: &str) -> Value {
+    let Some(ledger) = &c.services.ledger else {
+        return json!([{"problem": "this gateway reaches no ledger (gateway.ledger_url)"}]);
+    };
+    let mut out = Vec::new();
+    let mut next = id.to_owned();
+    while !next.is_empty() && out.len() < 6 {
+        let req = lg::GetBudgetRequest {
+            budget_id: next.clone(),
+        };
+        match as_caller!(LedgerClient, ledger, caller, get_budget, req) {
+            Ok(r) => {
+                let b = r.budget.unwrap_or_default();
+                next = b.parent_id.clone();
+                out.push(views::budget(&b));
+            }
+            Err(e) => {
+                out.push(json!({"id": next, "problem": e.message()}));
+                break;
+            }
+        }
+    }
+    out.into()
+}
+
+#[derive(Deserialize)]
+pub(crate) struct DecisionForm {
+    #[serde(default)]
+    comment: String,
+}
+
+/// `POST /ui/runs/{run_id}/approve` and `…/reject`: decides as the person,
+/// with the comment the submitter will read; the approval service decides
+/// whether they may (approver role, not the run's creator, the two-person
+/// rule).
+pub(crate) async fn decide(
+    State(c): Shared,
+    Extension(caller): Extension<Caller>,
+    Extension(s): Extension<Session>,
+    Path((run_id, decision)): Path<(String, String)>,
+    Form(f): Form<DecisionForm>,
+) -> Result<Response, PageError> {
+    let base = layout(&caller, &s, "inbox");
+    let fail = |e: Status| PageError(e, base.clone());
+    let approvals = reach(&c.services.approval, "approval").map_err(fail)?;
+    let done = match decision.as_str() {
+        "approve" => {
+            let req = ap::ApproveRequest {
+                run_id: run_id.clone(),
+                comment: f.comment,
+            };
+            as_caller!(ApprovalClient, approvals, caller, approve, req).map(|_| "approved")
+        }
+        "reject" => {
+            let req = ap::RejectRequest {
+                run_id: run_id.clone(),
+                comment: f.comment,
+            };
+            as_caller!(ApprovalClient, approvals, caller, reject, req).map(|_| "rejected")
+        }
+        other => Err(switchyard_kit::error::status(
+            Code::NotFound,
+            Reason::RouteNotFound,
+            format!(
+                "a run is decided by `approve` or `reject`, not {:?}",
+                switchyard_core::validate::clamp(other, 40)
+            ),
+        )),
+    }
+    .map_err(fail)?;
+    Ok(see_other(&format!(
+        "/ui/?done={done}&run={}",
+        encode(&run_id)
+    )))
+}
+
+// --- jobs ----------------------------------------------------------------
+
+#[derive(Deserialize, Default)]
+pub(crate) struct JobsQuery {
+    #[serde(default)]
+    state: String,
+    #[serde(default)]
+    submitted_by: String,
+    #[serde(default)]
+    plan_id: String,
+    #[serde(default)]
+    correlation_id: String,
+    #[serde(default)]
+    page_token: String,
+}
+
+/// The job states a filter may name, in lifecycle order.
+const STATES: [JobState; 8] = [
+    JobState::Scheduled,
+    JobState::Available,
+    JobState::Pending,
+    JobState::Active,
+    JobState::Completed,
+    JobState::Retryable,
+    JobState::Cancelled,
+    JobState::Discarded,
+];
+
+/// `GET /ui/jobs`: the jobs the person may see, newest first, filtered.
+pub(crate) async fn jobs(
+    State(c): Shared,
+    Extension(caller): Extension<Caller>,
+    Extension(s): Extension<Session>,
+    Query(q): Query<JobsQuery>,
+) -> Result<Response, PageError> {
+    let base = layout(&caller, &s, "jobs");
+    let fail = |e: Status| PageError(e, base.clone());
+    let names: Vec<String> = STATES
+        .iter()
+        .map(|s| crate::http::job_state_name(*s as i32))
+        .collect();
+    let states = if q.state.is_empty() {
+        vec![]
+    } else {
+        let found = STATES
+            .iter()
+            .find(|s| crate::http::job_state_name(**s as i32) == q.state)
+            .ok_or_else(|| {
+                fail(invalid(
+                    "state",
+                    &format!("must be one of {}", names.join(", ")),
+                ))
+            })?;
+        vec![*found as i32]
+    };
+    let req = ListJobsRequest {
+        states,
+        plan_id: q.plan_id.trim().to_owned(),
+        correlation_id: q.correlation_id.trim().to_owned(),
+        submitted_by: q.submitted_by.trim().to_owned(),
+        page_size: 50,
+        page_token: q.page_token.clone(),
+        ..Default::default()
+    };
+    let listed = c.jobs.list(&caller, req).await.map_err(fail)?;
+    let now = now();
+    let rows: Vec<Value> = listed
+        .jobs
+        .iter()
+        .map(|j| {
+            let spec = j.spec.clone().unwrap_or_default();
+            let state = crate::http::job_state_name(j.state);
+            let p = j.progress.unwrap_or_default();
+            json!({
+                "id": spec.job_id,
+                "plan_id": spec.plan_id,
+                "state": state,
+                "tone": views::tone(&state),
+                "submitted_by": j.submitted_by,
+                "correlation_id": spec.correlation_id,
+                "created": when(j.created_at.as_ref().map_or(0, switchyard_kit::time::timestamp_ms), now),
+                "percent": p.percent_complete,
+                "steps": format!("{}/{}", p.current_step, p.total_steps),
+                "cost": money(j.cost_so_far.as_ref().map_or(0, |m| m.micro_usd)),
+                "tokens": j.tokens_used,
+            })
+        })
+        .collect();
+    let more = (!listed.next_page_token.is_empty()).then(|| {
+        format!(
+            "/ui/jobs?state={}&submitted_by={}&plan_id={}&correlation_id={}&page_token={}",
+            encode(&q.state),
+            encode(&q.submitted_by),
+            encode(&q.plan_id),
+            encode(&q.correlation_id),
+            encode(&listed.next_page_token)
+        )
+    });
+    Ok(page(
+        "jobs.html",
+        base,
+        json!({
+            "title": "Jobs",
+            "jobs": rows,
+            "states": names,
+            "filter": {"state": q.state, "submitted_by": q.submitted_by, "plan_id": q.plan_id, "correlation_id": q.correlation_id},
+            "more": more,
+        }),
+    ))
+}
+
+/// `GET /ui/jobs/{job_id}`: one job — its steps and their states, progress,
+/// per-step agent/model/tokens/cost, outputs so far, and the live timeline.
+pub(crate) async fn job(
+    State(c): Shared,
+    Extension(caller): Extension<Caller>,
+    Extension(s): Extension<Session>,
+    Path(job_id): Path<String>,
+) -> Result<Response, PageError> {
+    let base = layout(&caller, &s, "jobs");
+    let j = c
+        .jobs
+        .get(&caller, &job_id)
+        .await
+        .map_err(|e| PageError(e, base.clone()))?;
+    let now = now();
+    let spec = j.spec.clone().unwrap_or_default();
+    let state = crate::http::job_state_name(j.state);
+    let p = j.progress.unwrap_or_default();
+    let ms = |t: Option<&prost_types::Timestamp>| t.map_or(0, switchyard_kit::time::timestamp_ms);
+    let finished =
+        crate::http::finished(JobState::try_from(j.state).unwrap_or(JobState::Unspecified));
+    Ok(page(
+        "job.html",
+        base,
+        json!({
+            "title": format!("Job {}", spec.job_id),
+            "job": {
+                "id": spec.job_id,
+                "plan_id": spec.plan_id,
+                "plan_description": spec.plan_description,
+                "state": state,
+                "tone": views::tone(&state),
+                "finished": finished,
+                "submitted_by": j.submitted_by,
+                "correlation_id": spec.correlation_id,
+                "run_id": j.run_id,
+                "budget_id": j.budget_id,
+                "reason": j.reason,
+                "error": j.error,
+                "percent": p.percent_complete,
+                "steps": format!("{}/{}", p.current_step, p.total_steps),
+                "cost": money(j.cost_so_far.as_ref().map_or(0, |m| m.micro_usd)),
+                "tokens": j.tokens_used,
+                "created": when(ms(j.created_at.as_ref()), now),
+                "started": when(ms(j.started_at.as_ref()), now),
+                "finished_at": when(ms(j.finished_at.as_ref()), now),
+                "artifacts": j.artifacts.iter().map(|a| json!({"name": a.name, "id": a.artifact_id, "size": a.size_bytes, "media_type": a.media_type})).collect::<Vec<_>>(),
+                "last_sequence": j.last_sequence,
+            },
+            "tasks": views::tasks(&j, now),
+            "events_url": format!("/ui/jobs/{}/events", encode(&spec.job_id)),
+        }),
+    ))
+}
+
+/// `GET /ui/jobs/{job_id}/events`: the job's events as Server-Sent Events
+/// for the page's timeline, resumable with `Last-Event-ID`.
+pub(crate) async fn job_events(
+    State(c): Shared,
+    Extension(caller): Extension<Caller>,
+    Path(job_id): Path<String>,
+    headers: http::HeaderMap,
+) -> Response {
+    match crate::http::event_stream(&c.jobs, c.shutdown.clone(), caller, job_id, &headers, false)
+        .await
+    {
+        Ok(r) => r,
+        Err(s) => error_page(&s, None),
+    }
+}
+
+#[derive(Deserialize)]
+pub(crate) struct CancelForm {
+    #[serde(default)]
+    reason: String,
+}
+
+/// `POST /ui/jobs/{job_id}/cancel`: cancels as the person.
+pub(crate) async fn cancel(
+    State(c): Shared,
+    Extension(caller): Extension<Caller>,
+    Extension(s): Extension<Session>,
+    Path(job_id): Path<String>,
+    Form(f): Form<CancelForm>,
+) -> Result<Response, PageError> {
+    let base = layout(&caller, &s, "jobs");
+    let reason = if f.reason.trim().is_empty() {
+        format!("cancelled in the console by {}", caller.principal.subject)
+    } else {
+        f.reason.trim().to_owned()
+    };
+    c.jobs
+        .cancel(&caller, &job_id, &reason)
+        .await
+        .map_err(|e| PageError(e, base))?;
+    Ok(see_other(&format!("/ui/jobs/{}", encode(&job_id))))
+}
+
+// --- submit --------------------------------------------------------------
+
+/// `GET /ui/submit`: a form for a job document in any accepted format.
+pub(crate) async fn submit_form(
+    Extension(caller): Extension<Caller>,
+    Extension(s): Extension<Session>,
+) -> Response {
+    page(
+        "submit.html",
+        layout(&caller, &s, "submit"),
+        json!({"title": "Submit a job", "document": "", "format": ""}),
+    )
+}
+
+#[derive(Deserialize)]
+pub(crate) struct SubmitForm {
+    #[serde(default)]
+    document: String,
+    #[serde(default)]
+    format: String,
+}
+
+/// `POST /ui/submit`: SubmitJob as the person, then the job's page; a
+/// refused document is shown again with every problem the executor found.
+pub(crate) async fn submit(
+    State(c): Shared,
+    Extension(caller): Extension<Caller>,
+    Extension(s): Extension<Session>,
+    Form(f): Form<SubmitForm>,
+) -> Response {
+    let base = layout(&caller, &s, "submit");
+    let req = SubmitJobRequest {
+        document: f.document.clone(),
+        format: f.format.clone(),
+        ..Default::default()
+    };
+    match c.jobs.submit(&caller, req).await {
+        Ok(r) => {
+            let id = r
+                .job
+                .as_ref()
+                .map(|j| crate::http::job_id(j).to_owned())
+                .unwrap_or_default();
+            see_other(&format!("/ui/jobs/{}", encode(&id)))
+        }
+        Err(e) => {
+            let (code, body) = switchyard_kit::error::http_error(&e, "");
+            let mut resp = page(
+                "submit.html",
+                base,
+                json!({"title": "Submit a job", "document": f.document, "format": f.format, "error": body["error"]}),
+            );
+            *resp.status_mut() = code;
+            resp
+        }
+    }
+}
+
+// --- budgets -------------------------------------------------------------
+
+#[derive(Deserialize)]
+pub(crate) struct BudgetsQuery {
+    budget: Option<String>,
+}
+
+/// The most budgets the tree shows (pages of 200).
+const MAX_BUDGETS: usize = 1000;
+
+/// `GET /ui/budgets`: the budget tree (tenant → project → job) with limits,
+/// reserved, spent and remaining; with `?budget=ID`, that budget's ledger
+/// entries and its spend over time.
+pub(crate) async fn budgets(
+    State(c): Shared,
+    Extension(caller): Extension<Caller>,
+    Extension(s): Extension<Session>,
+    Query(q): Query<BudgetsQuery>,
+) -> Result<Response, PageError> {
+    let base = layout(&caller, &s, "budgets");
+    let fail = |e: Status| PageError(e, base.clone());
+    let ledger = reach(&c.services.ledger, "ledger").map_err(fail)?;
+    let mut all = Vec::new();
+    let mut token = String::new();
+    loop {
+        let req = lg::ListBudgetsRequest {
+            page_size: 200,
+            page_token: token.clone(),
+            ..Default::default()
+        };
+        let r = as_caller!(LedgerClient, ledger, caller, list_budgets, req).map_err(fail)?;
+        all.extend(r.budgets);
+        if r.next_page_token.is_empty() || all.len() >= MAX_BUDGETS {
+            break;
+        }
+        token = r.next_page_token;
+    }
+    let now = now();
+    let mut selected = Value::Null;
+    if let Some(id) = q.budget.as_deref().filter(|b| !b.is_empty()) {
+        let req = lg::ListEntriesRequest {
+            budget_id: id.to_owned(),
+            page_size: 500,
+            ..Default::default()
+        };
+        let r = as_caller!(LedgerClient, ledger, caller, list_entries, req).map_err(fail)?;
+        let budget = r.budget.as_ref().map_or(Value::Null, views::budget);
+        selected = json!({
+            "id": id,
+            "budget": budget,
+            "entries": r.entries.iter().map(|e| views::entry(e, now)).collect::<Vec<_>>(),
+            "total_cost": money(r.total_cost.as_ref().map_or(0, |m| m.micro_usd)),
+            "total_tokens": r.total_tokens,
+            "chart": views::chart(&r.entries, now),
+            "more": !r.next_page_token.is_empty(),
+        });
+    }
+    Ok(page(
+        "budgets.html",
+        base,
+        json!({
+            "title": "Budgets",
+            "tree": views::tree(&all),
+            "truncated": all.len() >= MAX_BUDGETS,
+            "selected": selected,
+        }),
+    ))
+}
+
+// --- agents --------------------------------------------------------------
+
+#[derive(Deserialize)]
+pub(crate) struct AgentsQuery {
+    capability: Option<String>,
+}
+
+/// `GET /ui/agents`: the registry's agents and tools; with `?capability=`,
+/// the router's ranked candidates for it with each factor of their score.
+pub(crate) async fn agents(
+    State(c): Shared,
+    Extension(caller): Extension<Caller>,
+    Extension(s): Extension<Session>,
+    Query(q): Query<AgentsQuery>,
+) -> Result<Response, PageError> {
+    let base = layout(&caller, &s, "agents");
+    let fail = |e: Status| PageError(e, base.clone());
+    let registry = reach(&c.services.registry, "registry").map_err(fail)?;
+    let req = rg::ListAgentsRequest {
+        page_size: 200,
+        ..Default::default()
+    };
+    let listed = as_caller!(RegistryClient, registry, caller, list_agents, req).map_err(fail)?;
+    let tools = as_caller!(
+        RegistryClient,
+        registry,
+        caller,
+        list_tools,
+        rg::ListToolsRequest::default()
+    )
+    .map_err(fail)?
+    .tools;
+    let now = now();
+    let agents: Vec<Value> = listed.agents.iter().map(|a| agent(a, now)).collect();
+    let tools: Vec<Value> = tools
+        .iter()
+        .map(|t| {
+            json!({
+                "name": t.name,
+                "description": t.description,
+                "mcp_server": t.mcp_server,
+                "owner": t.owner,
+                "requires_approval": t.requires_approval,
+            })
+        })
+        .collect();
+    let capability = q
+        .capability
+        .as_deref()
+        .map(str::trim)
+        .filter(|c| !c.is_empty());
+    let mut route = Value::Null;
+    if let Some(cap) = capability {
+        if !caller.principal.may(Permission::Route) {
+            route = json!({"problem": "your roles do not grant `route`, so the router's ranking is not shown"});
+        } else {
+            let router = reach(&c.services.router, "router").map_err(fail)?;
+            let req = rt::RouteRequest {
+                capability: cap.to_owned(),
+                limit: 10,
+                ..Default::default()
+            };
+            route = match as_caller!(RouterClient, router, caller, route, req) {
+                Ok(r) => json!({
+                    "candidates": r.candidates.iter().enumerate().map(|(i, c)| {
+                        let b = c.breakdown.clone().unwrap_or_default();
+                        json!({
+                            "rank": i + 1,
+                            "agent": c.agent_id,
+                            "score": format!("{:.3}", c.score),
+                            "capability_match": format!("{:.2}", b.capability_match),
+                            "trust": format!("{:.2}", b.trust),
+                            "latency": format!("{:.2}", b.latency),
+                            "latency_ms": format!("{:.0}", b.latency_ms),
+                            "latency_observed": b.latency_observed,
+                            "cost": format!("{:.2}", b.cost),
+                            "preference": format!("{:.2}", b.preference),
+                            "matched": b.matched_capability,
+                            "price": money(c.price_per_unit_micro_usd),
+                            "unit": c.unit,
+                            "trust_score": c.trust_score,
+                        })
+                    }).collect::<Vec<_>>(),
+                    "filtered": r.filtered.iter().collect::<BTreeMap<_, _>>(),
+                }),
+                Err(e) => json!({"problem": e.message()}),
+            };
+        }
+    }
+    Ok(page(
+        "agents.html",
+        base,
+        json!({
+            "title": "Agents and tools",
+            "agents": agents,
+            "tools": tools,
+            "capability": capability,
+            "route": route,
+        }),
+    ))
+}
+
+/// An agent as the registry page shows it.
+fn agent(a: &rg::Agent, now: u64) -> Value {
+    let spec = a.spec.clone().unwrap_or_default();
+    let status = rg::AgentStatus::try_from(a.status)
+        .unwrap_or(rg::AgentStatus::Unspecified)
+        .as_str_name()
+        .trim_start_matches("AGENT_STATUS_")
+        .to_ascii_lowercase();
+    let stats: BTreeMap<&str, &rg::CapabilityStats> =
+        a.stats.iter().map(|s| (s.capability.as_str(), s)).collect();
+    json!({
+        "id": spec.id,
+        "name": spec.name,
+        "status": status,
+        "tone": if status == "available" { "ok" } else { "bad" },
+        "trust": spec.trust_score,
+        "in_flight": a.in_flight,
+        "max_concurrency": spec.max_concurrency,
+        "endpoint": spec.endpoint,
+        "lease": when(a.lease_expires_at.as_ref().map_or(0, switchyard_kit::time::timestamp_ms), now),
+        "capabilities": spec.capabilities.iter().map(|c| {
+            let st = stats.get(c.name.as_str());
+            json!({
+                "name": c.name,
+                "price": money(c.price_per_unit_micro_usd),
+                "unit": c.unit,
+                "latency_ms": st.map(|s| format!("{:.0}", s.ewma_latency_ms)),
+                "success_rate": st.filter(|s| s.count > 0).map(|s| format!("{:.0}%", s.success_rate * 100.0)),
+                "calls": st.map_or(0, |s| s.count),
+            })
+        }).collect::<Vec<_>>(),
+        "latency_estimate_ms": spec.latency_estimate_ms,
+    })
+}

@@ -1,0 +1,501 @@
+//! What the console's pages show, shaped from the services' messages. Pure:
+//! the handlers fetch, these decide the wording, money, times, the budget
+//! tree and the spend chart; the templates only lay them out.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+use switchyard_proto::common::v1::Money;
+use switchyard_proto::executor::v1::{Job, TaskSpec, TaskStatus, task_spec};
+use switchyard_proto::ledger::v1::{Budget, Entry};
+
+/// Money as people read it — dollars, to the cent from a dollar up, to the
+/// micro-dollar below — with the exact micro-USD figure beside it (shown
+/// on hover).
+pub fn money(micro_usd: i64) -> Value {
+    let sign = if micro_usd < 0 { "-" } else { "" };
+    let abs = micro_usd.unsigned_abs();
+    let text = if abs >= 1_000_000 {
+        format!(
+            "{sign}${}.{:02}",
+            abs / 1_000_000,
+            (abs % 1_000_000) / 10_000
+        )
+    } else {
+        format!("{sign}${}.{:06}", abs / 1_000_000, abs % 1_000_000)
+    };
+    json!({"text": text, "micro": micro_usd, "title": format!("{} micro-USD", group(micro_usd))})
+}
+
+/// [`money`] of an optional amount; `None` shows as "no limit".
+pub fn money_of(m: Option<&Money>) -> Value {
+    m.map_or(Value::Null, |m| money(m.micro_usd))
+}
+
+/// `1234567` → `1,234,567`.
+pub fn group(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 { format!("-{out}") } else { out }
+}
+
+/// A time both ways: relative to `now_ms` ("3 min ago") and absolute (UTC,
+/// ISO 8601 for the `datetime` attribute and as text). `None` for unset.
+pub fn when(ms: u64, now_ms: u64) -> Value {
+    if ms == 0 {
+        return Value::Null;
+    }
+    let secs = (ms / 1000) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, d) = civil(days);
+    let abs = format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    );
+    let iso = format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    );
+    json!({"rel": relative(ms, now_ms), "abs": abs, "iso": iso, "ms": ms})
+}
+
+/// "just now", "42 s ago", "3 min ago", "5 h ago", "2 days ago", or "in …"
+/// for a time ahead.
+pub fn relative(ms: u64, now_ms: u64) -> String {
+    let (ahead, d) = if ms > now_ms {
+        (true, (ms - now_ms) / 1000)
+    } else {
+        (false, (now_ms - ms) / 1000)
+    };
+    let span = match d {
+        0..=4 => return "just now".into(),
+        5..=59 => format!("{d} s"),
+        60..=3599 => format!("{} min", d / 60),
+        3600..=86_399 => format!("{} h", d / 3600),
+        86_400..=172_799 => "1 day".into(),
+        _ => format!("{} days", d / 86_400),
+    };
+    if ahead {
+        format!("in {span}")
+    } else {
+        format!("{span} ago")
+    }
+}
+
+/// Days since 1970-01-01 → (year, month, day), proleptic Gregorian
+/// (Howard Hinnant's `civil_from_days`).
+fn civil(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (
+        if m <= 2 {
+            yoe + era * 400 + 1
+        } else {
+            yoe + era * 400
+        },
+        m,
+        d,
+    )
+}
+
+/// How a state reads at a glance: `ok` (done well), `bad` (ended badly),
+/// `live` (running), `wait` (not started or waiting). The state's name is
+/// always shown beside the colour.
+pub fn tone(state: &str) -> &'static str {
+    match state {
+        "succeeded" | "completed" | "approved" => "ok",
+        "failed" | "cancelled" | "discarded" | "skipped" | "rejected" | "retryable" => "bad",
+        "running" | "active" | "retrying" | "awaiting_approval" => "live",
+        _ => "wait",
+    }
+}
+
+/// What a task does, in a few words: `agent text.stats`, `llm gpt-4o`,
+/// `command sort -u`, `queue emails`.
+pub fn task_kind(t: &TaskSpec) -> (String, String) {
+    match &t.kind {
+        Some(task_spec::Kind::Agent(a)) => ("agent".into(), a.capability.clone()),
+        Some(task_spec::Kind::Llm(l)) => ("llm".into(), l.model.clone()),
+        Some(task_spec::Kind::Command(c)) => {
+            let mut s = c.command.clone();
+            for a in c.args.iter().take(4) {
+                s.push(' ');
+                s.push_str(a);
+            }
+            ("command".into(), s)
+        }
+        Some(task_spec::Kind::Queue(q)) => ("queue".into(), q.queue.clone()),
+        None => ("task".into(), String::new()),
+    }
+}
+
+/// The tasks of `job`: each spec with its status (state, agent or model,
+/// tokens, cost, attempts, output).
+pub fn tasks(job: &Job, now_ms: u64) -> Vec<Value> {
+    let specs = job.spec.as_ref().map_or(&[][..], |s| &s.tasks[..]);
+    let status: BTreeMap<&str, &TaskStatus> =
+        job.tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
+    specs
+        .iter()
+        .map(|spec| {
+            let (kind, what) = task_kind(spec);
+            let st = status.get(spec.id.as_str());
+            let state = st.map_or("waiting".to_owned(), |t| {
+                crate::http::task_state_name(t.state)
+            });
+            let ts = |f: fn(&TaskStatus) -> Option<&prost_types::Timestamp>| {
+                st.and_then(|t| f(t))
+                    .map_or(0, switchyard_kit::time::timestamp_ms)
+            };
+            let output = st.and_then(|t| t.output.as_ref()).map(|o| {
+                serde_json::to_string_pretty(&switchyard_kit::json::struct_to_json(o))
+                    .unwrap_or_default()
+            });
+            let stdout = st
+                .filter(|t| !t.stdout.is_empty())
+                .map(|t| String::from_utf8_lossy(&t.stdout).into_owned());
+            json!({
+                "id": spec.id,
+                "name": spec.name,
+                "kind": kind,
+                "what": what,
+                "depends_on": spec.depends_on,
+                "state": state,
+                "tone": tone(&state),
+                "agent": st.map_or("", |t| t.agent_id.as_str()),
+                "model": st.map_or("", |t| t.model_used.as_str()),
+                "tokens": st.map_or(0, |t| t.tokens_used),
+                "cost": money(st.and_then(|t| t.cost.as_ref()).map_or(0, |m| m.micro_usd)),
+                "attempts": st.map_or(0, |t| t.attempts.len()),
+                "reason": st.map_or("", |t| t.reason.as_str()),
+                "error": st.map_or("", |t| t.error.as_str()),
+                "started": when(ts(|t| t.started_at.as_ref()), now_ms),
+                "finished": when(ts(|t| t.finished_at.as_ref()), now_ms),
+                "output": output,
+                "stdout": stdout,
+            })
+        })
+        .collect()
+}
+
+/// A budget's figures: limits, reserved, spent, remaining, and how full it
+/// is (spent + reserved over the cost limit, else the token limit).
+pub fn budget(b: &Budget) -> Value {
+    let micro = |m: Option<&Money>| m.map_or(0, |m| m.micro_usd);
+    let used_cost = micro(b.cost_spent.as_ref()) + micro(b.cost_reserved.as_ref());
+    let used_tokens = b.tokens_spent + b.tokens_reserved;
+    let percent = match (b.cost_limit.as_ref(), b.token_limit) {
+        (Some(l), _) if l.micro_usd > 0 => Some(used_cost as f64 / l.micro_usd as f64),
+        (_, Some(t)) if t > 0 => Some(used_tokens as f64 / t as f64),
+        _ => None,
+    }
+    .map(|f| (f * 100.0).clamp(0.0, 100.0).round() as u64);
+    json!({
+        "id": b.budget_id,
+        "parent": b.parent_id,
+        "tenant": b.tenant,
+        "cost_limit": money_of(b.cost_limit.as_ref()),
+        "cost_reserved": money(micro(b.cost_reserved.as_ref())),
+        "cost_spent": money(micro(b.cost_spent.as_ref())),
+        "cost_remaining": money_of(b.cost_remaining.as_ref()),
+        "token_limit": b.token_limit,
+        "tokens_reserved": b.tokens_reserved,
+        "tokens_spent": b.tokens_spent,
+        "tokens_remaining": b.tokens_remaining,
+        "percent": percent,
+        "closed": b.closed,
+        "overrun": b.overrun,
+        "job_id": b.labels.get("job_id"),
+    })
+}
+
+/// `budgets` as a tree: each budget after its parent, with its depth
+/// (tenant → project → job). A budget whose parent is not among them is a
+/// root; children in id order.
+pub fn tree(budgets: &[Budget]) -> Vec<Value> {
+    let ids: std::collections::HashSet<&str> =
+        budgets.iter().map(|b| b.budget_id.as_str()).collect();
+    let mut children: BTreeMap<&str, Vec<&Budget>> = BTreeMap::new();
+    let mut roots = Vec::new();
+    for b in budgets {
+        if !b.parent_id.is_empty() && ids.contains(b.parent_id.as_str()) {
+            children.entry(b.parent_id.as_str()).or_default().push(b);
+        } else {
+            roots.push(b);
+        }
+    }
+    roots.sort_by(|a, b| a.budget_id.cmp(&b.budget_id));
+    for v in children.values_mut() {
+        v.sort_by(|a, b| a.budget_id.cmp(&b.budget_id));
+    }
+    let mut out = Vec::new();
+    // Depth-first, iteratively (a parent cycle cannot occur: each budget
+    // is visited once, from its one parent or as a root).
+    let mut stack: Vec<(&Budget, usize)> = roots.into_iter().rev().map(|b| (b, 0)).collect();
+    while let Some((b, depth)) = stack.pop() {
+        let mut v = budget(b);
+        let kids = children.get(b.budget_id.as_str());
+        v["depth"] = depth.into();
+        v["children"] = kids.map_or(0, Vec::len).into();
+        out.push(v);
+        if let Some(kids) = kids {
+            stack.extend(kids.iter().rev().map(|k| (*k, depth + 1)));
+        }
+    }
+    out
+}
+
+/// An entry in AITP's cost-ledger shape (seed 002 §7.2).
+pub fn entry(e: &Entry, now_ms: u64) -> Value {
+    let t = e
+        .time
+        .as_ref()
+        .map_or(0, switchyard_kit::time::timestamp_ms);
+    json!({
+        "entry_id": e.entry_id,
+        "subtask_id": e.subtask_id,
+        "agent_id": e.agent_id,
+        "model": e.model,
+        "units": e.units,
+        "tokens": e.tokens,
+        "price_per_unit": unit_price(e.price_per_unit.as_ref().map_or(0, |p| p.micro_usd_per_million)),
+        "total": money(e.total.as_ref().map_or(0, |m| m.micro_usd)),
+        "timestamp": when(t, now_ms),
+        "job_id": e.context.as_ref().map_or("", |c| c.job_id.as_str()),
+    })
+}
+
+/// A price kept per million units (tokens, pages, calls) as people read
+/// it: per unit when that is a whole number of micro-dollars (agents priced
+/// per call or page), else per million (model tokens, `$2.50/M`).
+pub fn unit_price(micro_usd_per_million: i64) -> Value {
+    let mut v = if micro_usd_per_million % 1_000_000 == 0 {
+        let mut v = money(micro_usd_per_million / 1_000_000);
+        v["per"] = "unit".into();
+        v
+    } else {
+        let mut v = money(micro_usd_per_million);
+        v["per"] = "M units".into();
+        v
+    };
+    v["title"] = format!(
+        "{} micro-USD per million units",
+        group(micro_usd_per_million)
+    )
+    .into();
+    v
+}
+
+/// Width and height of the spend chart, in SVG user units.
+const CHART_W: f64 = 600.0;
+const CHART_H: f64 = 160.0;
+
+/// Spend over time as an SVG polyline: cumulative cost of `entries`
+/// (oldest first), scaled to the chart, with its axis labels. `None` when
+/// there is nothing to draw.
+pub fn chart(entries: &[Entry], now_ms: u64) -> Option<Value> {
+    let mut pts: Vec<(u64, i64)> = entries
+        .iter()
+        .map(|e| {
+            (
+                e.time
+                    .as_ref()
+                    .map_or(0, switchyard_kit::time::timestamp_ms),
+                e.total.as_ref().map_or(0, |m| m.micro_usd),
+            )
+        })
+        .collect();
+    if pts.is_empty() {
+        return None;
+    }
+    pts.sort_by_key(|p| p.0);
+    let (t0, t1) = (pts[0].0, pts[pts.len() - 1].0.max(pts[0].0 + 1));
+    let mut sum = 0i64;
+    let cum: Vec<(u64, i64)> = pts
+        .iter()
+        .map(|(t, c)| {
+            sum = sum.saturating_add(*c);
+            (*t, sum)
+        })
+        .collect();
+    let top = sum.max(1) as f64;
+    let x = |t: u64| (t - t0) as f64 / (t1 - t0) as f64 * CHART_W;
+    let y = |c: i64| CHART_H - c as f64 / top * CHART_H;
+    // A step line: spend stays flat until the next entry.
+    let mut points = format!("0,{CHART_H}");
+    let mut prev = 0i64;
+    for (t, c) in &cum {
+        points.push_str(&format!(
+            " {:.1},{:.1} {:.1},{:.1}",
+            x(*t),
+            y(prev),
+            x(*t),
+            y(*c)
+        ));
+        prev = *c;
+    }
+    points.push_str(&format!(" {CHART_W},{:.1}", y(prev)));
+    Some(json!({
+        "points": points,
+        "width": CHART_W,
+        "height": CHART_H,
+        "total": money(sum),
+        "from": when(t0, now_ms),
+        "to": when(t1, now_ms),
+        "entries": cum.len(),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_proto::common::v1::UnitPrice;
+
+    #[test]
+    fn money_shows_dollars_and_keeps_the_exact_micro_usd_figure() {
+        for (micro, text) in [
+            (0, "$0.000000"),
+            (20, "$0.000020"),
+            (25_000, "$0.025000"),
+            (999_999, "$0.999999"),
+            (1_000_000, "$1.00"),
+            (12_345_678, "$12.34"),
+            (-1_500_000, "-$1.50"),
+        ] {
+            let m = money(micro);
+            assert_eq!(m["text"], text, "{micro}");
+            assert_eq!(m["micro"], micro);
+        }
+        assert_eq!(money(12_345_678)["title"], "12,345,678 micro-USD");
+        assert_eq!(group(-1000), "-1,000");
+        assert_eq!(money_of(None), Value::Null);
+    }
+
+    #[test]
+    fn prices_read_per_unit_when_whole_else_per_million() {
+        let call = unit_price(25_000 * 1_000_000);
+        assert_eq!(
+            (call["text"].as_str(), call["per"].as_str()),
+            (Some("$0.025000"), Some("unit"))
+        );
+        let tokens = unit_price(2_500_000);
+        assert_eq!(
+            (tokens["text"].as_str(), tokens["per"].as_str()),
+            (Some("$2.50"), Some("M units"))
+        );
+        assert_eq!(tokens["title"], "2,500,000 micro-USD per million units");
+    }
+
+    #[test]
+    fn times_read_relative_and_absolute() {
+        let now = 1_764_124_800_000; // 2025-11-26T02:40:00Z
+        let t = when(now - 3 * 60_000, now);
+        assert_eq!(t["rel"], "3 min ago");
+        assert_eq!(t["abs"], "2025-11-26 02:37:00 UTC");
+        assert_eq!(t["iso"], "2025-11-26T02:37:00Z");
+        assert_eq!(relative(now, now), "just now");
+        assert_eq!(relative(now - 42_000, now), "42 s ago");
+        assert_eq!(relative(now - 5 * 3_600_000, now), "5 h ago");
+        assert_eq!(relative(now - 3 * 86_400_000, now), "3 days ago");
+        assert_eq!(relative(now + 120_000, now), "in 2 min");
+        assert_eq!(when(0, now), Value::Null);
+        assert_eq!(civil(0), (1970, 1, 1));
+        assert_eq!(civil(11_016), (2000, 2, 29));
+    }
+
+    #[test]
+    fn every_state_reads_as_one_tone() {
+        assert_eq!(tone("succeeded"), "ok");
+        assert_eq!(tone("failed"), "bad");
+        assert_eq!(tone("running"), "live");
+        assert_eq!(tone("waiting"), "wait");
+        assert_eq!(tone("pending"), "wait");
+    }
+
+    fn b(id: &str, parent: &str, limit: Option<i64>, spent: i64, reserved: i64) -> Budget {
+        Budget {
+            budget_id: id.into(),
+            parent_id: parent.into(),
+            cost_limit: limit.map(|micro_usd| Money { micro_usd }),
+            cost_spent: Some(Money { micro_usd: spent }),
+            cost_reserved: Some(Money {
+                micro_usd: reserved,
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn budgets_nest_under_their_parents_depth_first() {
+        let all = [
+            b("job:b", "team", None, 0, 0),
+            b("team", "org", Some(1_000_000), 250_000, 250_000),
+            b("org", "", Some(10_000_000), 0, 0),
+            b("job:a", "team", None, 0, 0),
+            b("orphan", "gone", None, 0, 0),
+        ];
+        let t = tree(&all);
+        let order: Vec<(&str, u64)> = t
+            .iter()
+            .map(|v| {
+                (
+                    v["id"].as_str().unwrap_or(""),
+                    v["depth"].as_u64().unwrap_or(9),
+                )
+            })
+            .collect();
+        assert_eq!(
+            order,
+            [
+                ("org", 0),
+                ("team", 1),
+                ("job:a", 2),
+                ("job:b", 2),
+                ("orphan", 0)
+            ]
+        );
+        assert_eq!(t[1]["percent"], 50, "spent + reserved over the limit");
+        assert_eq!(t[1]["children"], 2);
+        assert_eq!(t[2]["percent"], Value::Null, "no limit, no gauge");
+    }
+
+    fn e(ms: u64, micro_usd: i64) -> Entry {
+        Entry {
+            total: Some(Money { micro_usd }),
+            time: Some(switchyard_kit::time::timestamp(ms)),
+            price_per_unit: Some(UnitPrice {
+                micro_usd_per_million: 1,
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_spend_chart_climbs_in_steps_to_the_total() {
+        assert!(chart(&[], 0).is_none());
+        let c = chart(&[e(2_000, 300), e(1_000, 100)], 3_000).expect("a chart");
+        assert_eq!(c["total"]["micro"], 400);
+        assert_eq!(c["entries"], 2);
+        // Oldest first: 100 at x=0, then 400 (the top) at the right edge.
+        assert_eq!(
+            c["points"],
+            "0,160 0.0,160.0 0.0,120.0 600.0,120.0 600.0,0.0 600,0.0"
+        );
+    }
+}

@@ -1,0 +1,236 @@
+"""The web console in a real browser: Debian's Chromium driven by Playwright.
+
+Run by tests/tests/e2e/console.rs against an in-process stack (it starts the
+services, two priced agents and the budgets, then this script). Everything
+it needs comes from the environment:
+
+  SY_BASE      the gateway's HTTP door, http://127.0.0.1:PORT
+  SY_ALICE     alice's API key (submitter)
+  SY_BOB       bob's API key (approver)
+  SY_CAROL     carol's API key (approver and submitter)
+  SY_VIEWER    vera's API key (viewer)
+  SY_JOB       the job document alice submits (tests/console/release_notes.yaml)
+  SY_CHROMIUM  the Chromium binary (Debian's; never `playwright install`)
+  SY_SHOTS     directory for the screenshots (docs/console with `make screenshots`)
+
+Every wait is bounded (Playwright's timeouts); on failure the script exits
+non-zero with the step that failed. The last line of its output is a JSON
+summary the Rust side checks against the services.
+"""
+
+import json
+import os
+import re
+import sys
+import time
+
+from playwright.sync_api import expect, sync_playwright
+
+BASE = os.environ["SY_BASE"]
+TOKENS = {n: os.environ["SY_" + n.upper()] for n in ("alice", "bob", "carol", "viewer")}
+JOB = open(os.environ["SY_JOB"], encoding="utf-8").read()
+SHOTS = os.environ["SY_SHOTS"]
+TIMEOUT_MS = 30_000
+
+summary = {}
+
+
+def step(msg):
+    print(f"[console] {msg}", flush=True)
+
+
+def sign_in(browser, who, viewport=None):
+    """A fresh browser context signed in as `who` through the sign-in form."""
+    ctx = browser.new_context(viewport=viewport or {"width": 1280, "height": 900})
+    ctx.set_default_timeout(TIMEOUT_MS)
+    page = ctx.new_page()
+    page.goto(BASE + "/ui/jobs")
+    # No session: sent to sign-in, and back to the page asked for after.
+    expect(page).to_have_url(re.compile(r"/ui/sign-in\?next=%2Fui%2Fjobs$"))
+    page.get_by_label("API key or token").fill(TOKENS[who])
+    page.get_by_role("button", name="Sign in").click()
+    expect(page).to_have_url(BASE + "/ui/jobs")
+    expect(page.locator("#whoami")).to_contain_text(who if who != "viewer" else "vera")
+    return ctx, page
+
+
+def submit(page, document):
+    """Submits `document` through the console's form: the new job's id."""
+    page.goto(BASE + "/ui/submit")
+    page.get_by_label("Job document").fill(document)
+    page.get_by_role("button", name="Submit").click()
+    expect(page).to_have_url(re.compile(r"/ui/jobs/[0-9a-f-]+$"))
+    return page.url.rsplit("/", 1)[1]
+
+
+def csrf(page):
+    return page.locator("input[name=csrf]").first.get_attribute("value")
+
+
+def forced_post(page, path, fields):
+    """Submits a form the page did not offer (as a person could with the
+    developer tools): the server must refuse it and the page say why."""
+    page.evaluate(
+        """([path, fields]) => {
+            const f = document.createElement('form');
+            f.method = 'post';
+            f.action = path;
+            for (const [k, v] of Object.entries(fields)) {
+                const i = document.createElement('input');
+                i.type = 'hidden'; i.name = k; i.value = v;
+                f.append(i);
+            }
+            document.body.append(f);
+            f.submit();
+        }""",
+        [path, fields],
+    )
+    page.wait_for_url(BASE + path)
+
+
+def main():
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=os.environ["SY_CHROMIUM"],
+            args=["--no-sandbox", "--disable-dev-shm-usage"],
+        )
+
+        step("a page with no session redirects to sign-in; a wrong key is refused")
+        anon = browser.new_context()
+        page = anon.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(BASE + "/ui/budgets")
+        expect(page).to_have_url(BASE + "/ui/sign-in?next=%2Fui%2Fbudgets")
+        page.get_by_label("API key or token").fill("syk_000000000000_not-a-key")
+        page.get_by_role("button", name="Sign in").click()
+        expect(page.locator("#problem")).to_contain_text("not signed in")
+        anon.close()
+
+        step("alice signs in and submits a job that needs approval")
+        alice_ctx, alice = sign_in(browser, "alice")
+        # Keyboard: the first Tab reaches the skip link.
+        alice.keyboard.press("Tab")
+        assert alice.evaluate("document.activeElement.textContent") == "Skip to content"
+        alice.get_by_role("link", name="Submit").click()
+        expect(alice).to_have_url(BASE + "/ui/submit")
+        job_id = submit(alice, JOB)
+        summary["job_id"] = job_id
+        expect(alice.locator("#job-state")).to_have_text("pending")
+        for task in ("stats", "links", "summary"):
+            expect(alice.locator(f'tr[data-task="{task}"] .state')).to_have_text("waiting")
+        # The timeline is live: the submission's events arrive over SSE.
+        expect(alice.locator("#timeline li[data-kind='approval.requested']")).to_have_count(1)
+        run_id = "run-" + job_id
+
+        step("alice cannot approve her own run: the server refuses and the page says why")
+        assert alice.locator("button.approve").count() == 0
+        alice.goto(BASE + "/ui/jobs/" + job_id)
+        forced_post(alice, f"/ui/runs/{run_id}/approve", {"csrf": csrf(alice), "comment": "mine"})
+        expect(alice.locator("#problem")).to_contain_text("permission run.decide is needed")
+        expect(alice.locator("h1")).to_have_text("Forbidden")
+
+        step("bob sees it in his inbox with its estimate and budget")
+        bob_ctx, bob = sign_in(browser, "bob")
+        bob.get_by_role("link", name="Approvals").click()
+        card = bob.locator(f'article[id="run-{run_id}"]')
+        expect(card).to_be_visible()
+        expect(card.locator(".submitter")).to_have_text("alice")
+        expect(card).to_contain_text("word statistics of the 2.4 release note")
+        estimate = card.locator(".estimate .money")
+        estimate_text = estimate.inner_text()
+        summary["estimate_text"] = estimate_text
+        summary["estimate_title"] = estimate.get_attribute("title")
+        expect(card.locator(".budget-chain")).to_contain_text("acme/docs")
+        expect(card.locator(".budget-chain")).to_contain_text("job-" + job_id)
+        expect(card.locator("table.plan")).to_contain_text("text_stats")
+        bob.screenshot(path=os.path.join(SHOTS, "console-inbox.png"), full_page=True)
+
+        step("alice keeps the job page open; bob approves; the steps turn green live")
+        alice.goto(BASE + "/ui/jobs/" + job_id)
+        expect(alice.locator("#live")).to_have_text("(live)")
+        alice.evaluate("window.__not_reloaded = true")
+        card.get_by_label("Comment").fill("fine for the release")
+        card.get_by_role("button", name="Approve").click()
+        expect(bob.locator(".notice")).to_contain_text(f"run {run_id} approved")
+        for task in ("stats", "links", "summary"):
+            expect(alice.locator(f'tr[data-task="{task}"] .state')).to_have_text("succeeded")
+            expect(alice.locator(f'tr[data-task="{task}"] .state')).to_have_class(re.compile(r"\bok\b"))
+        expect(alice.locator("#job-state")).to_have_text("completed")
+        expect(alice.locator("#live")).to_have_text("(finished)")
+        assert alice.evaluate("window.__not_reloaded === true"), "the job page reloaded"
+        expect(alice.locator("#outputs")).to_contain_text("words, links extracted")
+        summary["timeline_events"] = alice.locator("#timeline li").count()
+        alice.screenshot(path=os.path.join(SHOTS, "console-job.png"), full_page=True)
+
+        step("bob opens the job's budget: ledger entries and the spend chart")
+        bob.goto(BASE + "/ui/jobs/" + job_id)
+        bob.get_by_role("link", name="job-" + job_id).click()
+        expect(bob.locator("#selected")).to_be_visible()
+        entries = bob.locator("#selected tr.entry")
+        expect(entries).to_have_count(2)
+        summary["entries"] = entries.count()
+        summary["entry_agents"] = sorted(
+            entries.nth(i).locator("td").nth(2).inner_text() for i in range(entries.count())
+        )
+        expect(bob.locator("figure.chart svg polyline")).to_have_count(1)
+        # The tree: tenant budget → project → job, nested.
+        expect(bob.locator("table.tree tr.depth-0", has_text="acme")).to_have_count(1)
+        expect(bob.locator("table.tree tr.depth-2", has_text="job-" + job_id)).to_have_count(1)
+        bob.screenshot(path=os.path.join(SHOTS, "console-budgets.png"), full_page=True)
+
+        step("bob ranks agents for a capability: per-factor scores")
+        bob.get_by_role("link", name="Agents").click()
+        bob.get_by_label("Route this capability").fill("text.stats")
+        bob.get_by_role("button", name="Rank agents").click()
+        expect(bob.locator("table.candidates tr.candidate").first).to_contain_text("text_stats")
+        expect(bob.locator("#agent-text_stats")).to_contain_text("available")
+        bob.screenshot(path=os.path.join(SHOTS, "console-agents.png"), full_page=True)
+
+        step("a viewer sees the inbox without buttons, and the endpoint refuses them")
+        second = submit(alice, JOB.replace("plan_id: release-notes", "plan_id: release-notes-2"))
+        summary["second_job_id"] = second
+        viewer_ctx, viewer = sign_in(browser, "viewer")
+        viewer.goto(BASE + "/ui/")
+        vcard = viewer.locator(f'article[id="run-run-{second}"]')
+        expect(vcard).to_be_visible()
+        assert vcard.locator("button").count() == 0, "a viewer got a decision button"
+        forced_post(viewer, f"/ui/runs/run-{second}/approve", {"csrf": csrf(viewer), "comment": "x"})
+        expect(viewer.locator("#problem")).to_contain_text("permission run.decide is needed")
+
+        step("carol (approver and submitter) may not approve the run she proposed")
+        carol_ctx, carol = sign_in(browser, "carol")
+        third = submit(carol, JOB.replace("plan_id: release-notes", "plan_id: release-notes-3"))
+        summary["third_job_id"] = third
+        carol.goto(BASE + "/ui/")
+        ccard = carol.locator(f'article[id="run-run-{third}"]')
+        expect(ccard).to_contain_text("You proposed this run")
+        assert ccard.locator("button.approve").count() == 0
+        forced_post(carol, f"/ui/runs/run-{third}/approve", {"csrf": csrf(carol), "comment": "mine"})
+        expect(carol.locator("#problem")).to_be_visible()
+        summary["separation_of_duties"] = carol.locator("#problem").inner_text()
+
+        step("a narrow screen: the inbox fits without sideways scrolling")
+        narrow_ctx, narrow = sign_in(browser, "bob", viewport={"width": 375, "height": 740})
+        narrow.goto(BASE + "/ui/")
+        expect(narrow.locator(f'article[id="run-run-{second}"]')).to_be_visible()
+        overflow = narrow.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, f"the inbox is {overflow}px wider than a 375px screen"
+        narrow.screenshot(path=os.path.join(SHOTS, "console-narrow.png"), full_page=True)
+
+        step("signing out ends the session")
+        bob.goto(BASE + "/ui/")
+        bob.get_by_role("button", name="Sign out").click()
+        expect(bob).to_have_url(re.compile(r"/ui/sign-in"))
+        bob.goto(BASE + "/ui/jobs")
+        expect(bob).to_have_url(re.compile(r"/ui/sign-in\?next="))
+
+        for c in (alice_ctx, bob_ctx, viewer_ctx, carol_ctx, narrow_ctx):
+            c.close()
+        browser.close()
+    print(json.dumps(summary), flush=True)
+
+
+if __name__ == "__main__":
+    started = time.monotonic()
+    main()
+    step(f"passed in {time.monotonic() - started:.1f}s")

@@ -1,0 +1,513 @@
+//! The web console (`/ui/`) against the in-process stack: in a real browser
+//! (Debian's Chromium driven by Playwright for Python: tests/console), and
+//! its guarantees checked directly over HTTP — every route of the
+//! authorization matrix with a session cookie, forged forms refused before
+//! anything acts, the live timeline resuming after `Last-Event-ID`.
+
+#![allow(clippy::unwrap_used)] // test helpers: a failed call is a failed test
+
+use std::time::Duration;
+
+use serde_json::Value;
+use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
+use switchyard_proto::approval::v1::{GetRunRequest, RunStatus};
+use switchyard_proto::auth::v1::PrincipalKind;
+use switchyard_proto::common::v1::Money;
+use switchyard_proto::executor::v1::JobState;
+use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
+use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
+use switchyard_proto::ledger::v1::{CreateBudgetRequest, ListEntriesRequest};
+use switchyard_testkit::Stack;
+
+use crate::common::{finish, id, job, submit};
+use crate::gateway::DOOR_RPCS;
+
+/// The stack, the budgets the test job draws on (acme → acme/docs), and two
+/// priced example agents serving text.stats and text.extract.
+struct Env {
+    s: Stack,
+    stop: switchyard_kit::shutdown::Trigger,
+    agents: Vec<tokio::task::JoinHandle<Result<(), switchyard_agent_sdk::SdkError>>>,
+}
+
+impl Env {
+    async fn start() -> Env {
+        let s = stack().await;
+        let mut ledger = LedgerServiceClient::new(s.channel_as("admin").await.unwrap());
+        for (id, parent, usd) in [("acme", "", 20_000_000), ("acme/docs", "acme", 5_000_000)] {
+            ledger
+                .create_budget(CreateBudgetRequest {
+                    budget_id: id.into(),
+                    parent_id: parent.into(),
+                    cost_limit: Some(Money { micro_usd: usd }),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        let (stop, shutdown) = switchyard_kit::shutdown::channel();
+        let opts = switchyard_agent_sdk::ServeOptions {
+            registry_url: s.url.clone(),
+            credential: switchyard_kit::client::Credential::bearer(&s.token("agents").unwrap())
+                .ok(),
+            ..Default::default()
+        };
+        let mut stats = switchyard_example_agents::spec(
+            "text_stats",
+            "Text statistics",
+            "Counts lines, words and the most frequent terms of a text.",
+            "text.stats",
+            25_000,
+        );
+        let mut extract = switchyard_example_agents::spec(
+            "text_extract",
+            "Text extraction",
+            "Finds the URLs, e-mail addresses and dates in a text.",
+            "text.extract",
+            50_000,
+        );
+        let (o1, o2, sd1, sd2) = (opts.clone(), opts, shutdown.clone(), shutdown);
+        let agents = vec![
+            tokio::spawn(async move {
+                switchyard_agent_sdk::serve_until(
+                    switchyard_example_agents::TextStats,
+                    &mut stats,
+                    o1,
+                    sd1,
+                )
+                .await
+            }),
+            tokio::spawn(async move {
+                switchyard_agent_sdk::serve_until(
+                    switchyard_example_agents::Extract,
+                    &mut extract,
+                    o2,
+                    sd2,
+                )
+                .await
+            }),
+        ];
+        for cap in ["text.stats", "text.extract"] {
+            crate::common::wait_routed(&s, cap).await;
+        }
+        Env { s, stop, agents }
+    }
+
+    fn base(&self) -> String {
+        format!("http://{}", self.s.http.unwrap())
+    }
+
+    async fn stop(self) {
+        self.stop.fire();
+        for a in self.agents {
+            let _ = a.await;
+        }
+        self.s.stop().await.unwrap();
+    }
+}
+
+/// Every service in one process, approvals noticed within 20 ms.
+async fn stack() -> Stack {
+    switchyard_kit::tls::install_crypto();
+    Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
+        c.executor.approval_poll_ms = 20;
+    })
+    .await
+    .unwrap()
+}
+
+/// A client that shows redirects instead of following them.
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// The Chromium the browser test drives: Debian's, installed by `make test`.
+fn chromium() -> String {
+    std::env::var("SWITCHYARD_CHROMIUM").unwrap_or_else(|_| {
+        panic!("SWITCHYARD_CHROMIUM is not set: run the tests with `make test`, which installs Debian's chromium")
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_real_browser_a_job_goes_from_submission_through_bobs_approval_to_its_ledger_entries()
+{
+    let env = Env::start().await;
+    let s = &env.s;
+    let viewer = s
+        .key("vera", &["viewer"], PrincipalKind::Human)
+        .await
+        .unwrap();
+    let carol = s
+        .key("carol", &["approver", "submitter"], PrincipalKind::Human)
+        .await
+        .unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    // `make screenshots` keeps them for the docs; otherwise a scratch dir.
+    let scratch = tempfile::tempdir().unwrap();
+    let shots = std::env::var("SWITCHYARD_CONSOLE_SCREENSHOTS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| scratch.path().to_path_buf());
+    let script = root.join("tests/console/console_test.py");
+    let job_file = root.join("tests/console/release_notes.yaml");
+    let mut cmd = tokio::process::Command::new(crate::mcp::python());
+    cmd.arg(&script)
+        .env("SY_BASE", env.base())
+        .env("SY_ALICE", s.token("alice").unwrap())
+        .env("SY_BOB", s.token("bob").unwrap())
+        .env("SY_CAROL", &carol)
+        .env("SY_VIEWER", &viewer)
+        .env("SY_JOB", &job_file)
+        .env("SY_CHROMIUM", chromium())
+        .env("SY_SHOTS", &shots)
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(240), cmd.output())
+        .await
+        .expect("the browser test did not finish in 240 s")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the browser test failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    let summary: Value = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .expect("the script's summary line");
+
+    // What the browser showed is what the services hold.
+    let mut jobs = JobServiceClient::new(s.channel_as("bob").await.unwrap());
+    let job_id = summary["job_id"].as_str().unwrap();
+    let j = job(&mut jobs, job_id).await;
+    assert_eq!(j.state, JobState::Completed as i32);
+    assert_eq!(j.submitted_by, "alice");
+    let mut runs = ApprovalServiceClient::new(s.channel_as("bob").await.unwrap());
+    let run = runs
+        .get_run(GetRunRequest {
+            run_id: j.run_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap();
+    assert_eq!(run.approved_by, ["bob"]);
+    let estimate = run.cost_estimate.unwrap().estimated_cost.unwrap().micro_usd;
+    assert!(estimate > 0, "priced agents: a non-zero estimate");
+    assert_eq!(
+        summary["estimate_title"],
+        format!(
+            "{} micro-USD",
+            switchyard_gateway::console::views::group(estimate)
+        )
+    );
+    let mut ledger = LedgerServiceClient::new(s.channel_as("bob").await.unwrap());
+    let entries = ledger
+        .list_entries(ListEntriesRequest {
+            budget_id: j.budget_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(summary["entries"], entries.entries.len());
+    let mut agents: Vec<String> = entries.entries.iter().map(|e| e.agent_id.clone()).collect();
+    agents.sort();
+    assert_eq!(agents, ["text_extract", "text_stats"]);
+    assert_eq!(summary["entry_agents"], serde_json::json!(agents));
+    // The refused approvals changed nothing: the viewer's and carol's runs
+    // still wait.
+    for key in ["second_job_id", "third_job_id"] {
+        let other = job(&mut jobs, summary[key].as_str().unwrap()).await;
+        assert_eq!(other.state, JobState::Pending as i32, "{key}");
+        let r = runs
+            .get_run(GetRunRequest {
+                run_id: other.run_id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .run
+            .unwrap();
+        assert_eq!(r.status, RunStatus::Proposed as i32, "{key}");
+        assert!(r.approved_by.is_empty(), "{key}");
+    }
+    assert!(
+        summary["separation_of_duties"]
+            .as_str()
+            .unwrap()
+            .contains("carol"),
+        "{summary}"
+    );
+    for name in [
+        "console-inbox.png",
+        "console-job.png",
+        "console-budgets.png",
+    ] {
+        let len = std::fs::metadata(shots.join(name)).unwrap().len();
+        assert!(len > 10_000, "{name}: {len} bytes");
+    }
+    env.stop().await;
+}
+
+/// `GET`/`POST` a console path as the holder of `token` (its session
+/// cookie and, for a post, the session's anti-forgery token).
+async fn as_session(
+    c: &reqwest::Client,
+    base: &str,
+    method: &str,
+    path: &str,
+    token: &str,
+    form: &[(&str, &str)],
+) -> (u16, String) {
+    let url = format!("{base}{path}");
+    let req = if method == "POST" {
+        let csrf = switchyard_gateway::console::session::csrf_token(token);
+        let mut fields: Vec<(&str, &str)> = vec![("csrf", &csrf)];
+        fields.extend_from_slice(form);
+        let body: String = fields
+            .iter()
+            .map(|(k, v)| format!("{k}={}", switchyard_gateway::console::encode(v)))
+            .collect::<Vec<_>>()
+            .join("&");
+        c.post(url)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body)
+    } else {
+        c.get(url)
+    };
+    let resp = req
+        .header("cookie", format!("sy_session={token}"))
+        .send()
+        .await
+        .unwrap();
+    let code = resp.status().as_u16();
+    (code, resp.text().await.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_console_route_allows_exactly_the_roles_its_call_allows() {
+    let s = stack().await;
+    let base = format!("http://{}", s.http.unwrap());
+    let c = client();
+    let mut wrong = Vec::new();
+    let mut tried = 0;
+    for role in crate::auth::ROLES {
+        let token = crate::auth::role_key(&s, "ui", role).await;
+        let allowed = crate::auth::allowed(role);
+        for (door, rpc) in DOOR_RPCS.iter().filter(|(d, _)| d.contains(" /ui/")) {
+            let (method, route) = door.split_once(' ').unwrap();
+            let path = route
+                .replace("{run_id}", "no-such-run")
+                .replace("{decision}", "approve")
+                .replace("{job_id}", "no-such-job");
+            let form: &[(&str, &str)] = if route == "/ui/submit" {
+                &[(
+                    "document",
+                    "plan_id: p\ntasks: [{id: a, command: {command: echo}}]",
+                )]
+            } else {
+                &[]
+            };
+            let (code, page) = as_session(&c, &base, method, &path, &token, form).await;
+            tried += 1;
+            assert_ne!(code, 401, "{role} {door}: {page}");
+            assert!(!page.contains("FORM_FORGED"), "{role} {door}: {page}");
+            if role == "agent" && *rpc == "JobService/SubmitJob" && method == "POST" {
+                // The executor's own rule, as over gRPC: an agent submits
+                // only child jobs of the job it works for.
+                assert!(page.contains("delegated"), "{page}");
+                continue;
+            }
+            let denied = code == 403;
+            if denied == allowed.contains(*rpc) {
+                wrong.push(format!("{role} {door} -> {code}"));
+            }
+        }
+    }
+    let routes = DOOR_RPCS
+        .iter()
+        .filter(|(d, _)| d.contains(" /ui/"))
+        .count();
+    assert_eq!(tried, routes * crate::auth::ROLES.len());
+    assert!(routes >= 11, "{routes}");
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    s.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_or_cross_site_console_form_is_refused_and_changes_nothing() {
+    let s = stack().await;
+    let base = format!("http://{}", s.http.unwrap());
+    let mut alice = JobServiceClient::new(s.channel_as("alice").await.unwrap());
+    let j = submit(
+        &mut alice,
+        crate::executor::example("needs_approval.yaml").as_str(),
+    )
+    .await
+    .unwrap();
+    let bob = s.token("bob").unwrap();
+    let path = format!("/ui/runs/{}/approve", j.run_id);
+    let c = client();
+    let post = |headers: Vec<(&'static str, String)>, body: String| {
+        let mut req = c
+            .post(format!("{base}{path}"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("cookie", format!("sy_session={bob}"))
+            .body(body);
+        for (k, v) in headers {
+            req = req.header(k, v);
+        }
+        req.send()
+    };
+    let good = switchyard_gateway::console::session::csrf_token(&bob);
+    let alices = switchyard_gateway::console::session::csrf_token(&s.token("alice").unwrap());
+    for (what, headers, body) in [
+        ("no token", vec![], "comment=x".to_owned()),
+        ("another session's token", vec![], format!("csrf={alices}")),
+        (
+            "another site's origin",
+            vec![("origin", "http://evil.example".to_owned())],
+            format!("csrf={good}"),
+        ),
+        (
+            "a cross-site fetch",
+            vec![("sec-fetch-site", "cross-site".to_owned())],
+            format!("csrf={good}"),
+        ),
+    ] {
+        let resp = post(headers, body).await.unwrap();
+        assert_eq!(resp.status().as_u16(), 403, "{what}");
+        let page = resp.text().await.unwrap();
+        assert!(
+            page.contains("FORM_FORGED") && page.contains("nothing was done"),
+            "{what}: {page}"
+        );
+    }
+    // Nothing happened: the run still waits, approved by no one.
+    let mut runs = ApprovalServiceClient::new(s.channel_as("bob").await.unwrap());
+    let get = || GetRunRequest {
+        run_id: j.run_id.clone(),
+    };
+    let run = runs.get_run(get()).await.unwrap().into_inner().run.unwrap();
+    assert_eq!(run.status, RunStatus::Proposed as i32);
+    assert!(run.approved_by.is_empty());
+    // The same form with the session's own token, from the same origin, works.
+    let host = s.http.unwrap().to_string();
+    let resp = post(
+        vec![("origin", format!("http://{host}"))],
+        format!("csrf={good}&comment=ok"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status().as_u16(), 303);
+    let run = runs.get_run(get()).await.unwrap().into_inner().run.unwrap();
+    assert_eq!(run.approved_by, ["bob"]);
+    // A pasted secret never reaches a URL: sign-in is a form post, and a
+    // refused sign-in answers without echoing it.
+    let form = c.get(format!("{base}/ui/sign-in")).send().await.unwrap();
+    let nonce = form.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .trim_start_matches("sy_sign_in=")
+        .to_owned();
+    let resp = c
+        .post(format!("{base}/ui/sign-in"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("cookie", format!("sy_sign_in={nonce}"))
+        .body(format!(
+            "csrf={nonce}&credential=syk_000000000000_guessed-secret"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    let page = resp.text().await.unwrap();
+    assert!(!page.contains("guessed-secret"), "{page}");
+    // A forged sign-in (no pre-session cookie) is refused before the key is
+    // even looked at.
+    let resp = c
+        .post(format!("{base}/ui/sign-in"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("csrf={nonce}&credential={bob}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 403);
+    assert!(resp.headers().get("set-cookie").is_none());
+    finish(&mut alice, &id(&j)).await;
+    s.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_timeline_resumes_after_the_last_event_it_received() {
+    let s = stack().await;
+    let base = format!("http://{}", s.http.unwrap());
+    let mut alice = JobServiceClient::new(s.channel_as("alice").await.unwrap());
+    let j = submit(
+        &mut alice,
+        crate::executor::example("echo_chain.yaml").as_str(),
+    )
+    .await
+    .unwrap();
+    let job_id = id(&j);
+    finish(&mut alice, &job_id).await;
+    let token = s.token("alice").unwrap();
+    let read = |after: Option<u64>| {
+        let mut req = client()
+            .get(format!("{base}/ui/jobs/{job_id}/events"))
+            .header("cookie", format!("sy_session={token}"));
+        if let Some(a) = after {
+            req = req.header("last-event-id", a.to_string());
+        }
+        async move {
+            let resp = req.send().await.unwrap();
+            assert_eq!(resp.status().as_u16(), 200);
+            assert_eq!(resp.headers()["content-type"], "text/event-stream");
+            tokio::time::timeout(Duration::from_secs(20), resp.text())
+                .await
+                .expect("the stream ends with the job")
+                .unwrap()
+        }
+    };
+    let ids = |body: &str| -> Vec<u64> {
+        body.lines()
+            .filter_map(|l| l.strip_prefix("id: "))
+            .map(|v| v.parse().unwrap())
+            .collect()
+    };
+    let all = read(None).await;
+    let seqs = ids(&all);
+    assert!(seqs.len() > 5, "{all}");
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "gapless");
+    // Unnamed events (one handler follows them all), then the named end.
+    assert!(!all.contains("event: job.state"), "{all}");
+    assert!(all.contains("event: end"), "{all}");
+    let resumed = read(Some(4)).await;
+    assert_eq!(ids(&resumed), seqs[4..].to_vec());
+    // Another person's session does not see alice's job.
+    let bob_stream = client()
+        .get(format!("{base}/ui/jobs/{job_id}/events"))
+        .header(
+            "cookie",
+            format!(
+                "sy_session={}",
+                s.key("other-submitter", &["submitter"], PrincipalKind::Human)
+                    .await
+                    .unwrap()
+            ),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bob_stream.status().as_u16(), 404);
+    s.stop().await.unwrap();
+}
