@@ -210,6 +210,12 @@ impl GatewayConfig {
                 return Err(format!("{key} must be at least 1024"));
             }
         }
+        if !(60..=30 * 86_400).contains(&self.console.session_ttl_secs) {
+            return Err(format!(
+                "gateway.console.session_ttl_secs must be between 60 (a minute) and 2592000 (30 days), not {}",
+                self.console.session_ttl_secs
+            ));
+        }
         Ok(())
     }
 
@@ -272,5 +278,21 @@ mod tests {
             ..Default::default()
         };
         assert!(tiny.validate().unwrap_err().contains("max_bulk_bytes"));
+        for (ttl, ok) in [
+            (0, false),
+            (59, false),
+            (60, true),
+            (43_200, true),
+            (2_592_001, false),
+        ] {
+            let c = GatewayConfig {
+                console: ConsoleConfig {
+                    session_ttl_secs: ttl,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            assert_eq!(c.validate().is_ok(), ok, "{ttl}");
+        }
     }
 }

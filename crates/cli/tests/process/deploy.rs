@@ -386,6 +386,9 @@ fn check(all: &[Value]) -> Vec<&Value> {
             cfg["agents"].get("advertise_url"),
             cfg["gateway"].get("executor_url"),
             cfg["gateway"].get("approval_url"),
+            cfg["gateway"].get("registry_url"),
+            cfg["gateway"].get("ledger_url"),
+            cfg["gateway"].get("router_url"),
         ];
         let calls: Vec<&str> = if roles == "agent"
             || roles.contains("router")
