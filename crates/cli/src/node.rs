@@ -577,6 +577,12 @@ pub async fn run_node_then(
                 (None, Some(url)) => Some(RouterClient::remote(bare(url)?, max)),
                 (None, None) => None,
             },
+            oidc: switchyard_gateway::console::oidc::Provider::new(
+                &cfg.gateway.console.oidc,
+                cfg.auth.oidc.as_ref().map(|o| o.issuer.as_str()),
+            )
+            .map_err(anyhow::Error::msg)?
+            .map(Arc::new),
         };
         if let Some(a) = console.approval.clone() {
             jobs = jobs.with_approvals(a);

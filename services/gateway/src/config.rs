@@ -55,6 +55,9 @@ pub struct ConsoleConfig {
     /// the console is reached over TLS (an ingress terminating TLS in front
     /// of the gateway).
     pub secure_cookie: bool,
+    /// `[gateway.console.oidc]`: signing in through the identity provider
+    /// `[auth.oidc]` trusts (authorization code flow with PKCE).
+    pub oidc: ConsoleOidcConfig,
 }
 
 impl Default for ConsoleConfig {
@@ -63,6 +66,47 @@ impl Default for ConsoleConfig {
             enabled: true,
             session_ttl_secs: 12 * 3600,
             secure_cookie: false,
+            oidc: ConsoleOidcConfig::default(),
+        }
+    }
+}
+
+/// `[gateway.console.oidc]` configuration: the console as an OpenID Connect
+/// client of the issuer in `[auth.oidc]`. Unset `client_id`: the console
+/// signs in with pasted keys and tokens only.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConsoleOidcConfig {
+    /// The console's client id at the provider. Tokens it gets must still
+    /// pass `[auth.oidc]` (issuer, audience, roles claim).
+    pub client_id: String,
+    /// Environment variable holding the client secret (confidential
+    /// clients); unset with `client_secret_file`: a public client (PKCE).
+    pub client_secret_env: Option<String>,
+    /// File holding the client secret (a mounted Secret).
+    pub client_secret_file: Option<std::path::PathBuf>,
+    /// The callback URL registered at the provider; unset: this door's
+    /// `Host` + `/ui/oidc/callback` (https when `secure_cookie`).
+    pub redirect_url: Option<String>,
+    /// Scopes asked for.
+    pub scopes: Vec<String>,
+    /// The provider's endpoints, when its discovery document
+    /// (`ISSUER/.well-known/openid-configuration`) should not be used.
+    pub authorization_endpoint: Option<String>,
+    /// See `authorization_endpoint`.
+    pub token_endpoint: Option<String>,
+}
+
+impl Default for ConsoleOidcConfig {
+    fn default() -> Self {
+        ConsoleOidcConfig {
+            client_id: String::new(),
+            client_secret_env: None,
+            client_secret_file: None,
+            redirect_url: None,
+            scopes: vec!["openid".into(), "email".into(), "profile".into()],
+            authorization_endpoint: None,
+            token_endpoint: None,
         }
     }
 }

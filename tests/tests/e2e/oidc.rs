@@ -286,3 +286,274 @@ async fn an_unknown_kid_refetches_the_jwks_at_most_once_per_interval() {
     assert_eq!(idp.fetches.load(Ordering::SeqCst), before, "rate-limited");
     s.stop().await.unwrap();
 }
+
+/// A stand-in OpenID provider on 127.0.0.1:0 for the console's sign-in: a
+/// discovery document, an authorization endpoint that signs erin in at
+/// once, a token endpoint that checks the code, the redirect URI, the
+/// client and the PKCE verifier (S256) as RFC 7636 says, and the JWKS.
+struct Provider {
+    issuer: String,
+    /// Make the next ID tokens carry another sign-in's nonce.
+    wrong_nonce: Arc<std::sync::atomic::AtomicBool>,
+    _server: tokio::task::JoinHandle<()>,
+}
+
+/// An authorization the stand-in handed out: (client, redirect, challenge, nonce).
+type Grants = Arc<Mutex<std::collections::HashMap<String, (String, String, String, String)>>>;
+
+async fn provider(signer: Signer) -> Provider {
+    let signer = Arc::new(signer);
+    use axum::extract::{Form, Query};
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    use std::collections::HashMap;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let issuer = format!("http://{}", listener.local_addr().unwrap());
+    let grants: Grants = Arc::default();
+    let wrong_nonce = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (g1, g2, iss, wrong) = (grants.clone(), grants, issuer.clone(), wrong_nonce.clone());
+    let jwks = JwkSet {
+        keys: vec![signer.jwk.clone()],
+    };
+    let discovery = json!({
+        "issuer": issuer,
+        "authorization_endpoint": format!("{issuer}/authorize"),
+        "token_endpoint": format!("{issuer}/token"),
+        "jwks_uri": format!("{issuer}/jwks"),
+    });
+    let app = axum::Router::new()
+        .route(
+            "/.well-known/openid-configuration",
+            axum::routing::get(move || {
+                let d = discovery.clone();
+                async move { axum::Json(d) }
+            }),
+        )
+        .route(
+            "/jwks",
+            axum::routing::get(move || {
+                let k = jwks.clone();
+                async move { axum::Json(k) }
+            }),
+        )
+        .route(
+            "/authorize",
+            axum::routing::get(move |Query(q): Query<HashMap<String, String>>| {
+                let g1 = g1.clone();
+                async move {
+                assert_eq!(q["response_type"], "code");
+                assert_eq!(q["code_challenge_method"], "S256");
+                assert!(q["scope"].split(' ').any(|s| s == "openid"), "{q:?}");
+                let code = format!("code-{}", g1.lock().unwrap().len());
+                g1.lock().unwrap().insert(
+                    code.clone(),
+                    (
+                        q["client_id"].clone(),
+                        q["redirect_uri"].clone(),
+                        q["code_challenge"].clone(),
+                        q["nonce"].clone(),
+                    ),
+                );
+                let to = format!("{}?code={code}&state={}", q["redirect_uri"], q["state"]);
+                (http::StatusCode::FOUND, [(http::header::LOCATION, to)])
+                }
+            }),
+        )
+        .route(
+            "/token",
+            axum::routing::post(move |Form(f): Form<HashMap<String, String>>| {
+                let (g2, wrong, iss, signer) = (g2.clone(), wrong.clone(), iss.clone(), signer.clone());
+                async move {
+                let bad = |e: &str| {
+                    (
+                        http::StatusCode::BAD_REQUEST,
+                        axum::Json(json!({"error": e})),
+                    )
+                };
+                // A code is good once.
+                let Some((client, redirect, challenge, nonce)) =
+                    g2.lock().unwrap().remove(&f["code"])
+                else {
+                    return bad("invalid_grant");
+                };
+                let verifier = f.get("code_verifier").cloned().unwrap_or_default();
+                let s256 = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                    .encode(sha2::Sha256::digest(verifier.as_bytes()));
+                if f["grant_type"] != "authorization_code"
+                    || f["client_id"] != client
+                    || f["redirect_uri"] != redirect
+                    || s256 != challenge
+                {
+                    return bad("invalid_request");
+                }
+                let nonce = if wrong.load(Ordering::SeqCst) {
+                    "another-sign-in".to_owned()
+                } else {
+                    nonce
+                };
+                let id = token(
+                    &signer,
+                    &claims(json!({"iss": iss, "aud": client, "nonce": nonce})),
+                );
+                (
+                    http::StatusCode::OK,
+                    axum::Json(json!({"access_token": "opaque-at", "token_type": "Bearer", "id_token": id})),
+                )
+                }
+            }),
+        );
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Provider {
+        issuer,
+        wrong_nonce,
+        _server: server,
+    }
+}
+
+/// A response's `Set-Cookie` value for `name`, if it sets one.
+fn set_cookie(resp: &reqwest::Response, name: &str) -> Option<String> {
+    resp.headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|v| v.starts_with(&format!("{name}=")))
+        .map(str::to_owned)
+}
+
+/// `name=value` of a `Set-Cookie` header.
+fn pair(set_cookie: &str) -> String {
+    set_cookie.split(';').next().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_signs_in_to_the_console_through_the_identity_provider_with_pkce() {
+    switchyard_kit::tls::install_crypto();
+    let p = provider(signer("rsa-c", Algorithm::RS256)).await;
+    let oidc = OidcConfig {
+        issuer: p.issuer.clone(),
+        audience: AUD.into(),
+        jwks_url: Some(format!("{}/jwks", p.issuer)),
+        roles_claim: "groups".into(),
+        role_prefix: "switchyard-".into(),
+        ..Default::default()
+    };
+    let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, move |c| {
+        c.auth.oidc = Some(oidc);
+        c.gateway.console.oidc.client_id = AUD.into();
+    })
+    .await
+    .unwrap();
+    let base = format!("http://{}", s.http.unwrap());
+    let c = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let page = c.get(format!("{base}/ui/sign-in")).send().await.unwrap();
+    assert!(
+        page.text()
+            .await
+            .unwrap()
+            .contains("Sign in with your identity provider")
+    );
+
+    // One sign-in: console → provider → callback, the browser's part by hand.
+    let start = |next: &'static str| {
+        let c = c.clone();
+        let base = base.clone();
+        async move {
+            let resp = c
+                .get(format!("{base}/ui/sign-in/oidc?next={next}"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status().as_u16(), 303);
+            let flow = set_cookie(&resp, "sy_oidc").expect("the flow's cookie");
+            assert!(
+                flow.contains("SameSite=Lax") && flow.contains("HttpOnly"),
+                "{flow}"
+            );
+            let to = resp.headers()["location"].to_str().unwrap().to_owned();
+            let back = c.get(&to).send().await.unwrap();
+            assert_eq!(back.status().as_u16(), 302, "{to}");
+            let callback = back.headers()["location"].to_str().unwrap().to_owned();
+            (pair(&flow), callback)
+        }
+    };
+    let (flow, callback) = start("%2Fui%2Fjobs").await;
+    assert!(
+        callback.starts_with(&format!("{base}/ui/oidc/callback?code=")),
+        "{callback}"
+    );
+    let done = c
+        .get(&callback)
+        .header("cookie", &flow)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(done.status().as_u16(), 200);
+    let session = set_cookie(&done, "sy_session").expect("a session");
+    assert!(
+        session.contains("SameSite=Strict") && session.contains("HttpOnly"),
+        "{session}"
+    );
+    let page = done.text().await.unwrap();
+    assert!(
+        page.contains("Signed in as <strong>erin@example.test</strong>"),
+        "{page}"
+    );
+    // On to the page asked for (HTML-escaped: `&#x2f;` is `/`).
+    assert!(
+        page.contains(r#"content="0; url=&#x2f;ui&#x2f;jobs""#),
+        "{page}"
+    );
+    let jobs = c
+        .get(format!("{base}/ui/jobs"))
+        .header("cookie", pair(&session))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(jobs.status().as_u16(), 200);
+    let jobs = jobs.text().await.unwrap();
+    assert!(
+        jobs.contains("erin@example.test <span class=\"muted\">(approver · acme)"),
+        "{jobs}"
+    );
+
+    // The same code again: the provider refuses it, no session.
+    let again = c
+        .get(&callback)
+        .header("cookie", &flow)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status().as_u16(), 502);
+    assert!(set_cookie(&again, "sy_session").is_none());
+    assert!(again.text().await.unwrap().contains("invalid_grant"));
+
+    // A callback this browser did not start (another state, or no flow
+    // cookie: a link an attacker sent) signs no one in.
+    let (flow, callback) = start("%2Fui%2F").await;
+    let forged = callback.replace("state=", "state=x");
+    for (url, cookie) in [(&forged, flow.as_str()), (&callback, "")] {
+        let resp = c.get(url).header("cookie", cookie).send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 400, "{url}");
+        assert!(set_cookie(&resp, "sy_session").is_none());
+        assert!(resp.text().await.unwrap().contains("was not started here"));
+    }
+
+    // An ID token minted for another sign-in (its nonce) is not accepted.
+    p.wrong_nonce.store(true, Ordering::SeqCst);
+    let (flow, callback) = start("%2Fui%2F").await;
+    let resp = c
+        .get(&callback)
+        .header("cookie", &flow)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    assert!(set_cookie(&resp, "sy_session").is_none());
+    assert!(resp.text().await.unwrap().contains("nonce"));
+    s.stop().await.unwrap();
+}

@@ -105,7 +105,9 @@ impl OidcConfig {
     }
 }
 
-fn allowed_url(url: &str) -> bool {
+/// Whether `url` may be fetched: `https://`, or `http://` to a loopback
+/// address only (tests, sidecars).
+pub fn allowed_url(url: &str) -> bool {
     if url.starts_with("https://") {
         return true;
     }

@@ -312,6 +312,10 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
         ("GET", "/ui", Access::Open),
         ("GET", "/ui/sign-in", Access::Open),
         ("POST", "/ui/sign-in", Access::Open),
+        // Signing in through the identity provider: the callback is bound
+        // to the flow's cookie and authenticates the token it gets.
+        ("GET", "/ui/sign-in/oidc", Access::Open),
+        ("GET", "/ui/oidc/callback", Access::Open),
         ("GET", "/ui/assets/{file}", Access::Open),
         ("POST", "/ui/sign-out", Access::Authenticated),
         ("GET", "/ui/", Access::Needs(P::RunRead)),

@@ -17,6 +17,7 @@
 //! little hand-written JavaScript for the live timeline; templates, styles
 //! and script are compiled into the binary, so no CDN is needed.
 
+pub mod oidc;
 mod pages;
 pub mod session;
 pub mod views;
@@ -50,6 +51,8 @@ pub struct ConsoleServices {
     pub registry: Option<RegistryClient>,
     /// The routing preview.
     pub router: Option<RouterClient>,
+    /// Signing in through the identity provider (`[gateway.console.oidc]`).
+    pub oidc: Option<Arc<oidc::Provider>>,
 }
 
 /// What the console's handlers share.
@@ -85,6 +88,8 @@ pub(crate) fn routes<S: Clone + Send + Sync + 'static>(
     });
     Router::new()
         .route("/ui/sign-in", get(pages::sign_in_form).post(pages::sign_in))
+        .route("/ui/sign-in/oidc", get(pages::oidc_start))
+        .route("/ui/oidc/callback", get(pages::oidc_callback))
         .route("/ui/sign-out", post(pages::sign_out))
         .route("/ui/assets/{file}", get(pages::asset))
         .route("/ui/", get(pages::inbox))
@@ -248,6 +253,10 @@ const TEMPLATE_FILES: &[(&str, &str)] = &[
         include_str!("../../console/templates/sign_in.html"),
     ),
     (
+        "signed_in.html",
+        include_str!("../../console/templates/signed_in.html"),
+    ),
+    (
         "error.html",
         include_str!("../../console/templates/error.html"),
     ),
@@ -326,6 +335,15 @@ mod tests {
             TEMPLATES
                 .get_template(name)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        // Every template on disk is compiled in.
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/console/templates");
+        for f in std::fs::read_dir(dir).expect("templates") {
+            let name = f.expect("entry").file_name().to_string_lossy().into_owned();
+            assert!(
+                TEMPLATE_FILES.iter().any(|(n, _)| *n == name),
+                "{name} is not in TEMPLATE_FILES"
+            );
         }
         let s = switchyard_kit::error::status(
             Code::PermissionDenied,

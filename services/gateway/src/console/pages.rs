@@ -20,7 +20,7 @@ use switchyard_proto::router::v1 as rt;
 use tonic::{Code, Status};
 
 use super::views::{self, money, when};
-use super::{Console, Session, encode, error_page, render, secured, session};
+use super::{Console, Session, encode, error_page, oidc, render, secured, session};
 use crate::caller::{Caller, as_caller, reach};
 
 type Shared = State<Arc<Console>>;
@@ -119,6 +119,7 @@ fn sign_in_page(
             "next": session::next_path(next),
             "problem": problem,
             "title": "Sign in",
+            "oidc": c.services.oidc.is_some(),
         }),
     );
     *resp.status_mut() = code;
@@ -181,6 +182,163 @@ pub(crate) async fn sign_in(State(c): Shared, Form(f): Form<SignInForm>) -> Resp
             )
         }
     }
+}
+
+/// `GET /ui/sign-in/oidc`: to the identity provider, with this flow's
+/// state, nonce and code challenge remembered in the browser.
+pub(crate) async fn oidc_start(
+    State(c): Shared,
+    Query(q): Query<NextQuery>,
+    headers: http::HeaderMap,
+) -> Response {
+    let next = q.next.as_deref();
+    let Some(provider) = &c.services.oidc else {
+        let problem = oidc::OidcError::NotConfigured.to_string();
+        return sign_in_page(&c, next, Some(problem), http::StatusCode::NOT_FOUND);
+    };
+    let flow = match oidc::Flow::new(next.unwrap_or("/ui/")) {
+        Ok(f) => f,
+        Err(e) => {
+            return error_page(
+                &Status::internal(format!("no randomness for signing in: {e}")),
+                None,
+            );
+        }
+    };
+    let host = headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost");
+    let redirect = provider.redirect_uri(host, c.cfg.secure_cookie);
+    match provider.authorize_url(&flow, &redirect).await {
+        Ok(url) => {
+            let mut resp = see_other(&url);
+            let cookie = session::set_lax_cookie(
+                oidc::FLOW_COOKIE,
+                &flow.encode(),
+                600,
+                c.cfg.secure_cookie,
+            );
+            if let Ok(v) = cookie.parse() {
+                resp.headers_mut().append(http::header::SET_COOKIE, v);
+            }
+            resp
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "console sign-in through the identity provider unavailable");
+            sign_in_page(&c, next, Some(e.to_string()), http::StatusCode::BAD_GATEWAY)
+        }
+    }
+}
+
+#[derive(Deserialize)]
+pub(crate) struct CallbackQuery {
+    code: Option<String>,
+    state: Option<String>,
+    error: Option<String>,
+}
+
+/// `GET /ui/oidc/callback`: the provider's answer. The flow must be the one
+/// this browser started; the token the code buys must pass the same
+/// authentication as every bearer token; it becomes the session.
+pub(crate) async fn oidc_callback(
+    State(c): Shared,
+    Query(q): Query<CallbackQuery>,
+    headers: http::HeaderMap,
+) -> Response {
+    let flow = session::cookie(&headers, oidc::FLOW_COOKIE).and_then(oidc::Flow::decode);
+    let refuse = |e: oidc::OidcError, code| {
+        tracing::info!(error = %e, "console sign-in through the identity provider refused");
+        sign_in_page(
+            &c,
+            flow.as_ref().map(|f| f.next.as_str()),
+            Some(e.to_string()),
+            code,
+        )
+    };
+    let (Some(provider), Some(f)) = (&c.services.oidc, &flow) else {
+        return refuse(
+            oidc::OidcError::StateMismatch,
+            http::StatusCode::BAD_REQUEST,
+        );
+    };
+    if !q
+        .state
+        .as_deref()
+        .is_some_and(|s| session::same(s, &f.state))
+    {
+        return refuse(
+            oidc::OidcError::StateMismatch,
+            http::StatusCode::BAD_REQUEST,
+        );
+    }
+    if let Some(error) = q.error.as_deref() {
+        let said = switchyard_core::validate::clamp(error, 60).to_owned();
+        return refuse(
+            oidc::OidcError::Refused(said),
+            http::StatusCode::UNAUTHORIZED,
+        );
+    }
+    let Some(code) = q.code.as_deref().filter(|c| !c.is_empty()) else {
+        return refuse(
+            oidc::OidcError::Refused("no code".into()),
+            http::StatusCode::BAD_REQUEST,
+        );
+    };
+    let host = headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost");
+    let redirect = provider.redirect_uri(host, c.cfg.secure_cookie);
+    let tokens = match provider.exchange(f, code, &redirect).await {
+        Ok(t) => t,
+        Err(e) => return refuse(e, http::StatusCode::BAD_GATEWAY),
+    };
+    let mut why = Vec::new();
+    for (kind, token) in tokens {
+        if !session::cookie_safe(&token) {
+            why.push(format!("the {kind} is too long to keep in a cookie"));
+            continue;
+        }
+        let caller = match crate::caller::authenticate_token(&c.auth, &token).await {
+            Ok(caller) => caller,
+            Err(e) => {
+                why.push(format!("the {kind}: {e}"));
+                continue;
+            }
+        };
+        if kind == "ID token" && oidc::nonce_of(&token).as_deref() != Some(f.nonce.as_str()) {
+            why.push("the ID token is not this sign-in's (nonce)".into());
+            continue;
+        }
+        tracing::info!(principal = %caller.principal.subject, "console sign-in through the identity provider");
+        let mut resp = render(
+            "signed_in.html",
+            // A page of this site moves on: the provider's redirect was a
+            // navigation from another site, on which the new `Strict`
+            // session cookie would not yet be sent.
+            &json!({"title": "Signed in", "next": f.next, "refresh_to": f.next, "subject": caller.principal.subject}),
+        );
+        let h = resp.headers_mut();
+        for v in [
+            session::set_cookie(
+                session::SESSION_COOKIE,
+                &token,
+                c.cfg.session_ttl_secs,
+                c.cfg.secure_cookie,
+            ),
+            session::set_lax_cookie(oidc::FLOW_COOKIE, "", 0, c.cfg.secure_cookie),
+        ] {
+            if let Ok(v) = v.parse() {
+                h.append(http::header::SET_COOKIE, v);
+            }
+        }
+        return resp;
+    }
+    refuse(
+        oidc::OidcError::Token(why.join("; ")),
+        http::StatusCode::UNAUTHORIZED,
+    )
 }
 
 /// `POST /ui/sign-out`: forgets the session cookie.

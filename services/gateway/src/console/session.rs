@@ -78,8 +78,24 @@ pub fn cookie_safe(credential: &str) -> bool {
 /// readable by scripts, never sent by another site; `secure` adds `Secure`
 /// (deployments behind TLS). `max_age_secs` 0 deletes it.
 pub fn set_cookie(name: &str, value: &str, max_age_secs: u64, secure: bool) -> String {
+    cookie_with(name, value, max_age_secs, secure, "Strict")
+}
+
+/// [`set_cookie`] sent on a top-level navigation from another site too
+/// (`SameSite=Lax`): only for the identity provider's redirect back.
+pub fn set_lax_cookie(name: &str, value: &str, max_age_secs: u64, secure: bool) -> String {
+    cookie_with(name, value, max_age_secs, secure, "Lax")
+}
+
+fn cookie_with(
+    name: &str,
+    value: &str,
+    max_age_secs: u64,
+    secure: bool,
+    same_site: &str,
+) -> String {
     format!(
-        "{name}={value}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={max_age_secs}{}",
+        "{name}={value}; Path=/ui; HttpOnly; SameSite={same_site}; Max-Age={max_age_secs}{}",
         if secure { "; Secure" } else { "" }
     )
 }

@@ -518,6 +518,9 @@ mod tests {
             // form without its anti-forgery token (403) before anything.
             let want = match (*method, *access == Access::Open) {
                 _ if *route == "/ui" => 303,
+                // No identity provider configured; no sign-in in flight.
+                _ if *route == "/ui/sign-in/oidc" => 404,
+                _ if *route == "/ui/oidc/callback" => 400,
                 ("POST", _) if console::is_console(route) => 403,
                 ("GET", false) if console::is_console(route) && !route.ends_with("/events") => 303,
                 (_, true) => 200,
