@@ -359,6 +359,29 @@ fn the_console_of_a_gateway_in_its_own_process_acts_on_every_remote_service_as_t
     );
     let page = alice.curl(&[&format!("/ui/jobs/{id}")]);
     assert!(page.contains("data-state=\"succeeded\""), "{page}");
+    // The jobs list filters by submitter (ListJobsRequest.submitted_by)
+    // and by state; a state that does not exist is a clear refusal.
+    let mine = bob.curl(&["/ui/jobs?submitted_by=alice&state=completed"]);
+    assert!(mine.contains(&format!("/ui/jobs/{id}")), "{mine}");
+    let none = bob.curl(&["/ui/jobs?submitted_by=nobody"]);
+    assert!(none.contains("No jobs match."), "{none}");
+    let bad = bob.curl(&["/ui/jobs?state=finished", "-w", "%{http_code}"]);
+    assert!(
+        bad.ends_with("400") && bad.contains("must be one of scheduled, available"),
+        "{bad}"
+    );
+    // Alice cancels a waiting job of hers from its page.
+    let waiting = submit_as(&url, "examples/jobs/needs_approval.yaml", "alice");
+    let other = waiting["job_id"].as_str().unwrap();
+    assert_eq!(
+        alice.post(
+            &format!("/ui/jobs/{other}/cancel"),
+            &["reason=not needed any more"]
+        ),
+        "303"
+    );
+    let page = alice.curl(&[&format!("/ui/jobs/{other}")]);
+    assert!(page.contains("data-state=\"cancelled\""), "{page}");
     assert_eq!(gw.terminate(), Some(0));
 
     // Without the ledger's URL the budget page says which setting is missing.
