@@ -432,6 +432,24 @@ async fn a_forged_or_cross_site_console_form_is_refused_and_changes_nothing() {
     assert_eq!(resp.status().as_u16(), 401);
     let page = resp.text().await.unwrap();
     assert!(!page.contains("guessed-secret"), "{page}");
+    // Signed in, a person lands on the inbox if they may read runs, else
+    // on the jobs they may see.
+    let agent = crate::auth::role_key(&s, "ui-landing", "agent").await;
+    for (who, token, to) in [
+        ("bob", bob.as_str(), "/ui/"),
+        ("an agent", agent.as_str(), "/ui/jobs"),
+    ] {
+        let resp = c
+            .post(format!("{base}/ui/sign-in"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("cookie", format!("sy_sign_in={nonce}"))
+            .body(format!("csrf={nonce}&next=%2Fui%2F&credential={token}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 303, "{who}");
+        assert_eq!(resp.headers()["location"], to, "{who}");
+    }
     // A forged sign-in (no pre-session cookie) is refused before the key is
     // even looked at.
     let resp = c

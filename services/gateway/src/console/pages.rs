@@ -155,7 +155,13 @@ pub(crate) async fn sign_in(State(c): Shared, Form(f): Form<SignInForm>) -> Resp
     match crate::caller::authenticate_token(&c.auth, credential).await {
         Ok(caller) => {
             tracing::info!(principal = %caller.principal.subject, "console sign-in");
-            let mut resp = see_other(session::next_path(next));
+            // The inbox is the front page of those who may read runs;
+            // anyone else starts at the jobs they may see.
+            let to = match session::next_path(next) {
+                "/ui/" if !caller.principal.may(Permission::RunRead) => "/ui/jobs",
+                to => to,
+            };
+            let mut resp = see_other(to);
             let h = resp.headers_mut();
             for v in [
                 session::set_cookie(
@@ -413,10 +419,9 @@ pub(crate) async fn inbox(
         page_size: 50,
         ..Default::default()
     };
-    let runs = as_caller!(ApprovalClient, approvals, caller, list_runs, req)
-        .map_err(fail)?
-        .runs;
-    let cards = futures_util::future::join_all(runs.iter().map(|r| run_card(&c, &caller, r))).await;
+    let listed = as_caller!(ApprovalClient, approvals, caller, list_runs, req).map_err(fail)?;
+    let cards =
+        futures_util::future::join_all(listed.runs.iter().map(|r| run_card(&c, &caller, r))).await;
     let notice = match (q.done.as_deref(), q.run.as_deref()) {
         (Some(d @ ("approved" | "rejected")), Some(run)) => Some(format!("run {run} {d}")),
         _ => None,
@@ -424,7 +429,12 @@ pub(crate) async fn inbox(
     Ok(page(
         "inbox.html",
         base,
-        json!({"title": "Approvals", "runs": cards, "notice": notice}),
+        json!({
+            "title": "Approvals",
+            "runs": cards,
+            "notice": notice,
+            "more": !listed.next_page_token.is_empty(),
+        }),
     ))
 }
 
