@@ -24,6 +24,10 @@
       case "job.state":
       case "task.state":
         return (d.from ? d.from + " → " : "→ ") + d.to + (d.reason ? " (" + d.reason + ")" : "");
+      case "routing.decision": {
+        const c = (d.candidates || []).map((x) => x.agent_id + " " + Number(x.score).toFixed(2));
+        return d.capability + " → " + (c.length ? c.join(", ") : "no agent");
+      }
       case "task.progress":
         return (d.message || "") + (d.percent ? " " + d.percent + "%" : "");
       default: {
