@@ -25,6 +25,7 @@
 //! temporary directory, per-RPC spans enabled at the default `info` level).
 
 mod auth;
+mod console;
 mod executor;
 mod gateway;
 mod history;
@@ -246,6 +247,10 @@ async fn run() -> anyhow::Result<()> {
     // `switchyard-bench gateway` runs only the doors' figures.
     if std::env::args().nth(1).as_deref() == Some("gateway") {
         return gateway::run().await;
+    }
+    // `switchyard-bench console` runs only the web console's figures.
+    if std::env::args().nth(1).as_deref() == Some("console") {
+        return console::run().await;
     }
     // `switchyard-bench queue` runs only the pull workers' figures.
     if std::env::args().nth(1).as_deref() == Some("queue") {
