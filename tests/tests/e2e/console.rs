@@ -529,3 +529,37 @@ async fn the_console_timeline_resumes_after_the_last_event_it_received() {
     assert_eq!(bob_stream.status().as_u16(), 404);
     s.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inbox_pages_through_more_waiting_runs_than_fit_and_a_bad_query_gets_an_error_page() {
+    let s = stack().await;
+    let base = format!("http://{}", s.http.unwrap());
+    let mut alice = JobServiceClient::new(s.channel_as("alice").await.unwrap());
+    let doc = crate::executor::example("needs_approval.yaml");
+    for _ in 0..51 {
+        submit(&mut alice, &doc).await.unwrap();
+    }
+    let c = client();
+    let bob = s.token("bob").unwrap();
+    let (code, first) = as_session(&c, &base, "GET", "/ui/", &bob, &[]).await;
+    assert_eq!(code, 200);
+    assert_eq!(first.matches("class=\"card run\"").count(), 50);
+    let at = first.find("rel=\"next\"").expect("a link to the next page");
+    let href = first[..at].rsplit("href=\"").next().unwrap();
+    // As the browser reads the attribute.
+    let next = href[..href.find('"').unwrap()]
+        .replace("&#x2f;", "/")
+        .replace("&amp;", "&");
+    let (code, second) = as_session(&c, &base, "GET", &next, &bob, &[]).await;
+    assert_eq!(code, 200, "{next}");
+    assert_eq!(second.matches("class=\"card run\"").count(), 1, "{next}");
+    assert!(!second.contains("rel=\"next\""));
+    // A query the page cannot read is its error page, with the reason.
+    let (code, page) = as_session(&c, &base, "GET", "/ui/jobs?state=a&state=b", &bob, &[]).await;
+    assert_eq!(code, 400);
+    assert!(
+        page.contains("INVALID_ARGUMENT") && page.contains("duplicate field"),
+        "{page}"
+    );
+    s.stop().await.unwrap();
+}

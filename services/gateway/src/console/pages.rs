@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::Extension;
+use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Form};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use switchyard_api::{ApprovalClient, LedgerClient, RegistryClient, RouterClient};
@@ -83,6 +83,38 @@ fn invalid(field: &str, why: &str) -> Status {
     let mut v = switchyard_core::Violations::new();
     v.add(field, why);
     switchyard_kit::error::invalid_argument(Reason::InvalidArgument, &v)
+}
+
+/// A page's query string, decoded into `T`; one that does not decode is
+/// an error page saying why (not the framework's plain-text answer).
+pub(crate) struct Query<T>(T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequestParts<S> for Query<T> {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Response> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Query(t)| Query(t))
+            .map_err(|e| error_page(&invalid("query", &e.body_text()), None))
+    }
+}
+
+/// A posted form, decoded into `T`, refused as [`Query`] is.
+pub(crate) struct Form<T>(T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Form<T> {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
+        axum::extract::Form::<T>::from_request(req, state)
+            .await
+            .map(|axum::extract::Form(t)| Form(t))
+            .map_err(|e| error_page(&invalid("form", &e.body_text()), None))
+    }
 }
 
 // --- sign-in -------------------------------------------------------------
@@ -400,7 +432,12 @@ pub(crate) async fn asset(Path(file): Path<String>) -> Response {
 pub(crate) struct InboxQuery {
     done: Option<String>,
     run: Option<String>,
+    #[serde(default)]
+    page_token: String,
 }
+
+/// Runs on one page of the inbox.
+const INBOX_PAGE: u32 = 50;
 
 /// `GET /ui/`: the runs waiting for a decision in the person's tenant, each
 /// with what it would spend and from which budget, what it may use and
@@ -416,7 +453,8 @@ pub(crate) async fn inbox(
     let approvals = reach(&c.services.approval, "approval").map_err(fail)?;
     let req = ap::ListRunsRequest {
         statuses: vec![ap::RunStatus::Proposed as i32],
-        page_size: 50,
+        page_size: INBOX_PAGE,
+        page_token: q.page_token.clone(),
         ..Default::default()
     };
     let listed = as_caller!(ApprovalClient, approvals, caller, list_runs, req).map_err(fail)?;
@@ -433,7 +471,8 @@ pub(crate) async fn inbox(
             "title": "Approvals",
             "runs": cards,
             "notice": notice,
-            "more": !listed.next_page_token.is_empty(),
+            "more": (!listed.next_page_token.is_empty())
+                .then(|| format!("/ui/?page_token={}", encode(&listed.next_page_token))),
         }),
     ))
 }
