@@ -118,6 +118,9 @@ def main():
         expect(alice.locator("#job-state")).to_have_text("pending")
         for task in ("stats", "links", "summary"):
             expect(alice.locator(f'tr[data-task="{task}"] .state')).to_have_text("waiting")
+            expect(alice.locator(f'g.node[data-task="{task}"] .state-text')).to_have_text("waiting")
+        # The plan is drawn: summary in the column after stats and links.
+        assert alice.locator("figure.dag path.edge").count() == 2
         # The timeline is live: the submission's events arrive over SSE.
         expect(alice.locator("#timeline li[data-kind='approval.requested']")).to_have_count(1)
         run_id = "run-" + job_id
@@ -155,6 +158,7 @@ def main():
         for task in ("stats", "links", "summary"):
             expect(alice.locator(f'tr[data-task="{task}"] .state')).to_have_text("succeeded")
             expect(alice.locator(f'tr[data-task="{task}"] .state')).to_have_class(re.compile(r"\bok\b"))
+            expect(alice.locator(f'g.node[data-task="{task}"]')).to_have_class(re.compile(r"\bok\b"))
         expect(alice.locator("#job-state")).to_have_text("completed")
         expect(alice.locator("#live")).to_have_text("(finished)")
         assert alice.evaluate("window.__not_reloaded === true"), "the job page reloaded"

@@ -74,8 +74,13 @@
       append(list, ev);
       const d = ev.data || {};
       if (ev.kind === "task.state" && ev.subtask_id) {
-        const row = document.querySelector('tr[data-task="' + CSS.escape(ev.subtask_id) + '"] .state');
-        setState(row, d.to);
+        const sel = '[data-task="' + CSS.escape(ev.subtask_id) + '"]';
+        setState(document.querySelector("tr" + sel + " .state"), d.to);
+        const node = document.querySelector("g.node" + sel);
+        if (node) {
+          node.setAttribute("class", "node " + (TONES[d.to] || "wait"));
+          node.querySelector(".state-text").textContent = d.to;
+        }
       } else if (ev.kind === "job.state") {
         setState(document.getElementById("job-state"), d.to);
       }

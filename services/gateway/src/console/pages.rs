@@ -764,6 +764,7 @@ pub(crate) async fn job(
     let ms = |t: Option<&prost_types::Timestamp>| t.map_or(0, switchyard_kit::time::timestamp_ms);
     let finished =
         crate::http::finished(JobState::try_from(j.state).unwrap_or(JobState::Unspecified));
+    let tasks = views::tasks(&j, now);
     Ok(page(
         "job.html",
         base,
@@ -792,7 +793,8 @@ pub(crate) async fn job(
                 "artifacts": j.artifacts.iter().map(|a| json!({"name": a.name, "id": a.artifact_id, "size": a.size_bytes, "media_type": a.media_type})).collect::<Vec<_>>(),
                 "last_sequence": j.last_sequence,
             },
-            "tasks": views::tasks(&j, now),
+            "dag": views::dag(&tasks),
+            "tasks": tasks,
             "events_url": format!("/ui/jobs/{}/events", encode(&spec.job_id)),
         }),
     ))

@@ -194,6 +194,91 @@ pub fn tasks(job: &Job, now_ms: u64) -> Vec<Value> {
         .collect()
 }
 
+/// Sizes of the plan's drawing, in SVG user units.
+const NODE_W: usize = 150;
+const NODE_H: usize = 40;
+const GAP_X: usize = 50;
+const GAP_Y: usize = 14;
+
+/// The job's plan as a drawing: each task a box in the column of its
+/// depth (the longest chain of `depends_on` before it), edges from each
+/// dependency to its dependant. `tasks` is [`tasks`]'s output (id,
+/// `depends_on`, state, tone), in the spec's order.
+pub fn dag(tasks: &[Value]) -> Value {
+    let index: BTreeMap<&str, usize> = tasks
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| t["id"].as_str().map(|id| (id, i)))
+        .collect();
+    let deps = |t: &Value| -> Vec<usize> {
+        t["depends_on"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|d| d.as_str().and_then(|d| index.get(d).copied()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // Longest path from a root, by relaxation: at most one pass per task
+    // (the executor only accepts acyclic plans; the bound keeps a bad one
+    // from looping).
+    let mut depth = vec![0usize; tasks.len()];
+    for _ in 0..tasks.len() {
+        let mut changed = false;
+        for (i, t) in tasks.iter().enumerate() {
+            let d = deps(t).iter().map(|&j| depth[j] + 1).max().unwrap_or(0);
+            if d > depth[i] {
+                depth[i] = d;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    let mut rows: BTreeMap<usize, usize> = BTreeMap::new();
+    let place: Vec<(usize, usize)> = depth
+        .iter()
+        .map(|&d| {
+            let row = rows.entry(d).or_default();
+            *row += 1;
+            (d * (NODE_W + GAP_X), (*row - 1) * (NODE_H + GAP_Y))
+        })
+        .collect();
+    let nodes: Vec<Value> = tasks
+        .iter()
+        .zip(&place)
+        .map(|(t, (x, y))| {
+            json!({"id": t["id"], "state": t["state"], "tone": t["tone"], "x": x, "y": y,
+                   "w": NODE_W, "h": NODE_H, "tx": x + 8, "ty1": y + 16, "ty2": y + 32})
+        })
+        .collect();
+    let place = &place;
+    let edges: Vec<Value> = tasks
+        .iter()
+        .enumerate()
+        .flat_map(|(i, t)| {
+            let to = place[i];
+            deps(t).into_iter().map(move |j| {
+                let from = place[j];
+                let (x1, y1) = (from.0 + NODE_W, from.1 + NODE_H / 2);
+                let (x2, y2) = (to.0, to.1 + NODE_H / 2);
+                let mid = (x1 + x2) / 2;
+                json!({"d": format!("M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}")})
+            })
+        })
+        .collect();
+    let columns = depth.iter().max().map_or(0, |d| d + 1);
+    let tallest = rows.values().max().copied().unwrap_or(0);
+    json!({
+        "nodes": nodes,
+        "edges": edges,
+        "width": (columns * (NODE_W + GAP_X)).saturating_sub(GAP_X).max(1),
+        "height": (tallest * (NODE_H + GAP_Y)).saturating_sub(GAP_Y).max(1),
+    })
+}
+
 /// A budget's figures: limits, reserved, spent, remaining, and how full it
 /// is (spent + reserved over the cost limit, else the token limit).
 pub fn budget(b: &Budget) -> Value {
@@ -426,6 +511,39 @@ mod tests {
         assert_eq!(tone("running"), "live");
         assert_eq!(tone("waiting"), "wait");
         assert_eq!(tone("pending"), "wait");
+    }
+
+    #[test]
+    fn the_plan_is_drawn_in_columns_by_the_longest_chain_before_each_task() {
+        let t = |id: &str, deps: &[&str]| json!({"id": id, "depends_on": deps, "state": "waiting", "tone": "wait"});
+        // a → b → d, a → c → d, and e alone; d listed before c.
+        let tasks = [
+            t("a", &[]),
+            t("b", &["a"]),
+            t("d", &["b", "c"]),
+            t("c", &["a"]),
+            t("e", &[]),
+        ];
+        let g = dag(&tasks);
+        let at: Vec<(u64, u64)> = g["nodes"]
+            .as_array()
+            .map(|n| {
+                n.iter()
+                    .map(|n| (n["x"].as_u64().unwrap_or(99), n["y"].as_u64().unwrap_or(99)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let (cx, ry) = ((NODE_W + GAP_X) as u64, (NODE_H + GAP_Y) as u64);
+        assert_eq!(at, [(0, 0), (cx, 0), (2 * cx, 0), (cx, ry), (0, ry)]);
+        assert_eq!(g["edges"].as_array().map_or(0, Vec::len), 4);
+        assert_eq!(g["width"], 3 * cx - GAP_X as u64);
+        assert_eq!(g["height"], 2 * ry - GAP_Y as u64);
+        // An edge runs from its dependency's right side to the dependant's left.
+        assert_eq!(
+            g["edges"][0]["d"],
+            format!("M{NODE_W},20 C175,20 175,20 {cx},20")
+        );
+        assert_eq!(dag(&[])["nodes"].as_array().map_or(9, Vec::len), 0);
     }
 
     fn b(id: &str, parent: &str, limit: Option<i64>, spent: i64, reserved: i64) -> Budget {
