@@ -458,8 +458,10 @@ pub(crate) async fn inbox(
         ..Default::default()
     };
     let listed = as_caller!(ApprovalClient, approvals, caller, list_runs, req).map_err(fail)?;
+    let seen = Seen::default();
     let cards =
-        futures_util::future::join_all(listed.runs.iter().map(|r| run_card(&c, &caller, r))).await;
+        futures_util::future::join_all(listed.runs.iter().map(|r| run_card(&c, &caller, r, &seen)))
+            .await;
     let notice = match (q.done.as_deref(), q.run.as_deref()) {
         (Some(d @ ("approved" | "rejected")), Some(run)) => Some(format!("run {run} {d}")),
         _ => None,
@@ -477,8 +479,32 @@ pub(crate) async fn inbox(
     ))
 }
 
+/// What one inbox page has read already: the runs of a project share their
+/// ancestors' budgets and usually their capabilities, so each is asked for
+/// once per page, not once per run. (Cards are made concurrently: two may
+/// both miss and both ask, which is only the old cost.)
+#[derive(Default)]
+struct Seen {
+    routes: std::sync::Mutex<BTreeMap<String, Value>>,
+    budgets: std::sync::Mutex<BTreeMap<String, Result<lg::Budget, String>>>,
+}
+
+impl Seen {
+    fn route(&self, capability: &str) -> Option<Value> {
+        lock(&self.routes).get(capability).cloned()
+    }
+
+    fn budget(&self, id: &str) -> Option<Result<lg::Budget, String>> {
+        lock(&self.budgets).get(id).cloned()
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// One run as the inbox shows it.
-async fn run_card(c: &Console, caller: &Caller, r: &ap::Run) -> Value {
+async fn run_card(c: &Console, caller: &Caller, r: &ap::Run, seen: &Seen) -> Value {
     let now = now();
     let est = r.cost_estimate.unwrap_or_default();
     let created = r
@@ -527,6 +553,10 @@ async fn run_card(c: &Console, caller: &Caller, r: &ap::Run) -> Value {
     {
         for (t, spec) in tasks.iter_mut().zip(&spec.tasks) {
             if let Some(switchyard_proto::executor::v1::task_spec::Kind::Agent(a)) = &spec.kind {
+                if let Some(known) = seen.route(&a.capability) {
+                    t["route"] = known;
+                    continue;
+                }
                 let req = rt::RouteRequest {
                     capability: a.capability.clone(),
                     limit: 1,
@@ -546,34 +576,44 @@ async fn run_card(c: &Console, caller: &Caller, r: &ap::Run) -> Value {
                     ),
                     Err(e) => json!({"problem": e.message()}),
                 };
+                lock(&seen.routes).insert(a.capability.clone(), t["route"].clone());
             }
         }
     }
     card["tasks"] = tasks.into();
-    card["budgets"] = budget_chain(c, caller, &job.budget_id).await;
+    card["budgets"] = budget_chain(c, caller, &job.budget_id, seen).await;
     card
 }
 
 /// Budget `id` and its ancestors (job → project → tenant), as far as the
 /// person may read; a problem reading one ends the chain with its reason.
-async fn budget_chain(c: &Console, caller: &Caller, id: &str) -> Value {
+async fn budget_chain(c: &Console, caller: &Caller, id: &str, seen: &Seen) -> Value {
     let Some(ledger) = &c.services.ledger else {
         return json!([{"problem": "this gateway reaches no ledger (gateway.ledger_url)"}]);
     };
     let mut out = Vec::new();
     let mut next = id.to_owned();
     while !next.is_empty() && out.len() < 6 {
-        let req = lg::GetBudgetRequest {
-            budget_id: next.clone(),
+        let read = match seen.budget(&next) {
+            Some(known) => known,
+            None => {
+                let req = lg::GetBudgetRequest {
+                    budget_id: next.clone(),
+                };
+                let read = as_caller!(LedgerClient, ledger, caller, get_budget, req)
+                    .map(|r| r.budget.unwrap_or_default())
+                    .map_err(|e| e.message().to_owned());
+                lock(&seen.budgets).insert(next.clone(), read.clone());
+                read
+            }
         };
-        match as_caller!(LedgerClient, ledger, caller, get_budget, req) {
-            Ok(r) => {
-                let b = r.budget.unwrap_or_default();
+        match read {
+            Ok(b) => {
                 next = b.parent_id.clone();
                 out.push(views::budget(&b));
             }
-            Err(e) => {
-                out.push(json!({"id": next, "problem": e.message()}));
+            Err(problem) => {
+                out.push(json!({"id": next, "problem": problem}));
                 break;
             }
         }
