@@ -116,6 +116,14 @@ async fn stack() -> Stack {
     .unwrap()
 }
 
+/// [`stack`], its HTTP door's base URL, and alice's JobService client.
+async fn stack_as_alice() -> (Stack, String, crate::common::Jobs) {
+    let s = stack().await;
+    let base = format!("http://{}", s.http.unwrap());
+    let alice = JobServiceClient::new(s.channel_as("alice").await.unwrap());
+    (s, base, alice)
+}
+
 /// A client that shows redirects instead of following them.
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -342,15 +350,10 @@ async fn every_console_route_allows_exactly_the_roles_its_call_allows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_or_cross_site_console_form_is_refused_and_changes_nothing() {
-    let s = stack().await;
-    let base = format!("http://{}", s.http.unwrap());
-    let mut alice = JobServiceClient::new(s.channel_as("alice").await.unwrap());
-    let j = submit(
-        &mut alice,
-        crate::executor::example("needs_approval.yaml").as_str(),
-    )
-    .await
-    .unwrap();
+    let (s, base, mut alice) = stack_as_alice().await;
+    let j = submit(&mut alice, &crate::executor::example("needs_approval.yaml"))
+        .await
+        .unwrap();
     let bob = s.token("bob").unwrap();
     let path = format!("/ui/runs/{}/approve", j.run_id);
     let c = client();
@@ -467,15 +470,10 @@ async fn a_forged_or_cross_site_console_form_is_refused_and_changes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_timeline_resumes_after_the_last_event_it_received() {
-    let s = stack().await;
-    let base = format!("http://{}", s.http.unwrap());
-    let mut alice = JobServiceClient::new(s.channel_as("alice").await.unwrap());
-    let j = submit(
-        &mut alice,
-        crate::executor::example("echo_chain.yaml").as_str(),
-    )
-    .await
-    .unwrap();
+    let (s, base, mut alice) = stack_as_alice().await;
+    let j = submit(&mut alice, &crate::executor::example("echo_chain.yaml"))
+        .await
+        .unwrap();
     let job_id = id(&j);
     finish(&mut alice, &job_id).await;
     let token = s.token("alice").unwrap();
@@ -532,9 +530,7 @@ async fn the_console_timeline_resumes_after_the_last_event_it_received() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_inbox_pages_through_more_waiting_runs_than_fit_and_a_bad_query_gets_an_error_page() {
-    let s = stack().await;
-    let base = format!("http://{}", s.http.unwrap());
-    let mut alice = JobServiceClient::new(s.channel_as("alice").await.unwrap());
+    let (s, base, mut alice) = stack_as_alice().await;
     let doc = crate::executor::example("needs_approval.yaml");
     for _ in 0..51 {
         submit(&mut alice, &doc).await.unwrap();

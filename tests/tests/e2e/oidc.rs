@@ -422,6 +422,11 @@ fn set_cookie(resp: &reqwest::Response, name: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// `GET url` sending `cookie`.
+async fn get_with(c: &reqwest::Client, url: &str, cookie: &str) -> reqwest::Response {
+    c.get(url).header("cookie", cookie).send().await.unwrap()
+}
+
 /// `name=value` of a `Set-Cookie` header.
 fn pair(set_cookie: &str) -> String {
     set_cookie.split(';').next().unwrap().to_owned()
@@ -486,12 +491,7 @@ async fn a_person_signs_in_to_the_console_through_the_identity_provider_with_pkc
         callback.starts_with(&format!("{base}/ui/oidc/callback?code=")),
         "{callback}"
     );
-    let done = c
-        .get(&callback)
-        .header("cookie", &flow)
-        .send()
-        .await
-        .unwrap();
+    let done = get_with(&c, &callback, &flow).await;
     assert_eq!(done.status().as_u16(), 200);
     let session = set_cookie(&done, "sy_session").expect("a session");
     assert!(
@@ -508,12 +508,7 @@ async fn a_person_signs_in_to_the_console_through_the_identity_provider_with_pkc
         page.contains(r#"content="0; url=&#x2f;ui&#x2f;jobs""#),
         "{page}"
     );
-    let jobs = c
-        .get(format!("{base}/ui/jobs"))
-        .header("cookie", pair(&session))
-        .send()
-        .await
-        .unwrap();
+    let jobs = get_with(&c, &format!("{base}/ui/jobs"), &pair(&session)).await;
     assert_eq!(jobs.status().as_u16(), 200);
     let jobs = jobs.text().await.unwrap();
     assert!(
@@ -522,12 +517,7 @@ async fn a_person_signs_in_to_the_console_through_the_identity_provider_with_pkc
     );
 
     // The same code again: the provider refuses it, no session.
-    let again = c
-        .get(&callback)
-        .header("cookie", &flow)
-        .send()
-        .await
-        .unwrap();
+    let again = get_with(&c, &callback, &flow).await;
     assert_eq!(again.status().as_u16(), 502);
     assert!(set_cookie(&again, "sy_session").is_none());
     assert!(again.text().await.unwrap().contains("invalid_grant"));
@@ -537,7 +527,7 @@ async fn a_person_signs_in_to_the_console_through_the_identity_provider_with_pkc
     let (flow, callback) = start("%2Fui%2F").await;
     let forged = callback.replace("state=", "state=x");
     for (url, cookie) in [(&forged, flow.as_str()), (&callback, "")] {
-        let resp = c.get(url).header("cookie", cookie).send().await.unwrap();
+        let resp = get_with(&c, url, cookie).await;
         assert_eq!(resp.status().as_u16(), 400, "{url}");
         assert!(set_cookie(&resp, "sy_session").is_none());
         assert!(resp.text().await.unwrap().contains("was not started here"));
@@ -546,12 +536,7 @@ async fn a_person_signs_in_to_the_console_through_the_identity_provider_with_pkc
     // An ID token minted for another sign-in (its nonce) is not accepted.
     p.wrong_nonce.store(true, Ordering::SeqCst);
     let (flow, callback) = start("%2Fui%2F").await;
-    let resp = c
-        .get(&callback)
-        .header("cookie", &flow)
-        .send()
-        .await
-        .unwrap();
+    let resp = get_with(&c, &callback, &flow).await;
     assert_eq!(resp.status().as_u16(), 401);
     assert!(set_cookie(&resp, "sy_session").is_none());
     assert!(resp.text().await.unwrap().contains("nonce"));
