@@ -189,6 +189,10 @@ async fn run_services(args: RunArgs, services: &[ServiceKind], dev: bool) -> any
         print!("{}", switchyard_kit::config::dump(&cfg)?);
         return Ok(());
     }
+    // What a server writes (its data directories, databases, scratch
+    // directories, credential files) is its own: 0700 directories and 0600
+    // files, whatever umask it was started with.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let names: Vec<&str> = services.iter().map(|s| s.name()).collect();
     let service_name = switchyard_kit::telemetry::service_name(&cfg.telemetry, &names, dev);
     let telemetry =

@@ -277,6 +277,39 @@ pub fn key(s: &str, what: &str) -> Result<(), String> {
     }
 }
 
+/// Ids a client chooses for objects that may name a place — a job id is
+/// also its scratch directory's name, an AITP `task_id` becomes a job id:
+/// 1–128 characters of `[A-Za-z0-9._:@-]`, starting with a letter, digit or
+/// `@`, never containing `..`. Unlike [`key`] there is no `/`, so such an
+/// id is always one plain path segment and never a traversal. The one
+/// charset every door applies (it runs inside the job validation they share).
+pub fn object_id(s: &str, what: &str) -> Result<(), String> {
+    let mut chars = s.chars();
+    let ok = chars.next().is_some_and(key_start)
+        && chars.all(|c| key_char(c) && c != '/')
+        && !s.contains("..")
+        && s.len() <= 128;
+    if ok {
+        Ok(())
+    } else if s.is_empty() {
+        Err(format!("{what} is required"))
+    } else {
+        Err(format!(
+            "{what} {:?} must be 1-128 characters of [A-Za-z0-9._:@-] without '..', starting with a letter, digit or @",
+            clamp(s, 64)
+        ))
+    }
+}
+
+/// An [`object_id`] that may be left empty (the server then makes one).
+pub fn optional_object_id(s: &str, what: &str) -> Result<(), String> {
+    if s.is_empty() {
+        Ok(())
+    } else {
+        object_id(s, what)
+    }
+}
+
 /// Page size of a list request: 0 asks for the default (100), anything
 /// above 1000 is cut to 1000.
 pub fn page_size(requested: u32) -> usize {
@@ -349,6 +382,37 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn object_ids_are_one_plain_segment_never_a_path() {
+        for ok in [
+            "job-1",
+            "0193a:b",
+            "@you",
+            "nightly.build_42",
+            &"k".repeat(128),
+        ] {
+            assert!(object_id(ok, "job_id").is_ok(), "{ok}");
+        }
+        for bad in [
+            "a/../../etc",
+            "a/b",
+            "..",
+            "x..y",
+            ".",
+            "-x",
+            "a\0b",
+            "a\nb",
+            "a b",
+            "é",
+            &"k".repeat(129),
+        ] {
+            let e = object_id(bad, "job_id").unwrap_err();
+            assert!(e.contains("without '..'"), "{bad:?}: {e}");
+        }
+        assert_eq!(object_id("", "job_id").unwrap_err(), "job_id is required");
+        assert!(optional_object_id("", "job_id").is_ok());
     }
 
     #[test]

@@ -9,6 +9,7 @@
 pub mod limits;
 pub mod policy;
 pub mod program;
+pub mod scratch;
 mod seccomp;
 mod spawn;
 

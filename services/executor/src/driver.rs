@@ -6,6 +6,7 @@
 //! run and its budget; cancellation and shutdown stop it cleanly.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use switchyard_kit::error::ApiError;
 use switchyard_kit::json::struct_to_json;
 use switchyard_proto::approval::v1 as ap;
 use switchyard_proto::executor::v1::task_spec::Kind;
+use switchyard_sandbox::scratch::ScratchRoot;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
@@ -263,20 +265,22 @@ impl Driver {
             }
         }
         let awaiting = self.resume().await?;
-        let scratch = self.x.inner.cfg.scratch_dir.join(job_id);
+        let scratch_root = ScratchRoot::new(&self.x.inner.cfg.scratch_dir);
         // Only commands (and a model's command tools) run in the scratch
         // directory; a job of agent calls alone never touches it, and a
         // directory made and removed per job costs more than the job.
-        let needs_scratch = book
+        let files = book
             .lock()
             .find(job_id)
-            .is_some_and(|e| needs_scratch(e.spec()));
-        if needs_scratch {
-            self.prepare_scratch(&scratch)?;
-        }
+            .filter(|e| needs_scratch(e.spec()))
+            .map(|e| e.spec().files.clone());
+        let scratch = match &files {
+            Some(files) => self.prepare_scratch(&scratch_root, files)?,
+            None => scratch_root.dir(job_id).map_err(scratch_error(job_id))?,
+        };
         let result = self.run_loop(&run_id, &scratch, awaiting).await;
-        if needs_scratch && !self.x.inner.shutdown.is_shutdown() {
-            let _ = std::fs::remove_dir_all(&scratch);
+        if files.is_some() && !self.x.inner.shutdown.is_shutdown() {
+            let _ = scratch_root.remove(job_id);
         }
         result
     }
@@ -354,29 +358,21 @@ impl Driver {
         Ok(Some((snap, timeout)))
     }
 
-    /// The job's scratch directory with its files, owned by the tasks' user.
-    fn prepare_scratch(&self, dir: &std::path::Path) -> Result<(), ExecutorError> {
+    /// The job's scratch directory with its files, owned by the tasks'
+    /// user: made through the one mapper from ids to directories, files
+    /// created afresh without following anything a task left there (a
+    /// resumed job's directory was the task's to change).
+    fn prepare_scratch(
+        &self,
+        root: &ScratchRoot,
+        files: &HashMap<String, Vec<u8>>,
+    ) -> Result<PathBuf, ExecutorError> {
         let job_id = self.job_id.as_str();
-        let files = self
-            .x
-            .inner
-            .book
-            .lock()
-            .find(job_id)
-            .map(|e| e.spec().files.clone())
-            .unwrap_or_default();
-        let io = |e: std::io::Error| ExecutorError::Scratch(format!("{}: {e}", dir.display()));
-        std::fs::create_dir_all(dir).map_err(io)?;
-        let sandbox = &self.x.inner.sandbox;
-        for (name, bytes) in files {
-            let file = dir.join(name);
-            std::fs::write(&file, bytes).map_err(io)?;
-            sandbox.hand_over(&file).map_err(io)?;
-        }
+        let files = files.iter().map(|(n, b)| (n.as_str(), b.as_slice()));
         // When tasks run as the sandbox's user (the executor is root), the
         // directory is theirs; Landlock keeps other jobs' tasks out of it.
-        sandbox.hand_over(dir).map_err(io)?;
-        Ok(())
+        root.prepare(job_id, files, self.x.inner.sandbox.owner())
+            .map_err(scratch_error(job_id))
     }
 
     /// The scheduling loop: step, make durable, start; then wait for an
@@ -730,6 +726,11 @@ fn snapshot(st: &Jobs, job_id: &str, i: usize, attempt: u32) -> Result<Snapshot,
         scope: String::new(),
         resume: None,
     })
+}
+
+/// The error of a scratch directory that could not be made for `job_id`.
+fn scratch_error(job_id: &str) -> impl Fn(std::io::Error) -> ExecutorError + '_ {
+    move |e| ExecutorError::Scratch(format!("job {job_id:?}: {e}"))
 }
 
 /// Whether a job runs anything in a scratch directory: a command task, a

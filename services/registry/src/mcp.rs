@@ -298,10 +298,9 @@ impl Hub {
     fn start(&self, name: &str, st: &McpStdio) -> Result<switchyard_sandbox::Service, String> {
         let sandbox = self.sandbox.as_ref().map_err(Clone::clone)?;
         let program = self.programs.get(&st.command).map_err(|e| e.to_string())?;
-        let scratch = self.cfg.scratch_dir.join(name);
-        std::fs::create_dir_all(&scratch)
-            .and_then(|()| sandbox.hand_over(&scratch))
-            .map_err(|e| format!("preparing {}: {e}", scratch.display()))?;
+        let scratch = switchyard_sandbox::scratch::ScratchRoot::new(&self.cfg.scratch_dir)
+            .prepare(name, [], sandbox.owner())
+            .map_err(|e| format!("preparing the scratch directory of {name:?}: {e}"))?;
         let jail = sandbox
             .confine(&st.command, program, &scratch, &self.cfg.limits)
             .map_err(|e| e.to_string())?;
