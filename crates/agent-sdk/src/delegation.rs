@@ -146,6 +146,8 @@ pub async fn delegate(
     let submit = SubmitJobRequest {
         spec: Some(spec),
         wait: Some(switchyard_kit::time::duration(wait.as_millis() as u64)),
+        // Proves this agent was invoked by the parent's running task.
+        invocation_grant: ctx.grant.clone(),
         ..Default::default()
     };
     let submitted = executor.submit_job(submit).await?;

@@ -293,6 +293,9 @@ struct InvocationHost<'a> {
     req: &'a Invocation,
     progress: &'a Progress,
     budget_id: String,
+    /// The invocation's grant: the ledger lets this agent's key spend only
+    /// under it.
+    grant: String,
     correlation: CorrelationContext,
     key: String,
     /// The registered tools the agent lists, by name.
@@ -309,6 +312,7 @@ impl Host for InvocationHost<'_> {
                 key: spend::key(&[&self.key, &self.agent.registry_id, "llm", &call.to_string()]),
                 context: self.correlation.clone(),
                 note: format!("{} call {call}", self.agent.registry_id),
+                grant: self.grant.clone(),
             };
             match spend::reserve(&self.hosted.ledger, req).await {
                 Ok(h) => Ok(h.id().to_owned()),
@@ -340,7 +344,7 @@ impl Host for InvocationHost<'_> {
                 ),
                 prices,
             );
-            let hold = Hold::resume(&self.hosted.ledger, hold);
+            let hold = Hold::resume(&self.hosted.ledger, hold).under_grant(&self.grant);
             if let Err(e) = hold.commit(usage.total_tokens, cost, entry).await {
                 tracing::warn!(reservation_id = hold.id(), error = %e.message(), "commit failed; the reservation's TTL bounds the hold");
             }
@@ -354,7 +358,10 @@ impl Host for InvocationHost<'_> {
                 why,
                 "releasing an unused reservation"
             );
-            let _ = Hold::resume(&self.hosted.ledger, hold).release().await;
+            let _ = Hold::resume(&self.hosted.ledger, hold)
+                .under_grant(&self.grant)
+                .release()
+                .await;
         })
     }
 
@@ -532,6 +539,7 @@ impl Agent for Hosted {
             req: &req,
             progress: &progress,
             budget_id: ctx.budget_id.clone(),
+            grant: ctx.grant.clone(),
             key: if ctx.idempotency_key.is_empty() {
                 uuid_like()
             } else {

@@ -105,6 +105,9 @@ pub struct HoldRequest {
     pub context: CorrelationContext,
     /// A note for the ledger's readers.
     pub note: String,
+    /// An agent's invocation grant (`InvocationContext.grant`), kept by
+    /// the hold for its commit or release; empty for people and services.
+    pub grant: String,
 }
 
 /// Why nothing was held.
@@ -142,6 +145,7 @@ impl std::fmt::Display for Refusal {
 pub struct Hold {
     ledger: LedgerClient,
     id: String,
+    grant: String,
 }
 
 /// Reserves `r` on its budget chain, all or nothing.
@@ -157,12 +161,14 @@ pub async fn reserve(ledger: &LedgerClient, r: HoldRequest) -> Result<Hold, Refu
             ttl: None,
             context: Some(r.context),
             note: r.note,
+            invocation_grant: r.grant.clone(),
         })
         .await;
     match reserved {
         Ok(res) => Ok(Hold {
             ledger: ledger.clone(),
             id: res.reservation.unwrap_or_default().reservation_id,
+            grant: r.grant,
         }),
         Err(e) if switchyard_kit::error::is_outage(&e) => Err(Refusal::Unreachable(e)),
         Err(e) => {
@@ -187,6 +193,15 @@ impl Hold {
         Hold {
             ledger: ledger.clone(),
             id: id.to_owned(),
+            grant: String::new(),
+        }
+    }
+
+    /// This hold, settled under an agent's invocation grant.
+    pub fn under_grant(self, grant: &str) -> Hold {
+        Hold {
+            grant: grant.to_owned(),
+            ..self
         }
     }
 
@@ -211,6 +226,7 @@ impl Hold {
                 }),
                 entry: Some(entry),
                 idempotency_key: format!("commit-{}", self.id),
+                invocation_grant: self.grant.clone(),
             })
             .await
     }
@@ -223,6 +239,7 @@ impl Hold {
             .release(ReleaseRequest {
                 reservation_id: self.id.clone(),
                 idempotency_key: format!("release-{}", self.id),
+                invocation_grant: self.grant.clone(),
             })
             .await;
         match r {

@@ -747,6 +747,7 @@ async fn submit_file(
         files: attachments(attach)?,
         format: format.unwrap_or_default(),
         wait: wait.map(|w| switchyard_kit::time::duration(w.as_millis() as u64)),
+        invocation_grant: String::new(),
     };
     c.submit_job(req).await.map_err(api)
 }

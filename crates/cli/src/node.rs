@@ -295,6 +295,13 @@ pub async fn run_node_then(
     // authenticates other processes here, and this process presents it to
     // them, with its certificate for https:// URLs (mTLS).
     let service_token = cfg.auth.service_token().map_err(anyhow::Error::msg)?;
+    // Invocation grants are signed with a key every process of the
+    // deployment derives from that token; one process alone makes its own.
+    if let Some(token) = &service_token {
+        switchyard_kit::auth::grant::install(switchyard_kit::auth::grant::GrantKey::from_secret(
+            token.as_bytes(),
+        ));
+    }
     let authenticator =
         Authenticator::with_service_token(&cfg.auth, keys.clone(), service_token.as_deref())
             .map_err(anyhow::Error::msg)?;

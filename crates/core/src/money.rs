@@ -1,6 +1,36 @@
 //! Money arithmetic shared by the ledger and the LLM providers: integers
 //! only, micro-USD, prices per million units.
 
+/// The most tokens any one figure a client sends may name (a task's
+/// `max_tokens`, a token budget): 10^12, far above any real job and far
+/// below where products of turns, attempts and tasks could overflow a u64.
+/// A larger figure is a field violation, never a panic or a wrap.
+pub const MAX_TOKENS: u64 = 1_000_000_000_000;
+
+/// The most money any one figure a client sends may name: 10^15 micro-USD
+/// ($1 billion).
+pub const MAX_MICRO_USD: i64 = 1_000_000_000_000_000;
+
+/// `Err` with the rule when `tokens` is above [`MAX_TOKENS`].
+pub fn check_tokens(tokens: u64, what: &str) -> Result<(), String> {
+    if tokens <= MAX_TOKENS {
+        Ok(())
+    } else {
+        Err(format!("{what} must be at most {MAX_TOKENS}, got {tokens}"))
+    }
+}
+
+/// `Err` with the rule when `micro_usd` is negative or above [`MAX_MICRO_USD`].
+pub fn check_micro_usd(micro_usd: i64, what: &str) -> Result<(), String> {
+    if (0..=MAX_MICRO_USD).contains(&micro_usd) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} must be between 0 and {MAX_MICRO_USD} micro-USD, got {micro_usd}"
+        ))
+    }
+}
+
 /// `units × price per million`, rounded up to a whole micro-USD, so a
 /// charge is never under-counted. Negative prices count as zero.
 pub fn charge(units: u64, micro_usd_per_million: i64) -> i64 {

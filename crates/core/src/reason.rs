@@ -244,6 +244,10 @@ reasons! {
     /// The principal lacks the permission the RPC needs (ErrorInfo metadata
     /// `permission` names it).
     PermissionDenied => "PERMISSION_DENIED",
+    /// An agent acted on a job, budget or reservation without the
+    /// invocation grant that covers it (missing, altered, expired, or for
+    /// another job or budget): nothing was done.
+    GrantRefused => "GRANT_REFUSED",
     /// A console form came without its session's anti-forgery token, or
     /// from another site: nothing was done. Reload the page and try again.
     FormForged => "FORM_FORGED",

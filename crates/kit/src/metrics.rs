@@ -178,6 +178,9 @@ pub struct Metrics {
     pub budget_spent_micro_usd: Family<BudgetLabels, Counter>,
     /// Registered agents by status.
     pub agents: Family<StateLabels, Gauge>,
+    /// Panics caught by the process's panic hook (each is a bug: a request
+    /// that panics is answered as an internal error, never silently).
+    pub panics: Counter,
     sources: Mutex<Vec<Weak<dyn Gauges>>>,
     /// Per-method series, by service then method.
     methods: std::sync::RwLock<HashMap<String, HashMap<String, Arc<MethodMetrics>>>>,
@@ -222,6 +225,7 @@ impl Metrics {
             budget_reserved_micro_usd: Family::default(),
             budget_spent_micro_usd: Family::default(),
             agents: Family::default(),
+            panics: Counter::default(),
             sources: Mutex::new(Vec::new()),
             methods: Default::default(),
             registry: Registry::default(),
@@ -327,6 +331,11 @@ impl Metrics {
             m.budget_spent_micro_usd.clone(),
         );
         r.register("agents", "Registered agents by status", m.agents.clone());
+        r.register(
+            "panics",
+            "Panics in this process (each one a bug; logged at ERROR with where it happened)",
+            m.panics.clone(),
+        );
         Metrics { registry: r, ..m }
     }
 

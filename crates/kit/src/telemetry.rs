@@ -121,12 +121,44 @@ pub fn init(cfg: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
     init_as(cfg, "switchyard", "")
 }
 
+/// Routes every panic through `tracing` at ERROR (where, and the message)
+/// and counts it in `/metrics` (`switchyard_panics_total`), so a panic in a
+/// request handler is seen by the log collector and alerting rather than
+/// printed to stderr alone. Installed by [`init_as`]; the default hook
+/// still runs after (a backtrace when `RUST_BACKTRACE` asks for one).
+pub fn install_panic_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            crate::metrics::global().panics.inc();
+            let at = info
+                .location()
+                .map(|l| format!("{}:{}", l.file(), l.line()))
+                .unwrap_or_default();
+            let payload = info.payload();
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(
+                at,
+                message,
+                "panic: this is a bug; the request it served failed"
+            );
+            default(info);
+        }));
+    });
+}
+
 /// [`init`] for a process named `service_name` in role `role`.
 pub fn init_as(
     cfg: &TelemetryConfig,
     service_name: &str,
     role: &str,
 ) -> Result<TelemetryGuard, TelemetryError> {
+    install_panic_hook();
     let filter = match std::env::var("RUST_LOG") {
         Ok(v) if !v.is_empty() => {
             EnvFilter::try_new(&v).map_err(|e| TelemetryError::Filter(v, e.to_string()))?

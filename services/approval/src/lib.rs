@@ -41,7 +41,7 @@ use tonic::{Code, Request, Response, Status};
 
 pub use policy::Policy;
 
-use switchyard_kit::auth::{Permission, Principal, principal};
+use switchyard_kit::auth::{Kind, Permission, Principal, principal};
 
 /// `[approval]` configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -890,6 +890,15 @@ impl Approval {
                 let Some(parent) = st.runs.get(&req.approved_under) else {
                     return Err(ApprovalError::RunNotFound(req.approved_under.clone()));
                 };
+                // The parent's approval covers only its own submitter's
+                // children (the executor makes a child its parent's
+                // submitter's job); any other run is not visible here.
+                if parent.tenant != run.tenant
+                    || parent.created_by != run.created_by
+                    || parent.job_id == run.job_id
+                {
+                    return Err(ApprovalError::RunNotFound(req.approved_under.clone()));
+                }
                 if status_of(&parent) != S::Running {
                     return Err(ApprovalError::ParentNotRunning {
                         parent: req.approved_under.clone(),
@@ -949,7 +958,11 @@ impl Approval {
                 // Delegation (the parent's approval covers a child spending
                 // inside the parent's budget) or a matching policy approves
                 // at once, in its own name: (actor, why, detail, answer).
-                let automatic = if !req.approved_under.is_empty() {
+                // A run that asked for review (skip_policies) gets review,
+                // delegated or not.
+                let automatic = if req.skip_policies {
+                    None
+                } else if !req.approved_under.is_empty() {
                     let by = format!("delegation:{}", req.approved_under);
                     Some((
                         by.clone(),
@@ -957,8 +970,6 @@ impl Approval {
                         ("approved_under", req.approved_under.clone()),
                         by,
                     ))
-                } else if req.skip_policies {
-                    None
                 } else {
                     policy::first_match(&self.inner.cfg.policies, &run).map(|p| {
                         (
@@ -1623,6 +1634,15 @@ impl Approval {
             run.tenant = tenant;
         }
         if !req.approved_under.is_empty() {
+            // Which run covers a child is a fact the platform establishes
+            // (the executor, having bound the child to its parent job),
+            // never a claim a client makes.
+            if p.kind != Kind::Service || p.on_behalf_of.is_none() {
+                return Err(invalid(
+                    "approved_under",
+                    "approved_under is set by the executor for a delegated child job; leave it empty (submit the child job with delegation.parent_job_id instead)",
+                ));
+            }
             self.check_visible(p, &req.approved_under).await?;
         }
         Ok(())

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use switchyard_core::lifecycle::JobState;
 use switchyard_core::{Reason, Violations};
+use switchyard_kit::auth::grant::GrantError;
 use switchyard_kit::auth::{OnBehalf, Principal};
 use switchyard_kit::error::is_outage;
 use switchyard_proto::approval::v1 as ap;
@@ -69,7 +70,7 @@ impl Estimate {
     /// run), when the estimate bounds them: then the job's budget holds no
     /// more, so what is approved bounds what can be reserved.
     pub(crate) fn token_cap(&self) -> Option<u64> {
-        let tokens = self.input_tokens + self.output_tokens;
+        let tokens = self.input_tokens.saturating_add(self.output_tokens);
         (!self.open_ended && tokens > 0).then_some(tokens)
     }
 }
@@ -104,6 +105,11 @@ fn attempts(t: &switchyard_proto::executor::v1::TaskSpec) -> u64 {
     1 + u64::from(retry) + u64::from(extension)
 }
 
+// The estimate saturates instead of overflowing: every figure a client
+// names is bounded by validation (`money::MAX_TOKENS`), yet products of
+// turns, attempts and tasks are still computed so that an absurd job
+// shows the approver an absurd worst case, never a wrapped small one.
+
 /// Worst-case tokens and cost of `spec`, with a routing preview.
 pub(crate) fn estimate(spec: &JobSpec, known: &Known<'_>) -> Estimate {
     let mut est = Estimate {
@@ -129,8 +135,12 @@ pub(crate) fn estimate(spec: &JobSpec, known: &Known<'_>) -> Estimate {
                         .map(|c| c.price_per_unit_micro_usd)
                         .max()
                 };
-                est.output_tokens += agent_tokens(known.agent_max_tokens, token_cap) * n;
-                est.cost = est.cost.zip(worst).map(|(c, p)| c + p * n as i64);
+                let tokens = agent_tokens(known.agent_max_tokens, token_cap).saturating_mul(n);
+                est.output_tokens = est.output_tokens.saturating_add(tokens);
+                est.cost = est
+                    .cost
+                    .zip(worst)
+                    .map(|(c, p)| c.saturating_add(p.saturating_mul(n as i64)));
                 let best = routed.candidates.first();
                 est.routes.push(RoutePreview {
                     task_id: t.id.clone(),
@@ -147,11 +157,13 @@ pub(crate) fn estimate(spec: &JobSpec, known: &Known<'_>) -> Estimate {
                 if let Some(b) = &spec.budget
                     && (b.token_budget.is_some() || b.cost_limit.is_some())
                 {
-                    est.output_tokens += b.token_budget.unwrap_or(0);
+                    est.output_tokens = est
+                        .output_tokens
+                        .saturating_add(b.token_budget.unwrap_or(0));
                     est.cost = est
                         .cost
                         .zip(b.cost_limit.as_ref().map(|m| m.micro_usd))
-                        .map(|(c, l)| c + l);
+                        .map(|(c, l)| c.saturating_add(l));
                 }
             }
             _ => {}
@@ -195,15 +207,18 @@ fn estimate_llm(
     } else {
         l.max_turns
     });
-    let (mut i, mut o) = (input * turns * attempts, output * turns * attempts);
+    let times = turns.saturating_mul(attempts);
+    let (mut i, mut o) = (input.saturating_mul(times), output.saturating_mul(times));
     if let Some(cap) = l.token_budget.or(cap)
-        && i + o > cap
+        && i.saturating_add(o) > cap
     {
-        o = (u128::from(cap) * u128::from(o) / u128::from(i + o)) as u64;
+        // `o / (i + o)` of the cap, in u128: the sum cannot overflow there.
+        let share = u128::from(cap) * u128::from(o) / (u128::from(i) + u128::from(o));
+        o = u64::try_from(share).unwrap_or(cap);
         i = cap - o;
     }
-    est.input_tokens += i;
-    est.output_tokens += o;
+    est.input_tokens = est.input_tokens.saturating_add(i);
+    est.output_tokens = est.output_tokens.saturating_add(o);
     let price = known.llm.chain_price(&chain, &l.provider);
     // Agents called as tools and delegated jobs spend inside the job's
     // budget too, by amounts not known now: a person approves.
@@ -214,11 +229,11 @@ fn estimate_llm(
     let usage = switchyard_llm::Usage {
         prompt_tokens: i,
         completion_tokens: o,
-        total_tokens: i + o,
+        total_tokens: i.saturating_add(o),
     };
     est.open_ended |= open_ended;
     est.cost = match (est.cost, price) {
-        (Some(c), Some(p)) if !open_ended => Some(c + p.cost(&usage)),
+        (Some(c), Some(p)) if !open_ended => Some(c.saturating_add(p.cost(&usage))),
         _ => None,
     };
 }
@@ -284,7 +299,7 @@ pub(crate) fn proposal(
         }),
         model: first_llm.map_or_else(|| "none".into(), |l| l.model.clone()),
         // Seed 004 requires a positive cap; jobs that spend no tokens say 1.
-        max_tokens: (est.input_tokens + est.output_tokens).max(1),
+        max_tokens: est.input_tokens.saturating_add(est.output_tokens).max(1),
         temperature: first_llm.and_then(|l| l.temperature),
         cost_estimate: Some(ap::CostEstimate {
             estimated_input_tokens: est.input_tokens,
@@ -404,6 +419,10 @@ pub(crate) struct Submission {
     /// Only a child of an active job is accepted (an agent without the
     /// submitter role), so it spends within the parent's approved budget.
     pub(crate) delegation_only: bool,
+    /// The verified invocation grant an agent presented: its job is the
+    /// only parent the child may name, and the child is then the parent's
+    /// submitter's.
+    pub(crate) grant: Option<switchyard_kit::auth::grant::Grant>,
     /// The request's correlation id, used when the spec has none.
     pub(crate) correlation_id: String,
     /// The trace context the job's work joins.
@@ -542,7 +561,7 @@ impl Executor {
                 .map(|&i| spec.tasks[i].id.clone())
                 .collect(),
             estimated_cost: est.cost.map(|micro_usd| Money { micro_usd }),
-            estimated_tokens: est.input_tokens + est.output_tokens,
+            estimated_tokens: est.input_tokens.saturating_add(est.output_tokens),
             routes: est.routes,
             context_hash: spec::context_hash(&spec),
             source_format: spec.source_format.clone(),
@@ -562,6 +581,7 @@ impl Executor {
         let how = Submission {
             who,
             delegation_only: false,
+            grant: None,
             correlation_id,
             traceparent,
         };
@@ -594,7 +614,19 @@ impl Executor {
             spec.job_id = uuid::Uuid::now_v7().to_string();
         }
         let parent = self.adopt(&mut spec)?;
-        let submitter = for_whom(how.who, parent.as_ref(), &spec)?;
+        let who = match &how.grant {
+            None => how.who,
+            // The agent the parent's running task invoked acts for the
+            // parent's submitter.
+            Some(g) if parent.is_some() && parent_id(&spec) == g.job_id => None,
+            Some(g) => {
+                return Err(ExecutorError::Grant(GrantError::Outside(format!(
+                    "it was issued for job {:?}; a child job names that job as delegation.parent_job_id",
+                    g.job_id
+                ))));
+            }
+        };
+        let submitter = for_whom(who, parent.as_ref(), &spec)?;
         let hash = spec::context_hash(&spec);
         let now = self.inner.book.now();
         if client_id
@@ -1277,14 +1309,26 @@ struct Admitted {
 }
 
 /// The submitter: the caller, else (a service delegating) the parent's.
+/// The parent a spec names, or "".
+fn parent_id(spec: &JobSpec) -> &str {
+    spec.delegation
+        .as_ref()
+        .map_or("", |d| d.parent_job_id.as_str())
+}
+
 fn for_whom(
     who: Option<OnBehalf>,
     parent: Option<&Parent>,
     spec: &JobSpec,
 ) -> Result<OnBehalf, ExecutorError> {
     match (who, parent) {
-        (Some(w), Some(p)) if w.tenant != p.submitter.tenant => {
-            // Another tenant's parent job does not exist for this caller.
+        // A child is hung under a parent only by the parent's submitter
+        // (or, with an invocation grant for the parent, by the agent its
+        // running task invoked — checked before this): anyone else's
+        // parent job, in this tenant or another, does not exist for them.
+        (Some(w), Some(p))
+            if w.tenant != p.submitter.tenant || w.subject != p.submitter.subject =>
+        {
             let id = spec
                 .delegation
                 .as_ref()

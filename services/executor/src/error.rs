@@ -23,6 +23,9 @@ pub enum ExecutorError {
         "an agent submits only delegated child jobs: set delegation.parent_job_id to the active job it works for"
     )]
     DelegationOnly,
+    /// An agent's invocation grant does not cover what it asked.
+    #[error("{0}")]
+    Grant(#[from] switchyard_kit::auth::grant::GrantError),
     /// The id is taken by a different spec.
     #[error("job {0:?} already exists with a different spec")]
     Exists(String),
@@ -110,6 +113,12 @@ impl From<ExecutorError> for Status {
                 Reason::PermissionDenied,
                 msg,
                 metadata([("permission", "job.submit".to_owned())]),
+            ),
+            ExecutorError::Grant(_) => status_with_metadata(
+                Code::PermissionDenied,
+                Reason::GrantRefused,
+                msg,
+                metadata([]),
             ),
             ExecutorError::ParentNotActive { parent, state } => status_with_metadata(
                 Code::FailedPrecondition,

@@ -19,6 +19,8 @@ use switchyard_proto::executor::v1::{
 };
 use tonic::{Request, Response, Status};
 
+use switchyard_kit::auth::grant::GrantError;
+
 use crate::Executor;
 use crate::admission::{Submission, submitter};
 
@@ -41,10 +43,26 @@ impl JobService for Executor {
         let how = Submission {
             who,
             delegation_only,
+            grant: None,
             correlation_id: correlation,
             traceparent,
         };
         let req = req.into_inner();
+        let grant = match req.invocation_grant.as_str() {
+            "" => None,
+            token => Some(
+                switchyard_kit::auth::grant::key()
+                    .verify(token, switchyard_kit::time::now_ms())
+                    .map_err(crate::error::ExecutorError::from)?,
+            ),
+        };
+        if let Some(g) = &grant
+            && p.tenant_scope().is_some_and(|t| t != g.tenant)
+        {
+            let outside = GrantError::Outside("it belongs to another tenant".into());
+            return Err(crate::error::ExecutorError::from(outside).into());
+        }
+        let how = Submission { grant, ..how };
         let wait = wait_of(req.wait.as_ref())?;
         let mut resp = self.submit_as(req, how).await?;
         if !wait.is_zero() {

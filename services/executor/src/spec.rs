@@ -10,8 +10,9 @@ use prost::Message as _;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use switchyard_core::dag::{Dag, Node};
+use switchyard_core::money::{check_micro_usd, check_tokens};
 use switchyard_core::template::{self, Ref};
-use switchyard_core::validate::{capability, key, optional_key, tool_name};
+use switchyard_core::validate::{capability, key, optional_key, optional_object_id, tool_name};
 use switchyard_core::{Reason, Violations};
 use switchyard_kit::json::struct_to_json;
 use switchyard_proto::executor::v1::{FallbackStrategy as FS, JobSpec, TaskSpec, task_spec::Kind};
@@ -90,7 +91,7 @@ pub fn validate(spec: &JobSpec, rules: &Rules<'_>) -> Result<Dag, FormatError> {
             *reason = r;
         }
     };
-    v.check("job_id", optional_key(&spec.job_id, "job_id"));
+    v.check("job_id", optional_object_id(&spec.job_id, "job_id"));
     v.check("plan_id", key(&spec.plan_id, "plan_id"));
     if !spec.correlation_id.is_empty()
         && !switchyard_kit::context::is_valid_correlation_id(&spec.correlation_id)
@@ -121,8 +122,14 @@ pub fn validate(spec: &JobSpec, rules: &Rules<'_>) -> Result<Dag, FormatError> {
             "budget.parent_budget_id",
             optional_key(&b.parent_budget_id, "parent_budget_id"),
         );
-        if b.cost_limit.as_ref().is_some_and(|m| m.micro_usd < 0) {
-            v.add("budget.cost_limit", "cost_limit must not be negative");
+        if let Some(m) = &b.cost_limit {
+            v.check(
+                "budget.cost_limit",
+                check_micro_usd(m.micro_usd, "cost_limit"),
+            );
+        }
+        if let Some(t) = b.token_budget {
+            v.check("budget.token_budget", check_tokens(t, "token_budget"));
         }
     }
     if let Some(d) = &spec.delegation {
@@ -188,10 +195,10 @@ fn check_task(
     if let Some(f) = &t.fallback {
         check_fallback(v, &at, t, f);
     }
-    if t.cost_limit.as_ref().is_some_and(|m| m.micro_usd < 0) {
-        v.add(
+    if let Some(m) = &t.cost_limit {
+        v.check(
             format!("{at}.cost_limit"),
-            "cost_limit must not be negative",
+            check_micro_usd(m.micro_usd, "cost_limit"),
         );
     }
     match &t.kind {
@@ -386,6 +393,15 @@ fn check_llm(
             format!("temperature must be between 0.0 and 2.0, got {t}"),
         );
         specific(Reason::AgentInvalidParameter, reason);
+    }
+    for (field, tokens) in [
+        ("max_tokens", l.max_tokens),
+        ("token_budget", l.token_budget),
+    ] {
+        if let Some(Err(e)) = tokens.map(|t| check_tokens(t, field)) {
+            v.add(format!("{at}.llm.{field}"), e);
+            specific(Reason::AgentInvalidParameter, reason);
+        }
     }
     let mut seen = HashSet::new();
     for (j, tool) in l.tools.iter().enumerate() {

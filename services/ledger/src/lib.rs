@@ -20,6 +20,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use switchyard_core::{Clock, Reason, Violations};
+use switchyard_kit::auth::grant::GrantError;
 use switchyard_kit::error::{ApiError, invalid_argument, metadata, status_with_metadata};
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_kit::time::duration_ms;
@@ -169,6 +170,9 @@ pub enum LedgerError {
     /// No such reservation.
     #[error("reservation {0:?} does not exist")]
     ReservationNotFound(String),
+    /// An agent asked for what its invocation grant does not cover.
+    #[error("{0}")]
+    Grant(#[from] GrantError),
     /// The reservation was settled already.
     #[error("reservation {id:?} is already {state}")]
     ReservationNotOpen {
@@ -226,6 +230,7 @@ impl From<LedgerError> for Status {
                     .add_quota_failure_violation(format!("budget:{}", r.refused_by), msg.clone());
                 return Status::with_error_details(Code::ResourceExhausted, msg, details);
             }
+            LedgerError::Grant(_) => (Code::PermissionDenied, Reason::GrantRefused, metadata([])),
             LedgerError::BudgetNotFound(id) => (
                 Code::NotFound,
                 Reason::BudgetNotFound,
@@ -637,7 +642,7 @@ impl Ledger {
         &self,
         p: &switchyard_kit::auth::Principal,
         id: &str,
-    ) -> Result<(), LedgerError> {
+    ) -> Result<String, LedgerError> {
         let budget = match &self.inner.backend {
             Backend::Pg(pg) => pg.reservation_budget(id).await?,
             Backend::Sled(sled) => {
@@ -648,14 +653,9 @@ impl Ledger {
                 }
             }
         };
-        let seen = match budget {
-            Some(b) => self.sees(p, &b).await?,
-            None => false,
-        };
-        if seen {
-            Ok(())
-        } else {
-            Err(LedgerError::ReservationNotFound(id.to_owned()))
+        match budget {
+            Some(b) if self.sees(p, &b).await? => Ok(b),
+            _ => Err(LedgerError::ReservationNotFound(id.to_owned())),
         }
     }
 
@@ -1429,7 +1429,9 @@ impl LedgerService for Ledger {
         req: Request<ReserveRequest>,
     ) -> Result<Response<ReserveResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
-        self.visible(&p, &req.get_ref().budget_id).await?;
+        let r = req.get_ref();
+        self.visible(&p, &r.budget_id).await?;
+        within_grant(&p, &r.invocation_grant, &r.budget_id, Some(r.tokens))?;
         let corr = switchyard_kit::context::correlation_id(&req);
         let reservation = Ledger::reserve(self, req.into_inner(), &corr)
             .await
@@ -1454,8 +1456,9 @@ impl LedgerService for Ledger {
         req: Request<CommitRequest>,
     ) -> Result<Response<CommitResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
-        self.visible_reservation(&p, &req.get_ref().reservation_id)
-            .await?;
+        let r = req.get_ref();
+        let budget = self.visible_reservation(&p, &r.reservation_id).await?;
+        within_grant(&p, &r.invocation_grant, &budget, None)?;
         Ok(Response::new(Ledger::commit(self, req.into_inner()).await?))
     }
 
@@ -1464,8 +1467,9 @@ impl LedgerService for Ledger {
         req: Request<ReleaseRequest>,
     ) -> Result<Response<ReleaseResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
-        self.visible_reservation(&p, &req.get_ref().reservation_id)
-            .await?;
+        let r = req.get_ref();
+        let budget = self.visible_reservation(&p, &r.reservation_id).await?;
+        within_grant(&p, &r.invocation_grant, &budget, None)?;
         Ledger::release(self, req.into_inner()).await?;
         Ok(Response::new(ReleaseResponse {}))
     }
@@ -1508,6 +1512,43 @@ impl LedgerService for Ledger {
         }
         Ok(Response::new(self.watch_stream(req.into_inner(), p).await?))
     }
+}
+
+/// An agent key spends only inside the invocation grant it was handed
+/// (`InvocationContext.grant`): on the budget the grant names, at most its
+/// ceiling per reservation, and reserving only before it expires (settling
+/// what was reserved stays possible after). People and services act by
+/// their roles and the budget's tenant alone.
+fn within_grant(
+    p: &switchyard_kit::auth::Principal,
+    token: &str,
+    budget_id: &str,
+    reserving: Option<u64>,
+) -> Result<(), LedgerError> {
+    let kind = p.on_behalf_of.as_ref().map_or(p.kind, |o| o.kind);
+    if kind != switchyard_kit::auth::Kind::Agent {
+        return Ok(());
+    }
+    let key = switchyard_kit::auth::grant::key();
+    let grant = match reserving {
+        Some(_) => key.verify(token, switchyard_kit::time::now_ms())?,
+        None => key.open(token)?,
+    };
+    if grant.budget_id != budget_id || p.tenant_scope().is_some_and(|t| t != grant.tenant) {
+        return Err(GrantError::Outside(format!(
+            "it names budget {:?}, not {budget_id:?}",
+            grant.budget_id
+        ))
+        .into());
+    }
+    if let Some(tokens) = reserving.filter(|t| *t > grant.max_tokens) {
+        return Err(GrantError::Outside(format!(
+            "{tokens} tokens exceed the {} one reservation under it may hold",
+            grant.max_tokens
+        ))
+        .into());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -163,6 +163,7 @@ async fn reserve(
 
 fn commit_req(rid: &str, tokens: u64, cost: i64) -> CommitRequest {
     CommitRequest {
+        invocation_grant: Default::default(),
         reservation_id: rid.into(),
         tokens,
         cost: usd(cost),
@@ -451,6 +452,7 @@ async fn retried_calls_never_double_count_and_reused_keys_are_refused(f: Fixture
 
     let r3 = reserve(l, "b", 100, 0, "k3").await.unwrap();
     let rel = ReleaseRequest {
+        invocation_grant: Default::default(),
         reservation_id: r3.reservation_id.clone(),
         idempotency_key: "rel-1".into(),
     };
@@ -459,6 +461,7 @@ async fn retried_calls_never_double_count_and_reused_keys_are_refused(f: Fixture
     assert_eq!(l.budget("b").await.unwrap().tokens_reserved, 0);
     let err = api(l
         .release(ReleaseRequest {
+            invocation_grant: Default::default(),
             reservation_id: "rsv-unknown".into(),
             idempotency_key: "rel-1".into(),
         })

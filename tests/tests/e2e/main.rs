@@ -14,6 +14,7 @@ mod llm;
 mod mcp;
 mod oidc;
 mod platform;
+mod references;
 mod registry_router;
 mod sandbox;
 mod tool_approval;

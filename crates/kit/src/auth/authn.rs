@@ -229,6 +229,16 @@ impl Authenticator {
         keys: KeySet,
         service_token: Option<&str>,
     ) -> Result<Authenticator, String> {
+        if let Some(ip) = cfg
+            .forwarded_cert
+            .iter()
+            .flat_map(|f| &f.trusted_proxies)
+            .find(|ip| ip.is_loopback() || ip.is_unspecified())
+        {
+            return Err(format!(
+                "auth.forwarded_cert.trusted_proxies names {ip}: any process on this host could forge a service identity from there. Name the proxy's own (non-loopback) address, or use mTLS (auth.service_tls)"
+            ));
+        }
         let service_token = service_token.map(keys::hash);
         let jwt = match &cfg.oidc {
             Some(o) => Some(super::jwt::JwtVerifier::new(o.clone())?),
@@ -435,7 +445,7 @@ mod tests {
             "x-forwarded-client-cert",
             "By=spiffe://sy.test/sa/x;Hash=ab;URI=spiffe://sy.test/ns/sy/sa/executor",
         )]);
-        let proxy: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let proxy: std::net::IpAddr = "10.0.0.5".parse().unwrap();
         let trust = ForwardedCert {
             trusted_proxies: vec![proxy],
         };
@@ -449,9 +459,24 @@ mod tests {
         };
         // From the trusted proxy: a service principal.
         let p = a
-            .authenticate(&from("127.0.0.1", Some(&trust)), 0)
+            .authenticate(&from("10.0.0.5", Some(&trust)), 0)
             .await
             .unwrap();
+        // Believed as a service, never to act for a user or mint keys.
+        assert!(p.may(Permission::JobRead));
+        assert!(!p.may(Permission::Impersonate) && !p.may(Permission::KeyManage));
+        let mut h = xfcc.clone();
+        h.insert(
+            crate::auth::ON_BEHALF_HEADER,
+            "human:default:alice".parse().unwrap(),
+        );
+        let acting = Presented::from_headers(&h).unwrap().with_connection(
+            None,
+            Some(proxy),
+            &h,
+            Some(&trust),
+        );
+        assert!(a.authenticate(&acting, 0).await.is_err());
         assert_eq!(
             (p.subject.as_str(), p.method),
             (
@@ -460,7 +485,7 @@ mod tests {
             )
         );
         // From anyone else, or when not configured: ignored.
-        for (peer, cfg) in [("10.0.0.9", Some(&trust)), ("127.0.0.1", None)] {
+        for (peer, cfg) in [("10.0.0.9", Some(&trust)), ("10.0.0.5", None)] {
             assert_eq!(
                 a.authenticate(&from(peer, cfg), 0).await,
                 Err(AuthError::Required)
@@ -479,6 +504,20 @@ mod tests {
             a.authenticate(&cert("spiffe://evil.test/sa/b"), 0).await,
             Err(AuthError::Invalid)
         );
+    }
+
+    #[test]
+    fn a_loopback_proxy_is_never_trusted_to_forward_identities() {
+        for ip in ["127.0.0.1", "::1", "0.0.0.0"] {
+            let cfg = AuthConfig {
+                forwarded_cert: Some(ForwardedCert {
+                    trusted_proxies: vec![ip.parse().unwrap()],
+                }),
+                ..AuthConfig::default()
+            };
+            let e = Authenticator::new(&cfg, KeySet::default()).unwrap_err();
+            assert!(e.contains("trusted_proxies"), "{ip}: {e}");
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! ([`Principal::for_outgoing_call`]).
 
 pub mod authn;
+pub mod grant;
 pub mod jwt;
 pub mod keys;
 pub mod permissions;
@@ -343,8 +344,17 @@ impl Principal {
         self.on_behalf_of.as_ref().map(|_| self.subject.as_str())
     }
 
-    /// Whether the principal holds `perm`.
+    /// Whether the principal holds `perm`. An identity a mesh proxy
+    /// forwarded (`x-forwarded-client-cert`) is believed only as far as the
+    /// proxy's word goes: it never acts for a user nor manages API keys,
+    /// whatever its roles, so a process that can reach the proxy's port
+    /// cannot turn a forged header into credentials.
     pub fn may(&self, perm: Permission) -> bool {
+        if self.method == Method::ForwardedCertificate
+            && matches!(perm, Permission::Impersonate | Permission::KeyManage)
+        {
+            return false;
+        }
         self.roles.grant(perm)
     }
 

@@ -232,6 +232,7 @@ impl Attempt<'_> {
                 idempotency_key: format!("{job_id}/{task_id}{}", snap.scope),
                 budget_id: snap.budget_id.clone(),
                 delegation_depth: snap.delegation_depth,
+                grant: self.x.grant(snap, &c.agent_id, tokens, timeout),
                 ..Default::default()
             }),
             limits: Some(AgentLimits {

@@ -255,6 +255,7 @@ impl<'a> Spender<'a> {
             key,
             context: self.snap.correlation(),
             note,
+            grant: String::new(),
         };
         // The key makes the repeats one hold.
         let held = self
@@ -389,5 +390,39 @@ pub(crate) async fn release(x: &Executor, job_id: &str, task_id: &str, hold: &Ho
         Err(e) => {
             tracing::warn!(job_id, reservation_id = hold.id(), error = %e.message(), "releasing reservation; its TTL will free it")
         }
+    }
+}
+
+impl Executor {
+    /// The invocation grant of a call to `agent_id` for `snap`'s task: its
+    /// job, task and budget, `max_tokens` per reservation, valid for the
+    /// call's `timeout` and a minute's grace (an agent commits after its
+    /// work). Signed with this deployment's grant key.
+    pub(crate) fn grant(
+        &self,
+        snap: &Snapshot,
+        agent_id: &str,
+        max_tokens: u64,
+        timeout: std::time::Duration,
+    ) -> String {
+        let tenant = self
+            .inner
+            .book
+            .lock()
+            .find(&snap.job_id)
+            .map(|e| e.submitter().tenant)
+            .unwrap_or_default();
+        let grace = timeout.as_millis() as u64 + 60_000;
+        let grant = switchyard_kit::auth::grant::Grant {
+            job_id: snap.job_id.clone(),
+            task_id: snap.task.id.clone(),
+            agent_id: agent_id.to_owned(),
+            tenant,
+            budget_id: snap.budget_id.clone(),
+            max_tokens,
+            // Wall time: the ledger checks it against its own clock.
+            expires_ms: switchyard_kit::time::now_ms().saturating_add(grace),
+        };
+        switchyard_kit::auth::grant::key().sign(&grant)
     }
 }

@@ -1,0 +1,299 @@
+//! Fields that name another object are authorized as references, not
+//! trusted because the RPC was allowed: job ids that would be paths,
+//! `approved_under`, delegation parents, the budgets an agent key spends
+//! on, and figures that would overflow. Each attack is tried as the caller
+//! an outside tester used (a plain submitter, another submitter, the dev
+//! `agents` key) against the in-process stack over real gRPC.
+
+#![allow(clippy::unwrap_used)]
+
+use crate::common::*;
+use switchyard_kit::auth::grant::{self, Grant};
+use switchyard_kit::error::ApiError;
+use switchyard_proto::approval::v1::{ProposeRequest, Run};
+use switchyard_proto::auth::v1::PrincipalKind;
+use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
+use switchyard_proto::executor::v1::{JobState, SubmitJobRequest};
+use switchyard_proto::ledger::v1::ReserveRequest;
+use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
+use switchyard_testkit::Stack;
+use tonic::Code;
+
+fn reason(e: &tonic::Status) -> (Code, String) {
+    (
+        e.code(),
+        ApiError::from(e.clone()).reason.unwrap_or_default(),
+    )
+}
+
+async fn jobs_as(s: &Stack, token: &str) -> Jobs {
+    JobServiceClient::new(s.channel_with(token).await.unwrap())
+}
+
+/// A zero-cost job the default policy approves, that stays active for a
+/// while (a built-in agent sleeping).
+fn long_job(id: &str) -> String {
+    format!(
+        r#"{{"job_id":"{id}","tasks":[{{"id":"t","agent":{{"capability":"builtin.sleep","input":{{"ms":20000}}}}}}]}}"#
+    )
+}
+
+/// A child of `parent` (a zero-cost built-in call).
+fn child_of(id: &str, parent: &str, requires_approval: bool) -> String {
+    format!(
+        r#"{{"job_id":"{id}","delegation":{{"parent_job_id":"{parent}"}},
+            "approval":{{"requires_approval":{requires_approval}}},
+            "tasks":[{{"id":"t","agent":{{"capability":"builtin.echo","input":{{"x":1}}}}}}]}}"#
+    )
+}
+
+async fn active(c: &mut Jobs, job_id: &str) {
+    for _ in 0..200 {
+        if job(c, job_id).await.state == JobState::Active as i32 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("job {job_id} never became active");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_id_that_would_be_a_path_is_refused_in_every_format() {
+    let s = Stack::start().await.unwrap();
+    let mut alice = jobs_as(&s, &s.token("alice").unwrap()).await;
+    let bad = "a/../../../../etc";
+    let docs = [
+        // Native JobSpec.
+        format!(r#"{{"job_id":"{bad}","tasks":[{{"id":"t","command":{{"command":"true"}}}}]}}"#),
+        // AGEniX envelope (RESP's PLAN.SUBMIT posts this).
+        format!(
+            r#"{{"job_id":"{bad}","plan_id":"p","tasks":[{{"task_number":1,"command":"true"}}]}}"#
+        ),
+        // AITP task (REST's POST /aitp/tasks).
+        format!(
+            r#"{{"task_id":"{bad}","name":"n","subtasks":[{{"subtask_id":"s","agent_capability":"builtin.echo"}}]}}"#
+        ),
+        // OJS job.
+        format!(r#"{{"id":"{bad}","type":"agent.research","ext_agent_model":"m"}}"#),
+    ];
+    for doc in docs {
+        let e = submit(&mut alice, &doc).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{doc}: {e:?}");
+        let api = ApiError::from(e);
+        assert!(
+            api.violations
+                .iter()
+                .any(|v| v.field == "job_id" && v.description.contains("'..'")),
+            "{doc}: {api:?}"
+        );
+    }
+    for bad in ["x..y", "a/b", "..", "a\u{1}b"] {
+        let doc = format!(
+            r#"{{"job_id":{bad:?},"tasks":[{{"id":"t","command":{{"command":"true"}}}}]}}"#
+        );
+        let e = submit(&mut alice, &doc).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{bad:?}");
+    }
+    s.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approved_under_is_never_accepted_from_a_client() {
+    let s = Stack::start().await.unwrap();
+    let mut alice = jobs_as(&s, &s.token("alice").unwrap()).await;
+    submit(&mut alice, &long_job("cover")).await.unwrap();
+    active(&mut alice, "cover").await;
+    // Her own running run, named to cover a $5,000 proposal.
+    let run = Run {
+        intent: "spend a lot".into(),
+        max_tokens: 5_000_000,
+        ..Default::default()
+    };
+    for who in ["alice", "agents"] {
+        let e = approvals_as(&s, who)
+            .await
+            .propose(ProposeRequest {
+                run: Some(run.clone()),
+                skip_policies: false,
+                approved_under: "run-cover".into(),
+            })
+            .await
+            .unwrap_err();
+        if who == "alice" {
+            assert_eq!(
+                reason(&e),
+                (Code::InvalidArgument, "INVALID_ARGUMENT".into())
+            );
+            assert!(e.message().contains("approved_under"), "{}", e.message());
+        } else {
+            // An agent key may not propose at all.
+            assert_eq!(e.code(), Code::PermissionDenied, "{who}: {e:?}");
+        }
+    }
+    s.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_parents_submitter_or_its_invoked_agent_may_hang_a_child_under_it() {
+    let s = Stack::start().await.unwrap();
+    let alice_token = s.token("alice").unwrap();
+    let mut alice = jobs_as(&s, &alice_token).await;
+    submit(&mut alice, &long_job("parent")).await.unwrap();
+    active(&mut alice, "parent").await;
+
+    // Another submitter of the tenant, and the dev agents key without a
+    // grant: alice's job does not exist for them.
+    let carol = s
+        .key("carol", &["submitter"], PrincipalKind::Human)
+        .await
+        .unwrap();
+    for (who, token) in [("carol", carol), ("agents", s.token("agents").unwrap())] {
+        let mut c = jobs_as(&s, &token).await;
+        let e = submit(&mut c, &child_of(&format!("c-{who}"), "parent", false))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            reason(&e),
+            (Code::NotFound, "JOB_NOT_FOUND".into()),
+            "{who}: {e:?}"
+        );
+    }
+
+    // A forged grant, and a real grant for another job.
+    let mut agents = jobs_as(&s, &s.token("agents").unwrap()).await;
+    let for_job = |job_id: &str| Grant {
+        job_id: job_id.into(),
+        task_id: "t".into(),
+        agent_id: "builtin".into(),
+        tenant: "default".into(),
+        budget_id: format!("job-{job_id}"),
+        max_tokens: 1000,
+        expires_ms: switchyard_kit::time::now_ms() + 60_000,
+    };
+    let forged = grant::GrantKey::from_secret(b"not this deployment's").sign(&for_job("parent"));
+    let other = grant::key().sign(&for_job("elsewhere"));
+    for (what, g) in [("forged", forged), ("other job", other)] {
+        let e = agents
+            .submit_job(SubmitJobRequest {
+                document: child_of("c-granted", "parent", false),
+                invocation_grant: g,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(
+            reason(&e),
+            (Code::PermissionDenied, "GRANT_REFUSED".into()),
+            "{what}"
+        );
+    }
+    // The grant of the parent's invocation: accepted, as alice's child.
+    let child = agents
+        .submit_job(SubmitJobRequest {
+            document: child_of("c-granted", "parent", false),
+            invocation_grant: grant::key().sign(&for_job("parent")),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap();
+    assert_eq!(child.submitted_by, "alice");
+
+    // Alice's own child is accepted; when it asks for review it gets
+    // review, parent or not.
+    let own = submit(&mut alice, &child_of("c-own", "parent", false))
+        .await
+        .unwrap();
+    assert_ne!(own.state, JobState::Pending as i32);
+    let gated = submit(&mut alice, &child_of("c-gated", "parent", true))
+        .await
+        .unwrap();
+    assert_eq!(gated.state, JobState::Pending as i32, "{gated:?}");
+    s.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_key_spends_only_on_the_budget_its_grant_names_within_its_ceiling() {
+    let s = Stack::start().await.unwrap();
+    let mut alice = jobs_as(&s, &s.token("alice").unwrap()).await;
+    submit(&mut alice, &long_job("spender")).await.unwrap();
+    active(&mut alice, "spender").await;
+    let mut ledger = LedgerServiceClient::new(s.channel_as("agents").await.unwrap());
+    let grant = |budget: &str, max_tokens: u64, expires_in: i64| {
+        grant::key().sign(&Grant {
+            job_id: "spender".into(),
+            task_id: "t".into(),
+            agent_id: "a".into(),
+            tenant: "default".into(),
+            budget_id: budget.into(),
+            max_tokens,
+            expires_ms: (switchyard_kit::time::now_ms() as i64 + expires_in) as u64,
+        })
+    };
+    let reserve = |tokens: u64, g: String, key: &str| ReserveRequest {
+        budget_id: "job-spender".into(),
+        tokens,
+        idempotency_key: key.into(),
+        invocation_grant: g,
+        ..Default::default()
+    };
+    let refused = [
+        ("no grant", reserve(10, String::new(), "k1")),
+        (
+            "another budget",
+            reserve(10, grant("org/other", 100, 60_000), "k2"),
+        ),
+        (
+            "over the ceiling",
+            reserve(900, grant("job-spender", 100, 60_000), "k3"),
+        ),
+        ("expired", reserve(10, grant("job-spender", 100, -1), "k4")),
+        (
+            "forged",
+            reserve(
+                10,
+                grant("job-spender", 100, 60_000).replace('a', "b"),
+                "k5",
+            ),
+        ),
+    ];
+    for (what, req) in refused {
+        let e = ledger.reserve(req).await.unwrap_err();
+        assert_eq!(
+            reason(&e),
+            (Code::PermissionDenied, "GRANT_REFUSED".into()),
+            "{what}"
+        );
+    }
+    let ok = ledger
+        .reserve(reserve(10, grant("job-spender", 100, 60_000), "k6"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ok.reservation.unwrap().tokens, 10);
+    s.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_figure_that_would_overflow_is_a_field_violation_not_a_panic() {
+    let s = Stack::start().await.unwrap();
+    let mut alice = jobs_as(&s, &s.token("alice").unwrap()).await;
+    let doc = format!(
+        r#"{{"type":"agent.research","ext_agent_model":"m","ext_agent_max_tokens":{}}}"#,
+        1u64 << 63
+    );
+    let e = submit(&mut alice, &doc).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let api = ApiError::from(e);
+    assert!(
+        api.violations
+            .iter()
+            .any(|v| v.field.ends_with("llm.max_tokens") && v.description.contains("at most")),
+        "{api:?}"
+    );
+    // The service is still serving.
+    submit(&mut alice, &long_job("after")).await.unwrap();
+    s.stop().await.unwrap();
+}
