@@ -895,7 +895,7 @@ impl Approval {
                 // submitter's job); any other run is not visible here.
                 if parent.tenant != run.tenant
                     || parent.created_by != run.created_by
-                    || parent.job_id == run.job_id
+                    || (!run.job_id.is_empty() && parent.job_id == run.job_id)
                 {
                     return Err(ApprovalError::RunNotFound(req.approved_under.clone()));
                 }
