@@ -890,11 +890,10 @@ impl Approval {
                 let Some(parent) = st.runs.get(&req.approved_under) else {
                     return Err(ApprovalError::RunNotFound(req.approved_under.clone()));
                 };
-                // The parent's approval covers only its own submitter's
-                // children (the executor makes a child its parent's
-                // submitter's job); any other run is not visible here.
+                // The parent's approval covers only runs of its tenant and
+                // never itself (the executor bound the child to the parent
+                // job before proposing); any other run is not visible here.
                 if parent.tenant != run.tenant
-                    || parent.created_by != run.created_by
                     || (!run.job_id.is_empty() && parent.job_id == run.job_id)
                 {
                     return Err(ApprovalError::RunNotFound(req.approved_under.clone()));

@@ -614,19 +614,19 @@ impl Executor {
             spec.job_id = uuid::Uuid::now_v7().to_string();
         }
         let parent = self.adopt(&mut spec)?;
-        let who = match &how.grant {
-            None => how.who,
-            // The agent the parent's running task invoked acts for the
-            // parent's submitter.
-            Some(g) if parent.is_some() && parent_id(&spec) == g.job_id => None,
-            Some(g) => {
+        let submitter = match (&how.grant, how.who) {
+            (None, who) => for_whom(who, parent.as_ref(), &spec)?,
+            // The agent the parent's running task invoked submits the child
+            // as itself (it reads its child's result), inside the parent's
+            // approval and budget.
+            (Some(g), Some(agent)) if parent.is_some() && parent_id(&spec) == g.job_id => agent,
+            (Some(g), _) => {
                 return Err(ExecutorError::Grant(GrantError::Outside(format!(
                     "it was issued for job {:?}; a child job names that job as delegation.parent_job_id",
                     g.job_id
                 ))));
             }
         };
-        let submitter = for_whom(who, parent.as_ref(), &spec)?;
         let hash = spec::context_hash(&spec);
         let now = self.inner.book.now();
         if client_id

@@ -1525,8 +1525,9 @@ fn within_grant(
     budget_id: &str,
     reserving: Option<u64>,
 ) -> Result<(), LedgerError> {
-    let kind = p.on_behalf_of.as_ref().map_or(p.kind, |o| o.kind);
-    if kind != switchyard_kit::auth::Kind::Agent {
+    // The caller itself: the executor spending for a job an agent
+    // submitted acts under its own service identity.
+    if p.kind != switchyard_kit::auth::Kind::Agent {
         return Ok(());
     }
     let key = switchyard_kit::auth::grant::key();

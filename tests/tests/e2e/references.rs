@@ -199,7 +199,7 @@ async fn only_the_parents_submitter_or_its_invoked_agent_may_hang_a_child_under_
         .into_inner()
         .job
         .unwrap();
-    assert_eq!(child.submitted_by, "alice");
+    assert_eq!(child.submitted_by, "agents");
 
     // Alice's own child is accepted; when it asks for review it gets
     // review, parent or not.

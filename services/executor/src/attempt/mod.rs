@@ -419,7 +419,14 @@ impl Executor {
             agent_id: agent_id.to_owned(),
             tenant,
             budget_id: snap.budget_id.clone(),
-            max_tokens,
+            // An agent that bills its own calls is handed no tokens by the
+            // executor: the job's token budget bounds what it may hold.
+            max_tokens: if max_tokens == 0 {
+                snap.token_budget
+                    .unwrap_or(switchyard_core::money::MAX_TOKENS)
+            } else {
+                max_tokens
+            },
             // Wall time: the ledger checks it against its own clock.
             expires_ms: switchyard_kit::time::now_ms().saturating_add(grace),
         };
