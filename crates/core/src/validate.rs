@@ -264,15 +264,24 @@ pub fn key_start(c: char) -> bool {
 /// 1–128 characters of `[A-Za-z0-9._:/@-]`, starting with a letter, digit or `@`
 /// (`org/acme`, `job:0193…`, `@you`).
 pub fn key(s: &str, what: &str) -> Result<(), String> {
-    let mut chars = s.chars();
-    let ok = chars.next().is_some_and(key_start) && chars.all(key_char) && s.len() <= 128;
+    let ok = s.len() <= 128 && {
+        let mut chars = s.chars();
+        chars.next().is_some_and(key_start) && chars.all(key_char)
+    };
+    required_or(s, ok, what, "1-128 characters of [A-Za-z0-9._:/@-]")
+}
+
+/// `Ok` when `ok`; else "required" for an empty `s`, or the rule it breaks
+/// (`must be RULE, starting with a letter, digit or @`).
+fn required_or(s: &str, ok: bool, what: &str, rule: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else if s.is_empty() {
         Err(format!("{what} is required"))
     } else {
         Err(format!(
-            "{what} {s:?} must be 1-128 characters of [A-Za-z0-9._:/@-], starting with a letter, digit or @"
+            "{what} {:?} must be {rule}, starting with a letter, digit or @",
+            clamp(s, 64)
         ))
     }
 }
@@ -284,21 +293,13 @@ pub fn key(s: &str, what: &str) -> Result<(), String> {
 /// id is always one plain path segment and never a traversal. The one
 /// charset every door applies (it runs inside the job validation they share).
 pub fn object_id(s: &str, what: &str) -> Result<(), String> {
-    let mut chars = s.chars();
-    let ok = chars.next().is_some_and(key_start)
-        && chars.all(|c| key_char(c) && c != '/')
-        && !s.contains("..")
-        && s.len() <= 128;
-    if ok {
-        Ok(())
-    } else if s.is_empty() {
-        Err(format!("{what} is required"))
-    } else {
-        Err(format!(
-            "{what} {:?} must be 1-128 characters of [A-Za-z0-9._:@-] without '..', starting with a letter, digit or @",
-            clamp(s, 64)
-        ))
-    }
+    let ok = key(s, what).is_ok() && !s.contains('/') && !s.contains("..");
+    required_or(
+        s,
+        ok,
+        what,
+        "1-128 characters of [A-Za-z0-9._:@-] without '..'",
+    )
 }
 
 /// An [`object_id`] that may be left empty (the server then makes one).

@@ -406,8 +406,17 @@ impl Executor {
                         _ => None,
                     });
             let declared = may_spend(&spec);
+            // A worker that may spend gets the lease's grant: the job's
+            // budget, its token budget as the ceiling, for the lease's (and
+            // the task's) time.
             let grant = if declared {
-                self.lease_grant(&o.job_id, &o.task_id, &job, visibility, timeout_secs)
+                let ceiling = spec
+                    .budget
+                    .as_ref()
+                    .and_then(|b| b.token_budget)
+                    .unwrap_or(switchyard_core::money::MAX_TOKENS);
+                let lasts = visibility.max(u64::from(timeout_secs) * 1000);
+                self.sign_grant(&o.job_id, &o.task_id, "", &job.budget_id, ceiling, lasts)
             } else {
                 String::new()
             };
@@ -434,40 +443,6 @@ impl Executor {
         Ok(FetchResponse {
             tasks,
             state: state as i32,
-        })
-    }
-
-    /// The grant of a leased task: the job's budget, its token budget as
-    /// the ceiling, for the lease's time (and the task's) plus a minute.
-    fn lease_grant(
-        &self,
-        job_id: &str,
-        task_id: &str,
-        job: &switchyard_proto::executor::v1::Job,
-        visibility_ms: u64,
-        timeout_secs: u32,
-    ) -> String {
-        let spec = job.spec.as_ref();
-        let ceiling = spec
-            .and_then(|s| s.budget.as_ref())
-            .and_then(|b| b.token_budget)
-            .unwrap_or(switchyard_core::money::MAX_TOKENS);
-        let lasts = visibility_ms.max(u64::from(timeout_secs) * 1000) + 60_000;
-        let tenant = self
-            .inner
-            .book
-            .lock()
-            .find(job_id)
-            .map(|e| e.submitter().tenant)
-            .unwrap_or_default();
-        switchyard_kit::auth::grant::key().sign(&switchyard_kit::auth::grant::Grant {
-            job_id: job_id.to_owned(),
-            task_id: task_id.to_owned(),
-            agent_id: String::new(),
-            tenant,
-            budget_id: job.budget_id.clone(),
-            max_tokens: ceiling,
-            expires_ms: switchyard_kit::time::now_ms().saturating_add(lasts),
         })
     }
 

@@ -47,6 +47,31 @@ fn child_of(id: &str, parent: &str, requires_approval: bool) -> String {
     )
 }
 
+/// A stack where alice's zero-cost job `job_id` is running: a parent to
+/// name, a run to cover, a budget to spend on.
+async fn with_running_job(job_id: &str) -> (Stack, Jobs) {
+    let s = Stack::start().await.unwrap();
+    let mut alice = jobs_as(&s, &s.token("alice").unwrap()).await;
+    submit(&mut alice, &long_job(job_id)).await.unwrap();
+    active(&mut alice, job_id).await;
+    (s, alice)
+}
+
+/// A grant for task `t` of `job_id` in tenant `default`, as the executor
+/// would sign it: on `budget_id`, `max_tokens` per reservation, ending
+/// `expires_in` ms from now.
+fn grant_for(job_id: &str, budget_id: &str, max_tokens: u64, expires_in: i64) -> Grant {
+    Grant {
+        job_id: job_id.into(),
+        task_id: "t".into(),
+        agent_id: "a".into(),
+        tenant: "default".into(),
+        budget_id: budget_id.into(),
+        max_tokens,
+        expires_ms: (switchyard_kit::time::now_ms() as i64 + expires_in) as u64,
+    }
+}
+
 async fn active(c: &mut Jobs, job_id: &str) {
     for _ in 0..200 {
         if job(c, job_id).await.state == JobState::Active as i32 {
@@ -99,10 +124,7 @@ async fn a_job_id_that_would_be_a_path_is_refused_in_every_format() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approved_under_is_never_accepted_from_a_client() {
-    let s = Stack::start().await.unwrap();
-    let mut alice = jobs_as(&s, &s.token("alice").unwrap()).await;
-    submit(&mut alice, &long_job("cover")).await.unwrap();
-    active(&mut alice, "cover").await;
+    let (s, _alice) = with_running_job("cover").await;
     // Her own running run, named to cover a $5,000 proposal.
     let run = Run {
         intent: "spend a lot".into(),
@@ -135,11 +157,7 @@ async fn approved_under_is_never_accepted_from_a_client() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_parents_submitter_or_its_invoked_agent_may_hang_a_child_under_it() {
-    let s = Stack::start().await.unwrap();
-    let alice_token = s.token("alice").unwrap();
-    let mut alice = jobs_as(&s, &alice_token).await;
-    submit(&mut alice, &long_job("parent")).await.unwrap();
-    active(&mut alice, "parent").await;
+    let (s, mut alice) = with_running_job("parent").await;
 
     // Another submitter of the tenant, and the dev agents key without a
     // grant: alice's job does not exist for them.
@@ -161,15 +179,7 @@ async fn only_the_parents_submitter_or_its_invoked_agent_may_hang_a_child_under_
 
     // A forged grant, and a real grant for another job.
     let mut agents = jobs_as(&s, &s.token("agents").unwrap()).await;
-    let for_job = |job_id: &str| Grant {
-        job_id: job_id.into(),
-        task_id: "t".into(),
-        agent_id: "builtin".into(),
-        tenant: "default".into(),
-        budget_id: format!("job-{job_id}"),
-        max_tokens: 1000,
-        expires_ms: switchyard_kit::time::now_ms() + 60_000,
-    };
+    let for_job = |job_id: &str| grant_for(job_id, &format!("job-{job_id}"), 1000, 60_000);
     let forged = grant::GrantKey::from_secret(b"not this deployment's").sign(&for_job("parent"));
     let other = grant::key().sign(&for_job("elsewhere"));
     for (what, g) in [("forged", forged), ("other job", other)] {
@@ -216,21 +226,10 @@ async fn only_the_parents_submitter_or_its_invoked_agent_may_hang_a_child_under_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_key_spends_only_on_the_budget_its_grant_names_within_its_ceiling() {
-    let s = Stack::start().await.unwrap();
-    let mut alice = jobs_as(&s, &s.token("alice").unwrap()).await;
-    submit(&mut alice, &long_job("spender")).await.unwrap();
-    active(&mut alice, "spender").await;
+    let (s, _alice) = with_running_job("spender").await;
     let mut ledger = LedgerServiceClient::new(s.channel_as("agents").await.unwrap());
     let grant = |budget: &str, max_tokens: u64, expires_in: i64| {
-        grant::key().sign(&Grant {
-            job_id: "spender".into(),
-            task_id: "t".into(),
-            agent_id: "a".into(),
-            tenant: "default".into(),
-            budget_id: budget.into(),
-            max_tokens,
-            expires_ms: (switchyard_kit::time::now_ms() as i64 + expires_in) as u64,
-        })
+        grant::key().sign(&grant_for("spender", budget, max_tokens, expires_in))
     };
     let reserve = |tokens: u64, g: String, key: &str| ReserveRequest {
         budget_id: "job-spender".into(),

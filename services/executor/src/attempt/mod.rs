@@ -405,30 +405,47 @@ impl Executor {
         max_tokens: u64,
         timeout: std::time::Duration,
     ) -> String {
+        // An agent that bills its own calls is handed no tokens by the
+        // executor: the job's token budget bounds what it may hold.
+        let ceiling = match max_tokens {
+            0 => snap
+                .token_budget
+                .unwrap_or(switchyard_core::money::MAX_TOKENS),
+            n => n,
+        };
+        let lasts = timeout.as_millis() as u64;
+        let (job, task, budget) = (&snap.job_id, &snap.task.id, &snap.budget_id);
+        self.sign_grant(job, task, agent_id, budget, ceiling, lasts)
+    }
+
+    /// Signs the grant of task `task_id` of job `job_id` (in its
+    /// submitter's tenant) on `budget_id`, valid for `lasts_ms` and a
+    /// minute's grace: the one place the executor issues grants.
+    pub(crate) fn sign_grant(
+        &self,
+        job_id: &str,
+        task_id: &str,
+        agent_id: &str,
+        budget_id: &str,
+        max_tokens: u64,
+        lasts_ms: u64,
+    ) -> String {
         let tenant = self
             .inner
             .book
             .lock()
-            .find(&snap.job_id)
+            .find(job_id)
             .map(|e| e.submitter().tenant)
             .unwrap_or_default();
-        let grace = timeout.as_millis() as u64 + 60_000;
         let grant = switchyard_kit::auth::grant::Grant {
-            job_id: snap.job_id.clone(),
-            task_id: snap.task.id.clone(),
+            job_id: job_id.to_owned(),
+            task_id: task_id.to_owned(),
             agent_id: agent_id.to_owned(),
             tenant,
-            budget_id: snap.budget_id.clone(),
-            // An agent that bills its own calls is handed no tokens by the
-            // executor: the job's token budget bounds what it may hold.
-            max_tokens: if max_tokens == 0 {
-                snap.token_budget
-                    .unwrap_or(switchyard_core::money::MAX_TOKENS)
-            } else {
-                max_tokens
-            },
+            budget_id: budget_id.to_owned(),
+            max_tokens,
             // Wall time: the ledger checks it against its own clock.
-            expires_ms: switchyard_kit::time::now_ms().saturating_add(grace),
+            expires_ms: switchyard_kit::time::now_ms().saturating_add(lasts_ms + 60_000),
         };
         switchyard_kit::auth::grant::key().sign(&grant)
     }
