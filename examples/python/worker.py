@@ -10,7 +10,8 @@ payload: real work that needs no model.
 Budgets, as the WorkerService contract asks: a task of a job that declared a budget
 comes with a `budget_id`. This worker treats each word as a token it spends: it
 reserves them on that budget through LedgerService *before* doing the work, commits
-what it used, and reports the figure on Ack. A budget too small refuses the
+what it used, and reports the figure on Ack. The lease's `grant` goes with both: the
+ledger lets a worker's key spend only on the budget its lease names. A budget too small refuses the
 reservation, and the worker nacks the task without doing the work. A task with no
 budget id may not spend, and this worker spends nothing on it.
 
@@ -80,8 +81,10 @@ def main() -> int:
             return {"words": words}, 0
         held = ledger.Reserve(lg.ReserveRequest(budget_id=task.budget_id, tokens=words,
                                                 idempotency_key=f"{task.task.job_id}/{task.task.attempt}",
-                                                note=f"{worker_id} counts {words} words"), metadata=auth)
-        ledger.Commit(lg.CommitRequest(reservation_id=held.reservation.reservation_id, tokens=words),
+                                                note=f"{worker_id} counts {words} words",
+                                                invocation_grant=task.grant), metadata=auth)
+        ledger.Commit(lg.CommitRequest(reservation_id=held.reservation.reservation_id, tokens=words,
+                                       invocation_grant=task.grant),
                       metadata=auth)
         return {"words": words}, words
 

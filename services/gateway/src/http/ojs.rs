@@ -92,6 +92,11 @@ pub fn ojs_error(s: &Status, request_id: &str) -> (http::StatusCode, Value) {
             http = http::StatusCode::NOT_FOUND;
             ("not_found", "not_found", false)
         }
+        // Too large is the request's fault: retrying it unchanged cannot help.
+        _ if is(Reason::MessageTooLarge) => {
+            http = http::StatusCode::PAYLOAD_TOO_LARGE;
+            ("request_too_large", "validation_error", false)
+        }
         Code::InvalidArgument | Code::OutOfRange if is(Reason::MalformedRequest) => {
             ("invalid_payload", "validation_error", false)
         }
@@ -146,7 +151,16 @@ impl IntoResponse for OjsFailure {
             .map(|c| c.correlation_id)
             .unwrap_or_default();
         let (code, body) = ojs_error(&self.0, &request_id);
-        ojs(code, body)
+        let mut resp = ojs(code, body);
+        if code == http::StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body was never read: the connection cannot
+            // carry another request, and the client is told so.
+            resp.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
+        resp
     }
 }
 
@@ -637,6 +651,8 @@ async fn fetch(
             j["lease_expires_at"] = rfc3339(t.lease_expires_at.as_ref()).unwrap_or(Value::Null);
             if !t.budget_id.is_empty() {
                 j["ext_agent_budget_id"] = json!(t.budget_id);
+                // What the worker passes as `invocation_grant` to spend on it.
+                j["ext_agent_grant"] = json!(t.grant);
             }
             Some(j)
         })
