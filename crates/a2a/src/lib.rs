@@ -17,6 +17,8 @@ pub fn http_client() -> Result<reqwest::Client, String> {
     switchyard_kit::tls::install_crypto();
     reqwest::Client::builder()
         .connect_timeout(std::time::Duration::from_secs(10))
+        // A redirect could lead anywhere the egress guard did not check.
+        .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| format!("building the HTTP client for A2A agents: {e}"))
 }

@@ -163,6 +163,8 @@ impl RunArgs {
         let mut cfg: Config =
             switchyard_kit::config::load(self.config.as_deref(), std::env::vars())?;
         cfg.auth.dev_credentials.get_or_insert(dev);
+        // `switchyard dev` runs its agents and tool servers on this machine.
+        cfg.registry.egress.allow_loopback.get_or_insert(dev);
         if let Some(l) = &self.listen {
             cfg.server.listen.clone_from(l);
         }

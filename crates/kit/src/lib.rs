@@ -20,6 +20,7 @@ pub mod auth;
 pub mod client;
 pub mod config;
 pub mod context;
+pub mod egress;
 pub mod error;
 pub mod json;
 mod layer;

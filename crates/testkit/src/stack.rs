@@ -57,6 +57,8 @@ impl Stack {
         // The `switchyard dev` composition, dev credentials included, plus a
         // cluster service token tests can act as (`operator`).
         cfg.auth.dev_credentials = Some(true);
+        // Agents, MCP servers and A2A agents of tests listen on 127.0.0.1.
+        cfg.registry.egress.allow_loopback = Some(true);
         // 256 random bits, as an API key's secret.
         let service_token = switchyard_kit::auth::keys::generate()?.token;
         let token_file = dir.path().join("service-token");

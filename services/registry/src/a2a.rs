@@ -48,13 +48,9 @@ impl A2aConfig {
     }
 
     fn allows(&self, url: &str) -> Result<(), String> {
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(format!("{url:?} is not an http(s) URL"));
-        }
-        if !self.allowed_urls.is_empty() && !self.allowed_urls.iter().any(|p| url.starts_with(p)) {
-            return Err(format!("{url:?} is not under registry.a2a.allowed_urls"));
-        }
-        Ok(())
+        switchyard_kit::egress::check(url, &self.allowed_urls, "registry.a2a.allowed_urls")
+            .map(drop)
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -137,14 +133,16 @@ impl Registry {
             v.add("card_url", e);
             return Err(RegistryError::Invalid(v));
         }
+        self.reachable(p, "card_url", &req.card_url).await?;
         let unavailable = |message: String| RegistryError::A2aUnavailable {
             url: req.card_url.clone(),
             message,
         };
         let http = self.a2a_http().map_err(unavailable)?;
+        // What the card's host answered is never echoed.
         let card = Card::fetch(http, &req.card_url, self.card_timeout())
             .await
-            .map_err(|e| unavailable(e.to_string()))?;
+            .map_err(|e| unavailable(switchyard_kit::egress::summary(&e.to_string())))?;
         // The endpoint the card names is reached too: it obeys the same rule.
         if let Err(e) = self.inner.cfg.a2a.allows(&card.url) {
             return Err(unavailable(format!("its JSON-RPC endpoint: {e}")));
@@ -290,5 +288,12 @@ mod tests {
                 .unwrap_err()
                 .contains("allowed_urls")
         );
+        // Userinfo and prefixes that are not path segments do not pass.
+        for bad in [
+            "https://agents.example.com@evil.example/",
+            "https://agents.example.com.evil.example/",
+        ] {
+            assert!(closed.allows(bad).is_err(), "{bad}");
+        }
     }
 }

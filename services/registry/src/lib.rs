@@ -53,6 +53,14 @@ pub struct RegistryConfig {
     pub mcp: mcp::McpConfig,
     /// A2A agents (`[registry.a2a]`).
     pub a2a: a2a::A2aConfig,
+    /// The highest trust score an agent key may claim for an agent it
+    /// registers itself (seed 002: 0–100). Trust steers routing, so it is
+    /// an operator's to grant: a higher claim is lowered to this, and
+    /// re-registering keeps what the agent already had.
+    pub self_declared_trust_max: u32,
+    /// Which destinations a caller may register: agent endpoints, MCP
+    /// servers, A2A cards (`[registry.egress]`).
+    pub egress: switchyard_kit::egress::EgressConfig,
 }
 
 impl Default for RegistryConfig {
@@ -65,6 +73,9 @@ impl Default for RegistryConfig {
             ewma_alpha: 0.2,
             mcp: mcp::McpConfig::default(),
             a2a: a2a::A2aConfig::default(),
+            // The router's default minimum: routable, never preferred on trust.
+            self_declared_trust_max: 50,
+            egress: Default::default(),
         }
     }
 }
@@ -713,6 +724,7 @@ impl Registry {
         if spec.name.is_empty() {
             spec.name = spec.id.clone();
         }
+        self.reachable(p, "agent.endpoint", &spec.endpoint).await?;
         let now = self.inner.clock.now_ms();
         let expires = now + self.inner.cfg.lease_ttl_secs * 1000;
         let (agent, created) = {
@@ -726,6 +738,14 @@ impl Registry {
                 may_change(p, "agent", &spec.id, &prev.agent.tenant, &prev.agent.owner)?;
             }
             let created = prev.is_none();
+            if p.kind == switchyard_kit::auth::Kind::Agent {
+                // An agent does not vouch for itself.
+                let ceiling = self.inner.cfg.self_declared_trust_max;
+                spec.trust_score = match prev.and_then(|e| e.agent.spec.as_ref()) {
+                    Some(kept) => kept.trust_score,
+                    None => spec.trust_score.min(ceiling),
+                };
+            }
             let agent = Agent {
                 tenant: prev.map_or_else(
                     || p.tenant_scope().unwrap_or_default().to_owned(),
@@ -772,10 +792,14 @@ impl Registry {
         let expires = now + self.inner.cfg.lease_ttl_secs * 1000;
         let changed = {
             let mut st = self.lock();
+            // Outcomes feed routing: an agent key reports only on agents it
+            // registered (the executor reports the calls it makes).
+            let own_only = p.kind == switchyard_kit::auth::Kind::Agent;
             let Some(e) = st
                 .agents
                 .get_mut(&req.agent_id)
                 .filter(|e| sees(p, &e.agent.tenant))
+                .filter(|e| !own_only || p.owns(&e.agent.owner))
             else {
                 return Err(RegistryError::AgentNotFound(req.agent_id));
             };
@@ -973,6 +997,26 @@ impl Registry {
         self.notify();
         self.inner.durable.sync().await?;
         Ok(())
+    }
+
+    /// The egress guard for a destination a caller names (`field`): its
+    /// host must not resolve into a range `[registry.egress]` refuses. The
+    /// platform's own registrations (a service acting for no one) are its
+    /// operator's, and exempt.
+    pub(crate) async fn reachable(
+        &self,
+        p: &Principal,
+        field: &str,
+        raw: &str,
+    ) -> Result<(), RegistryError> {
+        if p.kind == switchyard_kit::auth::Kind::Service && p.on_behalf_of.is_none() {
+            return Ok(());
+        }
+        let checked = match switchyard_kit::egress::parse(raw) {
+            Ok(u) => switchyard_kit::egress::resolve_check(&u, &self.inner.cfg.egress).await,
+            Err(e) => Err(e),
+        };
+        checked.map_err(|e| invalid(field, e.to_string()))
     }
 
     fn report_outcome_impl(

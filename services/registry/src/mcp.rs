@@ -22,6 +22,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use switchyard_core::Violations;
 use switchyard_kit::auth::Principal;
+use switchyard_kit::egress;
 use switchyard_kit::json::{json_to_struct, json_to_value, struct_to_json};
 use switchyard_mcp::{Session, Transport, names};
 use switchyard_proto::registry::v1::call_mcp_tool_response::Event;
@@ -227,20 +228,10 @@ impl Hub {
                 }
             }
             Some(Wire::Http(h)) => {
-                let url_ok = (h.url.starts_with("http://") || h.url.starts_with("https://"))
-                    && h.url.len() > "https://".len();
-                if !url_ok {
-                    v.add(
-                        "server.http.url",
-                        format!("{:?} is not an http(s) URL", h.url),
-                    );
-                } else if !self.cfg.allowed_urls.is_empty()
-                    && !self.cfg.allowed_urls.iter().any(|p| h.url.starts_with(p))
-                {
-                    v.add(
-                        "server.http.url",
-                        format!("{:?} is not under registry.mcp.allowed_urls", h.url),
-                    );
+                let url =
+                    egress::check(&h.url, &self.cfg.allowed_urls, "registry.mcp.allowed_urls");
+                if let Err(e) = &url {
+                    v.add("server.http.url", e.to_string());
                 }
                 if !h.bearer_secret.is_empty() {
                     match self.cfg.secrets.get(&h.bearer_secret) {
@@ -251,13 +242,19 @@ impl Hub {
                                 h.bearer_secret
                             ),
                         ),
-                        Some(sec) if !sec.urls.iter().any(|p| h.url.starts_with(p)) => v.add(
-                            "server.http.bearer_secret",
-                            format!(
-                                "secret {:?} may not be sent to {:?}",
-                                h.bearer_secret, h.url
-                            ),
-                        ),
+                        Some(sec)
+                            if !url
+                                .as_ref()
+                                .is_ok_and(|u| sec.urls.iter().any(|p| egress::under(u, p))) =>
+                        {
+                            v.add(
+                                "server.http.bearer_secret",
+                                format!(
+                                    "secret {:?} may not be sent to {:?}",
+                                    h.bearer_secret, h.url
+                                ),
+                            )
+                        }
                         Some(_) => {}
                     }
                 }
@@ -365,6 +362,9 @@ impl Registry {
         if !v.is_empty() {
             return Err(RegistryError::Invalid(v));
         }
+        if let Some(Wire::Http(h)) = &server.transport {
+            self.reachable(p, "server.http.url", &h.url).await?;
+        }
         let existing = self.inner.hub.slot(&server.name);
         let prev = match &existing {
             Some(slot) => Some(slot.lock().await.server.clone()),
@@ -390,7 +390,8 @@ impl Registry {
             .await
             .map_err(|message| RegistryError::McpUnavailable {
                 server: server.name.clone(),
-                message,
+                // What the server answered is never echoed.
+                message: egress::summary(&message),
             })?;
         let session = Arc::new(session);
         let (tools, skipped) = self.listed_tools(&server, &session).await?;
@@ -488,7 +489,7 @@ impl Registry {
             .await
             .map_err(|e| RegistryError::McpUnavailable {
                 server: server.name.clone(),
-                message: e.to_string(),
+                message: egress::summary(&e.to_string()),
             })?;
         let mut tools: Vec<Tool> = Vec::new();
         let mut skipped = Vec::new();

@@ -121,7 +121,9 @@ impl Proc {
                     "SWITCHYARD_AUTH__SERVICE_TOKEN_ENV",
                     "SWITCHYARD_SERVICE_TOKEN",
                 )
-                .env("SWITCHYARD_AUTH__DEV_CREDENTIALS", "true");
+                .env("SWITCHYARD_AUTH__DEV_CREDENTIALS", "true")
+                // The tests' agents and servers listen on 127.0.0.1.
+                .env("SWITCHYARD_REGISTRY__EGRESS__ALLOW_LOOPBACK", "true");
         }
         for (k, v) in env {
             cmd.env(k, v);
