@@ -256,7 +256,10 @@ fn convert_as(
         AGENIX => agenix(v, limits, &mut found),
         AITP => aitp(v, &mut found),
         OJS => ojs(v, limits),
-        OJS_QUEUE => ojs_queue::convert(v, limits, switchyard_kit::time::now_ms()),
+        // A queue job carrying seed-000 fields obeys seed 000's rules too,
+        // exactly as when Switchyard runs it (one validation for every door).
+        OJS_QUEUE => ojs_agent_fields(v, limits)
+            .and_then(|()| ojs_queue::convert(v, limits, switchyard_kit::time::now_ms())),
         _ => native(v, &mut found),
     };
     match converted {
@@ -923,6 +926,20 @@ fn strings(v: Option<&Value>, field: &str, why: &str) -> Result<Vec<String>, For
 /// Long on purpose: one seed format's whole mapping, field by field in the
 /// seed's order, so it reads against the seed document; split up, the
 /// mapping would be scattered over helpers that each make sense only here.
+/// Seed 000's checks of an OJS envelope's `ext_agent_*` fields, when it
+/// has any: the same conversion an agent job goes through, its result
+/// dropped.
+fn ojs_agent_fields(v: &Value, limits: Limits) -> Result<(), FormatError> {
+    let has_agent_fields = v
+        .as_object()
+        .is_some_and(|o| o.keys().any(|k| k.starts_with("ext_agent_")));
+    if has_agent_fields {
+        ojs(v, limits).map(drop)
+    } else {
+        Ok(())
+    }
+}
+
 fn ojs(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
     let o = v.as_object().cloned().unwrap_or_default();
     let bad =

@@ -182,6 +182,25 @@ pub struct HttpConfig {
     pub request_timeout_ms: u64,
     /// Connections served at once; more wait in the listen backlog.
     pub max_connections: usize,
+    /// Connections one peer address may hold at once; more are closed.
+    pub max_connections_per_ip: usize,
+    /// A request's head must arrive within this from its first byte, ms.
+    pub header_read_timeout_ms: u64,
+    /// A connection with nothing read or written for this long is closed,
+    /// ms (event streams write a keep-alive every 15 s).
+    pub idle_timeout_ms: u64,
+}
+
+impl HttpConfig {
+    /// The door's connection limits.
+    pub fn limits(&self) -> crate::http::Limits {
+        crate::http::Limits {
+            max_connections: self.max_connections,
+            max_connections_per_ip: self.max_connections_per_ip,
+            header_read: std::time::Duration::from_millis(self.header_read_timeout_ms),
+            idle: std::time::Duration::from_millis(self.idle_timeout_ms),
+        }
+    }
 }
 
 impl Default for HttpConfig {
@@ -192,6 +211,9 @@ impl Default for HttpConfig {
             max_body_bytes: None,
             request_timeout_ms: 30_000,
             max_connections: 1024,
+            max_connections_per_ip: 256,
+            header_read_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
         }
     }
 }
@@ -217,6 +239,15 @@ pub struct RespConfig {
     /// A connection that sends nothing for this long is closed, seconds;
     /// 0 = never.
     pub idle_timeout_secs: u64,
+    /// A connection must `AUTH` (or `HELLO … AUTH`) within this of
+    /// connecting, ms; else it is answered an error and closed.
+    pub auth_timeout_ms: u64,
+    /// Connections not yet authenticated at once; one more is refused, so
+    /// clients that never `AUTH` cannot take every slot.
+    pub max_unauthenticated: usize,
+    /// A frame begun must be complete within this, ms: a command trickled
+    /// byte by byte is cut off.
+    pub frame_timeout_ms: u64,
 }
 
 impl Default for RespConfig {
@@ -228,6 +259,9 @@ impl Default for RespConfig {
             max_arguments: 64,
             max_connections: 1024,
             idle_timeout_secs: 300,
+            auth_timeout_ms: 10_000,
+            max_unauthenticated: 64,
+            frame_timeout_ms: 10_000,
         }
     }
 }
@@ -235,6 +269,24 @@ impl Default for RespConfig {
 impl GatewayConfig {
     /// Checks the limits.
     pub fn validate(&self) -> Result<(), String> {
+        if self.http.max_connections_per_ip == 0
+            || self.http.header_read_timeout_ms == 0
+            || self.http.idle_timeout_ms < 20_000
+        {
+            return Err(
+                "gateway.http.max_connections_per_ip and header_read_timeout_ms must be at least 1, idle_timeout_ms at least 20000 (event streams write every 15 s)"
+                    .into(),
+            );
+        }
+        if self.resp.auth_timeout_ms == 0
+            || self.resp.max_unauthenticated == 0
+            || self.resp.frame_timeout_ms == 0
+        {
+            return Err(
+                "gateway.resp.auth_timeout_ms, max_unauthenticated and frame_timeout_ms must be at least 1"
+                    .into(),
+            );
+        }
         if self.http.max_connections == 0 || self.resp.max_connections == 0 {
             return Err(
                 "gateway.http.max_connections and gateway.resp.max_connections must be at least 1"

@@ -117,14 +117,7 @@ impl Gateway {
                 if let Some(server) = self.mcp.clone().filter(|_| self.cfg.mcp.enabled) {
                     router = http::with_mcp(router, server, &self.cfg.mcp, self.auth.clone());
                 }
-                http::serve(
-                    router,
-                    listener,
-                    self.cfg.http.max_connections,
-                    shutdown,
-                    drain,
-                )
-                .await
+                http::serve(router, listener, self.cfg.http.limits(), shutdown, drain).await
             }
             None => Ok(()),
         };

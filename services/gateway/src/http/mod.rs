@@ -18,7 +18,10 @@ pub(crate) use shapes::{finished, job_id, job_state_name, task_state_name};
 
 use crate::console;
 
+use std::collections::HashMap;
+use std::future::Future as _;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use axum::Router;
@@ -311,80 +314,162 @@ fn unrouted(req: &Request, code: http::StatusCode, what: &str) -> Response {
     resp
 }
 
-/// Serves `router` on `listener`, at most `max_connections` at once (more
-/// wait in the backlog), until `shutdown`; then stops accepting and gives
-/// open requests `drain` to finish (event streams end at shutdown).
+/// What keeps the HTTP door from being held open: how many connections,
+/// how many from one address, how long a request's head may take to
+/// arrive, and how long a connection may sit silent.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections served at once; more wait in the listen backlog.
+    pub max_connections: usize,
+    /// Connections one peer address may hold; more are closed at once.
+    pub max_connections_per_ip: usize,
+    /// A request head (line and headers) must arrive within this, from its
+    /// first byte: byte-trickling clients are cut off.
+    pub header_read: Duration,
+    /// A connection with nothing read or written for this long is closed
+    /// (an idle keep-alive, or a client that stopped sending; server-sent
+    /// event streams write a keep-alive well within it).
+    pub idle: Duration,
+}
+
+/// Serves `router` on `listener` within `limits`, until `shutdown`; then
+/// stops accepting and gives open requests `drain` to finish (event
+/// streams end at shutdown).
 pub async fn serve(
     router: Router,
     listener: TcpListener,
-    max_connections: usize,
+    limits: Limits,
     shutdown: Shutdown,
     drain: Duration,
 ) -> std::io::Result<()> {
-    let limited = Limited {
-        inner: listener,
-        permits: Arc::new(tokio::sync::Semaphore::new(max_connections)),
-    };
-    let stop = shutdown.clone();
-    let served = axum::serve(limited, router.into_make_service())
-        .with_graceful_shutdown(async move { stop.wait().await });
-    tokio::select! {
-        r = served => r,
-        _ = async { shutdown.wait().await; tokio::time::sleep(drain).await } => {
-            tracing::warn!(drain_ms = drain.as_millis() as u64, "http drain timed out; closing remaining connections");
-            Ok(())
-        }
-    }
-}
-
-/// A listener that holds a permit per open connection.
-struct Limited {
-    inner: TcpListener,
-    permits: Arc<tokio::sync::Semaphore>,
-}
-
-impl axum::serve::Listener for Limited {
-    type Io = Counted;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (Counted, std::net::SocketAddr) {
-        // Acquired before accepting: excess connections wait in the
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let per_ip: PerIp = Arc::default();
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read);
+    builder.http2().timer(TokioTimer::new());
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        // A permit before accepting: excess connections wait in the
         // kernel's backlog instead of being read.
-        let permit = match self.permits.clone().acquire_owned().await {
-            Ok(p) => p,
-            // Never closed; should it be, stop taking connections.
-            Err(_) => std::future::pending().await,
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            () = shutdown.wait() => break,
         };
-        loop {
-            match self.inner.accept().await {
-                Ok((io, addr)) => {
-                    let _ = io.set_nodelay(true);
-                    return (
-                        Counted {
-                            io,
-                            _permit: permit,
-                        },
-                        addr,
-                    );
-                }
+        let (io, addr) = tokio::select! {
+            a = listener.accept() => match a {
+                Ok(a) => a,
                 // Out of file descriptors and the like: wait, do not spin.
                 Err(e) => {
                     tracing::warn!(error = %e, "http accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
                 }
-            }
+            },
+            () = shutdown.wait() => break,
+        };
+        let Some(slot) = PeerSlot::take(&per_ip, addr.ip(), limits.max_connections_per_ip) else {
+            tracing::warn!(peer = %addr.ip(), limit = limits.max_connections_per_ip, "http connection refused: too many from one address");
+            continue;
+        };
+        let _ = io.set_nodelay(true);
+        let io = Counted::new(io, permit, slot, limits.idle);
+        let svc = hyper_util::service::TowerToHyperService::new(router.clone());
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
+        let conn = graceful.watch(conn.into_owned());
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(drain) => {
+            tracing::warn!(drain_ms = drain.as_millis() as u64, "http drain timed out; closing remaining connections");
         }
     }
+    Ok(())
+}
 
-    fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
-        self.inner.local_addr()
+type PerIp = Arc<std::sync::Mutex<HashMap<std::net::IpAddr, usize>>>;
+
+/// One connection's place in its peer address's count, given back on drop.
+struct PeerSlot {
+    counts: PerIp,
+    ip: std::net::IpAddr,
+}
+
+impl PeerSlot {
+    fn take(counts: &PerIp, ip: std::net::IpAddr, max: usize) -> Option<PeerSlot> {
+        let mut c = counts.lock().unwrap_or_else(|e| e.into_inner());
+        let n = c.entry(ip).or_default();
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            counts: counts.clone(),
+            ip,
+        })
     }
 }
 
-/// A connection and the permit it holds until it closes.
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = c.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                c.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// A connection, the permits it holds until it closes, and its idle
+/// timer: nothing read or written for `idle` ends it with `TimedOut`.
 struct Counted {
     io: tokio::net::TcpStream,
     _permit: tokio::sync::OwnedSemaphorePermit,
+    _slot: PeerSlot,
+    idle: Duration,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Counted {
+    fn new(
+        io: tokio::net::TcpStream,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        slot: PeerSlot,
+        idle: Duration,
+    ) -> Counted {
+        Counted {
+            io,
+            _permit: permit,
+            _slot: slot,
+            idle,
+            deadline: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+
+    /// Progress: the idle timer starts again.
+    fn progressed(&mut self) {
+        let next = tokio::time::Instant::now() + self.idle;
+        self.deadline.as_mut().reset(next);
+    }
+
+    /// `Ready(Err(TimedOut))` once the idle timer ran out.
+    fn expired(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Error> {
+        self.deadline
+            .as_mut()
+            .poll(cx)
+            .map(|()| std::io::Error::new(std::io::ErrorKind::TimedOut, "connection idle too long"))
+    }
 }
 
 impl tokio::io::AsyncRead for Counted {
@@ -392,8 +477,17 @@ impl tokio::io::AsyncRead for Counted {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        match std::pin::Pin::new(&mut self.io).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                if buf.filled().len() > before {
+                    self.progressed();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.expired(cx).map(Err),
+        }
     }
 }
 
@@ -402,34 +496,30 @@ impl tokio::io::AsyncWrite for Counted {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    ) -> Poll<std::io::Result<usize>> {
+        match std::pin::Pin::new(&mut self.io).poll_write(cx, buf) {
+            Poll::Ready(r) => {
+                if r.as_ref().is_ok_and(|n| *n > 0) {
+                    self.progressed();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.expired(cx).map(Err),
+        }
     }
 
     fn poll_flush(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
+    ) -> Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.io).poll_flush(cx)
     }
 
     fn poll_shutdown(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
+    ) -> Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
     }
 }
 

@@ -35,6 +35,10 @@ pub struct Door {
     limits: Limits,
     idle: Option<Duration>,
     max_connections: usize,
+    /// Slots for connections that have not authenticated yet.
+    unauthenticated: Arc<tokio::sync::Semaphore>,
+    auth_timeout: Duration,
+    frame_timeout: Duration,
     next_id: AtomicU64,
 }
 
@@ -63,6 +67,9 @@ impl Door {
             },
             idle: (cfg.idle_timeout_secs > 0).then(|| Duration::from_secs(cfg.idle_timeout_secs)),
             max_connections: cfg.max_connections,
+            unauthenticated: Arc::new(tokio::sync::Semaphore::new(cfg.max_unauthenticated)),
+            auth_timeout: Duration::from_millis(cfg.auth_timeout_ms),
+            frame_timeout: Duration::from_millis(cfg.frame_timeout_ms),
             next_id: AtomicU64::new(1),
         }
     }
@@ -89,16 +96,21 @@ pub async fn serve(door: Arc<Door>, listener: TcpListener, shutdown: Shutdown, d
         let _ = sock.set_nodelay(true);
         // Reap finished connections so the set does not grow.
         while conns.try_join_next().is_some() {}
-        match permits.clone().try_acquire_owned() {
-            Ok(permit) => {
+        let unauthenticated = door.unauthenticated.clone().try_acquire_owned();
+        match (permits.clone().try_acquire_owned(), unauthenticated) {
+            (Ok(permit), Ok(preauth)) => {
                 let door = door.clone();
                 let stop = shutdown.clone();
                 conns.spawn(async move {
                     let _permit = permit;
-                    Conn::new(door, sock).run(stop).await;
+                    Conn::new(door, sock, preauth).run(stop).await;
                 });
             }
-            Err(_) => {
+            (Ok(_), Err(_)) => {
+                tracing::warn!(%peer, "resp connection refused: too many not yet authenticated");
+                conns.spawn(refuse(sock));
+            }
+            (Err(_), _) => {
                 tracing::warn!(%peer, limit = door.max_connections, "resp connection refused: too many");
                 conns.spawn(refuse(sock));
             }
@@ -130,6 +142,8 @@ pub(crate) struct Conn {
     proto: u8,
     caller: Option<Caller>,
     name: Option<String>,
+    /// Held until the connection authenticates.
+    preauth: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// What to do after a command's reply.
@@ -140,7 +154,7 @@ pub(crate) enum After {
 }
 
 impl Conn {
-    fn new(door: Arc<Door>, sock: TcpStream) -> Conn {
+    fn new(door: Arc<Door>, sock: TcpStream, preauth: tokio::sync::OwnedSemaphorePermit) -> Conn {
         let id = door.next_id.fetch_add(1, Ordering::Relaxed);
         Conn {
             door,
@@ -149,7 +163,36 @@ impl Conn {
             proto: 2,
             caller: None,
             name: None,
+            preauth: Some(preauth),
         }
+    }
+
+    /// When the next read must have brought something, and what to say if
+    /// it did not: the idle limit, the AUTH deadline of a connection not
+    /// yet authenticated, and the deadline of a frame begun.
+    fn read_deadline(
+        &self,
+        connected: tokio::time::Instant,
+        partial_since: Option<tokio::time::Instant>,
+    ) -> Option<(tokio::time::Instant, &'static str)> {
+        let now = tokio::time::Instant::now();
+        let idle = self.door.idle.map(|d| (now + d, ""));
+        let auth = self.caller.is_none().then(|| {
+            (
+                connected + self.door.auth_timeout,
+                "authenticate with AUTH first",
+            )
+        });
+        let frame = partial_since.map(|t| {
+            (
+                t + self.door.frame_timeout,
+                "the command was not completed in time",
+            )
+        });
+        [idle, auth, frame]
+            .into_iter()
+            .flatten()
+            .min_by_key(|(t, _)| *t)
     }
 
     /// Reads, runs and answers commands until the client leaves, sends
@@ -157,6 +200,8 @@ impl Conn {
     async fn run(mut self, shutdown: Shutdown) {
         let mut input = BytesMut::with_capacity(16 * 1024);
         let mut out = BytesMut::with_capacity(16 * 1024);
+        let connected = tokio::time::Instant::now();
+        let mut partial_since = None;
         loop {
             // Every complete command buffered (pipelining), answered in order.
             loop {
@@ -188,11 +233,20 @@ impl Conn {
                 }
                 out.clear();
             }
+            if self.caller.is_some() {
+                self.preauth = None;
+            }
+            // Whatever is left in the buffer is a frame begun.
+            partial_since = match (input.is_empty(), partial_since) {
+                (true, _) => None,
+                (false, since) => Some(since.unwrap_or_else(tokio::time::Instant::now)),
+            };
             input.reserve(16 * 1024);
-            let (idle, sock) = (self.door.idle, &mut self.sock);
+            let deadline = self.read_deadline(connected, partial_since);
+            let sock = &mut self.sock;
             let read = async {
-                match idle {
-                    Some(limit) => tokio::time::timeout(limit, sock.read_buf(&mut input))
+                match deadline {
+                    Some((at, _)) => tokio::time::timeout_at(at, sock.read_buf(&mut input))
                         .await
                         .ok(),
                     None => Some(sock.read_buf(&mut input).await),
@@ -204,7 +258,17 @@ impl Conn {
             };
             match read {
                 Some(Ok(n)) if n > 0 => {}
-                // Closed, failed, or idle too long.
+                // Past a deadline: say which, when it is not plain idleness.
+                None => {
+                    if let Some((_, why)) = deadline.filter(|(_, why)| !why.is_empty()) {
+                        Reply::error("ERR", &format!("timed out: {why}"))
+                            .encode(self.proto, &mut out);
+                        let _ = self.sock.write_all(&out).await;
+                    }
+                    let _ = self.sock.shutdown().await;
+                    return;
+                }
+                // Closed or failed.
                 _ => return,
             }
         }
