@@ -423,6 +423,9 @@ pub(crate) struct Submission {
     /// only parent the child may name, and the child is then the parent's
     /// submitter's.
     pub(crate) grant: Option<switchyard_kit::auth::grant::Grant>,
+    /// What the caller may nest its job's budget under: any budget of its
+    /// tenant (it manages budgets), or those shared with it.
+    pub(crate) budgets: BudgetRight,
     /// The request's correlation id, used when the spec has none.
     pub(crate) correlation_id: String,
     /// The trace context the job's work joins.
@@ -582,6 +585,7 @@ impl Executor {
             who,
             delegation_only: false,
             grant: None,
+            budgets: BudgetRight::Shared(Vec::new()),
             correlation_id,
             traceparent,
         };
@@ -613,6 +617,11 @@ impl Executor {
         if !client_id {
             spec.job_id = uuid::Uuid::now_v7().to_string();
         }
+        let named_budget = spec
+            .budget
+            .as_ref()
+            .map(|b| b.parent_budget_id.clone())
+            .unwrap_or_default();
         let parent = self.adopt(&mut spec)?;
         let submitter = match (&how.grant, how.who) {
             (None, who) => for_whom(who, parent.as_ref(), &spec)?,
@@ -627,6 +636,13 @@ impl Executor {
                 ))));
             }
         };
+        if parent.is_none() && !named_budget.is_empty() {
+            // Read as the service acting for the submitter: the budget's
+            // tenant and labels, whatever the submitter may read itself.
+            let ctx = acting_context(&spec.correlation_id, submitter.clone());
+            let check = self.may_nest_under(&named_budget, &submitter, &how.budgets);
+            switchyard_kit::context::scope(ctx, check).await?;
+        }
         let hash = spec::context_hash(&spec);
         let now = self.inner.book.now();
         if client_id
@@ -1023,6 +1039,41 @@ impl Executor {
         Ok(Some(parent))
     }
 
+    /// Refuses a client-named `budget.parent_budget_id` the submitter may
+    /// not draw on: a job's own budget (only delegation nests under one,
+    /// and the platform sets it), or a budget not shared with them. An
+    /// admin shares a budget by its `shared_with` label: comma-separated
+    /// subjects, `role:<role>`, or `*` for the whole tenant.
+    async fn may_nest_under(
+        &self,
+        budget_id: &str,
+        submitter: &OnBehalf,
+        right: &BudgetRight,
+    ) -> Result<(), ExecutorError> {
+        let get = switchyard_proto::ledger::v1::GetBudgetRequest {
+            budget_id: budget_id.to_owned(),
+        };
+        let ledger = &self.inner.clients.ledger;
+        let found = match ledger.get_budget(get).await {
+            Ok(r) => r.budget.filter(|b| b.tenant == submitter.tenant),
+            Err(e) if is_outage(&e) => return Err(upstream("ledger")(e)),
+            Err(_) => None,
+        };
+        let allowed = found.is_some_and(|b| {
+            !b.labels.contains_key("job_id") && right.covers(&b.labels, &submitter.subject)
+        });
+        if allowed {
+            return Ok(());
+        }
+        Err(ExecutorError::Invalid(FormatError::one(
+            Reason::BudgetNotFound,
+            "budget.parent_budget_id",
+            format!(
+                "budget {budget_id:?} is not one you may draw on: an admin shares a budget by labelling it shared_with=<subject, role:NAME or *>; a job's own budget is never a parent"
+            ),
+        )))
+    }
+
     fn parent_budget(&self, spec: &JobSpec) -> String {
         spec.budget
             .as_ref()
@@ -1309,6 +1360,46 @@ struct Admitted {
 }
 
 /// The submitter: the caller, else (a service delegating) the parent's.
+/// What budgets a submitter may nest a job's budget under.
+#[derive(Debug, Clone)]
+pub(crate) enum BudgetRight {
+    /// Any budget of its tenant but jobs' own (it manages budgets).
+    Any,
+    /// Those whose `shared_with` label names the submitter, one of these
+    /// roles (`role:<name>`), or `*`.
+    Shared(Vec<String>),
+}
+
+impl BudgetRight {
+    /// The right of principal `p` (a service acting for someone holds
+    /// only what is shared: its own roles are not the user's).
+    pub(crate) fn of(p: &Principal) -> BudgetRight {
+        if p.on_behalf_of.is_none() && p.may(switchyard_kit::auth::Permission::BudgetManage) {
+            BudgetRight::Any
+        } else if p.on_behalf_of.is_none() {
+            BudgetRight::Shared(p.roles.names())
+        } else {
+            BudgetRight::Shared(Vec::new())
+        }
+    }
+
+    fn covers(&self, labels: &HashMap<String, String>, subject: &str) -> bool {
+        let roles = match self {
+            BudgetRight::Any => return true,
+            BudgetRight::Shared(roles) => roles,
+        };
+        labels.get("shared_with").is_some_and(|list| {
+            list.split(',').map(str::trim).any(|who| {
+                who == "*"
+                    || who == subject
+                    || who
+                        .strip_prefix("role:")
+                        .is_some_and(|r| roles.iter().any(|mine| mine == r))
+            })
+        })
+    }
+}
+
 /// The parent a spec names, or "".
 fn parent_id(spec: &JobSpec) -> &str {
     spec.delegation

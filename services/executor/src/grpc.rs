@@ -44,6 +44,7 @@ impl JobService for Executor {
             who,
             delegation_only,
             grant: None,
+            budgets: crate::admission::BudgetRight::of(&p),
             correlation_id: correlation,
             traceparent,
         };

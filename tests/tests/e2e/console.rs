@@ -40,6 +40,8 @@ impl Env {
                     budget_id: id.into(),
                     parent_id: parent.into(),
                     cost_limit: Some(Money { micro_usd: usd }),
+                    // Submitters may draw on the project's budget.
+                    labels: [("shared_with".to_owned(), "role:submitter".to_owned())].into(),
                     ..Default::default()
                 })
                 .await
