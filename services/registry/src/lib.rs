@@ -792,14 +792,10 @@ impl Registry {
         let expires = now + self.inner.cfg.lease_ttl_secs * 1000;
         let changed = {
             let mut st = self.lock();
-            // Outcomes feed routing: an agent key reports only on agents it
-            // registered (the executor reports the calls it makes).
-            let own_only = p.kind == switchyard_kit::auth::Kind::Agent;
             let Some(e) = st
                 .agents
                 .get_mut(&req.agent_id)
                 .filter(|e| sees(p, &e.agent.tenant))
-                .filter(|e| !own_only || p.owns(&e.agent.owner))
             else {
                 return Err(RegistryError::AgentNotFound(req.agent_id));
             };
@@ -1044,10 +1040,14 @@ impl Registry {
         let alpha = self.inner.cfg.ewma_alpha;
         let stats = {
             let mut st = self.lock();
+            // Outcomes feed routing: an agent key reports only on agents it
+            // registered (the executor reports the calls it makes).
+            let own_only = p.kind == switchyard_kit::auth::Kind::Agent;
             let Some(e) = st
                 .agents
                 .get_mut(&req.agent_id)
                 .filter(|e| sees(p, &e.agent.tenant))
+                .filter(|e| !own_only || p.owns(&e.agent.owner))
             else {
                 return Err(RegistryError::AgentNotFound(req.agent_id));
             };

@@ -296,3 +296,264 @@ async fn a_figure_that_would_overflow_is_a_field_violation_not_a_panic() {
     submit(&mut alice, &long_job("after")).await.unwrap();
     s.stop().await.unwrap();
 }
+
+/// A bounded HTTP responder on 127.0.0.1: answers every request with
+/// `response` (a whole HTTP/1.1 response) and counts the requests, for at
+/// most 50 connections or until dropped.
+struct Canned {
+    port: u16,
+    hits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Canned {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn canned(response: String) -> Canned {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = hits.clone();
+    let task = tokio::spawn(async move {
+        for _ in 0..50 {
+            let Ok((mut sock, _)) = l.accept().await else {
+                return;
+            };
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut buf = vec![0u8; 16 * 1024];
+            let _ = sock.read(&mut buf).await;
+            let _ = sock.write_all(response.as_bytes()).await;
+            let _ = sock.shutdown().await;
+        }
+    });
+    Canned { port, hits, task }
+}
+
+fn http_json(body: &str) -> String {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+fn mcp_http(name: &str, url: &str) -> switchyard_proto::registry::v1::McpServer {
+    use switchyard_proto::registry::v1::{McpHttp, mcp_server::Transport};
+    switchyard_proto::registry::v1::McpServer {
+        name: name.into(),
+        transport: Some(Transport::Http(McpHttp {
+            url: url.into(),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+async fn registry_as(
+    s: &Stack,
+    who: &str,
+) -> switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient<
+    switchyard_kit::client::Intercepted,
+> {
+    switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient::new(
+        s.channel_as(who).await.unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_egress_guard_refuses_userinfo_redirects_and_never_echoes_an_upstream_body() {
+    use switchyard_proto::registry::v1::{RegisterA2aAgentRequest, RegisterMcpServerRequest};
+    let s = Stack::start().await.unwrap();
+    let mut reg = registry_as(&s, "admin").await;
+    // A server that answers JSON that is not JSON-RPC, holding a secret.
+    let leaky = canned(http_json(r#"{"secret":"s3cr3t-internal-value"}"#)).await;
+    let e = reg
+        .register_mcp_server(RegisterMcpServerRequest {
+            server: Some(mcp_http(
+                "leaky",
+                &format!("http://127.0.0.1:{}/mcp", leaky.port),
+            )),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&e).1, "MCP_SERVER_UNAVAILABLE", "{e:?}");
+    assert!(!e.message().contains("s3cr3t"), "{}", e.message());
+    assert!(leaky.hits.load(std::sync::atomic::Ordering::SeqCst) > 0);
+
+    // User information in the URL is refused before anything is sent.
+    let e = reg
+        .register_mcp_server(RegisterMcpServerRequest {
+            server: Some(mcp_http(
+                "userinfo",
+                &format!("http://allowed.example@127.0.0.1:{}/mcp", leaky.port),
+            )),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("user information"), "{}", e.message());
+
+    // A redirect from the card's URL is not followed.
+    let elsewhere = canned(http_json("{}")).await;
+    let redirect = canned(format!(
+        "HTTP/1.1 307 Temporary Redirect\r\nlocation: http://127.0.0.1:{}/card\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        elsewhere.port
+    ))
+    .await;
+    let e = reg
+        .register_a2a_agent(RegisterA2aAgentRequest {
+            card_url: format!("http://127.0.0.1:{}/card", redirect.port),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_ne!(e.code(), Code::Ok);
+    assert_eq!(redirect.hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(
+        elsewhere.hits.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the redirect was followed"
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destinations_in_refused_ranges_are_not_registered_by_callers() {
+    use switchyard_proto::registry::v1::{RegisterA2aAgentRequest, RegisterAgentRequest};
+    // A deployment that does not allow loopback (the default outside dev).
+    let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
+        c.registry.egress.allow_loopback = Some(false);
+    })
+    .await
+    .unwrap();
+    let mut agents = registry_as(&s, "agents").await;
+    let mut spec = agent("probe", "probe.cap", 50, 0);
+    spec.endpoint = "http://127.0.0.1:9".into();
+    let e = agents
+        .register_agent(RegisterAgentRequest { agent: Some(spec) })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("allow_loopback"), "{}", e.message());
+    let mut admin = registry_as(&s, "admin").await;
+    let e = admin
+        .register_a2a_agent(RegisterA2aAgentRequest {
+            card_url: "http://169.254.169.254/latest/meta-data".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("allow_private"), "{}", e.message());
+    s.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_key_neither_vouches_for_itself_nor_reports_on_agents_it_does_not_own() {
+    use switchyard_proto::registry::v1::{RegisterAgentRequest, ReportOutcomeRequest};
+    let s = Stack::start().await.unwrap();
+    let mut agents = registry_as(&s, "agents").await;
+    let mut spec = agent("self_made", "probe.cap", 100, 0);
+    spec.endpoint = "http://127.0.0.1:9".into();
+    let made = agents
+        .register_agent(RegisterAgentRequest { agent: Some(spec) })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(made.agent.unwrap().spec.unwrap().trust_score, 50);
+    let outcome = |agent_id: &str, capability: &str| ReportOutcomeRequest {
+        agent_id: agent_id.into(),
+        capability: capability.into(),
+        success: false,
+        latency: Some(prost_types::Duration {
+            seconds: 3600,
+            nanos: 0,
+        }),
+        ..Default::default()
+    };
+    // The platform's built-in agent is not the agent key's to report on.
+    let e = agents
+        .report_outcome(outcome("builtin", "builtin.echo"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        reason(&e),
+        (Code::NotFound, "AGENT_NOT_FOUND".into()),
+        "{e:?}"
+    );
+    // Its own agent, it may.
+    agents
+        .report_outcome(outcome("self_made", "probe.cap"))
+        .await
+        .unwrap();
+    s.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_nests_only_under_a_budget_shared_with_its_submitter() {
+    use switchyard_proto::ledger::v1::CreateBudgetRequest;
+    let (s, mut alice) = with_running_job("someone").await;
+    let mut admin = LedgerServiceClient::new(s.channel_as("admin").await.unwrap());
+    for (id, shared) in [("org/closed", ""), ("org/open", "role:submitter")] {
+        let labels = if shared.is_empty() {
+            Default::default()
+        } else {
+            [("shared_with".to_owned(), shared.to_owned())].into()
+        };
+        admin
+            .create_budget(CreateBudgetRequest {
+                budget_id: id.into(),
+                token_limit: Some(1_000_000),
+                labels,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    let under = |id: &str, parent: &str| {
+        format!(
+            r#"{{"job_id":"{id}","budget":{{"parent_budget_id":"{parent}"}},"tasks":[{{"id":"t","agent":{{"capability":"builtin.echo"}}}}]}}"#
+        )
+    };
+    let carol = s
+        .key("carol", &["submitter"], PrincipalKind::Human)
+        .await
+        .unwrap();
+    let mut carol = jobs_as(&s, &carol).await;
+    // Not shared, and another user's job budget: refused, field named.
+    for (who, parent) in [
+        ("alice", "org/closed"),
+        ("carol", "job-someone"),
+        ("alice", "no/such/budget"),
+    ] {
+        let c = if who == "alice" {
+            &mut alice
+        } else {
+            &mut carol
+        };
+        let e = submit(c, &under(&format!("x-{who}-{}", parent.len()), parent))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{who} {parent}: {e:?}");
+        let api = ApiError::from(e);
+        assert_eq!(api.reason.as_deref(), Some("BUDGET_NOT_FOUND"));
+        assert!(
+            api.violations
+                .iter()
+                .any(|v| v.field == "budget.parent_budget_id")
+        );
+    }
+    // Shared with submitters: accepted.
+    submit(&mut carol, &under("shared-ok", "org/open"))
+        .await
+        .unwrap();
+    // Whoever manages budgets may name any of the tenant's.
+    let mut tester = jobs_as(&s, &s.token("tester").unwrap()).await;
+    submit(&mut tester, &under("admin-ok", "org/closed"))
+        .await
+        .unwrap();
+    s.stop().await.unwrap();
+}
