@@ -912,3 +912,172 @@ async fn a_rest_callers_correlation_id_is_the_tasks_and_answers_carry_it() {
     );
     s.stop().await.unwrap();
 }
+
+/// Reads until the server closes the connection (`true`), bounded by
+/// `limit` (`false` when it is still open then).
+async fn closed_within(sock: &mut TcpStream, limit: Duration) -> bool {
+    let mut buf = [0u8; 4096];
+    let read_to_end = async {
+        loop {
+            match sock.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(limit, read_to_end).await.is_ok()
+}
+
+#[tokio::test]
+async fn http_clients_that_trickle_a_request_are_cut_off_and_one_address_cannot_take_every_slot() {
+    let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
+        c.gateway.http.header_read_timeout_ms = 300;
+        c.gateway.http.max_connections_per_ip = 2;
+    })
+    .await
+    .unwrap();
+    let addr = s.http.unwrap();
+    // A head trickled a byte at a time: closed once its deadline passes,
+    // long before the trickle would end (100 bytes, one each 50 ms).
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nx-slow: ")
+        .await
+        .unwrap();
+    let trickle = async {
+        for _ in 0..100 {
+            if slow.write_all(b"a").await.is_err() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    };
+    let cut = trickle.await || closed_within(&mut slow, Duration::from_secs(1)).await;
+    assert!(cut, "a trickled request head is cut off");
+
+    // Two connections from 127.0.0.1 held open: a third is closed at once.
+    let mut held: Vec<TcpStream> = Vec::new();
+    for _ in 0..2 {
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let n = c.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1"), "served");
+        held.push(c);
+    }
+    let mut third = TcpStream::connect(addr).await.unwrap();
+    let _ = third
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await;
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(5), third.read(&mut buf))
+        .await
+        .expect("answered or closed within 5 s")
+        .unwrap_or(0);
+    assert_eq!(
+        n, 0,
+        "a third connection from one address is closed unserved"
+    );
+    drop(held);
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn ojs_refuses_an_oversized_body_with_413_and_closes_and_checks_queue_jobs_agent_fields() {
+    let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
+        c.gateway.http.max_body_bytes = Some(1024);
+    })
+    .await
+    .unwrap();
+    let alice = s.token("alice").unwrap();
+    // Over the limit: 413 request_too_large, not retryable, and the
+    // connection is closed as announced.
+    let body = format!(r#"{{"type":"email.send","args":["{}"]}}"#, "x".repeat(4096));
+    let mut c = TcpStream::connect(s.http.unwrap()).await.unwrap();
+    let head = format!(
+        "POST /ojs/v1/jobs HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {alice}\r\ncontent-type: application/openjobspec+json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    c.write_all(head.as_bytes()).await.unwrap();
+    let _ = c.write_all(body.as_bytes()).await;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the server closes the connection");
+    let answer = String::from_utf8_lossy(&answer).to_lowercase();
+    assert!(answer.starts_with("http/1.1 413"), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
+    assert!(answer.contains("\"request_too_large\""), "{answer}");
+    assert!(answer.contains("\"retryable\":false"), "{answer}");
+
+    // A queue job with seed 000's fields obeys seed 000.
+    let h = Http::new(&s);
+    for (field, value) in [
+        ("ext_agent_temperature", json!(2.5)),
+        ("ext_agent_tool_choice", json!("sometimes")),
+    ] {
+        let mut job = json!({"type": "email.send", "args": []});
+        job[field] = value;
+        let (code, body) = h
+            .call(
+                reqwest::Method::POST,
+                "/ojs/v1/jobs",
+                Some(&alice),
+                Some(job.to_string()),
+            )
+            .await;
+        assert_eq!(code, 400, "{field}: {body}");
+        assert!(body.to_string().contains(field), "{body}");
+    }
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn resp_clients_must_authenticate_in_time_and_cannot_all_wait_unauthenticated() {
+    let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
+        c.gateway.resp.auth_timeout_ms = 300;
+        c.gateway.resp.max_unauthenticated = 1;
+        c.gateway.resp.frame_timeout_ms = 300;
+    })
+    .await
+    .unwrap();
+    let alice = s.token("alice").unwrap();
+    // Never AUTHs: told why, then closed.
+    let mut lazy = Resp::connect(&s).await;
+    assert_eq!(text(&lazy.cmd(&["PING"]).await), "PONG");
+    // The only unauthenticated slot is taken: another is refused.
+    let mut second = Resp::connect(&s).await;
+    assert_eq!(
+        text(&second.reply().await.unwrap()),
+        "ERR max number of clients reached"
+    );
+    assert!(
+        text(&lazy.reply().await.unwrap()).contains("authenticate with AUTH first"),
+        "the deadline is named"
+    );
+    assert!(lazy.reply().await.is_none());
+    // Its slot is free again (the connection task ends just after the
+    // close: poll, bounded); one that AUTHs stays, and a frame it
+    // trickles is cut off.
+    let mut ok = None;
+    for _ in 0..100 {
+        let mut c = Resp::connect(&s).await;
+        c.send(&Resp::encode(&["AUTH", &alice])).await;
+        if let Some(f) = c.reply().await
+            && text(&f) == "OK"
+        {
+            ok = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut authed = ok.expect("an authenticated connection");
+    authed.send(b"*1\r\n$4\r\nPI").await;
+    assert!(
+        text(&authed.reply().await.unwrap()).contains("not completed in time"),
+        "a partial frame is cut off"
+    );
+    assert!(authed.reply().await.is_none());
+    s.stop().await.unwrap();
+}
