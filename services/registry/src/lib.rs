@@ -724,15 +724,19 @@ impl Registry {
         if spec.name.is_empty() {
             spec.name = spec.id.clone();
         }
+        {
+            let st = self.lock();
+            let v = validate::agent_spec(&spec, |t| st.tools.contains_key(t));
+            if !v.is_empty() {
+                return Err(RegistryError::Invalid(v));
+            }
+        }
+        // A well-formed endpoint must also be one the egress guard allows.
         self.reachable(p, "agent.endpoint", &spec.endpoint).await?;
         let now = self.inner.clock.now_ms();
         let expires = now + self.inner.cfg.lease_ttl_secs * 1000;
         let (agent, created) = {
             let mut st = self.lock();
-            let v = validate::agent_spec(&spec, |t| st.tools.contains_key(t));
-            if !v.is_empty() {
-                return Err(RegistryError::Invalid(v));
-            }
             let prev = st.agents.get(&spec.id);
             if let Some(prev) = prev {
                 may_change(p, "agent", &spec.id, &prev.agent.tenant, &prev.agent.owner)?;
@@ -1040,14 +1044,15 @@ impl Registry {
         let alpha = self.inner.cfg.ewma_alpha;
         let stats = {
             let mut st = self.lock();
-            // Outcomes feed routing: an agent key reports only on agents it
-            // registered (the executor reports the calls it makes).
-            let own_only = p.kind == switchyard_kit::auth::Kind::Agent;
+            // Outcomes feed routing for every tenant that can route to the
+            // agent: the executor (a service) reports the calls it makes,
+            // and a principal only on agents it registered itself.
+            let service = p.kind == switchyard_kit::auth::Kind::Service;
             let Some(e) = st
                 .agents
                 .get_mut(&req.agent_id)
                 .filter(|e| sees(p, &e.agent.tenant))
-                .filter(|e| !own_only || p.owns(&e.agent.owner))
+                .filter(|e| service || p.owns(&e.agent.owner))
             else {
                 return Err(RegistryError::AgentNotFound(req.agent_id));
             };
