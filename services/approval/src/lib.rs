@@ -1209,6 +1209,13 @@ impl Approval {
             let note = Note::new(&req.worker_id, "completed", "");
             self.transition(st, &req.run_id, S::Completed, note, |r| {
                 r.result.clone_from(&req.result);
+                // A run's artifacts are what this service stored for it
+                // (fetched from its adapter or imported), never a worker's
+                // claim: an artifact id names content by address, and
+                // naming another run's would serve it under this one.
+                if let Some(result) = r.result.as_mut() {
+                    result.artifacts.clear();
+                }
             })
         })
         .await

@@ -1309,3 +1309,36 @@ async fn a_claim_taken_over_on_another_replica_fences_the_first_worker() {
     let run = a.complete(done_by(&id, "w2")).await.unwrap();
     assert_eq!(status_of(&run), S::Completed);
 }
+
+#[tokio::test]
+async fn a_workers_completion_cannot_name_artifacts_the_service_did_not_store() {
+    let f = fixture();
+    let id = propose(&f.svc, Some(100)).await.run_id;
+    f.svc
+        .decide(Action::Approve, &id, "lgtm", REVIEWER)
+        .await
+        .unwrap();
+    f.svc.claim(claim_req(&id, "worker-1", 30)).await.unwrap();
+    // Another run's artifact, named by its content address.
+    let stolen = switchyard_proto::common::v1::Artifact {
+        artifact_id: "sha256:0123456789abcdef".into(),
+        path: "report.md".into(),
+        ..Default::default()
+    };
+    let run = f
+        .svc
+        .complete(CompleteRequest {
+            run_id: id.clone(),
+            worker_id: "worker-1".into(),
+            result: Some(RunResult {
+                draft_pr_url: "https://example.test/pr/1".into(),
+                artifacts: vec![stolen],
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+    let result = run.result.unwrap();
+    assert_eq!(result.draft_pr_url, "https://example.test/pr/1");
+    assert!(result.artifacts.is_empty(), "{:?}", result.artifacts);
+}
