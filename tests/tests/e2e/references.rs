@@ -557,3 +557,202 @@ async fn a_job_nests_only_under_a_budget_shared_with_its_submitter() {
         .unwrap();
     s.stop().await.unwrap();
 }
+
+/// Who tries a reference in the matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// alice, who submitted the job the references name.
+    Owner,
+    /// carol, another submitter of alice's tenant.
+    OtherSubmitter,
+    /// mallory, a submitter and agent of another tenant.
+    OtherTenant,
+    /// the dev `agents` key, presenting no grant.
+    AgentNoGrant,
+    /// the dev `agents` key, with a valid grant for another job.
+    AgentOtherGrant,
+}
+
+const CALLERS: [Caller; 5] = [
+    Caller::Owner,
+    Caller::OtherSubmitter,
+    Caller::OtherTenant,
+    Caller::AgentNoGrant,
+    Caller::AgentOtherGrant,
+];
+
+/// The expected answer for each declared reference × caller, written out
+/// here independently of the server (true: the call may go through).
+/// Columns follow `CALLERS`.
+const MATRIX: &[(&str, [bool; 5])] = &[
+    // Only alice hangs a child under her job (an agent needs the parent's grant).
+    (
+        "switchyard.executor.v1.Delegation.parent_job_id",
+        [true, false, false, false, false],
+    ),
+    // A job's own budget is never a client-named parent, not even its owner's.
+    (
+        "switchyard.executor.v1.JobBudget.parent_budget_id",
+        [false, false, false, false, false],
+    ),
+    // Only an agent with this budget's grant reserves on it.
+    (
+        "switchyard.ledger.v1.ReserveRequest.budget_id",
+        [false, false, false, false, false],
+    ),
+    // Only the executor names a covering run.
+    (
+        "switchyard.approval.v1.ProposeRequest.approved_under",
+        [false, false, false, false, false],
+    ),
+    // Only alice (and tenant-wide readers) read her job and its run.
+    (
+        "switchyard.executor.v1.GetJobRequest.job_id",
+        [true, false, false, false, false],
+    ),
+    (
+        "switchyard.approval.v1.GetRunRequest.run_id",
+        [true, false, false, false, false],
+    ),
+    // The platform's agent is nobody's to report on.
+    (
+        "switchyard.registry.v1.ReportOutcomeRequest.agent_id",
+        [false, false, false, false, false],
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_matrix_allows_exactly_what_the_table_says_for_every_caller() {
+    use switchyard_proto::approval::v1::GetRunRequest;
+    use switchyard_proto::executor::v1::GetJobRequest;
+    use switchyard_proto::registry::v1::ReportOutcomeRequest;
+    let (s, _alice) = with_running_job("owned").await;
+    let operator = switchyard_proto::auth::v1::auth_service_client::AuthServiceClient::new(
+        s.channel_as("operator").await.unwrap(),
+    );
+    let mallory = operator
+        .clone()
+        .create_key(switchyard_proto::auth::v1::CreateKeyRequest {
+            subject: "mallory".into(),
+            roles: vec!["submitter".into(), "agent".into()],
+            kind: PrincipalKind::Human as i32,
+            tenant: "evil".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .secret;
+    let carol = s
+        .key("carol", &["submitter"], PrincipalKind::Human)
+        .await
+        .unwrap();
+    let token = |c: Caller| match c {
+        Caller::Owner => s.token("alice").unwrap(),
+        Caller::OtherSubmitter => carol.clone(),
+        Caller::OtherTenant => mallory.clone(),
+        Caller::AgentNoGrant | Caller::AgentOtherGrant => s.token("agents").unwrap(),
+    };
+    let grant_of = |c: Caller| match c {
+        Caller::AgentOtherGrant => {
+            grant::key().sign(&grant_for("elsewhere", "job-elsewhere", 1000, 60_000))
+        }
+        _ => String::new(),
+    };
+    let (mut tried, mut unauthorized) = (0, Vec::new());
+    for (i, (field, expected)) in MATRIX.iter().enumerate() {
+        assert!(
+            switchyard_kit::auth::references::reference(field).is_some(),
+            "{field} is not declared in REFERENCES"
+        );
+        for (c, allowed) in CALLERS.iter().zip(expected) {
+            let ch = s.channel_with(&token(*c)).await.unwrap();
+            let g = grant_of(*c);
+            let id = format!("m{i}-{c:?}").to_lowercase();
+            let went_through = match *field {
+                "switchyard.executor.v1.Delegation.parent_job_id" => JobServiceClient::new(ch)
+                    .submit_job(SubmitJobRequest {
+                        document: child_of(&id, "owned", false),
+                        invocation_grant: g,
+                        ..Default::default()
+                    })
+                    .await
+                    .is_ok(),
+                "switchyard.executor.v1.JobBudget.parent_budget_id" => {
+                    let doc = format!(
+                        r#"{{"job_id":"{id}","budget":{{"parent_budget_id":"job-owned"}},"tasks":[{{"id":"t","agent":{{"capability":"builtin.echo"}}}}]}}"#
+                    );
+                    JobServiceClient::new(ch)
+                        .submit_job(SubmitJobRequest {
+                            document: doc,
+                            invocation_grant: g,
+                            ..Default::default()
+                        })
+                        .await
+                        .is_ok()
+                }
+                "switchyard.ledger.v1.ReserveRequest.budget_id" => LedgerServiceClient::new(ch)
+                    .reserve(ReserveRequest {
+                        budget_id: "job-owned".into(),
+                        tokens: 1,
+                        idempotency_key: id.clone(),
+                        invocation_grant: g,
+                        ..Default::default()
+                    })
+                    .await
+                    .is_ok(),
+                "switchyard.approval.v1.ProposeRequest.approved_under" => {
+                    switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient::new(ch)
+                        .propose(ProposeRequest {
+                            run: Some(Run {
+                                intent: "covered".into(),
+                                max_tokens: 10,
+                                ..Default::default()
+                            }),
+                            skip_policies: false,
+                            approved_under: "run-owned".into(),
+                        })
+                        .await
+                        .is_ok()
+                }
+                "switchyard.executor.v1.GetJobRequest.job_id" => JobServiceClient::new(ch)
+                    .get_job(GetJobRequest {
+                        job_id: "owned".into(),
+                    })
+                    .await
+                    .is_ok(),
+                "switchyard.approval.v1.GetRunRequest.run_id" => {
+                    switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient::new(ch)
+                        .get_run(GetRunRequest {
+                            run_id: "run-owned".into(),
+                        })
+                        .await
+                        .is_ok()
+                }
+                "switchyard.registry.v1.ReportOutcomeRequest.agent_id" => {
+                    switchyard_proto::registry::v1::registry_service_client::RegistryServiceClient::new(ch)
+                        .report_outcome(ReportOutcomeRequest {
+                            agent_id: "builtin".into(),
+                            capability: "builtin.echo".into(),
+                            success: false,
+                            latency: Some(prost_types::Duration::default()),
+                        })
+                        .await
+                        .is_ok()
+                }
+                other => panic!("no attempt written for {other}"),
+            };
+            tried += 1;
+            if went_through && !allowed {
+                unauthorized.push(format!("{field} as {c:?}"));
+            }
+            assert_eq!(went_through, *allowed, "{field} as {c:?}");
+        }
+    }
+    println!(
+        "reference matrix: {tried} pairs tried, {} unauthorized successes",
+        unauthorized.len()
+    );
+    assert!(unauthorized.is_empty(), "{unauthorized:?}");
+    s.stop().await.unwrap();
+}

@@ -17,6 +17,7 @@ pub mod grant;
 pub mod jwt;
 pub mod keys;
 pub mod permissions;
+pub mod references;
 
 use std::fmt;
 use std::sync::Arc;
