@@ -1505,3 +1505,32 @@ fn native(v: &Value, found: &mut Violations) -> Result<JobSpec, FormatError> {
         ..Default::default()
     })
 }
+
+/// Parses `text` as every format, then normalizes and validates what
+/// converted — the path every door's submission takes — and drops the
+/// result. Whatever a client sends, this returns: the fuzzers (`make fuzz`,
+/// and the property tests `make test` runs) drive it.
+pub fn exercise(text: &str) {
+    let commands = vec!["true".to_owned(), "sort".to_owned()];
+    let caps = crate::command::limits::ResourceLimits::default();
+    let rules = crate::spec::Rules {
+        max_tasks: 100,
+        commands: &commands,
+        default_timeout_secs: 300,
+        default_max_parallel: 4,
+        max_delegation_depth: 10,
+        max_file_bytes: 1 << 20,
+        limit_caps: &caps,
+    };
+    let limits = Limits {
+        max_tasks: 100,
+        max_delegation_depth: 10,
+    };
+    for format in ["", NATIVE, AGENIX, AITP, OJS, OJS_QUEUE] {
+        if let Ok(mut p) = parse_document(text, format, limits) {
+            crate::spec::normalize(&mut p.spec, &rules);
+            let _ = crate::spec::validate(&p.spec, &rules);
+            let _ = crate::spec::context_hash(&p.spec);
+        }
+    }
+}
