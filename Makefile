@@ -133,6 +133,17 @@ e2e: venv tools mcp-servers chromium ## Only the end-to-end tests (in-process st
 proto-lint: venv ## buf lint (default rules) over proto/
 	cd proto && ../$(VENV)/bin/buf lint
 
+# cargo-fuzz runs on nightly (installed from crates.io on first use); its
+# targets are in fuzz/ (their own workspace). `make test` runs the stable
+# property tests over the same entry points.
+FUZZ_SECONDS ?= 60
+
+.PHONY: fuzz
+fuzz: ## cargo-fuzz over the job-document parsers of every format and the RESP frame parser, FUZZ_SECONDS (60) each
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install --locked cargo-fuzz
+	cd fuzz && $(CARGO) +nightly fuzz run job_documents -- -max_total_time=$(FUZZ_SECONDS)
+	cd fuzz && $(CARGO) +nightly fuzz run resp_frames -- -max_total_time=$(FUZZ_SECONDS)
+
 .PHONY: lint
 lint: ## rustfmt check + clippy with warnings denied
 	$(CARGO) fmt --all -- --check
