@@ -208,7 +208,7 @@ mod tests {
             "http://u:p@allowed.example/",
             "ftp://x/",
             "file:///etc/passwd",
-            "http:///x",
+            "http://",
             "not a url",
         ] {
             assert!(parse(bad).is_err(), "{bad}");
