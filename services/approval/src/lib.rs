@@ -1209,13 +1209,6 @@ impl Approval {
             let note = Note::new(&req.worker_id, "completed", "");
             self.transition(st, &req.run_id, S::Completed, note, |r| {
                 r.result.clone_from(&req.result);
-                // A run's artifacts are what this service stored for it
-                // (fetched from its adapter or imported), never a worker's
-                // claim: an artifact id names content by address, and
-                // naming another run's would serve it under this one.
-                if let Some(result) = r.result.as_mut() {
-                    result.artifacts.clear();
-                }
             })
         })
         .await
@@ -1848,7 +1841,16 @@ impl ApprovalService for Approval {
         req: Request<CompleteRequest>,
     ) -> Result<Response<CompleteResponse>, Status> {
         self.worker_check(&req, &req.get_ref().run_id).await?;
-        let run = Approval::complete(self, req.into_inner()).await?;
+        let from_service = principal(&req)?.kind == Kind::Service;
+        let mut req = req.into_inner();
+        // A run's artifacts are what the platform stored for it (fetched
+        // from its adapter, imported, or the executor's own job's), never
+        // another worker's claim: an artifact id names content by address,
+        // and naming another run's would serve it under this one.
+        if !from_service && let Some(result) = req.result.as_mut() {
+            result.artifacts.clear();
+        }
+        let run = Approval::complete(self, req).await?;
         Ok(Response::new(CompleteResponse { run: Some(run) }))
     }
 

@@ -1325,18 +1325,30 @@ async fn a_workers_completion_cannot_name_artifacts_the_service_did_not_store() 
         path: "report.md".into(),
         ..Default::default()
     };
-    let run = f
-        .svc
-        .complete(CompleteRequest {
-            run_id: id.clone(),
-            worker_id: "worker-1".into(),
-            result: Some(RunResult {
-                draft_pr_url: "https://example.test/pr/1".into(),
-                artifacts: vec![stolen],
-                ..Default::default()
-            }),
-        })
+    let mut req = tonic::Request::new(CompleteRequest {
+        run_id: id.clone(),
+        worker_id: "worker-1".into(),
+        result: Some(RunResult {
+            draft_pr_url: "https://example.test/pr/1".into(),
+            artifacts: vec![stolen],
+            ..Default::default()
+        }),
+    });
+    // The worker is the run's proposer's agent key, as over gRPC.
+    req.extensions_mut()
+        .insert(Arc::new(switchyard_kit::auth::Principal::user(
+            "@you",
+            "",
+            &[switchyard_kit::auth::Role::Agent],
+            switchyard_kit::auth::Kind::Agent,
+            switchyard_kit::auth::Method::ApiKey,
+        )));
+    use switchyard_proto::approval::v1::approval_service_server::ApprovalService;
+    let run = ApprovalService::complete(&f.svc, req)
         .await
+        .unwrap()
+        .into_inner()
+        .run
         .unwrap();
     let result = run.result.unwrap();
     assert_eq!(result.draft_pr_url, "https://example.test/pr/1");

@@ -124,7 +124,7 @@ pub const REFERENCES: &[Reference] = &[
     r(
         "switchyard.common.v1.Artifact.artifact_id",
         Platform,
-        "approval complete: a worker's RunResult.artifacts are dropped; a run's artifacts are only those stored for it",
+        "approval complete (gRPC): a non-service worker's RunResult.artifacts are dropped; a run's artifacts are only those the platform stored for it",
     ),
     r(
         "switchyard.common.v1.Artifact.task_id",
