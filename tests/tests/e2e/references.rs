@@ -472,7 +472,6 @@ async fn an_agent_key_neither_vouches_for_itself_nor_reports_on_agents_it_does_n
             seconds: 3600,
             nanos: 0,
         }),
-        ..Default::default()
     };
     // The platform's built-in agent is not the agent key's to report on.
     let e = agents
