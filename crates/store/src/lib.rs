@@ -332,7 +332,7 @@ mod tests {
             assert!(!t.remove("b").unwrap());
             store.sync().await.unwrap();
         }
-        let store = Store::open(dir.path()).unwrap();
+        let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10)).unwrap();
         let t = store.tree::<Tool>("tools").unwrap();
         assert_eq!(t.get("a").unwrap().unwrap().name, "a");
         assert!(t.get("b").unwrap().is_none());
@@ -359,7 +359,7 @@ mod tests {
             a.sync().await.unwrap();
             assert_eq!(store.commit.flushes(), 1);
         }
-        let store = Store::open(dir.path()).unwrap();
+        let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10)).unwrap();
         let read = |ns: &str| {
             store
                 .within(ns)

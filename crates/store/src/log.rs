@@ -401,7 +401,7 @@ mod tests {
             }
             log.make_durable(3).await.unwrap();
         }
-        let store = Store::open(dir.path()).unwrap();
+        let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10)).unwrap();
         let log = store.log::<Tool>("log").unwrap();
         assert_eq!((log.last(), log.durable()), (3, 3));
         let (seq, _) = log.append(|s| tool(&format!("t{s}")));
@@ -421,7 +421,7 @@ mod tests {
             log.append(|_| tool("a"));
             store.flush_blocking().unwrap();
         }
-        let store = Store::open(dir.path()).unwrap();
+        let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10)).unwrap();
         assert_eq!(store.log::<Tool>("log").unwrap().last(), 1);
     }
 
@@ -498,7 +498,7 @@ mod tests {
             store.sync().await.unwrap();
         }
         // The last chunk stays: numbering goes on after a restart.
-        let store = Store::open(dir.path()).unwrap();
+        let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10)).unwrap();
         let log = store.log::<Tool>("log").unwrap();
         assert_eq!(log.last(), 407);
         assert_eq!(
