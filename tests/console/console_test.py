@@ -23,6 +23,8 @@ import os
 import re
 import sys
 import time
+import urllib.error
+import urllib.request
 
 from playwright.sync_api import expect, sync_playwright
 
@@ -61,6 +63,19 @@ def submit(page, document):
     page.get_by_role("button", name="Submit").click()
     expect(page).to_have_url(re.compile(r"/ui/jobs/[0-9a-f-]+$"))
     return page.url.rsplit("/", 1)[1]
+
+
+def rest_status(token):
+    """The HTTP status of a REST read (of a task no one has: 404 once the
+    bearer authenticates) made with `token`."""
+    req = urllib.request.Request(
+        BASE + "/aitp/tasks/no-such-task", headers={"authorization": "Bearer " + token}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as e:
+        return e.code
 
 
 def csrf(page):
@@ -221,12 +236,28 @@ def main():
         assert overflow <= 0, f"the inbox is {overflow}px wider than a 375px screen"
         narrow.screenshot(path=os.path.join(SHOTS, "console-narrow.png"), full_page=True)
 
-        step("signing out ends the session")
+        step("the cookie holds a server-side session, not the pasted key")
+        session = next(c["value"] for c in bob_ctx.cookies() if c["name"] == "sy_session")
+        assert session != TOKENS["bob"] and TOKENS["bob"] not in session
+        assert rest_status(session) == 404, "a live session authenticates as a bearer"
+
+        step("signing out ends the session on the server, on every door")
         bob.goto(BASE + "/ui/")
         bob.get_by_role("button", name="Sign out").click()
         expect(bob).to_have_url(re.compile(r"/ui/sign-in"))
         bob.goto(BASE + "/ui/jobs")
         expect(bob).to_have_url(re.compile(r"/ui/sign-in\?next="))
+        # The old cookie, replayed by hand, is refused: by the console and
+        # as a bearer over REST. bob's own key still works.
+        replay = browser.new_context()
+        replay.add_cookies([{"name": "sy_session", "value": session, "url": BASE + "/ui/"}])
+        rp = replay.new_page()
+        rp.goto(BASE + "/ui/jobs")
+        expect(rp).to_have_url(re.compile(r"/ui/sign-in\?next="))
+        replay.close()
+        assert rest_status(session) == 401, "an ended session still works over REST"
+        assert rest_status(TOKENS["bob"]) == 404
+        summary["signed_out_session_refused"] = True
 
         for c in (alice_ctx, bob_ctx, viewer_ctx, carol_ctx, narrow_ctx):
             c.close()

@@ -199,6 +199,10 @@ pub mod auth {
                 revoke_key(RevokeKeyRequest) -> RevokeKeyResponse;
                 /// WhoAmI.
                 who_am_i(WhoAmIRequest) -> WhoAmIResponse;
+                /// StartSession.
+                start_session(StartSessionRequest) -> StartSessionResponse;
+                /// EndSession.
+                end_session(EndSessionRequest) -> EndSessionResponse;
             }
             streaming {
                 /// WatchKeys.

@@ -153,6 +153,7 @@ pub async fn run() -> anyhow::Result<()> {
             kind: Kind::Agent,
             expires_at_ms: None,
             revoked: false,
+            session: false,
         },
     );
     let (oidc, token) = jwt(dir.path())?;

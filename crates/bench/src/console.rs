@@ -162,7 +162,7 @@ pub(crate) async fn run() -> anyhow::Result<()> {
         "http://{}",
         s.http.ok_or_else(|| anyhow::anyhow!("no HTTP door"))?
     );
-    let cookie = format!("sy_session={}", s.token("bob")?);
+    let cookie = format!("sy_session={}", s.session(&s.token("bob")?).await?);
     let http = reqwest::Client::new();
     let page = |path: String| {
         let (http, cookie, url) = (http.clone(), cookie.clone(), format!("{base}{path}"));

@@ -564,6 +564,13 @@ pub async fn run_node_then(
             Ok(switchyard_kit::client::authed(channel, None))
         };
         let console = switchyard_gateway::ConsoleServices {
+            // Sessions live with the keys: here when hosted, else where
+            // this process follows the key set from.
+            auth: match (&auth, &cfg.auth.keys_url) {
+                (Some(a), _) => Some(AuthClient::local(Arc::new(a.clone()))),
+                (None, Some(url)) => Some(AuthClient::remote(bare(url)?, max)),
+                (None, None) => None,
+            },
             approval: match (&approval, &cfg.gateway.approval_url) {
                 (Some(a), _) => Some(ApprovalClient::local(Arc::new(a.clone()))),
                 (None, Some(url)) => Some(ApprovalClient::remote(bare(url)?, max)),

@@ -253,6 +253,10 @@ reasons! {
     FormForged => "FORM_FORGED",
     /// The named API key does not exist in the caller's tenant.
     KeyNotFound => "KEY_NOT_FOUND",
+    /// A session was asked of a credential that cannot start one (a
+    /// session or a service credential), or a session call came with
+    /// something other than a session.
+    SessionRefused => "SESSION_REFUSED",
     /// A request could not be decoded (bad protobuf bytes, invalid UTF-8 in a
     /// string field).
     MalformedRequest => "MALFORMED_REQUEST",

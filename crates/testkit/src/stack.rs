@@ -9,7 +9,7 @@ use switchyard_cli::{Config, ServiceKind, run_node};
 use switchyard_kit::client::{Credential, Intercepted, authed};
 use switchyard_kit::shutdown::Trigger;
 use switchyard_proto::auth::v1::auth_service_client::AuthServiceClient;
-use switchyard_proto::auth::v1::{CreateKeyRequest, PrincipalKind};
+use switchyard_proto::auth::v1::{CreateKeyRequest, PrincipalKind, StartSessionRequest};
 use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -150,6 +150,20 @@ impl Stack {
             self.raw_channel().await?,
             Some(Credential::bearer(token)?),
         ))
+    }
+
+    /// A session started with `token` (what the console's sign-in keeps in
+    /// its cookie): its bearer secret.
+    pub async fn session(&self, token: &str) -> anyhow::Result<String> {
+        let mut auth = AuthServiceClient::new(self.channel_with(token).await?);
+        Ok(auth
+            .start_session(StartSessionRequest {
+                ttl_secs: 3600,
+                description: "test".into(),
+            })
+            .await?
+            .into_inner()
+            .secret)
     }
 
     /// A channel authenticated as the named principal (see [`Stack::token`]).

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use switchyard_core::Reason;
 use switchyard_kit::auth::keys::{self, Binding, KeySet};
-use switchyard_kit::auth::{Kind, Principal, Role, Roles, valid_subject};
+use switchyard_kit::auth::{Kind, Method, Principal, Role, Roles, valid_subject};
 use switchyard_kit::error::{invalid_argument, status, status_with_metadata};
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_kit::time::{now_ms, timestamp, timestamp_ms};
@@ -47,6 +47,9 @@ pub enum AuthError {
     /// The random source failed.
     #[error("making a secret: {0}")]
     Random(std::io::Error),
+    /// A session asked of a credential that cannot start one.
+    #[error("{0}")]
+    NoSession(&'static str),
 }
 
 impl From<AuthError> for Status {
@@ -61,6 +64,9 @@ impl From<AuthError> for Status {
                 switchyard_kit::error::metadata([("key_id", id)]),
             ),
             AuthError::Auth(a) => a.into(),
+            AuthError::NoSession(_) => {
+                status(Code::FailedPrecondition, Reason::SessionRefused, msg)
+            }
             AuthError::Storage(_) | AuthError::Random(_) => {
                 status(Code::Unavailable, Reason::StorageFailure, msg)
             }
@@ -122,6 +128,7 @@ fn binding(rec: &KeyRecord) -> Option<([u8; 32], Binding)> {
             kind,
             expires_at_ms: key.expires_at.as_ref().map(timestamp_ms),
             revoked: key.revoked_at.is_some(),
+            session: !key.session_of.is_empty(),
         },
     ))
 }
@@ -248,6 +255,7 @@ impl Auth {
             revoked_at: None,
             created_by: creator.subject.clone(),
             revoked_by: String::new(),
+            session_of: String::new(),
         };
         self.save(KeyRecord {
             key: Some(key.clone()),
@@ -314,11 +322,7 @@ impl Auth {
             .values()
             .filter_map(|r| r.key.clone())
             .filter(|k| k.tenant == tenant)
-            .filter(|k| {
-                include_inactive
-                    || (k.revoked_at.is_none()
-                        && k.expires_at.as_ref().is_none_or(|e| timestamp_ms(e) > now))
-            })
+            .filter(|k| include_inactive || active(k, now))
             .collect();
         keys.sort_by_key(|k| k.created_at.as_ref().map(timestamp_ms));
         keys
@@ -344,7 +348,159 @@ impl Auth {
         })
         .await?;
         tracing::info!(key_id = %key_id, by = %by, "api key revoked");
+        // The sessions started with it end with it.
+        let sessions: Vec<String> = self
+            .records()
+            .values()
+            .filter_map(|r| r.key.as_ref())
+            .filter(|k| k.session_of == key_id && k.revoked_at.is_none())
+            .map(|k| k.key_id.clone())
+            .collect();
+        for id in sessions {
+            Box::pin(self.revoke(tenant, by, &id)).await?;
+        }
         Ok(key)
+    }
+
+    /// Starts a session for `p` (see `StartSession`): a new token bound to
+    /// `p`'s own subject, tenant, roles and kind, expiring after `ttl_secs`
+    /// (0: [`SESSION_MAX_SECS`]), never later than that maximum or `p`'s
+    /// own credential. Sessions of the same subject past
+    /// [`SESSIONS_PER_SUBJECT`] end, oldest first; ended sessions are
+    /// forgotten a day after they stop working.
+    pub async fn start_session(
+        &self,
+        p: &Principal,
+        req: StartSessionRequest,
+    ) -> Result<StartSessionResponse, AuthError> {
+        let session_of = match (p.method, &p.credential_id) {
+            (Method::ApiKey, Some(id)) if p.on_behalf_of.is_none() => id.clone(),
+            (Method::Jwt, _) if p.on_behalf_of.is_none() => "jwt".to_owned(),
+            (Method::Session, _) => {
+                return Err(AuthError::NoSession(
+                    "a session cannot start another session: sign in with your API key or identity provider's token",
+                ));
+            }
+            _ => {
+                return Err(AuthError::NoSession(
+                    "only a person's or agent's own API key or identity provider's token starts a session",
+                ));
+            }
+        };
+        let now = now_ms();
+        let asked = match req.ttl_secs {
+            0 => SESSION_MAX_SECS,
+            t => t.min(SESSION_MAX_SECS),
+        };
+        let mut expires = now.saturating_add(asked * 1000);
+        if let Some(e) = p.expires_at_ms {
+            expires = expires.min(e);
+        }
+        if expires <= now {
+            return Err(AuthError::Auth(switchyard_kit::auth::AuthError::Expired));
+        }
+        self.forget_ended_sessions(now).await?;
+        let token = keys::generate().map_err(AuthError::Random)?;
+        let session = ApiKey {
+            key_id: token.key_id.clone(),
+            subject: p.subject.clone(),
+            tenant: p.tenant.clone(),
+            roles: p.roles.names(),
+            kind: kind_proto(p.kind) as i32,
+            description: switchyard_core::validate::clamp(&req.description, 200).to_owned(),
+            created_at: Some(timestamp(now)),
+            expires_at: Some(timestamp(expires)),
+            revoked_at: None,
+            created_by: p.subject.clone(),
+            revoked_by: String::new(),
+            session_of,
+        };
+        self.save(KeyRecord {
+            key: Some(session.clone()),
+            token_sha256: keys::hash(&token.token).to_vec(),
+        })
+        .await?;
+        // Beyond the cap, the oldest live sessions of this subject end.
+        let live: Vec<String> = {
+            let records = self.records();
+            let mut live: Vec<&ApiKey> = records
+                .values()
+                .filter_map(|r| r.key.as_ref())
+                .filter(|k| {
+                    !k.session_of.is_empty()
+                        && k.tenant == p.tenant
+                        && k.subject == p.subject
+                        && active(k, now)
+                })
+                .collect::<Vec<_>>();
+            // Oldest first; the one just started (maybe in the same
+            // millisecond as others) last, so it is never the one ended.
+            live.sort_by_key(|k| {
+                (
+                    k.key_id == session.key_id,
+                    k.created_at.as_ref().map(timestamp_ms),
+                )
+            });
+            let over = live.len().saturating_sub(SESSIONS_PER_SUBJECT);
+            live.iter().take(over).map(|k| k.key_id.clone()).collect()
+        };
+        for id in live {
+            self.revoke(&p.tenant, "session limit", &id).await?;
+        }
+        tracing::info!(key_id = %session.key_id, subject = %session.subject, tenant = %session.tenant, from = %session.session_of, "session started");
+        Ok(StartSessionResponse {
+            session: Some(session),
+            secret: token.token,
+        })
+    }
+
+    /// Ends the session `p` is authenticated with.
+    pub async fn end_session(&self, p: &Principal) -> Result<ApiKey, AuthError> {
+        let (Method::Session, Some(id)) = (p.method, &p.credential_id) else {
+            return Err(AuthError::NoSession(
+                "this call did not come with a session: EndSession ends the session it is made with (revoke a key with RevokeKey)",
+            ));
+        };
+        let key = self.revoke(&p.tenant, &p.subject, id).await?;
+        tracing::info!(key_id = %id, subject = %p.subject, "session ended");
+        Ok(key)
+    }
+
+    /// Deletes session records that stopped working more than a day ago
+    /// (they verify as unknown then, as they would revoked).
+    async fn forget_ended_sessions(&self, now: u64) -> Result<(), AuthError> {
+        let horizon = now.saturating_sub(24 * 3600 * 1000);
+        let stale: Vec<String> = self
+            .records()
+            .values()
+            .filter_map(|r| r.key.as_ref())
+            .filter(|k| {
+                !k.session_of.is_empty()
+                    && k.revoked_at
+                        .as_ref()
+                        .or(k.expires_at.as_ref())
+                        .is_some_and(|t| timestamp_ms(t) < horizon)
+            })
+            .map(|k| k.key_id.clone())
+            .collect();
+        if stale.is_empty() {
+            return Ok(());
+        }
+        for id in &stale {
+            self.inner.tree.remove(id)?;
+        }
+        self.inner.store.sync().await?;
+        let mut records = self.records();
+        for id in &stale {
+            records.remove(id);
+        }
+        load(
+            &self.inner.set,
+            &records.values().cloned().collect::<Vec<_>>(),
+        );
+        drop(records);
+        self.inner.changed.send_modify(|v| *v += 1);
+        Ok(())
     }
 
     /// Every record (the `WatchKeys` snapshot).
@@ -365,6 +521,16 @@ impl Auth {
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes)
     }
+}
+
+/// The longest a session lives: 24 hours.
+pub const SESSION_MAX_SECS: u64 = 24 * 3600;
+/// Live sessions one subject may hold; starting one more ends the oldest.
+pub const SESSIONS_PER_SUBJECT: usize = 32;
+
+/// Whether `k` works at `now`: not revoked, not expired.
+fn active(k: &ApiKey, now: u64) -> bool {
+    k.revoked_at.is_none() && k.expires_at.as_ref().is_none_or(|e| timestamp_ms(e) > now)
 }
 
 fn hex_prefix(hash: &[u8]) -> String {
@@ -443,6 +609,27 @@ impl AuthService for Auth {
     ) -> Result<Response<WhoAmIResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
         Ok(Response::new(who_am_i(&p)))
+    }
+
+    async fn start_session(
+        &self,
+        req: Request<StartSessionRequest>,
+    ) -> Result<Response<StartSessionResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        Ok(Response::new(
+            self.start_session(&p, req.into_inner()).await?,
+        ))
+    }
+
+    async fn end_session(
+        &self,
+        req: Request<EndSessionRequest>,
+    ) -> Result<Response<EndSessionResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let session = self.end_session(&p).await?;
+        Ok(Response::new(EndSessionResponse {
+            session: Some(session),
+        }))
     }
 
     type WatchKeysStream = switchyard_kit::BoxStream<WatchKeysResponse>;

@@ -206,3 +206,150 @@ async fn a_follower_sees_new_keys_and_revocations() {
     wait(false).await;
     trigger.fire();
 }
+
+/// A key made by acme's admin, and the principal it authenticates as.
+async fn holder(
+    auth: &Auth,
+    set: &KeySet,
+    r: CreateKeyRequest,
+) -> (CreateKeyResponse, std::sync::Arc<Principal>) {
+    let made = auth.create(&admin("acme"), r).await.unwrap();
+    let key = set.verify(&made.secret, now_ms()).unwrap();
+    (made, key)
+}
+
+fn session_req(ttl_secs: u64) -> StartSessionRequest {
+    StartSessionRequest {
+        ttl_secs,
+        description: "console".into(),
+    }
+}
+
+#[tokio::test]
+async fn a_session_is_a_new_token_for_the_same_person_that_ends_at_sign_out_and_with_its_key() {
+    let (auth, set) = open();
+    let (made, key) = holder(&auth, &set, req("alice", &["submitter", "approver"])).await;
+    let started = auth.start_session(&key, session_req(600)).await.unwrap();
+    assert_ne!(started.secret, made.secret);
+    let s = set.verify(&started.secret, now_ms()).unwrap();
+    assert_eq!(
+        (s.subject.as_str(), s.tenant.as_str(), s.roles, s.method),
+        ("alice", "acme", key.roles, Method::Session)
+    );
+    let listed = started.session.unwrap();
+    assert_eq!(listed.session_of, made.key.as_ref().unwrap().key_id);
+    let ttl = timestamp_ms(listed.expires_at.as_ref().unwrap()) - now_ms();
+    assert!(ttl <= 600_000 && ttl > 590_000, "{ttl}");
+
+    // Signing out ends it; the key itself still works.
+    auth.end_session(&s).await.unwrap();
+    assert_eq!(set.verify(&started.secret, now_ms()), Err(Refused::Invalid));
+    assert!(set.verify(&made.secret, now_ms()).is_ok());
+
+    // Revoking the key ends every session started with it.
+    let a = auth.start_session(&key, session_req(0)).await.unwrap();
+    let b = auth.start_session(&key, session_req(0)).await.unwrap();
+    auth.revoke("acme", "root", &made.key.unwrap().key_id)
+        .await
+        .unwrap();
+    for t in [&a.secret, &b.secret] {
+        assert_eq!(set.verify(t, now_ms()), Err(Refused::Invalid));
+    }
+}
+
+#[tokio::test]
+async fn a_session_never_outlives_its_credential_nor_a_day() {
+    let (auth, set) = open();
+    let (made, key) = holder(
+        &auth,
+        &set,
+        CreateKeyRequest {
+            ttl_secs: 120,
+            ..req("ci", &["viewer"])
+        },
+    )
+    .await;
+    let s = auth.start_session(&key, session_req(3600)).await.unwrap();
+    let key_expiry = timestamp_ms(made.key.unwrap().expires_at.as_ref().unwrap());
+    assert_eq!(
+        timestamp_ms(s.session.unwrap().expires_at.as_ref().unwrap()),
+        key_expiry
+    );
+    let (forever, key) = holder(&auth, &set, req("ops", &["viewer"])).await;
+    let s = auth
+        .start_session(&key, session_req(u64::MAX))
+        .await
+        .unwrap();
+    let ttl = timestamp_ms(s.session.unwrap().expires_at.as_ref().unwrap()) - now_ms();
+    assert!(ttl <= SESSION_MAX_SECS * 1000, "{ttl}");
+}
+
+#[tokio::test]
+async fn sessions_start_only_from_a_key_or_token_and_end_only_as_sessions() {
+    let (auth, set) = open();
+    let (made, key) = holder(&auth, &set, req("alice", &["submitter"])).await;
+    let s = auth.start_session(&key, session_req(60)).await.unwrap();
+    let session = set.verify(&s.secret, now_ms()).unwrap();
+    let service = Principal::service("service:gateway", Method::ServiceToken);
+    let acting = service.acting_for(key.user_for_calls().unwrap());
+    for (what, p) in [
+        ("a session", &*session),
+        ("a service", &service),
+        ("a service acting for alice", &acting),
+    ] {
+        assert!(
+            matches!(
+                auth.start_session(p, session_req(60)).await,
+                Err(AuthError::NoSession(_))
+            ),
+            "{what} started a session"
+        );
+    }
+    // EndSession ends the session it is made with, never a key.
+    assert!(matches!(
+        auth.end_session(&key).await,
+        Err(AuthError::NoSession(_))
+    ));
+    assert!(set.verify(&made.secret, now_ms()).is_ok());
+}
+
+#[tokio::test]
+async fn a_subject_holds_a_bounded_number_of_sessions_and_ended_ones_are_forgotten() {
+    let (auth, set) = open();
+    let (made, key) = holder(&auth, &set, req("alice", &["submitter"])).await;
+    let mut secrets = Vec::new();
+    for _ in 0..SESSIONS_PER_SUBJECT + 2 {
+        secrets.push(
+            auth.start_session(&key, session_req(60))
+                .await
+                .unwrap()
+                .secret,
+        );
+    }
+    let live = secrets
+        .iter()
+        .filter(|t| set.verify(t, now_ms()).is_ok())
+        .count();
+    assert_eq!(live, SESSIONS_PER_SUBJECT);
+    assert!(set.verify(secrets.last().unwrap(), now_ms()).is_ok());
+    let ended = secrets
+        .iter()
+        .find(|t| set.verify(t, now_ms()).is_err())
+        .unwrap()
+        .clone();
+
+    // A session that ended more than a day ago is deleted at the next start.
+    let old = {
+        let mut records = auth.records();
+        let (id, rec) = records
+            .iter_mut()
+            .find(|(_, r)| r.token_sha256 == keys::hash(&ended).to_vec())
+            .unwrap();
+        let k = rec.key.as_mut().unwrap();
+        k.revoked_at = Some(timestamp(now_ms() - 25 * 3600 * 1000));
+        id.clone()
+    };
+    auth.start_session(&key, session_req(60)).await.unwrap();
+    assert!(!auth.records().contains_key(&old));
+    assert!(set.verify(&ended, now_ms()).is_err());
+}

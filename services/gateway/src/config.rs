@@ -48,8 +48,9 @@ pub struct GatewayConfig {
 pub struct ConsoleConfig {
     /// Serve the console at `/ui/`.
     pub enabled: bool,
-    /// How long a sign-in lasts in the browser, seconds (the session ends
-    /// sooner when its key is revoked or its token expires).
+    /// How long a sign-in lasts, seconds: the lifetime of the server-side
+    /// session the console starts (`StartSession`; at most a day). It ends
+    /// sooner at sign-out, when its key is revoked or its token expires.
     pub session_ttl_secs: u64,
     /// Mark the session cookie `Secure` (sent over HTTPS only): set it when
     /// the console is reached over TLS (an ingress terminating TLS in front
@@ -306,9 +307,9 @@ impl GatewayConfig {
                 return Err(format!("{key} must be at least 1024"));
             }
         }
-        if !(60..=30 * 86_400).contains(&self.console.session_ttl_secs) {
+        if !(60..=86_400).contains(&self.console.session_ttl_secs) {
             return Err(format!(
-                "gateway.console.session_ttl_secs must be between 60 (a minute) and 2592000 (30 days), not {}",
+                "gateway.console.session_ttl_secs must be between 60 (a minute) and 86400 (a day, the longest a session lives), not {}",
                 self.console.session_ttl_secs
             ));
         }
@@ -379,7 +380,8 @@ mod tests {
             (59, false),
             (60, true),
             (43_200, true),
-            (2_592_001, false),
+            (86_400, true),
+            (86_401, false),
         ] {
             let c = GatewayConfig {
                 console: ConsoleConfig {

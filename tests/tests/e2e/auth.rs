@@ -129,7 +129,12 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
         "LedgerService/EstimateCost",
         "LedgerService/Watch",
     ];
-    let mut set: BTreeSet<&'static str> = ["AuthService/WhoAmI"].into();
+    let mut set: BTreeSet<&'static str> = [
+        "AuthService/WhoAmI",
+        "AuthService/StartSession",
+        "AuthService/EndSession",
+    ]
+    .into();
     let mut add = |xs: &[&'static str]| set.extend(xs.iter().copied());
     match role {
         "submitter" => {

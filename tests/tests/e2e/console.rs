@@ -189,6 +189,7 @@ async fn in_a_real_browser_a_job_goes_from_submission_through_bobs_approval_to_i
         .find(|l| l.starts_with('{'))
         .map(|l| serde_json::from_str(l).unwrap())
         .expect("the script's summary line");
+    assert_eq!(summary["signed_out_session_refused"], true, "{stdout}");
 
     // What the browser showed is what the services hold.
     let mut jobs = JobServiceClient::new(s.channel_as("bob").await.unwrap());
@@ -308,9 +309,11 @@ async fn every_console_route_allows_exactly_the_roles_its_call_allows() {
     let mut wrong = Vec::new();
     let mut tried = 0;
     for role in crate::auth::ROLES {
-        let token = crate::auth::role_key(&s, "ui", role).await;
+        let key = crate::auth::role_key(&s, "ui", role).await;
         let allowed = crate::auth::allowed(role);
         for (door, rpc) in DOOR_RPCS.iter().filter(|(d, _)| d.contains(" /ui/")) {
+            // A session per route: signing out ends the one it is made with.
+            let token = s.session(&key).await.unwrap();
             let (method, route) = door.split_once(' ').unwrap();
             let path = route
                 .replace("{run_id}", "no-such-run")
@@ -356,7 +359,7 @@ async fn a_forged_or_cross_site_console_form_is_refused_and_changes_nothing() {
     let j = submit(&mut alice, &crate::executor::example("needs_approval.yaml"))
         .await
         .unwrap();
-    let bob = s.token("bob").unwrap();
+    let bob = s.session(&s.token("bob").unwrap()).await.unwrap();
     let path = format!("/ui/runs/{}/approve", j.run_id);
     let c = client();
     let post = |headers: Vec<(&'static str, String)>, body: String| {
@@ -371,7 +374,9 @@ async fn a_forged_or_cross_site_console_form_is_refused_and_changes_nothing() {
         req.send()
     };
     let good = switchyard_gateway::console::session::csrf_token(&bob);
-    let alices = switchyard_gateway::console::session::csrf_token(&s.token("alice").unwrap());
+    let alices = switchyard_gateway::console::session::csrf_token(
+        &s.session(&s.token("alice").unwrap()).await.unwrap(),
+    );
     for (what, headers, body) in [
         ("no token", vec![], "comment=x".to_owned()),
         ("another session's token", vec![], format!("csrf={alices}")),
@@ -440,8 +445,9 @@ async fn a_forged_or_cross_site_console_form_is_refused_and_changes_nothing() {
     // Signed in, a person lands on the inbox if they may read runs, else
     // on the jobs they may see.
     let agent = crate::auth::role_key(&s, "ui-landing", "agent").await;
+    let bob_key = s.token("bob").unwrap();
     for (who, token, to) in [
-        ("bob", bob.as_str(), "/ui/"),
+        ("bob", bob_key.as_str(), "/ui/"),
         ("an agent", agent.as_str(), "/ui/jobs"),
     ] {
         let resp = c
@@ -455,12 +461,36 @@ async fn a_forged_or_cross_site_console_form_is_refused_and_changes_nothing() {
         assert_eq!(resp.status().as_u16(), 303, "{who}");
         assert_eq!(resp.headers()["location"], to, "{who}");
     }
+    // A session is not a credential to sign in with (it would outlive
+    // its own sign-out), and a key put in the cookie by hand is no session.
+    let resp = c
+        .post(format!("{base}/ui/sign-in"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("cookie", format!("sy_sign_in={nonce}"))
+        .body(format!("csrf={nonce}&credential={bob}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    assert!(
+        resp.text()
+            .await
+            .unwrap()
+            .contains("cannot start another session")
+    );
+    let resp = c
+        .get(format!("{base}/ui/jobs"))
+        .header("cookie", format!("sy_session={bob_key}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 303, "a raw key in the cookie");
     // A forged sign-in (no pre-session cookie) is refused before the key is
     // even looked at.
     let resp = c
         .post(format!("{base}/ui/sign-in"))
         .header("content-type", "application/x-www-form-urlencoded")
-        .body(format!("csrf={nonce}&credential={bob}"))
+        .body(format!("csrf={nonce}&credential={bob_key}"))
         .send()
         .await
         .unwrap();
@@ -478,7 +508,7 @@ async fn the_console_timeline_resumes_after_the_last_event_it_received() {
         .unwrap();
     let job_id = id(&j);
     finish(&mut alice, &job_id).await;
-    let token = s.token("alice").unwrap();
+    let token = s.session(&s.token("alice").unwrap()).await.unwrap();
     let read = |after: Option<u64>| {
         let mut req = client()
             .get(format!("{base}/ui/jobs/{job_id}/events"))
@@ -518,9 +548,13 @@ async fn the_console_timeline_resumes_after_the_last_event_it_received() {
             "cookie",
             format!(
                 "sy_session={}",
-                s.key("other-submitter", &["submitter"], PrincipalKind::Human)
-                    .await
-                    .unwrap()
+                s.session(
+                    &s.key("other-submitter", &["submitter"], PrincipalKind::Human)
+                        .await
+                        .unwrap()
+                )
+                .await
+                .unwrap()
             ),
         )
         .send()
@@ -538,7 +572,7 @@ async fn the_inbox_pages_through_more_waiting_runs_than_fit_and_a_bad_query_gets
         submit(&mut alice, &doc).await.unwrap();
     }
     let c = client();
-    let bob = s.token("bob").unwrap();
+    let bob = s.session(&s.token("bob").unwrap()).await.unwrap();
     let (code, first) = as_session(&c, &base, "GET", "/ui/", &bob, &[]).await;
     assert_eq!(code, 200);
     assert_eq!(first.matches("class=\"card run\"").count(), 50);

@@ -705,7 +705,7 @@ pub(crate) const DOOR_RPCS: &[(&str, &str)] = &[
     ("DELETE /mcp", "AuthService/WhoAmI"),
     // The console: each page needs what the call it makes needs (checked
     // with a session cookie in console.rs).
-    ("POST /ui/sign-out", "AuthService/WhoAmI"),
+    ("POST /ui/sign-out", "AuthService/EndSession"),
     ("GET /ui/", "ApprovalService/ListRuns"),
     (
         "POST /ui/runs/{run_id}/{decision}",

@@ -515,6 +515,32 @@ async fn a_person_signs_in_to_the_console_through_the_identity_provider_with_pkc
         jobs.contains("erin@example.test <span class=\"muted\">(approver · acme)"),
         "{jobs}"
     );
+    // The cookie carries a server-side session, not the provider's token,
+    // and signing out ends it on the server.
+    let cookie = pair(&session);
+    let secret = cookie.trim_start_matches("sy_session=").to_owned();
+    assert!(
+        secret.starts_with("syk_") && !secret.contains('.'),
+        "{cookie}"
+    );
+    let out = c
+        .post(format!("{base}/ui/sign-out"))
+        .header("cookie", &cookie)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!(
+            "csrf={}",
+            switchyard_gateway::console::session::csrf_token(&secret)
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status().as_u16(), 303);
+    let after = get_with(&c, &format!("{base}/ui/jobs"), &cookie).await;
+    assert_eq!(
+        after.status().as_u16(),
+        303,
+        "an ended session reads nothing"
+    );
 
     // The same code again: the provider refuses it, no session.
     let again = get_with(&c, &callback, &flow).await;

@@ -250,6 +250,18 @@ impl ConsoleSession {
         s
     }
 
+    /// The session cookie's value, from the jar.
+    fn session(&self) -> String {
+        std::fs::read_to_string(&self.jar)
+            .unwrap()
+            .lines()
+            .find_map(|l| {
+                let fields: Vec<&str> = l.split('\t').collect();
+                (fields.len() == 7 && fields[5] == "sy_session").then(|| fields[6].to_owned())
+            })
+            .expect("a session cookie in the jar")
+    }
+
     /// curl PATH ARGS… with the jar; stdout.
     fn curl(&self, args: &[&str]) -> String {
         let (path, rest) = args.split_first().unwrap();
@@ -382,6 +394,26 @@ fn the_console_of_a_gateway_in_its_own_process_acts_on_every_remote_service_as_t
     );
     let page = alice.curl(&[&format!("/ui/jobs/{other}")]);
     assert!(page.contains("data-state=\"cancelled\""), "{page}");
+    // The cookie holds a session the auth service (in the other process)
+    // started, not alice's key; signing out on this gateway ends it there,
+    // so no process accepts it any more.
+    let session = alice.session();
+    assert!(session.starts_with("syk_") && session != token(&url, "alice"));
+    let rest = |http: &str| {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H"])
+            .arg(format!("authorization: Bearer {session}"))
+            .arg(format!("http://{http}/aitp/tasks/no-such-task"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(rest(dev.http.as_deref().unwrap()), "404", "a live session");
+    assert_eq!(alice.post("/ui/sign-out", &[]), "303");
+    assert_eq!(rest(dev.http.as_deref().unwrap()), "401");
+    assert_eq!(rest(gw.http.as_deref().unwrap()), "401");
+    let after = alice.curl(&["/ui/jobs", "-o", "/dev/null", "-w", "%{http_code}"]);
+    assert_eq!(after, "303", "signed out: back to sign-in");
     assert_eq!(gw.terminate(), Some(0));
 
     // Without the ledger's URL the budget page says which setting is missing.

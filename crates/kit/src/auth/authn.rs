@@ -365,6 +365,7 @@ mod tests {
                 kind: Kind::Human,
                 expires_at_ms: None,
                 revoked: false,
+                session: false,
             },
         );
         Authenticator {

@@ -349,6 +349,8 @@ impl JwtVerifier {
             kind: if agent { Kind::Agent } else { Kind::Human },
             method: Method::Jwt,
             on_behalf_of: None,
+            credential_id: None,
+            expires_at_ms: claims["exp"].as_u64().map(|s| s.saturating_mul(1000)),
         })
     }
 }

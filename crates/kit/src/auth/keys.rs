@@ -32,6 +32,8 @@ pub struct Binding {
     pub expires_at_ms: Option<u64>,
     /// Revoked.
     pub revoked: bool,
+    /// A session (`StartSession`), not a key.
+    pub session: bool,
 }
 
 /// A new key's token and its id: `syk_<12 hex id>_<64 hex secret>`.
@@ -171,8 +173,14 @@ fn principal_of(b: &Binding) -> Arc<Principal> {
         tenant: b.tenant.clone(),
         roles: b.roles,
         kind: b.kind,
-        method: Method::ApiKey,
+        method: if b.session {
+            Method::Session
+        } else {
+            Method::ApiKey
+        },
         on_behalf_of: None,
+        credential_id: Some(b.key_id.clone()),
+        expires_at_ms: b.expires_at_ms,
     })
 }
 
@@ -190,6 +198,7 @@ mod tests {
             kind: Kind::Human,
             expires_at_ms,
             revoked,
+            session: false,
         }
     }
 

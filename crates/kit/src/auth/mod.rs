@@ -199,6 +199,9 @@ pub enum Method {
     ForwardedCertificate,
     /// A call inside this process.
     InProcess,
+    /// A session started from a key or token (`StartSession`): what the
+    /// web console keeps in its cookie.
+    Session,
 }
 
 impl Method {
@@ -211,6 +214,7 @@ impl Method {
             Method::Certificate => "certificate",
             Method::ForwardedCertificate => "forwarded_certificate",
             Method::InProcess => "in_process",
+            Method::Session => "session",
         }
     }
 }
@@ -264,6 +268,12 @@ pub struct Principal {
     pub method: Method,
     /// For a service acting for a user: the user.
     pub on_behalf_of: Option<OnBehalf>,
+    /// The credential it presented, when it has an id: the API key's or
+    /// session's `key-…` (who acted, and on whose credential).
+    pub credential_id: Option<String>,
+    /// When that credential stops working (a key's or token's expiry), ms
+    /// since the epoch; `None`: never, or not known.
+    pub expires_at_ms: Option<u64>,
 }
 
 impl fmt::Debug for Principal {
@@ -274,6 +284,7 @@ impl fmt::Debug for Principal {
             .field("roles", &self.roles)
             .field("kind", &self.kind)
             .field("on_behalf_of", &self.on_behalf_of)
+            .field("credential_id", &self.credential_id)
             .finish()
     }
 }
@@ -288,6 +299,8 @@ impl Principal {
             kind,
             method,
             on_behalf_of: None,
+            credential_id: None,
+            expires_at_ms: None,
         }
     }
 
@@ -301,6 +314,8 @@ impl Principal {
             kind: Kind::Service,
             method,
             on_behalf_of: None,
+            credential_id: None,
+            expires_at_ms: None,
         }
     }
 

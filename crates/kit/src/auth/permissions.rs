@@ -180,7 +180,7 @@ pub fn access(path: &str) -> Access {
 
         ("switchyard.auth.v1.AuthService", m) => match m {
             "CreateKey" | "ListKeys" | "RevokeKey" => needs(P::KeyManage),
-            "WhoAmI" => Access::Authenticated,
+            "WhoAmI" | "StartSession" | "EndSession" => Access::Authenticated,
             "WatchKeys" => needs(P::KeyWatch),
             _ => Access::Unknown,
         },

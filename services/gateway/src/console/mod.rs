@@ -29,7 +29,7 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
-use switchyard_api::{ApprovalClient, LedgerClient, RegistryClient, RouterClient};
+use switchyard_api::{ApprovalClient, AuthClient, LedgerClient, RegistryClient, RouterClient};
 use switchyard_core::Reason;
 use switchyard_kit::auth::authn::Authenticator;
 use tonic::{Code, Status};
@@ -43,6 +43,8 @@ use session::{CSRF_FIELD, SESSION_COOKIE, SIGN_IN_COOKIE};
 /// left out makes its pages say which `gateway.*_url` to set.
 #[derive(Debug, Clone, Default)]
 pub struct ConsoleServices {
+    /// Sessions (`StartSession` at sign-in, `EndSession` at sign-out).
+    pub auth: Option<AuthClient>,
     /// Runs to approve: the inbox.
     pub approval: Option<ApprovalClient>,
     /// Budgets and their entries.

@@ -9,10 +9,11 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use switchyard_api::{ApprovalClient, LedgerClient, RegistryClient, RouterClient};
+use switchyard_api::{ApprovalClient, AuthClient, LedgerClient, RegistryClient, RouterClient};
 use switchyard_core::Reason;
 use switchyard_kit::auth::Permission;
 use switchyard_proto::approval::v1 as ap;
+use switchyard_proto::auth::v1 as au;
 use switchyard_proto::executor::v1::{JobState, ListJobsRequest, SubmitJobRequest};
 use switchyard_proto::ledger::v1 as lg;
 use switchyard_proto::registry::v1 as rg;
@@ -184,8 +185,12 @@ pub(crate) async fn sign_in(State(c): Shared, Form(f): Form<SignInForm>) -> Resp
             http::StatusCode::BAD_REQUEST,
         );
     }
-    match crate::caller::authenticate_token(&c.auth, credential).await {
-        Ok(caller) => {
+    let started = match crate::caller::authenticate_token(&c.auth, credential).await {
+        Ok(caller) => start_session(&c, &caller).await.map(|s| (caller, s)),
+        Err(e) => Err(Status::from(e)),
+    };
+    match started {
+        Ok((caller, (secret, max_age))) => {
             tracing::info!(principal = %caller.principal.subject, "console sign-in");
             // The inbox is the front page of those who may read runs;
             // anyone else starts at the jobs they may see.
@@ -198,8 +203,8 @@ pub(crate) async fn sign_in(State(c): Shared, Form(f): Form<SignInForm>) -> Resp
             for v in [
                 session::set_cookie(
                     session::SESSION_COOKIE,
-                    credential,
-                    c.cfg.session_ttl_secs,
+                    &secret,
+                    max_age,
                     c.cfg.secure_cookie,
                 ),
                 session::set_cookie(session::SIGN_IN_COOKIE, "", 0, c.cfg.secure_cookie),
@@ -211,14 +216,55 @@ pub(crate) async fn sign_in(State(c): Shared, Form(f): Form<SignInForm>) -> Resp
             resp
         }
         Err(e) => {
-            tracing::debug!(error = %e, "console sign-in refused");
+            tracing::debug!(error = %e.message(), "console sign-in refused");
+            let code = match e.code() {
+                Code::Unavailable => http::StatusCode::SERVICE_UNAVAILABLE,
+                _ => http::StatusCode::UNAUTHORIZED,
+            };
             sign_in_page(
                 &c,
                 next,
-                Some(format!("not signed in: {e}")),
-                http::StatusCode::UNAUTHORIZED,
+                Some(format!("not signed in: {}", e.message())),
+                code,
             )
         }
+    }
+}
+
+/// Starts the server-side session the cookie will carry (never the
+/// credential itself): its secret and how long the cookie should last.
+async fn start_session(c: &Console, caller: &Caller) -> Result<(String, u64), Status> {
+    let auth = reach(&c.services.auth, "auth")?;
+    let req = au::StartSessionRequest {
+        ttl_secs: c.cfg.session_ttl_secs,
+        description: "console".into(),
+    };
+    let started = as_caller!(AuthClient, auth, caller, start_session, req)?;
+    // A gateway that follows the key set from another process sees the
+    // session a moment later; the next page must not find it unknown.
+    settle(c, &started.secret, true).await;
+    let now = switchyard_kit::time::now_ms();
+    let max_age = started
+        .session
+        .and_then(|s| s.expires_at)
+        .map(|e| switchyard_kit::time::timestamp_ms(&e).saturating_sub(now) / 1000)
+        .unwrap_or(c.cfg.session_ttl_secs);
+    Ok((started.secret, max_age))
+}
+
+/// Waits (up to five seconds) until this gateway's key set verifies
+/// `secret` (`valid`) or refuses it: the auth service may be another
+/// process, whose changes this one follows through `WatchKeys`.
+async fn settle(c: &Console, secret: &str, valid: bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let now = crate::caller::authenticate_token(&c.auth, secret)
+            .await
+            .is_ok();
+        if now == valid || tokio::time::Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
 
@@ -349,6 +395,13 @@ pub(crate) async fn oidc_callback(
             why.push("the ID token is not this sign-in's (nonce)".into());
             continue;
         }
+        let (secret, max_age) = match start_session(&c, &caller).await {
+            Ok(s) => s,
+            Err(e) => {
+                why.push(format!("no session for the {kind}: {}", e.message()));
+                continue;
+            }
+        };
         tracing::info!(principal = %caller.principal.subject, "console sign-in through the identity provider");
         let mut resp = render(
             "signed_in.html",
@@ -361,8 +414,8 @@ pub(crate) async fn oidc_callback(
         for v in [
             session::set_cookie(
                 session::SESSION_COOKIE,
-                &token,
-                c.cfg.session_ttl_secs,
+                &secret,
+                max_age,
                 c.cfg.secure_cookie,
             ),
             session::set_lax_cookie(oidc::FLOW_COOKIE, "", 0, c.cfg.secure_cookie),
@@ -379,14 +432,36 @@ pub(crate) async fn oidc_callback(
     )
 }
 
-/// `POST /ui/sign-out`: forgets the session cookie.
-pub(crate) async fn sign_out(State(c): Shared) -> Response {
+/// `POST /ui/sign-out`: ends the session on the server (its token then
+/// works nowhere) and forgets the cookie. When the auth service cannot be
+/// reached the page says so and the cookie is kept: the person must not
+/// believe a session ended that did not.
+pub(crate) async fn sign_out(
+    State(c): Shared,
+    Extension(caller): Extension<Caller>,
+    Extension(s): Extension<Session>,
+    headers: http::HeaderMap,
+) -> Result<Response, PageError> {
+    let base = layout(&caller, &s, "");
+    let auth = reach(&c.services.auth, "auth").map_err(|e| PageError(e, base.clone()))?;
+    as_caller!(
+        AuthClient,
+        auth,
+        caller,
+        end_session,
+        au::EndSessionRequest {}
+    )
+    .map_err(|e| PageError(e, base))?;
+    if let Some(secret) = session::cookie(&headers, session::SESSION_COOKIE) {
+        settle(&c, secret, false).await;
+    }
+    tracing::info!(principal = %caller.principal.subject, "console sign-out");
     let mut resp = see_other("/ui/sign-in");
     if let Ok(v) = session::set_cookie(session::SESSION_COOKIE, "", 0, c.cfg.secure_cookie).parse()
     {
         resp.headers_mut().append(http::header::SET_COOKIE, v);
     }
-    resp
+    Ok(resp)
 }
 
 /// `GET /ui/assets/{file}`: the stylesheet and script, compiled in.

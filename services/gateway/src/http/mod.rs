@@ -31,6 +31,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use switchyard_core::Reason;
 use switchyard_kit::auth::authn::Authenticator;
+use switchyard_kit::auth::{AuthError, Method};
 use switchyard_kit::context::{CORRELATION_HEADER, RequestContext};
 use switchyard_kit::shutdown::Shutdown;
 use tokio::net::TcpListener;
@@ -213,8 +214,18 @@ async fn gate(
         }
         let session = on_console.then(|| console::credential_headers(req.headers()));
         let presented = session.as_ref().unwrap_or(req.headers());
-        let caller = match admit(&door.auth, presented, access, &format!("{method} {route}")).await
-        {
+        let admitted = admit(&door.auth, presented, access, &format!("{method} {route}"))
+            .await
+            .and_then(|c| match &c {
+                // The console's cookie carries a session, never a key or
+                // token itself (one pasted into the cookie by hand is not
+                // a sign-in).
+                Some(c) if on_console && c.principal.method != Method::Session => {
+                    Err(AuthError::Invalid)
+                }
+                _ => Ok(c),
+            });
+        let caller = match admitted {
             Ok(c) => c,
             Err(refused) => {
                 tracing::debug!(error = %refused, "request refused");
