@@ -4,7 +4,9 @@
 //! by the sandbox ([`policy`]) within resource limits ([`limits`]);
 //! stdout/stderr captured up to a cap and streamed; on timeout SIGTERM to the
 //! whole process group, then SIGKILL after a grace period. Dropping a run
-//! (cancellation) kills the group at once.
+//! (cancellation) kills the group at once. Each program is PID 1 of its own
+//! PID namespace where the executor may create one ([`spawn`]), so nothing
+//! it starts outlives it.
 
 pub mod limits;
 pub mod policy;
@@ -84,14 +86,34 @@ pub struct Limits {
     pub cap: usize,
 }
 
-/// Kills the process group when dropped, unless disarmed.
-struct GroupGuard(Option<Pid>);
+/// Kills the process group when dropped.
+struct GroupGuard {
+    pid: Option<Pid>,
+    /// The leader is PID 1 of its own PID namespace.
+    namespaced: bool,
+}
 
 impl GroupGuard {
     fn signal(&self, sig: Signal) {
-        if let Some(pid) = self.0 {
+        if let Some(pid) = self.pid {
             // ESRCH (already gone) is fine.
             let _ = kill_process_group(pid, sig);
+        }
+    }
+
+    /// SIGTERM to the whole group. A namespace's PID 1 receives only the
+    /// signals it handles: a leader that neither catches nor ignores
+    /// SIGTERM would have died of it anywhere else, so it is killed now
+    /// (and, as PID 1, takes what it started with it). Returns whether
+    /// that stood in for the SIGTERM.
+    fn terminate(&self) -> bool {
+        self.signal(Signal::TERM);
+        match self.pid {
+            Some(pid) if self.namespaced && !spawn::handles(pid, libc::SIGTERM) => {
+                let _ = rustix::process::kill_process(pid, Signal::KILL);
+                true
+            }
+            _ => false,
         }
     }
 }
@@ -222,7 +244,10 @@ fn start(
     })?;
     // Closes the Landlock ruleset now that the child has it.
     drop(jail);
-    let guard = GroupGuard(Some(child.pid()));
+    let guard = GroupGuard {
+        pid: Some(child.pid()),
+        namespaced: child.namespaced(),
+    };
     Ok((child, guard))
 }
 
@@ -241,6 +266,7 @@ pub async fn run(
     jail: Confinement,
     on_chunk: &(dyn Fn(&'static str, &[u8]) + Send + Sync),
 ) -> Result<Finished, StartError> {
+    let cpu_limit = jail.cpu_seconds();
     let (mut child, guard) = start(program, arg0, args, env, cwd, stdin.is_some(), jail)?;
     if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
         tokio::spawn(async move {
@@ -269,11 +295,12 @@ pub async fn run(
     let both = async { tokio::join!(waited, io) };
     tokio::pin!(both);
     let mut timed_out = false;
+    let mut term_stood_in = false;
     let (status, ((stdout, t1), (stderr, t2))) = tokio::select! {
         r = &mut both => r,
         _ = tokio::time::sleep(limits.timeout) => {
             timed_out = true;
-            guard.signal(Signal::TERM);
+            term_stood_in = guard.terminate();
             match tokio::time::timeout(limits.grace, &mut both).await {
                 Ok(r) => r,
                 Err(_) => {
@@ -284,11 +311,25 @@ pub async fn run(
         }
     };
     // The leader has exited; make sure nothing it started lingers.
+    let namespaced = guard.namespaced;
     drop(guard);
     let status = status.map_err(|e| StartError::Spawn(program.display().to_string(), e))?;
     Ok(Finished {
         exit_code: status.code,
-        signal: status.signal,
+        // What it would have died of outside a namespace: a PID 1 ignores
+        // SIGTERM and the CPU limit's SIGXCPU unless it handles them, so
+        // the SIGKILL that followed stood in for them.
+        signal: match status.signal {
+            Some(libc::SIGKILL) if term_stood_in => Some(libc::SIGTERM),
+            Some(libc::SIGKILL)
+                if namespaced
+                    && !timed_out
+                    && cpu_limit.is_some_and(|l| status.cpu.as_secs() >= l) =>
+            {
+                Some(libc::SIGXCPU)
+            }
+            s => s,
+        },
         stdout,
         stderr,
         truncated: t1 || t2,
@@ -426,6 +467,52 @@ mod tests {
         let fields: Vec<&str> = after.split(' ').collect();
         let pid = stat.split(' ').next().unwrap();
         assert_eq!((fields[2], fields[3]), (pid, pid), "{stat}");
+    }
+
+    /// Processes whose command line contains `marker`.
+    fn running_with(marker: &str) -> Vec<String> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+            })
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+            .filter(|c| c.contains(marker))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn nothing_a_program_started_outlives_it_not_even_a_new_session() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: PID namespaces need root (CAP_SYS_ADMIN)");
+            return;
+        }
+        // The program is PID 1 of its own namespace.
+        let f = go("sh", &["-c", "echo $$"], None, &limits(5000)).await;
+        assert_eq!(f.stdout, b"1\n");
+        // A detached child in a new session, holding stdout open, used to
+        // keep the task waiting and then outlive it.
+        let marker = format!("{}.{}", 300 + std::process::id() % 100, std::process::id());
+        let script = format!("setsid sleep {marker} & echo started");
+        let f = go("sh", &["-c", &script], None, &limits(20_000)).await;
+        assert!(!f.timed_out, "the task ended when its program did");
+        assert_eq!(
+            (f.exit_code, f.stdout.as_slice()),
+            (Some(0), &b"started\n"[..])
+        );
+        // Killed by the kernel with the namespace; reaped by init.
+        for _ in 0..200 {
+            if running_with(&marker).is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("outlived its task: {:?}", running_with(&marker));
     }
 
     #[tokio::test]

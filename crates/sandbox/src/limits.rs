@@ -203,6 +203,15 @@ impl ResourceLimits {
 pub struct Rlimits([(libc::__rlimit_resource_t, u64, u64); 6]);
 
 impl Rlimits {
+    /// The CPU soft limit, seconds, if any (`RLIM_INFINITY`: none).
+    pub fn cpu_seconds(&self) -> Option<u64> {
+        self.0
+            .iter()
+            .find(|(r, _, _)| *r == libc::RLIMIT_CPU)
+            .map(|&(_, cur, _)| cur)
+            .filter(|&c| c != libc::RLIM_INFINITY)
+    }
+
     /// Sets every limit on the calling process.
     ///
     /// # Safety

@@ -415,6 +415,11 @@ pub struct Confinement {
 }
 
 impl Confinement {
+    /// Its CPU soft limit, seconds, if any.
+    pub(crate) fn cpu_seconds(&self) -> Option<u64> {
+        self.rlimits.cpu_seconds()
+    }
+
     /// Applies it to the calling process, in this order: drop to the task's
     /// user, no_new_privs, Landlock (with `/proc/self`), seccomp, rlimits.
     ///

@@ -7,16 +7,23 @@
 //! [`Confinement`], then `execve`. A failure before `execve` comes back as
 //! an errno over a close-on-exec pipe.
 //!
+//! The child is cloned into a new PID namespace (`CLONE_NEWPID`) when the
+//! executor may create one (root, or `CAP_SYS_ADMIN`): the program is PID 1
+//! there, and when it exits the kernel kills everything it started — a
+//! `setsid` or double-forked child cannot outlive its task. Where the
+//! kernel refuses, the child starts without one (a warning, once) and its
+//! process group is all that holds its descendants.
+//!
 //! The child is then waited for through a pidfd (Linux 5.3+; a blocking
-//! `waitpid` on older kernels), and its pipes are Tokio pipes.
+//! `wait4` on older kernels; `wait4` reaps it either way, for its resource usage), and its pipes are Tokio pipes.
 
 use std::ffi::{CString, c_void};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use rustix::process::{Pid, WaitId, WaitIdOptions, WaitOptions};
+use rustix::process::{Pid, WaitOptions};
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 
@@ -41,12 +48,16 @@ pub(crate) struct Spec<'a> {
 pub(crate) struct Exit {
     pub(crate) code: Option<i32>,
     pub(crate) signal: Option<i32>,
+    /// CPU time it used (user + system), from its resource usage.
+    pub(crate) cpu: std::time::Duration,
 }
 
 /// A started child: its pipes and how to wait for it. Dropping it before it
 /// was waited for kills and reaps it.
 pub(crate) struct Child {
     pid: Pid,
+    /// Whether it is PID 1 of its own PID namespace.
+    namespaced: bool,
     pidfd: Option<AsyncFd<OwnedFd>>,
     reaped: bool,
     pub(crate) stdin: Option<pipe::Sender>,
@@ -118,7 +129,7 @@ pub(crate) fn spawn(spec: &Spec<'_>) -> io::Result<Child> {
         report: report_w.as_raw_fd(),
         jail: spec.jail,
     };
-    let pid = clone_child(&prepared)?;
+    let (pid, namespaced) = clone_child(&prepared)?;
     // The child has exec'd or exited: its ends and the report's write end
     // are ours alone now.
     drop((stdin_r, stdout_w, stderr_w, report_w));
@@ -131,6 +142,7 @@ pub(crate) fn spawn(spec: &Spec<'_>) -> io::Result<Child> {
     // From here on a failure drops `child`, which kills and reaps it.
     let mut child = Child {
         pid,
+        namespaced,
         // Without a pidfd (Linux < 5.3) `wait` falls back to waitpid.
         pidfd: rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
             .ok()
@@ -161,41 +173,66 @@ impl Child {
         self.pid
     }
 
+    /// Whether the child is PID 1 of its own PID namespace.
+    pub(crate) fn namespaced(&self) -> bool {
+        self.namespaced
+    }
+
     /// Waits for the child to end and reaps it.
     pub(crate) async fn wait(&mut self) -> io::Result<Exit> {
         let status = match &self.pidfd {
             Some(fd) => loop {
                 let mut ready = fd.readable().await?;
-                match rustix::process::waitid(
-                    WaitId::PidFd(fd.get_ref().as_fd()),
-                    WaitIdOptions::EXITED | WaitIdOptions::NOHANG,
-                )? {
-                    Some(s) => {
-                        break Exit {
-                            code: s.exit_status(),
-                            signal: s.terminating_signal(),
-                        };
-                    }
+                match reap(self.pid, false)? {
+                    Some(exit) => break exit,
                     None => ready.clear_ready(),
                 }
             },
             None => {
                 let pid = self.pid;
-                tokio::task::spawn_blocking(move || {
-                    rustix::process::waitpid(Some(pid), WaitOptions::empty())
-                })
-                .await
-                .map_err(io::Error::other)??
-                .map(|(_, s)| Exit {
-                    code: s.exit_status(),
-                    signal: s.terminating_signal(),
-                })
-                .ok_or_else(|| io::Error::other("waitpid returned no status"))?
+                tokio::task::spawn_blocking(move || reap(pid, true))
+                    .await
+                    .map_err(io::Error::other)??
+                    .ok_or_else(|| io::Error::other("wait4 returned no status"))?
             }
         };
         self.reaped = true;
         Ok(status)
     }
+}
+
+/// Reaps `pid` with its resource usage (`wait4`): `None` while it still
+/// runs (unless `block`).
+#[allow(unsafe_code)]
+fn reap(pid: Pid, block: bool) -> io::Result<Option<Exit>> {
+    let mut status: libc::c_int = 0;
+    // SAFETY: a zeroed rusage is a valid value for wait4 to fill.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    let flags = if block { 0 } else { libc::WNOHANG };
+    loop {
+        // SAFETY: pointers to locals that outlive the call.
+        let r = unsafe { libc::wait4(pid.as_raw_nonzero().get(), &mut status, flags, &mut ru) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if r == 0 {
+            return Ok(None);
+        }
+        break;
+    }
+    let time = |t: libc::timeval| {
+        std::time::Duration::from_secs(t.tv_sec.max(0) as u64)
+            + std::time::Duration::from_micros(t.tv_usec.max(0) as u64)
+    };
+    Ok(Some(Exit {
+        code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
+        signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
+        cpu: time(ru.ru_utime) + time(ru.ru_stime),
+    }))
 }
 
 impl Drop for Child {
@@ -218,11 +255,33 @@ impl Drop for Child {
     }
 }
 
-/// Clones the child with `CLONE_VM | CLONE_VFORK`, all signals blocked in
-/// this thread meanwhile so no handler of the parent runs on the child's
-/// stack.
+/// Whether creating PID namespaces failed once already (then every later
+/// child starts without one, and the warning is not repeated).
+static NO_PID_NAMESPACES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Clones the child (see the module docs): in a new PID namespace when the
+/// kernel allows, else without; `(pid, namespaced)`.
+fn clone_child(p: &Prepared<'_>) -> io::Result<(Pid, bool)> {
+    use std::sync::atomic::Ordering;
+    if !NO_PID_NAMESPACES.load(Ordering::Relaxed) {
+        match clone_with(p, libc::CLONE_NEWPID) {
+            Ok(pid) => return Ok((pid, true)),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EINVAL)) => {
+                if !NO_PID_NAMESPACES.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, "command tasks run without their own PID namespace (the executor lacks CAP_SYS_ADMIN): a program that detaches a child (setsid) can leave it running after the task");
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((clone_with(p, 0)?, false))
+}
+
+/// Clones the child with `CLONE_VM | CLONE_VFORK | extra`, all signals
+/// blocked in this thread meanwhile so no handler of the parent runs on the
+/// child's stack.
 #[allow(unsafe_code)]
-fn clone_child(p: &Prepared<'_>) -> io::Result<Pid> {
+fn clone_with(p: &Prepared<'_>, extra: libc::c_int) -> io::Result<Pid> {
     let mut stack = vec![0u8; CHILD_STACK];
     // SAFETY: the top of our own allocation, aligned down to 16 bytes.
     let top = unsafe { stack.as_mut_ptr().add(CHILD_STACK) };
@@ -239,7 +298,7 @@ fn clone_child(p: &Prepared<'_>) -> io::Result<Pid> {
         let pid = libc::clone(
             child,
             top,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD | extra,
             p as *const Prepared<'_> as *mut c_void,
         );
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
@@ -250,6 +309,25 @@ fn clone_child(p: &Prepared<'_>) -> io::Result<Pid> {
         return Err(io::Error::last_os_error());
     }
     Pid::from_raw(pid).ok_or_else(|| io::Error::other("clone returned pid 0"))
+}
+
+/// Whether process `pid` catches or ignores `sig` (its `SigCgt`/`SigIgn`
+/// in `/proc`): a PID namespace's init gets only the signals it handles,
+/// so one that does neither would have died of it anywhere else.
+pub(crate) fn handles(pid: Pid, sig: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", pid.as_raw_nonzero()))
+    else {
+        return false;
+    };
+    let bit = 1u64 << (sig - 1);
+    status
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("SigCgt:")
+                .or_else(|| l.strip_prefix("SigIgn:"))
+        })
+        .filter_map(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .any(|mask| mask & bit != 0)
 }
 
 /// The child, between clone and exec. Raw system calls only: it shares the

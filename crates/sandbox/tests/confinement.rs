@@ -362,12 +362,13 @@ fn only(l: Limit, value: u64) -> ResourceLimits {
 #[tokio::test]
 async fn each_resource_limit_stops_the_task_and_names_itself() {
     let h = Host::sandboxed();
-    // A fork bomb never ends by itself: its timeout stops the whole group,
-    // and what it hit is still named.
+    // A fork bomb whose leader stays never ends by itself: its timeout
+    // stops the whole tree, and what it hit is still named. (When the
+    // leader exits, its PID namespace takes the bomb with it.)
     let f = h
         .run_for(
             "bash",
-            &["-c", ":(){ :|:& };:"],
+            &["-c", ":(){ :|:& };:; while :; do :; done"],
             None,
             &only(Limit::Processes, 24),
             Duration::from_secs(2),

@@ -275,7 +275,7 @@ async fn a_session_never_outlives_its_credential_nor_a_day() {
         timestamp_ms(s.session.unwrap().expires_at.as_ref().unwrap()),
         key_expiry
     );
-    let (forever, key) = holder(&auth, &set, req("ops", &["viewer"])).await;
+    let (_, key) = holder(&auth, &set, req("ops", &["viewer"])).await;
     let s = auth
         .start_session(&key, session_req(u64::MAX))
         .await
@@ -316,7 +316,7 @@ async fn sessions_start_only_from_a_key_or_token_and_end_only_as_sessions() {
 #[tokio::test]
 async fn a_subject_holds_a_bounded_number_of_sessions_and_ended_ones_are_forgotten() {
     let (auth, set) = open();
-    let (made, key) = holder(&auth, &set, req("alice", &["submitter"])).await;
+    let (_, key) = holder(&auth, &set, req("alice", &["submitter"])).await;
     let mut secrets = Vec::new();
     for _ in 0..SESSIONS_PER_SUBJECT + 2 {
         secrets.push(
