@@ -296,10 +296,11 @@ pub async fn run_node_then(
     // them, with its certificate for https:// URLs (mTLS).
     let service_token = cfg.auth.service_token().map_err(anyhow::Error::msg)?;
     // Invocation grants are signed with a key every process of the
-    // deployment derives from that token; one process alone makes its own.
-    if let Some(token) = &service_token {
+    // deployment derives from auth.grant_key_env, else from that token; one
+    // process alone makes its own.
+    if let Some(secret) = cfg.auth.grant_secret().map_err(anyhow::Error::msg)? {
         switchyard_kit::auth::grant::install(switchyard_kit::auth::grant::GrantKey::from_secret(
-            token.as_bytes(),
+            secret.as_bytes(),
         ));
     }
     let authenticator =

@@ -52,6 +52,13 @@ pub struct AuthConfig {
     /// `[auth.forwarded_cert]`: trust a client identity forwarded by a mesh
     /// sidecar. Off unless set.
     pub forwarded_cert: Option<ForwardedCert>,
+    /// Name of an environment variable holding the secret invocation
+    /// grants are signed with (32+ characters, the same in every process of
+    /// the deployment). Unset: derived from the service token; with
+    /// neither (an mTLS-only split deployment), each process makes its own
+    /// and grants signed in one are refused in another. The value never
+    /// appears in config.
+    pub grant_key_env: Option<String>,
 }
 
 /// Identity forwarded by a service-mesh proxy in `x-forwarded-client-cert`
@@ -108,6 +115,33 @@ impl AuthConfig {
         Ok(Some(token))
     }
 
+    /// The secret invocation grants are signed with
+    /// ([`AuthConfig::grant_key_env`]), else the service token's.
+    pub fn grant_secret(&self) -> Result<Option<String>, String> {
+        self.grant_secret_in(|v| std::env::var(v).ok())
+    }
+
+    fn grant_secret_in(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<String>, String> {
+        let Some(var) = &self.grant_key_env else {
+            return self.service_token();
+        };
+        let secret = env(var)
+            .ok_or_else(|| {
+                format!("auth.grant_key_env names {var}, which is not set; set it to a random secret shared by every process (openssl rand -hex 32)")
+            })?
+            .trim()
+            .to_owned();
+        if secret.len() < 32 {
+            return Err(format!(
+                "the grant key in {var} is shorter than 32 characters; use a random secret (openssl rand -hex 32)"
+            ));
+        }
+        Ok(Some(secret))
+    }
+
     /// Whether the dev credentials are on.
     pub fn dev_credentials(&self) -> bool {
         self.dev_credentials.unwrap_or(false)
@@ -128,6 +162,7 @@ impl Default for AuthConfig {
             service_tls: None,
             service_identities: Vec::new(),
             forwarded_cert: None,
+            grant_key_env: None,
         }
     }
 }
@@ -529,5 +564,29 @@ mod tests {
         };
         let e = Authenticator::new(&cfg, KeySet::default()).unwrap_err();
         assert!(e.contains("not set"), "{e}");
+    }
+
+    #[test]
+    fn the_grant_key_comes_from_its_own_variable_else_the_service_token() {
+        let env = |v: &str| match v {
+            "OK" => Some("g".repeat(40)),
+            "SHORT" => Some("short-secret".into()),
+            _ => None,
+        };
+        let cfg = |grant: Option<&str>| AuthConfig {
+            grant_key_env: grant.map(str::to_owned),
+            ..Default::default()
+        };
+        assert_eq!(
+            cfg(Some("OK")).grant_secret_in(env),
+            Ok(Some("g".repeat(40)))
+        );
+        // Without it, the service token's (none here).
+        assert_eq!(cfg(None).grant_secret_in(env), Ok(None));
+        let short = cfg(Some("SHORT")).grant_secret_in(env).unwrap_err();
+        assert!(short.contains("shorter than 32"), "{short}");
+        assert!(!short.contains("short-secret"), "never echoed: {short}");
+        let unset = cfg(Some("UNSET")).grant_secret_in(env).unwrap_err();
+        assert!(unset.contains("UNSET"), "{unset}");
     }
 }
