@@ -74,12 +74,16 @@ where
     }
 }
 
+/// The caller of every round: a person holding the agent role, as the
+/// JWT's claims make it too. (An agent-kind principal would need an
+/// invocation grant per budget to reserve, which is not what this
+/// measures: every reservation would be refused.)
 fn principal() -> Principal {
     Principal::user(
         "bench",
         TENANT,
         &[Role::Viewer, Role::Agent],
-        Kind::Agent,
+        Kind::Human,
         Method::ApiKey,
     )
 }
@@ -150,7 +154,7 @@ pub async fn run() -> anyhow::Result<()> {
             subject: "bench".into(),
             tenant: TENANT.into(),
             roles: Roles::of(&[Role::Viewer, Role::Agent]),
-            kind: Kind::Agent,
+            kind: Kind::Human,
             expires_at_ms: None,
             revoked: false,
             session: false,
@@ -252,6 +256,8 @@ pub async fn run() -> anyhow::Result<()> {
         let (r, p) = (median(&mut route[i]), median(&mut pairs[i]));
         let (rr, pr) = (r / base.0, p / base.1);
         let goal = match i {
+            // A round whose calls failed measured failures, not work.
+            _ if errors[i] > 0 => "[INVALID: calls failed]".to_owned(),
             0 => "(baseline)".to_owned(),
             3 => "(reference: no span, correlation or limits)".to_owned(),
             _ => format!(
