@@ -290,21 +290,48 @@ impl Server {
                 },
             );
         let mut server = tokio::spawn(server);
-        // Ungated services serve at once; gated ones, and the server as a
-        // whole, once their gates open.
+        // A gate of one service holds that service; a gate of the whole
+        // process (the key set every credential is verified against) holds
+        // every service, since a readiness probe names one of them. Services
+        // with neither serve at once; the rest, and the server as a whole,
+        // once their gates open.
         let gated: Vec<&'static str> = self.gates.iter().map(|(n, _)| *n).collect();
-        for name in self.names.iter().filter(|n| !gated.contains(n)) {
-            reporter
-                .set_service_status(*name, ServingStatus::Serving)
-                .await;
+        let process_wide = gated.iter().any(|g| !self.names.contains(g));
+        let ungated: Vec<&'static str> = self
+            .names
+            .iter()
+            .copied()
+            .filter(|n| !gated.contains(n))
+            .collect();
+        if !process_wide {
+            for name in &ungated {
+                reporter
+                    .set_service_status(*name, ServingStatus::Serving)
+                    .await;
+            }
         }
         let opener = {
             let reporter = reporter.clone();
             let shutdown = shutdown.clone();
             let gates = self.gates;
+            let names = self.names.clone();
             tokio::spawn(async move {
                 let open = async {
-                    for (name, gate) in gates {
+                    // Process-wide gates first: until they open, no service
+                    // is ready, whatever its own state.
+                    let (wide, own): (Vec<_>, Vec<_>) =
+                        gates.into_iter().partition(|(n, _)| !names.contains(n));
+                    for (_, gate) in wide {
+                        gate.await;
+                    }
+                    if process_wide {
+                        for name in &ungated {
+                            reporter
+                                .set_service_status(*name, ServingStatus::Serving)
+                                .await;
+                        }
+                    }
+                    for (name, gate) in own {
                         gate.await;
                         reporter
                             .set_service_status(name, ServingStatus::Serving)

@@ -188,6 +188,52 @@ fn router_without_a_reachable_registry_is_not_serving_and_refuses_routes() {
 }
 
 #[test]
+fn a_follower_is_not_ready_on_any_service_until_it_can_authenticate() {
+    let data = tempfile::tempdir().unwrap();
+    let ledger = |keys_url: &str| {
+        Proc::start(
+            &[
+                "serve",
+                "--services",
+                "ledger",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                data.path().to_str().unwrap(),
+            ],
+            &[("SWITCHYARD_AUTH__KEYS_URL", keys_url)],
+        )
+    };
+    // Its key source is unreachable: it can verify no one, so a readiness
+    // probe naming its service must not send users to it.
+    let cut_off = ledger("http://127.0.0.1:1");
+    let service = "switchyard.ledger.v1.LedgerService";
+    assert_eq!(health(&cut_off.addr, service), NOT_SERVING);
+    assert_eq!(health(&cut_off.addr, ""), NOT_SERVING);
+    assert_eq!(health(&cut_off.addr, "liveness"), SERVING);
+    assert_eq!(cut_off.terminate(), Some(0));
+    // Following a live auth service, it becomes ready once the key set
+    // arrives, and then a key works.
+    let (dev, _dev_data) = Proc::dev(&[]);
+    let following = ledger(&dev.url());
+    let ready = (0..200).any(|_| {
+        let ok = health(&following.addr, service) == SERVING;
+        if !ok {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        ok
+    });
+    assert!(ready, "the follower never became ready");
+    let out = cli(
+        &following.url(),
+        &["budget", "list", "--token", &token(&dev.url(), "admin")],
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(following.terminate(), Some(0));
+    assert_eq!(dev.terminate(), Some(0));
+}
+
+#[test]
 fn cli_errors_print_reason_and_fields_and_exit_nonzero() {
     let (dev, data) = Proc::dev(&[]);
     let bad = data.path().join("bad.yaml");
