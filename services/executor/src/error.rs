@@ -170,9 +170,19 @@ impl From<ExecutorError> for Status {
             ExecutorError::Upstream { status, .. } => {
                 Status::with_details(status.code(), msg, status.details().to_vec().into())
             }
-            ExecutorError::Storage(_) | ExecutorError::Decode(_) => {
+            // Damaged data is a bug or a disk problem; anything else (the
+            // database restarting, a closed store) is an outage the caller
+            // retries, as every other service answers it.
+            ExecutorError::Storage(StoreError::Corrupt { .. }) | ExecutorError::Decode(_) => {
                 status(Code::Internal, Reason::StorageFailure, msg)
             }
+            ExecutorError::Storage(_) => status(
+                Code::Unavailable,
+                Reason::StorageFailure,
+                format!(
+                    "{msg}; retry the same request (a job id already stored is answered, not run twice)"
+                ),
+            ),
             ExecutorError::Scratch(_) => status(Code::Internal, Reason::Internal, msg),
             ExecutorError::Sandbox(_) => {
                 status(Code::FailedPrecondition, Reason::SandboxUnavailable, msg)

@@ -748,6 +748,71 @@ fn a_rolling_restart_hands_running_jobs_over_without_loss_or_waiting_a_lease() {
     }
 }
 
+#[test]
+fn while_the_database_is_down_submissions_are_unavailable_never_internal() {
+    let Some(c) = Cluster::start() else { return };
+    let replica = c.replica("down-0", 4000, &[]);
+    let token = token(&c.hub.url(), "alice");
+    let rt = runtime();
+    let url = replica.url();
+    let doc = |i: usize| {
+        serde_json::json!({"job_id": format!("down{i:03}"), "tasks": [
+            {"id": "a", "command": {"command": "sh", "args": ["-c", "echo a"]}}]})
+        .to_string()
+    };
+    let submit_once = |i: usize| {
+        let (url, token, doc) = (url.clone(), token.clone(), doc(i));
+        rt.block_on(async move {
+            let mut c = client(&url, &token).await.expect("the replica answers");
+            c.submit_job(SubmitJobRequest {
+                document: doc,
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+        })
+    };
+    submit_once(0).expect("a submission with the database up");
+    c.pg.kill().unwrap();
+    // Every refusal while it is down says "try again": a client that
+    // retries only UNAVAILABLE loses nothing.
+    let mut refused = Vec::new();
+    for i in 1..=5 {
+        if let Err(s) = submit_once(i) {
+            refused.push((s.code(), s.message().to_owned()));
+        }
+    }
+    assert!(!refused.is_empty(), "the database was down");
+    assert!(
+        refused
+            .iter()
+            .all(|(code, _)| *code == tonic::Code::Unavailable),
+        "{refused:#?}"
+    );
+    c.pg.restart().unwrap();
+    // Retrying the same ids succeeds once it is back.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for i in 1..=5 {
+        while let Err(s) = submit_once(i) {
+            assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
+            assert!(Instant::now() < deadline, "never accepted again: {s:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    let ids: Vec<String> = (0..=5).map(|i| format!("down{i:03}")).collect();
+    let states = rt.block_on(finished(
+        &Arc::new(Mutex::new(vec![url.clone(); 3])),
+        &token,
+        &ids,
+        Duration::from_secs(60),
+    ));
+    assert!(
+        states.iter().all(|s| *s == JobState::Completed as i32),
+        "{states:?}"
+    );
+    assert_eq!(replica.terminate(), Some(0));
+}
+
 /// Each job's event times (ms), in order.
 async fn event_times(urls: &Urls, token: &str, ids: &[String]) -> Vec<(String, Vec<u64>)> {
     let mut out = Vec::new();
