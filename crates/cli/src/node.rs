@@ -234,9 +234,16 @@ pub async fn run_node_then(
     cfg: Config,
     services: &[ServiceKind],
     listeners: impl Into<Listeners>,
-    shutdown: Shutdown,
+    signal: Shutdown,
     ready: impl FnOnce(Addresses),
 ) -> anyhow::Result<()> {
+    // Stopping takes three steps once `signal` fires: the executor drains
+    // (nothing new starts; running attempts get executor.drain_grace_ms to
+    // end), then the doors stop accepting and finish their calls, then the
+    // services stop and flush. Until the last, the services answer each
+    // other (a draining attempt may still call an agent or the ledger).
+    let (doors_stop, doors) = switchyard_kit::shutdown::channel();
+    let (services_stop, shutdown) = switchyard_kit::shutdown::channel();
     let listeners = listeners.into();
     let addresses = listeners.addresses()?;
     let Listeners {
@@ -697,12 +704,24 @@ pub async fn run_node_then(
     });
     let gateway_task = gateway.map(|g| {
         let drain = std::time::Duration::from_millis(cfg.server.drain_timeout_ms);
-        tokio::spawn(g.run(http_listener, resp_listener, shutdown.clone(), drain))
+        tokio::spawn(g.run(http_listener, resp_listener, doors.clone(), drain))
     });
     let names: Vec<_> = services.iter().map(|s| s.name()).collect();
     tracing::info!(services = ?names, addr = %addresses, "serving");
     ready(addresses);
-    server.run(listener, shutdown).await?;
+    let drainer = {
+        let x = executor.clone();
+        tokio::spawn(async move {
+            signal.wait().await;
+            if let Some(x) = x {
+                x.drain().await;
+            }
+            doors_stop.fire();
+        })
+    };
+    server.run(listener, doors).await?;
+    services_stop.fire();
+    drainer.abort();
     if let Some(t) = gateway_task {
         match t.await {
             Ok(Err(e)) => tracing::error!(error = %e, "gateway stopped"),

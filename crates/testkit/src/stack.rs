@@ -59,6 +59,8 @@ impl Stack {
         cfg.auth.dev_credentials = Some(true);
         // Agents, MCP servers and A2A agents of tests listen on 127.0.0.1.
         cfg.registry.egress.allow_loopback = Some(true);
+        // Stopping waits at most this long for running attempts.
+        cfg.executor.drain_grace_ms = 2_000;
         // 256 random bits, as an API key's secret.
         let service_token = switchyard_kit::auth::keys::generate()?.token;
         let token_file = dir.path().join("service-token");

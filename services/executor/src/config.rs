@@ -82,6 +82,13 @@ pub struct ExecutorConfig {
     pub tool_timeout_ms: u64,
     /// Approval claim lease, seconds (renewed at a third of it).
     pub lease_secs: u32,
+    /// On shutdown (SIGTERM), how long running attempts get to end before
+    /// what is left is handed back, ms. Meanwhile no attempt starts and no
+    /// job is taken on; a job with nothing running is handed back at once
+    /// (on PostgreSQL to another replica, on sled to the next start). Keep
+    /// it under the orchestrator's grace period minus
+    /// `server.drain_timeout_ms`. 0: hand everything back at once.
+    pub drain_grace_ms: u64,
     /// How long a pull worker's lease on a queue task lasts without a
     /// heartbeat, ms, when neither the task nor the Fetch says.
     pub queue_visibility_timeout_ms: u64,
@@ -264,6 +271,7 @@ impl Default for ExecutorConfig {
             llm_max_turns: 10,
             tool_timeout_ms: 30_000,
             lease_secs: 60,
+            drain_grace_ms: 10_000,
             queue_visibility_timeout_ms: 30_000,
             queue_test_directives: false,
             approval_poll_ms: 250,
@@ -294,6 +302,12 @@ impl ExecutorConfig {
         }
         if self.max_tasks == 0 || self.max_parallel == 0 {
             return Err("executor.max_tasks and executor.max_parallel must be at least 1".into());
+        }
+        if self.drain_grace_ms > 600_000 {
+            return Err(format!(
+                "executor.drain_grace_ms is at most 600000 (10 minutes), not {}",
+                self.drain_grace_ms
+            ));
         }
         if self.queue_visibility_timeout_ms < 100 {
             return Err("executor.queue_visibility_timeout_ms must be at least 100".into());

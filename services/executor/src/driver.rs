@@ -53,6 +53,13 @@ pub(crate) fn unit_random() -> f64 {
 impl Executor {
     /// Starts `job_id`'s driver unless one runs.
     pub(crate) fn spawn_driver(&self, job_id: &str) {
+        if self.draining() {
+            // Stopping: the job is not taken on here.
+            if self.inner.book.pg.is_some() {
+                self.inner.book.drop_job(job_id, false);
+            }
+            return;
+        }
         let ctl = {
             let mut st = self.inner.book.lock();
             if st.drivers.contains_key(job_id) {
@@ -95,7 +102,11 @@ impl Executor {
                 st.find(&id)
                     .is_some_and(|e| matches!(e.state(), JobState::Available | JobState::Active))
             };
-            if stalled && me.inner.book.pg.is_some() && !me.inner.shutdown.is_shutdown() {
+            if stalled && me.inner.book.pg.is_some() && me.draining() {
+                // Drained: nothing of it runs here any more.
+                tracing::debug!(job_id = %id, "drained; handing the job back");
+                me.inner.book.drop_job(&id, false);
+            } else if stalled && me.inner.book.pg.is_some() && !me.inner.shutdown.is_shutdown() {
                 // The driver stopped on an error (the database or a service
                 // was unreachable) with the job unfinished: handed back, the
                 // job is claimed again (here or elsewhere) and resumed from
@@ -186,7 +197,7 @@ impl Driver {
     async fn claim(&self, run_id: &str) -> Claimed {
         let cfg = &self.x.inner.cfg;
         loop {
-            if self.x.inner.shutdown.is_shutdown() {
+            if self.x.inner.shutdown.is_shutdown() || self.x.draining() {
                 return Claimed::Stopping;
             }
             let cancel = crate::lock(&self.ctl.cancel).clone();
@@ -230,6 +241,7 @@ impl Driver {
                 _ = tokio::time::sleep(Duration::from_millis(500)) => {}
                 _ = self.ctl.wake.notified() => {}
                 _ = self.x.inner.shutdown.wait() => {}
+                _ = self.x.inner.draining.wait() => {}
             }
         }
     }
@@ -279,7 +291,9 @@ impl Driver {
             None => scratch_root.dir(job_id).map_err(scratch_error(job_id))?,
         };
         let result = self.run_loop(&run_id, &scratch, awaiting).await;
-        if files.is_some() && !self.x.inner.shutdown.is_shutdown() {
+        // A job stopped or drained unfinished keeps its files for the run
+        // that resumes it.
+        if files.is_some() && !self.x.inner.shutdown.is_shutdown() && !self.x.draining() {
             let _ = scratch_root.remove(job_id);
         }
         result
@@ -430,6 +444,10 @@ impl Driver {
             if step.done && running.is_empty() {
                 return self.finish().await;
             }
+            if running.is_empty() && self.x.draining() {
+                // Drained: nothing runs and nothing may start here.
+                return Ok(());
+            }
             let sleep = step.next_wake.map_or(Duration::from_secs(3600), |at| {
                 Duration::from_millis(at.saturating_sub(now))
             });
@@ -448,6 +466,7 @@ impl Driver {
                         tracing::warn!(job_id, error = %e.message(), "renewing approval claim");
                     }
                 }
+                _ = self.x.inner.draining.wait(), if !self.x.draining() => {}
                 _ = self.x.inner.shutdown.wait() => {
                     // Attempts stop here and run again after the restart.
                     running.abort_all();
@@ -488,6 +507,9 @@ impl Driver {
         let job_id = self.job_id.as_str();
         let book = &self.x.inner.book;
         let policy = self.policy();
+        // Draining, nothing starts: the task stays ready for whoever resumes
+        // the job.
+        let draining = self.x.draining();
         let mut st = book.lock();
         let step = schedule::step(st.get(job_id)?, now, running.len(), &policy);
         if step.abort_running {
@@ -498,6 +520,7 @@ impl Driver {
         for d in step.decisions {
             match d {
                 Decision::Move(m) => g = book.move_task(&mut st, job_id, m.task, m.change())?,
+                Decision::Start { .. } if draining => {}
                 Decision::Start {
                     task,
                     attempt,

@@ -92,6 +92,10 @@ struct Inner {
     book: Arc<JobBook>,
     clients: Clients,
     shutdown: Shutdown,
+    /// Fired by [`Executor::drain`].
+    drain: switchyard_kit::shutdown::Trigger,
+    /// Draining: no attempt starts, no job is taken on.
+    draining: Shutdown,
     /// Clients of agents, by endpoint.
     agents: Mutex<HashMap<String, AgentClient>>,
     /// Channels to tool providers, by endpoint.
@@ -216,12 +220,15 @@ impl Executor {
         let book = Arc::new(JobBook::open(&store, clock, shutdown.clone(), pg.clone())?);
         switchyard_kit::metrics::global().add_gauges(&book);
         let spec = builtin::spec("");
+        let (drain, draining) = switchyard_kit::shutdown::channel();
         Ok(Executor {
             inner: Arc::new(Inner {
                 cfg,
                 book,
                 clients,
                 shutdown,
+                drain,
+                draining,
                 agents: Mutex::new(HashMap::new()),
                 tool_channels: Default::default(),
                 local_agents: Arc::new(AgentServer::new(Builtins, &spec)),
@@ -357,6 +364,39 @@ impl Executor {
     /// Flushes storage (shutdown), with a fresh replay checkpoint.
     pub fn flush(&self) -> Result<(), ExecutorError> {
         self.inner.book.flush_blocking()
+    }
+
+    /// Whether [`Executor::drain`] has begun.
+    pub(crate) fn draining(&self) -> bool {
+        self.inner.draining.is_shutdown()
+    }
+
+    /// The first step of stopping, before the services stop: no attempt
+    /// starts and no job is taken on any more; running attempts get up to
+    /// the configured `drain_grace_ms` to end, their outcomes recorded as
+    /// usual; a job with nothing left running is handed back (on
+    /// PostgreSQL to another replica at once, on sled to the next start).
+    /// Returns how many jobs still had attempts running when the grace ran
+    /// out (shutdown then stops them, to run again).
+    pub async fn drain(&self) -> usize {
+        self.inner.drain.fire();
+        let grace = Duration::from_millis(self.inner.cfg.drain_grace_ms);
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            let left = self.inner.book.lock().drivers.len();
+            if left == 0 {
+                return 0;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    jobs = left,
+                    grace_ms = self.inner.cfg.drain_grace_ms,
+                    "drain grace over with attempts still running; they stop now and run again (executor.drain_grace_ms)"
+                );
+                return left;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Waits for the last batch and the hand-back of running jobs on

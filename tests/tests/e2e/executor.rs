@@ -1383,3 +1383,51 @@ switchyard_testkit::on_both_backends!(
     a_negative_wait_is_refused_naming_the_field_and_creates_nothing,
     watch_detail_narrows_the_stream_to_state_changes_with_the_logs_own_sequences,
 );
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_lets_a_running_command_finish_and_the_restart_runs_only_what_is_left() {
+    let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
+        c.executor.approval_poll_ms = 20;
+    })
+    .await
+    .unwrap();
+    let mut c = JobServiceClient::new(s.channel_as("tester").await.unwrap());
+    let doc = r#"{"job_id":"drained","tasks":[
+        {"id":"a","command":{"command":"sleep","args":["1"]}},
+        {"id":"b","depends_on":["a"],"command":{"command":"printf","args":["b"]}}]}"#;
+    submit(&mut c, doc).await.unwrap();
+    // Stop while `a` runs.
+    let mut running = false;
+    for _ in 0..400 {
+        let j = job(&mut c, "drained").await;
+        if j.tasks[0].state == TaskState::Running as i32 {
+            running = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(running, "task a never started");
+    let dir = s.stop().await.unwrap();
+    // The same data, started again.
+    let data = dir.path().to_path_buf();
+    let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
+        c.executor.approval_poll_ms = 20;
+        c.storage.data_dir = data;
+    })
+    .await
+    .unwrap();
+    let mut c = JobServiceClient::new(s.channel_as("tester").await.unwrap());
+    let r = finish(&mut c, "drained").await;
+    let task = |id: &str| r.tasks.iter().find(|t| t.task_id == id).unwrap();
+    assert_eq!(task("b").stdout, b"b");
+    // `a` ended during the drain, once; it is not run again.
+    assert_eq!(
+        task("a").attempts.len(),
+        1,
+        "a ran again: {:?}",
+        task("a").attempts
+    );
+    assert_eq!(task("a").exit_code, Some(0));
+    s.stop().await.unwrap();
+    drop(dir);
+}

@@ -697,11 +697,15 @@ fn a_rolling_restart_hands_running_jobs_over_without_loss_or_waiting_a_lease() {
     let ids: Vec<String> = (0..JOBS).map(|i| format!("roll{i:04}")).collect();
     let load = {
         let (urls, token, ids) = (urls.clone(), token.clone(), ids.clone());
+        let marks = c.marks.clone();
         rt.spawn(async move {
             for (i, id) in ids.iter().enumerate() {
+                // Each run of a command leaves a line in its marker file
+                // as it starts: a run stopped half way counts too.
+                let run = |task: &str| format!("echo {task} >> {}/{id}.{task}; sleep 0.3", marks.display());
                 let doc = serde_json::json!({"job_id": id, "tasks": [
-                    {"id": "a", "command": {"command": "sh", "args": ["-c", "sleep 0.3; echo a"]}},
-                    {"id": "b", "depends_on": ["a"], "command": {"command": "sh", "args": ["-c", "sleep 0.3; echo b"]}}]})
+                    {"id": "a", "command": {"command": "sh", "args": ["-c", run("a")]}},
+                    {"id": "b", "depends_on": ["a"], "command": {"command": "sh", "args": ["-c", run("b")]}}]})
                 .to_string();
                 submit(&urls, &token, i, &doc).await;
                 tokio::time::sleep(Duration::from_millis(15)).await;
@@ -743,6 +747,12 @@ fn a_rolling_restart_hands_running_jobs_over_without_loss_or_waiting_a_lease() {
         handed.parse::<usize>().unwrap() > 0,
         "some jobs were handed over"
     );
+    // Stopping drained: what was running finished where it ran, so no
+    // command ran twice.
+    let runs = c.runs();
+    let twice: Vec<_> = runs.iter().filter(|(_, n)| **n != 1).collect();
+    assert_eq!(runs.len(), JOBS * 2, "every command ran");
+    assert!(twice.is_empty(), "ran more than once: {twice:?}");
     for p in replicas {
         assert_eq!(p.terminate(), Some(0));
     }

@@ -123,7 +123,9 @@ impl Proc {
                 )
                 .env("SWITCHYARD_AUTH__DEV_CREDENTIALS", "true")
                 // The tests' agents and servers listen on 127.0.0.1.
-                .env("SWITCHYARD_REGISTRY__EGRESS__ALLOW_LOOPBACK", "true");
+                .env("SWITCHYARD_REGISTRY__EGRESS__ALLOW_LOOPBACK", "true")
+                // SIGTERM waits at most this long for running attempts.
+                .env("SWITCHYARD_EXECUTOR__DRAIN_GRACE_MS", "2000");
         }
         for (k, v) in env {
             cmd.env(k, v);
