@@ -499,9 +499,14 @@ where
 /// What [`Pg::listen`] sends after (re)connecting: look at everything again.
 pub const RESYNC: &str = "*";
 
-/// How long a tailing reader waits at a gap in a log's numbers before
-/// taking it for a rolled-back transaction's and moving on.
+/// The longest a tailing reader waits at a gap in a log's numbers before
+/// taking it for a rolled-back transaction's and moving on, when the
+/// database cannot say sooner (no `pg_current_snapshot`, e.g. CockroachDB).
 pub const GAP_GRACE: Duration = Duration::from_secs(5);
+/// The least a tailing reader waits at a gap even when every transaction
+/// that was running when it met the gap has ended: a transaction takes its
+/// number a moment before it has an id the snapshot can show.
+pub const GAP_MIN: Duration = Duration::from_millis(200);
 /// How often a tailing reader looks for new rows.
 pub const TAIL_POLL: Duration = Duration::from_millis(50);
 
@@ -512,9 +517,11 @@ pub const TAIL_POLL: Duration = Duration::from_millis(50);
 ///
 /// Numbers come from a sequence and are taken before commit, so a reader
 /// meets a gap while a transaction is in flight: it waits there (polling)
-/// until the gap fills, or for [`GAP_GRACE`] (a rolled-back transaction's
-/// numbers never fill), and never skips a committed row that fills a gap in
-/// time. Polling, not LISTEN: CockroachDB has none.
+/// until the gap fills, or until every transaction that was running when it
+/// met the gap has ended (the database's snapshot says so; then the number
+/// belongs to a rolled-back or crashed transaction and never fills), at
+/// least [`GAP_MIN`] and at most [`GAP_GRACE`]. It never skips a committed
+/// row that fills a gap in time. Polling, not LISTEN: CockroachDB has none.
 pub fn tail(
     db: Pg,
     query: &'static str,
@@ -523,7 +530,7 @@ pub fn tail(
     use futures_util::StreamExt;
     let state = (
         i64::try_from(after).unwrap_or(i64::MAX),
-        None::<tokio::time::Instant>,
+        None::<(tokio::time::Instant, Option<String>)>,
         std::collections::VecDeque::<(u64, Vec<u8>)>::new(),
     );
     futures_util::stream::unfold(state, move |(mut after, mut gap_since, mut ready)| {
@@ -551,13 +558,27 @@ pub fn tail(
                 for row in rows {
                     let seq: i64 = row.get(0);
                     if seq != after + 1 {
-                        let since = *gap_since.get_or_insert_with(tokio::time::Instant::now);
-                        if since.elapsed() < GAP_GRACE {
+                        if gap_since.is_none() {
+                            gap_since =
+                                Some((tokio::time::Instant::now(), snapshot_xmax(&db).await));
+                        }
+                        let (since, xmax) = gap_since
+                            .clone()
+                            .unwrap_or((tokio::time::Instant::now(), None));
+                        let waited = since.elapsed();
+                        let settled = waited >= GAP_GRACE
+                            || (waited >= GAP_MIN
+                                && match &xmax {
+                                    Some(x) => all_ended_before(&db, x).await,
+                                    None => false,
+                                });
+                        if !settled {
                             break;
                         }
                         tracing::warn!(
                             from = after + 1,
                             to = seq - 1,
+                            waited_ms = waited.as_millis() as u64,
                             "log numbers never committed; moving on"
                         );
                     }
@@ -574,6 +595,33 @@ pub fn tail(
         }
     })
     .boxed()
+}
+
+/// The first transaction id not yet given out (`pg_current_snapshot`'s
+/// xmax), as text; `None` where the database has no snapshots to ask.
+async fn snapshot_xmax(db: &Pg) -> Option<String> {
+    let c = db.client().await.ok()?;
+    let row = c
+        .query_one("SELECT pg_snapshot_xmax(pg_current_snapshot())::text", &[])
+        .await
+        .ok()?;
+    row.try_get::<_, String>(0).ok()
+}
+
+/// Whether every transaction with an id below `xmax` has ended (the oldest
+/// one still running is at or past it).
+async fn all_ended_before(db: &Pg, xmax: &str) -> bool {
+    let Ok(c) = db.client().await else {
+        return false;
+    };
+    c.query_one(
+        "SELECT pg_snapshot_xmin(pg_current_snapshot()) >= $1::text::xid8",
+        &[&xmax],
+    )
+    .await
+    .ok()
+    .and_then(|r| r.try_get::<_, bool>(0).ok())
+    .unwrap_or(false)
 }
 
 /// A millisecond count as a BIGINT.
