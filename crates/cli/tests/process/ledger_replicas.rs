@@ -21,16 +21,8 @@ use switchyard_testkit::pg::{PgCluster, Unavailable};
 const CALLERS: usize = 128;
 
 fn replica(db: &str, keys_url: &str, data: &std::path::Path) -> Proc {
-    Proc::start(
-        &[
-            "serve",
-            "--services",
-            "ledger",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.to_str().unwrap(),
-        ],
+    serve_ledger(
+        data,
         &[
             ("SWITCHYARD_AUTH__KEYS_URL", keys_url),
             ("SWITCHYARD_STORAGE__BACKEND", "postgres"),

@@ -190,20 +190,8 @@ fn router_without_a_reachable_registry_is_not_serving_and_refuses_routes() {
 #[test]
 fn a_follower_is_not_ready_on_any_service_until_it_can_authenticate() {
     let data = tempfile::tempdir().unwrap();
-    let ledger = |keys_url: &str| {
-        Proc::start(
-            &[
-                "serve",
-                "--services",
-                "ledger",
-                "--listen",
-                "127.0.0.1:0",
-                "--data-dir",
-                data.path().to_str().unwrap(),
-            ],
-            &[("SWITCHYARD_AUTH__KEYS_URL", keys_url)],
-        )
-    };
+    let ledger =
+        |keys_url: &str| serve_ledger(data.path(), &[("SWITCHYARD_AUTH__KEYS_URL", keys_url)]);
     // Its key source is unreachable: it can verify no one, so a readiness
     // probe naming its service must not send users to it.
     let cut_off = ledger("http://127.0.0.1:1");

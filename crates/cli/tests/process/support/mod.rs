@@ -353,6 +353,23 @@ pub fn routed(url: &str, extra: &[&str]) -> Option<Vec<String>> {
     )
 }
 
+/// `switchyard serve --services ledger` on a free port with its data in
+/// `data`, with `env` (its key source, its storage).
+pub fn serve_ledger(data: &Path, env: &[(&str, &str)]) -> Proc {
+    Proc::start(
+        &[
+            "serve",
+            "--services",
+            "ledger",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
+        env,
+    )
+}
+
 /// The `grpc.health.v1` status of `service` ("" for the whole server), as
 /// the Kubernetes gRPC probe sees it; `None` when the check itself fails.
 pub fn health(addr: &str, service: &str) -> Option<i32> {
