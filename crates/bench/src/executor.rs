@@ -188,7 +188,9 @@ pub async fn run() -> anyhow::Result<()> {
     // clients had to before SubmitJob could wait), in the same run.
     let mut rates = Vec::new();
     for shape in [Shape::Wait, Shape::Watch] {
+        let before = Costs::now();
         let (rate, all, failed) = throughput(&channels, shape).await?;
+        let cost = Costs::now().since(&before);
         rates.push(rate);
         let how = match shape {
             Shape::Wait => "SubmitJob(wait)          ",
@@ -205,6 +207,13 @@ pub async fn run() -> anyhow::Result<()> {
             "  {JOBS} single-task jobs (builtin.noop), {CALLERS} submitters, {how}: {rate:>7.0} jobs/s  submit->completed p50 {:>6.1} ms  p99 {:>6.1} ms  not completed {failed}{goal}",
             ms(&all, 0.5),
             ms(&all, 0.99),
+        );
+        let per = |v: u64| v as f64 / JOBS as f64;
+        println!(
+            "    per job: {:>7.0} bytes written to disk, {:.2} store flushes, {:.1} context switches (the whole process, client included)",
+            per(cost.write_bytes),
+            per(cost.flushes),
+            per(cost.context_switches),
         );
     }
 
@@ -346,4 +355,54 @@ pub(crate) async fn throughput(
         failed += f;
     }
     Ok((JOBS as f64 / start.elapsed().as_secs_f64(), all, failed))
+}
+
+/// What the process has spent so far: bytes it caused to be written to
+/// storage (`/proc/self/io`), store flushes (the `store_flush_seconds`
+/// histogram's count) and context switches (every thread's status).
+struct Costs {
+    write_bytes: u64,
+    flushes: u64,
+    context_switches: u64,
+}
+
+impl Costs {
+    fn now() -> Costs {
+        let field = |text: &str, name: &str| -> u64 {
+            text.lines()
+                .filter(|l| l.starts_with(name))
+                .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+                .sum()
+        };
+        let io = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
+        // Per thread (a process's own status file counts its first thread
+        // only); threads that ended are not counted.
+        let status: String = std::fs::read_dir("/proc/self/task")
+            .into_iter()
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("status")).ok())
+            .collect();
+        let metrics = switchyard_kit::metrics::global().render();
+        let flushes = metrics
+            .lines()
+            .filter(|l| l.contains("store_flush_seconds_count"))
+            .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .sum::<f64>() as u64;
+        Costs {
+            write_bytes: field(&io, "write_bytes:"),
+            flushes,
+            context_switches: field(&status, "voluntary_ctxt_switches:")
+                + field(&status, "nonvoluntary_ctxt_switches:"),
+        }
+    }
+
+    fn since(&self, before: &Costs) -> Costs {
+        Costs {
+            write_bytes: self.write_bytes.saturating_sub(before.write_bytes),
+            flushes: self.flushes.saturating_sub(before.flushes),
+            context_switches: self
+                .context_switches
+                .saturating_sub(before.context_switches),
+        }
+    }
 }
