@@ -237,11 +237,11 @@ pub async fn run_node_then(
     signal: Shutdown,
     ready: impl FnOnce(Addresses),
 ) -> anyhow::Result<()> {
-    // Stopping takes three steps once `signal` fires: the executor drains
+    // Stopping takes two steps once `signal` fires: the executor drains
     // (nothing new starts; running attempts get executor.drain_grace_ms to
-    // end), then the doors stop accepting and finish their calls, then the
-    // services stop and flush. Until the last, the services answer each
-    // other (a draining attempt may still call an agent or the ledger).
+    // end) while everything else still serves (a draining attempt may call
+    // an agent or the ledger); then the doors stop accepting and finish
+    // their calls as the services stop, and storage is flushed.
     let (doors_stop, doors) = switchyard_kit::shutdown::channel();
     let (services_stop, shutdown) = switchyard_kit::shutdown::channel();
     let listeners = listeners.into();
@@ -711,12 +711,16 @@ pub async fn run_node_then(
     ready(addresses);
     let drainer = {
         let x = executor.clone();
+        let services_stop = services_stop.clone();
         tokio::spawn(async move {
             signal.wait().await;
             if let Some(x) = x {
                 x.drain().await;
             }
             doors_stop.fire();
+            // At once, as before draining existed: background tasks end
+            // while the doors finish, not after the node has returned.
+            services_stop.fire();
         })
     };
     server.run(listener, doors).await?;
