@@ -1154,11 +1154,24 @@ impl JobBook {
     }
 
     /// [`JobBook::durable`] for an attempt of job `job_id` about to act
-    /// outside the job: on PostgreSQL also that this replica still runs it
-    /// (its step was stored under its lease, not refused).
-    pub(crate) async fn durable_for(&self, job_id: &str, g: u64) -> Result<(), ExecutorError> {
+    /// outside the job: on PostgreSQL also that its step was stored under
+    /// the lease it started under (`lease`), not refused because another
+    /// replica took the job over — even if this replica has claimed the
+    /// job again since.
+    pub(crate) async fn durable_for(
+        &self,
+        job_id: &str,
+        g: u64,
+        lease: i64,
+    ) -> Result<(), ExecutorError> {
         self.durable(g).await?;
-        if self.pg.is_some() && self.lock().find(job_id).is_none() {
+        let Some(pg) = &self.pg else {
+            return Ok(());
+        };
+        // The writer notes a refused job before the position moves, so
+        // this holds even while the job is still being dropped.
+        let here = self.lock().find(job_id).map(|e| e.lease);
+        if pg.lost_at(job_id, lease) || here != Some(lease) {
             return Err(ExecutorError::Storage(switchyard_store::StoreError::Io(
                 format!("job {job_id} was taken over by another replica; it runs there now"),
             )));

@@ -746,6 +746,7 @@ fn snapshot(st: &Jobs, job_id: &str, i: usize, attempt: u32) -> Result<Snapshot,
         deadline_ms: schedule::deadline(e, i),
         task,
         start_g: 0,
+        lease: e.lease,
         scope: String::new(),
         resume: None,
     })

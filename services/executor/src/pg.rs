@@ -108,6 +108,28 @@ const CANCEL_MARK: &str = "!";
 pub(crate) const WATCH_POLL: Duration = Duration::from_millis(500);
 /// Jobs claimed per candidate round (before SKIP LOCKED thins them out).
 const CANDIDATES: i64 = 256;
+/// How long a lost job's epoch is remembered (see `PgJobs::lost_at`).
+const LOST_KEPT: Duration = Duration::from_secs(600);
+
+/// The epochs at which jobs were lost here, each kept [`LOST_KEPT`].
+#[derive(Debug, Default)]
+struct LostEpochs(HashMap<String, (i64, std::time::Instant)>);
+
+impl LostEpochs {
+    /// Notes jobs lost at their epochs (a job lost again: the later one).
+    fn note(&mut self, lost: &[(String, i64)], now: std::time::Instant) {
+        self.0
+            .retain(|_, (_, at)| now.duration_since(*at) < LOST_KEPT);
+        for (id, epoch) in lost {
+            self.0.insert(id.clone(), (*epoch, now));
+        }
+    }
+
+    /// Whether job `id` was lost at `epoch`.
+    fn at(&self, id: &str, epoch: i64) -> bool {
+        self.0.get(id).is_some_and(|&(e, _)| e == epoch)
+    }
+}
 
 /// A job accepted here, to insert with the next batch (owned by this replica).
 #[derive(Debug, Clone)]
@@ -184,6 +206,10 @@ pub(crate) struct PgJobs {
     held: Mutex<HashMap<String, i64>>,
     /// Jobs found taken over, for the book to drop.
     lost: Mutex<Vec<String>>,
+    /// Jobs whose writes were refused (or whose lease was gone), at the
+    /// epoch held then, noted before the batch's position is done; kept
+    /// ten minutes, long past any attempt still waiting on that batch.
+    lost_epochs: Mutex<LostEpochs>,
     pub(crate) lost_wake: tokio::sync::Notify,
     /// Jobs with a cancel request, for the book to act on.
     cancels: Mutex<Vec<String>>,
@@ -234,6 +260,7 @@ impl PgJobs {
             wake: tokio::sync::Notify::new(),
             held: Mutex::new(HashMap::new()),
             lost: Mutex::new(Vec::new()),
+            lost_epochs: Mutex::new(LostEpochs::default()),
             lost_wake: tokio::sync::Notify::new(),
             cancels: Mutex::new(Vec::new()),
             cancel_wake: tokio::sync::Notify::new(),
@@ -340,6 +367,12 @@ impl PgJobs {
             Ok(Ok(_)) => Ok(()),
             _ => Err(stopping()),
         }
+    }
+
+    /// Whether job `id`'s writes under lease `epoch` were refused: an
+    /// attempt started under it must not act.
+    pub(crate) fn lost_at(&self, id: &str, epoch: i64) -> bool {
+        crate::lock(&self.lost_epochs).at(id, epoch)
     }
 
     /// Jobs found taken over since the last call.
@@ -692,7 +725,14 @@ impl PgJobs {
                 }
             }
         }
-        let mut lost: Vec<String> = refused.into_iter().collect();
+        // The epoch each refused job was written under.
+        let mut lost: Vec<(String, i64)> = refused
+            .into_iter()
+            .map(|id| {
+                let epoch = b.touched.get(&id).map_or(1, |t| t.epoch);
+                (id, epoch)
+            })
+            .collect();
         if let (Some(before), Some(renewed)) = (held_before, renewed) {
             let still: HashMap<&str, i64> =
                 renewed.iter().map(|(id, e, _)| (id.as_str(), *e)).collect();
@@ -705,7 +745,7 @@ impl PgJobs {
             };
             for (id, epoch) in before {
                 if still.get(id.as_str()) != Some(&epoch) && !let_go(&id) {
-                    lost.push(id);
+                    lost.push((id, epoch));
                 }
             }
             let asked: Vec<String> = renewed
@@ -721,10 +761,12 @@ impl PgJobs {
         if !lost.is_empty() {
             {
                 let mut held = crate::lock(&self.held);
-                for id in &lost {
+                for (id, _) in &lost {
                     held.remove(id);
                 }
             }
+            crate::lock(&self.lost_epochs).note(&lost, std::time::Instant::now());
+            let lost: Vec<String> = lost.into_iter().map(|(id, _)| id).collect();
             tracing::warn!(jobs = ?lost, replica = %self.me, "jobs taken over by another replica; stopping them here");
             crate::lock(&self.lost).extend(lost);
             self.lost_wake.notify_one();
@@ -1260,4 +1302,28 @@ fn stopping() -> ExecutorError {
     ExecutorError::Storage(StoreError::Io(
         "the executor is shutting down; what was not written is resumed from the stored events by the replica that takes the job".into(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_attempt_started_under_a_lost_lease_is_refused_even_after_the_job_is_claimed_again() {
+        let t0 = std::time::Instant::now();
+        let mut lost = LostEpochs::default();
+        assert!(!lost.at("j", 1), "nothing lost yet");
+        lost.note(&[("j".to_owned(), 1)], t0);
+        assert!(lost.at("j", 1), "the attempt of epoch 1 must not act");
+        assert!(!lost.at("j", 2), "a later claim's attempts act");
+        assert!(!lost.at("k", 1), "other jobs are untouched");
+        // Lost again at its next epoch: the later loss is the one kept (an
+        // older attempt also finds the job gone or at another epoch).
+        lost.note(&[("j".to_owned(), 2)], t0);
+        assert!(lost.at("j", 2));
+        // Forgotten once no attempt can still wait on that batch.
+        lost.note(&[("k".to_owned(), 7)], t0 + LOST_KEPT);
+        assert!(!lost.at("j", 2), "kept only {LOST_KEPT:?}");
+        assert!(lost.at("k", 7));
+    }
 }

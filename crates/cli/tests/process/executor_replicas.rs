@@ -602,10 +602,12 @@ fn a_paused_replica_whose_lease_was_taken_over_cannot_write_when_it_wakes() {
     let token = token(&c.hub.url(), "alice");
     let rt = runtime();
     let mark = c.marks.join("slow.a");
+    let mark_b = c.marks.join("slow.b");
     let doc = serde_json::json!({"job_id": "slow", "tasks": [
         {"id": "a", "command": {"command": "sh", "args": ["-c",
             format!("echo run >> {}; sleep 2; echo done", mark.display())]}},
-        {"id": "b", "depends_on": ["a"], "command": {"command": "sh", "args": ["-c", "echo b"]}}]})
+        {"id": "b", "depends_on": ["a"], "command": {"command": "sh", "args": ["-c",
+            format!("echo run >> {}", mark_b.display())]}}]})
     .to_string();
     // Accepted by A, so A runs it; its first task starts there.
     let urls: Urls = Arc::new(Mutex::new(vec![a.url(), b.url()]));
@@ -679,6 +681,14 @@ fn a_paused_replica_whose_lease_was_taken_over_cannot_write_when_it_wakes() {
     assert_eq!(std::fs::read_to_string(&mark).unwrap().lines().count(), 2);
     let logs = rt.block_on(task_logs(&urls_a, &token, &["slow".to_owned()]));
     assert_eq!(logs["slow.a"].successes, 1);
+    // Task b, which A would start once its run of a ended, ran only on B:
+    // an attempt whose start was refused never acts.
+    assert_eq!(
+        std::fs::read_to_string(&mark_b).unwrap().lines().count(),
+        1,
+        "task b ran on the replica that lost the job"
+    );
+    assert_eq!(logs["slow.b"].starts, 1);
     assert_eq!(a.terminate(), Some(0));
     assert_eq!(b.terminate(), Some(0));
 }

@@ -185,7 +185,7 @@ impl Attempt<'_> {
             .x
             .inner
             .book
-            .durable_for(&snap.job_id, snap.start_g)
+            .durable_for(&snap.job_id, snap.start_g, snap.lease)
             .await
         {
             spender.release(&hold, "storage failed").await;

@@ -62,7 +62,12 @@ impl Attempt<'_> {
             };
             book.note(&job, &task, JobEvent::Output(out));
         };
-        if let Err(e) = x.inner.book.durable_for(&snap.job_id, snap.start_g).await {
+        if let Err(e) = x
+            .inner
+            .book
+            .durable_for(&snap.job_id, snap.start_g, snap.lease)
+            .await
+        {
             return Outcome::fail(Class::Other, Reason::StorageFailure, e.to_string());
         }
         let ran = command::run(

@@ -93,6 +93,10 @@ pub(crate) struct Snapshot {
     /// Log position of the attempt's start: nothing with an effect outside
     /// the executor happens before it is durable.
     pub(crate) start_g: u64,
+    /// The epoch of this replica's lease on the job when the attempt
+    /// started (PostgreSQL; 0 on sled): the attempt acts only if its start
+    /// was stored under that lease.
+    pub(crate) lease: i64,
     /// Empty for the task itself; `/tool/<call id>` for a call an LLM task
     /// makes to an agent, so its idempotency keys are its own.
     pub(crate) scope: String,
