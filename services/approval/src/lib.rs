@@ -833,6 +833,9 @@ impl Approval {
         let mut run = current.into_owned();
         change(&mut run);
         run.status = to_proto(to) as i32;
+        if matches!(to, S::Approved | S::Rejected | S::Cancelled) {
+            note.actor.clone_into(&mut run.decided_by);
+        }
         if matches!(to, S::Approved | S::Completed | S::Failed | S::Cancelled) {
             run.claimed_by.clear();
             run.claim_expires_at = None;

@@ -250,7 +250,12 @@ async fn every_status_and_action_follows_the_seed_table_with_deterministic_reaso
             let id = run_in(svc, from).await;
             let got = svc.decide(action, &id, "c", REVIEWER).await;
             match table::check_by_person(from, to) {
-                Ok(()) => assert_eq!(status_of(&got.unwrap()), to, "{from} -{action:?}-> {to}"),
+                Ok(()) => {
+                    assert_eq!(status_of(&got.unwrap()), to, "{from} -{action:?}-> {to}");
+                    // The stored run names its decider: no audit read needed.
+                    let stored = svc.get(&id).await.unwrap();
+                    assert_eq!(stored.decided_by, "@reviewer", "{from} -{action:?}-> {to}");
+                }
                 Err(refused) => {
                     let err = api(got.unwrap_err());
                     assert_eq!(err.code, Code::FailedPrecondition, "{from} -> {to}");
@@ -347,6 +352,10 @@ async fn the_default_policy_approves_only_zero_cost_runs(f: Fixture) {
         .unwrap();
     assert_eq!(out.auto_approved_by, "zero-cost");
     assert_eq!(out.run.as_ref().map(status_of), Some(S::Approved));
+    assert_eq!(
+        out.run.as_ref().map(|r| r.decided_by.as_str()),
+        Some("policy:zero-cost")
+    );
     let audit = f
         .svc
         .list_audit(&ListAuditRequest {
@@ -430,6 +439,10 @@ async fn a_delegated_run_is_approved_only_under_a_running_parent() {
             let out = out.unwrap();
             assert_eq!(out.auto_approved_by, format!("delegation:{parent}"));
             assert_eq!(out.run.as_ref().map(status_of), Some(S::Approved));
+            assert_eq!(
+                out.run.as_ref().map(|r| r.decided_by.clone()),
+                Some(format!("delegation:{parent}"))
+            );
             let audit = f
                 .svc
                 .list_audit(&ListAuditRequest {

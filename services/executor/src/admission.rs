@@ -1318,11 +1318,14 @@ impl Executor {
         Ok(())
     }
 
-    /// Who decided a run, from its audit log (best effort, bounded). The
-    /// run's status can be seen before its audit record is durable, so this
-    /// follows the run's watch, which yields records once durable.
+    /// Who decided a run: the run says so itself. Only a run decided by an
+    /// approval service of an earlier release (a rolling upgrade) leaves it
+    /// empty; then its audit log is followed (best effort, bounded).
     async fn decider(&self, run: &ap::Run) -> String {
         use futures_util::StreamExt as _;
+        if !run.decided_by.is_empty() {
+            return run.decided_by.clone();
+        }
         let find = async {
             let req = ap::WatchRequest {
                 run_id: run.run_id.clone(),
