@@ -170,31 +170,16 @@ impl PgRuns {
                 w.push(run, now);
             }
         }
-        let mut records = st.pending;
-        let seqs: Vec<i64> = if records.is_empty() {
-            Vec::new()
-        } else {
-            tx.query(
-                "SELECT nextval('approval_audit_seq') FROM generate_series(1, $1::BIGINT)",
-                &[&(records.len() as i64)],
-            )
-            .await
-            .map_err(fail("numbering audit records"))?
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
-        };
-        let mut sorted = seqs;
-        sorted.sort_unstable();
-        let (mut a_seq, mut a_run, mut a_rec) = (Vec::new(), Vec::new(), Vec::new());
-        for (rec, seq) in records.iter_mut().zip(&sorted) {
-            rec.sequence = *seq as u64;
-            a_seq.push(*seq);
-            a_run.push(rec.run_id.clone());
+        // Records go in without their number: the sequence numbers them
+        // in the statement that stores them (in order), and readers take
+        // the number from the `seq` column.
+        let (mut a_run, mut a_rec) = (Vec::new(), Vec::new());
+        for rec in &st.pending {
+            a_run.push(rec.run_id.as_str());
             a_rec.push(rec.encode_to_vec());
         }
         type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
-        let run_params: [Param<'_>; 7] = [
+        let params: [Param<'_>; 9] = [
             &w.id,
             &w.status,
             &w.list_key,
@@ -202,25 +187,17 @@ impl PgRuns {
             &w.claim_expires,
             &w.ended,
             &w.data,
+            &a_run,
+            &a_rec,
         ];
-        let audit_params: [Param<'_>; 3] = [&a_seq, &a_run, &a_rec];
-        futures_util::try_join!(
-            tx.execute(
-                "INSERT INTO approval_runs
-                     (id, status, list_key, created_by, claim_expires_ms, ended_ms, data)
-                 SELECT * FROM unnest($1::TEXT[], $2::INT[], $3::TEXT[], $4::TEXT[],
-                                      $5::BIGINT[], $6::BIGINT[], $7::BYTEA[])
-                 ON CONFLICT (id) DO UPDATE SET status = EXCLUDED.status,
-                     list_key = EXCLUDED.list_key, claim_expires_ms = EXCLUDED.claim_expires_ms,
-                     ended_ms = EXCLUDED.ended_ms, data = EXCLUDED.data",
-                &run_params,
-            ),
-            tx.execute(
-                "INSERT INTO approval_audit (seq, run_id, record)
-                 SELECT * FROM unnest($1::BIGINT[], $2::TEXT[], $3::BYTEA[])",
-                &audit_params,
-            ),
+        // One statement stores the changed runs and their audit records.
+        tx.execute(
+            &tx.prepare_cached(WRITE)
+                .await
+                .map_err(fail("preparing a statement"))?,
+            &params,
         )
+        .await
         .map_err(fail("writing runs"))?;
         tx.commit().await.map_err(fail("committing"))?;
         Ok(out)
@@ -300,7 +277,7 @@ impl PgRuns {
         let c = self.db.client().await?;
         let rows = c
             .query(
-                "SELECT record FROM approval_audit WHERE seq > $1 AND ($2 = '' OR run_id = $2)
+                "SELECT seq, record FROM approval_audit WHERE seq > $1 AND ($2 = '' OR run_id = $2)
                  ORDER BY seq LIMIT $3",
                 &[&ms(req.after_sequence), &req.run_id, &(size as i64)],
             )
@@ -308,7 +285,10 @@ impl PgRuns {
             .map_err(|e| self.db.error("listing the audit log", &e))?;
         let records = rows
             .iter()
-            .map(|r| decode_audit(&r.get::<_, Vec<u8>>(0)))
+            .map(|r| {
+                let seq = u64::try_from(r.get::<_, i64>(0)).unwrap_or_default();
+                decode_audit(seq, &r.get::<_, Vec<u8>>(1))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(ListAuditResponse { records })
     }
@@ -320,7 +300,7 @@ impl PgRuns {
             "SELECT seq, record FROM approval_audit WHERE seq > $1 ORDER BY seq LIMIT 1000",
             after,
         )
-        .map(|r| r.and_then(|(_, data)| decode_audit(&data)))
+        .map(|r| r.and_then(|(seq, data)| decode_audit(seq, &data)))
         .boxed()
     }
 
@@ -403,10 +383,30 @@ fn decode_run(data: &[u8]) -> Result<Run, StoreError> {
     Run::decode(data).map_err(|e| StoreError::Io(format!("a stored run does not decode: {e}")))
 }
 
-fn decode_audit(data: &[u8]) -> Result<AuditRecord, StoreError> {
-    AuditRecord::decode(data)
-        .map_err(|e| StoreError::Io(format!("a stored audit record does not decode: {e}")))
+/// Audit record number `seq` (the `seq` column: records are stored
+/// without their number; older ones carry the same number inside).
+fn decode_audit(seq: u64, data: &[u8]) -> Result<AuditRecord, StoreError> {
+    let mut rec = AuditRecord::decode(data)
+        .map_err(|e| StoreError::Io(format!("a stored audit record does not decode: {e}")))?;
+    rec.sequence = seq;
+    Ok(rec)
 }
+
+/// Stores changed runs ($1..$7, as columns) and numbers and stores their
+/// audit records ($8 run ids, $9 records) in order. `nextval` in the
+/// select list runs after the `ORDER BY`, so numbers follow the records'
+/// order.
+const WRITE: &str = "WITH runs AS (
+    INSERT INTO approval_runs (id, status, list_key, created_by, claim_expires_ms, ended_ms, data)
+    SELECT * FROM unnest($1::TEXT[], $2::INT[], $3::TEXT[], $4::TEXT[],
+                         $5::BIGINT[], $6::BIGINT[], $7::BYTEA[])
+    ON CONFLICT (id) DO UPDATE SET status = EXCLUDED.status,
+        list_key = EXCLUDED.list_key, claim_expires_ms = EXCLUDED.claim_expires_ms,
+        ended_ms = EXCLUDED.ended_ms, data = EXCLUDED.data)
+INSERT INTO approval_audit (seq, run_id, record)
+SELECT nextval('approval_audit_seq'), a.run_id, a.record
+FROM unnest($8::TEXT[], $9::BYTEA[]) WITH ORDINALITY AS a(run_id, record, n)
+ORDER BY a.n";
 
 /// Changed runs, as columns.
 #[derive(Default)]
