@@ -169,6 +169,12 @@ pub fn spec_of(r: &Run) -> Run {
         next_attempt_at: None,
         last_error: String::new(),
         correlation_id: String::new(),
+        // Decisions and the adapter's progress are state, not the spec: a
+        // repeated proposal of a decided run is the same run.
+        approved_by: Vec::new(),
+        decided_by: String::new(),
+        reason_code: String::new(),
+        adapter_state: String::new(),
         ..r.clone()
     }
 }
