@@ -92,7 +92,17 @@ impl Stack {
             dir,
             tokens: Default::default(),
         };
-        stack.wait_serving(Duration::from_secs(10)).await?;
+        if let Err(waited) = stack.wait_serving(Duration::from_secs(10)).await {
+            // A node that ended while starting says why.
+            if stack.handle.is_finished() {
+                return Err(match (&mut stack.handle).await {
+                    Ok(Err(e)) => e.context("the stack stopped while starting"),
+                    Ok(Ok(())) => anyhow::anyhow!("the stack stopped before it served"),
+                    Err(e) => anyhow::Error::new(e).context("the stack's task panicked"),
+                });
+            }
+            return Err(waited);
+        }
         let creds = data_dir.join(switchyard_auth::credentials::FILE);
         if creds.exists() {
             let creds = Credentials::read(&creds).map_err(anyhow::Error::msg)?;
@@ -206,7 +216,7 @@ impl Stack {
                     return Ok(());
                 }
             }
-            if tokio::time::Instant::now() >= deadline {
+            if tokio::time::Instant::now() >= deadline || self.handle.is_finished() {
                 anyhow::bail!("stack at {} not serving within {limit:?}", self.url);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
