@@ -886,6 +886,14 @@ impl Approval {
         let spec = validate::spec_of(&run);
         let proposal = run;
         let approved_under = req.approved_under.clone();
+        // A claim asked for with the proposal: its lease checked up front.
+        let claim = match &req.claim {
+            Some(c) => Some((
+                c.worker_id.clone(),
+                self.lease_ms("claim.", &c.worker_id, c.lease_secs)?,
+            )),
+            None => None,
+        };
         let ids = [proposal.run_id.as_str(), approved_under.as_str()];
         self.mutate(&ids, |st| {
             let mut run = proposal.clone();
@@ -992,6 +1000,16 @@ impl Approval {
                         |_| {},
                     )?;
                     (run, seq, auto) = (approved, s, answer);
+                    if let Some((worker, lease)) = &claim {
+                        // Claimed in the same change, as `claim` would.
+                        let note = Note::new(worker, "claimed", "")
+                            .detail("lease_ms", lease)
+                            .detail("with_proposal", true);
+                        (run, seq) = self.transition(st, &run.run_id, S::Running, note, |r| {
+                            r.claimed_by.clone_from(worker);
+                            r.claim_expires_at = Some(timestamp(now + lease));
+                        })?;
+                    }
                 }
                 let out = ProposeResponse {
                     run: Some(run),
@@ -1132,7 +1150,7 @@ impl Approval {
 
     /// Claims an approved run for `worker` under a lease.
     pub async fn claim(&self, req: ClaimRequest) -> Result<Run, ApprovalError> {
-        let lease = self.lease_ms(&req.worker_id, req.lease_secs)?;
+        let lease = self.lease_ms("", &req.worker_id, req.lease_secs)?;
         let now = self.now();
         self.mutate(&[&req.run_id], |st| {
             let Some(run) = st.runs.get(&req.run_id) else {
@@ -1154,15 +1172,17 @@ impl Approval {
         .await
     }
 
-    fn lease_ms(&self, worker: &str, lease_secs: u32) -> Result<u64, ApprovalError> {
+    /// A claim's lease in ms, checked with its worker id; `at` prefixes the
+    /// fields' names (`claim.` inside a proposal).
+    fn lease_ms(&self, at: &str, worker: &str, lease_secs: u32) -> Result<u64, ApprovalError> {
         let mut v = Violations::new();
         v.check(
-            "worker_id",
+            format!("{at}worker_id"),
             switchyard_core::validate::key(worker, "worker id"),
         );
         if lease_secs > self.inner.cfg.max_lease_secs {
             v.add(
-                "lease_secs",
+                format!("{at}lease_secs"),
                 format!("must be at most {}", self.inner.cfg.max_lease_secs),
             );
         }
@@ -1177,7 +1197,7 @@ impl Approval {
 
     /// Extends the caller's claim.
     pub async fn renew(&self, req: RenewClaimRequest) -> Result<Run, ApprovalError> {
-        let lease = self.lease_ms(&req.worker_id, req.lease_secs)?;
+        let lease = self.lease_ms("", &req.worker_id, req.lease_secs)?;
         let now = self.now();
         self.mutate(&[&req.run_id], |st| {
             let Some(run) = st.runs.get_mut(&req.run_id) else {
@@ -1724,6 +1744,10 @@ impl ApprovalService for Approval {
     ) -> Result<Response<ProposeResponse>, Status> {
         let p = principal(&req)?;
         let mut r = req.into_inner();
+        if r.claim.is_some() {
+            // Claiming with the proposal is claiming: the same permission.
+            p.require(Permission::RunWork)?;
+        }
         self.bind_proposal(&p, &mut r).await?;
         // The audit log names the user and, for a service acting for them,
         // the service too.

@@ -90,6 +90,7 @@ switchyard_testkit::on_both_backends!(
     the_manual_round_trip_keeps_the_pasted_result_as_an_artifact_fetched_byte_identical,
     a_pasted_result_of_a_kind_outside_outputs_allowed_is_refused_and_nothing_changes,
     an_ojs_run_without_an_ojs_server_fails_with_adapter_not_configured,
+    a_proposal_approved_at_once_is_claimed_in_the_same_change_when_asked,
 );
 
 const HASH: &str = "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
@@ -389,6 +390,133 @@ async fn the_default_policy_approves_only_zero_cost_runs(f: Fixture) {
             ("", Some(S::Proposed))
         );
     }
+}
+
+async fn a_proposal_approved_at_once_is_claimed_in_the_same_change_when_asked(f: Fixture) {
+    let with_claim = |cost: Option<i64>, id: &str, lease_secs: u32| {
+        let mut run = spec(cost);
+        run.run_id = id.into();
+        ProposeRequest {
+            run: Some(run),
+            claim: Some(ClaimOnApproval {
+                worker_id: "executor".into(),
+                lease_secs,
+            }),
+            ..Default::default()
+        }
+    };
+    // Approved by the zero-cost policy: running, held by the claimant, and
+    // audited as the two steps it stands for.
+    let out = f
+        .svc
+        .propose(with_claim(Some(0), "run-free", 30), Some("@you".into()))
+        .await
+        .unwrap();
+    let run = out.run.unwrap();
+    assert_eq!(status_of(&run), S::Running);
+    assert_eq!(run.claimed_by, "executor");
+    assert_eq!(run.decided_by, "policy:zero-cost");
+    let lease_ms = run.claim_expires_at.as_ref().map(timestamp_ms);
+    assert_eq!(lease_ms, Some(f.clock.now_ms() + 30_000));
+    let audit = audit_of(&f.svc, "run-free").await;
+    let kinds: Vec<&str> = audit.iter().map(|r| r.event_type.as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["proposed", "context_pack_built", "auto_approved", "claimed"]
+    );
+    let claimed = &audit[3];
+    assert_eq!(claimed.actor, "executor");
+    assert_eq!(claimed.details["with_proposal"], "true");
+    assert_eq!(claimed.details["lease_ms"], "30000");
+    // A repeated proposal claims nothing more: the run is as it was.
+    let again = f
+        .svc
+        .propose(with_claim(Some(0), "run-free", 30), Some("@you".into()))
+        .await
+        .unwrap();
+    assert!(!again.created);
+    assert_eq!(audit_of(&f.svc, "run-free").await.len(), 4);
+    // Left for a person: proposed and unclaimed; Claim it once approved.
+    let out = f
+        .svc
+        .propose(with_claim(Some(500), "run-paid", 30), Some("@you".into()))
+        .await
+        .unwrap();
+    let run = out.run.unwrap();
+    assert_eq!(
+        (status_of(&run), run.claimed_by.as_str()),
+        (S::Proposed, "")
+    );
+    // A lease the claim would refuse is refused with the proposal, which
+    // then stores nothing.
+    let e = api(f
+        .svc
+        .propose(
+            with_claim(Some(0), "run-bad", u32::MAX),
+            Some("@you".into()),
+        )
+        .await
+        .unwrap_err());
+    assert_eq!(e.code, Code::InvalidArgument, "{e:?}");
+    let fields: Vec<_> = e.violations.iter().map(|v| v.field.as_str()).collect();
+    assert_eq!(fields, ["claim.lease_secs"], "{e:?}");
+    assert!(f.svc.get("run-bad").await.is_err());
+}
+
+#[tokio::test]
+async fn claiming_with_a_proposal_needs_the_permission_claiming_needs() {
+    use switchyard_kit::auth::{Kind, Method, Principal, Role};
+    use switchyard_proto::approval::v1::approval_service_server::ApprovalService;
+    let f = fixture();
+    let ask = |roles: &[Role]| {
+        let mut run = spec(Some(0));
+        run.created_by.clear();
+        let mut req = tonic::Request::new(ProposeRequest {
+            run: Some(run),
+            claim: Some(ClaimOnApproval {
+                worker_id: "w".into(),
+                lease_secs: 30,
+            }),
+            ..Default::default()
+        });
+        req.extensions_mut().insert(Arc::new(Principal::user(
+            "@you",
+            "default",
+            roles,
+            Kind::Human,
+            Method::ApiKey,
+        )));
+        req
+    };
+    // A submitter proposes, but does not work runs.
+    let e = ApiError::from(
+        ApprovalService::propose(&f.svc, ask(&[Role::Submitter]))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.code, Code::PermissionDenied, "{e:?}");
+    assert_eq!(
+        f.svc
+            .list_audit(&ListAuditRequest::default())
+            .await
+            .unwrap()
+            .records
+            .len(),
+        0
+    );
+    // An agent key works its own tasks, not approval runs.
+    let e = ApiError::from(
+        ApprovalService::propose(&f.svc, ask(&[Role::Agent, Role::Submitter]))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.code, Code::PermissionDenied, "{e:?}");
+    // What holds run.work (the services) may.
+    let out = ApprovalService::propose(&f.svc, ask(&[Role::Submitter, Role::Service]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(out.run.map(|r| status_of(&r)), Some(S::Running));
 }
 
 async fn skip_policies_leaves_even_a_zero_cost_run_for_a_person(f: Fixture) {

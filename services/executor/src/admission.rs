@@ -870,6 +870,11 @@ impl Executor {
             skip_policies: spec.approval.as_ref().is_some_and(|a| a.requires_approval),
         };
         let g = book.record(st, job_id, "", JobEvent::ApprovalRequested(requested));
+        let claimed = a.run.status == ap::RunStatus::Running as i32
+            && a.run.claimed_by == self.inner.cfg.worker_id;
+        if claimed && let Some(e) = st.find_mut(job_id) {
+            e.run_claimed = true;
+        }
         match a.auto {
             Some(by) => self.approved(st, job_id, &by, now),
             None => Ok((g, false)),
@@ -1136,10 +1141,22 @@ impl Executor {
             clients.ledger.create_budget(create.clone())
         });
         let approval = spec.approval.clone().unwrap_or_default();
+        // A job its driver starts the moment it is approved has its run
+        // claimed in the proposal when a policy (or the parent) approves it
+        // at once: one call and one durable write less than Claim after.
+        // Jobs that wait (a later start, queue tasks for workers) claim
+        // when they start.
+        let cfg = &self.inner.cfg;
+        let starts_at_once = after_approval(spec, self.inner.book.now()) == JobState::Available
+            && !crate::queue::queue_job(spec);
         let propose = ap::ProposeRequest {
             run: Some(run),
             skip_policies: approval.requires_approval,
             approved_under: parent.map(|p| p.run_id.clone()).unwrap_or_default(),
+            claim: starts_at_once.then(|| ap::ClaimOnApproval {
+                worker_id: cfg.worker_id.clone(),
+                lease_secs: cfg.lease_secs,
+            }),
         };
         let propose = waiter.call(Service::Approval, || {
             clients.approval.propose(propose.clone())

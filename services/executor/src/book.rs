@@ -148,6 +148,12 @@ impl Jobs {
         self.jobs.get(id)
     }
 
+    /// Job `id` if it exists, to change what is kept in memory only (its
+    /// durable state changes through events).
+    pub(crate) fn find_mut(&mut self, id: &str) -> Option<&mut JobEntry> {
+        self.jobs.get_mut(id)
+    }
+
     /// Claims `entry`'s id for a submission in progress; it is listed once
     /// [`JobBook::accept`] stores it.
     pub(crate) fn claim(&mut self, entry: JobEntry) {

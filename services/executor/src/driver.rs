@@ -262,7 +262,18 @@ impl Driver {
             // again — the job just finishes.
             return self.finish().await;
         }
-        match self.claim(&run_id).await {
+        // Claimed with the proposal (this submission, this process): the
+        // run is ours already.
+        let claimed = book
+            .lock()
+            .find_mut(job_id)
+            .is_some_and(|e| std::mem::take(&mut e.run_claimed));
+        let claim = if claimed {
+            Claimed::Yes
+        } else {
+            self.claim(&run_id).await
+        };
+        match claim {
             Claimed::Yes => {}
             Claimed::Stopping => return Ok(()),
             Claimed::Gone(why, who) => {

@@ -63,6 +63,10 @@ pub struct JobEntry {
     /// On PostgreSQL, a job of queue tasks only claimed here for a worker's
     /// fetch (such jobs run where their workers fetch).
     pub fetched: bool,
+    /// Its approval run was claimed for this executor with the proposal
+    /// (in memory only: the driver takes it instead of calling Claim; a
+    /// restart or another replica claims again).
+    pub run_claimed: bool,
 }
 
 impl JobEntry {
@@ -122,6 +126,7 @@ impl JobEntry {
             awaiting: Default::default(),
             lease: 0,
             fetched: false,
+            run_claimed: false,
         }
     }
 

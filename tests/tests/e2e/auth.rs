@@ -328,47 +328,6 @@ async fn without_a_valid_credential_only_health_and_reflection_answer() {
     s.stop().await.unwrap();
 }
 
-/// A run's audit log, read as `who`.
-async fn audit_of(
-    s: &Stack,
-    who: &str,
-    run_id: &str,
-) -> Vec<switchyard_proto::approval::v1::AuditRecord> {
-    approvals_as(s, who)
-        .await
-        .list_audit(switchyard_proto::approval::v1::ListAuditRequest {
-            run_id: run_id.into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .records
-}
-
-/// A key of tenant `tenant`, made by the cluster operator (service token):
-/// how a new tenant gets its first principals.
-async fn tenant_key(
-    s: &Stack,
-    tenant: &str,
-    subject: &str,
-    roles: &[&str],
-    kind: PrincipalKind,
-) -> String {
-    AuthServiceClient::new(s.channel_as("operator").await.unwrap())
-        .create_key(CreateKeyRequest {
-            subject: subject.into(),
-            roles: roles.iter().map(|r| (*r).to_owned()).collect(),
-            kind: kind as i32,
-            tenant: tenant.into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .secret
-}
-
 fn reason(e: tonic::Status) -> (Code, String) {
     let code = e.code();
     (code, ApiError::from(e).reason.unwrap_or_default())

@@ -1264,14 +1264,16 @@ async fn a_wait_ends_at_the_callers_deadline_with_the_job_as_it_is_and_get_resul
 ) {
     let (s, mut c) = stack(&b).await;
     let doc = example("needs_approval.yaml");
-    // The caller allows 1 s; the job waits for a person: the answer comes
-    // before the deadline, without a result, and the job goes on.
+    // The caller allows 3 s (a submission on a loaded two-core machine,
+    // PostgreSQL included, stays well inside it); the job waits for a
+    // person: the answer comes before the deadline, without a result, and
+    // the job goes on.
     let mut req = tonic::Request::new(SubmitJobRequest {
         document: doc,
         wait: wait(60_000),
         ..Default::default()
     });
-    req.set_timeout(Duration::from_secs(1));
+    req.set_timeout(Duration::from_secs(3));
     let out = c.submit_job(req).await.unwrap().into_inner();
     assert!(out.result.is_none());
     let job = out.job.unwrap();
@@ -1382,7 +1384,61 @@ switchyard_testkit::on_both_backends!(
     a_wait_ends_at_the_callers_deadline_with_the_job_as_it_is_and_get_result_waits_on,
     a_negative_wait_is_refused_naming_the_field_and_creates_nothing,
     watch_detail_narrows_the_stream_to_state_changes_with_the_logs_own_sequences,
+    a_run_approved_by_policy_is_claimed_with_its_proposal_and_one_a_person_approves_by_claim,
 );
+
+/// The audit records of run `run_id`: (event type, actor, with_proposal).
+async fn claims_of(s: &Stack, run_id: &str) -> Vec<(String, String, String)> {
+    audit_of(s, "admin", run_id)
+        .await
+        .into_iter()
+        .map(|r| {
+            let with = r.details.get("with_proposal").cloned().unwrap_or_default();
+            (r.event_type, r.actor, with)
+        })
+        .collect()
+}
+
+async fn a_run_approved_by_policy_is_claimed_with_its_proposal_and_one_a_person_approves_by_claim(
+    b: Backend,
+) {
+    let (s, mut c) = stack(&b).await;
+    let doc = |id: &str, person: bool| {
+        format!(
+            r#"{{"job_id":"{id}","approval":{{"intent":"echo","requires_approval":{person}}},
+        "tasks":[{{"id":"t","agent":{{"capability":"builtin.echo","input":{{"text":"hi"}}}}}}]}}"#
+        )
+    };
+    // Zero cost: the policy approves it, and the proposal claims it for
+    // the executor; nothing else claims it.
+    let job = submit(&mut c, &doc("free", false)).await.unwrap();
+    let r = finish(&mut c, "free").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let audit = claims_of(&s, &job.run_id).await;
+    let claims: Vec<_> = audit.iter().filter(|(k, ..)| k == "claimed").collect();
+    assert_eq!(
+        claims,
+        [&(
+            "claimed".to_owned(),
+            "executor".to_owned(),
+            "true".to_owned()
+        )],
+        "{audit:?}"
+    );
+    // Left for a person: claimed once, by Claim, after bob approved.
+    let job = submit(&mut c, &doc("reviewed", true)).await.unwrap();
+    assert_eq!(job.state, JobState::Pending as i32);
+    approve(&s, &job.run_id).await;
+    let r = finish(&mut c, "reviewed").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let audit = claims_of(&s, &job.run_id).await;
+    let kinds: Vec<&str> = audit.iter().map(|(k, ..)| k.as_str()).collect();
+    let approved = kinds.iter().position(|k| *k == "approved").unwrap();
+    let claimed = kinds.iter().position(|k| *k == "claimed").unwrap();
+    assert!(approved < claimed, "{kinds:?}");
+    assert_eq!(audit[claimed].2, "", "claimed by Claim: {audit:?}");
+    assert_eq!(audit[approved].1, "bob");
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_lets_a_running_command_finish_and_the_restart_runs_only_what_is_left() {

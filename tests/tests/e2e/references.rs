@@ -10,7 +10,8 @@
 use crate::common::*;
 use switchyard_kit::auth::grant::{self, Grant};
 use switchyard_kit::error::ApiError;
-use switchyard_proto::approval::v1::{ProposeRequest, Run};
+use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
+use switchyard_proto::approval::v1::{ClaimOnApproval, ProposeRequest, Run};
 use switchyard_proto::auth::v1::PrincipalKind;
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{JobState, SubmitJobRequest};
@@ -122,6 +123,73 @@ async fn a_job_id_that_would_be_a_path_is_refused_in_every_format() {
     s.stop().await.unwrap();
 }
 
+/// Mallory: a person of another tenant, with a submitter's and an
+/// agent's roles there.
+async fn mallory(s: &Stack) -> String {
+    tenant_key(
+        s,
+        "evil",
+        "mallory",
+        &["submitter", "agent"],
+        PrincipalKind::Human,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_with_a_proposal_is_refused_to_submitters_agent_keys_and_other_tenants() {
+    let (s, _alice) = with_running_job("claimed").await;
+    let other = mallory(&s).await;
+    let free = Run {
+        intent: "costs nothing".into(),
+        max_tokens: 10,
+        cost_estimate: Some(switchyard_proto::approval::v1::CostEstimate {
+            estimated_cost: Some(switchyard_proto::common::v1::Money { micro_usd: 0 }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let ask = || ProposeRequest {
+        run: Some(free.clone()),
+        skip_policies: false,
+        approved_under: String::new(),
+        claim: Some(ClaimOnApproval {
+            worker_id: "executor".into(),
+            lease_secs: 30,
+        }),
+    };
+    for who in ["alice", "agents"] {
+        let e = approvals_as(&s, who)
+            .await
+            .propose(ask())
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied, "{who}: {}", e.message());
+    }
+    let e = ApprovalServiceClient::new(s.channel_with(&other).await.unwrap())
+        .propose(ask())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.code(),
+        Code::PermissionDenied,
+        "another tenant: {}",
+        e.message()
+    );
+    // Nothing was proposed by any of them: the only runs are the job's.
+    let runs = ApprovalServiceClient::new(s.channel_as("admin").await.unwrap())
+        .list_runs(switchyard_proto::approval::v1::ListRunsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .runs;
+    assert!(
+        runs.iter().all(|r| r.intent != "costs nothing"),
+        "{:?}",
+        runs.iter().map(|r| &r.intent).collect::<Vec<_>>()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approved_under_is_never_accepted_from_a_client() {
     let (s, _alice) = with_running_job("cover").await;
@@ -138,6 +206,7 @@ async fn approved_under_is_never_accepted_from_a_client() {
                 run: Some(run.clone()),
                 skip_policies: false,
                 approved_under: "run-cover".into(),
+                claim: None,
             })
             .await
             .unwrap_err();
@@ -626,22 +695,7 @@ async fn the_reference_matrix_allows_exactly_what_the_table_says_for_every_calle
     use switchyard_proto::executor::v1::GetJobRequest;
     use switchyard_proto::registry::v1::ReportOutcomeRequest;
     let (s, _alice) = with_running_job("owned").await;
-    let operator = switchyard_proto::auth::v1::auth_service_client::AuthServiceClient::new(
-        s.channel_as("operator").await.unwrap(),
-    );
-    let mallory = operator
-        .clone()
-        .create_key(switchyard_proto::auth::v1::CreateKeyRequest {
-            subject: "mallory".into(),
-            roles: vec!["submitter".into(), "agent".into()],
-            kind: PrincipalKind::Human as i32,
-            tenant: "evil".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .secret;
+    let mallory = mallory(&s).await;
     let carol = s
         .key("carol", &["submitter"], PrincipalKind::Human)
         .await
@@ -710,6 +764,7 @@ async fn the_reference_matrix_allows_exactly_what_the_table_says_for_every_calle
                             }),
                             skip_policies: false,
                             approved_under: "run-owned".into(),
+                            claim: None,
                         })
                         .await
                         .is_ok()

@@ -147,6 +147,11 @@ pub const REFERENCES: &[Reference] = &[
         "approval bind_proposal (service acting for a user only) + propose (same tenant, not the run's own job)",
     ),
     r(
+        "switchyard.approval.v1.ClaimOnApproval.worker_id",
+        Opaque,
+        "the claimant's own handle (key charset); the claim needs RunWork (approval propose)",
+    ),
+    r(
         "switchyard.approval.v1.ApproveRequest.run_id",
         Visible,
         "approval check_visible + separation of duties",

@@ -280,6 +280,8 @@ impl CallGate<'_> {
             // A person decides: no policy approves a risky call.
             skip_policies: true,
             approved_under: String::new(),
+            // A per-call run is never claimed: approving it lets the call run.
+            claim: None,
         };
         let approval = &x.inner.clients.approval;
         self.waiter

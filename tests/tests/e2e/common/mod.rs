@@ -238,3 +238,46 @@ pub fn sled() -> Backend {
 pub async fn postgres() -> Option<Backend> {
     switchyard_testkit::pg::fresh_database().map(Backend::Postgres)
 }
+
+/// A run's audit log, read as `who`.
+pub async fn audit_of(
+    s: &Stack,
+    who: &str,
+    run_id: &str,
+) -> Vec<switchyard_proto::approval::v1::AuditRecord> {
+    approvals_as(s, who)
+        .await
+        .list_audit(switchyard_proto::approval::v1::ListAuditRequest {
+            run_id: run_id.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .records
+}
+
+/// A key of tenant `tenant`, made by the cluster operator (service token):
+/// how a new tenant gets its first principals.
+pub async fn tenant_key(
+    s: &Stack,
+    tenant: &str,
+    subject: &str,
+    roles: &[&str],
+    kind: switchyard_proto::auth::v1::PrincipalKind,
+) -> String {
+    switchyard_proto::auth::v1::auth_service_client::AuthServiceClient::new(
+        s.channel_as("operator").await.unwrap(),
+    )
+    .create_key(switchyard_proto::auth::v1::CreateKeyRequest {
+        subject: subject.into(),
+        roles: roles.iter().map(|r| (*r).to_owned()).collect(),
+        kind: kind as i32,
+        tenant: tenant.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .secret
+}
