@@ -141,11 +141,14 @@ impl PgRuns {
             .collect();
         ids.sort_unstable();
         ids.dedup();
-        let rows = tx
-            .query(
+        let lock = tx
+            .prepare_cached(
                 "SELECT data FROM approval_runs WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-                &[&ids],
             )
+            .await
+            .map_err(fail("preparing a statement"))?;
+        let rows = tx
+            .query(&lock, &[&ids])
             .await
             .map_err(fail("locking runs"))?;
         let mut slice = Slice::default();

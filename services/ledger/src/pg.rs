@@ -238,34 +238,43 @@ impl PgBooks {
                 }
             })
             .sum();
-        const RESERVATIONS: &str = "SELECT data, entry, overrun FROM ledger_reservations
-             WHERE id = ANY($1) OR reserve_key = ANY($2) OR settle_key = ANY($3)
-             ORDER BY id FOR UPDATE";
-        const BUDGETS: &str =
-            "SELECT data FROM ledger_budgets WHERE id = ANY($1) ORDER BY id FOR UPDATE";
-        const NUMBERS: &str =
-            "SELECT nextval('ledger_journal_seq') FROM generate_series(1, $1::BIGINT)";
+        // Parsed and planned once per connection, not per batch.
+        let mut statements = Vec::with_capacity(BATCH_SQL.len());
+        for sql in BATCH_SQL {
+            statements.push(
+                tx.prepare_cached(sql)
+                    .await
+                    .map_err(fail("preparing a statement"))?,
+            );
+        }
         type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
         let res_params: [Param<'_>; 3] = [&ids, &rkeys, &skeys];
         let num_params: [Param<'_>; 1] = [&wanted];
+        // A batch that names no reservation (budgets created, closed or
+        // read) skips their statement.
+        let names_reservations = !(ids.is_empty() && rkeys.is_empty() && skeys.is_empty());
+        let reservations = async {
+            if names_reservations {
+                tx.query(&statements[0], &res_params).await
+            } else {
+                Ok(Vec::new())
+            }
+        };
         let known = self.known_chains(jobs);
         let (res_rows, mut chain, budget_rows, seq_rows) = match known {
             Some(chain) => {
                 let chain_ids: Vec<&str> = chain.iter().map(String::as_str).collect();
                 let budget_params: [Param<'_>; 1] = [&chain_ids];
                 let (r, b, n) = futures_util::try_join!(
-                    tx.query(RESERVATIONS, &res_params),
-                    tx.query(BUDGETS, &budget_params),
-                    tx.query(NUMBERS, &num_params),
+                    reservations,
+                    tx.query(&statements[1], &budget_params),
+                    tx.query(&statements[2], &num_params),
                 )
                 .map_err(fail("locking the batch's rows"))?;
                 (r, chain.clone(), b, n)
             }
             None => {
-                let r = tx
-                    .query(RESERVATIONS, &res_params)
-                    .await
-                    .map_err(fail("locking reservations"))?;
+                let r = reservations.await.map_err(fail("locking reservations"))?;
                 let mut leaves: BTreeSet<String> = jobs
                     .iter()
                     .flat_map(|j| j.op.budgets())
@@ -278,8 +287,8 @@ impl PgBooks {
                 let chain_ids: Vec<&str> = chain.iter().map(String::as_str).collect();
                 let budget_params: [Param<'_>; 1] = [&chain_ids];
                 let (b, n) = futures_util::try_join!(
-                    tx.query(BUDGETS, &budget_params),
-                    tx.query(NUMBERS, &num_params),
+                    tx.query(&statements[1], &budget_params),
+                    tx.query(&statements[2], &num_params),
                 )
                 .map_err(fail("locking budgets"))?;
                 (r, chain, b, n)
@@ -325,7 +334,7 @@ impl PgBooks {
                 .filter(|b| !chain.contains(b))
                 .collect();
             let rows = tx
-                .query(BUDGETS, &[&more])
+                .query(&statements[1], &[&more])
                 .await
                 .map_err(fail("locking budgets"))?;
             budget_rows.extend(rows);
@@ -423,28 +432,26 @@ impl PgBooks {
             &j_rows.correlation,
             &j_rows.record,
         ];
-        let budgets_written = tx.execute(
-            "INSERT INTO ledger_budgets (id, tenant, parent, data)
-             SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BYTEA[])
-             ON CONFLICT (id) DO UPDATE SET data = EXCLUDED.data",
-            &b_params,
-        );
-        let reservations_written = tx.execute(
-            "INSERT INTO ledger_reservations
-                 (id, budget_id, reserve_key, settle_key, open, expires_ms, data, entry, overrun)
-             SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BOOL[],
-                                  $6::BIGINT[], $7::BYTEA[], $8::BYTEA[], $9::BOOL[])
-             ON CONFLICT (id) DO UPDATE SET settle_key = EXCLUDED.settle_key,
-                 open = EXCLUDED.open, data = EXCLUDED.data, entry = EXCLUDED.entry,
-                 overrun = EXCLUDED.overrun",
-            &r_params,
-        );
-        let journal_written = tx.execute(
-            "INSERT INTO ledger_journal (seq, kind, budget_id, job_id, correlation_id, record)
-             SELECT * FROM unnest($1::BIGINT[], $2::INT[], $3::TEXT[], $4::TEXT[], $5::TEXT[],
-                                  $6::BYTEA[])",
-            &j_params,
-        );
+        // Each write only when it has rows (a batch of budgets changes no
+        // reservation, one of reads writes nothing).
+        let budgets_written = async {
+            if b_rows.0.is_empty() {
+                return Ok(0);
+            }
+            tx.execute(&statements[3], &b_params).await
+        };
+        let reservations_written = async {
+            if r_rows.id.is_empty() {
+                return Ok(0);
+            }
+            tx.execute(&statements[4], &r_params).await
+        };
+        let journal_written = async {
+            if j_rows.seq.is_empty() {
+                return Ok(0);
+            }
+            tx.execute(&statements[5], &j_params).await
+        };
         // Pipelined: one round trip for the three.
         futures_util::try_join!(budgets_written, reservations_written, journal_written)
             .map_err(fail("writing the batch"))?;
@@ -884,3 +891,27 @@ impl JournalRows {
         self.record.push(Vec::new());
     }
 }
+
+/// The batch's statements, in the order [`PgBooks::attempt`] indexes them:
+/// lock the reservations named, lock the budgets of their chains, take
+/// journal numbers; write budgets, reservations, journal records.
+const BATCH_SQL: [&str; 6] = [
+    "SELECT data, entry, overrun FROM ledger_reservations
+     WHERE id = ANY($1) OR reserve_key = ANY($2) OR settle_key = ANY($3)
+     ORDER BY id FOR UPDATE",
+    "SELECT data FROM ledger_budgets WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+    "SELECT nextval('ledger_journal_seq') FROM generate_series(1, $1::BIGINT)",
+    "INSERT INTO ledger_budgets (id, tenant, parent, data)
+     SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BYTEA[])
+     ON CONFLICT (id) DO UPDATE SET data = EXCLUDED.data",
+    "INSERT INTO ledger_reservations
+         (id, budget_id, reserve_key, settle_key, open, expires_ms, data, entry, overrun)
+     SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BOOL[],
+                          $6::BIGINT[], $7::BYTEA[], $8::BYTEA[], $9::BOOL[])
+     ON CONFLICT (id) DO UPDATE SET settle_key = EXCLUDED.settle_key,
+         open = EXCLUDED.open, data = EXCLUDED.data, entry = EXCLUDED.entry,
+         overrun = EXCLUDED.overrun",
+    "INSERT INTO ledger_journal (seq, kind, budget_id, job_id, correlation_id, record)
+     SELECT * FROM unnest($1::BIGINT[], $2::INT[], $3::TEXT[], $4::TEXT[], $5::TEXT[],
+                          $6::BYTEA[])",
+];
