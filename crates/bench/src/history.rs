@@ -270,8 +270,23 @@ pub async fn run(n: usize) -> anyhow::Result<()> {
     // Steady state with the short window: another fifth as many jobs, all
     // pruned in turn. Space the pruned jobs held is written again.
     let more = (n / 5).max(1);
-    run_jobs(&c, more).await?;
+    let (first_more, _) = run_jobs(&c, more).await?;
+    // Memory of a process that keeps running while retention prunes: right
+    // after these jobs, and once they are pruned too.
+    let rss3 = dev.rss()?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while c
+        .get_job(GetJobRequest {
+            job_id: first_more.clone(),
+        })
+        .await
+        .is_ok()
+    {
+        anyhow::ensure!(Instant::now() < deadline, "retention did not prune");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     std::thread::sleep(Duration::from_millis(2_500));
+    let rss4 = dev.rss()?;
     dev.stop()?;
     let disk3 = disk(data);
 
@@ -288,6 +303,12 @@ pub async fn run(n: usize) -> anyhow::Result<()> {
         per_job(rss0, rss1),
         mb(rss2),
         verdict(rss1 <= 150 << 20 && rss2 <= 150 << 20)
+    );
+    println!(
+        "  RSS of the process that keeps running with a 1 s retention window: after {more} more jobs {:.1} MB, once retention pruned them {:.1} MB  [{}: pruning gives memory back without a restart]",
+        mb(rss3),
+        mb(rss4),
+        verdict(rss4 < rss3)
     );
     println!(
         "  start-up to serving: fresh {:.0} ms, restart after {n} jobs {:.0} ms  [{}: <= 2 s]",

@@ -9,6 +9,11 @@
 /// alternating rounds): W1 +17%, +15%, +23% over glibc, where jemalloc gave
 /// +55%, -10%, +18% — as fast on average, steadier, and its C builds in
 /// seconds where jemalloc's adds minutes to a clean build on two cores.
+/// Built with `no_thp`: on a kernel whose transparent huge pages are
+/// `madvise`, mimalloc otherwise asks for them and every touched 2 MiB
+/// counts as resident (`switchyard-bench history 20000`: a fresh `dev` 86 →
+/// 34 MB, after the jobs 177 → 124 MB, after a restart 123 → 77 MB; jobs/s
+/// unchanged).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
