@@ -207,6 +207,22 @@ fn mb(b: u64) -> f64 {
     b as f64 / (1024.0 * 1024.0)
 }
 
+/// Waits (up to a minute) until retention has pruned job `id`.
+async fn pruned(c: &ExecutorClient, id: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while c
+        .get_job(GetJobRequest {
+            job_id: id.to_owned(),
+        })
+        .await
+        .is_ok()
+    {
+        anyhow::ensure!(Instant::now() < deadline, "retention did not prune");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
 /// `switchyard-bench history [N]`.
 pub async fn run(n: usize) -> anyhow::Result<()> {
     let bin = binary()?;
@@ -256,17 +272,7 @@ pub async fn run(n: usize) -> anyhow::Result<()> {
     ];
     let dev = Dev::start(&bin, data, &env)?;
     let c = alice(&dev.url, data).await?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while c
-        .get_job(GetJobRequest {
-            job_id: first.clone(),
-        })
-        .await
-        .is_ok()
-    {
-        anyhow::ensure!(Instant::now() < deadline, "retention did not prune");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    pruned(&c, &first).await?;
     // Steady state with the short window: another fifth as many jobs, all
     // pruned in turn. Space the pruned jobs held is written again.
     let more = (n / 5).max(1);
@@ -274,17 +280,7 @@ pub async fn run(n: usize) -> anyhow::Result<()> {
     // Memory of a process that keeps running while retention prunes: right
     // after these jobs, and once they are pruned too.
     let rss3 = dev.rss()?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while c
-        .get_job(GetJobRequest {
-            job_id: first_more.clone(),
-        })
-        .await
-        .is_ok()
-    {
-        anyhow::ensure!(Instant::now() < deadline, "retention did not prune");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    pruned(&c, &first_more).await?;
     std::thread::sleep(Duration::from_millis(2_500));
     let rss4 = dev.rss()?;
     dev.stop()?;
