@@ -57,17 +57,26 @@ impl TraceService for Sink {
     }
 }
 
-/// Spans every job's trace holds, across the services it calls.
-const JOB_SPANS: [&str; 8] = [
+/// Spans every job's trace holds, across the services it calls. (A job
+/// a policy approves has its run claimed by the proposal: no
+/// `approval.Claim`, which [`no_claim`] checks.)
+const JOB_SPANS: [&str; 7] = [
     "executor.SubmitJob",
     "executor.job",
     "ledger.CreateBudget",
     "approval.Propose",
-    "approval.Claim",
     "router.Route",
     "ledger.Reserve",
     "approval.Complete",
 ];
+
+/// A policy-approved job's run is claimed with its proposal: its trace
+/// holds no separate Claim call.
+fn no_claim(names: &[&str]) -> Option<String> {
+    names
+        .contains(&"approval.Claim")
+        .then(|| format!("approval.Claim in a policy-approved job's trace: {names:?}"))
+}
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -190,6 +199,7 @@ async fn one_trace_covers_a_job_across_the_services_it_calls() {
             "{want} not in the job's trace: {in_trace:?}"
         );
     }
+    assert_eq!(no_claim(&in_trace), None);
     let _ = stop_tx.send(());
     server.await.unwrap().unwrap();
 }
@@ -364,6 +374,7 @@ async fn every_job_trace_is_complete_at_100_jobs_a_second() {
                 incomplete.push(format!("load-{i}: no {want} in {names:?}"));
             }
         }
+        incomplete.extend(no_claim(&names).map(|e| format!("load-{i}: {e}")));
         if !names.contains(&"ledger.Commit") && !names.contains(&"ledger.Release") {
             incomplete.push(format!(
                 "load-{i}: the hold is neither committed nor released"
