@@ -177,9 +177,13 @@ impl PgRuns {
         // in the statement that stores them (in order), and readers take
         // the number from the `seq` column.
         let (mut a_run, mut a_rec) = (Vec::new(), Vec::new());
+        for rec in &mut st.pending {
+            // The body numbered them within the batch only.
+            rec.sequence = 0;
+            a_rec.push(rec.encode_to_vec());
+        }
         for rec in &st.pending {
             a_run.push(rec.run_id.as_str());
-            a_rec.push(rec.encode_to_vec());
         }
         type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
         let params: [Param<'_>; 9] = [

@@ -1495,3 +1495,74 @@ async fn a_workers_completion_cannot_name_artifacts_the_service_did_not_store() 
     assert_eq!(result.draft_pr_url, "https://example.test/pr/1");
     assert!(result.artifacts.is_empty(), "{:?}", result.artifacts);
 }
+
+#[tokio::test]
+async fn audit_rows_of_the_earlier_layout_read_with_the_same_numbers_on_postgres() {
+    use prost::Message as _;
+    let Some(url) = switchyard_testkit::pg::fresh_database() else {
+        return;
+    };
+    let f = pg_replica(&url, &ManualClock::new(1_700_000_000_000)).await;
+    let id = propose(&f.svc, Some(100)).await.run_id;
+    let written = audit_of(&f.svc, &id).await;
+    let db = switchyard_store::pg::Pg::connect(&switchyard_store::pg::PgConfig {
+        url: url.clone(),
+        pool_size: 1,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let c = db.client().await.unwrap();
+    // Rows written now carry their number in `seq` only.
+    let rows = c
+        .query(
+            "SELECT seq, record FROM approval_audit WHERE run_id = $1 ORDER BY seq",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), written.len());
+    for (row, rec) in rows.iter().zip(&written) {
+        let inside = AuditRecord::decode(row.get::<_, Vec<u8>>(1).as_slice()).unwrap();
+        assert_eq!(inside.sequence, 0);
+        assert_eq!(row.get::<_, i64>(0) as u64, rec.sequence);
+    }
+    // A row as the earlier release wrote it: numbered first, the number
+    // inside the record too. It reads back like any other, in order.
+    let next: i64 = c
+        .query_one("SELECT nextval('approval_audit_seq')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let old = AuditRecord {
+        sequence: next as u64,
+        run_id: id.clone(),
+        event_type: "approval_recorded".into(),
+        actor: "@earlier".into(),
+        ..Default::default()
+    };
+    c.execute(
+        "INSERT INTO approval_audit (seq, run_id, record) VALUES ($1, $2, $3)",
+        &[&next, &id, &old.encode_to_vec()],
+    )
+    .await
+    .unwrap();
+    let read = audit_of(&f.svc, &id).await;
+    let seqs: Vec<u64> = read.iter().map(|r| r.sequence).collect();
+    let mut want: Vec<u64> = written.iter().map(|r| r.sequence).collect();
+    want.push(next as u64);
+    assert_eq!(seqs, want);
+    assert_eq!(read.last().map(|r| r.actor.as_str()), Some("@earlier"));
+    // The watch (the table's tail) numbers it the same.
+    use futures_util::StreamExt as _;
+    let Backend::Pg(pg) = &f.svc.inner.backend else {
+        panic!("a PostgreSQL fixture")
+    };
+    let tailed: Vec<u64> = pg
+        .tail(0)
+        .take(want.len())
+        .map(|r| r.unwrap().sequence)
+        .collect()
+        .await;
+    assert_eq!(tailed, want);
+}
