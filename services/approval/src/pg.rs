@@ -176,15 +176,13 @@ impl PgRuns {
         // Records go in without their number: the sequence numbers them
         // in the statement that stores them (in order), and readers take
         // the number from the `seq` column.
-        let (mut a_run, mut a_rec) = (Vec::new(), Vec::new());
+        let mut a_rec = Vec::with_capacity(st.pending.len());
         for rec in &mut st.pending {
             // The body numbered them within the batch only.
             rec.sequence = 0;
             a_rec.push(rec.encode_to_vec());
         }
-        for rec in &st.pending {
-            a_run.push(rec.run_id.as_str());
-        }
+        let a_run: Vec<&str> = st.pending.iter().map(|r| r.run_id.as_str()).collect();
         type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
         let params: [Param<'_>; 9] = [
             &w.id,

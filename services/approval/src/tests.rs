@@ -1505,14 +1505,10 @@ async fn audit_rows_of_the_earlier_layout_read_with_the_same_numbers_on_postgres
     let f = pg_replica(&url, &ManualClock::new(1_700_000_000_000)).await;
     let id = propose(&f.svc, Some(100)).await.run_id;
     let written = audit_of(&f.svc, &id).await;
-    let db = switchyard_store::pg::Pg::connect(&switchyard_store::pg::PgConfig {
-        url: url.clone(),
-        pool_size: 1,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let c = db.client().await.unwrap();
+    let Backend::Pg(pg) = &f.svc.inner.backend else {
+        panic!("a PostgreSQL fixture")
+    };
+    let c = pg.db().client().await.unwrap();
     // Rows written now carry their number in `seq` only.
     let rows = c
         .query(
@@ -1555,9 +1551,6 @@ async fn audit_rows_of_the_earlier_layout_read_with_the_same_numbers_on_postgres
     assert_eq!(read.last().map(|r| r.actor.as_str()), Some("@earlier"));
     // The watch (the table's tail) numbers it the same.
     use futures_util::StreamExt as _;
-    let Backend::Pg(pg) = &f.svc.inner.backend else {
-        panic!("a PostgreSQL fixture")
-    };
     let tailed: Vec<u64> = pg
         .tail(0)
         .take(want.len())
