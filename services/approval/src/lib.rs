@@ -939,6 +939,14 @@ impl Approval {
                 run.next_attempt_at = None;
                 run.last_error.clear();
                 run.result = None;
+                // Who approved and decided is the server's record of
+                // authenticated people, never the proposer's claim: a run
+                // proposed with an approver already named would need one
+                // real approval less.
+                run.approved_by.clear();
+                run.decided_by.clear();
+                run.reason_code.clear();
+                run.adapter_state.clear();
                 st.runs.store(run.clone(), self.now())?;
                 self.audit(st, &run, Note::new(&actor, "proposed", ""))?;
                 let pack = run.context_pack.clone().unwrap_or_default();

@@ -1559,3 +1559,34 @@ async fn audit_rows_of_the_earlier_layout_read_with_the_same_numbers_on_postgres
         .await;
     assert_eq!(tailed, want);
 }
+
+#[tokio::test]
+async fn a_proposal_cannot_name_its_own_approvers_or_decider() {
+    let (_trigger, shutdown) = switchyard_kit::shutdown::channel();
+    let svc = Approval::open(
+        ApprovalConfig {
+            two_person_above_micro_usd: Some(0),
+            ..Default::default()
+        },
+        Store::temporary().unwrap(),
+        Arc::new(ManualClock::new(1_700_000_000_000)),
+        shutdown,
+    )
+    .unwrap();
+    let mut run = spec(Some(500));
+    run.approved_by = vec!["@carol".into()];
+    run.decided_by = "@carol".into();
+    let run = propose_run(&svc, run).await.unwrap();
+    assert_eq!(
+        (run.approved_by.len(), run.decided_by.as_str()),
+        (0, ""),
+        "{run:?}"
+    );
+    // Two people are needed: one real approval leaves it proposed.
+    let after = svc
+        .decide(Action::Approve, &run.run_id, "ok", REVIEWER)
+        .await
+        .unwrap();
+    assert_eq!(status_of(&after), S::Proposed);
+    assert_eq!(after.approved_by, ["@reviewer"]);
+}
