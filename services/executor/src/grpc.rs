@@ -271,8 +271,9 @@ impl WorkerService for Executor {
     }
 }
 
-/// A request's `wait`, cut to the request's deadline less a margin to answer
-/// in; zero when unset. A negative one is refused.
+/// A request's `wait`; zero when unset. A negative one is refused. (It is
+/// cut to the caller's deadline when the wait begins: see
+/// [`Executor::result_within`].)
 fn wait_of(wait: Option<&prost_types::Duration>) -> Result<std::time::Duration, Status> {
     let Some(d) = wait else {
         return Ok(std::time::Duration::ZERO);
@@ -288,6 +289,5 @@ fn wait_of(wait: Option<&prost_types::Duration>) -> Result<std::time::Duration, 
             &v,
         ));
     }
-    let wanted = std::time::Duration::new(d.seconds as u64, d.nanos as u32);
-    Ok(switchyard_kit::context::wait_within_deadline(wanted))
+    Ok(std::time::Duration::new(d.seconds as u64, d.nanos as u32))
 }

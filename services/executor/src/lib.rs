@@ -435,13 +435,18 @@ impl Executor {
     }
 
     /// GetResult once `job_id` has ended and its final event is durable,
-    /// waiting up to `wait` for that; `None` when it has not ended by then
+    /// waiting up to `wait` (cut to the caller's deadline) for that; `None`
+    /// when it has not ended by then
     /// (or the executor is shutting down).
     pub async fn result_within(
         &self,
         job_id: &str,
         wait: Duration,
     ) -> Result<Option<GetResultResponse>, ExecutorError> {
+        // Cut to the caller's deadline (less a margin to answer in) as the
+        // wait begins, not when the request arrived: what came before it
+        // (a submission's admission) has used part of the deadline.
+        let wait = switchyard_kit::context::wait_within_deadline(wait);
         let ended = match tokio::time::timeout(wait, self.inner.book.until_finished(job_id)).await {
             Ok(state) => state?.is_some(),
             Err(_) => false,
