@@ -518,10 +518,11 @@ pub const TAIL_POLL: Duration = Duration::from_millis(50);
 /// Numbers come from a sequence and are taken before commit, so a reader
 /// meets a gap while a transaction is in flight: it waits there (polling)
 /// until the gap fills, or until every transaction that was running when it
-/// met the gap has ended (the database's snapshot says so; then the number
-/// belongs to a rolled-back or crashed transaction and never fills), at
-/// least [`GAP_MIN`] and at most [`GAP_GRACE`]. It never skips a committed
-/// row that fills a gap in time. Polling, not LISTEN: CockroachDB has none.
+/// met the gap has ended (the database's snapshot, taken [`GAP_MIN`] after
+/// it met the gap, says so; then the number belongs to a rolled-back or
+/// crashed transaction and never fills); only a database without snapshots
+/// moves on by time ([`GAP_GRACE`]). It never skips a number a transaction
+/// still running may fill. Polling, not LISTEN: CockroachDB has none.
 pub fn tail(
     db: Pg,
     query: &'static str,
@@ -530,7 +531,7 @@ pub fn tail(
     use futures_util::StreamExt;
     let state = (
         i64::try_from(after).unwrap_or(i64::MAX),
-        None::<(tokio::time::Instant, Option<String>)>,
+        None::<(tokio::time::Instant, Option<Option<String>>)>,
         std::collections::VecDeque::<(u64, Vec<u8>)>::new(),
     );
     futures_util::stream::unfold(state, move |(mut after, mut gap_since, mut ready)| {
@@ -558,20 +559,25 @@ pub fn tail(
                 for row in rows {
                     let seq: i64 = row.get(0);
                     if seq != after + 1 {
-                        if gap_since.is_none() {
-                            gap_since =
-                                Some((tokio::time::Instant::now(), snapshot_xmax(&db).await));
-                        }
                         let (since, xmax) = gap_since
                             .clone()
                             .unwrap_or((tokio::time::Instant::now(), None));
                         let waited = since.elapsed();
-                        let settled = waited >= GAP_GRACE
-                            || (waited >= GAP_MIN
-                                && match &xmax {
-                                    Some(x) => all_ended_before(&db, x).await,
-                                    None => false,
-                                });
+                        // The snapshot's xmax is taken once GAP_MIN has
+                        // passed (by then whatever took a number in the gap
+                        // has an id below it); from then on the gap passes
+                        // only when every transaction below it has ended —
+                        // never on time alone where the database can say.
+                        let (xmax, settled) = match xmax {
+                            _ if waited < GAP_MIN => (None, false),
+                            None => (Some(snapshot_xmax(&db).await), false),
+                            Some(Some(x)) => {
+                                let ended = all_ended_before(&db, &x).await;
+                                (Some(Some(x)), ended)
+                            }
+                            Some(None) => (Some(None), waited >= GAP_GRACE),
+                        };
+                        gap_since = Some((since, xmax));
                         if !settled {
                             break;
                         }
