@@ -504,12 +504,10 @@ pub async fn run_node_then(
                 None => ApprovalClient::remote(url("approval", &e.approval_url)?, max),
             },
         };
-        let store = open("executor")?;
         let x = match &pg {
             Some(db) => {
                 Executor::open_pg(
                     e.clone(),
-                    store,
                     db.clone(),
                     clients,
                     Arc::new(SystemClock),
@@ -519,17 +517,20 @@ pub async fn run_node_then(
                 )
                 .await?
             }
-            None => blocking(|| {
-                Executor::open(
-                    e.clone(),
-                    store,
-                    clients,
-                    Arc::new(SystemClock),
-                    shutdown.clone(),
-                    &cfg.storage.data_dir,
-                    max,
-                )
-            })?,
+            None => {
+                let store = open("executor")?;
+                blocking(|| {
+                    Executor::open(
+                        e.clone(),
+                        store,
+                        clients,
+                        Arc::new(SystemClock),
+                        shutdown.clone(),
+                        &cfg.storage.data_dir,
+                        max,
+                    )
+                })?
+            }
         };
         x.start(listener.local_addr()?);
         if let Some(a) = &approval {

@@ -622,7 +622,7 @@ impl Executor {
             .as_ref()
             .map(|b| b.parent_budget_id.clone())
             .unwrap_or_default();
-        let parent = self.adopt(&mut spec)?;
+        let parent = self.adopt(&mut spec).await?;
         let submitter = match (&how.grant, how.who) {
             (None, who) => for_whom(who, parent.as_ref(), &spec)?,
             // The agent the parent's running task invoked submits the child
@@ -702,11 +702,10 @@ impl Executor {
             self.spawn_driver(&spec.job_id);
         }
         self.inner.book.durable(g).await?;
-        if let Some(pg) = &self.inner.book.pg
-            && pg.holds(&spec.job_id).is_none()
-            && self.inner.book.lock().find(&spec.job_id).is_none()
+        if self.inner.book.elsewhere(&spec.job_id)
+            && self.inner.book.cluster.holds(&spec.job_id).is_none()
         {
-            // Another replica stored a job with this id first (a race of
+            // Another member stored a job with this id first (a race of
             // two submissions): answer as for a repeated submission.
             return match self
                 .stored_elsewhere(&spec.job_id, &hash, &submitter)
@@ -716,8 +715,13 @@ impl Executor {
                 None => Err(ExecutorError::Exists(spec.job_id.clone())),
             };
         }
-        if start && crate::queue::queue_job(&spec) && self.inner.book.pg.is_none() {
-            // Answered "available" only once a worker's fetch can take it.
+        if start
+            && crate::queue::queue_job(&spec)
+            && self.inner.book.lock().find(&spec.job_id).is_some()
+        {
+            // Run here: answered "available" only once a worker's fetch can
+            // take it (where jobs are shared, a job of queue tasks waits,
+            // unowned, for the member a worker fetches from).
             let roots: Vec<String> = spec
                 .tasks
                 .iter()
@@ -729,7 +733,7 @@ impl Executor {
                 .wait_offered(&spec.job_id, &roots, std::time::Duration::from_secs(2))
                 .await;
         }
-        let job = self.inner.book.job_any(&spec.job_id).await?;
+        let job = self.inner.book.job(&spec.job_id).await?;
         let state = switchyard_proto::executor::v1::JobState::try_from(job.state)
             .map_or("unknown", |s| s.as_str_name());
         tracing::info!(job_id = %spec.job_id, state, "job submitted");
@@ -740,9 +744,9 @@ impl Executor {
         })
     }
 
-    /// On PostgreSQL, for a job id another replica holds (or a finished
-    /// job): the answer for a retried submission of the same job, else
-    /// JOB_ALREADY_EXISTS; `None` when no job has the id.
+    /// For a job id stored but not in memory here (finished, or held by
+    /// another member): the answer for a retried submission of the same
+    /// job, else JOB_ALREADY_EXISTS; `None` when no job has the id.
     async fn stored_elsewhere(
         &self,
         job_id: &str,
@@ -750,18 +754,16 @@ impl Executor {
         submitter: &OnBehalf,
     ) -> Result<Option<SubmitJobResponse>, ExecutorError> {
         let book = &self.inner.book;
-        let Some(pg) = &book.pg else {
-            return Ok(None);
-        };
         if book.lock().find(job_id).is_some() {
+            // Answered from memory by `claim_id`.
             return Ok(None);
         }
-        let Some((h, tenant)) = pg.identity(job_id).await? else {
+        let Some((h, tenant)) = book.store.identity(job_id).await? else {
             return Ok(None);
         };
         if h == hash && tenant == submitter.tenant {
             Ok(Some(SubmitJobResponse {
-                job: Some(book.job_any(job_id).await?),
+                job: Some(book.job(job_id).await?),
                 created: false,
                 result: None,
             }))
@@ -770,8 +772,10 @@ impl Executor {
         }
     }
 
-    /// Claims the job id; when a job has it already, the answer for a
-    /// retried submission of the same job, else JOB_ALREADY_EXISTS.
+    /// Claims the job id; when a job in memory has it already, the answer
+    /// for a retried submission of the same job, else JOB_ALREADY_EXISTS
+    /// (a stored one is found by `stored_elsewhere` first: only a client
+    /// names an id that may exist).
     fn claim_id(
         &self,
         spec: &JobSpec,
@@ -780,27 +784,6 @@ impl Executor {
         submitter: &OnBehalf,
         now: u64,
     ) -> Result<Option<SubmitJobResponse>, ExecutorError> {
-        // A finished job is on disk only.
-        let retired = self.inner.book.read(&spec.job_id, |e| {
-            // A finished job's hash is its spec's (kept only while it runs).
-            let h = if e.context_hash.is_empty() {
-                spec::context_hash(e.spec())
-            } else {
-                e.context_hash.clone()
-            };
-            (h, e.job.tenant.clone(), e.job.clone())
-        });
-        if let Ok((h, tenant, job)) = retired {
-            return if h == hash && tenant == submitter.tenant {
-                Ok(Some(SubmitJobResponse {
-                    job: Some(job),
-                    created: false,
-                    result: None,
-                }))
-            } else {
-                Err(ExecutorError::Exists(spec.job_id.clone()))
-            };
-        }
         let mut st = self.inner.book.lock();
         if let Some(existing) = st.find(&spec.job_id) {
             return if existing.context_hash == hash && existing.job.tenant == submitter.tenant {
@@ -831,7 +814,7 @@ impl Executor {
         traceparent: String,
     ) -> Result<u64, ExecutorError> {
         let book = &self.inner.book;
-        book.accept(st, spec)?;
+        book.accept(st, &spec.job_id)?;
         let submitted = events::Submitted {
             format: spec.source_format.clone(),
             tasks: spec.tasks.len() as u64,
@@ -987,7 +970,7 @@ impl Executor {
     /// Delegation (seed 000 §2.3): a job naming a parent is accepted only
     /// while the parent is active and below its maximum depth; it gets the
     /// parent's depth + 1, and its budget nests under the parent's.
-    fn adopt(&self, spec: &mut JobSpec) -> Result<Option<Parent>, ExecutorError> {
+    async fn adopt(&self, spec: &mut JobSpec) -> Result<Option<Parent>, ExecutorError> {
         let Some(d) = spec
             .delegation
             .as_mut()
@@ -996,11 +979,10 @@ impl Executor {
             return Ok(None);
         };
         let book = &self.inner.book;
-        let st = book.lock();
-        let Some(p) = st.find(&d.parent_job_id) else {
-            drop(st);
-            // Finished parents are on disk only.
-            return Err(match book.read(&d.parent_job_id, |e| e.state()) {
+        if book.lock().find(&d.parent_job_id).is_none() {
+            // Finished parents are stored only (and a child runs under its
+            // parent's run and budget, so only where the parent runs).
+            return Err(match book.read(&d.parent_job_id, |e| e.state()).await {
                 Ok(state) => ExecutorError::ParentNotActive {
                     parent: d.parent_job_id.clone(),
                     state: state.as_str().to_owned(),
@@ -1011,7 +993,9 @@ impl Executor {
                     format!("parent job {:?} does not exist", d.parent_job_id),
                 )),
             });
-        };
+        }
+        let st = book.lock();
+        let p = st.get(&d.parent_job_id)?;
         if p.state() != JobState::Active {
             return Err(ExecutorError::ParentNotActive {
                 parent: d.parent_job_id.clone(),

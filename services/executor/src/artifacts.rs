@@ -75,7 +75,7 @@ impl Executor {
         job_id: &str,
         wanted: &str,
     ) -> Result<(Artifact, Vec<u8>), ExecutorError> {
-        let job = self.inner.book.job_any(job_id).await?;
+        let job = self.inner.book.job(job_id).await?;
         let not_found = || ExecutorError::ArtifactNotFound {
             job: job_id.to_owned(),
             artifact: wanted.to_owned(),

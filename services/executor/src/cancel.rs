@@ -13,7 +13,7 @@ use crate::Executor;
 use crate::admission::acting_context;
 use crate::error::ExecutorError;
 use crate::outbox::RunEnd;
-use crate::replica::CancelAsk;
+use crate::store::replicas::CancelAsk;
 
 impl Executor {
     /// CancelJob: a running job's driver stops its tasks (SIGTERM, grace,
@@ -32,19 +32,17 @@ impl Executor {
             why
         };
         // A finished job (perhaps stored only) refuses with its state.
-        book.read_any(job_id, crate::job::JobEntry::state)
+        book.read(job_id, crate::job::JobEntry::state)
             .await?
             .check(JobState::Cancelled)?;
-        if let Some(pg) = &book.pg
-            && book.lock().find(job_id).is_none()
-        {
-            // Run by another replica (or waiting for one to claim it): the
-            // request goes on the job's row, and whoever runs it acts.
+        if book.elsewhere(job_id) {
+            // Run by another member (or waiting for one to claim it): the
+            // request is stored with the job, and whoever runs it acts.
             let ask = prost::Message::encode_to_vec(&CancelAsk::new(why, who.as_ref()));
-            pg.request_cancel(job_id, &ask).await?;
+            book.cluster.request_cancel(job_id, &ask).await?;
             let limit = self.cancel_limit();
             let _ = tokio::time::timeout(limit, book.until_finished(job_id)).await;
-            return book.job_any(job_id).await;
+            return book.job(job_id).await;
         }
         self.cancel_here(job_id, why, who).await
     }
@@ -85,7 +83,7 @@ impl Executor {
             let ended = async {
                 while book.lock().drivers.contains_key(job_id)
                     || !book
-                        .job_any(job_id)
+                        .job(job_id)
                         .await
                         .is_ok_and(|j| crate::job::job_state(j.state).is_terminal())
                 {
@@ -95,11 +93,11 @@ impl Executor {
                 }
             };
             let _ = tokio::time::timeout(limit, ended).await;
-            return book.job_any(job_id).await;
+            return book.job(job_id).await;
         };
         book.durable(g).await?;
         self.deliver_now(intents).await;
-        book.job_any(job_id).await
+        book.job(job_id).await
     }
 
     /// Withdraws approval run `run_id` of a job that was not accepted

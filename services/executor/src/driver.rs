@@ -54,25 +54,25 @@ impl Executor {
     /// Starts `job_id`'s driver unless one runs.
     pub(crate) fn spawn_driver(&self, job_id: &str) {
         if self.draining() {
-            // Stopping: the job is not taken on here.
-            if self.inner.book.pg.is_some() {
-                self.inner.book.drop_job(job_id, false);
-            }
+            // Stopping: the job is not taken on here (handed back where
+            // another member may run it; on one node it resumes here).
+            self.inner.book.hand_back(job_id);
             return;
         }
+        let shared = self.inner.book.cluster.shared();
         let ctl = {
             let mut st = self.inner.book.lock();
             if st.drivers.contains_key(job_id) {
                 return;
             }
-            if self.inner.book.pg.is_some() && st.drivers.len() >= self.inner.cfg.max_running_jobs {
+            if shared && st.drivers.len() >= self.inner.cfg.max_running_jobs {
                 // No room here: another replica with room claims it.
                 drop(st);
                 tracing::debug!(job_id, "no room to run the job here; handing it back");
                 self.inner.book.drop_job(job_id, false);
                 return;
             }
-            let for_workers = self.inner.book.pg.is_some()
+            let for_workers = shared
                 && st
                     .find(job_id)
                     .is_some_and(|e| !e.fetched && crate::queue::queue_job(e.spec()));
@@ -102,17 +102,17 @@ impl Executor {
                 st.find(&id)
                     .is_some_and(|e| matches!(e.state(), JobState::Available | JobState::Active))
             };
-            if stalled && me.inner.book.pg.is_some() && me.draining() {
+            if stalled && me.draining() {
                 // Drained: nothing of it runs here any more.
-                tracing::debug!(job_id = %id, "drained; handing the job back");
-                me.inner.book.drop_job(&id, false);
-            } else if stalled && me.inner.book.pg.is_some() && !me.inner.shutdown.is_shutdown() {
+                if me.inner.book.hand_back(&id) {
+                    tracing::debug!(job_id = %id, "drained; handed the job back");
+                }
+            } else if stalled && !me.inner.shutdown.is_shutdown() && me.inner.book.hand_back(&id) {
                 // The driver stopped on an error (the database or a service
                 // was unreachable) with the job unfinished: handed back, the
                 // job is claimed again (here or elsewhere) and resumed from
                 // its events, instead of sitting on a renewed lease.
-                tracing::warn!(job_id = %id, "job driver stopped early; handing the job back to be resumed");
-                me.inner.book.drop_job(&id, false);
+                tracing::warn!(job_id = %id, "job driver stopped early; handed the job back to be resumed");
             }
             me.inner.book.bump_finished();
             // A finished job leaves memory once its driver is gone.
@@ -622,7 +622,7 @@ impl Driver {
         let book = &self.x.inner.book;
         let (to, reason, error) = final_state(&book.lock(), job_id)?;
         let run = if to == JobState::Completed {
-            let ms = book.result(job_id)?.execution_time_ms;
+            let ms = book.result(job_id).await?.execution_time_ms;
             RunEnd::Complete(format!("job {job_id} completed in {ms} ms"))
         } else {
             RunEnd::Fail(error.clone())

@@ -194,7 +194,7 @@ impl JobService for Executor {
         let id = &req.get_ref().job_id;
         let result = match self.result_within(id, wait).await? {
             Some(r) => r,
-            None => self.inner.book.result_any(id).await?,
+            None => self.inner.book.result(id).await?,
         };
         Ok(Response::new(result))
     }
@@ -206,7 +206,7 @@ impl JobService for Executor {
         let p = switchyard_kit::auth::principal(&req)?;
         let id = &req.get_ref().job_id;
         self.inner.book.visible(&p, id).await?;
-        let job = self.inner.book.job_any(id).await?;
+        let job = self.inner.book.job(id).await?;
         Ok(Response::new(ListArtifactsResponse {
             artifacts: switchyard_api::artifacts::latest_per_path(&job.artifacts),
         }))

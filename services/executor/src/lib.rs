@@ -8,8 +8,12 @@
 //! - `admission` — estimate, approval run proposal (both pure), budget,
 //!   waiting for approval;
 //! - `book` — the job book: the only owner of job state and the only
-//!   writer of events ([`events`], typed), answering every read;
-//!   `job` — one job's state as the replay of its events;
+//!   writer of events ([`events`], typed), answering every read; `watch`
+//!   — WatchJob streams; `job` — one job's state as the replay of its
+//!   events;
+//! - `store` — the storage seam: `JobStore` (sled or PostgreSQL) and
+//!   `Cluster` (one node, or replicas under leases), so nothing above it
+//!   asks which backend it runs on;
 //! - `schedule` — scheduling policy, pure: readiness, fail-fast,
 //!   parallelism, deadlines, fallbacks, retries with backoff;
 //! - `driver` — one task per running job, applying the scheduler's
@@ -21,8 +25,9 @@
 //! - [`builtin`] — the built-in agents.
 //!
 //! Durability: a job's state is derived only from its event log; everything
-//! acknowledged is in sled (group commit), and a restarted executor replays
-//! the log and resumes what was running. See `docs/architecture.md`.
+//! acknowledged is durable in the job store (group commit), and a restarted
+//! executor replays the log and resumes what was running. See
+//! `docs/architecture.md`.
 
 mod admission;
 mod artifacts;
@@ -41,14 +46,13 @@ pub mod events;
 pub mod formats;
 mod grpc;
 mod job;
-mod kept;
 mod locate;
 mod outbox;
-mod pg;
 mod queue;
-mod replica;
 mod schedule;
 pub mod spec;
+mod store;
+mod watch;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -116,10 +120,10 @@ struct Inner {
     /// Queue tasks offered to pull workers, and their leases.
     board: queue::Board,
     /// Artifacts' content, by address.
-    artifacts: kept::Content,
+    artifacts: store::Content,
     /// Loop checkpoints of tool calls waiting for a person (JSON), by
     /// `<job id>/<task id>`.
-    checkpoints: kept::Kept<Vec<u8>>,
+    checkpoints: store::Kept<Vec<u8>>,
     /// Cancel requests already acted on here (PostgreSQL replicas).
     cancels_seen: Mutex<std::collections::HashSet<String>>,
 }
@@ -148,8 +152,13 @@ impl Executor {
         data_dir: &std::path::Path,
         max_message_bytes: usize,
     ) -> Result<Executor, ExecutorError> {
-        let at = Placement { store, data_dir };
-        Self::build(cfg, at, clients, clock, shutdown, max_message_bytes, None)
+        let jobs = Arc::new(store::sled::SledJobs::open(&store)?);
+        let at = Placement {
+            jobs,
+            cluster: Arc::new(store::SingleNode),
+            data_dir,
+        };
+        Self::build(cfg, at, clients, clock, shutdown, max_message_bytes)
     }
 
     /// Opens the executor as one of N replicas sharing job tables on
@@ -158,7 +167,6 @@ impl Executor {
     #[allow(clippy::too_many_arguments)]
     pub async fn open_pg(
         cfg: ExecutorConfig,
-        store: Store,
         db: switchyard_store::pg::Pg,
         clients: Clients,
         clock: Arc<dyn Clock>,
@@ -172,23 +180,22 @@ impl Executor {
             cfg.replica_id.clone()
         };
         let jobs =
-            pg::PgJobs::open(db, me, cfg.job_lease_ms, clock.clone(), shutdown.clone()).await?;
+            store::pg::PgJobs::open(db, me, cfg.job_lease_ms, clock.clone(), shutdown.clone())
+                .await?;
         tracing::info!(replica = %jobs.me, "executor replica on postgres");
-        let at = Placement { store, data_dir };
-        Self::build(
-            cfg,
-            at,
-            clients,
-            clock,
-            shutdown,
-            max_message_bytes,
-            Some(jobs),
-        )
+        let at = Placement {
+            jobs: jobs.clone(),
+            cluster: jobs,
+            data_dir,
+        };
+        Self::build(cfg, at, clients, clock, shutdown, max_message_bytes)
     }
 
     /// Migrates the executor's tables; returns how many migrations ran.
     pub async fn migrate(db: &switchyard_store::pg::Pg) -> Result<usize, ExecutorError> {
-        Ok(db.migrate_service("executor", pg::MIGRATIONS).await?)
+        Ok(db
+            .migrate_service("executor", store::pg::MIGRATIONS)
+            .await?)
     }
 
     fn build(
@@ -198,9 +205,12 @@ impl Executor {
         clock: Arc<dyn Clock>,
         shutdown: Shutdown,
         max_message_bytes: usize,
-        pg: Option<Arc<pg::PgJobs>>,
     ) -> Result<Executor, ExecutorError> {
-        let Placement { store, data_dir } = at;
+        let Placement {
+            jobs,
+            cluster,
+            data_dir,
+        } = at;
         if cfg.scratch_dir.as_os_str().is_empty() {
             cfg.scratch_dir = data_dir.join("scratch");
         }
@@ -217,7 +227,12 @@ impl Executor {
         for (name, why) in programs.unusable() {
             tracing::warn!(command = name, "allowlisted command cannot run: {why}");
         }
-        let book = Arc::new(JobBook::open(&store, clock, shutdown.clone(), pg.clone())?);
+        let book = Arc::new(JobBook::open(
+            jobs.clone(),
+            cluster,
+            clock,
+            shutdown.clone(),
+        )?);
         switchyard_kit::metrics::global().add_gauges(&book);
         let spec = builtin::spec("");
         let (drain, draining) = switchyard_kit::shutdown::channel();
@@ -238,19 +253,10 @@ impl Executor {
                 settling: Mutex::new(HashMap::new()),
                 programs,
                 sandbox,
-                outbox: outbox::Outbox::open(&store, pg.as_ref())?,
+                outbox: outbox::Outbox::open(jobs.clone().space("outbox"))?,
                 board: queue::Board::default(),
-                artifacts: match &pg {
-                    Some(pg) => kept::Content::Pg(pg.clone()),
-                    None => kept::Content::Sled(switchyard_store::Blobs::open(
-                        &store,
-                        "artifact_blobs",
-                    )?),
-                },
-                checkpoints: match &pg {
-                    Some(pg) => kept::Kept::Pg(pg.clone(), "checkpoints"),
-                    None => kept::Kept::Sled(store.tree("checkpoints")?),
-                },
+                artifacts: jobs.clone().content()?,
+                checkpoints: store::Kept::open(jobs.space("checkpoints"))?,
                 cancels_seen: Mutex::new(Default::default()),
             }),
         })
@@ -346,10 +352,12 @@ impl Executor {
                 },
             );
         }
-        if let Some(pg) = self.inner.book.pg.clone() {
-            self.start_replica(pg);
-            return;
-        }
+        self.inner.book.cluster.clone().start(self);
+    }
+
+    /// Resumes the jobs that were running here before a restart (one
+    /// node: it holds every job it stored).
+    pub(crate) fn resume_held(&self) {
         let active = [
             switchyard_core::lifecycle::JobState::Available,
             switchyard_core::lifecycle::JobState::Active,
@@ -363,7 +371,7 @@ impl Executor {
 
     /// Flushes storage (shutdown), with a fresh replay checkpoint.
     pub fn flush(&self) -> Result<(), ExecutorError> {
-        self.inner.book.flush_blocking()
+        self.inner.book.flush()
     }
 
     /// Whether [`Executor::drain`] has begun.
@@ -399,12 +407,10 @@ impl Executor {
         }
     }
 
-    /// Waits for the last batch and the hand-back of running jobs on
-    /// PostgreSQL (shutdown); nothing to wait for on sled.
+    /// Waits for the last batch and the hand-back of running jobs where
+    /// they are shared (shutdown); nothing to wait for on one node.
     pub async fn close(&self) {
-        if let Some(pg) = &self.inner.book.pg {
-            pg.closed().await;
-        }
+        self.inner.book.cluster.closed().await;
     }
 
     /// Removes the jobs (of `tenant`, when given) that finished more than
@@ -426,12 +432,12 @@ impl Executor {
 
     /// A job as it is now.
     pub async fn job(&self, job_id: &str) -> Result<Job, ExecutorError> {
-        self.inner.book.job_any(job_id).await
+        self.inner.book.job(job_id).await
     }
 
     /// GetResult.
     pub async fn result(&self, job_id: &str) -> Result<GetResultResponse, ExecutorError> {
-        self.inner.book.result_any(job_id).await
+        self.inner.book.result(job_id).await
     }
 
     /// GetResult once `job_id` has ended and its final event is durable,
@@ -469,14 +475,16 @@ impl Executor {
         impl futures_util::Stream<Item = Result<Event, Status>> + Send + 'static,
         ExecutorError,
     > {
-        let rx = self.inner.book.watch(job_id, after, detail)?;
+        let rx = self.inner.book.watch(job_id, after, detail);
         Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
     }
 }
 
-/// Where the executor keeps its embedded state.
+/// Where the executor keeps its jobs and who else runs them.
 struct Placement<'a> {
-    store: Store,
+    jobs: Arc<dyn store::JobStore>,
+    cluster: Arc<dyn store::Cluster>,
+    /// Where scratch directories go by default.
     data_dir: &'a std::path::Path,
 }
 

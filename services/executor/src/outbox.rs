@@ -12,17 +12,15 @@
 
 use std::time::Duration;
 
-use std::sync::Arc;
 use switchyard_core::Reason;
 use switchyard_kit::auth::{Kind, OnBehalf};
 use switchyard_kit::error::{ApiError, is_outage};
 use switchyard_proto::approval::v1 as ap;
 use switchyard_proto::ledger::v1::CloseBudgetRequest;
 
-use switchyard_store::{Store, StoreError};
+use switchyard_store::StoreError;
 
-use crate::kept::Kept;
-use crate::pg::PgJobs;
+use crate::store::{Kept, Space};
 use tonic::Status;
 
 use crate::Executor;
@@ -159,12 +157,10 @@ pub(crate) struct Outbox {
 }
 
 impl Outbox {
-    pub(crate) fn open(store: &Store, pg: Option<&Arc<PgJobs>>) -> Result<Outbox, StoreError> {
+    /// The outbox kept in `space`.
+    pub(crate) fn open(space: Space) -> Result<Outbox, StoreError> {
         Ok(Outbox {
-            tree: match pg {
-                Some(pg) => Kept::Pg(pg.clone(), "outbox"),
-                None => Kept::Sled(store.tree("outbox")?),
-            },
+            tree: Kept::open(space)?,
             wake: tokio::sync::Notify::new(),
         })
     }
@@ -333,7 +329,7 @@ impl Executor {
                 let artifacts = self
                     .inner
                     .book
-                    .job_any(&i.job_id)
+                    .job(&i.job_id)
                     .await
                     .map(|j| j.artifacts)
                     .unwrap_or_default();

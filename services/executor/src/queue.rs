@@ -37,9 +37,6 @@ use crate::events::{self, JobEvent};
 
 /// Most tasks one Fetch leases.
 const MAX_FETCH: u32 = 100;
-/// How often a long-polling Fetch looks for claimable jobs on PostgreSQL.
-const CLAIM_POLL: std::time::Duration = std::time::Duration::from_millis(250);
-
 /// What a worker reported for a lease, handed to the waiting attempt.
 #[derive(Debug)]
 pub(crate) enum Report {
@@ -122,6 +119,36 @@ impl Drop for OnBoard<'_> {
 }
 
 impl Board {
+    /// Takes the lease `(job, task, attempt)` from `worker_id`, fenced;
+    /// `None` when no lease of the task is held.
+    fn take(
+        &self,
+        job_id: &str,
+        task_id: &str,
+        attempt: u32,
+        worker_id: &str,
+    ) -> Option<Result<Lease, Status>> {
+        let key = (job_id.to_owned(), task_id.to_owned());
+        let mut st = crate::lock(&self.state);
+        let l = st.leases.get(&key)?;
+        if !worker_id.is_empty() && l.worker_id != worker_id {
+            return Some(Err(lease_lost(
+                job_id,
+                &format!("worker {:?} holds it", l.worker_id),
+            )));
+        }
+        if attempt != 0 && l.attempt != attempt {
+            return Some(Err(lease_lost(
+                job_id,
+                &format!(
+                    "attempt {attempt} ended; attempt {} holds it now",
+                    l.attempt
+                ),
+            )));
+        }
+        st.leases.remove(&key).map(Ok)
+    }
+
     /// Offers task `task_id` of `job_id` (attempt `attempt`) on `queue`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn offer(
@@ -280,12 +307,10 @@ impl Executor {
             let offered = board.offered.notified();
             tokio::pin!(offered);
             offered.as_mut().enable();
-            if book.pg.is_some() {
-                // Jobs only workers run are claimed by the replica their
-                // worker fetches from.
-                self.claim_for_workers(&req.queues, tenant, count - taken.len())
-                    .await;
-            }
+            // Where jobs are shared, jobs only workers run are claimed by
+            // the member their worker fetches from.
+            self.claim_for_workers(&req.queues, tenant, count - taken.len())
+                .await;
             let state = {
                 let mut st = crate::lock(&board.state);
                 let state = Board::worker_state(&st, &req.worker_id);
@@ -312,10 +337,10 @@ impl Executor {
             if !taken.is_empty() || state != WorkerState::Running {
                 break state;
             }
-            // On PostgreSQL another replica may accept work meanwhile: look
-            // again every CLAIM_POLL within the long poll.
-            let until = match book.pg {
-                Some(_) => deadline.min(tokio::time::Instant::now() + CLAIM_POLL),
+            // Where another member may accept work meanwhile, look again
+            // every so often within the long poll.
+            let until = match book.cluster.claim_poll() {
+                Some(every) => deadline.min(tokio::time::Instant::now() + every),
                 None => deadline,
             };
             if tokio::time::timeout_at(until, offered).await.is_err()
@@ -446,20 +471,19 @@ impl Executor {
         })
     }
 
-    /// On PostgreSQL: claims up to `n` jobs of queue tasks only, on
-    /// `queues`, that no replica runs, and starts them here so their tasks
-    /// are offered on this replica's board (waiting briefly until they are).
+    /// Claims up to `n` jobs of queue tasks only, on `queues`, that no
+    /// member runs (none on one node: every job is offered where it was
+    /// accepted), and starts them here so their tasks are offered on this
+    /// board (waiting briefly until they are).
     async fn claim_for_workers(&self, queues: &[String], tenant: Option<&str>, n: usize) {
-        let Some(pg) = self.inner.book.pg.clone() else {
-            return;
-        };
+        let cluster = &self.inner.book.cluster;
         // Queue by queue, in the order the worker named them.
         let mut claimed = Vec::new();
         for q in queues {
             if claimed.len() >= n {
                 break;
             }
-            match pg
+            match cluster
                 .claim_queued(std::slice::from_ref(q), tenant, n - claimed.len())
                 .await
             {
@@ -518,9 +542,9 @@ impl Executor {
         // fences it), not only on jobs it submitted. One read, from disk
         // for a finished job.
         let book = &self.inner.book;
-        let here = book.pg.is_none() || book.lock().find(&r.job_id).is_some();
+        let here = !book.elsewhere(&r.job_id);
         let (tenant, queued, state): (String, Vec<String>, JobState) = book
-            .read_any(&r.job_id, |e| {
+            .read(&r.job_id, |e| {
                 let queued = e
                     .spec()
                     .tasks
@@ -576,10 +600,14 @@ impl Executor {
 
     /// Why there is no lease to report on: the job's or task's state (a
     /// finished job is read from disk).
-    fn not_leased(&self, job_id: &str, task_id: &str) -> Status {
-        let states = self.inner.book.read(job_id, |e| {
-            (e.state(), e.index.get(task_id).map(|&i| e.task_state(i)))
-        });
+    async fn not_leased(&self, job_id: &str, task_id: &str) -> Status {
+        let states = self
+            .inner
+            .book
+            .read(job_id, |e| {
+                (e.state(), e.index.get(task_id).map(|&i| e.task_state(i)))
+            })
+            .await;
         let (job, task) = match states {
             Ok(s) => s,
             Err(e) => return Status::from(e),
@@ -602,40 +630,24 @@ impl Executor {
     }
 
     /// Takes the lease `(job, task, attempt)` from `worker_id`, fenced.
-    fn take_lease(
+    async fn take_lease(
         &self,
         job_id: &str,
         task_id: &str,
         attempt: u32,
         worker_id: &str,
     ) -> Result<Lease, Status> {
-        let key = (job_id.to_owned(), task_id.to_owned());
-        let mut st = crate::lock(&self.inner.board.state);
-        let Some(l) = st.leases.get(&key) else {
-            drop(st);
-            // A lapsed or cancelled lease of this attempt is LEASE_LOST;
-            // a task never leased (or finished) is a state conflict.
-            return Err(self.lost_or_not_leased(job_id, task_id, attempt, worker_id));
-        };
-        if !worker_id.is_empty() && l.worker_id != worker_id {
-            return Err(lease_lost(
-                job_id,
-                &format!("worker {:?} holds it", l.worker_id),
-            ));
+        match self.inner.board.take(job_id, task_id, attempt, worker_id) {
+            Some(taken) => taken,
+            // A lapsed or cancelled lease of this attempt is LEASE_LOST; a
+            // task never leased (or finished) is a state conflict.
+            None => Err(self
+                .lost_or_not_leased(job_id, task_id, attempt, worker_id)
+                .await),
         }
-        if attempt != 0 && l.attempt != attempt {
-            return Err(lease_lost(
-                job_id,
-                &format!(
-                    "attempt {attempt} ended; attempt {} holds it now",
-                    l.attempt
-                ),
-            ));
-        }
-        Ok(st.leases.remove(&key).expect("checked above"))
     }
 
-    fn lost_or_not_leased(
+    async fn lost_or_not_leased(
         &self,
         job_id: &str,
         task_id: &str,
@@ -647,9 +659,10 @@ impl Executor {
             .inner
             .book
             .read(job_id, |e| e.state().is_terminal())
+            .await
             .unwrap_or(false)
         {
-            return self.not_leased(job_id, task_id);
+            return self.not_leased(job_id, task_id).await;
         }
         let held_before = self
             .inner
@@ -667,6 +680,7 @@ impl Executor {
                     })
                     .map(|a| (a.number, a.error.clone()))
             })
+            .await
             .ok()
             .flatten();
         match held_before {
@@ -681,7 +695,7 @@ impl Executor {
                     }
                 ),
             ),
-            _ => self.not_leased(job_id, task_id),
+            _ => self.not_leased(job_id, task_id).await,
         }
     }
 
@@ -701,9 +715,13 @@ impl Executor {
                 "its attempt ended before the report was recorded",
             ));
         }
-        let done = self.inner.book.read(job_id, |e| {
-            (0..e.job.tasks.len()).all(|i| e.task_state(i).is_terminal())
-        })?;
+        let done = self
+            .inner
+            .book
+            .read(job_id, |e| {
+                (0..e.job.tasks.len()).all(|i| e.task_state(i).is_terminal())
+            })
+            .await?;
         if done {
             self.inner.book.until_finished(job_id).await?;
         }
@@ -713,7 +731,9 @@ impl Executor {
     /// Ack: completes the lease holder's task with `result`.
     pub(crate) async fn ack(&self, p: &Principal, req: AckRequest) -> Result<AckResponse, Status> {
         let (job_id, task_id, attempt) = self.task_of(p, req.task.as_ref()).await?;
-        let lease = self.take_lease(&job_id, &task_id, attempt, &req.worker_id)?;
+        let lease = self
+            .take_lease(&job_id, &task_id, attempt, &req.worker_id)
+            .await?;
         if !req.artifacts.is_empty()
             && let Err(e) = self.keep_artifacts(&job_id, &task_id, &req.artifacts)
         {
@@ -752,7 +772,9 @@ impl Executor {
         if error.message.len() > 64 * 1024 {
             return Err(invalid_field("error.message", "at most 64 KiB"));
         }
-        let lease = self.take_lease(&job_id, &task_id, attempt, &req.worker_id)?;
+        let lease = self
+            .take_lease(&job_id, &task_id, attempt, &req.worker_id)
+            .await?;
         // The delay counts from when the nack arrived: read the clock before
         // the report schedules the retry, so the figure is never shorter
         // than the backoff the schedule chose.

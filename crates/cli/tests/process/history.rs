@@ -21,7 +21,7 @@ const JOBS: usize = 200;
 
 const LOG: (&str, &str) = (
     "RUST_LOG",
-    "warn,switchyard_executor::book=info,switchyard_ledger=info,switchyard_approval=info",
+    "warn,switchyard_executor::book=info,switchyard_executor::store=info,switchyard_ledger=info,switchyard_approval=info",
 );
 
 async fn alice(url: &str) -> JobServiceClient<Intercepted> {

@@ -596,7 +596,7 @@ impl TaskHost<'_> {
         };
         abandon.child = None;
         let state = crate::job::proto_job_state(state);
-        let result = book.result_any(&child).await.map_err(|e| e.to_string())?;
+        let result = book.result(&child).await.map_err(|e| e.to_string())?;
         let settled = delegation::ChildResult {
             job_id: child.clone(),
             state,

@@ -36,7 +36,12 @@ use switchyard_proto::executor::v1::{Job, TaskStatus};
 use switchyard_store::StoreError;
 use switchyard_store::pg::{Migration, Pg, TxError, ms};
 
+use super::{Cluster, Content, JobStore, Space};
+use crate::Executor;
+use crate::book::{Jobs, Retiring, created_ms, stripped};
 use crate::error::ExecutorError;
+use crate::events::JobEvent;
+use crate::job::JobEntry;
 
 /// The executor's tables.
 pub(crate) const MIGRATIONS: &[Migration] = &[
@@ -1302,6 +1307,272 @@ fn stopping() -> ExecutorError {
     ExecutorError::Storage(StoreError::Io(
         "the executor is shutting down; what was not written is resumed from the stored events by the replica that takes the job".into(),
     ))
+}
+
+/// Events read per query when replaying a job.
+const REPLAY_PAGE: i64 = 1000;
+/// How often a worker's long poll looks for work another replica accepted.
+const CLAIM_POLL: Duration = Duration::from_millis(250);
+/// The maintenance lease's name.
+const MAINTENANCE: &str = "executor.maintenance";
+
+#[tonic::async_trait]
+impl JobStore for PgJobs {
+    fn load_held(&self) -> Result<Jobs, ExecutorError> {
+        // Jobs are claimed from the shared tables once started.
+        Ok(Jobs::default())
+    }
+
+    fn accept(&self, e: &JobEntry) -> Result<i64, ExecutorError> {
+        let spec = e.spec();
+        let queues = crate::queue::queue_job(spec).then(|| {
+            let mut q: Vec<String> = spec
+                .tasks
+                .iter()
+                .filter_map(|t| match &t.kind {
+                    Some(switchyard_proto::executor::v1::task_spec::Kind::Queue(q)) => {
+                        Some(q.queue.clone())
+                    }
+                    _ => None,
+                })
+                .collect();
+            q.sort();
+            q.dedup();
+            q
+        });
+        PgJobs::accept(
+            self,
+            NewJob {
+                id: spec.job_id.clone(),
+                tenant: e.job.tenant.clone(),
+                submitted_by: e.job.submitted_by.clone(),
+                created_ms: created_ms(&e.job),
+                context_hash: e.context_hash.clone(),
+                record: e.job.clone(),
+                queues,
+                priority: spec.priority,
+            },
+        );
+        // The insert claims it at the first epoch.
+        Ok(1)
+    }
+
+    fn append(&self, e: &JobEntry, wire: &Event, moved: bool) -> u64 {
+        // The job's row moves with the event in the same batch.
+        let moved = moved.then(|| {
+            let state = e.state();
+            let finished = state.is_terminal().then(|| {
+                wire.time
+                    .as_ref()
+                    .map_or(0, switchyard_kit::time::timestamp_ms)
+            });
+            (state.as_str().to_owned(), stripped(&e.job), finished)
+        });
+        PgJobs::append(self, e.id(), e.lease, wire, moved)
+    }
+
+    fn keep_output(&self, job_id: &str, status: &TaskStatus) -> Result<(), ExecutorError> {
+        self.output(job_id, status);
+        Ok(())
+    }
+
+    async fn durable(&self, g: u64) -> Result<u64, ExecutorError> {
+        PgJobs::durable(self, g).await?;
+        Ok(self.committed())
+    }
+
+    fn last(&self) -> u64 {
+        PgJobs::last(self)
+    }
+
+    fn retire(&self, _r: &Retiring) -> Result<(), ExecutorError> {
+        // The job's row holds its final record (written with its final
+        // event).
+        Ok(())
+    }
+
+    fn checkpoint(&self, _first: Option<u64>, _upto: Option<u64>) -> Result<u64, ExecutorError> {
+        // A replica replays nothing at start-up: it claims jobs and reads
+        // each one's events then.
+        Ok(0)
+    }
+
+    fn flush(&self, _first_event: Option<u64>) -> Result<(), ExecutorError> {
+        // The writer's last batch ran at shutdown.
+        Ok(())
+    }
+
+    async fn load(&self, id: &str, replay: bool) -> Result<Option<JobEntry>, ExecutorError> {
+        let Some(stored) = self.stored(id).await? else {
+            return Ok(None);
+        };
+        let Some(spec) = stored.record.spec.clone() else {
+            return Ok(None);
+        };
+        let dag = crate::spec::dag(&spec).map_err(ExecutorError::Invalid)?;
+        let mut e = JobEntry::new(spec, dag, created_ms(&stored.record));
+        let outputs: HashMap<String, TaskStatus> = self
+            .outputs(id)
+            .await?
+            .into_iter()
+            .map(|s| (s.task_id.clone(), s))
+            .collect();
+        if stored.finished && !replay {
+            e.job = stored.record;
+            for i in 0..e.job.tasks.len() {
+                if let Some(o) = outputs.get(&e.job.tasks[i].task_id) {
+                    e.keep_outputs(i, o.clone());
+                }
+            }
+            e.events = vec![0; usize::try_from(e.job.last_sequence).unwrap_or(0)];
+        } else {
+            let mut after = 0;
+            loop {
+                let page = self.events_after(id, after, REPLAY_PAGE).await?;
+                let n = page.len();
+                for ev in page {
+                    after = ev.sequence;
+                    if let Some(typed) = JobEvent::decode(&ev.kind, ev.data.as_ref())? {
+                        e.apply(&ev, &typed, |task| outputs.get(task).cloned());
+                    }
+                    // Stored events are durable: position 0 counts as such.
+                    e.events.push(0);
+                }
+                if n < REPLAY_PAGE as usize {
+                    break;
+                }
+            }
+        }
+        e.durable_to.send_replace(e.job.last_sequence);
+        Ok(Some(e))
+    }
+
+    async fn identity(&self, id: &str) -> Result<Option<(String, String)>, ExecutorError> {
+        Ok(PgJobs::identity(self, id).await?)
+    }
+
+    async fn record(&self, id: &str) -> Result<Option<Job>, ExecutorError> {
+        Ok(self.stored(id).await?.map(|s| s.record))
+    }
+
+    async fn events(
+        &self,
+        id: &str,
+        after: u64,
+        upto: u64,
+        _positions: &[u64],
+    ) -> Result<Vec<Event>, ExecutorError> {
+        let limit = i64::try_from(upto.saturating_sub(after)).unwrap_or(REPLAY_PAGE);
+        Ok(self.events_after(id, after, limit.min(REPLAY_PAGE)).await?)
+    }
+
+    async fn page(
+        &self,
+        before: Option<(u64, &str)>,
+        n: usize,
+    ) -> Result<Vec<(String, Job)>, ExecutorError> {
+        Ok(PgJobs::page(self, before, i64::try_from(n).unwrap_or(i64::MAX)).await?)
+    }
+
+    async fn prune(
+        &self,
+        cutoff_ms: u64,
+        tenant: Option<&str>,
+        _held: &(dyn for<'k> Fn(&'k str) -> bool + Send + Sync),
+        _first_event: Option<u64>,
+    ) -> Result<(u64, u64), ExecutorError> {
+        // Only finished jobs' rows go, and a finished job is held nowhere.
+        Ok(PgJobs::prune(self, cutoff_ms, tenant).await?)
+    }
+
+    async fn delete(&self, id: &str, _job: &Job) -> Result<(), ExecutorError> {
+        Ok(PgJobs::delete(self, id).await?)
+    }
+
+    fn reopen(&self, _id: &str, _first_event: Option<u64>) -> Result<(), ExecutorError> {
+        // Its row's state moves with the events of its new round.
+        Ok(())
+    }
+
+    fn subscribe(&self, id: &str) -> tokio::sync::watch::Receiver<u64> {
+        PgJobs::subscribe(self, id)
+    }
+
+    fn poll(&self) -> Option<Duration> {
+        Some(WATCH_POLL)
+    }
+
+    fn space(self: Arc<Self>, name: &'static str) -> Space {
+        Space::Pg(self, name)
+    }
+
+    fn content(self: Arc<Self>) -> Result<Content, ExecutorError> {
+        Ok(Content::Pg(self))
+    }
+}
+
+#[tonic::async_trait]
+impl Cluster for PgJobs {
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn holds(&self, id: &str) -> Option<i64> {
+        PgJobs::holds(self, id)
+    }
+
+    fn release(&self, id: &str, lease: i64, lost: bool) {
+        if lost {
+            self.forget(id);
+        } else {
+            PgJobs::release(self, id, lease);
+        }
+    }
+
+    fn lost_at(&self, id: &str, lease: i64) -> bool {
+        PgJobs::lost_at(self, id, lease)
+    }
+
+    fn take_lost(&self) -> Vec<String> {
+        PgJobs::take_lost(self)
+    }
+
+    async fn claim_queued(
+        &self,
+        queues: &[String],
+        tenant: Option<&str>,
+        n: usize,
+    ) -> Result<Vec<(String, i64)>, ExecutorError> {
+        Ok(PgJobs::claim_queued(self, queues, tenant, n).await?)
+    }
+
+    async fn adopt_finished(&self, id: &str) -> Result<Option<i64>, ExecutorError> {
+        Ok(PgJobs::adopt_finished(self, id).await?)
+    }
+
+    async fn request_cancel(&self, id: &str, ask: &[u8]) -> Result<(), ExecutorError> {
+        PgJobs::request_cancel(self, id, ask).await?;
+        Ok(())
+    }
+
+    fn claim_poll(&self) -> Option<Duration> {
+        Some(CLAIM_POLL)
+    }
+
+    async fn maintains(&self, now_ms: u64, ttl_ms: u64) -> bool {
+        matches!(
+            self.db.lease(MAINTENANCE, &self.me, now_ms, ttl_ms).await,
+            Ok(Some(_))
+        )
+    }
+
+    fn start(self: Arc<Self>, x: &Executor) {
+        x.start_replica(self);
+    }
+
+    async fn closed(&self) {
+        PgJobs::closed(self).await;
+    }
 }
 
 #[cfg(test)]

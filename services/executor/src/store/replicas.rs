@@ -9,11 +9,8 @@ use std::time::Duration;
 use switchyard_core::lifecycle::JobState;
 use switchyard_kit::auth::OnBehalf;
 
+use super::pg::PgJobs;
 use crate::Executor;
-use crate::pg::PgJobs;
-
-/// The maintenance lease's name.
-const MAINTENANCE: &str = "executor.maintenance";
 
 /// A cancel request as stored on a job's row.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -171,23 +168,16 @@ impl Executor {
         });
     }
 
-    /// Whether this replica does the maintenance shared by all (always on
-    /// sled; on PostgreSQL, the holder of the maintenance lease).
+    /// Whether this member does the maintenance shared by all (always on
+    /// one node; among replicas, the holder of the maintenance lease).
     pub(crate) async fn maintains(&self) -> bool {
-        let Some(pg) = &self.inner.book.pg else {
-            return true;
-        };
         let ttl = self
             .inner
             .cfg
             .dependency_retry_max_ms
             .max(self.inner.cfg.job_lease_ms)
             .saturating_mul(3);
-        matches!(
-            pg.db
-                .lease(MAINTENANCE, &pg.me, self.inner.book.now(), ttl)
-                .await,
-            Ok(Some(_))
-        )
+        let now = self.inner.book.now();
+        self.inner.book.cluster.maintains(now, ttl).await
     }
 }

@@ -6,9 +6,17 @@
 
 use std::sync::Arc;
 
-use switchyard_store::{Blobs, StoreError, Tree};
+use switchyard_store::{Blobs, Store, StoreError, Tree};
 
-use crate::pg::PgJobs;
+use super::pg::PgJobs;
+
+/// Where a space of kept values lives, as the job store names it.
+pub(crate) enum Space {
+    /// A sled tree of that name.
+    Sled(Store, &'static str),
+    /// A space of the `exec_kv` table.
+    Pg(Arc<PgJobs>, &'static str),
+}
 
 /// Keyed values of one kind.
 pub(crate) enum Kept<V> {
@@ -19,6 +27,14 @@ pub(crate) enum Kept<V> {
 }
 
 impl<V: prost::Message + Default> Kept<V> {
+    /// The values kept in `space`.
+    pub(crate) fn open(space: Space) -> Result<Kept<V>, StoreError> {
+        Ok(match space {
+            Space::Sled(store, name) => Kept::Sled(store.tree(name)?),
+            Space::Pg(pg, name) => Kept::Pg(pg, name),
+        })
+    }
+
     /// Stores `value` under `key` (durable with the next flush or batch).
     pub(crate) fn put(&self, key: &str, value: &V) -> Result<(), StoreError> {
         match self {

@@ -1,0 +1,405 @@
+//! Jobs in the embedded store (sled): one node holds them all. Events go
+//! to one group-committed log; an accepted job's spec, and once it
+//! finished its final record (outputs kept apart) and where its events
+//! are, go to trees read when the job is not in memory. Start-up loads
+//! the jobs not yet finished and replays the log from the checkpoint.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use switchyard_proto::common::v1::Event;
+use switchyard_proto::executor::v1::{Job, TaskStatus};
+use switchyard_store::{Blobs, Log, Mark, Number, Store, Tree};
+
+use super::{Content, JobStore, Space};
+use crate::book::{Jobs, Positions, Retiring, created_ms};
+use crate::error::ExecutorError;
+use crate::events::JobEvent;
+use crate::job::JobEntry;
+
+/// The sled backend.
+pub(crate) struct SledJobs {
+    store: Store,
+    events: Log<Event>,
+    /// Every job by id: a running job's spec and creation time; a finished
+    /// (retired) job's final record, its outputs stripped.
+    specs: Tree<Job>,
+    outputs: Tree<TaskStatus>,
+    /// Jobs not yet retired (start-up loads only these).
+    live: Tree<Mark>,
+    /// Every job by `{created ms:016x}/{id}`, for listing newest first.
+    by_time: Tree<Mark>,
+    /// A retired job's event positions in the log.
+    index: Tree<Positions>,
+    /// The layout version and the replay checkpoint.
+    meta: Tree<Number>,
+    /// Never moves: every job stored here is written by this process, so
+    /// readers wait on the job in memory instead.
+    still: tokio::sync::watch::Sender<u64>,
+}
+
+impl SledJobs {
+    /// Opens the trees and the log in `store`.
+    pub(crate) fn open(store: &Store) -> Result<SledJobs, ExecutorError> {
+        Ok(SledJobs {
+            store: store.clone(),
+            events: store.log::<Event>("events")?,
+            specs: store.tree::<Job>("jobs")?,
+            outputs: store.tree::<TaskStatus>("outputs")?,
+            live: store.tree::<Mark>("live")?,
+            by_time: store.tree::<Mark>("by_time")?,
+            index: store.tree::<Positions>("index")?,
+            meta: store.tree::<Number>("meta")?,
+            still: tokio::sync::watch::channel(0).0,
+        })
+    }
+
+    /// Applies the log's records after `after` to the jobs loaded;
+    /// returns how many it read and how many it applied.
+    fn replay(&self, st: &mut Jobs, after: u64) -> Result<(u64, u64), ExecutorError> {
+        let (mut read, mut applied) = (0u64, 0u64);
+        let mut told = Instant::now();
+        for r in self.events.replay_after(after) {
+            let (g, ev) = r?;
+            read += 1;
+            if told.elapsed() >= Duration::from_secs(2) {
+                told = Instant::now();
+                tracing::info!(
+                    read,
+                    at = g,
+                    last = self.events.last(),
+                    "replaying job events"
+                );
+            }
+            let Some(entry) = st.find_mut(&ev.job_id) else {
+                continue;
+            };
+            let Some(typed) = JobEvent::decode(&ev.kind, ev.data.as_ref())? else {
+                continue;
+            };
+            // Outputs are read only for the events that store them.
+            let outputs = &self.outputs;
+            let stored = |task: &str| outputs.get(&output_key(&ev.job_id, task)).ok().flatten();
+            entry.apply(&ev, &typed, stored);
+            entry.events.push(g);
+            applied += 1;
+        }
+        Ok((read, applied))
+    }
+
+    /// Moves a data directory of the first layout to this one: every job
+    /// indexed by time, the finished ones retired.
+    fn upgrade(&self, st: &mut Jobs) -> Result<(), ExecutorError> {
+        for id in st.ids() {
+            let Some(e) = st.find(&id) else { continue };
+            self.by_time
+                .put(&time_key(created_ms(&e.job), &id), &Mark {})?;
+            self.live.put(&id, &Mark {})?;
+            if let Some(r) = Retiring::of(st, &id) {
+                self.retire(&r)?;
+                st.forget(&id);
+            }
+        }
+        self.meta.put(LAYOUT, &Number { value: 2 })?;
+        self.store.flush_blocking()?;
+        tracing::info!("job book upgraded: finished jobs are read from disk on demand");
+        Ok(())
+    }
+
+    /// Removes retired job `id` (listed under `key`): its record, outputs
+    /// and where its events are (the log drops them with their chunk).
+    fn remove_retired(&self, id: &str, key: &str) -> Result<(), ExecutorError> {
+        self.specs.remove(id)?;
+        self.index.remove(id)?;
+        self.outputs.remove_prefix(&format!("{id}/"))?;
+        self.by_time.remove(key)?;
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl JobStore for SledJobs {
+    /// The jobs not yet retired, replayed from the checkpoint (a data
+    /// directory of the first layout is replayed whole once, and its
+    /// finished jobs retired).
+    fn load_held(&self) -> Result<Jobs, ExecutorError> {
+        let layout = self.meta.get(LAYOUT)?.map_or(1, |m| m.value);
+        let first_layout = layout < 2 && !self.specs.is_empty();
+        let started = Instant::now();
+        let mut st = Jobs::default();
+        let ids: Vec<String> = if first_layout {
+            self.specs
+                .iter()
+                .map(|r| r.map(|(id, _)| id))
+                .collect::<Result<_, _>>()?
+        } else {
+            self.live
+                .iter()
+                .map(|r| r.map(|(id, _)| id))
+                .collect::<Result<_, _>>()?
+        };
+        for id in ids {
+            let Some(job) = self.specs.get(&id)? else {
+                continue;
+            };
+            let Some(spec) = job.spec.clone() else {
+                continue;
+            };
+            // Stored specs were validated when accepted; only their graph is
+            // rebuilt, so a later config change (say, a shorter allowlist)
+            // cannot stop accepted jobs from loading.
+            let dag = crate::spec::dag(&spec).map_err(ExecutorError::Invalid)?;
+            let mut entry = JobEntry::new(spec, dag, created_ms(&job));
+            entry.job.created_at = job.created_at;
+            st.claim(entry);
+        }
+        let after = if first_layout {
+            0
+        } else {
+            self.meta.get(CHECKPOINT)?.map_or(0, |m| m.value)
+        };
+        let (replayed, applied) = self.replay(&mut st, after)?;
+        st.settle_loaded();
+        if first_layout {
+            self.upgrade(&mut st)?;
+        } else if layout < 2 {
+            // A new data directory starts in this layout.
+            self.meta.put(LAYOUT, &Number { value: 2 })?;
+        }
+        tracing::info!(
+            jobs = st.len(),
+            replayed,
+            applied,
+            after,
+            ms = started.elapsed().as_millis() as u64,
+            "job book open"
+        );
+        Ok(st)
+    }
+
+    fn accept(&self, e: &JobEntry) -> Result<i64, ExecutorError> {
+        let stored = Job {
+            spec: Some(e.spec().clone()),
+            created_at: e.job.created_at,
+            ..Default::default()
+        };
+        self.specs.put(e.id(), &stored)?;
+        self.live.put(e.id(), &Mark {})?;
+        self.by_time
+            .put(&time_key(created_ms(&e.job), e.id()), &Mark {})?;
+        Ok(0)
+    }
+
+    fn append(&self, _e: &JobEntry, wire: &Event, _moved: bool) -> u64 {
+        self.events.append(|_| wire.clone()).0
+    }
+
+    fn keep_output(&self, job_id: &str, status: &TaskStatus) -> Result<(), ExecutorError> {
+        Ok(self
+            .outputs
+            .put(&output_key(job_id, &status.task_id), status)?)
+    }
+
+    async fn durable(&self, g: u64) -> Result<u64, ExecutorError> {
+        self.events.make_durable(g).await?;
+        Ok(self.events.durable())
+    }
+
+    fn last(&self) -> u64 {
+        self.events.last()
+    }
+
+    fn retire(&self, r: &Retiring) -> Result<(), ExecutorError> {
+        self.specs.put(&r.id, &r.job)?;
+        self.index.put(&r.id, &r.positions)?;
+        self.live.remove(&r.id)?;
+        Ok(())
+    }
+
+    fn checkpoint(
+        &self,
+        first_event: Option<u64>,
+        upto: Option<u64>,
+    ) -> Result<u64, ExecutorError> {
+        // Never past what is on disk: a crash could lose records after it,
+        // and their numbers be handed out again.
+        let upto = upto.unwrap_or_else(|| self.events.durable());
+        let at = first_event.map_or(self.events.last(), |f| f - 1).min(upto);
+        self.meta.put(CHECKPOINT, &Number { value: at })?;
+        Ok(at)
+    }
+
+    fn flush(&self, first_event: Option<u64>) -> Result<(), ExecutorError> {
+        self.store.flush_blocking()?;
+        self.checkpoint(first_event, Some(self.events.last()))?;
+        Ok(self.store.flush_blocking()?)
+    }
+
+    async fn load(&self, id: &str, _replay: bool) -> Result<Option<JobEntry>, ExecutorError> {
+        // Only finished jobs are read here: the others are in memory.
+        let Some(job) = self.specs.get(id)? else {
+            return Ok(None);
+        };
+        let Some(spec) = job.spec.clone() else {
+            return Ok(None);
+        };
+        let dag = crate::spec::dag(&spec).map_err(ExecutorError::Invalid)?;
+        let mut e = JobEntry::new(spec, dag, created_ms(&job));
+        e.job = job;
+        for i in 0..e.job.tasks.len() {
+            let key = output_key(id, &e.job.tasks[i].task_id);
+            if let Some(stored) = self.outputs.get(&key)? {
+                e.keep_outputs(i, stored);
+            }
+        }
+        e.events = self.index.get(id)?.unwrap_or_default().positions;
+        e.durable_to.send_replace(e.job.last_sequence);
+        Ok(Some(e))
+    }
+
+    async fn identity(&self, id: &str) -> Result<Option<(String, String)>, ExecutorError> {
+        // A stored job's hash is its spec's (kept apart only while it runs).
+        Ok(self.specs.get(id)?.and_then(|j| {
+            let hash = crate::spec::context_hash(j.spec.as_ref()?);
+            Some((hash, j.tenant))
+        }))
+    }
+
+    async fn record(&self, id: &str) -> Result<Option<Job>, ExecutorError> {
+        Ok(self.specs.get(id)?)
+    }
+
+    async fn events(
+        &self,
+        id: &str,
+        after: u64,
+        upto: u64,
+        positions: &[u64],
+    ) -> Result<Vec<Event>, ExecutorError> {
+        let read = |at: &[u64]| -> Result<Vec<Event>, ExecutorError> {
+            Ok(self
+                .events
+                .read_each(at)?
+                .into_iter()
+                .map(|(_, ev)| ev)
+                .filter(|ev| ev.sequence > after && ev.sequence <= upto)
+                .collect())
+        };
+        if !positions.is_empty() {
+            return read(positions);
+        }
+        let index = self
+            .index
+            .get(id)?
+            .ok_or_else(|| ExecutorError::NotFound(id.into()))?;
+        let len = index.positions.len() as u64;
+        let (from, to) = (after.min(len) as usize, upto.min(len) as usize);
+        read(&index.positions[from..to])
+    }
+
+    async fn page(
+        &self,
+        before: Option<(u64, &str)>,
+        n: usize,
+    ) -> Result<Vec<(String, Job)>, ExecutorError> {
+        let before = before.map(|(created, id)| time_key(created, id));
+        let mut page = Vec::new();
+        for r in self.by_time.iter_rev_before(before.as_deref()) {
+            if page.len() == n {
+                break;
+            }
+            let (key, _) = r?;
+            let id = key.split_once('/').map_or(key.as_str(), |(_, id)| id);
+            if let Some(j) = self.specs.get(id)? {
+                page.push((id.to_owned(), j));
+            }
+        }
+        Ok(page)
+    }
+
+    async fn prune(
+        &self,
+        cutoff_ms: u64,
+        tenant: Option<&str>,
+        held: &(dyn for<'k> Fn(&'k str) -> bool + Send + Sync),
+        first_event: Option<u64>,
+    ) -> Result<(u64, u64), ExecutorError> {
+        let mut keep_from = first_event.unwrap_or(self.events.last() + 1);
+        let mut jobs = 0;
+        for r in self.by_time.iter() {
+            let (key, _) = r?;
+            let id = key.split_once('/').map_or(key.as_str(), |(_, id)| id);
+            if held(id) {
+                continue;
+            }
+            let Some(job) = self.specs.get(id)? else {
+                continue;
+            };
+            let finished = job
+                .finished_at
+                .as_ref()
+                .map(switchyard_kit::time::timestamp_ms);
+            let ours = tenant.is_none_or(|t| job.tenant == t);
+            if ours && finished.is_some_and(|at| at < cutoff_ms) {
+                self.remove_retired(id, &key)?;
+                jobs += 1;
+            } else {
+                // Kept (recent, another tenant's, or accepted a moment ago
+                // and not yet in memory here), and so are its events.
+                let index = self.index.get(id)?.unwrap_or_default();
+                if let Some(&f) = index.positions.first() {
+                    keep_from = keep_from.min(f);
+                }
+            }
+        }
+        let records = self.events.prune_before(keep_from)?;
+        self.checkpoint(first_event, None)?;
+        self.store.sync().await?;
+        Ok((jobs, records))
+    }
+
+    async fn delete(&self, id: &str, job: &Job) -> Result<(), ExecutorError> {
+        self.live.remove(id)?;
+        self.remove_retired(id, &time_key(created_ms(job), id))?;
+        self.store.sync().await?;
+        Ok(())
+    }
+
+    fn reopen(&self, id: &str, first_event: Option<u64>) -> Result<(), ExecutorError> {
+        self.live.put(id, &Mark {})?;
+        // Replay after a crash must reach back to this job's first event.
+        self.checkpoint(first_event, None)?;
+        Ok(())
+    }
+
+    fn subscribe(&self, _id: &str) -> tokio::sync::watch::Receiver<u64> {
+        self.still.subscribe()
+    }
+
+    fn poll(&self) -> Option<Duration> {
+        None
+    }
+
+    fn space(self: Arc<Self>, name: &'static str) -> Space {
+        Space::Sled(self.store.clone(), name)
+    }
+
+    fn content(self: Arc<Self>) -> Result<Content, ExecutorError> {
+        Ok(Content::Sled(Blobs::open(&self.store, "artifact_blobs")?))
+    }
+}
+
+/// Where a task's outputs are kept.
+fn output_key(job_id: &str, task_id: &str) -> String {
+    format!("{job_id}/{task_id}")
+}
+
+/// A job's key in the by-time index: sorts by creation, then id.
+fn time_key(created_ms: u64, id: &str) -> String {
+    format!("{created_ms:016x}/{id}")
+}
+
+/// The layout version (`meta` key).
+const LAYOUT: &str = "layout";
+/// Where replay starts (`meta` key).
+const CHECKPOINT: &str = "checkpoint";
