@@ -96,28 +96,18 @@ impl Approval {
     /// how many runs changed.
     pub async fn dispatch(&self) -> Result<usize, ApprovalError> {
         let now = self.now();
-        let live: Vec<Run> = match &self.inner.backend {
-            crate::Backend::Pg(pg) => {
-                // One replica dispatches (any takes over when it stops);
-                // claims are decided under the run's row lock regardless.
-                let ttl = self.inner.cfg.adapters.poll_ms.saturating_mul(3).max(1_000);
-                let held = pg
-                    .db()
-                    .lease("approval.dispatcher", pg.replica_id(), now, ttl)
-                    .await?;
-                if held.is_none() {
-                    return Ok(0);
-                }
-                pg.in_flight().await?
-            }
-            crate::Backend::Sled(sled) => {
-                let st = sled.lock();
-                st.runs
-                    .sled()
-                    .map(|r| r.live().cloned().collect())
-                    .unwrap_or_default()
-            }
-        };
+        // Among replicas, one dispatches (any takes over when it stops);
+        // claims are decided under the run's row lock regardless.
+        let ttl = self.inner.cfg.adapters.poll_ms.saturating_mul(3).max(1_000);
+        if !self
+            .inner
+            .backend
+            .elected("approval.dispatcher", now, ttl)
+            .await?
+        {
+            return Ok(0);
+        }
+        let live = self.inner.backend.in_flight().await?;
         let (due, handed): (Vec<Run>, Vec<Run>) = {
             let live: Vec<Run> = live
                 .into_iter()

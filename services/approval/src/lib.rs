@@ -9,6 +9,7 @@
 //! [`switchyard_core::run::check`]; who may act is decided in [`authorize`].
 
 pub mod adapter;
+mod backend;
 mod bundle;
 mod content;
 mod dispatch;
@@ -19,7 +20,7 @@ mod validate;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -34,8 +35,9 @@ use switchyard_proto::approval::v1::approval_service_server::{
 };
 use switchyard_proto::approval::v1::*;
 use switchyard_proto::common::v1::Event;
-use switchyard_store::{Log, Store, StoreError};
+use switchyard_store::{Store, StoreError};
 
+use crate::backend::{Backend, SledBook};
 use crate::runs::{RunSet, Runs};
 use tonic::{Code, Request, Response, Status};
 
@@ -489,42 +491,13 @@ struct Inner {
     backend: Backend,
 }
 
-/// Where the runs and the audit log live.
-enum Backend {
-    /// In this process, on sled.
-    Sled(Box<SledBook>),
-    /// In PostgreSQL, shared by every replica.
-    Pg(Arc<pg::PgRuns>),
-}
-
-/// The embedded backend: runs in flight in memory, the audit log and the
-/// runs on sled.
-struct SledBook {
-    state: Mutex<State>,
-    audit: Log<AuditRecord>,
-    store: Store,
-}
-
-impl SledBook {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
 /// Runs waiting for a person, and how long the oldest has waited.
 impl switchyard_kit::metrics::Gauges for Inner {
     fn set(&self, m: &switchyard_kit::metrics::Metrics) {
         let now = self.clock.now_ms();
-        let Backend::Sled(sled) = &self.backend else {
+        let Some(waiting) = self.backend.proposed_at(now) else {
             return;
         };
-        let st = sled.lock();
-        let Some(runs) = st.runs.sled() else { return };
-        let waiting: Vec<u64> = runs
-            .live()
-            .filter(|r| status_of(r) == S::Proposed)
-            .map(|r| r.created_at.as_ref().map_or(now, timestamp_ms))
-            .collect();
         m.approvals_pending.set(waiting.len() as i64);
         let oldest = waiting
             .iter()
@@ -661,16 +634,8 @@ impl Approval {
                 let me = me.clone();
                 async move {
                     me.sweep().await?;
-                    if let Backend::Sled(sled) = &me.inner.backend {
-                        // The next start-up replays from here.
-                        // Never past what is on disk (numbers after it could be
-                        // handed out again after a crash).
-                        let durable = sled.audit.durable();
-                        if let Some(runs) = sled.lock().runs.sled() {
-                            runs.checkpoint(durable)?;
-                        }
-                    }
-                    Ok::<_, ApprovalError>(())
+                    // The next start-up replays from here.
+                    me.inner.backend.checkpoint()
                 }
             })
     }
@@ -698,20 +663,7 @@ impl Approval {
     /// their audit records; returns how many runs and records went.
     pub async fn prune(&self, older_than_ms: u64) -> Result<(usize, u64), ApprovalError> {
         let cutoff = self.now().saturating_sub(older_than_ms);
-        let (runs, records) = match &self.inner.backend {
-            Backend::Pg(pg) => pg.prune(cutoff).await?,
-            Backend::Sled(sled) => {
-                let pruned = {
-                    let mut st = sled.lock();
-                    match st.runs.sled_mut() {
-                        Some(runs) => runs.prune(cutoff, &sled.audit)?,
-                        None => (0, 0),
-                    }
-                };
-                sled.store.sync().await?;
-                pruned
-            }
-        };
+        let (runs, records) = self.inner.backend.prune(cutoff).await?;
         if runs > 0 {
             tracing::info!(runs, records, "pruned ended runs past their retention");
         }
@@ -720,56 +672,27 @@ impl Approval {
 
     /// Flushes to disk (shutdown), with a fresh replay checkpoint.
     pub fn flush(&self) -> Result<(), ApprovalError> {
-        let Backend::Sled(sled) = &self.inner.backend else {
-            return Ok(());
-        };
-        // Everything written goes to disk, then the checkpoint moves up to it.
-        sled.store.flush_blocking()?;
-        if let Some(runs) = sled.lock().runs.sled() {
-            runs.checkpoint(sled.audit.last())?;
-        }
-        sled.store.flush_blocking()?;
-        Ok(())
+        self.inner.backend.flush()
     }
 
     fn now(&self) -> u64 {
         self.inner.clock.now_ms()
     }
 
-    /// Everything audited so far (sled); an answer that rests on a record
-    /// may wait for it to be durable. (PostgreSQL answers after commit.)
+    /// Everything audited so far; an answer that rests on a record may
+    /// wait for it to be durable.
     fn audited_so_far(&self) -> u64 {
-        match &self.inner.backend {
-            Backend::Sled(sled) => sled.audit.last(),
-            Backend::Pg(_) => 0,
-        }
+        self.inner.backend.audited_so_far()
     }
 
     /// Runs `body` against the runs `ids` (and only those) and answers once
-    /// what it wrote is durable. On sled, under the books' lock, waiting for
-    /// the audit record whose sequence `body` returns; on PostgreSQL, in one
-    /// transaction holding those runs' rows, run again whole if the
-    /// transaction must be retried.
+    /// what it wrote is durable (see [`Backend::mutate`]).
     async fn mutate<T: Send>(
         &self,
         ids: &[&str],
-        mut body: impl FnMut(&mut State) -> Result<(T, u64), ApprovalError> + Send,
+        body: impl FnMut(&mut State) -> Result<(T, u64), ApprovalError> + Send,
     ) -> Result<T, ApprovalError> {
-        match &self.inner.backend {
-            Backend::Sled(sled) => {
-                let (out, seq) = {
-                    let mut st = sled.lock();
-                    body(&mut st)?
-                };
-                sled.audit.make_durable(seq).await?;
-                Ok(out)
-            }
-            Backend::Pg(pg) => {
-                let ids: Vec<String> = ids.iter().map(|s| (*s).to_owned()).collect();
-                pg.mutate(&ids, self.now(), &mut |st| body(st).map(|(out, _)| out))
-                    .await
-            }
-        }
+        self.inner.backend.mutate(ids, self.now(), body).await
     }
 
     /// Appends an audit record about `run` (already in its new state).
@@ -788,15 +711,7 @@ impl Approval {
             correlation_id: run.correlation_id.clone(),
             details: note.details,
         };
-        let seq = match (&self.inner.backend, &st.runs) {
-            (Backend::Sled(sled), RunSet::Sled(_)) => sled.audit.append(make).0,
-            _ => {
-                // Numbered when the transaction commits.
-                let seq = st.pending.len() as u64 + 1;
-                st.pending.push(make(seq));
-                seq
-            }
-        };
+        let seq = self.inner.backend.append_audit(st, make);
         st.runs.audited(&run.run_id, seq)?;
         Ok(seq)
     }
@@ -1310,41 +1225,23 @@ impl Approval {
     /// sweeper lease sweeps, and each run is re-checked under its row lock.
     pub async fn sweep(&self) -> Result<usize, ApprovalError> {
         let now = self.now();
-        let expired: Vec<(String, String)> = match &self.inner.backend {
-            Backend::Pg(pg) => {
-                let holder = pg.replica_id();
-                let ttl = self
-                    .inner
-                    .cfg
-                    .sweep_interval_ms
-                    .saturating_mul(3)
-                    .max(1_000);
-                if pg
-                    .db()
-                    .lease("approval.sweeper", holder, now, ttl)
-                    .await?
-                    .is_none()
-                {
-                    return Ok(0);
-                }
-                pg.expired_claims(now).await?
-            }
-            Backend::Sled(sled) => {
-                let st = sled.lock();
-                st.runs
-                    .sled()
-                    .map(|runs| {
-                        runs.live()
-                            .filter(|r| {
-                                status_of(r) == S::Running
-                                    && r.claim_expires_at.as_ref().map_or(0, timestamp_ms) <= now
-                            })
-                            .map(|r| (r.run_id.clone(), r.claimed_by.clone()))
-                            .collect()
-                    })
-                    .unwrap_or_default()
-            }
-        };
+        // Among replicas, one sweeps for all (each run is re-checked under
+        // its row lock regardless).
+        let ttl = self
+            .inner
+            .cfg
+            .sweep_interval_ms
+            .saturating_mul(3)
+            .max(1_000);
+        if !self
+            .inner
+            .backend
+            .elected("approval.sweeper", now, ttl)
+            .await?
+        {
+            return Ok(0);
+        }
+        let expired = self.inner.backend.expired_claims(now).await?;
         let mut n = 0;
         for (id, worker) in &expired {
             let error = format!("claim of worker {worker:?} expired");
@@ -1369,11 +1266,11 @@ impl Approval {
 
     /// Returns one run.
     pub async fn get(&self, run_id: &str) -> Result<Run, ApprovalError> {
-        let found = match &self.inner.backend {
-            Backend::Pg(pg) => pg.get(run_id).await?,
-            Backend::Sled(sled) => sled.lock().runs.get(run_id).map(Cow::into_owned),
-        };
-        found.ok_or_else(|| ApprovalError::RunNotFound(run_id.to_owned()))
+        self.inner
+            .backend
+            .get(run_id)
+            .await?
+            .ok_or_else(|| ApprovalError::RunNotFound(run_id.to_owned()))
     }
 
     /// Lists runs: filtered, proposed first, then by creation time.
@@ -1386,37 +1283,7 @@ impl Approval {
             }
         }
         let size = switchyard_core::validate::page_size(req.page_size);
-        let sled = match &self.inner.backend {
-            Backend::Pg(pg) => return pg.list(req, &statuses, size).await,
-            Backend::Sled(sled) => sled,
-        };
-        let st = sled.lock();
-        let Some(all) = st.runs.sled() else {
-            return Ok(ListRunsResponse::default());
-        };
-        // Ended runs are read from disk only when the filter asks for them.
-        let in_flight_only = !statuses.is_empty() && statuses.iter().all(|s| !runs::ended(*s));
-        let candidates: Box<dyn Iterator<Item = Cow<'_, Run>>> = if in_flight_only {
-            Box::new(all.live().map(Cow::Borrowed))
-        } else {
-            Box::new(all.all())
-        };
-        let mut runs: Vec<(String, Cow<'_, Run>)> = candidates
-            .filter(|r| listed(req, &statuses, r))
-            .map(|r| (list_key(&r), r))
-            .filter(|(k, _)| req.page_token.is_empty() || *k > req.page_token)
-            .collect();
-        runs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let next_page_token = if runs.len() > size {
-            runs.truncate(size);
-            runs.last().map(|(k, _)| k.clone()).unwrap_or_default()
-        } else {
-            String::new()
-        };
-        Ok(ListRunsResponse {
-            runs: runs.into_iter().map(|(_, r)| r.into_owned()).collect(),
-            next_page_token,
-        })
+        self.inner.backend.list(req, &statuses, size).await
     }
 
     /// The durable audit log, of one run or all, after a sequence.
@@ -1425,31 +1292,7 @@ impl Approval {
         req: &ListAuditRequest,
     ) -> Result<ListAuditResponse, ApprovalError> {
         let size = switchyard_core::validate::page_size(req.page_size);
-        let sled = match &self.inner.backend {
-            Backend::Pg(pg) => return pg.list_audit(req, size).await,
-            Backend::Sled(sled) => sled,
-        };
-        let durable = sled.audit.durable();
-        let log = &sled.audit;
-        let records = if req.run_id.is_empty() {
-            log.read(req.after_sequence, durable, size)?
-        } else {
-            let seqs: Vec<u64> = {
-                let st = sled.lock();
-                let Some(seqs) = st.runs.sled().and_then(|r| r.positions(&req.run_id)) else {
-                    return Err(ApprovalError::RunNotFound(req.run_id.clone()));
-                };
-                seqs.iter()
-                    .copied()
-                    .filter(|s| *s > req.after_sequence && *s <= durable)
-                    .take(size)
-                    .collect()
-            };
-            log.read_each(&seqs)?
-        };
-        Ok(ListAuditResponse {
-            records: records.into_iter().map(|(_, r)| r).collect(),
-        })
+        self.inner.backend.list_audit(req, size).await
     }
 
     /// The deterministic prompt bundle of an approved run.
@@ -1609,15 +1452,12 @@ impl Approval {
 
     /// RUN_NOT_FOUND unless `p` may see run `run_id`.
     async fn check_visible(&self, p: &Principal, run_id: &str) -> Result<(), ApprovalError> {
-        let seen = match &self.inner.backend {
-            // Nothing is copied.
-            Backend::Sled(sled) => sled.lock().runs.get(run_id).is_some_and(|r| visible(p, &r)),
-            Backend::Pg(_) => {
-                self.visible_run(p, run_id).await?;
-                true
-            }
-        };
-        if seen {
+        let seen = self
+            .inner
+            .backend
+            .with_run(run_id, |r| visible(p, r))
+            .await?;
+        if seen == Some(true) {
             Ok(())
         } else {
             Err(ApprovalError::RunNotFound(run_id.to_owned()))
@@ -1696,14 +1536,7 @@ impl Approval {
         if !req.run_id.is_empty() {
             self.get(&req.run_id).await?;
         }
-        let records = match &self.inner.backend {
-            Backend::Pg(pg) => pg.tail(req.after_sequence),
-            Backend::Sled(sled) => sled
-                .audit
-                .tail(req.after_sequence)
-                .map(|r| r.map(|(_, rec)| rec))
-                .boxed(),
-        };
+        let records = self.inner.backend.tail(req.after_sequence);
         let me = self.clone();
         let shutdown = self.inner.shutdown.clone();
         let stream = records
