@@ -8,13 +8,14 @@
 //! Reserve or Commit is acknowledged only once its record is durable (group
 //! commit: concurrent callers share one flush).
 
+mod backend;
 mod books;
 mod cold;
 mod desk;
 mod pg;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -27,13 +28,14 @@ use switchyard_kit::time::duration_ms;
 use switchyard_proto::common::v1::{CorrelationContext, Event, UnitPrice};
 use switchyard_proto::ledger::v1::ledger_service_server::{LedgerService, LedgerServiceServer};
 use switchyard_proto::ledger::v1::*;
-use switchyard_store::{Log, Store, StoreError};
+use switchyard_store::{Store, StoreError};
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
+use backend::{Backend, Sled};
 use books::{Books, Charge, micro, money};
 use cold::Cold;
-use desk::{Desk, Done, LogSink, Op};
+use desk::{Done, Op};
 
 /// Prices of one model or agent, per million units, in micro-USD.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -307,40 +309,14 @@ struct Inner {
     backend: Backend,
 }
 
-/// Where the books live.
-enum Backend {
-    /// In this process, journaled to sled.
-    Sled(Box<Sled>),
-    /// In PostgreSQL, shared by every replica.
-    Pg(Arc<pg::PgBooks>),
-}
-
-/// The embedded backend: the books in memory, the journal and the retired
-/// part on sled.
-struct Sled {
-    books: Mutex<Books>,
-    journal: Log<JournalRecord>,
-    /// Retired budgets and the books' snapshot.
-    cold: Cold,
-    /// When retention last pruned, ms.
-    pruned_at: std::sync::atomic::AtomicU64,
-    store: Store,
-}
-
 /// Money held by open reservations, summed over each tenant's root budgets
 /// (a reservation is held on every ancestor, so roots hold it all).
 impl switchyard_kit::metrics::Gauges for Inner {
     fn set(&self, m: &switchyard_kit::metrics::Metrics) {
-        let Backend::Sled(sled) = &self.backend else {
-            return;
-        };
-        let books = sled.books.lock().unwrap_or_else(|p| p.into_inner());
-        for b in books.budgets.values().filter(|b| b.parent.is_none()) {
+        for (tenant, reserved) in self.backend.reserved_by_tenant() {
             m.budget_reserved_micro_usd
-                .get_or_create(&switchyard_kit::metrics::BudgetLabels {
-                    tenant: b.tenant.clone(),
-                })
-                .inc_by(b.cost_reserved);
+                .get_or_create(&switchyard_kit::metrics::BudgetLabels { tenant })
+                .inc_by(reserved);
         }
     }
 }
@@ -473,125 +449,23 @@ impl Ledger {
     /// retention: retired budgets, and journal records before the snapshot
     /// that no budget in memory still reads.
     pub async fn maintain(&self) -> Result<(), LedgerError> {
-        let Backend::Sled(sled) = &self.inner.backend else {
-            return Ok(());
-        };
-        let journal = &sled.journal;
-        journal.make_durable(journal.last()).await?;
-        let now = self.now();
-        // Closed budgets that hold nothing: copied under the lock, written
-        // without it, dropped from the books under it.
-        let plan = sled.cold.plan(&sled.lock(), now);
-        sled.cold.write(&plan)?;
-        let (snap, keep_from) = {
-            let mut books = sled.lock();
-            let retired = sled.cold.forget(&mut books, plan);
-            if retired > 0 {
-                tracing::debug!(retired, "closed budgets left memory");
-            }
-            // Entries of budgets in memory are read back from the journal.
-            let first_entry = books.entries.keys().next().copied();
-            (
-                snapshot(&books, journal.last()),
-                first_entry.unwrap_or(u64::MAX),
-            )
-        };
-        journal.make_durable(snap.at).await?;
-        sled.cold.save(&snap)?;
         let retention_ms = self.inner.cfg.retention_secs.saturating_mul(1000);
-        // Pruning reads every retired budget: at most once a minute (or once
-        // per window, for windows shorter than that).
-        let every = retention_ms.min(60_000);
-        let last = sled.pruned_at.load(std::sync::atomic::Ordering::Relaxed);
-        if retention_ms > 0 && now.saturating_sub(last) >= every {
-            sled.pruned_at
-                .store(now, std::sync::atomic::Ordering::Relaxed);
-            let cutoff = now.saturating_sub(retention_ms);
-            let pruned = sled.cold.prune(cutoff)?;
-            // Records before the snapshot, not read back, and older than
-            // the retention window go.
-            let mut before = keep_from.min(snap.at + 1);
-            for r in journal.replay() {
-                let (seq, rec) = r?;
-                if seq >= before
-                    || rec
-                        .time
-                        .as_ref()
-                        .map_or(0, switchyard_kit::time::timestamp_ms)
-                        >= cutoff
-                {
-                    before = before.min(seq);
-                    break;
-                }
-            }
-            let records = journal.prune_before(before)?;
-            if pruned > 0 || records > 0 {
-                tracing::info!(
-                    budgets = pruned,
-                    records,
-                    "pruned the ledger past its retention"
-                );
-            }
-        }
-        sled.store.sync().await?;
-        Ok(())
+        self.inner.backend.maintain(self.now(), retention_ms).await
     }
 
     /// Releases every reservation past its TTL; returns how many. On
     /// PostgreSQL only the replica holding the sweeper lease sweeps.
     pub async fn sweep(&self) -> Result<usize, LedgerError> {
-        let now = self.now();
-        let sled = match &self.inner.backend {
-            Backend::Pg(pg) => {
-                let period = self.inner.cfg.sweep_interval_ms;
-                return pg.sweep(&self.inner.id_prefix, now, period).await;
-            }
-            Backend::Sled(sled) => sled,
-        };
-        let (n, last) = {
-            let mut books = sled.lock();
-            let due: Vec<String> = books
-                .expiry
-                .iter()
-                .take_while(|(at, _)| *at <= now)
-                .map(|(_, id)| id.clone())
-                .collect();
-            let mut sink = LogSink::new(&sled.journal);
-            let mut desk = Desk {
-                books: &mut books,
-                cold: Some(&sled.cold),
-                sink: &mut sink,
-                prefix: &self.inner.id_prefix,
-                now,
-            };
-            for id in &due {
-                desk.decide(Op::Expire(id.clone()))?;
-            }
-            (due.len(), sink.durable_point())
-        };
-        if n > 0 {
-            sled.journal.make_durable(last).await?;
-        }
-        Ok(n)
+        let period = self.inner.cfg.sweep_interval_ms;
+        self.inner
+            .backend
+            .sweep(&self.inner.id_prefix, self.now(), period)
+            .await
     }
 
     /// Flushes the journal to disk (shutdown).
     pub fn flush(&self) -> Result<(), LedgerError> {
-        let Backend::Sled(sled) = &self.inner.backend else {
-            return Ok(());
-        };
-        // The flush below writes everything appended, so the books as they
-        // are now are the snapshot.
-        let snap = {
-            let mut books = sled.lock();
-            // Everything appended is durable after the flush below; what
-            // can retire does, so the next start loads less.
-            sled.cold.retire(&mut books, self.now())?;
-            snapshot(&books, sled.journal.last())
-        };
-        sled.cold.save(&snap)?;
-        sled.store.flush_blocking()?;
-        Ok(())
+        self.inner.backend.flush(self.now())
     }
 
     fn now(&self) -> u64 {
@@ -600,27 +474,10 @@ impl Ledger {
 
     /// Decides and records one write; answers once it is durable.
     async fn write(&self, op: Op) -> Result<Done, LedgerError> {
-        let now = self.now();
-        match &self.inner.backend {
-            Backend::Pg(pg) => pg.write(op, &self.inner.id_prefix, now).await,
-            Backend::Sled(sled) => {
-                let (done, seq) = {
-                    let mut books = sled.lock();
-                    let mut sink = LogSink::new(&sled.journal);
-                    let done = Desk {
-                        books: &mut books,
-                        cold: Some(&sled.cold),
-                        sink: &mut sink,
-                        prefix: &self.inner.id_prefix,
-                        now,
-                    }
-                    .decide(op);
-                    (done, sink.durable_point())
-                };
-                sled.journal.make_durable(seq).await?;
-                done
-            }
-        }
+        self.inner
+            .backend
+            .write(op, &self.inner.id_prefix, self.now())
+            .await
     }
 
     /// Refuses with BUDGET_NOT_FOUND unless `p` sees budget `id`'s tenant.
@@ -643,16 +500,7 @@ impl Ledger {
         p: &switchyard_kit::auth::Principal,
         id: &str,
     ) -> Result<String, LedgerError> {
-        let budget = match &self.inner.backend {
-            Backend::Pg(pg) => pg.reservation_budget(id).await?,
-            Backend::Sled(sled) => {
-                let books = sled.lock();
-                match books.reservations.get(id) {
-                    Some(r) => Some(r.budget_id.clone()),
-                    None => sled.cold.reservation(id)?.map(|r| r.budget_id),
-                }
-            }
-        };
+        let budget = self.inner.backend.reservation_budget(id).await?;
         match budget {
             Some(b) if self.sees(p, &b).await? => Ok(b),
             _ => Err(LedgerError::ReservationNotFound(id.to_owned())),
@@ -661,20 +509,17 @@ impl Ledger {
 
     /// Returns one budget.
     pub async fn budget(&self, id: &str) -> Result<Budget, LedgerError> {
-        let found = match &self.inner.backend {
-            Backend::Pg(pg) => pg.budget(id).await?,
-            Backend::Sled(sled) => sled.budget(id)?,
-        };
-        found.ok_or_else(|| LedgerError::BudgetNotFound(id.to_owned()))
+        self.inner
+            .backend
+            .budget(id)
+            .await?
+            .ok_or_else(|| LedgerError::BudgetNotFound(id.to_owned()))
     }
 
     /// Budget `id`'s tenant and parent (`None`: no such budget), whether in
     /// memory or retired.
     async fn facts(&self, id: &str) -> Result<Option<(String, String)>, LedgerError> {
-        match &self.inner.backend {
-            Backend::Pg(pg) => pg.facts(id).await,
-            Backend::Sled(sled) => Ok(sled.facts(&sled.lock(), id)),
-        }
+        self.inner.backend.facts(id).await
     }
 
     /// Whether `p` sees budget `id` (in memory or retired).
@@ -789,10 +634,7 @@ impl Ledger {
         &self,
         req: &ListBudgetsRequest,
     ) -> Result<ListBudgetsResponse, LedgerError> {
-        match &self.inner.backend {
-            Backend::Pg(pg) => pg.list_budgets(req).await,
-            Backend::Sled(sled) => Ok(sled.list_budgets(req)),
-        }
+        self.inner.backend.list_budgets(req).await
     }
 
     /// Reserves on a budget and every ancestor, atomically; acknowledged once
@@ -931,10 +773,7 @@ impl Ledger {
                 .map_err(|_| invalid("page_token", "not a token from a previous page"))?
         };
         let size = switchyard_core::validate::page_size(req.page_size);
-        let (charges, budget) = match &self.inner.backend {
-            Backend::Pg(pg) => pg.charges(req).await?,
-            Backend::Sled(sled) => sled.charges(req)?,
-        };
+        let (charges, budget) = self.inner.backend.charges(req).await?;
         let (mut total_cost, mut total_tokens) = (0i64, 0u64);
         let mut entries = Vec::new();
         let (mut last_seq, mut more) = (0, false);
@@ -1013,23 +852,12 @@ impl Ledger {
 
     /// Feeds the whole journal, in order, to `apply`.
     async fn replay(&self, apply: &mut impl FnMut(&JournalRecord)) -> Result<(), LedgerError> {
-        match &self.inner.backend {
-            Backend::Pg(pg) => pg.replay(apply).await,
-            Backend::Sled(sled) => {
-                for r in sled.journal.replay() {
-                    apply(&r?.1);
-                }
-                Ok(())
-            }
-        }
+        self.inner.backend.replay(apply).await
     }
 
     /// Every budget as the live books hold it, in id order.
     pub async fn budgets(&self) -> Result<Vec<Budget>, LedgerError> {
-        match &self.inner.backend {
-            Backend::Pg(pg) => pg.budgets().await,
-            Backend::Sled(sled) => Ok(sled.budgets()),
-        }
+        self.inner.backend.budgets().await
     }
 
     async fn watch_stream(
@@ -1041,14 +869,7 @@ impl Ledger {
         if !req.budget_id.is_empty() && self.facts(&req.budget_id).await?.is_none() {
             return Err(LedgerError::BudgetNotFound(req.budget_id));
         }
-        let records = match &self.inner.backend {
-            Backend::Pg(pg) => pg.tail(req.after_sequence),
-            Backend::Sled(sled) => sled
-                .journal
-                .tail(req.after_sequence)
-                .map(|r| r.map(|(_, rec)| rec))
-                .boxed(),
-        };
+        let records = self.inner.backend.tail(req.after_sequence);
         let me = self.clone();
         let shutdown = self.inner.shutdown.clone();
         let stream = records
@@ -1080,6 +901,9 @@ impl Ledger {
     }
 }
 
+/// The charges a ListEntries selects (ascending), and the budget it names.
+pub(crate) type Selected = (Vec<(u64, Charge)>, Option<Budget>);
+
 /// A write answered with the wrong kind of result: a bug, reported as one.
 fn unexpected(done: &Done) -> LedgerError {
     LedgerError::Storage(StoreError::Io(format!(
@@ -1087,119 +911,9 @@ fn unexpected(done: &Done) -> LedgerError {
     )))
 }
 
-impl Sled {
-    fn lock(&self) -> MutexGuard<'_, Books> {
-        self.books.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// One budget, in memory or retired.
-    fn budget(&self, id: &str) -> Result<Option<Budget>, LedgerError> {
-        let hot = self.lock().budgets.get(id).map(|b| b.view());
-        match hot {
-            Some(b) => Ok(Some(b)),
-            None => Ok(self.cold.budget(id)?.and_then(|c| c.budget)),
-        }
-    }
-
-    /// Budget `id`'s tenant and parent (`None`: no such budget).
-    fn facts(&self, books: &Books, id: &str) -> Option<(String, String)> {
-        desk::facts(books, Some(&self.cold), id).unwrap_or_else(|e| {
-            tracing::error!(budget_id = id, error = %e, "reading a retired budget");
-            None
-        })
-    }
-
-    fn list_budgets(&self, req: &ListBudgetsRequest) -> ListBudgetsResponse {
-        let size = switchyard_core::validate::page_size(req.page_size);
-        let books = self.lock();
-        let start = std::ops::Bound::Excluded(req.page_token.clone());
-        let wanted = |parent: &str| req.parent_id.is_empty() || parent == req.parent_id;
-        let mut budgets: Vec<Budget> = books
-            .budgets
-            .range::<String, _>((start, std::ops::Bound::Unbounded))
-            .map(|(_, b)| b)
-            .filter(|b| wanted(b.parent.as_deref().unwrap_or("")))
-            .take(size + 1)
-            .map(|b| b.view())
-            .collect();
-        // Retired budgets, merged in id order.
-        let retired = self
-            .cold
-            .budgets_after(&req.page_token)
-            .filter_map(|r| match r {
-                Ok((_, c)) => c.budget,
-                Err(e) => {
-                    tracing::error!(error = %e, "listing retired budgets");
-                    None
-                }
-            })
-            .filter(|b| wanted(&b.parent_id))
-            .take(size + 1);
-        budgets.extend(retired);
-        page_of_budgets(budgets, size)
-    }
-
-    /// The charges a ListEntries selects (ascending), and the budget it
-    /// names.
-    fn charges(&self, req: &ListEntriesRequest) -> Result<Selected, LedgerError> {
-        let books = self.lock();
-        let cold = &self.cold;
-        let (mut seqs, budget) = if !req.budget_id.is_empty() {
-            let (mut seqs, view): (Vec<u64>, Budget) = match books.budgets.get(&req.budget_id) {
-                Some(b) => {
-                    let seqs = books
-                        .subtree(&req.budget_id)
-                        .iter()
-                        .flat_map(|b| b.entries.iter().copied())
-                        .collect();
-                    (seqs, b.view())
-                }
-                None => match cold.budget(&req.budget_id)? {
-                    Some(c) => (c.entries, c.budget.unwrap_or_default()),
-                    None => return Err(LedgerError::BudgetNotFound(req.budget_id.clone())),
-                },
-            };
-            // Entries of retired budgets under it.
-            seqs.extend(cold.subtree_entries(&req.budget_id)?);
-            (seqs, Some(view))
-        } else if !req.job_id.is_empty() {
-            let mut seqs = books.by_job.get(&req.job_id).cloned().unwrap_or_default();
-            seqs.extend(cold.indexed('j', &req.job_id)?);
-            (seqs, None)
-        } else {
-            let seqs = books.by_correlation.get(&req.correlation_id).cloned();
-            let mut seqs = seqs.unwrap_or_default();
-            seqs.extend(cold.indexed('c', &req.correlation_id)?);
-            (seqs, None)
-        };
-        seqs.sort_unstable();
-        seqs.dedup();
-        // Retired budgets' entries are read from the journal (and are gone
-        // once pruned past retention).
-        let charges = cold::charges(&books, Some(&self.journal), &seqs)?;
-        Ok((charges, budget))
-    }
-
-    /// Every budget, in memory or retired, in id order.
-    fn budgets(&self) -> Vec<Budget> {
-        let retired: Vec<Budget> = self
-            .cold
-            .budgets_after("")
-            .filter_map(|r| r.ok().and_then(|(_, c)| c.budget))
-            .collect();
-        let mut all: Vec<Budget> = self.lock().budgets.values().map(|b| b.view()).collect();
-        all.extend(retired);
-        all.sort_by(|a, b| a.budget_id.cmp(&b.budget_id));
-        all
-    }
-}
-
-/// The charges a ListEntries selects (ascending), and the budget it names.
-type Selected = (Vec<(u64, Charge)>, Option<Budget>);
-
 /// Sorts `budgets` by id and cuts the page at `size`, with the token of the
 /// next page.
-fn page_of_budgets(mut budgets: Vec<Budget>, size: usize) -> ListBudgetsResponse {
+pub(crate) fn page_of_budgets(mut budgets: Vec<Budget>, size: usize) -> ListBudgetsResponse {
     budgets.sort_by(|a, b| a.budget_id.cmp(&b.budget_id));
     budgets.truncate(size + 1);
     let next_page_token = if budgets.len() > size {
@@ -1217,9 +931,8 @@ fn page_of_budgets(mut budgets: Vec<Budget>, size: usize) -> ListBudgetsResponse
     }
 }
 
-/// Checks that `tokens` and `cost` fit the budget and every ancestor.
 /// The books in memory, as of journal position `at`.
-fn snapshot(books: &Books, at: u64) -> cold::Snapshot {
+pub(crate) fn snapshot(books: &Books, at: u64) -> cold::Snapshot {
     cold::Snapshot {
         at,
         budgets: books.budgets.values().map(Into::into).collect(),
@@ -1227,6 +940,7 @@ fn snapshot(books: &Books, at: u64) -> cold::Snapshot {
     }
 }
 
+/// Checks that `tokens` and `cost` fit the budget and every ancestor.
 fn check_reserve(
     books: &Books,
     budget_id: &str,
