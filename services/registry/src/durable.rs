@@ -183,11 +183,65 @@ impl Durable {
         }
     }
 
-    /// Flushes to disk at shutdown (sled).
-    pub(crate) fn flush_blocking(&self) -> Result<(), StoreError> {
+    /// Flushes to disk at shutdown (sled: with the leases of the agents
+    /// `dirty` names; on PostgreSQL the last lease batch is written by the
+    /// background task, and leases are renewed by heartbeats anyway).
+    pub(crate) fn flush_blocking(
+        &self,
+        dirty: impl FnOnce() -> Vec<Agent>,
+    ) -> Result<(), StoreError> {
         match self {
-            Durable::Sled { store, .. } => store.flush_blocking(),
+            Durable::Sled { store, agents, .. } => {
+                put_agents(agents, &dirty())?;
+                store.flush_blocking()
+            }
             Durable::Pg(_) => Ok(()),
+        }
+    }
+
+    /// Changes other replicas made after `after`, as they commit (none
+    /// where this process is the only writer).
+    pub(crate) fn changes(
+        &self,
+        after: u64,
+    ) -> futures_util::stream::BoxStream<'static, Result<Change, StoreError>> {
+        use futures_util::StreamExt;
+        match self {
+            Durable::Sled { .. } => futures_util::stream::empty().boxed(),
+            Durable::Pg(pg) => pg.changes(after),
+        }
+    }
+
+    /// Agent `id` as stored.
+    pub(crate) async fn agent(&self, id: &str) -> Result<Option<Agent>, StoreError> {
+        match self {
+            Durable::Sled { agents, .. } => agents.get(id),
+            Durable::Pg(pg) => pg.agent(id).await,
+        }
+    }
+
+    /// Tool `name` as stored.
+    pub(crate) async fn tool(&self, name: &str) -> Result<Option<Tool>, StoreError> {
+        match self {
+            Durable::Sled { tools, .. } => tools.get(name),
+            Durable::Pg(pg) => pg.tool(name).await,
+        }
+    }
+
+    /// MCP server `name` as stored.
+    pub(crate) async fn mcp(&self, name: &str) -> Result<Option<McpServer>, StoreError> {
+        match self {
+            Durable::Sled { mcp, .. } => mcp.get(name),
+            Durable::Pg(pg) => pg.mcp(name).await,
+        }
+    }
+
+    /// Agents whose leases, in-flight counts or statistics other replicas
+    /// wrote since `since_ms` (none where this process is the only writer).
+    pub(crate) async fn leases_since(&self, since_ms: u64) -> Result<Vec<Agent>, StoreError> {
+        match self {
+            Durable::Sled { .. } => Ok(Vec::new()),
+            Durable::Pg(pg) => pg.leases_since(since_ms).await,
         }
     }
 }

@@ -463,10 +463,7 @@ impl Registry {
     /// Applies the other replicas' changes (PostgreSQL) as they commit:
     /// each record named is read again and replaces this replica's view.
     fn follow_changes(&self, after: u64) {
-        let durable::Durable::Pg(pg) = &self.inner.durable else {
-            return;
-        };
-        let changes = pg.changes(after);
+        let changes = self.inner.durable.changes(after);
         let me = self.clone();
         let shutdown = self.inner.shutdown.clone();
         tokio::spawn(async move {
@@ -487,13 +484,11 @@ impl Registry {
     }
 
     async fn apply_change(&self, c: durable::Change) -> Result<(), RegistryError> {
-        let durable::Durable::Pg(pg) = &self.inner.durable else {
-            return Ok(());
-        };
+        let durable = &self.inner.durable;
         let now = self.inner.clock.now_ms();
         match c {
             durable::Change::Agent(id) => {
-                let stored = pg.agent(&id).await?;
+                let stored = durable.agent(&id).await?;
                 let mut st = self.lock();
                 match stored {
                     Some(agent) => {
@@ -508,7 +503,7 @@ impl Registry {
                 }
             }
             durable::Change::Tool(name) => {
-                let stored = pg.tool(&name).await?;
+                let stored = durable.tool(&name).await?;
                 let mut st = self.lock();
                 match stored {
                     Some(tool) => {
@@ -522,7 +517,7 @@ impl Registry {
                     }
                 }
             }
-            durable::Change::Mcp(name) => match pg.mcp(&name).await? {
+            durable::Change::Mcp(name) => match durable.mcp(&name).await? {
                 Some(server) => self.load_mcp_server(server),
                 None => self.unload_mcp_server(&name),
             },
@@ -592,9 +587,6 @@ impl Registry {
     /// wrote since the last look (PostgreSQL), so every replica lapses an
     /// agent from the same lease and routes on the same saturation.
     pub async fn sync_leases(&self) -> Result<usize, RegistryError> {
-        let durable::Durable::Pg(pg) = &self.inner.durable else {
-            return Ok(0);
-        };
         let now = self.inner.clock.now_ms();
         // Batches are written once per persist interval: looking more often
         // would only read the same rows again. Each look reaches back one
@@ -610,7 +602,7 @@ impl Registry {
         } else {
             last.saturating_sub(every)
         };
-        let stored = pg.leases_since(since).await?;
+        let stored = self.inner.durable.leases_since(since).await?;
         self.inner.lease_synced_ms.store(now, Ordering::Relaxed);
         let mut changed = 0;
         {
@@ -677,10 +669,7 @@ impl Registry {
     /// the last lease batch is written by the background task, and leases
     /// are renewed by heartbeats anyway).
     pub fn flush(&self) -> Result<(), RegistryError> {
-        if let durable::Durable::Sled { agents, .. } = &self.inner.durable {
-            durable::put_agents(agents, &self.take_dirty())?;
-        }
-        self.inner.durable.flush_blocking()?;
+        self.inner.durable.flush_blocking(|| self.take_dirty())?;
         Ok(())
     }
 
