@@ -22,3 +22,4 @@ mod sandbox;
 mod split;
 mod telemetry;
 mod tool_approval;
+mod upgrade;
