@@ -242,7 +242,7 @@ async fn executor(cluster: &PgCluster) -> anyhow::Result<()> {
     println!(
         "\nExecutor on PostgreSQL 15 (each replica a whole stack on one database; {CALLERS} submitters; approval by policy):"
     );
-    let mut rows: Vec<(String, f64, f64, f64, f64, f64, String)> = Vec::new();
+    let mut rows: Vec<Row> = Vec::new();
     for n in [0usize, 1, 3] {
         let url = if n == 0 {
             None
@@ -272,7 +272,9 @@ async fn executor(cluster: &PgCluster) -> anyhow::Result<()> {
         let (rate, all, failed) = throughput(&channels, Shape::Wait).await?;
         anyhow::ensure!(failed == 0, "{failed} jobs did not complete");
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-        let share = (postgres_cpu_secs() - cpu0) / (t0.elapsed().as_secs_f64() * cores);
+        let pg_cpu = postgres_cpu_secs() - cpu0;
+        let share = pg_cpu / (t0.elapsed().as_secs_f64() * cores);
+        let pg_cpu_per_job = pg_cpu / crate::executor::JOBS as f64;
         let stmts = url.as_deref().and_then(|u| statements(cluster, u));
         let c = switchyard_api::ExecutorClient::remote(channels[0].clone(), 4 << 20);
         let h = chain(&c, CHAINS).await?;
@@ -285,16 +287,39 @@ async fn executor(cluster: &PgCluster) -> anyhow::Result<()> {
             Some((total, top)) => (total as f64 / crate::executor::JOBS as f64, top),
             None => (0.0, String::new()),
         };
-        rows.push((who, rate, ms(&all, 0.5), ms(&h, 0.5), share, per_job, top));
+        rows.push(Row {
+            who,
+            rate,
+            p50: ms(&all, 0.5),
+            chain_p50: ms(&h, 0.5),
+            share,
+            cpu_per_job: pg_cpu_per_job,
+            per_job,
+            top,
+        });
         for s in stacks {
             s.stop().await?;
         }
     }
-    for (who, rate, p50, chain_p50, share, per_job, _) in &rows {
+    for Row {
+        who,
+        rate,
+        p50,
+        chain_p50,
+        share,
+        cpu_per_job,
+        per_job,
+        ..
+    } in &rows
+    {
         let pg = if who.starts_with("postgres") {
             format!(
-                "  postgres CPU {:>3.0}% of the machine, {per_job:.1} statements/job",
-                share * 100.0
+                "  postgres CPU {:>3.0}% of the machine, {:.2} ms/job ({:.0} jobs per postgres CPU-second) [{}: >= 1000], {per_job:.1} statements/job [{}: <= 10]",
+                share * 100.0,
+                cpu_per_job * 1000.0,
+                1.0 / cpu_per_job.max(1e-9),
+                verdict(*cpu_per_job > 0.0 && 1.0 / cpu_per_job >= 1000.0),
+                verdict(*per_job <= 10.0)
             )
         } else {
             String::new()
@@ -303,22 +328,42 @@ async fn executor(cluster: &PgCluster) -> anyhow::Result<()> {
             "  {who:<22} W1 {rate:>6.0} jobs/s  submit->completed p50 {p50:>6.1} ms;  3-step chain p50 {chain_p50:>6.2} ms{pg}"
         );
     }
-    for (who, _, _, _, _, _, top) in &rows {
+    for Row { who, top, .. } in &rows {
         if !top.is_empty() {
             println!("  {who}: most time in {top}");
         }
     }
-    let three = rows.iter().find(|r| r.0 == "postgres, 3 replicas");
-    let one = rows.iter().find(|r| r.0 == "postgres, 1 replica");
+    let three = rows.iter().find(|r| r.who == "postgres, 3 replicas");
+    let one = rows.iter().find(|r| r.who == "postgres, 1 replica");
     if let (Some(three), Some(one)) = (three, one) {
         println!(
-            "  3 replicas: {:.0} jobs/s ({:.2}x of 1 replica)  [{}: >= 1000 jobs/s]; chain p50 {:.2} ms  [{}: <= 20 ms]",
-            three.1,
-            three.1 / one.1.max(1.0),
-            verdict(three.1 >= 1000.0),
-            three.3,
-            verdict(three.3 <= 20.0)
+            "  3 replicas: {:.0} jobs/s ({:.2}x of 1 replica)  [{}: >= 1000 jobs/s; {}: >= 0.9x of 1 replica]; chain p50 {:.2} ms  [{}: <= 20 ms]",
+            three.rate,
+            three.rate / one.rate.max(1.0),
+            verdict(three.rate >= 1000.0),
+            verdict(three.rate >= 0.9 * one.rate),
+            three.chain_p50,
+            verdict(three.chain_p50 <= 20.0)
         );
     }
     Ok(())
+}
+
+/// One row of the executor-on-PostgreSQL figures.
+struct Row {
+    who: String,
+    /// W1 jobs/s.
+    rate: f64,
+    /// Submit to completed, p50 ms.
+    p50: f64,
+    /// The 3-step chain, p50 ms.
+    chain_p50: f64,
+    /// PostgreSQL's share of the machine's CPU.
+    share: f64,
+    /// PostgreSQL CPU seconds per job.
+    cpu_per_job: f64,
+    /// SQL statements per job.
+    per_job: f64,
+    /// The statement that took most time, and calls by service.
+    top: String,
 }
