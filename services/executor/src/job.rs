@@ -57,10 +57,10 @@ pub struct JobEntry {
     pub submitter_kind: String,
     /// Tool calls waiting for a person, by task id.
     pub awaiting: std::collections::HashMap<String, crate::events::AwaitingApproval>,
-    /// On PostgreSQL, the epoch of this replica's lease on the job (the
-    /// fencing token its writes carry); 0 on sled.
+    /// Where jobs are shared, the epoch of this member's lease on the job
+    /// (the fencing token its writes carry); 0 on one node.
     pub lease: i64,
-    /// On PostgreSQL, a job of queue tasks only claimed here for a worker's
+    /// Where jobs are shared, a job of queue tasks only claimed here for a worker's
     /// fetch (such jobs run where their workers fetch).
     pub fetched: bool,
     /// Its approval run was claimed for this executor with the proposal

@@ -561,8 +561,8 @@ impl Executor {
             )));
         }
         if !here {
-            // PostgreSQL: the job is run (and its leases kept) by another
-            // replica, or was taken over since this worker fetched it here.
+            // Another member runs the job (and keeps its leases), or took it
+            // over since this worker fetched it here.
             if state.is_terminal() {
                 return Err(refuse(
                     Code::FailedPrecondition,

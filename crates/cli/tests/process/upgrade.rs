@@ -3,6 +3,7 @@
 //! `fixtures/make-release-data.sh`) opens in today's `switchyard dev`: every
 //! job, run, audit record and budget reads as that release answered, and new
 //! work runs on it.
+#![allow(clippy::unwrap_used)]
 
 use std::path::Path;
 use std::time::Duration;

@@ -165,6 +165,9 @@ impl Executor {
             if let Err(e) = me.cancel_here(&id, &ask.why, ask.who()).await {
                 tracing::debug!(job_id = %id, error = %e, "cancel request");
             }
+            // Acted on: the job has ended (or left this replica), so a
+            // later notice finds no lease here; the set stays small.
+            crate::lock(&me.inner.cancels_seen).remove(&id);
         });
     }
 
