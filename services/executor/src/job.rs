@@ -80,6 +80,25 @@ impl JobEntry {
         }
     }
 
+    /// The entry of stored job `record`, its graph rebuilt from its
+    /// accepted spec (`None`: the record has no spec). Stored specs were
+    /// validated when accepted; only their graph is rebuilt, so a later
+    /// config change (say, a shorter allowlist) cannot stop accepted jobs
+    /// from loading.
+    pub fn restored(record: &Job) -> Result<Option<JobEntry>, crate::error::ExecutorError> {
+        let Some(spec) = record.spec.clone() else {
+            return Ok(None);
+        };
+        let dag = crate::spec::dag(&spec).map_err(crate::error::ExecutorError::Invalid)?;
+        let created = record
+            .created_at
+            .as_ref()
+            .map_or(0, switchyard_kit::time::timestamp_ms);
+        let mut e = JobEntry::new(spec, dag, created);
+        e.job.created_at = record.created_at;
+        Ok(Some(e))
+    }
+
     /// A new entry for an accepted spec.
     pub fn new(spec: JobSpec, dag: Dag, created_ms: u64) -> JobEntry {
         let tasks = spec

@@ -1406,11 +1406,9 @@ impl JobStore for PgJobs {
         let Some(stored) = self.stored(id).await? else {
             return Ok(None);
         };
-        let Some(spec) = stored.record.spec.clone() else {
+        let Some(mut e) = JobEntry::restored(&stored.record)? else {
             return Ok(None);
         };
-        let dag = crate::spec::dag(&spec).map_err(ExecutorError::Invalid)?;
-        let mut e = JobEntry::new(spec, dag, created_ms(&stored.record));
         let outputs: HashMap<String, TaskStatus> = self
             .outputs(id)
             .await?

@@ -142,16 +142,9 @@ impl JobStore for SledJobs {
             let Some(job) = self.specs.get(&id)? else {
                 continue;
             };
-            let Some(spec) = job.spec.clone() else {
-                continue;
-            };
-            // Stored specs were validated when accepted; only their graph is
-            // rebuilt, so a later config change (say, a shorter allowlist)
-            // cannot stop accepted jobs from loading.
-            let dag = crate::spec::dag(&spec).map_err(ExecutorError::Invalid)?;
-            let mut entry = JobEntry::new(spec, dag, created_ms(&job));
-            entry.job.created_at = job.created_at;
-            st.claim(entry);
+            if let Some(entry) = JobEntry::restored(&job)? {
+                st.claim(entry);
+            }
         }
         let after = if first_layout {
             0
@@ -240,11 +233,9 @@ impl JobStore for SledJobs {
         let Some(job) = self.specs.get(id)? else {
             return Ok(None);
         };
-        let Some(spec) = job.spec.clone() else {
+        let Some(mut e) = JobEntry::restored(&job)? else {
             return Ok(None);
         };
-        let dag = crate::spec::dag(&spec).map_err(ExecutorError::Invalid)?;
-        let mut e = JobEntry::new(spec, dag, created_ms(&job));
         e.job = job;
         for i in 0..e.job.tasks.len() {
             let key = output_key(id, &e.job.tasks[i].task_id);
