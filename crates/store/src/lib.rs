@@ -22,6 +22,19 @@ pub use blobs::Blobs;
 use group_commit::GroupCommit;
 pub use log::Log;
 
+/// Whether this process has opened a database at `path` (noting it when
+/// `now`).
+fn opened_here(path: &Path, now: bool) -> bool {
+    static OPENED: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
+    let path = path.canonicalize().unwrap_or_else(|_| path.to_owned());
+    let mut opened = OPENED.lock().unwrap_or_else(|p| p.into_inner());
+    let seen = opened.contains(&path);
+    if now && !seen {
+        opened.push(path);
+    }
+    seen
+}
+
 /// Page cache of one database, bytes.
 const CACHE_BYTES: u64 = 4 << 20;
 
@@ -112,18 +125,23 @@ impl Store {
                 },
                 other => other,
             })?;
+        opened_here(path, true);
         Ok(Self::from_db(db))
     }
 
-    /// Opens a database whose last handle in this process was just dropped
-    /// (a restart inside one process, as tests do). sled's background
-    /// threads let go of the file lock a moment after the drop, so a held
-    /// lock is retried for up to `wait`; other errors return at once.
+    /// Opens a database, waiting up to `wait` for its lock when this
+    /// process opened it before (a restart inside one process, as tests
+    /// do): sled's background threads let go of the file lock a moment
+    /// after the last handle drops, longer on a loaded machine. A lock held
+    /// at a path this process never opened is another process's: refused
+    /// at once. Other errors return at once.
     pub fn reopen(path: impl AsRef<Path>, wait: std::time::Duration) -> Result<Store, StoreError> {
+        let path = path.as_ref();
+        let ours = opened_here(path, false);
         let deadline = std::time::Instant::now() + wait;
         loop {
-            match Store::open(path.as_ref()) {
-                Err(StoreError::Locked { .. }) if std::time::Instant::now() < deadline => {
+            match Store::open(path) {
+                Err(StoreError::Locked { .. }) if ours && std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }
                 r => return r,
@@ -318,6 +336,18 @@ mod tests {
             description: "d".into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_lock_held_where_this_process_never_opened_a_store_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        // Another holder of the lock (as another process would be).
+        let _other = sled::Config::new().path(dir.path()).open().unwrap();
+        let asked = std::time::Instant::now();
+        let r = Store::reopen(dir.path(), std::time::Duration::from_secs(30));
+        assert!(matches!(r, Err(StoreError::Locked { .. })), "{:?}", r.err());
+        // Not the 30 s a restart in this process may wait.
+        assert!(asked.elapsed() < std::time::Duration::from_secs(10));
     }
 
     #[tokio::test]
