@@ -956,7 +956,10 @@ impl Executor {
                     let why = format!("the job could not be admitted: {e}");
                     tracing::warn!(job_id, error = %e, "admitting a waiting job failed");
                     let reason = e.into_reason();
-                    (book.cancel_idle(&mut st, job_id, reason, &why)?, false)
+                    (
+                        crate::cancel::cancel_idle(book, &mut st, job_id, reason, &why)?,
+                        false,
+                    )
                 }
             }
         };
@@ -1308,7 +1311,13 @@ impl Executor {
                     }
                     let decided = events::ApprovalDecided { status: word, by };
                     book.record(&mut st, job_id, "", JobEvent::ApprovalDecided(decided));
-                    let g = book.cancel_idle(&mut st, job_id, Reason::ApprovalRejected, &why)?;
+                    let g = crate::cancel::cancel_idle(
+                        book,
+                        &mut st,
+                        job_id,
+                        Reason::ApprovalRejected,
+                        &why,
+                    )?;
                     (g, self.intend(&st, job_id, RunEnd::Ended)?)
                 };
                 book.durable(g).await?;

@@ -11,7 +11,6 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use switchyard_core::Clock;
 use switchyard_core::Reason;
@@ -20,9 +19,8 @@ use switchyard_kit::auth::Principal;
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_proto::common::v1::Event;
 use switchyard_proto::executor::v1::{
-    GetResultResponse, Job, JobSpec, ListJobsRequest, ListJobsResponse, TaskStatus, WatchDetail,
+    GetResultResponse, Job, JobSpec, ListJobsRequest, ListJobsResponse, TaskStatus,
 };
-use tonic::Status;
 
 use crate::error::ExecutorError;
 use crate::events::{self, JobEvent};
@@ -279,7 +277,7 @@ impl JobBook {
     /// copies taken under the lock, written without it (nothing changes a
     /// final job meanwhile, and readers find it in memory until it is
     /// forgotten), forgotten under it.
-    fn retire_all(&self, ids: &[String]) {
+    pub(crate) fn retire(&self, ids: &[String]) {
         let taken: Vec<Retiring> = {
             let st = self.lock();
             ids.iter().filter_map(|id| Retiring::of(&st, id)).collect()
@@ -298,11 +296,6 @@ impl JobBook {
         for r in written {
             st.forget(&r.id);
         }
-    }
-
-    /// Retires job `id` once it is final, durable and no driver runs it.
-    pub(crate) fn retire_if_done(&self, id: &str) {
-        self.retire_all(&[id.to_owned()]);
     }
 
     /// Records where replay may start: before the first event of every job
@@ -515,28 +508,6 @@ impl JobBook {
         Ok(self.record_at(st, job_id, &task_id, ev, None, now))
     }
 
-    /// Cancels a job that no driver runs: its unfinished tasks, then the job.
-    pub(crate) fn cancel_idle(
-        &self,
-        st: &mut Jobs,
-        job_id: &str,
-        reason: Reason,
-        why: &str,
-    ) -> Result<u64, ExecutorError> {
-        let n = st.get(job_id)?.job.tasks.len();
-        for i in 0..n {
-            if !st.get(job_id)?.task_state(i).is_terminal() {
-                self.move_task(
-                    st,
-                    job_id,
-                    i,
-                    Change::to(TaskState::Cancelled).because(Reason::JobCancelled, why),
-                )?;
-            }
-        }
-        self.move_job(st, job_id, JobState::Cancelled, reason, why)
-    }
-
     /// Runs until shutdown: makes events recorded without a waiter
     /// (progress, output, routing) durable soon after they are recorded.
     /// It waits [`NOTED_FLUSH_DELAY`] first: a job's next step (or any
@@ -573,7 +544,7 @@ impl JobBook {
         // any caller learns its position is done, so no attempt of theirs
         // starts on a step that was not stored.
         for id in self.cluster.take_lost() {
-            self.stop_lost(&id);
+            self.drop_job(&id, true);
         }
         let mut st_guard = self.lock();
         let st = &mut *st_guard;
@@ -601,7 +572,7 @@ impl JobBook {
         drop(st_guard);
         self.told
             .fetch_max(upto, std::sync::atomic::Ordering::AcqRel);
-        self.retire_all(&retire);
+        self.retire(&retire);
         Ok(())
     }
 
@@ -643,9 +614,10 @@ impl JobBook {
         true
     }
 
-    /// Takes job `id` out of memory (handed back, or a lost lease when
-    /// `lost`): its lease released after its queued writes (unless lost).
-    pub(crate) fn drop_job(&self, id: &str, lost: bool) -> Option<Arc<Control>> {
+    /// Takes job `id` out of memory, its lease released after its queued
+    /// writes (handed back); or, when `lost` (another member took it over),
+    /// stops its driver and forgets the lease.
+    pub(crate) fn drop_job(&self, id: &str, lost: bool) {
         let mut st = self.lock();
         let lease = st.jobs.get(id).map(|e| e.lease);
         st.jobs.remove(id);
@@ -656,16 +628,13 @@ impl JobBook {
         if let Some(lease) = lease {
             self.cluster.release(id, lease, lost);
         }
-        self.bump_finished();
-        ctl
-    }
-
-    /// Stops job `id` here: another replica took it over.
-    pub(crate) fn stop_lost(&self, id: &str) {
-        if let Some(ctl) = self.drop_job(id, true) {
-            ctl.stop();
+        if lost {
+            if let Some(ctl) = ctl {
+                ctl.stop();
+            }
+            tracing::warn!(job_id = %id, "lease lost: the job runs on another replica now");
         }
-        tracing::warn!(job_id = %id, "lease lost: the job runs on another replica now");
+        self.bump_finished();
     }
 
     /// [`JobBook::durable`] for an attempt of job `job_id` about to act
@@ -815,76 +784,6 @@ impl JobBook {
             jobs,
             next_page_token: next,
         })
-    }
-
-    /// Waits, without polling where the job runs here, until `job_id` has
-    /// finished and its final event is durable (the point where WatchJob
-    /// ends). `None` when the executor shuts down first.
-    pub(crate) async fn until_finished(
-        &self,
-        job_id: &str,
-    ) -> Result<Option<JobState>, ExecutorError> {
-        let local = self.lock().find(job_id).map(|e| e.durable_to.subscribe());
-        if let Some(mut durable) = local {
-            loop {
-                let state = self
-                    .read(job_id, |e| {
-                        let state = e.state();
-                        (finished(state) && *durable.borrow_and_update() >= e.job.last_sequence)
-                            .then_some(state)
-                    })
-                    .await?;
-                if state.is_some() {
-                    return Ok(state);
-                }
-                tokio::select! {
-                    // Retired (or handed over) meanwhile: where it is
-                    // stored says how it stands.
-                    changed = durable.changed() => if changed.is_err() { break },
-                    _ = self.shutdown.wait() => return Ok(None),
-                }
-            }
-        }
-        // Stored (finished, or run by another member): its stored record,
-        // looked at on each wake-up. The record's state moves with the
-        // final event, in one commit.
-        let mut wake = self.store.subscribe(job_id);
-        loop {
-            let record = self
-                .store
-                .record(job_id)
-                .await?
-                .ok_or_else(|| ExecutorError::NotFound(job_id.into()))?;
-            let state = crate::job::job_state(record.state);
-            if finished(state) {
-                return Ok(Some(state));
-            }
-            tokio::select! {
-                _ = wake.changed() => {}
-                _ = poll(self.store.poll()) => {}
-                _ = self.shutdown.wait() => return Ok(None),
-            }
-        }
-    }
-
-    /// WatchJob: the job's durable events after `after`, then each new one
-    /// as it becomes durable; ends after the job's final event (see
-    /// [`crate::watch`]).
-    pub(crate) fn watch(
-        self: &Arc<Self>,
-        job_id: &str,
-        after: u64,
-        detail: WatchDetail,
-    ) -> tokio::sync::mpsc::Receiver<Result<Event, Status>> {
-        crate::watch::Watch::start(self.clone(), job_id, after, detail)
-    }
-}
-
-/// Waits `every`, or for ever when `None`.
-pub(crate) async fn poll(every: Option<Duration>) {
-    match every {
-        Some(d) => tokio::time::sleep(d).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -4,13 +4,14 @@
 use std::time::Duration;
 
 use switchyard_core::Reason;
-use switchyard_core::lifecycle::JobState;
+use switchyard_core::lifecycle::{JobState, TaskState};
 use switchyard_kit::auth::OnBehalf;
 use switchyard_proto::approval::v1 as ap;
 use switchyard_proto::executor::v1::Job;
 
 use crate::Executor;
 use crate::admission::acting_context;
+use crate::book::{Change, JobBook, Jobs};
 use crate::error::ExecutorError;
 use crate::outbox::RunEnd;
 use crate::store::replicas::CancelAsk;
@@ -41,7 +42,7 @@ impl Executor {
             let ask = prost::Message::encode_to_vec(&CancelAsk::new(why, who.as_ref()));
             book.cluster.request_cancel(job_id, &ask).await?;
             let limit = self.cancel_limit();
-            let _ = tokio::time::timeout(limit, book.until_finished(job_id)).await;
+            let _ = tokio::time::timeout(limit, crate::watch::until_finished(book, job_id)).await;
             return book.job(job_id).await;
         }
         self.cancel_here(job_id, why, who).await
@@ -71,7 +72,13 @@ impl Executor {
                     None
                 }
                 None => {
-                    let g = book.cancel_idle(&mut st, job_id, Reason::JobCancelled, why)?;
+                    let g = crate::cancel::cancel_idle(
+                        book,
+                        &mut st,
+                        job_id,
+                        Reason::JobCancelled,
+                        why,
+                    )?;
                     let run = RunEnd::Cancel(why.to_owned(), who);
                     Some((g, self.intend(&st, job_id, run)?))
                 }
@@ -130,4 +137,26 @@ impl Executor {
             tracing::warn!(error = %e.message(), "cancelling approval run");
         }
     }
+}
+
+/// Cancels a job that no driver runs: its unfinished tasks, then the job.
+pub(crate) fn cancel_idle(
+    book: &JobBook,
+    st: &mut Jobs,
+    job_id: &str,
+    reason: Reason,
+    why: &str,
+) -> Result<u64, ExecutorError> {
+    let n = st.get(job_id)?.job.tasks.len();
+    for i in 0..n {
+        if !st.get(job_id)?.task_state(i).is_terminal() {
+            book.move_task(
+                st,
+                job_id,
+                i,
+                Change::to(TaskState::Cancelled).because(Reason::JobCancelled, why),
+            )?;
+        }
+    }
+    book.move_job(st, job_id, JobState::Cancelled, reason, why)
 }

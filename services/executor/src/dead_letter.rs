@@ -78,7 +78,7 @@ async fn settle(book: &JobBook, id: &str, within: Duration) {
     let mut finishes = book.finishes();
     let until = tokio::time::Instant::now() + within;
     loop {
-        book.retire_if_done(id);
+        book.retire(&[id.to_owned()]);
         let busy = {
             let st = book.lock();
             st.drivers.contains_key(id) || st.find(id).is_some_and(|e| e.state().is_terminal())

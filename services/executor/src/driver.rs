@@ -116,7 +116,7 @@ impl Executor {
             }
             me.inner.book.bump_finished();
             // A finished job leaves memory once its driver is gone.
-            me.inner.book.retire_if_done(&id);
+            me.inner.book.retire(std::slice::from_ref(&id));
         });
         *crate::lock(&ctl.abort) = Some(handle.abort_handle());
     }
@@ -279,7 +279,13 @@ impl Driver {
             Claimed::Gone(why, who) => {
                 let (g, intents) = {
                     let mut st = book.lock();
-                    let g = book.cancel_idle(&mut st, job_id, Reason::JobCancelled, &why)?;
+                    let g = crate::cancel::cancel_idle(
+                        book,
+                        &mut st,
+                        job_id,
+                        Reason::JobCancelled,
+                        &why,
+                    )?;
                     (g, self.x.intend(&st, job_id, RunEnd::Cancel(why, who))?)
                 };
                 book.durable(g).await?;
@@ -680,7 +686,7 @@ impl Driver {
         }
         let (g, intents) = {
             let mut st = book.lock();
-            let g = book.cancel_idle(&mut st, job_id, Reason::JobCancelled, why)?;
+            let g = crate::cancel::cancel_idle(book, &mut st, job_id, Reason::JobCancelled, why)?;
             let run = RunEnd::Cancel(why.to_owned(), who);
             (g, self.x.intend(&st, job_id, run)?)
         };

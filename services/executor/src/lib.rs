@@ -453,10 +453,12 @@ impl Executor {
         // wait begins, not when the request arrived: what came before it
         // (a submission's admission) has used part of the deadline.
         let wait = switchyard_kit::context::wait_within_deadline(wait);
-        let ended = match tokio::time::timeout(wait, self.inner.book.until_finished(job_id)).await {
-            Ok(state) => state?.is_some(),
-            Err(_) => false,
-        };
+        let ended =
+            match tokio::time::timeout(wait, watch::until_finished(&self.inner.book, job_id)).await
+            {
+                Ok(state) => state?.is_some(),
+                Err(_) => false,
+            };
         Ok(if ended {
             Some(self.result(job_id).await?)
         } else {
@@ -475,7 +477,7 @@ impl Executor {
         impl futures_util::Stream<Item = Result<Event, Status>> + Send + 'static,
         ExecutorError,
     > {
-        let rx = self.inner.book.watch(job_id, after, detail);
+        let rx = watch::Watch::start(self.inner.book.clone(), job_id, after, detail);
         Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
     }
 }

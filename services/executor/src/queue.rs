@@ -723,7 +723,7 @@ impl Executor {
             })
             .await?;
         if done {
-            self.inner.book.until_finished(job_id).await?;
+            crate::watch::until_finished(&self.inner.book, job_id).await?;
         }
         Ok(self.job(job_id).await?)
     }

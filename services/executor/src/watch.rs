@@ -13,7 +13,7 @@ use switchyard_proto::common::v1::Event;
 use switchyard_proto::executor::v1::WatchDetail;
 use tonic::Status;
 
-use crate::book::{JobBook, finished, poll};
+use crate::book::{JobBook, finished};
 use crate::error::ExecutorError;
 use crate::events::JobEvent;
 
@@ -200,6 +200,64 @@ impl Watch {
         };
         batch.extend(cached);
         Ok(Some((batch, upto, end)))
+    }
+}
+
+/// Waits, without polling where the job runs here, until `job_id` has
+/// finished and its final event is durable (the point where WatchJob
+/// ends). `None` when the executor shuts down first.
+pub(crate) async fn until_finished(
+    book: &JobBook,
+    job_id: &str,
+) -> Result<Option<JobState>, ExecutorError> {
+    let local = book.lock().find(job_id).map(|e| e.durable_to.subscribe());
+    if let Some(mut durable) = local {
+        loop {
+            let state = book
+                .read(job_id, |e| {
+                    let state = e.state();
+                    (finished(state) && *durable.borrow_and_update() >= e.job.last_sequence)
+                        .then_some(state)
+                })
+                .await?;
+            if state.is_some() {
+                return Ok(state);
+            }
+            tokio::select! {
+                // Retired (or handed over) meanwhile: where it is
+                // stored says how it stands.
+                changed = durable.changed() => if changed.is_err() { break },
+                _ = book.shutdown.wait() => return Ok(None),
+            }
+        }
+    }
+    // Stored (finished, or run by another member): its stored record,
+    // looked at on each wake-up. The record's state moves with the
+    // final event, in one commit.
+    let mut wake = book.store.subscribe(job_id);
+    loop {
+        let record = book
+            .store
+            .record(job_id)
+            .await?
+            .ok_or_else(|| ExecutorError::NotFound(job_id.into()))?;
+        let state = crate::job::job_state(record.state);
+        if finished(state) {
+            return Ok(Some(state));
+        }
+        tokio::select! {
+            _ = wake.changed() => {}
+            _ = poll(book.store.poll()) => {}
+            _ = book.shutdown.wait() => return Ok(None),
+        }
+    }
+}
+
+/// Waits `every`, or for ever when `None`.
+async fn poll(every: Option<std::time::Duration>) {
+    match every {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
     }
 }
 

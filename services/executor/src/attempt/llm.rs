@@ -587,8 +587,7 @@ impl TaskHost<'_> {
             child: Some(child.clone()),
             parent: self.job_id.to_owned(),
         };
-        let Some(state) = book
-            .until_finished(&child)
+        let Some(state) = crate::watch::until_finished(book, &child)
             .await
             .map_err(|e| e.to_string())?
         else {

@@ -64,7 +64,7 @@ impl Executor {
                     _ = me.inner.shutdown.wait() => return,
                 }
                 for id in lost.take_lost() {
-                    me.inner.book.stop_lost(&id);
+                    me.inner.book.drop_job(&id, true);
                 }
             }
         });
