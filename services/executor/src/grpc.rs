@@ -121,7 +121,7 @@ impl JobService for Executor {
         let p = switchyard_kit::auth::principal(&req)?;
         self.inner.book.visible(&p, &req.get_ref().job_id).await?;
         let r = req.into_inner();
-        let events = self.watch(&r.job_id, r.after_sequence, r.detail())?;
+        let events = self.watch(&r.job_id, r.after_sequence, r.detail());
         Ok(Response::new(Box::pin(events.map(|e| {
             e.map(|event| WatchJobResponse { event: Some(event) })
         }))))

@@ -468,17 +468,16 @@ impl Executor {
 
     /// WatchJob: the job's durable events after `after` at `detail`, then
     /// each new one as it becomes durable; ends after the job's final event.
+    /// The caller checks first that the job exists and is visible (as
+    /// `WatchJob` does).
     pub fn watch(
         &self,
         job_id: &str,
         after: u64,
         detail: WatchDetail,
-    ) -> Result<
-        impl futures_util::Stream<Item = Result<Event, Status>> + Send + 'static,
-        ExecutorError,
-    > {
+    ) -> impl futures_util::Stream<Item = Result<Event, Status>> + Send + 'static {
         let rx = watch::Watch::start(self.inner.book.clone(), job_id, after, detail);
-        Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
+        tokio_stream::wrappers::ReceiverStream::new(rx)
     }
 }
 
