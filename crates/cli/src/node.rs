@@ -260,11 +260,12 @@ pub async fn run_node_then(
     let max = cfg.server.max_message_bytes;
     let starting = switchyard_kit::server::Starting::serve(&cfg.server, &listener).await?;
     // A lock still held by a node that stopped in this process (tests
-    // restart in-process) is waited for (sled's threads let go of it a
-    // moment after, longer under load); another process holding it is
-    // an error at once.
+    // restart in-process) is waited for: sled lets go of it a moment
+    // after the last handle drops, and in a test process running many
+    // stacks it has been seen held past 10 s. Another process holding it
+    // is an error at once.
     let reopen = |path: &std::path::Path, what: &str| {
-        Store::reopen(path, std::time::Duration::from_secs(10))
+        Store::reopen(path, std::time::Duration::from_secs(30))
             .with_context(|| format!("opening {what} store at {}", path.display()))
     };
     let shared = match shared_store_path(&cfg.storage.data_dir, services) {
