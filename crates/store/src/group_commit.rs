@@ -1,8 +1,9 @@
 //! Group commit: callers take a ticket and wait until a flush that started
 //! after their ticket has succeeded. One flusher thread runs flushes back to
 //! back, each covering every ticket issued before it started. Before each
-//! flush it runs the registered drains, which move buffered log records into
-//! the database, so a log pays one write per flush instead of one per record.
+//! flush it runs the registered drains, which write buffered log records to
+//! their segment files, so a log pays one write per flush instead of one per
+//! record; after the database's flush it syncs what they wrote.
 //! Dropping the handle stops and joins the thread, so the database is
 //! released at once.
 
@@ -60,12 +61,20 @@ pub fn observe_flushes(observe: fn(std::time::Duration)) {
     let _ = FLUSH_OBSERVER.set(observe);
 }
 
-/// Moves buffered writes into the database; runs on the flusher thread
-/// before each flush. Returns what to run once that flush has succeeded
-/// (e.g. a log marking what it moved as durable), so a flush that one
-/// caller asked for makes every other buffer's moved writes durable too.
-pub(crate) type Drain =
-    Arc<dyn Fn() -> Result<Option<Box<dyn FnOnce() + Send>>, StoreError> + Send + Sync>;
+/// Writes buffered records out; runs on the flusher thread before each
+/// flush. Returns how to make them durable, so a flush that one caller
+/// asked for makes every other buffer's writes durable too.
+pub(crate) type Drain = Arc<dyn Fn() -> Result<Option<Drained>, StoreError> + Send + Sync>;
+
+/// What a drain wrote, to finish once the database has flushed.
+pub(crate) struct Drained {
+    /// Makes the writes durable (after the database's flush, so the
+    /// database is never behind a log it refers to less than before).
+    pub(crate) sync: Box<dyn FnOnce() -> Result<(), StoreError> + Send>,
+    /// Runs once every part of the flush succeeded (a log marking what it
+    /// wrote as durable).
+    pub(crate) done: Box<dyn FnOnce() + Send>,
+}
 
 struct Shared {
     tickets: Mutex<Tickets>,
@@ -109,9 +118,9 @@ impl GroupCommit {
             .push(drain);
     }
 
-    /// Runs every drain now (shutdown).
-    pub(crate) fn drain_now(&self) -> Result<(), StoreError> {
-        drain_all(&self.shared).map(drop)
+    /// Drains, flushes `db` and syncs now, blocking (shutdown).
+    pub(crate) fn flush_now(&self, db: &sled::Db) -> Result<(), StoreError> {
+        flush_once(&self.shared, db)
     }
 
     /// Flushes run so far.
@@ -202,11 +211,7 @@ fn flusher(shared: &Shared, db: sled::Db) {
         };
         if target > done {
             let started = Instant::now();
-            let result = drain_all(shared).and_then(|flushed| {
-                db.flush()?;
-                flushed.into_iter().for_each(|f| f());
-                Ok(())
-            });
+            let result = flush_once(shared, &db);
             shared.flushes.fetch_add(1, Ordering::Relaxed);
             last_flush = Instant::now();
             if let Some(observe) = FLUSH_OBSERVER.get() {
@@ -230,25 +235,32 @@ fn flusher(shared: &Shared, db: sled::Db) {
             done = target;
         }
         if stop {
-            if let Err(e) = drain_all(shared).map(drop) {
+            if let Err(e) = flush_once(shared, &db) {
                 tracing::error!(error = %e, "writing buffered records at close failed");
             }
-            let _ = db.flush();
             return;
         }
     }
 }
 
-/// Runs every drain; what to run once the flush after them succeeds.
-fn drain_all(shared: &Shared) -> Result<Vec<Box<dyn FnOnce() + Send>>, StoreError> {
+/// One flush: every drain writes, the database flushes, what the drains
+/// wrote is synced, and only then is any of it marked durable.
+fn flush_once(shared: &Shared, db: &sled::Db) -> Result<(), StoreError> {
     let drains = shared
         .drains
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
-    let mut flushed = Vec::new();
+    let mut drained = Vec::new();
     for d in &drains {
-        flushed.extend(d()?);
+        drained.extend(d()?);
     }
-    Ok(flushed)
+    db.flush()?;
+    let mut done = Vec::with_capacity(drained.len());
+    for d in drained {
+        (d.sync)()?;
+        done.push(d.done);
+    }
+    done.into_iter().for_each(|f| f());
+    Ok(())
 }

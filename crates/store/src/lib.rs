@@ -6,7 +6,8 @@
 //! take its place later. Writes become durable only through [`Store::sync`],
 //! which group-commits: every caller waiting at the same time shares one flush,
 //! so throughput does not collapse to one fsync per request. A [`Log`] is an
-//! append-only, sequence-numbered tree with a durable watermark readers tail.
+//! append-only, sequence-numbered file log beside the database (same flush),
+//! with a durable watermark readers tail.
 
 pub mod blobs;
 mod group_commit;
@@ -15,7 +16,7 @@ pub use group_commit::observe_flushes;
 mod log;
 
 use std::marker::PhantomData;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use blobs::Blobs;
@@ -95,6 +96,23 @@ pub struct Store {
     /// Put before every tree's and log's name: several services' stores
     /// share one database (and so one group commit) under their own names.
     namespace: Arc<str>,
+    /// Where files beside the database (log segments) live.
+    files: Arc<Files>,
+}
+
+/// The directory of a store's files beside its database; a temporary
+/// store's is removed when the last handle goes.
+struct Files {
+    dir: PathBuf,
+    temporary: bool,
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        if self.temporary {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
 }
 
 impl std::fmt::Debug for Store {
@@ -126,7 +144,13 @@ impl Store {
                 other => other,
             })?;
         opened_here(path, true);
-        Ok(Self::from_db(db))
+        Ok(Self::from_db(
+            db,
+            Files {
+                dir: path.to_owned(),
+                temporary: false,
+            },
+        ))
     }
 
     /// Opens a database, waiting up to `wait` for its lock when this
@@ -151,16 +175,40 @@ impl Store {
 
     /// A database that lives in memory and vanishes on drop (tests, benches).
     pub fn temporary() -> Result<Store, StoreError> {
-        Ok(Self::from_db(sled::Config::new().temporary(true).open()?))
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!(
+            "switchyard-store-{}-{n}-{:x}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos())
+        ));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| StoreError::Io(format!("create {}: {e}", dir.display())))?;
+        let files = Files {
+            dir,
+            temporary: true,
+        };
+        Ok(Self::from_db(
+            sled::Config::new().temporary(true).open()?,
+            files,
+        ))
     }
 
-    fn from_db(db: sled::Db) -> Store {
+    fn from_db(db: sled::Db, files: Files) -> Store {
         let commit = GroupCommit::start(db.clone());
         Store {
             db,
             commit,
             namespace: Arc::from(""),
+            files: Arc::new(files),
         }
+    }
+
+    /// Where files beside the database live.
+    fn files_dir(&self) -> &Path {
+        &self.files.dir
     }
 
     /// This database under `namespace`: its trees and logs are apart from
@@ -172,6 +220,7 @@ impl Store {
             db: self.db.clone(),
             commit: self.commit.clone(),
             namespace: Arc::from(format!("{}{namespace}/", self.namespace)),
+            files: self.files.clone(),
         }
     }
 
@@ -197,9 +246,7 @@ impl Store {
 
     /// Flushes everything now, blocking (for shutdown).
     pub fn flush_blocking(&self) -> Result<(), StoreError> {
-        self.commit.drain_now()?;
-        self.db.flush()?;
-        Ok(())
+        self.commit.flush_now(&self.db)
     }
 }
 

@@ -403,7 +403,7 @@ impl JobBook {
             "job event"
         );
         let moved = matches!(ev, JobEvent::JobMoved(_));
-        let g = self.store.append(entry, &wire, moved);
+        let g = self.store.append(entry, &wire, moved, stored);
         entry.cache.push(wire);
         entry.events.push(g);
         st.dirty.insert(job_id.to_owned());
@@ -421,13 +421,7 @@ impl JobBook {
     }
 
     /// Keeps an attempt's outputs and records that they are kept.
-    pub(crate) fn keep_result(
-        &self,
-        st: &mut Jobs,
-        job_id: &str,
-        status: &TaskStatus,
-    ) -> Result<u64, ExecutorError> {
-        self.store.keep_output(job_id, status)?;
+    pub(crate) fn keep_result(&self, st: &mut Jobs, job_id: &str, status: &TaskStatus) -> u64 {
         let ev = JobEvent::ResultStored(events::ResultStored {
             exit_code: status.exit_code,
             agent_id: status.agent_id.clone(),
@@ -435,7 +429,7 @@ impl JobBook {
             resource_limit: status.resource_limit.clone(),
         });
         let now = self.now();
-        Ok(self.record_at(st, job_id, &status.task_id, ev, Some(status), now))
+        self.record_at(st, job_id, &status.task_id, ev, Some(status), now)
     }
 
     /// Moves a job through the table, recording the change.

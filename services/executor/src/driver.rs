@@ -595,7 +595,7 @@ impl Driver {
         if let Some(status) = &out.status {
             let mut status = status.clone();
             status.task_id.clone_from(&task_id);
-            book.keep_result(&mut st, job_id, &status)?;
+            book.keep_result(&mut st, job_id, &status);
         }
         let Some(failure) = out.failure else {
             return book.move_task(&mut st, job_id, i, Change::to(TaskState::Succeeded));

@@ -87,7 +87,7 @@ job_events! {
     AttemptStarted(AttemptStarted) = "task.attempt",
     /// A queue task's worker reported a failure (Nack).
     WorkerFailed(WorkerFailed) = "task.worker_error",
-    /// A task's outputs were stored (the outputs tree holds them).
+    /// A task's outputs were stored (kept with this event on disk).
     ResultStored(ResultStored) = "task.result",
     /// A chunk of output.
     Output(Output) = "task.output",

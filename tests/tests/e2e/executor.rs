@@ -1142,7 +1142,13 @@ async fn a_scheduled_job_waits_for_its_time_and_a_passed_deadline_stops_a_task_f
 
 async fn jobs_survive_a_restart_even_when_the_config_no_longer_allows_them(b: Backend) {
     let (s, mut c) = stack(&b).await;
-    submit(&mut c, r#"{"job_id":"kept","tasks":[{"id":"a","command":{"command":"sh","args":["-c","echo hi"]}}]}"#).await.unwrap();
+    submit(
+        &mut c,
+        r#"{"job_id":"kept","tasks":[{"id":"a","command":{"command":"sh","args":["-c","echo hi"]}},
+        {"id":"b","agent":{"capability":"builtin.echo","input":{"text":"kept"}}}]}"#,
+    )
+    .await
+    .unwrap();
     let before = finish(&mut c, "kept").await;
     assert_eq!(before.state, JobState::Completed as i32);
     let all_before = events(&mut c, "kept", 0).await;
@@ -1166,6 +1172,16 @@ async fn jobs_survive_a_restart_even_when_the_config_no_longer_allows_them(b: Ba
         .into_inner();
     assert_eq!(after.state, JobState::Completed as i32);
     assert_eq!(stdout(&after, "a"), "hi\n");
+    let b_out = after.tasks.iter().find(|t| t.task_id == "b").unwrap();
+    let b_out = b_out
+        .output
+        .as_ref()
+        .map(switchyard_kit::json::struct_to_json);
+    assert_eq!(
+        b_out.as_ref().map(|o| &o["text"]),
+        Some(&serde_json::json!("kept")),
+        "an agent task's output is read back after the restart"
+    );
     assert_eq!(
         events(&mut c, "kept", 0).await,
         all_before,
@@ -1449,14 +1465,15 @@ async fn stopping_lets_a_running_command_finish_and_the_restart_runs_only_what_i
     .unwrap();
     let mut c = JobServiceClient::new(s.channel_as("tester").await.unwrap());
     let doc = r#"{"job_id":"drained","tasks":[
-        {"id":"a","command":{"command":"sleep","args":["1"]}},
-        {"id":"b","depends_on":["a"],"command":{"command":"printf","args":["b"]}}]}"#;
+        {"id":"p","command":{"command":"printf","args":["p"]}},
+        {"id":"a","depends_on":["p"],"command":{"command":"sleep","args":["1"]}},
+        {"id":"b","depends_on":["a"],"command":{"command":"printf","args":["b${p.output.stdout}"]}}]}"#;
     submit(&mut c, doc).await.unwrap();
     // Stop while `a` runs.
     let mut running = false;
     for _ in 0..400 {
         let j = job(&mut c, "drained").await;
-        if j.tasks[0].state == TaskState::Running as i32 {
+        if j.tasks[1].state == TaskState::Running as i32 {
             running = true;
             break;
         }
@@ -1475,7 +1492,11 @@ async fn stopping_lets_a_running_command_finish_and_the_restart_runs_only_what_i
     let mut c = JobServiceClient::new(s.channel_as("tester").await.unwrap());
     let r = finish(&mut c, "drained").await;
     let task = |id: &str| r.tasks.iter().find(|t| t.task_id == id).unwrap();
-    assert_eq!(task("b").stdout, b"b");
+    assert_eq!(
+        task("b").stdout,
+        b"bp",
+        "b reads p's output, replayed with p's result after the restart"
+    );
     // `a` ended during the drain, once; it is not run again.
     assert_eq!(
         task("a").attempts.len(),

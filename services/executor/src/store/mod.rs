@@ -48,11 +48,10 @@ pub(crate) trait JobStore: Send + Sync {
 
     /// Appends `wire`, an event of job `e` (already applied to it; `moved`
     /// when it moved the job, so a store keeping a row per job updates it
-    /// in the same write); returns its log position.
-    fn append(&self, e: &JobEntry, wire: &Event, moved: bool) -> u64;
-
-    /// Keeps an attempt's outputs (durable with the events after them).
-    fn keep_output(&self, job_id: &str, status: &TaskStatus) -> Result<(), ExecutorError>;
+    /// in the same write; `kept`, the attempt's outputs a `task.result`
+    /// event stores, durable no later than the event); returns its log
+    /// position.
+    fn append(&self, e: &JobEntry, wire: &Event, moved: bool, kept: Option<&TaskStatus>) -> u64;
 
     /// Waits until the log is durable up to `g`; returns the position up
     /// to which everything is.

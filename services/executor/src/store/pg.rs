@@ -1357,7 +1357,12 @@ impl JobStore for PgJobs {
         Ok(1)
     }
 
-    fn append(&self, e: &JobEntry, wire: &Event, moved: bool) -> u64 {
+    fn append(&self, e: &JobEntry, wire: &Event, moved: bool, kept: Option<&TaskStatus>) -> u64 {
+        if let Some(status) = kept {
+            // Queued first: written in the same batch as the event or an
+            // earlier one.
+            self.output(e.id(), status);
+        }
         // The job's row moves with the event in the same batch.
         let moved = moved.then(|| {
             let state = e.state();
@@ -1369,11 +1374,6 @@ impl JobStore for PgJobs {
             (state.as_str().to_owned(), stripped(&e.job), finished)
         });
         PgJobs::append(self, e.id(), e.lease, wire, moved)
-    }
-
-    fn keep_output(&self, job_id: &str, status: &TaskStatus) -> Result<(), ExecutorError> {
-        self.output(job_id, status);
-        Ok(())
     }
 
     async fn durable(&self, g: u64) -> Result<u64, ExecutorError> {

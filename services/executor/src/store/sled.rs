@@ -1,6 +1,7 @@
 //! Jobs in the embedded store (sled): one node holds them all. Events go
-//! to one group-committed log; an accepted job's spec, and once it
-//! finished its final record (outputs kept apart) and where its events
+//! to one group-committed log, a task's outputs in the same record as its
+//! `task.result` event ([`KeptOutput`]); an accepted job's spec, and once
+//! it finished its final record (outputs stripped) and where its events
 //! are, go to trees read when the job is not in memory. Start-up loads
 //! the jobs not yet finished and replays the log from the checkpoint.
 
@@ -17,6 +18,17 @@ use crate::error::ExecutorError;
 use crate::events::JobEvent;
 use crate::job::JobEntry;
 
+/// A task's outputs, stored after the fields of its `task.result` event in
+/// the same log record (field 1000 is reserved in `Event` for it): durable
+/// exactly when the event is, written once, and skipped by every reader of
+/// events. Data directories of earlier releases keep them in the `outputs`
+/// tree, still read.
+#[derive(Clone, PartialEq, prost::Message)]
+struct KeptOutput {
+    #[prost(message, optional, tag = "1000")]
+    output: Option<TaskStatus>,
+}
+
 /// The sled backend.
 pub(crate) struct SledJobs {
     store: Store,
@@ -24,6 +36,7 @@ pub(crate) struct SledJobs {
     /// Every job by id: a running job's spec and creation time; a finished
     /// (retired) job's final record, its outputs stripped.
     specs: Tree<Job>,
+    /// Outputs as releases before [`KeptOutput`] kept them.
     outputs: Tree<TaskStatus>,
     /// Jobs not yet retired (start-up loads only these).
     live: Tree<Mark>,
@@ -78,13 +91,28 @@ impl SledJobs {
                 continue;
             };
             // Outputs are read only for the events that store them.
-            let outputs = &self.outputs;
-            let stored = |task: &str| outputs.get(&output_key(&ev.job_id, task)).ok().flatten();
+            let stored = |task: &str| self.kept_output(g, &ev.job_id, task);
             entry.apply(&ev, &typed, stored);
             entry.events.push(g);
             applied += 1;
         }
         Ok((read, applied))
+    }
+
+    /// The outputs kept with the event at `g` (of `job_id`'s `task`).
+    fn kept_output(&self, g: u64, job_id: &str, task: &str) -> Option<TaskStatus> {
+        let read = || -> Result<Option<TaskStatus>, ExecutorError> {
+            if let Some((_, kept)) = self.events.read_each_as::<KeptOutput>(&[g])?.pop()
+                && kept.output.is_some()
+            {
+                return Ok(kept.output);
+            }
+            Ok(self.outputs.get(&output_key(job_id, task))?)
+        };
+        read().unwrap_or_else(|e| {
+            tracing::error!(job_id, task_id = task, error = %e, "reading a task's kept outputs");
+            None
+        })
     }
 
     /// Moves a data directory of the first layout to this one: every job
@@ -183,14 +211,11 @@ impl JobStore for SledJobs {
         Ok(0)
     }
 
-    fn append(&self, _e: &JobEntry, wire: &Event, _moved: bool) -> u64 {
-        self.events.append(|_| wire.clone()).0
-    }
-
-    fn keep_output(&self, job_id: &str, status: &TaskStatus) -> Result<(), ExecutorError> {
-        Ok(self
-            .outputs
-            .put(&output_key(job_id, &status.task_id), status)?)
+    fn append(&self, _e: &JobEntry, wire: &Event, _moved: bool, kept: Option<&TaskStatus>) -> u64 {
+        let kept = kept.map(|s| KeptOutput {
+            output: Some(s.clone()),
+        });
+        self.events.append_ref(wire, kept.as_ref())
     }
 
     async fn durable(&self, g: u64) -> Result<u64, ExecutorError> {
@@ -237,13 +262,24 @@ impl JobStore for SledJobs {
             return Ok(None);
         };
         e.job = job;
+        e.events = self.index.get(id)?.unwrap_or_default().positions;
+        let mut kept: std::collections::HashMap<String, TaskStatus> = self
+            .events
+            .read_each_as::<KeptOutput>(&e.events)?
+            .into_iter()
+            .filter_map(|(_, k)| k.output)
+            .map(|o| (o.task_id.clone(), o))
+            .collect();
         for i in 0..e.job.tasks.len() {
-            let key = output_key(id, &e.job.tasks[i].task_id);
-            if let Some(stored) = self.outputs.get(&key)? {
+            let task = &e.job.tasks[i].task_id;
+            let stored = match kept.remove(task) {
+                Some(o) => Some(o),
+                None => self.outputs.get(&output_key(id, task))?,
+            };
+            if let Some(stored) = stored {
                 e.keep_outputs(i, stored);
             }
         }
-        e.events = self.index.get(id)?.unwrap_or_default().positions;
         e.durable_to.send_replace(e.job.last_sequence);
         Ok(Some(e))
     }
