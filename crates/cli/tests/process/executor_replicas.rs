@@ -814,6 +814,12 @@ fn while_the_database_is_down_submissions_are_unavailable_never_internal() {
     let deadline = Instant::now() + Duration::from_secs(60);
     for i in 1..=5 {
         while let Err(s) = submit_once(i) {
+            if s.code() != tonic::Code::Unavailable {
+                eprintln!(
+                    "REPLICA LOG:\n{}",
+                    std::fs::read_to_string(c.log("down-0")).unwrap_or_default()
+                );
+            }
             assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
             assert!(Instant::now() < deadline, "never accepted again: {s:?}");
             std::thread::sleep(Duration::from_millis(200));
@@ -826,6 +832,45 @@ fn while_the_database_is_down_submissions_are_unavailable_never_internal() {
         &ids,
         Duration::from_secs(60),
     ));
+    assert!(
+        states.iter().all(|s| *s == JobState::Completed as i32),
+        "{states:?}"
+    );
+    assert_eq!(replica.terminate(), Some(0));
+}
+
+#[test]
+fn a_batch_stored_before_its_commit_answer_was_lost_is_written_again_without_wedging_the_replica() {
+    let Some(c) = Cluster::start() else { return };
+    let replica = c.replica("doubt-0", 4000, &[]);
+    let token = token(&c.hub.url(), "alice");
+    let rt = runtime();
+    let urls = Arc::new(Mutex::new(vec![replica.url(); 3]));
+    let doc = |id: &str| {
+        serde_json::json!({"job_id": id, "tasks": [
+            {"id": "a", "command": {"command": "sleep", "args": ["1"]}},
+            {"id": "b", "depends_on": ["a"], "command": {"command": "sh", "args": ["-c", "echo b"]}}]})
+        .to_string()
+    };
+    rt.block_on(submit(&urls, &token, 0, &doc("doubt")));
+    wait_sql(
+        &c,
+        "SELECT count(*) > 0 FROM exec_events WHERE job_id = 'doubt'",
+        "t",
+        Duration::from_secs(30),
+    );
+    // The job's next position is already stored, as when the database
+    // dies after committing a batch and before answering: the replica
+    // writes that batch again. Before the fix its insert failed on the
+    // stored key for ever, and every later write of the replica waited.
+    c.sql(
+        "INSERT INTO exec_events (job_id, seq, epoch, owner, data)
+         SELECT job_id, seq + 1, epoch, owner, data FROM exec_events
+         WHERE job_id = 'doubt' ORDER BY seq DESC LIMIT 1",
+    );
+    rt.block_on(submit(&urls, &token, 1, &doc("after")));
+    let ids = ["doubt".to_owned(), "after".to_owned()];
+    let states = rt.block_on(finished(&urls, &token, &ids, Duration::from_secs(60)));
     assert!(
         states.iter().all(|s| *s == JobState::Completed as i32),
         "{states:?}"

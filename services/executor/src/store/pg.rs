@@ -1243,17 +1243,26 @@ impl PgJobs {
 }
 
 /// Inserts the jobs accepted here (owned here, epoch 1); answers the ids
-/// inserted (an id already taken is not).
+/// inserted (an id already taken is not). A batch retried after a commit
+/// whose answer was lost (the database died between) finds its own rows:
+/// still ours at epoch 1, created at the same moment by the same submitter
+/// with the same context — those count as inserted, not as taken.
 const INSERT_JOBS: &str = "INSERT INTO exec_jobs (id, tenant, submitted_by, created_ms, state, context_hash, record, owner, lease_until, epoch, queues, priority)
     SELECT u.id, u.tenant, u.sub, u.created, u.state, u.hash, u.record, $7, $8, 1, u.queues, u.priority
     FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $9::bytea[], $10::text[], $11::int[])
     AS u(id, tenant, sub, created, state, hash, record, queues, priority)
-    ON CONFLICT (id) DO NOTHING
+    ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until
+        WHERE exec_jobs.owner = EXCLUDED.owner AND exec_jobs.epoch = 1
+          AND exec_jobs.created_ms = EXCLUDED.created_ms
+          AND exec_jobs.submitted_by = EXCLUDED.submitted_by
+          AND exec_jobs.context_hash = EXCLUDED.context_hash
     RETURNING id";
 /// The batch: fences (locks the rows of the jobs still held here at their
 /// epoch), renews their leases and stores the records of those that moved,
 /// then inserts the events and outputs of held jobs only; answers the ids
-/// still held.
+/// still held. An event already stored at its position is the same batch
+/// committed before (its answer lost): kept, not refused — positions of a
+/// held job are only ever handed out here.
 const WRITE_BATCH: &str = "WITH held AS (
     UPDATE exec_jobs j
     SET lease_until = GREATEST(j.lease_until, $7),
@@ -1269,6 +1278,7 @@ const WRITE_BATCH: &str = "WITH held AS (
     SELECT e.job_id, e.seq, h.epoch, $6, e.data
     FROM unnest($8::text[], $9::bigint[], $10::bytea[]) AS e(job_id, seq, data)
     JOIN held h ON h.id = e.job_id
+    ON CONFLICT (job_id, seq) DO NOTHING
 ), outs AS (
     INSERT INTO exec_outputs (job_id, task_id, data)
     SELECT o.job_id, o.task_id, o.data
