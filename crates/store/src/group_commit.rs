@@ -68,8 +68,9 @@ pub(crate) type Drain = Arc<dyn Fn() -> Result<Option<Drained>, StoreError> + Se
 
 /// What a drain wrote, to finish once the database has flushed.
 pub(crate) struct Drained {
-    /// Makes the writes durable (after the database's flush, so the
-    /// database is never behind a log it refers to less than before).
+    /// Makes the writes durable. Runs after the database's flush: a crash
+    /// between the two leaves the database ahead of the logs, never behind,
+    /// as when the logs were sled trees.
     pub(crate) sync: Box<dyn FnOnce() -> Result<(), StoreError> + Send>,
     /// Runs once every part of the flush succeeded (a log marking what it
     /// wrote as durable).
