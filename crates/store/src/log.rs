@@ -858,8 +858,9 @@ impl<V: prost::Message + Default> Log<V> {
     }
 
     /// Removes the written records before `seq`, a whole segment at a time
-    /// (so some may stay), never the last segment (it numbers what comes
-    /// next). Returns how many records were removed.
+    /// (so some may stay). When every record of the last segment is before
+    /// `seq`, a new empty segment named after the next sequence takes its
+    /// place, so numbering goes on. Returns how many records were removed.
     pub fn prune_before(&self, seq: u64) -> Result<u64, StoreError> {
         let _writing = self.inner.writing.lock().unwrap_or_else(|p| p.into_inner());
         let mut segs = self
@@ -879,6 +880,32 @@ impl<V: prost::Message + Default> Log<V> {
                 std::fs::remove_file(&s.path).map_err(|e| io("remove log segment", &s.path, e))?;
                 removed += next - first;
             }
+        }
+        let whole = segs
+            .values()
+            .next_back()
+            .filter(|s| s.last() >= s.first && s.last() < seq && s.first < seq)
+            .cloned();
+        if let Some(old) = whole {
+            // Written writes (under `writing`) all went to `old`; what is
+            // appended next starts the new segment.
+            let next = old.last() + 1;
+            let path = segment_path(&self.inner.dir, next);
+            let fresh = Arc::new(Segment {
+                first: next,
+                file: open_file(&path, true)?,
+                path,
+                len: AtomicU64::new(0),
+                last: AtomicU64::new(next - 1),
+                index: Mutex::new(Some(Vec::new())),
+            });
+            // The new name is durable before the old file goes: a crash
+            // between leaves both, and the numbering either way.
+            sync_dir(&self.inner.dir)?;
+            segs.insert(next, fresh);
+            segs.remove(&old.first);
+            std::fs::remove_file(&old.path).map_err(|e| io("remove log segment", &old.path, e))?;
+            removed += next - old.first;
         }
         if removed > 0 {
             sync_dir(&self.inner.dir)?;
@@ -1059,7 +1086,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn pruning_drops_whole_segments_before_the_position_never_the_last_one() {
+    async fn pruning_drops_whole_segments_before_the_position_and_numbering_goes_on() {
         let dir = tempfile::tempdir().unwrap();
         {
             let store = Store::open(dir.path()).unwrap();
@@ -1072,17 +1099,30 @@ mod tests {
             );
             assert_eq!(log.read(0, 407, 1_000).unwrap()[0].0, 301);
             assert_eq!(log.replay_after(300).next().unwrap().unwrap().0, 301);
-            assert_eq!(log.prune_before(u64::MAX).unwrap(), 100);
+            assert_eq!(
+                log.prune_before(405).unwrap(),
+                100,
+                "[401, 408) holds 405 on"
+            );
+            assert_eq!(
+                log.prune_before(u64::MAX).unwrap(),
+                7,
+                "all of it, the last segment too"
+            );
+            assert!(log.read(0, 407, 10).unwrap().is_empty());
             store.sync().await.unwrap();
         }
-        assert_eq!(segment_files(dir.path()), ["00000000000000000401.seg"]);
-        // The last segment stays: numbering goes on after a restart.
+        // An empty segment named after the next sequence: numbering goes on
+        // after a restart.
+        assert_eq!(segment_files(dir.path()), ["00000000000000000408.seg"]);
         let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10)).unwrap();
         let log = store.log::<Tool>("log").unwrap();
-        assert_eq!(log.last(), 407);
+        assert_eq!((log.last(), log.durable()), (407, 407));
+        assert_eq!(log.replay().count(), 0);
+        batches(&log, &[2]).await;
         assert_eq!(
             log.replay().map(|r| r.unwrap().0).collect::<Vec<_>>(),
-            (401..=407).collect::<Vec<_>>()
+            [408, 409]
         );
     }
 
