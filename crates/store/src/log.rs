@@ -59,6 +59,22 @@ struct Segment {
 }
 
 impl Segment {
+    /// A new, empty segment in `dir` for the records from `first` on, its
+    /// name durable.
+    fn create(dir: &Path, first: u64) -> Result<Arc<Segment>, StoreError> {
+        let path = segment_path(dir, first);
+        let seg = Segment {
+            first,
+            file: open_file(&path, true)?,
+            path,
+            len: AtomicU64::new(0),
+            last: AtomicU64::new(first - 1),
+            index: Mutex::new(Some(Vec::new())),
+        };
+        sync_dir(dir)?;
+        Ok(Arc::new(seg))
+    }
+
     fn len(&self) -> u64 {
         self.len.load(Ordering::Acquire)
     }
@@ -99,8 +115,6 @@ struct Inner {
     pending: Mutex<Pending>,
     /// One writer at a time (the flusher, a shutdown flush).
     writing: Mutex<()>,
-    /// The last sequence written to a segment (durable once synced).
-    written: AtomicU64,
     /// Every record up to this sequence is durable.
     durable: watch::Sender<u64>,
     store: Store,
@@ -271,12 +285,11 @@ impl Inner {
             let mut p = self.pending();
             if p.frames.is_empty() {
                 // Written by a flush that failed later: sync it again.
-                let written = self.written.load(Ordering::Acquire);
-                if written <= *self.durable.borrow() {
-                    return Ok(None);
-                }
+                let durable = *self.durable.borrow();
                 let active = self.segments().values().next_back().cloned();
-                return Ok(active.map(|seg| (written, seg)));
+                return Ok(active
+                    .filter(|seg| seg.last() > durable)
+                    .map(|seg| (seg.last(), seg)));
             }
             (
                 std::mem::take(&mut p.frames),
@@ -305,15 +318,11 @@ impl Inner {
         marks: &[(u64, usize)],
         upto: u64,
     ) -> Result<Arc<Segment>, StoreError> {
-        let first = match frame(frames) {
-            Frame::Whole { seq, .. } => seq,
-            _ => {
-                return Err(StoreError::Io(format!(
-                    "log {}: a buffered record does not frame",
-                    self.name
-                )));
-            }
-        };
+        // The first frame's sequence (the buffer was framed here).
+        let first = frames
+            .first_chunk::<8>()
+            .map(|b| u64::from_be_bytes(*b))
+            .ok_or_else(|| StoreError::Io(format!("log {}: an empty write", self.name)))?;
         let active = self.segments().values().next_back().cloned();
         let seg = match active {
             Some(s) if s.len() < self.segment_bytes || s.last() < s.first => s,
@@ -325,16 +334,7 @@ impl Inner {
                         .sync_data()
                         .map_err(|e| io("sync log segment", &s.path, e))?;
                 }
-                let path = segment_path(&self.dir, first);
-                let seg = Arc::new(Segment {
-                    first,
-                    file: open_file(&path, true)?,
-                    path,
-                    len: AtomicU64::new(0),
-                    last: AtomicU64::new(first - 1),
-                    index: Mutex::new(Some(Vec::new())),
-                });
-                sync_dir(&self.dir)?;
+                let seg = Segment::create(&self.dir, first)?;
                 self.segments
                     .write()
                     .unwrap_or_else(|p| p.into_inner())
@@ -351,7 +351,6 @@ impl Inner {
         }
         seg.len.store(at + frames.len() as u64, Ordering::Release);
         seg.last.store(upto, Ordering::Release);
-        self.written.store(upto, Ordering::Release);
         Ok(seg)
     }
 
@@ -532,10 +531,7 @@ fn import_from_sled(
                     continue;
                 };
                 buf.clear();
-                buf.extend_from_slice(&seq.to_be_bytes());
-                buf.extend_from_slice(&(record.len() as u32).to_be_bytes());
-                buf.extend_from_slice(&checksum(seq, record).to_be_bytes());
-                buf.extend_from_slice(record);
+                put_frame(&mut buf, seq, |out| out.extend_from_slice(record));
                 file.write_all_at(&buf, *len)
                     .map_err(|e| io("write", path, e))?;
                 *len += buf.len() as u64;
@@ -615,7 +611,6 @@ impl Store {
                 ..Pending::default()
             }),
             writing: Mutex::new(()),
-            written: AtomicU64::new(last),
             durable: watch::channel(last).0,
             store: self.clone(),
         });
@@ -890,18 +885,9 @@ impl<V: prost::Message + Default> Log<V> {
             // Written writes (under `writing`) all went to `old`; what is
             // appended next starts the new segment.
             let next = old.last() + 1;
-            let path = segment_path(&self.inner.dir, next);
-            let fresh = Arc::new(Segment {
-                first: next,
-                file: open_file(&path, true)?,
-                path,
-                len: AtomicU64::new(0),
-                last: AtomicU64::new(next - 1),
-                index: Mutex::new(Some(Vec::new())),
-            });
             // The new name is durable before the old file goes: a crash
             // between leaves both, and the numbering either way.
-            sync_dir(&self.inner.dir)?;
+            let fresh = Segment::create(&self.inner.dir, next)?;
             segs.insert(next, fresh);
             segs.remove(&old.first);
             std::fs::remove_file(&old.path).map_err(|e| io("remove log segment", &old.path, e))?;
