@@ -260,18 +260,18 @@ pub async fn run_node_then(
     let max = cfg.server.max_message_bytes;
     let starting = switchyard_kit::server::Starting::serve(&cfg.server, &listener).await?;
     // A lock still held by a node that stopped in this process (tests
-    // restart in-process) is waited for: sled lets go of it a moment
-    // after the last handle drops, and in a test process running many
-    // stacks it has been seen held past 10 s. Another process holding it
-    // is an error at once.
-    let reopen = |path: &std::path::Path, what: &str| {
+    // restart in-process) is waited for, yielding to the runtime: the last
+    // handle may belong to a task of the stopped node that has yet to run
+    // to its end here. Another process holding it is an error at once.
+    async fn reopen(path: &std::path::Path, what: &str) -> anyhow::Result<Store> {
         Store::reopen(path, std::time::Duration::from_secs(30))
+            .await
             .with_context(|| format!("opening {what} store at {}", path.display()))
-    };
+    }
     let shared = match shared_store_path(&cfg.storage.data_dir, services) {
         Some(path) => {
             starting.phase("opening the services' shared store".to_string());
-            Some(reopen(&path, "the services' shared")?)
+            Some(reopen(&path, "the services' shared").await?)
         }
         None => None,
     };
@@ -284,11 +284,14 @@ pub async fn run_node_then(
         }
         crate::config::StorageBackend::Sled => None,
     };
-    let open = |name: &str| {
+    let open = |name: &'static str| {
         starting.phase(format!("opening and replaying the {name} store"));
-        match &shared {
-            Some(store) => Ok(store.within(name)),
-            None => reopen(&cfg.storage.data_dir.join(name), name),
+        let (shared, dir) = (shared.as_ref(), cfg.storage.data_dir.join(name));
+        async move {
+            match shared {
+                Some(store) => Ok(store.within(name)),
+                None => reopen(&dir, name).await,
+            }
         }
     };
 
@@ -339,7 +342,7 @@ pub async fn run_node_then(
     let mut server = Server::new(cfg.server.clone()).with_auth(authenticator.clone());
     let mut auth = None;
     if services.contains(&ServiceKind::Auth) {
-        let a = Auth::open(open("auth")?, keys.clone())?;
+        let a = Auth::open(open("auth").await?, keys.clone())?;
         if cfg.auth.dev_credentials() {
             let path = a.bootstrap_dev(&cfg.storage.data_dir).await?;
             tracing::info!(path = %path.display(), "dev credentials (admin, alice, bob) are in this file, mode 0600");
@@ -386,7 +389,7 @@ pub async fn run_node_then(
                 .await?
             }
             None => {
-                let store = open("registry")?;
+                let store = open("registry").await?;
                 blocking(|| {
                     Registry::open(registry_cfg, store, Arc::new(SystemClock), shutdown.clone())
                 })?
@@ -429,7 +432,7 @@ pub async fn run_node_then(
                 .await?
             }
             None => {
-                let store = open("ledger")?;
+                let store = open("ledger").await?;
                 blocking(|| {
                     Ledger::open(ledger_cfg, store, Arc::new(SystemClock), shutdown.clone())
                 })?
@@ -455,7 +458,7 @@ pub async fn run_node_then(
                 .await?
             }
             None => {
-                let store = open("approval")?;
+                let store = open("approval").await?;
                 blocking(|| {
                     Approval::open(
                         cfg.approval.clone(),
@@ -520,7 +523,7 @@ pub async fn run_node_then(
                 .await?
             }
             None => {
-                let store = open("executor")?;
+                let store = open("executor").await?;
                 blocking(|| {
                     Executor::open(
                         e.clone(),

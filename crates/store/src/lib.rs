@@ -155,18 +155,26 @@ impl Store {
 
     /// Opens a database, waiting up to `wait` for its lock when this
     /// process opened it before (a restart inside one process, as tests
-    /// do): sled's background threads let go of the file lock a moment
-    /// after the last handle drops, longer on a loaded machine. A lock held
-    /// at a path this process never opened is another process's: refused
-    /// at once. Other errors return at once.
-    pub fn reopen(path: impl AsRef<Path>, wait: std::time::Duration) -> Result<Store, StoreError> {
+    /// do): the lock goes when the last handle of the earlier opening
+    /// drops, which may be a task of the stopped node still winding down
+    /// on this same runtime — so the wait yields to the runtime rather than
+    /// blocking its thread (on a one-thread runtime a blocking wait would
+    /// keep that task from ever dropping its handle). A lock held at a path
+    /// this process never opened is another process's: refused at once.
+    /// Other errors return at once.
+    pub async fn reopen(
+        path: impl AsRef<Path>,
+        wait: std::time::Duration,
+    ) -> Result<Store, StoreError> {
         let path = path.as_ref();
         let ours = opened_here(path, false);
-        let deadline = std::time::Instant::now() + wait;
+        let deadline = tokio::time::Instant::now() + wait;
         loop {
             match Store::open(path) {
-                Err(StoreError::Locked { .. }) if ours && std::time::Instant::now() < deadline => {
-                    std::thread::sleep(std::time::Duration::from_millis(10));
+                Err(StoreError::Locked { .. })
+                    if ours && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                 }
                 r => return r,
             }
@@ -385,16 +393,34 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_lock_held_where_this_process_never_opened_a_store_is_refused_at_once() {
+    #[tokio::test]
+    async fn a_lock_held_where_this_process_never_opened_a_store_is_refused_at_once() {
         let dir = tempfile::tempdir().unwrap();
         // Another holder of the lock (as another process would be).
         let _other = sled::Config::new().path(dir.path()).open().unwrap();
         let asked = std::time::Instant::now();
-        let r = Store::reopen(dir.path(), std::time::Duration::from_secs(30));
+        let r = Store::reopen(dir.path(), std::time::Duration::from_secs(30)).await;
         assert!(matches!(r, Err(StoreError::Locked { .. })), "{:?}", r.err());
         // Not the 30 s a restart in this process may wait.
         assert!(asked.elapsed() < std::time::Duration::from_secs(10));
+    }
+
+    /// One runtime thread, as a `#[tokio::test]` has: the earlier opening's
+    /// last handle belongs to a task that runs only when the reopening
+    /// yields. A wait that blocked the thread would hold the lock for it.
+    #[tokio::test]
+    async fn reopening_lets_a_task_of_the_same_runtime_drop_the_earlier_handle() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = Store::open(dir.path()).unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = tx.send(());
+            tokio::task::yield_now().await;
+            drop(first);
+        });
+        rx.await.unwrap();
+        let again = Store::reopen(dir.path(), std::time::Duration::from_secs(5)).await;
+        assert!(again.is_ok(), "{:?}", again.err());
     }
 
     #[tokio::test]
@@ -409,7 +435,9 @@ mod tests {
             assert!(!t.remove("b").unwrap());
             store.sync().await.unwrap();
         }
-        let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10)).unwrap();
+        let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10))
+            .await
+            .unwrap();
         let t = store.tree::<Tool>("tools").unwrap();
         assert_eq!(t.get("a").unwrap().unwrap().name, "a");
         assert!(t.get("b").unwrap().is_none());
@@ -436,7 +464,9 @@ mod tests {
             a.sync().await.unwrap();
             assert_eq!(store.commit.flushes(), 1);
         }
-        let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10)).unwrap();
+        let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10))
+            .await
+            .unwrap();
         let read = |ns: &str| {
             store
                 .within(ns)

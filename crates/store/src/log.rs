@@ -975,7 +975,9 @@ mod tests {
             }
             log.make_durable(3).await.unwrap();
         }
-        let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10)).unwrap();
+        let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10))
+            .await
+            .unwrap();
         let log = store.log::<Tool>("log").unwrap();
         assert_eq!((log.last(), log.durable()), (3, 3));
         let (seq, _) = log.append(|s| tool(&format!("t{s}")));
@@ -995,7 +997,9 @@ mod tests {
             log.append(|_| tool("a"));
             store.flush_blocking().unwrap();
         }
-        let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10)).unwrap();
+        let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10))
+            .await
+            .unwrap();
         assert_eq!(store.log::<Tool>("log").unwrap().last(), 1);
     }
 
@@ -1101,7 +1105,9 @@ mod tests {
         // An empty segment named after the next sequence: numbering goes on
         // after a restart.
         assert_eq!(segment_files(dir.path()), ["00000000000000000408.seg"]);
-        let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10)).unwrap();
+        let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10))
+            .await
+            .unwrap();
         let log = store.log::<Tool>("log").unwrap();
         assert_eq!((log.last(), log.durable()), (407, 407));
         assert_eq!(log.replay().count(), 0);
@@ -1131,7 +1137,9 @@ mod tests {
         let f = OpenOptions::new().append(true).open(&seg).unwrap();
         std::io::Write::write_all(&mut &f, &torn).unwrap();
         drop(f);
-        let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10)).unwrap();
+        let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10))
+            .await
+            .unwrap();
         let log = store.log::<Tool>("log").unwrap();
         assert_eq!((log.last(), log.durable()), (40, 40));
         assert_eq!(
@@ -1186,7 +1194,9 @@ mod tests {
             store.db.flush().unwrap();
         }
         for round in 0..2 {
-            let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10)).unwrap();
+            let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10))
+                .await
+                .unwrap();
             let log = store.within("ns").log::<Tool>("log").unwrap();
             assert!(
                 !store
@@ -1228,7 +1238,9 @@ mod tests {
             assert_eq!(log.append_ref(&tool("without"), None::<&Beside>), 3);
             log.make_durable(3).await.unwrap();
         }
-        let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10)).unwrap();
+        let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10))
+            .await
+            .unwrap();
         let log = store.log::<Tool>("log").unwrap();
         let names: Vec<String> = log.replay().map(|r| r.unwrap().1.name).collect();
         assert_eq!(names, ["plain", "with", "without"]);

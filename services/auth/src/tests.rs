@@ -133,7 +133,9 @@ async fn keys_survive_a_restart() {
     };
     let set = KeySet::default();
     let _auth = Auth::open(
-        Store::reopen(dir.path(), Duration::from_secs(2)).unwrap(),
+        Store::reopen(dir.path(), Duration::from_secs(2))
+            .await
+            .unwrap(),
         set.clone(),
     )
     .unwrap();
