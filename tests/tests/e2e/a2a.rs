@@ -183,16 +183,27 @@ async fn cancelling_the_job_cancels_the_a2a_task() {
     // A bound on waiting for the event, not a sleep: generous, because on
     // two cores this test shares the machine with the whole suite (its
     // PostgreSQL stacks included) and the agent is a Python process.
+    let mut seen = Vec::new();
     let progressed = tokio::time::timeout(Duration::from_secs(90), async {
         while let Some(Ok(m)) = watch.next().await {
-            if m.event.is_some_and(|e| e.kind == "agent.progress") {
+            let Some(ev) = m.event else { continue };
+            if ev.kind == "agent.progress" {
                 return true;
             }
+            let data = ev.data.as_ref().map(struct_to_json).unwrap_or(Value::Null);
+            seen.push(format!("{} {}", ev.kind, data));
         }
         false
     })
     .await;
-    assert_eq!(progressed.ok(), Some(true), "the agent reports progress");
+    if progressed.as_ref().ok() != Some(&true) {
+        // Where it stopped: the events so far, the job now, what the agent heard.
+        let now = crate::common::job(&mut e.jobs, &job_id).await;
+        panic!(
+            "the agent reported no progress ({progressed:?}); events: {seen:#?}\njob: {now:?}\nagent log: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    }
     jobs.cancel_job(CancelJobRequest {
         job_id: job_id.clone(),
         reason: "no longer needed".into(),
