@@ -12,8 +12,10 @@ struct Fixture {
 }
 
 /// The store at `path`, opened again after a drop in this process.
-fn reopen(path: &std::path::Path) -> Store {
-    Store::reopen(path, std::time::Duration::from_secs(5)).unwrap()
+async fn reopen(path: &std::path::Path) -> Store {
+    Store::reopen(path, std::time::Duration::from_secs(5))
+        .await
+        .unwrap()
 }
 
 fn cfg() -> LedgerConfig {
@@ -632,7 +634,7 @@ async fn balances_survive_reopen_and_equal_the_journal_replay() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(1_700_000_000_000);
     let open_rid = {
-        let f = fixture_on(reopen(dir.path()), clock.clone());
+        let f = fixture_on(reopen(dir.path()).await, clock.clone());
         let l = &f.ledger;
         budget(l, "org", "", Some(10_000), Some(1_000_000)).await;
         budget(l, "job", "org", None, None).await;
@@ -645,7 +647,7 @@ async fn balances_survive_reopen_and_equal_the_journal_replay() {
             .unwrap()
             .reservation_id
     };
-    let f = fixture_on(reopen(dir.path()), clock);
+    let f = fixture_on(reopen(dir.path()).await, clock);
     let l = &f.ledger;
     let org = l.budget("org").await.unwrap();
     assert_eq!((org.tokens_spent, org.tokens_reserved), (700, 300));
@@ -809,7 +811,7 @@ mod properties {
     async fn run(ops: Vec<Op>) {
         let dir = tempfile::tempdir().unwrap();
         let clock = ManualClock::new(1_700_000_000_000);
-        let mut f = fixture_on(reopen(dir.path()), clock.clone());
+        let mut f = fixture_on(reopen(dir.path()).await, clock.clone());
         for (id, parent, t, c) in BUDGETS {
             budget(&f.ledger, id, parent, t, c).await;
         }
@@ -884,7 +886,7 @@ mod properties {
                 Op::Restart => {
                     let before = f.ledger.budgets().await.unwrap();
                     drop(f);
-                    f = fixture_on(reopen(dir.path()), clock.clone());
+                    f = fixture_on(reopen(dir.path()).await, clock.clone());
                     assert_eq!(
                         f.ledger.budgets().await.unwrap(),
                         before,
@@ -946,7 +948,7 @@ async fn closed_budgets_leave_memory_and_everything_about_them_still_answers() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(1_700_000_000_000);
     let (rid, entries_before) = {
-        let f = fixture_on(reopen(dir.path()), clock.clone());
+        let f = fixture_on(reopen(dir.path()).await, clock.clone());
         let l = &f.ledger;
         budget(l, "org", "", Some(10_000), Some(1_000_000)).await;
         budget(l, "job-a", "org", None, None).await;
@@ -1002,7 +1004,7 @@ async fn closed_budgets_leave_memory_and_everything_about_them_still_answers() {
         (r.reservation_id, before)
     };
     // A restart loads the snapshot and replays nothing before it.
-    let f = fixture_on(reopen(dir.path()), clock);
+    let f = fixture_on(reopen(dir.path()).await, clock);
     let l = &f.ledger;
     assert_eq!(l.sled().lock().budgets.len(), 1, "only org is in memory");
     assert_eq!(
@@ -1047,7 +1049,7 @@ async fn retention_prunes_retired_budgets_and_old_journal_but_never_balances() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(1_700_000_000_000);
     {
-        let f = fixture_on(reopen(dir.path()), clock.clone());
+        let f = fixture_on(reopen(dir.path()).await, clock.clone());
         let l = &f.ledger;
         budget(l, "org", "", Some(10_000), None).await;
         for i in 0..300 {
@@ -1078,7 +1080,7 @@ async fn retention_prunes_retired_budgets_and_old_journal_but_never_balances() {
         );
     }
     // The balances came through in the snapshot.
-    let f = fixture_on(reopen(dir.path()), clock);
+    let f = fixture_on(reopen(dir.path()).await, clock);
     let org = f.ledger.budget("org").await.unwrap();
     assert_eq!((org.tokens_spent, org.tokens_reserved), (3_000, 0));
 }

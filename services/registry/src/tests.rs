@@ -16,8 +16,10 @@ type BoxWatch =
     std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<WatchResponse, Status>> + Send>>;
 
 /// The store at `path`, opened again after a drop in this process.
-fn reopen(path: &std::path::Path) -> Store {
-    Store::reopen(path, std::time::Duration::from_secs(5)).unwrap()
+async fn reopen(path: &std::path::Path) -> Store {
+    Store::reopen(path, std::time::Duration::from_secs(5))
+        .await
+        .unwrap()
 }
 
 fn spec(id: &str, caps: &[&str]) -> AgentSpec {
@@ -527,7 +529,7 @@ async fn watch_gives_snapshot_for_foreign_epoch_future_revision_or_trimmed_log(f
 async fn agents_and_tools_survive_restart_and_expired_leases_come_back_lapsed() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let f = fixture_on(reopen(dir.path()));
+        let f = fixture_on(reopen(dir.path()).await);
         register(&f.reg, spec("a", &["nlp"])).await.unwrap();
         f.reg
             .report_outcome(rq(ReportOutcomeRequest {
@@ -551,7 +553,7 @@ async fn agents_and_tools_survive_restart_and_expired_leases_come_back_lapsed() 
             .unwrap();
         f.reg.flush().unwrap();
     }
-    let f = fixture_on(reopen(dir.path()));
+    let f = fixture_on(reopen(dir.path()).await);
     // the fixture clock starts at the same time: lease still valid
     let a = get(&f.reg, "a").await;
     assert_eq!(a.status, AgentStatus::Available as i32);
@@ -569,7 +571,7 @@ async fn agents_and_tools_survive_restart_and_expired_leases_come_back_lapsed() 
     assert_eq!(tools.len(), 1);
     drop(f);
 
-    let store = reopen(dir.path());
+    let store = reopen(dir.path()).await;
     let clock = ManualClock::new(1_700_000_000_000 + 60_000);
     let (_t, shutdown) = switchyard_kit::shutdown::channel();
     let reg = Registry::open(RegistryConfig::default(), store, Arc::new(clock), shutdown).unwrap();
