@@ -180,6 +180,21 @@ fn encode_into(m: &impl prost::Message, out: &mut Vec<u8>) {
     let _ = m.encode(out);
 }
 
+/// Frames `record` as record `seq` with `with`'s fields after its own.
+fn put_beside<V: prost::Message, W: prost::Message>(
+    p: &mut Pending,
+    seq: u64,
+    record: &V,
+    with: Option<&W>,
+) {
+    p.put(seq, |out| {
+        encode_into(record, out);
+        if let Some(w) = with {
+            encode_into(w, out);
+        }
+    });
+}
+
 fn io(what: impl std::fmt::Display, path: &Path, e: std::io::Error) -> StoreError {
     StoreError::Io(format!("{what} {}: {e}", path.display()))
 }
@@ -650,10 +665,23 @@ impl<V: prost::Message + Default> Log<V> {
     /// append while holding their state lock. Not durable until
     /// [`Log::make_durable`].
     pub fn append(&self, make: impl FnOnce(u64) -> V) -> (u64, V) {
+        self.append_beside::<V>(make, None)
+    }
+
+    /// Appends the record `make(sequence)` with `with` kept beside it (as
+    /// [`Log::append_ref`] keeps it). `make` runs with the log's buffer
+    /// held: whatever it writes to the database is flushed no later than
+    /// the record is synced, so a durable record never refers to a write
+    /// that was lost.
+    pub fn append_beside<W: prost::Message>(
+        &self,
+        make: impl FnOnce(u64) -> V,
+        with: Option<&W>,
+    ) -> (u64, V) {
         let mut p = self.inner.pending();
         let seq = p.last + 1;
         let record = make(seq);
-        p.put(seq, |out| encode_into(&record, out));
+        put_beside(&mut p, seq, &record, with);
         (seq, record)
     }
 
@@ -666,12 +694,7 @@ impl<V: prost::Message + Default> Log<V> {
     pub fn append_ref<W: prost::Message>(&self, record: &V, with: Option<&W>) -> u64 {
         let mut p = self.inner.pending();
         let seq = p.last + 1;
-        p.put(seq, |out| {
-            encode_into(record, out);
-            if let Some(w) = with {
-                encode_into(w, out);
-            }
-        });
+        put_beside(&mut p, seq, record, with);
         seq
     }
 
@@ -700,6 +723,17 @@ impl<V: prost::Message + Default> Log<V> {
 
     /// Up to `limit` written records after `after` and at most `upto`, in order.
     pub fn read(&self, after: u64, upto: u64, limit: usize) -> Result<Vec<(u64, V)>, StoreError> {
+        self.read_as(after, upto, limit)
+    }
+
+    /// [`Log::read`], decoding each record as `W` (e.g. what
+    /// [`Log::append_beside`] kept beside it).
+    pub fn read_as<W: prost::Message + Default>(
+        &self,
+        after: u64,
+        upto: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, W)>, StoreError> {
         let mut out = Vec::new();
         if upto <= after || limit == 0 {
             return Ok(out);
@@ -728,7 +762,7 @@ impl<V: prost::Message + Default> Log<V> {
                         full = true;
                         return Ok(false);
                     }
-                    out.push((seq, self.decode(seq, bytes)?));
+                    out.push((seq, self.decode_as(seq, bytes)?));
                     Ok(true)
                 },
             )?;
@@ -737,10 +771,6 @@ impl<V: prost::Message + Default> Log<V> {
             }
         }
         Ok(out)
-    }
-
-    fn decode(&self, seq: u64, bytes: &[u8]) -> Result<V, StoreError> {
-        self.decode_as(seq, bytes)
     }
 
     fn decode_as<W: prost::Message + Default>(
@@ -828,8 +858,16 @@ impl<V: prost::Message + Default> Log<V> {
     /// checkpoint).
     pub fn replay_after(
         &self,
-        mut after: u64,
+        after: u64,
     ) -> impl Iterator<Item = Result<(u64, V), StoreError>> + '_ {
+        self.replay_after_as(after)
+    }
+
+    /// [`Log::replay_after`], decoding each record as `W`.
+    pub fn replay_after_as<'a, W: prost::Message + Default + 'a>(
+        &'a self,
+        mut after: u64,
+    ) -> impl Iterator<Item = Result<(u64, W), StoreError>> + 'a {
         const CHUNK: usize = 4096;
         let mut buf = VecDeque::new();
         let mut failed = false;
@@ -838,7 +876,7 @@ impl<V: prost::Message + Default> Log<V> {
                 return None;
             }
             if buf.is_empty() {
-                match self.read(after, u64::MAX, CHUNK) {
+                match self.read_as(after, u64::MAX, CHUNK) {
                     Ok(chunk) => buf.extend(chunk),
                     Err(e) => {
                         failed = true;

@@ -74,19 +74,44 @@ impl Backend {
         }
     }
 
-    /// Appends the audit record `make` numbers; returns its sequence (on
-    /// PostgreSQL a place-holder: records are numbered at commit).
+    /// Keeps `run` as it is now and appends the audit record `make`
+    /// numbers about the change; returns its sequence (on PostgreSQL a
+    /// place-holder: records are numbered at commit). Every change of a
+    /// run goes through here, so a run is never kept without its record:
+    /// on sled the record carries the run; on PostgreSQL the run's row is
+    /// written in the same transaction.
     pub(crate) fn append_audit(
         &self,
         st: &mut State,
+        run: &Run,
+        now: u64,
         make: impl FnOnce(u64) -> AuditRecord,
-    ) -> u64 {
-        match (self, &st.runs) {
-            (Backend::Sled(sled), RunSet::Sled(_)) => sled.audit.append(make).0,
-            _ => {
+    ) -> Result<u64, ApprovalError> {
+        match (self, &mut st.runs) {
+            (Backend::Sled(sled), RunSet::Sled(runs)) => {
+                let beside = runs::KeptRun {
+                    run_id: String::new(),
+                    run: Some(run.clone()),
+                };
+                let mut kept = Ok(());
+                let (seq, _) = sled.audit.append_beside(
+                    |seq| {
+                        kept = runs.keep(run, seq, now);
+                        make(seq)
+                    },
+                    Some(&beside),
+                );
+                kept?;
+                Ok(seq)
+            }
+            (_, runs) => {
+                if let RunSet::Slice(slice) = runs {
+                    slice.dirty.insert(run.run_id.clone());
+                    slice.runs.insert(run.run_id.clone(), run.clone());
+                }
                 let seq = st.pending.len() as u64 + 1;
                 st.pending.push(make(seq));
-                seq
+                Ok(seq)
             }
         }
     }

@@ -300,7 +300,6 @@ impl Approval {
             };
             change(run);
             let run = run.clone();
-            st.runs.store(run.clone(), self.now())?;
             let note = Note::new(who, event, run.reason_code.clone())
                 .detail("adapter", &run.adapter)
                 .detail("job_id", &run.job_id)

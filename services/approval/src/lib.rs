@@ -695,7 +695,8 @@ impl Approval {
         self.inner.backend.mutate(ids, self.now(), body).await
     }
 
-    /// Appends an audit record about `run` (already in its new state).
+    /// Keeps `run` (already in its new state) and appends an audit record
+    /// about the change: the one way a run is stored.
     fn audit(&self, st: &mut State, run: &Run, note: Note<'_>) -> Result<u64, ApprovalError> {
         let now = self.now();
         let to = status_of(run);
@@ -711,9 +712,7 @@ impl Approval {
             correlation_id: run.correlation_id.clone(),
             details: note.details,
         };
-        let seq = self.inner.backend.append_audit(st, make);
-        st.runs.audited(&run.run_id, seq)?;
-        Ok(seq)
+        self.inner.backend.append_audit(st, run, now, make)
     }
 
     /// Audits something that happened to `run` without moving it.
@@ -764,7 +763,6 @@ impl Approval {
             },
         )?;
         tracing::debug!(run_id = %id, %from, %to, "run moved");
-        st.runs.store(run.clone(), self.now())?;
         Ok((run, seq))
     }
 
@@ -862,7 +860,6 @@ impl Approval {
                 run.decided_by.clear();
                 run.reason_code.clear();
                 run.adapter_state.clear();
-                st.runs.store(run.clone(), self.now())?;
                 self.audit(st, &run, Note::new(&actor, "proposed", ""))?;
                 let pack = run.context_pack.clone().unwrap_or_default();
                 let est = run.cost_estimate.unwrap_or_default();
@@ -1026,7 +1023,6 @@ impl Approval {
             .detail("approvals", run.approved_by.len())
             .detail("needed", 2);
         let seq = self.audit(st, &run, note)?;
-        st.runs.store(run.clone(), self.now())?;
         Ok((run, seq))
     }
 
@@ -1129,7 +1125,6 @@ impl Approval {
             claim_held(run, &req.worker_id, now)?;
             run.claim_expires_at = Some(timestamp(now + lease));
             let run = run.clone();
-            st.runs.store(run.clone(), self.now())?;
             let note = Note::new(&req.worker_id, "claim_renewed", "").detail("lease_ms", lease);
             let seq = self.audit(
                 st,

@@ -5,10 +5,15 @@
 //! flight, not with history. A failed run approved again comes back into
 //! memory.
 //!
-//! Every run is stored in the `runs` tree on every change. Start-up loads
-//! the runs listed in `live` and replays the audit log from the checkpoint
-//! (before the first record of every run in memory); an ended run's audit
-//! positions are kept in `ended_audit`.
+//! The audit log is the runs' journal: every change of a run is audited,
+//! and its audit record carries the run as the change left it ([`KeptRun`],
+//! beside the record's own fields). A run in flight is written nowhere
+//! else; once it ended it is stored in the `runs` tree with its audit
+//! positions in `ended_audit`, written before its last record (so that
+//! record is never durable without them). Start-up replays the audit log
+//! from the checkpoint (before the first record of every run in memory):
+//! the last run each record carries is the run. Data directories of the
+//! earlier layout also list their runs in flight in `live` (still read).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -16,6 +21,20 @@ use std::collections::HashMap;
 use switchyard_core::run::RunStatus as S;
 use switchyard_proto::approval::v1::{AuditRecord, Run};
 use switchyard_store::{Log, Mark, Number, Store, StoreError, Tree};
+
+/// What the embedded service keeps in an audit record beyond the record's
+/// fields: the run as the audited change left it (field 1000 is reserved
+/// in `AuditRecord` for it; readers of records skip it). Decoding a record
+/// as this type reads its run id too.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct KeptRun {
+    /// The record's run id (`AuditRecord.run_id`).
+    #[prost(string, tag = "4")]
+    pub(crate) run_id: String,
+    /// The run after the change.
+    #[prost(message, optional, tag = "1000")]
+    pub(crate) run: Option<Run>,
+}
 
 use crate::status_of;
 
@@ -36,13 +55,19 @@ pub(crate) struct Positions {
 
 const LAYOUT: &str = "layout";
 const CHECKPOINT: &str = "checkpoint";
+/// The layout this release writes: runs in flight only in the audit log.
+const CURRENT_LAYOUT: u64 = 3;
 
 pub(crate) struct Runs {
     live: HashMap<String, Run>,
     /// Audit positions of the runs in memory.
     audit: HashMap<String, Vec<u64>>,
+    /// Ended runs.
     tree: Tree<Run>,
+    /// Runs in flight as the earlier layout listed them.
     live_ids: Tree<Mark>,
+    /// The runs in memory listed in `live_ids` (their mark goes when they end).
+    listed: std::collections::HashSet<String>,
     ended_audit: Tree<Positions>,
     meta: Tree<Number>,
 }
@@ -55,15 +80,12 @@ impl Runs {
             audit: HashMap::new(),
             tree: store.tree("runs")?,
             live_ids: store.tree("live")?,
+            listed: std::collections::HashSet::new(),
             ended_audit: store.tree("ended_audit")?,
             meta: store.tree("meta")?,
         };
-        let old_layout = runs.meta.get(LAYOUT)?.is_none_or(|m| m.value < 2);
-        let first_layout = old_layout && !runs.tree.is_empty();
-        if old_layout && !first_layout {
-            // A new data directory starts in this layout.
-            runs.meta.put(LAYOUT, &Number { value: 2 })?;
-        }
+        let layout = runs.meta.get(LAYOUT)?.map_or(1, |m| m.value);
+        let first_layout = layout < 2 && !runs.tree.is_empty();
         if first_layout {
             // Every run in memory once, then the ended ones leave.
             for r in runs.tree.iter() {
@@ -78,7 +100,8 @@ impl Runs {
                 .collect::<Result<_, _>>()?;
             for id in ids {
                 if let Some(run) = runs.tree.get(&id)? {
-                    runs.live.insert(id, run);
+                    runs.live.insert(id.clone(), run);
+                    runs.listed.insert(id);
                 }
             }
         }
@@ -87,26 +110,78 @@ impl Runs {
         } else {
             runs.meta.get(CHECKPOINT)?.map_or(0, |m| m.value)
         };
-        for r in log.replay_after(after) {
-            let (seq, rec) = r?;
-            if runs.live.contains_key(&rec.run_id) {
-                runs.audit.entry(rec.run_id).or_default().push(seq);
+        for r in log.replay_after_as::<KeptRun>(after) {
+            let (seq, kept) = r?;
+            if let Some(run) = kept.run {
+                runs.replayed(run, seq)?;
+            }
+            if let Some(p) = runs.audit.get_mut(&kept.run_id) {
+                p.push(seq);
+            } else if runs.live.contains_key(&kept.run_id) {
+                runs.audit.insert(kept.run_id, vec![seq]);
             }
         }
         if first_layout {
             let ids: Vec<String> = runs.live.keys().cloned().collect();
+            // Ended before this layout: their retention starts now.
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
             for id in ids {
-                if let Some(run) = runs.live.get(&id).cloned() {
-                    // Ended before this layout: their retention starts now.
-                    let now = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_millis() as u64);
-                    runs.store(run, now)?;
+                let Some(run) = runs.live.get(&id) else {
+                    continue;
+                };
+                if ended(status_of(run)) {
+                    let positions = runs.audit.remove(&id).unwrap_or_default();
+                    if let Some(run) = runs.live.remove(&id) {
+                        runs.tree.put(&id, &run)?;
+                    }
+                    let ended_ms = now;
+                    runs.ended_audit.put(
+                        &id,
+                        &Positions {
+                            positions,
+                            ended_ms,
+                        },
+                    )?;
+                } else {
+                    // Listed as the earlier layout did: its records carry
+                    // no run.
+                    runs.live_ids.put(&id, &Mark {})?;
+                    runs.listed.insert(id);
                 }
             }
-            runs.meta.put(LAYOUT, &Number { value: 2 })?;
+        }
+        if layout < CURRENT_LAYOUT {
+            runs.meta.put(
+                LAYOUT,
+                &Number {
+                    value: CURRENT_LAYOUT,
+                },
+            )?;
         }
         Ok(runs)
+    }
+
+    /// Start-up: `run` as audit record `seq` left it.
+    fn replayed(&mut self, run: Run, seq: u64) -> Result<(), StoreError> {
+        let id = run.run_id.clone();
+        if ended(status_of(&run)) {
+            // On disk, stored before this record.
+            self.live.remove(&id);
+            self.audit.remove(&id);
+        } else {
+            if !self.live.contains_key(&id) {
+                // New, or an ended run back in flight: its records up to
+                // here are the ones kept when it ended (a later ending
+                // whose record was lost may have kept more).
+                let back = self.ended_audit.get(&id)?.unwrap_or_default();
+                let earlier = back.positions.into_iter().filter(|&p| p < seq);
+                self.audit.insert(id.clone(), earlier.collect());
+            }
+            self.live.insert(id, run);
+        }
+        Ok(())
     }
 
     /// Run `id`, from memory or disk.
@@ -133,42 +208,46 @@ impl Runs {
         self.live.get_mut(id)
     }
 
-    /// Stores `run` as it is now: in memory while it can move, on disk only
-    /// once it ended.
-    pub(crate) fn store(&mut self, run: Run, now_ms: u64) -> Result<(), StoreError> {
-        let id = run.run_id.clone();
-        self.tree.put(&id, &run)?;
-        if ended(status_of(&run)) {
-            let positions = self.audit.remove(&id).unwrap_or_default();
-            if self.live.remove(&id).is_some() || !positions.is_empty() {
-                let ended = Positions {
+    /// Keeps `run` as audit record `seq` leaves it (called with the log's
+    /// buffer held, before the record is framed): in memory while it can
+    /// move — the record carries it — and once it ended, in the tree with
+    /// its audit positions, so the record is never durable without them.
+    pub(crate) fn keep(&mut self, run: &Run, seq: u64, now_ms: u64) -> Result<(), StoreError> {
+        let id = &run.run_id;
+        if ended(status_of(run)) {
+            let (mut positions, ended_ms) = match self.audit.remove(id) {
+                Some(p) => (p, now_ms),
+                // Audited again after it ended: its retention runs on.
+                None => match self.ended_audit.get(id)? {
+                    Some(p) => (p.positions, p.ended_ms),
+                    None => (Vec::new(), now_ms),
+                },
+            };
+            positions.push(seq);
+            self.tree.put(id, run)?;
+            self.ended_audit.put(
+                id,
+                &Positions {
                     positions,
-                    ended_ms: now_ms,
-                };
-                self.ended_audit.put(&id, &ended)?;
+                    ended_ms,
+                },
+            )?;
+            self.live.remove(id);
+            if self.listed.remove(id) {
+                self.live_ids.remove(id)?;
             }
-            self.live_ids.remove(&id)?;
         } else {
-            if !self.live.contains_key(&id) {
-                // New, or an ended run back in flight.
-                let back = self.ended_audit.get(&id)?.unwrap_or_default();
-                self.audit.insert(id.clone(), back.positions);
-                self.ended_audit.remove(&id)?;
-                self.live_ids.put(&id, &Mark {})?;
+            match self.live.get_mut(id) {
+                Some(r) => run.clone_into(r),
+                None => {
+                    // New, or an ended run back in flight (its earlier
+                    // records stay its).
+                    let back = self.ended_audit.get(id)?.unwrap_or_default();
+                    self.audit.insert(id.clone(), back.positions);
+                    self.live.insert(id.clone(), run.clone());
+                }
             }
-            self.live.insert(id, run);
-        }
-        Ok(())
-    }
-
-    /// Notes that audit record `seq` is about run `id`.
-    pub(crate) fn audited(&mut self, id: &str, seq: u64) -> Result<(), StoreError> {
-        if self.live.contains_key(id) {
-            self.audit.entry(id.to_owned()).or_default().push(seq);
-        } else {
-            let mut p = self.ended_audit.get(id)?.unwrap_or_default();
-            p.positions.push(seq);
-            self.ended_audit.put(id, &p)?;
+            self.audit.entry(id.clone()).or_default().push(seq);
         }
         Ok(())
     }
@@ -218,6 +297,10 @@ impl Runs {
         let mut gone = Vec::new();
         for r in self.ended_audit.iter() {
             let (id, p) = r?;
+            if self.live.contains_key(&id) {
+                // Ended once, in flight again: its records are kept.
+                continue;
+            }
             if p.ended_ms < cutoff_ms {
                 gone.push(id);
             } else if let Some(&f) = p.positions.first() {
@@ -284,27 +367,6 @@ impl RunSet {
         match self {
             RunSet::Sled(r) => r.get_mut(id),
             RunSet::Slice(s) => s.runs.get_mut(id),
-        }
-    }
-
-    /// Stores `run` as it is now.
-    pub(crate) fn store(&mut self, run: Run, now_ms: u64) -> Result<(), StoreError> {
-        match self {
-            RunSet::Sled(r) => r.store(run, now_ms),
-            RunSet::Slice(s) => {
-                s.dirty.insert(run.run_id.clone());
-                s.runs.insert(run.run_id.clone(), run);
-                Ok(())
-            }
-        }
-    }
-
-    /// Notes that audit record `seq` is about run `id` (sled keeps an index;
-    /// PostgreSQL's audit table is indexed by run).
-    pub(crate) fn audited(&mut self, id: &str, seq: u64) -> Result<(), StoreError> {
-        match self {
-            RunSet::Sled(r) => r.audited(id, seq),
-            RunSet::Slice(_) => Ok(()),
         }
     }
 

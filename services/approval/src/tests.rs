@@ -11,8 +11,10 @@ struct Fixture {
 }
 
 /// The store at `path`, opened again after a drop in this process.
-fn reopen(path: &std::path::Path) -> Store {
-    Store::reopen(path, std::time::Duration::from_secs(5)).unwrap()
+async fn reopen(path: &std::path::Path) -> Store {
+    Store::reopen(path, std::time::Duration::from_secs(5))
+        .await
+        .unwrap()
 }
 
 fn fixture_on(store: Store, clock: ManualClock) -> Fixture {
@@ -1038,10 +1040,10 @@ async fn runs_and_audit_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(1_700_000_000_000);
     let id = {
-        let f = fixture_on(reopen(dir.path()), clock.clone());
+        let f = fixture_on(reopen(dir.path()).await, clock.clone());
         run_in(&f.svc, S::Running).await
     };
-    let f = fixture_on(reopen(dir.path()), clock);
+    let f = fixture_on(reopen(dir.path()).await, clock);
     let run = f.svc.get(&id).await.unwrap();
     assert_eq!(
         (status_of(&run), run.claimed_by.as_str()),
@@ -1110,7 +1112,7 @@ async fn ended_runs_leave_memory_and_a_restart_loads_only_runs_in_flight() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(1_700_000_000_000);
     let (done, running, failed) = {
-        let f = fixture_on(reopen(dir.path()), clock.clone());
+        let f = fixture_on(reopen(dir.path()).await, clock.clone());
         let done = run_in(&f.svc, S::Completed).await;
         let running = run_in(&f.svc, S::Running).await;
         let failed = run_in(&f.svc, S::Failed).await;
@@ -1141,7 +1143,7 @@ async fn ended_runs_leave_memory_and_a_restart_loads_only_runs_in_flight() {
         f.svc.flush().unwrap();
         (done, running, failed)
     };
-    let f = fixture_on(reopen(dir.path()), clock);
+    let f = fixture_on(reopen(dir.path()).await, clock);
     assert_eq!(f.svc.sled_runs_in_memory(), 1);
     assert_eq!(status_of(&f.svc.get(&running).await.unwrap()), S::Running);
     assert_eq!(status_of(&f.svc.get(&done).await.unwrap()), S::Completed);
@@ -1159,7 +1161,7 @@ async fn ended_runs_leave_memory_and_a_restart_loads_only_runs_in_flight() {
     let audit = f
         .svc
         .list_audit(&ListAuditRequest {
-            run_id: failed,
+            run_id: failed.clone(),
             ..Default::default()
         })
         .await
@@ -1169,6 +1171,124 @@ async fn ended_runs_leave_memory_and_a_restart_loads_only_runs_in_flight() {
         audit.records.last().unwrap().to_status,
         RunStatus::Approved as i32
     );
+    // Back in flight across another restart (no flush: what the answer
+    // rested on), its records from both lives still its own.
+    let before = audit.records.len();
+    drop(f);
+    let f = fixture_on(
+        reopen(dir.path()).await,
+        ManualClock::new(1_700_000_000_000),
+    );
+    assert_eq!(f.svc.sled_runs_in_memory(), 2);
+    assert_eq!(status_of(&f.svc.get(&failed).await.unwrap()), S::Approved);
+    let again = audit_of(&f.svc, &failed).await;
+    assert_eq!(again.len(), before);
+    assert_eq!(again.first().unwrap().event_type, "proposed");
+}
+
+#[tokio::test]
+async fn a_run_in_flight_is_written_only_in_its_audit_records_and_stored_once_it_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_700_000_000_000);
+    let id = {
+        let store = reopen(dir.path()).await;
+        let runs = store.tree::<Run>("runs").unwrap();
+        let f = fixture_on(store, clock.clone());
+        let id = run_in(&f.svc, S::Running).await;
+        assert!(
+            runs.get(&id).unwrap().is_none(),
+            "a run in flight is in its audit records only"
+        );
+        id
+    };
+    // No flush: the restart finds what the answers rested on.
+    let store = reopen(dir.path()).await;
+    let runs = store.tree::<Run>("runs").unwrap();
+    let f = fixture_on(store, clock);
+    let run = f.svc.get(&id).await.unwrap();
+    assert_eq!(
+        (status_of(&run), run.claimed_by.as_str()),
+        (S::Running, "w1")
+    );
+    f.svc
+        .complete(CompleteRequest {
+            run_id: id.clone(),
+            worker_id: "w1".into(),
+            result: None,
+        })
+        .await
+        .unwrap();
+    let stored = runs.get(&id).unwrap().expect("an ended run is stored");
+    assert_eq!(status_of(&stored), S::Completed);
+    assert_eq!(f.svc.sled_runs_in_memory(), 0);
+}
+
+#[tokio::test]
+async fn runs_in_flight_of_the_earlier_layout_load_move_and_leave_its_list_when_they_end() {
+    let clock = ManualClock::new(1_700_000_000_000);
+    // A proposed run and its records, as this release makes them.
+    let (run, records) = {
+        let f = fixture_on(Store::temporary().unwrap(), clock.clone());
+        let id = run_in(&f.svc, S::Proposed).await;
+        (f.svc.get(&id).await.unwrap(), audit_of(&f.svc, &id).await)
+    };
+    let id = run.run_id.clone();
+    // The data directory the earlier layout left: the run in `runs`,
+    // listed in `live`, its records carrying no run.
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = reopen(dir.path()).await;
+        store.tree::<Run>("runs").unwrap().put(&id, &run).unwrap();
+        store
+            .tree::<switchyard_store::Mark>("live")
+            .unwrap()
+            .put(&id, &switchyard_store::Mark {})
+            .unwrap();
+        store
+            .tree::<switchyard_store::Number>("meta")
+            .unwrap()
+            .put("layout", &switchyard_store::Number { value: 2 })
+            .unwrap();
+        let log = store.log::<AuditRecord>("audit").unwrap();
+        for r in &records {
+            log.append(|sequence| AuditRecord {
+                sequence,
+                ..r.clone()
+            });
+        }
+        log.make_durable(log.last()).await.unwrap();
+    }
+    let live = |store: &Store| {
+        store
+            .tree::<switchyard_store::Mark>("live")
+            .unwrap()
+            .get(&id)
+            .unwrap()
+    };
+    {
+        let f = fixture_on(reopen(dir.path()).await, clock.clone());
+        assert_eq!(f.svc.sled_runs_in_memory(), 1);
+        assert_eq!(audit_of(&f.svc, &id).await.len(), records.len());
+        f.svc
+            .decide(Action::Approve, &id, "ok", REVIEWER)
+            .await
+            .unwrap();
+    }
+    {
+        let store = reopen(dir.path()).await;
+        let f = fixture_on(store.clone(), clock.clone());
+        // Loaded from the list as proposed, then moved by its new record.
+        assert_eq!(status_of(&f.svc.get(&id).await.unwrap()), S::Approved);
+        assert_eq!(audit_of(&f.svc, &id).await.len(), records.len() + 1);
+        f.svc
+            .decide(Action::Cancel, &id, "stop", REVIEWER)
+            .await
+            .unwrap();
+        assert!(live(&store).is_none(), "an ended run leaves the list");
+    }
+    let f = fixture_on(reopen(dir.path()).await, clock);
+    assert_eq!(f.svc.sled_runs_in_memory(), 0);
+    assert_eq!(status_of(&f.svc.get(&id).await.unwrap()), S::Cancelled);
 }
 
 async fn pruning_removes_runs_that_ended_past_retention_and_keeps_runs_in_flight(f: Fixture) {
