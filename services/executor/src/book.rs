@@ -753,9 +753,13 @@ impl JobBook {
                 let live = self.lock().find(&id).map(|e| e.job.clone());
                 let mut j = match live {
                     Some(j) => j,
-                    // Stored with its spec only while it was in memory, and
-                    // retired since the page was read: its final record.
-                    None if record.state == 0 => self.store.record(&id).await?.unwrap_or(record),
+                    // Not finished when the page was read (stored without a
+                    // final record), retired since: its final record; gone
+                    // since (deleted): not listed.
+                    None if record.state == 0 => match self.store.record(&id).await? {
+                        Some(r) if r.state != 0 => r,
+                        _ => continue,
+                    },
                     None => record,
                 };
                 if !listed(req, p, &j) {

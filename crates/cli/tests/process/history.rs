@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 use switchyard_kit::client::{Credential, Intercepted, authed, connect};
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{
-    GetJobRequest, GetResultRequest, JobState, SubmitJobRequest, WatchJobRequest,
+    GetJobRequest, GetResultRequest, Job, JobState, SubmitJobRequest, WatchJobRequest,
 };
 
 use crate::support::*;
@@ -42,6 +42,11 @@ async fn run(c: &JobServiceClient<Intercepted>, id: String, capability: &str, in
     })
     .await
     .unwrap();
+    follow(&mut c, id).await;
+}
+
+/// Follows job `id`'s events to its last.
+async fn follow(c: &mut JobServiceClient<Intercepted>, id: String) {
     let mut w = c
         .watch_job(WatchJobRequest {
             job_id: id,
@@ -52,6 +57,29 @@ async fn run(c: &JobServiceClient<Intercepted>, id: String, capability: &str, in
         .unwrap()
         .into_inner();
     while w.next().await.is_some() {}
+}
+
+/// Job `id` as GetJob answers.
+async fn job_of(c: &mut JobServiceClient<Intercepted>, id: &str) -> Job {
+    c.get_job(GetJobRequest { job_id: id.into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap()
+}
+
+/// `switchyard dev` on a data directory in `dir`, logging to a file there,
+/// once its built-in agents route: the process, the data directory, the log.
+fn started(dir: &std::path::Path) -> (Proc, std::path::PathBuf, std::path::PathBuf) {
+    let data = dir.join("data");
+    let log = dir.join("dev.log");
+    let dev = Proc::dev_at(&data, &[LOG], &log);
+    let url = dev.url();
+    wait_for("built-in agents routable", Duration::from_secs(20), || {
+        routed(&url, &["--capability", "builtin.noop"]).is_some_and(|ids| !ids.is_empty())
+    });
+    (dev, data, log)
 }
 
 /// The `key=value` after `marker` in the last log line holding `marker`.
@@ -75,13 +103,8 @@ fn logged(log: &std::path::Path, marker: &str, key: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finished_jobs_leave_memory_a_restart_loads_only_live_work_and_prune_removes_old_jobs() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let log = dir.path().join("dev.log");
-    let dev = Proc::dev_at(&data, &[LOG], &log);
+    let (dev, data, log) = started(dir.path());
     let url = dev.url();
-    wait_for("built-in agents routable", Duration::from_secs(20), || {
-        routed(&url, &["--capability", "builtin.noop"]).is_some_and(|ids| !ids.is_empty())
-    });
     let c = alice(&url).await;
     futures_util::stream::iter(0..JOBS)
         .for_each_concurrent(16, |i| run(&c, format!("h-{i}"), "builtin.noop", "{}"))
@@ -98,15 +121,7 @@ async fn finished_jobs_leave_memory_a_restart_loads_only_live_work_and_prune_rem
     assert_eq!(logged(&log, "ledger loaded", "budgets"), "0");
     // Finished jobs read back from disk, events and results included.
     let mut c = alice(&url).await;
-    let job = c
-        .get_job(GetJobRequest {
-            job_id: "h-0".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .job
-        .unwrap();
+    let job = job_of(&mut c, "h-0").await;
     assert_eq!(job.state, JobState::Completed as i32);
     let result = c
         .get_result(GetResultRequest {
@@ -180,15 +195,72 @@ async fn finished_jobs_leave_memory_a_restart_loads_only_live_work_and_prune_rem
         .unwrap_err();
     assert_eq!(gone.code(), tonic::Code::NotFound);
     running.await.unwrap();
-    let kept = c
-        .get_job(GetJobRequest {
-            job_id: "h-running".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .job
-        .unwrap();
+    let kept = job_of(&mut c, "h-running").await;
     assert_eq!(kept.state, JobState::Completed as i32);
+    assert_eq!(dev.terminate(), Some(0));
+}
+
+/// A crash (kill -9) replays the log from before the first event of the job
+/// still running, across the records of jobs that finished and were pruned
+/// since: the running job comes back from the spec its first record
+/// carries, the pruned ones stay gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_crash_the_running_job_comes_back_from_its_first_record_and_pruned_jobs_stay_gone()
+{
+    const AFTER: usize = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let (dev, data, log) = started(dir.path());
+    let url = dev.url();
+    let mut c = alice(&url).await;
+    // The long job first: the replay checkpoint stays before its first event.
+    c.submit_job(SubmitJobRequest {
+        document: r#"{"job_id":"long","tasks":[{"id":"t","agent":{"capability":"builtin.sleep","input":{"ms":4000}}}]}"#.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    futures_util::stream::iter(0..AFTER)
+        .for_each_concurrent(8, |i| run(&c, format!("p-{i}"), "builtin.noop", "{}"))
+        .await;
+    std::thread::sleep(Duration::from_millis(1_100));
+    let pruned = ok(&cli(&url, &["admin", "prune", "--older-than", "1s"]));
+    assert!(
+        pruned.starts_with(&format!("pruned {AFTER} finished jobs")),
+        "{pruned}"
+    );
+    dev.kill9();
+
+    let dev = Proc::dev_at(&data, &[LOG], &log);
+    let url = dev.url();
+    // Only the running job is loaded, though the replay read the others'.
+    assert_eq!(logged(&log, "job book open", "jobs"), "1");
+    assert!(
+        logged(&log, "job book open", "replayed")
+            .parse::<u64>()
+            .unwrap()
+            > AFTER as u64
+    );
+    let mut c = alice(&url).await;
+    for i in 0..AFTER {
+        let gone = c
+            .get_job(GetJobRequest {
+                job_id: format!("p-{i}"),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(gone.code(), tonic::Code::NotFound, "p-{i}");
+    }
+    let listed = ok(&cli(
+        &url,
+        &["job", "list", "--limit", "1000", "--as", "alice"],
+    ));
+    assert!(!listed.contains("p-"), "{listed}");
+    assert!(listed.contains("long"), "{listed}");
+    // The running job finishes where it was.
+    follow(&mut c, "long".into()).await;
+    assert_eq!(
+        job_of(&mut c, "long").await.state,
+        JobState::Completed as i32
+    );
     assert_eq!(dev.terminate(), Some(0));
 }

@@ -95,9 +95,9 @@ pub(crate) trait JobStore: Send + Sync {
     ) -> Result<Vec<Event>, ExecutorError>;
 
     /// Up to `n` stored jobs, newest first, created before `before`
-    /// (creation ms and id); a job in memory may be stored with its spec
-    /// only, its state unspecified (the caller shows it as it is in
-    /// memory, or reads its record again once it left).
+    /// (creation ms and id); a job in memory may come with its spec only or
+    /// an empty record, its state unspecified (the caller shows it as it is
+    /// in memory, or reads its record again once it left).
     async fn page(
         &self,
         before: Option<(u64, &str)>,

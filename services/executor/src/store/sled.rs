@@ -1,9 +1,13 @@
 //! Jobs in the embedded store (sled): one node holds them all. Events go
-//! to one group-committed log, a task's outputs in the same record as its
-//! `task.result` event ([`KeptOutput`]); an accepted job's spec, and once
-//! it finished its final record (outputs stripped) and where its events
-//! are, go to trees read when the job is not in memory. Start-up loads
-//! the jobs not yet finished and replays the log from the checkpoint.
+//! to one group-committed log, which also carries what would otherwise be
+//! written per job ([`Kept`]): an accepted job's spec in the record of its
+//! first event, a task's outputs in the record of its `task.result` event.
+//! Once a job finished, its final record (outputs stripped) and where its
+//! events are go to trees read when the job is not in memory; every job is
+//! listed by creation time from acceptance. Start-up replays the log from
+//! the checkpoint (before the first event of every job in memory): a job
+//! whose first event it meets is loaded from the spec that event carries,
+//! unless it was retired or removed since.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,28 +22,37 @@ use crate::error::ExecutorError;
 use crate::events::JobEvent;
 use crate::job::JobEntry;
 
-/// A task's outputs, stored after the fields of its `task.result` event in
-/// the same log record (field 1000 is reserved in `Event` for it): durable
-/// exactly when the event is, written once, and skipped by every reader of
-/// events. Data directories of earlier releases keep them in the `outputs`
-/// tree, still read.
+/// What a log record keeps after the fields of its event (fields 1000 and
+/// 1001 are reserved in `Event` for it): durable exactly when the event is,
+/// written once, and skipped by every reader of events.
 #[derive(Clone, PartialEq, prost::Message)]
-struct KeptOutput {
+struct Kept {
+    /// A `task.result` event's task outputs. Data directories of earlier
+    /// releases keep them in the `outputs` tree, still read.
     #[prost(message, optional, tag = "1000")]
     output: Option<TaskStatus>,
+    /// A job's first event: the job as accepted (spec, creation time).
+    /// Earlier releases stored it in the `jobs` tree and listed the job in
+    /// `live`, still read.
+    #[prost(message, optional, tag = "1001")]
+    accepted: Option<Job>,
 }
 
 /// The sled backend.
 pub(crate) struct SledJobs {
     store: Store,
     events: Log<Event>,
-    /// Every job by id: a running job's spec and creation time; a finished
-    /// (retired) job's final record, its outputs stripped.
+    /// A finished (retired) job's final record, its outputs stripped (and,
+    /// from earlier releases, a running job's spec).
     specs: Tree<Job>,
-    /// Outputs as releases before [`KeptOutput`] kept them.
+    /// Outputs as releases before [`Kept`] kept them.
     outputs: Tree<TaskStatus>,
-    /// Jobs not yet retired (start-up loads only these).
+    /// Jobs in memory that start-up finds by this list rather than by their
+    /// first event: reopened (dead-letter rounds) and those earlier
+    /// releases listed.
     live: Tree<Mark>,
+    /// The jobs in memory listed in `live` (their mark goes when they retire).
+    listed: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Every job by `{created ms:016x}/{id}`, for listing newest first.
     by_time: Tree<Mark>,
     /// A retired job's event positions in the log.
@@ -60,6 +73,7 @@ impl SledJobs {
             specs: store.tree::<Job>("jobs")?,
             outputs: store.tree::<TaskStatus>("outputs")?,
             live: store.tree::<Mark>("live")?,
+            listed: std::sync::Mutex::default(),
             by_time: store.tree::<Mark>("by_time")?,
             index: store.tree::<Positions>("index")?,
             meta: store.tree::<Number>("meta")?,
@@ -84,6 +98,9 @@ impl SledJobs {
                     "replaying job events"
                 );
             }
+            if ev.sequence == 1 && st.find(&ev.job_id).is_none() {
+                self.accepted_at(st, g, &ev.job_id)?;
+            }
             let Some(entry) = st.find_mut(&ev.job_id) else {
                 continue;
             };
@@ -99,10 +116,33 @@ impl SledJobs {
         Ok((read, applied))
     }
 
+    /// Start-up met job `id`'s first event, at `g`: the job, loaded from
+    /// the spec that record carries, unless it was retired (its final
+    /// record is stored) or removed (pruned or deleted: no longer listed by
+    /// time, which acceptance wrote before this record).
+    fn accepted_at(&self, st: &mut Jobs, g: u64, id: &str) -> Result<(), ExecutorError> {
+        let Some((_, kept)) = self.events.read_each_as::<Kept>(&[g])?.pop() else {
+            return Ok(());
+        };
+        let Some(job) = kept.accepted else {
+            // An earlier release's: it listed its jobs in `live`.
+            return Ok(());
+        };
+        if self.index.get(id)?.is_some()
+            || self.by_time.get(&time_key(created_ms(&job), id))?.is_none()
+        {
+            return Ok(());
+        }
+        if let Some(entry) = JobEntry::restored(&job)? {
+            st.claim(entry);
+        }
+        Ok(())
+    }
+
     /// The outputs kept with the event at `g` (of `job_id`'s `task`).
     fn kept_output(&self, g: u64, job_id: &str, task: &str) -> Option<TaskStatus> {
         let read = || -> Result<Option<TaskStatus>, ExecutorError> {
-            if let Some((_, kept)) = self.events.read_each_as::<KeptOutput>(&[g])?.pop()
+            if let Some((_, kept)) = self.events.read_each_as::<Kept>(&[g])?.pop()
                 && kept.output.is_some()
             {
                 return Ok(kept.output);
@@ -137,10 +177,19 @@ impl SledJobs {
     /// Removes retired job `id` (listed under `key`): its record, outputs
     /// and where its events are (the log drops them with their chunk).
     fn remove_retired(&self, id: &str, key: &str) -> Result<(), ExecutorError> {
+        self.unlist(id)?;
         self.specs.remove(id)?;
         self.index.remove(id)?;
         self.outputs.remove_prefix(&format!("{id}/"))?;
         self.by_time.remove(key)?;
+        Ok(())
+    }
+
+    /// Takes job `id` off the `live` list if it is on it.
+    fn unlist(&self, id: &str) -> Result<(), ExecutorError> {
+        if crate::lock(&self.listed).remove(id) {
+            self.live.remove(id)?;
+        }
         Ok(())
     }
 }
@@ -172,6 +221,9 @@ impl JobStore for SledJobs {
             };
             if let Some(entry) = JobEntry::restored(&job)? {
                 st.claim(entry);
+                if !first_layout {
+                    crate::lock(&self.listed).insert(id);
+                }
             }
         }
         let after = if first_layout {
@@ -183,6 +235,7 @@ impl JobStore for SledJobs {
         st.settle_loaded();
         if first_layout {
             self.upgrade(&mut st)?;
+            crate::lock(&self.listed).extend(st.ids());
         } else if layout < 2 {
             // A new data directory starts in this layout.
             self.meta.put(LAYOUT, &Number { value: 2 })?;
@@ -199,21 +252,23 @@ impl JobStore for SledJobs {
     }
 
     fn accept(&self, e: &JobEntry) -> Result<i64, ExecutorError> {
-        let stored = Job {
-            spec: Some(e.spec().clone()),
-            created_at: e.job.created_at,
-            ..Default::default()
-        };
-        self.specs.put(e.id(), &stored)?;
-        self.live.put(e.id(), &Mark {})?;
+        // Listed before its first event is appended: that record is never
+        // durable without the listing (start-up tells a removed job by its
+        // missing listing). The spec rides in that record.
         self.by_time
             .put(&time_key(created_ms(&e.job), e.id()), &Mark {})?;
         Ok(0)
     }
 
-    fn append(&self, _e: &JobEntry, wire: &Event, _moved: bool, kept: Option<&TaskStatus>) -> u64 {
-        let kept = kept.map(|s| KeptOutput {
-            output: Some(s.clone()),
+    fn append(&self, e: &JobEntry, wire: &Event, _moved: bool, kept: Option<&TaskStatus>) -> u64 {
+        let accepted = (wire.sequence == 1).then(|| Job {
+            spec: Some(e.spec().clone()),
+            created_at: e.job.created_at,
+            ..Default::default()
+        });
+        let kept = (kept.is_some() || accepted.is_some()).then(|| Kept {
+            output: kept.cloned(),
+            accepted,
         });
         self.events.append_ref(wire, kept.as_ref())
     }
@@ -230,8 +285,7 @@ impl JobStore for SledJobs {
     fn retire(&self, r: &Retiring) -> Result<(), ExecutorError> {
         self.specs.put(&r.id, &r.job)?;
         self.index.put(&r.id, &r.positions)?;
-        self.live.remove(&r.id)?;
-        Ok(())
+        self.unlist(&r.id)
     }
 
     fn checkpoint(
@@ -265,7 +319,7 @@ impl JobStore for SledJobs {
         e.events = self.index.get(id)?.unwrap_or_default().positions;
         let mut kept: std::collections::HashMap<String, TaskStatus> = self
             .events
-            .read_each_as::<KeptOutput>(&e.events)?
+            .read_each_as::<Kept>(&e.events)?
             .into_iter()
             .filter_map(|(_, k)| k.output)
             .map(|o| (o.task_id.clone(), o))
@@ -337,9 +391,10 @@ impl JobStore for SledJobs {
             }
             let (key, _) = r?;
             let id = key.split_once('/').map_or(key.as_str(), |(_, id)| id);
-            if let Some(j) = self.specs.get(id)? {
-                page.push((id.to_owned(), j));
-            }
+            // A job not yet retired has no stored record: the book shows it
+            // from memory.
+            let j = self.specs.get(id)?.unwrap_or_default();
+            page.push((id.to_owned(), j));
         }
         Ok(page)
     }
@@ -386,14 +441,16 @@ impl JobStore for SledJobs {
     }
 
     async fn delete(&self, id: &str, job: &Job) -> Result<(), ExecutorError> {
-        self.live.remove(id)?;
         self.remove_retired(id, &time_key(created_ms(job), id))?;
         self.store.sync().await?;
         Ok(())
     }
 
     fn reopen(&self, id: &str, first_event: Option<u64>) -> Result<(), ExecutorError> {
+        // Its first event may be before the checkpoint: start-up finds it
+        // by the list.
         self.live.put(id, &Mark {})?;
+        crate::lock(&self.listed).insert(id.to_owned());
         // Replay after a crash must reach back to this job's first event.
         self.checkpoint(first_event, None)?;
         Ok(())
