@@ -11,11 +11,7 @@
 //! the database's flush and `fdatasync`s it after, so one flush makes the
 //! trees and every log durable together. Each frame is
 //! `sequence u64 | length u32 | crc32 u32 | record` (big-endian; the CRC
-//! covers the sequence, the length and the record). The active segment
-//! holds zeros written ahead of its records ([`PREFILL`] at a time), so a
-//! sync changes no file size and writes no file-system journal; zeros where
-//! a header would be are the end. A segment is cut to its records when it
-//! is closed and when it is opened. A torn frame at the end
+//! covers the sequence, the length and the record). A torn frame at the end
 //! of the last segment (a crash mid-write) is cut off at open; a damaged
 //! frame anywhere else is an error naming the file and byte. A log an
 //! earlier release kept in sled (as chunks of records) is copied into
@@ -47,15 +43,6 @@ const HEADER: usize = 16;
 const SCAN_BYTES: usize = 256 << 10;
 /// Bytes read at once when looking up single records.
 const SEEK_BYTES: usize = 16 << 10;
-/// Zeros written ahead of the records at a time. A sync of a file that
-/// grew also commits the file system's journal (its size changed); one
-/// into bytes already there writes the data alone. Measured here with
-/// 300-byte appends: 84–90 µs and 8.5 KB to disk per `fdatasync` on a
-/// growing file, 48–60 µs and 4.4 KB within zeros written before. The
-/// zeros cost one journal commit per this many bytes of records.
-const PREFILL: u64 = 256 << 10;
-/// A block of zeros to write ahead.
-static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
 /// One segment file: the records from `first` on, in order.
 struct Segment {
@@ -64,9 +51,6 @@ struct Segment {
     file: File,
     /// Bytes of whole frames written.
     len: AtomicU64,
-    /// Bytes the file holds: past `len`, zeros written ahead
-    /// ([`PREFILL`]).
-    filled: AtomicU64,
     /// The last sequence written here (`first - 1` while empty).
     last: AtomicU64,
     /// `(sequence, byte offset)` of the indexed records; `None` until a
@@ -84,7 +68,6 @@ impl Segment {
             file: open_file(&path, true)?,
             path,
             len: AtomicU64::new(0),
-            filled: AtomicU64::new(0),
             last: AtomicU64::new(first - 1),
             index: Mutex::new(Some(Vec::new())),
         };
@@ -147,9 +130,6 @@ enum Frame<'b> {
     },
     /// The bytes end before the frame does (it needs `need` bytes).
     Short { need: usize },
-    /// Zeros where a header would be: the zeros written ahead of the
-    /// records (no frame has sequence 0), so the end of the records.
-    Zeros,
     /// The frame's check does not match its bytes.
     Damaged,
 }
@@ -158,9 +138,6 @@ fn frame(bytes: &[u8]) -> Frame<'_> {
     let Some(header) = bytes.get(..HEADER) else {
         return Frame::Short { need: HEADER };
     };
-    if header.iter().all(|&b| b == 0) {
-        return Frame::Zeros;
-    }
     let num =
         |r: std::ops::Range<usize>| header[r].iter().fold(0u64, |n, b| n << 8 | u64::from(*b));
     let (seq, len, crc) = (num(0..8), num(8..12) as usize, num(12..16) as u32);
@@ -289,7 +266,6 @@ fn scan(
                     want = need;
                     break;
                 }
-                Frame::Zeros => return Ok(base + used as u64),
                 Frame::Damaged if torn_ok => return Ok(base + used as u64),
                 Frame::Damaged => return Err(damaged(base + used as u64)),
             }
@@ -367,13 +343,11 @@ impl Inner {
             Some(s) if s.len() < self.segment_bytes || s.last() < s.first => s,
             full => {
                 if let Some(s) = full {
-                    // Closed: without the zeros written ahead, and its
-                    // records durable before the next segment's can be.
+                    // Closed: its records are durable before the next
+                    // segment's can be.
                     s.file
-                        .set_len(s.len())
-                        .and_then(|()| s.file.sync_data())
-                        .map_err(|e| io("close log segment", &s.path, e))?;
-                    s.filled.store(s.len(), Ordering::Release);
+                        .sync_data()
+                        .map_err(|e| io("sync log segment", &s.path, e))?;
                 }
                 let seg = Segment::create(&self.dir, first)?;
                 self.segments
@@ -387,22 +361,6 @@ impl Inner {
         seg.file
             .write_all_at(frames, at)
             .map_err(|e| io("write log segment", &seg.path, e))?;
-        let end = at + frames.len() as u64;
-        let filled = seg.filled.load(Ordering::Acquire).max(end);
-        if end + HEADER as u64 > filled {
-            // Zeros ahead, so the next syncs change no file size (and the
-            // next frame's header reads as the end until it is written).
-            let to = (end + HEADER as u64).next_multiple_of(PREFILL);
-            let mut from = filled;
-            while from < to {
-                let n = (to - from).min(ZEROS.len() as u64) as usize;
-                seg.file
-                    .write_all_at(&ZEROS[..n], from)
-                    .map_err(|e| io("write log segment", &seg.path, e))?;
-                from += n as u64;
-            }
-            seg.filled.store(to, Ordering::Release);
-        }
         if let Some(index) = seg.index.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
             index.extend(marks.iter().map(|&(s, o)| (s, at + o as u64)));
         }
@@ -488,7 +446,6 @@ impl Inner {
                 file,
                 path,
                 len: AtomicU64::new(size),
-                filled: AtomicU64::new(size),
                 last: AtomicU64::new(first.saturating_sub(1)),
                 index: Mutex::new(None),
             };
@@ -505,26 +462,19 @@ impl Inner {
                     Ok(true)
                 })?;
                 if end < size {
-                    let mut next = [0u8; HEADER];
-                    let got = seg.file.read_at(&mut next, end).unwrap_or(0);
-                    if next[..got].iter().any(|&b| b != 0) {
-                        tracing::warn!(
-                            log = name,
-                            segment = %seg.path.display(),
-                            at = end,
-                            cut = size - end,
-                            "cutting a record torn by a crash off the log's end"
-                        );
-                    }
-                    // The zeros written ahead go too (written again with
-                    // the next records).
+                    tracing::warn!(
+                        log = name,
+                        segment = %seg.path.display(),
+                        at = end,
+                        cut = size - end,
+                        "cutting a record torn by a crash off the log's end"
+                    );
                     seg.file
                         .set_len(end)
                         .and_then(|()| seg.file.sync_all())
                         .map_err(|e| io("truncate log segment", &seg.path, e))?;
                 }
                 seg.len.store(end, Ordering::Release);
-                seg.filled.store(end, Ordering::Release);
                 seg.last.store(seen, Ordering::Release);
                 *seg.index.lock().unwrap_or_else(|p| p.into_inner()) = Some(index);
                 last = seen;
@@ -1105,53 +1055,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn zeros_where_a_header_would_be_are_the_end_not_damage() {
-        assert!(matches!(frame(&[0; 64]), Frame::Zeros));
-        let mut one = Vec::new();
-        put_frame(&mut one, 1, |_| {});
-        assert!(matches!(frame(&one), Frame::Whole { seq: 1, .. }));
-        // Not zeros, not whole: damage (a torn frame at the end is cut).
-        one[12] ^= 1;
-        assert!(matches!(frame(&one), Frame::Damaged));
-    }
-
-    /// Bytes of the frames of records `t{seq}` for `seqs`.
-    fn frames_of(seqs: std::ops::RangeInclusive<u64>) -> u64 {
-        seqs.map(|s| (HEADER + tool(&format!("t{s}")).encoded_len()) as u64)
-            .sum()
-    }
-
-    #[tokio::test]
-    async fn records_are_written_into_zeros_ahead_and_a_closed_or_reopened_segment_keeps_none() {
-        let dir = tempfile::tempdir().unwrap();
-        let first = dir.path().join("logs/log/00000000000000000001.seg");
-        let second = dir.path().join("logs/log/00000000000000000061.seg");
-        let size = |p: &Path| std::fs::metadata(p).unwrap().len();
-        {
-            let store = Store::open(dir.path()).unwrap();
-            let log = store.log_with::<Tool>("log", SMALL).unwrap();
-            batches(&log, &[60]).await;
-            // The file holds zeros past the records: syncs change no size.
-            assert_eq!(size(&first), PREFILL);
-            // Full: closed at its records' end when the next one starts.
-            batches(&log, &[5]).await;
-            assert_eq!(size(&first), frames_of(1..=60));
-            assert_eq!(size(&second), PREFILL);
-            let names: Vec<String> = log.replay().map(|r| r.unwrap().1.name).collect();
-            assert_eq!(names.len(), 65);
-        }
-        let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10))
-            .await
-            .unwrap();
-        let log = store.log_with::<Tool>("log", SMALL).unwrap();
-        assert_eq!((log.last(), log.durable()), (65, 65));
-        assert_eq!(size(&second), frames_of(61..=65), "the zeros are cut");
-        batches(&log, &[1]).await;
-        let names: Vec<String> = log.replay_after(63).map(|r| r.unwrap().1.name).collect();
-        assert_eq!(names, ["t64", "t65", "t66"]);
-    }
-
     fn segment_files(dir: &Path) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(dir.join("logs/log"))
             .unwrap()
@@ -1262,16 +1165,15 @@ mod tests {
             batches(&log, &[40]).await;
         }
         let seg = dir.path().join("logs/log/00000000000000000001.seg");
-        let whole = frames_of(1..=40);
-        // A crash mid-write: the next frame's header and half its record,
-        // over the zeros written ahead.
+        let whole = std::fs::metadata(&seg).unwrap().len();
+        // A crash mid-write: the next frame's header and half its record.
         let mut torn = Vec::new();
         put_frame(&mut torn, 41, |out| {
             encode_into(&tool("a record cut short"), out)
         });
         torn.truncate(HEADER + 5);
-        let f = OpenOptions::new().write(true).open(&seg).unwrap();
-        f.write_all_at(&torn, whole).unwrap();
+        let f = OpenOptions::new().append(true).open(&seg).unwrap();
+        std::io::Write::write_all(&mut &f, &torn).unwrap();
         drop(f);
         let store = Store::reopen(dir.path(), std::time::Duration::from_secs(10))
             .await
@@ -1281,7 +1183,7 @@ mod tests {
         assert_eq!(
             std::fs::metadata(&seg).unwrap().len(),
             whole,
-            "the torn bytes are gone, and the zeros after them"
+            "the torn bytes are gone"
         );
         batches(&log, &[2]).await;
         let names: Vec<String> = log.replay_after(38).map(|r| r.unwrap().1.name).collect();
