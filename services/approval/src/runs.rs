@@ -22,6 +22,8 @@ use switchyard_core::run::RunStatus as S;
 use switchyard_proto::approval::v1::{AuditRecord, Run};
 use switchyard_store::{Log, Mark, Number, Store, StoreError, Tree};
 
+use crate::status_of;
+
 /// What the embedded service keeps in an audit record beyond the record's
 /// fields: the run as the audited change left it (field 1000 is reserved
 /// in `AuditRecord` for it; readers of records skip it). Decoding a record
@@ -35,8 +37,6 @@ pub(crate) struct KeptRun {
     #[prost(message, optional, tag = "1000")]
     pub(crate) run: Option<Run>,
 }
-
-use crate::status_of;
 
 /// Statuses whose runs leave memory.
 pub(crate) fn ended(s: S) -> bool {
@@ -170,6 +170,9 @@ impl Runs {
             // On disk, stored before this record.
             self.live.remove(&id);
             self.audit.remove(&id);
+            if self.listed.remove(&id) {
+                self.live_ids.remove(&id)?;
+            }
         } else {
             if !self.live.contains_key(&id) {
                 // New, or an ended run back in flight: its records up to

@@ -121,6 +121,9 @@ impl SledJobs {
     /// record is stored) or removed (pruned or deleted: no longer listed by
     /// time, which acceptance wrote before this record).
     fn accepted_at(&self, st: &mut Jobs, g: u64, id: &str) -> Result<(), ExecutorError> {
+        if self.index.get(id)?.is_some() {
+            return Ok(());
+        }
         let Some((_, kept)) = self.events.read_each_as::<Kept>(&[g])?.pop() else {
             return Ok(());
         };
@@ -128,9 +131,7 @@ impl SledJobs {
             // An earlier release's: it listed its jobs in `live`.
             return Ok(());
         };
-        if self.index.get(id)?.is_some()
-            || self.by_time.get(&time_key(created_ms(&job), id))?.is_none()
-        {
+        if self.by_time.get(&time_key(created_ms(&job), id))?.is_none() {
             return Ok(());
         }
         if let Some(entry) = JobEntry::restored(&job)? {
