@@ -1374,8 +1374,74 @@ async fn watch_detail_narrows_the_stream_to_state_changes_with_the_logs_own_sequ
     s.stop().await.unwrap();
 }
 
+/// More jobs waiting for approval (in memory, nothing finished) than the
+/// executor reads from its store per query (200): one large page holds
+/// every one, and pages of 100 go through every one, newest first, none
+/// twice.
+async fn list_jobs_pages_through_more_jobs_in_flight_than_one_store_read(b: Backend) {
+    const N: usize = 230;
+    let (s, mut c) = stack(&b).await;
+    for i in 0..N {
+        let doc = format!(
+            r#"{{"job_id":"wait-{i:03}","approval":{{"intent":"echo","requires_approval":true}},
+            "tasks":[{{"id":"t","agent":{{"capability":"builtin.echo","input":{{"text":"hi"}}}}}}]}}"#
+        );
+        let job = submit(&mut c, &doc).await.unwrap();
+        assert_eq!(job.state, JobState::Pending as i32);
+    }
+    let one = c
+        .list_jobs(switchyard_proto::executor::v1::ListJobsRequest {
+            page_size: 1000,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(one.jobs.len(), N, "one page of up to 1000");
+    let mut listed: Vec<switchyard_proto::executor::v1::Job> = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = c
+            .list_jobs(switchyard_proto::executor::v1::ListJobsRequest {
+                page_size: 100,
+                page_token: token,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        listed.extend(page.jobs);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    let ids: Vec<String> = listed
+        .iter()
+        .map(|j| j.spec.as_ref().unwrap().job_id.clone())
+        .collect();
+    let mut distinct = ids.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!((ids.len(), distinct.len()), (N, N), "{ids:?}");
+    let created: Vec<i64> = listed
+        .iter()
+        .map(|j| {
+            let t = j.created_at.unwrap();
+            t.seconds * 1_000_000_000 + i64::from(t.nanos)
+        })
+        .collect();
+    assert!(created.windows(2).all(|w| w[0] >= w[1]), "newest first");
+    assert!(
+        listed.iter().all(|j| j.state == JobState::Pending as i32),
+        "shown as they are in memory"
+    );
+    s.stop().await.unwrap();
+}
+
 switchyard_testkit::on_both_backends!(
     sled, postgres;
+    list_jobs_pages_through_more_jobs_in_flight_than_one_store_read,
     the_seed_001_envelope_runs_as_a_piped_chain,
     seed_001_rules_are_refused_with_the_seeds_texts,
     graphs_and_templates_are_checked_at_submit_with_field_violations,

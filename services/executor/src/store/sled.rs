@@ -391,10 +391,18 @@ impl JobStore for SledJobs {
                 break;
             }
             let (key, _) = r?;
-            let id = key.split_once('/').map_or(key.as_str(), |(_, id)| id);
+            let (created, id) = key.split_once('/').unwrap_or(("", key.as_str()));
             // A job not yet retired has no stored record: the book shows it
-            // from memory.
-            let j = self.specs.get(id)?.unwrap_or_default();
+            // from memory, and pages on from its creation time.
+            let j = match self.specs.get(id)? {
+                Some(j) => j,
+                None => Job {
+                    created_at: u64::from_str_radix(created, 16)
+                        .ok()
+                        .map(switchyard_kit::time::timestamp),
+                    ..Default::default()
+                },
+            };
             page.push((id.to_owned(), j));
         }
         Ok(page)
