@@ -12,7 +12,8 @@ use futures_util::StreamExt;
 use switchyard_kit::client::{Credential, Intercepted, authed, connect};
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{
-    GetJobRequest, GetResultRequest, Job, JobState, SubmitJobRequest, WatchJobRequest,
+    CancelJobRequest, GetJobRequest, GetResultRequest, Job, JobState, SubmitJobRequest,
+    WatchJobRequest,
 };
 
 use crate::support::*;
@@ -201,20 +202,21 @@ async fn finished_jobs_leave_memory_a_restart_loads_only_live_work_and_prune_rem
 }
 
 /// A crash (kill -9) replays the log from before the first event of the job
-/// still running, across the records of jobs that finished and were pruned
-/// since: the running job comes back from the spec its first record
-/// carries, the pruned ones stay gone.
+/// still in flight (waiting for a person: no timing), across the records of
+/// jobs that finished and were pruned since: the job in flight comes back
+/// from the spec its first record carries, the pruned ones stay gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_crash_the_running_job_comes_back_from_its_first_record_and_pruned_jobs_stay_gone()
-{
+async fn after_a_crash_the_job_in_flight_comes_back_from_its_first_record_and_pruned_jobs_stay_gone()
+ {
     const AFTER: usize = 20;
     let dir = tempfile::tempdir().unwrap();
     let (dev, data, log) = started(dir.path());
     let url = dev.url();
     let mut c = alice(&url).await;
-    // The long job first: the replay checkpoint stays before its first event.
+    // The waiting job first: the replay checkpoint stays before its first
+    // event.
     c.submit_job(SubmitJobRequest {
-        document: r#"{"job_id":"long","tasks":[{"id":"t","agent":{"capability":"builtin.sleep","input":{"ms":4000}}}]}"#.into(),
+        document: r#"{"job_id":"long","approval":{"intent":"wait for a person","requires_approval":true},"tasks":[{"id":"t","agent":{"capability":"builtin.noop","input":{}}}]}"#.into(),
         ..Default::default()
     })
     .await
@@ -232,7 +234,7 @@ async fn after_a_crash_the_running_job_comes_back_from_its_first_record_and_prun
 
     let dev = Proc::dev_at(&data, &[LOG], &log);
     let url = dev.url();
-    // Only the running job is loaded, though the replay read the others'.
+    // Only the waiting job is loaded, though the replay read the others'.
     assert_eq!(logged(&log, "job book open", "jobs"), "1");
     assert!(
         logged(&log, "job book open", "replayed")
@@ -256,11 +258,18 @@ async fn after_a_crash_the_running_job_comes_back_from_its_first_record_and_prun
     ));
     assert!(!listed.contains("p-"), "{listed}");
     assert!(listed.contains("long"), "{listed}");
-    // The running job finishes where it was.
+    // It is where it was, and moves on.
+    assert_eq!(job_of(&mut c, "long").await.state, JobState::Pending as i32);
+    c.cancel_job(CancelJobRequest {
+        job_id: "long".into(),
+        reason: "not needed".into(),
+    })
+    .await
+    .unwrap();
     follow(&mut c, "long".into()).await;
     assert_eq!(
         job_of(&mut c, "long").await.state,
-        JobState::Completed as i32
+        JobState::Cancelled as i32
     );
     assert_eq!(dev.terminate(), Some(0));
 }
