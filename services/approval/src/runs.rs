@@ -132,18 +132,9 @@ impl Runs {
                     continue;
                 };
                 if ended(status_of(run)) {
-                    let positions = runs.audit.remove(&id).unwrap_or_default();
-                    if let Some(run) = runs.live.remove(&id) {
-                        runs.tree.put(&id, &run)?;
-                    }
-                    let ended_ms = now;
-                    runs.ended_audit.put(
-                        &id,
-                        &Positions {
-                            positions,
-                            ended_ms,
-                        },
-                    )?;
+                    let run = run.clone();
+                    let positions = runs.leave_memory(&id)?.unwrap_or_default();
+                    runs.store_ended(&run, positions, now)?;
                 } else {
                     // Listed as the earlier layout did: its records carry
                     // no run.
@@ -168,11 +159,7 @@ impl Runs {
         let id = run.run_id.clone();
         if ended(status_of(&run)) {
             // On disk, stored before this record.
-            self.live.remove(&id);
-            self.audit.remove(&id);
-            if self.listed.remove(&id) {
-                self.live_ids.remove(&id)?;
-            }
+            self.leave_memory(&id)?;
         } else {
             if !self.live.contains_key(&id) {
                 // New, or an ended run back in flight: its records up to
@@ -206,7 +193,7 @@ impl Runs {
         self.get(id).is_some()
     }
 
-    /// A run in flight, to change in place (store it after).
+    /// A run in flight, to change in place (audit it after: that keeps it).
     pub(crate) fn get_mut(&mut self, id: &str) -> Option<&mut Run> {
         self.live.get_mut(id)
     }
@@ -218,7 +205,7 @@ impl Runs {
     pub(crate) fn keep(&mut self, run: &Run, seq: u64, now_ms: u64) -> Result<(), StoreError> {
         let id = &run.run_id;
         if ended(status_of(run)) {
-            let (mut positions, ended_ms) = match self.audit.remove(id) {
+            let (mut positions, ended_ms) = match self.leave_memory(id)? {
                 Some(p) => (p, now_ms),
                 // Audited again after it ended: its retention runs on.
                 None => match self.ended_audit.get(id)? {
@@ -227,18 +214,7 @@ impl Runs {
                 },
             };
             positions.push(seq);
-            self.tree.put(id, run)?;
-            self.ended_audit.put(
-                id,
-                &Positions {
-                    positions,
-                    ended_ms,
-                },
-            )?;
-            self.live.remove(id);
-            if self.listed.remove(id) {
-                self.live_ids.remove(id)?;
-            }
+            self.store_ended(run, positions, ended_ms)?;
         } else {
             match self.live.get_mut(id) {
                 Some(r) => run.clone_into(r),
@@ -253,6 +229,33 @@ impl Runs {
             self.audit.entry(id.clone()).or_default().push(seq);
         }
         Ok(())
+    }
+
+    /// Run `id` leaves memory (and the earlier layout's list); its audit
+    /// positions, when it was in memory.
+    fn leave_memory(&mut self, id: &str) -> Result<Option<Vec<u64>>, StoreError> {
+        self.live.remove(id);
+        if self.listed.remove(id) {
+            self.live_ids.remove(id)?;
+        }
+        Ok(self.audit.remove(id))
+    }
+
+    /// Stores ended `run` with its audit `positions`, ended at `ended_ms`.
+    fn store_ended(
+        &mut self,
+        run: &Run,
+        positions: Vec<u64>,
+        ended_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.tree.put(&run.run_id, run)?;
+        self.ended_audit.put(
+            &run.run_id,
+            &Positions {
+                positions,
+                ended_ms,
+            },
+        )
     }
 
     /// Where run `id`'s audit records are (`None`: no such run).
@@ -365,7 +368,7 @@ impl RunSet {
         self.get(id).is_some()
     }
 
-    /// A run in flight, to change in place (store it after).
+    /// A run in flight, to change in place (audit it after: that keeps it).
     pub(crate) fn get_mut(&mut self, id: &str) -> Option<&mut Run> {
         match self {
             RunSet::Sled(r) => r.get_mut(id),
