@@ -246,6 +246,10 @@ pub mod executor {
                 list_artifacts(ListArtifactsRequest) -> ListArtifactsResponse;
                 /// GetArtifact.
                 get_artifact(GetArtifactRequest) -> GetArtifactResponse;
+                /// SendInput.
+                send_input(SendInputRequest) -> SendInputResponse;
+                /// ListInputRequests.
+                list_input_requests(ListInputRequestsRequest) -> ListInputRequestsResponse;
             }
             streaming {
                 /// WatchJob.

@@ -148,6 +148,36 @@ pub enum JobCmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Answer a task waiting for input (an input task): the answer is JSON,
+    /// from a file (`-`: standard input) or `--answer`. Retrying with the
+    /// same `--key` is safe: the first answer's outcome comes back.
+    #[command(after_help = crate::report::EXIT_CODES)]
+    Input {
+        /// Job id.
+        id: String,
+        /// The waiting task (needed when several wait).
+        #[arg(long = "task", default_value = "")]
+        task: String,
+        /// A JSON file with the answer; `-` reads standard input.
+        #[arg(short = 'f', long = "file", conflicts_with = "answer")]
+        file: Option<PathBuf>,
+        /// The answer as JSON text (a bare word is taken as a string).
+        #[arg(long)]
+        answer: Option<String>,
+        /// Idempotency key (default: a new one per call).
+        #[arg(long, default_value = "")]
+        key: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List the tasks waiting for input that you may answer, oldest first.
+    Inputs {
+        /// Only this job's.
+        #[arg(long = "job", default_value = "")]
+        job: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
     /// Cancel a job: stop running work, release reservations, cancel its run.
     Cancel {
         /// Job id.
@@ -1002,6 +1032,90 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             match conn.output {
                 Format::Json => print_json(&json!({"deleted": true, "job_id": out.job_id})),
                 Format::Table => println!("deleted job {}", out.job_id),
+            }
+            Ok(())
+        }
+        JobCmd::Input {
+            id,
+            task,
+            file,
+            answer,
+            key,
+            conn,
+        } => {
+            let text = match (file, answer) {
+                (Some(f), _) => read(&f)?,
+                (None, Some(a)) => a,
+                (None, None) => anyhow::bail!(
+                    "give the answer: -f FILE (JSON; - for standard input) or --answer JSON"
+                ),
+            };
+            let value: Value = serde_json::from_str(text.trim())
+                .unwrap_or_else(|_| Value::String(text.trim().to_owned()));
+            let key = if key.is_empty() {
+                format!("cli-{}", uuid::Uuid::now_v7())
+            } else {
+                key
+            };
+            let c = client(&conn).await?;
+            let req = SendInputRequest {
+                job_id: id,
+                task_id: task,
+                answer: Some(switchyard_kit::json::json_to_value(&value)),
+                idempotency_key: key,
+            };
+            let out = c.send_input(req).await.map_err(api)?;
+            match conn.output {
+                Format::Json => print_json(&json!({
+                    "task_id": out.task_id,
+                    "answered_by": out.answered_by,
+                    "replayed": out.replayed,
+                    "job": out.job.as_ref().map(job_json),
+                })),
+                Format::Table => {
+                    let again = if out.replayed { " (already taken)" } else { "" };
+                    println!(
+                        "answered task {} as {}{again}",
+                        out.task_id, out.answered_by
+                    );
+                    if let Some(j) = &out.job {
+                        show(Format::Table, j);
+                    }
+                }
+            }
+            Ok(())
+        }
+        JobCmd::Inputs { job, conn } => {
+            let c = client(&conn).await?;
+            let out = c
+                .list_input_requests(ListInputRequestsRequest { job_id: job })
+                .await
+                .map_err(api)?;
+            match conn.output {
+                Format::Json => print_json(&json!({
+                    "requests": out.requests.iter().map(|r| json!({
+                        "job_id": r.job_id,
+                        "task_id": r.task_id,
+                        "prompt": r.prompt,
+                        "answer_schema": r.answer_schema.as_ref().map(switchyard_kit::json::struct_to_json),
+                        "asked_at_ms": ms(&r.asked_at),
+                        "deadline_ms": ms(&r.deadline),
+                        "submitted_by": r.submitted_by,
+                    })).collect::<Vec<_>>(),
+                })),
+                Format::Table => {
+                    if out.requests.is_empty() {
+                        println!("nothing waits for your input");
+                    }
+                    let now = switchyard_kit::time::now_ms();
+                    for r in &out.requests {
+                        let left = ms(&r.deadline).unwrap_or(now).saturating_sub(now) / 1000;
+                        println!(
+                            "{} {}  from {}, {left} s left\n  {}",
+                            r.job_id, r.task_id, r.submitted_by, r.prompt
+                        );
+                    }
+                }
             }
             Ok(())
         }

@@ -142,6 +142,8 @@ machine! {
         Deferred => "deferred",
         /// Mid-attempt, a tool call waits for a person's decision.
         AwaitingApproval => "awaiting_approval",
+        /// An input task waits for a person's answer.
+        InputRequired => "input_required",
     }
     terminal [Succeeded, Failed, Skipped, Cancelled]
     table {
@@ -152,7 +154,12 @@ machine! {
         // running -> ready: the executor restarted mid-attempt and runs it again.
         // running -> awaiting_approval: the model called a tool that needs a
         // person's approval.
-        Running => [Succeeded, Failed, Retrying, Deferred, Cancelled, Ready, AwaitingApproval],
+        // running -> input_required: an input task asks its question.
+        Running => [Succeeded, Failed, Retrying, Deferred, Cancelled, Ready, AwaitingApproval, InputRequired],
+        // input_required -> running: answered, or the wait ended (the attempt
+        // then ends with the answer, the default or INPUT_TIMEOUT); ->
+        // failed: fail-fast of another task.
+        InputRequired => [Running, Failed, Cancelled],
         // awaiting_approval -> running: decided (approved, rejected or timed
         // out: the attempt goes on either way); -> failed: the attempt could
         // not ask (approval refused the proposal for good).
@@ -195,9 +202,17 @@ mod tests {
                 | (Ready, Running | Skipped | Cancelled | Failed)
                 | (
                     Running,
-                    Succeeded | Failed | Retrying | Deferred | Cancelled | Ready | AwaitingApproval
+                    Succeeded
+                        | Failed
+                        | Retrying
+                        | Deferred
+                        | Cancelled
+                        | Ready
+                        | AwaitingApproval
+                        | InputRequired
                 )
                 | (AwaitingApproval, Running | Failed | Cancelled)
+                | (InputRequired, Running | Failed | Cancelled)
                 | (Retrying, Running | Failed | Cancelled)
                 | (Deferred, Running | Failed | Cancelled)
         )
@@ -228,7 +243,7 @@ mod tests {
 
     #[test]
     fn every_task_pair_follows_the_table_with_a_reason_fixed_by_the_pair() {
-        assert_eq!(TaskState::ALL.len(), 10);
+        assert_eq!(TaskState::ALL.len(), 11);
         for &from in TaskState::ALL {
             for &to in TaskState::ALL {
                 let got = from.check(to);

@@ -190,6 +190,18 @@ reasons! {
     /// Nobody decided about a tool call within the approval timeout: it
     /// counts as rejected.
     ToolApprovalTimeout => "TOOL_APPROVAL_TIMEOUT",
+    /// An input task waits for a person's answer (a task's reason while it
+    /// waits, not an error).
+    InputRequired => "INPUT_REQUIRED",
+    /// Nobody answered an input task within its wait, and it has no
+    /// default answer.
+    InputTimeout => "INPUT_TIMEOUT",
+    /// SendInput to a task that does not wait for input (not an input
+    /// task, not asked yet, already answered, or finished).
+    InputNotWaiting => "INPUT_NOT_WAITING",
+    /// The caller can see the job but is not among those the input task
+    /// lets answer.
+    InputNotAllowed => "INPUT_NOT_ALLOWED",
     /// An artifact's kind is not allowed by its run's `outputs_allowed`.
     ArtifactKindNotAllowed => "ARTIFACT_KIND_NOT_ALLOWED",
     /// An artifact is larger than the configured limit, or its name is not

@@ -141,6 +141,11 @@ impl Jobs {
             .ok_or_else(|| ExecutorError::NotFound(id.into()))
     }
 
+    /// Every job in memory, in no order.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = &JobEntry> {
+        self.jobs.values()
+    }
+
     /// Job `id` if it exists.
     pub(crate) fn find(&self, id: &str) -> Option<&JobEntry> {
         self.jobs.get(id)
@@ -924,6 +929,7 @@ fn count_task(kind: Option<&switchyard_proto::executor::v1::task_spec::Kind>, to
         Some(Kind::Agent(_)) => "agent",
         Some(Kind::Llm(_)) => "llm",
         Some(Kind::Queue(_)) => "queue",
+        Some(Kind::Input(_)) => "input",
         None => "unknown",
     };
     family

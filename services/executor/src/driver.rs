@@ -319,8 +319,9 @@ impl Driver {
     /// Starts the job, or resumes it after a restart: attempts that were
     /// running run again (made durable with the first scheduling step,
     /// before anything starts) and reservations left open are released.
-    /// Attempts paused at a tool call awaiting a person stay paused: their
-    /// tasks are returned, to go on from their checkpoints.
+    /// Attempts paused at a tool call awaiting a person, and input tasks
+    /// waiting for an answer, stay paused: their tasks are returned, to go
+    /// on from their checkpoints (input tasks: from their question).
     async fn resume(&self) -> Result<Vec<usize>, ExecutorError> {
         let job_id = self.job_id.as_str();
         let book = &self.x.inner.book;
@@ -345,7 +346,10 @@ impl Driver {
                 )?;
             }
             for i in 0..n {
-                if st.get(job_id)?.task_state(i) == TaskState::AwaitingApproval {
+                if matches!(
+                    st.get(job_id)?.task_state(i),
+                    TaskState::AwaitingApproval | TaskState::InputRequired
+                ) {
                     awaiting.push(i);
                 }
                 if st.get(job_id)?.task_state(i) == TaskState::Running {
@@ -381,6 +385,11 @@ impl Driver {
             let timeout = Duration::from_secs(u64::from(schedule::timeout_secs(e, i)));
             (snap, timeout)
         };
+        if matches!(snap.task.kind, Some(Kind::Input(_))) {
+            // Its question and deadline are in the job's log.
+            snap.start_g = self.x.inner.book.last();
+            return Ok(Some((snap, timeout)));
+        }
         let Some(cp) = self.x.checkpoint(job_id, &snap.task.id).await? else {
             return Ok(None);
         };
@@ -587,8 +596,10 @@ impl Driver {
         let now = book.now();
         let mut st = book.lock();
         let e = st.get(job_id)?;
-        if e.task_state(i) != TaskState::Running {
-            // Cancelled meanwhile.
+        // Cancelled meanwhile, or parked without an end (an input task
+        // still waiting when the job is handed back).
+        if e.task_state(i) != TaskState::Running || (out.status.is_none() && out.failure.is_none())
+        {
             return Ok(book.last());
         }
         let task_id = e.spec().tasks[i].id.clone();

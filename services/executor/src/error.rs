@@ -77,6 +77,9 @@ pub enum ExecutorError {
     /// An artifact a task handed over was refused.
     #[error("{}", .0.message)]
     ArtifactRefused(switchyard_api::artifacts::Refused),
+    /// SendInput refused (see `input`): the reason says why.
+    #[error("{1}")]
+    Input(Reason, String),
     /// Delegation from a job that is not running.
     #[error("job {parent:?} is {state}, not active: only a running job can delegate")]
     ParentNotActive {
@@ -183,6 +186,15 @@ impl From<ExecutorError> for Status {
                     "{msg}; retry the same request (a job id already stored is answered, not run twice)"
                 ),
             ),
+            ExecutorError::Input(reason, _) => {
+                let code = match reason {
+                    Reason::InputNotAllowed => Code::PermissionDenied,
+                    Reason::InputNotWaiting => Code::FailedPrecondition,
+                    Reason::Unavailable => Code::Unavailable,
+                    _ => Code::InvalidArgument,
+                };
+                status(code, reason, msg)
+            }
             ExecutorError::Scratch(_) => status(Code::Internal, Reason::Internal, msg),
             ExecutorError::Sandbox(_) => {
                 status(Code::FailedPrecondition, Reason::SandboxUnavailable, msg)

@@ -123,6 +123,10 @@ job_events! {
     AwaitingApproval(AwaitingApproval) = "task.awaiting_approval",
     /// A person (or the timeout) decided about a waiting tool call.
     CallDecided(CallDecided) = "task.approval_decided",
+    /// An input task asks its question and waits for an answer.
+    InputRequested(InputRequested) = "task.input_requested",
+    /// An input task's wait ended: answered, or its time ran out.
+    InputReceived(InputReceived) = "task.input_received",
     /// A task's artifact was stored.
     ArtifactStored(ArtifactStored) = "artifact.stored",
     /// A task's artifact was refused.
@@ -168,6 +172,36 @@ pub struct CallDecided {
     pub by: String,
     /// Their comment.
     pub comment: String,
+}
+
+/// `task.input_requested`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct InputRequested {
+    /// What is asked (templates resolved).
+    pub prompt: String,
+    /// The task's attempt.
+    pub attempt: u32,
+    /// How long the task waits, seconds.
+    pub wait_secs: u64,
+    /// When the wait ends, ms since the epoch (kept across restarts).
+    pub deadline_ms: u64,
+}
+
+/// `task.input_received`. The answer is the task's output, kept here too so
+/// a restart between this record and the task's end takes the same answer.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct InputReceived {
+    /// `answered`, `default` (the wait ran out; the task's default answer
+    /// was taken) or `timed_out` (no default: the task fails).
+    pub outcome: String,
+    /// Who answered (the authenticated subject); empty unless answered.
+    pub by: String,
+    /// The caller's idempotency key; a retry with it gets this outcome.
+    pub idempotency_key: String,
+    /// The answer taken (null when timed out).
+    pub answer: Value,
 }
 
 /// `artifact.stored`.

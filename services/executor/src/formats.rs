@@ -14,8 +14,8 @@ use switchyard_kit::json::json_to_struct;
 use switchyard_proto::common::v1::Money;
 use switchyard_proto::executor::v1::{
     AgentTask, ArtifactOutput, BackoffStrategy, CommandTask, Delegation, FallbackPolicy,
-    FallbackStrategy, JobApproval, JobBudget, JobSpec, LlmTask, ResourceLimits, RetryPolicy,
-    TaskSpec, ToolDefinition, task_spec,
+    FallbackStrategy, InputAnswerers, InputTask, JobApproval, JobBudget, JobSpec, LlmTask,
+    ResourceLimits, RetryPolicy, TaskSpec, ToolDefinition, task_spec,
 };
 
 /// A document that is not a valid job of its format.
@@ -1329,6 +1329,27 @@ struct NativeTask {
     command: Option<NativeCommand>,
     agent: Option<NativeAgent>,
     llm: Option<Value>,
+    input: Option<NativeInput>,
+}
+
+/// A native input task: `prompt`, `schema`, `answerers`, `wait_secs`,
+/// `default`.
+#[derive(Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+struct NativeInput {
+    prompt: String,
+    schema: Option<Map<String, Value>>,
+    answerers: Option<NativeAnswerers>,
+    wait_secs: u32,
+    default: Option<Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+struct NativeAnswerers {
+    submitter: bool,
+    subjects: Vec<String>,
+    roles: Vec<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -1374,15 +1395,28 @@ fn native(v: &Value, found: &mut Violations) -> Result<JobSpec, FormatError> {
         let at = format!("tasks[{i}]");
         let kinds = usize::from(t.command.is_some())
             + usize::from(t.agent.is_some())
-            + usize::from(t.llm.is_some());
+            + usize::from(t.llm.is_some())
+            + usize::from(t.input.is_some());
         if kinds != 1 {
             return Err(FormatError::one(
                 Reason::InvalidArgument,
                 &at,
-                "a task needs exactly one of command, agent or llm",
+                "a task needs exactly one of command, agent, llm or input",
             ));
         }
-        let kind = if let Some(c) = t.command {
+        let kind = if let Some(q) = t.input {
+            task_spec::Kind::Input(InputTask {
+                prompt: q.prompt,
+                answer_schema: q.schema.and_then(|m| json_to_struct(&Value::Object(m))),
+                answerers: q.answerers.map(|a| InputAnswerers {
+                    submitter: a.submitter,
+                    subjects: a.subjects,
+                    roles: a.roles,
+                }),
+                wait_secs: q.wait_secs,
+                default_answer: q.default.as_ref().map(switchyard_kit::json::json_to_value),
+            })
+        } else if let Some(c) = t.command {
             task_spec::Kind::Command(CommandTask {
                 command: c.command,
                 args: c.args,

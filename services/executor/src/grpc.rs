@@ -12,9 +12,10 @@ use switchyard_proto::executor::v1::{
 use switchyard_proto::executor::v1::{
     CancelJobRequest, CancelJobResponse, DeleteDeadLetterRequest, DeleteDeadLetterResponse,
     GetArtifactRequest, GetArtifactResponse, GetJobRequest, GetJobResponse, GetResultRequest,
-    GetResultResponse, ListArtifactsRequest, ListArtifactsResponse, ListJobsRequest,
-    ListJobsResponse, PruneJobsRequest, PruneJobsResponse, RetryDeadLetterRequest,
-    RetryDeadLetterResponse, SubmitJobRequest, SubmitJobResponse, ValidateJobRequest,
+    GetResultResponse, ListArtifactsRequest, ListArtifactsResponse, ListInputRequestsRequest,
+    ListInputRequestsResponse, ListJobsRequest, ListJobsResponse, PruneJobsRequest,
+    PruneJobsResponse, RetryDeadLetterRequest, RetryDeadLetterResponse, SendInputRequest,
+    SendInputResponse, SubmitJobRequest, SubmitJobResponse, ValidateJobRequest,
     ValidateJobResponse, WatchJobRequest, WatchJobResponse,
 };
 use tonic::{Request, Response, Status};
@@ -125,6 +126,28 @@ impl JobService for Executor {
         Ok(Response::new(Box::pin(events.map(|e| {
             e.map(|event| WatchJobResponse { event: Some(event) })
         }))))
+    }
+
+    async fn send_input(
+        &self,
+        req: Request<SendInputRequest>,
+    ) -> Result<Response<SendInputResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        Ok(Response::new(
+            Executor::send_input(self, &p, req.into_inner()).await?,
+        ))
+    }
+
+    async fn list_input_requests(
+        &self,
+        req: Request<ListInputRequestsRequest>,
+    ) -> Result<Response<ListInputRequestsResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        Ok(Response::new(Executor::list_input_requests(
+            self,
+            &p,
+            req.get_ref(),
+        )))
     }
 
     async fn cancel_job(

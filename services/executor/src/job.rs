@@ -57,6 +57,10 @@ pub struct JobEntry {
     pub submitter_kind: String,
     /// Tool calls waiting for a person, by task id.
     pub awaiting: std::collections::HashMap<String, crate::events::AwaitingApproval>,
+    /// Input tasks asked and not yet answered (this round), by task id.
+    pub asked: std::collections::HashMap<String, crate::events::InputRequested>,
+    /// How each input task's wait ended (this round), by task id.
+    pub answered: std::collections::HashMap<String, crate::events::InputReceived>,
     /// Where jobs are shared, the epoch of this member's lease on the job
     /// (the fencing token its writes carry); 0 on one node.
     pub lease: i64,
@@ -143,6 +147,8 @@ impl JobEntry {
             durable_to: tokio::sync::watch::channel(0).0,
             submitter_kind: String::new(),
             awaiting: Default::default(),
+            asked: Default::default(),
+            answered: Default::default(),
             lease: 0,
             fetched: false,
             run_claimed: false,
@@ -291,6 +297,13 @@ impl JobEntry {
             JobEvent::CallDecided(_) => {
                 self.awaiting.remove(&at.task_id);
             }
+            JobEvent::InputRequested(r) => {
+                self.asked.insert(at.task_id.clone(), r.clone());
+            }
+            JobEvent::InputReceived(r) => {
+                self.asked.remove(&at.task_id);
+                self.answered.insert(at.task_id.clone(), r.clone());
+            }
             JobEvent::ArtifactStored(a) => self.job.artifacts.push(pb_artifact(a, at)),
             JobEvent::ApprovalDecided(_)
             | JobEvent::ArtifactRefused(_)
@@ -329,6 +342,8 @@ impl JobEntry {
         j.finished_at = None;
         self.extended.clear();
         self.awaiting.clear();
+        self.asked.clear();
+        self.answered.clear();
         self.context_hash = crate::spec::context_hash(self.spec());
         self.recount();
     }
@@ -371,7 +386,9 @@ impl JobEntry {
         let to = TaskState::parse(&m.to).unwrap_or(TaskState::Waiting);
         let t = &mut self.job.tasks[i];
         t.state = proto_task_state(to) as i32;
+        // An input task's attempt goes on while it waits for its answer.
         if from == TaskState::Running
+            && to != TaskState::InputRequired
             && let Some(a) = t.attempts.last_mut()
             && a.finished_at.is_none()
         {
@@ -516,6 +533,7 @@ pub fn task_state(s: i32) -> TaskState {
         pb::TaskState::Cancelled => TaskState::Cancelled,
         pb::TaskState::Deferred => TaskState::Deferred,
         pb::TaskState::AwaitingApproval => TaskState::AwaitingApproval,
+        pb::TaskState::InputRequired => TaskState::InputRequired,
         pb::TaskState::Waiting | pb::TaskState::Unspecified => TaskState::Waiting,
     }
 }
@@ -533,6 +551,7 @@ pub fn proto_task_state(s: TaskState) -> pb::TaskState {
         TaskState::Cancelled => pb::TaskState::Cancelled,
         TaskState::Deferred => pb::TaskState::Deferred,
         TaskState::AwaitingApproval => pb::TaskState::AwaitingApproval,
+        TaskState::InputRequired => pb::TaskState::InputRequired,
     }
 }
 

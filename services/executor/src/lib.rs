@@ -45,6 +45,7 @@ pub mod error;
 pub mod events;
 pub mod formats;
 mod grpc;
+mod input;
 mod job;
 mod locate;
 mod outbox;
@@ -126,6 +127,8 @@ struct Inner {
     checkpoints: store::Kept<Vec<u8>>,
     /// Cancel requests already acted on here (PostgreSQL replicas).
     cancels_seen: Mutex<std::collections::HashSet<String>>,
+    /// Input tasks waiting for an answer.
+    inputs: input::Desk,
 }
 
 /// The executor service.
@@ -258,6 +261,7 @@ impl Executor {
                 artifacts: jobs.clone().content()?,
                 checkpoints: store::Kept::open(jobs.space("checkpoints"))?,
                 cancels_seen: Mutex::new(Default::default()),
+                inputs: input::Desk::default(),
             }),
         })
     }

@@ -175,7 +175,10 @@ pub(crate) fn step(job: &JobEntry, now: u64, running: usize, policy: &Policy) ->
         out.abort_running = running > 0;
         running = 0;
         for i in 0..n {
-            if matches!(states[i], TaskState::Running | TaskState::AwaitingApproval) {
+            if matches!(
+                states[i],
+                TaskState::Running | TaskState::AwaitingApproval | TaskState::InputRequired
+            ) {
                 let m = Move::to(i, TaskState::Cancelled)
                     .because(Reason::UpstreamFailed, "cancelled: another task failed");
                 record(&mut states, &mut out, m);

@@ -204,8 +204,9 @@ fn check_task(
     match &t.kind {
         None => v.add(
             format!("{at}.kind"),
-            "a task needs one of command, agent, llm or queue",
+            "a task needs one of command, agent, llm, queue or input",
         ),
+        Some(Kind::Input(t)) => check_input(v, &at, t),
         Some(Kind::Command(c)) => check_command(v, reason, specific, &at, c, rules),
         Some(Kind::Agent(a)) => {
             v.check(format!("{at}.agent.capability"), capability(&a.capability));
@@ -229,6 +230,71 @@ fn check_task(
                 v.add(
                     format!("{at}.queue.visibility_timeout_ms"),
                     "visibility_timeout_ms must be at most 86400000 (a day)",
+                );
+            }
+        }
+    }
+}
+
+/// An input task: a prompt, a wait within bounds, a schema that compiles
+/// and a default it accepts, answerers of the roles that may answer.
+fn check_input(v: &mut Violations, at: &str, t: &switchyard_proto::executor::v1::InputTask) {
+    let chars = t.prompt.chars().count();
+    if chars == 0 || chars > 4000 {
+        v.add(
+            format!("{at}.input.prompt"),
+            format!("prompt must be 1 to 4000 characters, got {chars}"),
+        );
+    }
+    if u64::from(t.wait_secs) > crate::input::MAX_WAIT_SECS {
+        v.add(
+            format!("{at}.input.wait_secs"),
+            format!(
+                "wait_secs must be at most {} (30 days), got {}",
+                crate::input::MAX_WAIT_SECS,
+                t.wait_secs
+            ),
+        );
+    }
+    if let Some(schema) = &t.answer_schema {
+        let schema = struct_to_json(schema);
+        if let Err(e) = jsonschema::validator_for(&schema) {
+            v.add(
+                format!("{at}.input.answer_schema"),
+                format!("answer_schema is not a valid JSON Schema: {e}"),
+            );
+        } else if let Some(d) = &t.default_answer {
+            let d = switchyard_kit::json::value_to_json(d);
+            if let Err(why) = switchyard_llm::agent::check_schema(&schema, &d) {
+                v.add(
+                    format!("{at}.input.default_answer"),
+                    format!("default_answer does not match answer_schema: {why}"),
+                );
+            }
+        }
+    }
+    if let Some(a) = &t.answerers {
+        if a.subjects.len() > 32 {
+            v.add(
+                format!("{at}.input.answerers.subjects"),
+                format!("at most 32 subjects, got {}", a.subjects.len()),
+            );
+        }
+        for (j, s) in a.subjects.iter().enumerate() {
+            if s.is_empty() || s.len() > 255 || s.chars().any(char::is_control) {
+                v.add(
+                    format!("{at}.input.answerers.subjects[{j}]"),
+                    "a subject is 1 to 255 characters without control characters",
+                );
+            }
+        }
+        for (j, r) in a.roles.iter().enumerate() {
+            let known = switchyard_kit::auth::Role::parse(r)
+                .is_some_and(|r| crate::input::ANSWERING_ROLES.contains(&r));
+            if !known {
+                v.add(
+                    format!("{at}.input.answerers.roles[{j}]"),
+                    format!("role {r:?} cannot answer: use submitter, approver, operator or admin"),
                 );
             }
         }
@@ -489,6 +555,7 @@ pub fn templated(t: &TaskSpec) -> Vec<(String, Value)> {
             .enumerate()
             .map(|(j, a)| (format!("command.args[{j}]"), Value::String(a.clone())))
             .collect(),
+        Some(Kind::Input(t)) => vec![("input.prompt".into(), Value::String(t.prompt.clone()))],
         // A worker gets its payload as submitted: no templates.
         Some(Kind::Queue(_)) | None => Vec::new(),
     }

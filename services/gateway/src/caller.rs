@@ -207,6 +207,27 @@ impl Jobs {
         job.ok_or_else(|| Status::internal("CancelJob answered without a job"))
     }
 
+    /// SendInput.
+    pub async fn send_input(
+        &self,
+        c: &Caller,
+        req: SendInputRequest,
+    ) -> Result<SendInputResponse, Status> {
+        as_caller!(ExecutorClient, self.0, c, send_input, req)
+    }
+
+    /// ListInputRequests.
+    pub async fn input_requests(
+        &self,
+        c: &Caller,
+        job_id: &str,
+    ) -> Result<ListInputRequestsResponse, Status> {
+        let req = ListInputRequestsRequest {
+            job_id: job_id.to_owned(),
+        };
+        as_caller!(ExecutorClient, self.0, c, list_input_requests, req)
+    }
+
     /// RetryDeadLetter.
     pub async fn retry_dead_letter(&self, c: &Caller, job_id: &str) -> Result<Job, Status> {
         let req = RetryDeadLetterRequest {

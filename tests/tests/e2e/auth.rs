@@ -122,6 +122,9 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
         "JobService/ListArtifacts",
         "JobService/GetArtifact",
     ];
+    // Who may answer a given input task is the task's to say; the RPCs
+    // are open to the people who could be named.
+    const ANSWER: &[&str] = &["JobService/SendInput", "JobService/ListInputRequests"];
     const READ_BUDGETS: &[&str] = &[
         "LedgerService/GetBudget",
         "LedgerService/ListBudgets",
@@ -141,6 +144,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
             add(READ_AGENTS);
             add(READ_RUNS);
             add(READ_JOBS);
+            add(ANSWER);
             add(&[
                 "JobService/SubmitJob",
                 "JobService/ValidateJob",
@@ -154,6 +158,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
             add(READ_AGENTS);
             add(READ_RUNS);
             add(READ_JOBS);
+            add(ANSWER);
             add(READ_BUDGETS);
             add(&[
                 "ApprovalService/Approve",
@@ -176,6 +181,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
             add(READ_AGENTS);
             add(READ_RUNS);
             add(READ_JOBS);
+            add(ANSWER);
             add(READ_BUDGETS);
             add(&[
                 "ApprovalService/ListAudit",

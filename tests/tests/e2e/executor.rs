@@ -1003,6 +1003,7 @@ async fn every_example_job_validates_and_the_paper_analysis_runs_on_the_example_
         "ojs_research.json",
         "needs_approval.yaml",
         "a2a_mixed.yaml",
+        "ask_replicas.yaml",
     ] {
         let v = c
             .validate_job(switchyard_proto::executor::v1::ValidateJobRequest {

@@ -672,6 +672,11 @@ pub(crate) const DOOR_RPCS: &[(&str, &str)] = &[
     ("GET /aitp/tasks/{task_id}/result", "JobService/GetResult"),
     ("GET /aitp/tasks/{task_id}/events", "JobService/WatchJob"),
     ("DELETE /aitp/tasks/{task_id}", "JobService/CancelJob"),
+    (
+        "GET /aitp/tasks/{task_id}/input",
+        "JobService/ListInputRequests",
+    ),
+    ("POST /aitp/tasks/{task_id}/input", "JobService/SendInput"),
     ("PLAN.SUBMIT", "JobService/SubmitJob"),
     ("JOB.SUBMIT", "JobService/SubmitJob"),
     ("JOB.STATUS", "JobService/GetJob"),
@@ -754,6 +759,7 @@ async fn the_authorization_matrix_holds_for_every_gateway_route_and_verb() {
                         "/ojs/v1/jobs/batch" => {
                             json!({"jobs": [{"type": "m.x", "args": []}]}).to_string()
                         }
+                        "/aitp/tasks/{task_id}/input" => json!({"answer": 1}).to_string(),
                         r if r.starts_with("/ojs/") => {
                             json!({"type": "m.x", "args": [], "queues": ["m"], "worker_id": "w"})
                                 .to_string()

@@ -9,6 +9,7 @@ mod auth;
 mod console;
 mod executor;
 mod gateway;
+mod input;
 mod ledger_concurrency;
 mod llm;
 mod mcp;

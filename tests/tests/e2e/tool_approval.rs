@@ -8,21 +8,17 @@
 #![allow(clippy::unwrap_used)] // test helpers: a failed call is a failed test
 
 use serde_json::{Value, json};
-use switchyard_kit::json::struct_to_json;
 use switchyard_llm::scripted::{Reply, Script};
 use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
 use switchyard_proto::approval::v1::{
     ApproveRequest, GetRunRequest, ListRunsRequest, RejectRequest, Run, RunStatus,
 };
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
-use switchyard_proto::executor::v1::{
-    CancelJobRequest, GetArtifactRequest, JobState, TaskState, WatchJobRequest,
-};
+use switchyard_proto::executor::v1::{CancelJobRequest, GetArtifactRequest, JobState, TaskState};
 use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
 use switchyard_testkit::Stack;
-use tokio_stream::StreamExt;
 
-use crate::common::{self, Jobs, approvals_as, budget, finish, id, submit};
+use crate::common::{self, Jobs, approvals_as, budget, finish, id, submit, until_event};
 use crate::llm::{Provider, env, events, provide, task};
 
 /// A native job with one LLM task on `model` offering `deploy`, keeping its
@@ -38,30 +34,6 @@ fn gated_job(job_id: &str, model: &str, gated: bool, artifact: &str, outputs: &[
         }}]
     })
     .to_string()
-}
-
-/// Follows the job's events until one of `kind` arrives; its data.
-async fn until_event(c: &mut Jobs, job_id: &str, kind: &str) -> Value {
-    let mut s = c
-        .watch_job(WatchJobRequest {
-            job_id: job_id.into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let wait = async {
-        while let Some(Ok(m)) = s.next().await {
-            let e = m.event.unwrap();
-            if e.kind == kind {
-                return e.data.as_ref().map(struct_to_json).unwrap();
-            }
-        }
-        panic!("the stream of {job_id} ended without {kind}");
-    };
-    tokio::time::timeout(std::time::Duration::from_secs(20), wait)
-        .await
-        .unwrap_or_else(|_| panic!("no {kind} for {job_id} within 20 s"))
 }
 
 /// Marks registered tool `name` risky in the registry: every call of it,

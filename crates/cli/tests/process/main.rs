@@ -9,6 +9,7 @@ mod executor_split;
 mod first_hour;
 mod gateway;
 mod history;
+mod input;
 mod ledger_approval;
 mod ledger_replicas;
 mod llm_split;

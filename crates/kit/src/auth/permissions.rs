@@ -17,6 +17,9 @@ pub enum Permission {
     JobRead,
     /// Cancel a job.
     JobCancel,
+    /// Answer a task waiting for input (SendInput) and list such requests;
+    /// the input task itself says who of those holding it may answer.
+    JobAnswer,
     /// Propose an approval run (services, for their users).
     RunPropose,
     /// Read runs.
@@ -78,10 +81,11 @@ pub enum Permission {
 
 impl Permission {
     /// Every permission.
-    pub const ALL: [Permission; 30] = [
+    pub const ALL: [Permission; 31] = [
         Permission::JobSubmit,
         Permission::JobRead,
         Permission::JobCancel,
+        Permission::JobAnswer,
         Permission::RunPropose,
         Permission::RunRead,
         Permission::RunDecide,
@@ -117,6 +121,7 @@ impl Permission {
             Permission::JobSubmit => "job.submit",
             Permission::JobRead => "job.read",
             Permission::JobCancel => "job.cancel",
+            Permission::JobAnswer => "job.answer",
             Permission::RunPropose => "run.propose",
             Permission::RunRead => "run.read",
             Permission::RunDecide => "run.decide",
@@ -230,6 +235,7 @@ pub fn access(path: &str) -> Access {
                 needs(P::JobRead)
             }
             "CancelJob" => needs(P::JobCancel),
+            "SendInput" | "ListInputRequests" => needs(P::JobAnswer),
             "PruneJobs" => needs(P::JobPrune),
             "RetryDeadLetter" | "DeleteDeadLetter" => needs(P::DeadLetterManage),
             _ => Access::Unknown,
@@ -271,6 +277,16 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
             "GET",
             "/aitp/tasks/{task_id}/events",
             Access::Needs(P::JobRead),
+        ),
+        (
+            "GET",
+            "/aitp/tasks/{task_id}/input",
+            Access::Needs(P::JobAnswer),
+        ),
+        (
+            "POST",
+            "/aitp/tasks/{task_id}/input",
+            Access::Needs(P::JobAnswer),
         ),
         // The OJS binding: producers (submitters), workers (agents and
         // anyone with task.work), operators.
@@ -379,21 +395,40 @@ pub fn grants(role: Role, perm: Permission) -> bool {
         // Own jobs and runs only: the services check ownership. Proposing a
         // run (AgentRunSpec) is like submitting: someone else approves it.
         // Reading agents and routes previews where a job would go.
+        // Answering an input task: its own jobs' by default, others' where
+        // the task names it.
         Role::Submitter => matches!(
             perm,
-            JobSubmit | JobRead | JobCancel | RunPropose | RunRead | RunCancel | AgentRead | Route
+            JobSubmit
+                | JobRead
+                | JobCancel
+                | JobAnswer
+                | RunPropose
+                | RunRead
+                | RunCancel
+                | AgentRead
+                | Route
         ),
         // Approvers see what they are asked to approve: the jobs, runs, audit
         // and budgets of their tenant, and where the run's tasks would be
         // routed (the console's inbox shows it beside each run).
         Role::Approver => matches!(
             perm,
-            RunDecide | RunRead | AuditRead | RunManual | JobRead | BudgetRead | AgentRead | Route
+            RunDecide
+                | RunRead
+                | AuditRead
+                | RunManual
+                | JobRead
+                | JobAnswer
+                | BudgetRead
+                | AgentRead
+                | Route
         ),
         Role::Operator => matches!(
             perm,
             JobRead
                 | JobCancel
+                | JobAnswer
                 | RunRead
                 | RunCancel
                 | AuditRead

@@ -360,6 +360,21 @@ pub const REFERENCES: &[Reference] = &[
         "executor grpc visibility",
     ),
     r(
+        "switchyard.executor.v1.SendInputRequest.job_id",
+        Visible,
+        "executor input::send_input (visible, or a tenant member the input task names; else NOT_FOUND)",
+    ),
+    r(
+        "switchyard.executor.v1.SendInputRequest.task_id",
+        Visible,
+        "executor input::send_input: a task of that job waiting for input",
+    ),
+    r(
+        "switchyard.executor.v1.ListInputRequestsRequest.job_id",
+        Opaque,
+        "a filter over the requests the caller may answer",
+    ),
+    r(
         "switchyard.executor.v1.TaskRef.job_id",
         Visible,
         "executor queue: the lease's job, held by this worker",

@@ -11,6 +11,7 @@
 pub(crate) mod agent;
 pub(crate) mod command;
 pub(crate) mod gate;
+pub(crate) mod input;
 pub(crate) mod llm;
 pub(crate) mod queue;
 
@@ -46,6 +47,17 @@ impl Outcome {
         Outcome {
             failure: None,
             status: Some(status),
+            settled: None,
+        }
+    }
+
+    /// An attempt that stopped without an end, its task left as it is
+    /// (an input task still waiting when the job is handed back): the
+    /// driver records nothing, and whoever runs the job next resumes it.
+    pub(crate) fn parked() -> Self {
+        Outcome {
+            failure: None,
+            status: None,
             settled: None,
         }
     }
@@ -172,6 +184,7 @@ impl Attempt<'_> {
             }
             Some(Kind::Llm(l)) => self.llm(&l).await,
             Some(Kind::Queue(q)) => self.queue(&q).await,
+            Some(Kind::Input(t)) => self.input(&t).await,
             None => Outcome::fail(
                 Class::Permanent,
                 Reason::InvalidArgument,

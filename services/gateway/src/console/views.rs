@@ -121,7 +121,7 @@ pub fn tone(state: &str) -> &'static str {
     match state {
         "succeeded" | "completed" | "approved" => "ok",
         "failed" | "cancelled" | "discarded" | "skipped" | "rejected" | "retryable" => "bad",
-        "running" | "active" | "retrying" | "awaiting_approval" => "live",
+        "running" | "active" | "retrying" | "awaiting_approval" | "input_required" => "live",
         _ => "wait",
     }
 }
@@ -141,6 +141,10 @@ pub fn task_kind(t: &TaskSpec) -> (String, String) {
             ("command".into(), s)
         }
         Some(task_spec::Kind::Queue(q)) => ("queue".into(), q.queue.clone()),
+        Some(task_spec::Kind::Input(t)) => (
+            "input".into(),
+            t.prompt.chars().take(60).collect::<String>(),
+        ),
         None => ("task".into(), String::new()),
     }
 }

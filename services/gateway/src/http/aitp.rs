@@ -28,6 +28,104 @@ pub(super) fn routes() -> Router<Arc<Door>> {
         .route("/aitp/tasks/{task_id}", get(status).delete(cancel))
         .route("/aitp/tasks/{task_id}/result", get(result))
         .route("/aitp/tasks/{task_id}/events", get(events))
+        .route(
+            "/aitp/tasks/{task_id}/input",
+            get(input_requests).post(input),
+        )
+}
+
+/// The body of `POST /aitp/tasks/{task_id}/input`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InputBody {
+    /// The answer: any JSON value the step's schema accepts.
+    answer: Option<serde_json::Value>,
+    /// The waiting step (`subtask_id`); empty when one step waits.
+    #[serde(default)]
+    subtask_id: String,
+    /// Makes a retry safe (else the `Idempotency-Key` header).
+    #[serde(default)]
+    idempotency_key: String,
+}
+
+/// `POST /aitp/tasks/{task_id}/input`: answers a step waiting for input
+/// (SendInput): 200 with who answered and the task's status; a retry with
+/// the same key answers the first outcome (`replayed`).
+async fn input(
+    State(door): State<Arc<Door>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    headers: http::HeaderMap,
+    body: Body,
+) -> Result<Response, Failure> {
+    let bytes = axum::body::to_bytes(body, door.max_body).await.map_err(|_| {
+        switchyard_kit::error::status(
+            Code::ResourceExhausted,
+            Reason::MessageTooLarge,
+            format!(
+                "the answer is larger than the gateway's limit of {} bytes (gateway.http.max_body_bytes)",
+                door.max_body
+            ),
+        )
+    })?;
+    let body: InputBody = serde_json::from_slice(&bytes).map_err(|e| {
+        let mut v = switchyard_core::Violations::new();
+        v.add(
+            "body",
+            format!("expected {{\"answer\": …, \"subtask_id\": …, \"idempotency_key\": …}}: {e}"),
+        );
+        switchyard_kit::error::invalid_argument(Reason::MalformedRequest, &v)
+    })?;
+    let key = match body.idempotency_key.as_str() {
+        "" => headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned(),
+        k => k.to_owned(),
+    };
+    let req = switchyard_proto::executor::v1::SendInputRequest {
+        job_id: id,
+        task_id: body.subtask_id,
+        answer: body
+            .answer
+            .as_ref()
+            .map(switchyard_kit::json::json_to_value),
+        idempotency_key: key,
+    };
+    let out = door.jobs.send_input(&caller, req).await?;
+    let now = switchyard_kit::time::now_ms();
+    Ok(axum::Json(serde_json::json!({
+        "subtask_id": out.task_id,
+        "answered_by": out.answered_by,
+        "replayed": out.replayed,
+        "status": out.job.as_ref().map(|j| shapes::status(j, now)),
+    }))
+    .into_response())
+}
+
+/// `GET /aitp/tasks/{task_id}/input`: the task's steps waiting for input
+/// that the caller may answer (ListInputRequests).
+async fn input_requests(
+    State(door): State<Arc<Door>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, Failure> {
+    let out = door.jobs.input_requests(&caller, &id).await?;
+    let waiting: Vec<serde_json::Value> = out
+        .requests
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "subtask_id": r.task_id,
+                "prompt": r.prompt,
+                "answer_schema": r.answer_schema.as_ref().map(switchyard_kit::json::struct_to_json),
+                "asked_at_ms": r.asked_at.as_ref().map(switchyard_kit::time::timestamp_ms),
+                "deadline_ms": r.deadline.as_ref().map(switchyard_kit::time::timestamp_ms),
+            })
+        })
+        .collect();
+    Ok(axum::Json(serde_json::json!({ "task_id": id, "waiting": waiting })).into_response())
 }
 
 /// Media types a task document may come in (the executor reads JSON or

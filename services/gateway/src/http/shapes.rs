@@ -34,7 +34,7 @@ pub fn step_status(s: TaskState) -> &'static str {
         TaskState::Unspecified | TaskState::Waiting | TaskState::Ready | TaskState::Deferred => {
             "PENDING"
         }
-        TaskState::Running | TaskState::AwaitingApproval => "EXECUTING",
+        TaskState::Running | TaskState::AwaitingApproval | TaskState::InputRequired => "EXECUTING",
         TaskState::Retrying => "RETRYING",
         TaskState::Succeeded => "COMPLETED",
         TaskState::Failed | TaskState::Skipped | TaskState::Cancelled => "FAILED",

@@ -281,3 +281,31 @@ pub async fn tenant_key(
     .into_inner()
     .secret
 }
+
+/// Follows the job's events until one of `kind` arrives; its data.
+pub async fn until_event(c: &mut Jobs, job_id: &str, kind: &str) -> serde_json::Value {
+    let mut s = c
+        .watch_job(switchyard_proto::executor::v1::WatchJobRequest {
+            job_id: job_id.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let wait = async {
+        while let Some(Ok(m)) = tokio_stream::StreamExt::next(&mut s).await {
+            let e = m.event.unwrap();
+            if e.kind == kind {
+                return e
+                    .data
+                    .as_ref()
+                    .map(switchyard_kit::json::struct_to_json)
+                    .unwrap();
+            }
+        }
+        panic!("the stream of {job_id} ended without {kind}");
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(20), wait)
+        .await
+        .unwrap_or_else(|_| panic!("no {kind} for {job_id} within 20 s"))
+}
