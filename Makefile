@@ -160,6 +160,7 @@ bench: ## Benchmarks (release): routing, registry, ledger, executor, the LLM age
 	$(CARGO) run --release --locked -p switchyard-bench -- gateway
 	$(CARGO) run --release --locked -p switchyard-bench -- console
 	$(CARGO) run --release --locked -p switchyard-bench -- queue
+	$(CARGO) run --release --locked -p switchyard-bench -- input
 	$(CARGO) run --release --locked -p switchyard-bench -- mcp
 	$(CARGO) build --release --locked -p switchyard-cli
 	$(CARGO) run --release --locked -p switchyard-bench -- history 100000

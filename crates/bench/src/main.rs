@@ -29,6 +29,7 @@ mod console;
 mod executor;
 mod gateway;
 mod history;
+mod input;
 mod llm;
 mod mcp;
 mod metrics;
@@ -230,6 +231,10 @@ async fn run() -> anyhow::Result<()> {
             .and_then(|n| n.parse().ok())
             .unwrap_or(100_000);
         return history::run(n).await;
+    }
+    // `switchyard-bench input` runs only the input-into-running-work figures.
+    if std::env::args().nth(1).as_deref() == Some("input") {
+        return input::run().await;
     }
     // `switchyard-bench llm` runs only the agent loop's figures.
     if std::env::args().nth(1).as_deref() == Some("llm") {
