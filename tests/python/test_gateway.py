@@ -157,6 +157,15 @@ def check_status_codes_400_404_409_401_403_and_cancel():
     assert call("GET", "/aitp/tasks/{task_id}", "/aitp/tasks/py-slow-1", CAROL).status_code == 404
     r = call("DELETE", "/aitp/tasks/{task_id}", "/aitp/tasks/py-slow-1", VIEWER)
     assert r.status_code == 403 and r.json()["error"]["reason"] == "PERMISSION_DENIED", r.text
+    # No step of it waits for input: nothing to list, an answer is refused
+    # (409), and a viewer may not answer at all.
+    r = call("GET", "/aitp/tasks/{task_id}/input", "/aitp/tasks/py-slow-1/input", ALICE)
+    assert r.status_code == 200 and r.json() == {"task_id": "py-slow-1", "waiting": []}, r.text
+    r = call("POST", "/aitp/tasks/{task_id}/input", "/aitp/tasks/py-slow-1/input", ALICE,
+             json={"answer": 1, "idempotency_key": "py-1"})
+    assert r.status_code == 409 and r.json()["error"]["reason"] == "INPUT_NOT_WAITING", r.text
+    r = call("POST", "/aitp/tasks/{task_id}/input", "/aitp/tasks/py-slow-1/input", VIEWER, json={"answer": 1})
+    assert r.status_code == 403 and r.json()["error"]["reason"] == "PERMISSION_DENIED", r.text
     assert call("POST", "/aitp/tasks", "/aitp/tasks", None, json=PAPER).status_code == 401
     r = call("DELETE", "/aitp/tasks/{task_id}", "/aitp/tasks/py-slow-1", ALICE)
     assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text

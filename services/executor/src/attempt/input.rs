@@ -103,28 +103,18 @@ impl Attempt<'_> {
         if let Err(e) = book.durable(g).await {
             return Outcome::fail(Class::Other, Reason::StorageFailure, e.to_string());
         }
-        loop {
-            let left = std::time::Duration::from_millis(deadline_ms.saturating_sub(book.now()));
-            tokio::select! {
-                delivered = waiting.answer() => match delivered {
-                    Some(Delivery { answer, by, settled }) => {
-                        let mut out = Outcome::ok(output(&answer, &by));
-                        out.settled = Some(settled);
-                        return out;
-                    }
-                    // Taken off the desk without an answer: nobody does.
-                    None => return Outcome::parked(),
-                },
-                () = tokio::time::sleep(left) => {
-                    if let Some(out) = self.time_out(t, wait_secs) {
-                        return out;
-                    }
-                    // An answer was taken in the same moment: it arrives.
-                }
-                // Handed back with the job: the task stays input_required
-                // and waits again wherever the job runs next.
-                () = x.inner.draining.wait(), if !x.draining() => return Outcome::parked(),
-            }
+        let left = std::time::Duration::from_millis(deadline_ms.saturating_sub(book.now()));
+        tokio::select! {
+            delivered = waiting.answer() => delivered.map_or_else(Outcome::parked, answered),
+            () = tokio::time::sleep(left) => match self.time_out(t, wait_secs) {
+                Some(out) => out,
+                // SendInput took the desk first: its answer is on the way.
+                None => waiting.answer().await.map_or_else(Outcome::parked, answered),
+            },
+            // Handed back with the job (also when the drain began before
+            // this attempt did): the task stays input_required and waits
+            // again wherever the job runs next.
+            () = x.inner.draining.wait() => Outcome::parked(),
         }
     }
 
@@ -164,6 +154,15 @@ impl Attempt<'_> {
         }
         Some(ended(&r, wait_secs))
     }
+}
+
+/// The outcome of an answer SendInput handed over: the task's output, and
+/// SendInput told once it is durable. (`None` from the desk — taken off
+/// without an answer — only happens as the executor stops: parked.)
+fn answered(d: Delivery) -> Outcome {
+    let mut out = Outcome::ok(output(&d.answer, &d.by));
+    out.settled = Some(d.settled);
+    out
 }
 
 /// The outcome of a wait that ended as `r` records.
