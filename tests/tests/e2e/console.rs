@@ -595,3 +595,91 @@ async fn the_inbox_pages_through_more_waiting_runs_than_fit_and_a_bad_query_gets
     );
     s.stop().await.unwrap();
 }
+
+/// The value of the form field `name` in `page` (the first one).
+fn form_field(page: &str, name: &str) -> String {
+    let at = page
+        .find(&format!("name=\"{name}\" value=\""))
+        .unwrap_or_else(|| panic!("no field {name} in {page}"));
+    let rest = &page[at + name.len() + 15..];
+    rest[..rest.find('"').unwrap()].to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_named_by_an_input_step_answers_it_in_the_console_once() {
+    let (s, base, mut alice) = stack_as_alice().await;
+    let c = client();
+    let carol = s
+        .key("carol", &["submitter"], PrincipalKind::Human)
+        .await
+        .unwrap();
+    let carol = s.session(&carol).await.unwrap();
+    let bob = s.session(&s.token("bob").unwrap()).await.unwrap();
+    let doc = serde_json::json!({"job_id": "ui-ask", "tasks": [
+        {"id": "ask", "input": {"prompt": "Which region for the rollout?",
+          "schema": {"type": "string", "enum": ["eu", "us"]},
+          "answerers": {"subjects": ["carol"]}}},
+        {"id": "use", "depends_on": ["ask"],
+         "agent": {"capability": "builtin.echo", "input": {"text": "region ${ask.output.answer}"}}}
+    ]})
+    .to_string();
+    submit(&mut alice, &doc).await.unwrap();
+    crate::common::until_event(&mut alice, "ui-ask", "task.input_requested").await;
+
+    // bob (an approver, not named) is not asked; carol is, on her inbox,
+    // though she cannot open the job itself.
+    let (code, page) = as_session(&c, &base, "GET", "/ui/", &bob, &[]).await;
+    assert_eq!(code, 200);
+    assert!(!page.contains("Which region"), "{page}");
+    let (code, page) = as_session(&c, &base, "GET", "/ui/", &carol, &[]).await;
+    assert_eq!(code, 200);
+    assert!(page.contains("Which region for the rollout?"), "{page}");
+    assert!(page.contains("Waiting for your input"), "{page}");
+    let key = form_field(&page, "key");
+    let path = "/ui/jobs/ui-ask/input";
+    // An answer the schema refuses: an error page, and the step still waits.
+    let (code, page) = as_session(
+        &c,
+        &base,
+        "POST",
+        path,
+        &carol,
+        &[("task_id", "ask"), ("key", &key), ("answer", "mars")],
+    )
+    .await;
+    assert_eq!(code, 400, "{page}");
+    assert!(page.contains("answer_schema"), "{page}");
+    // bob may not answer it: the step takes carol's answer only.
+    let (code, page) = as_session(
+        &c,
+        &base,
+        "POST",
+        path,
+        &bob,
+        &[("task_id", "ask"), ("key", "b"), ("answer", "eu")],
+    )
+    .await;
+    assert_eq!(code, 403, "{page}");
+    assert!(page.contains("INPUT_NOT_ALLOWED"), "{page}");
+    let form = [("task_id", "ask"), ("key", key.as_str()), ("answer", "eu")];
+    let (code, page) = as_session(&c, &base, "POST", path, &carol, &form).await;
+    assert_eq!(code, 303, "{page}");
+    let r = finish(&mut alice, "ui-ask").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let out = r.tasks.iter().find(|t| t.task_id == "use").unwrap();
+    let out = switchyard_kit::json::struct_to_json(out.output.as_ref().unwrap());
+    assert_eq!(out["text"], "region eu");
+    // The same form sent again (a double click, a reload): answered once.
+    let (code, page) = as_session(&c, &base, "POST", path, &carol, &form).await;
+    assert_eq!(code, 303, "{page}");
+    let ask = job(&mut alice, "ui-ask").await;
+    let ask = ask.tasks.iter().find(|t| t.task_id == "ask").unwrap();
+    let ask = switchyard_kit::json::struct_to_json(ask.output.as_ref().unwrap());
+    assert_eq!(
+        (ask["answer"].as_str(), ask["answered_by"].as_str()),
+        (Some("eu"), Some("carol"))
+    );
+    let (_, page) = as_session(&c, &base, "GET", "/ui/", &carol, &[]).await;
+    assert!(!page.contains("Which region"), "answered: no longer asked");
+    s.stop().await.unwrap();
+}

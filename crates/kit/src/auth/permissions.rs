@@ -349,6 +349,11 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
             "/ui/jobs/{job_id}/cancel",
             Access::Needs(P::JobCancel),
         ),
+        (
+            "POST",
+            "/ui/jobs/{job_id}/input",
+            Access::Needs(P::JobAnswer),
+        ),
         ("GET", "/ui/submit", Access::Needs(P::JobSubmit)),
         ("POST", "/ui/submit", Access::Needs(P::JobSubmit)),
         ("GET", "/ui/budgets", Access::Needs(P::BudgetRead)),

@@ -100,6 +100,7 @@ pub(crate) fn routes<S: Clone + Send + Sync + 'static>(
         .route("/ui/jobs/{job_id}", get(pages::job))
         .route("/ui/jobs/{job_id}/events", get(pages::job_events))
         .route("/ui/jobs/{job_id}/cancel", post(pages::cancel))
+        .route("/ui/jobs/{job_id}/input", post(pages::answer))
         .route("/ui/submit", get(pages::submit_form).post(pages::submit))
         .route("/ui/budgets", get(pages::budgets))
         .route("/ui/agents", get(pages::agents))
@@ -271,6 +272,10 @@ const TEMPLATE_FILES: &[(&str, &str)] = &[
         include_str!("../../console/templates/jobs.html"),
     ),
     ("job.html", include_str!("../../console/templates/job.html")),
+    (
+        "inputs.html",
+        include_str!("../../console/templates/inputs.html"),
+    ),
     (
         "submit.html",
         include_str!("../../console/templates/submit.html"),

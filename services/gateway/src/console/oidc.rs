@@ -150,7 +150,7 @@ fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
 
-fn random(n: usize) -> Result<String, getrandom::Error> {
+pub(crate) fn random(n: usize) -> Result<String, getrandom::Error> {
     let mut b = vec![0u8; n];
     getrandom::fill(&mut b)?;
     Ok(b64(&b))

@@ -49,6 +49,7 @@ fn layout(c: &Caller, s: &Session, active: &str) -> Value {
             "decide": p.may(Permission::RunDecide),
             "jobs": p.may(Permission::JobRead),
             "cancel": p.may(Permission::JobCancel),
+            "answer": p.may(Permission::JobAnswer),
             "submit": p.may(Permission::JobSubmit),
             "budgets": p.may(Permission::BudgetRead),
             "agents": p.may(Permission::AgentRead),
@@ -507,6 +508,8 @@ pub(crate) async fn asset(Path(file): Path<String>) -> Response {
 pub(crate) struct InboxQuery {
     done: Option<String>,
     run: Option<String>,
+    /// `<job id>/<task id>` just answered.
+    answered: Option<String>,
     #[serde(default)]
     page_token: String,
 }
@@ -537,16 +540,19 @@ pub(crate) async fn inbox(
     let cards =
         futures_util::future::join_all(listed.runs.iter().map(|r| run_card(&c, &caller, r, &seen)))
             .await;
-    let notice = match (q.done.as_deref(), q.run.as_deref()) {
-        (Some(d @ ("approved" | "rejected")), Some(run)) => Some(format!("run {run} {d}")),
+    let notice = match (q.done.as_deref(), q.run.as_deref(), q.answered.as_deref()) {
+        (Some(d @ ("approved" | "rejected")), Some(run), _) => Some(format!("run {run} {d}")),
+        (_, _, Some(answered)) => Some(format!("answered {answered}")),
         _ => None,
     };
+    let inputs = input_cards(&c, &caller, "").await;
     Ok(page(
         "inbox.html",
         base,
         json!({
             "title": "Approvals",
             "runs": cards,
+            "inputs": inputs,
             "notice": notice,
             "more": (!listed.next_page_token.is_empty())
                 .then(|| format!("/ui/?page_token={}", encode(&listed.next_page_token))),
@@ -910,6 +916,7 @@ pub(crate) async fn job(
             },
             "dag": views::dag(&tasks),
             "tasks": tasks,
+            "inputs": input_cards(&c, &caller, &spec.job_id).await,
             "events_url": format!("/ui/jobs/{}/events", encode(&spec.job_id)),
         }),
     ))
@@ -956,6 +963,85 @@ pub(crate) async fn cancel(
         .await
         .map_err(|e| PageError(e, base))?;
     Ok(see_other(&format!("/ui/jobs/{}", encode(&job_id))))
+}
+
+/// The steps waiting for input that the person may answer (of job
+/// `job_id`, or of every job when empty), each with the fields of its
+/// answer form: a fresh idempotency key per form shown, so sending the
+/// same form twice answers once. Nothing when the person may not answer
+/// or the executor cannot say.
+async fn input_cards(c: &Console, caller: &Caller, job_id: &str) -> Vec<Value> {
+    if !caller.principal.may(Permission::JobAnswer) {
+        return Vec::new();
+    }
+    let Ok(listed) = c.jobs.input_requests(caller, job_id).await else {
+        return Vec::new();
+    };
+    let now = now();
+    listed
+        .requests
+        .iter()
+        .map(|r| {
+            let schema = r
+                .answer_schema
+                .as_ref()
+                .map(switchyard_kit::json::struct_to_json)
+                .and_then(|s| serde_json::to_string_pretty(&s).ok());
+            let deadline = r
+                .deadline
+                .as_ref()
+                .map_or(0, switchyard_kit::time::timestamp_ms);
+            json!({
+                "job_id": r.job_id,
+                "task_id": r.task_id,
+                "prompt": r.prompt,
+                "schema": schema,
+                "submitted_by": r.submitted_by,
+                "deadline": when(deadline, now),
+                "key": oidc::random(16).map(|k| format!("ui-{k}")).unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+#[derive(Deserialize)]
+pub(crate) struct AnswerForm {
+    #[serde(default)]
+    task_id: String,
+    #[serde(default)]
+    answer: String,
+    #[serde(default)]
+    key: String,
+}
+
+/// `POST /ui/jobs/{job_id}/input`: SendInput as the person. The answer is
+/// JSON, or else taken as text. Back to the inbox, which says what was
+/// answered (a person named to answer may not be able to read the job).
+pub(crate) async fn answer(
+    State(c): Shared,
+    Extension(caller): Extension<Caller>,
+    Extension(s): Extension<Session>,
+    Path(job_id): Path<String>,
+    Form(f): Form<AnswerForm>,
+) -> Result<Response, PageError> {
+    let base = layout(&caller, &s, "inbox");
+    let text = f.answer.trim();
+    let answer = (!text.is_empty()).then(|| {
+        serde_json::from_str::<Value>(text).unwrap_or_else(|_| Value::String(text.to_owned()))
+    });
+    let req = switchyard_proto::executor::v1::SendInputRequest {
+        job_id: job_id.clone(),
+        task_id: f.task_id,
+        answer: answer.as_ref().map(switchyard_kit::json::json_to_value),
+        idempotency_key: f.key,
+    };
+    let out = c
+        .jobs
+        .send_input(&caller, req)
+        .await
+        .map_err(|e| PageError(e, base))?;
+    let answered = format!("{job_id}/{}", out.task_id);
+    Ok(see_other(&format!("/ui/?answered={}", encode(&answered))))
 }
 
 // --- submit --------------------------------------------------------------
