@@ -17,7 +17,7 @@ use switchyard_testkit::Stack;
 use tokio_stream::StreamExt;
 use tonic::Code;
 
-use crate::common::{Jobs, finish, id, job, submit, tenant_key, until_event};
+use crate::common::{Backend, Jobs, finish, id, job, submit, tenant_key, until_event};
 
 /// A job that asks for a size (an object with an integer `size`), then
 /// echoes it.
@@ -77,13 +77,19 @@ async fn task_state(c: &mut Jobs, job_id: &str, task: &str) -> TaskState {
     TaskState::try_from(t.state).unwrap()
 }
 
+/// Every service in one process, on backend `b`.
+async fn stack(b: &Backend) -> Stack {
+    Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| b.apply(c))
+        .await
+        .unwrap()
+}
+
 async fn as_(s: &Stack, who: &str) -> Jobs {
     JobServiceClient::new(s.channel_as(who).await.unwrap())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_input_task_waits_for_the_answer_and_hands_it_downstream_exactly_once() {
-    let s = Stack::start().await.unwrap();
+async fn an_input_task_waits_for_the_answer_and_hands_it_downstream_exactly_once(b: Backend) {
+    let s = stack(&b).await;
     let mut alice = as_(&s, "alice").await;
     let j = submit(&mut alice, &sizing_job("size-1", Value::Null, 0, None))
         .await
@@ -326,9 +332,8 @@ async fn input_to_a_task_that_does_not_wait_is_refused_with_its_state() {
     s.stop().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unanswered_task_takes_its_default_or_fails_with_input_timeout() {
-    let s = Stack::start().await.unwrap();
+async fn an_unanswered_task_takes_its_default_or_fails_with_input_timeout(b: Backend) {
+    let s = stack(&b).await;
     let mut alice = as_(&s, "alice").await;
     submit(
         &mut alice,
@@ -352,9 +357,8 @@ async fn an_unanswered_task_takes_its_default_or_fails_with_input_timeout() {
     s.stop().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancelled_job_stops_waiting_and_takes_no_answer() {
-    let s = Stack::start().await.unwrap();
+async fn a_cancelled_job_stops_waiting_and_takes_no_answer(b: Backend) {
+    let s = stack(&b).await;
     let mut alice = as_(&s, "alice").await;
     submit(&mut alice, &sizing_job("gone-1", Value::Null, 0, None))
         .await
@@ -483,9 +487,8 @@ async fn an_input_task_that_cannot_work_is_refused_at_submission_with_every_prob
     s.stop().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retried_answer_finds_the_task_its_key_answered_while_the_next_one_waits() {
-    let s = Stack::start().await.unwrap();
+async fn a_retried_answer_finds_the_task_its_key_answered_while_the_next_one_waits(b: Backend) {
+    let s = stack(&b).await;
     let mut alice = as_(&s, "alice").await;
     let doc = json!({"job_id": "two-asks", "tasks": [
         {"id": "first", "input": {"prompt": "one?"}},
@@ -531,3 +534,13 @@ async fn a_retried_answer_finds_the_task_its_key_answered_while_the_next_one_wai
     );
     s.stop().await.unwrap();
 }
+
+use crate::common::{postgres, sled};
+
+switchyard_testkit::on_both_backends!(
+    sled, postgres;
+    an_input_task_waits_for_the_answer_and_hands_it_downstream_exactly_once,
+    a_retried_answer_finds_the_task_its_key_answered_while_the_next_one_waits,
+    a_cancelled_job_stops_waiting_and_takes_no_answer,
+    an_unanswered_task_takes_its_default_or_fails_with_input_timeout,
+);
