@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)] // test helpers: a failed call is a failed test
 
 use std::process::Command;
+use std::time::Duration;
 
 use crate::support::*;
 
@@ -423,6 +424,65 @@ fn the_console_of_a_gateway_in_its_own_process_acts_on_every_remote_service_as_t
     let page = bob.curl(&["/ui/budgets", "-w", "%{http_code}"]);
     assert!(page.ends_with("503"), "{page}");
     assert!(page.contains("gateway.ledger_url"), "{page}");
+    assert_eq!(gw.terminate(), Some(0));
+    assert_eq!(dev.terminate(), Some(0));
+}
+
+#[test]
+fn a_gateway_in_its_own_process_lists_and_answers_input_for_a_remote_executor() {
+    let (dev, data) = Proc::dev(&[]);
+    let url = dev.url();
+    let gw_data = tempfile::tempdir().unwrap();
+    let gw = gateway_for(&url, gw_data.path(), &["EXECUTOR", "REGISTRY", "APPROVAL"]);
+    let job = data.path().join("ask.yaml");
+    std::fs::write(
+        &job,
+        "job_id: split-ask\ntasks:\n  - id: ask\n    input: {prompt: \"Proceed?\", schema: {type: boolean}}\n",
+    )
+    .unwrap();
+    ok_as(&url, &["job", "submit", job.to_str().unwrap()], "alice");
+    let (alice, bob) = (token(&url, "alice"), token(&url, "bob"));
+    let input = format!(
+        "http://{}/aitp/tasks/split-ask/input",
+        gw.http.as_deref().unwrap()
+    );
+    let curl = |token: &str, body: Option<&str>| {
+        let mut c = Command::new("curl");
+        c.args(["-s", "-w", "\n%{http_code}", &input])
+            .arg("-H")
+            .arg(format!("authorization: Bearer {token}"));
+        if let Some(b) = body {
+            c.args(["-H", "content-type: application/json", "--data", b]);
+        }
+        let out = String::from_utf8_lossy(&c.output().unwrap().stdout).into_owned();
+        let (body, code) = out.rsplit_once('\n').unwrap();
+        (code.to_owned(), body.to_owned())
+    };
+    // The step asks moments after submission: the remote executor lists it
+    // for alice through the gateway, as alice.
+    wait_for("the step asks", Duration::from_secs(20), || {
+        curl(&alice, None).1.contains("Proceed?")
+    });
+    let (code, body) = curl(&bob, Some(r#"{"answer": true}"#));
+    assert_eq!(code, "403", "{body}");
+    assert!(body.contains("INPUT_NOT_ALLOWED"), "{body}");
+    let (code, body) = curl(
+        &alice,
+        Some(r#"{"answer": true, "idempotency_key": "s-1"}"#),
+    );
+    assert_eq!(code, "200", "{body}");
+    assert!(body.contains(r#""answered_by":"alice""#), "{body}");
+    let got = ok_as(
+        &url,
+        &["job", "result", "split-ask", "--wait", "20", "-o", "json"],
+        "alice",
+    );
+    let got: serde_json::Value = serde_json::from_str(&got).unwrap();
+    assert_eq!(got["state"], "completed", "{got}");
+    assert!(
+        got.to_string().contains(r#""answered_by":"alice""#),
+        "{got}"
+    );
     assert_eq!(gw.terminate(), Some(0));
     assert_eq!(dev.terminate(), Some(0));
 }
