@@ -608,6 +608,13 @@ impl Executor {
         if how.delegation_only && !delegated {
             return Err(ExecutorError::DelegationOnly);
         }
+        // Stopping: no job is taken on (a job accepted now would hold a
+        // lease its hand-back may no longer release, and wait one out on
+        // another replica). A child of a job still running here is, so
+        // its parent's attempt can finish within the grace.
+        if self.draining() && !delegated {
+            return Err(ExecutorError::Draining);
+        }
         if spec.correlation_id.is_empty() {
             spec.correlation_id = how.correlation_id;
         }

@@ -77,6 +77,11 @@ pub enum ExecutorError {
     /// An artifact a task handed over was refused.
     #[error("{}", .0.message)]
     ArtifactRefused(switchyard_api::artifacts::Refused),
+    /// SubmitJob while this executor drains before stopping.
+    #[error(
+        "this executor is stopping and takes on no new job; send it again (another replica, or this one once restarted, takes it; a job id already accepted is answered, not run twice)"
+    )]
+    Draining,
     /// SendInput refused (see `input`): the reason says why.
     #[error("{1}")]
     Input(Reason, String),
@@ -186,6 +191,7 @@ impl From<ExecutorError> for Status {
                     "{msg}; retry the same request (a job id already stored is answered, not run twice)"
                 ),
             ),
+            ExecutorError::Draining => status(Code::Unavailable, Reason::Unavailable, msg),
             ExecutorError::Input(reason, _) => {
                 let code = match reason {
                     Reason::InputNotAllowed => Code::PermissionDenied,
