@@ -1050,8 +1050,7 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
                     "give the answer: -f FILE (JSON; - for standard input) or --answer JSON"
                 ),
             };
-            let value: Value = serde_json::from_str(text.trim())
-                .unwrap_or_else(|_| Value::String(text.trim().to_owned()));
+            let value = switchyard_kit::json::json_or_text(&text);
             let key = if key.is_empty() {
                 format!("cli-{}", uuid::Uuid::now_v7())
             } else {

@@ -13,6 +13,13 @@ pub fn struct_to_json(s: &Struct) -> serde_json::Value {
     )
 }
 
+/// What a person typed as an answer: JSON when it parses, else the text
+/// (trimmed) as a string — `3` is a number, `yes please` a string.
+pub fn json_or_text(text: &str) -> serde_json::Value {
+    let text = text.trim();
+    serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.to_owned()))
+}
+
 /// A protobuf `Value` as JSON.
 pub fn value_to_json(v: &Value) -> serde_json::Value {
     match &v.kind {
@@ -66,6 +73,19 @@ pub fn json_to_struct(j: &serde_json::Value) -> Option<Struct> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_is_json_when_it_parses_and_text_otherwise() {
+        assert_eq!(json_or_text(" 3 "), serde_json::json!(3));
+        assert_eq!(
+            json_or_text(r#"{"size": 2}"#),
+            serde_json::json!({"size": 2})
+        );
+        assert_eq!(
+            json_or_text(" yes please\n"),
+            serde_json::json!("yes please")
+        );
+    }
 
     #[test]
     fn json_round_trips_through_struct() {

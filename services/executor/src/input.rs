@@ -25,14 +25,14 @@ use switchyard_core::lifecycle::TaskState;
 use switchyard_kit::auth::{Principal, Role};
 use switchyard_proto::executor::v1::task_spec::Kind;
 use switchyard_proto::executor::v1::{
-    InputAnswerers, InputRequest, InputTask, ListInputRequestsRequest, ListInputRequestsResponse,
-    SendInputRequest, SendInputResponse,
+    InputAnswerers, InputRequest, InputTask, Job, ListInputRequestsRequest,
+    ListInputRequestsResponse, SendInputRequest, SendInputResponse,
 };
 use tokio::sync::oneshot;
 
 use crate::Executor;
 use crate::attempt::input::ANSWERED;
-use crate::book::Change;
+use crate::book::{Change, JobBook, Jobs};
 use crate::error::ExecutorError;
 use crate::events::{self, JobEvent};
 use crate::job::JobEntry;
@@ -160,17 +160,6 @@ pub(crate) fn may_answer(
                 .any(|r| p.roles.has(r)))
 }
 
-/// Checks an idempotency key: empty, or 1 to 255 printable ASCII characters.
-fn check_key(key: &str) -> Result<(), ExecutorError> {
-    if key.len() > 255 || !key.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(ExecutorError::Input(
-            Reason::InvalidArgument,
-            "idempotency_key must be 1 to 255 printable ASCII characters without spaces".into(),
-        ));
-    }
-    Ok(())
-}
-
 /// What SendInput decided under the lock.
 enum Taken {
     /// The answer went to the attempt; wait for `settled`.
@@ -186,7 +175,8 @@ impl Executor {
         p: &Principal,
         req: SendInputRequest,
     ) -> Result<SendInputResponse, ExecutorError> {
-        check_key(&req.idempotency_key)?;
+        switchyard_core::validate::optional_key(&req.idempotency_key, "idempotency_key")
+            .map_err(|why| ExecutorError::Input(Reason::InvalidArgument, why))?;
         let Some(answer) = req.answer.as_ref() else {
             return Err(ExecutorError::Input(
                 Reason::InvalidArgument,
@@ -200,10 +190,7 @@ impl Executor {
             let mut st = book.lock();
             match st.find(job_id) {
                 Some(e) => {
-                    reachable(p, e)?;
-                    let task_id = waiting_task(e, &req.task_id, &req.idempotency_key)?;
-                    let t = input_task(e, &task_id).ok_or_else(|| not_waiting(e, &task_id))?;
-                    authorize(p, e, t)?;
+                    let (task_id, t) = answerable(p, e, &req)?;
                     if let Some(by) = replayed(e, &task_id, &req.idempotency_key) {
                         Some(Taken::Replayed(task_id, by))
                     } else {
@@ -239,10 +226,8 @@ impl Executor {
                             idempotency_key: req.idempotency_key.clone(),
                             answer: answer.clone(),
                         };
-                        book.record(&mut st, job_id, &task_id, JobEvent::InputReceived(r));
                         let why = format!("answered by {by}");
-                        let c = Change::to(TaskState::Running).because(Reason::InputRequired, &why);
-                        book.move_task(&mut st, job_id, i, c)?;
+                        end_wait(book, &mut st, job_id, &task_id, i, r, &why)?;
                         let (settled, done) = oneshot::channel();
                         // The attempt holds its receiver until it ends, and
                         // it cannot end without the book's lock, held here.
@@ -309,43 +294,7 @@ impl Executor {
                 e.answered.insert(ev.task_id, r);
             }
         }
-        let decided = (|e: &JobEntry| {
-            reachable(p, e)?;
-            let task_id = match req.task_id.as_str() {
-                "" => e
-                    .answered
-                    .keys()
-                    .find(|t| replayed(e, t, &req.idempotency_key).is_some())
-                    .cloned()
-                    .or_else(|| only_input_task(e))
-                    .ok_or_else(|| {
-                        ExecutorError::Input(
-                            Reason::InputNotWaiting,
-                            format!(
-                                "job {job_id:?} is {}: none of its tasks waits for input",
-                                e.state()
-                            ),
-                        )
-                    })?,
-                t => t.to_owned(),
-            };
-            let t = input_task(e, &task_id).ok_or_else(|| not_waiting(e, &task_id))?;
-            authorize(p, e, t)?;
-            if let Some(by) = replayed(e, &task_id, &req.idempotency_key) {
-                return Ok((task_id, by, e.job.clone()));
-            }
-            let i = e.index[&task_id];
-            if e.task_state(i) == TaskState::InputRequired {
-                // Jobs shared by PostgreSQL replicas: another one runs it.
-                return Err(ExecutorError::Input(
-                    Reason::Unavailable,
-                    format!(
-                        "task {task_id:?} waits on another executor replica, and an answer reaches only the one running the job; send it again (same idempotency_key)"
-                    ),
-                ));
-            }
-            Err(not_waiting(e, &task_id))
-        })(&e)?;
+        let decided = replay_stored(p, &e, req)?;
         let (task_id, answered_by, job) = decided;
         Ok(SendInputResponse {
             task_id,
@@ -403,6 +352,33 @@ impl Executor {
     }
 }
 
+/// Ends task `task_id` (index `i`) of `job_id`'s wait as `r` says: records
+/// it (`task.input_received`) and moves the task back to running, under the
+/// book's lock. SendInput and the wait's deadline both end a wait here, each
+/// after taking the task off the desk, so only one of them does.
+pub(crate) fn end_wait(
+    book: &JobBook,
+    st: &mut Jobs,
+    job_id: &str,
+    task_id: &str,
+    i: usize,
+    r: events::InputReceived,
+    why: &str,
+) -> Result<u64, ExecutorError> {
+    let reason = if r.outcome == ANSWERED {
+        Reason::InputRequired
+    } else {
+        Reason::InputTimeout
+    };
+    book.record(st, job_id, task_id, JobEvent::InputReceived(r));
+    book.move_task(
+        st,
+        job_id,
+        i,
+        Change::to(TaskState::Running).because(reason, why),
+    )
+}
+
 /// The id of the job's only input task, if it has exactly one.
 fn only_input_task(e: &JobEntry) -> Option<String> {
     let mut inputs = e
@@ -414,6 +390,44 @@ fn only_input_task(e: &JobEntry) -> Option<String> {
         (Some(t), None) => Some(t.id.clone()),
         _ => None,
     }
+}
+
+/// The input task SendInput means in job `e`, once `p` may reach the job
+/// and answer the task: NOT_FOUND, INPUT_NOT_ALLOWED or INPUT_NOT_WAITING
+/// otherwise, in that order, so nothing is told to whom may not see it.
+fn answerable<'e>(
+    p: &Principal,
+    e: &'e JobEntry,
+    req: &SendInputRequest,
+) -> Result<(String, &'e InputTask), ExecutorError> {
+    reachable(p, e)?;
+    let task_id = waiting_task(e, &req.task_id, &req.idempotency_key)?;
+    let t = input_task(e, &task_id).ok_or_else(|| not_waiting(e, &task_id))?;
+    authorize(p, e, t)?;
+    Ok((task_id, t))
+}
+
+/// SendInput's answer for a job not in memory here: the first outcome
+/// when this key's answer was taken, else why the task does not wait.
+fn replay_stored(
+    p: &Principal,
+    e: &JobEntry,
+    req: &SendInputRequest,
+) -> Result<(String, String, Job), ExecutorError> {
+    let (task_id, _) = answerable(p, e, req)?;
+    if let Some(by) = replayed(e, &task_id, &req.idempotency_key) {
+        return Ok((task_id, by, e.job.clone()));
+    }
+    if e.task_state(e.index[&task_id]) == TaskState::InputRequired {
+        // Jobs shared by PostgreSQL replicas: another one runs it.
+        return Err(ExecutorError::Input(
+            Reason::Unavailable,
+            format!(
+                "task {task_id:?} waits on another executor replica, and an answer reaches only the one running the job; send it again (same idempotency_key)"
+            ),
+        ));
+    }
+    Err(not_waiting(e, &task_id))
 }
 
 /// The task SendInput names; else the one this key already answered, the

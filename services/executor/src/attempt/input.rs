@@ -141,15 +141,8 @@ impl Attempt<'_> {
             idempotency_key: String::new(),
             answer: default.clone().unwrap_or(Value::Null),
         };
-        book.record(
-            &mut st,
-            &s.job_id,
-            &s.task.id,
-            JobEvent::InputReceived(r.clone()),
-        );
         let why = format!("nobody answered within {wait_secs} s");
-        let c = Change::to(TaskState::Running).because(Reason::InputTimeout, &why);
-        if let Err(e) = book.move_task(&mut st, &s.job_id, i, c) {
+        if let Err(e) = input::end_wait(book, &mut st, &s.job_id, &s.task.id, i, r.clone(), &why) {
             return Some(Outcome::fail(Class::Other, Reason::Internal, e.to_string()));
         }
         Some(ended(&r, wait_secs))

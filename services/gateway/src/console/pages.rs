@@ -1025,10 +1025,8 @@ pub(crate) async fn answer(
     Form(f): Form<AnswerForm>,
 ) -> Result<Response, PageError> {
     let base = layout(&caller, &s, "inbox");
-    let text = f.answer.trim();
-    let answer = (!text.is_empty()).then(|| {
-        serde_json::from_str::<Value>(text).unwrap_or_else(|_| Value::String(text.to_owned()))
-    });
+    let answer =
+        (!f.answer.trim().is_empty()).then(|| switchyard_kit::json::json_or_text(&f.answer));
     let req = switchyard_proto::executor::v1::SendInputRequest {
         job_id: job_id.clone(),
         task_id: f.task_id,

@@ -58,16 +58,7 @@ async fn input(
     headers: http::HeaderMap,
     body: Body,
 ) -> Result<Response, Failure> {
-    let bytes = axum::body::to_bytes(body, door.max_body).await.map_err(|_| {
-        switchyard_kit::error::status(
-            Code::ResourceExhausted,
-            Reason::MessageTooLarge,
-            format!(
-                "the answer is larger than the gateway's limit of {} bytes (gateway.http.max_body_bytes)",
-                door.max_body
-            ),
-        )
-    })?;
+    let bytes = door.read_body(body, "answer").await?;
     let body: InputBody = serde_json::from_slice(&bytes).map_err(|e| {
         let mut v = switchyard_core::Violations::new();
         v.add(
@@ -165,16 +156,7 @@ async fn submit(
     body: Body,
 ) -> Result<Response, Failure> {
     accepted_media_type(&headers)?;
-    let bytes = axum::body::to_bytes(body, door.max_body).await.map_err(|_| {
-        switchyard_kit::error::status(
-            Code::ResourceExhausted,
-            Reason::MessageTooLarge,
-            format!(
-                "the task document is larger than the gateway's limit of {} bytes (gateway.http.max_body_bytes)",
-                door.max_body
-            ),
-        )
-    })?;
+    let bytes = door.read_body(body, "task document").await?;
     let document = String::from_utf8(bytes.to_vec()).map_err(|_| {
         let mut v = switchyard_core::Violations::new();
         v.add("document", "the body is not valid UTF-8 text");

@@ -57,6 +57,27 @@ pub(crate) struct Door {
     pub(crate) ojs: crate::config::OjsConfig,
 }
 
+impl Door {
+    /// A request body, up to the door's limit (MESSAGE_TOO_LARGE beyond it,
+    /// naming `what` the body is).
+    pub(crate) async fn read_body(
+        &self,
+        body: axum::body::Body,
+        what: &str,
+    ) -> Result<axum::body::Bytes, Status> {
+        axum::body::to_bytes(body, self.max_body).await.map_err(|_| {
+            switchyard_kit::error::status(
+                Code::ResourceExhausted,
+                Reason::MessageTooLarge,
+                format!(
+                    "the {what} is larger than the gateway's limit of {} bytes (gateway.http.max_body_bytes)",
+                    self.max_body
+                ),
+            )
+        })
+    }
+}
+
 /// An error answered in the envelope, with the request's correlation id.
 #[derive(Debug)]
 pub(crate) struct Failure(pub(crate) Status);

@@ -183,16 +183,7 @@ fn ok(body: Value) -> Result<Response, OjsFailure> {
 
 /// The request body as a JSON object (`invalid_payload` otherwise).
 async fn body_object(door: &Door, body: Body) -> Result<Map<String, Value>, Status> {
-    let bytes = axum::body::to_bytes(body, door.max_body).await.map_err(|_| {
-        switchyard_kit::error::status(
-            Code::ResourceExhausted,
-            Reason::MessageTooLarge,
-            format!(
-                "the body is larger than the gateway's limit of {} bytes (gateway.http.max_body_bytes)",
-                door.max_body
-            ),
-        )
-    })?;
+    let bytes = door.read_body(body, "body").await?;
     let malformed = |why: String| {
         let mut v = switchyard_core::Violations::new();
         v.add("body", why);
