@@ -528,6 +528,7 @@ impl Agent for Hosted {
             max_turns: pick(u64::from(l.max_turns), u64::from(limits.max_turns)) as u32,
             max_tokens_per_invocation: pick(l.max_tokens_per_invocation, limits.max_tokens),
             deadline: Instant::now() + Duration::from_millis(time),
+            history: Vec::new(),
             tool_timeout: Duration::from_millis(
                 agent.tool_timeout_ms.unwrap_or(self.cfg.tool_timeout_ms),
             ),

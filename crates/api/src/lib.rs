@@ -250,6 +250,10 @@ pub mod executor {
                 send_input(SendInputRequest) -> SendInputResponse;
                 /// ListInputRequests.
                 list_input_requests(ListInputRequestsRequest) -> ListInputRequestsResponse;
+                /// SendMessage.
+                send_message(SendMessageRequest) -> SendMessageResponse;
+                /// ListMessages.
+                list_messages(ListMessagesRequest) -> ListMessagesResponse;
             }
             streaming {
                 /// WatchJob.

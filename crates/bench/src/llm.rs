@@ -179,6 +179,7 @@ pub async fn run() -> anyhow::Result<()> {
         max_turns: 10,
         max_tokens_per_invocation: 0,
         deadline: Instant::now() + Duration::from_secs(3600),
+        history: Vec::new(),
         tool_timeout: Duration::from_secs(5),
     };
     let mut bare = Layer::new()?;

@@ -5,6 +5,7 @@ mod admin;
 mod approval;
 mod auth;
 mod budget;
+mod chat;
 mod client;
 mod files;
 mod job;
@@ -63,6 +64,9 @@ enum Command {
     /// Submit, follow, inspect and cancel jobs.
     #[command(subcommand)]
     Job(job::JobCmd),
+    /// Talk with a conversation job: each line is a message, each reply
+    /// streams as it is generated.
+    Chat(chat::ChatArgs),
     /// Operate pull workers: drain (quiet) or stop (terminate) one.
     #[command(subcommand)]
     Worker(worker::WorkerCmd),
@@ -350,6 +354,7 @@ async fn main() -> ExitCode {
         Command::Budget(cmd) => budget::run(cmd).await,
         Command::Approval(cmd) => approval::run(cmd).await,
         Command::Job(cmd) => job::run(cmd).await,
+        Command::Chat(args) => chat::run(args).await,
         Command::Worker(cmd) => worker::run(cmd).await,
         Command::Agents(cmd) => agents(cmd).await,
         Command::Auth(cmd) => auth::run(cmd).await,

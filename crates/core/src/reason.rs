@@ -202,6 +202,12 @@ reasons! {
     /// The caller can see the job but is not among those the input task
     /// lets answer.
     InputNotAllowed => "INPUT_NOT_ALLOWED",
+    /// The caller can see the job but is not among the conversation's
+    /// participants.
+    ConversationNotAllowed => "CONVERSATION_NOT_ALLOWED",
+    /// A message to a conversation that has ended (closed, idle, at its
+    /// message limit, or its job finished), or to a task that is not one.
+    ConversationClosed => "CONVERSATION_CLOSED",
     /// An artifact's kind is not allowed by its run's `outputs_allowed`.
     ArtifactKindNotAllowed => "ARTIFACT_KIND_NOT_ALLOWED",
     /// An artifact is larger than the configured limit, or its name is not

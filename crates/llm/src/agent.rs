@@ -30,6 +30,9 @@ pub struct Spec {
     pub provider: String,
     /// System prompt; empty for none.
     pub instructions: String,
+    /// The conversation before the prompt (a conversation's earlier
+    /// messages and replies, user and assistant in turn); empty for a task.
+    pub history: Vec<Message>,
     /// The task.
     pub prompt: String,
     /// Tools offered (the allowlist: nothing else may run).
@@ -330,10 +333,17 @@ pub fn prompt_bound(
 /// these messages with [`estimate_prompt_tokens`], as the loop does before
 /// its first call.
 pub fn first_turn(instructions: &str, prompt: &str) -> Vec<Message> {
-    let mut messages = Vec::with_capacity(2);
+    continued(instructions, &[], prompt)
+}
+
+/// The messages a loop starts with when it continues a conversation: the
+/// instructions, the conversation so far, then the new prompt.
+pub fn continued(instructions: &str, history: &[Message], prompt: &str) -> Vec<Message> {
+    let mut messages = Vec::with_capacity(history.len() + 2);
     if !instructions.trim().is_empty() {
         messages.push(Message::text(Role::System, instructions));
     }
+    messages.extend_from_slice(history);
     messages.push(Message::text(Role::User, prompt));
     messages
 }
@@ -403,7 +413,7 @@ pub async fn resume(
             &report,
         ));
     };
-    let messages = first_turn(&spec.instructions, &spec.prompt);
+    let messages = continued(&spec.instructions, &spec.history, &spec.prompt);
     // `none` offers no tools at all; otherwise the offer never changes.
     let offered: &[ToolSpec] = if spec.tool_choice == ToolChoice::None {
         &[]
@@ -965,6 +975,7 @@ mod tests {
             max_turns: 5,
             max_tokens_per_invocation: 0,
             deadline: Instant::now() + Duration::from_secs(10),
+            history: Vec::new(),
             tool_timeout: Duration::from_millis(200),
         }
     }

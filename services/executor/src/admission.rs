@@ -149,6 +149,14 @@ pub(crate) fn estimate(spec: &JobSpec, known: &Known<'_>) -> Estimate {
                 });
             }
             Some(Kind::Llm(l)) => estimate_llm(&mut est, l, n, token_cap, known),
+            // Each message is one run of the loop: the estimate is every
+            // message it may take, at the first one's size, within the
+            // job's budget (the conversation's ceiling).
+            Some(Kind::Conversation(c)) => {
+                let l = c.orchestrator.clone().unwrap_or_default();
+                let turns = u64::from(crate::conversation::max_messages(c));
+                estimate_llm(&mut est, &l, n.saturating_mul(turns), token_cap, known);
+            }
             // A pull worker spends only through the job's budget, and only
             // when the job declares one: then its token budget bounds the
             // tokens and its cost limit (if any) the money; unpriced
@@ -246,20 +254,18 @@ pub(crate) fn proposal(
     submitted_by: &str,
     default_org: &str,
 ) -> ap::Run {
-    let first_llm = spec.tasks.iter().find_map(|t| match &t.kind {
-        Some(Kind::Llm(l)) => Some(l),
-        _ => None,
-    });
+    let first_llm = spec
+        .tasks
+        .iter()
+        .find_map(|t| crate::spec::model_task(t.kind.as_ref()));
     let approval = spec.approval.clone().unwrap_or_default();
     let mut tools: Vec<String> = approval.tools_allowed.clone();
     if tools.is_empty() {
         tools = spec
             .tasks
             .iter()
-            .flat_map(|t| match &t.kind {
-                Some(Kind::Llm(l)) => l.tools.iter().map(|t| t.name.clone()).collect(),
-                _ => Vec::new(),
-            })
+            .filter_map(|t| crate::spec::model_task(t.kind.as_ref()))
+            .flat_map(|l| l.tools.iter().map(|t| t.name.clone()))
             .collect();
     }
     if tools.is_empty() {
@@ -334,8 +340,8 @@ pub(crate) fn round_ids(job_id: &str, round: u32) -> (String, String) {
 fn runs_commands(spec: &JobSpec) -> bool {
     spec.tasks.iter().any(|t| match &t.kind {
         Some(Kind::Command(_)) => true,
-        Some(Kind::Llm(l)) => l.tools.iter().any(|tool| !tool.command.is_empty()),
-        _ => false,
+        kind => crate::spec::model_task(kind.as_ref())
+            .is_some_and(|l| l.tools.iter().any(|tool| !tool.command.is_empty())),
     })
 }
 

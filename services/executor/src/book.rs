@@ -930,6 +930,7 @@ fn count_task(kind: Option<&switchyard_proto::executor::v1::task_spec::Kind>, to
         Some(Kind::Llm(_)) => "llm",
         Some(Kind::Queue(_)) => "queue",
         Some(Kind::Input(_)) => "input",
+        Some(Kind::Conversation(_)) => "conversation",
         None => "unknown",
     };
     family

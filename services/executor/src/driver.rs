@@ -385,8 +385,9 @@ impl Driver {
             let timeout = Duration::from_secs(u64::from(schedule::timeout_secs(e, i)));
             (snap, timeout)
         };
-        if matches!(snap.task.kind, Some(Kind::Input(_))) {
-            // Its question and deadline are in the job's log.
+        if matches!(snap.task.kind, Some(Kind::Input(_) | Kind::Conversation(_))) {
+            // Its question and deadline (a conversation: everything said)
+            // are in the job's log.
             snap.start_g = self.x.inner.book.last();
             return Ok(Some((snap, timeout)));
         }
@@ -790,10 +791,12 @@ fn scratch_error(job_id: &str) -> impl Fn(std::io::Error) -> ExecutorError + '_ 
 fn needs_scratch(spec: &switchyard_proto::executor::v1::JobSpec) -> bool {
     use switchyard_proto::executor::v1::task_spec::Kind;
     !spec.files.is_empty()
-        || spec
-            .tasks
-            .iter()
-            .any(|t| matches!(t.kind, Some(Kind::Command(_) | Kind::Llm(_))))
+        || spec.tasks.iter().any(|t| {
+            matches!(
+                t.kind,
+                Some(Kind::Command(_) | Kind::Llm(_) | Kind::Conversation(_))
+            )
+        })
 }
 
 #[cfg(test)]

@@ -194,8 +194,12 @@ impl From<ExecutorError> for Status {
             ExecutorError::Draining => status(Code::Unavailable, Reason::Unavailable, msg),
             ExecutorError::Input(reason, _) => {
                 let code = match reason {
-                    Reason::InputNotAllowed => Code::PermissionDenied,
-                    Reason::InputNotWaiting => Code::FailedPrecondition,
+                    Reason::InputNotAllowed | Reason::ConversationNotAllowed => {
+                        Code::PermissionDenied
+                    }
+                    Reason::InputNotWaiting | Reason::ConversationClosed => {
+                        Code::FailedPrecondition
+                    }
                     Reason::Unavailable => Code::Unavailable,
                     _ => Code::InvalidArgument,
                 };

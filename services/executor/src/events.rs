@@ -127,6 +127,12 @@ job_events! {
     InputRequested(InputRequested) = "task.input_requested",
     /// An input task's wait ended: answered, or its time ran out.
     InputReceived(InputReceived) = "task.input_received",
+    /// A participant's message to a conversation task.
+    MessageReceived(MessageReceived) = "conversation.message",
+    /// The orchestrator's reply to one message.
+    Replied(Replied) = "conversation.replied",
+    /// A conversation takes no more messages.
+    ConversationEnded(ConversationEnded) = "conversation.ended",
     /// A task's artifact was stored.
     ArtifactStored(ArtifactStored) = "artifact.stored",
     /// A task's artifact was refused.
@@ -202,6 +208,62 @@ pub struct InputReceived {
     pub idempotency_key: String,
     /// The answer taken (null when timed out).
     pub answer: Value,
+}
+
+/// `conversation.message`: recorded by SendMessage before it returns.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MessageReceived {
+    /// The message's number in the conversation (1, 2, ...).
+    pub seq: u32,
+    /// What was said.
+    pub text: String,
+    /// Who said it (the authenticated subject).
+    pub by: String,
+    /// The conversation ends once this message is answered.
+    pub close: bool,
+    /// The caller's idempotency key; a retry with it gets this message.
+    pub idempotency_key: String,
+    /// When it was recorded, ms since the epoch.
+    pub at_ms: u64,
+}
+
+/// `conversation.replied`: how the turn for message `seq` ended.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Replied {
+    /// The message answered.
+    pub seq: u32,
+    /// `answered`, `paused` (the budget is used up) or `failed`.
+    pub outcome: String,
+    /// The answer, or what the person is told.
+    pub text: String,
+    /// The model that answered.
+    pub model: String,
+    /// Prompt tokens of every model call of the turn.
+    pub prompt_tokens: u64,
+    /// Completion tokens.
+    pub completion_tokens: u64,
+    /// Total tokens.
+    pub total_tokens: u64,
+    /// Model calls made.
+    pub llm_calls: u32,
+    /// Reason code of a paused or failed turn.
+    pub reason: String,
+    /// When it was recorded, ms since the epoch.
+    pub at_ms: u64,
+}
+
+/// `conversation.ended`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ConversationEnded {
+    /// Messages the conversation had.
+    pub messages: u32,
+    /// Who closed it (empty unless closed by a message).
+    pub by: String,
+    /// `closed`, `idle` or `max_messages`.
+    pub why: String,
 }
 
 /// `artifact.stored`.

@@ -13,9 +13,9 @@ use switchyard_core::{Reason, Violations};
 use switchyard_kit::json::json_to_struct;
 use switchyard_proto::common::v1::Money;
 use switchyard_proto::executor::v1::{
-    AgentTask, ArtifactOutput, BackoffStrategy, CommandTask, Delegation, FallbackPolicy,
-    FallbackStrategy, InputAnswerers, InputTask, JobApproval, JobBudget, JobSpec, LlmTask,
-    ResourceLimits, RetryPolicy, TaskSpec, ToolDefinition, task_spec,
+    AgentTask, ArtifactOutput, BackoffStrategy, CommandTask, ConversationTask, Delegation,
+    FallbackPolicy, FallbackStrategy, InputAnswerers, InputTask, JobApproval, JobBudget, JobSpec,
+    LlmTask, ResourceLimits, RetryPolicy, TaskSpec, ToolDefinition, task_spec,
 };
 
 /// A document that is not a valid job of its format.
@@ -1330,6 +1330,28 @@ struct NativeTask {
     agent: Option<NativeAgent>,
     llm: Option<Value>,
     input: Option<NativeInput>,
+    conversation: Option<NativeConversation>,
+}
+
+/// A native conversation task: `orchestrator` (an `llm` block without a
+/// prompt), `participants`, `idle_secs`, `max_messages`.
+#[derive(Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+struct NativeConversation {
+    orchestrator: Option<Value>,
+    participants: Option<NativeAnswerers>,
+    idle_secs: u32,
+    max_messages: u32,
+}
+
+impl NativeAnswerers {
+    fn proto(self) -> InputAnswerers {
+        InputAnswerers {
+            submitter: self.submitter,
+            subjects: self.subjects,
+            roles: self.roles,
+        }
+    }
 }
 
 /// A native input task: `prompt`, `schema`, `answerers`, `wait_secs`,
@@ -1384,6 +1406,49 @@ struct NativeAgent {
     prefer_agents: Vec<String>,
 }
 
+/// A native `llm` block (the OJS field names without their prefix, and
+/// `instructions`) to an LlmTask; violations are named under `at`.
+fn native_llm(at: &str, llm: &Value) -> Result<LlmTask, FormatError> {
+    let mut doc = Map::new();
+    doc.insert("type".into(), Value::String("llm".into()));
+    if let Value::Object(m) = llm {
+        for (k, v) in m {
+            if k == "prompt" {
+                doc.insert("args".into(), Value::Array(vec![v.clone()]));
+            } else {
+                doc.insert(format!("ext_agent_{k}"), v.clone());
+            }
+        }
+    }
+    let limits = Limits {
+        max_tasks: usize::MAX,
+        max_delegation_depth: 10,
+    };
+    let converted = ojs(&Value::Object(doc), limits).map_err(|mut e| {
+        for v in &mut e.violations.0 {
+            v.field = format!("{at}.{}", v.field.trim_start_matches("ext_agent_"));
+        }
+        e
+    })?;
+    match converted.tasks.into_iter().next().and_then(|t| t.kind) {
+        Some(task_spec::Kind::Llm(mut l)) => {
+            if let Value::Object(m) = llm {
+                l.instructions = m
+                    .get("instructions")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned();
+            }
+            Ok(l)
+        }
+        _ => Err(FormatError::one(
+            Reason::InvalidArgument,
+            at,
+            "an llm block needs at least a model",
+        )),
+    }
+}
+
 /// The native JobSpec document (JSON or YAML) to a JobSpec.
 ///
 /// Long on purpose: every field of the document mapped in one place, in
@@ -1396,23 +1461,31 @@ fn native(v: &Value, found: &mut Violations) -> Result<JobSpec, FormatError> {
         let kinds = usize::from(t.command.is_some())
             + usize::from(t.agent.is_some())
             + usize::from(t.llm.is_some())
-            + usize::from(t.input.is_some());
+            + usize::from(t.input.is_some())
+            + usize::from(t.conversation.is_some());
         if kinds != 1 {
             return Err(FormatError::one(
                 Reason::InvalidArgument,
                 &at,
-                "a task needs exactly one of command, agent, llm or input",
+                "a task needs exactly one of command, agent, llm, input or conversation",
             ));
         }
-        let kind = if let Some(q) = t.input {
+        let kind = if let Some(c) = t.conversation {
+            let orchestrator = match &c.orchestrator {
+                Some(o) => Some(native_llm(&format!("{at}.conversation.orchestrator"), o)?),
+                None => None,
+            };
+            task_spec::Kind::Conversation(ConversationTask {
+                orchestrator,
+                participants: c.participants.map(NativeAnswerers::proto),
+                idle_secs: c.idle_secs,
+                max_messages: c.max_messages,
+            })
+        } else if let Some(q) = t.input {
             task_spec::Kind::Input(InputTask {
                 prompt: q.prompt,
                 answer_schema: q.schema.and_then(|m| json_to_struct(&Value::Object(m))),
-                answerers: q.answerers.map(|a| InputAnswerers {
-                    submitter: a.submitter,
-                    subjects: a.subjects,
-                    roles: a.roles,
-                }),
+                answerers: q.answerers.map(NativeAnswerers::proto),
                 wait_secs: q.wait_secs,
                 default_answer: q.default.as_ref().map(switchyard_kit::json::json_to_value),
             })
@@ -1441,47 +1514,10 @@ fn native(v: &Value, found: &mut Violations) -> Result<JobSpec, FormatError> {
                 prefer_agents: a.prefer_agents,
             })
         } else {
-            // The llm block uses the OJS field names without their prefix.
-            let mut doc = Map::new();
-            doc.insert("type".into(), Value::String("llm".into()));
-            if let Some(Value::Object(m)) = &t.llm {
-                for (k, v) in m {
-                    if k == "prompt" {
-                        doc.insert("args".into(), Value::Array(vec![v.clone()]));
-                    } else {
-                        doc.insert(format!("ext_agent_{k}"), v.clone());
-                    }
-                }
-            }
-            let limits = Limits {
-                max_tasks: usize::MAX,
-                max_delegation_depth: 10,
-            };
-            let converted = ojs(&Value::Object(doc), limits).map_err(|mut e| {
-                for v in &mut e.violations.0 {
-                    v.field = format!("{at}.llm.{}", v.field.trim_start_matches("ext_agent_"));
-                }
-                e
-            })?;
-            match converted.tasks.into_iter().next().and_then(|t| t.kind) {
-                Some(task_spec::Kind::Llm(mut l)) => {
-                    if let Some(Value::Object(m)) = &t.llm {
-                        l.instructions = m
-                            .get("instructions")
-                            .and_then(Value::as_str)
-                            .unwrap_or_default()
-                            .to_owned();
-                    }
-                    task_spec::Kind::Llm(l)
-                }
-                _ => {
-                    return Err(FormatError::one(
-                        Reason::InvalidArgument,
-                        &format!("{at}.llm"),
-                        "an llm task needs at least a model",
-                    ));
-                }
-            }
+            task_spec::Kind::Llm(native_llm(
+                &format!("{at}.llm"),
+                t.llm.as_ref().unwrap_or(&Value::Null),
+            )?)
         };
         tasks.push(TaskSpec {
             id: t.id,

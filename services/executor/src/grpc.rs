@@ -13,9 +13,10 @@ use switchyard_proto::executor::v1::{
     CancelJobRequest, CancelJobResponse, DeleteDeadLetterRequest, DeleteDeadLetterResponse,
     GetArtifactRequest, GetArtifactResponse, GetJobRequest, GetJobResponse, GetResultRequest,
     GetResultResponse, ListArtifactsRequest, ListArtifactsResponse, ListInputRequestsRequest,
-    ListInputRequestsResponse, ListJobsRequest, ListJobsResponse, PruneJobsRequest,
-    PruneJobsResponse, RetryDeadLetterRequest, RetryDeadLetterResponse, SendInputRequest,
-    SendInputResponse, SubmitJobRequest, SubmitJobResponse, ValidateJobRequest,
+    ListInputRequestsResponse, ListJobsRequest, ListJobsResponse, ListMessagesRequest,
+    ListMessagesResponse, PruneJobsRequest, PruneJobsResponse, RetryDeadLetterRequest,
+    RetryDeadLetterResponse, SendInputRequest, SendInputResponse, SendMessageRequest,
+    SendMessageResponse, SubmitJobRequest, SubmitJobResponse, ValidateJobRequest,
     ValidateJobResponse, WatchJobRequest, WatchJobResponse,
 };
 use tonic::{Request, Response, Status};
@@ -148,6 +149,26 @@ impl JobService for Executor {
             &p,
             req.get_ref(),
         )))
+    }
+
+    async fn send_message(
+        &self,
+        req: Request<SendMessageRequest>,
+    ) -> Result<Response<SendMessageResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        Ok(Response::new(
+            Executor::send_message(self, &p, req.into_inner()).await?,
+        ))
+    }
+
+    async fn list_messages(
+        &self,
+        req: Request<ListMessagesRequest>,
+    ) -> Result<Response<ListMessagesResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        Ok(Response::new(
+            Executor::list_messages(self, &p, req.get_ref()).await?,
+        ))
     }
 
     async fn cancel_job(

@@ -466,12 +466,14 @@ fn waiting_task(e: &JobEntry, task_id: &str, key: &str) -> Result<String, Execut
     }
 }
 
-/// Refuses `p` with NOT_FOUND unless it can see the job or answer one of
-/// its input tasks: nothing about the job is told before this.
-fn reachable(p: &Principal, e: &JobEntry) -> Result<(), ExecutorError> {
+/// Refuses `p` with NOT_FOUND unless it can see the job, answer one of its
+/// input tasks or take part in one of its conversations: nothing about the
+/// job is told before this.
+pub(crate) fn reachable(p: &Principal, e: &JobEntry) -> Result<(), ExecutorError> {
     let (tenant, owner) = (&e.job.tenant, &e.job.submitted_by);
     let answers = e.spec().tasks.iter().any(|t| match &t.kind {
         Some(Kind::Input(t)) => may_answer(p, tenant, owner, t.answerers.as_ref()),
+        Some(Kind::Conversation(c)) => may_answer(p, tenant, owner, c.participants.as_ref()),
         _ => false,
     });
     if answers || p.may_see(tenant, owner) {
@@ -502,7 +504,7 @@ fn authorize(p: &Principal, e: &JobEntry, t: &InputTask) -> Result<(), ExecutorE
 }
 
 /// Who an input task takes answers from, in words.
-fn describe(a: Option<&InputAnswerers>) -> String {
+pub(crate) fn describe(a: Option<&InputAnswerers>) -> String {
     let Some(a) = a.filter(|a| !a.subjects.is_empty() || !a.roles.is_empty()) else {
         return "the job's submitter".into();
     };

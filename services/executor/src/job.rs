@@ -61,6 +61,8 @@ pub struct JobEntry {
     pub asked: std::collections::HashMap<String, crate::events::InputRequested>,
     /// How each input task's wait ended (this round), by task id.
     pub answered: std::collections::HashMap<String, crate::events::InputReceived>,
+    /// Conversation tasks' messages and replies (this round), by task id.
+    pub talks: std::collections::HashMap<String, crate::conversation::Talk>,
     /// Where jobs are shared, the epoch of this member's lease on the job
     /// (the fencing token its writes carry); 0 on one node.
     pub lease: i64,
@@ -149,6 +151,7 @@ impl JobEntry {
             awaiting: Default::default(),
             asked: Default::default(),
             answered: Default::default(),
+            talks: Default::default(),
             lease: 0,
             fetched: false,
             run_claimed: false,
@@ -304,6 +307,11 @@ impl JobEntry {
                 self.asked.remove(&at.task_id);
                 self.answered.insert(at.task_id.clone(), r.clone());
             }
+            JobEvent::MessageReceived(_)
+            | JobEvent::Replied(_)
+            | JobEvent::ConversationEnded(_) => {
+                self.talks.entry(at.task_id.clone()).or_default().apply(ev);
+            }
             JobEvent::ArtifactStored(a) => self.job.artifacts.push(pb_artifact(a, at)),
             JobEvent::ApprovalDecided(_)
             | JobEvent::ArtifactRefused(_)
@@ -344,6 +352,7 @@ impl JobEntry {
         self.awaiting.clear();
         self.asked.clear();
         self.answered.clear();
+        self.talks.clear();
         self.context_hash = crate::spec::context_hash(self.spec());
         self.recount();
     }

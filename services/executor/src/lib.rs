@@ -35,6 +35,7 @@ mod attempt;
 mod book;
 pub mod builtin;
 mod cancel;
+mod conversation;
 mod dead_letter;
 mod depend;
 /// Command tasks run through the sandbox crate.

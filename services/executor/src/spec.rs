@@ -204,9 +204,10 @@ fn check_task(
     match &t.kind {
         None => v.add(
             format!("{at}.kind"),
-            "a task needs one of command, agent, llm, queue or input",
+            "a task needs one of command, agent, llm, queue, input or conversation",
         ),
         Some(Kind::Input(t)) => check_input(v, &at, t),
+        Some(Kind::Conversation(c)) => check_conversation(v, reason, specific, &at, c),
         Some(Kind::Command(c)) => check_command(v, reason, specific, &at, c, rules),
         Some(Kind::Agent(a)) => {
             v.check(format!("{at}.agent.capability"), capability(&a.capability));
@@ -220,7 +221,7 @@ fn check_task(
                 );
             }
         }
-        Some(Kind::Llm(l)) => check_llm(v, reason, specific, &at, l),
+        Some(Kind::Llm(l)) => check_llm(v, reason, specific, &format!("{at}.llm"), l),
         Some(Kind::Queue(q)) => {
             v.check(
                 format!("{at}.queue.queue"),
@@ -274,30 +275,105 @@ fn check_input(v: &mut Violations, at: &str, t: &switchyard_proto::executor::v1:
         }
     }
     if let Some(a) = &t.answerers {
-        if a.subjects.len() > 32 {
+        check_answerers(v, &format!("{at}.input.answerers"), a);
+    }
+}
+
+/// Who may answer an input task, or take part in a conversation.
+fn check_answerers(
+    v: &mut Violations,
+    at: &str,
+    a: &switchyard_proto::executor::v1::InputAnswerers,
+) {
+    if a.subjects.len() > 32 {
+        v.add(
+            format!("{at}.subjects"),
+            format!("at most 32 subjects, got {}", a.subjects.len()),
+        );
+    }
+    for (j, s) in a.subjects.iter().enumerate() {
+        if s.is_empty() || s.len() > 255 || s.chars().any(char::is_control) {
             v.add(
-                format!("{at}.input.answerers.subjects"),
-                format!("at most 32 subjects, got {}", a.subjects.len()),
+                format!("{at}.subjects[{j}]"),
+                "a subject is 1 to 255 characters without control characters",
             );
         }
-        for (j, s) in a.subjects.iter().enumerate() {
-            if s.is_empty() || s.len() > 255 || s.chars().any(char::is_control) {
+    }
+    for (j, r) in a.roles.iter().enumerate() {
+        let known = switchyard_kit::auth::Role::parse(r)
+            .is_some_and(|r| crate::input::ANSWERING_ROLES.contains(&r));
+        if !known {
+            v.add(
+                format!("{at}.roles[{j}]"),
+                format!("role {r:?} cannot answer: use submitter, approver, operator or admin"),
+            );
+        }
+    }
+}
+
+/// The model a task runs: an LLM task's, or a conversation's orchestrator.
+pub(crate) fn model_task(kind: Option<&Kind>) -> Option<&switchyard_proto::executor::v1::LlmTask> {
+    match kind {
+        Some(Kind::Llm(l)) => Some(l),
+        Some(Kind::Conversation(c)) => c.orchestrator.as_ref(),
+        _ => None,
+    }
+}
+
+/// A conversation task: its orchestrator is an LLM task without a prompt
+/// or structured answer (each message is a turn's prompt, each reply text).
+fn check_conversation(
+    v: &mut Violations,
+    reason: &mut Reason,
+    specific: &mut impl FnMut(Reason, &mut Reason),
+    at: &str,
+    c: &switchyard_proto::executor::v1::ConversationTask,
+) {
+    let at = format!("{at}.conversation");
+    match &c.orchestrator {
+        None => v.add(
+            format!("{at}.orchestrator"),
+            "orchestrator is required: the model (and its instructions, tools and agents) that answers",
+        ),
+        Some(o) => {
+            let oat = format!("{at}.orchestrator");
+            check_llm(v, reason, specific, &oat, o);
+            if !o.prompt.is_empty() {
                 v.add(
-                    format!("{at}.input.answerers.subjects[{j}]"),
-                    "a subject is 1 to 255 characters without control characters",
+                    format!("{oat}.prompt"),
+                    "a conversation's orchestrator takes no prompt: each message is its turn's prompt (put standing instructions in instructions)",
+                );
+            }
+            if !o.output_format.is_empty() || o.output_schema.is_some() || o.artifact.is_some() {
+                v.add(
+                    format!("{oat}.output_format"),
+                    "a conversation answers in text: remove output_format, output_schema and artifact",
                 );
             }
         }
-        for (j, r) in a.roles.iter().enumerate() {
-            let known = switchyard_kit::auth::Role::parse(r)
-                .is_some_and(|r| crate::input::ANSWERING_ROLES.contains(&r));
-            if !known {
-                v.add(
-                    format!("{at}.input.answerers.roles[{j}]"),
-                    format!("role {r:?} cannot answer: use submitter, approver, operator or admin"),
-                );
-            }
-        }
+    }
+    if u64::from(c.idle_secs) > crate::input::MAX_WAIT_SECS {
+        v.add(
+            format!("{at}.idle_secs"),
+            format!(
+                "idle_secs must be at most {} (30 days), got {}",
+                crate::input::MAX_WAIT_SECS,
+                c.idle_secs
+            ),
+        );
+    }
+    if c.max_messages > crate::conversation::MAX_MESSAGES {
+        v.add(
+            format!("{at}.max_messages"),
+            format!(
+                "max_messages must be at most {}, got {}",
+                crate::conversation::MAX_MESSAGES,
+                c.max_messages
+            ),
+        );
+    }
+    if let Some(a) = &c.participants {
+        check_answerers(v, &format!("{at}.participants"), a);
     }
 }
 
@@ -449,13 +525,13 @@ fn check_llm(
     l: &switchyard_proto::executor::v1::LlmTask,
 ) {
     if l.model.is_empty() {
-        v.add(format!("{at}.llm.model"), "model is required");
+        v.add(format!("{at}.model"), "model is required");
     }
     if let Some(t) = l.temperature
         && !(0.0..=2.0).contains(&t)
     {
         v.add(
-            format!("{at}.llm.temperature"),
+            format!("{at}.temperature"),
             format!("temperature must be between 0.0 and 2.0, got {t}"),
         );
         specific(Reason::AgentInvalidParameter, reason);
@@ -465,13 +541,13 @@ fn check_llm(
         ("token_budget", l.token_budget),
     ] {
         if let Some(Err(e)) = tokens.map(|t| check_tokens(t, field)) {
-            v.add(format!("{at}.llm.{field}"), e);
+            v.add(format!("{at}.{field}"), e);
             specific(Reason::AgentInvalidParameter, reason);
         }
     }
     let mut seen = HashSet::new();
     for (j, tool) in l.tools.iter().enumerate() {
-        let field = format!("{at}.llm.tools[{j}].name");
+        let field = format!("{at}.tools[{j}].name");
         if let Err(e) = tool_name(&tool.name) {
             v.add(field, e);
             specific(Reason::AgentInvalidParameter, reason);
@@ -556,6 +632,18 @@ pub fn templated(t: &TaskSpec) -> Vec<(String, Value)> {
             .map(|(j, a)| (format!("command.args[{j}]"), Value::String(a.clone())))
             .collect(),
         Some(Kind::Input(t)) => vec![("input.prompt".into(), Value::String(t.prompt.clone()))],
+        // Messages are taken as written; the instructions may read the
+        // job's input.
+        Some(Kind::Conversation(c)) => c
+            .orchestrator
+            .iter()
+            .map(|o| {
+                (
+                    "conversation.orchestrator.instructions".into(),
+                    Value::String(o.instructions.clone()),
+                )
+            })
+            .collect(),
         // A worker gets its payload as submitted: no templates.
         Some(Kind::Queue(_)) | None => Vec::new(),
     }

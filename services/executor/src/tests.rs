@@ -307,7 +307,10 @@ fn every_field_that_does_not_fit_is_reported_at_once_with_the_field_meant() {
     assert!(has("tasks[1].timeout_secs", "invalid type"), "{got:?}");
     // Read without the unknown field, task a has no kind: said in the same answer.
     assert!(
-        has("tasks[0]", "exactly one of command, agent, llm or input"),
+        has(
+            "tasks[0]",
+            "exactly one of command, agent, llm, input or conversation"
+        ),
         "{got:?}"
     );
     assert_eq!(got.len(), 5, "{got:?}");

@@ -228,6 +228,24 @@ impl Jobs {
         as_caller!(ExecutorClient, self.0, c, list_input_requests, req)
     }
 
+    /// SendMessage.
+    pub async fn send_message(
+        &self,
+        c: &Caller,
+        req: SendMessageRequest,
+    ) -> Result<SendMessageResponse, Status> {
+        as_caller!(ExecutorClient, self.0, c, send_message, req)
+    }
+
+    /// ListMessages.
+    pub async fn messages(
+        &self,
+        c: &Caller,
+        req: ListMessagesRequest,
+    ) -> Result<ListMessagesResponse, Status> {
+        as_caller!(ExecutorClient, self.0, c, list_messages, req)
+    }
+
     /// RetryDeadLetter.
     pub async fn retry_dead_letter(&self, c: &Caller, job_id: &str) -> Result<Job, Status> {
         let req = RetryDeadLetterRequest {

@@ -124,7 +124,12 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
     ];
     // Who may answer a given input task is the task's to say; the RPCs
     // are open to the people who could be named.
-    const ANSWER: &[&str] = &["JobService/SendInput", "JobService/ListInputRequests"];
+    const ANSWER: &[&str] = &[
+        "JobService/SendInput",
+        "JobService/ListInputRequests",
+        "JobService/SendMessage",
+        "JobService/ListMessages",
+    ];
     const READ_BUDGETS: &[&str] = &[
         "LedgerService/GetBudget",
         "LedgerService/ListBudgets",

@@ -677,6 +677,14 @@ pub(crate) const DOOR_RPCS: &[(&str, &str)] = &[
         "JobService/ListInputRequests",
     ),
     ("POST /aitp/tasks/{task_id}/input", "JobService/SendInput"),
+    (
+        "GET /aitp/tasks/{task_id}/messages",
+        "JobService/ListMessages",
+    ),
+    (
+        "POST /aitp/tasks/{task_id}/messages",
+        "JobService/SendMessage",
+    ),
     ("PLAN.SUBMIT", "JobService/SubmitJob"),
     ("JOB.SUBMIT", "JobService/SubmitJob"),
     ("JOB.STATUS", "JobService/GetJob"),
@@ -761,6 +769,7 @@ async fn the_authorization_matrix_holds_for_every_gateway_route_and_verb() {
                             json!({"jobs": [{"type": "m.x", "args": []}]}).to_string()
                         }
                         "/aitp/tasks/{task_id}/input" => json!({"answer": 1}).to_string(),
+                        "/aitp/tasks/{task_id}/messages" => json!({"text": "hi"}).to_string(),
                         r if r.starts_with("/ojs/") => {
                             json!({"type": "m.x", "args": [], "queues": ["m"], "worker_id": "w"})
                                 .to_string()

@@ -57,6 +57,7 @@ const MODELS: &[&str] = &[
     "m-gate-cancel",
     "m-gate-price",
     "m-pr",
+    "m-chat",
 ];
 
 /// Served over Anthropic's Messages wire by the same server, same prices.

@@ -7,6 +7,7 @@ mod a2a;
 mod adapters;
 mod auth;
 mod console;
+mod conversation;
 mod executor;
 mod gateway;
 mod input;

@@ -5,32 +5,9 @@
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed spawn or pipe is a failed test
 
-use std::io::Write as _;
 use std::process::{Command, Output, Stdio};
 
 use crate::support::*;
-
-/// Runs the CLI against `url` with `stdin` as its standard input.
-fn cli_stdin(url: &str, args: &[&str], stdin: &str) -> Output {
-    let mut cmd = Command::new(BIN);
-    cmd.args(args)
-        .env("SWITCHYARD_URL", url)
-        .current_dir(repo_root())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if let Some(c) = credentials_for(url) {
-        cmd.env("SWITCHYARD_CREDENTIALS", c);
-    }
-    let mut child = cmd.spawn().unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
-}
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod conversation;
 mod deploy;
 mod executor_replicas;
 mod executor_split;

@@ -17,8 +17,9 @@ pub enum Permission {
     JobRead,
     /// Cancel a job.
     JobCancel,
-    /// Answer a task waiting for input (SendInput) and list such requests;
-    /// the input task itself says who of those holding it may answer.
+    /// Answer a task waiting for input (SendInput) and list such requests,
+    /// and talk in conversations (SendMessage, ListMessages); the task
+    /// itself says who of those holding it may answer or take part.
     JobAnswer,
     /// Propose an approval run (services, for their users).
     RunPropose,
@@ -235,7 +236,9 @@ pub fn access(path: &str) -> Access {
                 needs(P::JobRead)
             }
             "CancelJob" => needs(P::JobCancel),
-            "SendInput" | "ListInputRequests" => needs(P::JobAnswer),
+            "SendInput" | "ListInputRequests" | "SendMessage" | "ListMessages" => {
+                needs(P::JobAnswer)
+            }
             "PruneJobs" => needs(P::JobPrune),
             "RetryDeadLetter" | "DeleteDeadLetter" => needs(P::DeadLetterManage),
             _ => Access::Unknown,
@@ -286,6 +289,16 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
         (
             "POST",
             "/aitp/tasks/{task_id}/input",
+            Access::Needs(P::JobAnswer),
+        ),
+        (
+            "GET",
+            "/aitp/tasks/{task_id}/messages",
+            Access::Needs(P::JobAnswer),
+        ),
+        (
+            "POST",
+            "/aitp/tasks/{task_id}/messages",
             Access::Needs(P::JobAnswer),
         ),
         // The OJS binding: producers (submitters), workers (agents and

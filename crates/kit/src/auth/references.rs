@@ -375,6 +375,26 @@ pub const REFERENCES: &[Reference] = &[
         "a filter over the requests the caller may answer",
     ),
     r(
+        "switchyard.executor.v1.SendMessageRequest.job_id",
+        Visible,
+        "executor conversation::send_message (visible, or a tenant member the conversation names; else NOT_FOUND)",
+    ),
+    r(
+        "switchyard.executor.v1.SendMessageRequest.task_id",
+        Visible,
+        "executor conversation::send_message: a conversation task of that job",
+    ),
+    r(
+        "switchyard.executor.v1.ListMessagesRequest.job_id",
+        Visible,
+        "executor conversation::list_messages (visible, or a participant; else NOT_FOUND)",
+    ),
+    r(
+        "switchyard.executor.v1.ListMessagesRequest.task_id",
+        Visible,
+        "executor conversation::list_messages: a conversation task of that job",
+    ),
+    r(
         "switchyard.executor.v1.TaskRef.job_id",
         Visible,
         "executor queue: the lease's job, held by this worker",

@@ -155,6 +155,14 @@ fn agent_schema() -> Value {
     })
 }
 
+/// One turn of a conversation: its message and what was said before.
+pub(crate) struct Turn {
+    /// The conversation so far (user and assistant messages in turn).
+    pub(crate) history: Vec<switchyard_llm::Message>,
+    /// The message to answer.
+    pub(crate) text: String,
+}
+
 /// The loop's host for one attempt of one LLM task.
 struct TaskHost<'a> {
     x: &'a Executor,
@@ -172,18 +180,46 @@ struct TaskHost<'a> {
 impl Attempt<'_> {
     /// One attempt of an LLM task.
     pub(crate) async fn llm(&self, l: &LlmTask) -> Outcome {
-        let (x, snap) = (self.x, self.snap);
-        let (spec, routes, gated) = match self.loop_spec(l).await {
-            Ok(x) => x,
+        let (report, failure, children) = match self.run_loop(l, None).await {
+            Ok(ran) => ran,
             Err(out) => return out,
         };
+        let failure = match failure {
+            Some(f) => Some(f),
+            None => self.answer_artifact(l, &report),
+        };
+        Outcome {
+            failure,
+            status: Some(llm_status(&self.snap.task.id, &report, children)),
+            settled: None,
+        }
+    }
+
+    /// One run of the agent loop for `l` (from the attempt's checkpoint,
+    /// if it has one), or for one turn of a conversation: what it did,
+    /// how it failed, and the child jobs it created.
+    pub(crate) async fn run_loop(
+        &self,
+        l: &LlmTask,
+        turn: Option<Turn>,
+    ) -> Result<(agent::Report, Option<crate::schedule::Failure>, Vec<String>), Outcome> {
+        let (x, snap) = (self.x, self.snap);
+        let from = match turn {
+            None => snap.resume.as_deref().cloned(),
+            Some(_) => None,
+        };
+        let (spec, routes, gated) = self.loop_spec(l, turn).await?;
         if let Err(e) = x
             .inner
             .book
             .durable_for(&snap.job_id, snap.start_g, snap.lease)
             .await
         {
-            return Outcome::fail(Class::Other, Reason::StorageFailure, e.to_string());
+            return Err(Outcome::fail(
+                Class::Other,
+                Reason::StorageFailure,
+                e.to_string(),
+            ));
         }
         let host = TaskHost {
             x,
@@ -196,14 +232,10 @@ impl Attempt<'_> {
             spender: self.spender(),
             gated,
         };
-        let from = snap.resume.as_deref().cloned();
         let ran = agent::resume(&x.inner.clients.llm, &spec, &host, from).await;
         let children = host.children.lock().map(|c| c.clone()).unwrap_or_default();
         let (report, failure) = match ran {
-            Ok(r) => {
-                let refused = self.answer_artifact(l, &r);
-                (r, refused)
-            }
+            Ok(r) => (r, None),
             Err(f) => {
                 let class = match f.reason {
                     Reason::AgentTokenBudgetExceeded => Class::Budget,
@@ -219,11 +251,7 @@ impl Attempt<'_> {
                 (*f.report, Some(failure))
             }
         };
-        Outcome {
-            failure,
-            status: Some(llm_status(&snap.task.id, &report, children)),
-            settled: None,
-        }
+        Ok((report, failure, children))
     }
 
     /// Keeps the answer as the artifact the task asks for (`ext_agent_artifact`):
@@ -260,10 +288,16 @@ impl Attempt<'_> {
     async fn loop_spec(
         &self,
         l: &LlmTask,
+        turn: Option<Turn>,
     ) -> Result<(agent::Spec, HashMap<String, Route>, HashSet<String>), Outcome> {
         let (snap, timeout) = (self.snap, self.timeout);
         let text = |s: &str| snap.resolve_text(s);
-        let (prompt, instructions) = match (text(&l.prompt), text(&l.instructions)) {
+        // A person's message is taken as written: templates in it are text.
+        let (prompt, history) = match turn {
+            Some(t) => (Ok(t.text), t.history),
+            None => (text(&l.prompt), Vec::new()),
+        };
+        let (prompt, instructions) = match (prompt, text(&l.instructions)) {
             (Ok(p), Ok(i)) => (p, i),
             (Err(e), _) | (_, Err(e)) => {
                 return Err(Outcome::fail(
@@ -300,6 +334,7 @@ impl Attempt<'_> {
             max_turns: or(u64::from(l.max_turns), u64::from(cfg.llm_max_turns)) as u32,
             max_tokens_per_invocation: l.max_tokens_per_invocation,
             deadline: Instant::now() + time_budget,
+            history,
             tool_timeout: Duration::from_millis(or(l.tool_timeout_ms, cfg.tool_timeout_ms)),
         };
         Ok((spec, routes, gated))

@@ -10,6 +10,7 @@
 
 pub(crate) mod agent;
 pub(crate) mod command;
+pub(crate) mod conversation;
 pub(crate) mod gate;
 pub(crate) mod input;
 pub(crate) mod llm;
@@ -185,6 +186,7 @@ impl Attempt<'_> {
             Some(Kind::Llm(l)) => self.llm(&l).await,
             Some(Kind::Queue(q)) => self.queue(&q).await,
             Some(Kind::Input(t)) => self.input(&t).await,
+            Some(Kind::Conversation(c)) => self.conversation(&c).await,
             None => Outcome::fail(
                 Class::Permanent,
                 Reason::InvalidArgument,

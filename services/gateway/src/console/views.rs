@@ -132,6 +132,13 @@ pub fn task_kind(t: &TaskSpec) -> (String, String) {
     match &t.kind {
         Some(task_spec::Kind::Agent(a)) => ("agent".into(), a.capability.clone()),
         Some(task_spec::Kind::Llm(l)) => ("llm".into(), l.model.clone()),
+        Some(task_spec::Kind::Conversation(c)) => (
+            "conversation".into(),
+            c.orchestrator
+                .as_ref()
+                .map(|o| o.model.clone())
+                .unwrap_or_default(),
+        ),
         Some(task_spec::Kind::Command(c)) => {
             let mut s = c.command.clone();
             for a in c.args.iter().take(4) {

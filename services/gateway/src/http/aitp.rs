@@ -32,6 +32,177 @@ pub(super) fn routes() -> Router<Arc<Door>> {
             "/aitp/tasks/{task_id}/input",
             get(input_requests).post(input),
         )
+        .route(
+            "/aitp/tasks/{task_id}/messages",
+            get(messages).post(message),
+        )
+}
+
+/// The body of `POST /aitp/tasks/{task_id}/messages`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MessageBody {
+    /// What to say (empty only with `close`).
+    #[serde(default)]
+    text: String,
+    /// End the conversation (after answering `text`, if any).
+    #[serde(default)]
+    close: bool,
+    /// The conversation step (`subtask_id`); empty when the task has one.
+    #[serde(default)]
+    subtask_id: String,
+    /// Makes a retry safe (else the `Idempotency-Key` header).
+    #[serde(default)]
+    idempotency_key: String,
+}
+
+/// `POST /aitp/tasks/{task_id}/messages`: sends a message to a
+/// conversation (SendMessage). 202 with its number once it is durable; with
+/// `Accept: text/event-stream`, the reply instead, as it is generated:
+/// `llm.delta` events, then `conversation.replied`, then the stream ends.
+async fn message(
+    State(door): State<Arc<Door>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    headers: http::HeaderMap,
+    body: Body,
+) -> Result<Response, Failure> {
+    let (body, key) = door
+        .keyed_json::<MessageBody>(
+            body,
+            "message",
+            "{\"text\": …, \"close\": …, \"subtask_id\": …, \"idempotency_key\": …}",
+            &headers,
+            |b| b.idempotency_key.clone(),
+        )
+        .await?;
+    // A bare close has no reply to stream.
+    let req_closes_only = body.close && body.text.is_empty();
+    let req = switchyard_proto::executor::v1::SendMessageRequest {
+        job_id: id.clone(),
+        task_id: body.subtask_id,
+        text: body.text,
+        close: body.close,
+        idempotency_key: key,
+    };
+    let out = door.jobs.send_message(&caller, req).await?;
+    let streams = headers
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("text/event-stream"));
+    if streams && !out.replayed && !req_closes_only {
+        let watched = door.jobs.watch(&caller, &id, out.event_sequence).await?;
+        let (task, seq) = (out.task_id.clone(), out.seq);
+        // The task's deltas, then its reply to this message; then the end.
+        let reply = futures_util::stream::unfold((watched, false), move |(mut w, done)| {
+            let task = task.clone();
+            async move {
+                if done {
+                    return None;
+                }
+                loop {
+                    let e = match w.next().await? {
+                        Ok(r) => r.event,
+                        Err(_) => return None,
+                    };
+                    let Some(e) = e.filter(|e| {
+                        e.task_id == task
+                            && (e.kind == "llm.delta" || e.kind == "conversation.replied")
+                    }) else {
+                        continue;
+                    };
+                    let last = e.kind == "conversation.replied" && replied_seq(&e) == Some(seq);
+                    let ev = Event::default()
+                        .id(e.sequence.to_string())
+                        .event(sse_name(&e.kind))
+                        .json_data(shapes::event(&e))
+                        .unwrap_or_default();
+                    return Some((Ok::<_, std::convert::Infallible>(ev), (w, last)));
+                }
+            }
+        })
+        .take_until(async move { door.shutdown.wait().await });
+        return Ok(Sse::new(reply)
+            .keep_alive(KeepAlive::default())
+            .into_response());
+    }
+    Ok((
+        http::StatusCode::ACCEPTED,
+        axum::Json(serde_json::json!({
+            "subtask_id": out.task_id,
+            "seq": out.seq,
+            "replayed": out.replayed,
+            "event_sequence": out.event_sequence,
+        })),
+    )
+        .into_response())
+}
+
+/// The message number a `conversation.replied` event answers.
+fn replied_seq(e: &switchyard_proto::common::v1::Event) -> Option<u32> {
+    match e.data.as_ref()?.fields.get("seq")?.kind.as_ref()? {
+        prost_types::value::Kind::NumberValue(n) => Some(*n as u32),
+        _ => None,
+    }
+}
+
+/// Query of `GET /aitp/tasks/{task_id}/messages`.
+#[derive(serde::Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+struct MessagesQuery {
+    /// Only messages numbered above this.
+    after_seq: u32,
+    /// The conversation step; empty when the task has one.
+    subtask_id: String,
+}
+
+/// `GET /aitp/tasks/{task_id}/messages`: the conversation so far
+/// (ListMessages): each message with its reply.
+async fn messages(
+    State(door): State<Arc<Door>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    axum::extract::Query(q): axum::extract::Query<MessagesQuery>,
+) -> Result<Response, Failure> {
+    let req = switchyard_proto::executor::v1::ListMessagesRequest {
+        job_id: id.clone(),
+        task_id: q.subtask_id,
+        after_seq: q.after_seq,
+    };
+    let out = door.jobs.messages(&caller, req).await?;
+    let ms =
+        |t: &Option<prost_types::Timestamp>| t.as_ref().map(switchyard_kit::time::timestamp_ms);
+    let turns: Vec<serde_json::Value> = out
+        .turns
+        .iter()
+        .map(|t| {
+            serde_json::json!({
+                "seq": t.seq,
+                "text": t.text,
+                "by": t.by,
+                "close": t.close,
+                "sent_at_ms": ms(&t.sent_at),
+                "reply": t.reply.as_ref().map(|r| serde_json::json!({
+                    "outcome": switchyard_proto::executor::v1::ReplyOutcome::try_from(r.outcome)
+                        .map(|o| o.as_str_name().trim_start_matches("REPLY_OUTCOME_").to_ascii_lowercase())
+                        .unwrap_or_default(),
+                    "text": r.text,
+                    "model": r.model,
+                    "total_tokens": r.usage.as_ref().map_or(0, |u| u.total_tokens),
+                    "reason": r.reason,
+                    "replied_at_ms": ms(&r.replied_at),
+                })),
+            })
+        })
+        .collect();
+    Ok(axum::Json(serde_json::json!({
+        "task_id": id,
+        "subtask_id": out.task_id,
+        "open": out.open,
+        "waiting": out.waiting,
+        "messages": turns,
+    }))
+    .into_response())
 }
 
 /// The body of `POST /aitp/tasks/{task_id}/input`.
@@ -58,23 +229,15 @@ async fn input(
     headers: http::HeaderMap,
     body: Body,
 ) -> Result<Response, Failure> {
-    let bytes = door.read_body(body, "answer").await?;
-    let body: InputBody = serde_json::from_slice(&bytes).map_err(|e| {
-        let mut v = switchyard_core::Violations::new();
-        v.add(
-            "body",
-            format!("expected {{\"answer\": …, \"subtask_id\": …, \"idempotency_key\": …}}: {e}"),
-        );
-        switchyard_kit::error::invalid_argument(Reason::MalformedRequest, &v)
-    })?;
-    let key = match body.idempotency_key.as_str() {
-        "" => headers
-            .get("idempotency-key")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned(),
-        k => k.to_owned(),
-    };
+    let (body, key) = door
+        .keyed_json::<InputBody>(
+            body,
+            "answer",
+            "{\"answer\": …, \"subtask_id\": …, \"idempotency_key\": …}",
+            &headers,
+            |b| b.idempotency_key.clone(),
+        )
+        .await?;
     let req = switchyard_proto::executor::v1::SendInputRequest {
         job_id: id,
         task_id: body.subtask_id,

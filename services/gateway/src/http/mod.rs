@@ -76,6 +76,34 @@ impl Door {
             )
         })
     }
+
+    /// A JSON body of a write that may be retried: read within the limit,
+    /// parsed as `T` (`shape` says what was expected), and its client key —
+    /// `body_key` of `T` when given, else the `Idempotency-Key` header.
+    pub(crate) async fn keyed_json<T: serde::de::DeserializeOwned>(
+        &self,
+        body: axum::body::Body,
+        what: &str,
+        shape: &str,
+        headers: &http::HeaderMap,
+        body_key: impl FnOnce(&T) -> String,
+    ) -> Result<(T, String), Status> {
+        let bytes = self.read_body(body, what).await?;
+        let parsed: T = serde_json::from_slice(&bytes).map_err(|e| {
+            let mut v = switchyard_core::Violations::new();
+            v.add("body", format!("expected {shape}: {e}"));
+            switchyard_kit::error::invalid_argument(Reason::MalformedRequest, &v)
+        })?;
+        let key = match body_key(&parsed) {
+            k if !k.is_empty() => k,
+            _ => headers
+                .get("idempotency-key")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned(),
+        };
+        Ok((parsed, key))
+    }
 }
 
 /// An error answered in the envelope, with the request's correlation id.

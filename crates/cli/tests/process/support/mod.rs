@@ -1,7 +1,7 @@
 //! Starting real `switchyard` processes and running CLI commands in tests.
 #![allow(dead_code, clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
@@ -264,6 +264,28 @@ pub fn cli(url: &str, args: &[&str]) -> Output {
         cmd.env("SWITCHYARD_CREDENTIALS", c);
     }
     cmd.output().expect("run switchyard cli")
+}
+
+/// Runs the CLI against `url` with `stdin` as its standard input.
+pub fn cli_stdin(url: &str, args: &[&str], stdin: &str) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .env("SWITCHYARD_URL", url)
+        .current_dir(repo_root())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(c) = credentials_for(url) {
+        cmd.env("SWITCHYARD_CREDENTIALS", c);
+    }
+    let mut child = cmd.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
 }
 
 /// The path of an outside tool the tests drive, from `var` (`make test`

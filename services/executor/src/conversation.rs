@@ -1,0 +1,571 @@
+//! Conversations: a task (`ConversationTask`) whose orchestrator answers
+//! each message people send with SendMessage, until it is closed, has had
+//! its messages, or nobody writes for its idle time.
+//!
+//! A message is recorded (`conversation.message`, numbered in order, with
+//! the caller's idempotency key) and durable before SendMessage returns;
+//! the task's attempt answers the messages in order, one reply
+//! (`conversation.replied`) per message. Both live in the job's log, which
+//! is the conversation: [`Talk`] is rebuilt from it, so after a crash the
+//! attempt answers the first message without a reply, and nothing is
+//! answered twice or lost. Who may send is the task's `participants`, with
+//! the rules of an input task's answerers ([`crate::input::may_answer`]).
+
+use switchyard_core::Reason;
+use switchyard_core::lifecycle::TaskState;
+use switchyard_kit::auth::Principal;
+use switchyard_llm::{Message, Role};
+use switchyard_proto::executor::v1::task_spec::Kind;
+use switchyard_proto::executor::v1::{
+    ConversationReply, ConversationTask, ConversationTurn, ListMessagesRequest,
+    ListMessagesResponse, LlmUsage, ReplyOutcome, SendMessageRequest, SendMessageResponse,
+};
+
+use crate::Executor;
+use crate::book::{Change, finished};
+use crate::error::ExecutorError;
+use crate::events::{self, JobEvent};
+use crate::input::{Delivery, may_answer};
+use crate::job::JobEntry;
+
+/// How long a conversation waits for a message when its spec says 0.
+pub(crate) const DEFAULT_IDLE_SECS: u64 = 86_400;
+/// The most messages a conversation may be given.
+pub(crate) const MAX_MESSAGES: u32 = 1_000;
+/// Messages when the spec says 0.
+pub(crate) const DEFAULT_MESSAGES: u32 = 100;
+/// The longest message, characters.
+pub(crate) const MAX_TEXT_CHARS: usize = 16_000;
+
+/// `conversation.replied` outcomes.
+pub(crate) const ANSWERED: &str = "answered";
+/// The budget is used up; the conversation stays open.
+pub(crate) const PAUSED: &str = "paused";
+/// The turn failed; the conversation stays open.
+pub(crate) const FAILED: &str = "failed";
+
+/// `conversation.ended` reasons.
+pub(crate) const CLOSED: &str = "closed";
+/// Nobody wrote for the idle time.
+pub(crate) const IDLE: &str = "idle";
+/// The last message it takes was answered.
+pub(crate) const FULL: &str = "max_messages";
+
+/// A conversation task's idle time, seconds.
+pub(crate) fn idle_secs(c: &ConversationTask) -> u64 {
+    match u64::from(c.idle_secs) {
+        0 => DEFAULT_IDLE_SECS,
+        s => s.min(crate::input::MAX_WAIT_SECS),
+    }
+}
+
+/// The most messages a conversation takes.
+pub(crate) fn max_messages(c: &ConversationTask) -> u32 {
+    match c.max_messages {
+        0 => DEFAULT_MESSAGES,
+        n => n.min(MAX_MESSAGES),
+    }
+}
+
+/// One message and its reply.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Turn {
+    /// The message.
+    pub message: events::MessageReceived,
+    /// Its reply, once recorded.
+    pub reply: Option<events::Replied>,
+}
+
+/// A conversation as its log says: every message with its reply, and its
+/// end.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Talk {
+    /// Messages in order (message `seq` is `turns[seq - 1]`).
+    pub turns: Vec<Turn>,
+    /// How it ended, once it did.
+    pub ended: Option<events::ConversationEnded>,
+}
+
+impl Talk {
+    /// Applies one of the conversation's records.
+    pub(crate) fn apply(&mut self, ev: &JobEvent) {
+        match ev {
+            JobEvent::MessageReceived(m) => self.turns.push(Turn {
+                message: m.clone(),
+                reply: None,
+            }),
+            JobEvent::Replied(r) => {
+                let at = (r.seq as usize).checked_sub(1);
+                if let Some(t) = at.and_then(|i| self.turns.get_mut(i)) {
+                    t.reply = Some(r.clone());
+                }
+            }
+            JobEvent::ConversationEnded(e) => self.ended = Some(e.clone()),
+            _ => {}
+        }
+    }
+
+    /// The first message still to be answered (a bare close needs none).
+    pub(crate) fn pending(&self) -> Option<&Turn> {
+        self.turns
+            .iter()
+            .find(|t| t.reply.is_none() && !t.message.text.is_empty())
+    }
+
+    /// Who asked to close it, if someone did.
+    pub(crate) fn closed_by(&self) -> Option<&str> {
+        self.turns
+            .iter()
+            .find(|t| t.message.close)
+            .map(|t| t.message.by.as_str())
+    }
+
+    /// What the model is shown before message `seq`: each earlier message
+    /// that was answered, with its answer. Unanswered ones (paused or
+    /// failed turns) are left out, so the model sees a conversation that
+    /// alternates as it expects.
+    pub(crate) fn history(&self, seq: u32) -> Vec<Message> {
+        let mut out = Vec::new();
+        for t in self.turns.iter().take_while(|t| t.message.seq < seq) {
+            if let Some(r) = t.reply.as_ref().filter(|r| r.outcome == ANSWERED) {
+                out.push(Message::text(Role::User, t.message.text.clone()));
+                out.push(Message::text(Role::Assistant, r.text.clone()));
+            }
+        }
+        out
+    }
+
+    /// The last time someone wrote or was answered, ms since the epoch.
+    pub(crate) fn last_activity_ms(&self) -> Option<u64> {
+        self.turns
+            .iter()
+            .flat_map(|t| [Some(t.message.at_ms), t.reply.as_ref().map(|r| r.at_ms)])
+            .flatten()
+            .max()
+    }
+
+    /// Tokens and model calls over every turn.
+    pub(crate) fn usage(&self) -> LlmUsage {
+        let mut u = LlmUsage::default();
+        for r in self.turns.iter().filter_map(|t| t.reply.as_ref()) {
+            u.prompt_tokens += r.prompt_tokens;
+            u.completion_tokens += r.completion_tokens;
+            u.total_tokens += r.total_tokens;
+            u.llm_calls += r.llm_calls;
+            u.turns += 1;
+        }
+        u
+    }
+
+    /// The message sent with `key`, if one was.
+    fn sent_with(&self, key: &str) -> Option<&Turn> {
+        if key.is_empty() {
+            return None;
+        }
+        self.turns.iter().find(|t| t.message.idempotency_key == key)
+    }
+}
+
+/// The conversation task `task_id` of `e`, if it is one.
+pub(crate) fn conversation_task<'a>(
+    e: &'a JobEntry,
+    task_id: &str,
+) -> Option<&'a ConversationTask> {
+    let i = *e.index.get(task_id)?;
+    match &e.spec().tasks[i].kind {
+        Some(Kind::Conversation(c)) => Some(c),
+        _ => None,
+    }
+}
+
+/// The conversation a request means: the task it names, else the job's
+/// only conversation. Refused as closed when it names something else.
+fn which<'e>(
+    e: &'e JobEntry,
+    task_id: &str,
+) -> Result<(String, &'e ConversationTask), ExecutorError> {
+    if !task_id.is_empty() {
+        return match conversation_task(e, task_id) {
+            Some(c) => Ok((task_id.to_owned(), c)),
+            None => Err(closed(format!(
+                "task {task_id:?} of job {:?} is not a conversation (or does not exist)",
+                e.id()
+            ))),
+        };
+    }
+    let mut all = e.spec().tasks.iter().filter_map(|t| match &t.kind {
+        Some(Kind::Conversation(c)) => Some((t.id.clone(), c)),
+        _ => None,
+    });
+    match (all.next(), all.next()) {
+        (Some(one), None) => Ok(one),
+        (None, _) => Err(closed(format!("job {:?} has no conversation task", e.id()))),
+        (Some(_), Some(_)) => Err(ExecutorError::Input(
+            Reason::InvalidArgument,
+            format!(
+                "job {:?} has several conversations; name one in task_id",
+                e.id()
+            ),
+        )),
+    }
+}
+
+fn closed(why: String) -> ExecutorError {
+    ExecutorError::Input(Reason::ConversationClosed, why)
+}
+
+/// Refuses `p` unless it takes part in conversation `c`: NOT_FOUND when it
+/// cannot see the job either, CONVERSATION_NOT_ALLOWED when it can.
+fn authorize(p: &Principal, e: &JobEntry, c: &ConversationTask) -> Result<(), ExecutorError> {
+    let (tenant, owner) = (&e.job.tenant, &e.job.submitted_by);
+    if may_answer(p, tenant, owner, c.participants.as_ref()) {
+        return Ok(());
+    }
+    if p.may_see(tenant, owner) {
+        return Err(ExecutorError::Input(
+            Reason::ConversationNotAllowed,
+            format!(
+                "{:?} does not take part in this conversation: it takes messages from {}",
+                p.acting_subject(),
+                crate::input::describe(c.participants.as_ref())
+            ),
+        ));
+    }
+    Err(ExecutorError::NotFound(e.id().into()))
+}
+
+/// Why conversation `task_id` of `e` takes no message, if it does not.
+fn refusal(e: &JobEntry, task_id: &str, c: &ConversationTask, talk: &Talk) -> Option<String> {
+    let state = e.task_state(e.index[task_id]);
+    let job = e.id();
+    if let Some(end) = &talk.ended {
+        let how = match end.why.as_str() {
+            CLOSED => format!("{} closed it", end.by),
+            IDLE => "nobody wrote within its idle time".to_owned(),
+            _ => format!("it had its {} messages", end.messages),
+        };
+        return Some(format!(
+            "the conversation {task_id:?} of job {job:?} has ended: {how}; start a new one"
+        ));
+    }
+    if let Some(by) = talk.closed_by() {
+        return Some(format!(
+            "the conversation {task_id:?} of job {job:?} is closing: {by} closed it"
+        ));
+    }
+    let max = max_messages(c);
+    if talk.turns.len() as u32 >= max {
+        return Some(format!(
+            "the conversation {task_id:?} of job {job:?} has had its {max} messages (max_messages); start a new one"
+        ));
+    }
+    if finished(e.state()) || state.is_terminal() {
+        return Some(format!(
+            "the conversation {task_id:?} of job {job:?} has ended: the task is {state} and the job {}",
+            e.state()
+        ));
+    }
+    None
+}
+
+/// A conversation's turns as the API shows them, from message `after` on.
+fn turns(talk: &Talk, after: u32) -> Vec<ConversationTurn> {
+    talk.turns
+        .iter()
+        .filter(|t| t.message.seq > after)
+        .map(|t| ConversationTurn {
+            seq: t.message.seq,
+            text: t.message.text.clone(),
+            by: t.message.by.clone(),
+            sent_at: Some(switchyard_kit::time::timestamp(t.message.at_ms)),
+            close: t.message.close,
+            reply: t.reply.as_ref().map(|r| ConversationReply {
+                outcome: match r.outcome.as_str() {
+                    ANSWERED => ReplyOutcome::Answered,
+                    PAUSED => ReplyOutcome::Paused,
+                    _ => ReplyOutcome::Failed,
+                } as i32,
+                text: r.text.clone(),
+                model: r.model.clone(),
+                usage: Some(LlmUsage {
+                    prompt_tokens: r.prompt_tokens,
+                    completion_tokens: r.completion_tokens,
+                    total_tokens: r.total_tokens,
+                    llm_calls: r.llm_calls,
+                    turns: 1,
+                }),
+                reason: r.reason.clone(),
+                replied_at: Some(switchyard_kit::time::timestamp(r.at_ms)),
+            }),
+        })
+        .collect()
+}
+
+/// A conversation's state read from a stored job's log (a job not held
+/// here: finished, or running on another replica).
+async fn stored_talks(x: &Executor, job_id: &str) -> Result<Option<JobEntry>, ExecutorError> {
+    let store = &x.inner.book.store;
+    let Some(mut e) = store.load(job_id, false).await? else {
+        return Ok(None);
+    };
+    for ev in store
+        .events(job_id, 0, e.job.last_sequence, &e.events)
+        .await?
+    {
+        if let Ok(Some(j)) = JobEvent::decode(&ev.kind, ev.data.as_ref())
+            && matches!(
+                j,
+                JobEvent::MessageReceived(_)
+                    | JobEvent::Replied(_)
+                    | JobEvent::ConversationEnded(_)
+            )
+        {
+            e.talks.entry(ev.task_id.clone()).or_default().apply(&j);
+        }
+    }
+    Ok(Some(e))
+}
+
+impl Executor {
+    /// SendMessage.
+    pub(crate) async fn send_message(
+        &self,
+        p: &Principal,
+        req: SendMessageRequest,
+    ) -> Result<SendMessageResponse, ExecutorError> {
+        switchyard_core::validate::optional_key(&req.idempotency_key, "idempotency_key")
+            .map_err(|why| ExecutorError::Input(Reason::InvalidArgument, why))?;
+        let chars = req.text.chars().count();
+        if (chars == 0 && !req.close) || chars > MAX_TEXT_CHARS {
+            return Err(ExecutorError::Input(
+                Reason::InvalidArgument,
+                format!(
+                    "text must be 1 to {MAX_TEXT_CHARS} characters (empty only with close), got {chars}"
+                ),
+            ));
+        }
+        let book = &self.inner.book;
+        let job_id = req.job_id.as_str();
+        let sent = {
+            let mut st = book.lock();
+            match st.find(job_id) {
+                None => None,
+                Some(e) => {
+                    crate::input::reachable(p, e)?;
+                    let (task_id, c) = which(e, &req.task_id)?;
+                    authorize(p, e, c)?;
+                    let empty = Talk::default();
+                    let talk = e.talks.get(&task_id).unwrap_or(&empty);
+                    if let Some(t) = talk.sent_with(&req.idempotency_key) {
+                        let seq = t.message.seq;
+                        Some((task_id, seq, true, 0))
+                    } else {
+                        if let Some(why) = refusal(e, &task_id, c, talk) {
+                            return Err(closed(why));
+                        }
+                        let seq = talk.turns.len() as u32 + 1;
+                        let i = e.index[&task_id];
+                        let waiting = e.task_state(i) == TaskState::InputRequired;
+                        let by = p.acting_subject().to_owned();
+                        let m = events::MessageReceived {
+                            seq,
+                            text: req.text.clone(),
+                            by: by.clone(),
+                            close: req.close,
+                            idempotency_key: req.idempotency_key.clone(),
+                            at_ms: book.now(),
+                        };
+                        book.record(&mut st, job_id, &task_id, JobEvent::MessageReceived(m));
+                        let sequence = st.get(job_id)?.job.last_sequence;
+                        // The attempt waiting for a message wakes; one that
+                        // is answering (or resuming) finds it when it looks.
+                        if waiting && let Some(tx) = self.inner.inputs.take(job_id, &task_id) {
+                            let why = format!("message {seq} from {by}");
+                            let change =
+                                Change::to(TaskState::Running).because(Reason::InputRequired, &why);
+                            book.move_task(&mut st, job_id, i, change)?;
+                            let (settled, _) = tokio::sync::oneshot::channel();
+                            let _ = tx.send(Delivery {
+                                answer: serde_json::Value::Null,
+                                by,
+                                settled,
+                            });
+                        }
+                        Some((task_id, seq, false, sequence))
+                    }
+                }
+            }
+        };
+        let Some((task_id, seq, replayed, event_sequence)) = sent else {
+            return self.send_message_stored(p, &req).await;
+        };
+        // Durable before it is acknowledged (a replay: the first call's
+        // record may still be on its way to disk).
+        book.durable(book.last()).await?;
+        Ok(SendMessageResponse {
+            task_id,
+            seq,
+            replayed,
+            event_sequence,
+        })
+    }
+
+    /// SendMessage for a job not in memory here: only a retry of a message
+    /// already recorded succeeds.
+    async fn send_message_stored(
+        &self,
+        p: &Principal,
+        req: &SendMessageRequest,
+    ) -> Result<SendMessageResponse, ExecutorError> {
+        let job_id = req.job_id.as_str();
+        let Some(e) = stored_talks(self, job_id).await? else {
+            return Err(ExecutorError::NotFound(job_id.into()));
+        };
+        crate::input::reachable(p, &e)?;
+        let (task_id, c) = which(&e, &req.task_id)?;
+        authorize(p, &e, c)?;
+        let empty = Talk::default();
+        let talk = e.talks.get(&task_id).unwrap_or(&empty);
+        if let Some(t) = talk.sent_with(&req.idempotency_key) {
+            return Ok(SendMessageResponse {
+                task_id,
+                seq: t.message.seq,
+                replayed: true,
+                event_sequence: 0,
+            });
+        }
+        if let Some(why) = refusal(&e, &task_id, c, talk) {
+            return Err(closed(why));
+        }
+        // Jobs shared by PostgreSQL replicas: another one runs it.
+        Err(ExecutorError::Input(
+            Reason::Unavailable,
+            format!(
+                "job {job_id:?} runs on another executor replica, and a message reaches only the one running it; send it again (same idempotency_key)"
+            ),
+        ))
+    }
+
+    /// ListMessages.
+    pub(crate) async fn list_messages(
+        &self,
+        p: &Principal,
+        req: &ListMessagesRequest,
+    ) -> Result<ListMessagesResponse, ExecutorError> {
+        let job_id = req.job_id.as_str();
+        let read = |e: &JobEntry| -> Result<ListMessagesResponse, ExecutorError> {
+            crate::input::reachable(p, e)?;
+            let (task_id, c) = which(e, &req.task_id)?;
+            let (tenant, owner) = (&e.job.tenant, &e.job.submitted_by);
+            if !p.may_see(tenant, owner) {
+                authorize(p, e, c)?;
+            }
+            let empty = Talk::default();
+            let talk = e.talks.get(&task_id).unwrap_or(&empty);
+            let open = refusal(e, &task_id, c, talk).is_none();
+            let state = e.task_state(e.index[&task_id]);
+            Ok(ListMessagesResponse {
+                turns: turns(talk, req.after_seq),
+                open,
+                waiting: open && state == TaskState::InputRequired && talk.pending().is_none(),
+                task_id,
+            })
+        };
+        {
+            let st = self.inner.book.lock();
+            if let Some(e) = st.find(job_id) {
+                return read(e);
+            }
+        }
+        match stored_talks(self, job_id).await? {
+            Some(e) => read(&e),
+            None => Err(ExecutorError::NotFound(job_id.into())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(seq: u32, text: &str, close: bool) -> JobEvent {
+        JobEvent::MessageReceived(events::MessageReceived {
+            seq,
+            text: text.into(),
+            by: "ann".into(),
+            close,
+            idempotency_key: format!("k{seq}"),
+            at_ms: u64::from(seq) * 10,
+        })
+    }
+
+    fn reply(seq: u32, outcome: &str, text: &str) -> JobEvent {
+        JobEvent::Replied(events::Replied {
+            seq,
+            outcome: outcome.into(),
+            text: text.into(),
+            total_tokens: 7,
+            llm_calls: 1,
+            at_ms: u64::from(seq) * 10 + 5,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn history_holds_only_answered_turns_before_the_message_in_order() {
+        let mut t = Talk::default();
+        for ev in [
+            message(1, "hi", false),
+            reply(1, ANSWERED, "hello"),
+            message(2, "spend", false),
+            reply(2, PAUSED, "budget used up"),
+            message(3, "again", false),
+            reply(3, ANSWERED, "done"),
+            message(4, "more", false),
+        ] {
+            t.apply(&ev);
+        }
+        let h = t.history(4);
+        let said: Vec<(Role, &str)> = h.iter().map(|m| (m.role, m.content.as_str())).collect();
+        assert_eq!(
+            said,
+            vec![
+                (Role::User, "hi"),
+                (Role::Assistant, "hello"),
+                (Role::User, "again"),
+                (Role::Assistant, "done"),
+            ]
+        );
+        assert_eq!(t.history(1), Vec::new());
+        assert_eq!(t.pending().map(|p| p.message.seq), Some(4));
+        assert_eq!(t.last_activity_ms(), Some(40));
+        assert_eq!(t.usage().total_tokens, 21);
+        assert_eq!(t.usage().turns, 3);
+    }
+
+    #[test]
+    fn a_close_is_remembered_and_a_bare_close_needs_no_reply() {
+        let mut t = Talk::default();
+        t.apply(&message(1, "hi", false));
+        assert_eq!(t.closed_by(), None);
+        t.apply(&message(2, "", true));
+        assert_eq!(t.closed_by(), Some("ann"));
+        assert_eq!(t.pending().map(|p| p.message.seq), Some(1));
+        t.apply(&reply(1, ANSWERED, "hello"));
+        assert!(
+            t.pending().is_none(),
+            "a close without text has nothing to answer"
+        );
+        assert_eq!(t.sent_with("k2").map(|t| t.message.seq), Some(2));
+        assert!(t.sent_with("").is_none(), "no key, no replay");
+    }
+
+    #[test]
+    fn a_reply_to_an_unknown_message_changes_nothing() {
+        let mut t = Talk::default();
+        t.apply(&message(1, "hi", false));
+        t.apply(&reply(0, ANSWERED, "x"));
+        t.apply(&reply(9, ANSWERED, "x"));
+        assert_eq!(t.pending().map(|p| p.message.seq), Some(1));
+    }
+}
