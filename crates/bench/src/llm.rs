@@ -76,20 +76,25 @@ impl Host for NullHost {
     fn event(&self, _e: switchyard_llm::agent::LoopEvent) {}
 }
 
-/// The scripted provider serving the bench model.
-fn config(base_url: &str) -> LlmConfig {
+/// The scripted provider at `base_url` serving `model`.
+pub(crate) fn scripted_config(base_url: &str, model: &str) -> LlmConfig {
     LlmConfig {
         providers: vec![ProviderConfig {
             name: "scripted".into(),
             base_url: base_url.into(),
-            models: vec![ModelConfig::priced(MODEL, 150_000, 600_000)],
+            models: vec![ModelConfig::priced(model, 150_000, 600_000)],
             ..Default::default()
         }],
         ..Default::default()
     }
 }
 
-fn ms(h: &Histogram<u64>, q: f64) -> f64 {
+/// The scripted provider serving the bench model.
+fn config(base_url: &str) -> LlmConfig {
+    scripted_config(base_url, MODEL)
+}
+
+pub(crate) fn ms(h: &Histogram<u64>, q: f64) -> f64 {
     us(h, q) / 1000.0
 }
 

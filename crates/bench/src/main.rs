@@ -26,6 +26,7 @@
 
 mod auth;
 mod console;
+mod conversation;
 mod executor;
 mod gateway;
 mod history;
@@ -235,6 +236,10 @@ async fn run() -> anyhow::Result<()> {
     // `switchyard-bench input` runs only the input-into-running-work figures.
     if std::env::args().nth(1).as_deref() == Some("input") {
         return input::run().await;
+    }
+    // `switchyard-bench conversation` runs only a conversation turn's figures.
+    if std::env::args().nth(1).as_deref() == Some("conversation") {
+        return conversation::run().await;
     }
     // `switchyard-bench llm` runs only the agent loop's figures.
     if std::env::args().nth(1).as_deref() == Some("llm") {

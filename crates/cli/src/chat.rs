@@ -38,6 +38,9 @@ pub struct ChatArgs {
     /// the conversation pauses).
     #[arg(long = "budget-tokens")]
     budget_tokens: Option<u64>,
+    /// A new conversation's cap on each reply, tokens.
+    #[arg(long = "max-tokens", default_value_t = 256)]
+    max_tokens: u64,
     /// A new conversation ends after this many seconds without a message.
     #[arg(long = "idle", default_value_t = 0)]
     idle_secs: u32,
@@ -122,7 +125,7 @@ pub async fn run(a: ChatArgs) -> anyhow::Result<()> {
 /// Starts a conversation job: its id, and its run when that waits for a
 /// person's approval.
 async fn start(c: &ExecutorClient, a: &ChatArgs) -> anyhow::Result<(String, Option<String>)> {
-    let mut orchestrator = json!({"model": a.model});
+    let mut orchestrator = json!({"model": a.model, "max_tokens": a.max_tokens});
     if !a.instructions.is_empty() {
         orchestrator["instructions"] = json!(a.instructions);
     }
@@ -213,7 +216,9 @@ async fn stream_reply(
                     if !streamed.is_empty() {
                         out.write_all(b"\n").await?;
                     }
-                    println!("{}", shown(outcome, text));
+                    out.write_all(format!("{}\n", shown(outcome, text)).as_bytes())
+                        .await?;
+                    out.flush().await?;
                 } else {
                     out.write_all(b"\n").await?;
                     out.flush().await?;

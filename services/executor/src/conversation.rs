@@ -74,6 +74,8 @@ pub struct Turn {
     pub message: events::MessageReceived,
     /// Its reply, once recorded.
     pub reply: Option<events::Replied>,
+    /// The message record's sequence in the job's log.
+    pub sequence: u64,
 }
 
 /// A conversation as its log says: every message with its reply, and its
@@ -87,12 +89,14 @@ pub struct Talk {
 }
 
 impl Talk {
-    /// Applies one of the conversation's records.
-    pub(crate) fn apply(&mut self, ev: &JobEvent) {
+    /// Applies one of the conversation's records, at `sequence` of the
+    /// job's log.
+    pub(crate) fn apply(&mut self, ev: &JobEvent, sequence: u64) {
         match ev {
             JobEvent::MessageReceived(m) => self.turns.push(Turn {
                 message: m.clone(),
                 reply: None,
+                sequence,
             }),
             JobEvent::Replied(r) => {
                 let at = (r.seq as usize).checked_sub(1);
@@ -320,7 +324,10 @@ async fn stored_talks(x: &Executor, job_id: &str) -> Result<Option<JobEntry>, Ex
                     | JobEvent::ConversationEnded(_)
             )
         {
-            e.talks.entry(ev.task_id.clone()).or_default().apply(&j);
+            e.talks
+                .entry(ev.task_id.clone())
+                .or_default()
+                .apply(&j, ev.sequence);
         }
     }
     Ok(Some(e))
@@ -357,8 +364,7 @@ impl Executor {
                     let empty = Talk::default();
                     let talk = e.talks.get(&task_id).unwrap_or(&empty);
                     if let Some(t) = talk.sent_with(&req.idempotency_key) {
-                        let seq = t.message.seq;
-                        Some((task_id, seq, true, 0))
+                        Some((task_id, t.message.seq, true, t.sequence))
                     } else {
                         if let Some(why) = refusal(e, &task_id, c, talk) {
                             return Err(closed(why));
@@ -431,7 +437,7 @@ impl Executor {
                 task_id,
                 seq: t.message.seq,
                 replayed: true,
-                event_sequence: 0,
+                event_sequence: t.sequence,
             });
         }
         if let Some(why) = refusal(&e, &task_id, c, talk) {
@@ -523,7 +529,7 @@ mod tests {
             reply(3, ANSWERED, "done"),
             message(4, "more", false),
         ] {
-            t.apply(&ev);
+            t.apply(&ev, 0);
         }
         let h = t.history(4);
         let said: Vec<(Role, &str)> = h.iter().map(|m| (m.role, m.content.as_str())).collect();
@@ -546,12 +552,12 @@ mod tests {
     #[test]
     fn a_close_is_remembered_and_a_bare_close_needs_no_reply() {
         let mut t = Talk::default();
-        t.apply(&message(1, "hi", false));
+        t.apply(&message(1, "hi", false), 1);
         assert_eq!(t.closed_by(), None);
-        t.apply(&message(2, "", true));
+        t.apply(&message(2, "", true), 2);
         assert_eq!(t.closed_by(), Some("ann"));
         assert_eq!(t.pending().map(|p| p.message.seq), Some(1));
-        t.apply(&reply(1, ANSWERED, "hello"));
+        t.apply(&reply(1, ANSWERED, "hello"), 3);
         assert!(
             t.pending().is_none(),
             "a close without text has nothing to answer"
@@ -563,9 +569,9 @@ mod tests {
     #[test]
     fn a_reply_to_an_unknown_message_changes_nothing() {
         let mut t = Talk::default();
-        t.apply(&message(1, "hi", false));
-        t.apply(&reply(0, ANSWERED, "x"));
-        t.apply(&reply(9, ANSWERED, "x"));
+        t.apply(&message(1, "hi", false), 1);
+        t.apply(&reply(0, ANSWERED, "x"), 2);
+        t.apply(&reply(9, ANSWERED, "x"), 3);
         assert_eq!(t.pending().map(|p| p.message.seq), Some(1));
     }
 }

@@ -310,7 +310,10 @@ impl JobEntry {
             JobEvent::MessageReceived(_)
             | JobEvent::Replied(_)
             | JobEvent::ConversationEnded(_) => {
-                self.talks.entry(at.task_id.clone()).or_default().apply(ev);
+                self.talks
+                    .entry(at.task_id.clone())
+                    .or_default()
+                    .apply(ev, at.sequence);
             }
             JobEvent::ArtifactStored(a) => self.job.artifacts.push(pb_artifact(a, at)),
             JobEvent::ApprovalDecided(_)

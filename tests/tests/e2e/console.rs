@@ -683,3 +683,72 @@ async fn a_person_named_by_an_input_step_answers_it_in_the_console_once() {
     assert!(!page.contains("Which region"), "answered: no longer asked");
     s.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_participant_talks_with_a_conversation_in_the_console_and_a_double_send_sends_once() {
+    let e = crate::llm::env(true, |_| {}).await;
+    e.script.for_model(
+        "m-chat",
+        vec![switchyard_llm::scripted::Reply::text(
+            "Ship it on Tuesday.",
+            9,
+            5,
+        )],
+    );
+    let s = &e.stack;
+    let base = format!("http://{}", s.http.as_ref().unwrap());
+    let c = client();
+    let carol = s
+        .key("carol", &["submitter"], PrincipalKind::Human)
+        .await
+        .unwrap();
+    let carol = s.session(&carol).await.unwrap();
+    let bob = s.session(&s.token("bob").unwrap()).await.unwrap();
+    let mut alice = JobServiceClient::new(s.channel_as("alice").await.unwrap());
+    let doc = serde_json::json!({"job_id": "ui-chat", "tasks": [{"id": "talk", "conversation": {
+        "orchestrator": {"model": "m-chat", "max_tokens": 20},
+        "participants": {"subjects": ["carol"]}}}]})
+    .to_string();
+    submit(&mut alice, &doc).await.unwrap();
+    let path = "/ui/jobs/ui-chat/chat";
+    // carol, named, sees the conversation though she cannot open the job.
+    let (code, page) = as_session(&c, &base, "GET", path, &carol, &[]).await;
+    assert_eq!(code, 200, "{page}");
+    assert!(page.contains("No messages yet."), "{page}");
+    let key = form_field(&page, "key");
+    let form = [
+        ("task_id", "talk"),
+        ("key", key.as_str()),
+        ("text", "When do we ship?"),
+    ];
+    let (code, page) = as_session(&c, &base, "POST", path, &carol, &form).await;
+    assert_eq!(code, 303, "{page}");
+    // The same form again (a double click): one message.
+    let (code, _) = as_session(&c, &base, "POST", path, &carol, &form).await;
+    assert_eq!(code, 303);
+    crate::common::until_event(&mut alice, "ui-chat", "conversation.replied").await;
+    let (_, page) = as_session(&c, &base, "GET", path, &carol, &[]).await;
+    assert!(page.contains("When do we ship?"), "{page}");
+    assert!(page.contains("Ship it on Tuesday."), "{page}");
+    assert_eq!(page.matches("When do we ship?").count(), 1, "{page}");
+    assert!(
+        !page.contains("http-equiv=\"refresh\" content=\"2\""),
+        "answered: no refresh"
+    );
+    // bob (an approver) may read the job but is not in the conversation.
+    let (code, page) = as_session(&c, &base, "POST", path, &bob, &[("text", "hi")]).await;
+    assert_eq!(code, 403, "{page}");
+    assert!(page.contains("CONVERSATION_NOT_ALLOWED"), "{page}");
+    // Ending it from the console completes the job.
+    let end = [("task_id", "talk"), ("key", "ui-end"), ("close", "1")];
+    let (code, page) = as_session(&c, &base, "POST", path, &carol, &end).await;
+    assert_eq!(code, 303, "{page}");
+    let r = finish(&mut alice, "ui-chat").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let (_, page) = as_session(&c, &base, "GET", path, &carol, &[]).await;
+    assert!(
+        page.contains("ended the conversation") && !page.contains("name=\"text\""),
+        "{page}"
+    );
+    e.stack.stop().await.unwrap();
+}

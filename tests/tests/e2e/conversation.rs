@@ -254,6 +254,10 @@ async fn a_message_is_taken_once_by_key_and_messages_sent_during_a_turn_wait_the
     let again = say(&mut alice, "talk-2", "first", "k-1").await.unwrap();
     assert_eq!((a.seq, b2.seq, again.seq), (1, 2, 1));
     assert!(again.replayed && !a.replayed);
+    assert_eq!(
+        again.event_sequence, a.event_sequence,
+        "the first message's record"
+    );
     let r2 = reply_to(&mut alice, "talk-2", 2, 0).await;
     assert_eq!(r2["text"], "two");
     let h = history(&mut alice, "talk-2").await;
@@ -284,12 +288,16 @@ async fn a_message_is_taken_once_by_key_and_messages_sent_during_a_turn_wait_the
     e.stack.stop().await.unwrap();
 }
 
-async fn a_used_up_budget_pauses_the_conversation_and_it_stays_open(b: Backend) {
+async fn a_used_up_budget_pauses_the_conversation_until_it_is_raised(b: Backend) {
     let e = chat_env(&b).await;
     // What one turn reserves, measured on a twin job with room to spare.
     e.script.for_model(
         "m-chat",
-        vec![Reply::text("ok", 10, 2), Reply::text("ok", 10, 2)],
+        vec![
+            Reply::text("ok", 10, 2),
+            Reply::text("ok", 10, 2),
+            Reply::text("again", 10, 2),
+        ],
     );
     let mut alice = as_(&e, "alice").await;
     submit(&mut alice, &chat_job("probe", json!({}), Some(1_000_000)))
@@ -325,6 +333,21 @@ async fn a_used_up_budget_pauses_the_conversation_and_it_stays_open(b: Backend) 
     assert!(h.open && h.waiting, "{h:?}");
     let j = job(&mut alice, "talk-3").await;
     assert_eq!(j.state, JobState::Active as i32, "{j:?}");
+    // Someone who manages budgets raises it: the next message is answered.
+    let mut ledger = switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient::new(
+        e.stack.channel().await.unwrap(),
+    );
+    ledger
+        .update_limits(switchyard_proto::ledger::v1::UpdateLimitsRequest {
+            budget_id: j.budget_id.clone(),
+            remove_token_limit: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let m3 = say(&mut alice, "talk-3", "and now?", "c").await.unwrap();
+    let r3 = reply_to(&mut alice, "talk-3", 3, m3.event_sequence).await;
+    assert_eq!(r3["outcome"], "answered", "{r3}");
     close(&mut alice, "talk-3").await.unwrap();
     let r = finish(&mut alice, "talk-3").await;
     assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
@@ -508,5 +531,5 @@ switchyard_testkit::on_both_backends!(
     sled, postgres;
     a_conversation_answers_each_message_with_what_was_said_before_and_ends_when_closed,
     a_message_is_taken_once_by_key_and_messages_sent_during_a_turn_wait_their_turn,
-    a_used_up_budget_pauses_the_conversation_and_it_stays_open,
+    a_used_up_budget_pauses_the_conversation_until_it_is_raised,
 );

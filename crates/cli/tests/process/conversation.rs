@@ -224,3 +224,70 @@ fn a_conversation_goes_on_through_kill_9_mid_reply_and_answers_each_message_once
     );
     assert_eq!(dev2.terminate(), Some(0));
 }
+
+#[test]
+fn split_a_gateway_in_its_own_process_streams_a_remote_conversations_reply_as_the_caller() {
+    let (script, llm_url, _stop) = scripted();
+    script.for_model(
+        "gpt-4o-mini",
+        vec![Reply::text("From afar.", 10, 3).chunk_delay(Duration::from_millis(2))],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), &llm_url);
+    let (dev, _data) = Proc::dev(&[("SWITCHYARD_CONFIG", cfg.to_str().unwrap())]);
+    let url = dev.url();
+    let gw_data = tempfile::tempdir().unwrap();
+    let gw =
+        crate::gateway::gateway_for(&url, gw_data.path(), &["EXECUTOR", "REGISTRY", "APPROVAL"]);
+    let http = format!("http://{}", gw.http.as_deref().unwrap());
+    let job = dir.path().join("talk.json");
+    std::fs::write(
+        &job,
+        json!({"job_id": "split-talk", "tasks": [{"id": "chat", "conversation": {
+            "orchestrator": {"model": "gpt-4o-mini", "max_tokens": 20}}}]})
+        .to_string(),
+    )
+    .unwrap();
+    ok(&cli(
+        &url,
+        &["job", "submit", job.to_str().unwrap(), "--as", "alice"],
+    ));
+    let (alice, bob) = (token(&url, "alice"), token(&url, "bob"));
+    // bob may read jobs but does not take part: refused through the gateway.
+    let (body, code) = post(&http, "split-talk", &bob, &[], r#"{"text": "hi"}"#);
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("CONVERSATION_NOT_ALLOWED"), "{body}");
+    let (sse, code) = post(
+        &http,
+        "split-talk",
+        &alice,
+        &["Accept: text/event-stream"],
+        r#"{"text": "hello?"}"#,
+    );
+    assert_eq!(code, 200, "{sse}");
+    assert!(
+        sse.contains("event: conversation.replied") && sse.contains("From afar."),
+        "{sse}"
+    );
+    let (body, code) = post(&http, "split-talk", &alice, &[], r#"{"close": true}"#);
+    assert_eq!(code, 202, "{body}");
+    let got = ok(&cli(
+        &url,
+        &[
+            "job",
+            "result",
+            "split-talk",
+            "--wait",
+            "20",
+            "-o",
+            "json",
+            "--as",
+            "alice",
+        ],
+    ));
+    assert!(got.contains("\"completed\""), "{got}");
+    let h = history(&http, "split-talk", &alice);
+    assert_eq!(h["messages"][0]["by"], "alice", "{h}");
+    assert_eq!(gw.terminate(), Some(0));
+    assert_eq!(dev.terminate(), Some(0));
+}

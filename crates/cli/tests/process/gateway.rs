@@ -137,7 +137,7 @@ fn mcp_session(url: &str, token: &str) -> impl Fn(&str) -> String + use<> {
 /// `switchyard serve --services gateway` storing nothing in `data`,
 /// following the key set of the process at `url` and reaching the services
 /// named in `remotes` (`EXECUTOR`, `LEDGER`, …) there.
-fn gateway_for(url: &str, data: &std::path::Path, remotes: &[&str]) -> Proc {
+pub(crate) fn gateway_for(url: &str, data: &std::path::Path, remotes: &[&str]) -> Proc {
     let (keys_var, keys_url) = follow_keys(url);
     let vars: Vec<String> = remotes
         .iter()

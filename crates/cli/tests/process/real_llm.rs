@@ -690,3 +690,72 @@ fn real_llm_a_gated_tool_call_waits_for_bob_with_nothing_reserved_then_runs_once
     assert_eq!(b["tokens_spent"], job["tokens_used"], "{b}");
     assert!(server.failures().is_empty(), "{:?}", server.failures());
 }
+
+#[test]
+#[ignore = "needs a real model server: make test-real-llm"]
+fn real_llm_a_conversation_answers_each_message_once_and_bills_every_turn() {
+    let server = start("gemma");
+    let d = dev(&server, "", "");
+    let file = d.dir.path().join("chat.json");
+    std::fs::write(
+        &file,
+        json!({"job_id": "talk", "tasks": [{"id": "chat", "conversation": {"orchestrator": {
+            "model": MODEL, "temperature": 0.0, "max_tokens": 24,
+            "instructions": "Answer in one short sentence."}}}]})
+        .to_string(),
+    )
+    .unwrap();
+    ok(&cli(
+        &d.url,
+        &["job", "submit", file.to_str().unwrap(), "--as", "alice"],
+    ));
+    d.approve("talk");
+    // The terminal: two messages, each reply printed, then /close.
+    let said = ok(&cli_stdin(
+        &d.url,
+        &["chat", "--job", "talk", "--as", "alice"],
+        "Name a colour.\nName another one.\n/close\n",
+    ));
+    assert!(said.contains("closed conversation talk"), "{said}");
+    let events = d.events("talk");
+    let replies: Vec<&Value> = events
+        .iter()
+        .filter(|(k, _)| k == "conversation.replied")
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(replies.len(), 2, "{events:?}");
+    for (i, r) in replies.iter().enumerate() {
+        assert_eq!(
+            (r["seq"].as_u64(), r["outcome"].as_str()),
+            (Some(i as u64 + 1), Some("answered")),
+            "{r}"
+        );
+        assert_eq!(r["model"], MODEL);
+        assert!(!r["text"].as_str().unwrap().is_empty(), "{r}");
+    }
+    // Every turn is billed what the server reported, and nothing else.
+    let billed: u64 = replies
+        .iter()
+        .map(|r| r["total_tokens"].as_u64().unwrap())
+        .sum();
+    let reported: u64 = calls(&events)
+        .iter()
+        .map(|c| {
+            c["prompt_tokens"].as_u64().unwrap_or_default()
+                + c["completion_tokens"].as_u64().unwrap_or_default()
+        })
+        .sum();
+    assert_eq!(billed, reported, "{events:?}");
+    let job = d.job("talk");
+    assert_eq!(job["state"], "completed", "{job}");
+    assert_eq!(job["tokens_used"].as_u64(), Some(billed), "{job}");
+    let b = d.budget("talk");
+    assert_eq!(b["tokens_spent"].as_u64(), Some(billed), "{b}");
+    // The second turn carried the first exchange: its prompt is longer.
+    assert!(
+        replies[1]["prompt_tokens"].as_u64() > replies[0]["prompt_tokens"].as_u64(),
+        "{replies:?}"
+    );
+    assert_eq!(server.requests(), 2, "one model call per message");
+    assert!(server.failures().is_empty(), "{:?}", server.failures());
+}

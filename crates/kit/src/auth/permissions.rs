@@ -367,6 +367,12 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
             "/ui/jobs/{job_id}/input",
             Access::Needs(P::JobAnswer),
         ),
+        ("GET", "/ui/jobs/{job_id}/chat", Access::Needs(P::JobAnswer)),
+        (
+            "POST",
+            "/ui/jobs/{job_id}/chat",
+            Access::Needs(P::JobAnswer),
+        ),
         ("GET", "/ui/submit", Access::Needs(P::JobSubmit)),
         ("POST", "/ui/submit", Access::Needs(P::JobSubmit)),
         ("GET", "/ui/budgets", Access::Needs(P::BudgetRead)),

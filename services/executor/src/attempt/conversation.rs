@@ -23,6 +23,18 @@ use crate::conversation::{self as talk, Talk};
 use crate::events::{self, JobEvent};
 use crate::schedule::Class;
 
+/// What the conversation's log says the attempt has to do.
+enum Seen {
+    /// It ended (before a restart): the task's output.
+    Ended(TaskStatus),
+    /// Message `seq` waits for its reply: why the task runs, the turn.
+    Pending(u32, String, Turn),
+    /// A participant closed it, or it is full: the output and the record.
+    Closing(TaskStatus, events::ConversationEnded),
+    /// Nothing to answer: the last activity (ms) and the next message's number.
+    Quiet(u64, u32),
+}
+
 /// What the attempt does next, decided under the lock.
 enum Next<'a> {
     /// Answer message `seq`.
@@ -37,6 +49,9 @@ impl Attempt<'_> {
     /// Runs the conversation until it ends, or parks it (drain).
     pub(crate) async fn conversation(&self, c: &ConversationTask) -> Outcome {
         let orchestrator = c.orchestrator.clone().unwrap_or_default();
+        // The last reply's record, made durable with what follows it (the
+        // move to waiting, or before the next turn): one flush, not two.
+        let mut unflushed = 0;
         loop {
             let next = match self.next(c) {
                 Ok(n) => n,
@@ -45,9 +60,12 @@ impl Attempt<'_> {
             let book = &self.x.inner.book;
             match next {
                 Next::Answer(seq, turn) => {
-                    if let Err(out) = self.answer(&orchestrator, seq, turn).await {
-                        return out;
+                    // The reply before it is durable before another model
+                    // call is made.
+                    if let Err(e) = book.durable(unflushed).await {
+                        return Outcome::fail(Class::Other, Reason::StorageFailure, e.to_string());
                     }
+                    unflushed = self.answer(&orchestrator, seq, turn).await;
                 }
                 Next::End(status, g) => {
                     if let Err(e) = book.durable(g).await {
@@ -90,82 +108,96 @@ impl Attempt<'_> {
         let e = st.get(&s.job_id)?;
         let i = e.index[task_id];
         let state = e.task_state(i);
-        let t = e.talks.get(task_id).cloned().unwrap_or_default();
-        if let Some(end) = &t.ended {
-            // Ended before a restart, the task's end not yet stored.
-            if state == TaskState::InputRequired {
-                let ch = Change::to(TaskState::Running).because(Reason::InputRequired, "ended");
-                book.move_task(&mut st, &s.job_id, i, ch)?;
+        // What the log says, read in place (the conversation is not copied).
+        let seen = {
+            let empty = Talk::default();
+            let t = e.talks.get(task_id).unwrap_or(&empty);
+            let full = t.turns.len() as u32 >= talk::max_messages(c);
+            if let Some(end) = &t.ended {
+                Seen::Ended(output(t, end))
+            } else if let Some(p) = t.pending() {
+                let seq = p.message.seq;
+                let turn = Turn {
+                    history: t.history(seq),
+                    text: p.message.text.clone(),
+                };
+                Seen::Pending(seq, format!("message {seq} from {}", p.message.by), turn)
+            } else if let Some(by) = t.closed_by().map(str::to_owned).or(full.then(String::new)) {
+                let end = events::ConversationEnded {
+                    messages: t.turns.len() as u32,
+                    why: if full && by.is_empty() {
+                        talk::FULL
+                    } else {
+                        talk::CLOSED
+                    }
+                    .to_owned(),
+                    by,
+                };
+                Seen::Closing(output(t, &end), end)
+            } else {
+                let since = t.last_activity_ms().unwrap_or_else(|| {
+                    e.job.tasks[i]
+                        .started_at
+                        .as_ref()
+                        .map_or_else(|| book.now(), switchyard_kit::time::timestamp_ms)
+                });
+                Seen::Quiet(since, t.turns.len() as u32 + 1)
             }
-            return Ok(Next::End(Box::new(output(&t, end)), book.last()));
-        }
-        if let Some(p) = t.pending() {
-            let seq = p.message.seq;
-            if state == TaskState::InputRequired {
-                // Recorded while the attempt was not on the desk (resuming).
-                let why = format!("message {seq} from {}", p.message.by);
-                let ch = Change::to(TaskState::Running).because(Reason::InputRequired, &why);
-                book.move_task(&mut st, &s.job_id, i, ch)?;
-            }
-            let turn = Turn {
-                history: t.history(seq),
-                text: p.message.text.clone(),
-            };
-            return Ok(Next::Answer(seq, turn));
-        }
-        let full = t.turns.len() as u32 >= talk::max_messages(c);
-        if let Some(by) = t.closed_by().map(str::to_owned).or(full.then(String::new)) {
-            let end = events::ConversationEnded {
-                messages: t.turns.len() as u32,
-                why: if full && by.is_empty() {
-                    talk::FULL
-                } else {
-                    talk::CLOSED
-                }
-                .to_owned(),
-                by,
-            };
-            if state == TaskState::InputRequired {
-                let ch = Change::to(TaskState::Running).because(Reason::InputRequired, &end.why);
-                book.move_task(&mut st, &s.job_id, i, ch)?;
-            }
-            let status = output(&t, &end);
-            let g = book.record(
-                &mut st,
-                &s.job_id,
-                task_id,
-                JobEvent::ConversationEnded(end),
-            );
-            return Ok(Next::End(Box::new(status), g));
-        }
-        let since = t.last_activity_ms().unwrap_or_else(|| {
-            e.job.tasks[i]
-                .started_at
-                .as_ref()
-                .map_or_else(|| book.now(), switchyard_kit::time::timestamp_ms)
-        });
-        let deadline_ms = since.saturating_add(talk::idle_secs(c) * 1000);
-        let waiting = x.inner.inputs.wait(&s.job_id, task_id);
-        let g = if state == TaskState::InputRequired {
-            book.last()
-        } else {
-            let why = format!(
-                "waiting for message {} (SendMessage)",
-                t.turns.len() as u32 + 1
-            );
-            let ch = Change::to(TaskState::InputRequired).because(Reason::InputRequired, &why);
-            book.move_task(&mut st, &s.job_id, i, ch)?
         };
-        Ok(Next::Wait(waiting, g, deadline_ms))
+        // A task waiting for a message that has something to do runs again.
+        let mut resume = |why: &str| -> Result<(), crate::error::ExecutorError> {
+            if state == TaskState::InputRequired {
+                let ch = Change::to(TaskState::Running).because(Reason::InputRequired, why);
+                book.move_task(&mut st, &s.job_id, i, ch)?;
+            }
+            Ok(())
+        };
+        match seen {
+            // Ended before a restart, the task's end not yet stored.
+            Seen::Ended(status) => {
+                resume("ended")?;
+                Ok(Next::End(Box::new(status), book.last()))
+            }
+            // Recorded while the attempt was not on the desk (answering,
+            // or resuming).
+            Seen::Pending(seq, why, turn) => {
+                resume(&why)?;
+                Ok(Next::Answer(seq, turn))
+            }
+            Seen::Closing(status, end) => {
+                resume(&end.why)?;
+                let g = book.record(
+                    &mut st,
+                    &s.job_id,
+                    task_id,
+                    JobEvent::ConversationEnded(end),
+                );
+                Ok(Next::End(Box::new(status), g))
+            }
+            Seen::Quiet(since, next_seq) => {
+                let deadline_ms = since.saturating_add(talk::idle_secs(c) * 1000);
+                let waiting = x.inner.inputs.wait(&s.job_id, task_id);
+                let g = if state == TaskState::InputRequired {
+                    book.last()
+                } else {
+                    let why = format!("waiting for message {next_seq} (SendMessage)");
+                    let ch =
+                        Change::to(TaskState::InputRequired).because(Reason::InputRequired, &why);
+                    book.move_task(&mut st, &s.job_id, i, ch)?
+                };
+                Ok(Next::Wait(waiting, g, deadline_ms))
+            }
+        }
     }
 
-    /// Runs the turn for message `seq` and records its reply.
+    /// Runs the turn for message `seq` and records its reply; the record's
+    /// log position (not yet durable).
     async fn answer(
         &self,
         orchestrator: &switchyard_proto::executor::v1::LlmTask,
         seq: u32,
         turn: Turn,
-    ) -> Result<(), Outcome> {
+    ) -> u64 {
         // The turn's reservations and calls have keys of their own.
         let snap = super::Snapshot {
             scope: format!("{}/msg/{seq}", self.snap.scope),
@@ -177,14 +209,26 @@ impl Attempt<'_> {
             timeout: self.timeout,
             scratch: self.scratch,
         };
-        let (report, failure, _children) = this_turn.run_loop(orchestrator, Some(turn)).await?;
+        let (report, failure) = match this_turn.run_loop(orchestrator, Some(turn)).await {
+            Ok((report, failure, _children)) => (report, failure),
+            // The turn could not start (its log not durable, its tools not
+            // found): a failed turn, the conversation goes on.
+            Err(out) => (
+                Default::default(),
+                Some(out.failure.unwrap_or(crate::schedule::Failure {
+                    class: Class::Other,
+                    reason: Reason::Internal,
+                    error: "the turn could not start".into(),
+                })),
+            ),
+        };
         let (outcome, text, reason) = match failure {
             None => (talk::ANSWERED, report.content.clone(), String::new()),
             Some(f) if f.class == Class::Budget => (
                 talk::PAUSED,
                 format!(
-                    "This conversation is paused: its budget is used up ({}). Nothing more was spent on this message; raise the job's budget or close the conversation.",
-                    f.error
+                    "This conversation is paused: its budget is used up ({}). Nothing more was spent on this message; someone who manages budgets can raise it (`switchyard budget update {} --tokens N`), and the next message tries again; or close the conversation.",
+                    f.error, self.snap.budget_id
                 ),
                 f.reason.as_str().to_owned(),
             ),
@@ -207,18 +251,13 @@ impl Attempt<'_> {
             reason,
             at_ms: book.now(),
         };
-        let g = {
-            let mut st = book.lock();
-            book.record(
-                &mut st,
-                &self.snap.job_id,
-                &self.snap.task.id,
-                JobEvent::Replied(r),
-            )
-        };
-        book.durable(g)
-            .await
-            .map_err(|e| Outcome::fail(Class::Other, Reason::StorageFailure, e.to_string()))
+        let mut st = book.lock();
+        book.record(
+            &mut st,
+            &self.snap.job_id,
+            &self.snap.task.id,
+            JobEvent::Replied(r),
+        )
     }
 
     /// Nobody wrote within the idle time: ends the conversation, unless a

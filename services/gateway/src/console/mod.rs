@@ -101,6 +101,7 @@ pub(crate) fn routes<S: Clone + Send + Sync + 'static>(
         .route("/ui/jobs/{job_id}/events", get(pages::job_events))
         .route("/ui/jobs/{job_id}/cancel", post(pages::cancel))
         .route("/ui/jobs/{job_id}/input", post(pages::answer))
+        .route("/ui/jobs/{job_id}/chat", get(pages::chat).post(pages::say))
         .route("/ui/submit", get(pages::submit_form).post(pages::submit))
         .route("/ui/budgets", get(pages::budgets))
         .route("/ui/agents", get(pages::agents))
@@ -272,6 +273,10 @@ const TEMPLATE_FILES: &[(&str, &str)] = &[
         include_str!("../../console/templates/jobs.html"),
     ),
     ("job.html", include_str!("../../console/templates/job.html")),
+    (
+        "chat.html",
+        include_str!("../../console/templates/chat.html"),
+    ),
     (
         "inputs.html",
         include_str!("../../console/templates/inputs.html"),

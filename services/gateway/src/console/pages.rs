@@ -1042,6 +1042,134 @@ pub(crate) async fn answer(
     Ok(see_other(&format!("/ui/?answered={}", encode(&answered))))
 }
 
+// --- conversations -------------------------------------------------------
+
+/// `GET /ui/jobs/{job_id}/chat`: a conversation — every message with its
+/// reply, and a form for the next (with a fresh key, so sending it twice
+/// sends once). For the conversation's participants, who need not be able
+/// to read the rest of the job. While a reply is being generated the page
+/// refreshes itself (no script needed).
+pub(crate) async fn chat(
+    State(c): Shared,
+    Extension(caller): Extension<Caller>,
+    Extension(s): Extension<Session>,
+    Path(job_id): Path<String>,
+    Query(q): Query<ChatQuery>,
+) -> Result<Response, PageError> {
+    let base = layout(&caller, &s, "jobs");
+    let req = switchyard_proto::executor::v1::ListMessagesRequest {
+        job_id: job_id.clone(),
+        task_id: q.task_id.clone(),
+        after_seq: 0,
+    };
+    let h = c
+        .jobs
+        .messages(&caller, req)
+        .await
+        .map_err(|e| PageError(e, base.clone()))?;
+    let now = now();
+    let ms = |t: Option<&prost_types::Timestamp>| t.map_or(0, switchyard_kit::time::timestamp_ms);
+    let turns: Vec<Value> = h
+        .turns
+        .iter()
+        .map(|t| {
+            let reply = t.reply.as_ref().map(|r| {
+                let outcome = switchyard_proto::executor::v1::ReplyOutcome::try_from(r.outcome)
+                    .map(|o| {
+                        o.as_str_name()
+                            .trim_start_matches("REPLY_OUTCOME_")
+                            .to_ascii_lowercase()
+                    })
+                    .unwrap_or_default();
+                json!({
+                    "text": r.text,
+                    "outcome": outcome,
+                    "model": r.model,
+                    "tokens": r.usage.as_ref().map_or(0, |u| u.total_tokens),
+                    "at": when(ms(r.replied_at.as_ref()), now),
+                })
+            });
+            json!({
+                "seq": t.seq,
+                "text": t.text,
+                "by": t.by,
+                "close": t.close,
+                "at": when(ms(t.sent_at.as_ref()), now),
+                "reply": reply,
+            })
+        })
+        .collect();
+    let answering = h
+        .turns
+        .iter()
+        .any(|t| t.reply.is_none() && !t.text.is_empty());
+    Ok(page(
+        "chat.html",
+        base,
+        json!({
+            "title": format!("Conversation {job_id}"),
+            "job_id": job_id,
+            "task_id": h.task_id,
+            "turns": turns,
+            "open": h.open,
+            "answering": answering && h.open,
+            "key": oidc::random(16).map(|k| format!("ui-{k}")).unwrap_or_default(),
+        }),
+    ))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub(crate) struct ChatQuery {
+    task_id: String,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct MessageForm {
+    #[serde(default)]
+    task_id: String,
+    #[serde(default)]
+    text: String,
+    #[serde(default)]
+    key: String,
+    /// Set by the "End the conversation" button.
+    #[serde(default)]
+    close: String,
+}
+
+/// `POST /ui/jobs/{job_id}/chat`: SendMessage as the person, then back to
+/// the conversation.
+pub(crate) async fn say(
+    State(c): Shared,
+    Extension(caller): Extension<Caller>,
+    Extension(s): Extension<Session>,
+    Path(job_id): Path<String>,
+    Form(f): Form<MessageForm>,
+) -> Result<Response, PageError> {
+    let base = layout(&caller, &s, "jobs");
+    let close = !f.close.is_empty();
+    let req = switchyard_proto::executor::v1::SendMessageRequest {
+        job_id: job_id.clone(),
+        task_id: f.task_id.clone(),
+        text: if close {
+            String::new()
+        } else {
+            f.text.trim().to_owned()
+        },
+        close,
+        idempotency_key: f.key,
+    };
+    c.jobs
+        .send_message(&caller, req)
+        .await
+        .map_err(|e| PageError(e, base))?;
+    Ok(see_other(&format!(
+        "/ui/jobs/{}/chat?task_id={}",
+        encode(&job_id),
+        encode(&f.task_id)
+    )))
+}
+
 // --- submit --------------------------------------------------------------
 
 /// `GET /ui/submit`: a form for a job document in any accepted format.
