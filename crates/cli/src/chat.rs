@@ -62,6 +62,10 @@ pub async fn run(a: ChatArgs) -> anyhow::Result<()> {
                 .await
                 .map_err(api)?;
             for t in &h.turns {
+                if t.text.is_empty() {
+                    println!("({} closed the conversation)", t.by);
+                    continue;
+                }
                 println!("you ({}) › {}", t.by, t.text);
                 if let Some(r) = &t.reply {
                     println!("{}", shown(r.outcome, &r.text));
