@@ -166,6 +166,15 @@ def check_status_codes_400_404_409_401_403_and_cancel():
     assert r.status_code == 409 and r.json()["error"]["reason"] == "INPUT_NOT_WAITING", r.text
     r = call("POST", "/aitp/tasks/{task_id}/input", "/aitp/tasks/py-slow-1/input", VIEWER, json={"answer": 1})
     assert r.status_code == 403 and r.json()["error"]["reason"] == "PERMISSION_DENIED", r.text
+    # It is no conversation: a message and the history are refused (409),
+    # and a viewer may not send one at all.
+    r = call("POST", "/aitp/tasks/{task_id}/messages", "/aitp/tasks/py-slow-1/messages", ALICE,
+             json={"text": "hello?"}, headers={"Idempotency-Key": "py-m-1"})
+    assert r.status_code == 409 and r.json()["error"]["reason"] == "CONVERSATION_CLOSED", r.text
+    r = call("GET", "/aitp/tasks/{task_id}/messages", "/aitp/tasks/py-slow-1/messages", ALICE)
+    assert r.status_code == 409 and r.json()["error"]["reason"] == "CONVERSATION_CLOSED", r.text
+    r = call("POST", "/aitp/tasks/{task_id}/messages", "/aitp/tasks/py-slow-1/messages", VIEWER, json={"text": "hi"})
+    assert r.status_code == 403 and r.json()["error"]["reason"] == "PERMISSION_DENIED", r.text
     assert call("POST", "/aitp/tasks", "/aitp/tasks", None, json=PAPER).status_code == 401
     r = call("DELETE", "/aitp/tasks/{task_id}", "/aitp/tasks/py-slow-1", ALICE)
     assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
