@@ -2,7 +2,9 @@
 //! line is a message (SendMessage); the reply is printed as it is
 //! generated (the job's `llm.delta` events) and ends with its record
 //! (`conversation.replied`). `/close` ends the conversation; end of input
-//! or `/quit` leaves it open, to come back to with `--job`.
+//! or `/quit` leaves it open, to come back to with `--job`. A reply from an
+//! agent the orchestrator handed the conversation to is shown as
+//! `[agent] …`; `/reclaim` (sent as a message) takes it back.
 
 use anyhow::Context as _;
 use clap::Args;
@@ -68,7 +70,7 @@ pub async fn run(a: ChatArgs) -> anyhow::Result<()> {
                 }
                 println!("you ({}) › {}", t.by, t.text);
                 if let Some(r) = &t.reply {
-                    println!("{}", shown(r.outcome, &r.text));
+                    println!("{}{}", by_agent(&r.agent_id), shown(r.outcome, &r.text));
                 }
             }
             if !h.open {
@@ -161,6 +163,15 @@ async fn start(c: &ExecutorClient, a: &ChatArgs) -> anyhow::Result<(String, Opti
     Ok((id, waits.then_some(job.run_id)))
 }
 
+/// The prefix of a reply an agent holding the conversation gave.
+fn by_agent(agent_id: &str) -> String {
+    if agent_id.is_empty() {
+        String::new()
+    } else {
+        format!("[{agent_id}] ")
+    }
+}
+
 /// How a recorded reply is shown.
 fn shown(outcome: i32, text: &str) -> String {
     match ReplyOutcome::try_from(outcome) {
@@ -220,7 +231,8 @@ async fn stream_reply(
                     if !streamed.is_empty() {
                         out.write_all(b"\n").await?;
                     }
-                    out.write_all(format!("{}\n", shown(outcome, text)).as_bytes())
+                    let agent = by_agent(data["agent_id"].as_str().unwrap_or_default());
+                    out.write_all(format!("{agent}{}\n", shown(outcome, text)).as_bytes())
                         .await?;
                     out.flush().await?;
                 } else {

@@ -1,7 +1,8 @@
-//! The executor's two state machines, each one table: jobs (the OJS eight
-//! states, seed 000) and tasks (ARCHITECTURE.md). Every change of a job's or
-//! a task's state goes through [`JobState::check`] / [`TaskState::check`];
-//! a refusal's reason depends only on the `(from, to)` pair.
+//! The executor's state machines, each one table: jobs (the OJS eight
+//! states, seed 000), tasks (ARCHITECTURE.md) and who holds a conversation
+//! (seed ADR 003 handoff mode). Every change goes through
+//! [`JobState::check`] / [`TaskState::check`] / [`Holder::check`]; a
+//! refusal's reason depends only on the `(from, to)` pair.
 
 use std::fmt;
 
@@ -176,6 +177,29 @@ impl TaskState {
     }
 }
 
+machine! {
+    /// Who holds a conversation (seed ADR 003, handoff mode): its
+    /// orchestrator, an agent it handed the conversation to (proxied, never
+    /// direct), or nobody once it ended. A delegated conversation goes back
+    /// to the orchestrator when reclaimed (the agent hands back, a limit, the
+    /// person's request, an error or a refusal); an agent holding it cannot
+    /// hand it on.
+    Holder, "conversation", ConversationClosed,
+    states {
+        /// The orchestrator answers.
+        Orchestrator => "orchestrator",
+        /// An agent answers.
+        Delegated => "delegated",
+        /// It takes no more messages.
+        Ended => "ended",
+    }
+    terminal [Ended]
+    table {
+        Orchestrator => [Delegated, Ended],
+        Delegated => [Orchestrator, Ended],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,6 +282,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn every_holder_pair_follows_the_table_with_a_reason_fixed_by_the_pair() {
+        use Holder::*;
+        assert_eq!(Holder::ALL.len(), 3);
+        for &from in Holder::ALL {
+            for &to in Holder::ALL {
+                let want = matches!(
+                    (from, to),
+                    (Orchestrator, Delegated | Ended) | (Delegated, Orchestrator | Ended)
+                );
+                let got = from.check(to);
+                assert_eq!(got.is_ok(), want, "{from} -> {to}");
+                if let Err(e) = got {
+                    let reason = if from == Ended {
+                        Reason::ConversationClosed
+                    } else {
+                        Reason::TransitionNotAllowed
+                    };
+                    assert_eq!(e.reason, reason, "{from} -> {to}");
+                }
+            }
+        }
+        assert_eq!(
+            Delegated.check(Delegated).unwrap_err().to_string(),
+            "conversation cannot move from delegated to delegated: transition not allowed"
+        );
     }
 
     #[test]

@@ -183,6 +183,12 @@ pub trait Host: Send + Sync {
     fn streams(&self) -> bool {
         false
     }
+    /// Whether a tool call of the round just run ends the loop (a handoff
+    /// took the conversation elsewhere): then no further model call is
+    /// made and the run ends with what it reported so far.
+    fn finished(&self) -> bool {
+        false
+    }
     /// Whether a call of tool `name` waits for a person's decision first.
     fn needs_approval(&self, _name: &str) -> bool {
         false
@@ -613,6 +619,11 @@ pub async fn resume(
         round
             .run(&resp.tool_calls, &mut req, &mut report, &mut deadline)
             .await;
+        // A call that ends the run (a handoff took the conversation): no
+        // further model call; the host has what it needs.
+        if host.finished() {
+            return Ok(report);
+        }
         // `required` forces a tool call once; then the model may answer.
         if req.tool_choice == ToolChoice::Required {
             req.tool_choice = ToolChoice::Auto;

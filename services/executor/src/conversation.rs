@@ -12,12 +12,12 @@
 //! the rules of an input task's answerers ([`crate::input::may_answer`]).
 
 use switchyard_core::Reason;
-use switchyard_core::lifecycle::TaskState;
+use switchyard_core::lifecycle::{Holder, TaskState};
 use switchyard_kit::auth::Principal;
 use switchyard_llm::{Message, Role};
 use switchyard_proto::executor::v1::task_spec::Kind;
 use switchyard_proto::executor::v1::{
-    ConversationReply, ConversationTask, ConversationTurn, ListMessagesRequest,
+    ConversationReply, ConversationSpend, ConversationTask, ConversationTurn, ListMessagesRequest,
     ListMessagesResponse, LlmUsage, ReplyOutcome, SendMessageRequest, SendMessageResponse,
 };
 
@@ -51,6 +51,17 @@ pub(crate) const IDLE: &str = "idle";
 /// The last message it takes was answered.
 pub(crate) const FULL: &str = "max_messages";
 
+/// `handoff.reclaimed` reasons: the agent handed the conversation back.
+pub(crate) const HANDED_BACK: &str = "handed_back";
+/// The person asked (`/reclaim`).
+pub(crate) const BY_USER: &str = "user";
+/// The handoff's time limit passed.
+pub(crate) const TIMED_OUT: &str = "timeout";
+/// The agent answered its most messages.
+pub(crate) const MAX_TURNS: &str = "max_turns";
+/// The agent spent the handoff's tokens or money.
+pub(crate) const OVER_BUDGET: &str = "budget";
+
 /// A conversation task's idle time, seconds.
 pub(crate) fn idle_secs(c: &ConversationTask) -> u64 {
     match u64::from(c.idle_secs) {
@@ -78,14 +89,36 @@ pub struct Turn {
     pub sequence: u64,
 }
 
-/// A conversation as its log says: every message with its reply, and its
-/// end.
+/// An agent holding the conversation, and what it did since.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Handoff {
+    /// How it began.
+    pub started: events::HandoffStarted,
+    /// Messages the agent answered.
+    pub turns: u32,
+    /// Tokens it spent.
+    pub tokens: u64,
+    /// Money it spent, micro-USD.
+    pub cost: i64,
+}
+
+/// A conversation as its log says: every message with its reply, who
+/// holds it, and its end.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Talk {
     /// Messages in order (message `seq` is `turns[seq - 1]`).
     pub turns: Vec<Turn>,
     /// How it ended, once it did.
     pub ended: Option<events::ConversationEnded>,
+    /// The agent holding it (handoff mode), if one does.
+    pub handoff: Option<Handoff>,
+    /// The last reclaim, until the orchestrator has answered after it (it
+    /// is told what the agent handed back).
+    pub reclaimed: Option<events::HandoffReclaimed>,
+    /// What each agent spent over the conversation: (turns, tokens, cost).
+    pub agents: std::collections::BTreeMap<String, (u32, u64, i64)>,
+    /// Tokens of the orchestrator's turns that handed off.
+    pub handing_off_tokens: u64,
 }
 
 impl Talk {
@@ -103,8 +136,33 @@ impl Talk {
                 if let Some(t) = at.and_then(|i| self.turns.get_mut(i)) {
                     t.reply = Some(r.clone());
                 }
+                if r.agent_id.is_empty() && r.outcome == ANSWERED {
+                    self.reclaimed = None;
+                }
             }
             JobEvent::ConversationEnded(e) => self.ended = Some(e.clone()),
+            JobEvent::HandoffStarted(h) => {
+                self.handing_off_tokens += h.orchestrator_tokens;
+                self.handoff = Some(Handoff {
+                    started: h.clone(),
+                    ..Default::default()
+                });
+            }
+            JobEvent::AgentResult(r) => {
+                if let Some(h) = self.handoff.as_mut() {
+                    h.turns += 1;
+                    h.tokens += r.tokens;
+                    h.cost += r.cost_micro_usd;
+                }
+                let a = self.agents.entry(r.agent_id.clone()).or_default();
+                a.0 += 1;
+                a.1 += r.tokens;
+                a.2 += r.cost_micro_usd;
+            }
+            JobEvent::HandoffReclaimed(r) => {
+                self.handoff = None;
+                self.reclaimed = Some(r.clone());
+            }
             _ => {}
         }
     }
@@ -124,14 +182,51 @@ impl Talk {
             .map(|t| t.message.by.as_str())
     }
 
+    /// Who holds it.
+    pub(crate) fn holder(&self) -> Holder {
+        match (&self.ended, &self.handoff) {
+            (Some(_), _) => Holder::Ended,
+            (None, Some(_)) => Holder::Delegated,
+            (None, None) => Holder::Orchestrator,
+        }
+    }
+
+    /// What the agent holding the conversation is sent for message `seq`:
+    /// the messages since the handoff (the person's, and its own replies),
+    /// nothing from before it.
+    pub(crate) fn since_handoff(&self, seq: u32) -> Vec<serde_json::Value> {
+        let Some(h) = &self.handoff else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for t in self
+            .turns
+            .iter()
+            .filter(|t| t.message.seq >= h.started.seq && t.message.seq <= seq)
+        {
+            out.push(serde_json::json!({"role": "user", "text": t.message.text}));
+            if let Some(r) = t.reply.as_ref().filter(|r| {
+                r.outcome == ANSWERED && r.agent_id == h.started.agent_id && t.message.seq < seq
+            }) {
+                out.push(serde_json::json!({"role": "assistant", "text": r.text}));
+            }
+        }
+        out
+    }
+
     /// What the model is shown before message `seq`: each earlier message
-    /// that was answered, with its answer. Unanswered ones (paused or
-    /// failed turns) are left out, so the model sees a conversation that
-    /// alternates as it expects.
+    /// the orchestrator answered, with its answer. Unanswered ones (paused
+    /// or failed turns) are left out, so the model sees a conversation that
+    /// alternates as it expects; so are those an agent answered while it
+    /// held the conversation (the orchestrator is told what it handed back).
     pub(crate) fn history(&self, seq: u32) -> Vec<Message> {
         let mut out = Vec::new();
         for t in self.turns.iter().take_while(|t| t.message.seq < seq) {
-            if let Some(r) = t.reply.as_ref().filter(|r| r.outcome == ANSWERED) {
+            if let Some(r) = t
+                .reply
+                .as_ref()
+                .filter(|r| r.outcome == ANSWERED && r.agent_id.is_empty())
+            {
                 out.push(Message::text(Role::User, t.message.text.clone()));
                 out.push(Message::text(Role::Assistant, r.text.clone()));
             }
@@ -300,9 +395,42 @@ fn turns(talk: &Talk, after: u32) -> Vec<ConversationTurn> {
                 }),
                 reason: r.reason.clone(),
                 replied_at: Some(switchyard_kit::time::timestamp(r.at_ms)),
+                agent_id: r.agent_id.clone(),
             }),
         })
         .collect()
+}
+
+/// What each participant spent: the orchestrator (its replies' tokens),
+/// then each agent.
+fn spend(t: &Talk) -> Vec<ConversationSpend> {
+    let (mut turns, mut tokens) = (0, t.handing_off_tokens);
+    for r in t
+        .turns
+        .iter()
+        .filter_map(|t| t.reply.as_ref())
+        .filter(|r| r.agent_id.is_empty() && r.llm_calls > 0)
+    {
+        turns += 1;
+        tokens += r.total_tokens;
+    }
+    let mut out = vec![ConversationSpend {
+        agent_id: String::new(),
+        turns,
+        tokens,
+        cost_micro_usd: 0,
+    }];
+    out.extend(
+        t.agents
+            .iter()
+            .map(|(id, &(turns, tokens, cost))| ConversationSpend {
+                agent_id: id.clone(),
+                turns,
+                tokens,
+                cost_micro_usd: cost,
+            }),
+    );
+    out
 }
 
 /// A conversation's state read from a stored job's log (a job not held
@@ -474,6 +602,12 @@ impl Executor {
                 turns: turns(talk, req.after_seq),
                 open,
                 waiting: open && state == TaskState::InputRequired && talk.pending().is_none(),
+                active_agent: talk
+                    .handoff
+                    .as_ref()
+                    .map(|h| h.started.agent_id.clone())
+                    .unwrap_or_default(),
+                agents: spend(talk),
                 task_id,
             })
         };

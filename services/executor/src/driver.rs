@@ -777,6 +777,7 @@ fn snapshot(st: &Jobs, job_id: &str, i: usize, attempt: u32) -> Result<Snapshot,
         start_g: 0,
         lease: e.lease,
         scope: String::new(),
+        user_message: String::new(),
         resume: None,
     })
 }

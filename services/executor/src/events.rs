@@ -133,6 +133,16 @@ job_events! {
     Replied(Replied) = "conversation.replied",
     /// A conversation takes no more messages.
     ConversationEnded(ConversationEnded) = "conversation.ended",
+    /// The orchestrator handed the conversation to an agent.
+    HandoffStarted(HandoffStarted) = "handoff.started",
+    /// The orchestrator took the conversation back.
+    HandoffReclaimed(HandoffReclaimed) = "handoff.reclaimed",
+    /// An agent holding the conversation is sent a message.
+    AgentInvoked(AgentInvoked) = "agent.invoked",
+    /// It answered.
+    AgentResult(AgentResult) = "agent.result",
+    /// It failed or refused.
+    AgentError(AgentFailed) = "agent.error",
     /// A task's artifact was stored.
     ArtifactStored(ArtifactStored) = "artifact.stored",
     /// A task's artifact was refused.
@@ -252,6 +262,96 @@ pub struct Replied {
     pub reason: String,
     /// When it was recorded, ms since the epoch.
     pub at_ms: u64,
+    /// The agent holding the conversation that answered; empty: the
+    /// orchestrator.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub agent_id: String,
+}
+
+/// `handoff.started`: at message `seq` the orchestrator handed the
+/// conversation to `agent_id` with `task`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HandoffStarted {
+    /// The agent now holding the conversation.
+    pub agent_id: String,
+    /// The capability it was called on.
+    pub capability: String,
+    /// What the orchestrator asked of it (all the agent is told besides
+    /// the messages since).
+    pub task: String,
+    /// The message the handoff answers.
+    pub seq: u32,
+    /// When, ms since the epoch (the handoff's time limit counts from it).
+    pub at_ms: u64,
+    /// Tokens of the orchestrator's turn that handed off (it has no reply
+    /// of its own to carry them).
+    pub orchestrator_tokens: u64,
+}
+
+/// `handoff.reclaimed`: the orchestrator holds the conversation again.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HandoffReclaimed {
+    /// The agent that held it.
+    pub agent_id: String,
+    /// `handed_back`, `user`, `timeout`, `max_turns`, `budget`, `error` or
+    /// `refused`.
+    pub why: String,
+    /// What the agent handed back (`handed_back` only).
+    pub result: Value,
+    /// The message at which it was reclaimed.
+    pub seq: u32,
+    /// Messages the agent answered in the handoff.
+    pub turns: u32,
+    /// Tokens it spent in the handoff.
+    pub tokens: u64,
+    /// Money it spent in the handoff, micro-USD.
+    pub cost_micro_usd: i64,
+}
+
+/// `agent.invoked`: an agent holding the conversation is sent message `seq`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AgentInvoked {
+    /// The agent.
+    pub agent_id: String,
+    /// The message.
+    pub seq: u32,
+    /// Messages it was sent (those since the handoff).
+    pub messages: u32,
+}
+
+/// `agent.result`: it answered message `seq`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AgentResult {
+    /// The agent.
+    pub agent_id: String,
+    /// The message.
+    pub seq: u32,
+    /// Tokens the call spent.
+    pub tokens: u64,
+    /// Money it cost, micro-USD.
+    pub cost_micro_usd: i64,
+    /// It handed the conversation back.
+    pub handback: bool,
+}
+
+/// `agent.error`: it failed or refused message `seq`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AgentFailed {
+    /// The agent.
+    pub agent_id: String,
+    /// The message.
+    pub seq: u32,
+    /// `error` or `refused`.
+    pub status: String,
+    /// Reason code.
+    pub reason: String,
+    /// What it said.
+    pub error: String,
 }
 
 /// `conversation.ended`.

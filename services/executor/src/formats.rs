@@ -14,8 +14,8 @@ use switchyard_kit::json::json_to_struct;
 use switchyard_proto::common::v1::Money;
 use switchyard_proto::executor::v1::{
     AgentTask, ArtifactOutput, BackoffStrategy, CommandTask, ConversationTask, Delegation,
-    FallbackPolicy, FallbackStrategy, InputAnswerers, InputTask, JobApproval, JobBudget, JobSpec,
-    LlmTask, ResourceLimits, RetryPolicy, TaskSpec, ToolDefinition, task_spec,
+    FallbackPolicy, FallbackStrategy, HandoffLimits, InputAnswerers, InputTask, JobApproval,
+    JobBudget, JobSpec, LlmTask, ResourceLimits, RetryPolicy, TaskSpec, ToolDefinition, task_spec,
 };
 
 /// A document that is not a valid job of its format.
@@ -1342,6 +1342,17 @@ struct NativeConversation {
     participants: Option<NativeAnswerers>,
     idle_secs: u32,
     max_messages: u32,
+    handoff: Option<NativeHandoff>,
+}
+
+/// A conversation's handoff limits.
+#[derive(Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+struct NativeHandoff {
+    max_turns: u32,
+    timeout_secs: u32,
+    max_tokens: u64,
+    max_cost_micro_usd: i64,
 }
 
 impl NativeAnswerers {
@@ -1480,6 +1491,12 @@ fn native(v: &Value, found: &mut Violations) -> Result<JobSpec, FormatError> {
                 participants: c.participants.map(NativeAnswerers::proto),
                 idle_secs: c.idle_secs,
                 max_messages: c.max_messages,
+                handoff: c.handoff.map(|h| HandoffLimits {
+                    max_turns: h.max_turns,
+                    timeout_secs: h.timeout_secs,
+                    max_tokens: h.max_tokens,
+                    max_cost_micro_usd: h.max_cost_micro_usd,
+                }),
             })
         } else if let Some(q) = t.input {
             task_spec::Kind::Input(InputTask {

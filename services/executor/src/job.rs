@@ -309,7 +309,10 @@ impl JobEntry {
             }
             JobEvent::MessageReceived(_)
             | JobEvent::Replied(_)
-            | JobEvent::ConversationEnded(_) => {
+            | JobEvent::ConversationEnded(_)
+            | JobEvent::HandoffStarted(_)
+            | JobEvent::HandoffReclaimed(_)
+            | JobEvent::AgentResult(_) => {
                 self.talks
                     .entry(at.task_id.clone())
                     .or_default()
@@ -328,6 +331,8 @@ impl JobEntry {
             | JobEvent::ToolProgress(_)
             | JobEvent::LlmDelta(_)
             | JobEvent::Overrun(_)
+            | JobEvent::AgentInvoked(_)
+            | JobEvent::AgentError(_)
             | JobEvent::Delegated(_) => {}
         }
     }

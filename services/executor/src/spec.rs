@@ -375,6 +375,24 @@ fn check_conversation(
     if let Some(a) = &c.participants {
         check_answerers(v, &format!("{at}.participants"), a);
     }
+    if let Some(h) = &c.handoff {
+        if h.max_cost_micro_usd < 0 {
+            v.add(
+                format!("{at}.handoff.max_cost_micro_usd"),
+                "max_cost_micro_usd must not be negative",
+            );
+        }
+        if u64::from(h.timeout_secs) > crate::input::MAX_WAIT_SECS {
+            v.add(
+                format!("{at}.handoff.timeout_secs"),
+                format!(
+                    "timeout_secs must be at most {} (30 days), got {}",
+                    crate::input::MAX_WAIT_SECS,
+                    h.timeout_secs
+                ),
+            );
+        }
+    }
 }
 
 /// A task's retry policy.

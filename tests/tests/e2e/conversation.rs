@@ -67,7 +67,7 @@ async fn close(c: &mut Jobs, job_id: &str) -> Result<SendMessageResponse, tonic:
     .map(tonic::Response::into_inner)
 }
 
-async fn history(c: &mut Jobs, job_id: &str) -> ListMessagesResponse {
+pub(crate) async fn history(c: &mut Jobs, job_id: &str) -> ListMessagesResponse {
     c.list_messages(ListMessagesRequest {
         job_id: job_id.into(),
         ..Default::default()
@@ -90,7 +90,7 @@ fn refused<T: std::fmt::Debug>(
 }
 
 /// Follows the job's log from `after` until the reply to message `seq`.
-async fn reply_to(c: &mut Jobs, job_id: &str, seq: u32, after: u64) -> Value {
+pub(crate) async fn reply_to(c: &mut Jobs, job_id: &str, seq: u32, after: u64) -> Value {
     let mut s = c
         .watch_job(WatchJobRequest {
             job_id: job_id.into(),
@@ -498,6 +498,7 @@ async fn a_conversation_that_cannot_work_is_refused_with_every_problem() {
         "idle_secs": 9_999_999,
         "max_messages": 5000,
         "participants": {"roles": ["agent"]},
+        "handoff": {"max_cost_micro_usd": -1},
     }}]})
     .to_string();
     let err = ApiError::from(submit(&mut alice, &doc).await.unwrap_err());
@@ -508,6 +509,7 @@ async fn a_conversation_that_cannot_work_is_refused_with_every_problem() {
         "conversation.idle_secs",
         "conversation.max_messages",
         "conversation.participants.roles[0]",
+        "conversation.handoff.max_cost_micro_usd",
     ] {
         assert!(
             fields.iter().any(|f| f.ends_with(field)),

@@ -10,6 +10,7 @@ mod console;
 mod conversation;
 mod executor;
 mod gateway;
+mod handoff;
 mod input;
 mod ledger_concurrency;
 mod llm;

@@ -95,6 +95,19 @@ fn routed_event(a: &AgentTask, candidates: &[Candidate], routed: &RouteResponse)
 impl Attempt<'_> {
     /// One attempt of an agent task (or an agent called as an LLM tool).
     pub(crate) async fn agent(&self, a: &AgentTask, input: Value) -> Outcome {
+        self.agent_among(a, input, None).await
+    }
+
+    /// Calls agent `only` for `a` (routed on its capability, reserved,
+    /// charged): no other agent stands in for it, as none may for the one
+    /// holding a conversation.
+    pub(crate) async fn agent_only(&self, a: &AgentTask, input: Value, only: &str) -> Outcome {
+        self.agent_among(a, input, Some(only)).await
+    }
+
+    /// [`Attempt::agent`], among the candidates routing offers (all, or
+    /// only `only`).
+    async fn agent_among(&self, a: &AgentTask, input: Value, only: Option<&str>) -> Outcome {
         let (x, snap) = (self.x, self.snap);
         let waiter = self.spender().waiter();
         let routed = match waiter.call(Service::Router, || x.route(a)).await {
@@ -112,6 +125,9 @@ impl Attempt<'_> {
             }
         };
         let mut candidates = routed.candidates.clone();
+        if let Some(only) = only {
+            candidates.retain(|c| c.agent_id == only);
+        }
         // prefer_agents first, keeping the router's order otherwise.
         candidates.sort_by_key(|c| !a.prefer_agents.contains(&c.agent_id));
         let book = &self.x.inner.book;
@@ -233,6 +249,7 @@ impl Attempt<'_> {
                 budget_id: snap.budget_id.clone(),
                 delegation_depth: snap.delegation_depth,
                 grant: self.x.grant(snap, &c.agent_id, tokens, timeout),
+                user_message: snap.user_message.clone(),
                 ..Default::default()
             }),
             limits: Some(AgentLimits {

@@ -11,12 +11,13 @@
 //! finding none, sits on the desk and moves to `input_required` under one
 //! lock, so a message either is seen or wakes it.
 
-use serde_json::json;
+use serde_json::{Value, json};
 use switchyard_core::Reason;
-use switchyard_core::lifecycle::TaskState;
-use switchyard_proto::executor::v1::{ConversationTask, TaskStatus};
+use switchyard_core::lifecycle::{Holder, TaskState};
+use switchyard_proto::executor::v1::{ConversationTask, LlmTask, TaskStatus};
 
-use super::llm::Turn;
+use super::handoff;
+use super::llm::{HandoffTo, Turn};
 use super::{Attempt, Outcome};
 use crate::book::Change;
 use crate::conversation::{self as talk, Talk};
@@ -27,18 +28,59 @@ use crate::schedule::Class;
 enum Seen {
     /// It ended (before a restart): the task's output.
     Ended(TaskStatus),
-    /// Message `seq` waits for its reply: why the task runs, the turn.
-    Pending(u32, String, Turn),
+    /// Message `seq` waits for its reply: why the task runs.
+    Pending(u32, String),
     /// A participant closed it, or it is full: the output and the record.
     Closing(TaskStatus, events::ConversationEnded),
     /// Nothing to answer: the last activity (ms) and the next message's number.
     Quiet(u64, u32),
 }
 
+/// Who answers a message, as it is being decided.
+enum Plan {
+    /// Answered (a notice): the reply's log position.
+    Done(u64),
+    /// The orchestrator answers this turn.
+    Orchestrator(Turn),
+    /// The agent of this handoff answers, sent these messages.
+    Agent(events::HandoffStarted, Vec<Value>, String),
+}
+
+/// The record of taking the conversation back from handoff `h` at `seq`.
+fn reclaimed(h: &talk::Handoff, why: &str, result: Value, seq: u32) -> events::HandoffReclaimed {
+    events::HandoffReclaimed {
+        agent_id: h.started.agent_id.clone(),
+        why: why.to_owned(),
+        result,
+        seq,
+        turns: h.turns,
+        tokens: h.tokens,
+        cost_micro_usd: h.cost,
+    }
+}
+
+/// Message `text` as the orchestrator is given it: after a reclaim, with
+/// what the agent that held the conversation handed back (not its
+/// exchanges with the person).
+fn with_note(r: Option<&events::HandoffReclaimed>, text: &str) -> String {
+    let Some(r) = r else {
+        return text.to_owned();
+    };
+    let what = if r.why == talk::HANDED_BACK {
+        format!("handed it back with the result {}", r.result)
+    } else {
+        format!("was taken back from it ({}; {})", r.why, r.result)
+    };
+    format!(
+        "[The agent {} held the conversation for {} messages and {what}.]\n\n{text}",
+        r.agent_id, r.turns
+    )
+}
+
 /// What the attempt does next, decided under the lock.
 enum Next<'a> {
     /// Answer message `seq`.
-    Answer(u32, Turn),
+    Answer(u32),
     /// The conversation is over: end the task with this output.
     End(Box<TaskStatus>, u64),
     /// Wait for a message (or the idle time) on the desk.
@@ -59,13 +101,13 @@ impl Attempt<'_> {
             };
             let book = &self.x.inner.book;
             match next {
-                Next::Answer(seq, turn) => {
+                Next::Answer(seq) => {
                     // The reply before it is durable before another model
                     // call is made.
                     if let Err(e) = book.durable(unflushed).await {
                         return Outcome::fail(Class::Other, Reason::StorageFailure, e.to_string());
                     }
-                    unflushed = self.answer(&orchestrator, seq, turn).await;
+                    unflushed = self.answer(c, &orchestrator, seq).await;
                 }
                 Next::End(status, g) => {
                     if let Err(e) = book.durable(g).await {
@@ -117,11 +159,7 @@ impl Attempt<'_> {
                 Seen::Ended(output(t, end))
             } else if let Some(p) = t.pending() {
                 let seq = p.message.seq;
-                let turn = Turn {
-                    history: t.history(seq),
-                    text: p.message.text.clone(),
-                };
-                Seen::Pending(seq, format!("message {seq} from {}", p.message.by), turn)
+                Seen::Pending(seq, format!("message {seq} from {}", p.message.by))
             } else if let Some(by) = t.closed_by().map(str::to_owned).or(full.then(String::new)) {
                 let end = events::ConversationEnded {
                     messages: t.turns.len() as u32,
@@ -160,9 +198,9 @@ impl Attempt<'_> {
             }
             // Recorded while the attempt was not on the desk (answering,
             // or resuming).
-            Seen::Pending(seq, why, turn) => {
+            Seen::Pending(seq, why) => {
                 resume(&why)?;
-                Ok(Next::Answer(seq, turn))
+                Ok(Next::Answer(seq))
             }
             Seen::Closing(status, end) => {
                 resume(&end.why)?;
@@ -190,14 +228,100 @@ impl Attempt<'_> {
         }
     }
 
-    /// Runs the turn for message `seq` and records its reply; the record's
-    /// log position (not yet durable).
-    async fn answer(
+    /// Answers message `seq` and records the reply; the record's log
+    /// position (not yet durable). The agent holding the conversation
+    /// answers, or the orchestrator — which may hand the conversation off
+    /// (the agent then answers this message), or take it back first.
+    async fn answer(&self, c: &ConversationTask, orchestrator: &LlmTask, seq: u32) -> u64 {
+        let mut plan = self.plan(c, seq);
+        loop {
+            plan = match plan {
+                Plan::Done(g) => return g,
+                Plan::Orchestrator(turn) => {
+                    match self.orchestrator_turn(orchestrator, seq, turn).await {
+                        Ok(g) => return g,
+                        Err((h, tokens)) => self.hand_off(seq, h, tokens),
+                    }
+                }
+                Plan::Agent(h, messages, text) => {
+                    self.delegated_turn(seq, &h, messages, &text).await
+                }
+            };
+        }
+    }
+
+    /// Who answers message `seq`, taking the conversation back first when a
+    /// reclaim trigger says so (the person's `/reclaim` is answered with a
+    /// notice, no model call).
+    fn plan(&self, c: &ConversationTask, seq: u32) -> Plan {
+        let (x, s) = (self.x, self.snap);
+        let book = &x.inner.book;
+        let limits = handoff::limits(c);
+        let mut st = book.lock();
+        let decided = {
+            let Ok(e) = st.get(&s.job_id) else {
+                return Plan::Done(book.last());
+            };
+            let empty = Talk::default();
+            let t = e.talks.get(&s.task.id).unwrap_or(&empty);
+            let Some(m) = (seq as usize).checked_sub(1).and_then(|i| t.turns.get(i)) else {
+                return Plan::Done(book.last());
+            };
+            let text = m.message.text.clone();
+            match &t.handoff {
+                Some(h) => match handoff::reclaim_before(t, &limits, &text, book.now()) {
+                    Some(why) => Err((reclaimed(h, why, Value::Null, seq), t.history(seq), text)),
+                    None => Ok(Plan::Agent(h.started.clone(), t.since_handoff(seq), text)),
+                },
+                None => Ok(Plan::Orchestrator(Turn {
+                    history: t.history(seq),
+                    text: with_note(t.reclaimed.as_ref(), &text),
+                    handoffs: true,
+                })),
+            }
+        };
+        match decided {
+            Ok(plan) => plan,
+            Err((r, history, text)) => {
+                let why = r.why.clone();
+                let note = with_note(Some(&r), &text);
+                let agent = r.agent_id.clone();
+                book.record(
+                    &mut st,
+                    &s.job_id,
+                    &s.task.id,
+                    JobEvent::HandoffReclaimed(r),
+                );
+                if why == talk::BY_USER {
+                    let text = format!(
+                        "You are back with the orchestrator: {agent} no longer holds the conversation (you asked)."
+                    );
+                    return Plan::Done(self.record_reply(
+                        &mut st,
+                        seq,
+                        talk::ANSWERED,
+                        text,
+                        None,
+                        "",
+                    ));
+                }
+                Plan::Orchestrator(Turn {
+                    history,
+                    text: note,
+                    handoffs: false,
+                })
+            }
+        }
+    }
+
+    /// The orchestrator answers message `seq`: the reply's log position, or
+    /// the handoff it asked for instead.
+    async fn orchestrator_turn(
         &self,
-        orchestrator: &switchyard_proto::executor::v1::LlmTask,
+        orchestrator: &LlmTask,
         seq: u32,
         turn: Turn,
-    ) -> u64 {
+    ) -> Result<u64, (HandoffTo, u64)> {
         // The turn's reservations and calls have keys of their own.
         let snap = super::Snapshot {
             scope: format!("{}/msg/{seq}", self.snap.scope),
@@ -210,7 +334,12 @@ impl Attempt<'_> {
             scratch: self.scratch,
         };
         let (report, failure) = match this_turn.run_loop(orchestrator, Some(turn)).await {
-            Ok((report, failure, _children)) => (report, failure),
+            Ok(ran) => {
+                if let (Some(h), None) = (ran.handoff, &ran.failure) {
+                    return Err((h, ran.report.usage.total_tokens));
+                }
+                (ran.report, ran.failure)
+            }
             // The turn could not start (its log not durable, its tools not
             // found): a failed turn, the conversation goes on.
             Err(out) => (
@@ -222,8 +351,137 @@ impl Attempt<'_> {
                 })),
             ),
         };
-        let (outcome, text, reason) = match failure {
-            None => (talk::ANSWERED, report.content.clone(), String::new()),
+        let (outcome, text, reason) = self.said(failure, report.content.clone());
+        let book = &self.x.inner.book;
+        let mut st = book.lock();
+        Ok(self.record_reply(&mut st, seq, outcome, text, Some(&report), &reason))
+    }
+
+    /// The orchestrator handed the conversation to `h.agent_id` at message
+    /// `seq` (its turn used `tokens`): recorded, and the agent answers that
+    /// message.
+    fn hand_off(&self, seq: u32, h: HandoffTo, tokens: u64) -> Plan {
+        let (x, s) = (self.x, self.snap);
+        let book = &x.inner.book;
+        let mut st = book.lock();
+        let Ok(e) = st.get(&s.job_id) else {
+            return Plan::Done(book.last());
+        };
+        let empty = Talk::default();
+        let t = e.talks.get(&s.task.id).unwrap_or(&empty);
+        if let Err(why) = handoff::check(t, Holder::Delegated) {
+            let text = format!("This message could not be handed off: {why}");
+            return Plan::Done(self.record_reply(&mut st, seq, talk::FAILED, text, None, ""));
+        }
+        let text = t
+            .turns
+            .get(seq as usize - 1)
+            .map(|m| m.message.text.clone())
+            .unwrap_or_default();
+        let started = events::HandoffStarted {
+            agent_id: h.agent_id,
+            capability: h.capability,
+            task: h.task,
+            seq,
+            at_ms: book.now(),
+            orchestrator_tokens: tokens,
+        };
+        book.record(
+            &mut st,
+            &s.job_id,
+            &s.task.id,
+            JobEvent::HandoffStarted(started.clone()),
+        );
+        let messages = vec![json!({"role": "user", "text": text})];
+        Plan::Agent(started, messages, text)
+    }
+
+    /// The agent holding the conversation answers message `seq`; when it
+    /// fails or refuses, the orchestrator takes the conversation back and
+    /// answers instead.
+    async fn delegated_turn(
+        &self,
+        seq: u32,
+        h: &events::HandoffStarted,
+        messages: Vec<Value>,
+        text: &str,
+    ) -> Plan {
+        let answered = self.agent_turn(h, seq, text, messages).await;
+        let (x, s) = (self.x, self.snap);
+        let book = &x.inner.book;
+        let mut st = book.lock();
+        let current = st
+            .get(&s.job_id)
+            .ok()
+            .and_then(|e| e.talks.get(&s.task.id))
+            .and_then(|t| t.handoff.clone())
+            .unwrap_or_else(|| talk::Handoff {
+                started: h.clone(),
+                ..Default::default()
+            });
+        match answered {
+            handoff::Answered::Reply { text, handback, .. } => {
+                let mut r = self.reply_record(seq, talk::ANSWERED, text, None, "");
+                r.agent_id.clone_from(&h.agent_id);
+                let mut g = book.record(&mut st, &s.job_id, &s.task.id, JobEvent::Replied(r));
+                if let Some(result) = handback {
+                    let back = reclaimed(&current, talk::HANDED_BACK, result, seq);
+                    g = book.record(
+                        &mut st,
+                        &s.job_id,
+                        &s.task.id,
+                        JobEvent::HandoffReclaimed(back),
+                    );
+                }
+                Plan::Done(g)
+            }
+            handoff::Answered::Paused(error, reason) => {
+                let (outcome, text, reason) = self.said(
+                    Some(crate::schedule::Failure {
+                        class: Class::Budget,
+                        reason,
+                        error,
+                    }),
+                    String::new(),
+                );
+                let mut r = self.reply_record(seq, outcome, text, None, &reason);
+                r.agent_id.clone_from(&h.agent_id);
+                Plan::Done(book.record(&mut st, &s.job_id, &s.task.id, JobEvent::Replied(r)))
+            }
+            handoff::Answered::Failed { status, error, .. } => {
+                let mut back = reclaimed(&current, status, Value::Null, seq);
+                back.result = json!({"error": error});
+                let note = with_note(Some(&back), text);
+                book.record(
+                    &mut st,
+                    &s.job_id,
+                    &s.task.id,
+                    JobEvent::HandoffReclaimed(back),
+                );
+                let history = st
+                    .get(&s.job_id)
+                    .ok()
+                    .and_then(|e| e.talks.get(&s.task.id))
+                    .map(|t| t.history(seq))
+                    .unwrap_or_default();
+                Plan::Orchestrator(Turn {
+                    history,
+                    text: note,
+                    handoffs: false,
+                })
+            }
+        }
+    }
+
+    /// How a turn that ended with `failure` (or answered `content`) is
+    /// told: (outcome, text, reason).
+    fn said(
+        &self,
+        failure: Option<crate::schedule::Failure>,
+        content: String,
+    ) -> (&'static str, String, String) {
+        match failure {
+            None => (talk::ANSWERED, content, String::new()),
             Some(f) if f.class == Class::Budget => (
                 talk::PAUSED,
                 format!(
@@ -237,9 +495,21 @@ impl Attempt<'_> {
                 format!("This message could not be answered: {}", f.error),
                 f.reason.as_str().to_owned(),
             ),
-        };
-        let book = &self.x.inner.book;
-        let r = events::Replied {
+        }
+    }
+
+    /// The reply to message `seq`, with what the orchestrator's run used.
+    fn reply_record(
+        &self,
+        seq: u32,
+        outcome: &str,
+        text: String,
+        report: Option<&switchyard_llm::agent::Report>,
+        reason: &str,
+    ) -> events::Replied {
+        let empty = switchyard_llm::agent::Report::default();
+        let report = report.unwrap_or(&empty);
+        events::Replied {
             seq,
             outcome: outcome.to_owned(),
             text,
@@ -248,16 +518,28 @@ impl Attempt<'_> {
             completion_tokens: report.usage.completion_tokens,
             total_tokens: report.usage.total_tokens,
             llm_calls: report.llm_calls,
-            reason,
-            at_ms: book.now(),
-        };
-        let mut st = book.lock();
-        book.record(
-            &mut st,
-            &self.snap.job_id,
-            &self.snap.task.id,
-            JobEvent::Replied(r),
-        )
+            reason: reason.to_owned(),
+            at_ms: self.x.inner.book.now(),
+            agent_id: String::new(),
+        }
+    }
+
+    /// Records the orchestrator's reply to message `seq`; its log position.
+    fn record_reply(
+        &self,
+        st: &mut crate::book::Jobs,
+        seq: u32,
+        outcome: &str,
+        text: String,
+        report: Option<&switchyard_llm::agent::Report>,
+        reason: &str,
+    ) -> u64 {
+        let r = self.reply_record(seq, outcome, text, report, reason);
+        let s = self.snap;
+        self.x
+            .inner
+            .book
+            .record(st, &s.job_id, &s.task.id, JobEvent::Replied(r))
     }
 
     /// Nobody wrote within the idle time: ends the conversation, unless a

@@ -140,6 +140,11 @@ pub(crate) enum Route {
     },
     /// The built-in child-job tool.
     Delegate,
+    /// Hand the conversation to this agent (handoff mode).
+    Handoff {
+        agent_id: String,
+        capability: String,
+    },
     /// Declared, but nothing runs it (the model is told so).
     Missing,
 }
@@ -155,12 +160,35 @@ fn agent_schema() -> Value {
     })
 }
 
+/// What one run of the loop did.
+pub(crate) struct Ran {
+    /// Its report (also when it failed).
+    pub(crate) report: agent::Report,
+    /// How it failed, if it did.
+    pub(crate) failure: Option<crate::schedule::Failure>,
+    /// The child jobs it created.
+    pub(crate) children: Vec<String>,
+    /// The handoff it ended with, if the model handed the conversation off.
+    pub(crate) handoff: Option<HandoffTo>,
+}
+
 /// One turn of a conversation: its message and what was said before.
 pub(crate) struct Turn {
     /// The conversation so far (user and assistant messages in turn).
     pub(crate) history: Vec<switchyard_llm::Message>,
     /// The message to answer.
     pub(crate) text: String,
+    /// Offer the orchestrator its handoff agents (`handoff_<id>`).
+    pub(crate) handoffs: bool,
+}
+
+/// The orchestrator's call of `handoff_<id>`: who takes the conversation,
+/// on which capability, with what task.
+#[derive(Debug, Clone)]
+pub(crate) struct HandoffTo {
+    pub(crate) agent_id: String,
+    pub(crate) capability: String,
+    pub(crate) task: String,
 }
 
 /// The loop's host for one attempt of one LLM task.
@@ -175,13 +203,15 @@ struct TaskHost<'a> {
     spender: Spender<'a>,
     /// Tools whose calls wait for a person's approval.
     gated: HashSet<String>,
+    /// The handoff the model asked for, if it did (the loop then ends).
+    handoff: std::sync::Mutex<Option<HandoffTo>>,
 }
 
 impl Attempt<'_> {
     /// One attempt of an LLM task.
     pub(crate) async fn llm(&self, l: &LlmTask) -> Outcome {
         let (report, failure, children) = match self.run_loop(l, None).await {
-            Ok(ran) => ran,
+            Ok(ran) => (ran.report, ran.failure, ran.children),
             Err(out) => return out,
         };
         let failure = match failure {
@@ -198,11 +228,7 @@ impl Attempt<'_> {
     /// One run of the agent loop for `l` (from the attempt's checkpoint,
     /// if it has one), or for one turn of a conversation: what it did,
     /// how it failed, and the child jobs it created.
-    pub(crate) async fn run_loop(
-        &self,
-        l: &LlmTask,
-        turn: Option<Turn>,
-    ) -> Result<(agent::Report, Option<crate::schedule::Failure>, Vec<String>), Outcome> {
+    pub(crate) async fn run_loop(&self, l: &LlmTask, turn: Option<Turn>) -> Result<Ran, Outcome> {
         let (x, snap) = (self.x, self.snap);
         let from = match turn {
             None => snap.resume.as_deref().cloned(),
@@ -231,6 +257,7 @@ impl Attempt<'_> {
             children: Default::default(),
             spender: self.spender(),
             gated,
+            handoff: Default::default(),
         };
         let ran = agent::resume(&x.inner.clients.llm, &spec, &host, from).await;
         let children = host.children.lock().map(|c| c.clone()).unwrap_or_default();
@@ -251,7 +278,13 @@ impl Attempt<'_> {
                 (*f.report, Some(failure))
             }
         };
-        Ok((report, failure, children))
+        let handoff = host.handoff.lock().ok().and_then(|mut h| h.take());
+        Ok(Ran {
+            report,
+            failure,
+            children,
+            handoff,
+        })
     }
 
     /// Keeps the answer as the artifact the task asks for (`ext_agent_artifact`):
@@ -293,9 +326,9 @@ impl Attempt<'_> {
         let (snap, timeout) = (self.snap, self.timeout);
         let text = |s: &str| snap.resolve_text(s);
         // A person's message is taken as written: templates in it are text.
-        let (prompt, history) = match turn {
-            Some(t) => (Ok(t.text), t.history),
-            None => (text(&l.prompt), Vec::new()),
+        let (prompt, history, handoffs) = match turn {
+            Some(t) => (Ok(t.text), t.history, t.handoffs),
+            None => (text(&l.prompt), Vec::new(), false),
         };
         let (prompt, instructions) = match (prompt, text(&l.instructions)) {
             (Ok(p), Ok(i)) => (p, i),
@@ -307,10 +340,20 @@ impl Attempt<'_> {
                 ));
             }
         };
-        let (tools, routes, gated) = self
+        let (mut tools, mut routes, gated) = self
             .offered_tools(l)
             .await
             .map_err(|e| Outcome::fail(Class::Other, Reason::Unavailable, e))?;
+        if handoffs {
+            for wanted in &l.agents {
+                for (spec, route) in self.handoff_tools(wanted).await {
+                    if !routes.contains_key(&spec.name) {
+                        routes.insert(spec.name.clone(), route);
+                        tools.push(spec);
+                    }
+                }
+            }
+        }
         let cfg = &self.x.inner.cfg;
         let time_budget = if l.time_budget_ms > 0 {
             Duration::from_millis(l.time_budget_ms).min(timeout)
@@ -408,16 +451,50 @@ impl Attempt<'_> {
             .collect())
     }
 
-    /// Agent `wanted` (an id, else a capability) as tools `agent_<id>`,
-    /// with the price of a call (the capability's unit price); handoff
-    /// agents take over a conversation and are not tools.
-    async fn agents_as_tools(&self, wanted: &str) -> Vec<(ToolSpec, Route, i64)> {
+    /// The handoff-mode agents among `wanted` (an id, else a capability) as
+    /// tools `handoff_<id>`: calling one hands the conversation to it.
+    async fn handoff_tools(&self, wanted: &str) -> Vec<(ToolSpec, Route)> {
+        let handoff = switchyard_proto::agent::v1::IntegrationMode::Handoff as i32;
+        self.find_agents(wanted)
+            .await
+            .into_iter()
+            .filter_map(|a| a.spec.filter(|s| s.integration_mode == handoff))
+            .map(|s| {
+                let capability = s
+                    .capabilities
+                    .first()
+                    .map(|c| c.name.clone())
+                    .unwrap_or_default();
+                let spec = ToolSpec {
+                    name: format!("handoff_{}", s.id.replace(['-', '.'], "_")),
+                    description: format!(
+                        "Hand the conversation to {}: it talks with the person until it is done. {}",
+                        s.id,
+                        s.description.trim()
+                    ),
+                    parameters: json!({
+                        "type": "object",
+                        "properties": {"task": {"type": "string", "description": "What the agent is to do with the person (it sees nothing else of the conversation so far)"}},
+                        "required": ["task"]
+                    }),
+                };
+                let route = Route::Handoff {
+                    agent_id: s.id.clone(),
+                    capability,
+                };
+                (spec, route)
+            })
+            .collect()
+    }
+
+    /// The registered agents `wanted` names: by id, else by capability.
+    async fn find_agents(&self, wanted: &str) -> Vec<switchyard_proto::registry::v1::Agent> {
         let registry = &self.x.inner.clients.registry;
         let by_id = GetAgentRequest {
             agent_id: wanted.to_owned(),
         };
         let waiter = self.spender().waiter();
-        let found = match waiter
+        match waiter
             .call(Service::Registry, || registry.get_agent(by_id.clone()))
             .await
         {
@@ -432,9 +509,16 @@ impl Attempt<'_> {
                 .await
                 .map(|r| r.agents)
                 .unwrap_or_default(),
-        };
+        }
+    }
+
+    /// Agent `wanted` (an id, else a capability) as tools `agent_<id>`,
+    /// with the price of a call (the capability's unit price); handoff
+    /// agents take over a conversation and are not tools.
+    async fn agents_as_tools(&self, wanted: &str) -> Vec<(ToolSpec, Route, i64)> {
         let handoff = switchyard_proto::agent::v1::IntegrationMode::Handoff as i32;
-        found
+        self.find_agents(wanted)
+            .await
             .into_iter()
             .filter_map(|a| a.spec.filter(|s| s.integration_mode != handoff))
             .map(|s| {
@@ -797,6 +881,28 @@ impl Host for TaskHost<'_> {
                     ..
                 }) => self.run_agent(agent_id, capability, call_id, args).await,
                 Some(Route::Delegate) => self.delegate(args).await,
+                Some(Route::Handoff {
+                    agent_id,
+                    capability,
+                }) => {
+                    let task = args
+                        .get("task")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned();
+                    let mut h = self.handoff.lock().map_err(|e| e.to_string())?;
+                    if h.is_some() {
+                        return Err(
+                            "the conversation is already handed off in this turn".to_owned()
+                        );
+                    }
+                    *h = Some(HandoffTo {
+                        agent_id: agent_id.clone(),
+                        capability: capability.clone(),
+                        task,
+                    });
+                    Ok(json!({"handed_off_to": agent_id}))
+                }
                 Some(Route::Missing) | None => Err(format!(
                     "{}: tool {name:?} has no provider: register it with the registry (RegisterTool with an endpoint) or give it a command",
                     Reason::ToolNotFound
@@ -821,6 +927,10 @@ impl Host for TaskHost<'_> {
 
     fn needs_approval(&self, name: &str) -> bool {
         self.gated.contains(name)
+    }
+
+    fn finished(&self) -> bool {
+        self.handoff.lock().is_ok_and(|h| h.is_some())
     }
 
     fn gate<'a>(&'a self, at: &'a agent::Checkpoint) -> BoxFuture<'a, agent::Gate> {

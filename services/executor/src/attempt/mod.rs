@@ -12,6 +12,7 @@ pub(crate) mod agent;
 pub(crate) mod command;
 pub(crate) mod conversation;
 pub(crate) mod gate;
+pub(crate) mod handoff;
 pub(crate) mod input;
 pub(crate) mod llm;
 pub(crate) mod queue;
@@ -116,6 +117,9 @@ pub(crate) struct Snapshot {
     /// An LLM attempt going on after a restart from the tool call that
     /// waits for a person: the loop's state at that call.
     pub(crate) resume: Option<Box<switchyard_llm::agent::Checkpoint>>,
+    /// The person's message an agent holding a conversation is sent
+    /// (`InvocationContext.user_message`); empty otherwise.
+    pub(crate) user_message: String,
 }
 
 impl Snapshot {

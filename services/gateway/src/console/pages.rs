@@ -1087,6 +1087,7 @@ pub(crate) async fn chat(
                     "model": r.model,
                     "tokens": r.usage.as_ref().map_or(0, |u| u.total_tokens),
                     "at": when(ms(r.replied_at.as_ref()), now),
+                    "agent": r.agent_id,
                 })
             });
             json!({
@@ -1113,6 +1114,7 @@ pub(crate) async fn chat(
             "turns": turns,
             "open": h.open,
             "answering": answering && h.open,
+            "active_agent": h.active_agent,
             "key": oidc::random(16).map(|k| format!("ui-{k}")).unwrap_or_default(),
         }),
     ))

@@ -191,6 +191,7 @@ async fn messages(
                     "total_tokens": r.usage.as_ref().map_or(0, |u| u.total_tokens),
                     "reason": r.reason,
                     "replied_at_ms": ms(&r.replied_at),
+                    "agent_id": r.agent_id,
                 })),
             })
         })
@@ -200,6 +201,11 @@ async fn messages(
         "subtask_id": out.task_id,
         "open": out.open,
         "waiting": out.waiting,
+        "active_agent": out.active_agent,
+        "spend": out.agents.iter().map(|a| serde_json::json!({
+            "agent_id": a.agent_id, "turns": a.turns, "tokens": a.tokens,
+            "cost_micro_usd": a.cost_micro_usd,
+        })).collect::<Vec<_>>(),
         "messages": turns,
     }))
     .into_response())
