@@ -54,6 +54,22 @@ pub struct TaskLabels {
     pub kind: String,
 }
 
+/// An agent and how a call of it ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AgentCallLabels {
+    /// The registered agent id.
+    pub agent_id: String,
+    /// `success`, `error`, `refused`, `timeout`, `unreachable`, …
+    pub outcome: String,
+}
+
+/// One agent.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AgentLabels {
+    /// The registered agent id.
+    pub agent_id: String,
+}
+
 /// A catalogued reason.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
@@ -178,6 +194,13 @@ pub struct Metrics {
     pub budget_spent_micro_usd: Family<BudgetLabels, Counter>,
     /// Registered agents by status.
     pub agents: Family<StateLabels, Gauge>,
+    /// Agent invocations (tasks, tool calls, handoff turns), by agent and
+    /// outcome.
+    pub agent_calls: Family<AgentCallLabels, Counter>,
+    /// Tokens agents reported using, by agent.
+    pub agent_tokens: Family<AgentLabels, Counter>,
+    /// Money charged for agent calls, by agent, micro-USD.
+    pub agent_cost_micro_usd: Family<AgentLabels, Counter>,
     /// Panics caught by the process's panic hook (each is a bug: a request
     /// that panics is answered as an internal error, never silently).
     pub panics: Counter,
@@ -225,6 +248,9 @@ impl Metrics {
             budget_reserved_micro_usd: Family::default(),
             budget_spent_micro_usd: Family::default(),
             agents: Family::default(),
+            agent_calls: Family::default(),
+            agent_tokens: Family::default(),
+            agent_cost_micro_usd: Family::default(),
             panics: Counter::default(),
             sources: Mutex::new(Vec::new()),
             methods: Default::default(),
@@ -331,6 +357,21 @@ impl Metrics {
             m.budget_spent_micro_usd.clone(),
         );
         r.register("agents", "Registered agents by status", m.agents.clone());
+        r.register(
+            "agent_calls",
+            "Agent invocations (agent tasks, agent tool calls, handoff turns), by agent and outcome",
+            m.agent_calls.clone(),
+        );
+        r.register(
+            "agent_tokens",
+            "Tokens agents reported using, by agent",
+            m.agent_tokens.clone(),
+        );
+        r.register(
+            "agent_cost_micro_usd",
+            "Money charged for agent calls, by agent, micro-USD",
+            m.agent_cost_micro_usd.clone(),
+        );
         r.register(
             "panics",
             "Panics in this process (each one a bug; logged at ERROR with where it happened)",

@@ -273,6 +273,17 @@ async fn a_handoff_proxies_messages_to_the_agent_with_only_what_it_passes_until_
     assert_eq!((travel_total.turns, travel_total.tokens), (3, 15));
     let j = job(&mut alice, "hand-1").await;
     assert_eq!(total, j.tokens_used, "{h:?}");
+    // Overall, per agent, in /metrics (the process's: other tests' calls of
+    // travel may add to it, never take away).
+    let text = switchyard_kit::metrics::global().render();
+    let value = |series: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {series} in {text}")) as u64
+    };
+    assert!(value("switchyard_agent_calls_total{agent_id=\"travel\",outcome=\"success\"}") >= 3);
+    assert!(value("switchyard_agent_tokens_total{agent_id=\"travel\"}") >= 15);
     alice
         .send_message(SendMessageRequest {
             job_id: "hand-1".into(),

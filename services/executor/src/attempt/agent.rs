@@ -350,6 +350,13 @@ struct Called<'a> {
 impl Called<'_> {
     fn event(&self, status: &str, error: &str) {
         let s = self.spender.snap;
+        switchyard_kit::metrics::global()
+            .agent_calls
+            .get_or_create(&switchyard_kit::metrics::AgentCallLabels {
+                agent_id: self.c.agent_id.clone(),
+                outcome: status.to_owned(),
+            })
+            .inc();
         let called = events::AgentCalled {
             agent_id: self.c.agent_id.clone(),
             status: status.to_owned(),
@@ -523,6 +530,17 @@ impl Called<'_> {
             (resp.tokens_used, reported_cost)
         };
         let cost = reported.max(if success { self.cost } else { 0 });
+        // Per agent, whoever paid: its own commits (billed) or ours.
+        let m = switchyard_kit::metrics::global();
+        let agent = switchyard_kit::metrics::AgentLabels {
+            agent_id: self.c.agent_id.clone(),
+        };
+        m.agent_tokens
+            .get_or_create(&agent)
+            .inc_by(resp.tokens_used);
+        m.agent_cost_micro_usd
+            .get_or_create(&agent)
+            .inc_by(u64::try_from(cost.max(reported_cost)).unwrap_or(0));
         if tokens == 0 && cost == 0 {
             // Nothing to account for: release off the task's path; the
             // job's end waits for it.
