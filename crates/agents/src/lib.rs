@@ -120,7 +120,11 @@ pub fn agent_spec(a: &Declared, endpoint: &str) -> AgentSpec {
             ("kind".to_owned(), "declarative".to_owned()),
             ("version".to_owned(), a.version.clone()),
         ]),
-        integration_mode: IntegrationMode::Tool as i32,
+        integration_mode: if a.handoff {
+            IntegrationMode::Handoff
+        } else {
+            IntegrationMode::Tool
+        } as i32,
         models: a.models.clone(),
         uses_tools: a
             .uses_tools
@@ -300,6 +304,8 @@ struct InvocationHost<'a> {
     key: String,
     /// The registered tools the agent lists, by name.
     registered: HashMap<String, Tool>,
+    /// What a handoff agent handed back (`hand_back`), once it did.
+    handed_back: std::sync::Mutex<Option<Value>>,
 }
 
 impl Host for InvocationHost<'_> {
@@ -375,6 +381,12 @@ impl Host for InvocationHost<'_> {
             if name == delegation::TOOL {
                 return self.delegate(args).await;
             }
+            if name == HAND_BACK && self.agent.handoff {
+                let result = args.get("result").cloned().unwrap_or(Value::Null);
+                let mut h = self.handed_back.lock().map_err(|e| e.to_string())?;
+                *h = Some(result);
+                return Ok(json!({"handed_back": true}));
+            }
             let tool = self
                 .registered
                 .get(name)
@@ -418,6 +430,10 @@ impl Host for InvocationHost<'_> {
             )
             .await
         })
+    }
+
+    fn finished(&self) -> bool {
+        self.handed_back.lock().is_ok_and(|h| h.is_some())
     }
 
     fn event(&self, event: LoopEvent) {
@@ -500,11 +516,29 @@ impl Agent for Hosted {
                 agent.registry_id
             ));
         }
-        let (tools, registered) = match self.tools(agent).await {
+        let (mut tools, registered) = match self.tools(agent).await {
             Ok(x) => x,
             Err(e) => return respond::error(format!("{}: {e}", Reason::Unavailable)),
         };
-        let prompt = prompt_of(&req);
+        // A handoff agent talks with the person: the messages since the
+        // handoff are its conversation, the last one its prompt, and it
+        // may hand the conversation back.
+        let (prompt, history, instructions) = if agent.handoff {
+            tools.push(hand_back_tool());
+            let (history, last) = handed_conversation(&req);
+            let task = format!(
+                "You were handed this conversation with the task: {}\nTalk with the person until it is done; then call {HAND_BACK} with the result (or with why you cannot do it).",
+                req.task
+            );
+            let instructions = if agent.instructions.is_empty() {
+                task
+            } else {
+                format!("{}\n\n{task}", agent.instructions)
+            };
+            (last, history, instructions)
+        } else {
+            (prompt_of(&req), Vec::new(), agent.instructions.clone())
+        };
         let limits = req.limits.unwrap_or_default();
         let l = agent.limits;
         let pick = |own: u64, asked: u64| if asked > 0 { own.min(asked) } else { own };
@@ -515,7 +549,7 @@ impl Agent for Hosted {
         let spec = agent::Spec {
             chain: agent.models.clone(),
             provider: agent.provider.clone(),
-            instructions: agent.instructions.clone(),
+            instructions,
             prompt,
             tools,
             tool_choice: ToolChoice::parse(&agent.tool_choice).unwrap_or_default(),
@@ -528,7 +562,7 @@ impl Agent for Hosted {
             max_turns: pick(u64::from(l.max_turns), u64::from(limits.max_turns)) as u32,
             max_tokens_per_invocation: pick(l.max_tokens_per_invocation, limits.max_tokens),
             deadline: Instant::now() + Duration::from_millis(time),
-            history: Vec::new(),
+            history,
             tool_timeout: Duration::from_millis(
                 agent.tool_timeout_ms.unwrap_or(self.cfg.tool_timeout_ms),
             ),
@@ -548,8 +582,10 @@ impl Agent for Hosted {
             },
             correlation,
             registered,
+            handed_back: Default::default(),
         };
         let ran = agent::run(&self.llm, &spec, &host).await;
+        let handed_back = host.handed_back.lock().ok().and_then(|mut h| h.take());
         let (report, status, error) = match ran {
             Ok(r) => (r, ResponseStatus::Success, String::new()),
             Err(f) => (
@@ -558,13 +594,22 @@ impl Agent for Hosted {
                 format!("{}: {}", f.reason, f.message),
             ),
         };
-        AgentResponse {
-            status: status as i32,
-            content: report.content.clone(),
-            output: report.output.as_ref().and_then(json_to_struct).or_else(|| {
+        let output = match &handed_back {
+            Some(result) => json_to_struct(&json!({"handback": true, "result": result})),
+            None => report.output.as_ref().and_then(json_to_struct).or_else(|| {
                 json_to_struct(&json!({"tool_results": report.tool_results}))
                     .filter(|_| !report.tool_results.is_empty())
             }),
+        };
+        let content = if report.content.is_empty() && handed_back.is_some() {
+            "I am handing you back to the orchestrator.".to_owned()
+        } else {
+            report.content.clone()
+        };
+        AgentResponse {
+            status: status as i32,
+            content,
+            output,
             error,
             tokens_used: report.usage.total_tokens,
             turns_used: report.turns,
@@ -576,6 +621,53 @@ impl Agent for Hosted {
             artifacts: Vec::new(),
         }
     }
+}
+
+/// The tool a handoff agent calls to give the conversation back.
+const HAND_BACK: &str = "hand_back";
+
+fn hand_back_tool() -> ToolSpec {
+    ToolSpec {
+        name: HAND_BACK.into(),
+        description: "Give the conversation back to the orchestrator, with the result of the task you were handed (or why you could not do it).".into(),
+        parameters: json!({
+            "type": "object",
+            "properties": {"result": {"description": "What you did or found, for the orchestrator"}},
+            "required": ["result"]
+        }),
+    }
+}
+
+/// A handed-off conversation as the model takes it: the messages since the
+/// handoff before the last (user and assistant in turn), and the last.
+fn handed_conversation(req: &Invocation) -> (Vec<switchyard_llm::Message>, String) {
+    let input = switchyard_agent_sdk::input_json(req);
+    let mut messages: Vec<switchyard_llm::Message> = input
+        .get("messages")
+        .and_then(Value::as_array)
+        .map(|ms| {
+            ms.iter()
+                .map(|m| {
+                    let role = if m.get("role").and_then(Value::as_str) == Some("assistant") {
+                        switchyard_llm::Role::Assistant
+                    } else {
+                        switchyard_llm::Role::User
+                    };
+                    let text = m.get("text").and_then(Value::as_str).unwrap_or_default();
+                    switchyard_llm::Message::text(role, text)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let last = match messages.pop() {
+        Some(m) if m.role == switchyard_llm::Role::User => m.content,
+        Some(m) => {
+            messages.push(m);
+            req.task.clone()
+        }
+        None => req.task.clone(),
+    };
+    (messages, last)
 }
 
 /// The user message: the task (or the input's `task`), then any other

@@ -154,6 +154,9 @@ pub struct Declared {
     pub capabilities: Vec<Capability>,
     /// Where its manifest lives.
     pub dir: PathBuf,
+    /// `integration_mode: handoff`: it takes conversations over (answering
+    /// the person, with a `hand_back` tool) instead of running a task.
+    pub handoff: bool,
 }
 
 /// What a directory held.
@@ -306,10 +309,7 @@ pub fn parse(text: &str, ext_dir: &Path, root: &Path) -> Result<Parsed, Vec<Stri
     };
     let mode = agent.integration_mode.as_deref().unwrap_or("tool");
     match mode {
-        "tool" => {}
-        "handoff" => errors.push(
-            "agent.integration_mode handoff is not supported yet: its reclaim protocol is still to be designed (seed ADR 003, phase 2); use tool".into(),
-        ),
+        "tool" | "handoff" => {}
         other => errors.push(format!(
             "agent.integration_mode must be tool or handoff, got {other:?}"
         )),
@@ -468,6 +468,11 @@ pub fn parse(text: &str, ext_dir: &Path, root: &Path) -> Result<Parsed, Vec<Stri
         );
     }
     let _ = (&raw.setup_instructions, &raw.depends_on, &raw.secrets);
+    if mode == "handoff" && (output_format == "json" || output_schema.is_some()) {
+        errors.push(
+            "a handoff agent talks with a person: remove parameters.output_format json and output_schema (it hands its result back with hand_back)".into(),
+        );
+    }
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -493,6 +498,7 @@ pub fn parse(text: &str, ext_dir: &Path, root: &Path) -> Result<Parsed, Vec<Stri
         limits,
         capabilities,
         dir: ext_dir.to_path_buf(),
+        handoff: mode == "handoff",
     })))
 }
 
@@ -719,8 +725,10 @@ enabled: true
                 "agent.instructions is required",
             ),
             (
-                &format!("{base}agent: {{model: m, instructions: '', integration_mode: handoff}}"),
-                "not supported yet",
+                &format!(
+                    "{base}agent: {{model: m, instructions: '', integration_mode: handoff, parameters: {{output_format: json}}}}"
+                ),
+                "a handoff agent talks with a person",
             ),
             (
                 &format!("{base}agent: {{model: m, instructions: '', integration_mode: solo}}"),

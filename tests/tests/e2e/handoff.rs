@@ -392,3 +392,100 @@ async fn each_reclaim_trigger_gives_the_conversation_back_and_the_conversation_g
     stop.fire();
     e.stack.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declarative_agent_in_handoff_mode_talks_with_the_person_and_hands_back_its_result() {
+    let agents = tempfile::tempdir().unwrap();
+    let d = agents.path().join("concierge");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(
+        d.join("manifest.yaml"),
+        "id: concierge\nname: Concierge\ndescription: Plans weekends with the person.\n\
+         capabilities: [travel.concierge]\n\
+         agent:\n  model: m-concierge\n  instructions: 'You plan weekends.'\n  integration_mode: handoff\n",
+    )
+    .unwrap();
+    let dir = agents.path().to_path_buf();
+    let e = env(true, move |c| c.agents.dir = Some(dir)).await;
+    crate::common::wait_routed(&e.stack, "travel.concierge").await;
+    e.script.for_model(
+        "m-chat",
+        vec![
+            Reply::tools(
+                &[(
+                    "handoff_agent_concierge",
+                    json!({"task": "plan a weekend away"}),
+                )],
+                30,
+                5,
+            ),
+            Reply::text("Enjoy Porto.", 40, 4),
+        ],
+    );
+    e.script.for_model(
+        "m-concierge",
+        vec![
+            Reply::text("Which city?", 25, 3),
+            Reply::tools(
+                &[("hand_back", json!({"result": {"city": "Porto"}}))],
+                40,
+                6,
+            ),
+        ],
+    );
+    let mut alice = JobServiceClient::new(e.stack.channel_as("alice").await.unwrap());
+    let doc = json!({"job_id": "decl-1", "tasks": [{"id": "chat", "conversation": {
+        "orchestrator": {"model": "m-chat", "instructions": "You are the front desk.",
+                         "max_tokens": 40, "agents": ["agent_concierge"]}}}]})
+    .to_string();
+    let j = submit(&mut alice, &doc).await.unwrap();
+    if j.state == JobState::Pending as i32 {
+        crate::common::approve(&e.stack, &j.run_id).await;
+    }
+    let t1 = turn(&mut alice, "decl-1", "plan my weekend").await;
+    assert_eq!(
+        (t1.0.as_str(), t1.1.as_str()),
+        ("agent_concierge", "Which city?")
+    );
+    let t2 = turn(&mut alice, "decl-1", "Porto").await;
+    assert_eq!(t2.0, "agent_concierge");
+    assert_eq!(t2.1, "I am handing you back to the orchestrator.");
+    let back = events_of(&mut alice, "decl-1", "handoff.reclaimed").await;
+    assert_eq!(back[0]["why"], "handed_back");
+    assert_eq!(back[0]["result"], json!({"city": "Porto"}));
+    let t3 = turn(&mut alice, "decl-1", "thanks").await;
+    assert_eq!((t3.0.as_str(), t3.1.as_str()), ("", "Enjoy Porto."));
+    // The agent's second model call: its instructions and the task, the
+    // conversation since the handoff, the new message; nothing before.
+    let asked: Vec<_> = e
+        .script
+        .received()
+        .into_iter()
+        .filter(|r| r.model == "m-concierge")
+        .collect();
+    assert_eq!(asked.len(), 2);
+    let msgs = asked[1].body["messages"].as_array().unwrap().clone();
+    let said: Vec<(&str, &str)> = msgs
+        .iter()
+        .map(|m| {
+            (
+                m["role"].as_str().unwrap(),
+                m["content"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(said[0].0, "system");
+    assert!(
+        said[0].1.starts_with("You plan weekends.") && said[0].1.contains("plan a weekend away")
+    );
+    assert_eq!(
+        &said[1..],
+        &[
+            ("user", "plan my weekend"),
+            ("assistant", "Which city?"),
+            ("user", "Porto")
+        ]
+    );
+    assert!(!asked[1].body.to_string().contains("front desk"));
+    e.stack.stop().await.unwrap();
+}

@@ -58,6 +58,7 @@ const MODELS: &[&str] = &[
     "m-gate-price",
     "m-pr",
     "m-chat",
+    "m-concierge",
 ];
 
 /// Served over Anthropic's Messages wire by the same server, same prices.
