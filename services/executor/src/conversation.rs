@@ -265,6 +265,34 @@ impl Talk {
     }
 }
 
+/// Records `ev` for conversation `task_id` of `job_id`: an event that
+/// moves who holds the conversation (`handoff.started`,
+/// `handoff.reclaimed`, `conversation.ended`) only once the holder table
+/// allows the move — a refused move records nothing.
+pub(crate) fn record_move(
+    book: &crate::book::JobBook,
+    st: &mut crate::book::Jobs,
+    job_id: &str,
+    task_id: &str,
+    ev: JobEvent,
+) -> Result<u64, ExecutorError> {
+    let to = match &ev {
+        JobEvent::HandoffStarted(_) => Some(Holder::Delegated),
+        JobEvent::HandoffReclaimed(_) => Some(Holder::Orchestrator),
+        JobEvent::ConversationEnded(_) => Some(Holder::Ended),
+        _ => None,
+    };
+    if let Some(to) = to {
+        let from = st
+            .get(job_id)?
+            .talks
+            .get(task_id)
+            .map_or(Holder::Orchestrator, Talk::holder);
+        from.check(to)?;
+    }
+    Ok(book.record(st, job_id, task_id, ev))
+}
+
 /// The conversation task `task_id` of `e`, if it is one.
 pub(crate) fn conversation_task<'a>(
     e: &'a JobEntry,

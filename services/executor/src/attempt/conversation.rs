@@ -13,7 +13,7 @@
 
 use serde_json::{Value, json};
 use switchyard_core::Reason;
-use switchyard_core::lifecycle::{Holder, TaskState};
+use switchyard_core::lifecycle::TaskState;
 use switchyard_proto::executor::v1::{ConversationTask, LlmTask, TaskStatus};
 
 use super::handoff;
@@ -204,12 +204,13 @@ impl Attempt<'_> {
             }
             Seen::Closing(status, end) => {
                 resume(&end.why)?;
-                let g = book.record(
+                let g = talk::record_move(
+                    book,
                     &mut st,
                     &s.job_id,
                     task_id,
                     JobEvent::ConversationEnded(end),
-                );
+                )?;
                 Ok(Next::End(Box::new(status), g))
             }
             Seen::Quiet(since, next_seq) => {
@@ -286,12 +287,24 @@ impl Attempt<'_> {
                 let why = r.why.clone();
                 let note = with_note(Some(&r), &text);
                 let agent = r.agent_id.clone();
-                book.record(
+                let moved = talk::record_move(
+                    book,
                     &mut st,
                     &s.job_id,
                     &s.task.id,
                     JobEvent::HandoffReclaimed(r),
                 );
+                if let Err(e) = moved {
+                    let text = format!("This message could not be answered: {e}");
+                    return Plan::Done(self.record_reply(
+                        &mut st,
+                        seq,
+                        talk::FAILED,
+                        text,
+                        None,
+                        "",
+                    ));
+                }
                 if why == talk::BY_USER {
                     let text = format!(
                         "You are back with the orchestrator: {agent} no longer holds the conversation (you asked)."
@@ -367,14 +380,11 @@ impl Attempt<'_> {
         let Ok(e) = st.get(&s.job_id) else {
             return Plan::Done(book.last());
         };
-        let empty = Talk::default();
-        let t = e.talks.get(&s.task.id).unwrap_or(&empty);
-        if let Err(why) = handoff::check(t, Holder::Delegated) {
-            let text = format!("This message could not be handed off: {why}");
-            return Plan::Done(self.record_reply(&mut st, seq, talk::FAILED, text, None, ""));
-        }
-        let text = t
-            .turns
+        let text = e
+            .talks
+            .get(&s.task.id)
+            .map(|t| t.turns.as_slice())
+            .unwrap_or_default()
             .get(seq as usize - 1)
             .map(|m| m.message.text.clone())
             .unwrap_or_default();
@@ -386,12 +396,17 @@ impl Attempt<'_> {
             at_ms: book.now(),
             orchestrator_tokens: tokens,
         };
-        book.record(
+        let moved = talk::record_move(
+            book,
             &mut st,
             &s.job_id,
             &s.task.id,
             JobEvent::HandoffStarted(started.clone()),
         );
+        if let Err(why) = moved {
+            let text = format!("This message could not be handed off: {why}");
+            return Plan::Done(self.record_reply(&mut st, seq, talk::FAILED, text, None, ""));
+        }
         let messages = vec![json!({"role": "user", "text": text})];
         Plan::Agent(started, messages, text)
     }
@@ -426,12 +441,17 @@ impl Attempt<'_> {
                 let mut g = book.record(&mut st, &s.job_id, &s.task.id, JobEvent::Replied(r));
                 if let Some(result) = handback {
                     let back = reclaimed(&current, talk::HANDED_BACK, result, seq);
-                    g = book.record(
+                    let moved = talk::record_move(
+                        book,
                         &mut st,
                         &s.job_id,
                         &s.task.id,
                         JobEvent::HandoffReclaimed(back),
                     );
+                    match moved {
+                        Ok(moved) => g = moved,
+                        Err(e) => tracing::warn!(error = %e, "the hand-back was not recorded"),
+                    }
                 }
                 Plan::Done(g)
             }
@@ -452,12 +472,24 @@ impl Attempt<'_> {
                 let mut back = reclaimed(&current, status, Value::Null, seq);
                 back.result = json!({"error": error});
                 let note = with_note(Some(&back), text);
-                book.record(
+                let moved = talk::record_move(
+                    book,
                     &mut st,
                     &s.job_id,
                     &s.task.id,
                     JobEvent::HandoffReclaimed(back),
                 );
+                if let Err(e) = moved {
+                    let text = format!("This message could not be answered: {e}");
+                    return Plan::Done(self.record_reply(
+                        &mut st,
+                        seq,
+                        talk::FAILED,
+                        text,
+                        None,
+                        "",
+                    ));
+                }
                 let history = st
                     .get(&s.job_id)
                     .ok()
@@ -561,12 +593,16 @@ impl Attempt<'_> {
                 why: talk::IDLE.to_owned(),
             };
             let status = output(&t, &end);
-            book.record(
+            let ended = talk::record_move(
+                book,
                 &mut st,
                 &s.job_id,
                 &s.task.id,
                 JobEvent::ConversationEnded(end),
             );
+            if let Err(e) = ended {
+                return Some(Outcome::fail(Class::Other, Reason::Internal, e.to_string()));
+            }
             let why = format!("nobody wrote within {} s", talk::idle_secs(c));
             let ch = Change::to(TaskState::Running).because(Reason::InputRequired, &why);
             Some(match book.move_task(&mut st, &s.job_id, i, ch) {

@@ -19,7 +19,6 @@
 
 use serde_json::{Value, json};
 use switchyard_core::Reason;
-use switchyard_core::lifecycle::Holder;
 use switchyard_kit::json::struct_to_json;
 use switchyard_proto::executor::v1::{AgentTask, ConversationTask, HandoffLimits};
 
@@ -195,9 +194,4 @@ impl Attempt<'_> {
                 (t.tokens_used, t.cost.as_ref().map_or(0, |m| m.micro_usd))
             })
     }
-}
-
-/// Checks that the conversation may move to `to` from where it is.
-pub(crate) fn check(t: &Talk, to: Holder) -> Result<(), String> {
-    t.holder().check(to).map_err(|e| e.to_string())
 }
