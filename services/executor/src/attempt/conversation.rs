@@ -287,23 +287,10 @@ impl Attempt<'_> {
                 let why = r.why.clone();
                 let note = with_note(Some(&r), &text);
                 let agent = r.agent_id.clone();
-                let moved = talk::record_move(
-                    book,
-                    &mut st,
-                    &s.job_id,
-                    &s.task.id,
-                    JobEvent::HandoffReclaimed(r),
-                );
-                if let Err(e) = moved {
-                    let text = format!("This message could not be answered: {e}");
-                    return Plan::Done(self.record_reply(
-                        &mut st,
-                        seq,
-                        talk::FAILED,
-                        text,
-                        None,
-                        "",
-                    ));
+                if let Err(failed) =
+                    self.move_or_fail(&mut st, seq, JobEvent::HandoffReclaimed(r), "answered")
+                {
+                    return Plan::Done(failed);
                 }
                 if why == talk::BY_USER {
                     let text = format!(
@@ -396,16 +383,9 @@ impl Attempt<'_> {
             at_ms: book.now(),
             orchestrator_tokens: tokens,
         };
-        let moved = talk::record_move(
-            book,
-            &mut st,
-            &s.job_id,
-            &s.task.id,
-            JobEvent::HandoffStarted(started.clone()),
-        );
-        if let Err(why) = moved {
-            let text = format!("This message could not be handed off: {why}");
-            return Plan::Done(self.record_reply(&mut st, seq, talk::FAILED, text, None, ""));
+        let started_ev = JobEvent::HandoffStarted(started.clone());
+        if let Err(failed) = self.move_or_fail(&mut st, seq, started_ev, "handed off") {
+            return Plan::Done(failed);
         }
         let messages = vec![json!({"role": "user", "text": text})];
         Plan::Agent(started, messages, text)
@@ -472,23 +452,10 @@ impl Attempt<'_> {
                 let mut back = reclaimed(&current, status, Value::Null, seq);
                 back.result = json!({"error": error});
                 let note = with_note(Some(&back), text);
-                let moved = talk::record_move(
-                    book,
-                    &mut st,
-                    &s.job_id,
-                    &s.task.id,
-                    JobEvent::HandoffReclaimed(back),
-                );
-                if let Err(e) = moved {
-                    let text = format!("This message could not be answered: {e}");
-                    return Plan::Done(self.record_reply(
-                        &mut st,
-                        seq,
-                        talk::FAILED,
-                        text,
-                        None,
-                        "",
-                    ));
+                if let Err(failed) =
+                    self.move_or_fail(&mut st, seq, JobEvent::HandoffReclaimed(back), "answered")
+                {
+                    return Plan::Done(failed);
                 }
                 let history = st
                     .get(&s.job_id)
@@ -554,6 +521,23 @@ impl Attempt<'_> {
             at_ms: self.x.inner.book.now(),
             agent_id: String::new(),
         }
+    }
+
+    /// Records `ev`, a change of who holds the conversation, through the
+    /// holder table; a refused change answers message `seq` as not `what`
+    /// instead (`Err`: that reply's log position).
+    fn move_or_fail(
+        &self,
+        st: &mut crate::book::Jobs,
+        seq: u32,
+        ev: JobEvent,
+        what: &str,
+    ) -> Result<u64, u64> {
+        let s = self.snap;
+        talk::record_move(&self.x.inner.book, st, &s.job_id, &s.task.id, ev).map_err(|e| {
+            let text = format!("This message could not be {what}: {e}");
+            self.record_reply(st, seq, talk::FAILED, text, None, "")
+        })
     }
 
     /// Records the orchestrator's reply to message `seq`; its log position.
