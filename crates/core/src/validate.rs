@@ -202,6 +202,13 @@ pub fn agent_tool_name(agent_id: &str) -> String {
     }
 }
 
+/// The tool an orchestrator calls to hand a conversation to agent
+/// `agent_id` (handoff mode): `handoff_<id>`, with `-` and `.` as `_` so it
+/// is a valid tool name.
+pub fn handoff_tool_name(agent_id: &str) -> String {
+    format!("handoff_{}", agent_id.replace(['-', '.'], "_"))
+}
+
 /// Capability names: dot-separated segments, each `[a-z][a-z0-9_]*`, at most 128
 /// characters in all (`pdf_text_extraction`, `nlp.analysis`).
 pub fn capability(s: &str) -> Result<(), String> {

@@ -685,6 +685,32 @@ impl JobBook {
         }
     }
 
+    /// Stored job `id` (one not held here: finished, or on another replica)
+    /// with the events of its log that `keep` picks replayed through the
+    /// job's one `apply` — what a finished job's record does not keep
+    /// (answers, conversations) but its log does. `None`: no such job.
+    pub(crate) async fn stored_with(
+        &self,
+        id: &str,
+        keep: impl Fn(&JobEvent) -> bool,
+    ) -> Result<Option<JobEntry>, ExecutorError> {
+        let Some(mut e) = self.store.load(id, false).await? else {
+            return Ok(None);
+        };
+        for wire in self
+            .store
+            .events(id, 0, e.job.last_sequence, &e.events)
+            .await?
+        {
+            if let Ok(Some(ev)) = JobEvent::decode(&wire.kind, wire.data.as_ref())
+                && keep(&ev)
+            {
+                e.apply(&wire, &ev, |_| None);
+            }
+        }
+        Ok(Some(e))
+    }
+
     /// Job `id`'s record without its outputs, wherever it is (no outputs
     /// read, unlike [`JobBook::read`]).
     pub(crate) async fn record_of(&self, id: &str) -> Result<Job, ExecutorError> {

@@ -461,32 +461,23 @@ fn spend(t: &Talk) -> Vec<ConversationSpend> {
     out
 }
 
-/// A conversation's state read from a stored job's log (a job not held
-/// here: finished, or running on another replica).
+/// Whether `ev` is one of the records a conversation is made of.
+pub(crate) fn is_talk(ev: &JobEvent) -> bool {
+    matches!(
+        ev,
+        JobEvent::MessageReceived(_)
+            | JobEvent::Replied(_)
+            | JobEvent::ConversationEnded(_)
+            | JobEvent::HandoffStarted(_)
+            | JobEvent::HandoffReclaimed(_)
+            | JobEvent::AgentResult(_)
+    )
+}
+
+/// A stored job (not held here: finished, or running on another replica)
+/// with its conversations as its log says.
 async fn stored_talks(x: &Executor, job_id: &str) -> Result<Option<JobEntry>, ExecutorError> {
-    let store = &x.inner.book.store;
-    let Some(mut e) = store.load(job_id, false).await? else {
-        return Ok(None);
-    };
-    for ev in store
-        .events(job_id, 0, e.job.last_sequence, &e.events)
-        .await?
-    {
-        if let Ok(Some(j)) = JobEvent::decode(&ev.kind, ev.data.as_ref())
-            && matches!(
-                j,
-                JobEvent::MessageReceived(_)
-                    | JobEvent::Replied(_)
-                    | JobEvent::ConversationEnded(_)
-            )
-        {
-            e.talks
-                .entry(ev.task_id.clone())
-                .or_default()
-                .apply(&j, ev.sequence);
-        }
-    }
-    Ok(Some(e))
+    x.inner.book.stored_with(job_id, is_talk).await
 }
 
 impl Executor {

@@ -279,21 +279,11 @@ impl Executor {
         req: &SendInputRequest,
     ) -> Result<SendInputResponse, ExecutorError> {
         let job_id = req.job_id.as_str();
-        let store = &self.inner.book.store;
-        let Some(mut e) = store.load(job_id, false).await? else {
+        // A finished job's record keeps no answers: its log does.
+        let answers = |ev: &JobEvent| matches!(ev, JobEvent::InputReceived(_));
+        let Some(e) = self.inner.book.stored_with(job_id, answers).await? else {
             return Err(ExecutorError::NotFound(job_id.into()));
         };
-        // A finished job's record keeps no answers: its log does.
-        for ev in store
-            .events(job_id, 0, e.job.last_sequence, &e.events)
-            .await?
-        {
-            if let Ok(Some(JobEvent::InputReceived(r))) =
-                JobEvent::decode(&ev.kind, ev.data.as_ref())
-            {
-                e.answered.insert(ev.task_id, r);
-            }
-        }
         let decided = replay_stored(p, &e, req)?;
         let (task_id, answered_by, job) = decided;
         Ok(SendInputResponse {

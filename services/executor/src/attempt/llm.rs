@@ -466,7 +466,7 @@ impl Attempt<'_> {
                     .map(|c| c.name.clone())
                     .unwrap_or_default();
                 let spec = ToolSpec {
-                    name: format!("handoff_{}", s.id.replace(['-', '.'], "_")),
+                    name: switchyard_core::validate::handoff_tool_name(&s.id),
                     description: format!(
                         "Hand the conversation to {}: it talks with the person until it is done. {}",
                         s.id,
