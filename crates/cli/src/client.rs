@@ -228,9 +228,12 @@ pub enum ToolCmd {
     /// MCP servers as tool providers: register, list, deregister.
     #[command(subcommand)]
     Mcp(McpCmd),
-    /// The capabilities summary a model is given: tools and agents, apart.
+    /// The capabilities summary a model is given: tools and agents, apart,
+    /// and what offering them adds to its prompt, in tokens.
     Summary {
-        /// Only these tools (repeatable; all when none).
+        /// Only these tools (repeatable). With `--tool` or `--agent`, exactly
+        /// what they name is listed, as an LLM task listing them is offered;
+        /// with neither, everything registered.
         #[arg(long = "tool")]
         tools: Vec<String>,
         /// Only agents with these ids or capabilities (repeatable).
@@ -553,17 +556,38 @@ pub async fn tool(cmd: ToolCmd) -> anyhow::Result<()> {
                 .registry()
                 .await?
                 .get_capabilities_summary(
-                    switchyard_proto::registry::v1::GetCapabilitiesSummaryRequest { tools, agents },
+                    switchyard_proto::registry::v1::GetCapabilitiesSummaryRequest {
+                        only_named: !(tools.is_empty() && agents.is_empty()),
+                        tools,
+                        agents,
+                    },
                 )
                 .await
                 .map_err(api)?;
-            let item = |i: &switchyard_proto::registry::v1::SummaryItem| serde_json::json!({"name": i.name, "description": i.description});
+            let item = |i: &switchyard_proto::registry::v1::SummaryItem| serde_json::json!({"name": i.name, "description": i.description, "prompt_tokens": i.prompt_tokens});
+            let sum = |is: &[switchyard_proto::registry::v1::SummaryItem]| {
+                is.iter().map(|i| i.prompt_tokens).sum::<u64>()
+            };
             match conn.output {
                 Format::Json => print_json(&serde_json::json!({
                     "tools": r.tools.iter().map(item).collect::<Vec<_>>(),
                     "agents": r.agents.iter().map(item).collect::<Vec<_>>(),
+                    "prompt_tokens": r.prompt_tokens,
                 })),
-                Format::Table => print!("{}", r.text),
+                Format::Table => {
+                    print!("{}", r.text);
+                    let of = |n: usize, what: &str| {
+                        format!("{n} {what}{}", if n == 1 { "" } else { "s" })
+                    };
+                    println!(
+                        "\nPrompt size of these offers: at most {} tokens ({}: {}; {}: {})",
+                        r.prompt_tokens,
+                        of(r.tools.len(), "tool"),
+                        sum(&r.tools),
+                        of(r.agents.len(), "agent"),
+                        sum(&r.agents)
+                    );
+                }
             }
         }
         ToolCmd::List { conn } => {

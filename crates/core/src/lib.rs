@@ -5,6 +5,7 @@
 //! input validation with field violations ([`validate`]), the AITP routing score
 //! ([`routing`]), the AgentRunSpec state machine ([`run`]), the job and task state machines
 //! ([`lifecycle`]), job DAGs ([`dag`]), `${...}` templates ([`template`]),
+//! what offering a tool to a model costs a prompt ([`offer`]),
 //! retry backoff ([`backoff`]) and time as an injectable clock ([`clock`]).
 
 pub mod artifact;
@@ -13,6 +14,7 @@ pub mod clock;
 pub mod dag;
 pub mod lifecycle;
 pub mod money;
+pub mod offer;
 pub mod reason;
 pub mod routing;
 pub mod run;

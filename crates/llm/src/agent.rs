@@ -311,12 +311,14 @@ pub fn estimate_prompt_tokens(messages: &[Message], tools: &[ToolSpec]) -> u64 {
                     .map(|c| c.name.len() + c.arguments.len() + 16)
                     .sum::<usize>()
         })
-        .sum::<usize>()
-        + tools
-            .iter()
-            .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
-            .sum::<usize>();
-    bytes as u64 + 4 * messages.len() as u64 + 8 * tools.len() as u64 + 8
+        .sum();
+    // What each offered tool adds, by the rule the capabilities summary
+    // reports (`switchyard tool summary`).
+    let offered: u64 = tools
+        .iter()
+        .map(|t| switchyard_core::offer::tool_prompt_tokens(&t.name, &t.description, &t.parameters))
+        .sum();
+    bytes as u64 + offered + 4 * messages.len() as u64 + 8
 }
 
 /// The most prompt tokens a call of `chain` with `messages` and `tools`

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use switchyard_core::{Clock, Reason, Violations};
+use switchyard_core::{Clock, Reason, Violations, offer};
 use switchyard_kit::auth::{Principal, Role, principal};
 use switchyard_kit::error::{invalid_argument, status_with_metadata};
 use switchyard_kit::shutdown::Shutdown;
@@ -1079,7 +1079,8 @@ impl Registry {
 }
 
 impl Registry {
-    /// Tools and routable tool-mode agents, listed apart for a prompt.
+    /// Tools and routable tool-mode agents, listed apart for a prompt,
+    /// each with what offering it adds to a prompt.
     pub fn summary(
         &self,
         req: &GetCapabilitiesSummaryRequest,
@@ -1090,15 +1091,24 @@ impl Registry {
             .tools
             .values()
             .filter(|t| sees(p, &t.tenant))
-            .filter(|t| req.tools.is_empty() || req.tools.contains(&t.name))
-            .map(|t| SummaryItem {
-                name: t.name.clone(),
-                description: t.description.clone(),
+            .filter(|t| (req.tools.is_empty() && !req.only_named) || req.tools.contains(&t.name))
+            .map(|t| {
+                // Offered with its registered schema, else any object
+                // (as the executor offers it).
+                let parameters = t.parameters.as_ref().map_or_else(
+                    || serde_json::json!({"type": "object"}),
+                    switchyard_kit::json::struct_to_json,
+                );
+                SummaryItem {
+                    prompt_tokens: offer::tool_prompt_tokens(&t.name, &t.description, &parameters),
+                    name: t.name.clone(),
+                    description: t.description.clone(),
+                }
             })
             .collect();
         let wanted = |e: &Entry| {
             let id = e.agent.spec.as_ref().map_or("", |s| s.id.as_str());
-            req.agents.is_empty()
+            (req.agents.is_empty() && !req.only_named)
                 || req.agents.iter().any(|w| {
                     w == id
                         || e.capabilities().any(|c| {
@@ -1119,9 +1129,18 @@ impl Registry {
             })
             .filter(|e| wanted(e))
             .filter_map(|e| e.agent.spec.as_ref())
-            .map(|s| SummaryItem {
-                name: switchyard_core::validate::agent_tool_name(&s.id),
-                description: s.description.trim().to_owned(),
+            .map(|s| {
+                let name = switchyard_core::validate::agent_tool_name(&s.id);
+                let description = s.description.trim().to_owned();
+                SummaryItem {
+                    prompt_tokens: offer::tool_prompt_tokens(
+                        &name,
+                        &description,
+                        &offer::agent_tool_parameters(),
+                    ),
+                    name,
+                    description,
+                }
             })
             .collect();
         let line = |i: &SummaryItem| {
@@ -1137,6 +1156,7 @@ impl Registry {
         text.push_str("\nAvailable agents:\n");
         agents.iter().for_each(|a| text.push_str(&line(a)));
         GetCapabilitiesSummaryResponse {
+            prompt_tokens: tools.iter().chain(&agents).map(|i| i.prompt_tokens).sum(),
             tools,
             agents,
             text,

@@ -59,6 +59,7 @@ const MODELS: &[&str] = &[
     "m-pr",
     "m-chat",
     "m-concierge",
+    "m-offer",
 ];
 
 /// Served over Anthropic's Messages wire by the same server, same prices.
@@ -1290,5 +1291,106 @@ async fn over_ojs_an_approver_activates_a_pending_llm_job_and_a_too_small_budget
         v["error"]["details"]["reason"],
         "AGENT_MAX_DELEGATION_DEPTH"
     );
+    e.stack.stop().await.unwrap();
+}
+
+/// Seed ADR 003 acceptance 3, measured: moving tools behind an agent
+/// shrinks what an orchestrator is offered by those tools' entries less
+/// the agent's, and the summary's figures are what the model receives.
+#[tokio::test]
+async fn moving_tools_behind_an_agent_shrinks_the_offer_by_their_entries_as_the_model_receives_them()
+ {
+    use switchyard_proto::registry::v1::GetCapabilitiesSummaryRequest;
+    let mut e = env(true, |_| {}).await;
+    let names = [
+        "lookup_order",
+        "refund_order",
+        "track_parcel",
+        "change_address",
+    ];
+    let _stop = provide(&e.stack, Provider::default(), &names).await;
+    let mut reg = RegistryServiceClient::new(e.stack.channel().await.unwrap());
+    let mut orders = crate::common::agent("orders", "orders.manage", 80, 0);
+    orders.description = "Use this agent for anything about an order: look it up, refund it, \
+                          track its parcel or change its address."
+        .into();
+    orders.uses_tools = names.iter().map(|n| (*n).to_owned()).collect();
+    crate::common::register(&mut reg, orders).await;
+    let summary = |tools: &[&str], agents: &[&str]| GetCapabilitiesSummaryRequest {
+        tools: tools.iter().map(|t| (*t).to_owned()).collect(),
+        agents: agents.iter().map(|a| (*a).to_owned()).collect(),
+        only_named: true,
+    };
+    let before = reg
+        .get_capabilities_summary(summary(&names, &[]))
+        .await
+        .unwrap()
+        .into_inner();
+    let after = reg
+        .get_capabilities_summary(summary(&[], &["orders"]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((before.tools.len(), before.agents.len()), (4, 0));
+    assert_eq!((after.tools.len(), after.agents.len()), (0, 1));
+    let moved: u64 = before.tools.iter().map(|t| t.prompt_tokens).sum();
+    let agent = after.agents[0].prompt_tokens;
+    assert_eq!(before.prompt_tokens, moved);
+    assert_eq!(after.prompt_tokens, agent);
+    assert!(
+        after.prompt_tokens < before.prompt_tokens,
+        "{before:?} {after:?}"
+    );
+    // Nothing named, nothing listed (not everything).
+    let none = reg
+        .get_capabilities_summary(summary(&[], &[]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (none.tools.len(), none.agents.len(), none.prompt_tokens),
+        (0, 0, 0)
+    );
+
+    // The same two orchestrators, run: each offer on the wire costs what
+    // the summary said.
+    e.script.for_model(
+        "m-offer",
+        vec![Reply::text("done", 10, 2), Reply::text("done", 10, 2)],
+    );
+    let tools: Vec<Value> = names.iter().map(|n| json!({"name": n})).collect();
+    let direct = json!({"type": "t.offer", "args": ["help"], "ext_agent_model": "m-offer",
+        "ext_agent_max_tokens": 20, "ext_agent_tools": tools});
+    let behind = json!({"type": "t.offer", "args": ["help"], "ext_agent_model": "m-offer",
+        "ext_agent_max_tokens": 20, "ext_agent_agents": ["orders"]});
+    for doc in [direct, behind] {
+        let job = submit(&mut e.jobs, &doc.to_string()).await.unwrap();
+        if job.state == JobState::Pending as i32 {
+            approve(&e.stack, &job.run_id).await;
+        }
+        let r = finish(&mut e.jobs, &id(&job)).await;
+        assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    }
+    let sent: Vec<u64> = e
+        .script
+        .received()
+        .iter()
+        .map(|x| {
+            x.body["tools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| {
+                    let f = &t["function"];
+                    switchyard_core::offer::tool_prompt_tokens(
+                        f["name"].as_str().unwrap(),
+                        f["description"].as_str().unwrap(),
+                        &f["parameters"],
+                    )
+                })
+                .sum()
+        })
+        .collect();
+    assert_eq!(sent, [before.prompt_tokens, after.prompt_tokens]);
     e.stack.stop().await.unwrap();
 }

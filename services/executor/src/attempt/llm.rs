@@ -149,17 +149,6 @@ pub(crate) enum Route {
     Missing,
 }
 
-fn agent_schema() -> Value {
-    json!({
-        "type": "object",
-        "properties": {
-            "task": {"type": "string", "description": "The task for the agent"},
-            "input": {"type": "object", "description": "Structured input, if the agent takes any"}
-        },
-        "required": ["task"]
-    })
-}
-
 /// What one run of the loop did.
 pub(crate) struct Ran {
     /// Its report (also when it failed).
@@ -534,7 +523,7 @@ impl Attempt<'_> {
                 let spec = ToolSpec {
                     name: switchyard_core::validate::agent_tool_name(&s.id),
                     description: s.description.trim().to_owned(),
-                    parameters: agent_schema(),
+                    parameters: switchyard_core::offer::agent_tool_parameters(),
                 };
                 let route = Route::Agent {
                     agent_id: s.id.clone(),
