@@ -19,19 +19,20 @@ use switchyard_agent_sdk::{Agent, Invocation, Progress, delegation, respond};
 use switchyard_api::spend::{self, Hold, HoldRequest};
 use switchyard_api::{ExecutorClient, LedgerClient, RegistryClient};
 use switchyard_core::Reason;
+use switchyard_core::artifact::ArtifactKind;
 use switchyard_kit::client::{Credential, Intercepted, authed};
 use switchyard_kit::json::json_to_struct;
 use switchyard_kit::shutdown::Shutdown;
 use switchyard_llm::agent::{self, Host, LoopEvent, Refusal};
 use switchyard_llm::{BoxFuture, Llm, ToolChoice, ToolSpec, Usage};
 use switchyard_proto::agent::v1::{AgentResponse, IntegrationMode, ResponseStatus};
-use switchyard_proto::common::v1::{CorrelationContext, Money};
+use switchyard_proto::common::v1::{CorrelationContext, Money, NewArtifact};
 use switchyard_proto::executor::v1::LlmTask;
 use switchyard_proto::registry::v1::{AgentSpec, Capability, ListToolsRequest, Tool};
 
 pub mod manifest;
 
-pub use manifest::{Declared, Loaded, load_dir};
+pub use manifest::{Declared, Keep, Loaded, check_proposed, load_dir};
 
 /// `[agents]` configuration (and `switchyard agents serve` flags).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -56,6 +57,10 @@ pub struct AgentsConfig {
     pub default_max_output_tokens: u64,
     /// Default tool-call timeout, milliseconds.
     pub tool_timeout_ms: u64,
+    /// How often the manifest directory is checked for changes (a
+    /// published agent, an edited manifest), milliseconds; 0: never — the
+    /// agents are those found at start.
+    pub reload_ms: u64,
 }
 
 impl Default for AgentsConfig {
@@ -70,6 +75,7 @@ impl Default for AgentsConfig {
             executor_url: None,
             default_max_output_tokens: 4096,
             tool_timeout_ms: 30_000,
+            reload_ms: 2_000,
         }
     }
 }
@@ -142,7 +148,9 @@ pub fn agent_spec(a: &Declared, endpoint: &str) -> AgentSpec {
 /// `InvokeRequest.agent_id`.
 #[derive(Clone)]
 pub struct Hosted {
-    agents: Arc<HashMap<String, Declared>>,
+    /// The agents hosted now, by registry id: replaced whole at a reload
+    /// (an invocation keeps the set it started with).
+    agents: Arc<std::sync::RwLock<Agents>>,
     llm: Llm,
     cfg: AgentsConfig,
     registry: RegistryClient,
@@ -155,7 +163,7 @@ pub struct Hosted {
 impl std::fmt::Debug for Hosted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hosted")
-            .field("agents", &self.agents.keys().collect::<Vec<_>>())
+            .field("agents", &self.ids())
             .finish_non_exhaustive()
     }
 }
@@ -188,23 +196,9 @@ impl Hosted {
             )),
             None => None,
         };
-        for a in &loaded.agents {
-            if llm.chain_price(&a.models, &a.provider).is_none() {
-                return Err(AgentsError::Config(format!(
-                    "agent {}: no configured LLM provider serves {} (see [llm])",
-                    a.id,
-                    a.models.join(" or ")
-                )));
-            }
-        }
+        let agents = served_by(&llm, loaded).map_err(|es| AgentsError::Config(es.join("\n")))?;
         Ok(Hosted {
-            agents: Arc::new(
-                loaded
-                    .agents
-                    .into_iter()
-                    .map(|a| (a.registry_id.clone(), a))
-                    .collect(),
-            ),
+            agents: Arc::new(std::sync::RwLock::new(agents)),
             llm,
             cfg,
             registry,
@@ -217,9 +211,33 @@ impl Hosted {
 
     /// Registry ids of the hosted agents.
     pub fn ids(&self) -> Vec<String> {
-        let mut ids: Vec<String> = self.agents.keys().cloned().collect();
+        let mut ids: Vec<String> = self.agents().keys().cloned().collect();
         ids.sort();
         ids
+    }
+
+    /// The agents hosted now.
+    fn agents(&self) -> Agents {
+        match self.agents.read() {
+            Ok(a) => a.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Loads the manifest directory again. Returns the new set, or every
+    /// problem (the set hosted stays as it was: one bad manifest stops
+    /// nothing that runs).
+    fn reload(&self) -> Result<Agents, Vec<String>> {
+        let (Some(dir), Some(root)) = (&self.cfg.dir, &self.cfg.root) else {
+            return Err(vec!["no manifest directory to reload".into()]);
+        };
+        let loaded = load_dir(dir, root)?;
+        let agents = served_by(&self.llm, loaded)?;
+        match self.agents.write() {
+            Ok(mut a) => *a = agents.clone(),
+            Err(poisoned) => *poisoned.into_inner() = agents.clone(),
+        }
+        Ok(agents)
     }
 
     /// Refuses to start when a hosted agent's tool name `agent_<id>` is
@@ -228,7 +246,8 @@ impl Hosted {
     /// Returns the registered tool names (what registration needs next).
     pub async fn check_collisions(&self) -> Result<Vec<String>, AgentsError> {
         let registered = registry_tools(&self.registry).await?;
-        if let Some(t) = registered.iter().find(|t| self.agents.contains_key(*t)) {
+        let agents = self.agents();
+        if let Some(t) = registered.iter().find(|t| agents.contains_key(*t)) {
             return Err(AgentsError::Collision(format!(
                 "agent {t} would be offered as tool {t:?}, but a registered tool already has that name"
             )));
@@ -276,6 +295,35 @@ impl Hosted {
         }
         Ok((specs, registered))
     }
+}
+
+/// The hosted agents by registry id, shared by every invocation.
+type Agents = Arc<HashMap<String, Arc<Declared>>>;
+
+/// `loaded`'s agents, each with a configured provider for its models.
+fn served_by(llm: &Llm, loaded: Loaded) -> Result<Agents, Vec<String>> {
+    let unserved: Vec<String> = loaded
+        .agents
+        .iter()
+        .filter(|a| llm.chain_price(&a.models, &a.provider).is_none())
+        .map(|a| {
+            format!(
+                "agent {}: no configured LLM provider serves {} (see [llm])",
+                a.id,
+                a.models.join(" or ")
+            )
+        })
+        .collect();
+    if !unserved.is_empty() {
+        return Err(unserved);
+    }
+    Ok(Arc::new(
+        loaded
+            .agents
+            .into_iter()
+            .map(|a| (a.registry_id.clone(), Arc::new(a)))
+            .collect(),
+    ))
 }
 
 /// Names of the registered tools.
@@ -493,14 +541,13 @@ impl InvocationHost<'_> {
 #[tonic::async_trait]
 impl Agent for Hosted {
     async fn invoke(&self, req: Invocation, progress: Progress) -> AgentResponse {
-        let agent = match self.agents.get(&req.agent_id) {
+        let agents = self.agents();
+        let agent = match agents.get(&req.agent_id) {
             Some(a) => a,
-            None if req.agent_id.is_empty() && self.agents.len() == 1 => {
-                match self.agents.values().next() {
-                    Some(a) => a,
-                    None => return respond::refused("no agents are hosted here"),
-                }
-            }
+            None if req.agent_id.is_empty() && agents.len() == 1 => match agents.values().next() {
+                Some(a) => a,
+                None => return respond::refused("no agents are hosted here"),
+            },
             None => {
                 return respond::refused(format!(
                     "agent {:?} is not hosted here (hosted: {})",
@@ -586,7 +633,7 @@ impl Agent for Hosted {
         };
         let ran = agent::run(&self.llm, &spec, &host).await;
         let handed_back = host.handed_back.lock().ok().and_then(|mut h| h.take());
-        let (report, status, error) = match ran {
+        let (report, mut status, mut error) = match ran {
             Ok(r) => (r, ResponseStatus::Success, String::new()),
             Err(f) => (
                 *f.report,
@@ -594,6 +641,17 @@ impl Agent for Hosted {
                 format!("{}: {}", f.reason, f.message),
             ),
         };
+        let mut artifacts = Vec::new();
+        if let Some(keep) = agent
+            .artifact
+            .as_ref()
+            .filter(|_| status == ResponseStatus::Success)
+        {
+            match self.kept(keep, &report) {
+                Ok(a) => artifacts.push(a),
+                Err(e) => (status, error) = (ResponseStatus::Error, e),
+            }
+        }
         let output = match &handed_back {
             Some(result) => json_to_struct(&json!({"handback": true, "result": result})),
             None => report.output.as_ref().and_then(json_to_struct).or_else(|| {
@@ -618,8 +676,49 @@ impl Agent for Hosted {
             }),
             billed: true,
             model_used: report.model_used,
-            artifacts: Vec::new(),
+            artifacts,
         }
+    }
+}
+
+impl Hosted {
+    /// The answer in `report` as the artifact `keep` asks for; a proposed
+    /// agent is checked first (every problem, in the error the caller's
+    /// model reads, so it can correct the proposal).
+    fn kept(&self, keep: &Keep, report: &agent::Report) -> Result<NewArtifact, String> {
+        let content = match (&report.output, keep.kind) {
+            (_, ArtifactKind::AgentManifest) => {
+                let text = manifest::unfenced(&report.content);
+                let proposed = manifest::check_proposed(text, &keep.grants).map_err(|es| {
+                    format!(
+                        "{}: the proposed agent was refused:\n- {}",
+                        Reason::ArtifactInvalid,
+                        es.join("\n- ")
+                    )
+                })?;
+                if self.agents().contains_key(&proposed.registry_id) {
+                    return Err(format!(
+                        "{}: the proposed agent was refused: id {:?} is an agent hosted here already; propose another id",
+                        Reason::ArtifactInvalid,
+                        proposed.id
+                    ));
+                }
+                text.to_owned()
+            }
+            (Some(json), _) => json.to_string(),
+            (None, _) => report.content.clone(),
+        };
+        let media_type = match keep.kind {
+            ArtifactKind::AgentManifest => "application/yaml",
+            _ if report.output.is_some() => "application/json",
+            _ => "text/markdown",
+        };
+        Ok(NewArtifact {
+            name: keep.name.clone(),
+            kind: switchyard_api::artifacts::proto_kind(keep.kind) as i32,
+            media_type: media_type.into(),
+            content: content.into_bytes(),
+        })
     }
 }
 
@@ -724,6 +823,9 @@ async fn with_new_tools(
 
 /// Serves every agent of `hosted` on `cfg.listen` and keeps each
 /// registered until `shutdown`. Calls `on_bound` with the bound address.
+/// With `reload_ms`, the manifest directory is read again when it changes:
+/// new agents are registered, changed ones re-registered, removed ones
+/// deregistered — without restarting this host or any other service.
 pub async fn serve_until(
     hosted: Hosted,
     shutdown: Shutdown,
@@ -747,57 +849,194 @@ pub async fn serve_until(
     } else {
         hosted.cfg.advertise_url.clone()
     };
-    // The registry accepts only registered tools in uses_tools, so each
-    // agent registers those that exist now and adds the others as they
-    // appear (a tool is resolved at each invocation, so it works before).
-    let specs: Vec<(AgentSpec, Vec<String>)> = hosted
-        .agents
-        .values()
-        .map(|a| {
-            let mut s = agent_spec(a, &endpoint);
-            let wanted = s.uses_tools.clone();
-            s.uses_tools.retain(|t| registered.contains(t));
-            (s, wanted)
-        })
-        .collect();
+    let agents = hosted.agents();
     // One descriptor for the endpoint; each registration carries its own.
     let describe = AgentSpec {
         name: "switchyard declarative agents".into(),
         description: format!("Declarative agents: {}", hosted.ids().join(", ")),
         integration_mode: IntegrationMode::Tool as i32,
-        capabilities: specs
-            .iter()
-            .flat_map(|(s, _)| s.capabilities.clone())
+        capabilities: agents
+            .values()
+            .flat_map(|a| agent_spec(a, &endpoint).capabilities)
             .collect(),
         ..Default::default()
     };
-    let registry = hosted.registry.clone();
     let server = switchyard_kit::server::Server::new(cfg.clone()).add_service(
-        switchyard_agent_sdk::AgentServer::new(hosted, &describe)
+        switchyard_agent_sdk::AgentServer::new(hosted.clone(), &describe)
             .into_service(cfg.max_message_bytes),
     );
     let serving = tokio::spawn(server.run(listener, shutdown.clone()));
-    let mut keepers = Vec::new();
-    for (spec, wanted) in specs {
-        let tools = registry.clone();
-        keepers.push(tokio::spawn(
-            switchyard_agent_sdk::keep_registered_updating(
-                registry.clone(),
-                spec,
-                shutdown.clone(),
-                move |now: &AgentSpec| with_new_tools(tools.clone(), now.clone(), wanted.clone()),
-            ),
-        ));
-    }
-    for k in keepers {
-        match k.await {
-            Ok(r) => r?,
-            Err(e) => return Err(AgentsError::Config(format!("registration task: {e}"))),
+    let mut keepers = Keepers {
+        registry: hosted.registry.clone(),
+        endpoint,
+        shutdown: shutdown.clone(),
+        running: HashMap::new(),
+    };
+    keepers.sync(&agents, &registered).await;
+    let reload_every = Duration::from_millis(hosted.cfg.reload_ms);
+    if hosted.cfg.reload_ms > 0 && hosted.cfg.dir.is_some() {
+        let dir = hosted.cfg.dir.clone().unwrap_or_default();
+        let mut seen = fingerprint(&dir);
+        let mut tick = tokio::time::interval(reload_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.wait() => break,
+                _ = tick.tick() => {}
+            }
+            let now = fingerprint(&dir);
+            if now == seen {
+                continue;
+            }
+            seen = now;
+            match hosted.reload() {
+                Ok(agents) => {
+                    let registered = registry_tools(&hosted.registry).await.unwrap_or_default();
+                    let taken: Vec<&String> = registered
+                        .iter()
+                        .filter(|t| agents.contains_key(*t))
+                        .collect();
+                    if taken.is_empty() {
+                        keepers.sync(&agents, &registered).await;
+                        tracing::info!(agents = ?hosted.ids(), "manifests reloaded");
+                    } else {
+                        tracing::error!(
+                            ?taken,
+                            "manifests not reloaded: these agents' tool names are taken by registered tools"
+                        );
+                    }
+                }
+                Err(problems) => {
+                    tracing::error!(
+                        ?problems,
+                        "manifests not reloaded: the agents hosted stay as they were"
+                    );
+                }
+            }
         }
+    } else {
+        shutdown.wait().await;
     }
+    keepers.stop_all().await?;
     serving
         .await
         .map_err(|e| AgentsError::Config(format!("server task: {e}")))?
         .map_err(switchyard_agent_sdk::SdkError::from)?;
     Ok(())
+}
+
+/// What identifies the manifest directory's contents: every file (two
+/// levels down, where manifests and their prompts live) with its size and
+/// modification time.
+fn fingerprint(dir: &std::path::Path) -> Vec<(PathBuf, u64, Option<std::time::SystemTime>)> {
+    let mut out = Vec::new();
+    let mut walk = vec![(dir.to_path_buf(), 0)];
+    while let Some((d, depth)) = walk.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.filter_map(Result::ok) {
+            let Ok(m) = e.metadata() else { continue };
+            if m.is_dir() && depth < 2 {
+                walk.push((e.path(), depth + 1));
+            } else if m.is_file() {
+                out.push((e.path(), m.len(), m.modified().ok()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The registration keepers of the hosted agents, one per agent.
+struct Keepers {
+    registry: RegistryClient,
+    endpoint: String,
+    shutdown: Shutdown,
+    running: HashMap<String, Keeper>,
+}
+
+/// One agent's registration, kept alive until its trigger fires.
+struct Keeper {
+    spec: AgentSpec,
+    stop: switchyard_kit::shutdown::Trigger,
+    task: tokio::task::JoinHandle<Result<(), switchyard_agent_sdk::SdkError>>,
+}
+
+impl Keeper {
+    /// Ends the registration (deregistering the agent) and waits for it.
+    async fn stop(self) {
+        self.stop.fire();
+        let _ = self.task.await;
+    }
+}
+
+impl Keepers {
+    /// Registers what `agents` adds or changes, deregisters what it drops.
+    /// The registry accepts only registered tools in uses_tools, so each
+    /// agent registers those in `registered` and adds the others as they
+    /// appear (a tool is resolved at each invocation, so it works before).
+    async fn sync(&mut self, agents: &Agents, registered: &[String]) {
+        let gone: Vec<String> = self
+            .running
+            .keys()
+            .filter(|id| !agents.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            if let Some(k) = self.running.remove(&id) {
+                k.stop().await;
+            }
+        }
+        for (id, a) in agents.iter() {
+            let mut spec = agent_spec(a, &self.endpoint);
+            let wanted = spec.uses_tools.clone();
+            spec.uses_tools.retain(|t| registered.contains(t));
+            if self.running.get(id).is_some_and(|k| k.spec == spec) {
+                continue;
+            }
+            // The old registration is gone before the new one is made (its
+            // keeper deregisters as it ends).
+            if let Some(old) = self.running.remove(id) {
+                old.stop().await;
+            }
+            let (stop, own) = switchyard_kit::shutdown::channel();
+            let (all, fire) = (self.shutdown.clone(), stop.clone());
+            tokio::spawn(async move {
+                all.wait().await;
+                fire.fire();
+            });
+            let tools = self.registry.clone();
+            let keep = switchyard_agent_sdk::keep_registered_updating(
+                self.registry.clone(),
+                spec.clone(),
+                own,
+                move |now: &AgentSpec| with_new_tools(tools.clone(), now.clone(), wanted.clone()),
+            );
+            let agent_id = id.clone();
+            let task = tokio::spawn(async move {
+                let r = keep.await;
+                if let Err(e) = &r {
+                    tracing::error!(%agent_id, error = %e, "agent not registered");
+                }
+                r
+            });
+            self.running.insert(id.clone(), Keeper { spec, stop, task });
+        }
+    }
+
+    /// Stops every keeper (each deregisters its agent) and waits for them;
+    /// the first registration that failed is the error.
+    async fn stop_all(self) -> Result<(), AgentsError> {
+        for k in self.running.values() {
+            k.stop.fire();
+        }
+        for (_, k) in self.running {
+            match k.task.await {
+                Ok(r) => r?,
+                Err(e) => return Err(AgentsError::Config(format!("registration task: {e}"))),
+            }
+        }
+        Ok(())
+    }
 }

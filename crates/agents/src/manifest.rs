@@ -5,14 +5,15 @@
 //! agent: it needs `agent.model` and `agent.instructions` (a file path, inline
 //! text, or `""` for none). Manifests with an `entrypoint` are programmatic
 //! (code, served with the SDK) and manifests without `agent` are plain
-//! extensions; both are skipped here, not refused. `handoff` mode is refused
-//! until it is designed.
+//! extensions; both are skipped here, not refused. A builder agent's
+//! proposals (`agent_manifest` artifacts) are checked by [`check_proposed`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
+use switchyard_core::artifact::ArtifactKind;
 
 /// A declared capability: a name, or a name with a price.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -81,6 +82,33 @@ struct RawAgent {
     uses_tools: Vec<String>,
     #[serde(default)]
     limits: RawLimits,
+    /// Switchyard: keep the final answer as an artifact of the calling job.
+    #[serde(default)]
+    artifact: Option<RawArtifact>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawArtifact {
+    kind: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    grants: Vec<String>,
+}
+
+/// What an agent keeps of its answer (`agent.artifact`): the calling job
+/// stores it as an artifact of this kind, when its `outputs_allowed`
+/// allows the kind.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Keep {
+    /// Kind.
+    pub kind: ArtifactKind,
+    /// File name.
+    pub name: String,
+    /// `agent_manifest` only: the tools the agents it proposes may use (a
+    /// proposal listing any other is refused).
+    pub grants: Vec<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -157,6 +185,8 @@ pub struct Declared {
     /// `integration_mode: handoff`: it takes conversations over (answering
     /// the person, with a `hand_back` tool) instead of running a task.
     pub handoff: bool,
+    /// Its answer, kept as an artifact (`agent.artifact`).
+    pub artifact: Option<Keep>,
 }
 
 /// What a directory held.
@@ -473,6 +503,10 @@ pub fn parse(text: &str, ext_dir: &Path, root: &Path) -> Result<Parsed, Vec<Stri
             "a handoff agent talks with a person: remove parameters.output_format json and output_schema (it hands its result back with hand_back)".into(),
         );
     }
+    let artifact = agent
+        .artifact
+        .as_ref()
+        .and_then(|a| keep(a, &id, mode, &mut errors));
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -499,7 +533,136 @@ pub fn parse(text: &str, ext_dir: &Path, root: &Path) -> Result<Parsed, Vec<Stri
         capabilities,
         dir: ext_dir.to_path_buf(),
         handoff: mode == "handoff",
+        artifact,
     })))
+}
+
+/// Checks `agent.artifact`; `None` (and the problems in `errors`) when it
+/// is wrong.
+fn keep(a: &RawArtifact, id: &str, mode: &str, errors: &mut Vec<String>) -> Option<Keep> {
+    let before = errors.len();
+    let kind = ArtifactKind::parse(&a.kind);
+    if kind.is_none() {
+        errors.push(format!(
+            "agent.artifact.kind must be one of {}, got {:?}",
+            ArtifactKind::ALL
+                .iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            a.kind
+        ));
+    }
+    let name = match (a.name.is_empty(), kind) {
+        (false, _) => a.name.clone(),
+        (true, Some(ArtifactKind::AgentManifest)) => "manifest.yaml".to_owned(),
+        (true, _) => format!("{id}.md"),
+    };
+    if let Err(e) = switchyard_core::artifact::check_name(&name) {
+        errors.push(format!("agent.artifact.name: {e}"));
+    }
+    if mode == "handoff" {
+        errors.push(
+            "agent.artifact: a handoff agent hands its result back with hand_back; keep artifacts from tool-mode agents".into(),
+        );
+    }
+    if !a.grants.is_empty() && kind != Some(ArtifactKind::AgentManifest) {
+        errors.push("agent.artifact.grants is for agent_manifest artifacts only".into());
+    }
+    for t in &a.grants {
+        if t != switchyard_agent_sdk::delegation::TOOL
+            && switchyard_core::validate::tool_name(t).is_err()
+        {
+            errors.push(format!("agent.artifact.grants: {t:?} is not a tool name"));
+        }
+    }
+    (errors.len() == before).then(|| Keep {
+        kind: kind.unwrap_or(ArtifactKind::File),
+        name,
+        grants: a.grants.clone(),
+    })
+}
+
+/// A proposal's text without the code fence a model may wrap it in.
+pub fn unfenced(text: &str) -> &str {
+    let t = text.trim();
+    let Some(rest) = t.strip_prefix("```") else {
+        return t;
+    };
+    let body = rest.split_once('\n').map_or("", |(_, b)| b);
+    body.trim_end().strip_suffix("```").unwrap_or(body).trim()
+}
+
+/// A manifest a builder agent proposed (an `agent_manifest` artifact),
+/// checked where it is written (the builder's host) and again where it is
+/// published (`switchyard agents publish`): one file, a valid declarative
+/// agent with its instructions inline, that proposes no agents itself and
+/// uses only tools in `grants`. Every problem at once.
+pub fn check_proposed(text: &str, grants: &[String]) -> Result<Declared, Vec<String>> {
+    let text = unfenced(text);
+    let options = serde_saphyr::options! {
+        duplicate_keys: serde_saphyr::options::DuplicateKeyPolicy::LastWins,
+    };
+    let raw: RawManifest = serde_saphyr::from_str_with_options(text, options)
+        .map_err(|e| vec![format!("not a valid manifest: {e}")])?;
+    let mut errors = Vec::new();
+    if let Some(i) = raw.agent.as_ref().and_then(|a| a.instructions.as_deref())
+        && names_a_file(i)
+    {
+        errors.push(format!(
+            "agent.instructions: {:?} names a file; a proposed agent is one manifest with its instructions inline",
+            i.trim()
+        ));
+    }
+    if raw.agent.as_ref().is_some_and(|a| a.artifact.is_some()) {
+        errors.push(
+            "agent.artifact: a proposed agent may not keep artifacts (only a builder a person installed proposes agents)".into(),
+        );
+    }
+    // A file name was refused above; resolving nothing from disk.
+    let none = Path::new("");
+    let declared = match parse(text, none, none) {
+        Ok(Parsed::Agent(a)) => Some(*a),
+        Ok(Parsed::Skipped(why)) => {
+            errors.push(format!(
+                "not a declarative agent to host ({why}): a proposal needs an agent section with a model and instructions, and enabled: true"
+            ));
+            None
+        }
+        Err(es) => {
+            errors.extend(
+                es.into_iter()
+                    .filter(|e| !e.starts_with("agent.instructions: file")),
+            );
+            None
+        }
+    };
+    // From the text, so a proposal wrong in other ways is told this too.
+    let uses: &[String] = raw.agent.as_ref().map_or(&[], |a| a.uses_tools.as_slice());
+    for t in uses.iter().filter(|t| !grants.contains(t)) {
+        errors.push(format!(
+            "agent.uses_tools: {t:?} may not be granted (the builder may grant: {})",
+            if grants.is_empty() {
+                "no tools".to_owned()
+            } else {
+                grants.join(", ")
+            }
+        ));
+    }
+    match declared {
+        Some(d) if errors.is_empty() => Ok(d),
+        _ => Err(errors),
+    }
+}
+
+/// Whether `agent.instructions` names a prompt file rather than holding
+/// the text.
+fn names_a_file(raw: &str) -> bool {
+    let t = raw.trim();
+    !t.contains('\n')
+        && [".jinja2", ".j2", ".md", ".txt"]
+            .iter()
+            .any(|ext| t.ends_with(ext))
 }
 
 fn valid_id(id: &str) -> bool {
@@ -524,11 +687,7 @@ pub fn resolve_instructions(
     if t.is_empty() {
         return Ok(String::new());
     }
-    let is_path = !t.contains('\n')
-        && [".jinja2", ".j2", ".md", ".txt"]
-            .iter()
-            .any(|ext| t.ends_with(ext));
-    if !is_path {
+    if !names_a_file(t) {
         return render(raw, vars).map_err(|e| format!("agent.instructions: {e}"));
     }
     for base in [ext_dir, root] {
@@ -835,5 +994,84 @@ enabled: true
         assert!(e.contains("description is required"), "{e}");
         let empty = dir();
         assert!(load_dir(empty.path(), empty.path()).unwrap_err()[0].contains("no manifest.yaml"));
+    }
+
+    const PROPOSED: &str = "id: poet\nname: Poet\ndescription: Writes short poems.\ncapabilities: [built.poet]\nagent:\n  model: gpt-4o-mini\n  instructions: |\n    Write a four-line poem.\n  uses_tools: [web_search]\n";
+
+    #[test]
+    fn a_proposed_agent_is_checked_from_its_text_alone_fenced_or_not() {
+        let grants = ["web_search".to_owned()];
+        let a = check_proposed(PROPOSED, &grants).unwrap();
+        assert_eq!(
+            (a.registry_id.as_str(), a.instructions.trim()),
+            ("agent_poet", "Write a four-line poem.")
+        );
+        let fenced = format!("```yaml\n{PROPOSED}```\n");
+        assert_eq!(check_proposed(&fenced, &grants).unwrap().id, "poet");
+        assert_eq!(unfenced(&fenced), PROPOSED.trim());
+    }
+
+    #[test]
+    fn a_proposal_is_refused_with_every_problem_at_once() {
+        let bad = "id: Poet\nname: Poet\ndescription: ''\nagent:\n  model: gpt-4o-mini\n  instructions: prompts/poet.md\n  uses_tools: [web_search, kv]\n  artifact: {kind: agent_manifest}\n";
+        let es = check_proposed(bad, &[]).unwrap_err();
+        for want in [
+            "names a file",
+            "may not keep artifacts",
+            "id \"Poet\" must match",
+            "description is required",
+            "\"web_search\" may not be granted (the builder may grant: no tools)",
+            "\"kv\" may not be granted",
+        ] {
+            assert!(
+                es.iter().any(|e| e.contains(want)),
+                "{want:?} not in {es:?}"
+            );
+        }
+        let skipped = "id: x\nname: X\nentrypoint: x.py\nagent:\n  model: m\n";
+        let es = check_proposed(skipped, &[]).unwrap_err();
+        assert!(es[0].contains("not a declarative agent to host"), "{es:?}");
+        assert!(check_proposed("[not, a, manifest]", &[]).is_err());
+    }
+
+    #[test]
+    fn an_artifact_block_names_a_kind_and_grants_only_for_agent_manifests() {
+        let d = dir();
+        let with = |artifact: &str| {
+            format!(
+                "id: b\nname: B\ndescription: Builds.\nagent:\n  model: m\n  instructions: ''\n  artifact: {artifact}\n"
+            )
+        };
+        let a = parse(
+            &with("{kind: agent_manifest, grants: [kv]}"),
+            d.path(),
+            d.path(),
+        )
+        .unwrap()
+        .agent()
+        .unwrap();
+        let keep = a.artifact.unwrap();
+        assert_eq!(
+            (keep.kind, keep.name.as_str()),
+            (ArtifactKind::AgentManifest, "manifest.yaml")
+        );
+        assert_eq!(keep.grants, ["kv"]);
+        let es = parse(&with("{kind: pr, grants: [kv]}"), d.path(), d.path()).unwrap_err();
+        assert!(
+            es.iter()
+                .any(|e| e.contains("agent.artifact.kind must be one of")),
+            "{es:?}"
+        );
+        let es = parse(&with("{kind: test_plan, grants: [kv]}"), d.path(), d.path()).unwrap_err();
+        assert!(
+            es.iter()
+                .any(|e| e.contains("grants is for agent_manifest")),
+            "{es:?}"
+        );
+        let es = parse(&with("{kind: file, name: ../x}"), d.path(), d.path()).unwrap_err();
+        assert!(
+            es.iter().any(|e| e.contains("agent.artifact.name")),
+            "{es:?}"
+        );
     }
 }

@@ -24,6 +24,7 @@ pub fn kind_of(k: i32) -> ArtifactKind {
         common::ArtifactKind::DraftPr => ArtifactKind::DraftPr,
         common::ArtifactKind::IssueComment => ArtifactKind::IssueComment,
         common::ArtifactKind::TestPlan => ArtifactKind::TestPlan,
+        common::ArtifactKind::AgentManifest => ArtifactKind::AgentManifest,
     }
 }
 
@@ -35,6 +36,7 @@ pub fn proto_kind(k: ArtifactKind) -> common::ArtifactKind {
         ArtifactKind::DraftPr => common::ArtifactKind::DraftPr,
         ArtifactKind::IssueComment => common::ArtifactKind::IssueComment,
         ArtifactKind::TestPlan => common::ArtifactKind::TestPlan,
+        ArtifactKind::AgentManifest => common::ArtifactKind::AgentManifest,
     }
 }
 

@@ -1,7 +1,9 @@
 //! Declarative agents in a process: load a manifest directory and host it
-//! (`switchyard agents serve`, or `switchyard dev` with `[agents] dir`).
+//! (`switchyard agents serve`, or `switchyard dev` with `[agents] dir`), and
+//! publish a proposed agent into it (`switchyard agents publish`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use switchyard_agents::{Hosted, load_dir};
 
@@ -34,6 +36,9 @@ pub fn host(
         );
     }
     let mut acfg = cfg.agents.clone();
+    // What a reload reads again.
+    acfg.dir = Some(dir.to_path_buf());
+    acfg.root = Some(root);
     let or_own = |u: &mut Option<String>| {
         if u.is_none() {
             *u = own.map(str::to_owned);
@@ -54,4 +59,148 @@ pub fn host(
         tls.as_ref(),
         cfg.server.max_message_bytes,
     )?)
+}
+
+/// What to publish, and where (`switchyard agents publish`).
+pub struct Publish<'a> {
+    /// The job that holds the proposal.
+    pub job: &'a str,
+    /// The artifact's id or path (`<task>/manifest.yaml`).
+    pub artifact: &'a str,
+    /// The manifest directory the agents host serves.
+    pub dir: &'a Path,
+    /// The tools the published agent may use (its `uses_tools` must be
+    /// among them).
+    pub allow_tools: &'a [String],
+    /// How long to wait for the registry to list the agent; zero: not.
+    pub wait: Duration,
+}
+
+/// A published agent.
+#[derive(Debug)]
+pub struct Published {
+    /// Its registry id, `agent_<id>`.
+    pub registry_id: String,
+    /// Its display name.
+    pub name: String,
+    /// The manifest written.
+    pub file: PathBuf,
+    /// Its capabilities as registered (empty when not waited for).
+    pub capabilities: Vec<String>,
+}
+
+/// Publishes an agent a builder agent proposed (an `agent_manifest`
+/// artifact of a job, read as the caller: only someone who may read the
+/// job can publish from it): checks it again (every problem at once, with
+/// `allow_tools` as the tools it may use), refuses an id that is taken,
+/// writes `DIR/<id>/manifest.yaml` atomically, and waits for the agents
+/// host serving DIR to load and register it.
+pub async fn publish(
+    executor: &switchyard_api::ExecutorClient,
+    registry: &switchyard_api::RegistryClient,
+    p: Publish<'_>,
+) -> anyhow::Result<Published> {
+    use switchyard_proto::common::v1::ArtifactKind;
+    use switchyard_proto::executor::v1::GetArtifactRequest;
+    use switchyard_proto::registry::v1::{AgentStatus, GetAgentRequest};
+    let status = |s: tonic::Status| anyhow::Error::new(switchyard_kit::error::ApiError::from(s));
+    let got = executor
+        .get_artifact(GetArtifactRequest {
+            job_id: p.job.to_owned(),
+            artifact: p.artifact.to_owned(),
+        })
+        .await
+        .map_err(status)?;
+    let meta = got.artifact.unwrap_or_default();
+    if meta.kind != ArtifactKind::AgentManifest as i32 {
+        anyhow::bail!(
+            "artifact {} of job {} is a {} artifact: only proposed agents (agent_manifest) are published",
+            meta.path,
+            p.job,
+            switchyard_api::artifacts::kind_of(meta.kind)
+        );
+    }
+    let text = String::from_utf8(got.content).map_err(|_| {
+        anyhow::anyhow!("the proposed manifest is not UTF-8 text: it cannot be published")
+    })?;
+    let agent = switchyard_agents::check_proposed(&text, p.allow_tools).map_err(|es| {
+        anyhow::anyhow!(
+            "artifact {} of job {} cannot be published:\n  {}",
+            meta.path,
+            p.job,
+            es.join("\n  ")
+        )
+    })?;
+    let target = p.dir.join(&agent.id);
+    if target.exists() {
+        anyhow::bail!(
+            "{} exists: an agent with id {:?} is published there already (remove it to replace it)",
+            target.display(),
+            agent.id
+        );
+    }
+    let by_id = GetAgentRequest {
+        agent_id: agent.registry_id.clone(),
+    };
+    if registry.get_agent(by_id.clone()).await.is_ok() {
+        anyhow::bail!(
+            "{} is registered already: the proposal must use another id",
+            agent.registry_id
+        );
+    }
+    let write = |path: &Path, text: &str| {
+        std::fs::write(path, text).map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
+    };
+    std::fs::create_dir_all(&target)
+        .map_err(|e| anyhow::anyhow!("creating {}: {e}", target.display()))?;
+    let file = target.join("manifest.yaml");
+    let partial = target.join("manifest.yaml.partial");
+    write(
+        &partial,
+        &format!(
+            "# Published with `switchyard agents publish` from job {}, artifact {} ({}).\n{}\n",
+            p.job,
+            meta.path,
+            meta.artifact_id,
+            switchyard_agents::manifest::unfenced(&text)
+        ),
+    )?;
+    // A reload sees the whole manifest or none of it.
+    std::fs::rename(&partial, &file)
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", file.display()))?;
+    let mut published = Published {
+        registry_id: agent.registry_id.clone(),
+        name: agent.name.clone(),
+        file,
+        capabilities: Vec::new(),
+    };
+    if p.wait.is_zero() {
+        return Ok(published);
+    }
+    let deadline = std::time::Instant::now() + p.wait;
+    loop {
+        let found = registry
+            .get_agent(by_id.clone())
+            .await
+            .ok()
+            .and_then(|r| r.agent)
+            .filter(|a| a.status == AgentStatus::Available as i32);
+        if let Some(a) = found {
+            published.capabilities = a
+                .spec
+                .map(|s| s.capabilities.into_iter().map(|c| c.name).collect())
+                .unwrap_or_default();
+            return Ok(published);
+        }
+        if std::time::Instant::now() >= deadline {
+            anyhow::bail!(
+                "{} is written to {} but not registered after {}s: is an agents host serving {} with reload_ms > 0 ([agents] reload_ms)?",
+                agent.registry_id,
+                published.file.display(),
+                p.wait.as_secs(),
+                p.dir.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -12,6 +12,7 @@ mod job;
 mod llm;
 mod mcp;
 mod output;
+mod publish;
 mod report;
 mod worker;
 
@@ -125,6 +126,29 @@ enum AgentsCmd {
         token: Option<String>,
         #[command(flatten)]
         run: RunArgs,
+    },
+    /// Publish an agent a builder agent proposed (an agent_manifest artifact
+    /// of a job) into DIR, after checking it again; the agents host serving
+    /// DIR loads it without a restart.
+    Publish {
+        /// The job that holds the proposal.
+        #[arg(long)]
+        job: String,
+        /// The artifact's path (`<task>/manifest.yaml`) or id.
+        #[arg(long)]
+        artifact: String,
+        /// The manifest directory the agents host serves.
+        #[arg(long)]
+        dir: PathBuf,
+        /// A tool the published agent may use (repeatable); a proposal whose
+        /// uses_tools lists any other is refused.
+        #[arg(long = "allow-tool")]
+        allow_tools: Vec<String>,
+        /// Seconds to wait for the registry to list the agent (0: do not).
+        #[arg(long, default_value_t = 30)]
+        wait_secs: u64,
+        #[command(flatten)]
+        conn: client::Conn,
     },
     /// Load and validate every manifest under DIR; print what would be hosted.
     Check {
@@ -241,6 +265,23 @@ async fn migrate(args: RunArgs) -> anyhow::Result<()> {
 
 async fn agents(cmd: AgentsCmd) -> anyhow::Result<()> {
     match cmd {
+        AgentsCmd::Publish {
+            job,
+            artifact,
+            dir,
+            allow_tools,
+            wait_secs,
+            conn,
+        } => {
+            let p = switchyard_cli::agents::Publish {
+                job: &job,
+                artifact: &artifact,
+                dir: &dir,
+                allow_tools: &allow_tools,
+                wait: std::time::Duration::from_secs(wait_secs),
+            };
+            publish::run(p, &conn).await
+        }
         AgentsCmd::Check { dir, root } => {
             let root = root
                 .or_else(|| dir.parent().map(std::path::Path::to_path_buf))

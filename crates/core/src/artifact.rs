@@ -18,6 +18,8 @@ pub enum ArtifactKind {
     IssueComment,
     /// A proposed test plan.
     TestPlan,
+    /// A proposed declarative agent manifest.
+    AgentManifest,
 }
 
 impl ArtifactKind {
@@ -28,6 +30,7 @@ impl ArtifactKind {
         ArtifactKind::DraftPr,
         ArtifactKind::IssueComment,
         ArtifactKind::TestPlan,
+        ArtifactKind::AgentManifest,
     ];
 
     /// The name used in files, events and the CLI.
@@ -38,6 +41,7 @@ impl ArtifactKind {
             ArtifactKind::DraftPr => "draft_pr",
             ArtifactKind::IssueComment => "issue_comment",
             ArtifactKind::TestPlan => "test_plan",
+            ArtifactKind::AgentManifest => "agent_manifest",
         }
     }
 
@@ -55,6 +59,7 @@ impl ArtifactKind {
             ArtifactKind::DraftPr => Some("propose_pr"),
             ArtifactKind::IssueComment => Some("propose_issue_comment"),
             ArtifactKind::TestPlan => Some("propose_test_plan"),
+            ArtifactKind::AgentManifest => Some("propose_agent"),
         }
     }
 
@@ -111,6 +116,7 @@ mod tests {
             "propose_pr",
             "propose_issue_comment",
             "propose_test_plan",
+            "propose_agent",
         ]
         .map(String::from)
         .to_vec();

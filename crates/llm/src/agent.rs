@@ -295,6 +295,25 @@ pub struct Failure {
     pub report: Box<Report>,
 }
 
+/// Makes the ids of `calls` (answered at `turn`) unique in the loop: a
+/// provider that sends none is given `call_<i>` at every turn, and a call's
+/// id keys what it reserves and runs (a second call reusing an earlier
+/// one's key would be refused, or taken for it). A repeated id gets the
+/// turn and its place appended — the same on a re-run, so keys stay
+/// stable across a restart.
+fn unique_call_ids(calls: &mut [crate::ToolCall], earlier: &[Message], turn: u32) {
+    let mut seen: std::collections::HashSet<String> = earlier
+        .iter()
+        .flat_map(|m| m.tool_calls.iter().map(|c| c.id.clone()))
+        .collect();
+    for (k, c) in calls.iter_mut().enumerate() {
+        if !seen.insert(c.id.clone()) {
+            c.id = format!("{}_t{turn}_{k}", c.id);
+            seen.insert(c.id.clone());
+        }
+    }
+}
+
 /// An upper bound on a prompt's tokens: a token never covers less than one
 /// byte (byte-level BPE), so the bytes of every message and tool schema,
 /// plus framing per message, are at least the tokens the provider counts.
@@ -605,6 +624,7 @@ pub async fn resume(
             report.content = resp.content;
             return finish(spec, report);
         }
+        unique_call_ids(&mut resp.tool_calls, &req.messages, turn);
         req.messages.push(Message {
             role: Role::Assistant,
             content: resp.content,
@@ -1421,5 +1441,27 @@ mod tests {
                 .iter()
                 .any(|e| matches!(e, LoopEvent::LlmCall(c) if c.call.usage_estimated))
         );
+    }
+
+    #[test]
+    fn a_tool_call_id_repeated_across_turns_is_made_unique_the_same_way_each_time() {
+        let call = |id: &str| crate::ToolCall {
+            id: id.into(),
+            name: "agent_builder".into(),
+            arguments: "{}".into(),
+        };
+        let earlier = vec![Message {
+            role: Role::Assistant,
+            content: String::new(),
+            tool_calls: vec![call("call_0")],
+            tool_call_id: String::new(),
+        }];
+        let mut calls = vec![call("call_0"), call("call_1"), call("call_1")];
+        unique_call_ids(&mut calls, &earlier, 2);
+        let ids: Vec<&str> = calls.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(ids, ["call_0_t2_0", "call_1", "call_1_t2_2"]);
+        let mut again = vec![call("call_0"), call("call_1"), call("call_1")];
+        unique_call_ids(&mut again, &earlier, 2);
+        assert_eq!(again, calls);
     }
 }

@@ -1136,10 +1136,14 @@ fn ojs(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
         "must be an array of agent ids or capabilities",
     )?;
     for (i, a) in agents.iter().enumerate() {
-        if switchyard_core::validate::capability(a).is_err() {
+        // `prefix.*`: every agent offering a capability under prefix.
+        let named = a.strip_suffix(".*").unwrap_or(a);
+        if switchyard_core::validate::capability(named).is_err() {
             return Err(bad(
                 &format!("ext_agent_agents[{i}]"),
-                format!("{a:?} is neither an agent id nor a capability"),
+                format!(
+                    "{a:?} is neither an agent id, a capability nor `prefix.*` (every agent under a capability)"
+                ),
             ));
         }
     }

@@ -100,10 +100,7 @@ async fn stack_with_travel() -> (Env, Travel, switchyard_kit::shutdown::Trigger)
 /// Submits a conversation job and approves its run when it waits for a
 /// person (listing agents makes its worst case unpriced).
 async fn start(e: &Env, c: &mut Jobs, job_id: &str, handoff: Value) {
-    let j = submit(c, &chat_job(job_id, handoff)).await.unwrap();
-    if j.state == JobState::Pending as i32 && !j.run_id.is_empty() {
-        crate::common::approve(&e.stack, &j.run_id).await;
-    }
+    crate::self_hosting::start(e, c, &chat_job(job_id, handoff)).await;
 }
 
 fn chat_job(job_id: &str, handoff: Value) -> String {
@@ -115,7 +112,7 @@ fn chat_job(job_id: &str, handoff: Value) -> String {
     .to_string()
 }
 
-async fn say(c: &mut Jobs, job_id: &str, text: &str) -> (u32, u64) {
+pub(crate) async fn say(c: &mut Jobs, job_id: &str, text: &str) -> (u32, u64) {
     let r = c
         .send_message(SendMessageRequest {
             job_id: job_id.into(),

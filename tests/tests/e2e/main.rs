@@ -20,5 +20,6 @@ mod platform;
 mod references;
 mod registry_router;
 mod sandbox;
+mod self_hosting;
 mod tool_approval;
 mod workers;

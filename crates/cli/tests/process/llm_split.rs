@@ -169,12 +169,15 @@ models = [
     wait_routed(&c, "text.summary", &["agent_summarizer"]);
     let summary = ok(&cli(&c, &["tool", "summary"]));
     assert!(
-        summary.contains("Available agents:\n- agent_summarizer: Use this agent to summarize"),
+        summary.contains("Available agents:\n- agent_builder: Use this agent when the person asks for a new agent")
+            && summary.contains("\n- agent_summarizer: Use this agent to summarize")
+            && summary.contains("Prompt size of these offers: at most "),
         "{summary}"
     );
     let checked = ok(&cli(&c, &["agents", "check", "--dir", "examples/agents"]));
     assert!(
-        checked.starts_with("ok      agent_summarizer (Summarizer) model gpt-4o-mini"),
+        checked.starts_with("ok      agent_builder (Builder) model gpt-4o-mini")
+            && checked.contains("\nok      agent_summarizer (Summarizer) model gpt-4o-mini"),
         "{checked}"
     );
 

@@ -24,7 +24,9 @@ use switchyard_proto::executor::v1::{
     AgentTask, Delegation, LlmTask, LlmUsage, SubmitJobRequest, TaskStatus, ToolDefinition,
     ToolResult,
 };
-use switchyard_proto::registry::v1::{FindByCapabilityRequest, GetAgentRequest, ListToolsRequest};
+use switchyard_proto::registry::v1::{
+    FindByCapabilityRequest, GetAgentRequest, ListAgentsRequest, ListToolsRequest,
+};
 
 use super::{Attempt, NotHeld, Outcome, Purpose, Snapshot, Spender};
 use crate::depend::Service;
@@ -120,6 +122,12 @@ pub(crate) fn declared_tool(
         parameters,
     };
     (spec, route)
+}
+
+/// Whether `capability` is `prefix` or under it (`built.translator` is
+/// under `built`).
+fn under(capability: &str, prefix: &str) -> bool {
+    switchyard_core::validate::capability_lineage(capability).any(|l| l == prefix)
 }
 
 /// How one offered tool runs.
@@ -476,9 +484,33 @@ impl Attempt<'_> {
             .collect()
     }
 
-    /// The registered agents `wanted` names: by id, else by capability.
+    /// The registered agents `wanted` names: by id, else by capability;
+    /// `prefix.*` names every available agent offering a capability under
+    /// `prefix` (agents published later, like a builder's, are found at
+    /// the next turn).
     async fn find_agents(&self, wanted: &str) -> Vec<switchyard_proto::registry::v1::Agent> {
         let registry = &self.x.inner.clients.registry;
+        if let Some(prefix) = wanted.strip_suffix(".*") {
+            let waiter = self.spender().waiter();
+            let all = ListAgentsRequest {
+                page_size: 1000,
+                status: switchyard_proto::registry::v1::AgentStatus::Available as i32,
+                ..Default::default()
+            };
+            let listed = waiter
+                .call(Service::Registry, || registry.list_agents(all.clone()))
+                .await
+                .map(|r| r.agents)
+                .unwrap_or_default();
+            return listed
+                .into_iter()
+                .filter(|a| {
+                    a.spec
+                        .as_ref()
+                        .is_some_and(|s| s.capabilities.iter().any(|c| under(&c.name, prefix)))
+                })
+                .collect();
+        }
         let by_id = GetAgentRequest {
             agent_id: wanted.to_owned(),
         };
@@ -514,9 +546,7 @@ impl Attempt<'_> {
                 let chosen = s
                     .capabilities
                     .iter()
-                    .find(|c| {
-                        switchyard_core::validate::capability_lineage(&c.name).any(|l| l == wanted)
-                    })
+                    .find(|c| under(&c.name, wanted.strip_suffix(".*").unwrap_or(wanted)))
                     .or_else(|| s.capabilities.first());
                 let capability = chosen.map(|c| c.name.clone()).unwrap_or_default();
                 let price = chosen.map_or(0, |c| c.price_per_unit_micro_usd);
