@@ -147,6 +147,9 @@ enum AgentsCmd {
         /// Seconds to wait for the registry to list the agent (0: do not).
         #[arg(long, default_value_t = 30)]
         wait_secs: u64,
+        /// The registry's URL when it is not at --url (services split).
+        #[arg(long, env = "SWITCHYARD_REGISTRY_URL")]
+        registry_url: Option<String>,
         #[command(flatten)]
         conn: client::Conn,
     },
@@ -271,6 +274,7 @@ async fn agents(cmd: AgentsCmd) -> anyhow::Result<()> {
             dir,
             allow_tools,
             wait_secs,
+            registry_url,
             conn,
         } => {
             let p = switchyard_cli::agents::Publish {
@@ -280,7 +284,7 @@ async fn agents(cmd: AgentsCmd) -> anyhow::Result<()> {
                 allow_tools: &allow_tools,
                 wait: std::time::Duration::from_secs(wait_secs),
             };
-            publish::run(p, &conn).await
+            publish::run(p, &conn, registry_url.as_deref()).await
         }
         AgentsCmd::Check { dir, root } => {
             let root = root

@@ -6,11 +6,23 @@ use switchyard_cli::agents::{Publish, publish};
 
 use crate::client::{Conn, MAX_MESSAGE};
 
-/// Publishes as the caller of `conn` and says what happened.
-pub(crate) async fn run(p: Publish<'_>, conn: &Conn) -> anyhow::Result<()> {
+/// Publishes as the caller of `conn` (the registry at `registry_url`,
+/// else at the same address) and says what happened.
+pub(crate) async fn run(
+    p: Publish<'_>,
+    conn: &Conn,
+    registry_url: Option<&str>,
+) -> anyhow::Result<()> {
     let channel = conn.channel().await?;
     let executor = ExecutorClient::remote(channel.clone(), MAX_MESSAGE);
-    let registry = RegistryClient::remote(channel, MAX_MESSAGE);
+    let registry = match registry_url {
+        Some(u) => switchyard_kit::client::authed(
+            switchyard_kit::client::connect(u).await?,
+            conn.credential()?,
+        ),
+        None => channel,
+    };
+    let registry = RegistryClient::remote(registry, MAX_MESSAGE);
     let waits = !p.wait.is_zero();
     let done = publish(&executor, &registry, p).await?;
     println!(

@@ -291,10 +291,7 @@ async fn a_builder_proposes_an_agent_a_person_publishes_it_and_the_orchestrator_
     ];
     for token in others {
         let (x, r) = as_key(token).await;
-        let err = publish(&x, &r, asking(&web))
-            .await
-            .unwrap_err()
-            .to_string();
+        let err = publish(&x, &r, asking(&web)).await.unwrap_err().to_string();
         assert!(
             err.contains("NOT_FOUND")
                 || err.contains("PERMISSION_DENIED")
@@ -318,10 +315,7 @@ async fn a_builder_proposes_an_agent_a_person_publishes_it_and_the_orchestrator_
     assert!(written.starts_with("# Published with `switchyard agents publish` from job self-host"));
     assert!(!written.contains("```"), "{written}");
     // Published twice: refused, the file as it was.
-    let again = publish(&x, &r, asking(&web))
-        .await
-        .unwrap_err()
-        .to_string();
+    let again = publish(&x, &r, asking(&web)).await.unwrap_err().to_string();
     assert!(again.contains("is published there already"), "{again}");
 
     // The same conversation: the orchestrator is offered the new agent

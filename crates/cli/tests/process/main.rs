@@ -21,6 +21,7 @@ mod polyglot;
 mod postgres_split;
 mod real_llm;
 mod sandbox;
+mod self_hosting;
 mod split;
 mod telemetry;
 mod tool_approval;
