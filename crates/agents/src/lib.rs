@@ -689,13 +689,16 @@ impl Hosted {
         let content = match (&report.output, keep.kind) {
             (_, ArtifactKind::AgentManifest) => {
                 let text = manifest::unfenced(&report.content);
-                let proposed = manifest::check_proposed(text, &keep.grants).map_err(|es| {
-                    format!(
-                        "{}: the proposed agent was refused:\n- {}",
-                        Reason::ArtifactInvalid,
-                        es.join("\n- ")
-                    )
-                })?;
+                let proposed =
+                    manifest::check_proposed(text, &keep.grants, "the builder may grant").map_err(
+                        |es| {
+                            format!(
+                                "{}: the proposed agent was refused:\n- {}",
+                                Reason::ArtifactInvalid,
+                                es.join("\n- ")
+                            )
+                        },
+                    )?;
                 if self.agents().contains_key(&proposed.registry_id) {
                     return Err(format!(
                         "{}: the proposed agent was refused: id {:?} is an agent hosted here already; propose another id",

@@ -597,8 +597,13 @@ pub fn unfenced(text: &str) -> &str {
 /// checked where it is written (the builder's host) and again where it is
 /// published (`switchyard agents publish`): one file, a valid declarative
 /// agent with its instructions inline, that proposes no agents itself and
-/// uses only tools in `grants`. Every problem at once.
-pub fn check_proposed(text: &str, grants: &[String]) -> Result<Declared, Vec<String>> {
+/// uses only tools in `grants` (`granter` says whose list that is: "the
+/// builder may grant", "--allow-tool allows"). Every problem at once.
+pub fn check_proposed(
+    text: &str,
+    grants: &[String],
+    granter: &str,
+) -> Result<Declared, Vec<String>> {
     let text = unfenced(text);
     let options = serde_saphyr::options! {
         duplicate_keys: serde_saphyr::options::DuplicateKeyPolicy::LastWins,
@@ -641,7 +646,7 @@ pub fn check_proposed(text: &str, grants: &[String]) -> Result<Declared, Vec<Str
     let uses: &[String] = raw.agent.as_ref().map_or(&[], |a| a.uses_tools.as_slice());
     for t in uses.iter().filter(|t| !grants.contains(t)) {
         errors.push(format!(
-            "agent.uses_tools: {t:?} may not be granted (the builder may grant: {})",
+            "agent.uses_tools: {t:?} may not be granted ({granter}: {})",
             if grants.is_empty() {
                 "no tools".to_owned()
             } else {
@@ -1001,20 +1006,25 @@ enabled: true
     #[test]
     fn a_proposed_agent_is_checked_from_its_text_alone_fenced_or_not() {
         let grants = ["web_search".to_owned()];
-        let a = check_proposed(PROPOSED, &grants).unwrap();
+        let a = check_proposed(PROPOSED, &grants, "the builder may grant").unwrap();
         assert_eq!(
             (a.registry_id.as_str(), a.instructions.trim()),
             ("agent_poet", "Write a four-line poem.")
         );
         let fenced = format!("```yaml\n{PROPOSED}```\n");
-        assert_eq!(check_proposed(&fenced, &grants).unwrap().id, "poet");
+        assert_eq!(
+            check_proposed(&fenced, &grants, "the builder may grant")
+                .unwrap()
+                .id,
+            "poet"
+        );
         assert_eq!(unfenced(&fenced), PROPOSED.trim());
     }
 
     #[test]
     fn a_proposal_is_refused_with_every_problem_at_once() {
         let bad = "id: Poet\nname: Poet\ndescription: ''\nagent:\n  model: gpt-4o-mini\n  instructions: prompts/poet.md\n  uses_tools: [web_search, kv]\n  artifact: {kind: agent_manifest}\n";
-        let es = check_proposed(bad, &[]).unwrap_err();
+        let es = check_proposed(bad, &[], "the builder may grant").unwrap_err();
         for want in [
             "names a file",
             "may not keep artifacts",
@@ -1029,9 +1039,9 @@ enabled: true
             );
         }
         let skipped = "id: x\nname: X\nentrypoint: x.py\nagent:\n  model: m\n";
-        let es = check_proposed(skipped, &[]).unwrap_err();
+        let es = check_proposed(skipped, &[], "the builder may grant").unwrap_err();
         assert!(es[0].contains("not a declarative agent to host"), "{es:?}");
-        assert!(check_proposed("[not, a, manifest]", &[]).is_err());
+        assert!(check_proposed("[not, a, manifest]", &[], "the builder may grant").is_err());
     }
 
     #[test]

@@ -37,6 +37,7 @@ mod metrics;
 mod postgres;
 mod queue;
 mod real_llm;
+mod scripted;
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -213,6 +214,11 @@ fn verdict(ok: bool) -> &'static str {
 }
 
 async fn run() -> anyhow::Result<()> {
+    // `switchyard-bench scripted-llm FILE` serves scripted model replies.
+    if std::env::args().nth(1).as_deref() == Some("scripted-llm") {
+        let file = std::env::args().nth(2).unwrap_or_default();
+        return scripted::run(&file).await;
+    }
     println!(
         "Switchyard benchmarks ({} cores)\n",
         std::thread::available_parallelism().map_or(0, |n| n.get())

@@ -123,14 +123,15 @@ pub async fn publish(
     let text = String::from_utf8(got.content).map_err(|_| {
         anyhow::anyhow!("the proposed manifest is not UTF-8 text: it cannot be published")
     })?;
-    let agent = switchyard_agents::check_proposed(&text, p.allow_tools).map_err(|es| {
-        anyhow::anyhow!(
-            "artifact {} of job {} cannot be published:\n  {}",
-            meta.path,
-            p.job,
-            es.join("\n  ")
-        )
-    })?;
+    let agent = switchyard_agents::check_proposed(&text, p.allow_tools, "--allow-tool allows")
+        .map_err(|es| {
+            anyhow::anyhow!(
+                "artifact {} of job {} cannot be published:\n  {}",
+                meta.path,
+                p.job,
+                es.join("\n  ")
+            )
+        })?;
     let target = p.dir.join(&agent.id);
     if target.exists() {
         anyhow::bail!(

@@ -119,6 +119,8 @@ pub struct Talk {
     pub agents: std::collections::BTreeMap<String, (u32, u64, i64)>,
     /// Tokens of the orchestrator's turns that handed off.
     pub handing_off_tokens: u64,
+    /// What those turns cost, micro-USD.
+    pub handing_off_cost: i64,
 }
 
 impl Talk {
@@ -143,6 +145,7 @@ impl Talk {
             JobEvent::ConversationEnded(e) => self.ended = Some(e.clone()),
             JobEvent::HandoffStarted(h) => {
                 self.handing_off_tokens += h.orchestrator_tokens;
+                self.handing_off_cost += h.orchestrator_cost_micro_usd;
                 self.handoff = Some(Handoff {
                     started: h.clone(),
                     ..Default::default()
@@ -158,6 +161,13 @@ impl Talk {
                 a.0 += 1;
                 a.1 += r.tokens;
                 a.2 += r.cost_micro_usd;
+            }
+            // A failed call spent too: its agent's totals carry it.
+            JobEvent::AgentError(f) => {
+                let a = self.agents.entry(f.agent_id.clone()).or_default();
+                a.0 += 1;
+                a.1 += f.tokens;
+                a.2 += f.cost_micro_usd;
             }
             JobEvent::HandoffReclaimed(r) => {
                 self.handoff = None;
@@ -432,7 +442,7 @@ fn turns(talk: &Talk, after: u32) -> Vec<ConversationTurn> {
 /// What each participant spent: the orchestrator (its replies' tokens),
 /// then each agent.
 fn spend(t: &Talk) -> Vec<ConversationSpend> {
-    let (mut turns, mut tokens) = (0, t.handing_off_tokens);
+    let (mut turns, mut tokens, mut cost) = (0, t.handing_off_tokens, t.handing_off_cost);
     for r in t
         .turns
         .iter()
@@ -441,12 +451,13 @@ fn spend(t: &Talk) -> Vec<ConversationSpend> {
     {
         turns += 1;
         tokens += r.total_tokens;
+        cost += r.cost_micro_usd;
     }
     let mut out = vec![ConversationSpend {
         agent_id: String::new(),
         turns,
         tokens,
-        cost_micro_usd: 0,
+        cost_micro_usd: cost,
     }];
     out.extend(
         t.agents
@@ -471,6 +482,7 @@ pub(crate) fn is_talk(ev: &JobEvent) -> bool {
             | JobEvent::HandoffStarted(_)
             | JobEvent::HandoffReclaimed(_)
             | JobEvent::AgentResult(_)
+            | JobEvent::AgentError(_)
     )
 }
 

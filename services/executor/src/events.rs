@@ -266,6 +266,9 @@ pub struct Replied {
     /// orchestrator.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub agent_id: String,
+    /// What the turn's own model calls cost, micro-USD (agents it called
+    /// are accounted apart, in `agent.result`).
+    pub cost_micro_usd: i64,
 }
 
 /// `handoff.started`: at message `seq` the orchestrator handed the
@@ -287,6 +290,8 @@ pub struct HandoffStarted {
     /// Tokens of the orchestrator's turn that handed off (it has no reply
     /// of its own to carry them).
     pub orchestrator_tokens: u64,
+    /// What that turn cost, micro-USD.
+    pub orchestrator_cost_micro_usd: i64,
 }
 
 /// `handoff.reclaimed`: the orchestrator holds the conversation again.
@@ -352,6 +357,10 @@ pub struct AgentFailed {
     pub reason: String,
     /// What it said.
     pub error: String,
+    /// Tokens the failed call spent all the same.
+    pub tokens: u64,
+    /// Money it cost, micro-USD.
+    pub cost_micro_usd: i64,
 }
 
 /// `conversation.ended`.

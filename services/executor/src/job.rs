@@ -312,7 +312,8 @@ impl JobEntry {
             | JobEvent::ConversationEnded(_)
             | JobEvent::HandoffStarted(_)
             | JobEvent::HandoffReclaimed(_)
-            | JobEvent::AgentResult(_) => {
+            | JobEvent::AgentResult(_)
+            | JobEvent::AgentError(_) => {
                 self.talks
                     .entry(at.task_id.clone())
                     .or_default()
@@ -332,7 +333,6 @@ impl JobEntry {
             | JobEvent::LlmDelta(_)
             | JobEvent::Overrun(_)
             | JobEvent::AgentInvoked(_)
-            | JobEvent::AgentError(_)
             | JobEvent::Delegated(_) => {}
         }
     }

@@ -731,6 +731,12 @@ async fn a_participant_talks_with_a_conversation_in_the_console_and_a_double_sen
     assert!(page.contains("When do we ship?"), "{page}");
     assert!(page.contains("Ship it on Tuesday."), "{page}");
     assert_eq!(page.matches("When do we ship?").count(), 1, "{page}");
+    // Who spent what: the orchestrator's one turn, with its tokens.
+    assert!(
+        page.contains("Who spent what")
+            && page.contains("<tr><td><code>orchestrator</code></td><td>1</td>"),
+        "{page}"
+    );
     assert!(
         !page.contains("http-equiv=\"refresh\" content=\"2\""),
         "answered: no refresh"

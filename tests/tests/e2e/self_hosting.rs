@@ -304,7 +304,7 @@ async fn a_builder_proposes_an_agent_a_person_publishes_it_and_the_orchestrator_
     let (x, r) = as_key(alice_key).await;
     let err = publish(&x, &r, asking(&[])).await.unwrap_err().to_string();
     assert!(
-        err.contains("\"web_search\" may not be granted (the builder may grant: no tools)"),
+        err.contains("\"web_search\" may not be granted (--allow-tool allows: no tools)"),
         "{err}"
     );
     assert!(!agents.path().join("translator").exists());
@@ -336,6 +336,33 @@ async fn a_builder_proposes_an_agent_a_person_publishes_it_and_the_orchestrator_
     );
     let h = history(&mut alice, "self-host").await;
     assert_eq!(h.turns.len(), 2);
+    // Per participant — the orchestrator, the builder (two calls, one
+    // refused proposal), the new agent — adding up to the job's spend.
+    let by: Vec<(String, u32)> = h
+        .agents
+        .iter()
+        .map(|a| (a.agent_id.clone(), a.turns))
+        .collect();
+    assert_eq!(
+        by,
+        [
+            (String::new(), 2),
+            ("agent_builder".to_owned(), 2),
+            ("agent_translator".to_owned(), 1)
+        ],
+        "{h:?}"
+    );
+    let j = crate::common::job(&mut alice, "self-host").await;
+    let tokens: u64 = h.agents.iter().map(|a| a.tokens).sum();
+    let cost: i64 = h.agents.iter().map(|a| a.cost_micro_usd).sum();
+    assert_eq!(tokens, j.tokens_used, "{h:?}");
+    assert_eq!(cost, j.cost_so_far.unwrap().micro_usd, "{h:?}");
+    assert!(
+        h.agents
+            .iter()
+            .all(|a| a.tokens > 0 && a.cost_micro_usd > 0),
+        "{h:?}"
+    );
 
     // Removed from the directory: deregistered at the next reload, the
     // builder still hosted.

@@ -241,7 +241,7 @@ impl Attempt<'_> {
                 Plan::Orchestrator(turn) => {
                     match self.orchestrator_turn(orchestrator, seq, turn).await {
                         Ok(g) => return g,
-                        Err((h, tokens)) => self.hand_off(seq, h, tokens),
+                        Err((h, spent)) => self.hand_off(seq, h, spent),
                     }
                 }
                 Plan::Agent(h, messages, text) => {
@@ -278,6 +278,7 @@ impl Attempt<'_> {
                     history: t.history(seq),
                     text: with_note(t.reclaimed.as_ref(), &text),
                     handoffs: true,
+                    seq,
                 })),
             }
         };
@@ -309,6 +310,7 @@ impl Attempt<'_> {
                     history,
                     text: note,
                     handoffs: false,
+                    seq,
                 })
             }
         }
@@ -321,7 +323,7 @@ impl Attempt<'_> {
         orchestrator: &LlmTask,
         seq: u32,
         turn: Turn,
-    ) -> Result<u64, (HandoffTo, u64)> {
+    ) -> Result<u64, (HandoffTo, (u64, i64))> {
         // The turn's reservations and calls have keys of their own.
         let snap = super::Snapshot {
             scope: format!("{}/msg/{seq}", self.snap.scope),
@@ -336,7 +338,7 @@ impl Attempt<'_> {
         let (report, failure) = match this_turn.run_loop(orchestrator, Some(turn)).await {
             Ok(ran) => {
                 if let (Some(h), None) = (ran.handoff, &ran.failure) {
-                    return Err((h, ran.report.usage.total_tokens));
+                    return Err((h, (ran.report.usage.total_tokens, ran.report.cost)));
                 }
                 (ran.report, ran.failure)
             }
@@ -358,9 +360,9 @@ impl Attempt<'_> {
     }
 
     /// The orchestrator handed the conversation to `h.agent_id` at message
-    /// `seq` (its turn used `tokens`): recorded, and the agent answers that
-    /// message.
-    fn hand_off(&self, seq: u32, h: HandoffTo, tokens: u64) -> Plan {
+    /// `seq` (its turn spent `tokens` and `cost`): recorded, and the agent
+    /// answers that message.
+    fn hand_off(&self, seq: u32, h: HandoffTo, (tokens, cost): (u64, i64)) -> Plan {
         let (x, s) = (self.x, self.snap);
         let book = &x.inner.book;
         let mut st = book.lock();
@@ -382,6 +384,7 @@ impl Attempt<'_> {
             seq,
             at_ms: book.now(),
             orchestrator_tokens: tokens,
+            orchestrator_cost_micro_usd: cost,
         };
         let started_ev = JobEvent::HandoffStarted(started.clone());
         if let Err(failed) = self.move_or_fail(&mut st, seq, started_ev, "handed off") {
@@ -467,6 +470,7 @@ impl Attempt<'_> {
                     history,
                     text: note,
                     handoffs: false,
+                    seq,
                 })
             }
         }
@@ -520,6 +524,7 @@ impl Attempt<'_> {
             reason: reason.to_owned(),
             at_ms: self.x.inner.book.now(),
             agent_id: String::new(),
+            cost_micro_usd: report.cost,
         }
     }
 

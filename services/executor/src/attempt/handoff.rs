@@ -177,6 +177,8 @@ impl Attempt<'_> {
                     status: status.to_owned(),
                     reason: reason.as_str().to_owned(),
                     error: error.clone(),
+                    tokens,
+                    cost_micro_usd: cost,
                 };
                 book.note(&s.job_id, &s.task.id, JobEvent::AgentError(failed));
                 Answered::Failed { status, error }
@@ -186,12 +188,17 @@ impl Attempt<'_> {
 
     /// Tokens and money the task has spent so far (its budget's view).
     fn spent(&self) -> (u64, i64) {
-        let st = self.x.inner.book.lock();
-        st.get(&self.snap.job_id)
-            .ok()
-            .and_then(|e| e.index.get(&self.snap.task.id).map(|&i| &e.job.tasks[i]))
-            .map_or((0, 0), |t| {
-                (t.tokens_used, t.cost.as_ref().map_or(0, |m| m.micro_usd))
-            })
+        task_spent(self.x, self.snap)
     }
+}
+
+/// Tokens and money task `snap` has spent so far, as its record says.
+pub(crate) fn task_spent(x: &crate::Executor, snap: &Snapshot) -> (u64, i64) {
+    let st = x.inner.book.lock();
+    st.get(&snap.job_id)
+        .ok()
+        .and_then(|e| e.index.get(&snap.task.id).map(|&i| &e.job.tasks[i]))
+        .map_or((0, 0), |t| {
+            (t.tokens_used, t.cost.as_ref().map_or(0, |m| m.micro_usd))
+        })
 }

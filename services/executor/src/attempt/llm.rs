@@ -177,6 +177,9 @@ pub(crate) struct Turn {
     pub(crate) text: String,
     /// Offer the orchestrator its handoff agents (`handoff_<id>`).
     pub(crate) handoffs: bool,
+    /// The message answered: agents the orchestrator calls during the turn
+    /// are accounted to the conversation under it.
+    pub(crate) seq: u32,
 }
 
 /// The orchestrator's call of `handoff_<id>`: who takes the conversation,
@@ -202,6 +205,8 @@ struct TaskHost<'a> {
     gated: HashSet<String>,
     /// The handoff the model asked for, if it did (the loop then ends).
     handoff: std::sync::Mutex<Option<HandoffTo>>,
+    /// The conversation message this run of the loop answers, if it does.
+    seq: Option<u32>,
 }
 
 impl Attempt<'_> {
@@ -231,6 +236,7 @@ impl Attempt<'_> {
             None => snap.resume.as_deref().cloned(),
             Some(_) => None,
         };
+        let seq = turn.as_ref().map(|t| t.seq);
         let (spec, routes, gated) = self.loop_spec(l, turn).await?;
         if let Err(e) = x
             .inner
@@ -255,6 +261,7 @@ impl Attempt<'_> {
             spender: self.spender(),
             gated,
             handoff: Default::default(),
+            seq,
         };
         let ran = agent::resume(&x.inner.clients.llm, &spec, &host, from).await;
         let children = host.children.lock().map(|c| c.clone()).unwrap_or_default();
@@ -705,7 +712,41 @@ impl TaskHost<'_> {
             timeout: left,
             scratch: self.scratch,
         };
+        let before = super::handoff::task_spent(self.x, self.snap);
         let out = call.agent(&task, input).await;
+        // In a conversation, what the agent spent is its own (per-agent
+        // totals): the task's spend moved only by this call meanwhile.
+        if let Some(seq) = self.seq {
+            let after = super::handoff::task_spent(self.x, self.snap);
+            let (tokens, cost) = (
+                after.0.saturating_sub(before.0),
+                after.1.saturating_sub(before.1),
+            );
+            let ev = match &out.failure {
+                None => JobEvent::AgentResult(events::AgentResult {
+                    agent_id: agent_id.to_owned(),
+                    seq,
+                    tokens,
+                    cost_micro_usd: cost,
+                    handback: false,
+                }),
+                Some(f) => JobEvent::AgentError(events::AgentFailed {
+                    agent_id: agent_id.to_owned(),
+                    seq,
+                    status: if f.reason == Reason::AgentRefused {
+                        "refused"
+                    } else {
+                        "error"
+                    }
+                    .to_owned(),
+                    reason: f.reason.as_str().to_owned(),
+                    error: f.error.clone(),
+                    tokens,
+                    cost_micro_usd: cost,
+                }),
+            };
+            self.x.inner.book.note(self.job_id, self.task_id(), ev);
+        }
         match (out.failure, out.status) {
             (None, Some(s)) => Ok(s.output.as_ref().map(struct_to_json).unwrap_or(Value::Null)),
             (Some(f), _) => Err(format!("{}: {}", f.reason, f.error)),

@@ -1104,6 +1104,21 @@ pub(crate) async fn chat(
         .turns
         .iter()
         .any(|t| t.reply.is_none() && !t.text.is_empty());
+    // Who spent what: the orchestrator, then each agent it called or
+    // handed the conversation to.
+    let spend: Vec<Value> = h
+        .agents
+        .iter()
+        .filter(|a| a.turns > 0 || a.tokens > 0)
+        .map(|a| {
+            json!({
+                "who": if a.agent_id.is_empty() { "orchestrator" } else { a.agent_id.as_str() },
+                "turns": a.turns,
+                "tokens": a.tokens,
+                "cost": views::money(a.cost_micro_usd),
+            })
+        })
+        .collect();
     Ok(page(
         "chat.html",
         base,
@@ -1115,6 +1130,7 @@ pub(crate) async fn chat(
             "open": h.open,
             "answering": answering && h.open,
             "active_agent": h.active_agent,
+            "spend": spend,
             "key": oidc::random(16).map(|k| format!("ui-{k}")).unwrap_or_default(),
         }),
     ))
