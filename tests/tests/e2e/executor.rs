@@ -1005,6 +1005,7 @@ async fn every_example_job_validates_and_the_paper_analysis_runs_on_the_example_
         "a2a_mixed.yaml",
         "ask_replicas.yaml",
         "support_chat.yaml",
+        "self_hosting_chat.yaml",
     ] {
         let v = c
             .validate_job(switchyard_proto::executor::v1::ValidateJobRequest {
