@@ -1039,6 +1039,35 @@ impl Executor {
         }
         d.depth = depth;
         d.max_depth = max;
+        // The chain's time to live: never past the parent's deadline, and
+        // the first delegation starts the clock.
+        let now = book.now();
+        let ms = |t: &prost_types::Timestamp| switchyard_kit::time::timestamp_ms(t);
+        let ttl = self.inner.cfg.delegation_ttl_secs;
+        let chain_end = [
+            p.spec().deadline.as_ref().map(ms),
+            (ttl > 0).then(|| now.saturating_add(ttl.saturating_mul(1000))),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        if let Some(end) = chain_end {
+            if end <= now {
+                return Err(ExecutorError::Invalid(FormatError::one(
+                    Reason::DeadlineExceeded,
+                    "deadline",
+                    format!(
+                        "job {:?} may not delegate: its delegation chain's time ran out {} ms ago (its deadline, or [executor] delegation_ttl_secs after the chain's first delegation)",
+                        d.parent_job_id,
+                        now - end
+                    ),
+                )));
+            }
+            let own = spec.deadline.as_ref().map(ms);
+            if own.is_none_or(|o| o > end) {
+                spec.deadline = Some(switchyard_kit::time::timestamp(end));
+            }
+        }
         let parent = Parent::of(p);
         spec.budget.get_or_insert_default().parent_budget_id = parent.budget_id.clone();
         Ok(Some(parent))

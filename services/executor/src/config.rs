@@ -106,6 +106,11 @@ pub struct ExecutorConfig {
     pub max_defer_secs: u64,
     /// Seed 000's delegation cap.
     pub max_delegation_depth: u32,
+    /// Time to live of a delegation chain, seconds: a child job's deadline
+    /// is at most this long after the chain's first delegation (and never
+    /// after its parent's), so a chain of agent-triggered work ends even
+    /// when it never gets deeper. 0: no limit beyond the parents' deadlines.
+    pub delegation_ttl_secs: u64,
     /// Organisation recorded on approval runs when the job has no `org` label.
     pub default_org: String,
     /// Cancel a job's running tasks when another fails for good (else they finish).
@@ -278,6 +283,7 @@ impl Default for ExecutorConfig {
             defer_interval_secs: 300,
             max_defer_secs: 3600,
             max_delegation_depth: 10,
+            delegation_ttl_secs: 3600,
             default_org: "default".into(),
             cancel_running_on_failure: false,
             scratch_dir: PathBuf::new(),

@@ -1394,3 +1394,88 @@ async fn moving_tools_behind_an_agent_shrinks_the_offer_by_their_entries_as_the_
     assert_eq!(sent, [before.prompt_tokens, after.prompt_tokens]);
     e.stack.stop().await.unwrap();
 }
+
+/// Seed ADR 003 phase 3, loop limits: a chain of delegations has a time to
+/// live as well as a depth. A child's deadline is at most the TTL after the
+/// chain's first delegation and never past its parent's, however deep the
+/// chain goes; once a parent's time is up, delegating from it is refused
+/// with DEADLINE_EXCEEDED and nothing is created.
+#[tokio::test]
+async fn a_delegation_chain_lives_no_longer_than_its_ttl_or_its_parents_deadline() {
+    let mut e = env(false, |c| {
+        c.executor.delegation_ttl_secs = 600;
+        c.executor.commands.push("sleep".into());
+    })
+    .await;
+    let secs = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+    };
+    let sleeper = |id: &str, parent: Option<&str>, deadline: Option<i64>| {
+        let mut doc = json!({"job_id": id,
+            "tasks": [{"id": "a", "command": {"command": "sleep", "args": ["30"]}}]});
+        if let Some(p) = parent {
+            doc["delegation"] = json!({"parent_job_id": p});
+        }
+        if let Some(d) = deadline {
+            doc["deadline"] = json!(d);
+        }
+        doc.to_string()
+    };
+    let deadline_of = |j: &Job| j.spec.as_ref().unwrap().deadline.map(|t| t.seconds);
+    let before = secs();
+    submit(&mut e.jobs, &sleeper("root", None, None))
+        .await
+        .unwrap();
+    crate::common::until_event(&mut e.jobs, "root", "task.attempt").await;
+    let child = submit(&mut e.jobs, &sleeper("child", Some("root"), None))
+        .await
+        .unwrap();
+    let end = deadline_of(&child).expect("a delegated job gets the chain's deadline");
+    assert!((before + 600..=secs() + 600).contains(&end), "{end}");
+    crate::common::until_event(&mut e.jobs, "child", "task.attempt").await;
+    // Deeper, or asking for later: never past the chain's end.
+    let grandchild = submit(
+        &mut e.jobs,
+        &sleeper("grandchild", Some("child"), Some(end + 3600)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(deadline_of(&grandchild), Some(end));
+    // Asking for earlier is kept.
+    let sooner = submit(
+        &mut e.jobs,
+        &sleeper("sooner", Some("root"), Some(secs() + 100)),
+    )
+    .await
+    .unwrap();
+    assert!(deadline_of(&sooner).unwrap() < end);
+
+    // A parent whose time is up (its task still running) may not delegate.
+    let short = secs() + 1;
+    submit(&mut e.jobs, &sleeper("short", None, Some(short)))
+        .await
+        .unwrap();
+    crate::common::until_event(&mut e.jobs, "short", "task.attempt").await;
+    while secs() <= short {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let late = submit(&mut e.jobs, &sleeper("late", Some("short"), None))
+        .await
+        .unwrap_err();
+    let api = switchyard_kit::error::ApiError::from(late.clone());
+    assert_eq!(api.reason.as_deref(), Some("DEADLINE_EXCEEDED"), "{late:?}");
+    assert!(
+        late.message().contains("delegation chain's time ran out"),
+        "{late:?}"
+    );
+    let listed = all_jobs(&mut e.jobs).await;
+    assert!(
+        !listed
+            .iter()
+            .any(|j| j.spec.as_ref().unwrap().job_id == "late")
+    );
+    e.stack.stop().await.unwrap();
+}
