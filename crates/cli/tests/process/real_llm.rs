@@ -759,3 +759,82 @@ fn real_llm_a_conversation_answers_each_message_once_and_bills_every_turn() {
     assert_eq!(server.requests(), 2, "one model call per message");
     assert!(server.failures().is_empty(), "{:?}", server.failures());
 }
+
+/// The builder against the real model server: the shipped builder agent
+/// (its model call to llama.cpp) is asked for an agent by a job that allows
+/// `propose_agent`. A 270M base model does not write a valid manifest (and
+/// does not reliably call tools, so the orchestrator's side of the
+/// self-hosting run is proven with the scripted model): what is asserted is
+/// the protocol and the accounting — the builder is invoked and billed on
+/// the job's budget, and its answer is kept only if it passes the check
+/// `agents publish` makes, else refused with the problems and nothing kept.
+#[test]
+#[ignore = "needs a real model server: make test-real-llm"]
+fn real_llm_the_builder_is_invoked_billed_and_its_proposal_checked() {
+    let server = start("gemma");
+    let agents = tempfile::tempdir().unwrap();
+    let builder = repo_root().join("examples/agents/builder");
+    let d = agents.path().join("builder");
+    std::fs::create_dir_all(d.join("prompts")).unwrap();
+    std::fs::copy(
+        builder.join("prompts/builder.md"),
+        d.join("prompts/builder.md"),
+    )
+    .unwrap();
+    let manifest = std::fs::read_to_string(builder.join("manifest.yaml"))
+        .unwrap()
+        .replace("model: gpt-4o-mini", &format!("model: {MODEL}"))
+        .replace("max_output_tokens: 1200", "max_output_tokens: 160");
+    std::fs::write(d.join("manifest.yaml"), manifest).unwrap();
+    let dev = dev(
+        &server,
+        "",
+        &format!("[agents]\ndir = {:?}\n", agents.path().to_str().unwrap()),
+    );
+    wait_for("the builder is routable", Duration::from_secs(20), || {
+        routed(&dev.url, &["--capability", "agent.build"]).is_some_and(|ids| !ids.is_empty())
+    });
+    let job = dev.run(json!({"job_id": "real-builder",
+        "approval": {"outputs_allowed": ["propose_agent"]},
+        "tasks": [{"id": "build", "timeout_secs": 120, "agent": {"capability": "agent.build",
+            "input": {"task": "an agent that translates English into French"}}}]}));
+    let events = dev.events("real-builder");
+    // Invoked, and its own model call billed on the job's budget.
+    let billed: Vec<&Value> = events
+        .iter()
+        .filter(|(k, d)| k == "budget.billed_by_agent" && d["agent_id"] == "agent_builder")
+        .map(|(_, d)| d)
+        .collect();
+    assert!(
+        billed.iter().any(|d| d["tokens"].as_u64().unwrap_or(0) > 0),
+        "{events:?}"
+    );
+    let billed_tokens: u64 = billed.iter().filter_map(|d| d["tokens"].as_u64()).sum();
+    assert_eq!(job["tokens_used"].as_u64(), Some(billed_tokens), "{job}");
+    let artifacts: Value = serde_json::from_str(&ok(&cli(
+        &dev.url,
+        &[
+            "job",
+            "artifacts",
+            "real-builder",
+            "-o",
+            "json",
+            "--as",
+            "alice",
+        ],
+    )))
+    .unwrap();
+    let kept = artifacts["items"].as_array().cloned().unwrap_or_default();
+    let t = &job["tasks"][0];
+    if job["state"] == "completed" {
+        // Kept: one agent manifest, which publishing would accept.
+        assert_eq!(kept.len(), 1, "{artifacts}");
+        assert_eq!(kept[0]["kind"], "agent_manifest");
+    } else {
+        // Refused: why, and nothing kept.
+        let error = t["error"].as_str().unwrap_or_default();
+        assert!(error.contains("the proposed agent was refused"), "{job}");
+        assert!(kept.is_empty(), "{artifacts}");
+    }
+    assert!(server.failures().is_empty(), "{:?}", server.failures());
+}
