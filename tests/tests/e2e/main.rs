@@ -4,6 +4,7 @@
 mod common;
 
 mod a2a;
+mod a2a_door;
 mod adapters;
 mod auth;
 mod console;

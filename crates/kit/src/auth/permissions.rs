@@ -301,6 +301,12 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
             "/aitp/tasks/{task_id}/messages",
             Access::Needs(P::JobAnswer),
         ),
+        // The A2A door: its card is public (what it offers, not what it
+        // holds); each JSON-RPC method is checked by the executor as the
+        // caller (SendMessage as SendInput or SendMessage, GetTask as
+        // GetJob, CancelTask as CancelJob).
+        ("GET", "/.well-known/agent-card.json", Access::Open),
+        ("POST", "/a2a", Access::Authenticated),
         // The OJS binding: producers (submitters), workers (agents and
         // anyone with task.work), operators.
         ("GET", "/ojs/manifest", Access::Open),

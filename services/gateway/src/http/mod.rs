@@ -9,6 +9,7 @@
 //! from the gate or the executor, is the one JSON envelope
 //! ([`switchyard_kit::error::http_error`]).
 
+mod a2a;
 mod aitp;
 pub mod ojs;
 mod shapes;
@@ -154,7 +155,8 @@ pub fn router(
         .route("/openapi.json", get(openapi))
         .route("/healthz", get(healthz))
         .merge(aitp::routes())
-        .merge(ojs::routes());
+        .merge(ojs::routes())
+        .merge(a2a::routes());
     if let Some(c) = console_routes {
         router = router.merge(c).route(
             "/ui",

@@ -1,0 +1,428 @@
+//! The A2A door (Agent2Agent 1.0, JSON-RPC binding): a client that speaks
+//! A2A continues work started through Switchyard's other doors. The job is
+//! the A2A task (`taskId`, and its `contextId`): a message to a job with a
+//! step waiting for input answers it (SendInput); a message to a
+//! conversation is said in it (SendMessage), and the reply comes back as
+//! the task's status message, the task then `input-required` until the
+//! next message. `GetTask` and `CancelTask` read and cancel the job. Every
+//! call is made as the authenticated caller, so the executor's checks —
+//! who may read, answer or talk — are the ones that apply; nothing here
+//! trusts a field of the message to say who is asking.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Extension;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures_util::StreamExt as _;
+use serde_json::{Value, json};
+use switchyard_proto::executor::v1::{
+    Job, JobState, SendInputRequest, SendMessageRequest, TaskState,
+};
+use tonic::{Code, Status};
+
+use super::Door;
+use crate::caller::Caller;
+
+/// The A2A routes (their permissions are in the one table).
+pub(super) fn routes() -> Router<Arc<Door>> {
+    Router::new()
+        .route("/.well-known/agent-card.json", get(card))
+        .route("/a2a", post(rpc))
+}
+
+/// The longest a `SendMessage` to a conversation waits for the reply
+/// before answering with the task still `working` (the client then polls
+/// `GetTask`).
+const REPLY_WAIT: Duration = Duration::from_secs(120);
+
+/// `GET /.well-known/agent-card.json`: what this door offers, where.
+async fn card(headers: http::HeaderMap) -> Response {
+    let host = headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("127.0.0.1");
+    let skill = |id: &str, description: &str| {
+        json!({"id": id, "name": id, "description": description, "tags": ["switchyard"],
+               "inputModes": ["text/plain", "application/json"], "outputModes": ["text/plain"]})
+    };
+    axum::Json(json!({
+        "name": "Switchyard",
+        "description": "Continue Switchyard jobs over A2A: talk in a running conversation, or answer a step waiting for input. The task id (and context id) is the job id; send `Authorization: Bearer <api key or token>`.",
+        "supportedInterfaces": [{"url": format!("http://{host}/a2a"), "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}],
+        "version": env!("CARGO_PKG_VERSION"),
+        "capabilities": {"streaming": false},
+        "defaultInputModes": ["text/plain", "application/json"],
+        "defaultOutputModes": ["text/plain"],
+        "skills": [
+            skill("conversation", "Say something in a running conversation (a job with a conversation step): the reply is the task's status message, and the task waits for the next message (input-required) until the conversation ends."),
+            skill("input", "Answer a job's step waiting for input: a data part is the answer as JSON, else the text is."),
+        ],
+    }))
+    .into_response()
+}
+
+/// A JSON-RPC failure: its code and message, with Switchyard's reason.
+struct RpcError {
+    code: i64,
+    message: String,
+    reason: String,
+}
+
+impl RpcError {
+    fn params(message: impl Into<String>) -> RpcError {
+        RpcError {
+            code: -32602,
+            message: message.into(),
+            reason: "INVALID_ARGUMENT".into(),
+        }
+    }
+}
+
+impl From<Status> for RpcError {
+    /// A2A's codes where it has one (task not found, not cancelable,
+    /// unsupported), JSON-RPC's otherwise; the reason code beside it.
+    fn from(s: Status) -> RpcError {
+        let api = switchyard_kit::error::ApiError::from(s.clone());
+        let code = match s.code() {
+            Code::NotFound => -32001,
+            Code::InvalidArgument => -32602,
+            Code::FailedPrecondition => -32004,
+            _ => -32603,
+        };
+        RpcError {
+            code,
+            message: api.message,
+            reason: api.reason.unwrap_or_else(|| format!("{:?}", s.code())),
+        }
+    }
+}
+
+/// `POST /a2a`: one JSON-RPC 2.0 request — `SendMessage`, `GetTask` or
+/// `CancelTask` (and their A2A 0.3 names `message/send`, `tasks/get`,
+/// `tasks/cancel`).
+async fn rpc(
+    State(door): State<Arc<Door>>,
+    Extension(caller): Extension<Caller>,
+    body: Body,
+) -> Response {
+    let bytes = match axum::body::to_bytes(body, door.max_body).await {
+        Ok(b) => b,
+        Err(e) => return answer(Value::Null, Err(RpcError::params(format!("body: {e}")))),
+    };
+    let Ok(req) = serde_json::from_slice::<Value>(&bytes) else {
+        let parse = RpcError {
+            code: -32700,
+            message: "the body is not JSON: send a JSON-RPC 2.0 request".into(),
+            reason: "INVALID_ARGUMENT".into(),
+        };
+        return answer(Value::Null, Err(parse));
+    };
+    let id = req.get("id").cloned().unwrap_or(Value::Null);
+    let params = req.get("params").cloned().unwrap_or(Value::Null);
+    let out = match req
+        .get("method")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+    {
+        "SendMessage" | "message/send" => send(&door, &caller, &params).await,
+        "GetTask" | "tasks/get" => match task_id(&params) {
+            Ok(t) => get_task(&door, &caller, &t, None).await,
+            Err(e) => Err(e),
+        },
+        "CancelTask" | "tasks/cancel" => match task_id(&params) {
+            Ok(t) => cancel(&door, &caller, &t).await,
+            Err(e) => Err(e),
+        },
+        other => Err(RpcError {
+            code: -32601,
+            message: format!(
+                "method {other:?} is not served here: SendMessage, GetTask and CancelTask are (no streaming, no push notifications)"
+            ),
+            reason: "UNIMPLEMENTED".into(),
+        }),
+    };
+    answer(id, out)
+}
+
+/// The JSON-RPC response for request `id`.
+fn answer(id: Value, out: Result<Value, RpcError>) -> Response {
+    let body = match out {
+        Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+        Err(e) => json!({"jsonrpc": "2.0", "id": id, "error": {
+            "code": e.code, "message": e.message, "data": {"reason": e.reason}}}),
+    };
+    axum::Json(body).into_response()
+}
+
+/// `params.id` (A2A 1.0 and 0.3 both name the task so).
+fn task_id(params: &Value) -> Result<String, RpcError> {
+    match params.get("id").and_then(Value::as_str) {
+        Some(id) if !id.is_empty() => Ok(id.to_owned()),
+        _ => Err(RpcError::params(
+            "params.id (the task, that is the job id) is required",
+        )),
+    }
+}
+
+/// `SendMessage`: answers the job's step waiting for input, or says the
+/// text in its conversation and waits for the reply.
+async fn send(door: &Door, caller: &Caller, params: &Value) -> Result<Value, RpcError> {
+    let m = params
+        .get("message")
+        .ok_or_else(|| RpcError::params("params.message is required"))?;
+    let field = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or_default();
+    let job_id = [field("taskId"), field("contextId")]
+        .into_iter()
+        .find(|s| !s.is_empty())
+        .map(str::to_owned)
+        .ok_or_else(|| {
+            RpcError::params(
+                "set message.taskId (or contextId) to the job id: this door continues work started through Switchyard's other doors (a conversation: SubmitJob, POST /aitp/tasks or `switchyard chat`)",
+            )
+        })?;
+    let parts = m
+        .get("parts")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let text: Vec<&str> = parts
+        .iter()
+        .filter_map(|p| p.get("text")?.as_str())
+        .collect();
+    let text = text.join("\n");
+    let data = parts.iter().find_map(|p| p.get("data")).cloned();
+    // The message id keys the answer or the message: a retried send is
+    // taken once.
+    let key = field("messageId").chars().take(128).collect::<String>();
+    let waiting = door.jobs.input_requests(caller, &job_id).await?;
+    if let Some(r) = waiting.requests.first() {
+        let answer = data.unwrap_or_else(|| Value::String(text.clone()));
+        let req = SendInputRequest {
+            job_id: job_id.clone(),
+            task_id: r.task_id.clone(),
+            answer: Some(switchyard_kit::json::json_to_value(&answer)),
+            idempotency_key: key,
+        };
+        door.jobs.send_input(caller, req).await?;
+        let task = get_task(door, caller, &job_id, None).await?;
+        return Ok(json!({"task": task}));
+    }
+    if text.is_empty() {
+        return Err(RpcError::params(
+            "the message has no text part: a conversation is sent text",
+        ));
+    }
+    let req = SendMessageRequest {
+        job_id: job_id.clone(),
+        text,
+        idempotency_key: key,
+        ..Default::default()
+    };
+    let sent = door.jobs.send_message(caller, req).await?;
+    let reply = reply_to(
+        door,
+        caller,
+        &job_id,
+        &sent.task_id,
+        sent.seq,
+        sent.event_sequence,
+    )
+    .await;
+    let task = get_task(door, caller, &job_id, reply).await?;
+    Ok(json!({"task": task}))
+}
+
+/// The text of the reply to message `seq` of conversation step `task`,
+/// followed on the job's log from `after`, within [`REPLY_WAIT`]; `None`
+/// when it does not come in time (the task is then still working).
+async fn reply_to(
+    door: &Door,
+    caller: &Caller,
+    job_id: &str,
+    task: &str,
+    seq: u32,
+    after: u64,
+) -> Option<String> {
+    let watched = door
+        .jobs
+        .watch(caller, job_id, after.saturating_sub(1))
+        .await
+        .ok()?;
+    let wait = async move {
+        let mut w = watched;
+        while let Some(Ok(r)) = w.next().await {
+            let Some(e) = r.event else { continue };
+            if e.task_id != task || e.kind != "conversation.replied" {
+                continue;
+            }
+            let d = e.data.as_ref().map(switchyard_kit::json::struct_to_json)?;
+            if d["seq"].as_u64() == Some(u64::from(seq)) {
+                return d["text"].as_str().map(str::to_owned);
+            }
+        }
+        None
+    };
+    tokio::select! {
+        r = wait => r,
+        () = tokio::time::sleep(REPLY_WAIT) => None,
+        () = door.shutdown.wait() => None,
+    }
+}
+
+/// `GetTask`: the job as an A2A task; `said` is the agent's message to
+/// carry (a conversation's reply), else what the job waits for or how it
+/// ended.
+async fn get_task(
+    door: &Door,
+    caller: &Caller,
+    job_id: &str,
+    said: Option<String>,
+) -> Result<Value, RpcError> {
+    let job = door.jobs.get(caller, job_id).await?;
+    let waits = said.is_none() && job_waits(&job);
+    // What it waits for: an input step's prompt, else the conversation's
+    // last reply (a client that polls reads it here).
+    let asked = if waits {
+        door.jobs
+            .input_requests(caller, job_id)
+            .await
+            .ok()
+            .and_then(|r| r.requests.into_iter().next())
+            .map(|r| r.prompt)
+    } else {
+        None
+    };
+    let replied = if waits && asked.is_none() {
+        let req = switchyard_proto::executor::v1::ListMessagesRequest {
+            job_id: job_id.to_owned(),
+            ..Default::default()
+        };
+        door.jobs
+            .messages(caller, req)
+            .await
+            .ok()
+            .and_then(|h| h.turns.into_iter().rev().find_map(|t| t.reply))
+            .map(|r| r.text)
+    } else {
+        None
+    };
+    Ok(task_of(&job, said.or(asked).or(replied)))
+}
+
+/// `CancelTask`: cancels the job.
+async fn cancel(door: &Door, caller: &Caller, job_id: &str) -> Result<Value, RpcError> {
+    let job = door
+        .jobs
+        .cancel(caller, job_id, "cancelled over A2A")
+        .await?;
+    Ok(task_of(&job, None))
+}
+
+/// Whether a step of `job` waits for a person (input or the next message).
+fn job_waits(job: &Job) -> bool {
+    job.tasks
+        .iter()
+        .any(|t| t.state == TaskState::InputRequired as i32)
+}
+
+/// The A2A state of `job`.
+fn state_of(job: &Job) -> &'static str {
+    match JobState::try_from(job.state).unwrap_or_default() {
+        JobState::Completed => "TASK_STATE_COMPLETED",
+        JobState::Cancelled => "TASK_STATE_CANCELED",
+        JobState::Discarded | JobState::Retryable => "TASK_STATE_FAILED",
+        JobState::Active if job_waits(job) => "TASK_STATE_INPUT_REQUIRED",
+        JobState::Active => "TASK_STATE_WORKING",
+        _ => "TASK_STATE_SUBMITTED",
+    }
+}
+
+/// `job` as an A2A `Task` (GetTask's and CancelTask's result; SendMessage
+/// wraps it as `{"task": …}`), with `text` as the agent's status message
+/// when there is one.
+fn task_of(job: &Job, text: Option<String>) -> Value {
+    let id = job.spec.as_ref().map_or("", |s| s.job_id.as_str());
+    let text = text.or_else(|| (!job.error.is_empty()).then(|| job.error.clone()));
+    let mut status = json!({"state": state_of(job)});
+    if let Some(t) = text.filter(|t| !t.is_empty()) {
+        status["message"] = json!({
+            "messageId": format!("{id}-{}", job.last_sequence),
+            "contextId": id,
+            "taskId": id,
+            "role": "ROLE_AGENT",
+            "parts": [{"text": t}],
+        });
+    }
+    json!({"id": id, "contextId": id, "status": status})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_proto::executor::v1::{JobSpec, TaskStatus};
+
+    fn job(state: JobState, task: TaskState) -> Job {
+        Job {
+            spec: Some(JobSpec {
+                job_id: "j1".into(),
+                ..Default::default()
+            }),
+            state: state as i32,
+            tasks: vec![TaskStatus {
+                state: task as i32,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_job_maps_to_the_a2a_state_a_client_acts_on() {
+        let cases = [
+            (
+                JobState::Pending,
+                TaskState::Waiting,
+                "TASK_STATE_SUBMITTED",
+            ),
+            (JobState::Active, TaskState::Running, "TASK_STATE_WORKING"),
+            (
+                JobState::Active,
+                TaskState::InputRequired,
+                "TASK_STATE_INPUT_REQUIRED",
+            ),
+            (
+                JobState::Completed,
+                TaskState::Succeeded,
+                "TASK_STATE_COMPLETED",
+            ),
+            (JobState::Discarded, TaskState::Failed, "TASK_STATE_FAILED"),
+            (
+                JobState::Cancelled,
+                TaskState::Cancelled,
+                "TASK_STATE_CANCELED",
+            ),
+        ];
+        for (j, t, want) in cases {
+            assert_eq!(state_of(&job(j, t)), want, "{j:?} {t:?}");
+        }
+    }
+
+    #[test]
+    fn the_task_is_the_job_and_carries_the_agents_words() {
+        let t = task_of(
+            &job(JobState::Active, TaskState::InputRequired),
+            Some("Hello.".into()),
+        );
+        assert_eq!(t["task"]["id"], "j1");
+        assert_eq!(t["task"]["contextId"], "j1");
+        assert_eq!(t["task"]["status"]["message"]["role"], "ROLE_AGENT");
+        assert_eq!(t["task"]["status"]["message"]["parts"][0]["text"], "Hello.");
+        let quiet = task_of(&job(JobState::Active, TaskState::Running), None);
+        assert!(quiet["task"]["status"].get("message").is_none());
+    }
+}

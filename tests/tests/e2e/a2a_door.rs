@@ -1,0 +1,221 @@
+//! The A2A door, driven by the reference `a2a-sdk` client (Python): a job
+//! is an A2A task; a message answers its step waiting for input, or is said
+//! in its conversation and the reply comes back with the task waiting for
+//! the next message. Only who may answer or talk gets through: another
+//! submitter, another tenant and an agent key are refused and nothing is
+//! recorded.
+
+#![allow(clippy::unwrap_used)] // test helpers: a failed call is a failed test
+
+use serde_json::{Value, json};
+use switchyard_llm::scripted::Reply;
+use switchyard_proto::auth::v1::PrincipalKind;
+use switchyard_proto::executor::v1::JobState;
+use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
+
+use crate::common::{finish, submit, tenant_key};
+use crate::conversation::history;
+use crate::llm::env;
+
+/// Runs tests/a2a/door_client.py against the stack's HTTP door as `token`:
+/// one JSON line per step.
+async fn client(base: &str, token: &str, steps: Value) -> Vec<Value> {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("a2a/door_client.py");
+    // Async: the stack serves the client from this same runtime.
+    let out = tokio::process::Command::new(crate::mcp::python())
+        .arg(script)
+        .args([base, token, &steps.to_string()])
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_reference_a2a_client_talks_in_a_conversation_and_answers_an_input_as_the_job_allows() {
+    let e = env(true, |_| {}).await;
+    e.script.for_model(
+        "m-chat",
+        vec![
+            Reply::text("Hello over A2A.", 20, 4),
+            Reply::text("Still here.", 30, 3),
+        ],
+    );
+    let base = format!("http://{}", e.stack.http.unwrap());
+    let mut alice = JobServiceClient::new(e.stack.channel_as("alice").await.unwrap());
+    let talk = json!({"job_id": "a2a-talk", "tasks": [{"id": "chat", "conversation": {
+        "orchestrator": {"model": "m-chat", "max_tokens": 40}}}]});
+    submit(&mut alice, &talk.to_string()).await.unwrap();
+    let ask = json!({"job_id": "a2a-ask", "tasks": [{"id": "ask", "input": {
+        "prompt": "How many replicas?",
+        "schema": {"type": "object", "required": ["size"], "properties": {"size": {"type": "integer"}}}}}]});
+    submit(&mut alice, &ask.to_string()).await.unwrap();
+    crate::common::until_event(&mut alice, "a2a-ask", "task.input_requested").await;
+
+    // Others: refused by the executor's checks, nothing recorded.
+    let others = [
+        e.stack
+            .key("carol", &["submitter"], PrincipalKind::Human)
+            .await
+            .unwrap(),
+        tenant_key(
+            &e.stack,
+            "tenant-b",
+            "mallory",
+            &["admin"],
+            PrincipalKind::Human,
+        )
+        .await,
+        e.stack
+            .key("robot", &["agent"], PrincipalKind::Agent)
+            .await
+            .unwrap(),
+    ];
+    for token in &others {
+        let lines = client(
+            &base,
+            token,
+            json!([{"send": "let me in", "task": "a2a-talk"},
+                   {"send_data": {"size": 9}, "task": "a2a-ask"}]),
+        )
+        .await;
+        for l in &lines {
+            assert!(l["error"].is_string(), "{lines:?}");
+        }
+    }
+    assert!(history(&mut alice, "a2a-talk").await.turns.is_empty());
+
+    // alice: the conversation answers, and waits for the next message.
+    let alice_token = e.stack.token("alice").unwrap();
+    let lines = client(
+        &base,
+        &alice_token,
+        json!([{"send": "hi", "task": "a2a-talk"},
+               {"get": "a2a-talk"},
+               {"send": "still there?", "task": "a2a-talk"},
+               {"get": "a2a-ask"},
+               {"send_data": {"size": 3}, "task": "a2a-ask"}]),
+    )
+    .await;
+    assert_eq!(lines[0]["id"], "a2a-talk", "{lines:?}");
+    assert_eq!(lines[0]["context_id"], "a2a-talk");
+    assert_eq!(lines[0]["state"], "TASK_STATE_INPUT_REQUIRED", "{lines:?}");
+    assert_eq!(lines[0]["text"], "Hello over A2A.");
+    assert_eq!(lines[1]["state"], "TASK_STATE_INPUT_REQUIRED");
+    assert_eq!(
+        lines[1]["text"], "Hello over A2A.",
+        "GetTask carries the last reply"
+    );
+    assert_eq!(lines[2]["text"], "Still here.", "{lines:?}");
+    // The input step: its prompt is the status message; a data part answers.
+    assert_eq!(lines[3]["state"], "TASK_STATE_INPUT_REQUIRED", "{lines:?}");
+    assert_eq!(lines[3]["text"], "How many replicas?");
+    assert!(lines[4]["error"].is_null(), "{lines:?}");
+    let h = history(&mut alice, "a2a-talk").await;
+    let said: Vec<(&str, &str)> = h
+        .turns
+        .iter()
+        .map(|t| (t.text.as_str(), t.by.as_str()))
+        .collect();
+    assert_eq!(said, [("hi", "alice"), ("still there?", "alice")]);
+    let done = finish(&mut alice, "a2a-ask").await;
+    assert_eq!(done.state, JobState::Completed as i32, "{done:?}");
+
+    // A schema violation comes back as an error; the step still waits.
+    submit(&mut alice, &ask.to_string().replace("a2a-ask", "a2a-ask-2"))
+        .await
+        .unwrap();
+    crate::common::until_event(&mut alice, "a2a-ask-2", "task.input_requested").await;
+    let lines = client(
+        &base,
+        &alice_token,
+        json!([{"send_data": {"size": "three"}, "task": "a2a-ask-2"}, {"get": "a2a-ask-2"}]),
+    )
+    .await;
+    assert!(
+        lines[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("INPUT_INVALID")
+            || lines[0]["error"].as_str().unwrap().contains("schema"),
+        "{lines:?}"
+    );
+    assert_eq!(lines[1]["state"], "TASK_STATE_INPUT_REQUIRED", "{lines:?}");
+    // CancelTask cancels the job.
+    let lines = client(&base, &alice_token, json!([{"cancel": "a2a-ask-2"}])).await;
+    assert_eq!(lines[0]["state"], "TASK_STATE_CANCELED", "{lines:?}");
+
+    // Raw JSON-RPC: a message naming no job, an unknown method, a retried
+    // message id (taken once), and no credential at all.
+    let http = reqwest::Client::new();
+    let rpc = |body: Value, token: Option<&str>| {
+        let mut r = http.post(format!("{base}/a2a")).json(&body);
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        r.send()
+    };
+    let v: Value = rpc(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+               "params": {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}}),
+        Some(&alice_token),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("taskId"),
+        "{v}"
+    );
+    let v: Value = rpc(
+        json!({"jsonrpc": "2.0", "id": 2, "method": "SendStreamingMessage", "params": {}}),
+        Some(&alice_token),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(v["error"]["code"], -32601, "{v}");
+    e.script
+        .for_model("m-chat", vec![Reply::text("Once.", 10, 2)]);
+    let again = json!({"jsonrpc": "2.0", "id": 3, "method": "SendMessage",
+        "params": {"message": {"messageId": "same-message", "taskId": "a2a-talk", "role": "ROLE_USER",
+                               "parts": [{"text": "once only"}]}}});
+    for _ in 0..2 {
+        let v: Value = rpc(again.clone(), Some(&alice_token))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["result"]["task"]["id"], "a2a-talk", "{v}");
+    }
+    let h = history(&mut alice, "a2a-talk").await;
+    assert_eq!(h.turns.iter().filter(|t| t.text == "once only").count(), 1);
+    let unauthenticated = rpc(again, None).await.unwrap();
+    assert_eq!(unauthenticated.status(), 401);
+    // The card is public.
+    let card: Value = http
+        .get(format!("{base}/.well-known/agent-card.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(card["supportedInterfaces"][0]["protocolBinding"], "JSONRPC");
+    e.stack.stop().await.unwrap();
+}
