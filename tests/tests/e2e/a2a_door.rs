@@ -9,11 +9,10 @@
 
 use serde_json::{Value, json};
 use switchyard_llm::scripted::Reply;
-use switchyard_proto::auth::v1::PrincipalKind;
 use switchyard_proto::executor::v1::JobState;
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 
-use crate::common::{finish, submit, tenant_key};
+use crate::common::{finish, submit};
 use crate::conversation::history;
 use crate::llm::env;
 
@@ -62,24 +61,7 @@ async fn the_reference_a2a_client_talks_in_a_conversation_and_answers_an_input_a
     crate::common::until_event(&mut alice, "a2a-ask", "task.input_requested").await;
 
     // Others: refused by the executor's checks, nothing recorded.
-    let others = [
-        e.stack
-            .key("carol", &["submitter"], PrincipalKind::Human)
-            .await
-            .unwrap(),
-        tenant_key(
-            &e.stack,
-            "tenant-b",
-            "mallory",
-            &["admin"],
-            PrincipalKind::Human,
-        )
-        .await,
-        e.stack
-            .key("robot", &["agent"], PrincipalKind::Agent)
-            .await
-            .unwrap(),
-    ];
+    let others = crate::common::outsiders(&e.stack).await;
     for token in &others {
         let lines = client(
             &base,
@@ -164,30 +146,24 @@ async fn the_reference_a2a_client_talks_in_a_conversation_and_answers_an_input_a
         }
         r.send()
     };
-    let v: Value = rpc(
+    let answered = |body: Value| {
+        let r = rpc(body, Some(&alice_token));
+        async move { r.await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let v = answered(
         json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
                "params": {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}}),
-        Some(&alice_token),
     )
-    .await
-    .unwrap()
-    .json()
-    .await
-    .unwrap();
+    .await;
     assert_eq!(v["error"]["code"], -32602, "{v}");
     assert!(
         v["error"]["message"].as_str().unwrap().contains("taskId"),
         "{v}"
     );
-    let v: Value = rpc(
+    let v = answered(
         json!({"jsonrpc": "2.0", "id": 2, "method": "SendStreamingMessage", "params": {}}),
-        Some(&alice_token),
     )
-    .await
-    .unwrap()
-    .json()
-    .await
-    .unwrap();
+    .await;
     assert_eq!(v["error"]["code"], -32601, "{v}");
     e.script
         .for_model("m-chat", vec![Reply::text("Once.", 10, 2)]);
@@ -195,12 +171,7 @@ async fn the_reference_a2a_client_talks_in_a_conversation_and_answers_an_input_a
         "params": {"message": {"messageId": "same-message", "taskId": "a2a-talk", "role": "ROLE_USER",
                                "parts": [{"text": "once only"}]}}});
     for _ in 0..2 {
-        let v: Value = rpc(again.clone(), Some(&alice_token))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v = answered(again.clone()).await;
         assert_eq!(v["result"]["task"]["id"], "a2a-talk", "{v}");
     }
     let h = history(&mut alice, "a2a-talk").await;

@@ -14,12 +14,11 @@ use serde_json::{Value, json};
 use switchyard_api::{ExecutorClient, RegistryClient};
 use switchyard_cli::agents::{Publish, publish};
 use switchyard_llm::scripted::Reply;
-use switchyard_proto::auth::v1::PrincipalKind;
 use switchyard_proto::common::v1::ArtifactKind;
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{JobState, ListArtifactsRequest};
 
-use crate::common::{Jobs, submit, tenant_key};
+use crate::common::{Jobs, submit};
 use crate::conversation::{history, reply_to};
 use crate::llm::{Env, env};
 
@@ -271,24 +270,7 @@ async fn a_builder_proposes_an_agent_a_person_publishes_it_and_the_orchestrator_
     let web = ["web_search".to_owned()];
     let dir = agents.path();
     let asking = |allow| publishing(&proposal.path, dir, allow);
-    let others = [
-        e.stack
-            .key("carol", &["submitter"], PrincipalKind::Human)
-            .await
-            .unwrap(),
-        tenant_key(
-            &e.stack,
-            "tenant-b",
-            "mallory",
-            &["admin"],
-            PrincipalKind::Human,
-        )
-        .await,
-        e.stack
-            .key("robot", &["agent"], PrincipalKind::Agent)
-            .await
-            .unwrap(),
-    ];
+    let others = crate::common::outsiders(&e.stack).await;
     for token in others {
         let (x, r) = as_key(token).await;
         let err = publish(&x, &r, asking(&web)).await.unwrap_err().to_string();

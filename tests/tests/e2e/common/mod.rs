@@ -309,3 +309,19 @@ pub async fn until_event(c: &mut Jobs, job_id: &str, kind: &str) -> serde_json::
         .await
         .unwrap_or_else(|_| panic!("no {kind} for {job_id} within 20 s"))
 }
+
+/// Keys of those who must not reach another submitter's job: another
+/// submitter (carol), an admin of another tenant (mallory of tenant-b) and
+/// an agent key (robot).
+pub async fn outsiders(s: &Stack) -> [String; 3] {
+    use switchyard_proto::auth::v1::PrincipalKind;
+    [
+        s.key("carol", &["submitter"], PrincipalKind::Human)
+            .await
+            .unwrap(),
+        tenant_key(s, "tenant-b", "mallory", &["admin"], PrincipalKind::Human).await,
+        s.key("robot", &["agent"], PrincipalKind::Agent)
+            .await
+            .unwrap(),
+    ]
+}
