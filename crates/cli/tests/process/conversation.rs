@@ -230,7 +230,10 @@ fn split_a_gateway_in_its_own_process_streams_a_remote_conversations_reply_as_th
     let (script, llm_url, _stop) = scripted();
     script.for_model(
         "gpt-4o-mini",
-        vec![Reply::text("From afar.", 10, 3).chunk_delay(Duration::from_millis(2))],
+        vec![
+            Reply::text("From afar.", 10, 3).chunk_delay(Duration::from_millis(2)),
+            Reply::text("Over A2A too.", 12, 4),
+        ],
     );
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), &llm_url);
@@ -268,6 +271,34 @@ fn split_a_gateway_in_its_own_process_streams_a_remote_conversations_reply_as_th
     assert!(
         sse.contains("event: conversation.replied") && sse.contains("From afar."),
         "{sse}"
+    );
+    // The A2A door of the gateway process: the same conversation, the job
+    // as the A2A task.
+    let a2a = std::process::Command::new("curl")
+        .args([
+            "-s",
+            &format!("{http}/a2a"),
+            "-H",
+            &format!("Authorization: Bearer {alice}"),
+        ])
+        .args(["-H", "Content-Type: application/json", "--data"])
+        .arg(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {
+                "messageId": "split-a2a-1", "taskId": "split-talk", "role": "ROLE_USER",
+                "parts": [{"text": "and over A2A?"}]}}})
+            .to_string(),
+        )
+        .output()
+        .unwrap();
+    let a2a: Value = serde_json::from_slice(&a2a.stdout).unwrap();
+    let task = &a2a["result"]["task"];
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{a2a}"
+    );
+    assert_eq!(
+        task["status"]["message"]["parts"][0]["text"], "Over A2A too.",
+        "{a2a}"
     );
     let (body, code) = post(&http, "split-talk", &alice, &[], r#"{"close": true}"#);
     assert_eq!(code, 202, "{body}");

@@ -261,3 +261,103 @@ async fn curl_lists_and_answers_a_waiting_step_over_rest() {
     assert_eq!(again["replayed"], true, "{again}");
     assert_eq!(dev.terminate(), Some(0));
 }
+
+/// One A2A JSON-RPC call to `http`/a2a as `token`: the response.
+fn a2a(http: &str, token: &str, method: &str, params: serde_json::Value) -> serde_json::Value {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    let out = std::process::Command::new("curl")
+        .args(["-s", &format!("{http}/a2a")])
+        .args(["-H", &format!("Authorization: Bearer {token}")])
+        .args(["-H", "Content-Type: application/json", "--data"])
+        .arg(body.to_string())
+        .output()
+        .expect("run curl");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The A2A door's side of exactly-once: an answer sent over A2A and
+/// acknowledged survives `kill -9`, and the same message sent again after
+/// the restart (a client that never saw the acknowledgement) is taken once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_sent_over_a2a_survives_kill_9_and_a_resend_is_taken_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("job.yaml");
+    std::fs::write(&file, JOB).unwrap();
+    let dev1 = dev(dir.path());
+    let url = dev1.url();
+    let http = format!("http://{}", dev1.http.as_deref().unwrap());
+    submit_as(&url, file.to_str().unwrap(), "alice");
+    kinds_until(&url, "deploy-size", "task.input_requested").await;
+    let alice = token(&url, "alice");
+    let asked = a2a(
+        &http,
+        &alice,
+        "GetTask",
+        serde_json::json!({"id": "deploy-size"}),
+    );
+    assert_eq!(
+        asked["result"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{asked}"
+    );
+    assert_eq!(
+        asked["result"]["status"]["message"]["parts"][0]["text"],
+        "How many replicas for checkout?"
+    );
+    let message = serde_json::json!({"message": {"messageId": "a2a-answer-1", "taskId": "deploy-size",
+        "role": "ROLE_USER", "parts": [{"data": {"size": 4}}]}});
+    let sent = a2a(&http, &alice, "SendMessage", message.clone());
+    assert!(sent["result"]["task"]["id"] == "deploy-size", "{sent}");
+    // Crash right after the acknowledgement.
+    dev1.kill9();
+
+    let dev2 = dev(dir.path());
+    let url = dev2.url();
+    let http = format!("http://{}", dev2.http.as_deref().unwrap());
+    let done = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if job_of(&url, "deploy-size").await.state == JobState::Completed as i32 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(done.is_ok(), "{:?}", job_of(&url, "deploy-size").await);
+    // The same message again: the first outcome, not a second answer.
+    let again = a2a(&http, &alice, "SendMessage", message);
+    assert_eq!(
+        again["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{again}"
+    );
+    // A different answer now: refused, the step is not waiting.
+    let other = a2a(
+        &http,
+        &alice,
+        "SendMessage",
+        serde_json::json!({"message": {"messageId": "a2a-answer-2", "taskId": "deploy-size",
+            "role": "ROLE_USER", "parts": [{"data": {"size": 5}}]}}),
+    );
+    assert!(
+        other["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("does not wait for input"),
+        "{other}"
+    );
+    let job = job_of(&url, "deploy-size").await;
+    assert_eq!(job.tasks[0].attempts.len(), 1, "{:?}", job.tasks[0]);
+    let result = ok(&cli(
+        &url,
+        &[
+            "job",
+            "result",
+            "deploy-size",
+            "-o",
+            "json",
+            "--as",
+            "alice",
+        ],
+    ));
+    assert!(result.contains("size 4"), "{result}");
+    assert_eq!(dev2.terminate(), Some(0));
+}

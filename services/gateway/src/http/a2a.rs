@@ -200,14 +200,34 @@ async fn send(door: &Door, caller: &Caller, params: &Value) -> Result<Value, Rpc
     // taken once.
     let key = field("messageId").chars().take(128).collect::<String>();
     let waiting = door.jobs.input_requests(caller, &job_id).await?;
-    if let Some(r) = waiting.requests.first() {
-        let answer = data.unwrap_or_else(|| Value::String(text.clone()));
-        let req = SendInputRequest {
-            job_id: job_id.clone(),
-            task_id: r.task_id.clone(),
-            answer: Some(switchyard_kit::json::json_to_value(&answer)),
-            idempotency_key: key,
-        };
+    let answer = || {
+        let a = data.clone().unwrap_or_else(|| Value::String(text.clone()));
+        Some(switchyard_kit::json::json_to_value(&a))
+    };
+    let to_input = |task_id: String| SendInputRequest {
+        job_id: job_id.clone(),
+        task_id,
+        answer: answer(),
+        idempotency_key: key.clone(),
+    };
+    // A step waiting for input takes it; a job that is no conversation
+    // gets it as an answer too — the executor then finds the step (or the
+    // one this message id already answered: a retry after a crash is
+    // taken once) or says why none waits.
+    let input = match waiting.requests.first() {
+        Some(r) => Some(to_input(r.task_id.clone())),
+        None => {
+            let probe = switchyard_proto::executor::v1::ListMessagesRequest {
+                job_id: job_id.clone(),
+                ..Default::default()
+            };
+            match door.jobs.messages(caller, probe).await {
+                Ok(_) => None,
+                Err(_) => Some(to_input(String::new())),
+            }
+        }
+    };
+    if let Some(req) = input {
         door.jobs.send_input(caller, req).await?;
         let task = get_task(door, caller, &job_id, None).await?;
         return Ok(json!({"task": task}));
