@@ -73,6 +73,36 @@ async fn job_of(url: &str, id: &str) -> Job {
         .unwrap()
 }
 
+/// deploy-size's result as alice reads it (`job result -o json`).
+fn result_of(url: &str) -> String {
+    ok(&cli(
+        url,
+        &[
+            "job",
+            "result",
+            "deploy-size",
+            "-o",
+            "json",
+            "--as",
+            "alice",
+        ],
+    ))
+}
+
+/// Waits (bounded) until deploy-size completed.
+async fn until_completed(url: &str) {
+    let done = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if job_of(url, "deploy-size").await.state == JobState::Completed as i32 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(done.is_ok(), "{:?}", job_of(url, "deploy-size").await);
+}
+
 fn dev(dir: &std::path::Path) -> Proc {
     let dev = Proc::dev_at(&dir.join("data"), &[], &dir.join("dev.log"));
     let url = dev.url();
@@ -154,16 +184,7 @@ async fn an_answer_survives_kill_9_on_either_side_and_is_taken_once() {
 
     let dev3 = dev(dir.path());
     let url = dev3.url();
-    let done = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            if job_of(&url, "deploy-size").await.state == JobState::Completed as i32 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
-    assert!(done.is_ok(), "{:?}", job_of(&url, "deploy-size").await);
+    until_completed(&url).await;
     let again = ok(&cli(&url, &args));
     assert!(again.contains("(already taken)"), "{again}");
     let job = job_of(&url, "deploy-size").await;
@@ -188,18 +209,7 @@ async fn an_answer_survives_kill_9_on_either_side_and_is_taken_once() {
     let count = |k: &str| all.iter().filter(|x| x.as_str() == k).count();
     assert_eq!(count("task.input_requested"), 1, "{all:?}");
     assert_eq!(count("task.input_received"), 1, "{all:?}");
-    let result = ok(&cli(
-        &url,
-        &[
-            "job",
-            "result",
-            "deploy-size",
-            "-o",
-            "json",
-            "--as",
-            "alice",
-        ],
-    ));
+    let result = result_of(&url);
     assert!(result.contains("size 3"), "{result}");
     assert_eq!(dev3.terminate(), Some(0));
 }
@@ -313,16 +323,7 @@ async fn an_answer_sent_over_a2a_survives_kill_9_and_a_resend_is_taken_once() {
     let dev2 = dev(dir.path());
     let url = dev2.url();
     let http = format!("http://{}", dev2.http.as_deref().unwrap());
-    let done = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            if job_of(&url, "deploy-size").await.state == JobState::Completed as i32 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
-    assert!(done.is_ok(), "{:?}", job_of(&url, "deploy-size").await);
+    until_completed(&url).await;
     // The same message again: the first outcome, not a second answer.
     let again = a2a(&http, &alice, "SendMessage", message);
     assert_eq!(
@@ -346,18 +347,7 @@ async fn an_answer_sent_over_a2a_survives_kill_9_and_a_resend_is_taken_once() {
     );
     let job = job_of(&url, "deploy-size").await;
     assert_eq!(job.tasks[0].attempts.len(), 1, "{:?}", job.tasks[0]);
-    let result = ok(&cli(
-        &url,
-        &[
-            "job",
-            "result",
-            "deploy-size",
-            "-o",
-            "json",
-            "--as",
-            "alice",
-        ],
-    ));
+    let result = result_of(&url);
     assert!(result.contains("size 4"), "{result}");
     assert_eq!(dev2.terminate(), Some(0));
 }
