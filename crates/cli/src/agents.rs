@@ -195,7 +195,7 @@ pub async fn publish(
         }
         if std::time::Instant::now() >= deadline {
             anyhow::bail!(
-                "{} is written to {} but not registered after {}s: is an agents host serving {} with reload_ms > 0 ([agents] reload_ms)?",
+                "{} is written to {} but not registered after {}s: is an agents host serving {} with reload_ms > 0 ([agents] reload_ms)? Its log says why a reload was refused (a manifest it cannot host, such as a model no provider serves, keeps the directory as it was)",
                 agent.registry_id,
                 published.file.display(),
                 p.wait.as_secs(),
