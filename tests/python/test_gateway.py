@@ -260,6 +260,29 @@ def check_mcp_endpoint_needs_a_token_and_speaks_mcp():
     assert r.status_code in (200, 202, 204), r.text
 
 
+def check_a2a_door_reads_and_cancels_a_job_as_the_caller():
+    r = call("GET", "/.well-known/agent-card.json", "/.well-known/agent-card.json")
+    assert r.status_code == 200, r.text
+    card = r.json()
+    assert card["supportedInterfaces"][0]["protocolBinding"] == "JSONRPC", card
+    slow = {"task_id": "py-a2a-1", "subtasks": [{"subtask_id": "nap", "agent_capability": "builtin.sleep", "input": {"ms": 60000}}]}
+    assert call("POST", "/aitp/tasks", "/aitp/tasks", ALICE, json=slow).status_code == 201
+
+    def rpc(method, params, token=ALICE):
+        return call("POST", "/a2a", "/a2a", token, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+
+    r = rpc("GetTask", {"id": "py-a2a-1"})
+    assert r.status_code == 200, r.text
+    task = r.json()["result"]
+    assert task["id"] == "py-a2a-1" and task["status"]["state"] in ("TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"), task
+    # Another submitter: as if it did not exist; no credential: 401.
+    r = rpc("GetTask", {"id": "py-a2a-1"}, CAROL)
+    assert r.json()["error"]["code"] == -32001, r.text
+    assert rpc("GetTask", {"id": "py-a2a-1"}, None).status_code == 401
+    r = rpc("CancelTask", {"id": "py-a2a-1"})
+    assert r.json()["result"]["status"]["state"] == "TASK_STATE_CANCELED", r.text
+
+
 def check_every_documented_route_was_exercised():
     doc = check_openapi_document_is_valid_and_open.doc
     documented = {(m.upper(), p) for p, item in doc["paths"].items() for m in item if m in ("get", "post", "put", "patch", "delete")}

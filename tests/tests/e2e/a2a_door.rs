@@ -47,6 +47,7 @@ async fn the_reference_a2a_client_talks_in_a_conversation_and_answers_an_input_a
         vec![
             Reply::text("Hello over A2A.", 20, 4),
             Reply::text("Still here.", 30, 3),
+            Reply::text("Hello, dave.", 10, 3),
         ],
     );
     let base = format!("http://{}", e.stack.http.unwrap());
@@ -110,6 +111,43 @@ async fn the_reference_a2a_client_talks_in_a_conversation_and_answers_an_input_a
         .collect();
     assert_eq!(said, [("hi", "alice"), ("still there?", "alice")]);
     let done = finish(&mut alice, "a2a-ask").await;
+    assert_eq!(done.state, JobState::Completed as i32, "{done:?}");
+
+    // dave is named in a conversation and on an input step of jobs he
+    // cannot read: he talks and answers over A2A all the same, and what he
+    // reads back is what he may read.
+    let dave = e
+        .stack
+        .key(
+            "dave",
+            &["submitter"],
+            switchyard_proto::auth::v1::PrincipalKind::Human,
+        )
+        .await
+        .unwrap();
+    let team = json!({"job_id": "a2a-team", "tasks": [{"id": "chat", "conversation": {
+        "orchestrator": {"model": "m-chat", "max_tokens": 40},
+        "participants": {"subjects": ["dave"]}}}]});
+    submit(&mut alice, &team.to_string()).await.unwrap();
+    let named = json!({"job_id": "a2a-named", "tasks": [{"id": "ask", "input": {
+        "prompt": "Which region?", "answerers": {"subjects": ["dave"]}}}]});
+    submit(&mut alice, &named.to_string()).await.unwrap();
+    crate::common::until_event(&mut alice, "a2a-named", "task.input_requested").await;
+    let lines = client(
+        &base,
+        &dave,
+        json!([{"send": "hello from dave", "task": "a2a-team"},
+               {"get": "a2a-team"},
+               {"get": "a2a-named"},
+               {"send": "eu-west", "task": "a2a-named"}]),
+    )
+    .await;
+    assert_eq!(lines[0]["state"], "TASK_STATE_INPUT_REQUIRED", "{lines:?}");
+    assert_eq!(lines[0]["text"], "Hello, dave.", "{lines:?}");
+    assert_eq!(lines[1]["text"], "Hello, dave.", "{lines:?}");
+    assert_eq!(lines[2]["text"], "Which region?", "{lines:?}");
+    assert!(lines[3]["error"].is_null(), "{lines:?}");
+    let done = finish(&mut alice, "a2a-named").await;
     assert_eq!(done.state, JobState::Completed as i32, "{done:?}");
 
     // A schema violation comes back as an error; the step still waits.

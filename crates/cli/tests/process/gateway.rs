@@ -48,7 +48,7 @@ fn python_clients_drive_both_doors_of_switchyard_dev() {
         "python clients failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("12 passed, 0 failed"), "{stdout}");
+    assert!(stdout.contains("13 passed, 0 failed"), "{stdout}");
     assert_eq!(dev.terminate(), Some(0));
 }
 

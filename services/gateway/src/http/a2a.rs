@@ -228,8 +228,12 @@ async fn send(door: &Door, caller: &Caller, params: &Value) -> Result<Value, Rpc
         }
     };
     if let Some(req) = input {
-        door.jobs.send_input(caller, req).await?;
-        let task = get_task(door, caller, &job_id, None).await?;
+        // The answer's own outcome: a named answerer may not read the job.
+        let out = door.jobs.send_input(caller, req).await?;
+        let task = match out.job {
+            Some(job) => task_of(&job, None),
+            None => get_task(door, caller, &job_id, None).await?,
+        };
         return Ok(json!({"task": task}));
     }
     if text.is_empty() {
@@ -257,6 +261,29 @@ async fn send(door: &Door, caller: &Caller, params: &Value) -> Result<Value, Rpc
     Ok(json!({"task": task}))
 }
 
+/// A conversation as an A2A task, from what its participants may read
+/// (ListMessages): ended, waiting for the next message, or answering;
+/// `said` (else its last reply) as the agent's message.
+fn talk_task(
+    job_id: &str,
+    h: &switchyard_proto::executor::v1::ListMessagesResponse,
+    said: Option<String>,
+) -> Value {
+    let state = match (h.open, h.waiting) {
+        (false, _) => "TASK_STATE_COMPLETED",
+        (true, true) => "TASK_STATE_INPUT_REQUIRED",
+        (true, false) => "TASK_STATE_WORKING",
+    };
+    let said = said.or_else(|| {
+        h.turns
+            .iter()
+            .rev()
+            .find_map(|t| t.reply.as_ref())
+            .map(|r| r.text.clone())
+    });
+    task_json(job_id, state, said, h.turns.len())
+}
+
 /// The text of the reply to message `seq` of conversation step `task`,
 /// followed on the job's log from `after`, within [`REPLY_WAIT`]; `None`
 /// when it does not come in time (the task is then still working).
@@ -268,24 +295,45 @@ async fn reply_to(
     seq: u32,
     after: u64,
 ) -> Option<String> {
-    let watched = door
-        .jobs
-        .watch(caller, job_id, after.saturating_sub(1))
-        .await
-        .ok()?;
     let wait = async move {
-        let mut w = watched;
-        while let Some(Ok(r)) = w.next().await {
-            let Some(e) = r.event else { continue };
-            if e.task_id != task || e.kind != "conversation.replied" {
-                continue;
+        match door
+            .jobs
+            .watch(caller, job_id, after.saturating_sub(1))
+            .await
+        {
+            Ok(mut w) => {
+                while let Some(Ok(r)) = w.next().await {
+                    let Some(e) = r.event else { continue };
+                    if e.task_id != task || e.kind != "conversation.replied" {
+                        continue;
+                    }
+                    let d = e.data.as_ref().map(switchyard_kit::json::struct_to_json)?;
+                    if d["seq"].as_u64() == Some(u64::from(seq)) {
+                        return d["text"].as_str().map(str::to_owned);
+                    }
+                }
+                None
             }
-            let d = e.data.as_ref().map(switchyard_kit::json::struct_to_json)?;
-            if d["seq"].as_u64() == Some(u64::from(seq)) {
-                return d["text"].as_str().map(str::to_owned);
-            }
+            // A participant who may not read the job cannot follow its
+            // log: the conversation, which they may read, is asked again.
+            Err(_) => loop {
+                let req = switchyard_proto::executor::v1::ListMessagesRequest {
+                    job_id: job_id.to_owned(),
+                    task_id: task.to_owned(),
+                    after_seq: seq.saturating_sub(1),
+                };
+                let h = door.jobs.messages(caller, req).await.ok()?;
+                let reply = h
+                    .turns
+                    .iter()
+                    .find(|t| t.seq == seq)
+                    .and_then(|t| t.reply.as_ref());
+                if let Some(r) = reply {
+                    return Some(r.text.clone());
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            },
         }
-        None
     };
     tokio::select! {
         r = wait => r,
@@ -303,7 +351,29 @@ async fn get_task(
     job_id: &str,
     said: Option<String>,
 ) -> Result<Value, RpcError> {
-    let job = door.jobs.get(caller, job_id).await?;
+    let job = match door.jobs.get(caller, job_id).await {
+        Ok(job) => job,
+        // A conversation's participant or a named answerer need not be
+        // able to read the job: what they may read answers for it.
+        Err(refused) => {
+            let req = switchyard_proto::executor::v1::ListMessagesRequest {
+                job_id: job_id.to_owned(),
+                ..Default::default()
+            };
+            if let Ok(h) = door.jobs.messages(caller, req).await {
+                return Ok(talk_task(job_id, &h, said));
+            }
+            return match door.jobs.input_requests(caller, job_id).await {
+                Ok(r) if !r.requests.is_empty() => Ok(task_json(
+                    job_id,
+                    "TASK_STATE_INPUT_REQUIRED",
+                    r.requests.into_iter().next().map(|r| r.prompt),
+                    0,
+                )),
+                _ => Err(refused.into()),
+            };
+        }
+    };
     let waits = said.is_none() && job_waits(&job);
     // What it waits for: an input step's prompt, else the conversation's
     // last reply (a client that polls reads it here).
@@ -368,10 +438,16 @@ fn state_of(job: &Job) -> &'static str {
 fn task_of(job: &Job, text: Option<String>) -> Value {
     let id = job.spec.as_ref().map_or("", |s| s.job_id.as_str());
     let text = text.or_else(|| (!job.error.is_empty()).then(|| job.error.clone()));
-    let mut status = json!({"state": state_of(job)});
+    task_json(id, state_of(job), text, job.last_sequence as usize)
+}
+
+/// An A2A `Task`: the job `id` (also its context) in `state`, with `text`
+/// as the agent's status message (`mark` makes its message id unique).
+fn task_json(id: &str, state: &str, text: Option<String>, mark: usize) -> Value {
+    let mut status = json!({"state": state});
     if let Some(t) = text.filter(|t| !t.is_empty()) {
         status["message"] = json!({
-            "messageId": format!("{id}-{}", job.last_sequence),
+            "messageId": format!("{id}-{mark}"),
             "contextId": id,
             "taskId": id,
             "role": "ROLE_AGENT",
@@ -438,11 +514,11 @@ mod tests {
             &job(JobState::Active, TaskState::InputRequired),
             Some("Hello.".into()),
         );
-        assert_eq!(t["task"]["id"], "j1");
-        assert_eq!(t["task"]["contextId"], "j1");
-        assert_eq!(t["task"]["status"]["message"]["role"], "ROLE_AGENT");
-        assert_eq!(t["task"]["status"]["message"]["parts"][0]["text"], "Hello.");
+        assert_eq!(t["id"], "j1");
+        assert_eq!(t["contextId"], "j1");
+        assert_eq!(t["status"]["message"]["role"], "ROLE_AGENT");
+        assert_eq!(t["status"]["message"]["parts"][0]["text"], "Hello.");
         let quiet = task_of(&job(JobState::Active, TaskState::Running), None);
-        assert!(quiet["task"]["status"].get("message").is_none());
+        assert!(quiet["status"].get("message").is_none());
     }
 }
