@@ -713,6 +713,10 @@ pub(crate) const DOOR_RPCS: &[(&str, &str)] = &[
     // its tools then needs what its gRPC call needs, checked by the
     // service it calls with the request's own token
     // (tests/mcp/client_test.py: a viewer's submit_job is refused).
+    // `/a2a` likewise: each JSON-RPC method is checked by the executor as
+    // the caller (a2a_door.rs: another submitter, tenant or agent key is
+    // refused).
+    ("POST /a2a", "AuthService/WhoAmI"),
     ("POST /mcp", "AuthService/WhoAmI"),
     ("GET /mcp", "AuthService/WhoAmI"),
     ("DELETE /mcp", "AuthService/WhoAmI"),
