@@ -1004,10 +1004,14 @@ impl Keepers {
                 old.stop().await;
             }
             let (stop, own) = switchyard_kit::shutdown::channel();
-            let (all, fire) = (self.shutdown.clone(), stop.clone());
+            // The host's shutdown ends this registration too; the relay
+            // ends with it (a reload that replaces the agent stops it).
+            let (all, fire, ended) = (self.shutdown.clone(), stop.clone(), own.clone());
             tokio::spawn(async move {
-                all.wait().await;
-                fire.fire();
+                tokio::select! {
+                    () = all.wait() => fire.fire(),
+                    () = ended.wait() => {}
+                }
             });
             let tools = self.registry.clone();
             let keep = switchyard_agent_sdk::keep_registered_updating(

@@ -299,13 +299,22 @@ impl Parsed {
 
 /// Parses and validates one manifest; `ext_dir` holds it.
 pub fn parse(text: &str, ext_dir: &Path, root: &Path) -> Result<Parsed, Vec<String>> {
+    validated(read(text)?, ext_dir, root)
+}
+
+/// A manifest's text as written, not yet checked.
+fn read(text: &str) -> Result<RawManifest, Vec<String>> {
     // PyYAML, which the reference loader uses, keeps the last of repeated
     // keys; seed 003's own example repeats `description`.
     let options = serde_saphyr::options! {
         duplicate_keys: serde_saphyr::options::DuplicateKeyPolicy::LastWins,
     };
-    let raw: RawManifest = serde_saphyr::from_str_with_options(text, options)
-        .map_err(|e| vec![format!("not a valid manifest: {e}")])?;
+    serde_saphyr::from_str_with_options(text, options)
+        .map_err(|e| vec![format!("not a valid manifest: {e}")])
+}
+
+/// Validates a read manifest; `ext_dir` holds it.
+fn validated(raw: RawManifest, ext_dir: &Path, root: &Path) -> Result<Parsed, Vec<String>> {
     let mut errors = Vec::new();
     let id = raw.id.clone().unwrap_or_default();
     if id.is_empty() {
@@ -604,12 +613,7 @@ pub fn check_proposed(
     grants: &[String],
     granter: &str,
 ) -> Result<Declared, Vec<String>> {
-    let text = unfenced(text);
-    let options = serde_saphyr::options! {
-        duplicate_keys: serde_saphyr::options::DuplicateKeyPolicy::LastWins,
-    };
-    let raw: RawManifest = serde_saphyr::from_str_with_options(text, options)
-        .map_err(|e| vec![format!("not a valid manifest: {e}")])?;
+    let raw = read(unfenced(text))?;
     let mut errors = Vec::new();
     if let Some(i) = raw.agent.as_ref().and_then(|a| a.instructions.as_deref())
         && names_a_file(i)
@@ -624,9 +628,27 @@ pub fn check_proposed(
             "agent.artifact: a proposed agent may not keep artifacts (only a builder a person installed proposes agents)".into(),
         );
     }
+    // From the text, so a proposal wrong in other ways is told this too.
+    let ungranted: Vec<String> = raw
+        .agent
+        .as_ref()
+        .map_or(&[][..], |a| a.uses_tools.as_slice())
+        .iter()
+        .filter(|t| !grants.contains(t))
+        .map(|t| {
+            format!(
+                "agent.uses_tools: {t:?} may not be granted ({granter}: {})",
+                if grants.is_empty() {
+                    "no tools".to_owned()
+                } else {
+                    grants.join(", ")
+                }
+            )
+        })
+        .collect();
     // A file name was refused above; resolving nothing from disk.
     let none = Path::new("");
-    let declared = match parse(text, none, none) {
+    let declared = match validated(raw, none, none) {
         Ok(Parsed::Agent(a)) => Some(*a),
         Ok(Parsed::Skipped(why)) => {
             errors.push(format!(
@@ -642,18 +664,7 @@ pub fn check_proposed(
             None
         }
     };
-    // From the text, so a proposal wrong in other ways is told this too.
-    let uses: &[String] = raw.agent.as_ref().map_or(&[], |a| a.uses_tools.as_slice());
-    for t in uses.iter().filter(|t| !grants.contains(t)) {
-        errors.push(format!(
-            "agent.uses_tools: {t:?} may not be granted ({granter}: {})",
-            if grants.is_empty() {
-                "no tools".to_owned()
-            } else {
-                grants.join(", ")
-            }
-        ));
-    }
+    errors.extend(ungranted);
     match declared {
         Some(d) if errors.is_empty() => Ok(d),
         _ => Err(errors),

@@ -241,6 +241,12 @@ pub fn capability_lineage(s: &str) -> impl Iterator<Item = &str> {
     })
 }
 
+/// Whether `capability` is `prefix` or under it (`built.translator` is
+/// under `built`; `built` is not under `built.translator`).
+pub fn capability_under(capability: &str, prefix: &str) -> bool {
+    capability_lineage(capability).any(|l| l == prefix)
+}
+
 /// An endpoint agents are called on: an `http://` or `https://` URL with a host.
 pub fn endpoint(s: &str) -> Result<(), String> {
     let rest = s
@@ -475,6 +481,10 @@ mod tests {
         let v: Vec<_> = capability_lineage("a.b.c").collect();
         assert_eq!(v, ["a.b.c", "a.b", "a"]);
         assert_eq!(capability_lineage("x").collect::<Vec<_>>(), ["x"]);
+        assert!(capability_under("built.translator", "built"));
+        assert!(capability_under("built", "built"));
+        assert!(!capability_under("built", "built.translator"));
+        assert!(!capability_under("builtin.echo", "built"));
     }
 
     #[test]

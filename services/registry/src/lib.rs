@@ -1111,9 +1111,8 @@ impl Registry {
             (req.agents.is_empty() && !req.only_named)
                 || req.agents.iter().any(|w| {
                     w == id
-                        || e.capabilities().any(|c| {
-                            switchyard_core::validate::capability_lineage(c).any(|l| l == w)
-                        })
+                        || e.capabilities()
+                            .any(|c| switchyard_core::validate::capability_under(c, w))
                 })
         };
         let agents: Vec<SummaryItem> = st

@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use switchyard_agent_sdk::delegation;
 use switchyard_api::spend::Hold;
 use switchyard_core::Reason;
+use switchyard_core::validate::capability_under;
 use switchyard_kit::context;
 use switchyard_kit::error::ApiError;
 use switchyard_kit::json::{json_to_struct, json_to_value, struct_to_json, value_to_json};
@@ -122,12 +123,6 @@ pub(crate) fn declared_tool(
         parameters,
     };
     (spec, route)
-}
-
-/// Whether `capability` is `prefix` or under it (`built.translator` is
-/// under `built`).
-fn under(capability: &str, prefix: &str) -> bool {
-    switchyard_core::validate::capability_lineage(capability).any(|l| l == prefix)
 }
 
 /// How one offered tool runs.
@@ -512,9 +507,11 @@ impl Attempt<'_> {
             return listed
                 .into_iter()
                 .filter(|a| {
-                    a.spec
-                        .as_ref()
-                        .is_some_and(|s| s.capabilities.iter().any(|c| under(&c.name, prefix)))
+                    a.spec.as_ref().is_some_and(|s| {
+                        s.capabilities
+                            .iter()
+                            .any(|c| capability_under(&c.name, prefix))
+                    })
                 })
                 .collect();
         }
@@ -553,7 +550,9 @@ impl Attempt<'_> {
                 let chosen = s
                     .capabilities
                     .iter()
-                    .find(|c| under(&c.name, wanted.strip_suffix(".*").unwrap_or(wanted)))
+                    .find(|c| {
+                        capability_under(&c.name, wanted.strip_suffix(".*").unwrap_or(wanted))
+                    })
                     .or_else(|| s.capabilities.first());
                 let capability = chosen.map(|c| c.name.clone()).unwrap_or_default();
                 let price = chosen.map_or(0, |c| c.price_per_unit_micro_usd);

@@ -304,11 +304,11 @@ async fn reply_to(
             Ok(mut w) => {
                 while let Some(Ok(r)) = w.next().await {
                     let Some(e) = r.event else { continue };
-                    if e.task_id != task || e.kind != "conversation.replied" {
-                        continue;
-                    }
-                    let d = e.data.as_ref().map(switchyard_kit::json::struct_to_json)?;
-                    if d["seq"].as_u64() == Some(u64::from(seq)) {
+                    if e.task_id == task
+                        && e.kind == "conversation.replied"
+                        && super::aitp::replied_seq(&e) == Some(seq)
+                    {
+                        let d = e.data.as_ref().map(switchyard_kit::json::struct_to_json)?;
                         return d["text"].as_str().map(str::to_owned);
                     }
                 }

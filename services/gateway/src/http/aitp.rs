@@ -139,7 +139,7 @@ async fn message(
 }
 
 /// The message number a `conversation.replied` event answers.
-fn replied_seq(e: &switchyard_proto::common::v1::Event) -> Option<u32> {
+pub(super) fn replied_seq(e: &switchyard_proto::common::v1::Event) -> Option<u32> {
     match e.data.as_ref()?.fields.get("seq")?.kind.as_ref()? {
         prost_types::value::Kind::NumberValue(n) => Some(*n as u32),
         _ => None,
