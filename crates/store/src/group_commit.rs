@@ -3,7 +3,10 @@
 //! back, each covering every ticket issued before it started. Before each
 //! flush it runs the registered drains, which write buffered log records to
 //! their segment files, so a log pays one write per flush instead of one per
-//! record; after the database's flush it syncs what they wrote.
+//! record; after the database's flush it syncs what they wrote. A flush
+//! asked for by a log's own waiters ([`GroupCommit::sync_wanted`]) syncs
+//! only the logs someone waits on; one asked for by [`GroupCommit::sync`]
+//! (a database write) syncs them all.
 //! Dropping the handle stops and joins the thread, so the database is
 //! released at once.
 
@@ -28,6 +31,9 @@ struct Progress {
 #[derive(Default)]
 struct Tickets {
     wanted: u64,
+    /// The last ticket that wants every log synced (not only the logs
+    /// someone waits on).
+    all_wanted: u64,
     stop: bool,
     /// The flusher is waiting for a ticket (only then is it worth waking).
     idle: bool,
@@ -62,9 +68,11 @@ pub fn observe_flushes(observe: fn(std::time::Duration)) {
 }
 
 /// Writes buffered records out; runs on the flusher thread before each
-/// flush. Returns how to make them durable, so a flush that one caller
-/// asked for makes every other buffer's writes durable too.
-pub(crate) type Drain = Arc<dyn Fn() -> Result<Option<Drained>, StoreError> + Send + Sync>;
+/// flush. Returns how to make them durable. Told `all` when the flush must
+/// make every buffer's writes durable; otherwise a log nobody waits on
+/// keeps its records for a later flush (on a small disk each sync is a
+/// tenth of a millisecond on the path of whoever asked for the flush).
+pub(crate) type Drain = Arc<dyn Fn(bool) -> Result<Option<Drained>, StoreError> + Send + Sync>;
 
 /// What a drain wrote, to finish once the database has flushed.
 pub(crate) struct Drained {
@@ -121,7 +129,7 @@ impl GroupCommit {
 
     /// Drains, flushes `db` and syncs now, blocking (shutdown).
     pub(crate) fn flush_now(&self, db: &sled::Db) -> Result<(), StoreError> {
-        flush_once(&self.shared, db)
+        flush_once(&self.shared, db, true)
     }
 
     /// Flushes run so far.
@@ -130,7 +138,18 @@ impl GroupCommit {
         self.shared.flushes.load(Ordering::Relaxed)
     }
 
+    /// Waits for a flush that writes and syncs every log's buffer.
     pub(crate) async fn sync(&self) -> Result<(), StoreError> {
+        self.ticket(true).await
+    }
+
+    /// Waits for a flush that syncs the logs someone waits on (each says so
+    /// before it asks).
+    pub(crate) async fn sync_wanted(&self) -> Result<(), StoreError> {
+        self.ticket(false).await
+    }
+
+    async fn ticket(&self, all: bool) -> Result<(), StoreError> {
         let ticket = {
             let mut t = self
                 .shared
@@ -138,6 +157,9 @@ impl GroupCommit {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
             t.wanted += 1;
+            if all {
+                t.all_wanted = t.wanted;
+            }
             let wake = t.idle || t.gather_until.is_some_and(|g| t.wanted >= g);
             (t.wanted, wake)
         };
@@ -184,7 +206,7 @@ fn flusher(shared: &Shared, db: sled::Db) {
     // Callers that took a ticket while the last flush ran.
     let mut arrived_during = 0;
     loop {
-        let (target, stop) = {
+        let (target, all, stop) = {
             let mut t = shared.tickets.lock().unwrap_or_else(|p| p.into_inner());
             while t.wanted == done && !t.stop {
                 t.idle = true;
@@ -208,11 +230,11 @@ fn flusher(shared: &Shared, db: sled::Db) {
                 }
                 t.gather_until = None;
             }
-            (t.wanted, t.stop)
+            (t.wanted, t.all_wanted > done, t.stop)
         };
         if target > done {
             let started = Instant::now();
-            let result = flush_once(shared, &db);
+            let result = flush_once(shared, &db, all);
             shared.flushes.fetch_add(1, Ordering::Relaxed);
             last_flush = Instant::now();
             if let Some(observe) = FLUSH_OBSERVER.get() {
@@ -236,7 +258,7 @@ fn flusher(shared: &Shared, db: sled::Db) {
             done = target;
         }
         if stop {
-            if let Err(e) = flush_once(shared, &db) {
+            if let Err(e) = flush_once(shared, &db, true) {
                 tracing::error!(error = %e, "writing buffered records at close failed");
             }
             return;
@@ -244,9 +266,10 @@ fn flusher(shared: &Shared, db: sled::Db) {
     }
 }
 
-/// One flush: every drain writes, the database flushes, what the drains
-/// wrote is synced, and only then is any of it marked durable.
-fn flush_once(shared: &Shared, db: &sled::Db) -> Result<(), StoreError> {
+/// One flush: every drain writes (`all`: every log, else the logs someone
+/// waits on), the database flushes, what the drains wrote is synced, and
+/// only then is any of it marked durable.
+fn flush_once(shared: &Shared, db: &sled::Db, all: bool) -> Result<(), StoreError> {
     let drains = shared
         .drains
         .lock()
@@ -254,7 +277,7 @@ fn flush_once(shared: &Shared, db: &sled::Db) -> Result<(), StoreError> {
         .clone();
     let mut drained = Vec::new();
     for d in &drains {
-        drained.extend(d()?);
+        drained.extend(d(all)?);
     }
     db.flush()?;
     let mut done = Vec::with_capacity(drained.len());

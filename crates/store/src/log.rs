@@ -117,6 +117,10 @@ struct Inner {
     writing: Mutex<()>,
     /// Every record up to this sequence is durable.
     durable: watch::Sender<u64>,
+    /// The highest sequence a caller of [`Log::make_durable`] waits for: a
+    /// flush asked for elsewhere leaves this log alone unless it is past
+    /// `durable`.
+    wanted: std::sync::atomic::AtomicU64,
     store: Store,
 }
 
@@ -627,13 +631,22 @@ impl Store {
             }),
             writing: Mutex::new(()),
             durable: watch::channel(last).0,
+            wanted: std::sync::atomic::AtomicU64::new(last),
             store: self.clone(),
         });
         let weak = Arc::downgrade(&inner);
-        self.commit.add_drain(Arc::new(move || {
+        self.commit.add_drain(Arc::new(move |all| {
             let Some(inner) = weak.upgrade() else {
                 return Ok(None);
             };
+            // Nobody waits on this log: its records wait for a flush that
+            // someone needs them in (or a database write's, or shutdown's).
+            if !all
+                && inner.wanted.load(std::sync::atomic::Ordering::Acquire)
+                    <= *inner.durable.borrow()
+            {
+                return Ok(None);
+            }
             let Some((upto, seg)) = inner.drain()? else {
                 return Ok(None);
             };
@@ -716,7 +729,12 @@ impl<V: prost::Message + Default> Log<V> {
             // its database) already carried it.
             return Ok(());
         }
-        self.inner.store.sync().await?;
+        // Said before the ticket is taken, so the flush that covers the
+        // ticket sees it.
+        self.inner
+            .wanted
+            .fetch_max(seq, std::sync::atomic::Ordering::AcqRel);
+        self.inner.store.commit.sync_wanted().await?;
         self.inner.durable_upto(seq);
         Ok(())
     }
@@ -1024,6 +1042,33 @@ mod tests {
         let names: Vec<_> = log.replay().map(|r| r.unwrap().1.name).collect();
         assert_eq!(names, ["a", "b", "c", "t4"]);
         assert_eq!(log.read(1, 3, 10).unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_log_nobody_waits_on_is_not_synced_by_another_logs_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let quiet = store.log::<Tool>("quiet").unwrap();
+        let busy = store.log::<Tool>("busy").unwrap();
+        quiet.append(|_| tool("a"));
+        busy.append(|_| tool("b"));
+        busy.make_durable(1).await.unwrap();
+        assert_eq!(busy.durable(), 1);
+        assert_eq!(
+            quiet.durable(),
+            0,
+            "another log's waiter does not pay for this log's sync"
+        );
+        assert!(
+            quiet.read(0, 1, 10).unwrap().is_empty(),
+            "tails stop at durable"
+        );
+        // A database write's flush (and shutdown's) takes every log.
+        store.sync().await.unwrap();
+        assert_eq!(quiet.durable(), 1);
+        quiet.append(|_| tool("c"));
+        quiet.make_durable(2).await.unwrap();
+        assert_eq!(quiet.read(0, 2, 10).unwrap().len(), 2);
     }
 
     #[tokio::test]
