@@ -407,7 +407,14 @@ impl JobBook {
             sequence = wire.sequence,
             "job event"
         );
-        let moved = matches!(ev, JobEvent::JobMoved(_));
+        // The stored record moves with the job, and with a task's move into
+        // or out of waiting for a person (which other replicas list).
+        let input = TaskState::InputRequired.as_str();
+        let moved = match ev {
+            JobEvent::JobMoved(_) => true,
+            JobEvent::TaskMoved(m) => m.to == input || m.from == input,
+            _ => false,
+        };
         let g = self.store.append(entry, &wire, moved, stored);
         entry.cache.push(wire);
         entry.events.push(g);

@@ -499,6 +499,18 @@ impl Executor {
         p: &Principal,
         req: SendMessageRequest,
     ) -> Result<SendMessageResponse, ExecutorError> {
+        match self.send_message_here(p, &req).await? {
+            Some(r) => Ok(r),
+            None => self.send_message_stored(p, &req).await,
+        }
+    }
+
+    /// SendMessage to a job in memory here; `None` when it is not.
+    pub(crate) async fn send_message_here(
+        &self,
+        p: &Principal,
+        req: &SendMessageRequest,
+    ) -> Result<Option<SendMessageResponse>, ExecutorError> {
         switchyard_core::validate::optional_key(&req.idempotency_key, "idempotency_key")
             .map_err(|why| ExecutorError::Input(Reason::InvalidArgument, why))?;
         let chars = req.text.chars().count();
@@ -562,21 +574,23 @@ impl Executor {
             }
         };
         let Some((task_id, seq, replayed, event_sequence)) = sent else {
-            return self.send_message_stored(p, &req).await;
+            return Ok(None);
         };
         // Durable before it is acknowledged (a replay: the first call's
         // record may still be on its way to disk).
         book.durable(book.last()).await?;
-        Ok(SendMessageResponse {
+        Ok(Some(SendMessageResponse {
             task_id,
             seq,
             replayed,
             event_sequence,
-        })
+        }))
     }
 
-    /// SendMessage for a job not in memory here: only a retry of a message
-    /// already recorded succeeds.
+    /// SendMessage for a job not in memory here: a retry of a message
+    /// already recorded gets its first outcome; an open conversation run
+    /// by another replica gets the message through it (PostgreSQL
+    /// replicas).
     async fn send_message_stored(
         &self,
         p: &Principal,
@@ -602,13 +616,11 @@ impl Executor {
         if let Some(why) = refusal(&e, &task_id, c, talk) {
             return Err(closed(why));
         }
-        // Jobs shared by PostgreSQL replicas: another one runs it.
-        Err(ExecutorError::Input(
-            Reason::Unavailable,
-            format!(
-                "job {job_id:?} runs on another executor replica, and a message reaches only the one running it; send it again (same idempotency_key)"
-            ),
-        ))
+        let asked = crate::relay::Asked::Message(req.clone());
+        match self.relay(job_id, &req.idempotency_key, p, asked).await? {
+            crate::relay::Answer::Message(r) => Ok(r),
+            crate::relay::Answer::Input(_) => Err(crate::relay::mismatched(job_id)),
+        }
     }
 
     /// ListMessages.

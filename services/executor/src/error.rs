@@ -40,6 +40,10 @@ pub enum ExecutorError {
         /// What it said.
         status: Status,
     },
+    /// The replica running the job refused a request relayed to it; its
+    /// status is passed on as it is.
+    #[error("{}", .0.message())]
+    Relayed(Status),
     /// Storage failed.
     #[error("storage: {0}")]
     Storage(#[from] StoreError),
@@ -178,6 +182,7 @@ impl From<ExecutorError> for Status {
             ExecutorError::Upstream { status, .. } => {
                 Status::with_details(status.code(), msg, status.details().to_vec().into())
             }
+            ExecutorError::Relayed(status) => status,
             // Damaged data is a bug or a disk problem; anything else (the
             // database restarting, a closed store) is an outage the caller
             // retries, as every other service answers it.

@@ -144,11 +144,9 @@ impl JobService for Executor {
         req: Request<ListInputRequestsRequest>,
     ) -> Result<Response<ListInputRequestsResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
-        Ok(Response::new(Executor::list_input_requests(
-            self,
-            &p,
-            req.get_ref(),
-        )))
+        Ok(Response::new(
+            Executor::list_input_requests(self, &p, req.get_ref()).await?,
+        ))
     }
 
     async fn send_message(

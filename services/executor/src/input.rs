@@ -175,6 +175,18 @@ impl Executor {
         p: &Principal,
         req: SendInputRequest,
     ) -> Result<SendInputResponse, ExecutorError> {
+        match self.send_input_here(p, &req).await? {
+            Some(r) => Ok(r),
+            None => self.send_input_stored(p, &req).await,
+        }
+    }
+
+    /// SendInput to a job in memory here; `None` when it is not.
+    pub(crate) async fn send_input_here(
+        &self,
+        p: &Principal,
+        req: &SendInputRequest,
+    ) -> Result<Option<SendInputResponse>, ExecutorError> {
         switchyard_core::validate::optional_key(&req.idempotency_key, "idempotency_key")
             .map_err(|why| ExecutorError::Input(Reason::InvalidArgument, why))?;
         let Some(answer) = req.answer.as_ref() else {
@@ -190,7 +202,7 @@ impl Executor {
             let mut st = book.lock();
             match st.find(job_id) {
                 Some(e) => {
-                    let (task_id, t) = answerable(p, e, &req)?;
+                    let (task_id, t) = answerable(p, e, req)?;
                     if let Some(by) = replayed(e, &task_id, &req.idempotency_key) {
                         Some(Taken::Replayed(task_id, by))
                     } else {
@@ -243,7 +255,7 @@ impl Executor {
             }
         };
         let Some(taken) = taken else {
-            return self.send_input_stored(p, &req).await;
+            return Ok(None);
         };
         let (task_id, by, replayed) = match taken {
             Taken::Delivered(task_id, done) => {
@@ -263,16 +275,17 @@ impl Executor {
                 (task_id, by, true)
             }
         };
-        Ok(SendInputResponse {
+        Ok(Some(SendInputResponse {
             task_id,
             answered_by: by,
             replayed,
             job: Some(self.job(job_id).await?),
-        })
+        }))
     }
 
-    /// SendInput for a job not in memory here (finished, or never here):
-    /// only a retry of an answer already taken succeeds.
+    /// SendInput for a job not in memory here: a retry of an answer
+    /// already taken gets its first outcome; a task waiting on another
+    /// replica gets the answer through it (PostgreSQL replicas).
     async fn send_input_stored(
         &self,
         p: &Principal,
@@ -284,8 +297,14 @@ impl Executor {
         let Some(e) = self.inner.book.stored_with(job_id, answers).await? else {
             return Err(ExecutorError::NotFound(job_id.into()));
         };
-        let decided = replay_stored(p, &e, req)?;
-        let (task_id, answered_by, job) = decided;
+        let Some((task_id, answered_by, job)) = replay_stored(p, &e, req)? else {
+            let key = &req.idempotency_key;
+            let asked = crate::relay::Asked::Input(req.clone());
+            return match self.relay(job_id, key, p, asked).await? {
+                crate::relay::Answer::Input(r) => Ok(*r),
+                crate::relay::Answer::Message(_) => Err(crate::relay::mismatched(job_id)),
+            };
+        };
         Ok(SendInputResponse {
             task_id,
             answered_by,
@@ -295,50 +314,85 @@ impl Executor {
     }
 
     /// ListInputRequests: the waiting input tasks `p` may answer, oldest
-    /// first.
-    pub(crate) fn list_input_requests(
+    /// first — of the jobs in memory here and (PostgreSQL replicas) of the
+    /// ones another replica runs.
+    pub(crate) async fn list_input_requests(
         &self,
         p: &Principal,
         req: &ListInputRequestsRequest,
-    ) -> ListInputRequestsResponse {
-        let st = self.inner.book.lock();
+    ) -> Result<ListInputRequestsResponse, ExecutorError> {
+        let book = &self.inner.book;
         let mut requests: Vec<(u64, InputRequest)> = Vec::new();
-        for e in st.entries() {
-            if !req.job_id.is_empty() && e.id() != req.job_id {
-                continue;
+        {
+            let st = book.lock();
+            for e in st.entries() {
+                if req.job_id.is_empty() || e.id() == req.job_id {
+                    waiting_in(p, e, &mut requests);
+                }
             }
-            for (task_id, asked) in &e.asked {
-                let Some(t) = input_task(e, task_id) else {
-                    continue;
-                };
-                let i = e.index[task_id];
-                if e.task_state(i) != TaskState::InputRequired
-                    || !may_answer(p, &e.job.tenant, &e.job.submitted_by, t.answerers.as_ref())
+        }
+        if book.cluster.shared() {
+            let tenant = (!p.tenant.is_empty()).then_some(p.tenant.as_str());
+            for (id, job) in book.store.open_records(tenant, ELSEWHERE_LISTED).await? {
+                let waits = job
+                    .tasks
+                    .iter()
+                    .any(|t| crate::job::task_state(t.state) == TaskState::InputRequired);
+                if !waits
+                    || (!req.job_id.is_empty() && id != req.job_id)
+                    || book.lock().find(&id).is_some()
                 {
                     continue;
                 }
-                let asked_ms = asked
-                    .deadline_ms
-                    .saturating_sub(asked.wait_secs.saturating_mul(1000));
-                requests.push((
-                    asked_ms,
-                    InputRequest {
-                        job_id: e.id().to_owned(),
-                        task_id: task_id.clone(),
-                        prompt: asked.prompt.clone(),
-                        answer_schema: t.answer_schema.clone(),
-                        asked_at: Some(switchyard_kit::time::timestamp(asked_ms)),
-                        deadline: Some(switchyard_kit::time::timestamp(asked.deadline_ms)),
-                        submitted_by: e.job.submitted_by.clone(),
-                        correlation_id: e.spec().correlation_id.clone(),
-                    },
-                ));
+                let asks = |ev: &JobEvent| {
+                    matches!(ev, JobEvent::InputRequested(_) | JobEvent::InputReceived(_))
+                };
+                if let Some(e) = book.stored_with(&id, asks).await? {
+                    waiting_in(p, &e, &mut requests);
+                }
             }
         }
         requests.sort_by(|a, b| (a.0, &a.1.job_id).cmp(&(b.0, &b.1.job_id)));
-        ListInputRequestsResponse {
+        requests.dedup_by(|a, b| a.1.job_id == b.1.job_id && a.1.task_id == b.1.task_id);
+        Ok(ListInputRequestsResponse {
             requests: requests.into_iter().map(|(_, r)| r).collect(),
+        })
+    }
+}
+
+/// How many unfinished jobs run by other replicas ListInputRequests looks
+/// through.
+const ELSEWHERE_LISTED: usize = 1000;
+
+/// Adds the tasks of `e` waiting for an answer `p` may give to `requests`
+/// (with when each was asked).
+fn waiting_in(p: &Principal, e: &JobEntry, requests: &mut Vec<(u64, InputRequest)>) {
+    for (task_id, asked) in &e.asked {
+        let Some(t) = input_task(e, task_id) else {
+            continue;
+        };
+        let i = e.index[task_id];
+        if e.task_state(i) != TaskState::InputRequired
+            || !may_answer(p, &e.job.tenant, &e.job.submitted_by, t.answerers.as_ref())
+        {
+            continue;
         }
+        let asked_ms = asked
+            .deadline_ms
+            .saturating_sub(asked.wait_secs.saturating_mul(1000));
+        requests.push((
+            asked_ms,
+            InputRequest {
+                job_id: e.id().to_owned(),
+                task_id: task_id.clone(),
+                prompt: asked.prompt.clone(),
+                answer_schema: t.answer_schema.clone(),
+                asked_at: Some(switchyard_kit::time::timestamp(asked_ms)),
+                deadline: Some(switchyard_kit::time::timestamp(asked.deadline_ms)),
+                submitted_by: e.job.submitted_by.clone(),
+                correlation_id: e.spec().correlation_id.clone(),
+            },
+        ));
     }
 }
 
@@ -398,24 +452,19 @@ fn answerable<'e>(
 }
 
 /// SendInput's answer for a job not in memory here: the first outcome
-/// when this key's answer was taken, else why the task does not wait.
+/// when this key's answer was taken; `None` when the task waits (on
+/// another replica, which takes the answer); else why it does not wait.
 fn replay_stored(
     p: &Principal,
     e: &JobEntry,
     req: &SendInputRequest,
-) -> Result<(String, String, Job), ExecutorError> {
+) -> Result<Option<(String, String, Job)>, ExecutorError> {
     let (task_id, _) = answerable(p, e, req)?;
     if let Some(by) = replayed(e, &task_id, &req.idempotency_key) {
-        return Ok((task_id, by, e.job.clone()));
+        return Ok(Some((task_id, by, e.job.clone())));
     }
     if e.task_state(e.index[&task_id]) == TaskState::InputRequired {
-        // Jobs shared by PostgreSQL replicas: another one runs it.
-        return Err(ExecutorError::Input(
-            Reason::Unavailable,
-            format!(
-                "task {task_id:?} waits on another executor replica, and an answer reaches only the one running the job; send it again (same idempotency_key)"
-            ),
-        ));
+        return Ok(None);
     }
     Err(not_waiting(e, &task_id))
 }

@@ -51,6 +51,7 @@ mod job;
 mod locate;
 mod outbox;
 mod queue;
+mod relay;
 mod schedule;
 pub mod spec;
 mod store;

@@ -14,7 +14,9 @@ use switchyard_llm::scripted::Reply;
 use crate::llm_split::scripted;
 use crate::support::*;
 
-fn config(dir: &std::path::Path, llm_url: &str) -> std::path::PathBuf {
+/// A configuration with the scripted model server at `llm_url` as
+/// `gpt-4o-mini` and a policy approving small conversations.
+pub(crate) fn config(dir: &std::path::Path, llm_url: &str) -> std::path::PathBuf {
     let path = dir.join("switchyard.toml");
     std::fs::write(
         &path,

@@ -11,7 +11,9 @@
 //! - a replica paused (SIGSTOP) past its lease loses the job to another and,
 //!   resumed, cannot write: the log has one owner per epoch;
 //! - a rolling restart (SIGTERM, one replica at a time) hands running jobs
-//!   over at once: none is lost and none waits a lease.
+//!   over at once: none is lost and none waits a lease;
+//! - a cancel, an answer to a waiting step and a conversation message sent
+//!   through a replica that does not run the job reach the one that does.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -42,6 +44,11 @@ struct Cluster {
 
 impl Cluster {
     fn start() -> Option<Cluster> {
+        Cluster::start_with(&[])
+    }
+
+    /// With `hub_env` added to the other services' environment.
+    fn start_with(hub_env: &[(&str, &str)]) -> Option<Cluster> {
         let pg = match PgCluster::start() {
             Ok(c) => c,
             Err(Unavailable::Skip(why)) => {
@@ -53,14 +60,16 @@ impl Cluster {
         let dir = tempfile::tempdir().unwrap();
         let marks = dir.path().join("marks");
         std::fs::create_dir_all(&marks).unwrap();
+        let mut env = vec![
+            ("SWITCHYARD_STORAGE__BACKEND", "postgres"),
+            ("SWITCHYARD_STORAGE__POSTGRES__URL", db.as_str()),
+            ("SWITCHYARD_STORAGE__POSTGRES__POOL_SIZE", "8"),
+        ];
+        env.extend_from_slice(hub_env);
         let hub = serve(
             "auth,registry,router,ledger,approval",
             &dir.path().join("hub"),
-            &[
-                ("SWITCHYARD_STORAGE__BACKEND", "postgres"),
-                ("SWITCHYARD_STORAGE__POSTGRES__URL", db.as_str()),
-                ("SWITCHYARD_STORAGE__POSTGRES__POOL_SIZE", "8"),
-            ],
+            &env,
         );
         Some(Cluster {
             pg,
@@ -1073,4 +1082,214 @@ fn a_job_is_cancelled_through_a_replica_that_does_not_run_it() {
     );
     assert_eq!(a.terminate(), Some(0));
     assert_eq!(b.terminate(), Some(0));
+}
+
+const WAITS: &str = r#"
+job_id: deploy-size
+tasks:
+  - id: ask
+    input:
+      prompt: "How many replicas?"
+      schema: {type: object, required: [size], properties: {size: {type: integer, minimum: 1}}}
+  - id: use
+    depends_on: [ask]
+    agent: {capability: builtin.echo, input: {text: "size ${ask.output.answer.size}"}}
+"#;
+
+#[test]
+fn an_answer_and_a_message_sent_through_a_replica_that_does_not_run_the_job_reach_the_one_that_does()
+ {
+    use switchyard_proto::executor::v1::{SendInputRequest, SendMessageRequest};
+    let (script, llm_url, stop_llm) = crate::llm_split::scripted();
+    let cfg_dir = tempfile::tempdir().unwrap();
+    let cfg = crate::conversation::config(cfg_dir.path(), &llm_url);
+    let cfg = cfg.to_str().unwrap();
+    let Some(c) = Cluster::start_with(&[("SWITCHYARD_CONFIG", cfg)]) else {
+        return;
+    };
+    let a = c.replica("ra-0", 3000, &[("SWITCHYARD_CONFIG", cfg)]);
+    let b = c.replica("rb-0", 3000, &[("SWITCHYARD_CONFIG", cfg)]);
+    let alice = token(&c.hub.url(), "alice");
+    let bob = token(&c.hub.url(), "bob");
+    let rt = runtime();
+    let urls: Urls = Arc::new(Mutex::new(vec![a.url()]));
+    rt.block_on(submit(&urls, &alice, 0, WAITS));
+    let talk = serde_json::json!({"job_id": "talk", "tasks": [{"id": "chat", "conversation": {
+        "orchestrator": {"model": "gpt-4o-mini", "instructions": "Be brief.", "max_tokens": 16},
+        "max_messages": 4,
+    }}]})
+    .to_string();
+    rt.block_on(submit(&urls, &alice, 0, &talk));
+    rt.block_on(kinds_until(
+        &a.url(),
+        &alice,
+        "deploy-size",
+        "task.input_requested",
+    ));
+    wait_sql(
+        &c,
+        "SELECT owner FROM exec_jobs WHERE id IN ('deploy-size', 'talk') GROUP BY owner",
+        "ra-0",
+        Duration::from_secs(10),
+    );
+    rt.block_on(async {
+        let mut on_b = client(&b.url(), &alice).await.unwrap();
+        let answer = |key: &str, size: serde_json::Value| SendInputRequest {
+            job_id: "deploy-size".into(),
+            task_id: "ask".into(),
+            answer: Some(switchyard_kit::json::json_to_value(
+                &serde_json::json!({"size": size}),
+            )),
+            idempotency_key: key.into(),
+        };
+        // B lists what waits on A for whoever may answer it, and only them.
+        let b_url = b.url();
+        let listed = |token: String| {
+            let url = b_url.clone();
+            async move {
+                let mut c = client(&url, &token).await.unwrap();
+                let req = switchyard_proto::executor::v1::ListInputRequestsRequest::default();
+                let requests = c
+                    .list_input_requests(req)
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .requests;
+                requests
+                    .into_iter()
+                    .map(|r| (r.job_id, r.task_id, r.prompt))
+                    .collect::<Vec<_>>()
+            }
+        };
+        let waiting = (
+            "deploy-size".into(),
+            "ask".into(),
+            "How many replicas?".into(),
+        );
+        assert_eq!(listed(alice.clone()).await, [waiting]);
+        assert_eq!(
+            listed(bob.clone()).await,
+            Vec::<(String, String, String)>::new()
+        );
+        // The schema is checked by the replica running the job; its
+        // refusal comes back through B as it is, and takes nothing.
+        let bad = on_b
+            .send_input(answer("k-bad", serde_json::json!("many")))
+            .await
+            .unwrap_err();
+        assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
+        assert!(bad.message().contains("answer_schema"), "{bad:?}");
+        // Another submitter may not answer: refused on B, nothing relayed.
+        let mut bob_on_b = client(&b.url(), &bob).await.unwrap();
+        let denied = bob_on_b
+            .send_input(answer("k-bob", serde_json::json!(3)))
+            .await
+            .unwrap_err();
+        assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+        let taken = on_b
+            .send_input(answer("k-1", serde_json::json!(3)))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (
+                taken.task_id.as_str(),
+                taken.answered_by.as_str(),
+                taken.replayed
+            ),
+            ("ask", "alice", false)
+        );
+        let again = on_b
+            .send_input(answer("k-1", serde_json::json!(3)))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(again.replayed, "{again:?}");
+        let states = finished(
+            &urls,
+            &alice,
+            &["deploy-size".to_owned()],
+            Duration::from_secs(30),
+        )
+        .await;
+        assert_eq!(states, [JobState::Completed as i32]);
+
+        // A conversation message through B: answered by A, once.
+        script.for_model(
+            "gpt-4o-mini",
+            vec![switchyard_llm::scripted::Reply::text(
+                "Hello from the replica that runs it.",
+                20,
+                8,
+            )],
+        );
+        let message = SendMessageRequest {
+            job_id: "talk".into(),
+            text: "hello".into(),
+            idempotency_key: "m-1".into(),
+            ..Default::default()
+        };
+        let sent = on_b
+            .send_message(message.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (sent.task_id.as_str(), sent.seq, sent.replayed),
+            ("chat", 1, false)
+        );
+        kinds_until(&b.url(), &alice, "talk", "conversation.replied").await;
+        let again = on_b.send_message(message).await.unwrap().into_inner();
+        assert_eq!((again.seq, again.replayed), (1, true));
+        let denied = bob_on_b
+            .send_message(SendMessageRequest {
+                job_id: "talk".into(),
+                text: "let me in".into(),
+                idempotency_key: "m-bob".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+    });
+    assert_eq!(script.received().len(), 1, "one model call for one message");
+    // Every event so far was written by A, the replica that runs both jobs.
+    assert_eq!(
+        c.sql("SELECT DISTINCT owner FROM exec_events WHERE job_id IN ('deploy-size', 'talk')"),
+        "ra-0"
+    );
+    // A dies holding the conversation: a message sent through B waits,
+    // stored, until B takes the job over (its lease runs out), and is
+    // answered there, once.
+    a.kill9();
+    script.for_model(
+        "gpt-4o-mini",
+        vec![switchyard_llm::scripted::Reply::text("Still here.", 20, 3)],
+    );
+    rt.block_on(async {
+        let mut on_b = client(&b.url(), &alice).await.unwrap();
+        let sent = on_b
+            .send_message(SendMessageRequest {
+                job_id: "talk".into(),
+                text: "are you there?".into(),
+                idempotency_key: "m-2".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!((sent.seq, sent.replayed), (2, false));
+    });
+    wait_sql(
+        &c,
+        "SELECT count(*) > 0 FROM exec_events WHERE job_id = 'talk' AND owner = 'rb-0'
+         AND position(convert_to('Still here.', 'UTF8') in data) > 0",
+        "t",
+        Duration::from_secs(30),
+    );
+    assert_eq!(script.received().len(), 2, "one model call per message");
+    // Nothing relayed is left behind.
+    assert_eq!(c.sql("SELECT count(*) FROM exec_deliveries"), "0");
+    assert_eq!(b.terminate(), Some(0));
+    let _ = stop_llm.send(());
 }

@@ -217,6 +217,21 @@ impl Method {
             Method::Session => "session",
         }
     }
+
+    /// The method named `s` (its wire form).
+    pub fn parse(s: &str) -> Option<Method> {
+        [
+            Method::ApiKey,
+            Method::Jwt,
+            Method::ServiceToken,
+            Method::Certificate,
+            Method::ForwardedCertificate,
+            Method::InProcess,
+            Method::Session,
+        ]
+        .into_iter()
+        .find(|m| m.as_str() == s)
+    }
 }
 
 /// The user a service acts for.

@@ -104,6 +104,17 @@ pub(crate) trait JobStore: Send + Sync {
         n: usize,
     ) -> Result<Vec<(String, Job)>, ExecutorError>;
 
+    /// Up to `n` unfinished jobs (of `tenant` when given) as stored,
+    /// oldest first: what another member runs. Empty where every job this
+    /// store holds is in this process (the book has them).
+    async fn open_records(
+        &self,
+        _tenant: Option<&str>,
+        _n: usize,
+    ) -> Result<Vec<(String, Job)>, ExecutorError> {
+        Ok(Vec::new())
+    }
+
     /// Removes the jobs that finished before `cutoff_ms` (of `tenant`
     /// when given) and are not `held` here; returns how many jobs and log
     /// records went.
@@ -175,6 +186,18 @@ pub(crate) trait Cluster: Send + Sync {
     /// Asks the member running job `id` to cancel it (`ask`, encoded).
     async fn request_cancel(&self, id: &str, ask: &[u8]) -> Result<(), ExecutorError>;
 
+    /// Stores a message or answer (`ask`, encoded) under `key` for the
+    /// member running job `id`, and wakes it (see `crate::relay`).
+    async fn request_delivery(&self, id: &str, key: &str, ask: &[u8]) -> Result<(), ExecutorError>;
+
+    /// Delivery `key` of job `id`: `None` when there is none, else its
+    /// outcome once the member running the job acted (taken: read once).
+    async fn take_delivery(
+        &self,
+        id: &str,
+        key: &str,
+    ) -> Result<Option<Option<Vec<u8>>>, ExecutorError>;
+
     /// How often a worker's long poll looks for work another member
     /// accepted (`None`: only this node accepts work).
     fn claim_poll(&self) -> Option<Duration>;
@@ -231,6 +254,24 @@ impl Cluster for SingleNode {
     async fn request_cancel(&self, id: &str, _ask: &[u8]) -> Result<(), ExecutorError> {
         // Never asked: a job not in memory on one node is finished.
         Err(ExecutorError::NotFound(id.into()))
+    }
+
+    async fn request_delivery(
+        &self,
+        id: &str,
+        _key: &str,
+        _ask: &[u8],
+    ) -> Result<(), ExecutorError> {
+        // Never asked: one node runs every job it stores.
+        Err(ExecutorError::NotFound(id.into()))
+    }
+
+    async fn take_delivery(
+        &self,
+        _id: &str,
+        _key: &str,
+    ) -> Result<Option<Option<Vec<u8>>>, ExecutorError> {
+        Ok(None)
     }
 
     fn claim_poll(&self) -> Option<Duration> {

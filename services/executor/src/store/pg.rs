@@ -98,6 +98,20 @@ ALTER TABLE exec_jobs ADD COLUMN queues TEXT;
 ALTER TABLE exec_jobs ADD COLUMN priority INT NOT NULL DEFAULT 0;
 ",
     },
+    Migration {
+        version: 3,
+        name: "messages and answers for a job another replica runs",
+        sql: "
+CREATE TABLE exec_deliveries (
+    job_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    ask BYTEA NOT NULL,
+    outcome BYTEA,
+    created_ms BIGINT NOT NULL,
+    PRIMARY KEY (job_id, key)
+);
+",
+    },
 ];
 
 /// Notified with the ids of jobs that have new events (comma-separated).
@@ -108,6 +122,8 @@ const JOBS: &str = "switchyard_exec_jobs";
 const CANCEL: &str = "switchyard_exec_cancel";
 /// Marks a cancel notification's payload (job ids never start with it).
 const CANCEL_MARK: &str = "!";
+/// Marks a delivery notification's payload (on the cancel channel).
+const DELIVER_MARK: &str = ">";
 /// How often a watcher of a job run elsewhere looks again without a
 /// notification.
 pub(crate) const WATCH_POLL: Duration = Duration::from_millis(500);
@@ -219,6 +235,9 @@ pub(crate) struct PgJobs {
     /// Jobs with a cancel request, for the book to act on.
     cancels: Mutex<Vec<String>>,
     pub(crate) cancel_wake: tokio::sync::Notify,
+    /// Jobs with a message or answer sent through another replica.
+    deliveries: Mutex<Vec<String>>,
+    pub(crate) delivery_wake: tokio::sync::Notify,
     /// Wakes the claimer.
     pub(crate) claim_wake: tokio::sync::Notify,
     /// Watchers' wake-ups, by job (bumped when its events change).
@@ -269,6 +288,8 @@ impl PgJobs {
             lost_wake: tokio::sync::Notify::new(),
             cancels: Mutex::new(Vec::new()),
             cancel_wake: tokio::sync::Notify::new(),
+            deliveries: Mutex::new(Vec::new()),
+            delivery_wake: tokio::sync::Notify::new(),
             claim_wake: tokio::sync::Notify::new(),
             hub: Mutex::new(HashMap::new()),
             strays: Mutex::new(HashSet::new()),
@@ -388,6 +409,20 @@ impl PgJobs {
     /// Jobs with a cancel request since the last call.
     pub(crate) fn take_cancels(&self) -> Vec<String> {
         std::mem::take(&mut *crate::lock(&self.cancels))
+    }
+
+    /// Jobs held here with a delivery asked since the last call.
+    pub(crate) fn take_deliveries(&self) -> Vec<String> {
+        let mut ids = std::mem::take(&mut *crate::lock(&self.deliveries));
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// Notes that job `id` (held here) may have deliveries waiting.
+    pub(crate) fn deliveries_wanted(&self, id: &str) {
+        crate::lock(&self.deliveries).push(id.to_owned());
+        self.delivery_wake.notify_one();
     }
 
     /// Forgets a job that finished or was dropped here.
@@ -948,6 +983,100 @@ impl PgJobs {
         Ok(n > 0)
     }
 
+    /// Stores a message or answer (`ask`, encoded) for whoever runs job
+    /// `id`, under `key` (a repeat of the same key is the same delivery),
+    /// and wakes that replica.
+    pub(crate) async fn request_delivery(
+        &self,
+        id: &str,
+        key: &str,
+        ask: &[u8],
+    ) -> Result<(), StoreError> {
+        let c = self.db.client().await?;
+        let now = ms(self.clock.now_ms());
+        c.execute(
+            "INSERT INTO exec_deliveries (job_id, key, ask, created_ms) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (job_id, key) DO NOTHING",
+            &[&id, &key, &ask, &now],
+        )
+        .await
+        .map_err(|e| self.db.error("storing a delivery", &e))?;
+        let payload = format!("{DELIVER_MARK}{id}");
+        c.execute("SELECT pg_notify($1, $2)", &[&CANCEL, &payload])
+            .await
+            .map_err(|e| self.db.error("notifying", &e))?;
+        Ok(())
+    }
+
+    /// The deliveries stored for job `id` not yet acted on: key and ask.
+    pub(crate) async fn pending_deliveries(
+        &self,
+        id: &str,
+    ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let rows = self
+            .db
+            .client()
+            .await?
+            .query(
+                "SELECT key, ask FROM exec_deliveries
+                 WHERE job_id = $1 AND outcome IS NULL ORDER BY created_ms, key",
+                &[&id],
+            )
+            .await
+            .map_err(|e| self.db.error("reading deliveries", &e))?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    /// Records what delivery `key` of job `id` came to, and wakes the
+    /// job's watchers (its sender among them).
+    pub(crate) async fn answer_delivery(
+        &self,
+        id: &str,
+        key: &str,
+        outcome: &[u8],
+    ) -> Result<(), StoreError> {
+        let c = self.db.client().await?;
+        c.execute(
+            "UPDATE exec_deliveries SET outcome = $3 WHERE job_id = $1 AND key = $2",
+            &[&id, &key, &outcome],
+        )
+        .await
+        .map_err(|e| self.db.error("answering a delivery", &e))?;
+        c.execute("SELECT pg_notify($1, $2)", &[&EVENTS, &id])
+            .await
+            .map_err(|e| self.db.error("notifying", &e))?;
+        Ok(())
+    }
+
+    /// Delivery `key` of job `id`: `None` when there is none, else its
+    /// outcome once acted on. An outcome read is taken (the row goes).
+    pub(crate) async fn take_delivery(
+        &self,
+        id: &str,
+        key: &str,
+    ) -> Result<Option<Option<Vec<u8>>>, StoreError> {
+        let c = self.db.client().await?;
+        let row = c
+            .query_opt(
+                "DELETE FROM exec_deliveries WHERE job_id = $1 AND key = $2 AND outcome IS NOT NULL
+                 RETURNING outcome",
+                &[&id, &key],
+            )
+            .await
+            .map_err(|e| self.db.error("reading a delivery", &e))?;
+        if let Some(r) = row {
+            return Ok(Some(r.get(0)));
+        }
+        let waiting = c
+            .query_opt(
+                "SELECT 1 FROM exec_deliveries WHERE job_id = $1 AND key = $2",
+                &[&id, &key],
+            )
+            .await
+            .map_err(|e| self.db.error("reading a delivery", &e))?;
+        Ok(waiting.map(|_| None))
+    }
+
     /// The cancel request stored for job `id`, if any.
     pub(crate) async fn cancel_request(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(self
@@ -1036,6 +1165,30 @@ impl PgJobs {
             .map_err(|e| self.db.error("reading task outputs", &e))?;
         rows.iter()
             .map(|r| decode(&r.get::<_, Vec<u8>>(0)))
+            .collect()
+    }
+
+    /// Up to `limit` unfinished jobs (of `tenant` when given), oldest
+    /// first: their ids and records.
+    pub(crate) async fn open_records(
+        &self,
+        tenant: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<(String, Job)>, StoreError> {
+        let rows = self
+            .db
+            .client()
+            .await?
+            .query(
+                "SELECT id, record FROM exec_jobs
+                 WHERE finished_ms IS NULL AND ($1::text IS NULL OR tenant = $1)
+                 ORDER BY created_ms, id LIMIT $2",
+                &[&tenant, &limit],
+            )
+            .await
+            .map_err(|e| self.db.error("listing unfinished jobs", &e))?;
+        rows.iter()
+            .map(|r| Ok((r.get(0), decode(&r.get::<_, Vec<u8>>(1))?)))
             .collect()
     }
 
@@ -1158,6 +1311,12 @@ impl PgJobs {
             tx.execute("DELETE FROM exec_outputs WHERE job_id = ANY($1)", &[&ids])
                 .await
                 .map_err(|e| self.db.error("pruning task outputs", &e))?;
+            tx.execute(
+                "DELETE FROM exec_deliveries WHERE job_id = ANY($1)",
+                &[&ids],
+            )
+            .await
+            .map_err(|e| self.db.error("pruning deliveries", &e))?;
             tx.commit()
                 .await
                 .map_err(|e| self.db.error("pruning jobs", &e))?;
@@ -1175,6 +1334,7 @@ impl PgJobs {
         for sql in [
             "DELETE FROM exec_events WHERE job_id = $1",
             "DELETE FROM exec_outputs WHERE job_id = $1",
+            "DELETE FROM exec_deliveries WHERE job_id = $1",
             "DELETE FROM exec_jobs WHERE id = $1 AND finished_ms IS NOT NULL",
         ] {
             tx.execute(sql, &[&id])
@@ -1235,6 +1395,19 @@ impl PgJobs {
                     self.cancel_wake.notify_one();
                 }
                 continue;
+            }
+            if let Some(id) = payload.strip_prefix(DELIVER_MARK) {
+                if self.holds(id).is_some() {
+                    self.deliveries_wanted(id);
+                }
+                continue;
+            }
+            if payload == switchyard_store::pg::RESYNC {
+                // Notifications may have been missed: look at every job
+                // held here for deliveries.
+                let held: Vec<String> = crate::lock(&self.held).keys().cloned().collect();
+                crate::lock(&self.deliveries).extend(held);
+                self.delivery_wake.notify_one();
             }
             let ids: Vec<&str> = payload.split(',').collect();
             self.bump(&ids);
@@ -1482,6 +1655,14 @@ impl JobStore for PgJobs {
         Ok(PgJobs::page(self, before, i64::try_from(n).unwrap_or(i64::MAX)).await?)
     }
 
+    async fn open_records(
+        &self,
+        tenant: Option<&str>,
+        n: usize,
+    ) -> Result<Vec<(String, Job)>, ExecutorError> {
+        Ok(PgJobs::open_records(self, tenant, i64::try_from(n).unwrap_or(i64::MAX)).await?)
+    }
+
     async fn prune(
         &self,
         cutoff_ms: u64,
@@ -1561,6 +1742,18 @@ impl Cluster for PgJobs {
     async fn request_cancel(&self, id: &str, ask: &[u8]) -> Result<(), ExecutorError> {
         PgJobs::request_cancel(self, id, ask).await?;
         Ok(())
+    }
+
+    async fn request_delivery(&self, id: &str, key: &str, ask: &[u8]) -> Result<(), ExecutorError> {
+        Ok(PgJobs::request_delivery(self, id, key, ask).await?)
+    }
+
+    async fn take_delivery(
+        &self,
+        id: &str,
+        key: &str,
+    ) -> Result<Option<Option<Vec<u8>>>, ExecutorError> {
+        Ok(PgJobs::take_delivery(self, id, key).await?)
     }
 
     fn claim_poll(&self) -> Option<Duration> {

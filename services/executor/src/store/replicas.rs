@@ -1,6 +1,7 @@
 //! One executor replica among many on PostgreSQL: claiming jobs while it
 //! has room, dropping the ones another replica took over, acting on cancel
-//! requests made on other replicas, and the maintenance (outbox sweep,
+//! requests made on other replicas, taking the messages and answers sent
+//! through them (`crate::relay`), and the maintenance (outbox sweep,
 //! pruning) that one elected replica does for all.
 
 use std::sync::Arc;
@@ -69,6 +70,7 @@ impl Executor {
             }
         });
         let me = self.clone();
+        let relayed = pg.clone();
         tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -77,6 +79,18 @@ impl Executor {
                 }
                 for id in pg.take_cancels() {
                     me.cancel_as_asked(&pg, &id).await;
+                }
+            }
+        });
+        let me = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = relayed.delivery_wake.notified() => {}
+                    _ = me.inner.shutdown.wait() => return,
+                }
+                for id in relayed.take_deliveries() {
+                    me.deliver_relayed(&relayed, &id).await;
                 }
             }
         });
@@ -130,6 +144,9 @@ impl Executor {
                     self.spawn_driver(id);
                 }
                 self.cancel_as_asked(pg, id).await;
+                // Messages and answers sent through other replicas while
+                // no one (or the last holder) ran it.
+                pg.deliveries_wanted(id);
             }
             Err(e) => {
                 tracing::warn!(job_id = %id, error = %e, "taking over a job; handing it back");

@@ -528,3 +528,33 @@ pub fn field(e: &switchyard_proto::common::v1::Event, k: &str) -> String {
         other => other.to_string(),
     }
 }
+
+/// The kinds of job `id`'s events so far as the executor at `url` serves
+/// them to `token`'s holder, waiting (30 s at most) until `kind` is among
+/// them.
+pub async fn kinds_until(url: &str, token: &str, id: &str, kind: &str) -> Vec<String> {
+    use futures_util::StreamExt as _;
+    use switchyard_kit::client::{Credential, authed, connect};
+    use switchyard_proto::executor::v1::WatchJobRequest;
+    use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
+    let channel = connect(url).await.unwrap();
+    let mut c = JobServiceClient::new(authed(channel, Some(Credential::bearer(token).unwrap())));
+    let mut w = c
+        .watch_job(WatchJobRequest {
+            job_id: id.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut kinds = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while let Ok(Some(m)) = tokio::time::timeout_at(deadline, w.next()).await {
+        let Some(e) = m.unwrap().event else { continue };
+        kinds.push(e.kind.clone());
+        if e.kind == kind {
+            return kinds;
+        }
+    }
+    panic!("job {id}: no {kind} within 30 s: {kinds:?}");
+}
