@@ -61,6 +61,16 @@ pub fn host(
     )?)
 }
 
+/// The approval run that stands for publishing artifact `artifact_id` of
+/// job `job`: one per job and content, so approving it approves exactly
+/// those bytes.
+pub fn publish_run_id(job: &str, artifact_id: &str) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(format!("{job}\n{artifact_id}").as_bytes());
+    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+    format!("publish-agent-{hex}")
+}
+
 /// What to publish, and where (`switchyard agents publish`).
 pub struct Publish<'a> {
     /// The job that holds the proposal.
@@ -72,7 +82,8 @@ pub struct Publish<'a> {
     /// The tools the published agent may use (its `uses_tools` must be
     /// among them).
     pub allow_tools: &'a [String],
-    /// How long to wait for the registry to list the agent; zero: not.
+    /// How long to wait for a person's approval and then for the registry
+    /// to list the agent; zero: not.
     pub wait: Duration,
 }
 
@@ -87,17 +98,26 @@ pub struct Published {
     pub file: PathBuf,
     /// Its capabilities as registered (empty when not waited for).
     pub capabilities: Vec<String>,
+    /// The approval run a person approved it in.
+    pub run_id: String,
+    /// Who approved it.
+    pub approved_by: String,
 }
 
 /// Publishes an agent a builder agent proposed (an `agent_manifest`
 /// artifact of a job, read as the caller: only someone who may read the
 /// job can publish from it): checks it again (every problem at once, with
 /// `allow_tools` as the tools it may use), refuses an id that is taken,
-/// writes `DIR/<id>/manifest.yaml` atomically, and waits for the agents
-/// host serving DIR to load and register it.
+/// and asks a person: the approval run [`publish_run_id`] is proposed (as
+/// the caller, never approved by a policy) and must be approved — by an
+/// approver, in the console's inbox or with `switchyard approval approve`
+/// — for these very bytes before anything is written. Then it writes
+/// `DIR/<id>/manifest.yaml` atomically, naming the run and its approver,
+/// and waits for the agents host serving DIR to load and register it.
 pub async fn publish(
     executor: &switchyard_api::ExecutorClient,
     registry: &switchyard_api::RegistryClient,
+    approval: &switchyard_api::ApprovalClient,
     p: Publish<'_>,
 ) -> anyhow::Result<Published> {
     use switchyard_proto::common::v1::ArtifactKind;
@@ -149,6 +169,13 @@ pub async fn publish(
             agent.registry_id
         );
     }
+    let deadline = std::time::Instant::now() + p.wait;
+    let run = approved(approval, &p, &meta, &agent, deadline).await?;
+    let approved_by = if run.approved_by.is_empty() {
+        run.decided_by.clone()
+    } else {
+        run.approved_by.join(", ")
+    };
     let write = |path: &Path, text: &str| {
         std::fs::write(path, text).map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
     };
@@ -159,10 +186,11 @@ pub async fn publish(
     write(
         &partial,
         &format!(
-            "# Published with `switchyard agents publish` from job {}, artifact {} ({}).\n{}\n",
+            "# Published with `switchyard agents publish` from job {}, artifact {} ({}),\n# approved by {approved_by} in approval run {}.\n{}\n",
             p.job,
             meta.path,
             meta.artifact_id,
+            run.run_id,
             switchyard_agents::manifest::unfenced(&text)
         ),
     )?;
@@ -174,6 +202,8 @@ pub async fn publish(
         name: agent.name.clone(),
         file,
         capabilities: Vec::new(),
+        run_id: run.run_id,
+        approved_by,
     };
     if p.wait.is_zero() {
         return Ok(published);
@@ -203,5 +233,138 @@ pub async fn publish(
             );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The approved run that lets the caller publish `meta` (checked as
+/// `agent`): proposed now if there is none, then waited for until
+/// `deadline`; refused while it waits, and when it was rejected.
+async fn approved(
+    approval: &switchyard_api::ApprovalClient,
+    p: &Publish<'_>,
+    meta: &switchyard_proto::common::v1::Artifact,
+    agent: &switchyard_agents::Declared,
+    deadline: std::time::Instant,
+) -> anyhow::Result<switchyard_proto::approval::v1::Run> {
+    use switchyard_proto::approval::v1::{
+        ContextPack, GetRunRequest, ProposeRequest, Run, RunStatus, Target,
+    };
+    let api = |s: tonic::Status| anyhow::Error::new(switchyard_kit::error::ApiError::from(s));
+    let run_id = publish_run_id(p.job, &meta.artifact_id);
+    let read = || async {
+        approval
+            .get_run(GetRunRequest {
+                run_id: run_id.clone(),
+            })
+            .await
+            .map(|r| r.run.unwrap_or_default())
+    };
+    let mut run = match read().await {
+        Ok(r) => r,
+        Err(s) if s.code() == tonic::Code::NotFound => {
+            let proposal = Run {
+                schema_version: "agent_run_spec/v1".into(),
+                run_id: run_id.clone(),
+                target: Some(Target {
+                    org: "agents".into(),
+                    repo: p.dir.display().to_string(),
+                    work_item_ids: vec![p.job.to_owned()],
+                }),
+                intent: format!(
+                    "publish agent {} ({}) proposed in job {} ({}) to {}",
+                    agent.registry_id,
+                    agent.name,
+                    p.job,
+                    meta.path,
+                    p.dir.display()
+                ),
+                context_pack: Some(ContextPack {
+                    pack_id: format!("{}/{}", p.job, meta.path),
+                    hash: meta.artifact_id.clone(),
+                    version: "agent_manifest/v1".into(),
+                    inputs: vec![p.job.to_owned()],
+                }),
+                model: agent
+                    .models
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| "none".into()),
+                max_tokens: agent.max_output_tokens.unwrap_or(1).max(1),
+                tools_allowed: if agent.uses_tools.is_empty() {
+                    vec!["none".into()]
+                } else {
+                    agent.uses_tools.clone()
+                },
+                outputs_allowed: vec!["propose_agent".into()],
+                ..Default::default()
+            };
+            approval
+                .propose(ProposeRequest {
+                    run: Some(proposal),
+                    // Publishing is a person's act (seed 004): no policy
+                    // approves it.
+                    skip_policies: true,
+                    ..Default::default()
+                })
+                .await
+                .map_err(api)?
+                .run
+                .unwrap_or_default()
+        }
+        Err(s) => return Err(api(s)),
+    };
+    loop {
+        let bound = run
+            .context_pack
+            .as_ref()
+            .is_some_and(|c| c.hash == meta.artifact_id);
+        if !bound {
+            anyhow::bail!(
+                "approval run {run_id} is not bound to artifact {} ({}): not published",
+                meta.path,
+                meta.artifact_id
+            );
+        }
+        let status = RunStatus::try_from(run.status).unwrap_or(RunStatus::Unspecified);
+        match status {
+            RunStatus::Approved | RunStatus::Running | RunStatus::Completed => return Ok(run),
+            RunStatus::Proposed => {}
+            _ => anyhow::bail!(
+                "publishing {} was not approved: approval run {run_id} is {} (by {}); nothing was written",
+                agent.registry_id,
+                status
+                    .as_str_name()
+                    .trim_start_matches("RUN_STATUS_")
+                    .to_ascii_lowercase(),
+                if run.decided_by.is_empty() {
+                    "nobody recorded"
+                } else {
+                    run.decided_by.as_str()
+                }
+            ),
+        }
+        if std::time::Instant::now() >= deadline {
+            anyhow::bail!(
+                "publishing {} waits for a person: approval run {run_id} is proposed; an approver approves it in the console's inbox or with `switchyard approval approve {run_id}`, then run this again (or with --wait-secs to wait); nothing was written",
+                agent.registry_id
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        run = read().await.map_err(api)?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_publish_run_stands_for_one_job_and_one_content() {
+        let a = publish_run_id("self-host", "sha256:aa");
+        assert_eq!(a, publish_run_id("self-host", "sha256:aa"));
+        assert_ne!(a, publish_run_id("self-host", "sha256:ab"), "other bytes");
+        assert_ne!(a, publish_run_id("other-job", "sha256:aa"), "another job");
+        // A valid run id: a key of at most 128 characters.
+        assert!(switchyard_core::validate::key(&a, "run id").is_ok(), "{a}");
     }
 }

@@ -128,8 +128,9 @@ enum AgentsCmd {
         run: RunArgs,
     },
     /// Publish an agent a builder agent proposed (an agent_manifest artifact
-    /// of a job) into DIR, after checking it again; the agents host serving
-    /// DIR loads it without a restart.
+    /// of a job) into DIR, after checking it again and once a person
+    /// approved it (the approval run this proposes); the agents host
+    /// serving DIR loads it without a restart.
     Publish {
         /// The job that holds the proposal.
         #[arg(long)]
@@ -144,12 +145,18 @@ enum AgentsCmd {
         /// uses_tools lists any other is refused.
         #[arg(long = "allow-tool")]
         allow_tools: Vec<String>,
-        /// Seconds to wait for the registry to list the agent (0: do not).
+        /// Seconds to wait for a person to approve publishing (the approval
+        /// run this proposes), then for the registry to list the agent (0:
+        /// do not wait).
         #[arg(long, default_value_t = 30)]
         wait_secs: u64,
         /// The registry's URL when it is not at --url (services split).
         #[arg(long, env = "SWITCHYARD_REGISTRY_URL")]
         registry_url: Option<String>,
+        /// The approval service's URL when it is not at --url (services
+        /// split).
+        #[arg(long, env = "SWITCHYARD_APPROVAL_URL")]
+        approval_url: Option<String>,
         #[command(flatten)]
         conn: client::Conn,
     },
@@ -275,6 +282,7 @@ async fn agents(cmd: AgentsCmd) -> anyhow::Result<()> {
             allow_tools,
             wait_secs,
             registry_url,
+            approval_url,
             conn,
         } => {
             let p = switchyard_cli::agents::Publish {
@@ -284,7 +292,7 @@ async fn agents(cmd: AgentsCmd) -> anyhow::Result<()> {
                 allow_tools: &allow_tools,
                 wait: std::time::Duration::from_secs(wait_secs),
             };
-            publish::run(p, &conn, registry_url.as_deref()).await
+            publish::run(p, &conn, registry_url.as_deref(), approval_url.as_deref()).await
         }
         AgentsCmd::Check { dir, root } => {
             let root = root

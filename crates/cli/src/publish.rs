@@ -1,35 +1,35 @@
 //! `switchyard agents publish`: a person publishes an agent a builder agent
 //! proposed into the manifest directory an agents host serves.
 
-use switchyard_api::{ExecutorClient, RegistryClient};
+use switchyard_api::{ApprovalClient, ExecutorClient, RegistryClient};
 use switchyard_cli::agents::{Publish, publish};
 
 use crate::client::{Conn, MAX_MESSAGE};
 
-/// Publishes as the caller of `conn` (the registry at `registry_url`,
-/// else at the same address) and says what happened.
+/// Publishes as the caller of `conn` (the registry and the approval
+/// service at their URLs when given, else at the same address) and says
+/// what happened.
 pub(crate) async fn run(
     p: Publish<'_>,
     conn: &Conn,
     registry_url: Option<&str>,
+    approval_url: Option<&str>,
 ) -> anyhow::Result<()> {
     let channel = conn.channel().await?;
     let executor = ExecutorClient::remote(channel.clone(), MAX_MESSAGE);
-    let registry = match registry_url {
-        Some(u) => switchyard_kit::client::authed(
-            switchyard_kit::client::connect(u).await?,
-            conn.credential()?,
-        ),
-        None => channel,
-    };
+    let registry = at(conn, &channel, registry_url).await?;
+    let approval = at(conn, &channel, approval_url).await?;
     let registry = RegistryClient::remote(registry, MAX_MESSAGE);
+    let approval = ApprovalClient::remote(approval, MAX_MESSAGE);
     let waits = !p.wait.is_zero();
-    let done = publish(&executor, &registry, p).await?;
+    let done = publish(&executor, &registry, &approval, p).await?;
     println!(
-        "published {} ({}) to {}",
+        "published {} ({}) to {}, approved by {} (approval run {})",
         done.registry_id,
         done.name,
-        done.file.display()
+        done.file.display(),
+        done.approved_by,
+        done.run_id
     );
     if waits {
         println!(
@@ -39,4 +39,19 @@ pub(crate) async fn run(
         );
     }
     Ok(())
+}
+
+/// A channel to the service at `url`, or `channel` (the same address).
+async fn at(
+    conn: &Conn,
+    channel: &switchyard_kit::client::Intercepted,
+    url: Option<&str>,
+) -> anyhow::Result<switchyard_kit::client::Intercepted> {
+    Ok(match url {
+        Some(u) => switchyard_kit::client::authed(
+            switchyard_kit::client::connect(u).await?,
+            conn.credential()?,
+        ),
+        None => channel.clone(),
+    })
 }

@@ -1,9 +1,11 @@
 //! The self-hosting test (seed ADR 003 acceptance 1): in a conversation, the
 //! orchestrator asks the shipped builder agent for a new agent; the builder's
 //! manifest is checked and kept as an `agent_manifest` artifact (only when
-//! the job allows `propose_agent`); a person publishes it into the manifest
-//! directory; the agents host loads it without a restart, the registry
-//! routes to it, and the orchestrator invokes it in the same conversation.
+//! the job allows `propose_agent`); publishing it proposes an approval run,
+//! a person (an approver, not the publisher) approves it, and only then is
+//! it written into the manifest directory; the agents host loads it without
+//! a restart, the registry routes to it, and the orchestrator invokes it in
+//! the same conversation.
 //! Proposals that cannot be hosted are refused with every problem listed.
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed call is a failed test
@@ -11,7 +13,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use switchyard_api::{ExecutorClient, RegistryClient};
+use switchyard_api::{ApprovalClient, ExecutorClient, RegistryClient};
 use switchyard_cli::agents::{Publish, publish};
 use switchyard_llm::scripted::Reply;
 use switchyard_proto::common::v1::ArtifactKind;
@@ -263,7 +265,8 @@ async fn a_builder_proposes_an_agent_a_person_publishes_it_and_the_orchestrator_
             let ch = s.channel_with(&token).await.unwrap();
             (
                 ExecutorClient::remote(ch.clone(), 4 << 20),
-                RegistryClient::remote(ch, 4 << 20),
+                RegistryClient::remote(ch.clone(), 4 << 20),
+                ApprovalClient::remote(ch, 4 << 20),
             )
         }
     };
@@ -271,9 +274,12 @@ async fn a_builder_proposes_an_agent_a_person_publishes_it_and_the_orchestrator_
     let dir = agents.path();
     let asking = |allow| publishing(&proposal.path, dir, allow);
     let others = crate::common::outsiders(&e.stack).await;
-    for token in others {
-        let (x, r) = as_key(token).await;
-        let err = publish(&x, &r, asking(&web)).await.unwrap_err().to_string();
+    for token in others.clone() {
+        let (x, r, a) = as_key(token).await;
+        let err = publish(&x, &r, &a, asking(&web))
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("NOT_FOUND")
                 || err.contains("PERMISSION_DENIED")
@@ -283,21 +289,73 @@ async fn a_builder_proposes_an_agent_a_person_publishes_it_and_the_orchestrator_
     }
     assert!(!agents.path().join("translator").exists());
     let alice_key = e.stack.token("alice").unwrap();
-    let (x, r) = as_key(alice_key).await;
-    let err = publish(&x, &r, asking(&[])).await.unwrap_err().to_string();
+    let (x, r, a) = as_key(alice_key).await;
+    let err = publish(&x, &r, &a, asking(&[]))
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("\"web_search\" may not be granted (--allow-tool allows: no tools)"),
         "{err}"
     );
+    // Publishing asks a person: the approval run is proposed (never
+    // approved by a policy), and nothing is written while it waits.
+    let now = Publish {
+        wait: Duration::ZERO,
+        ..asking(&web)
+    };
+    let waits = publish(&x, &r, &a, now).await.unwrap_err().to_string();
+    let run_id = switchyard_cli::agents::publish_run_id("self-host", &proposal.artifact_id);
+    assert!(
+        waits.contains(&format!("approval run {run_id} is proposed")),
+        "{waits}"
+    );
     assert!(!agents.path().join("translator").exists());
-    let done = publish(&x, &r, asking(&web)).await.unwrap();
+    // Neither the publisher nor another submitter, another tenant or an
+    // agent key may approve it; an approver of the tenant (bob) does.
+    let approve = |token: String| {
+        let (s, run_id) = (&e.stack, run_id.clone());
+        async move {
+            let ch = s.channel_with(&token).await.unwrap();
+            ApprovalClient::remote(ch, 4 << 20)
+                .approve(switchyard_proto::approval::v1::ApproveRequest {
+                    run_id,
+                    comment: "the translator only translates".into(),
+                })
+                .await
+        }
+    };
+    for token in [e.stack.token("alice").unwrap()].into_iter().chain(others) {
+        let refused = approve(token).await.unwrap_err();
+        assert!(
+            matches!(
+                refused.code(),
+                tonic::Code::PermissionDenied | tonic::Code::NotFound
+            ),
+            "{refused:?}"
+        );
+    }
+    assert!(!agents.path().join("translator").exists());
+    approve(e.stack.token("bob").unwrap()).await.unwrap();
+    let done = publish(&x, &r, &a, asking(&web)).await.unwrap();
     assert_eq!(done.registry_id, "agent_translator");
     assert_eq!(done.capabilities, ["built.translator"]);
+    assert_eq!(
+        (done.run_id.as_str(), done.approved_by.as_str()),
+        (run_id.as_str(), "bob")
+    );
     let written = std::fs::read_to_string(agents.path().join("translator/manifest.yaml")).unwrap();
     assert!(written.starts_with("# Published with `switchyard agents publish` from job self-host"));
+    assert!(
+        written.contains(&format!("# approved by bob in approval run {run_id}.")),
+        "{written}"
+    );
     assert!(!written.contains("```"), "{written}");
     // Published twice: refused, the file as it was.
-    let again = publish(&x, &r, asking(&web)).await.unwrap_err().to_string();
+    let again = publish(&x, &r, &a, asking(&web))
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(again.contains("is published there already"), "{again}");
 
     // The same conversation: the orchestrator is offered the new agent

@@ -138,23 +138,60 @@ models = [
         .unwrap_or_else(|| panic!("no agent_manifest in {listed}"));
     let path = proposal["path"].as_str().unwrap().to_owned();
 
-    let published = ok(&cli(
-        &x,
+    let dir = agents_dir.to_str().unwrap();
+    let publish = |wait: &str| {
+        cli(
+            &x,
+            &[
+                "agents",
+                "publish",
+                "--job",
+                "self-hosted",
+                "--artifact",
+                &path,
+                "--dir",
+                dir,
+                "--registry-url",
+                &c,
+                "--approval-url",
+                &c,
+                "--wait-secs",
+                wait,
+                "--as",
+                "alice",
+            ],
+        )
+    };
+    // Publishing asks a person first: the run is proposed, nothing written.
+    let waits = publish("0");
+    let told = String::from_utf8_lossy(&waits.stderr).into_owned();
+    assert!(!waits.status.success(), "{told}");
+    let run = switchyard_cli::agents::publish_run_id(
+        "self-hosted",
+        proposal["artifact_id"].as_str().unwrap(),
+    );
+    assert!(
+        told.contains(&format!("approval run {run} is proposed")),
+        "{told}"
+    );
+    assert!(!agents_dir.join("translator").exists());
+    ok(&cli(
+        &c,
         &[
-            "agents",
-            "publish",
-            "--job",
-            "self-hosted",
-            "--artifact",
-            &path,
-            "--dir",
-            agents_dir.to_str().unwrap(),
-            "--registry-url",
-            &c,
+            "approval",
+            "approve",
+            &run,
             "--as",
-            "alice",
+            "bob",
+            "-m",
+            "translates only",
         ],
     ));
+    let published = ok(&publish("30"));
+    assert!(
+        published.contains(&format!("approved by bob (approval run {run})")),
+        "{published}"
+    );
     assert!(
         published.contains("published agent_translator (Translator)")
             && published.contains(
