@@ -247,7 +247,7 @@ async fn approved(
     deadline: std::time::Instant,
 ) -> anyhow::Result<switchyard_proto::approval::v1::Run> {
     use switchyard_proto::approval::v1::{
-        ContextPack, GetRunRequest, ProposeRequest, Run, RunStatus, Target,
+        ArtifactPublication, ContextPack, GetRunRequest, ProposeRequest, Run, RunStatus, Target,
     };
     let api = |s: tonic::Status| anyhow::Error::new(switchyard_kit::error::ApiError::from(s));
     let run_id = publish_run_id(p.job, &meta.artifact_id);
@@ -296,6 +296,12 @@ async fn approved(
                     agent.uses_tools.clone()
                 },
                 outputs_allowed: vec!["propose_agent".into()],
+                publication: Some(ArtifactPublication {
+                    job_id: p.job.to_owned(),
+                    artifact_path: meta.path.clone(),
+                    artifact_id: meta.artifact_id.clone(),
+                    destination: p.dir.display().to_string(),
+                }),
                 ..Default::default()
             };
             approval

@@ -89,6 +89,7 @@ switchyard_testkit::on_both_backends!(
     watch_streams_run_events_of_one_run,
     pruning_removes_runs_that_ended_past_retention_and_keeps_runs_in_flight,
     a_run_gets_its_adapter_manual_by_default_switchyard_for_a_job_and_none_for_a_call,
+    a_publication_run_is_a_decision_bound_to_its_bytes_that_no_adapter_runs,
     the_manual_round_trip_keeps_the_pasted_result_as_an_artifact_fetched_byte_identical,
     a_pasted_result_of_a_kind_outside_outputs_allowed_is_refused_and_nothing_changes,
     an_ojs_run_without_an_ojs_server_fails_with_adapter_not_configured,
@@ -1346,6 +1347,36 @@ async fn a_run_gets_its_adapter_manual_by_default_switchyard_for_a_job_and_none_
         assert_eq!(err.code, Code::InvalidArgument, "{adapter}");
         assert!(err.message.contains("adapter"), "{}", err.message);
     }
+}
+
+async fn a_publication_run_is_a_decision_bound_to_its_bytes_that_no_adapter_runs(f: Fixture) {
+    let publication = |artifact_id: &str| {
+        let mut run = spec(None);
+        run.publication = Some(ArtifactPublication {
+            job_id: "self-host".into(),
+            artifact_path: "chat/manifest.yaml".into(),
+            artifact_id: artifact_id.into(),
+            destination: "agents".into(),
+        });
+        run
+    };
+    // Bound to other bytes than its context pack's: refused.
+    let err = api(propose_run(&f.svc, publication("sha256:0ther"))
+        .await
+        .unwrap_err());
+    assert_eq!(err.code, Code::InvalidArgument);
+    assert!(err.message.contains("context_pack.hash"), "{}", err.message);
+    let run = propose_run(&f.svc, publication(HASH)).await.unwrap();
+    assert_eq!(run.adapter, "", "a publication is a decision, not work");
+    f.svc
+        .decide(Action::Approve, &run.run_id, "ok", REVIEWER)
+        .await
+        .unwrap();
+    // No adapter takes it: it stays approved, the record of who allowed it.
+    assert_eq!(f.svc.dispatch().await.unwrap(), 0);
+    let run = f.svc.get(&run.run_id).await.unwrap();
+    assert_eq!(status_of(&run), S::Approved);
+    assert_eq!(Some(run.decided_by.as_str()), REVIEWER);
 }
 
 async fn the_manual_round_trip_keeps_the_pasted_result_as_an_artifact_fetched_byte_identical(

@@ -152,6 +152,27 @@ pub fn run(r: &Run) -> Result<(), Violations> {
     if r.max_retries.is_some_and(|m| m > 100) {
         v.add("max_retries", "max_retries must be at most 100");
     }
+    if let Some(p) = &r.publication {
+        let hash = r.context_pack.as_ref().map(|c| c.hash.as_str());
+        if p.job_id.is_empty() || p.artifact_path.is_empty() {
+            v.add(
+                "publication",
+                "publication.job_id and artifact_path name the artifact published",
+            );
+        }
+        if hash != Some(p.artifact_id.as_str()) {
+            v.add(
+                "publication.artifact_id",
+                "publication.artifact_id must equal context_pack.hash: the approval binds to exactly the bytes published",
+            );
+        }
+        if r.tool_call.is_some() {
+            v.add(
+                "publication",
+                "a run stands for a publication or a tool call, not both",
+            );
+        }
+    }
     v.into_result()
 }
 
