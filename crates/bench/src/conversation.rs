@@ -7,6 +7,7 @@
 //! server, in the same run; the overhead is the turn's time beyond the
 //! direct call's (issue 43's goal: p50 ≤ 2 ms).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
@@ -25,6 +26,16 @@ use crate::verdict;
 
 const TURNS: u32 = 300;
 const MODEL: &str = "bench-chat";
+
+/// The store's flushes during the turns: how many, and their time (on the
+/// flusher thread: the writes, the database's flush and the syncs).
+static FLUSHES: AtomicU64 = AtomicU64::new(0);
+static FLUSH_NANOS: AtomicU64 = AtomicU64::new(0);
+
+fn count_flush(took: Duration) {
+    FLUSHES.fetch_add(1, Ordering::Relaxed);
+    FLUSH_NANOS.fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+}
 
 fn config(base_url: &str) -> switchyard_llm::LlmConfig {
     crate::llm::scripted_config(base_url, MODEL)
@@ -67,7 +78,9 @@ pub async fn run() -> anyhow::Result<()> {
         direct.record(t.elapsed().as_nanos() as u64)?;
     }
 
-    // 2. The same call as a conversation turn.
+    // 2. The same call as a conversation turn. Flushes are counted here
+    //    (set before the stack starts, this observer is the process's).
+    switchyard_store::observe_flushes(count_flush);
     let base = server.base_url();
     let stack = Stack::start_with(ServiceKind::ALL, move |c| {
         c.llm = config(&base);
@@ -92,6 +105,10 @@ pub async fn run() -> anyhow::Result<()> {
     let mut ack = Histogram::<u64>::new(3)?;
     let mut server_time = Histogram::<u64>::new(3)?;
     let started = Instant::now();
+    let (flushes_before, nanos_before) = (
+        FLUSHES.load(Ordering::Relaxed),
+        FLUSH_NANOS.load(Ordering::Relaxed),
+    );
     for i in 0..TURNS {
         script.for_model(MODEL, vec![reply()]);
         script.clear_received();
@@ -130,6 +147,8 @@ pub async fn run() -> anyhow::Result<()> {
         server_time.record(server.as_nanos() as u64)?;
     }
     let took = started.elapsed();
+    let flushes = FLUSHES.load(Ordering::Relaxed) - flushes_before;
+    let flush_ms = (FLUSH_NANOS.load(Ordering::Relaxed) - nanos_before) as f64 / 1e6;
     stack.stop().await?;
     drop(server);
 
@@ -151,6 +170,12 @@ pub async fn run() -> anyhow::Result<()> {
         "  a turn: message sent -> reply recorded, seen:        p50 {t50:>6.2} ms  p99 {:>6.2} ms  (server's own time p50 {:.2} ms)",
         ms(&turn, 0.99),
         ms(&server_time, 0.5)
+    );
+    println!(
+        "  durable flushes (the store's, all services):        {:.2} per turn, {:.3} ms each on average ({:.2} ms of a turn)",
+        f64::from(flushes as u32) / f64::from(TURNS),
+        flush_ms / (flushes.max(1) as f64),
+        flush_ms / f64::from(TURNS)
     );
     let over = t50 - d50;
     println!(
