@@ -34,6 +34,16 @@ JOB = open(os.environ["SY_JOB"], encoding="utf-8").read()
 SHOTS = os.environ["SY_SHOTS"]
 TIMEOUT_MS = 30_000
 
+# A job whose one step asks bob (not its submitter) for a number.
+ASKS_BOB = """plan_description: a step that asks bob
+tasks:
+  - id: ask
+    input:
+      prompt: "How many replicas for web?"
+      schema: {type: object, required: [size], properties: {size: {type: integer, minimum: 1, maximum: 20}}}
+      answerers: {subjects: [bob]}
+"""
+
 summary = {}
 
 
@@ -227,6 +237,32 @@ def main():
         forced_post(carol, f"/ui/runs/run-{third}/approve", {"csrf": csrf(carol), "comment": "mine"})
         expect(carol.locator("#problem")).to_be_visible()
         summary["separation_of_duties"] = carol.locator("#problem").inner_text()
+
+        step("alice's job asks bob; bob answers in his inbox and the job goes on")
+        asked = submit(alice, ASKS_BOB)
+        summary["asks_bob_job_id"] = asked
+        expect(alice.locator('tr[data-task="ask"] .state')).to_have_text("input_required")
+        # alice may not answer it: her inbox lists nothing to answer.
+        alice.goto(BASE + "/ui/")
+        expect(alice.locator(f'article[id="input-{asked}-ask"]')).to_have_count(0)
+        bob.goto(BASE + "/ui/")
+        card = bob.locator(f'article[id="input-{asked}-ask"]')
+        expect(card).to_contain_text("How many replicas for web?")
+        expect(card).to_contain_text("submitted by alice")
+        card.scroll_into_view_if_needed()
+        bob.screenshot(path=os.path.join(SHOTS, "console-input.png"), full_page=True)
+        # A bad answer comes back with the schema's reason; the step waits on.
+        card.get_by_label("Answer (JSON, or plain text)").fill('{"size": 50}')
+        card.get_by_role("button", name="Send answer").click()
+        expect(bob.locator("#problem")).to_contain_text("answer_schema")
+        bob.goto(BASE + "/ui/")
+        card = bob.locator(f'article[id="input-{asked}-ask"]')
+        card.get_by_label("Answer (JSON, or plain text)").fill('{"size": 3}')
+        card.get_by_role("button", name="Send answer").click()
+        expect(bob).to_have_url(re.compile(r"/ui/\?answered="))
+        expect(bob.locator(f'article[id="input-{asked}-ask"]')).to_have_count(0)
+        alice.goto(BASE + f"/ui/jobs/{asked}")
+        expect(alice.locator("#job-state")).to_have_text("completed")
 
         step("a narrow screen: the inbox fits without sideways scrolling")
         narrow_ctx, narrow = sign_in(browser, "bob", viewport={"width": 375, "height": 740})

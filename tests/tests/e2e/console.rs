@@ -255,10 +255,19 @@ async fn in_a_real_browser_a_job_goes_from_submission_through_bobs_approval_to_i
             .contains("carol"),
         "{summary}"
     );
+    // The step that asked bob was answered by bob in the browser (the
+    // refused answer took nothing: the first answer recorded is his 3).
+    let asked = job(&mut jobs, summary["asks_bob_job_id"].as_str().unwrap()).await;
+    assert_eq!(asked.state, JobState::Completed as i32);
+    let id = asked.spec.unwrap().job_id;
+    let answer = crate::common::until_event(&mut jobs, &id, "task.input_received").await;
+    assert_eq!(answer["by"], "bob", "{answer}");
+    assert_eq!(answer["answer"], serde_json::json!({"size": 3}), "{answer}");
     for name in [
         "console-inbox.png",
         "console-job.png",
         "console-budgets.png",
+        "console-input.png",
     ] {
         let len = std::fs::metadata(shots.join(name)).unwrap().len();
         assert!(len > 10_000, "{name}: {len} bytes");

@@ -1004,6 +1004,7 @@ async fn every_example_job_validates_and_the_paper_analysis_runs_on_the_example_
         "needs_approval.yaml",
         "a2a_mixed.yaml",
         "ask_replicas.yaml",
+        "ask_oncall.yaml",
         "support_chat.yaml",
         "self_hosting_chat.yaml",
     ] {
