@@ -391,6 +391,19 @@ pub fn ojs_job(j: &Job) -> Value {
             json!(u64::from(spec_t.timeout_secs) * 1000),
         );
     }
+    // OJS has no state for a job waiting for a person: it stays `active`,
+    // and the extension says which steps wait (answered over gRPC, REST,
+    // A2A or the console).
+    let waiting: Vec<&str> = j
+        .tasks
+        .iter()
+        .filter(|t| t.state == TaskState::InputRequired as i32)
+        .map(|t| t.task_id.as_str())
+        .collect();
+    if !waiting.is_empty() {
+        o.insert("ext_agent_state".into(), json!("input_required"));
+        o.insert("ext_agent_waiting_for_input".into(), json!(waiting));
+    }
     if o.keys().any(|k| k.starts_with("ext_agent_")) || j.tokens_used > 0 {
         o.insert("ext_agent_tokens_used".into(), json!(j.tokens_used));
     }
@@ -996,4 +1009,33 @@ async fn events(
     events.truncate(limit);
     let events: Vec<Value> = events.into_iter().map(|(_, e)| e).collect();
     ok(json!({ "events": events }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_waiting_for_a_person_stays_active_and_names_the_steps_that_wait() {
+        let task = |id: &str, state: TaskState| TaskStatus {
+            task_id: id.into(),
+            state: state as i32,
+            ..Default::default()
+        };
+        let mut j = Job {
+            state: switchyard_proto::executor::v1::JobState::Active as i32,
+            tasks: vec![
+                task("ask", TaskState::InputRequired),
+                task("deploy", TaskState::Waiting),
+            ],
+            ..Default::default()
+        };
+        let view = ojs_job(&j);
+        assert_eq!(view["state"], "active", "{view}");
+        assert_eq!(view["ext_agent_state"], "input_required");
+        assert_eq!(view["ext_agent_waiting_for_input"], json!(["ask"]));
+        j.tasks[0].state = TaskState::Succeeded as i32;
+        let view = ojs_job(&j);
+        assert!(view.get("ext_agent_state").is_none(), "{view}");
+    }
 }
