@@ -332,7 +332,7 @@ impl Executor {
             }
         }
         if book.cluster.shared() {
-            let tenant = (!p.tenant.is_empty()).then_some(p.tenant.as_str());
+            let tenant = p.tenant_scope();
             for (id, job) in book.store.open_records(tenant, ELSEWHERE_LISTED).await? {
                 let waits = job
                     .tasks

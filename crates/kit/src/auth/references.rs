@@ -102,6 +102,16 @@ pub const REFERENCES: &[Reference] = &[
         "bound by the context hash, not resolved",
     ),
     r(
+        "switchyard.approval.v1.ArtifactPublication.job_id",
+        Opaque,
+        "what a publication run says it is about, resolved nowhere by the approval service: `agents publish` reads the artifact from the job as the publisher and publishes only under that reader's approved run whose id and context hash are derived from the job and the bytes read",
+    ),
+    r(
+        "switchyard.approval.v1.ArtifactPublication.artifact_id",
+        Opaque,
+        "a content address: approval validate requires it to equal context_pack.hash, and `agents publish` compares it with the bytes it read",
+    ),
+    r(
         "switchyard.approval.v1.ToolCall.job_id",
         Platform,
         "approval bind_proposal: tool_call only from the executor acting for the submitter",
