@@ -121,6 +121,18 @@ impl Executor {
         *crate::lock(&ctl.abort) = Some(handle.abort_handle());
     }
 
+    /// Waits for job `job_id`'s background releases so far: a step about
+    /// to reserve does not find the budget still held by one that used
+    /// nothing.
+    pub(crate) async fn settle_now(&self, job_id: &str) {
+        let pending = crate::lock(&self.inner.settling)
+            .remove(job_id)
+            .unwrap_or_default();
+        for h in pending {
+            let _ = h.await;
+        }
+    }
+
     /// Runs `work` (a release nobody waits for) off the task's path; the
     /// job's end waits for it, so its final state stays its last event.
     pub(crate) fn settle_later(
@@ -625,13 +637,7 @@ impl Driver {
 
     /// Waits for the job's background releases.
     async fn settled(&self) {
-        let job_id = self.job_id.as_str();
-        let pending = crate::lock(&self.x.inner.settling)
-            .remove(job_id)
-            .unwrap_or_default();
-        for h in pending {
-            let _ = h.await;
-        }
+        self.x.settle_now(&self.job_id).await;
     }
 
     /// Every task is final: the job ends, and so do its run and budget.

@@ -21,6 +21,8 @@ use crate::events::JobEvent;
 pub struct OpenHold {
     /// The task it is for.
     pub task_id: String,
+    /// The tokens it holds.
+    pub tokens: u64,
     /// The cost it holds.
     pub cost_micro_usd: i64,
 }
@@ -224,6 +226,7 @@ impl JobEntry {
             JobEvent::Reserved(r) => {
                 let hold = OpenHold {
                     task_id: at.task_id.clone(),
+                    tokens: r.tokens,
                     cost_micro_usd: r.cost_micro_usd,
                 };
                 self.open_reservations
@@ -453,6 +456,17 @@ impl JobEntry {
     /// What task `task_id` has spent or holds: its committed cost (its
     /// own calls, agents billing themselves, child jobs), its open
     /// reservations and those being made. The task's cost limit bounds this.
+    /// What is left of a job budget of `budget` tokens for a new hold:
+    /// less what the job used and what its open reservations hold. The
+    /// ledger decides; this sizes a reservation so that a budget that fits
+    /// the work is not refused because a step asks for all of it.
+    pub fn tokens_left(&self, budget: u64) -> u64 {
+        let held: u64 = self.open_reservations.values().map(|h| h.tokens).sum();
+        budget
+            .saturating_sub(self.job.tokens_used)
+            .saturating_sub(held)
+    }
+
     pub fn task_exposure(&self, task_id: &str) -> i64 {
         let spent = self
             .index

@@ -890,6 +890,38 @@ impl switchyard_agent_sdk::Agent for Recorder {
     }
 }
 
+/// Serves `agent` (written with the SDK) as `id` offering `capability`,
+/// registered with the stack's registry; fire the trigger to stop it.
+fn serve_sdk_agent<A: switchyard_agent_sdk::Agent + Clone + 'static>(
+    s: &Stack,
+    id: &str,
+    capability: &str,
+    agent: A,
+) -> (
+    switchyard_kit::shutdown::Trigger,
+    tokio::task::JoinHandle<Result<(), switchyard_agent_sdk::SdkError>>,
+) {
+    let (trigger, shutdown) = switchyard_kit::shutdown::channel();
+    let mut spec = switchyard_proto::registry::v1::AgentSpec {
+        id: id.into(),
+        capabilities: vec![switchyard_proto::registry::v1::Capability {
+            name: capability.into(),
+            ..Default::default()
+        }],
+        trust_score: 90,
+        ..Default::default()
+    };
+    let opts = switchyard_agent_sdk::ServeOptions {
+        registry_url: s.url.clone(),
+        credential: switchyard_kit::client::Credential::bearer(&s.token("agents").unwrap()).ok(),
+        ..Default::default()
+    };
+    let served = tokio::spawn(async move {
+        switchyard_agent_sdk::serve_until(agent, &mut spec, opts, shutdown).await
+    });
+    (trigger, served)
+}
+
 async fn a_deferred_task_runs_once_its_capability_appears_and_retries_keep_one_idempotency_key(
     b: Backend,
 ) {
@@ -928,27 +960,7 @@ async fn a_deferred_task_runs_once_its_capability_appears_and_retries_keep_one_i
     }
     // Now an agent offering the capability comes up.
     let rec = Recorder::default();
-    let (trigger, shutdown) = switchyard_kit::shutdown::channel();
-    let mut spec = switchyard_proto::registry::v1::AgentSpec {
-        id: "late".into(),
-        capabilities: vec![switchyard_proto::registry::v1::Capability {
-            name: "late.echo".into(),
-            ..Default::default()
-        }],
-        trust_score: 90,
-        ..Default::default()
-    };
-    let opts = switchyard_agent_sdk::ServeOptions {
-        registry_url: s.url.clone(),
-        credential: switchyard_kit::client::Credential::bearer(&s.token("agents").unwrap()).ok(),
-        ..Default::default()
-    };
-    let agent = {
-        let rec = rec.clone();
-        tokio::spawn(async move {
-            switchyard_agent_sdk::serve_until(rec, &mut spec, opts, shutdown).await
-        })
-    };
+    let (trigger, agent) = serve_sdk_agent(&s, "late", "late.echo", rec.clone());
     let r = finish(&mut c, "later").await;
     assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
     assert_eq!(r.tasks[0].agent_id, "late");
@@ -1577,4 +1589,69 @@ async fn stopping_lets_a_running_command_finish_and_the_restart_runs_only_what_i
     assert_eq!(task("a").exit_code, Some(0));
     s.stop().await.unwrap();
     drop(dir);
+}
+
+/// An agent that echoes its text and reports the tokens it used.
+#[derive(Clone)]
+struct Counting(u64);
+
+#[tonic::async_trait]
+impl switchyard_agent_sdk::Agent for Counting {
+    async fn invoke(
+        &self,
+        req: switchyard_agent_sdk::Invocation,
+        _progress: switchyard_agent_sdk::Progress,
+    ) -> switchyard_proto::agent::v1::AgentResponse {
+        let mut r = switchyard_agent_sdk::respond::success(
+            switchyard_agent_sdk::input_text(&req, "text"),
+            None,
+        );
+        r.tokens_used = self.0;
+        r
+    }
+}
+
+/// A budget that fits a chain's work fits the chain: the next step may use
+/// what the steps before it left, and a step that used nothing holds
+/// nothing by the time the next reserves (issue 44: with 1,000-2,000
+/// tokens, 12 of 20 two-step chains were refused, each step asking for the
+/// whole budget).
+#[tokio::test]
+async fn twenty_chains_under_a_budget_that_fits_their_work_all_complete() {
+    let (s, mut c) = stack(&sled()).await;
+    let (trigger, agent) = serve_sdk_agent(&s, "counting", "text.count", Counting(40));
+    wait_routed(&s, "text.count").await;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let doc = serde_json::json!({"job_id": format!("chain-{i}"),
+            "budget": {"token_budget": 1500},
+            "tasks": [
+                {"id": "a", "agent": {"capability": "text.count", "input": {"text": "one"}}},
+                {"id": "b", "depends_on": ["a"],
+                 "agent": {"capability": "text.count", "input": {"text": "two"}}},
+                // Uses nothing: its hold is released in the background,
+                // and must be gone before c reserves.
+                {"id": "nothing", "depends_on": ["b"],
+                 "agent": {"capability": "builtin.echo", "input": {"text": "three"}}},
+                {"id": "c", "depends_on": ["nothing"],
+                 "agent": {"capability": "text.count", "input": {"text": "four"}}}]});
+        let job = submit(&mut c, &doc.to_string()).await.unwrap();
+        if job.state == JobState::Pending as i32 && !job.run_id.is_empty() {
+            approve(&s, &job.run_id).await;
+        }
+        ids.push(id(&job));
+    }
+    for job_id in &ids {
+        let r = finish(&mut c, job_id).await;
+        let why: Vec<String> = r
+            .tasks
+            .iter()
+            .map(|t| format!("{} {} {}", t.task_id, t.reason, t.error))
+            .collect();
+        assert_eq!(r.state, JobState::Completed as i32, "{job_id}: {why:?}");
+        assert_eq!(r.tokens_used, 120, "{job_id}");
+    }
+    trigger.fire();
+    let _ = agent.await;
+    s.stop().await.unwrap();
 }

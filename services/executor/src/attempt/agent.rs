@@ -162,10 +162,28 @@ impl Attempt<'_> {
         let spender = self.spender();
         // A self-billing agent reserves its own model calls on the budget
         // it is given; holding tokens here too would halve it.
+        // A step that used nothing released its hold in the background:
+        // gone before this one sizes and takes its own.
+        self.x.settle_now(&snap.job_id).await;
         let tokens = if c.bills_tokens {
             0
         } else {
-            crate::admission::agent_tokens(self.x.inner.cfg.agent_max_tokens, snap.token_budget)
+            let most = crate::admission::agent_tokens(
+                self.x.inner.cfg.agent_max_tokens,
+                snap.token_budget,
+            );
+            // At most what the job's budget has left (the agent is told
+            // so: its max_tokens), so the step after a finished one is not
+            // refused for asking the whole budget again; nothing left: ask
+            // for the usual, and the ledger's refusal says what remains.
+            let left = snap.token_budget.and_then(|budget| {
+                let st = self.x.inner.book.lock();
+                st.find(&snap.job_id).map(|e| e.tokens_left(budget))
+            });
+            match left {
+                Some(left) if left > 0 => most.min(left),
+                _ => most,
+            }
         };
         let cost = c.price_per_unit_micro_usd;
         // Reserve the worst case first; a refusal means the call is not made.
