@@ -156,35 +156,44 @@ impl Attempt<'_> {
         })
     }
 
+    /// The tokens to hold for a call of `c`: none for a self-billing agent
+    /// (it reserves its own model calls on the budget it is given; holding
+    /// tokens here too would halve it); else the configured most, within
+    /// the job's token budget and what that budget has left after the
+    /// job's use and open holds (the agent is told that figure as its
+    /// max_tokens), so a step is not refused for asking the whole budget
+    /// again. When open holds leave less than the most, the job's
+    /// background releases (a step that used nothing) are waited for
+    /// first. Nothing left: the most, and the ledger's refusal says what
+    /// remains.
+    async fn hold_tokens(&self, c: &Candidate) -> u64 {
+        if c.bills_tokens {
+            return 0;
+        }
+        let snap = self.snap;
+        let most =
+            crate::admission::agent_tokens(self.x.inner.cfg.agent_max_tokens, snap.token_budget);
+        let Some(budget) = snap.token_budget else {
+            return most;
+        };
+        let left = || {
+            let st = self.x.inner.book.lock();
+            st.find(&snap.job_id)
+                .map_or(most, |e| e.tokens_left(budget))
+        };
+        let mut now = left();
+        if now < most {
+            self.x.settle_now(&snap.job_id).await;
+            now = left();
+        }
+        if now == 0 { most } else { most.min(now) }
+    }
+
     /// Reserves for, calls and settles one candidate.
     async fn try_candidate(&self, a: &AgentTask, c: &Candidate, input: &Value) -> Next {
         let (snap, timeout) = (self.snap, self.timeout);
         let spender = self.spender();
-        // A self-billing agent reserves its own model calls on the budget
-        // it is given; holding tokens here too would halve it.
-        // A step that used nothing released its hold in the background:
-        // gone before this one sizes and takes its own.
-        self.x.settle_now(&snap.job_id).await;
-        let tokens = if c.bills_tokens {
-            0
-        } else {
-            let most = crate::admission::agent_tokens(
-                self.x.inner.cfg.agent_max_tokens,
-                snap.token_budget,
-            );
-            // At most what the job's budget has left (the agent is told
-            // so: its max_tokens), so the step after a finished one is not
-            // refused for asking the whole budget again; nothing left: ask
-            // for the usual, and the ledger's refusal says what remains.
-            let left = snap.token_budget.and_then(|budget| {
-                let st = self.x.inner.book.lock();
-                st.find(&snap.job_id).map(|e| e.tokens_left(budget))
-            });
-            match left {
-                Some(left) if left > 0 => most.min(left),
-                _ => most,
-            }
-        };
+        let tokens = self.hold_tokens(c).await;
         let cost = c.price_per_unit_micro_usd;
         // Reserve the worst case first; a refusal means the call is not made.
         let key = spender.key(&[&c.agent_id]);
