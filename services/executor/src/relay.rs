@@ -220,10 +220,19 @@ impl Executor {
     }
 
     /// Runs the requests relayed to job `id` (held here) as their senders,
-    /// and stores each outcome. A job no longer in memory here leaves them
-    /// for the replica that takes it over.
+    /// and stores each outcome. A job not in memory here leaves them for
+    /// the replica that runs it.
     pub(crate) async fn deliver_relayed(&self, pg: &PgJobs, id: &str) {
-        if pg.holds(id).is_none() {
+        use switchyard_proto::executor::v1::task_spec::Kind;
+        // Only a job in memory here that asks or talks can have anything
+        // relayed to it: no query for the others a takeover brings.
+        let talks = self.inner.book.lock().find(id).is_some_and(|e| {
+            e.spec()
+                .tasks
+                .iter()
+                .any(|t| matches!(t.kind, Some(Kind::Input(_) | Kind::Conversation(_))))
+        });
+        if pg.holds(id).is_none() || !talks {
             return;
         }
         let pending = match pg.pending_deliveries(id).await {

@@ -56,41 +56,53 @@ impl Executor {
         let me = self.clone();
         let claims = pg.clone();
         tokio::spawn(async move { me.claim_in_background(&claims).await });
-        let me = self.clone();
-        let lost = pg.clone();
+        // Jobs taken over elsewhere, cancel requests and relayed requests:
+        // each acted on as its notification comes.
+        self.on_each_woken(
+            &pg,
+            |p| &p.lost_wake,
+            PgJobs::take_lost,
+            |me, _, id| async move {
+                me.inner.book.drop_job(&id, true);
+            },
+        );
+        self.on_each_woken(
+            &pg,
+            |p| &p.cancel_wake,
+            PgJobs::take_cancels,
+            |me, pg, id| async move {
+                me.cancel_as_asked(&pg, &id).await;
+            },
+        );
+        self.on_each_woken(
+            &pg,
+            |p| &p.delivery_wake,
+            PgJobs::take_deliveries,
+            |me, pg, id| async move { me.deliver_relayed(&pg, &id).await },
+        );
+    }
+
+    /// Runs until shutdown: each time `wake` of `pg` is notified, `act` on
+    /// every job `take` hands over, one after another.
+    fn on_each_woken<F, Fut>(
+        &self,
+        pg: &Arc<PgJobs>,
+        wake: fn(&PgJobs) -> &tokio::sync::Notify,
+        take: fn(&PgJobs) -> Vec<String>,
+        act: F,
+    ) where
+        F: Fn(Executor, Arc<PgJobs>, String) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send,
+    {
+        let (me, pg) = (self.clone(), pg.clone());
         tokio::spawn(async move {
             loop {
                 tokio::select! {
-                    _ = lost.lost_wake.notified() => {}
+                    _ = wake(&pg).notified() => {}
                     _ = me.inner.shutdown.wait() => return,
                 }
-                for id in lost.take_lost() {
-                    me.inner.book.drop_job(&id, true);
-                }
-            }
-        });
-        let me = self.clone();
-        let relayed = pg.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = pg.cancel_wake.notified() => {}
-                    _ = me.inner.shutdown.wait() => return,
-                }
-                for id in pg.take_cancels() {
-                    me.cancel_as_asked(&pg, &id).await;
-                }
-            }
-        });
-        let me = self.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = relayed.delivery_wake.notified() => {}
-                    _ = me.inner.shutdown.wait() => return,
-                }
-                for id in relayed.take_deliveries() {
-                    me.deliver_relayed(&relayed, &id).await;
+                for id in take(&pg) {
+                    act(me.clone(), pg.clone(), id).await;
                 }
             }
         });
