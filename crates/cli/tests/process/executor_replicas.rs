@@ -1096,6 +1096,30 @@ tasks:
     agent: {capability: builtin.echo, input: {text: "size ${ask.output.answer.size}"}}
 "#;
 
+/// A new admin key of `tenant`, made at `hub` with the cluster's service
+/// token (which spans tenants).
+async fn tenant_admin(hub: &str, tenant: &str, subject: &str) -> String {
+    use switchyard_proto::auth::v1::auth_service_client::AuthServiceClient;
+    use switchyard_proto::auth::v1::{CreateKeyRequest, PrincipalKind};
+    let service = switchyard_kit::client::Credential::bearer(SERVICE_TOKEN).unwrap();
+    let channel = switchyard_kit::client::authed(
+        switchyard_kit::client::connect(hub).await.unwrap(),
+        Some(service),
+    );
+    AuthServiceClient::new(channel)
+        .create_key(CreateKeyRequest {
+            subject: subject.into(),
+            roles: vec!["admin".into()],
+            kind: PrincipalKind::Human as i32,
+            tenant: tenant.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .secret
+}
+
 #[test]
 fn an_answer_and_a_message_sent_through_a_replica_that_does_not_run_the_job_reach_the_one_that_does()
  {
@@ -1112,6 +1136,13 @@ fn an_answer_and_a_message_sent_through_a_replica_that_does_not_run_the_job_reac
     let alice = token(&c.hub.url(), "alice");
     let bob = token(&c.hub.url(), "bob");
     let rt = runtime();
+    let outsiders = [
+        (
+            "alice-of-tenant-b",
+            rt.block_on(tenant_admin(&c.hub.url(), "tenant-b", "alice")),
+        ),
+        ("agents", token(&c.hub.url(), "agents")),
+    ];
     let urls: Urls = Arc::new(Mutex::new(vec![a.url()]));
     rt.block_on(submit(&urls, &alice, 0, WAITS));
     let talk = serde_json::json!({"job_id": "talk", "tasks": [{"id": "chat", "conversation": {
@@ -1186,6 +1217,28 @@ fn an_answer_and_a_message_sent_through_a_replica_that_does_not_run_the_job_reac
             .await
             .unwrap_err();
         assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+        // An admin of another tenant (named alice there) and an agent key:
+        // refused on B too, and shown nothing waiting.
+        for (who, token) in &outsiders {
+            let mut theirs = client(&b.url(), token).await.unwrap();
+            let refused = theirs
+                .send_input(answer(&format!("k-{who}"), serde_json::json!(3)))
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(
+                    refused.code(),
+                    tonic::Code::NotFound | tonic::Code::PermissionDenied
+                ),
+                "{who}: {refused:?}"
+            );
+            if *who == "alice-of-tenant-b" {
+                assert_eq!(
+                    listed(token.clone()).await,
+                    Vec::<(String, String, String)>::new()
+                );
+            }
+        }
         let taken = on_b
             .send_input(answer("k-1", serde_json::json!(3)))
             .await
@@ -1251,6 +1304,25 @@ fn an_answer_and_a_message_sent_through_a_replica_that_does_not_run_the_job_reac
             .await
             .unwrap_err();
         assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+        for (who, token) in &outsiders {
+            let mut theirs = client(&b.url(), token).await.unwrap();
+            let refused = theirs
+                .send_message(SendMessageRequest {
+                    job_id: "talk".into(),
+                    text: "let me in".into(),
+                    idempotency_key: format!("m-{who}"),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(
+                    refused.code(),
+                    tonic::Code::NotFound | tonic::Code::PermissionDenied
+                ),
+                "{who}: {refused:?}"
+            );
+        }
     });
     assert_eq!(script.received().len(), 1, "one model call for one message");
     // Every event so far was written by A, the replica that runs both jobs.
