@@ -1096,6 +1096,18 @@ tasks:
     agent: {capability: builtin.echo, input: {text: "size ${ask.output.answer.size}"}}
 "#;
 
+/// `who` was refused for who they are: the job is not theirs to see
+/// (`NOT_FOUND`) or their key may not answer (`PERMISSION_DENIED`).
+fn refused_outright(who: &str, refused: &tonic::Status) {
+    assert!(
+        matches!(
+            refused.code(),
+            tonic::Code::NotFound | tonic::Code::PermissionDenied
+        ),
+        "{who}: {refused:?}"
+    );
+}
+
 /// A new admin key of `tenant`, made at `hub` with the cluster's service
 /// token (which spans tenants).
 async fn tenant_admin(hub: &str, tenant: &str, subject: &str) -> String {
@@ -1225,13 +1237,7 @@ fn an_answer_and_a_message_sent_through_a_replica_that_does_not_run_the_job_reac
                 .send_input(answer(&format!("k-{who}"), serde_json::json!(3)))
                 .await
                 .unwrap_err();
-            assert!(
-                matches!(
-                    refused.code(),
-                    tonic::Code::NotFound | tonic::Code::PermissionDenied
-                ),
-                "{who}: {refused:?}"
-            );
+            refused_outright(who, &refused);
             if *who == "alice-of-tenant-b" {
                 assert_eq!(
                     listed(token.clone()).await,
@@ -1315,13 +1321,7 @@ fn an_answer_and_a_message_sent_through_a_replica_that_does_not_run_the_job_reac
                 })
                 .await
                 .unwrap_err();
-            assert!(
-                matches!(
-                    refused.code(),
-                    tonic::Code::NotFound | tonic::Code::PermissionDenied
-                ),
-                "{who}: {refused:?}"
-            );
+            refused_outright(who, &refused);
         }
     });
     assert_eq!(script.received().len(), 1, "one model call for one message");
