@@ -370,7 +370,9 @@ impl Host for InvocationHost<'_> {
             };
             match spend::reserve(&self.hosted.ledger, req).await {
                 Ok(h) => Ok(h.id().to_owned()),
-                Err(spend::Refusal::Budget { message, .. }) => Err(Refusal::budget(&message, call)),
+                Err(spend::Refusal::Budget { message, short, .. }) => {
+                    Err(Refusal::budget(&message, short.reason(), call))
+                }
                 Err(r @ (spend::Refusal::Unavailable(_) | spend::Refusal::Unreachable(_))) => {
                     Err(Refusal::Unavailable(r.to_string()))
                 }

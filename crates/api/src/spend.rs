@@ -110,6 +110,44 @@ pub struct HoldRequest {
     pub grant: String,
 }
 
+/// What a budget refusal ran out of, and by how much: from the ledger's
+/// `ErrorInfo` (`dimension`, the amounts requested and remaining).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Shortfall {
+    /// True when money ran out; else tokens did.
+    pub money: bool,
+    /// Tokens the hold needed beyond what was left (0 when tokens fit).
+    pub tokens: u64,
+    /// Micro-USD the hold needed beyond what was left (0 when money fit).
+    pub micro_usd: i64,
+}
+
+impl Shortfall {
+    /// Read from a `BUDGET_EXCEEDED` refusal's metadata.
+    pub fn from_metadata(md: &std::collections::HashMap<String, String>) -> Shortfall {
+        let num = |k: &str| md.get(k).and_then(|v| v.parse::<i64>().ok());
+        let short = |asked: &str, left: &str| match (num(asked), num(left)) {
+            (Some(a), Some(l)) => (a - l).max(0),
+            // Unlimited (or not said): nothing short on that dimension.
+            _ => 0,
+        };
+        Shortfall {
+            money: md.get("dimension").is_some_and(|d| d == "cost"),
+            tokens: short("tokens_requested", "tokens_remaining") as u64,
+            micro_usd: short("cost_requested_micro_usd", "cost_remaining_micro_usd"),
+        }
+    }
+
+    /// The reason a task stopped by this refusal carries: money or tokens.
+    pub fn reason(&self) -> Reason {
+        if self.money {
+            Reason::AgentCostBudgetExceeded
+        } else {
+            Reason::AgentTokenBudgetExceeded
+        }
+    }
+}
+
 /// Why nothing was held.
 #[derive(Debug, Clone)]
 pub enum Refusal {
@@ -119,6 +157,8 @@ pub enum Refusal {
         refused_by: String,
         /// The ledger's words.
         message: String,
+        /// What ran out, with how much more the hold needed.
+        short: Shortfall,
     },
     /// The ledger refused for another reason (not the budget).
     Unavailable(String),
@@ -177,6 +217,7 @@ pub async fn reserve(ledger: &LedgerClient, r: HoldRequest) -> Result<Hold, Refu
                 let refused_by = api.metadata.get("refused_by").cloned().unwrap_or_default();
                 Err(Refusal::Budget {
                     refused_by,
+                    short: Shortfall::from_metadata(&api.metadata),
                     message: api.message,
                 })
             } else {

@@ -295,6 +295,15 @@ async fn resolve(conn: &Conn, c: &Client, id: &str) -> anyhow::Result<String> {
         .and_then(|r| r.job)
         .filter(|j| !j.run_id.is_empty());
     match job {
+        // Paused by its budget: the decision it waits for is its extension.
+        Some(j)
+            if j.state == switchyard_proto::executor::v1::JobState::BudgetPaused as i32
+                && j.budget_pause.as_ref().is_some_and(|p| p.decision == "pending") =>
+        {
+            let run = j.budget_pause.map(|p| p.run_id).unwrap_or_default();
+            eprintln!("job {id} is paused by its budget and waits on extension run {run}");
+            Ok(run)
+        }
         Some(j) => {
             eprintln!("job {id} waits on run {}", j.run_id);
             Ok(j.run_id)

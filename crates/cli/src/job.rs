@@ -178,6 +178,26 @@ pub enum JobCmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Resume a job its budget paused (budget_paused): approve the
+    /// extension it asks for (`job get` shows it). The job's budget is
+    /// raised by that much and the job goes on where it stopped; no
+    /// finished task runs again. Needs the approver role, and someone other
+    /// than the submitter (a second approver when the amount is above the
+    /// two-person threshold). `switchyard approval reject JOB -m why` ends
+    /// it instead.
+    Resume {
+        /// Job id.
+        id: String,
+        /// Comment for the audit log.
+        #[arg(short = 'm', long, default_value = "")]
+        comment: String,
+        /// The approval service's URL when it is not at --url (services
+        /// split).
+        #[arg(long, env = "SWITCHYARD_APPROVAL_URL")]
+        approval_url: Option<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
     /// Cancel a job: stop running work, release reservations, cancel its run.
     Cancel {
         /// Job id.
@@ -244,6 +264,45 @@ fn approval_hint(j: &Job) -> String {
     )
 }
 
+/// What a budget pause asks for: `12,000 more tokens` or `$0.000040 more`.
+fn extension_amount(p: &BudgetPause) -> String {
+    match p.cost {
+        Some(m) if m.micro_usd > 0 => format!("{} more", usd(m.micro_usd)),
+        _ => format!("{} more tokens", p.tokens),
+    }
+}
+
+/// The lines that say what a job's budget pause asks for, and what to run.
+fn pause_line(j: &Job, p: &BudgetPause) -> String {
+    let job_id = j.spec.as_ref().map_or("", |s| s.job_id.as_str());
+    let head = format!(
+        "paused     #{} by the {} of budget {}; extension run {} asks for {} to finish {}",
+        p.number,
+        p.dimension,
+        p.refused_by,
+        p.run_id,
+        extension_amount(p),
+        p.remaining_tasks.join(", ")
+    );
+    if j.state == JobState::BudgetPaused as i32 && p.decision == "pending" {
+        format!(
+            "{head}
+           switchyard job resume {job_id} --as <approver>  (or end it: switchyard approval reject {job_id} -m why)"
+        )
+    } else {
+        let by = if p.decided_by.is_empty() {
+            String::new()
+        } else {
+            format!(" by {}", p.decided_by)
+        };
+        format!(
+            "{head}
+           extension {}{by}",
+            p.decision.replace('_', " ")
+        )
+    }
+}
+
 /// A followed job's end as the exit-code rule wants it.
 fn ended(j: &Job) -> anyhow::Result<()> {
     let state = job_state(j.state);
@@ -298,7 +357,7 @@ fn parse_state(s: &str) -> anyhow::Result<i32> {
     JobState::from_str_name(&format!("JOB_STATE_{}", s.to_ascii_uppercase()))
         .filter(|s| *s != JobState::Unspecified)
         .map(|s| s as i32)
-        .ok_or_else(|| anyhow::anyhow!("unknown state {s:?}; expected scheduled, available, pending, active, completed, retryable, cancelled or discarded"))
+        .ok_or_else(|| anyhow::anyhow!("unknown state {s:?}; expected scheduled, available, pending, active, budget_paused, completed, retryable, cancelled or discarded"))
 }
 
 fn ms(t: &Option<prost_types::Timestamp>) -> Option<u64> {
@@ -353,6 +412,13 @@ pub fn job_json(j: &Job) -> Value {
         "created_at_ms": ms(&j.created_at), "started_at_ms": ms(&j.started_at), "finished_at_ms": ms(&j.finished_at),
         "last_sequence": j.last_sequence,
         "tasks": j.tasks.iter().map(task_json).collect::<Vec<_>>(),
+        "budget_pause": j.budget_pause.as_ref().map(|b| json!({
+            "run_id": b.run_id, "number": b.number, "dimension": b.dimension,
+            "refused_by": b.refused_by, "message": b.message, "tokens": b.tokens,
+            "cost_micro_usd": b.cost.map_or(0, |m| m.micro_usd),
+            "remaining_tasks": b.remaining_tasks, "decide_by_ms": ms(&b.decide_by),
+            "decision": b.decision, "decided_by": b.decided_by,
+        })),
     })
 }
 
@@ -397,6 +463,9 @@ fn print_job(j: &Job) {
         j.run_id, j.budget_id, j.submitted_by
     );
     println!("correlation {}", s.correlation_id);
+    if let Some(p) = &j.budget_pause {
+        println!("{}", pause_line(j, p));
+    }
     println!();
     let rows: Vec<Vec<String>> = j
         .tasks
@@ -750,6 +819,12 @@ async fn follow(
             let now = job_state(j.state);
             if now != last_state && now == "pending" && !j.run_id.is_empty() {
                 println!("{}", approval_hint(&j));
+            }
+            if now != last_state
+                && now == "budget_paused"
+                && let Some(p) = &j.budget_pause
+            {
+                println!("{}", pause_line(&j, p));
             }
             last_state = now;
         }
@@ -1118,12 +1193,67 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        JobCmd::Resume {
+            id,
+            comment,
+            approval_url,
+            conn,
+        } => resume(&conn, &id, comment, approval_url.as_deref()).await,
         JobCmd::Cancel { id, reason, conn } => {
             let c = client(&conn).await?;
             let req = CancelJobRequest { job_id: id, reason };
             shown(conn.output, c.cancel_job(req).await.map_err(api)?.job)
         }
     }
+}
+
+/// `job resume`: approves the extension a budget-paused job asks for.
+async fn resume(
+    conn: &Conn,
+    job_id: &str,
+    comment: String,
+    approval_url: Option<&str>,
+) -> anyhow::Result<()> {
+    let c = client(conn).await?;
+    let j = get(&c, job_id).await?;
+    let state = job_state(j.state);
+    let pause = j
+        .budget_pause
+        .as_ref()
+        .filter(|p| j.state == JobState::BudgetPaused as i32 && p.decision == "pending");
+    let Some(p) = pause else {
+        let what = if state == "retryable" {
+            "it was stopped by its budget under an earlier release, which could not pause it: submit it again"
+        } else {
+            "nothing to resume"
+        };
+        anyhow::bail!("job {job_id} is {state}, not paused by its budget: {what}");
+    };
+    let approval = crate::publish::at(conn, &conn.channel().await?, approval_url).await?;
+    let approval = switchyard_api::ApprovalClient::remote(approval, MAX_MESSAGE);
+    let req = switchyard_proto::approval::v1::ApproveRequest {
+        run_id: p.run_id.clone(),
+        comment,
+    };
+    let run = approval
+        .approve(req)
+        .await
+        .map_err(api)?
+        .run
+        .unwrap_or_default();
+    if run.status == switchyard_proto::approval::v1::RunStatus::Proposed as i32 {
+        println!(
+            "approval of extension run {} recorded; a second, different approver is needed before job {job_id} goes on",
+            p.run_id
+        );
+    } else {
+        println!(
+            "approved extension run {} of job {job_id}: its budget grows by {} and it goes on where it stopped (switchyard job watch {job_id})",
+            p.run_id,
+            extension_amount(p)
+        );
+    }
+    Ok(())
 }
 
 /// Prints the job an answer carries (`job cancel`, `job retry`).

@@ -42,7 +42,7 @@ pub(crate) async fn run(
 }
 
 /// A channel to the service at `url`, or `channel` (the same address).
-async fn at(
+pub(crate) async fn at(
     conn: &Conn,
     channel: &switchyard_kit::client::Intercepted,
     url: Option<&str>,

@@ -99,19 +99,27 @@ machine! {
         Active => "active",
         /// Every task succeeded.
         Completed => "completed",
-        /// Stopped by the budget; may be retried once the budget allows.
+        /// Stopped by the budget by a release before `budget_paused`
+        /// existed; none enters it now (kept so stored jobs still read).
         Retryable => "retryable",
         /// Cancelled by a person or rejected at approval.
         Cancelled => "cancelled",
         /// Failed for good, with partial results.
         Discarded => "discarded",
+        /// Its budget (or the scope approved for it) ran out: nothing more
+        /// is spent, finished tasks stay finished, and an extension request
+        /// waits for a person. Approved, it goes on where it stopped.
+        BudgetPaused => "budget_paused",
     }
     terminal [Completed, Cancelled, Discarded]
     table {
         Pending => [Scheduled, Available, Cancelled],
         Scheduled => [Available, Cancelled],
         Available => [Active, Cancelled],
-        Active => [Completed, Retryable, Discarded, Cancelled],
+        Active => [Completed, Retryable, Discarded, Cancelled, BudgetPaused],
+        // budget_paused -> active: the extension was approved; ->
+        // discarded: rejected or undecided in time; -> cancelled: by a person.
+        BudgetPaused => [Active, Discarded, Cancelled],
         Retryable => [Available, Discarded, Cancelled],
         // Terminal but for one door: an operator retries a dead-lettered
         // job (RetryDeadLetter), which starts a new round at approval.
@@ -145,6 +153,9 @@ machine! {
         AwaitingApproval => "awaiting_approval",
         /// An input task waits for a person's answer.
         InputRequired => "input_required",
+        /// The budget refused its next reservation: it waits, holding
+        /// nothing, for the job's extension to be decided.
+        BudgetPaused => "budget_paused",
     }
     terminal [Succeeded, Failed, Skipped, Cancelled]
     table {
@@ -156,7 +167,12 @@ machine! {
         // running -> awaiting_approval: the model called a tool that needs a
         // person's approval.
         // running -> input_required: an input task asks its question.
-        Running => [Succeeded, Failed, Retrying, Deferred, Cancelled, Ready, AwaitingApproval, InputRequired],
+        // running -> budget_paused: the budget refused a reservation.
+        Running => [Succeeded, Failed, Retrying, Deferred, Cancelled, Ready, AwaitingApproval, InputRequired, BudgetPaused],
+        // budget_paused -> ready: the extension was approved; -> failed:
+        // rejected or undecided in time; -> cancelled: with its job, or
+        // fail-fast of another task.
+        BudgetPaused => [Ready, Failed, Cancelled],
         // input_required -> running: answered, or the wait ended (the attempt
         // then ends with the answer, the default or INPUT_TIMEOUT); ->
         // failed: fail-fast of another task.
@@ -212,7 +228,11 @@ mod tests {
             (Pending, Scheduled | Available | Cancelled)
                 | (Scheduled, Available | Cancelled)
                 | (Available, Active | Cancelled)
-                | (Active, Completed | Retryable | Discarded | Cancelled)
+                | (
+                    Active,
+                    Completed | Retryable | Discarded | Cancelled | BudgetPaused
+                )
+                | (BudgetPaused, Active | Discarded | Cancelled)
                 | (Retryable, Available | Discarded | Cancelled)
                 | (Discarded, Pending)
         )
@@ -234,7 +254,9 @@ mod tests {
                         | Ready
                         | AwaitingApproval
                         | InputRequired
+                        | BudgetPaused
                 )
+                | (BudgetPaused, Ready | Failed | Cancelled)
                 | (AwaitingApproval, Running | Failed | Cancelled)
                 | (InputRequired, Running | Failed | Cancelled)
                 | (Retrying, Running | Failed | Cancelled)
@@ -244,7 +266,7 @@ mod tests {
 
     #[test]
     fn every_job_pair_follows_the_table_with_a_reason_fixed_by_the_pair() {
-        assert_eq!(JobState::ALL.len(), 8);
+        assert_eq!(JobState::ALL.len(), 9);
         for &from in JobState::ALL {
             for &to in JobState::ALL {
                 let got = from.check(to);
@@ -267,7 +289,7 @@ mod tests {
 
     #[test]
     fn every_task_pair_follows_the_table_with_a_reason_fixed_by_the_pair() {
-        assert_eq!(TaskState::ALL.len(), 11);
+        assert_eq!(TaskState::ALL.len(), 12);
         for &from in TaskState::ALL {
             for &to in TaskState::ALL {
                 let got = from.check(to);

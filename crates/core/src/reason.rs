@@ -73,6 +73,27 @@ reasons! {
     TransitionNotAllowed => "TRANSITION_NOT_ALLOWED",
     /// Seed 000: tokens used exceed the token budget.
     AgentTokenBudgetExceeded => "AGENT_TOKEN_BUDGET_EXCEEDED",
+    /// Money ran out: a reservation's cost does not fit in the job's budget
+    /// (or an enclosing one). The job pauses (`budget_paused`) and asks for
+    /// an extension.
+    AgentCostBudgetExceeded => "AGENT_COST_BUDGET_EXCEEDED",
+    /// A model call used more than its reservation held (the provider's
+    /// hidden prompt was larger than its configured overhead, or it ignored
+    /// `max_tokens`): the usage is on the budget, and the task fails without
+    /// another call. Not a budget that ran out: raise the provider's
+    /// `prompt_overhead_tokens` or `tool_overhead_tokens`.
+    UsageOverrun => "USAGE_OVERRUN",
+    /// A task's own `cost_limit` leaves no room for its next reservation:
+    /// raising the job's budget cannot help, so the task fails.
+    TaskCostLimit => "TASK_COST_LIMIT",
+    /// An approver rejected (or withdrew) a budget-paused job's extension
+    /// request: the job ends with what it finished.
+    BudgetExtensionRejected => "BUDGET_EXTENSION_REJECTED",
+    /// Nobody decided a budget-paused job's extension request in time
+    /// (`executor.budget_extension.timeout_secs`).
+    BudgetExtensionTimeout => "BUDGET_EXTENSION_TIMEOUT",
+    /// The job is not paused by its budget, so there is nothing to resume.
+    JobNotPaused => "JOB_NOT_PAUSED",
     /// Seed 000: delegation deeper than allowed.
     AgentMaxDelegationDepth => "AGENT_MAX_DELEGATION_DEPTH",
     /// Seed 000: output does not match `ext_agent_output_schema`.

@@ -61,20 +61,25 @@ pub struct Spec {
 /// Why a reservation was not granted.
 #[derive(Debug, Clone)]
 pub enum Refusal {
-    /// The budget (or an ancestor, or the task's cost limit) refused.
-    Budget(String),
+    /// The budget (or an ancestor) refused: what ran out is the reason,
+    /// `AGENT_TOKEN_BUDGET_EXCEEDED` or `AGENT_COST_BUDGET_EXCEEDED`.
+    Budget(String, Reason),
+    /// The task's own cost limit leaves no room (`TASK_COST_LIMIT`).
+    Limit(String),
     /// The ledger could not be asked.
     Unavailable(String),
 }
 
 impl Refusal {
-    /// The ledger's budget refusal (its `message`) of model call `call`'s
-    /// reservation. Which answers are refusals the spend protocol decides
+    /// The ledger's budget refusal (its `message`, and what ran out as
+    /// `reason`) of model call `call`'s reservation. Which answers are
+    /// refusals the spend protocol decides
     /// (`switchyard_api::spend::reserve`).
-    pub fn budget(message: &str, call: u32) -> Refusal {
-        Refusal::Budget(format!(
-            "the budget refused the reservation for model call {call}: {message}"
-        ))
+    pub fn budget(message: &str, reason: Reason, call: u32) -> Refusal {
+        Refusal::Budget(
+            format!("the budget refused the reservation for model call {call}: {message}"),
+            reason,
+        )
     }
 }
 
@@ -536,8 +541,11 @@ pub async fn resume(
         );
         let hold = match host.reserve(turn, tokens, cost).await {
             Ok(h) => h,
-            Err(Refusal::Budget(m)) => {
-                return Err(fail(Reason::AgentTokenBudgetExceeded, m, &report));
+            Err(Refusal::Budget(m, reason)) => {
+                return Err(fail(reason, m, &report));
+            }
+            Err(Refusal::Limit(m)) => {
+                return Err(fail(Reason::TaskCostLimit, m, &report));
             }
             Err(Refusal::Unavailable(m)) => {
                 return Err(fail(Reason::Unavailable, m, &report));
@@ -605,7 +613,7 @@ pub async fn resume(
                 cost_micro_usd: call_cost,
             }));
             return Err(fail(
-                Reason::AgentTokenBudgetExceeded,
+                Reason::UsageOverrun,
                 format!(
                     "model call {turn} ({model}) used {} tokens ({} prompt, {} completion) where {tokens} were reserved ({prompt} prompt at most, {cap} completion): the overrun is recorded on the budget and no further call is made; if the provider adds hidden prompt text, raise its prompt_overhead_tokens or tool_overhead_tokens",
                     resp.usage.total_tokens, resp.usage.prompt_tokens, resp.usage.completion_tokens
@@ -915,10 +923,10 @@ mod tests {
             Box::pin(async move {
                 let mut a = self.allowance.lock().unwrap();
                 if tokens > *a {
-                    return Err(Refusal::Budget(format!(
-                        "{tokens} tokens do not fit in {}",
-                        *a
-                    )));
+                    return Err(Refusal::Budget(
+                        format!("{tokens} tokens do not fit in {}", *a),
+                        Reason::AgentTokenBudgetExceeded,
+                    ));
                 }
                 *a -= tokens;
                 let mut r = self.reserved.lock().unwrap();
@@ -1341,7 +1349,7 @@ mod tests {
         let (llm, _s) = llm(&script).await;
         let h = host(1_000_000);
         let f = run(&llm, &spec(vec![]), &h).await.unwrap_err();
-        assert_eq!(f.reason, Reason::AgentTokenBudgetExceeded);
+        assert_eq!(f.reason, Reason::UsageOverrun);
         assert!(f.message.contains("used 5003 tokens"), "{}", f.message);
         assert_eq!(
             f.report.content, "",

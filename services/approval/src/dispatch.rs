@@ -48,11 +48,11 @@ impl Approval {
         });
     }
 
-    /// Sets a proposal's adapter: none for a per-call run or a
-    /// publication (a decision, nothing to execute), `switchyard` for a
+    /// Sets a proposal's adapter: none for a per-call run, a publication
+    /// or a budget extension (a decision, nothing to execute), `switchyard` for a
     /// job's run, else the run's choice or the configured default.
     pub(crate) fn bind_adapter(&self, run: &mut Run) -> Result<(), ApprovalError> {
-        if run.tool_call.is_some() || run.publication.is_some() {
+        if run.tool_call.is_some() || run.publication.is_some() || run.extension.is_some() {
             run.adapter.clear();
             return Ok(());
         }

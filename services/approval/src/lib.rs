@@ -1495,6 +1495,12 @@ impl Approval {
                     "per-call runs are proposed by the executor for a tool call awaiting approval; leave tool_call empty",
                 ));
             }
+            if run.extension.is_some() && p.on_behalf_of.is_none() {
+                return Err(invalid(
+                    "run.extension",
+                    "budget-extension runs are proposed by the executor for a budget-paused job; leave extension empty",
+                ));
+            }
             run.created_by = me;
             run.tenant = tenant;
         }

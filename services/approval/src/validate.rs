@@ -173,6 +173,26 @@ pub fn run(r: &Run) -> Result<(), Violations> {
             );
         }
     }
+    if let Some(x) = &r.extension {
+        if x.job_id.is_empty() || x.budget_id.is_empty() {
+            v.add(
+                "extension",
+                "extension.job_id and budget_id name the paused job and the budget raised",
+            );
+        }
+        if x.tokens == 0 && x.cost.as_ref().is_none_or(|m| m.micro_usd <= 0) {
+            v.add(
+                "extension",
+                "an extension adds tokens or money (a positive cost)",
+            );
+        }
+        if r.tool_call.is_some() || r.publication.is_some() {
+            v.add(
+                "extension",
+                "a run stands for one thing: an extension, a tool call or a publication",
+            );
+        }
+    }
     v.into_result()
 }
 

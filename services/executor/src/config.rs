@@ -147,6 +147,10 @@ pub struct ExecutorConfig {
     /// Per-call approval of risky tools, beyond what jobs and the registry
     /// mark (`[executor.tool_approval]`).
     pub tool_approval: ToolApproval,
+    /// A budget-paused job whose extension nobody decides within this many
+    /// seconds ends (`BUDGET_EXTENSION_TIMEOUT`): `[executor]
+    /// budget_extension_timeout_secs`.
+    pub budget_extension_timeout_secs: u64,
     /// Largest artifact a task may produce, bytes.
     pub artifact_max_bytes: usize,
 }
@@ -295,6 +299,7 @@ impl Default for ExecutorConfig {
             max_running_jobs: 256,
             replica_id: String::new(),
             tool_approval: ToolApproval::default(),
+            budget_extension_timeout_secs: 24 * 3600,
             artifact_max_bytes: 1 << 20,
         }
     }
@@ -331,6 +336,9 @@ impl ExecutorConfig {
                 "executor.dependency_retry_max_ms must be at least 50 and executor.prune_interval_secs at least 1"
                     .into(),
             );
+        }
+        if self.budget_extension_timeout_secs == 0 {
+            return Err("executor.budget_extension_timeout_secs must be at least 1".into());
         }
         if self.tool_approval.timeout_secs == 0 {
             return Err("executor.tool_approval.timeout_secs must be at least 1".into());

@@ -154,10 +154,12 @@ async fn delete(book: &JobBook, id: &str) -> Result<(), ExecutorError> {
 /// Why job `j` (`id`) is not in the dead letter.
 fn not_in_dead_letter(id: &str, j: &Job) -> ExecutorError {
     let state = crate::job::job_state(j.state);
-    let why = if state == JobState::Discarded {
-        " without dead_letter in its spec"
-    } else {
-        ""
+    let why = match state {
+        JobState::Discarded => " without dead_letter in its spec",
+        JobState::BudgetPaused => {
+            " — paused by its budget, not failed: `switchyard job resume` approves the extension it asks for (an approver other than its submitter), and it goes on where it stopped; `switchyard job cancel` ends it"
+        }
+        _ => "",
     };
     ExecutorError::NotInDeadLetter {
         job: id.to_owned(),

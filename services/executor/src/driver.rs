@@ -33,6 +33,8 @@ use crate::events::{self, JobEvent};
 use crate::outbox::RunEnd;
 use crate::schedule::{self, Decision};
 
+mod pause;
+
 /// Claim outcome.
 enum Claimed {
     Yes,
@@ -99,8 +101,12 @@ impl Executor {
             let stalled = {
                 let mut st = me.inner.book.lock();
                 st.drivers.remove(&id);
-                st.find(&id)
-                    .is_some_and(|e| matches!(e.state(), JobState::Available | JobState::Active))
+                st.find(&id).is_some_and(|e| {
+                    matches!(
+                        e.state(),
+                        JobState::Available | JobState::Active | JobState::BudgetPaused
+                    )
+                })
             };
             if stalled && me.draining() {
                 // Drained: nothing of it runs here any more.
@@ -483,6 +489,12 @@ impl Driver {
             if step.done && running.is_empty() {
                 return self.finish().await;
             }
+            if step.paused && running.is_empty() && !self.x.draining() {
+                match self.budget_pause(run_id, &mut renew).await? {
+                    pause::Waited::Decided | pause::Waited::Cancelled => continue,
+                    pause::Waited::Stopping => return Ok(()),
+                }
+            }
             if running.is_empty() && self.x.draining() {
                 // Drained: nothing runs and nothing may start here.
                 return Ok(());
@@ -589,6 +601,7 @@ impl Driver {
                 starts,
                 next_wake: step.next_wake,
                 done: step.done,
+                paused: step.paused,
             },
         ))
     }
@@ -687,6 +700,14 @@ impl Driver {
         let job_id = self.job_id.as_str();
         self.settled().await;
         let book = &self.x.inner.book;
+        // A pending extension request is withdrawn with the job.
+        let asking = book.lock().find(job_id).and_then(|e| match &e.pause {
+            Some((p, None)) if e.state() == JobState::BudgetPaused => Some(p.run_id.clone()),
+            _ => None,
+        });
+        if let Some(run_id) = asking {
+            self.x.cancel_run_by_id(run_id, why, who.clone()).await;
+        }
         let open: Vec<(String, String)> = book
             .lock()
             .find(job_id)
@@ -719,10 +740,12 @@ struct Started {
     starts: Vec<(usize, Snapshot, Duration)>,
     next_wake: Option<u64>,
     done: bool,
+    paused: bool,
 }
 
-/// How a job whose tasks are all final ends: completed, or the first failed
-/// task's reason (retryable when its token budget stopped it, seed 000).
+/// How a job whose tasks are all final ends: completed, or discarded with
+/// the first failed task's reason. (A budget no longer fails a task: it
+/// pauses the job, seed 000's `retryable` as OJS shows it.)
 fn final_state(st: &Jobs, job_id: &str) -> Result<(JobState, Reason, String), ExecutorError> {
     let e = st.get(job_id)?;
     let failed = e
@@ -734,12 +757,8 @@ fn final_state(st: &Jobs, job_id: &str) -> Result<(JobState, Reason, String), Ex
         None => (JobState::Completed, Reason::InvalidArgument, String::new()),
         Some(t) => {
             let r = Reason::parse(&t.reason).unwrap_or(Reason::Internal);
-            let to = if r == Reason::AgentTokenBudgetExceeded {
-                JobState::Retryable
-            } else {
-                JobState::Discarded
-            };
-            (to, r, format!("task {} failed: {}", t.task_id, t.error))
+            let error = format!("task {} failed: {}", t.task_id, t.error);
+            (JobState::Discarded, r, error)
         }
     })
 }
@@ -774,7 +793,12 @@ fn snapshot(st: &Jobs, job_id: &str, i: usize, attempt: u32) -> Result<Snapshot,
         outputs,
         stdin,
         budget_id: e.job.budget_id.clone(),
-        token_budget: spec.budget.as_ref().and_then(|b| b.token_budget),
+        // The spec's, and what approved extensions added to it.
+        token_budget: spec
+            .budget
+            .as_ref()
+            .and_then(|b| b.token_budget)
+            .map(|t| t.saturating_add(e.extra_tokens)),
         correlation_id: spec.correlation_id.clone(),
         delegation_depth: spec.delegation.as_ref().map_or(0, |d| d.depth),
         attempt,

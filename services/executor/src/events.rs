@@ -81,6 +81,10 @@ job_events! {
     Refused(Refused) = "budget.refused",
     /// A self-billing agent committed its own usage on the job's budget.
     BilledByAgent(BilledByAgent) = "budget.billed_by_agent",
+    /// The budget ran out: the job pauses and asks for an extension.
+    BudgetPaused(BudgetPaused) = "budget.paused",
+    /// A person (or the timeout) decided a budget-paused job's extension.
+    ExtensionDecided(ExtensionDecided) = "budget.extension_decided",
     /// A task changed state.
     TaskMoved(TaskMoved) = "task.state",
     /// A task attempt started.
@@ -555,6 +559,69 @@ pub struct Refused {
     /// Cost asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost_micro_usd: Option<i64>,
+    /// What ran out: `tokens` or `cost` (empty for the task's cost limit,
+    /// and in events of earlier releases).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub dimension: String,
+    /// Tokens the hold needed beyond what the budget had left.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub short_tokens: u64,
+    /// Micro-USD the hold needed beyond what the budget had left.
+    #[serde(skip_serializing_if = "is_zero_i64")]
+    pub short_micro_usd: i64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+fn is_zero_i64(v: &i64) -> bool {
+    *v == 0
+}
+
+/// `budget.paused`: what ran out, and the extension asked for.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BudgetPaused {
+    /// The extension's approval run.
+    pub run_id: String,
+    /// 1 for the job's first pause, 2 for its second, ...
+    pub number: u32,
+    /// What ran out: `tokens` or `cost`.
+    pub dimension: String,
+    /// The budget that refused.
+    pub refused_by: String,
+    /// The refusal, with its numbers.
+    pub message: String,
+    /// Tokens the extension adds.
+    pub tokens: u64,
+    /// Micro-USD the extension adds.
+    pub cost_micro_usd: i64,
+    /// Tasks not yet finished, in spec order.
+    pub remaining_tasks: Vec<String>,
+    /// Undecided by then (ms since the epoch), the job ends.
+    pub decide_by_ms: u64,
+}
+
+/// `budget.extension_decided`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ExtensionDecided {
+    /// The extension's run.
+    pub run_id: String,
+    /// `approved`, `rejected`, `cancelled` or `timed_out`.
+    pub decision: String,
+    /// Who decided.
+    pub by: String,
+    /// Their comment, or why it timed out.
+    pub comment: String,
+    /// Approved: the job budget's token limit once raised (unset: not
+    /// raised — no token limit, or money ran out).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_limit: Option<u64>,
+    /// Approved: the job budget's money limit once raised, micro-USD.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_limit_micro_usd: Option<i64>,
 }
 
 /// `budget.billed_by_agent`.
@@ -854,6 +921,35 @@ mod tests {
             message: "no".into(),
             tokens: None,
             cost_micro_usd: None,
+            ..Default::default()
+        }));
+        round_trip(JobEvent::Refused(Refused {
+            refused_by: "b-1".into(),
+            message: "no".into(),
+            tokens: Some(80),
+            cost_micro_usd: Some(30),
+            dimension: "cost".into(),
+            short_tokens: 0,
+            short_micro_usd: 10,
+        }));
+        round_trip(JobEvent::BudgetPaused(BudgetPaused {
+            run_id: "extend-1".into(),
+            number: 2,
+            dimension: "tokens".into(),
+            refused_by: "b-1".into(),
+            message: "no".into(),
+            tokens: 80,
+            cost_micro_usd: 0,
+            remaining_tasks: vec!["c".into(), "d".into()],
+            decide_by_ms: 1_795_410_601_873,
+        }));
+        round_trip(JobEvent::ExtensionDecided(ExtensionDecided {
+            run_id: "extend-1".into(),
+            decision: "approved".into(),
+            by: "bob".into(),
+            comment: String::new(),
+            token_limit: Some(160),
+            cost_limit_micro_usd: None,
         }));
         round_trip(JobEvent::ApprovalRequested(ApprovalRequested {
             estimated_cost_micro_usd: None,

@@ -75,6 +75,17 @@ pub struct JobEntry {
     /// (in memory only: the driver takes it instead of calling Claim; a
     /// restart or another replica claims again).
     pub run_claimed: bool,
+    /// Each task's last budget refusal (what its pause is sized from).
+    pub refusals: std::collections::HashMap<String, crate::events::Refused>,
+    /// The job's latest budget pause (this round), and its decision once
+    /// made.
+    pub pause: Option<(
+        crate::events::BudgetPaused,
+        Option<crate::events::ExtensionDecided>,
+    )>,
+    /// Tokens the approved extensions added to the job's budget (this
+    /// round): what its tasks size their holds against, with the spec's.
+    pub extra_tokens: u64,
 }
 
 impl JobEntry {
@@ -157,6 +168,9 @@ impl JobEntry {
             lease: 0,
             fetched: false,
             run_claimed: false,
+            refusals: Default::default(),
+            pause: None,
+            extra_tokens: 0,
         }
     }
 
@@ -323,9 +337,26 @@ impl JobEntry {
                     .apply(ev, at.sequence);
             }
             JobEvent::ArtifactStored(a) => self.job.artifacts.push(pb_artifact(a, at)),
+            JobEvent::Refused(r) => {
+                self.refusals.insert(at.task_id.clone(), r.clone());
+            }
+            JobEvent::BudgetPaused(p) => {
+                self.job.budget_pause = Some(pb_pause(p, None));
+                self.pause = Some((p.clone(), None));
+            }
+            JobEvent::ExtensionDecided(d) => {
+                if let Some((p, decided)) = &mut self.pause
+                    && p.run_id == d.run_id
+                {
+                    if d.decision == "approved" {
+                        self.extra_tokens += p.tokens;
+                    }
+                    self.job.budget_pause = Some(pb_pause(p, Some(d)));
+                    *decided = Some(d.clone());
+                }
+            }
             JobEvent::ApprovalDecided(_)
             | JobEvent::ArtifactRefused(_)
-            | JobEvent::Refused(_)
             | JobEvent::Output(_)
             | JobEvent::Routed(_)
             | JobEvent::AgentProgress(_)
@@ -364,6 +395,9 @@ impl JobEntry {
         self.asked.clear();
         self.answered.clear();
         self.talks.clear();
+        self.refusals.clear();
+        self.pause = None;
+        self.extra_tokens = 0;
         self.context_hash = crate::spec::context_hash(self.spec());
         self.recount();
     }
@@ -453,13 +487,10 @@ impl JobEntry {
         });
     }
 
-    /// What task `task_id` has spent or holds: its committed cost (its
-    /// own calls, agents billing themselves, child jobs), its open
-    /// reservations and those being made. The task's cost limit bounds this.
-    /// What is left of a job budget of `budget` tokens for a new hold:
-    /// less what the job used and what its open reservations hold. The
-    /// ledger decides; this sizes a reservation so that a budget that fits
-    /// the work is not refused because a step asks for all of it.
+    /// What is left of a job budget of `budget` tokens for a new hold: less
+    /// what the job used and what its open reservations hold. The ledger decides;
+    /// this sizes a reservation so that a budget that fits the work is not
+    /// refused because a step asks for all of it.
     pub fn tokens_left(&self, budget: u64) -> u64 {
         let held: u64 = self.open_reservations.values().map(|h| h.tokens).sum();
         budget
@@ -467,6 +498,9 @@ impl JobEntry {
             .saturating_sub(held)
     }
 
+    /// What task `task_id` has spent or holds: its committed cost (its
+    /// own calls, agents billing themselves, child jobs), its open
+    /// reservations and those being made. The task's cost limit bounds this.
     pub fn task_exposure(&self, task_id: &str) -> i64 {
         let spent = self
             .index
@@ -505,6 +539,28 @@ impl JobEntry {
     }
 }
 
+/// The public view of a budget pause and its decision.
+fn pb_pause(
+    p: &crate::events::BudgetPaused,
+    d: Option<&crate::events::ExtensionDecided>,
+) -> pb::BudgetPause {
+    pb::BudgetPause {
+        run_id: p.run_id.clone(),
+        number: p.number,
+        dimension: p.dimension.clone(),
+        refused_by: p.refused_by.clone(),
+        message: p.message.clone(),
+        tokens: p.tokens,
+        cost: (p.cost_micro_usd > 0).then_some(Money {
+            micro_usd: p.cost_micro_usd,
+        }),
+        remaining_tasks: p.remaining_tasks.clone(),
+        decide_by: Some(timestamp(p.decide_by_ms)),
+        decision: d.map_or("pending", |d| d.decision.as_str()).to_owned(),
+        decided_by: d.map(|d| d.by.clone()).unwrap_or_default(),
+    }
+}
+
 /// Proto job state -> table state.
 pub fn job_state(s: i32) -> JobState {
     match pb::JobState::try_from(s).unwrap_or(pb::JobState::Unspecified) {
@@ -515,6 +571,7 @@ pub fn job_state(s: i32) -> JobState {
         pb::JobState::Retryable => JobState::Retryable,
         pb::JobState::Cancelled => JobState::Cancelled,
         pb::JobState::Discarded => JobState::Discarded,
+        pb::JobState::BudgetPaused => JobState::BudgetPaused,
         pb::JobState::Pending | pb::JobState::Unspecified => JobState::Pending,
     }
 }
@@ -530,6 +587,7 @@ pub fn proto_job_state(s: JobState) -> pb::JobState {
         JobState::Retryable => pb::JobState::Retryable,
         JobState::Cancelled => pb::JobState::Cancelled,
         JobState::Discarded => pb::JobState::Discarded,
+        JobState::BudgetPaused => pb::JobState::BudgetPaused,
     }
 }
 
@@ -565,6 +623,7 @@ pub fn task_state(s: i32) -> TaskState {
         pb::TaskState::Deferred => TaskState::Deferred,
         pb::TaskState::AwaitingApproval => TaskState::AwaitingApproval,
         pb::TaskState::InputRequired => TaskState::InputRequired,
+        pb::TaskState::BudgetPaused => TaskState::BudgetPaused,
         pb::TaskState::Waiting | pb::TaskState::Unspecified => TaskState::Waiting,
     }
 }
@@ -583,6 +642,7 @@ pub fn proto_task_state(s: TaskState) -> pb::TaskState {
         TaskState::Deferred => pb::TaskState::Deferred,
         TaskState::AwaitingApproval => pb::TaskState::AwaitingApproval,
         TaskState::InputRequired => pb::TaskState::InputRequired,
+        TaskState::BudgetPaused => pb::TaskState::BudgetPaused,
     }
 }
 

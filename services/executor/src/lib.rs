@@ -367,6 +367,7 @@ impl Executor {
         let active = [
             switchyard_core::lifecycle::JobState::Available,
             switchyard_core::lifecycle::JobState::Active,
+            switchyard_core::lifecycle::JobState::BudgetPaused,
         ];
         let resume = self.inner.book.lock().in_states(&active);
         for id in resume {

@@ -13,9 +13,14 @@
 //!   starts go in DAG order.
 //! - **Deadlines**: the earlier of the task's and the job's; a task is not
 //!   started after it, and a retry or deferral that would pass it fails.
+//! - **Budget pauses**: a task the budget refused is `budget_paused` (with
+//!   FAIL_AND_NOTIFY's notification); while one is, nothing new starts, and
+//!   once nothing runs the job pauses ([`Step::paused`]) until its
+//!   extension is decided. The attempt it cost does not count against the
+//!   task's retries.
 //! - **Fallbacks** ([`after_failure`]): on timeout FAIL_AND_NOTIFY or one
-//!   RETRY_WITH_TIMEOUT_EXTENSION; on capability unavailable DEFER; on cost
-//!   exceeded FAIL_AND_NOTIFY; on agent offline SELECT_NEXT_BEST
+//!   RETRY_WITH_TIMEOUT_EXTENSION; on capability unavailable DEFER; on
+//!   agent offline SELECT_NEXT_BEST
 //!   ([`next_on_offline`]). Everything else goes to the retry policy, with
 //!   backoff (fixed, linear, exponential) and jitter.
 
@@ -126,6 +131,9 @@ pub(crate) struct Step {
     pub(crate) next_wake: Option<u64>,
     /// Every task is final once the decisions are recorded.
     pub(crate) done: bool,
+    /// A task waits for the budget: nothing was started, and once no
+    /// attempt runs the job pauses for its extension.
+    pub(crate) paused: bool,
 }
 
 /// Policy knobs from the configuration.
@@ -185,9 +193,14 @@ pub(crate) fn step(job: &JobEntry, now: u64, running: usize, policy: &Policy) ->
             }
         }
     }
+    out.paused = states.contains(&TaskState::BudgetPaused);
     let max_parallel = job.spec().max_parallel.max(1) as usize;
     let mut started = 0;
     for &i in job.dag.order() {
+        if out.paused {
+            // Nothing more is spent until the extension is decided.
+            break;
+        }
         let due = match states[i] {
             TaskState::Ready => true,
             TaskState::Retrying | TaskState::Deferred => {
@@ -223,6 +236,28 @@ pub(crate) fn step(job: &JobEntry, now: u64, running: usize, policy: &Policy) ->
     out
 }
 
+/// How a budget pause ends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum PauseEnd<'a> {
+    /// The extension was approved: the paused tasks are ready again.
+    Approved,
+    /// Rejected or undecided: the paused tasks fail, with this reason.
+    Refused(Reason, &'a str),
+}
+
+/// The moves that end a budget pause, one per paused task.
+pub(crate) fn end_pause(job: &JobEntry, end: PauseEnd<'_>) -> Vec<Move> {
+    (0..job.job.tasks.len())
+        .filter(|&i| job.task_state(i) == TaskState::BudgetPaused)
+        .map(|i| match end {
+            PauseEnd::Approved => Move::to(i, TaskState::Ready),
+            PauseEnd::Refused(reason, error) => {
+                Move::to(i, TaskState::Failed).because(reason, error)
+            }
+        })
+        .collect()
+}
+
 /// Readiness and fail-fast for task `i`, given the states decided so far.
 fn readiness(job: &JobEntry, states: &[TaskState], i: usize, failed: Option<&str>) -> Option<Move> {
     let deps = job.dag.deps(i);
@@ -240,7 +275,7 @@ fn readiness(job: &JobEntry, states: &[TaskState], i: usize, failed: Option<&str
         TaskState::Waiting | TaskState::Ready if failed.is_some() || upstream_bad => {
             Some(Move::to(i, TaskState::Skipped).because(Reason::UpstreamFailed, why("not run")))
         }
-        TaskState::Retrying | TaskState::Deferred if failed.is_some() => {
+        TaskState::Retrying | TaskState::Deferred | TaskState::BudgetPaused if failed.is_some() => {
             Some(Move::to(i, TaskState::Cancelled).because(Reason::UpstreamFailed, why("stopped")))
         }
         TaskState::Waiting if deps.iter().all(|&d| states[d] == TaskState::Succeeded) => {
@@ -291,14 +326,16 @@ pub(crate) fn after_failure(
     match f.class {
         Class::Permanent => return (fail(f.reason, &f.error), None),
         Class::Budget => {
-            // on_cost_exceeded: FAIL_AND_NOTIFY is the only strategy.
+            // on_cost_exceeded: the task waits for the job's extension
+            // (FAIL_AND_NOTIFY's notification still goes out).
             let note = if fallback.notification.is_empty() {
                 "Task exceeded budget"
             } else {
                 &fallback.notification
             };
             let note = format!("{note}: {}", f.error);
-            return (fail(f.reason, &f.error), Some(note));
+            let m = Move::to(i, TaskState::BudgetPaused).because(f.reason, &f.error);
+            return (m, Some(note));
         }
         Class::Timeout if fallback.on_timeout == FS::FailAndNotify as i32 => {
             let note = format!("task {} timed out: {}", task.id, f.error);
@@ -345,7 +382,15 @@ fn defer(job: &JobEntry, i: usize, f: &Failure, now: u64, policy: &Policy) -> Mo
         .after(wait)
 }
 
-/// The retry policy. Deferrals and the timeout extension are not retries.
+/// Whether an attempt ended because the budget refused it (it paused the
+/// job; it is not a retry).
+fn budget_stop(reason: &str) -> bool {
+    reason == Reason::AgentTokenBudgetExceeded.as_str()
+        || reason == Reason::AgentCostBudgetExceeded.as_str()
+}
+
+/// The retry policy. Deferrals, the timeout extension and budget pauses
+/// are not retries.
 fn retry(job: &JobEntry, i: usize, f: &Failure, now: u64, unit_random: f64) -> Move {
     let task = &job.spec().tasks[i];
     let policy = task.retry.clone().unwrap_or_default();
@@ -354,7 +399,8 @@ fn retry(job: &JobEntry, i: usize, f: &Failure, now: u64, unit_random: f64) -> M
         .attempts
         .iter()
         .filter(|a| {
-            a.reason != Reason::CapabilityUnavailable.as_str() || f.class == Class::Unavailable
+            (a.reason != Reason::CapabilityUnavailable.as_str() || f.class == Class::Unavailable)
+                && !budget_stop(&a.reason)
         })
         .count()
         .saturating_sub(1 + usize::from(extended)) as u32;

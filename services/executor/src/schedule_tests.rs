@@ -308,10 +308,10 @@ fn permanent_failures_fail_at_once() {
 }
 
 #[test]
-fn cost_exceeded_fails_and_notifies_with_the_tasks_notification() {
+fn cost_exceeded_pauses_the_task_and_notifies_with_the_tasks_notification() {
     let j = running_one(task("a", &[]));
     let (m, note) = after_failure(&j, 0, &fail(Class::Budget), 1_000, 0.0, &POLICY);
-    assert_eq!(m.to, TaskState::Failed);
+    assert_eq!(m.to, TaskState::BudgetPaused);
     assert_eq!(note.as_deref(), Some("Task exceeded budget: boom"));
     let j = running_one(fallback(FallbackPolicy {
         notification: "page the owner".into(),
@@ -319,6 +319,105 @@ fn cost_exceeded_fails_and_notifies_with_the_tasks_notification() {
     }));
     let (_, note) = after_failure(&j, 0, &fail(Class::Budget), 1_000, 0.0, &POLICY);
     assert_eq!(note.as_deref(), Some("page the owner: boom"));
+}
+
+/// A budget refusal as the attempt records it.
+fn budget_refused() -> Failure {
+    Failure {
+        class: Class::Budget,
+        reason: Reason::AgentCostBudgetExceeded,
+        error: "the budget refused the reservation".into(),
+    }
+}
+
+#[test]
+fn a_budget_pause_starts_nothing_new_and_pauses_once_nothing_runs() {
+    // a and b run side by side; c follows a.
+    let mut j = job(vec![task("a", &[]), task("b", &[]), task("c", &["a"])], 2);
+    let s = step(&j, 1_000, 0, &POLICY);
+    assert_eq!(take(&mut j, &s, 1_000), vec![0, 1]);
+    let (m, _) = after_failure(&j, 0, &budget_refused(), 1_010, 0.0, &POLICY);
+    record(&mut j, &m, 1_010);
+    // b still runs: the job is not paused yet, and nothing starts.
+    let s = step(&j, 1_020, 1, &POLICY);
+    assert!(s.paused && !s.done);
+    assert!(take(&mut j, &s, 1_020).is_empty());
+    record(&mut j, &Move::to(1, TaskState::Succeeded), 1_030);
+    let s = step(&j, 1_040, 0, &POLICY);
+    assert!(s.paused && !s.done && s.next_wake.is_none());
+    assert_eq!(
+        states(&j),
+        vec![
+            TaskState::BudgetPaused,
+            TaskState::Succeeded,
+            TaskState::Waiting
+        ]
+    );
+    // Approved: a runs again as attempt 2, and b is never run again.
+    for m in end_pause(&j, PauseEnd::Approved) {
+        record(&mut j, &m, 1_050);
+    }
+    let s = step(&j, 1_060, 0, &POLICY);
+    assert!(!s.paused);
+    assert_eq!(take(&mut j, &s, 1_060), vec![0]);
+    assert_eq!(j.job.tasks[0].attempts.len(), 2);
+    assert_eq!(j.job.tasks[1].attempts.len(), 1);
+}
+
+#[test]
+fn a_budget_pause_is_not_a_retry_and_a_refused_extension_fails_the_task() {
+    let mut t = task("a", &[]);
+    t.retry = Some(RetryPolicy {
+        max_retries: 1,
+        ..Default::default()
+    });
+    let mut j = running_one(t);
+    // Three pauses, each approved: the one retry is still there.
+    for n in 0..3u64 {
+        let at = 1_000 + n * 100;
+        let (m, _) = after_failure(&j, 0, &budget_refused(), at, 0.0, &POLICY);
+        record(&mut j, &m, at);
+        for m in end_pause(&j, PauseEnd::Approved) {
+            record(&mut j, &m, at + 10);
+        }
+        let s = step(&j, at + 20, 0, &POLICY);
+        take(&mut j, &s, at + 20);
+    }
+    let (m, _) = after_failure(&j, 0, &fail(Class::Other), 2_000, 0.0, &POLICY);
+    assert_eq!(m.to, TaskState::Retrying);
+    // A rejected extension fails the paused task with the decision's reason.
+    let mut j = running_one(task("a", &[]));
+    let (m, _) = after_failure(&j, 0, &budget_refused(), 1_000, 0.0, &POLICY);
+    record(&mut j, &m, 1_000);
+    let why = "the extension was rejected";
+    let moves = end_pause(&j, PauseEnd::Refused(Reason::BudgetExtensionRejected, why));
+    assert_eq!(moves.len(), 1);
+    assert_eq!(
+        (moves[0].to, moves[0].reason, moves[0].error.as_str()),
+        (
+            TaskState::Failed,
+            Some(Reason::BudgetExtensionRejected),
+            why
+        )
+    );
+}
+
+#[test]
+fn another_tasks_failure_cancels_a_budget_paused_task() {
+    let mut j = job(vec![task("a", &[]), task("b", &[])], 2);
+    let s = step(&j, 1_000, 0, &POLICY);
+    take(&mut j, &s, 1_000);
+    let (m, _) = after_failure(&j, 0, &budget_refused(), 1_010, 0.0, &POLICY);
+    record(&mut j, &m, 1_010);
+    record(
+        &mut j,
+        &Move::to(1, TaskState::Failed).because(Reason::CommandFailed, "boom"),
+        1_020,
+    );
+    let s = step(&j, 1_030, 0, &POLICY);
+    take(&mut j, &s, 1_030);
+    assert!(s.done);
+    assert_eq!(j.task_state(0), TaskState::Cancelled);
 }
 
 #[test]
@@ -542,6 +641,13 @@ proptest! {
             if s.done && running.is_empty() {
                 ended = true;
                 break;
+            }
+            if s.paused && running.is_empty() {
+                // The job paused for its budget: the extension is approved.
+                for m in end_pause(&j, PauseEnd::Approved) {
+                    record(&mut j, &m, now);
+                }
+                continue;
             }
             if running.is_empty() {
                 // Nothing runs: something must be due later.

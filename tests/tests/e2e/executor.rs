@@ -573,13 +573,28 @@ async fn a_refused_reservation_means_the_agent_is_never_called(b: Backend) {
         {"id":"t","agent":{"capability":"builtin.echo"},
          "fallback":{"on_cost_exceeded":{"strategy":"FAIL_AND_NOTIFY","notification":"Task exceeded budget"}}}]}"#;
     submit(&mut c, doc).await.unwrap();
-    let r = finish(&mut c, "broke").await;
+    let paused = until_event(&mut c, "broke", "budget.paused").await;
+    // The enclosing budget ran out: the pause says so, and what is short.
+    assert_eq!(paused["refused_by"], "team", "{paused}");
+    let j = job(&mut c, "broke").await;
     assert_eq!(
-        r.state,
-        JobState::Retryable as i32,
-        "seed 000: budget exhaustion is retryable"
+        j.state,
+        JobState::BudgetPaused as i32,
+        "seed 000's retryable: paused, not failed"
     );
-    assert_eq!(r.reason, "AGENT_TOKEN_BUDGET_EXCEEDED");
+    assert_eq!(j.reason, "AGENT_TOKEN_BUDGET_EXCEEDED");
+    // The team's budget raised and the extension approved, the job goes on.
+    ledger
+        .update_limits(switchyard_proto::ledger::v1::UpdateLimitsRequest {
+            budget_id: "team".into(),
+            token_limit: Some(10_000),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    approve(&s, paused["run_id"].as_str().unwrap()).await;
+    let r = finish(&mut c, "broke").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
     let evs = events(&mut c, "broke", 0).await;
     assert!(
         evs.iter()
@@ -590,9 +605,15 @@ async fn a_refused_reservation_means_the_agent_is_never_called(b: Backend) {
             .any(|e| e.kind == "job.notice"
                 && field(e, "message").starts_with("Task exceeded budget"))
     );
-    assert!(
-        !evs.iter()
-            .any(|e| e.kind == "agent.call" || e.kind == "budget.reserved"),
+    // The refused attempt called nothing: the one call is after the pause.
+    let kinds: Vec<&str> = evs
+        .iter()
+        .map(|e| e.kind.as_str())
+        .filter(|k| matches!(*k, "agent.call" | "budget.reserved" | "budget.paused"))
+        .collect();
+    assert_eq!(
+        kinds,
+        ["budget.paused", "budget.reserved", "agent.call"],
         "no call without a reservation"
     );
     s.stop().await.unwrap();
@@ -888,38 +909,6 @@ impl switchyard_agent_sdk::Agent for Recorder {
             )
         }
     }
-}
-
-/// Serves `agent` (written with the SDK) as `id` offering `capability`,
-/// registered with the stack's registry; fire the trigger to stop it.
-fn serve_sdk_agent<A: switchyard_agent_sdk::Agent + Clone + 'static>(
-    s: &Stack,
-    id: &str,
-    capability: &str,
-    agent: A,
-) -> (
-    switchyard_kit::shutdown::Trigger,
-    tokio::task::JoinHandle<Result<(), switchyard_agent_sdk::SdkError>>,
-) {
-    let (trigger, shutdown) = switchyard_kit::shutdown::channel();
-    let mut spec = switchyard_proto::registry::v1::AgentSpec {
-        id: id.into(),
-        capabilities: vec![switchyard_proto::registry::v1::Capability {
-            name: capability.into(),
-            ..Default::default()
-        }],
-        trust_score: 90,
-        ..Default::default()
-    };
-    let opts = switchyard_agent_sdk::ServeOptions {
-        registry_url: s.url.clone(),
-        credential: switchyard_kit::client::Credential::bearer(&s.token("agents").unwrap()).ok(),
-        ..Default::default()
-    };
-    let served = tokio::spawn(async move {
-        switchyard_agent_sdk::serve_until(agent, &mut spec, opts, shutdown).await
-    });
-    (trigger, served)
 }
 
 async fn a_deferred_task_runs_once_its_capability_appears_and_retries_keep_one_idempotency_key(
@@ -1589,26 +1578,6 @@ async fn stopping_lets_a_running_command_finish_and_the_restart_runs_only_what_i
     assert_eq!(task("a").exit_code, Some(0));
     s.stop().await.unwrap();
     drop(dir);
-}
-
-/// An agent that echoes its text and reports the tokens it used.
-#[derive(Clone)]
-struct Counting(u64);
-
-#[tonic::async_trait]
-impl switchyard_agent_sdk::Agent for Counting {
-    async fn invoke(
-        &self,
-        req: switchyard_agent_sdk::Invocation,
-        _progress: switchyard_agent_sdk::Progress,
-    ) -> switchyard_proto::agent::v1::AgentResponse {
-        let mut r = switchyard_agent_sdk::respond::success(
-            switchyard_agent_sdk::input_text(&req, "text"),
-            None,
-        );
-        r.tokens_used = self.0;
-        r
-    }
 }
 
 /// A budget that fits a chain's work fits the chain: the next step may use

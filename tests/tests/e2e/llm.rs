@@ -311,13 +311,13 @@ async fn no_request_reaches_the_model_before_approval_or_after_the_budget_refuse
     // 20 × $2.50/M + 5 × $10/M = 50 + 50 µ$.
     assert_eq!(r.cost.unwrap().micro_usd, 100);
 
-    // A token budget too small for one call: refused, no request, retryable.
+    // A token budget too small for one call: refused, no request, paused
+    // for a person to extend it.
     let tight = r#"{"type": "t.ask", "args": ["Say fine"], "ext_agent_model": "gpt-4o",
                     "ext_agent_max_tokens": 500, "ext_agent_token_budget": 100}"#;
     let job = submit(&mut e.jobs, tight).await.unwrap();
     approve(&e.stack, &job.run_id).await;
-    let r = finish(&mut e.jobs, &id(&job)).await;
-    assert_eq!(r.state, JobState::Retryable as i32, "{r:?}");
+    let r = crate::common::until_paused(&mut e.jobs, &id(&job)).await;
     assert_eq!(r.reason, "AGENT_TOKEN_BUDGET_EXCEEDED");
     assert_eq!(e.script.count(), 1, "no request once the budget refuses");
     let b = budget(&e.stack, &format!("job-{}", id(&job))).await;
@@ -338,7 +338,8 @@ async fn parallel_tasks_sharing_one_budget_never_exceed_it() {
                      "budget": {"token_budget": 1500}, "tasks": tasks})
     .to_string();
     let job = submit(&mut e.jobs, &doc).await.unwrap();
-    let r = finish(&mut e.jobs, &id(&job)).await;
+    // The tasks that do not fit pause the job once the others are done.
+    let r = crate::common::until_paused(&mut e.jobs, &id(&job)).await;
     let b = budget(&e.stack, &format!("job-{}", id(&job))).await;
     let done = r
         .tasks
@@ -346,6 +347,7 @@ async fn parallel_tasks_sharing_one_budget_never_exceed_it() {
         .filter(|t| t.state == TaskState::Succeeded as i32)
         .count();
     assert!(b.tokens_spent <= 1500, "spent {} of 1500", b.tokens_spent);
+    assert_eq!(b.tokens_reserved, 0, "a paused job holds nothing");
     assert!(!b.overrun);
     assert_eq!(b.tokens_spent, 310 * done as u64, "every request committed");
     assert_eq!(
@@ -417,7 +419,10 @@ async fn usage_beyond_the_reservation_is_an_overrun_that_stops_the_task() {
         "llm": {"model": "m-overrun", "prompt": "x", "max_tokens": 20, "tools": [{"name": "stamp", "command": "true"}]}}]}"#;
     let job = submit(&mut e.jobs, doc).await.unwrap();
     let r = finish(&mut e.jobs, &id(&job)).await;
-    assert_eq!(r.reason, "AGENT_TOKEN_BUDGET_EXCEEDED", "{r:?}");
+    // Not a budget that ran out (an extension would not help): the task
+    // fails with the overrun's own reason.
+    assert_eq!(r.state, JobState::Discarded as i32, "{r:?}");
+    assert_eq!(r.reason, "USAGE_OVERRUN", "{r:?}");
     assert_eq!(
         e.script.count(),
         1,
@@ -459,7 +464,9 @@ async fn a_tasks_cost_limit_bounds_the_sum_of_its_model_calls() {
         "llm": {"model": "m-cost", "prompt": "x", "max_tokens": 20, "tools": [{"name": "stamp", "command": "true"}]}}]}"#;
     let job = submit(&mut e.jobs, doc).await.unwrap();
     let r = finish(&mut e.jobs, &id(&job)).await;
-    assert_eq!(r.reason, "AGENT_TOKEN_BUDGET_EXCEEDED", "{r:?}");
+    // The task's own limit, which no extension raises: it fails.
+    assert_eq!(r.reason, "TASK_COST_LIMIT", "{r:?}");
+    assert_eq!(r.state, JobState::Discarded as i32, "{r:?}");
     assert_eq!(e.script.count(), 1);
     assert_eq!(r.cost.unwrap().micro_usd, 225);
     let refused: Vec<Value> = events(&mut e.jobs, &id(&job))
@@ -1226,6 +1233,18 @@ async fn an_agent_whose_tool_name_is_taken_is_refused_at_start() {
 }
 
 /// `POST path` with an OJS body as `token` on the stack's HTTP door.
+async fn ojs_get(s: &Stack, path: &str, token: &str) -> (u16, Value) {
+    switchyard_kit::tls::install_crypto();
+    let resp = reqwest::Client::new()
+        .get(format!("http://{}{path}", s.http.unwrap()))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    let code = resp.status().as_u16();
+    (code, resp.json().await.unwrap())
+}
+
 async fn ojs_post(s: &Stack, path: &str, token: &str, body: Value) -> (u16, Value) {
     switchyard_kit::tls::install_crypto();
     let resp = reqwest::Client::new()
@@ -1270,11 +1289,24 @@ async fn over_ojs_an_approver_activates_a_pending_llm_job_and_a_too_small_budget
     assert_eq!(v["job"]["args"], json!(["Say fine"]), "{v}");
     assert_eq!(v["job"]["meta"], json!({"team": "docs"}), "{v}");
 
-    // Its budget cannot hold one call: refused before any model request.
-    let r = finish(&mut e.jobs, &job_id).await;
-    assert_eq!(r.state, JobState::Retryable as i32, "{r:?}");
+    // Its budget cannot hold one call: refused before any model request,
+    // and paused (OJS `retryable`, seed 000) until a person extends it.
+    let r = crate::common::until_paused(&mut e.jobs, &job_id).await;
     assert_eq!(r.reason, "AGENT_TOKEN_BUDGET_EXCEEDED");
     assert_eq!(e.script.count(), 0, "no model request");
+    let (code, v) = ojs_get(&e.stack, &format!("/ojs/v1/jobs/{job_id}"), &alice).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(
+        (
+            v["job"]["state"].as_str(),
+            v["job"]["ext_agent_state"].as_str()
+        ),
+        (Some("retryable"), Some("budget_paused")),
+        "{v}"
+    );
+    let pause = &v["job"]["ext_agent_budget_pause"];
+    assert_eq!(pause["dimension"], "tokens", "{v}");
+    assert_eq!(pause["remaining_tasks"], json!(["agent"]), "{v}");
     let (code, v) = ojs_post(&e.stack, &activate, &bob, json!({})).await;
     assert_eq!(
         (code, v["error"]["code"].as_str()),

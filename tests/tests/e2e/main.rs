@@ -7,6 +7,7 @@ mod a2a;
 mod a2a_door;
 mod adapters;
 mod auth;
+mod budget_pause;
 mod console;
 mod conversation;
 mod executor;

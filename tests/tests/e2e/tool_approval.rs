@@ -18,7 +18,7 @@ use switchyard_proto::executor::v1::{CancelJobRequest, GetArtifactRequest, JobSt
 use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
 use switchyard_testkit::Stack;
 
-use crate::common::{self, Jobs, approvals_as, budget, finish, id, submit, until_event};
+use crate::common::{self, Jobs, approvals_as, budget, finish, id, run_of, submit, until_event};
 use crate::llm::{Provider, env, events, provide, task};
 
 /// A native job with one LLM task on `model` offering `deploy`, keeping its
@@ -72,19 +72,6 @@ async fn pending_calls(s: &Stack, who: &str) -> Vec<Run> {
         .into_iter()
         .filter(|r| r.tool_call.is_some())
         .collect()
-}
-
-async fn run_of(s: &Stack, run_id: &str) -> Run {
-    approvals_as(s, "bob")
-        .await
-        .get_run(GetRunRequest {
-            run_id: run_id.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .run
-        .unwrap()
 }
 
 /// Waits (bounded) until the run reaches `status`.

@@ -86,28 +86,19 @@ async fn until_completed(url: &str) {
     assert!(done.is_ok(), "{:?}", job_of(url, "deploy-size").await);
 }
 
-fn dev(dir: &std::path::Path) -> Proc {
-    let dev = Proc::dev_at(&dir.join("data"), &[], &dir.join("dev.log"));
-    let url = dev.url();
-    wait_for("built-in agents routable", Duration::from_secs(20), || {
-        routed(&url, &["--capability", "builtin.echo"]).is_some_and(|ids| !ids.is_empty())
-    });
-    dev
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_survives_kill_9_on_either_side_and_is_taken_once() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("job.yaml");
     std::fs::write(&file, JOB).unwrap();
-    let dev1 = dev(dir.path());
+    let dev1 = dev_in(dir.path());
     let url = dev1.url();
     submit_as(&url, file.to_str().unwrap(), "alice");
     asked(&url).await;
     // Crash while the task waits.
     dev1.kill9();
 
-    let dev2 = dev(dir.path());
+    let dev2 = dev_in(dir.path());
     let url = dev2.url();
     let job = job_of(&url, "deploy-size").await;
     assert_eq!(job.tasks[0].state, TaskState::InputRequired as i32);
@@ -165,7 +156,7 @@ async fn an_answer_survives_kill_9_on_either_side_and_is_taken_once() {
     // Crash right after the answer was acknowledged.
     dev2.kill9();
 
-    let dev3 = dev(dir.path());
+    let dev3 = dev_in(dir.path());
     let url = dev3.url();
     until_completed(&url).await;
     let again = ok(&cli(&url, &args));
@@ -221,7 +212,7 @@ async fn curl_lists_and_answers_a_waiting_step_over_rest() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("job.yaml");
     std::fs::write(&file, JOB).unwrap();
-    let dev = dev(dir.path());
+    let dev = dev_in(dir.path());
     let url = dev.url();
     let http = format!("http://{}", dev.http.as_deref().unwrap());
     submit_as(&url, file.to_str().unwrap(), "alice");
@@ -276,7 +267,7 @@ async fn an_answer_sent_over_a2a_survives_kill_9_and_a_resend_is_taken_once() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("job.yaml");
     std::fs::write(&file, JOB).unwrap();
-    let dev1 = dev(dir.path());
+    let dev1 = dev_in(dir.path());
     let url = dev1.url();
     let http = format!("http://{}", dev1.http.as_deref().unwrap());
     submit_as(&url, file.to_str().unwrap(), "alice");
@@ -303,7 +294,7 @@ async fn an_answer_sent_over_a2a_survives_kill_9_and_a_resend_is_taken_once() {
     // Crash right after the acknowledgement.
     dev1.kill9();
 
-    let dev2 = dev(dir.path());
+    let dev2 = dev_in(dir.path());
     let url = dev2.url();
     let http = format!("http://{}", dev2.http.as_deref().unwrap());
     until_completed(&url).await;

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod budget_pause;
 mod conversation;
 mod deploy;
 mod executor_replicas;

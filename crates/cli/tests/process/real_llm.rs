@@ -103,6 +103,31 @@ impl Dev {
         self.job(&id)
     }
 
+    /// Submits and approves `doc` as [`Dev::run`] does, and waits
+    /// (bounded: 60 s) until its budget pauses it; returns the paused job.
+    fn run_to_pause(&self, doc: Value) -> Value {
+        let id = self.submit(doc);
+        self.approve(&id);
+        for _ in 0..600 {
+            let j = self.job(&id);
+            if j["state"] == "budget_paused" {
+                return j;
+            }
+            let state = j["state"].as_str().unwrap_or_default();
+            assert!(
+                !matches!(state, "completed" | "cancelled" | "discarded"),
+                "the job ended instead of pausing: {j}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!("job {id} did not pause within 60 s");
+    }
+
+    /// Cancels a job as alice (a paused job ends, so its events end).
+    fn cancel(&self, id: &str) {
+        ok(&cli(&self.url, &["job", "cancel", id, "--as", "alice"]));
+    }
+
     fn submit(&self, doc: Value) -> String {
         let file = self.dir.path().join(format!("{}.json", uuid_like()));
         std::fs::write(&file, doc.to_string()).unwrap();
@@ -373,7 +398,7 @@ fn real_llm_json_output_follows_the_schema_sent_and_a_cut_off_answer_is_named() 
 fn real_llm_a_budget_too_small_is_refused_before_any_request() {
     let server = start("gemma");
     let d = dev(&server, "", "");
-    let job = d.run(llm_job(
+    let job = d.run_to_pause(llm_job(
         "Name three colours.",
         json!({"ext_agent_token_budget": 10}),
     ));
@@ -416,8 +441,9 @@ fn real_llm_a_tight_budget_under_tool_overhead_is_never_exceeded() {
     let server = start("chatml-function-calling");
     let d = dev(&server, "", "");
     let first = tight_bound() + DEFAULT_TOOL_OVERHEAD_TOKENS + 32;
-    let job = d.run(tight_job(first + 40));
+    let job = d.run_to_pause(tight_job(first + 40));
     let id = job["job_id"].as_str().unwrap();
+    d.cancel(id);
     let b = d.budget(id);
     let spent = b["tokens_spent"].as_u64().unwrap();
     assert!(spent <= first + 40, "spent {spent} of {}: {b}", first + 40);
@@ -455,7 +481,7 @@ fn real_llm_without_the_tool_margin_the_overrun_stops_the_task() {
     let job = d.run(tight_job(10_000));
     let id = job["job_id"].as_str().unwrap();
     let t = &job["tasks"][0];
-    assert_eq!(t["reason"], "AGENT_TOKEN_BUDGET_EXCEEDED", "{job}");
+    assert_eq!(t["reason"], "USAGE_OVERRUN", "{job}");
     assert!(
         t["error"]
             .as_str()

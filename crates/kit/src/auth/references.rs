@@ -112,6 +112,21 @@ pub const REFERENCES: &[Reference] = &[
         "a content address: approval validate requires it to equal context_pack.hash, and `agents publish` compares it with the bytes it read",
     ),
     r(
+        "switchyard.approval.v1.BudgetExtension.job_id",
+        Platform,
+        "approval bind_proposal: extension only from the executor acting for the submitter; the executor follows only the run id it recorded in the job's log",
+    ),
+    r(
+        "switchyard.approval.v1.BudgetExtension.budget_id",
+        Platform,
+        "as BudgetExtension.job_id (the executor raises the budget its job recorded, never this field)",
+    ),
+    r(
+        "switchyard.approval.v1.BudgetExtension.job_run_id",
+        Platform,
+        "as BudgetExtension.job_id",
+    ),
+    r(
         "switchyard.approval.v1.ToolCall.job_id",
         Platform,
         "approval bind_proposal: tool_call only from the executor acting for the submitter",

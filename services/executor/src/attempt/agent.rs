@@ -201,20 +201,14 @@ impl Attempt<'_> {
         let purpose = Purpose::Agent(c.agent_id.clone());
         let hold = match spender.reserve(purpose, tokens, cost, key, note).await {
             Ok(h) => h,
+            // Another candidate may be cheaper; the task's own limit
+            // stays what it is, so the last refusal fails the task.
             Err(NotHeld::CostLimit(m)) => {
-                return Next::Try(Outcome::fail(
-                    Class::Budget,
-                    Reason::AgentTokenBudgetExceeded,
-                    m,
-                ));
+                return Next::Try(Outcome::fail(Class::Permanent, Reason::TaskCostLimit, m));
             }
-            Err(NotHeld::Budget(m)) => {
+            Err(NotHeld::Budget(m, reason)) => {
                 let why = format!("the budget refused the reservation: {m}");
-                return Next::Done(Outcome::fail(
-                    Class::Budget,
-                    Reason::AgentTokenBudgetExceeded,
-                    why,
-                ));
+                return Next::Done(Outcome::fail(Class::Budget, reason, why));
             }
             Err(NotHeld::Unavailable(m)) => {
                 return Next::Done(Outcome::fail(Class::Other, Reason::Unavailable, m));

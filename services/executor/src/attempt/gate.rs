@@ -32,12 +32,106 @@ use crate::depend::Service;
 use crate::error::ExecutorError;
 use crate::events::{self, JobEvent};
 
-/// A decision about a call.
-struct Decided {
+/// A person's decision about a run.
+pub(crate) struct Decided {
     /// `approved`, `rejected`, `cancelled` or `timed_out`.
-    decision: &'static str,
-    by: String,
-    comment: String,
+    pub(crate) decision: &'static str,
+    /// Who decided.
+    pub(crate) by: String,
+    /// Their comment.
+    pub(crate) comment: String,
+}
+
+/// Proposes `run` for a person to decide: no policy approves it, and
+/// nobody claims it (the decision is all). Idempotent by run id; an
+/// unreachable approval service is waited for (`waiter`); a refusal is
+/// returned.
+pub(crate) async fn propose_for_person(
+    x: &Executor,
+    waiter: &crate::depend::Waiter<'_>,
+    run: ap::Run,
+) -> Result<(), String> {
+    let req = ap::ProposeRequest {
+        run: Some(run),
+        skip_policies: true,
+        approved_under: String::new(),
+        claim: None,
+    };
+    let approval = &x.inner.clients.approval;
+    waiter
+        .call(Service::Approval, || approval.propose(req.clone()))
+        .await
+        .map(|_| ())
+        .map_err(|e| e.message().to_owned())
+}
+
+/// Waits for run `run_id`'s decision until `deadline_ms`; `None` when
+/// nobody decided by then. The run's watch replays its past events, so a
+/// decision taken while nobody watched is seen; an approval service that
+/// is away is watched again after a pause growing to the configured most.
+pub(crate) async fn decided(x: &Executor, run_id: &str, deadline_ms: u64) -> Option<Decided> {
+    let book = &x.inner.book;
+    let approval = &x.inner.clients.approval;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let left = Duration::from_millis(deadline_ms.saturating_sub(book.now()));
+        if left.is_zero() {
+            return None;
+        }
+        let watch = async {
+            let req = ap::WatchRequest {
+                run_id: run_id.to_owned(),
+                after_sequence: 0,
+            };
+            let mut stream = approval.watch(req).await.ok()?;
+            // Replayed events carry the run as it is now: the decision is
+            // the last deciding event once the run shows it.
+            let mut last: Option<(&'static str, String, String)> = None;
+            while let Some(Ok(w)) = stream.next().await {
+                let Some(e) = w.event else { continue };
+                let data = e.data.as_ref().map(struct_to_json).unwrap_or_default();
+                let field = |k: &str| data[k].as_str().unwrap_or_default().to_owned();
+                let kind = match e.kind.as_str() {
+                    "run.approved" | "run.break_glass_approved" => Some("approved"),
+                    "run.rejected" => Some("rejected"),
+                    "run.cancelled" => Some("cancelled"),
+                    "run.failed" => Some("cancelled"),
+                    _ => None,
+                };
+                if let Some(k) = kind {
+                    last = Some((k, field("actor"), field("reason")));
+                }
+                let status = w.run.map(|r| r.status).unwrap_or_default();
+                let shown = match ap::RunStatus::try_from(status) {
+                    Ok(
+                        ap::RunStatus::Approved | ap::RunStatus::Running | ap::RunStatus::Completed,
+                    ) => "approved",
+                    Ok(ap::RunStatus::Rejected) => "rejected",
+                    Ok(ap::RunStatus::Cancelled | ap::RunStatus::Failed) => "cancelled",
+                    _ => continue,
+                };
+                if let Some((k, by, comment)) = &last
+                    && *k == shown
+                {
+                    return Some(Decided {
+                        decision: shown,
+                        by: by.clone(),
+                        comment: comment.clone(),
+                    });
+                }
+            }
+            None
+        };
+        match tokio::time::timeout(left, watch).await {
+            Ok(Some(d)) => return Some(d),
+            Ok(None) => {
+                // The approval service is away: watch again shortly.
+                tokio::time::sleep(pause.min(left)).await;
+                pause = (pause * 2).min(Duration::from_millis(x.inner.cfg.dependency_retry_max_ms));
+            }
+            Err(_) => return None,
+        }
+    }
 }
 
 /// Where the checkpoint of task `task_id`'s waiting call is kept.
@@ -275,91 +369,16 @@ impl CallGate<'_> {
             }),
             ..Default::default()
         };
-        let req = ap::ProposeRequest {
-            run: Some(run),
-            // A person decides: no policy approves a risky call.
-            skip_policies: true,
-            approved_under: String::new(),
-            // A per-call run is never claimed: approving it lets the call run.
-            claim: None,
-        };
-        let approval = &x.inner.clients.approval;
-        self.waiter
-            .call(Service::Approval, || approval.propose(req.clone()))
-            .await
-            .map(|_| ())
-            .map_err(|e| e.message().to_owned())
+        // A per-call run is never claimed: approving it lets the call run.
+        propose_for_person(x, &self.waiter, run).await
     }
 
     /// Waits for the run's decision, until `deadline_ms` (then withdraws
-    /// the run: the call counts as rejected). The run's watch replays its
-    /// past events, so a decision taken while nobody watched is seen.
+    /// the run: the call counts as rejected).
     async fn decision(&self, run_id: &str, deadline_ms: u64) -> Decided {
-        let x = self.x;
-        let book = &x.inner.book;
-        let approval = &x.inner.clients.approval;
-        let mut pause = Duration::from_millis(50);
-        loop {
-            let left = Duration::from_millis(deadline_ms.saturating_sub(book.now()));
-            if left.is_zero() {
-                return self.time_out(run_id).await;
-            }
-            let watch = async {
-                let req = ap::WatchRequest {
-                    run_id: run_id.to_owned(),
-                    after_sequence: 0,
-                };
-                let mut stream = approval.watch(req).await.ok()?;
-                // Replayed events carry the run as it is now: the decision
-                // is the last deciding event once the run shows it.
-                let mut last: Option<(&'static str, String, String)> = None;
-                while let Some(Ok(w)) = stream.next().await {
-                    let Some(e) = w.event else { continue };
-                    let data = e.data.as_ref().map(struct_to_json).unwrap_or_default();
-                    let field = |k: &str| data[k].as_str().unwrap_or_default().to_owned();
-                    let kind = match e.kind.as_str() {
-                        "run.approved" | "run.break_glass_approved" => Some("approved"),
-                        "run.rejected" => Some("rejected"),
-                        "run.cancelled" => Some("cancelled"),
-                        "run.failed" => Some("cancelled"),
-                        _ => None,
-                    };
-                    if let Some(k) = kind {
-                        last = Some((k, field("actor"), field("reason")));
-                    }
-                    let status = w.run.map(|r| r.status).unwrap_or_default();
-                    let shown = match ap::RunStatus::try_from(status) {
-                        Ok(
-                            ap::RunStatus::Approved
-                            | ap::RunStatus::Running
-                            | ap::RunStatus::Completed,
-                        ) => "approved",
-                        Ok(ap::RunStatus::Rejected) => "rejected",
-                        Ok(ap::RunStatus::Cancelled | ap::RunStatus::Failed) => "cancelled",
-                        _ => continue,
-                    };
-                    if let Some((k, by, comment)) = &last
-                        && *k == shown
-                    {
-                        return Some(Decided {
-                            decision: shown,
-                            by: by.clone(),
-                            comment: comment.clone(),
-                        });
-                    }
-                }
-                None
-            };
-            match tokio::time::timeout(left, watch).await {
-                Ok(Some(d)) => return d,
-                Ok(None) => {
-                    // The approval service is away: watch again shortly.
-                    tokio::time::sleep(pause.min(left)).await;
-                    pause =
-                        (pause * 2).min(Duration::from_millis(x.inner.cfg.dependency_retry_max_ms));
-                }
-                Err(_) => return self.time_out(run_id).await,
-            }
+        match decided(self.x, run_id, deadline_ms).await {
+            Some(d) => d,
+            None => self.time_out(run_id).await,
         }
     }
 

@@ -264,7 +264,12 @@ impl Attempt<'_> {
             Ok(r) => (r, None),
             Err(f) => {
                 let class = match f.reason {
-                    Reason::AgentTokenBudgetExceeded => Class::Budget,
+                    Reason::AgentTokenBudgetExceeded | Reason::AgentCostBudgetExceeded => {
+                        Class::Budget
+                    }
+                    // The task's own limit, or a provider that bills past
+                    // its hold: neither an extension nor a retry helps.
+                    Reason::TaskCostLimit | Reason::UsageOverrun => Class::Permanent,
                     Reason::AgentTimeBudget | Reason::DeadlineExceeded => Class::Timeout,
                     Reason::LlmProviderNotConfigured => Class::Permanent,
                     _ => Class::Other,
@@ -872,9 +877,9 @@ impl Host for TaskHost<'_> {
             match held {
                 Ok(h) => Ok(h.id().to_owned()),
                 Err(NotHeld::CostLimit(m)) => {
-                    Err(Refusal::Budget(format!("model call {call}: {m}")))
+                    Err(Refusal::Limit(format!("model call {call}: {m}")))
                 }
-                Err(NotHeld::Budget(m)) => Err(Refusal::budget(&m, call)),
+                Err(NotHeld::Budget(m, reason)) => Err(Refusal::budget(&m, reason, call)),
                 Err(NotHeld::Unavailable(m) | NotHeld::Unreachable(m)) => {
                     Err(Refusal::Unavailable(m))
                 }

@@ -222,8 +222,9 @@ pub(crate) enum Purpose {
 pub(crate) enum NotHeld {
     /// The task's cost limit (the sum of what it spends) would be passed.
     CostLimit(String),
-    /// The budget refused (the ledger's words).
-    Budget(String),
+    /// The budget refused (the ledger's words), and what ran out:
+    /// `AGENT_TOKEN_BUDGET_EXCEEDED` or `AGENT_COST_BUDGET_EXCEEDED`.
+    Budget(String, Reason),
     /// The ledger refused for another reason.
     Unavailable(String),
     /// The ledger stayed unreachable until the deadline.
@@ -320,14 +321,18 @@ impl<'a> Spender<'a> {
             Err(Refusal::Budget {
                 refused_by,
                 message,
+                short,
             }) => {
                 self.note(JobEvent::Refused(events::Refused {
                     refused_by,
                     message: message.clone(),
                     tokens: Some(tokens),
                     cost_micro_usd: Some(cost),
+                    dimension: if short.money { "cost" } else { "tokens" }.into(),
+                    short_tokens: short.tokens,
+                    short_micro_usd: short.micro_usd,
                 }));
-                Err(NotHeld::Budget(message))
+                Err(NotHeld::Budget(message, short.reason()))
             }
             Err(Refusal::Unavailable(m)) => Err(NotHeld::Unavailable(format!("ledger: {m}"))),
             Err(Refusal::Unreachable(s)) => Err(NotHeld::Unreachable(format!(
@@ -353,6 +358,7 @@ impl<'a> Spender<'a> {
                 message: msg.clone(),
                 tokens: None,
                 cost_micro_usd: None,
+                ..Default::default()
             }));
             return Err(NotHeld::CostLimit(msg));
         }

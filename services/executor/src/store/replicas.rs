@@ -152,7 +152,10 @@ impl Executor {
         match self.inner.book.adopt(id, epoch, false).await {
             Ok(state) => {
                 tracing::info!(job_id = %id, %state, epoch, "job taken over");
-                if matches!(state, JobState::Available | JobState::Active) {
+                if matches!(
+                    state,
+                    JobState::Available | JobState::Active | JobState::BudgetPaused
+                ) {
                     self.spawn_driver(id);
                 }
                 self.cancel_as_asked(pg, id).await;

@@ -770,11 +770,12 @@ pub(crate) struct JobsQuery {
 }
 
 /// The job states a filter may name, in lifecycle order.
-const STATES: [JobState; 8] = [
+const STATES: [JobState; 9] = [
     JobState::Scheduled,
     JobState::Available,
     JobState::Pending,
     JobState::Active,
+    JobState::BudgetPaused,
     JobState::Completed,
     JobState::Retryable,
     JobState::Cancelled,

@@ -121,7 +121,8 @@ pub fn tone(state: &str) -> &'static str {
     match state {
         "succeeded" | "completed" | "approved" => "ok",
         "failed" | "cancelled" | "discarded" | "skipped" | "rejected" | "retryable" => "bad",
-        "running" | "active" | "retrying" | "awaiting_approval" | "input_required" => "live",
+        "running" | "active" | "retrying" | "awaiting_approval" | "input_required"
+        | "budget_paused" => "live",
         _ => "wait",
     }
 }

@@ -428,6 +428,9 @@ fn state_of(job: &Job) -> &'static str {
         JobState::Discarded | JobState::Retryable => "TASK_STATE_FAILED",
         JobState::Active if job_waits(job) => "TASK_STATE_INPUT_REQUIRED",
         JobState::Active => "TASK_STATE_WORKING",
+        // Waiting for an approver to extend its budget, not for this
+        // client's input: still in hand, it goes on once approved.
+        JobState::BudgetPaused => "TASK_STATE_WORKING",
         _ => "TASK_STATE_SUBMITTED",
     }
 }

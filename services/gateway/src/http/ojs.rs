@@ -272,7 +272,9 @@ pub fn ojs_state(j: &Job) -> &'static str {
         JobState::Scheduled => "scheduled",
         JobState::Available => "available",
         JobState::Completed => "completed",
-        JobState::Retryable => "retryable",
+        // Seed 000: a job its token budget stopped is `retryable`; here it
+        // waits for its extension (ext_agent_state says so).
+        JobState::Retryable | JobState::BudgetPaused => "retryable",
         JobState::Cancelled => "cancelled",
         JobState::Discarded => "discarded",
         JobState::Unspecified => "unknown",
@@ -403,6 +405,24 @@ pub fn ojs_job(j: &Job) -> Value {
     if !waiting.is_empty() {
         o.insert("ext_agent_state".into(), json!("input_required"));
         o.insert("ext_agent_waiting_for_input".into(), json!(waiting));
+    }
+    // Paused by its budget (OJS `retryable`): what ran out, and the
+    // extension run a person approves for it to go on.
+    if j.state == JobState::BudgetPaused as i32
+        && let Some(p) = &j.budget_pause
+    {
+        o.insert("ext_agent_state".into(), json!("budget_paused"));
+        o.insert(
+            "ext_agent_budget_pause".into(),
+            json!({
+                "run_id": p.run_id,
+                "dimension": p.dimension,
+                "message": p.message,
+                "tokens": p.tokens,
+                "cost_micro_usd": p.cost.map_or(0, |m| m.micro_usd),
+                "remaining_tasks": p.remaining_tasks,
+            }),
+        );
     }
     if o.keys().any(|k| k.starts_with("ext_agent_")) || j.tokens_used > 0 {
         o.insert("ext_agent_tokens_used".into(), json!(j.tokens_used));

@@ -12,7 +12,8 @@ pub fn job_status(s: JobState) -> &'static str {
         JobState::Unspecified | JobState::Scheduled | JobState::Available | JobState::Pending => {
             "PENDING"
         }
-        JobState::Active => "EXECUTING",
+        // Paused by its budget: it goes on once its extension is approved.
+        JobState::Active | JobState::BudgetPaused => "EXECUTING",
         JobState::Completed => "COMPLETED",
         // Retryable: failed, and nothing runs until it is submitted again.
         JobState::Retryable | JobState::Cancelled | JobState::Discarded => "FAILED",
@@ -31,9 +32,11 @@ pub fn finished(s: JobState) -> bool {
 /// FAILED) of a task state; the precise state travels beside it.
 pub fn step_status(s: TaskState) -> &'static str {
     match s {
-        TaskState::Unspecified | TaskState::Waiting | TaskState::Ready | TaskState::Deferred => {
-            "PENDING"
-        }
+        TaskState::Unspecified
+        | TaskState::Waiting
+        | TaskState::Ready
+        | TaskState::Deferred
+        | TaskState::BudgetPaused => "PENDING",
         TaskState::Running | TaskState::AwaitingApproval | TaskState::InputRequired => "EXECUTING",
         TaskState::Retrying => "RETRYING",
         TaskState::Succeeded => "COMPLETED",

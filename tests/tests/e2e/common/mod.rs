@@ -80,6 +80,25 @@ pub async fn finish(c: &mut Jobs, job_id: &str) -> GetResultResponse {
     panic!("job {job_id} did not finish in 60 s");
 }
 
+/// Waits (bounded: 30 s) until the job is paused by its budget; the job.
+pub async fn until_paused(c: &mut Jobs, job_id: &str) -> Job {
+    for _ in 0..1200 {
+        let j = job(c, job_id).await;
+        if j.state == JobState::BudgetPaused as i32 {
+            return j;
+        }
+        assert!(
+            !matches!(
+                JobState::try_from(j.state).unwrap(),
+                JobState::Completed | JobState::Cancelled | JobState::Discarded
+            ),
+            "job {job_id} ended instead of pausing: {j:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("job {job_id} did not pause in 30 s");
+}
+
 /// A budget as the ledger reports it.
 pub async fn budget(
     c: &mut switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient<Intercepted>,
@@ -103,6 +122,20 @@ pub async fn approvals(s: &Stack) -> ApprovalServiceClient<Intercepted> {
 /// An approval client authenticated as the named principal.
 pub async fn approvals_as(s: &Stack, who: &str) -> ApprovalServiceClient<Intercepted> {
     ApprovalServiceClient::new(s.channel_as(who).await.unwrap())
+}
+
+/// A run as bob, the stack's approver, reads it.
+pub async fn run_of(s: &Stack, run_id: &str) -> switchyard_proto::approval::v1::Run {
+    approvals_as(s, "bob")
+        .await
+        .get_run(switchyard_proto::approval::v1::GetRunRequest {
+            run_id: run_id.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap()
 }
 
 /// Approves a run as bob, the stack's approver.
@@ -324,4 +357,72 @@ pub async fn outsiders(s: &Stack) -> [String; 3] {
             .await
             .unwrap(),
     ]
+}
+
+/// Serves `agent` (written with the SDK) as `id` offering `capability`,
+/// registered with the stack's registry; fire the trigger to stop it.
+pub fn serve_sdk_agent<A: switchyard_agent_sdk::Agent + Clone + 'static>(
+    s: &Stack,
+    id: &str,
+    capability: &str,
+    agent: A,
+) -> (
+    switchyard_kit::shutdown::Trigger,
+    tokio::task::JoinHandle<Result<(), switchyard_agent_sdk::SdkError>>,
+) {
+    serve_priced_agent(s, id, capability, 0, agent)
+}
+
+/// [`serve_sdk_agent`], its capability priced at `price` micro-USD a task.
+pub fn serve_priced_agent<A: switchyard_agent_sdk::Agent + Clone + 'static>(
+    s: &Stack,
+    id: &str,
+    capability: &str,
+    price: i64,
+    agent: A,
+) -> (
+    switchyard_kit::shutdown::Trigger,
+    tokio::task::JoinHandle<Result<(), switchyard_agent_sdk::SdkError>>,
+) {
+    let (trigger, shutdown) = switchyard_kit::shutdown::channel();
+    let mut spec = switchyard_proto::registry::v1::AgentSpec {
+        id: id.into(),
+        capabilities: vec![switchyard_proto::registry::v1::Capability {
+            name: capability.into(),
+            price_per_unit_micro_usd: price,
+            unit: "task".into(),
+            ..Default::default()
+        }],
+        trust_score: 90,
+        ..Default::default()
+    };
+    let opts = switchyard_agent_sdk::ServeOptions {
+        registry_url: s.url.clone(),
+        credential: switchyard_kit::client::Credential::bearer(&s.token("agents").unwrap()).ok(),
+        ..Default::default()
+    };
+    let served = tokio::spawn(async move {
+        switchyard_agent_sdk::serve_until(agent, &mut spec, opts, shutdown).await
+    });
+    (trigger, served)
+}
+
+/// An agent that echoes its text and reports the tokens it used.
+#[derive(Clone)]
+pub struct Counting(pub u64);
+
+#[tonic::async_trait]
+impl switchyard_agent_sdk::Agent for Counting {
+    async fn invoke(
+        &self,
+        req: switchyard_agent_sdk::Invocation,
+        _progress: switchyard_agent_sdk::Progress,
+    ) -> switchyard_proto::agent::v1::AgentResponse {
+        let mut r = switchyard_agent_sdk::respond::success(
+            switchyard_agent_sdk::input_text(&req, "text"),
+            None,
+        );
+        r.tokens_used = self.0;
+        r
+    }
 }

@@ -319,6 +319,19 @@ pub fn create_key(url: &str, subject: &str, roles: &str) -> String {
 
 /// `switchyard job submit FILE --as WHO -o json` against `url`: the job
 /// submitted, as JSON.
+/// `switchyard dev` with its data and log in `dir` (started again on the
+/// same data after a crash), once its built-in agents route.
+pub fn dev_in(dir: &std::path::Path) -> Proc {
+    let dev = Proc::dev_at(&dir.join("data"), &[], &dir.join("dev.log"));
+    let url = dev.url();
+    wait_for(
+        "built-in agents routable",
+        std::time::Duration::from_secs(20),
+        || routed(&url, &["--capability", "builtin.echo"]).is_some_and(|ids| !ids.is_empty()),
+    );
+    dev
+}
+
 pub fn submit_as(url: &str, file: &str, who: &str) -> serde_json::Value {
     let out = ok(&cli(
         url,

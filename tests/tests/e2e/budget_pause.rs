@@ -1,0 +1,331 @@
+//! Budgets that pause and ask instead of failing (issue 44, §3): a job
+//! whose budget refuses a step stops spending and goes to
+//! `budget_paused`; its extension run waits for a person other than the
+//! submitter; approved, the job's budget grows by the amount and the job
+//! goes on where it stopped (no finished task runs again); rejected, it
+//! ends with what it finished. What ran out — tokens or money — is the
+//! reason, with the numbers.
+
+#![allow(clippy::unwrap_used)] // test helpers: a failed call is a failed test
+
+use serde_json::{Value, json};
+use switchyard_kit::error::ApiError;
+use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
+use switchyard_proto::approval::v1::{
+    ApproveRequest, GetRunRequest, RejectRequest, Run, RunStatus,
+};
+use switchyard_proto::auth::v1::PrincipalKind;
+use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
+use switchyard_proto::executor::v1::{CancelJobRequest, Job, JobState, TaskState};
+use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
+use switchyard_testkit::Stack;
+use tonic::Code;
+
+use crate::common::{
+    Counting, Jobs, approvals_as, approve, budget, finish, job, outsiders, run_of,
+    serve_priced_agent, submit, tenant_key, until_event, wait_routed,
+};
+
+/// Every service in one process; `dana` submits and may approve (so
+/// separation of duties, not a missing role, is what stops her approving
+/// her own job's extension).
+async fn stack() -> (Stack, Jobs, String) {
+    let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
+        c.executor.approval_poll_ms = 20;
+    })
+    .await
+    .unwrap();
+    let dana = s
+        .key("dana", &["submitter", "approver"], PrincipalKind::Human)
+        .await
+        .unwrap();
+    let c = JobServiceClient::new(s.channel_with(&dana).await.unwrap());
+    (s, c, dana)
+}
+
+/// Three steps, each using 40 tokens (at `price` micro-USD a call), one
+/// after the other, under `budget`.
+fn chain(job_id: &str, budget: Value) -> String {
+    let step = |id: &str, after: &[&str]| {
+        json!({"id": id, "depends_on": after,
+               "agent": {"capability": "text.count", "input": {"text": id}}})
+    };
+    json!({"job_id": job_id, "budget": budget,
+           "tasks": [step("a", &[]), step("b", &["a"]), step("c", &["b"])]})
+    .to_string()
+}
+
+/// Submits `doc` and approves its run (as bob) when it waits for one.
+async fn started(s: &Stack, c: &mut Jobs, doc: &str) -> Job {
+    let j = submit(c, doc).await.unwrap();
+    if j.state == JobState::Pending as i32 && !j.run_id.is_empty() {
+        approve(s, &j.run_id).await;
+    }
+    j
+}
+
+fn states(j: &Job) -> Vec<TaskState> {
+    j.tasks
+        .iter()
+        .map(|t| TaskState::try_from(t.state).unwrap())
+        .collect()
+}
+
+fn attempts(j: &Job) -> Vec<usize> {
+    j.tasks.iter().map(|t| t.attempts.len()).collect()
+}
+
+fn reason_of(e: &tonic::Status) -> String {
+    ApiError::from(e.clone()).reason.unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_budget_that_runs_out_pauses_the_job_and_an_approved_extension_resumes_it_where_it_stopped()
+ {
+    let (s, mut c, dana) = stack().await;
+    let (trigger, agent) = serve_priced_agent(&s, "counting", "text.count", 0, Counting(40));
+    wait_routed(&s, "text.count").await;
+    // Two steps fit in 80 tokens; the third does not.
+    started(&s, &mut c, &chain("tight", json!({"token_budget": 80}))).await;
+    let paused = until_event(&mut c, "tight", "budget.paused").await;
+    assert_eq!(paused["dimension"], "tokens", "{paused}");
+    assert_eq!(
+        paused["tokens"], 80,
+        "the refused hold's shortfall: {paused}"
+    );
+    assert_eq!(paused["remaining_tasks"], json!(["c"]));
+    let run_id = paused["run_id"].as_str().unwrap().to_owned();
+    let j = job(&mut c, "tight").await;
+    assert_eq!(j.state, JobState::BudgetPaused as i32, "{j:?}");
+    assert_eq!(j.reason, "AGENT_TOKEN_BUDGET_EXCEEDED", "{}", j.error);
+    assert!(j.error.contains(&run_id), "{}", j.error);
+    assert_eq!(
+        states(&j),
+        vec![
+            TaskState::Succeeded,
+            TaskState::Succeeded,
+            TaskState::BudgetPaused
+        ]
+    );
+    let p = j.budget_pause.clone().unwrap();
+    assert_eq!(
+        (p.run_id.as_str(), p.decision.as_str(), p.number),
+        (run_id.as_str(), "pending", 1)
+    );
+    assert_eq!(j.tokens_used, 80);
+
+    // The extension is an approval run of its own, proposed for dana and
+    // left for a person.
+    let run = run_of(&s, &run_id).await;
+    assert_eq!(run.status, RunStatus::Proposed as i32);
+    assert_eq!(run.created_by, "dana");
+    let x = run.extension.clone().unwrap();
+    assert_eq!((x.job_id.as_str(), x.tokens), ("tight", 80));
+    assert_eq!(x.budget_id, j.budget_id);
+
+    // dana may not approve her own job's extension; another submitter, an
+    // admin of another tenant and an agent key may not either.
+    let ask = ApproveRequest {
+        run_id: run_id.clone(),
+        comment: "mine".into(),
+    };
+    let mine = ApprovalServiceClient::new(s.channel_with(&dana).await.unwrap())
+        .approve(ask.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (mine.code(), reason_of(&mine).as_str()),
+        (Code::PermissionDenied, "SEPARATION_OF_DUTIES"),
+        "{mine:?}"
+    );
+    let [carol, mallory, robot] = outsiders(&s).await;
+    let tenant_b_approver =
+        tenant_key(&s, "tenant-b", "erin", &["approver"], PrincipalKind::Human).await;
+    for (who, key, code) in [
+        ("carol", carol, Code::PermissionDenied),
+        (
+            "mallory, admin of tenant-b",
+            mallory,
+            Code::PermissionDenied,
+        ),
+        (
+            "erin, approver of tenant-b",
+            tenant_b_approver,
+            Code::NotFound,
+        ),
+        ("an agent key", robot, Code::PermissionDenied),
+    ] {
+        let e = ApprovalServiceClient::new(s.channel_with(&key).await.unwrap())
+            .approve(ask.clone())
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), code, "{who}: {e:?}");
+    }
+    let j = job(&mut c, "tight").await;
+    assert_eq!(
+        j.state,
+        JobState::BudgetPaused as i32,
+        "nobody's refusal moved it"
+    );
+
+    // bob approves: the budget grows by 80 and only c runs again.
+    approve(&s, &run_id).await;
+    let r = finish(&mut c, "tight").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    assert_eq!(r.tokens_used, 120);
+    let j = job(&mut c, "tight").await;
+    assert_eq!(attempts(&j), vec![1, 1, 2], "no finished task ran again");
+    let p = j.budget_pause.unwrap();
+    assert_eq!(
+        (p.decision.as_str(), p.decided_by.as_str()),
+        ("approved", "bob")
+    );
+    // The journal and the balance agree: 120 spent of a limit of 160.
+    let mut ledger = LedgerServiceClient::new(s.channel().await.unwrap());
+    let b = budget(&mut ledger, &j.budget_id).await;
+    assert_eq!(
+        (b.token_limit, b.tokens_spent, b.tokens_reserved),
+        (Some(160), 120, 0)
+    );
+    trigger.fire();
+    let _ = agent.await;
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn money_that_runs_out_pauses_with_the_cost_reason_and_a_rejected_extension_ends_the_job() {
+    let (s, mut c, _) = stack().await;
+    // 30 micro-USD a call under a 50 micro-USD limit: b does not fit.
+    let (trigger, agent) = serve_priced_agent(&s, "priced", "text.count", 30, Counting(1));
+    wait_routed(&s, "text.count").await;
+    let doc = chain("broke", json!({"cost_limit_micro_usd": 50}));
+    started(&s, &mut c, &doc).await;
+    let paused = until_event(&mut c, "broke", "budget.paused").await;
+    assert_eq!(paused["dimension"], "cost", "{paused}");
+    // b's shortfall (30 - 20) and c's call after it.
+    assert_eq!(paused["cost_micro_usd"], 10 + 30, "{paused}");
+    let j = job(&mut c, "broke").await;
+    assert_eq!(j.reason, "AGENT_COST_BUDGET_EXCEEDED", "{}", j.error);
+    let t = &j.tasks[1];
+    assert_eq!(t.reason, "AGENT_COST_BUDGET_EXCEEDED");
+    assert!(t.error.contains("budget"), "{}", t.error);
+    assert_eq!(
+        states(&j)[..2],
+        [TaskState::Succeeded, TaskState::BudgetPaused]
+    );
+    let run_id = paused["run_id"].as_str().unwrap().to_owned();
+    approvals_as(&s, "bob")
+        .await
+        .reject(RejectRequest {
+            run_id: run_id.clone(),
+            comment: "not worth it".into(),
+        })
+        .await
+        .unwrap();
+    let r = finish(&mut c, "broke").await;
+    assert_eq!(r.state, JobState::Discarded as i32);
+    let j = job(&mut c, "broke").await;
+    assert_eq!(j.reason, "BUDGET_EXTENSION_REJECTED", "{}", j.error);
+    assert!(
+        j.error.contains("rejected by bob: not worth it"),
+        "{}",
+        j.error
+    );
+    assert_eq!(
+        states(&j),
+        vec![TaskState::Succeeded, TaskState::Failed, TaskState::Skipped]
+    );
+    assert_eq!(j.budget_pause.as_ref().unwrap().decision, "rejected");
+    assert_eq!(attempts(&j), vec![1, 1, 0]);
+    trigger.fire();
+    let _ = agent.await;
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn cancelling_a_paused_job_withdraws_its_extension_request() {
+    let (s, mut c, _) = stack().await;
+    let (trigger, agent) = serve_priced_agent(&s, "counting", "text.count", 0, Counting(40));
+    wait_routed(&s, "text.count").await;
+    started(&s, &mut c, &chain("stop", json!({"token_budget": 40}))).await;
+    let paused = until_event(&mut c, "stop", "budget.paused").await;
+    assert_eq!(paused["remaining_tasks"], json!(["b", "c"]));
+    // b's shortfall (40) and as much again for c.
+    assert_eq!(paused["tokens"], 80, "{paused}");
+    let run_id = paused["run_id"].as_str().unwrap().to_owned();
+    let j = c
+        .cancel_job(CancelJobRequest {
+            job_id: "stop".into(),
+            reason: "enough".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap();
+    assert_eq!(j.state, JobState::Cancelled as i32, "{j:?}");
+    assert_eq!(
+        run_of(&s, &run_id).await.status,
+        RunStatus::Cancelled as i32
+    );
+    // Approving the withdrawn request does nothing.
+    let late = approvals_as(&s, "bob")
+        .await
+        .approve(ApproveRequest {
+            run_id,
+            comment: "too late".into(),
+        })
+        .await;
+    assert!(late.is_err(), "{late:?}");
+    assert_eq!(job(&mut c, "stop").await.state, JobState::Cancelled as i32);
+    trigger.fire();
+    let _ = agent.await;
+    s.stop().await.unwrap();
+}
+
+/// Only the executor proposes extension runs: a person proposing one (to
+/// have it approved and mistaken for a job's request) is refused, as a
+/// submitter who may approve and as a principal with every other role.
+#[tokio::test]
+async fn nobody_but_the_executor_may_propose_a_budget_extension_run() {
+    let (s, _, dana) = stack().await;
+    let run = Run {
+        schema_version: "agent_run_spec/v1".into(),
+        run_id: "extend-forged".into(),
+        target: Some(switchyard_proto::approval::v1::Target {
+            org: "default".into(),
+            repo: String::new(),
+            work_item_ids: vec!["someone-elses".into()],
+        }),
+        intent: "more money please".into(),
+        context_pack: Some(switchyard_proto::approval::v1::ContextPack {
+            pack_id: "p".into(),
+            hash: format!("sha256:{}", "0".repeat(64)),
+            version: "v1".into(),
+            inputs: vec![],
+        }),
+        model: "none".into(),
+        max_tokens: 1,
+        tools_allowed: vec!["none".into()],
+        outputs_allowed: vec!["budget_extension".into()],
+        extension: Some(switchyard_proto::approval::v1::BudgetExtension {
+            job_id: "someone-elses".into(),
+            budget_id: "job-someone-elses".into(),
+            tokens: 1_000_000,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    for key in [dana, s.token("tester").unwrap()] {
+        let e = ApprovalServiceClient::new(s.channel_with(&key).await.unwrap())
+            .propose(switchyard_proto::approval::v1::ProposeRequest {
+                run: Some(run.clone()),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains("extension"), "{}", e.message());
+    }
+    s.stop().await.unwrap();
+}
