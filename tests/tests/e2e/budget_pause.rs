@@ -30,6 +30,7 @@ use crate::common::{
 /// separation of duties, not a missing role, is what stops her approving
 /// her own job's extension).
 async fn stack() -> (Stack, Jobs, String) {
+    switchyard_kit::tls::install_crypto();
     let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
         c.executor.approval_poll_ms = 20;
     })

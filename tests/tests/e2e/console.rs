@@ -127,7 +127,7 @@ async fn stack_as_alice() -> (Stack, String, crate::common::Jobs) {
 }
 
 /// A client that shows redirects instead of following them.
-fn client() -> reqwest::Client {
+pub(crate) fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
@@ -277,7 +277,7 @@ async fn in_a_real_browser_a_job_goes_from_submission_through_bobs_approval_to_i
 
 /// `GET`/`POST` a console path as the holder of `token` (its session
 /// cookie and, for a post, the session's anti-forgery token).
-async fn as_session(
+pub(crate) async fn as_session(
     c: &reqwest::Client,
     base: &str,
     method: &str,

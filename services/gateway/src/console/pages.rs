@@ -613,11 +613,23 @@ async fn run_card(c: &Console, caller: &Caller, r: &ap::Run, seen: &Seen) -> Val
         "tool_call": r.tool_call.as_ref().map(|t| json!({
             "tool": t.tool, "arguments": t.arguments, "task_id": t.task_id,
         })),
+        "extension": r.extension.as_ref().map(|x| json!({
+            "job_id": x.job_id, "dimension": x.dimension, "refused_by": x.refused_by,
+            "message": x.message, "tokens": x.tokens,
+            "cost": x.cost.as_ref().map(|m| money(m.micro_usd)),
+            "remaining_tasks": x.remaining_tasks, "number": x.number,
+        })),
     });
-    if r.job_id.is_empty() {
+    // A job's run, or a paused job's extension: the job as the person may
+    // read it, with the budget chain it draws on.
+    let job_id = match &r.extension {
+        Some(x) => x.job_id.as_str(),
+        None => r.job_id.as_str(),
+    };
+    if job_id.is_empty() {
         return card;
     }
-    let job = match c.jobs.get(caller, &r.job_id).await {
+    let job = match c.jobs.get(caller, job_id).await {
         Ok(j) => j,
         Err(e) => {
             card["job_problem"] = e.message().into();
@@ -914,6 +926,13 @@ pub(crate) async fn job(
                 "finished_at": when(ms(j.finished_at.as_ref()), now),
                 "artifacts": j.artifacts.iter().map(|a| json!({"name": a.name, "id": a.artifact_id, "size": a.size_bytes, "media_type": a.media_type})).collect::<Vec<_>>(),
                 "last_sequence": j.last_sequence,
+                "pause": j.budget_pause.as_ref().map(|b| json!({
+                    "run_id": b.run_id, "dimension": b.dimension, "refused_by": b.refused_by,
+                    "tokens": b.tokens, "cost": b.cost.as_ref().map(|m| money(m.micro_usd)),
+                    "remaining_tasks": b.remaining_tasks, "decision": b.decision,
+                    "decided_by": b.decided_by,
+                    "waiting": j.state == JobState::BudgetPaused as i32 && b.decision == "pending",
+                })),
             },
             "dag": views::dag(&tasks),
             "tasks": tasks,
