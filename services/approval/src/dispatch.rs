@@ -159,6 +159,7 @@ impl Approval {
                     r.job_id = s.job_id.clone();
                     r.adapter_state = s.state.clone();
                     r.reason_code.clear();
+                    true
                 })
                 .await?;
             }
@@ -193,8 +194,14 @@ impl Approval {
             State::Running => {
                 if polled.detail != run.adapter_state {
                     let detail = polled.detail.clone();
+                    // Only over the state this poll started from: a cancel
+                    // recorded meanwhile is not undone by a stale answer.
                     self.note_adapter(&run.run_id, &who, "adapter_state", |r| {
-                        r.adapter_state.clone_from(&detail)
+                        let unchanged = r.adapter_state == run.adapter_state;
+                        if unchanged {
+                            r.adapter_state.clone_from(&detail);
+                        }
+                        unchanged
                     })
                     .await?;
                 }
@@ -271,6 +278,7 @@ impl Approval {
         let code = e.reason.as_str().to_owned();
         self.note_adapter(&run.run_id, who, "adapter_failed", |r| {
             r.reason_code.clone_from(&code);
+            true
         })
         .await?;
         let req = switchyard_proto::approval::v1::FailRequest {
@@ -287,19 +295,26 @@ impl Approval {
         }
     }
 
-    /// Changes adapter fields of a run (job id, state, reason code), audited.
+    /// Changes adapter fields of a run (job id, state, reason code), audited
+    /// — only while the adapter's worker `who` holds it running, and only
+    /// when `change` says it changed something.
     async fn note_adapter(
         &self,
         run_id: &str,
         who: &str,
         event: &str,
-        change: impl Fn(&mut Run) + Send + Sync,
+        change: impl Fn(&mut Run) -> bool + Send + Sync,
     ) -> Result<(), ApprovalError> {
         self.mutate(&[run_id], |st| {
             let Some(run) = st.runs.get_mut(run_id) else {
                 return Err(ApprovalError::RunNotFound(run_id.to_owned()));
             };
-            change(run);
+            // Only while the adapter holds the run; and only when `change`
+            // changed something.
+            let held = status_of(run) == S::Running && run.claimed_by == who;
+            if !held || !change(run) {
+                return Ok(((), 0));
+            }
             let run = run.clone();
             let note = Note::new(who, event, run.reason_code.clone())
                 .detail("adapter", &run.adapter)
@@ -452,6 +467,7 @@ impl Approval {
             .note_adapter(&run.run_id, &who, "adapter_cancelled", |r| {
                 r.adapter_state.clone_from(&state);
                 r.reason_code.clone_from(&code);
+                true
             })
             .await;
         if let Err(e) = noted {
