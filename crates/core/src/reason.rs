@@ -92,8 +92,6 @@ reasons! {
     /// Nobody decided a budget-paused job's extension request in time
     /// (`executor.budget_extension.timeout_secs`).
     BudgetExtensionTimeout => "BUDGET_EXTENSION_TIMEOUT",
-    /// The job is not paused by its budget, so there is nothing to resume.
-    JobNotPaused => "JOB_NOT_PAUSED",
     /// Seed 000: delegation deeper than allowed.
     AgentMaxDelegationDepth => "AGENT_MAX_DELEGATION_DEPTH",
     /// Seed 000: output does not match `ext_agent_output_schema`.

@@ -13,17 +13,8 @@ use serde_json::Value;
 use crate::support::*;
 
 /// A free first step (a command), then an agent step whose hold (4,096
-/// tokens) does not fit in the team's 100.
-const JOB: &str = r#"
-job_id: tight-team
-budget: {parent_budget_id: team}
-tasks:
-  - id: prep
-    command: {command: echo, args: [ready]}
-  - id: ask
-    depends_on: [prep]
-    agent: {capability: builtin.echo, input: {text: "go ${prep.output.stdout}"}}
-"#;
+/// tokens) does not fit in the team's 100: the example the docs record.
+const JOB: &str = include_str!("../../../../examples/jobs/team_budget.yaml");
 
 fn job(url: &str) -> Value {
     serde_json::from_str(&ok(&cli(
@@ -70,7 +61,7 @@ fn a_budget_paused_job_survives_kill_9_and_an_approver_resumes_it_where_it_stopp
     let pause = paused["budget_pause"].clone();
     assert_eq!(pause["dimension"], "tokens", "{paused}");
     assert_eq!(pause["decision"], "pending", "{paused}");
-    assert_eq!(pause["remaining_tasks"], serde_json::json!(["ask"]));
+    assert_eq!(pause["remaining_tasks"], serde_json::json!(["answer"]));
     let run = pause["run_id"].as_str().unwrap().to_owned();
     assert_eq!(paused["tasks"][0]["state"], "succeeded");
     assert_eq!(paused["tasks"][1]["state"], "budget_paused");
