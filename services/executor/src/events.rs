@@ -97,6 +97,8 @@ job_events! {
     Output(Output) = "task.output",
     /// Candidates from the router, with scores.
     Routed(Routed) = "routing.decision",
+    /// The budget refused a candidate's price; a cheaper one is tried.
+    Downgraded(Downgraded) = "route.downgraded",
     /// An agent call ended.
     AgentCalled(AgentCalled) = "agent.call",
     /// Progress relayed from an agent.
@@ -577,6 +579,25 @@ fn is_zero(v: &u64) -> bool {
 
 fn is_zero_i64(v: &i64) -> bool {
     *v == 0
+}
+
+/// `route.downgraded`: the budget refused the chosen candidate's price, so
+/// a cheaper one routing offered is tried.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Downgraded {
+    /// The capability routed.
+    pub capability: String,
+    /// The candidate the budget refused.
+    pub from_agent: String,
+    /// The cheaper candidate tried instead.
+    pub to_agent: String,
+    /// The refused candidate's price per unit.
+    pub from_price_micro_usd: i64,
+    /// The cheaper candidate's price per unit.
+    pub to_price_micro_usd: i64,
+    /// The budget's refusal.
+    pub reason: String,
 }
 
 /// `budget.paused`: what ran out, and the extension asked for.

@@ -1419,6 +1419,7 @@ struct NativeAgent {
     max_cost_micro_usd: Option<i64>,
     exclude_agents: Vec<String>,
     prefer_agents: Vec<String>,
+    no_downgrade: bool,
 }
 
 /// A native `llm` block (the OJS field names without their prefix, and
@@ -1533,6 +1534,7 @@ fn native(v: &Value, found: &mut Violations) -> Result<JobSpec, FormatError> {
                 max_cost_micro_usd: a.max_cost_micro_usd,
                 exclude_agents: a.exclude_agents,
                 prefer_agents: a.prefer_agents,
+                no_downgrade: a.no_downgrade,
             })
         } else {
             task_spec::Kind::Llm(native_llm(

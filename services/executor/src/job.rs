@@ -359,6 +359,7 @@ impl JobEntry {
             | JobEvent::ArtifactRefused(_)
             | JobEvent::Output(_)
             | JobEvent::Routed(_)
+            | JobEvent::Downgraded(_)
             | JobEvent::AgentProgress(_)
             | JobEvent::Notice(_)
             | JobEvent::LlmCalled(_)

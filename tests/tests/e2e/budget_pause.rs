@@ -330,3 +330,70 @@ async fn nobody_but_the_executor_may_propose_a_budget_extension_run() {
     }
     s.stop().await.unwrap();
 }
+
+/// Before pausing, a cheaper candidate routing offered is tried, and the
+/// log says so with both prices; a task that forbids it pauses instead.
+#[tokio::test]
+async fn a_refused_price_downgrades_to_a_cheaper_agent_unless_the_task_forbids_it() {
+    let (s, mut c, _) = stack().await;
+    let (t1, premium) = serve_priced_agent(&s, "premium", "text.count", 30, Counting(1));
+    let (t2, basic) = serve_priced_agent(&s, "basic", "text.count", 10, Counting(1));
+    // Both routable before the jobs start (bounded: 10 s).
+    let mut router = switchyard_proto::router::v1::router_service_client::RouterServiceClient::new(
+        s.channel().await.unwrap(),
+    );
+    let mut both = false;
+    for _ in 0..400 {
+        let ids: Vec<String> = crate::common::route(&mut router, "text.count", &[])
+            .await
+            .map(|r| r.candidates.into_iter().map(|c| c.agent_id).collect())
+            .unwrap_or_default();
+        if ids.iter().any(|i| i == "premium") && ids.iter().any(|i| i == "basic") {
+            both = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert!(both, "premium and basic do not both route");
+    let doc = |job_id: &str, no_downgrade: bool| {
+        json!({"job_id": job_id, "budget": {"cost_limit_micro_usd": 25},
+               "tasks": [{"id": "count",
+                          "agent": {"capability": "text.count", "input": {"text": "x"},
+                                    "prefer_agents": ["premium"], "no_downgrade": no_downgrade}}]})
+        .to_string()
+    };
+    started(&s, &mut c, &doc("cheaper", false)).await;
+    let down = until_event(&mut c, "cheaper", "route.downgraded").await;
+    assert_eq!(
+        (
+            down["from_agent"].as_str(),
+            down["to_agent"].as_str(),
+            down["from_price_micro_usd"].as_i64(),
+            down["to_price_micro_usd"].as_i64()
+        ),
+        (Some("premium"), Some("basic"), Some(30), Some(10)),
+        "{down}"
+    );
+    assert!(
+        down["reason"].as_str().unwrap().contains("budget"),
+        "{down}"
+    );
+    let r = finish(&mut c, "cheaper").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    assert_eq!(r.tasks[0].agent_id, "basic");
+    assert_eq!(r.cost.unwrap().micro_usd, 10);
+
+    started(&s, &mut c, &doc("premium-only", true)).await;
+    let j = crate::common::until_paused(&mut c, "premium-only").await;
+    assert_eq!(j.reason, "AGENT_COST_BUDGET_EXCEEDED", "{}", j.error);
+    let p = j.budget_pause.unwrap();
+    assert_eq!(
+        (p.dimension.as_str(), p.cost.unwrap().micro_usd),
+        ("cost", 5),
+        "30 asked, 25 left"
+    );
+    t1.fire();
+    t2.fire();
+    let _ = (premium.await, basic.await);
+    s.stop().await.unwrap();
+}

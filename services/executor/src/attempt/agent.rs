@@ -141,10 +141,16 @@ impl Attempt<'_> {
             return Outcome::fail(Class::Unavailable, Reason::CapabilityUnavailable, why);
         }
         let mut last = None;
-        for c in &candidates {
+        let mut i = 0;
+        while let Some(c) = candidates.get(i) {
+            i += 1;
             match self.try_candidate(a, c, &input).await {
-                Next::Done(out) => return out,
                 Next::Try(out) => last = Some(out),
+                Next::Done(out) => match self.downgrade(a, &candidates[i..], c, &out) {
+                    // Past the more expensive ones, to the cheaper one.
+                    Some(skip) => i += skip,
+                    None => return out,
+                },
             }
         }
         last.unwrap_or_else(|| {
@@ -154,6 +160,47 @@ impl Attempt<'_> {
                 "no candidate could be called",
             )
         })
+    }
+
+    /// After the budget refused `from`'s price (`out`): how many of the
+    /// candidates after it (`rest`) to pass over to reach the first one
+    /// that is cheaper, recorded as `route.downgraded`; `None` when `out`
+    /// is not a refusal of money, the task forbids downgrades, or none is
+    /// cheaper.
+    fn downgrade(
+        &self,
+        a: &AgentTask,
+        rest: &[Candidate],
+        from: &Candidate,
+        out: &Outcome,
+    ) -> Option<usize> {
+        let refused = out
+            .failure
+            .as_ref()
+            .filter(|f| f.class == Class::Budget && f.reason == Reason::AgentCostBudgetExceeded)?;
+        if a.no_downgrade {
+            return None;
+        }
+        let price = from.price_per_unit_micro_usd;
+        let skip = rest
+            .iter()
+            .position(|c| c.price_per_unit_micro_usd < price)?;
+        let to = &rest[skip];
+        let snap = self.snap;
+        let ev = events::Downgraded {
+            capability: a.capability.clone(),
+            from_agent: from.agent_id.clone(),
+            to_agent: to.agent_id.clone(),
+            from_price_micro_usd: price,
+            to_price_micro_usd: to.price_per_unit_micro_usd,
+            reason: refused.error.clone(),
+        };
+        tracing::info!(job_id = %snap.job_id, task_id = %snap.task.id, from = %from.agent_id, to = %to.agent_id, "budget refused a candidate; trying a cheaper one");
+        self.x
+            .inner
+            .book
+            .note(&snap.job_id, &snap.task.id, JobEvent::Downgraded(ev));
+        Some(skip)
     }
 
     /// The tokens to hold for a call of `c`: none for a self-billing agent
