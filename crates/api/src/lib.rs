@@ -162,6 +162,8 @@ pub mod approval {
                 fail(FailRequest) -> FailResponse;
                 /// Lists the audit log.
                 list_audit(ListAuditRequest) -> ListAuditResponse;
+                /// Returns the signed receipt of a run's approval.
+                get_receipt(GetReceiptRequest) -> GetReceiptResponse;
                 /// Exports the prompt bundle.
                 export_prompt_bundle(ExportPromptBundleRequest) -> ExportPromptBundleResponse;
                 /// Imports a manual result.

@@ -84,6 +84,24 @@ pub enum ApprovalCmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Print the signed receipt of a run's approval (JSON; save it to keep
+    /// proof of who approved what, when, within which scope).
+    Receipt {
+        /// Run id, or the id of the job whose run it is.
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Check a receipt offline: its Ed25519 signature, and with --key that
+    /// it was signed by your deployment's key (`approval receipt` shows it).
+    /// Exits 1 when it does not hold.
+    Verify {
+        /// The receipt file (`-`: standard input).
+        file: PathBuf,
+        /// The deployment's public key (base64) it must be signed with.
+        #[arg(long)]
+        key: Option<String>,
+    },
     /// List a run's artifacts; with --out, download them byte for byte.
     Artifacts {
         /// Run id.
@@ -354,6 +372,44 @@ async fn decide(d: Decision, verdict: Verdict) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `approval verify`: checks a receipt offline.
+fn verify(file: &std::path::Path, key: Option<&str>) -> anyhow::Result<()> {
+    let text = if file == std::path::Path::new("-") {
+        let mut t = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut t)?;
+        t
+    } else {
+        std::fs::read_to_string(file)
+            .map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))?
+    };
+    let r: switchyard_kit::receipt::Receipt = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{} is not a receipt: {e}", file.display()))?;
+    switchyard_kit::receipt::verify(&r, key)
+        .map_err(|e| anyhow::anyhow!("INVALID receipt {}: {e}", file.display()))?;
+    let b = &r.receipt;
+    let by = b["approved_by"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
+    println!(
+        "valid: run {} approved by {by} at {} ms, signed by key {}{}",
+        b["run_id"].as_str().unwrap_or_default(),
+        b["decided_at_ms"],
+        r.key_id,
+        if key.is_some() {
+            " (the key you gave)"
+        } else {
+            " (its own key: pass --key to check it is your deployment's)"
+        }
+    );
+    Ok(())
+}
+
 /// Runs an approval command.
 pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
     match cmd {
@@ -501,6 +557,25 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
             }
         }
         ApprovalCmd::Approve(d) => decide(d, Verdict::Approve).await?,
+        ApprovalCmd::Receipt { id, conn } => {
+            let c = client(&conn).await?;
+            let run_id = resolve(&conn, &c, &id).await?;
+            let r = c
+                .get_receipt(GetReceiptRequest { run_id })
+                .await
+                .map_err(api)?;
+            let receipt: serde_json::Value = serde_json::from_str(&r.receipt_json)
+                .map_err(|e| anyhow::anyhow!("the server sent a receipt that is not JSON: {e}"))?;
+            println!("{}", serde_json::to_string_pretty(&receipt)?);
+            if receipt["key_id"] != r.key_id.as_str() {
+                eprintln!(
+                    "note: signed by key {}; this deployment signs with key {} now",
+                    receipt["key_id"], r.key_id
+                );
+            }
+            eprintln!("deployment key {}: {}", r.key_id, r.public_key);
+        }
+        ApprovalCmd::Verify { file, key } => verify(&file, key.as_deref())?,
         ApprovalCmd::Reject(d) => decide(d, Verdict::Reject).await?,
         ApprovalCmd::Cancel(d) => decide(d, Verdict::Cancel).await?,
         ApprovalCmd::Bundle { id, out, conn } => {

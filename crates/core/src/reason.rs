@@ -110,6 +110,8 @@ reasons! {
     BudgetAlreadyExists => "BUDGET_ALREADY_EXISTS",
     /// The budget (or an ancestor) is closed to new reservations and children.
     BudgetClosed => "BUDGET_CLOSED",
+    /// The run has no signed receipt: it was never approved.
+    ReceiptNotFound => "RECEIPT_NOT_FOUND",
     /// The named reservation does not exist.
     ReservationNotFound => "RESERVATION_NOT_FOUND",
     /// The reservation was already committed, released or expired.

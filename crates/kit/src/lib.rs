@@ -25,6 +25,7 @@ pub mod error;
 pub mod json;
 mod layer;
 pub mod metrics;
+pub mod receipt;
 pub mod server;
 pub mod shutdown;
 pub mod telemetry;

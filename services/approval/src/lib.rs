@@ -15,6 +15,7 @@ mod content;
 mod dispatch;
 mod pg;
 mod policy;
+mod receipts;
 mod runs;
 mod validate;
 
@@ -78,6 +79,12 @@ pub struct ApprovalConfig {
     /// Largest artifact a run may carry (a pasted result, an OJS job's
     /// result), bytes.
     pub artifact_max_bytes: usize,
+    /// A file holding the Ed25519 key that signs decision receipts: its
+    /// 32-byte seed in base64 (on Kubernetes, a Secret mounted as a file;
+    /// every replica the same). Unset: on the embedded store a key is made
+    /// once and kept there; on PostgreSQL each process makes its own, which
+    /// only it signs with (set this there).
+    pub receipt_key_file: Option<std::path::PathBuf>,
 }
 
 impl Default for ApprovalConfig {
@@ -95,6 +102,7 @@ impl Default for ApprovalConfig {
             prune_interval_secs: 3600,
             adapters: adapter::AdaptersConfig::default(),
             artifact_max_bytes: 1 << 20,
+            receipt_key_file: None,
         }
     }
 }
@@ -235,6 +243,14 @@ pub enum ApprovalError {
     /// Storage failed; nothing was acknowledged.
     #[error("storage failed: {0}")]
     Storage(#[from] StoreError),
+    /// The run was never approved, so it has no receipt.
+    #[error(
+        "run {0:?} has no receipt: it was never approved (`switchyard approval show {0}` shows its decisions)"
+    )]
+    ReceiptNotFound(String),
+    /// The receipt key could not be read.
+    #[error("approval.receipt_key_file: {0}")]
+    ReceiptKey(String),
 }
 
 impl From<ApprovalError> for Status {
@@ -251,6 +267,16 @@ impl From<ApprovalError> for Status {
                 Code::NotFound,
                 Reason::RunNotFound,
                 metadata([("run_id", id)]),
+            ),
+            ApprovalError::ReceiptNotFound(id) => (
+                Code::NotFound,
+                Reason::ReceiptNotFound,
+                metadata([("run_id", id)]),
+            ),
+            ApprovalError::ReceiptKey(_) => (
+                Code::FailedPrecondition,
+                Reason::InvalidArgument,
+                metadata([]),
             ),
             ApprovalError::RunExists(id) => (
                 Code::AlreadyExists,
@@ -489,6 +515,8 @@ struct Inner {
     /// Run artifacts' content, by address.
     content: content::Content,
     backend: Backend,
+    /// Signs decision receipts.
+    receipts: switchyard_kit::receipt::ReceiptKey,
 }
 
 /// Runs waiting for a person, and how long the oldest has waited.
@@ -557,6 +585,7 @@ impl Approval {
         );
         let blobs = switchyard_store::Blobs::open(&store, "artifact_blobs")?;
         let content = content::Content::Sled(blobs);
+        let receipts = receipts::key(&cfg, Some(&store))?;
         let book = SledBook {
             state: Mutex::new(State {
                 runs: RunSet::Sled(runs),
@@ -565,7 +594,14 @@ impl Approval {
             audit,
             store,
         };
-        Self::with(cfg, clock, shutdown, content, Backend::Sled(Box::new(book)))
+        Self::with(
+            cfg,
+            clock,
+            shutdown,
+            content,
+            Backend::Sled(Box::new(book)),
+            receipts,
+        )
     }
 
     /// Opens the approval service on PostgreSQL (migrating the schema
@@ -578,7 +614,8 @@ impl Approval {
     ) -> Result<Approval, ApprovalError> {
         let runs = pg::PgRuns::open(db.clone()).await?;
         let content = content::Content::Pg(db);
-        Self::with(cfg, clock, shutdown, content, Backend::Pg(runs))
+        let receipts = receipts::key(&cfg, None)?;
+        Self::with(cfg, clock, shutdown, content, Backend::Pg(runs), receipts)
     }
 
     /// Applies the approval service's schema migrations to `db`.
@@ -592,6 +629,7 @@ impl Approval {
         shutdown: Shutdown,
         content: content::Content,
         backend: Backend,
+        receipts: switchyard_kit::receipt::ReceiptKey,
     ) -> Result<Approval, ApprovalError> {
         let ojs = match &cfg.adapters.ojs {
             Some(o) => Some(adapter::Ojs::new(o.clone()).map_err(|e| invalid("adapters.ojs", e))?),
@@ -611,6 +649,7 @@ impl Approval {
             adapters,
             content,
             backend,
+            receipts,
         });
         switchyard_kit::metrics::global().add_gauges(&inner);
         Ok(Approval { inner })
@@ -754,14 +793,20 @@ impl Approval {
             run.claimed_by.clear();
             run.claim_expires_at = None;
         }
-        let seq = self.audit(
-            st,
-            &run,
-            Note {
-                from: Some(from),
-                ..note
-            },
-        )?;
+        let mut note = Note {
+            from: Some(from),
+            ..note
+        };
+        if to == S::Approved {
+            // The decision's receipt, kept with its audit record.
+            let body = receipts::body(&run, note.actor, self.now(), note.event_type);
+            let receipt = self.inner.receipts.sign(body);
+            note = note.detail(
+                "receipt",
+                serde_json::to_string(&receipt).unwrap_or_default(),
+            );
+        }
+        let seq = self.audit(st, &run, note)?;
         tracing::debug!(run_id = %id, %from, %to, "run moved");
         Ok((run, seq))
     }
@@ -1727,6 +1772,22 @@ impl ApprovalService for Approval {
         self.worker_check(&req, &req.get_ref().run_id).await?;
         let run = Approval::fail(self, req.into_inner()).await?;
         Ok(Response::new(FailResponse { run: Some(run) }))
+    }
+
+    async fn get_receipt(
+        &self,
+        req: Request<GetReceiptRequest>,
+    ) -> Result<Response<GetReceiptResponse>, Status> {
+        let p = principal(&req)?;
+        let run_id = &req.get_ref().run_id;
+        self.check_visible(&p, run_id).await?;
+        let receipt_json = self.receipt(run_id).await?;
+        let (key_id, public_key) = self.receipt_key();
+        Ok(Response::new(GetReceiptResponse {
+            receipt_json,
+            key_id,
+            public_key,
+        }))
     }
 
     async fn list_audit(

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use switchyard_kit::error::ApiError;
 use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
 use switchyard_proto::approval::v1::{
-    ApproveRequest, GetRunRequest, RejectRequest, Run, RunStatus,
+    ApproveRequest, GetReceiptRequest, RejectRequest, Run, RunStatus,
 };
 use switchyard_proto::auth::v1::PrincipalKind;
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
@@ -181,6 +181,50 @@ async fn a_budget_that_runs_out_pauses_the_job_and_an_approved_extension_resumes
         (p.decision.as_str(), p.decided_by.as_str()),
         ("approved", "bob")
     );
+    // bob's decision has a signed receipt binding the extension's amount;
+    // it verifies offline, and a changed one does not.
+    let r = approvals_as(&s, "bob")
+        .await
+        .get_receipt(GetReceiptRequest {
+            run_id: run_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let receipt: switchyard_kit::receipt::Receipt = serde_json::from_str(&r.receipt_json).unwrap();
+    assert_eq!(
+        switchyard_kit::receipt::verify(&receipt, Some(&r.public_key)),
+        Ok(())
+    );
+    let body = &receipt.receipt;
+    assert_eq!(
+        (body["run_id"].as_str(), body["decided_by"].as_str()),
+        (Some(run_id.as_str()), Some("bob"))
+    );
+    assert_eq!(body["scope"]["extension"]["tokens"], 80, "{body}");
+    assert_eq!(body["created_by"], "dana");
+    let mut forged = receipt.clone();
+    forged.receipt["scope"]["extension"]["tokens"] = json!(80_000);
+    assert!(switchyard_kit::receipt::verify(&forged, Some(&r.public_key)).is_err());
+    // The job's own run, approved by the zero-cost policy, has one too.
+    let r = approvals_as(&s, "bob")
+        .await
+        .get_receipt(GetReceiptRequest {
+            run_id: j.run_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let policy: switchyard_kit::receipt::Receipt = serde_json::from_str(&r.receipt_json).unwrap();
+    assert_eq!(
+        switchyard_kit::receipt::verify(&policy, Some(&r.public_key)),
+        Ok(())
+    );
+    assert_eq!(
+        policy.receipt["decided_by"], "policy:zero-cost",
+        "{}",
+        policy.receipt
+    );
     // The journal and the balance agree: 120 spent of a limit of 160.
     let mut ledger = LedgerServiceClient::new(s.channel().await.unwrap());
     let b = budget(&mut ledger, &j.budget_id).await;
@@ -268,6 +312,30 @@ async fn cancelling_a_paused_job_withdraws_its_extension_request() {
     assert_eq!(
         run_of(&s, &run_id).await.status,
         RunStatus::Cancelled as i32
+    );
+    // Never approved: no receipt; another tenant's approver does not learn
+    // the run exists.
+    let none = approvals_as(&s, "bob")
+        .await
+        .get_receipt(GetReceiptRequest {
+            run_id: run_id.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (none.code(), reason_of(&none).as_str()),
+        (Code::NotFound, "RECEIPT_NOT_FOUND")
+    );
+    let erin = tenant_key(&s, "tenant-b", "erin", &["approver"], PrincipalKind::Human).await;
+    let hidden = ApprovalServiceClient::new(s.channel_with(&erin).await.unwrap())
+        .get_receipt(GetReceiptRequest {
+            run_id: run_id.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (hidden.code(), reason_of(&hidden).as_str()),
+        (Code::NotFound, "RUN_NOT_FOUND")
     );
     // Approving the withdrawn request does nothing.
     let late = approvals_as(&s, "bob")

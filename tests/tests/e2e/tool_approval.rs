@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use switchyard_llm::scripted::{Reply, Script};
 use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient;
 use switchyard_proto::approval::v1::{
-    ApproveRequest, GetRunRequest, ListRunsRequest, RejectRequest, Run, RunStatus,
+    ApproveRequest, ListRunsRequest, RejectRequest, Run, RunStatus,
 };
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{CancelJobRequest, GetArtifactRequest, JobState, TaskState};

@@ -118,6 +118,41 @@ fn a_budget_paused_job_survives_kill_9_and_an_approver_resumes_it_where_it_stopp
         out.contains(&format!("approved extension run {run} of job tight-team")),
         "{out}"
     );
+    // bob's decision as a signed receipt, checked offline; a copy with
+    // the amount changed does not verify.
+    let got = cli(&url, &["approval", "receipt", &run, "--as", "bob"]);
+    let receipt = ok(&got);
+    let stderr = String::from_utf8_lossy(&got.stderr).into_owned();
+    let key = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("deployment key "))
+        .and_then(|l| l.split(": ").nth(1))
+        .expect("the deployment's public key")
+        .trim()
+        .to_owned();
+    let file = dir.path().join("receipt.json");
+    std::fs::write(&file, &receipt).unwrap();
+    let checked = ok(&cli(
+        &url,
+        &["approval", "verify", file.to_str().unwrap(), "--key", &key],
+    ));
+    assert!(
+        checked.starts_with(&format!("valid: run {run} approved by bob at ")),
+        "{checked}"
+    );
+    let forged = receipt.replace("\"tokens\": 3996", "\"tokens\": 399600");
+    assert_ne!(forged, receipt, "the amount is in the receipt: {receipt}");
+    std::fs::write(&file, forged).unwrap();
+    let refused = cli(
+        &url,
+        &["approval", "verify", file.to_str().unwrap(), "--key", &key],
+    );
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("the signature does not match"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
     let done = until_state(&url, "completed");
     assert_eq!(done["budget_pause"]["decision"], "approved", "{done}");
     assert_eq!(done["budget_pause"]["decided_by"], "bob", "{done}");

@@ -222,9 +222,8 @@ pub fn access(path: &str) -> Access {
             "Approve" | "Reject" => needs(P::RunDecide),
             "BreakGlassApprove" => needs(P::RunBreakGlass),
             "Cancel" => needs(P::RunCancel),
-            "GetRun" | "ListRuns" | "Watch" | "ListRunArtifacts" | "GetRunArtifact" => {
-                needs(P::RunRead)
-            }
+            "GetRun" | "ListRuns" | "Watch" | "ListRunArtifacts" | "GetRunArtifact"
+            | "GetReceipt" => needs(P::RunRead),
             "Claim" | "RenewClaim" | "Complete" | "Fail" => needs(P::RunWork),
             "ListAudit" => needs(P::AuditRead),
             "ExportPromptBundle" | "ImportManualResult" => needs(P::RunManual),

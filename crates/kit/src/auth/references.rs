@@ -272,6 +272,11 @@ pub const REFERENCES: &[Reference] = &[
         "approval check_visible",
     ),
     r(
+        "switchyard.approval.v1.GetReceiptRequest.run_id",
+        Visible,
+        "approval check_visible (e2e budget_pause: another tenant's approver gets RUN_NOT_FOUND)",
+    ),
+    r(
         "switchyard.approval.v1.WatchRequest.run_id",
         Visible,
         "approval watch_stream (get, then visibility per record)",
