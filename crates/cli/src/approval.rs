@@ -126,6 +126,15 @@ pub struct Decision {
     /// separation of duties or second approver needed; -m gives the reason.
     #[arg(long)]
     break_glass: bool,
+    /// Approve a gated tool call changed: run this tool instead (one the
+    /// task offers). An edit to a tool that needs approval waits for a
+    /// decision of its own, which you may not take.
+    #[arg(long, conflicts_with = "break_glass")]
+    edit_tool: Option<String>,
+    /// Approve a gated tool call changed: with these arguments (a JSON
+    /// object). The model is told what you changed.
+    #[arg(long, conflicts_with = "break_glass")]
+    edit_args: Option<String>,
     #[command(flatten)]
     conn: Conn,
 }
@@ -332,7 +341,42 @@ async fn resolve(conn: &Conn, c: &Client, id: &str) -> anyhow::Result<String> {
     }
 }
 
+/// The edit `--edit-tool` / `--edit-args` ask for, completed from the
+/// call as the model made it (an edit of the tool alone keeps its
+/// arguments; of the arguments alone, its tool).
+async fn edit_of(
+    c: &Client,
+    run_id: &str,
+    tool: Option<String>,
+    args: Option<String>,
+) -> anyhow::Result<Option<ToolCallEdit>> {
+    if tool.is_none() && args.is_none() {
+        return Ok(None);
+    }
+    let run = c
+        .get_run(GetRunRequest {
+            run_id: run_id.to_owned(),
+        })
+        .await
+        .map_err(api)?
+        .run
+        .unwrap_or_default();
+    let Some(call) = run.tool_call else {
+        anyhow::bail!(
+            "run {run_id} is not a tool call's run: only a gated tool call can be approved with --edit-tool/--edit-args"
+        );
+    };
+    Ok(Some(ToolCallEdit {
+        tool: tool.unwrap_or(call.tool),
+        arguments: args.unwrap_or(call.arguments),
+        by: String::new(),
+    }))
+}
+
 async fn decide(d: Decision, verdict: Verdict) -> anyhow::Result<()> {
+    if !matches!(verdict, Verdict::Approve) && (d.edit_tool.is_some() || d.edit_args.is_some()) {
+        anyhow::bail!("--edit-tool and --edit-args go with `approval approve` only");
+    }
     let c = client(&d.conn).await?;
     let run_id = resolve(&d.conn, &c, &d.id).await?;
     let comment = d.comment;
@@ -347,7 +391,14 @@ async fn decide(d: Decision, verdict: Verdict) -> anyhow::Result<()> {
             (r.map_err(api)?.run, "approved (break-glass, audited)")
         }
         Verdict::Approve => {
-            let r = c.approve(ApproveRequest { run_id, comment }).await;
+            let edit = edit_of(&c, &run_id, d.edit_tool, d.edit_args).await?;
+            let r = c
+                .approve(ApproveRequest {
+                    run_id,
+                    comment,
+                    edit,
+                })
+                .await;
             let run = r.map_err(api)?.run;
             let still_proposed = run
                 .as_ref()

@@ -1234,6 +1234,7 @@ async fn resume(
     let req = switchyard_proto::approval::v1::ApproveRequest {
         run_id: p.run_id.clone(),
         comment,
+        edit: None,
     };
     let run = approval
         .approve(req)

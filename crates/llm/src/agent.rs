@@ -220,6 +220,17 @@ pub enum Gate {
         /// What the model is told.
         message: String,
     },
+    /// Run it as an approver changed it: a new action, checked as one (the
+    /// tool must be offered, the arguments match its schema, and a changed
+    /// tool that needs approval waits for its own decision).
+    Edited {
+        /// The tool to call.
+        tool: String,
+        /// Its arguments, JSON text.
+        arguments: String,
+        /// The approver who edited.
+        by: String,
+    },
 }
 
 /// The loop's state at a tool call waiting for a decision: what [`resume`]
@@ -240,6 +251,10 @@ pub struct Checkpoint {
     pub chain: Vec<String>,
     /// This turn's calls not yet answered; the first is the one waiting.
     pub pending: Vec<crate::ToolCall>,
+    /// When the waiting call is an approver's edit of the model's call (an
+    /// edit to a tool that needs its own decision): that approver, who may
+    /// not decide it.
+    pub edited_by: String,
 }
 
 /// One tool call, as recorded (`ext_agent_tool_results`).
@@ -778,32 +793,70 @@ impl Round<'_> {
             turn: self.turn,
             duration_ms: 0,
         };
-        let ran = match self.checked_args(call) {
-            Err(refused) => Err(refused),
-            Ok(args) => {
-                let mut gate = Gate::Run;
-                if host.needs_approval(&call.name) {
-                    let at = Checkpoint {
-                        turn: self.turn,
-                        messages: req.messages.clone(),
-                        report: report.clone(),
-                        tool_choice: req.tool_choice,
-                        chain: self.chain.to_vec(),
-                        pending: calls[k..].to_vec(),
-                    };
-                    let asked = Instant::now();
-                    gate = host.gate(&at).await;
-                    *deadline += asked.elapsed();
+        // The call as it will run: the model's, or an approver's edit of it.
+        let mut current = call.clone();
+        let mut edited_by = String::new();
+        let mut told = None;
+        let ran = loop {
+            let args = match self.checked_args(&current) {
+                Ok(args) => args,
+                Err((reason, message)) if told.is_some() => {
+                    break Err((reason, format!("the approver's edit cannot run: {message}")));
                 }
-                match gate {
-                    Gate::Refused { reason, message } => Err((reason, message)),
-                    Gate::Run => {
-                        // The call's duration is the tool's, not the wait for a person.
-                        started = Instant::now();
-                        self.invoke(call, args, *deadline).await
-                    }
+                Err(refused) => break Err(refused),
+            };
+            let mut gate = Gate::Run;
+            if host.needs_approval(&current.name) && (told.is_none() || current.name != call.name) {
+                let mut pending = calls[k..].to_vec();
+                pending[0] = current.clone();
+                let at = Checkpoint {
+                    turn: self.turn,
+                    messages: req.messages.clone(),
+                    report: report.clone(),
+                    tool_choice: req.tool_choice,
+                    chain: self.chain.to_vec(),
+                    pending,
+                    edited_by: edited_by.clone(),
+                };
+                let asked = Instant::now();
+                gate = host.gate(&at).await;
+                *deadline += asked.elapsed();
+            }
+            match gate {
+                Gate::Refused { reason, message } => break Err((reason, message)),
+                Gate::Run => {
+                    // The call's duration is the tool's, not the wait for a person.
+                    started = Instant::now();
+                    break self.invoke(&current, args, *deadline).await;
+                }
+                Gate::Edited {
+                    tool,
+                    arguments,
+                    by,
+                } => {
+                    // A new action: checked again from the top, and a
+                    // changed tool that needs approval is decided anew
+                    // (not by the editor).
+                    told = Some(format!(
+                        "an approver ({by}) changed this call from {}({}) to {tool}({arguments}) before it ran",
+                        call.name, call.arguments
+                    ));
+                    current = crate::ToolCall {
+                        id: call.id.clone(),
+                        name: tool,
+                        arguments,
+                    };
+                    edited_by = by;
                 }
             }
+        };
+        r.name.clone_from(&current.name);
+        r.arguments.clone_from(&current.arguments);
+        // The model is told what was changed, with the result.
+        let ran = match (ran, &told) {
+            (Ok(v), Some(note)) => Ok(json!({"edited": note, "result": v})),
+            (Err((reason, error)), Some(note)) => Err((reason, format!("{note}; {error}"))),
+            (ran, None) => ran,
         };
         if let Err((reason, error)) = ran.as_ref().map(|_| ()).map_err(Clone::clone) {
             r.reason = reason.as_str().into();

@@ -444,13 +444,27 @@ pub fn authorize(action: Action, actor: Option<&str>, run: &Run) -> Result<Strin
             action: action.as_str(),
         });
     };
-    if action == Action::Approve && actor == run.created_by {
+    // Nor may the approver whose edit made this call approve it.
+    let editor = run.tool_call.as_ref().map(|c| c.edited_by.as_str());
+    if action == Action::Approve && (actor == run.created_by || editor == Some(actor)) {
         return Err(ApprovalError::SeparationOfDuties {
             run_id: run.run_id.clone(),
             actor: actor.to_owned(),
         });
     }
     Ok(actor.to_owned())
+}
+
+/// Whether two JSON texts hold the same value (text that does not parse
+/// is compared as text).
+fn same_json(a: &str, b: &str) -> bool {
+    match (
+        serde_json::from_str::<serde_json::Value>(a),
+        serde_json::from_str::<serde_json::Value>(b),
+    ) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
+    }
 }
 
 /// Worker actions check that the caller holds an unexpired claim.
@@ -995,6 +1009,71 @@ impl Approval {
         comment: &str,
         actor: Option<&str>,
     ) -> Result<Run, ApprovalError> {
+        self.decide_with(action, run_id, comment, actor, None).await
+    }
+
+    /// Approves per-call run `run_id` with the call changed as `edit`
+    /// says (the tool, its arguments or both): see `ToolCallEdit`.
+    pub async fn approve_edited(
+        &self,
+        run_id: &str,
+        comment: &str,
+        actor: Option<&str>,
+        mut edit: ToolCallEdit,
+    ) -> Result<Run, ApprovalError> {
+        let run = self.get(run_id).await?;
+        let Some(call) = &run.tool_call else {
+            return Err(invalid(
+                "edit",
+                "only a tool call's run (Run.tool_call) can be approved with an edit",
+            ));
+        };
+        if edit.tool.is_empty() {
+            edit.tool.clone_from(&call.tool);
+        }
+        let mut v = Violations::new();
+        if edit.tool.len() > 128
+            || !edit
+                .tool
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        {
+            v.add(
+                "edit.tool",
+                "a tool name: letters, digits, _ - . (at most 128)",
+            );
+        }
+        if !serde_json::from_str::<serde_json::Value>(&edit.arguments).is_ok_and(|a| a.is_object())
+        {
+            v.add(
+                "edit.arguments",
+                "the edited arguments are a JSON object, as text",
+            );
+        }
+        v.into_result().map_err(ApprovalError::Invalid)?;
+        if edit.tool == call.tool && same_json(&edit.arguments, &call.arguments) {
+            // Nothing changed: a plain approval.
+            return self.decide(Action::Approve, run_id, comment, actor).await;
+        }
+        if self.needs_two(&run) {
+            return Err(invalid(
+                "edit",
+                "this call needs two approvers, so it cannot be approved with an edit: reject it (the model is told why) instead",
+            ));
+        }
+        edit.by = actor.unwrap_or_default().to_owned();
+        self.decide_with(Action::Approve, run_id, comment, actor, Some(edit))
+            .await
+    }
+
+    async fn decide_with(
+        &self,
+        action: Action,
+        run_id: &str,
+        comment: &str,
+        actor: Option<&str>,
+        edit: Option<ToolCallEdit>,
+    ) -> Result<Run, ApprovalError> {
         let now = self.now();
         self.mutate(&[run_id], |st| {
             let Some(run) = st.runs.get(run_id) else {
@@ -1024,9 +1103,16 @@ impl Approval {
                 self.record_first_approval(st, run_id, &actor, comment)
             } else {
                 let reapproval = action == Action::Approve && from == S::Failed;
-                self.transition(st, run_id, to, Note::new(&actor, event, comment), |r| {
+                let mut note = Note::new(&actor, event, comment);
+                if let Some(e) = &edit {
+                    note = note
+                        .detail("edited_tool", &e.tool)
+                        .detail("edited_arguments", &e.arguments);
+                }
+                self.transition(st, run_id, to, note, |r| {
                     if action == Action::Approve {
                         r.approved_by.push(actor.clone());
+                        r.edit.clone_from(&edit);
                     }
                     if reapproval {
                         // A person gives a failed run another attempt.
@@ -1548,6 +1634,8 @@ impl Approval {
             }
             run.created_by = me;
             run.tenant = tenant;
+            // An edit is a decision, never part of a proposal.
+            run.edit = None;
         }
         if !req.approved_under.is_empty() {
             // Which run covers a child is a fact the platform establishes
@@ -1647,8 +1735,20 @@ impl ApprovalService for Approval {
         &self,
         req: Request<ApproveRequest>,
     ) -> Result<Response<ApproveResponse>, Status> {
+        let Some(edit) = req.get_ref().edit.clone() else {
+            let run = self
+                .decide_request(Action::Approve, req, |r| (r.run_id, r.comment))
+                .await?;
+            return Ok(Response::new(ApproveResponse { run: Some(run) }));
+        };
+        let p = principal(&req)?;
+        p.require(Permission::RunDecide)?;
+        let ApproveRequest {
+            run_id, comment, ..
+        } = req.into_inner();
+        self.check_visible(&p, &run_id).await?;
         let run = self
-            .decide_request(Action::Approve, req, |r| (r.run_id, r.comment))
+            .approve_edited(&run_id, &comment, Some(&audit_name(&p)), edit)
             .await?;
         Ok(Response::new(ApproveResponse { run: Some(run) }))
     }

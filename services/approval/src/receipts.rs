@@ -87,6 +87,8 @@ pub(crate) fn body(run: &Run, actor: &str, now_ms: u64, event: &str) -> Value {
                 "job_id": x.job_id, "budget_id": x.budget_id, "tokens": x.tokens,
                 "cost_micro_usd": x.cost.map_or(0, |m| m.micro_usd),
             })),
+            // An approval with an edit binds the call as changed.
+            "edit": run.edit.as_ref().map(|e| json!({"tool": e.tool, "arguments": e.arguments})),
             "publication": run.publication.as_ref().map(|p| json!({
                 "job_id": p.job_id, "artifact_path": p.artifact_path,
                 "artifact_id": p.artifact_id, "destination": p.destination,

@@ -216,6 +216,7 @@ pub fn spec_of(r: &Run) -> Run {
         decided_by: String::new(),
         reason_code: String::new(),
         adapter_state: String::new(),
+        edit: None,
         ..r.clone()
     }
 }

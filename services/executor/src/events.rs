@@ -176,6 +176,10 @@ pub struct AwaitingApproval {
     pub timeout_secs: u64,
     /// When that is, ms since the epoch (a restart keeps it).
     pub deadline_ms: u64,
+    /// When the call is an approver's edit that needs its own decision:
+    /// that approver (who may not decide it).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub edited_by: String,
 }
 
 /// `task.approval_decided`.
@@ -194,6 +198,10 @@ pub struct CallDecided {
     pub by: String,
     /// Their comment.
     pub comment: String,
+    /// Approved with an edit: the call as the approver changed it,
+    /// `tool(arguments)`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub edited: String,
 }
 
 /// `task.input_requested`.

@@ -165,6 +165,7 @@ impl Jobs {
         let req = switchyard_proto::approval::v1::ApproveRequest {
             run_id: run_id.to_owned(),
             comment: comment.to_owned(),
+            edit: None,
         };
         let run = as_caller!(ApprovalClient, approvals, c, approve, req)?.run;
         run.ok_or_else(|| Status::internal("Approve answered without a run"))

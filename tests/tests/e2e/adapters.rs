@@ -65,6 +65,7 @@ async fn approved(s: &Stack, run: Run) -> String {
         .approve(ApproveRequest {
             run_id: id.clone(),
             comment: "ok".into(),
+            edit: None,
         })
         .await
         .unwrap();

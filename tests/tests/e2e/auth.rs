@@ -362,6 +362,7 @@ async fn the_old_spoofing_attacks_fail() {
         let mut r = tonic::Request::new(ApproveRequest {
             run_id: job.run_id.clone(),
             comment: String::new(),
+            edit: None,
         });
         r.metadata_mut()
             .insert("x-switchyard-actor", who.parse().unwrap());
@@ -442,6 +443,7 @@ async fn approve_as(s: &Stack, who: &str, run_id: &str) -> Result<Run, tonic::St
         .approve(ApproveRequest {
             run_id: run_id.into(),
             comment: "ok".into(),
+            edit: None,
         })
         .await
         .map(|r| r.into_inner().run.unwrap())
@@ -462,6 +464,7 @@ async fn a_submitter_who_is_also_an_approver_cannot_approve_their_own_job() {
     let mut r = tonic::Request::new(ApproveRequest {
         run_id: job.run_id.clone(),
         comment: String::new(),
+        edit: None,
     });
     // A header naming someone else changes nothing.
     r.metadata_mut()
@@ -731,6 +734,7 @@ async fn above_the_threshold_two_distinct_approvers_are_needed() {
         .approve(ApproveRequest {
             run_id: big.run_id.clone(),
             comment: "second".into(),
+            edit: None,
         })
         .await
         .unwrap()
@@ -766,6 +770,7 @@ async fn break_glass_is_admin_only_needs_a_reason_and_is_audited() {
         .approve(ApproveRequest {
             run_id: run.run_id.clone(),
             comment: String::new(),
+            edit: None,
         })
         .await
         .unwrap_err();

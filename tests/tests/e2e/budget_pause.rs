@@ -129,6 +129,7 @@ async fn a_budget_that_runs_out_pauses_the_job_and_an_approved_extension_resumes
     let ask = ApproveRequest {
         run_id: run_id.clone(),
         comment: "mine".into(),
+        edit: None,
     };
     let mine = ApprovalServiceClient::new(s.channel_with(&dana).await.unwrap())
         .approve(ask.clone())
@@ -343,6 +344,7 @@ async fn cancelling_a_paused_job_withdraws_its_extension_request() {
         .approve(ApproveRequest {
             run_id,
             comment: "too late".into(),
+            edit: None,
         })
         .await;
     assert!(late.is_err(), "{late:?}");

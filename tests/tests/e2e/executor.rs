@@ -657,6 +657,7 @@ async fn nothing_runs_before_approval_and_a_rejection_cancels_the_job(b: Backend
         .approve(switchyard_proto::approval::v1::ApproveRequest {
             run_id: j.run_id.clone(),
             comment: String::new(),
+            edit: None,
         })
         .await
         .unwrap_err();

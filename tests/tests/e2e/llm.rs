@@ -48,6 +48,9 @@ const MODELS: &[&str] = &[
     "m-sdk",
     "m-stream",
     "m-overrun",
+    "m-edit-bypass",
+    "m-edit-args",
+    "m-edit-gone",
     "m-mcp",
     "m-mcp-slow",
     "m-gate",
@@ -239,6 +242,11 @@ impl ToolProvider for Provider {
 impl Provider {
     pub(crate) fn calls(&self) -> Vec<String> {
         self.0.lock().unwrap().iter().map(|c| c.0.clone()).collect()
+    }
+
+    /// Every call, with its arguments.
+    pub(crate) fn calls_with_args(&self) -> Vec<(String, Value)> {
+        self.0.lock().unwrap().clone()
     }
 }
 

@@ -321,6 +321,7 @@ async fn a_builder_proposes_an_agent_a_person_publishes_it_and_the_orchestrator_
                 .approve(switchyard_proto::approval::v1::ApproveRequest {
                     run_id,
                     comment: "the translator only translates".into(),
+                    edit: None,
                 })
                 .await
         }

@@ -180,6 +180,7 @@ async fn a_gated_call_waits_holding_no_budget_until_bob_approves_and_carol_downl
         .approve(ApproveRequest {
             run_id: call.run_id.clone(),
             comment: "mine".into(),
+            edit: None,
         })
         .await
         .unwrap_err();
@@ -196,6 +197,7 @@ async fn a_gated_call_waits_holding_no_budget_until_bob_approves_and_carol_downl
         .approve(ApproveRequest {
             run_id: call.run_id.clone(),
             comment: "go".into(),
+            edit: None,
         })
         .await
         .unwrap();
@@ -500,6 +502,7 @@ async fn a_restart_while_a_call_awaits_keeps_it_waiting_and_approval_resumes_the
         .approve(ApproveRequest {
             run_id,
             comment: "after restart".into(),
+            edit: None,
         })
         .await
         .unwrap();
@@ -708,5 +711,267 @@ async fn an_agent_offered_as_a_tool_above_the_price_rule_waits_for_a_person() {
     let r = finish(&mut e.jobs, "gated-price").await;
     assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
     assert_eq!(task(&r, "t").tool_results[0].reason, "TOOL_CALL_REJECTED");
+    e.stack.stop().await.unwrap();
+}
+
+/// A job whose model may call `search` and `delete_repo`, both of which
+/// need a person's approval, and `notes`, which does not.
+fn two_tools_job(job_id: &str, model: &str) -> String {
+    json!({
+        "job_id": job_id,
+        "tasks": [{"id": "fix", "llm": {
+            "model": model, "prompt": "tidy the repos", "max_tokens": 50,
+            "tools": [{"name": "search", "requires_approval": true},
+                      {"name": "delete_repo", "requires_approval": true},
+                      {"name": "notes"}]
+        }}]
+    })
+    .to_string()
+}
+
+/// The scripted stack with `search`, `delete_repo` and `notes` served by a
+/// recording provider.
+async fn edit_env() -> (crate::llm::Env, Provider, switchyard_kit::shutdown::Trigger) {
+    let e = env(true, |_| {}).await;
+    let provider = Provider::default();
+    let stop = provide(
+        &e.stack,
+        provider.clone(),
+        &["search", "delete_repo", "notes"],
+    )
+    .await;
+    (e, provider, stop)
+}
+
+fn edit(tool: &str, arguments: Value) -> Option<switchyard_proto::approval::v1::ToolCallEdit> {
+    Some(switchyard_proto::approval::v1::ToolCallEdit {
+        tool: tool.into(),
+        arguments: arguments.to_string(),
+        by: String::new(),
+    })
+}
+
+/// The LangChain human-in-the-loop bypass, refused: an approver edits a
+/// gated `search` into `delete_repo`. The edit is a new action: it meets
+/// delete_repo's own rule — a decision of its own, which the editor may
+/// not take — and nothing runs until then; rejected, nothing runs at all,
+/// and the model is told what was changed and why it did not run.
+#[tokio::test]
+async fn editing_a_gated_call_into_another_gated_tool_needs_that_tools_own_decision() {
+    let (mut e, provider, _stop) = edit_env().await;
+    e.script.for_model(
+        "m-edit-bypass",
+        vec![
+            Reply::tools(&[("search", json!({"q": "old repos"}))], 40, 10),
+            Reply::text("done", 80, 20),
+        ],
+    );
+    let job = submit(&mut e.jobs, &two_tools_job("edit-bypass", "m-edit-bypass"))
+        .await
+        .unwrap();
+    let first = until_event(&mut e.jobs, "edit-bypass", "task.awaiting_approval").await;
+    let first_run = first["run_id"].as_str().unwrap().to_owned();
+    approvals_as(&e.stack, "bob")
+        .await
+        .approve(ApproveRequest {
+            run_id: first_run.clone(),
+            comment: "delete it instead".into(),
+            edit: edit("delete_repo", json!({"repo": "prod"})),
+        })
+        .await
+        .unwrap();
+    // A second run, for the edited call, made by bob's edit.
+    let mut second = None;
+    for _ in 0..400 {
+        let calls = pending_calls(&e.stack, "bob").await;
+        second = calls.into_iter().find(|r| r.run_id != first_run);
+        if second.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let second = second.unwrap_or_else(|| {
+        panic!(
+            "no run for the edited call within 10 s; tools run: {:?}",
+            provider.calls()
+        )
+    });
+    let call = second.tool_call.clone().unwrap();
+    assert_eq!(
+        (call.tool.as_str(), call.edited_by.as_str()),
+        ("delete_repo", "bob")
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(&call.arguments).unwrap(),
+        json!({"repo": "prod"})
+    );
+    assert!(provider.calls().is_empty(), "nothing ran yet");
+    // bob may not approve the call his own edit made.
+    let own = approvals_as(&e.stack, "bob")
+        .await
+        .approve(ApproveRequest {
+            run_id: second.run_id.clone(),
+            comment: "mine".into(),
+            edit: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(own.code(), tonic::Code::PermissionDenied, "{own:?}");
+    assert!(
+        own.message().contains("cannot approve"),
+        "{}",
+        own.message()
+    );
+    let dave = e
+        .stack
+        .key(
+            "dave",
+            &["approver"],
+            switchyard_proto::auth::v1::PrincipalKind::Human,
+        )
+        .await
+        .unwrap();
+    ApprovalServiceClient::new(e.stack.channel_with(&dave).await.unwrap())
+        .reject(RejectRequest {
+            run_id: second.run_id.clone(),
+            comment: "never delete prod".into(),
+        })
+        .await
+        .unwrap();
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    assert!(
+        provider.calls().is_empty(),
+        "neither search nor delete_repo ran"
+    );
+    let t = task(&r, "fix");
+    assert_eq!(
+        (
+            t.tool_results[0].name.as_str(),
+            t.tool_results[0].reason.as_str()
+        ),
+        ("delete_repo", "TOOL_CALL_REJECTED")
+    );
+    let said = told(&e.script);
+    assert!(
+        said.contains("an approver (bob) changed this call from search")
+            && said.contains("never delete prod"),
+        "{said}"
+    );
+    let evs = events(&mut e.jobs, "edit-bypass").await;
+    let decided: Vec<&Value> = evs
+        .iter()
+        .filter(|(k, _)| k == "task.approval_decided")
+        .map(|(_, d)| d)
+        .collect();
+    assert_eq!(decided.len(), 2, "{decided:?}");
+    assert_eq!(decided[0]["edited"], r#"delete_repo({"repo":"prod"})"#);
+    assert_eq!(decided[1]["decision"], "rejected");
+    e.stack.stop().await.unwrap();
+}
+
+/// Edits that need no further decision run as edited, and the model is
+/// told; an edit naming a tool the task does not offer runs nothing; a
+/// malformed edit, or one on a run that is not a tool call, is refused.
+#[tokio::test]
+async fn an_approvers_edit_runs_as_changed_within_the_tasks_tools_and_the_model_is_told() {
+    let (mut e, provider, _stop) = edit_env().await;
+    for (model, job_id) in [("m-edit-args", "edit-args"), ("m-edit-gone", "edit-gone")] {
+        e.script.for_model(
+            model,
+            vec![
+                Reply::tools(&[("search", json!({"q": "everything"}))], 40, 10),
+                Reply::text("done", 80, 20),
+            ],
+        );
+        submit(&mut e.jobs, &two_tools_job(job_id, model))
+            .await
+            .unwrap();
+    }
+    let bob = approvals_as(&e.stack, "bob").await;
+    // Other arguments for the same tool: approved as edited, it runs once.
+    let waiting = until_event(&mut e.jobs, "edit-args", "task.awaiting_approval").await;
+    let run_id = waiting["run_id"].as_str().unwrap().to_owned();
+    let bad = bob
+        .clone()
+        .approve(ApproveRequest {
+            run_id: run_id.clone(),
+            comment: String::new(),
+            edit: Some(switchyard_proto::approval::v1::ToolCallEdit {
+                tool: "search".into(),
+                arguments: "[1, 2]".into(),
+                by: String::new(),
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
+    bob.clone()
+        .approve(ApproveRequest {
+            run_id: run_id.clone(),
+            comment: "narrower".into(),
+            edit: edit("", json!({"q": "public docs"})),
+        })
+        .await
+        .unwrap();
+    let r = finish(&mut e.jobs, "edit-args").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    assert_eq!(
+        provider.calls_with_args(),
+        vec![("search".to_owned(), json!({"q": "public docs"}))]
+    );
+    let t = task(&r, "fix");
+    assert_eq!(t.tool_results[0].arguments, r#"{"q":"public docs"}"#);
+    // The receipt binds the call as edited.
+    let receipt = bob
+        .clone()
+        .get_receipt(switchyard_proto::approval::v1::GetReceiptRequest {
+            run_id: run_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let receipt: Value = serde_json::from_str(&receipt.receipt_json).unwrap();
+    assert_eq!(
+        receipt["receipt"]["scope"]["edit"],
+        json!({"tool": "search", "arguments": r#"{"q":"public docs"}"#})
+    );
+    // A tool the task does not offer: nothing runs.
+    let waiting = until_event(&mut e.jobs, "edit-gone", "task.awaiting_approval").await;
+    bob.clone()
+        .approve(ApproveRequest {
+            run_id: waiting["run_id"].as_str().unwrap().into(),
+            comment: String::new(),
+            edit: edit("drop_tables", json!({})),
+        })
+        .await
+        .unwrap();
+    let r = finish(&mut e.jobs, "edit-gone").await;
+    let t = task(&r, "fix");
+    assert_eq!(t.tool_results[0].reason, "AGENT_TOOL_NOT_FOUND", "{t:?}");
+    assert!(
+        t.tool_results[0]
+            .error
+            .contains("the approver's edit cannot run"),
+        "{}",
+        t.tool_results[0].error
+    );
+    assert_eq!(provider.calls().len(), 1, "only the edited search ran");
+    // An edit on a job's run (not a tool call) is refused.
+    let job_run = common::job(&mut e.jobs, "edit-gone").await.run_id;
+    let not_call = bob
+        .clone()
+        .approve(ApproveRequest {
+            run_id: job_run,
+            comment: String::new(),
+            edit: edit("search", json!({})),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        not_call.code(),
+        tonic::Code::InvalidArgument,
+        "{not_call:?}"
+    );
     e.stack.stop().await.unwrap();
 }

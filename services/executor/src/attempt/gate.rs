@@ -197,13 +197,13 @@ impl CallGate<'_> {
         };
         // If this wait is abandoned (the job is cancelled), the run is
         // withdrawn too; a shutdown leaves it for the restarted attempt.
-        let run_id = paused.run_id;
+        let run_id = paused.run_id.clone();
         let mut withdraw = Withdraw {
             x: self.x.clone(),
             run_id: Some(run_id.clone()),
             checkpoint: checkpoint_key(job_id, task_id),
         };
-        let decided = match self.propose(at, &run_id, &said).await {
+        let decided = match self.propose(at, &run_id, &said, &paused.edited_by).await {
             Ok(()) => self.decision(&run_id, paused.deadline_ms).await,
             Err(e) => Decided {
                 decision: "cancelled",
@@ -212,17 +212,42 @@ impl CallGate<'_> {
             },
         };
         withdraw.run_id = None;
+        let mut decided = decided;
+        let mut edit = None;
         if decided.decision == "approved" {
+            match self.edit_of(&run_id).await {
+                Ok(e) => edit = e,
+                // The approval cannot be read back, so how it was approved
+                // (perhaps with an edit) is unknown: the call does not run.
+                Err(why) => {
+                    decided = Decided {
+                        decision: "cancelled",
+                        by: decided.by,
+                        comment: format!("the approved call could not be read back: {why}"),
+                    };
+                }
+            }
             self.release_run(&run_id).await;
         }
+        let edited = edit
+            .as_ref()
+            .map(|e| format!("{}({})", e.tool, e.arguments))
+            .unwrap_or_default();
         if let Err(e) = self
-            .resume_task(&run_id, &call.id, &call.name, &decided)
+            .resume_task(&run_id, &call.id, &call.name, &decided, edited)
             .await
         {
             tracing::error!(job_id, task_id, error = %e, "recording a tool call's decision");
         }
         match decided.decision {
-            "approved" => Gate::Run,
+            "approved" => match edit {
+                Some(e) => Gate::Edited {
+                    tool: e.tool,
+                    arguments: e.arguments,
+                    by: e.by,
+                },
+                None => Gate::Run,
+            },
             "timed_out" => refused(
                 Reason::ToolApprovalTimeout,
                 format!(
@@ -276,6 +301,7 @@ impl CallGate<'_> {
                 return Ok(Paused {
                     run_id: a.run_id.clone(),
                     deadline_ms: a.deadline_ms,
+                    edited_by: a.edited_by.clone(),
                 });
             }
             let run_id = format!("call-{}", uuid::Uuid::now_v7());
@@ -294,6 +320,7 @@ impl CallGate<'_> {
                 attempt: snap.attempt,
                 timeout_secs: timeout,
                 deadline_ms,
+                edited_by: at.edited_by.clone(),
             };
             book.record(
                 &mut st,
@@ -309,6 +336,7 @@ impl CallGate<'_> {
                 Paused {
                     run_id,
                     deadline_ms,
+                    edited_by: at.edited_by.clone(),
                 },
             )
         };
@@ -317,7 +345,13 @@ impl CallGate<'_> {
     }
 
     /// Proposes the call's run (idempotent: the same run after a restart).
-    async fn propose(&self, at: &Checkpoint, run_id: &str, said: &str) -> Result<(), String> {
+    async fn propose(
+        &self,
+        at: &Checkpoint,
+        run_id: &str,
+        said: &str,
+        edited_by: &str,
+    ) -> Result<(), String> {
         let (x, snap) = (self.x, self.snap);
         let call = &at.pending[0];
         let (org, job_run, hash) = {
@@ -366,6 +400,7 @@ impl CallGate<'_> {
                 reason: said.to_owned(),
                 attempt: snap.attempt,
                 job_run_id: job_run,
+                edited_by: edited_by.to_owned(),
             }),
             ..Default::default()
         };
@@ -407,6 +442,24 @@ impl CallGate<'_> {
         }
     }
 
+    /// The approver's edit of an approved call, if it was approved with
+    /// one, read from the run (an unreachable approval service is waited
+    /// for, within the task's deadline).
+    async fn edit_of(&self, run_id: &str) -> Result<Option<ap::ToolCallEdit>, String> {
+        let approval = &self.x.inner.clients.approval;
+        let req = ap::GetRunRequest {
+            run_id: run_id.to_owned(),
+        };
+        let run = self
+            .waiter
+            .call(Service::Approval, || approval.get_run(req.clone()))
+            .await
+            .map_err(|e| e.message().to_owned())?
+            .run
+            .unwrap_or_default();
+        Ok(run.edit)
+    }
+
     /// An approved call's run is claimed and completed: the call is
     /// released to the task (best effort: the decision is what counts).
     async fn release_run(&self, run_id: &str) {
@@ -442,6 +495,7 @@ impl CallGate<'_> {
         call_id: &str,
         tool: &str,
         d: &Decided,
+        edited: String,
     ) -> Result<(), ExecutorError> {
         let (x, snap) = (self.x, self.snap);
         let book = &x.inner.book;
@@ -457,6 +511,7 @@ impl CallGate<'_> {
                 decision: d.decision.to_owned(),
                 by: d.by.clone(),
                 comment: d.comment.clone(),
+                edited,
             };
             let mut g = book.record(
                 &mut st,
@@ -480,6 +535,8 @@ impl CallGate<'_> {
 struct Paused {
     run_id: String,
     deadline_ms: u64,
+    /// The approver whose edit this call is, if it is one.
+    edited_by: String,
 }
 
 fn refused(reason: Reason, message: String) -> Gate {

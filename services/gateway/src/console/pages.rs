@@ -739,6 +739,7 @@ pub(crate) async fn decide(
             let req = ap::ApproveRequest {
                 run_id: run_id.clone(),
                 comment: f.comment,
+                edit: None,
             };
             as_caller!(ApprovalClient, approvals, caller, approve, req).map(|_| "approved")
         }

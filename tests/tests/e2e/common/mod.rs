@@ -143,6 +143,7 @@ pub async fn approve(s: &Stack, run_id: &str) {
     let req = switchyard_proto::approval::v1::ApproveRequest {
         run_id: run_id.into(),
         comment: "ok".into(),
+        edit: None,
     };
     approvals_as(s, "bob").await.approve(req).await.unwrap();
 }
