@@ -113,6 +113,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
         "ApprovalService/Watch",
         "ApprovalService/ListRunArtifacts",
         "ApprovalService/GetRunArtifact",
+        "ApprovalService/GetReceipt",
     ];
     const READ_JOBS: &[&str] = &[
         "JobService/GetJob",
