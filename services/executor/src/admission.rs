@@ -180,6 +180,74 @@ pub(crate) fn estimate(spec: &JobSpec, known: &Known<'_>) -> Estimate {
     est
 }
 
+/// What cannot succeed as submitted, said before anything is proposed
+/// (ValidateJob's warnings): an agent task whose capability no agent
+/// offers now, an LLM task naming a model no provider serves, and a worst
+/// case above the job's own budget (it would pause for an extension).
+pub(crate) fn foreseen(spec: &JobSpec, est: &Estimate, llm: &switchyard_llm::Llm) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, t) in spec.tasks.iter().enumerate() {
+        let at = format!("tasks[{i}] ({})", t.id);
+        let chain: Vec<&String> = match &t.kind {
+            Some(Kind::Agent(a)) => {
+                let routed = est
+                    .routes
+                    .iter()
+                    .any(|r| r.task_id == t.id && !r.agent_id.is_empty());
+                if !routed {
+                    out.push(format!(
+                        "{at}: no agent offers capability {:?} right now: the task would wait (DEFER) or fail with CAPABILITY_UNAVAILABLE",
+                        a.capability
+                    ));
+                }
+                continue;
+            }
+            Some(Kind::Llm(l)) => std::iter::once(&l.model)
+                .chain(&l.fallback_models)
+                .collect(),
+            Some(Kind::Conversation(c)) => c
+                .orchestrator
+                .as_ref()
+                .map(|l| {
+                    std::iter::once(&l.model)
+                        .chain(&l.fallback_models)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            _ => continue,
+        };
+        let hint = match &t.kind {
+            Some(Kind::Llm(l)) => l.provider.as_str(),
+            _ => "",
+        };
+        for m in chain.into_iter().filter(|m| llm.price(m, hint).is_none()) {
+            out.push(format!(
+                "{at}: no provider here serves model {m:?}: a call of it would fail with LLM_PROVIDER_NOT_CONFIGURED ([llm.providers] lists the models served)"
+            ));
+        }
+    }
+    let budget = spec.budget.clone().unwrap_or_default();
+    let tokens = est.input_tokens.saturating_add(est.output_tokens);
+    // Agent steps' tokens are what each may hold, not what it uses: only
+    // an estimate that bounds the job's tokens says it would not fit.
+    if let Some(limit) = budget.token_budget
+        && !est.open_ended
+        && tokens > limit
+    {
+        out.push(format!(
+            "budget.token_budget: the worst case is {tokens} tokens, above the job's {limit}: the job would pause for an extension before it finishes"
+        ));
+    }
+    if let (Some(limit), Some(cost)) = (budget.cost_limit.map(|m| m.micro_usd), est.cost)
+        && cost > limit
+    {
+        out.push(format!(
+            "budget.cost_limit: the worst case is {cost} micro-USD, above the job's {limit}: the job would pause for an extension before it finishes"
+        ));
+    }
+    out
+}
+
 /// An LLM task's worst case: every turn of every attempt sends its first
 /// prompt, estimated by the same bound the loop reserves before each call
 /// ([`switchyard_llm::agent::prompt_bound`] over the same messages and
@@ -556,13 +624,14 @@ impl Executor {
         &self,
         req: ValidateJobRequest,
     ) -> Result<ValidateJobResponse, ExecutorError> {
-        let (spec, dag, warnings) =
+        let (spec, dag, mut warnings) =
             self.accept(req.spec, &req.document, &req.format, HashMap::new())?;
         let now = self.inner.book.now();
         let waiter = self
             .waiter("", "")
             .until(Some(now + self.inner.cfg.submit_wait_ms));
         let est = self.estimate(&spec, &waiter).await?;
+        warnings.extend(foreseen(&spec, &est, &self.inner.clients.llm));
         Ok(ValidateJobResponse {
             order: dag
                 .order()

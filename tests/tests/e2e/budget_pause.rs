@@ -467,3 +467,70 @@ async fn a_refused_price_downgrades_to_a_cheaper_agent_unless_the_task_forbids_i
     let _ = (premium.await, basic.await);
     s.stop().await.unwrap();
 }
+
+/// ValidateJob's warnings about `doc`.
+async fn warnings(c: &mut Jobs, doc: &Value) -> Vec<String> {
+    c.validate_job(switchyard_proto::executor::v1::ValidateJobRequest {
+        document: doc.to_string(),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .warnings
+}
+
+/// ValidateJob says before anything is proposed what cannot succeed as
+/// submitted: a capability no agent offers, a model no provider serves,
+/// and a worst case above the job's own budget (it would pause).
+#[tokio::test]
+async fn validation_warns_of_what_cannot_succeed_before_anything_is_proposed() {
+    let (s, mut c, _) = stack().await;
+    let (trigger, agent) = serve_priced_agent(&s, "priced", "text.count", 30, Counting(1));
+    wait_routed(&s, "text.count").await;
+    let doc = json!({"job_id": "doomed", "budget": {"cost_limit_micro_usd": 50},
+        "tasks": [
+            {"id": "a", "agent": {"capability": "text.count", "input": {"text": "a"}}},
+            {"id": "b", "depends_on": ["a"], "agent": {"capability": "text.count", "input": {"text": "b"}}},
+            {"id": "ghost", "agent": {"capability": "no.such.capability"}},
+            {"id": "ask", "llm": {"model": "gpt-nowhere", "prompt": "hi"}}]});
+    let warned = warnings(&mut c, &doc).await;
+    let said = warned.join("\n");
+    assert!(
+        said.contains("tasks[2] (ghost): no agent offers capability \"no.such.capability\""),
+        "{said}"
+    );
+    assert!(
+        said.contains("tasks[3] (ask): no provider here serves model \"gpt-nowhere\""),
+        "{said}"
+    );
+    // (Its cost is unknown, so no budget warning here; one whose worst case
+    // is known and above its budget gets one.)
+    let over = json!({"job_id": "over", "budget": {"cost_limit_micro_usd": 50},
+        "tasks": [
+            {"id": "a", "agent": {"capability": "text.count", "input": {"text": "a"}}},
+            {"id": "b", "depends_on": ["a"], "agent": {"capability": "text.count", "input": {"text": "b"}}}]});
+    let warned = warnings(&mut c, &over).await;
+    assert_eq!(
+        warned,
+        [
+            "budget.cost_limit: the worst case is 60 micro-USD, above the job's 50: the job would pause for an extension before it finishes"
+        ]
+    );
+    // Nothing was made: no job, no run.
+    let e = c
+        .get_job(switchyard_proto::executor::v1::GetJobRequest {
+            job_id: "doomed".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    // A job that fits says nothing of the kind.
+    let fine = json!({"job_id": "fine", "budget": {"cost_limit_micro_usd": 100},
+        "tasks": [{"id": "a", "agent": {"capability": "text.count", "input": {"text": "a"}}}]});
+    let warned = warnings(&mut c, &fine).await;
+    assert!(warned.is_empty(), "{warned:?}");
+    trigger.fire();
+    let _ = agent.await;
+    s.stop().await.unwrap();
+}
