@@ -1550,19 +1550,24 @@ impl Approval {
         &self,
         action: Action,
         req: Request<T>,
-        fields: impl FnOnce(T) -> (String, String),
+        fields: impl FnOnce(T) -> (String, String, Option<ToolCallEdit>),
     ) -> Result<Run, Status> {
         let p = principal(&req)?;
         if action != Action::Cancel {
             p.require(Permission::RunDecide)?;
         }
-        let (run_id, comment) = fields(req.into_inner());
+        let (run_id, comment, edit) = fields(req.into_inner());
         self.check_visible(&p, &run_id).await?;
-        Ok(self
-            // Services never hold run.decide, so an approver's name is always
-            // their own subject and separation of duties compares like with like.
-            .decide(action, &run_id, &comment, Some(&audit_name(&p)))
-            .await?)
+        // Services never hold run.decide, so an approver's name is always
+        // their own subject and separation of duties compares like with like.
+        let actor = audit_name(&p);
+        Ok(match edit {
+            Some(edit) => {
+                self.approve_edited(&run_id, &comment, Some(&actor), edit)
+                    .await?
+            }
+            None => self.decide(action, &run_id, &comment, Some(&actor)).await?,
+        })
     }
 
     /// The run `run_id` if `p` may see it, else RUN_NOT_FOUND.
@@ -1735,20 +1740,8 @@ impl ApprovalService for Approval {
         &self,
         req: Request<ApproveRequest>,
     ) -> Result<Response<ApproveResponse>, Status> {
-        let Some(edit) = req.get_ref().edit.clone() else {
-            let run = self
-                .decide_request(Action::Approve, req, |r| (r.run_id, r.comment))
-                .await?;
-            return Ok(Response::new(ApproveResponse { run: Some(run) }));
-        };
-        let p = principal(&req)?;
-        p.require(Permission::RunDecide)?;
-        let ApproveRequest {
-            run_id, comment, ..
-        } = req.into_inner();
-        self.check_visible(&p, &run_id).await?;
         let run = self
-            .approve_edited(&run_id, &comment, Some(&audit_name(&p)), edit)
+            .decide_request(Action::Approve, req, |r| (r.run_id, r.comment, r.edit))
             .await?;
         Ok(Response::new(ApproveResponse { run: Some(run) }))
     }
@@ -1772,7 +1765,7 @@ impl ApprovalService for Approval {
         req: Request<RejectRequest>,
     ) -> Result<Response<RejectResponse>, Status> {
         let run = self
-            .decide_request(Action::Reject, req, |r| (r.run_id, r.comment))
+            .decide_request(Action::Reject, req, |r| (r.run_id, r.comment, None))
             .await?;
         Ok(Response::new(RejectResponse { run: Some(run) }))
     }
@@ -1788,7 +1781,7 @@ impl ApprovalService for Approval {
             self.cancel_at_adapter(&before).await;
         }
         let run = self
-            .decide_request(Action::Cancel, req, |r| (r.run_id, r.comment))
+            .decide_request(Action::Cancel, req, |r| (r.run_id, r.comment, None))
             .await?;
         Ok(Response::new(CancelResponse { run: Some(run) }))
     }

@@ -15,7 +15,6 @@
 
 use prost::Message as _;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use switchyard_kit::receipt::ReceiptKey;
 use switchyard_proto::approval::v1::{ListAuditRequest, Run};
 use switchyard_store::Store;
@@ -55,11 +54,8 @@ pub(crate) fn key(
 /// What the approval of `run` (already changed: approved) by `actor` at
 /// `now_ms`, recorded as audit event `event`, binds.
 pub(crate) fn body(run: &Run, actor: &str, now_ms: u64, event: &str) -> Value {
-    let spec = crate::validate::spec_of(run);
-    let spec_sha256: String = Sha256::digest(spec.encode_to_vec())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let spec_sha256 =
+        switchyard_store::blobs::address(&crate::validate::spec_of(run).encode_to_vec());
     let est = run.cost_estimate.unwrap_or_default();
     json!({
         "v": 1,
@@ -72,7 +68,7 @@ pub(crate) fn body(run: &Run, actor: &str, now_ms: u64, event: &str) -> Value {
         "approved_by": run.approved_by,
         "decided_at_ms": now_ms,
         "context_hash": run.context_pack.as_ref().map_or("", |p| p.hash.as_str()),
-        "spec_sha256": format!("sha256:{spec_sha256}"),
+        "spec_sha256": spec_sha256,
         "scope": {
             "model": run.model,
             "max_tokens": run.max_tokens,

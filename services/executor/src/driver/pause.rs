@@ -84,13 +84,14 @@ impl Ask {
             cost_micro_usd: 0,
         }
     }
+}
 
-    fn text(&self) -> String {
-        if self.dimension == "cost" {
-            format!("{} micro-USD more", self.cost_micro_usd)
-        } else {
-            format!("{} more tokens", self.tokens)
-        }
+/// What pause `p` asks for, in words: `80 more tokens`, `40 micro-USD more`.
+fn asked(p: &events::BudgetPaused) -> String {
+    if p.dimension == "cost" {
+        format!("{} micro-USD more", p.cost_micro_usd)
+    } else {
+        format!("{} more tokens", p.tokens)
     }
 }
 
@@ -200,7 +201,7 @@ impl Driver {
                 t.task_id,
                 t.error,
                 pause.run_id,
-                ask.text()
+                asked(&pause)
             );
             book.record(&mut st, job_id, "", JobEvent::BudgetPaused(pause.clone()));
             let g = book.move_job(&mut st, job_id, JobState::BudgetPaused, reason, &error)?;
@@ -231,15 +232,6 @@ impl Driver {
         let cost = (p.cost_micro_usd > 0).then_some(Money {
             micro_usd: p.cost_micro_usd,
         });
-        let ask = Ask {
-            dimension: if p.dimension == "cost" {
-                "cost"
-            } else {
-                "tokens"
-            },
-            tokens: p.tokens,
-            cost_micro_usd: p.cost_micro_usd,
-        };
         let run = ap::Run {
             schema_version: "agent_run_spec/v1".into(),
             run_id: p.run_id.clone(),
@@ -250,7 +242,7 @@ impl Driver {
             }),
             intent: format!(
                 "extend the budget of job {job_id} by {} to finish {}",
-                ask.text(),
+                asked(p),
                 p.remaining_tasks.join(", ")
             ),
             context_pack: Some(ap::ContextPack {
