@@ -92,6 +92,9 @@ reasons! {
     /// Nobody decided a budget-paused job's extension request in time
     /// (`executor.budget_extension.timeout_secs`).
     BudgetExtensionTimeout => "BUDGET_EXTENSION_TIMEOUT",
+    /// A Cedar policy forbids the action (a submission, a spend, a tool
+    /// call, a delegation): the message names the policy and says why.
+    PolicyForbidden => "POLICY_FORBIDDEN",
     /// Seed 000: delegation deeper than allowed.
     AgentMaxDelegationDepth => "AGENT_MAX_DELEGATION_DEPTH",
     /// Seed 000: output does not match `ext_agent_output_schema`.

@@ -531,6 +531,9 @@ struct Inner {
     backend: Backend,
     /// Signs decision receipts.
     receipts: switchyard_kit::receipt::ReceiptKey,
+    /// The policy set in force (the `[[approval.policies]]` rules, and the
+    /// `[policy]` directory's when the process gives it).
+    policies: std::sync::RwLock<Arc<switchyard_policy::Engine>>,
 }
 
 /// Runs waiting for a person, and how long the oldest has waited.
@@ -571,6 +574,15 @@ fn listed(req: &ListRunsRequest, statuses: &[S], r: &Run) -> bool {
         && (req.target_repo.is_empty() || t.is_some_and(|t| t.repo == req.target_repo))
         && (req.work_item_id.is_empty()
             || t.is_some_and(|t| t.work_item_ids.contains(&req.work_item_id)))
+}
+
+/// The policies' principal kind of an authenticated kind.
+fn policy_kind(kind: Kind) -> switchyard_policy::PrincipalKind {
+    match kind {
+        Kind::Human => switchyard_policy::PrincipalKind::Person,
+        Kind::Agent => switchyard_policy::PrincipalKind::Agent,
+        Kind::Service => switchyard_policy::PrincipalKind::Service,
+    }
 }
 
 /// Sort key of `ListRuns`: proposed runs first, then by creation time.
@@ -656,6 +668,8 @@ impl Approval {
             switchyard: adapter::Switchyard::default(),
             ojs,
         };
+        let policies = switchyard_policy::Engine::new(policy::sources(&cfg.policies), None)
+            .map_err(|e| invalid("approval.policies", e.to_string()))?;
         let inner = Arc::new(Inner {
             cfg,
             clock,
@@ -664,9 +678,31 @@ impl Approval {
             content,
             backend,
             receipts,
+            policies: std::sync::RwLock::new(policies),
         });
         switchyard_kit::metrics::global().add_gauges(&inner);
         Ok(Approval { inner })
+    }
+
+    /// Decides runs with `engine` (built from this service's rules and the
+    /// `[policy]` directory) from now on.
+    pub fn set_policies(&self, engine: Arc<switchyard_policy::Engine>) {
+        *self
+            .inner
+            .policies
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = engine;
+    }
+
+    /// The policy engine in force.
+    pub fn policies(&self) -> Arc<switchyard_policy::Engine> {
+        Arc::clone(
+            &self
+                .inner
+                .policies
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
     }
 
     /// The tonic server for this service.
@@ -831,6 +867,18 @@ impl Approval {
         req: ProposeRequest,
         actor: Option<String>,
     ) -> Result<ProposeResponse, ApprovalError> {
+        self.propose_by(req, actor, switchyard_policy::PrincipalKind::Person)
+            .await
+    }
+
+    /// Proposes a run for a party of `kind` (what the policies see as the
+    /// principal, with the run's `created_by` and `tenant`).
+    pub async fn propose_by(
+        &self,
+        req: ProposeRequest,
+        actor: Option<String>,
+        kind: switchyard_policy::PrincipalKind,
+    ) -> Result<ProposeResponse, ApprovalError> {
         let Some(mut run) = req.run else {
             return Err(invalid("run", "run is required"));
         };
@@ -919,6 +967,8 @@ impl Approval {
                 run.decided_by.clear();
                 run.reason_code.clear();
                 run.adapter_state.clear();
+                // What the policies decide about it, with the facts now.
+                let decision = self.policy_decision(st, &mut run, &req.approved_under, kind, now);
                 self.audit(st, &run, Note::new(&actor, "proposed", ""))?;
                 let pack = run.context_pack.clone().unwrap_or_default();
                 let est = run.cost_estimate.unwrap_or_default();
@@ -944,30 +994,56 @@ impl Approval {
                     )
                     .detail("requested_by", &actor),
                 )?;
+                if let switchyard_policy::Verdict::Forbid { by, message } = &decision.verdict {
+                    let who = format!("policy:{}", by.join(","));
+                    let why = decision.explain();
+                    let (refused, s) = self.transition(
+                        st,
+                        &run.run_id,
+                        S::Rejected,
+                        Note::new(&who, "policy_forbidden", &why)
+                            .detail("policies", by.join(","))
+                            .detail("policy_version", &decision.version)
+                            .detail("message", message),
+                        |r| {
+                            r.reason_code = Reason::PolicyForbidden.as_str().to_owned();
+                            r.last_error.clone_from(&why);
+                        },
+                    )?;
+                    let out = ProposeResponse {
+                        run: Some(refused),
+                        auto_approved_by: String::new(),
+                        created: true,
+                    };
+                    return Ok((out, s));
+                }
                 // Delegation (the parent's approval covers a child spending
-                // inside the parent's budget) or a matching policy approves
-                // at once, in its own name: (actor, why, detail, answer).
-                // A run that asked for review (skip_policies) gets review,
-                // delegated or not.
-                let automatic = if req.skip_policies {
-                    None
-                } else if !req.approved_under.is_empty() {
-                    let by = format!("delegation:{}", req.approved_under);
-                    Some((
-                        by.clone(),
-                        "delegated by a running, approved run".to_owned(),
-                        ("approved_under", req.approved_under.clone()),
-                        by,
-                    ))
-                } else {
-                    policy::first_match(&self.inner.cfg.policies, &run).map(|p| {
-                        (
-                            format!("policy:{}", p.name),
-                            format!("policy {:?} matched", p.name),
-                            ("policy", p.name.clone()),
-                            p.name.clone(),
-                        )
-                    })
+                // inside the parent's budget) or a permitting policy
+                // approves at once, in its own name: (actor, why, detail,
+                // answer). A run that asked for review (skip_policies), or
+                // that a policy says needs people, gets review.
+                let automatic = match &decision.verdict {
+                    _ if req.skip_policies => None,
+                    switchyard_policy::Verdict::Require { .. } => None,
+                    _ if !req.approved_under.is_empty() => {
+                        let by = format!("delegation:{}", req.approved_under);
+                        Some((
+                            by.clone(),
+                            "delegated by a running, approved run".to_owned(),
+                            ("approved_under", req.approved_under.clone()),
+                            by,
+                        ))
+                    }
+                    switchyard_policy::Verdict::Permit { by } => {
+                        let ids = by.join(",");
+                        Some((
+                            format!("policy:{ids}"),
+                            decision.explain(),
+                            ("policy", ids.clone()),
+                            ids,
+                        ))
+                    }
+                    _ => None,
                 };
                 let mut auto = String::new();
                 if let Some((by, why, (k, v), answer)) = automatic {
@@ -975,7 +1051,9 @@ impl Approval {
                         st,
                         &run.run_id,
                         S::Approved,
-                        Note::new(&by, "auto_approved", why).detail(k, v),
+                        Note::new(&by, "auto_approved", why)
+                            .detail(k, v)
+                            .detail("policy_version", &decision.version),
                         |_| {},
                     )?;
                     (run, seq, auto) = (approved, s, answer);
@@ -1055,7 +1133,7 @@ impl Approval {
             // Nothing changed: a plain approval.
             return self.decide(Action::Approve, run_id, comment, actor).await;
         }
-        if self.needs_two(&run) {
+        if self.approvals_needed(&run) > 1 {
             return Err(invalid(
                 "edit",
                 "this call needs two approvers, so it cannot be approved with an edit: reject it (the model is told why) instead",
@@ -1091,16 +1169,21 @@ impl Approval {
                 run_id: run_id.to_owned(),
                 refused,
             })?;
-            let two = action == Action::Approve && from == S::Proposed && self.needs_two(&run);
-            if two && run.approved_by.contains(&actor) {
+            let needed = if action == Action::Approve && from == S::Proposed {
+                self.approvals_needed(&run)
+            } else {
+                1
+            };
+            if needed > 1 && run.approved_by.contains(&actor) {
                 return Err(ApprovalError::SecondApproval {
                     run_id: run_id.to_owned(),
                     actor,
                 });
             }
-            if two && run.approved_by.is_empty() {
-                // The first of two: recorded, the run stays proposed.
-                self.record_first_approval(st, run_id, &actor, comment)
+            if run.approved_by.len() + 1 < needed {
+                // Not the last of the approvals needed: recorded, the run
+                // stays proposed.
+                self.record_approval(st, run_id, &actor, comment)
             } else {
                 let reapproval = action == Action::Approve && from == S::Failed;
                 let mut note = Note::new(&actor, event, comment);
@@ -1124,21 +1207,79 @@ impl Approval {
         .await
     }
 
-    /// Whether the two-person rule applies: the estimated cost is above the
-    /// threshold, or unknown.
-    fn needs_two(&self, run: &Run) -> bool {
-        let Some(limit) = self.inner.cfg.two_person_above_micro_usd else {
-            return false;
-        };
-        run.cost_estimate
-            .as_ref()
-            .and_then(|e| e.estimated_cost.as_ref())
-            .is_none_or(|m| m.micro_usd > limit)
+    /// How many distinct people must approve `run`: what the policies
+    /// decided at proposal (kept on the run), and two when the two-person
+    /// rule applies (the estimated cost is above the threshold, or unknown).
+    fn approvals_needed(&self, run: &Run) -> usize {
+        let two = self
+            .inner
+            .cfg
+            .two_person_above_micro_usd
+            .is_some_and(|limit| {
+                run.cost_estimate
+                    .as_ref()
+                    .and_then(|e| e.estimated_cost.as_ref())
+                    .is_none_or(|m| m.micro_usd > limit)
+            });
+        let by_policy = run.policy.as_ref().map_or(1, |p| p.approvals_required);
+        (by_policy.max(1) as usize).max(if two { 2 } else { 1 })
     }
 
-    /// The first of two approvals: recorded on the run and audited; the run
+    /// What the policy set decides about `run` (proposed by a party of
+    /// `kind`, under `approved_under` when delegated), recorded on the run: the verdict, the policies, the set's
+    /// version and the approvals it needs. A budget extension is a person's
+    /// decision alone: no policy is asked.
+    fn policy_decision(
+        &self,
+        st: &State,
+        run: &mut Run,
+        approved_under: &str,
+        kind: switchyard_policy::PrincipalKind,
+        now: u64,
+    ) -> switchyard_policy::Decision {
+        let delegated = !approved_under.is_empty();
+        let depth = if delegated {
+            st.runs
+                .get(approved_under)
+                .and_then(|p| p.policy.as_ref().map(|d| d.delegation_depth))
+                .unwrap_or(0)
+                + 1
+        } else {
+            0
+        };
+        let engine = self.policies();
+        let decision = if run.extension.is_some() {
+            switchyard_policy::Decision {
+                verdict: switchyard_policy::Verdict::Default,
+                version: engine.current().version().to_owned(),
+                errors: Vec::new(),
+            }
+        } else {
+            engine.decide(&policy::facts_of(run, kind, delegated, depth, now))
+        };
+        let approvers = match &decision.verdict {
+            switchyard_policy::Verdict::Require { approvers, .. } => *approvers,
+            _ => 1,
+        };
+        run.policy = Some(PolicyDecision {
+            effect: decision.verdict.effect().to_owned(),
+            policies: decision.verdict.by().to_vec(),
+            version: decision.version.clone(),
+            approvals_required: approvers,
+            explanation: decision.explain(),
+            delegation_depth: depth,
+            errors: decision.errors.clone(),
+        });
+        let needed = self.approvals_needed(run) as u32;
+        if let Some(p) = run.policy.as_mut() {
+            p.approvals_required = needed;
+        }
+        decision
+    }
+
+    /// An approval short of the number needed: recorded on the run and audited; the run
     /// stays proposed.
-    fn record_first_approval(
+    fn record_approval(
         &self,
         st: &mut State,
         run_id: &str,
@@ -1729,10 +1870,11 @@ impl ApprovalService for Approval {
             p.require(Permission::RunWork)?;
         }
         self.bind_proposal(&p, &mut r).await?;
+        let kind = p.on_behalf_of.as_ref().map_or(p.kind, |o| o.kind);
         // The audit log names the user and, for a service acting for them,
         // the service too.
         Ok(Response::new(
-            Approval::propose(self, r, Some(audit_name(&p))).await?,
+            Approval::propose_by(self, r, Some(audit_name(&p)), policy_kind(kind)).await?,
         ))
     }
 

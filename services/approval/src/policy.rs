@@ -1,7 +1,8 @@
-//! Auto-approve policies (`[[approval.policies]]`): rules over a run's
-//! estimated cost, token limit, model, tools and outputs. The first rule
-//! that matches approves the run in the policy's name; no match leaves the
-//! run for a person.
+//! Auto-approve rules (`[[approval.policies]]`): sugar over a run's
+//! estimated cost, token limit, model, tools and outputs, compiled to Cedar
+//! `permit` policies on `Action::"spend"` (one per rule, `@id` its name),
+//! which join the `[policy]` directory's set. A matching rule approves the
+//! run in its name; no match leaves the run for a person.
 
 use serde::{Deserialize, Serialize};
 use switchyard_proto::approval::v1::Run;
@@ -40,7 +41,45 @@ impl Policy {
         }
     }
 
-    /// True when every condition holds for `run`.
+    /// The rule as a Cedar policy: a `permit` of `spend` whose `when`
+    /// holds exactly when every condition does.
+    pub fn to_cedar(&self) -> String {
+        let list = |v: &[String]| {
+            let items: Vec<String> = v.iter().map(|s| cedar_string(s)).collect();
+            format!("[{}]", items.join(", "))
+        };
+        let max = self.max_estimated_cost_micro_usd.unwrap_or(0);
+        let priced = format!("(context.estimate.priced && context.estimate.micro_usd <= {max})");
+        let mut when = vec![if self.allow_unpriced {
+            format!("({priced} || (!context.estimate.priced && context.estimate.tokens > 0))")
+        } else {
+            priced
+        }];
+        if let Some(m) = self.max_tokens {
+            when.push(format!(
+                "context.estimate.tokens <= {}",
+                i64::try_from(m).unwrap_or(i64::MAX)
+            ));
+        }
+        if let Some(m) = &self.models {
+            when.push(format!("{}.contains(context.model)", list(m)));
+        }
+        if let Some(t) = &self.tools_allowed {
+            when.push(format!("{}.containsAll(context.tools)", list(t)));
+        }
+        if let Some(o) = &self.outputs_allowed {
+            when.push(format!("{}.containsAll(context.outputs)", list(o)));
+        }
+        format!(
+            "@id({})\npermit(principal, action == Action::\"spend\", resource)\nwhen {{\n  {}\n}};\n",
+            cedar_string(&self.name),
+            when.join("\n  && ")
+        )
+    }
+
+    /// True when every condition holds for `run` (the rule's meaning,
+    /// which its Cedar form is tested against).
+    #[cfg(test)]
     pub fn matches(&self, run: &Run) -> bool {
         let subset = |allowed: &Option<Vec<String>>, wanted: &[String]| {
             allowed
@@ -63,9 +102,82 @@ impl Policy {
     }
 }
 
-/// The first policy that approves `run`.
-pub fn first_match<'a>(policies: &'a [Policy], run: &Run) -> Option<&'a Policy> {
-    policies.iter().find(|p| p.matches(run))
+/// A Cedar string literal of `s` (names and lists are checked to hold no
+/// control characters).
+fn cedar_string(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// The rules as one Cedar source, `approval.policies` (empty: none).
+pub fn sources(policies: &[Policy]) -> Vec<switchyard_policy::Source> {
+    if policies.is_empty() {
+        return Vec::new();
+    }
+    let text: Vec<String> = policies.iter().map(Policy::to_cedar).collect();
+    vec![switchyard_policy::Source {
+        name: "approval.policies".into(),
+        text: text.join("\n"),
+    }]
+}
+
+/// The facts of a proposed run, as the policies see them: a tool call's
+/// run is `call_tool` (the tool, its arguments), a delegated run
+/// `delegate`, a publication `publish`, any other run `spend` on its model.
+/// The principal is the party the run is for (`created_by`, `tenant`).
+pub fn facts_of(
+    run: &Run,
+    kind: switchyard_policy::PrincipalKind,
+    delegated: bool,
+    depth: u32,
+    now_ms: u64,
+) -> switchyard_policy::Facts {
+    use switchyard_policy::{Action, Estimate, Facts, JobFacts, Principal};
+    let est = run.cost_estimate.unwrap_or_default();
+    let cost = est.estimated_cost.map(|m| m.micro_usd);
+    let (action, resource, arguments) = if let Some(call) = &run.tool_call {
+        let args = serde_json::from_str::<serde_json::Value>(&call.arguments)
+            .ok()
+            .and_then(|v| v.as_object().cloned())
+            .unwrap_or_default();
+        (Action::CallTool, call.tool.clone(), args)
+    } else if let Some(p) = &run.publication {
+        (Action::Publish, p.destination.clone(), Default::default())
+    } else if delegated {
+        (Action::Delegate, run.model.clone(), Default::default())
+    } else {
+        (Action::Spend, run.model.clone(), Default::default())
+    };
+    Facts {
+        principal: Principal {
+            kind,
+            id: run.created_by.clone(),
+            tenant: run.tenant.clone(),
+        },
+        action,
+        resource,
+        job: JobFacts {
+            id: run.job_id.clone(),
+            tenant: run.tenant.clone(),
+            submitter: run.created_by.clone(),
+            labels: run
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        },
+        model: run.model.clone(),
+        estimate: Estimate {
+            priced: cost.is_some(),
+            tokens: run.max_tokens,
+            micro_usd: cost.unwrap_or(0),
+        },
+        tools: run.tools_allowed.clone(),
+        outputs: run.outputs_allowed.clone(),
+        depth,
+        now_ms,
+        arguments,
+        ..Default::default()
+    }
 }
 
 /// Checks a policy list: named, unique, each capping the cost.
@@ -74,6 +186,18 @@ pub fn validate_all(policies: &[Policy]) -> Result<(), String> {
     for (i, p) in policies.iter().enumerate() {
         if p.name.is_empty() {
             return Err(format!("approval.policies[{i}].name is required"));
+        }
+        let words = std::iter::once(&p.name)
+            .chain(p.models.iter().flatten())
+            .chain(p.tools_allowed.iter().flatten())
+            .chain(p.outputs_allowed.iter().flatten());
+        for w in words {
+            if w.chars().any(char::is_control) {
+                return Err(format!(
+                    "approval.policies {:?}: {w:?} holds a control character",
+                    p.name
+                ));
+            }
         }
         if !seen.insert(&p.name) {
             return Err(format!("approval.policies: {:?} is defined twice", p.name));
@@ -120,6 +244,62 @@ mod tests {
                 ..Default::default()
             }),
             ..Default::default()
+        }
+    }
+
+    /// The compiled rule approves exactly the runs the rule's meaning does.
+    #[test]
+    fn a_rule_compiled_to_cedar_approves_exactly_what_the_rule_says() {
+        let rules = [
+            Policy::zero_cost(),
+            Policy {
+                name: "budgets \"quoted\"".into(),
+                max_estimated_cost_micro_usd: Some(0),
+                max_tokens: Some(10_000),
+                allow_unpriced: true,
+                ..Default::default()
+            },
+            Policy {
+                name: "cheap-readonly".into(),
+                max_estimated_cost_micro_usd: Some(50_000),
+                max_tokens: Some(2_000),
+                models: Some(vec!["gpt-4o-mini".into()]),
+                tools_allowed: Some(vec!["none".into(), "filesystem_read".into()]),
+                outputs_allowed: Some(vec!["propose_pr".into()]),
+                allow_unpriced: false,
+            },
+        ];
+        let mut runs = Vec::new();
+        for cost in [None, Some(0), Some(1), Some(50_000), Some(50_001)] {
+            for tokens in [0, 1, 2_000, 2_001, 10_000, 10_001] {
+                for model in ["gpt-4o-mini", "gpt-5"] {
+                    for tools in [
+                        vec![],
+                        vec!["filesystem_read"],
+                        vec!["filesystem_read", "git_write"],
+                    ] {
+                        for outputs in
+                            [vec![], vec!["propose_pr"], vec!["propose_changeset_bundle"]]
+                        {
+                            let mut r = run(cost);
+                            r.max_tokens = tokens;
+                            r.model = model.into();
+                            r.tools_allowed = tools.iter().map(|t| (*t).to_owned()).collect();
+                            r.outputs_allowed = outputs.iter().map(|t| (*t).to_owned()).collect();
+                            runs.push(r);
+                        }
+                    }
+                }
+            }
+        }
+        for rule in &rules {
+            let set = switchyard_policy::PolicySet::load(&sources(std::slice::from_ref(rule)))
+                .unwrap_or_else(|e| panic!("{}: {e}\n{}", rule.name, rule.to_cedar()));
+            for r in &runs {
+                let f = facts_of(r, Default::default(), false, 0, 0);
+                let permitted = set.decide(&f).verdict.effect() == "permit";
+                assert_eq!(permitted, rule.matches(r), "{} on {r:?}", rule.name);
+            }
         }
     }
 

@@ -94,7 +94,145 @@ switchyard_testkit::on_both_backends!(
     a_pasted_result_of_a_kind_outside_outputs_allowed_is_refused_and_nothing_changes,
     an_ojs_run_without_an_ojs_server_fails_with_adapter_not_configured,
     a_proposal_approved_at_once_is_claimed_in_the_same_change_when_asked,
+    cedar_policies_permit_require_people_or_forbid_a_run_and_say_which_and_why,
+    a_policy_decides_delegations_by_their_depth,
 );
+
+/// Policies in force on `f`: the default rule's, and `text`.
+fn with_policies(f: &Fixture, text: &str) -> String {
+    let mut sources = policy::sources(&ApprovalConfig::default().policies);
+    sources.push(switchyard_policy::Source {
+        name: "test.cedar".into(),
+        text: text.into(),
+    });
+    let set = switchyard_policy::PolicySet::load(&sources).unwrap();
+    let version = set.version().to_owned();
+    f.svc.set_policies(switchyard_policy::Engine::fixed(set));
+    version
+}
+
+async fn cedar_policies_permit_require_people_or_forbid_a_run_and_say_which_and_why(f: Fixture) {
+    let version = with_policies(
+        &f,
+        r#"
+@id("small-spend") permit(principal, action == Action::"spend", resource)
+  when { context.estimate.priced && context.estimate.micro_usd <= 1000 };
+@id("three-for-gpt5") @approvers("3") @message("gpt-5 spends above $0.01 need three people")
+permit(principal, action == Action::"spend", resource == Model::"gpt-5")
+  when { !context.estimate.priced || context.estimate.micro_usd > 10000 };
+@id("no-prod-o1") @message("o1 is not used in production")
+forbid(principal, action == Action::"spend", resource == Model::"o1")
+  when { context.job.hasTag("env") && context.job.getTag("env") == "prod" };
+"#,
+    );
+    // Permit: approved at once, in the policy's name, with the version.
+    let run = propose(&f.svc, Some(500)).await;
+    assert_eq!(status_of(&run), S::Approved);
+    assert_eq!(run.decided_by, "policy:small-spend");
+    let p = run.policy.clone().unwrap();
+    assert_eq!(
+        (p.effect.as_str(), p.version.as_str()),
+        ("permit", version.as_str())
+    );
+    assert_eq!(p.explanation, "auto-approved by small-spend");
+
+    // Require: three distinct people; the proposer is none of them.
+    let run = propose(&f.svc, Some(50_000)).await;
+    let p = run.policy.clone().unwrap();
+    assert_eq!(
+        (status_of(&run), p.effect.as_str(), p.approvals_required),
+        (S::Proposed, "require", 3)
+    );
+    assert_eq!(
+        p.explanation,
+        "needs 3 distinct approvers because of three-for-gpt5: gpt-5 spends above $0.01 need three people"
+    );
+    for (n, who) in [REVIEWER, Some("@carol")].into_iter().enumerate() {
+        let r = f
+            .svc
+            .decide(Action::Approve, &run.run_id, "", who)
+            .await
+            .unwrap();
+        assert_eq!((status_of(&r), r.approved_by.len()), (S::Proposed, n + 1));
+    }
+    let again = api(f
+        .svc
+        .decide(Action::Approve, &run.run_id, "", Some("@carol"))
+        .await
+        .unwrap_err());
+    assert_eq!(again.reason.as_deref(), Some("SECOND_APPROVAL_REQUIRED"));
+    let r = f
+        .svc
+        .decide(Action::Approve, &run.run_id, "", Some("@dave"))
+        .await
+        .unwrap();
+    assert_eq!(status_of(&r), S::Approved);
+    assert_eq!(r.approved_by, ["@reviewer", "@carol", "@dave"]);
+
+    // Forbid: rejected at once, with the reason and the policy's message.
+    let mut o1 = spec(Some(1));
+    o1.model = "o1".into();
+    o1.labels = [("env".to_owned(), "prod".to_owned())].into();
+    let run = propose_run(&f.svc, o1.clone()).await.unwrap();
+    assert_eq!(status_of(&run), S::Rejected);
+    assert_eq!(run.reason_code, "POLICY_FORBIDDEN");
+    assert_eq!(run.decided_by, "policy:no-prod-o1");
+    assert_eq!(
+        run.last_error,
+        "forbidden by no-prod-o1: o1 is not used in production"
+    );
+    let audit = audit_of(&f.svc, &run.run_id).await;
+    let forbidden = audit
+        .iter()
+        .find(|a| a.event_type == "policy_forbidden")
+        .unwrap();
+    assert_eq!(forbidden.details["policy_version"], version);
+    // The same run elsewhere is not forbidden (the label decides).
+    o1.labels.clear();
+    let run = propose_run(&f.svc, o1).await.unwrap();
+    assert_eq!(status_of(&run), S::Approved);
+}
+
+async fn a_policy_decides_delegations_by_their_depth(f: Fixture) {
+    with_policies(
+        &f,
+        r#"
+@id("deep-delegation") @approval("required") @message("delegations deeper than 2 need a person")
+permit(principal, action == Action::"delegate", resource) when { context.depth > 2 };
+"#,
+    );
+    let mut parent = approved(&f.svc).await;
+    let mut depths = Vec::new();
+    for n in 1..=3 {
+        f.svc.claim(claim_req(&parent, "worker", 60)).await.unwrap();
+        let mut child = spec(Some(5));
+        child.run_id = format!("child-{n}");
+        let req = ProposeRequest {
+            run: Some(child),
+            approved_under: parent.clone(),
+            ..Default::default()
+        };
+        let out = f.svc.propose(req, Some("@you".into())).await.unwrap();
+        let run = out.run.unwrap();
+        let p = run.policy.clone().unwrap();
+        depths.push((p.delegation_depth, status_of(&run), p.effect));
+        if status_of(&run) == S::Proposed {
+            f.svc
+                .decide(Action::Approve, &run.run_id, "", REVIEWER)
+                .await
+                .unwrap();
+        }
+        parent = run.run_id;
+    }
+    assert_eq!(
+        depths,
+        [
+            (1, S::Approved, "default".to_owned()),
+            (2, S::Approved, "default".to_owned()),
+            (3, S::Proposed, "require".to_owned()),
+        ]
+    );
+}
 
 const HASH: &str = "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
 

@@ -217,6 +217,7 @@ pub fn spec_of(r: &Run) -> Run {
         reason_code: String::new(),
         adapter_state: String::new(),
         edit: None,
+        policy: None,
         ..r.clone()
     }
 }

@@ -1,0 +1,178 @@
+//! The policy set in force, replaced only by a set that loads.
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use crate::{Decision, Facts, PolicyError, PolicySet, Source};
+
+/// The outcome of the latest load.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Reload {
+    /// Loads tried that found the sources changed (the first load counts).
+    pub attempts: u64,
+    /// The version in force.
+    pub version: String,
+    /// Policies in force.
+    pub policies: usize,
+    /// Why the latest changed sources were refused (the set in force stayed);
+    /// empty when they loaded.
+    pub refused: String,
+    /// The version of the sources refused (so they are not tried again
+    /// until they change).
+    pub refused_version: String,
+}
+
+/// Holds the policy set in force: the configured rules plus a directory's
+/// `*.cedar` files (and, on PostgreSQL, the store's). Decisions read it
+/// without waiting on a reload.
+#[derive(Debug)]
+pub struct Engine {
+    dir: Option<PathBuf>,
+    fixed: Vec<Source>,
+    current: RwLock<Arc<PolicySet>>,
+    status: tokio::sync::watch::Sender<Reload>,
+}
+
+impl Engine {
+    /// Loads `fixed` (rules compiled from the config) and `dir`'s files.
+    /// A set that does not load is an error here: a process does not start
+    /// on broken policies.
+    pub fn new(fixed: Vec<Source>, dir: Option<PathBuf>) -> Result<Arc<Engine>, PolicyError> {
+        let mut sources = fixed.clone();
+        if let Some(d) = &dir {
+            sources.extend(crate::read_dir(d)?);
+        }
+        let set = PolicySet::load(&sources)?;
+        let (status, _) = tokio::sync::watch::channel(Reload {
+            attempts: 1,
+            version: set.version().to_owned(),
+            policies: set.len(),
+            ..Default::default()
+        });
+        Ok(Arc::new(Engine {
+            dir,
+            fixed,
+            current: RwLock::new(Arc::new(set)),
+            status,
+        }))
+    }
+
+    /// An engine holding `set` and nothing to reload.
+    pub fn fixed(set: PolicySet) -> Arc<Engine> {
+        let (status, _) = tokio::sync::watch::channel(Reload {
+            attempts: 1,
+            version: set.version().to_owned(),
+            policies: set.len(),
+            ..Default::default()
+        });
+        Arc::new(Engine {
+            dir: None,
+            fixed: Vec::new(),
+            current: RwLock::new(Arc::new(set)),
+            status,
+        })
+    }
+
+    /// The set in force.
+    pub fn current(&self) -> Arc<PolicySet> {
+        match self.current.read() {
+            Ok(g) => Arc::clone(&g),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// Decides `facts` with the set in force.
+    pub fn decide(&self, facts: &Facts) -> Decision {
+        self.current().decide(facts)
+    }
+
+    /// The directory reloaded, if any.
+    pub fn dir(&self) -> Option<&std::path::Path> {
+        self.dir.as_deref()
+    }
+
+    /// Reads the sources again and, when they changed, loads them. A set
+    /// that does not load is refused and the set in force stays; the
+    /// refusal is reported in [`Engine::status`] and returned the first
+    /// time (the same sources are not tried again until they change).
+    /// Returns whether the set in force changed.
+    pub fn reload(&self) -> Result<bool, PolicyError> {
+        let mut sources = self.fixed.clone();
+        if let Some(d) = &self.dir {
+            match crate::read_dir(d) {
+                Ok(s) => sources.extend(s),
+                Err(e) => return self.refuse(e, "unreadable"),
+            }
+        }
+        let version = crate::version_of(&sources);
+        if version == self.current().version() || version == self.status.borrow().refused_version {
+            return Ok(false);
+        }
+        match PolicySet::load(&sources) {
+            Ok(set) => {
+                let (v, n) = (set.version().to_owned(), set.len());
+                match self.current.write() {
+                    Ok(mut g) => *g = Arc::new(set),
+                    Err(poisoned) => *poisoned.into_inner() = Arc::new(set),
+                }
+                self.status.send_modify(|s| {
+                    s.attempts += 1;
+                    s.version = v;
+                    s.policies = n;
+                    s.refused.clear();
+                    s.refused_version.clear();
+                });
+                Ok(true)
+            }
+            Err(e) => self.refuse(e, &version),
+        }
+    }
+
+    /// Records a refusal of the sources of `version`; an error only when it
+    /// is news.
+    fn refuse(&self, e: PolicyError, version: &str) -> Result<bool, PolicyError> {
+        let news = self.status.send_if_modified(|s| {
+            let text = e.to_string();
+            if s.refused == text && s.refused_version == version {
+                return false;
+            }
+            s.attempts += 1;
+            s.refused = text;
+            s.refused_version = version.to_owned();
+            true
+        });
+        if news { Err(e) } else { Ok(false) }
+    }
+
+    /// Follows loads: each change of the set in force, and each refusal.
+    pub fn status(&self) -> tokio::sync::watch::Receiver<Reload> {
+        self.status.subscribe()
+    }
+}
+
+/// Reloads `engine`'s directory every `every` until the runtime stops; a
+/// refused set is logged once per change of the files.
+pub fn watch(engine: Arc<Engine>, every: Duration) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if engine.dir().is_none() {
+            return;
+        }
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            match engine.reload() {
+                Ok(true) => {
+                    let s = engine.status.borrow().clone();
+                    tracing::info!(version = %s.version, policies = s.policies, "policy set reloaded");
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, version = %engine.current().version(), "policy set refused; the set in force stays");
+                }
+            }
+        }
+    })
+}
