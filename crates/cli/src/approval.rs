@@ -141,7 +141,7 @@ pub struct Decision {
 
 type Client = ApprovalClient;
 
-async fn client(conn: &Conn) -> anyhow::Result<Client> {
+pub(crate) async fn client(conn: &Conn) -> anyhow::Result<Client> {
     Ok(ApprovalClient::remote(conn.channel().await?, MAX_MESSAGE))
 }
 
@@ -204,8 +204,16 @@ pub fn run_json(r: &Run) -> Value {
         "claimed_by": r.claimed_by, "claim_expires_at_ms": ms(&r.claim_expires_at),
         "retry_count": r.retry_count, "max_retries": r.max_retries,
         "next_attempt_at_ms": ms(&r.next_attempt_at), "last_error": r.last_error,
-        "job_id": r.job_id, "correlation_id": r.correlation_id,
+        "job_id": r.job_id, "correlation_id": r.correlation_id, "labels": r.labels,
+        "policy": r.policy.as_ref().map(policy_json),
     })
+}
+
+/// A policy decision as JSON.
+pub(crate) fn policy_json(p: &PolicyDecision) -> Value {
+    json!({"effect": p.effect, "policies": p.policies, "version": p.version,
+           "approvals_required": p.approvals_required, "explanation": p.explanation,
+           "delegation_depth": p.delegation_depth, "errors": p.errors})
 }
 
 const RUN_HEADERS: [&str; 7] = [
@@ -306,7 +314,7 @@ enum Verdict {
 /// The run `id` names: a run id as is, or a job id, whose job's run is
 /// looked up (a job's run is `run-<job id>`, an id people rarely have at
 /// hand). Unknown ids get an error that says where run ids come from.
-async fn resolve(conn: &Conn, c: &Client, id: &str) -> anyhow::Result<String> {
+pub(crate) async fn resolve(conn: &Conn, c: &Client, id: &str) -> anyhow::Result<String> {
     let not_found = match c.get_run(GetRunRequest { run_id: id.into() }).await {
         Ok(_) => return Ok(id.to_owned()),
         Err(s) if s.code() == tonic::Code::NotFound => s,
@@ -583,6 +591,13 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
                     }
                     if !run.last_error.is_empty() {
                         println!("last error:    {}", run.last_error);
+                    }
+                    if let Some(p) = &run.policy {
+                        println!("why:           {}", p.explanation);
+                        println!(
+                            "policy set:    {} (approvals required: {})",
+                            p.version, p.approvals_required
+                        );
                     }
                     show_execution(&run);
                     println!();

@@ -77,6 +77,8 @@ pub struct Config {
     pub auth: switchyard_kit::auth::authn::AuthConfig,
     /// `[gateway]`: the AITP REST and AGEniX RESP doors.
     pub gateway: switchyard_gateway::GatewayConfig,
+    /// `[policy]`: the Cedar policy directory every service decides with.
+    pub policy: switchyard_policy::PolicyConfig,
 }
 
 impl Config {
@@ -92,6 +94,7 @@ impl Config {
         self.executor.validate()?;
         self.llm.validate()?;
         self.gateway.validate()?;
+        self.policy.validate()?;
         self.price_catalogue()?;
         if let Some(o) = &self.auth.oidc {
             o.validate()?;
@@ -112,6 +115,19 @@ impl Config {
             return Err("server.max_message_bytes must be at least 1024".into());
         }
         Ok(())
+    }
+}
+
+impl Config {
+    /// The policy engine of this configuration: the `[[approval.policies]]`
+    /// rules and the `[policy]` directory, loaded and validated (a broken
+    /// set is an error: the process does not start on it).
+    pub fn policies(&self) -> Result<std::sync::Arc<switchyard_policy::Engine>, String> {
+        switchyard_policy::Engine::new(
+            switchyard_approval::policy_sources(&self.approval.policies),
+            self.policy.dir.clone(),
+        )
+        .map_err(|e| e.to_string())
     }
 }
 

@@ -217,7 +217,7 @@ async fn client(conn: &Conn) -> anyhow::Result<Client> {
 }
 
 /// The document in `file`, or on standard input for `-`.
-fn read(file: &Path) -> anyhow::Result<String> {
+pub(crate) fn read(file: &Path) -> anyhow::Result<String> {
     if file == Path::new("-") {
         let mut text = String::new();
         std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
@@ -918,11 +918,20 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
                     "estimated_micro_usd": v.estimated_cost.map(|m| m.micro_usd), "estimated_tokens": v.estimated_tokens,
                     "routes": v.routes.iter().map(|r| json!({"task_id": r.task_id, "agent_id": r.agent_id, "score": r.score})).collect::<Vec<_>>(),
                     "warnings": v.warnings,
+                    "policies": v.policies.iter().map(|p| json!({"action": p.action, "resource": p.resource,
+                        "effect": p.effect, "policies": p.policies, "explanation": p.explanation,
+                        "version": p.version})).collect::<Vec<_>>(),
                 })),
                 Format::Table => {
                     println!("valid {} job", v.source_format);
                     for w in &v.warnings {
                         println!("warning        {w}");
+                    }
+                    for p in &v.policies {
+                        println!(
+                            "policy         {} {}: {}",
+                            p.action, p.resource, p.explanation
+                        );
                     }
                     println!("order          {}", v.order.join(" -> "));
                     println!(

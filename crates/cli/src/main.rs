@@ -12,6 +12,7 @@ mod job;
 mod llm;
 mod mcp;
 mod output;
+mod policy;
 mod publish;
 mod report;
 mod worker;
@@ -65,6 +66,10 @@ enum Command {
     /// Submit, follow, inspect and cancel jobs.
     #[command(subcommand)]
     Job(job::JobCmd),
+    /// Cedar policies: check a directory, print the schema, explain what
+    /// the policies in force decide about a job document, job or run.
+    #[command(subcommand)]
+    Policy(policy::PolicyCmd),
     /// Talk with a conversation job: each line is a message, each reply
     /// streams as it is generated.
     Chat(chat::ChatArgs),
@@ -407,6 +412,7 @@ async fn main() -> ExitCode {
         Command::Budget(cmd) => budget::run(cmd).await,
         Command::Approval(cmd) => approval::run(cmd).await,
         Command::Job(cmd) => job::run(cmd).await,
+        Command::Policy(cmd) => policy::run(cmd).await,
         Command::Chat(args) => chat::run(args).await,
         Command::Worker(cmd) => worker::run(cmd).await,
         Command::Agents(cmd) => agents(cmd).await,

@@ -444,6 +444,43 @@ pub async fn run_node_then(
         ledger = Some(l);
     }
 
+    // One policy set for every service here, reloaded from its directory.
+    let policies = cfg
+        .policies()
+        .map_err(anyhow::Error::msg)
+        .context("loading the policy set ([[approval.policies]] and policy.dir)")?;
+    {
+        let stop = shutdown.clone();
+        switchyard_policy::watch(
+            policies.clone(),
+            std::time::Duration::from_millis(cfg.policy.reload_ms),
+            async move { stop.wait().await },
+        );
+        // Each load or refusal counted, for operators (and alerts on
+        // `outcome="refused"`).
+        let mut status = policies.status();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    changed = status.changed() => if changed.is_err() { return },
+                    () = stop.wait() => return,
+                }
+                let outcome = if status.borrow_and_update().refused.is_empty() {
+                    "loaded"
+                } else {
+                    "refused"
+                };
+                switchyard_kit::metrics::global()
+                    .policy_loads
+                    .get_or_create(&switchyard_kit::metrics::PolicyLoadLabels {
+                        outcome: outcome.into(),
+                    })
+                    .inc();
+            }
+        });
+    }
+
     let mut approval = None;
     if services.contains(&ServiceKind::Approval) {
         let a = match &pg {
@@ -469,6 +506,7 @@ pub async fn run_node_then(
                 })?
             }
         };
+        a.set_policies(policies.clone());
         a.spawn_sweeper();
         a.spawn_pruner();
         a.spawn_dispatcher();
@@ -537,6 +575,7 @@ pub async fn run_node_then(
                 })?
             }
         };
+        x.set_policies(policies.clone());
         x.start(listener.local_addr()?);
         if let Some(a) = &approval {
             a.set_executor(switchyard_api::ExecutorClient::local(Arc::new(x.clone())));

@@ -63,6 +63,14 @@ pub struct AgentCallLabels {
     pub outcome: String,
 }
 
+/// How a load of the policy set ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyLoadLabels {
+    /// `loaded` (the new set is in force) or `refused` (it did not
+    /// validate; the set in force stayed).
+    pub outcome: String,
+}
+
 /// One agent.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AgentLabels {
@@ -197,6 +205,8 @@ pub struct Metrics {
     /// Agent invocations (tasks, tool calls, handoff turns), by agent and
     /// outcome.
     pub agent_calls: Family<AgentCallLabels, Counter>,
+    /// Changes of the policy directory loaded or refused.
+    pub policy_loads: Family<PolicyLoadLabels, Counter>,
     /// Tokens agents reported using, by agent.
     pub agent_tokens: Family<AgentLabels, Counter>,
     /// Money charged for agent calls, by agent, micro-USD.
@@ -249,6 +259,7 @@ impl Metrics {
             budget_spent_micro_usd: Family::default(),
             agents: Family::default(),
             agent_calls: Family::default(),
+            policy_loads: Family::default(),
             agent_tokens: Family::default(),
             agent_cost_micro_usd: Family::default(),
             panics: Counter::default(),
@@ -357,6 +368,11 @@ impl Metrics {
             m.budget_spent_micro_usd.clone(),
         );
         r.register("agents", "Registered agents by status", m.agents.clone());
+        r.register(
+            "policy_loads",
+            "Changes of the policy directory, by outcome: loaded (in force) or refused (invalid; the set in force stayed)",
+            m.policy_loads.clone(),
+        );
         r.register(
             "agent_calls",
             "Agent invocations (agent tasks, agent tool calls, handoff turns), by agent and outcome",

@@ -194,9 +194,11 @@ pub trait Host: Send + Sync {
     fn finished(&self) -> bool {
         false
     }
-    /// Whether a call of tool `name` waits for a person's decision first.
-    fn needs_approval(&self, _name: &str) -> bool {
-        false
+    /// What may happen to a call of tool `name` with `args` (already
+    /// checked against its schema): it runs, waits for a person's decision
+    /// first, or is refused (a policy forbids it).
+    fn rule(&self, _name: &str, _args: &Value) -> Rule {
+        Rule::Run
     }
     /// Asks for that decision about the first pending call of `at` (its
     /// arguments already checked) and waits for it. `at` is the loop's
@@ -206,6 +208,18 @@ pub trait Host: Send + Sync {
     fn gate<'a>(&'a self, _at: &'a Checkpoint) -> BoxFuture<'a, Gate> {
         Box::pin(async { Gate::Run })
     }
+}
+
+/// What may happen to one tool call, before it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rule {
+    /// It runs.
+    Run,
+    /// It waits for a person's decision ([`Host::gate`]).
+    Ask,
+    /// It is refused: the model is told this, as the call's result, with
+    /// `POLICY_FORBIDDEN`.
+    Forbidden(String),
 }
 
 /// A person's decision about one tool call.
@@ -806,7 +820,13 @@ impl Round<'_> {
                 Err(refused) => break Err(refused),
             };
             let mut gate = Gate::Run;
-            if host.needs_approval(&current.name) && (told.is_none() || current.name != call.name) {
+            let rule = host.rule(&current.name, &args);
+            if let Rule::Forbidden(why) = rule {
+                break Err((Reason::PolicyForbidden, why));
+            }
+            // An approver's edit of the same tool was that decision; an
+            // edit to another tool needs its own.
+            if rule == Rule::Ask && (told.is_none() || current.name != call.name) {
                 let mut pending = calls[k..].to_vec();
                 pending[0] = current.clone();
                 let at = Checkpoint {
@@ -1028,8 +1048,16 @@ mod tests {
         fn streams(&self) -> bool {
             self.streams
         }
-        fn needs_approval(&self, name: &str) -> bool {
-            self.gated.iter().any(|g| g == name)
+        fn rule(&self, name: &str, args: &Value) -> Rule {
+            // A stand-in policy: "/etc" paths are forbidden.
+            if args["q"].as_str().is_some_and(|q| q.starts_with("/etc")) {
+                return Rule::Forbidden(format!("forbidden by no-etc: {name} may not read /etc"));
+            }
+            if self.gated.iter().any(|g| g == name) {
+                Rule::Ask
+            } else {
+                Rule::Run
+            }
         }
         fn gate<'a>(&'a self, at: &'a Checkpoint) -> BoxFuture<'a, Gate> {
             Box::pin(async move {
@@ -1168,6 +1196,66 @@ mod tests {
                 .unwrap()
                 .contains("not today"),
             "{first_result}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_forbidden_call_never_runs_nor_asks_and_the_model_is_told_why() {
+        let script = Script::new();
+        script.for_model(
+            "m",
+            vec![
+                Reply::tools_saying(
+                    "reading",
+                    &[
+                        ("lookup", json!({"q": "/etc/passwd"})),
+                        ("free", json!({"q": "b"})),
+                    ],
+                    100,
+                    10,
+                ),
+                Reply::text("done", 150, 5),
+            ],
+        );
+        let (llm, _s) = llm(&script).await;
+        let h = gated_host(None);
+        let r = run(&llm, &spec(vec![tool("lookup"), tool("free")]), &h)
+            .await
+            .unwrap();
+        assert_eq!(*h.tools_run.lock().unwrap(), ["free"]);
+        assert!(
+            h.asked.lock().unwrap().is_empty(),
+            "a forbidden call is not put to a person"
+        );
+        assert_eq!(r.tool_results[0].reason, "POLICY_FORBIDDEN");
+        let told = script.received()[1].body["messages"].to_string();
+        assert!(told.contains("forbidden by no-etc"), "{told}");
+    }
+
+    #[tokio::test]
+    async fn an_approver_s_edit_into_a_forbidden_call_is_refused() {
+        let script = Script::new();
+        script.for_model(
+            "m",
+            vec![
+                Reply::tools_saying("reading", &[("lookup", json!({"q": "a"}))], 100, 10),
+                Reply::text("done", 150, 5),
+            ],
+        );
+        let (llm, _s) = llm(&script).await;
+        let edit = Gate::Edited {
+            tool: "lookup".into(),
+            arguments: json!({"q": "/etc/shadow"}).to_string(),
+            by: "bob".into(),
+        };
+        let h = gated_host(Some(edit));
+        let r = run(&llm, &spec(vec![tool("lookup")]), &h).await.unwrap();
+        assert!(h.tools_run.lock().unwrap().is_empty(), "the edit never ran");
+        assert_eq!(r.tool_results[0].reason, "POLICY_FORBIDDEN");
+        assert!(
+            r.tool_results[0].error.contains("changed this call"),
+            "{}",
+            r.tool_results[0].error
         );
     }
 

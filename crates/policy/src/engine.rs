@@ -151,9 +151,13 @@ impl Engine {
     }
 }
 
-/// Reloads `engine`'s directory every `every` until the runtime stops; a
+/// Reloads `engine`'s directory every `every` until `stop` completes; a
 /// refused set is logged once per change of the files.
-pub fn watch(engine: Arc<Engine>, every: Duration) -> tokio::task::JoinHandle<()> {
+pub fn watch(
+    engine: Arc<Engine>,
+    every: Duration,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         if engine.dir().is_none() {
             return;
@@ -161,8 +165,12 @@ pub fn watch(engine: Arc<Engine>, every: Duration) -> tokio::task::JoinHandle<()
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
+        tokio::pin!(stop);
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = &mut stop => return,
+            }
             match engine.reload() {
                 Ok(true) => {
                     let s = engine.status.borrow().clone();

@@ -13,6 +13,7 @@
 
 mod engine;
 mod facts;
+mod run;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -24,6 +25,7 @@ use sha2::{Digest as _, Sha256};
 
 pub use engine::{Engine, Reload, watch};
 pub use facts::{Action, Estimate, Facts, JobFacts, Principal, PrincipalKind, Remaining};
+pub use run::run_facts;
 
 /// The schema every policy is validated against (Cedar schema syntax).
 pub const SCHEMA: &str = include_str!("schema.cedarschema");
@@ -537,3 +539,36 @@ pub type Shared = Arc<PolicySet>;
 
 #[cfg(test)]
 mod tests;
+
+/// `[policy]` configuration: where Cedar policies are read from.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// A directory of `*.cedar` policy files, validated against the schema
+    /// at start (a broken set stops the start) and read again every
+    /// `reload_ms` (a broken change is refused and the set in force
+    /// stays). On Kubernetes, a ConfigMap mounted as a directory. Unset:
+    /// only the `[[approval.policies]]` rules.
+    pub dir: Option<std::path::PathBuf>,
+    /// How often `dir` is read again for changes, ms.
+    pub reload_ms: u64,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            reload_ms: 2_000,
+        }
+    }
+}
+
+impl PolicyConfig {
+    /// Checks the configuration.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.reload_ms == 0 {
+            return Err("policy.reload_ms must be > 0".into());
+        }
+        Ok(())
+    }
+}

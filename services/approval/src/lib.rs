@@ -42,7 +42,7 @@ use crate::backend::{Backend, SledBook};
 use crate::runs::{RunSet, Runs};
 use tonic::{Code, Request, Response, Status};
 
-pub use policy::Policy;
+pub use policy::{Policy, sources as policy_sources};
 
 use switchyard_kit::auth::{Kind, Permission, Principal, principal};
 
@@ -1255,7 +1255,9 @@ impl Approval {
                 errors: Vec::new(),
             }
         } else {
-            engine.decide(&policy::facts_of(run, kind, delegated, depth, now))
+            engine.decide(&switchyard_policy::run_facts(
+                run, kind, delegated, depth, now,
+            ))
         };
         let approvers = match &decision.verdict {
             switchyard_policy::Verdict::Require { approvers, .. } => *approvers,

@@ -5,6 +5,7 @@
 //! run in its name; no match leaves the run for a person.
 
 use serde::{Deserialize, Serialize};
+#[cfg(test)]
 use switchyard_proto::approval::v1::Run;
 
 /// One auto-approve rule. Every condition given must hold.
@@ -118,66 +119,6 @@ pub fn sources(policies: &[Policy]) -> Vec<switchyard_policy::Source> {
         name: "approval.policies".into(),
         text: text.join("\n"),
     }]
-}
-
-/// The facts of a proposed run, as the policies see them: a tool call's
-/// run is `call_tool` (the tool, its arguments), a delegated run
-/// `delegate`, a publication `publish`, any other run `spend` on its model.
-/// The principal is the party the run is for (`created_by`, `tenant`).
-pub fn facts_of(
-    run: &Run,
-    kind: switchyard_policy::PrincipalKind,
-    delegated: bool,
-    depth: u32,
-    now_ms: u64,
-) -> switchyard_policy::Facts {
-    use switchyard_policy::{Action, Estimate, Facts, JobFacts, Principal};
-    let est = run.cost_estimate.unwrap_or_default();
-    let cost = est.estimated_cost.map(|m| m.micro_usd);
-    let (action, resource, arguments) = if let Some(call) = &run.tool_call {
-        let args = serde_json::from_str::<serde_json::Value>(&call.arguments)
-            .ok()
-            .and_then(|v| v.as_object().cloned())
-            .unwrap_or_default();
-        (Action::CallTool, call.tool.clone(), args)
-    } else if let Some(p) = &run.publication {
-        (Action::Publish, p.destination.clone(), Default::default())
-    } else if delegated {
-        (Action::Delegate, run.model.clone(), Default::default())
-    } else {
-        (Action::Spend, run.model.clone(), Default::default())
-    };
-    Facts {
-        principal: Principal {
-            kind,
-            id: run.created_by.clone(),
-            tenant: run.tenant.clone(),
-        },
-        action,
-        resource,
-        job: JobFacts {
-            id: run.job_id.clone(),
-            tenant: run.tenant.clone(),
-            submitter: run.created_by.clone(),
-            labels: run
-                .labels
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-        },
-        model: run.model.clone(),
-        estimate: Estimate {
-            priced: cost.is_some(),
-            tokens: run.max_tokens,
-            micro_usd: cost.unwrap_or(0),
-        },
-        tools: run.tools_allowed.clone(),
-        outputs: run.outputs_allowed.clone(),
-        depth,
-        now_ms,
-        arguments,
-        ..Default::default()
-    }
 }
 
 /// Checks a policy list: named, unique, each capping the cost.
@@ -296,7 +237,7 @@ mod tests {
             let set = switchyard_policy::PolicySet::load(&sources(std::slice::from_ref(rule)))
                 .unwrap_or_else(|e| panic!("{}: {e}\n{}", rule.name, rule.to_cedar()));
             for r in &runs {
-                let f = facts_of(r, Default::default(), false, 0, 0);
+                let f = switchyard_policy::run_facts(r, Default::default(), false, 0, 0);
                 let permitted = set.decide(&f).verdict.effect() == "permit";
                 assert_eq!(permitted, rule.matches(r), "{} on {r:?}", rule.name);
             }

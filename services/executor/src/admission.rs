@@ -15,7 +15,7 @@ use switchyard_kit::error::is_outage;
 use switchyard_proto::approval::v1 as ap;
 use switchyard_proto::common::v1::Money;
 use switchyard_proto::executor::v1::{
-    AgentTask, FallbackStrategy, JobSpec, LlmTask, RoutePreview, SubmitJobRequest,
+    AgentTask, FallbackStrategy, JobSpec, LlmTask, PolicyCheck, RoutePreview, SubmitJobRequest,
     SubmitJobResponse, ValidateJobRequest, ValidateJobResponse, task_spec::Kind,
 };
 use switchyard_proto::ledger::v1::CreateBudgetRequest;
@@ -384,6 +384,67 @@ pub(crate) fn proposal(
         outputs_allowed: outputs,
         job_id: spec.job_id.clone(),
         correlation_id: spec.correlation_id.clone(),
+        labels: spec.labels.clone(),
+        ..Default::default()
+    }
+}
+
+/// The facts of submitting `spec` for `submitter`, as the policies see
+/// them: the job (its labels), its plan (capabilities and models), its
+/// estimate, and whether it is a delegated child.
+pub(crate) fn submission_facts(
+    spec: &JobSpec,
+    submitter: &OnBehalf,
+    est: &Estimate,
+    now_ms: u64,
+) -> switchyard_policy::Facts {
+    use switchyard_policy::{Action, Facts, PrincipalKind};
+    let mut plan: Vec<String> = spec
+        .tasks
+        .iter()
+        .filter_map(|t| match &t.kind {
+            Some(Kind::Agent(a)) => Some(a.capability.clone()),
+            k => crate::spec::model_task(k.as_ref()).map(|l| l.model.clone()),
+        })
+        .collect();
+    plan.sort();
+    plan.dedup();
+    let delegated = spec
+        .delegation
+        .as_ref()
+        .is_some_and(|d| !d.parent_job_id.is_empty());
+    Facts {
+        principal: switchyard_policy::Principal {
+            kind: PrincipalKind::from_kind(submitter.kind.as_str()),
+            id: submitter.subject.clone(),
+            tenant: submitter.tenant.clone(),
+        },
+        action: Action::SubmitJob,
+        resource: spec.job_id.clone(),
+        job: switchyard_policy::JobFacts {
+            id: spec.job_id.clone(),
+            tenant: submitter.tenant.clone(),
+            submitter: submitter.subject.clone(),
+            labels: spec
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        },
+        model: spec
+            .tasks
+            .iter()
+            .find_map(|t| crate::spec::model_task(t.kind.as_ref()))
+            .map(|l| l.model.clone())
+            .unwrap_or_default(),
+        estimate: switchyard_policy::Estimate {
+            priced: est.cost.is_some(),
+            tokens: est.input_tokens.saturating_add(est.output_tokens),
+            micro_usd: est.cost.unwrap_or(0),
+        },
+        plan,
+        depth: u32::from(delegated),
+        now_ms,
         ..Default::default()
     }
 }
@@ -619,10 +680,46 @@ impl Executor {
         }
     }
 
-    /// ValidateJob: everything SubmitJob checks and estimates; creates nothing.
+    /// What the policies decide about `spec` submitted by `who`: its
+    /// submission and its approval run's spend (the run as it would be
+    /// proposed).
+    fn dry_run(
+        &self,
+        spec: &JobSpec,
+        est: &Estimate,
+        who: &OnBehalf,
+        now: u64,
+    ) -> Vec<PolicyCheck> {
+        let check = |d: switchyard_policy::Decision, f: &switchyard_policy::Facts| PolicyCheck {
+            action: f.action.as_str().to_owned(),
+            resource: f.resource.clone(),
+            effect: d.verdict.effect().to_owned(),
+            policies: d.verdict.by().to_vec(),
+            approvals_required: match &d.verdict {
+                switchyard_policy::Verdict::Require { approvers, .. } => *approvers,
+                _ => 0,
+            },
+            explanation: d.explain(),
+            version: d.version.clone(),
+            errors: d.errors,
+        };
+        let submit = submission_facts(spec, who, est, now);
+        let mut out = vec![check(self.decide(&submit), &submit)];
+        let mut run = proposal(spec, est, "", &who.subject, &self.inner.cfg.default_org);
+        run.tenant.clone_from(&who.tenant);
+        let kind = switchyard_policy::PrincipalKind::from_kind(who.kind.as_str());
+        let delegated = submit.depth > 0;
+        let spend = switchyard_policy::run_facts(&run, kind, delegated, submit.depth, now);
+        out.push(check(self.decide(&spend), &spend));
+        out
+    }
+
+    /// ValidateJob: everything SubmitJob checks and estimates; creates
+    /// nothing. With `submitter`, the policies' decisions too (a dry run).
     pub async fn validate_job(
         &self,
         req: ValidateJobRequest,
+        submitter: Option<OnBehalf>,
     ) -> Result<ValidateJobResponse, ExecutorError> {
         let (spec, dag, mut warnings) =
             self.accept(req.spec, &req.document, &req.format, HashMap::new())?;
@@ -632,6 +729,10 @@ impl Executor {
             .until(Some(now + self.inner.cfg.submit_wait_ms));
         let est = self.estimate(&spec, &waiter).await?;
         warnings.extend(foreseen(&spec, &est, &self.inner.clients.llm));
+        let policies = match submitter {
+            Some(who) => self.dry_run(&spec, &est, &who, now),
+            None => Vec::new(),
+        };
         Ok(ValidateJobResponse {
             order: dag
                 .order()
@@ -645,6 +746,7 @@ impl Executor {
             source_format: spec.source_format.clone(),
             spec: Some(spec),
             warnings,
+            policies,
         })
     }
 
@@ -741,7 +843,7 @@ impl Executor {
         // the caller runs in (a gRPC request, a job driver, an LLM tool).
         let ctx = acting_context(&spec.correlation_id, submitter.clone());
         let until = now + self.inner.cfg.submit_wait_ms;
-        let admitted = self.admit(&spec, &hash, &submitter.subject, parent.as_ref(), until, 0);
+        let admitted = self.admit(&spec, &hash, &submitter, parent.as_ref(), until, 0);
         let traceparent = how.traceparent.unwrap_or_default();
         let admitted = switchyard_kit::context::scope(ctx, admitted).await;
         let (g, start) = match admitted {
@@ -989,14 +1091,7 @@ impl Executor {
             })
         } else {
             let ctx = acting_context(&spec.correlation_id, submitter.clone());
-            let admit = self.admit(
-                &spec,
-                &hash,
-                &submitter.subject,
-                parent.as_ref(),
-                now,
-                round,
-            );
+            let admit = self.admit(&spec, &hash, &submitter, parent.as_ref(), now, round);
             switchyard_kit::context::scope(ctx, admit).await
         };
         let (g, start) = {
@@ -1213,13 +1308,23 @@ impl Executor {
         &self,
         spec: &JobSpec,
         hash: &str,
-        submitted_by: &str,
+        submitter: &OnBehalf,
         parent: Option<&Parent>,
         until_ms: u64,
         round: u32,
     ) -> Result<(String, ap::Run, Option<String>), ExecutorError> {
         let waiter = self.waiter("", "").until(Some(until_ms));
         let est = self.estimate(spec, &waiter).await?;
+        // The policies decide the submission first: a forbidden job is
+        // refused before anything is made for it; one they say needs a
+        // person is proposed for review (no policy approves its spend).
+        let facts = submission_facts(spec, submitter, &est, self.inner.book.now());
+        let decision = self.decide(&facts);
+        if let switchyard_policy::Verdict::Forbid { .. } = decision.verdict {
+            return Err(ExecutorError::PolicyForbidden(decision.explain()));
+        }
+        let needs_person = matches!(decision.verdict, switchyard_policy::Verdict::Require { .. });
+        let submitted_by = submitter.subject.as_str();
         let (run_id, budget_id) = round_ids(&spec.job_id, round);
         let mut limits = self.budget_limits(spec, parent, &waiter).await?;
         if let Some(cap) = est.token_cap() {
@@ -1249,7 +1354,7 @@ impl Executor {
             && !crate::queue::queue_job(spec);
         let propose = ap::ProposeRequest {
             run: Some(run),
-            skip_policies: approval.requires_approval,
+            skip_policies: approval.requires_approval || needs_person,
             approved_under: parent.map(|p| p.run_id.clone()).unwrap_or_default(),
             claim: starts_at_once.then(|| ap::ClaimOnApproval {
                 worker_id: cfg.worker_id.clone(),
@@ -1414,7 +1519,16 @@ impl Executor {
             }
             ap::RunStatus::Rejected | ap::RunStatus::Cancelled => {
                 let by = self.decider(&run).await;
-                let why = format!("approval run {} was {word}", run.run_id);
+                // A run a policy forbade says so, with the policy's words.
+                let forbidden = run.reason_code == Reason::PolicyForbidden.as_str();
+                let (reason, why) = if forbidden {
+                    (Reason::PolicyForbidden, run.last_error.clone())
+                } else {
+                    (
+                        Reason::ApprovalRejected,
+                        format!("approval run {} was {word}", run.run_id),
+                    )
+                };
                 let (g, intents) = {
                     let mut st = book.lock();
                     if !still_pending(&st) {
@@ -1422,13 +1536,7 @@ impl Executor {
                     }
                     let decided = events::ApprovalDecided { status: word, by };
                     book.record(&mut st, job_id, "", JobEvent::ApprovalDecided(decided));
-                    let g = crate::cancel::cancel_idle(
-                        book,
-                        &mut st,
-                        job_id,
-                        Reason::ApprovalRejected,
-                        &why,
-                    )?;
+                    let g = crate::cancel::cancel_idle(book, &mut st, job_id, reason, &why)?;
                     (g, self.intend(&st, job_id, RunEnd::Ended)?)
                 };
                 book.durable(g).await?;

@@ -26,6 +26,9 @@ pub enum ExecutorError {
     /// An agent's invocation grant does not cover what it asked.
     #[error("{0}")]
     Grant(#[from] switchyard_kit::auth::grant::GrantError),
+    /// A policy forbids the submission: which one and why.
+    #[error("{0}")]
+    PolicyForbidden(String),
     /// The id is taken by a different spec.
     #[error("job {0:?} already exists with a different spec")]
     Exists(String),
@@ -197,6 +200,9 @@ impl From<ExecutorError> for Status {
                 ),
             ),
             ExecutorError::Draining => status(Code::Unavailable, Reason::Unavailable, msg),
+            ExecutorError::PolicyForbidden(_) => {
+                status(Code::FailedPrecondition, Reason::PolicyForbidden, msg)
+            }
             ExecutorError::Input(reason, _) => {
                 let code = match reason {
                     Reason::InputNotAllowed | Reason::ConversationNotAllowed => {

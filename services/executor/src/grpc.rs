@@ -88,8 +88,10 @@ impl JobService for Executor {
         &self,
         req: Request<ValidateJobRequest>,
     ) -> Result<Response<ValidateJobResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let who = crate::admission::submitter(&p);
         Ok(Response::new(
-            Executor::validate_job(self, req.into_inner()).await?,
+            Executor::validate_job(self, req.into_inner(), who).await?,
         ))
     }
 

@@ -131,6 +131,9 @@ struct Inner {
     cancels_seen: Mutex<std::collections::HashSet<String>>,
     /// Input tasks waiting for an answer.
     inputs: input::Desk,
+    /// The policy set in force: decides submissions, tool calls and
+    /// handoffs in-process (the `[policy]` directory, set by the process).
+    policies: std::sync::RwLock<Arc<switchyard_policy::Engine>>,
 }
 
 /// The executor service.
@@ -264,8 +267,59 @@ impl Executor {
                 checkpoints: store::Kept::open(jobs.space("checkpoints"))?,
                 cancels_seen: Mutex::new(Default::default()),
                 inputs: input::Desk::default(),
+                policies: std::sync::RwLock::new(switchyard_policy::Engine::fixed(
+                    switchyard_policy::PolicySet::empty(),
+                )),
             }),
         })
+    }
+
+    /// Decides with `engine` from now on.
+    pub fn set_policies(&self, engine: Arc<switchyard_policy::Engine>) {
+        *self
+            .inner
+            .policies
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = engine;
+    }
+
+    /// The policy facts of what job `job_id` does for its submitter with
+    /// `model` (the action and resource are the caller's to set).
+    pub(crate) fn job_facts(&self, job_id: &str, model: &str) -> switchyard_policy::Facts {
+        let st = self.inner.book.lock();
+        let Ok(e) = st.get(job_id) else {
+            return switchyard_policy::Facts::default();
+        };
+        let who = e.submitter();
+        switchyard_policy::Facts {
+            principal: switchyard_policy::Principal {
+                kind: switchyard_policy::PrincipalKind::from_kind(who.kind.as_str()),
+                id: who.subject.clone(),
+                tenant: who.tenant.clone(),
+            },
+            job: switchyard_policy::JobFacts {
+                id: job_id.to_owned(),
+                tenant: who.tenant,
+                submitter: who.subject,
+                labels: e
+                    .spec()
+                    .labels
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            },
+            model: model.to_owned(),
+            ..Default::default()
+        }
+    }
+
+    /// What the policy set in force decides about `facts`.
+    pub(crate) fn decide(&self, facts: &switchyard_policy::Facts) -> switchyard_policy::Decision {
+        self.inner
+            .policies
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .decide(facts)
     }
 
     /// The gRPC service.

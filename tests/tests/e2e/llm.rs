@@ -44,6 +44,8 @@ const MODELS: &[&str] = &[
     "m-tools",
     "m-parallel",
     "m-budget",
+    "m-policy",
+    "m-policy-edit",
     "m-cost",
     "m-sdk",
     "m-stream",

@@ -19,6 +19,7 @@ mod llm;
 mod mcp;
 mod oidc;
 mod platform;
+mod policy;
 mod references;
 mod registry_router;
 mod sandbox;

@@ -58,7 +58,7 @@ async fn mark_risky(s: &Stack, name: &str) {
 }
 
 /// The per-call runs waiting for a decision, as `who` sees them.
-async fn pending_calls(s: &Stack, who: &str) -> Vec<Run> {
+pub(crate) async fn pending_calls(s: &Stack, who: &str) -> Vec<Run> {
     approvals_as(s, who)
         .await
         .list_runs(ListRunsRequest {
@@ -93,7 +93,7 @@ async fn task_state(c: &mut Jobs, job_id: &str, task_id: &str) -> TaskState {
 }
 
 /// What the model was told about its call of `deploy` on its second turn.
-fn told(script: &Script) -> String {
+pub(crate) fn told(script: &Script) -> String {
     let second = &script.received()[1].body["messages"];
     second
         .as_array()
@@ -822,16 +822,8 @@ async fn editing_a_gated_call_into_another_gated_tool_needs_that_tools_own_decis
         "{}",
         own.message()
     );
-    let dave = e
-        .stack
-        .key(
-            "dave",
-            &["approver"],
-            switchyard_proto::auth::v1::PrincipalKind::Human,
-        )
+    common::new_approver(&e.stack, "dave")
         .await
-        .unwrap();
-    ApprovalServiceClient::new(e.stack.channel_with(&dave).await.unwrap())
         .reject(RejectRequest {
             run_id: second.run_id.clone(),
             comment: "never delete prod".into(),

@@ -354,11 +354,12 @@ impl CallGate<'_> {
     ) -> Result<(), String> {
         let (x, snap) = (self.x, self.snap);
         let call = &at.pending[0];
-        let (org, job_run, hash) = {
+        let (org, job_run, hash, labels) = {
             let st = x.inner.book.lock();
             let e = st.get(&snap.job_id).map_err(|e| e.to_string())?;
             let org = e.spec().labels.get("org").cloned();
-            (org, e.job.run_id.clone(), e.context_hash.clone())
+            let labels = e.spec().labels.clone();
+            (org, e.job.run_id.clone(), e.context_hash.clone(), labels)
         };
         let run = ap::Run {
             schema_version: "agent_run_spec/v1".into(),
@@ -391,6 +392,7 @@ impl CallGate<'_> {
             tools_allowed: vec![call.name.clone()],
             outputs_allowed: vec!["tool_call".into()],
             correlation_id: snap.correlation_id.clone(),
+            labels,
             tool_call: Some(ap::ToolCall {
                 job_id: snap.job_id.clone(),
                 task_id: snap.task.id.clone(),

@@ -202,6 +202,9 @@ struct TaskHost<'a> {
     handoff: std::sync::Mutex<Option<HandoffTo>>,
     /// The conversation message this run of the loop answers, if it does.
     seq: Option<u32>,
+    /// The policy facts every call of this loop shares: its job and the
+    /// submitter it acts for.
+    facts: switchyard_policy::Facts,
 }
 
 impl Attempt<'_> {
@@ -257,6 +260,7 @@ impl Attempt<'_> {
             gated,
             handoff: Default::default(),
             seq,
+            facts: x.job_facts(&snap.job_id, &l.model),
         };
         let ran = agent::resume(&x.inner.clients.llm, &spec, &host, from).await;
         let children = host.children.lock().map(|c| c.clone()).unwrap_or_default();
@@ -989,8 +993,30 @@ impl Host for TaskHost<'_> {
         true
     }
 
-    fn needs_approval(&self, name: &str) -> bool {
-        self.gated.contains(name)
+    fn rule(&self, name: &str, args: &Value) -> agent::Rule {
+        use switchyard_policy::{Action, Verdict};
+        // A handoff is decided as one, on the agent that would take over.
+        let (action, resource) = match self.routes.get(name) {
+            Some(Route::Handoff { agent_id, .. }) => (Action::HandOff, agent_id.clone()),
+            _ => (Action::CallTool, name.to_owned()),
+        };
+        let facts = switchyard_policy::Facts {
+            action,
+            resource,
+            arguments: args.as_object().cloned().unwrap_or_default(),
+            now_ms: self.x.inner.book.now(),
+            ..self.facts.clone()
+        };
+        let decision = self.x.decide(&facts);
+        match decision.verdict {
+            Verdict::Forbid { .. } => agent::Rule::Forbidden(decision.explain()),
+            // A policy's requirement, or the job's own gate: a person
+            // decides (and the approval service asks for as many as the
+            // policies say).
+            Verdict::Require { .. } => agent::Rule::Ask,
+            _ if self.gated.contains(name) => agent::Rule::Ask,
+            _ => agent::Rule::Run,
+        }
     }
 
     fn finished(&self) -> bool {

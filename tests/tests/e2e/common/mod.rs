@@ -124,6 +124,20 @@ pub async fn approvals_as(s: &Stack, who: &str) -> ApprovalServiceClient<Interce
     ApprovalServiceClient::new(s.channel_as(who).await.unwrap())
 }
 
+/// A new principal `who` with the approver role only, and an approval
+/// client authenticated as them.
+pub async fn new_approver(s: &Stack, who: &str) -> ApprovalServiceClient<Intercepted> {
+    let key = s
+        .key(
+            who,
+            &["approver"],
+            switchyard_proto::auth::v1::PrincipalKind::Human,
+        )
+        .await
+        .expect("an approver key");
+    ApprovalServiceClient::new(s.channel_with(&key).await.expect("a channel"))
+}
+
 /// A run as bob, the stack's approver, reads it.
 pub async fn run_of(s: &Stack, run_id: &str) -> switchyard_proto::approval::v1::Run {
     approvals_as(s, "bob")

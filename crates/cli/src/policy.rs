@@ -1,0 +1,179 @@
+//! `switchyard policy ...`: check Cedar policies offline, print the schema
+//! they are written against, and explain what the policies in force decide.
+
+use std::path::PathBuf;
+
+use clap::Subcommand;
+use serde_json::json;
+use switchyard_proto::approval::v1::GetRunRequest;
+use switchyard_proto::executor::v1::ValidateJobRequest;
+
+use crate::client::{Conn, MAX_MESSAGE, api};
+use crate::output::{Format, print_json, table};
+
+/// `switchyard policy ...`
+#[derive(Subcommand, Debug)]
+pub enum PolicyCmd {
+    /// Validate a directory of `*.cedar` policies against Switchyard's
+    /// schema, as a service would load it (offline): prints the policies'
+    /// ids and the set's version, or what is wrong and where.
+    Check {
+        /// The directory (`[policy] dir`).
+        dir: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the Cedar schema policies are validated against.
+    Schema,
+    /// What the policies in force decide, and why: about a job document
+    /// before it is submitted (a dry run on the server, as you: nothing is
+    /// proposed), or about a run or job already proposed (what was decided,
+    /// by which policies, under which version).
+    Explain {
+        /// A job document (a file, or `-` for standard input), a run id or
+        /// a job id.
+        target: String,
+        /// The document's format when it is a file (native, agenix, aitp,
+        /// ojs); detected when unset.
+        #[arg(long)]
+        format: Option<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+/// Runs a `policy` command.
+pub async fn run(cmd: PolicyCmd) -> anyhow::Result<()> {
+    match cmd {
+        PolicyCmd::Check { dir, json } => {
+            let sources = switchyard_policy::read_dir(&dir)?;
+            if sources.is_empty() {
+                anyhow::bail!("{} holds no *.cedar files: nothing to check", dir.display());
+            }
+            let set =
+                switchyard_policy::PolicySet::load(&sources).map_err(|e| anyhow::anyhow!("{e}"))?;
+            if json {
+                print_json(&json!({"version": set.version(), "policies": set.ids(),
+                                   "files": sources.iter().map(|s| &s.name).collect::<Vec<_>>()}));
+            } else {
+                println!(
+                    "ok: {} policies in {} files, version {}",
+                    set.len(),
+                    sources.len(),
+                    set.version()
+                );
+                for id in set.ids() {
+                    println!("  {id}");
+                }
+            }
+            Ok(())
+        }
+        PolicyCmd::Schema => {
+            print!("{}", switchyard_policy::SCHEMA);
+            Ok(())
+        }
+        PolicyCmd::Explain {
+            target,
+            format,
+            conn,
+        } => {
+            let path = PathBuf::from(&target);
+            if target == "-" || path.is_file() {
+                explain_document(&path, format, &conn).await
+            } else {
+                explain_run(&target, &conn).await
+            }
+        }
+    }
+}
+
+/// The dry run of a job document: ValidateJob's policy checks.
+async fn explain_document(
+    path: &std::path::Path,
+    format: Option<String>,
+    conn: &Conn,
+) -> anyhow::Result<()> {
+    let c = switchyard_api::ExecutorClient::remote(conn.channel().await?, MAX_MESSAGE);
+    let v = c
+        .validate_job(ValidateJobRequest {
+            spec: None,
+            document: crate::job::read(path)?,
+            format: format.unwrap_or_default(),
+        })
+        .await
+        .map_err(api)?;
+    match conn.output {
+        Format::Json => print_json(&json!({"policies": v.policies.iter().map(|p| json!({
+            "action": p.action, "resource": p.resource, "effect": p.effect, "policies": p.policies,
+            "approvals_required": p.approvals_required, "explanation": p.explanation,
+            "version": p.version, "errors": p.errors})).collect::<Vec<_>>()})),
+        Format::Table => {
+            let rows: Vec<Vec<String>> = v
+                .policies
+                .iter()
+                .map(|p| {
+                    vec![
+                        p.action.clone(),
+                        if p.resource.is_empty() {
+                            "(new job)".into()
+                        } else {
+                            p.resource.clone()
+                        },
+                        p.effect.clone(),
+                        p.explanation.clone(),
+                    ]
+                })
+                .collect();
+            table(&["ACTION", "ON", "EFFECT", "WHY"], &rows);
+            if let Some(p) = v.policies.first() {
+                println!("policy set {}", p.version);
+            }
+            for p in &v.policies {
+                for e in &p.errors {
+                    println!("error: {e}");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What was decided about a run (or a job's run) when it was proposed.
+async fn explain_run(id: &str, conn: &Conn) -> anyhow::Result<()> {
+    let c = crate::approval::client(conn).await?;
+    let run_id = crate::approval::resolve(conn, &c, id).await?;
+    let run = c
+        .get_run(GetRunRequest {
+            run_id: run_id.clone(),
+        })
+        .await
+        .map_err(api)?
+        .run
+        .unwrap_or_default();
+    let Some(p) = &run.policy else {
+        anyhow::bail!(
+            "run {run_id} was proposed before policies were recorded on runs: `switchyard approval show {run_id}` shows its audit trail"
+        );
+    };
+    match conn.output {
+        Format::Json => print_json(&json!({"run_id": run_id, "decided_by": run.decided_by,
+            "policy": crate::approval::policy_json(p)})),
+        Format::Table => {
+            println!("run {run_id}: {}", p.explanation);
+            println!("effect         {}", p.effect);
+            if !p.policies.is_empty() {
+                println!("policies       {}", p.policies.join(", "));
+            }
+            println!("approvals      {}", p.approvals_required);
+            if !run.decided_by.is_empty() {
+                println!("decided by     {}", run.decided_by);
+            }
+            println!("policy set     {}", p.version);
+            for e in &p.errors {
+                println!("error          {e}");
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,253 @@
+//! Policy as code end to end: a `[policy] dir` of Cedar files decides
+//! submissions, spends and each tool call in-process, and a broken change
+//! of the files is refused while the set in force stays.
+
+use serde_json::{Value, json};
+use switchyard_llm::scripted::Reply;
+use switchyard_proto::approval::v1::{ApproveRequest, RunStatus};
+use switchyard_proto::executor::v1::{GetJobRequest, JobState, ValidateJobRequest};
+use tonic::Code;
+
+use crate::common::{approvals_as, finish, id, new_approver, run_of, submit, until_event};
+use crate::llm::{Provider, env, provide, task};
+use crate::tool_approval::pending_calls;
+
+const POLICIES: &str = r#"
+@id("freeze") @message("releases are frozen: submit after the freeze")
+forbid(principal, action == Action::"submit_job", resource)
+  when { resource.hasTag("freeze") && resource.getTag("freeze") == "yes" };
+
+@id("no-secrets") @message("searching for secrets is not allowed")
+forbid(principal, action == Action::"call_tool", resource == Tool::"search")
+  when { resource.hasTag("q") && resource.getTag("q") like "*secret*" };
+
+@id("prod-repos-two-approvers") @approvers("2") @message("production repositories need two people")
+permit(principal, action == Action::"call_tool", resource == Tool::"delete_repo")
+  when { resource.hasTag("repo") && resource.getTag("repo") like "prod-*" };
+"#;
+
+/// A job whose model may call search, delete_repo and notes, none gated by
+/// the job itself: what waits for people is the policies' doing.
+fn ungated_job(job_id: &str, model: &str, labels: Value) -> String {
+    json!({
+        "job_id": job_id,
+        "labels": labels,
+        "tasks": [{"id": "fix", "llm": {
+            "model": model, "prompt": "tidy the repos", "max_tokens": 50,
+            "tools": [{"name": "search"}, {"name": "delete_repo"}, {"name": "notes"}]
+        }}]
+    })
+    .to_string()
+}
+
+fn policy_dir(text: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    std::fs::write(dir.path().join("team.cedar"), text).expect("the policy file written");
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_forbid_a_submission_a_tool_call_by_its_arguments_and_ask_two_people_for_another()
+{
+    let dir = policy_dir(POLICIES);
+    let path = dir.path().to_owned();
+    let mut e = env(true, move |c| c.policy.dir = Some(path)).await;
+    let provider = Provider::default();
+    let _stop = provide(
+        &e.stack,
+        provider.clone(),
+        &["search", "delete_repo", "notes"],
+    )
+    .await;
+
+    // A submission the policies forbid: refused, nothing made, and the dry
+    // run says the same before anyone submits.
+    let frozen = ungated_job("frozen", "m-policy", json!({"freeze": "yes"}));
+    let v = e
+        .jobs
+        .validate_job(ValidateJobRequest {
+            document: frozen.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (v.policies[0].action.as_str(), v.policies[0].effect.as_str()),
+        ("submit_job", "forbid")
+    );
+    assert_eq!(
+        v.policies[0].explanation,
+        "forbidden by freeze: releases are frozen: submit after the freeze"
+    );
+    assert_eq!(
+        v.policies[1].explanation,
+        "auto-approved by up-to-10-dollars"
+    );
+    let refused = submit(&mut e.jobs, &frozen).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("forbidden by freeze"),
+        "{}",
+        refused.message()
+    );
+    let info = switchyard_kit::error::ApiError::from(refused);
+    assert_eq!(info.reason.as_deref(), Some("POLICY_FORBIDDEN"));
+    let gone = e
+        .jobs
+        .get_job(GetJobRequest {
+            job_id: "frozen".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        gone.code(),
+        Code::NotFound,
+        "a forbidden job leaves nothing"
+    );
+
+    // The model searches for secrets (forbidden: it never runs and nobody
+    // is asked) and deletes a production repository (two people decide).
+    e.script.for_model(
+        "m-policy",
+        vec![
+            Reply::tools(
+                &[
+                    ("search", json!({"q": "the secret plans"})),
+                    ("delete_repo", json!({"repo": "prod-api"})),
+                ],
+                40,
+                10,
+            ),
+            Reply::text("done", 80, 20),
+        ],
+    );
+    let job = submit(
+        &mut e.jobs,
+        &ungated_job("tidy", "m-policy", json!({"env": "prod"})),
+    )
+    .await
+    .unwrap();
+    let waiting = until_event(&mut e.jobs, "tidy", "task.awaiting_approval").await;
+    let run_id = waiting["run_id"].as_str().unwrap().to_owned();
+    let run = run_of(&e.stack, &run_id).await;
+    let call = run.tool_call.clone().unwrap();
+    assert_eq!(call.tool, "delete_repo");
+    let p = run.policy.clone().unwrap();
+    assert_eq!(
+        (p.effect.as_str(), p.approvals_required, p.policies.clone()),
+        ("require", 2, vec!["prod-repos-two-approvers".to_owned()])
+    );
+    assert_eq!(run.labels.get("env").map(String::as_str), Some("prod"));
+    assert!(provider.calls().is_empty(), "nothing ran yet");
+    assert_eq!(pending_calls(&e.stack, "bob").await.len(), 1);
+
+    // One approval is not enough; a second person's is.
+    let bob = approvals_as(&e.stack, "bob")
+        .await
+        .approve(ApproveRequest {
+            run_id: run_id.clone(),
+            comment: "ok".into(),
+            edit: None,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap();
+    assert_eq!(bob.status, RunStatus::Proposed as i32);
+    assert!(
+        provider.calls().is_empty(),
+        "one approval of two runs nothing"
+    );
+    new_approver(&e.stack, "dave")
+        .await
+        .approve(ApproveRequest {
+            run_id: run_id.clone(),
+            comment: "second".into(),
+            edit: None,
+        })
+        .await
+        .unwrap();
+    let r = finish(&mut e.jobs, &id(&job)).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let t = task(&r, "fix");
+    let results: Vec<(&str, &str)> = t
+        .tool_results
+        .iter()
+        .map(|t| (t.name.as_str(), t.reason.as_str()))
+        .collect();
+    assert_eq!(
+        results,
+        [("search", "POLICY_FORBIDDEN"), ("delete_repo", "")]
+    );
+    assert!(
+        t.tool_results[0]
+            .error
+            .contains("forbidden by no-secrets: searching for secrets is not allowed"),
+        "{:?}",
+        t.tool_results[0]
+    );
+    assert_eq!(
+        provider.calls(),
+        ["delete_repo"],
+        "the forbidden search never reached its provider"
+    );
+    e.stack.stop().await.unwrap();
+}
+
+/// The process's count of policy loads ending `outcome` (other tests'
+/// stacks may add to it, never take away).
+fn loads(outcome: &str) -> u64 {
+    let text = switchyard_kit::metrics::global().render();
+    let series = format!("switchyard_policy_loads_total{{outcome=\"{outcome}\"}}");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
+}
+
+/// Waits (bounded, on the count itself) until loads ending `outcome` pass
+/// `before`.
+async fn until_loads(outcome: &str, before: u64) {
+    for _ in 0..500 {
+        if loads(outcome) > before {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("no policy load ended {outcome} within 10 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_policy_change_is_refused_and_the_set_in_force_keeps_deciding() {
+    let dir = policy_dir(POLICIES);
+    let path = dir.path().to_owned();
+    let mut e = env(true, move |c| {
+        c.policy.dir = Some(path);
+        c.policy.reload_ms = 20;
+    })
+    .await;
+    let frozen = ungated_job("frozen-2", "m-policy", json!({"freeze": "yes"}));
+
+    // A change that does not type-check: refused and counted; the set in
+    // force (with the freeze) keeps deciding.
+    let refused = loads("refused");
+    std::fs::write(
+        dir.path().join("broken.cedar"),
+        r#"forbid(principal, action == Action::"spend", resource) when { context.estimate.dollars > 1 };"#,
+    )
+    .unwrap();
+    until_loads("refused", refused).await;
+    let still = submit(&mut e.jobs, &frozen).await.unwrap_err();
+    assert!(still.message().contains("forbidden by freeze"), "{still:?}");
+
+    // Fixed: the new set replaces it (here, without the freeze).
+    let loaded = loads("loaded");
+    std::fs::remove_file(dir.path().join("broken.cedar")).unwrap();
+    std::fs::write(dir.path().join("team.cedar"), "").unwrap();
+    until_loads("loaded", loaded).await;
+    let job = submit(&mut e.jobs, &frozen).await.unwrap();
+    assert_eq!(id(&job), "frozen-2");
+    e.stack.stop().await.unwrap();
+}
