@@ -218,6 +218,46 @@ pub async fn run() -> anyhow::Result<()> {
         );
     }
 
+    // 1b. The same throughput with 100 Cedar policies in force (each job's
+    // submission and spend decided by them), against this stack without,
+    // alternated so both see the same machine.
+    let dir = tempfile::tempdir()?;
+    let hundred = crate::policy::hundred();
+    for s in &hundred {
+        std::fs::write(dir.path().join(&s.name), &s.text)?;
+    }
+    let policy_dir = dir.path().to_owned();
+    let with_policies = Stack::start_with(ServiceKind::ALL, move |c| {
+        c.server.request_timeout_ms = 60_000;
+        c.executor.max_parallel = 4;
+        c.policy.dir = Some(policy_dir);
+    })
+    .await?;
+    let mut on_channels = Vec::new();
+    for _ in 0..CONNECTIONS {
+        on_channels.push(with_policies.channel().await?);
+    }
+    crate::history::wait_routable(&ExecutorClient::remote(on_channels[0].clone(), 4 << 20)).await?;
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for _ in 0..2 {
+        off.push(throughput(&channels, Shape::Wait).await?.0);
+        let (rate, _, failed) = throughput(&on_channels, Shape::Wait).await?;
+        anyhow::ensure!(
+            failed == 0,
+            "{failed} jobs did not complete with policies on"
+        );
+        on.push(rate);
+    }
+    let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    let ratio = best(&on) / best(&off);
+    println!(
+        "  the same with 100 Cedar policies deciding each submission and spend: {:>7.0} jobs/s vs {:>7.0} without (best of 2 each, alternated): {ratio:.2}x  [{}: >= 0.95x]",
+        best(&on),
+        best(&off),
+        verdict(ratio >= 0.95)
+    );
+    with_policies.stop().await?;
+
     // 2. Latency: a 3-step chain of builtin.echo, one at a time.
     let c = ExecutorClient::remote(channels[0].clone(), 4 << 20);
     let h = chain(&c, CHAIN_RUNS).await?;

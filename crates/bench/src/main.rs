@@ -17,6 +17,9 @@
 //!    `builtin.noop` from 64 submitters, a durable 3-step echo chain, and a
 //!    command task against spawning the command directly.
 //!
+//! 5b. Policy decisions (see `policy.rs`): one Cedar decision with 100
+//!    policies in force; the executor's throughput with them on.
+//!
 //! 6. The LLM agent loop (see `llm.rs`): a task with 3 tool-call turns
 //!    against the scripted OpenAI-compatible server, 200 runs; the latency
 //!    the loop and the whole job add beyond the server's own time.
@@ -34,6 +37,7 @@ mod input;
 mod llm;
 mod mcp;
 mod metrics;
+mod policy;
 mod postgres;
 mod queue;
 mod real_llm;
@@ -276,6 +280,10 @@ async fn run() -> anyhow::Result<()> {
     if std::env::args().nth(1).as_deref() == Some("postgres") {
         return postgres::run().await;
     }
+    // `switchyard-bench policy` runs only the policy decision figures.
+    if std::env::args().nth(1).as_deref() == Some("policy") {
+        return policy::run().await;
+    }
     // `switchyard-bench real-llm` runs only the real model server's figures.
     if std::env::args().nth(1).as_deref() == Some("real-llm") {
         return real_llm::run().await;
@@ -425,6 +433,7 @@ async fn run() -> anyhow::Result<()> {
     stack.stop().await?;
     postgres::run().await?;
     auth::run().await?;
+    policy::run().await?;
     executor::run().await?;
     llm::run().await?;
     Ok(())

@@ -213,7 +213,8 @@ pub fn run_json(r: &Run) -> Value {
 pub(crate) fn policy_json(p: &PolicyDecision) -> Value {
     json!({"effect": p.effect, "policies": p.policies, "version": p.version,
            "approvals_required": p.approvals_required, "explanation": p.explanation,
-           "delegation_depth": p.delegation_depth, "errors": p.errors})
+           "delegation_depth": p.delegation_depth, "errors": p.errors,
+           "action": p.action, "resource": p.resource})
 }
 
 const RUN_HEADERS: [&str; 7] = [
@@ -396,7 +397,10 @@ async fn decide(d: Decision, verdict: Verdict) -> anyhow::Result<()> {
                     reason: comment,
                 })
                 .await;
-            (r.map_err(api)?.run, "approved (break-glass, audited)")
+            (
+                r.map_err(api)?.run,
+                "approved (break-glass, audited)".to_owned(),
+            )
         }
         Verdict::Approve => {
             let edit = edit_of(&c, &run_id, d.edit_tool, d.edit_args).await?;
@@ -411,23 +415,28 @@ async fn decide(d: Decision, verdict: Verdict) -> anyhow::Result<()> {
             let still_proposed = run
                 .as_ref()
                 .is_some_and(|r| r.status == RunStatus::Proposed as i32);
-            let verb = if still_proposed {
-                "approval recorded; a second, different approver is needed"
-            } else {
-                "approved"
+            let verb = match &run {
+                Some(r) if still_proposed => {
+                    let needed = r.policy.as_ref().map_or(2, |p| p.approvals_required.max(2));
+                    format!(
+                        "approval {} of {needed} recorded; another, different approver is needed",
+                        r.approved_by.len()
+                    )
+                }
+                _ => "approved".to_owned(),
             };
             (run, verb)
         }
         Verdict::Reject => {
             let r = c.reject(RejectRequest { run_id, comment }).await;
-            (r.map_err(api)?.run, "rejected")
+            (r.map_err(api)?.run, "rejected".to_owned())
         }
         Verdict::Cancel => {
             let r = c.cancel(CancelRequest { run_id, comment }).await;
-            (r.map_err(api)?.run, "cancelled")
+            (r.map_err(api)?.run, "cancelled".to_owned())
         }
     };
-    show_run(&d.conn, &run.unwrap_or_default(), verb);
+    show_run(&d.conn, &run.unwrap_or_default(), &verb);
     Ok(())
 }
 

@@ -5,8 +5,10 @@ use std::path::PathBuf;
 
 use clap::Subcommand;
 use serde_json::json;
-use switchyard_proto::approval::v1::GetRunRequest;
-use switchyard_proto::executor::v1::ValidateJobRequest;
+use switchyard_proto::approval::v1::{GetRunRequest, ListRunsRequest};
+use switchyard_proto::executor::v1::{
+    GetResultRequest, GetResultResponse, ToolResult, ValidateJobRequest,
+};
 
 use crate::client::{Conn, MAX_MESSAGE, api};
 use crate::output::{Format, print_json, table};
@@ -80,9 +82,19 @@ pub async fn run(cmd: PolicyCmd) -> anyhow::Result<()> {
         } => {
             let path = PathBuf::from(&target);
             if target == "-" || path.is_file() {
-                explain_document(&path, format, &conn).await
-            } else {
-                explain_run(&target, &conn).await
+                return explain_document(&path, format, &conn).await;
+            }
+            let jobs = switchyard_api::ExecutorClient::remote(conn.channel().await?, MAX_MESSAGE);
+            match jobs
+                .get_result(GetResultRequest {
+                    job_id: target.clone(),
+                    ..Default::default()
+                })
+                .await
+            {
+                Ok(r) => explain_job(&target, &r, &conn).await,
+                Err(s) if s.code() == tonic::Code::NotFound => explain_run(&target, &conn).await,
+                Err(s) => Err(api(s)),
             }
         }
     }
@@ -139,7 +151,75 @@ async fn explain_document(
     Ok(())
 }
 
-/// What was decided about a run (or a job's run) when it was proposed.
+/// Every decision about job `job_id`: its runs' (the job's own, each
+/// gated tool call's) as the approval service recorded them, and the tool
+/// calls refused in-process.
+async fn explain_job(job_id: &str, r: &GetResultResponse, conn: &Conn) -> anyhow::Result<()> {
+    let c = crate::approval::client(conn).await?;
+    let runs = c
+        .list_runs(ListRunsRequest {
+            work_item_id: job_id.to_owned(),
+            page_size: 1000,
+            ..Default::default()
+        })
+        .await
+        .map_err(api)?
+        .runs;
+    let forbidden: Vec<(&str, &ToolResult)> = r
+        .tasks
+        .iter()
+        .flat_map(|t| t.tool_results.iter().map(move |c| (t.task_id.as_str(), c)))
+        .filter(|(_, c)| c.reason == "POLICY_FORBIDDEN")
+        .collect();
+    match conn.output {
+        Format::Json => print_json(&json!({
+            "job_id": job_id,
+            "runs": runs.iter().map(|run| json!({"run_id": run.run_id, "decided_by": run.decided_by,
+                "policy": run.policy.as_ref().map(crate::approval::policy_json)})).collect::<Vec<_>>(),
+            "forbidden_calls": forbidden.iter().map(|(task, c)| json!({"task_id": task,
+                "call_id": c.call_id, "tool": c.name, "arguments": c.arguments, "error": c.error})).collect::<Vec<_>>(),
+        })),
+        Format::Table => {
+            let mut rows: Vec<Vec<String>> = runs
+                .iter()
+                .filter_map(|run| {
+                    let p = run.policy.as_ref()?;
+                    Some(vec![
+                        run.run_id.clone(),
+                        if p.action.is_empty() {
+                            "extension".into()
+                        } else {
+                            p.action.clone()
+                        },
+                        p.resource.clone(),
+                        p.effect.clone(),
+                        p.explanation.clone(),
+                    ])
+                })
+                .collect();
+            rows.extend(forbidden.iter().map(|(task, c)| {
+                vec![
+                    format!("(task {task}, call {})", c.call_id),
+                    "call_tool".into(),
+                    c.name.clone(),
+                    "forbid".into(),
+                    c.error.clone(),
+                ]
+            }));
+            table(&["DECIDED FOR", "ACTION", "ON", "EFFECT", "WHY"], &rows);
+            let versions: std::collections::BTreeSet<&str> = runs
+                .iter()
+                .filter_map(|r| r.policy.as_ref().map(|p| p.version.as_str()))
+                .collect();
+            for v in versions {
+                println!("policy set {v}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What was decided about a run when it was proposed.
 async fn explain_run(id: &str, conn: &Conn) -> anyhow::Result<()> {
     let c = crate::approval::client(conn).await?;
     let run_id = crate::approval::resolve(conn, &c, id).await?;

@@ -106,7 +106,17 @@ impl Engine {
             }
         }
         let version = crate::version_of(&sources);
-        if version == self.current().version() || version == self.status.borrow().refused_version {
+        if version == self.current().version() {
+            // Back to the set in force: a refusal reported earlier is over
+            // (nothing new to load, so nobody is told).
+            self.status.send_if_modified(|s| {
+                s.refused.clear();
+                s.refused_version.clear();
+                false
+            });
+            return Ok(false);
+        }
+        if version == self.status.borrow().refused_version {
             return Ok(false);
         }
         match PolicySet::load(&sources) {

@@ -190,10 +190,31 @@ fn strings(v: &[String]) -> E {
     E::new_set(v.iter().map(|s| E::new_string(s.clone())))
 }
 
+/// The schema's entity types, parsed once.
+static TYPES: std::sync::LazyLock<Vec<(&'static str, cedar::EntityTypeName)>> =
+    std::sync::LazyLock::new(|| {
+        [
+            "Person",
+            "Agent",
+            "Service",
+            "Job",
+            "Model",
+            "Tool",
+            "Budget",
+            "ArtifactKind",
+            "Action",
+        ]
+        .into_iter()
+        .filter_map(|t| Some((t, t.parse().ok()?)))
+        .collect()
+    });
+
 fn uid(ty: &str, id: &str) -> Result<cedar::EntityUid, String> {
-    let ty = ty
-        .parse::<cedar::EntityTypeName>()
-        .map_err(|e| format!("entity type {ty}: {e}"))?;
+    let ty = TYPES
+        .iter()
+        .find(|(name, _)| *name == ty)
+        .map(|(_, t)| t.clone())
+        .ok_or_else(|| format!("entity type {ty} is not in the schema"))?;
     Ok(cedar::EntityUid::from_type_name_and_id(
         ty,
         cedar::EntityId::new(id),

@@ -117,6 +117,71 @@ pub struct PolicySet {
     origin: std::collections::HashMap<String, String>,
     /// Policies whose effect is `forbid`.
     forbids: BTreeSet<String>,
+    /// What each policy's annotations say, by id (read once at load: a
+    /// lookup by Cedar's API parses the key every time).
+    notes: std::collections::HashMap<String, Notes>,
+    /// The policies each decision evaluates, by action and resource: Cedar
+    /// evaluates every policy of the set it is given, so a decision is
+    /// given only those whose scope can match.
+    index: std::collections::HashMap<Action, Slice>,
+}
+
+/// The annotations a decision reads.
+#[derive(Clone, Debug, Default)]
+struct Notes {
+    /// People a requiring permit asks for (`@approval` / `@approvers`).
+    approvers: Option<u32>,
+    /// `@message`.
+    message: Option<String>,
+}
+
+/// The policies of one action: those whose scope names a resource, by
+/// that resource, each with those that name none; and those that name
+/// none alone.
+#[derive(Clone, Default)]
+struct Slice {
+    any: cedar::PolicySet,
+    by_resource: std::collections::HashMap<cedar::EntityUid, cedar::PolicySet>,
+}
+
+/// Splits `set` by action and resource scope (see [`Slice`]).
+fn index(set: &cedar::PolicySet) -> Result<std::collections::HashMap<Action, Slice>, String> {
+    let mut out: std::collections::HashMap<Action, Slice> =
+        Action::ALL.iter().map(|a| (*a, Slice::default())).collect();
+    let mut named: Vec<(Action, cedar::EntityUid, cedar::Policy)> = Vec::new();
+    for p in set.policies() {
+        let actions: Vec<Action> = match p.action_constraint() {
+            cedar::ActionConstraint::Any => Action::ALL.to_vec(),
+            cedar::ActionConstraint::Eq(uid) => {
+                Action::parse(uid.id().as_ref()).into_iter().collect()
+            }
+            cedar::ActionConstraint::In(uids) => uids
+                .iter()
+                .filter_map(|u| Action::parse(u.id().as_ref()))
+                .collect(),
+        };
+        // Entities here have no parents: `resource in X` is `resource == X`.
+        let resource = match p.resource_constraint() {
+            cedar::ResourceConstraint::Eq(uid) | cedar::ResourceConstraint::In(uid) => Some(uid),
+            _ => None,
+        };
+        for a in actions {
+            match &resource {
+                Some(uid) => named.push((a, uid.clone(), p.clone())),
+                None => {
+                    let slice = out.entry(a).or_default();
+                    slice.any.add(p.clone()).map_err(|e| e.to_string())?;
+                }
+            }
+        }
+    }
+    for (a, uid, p) in named {
+        let slice = out.entry(a).or_default();
+        let any = slice.any.clone();
+        let set = slice.by_resource.entry(uid).or_insert(any);
+        set.add(p).map_err(|e| e.to_string())?;
+    }
+    Ok(out)
 }
 
 impl fmt::Debug for PolicySet {
@@ -136,6 +201,8 @@ impl PolicySet {
             version: version_of(&[]),
             origin: Default::default(),
             forbids: Default::default(),
+            notes: Default::default(),
+            index: Default::default(),
         })
     }
 
@@ -147,6 +214,7 @@ impl PolicySet {
         let mut set = cedar::PolicySet::new();
         let mut origin = std::collections::HashMap::new();
         let mut forbids = BTreeSet::new();
+        let mut notes = std::collections::HashMap::new();
         for src in sources {
             let parsed = cedar::PolicySet::from_str(&src.text).map_err(|e| PolicyError::Parse {
                 source_name: src.name.clone(),
@@ -184,6 +252,14 @@ impl PolicySet {
                 if p.effect() == cedar::Effect::Forbid {
                     forbids.insert(id.clone());
                 }
+                let approvers = p.annotation("approvers").and_then(|n| n.parse().ok());
+                notes.insert(
+                    id.clone(),
+                    Notes {
+                        approvers: approvers.or(p.annotation("approval").map(|_| 1)),
+                        message: p.annotation("message").map(str::to_owned),
+                    },
+                );
                 set.add(p.new_id(cedar::PolicyId::new(&id)))
                     .map_err(|e| PolicyError::Parse {
                         source_name: src.name.clone(),
@@ -202,11 +278,17 @@ impl PolicySet {
                 message: one_line(e),
             });
         }
+        let index = index(&set).map_err(|message| PolicyError::Parse {
+            source_name: "(index)".into(),
+            message,
+        })?;
         Ok(PolicySet {
             set,
             version: version_of(sources),
             origin,
             forbids,
+            notes,
+            index,
         })
     }
 
@@ -233,8 +315,15 @@ impl PolicySet {
         ids
     }
 
-    /// Decides `facts`: one evaluation of every policy.
+    /// Decides `facts`: one evaluation of every policy whose scope can
+    /// match (the same decision as evaluating them all).
     pub fn decide(&self, facts: &Facts) -> Decision {
+        self.decide_in(facts, true)
+    }
+
+    /// [`PolicySet::decide`], evaluating only the policies `facts`' action
+    /// and resource can match when `indexed`, else every policy.
+    fn decide_in(&self, facts: &Facts, indexed: bool) -> Decision {
         let mut decision = Decision {
             verdict: Verdict::Default,
             version: self.version.clone(),
@@ -256,7 +345,14 @@ impl PolicySet {
                 return decision;
             }
         };
-        let response = cedar::Authorizer::new().is_authorized(&request, &self.set, &entities);
+        let slice = self.index.get(&facts.action).filter(|_| indexed);
+        let set = slice.map_or(&self.set, |slice| {
+            request
+                .resource()
+                .and_then(|r| slice.by_resource.get(r))
+                .unwrap_or(&slice.any)
+        });
+        let response = cedar::Authorizer::new().is_authorized(&request, set, &entities);
         let mut errored_forbid = Vec::new();
         for e in response.diagnostics().errors() {
             let cedar::AuthorizationError::PolicyEvaluationError(inner) = e;
@@ -276,7 +372,7 @@ impl PolicySet {
             cedar::Decision::Deny if !reasons.is_empty() => {
                 let message = reasons
                     .iter()
-                    .find_map(|id| self.annotation(id, "message"))
+                    .find_map(|id| self.message(id))
                     .unwrap_or("the action is forbidden by policy")
                     .to_owned();
                 Verdict::Forbid {
@@ -296,7 +392,7 @@ impl PolicySet {
             cedar::Decision::Allow => {
                 let requiring: Vec<String> = reasons
                     .iter()
-                    .filter(|id| approvers_of(&self.set, id).is_some())
+                    .filter(|id| self.approvers(id).is_some())
                     .cloned()
                     .collect();
                 if requiring.is_empty() && decision.errors.is_empty() {
@@ -312,12 +408,12 @@ impl PolicySet {
                 } else {
                     let approvers = requiring
                         .iter()
-                        .filter_map(|id| approvers_of(&self.set, id))
+                        .filter_map(|id| self.approvers(id))
                         .max()
                         .unwrap_or(1);
                     let message = requiring
                         .iter()
-                        .find_map(|id| self.annotation(id, "message"))
+                        .find_map(|id| self.message(id))
                         .map_or_else(
                             || format!("required by policy {}", requiring.join(", ")),
                             str::to_owned,
@@ -333,21 +429,14 @@ impl PolicySet {
         decision
     }
 
-    fn annotation(&self, id: &str, key: &str) -> Option<&str> {
-        self.set.annotation(&cedar::PolicyId::new(id), key)
+    /// Policy `id`'s `@message`.
+    fn message(&self, id: &str) -> Option<&str> {
+        self.notes.get(id).and_then(|n| n.message.as_deref())
     }
-}
 
-/// The approvers policy `id` requires, when it is a requirement.
-fn approvers_of(set: &cedar::PolicySet, id: &str) -> Option<u32> {
-    let id = cedar::PolicyId::new(id);
-    let n = set
-        .annotation(&id, "approvers")
-        .and_then(|n| n.parse().ok());
-    match (set.annotation(&id, "approval"), n) {
-        (_, Some(n)) => Some(n),
-        (Some(_), None) => Some(1),
-        (None, None) => None,
+    /// The people policy `id` requires, when it is a requirement.
+    fn approvers(&self, id: &str) -> Option<u32> {
+        self.notes.get(id).and_then(|n| n.approvers)
     }
 }
 

@@ -346,3 +346,40 @@ fn a_broken_reload_keeps_the_set_in_force_and_a_fixed_one_replaces_it() {
     write("forbid(");
     assert!(Engine::new(vec![], Some(dir.path().to_owned())).is_err());
 }
+
+#[test]
+fn evaluating_only_the_policies_in_scope_decides_as_evaluating_them_all() {
+    let set = PolicySet::load(&[src(
+        "p.cedar",
+        r#"
+@id("any") @approval("required") permit(principal, action, resource) when { context.estimate.micro_usd > 900 };
+@id("model-a") permit(principal, action == Action::"spend", resource == Model::"a");
+@id("models-in") forbid(principal, action in [Action::"spend", Action::"publish"], resource in Model::"b");
+@id("tool-x") @approvers("3") permit(principal, action == Action::"call_tool", resource == Tool::"x");
+@id("tool-x-etc") forbid(principal, action == Action::"call_tool", resource == Tool::"x")
+  when { resource.hasTag("path") && resource.getTag("path") like "/etc/*" };
+@id("agents") forbid(principal is Agent, action == Action::"delegate", resource);
+@id("tools-any") permit(principal, action == Action::"call_tool", resource is Tool);
+"#,
+    )])
+    .expect("loads");
+    let mut seen = std::collections::BTreeSet::new();
+    for action in Action::ALL {
+        for resource in ["a", "b", "x", "y", "job-1", "reviewer"] {
+            for cost in [0, 1000] {
+                for path in ["/etc/x", "/tmp"] {
+                    for kind in [PrincipalKind::Person, PrincipalKind::Agent] {
+                        let mut f = facts(action, resource);
+                        f.estimate.micro_usd = cost;
+                        f.principal.kind = kind;
+                        f.arguments.insert("path".into(), path.into());
+                        let (fast, all) = (set.decide_in(&f, true), set.decide_in(&f, false));
+                        assert_eq!(fast, all, "{action:?} {resource} {cost} {path} {kind:?}");
+                        seen.insert(fast.verdict.effect());
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(seen.len(), 4, "every effect was decided: {seen:?}");
+}

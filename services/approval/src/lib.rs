@@ -1248,16 +1248,17 @@ impl Approval {
             0
         };
         let engine = self.policies();
-        let decision = if run.extension.is_some() {
-            switchyard_policy::Decision {
+        let facts = switchyard_policy::run_facts(run, kind, delegated, depth, now);
+        let (decision, action, resource) = if run.extension.is_some() {
+            let none = switchyard_policy::Decision {
                 verdict: switchyard_policy::Verdict::Default,
                 version: engine.current().version().to_owned(),
                 errors: Vec::new(),
-            }
+            };
+            (none, String::new(), String::new())
         } else {
-            engine.decide(&switchyard_policy::run_facts(
-                run, kind, delegated, depth, now,
-            ))
+            let d = engine.decide(&facts);
+            (d, facts.action.as_str().to_owned(), facts.resource.clone())
         };
         let approvers = match &decision.verdict {
             switchyard_policy::Verdict::Require { approvers, .. } => *approvers,
@@ -1271,6 +1272,8 @@ impl Approval {
             explanation: decision.explain(),
             delegation_depth: depth,
             errors: decision.errors.clone(),
+            action,
+            resource,
         });
         let needed = self.approvals_needed(run) as u32;
         if let Some(p) = run.policy.as_mut() {
