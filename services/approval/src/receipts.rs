@@ -69,6 +69,13 @@ pub(crate) fn body(run: &Run, actor: &str, now_ms: u64, event: &str) -> Value {
         "decided_at_ms": now_ms,
         "context_hash": run.context_pack.as_ref().map_or("", |p| p.hash.as_str()),
         "spec_sha256": spec_sha256,
+        // The policies that decided the run when it was proposed, by the
+        // set's content hash: which rules were in force is part of what
+        // was approved.
+        "policy": run.policy.as_ref().map(|p| json!({
+            "version": p.version, "effect": p.effect, "policies": p.policies,
+            "approvals_required": p.approvals_required,
+        })),
         "scope": {
             "model": run.model,
             "max_tokens": run.max_tokens,

@@ -251,3 +251,64 @@ async fn a_broken_policy_change_is_refused_and_the_set_in_force_keeps_deciding()
     assert_eq!(id(&job), "frozen-2");
     e.stack.stop().await.unwrap();
 }
+
+/// The inbox says why a run waits (the policy and its words, the set's
+/// version) and flags each budget its estimate does not fit in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inbox_says_why_a_run_waits_and_flags_the_budget_its_estimate_does_not_fit() {
+    let dir = policy_dir(
+        r#"@id("gpt4o-two") @approvers("2") @message("gpt-4o spends need two people")
+permit(principal, action == Action::"spend", resource == Model::"gpt-4o");"#,
+    );
+    let path = dir.path().to_owned();
+    let mut e = env(false, move |c| c.policy.dir = Some(path)).await;
+    let mut ledger = switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient::new(
+        e.stack.channel_as("admin").await.expect("a channel"),
+    );
+    ledger
+        .create_budget(switchyard_proto::ledger::v1::CreateBudgetRequest {
+            budget_id: "tight".into(),
+            cost_limit: Some(switchyard_proto::common::v1::Money { micro_usd: 20 }),
+            labels: [("shared_with".to_owned(), "role:submitter".to_owned())].into(),
+            ..Default::default()
+        })
+        .await
+        .expect("a budget");
+    let doc = json!({
+        "job_id": "why-1",
+        "budget": {"parent_budget_id": "tight"},
+        "tasks": [{"id": "ask", "llm": {"model": "gpt-4o", "prompt": "hello", "max_tokens": 20}}]
+    })
+    .to_string();
+    submit(&mut e.jobs, &doc).await.expect("submitted");
+    let run = run_of(&e.stack, "run-why-1").await;
+    assert_eq!(run.policy.as_ref().map(|p| p.approvals_required), Some(2));
+
+    let base = format!("http://{}", e.stack.http.expect("the gateway's HTTP door"));
+    let bob = e
+        .stack
+        .session(&e.stack.token("bob").expect("bob's token"))
+        .await
+        .expect("bob's console session");
+    let (code, page) =
+        crate::console::as_session(&crate::console::client(), &base, "GET", "/ui/", &bob, &[])
+            .await;
+    assert_eq!(code, 200);
+    assert!(page.contains("Why it waits"), "{page}");
+    assert!(
+        page.contains(
+            "needs 2 distinct approvers because of gpt4o-two: gpt-4o spends need two people"
+        ),
+        "{page}"
+    );
+    // "tight" ($0.000020) cannot hold the estimate ($0.002425).
+    let tight = page
+        .find("<code>tight</code>")
+        .expect("the tight budget is shown");
+    let line = &page[tight..tight + page[tight..].find("</p>").unwrap_or(0)];
+    assert!(
+        line.contains("does not fit: $0.002425 asked, $0.000020 left"),
+        "{line}"
+    );
+    e.stack.stop().await.expect("stopped");
+}

@@ -928,6 +928,10 @@ async fn an_approvers_edit_runs_as_changed_within_the_tasks_tools_and_the_model_
         receipt["receipt"]["scope"]["edit"],
         json!({"tool": "search", "arguments": r#"{"q":"public docs"}"#})
     );
+    // And the policies that decided it, by the set's version.
+    let decided = run_of(&e.stack, &run_id).await.policy.unwrap();
+    assert_eq!(receipt["receipt"]["policy"]["version"], decided.version);
+    assert_eq!(receipt["receipt"]["policy"]["effect"], "default");
     // A tool the task does not offer: nothing runs.
     let waiting = until_event(&mut e.jobs, "edit-gone", "task.awaiting_approval").await;
     bob.clone()

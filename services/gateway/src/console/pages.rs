@@ -619,6 +619,11 @@ async fn run_card(c: &Console, caller: &Caller, r: &ap::Run, seen: &Seen) -> Val
             "cost": x.cost.as_ref().map(|m| money(m.micro_usd)),
             "remaining_tasks": x.remaining_tasks, "number": x.number,
         })),
+        // Why it waits for a person: the policies' decision at proposal.
+        "policy": r.policy.as_ref().map(|p| json!({
+            "explanation": p.explanation, "version": p.version, "effect": p.effect,
+            "approvals_required": p.approvals_required, "policies": p.policies,
+        })),
     });
     // A job's run, or a paused job's extension: the job as the person may
     // read it, with the budget chain it draws on.
@@ -674,13 +679,66 @@ async fn run_card(c: &Console, caller: &Caller, r: &ap::Run, seen: &Seen) -> Val
         }
     }
     card["tasks"] = tasks.into();
-    card["budgets"] = budget_chain(c, caller, &job.budget_id, seen).await;
+    // What approving asks of each budget: the estimate (an extension's
+    // amount) against what each level has left, flagged where it does not
+    // fit.
+    let wanted = match &r.extension {
+        Some(x) => Wanted {
+            micro_usd: x.cost.as_ref().map(|m| m.micro_usd),
+            tokens: x.tokens,
+        },
+        None => Wanted {
+            micro_usd: est.estimated_cost.as_ref().map(|m| m.micro_usd),
+            tokens: 0,
+        },
+    };
+    card["budgets"] = budget_chain(c, caller, &job.budget_id, seen, &wanted).await;
     card
 }
 
+/// What approving a run asks its budgets for.
+struct Wanted {
+    /// Money (its estimate, or an extension's amount), when known.
+    micro_usd: Option<i64>,
+    /// Tokens an extension adds (0: not asked as tokens).
+    tokens: u64,
+}
+
+impl Wanted {
+    /// Why `b` cannot hold what is asked, when it cannot: the money asked
+    /// is more than it has left (with a limit), or the tokens are.
+    fn short_of(&self, b: &switchyard_proto::ledger::v1::Budget) -> Option<String> {
+        if let (Some(want), Some(left)) = (self.micro_usd, b.cost_remaining.as_ref())
+            && want > left.micro_usd
+        {
+            return Some(format!(
+                "does not fit: {} asked, {} left",
+                money(want)["text"].as_str().unwrap_or_default(),
+                money(left.micro_usd)["text"].as_str().unwrap_or_default()
+            ));
+        }
+        if let Some(left) = b.tokens_remaining
+            && self.tokens > left
+        {
+            return Some(format!(
+                "does not fit: {} tokens asked, {left} left",
+                self.tokens
+            ));
+        }
+        None
+    }
+}
+
 /// Budget `id` and its ancestors (job → project → tenant), as far as the
-/// person may read; a problem reading one ends the chain with its reason.
-async fn budget_chain(c: &Console, caller: &Caller, id: &str, seen: &Seen) -> Value {
+/// person may read, each flagged when `wanted` does not fit in it; a
+/// problem reading one ends the chain with its reason.
+async fn budget_chain(
+    c: &Console,
+    caller: &Caller,
+    id: &str,
+    seen: &Seen,
+    wanted: &Wanted,
+) -> Value {
     let Some(ledger) = &c.services.ledger else {
         return json!([{"problem": "this gateway reaches no ledger (gateway.ledger_url)"}]);
     };
@@ -703,7 +761,11 @@ async fn budget_chain(c: &Console, caller: &Caller, id: &str, seen: &Seen) -> Va
         match read {
             Ok(b) => {
                 next = b.parent_id.clone();
-                out.push(views::budget(&b));
+                let mut v = views::budget(&b);
+                if let Some(short) = wanted.short_of(&b) {
+                    v["short"] = short.into();
+                }
+                out.push(v);
             }
             Err(problem) => {
                 out.push(json!({"id": next, "problem": problem}));
