@@ -416,34 +416,6 @@ pub async fn run_node_then(
         router_svc = Some(router);
     }
 
-    let mut ledger = None;
-    if services.contains(&ServiceKind::Ledger) {
-        let mut ledger_cfg = cfg.ledger.clone();
-        ledger_cfg.prices = cfg.price_catalogue().map_err(anyhow::Error::msg)?;
-        let l = match &pg {
-            Some(db) => {
-                starting.phase("migrating and opening the ledger on PostgreSQL".to_string());
-                Ledger::open_pg(
-                    ledger_cfg,
-                    db.clone(),
-                    Arc::new(SystemClock),
-                    shutdown.clone(),
-                )
-                .await?
-            }
-            None => {
-                let store = open("ledger").await?;
-                blocking(|| {
-                    Ledger::open(ledger_cfg, store, Arc::new(SystemClock), shutdown.clone())
-                })?
-            }
-        };
-        l.spawn_sweeper();
-        l.spawn_maintenance();
-        server = server.add_service(l.server(max));
-        ledger = Some(l);
-    }
-
     // One policy set for every service here, reloaded from its directory.
     let policies = cfg
         .policies()
@@ -479,6 +451,35 @@ pub async fn run_node_then(
                     .inc();
             }
         });
+    }
+
+    let mut ledger = None;
+    if services.contains(&ServiceKind::Ledger) {
+        let mut ledger_cfg = cfg.ledger.clone();
+        ledger_cfg.prices = cfg.price_catalogue().map_err(anyhow::Error::msg)?;
+        let l = match &pg {
+            Some(db) => {
+                starting.phase("migrating and opening the ledger on PostgreSQL".to_string());
+                Ledger::open_pg(
+                    ledger_cfg,
+                    db.clone(),
+                    Arc::new(SystemClock),
+                    shutdown.clone(),
+                )
+                .await?
+            }
+            None => {
+                let store = open("ledger").await?;
+                blocking(|| {
+                    Ledger::open(ledger_cfg, store, Arc::new(SystemClock), shutdown.clone())
+                })?
+            }
+        };
+        l.set_policies(policies.clone());
+        l.spawn_sweeper();
+        l.spawn_maintenance();
+        server = server.add_service(l.server(max));
+        ledger = Some(l);
     }
 
     let mut approval = None;

@@ -113,6 +113,18 @@ pub struct Principal {
     pub tenant: String,
 }
 
+impl Principal {
+    /// The principal `id` of `tenant`, of Switchyard's kind `kind`
+    /// (`human`, `agent`, `service`).
+    pub fn of(kind: &str, id: &str, tenant: &str) -> Principal {
+        Principal {
+            kind: PrincipalKind::from_kind(kind),
+            id: id.to_owned(),
+            tenant: tenant.to_owned(),
+        }
+    }
+}
+
 /// The job an action belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct JobFacts {
@@ -178,7 +190,7 @@ pub struct Facts {
     pub now_ms: u64,
     /// A tool call's arguments (the Tool entity's tags).
     pub arguments: serde_json::Map<String, serde_json::Value>,
-    /// A nested budget's parent.
+    /// A nested budget's parent (the Budget entity's `parent`).
     pub parent_budget: String,
 }
 

@@ -1133,10 +1133,13 @@ impl Approval {
             // Nothing changed: a plain approval.
             return self.decide(Action::Approve, run_id, comment, actor).await;
         }
-        if self.approvals_needed(&run) > 1 {
+        let needed = self.approvals_needed(&run);
+        if needed > 1 {
             return Err(invalid(
                 "edit",
-                "this call needs two approvers, so it cannot be approved with an edit: reject it (the model is told why) instead",
+                format!(
+                    "this call needs {needed} approvers, so it cannot be approved with an edit: reject it (the model is told why) instead"
+                ),
             ));
         }
         edit.by = actor.unwrap_or_default().to_owned();

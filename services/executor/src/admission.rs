@@ -398,7 +398,7 @@ pub(crate) fn submission_facts(
     est: &Estimate,
     now_ms: u64,
 ) -> switchyard_policy::Facts {
-    use switchyard_policy::{Action, Facts, PrincipalKind};
+    use switchyard_policy::{Action, Facts};
     let mut plan: Vec<String> = spec
         .tasks
         .iter()
@@ -414,11 +414,11 @@ pub(crate) fn submission_facts(
         .as_ref()
         .is_some_and(|d| !d.parent_job_id.is_empty());
     Facts {
-        principal: switchyard_policy::Principal {
-            kind: PrincipalKind::from_kind(submitter.kind.as_str()),
-            id: submitter.subject.clone(),
-            tenant: submitter.tenant.clone(),
-        },
+        principal: switchyard_policy::Principal::of(
+            submitter.kind.as_str(),
+            &submitter.subject,
+            &submitter.tenant,
+        ),
         action: Action::SubmitJob,
         resource: spec.job_id.clone(),
         job: switchyard_policy::JobFacts {

@@ -292,11 +292,11 @@ impl Executor {
         };
         let who = e.submitter();
         switchyard_policy::Facts {
-            principal: switchyard_policy::Principal {
-                kind: switchyard_policy::PrincipalKind::from_kind(who.kind.as_str()),
-                id: who.subject.clone(),
-                tenant: who.tenant.clone(),
-            },
+            principal: switchyard_policy::Principal::of(
+                who.kind.as_str(),
+                &who.subject,
+                &who.tenant,
+            ),
             job: switchyard_policy::JobFacts {
                 id: job_id.to_owned(),
                 tenant: who.tenant,

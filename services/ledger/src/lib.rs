@@ -194,6 +194,9 @@ pub enum LedgerError {
     /// The model has no price.
     #[error("model {0:?} is not in the price catalogue")]
     NotPriced(String),
+    /// A policy forbids nesting this budget: which one and why.
+    #[error("{0}")]
+    PolicyForbidden(String),
     /// Storage failed; nothing was acknowledged.
     #[error("storage failed: {0}")]
     Storage(#[from] StoreError),
@@ -233,6 +236,11 @@ impl From<LedgerError> for Status {
                 return Status::with_error_details(Code::ResourceExhausted, msg, details);
             }
             LedgerError::Grant(_) => (Code::PermissionDenied, Reason::GrantRefused, metadata([])),
+            LedgerError::PolicyForbidden(_) => (
+                Code::FailedPrecondition,
+                Reason::PolicyForbidden,
+                metadata([]),
+            ),
             LedgerError::BudgetNotFound(id) => (
                 Code::NotFound,
                 Reason::BudgetNotFound,
@@ -307,6 +315,8 @@ struct Inner {
     clock: Arc<dyn Clock>,
     shutdown: Shutdown,
     backend: Backend,
+    /// The policy set in force: decides `nest_budget` (set by the process).
+    policies: std::sync::RwLock<Arc<switchyard_policy::Engine>>,
 }
 
 /// Money held by open reservations, summed over each tenant's root budgets
@@ -406,9 +416,74 @@ impl Ledger {
             clock,
             shutdown,
             backend,
+            policies: std::sync::RwLock::new(switchyard_policy::Engine::fixed(
+                switchyard_policy::PolicySet::empty(),
+            )),
         });
         switchyard_kit::metrics::global().add_gauges(&inner);
         Ledger { inner }
+    }
+
+    /// Decides nested budgets with `engine` from now on.
+    pub fn set_policies(&self, engine: Arc<switchyard_policy::Engine>) {
+        *self
+            .inner
+            .policies
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = engine;
+    }
+
+    /// A budget nested under another is a `nest_budget` action: refused
+    /// when a policy forbids it (a budget is not put to people, so only a
+    /// forbid decides here).
+    fn may_nest(
+        &self,
+        p: &switchyard_kit::auth::Principal,
+        req: &CreateBudgetRequest,
+    ) -> Result<(), LedgerError> {
+        if req.parent_id.is_empty() {
+            return Ok(());
+        }
+        let who = p.acting_party();
+        let facts = switchyard_policy::Facts {
+            principal: switchyard_policy::Principal::of(
+                who.kind.as_str(),
+                &who.subject,
+                &who.tenant,
+            ),
+            action: switchyard_policy::Action::NestBudget,
+            resource: req.budget_id.clone(),
+            parent_budget: req.parent_id.clone(),
+            job: switchyard_policy::JobFacts {
+                id: req.labels.get("job_id").cloned().unwrap_or_default(),
+                tenant: who.tenant.clone(),
+                submitter: who.subject.clone(),
+                labels: req
+                    .labels
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            },
+            estimate: switchyard_policy::Estimate {
+                priced: req.cost_limit.is_some(),
+                tokens: req.token_limit.unwrap_or(0),
+                micro_usd: req.cost_limit.as_ref().map_or(0, |m| m.micro_usd),
+            },
+            now_ms: self.inner.clock.now_ms(),
+            ..Default::default()
+        };
+        let decision = self
+            .inner
+            .policies
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .decide(&facts);
+        match decision.verdict {
+            switchyard_policy::Verdict::Forbid { .. } => {
+                Err(LedgerError::PolicyForbidden(decision.explain()))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The tonic server for this ledger.
@@ -1087,6 +1162,7 @@ impl LedgerService for Ledger {
                 )
             })?
             .to_owned();
+        self.may_nest(&p, req.get_ref())?;
         Ok(Response::new(
             self.create_budget_in(req.into_inner(), &tenant).await?,
         ))

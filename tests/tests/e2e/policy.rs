@@ -312,3 +312,54 @@ permit(principal, action == Action::"spend", resource == Model::"gpt-4o");"#,
     );
     e.stack.stop().await.expect("stopped");
 }
+
+/// Nesting a budget is an action too: a policy forbids nesting under
+/// `acme` without a money limit, whoever asks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_forbids_nesting_a_budget_without_a_money_limit() {
+    use switchyard_proto::ledger::v1::CreateBudgetRequest;
+    let dir = policy_dir(
+        r#"@id("acme-money-limits") @message("budgets under acme need a money limit")
+forbid(principal, action == Action::"nest_budget", resource)
+  when { resource.parent == "acme" && !context.estimate.priced };"#,
+    );
+    let path = dir.path().to_owned();
+    let e = env(true, move |c| c.policy.dir = Some(path)).await;
+    let mut ledger = switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient::new(
+        e.stack.channel_as("admin").await.expect("a channel"),
+    );
+    let create = |id: &str, parent: &str, usd: Option<i64>| CreateBudgetRequest {
+        budget_id: id.into(),
+        parent_id: parent.into(),
+        cost_limit: usd.map(|micro_usd| switchyard_proto::common::v1::Money { micro_usd }),
+        token_limit: Some(1_000),
+        ..Default::default()
+    };
+    ledger
+        .create_budget(create("acme", "", None))
+        .await
+        .expect("a root is not nested");
+    let refused = ledger
+        .create_budget(create("acme/free", "acme", None))
+        .await
+        .expect_err("forbidden");
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert_eq!(
+        refused.message(),
+        "forbidden by acme-money-limits: budgets under acme need a money limit"
+    );
+    let info = switchyard_kit::error::ApiError::from(refused);
+    assert_eq!(info.reason.as_deref(), Some("POLICY_FORBIDDEN"));
+    ledger
+        .create_budget(create("acme/capped", "acme", Some(1_000_000)))
+        .await
+        .expect("a money limit may nest");
+    let gone = ledger
+        .get_budget(switchyard_proto::ledger::v1::GetBudgetRequest {
+            budget_id: "acme/free".into(),
+        })
+        .await
+        .expect_err("never made");
+    assert_eq!(gone.code(), Code::NotFound);
+    e.stack.stop().await.expect("stopped");
+}

@@ -348,6 +348,16 @@ impl Principal {
             .map_or(self.subject.as_str(), |o| o.subject.as_str())
     }
 
+    /// The party the call acts for: the user a service acts for, else the
+    /// principal itself.
+    pub fn acting_party(&self) -> OnBehalf {
+        self.on_behalf_of.clone().unwrap_or_else(|| OnBehalf {
+            subject: self.subject.clone(),
+            tenant: self.tenant.clone(),
+            kind: self.kind,
+        })
+    }
+
     /// The tenant whose objects the call may touch; `None` for a service
     /// acting for no one (it spans tenants).
     pub fn tenant_scope(&self) -> Option<&str> {
