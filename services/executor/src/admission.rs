@@ -715,11 +715,14 @@ impl Executor {
     }
 
     /// ValidateJob: everything SubmitJob checks and estimates; creates
-    /// nothing. With `submitter`, the policies' decisions too (a dry run).
-    pub async fn validate_job(
+    /// nothing. With `submitter` (who may draw on budgets as `right` says),
+    /// the policies' decisions too (a dry run) and what the budget the job
+    /// names has left.
+    pub(crate) async fn validate_job(
         &self,
         req: ValidateJobRequest,
         submitter: Option<OnBehalf>,
+        right: BudgetRight,
     ) -> Result<ValidateJobResponse, ExecutorError> {
         let (spec, dag, mut warnings) =
             self.accept(req.spec, &req.document, &req.format, HashMap::new())?;
@@ -730,7 +733,10 @@ impl Executor {
         let est = self.estimate(&spec, &waiter).await?;
         warnings.extend(foreseen(&spec, &est, &self.inner.clients.llm));
         let policies = match submitter {
-            Some(who) => self.dry_run(&spec, &est, &who, now),
+            Some(who) => {
+                warnings.extend(self.parent_warnings(&spec, &est, &who, &right).await);
+                self.dry_run(&spec, &est, &who, now)
+            }
             None => Vec::new(),
         };
         Ok(ValidateJobResponse {
@@ -1248,19 +1254,11 @@ impl Executor {
         submitter: &OnBehalf,
         right: &BudgetRight,
     ) -> Result<(), ExecutorError> {
-        let get = switchyard_proto::ledger::v1::GetBudgetRequest {
-            budget_id: budget_id.to_owned(),
-        };
-        let ledger = &self.inner.clients.ledger;
-        let found = match ledger.get_budget(get).await {
-            Ok(r) => r.budget.filter(|b| b.tenant == submitter.tenant),
-            Err(e) if is_outage(&e) => return Err(upstream("ledger")(e)),
-            Err(_) => None,
-        };
-        let allowed = found.is_some_and(|b| {
-            !b.labels.contains_key("job_id") && right.covers(&b.labels, &submitter.subject)
-        });
-        if allowed {
+        if self
+            .named_budget(budget_id, submitter, right)
+            .await?
+            .is_some()
+        {
             return Ok(());
         }
         Err(ExecutorError::Invalid(FormatError::one(
@@ -1270,6 +1268,79 @@ impl Executor {
                 "budget {budget_id:?} is not one you may draw on: an admin shares a budget by labelling it shared_with=<subject, role:NAME or *>; a job's own budget is never a parent"
             ),
         )))
+    }
+
+    /// Budget `budget_id` as `submitter` may draw on it (read by this
+    /// service for them): `None` when it does not exist, is another
+    /// tenant's, is a job's own, or is not shared with them.
+    async fn named_budget(
+        &self,
+        budget_id: &str,
+        submitter: &OnBehalf,
+        right: &BudgetRight,
+    ) -> Result<Option<switchyard_proto::ledger::v1::Budget>, ExecutorError> {
+        let get = switchyard_proto::ledger::v1::GetBudgetRequest {
+            budget_id: budget_id.to_owned(),
+        };
+        let ledger = &self.inner.clients.ledger;
+        let found = match ledger.get_budget(get).await {
+            Ok(r) => r.budget.filter(|b| b.tenant == submitter.tenant),
+            Err(e) if is_outage(&e) => return Err(upstream("ledger")(e)),
+            Err(_) => None,
+        };
+        Ok(found.filter(|b| {
+            !b.labels.contains_key("job_id") && right.covers(&b.labels, &submitter.subject)
+        }))
+    }
+
+    /// Warnings about the budget `spec` names as its parent, as `who` may
+    /// draw on it: not one they may draw on, or too little left for the
+    /// worst case (the job would pause for an extension).
+    async fn parent_warnings(
+        &self,
+        spec: &JobSpec,
+        est: &Estimate,
+        who: &OnBehalf,
+        right: &BudgetRight,
+    ) -> Vec<String> {
+        let named = spec
+            .budget
+            .as_ref()
+            .map(|b| b.parent_budget_id.clone())
+            .unwrap_or_default();
+        if named.is_empty() {
+            return Vec::new();
+        }
+        let ctx = acting_context(&spec.correlation_id, who.clone());
+        let read = switchyard_kit::context::scope(ctx, self.named_budget(&named, who, right)).await;
+        let b = match read {
+            Ok(Some(b)) => b,
+            Ok(None) => {
+                return vec![format!(
+                    "budget.parent_budget_id: budget {named:?} is not one you may draw on: the submission would be refused"
+                )];
+            }
+            Err(_) => return Vec::new(),
+        };
+        let mut out = Vec::new();
+        if let (Some(cost), Some(left)) = (est.cost, b.cost_remaining.as_ref())
+            && cost > left.micro_usd
+        {
+            out.push(format!(
+                "budget {named:?} has {} micro-USD left, less than the worst case of {cost}: the job would pause for an extension when it runs out",
+                left.micro_usd
+            ));
+        }
+        let tokens = est.input_tokens.saturating_add(est.output_tokens);
+        if let Some(left) = b.tokens_remaining
+            && !est.open_ended
+            && tokens > left
+        {
+            out.push(format!(
+                "budget {named:?} has {left} tokens left, less than the worst case of {tokens}: the job would pause for an extension when it runs out"
+            ));
+        }
+        out
     }
 
     fn parent_budget(&self, spec: &JobSpec) -> String {

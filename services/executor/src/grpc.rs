@@ -90,8 +90,9 @@ impl JobService for Executor {
     ) -> Result<Response<ValidateJobResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
         let who = crate::admission::submitter(&p);
+        let right = crate::admission::BudgetRight::of(&p);
         Ok(Response::new(
-            Executor::validate_job(self, req.into_inner(), who).await?,
+            Executor::validate_job(self, req.into_inner(), who, right).await?,
         ))
     }
 

@@ -530,6 +530,43 @@ async fn validation_warns_of_what_cannot_succeed_before_anything_is_proposed() {
         "tasks": [{"id": "a", "agent": {"capability": "text.count", "input": {"text": "a"}}}]});
     let warned = warnings(&mut c, &fine).await;
     assert!(warned.is_empty(), "{warned:?}");
+    // The budget a job names as its parent: too little left is said; one
+    // the caller may not draw on is said too (the submission would be
+    // refused), without telling what it holds.
+    let mut ledger = switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient::new(
+        s.channel_as("admin").await.unwrap(),
+    );
+    for (id, shared) in [("team", "role:submitter"), ("private", "nobody")] {
+        ledger
+            .create_budget(switchyard_proto::ledger::v1::CreateBudgetRequest {
+                budget_id: id.into(),
+                cost_limit: Some(switchyard_proto::common::v1::Money { micro_usd: 45 }),
+                labels: [("shared_with".to_owned(), shared.to_owned())].into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    let under = |parent: &str| {
+        json!({"job_id": "under", "budget": {"parent_budget_id": parent},
+            "tasks": [
+                {"id": "a", "agent": {"capability": "text.count", "input": {"text": "a"}}},
+                {"id": "b", "depends_on": ["a"], "agent": {"capability": "text.count", "input": {"text": "b"}}}]})
+    };
+    let warned = warnings(&mut c, &under("team")).await;
+    assert_eq!(
+        warned,
+        [
+            "budget \"team\" has 45 micro-USD left, less than the worst case of 60: the job would pause for an extension when it runs out"
+        ]
+    );
+    let warned = warnings(&mut c, &under("private")).await;
+    assert_eq!(
+        warned,
+        [
+            "budget.parent_budget_id: budget \"private\" is not one you may draw on: the submission would be refused"
+        ]
+    );
     trigger.fire();
     let _ = agent.await;
     s.stop().await.unwrap();

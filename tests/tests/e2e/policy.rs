@@ -130,7 +130,19 @@ async fn policies_forbid_a_submission_a_tool_call_by_its_arguments_and_ask_two_p
     .unwrap();
     let waiting = until_event(&mut e.jobs, "tidy", "task.awaiting_approval").await;
     let run_id = waiting["run_id"].as_str().unwrap().to_owned();
-    let run = run_of(&e.stack, &run_id).await;
+    // The wait is recorded before its run is proposed: wait (bounded) for it.
+    let mut proposed = None;
+    for _ in 0..400 {
+        proposed = pending_calls(&e.stack, "bob")
+            .await
+            .into_iter()
+            .find(|r| r.run_id == run_id);
+        if proposed.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let run = proposed.expect("the call's run is proposed within 10 s");
     let call = run.tool_call.clone().unwrap();
     assert_eq!(call.tool, "delete_repo");
     let p = run.policy.clone().unwrap();
