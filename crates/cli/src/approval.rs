@@ -210,7 +210,7 @@ pub fn run_json(r: &Run) -> Value {
 }
 
 /// A policy decision as JSON.
-pub(crate) fn policy_json(p: &PolicyDecision) -> Value {
+pub(crate) fn policy_json(p: &switchyard_proto::common::v1::PolicyDecision) -> Value {
     json!({"effect": p.effect, "policies": p.policies, "version": p.version,
            "approvals_required": p.approvals_required, "explanation": p.explanation,
            "delegation_depth": p.delegation_depth, "errors": p.errors,

@@ -918,9 +918,7 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
                     "estimated_micro_usd": v.estimated_cost.map(|m| m.micro_usd), "estimated_tokens": v.estimated_tokens,
                     "routes": v.routes.iter().map(|r| json!({"task_id": r.task_id, "agent_id": r.agent_id, "score": r.score})).collect::<Vec<_>>(),
                     "warnings": v.warnings,
-                    "policies": v.policies.iter().map(|p| json!({"action": p.action, "resource": p.resource,
-                        "effect": p.effect, "policies": p.policies, "explanation": p.explanation,
-                        "version": p.version})).collect::<Vec<_>>(),
+                    "policies": v.policies.iter().map(crate::approval::policy_json).collect::<Vec<_>>(),
                 })),
                 Format::Table => {
                     println!("valid {} job", v.source_format);

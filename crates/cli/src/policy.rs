@@ -116,10 +116,8 @@ async fn explain_document(
         .await
         .map_err(api)?;
     match conn.output {
-        Format::Json => print_json(&json!({"policies": v.policies.iter().map(|p| json!({
-            "action": p.action, "resource": p.resource, "effect": p.effect, "policies": p.policies,
-            "approvals_required": p.approvals_required, "explanation": p.explanation,
-            "version": p.version, "errors": p.errors})).collect::<Vec<_>>()})),
+        Format::Json => print_json(&json!({
+            "policies": v.policies.iter().map(crate::approval::policy_json).collect::<Vec<_>>()})),
         Format::Table => {
             let rows: Vec<Vec<String>> = v
                 .policies

@@ -44,22 +44,16 @@ impl Engine {
             sources.extend(crate::read_dir(d)?);
         }
         let set = PolicySet::load(&sources)?;
-        let (status, _) = tokio::sync::watch::channel(Reload {
-            attempts: 1,
-            version: set.version().to_owned(),
-            policies: set.len(),
-            ..Default::default()
-        });
-        Ok(Arc::new(Engine {
-            dir,
-            fixed,
-            current: RwLock::new(Arc::new(set)),
-            status,
-        }))
+        Ok(Engine::holding(set, fixed, dir))
     }
 
     /// An engine holding `set` and nothing to reload.
     pub fn fixed(set: PolicySet) -> Arc<Engine> {
+        Engine::holding(set, Vec::new(), None)
+    }
+
+    /// An engine holding `set`, loaded from `fixed` and `dir`.
+    fn holding(set: PolicySet, fixed: Vec<Source>, dir: Option<PathBuf>) -> Arc<Engine> {
         let (status, _) = tokio::sync::watch::channel(Reload {
             attempts: 1,
             version: set.version().to_owned(),
@@ -67,8 +61,8 @@ impl Engine {
             ..Default::default()
         });
         Arc::new(Engine {
-            dir: None,
-            fixed: Vec::new(),
+            dir,
+            fixed,
             current: RwLock::new(Arc::new(set)),
             status,
         })
@@ -158,6 +152,48 @@ impl Engine {
     /// Follows loads: each change of the set in force, and each refusal.
     pub fn status(&self) -> tokio::sync::watch::Receiver<Reload> {
         self.status.subscribe()
+    }
+}
+
+/// Where a service keeps the engine it decides with: set whole by the
+/// process that builds it, read by each decision.
+#[derive(Debug)]
+pub struct Slot(RwLock<Arc<Engine>>);
+
+impl Default for Slot {
+    /// The empty set: no policy decides anything.
+    fn default() -> Slot {
+        Slot::new(Engine::fixed(PolicySet::empty()))
+    }
+}
+
+impl Slot {
+    /// A slot holding `engine`.
+    pub fn new(engine: Arc<Engine>) -> Slot {
+        Slot(RwLock::new(engine))
+    }
+
+    /// Decides with `engine` from now on.
+    pub fn set(&self, engine: Arc<Engine>) {
+        *self
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = engine;
+    }
+
+    /// The engine in force.
+    pub fn get(&self) -> Arc<Engine> {
+        Arc::clone(
+            &self
+                .0
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// What the set in force decides about `facts`.
+    pub fn decide(&self, facts: &Facts) -> Decision {
+        self.get().decide(facts)
     }
 }
 

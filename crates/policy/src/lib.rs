@@ -23,9 +23,9 @@ use std::sync::{Arc, LazyLock};
 use cedar_policy as cedar;
 use sha2::{Digest as _, Sha256};
 
-pub use engine::{Engine, Reload, watch};
+pub use engine::{Engine, Reload, Slot, watch};
 pub use facts::{Action, Estimate, Facts, JobFacts, Principal, PrincipalKind, Remaining};
-pub use run::run_facts;
+pub use run::{record, run_facts};
 
 /// The schema every policy is validated against (Cedar schema syntax).
 pub const SCHEMA: &str = include_str!("schema.cedarschema");
@@ -196,14 +196,14 @@ impl fmt::Debug for PolicySet {
 impl PolicySet {
     /// The empty set: no policy decides anything.
     pub fn empty() -> PolicySet {
-        PolicySet::load(&[]).unwrap_or_else(|_| PolicySet {
+        PolicySet {
             set: cedar::PolicySet::new(),
             version: version_of(&[]),
             origin: Default::default(),
             forbids: Default::default(),
             notes: Default::default(),
             index: Default::default(),
-        })
+        }
     }
 
     /// Parses, names and validates `sources`. A policy's id is its

@@ -1,6 +1,28 @@
-//! The facts of an approval run.
+//! The facts of an approval run, and the record of a decision as runs and
+//! dry runs carry it.
 
-use crate::{Action, Estimate, Facts, JobFacts, Principal};
+use switchyard_proto::common::v1::PolicyDecision;
+
+use crate::{Action, Decision, Estimate, Facts, JobFacts, Principal, Verdict};
+
+/// The record of `decision` about `facts` (`Run.policy`, a dry run's
+/// decision): the people it asks for are 1 unless a requirement says more.
+pub fn record(decision: &Decision, facts: &Facts) -> PolicyDecision {
+    PolicyDecision {
+        effect: decision.verdict.effect().to_owned(),
+        policies: decision.verdict.by().to_vec(),
+        version: decision.version.clone(),
+        approvals_required: match &decision.verdict {
+            Verdict::Require { approvers, .. } => *approvers,
+            _ => 1,
+        },
+        explanation: decision.explain(),
+        delegation_depth: facts.depth,
+        errors: decision.errors.clone(),
+        action: facts.action.as_str().to_owned(),
+        resource: facts.resource.clone(),
+    }
+}
 
 /// The facts of a proposed run, as the policies see them: a tool call's
 /// run is `call_tool` (the tool, its arguments), a delegated run

@@ -533,7 +533,7 @@ struct Inner {
     receipts: switchyard_kit::receipt::ReceiptKey,
     /// The policy set in force (the `[[approval.policies]]` rules, and the
     /// `[policy]` directory's when the process gives it).
-    policies: std::sync::RwLock<Arc<switchyard_policy::Engine>>,
+    policies: switchyard_policy::Slot,
 }
 
 /// Runs waiting for a person, and how long the oldest has waited.
@@ -678,7 +678,7 @@ impl Approval {
             content,
             backend,
             receipts,
-            policies: std::sync::RwLock::new(policies),
+            policies: switchyard_policy::Slot::new(policies),
         });
         switchyard_kit::metrics::global().add_gauges(&inner);
         Ok(Approval { inner })
@@ -687,22 +687,7 @@ impl Approval {
     /// Decides runs with `engine` (built from this service's rules and the
     /// `[policy]` directory) from now on.
     pub fn set_policies(&self, engine: Arc<switchyard_policy::Engine>) {
-        *self
-            .inner
-            .policies
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = engine;
-    }
-
-    /// The policy engine in force.
-    pub fn policies(&self) -> Arc<switchyard_policy::Engine> {
-        Arc::clone(
-            &self
-                .inner
-                .policies
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
+        self.inner.policies.set(engine);
     }
 
     /// The tonic server for this service.
@@ -1250,34 +1235,24 @@ impl Approval {
         } else {
             0
         };
-        let engine = self.policies();
+        let engine = self.inner.policies.get();
         let facts = switchyard_policy::run_facts(run, kind, delegated, depth, now);
-        let (decision, action, resource) = if run.extension.is_some() {
-            let none = switchyard_policy::Decision {
+        let decision = if run.extension.is_some() {
+            switchyard_policy::Decision {
                 verdict: switchyard_policy::Verdict::Default,
                 version: engine.current().version().to_owned(),
                 errors: Vec::new(),
-            };
-            (none, String::new(), String::new())
+            }
         } else {
-            let d = engine.decide(&facts);
-            (d, facts.action.as_str().to_owned(), facts.resource.clone())
+            engine.decide(&facts)
         };
-        let approvers = match &decision.verdict {
-            switchyard_policy::Verdict::Require { approvers, .. } => *approvers,
-            _ => 1,
-        };
-        run.policy = Some(PolicyDecision {
-            effect: decision.verdict.effect().to_owned(),
-            policies: decision.verdict.by().to_vec(),
-            version: decision.version.clone(),
-            approvals_required: approvers,
-            explanation: decision.explain(),
-            delegation_depth: depth,
-            errors: decision.errors.clone(),
-            action,
-            resource,
-        });
+        let mut record = switchyard_policy::record(&decision, &facts);
+        if run.extension.is_some() {
+            // No policy decides an extension: no action was put to them.
+            record.action.clear();
+            record.resource.clear();
+        }
+        run.policy = Some(record);
         let needed = self.approvals_needed(run) as u32;
         if let Some(p) = run.policy.as_mut() {
             p.approvals_required = needed;

@@ -13,9 +13,9 @@ use switchyard_kit::auth::grant::GrantError;
 use switchyard_kit::auth::{OnBehalf, Principal};
 use switchyard_kit::error::is_outage;
 use switchyard_proto::approval::v1 as ap;
-use switchyard_proto::common::v1::Money;
+use switchyard_proto::common::v1::{Money, PolicyDecision};
 use switchyard_proto::executor::v1::{
-    AgentTask, FallbackStrategy, JobSpec, LlmTask, PolicyCheck, RoutePreview, SubmitJobRequest,
+    AgentTask, FallbackStrategy, JobSpec, LlmTask, RoutePreview, SubmitJobRequest,
     SubmitJobResponse, ValidateJobRequest, ValidateJobResponse, task_spec::Kind,
 };
 use switchyard_proto::ledger::v1::CreateBudgetRequest;
@@ -689,28 +689,16 @@ impl Executor {
         est: &Estimate,
         who: &OnBehalf,
         now: u64,
-    ) -> Vec<PolicyCheck> {
-        let check = |d: switchyard_policy::Decision, f: &switchyard_policy::Facts| PolicyCheck {
-            action: f.action.as_str().to_owned(),
-            resource: f.resource.clone(),
-            effect: d.verdict.effect().to_owned(),
-            policies: d.verdict.by().to_vec(),
-            approvals_required: match &d.verdict {
-                switchyard_policy::Verdict::Require { approvers, .. } => *approvers,
-                _ => 0,
-            },
-            explanation: d.explain(),
-            version: d.version.clone(),
-            errors: d.errors,
-        };
+    ) -> Vec<PolicyDecision> {
+        let check = |f: &switchyard_policy::Facts| switchyard_policy::record(&self.decide(f), f);
         let submit = submission_facts(spec, who, est, now);
-        let mut out = vec![check(self.decide(&submit), &submit)];
+        let mut out = vec![check(&submit)];
         let mut run = proposal(spec, est, "", &who.subject, &self.inner.cfg.default_org);
         run.tenant.clone_from(&who.tenant);
         let kind = switchyard_policy::PrincipalKind::from_kind(who.kind.as_str());
         let delegated = submit.depth > 0;
         let spend = switchyard_policy::run_facts(&run, kind, delegated, submit.depth, now);
-        out.push(check(self.decide(&spend), &spend));
+        out.push(check(&spend));
         out
     }
 

@@ -133,7 +133,7 @@ struct Inner {
     inputs: input::Desk,
     /// The policy set in force: decides submissions, tool calls and
     /// handoffs in-process (the `[policy]` directory, set by the process).
-    policies: std::sync::RwLock<Arc<switchyard_policy::Engine>>,
+    policies: switchyard_policy::Slot,
 }
 
 /// The executor service.
@@ -267,20 +267,14 @@ impl Executor {
                 checkpoints: store::Kept::open(jobs.space("checkpoints"))?,
                 cancels_seen: Mutex::new(Default::default()),
                 inputs: input::Desk::default(),
-                policies: std::sync::RwLock::new(switchyard_policy::Engine::fixed(
-                    switchyard_policy::PolicySet::empty(),
-                )),
+                policies: switchyard_policy::Slot::default(),
             }),
         })
     }
 
     /// Decides with `engine` from now on.
     pub fn set_policies(&self, engine: Arc<switchyard_policy::Engine>) {
-        *self
-            .inner
-            .policies
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = engine;
+        self.inner.policies.set(engine);
     }
 
     /// The policy facts of what job `job_id` does for its submitter with
@@ -315,11 +309,7 @@ impl Executor {
 
     /// What the policy set in force decides about `facts`.
     pub(crate) fn decide(&self, facts: &switchyard_policy::Facts) -> switchyard_policy::Decision {
-        self.inner
-            .policies
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .decide(facts)
+        self.inner.policies.decide(facts)
     }
 
     /// The gRPC service.

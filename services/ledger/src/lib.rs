@@ -316,7 +316,7 @@ struct Inner {
     shutdown: Shutdown,
     backend: Backend,
     /// The policy set in force: decides `nest_budget` (set by the process).
-    policies: std::sync::RwLock<Arc<switchyard_policy::Engine>>,
+    policies: switchyard_policy::Slot,
 }
 
 /// Money held by open reservations, summed over each tenant's root budgets
@@ -416,9 +416,7 @@ impl Ledger {
             clock,
             shutdown,
             backend,
-            policies: std::sync::RwLock::new(switchyard_policy::Engine::fixed(
-                switchyard_policy::PolicySet::empty(),
-            )),
+            policies: switchyard_policy::Slot::default(),
         });
         switchyard_kit::metrics::global().add_gauges(&inner);
         Ledger { inner }
@@ -426,11 +424,7 @@ impl Ledger {
 
     /// Decides nested budgets with `engine` from now on.
     pub fn set_policies(&self, engine: Arc<switchyard_policy::Engine>) {
-        *self
-            .inner
-            .policies
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = engine;
+        self.inner.policies.set(engine);
     }
 
     /// A budget nested under another is a `nest_budget` action: refused
@@ -472,12 +466,7 @@ impl Ledger {
             now_ms: self.inner.clock.now_ms(),
             ..Default::default()
         };
-        let decision = self
-            .inner
-            .policies
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .decide(&facts);
+        let decision = self.inner.policies.decide(&facts);
         match decision.verdict {
             switchyard_policy::Verdict::Forbid { .. } => {
                 Err(LedgerError::PolicyForbidden(decision.explain()))

@@ -438,18 +438,6 @@ fn serde_run() -> Run {
     }
 }
 
-async fn approve_as(s: &Stack, who: &str, run_id: &str) -> Result<Run, tonic::Status> {
-    approvals_as(s, who)
-        .await
-        .approve(ApproveRequest {
-            run_id: run_id.into(),
-            comment: "ok".into(),
-            edit: None,
-        })
-        .await
-        .map(|r| r.into_inner().run.unwrap())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_submitter_who_is_also_an_approver_cannot_approve_their_own_job() {
     let s = Stack::start().await.unwrap();

@@ -8,7 +8,7 @@ use switchyard_proto::approval::v1::{ApproveRequest, RunStatus};
 use switchyard_proto::executor::v1::{GetJobRequest, JobState, ValidateJobRequest};
 use tonic::Code;
 
-use crate::common::{approvals_as, finish, id, new_approver, run_of, submit, until_event};
+use crate::common::{approve_as, finish, id, new_approver, run_of, submit, until_event};
 use crate::llm::{Provider, env, provide, task};
 use crate::tool_approval::pending_calls;
 
@@ -155,18 +155,7 @@ async fn policies_forbid_a_submission_a_tool_call_by_its_arguments_and_ask_two_p
     assert_eq!(pending_calls(&e.stack, "bob").await.len(), 1);
 
     // One approval is not enough; a second person's is.
-    let bob = approvals_as(&e.stack, "bob")
-        .await
-        .approve(ApproveRequest {
-            run_id: run_id.clone(),
-            comment: "ok".into(),
-            edit: None,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .run
-        .unwrap();
+    let bob = approve_as(&e.stack, "bob", &run_id).await.unwrap();
     assert_eq!(bob.status, RunStatus::Proposed as i32);
     assert!(
         provider.calls().is_empty(),

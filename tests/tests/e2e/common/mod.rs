@@ -138,6 +138,23 @@ pub async fn new_approver(s: &Stack, who: &str) -> ApprovalServiceClient<Interce
     ApprovalServiceClient::new(s.channel_with(&key).await.expect("a channel"))
 }
 
+/// Approves run `run_id` as `who` (comment "ok"); the run as it is then.
+pub async fn approve_as(
+    s: &Stack,
+    who: &str,
+    run_id: &str,
+) -> Result<switchyard_proto::approval::v1::Run, tonic::Status> {
+    approvals_as(s, who)
+        .await
+        .approve(switchyard_proto::approval::v1::ApproveRequest {
+            run_id: run_id.into(),
+            comment: "ok".into(),
+            edit: None,
+        })
+        .await
+        .map(|r| r.into_inner().run.expect("the run"))
+}
+
 /// A run as bob, the stack's approver, reads it.
 pub async fn run_of(s: &Stack, run_id: &str) -> switchyard_proto::approval::v1::Run {
     approvals_as(s, "bob")
