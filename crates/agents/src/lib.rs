@@ -367,6 +367,9 @@ impl Host for InvocationHost<'_> {
                 context: self.correlation.clone(),
                 note: format!("{} call {call}", self.agent.registry_id),
                 grant: self.grant.clone(),
+                // An agent spends under its invocation's grant, on the
+                // chain: the caller's scope hold is the caller's.
+                from_hold: String::new(),
             };
             match spend::reserve(&self.hosted.ledger, req).await {
                 Ok(h) => Ok(h.id().to_owned()),

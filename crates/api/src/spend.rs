@@ -108,6 +108,9 @@ pub struct HoldRequest {
     /// An agent's invocation grant (`InvocationContext.grant`), kept by
     /// the hold for its commit or release; empty for people and services.
     pub grant: String,
+    /// Draw from this ledger hold (an approval's scope) instead of the
+    /// budget chain; empty: reserve on the chain.
+    pub from_hold: String,
 }
 
 /// What a budget refusal ran out of, and by how much: from the ledger's
@@ -120,6 +123,9 @@ pub struct Shortfall {
     pub tokens: u64,
     /// Micro-USD the hold needed beyond what was left (0 when money fit).
     pub micro_usd: i64,
+    /// True when an approval's scope (a ledger hold drawn from) ran out,
+    /// not the budget itself.
+    pub scope: bool,
 }
 
 impl Shortfall {
@@ -135,6 +141,25 @@ impl Shortfall {
             money: md.get("dimension").is_some_and(|d| d == "cost"),
             tokens: short("tokens_requested", "tokens_remaining") as u64,
             micro_usd: short("cost_requested_micro_usd", "cost_remaining_micro_usd"),
+            scope: false,
+        }
+    }
+
+    /// Read from a `HOLD_EXHAUSTED` refusal of a draw of `tokens` and
+    /// `micro_usd`: what the hold lacked (all of it once the hold lapsed).
+    pub fn from_hold(
+        md: &std::collections::HashMap<String, String>,
+        tokens: u64,
+        micro_usd: i64,
+    ) -> Shortfall {
+        let num = |k: &str| md.get(k).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+        let short_tokens = (tokens as i64 - num("tokens_left")).max(0) as u64;
+        let short_money = (micro_usd - num("cost_left_micro_usd")).max(0);
+        Shortfall {
+            money: short_money > 0 && short_tokens == 0,
+            tokens: short_tokens,
+            micro_usd: short_money,
+            scope: true,
         }
     }
 
@@ -202,6 +227,8 @@ pub async fn reserve(ledger: &LedgerClient, r: HoldRequest) -> Result<Hold, Refu
             context: Some(r.context),
             note: r.note,
             invocation_grant: r.grant.clone(),
+            hold: false,
+            hold_id: r.from_hold.clone(),
         })
         .await;
     match reserved {
@@ -213,6 +240,13 @@ pub async fn reserve(ledger: &LedgerClient, r: HoldRequest) -> Result<Hold, Refu
         Err(e) if switchyard_kit::error::is_outage(&e) => Err(Refusal::Unreachable(e)),
         Err(e) => {
             let api = ApiError::from(e);
+            if api.known_reason() == Some(Reason::HoldExhausted) {
+                return Err(Refusal::Budget {
+                    refused_by: r.from_hold,
+                    short: Shortfall::from_hold(&api.metadata, r.tokens, r.cost_micro_usd),
+                    message: format!("the approved scope is spent: {}", api.message),
+                });
+            }
             if api.known_reason() == Some(Reason::BudgetExceeded) {
                 let refused_by = api.metadata.get("refused_by").cloned().unwrap_or_default();
                 Err(Refusal::Budget {

@@ -24,7 +24,7 @@ pub enum AdminCmd {
 }
 
 /// Seconds from `30d`, `12h`, `45m` or `90s`.
-fn parse_age(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_age(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (n, unit) = s.split_at(split);

@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 use switchyard_api::ApprovalClient;
 use switchyard_kit::error::ApiError;
 use switchyard_proto::approval::v1::*;
+use switchyard_proto::common::v1::Money;
 
 use crate::client::{Conn, Files, MAX_MESSAGE, api};
 use crate::files::RunFile;
@@ -135,8 +136,44 @@ pub struct Decision {
     /// object). The model is told what you changed.
     #[arg(long, conflicts_with = "break_glass")]
     edit_args: Option<String>,
+    /// Approve a job up to a scope (the amounts its estimate gives, unless
+    /// --up-to/--tokens/--for say otherwise): the money is held on the
+    /// job's budget chain at once, and the job pauses to ask for more past
+    /// it. Implied by --up-to, --tokens and --for.
+    #[arg(long, conflicts_with_all = ["break_glass", "edit_tool", "edit_args"])]
+    hold: bool,
+    /// The scope's money, in dollars (`0.50`) or micro-USD (`500000micro`).
+    #[arg(long, value_parser = crate::output::parse_money, conflicts_with_all = ["break_glass", "edit_tool", "edit_args"])]
+    up_to: Option<i64>,
+    /// The scope's tokens.
+    #[arg(long, conflicts_with_all = ["break_glass", "edit_tool", "edit_args"])]
+    tokens: Option<u64>,
+    /// How long the scope stands (`30m`, `4h`; at most 24h).
+    #[arg(long = "for", value_parser = crate::admin::parse_age, conflicts_with_all = ["break_glass", "edit_tool", "edit_args"])]
+    for_secs: Option<u64>,
     #[command(flatten)]
     conn: Conn,
+}
+
+impl Decision {
+    /// The scope asked for, if any.
+    fn scope(&self) -> Option<ApprovalScope> {
+        let asked =
+            self.hold || self.up_to.is_some() || self.tokens.is_some() || self.for_secs.is_some();
+        asked.then(|| ApprovalScope {
+            tokens: self.tokens.unwrap_or(0),
+            cost: self.up_to.map(|micro_usd| Money { micro_usd }),
+            until: self.for_secs.map(|s| {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                prost_types::Timestamp {
+                    seconds: (now.as_secs() + s) as i64,
+                    nanos: 0,
+                }
+            }),
+        })
+    }
 }
 
 type Client = ApprovalClient;
@@ -386,6 +423,10 @@ async fn decide(d: Decision, verdict: Verdict) -> anyhow::Result<()> {
     if !matches!(verdict, Verdict::Approve) && (d.edit_tool.is_some() || d.edit_args.is_some()) {
         anyhow::bail!("--edit-tool and --edit-args go with `approval approve` only");
     }
+    let scope = d.scope();
+    if !matches!(verdict, Verdict::Approve) && scope.is_some() {
+        anyhow::bail!("--hold, --up-to, --tokens and --for go with `approval approve` only");
+    }
     let c = client(&d.conn).await?;
     let run_id = resolve(&d.conn, &c, &d.id).await?;
     let comment = d.comment;
@@ -409,6 +450,7 @@ async fn decide(d: Decision, verdict: Verdict) -> anyhow::Result<()> {
                     run_id,
                     comment,
                     edit,
+                    scope,
                 })
                 .await;
             let run = r.map_err(api)?.run;

@@ -1242,6 +1242,7 @@ async fn resume(
         run_id: p.run_id.clone(),
         comment,
         edit: None,
+        scope: None,
     };
     let run = approval
         .approve(req)

@@ -77,6 +77,10 @@ reasons! {
     /// (or an enclosing one). The job pauses (`budget_paused`) and asks for
     /// an extension.
     AgentCostBudgetExceeded => "AGENT_COST_BUDGET_EXCEEDED",
+    /// A reservation drawn from a hold (an approval's scope) asks more than
+    /// the hold has left, or the hold was released or has lapsed: the job
+    /// has spent what it was approved for and pauses to ask for more.
+    HoldExhausted => "HOLD_EXHAUSTED",
     /// A model call used more than its reservation held (the provider's
     /// hidden prompt was larger than its configured overhead, or it ignored
     /// `max_tokens`): the usage is on the budget, and the task fails without

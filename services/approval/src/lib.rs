@@ -1072,7 +1072,23 @@ impl Approval {
         comment: &str,
         actor: Option<&str>,
     ) -> Result<Run, ApprovalError> {
-        self.decide_with(action, run_id, comment, actor, None).await
+        self.decide_with(action, run_id, comment, actor, None, None)
+            .await
+    }
+
+    /// Approves job run `run_id` up to `scope` (see `ApprovalScope`): its
+    /// unset fields take the run's estimate; the run keeps the result.
+    pub async fn approve_scoped(
+        &self,
+        run_id: &str,
+        comment: &str,
+        actor: Option<&str>,
+        scope: ApprovalScope,
+    ) -> Result<Run, ApprovalError> {
+        let run = self.get(run_id).await?;
+        let scope = fill_scope(&run, scope, self.now())?;
+        self.decide_with(Action::Approve, run_id, comment, actor, None, Some(scope))
+            .await
     }
 
     /// Approves per-call run `run_id` with the call changed as `edit`
@@ -1128,7 +1144,7 @@ impl Approval {
             ));
         }
         edit.by = actor.unwrap_or_default().to_owned();
-        self.decide_with(Action::Approve, run_id, comment, actor, Some(edit))
+        self.decide_with(Action::Approve, run_id, comment, actor, Some(edit), None)
             .await
     }
 
@@ -1139,6 +1155,7 @@ impl Approval {
         comment: &str,
         actor: Option<&str>,
         edit: Option<ToolCallEdit>,
+        scope: Option<ApprovalScope>,
     ) -> Result<Run, ApprovalError> {
         let now = self.now();
         self.mutate(&[run_id], |st| {
@@ -1180,10 +1197,23 @@ impl Approval {
                         .detail("edited_tool", &e.tool)
                         .detail("edited_arguments", &e.arguments);
                 }
+                if let Some(s) = &scope {
+                    note = note
+                        .detail("scope_tokens", s.tokens.to_string())
+                        .detail(
+                            "scope_cost_micro_usd",
+                            s.cost.map_or(0, |m| m.micro_usd).to_string(),
+                        )
+                        .detail(
+                            "scope_until",
+                            s.until.map(|t| t.to_string()).unwrap_or_default(),
+                        );
+                }
                 self.transition(st, run_id, to, note, |r| {
                     if action == Action::Approve {
                         r.approved_by.push(actor.clone());
                         r.edit.clone_from(&edit);
+                        r.scope = scope;
                     }
                     if reapproval {
                         // A person gives a failed run another attempt.
@@ -1674,23 +1704,34 @@ impl Approval {
         &self,
         action: Action,
         req: Request<T>,
-        fields: impl FnOnce(T) -> (String, String, Option<ToolCallEdit>),
+        fields: impl FnOnce(T) -> (String, String, Option<ToolCallEdit>, Option<ApprovalScope>),
     ) -> Result<Run, Status> {
         let p = principal(&req)?;
         if action != Action::Cancel {
             p.require(Permission::RunDecide)?;
         }
-        let (run_id, comment, edit) = fields(req.into_inner());
+        let (run_id, comment, edit, scope) = fields(req.into_inner());
         self.check_visible(&p, &run_id).await?;
         // Services never hold run.decide, so an approver's name is always
         // their own subject and separation of duties compares like with like.
         let actor = audit_name(&p);
-        Ok(match edit {
-            Some(edit) => {
+        Ok(match (edit, scope) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "scope",
+                    "a scope is for a job's run and an edit for a tool call's: give one",
+                )
+                .into());
+            }
+            (Some(edit), None) => {
                 self.approve_edited(&run_id, &comment, Some(&actor), edit)
                     .await?
             }
-            None => self.decide(action, &run_id, &comment, Some(&actor)).await?,
+            (None, Some(scope)) => {
+                self.approve_scoped(&run_id, &comment, Some(&actor), scope)
+                    .await?
+            }
+            (None, None) => self.decide(action, &run_id, &comment, Some(&actor)).await?,
         })
     }
 
@@ -1763,8 +1804,9 @@ impl Approval {
             }
             run.created_by = me;
             run.tenant = tenant;
-            // An edit is a decision, never part of a proposal.
+            // An edit and a scope are decisions, never part of a proposal.
             run.edit = None;
+            run.scope = None;
         }
         if !req.approved_under.is_empty() {
             // Which run covers a child is a fact the platform establishes
@@ -1866,7 +1908,9 @@ impl ApprovalService for Approval {
         req: Request<ApproveRequest>,
     ) -> Result<Response<ApproveResponse>, Status> {
         let run = self
-            .decide_request(Action::Approve, req, |r| (r.run_id, r.comment, r.edit))
+            .decide_request(Action::Approve, req, |r| {
+                (r.run_id, r.comment, r.edit, r.scope)
+            })
             .await?;
         Ok(Response::new(ApproveResponse { run: Some(run) }))
     }
@@ -1890,7 +1934,7 @@ impl ApprovalService for Approval {
         req: Request<RejectRequest>,
     ) -> Result<Response<RejectResponse>, Status> {
         let run = self
-            .decide_request(Action::Reject, req, |r| (r.run_id, r.comment, None))
+            .decide_request(Action::Reject, req, |r| (r.run_id, r.comment, None, None))
             .await?;
         Ok(Response::new(RejectResponse { run: Some(run) }))
     }
@@ -1906,7 +1950,7 @@ impl ApprovalService for Approval {
             self.cancel_at_adapter(&before).await;
         }
         let run = self
-            .decide_request(Action::Cancel, req, |r| (r.run_id, r.comment, None))
+            .decide_request(Action::Cancel, req, |r| (r.run_id, r.comment, None, None))
             .await?;
         Ok(Response::new(CancelResponse { run: Some(run) }))
     }
@@ -2076,3 +2120,58 @@ impl ApprovalService for Approval {
 
 #[cfg(test)]
 mod tests;
+
+/// The longest an approval's scope stands: the ledger's longest hold.
+const MAX_SCOPE_MS: u64 = 24 * 3_600_000;
+
+/// `scope` for job run `run` with its unset fields taken from the run's
+/// estimate, or why it cannot be granted.
+fn fill_scope(run: &Run, scope: ApprovalScope, now: u64) -> Result<ApprovalScope, ApprovalError> {
+    if run.adapter != "switchyard" || run.job_id.is_empty() {
+        return Err(invalid(
+            "scope",
+            "only a job's run (adapter switchyard) is approved up to a scope: the hold is placed on the job's budget",
+        ));
+    }
+    let est = run.cost_estimate.unwrap_or_default();
+    let mut v = Violations::new();
+    let tokens = match scope.tokens {
+        0 => est
+            .estimated_input_tokens
+            .saturating_add(est.estimated_output_tokens),
+        n => n,
+    };
+    if tokens > 1_000_000_000_000 {
+        v.add("scope.tokens", "must be at most 10^12");
+    }
+    let cost = scope.cost.or(est.estimated_cost);
+    match cost {
+        None => v.add(
+            "scope.cost",
+            "the run has no priced estimate: give the amount to approve (e.g. --up-to 0.50)",
+        ),
+        Some(m) if m.micro_usd < 0 => v.add("scope.cost", "must not be negative"),
+        Some(_) => {}
+    }
+    let until = match scope.until {
+        None => now + MAX_SCOPE_MS,
+        Some(t) => {
+            let ms = switchyard_kit::time::timestamp_ms(&t);
+            if ms <= now {
+                v.add("scope.until", "must be in the future");
+            } else if ms > now + MAX_SCOPE_MS {
+                v.add(
+                    "scope.until",
+                    "must be within 24 hours (the longest a hold stands); extend it later if the job runs longer",
+                );
+            }
+            ms
+        }
+    };
+    v.into_result().map_err(ApprovalError::Invalid)?;
+    Ok(ApprovalScope {
+        tokens,
+        cost,
+        until: Some(timestamp(until)),
+    })
+}

@@ -90,6 +90,12 @@ pub(crate) fn body(run: &Run, actor: &str, now_ms: u64, event: &str) -> Value {
                 "job_id": x.job_id, "budget_id": x.budget_id, "tokens": x.tokens,
                 "cost_micro_usd": x.cost.map_or(0, |m| m.micro_usd),
             })),
+            // An approval up to a scope binds the hold it grants.
+            "hold": run.scope.as_ref().map(|h| json!({
+                "tokens": h.tokens,
+                "cost_micro_usd": h.cost.map_or(0, |m| m.micro_usd),
+                "until": h.until.map(|t| t.to_string()),
+            })),
             // An approval with an edit binds the call as changed.
             "edit": run.edit.as_ref().map(|e| json!({"tool": e.tool, "arguments": e.arguments})),
             "publication": run.publication.as_ref().map(|p| json!({

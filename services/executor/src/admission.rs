@@ -1564,10 +1564,17 @@ impl Executor {
         match status {
             ap::RunStatus::Approved | ap::RunStatus::Running => {
                 let by = self.decider(&run).await;
+                let held = match &run.scope {
+                    Some(scope) => Some(self.hold_scope(job_id, &run.run_id, scope).await?),
+                    None => None,
+                };
                 let (g, go) = {
                     let mut st = book.lock();
                     if !still_pending(&st) {
                         return Ok(());
+                    }
+                    if let Some(h) = held {
+                        book.record(&mut st, job_id, "", JobEvent::ScopeHeld(h));
                     }
                     self.approved(&mut st, job_id, &by, now)?
                 };
@@ -1609,6 +1616,87 @@ impl Executor {
     /// Who decided a run: the run says so itself. Only a run decided by an
     /// approval service of an earlier release (a rolling upgrade) leaves it
     /// empty; then its audit log is followed (best effort, bounded).
+    /// Places approval `run_id`'s scope as a hold on job `job_id`'s budget
+    /// chain, acting for the submitter (the same key gives the same hold,
+    /// so a repeat after a restart finds it). A chain without room for it
+    /// is said in the event; the job then reserves step by step.
+    pub(crate) async fn hold_scope(
+        &self,
+        job_id: &str,
+        run_id: &str,
+        scope: &ap::ApprovalScope,
+    ) -> Result<events::ScopeHeld, ExecutorError> {
+        let (budget_id, corr, who) = {
+            let st = self.inner.book.lock();
+            let e = st.get(job_id)?;
+            (
+                e.job.budget_id.clone(),
+                e.spec().correlation_id.clone(),
+                e.submitter(),
+            )
+        };
+        let now = self.inner.book.now();
+        let until_ms = scope
+            .until
+            .as_ref()
+            .map_or(now, switchyard_kit::time::timestamp_ms);
+        let mut held = events::ScopeHeld {
+            run_id: run_id.to_owned(),
+            reservation_id: String::new(),
+            tokens: scope.tokens,
+            cost_micro_usd: scope.cost.map_or(0, |m| m.micro_usd),
+            until_ms,
+            refused: String::new(),
+        };
+        if budget_id.is_empty() {
+            held.refused = "the job has no budget to hold on".into();
+            return Ok(held);
+        }
+        let req = switchyard_proto::ledger::v1::ReserveRequest {
+            budget_id,
+            tokens: held.tokens,
+            cost: Some(Money {
+                micro_usd: held.cost_micro_usd,
+            }),
+            idempotency_key: switchyard_api::spend::key(&["scope", job_id, run_id]),
+            ttl: Some(switchyard_kit::time::duration(
+                until_ms.saturating_sub(now).max(1),
+            )),
+            context: Some(switchyard_proto::common::v1::CorrelationContext {
+                correlation_id: corr.clone(),
+                job_id: job_id.to_owned(),
+                ..Default::default()
+            }),
+            note: format!("the scope approved by run {run_id}"),
+            hold: true,
+            ..Default::default()
+        };
+        let ledger = &self.inner.clients.ledger;
+        let ctx = acting_context(&corr, who);
+        let placed = switchyard_kit::context::scope(
+            ctx,
+            self.waiter(job_id, "")
+                .call(Service::Ledger, || ledger.reserve(req.clone())),
+        )
+        .await;
+        match placed {
+            Ok(r) => {
+                held.reservation_id = r.reservation.unwrap_or_default().reservation_id;
+            }
+            Err(status) if is_outage(&status) => {
+                return Err(ExecutorError::Upstream {
+                    service: "ledger",
+                    status,
+                });
+            }
+            Err(status) => {
+                tracing::info!(job_id, run_id, error = %status.message(), "the approved scope was not held");
+                held.refused = status.message().to_owned();
+            }
+        }
+        Ok(held)
+    }
+
     async fn decider(&self, run: &ap::Run) -> String {
         use futures_util::StreamExt as _;
         if !run.decided_by.is_empty() {

@@ -793,6 +793,7 @@ fn snapshot(st: &Jobs, job_id: &str, i: usize, attempt: u32) -> Result<Snapshot,
         outputs,
         stdin,
         budget_id: e.job.budget_id.clone(),
+        scope_hold: e.scope_hold.clone(),
         // The spec's, and what approved extensions added to it.
         token_budget: spec
             .budget

@@ -85,6 +85,9 @@ job_events! {
     BudgetPaused(BudgetPaused) = "budget.paused",
     /// A person (or the timeout) decided a budget-paused job's extension.
     ExtensionDecided(ExtensionDecided) = "budget.extension_decided",
+    /// An approval's scope was placed as a hold on the job's budget chain
+    /// (or could not be, and why).
+    ScopeHeld(ScopeHeld) = "budget.scope_held",
     /// A task changed state.
     TaskMoved(TaskMoved) = "task.state",
     /// A task attempt started.
@@ -651,6 +654,27 @@ pub struct ExtensionDecided {
     /// Approved: the job budget's money limit once raised, micro-USD.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost_limit_micro_usd: Option<i64>,
+}
+
+/// `budget.scope_held`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ScopeHeld {
+    /// The approval it grants: the job's run, or an extension's.
+    pub run_id: String,
+    /// The ledger hold the job's steps now draw from; empty when the
+    /// chain could not hold the scope (the steps then reserve on the chain
+    /// as they go, and `refused` says why).
+    pub reservation_id: String,
+    /// Tokens held.
+    pub tokens: u64,
+    /// Money held, micro-USD.
+    pub cost_micro_usd: i64,
+    /// Until when, ms since the epoch.
+    pub until_ms: u64,
+    /// Why the hold was not placed (the ledger's words); empty when held.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub refused: String,
 }
 
 /// `budget.billed_by_agent`.

@@ -46,6 +46,13 @@ pub struct JobEntry {
     pub traceparent: String,
     /// Tasks whose timeout was already extended (RETRY_WITH_TIMEOUT_EXTENSION).
     pub extended: HashSet<String>,
+    /// The ledger hold the job's steps draw from (an approval's scope);
+    /// empty: they reserve on the budget chain.
+    pub scope_hold: String,
+    /// Every hold placed for the job's scope, released when it ends.
+    pub scope_holds: Vec<String>,
+    /// The tokens and money of the last scope held.
+    pub scope_amounts: (u64, i64),
     /// Context hash bound to the approval run.
     pub context_hash: String,
     /// Task index by id.
@@ -156,6 +163,9 @@ impl JobEntry {
             reserving: Default::default(),
             traceparent: String::new(),
             extended: HashSet::new(),
+            scope_hold: String::new(),
+            scope_holds: Vec::new(),
+            scope_amounts: (0, 0),
             context_hash: String::new(),
             index,
             cache: Vec::new(),
@@ -353,6 +363,15 @@ impl JobEntry {
                     }
                     self.job.budget_pause = Some(pb_pause(p, Some(d)));
                     *decided = Some(d.clone());
+                }
+            }
+            JobEvent::ScopeHeld(h) => {
+                self.scope_hold.clone_from(&h.reservation_id);
+                if !h.reservation_id.is_empty() {
+                    self.scope_amounts = (h.tokens, h.cost_micro_usd);
+                    if !self.scope_holds.contains(&h.reservation_id) {
+                        self.scope_holds.push(h.reservation_id.clone());
+                    }
                 }
             }
             JobEvent::ApprovalDecided(_)

@@ -166,6 +166,7 @@ impl Jobs {
             run_id: run_id.to_owned(),
             comment: comment.to_owned(),
             edit: None,
+            scope: None,
         };
         let run = as_caller!(ApprovalClient, approvals, c, approve, req)?.run;
         run.ok_or_else(|| Status::internal("Approve answered without a run"))

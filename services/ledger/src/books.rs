@@ -106,10 +106,43 @@ pub(crate) struct Res {
     pub settled: Settled,
     /// The key the reservation was settled with.
     pub settle_key: String,
+    /// A hold: drawn from, never committed.
+    pub hold: bool,
+    /// A hold: what its draws took and have not given back (held by open
+    /// draws, or spent by settled ones).
+    pub drawn_tokens: u64,
+    /// A hold: the same in money, micro-USD.
+    pub drawn_cost: i64,
+    /// A draw: the hold it came from.
+    pub from_hold: String,
 }
 
 impl Res {
+    /// A hold: the tokens and money still free to draw (0 once settled);
+    /// any other reservation: nothing. This is also what the hold keeps on
+    /// its budget chain besides its open draws.
+    pub fn left(&self) -> (u64, i64) {
+        if !self.hold || self.settled != Settled::Open {
+            return (0, 0);
+        }
+        (
+            self.tokens.saturating_sub(self.drawn_tokens),
+            self.cost.saturating_sub(self.drawn_cost).max(0),
+        )
+    }
+
+    /// What the reservation keeps on its budget chain while open: a hold
+    /// what is left undrawn, any other its amounts.
+    pub fn on_chain(&self) -> (u64, i64) {
+        if self.hold {
+            self.left()
+        } else {
+            (self.tokens, self.cost)
+        }
+    }
+
     pub fn view(&self) -> Reservation {
+        let (tokens_left, cost_left) = self.left();
         Reservation {
             reservation_id: self.id.clone(),
             budget_id: self.budget_id.clone(),
@@ -117,6 +150,10 @@ impl Res {
             cost: Some(money(self.cost)),
             expires_at: Some(timestamp(self.expires_ms)),
             context: Some(self.context.clone()),
+            hold: self.hold,
+            tokens_left,
+            cost_left: self.hold.then(|| money(cost_left)),
+            from_hold: self.from_hold.clone(),
         }
     }
 }
@@ -213,6 +250,19 @@ impl Books {
                 .insert(res.settle_key.clone(), res.id.clone());
         }
         self.reservations.insert(res.id.clone(), res);
+    }
+
+    /// What settling draw `res` with `spent` tokens and `spent_cost` gives
+    /// back to its hold: the unspent part, while the hold is open; nothing
+    /// for any other reservation.
+    pub fn given_back(&self, res: &Res, spent: u64, spent_cost: i64) -> (u64, i64) {
+        match self.reservations.get(&res.from_hold) {
+            Some(h) if !res.from_hold.is_empty() && h.settled == Settled::Open => (
+                res.tokens.saturating_sub(spent),
+                res.cost.saturating_sub(spent_cost).max(0),
+            ),
+            _ => (0, 0),
+        }
     }
 
     /// The budget and its ancestors, nearest first.
@@ -321,11 +371,25 @@ impl Books {
                     key: r.idempotency_key.clone(),
                     settled: Settled::Open,
                     settle_key: String::new(),
+                    hold: r.hold,
+                    drawn_tokens: 0,
+                    drawn_cost: 0,
+                    from_hold: r.from_hold.clone(),
                 };
-                self.for_chain(&r.budget_id, |b| {
-                    b.tokens_reserved = b.tokens_reserved.saturating_add(r.tokens);
-                    b.cost_reserved = b.cost_reserved.saturating_add(cost);
-                });
+                if r.from_hold.is_empty() {
+                    self.for_chain(&r.budget_id, |b| {
+                        b.tokens_reserved = b.tokens_reserved.saturating_add(r.tokens);
+                        b.cost_reserved = b.cost_reserved.saturating_add(cost);
+                    });
+                } else {
+                    // Moved from the hold to the draw: the chain's totals
+                    // stay as they are.
+                    let Some(h) = self.reservations.get_mut(&r.from_hold) else {
+                        return Err(gap(format!("draws from unknown hold {:?}", r.from_hold)));
+                    };
+                    h.drawn_tokens = h.drawn_tokens.saturating_add(r.tokens);
+                    h.drawn_cost = h.drawn_cost.saturating_add(cost);
+                }
                 self.expiry.insert((res.expires_ms, res.id.clone()));
                 self.reserve_keys.insert(res.key.clone(), res.id.clone());
                 self.reservations.insert(res.id.clone(), res);
@@ -344,14 +408,17 @@ impl Books {
                         res.settled.as_str()
                     )));
                 }
+                // What it kept on the chain, read while still open.
+                let (tokens, cost) = res.on_chain();
                 res.settled = match r.kind() {
                     RecordKind::Committed => Settled::Committed(r.sequence),
                     RecordKind::Released => Settled::Released,
                     _ => Settled::Expired,
                 };
                 res.settle_key = r.idempotency_key.clone();
-                let (budget, tokens, cost, expires) =
-                    (res.budget_id.clone(), res.tokens, res.cost, res.expires_ms);
+                let (budget, expires, from_hold) =
+                    (res.budget_id.clone(), res.expires_ms, res.from_hold.clone());
+                let (held_tokens, held_cost) = (res.tokens, res.cost);
                 self.expiry.remove(&(expires, r.reservation_id.clone()));
                 if !r.idempotency_key.is_empty() {
                     self.settle_keys
@@ -362,6 +429,21 @@ impl Books {
                 } else {
                     (0, 0)
                 };
+                // A draw gives what it did not spend back to its open hold,
+                // which keeps it on the chain.
+                let (back_tokens, back_cost) = match self.reservations.get_mut(&from_hold) {
+                    Some(h) if !from_hold.is_empty() && h.settled == Settled::Open => {
+                        let back = (
+                            held_tokens.saturating_sub(spent_tokens),
+                            held_cost.saturating_sub(spent_cost).max(0),
+                        );
+                        h.drawn_tokens = h.drawn_tokens.saturating_sub(back.0);
+                        h.drawn_cost = h.drawn_cost.saturating_sub(back.1);
+                        back
+                    }
+                    _ => (0, 0),
+                };
+                let (tokens, cost) = (tokens - back_tokens.min(tokens), cost - back_cost.min(cost));
                 self.for_chain(&budget, |b| {
                     b.tokens_reserved = b.tokens_reserved.saturating_sub(tokens);
                     b.cost_reserved = b.cost_reserved.saturating_sub(cost);

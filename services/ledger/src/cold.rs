@@ -66,6 +66,14 @@ pub(crate) struct StoredRes {
     pub(crate) committed_seq: u64,
     #[prost(string, tag = "12")]
     pub(crate) settle_key: String,
+    #[prost(bool, tag = "13")]
+    pub(crate) hold: bool,
+    #[prost(uint64, tag = "14")]
+    pub(crate) drawn_tokens: u64,
+    #[prost(int64, tag = "15")]
+    pub(crate) drawn_cost: i64,
+    #[prost(string, tag = "16")]
+    pub(crate) from_hold: String,
 }
 
 impl From<&Res> for StoredRes {
@@ -89,6 +97,10 @@ impl From<&Res> for StoredRes {
             settled,
             committed_seq,
             settle_key: r.settle_key.clone(),
+            hold: r.hold,
+            drawn_tokens: r.drawn_tokens,
+            drawn_cost: r.drawn_cost,
+            from_hold: r.from_hold.clone(),
         }
     }
 }
@@ -112,6 +124,10 @@ impl From<StoredRes> for Res {
                 _ => Settled::Expired,
             },
             settle_key: s.settle_key,
+            hold: s.hold,
+            drawn_tokens: s.drawn_tokens,
+            drawn_cost: s.drawn_cost,
+            from_hold: s.from_hold,
         }
     }
 }

@@ -128,6 +128,8 @@ impl Op {
     pub(crate) fn reservation(&self) -> Option<&str> {
         match self {
             Op::Commit { req, .. } => Some(&req.reservation_id),
+            // A draw decides on its hold.
+            Op::Reserve { req, .. } if !req.hold_id.is_empty() => Some(&req.hold_id),
             Op::Release { reservation_id, .. } | Op::Expire(reservation_id) => Some(reservation_id),
             _ => None,
         }
@@ -411,8 +413,12 @@ impl<S: Sink> Desk<'_, S> {
             let same = res.budget_id == req.budget_id
                 && res.tokens == req.tokens
                 && res.cost == cost
-                && res.ttl_ms == ttl_ms
+                // A hold's repeat computes its time left from a later
+                // clock: the hold placed first answers it.
+                && (res.ttl_ms == ttl_ms || res.hold)
                 && res.note == req.note
+                && res.hold == req.hold
+                && res.from_hold == req.hold_id
                 && same_work(&res.context, &context);
             if !same {
                 return Err(LedgerError::KeyReused {
@@ -430,6 +436,8 @@ impl<S: Sink> Desk<'_, S> {
                 budget_id: req.budget_id.clone(),
                 closed: req.budget_id.clone(),
             })
+        } else if !req.hold_id.is_empty() {
+            self.check_draw(&req, cost)
         } else {
             check_reserve(self.books, &req.budget_id, req.tokens, cost)
         };
@@ -450,6 +458,8 @@ impl<S: Sink> Desk<'_, S> {
                     expires_at: Some(timestamp(now + ttl_ms)),
                     note: req.note.clone(),
                     ttl_ms,
+                    hold: req.hold,
+                    from_hold: req.hold_id.clone(),
                     ..Default::default()
                 });
                 let view = self
@@ -463,6 +473,9 @@ impl<S: Sink> Desk<'_, S> {
                 let (refused_by, why) = match &e {
                     LedgerError::Exceeded(r) => (r.refused_by.clone(), r.dimension.to_owned()),
                     LedgerError::Closed { closed, .. } => (closed.clone(), "closed".to_owned()),
+                    LedgerError::HoldExhausted { hold_id, .. } => {
+                        (hold_id.clone(), "hold".to_owned())
+                    }
                     _ => return Err(e),
                 };
                 // Refusals are journaled for watchers and audits; the
@@ -529,13 +542,24 @@ impl<S: Sink> Desk<'_, S> {
             };
         }
         let res = self.open_reservation(&req.reservation_id)?;
-        // Usage replaces the reservation on every budget of the chain.
+        if res.hold {
+            return Err(crate::invalid(
+                "reservation_id",
+                format!(
+                    "{:?} is a hold, which is never committed: commit the reservations drawn from it (hold_id) and release the hold",
+                    res.id
+                ),
+            ));
+        }
+        // Usage replaces the reservation on every budget of the chain (what
+        // a draw does not use stays there, in its hold).
+        let (back_tokens, back_cost) = self.books.given_back(&res, req.tokens, cost);
         fits_integers(
             &self.books.chain(&res.budget_id),
             req.tokens,
             cost,
-            res.tokens,
-            res.cost,
+            res.tokens - back_tokens,
+            res.cost - back_cost,
         )?;
         let over_tokens = req.tokens.saturating_sub(res.tokens);
         let over_cost = (cost - res.cost).max(0);
@@ -614,14 +638,15 @@ impl<S: Sink> Desk<'_, S> {
             None => {
                 let res = self.open_reservation(&reservation_id)?;
                 let now = self.now;
+                let (tokens, cost) = res.on_chain();
                 self.append(|sequence| JournalRecord {
                     sequence,
                     time: Some(timestamp(now)),
                     kind: RecordKind::Released as i32,
                     budget_id: res.budget_id.clone(),
                     reservation_id: res.id.clone(),
-                    tokens: res.tokens,
-                    cost: Some(money(res.cost)),
+                    tokens,
+                    cost: Some(money(cost)),
                     context: Some(res.context.clone()),
                     idempotency_key: key,
                     ..Default::default()
@@ -641,12 +666,8 @@ impl<S: Sink> Desk<'_, S> {
         else {
             return false;
         };
-        let (budget_id, tokens, cost, context) = (
-            res.budget_id.clone(),
-            res.tokens,
-            res.cost,
-            res.context.clone(),
-        );
+        let (tokens, cost) = res.on_chain();
+        let (budget_id, context) = (res.budget_id.clone(), res.context.clone());
         let now = self.now;
         self.append(|sequence| JournalRecord {
             sequence,
@@ -661,6 +682,65 @@ impl<S: Sink> Desk<'_, S> {
         });
         tracing::info!(reservation_id = %id, "reservation expired and was released");
         true
+    }
+
+    /// Whether a draw of `cost` micro-USD and `req.tokens` fits in the hold
+    /// it names: an open, unexpired hold on the same budget, whose budget
+    /// chain is open, with that much left.
+    fn check_draw(&self, req: &ReserveRequest, cost: i64) -> Result<(), LedgerError> {
+        let hold_id = &req.hold_id;
+        let exhausted = |why: String, left: (u64, i64)| LedgerError::HoldExhausted {
+            hold_id: hold_id.clone(),
+            why,
+            tokens_left: left.0,
+            cost_left: left.1,
+        };
+        let Some(h) = self.books.reservations.get(hold_id) else {
+            return match self
+                .cold
+                .map(|c| c.reservation(hold_id))
+                .transpose()?
+                .flatten()
+            {
+                Some(r) => Err(exhausted(format!("is {}", r.settled.as_str()), (0, 0))),
+                None => Err(LedgerError::ReservationNotFound(hold_id.clone())),
+            };
+        };
+        if !h.hold || h.budget_id != req.budget_id {
+            return Err(crate::invalid(
+                "hold_id",
+                format!(
+                    "{hold_id:?} is not a hold on budget {:?}: draw from a hold (ReserveRequest.hold) on the budget reserved on",
+                    req.budget_id
+                ),
+            ));
+        }
+        if h.settled != Settled::Open {
+            return Err(exhausted(format!("is {}", h.settled.as_str()), (0, 0)));
+        }
+        if h.expires_ms <= self.now {
+            return Err(exhausted(
+                format!("lapsed at {}", timestamp(h.expires_ms)),
+                (0, 0),
+            ));
+        }
+        if let Some(c) = self.books.chain(&req.budget_id).iter().find(|b| b.closed) {
+            return Err(LedgerError::Closed {
+                budget_id: req.budget_id.clone(),
+                closed: c.id.clone(),
+            });
+        }
+        let left = h.left();
+        if req.tokens > left.0 || cost > left.1 {
+            return Err(exhausted(
+                format!(
+                    "cannot give {} tokens and {} micro-USD: {} tokens and {} micro-USD of it are left",
+                    req.tokens, cost, left.0, left.1
+                ),
+                left,
+            ));
+        }
+        Ok(())
     }
 
     /// The open reservation `id`, or why it cannot be settled (a retired

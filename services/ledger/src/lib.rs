@@ -169,6 +169,18 @@ pub enum LedgerError {
         /// The budget whose sums would overflow.
         budget_id: String,
     },
+    /// A draw asks more than its hold has left, or the hold is settled.
+    #[error("hold {hold_id:?} {why}")]
+    HoldExhausted {
+        /// The hold.
+        hold_id: String,
+        /// What is short, with the numbers, or how the hold ended.
+        why: String,
+        /// Tokens the hold has left (0 once settled).
+        tokens_left: u64,
+        /// Money the hold has left, micro-USD (0 once settled).
+        cost_left: i64,
+    },
     /// No such reservation.
     #[error("reservation {0:?} does not exist")]
     ReservationNotFound(String),
@@ -255,6 +267,20 @@ impl From<LedgerError> for Status {
                 Code::FailedPrecondition,
                 Reason::BudgetClosed,
                 metadata([("budget_id", budget_id), ("closed_budget_id", closed)]),
+            ),
+            LedgerError::HoldExhausted {
+                hold_id,
+                tokens_left,
+                cost_left,
+                ..
+            } => (
+                Code::ResourceExhausted,
+                Reason::HoldExhausted,
+                metadata([
+                    ("hold_id", hold_id),
+                    ("tokens_left", tokens_left.to_string()),
+                    ("cost_left_micro_usd", cost_left.to_string()),
+                ]),
             ),
             LedgerError::ReservationNotFound(id) => (
                 Code::NotFound,
@@ -736,6 +762,15 @@ impl Ledger {
         if req.note.len() > 1024 {
             v.add("note", "must be at most 1024 bytes");
         }
+        if !req.hold_id.is_empty() {
+            if req.hold {
+                v.add("hold_id", "a hold is reserved on the budget chain, not drawn from another hold: set hold or hold_id, not both");
+            }
+            v.check(
+                "hold_id",
+                switchyard_core::validate::key(&req.hold_id, "hold id"),
+            );
+        }
         v.into_result().map_err(LedgerError::Invalid)?;
         let mut context = req.context.clone().unwrap_or_default();
         if context.correlation_id.is_empty() {
@@ -1211,6 +1246,12 @@ impl LedgerService for Ledger {
         let r = req.get_ref();
         self.visible(&p, &r.budget_id).await?;
         within_grant(&p, &r.invocation_grant, &r.budget_id, Some(r.tokens))?;
+        if !r.hold_id.is_empty() {
+            // The hold is a reference: the caller must see it, and it must
+            // sit on the budget the caller may reserve on (the desk refuses
+            // a hold elsewhere).
+            self.visible_reservation(&p, &r.hold_id).await?;
+        }
         let corr = switchyard_kit::context::correlation_id(&req);
         let reservation = Ledger::reserve(self, req.into_inner(), &corr)
             .await

@@ -316,6 +316,29 @@ impl PgBooks {
             before.insert(format!("r{}", res.id), data);
             books.restore(res);
         }
+        // Draws being settled give back to their holds: lock those too (out
+        // of order, like the chains below).
+        let holds: Vec<String> = books
+            .reservations
+            .values()
+            .map(|r| r.from_hold.clone())
+            .filter(|h| !h.is_empty() && !books.reservations.contains_key(h))
+            .collect();
+        if !holds.is_empty() {
+            let none: Vec<&str> = Vec::new();
+            for row in tx
+                .query(&statements[0], &[&holds, &none, &none])
+                .await
+                .map_err(fail("locking holds"))?
+            {
+                let data: Vec<u8> = row.get(0);
+                let stored =
+                    StoredRes::decode(data.as_slice()).map_err(|e| corrupt("reservation", e))?;
+                let res = Res::from(stored);
+                before.insert(format!("r{}", res.id), data);
+                books.restore(res);
+            }
+        }
         let mut budget_rows = budget_rows;
         // A reservation found by key may sit on a budget the batch did not
         // name (an idempotent replay, a reused key): lock its chain too

@@ -101,6 +101,7 @@ switchyard_testkit::on_both_backends!(
     bad_input_is_refused_with_every_field_named,
     watch_streams_durable_events_of_a_budget_subtree_and_resumes,
     sums_that_would_overflow_are_refused_never_saturated,
+    a_hold_keeps_its_amount_from_others_and_gives_it_out_only_to_its_draws,
 );
 
 /// A watch of `budget` (or everything, for "") after `after`, as the
@@ -181,6 +182,157 @@ fn commit_req(rid: &str, tokens: u64, cost: i64) -> CommitRequest {
         }),
         idempotency_key: String::new(),
     }
+}
+
+fn hold_req(budget: &str, tokens: u64, cost: i64, key: &str) -> ReserveRequest {
+    ReserveRequest {
+        hold: true,
+        ..reserve_req(budget, tokens, cost, key)
+    }
+}
+
+fn draw_req(hold: &str, budget: &str, tokens: u64, cost: i64, key: &str) -> ReserveRequest {
+    ReserveRequest {
+        hold_id: hold.into(),
+        ..reserve_req(budget, tokens, cost, key)
+    }
+}
+
+/// Tokens and money reserved, and tokens and money spent, of budget `id`.
+async fn balances(l: &Ledger, id: &str) -> (u64, i64, u64, i64) {
+    let b = l.budget(id).await.unwrap();
+    (
+        b.tokens_reserved,
+        micro(b.cost_reserved.as_ref()),
+        b.tokens_spent,
+        micro(b.cost_spent.as_ref()),
+    )
+}
+
+async fn a_hold_keeps_its_amount_from_others_and_gives_it_out_only_to_its_draws(f: Fixture) {
+    let l = &f.ledger;
+    budget(l, "team", "", Some(1_000), Some(1_000)).await;
+    budget(l, "team/job", "team", None, None).await;
+    budget(l, "team/other", "team", None, None).await;
+    // The approved scope: 600 tokens and 600 micro-USD held at once.
+    let h = l
+        .reserve(hold_req("team/job", 600, 600, "scope"), "c")
+        .await
+        .unwrap();
+    assert!(h.hold);
+    assert_eq!((h.tokens_left, micro(h.cost_left.as_ref())), (600, 600));
+    assert_eq!(balances(l, "team").await, (600, 600, 0, 0));
+    // Nothing else can take it: another job gets only the rest.
+    let err = api(reserve(l, "team/other", 500, 0, "o1").await.unwrap_err());
+    assert_eq!(err.known_reason(), Some(Reason::BudgetExceeded));
+    let other = reserve(l, "team/other", 400, 400, "o2").await.unwrap();
+
+    // Draws come out of the hold; the chain's totals do not move.
+    let d1 = l
+        .reserve(draw_req(&h.reservation_id, "team/job", 250, 250, "d1"), "c")
+        .await
+        .unwrap();
+    assert_eq!(d1.from_hold, h.reservation_id);
+    assert_eq!(balances(l, "team").await, (1_000, 1_000, 0, 0));
+    let d2 = l
+        .reserve(draw_req(&h.reservation_id, "team/job", 300, 300, "d2"), "c")
+        .await
+        .unwrap();
+    // More than is left is refused, with what is left.
+    let err = api(l
+        .reserve(draw_req(&h.reservation_id, "team/job", 100, 10, "d3"), "c")
+        .await
+        .unwrap_err());
+    assert_eq!(err.code, Code::ResourceExhausted);
+    assert_eq!(err.known_reason(), Some(Reason::HoldExhausted));
+    assert_eq!(err.metadata["tokens_left"], "50");
+    assert_eq!(err.metadata["cost_left_micro_usd"], "50");
+    assert!(
+        err.message.contains("50 tokens and 50 micro-USD"),
+        "{}",
+        err.message
+    );
+
+    // A commit spends from the draw and gives the unspent part back to the
+    // hold, which still keeps it from the others.
+    l.commit(commit_req(&d1.reservation_id, 100, 100))
+        .await
+        .unwrap();
+    assert_eq!(balances(l, "team/job").await, (500, 500, 100, 100));
+    assert_eq!(balances(l, "team").await, (900, 900, 100, 100));
+    l.release(ReleaseRequest {
+        reservation_id: d2.reservation_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let d4 = l
+        .reserve(draw_req(&h.reservation_id, "team/job", 500, 500, "d4"), "c")
+        .await
+        .unwrap();
+    // A hold is never committed directly.
+    let err = api(l
+        .commit(commit_req(&h.reservation_id, 1, 1))
+        .await
+        .unwrap_err());
+    assert_eq!(err.known_reason(), Some(Reason::InvalidArgument));
+    // Released, the hold frees what is left undrawn; an open draw keeps its
+    // own amount and, settled later, frees it on the chain.
+    l.release(ReleaseRequest {
+        reservation_id: h.reservation_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(balances(l, "team/job").await, (500, 500, 100, 100));
+    let err = api(l
+        .reserve(draw_req(&h.reservation_id, "team/job", 1, 1, "d5"), "c")
+        .await
+        .unwrap_err());
+    assert_eq!(err.known_reason(), Some(Reason::HoldExhausted));
+    assert!(err.message.contains("released"), "{}", err.message);
+    l.commit(commit_req(&d4.reservation_id, 200, 200))
+        .await
+        .unwrap();
+    assert_eq!(balances(l, "team/job").await, (0, 0, 300, 300));
+    l.commit(commit_req(&other.reservation_id, 400, 400))
+        .await
+        .unwrap();
+    assert_eq!(balances(l, "team").await, (0, 0, 700, 700));
+
+    // A draw must name a hold on its own budget.
+    let plain = reserve(l, "team/job", 1, 1, "plain").await.unwrap();
+    let err = api(l
+        .reserve(draw_req(&plain.reservation_id, "team/job", 1, 1, "d6"), "c")
+        .await
+        .unwrap_err());
+    assert_eq!(err.known_reason(), Some(Reason::InvalidArgument));
+    let h2 = l
+        .reserve(hold_req("team/job", 10, 10, "scope-2"), "c")
+        .await
+        .unwrap();
+    let err = api(l
+        .reserve(draw_req(&h2.reservation_id, "team/other", 1, 1, "d7"), "c")
+        .await
+        .unwrap_err());
+    assert_eq!(err.known_reason(), Some(Reason::InvalidArgument));
+    // A lapsed hold gives nothing, even before the sweeper ran.
+    f.clock.advance_ms(24 * 3_600_000);
+    let err = api(l
+        .reserve(draw_req(&h2.reservation_id, "team/job", 1, 1, "d8"), "c")
+        .await
+        .unwrap_err());
+    assert_eq!(err.known_reason(), Some(Reason::HoldExhausted));
+    assert!(
+        err.message.contains("lapsed") || err.message.contains("expired"),
+        "{}",
+        err.message
+    );
+    // Live balances are the replay of the journal.
+    assert_eq!(
+        l.budgets().await.unwrap(),
+        l.replayed_budgets().await.unwrap()
+    );
 }
 
 fn api(e: LedgerError) -> ApiError {
@@ -746,6 +898,21 @@ mod properties {
         Release {
             res: usize,
         },
+        /// A hold on a budget (kept with the reservations, so commits and
+        /// releases name holds too).
+        Hold {
+            budget: usize,
+            tokens: u64,
+            cost: i64,
+            key: u8,
+        },
+        /// A draw from the `hold`-th hold made.
+        Draw {
+            hold: usize,
+            tokens: u64,
+            cost: i64,
+            key: u8,
+        },
         Expire {
             ms: u64,
         },
@@ -760,6 +927,10 @@ mod properties {
                 .prop_map(|(budget, tokens, cost, key)| Op::Reserve { budget, tokens, cost, key }),
             3 => (0..64usize, 0..500u64, 0..500i64).prop_map(|(res, tokens, cost)| Op::Commit { res, tokens, cost }),
             1 => (0..64usize).prop_map(|res| Op::Release { res }),
+            1 => (0..16usize, 0..500u64, 0..500i64, 0..40u8)
+                .prop_map(|(budget, tokens, cost, key)| Op::Hold { budget, tokens, cost, key }),
+            3 => (0..8usize, 0..200u64, 0..200i64, 0..40u8)
+                .prop_map(|(hold, tokens, cost, key)| Op::Draw { hold, tokens, cost, key }),
             1 => (0..20_000u64).prop_map(|ms| Op::Expire { ms }),
             1 => Just(Op::Restart),
         ]
@@ -785,6 +956,30 @@ mod properties {
             l.replayed_budgets().await.unwrap(),
             "live balances differ from the journal replay"
         );
+        // What each budget holds is what the open reservations of its
+        // subtree keep on the chain: a hold what is left undrawn, any other
+        // its amounts.
+        {
+            let books = l.sled().lock();
+            for b in books.budgets.values() {
+                let subtree: Vec<&str> =
+                    books.subtree(&b.id).iter().map(|s| s.id.as_str()).collect();
+                let (t, c) = books
+                    .reservations
+                    .values()
+                    .filter(|r| {
+                        r.settled == Settled::Open && subtree.contains(&r.budget_id.as_str())
+                    })
+                    .map(|r| r.on_chain())
+                    .fold((0u64, 0i64), |(t, c), (rt, rc)| (t + rt, c + rc));
+                assert_eq!(
+                    (b.tokens_reserved, b.cost_reserved),
+                    (t, c),
+                    "{} holds other than its open reservations",
+                    b.id
+                );
+            }
+        }
         for b in &live {
             let spent_reserved = b.tokens_spent + b.tokens_reserved;
             if let Some(limit) = b.token_limit {
@@ -817,6 +1012,7 @@ mod properties {
         }
         let mut budgets: Vec<String> = BUDGETS.iter().map(|b| b.0.to_owned()).collect();
         let mut reservations: Vec<(String, String)> = Vec::new();
+        let mut holds: Vec<(String, String)> = Vec::new();
         // Overruns recorded per budget chain: the only allowed excess.
         let mut over_t: HashMap<String, u64> = HashMap::new();
         let mut over_c: HashMap<String, i64> = HashMap::new();
@@ -835,6 +1031,38 @@ mod properties {
                         && !reservations.iter().any(|(id, _)| *id == r.reservation_id)
                     {
                         reservations.push((r.reservation_id, b));
+                    }
+                }
+                Op::Hold {
+                    budget,
+                    tokens,
+                    cost,
+                    key,
+                } => {
+                    let b = budgets[budget % budgets.len()].clone();
+                    let mut req = hold_req(&b, tokens, cost, &format!("hold-{key}"));
+                    req.ttl = Some(switchyard_kit::time::duration(10_000));
+                    if let Ok(r) = f.ledger.reserve(req, "c").await
+                        && !holds.iter().any(|(id, _)| *id == r.reservation_id)
+                    {
+                        holds.push((r.reservation_id.clone(), b.clone()));
+                        reservations.push((r.reservation_id, b));
+                    }
+                }
+                Op::Draw {
+                    hold,
+                    tokens,
+                    cost,
+                    key,
+                } => {
+                    if let Some((hid, b)) = holds.get(hold).cloned() {
+                        let mut req = draw_req(&hid, &b, tokens, cost, &format!("draw-{key}"));
+                        req.ttl = Some(switchyard_kit::time::duration(10_000));
+                        if let Ok(r) = f.ledger.reserve(req, "c").await
+                            && !reservations.iter().any(|(id, _)| *id == r.reservation_id)
+                        {
+                            reservations.push((r.reservation_id, b));
+                        }
                     }
                 }
                 Op::Create {

@@ -66,6 +66,7 @@ async fn approved(s: &Stack, run: Run) -> String {
             run_id: id.clone(),
             comment: "ok".into(),
             edit: None,
+            scope: None,
         })
         .await
         .unwrap();

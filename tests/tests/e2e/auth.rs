@@ -364,6 +364,7 @@ async fn the_old_spoofing_attacks_fail() {
             run_id: job.run_id.clone(),
             comment: String::new(),
             edit: None,
+            scope: None,
         });
         r.metadata_mut()
             .insert("x-switchyard-actor", who.parse().unwrap());
@@ -454,6 +455,7 @@ async fn a_submitter_who_is_also_an_approver_cannot_approve_their_own_job() {
         run_id: job.run_id.clone(),
         comment: String::new(),
         edit: None,
+        scope: None,
     });
     // A header naming someone else changes nothing.
     r.metadata_mut()
@@ -724,6 +726,7 @@ async fn above_the_threshold_two_distinct_approvers_are_needed() {
             run_id: big.run_id.clone(),
             comment: "second".into(),
             edit: None,
+            scope: None,
         })
         .await
         .unwrap()
@@ -760,6 +763,7 @@ async fn break_glass_is_admin_only_needs_a_reason_and_is_audited() {
             run_id: run.run_id.clone(),
             comment: String::new(),
             edit: None,
+            scope: None,
         })
         .await
         .unwrap_err();

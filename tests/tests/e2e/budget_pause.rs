@@ -130,6 +130,7 @@ async fn a_budget_that_runs_out_pauses_the_job_and_an_approved_extension_resumes
         run_id: run_id.clone(),
         comment: "mine".into(),
         edit: None,
+        scope: None,
     };
     let mine = ApprovalServiceClient::new(s.channel_with(&dana).await.unwrap())
         .approve(ask.clone())
@@ -208,19 +209,7 @@ async fn a_budget_that_runs_out_pauses_the_job_and_an_approved_extension_resumes
     forged.receipt["scope"]["extension"]["tokens"] = json!(80_000);
     assert!(switchyard_kit::receipt::verify(&forged, Some(&r.public_key)).is_err());
     // The job's own run, approved by the zero-cost policy, has one too.
-    let r = approvals_as(&s, "bob")
-        .await
-        .get_receipt(GetReceiptRequest {
-            run_id: j.run_id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let policy: switchyard_kit::receipt::Receipt = serde_json::from_str(&r.receipt_json).unwrap();
-    assert_eq!(
-        switchyard_kit::receipt::verify(&policy, Some(&r.public_key)),
-        Ok(())
-    );
+    let (policy, _) = verified_receipt(&s, &j.run_id).await;
     assert_eq!(
         policy.receipt["decided_by"], "policy:zero-cost",
         "{}",
@@ -345,6 +334,7 @@ async fn cancelling_a_paused_job_withdraws_its_extension_request() {
             run_id,
             comment: "too late".into(),
             edit: None,
+            scope: None,
         })
         .await;
     assert!(late.is_err(), "{late:?}");
@@ -567,6 +557,197 @@ async fn validation_warns_of_what_cannot_succeed_before_anything_is_proposed() {
             "budget.parent_budget_id: budget \"private\" is not one you may draw on: the submission would be refused"
         ]
     );
+    trigger.fire();
+    let _ = agent.await;
+    s.stop().await.unwrap();
+}
+
+/// Run `run_id`'s decision receipt, read as bob, once it verifies with
+/// the key the server gives; and that key.
+async fn verified_receipt(s: &Stack, run_id: &str) -> (switchyard_kit::receipt::Receipt, String) {
+    let r = approvals_as(s, "bob")
+        .await
+        .get_receipt(GetReceiptRequest {
+            run_id: run_id.to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let receipt: switchyard_kit::receipt::Receipt = serde_json::from_str(&r.receipt_json).unwrap();
+    assert_eq!(
+        switchyard_kit::receipt::verify(&receipt, Some(&r.public_key)),
+        Ok(())
+    );
+    (receipt, r.public_key)
+}
+
+/// Approves job `job_id`'s run as bob up to `micro_usd` (the rest of the
+/// scope from the estimate).
+async fn approve_up_to(s: &Stack, c: &mut Jobs, job_id: &str, micro_usd: i64) -> Run {
+    let run_id = job(c, job_id).await.run_id;
+    approvals_as(s, "bob")
+        .await
+        .approve(ApproveRequest {
+            run_id,
+            comment: "up to a scope".into(),
+            edit: None,
+            scope: Some(switchyard_proto::approval::v1::ApprovalScope {
+                tokens: 100_000,
+                cost: Some(switchyard_proto::common::v1::Money { micro_usd }),
+                until: None,
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap()
+}
+
+/// A team budget of 200 micro-USD that dana's jobs may nest under.
+async fn team(s: &Stack) {
+    let mut ledger = LedgerServiceClient::new(s.channel_as("admin").await.unwrap());
+    ledger
+        .create_budget(switchyard_proto::ledger::v1::CreateBudgetRequest {
+            budget_id: "team".into(),
+            cost_limit: Some(switchyard_proto::common::v1::Money { micro_usd: 200 }),
+            labels: [("shared_with".to_owned(), "dana".to_owned())].into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
+/// Waits until budget `id` holds `reserved` micro-USD (a job's end releases
+/// its holds through its outbox, just after the job ends).
+async fn until_reserved(
+    s: &Stack,
+    id: &str,
+    reserved: i64,
+) -> switchyard_proto::ledger::v1::Budget {
+    let mut ledger = LedgerServiceClient::new(s.channel_as("admin").await.unwrap());
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let b = budget(&mut ledger, id).await;
+        if b.cost_reserved.map_or(0, |m| m.micro_usd) == reserved {
+            return b;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "budget {id} never held {reserved}: {b:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_approval_up_to_a_scope_holds_the_money_so_nothing_else_can_take_it() {
+    let (s, mut c, _) = stack().await;
+    team(&s).await;
+    // 30 micro-USD a call, three calls: 90 in all.
+    let (trigger, agent) = serve_priced_agent(&s, "priced", "text.count", 30, Counting(1));
+    wait_routed(&s, "text.count").await;
+    let doc = chain("held", json!({"parent_budget_id": "team"}));
+    let j = submit(&mut c, &doc).await.unwrap();
+    assert_eq!(j.state, JobState::Pending as i32, "a person decides: {j:?}");
+    // Approving places the hold before any step runs.
+    let run = approve_up_to(&s, &mut c, "held", 90).await;
+    let scope = run.scope.unwrap();
+    assert_eq!(
+        (scope.tokens, scope.cost.unwrap().micro_usd),
+        (100_000, 90),
+        "{run:?}"
+    );
+    assert!(scope.until.is_some(), "a scope always has an end: {run:?}");
+    let held = until_event(&mut c, "held", "budget.scope_held").await;
+    assert_eq!(held["cost_micro_usd"], 90, "{held}");
+    let hold = held["reservation_id"].as_str().unwrap().to_owned();
+    assert!(!hold.is_empty(), "{held}");
+    // Someone else takes everything else the team has, at once: the held
+    // 90 is not theirs to take.
+    let mut ledger = LedgerServiceClient::new(s.channel().await.unwrap());
+    let reserve = |micro_usd: i64, key: &str| switchyard_proto::ledger::v1::ReserveRequest {
+        budget_id: "team".into(),
+        cost: Some(switchyard_proto::common::v1::Money { micro_usd }),
+        idempotency_key: key.into(),
+        ..Default::default()
+    };
+    let greedy = ledger.reserve(reserve(111, "greedy")).await.unwrap_err();
+    assert_eq!(reason_of(&greedy), "BUDGET_EXCEEDED", "{greedy:?}");
+    ledger.reserve(reserve(110, "the-rest")).await.unwrap();
+    // The approved job still does all it was approved for: every step
+    // draws from its hold.
+    let r = finish(&mut c, "held").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let j = job(&mut c, "held").await;
+    assert_eq!(attempts(&j), vec![1, 1, 1]);
+    // Spent 90; the hold is released at the job's end, so the team holds
+    // only the other reservation.
+    let b = until_reserved(&s, "team", 110).await;
+    assert_eq!(b.cost_spent.map(|m| m.micro_usd), Some(90), "{b:?}");
+    // bob's receipt binds the hold he granted.
+    let (receipt, key) = verified_receipt(&s, &run.run_id).await;
+    assert_eq!(receipt.receipt["scope"]["hold"]["cost_micro_usd"], 90);
+    let mut forged = receipt.clone();
+    forged.receipt["scope"]["hold"]["cost_micro_usd"] = json!(9_000);
+    assert!(switchyard_kit::receipt::verify(&forged, Some(&key)).is_err());
+    trigger.fire();
+    let _ = agent.await;
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_job_that_spends_its_scope_pauses_and_an_approved_extension_holds_more_and_resumes_it() {
+    let (s, mut c, _) = stack().await;
+    team(&s).await;
+    let (trigger, agent) = serve_priced_agent(&s, "priced", "text.count", 30, Counting(1));
+    wait_routed(&s, "text.count").await;
+    submit(
+        &mut c,
+        &chain("scoped", json!({"parent_budget_id": "team"})),
+    )
+    .await
+    .unwrap();
+    // Approved for two of its three steps.
+    approve_up_to(&s, &mut c, "scoped", 60).await;
+    let paused = until_event(&mut c, "scoped", "budget.paused").await;
+    assert_eq!(paused["dimension"], "cost", "{paused}");
+    let j = job(&mut c, "scoped").await;
+    assert_eq!(j.state, JobState::BudgetPaused as i32, "{j:?}");
+    assert!(j.error.contains("approved scope"), "{}", j.error);
+    assert_eq!(
+        states(&j),
+        vec![
+            TaskState::Succeeded,
+            TaskState::Succeeded,
+            TaskState::BudgetPaused
+        ]
+    );
+    // The extension is approved: a new hold, and only c runs again.
+    approve(&s, paused["run_id"].as_str().unwrap()).await;
+    let r = finish(&mut c, "scoped").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let j = job(&mut c, "scoped").await;
+    assert_eq!(attempts(&j), vec![1, 1, 2], "no finished task ran again");
+    // Both holds are gone once the job ends: the team holds nothing.
+    let b = until_reserved(&s, "team", 0).await;
+    assert_eq!(b.cost_spent.map(|m| m.micro_usd), Some(90), "{b:?}");
+    // A scope is for a job's run: an extension's or a bad amount is refused.
+    let e = approvals_as(&s, "bob")
+        .await
+        .approve(ApproveRequest {
+            run_id: j.run_id.clone(),
+            comment: String::new(),
+            edit: None,
+            scope: Some(switchyard_proto::approval::v1::ApprovalScope {
+                tokens: 0,
+                cost: Some(switchyard_proto::common::v1::Money { micro_usd: -1 }),
+                until: None,
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     trigger.fire();
     let _ = agent.await;
     s.stop().await.unwrap();

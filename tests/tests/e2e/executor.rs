@@ -658,6 +658,7 @@ async fn nothing_runs_before_approval_and_a_rejection_cancels_the_job(b: Backend
             run_id: j.run_id.clone(),
             comment: String::new(),
             edit: None,
+            scope: None,
         })
         .await
         .unwrap_err();

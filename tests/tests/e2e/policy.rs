@@ -167,6 +167,7 @@ async fn policies_forbid_a_submission_a_tool_call_by_its_arguments_and_ask_two_p
             run_id: run_id.clone(),
             comment: "second".into(),
             edit: None,
+            scope: None,
         })
         .await
         .unwrap();

@@ -322,6 +322,7 @@ async fn a_builder_proposes_an_agent_a_person_publishes_it_and_the_orchestrator_
                     run_id,
                     comment: "the translator only translates".into(),
                     edit: None,
+                    scope: None,
                 })
                 .await
         }

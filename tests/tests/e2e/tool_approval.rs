@@ -181,6 +181,7 @@ async fn a_gated_call_waits_holding_no_budget_until_bob_approves_and_carol_downl
             run_id: call.run_id.clone(),
             comment: "mine".into(),
             edit: None,
+            scope: None,
         })
         .await
         .unwrap_err();
@@ -198,6 +199,7 @@ async fn a_gated_call_waits_holding_no_budget_until_bob_approves_and_carol_downl
             run_id: call.run_id.clone(),
             comment: "go".into(),
             edit: None,
+            scope: None,
         })
         .await
         .unwrap();
@@ -503,6 +505,7 @@ async fn a_restart_while_a_call_awaits_keeps_it_waiting_and_approval_resumes_the
             run_id,
             comment: "after restart".into(),
             edit: None,
+            scope: None,
         })
         .await
         .unwrap();
@@ -777,6 +780,7 @@ async fn editing_a_gated_call_into_another_gated_tool_needs_that_tools_own_decis
             run_id: first_run.clone(),
             comment: "delete it instead".into(),
             edit: edit("delete_repo", json!({"repo": "prod"})),
+            scope: None,
         })
         .await
         .unwrap();
@@ -813,6 +817,7 @@ async fn editing_a_gated_call_into_another_gated_tool_needs_that_tools_own_decis
             run_id: second.run_id.clone(),
             comment: "mine".into(),
             edit: None,
+            scope: None,
         })
         .await
         .unwrap_err();
@@ -894,6 +899,7 @@ async fn an_approvers_edit_runs_as_changed_within_the_tasks_tools_and_the_model_
                 arguments: "[1, 2]".into(),
                 by: String::new(),
             }),
+            scope: None,
         })
         .await
         .unwrap_err();
@@ -903,6 +909,7 @@ async fn an_approvers_edit_runs_as_changed_within_the_tasks_tools_and_the_model_
             run_id: run_id.clone(),
             comment: "narrower".into(),
             edit: edit("", json!({"q": "public docs"})),
+            scope: None,
         })
         .await
         .unwrap();
@@ -939,6 +946,7 @@ async fn an_approvers_edit_runs_as_changed_within_the_tasks_tools_and_the_model_
             run_id: waiting["run_id"].as_str().unwrap().into(),
             comment: String::new(),
             edit: edit("drop_tables", json!({})),
+            scope: None,
         })
         .await
         .unwrap();
@@ -961,6 +969,7 @@ async fn an_approvers_edit_runs_as_changed_within_the_tasks_tools_and_the_model_
             run_id: job_run,
             comment: String::new(),
             edit: edit("search", json!({})),
+            scope: None,
         })
         .await
         .unwrap_err();

@@ -5,7 +5,10 @@
 //! with `kill -9` mid-run and PostgreSQL itself crashes and restarts
 //! mid-run. No budget is ever seen over its limit, every acknowledged
 //! reservation and commit is in the database, and the balances equal the
-//! replay of the journal.
+//! replay of the journal. A quarter of the callers work as approved jobs:
+//! each places a hold (an approval's scope) and draws its reservations from
+//! it through the other replicas; no draw that fits its hold is ever
+//! refused, however hard the others compete for the same budgets.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashSet;
@@ -112,6 +115,9 @@ fn three_ledger_replicas_never_overspend_through_a_replica_crash_and_a_database_
     let reserved: Arc<Mutex<Vec<String>>> = Arc::default();
     let committed: Arc<Mutex<Vec<String>>> = Arc::default();
     let (refused, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    // Holds placed, draws granted, and draws refused although they fit.
+    let (holds, draws) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let draws_refused: Arc<Mutex<Vec<String>>> = Arc::default();
     let leaves: Vec<&str> = TREE
         .iter()
         .map(|t| t.0)
@@ -122,11 +128,36 @@ fn three_ledger_replicas_never_overspend_through_a_replica_crash_and_a_database_
             let (on, settle_on) = (clients[i % 3].clone(), clients[(i + 1) % 3].clone());
             let (stop, reserved, committed) = (stop.clone(), reserved.clone(), committed.clone());
             let (refused, failed) = (refused.clone(), failed.clone());
+            let (holds, draws, draws_refused) =
+                (holds.clone(), draws.clone(), draws_refused.clone());
+            let third = clients[(i + 2) % 3].clone();
             let leaf = leaves[i % leaves.len()].to_owned();
             rt.spawn(async move {
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     n += 1;
+                    if i.is_multiple_of(4) {
+                        let scope = ScopeRun {
+                            i,
+                            n,
+                            leaf: &leaf,
+                            replicas: [&on, &settle_on, &third],
+                        };
+                        match scope.run(&draws, &draws_refused).await {
+                            Scope::Held => {
+                                holds.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Scope::Refused => {
+                                refused.fetch_add(1, Ordering::Relaxed);
+                                tokio::time::sleep(Duration::from_millis(5)).await;
+                            }
+                            Scope::Failed => {
+                                failed.fetch_add(1, Ordering::Relaxed);
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                        }
+                        continue;
+                    }
                     let tokens = 50 + (i as u64 * 37 + n * 11) % 450;
                     let req = ReserveRequest {
                         budget_id: leaf.clone(),
@@ -321,12 +352,119 @@ fn three_ledger_replicas_never_overspend_through_a_replica_crash_and_a_database_
             assert!(b.tokens_reserved + b.tokens_spent <= b.token_limit.unwrap());
         }
     });
+    let draws_refused = draws_refused.lock().unwrap().clone();
+    assert!(
+        draws_refused.is_empty(),
+        "draws that fit their hold were refused: {draws_refused:?}"
+    );
+    assert!(
+        holds.load(Ordering::Relaxed) > 20 && draws.load(Ordering::Relaxed) > 60,
+        "the approved callers worked: {} holds, {} draws",
+        holds.load(Ordering::Relaxed),
+        draws.load(Ordering::Relaxed)
+    );
     eprintln!(
-        "{} reservations, {} commits, {} refused, {} failed calls (crash and restart), {} monitor reads",
+        "{} reservations, {} commits, {} holds with {} draws, {} refused, {} failed calls (crash and restart), {} monitor reads",
         reserved.len(),
         committed.len(),
+        holds.load(Ordering::Relaxed),
+        draws.load(Ordering::Relaxed),
         refused.load(Ordering::Relaxed),
         failed.load(Ordering::Relaxed),
         checks.load(Ordering::Relaxed)
     );
+}
+
+/// How one approved job's round went.
+enum Scope {
+    /// The hold was placed (and its draws made, or failed through a crash).
+    Held,
+    /// The budget had no room for the hold.
+    Refused,
+    /// A replica or the database was down.
+    Failed,
+}
+
+/// One approved job: a hold on its leaf, three draws from it through the
+/// other replicas (each a third of it, committed or released there), then
+/// the hold released through the third replica.
+struct ScopeRun<'a> {
+    i: usize,
+    n: u64,
+    leaf: &'a str,
+    replicas: [&'a LedgerClient; 3],
+}
+
+impl ScopeRun<'_> {
+    async fn run(&self, draws: &AtomicU64, draws_refused: &Mutex<Vec<String>>) -> Scope {
+        let (i, n) = (self.i, self.n);
+        let [on, settle_on, third] = self.replicas;
+        let tokens = 600 + (i as u64 * 31 + n * 7) % 900;
+        let hold = match on
+            .reserve(ReserveRequest {
+                budget_id: self.leaf.to_owned(),
+                tokens,
+                hold: true,
+                idempotency_key: format!("h{i}-{n}"),
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(r) => r.reservation.unwrap().reservation_id,
+            Err(e) if e.code() == tonic::Code::ResourceExhausted => return Scope::Refused,
+            Err(_) => return Scope::Failed,
+        };
+        for d in 0..3u64 {
+            let via = [settle_on, third, on][d as usize];
+            let drawn = via
+                .reserve(ReserveRequest {
+                    budget_id: self.leaf.to_owned(),
+                    tokens: tokens / 3,
+                    hold_id: hold.clone(),
+                    idempotency_key: format!("h{i}-{n}-d{d}"),
+                    ..Default::default()
+                })
+                .await;
+            let rid = match drawn {
+                Ok(r) => r.reservation.unwrap().reservation_id,
+                Err(e) if e.code() == tonic::Code::ResourceExhausted => {
+                    draws_refused
+                        .lock()
+                        .unwrap()
+                        .push(format!("{hold} draw {d}: {}", e.message()));
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            draws.fetch_add(1, Ordering::Relaxed);
+            let settle = [third, on, settle_on][d as usize];
+            // Most draws spend part of what they took (the rest goes back
+            // to the hold), some are released whole.
+            let _ = if d == 1 {
+                settle
+                    .release(ReleaseRequest {
+                        reservation_id: rid,
+                        ..Default::default()
+                    })
+                    .await
+                    .map(|_| ())
+            } else {
+                settle
+                    .commit(CommitRequest {
+                        reservation_id: rid,
+                        tokens: tokens / 5,
+                        ..Default::default()
+                    })
+                    .await
+                    .map(|_| ())
+            };
+        }
+        let _ = third
+            .release(ReleaseRequest {
+                reservation_id: hold,
+                ..Default::default()
+            })
+            .await;
+        Scope::Held
+    }
 }

@@ -496,6 +496,11 @@ pub const REFERENCES: &[Reference] = &[
         "ledger visible + within_grant",
     ),
     r(
+        "switchyard.ledger.v1.ReserveRequest.hold_id",
+        Grant,
+        "ledger visible_reservation (and the desk: a hold on the budget reserved on) + within_grant",
+    ),
+    r(
         "switchyard.ledger.v1.CommitRequest.reservation_id",
         Grant,
         "ledger visible_reservation + within_grant",

@@ -97,6 +97,9 @@ pub(crate) struct Snapshot {
     pub(crate) outputs: HashMap<String, Value>,
     pub(crate) stdin: Option<Vec<u8>>,
     pub(crate) budget_id: String,
+    /// The ledger hold (an approval's scope) the job's reservations draw
+    /// from; empty: they reserve on the budget chain.
+    pub(crate) scope_hold: String,
     pub(crate) token_budget: Option<u64>,
     pub(crate) correlation_id: String,
     pub(crate) delegation_depth: u32,
@@ -280,6 +283,7 @@ impl<'a> Spender<'a> {
             context: self.snap.correlation(),
             note,
             grant: String::new(),
+            from_hold: self.snap.scope_hold.clone(),
         };
         // The key makes the repeats one hold.
         let held = self

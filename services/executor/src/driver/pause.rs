@@ -347,6 +347,55 @@ impl Driver {
         Ok(ev)
     }
 
+    /// A job approved up to a scope draws from a hold: an approved
+    /// extension is a new hold of its amounts (the scope's own for the
+    /// dimension it does not raise), placed before the old one is released,
+    /// so what the job was approved for is never up for grabs. Repeating it
+    /// (after a restart) finds the same hold.
+    async fn extend_scope(&self, p: &events::BudgetPaused) -> Result<(), ExecutorError> {
+        let job_id = self.job_id.as_str();
+        let book = &self.x.inner.book;
+        let (old, (tokens, cost)) = {
+            let st = book.lock();
+            let e = st.get(job_id)?;
+            (e.scope_hold.clone(), e.scope_amounts)
+        };
+        if old.is_empty() {
+            return Ok(());
+        }
+        let now = book.now();
+        let scope = ap::ApprovalScope {
+            tokens: if p.tokens > 0 { p.tokens } else { tokens },
+            cost: Some(Money {
+                micro_usd: if p.cost_micro_usd > 0 {
+                    p.cost_micro_usd
+                } else {
+                    cost
+                },
+            }),
+            until: Some(switchyard_kit::time::timestamp(now + 24 * 3_600_000)),
+        };
+        let held = self.x.hold_scope(job_id, &p.run_id, &scope).await?;
+        let placed = !held.reservation_id.is_empty() && held.reservation_id != old;
+        let g = {
+            let mut st = book.lock();
+            book.record(&mut st, job_id, "", JobEvent::ScopeHeld(held))
+        };
+        book.durable(g).await?;
+        if placed {
+            let hold = switchyard_api::spend::Hold::resume(&self.x.inner.clients.ledger, &old);
+            crate::attempt::release(
+                &self.x,
+                job_id,
+                "",
+                &hold,
+                "replaced by the extension's hold",
+            )
+            .await;
+        }
+        Ok(())
+    }
+
     /// Applies a recorded decision: approved, the budget is raised and the
     /// job goes on; else its paused tasks fail (and the job ends).
     async fn apply(
@@ -377,6 +426,9 @@ impl Driver {
                 // with the ledger's numbers.
                 tracing::warn!(job_id, error = %e.message(), "raising the job's budget after its extension");
             }
+        }
+        if approved {
+            self.extend_scope(p).await?;
         }
         let by = if d.by.is_empty() {
             String::new()

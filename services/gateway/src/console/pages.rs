@@ -802,6 +802,7 @@ pub(crate) async fn decide(
                 run_id: run_id.clone(),
                 comment: f.comment,
                 edit: None,
+                scope: None,
             };
             as_caller!(ApprovalClient, approvals, caller, approve, req).map(|_| "approved")
         }

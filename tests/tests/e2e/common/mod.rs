@@ -150,6 +150,7 @@ pub async fn approve_as(
             run_id: run_id.into(),
             comment: "ok".into(),
             edit: None,
+            scope: None,
         })
         .await
         .map(|r| r.into_inner().run.expect("the run"))
@@ -175,6 +176,7 @@ pub async fn approve(s: &Stack, run_id: &str) {
         run_id: run_id.into(),
         comment: "ok".into(),
         edit: None,
+        scope: None,
     };
     approvals_as(s, "bob").await.approve(req).await.unwrap();
 }
