@@ -16,7 +16,7 @@ use switchyard_core::Reason;
 use switchyard_kit::auth::{Kind, OnBehalf};
 use switchyard_kit::error::{ApiError, is_outage};
 use switchyard_proto::approval::v1 as ap;
-use switchyard_proto::ledger::v1::CloseBudgetRequest;
+use switchyard_proto::ledger::v1::{CloseBudgetRequest, ReleaseRequest};
 
 use switchyard_store::StoreError;
 
@@ -86,11 +86,14 @@ pub(crate) struct CancelRun {
     pub(crate) why: String,
 }
 
-/// Close a budget.
+/// Close a budget, after releasing the holds of the job's approved scope
+/// (what they still keep goes back to the chain).
 #[derive(Clone, PartialEq, prost::Message)]
 pub(crate) struct CloseBudget {
     #[prost(string, tag = "1")]
     pub(crate) budget_id: String,
+    #[prost(string, repeated, tag = "2")]
+    pub(crate) holds: Vec<String>,
 }
 
 impl Intent {
@@ -208,6 +211,7 @@ impl Executor {
         if !e.job.budget_id.is_empty() {
             let close = Effect::CloseBudget(CloseBudget {
                 budget_id: e.job.budget_id.clone(),
+                holds: e.scope_holds.clone(),
             });
             intents.push(Intent::new(job_id, corr, &submitter, close));
         }
@@ -299,13 +303,35 @@ impl Executor {
         let c = &self.inner.clients;
         let answered = match &i.effect {
             None => return Delivery::Done,
-            Some(Effect::CloseBudget(b)) => c
-                .ledger
-                .close_budget(CloseBudgetRequest {
-                    budget_id: b.budget_id.clone(),
-                })
-                .await
-                .map(|_| ()),
+            Some(Effect::CloseBudget(b)) => {
+                for hold in &b.holds {
+                    let released = c
+                        .ledger
+                        .release(ReleaseRequest {
+                            reservation_id: hold.clone(),
+                            ..Default::default()
+                        })
+                        .await;
+                    match released {
+                        Ok(_) => {}
+                        Err(s) if is_outage(&s) => return Delivery::Later(s.message().to_owned()),
+                        // Released before, or lapsed: nothing is held. Any
+                        // other refusal leaves it to the hold's time limit.
+                        Err(s) => {
+                            let api = ApiError::from(s);
+                            if api.known_reason() != Some(Reason::ReservationNotOpen) {
+                                tracing::warn!(job_id = %i.job_id, hold, error = %api, "releasing a finished job's scope hold; its time limit will");
+                            }
+                        }
+                    }
+                }
+                c.ledger
+                    .close_budget(CloseBudgetRequest {
+                        budget_id: b.budget_id.clone(),
+                    })
+                    .await
+                    .map(|_| ())
+            }
             Some(Effect::CancelRun(r)) => c
                 .approval
                 .cancel(ap::CancelRequest {

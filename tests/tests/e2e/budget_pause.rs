@@ -650,21 +650,22 @@ async fn an_approval_up_to_a_scope_holds_the_money_so_nothing_else_can_take_it()
     let doc = chain("held", json!({"parent_budget_id": "team"}));
     let j = submit(&mut c, &doc).await.unwrap();
     assert_eq!(j.state, JobState::Pending as i32, "a person decides: {j:?}");
-    // Approving places the hold before any step runs.
-    let run = approve_up_to(&s, &mut c, "held", 90).await;
+    // Approving places the hold before any step runs: 100, of which the
+    // job will spend 90.
+    let run = approve_up_to(&s, &mut c, "held", 100).await;
     let scope = run.scope.unwrap();
     assert_eq!(
         (scope.tokens, scope.cost.unwrap().micro_usd),
-        (100_000, 90),
+        (100_000, 100),
         "{run:?}"
     );
     assert!(scope.until.is_some(), "a scope always has an end: {run:?}");
     let held = until_event(&mut c, "held", "budget.scope_held").await;
-    assert_eq!(held["cost_micro_usd"], 90, "{held}");
+    assert_eq!(held["cost_micro_usd"], 100, "{held}");
     let hold = held["reservation_id"].as_str().unwrap().to_owned();
     assert!(!hold.is_empty(), "{held}");
     // Someone else takes everything else the team has, at once: the held
-    // 90 is not theirs to take.
+    // 100 is not theirs to take.
     let mut ledger = LedgerServiceClient::new(s.channel().await.unwrap());
     let reserve = |micro_usd: i64, key: &str| switchyard_proto::ledger::v1::ReserveRequest {
         budget_id: "team".into(),
@@ -672,22 +673,22 @@ async fn an_approval_up_to_a_scope_holds_the_money_so_nothing_else_can_take_it()
         idempotency_key: key.into(),
         ..Default::default()
     };
-    let greedy = ledger.reserve(reserve(111, "greedy")).await.unwrap_err();
+    let greedy = ledger.reserve(reserve(101, "greedy")).await.unwrap_err();
     assert_eq!(reason_of(&greedy), "BUDGET_EXCEEDED", "{greedy:?}");
-    ledger.reserve(reserve(110, "the-rest")).await.unwrap();
+    ledger.reserve(reserve(100, "the-rest")).await.unwrap();
     // The approved job still does all it was approved for: every step
     // draws from its hold.
     let r = finish(&mut c, "held").await;
     assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
     let j = job(&mut c, "held").await;
     assert_eq!(attempts(&j), vec![1, 1, 1]);
-    // Spent 90; the hold is released at the job's end, so the team holds
-    // only the other reservation.
-    let b = until_reserved(&s, "team", 110).await;
+    // Spent 90; the hold's other 10 is released at the job's end, so the
+    // team holds only the other reservation.
+    let b = until_reserved(&s, "team", 100).await;
     assert_eq!(b.cost_spent.map(|m| m.micro_usd), Some(90), "{b:?}");
     // bob's receipt binds the hold he granted.
     let (receipt, key) = verified_receipt(&s, &run.run_id).await;
-    assert_eq!(receipt.receipt["scope"]["hold"]["cost_micro_usd"], 90);
+    assert_eq!(receipt.receipt["scope"]["hold"]["cost_micro_usd"], 100);
     let mut forged = receipt.clone();
     forged.receipt["scope"]["hold"]["cost_micro_usd"] = json!(9_000);
     assert!(switchyard_kit::receipt::verify(&forged, Some(&key)).is_err());
