@@ -217,7 +217,7 @@ pub struct Hold {
 pub async fn reserve(ledger: &LedgerClient, r: HoldRequest) -> Result<Hold, Refusal> {
     let reserved = ledger
         .reserve(ReserveRequest {
-            budget_id: r.budget_id,
+            budget_id: r.budget_id.clone(),
             tokens: r.tokens,
             cost: Some(Money {
                 micro_usd: r.cost_micro_usd,
@@ -241,8 +241,9 @@ pub async fn reserve(ledger: &LedgerClient, r: HoldRequest) -> Result<Hold, Refu
         Err(e) => {
             let api = ApiError::from(e);
             if api.known_reason() == Some(Reason::HoldExhausted) {
+                // The hold stands on the budget the draw was made on.
                 return Err(Refusal::Budget {
-                    refused_by: r.from_hold,
+                    refused_by: r.budget_id,
                     short: Shortfall::from_hold(&api.metadata, r.tokens, r.cost_micro_usd),
                     message: format!("the approved scope is spent: {}", api.message),
                 });

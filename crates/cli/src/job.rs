@@ -184,13 +184,20 @@ pub enum JobCmd {
     /// finished task runs again. Needs the approver role, and someone other
     /// than the submitter (a second approver when the amount is above the
     /// two-person threshold). `switchyard approval reject JOB -m why` ends
-    /// it instead.
+    /// it instead. --up-to and --tokens grant another amount than asked.
     Resume {
         /// Job id.
         id: String,
         /// Comment for the audit log.
         #[arg(short = 'm', long, default_value = "")]
         comment: String,
+        /// Grant this much money instead of what the job asks for
+        /// (dollars, `0.25`, or micro-USD, `250000micro`).
+        #[arg(long, value_parser = crate::output::parse_money)]
+        up_to: Option<i64>,
+        /// Grant this many tokens instead of what the job asks for.
+        #[arg(long)]
+        tokens: Option<u64>,
         /// The approval service's URL when it is not at --url (services
         /// split).
         #[arg(long, env = "SWITCHYARD_APPROVAL_URL")]
@@ -1203,9 +1210,20 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
         JobCmd::Resume {
             id,
             comment,
+            up_to,
+            tokens,
             approval_url,
             conn,
-        } => resume(&conn, &id, comment, approval_url.as_deref()).await,
+        } => {
+            let scope = (up_to.is_some() || tokens.is_some()).then(|| {
+                switchyard_proto::approval::v1::ApprovalScope {
+                    tokens: tokens.unwrap_or(0),
+                    cost: up_to.map(|micro_usd| switchyard_proto::common::v1::Money { micro_usd }),
+                    until: None,
+                }
+            });
+            resume(&conn, &id, comment, scope, approval_url.as_deref()).await
+        }
         JobCmd::Cancel { id, reason, conn } => {
             let c = client(&conn).await?;
             let req = CancelJobRequest { job_id: id, reason };
@@ -1219,6 +1237,7 @@ async fn resume(
     conn: &Conn,
     job_id: &str,
     comment: String,
+    scope: Option<switchyard_proto::approval::v1::ApprovalScope>,
     approval_url: Option<&str>,
 ) -> anyhow::Result<()> {
     let c = client(conn).await?;
@@ -1242,7 +1261,7 @@ async fn resume(
         run_id: p.run_id.clone(),
         comment,
         edit: None,
-        scope: None,
+        scope,
     };
     let run = approval
         .approve(req)
@@ -1256,10 +1275,20 @@ async fn resume(
             p.run_id
         );
     } else {
+        let granted = match &run.scope {
+            Some(s) => {
+                let money = s.cost.map_or(0, |m| m.micro_usd);
+                if money > 0 && p.cost.is_some_and(|c| c.micro_usd > 0) {
+                    format!("{} more", usd(money))
+                } else {
+                    format!("{} more tokens", s.tokens)
+                }
+            }
+            None => extension_amount(p),
+        };
         println!(
-            "approved extension run {} of job {job_id}: its budget grows by {} and it goes on where it stopped (switchyard job watch {job_id})",
+            "approved extension run {} of job {job_id}: its budget grows by {granted} and it goes on where it stopped (switchyard job watch {job_id})",
             p.run_id,
-            extension_amount(p)
         );
     }
     Ok(())

@@ -31,6 +31,28 @@ pub fn check_micro_usd(micro_usd: i64, what: &str) -> Result<(), String> {
     }
 }
 
+/// A dollar amount (`12`, `0.42`, `$1.000001`) as micro-USD, exactly: the
+/// digits are read as a decimal, never through a float.
+pub fn parse_usd(s: &str) -> Result<i64, String> {
+    let t = s.trim().trim_start_matches('$');
+    let (whole, frac) = t.split_once('.').unwrap_or((t, ""));
+    let digits = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    if !digits(whole) || (!frac.is_empty() && !digits(frac)) || t.ends_with('.') {
+        return Err(format!("{s:?} is not a dollar amount like 12.50"));
+    }
+    if frac.len() > 6 {
+        return Err(format!(
+            "{s:?} has more than 6 decimals (micro-USD is the smallest unit)"
+        ));
+    }
+    let whole: i64 = whole.parse().map_err(|_| format!("{s:?} is too large"))?;
+    let frac: i64 = format!("{frac:0<6}").parse().unwrap_or(0);
+    whole
+        .checked_mul(1_000_000)
+        .and_then(|w| w.checked_add(frac))
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
 /// `units × price per million`, rounded up to a whole micro-USD, so a
 /// charge is never under-counted. Negative prices count as zero.
 pub fn charge(units: u64, micro_usd_per_million: i64) -> i64 {

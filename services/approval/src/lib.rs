@@ -2121,16 +2121,46 @@ impl ApprovalService for Approval {
 #[cfg(test)]
 mod tests;
 
+use switchyard_core::money;
+
 /// The longest an approval's scope stands: the ledger's longest hold.
 const MAX_SCOPE_MS: u64 = 24 * 3_600_000;
 
 /// `scope` for job run `run` with its unset fields taken from the run's
 /// estimate, or why it cannot be granted.
 fn fill_scope(run: &Run, scope: ApprovalScope, now: u64) -> Result<ApprovalScope, ApprovalError> {
+    if let Some(x) = &run.extension {
+        // An extension granted in another amount than asked.
+        let mut v = Violations::new();
+        if scope.until.is_some() {
+            v.add(
+                "scope.until",
+                "an extension's scope is its amounts: the hold it places stands as long as a hold may",
+            );
+        }
+        let cost = scope.cost.or(x.cost);
+        let tokens = if scope.tokens == 0 {
+            x.tokens
+        } else {
+            scope.tokens
+        };
+        if tokens > 1_000_000_000_000 {
+            v.add("scope.tokens", "must be at most 10^12");
+        }
+        if tokens == 0 && cost.is_none_or(|m| m.micro_usd == 0) {
+            v.add("scope", "grants nothing: give tokens or money to add");
+        }
+        v.into_result().map_err(ApprovalError::Invalid)?;
+        return Ok(ApprovalScope {
+            tokens,
+            cost,
+            until: None,
+        });
+    }
     if run.adapter != "switchyard" || run.job_id.is_empty() {
         return Err(invalid(
             "scope",
-            "only a job's run (adapter switchyard) is approved up to a scope: the hold is placed on the job's budget",
+            "only a job's run (adapter switchyard) or a budget extension is approved up to a scope: the hold is placed on the job's budget",
         ));
     }
     let est = run.cost_estimate.unwrap_or_default();
@@ -2141,17 +2171,17 @@ fn fill_scope(run: &Run, scope: ApprovalScope, now: u64) -> Result<ApprovalScope
             .saturating_add(est.estimated_output_tokens),
         n => n,
     };
-    if tokens > 1_000_000_000_000 {
-        v.add("scope.tokens", "must be at most 10^12");
-    }
+    v.check("scope.tokens", money::check_tokens(tokens, "scope.tokens"));
     let cost = scope.cost.or(est.estimated_cost);
     match cost {
         None => v.add(
             "scope.cost",
             "the run has no priced estimate: give the amount to approve (e.g. --up-to 0.50)",
         ),
-        Some(m) if m.micro_usd < 0 => v.add("scope.cost", "must not be negative"),
-        Some(_) => {}
+        Some(m) => v.check(
+            "scope.cost",
+            money::check_micro_usd(m.micro_usd, "scope.cost"),
+        ),
     }
     let until = match scope.until {
         None => now + MAX_SCOPE_MS,

@@ -654,6 +654,25 @@ pub struct ExtensionDecided {
     /// Approved: the job budget's money limit once raised, micro-USD.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost_limit_micro_usd: Option<i64>,
+    /// Approved: the tokens granted (the approver's scope, else as asked).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub granted_tokens: Option<u64>,
+    /// Approved: the money granted, micro-USD (the approver's scope, else as
+    /// asked).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub granted_cost_micro_usd: Option<i64>,
+}
+
+impl ExtensionDecided {
+    /// What an approved extension adds, tokens and micro-USD: what the
+    /// approver granted, else what `p` asked (a decision recorded before
+    /// approvers could choose).
+    pub fn granted(&self, p: &BudgetPaused) -> (u64, i64) {
+        (
+            self.granted_tokens.unwrap_or(p.tokens),
+            self.granted_cost_micro_usd.unwrap_or(p.cost_micro_usd),
+        )
+    }
 }
 
 /// `budget.scope_held`.
@@ -1003,6 +1022,8 @@ mod tests {
             comment: String::new(),
             token_limit: Some(160),
             cost_limit_micro_usd: None,
+            granted_tokens: Some(80),
+            granted_cost_micro_usd: None,
         }));
         round_trip(JobEvent::ApprovalRequested(ApprovalRequested {
             estimated_cost_micro_usd: None,

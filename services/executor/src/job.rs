@@ -359,7 +359,7 @@ impl JobEntry {
                     && p.run_id == d.run_id
                 {
                     if d.decision == "approved" {
-                        self.extra_tokens += p.tokens;
+                        self.extra_tokens += d.granted(p).0;
                     }
                     self.job.budget_pause = Some(pb_pause(p, Some(d)));
                     *decided = Some(d.clone());
@@ -578,6 +578,14 @@ fn pb_pause(
         decide_by: Some(timestamp(p.decide_by_ms)),
         decision: d.map_or("pending", |d| d.decision.as_str()).to_owned(),
         decided_by: d.map(|d| d.by.clone()).unwrap_or_default(),
+        granted_tokens: d
+            .filter(|d| d.decision == "approved")
+            .map_or(0, |d| d.granted(p).0),
+        granted_cost: d
+            .filter(|d| d.decision == "approved")
+            .map(|d| d.granted(p).1)
+            .filter(|c| *c > 0)
+            .map(|micro_usd| Money { micro_usd }),
     }
 }
 

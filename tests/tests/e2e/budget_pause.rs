@@ -22,7 +22,7 @@ use switchyard_testkit::Stack;
 use tonic::Code;
 
 use crate::common::{
-    Counting, Jobs, approvals_as, approve, budget, finish, job, outsiders, run_of,
+    Counting, Jobs, approvals_as, approve, budget, events_of, finish, job, outsiders, run_of,
     serve_priced_agent, submit, tenant_key, until_event, wait_routed,
 };
 
@@ -724,13 +724,53 @@ async fn a_job_that_spends_its_scope_pauses_and_an_approved_extension_holds_more
             TaskState::BudgetPaused
         ]
     );
-    // The extension is approved: a new hold, and only c runs again.
-    approve(&s, paused["run_id"].as_str().unwrap()).await;
+    assert_eq!(paused["cost_micro_usd"], 30, "the refused step: {paused}");
+    // bob grants more than asked (45 instead of 30): a new hold of 45, and
+    // only c runs again. An extension's scope has no end of its own.
+    let extension = paused["run_id"].as_str().unwrap().to_owned();
+    let grant = |until: Option<prost_types::Timestamp>| ApproveRequest {
+        run_id: extension.clone(),
+        comment: "take a little more".into(),
+        edit: None,
+        scope: Some(switchyard_proto::approval::v1::ApprovalScope {
+            tokens: 0,
+            cost: Some(switchyard_proto::common::v1::Money { micro_usd: 45 }),
+            until,
+        }),
+    };
+    let bob = approvals_as(&s, "bob").await;
+    let e = bob
+        .clone()
+        .approve(grant(Some(prost_types::Timestamp {
+            seconds: 4_000_000_000,
+            nanos: 0,
+        })))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    bob.clone().approve(grant(None)).await.unwrap();
     let r = finish(&mut c, "scoped").await;
     assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
     let j = job(&mut c, "scoped").await;
     assert_eq!(attempts(&j), vec![1, 1, 2], "no finished task ran again");
-    // Both holds are gone once the job ends: the team holds nothing.
+    let p = j.budget_pause.clone().unwrap();
+    assert_eq!(
+        (p.decision.as_str(), p.granted_cost.map(|m| m.micro_usd)),
+        ("approved", Some(45)),
+        "{p:?}"
+    );
+    let held: Vec<Value> = events_of(&mut c, "scoped", "budget.scope_held")
+        .await
+        .iter()
+        .map(|h| h["cost_micro_usd"].clone())
+        .collect();
+    assert_eq!(
+        held,
+        vec![json!(60), json!(45)],
+        "the approval's, then the extension's"
+    );
+    // Both holds are gone once the job ends (the second's unspent 15
+    // too): the team holds nothing.
     let b = until_reserved(&s, "team", 0).await;
     assert_eq!(b.cost_spent.map(|m| m.micro_usd), Some(90), "{b:?}");
     // A scope is for a job's run: an extension's or a bad amount is refused.

@@ -767,3 +767,75 @@ async fn a_participant_talks_with_a_conversation_in_the_console_and_a_double_sen
     );
     e.stack.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approver_approves_a_job_up_to_a_scope_in_the_console_and_a_bad_amount_changes_nothing()
+{
+    let (s, base, mut alice) = stack_as_alice().await;
+    let j = submit(&mut alice, &crate::executor::example("needs_approval.yaml"))
+        .await
+        .unwrap();
+    let bob = s.session(&s.token("bob").unwrap()).await.unwrap();
+    let c = client();
+    // The inbox offers the scope on a job's run.
+    let inbox = c
+        .get(format!("{base}/ui/"))
+        .header("cookie", format!("sy_session={bob}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        inbox.contains("Approve up to a scope, held now") && inbox.contains("name=\"up_to\""),
+        "{inbox}"
+    );
+    let csrf = switchyard_gateway::console::session::csrf_token(&bob);
+    let host = s.http.unwrap().to_string();
+    let post = |body: String| {
+        c.post(format!("{base}/ui/runs/{}/approve", j.run_id))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("cookie", format!("sy_session={bob}"))
+            .header("origin", format!("http://{host}"))
+            .body(format!("csrf={csrf}&{body}"))
+            .send()
+    };
+    let mut runs = ApprovalServiceClient::new(s.channel_as("bob").await.unwrap());
+    let get = || GetRunRequest {
+        run_id: j.run_id.clone(),
+    };
+    // An amount that is not one is said, and nothing is approved.
+    let resp = post("up_to=lots".into()).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let page = resp.text().await.unwrap();
+    assert!(
+        page.contains("up_to") && page.contains("dollar amount"),
+        "{page}"
+    );
+    let run = runs.get_run(get()).await.unwrap().into_inner().run.unwrap();
+    assert_eq!(run.status, RunStatus::Proposed as i32);
+    // Up to $0.50 (the tokens: the estimate's): the run keeps the scope,
+    // the job holds it and draws from it.
+    let resp = post("comment=ok&up_to=0.50&tokens=".into()).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 303);
+    let run = runs.get_run(get()).await.unwrap().into_inner().run.unwrap();
+    let scope = run.scope.unwrap();
+    let est = run.cost_estimate.unwrap();
+    assert_eq!(
+        (scope.tokens, scope.cost),
+        (
+            est.estimated_input_tokens + est.estimated_output_tokens,
+            Some(Money { micro_usd: 500_000 })
+        )
+    );
+    assert!(scope.tokens > 0, "{est:?}");
+    let job_id = j.spec.as_ref().unwrap().job_id.clone();
+    let held = crate::common::until_event(&mut alice, &job_id, "budget.scope_held").await;
+    assert_eq!(held["cost_micro_usd"], 500_000, "{held}");
+    assert_eq!(
+        finish(&mut alice, &job_id).await.state,
+        JobState::Completed as i32
+    );
+    s.stop().await.unwrap();
+}

@@ -311,8 +311,14 @@ impl Driver {
             comment: d.comment.clone(),
             token_limit: None,
             cost_limit_micro_usd: None,
+            granted_tokens: None,
+            granted_cost_micro_usd: None,
         };
         if d.decision == "approved" {
+            // The approver may have granted other amounts than asked.
+            let (tokens, cost) = self.granted(p).await?;
+            ev.granted_tokens = Some(tokens);
+            ev.granted_cost_micro_usd = Some(cost);
             let budget_id = book.lock().get(job_id)?.job.budget_id.clone();
             let ledger = &self.x.inner.clients.ledger;
             let get = lg::GetBudgetRequest { budget_id };
@@ -329,13 +335,11 @@ impl Driver {
                 .unwrap_or_default();
             // A limit the budget does not have is not raised (nothing ran
             // out there: an enclosing budget did).
-            if p.tokens > 0 {
-                ev.token_limit = b.token_limit.map(|l| l.saturating_add(p.tokens));
+            if tokens > 0 {
+                ev.token_limit = b.token_limit.map(|l| l.saturating_add(tokens));
             }
-            if p.cost_micro_usd > 0 {
-                ev.cost_limit_micro_usd = b
-                    .cost_limit
-                    .map(|l| l.micro_usd.saturating_add(p.cost_micro_usd));
+            if cost > 0 {
+                ev.cost_limit_micro_usd = b.cost_limit.map(|l| l.micro_usd.saturating_add(cost));
             }
         }
         let g = {
@@ -347,12 +351,40 @@ impl Driver {
         Ok(ev)
     }
 
+    /// What the approved extension run `p.run_id` grants: the approver's
+    /// scope (`Run.scope`), else what `p` asked.
+    async fn granted(&self, p: &events::BudgetPaused) -> Result<(u64, i64), ExecutorError> {
+        let approval = &self.x.inner.clients.approval;
+        let get = ap::GetRunRequest {
+            run_id: p.run_id.clone(),
+        };
+        let run = self
+            .x
+            .waiter(&self.job_id, "")
+            .call(Service::Approval, || approval.get_run(get.clone()))
+            .await
+            .map_err(|status| ExecutorError::Upstream {
+                service: "approval",
+                status,
+            })?
+            .run
+            .unwrap_or_default();
+        Ok(match run.scope {
+            Some(s) => (s.tokens, s.cost.map_or(0, |m| m.micro_usd)),
+            None => (p.tokens, p.cost_micro_usd),
+        })
+    }
+
     /// A job approved up to a scope draws from a hold: an approved
     /// extension is a new hold of its amounts (the scope's own for the
     /// dimension it does not raise), placed before the old one is released,
     /// so what the job was approved for is never up for grabs. Repeating it
     /// (after a restart) finds the same hold.
-    async fn extend_scope(&self, p: &events::BudgetPaused) -> Result<(), ExecutorError> {
+    async fn extend_scope(
+        &self,
+        p: &events::BudgetPaused,
+        (more_tokens, more_cost): (u64, i64),
+    ) -> Result<(), ExecutorError> {
         let job_id = self.job_id.as_str();
         let book = &self.x.inner.book;
         let (old, (tokens, cost)) = {
@@ -365,13 +397,9 @@ impl Driver {
         }
         let now = book.now();
         let scope = ap::ApprovalScope {
-            tokens: if p.tokens > 0 { p.tokens } else { tokens },
+            tokens: if more_tokens > 0 { more_tokens } else { tokens },
             cost: Some(Money {
-                micro_usd: if p.cost_micro_usd > 0 {
-                    p.cost_micro_usd
-                } else {
-                    cost
-                },
+                micro_usd: if more_cost > 0 { more_cost } else { cost },
             }),
             until: Some(switchyard_kit::time::timestamp(now + 24 * 3_600_000)),
         };
@@ -428,7 +456,7 @@ impl Driver {
             }
         }
         if approved {
-            self.extend_scope(p).await?;
+            self.extend_scope(p, d.granted(p)).await?;
         }
         let by = if d.by.is_empty() {
             String::new()

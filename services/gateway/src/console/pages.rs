@@ -608,6 +608,8 @@ async fn run_card(c: &Console, caller: &Caller, r: &ap::Run, seen: &Seen) -> Val
         "outputs_allowed": r.outputs_allowed,
         "context_hash": r.context_pack.as_ref().map_or("", |p| p.hash.as_str()),
         "job_id": r.job_id,
+        // A job's run may be approved up to a scope, held at approval.
+        "scopable": r.adapter == "switchyard" && !r.job_id.is_empty(),
         "correlation_id": r.correlation_id,
         "approved_by": r.approved_by,
         "tool_call": r.tool_call.as_ref().map(|t| json!({
@@ -780,6 +782,46 @@ async fn budget_chain(
 pub(crate) struct DecisionForm {
     #[serde(default)]
     comment: String,
+    /// Approve a job up to a scope: hold its estimate now.
+    #[serde(default)]
+    hold: Option<String>,
+    /// The scope's (or an extension's granted) money, in dollars.
+    #[serde(default)]
+    up_to: String,
+    /// The scope's (or an extension's granted) tokens.
+    #[serde(default)]
+    tokens: String,
+}
+
+impl DecisionForm {
+    /// The scope the form asks for, if any (`ApproveRequest.scope`), or
+    /// which field is not a number.
+    fn scope(&self) -> Result<Option<ap::ApprovalScope>, Status> {
+        let (up_to, tokens) = (self.up_to.trim(), self.tokens.trim());
+        if self.hold.is_none() && up_to.is_empty() && tokens.is_empty() {
+            return Ok(None);
+        }
+        let bad = |field: &str, why: String| {
+            let mut v = switchyard_core::Violations::new();
+            v.add(field, why);
+            switchyard_kit::error::invalid_argument(Reason::InvalidArgument, &v)
+        };
+        let cost = match up_to {
+            "" => None,
+            t => Some(switchyard_core::money::parse_usd(t).map_err(|e| bad("up_to", e))?),
+        };
+        let tokens = match tokens {
+            "" => 0,
+            t => t
+                .parse::<u64>()
+                .map_err(|_| bad("tokens", format!("{t:?} is not a whole number of tokens")))?,
+        };
+        Ok(Some(ap::ApprovalScope {
+            tokens,
+            cost: cost.map(|micro_usd| switchyard_proto::common::v1::Money { micro_usd }),
+            until: None,
+        }))
+    }
 }
 
 /// `POST /ui/runs/{run_id}/approve` and `…/reject`: decides as the person,
@@ -798,11 +840,12 @@ pub(crate) async fn decide(
     let approvals = reach(&c.services.approval, "approval").map_err(fail)?;
     let done = match decision.as_str() {
         "approve" => {
+            let scope = f.scope().map_err(fail)?;
             let req = ap::ApproveRequest {
                 run_id: run_id.clone(),
                 comment: f.comment,
                 edit: None,
-                scope: None,
+                scope,
             };
             as_caller!(ApprovalClient, approvals, caller, approve, req).map(|_| "approved")
         }

@@ -351,14 +351,7 @@ pub async fn tenant_key(
 
 /// Follows the job's events until one of `kind` arrives; its data.
 pub async fn until_event(c: &mut Jobs, job_id: &str, kind: &str) -> serde_json::Value {
-    let mut s = c
-        .watch_job(switchyard_proto::executor::v1::WatchJobRequest {
-            job_id: job_id.into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut s = watch_from_start(c, job_id).await;
     let wait = async {
         while let Some(Ok(m)) = tokio_stream::StreamExt::next(&mut s).await {
             let e = m.event.unwrap();
@@ -459,4 +452,42 @@ impl switchyard_agent_sdk::Agent for Counting {
         r.tokens_used = self.0;
         r
     }
+}
+
+/// Job `job_id`'s event stream from its first event.
+async fn watch_from_start(
+    c: &mut Jobs,
+    job_id: &str,
+) -> tonic::Streaming<switchyard_proto::executor::v1::WatchJobResponse> {
+    c.watch_job(switchyard_proto::executor::v1::WatchJobRequest {
+        job_id: job_id.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .into_inner()
+}
+
+/// Every event of `kind` a finished job `job_id` recorded, in order (its
+/// stream ends with the job).
+pub async fn events_of(c: &mut Jobs, job_id: &str, kind: &str) -> Vec<serde_json::Value> {
+    let mut stream = watch_from_start(c, job_id).await;
+    let all = async {
+        let mut out = Vec::new();
+        while let Some(Ok(m)) = tokio_stream::StreamExt::next(&mut stream).await {
+            let e = m.event.unwrap();
+            if e.kind == kind {
+                out.push(
+                    e.data
+                        .as_ref()
+                        .map(switchyard_kit::json::struct_to_json)
+                        .unwrap(),
+                );
+            }
+        }
+        out
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(20), all)
+        .await
+        .expect("a finished job's stream ends")
 }
