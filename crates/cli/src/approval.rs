@@ -243,7 +243,24 @@ pub fn run_json(r: &Run) -> Value {
         "next_attempt_at_ms": ms(&r.next_attempt_at), "last_error": r.last_error,
         "job_id": r.job_id, "correlation_id": r.correlation_id, "labels": r.labels,
         "policy": r.policy.as_ref().map(policy_json),
+        "scope": r.scope.as_ref().map(|s| json!({"tokens": s.tokens,
+            "cost_micro_usd": s.cost.map_or(0, |m| m.micro_usd),
+            "until_ms": ms(&s.until)})),
     })
+}
+
+/// The scope an approval granted, in words: `up to $0.000050 and 12288
+/// tokens, held until …`.
+fn scope_line(s: &ApprovalScope) -> String {
+    let until = s
+        .until
+        .map(|t| format!(", held until {t}"))
+        .unwrap_or_default();
+    format!(
+        "up to {} and {} tokens{until}",
+        usd(s.cost.map_or(0, |m| m.micro_usd)),
+        s.tokens
+    )
 }
 
 /// A policy decision as JSON.
@@ -314,6 +331,9 @@ fn show_execution(run: &Run) {
         };
         println!("adapter:       {}{job}{state}", run.adapter);
     }
+    if let Some(s) = &run.scope {
+        println!("scope:         {}", scope_line(s));
+    }
     if !run.reason_code.is_empty() {
         println!("reason code:   {}", run.reason_code);
     }
@@ -338,7 +358,12 @@ fn show_execution(run: &Run) {
 fn show_run(conn: &Conn, run: &Run, verb: &str) {
     match conn.output {
         Format::Json => print_json(&run_json(run)),
-        Format::Table => println!("{verb} run {} ({})", run.run_id, status_name(run.status)),
+        Format::Table => {
+            println!("{verb} run {} ({})", run.run_id, status_name(run.status));
+            if let Some(s) = &run.scope {
+                println!("scope:         {}", scope_line(s));
+            }
+        }
     }
 }
 

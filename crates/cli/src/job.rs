@@ -302,9 +302,14 @@ fn pause_line(j: &Job, p: &BudgetPause) -> String {
         } else {
             format!(" by {}", p.decided_by)
         };
+        let granted = match (&p.granted_cost, p.granted_tokens) {
+            (Some(m), _) if m.micro_usd > 0 => format!(": {} granted", usd(m.micro_usd)),
+            (_, t) if t > 0 => format!(": {t} tokens granted"),
+            _ => String::new(),
+        };
         format!(
             "{head}
-           extension {}{by}",
+           extension {}{by}{granted}",
             p.decision.replace('_', " ")
         )
     }
