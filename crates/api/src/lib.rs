@@ -172,6 +172,12 @@ pub mod approval {
                 list_run_artifacts(ListRunArtifactsRequest) -> ListRunArtifactsResponse;
                 /// Returns one of a run's artifacts.
                 get_run_artifact(GetRunArtifactRequest) -> GetRunArtifactResponse;
+                /// Stores a policy file in the policy store.
+                put_policy(PutPolicyRequest) -> PutPolicyResponse;
+                /// Removes a stored policy file.
+                delete_policy(DeletePolicyRequest) -> DeletePolicyResponse;
+                /// Lists the stored policy files.
+                list_policies(ListPoliciesRequest) -> ListPoliciesResponse;
             }
             streaming {
                 /// Streams run events.

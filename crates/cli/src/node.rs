@@ -508,6 +508,12 @@ pub async fn run_node_then(
             }
         };
         a.set_policies(policies.clone());
+        // The policy store is this service's: read it now, and at each
+        // reload tick.
+        policies.set_feed(a.policy_feed());
+        if let Err(e) = policies.refresh().await {
+            tracing::warn!(error = %e, "the stored policy files do not load with the rest; the set without them stays in force");
+        }
         a.spawn_sweeper();
         a.spawn_pruner();
         a.spawn_dispatcher();
@@ -516,6 +522,37 @@ pub async fn run_node_then(
         }
         server = server.add_service(a.server(max));
         approval = Some(a);
+    }
+
+    // Without the approval service here, the policy store is read from it
+    // over gRPC (policy.approval_url, else an executor's approval_url).
+    if approval.is_none() {
+        let url = cfg.policy.approval_url.clone().or_else(|| {
+            services
+                .contains(&ServiceKind::Executor)
+                .then(|| cfg.executor.approval_url.clone())
+                .flatten()
+        });
+        if let Some(u) = url {
+            let client = ApprovalClient::remote(remote(&u)?, max);
+            policies.set_feed(Arc::new(move || {
+                let client = client.clone();
+                Box::pin(async move {
+                    let listed = client
+                        .list_policies(switchyard_proto::approval::v1::ListPoliciesRequest {})
+                        .await
+                        .map_err(|e| e.message().to_owned())?;
+                    Ok(listed
+                        .policies
+                        .iter()
+                        .map(|p| switchyard_policy::stored_source(&p.name, &p.text))
+                        .collect())
+                })
+            }));
+            if let Err(e) = policies.refresh().await {
+                tracing::warn!(error = %e, "the stored policy files do not load with the rest; the set without them stays in force");
+            }
+        }
     }
 
     let mut executor = None;

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use clap::Subcommand;
 use serde_json::json;
-use switchyard_proto::approval::v1::{GetRunRequest, ListRunsRequest};
+use switchyard_proto::approval::v1::{
+    DeletePolicyRequest, GetRunRequest, ListPoliciesRequest, ListRunsRequest, PutPolicyRequest,
+};
 use switchyard_proto::executor::v1::{
     GetResultRequest, GetResultResponse, ToolResult, ValidateJobRequest,
 };
@@ -43,6 +45,41 @@ pub enum PolicyCmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Store a Cedar policy file in the deployment's policy store (on
+    /// PostgreSQL, shared by every replica), replacing one of the same
+    /// name. Refused, with Cedar's words, unless the whole set loads with
+    /// it. Every process decides with it within `policy.reload_ms`. Needs
+    /// the service token (a policy decides for every tenant).
+    Put {
+        /// The `.cedar` file.
+        file: PathBuf,
+        /// Its name in the store (default: the file's name without
+        /// `.cedar`).
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List the stored policy files.
+    List {
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Remove a stored policy file.
+    Delete {
+        /// Its name.
+        name: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+/// The approval service's client, where the policy store lives.
+async fn approvals(conn: &Conn) -> anyhow::Result<switchyard_api::ApprovalClient> {
+    Ok(switchyard_api::ApprovalClient::remote(
+        conn.channel().await?,
+        MAX_MESSAGE,
+    ))
 }
 
 /// Runs a `policy` command.
@@ -73,6 +110,79 @@ pub async fn run(cmd: PolicyCmd) -> anyhow::Result<()> {
         }
         PolicyCmd::Schema => {
             print!("{}", switchyard_policy::SCHEMA);
+            Ok(())
+        }
+        PolicyCmd::Put { file, name, conn } => {
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))?;
+            let name = match name {
+                Some(n) => n,
+                None => file
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            };
+            let out = approvals(&conn)
+                .await?
+                .put_policy(PutPolicyRequest { name, text })
+                .await
+                .map_err(api)?;
+            let p = out.policy.unwrap_or_default();
+            match conn.output {
+                Format::Json => print_json(&json!({"name": p.name, "updated_by": p.updated_by,
+                    "version": out.version})),
+                Format::Table => println!(
+                    "stored policy file {} (by {}); the set in force is now {}",
+                    p.name, p.updated_by, out.version
+                ),
+            }
+            Ok(())
+        }
+        PolicyCmd::List { conn } => {
+            let listed = approvals(&conn)
+                .await?
+                .list_policies(ListPoliciesRequest {})
+                .await
+                .map_err(api)?;
+            match conn.output {
+                Format::Json => print_json(&json!(
+                    listed
+                        .policies
+                        .iter()
+                        .map(|p| json!({
+                            "name": p.name, "text": p.text, "updated_by": p.updated_by,
+                            "updated_at": p.updated_at.map(|t| t.to_string()),
+                        }))
+                        .collect::<Vec<_>>()
+                )),
+                Format::Table => {
+                    let rows: Vec<Vec<String>> = listed
+                        .policies
+                        .iter()
+                        .map(|p| {
+                            vec![
+                                p.name.clone(),
+                                p.updated_by.clone(),
+                                p.updated_at.map(|t| t.to_string()).unwrap_or_default(),
+                                p.text.lines().count().to_string(),
+                            ]
+                        })
+                        .collect();
+                    table(&["NAME", "UPDATED_BY", "UPDATED_AT", "LINES"], &rows);
+                }
+            }
+            Ok(())
+        }
+        PolicyCmd::Delete { name, conn } => {
+            let out = approvals(&conn)
+                .await?
+                .delete_policy(DeletePolicyRequest { name: name.clone() })
+                .await
+                .map_err(api)?;
+            println!(
+                "removed stored policy file {name}; the set in force is now {}",
+                out.version
+            );
             Ok(())
         }
         PolicyCmd::Explain {

@@ -119,6 +119,8 @@ reasons! {
     BudgetClosed => "BUDGET_CLOSED",
     /// The run has no signed receipt: it was never approved.
     ReceiptNotFound => "RECEIPT_NOT_FOUND",
+    /// No stored policy file has that name (`switchyard policy list`).
+    PolicyNotFound => "POLICY_NOT_FOUND",
     /// The named reservation does not exist.
     ReservationNotFound => "RESERVATION_NOT_FOUND",
     /// The reservation was already committed, released or expired.

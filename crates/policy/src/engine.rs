@@ -26,12 +26,42 @@ pub struct Reload {
 /// Holds the policy set in force: the configured rules plus a directory's
 /// `*.cedar` files (and, on PostgreSQL, the store's). Decisions read it
 /// without waiting on a reload.
-#[derive(Debug)]
 pub struct Engine {
     dir: Option<PathBuf>,
     fixed: Vec<Source>,
+    /// The policy store's files, as last read (named `store:<name>`).
+    stored: RwLock<Vec<Source>>,
+    /// Reads the policy store again (each reload tick), once set.
+    feed: RwLock<Option<Feed>>,
     current: RwLock<Arc<PolicySet>>,
     status: tokio::sync::watch::Sender<Reload>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("dir", &self.dir)
+            .field("version", &self.current().version())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reads the policy store's files: the approval service's, in this
+/// process or over gRPC.
+pub type Feed = Arc<
+    dyn Fn() -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<Vec<Source>, String>> + Send>,
+        > + Send
+        + Sync,
+>;
+
+/// A stored file as a source: `store:<name>`, so its policies never take a
+/// file's name.
+pub fn stored_source(name: &str, text: &str) -> Source {
+    Source {
+        name: format!("store:{name}"),
+        text: text.to_owned(),
+    }
 }
 
 impl Engine {
@@ -63,9 +93,57 @@ impl Engine {
         Arc::new(Engine {
             dir,
             fixed,
+            stored: RwLock::new(Vec::new()),
+            feed: RwLock::new(None),
             current: RwLock::new(Arc::new(set)),
             status,
         })
+    }
+
+    /// Reads the policy store through `feed` from now on (each reload).
+    pub fn set_feed(&self, feed: Feed) {
+        *self
+            .feed
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(feed);
+    }
+
+    /// Reads the policy store now (when a feed is set) and reloads.
+    pub async fn refresh(&self) -> Result<bool, PolicyError> {
+        let feed = self
+            .feed
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(feed) = feed {
+            match feed().await {
+                Ok(stored) => self.set_stored(stored),
+                Err(e) => {
+                    tracing::debug!(error = %e, "the policy store could not be read; the set in force stays")
+                }
+            }
+        }
+        self.reload()
+    }
+
+    /// Takes `stored` as the policy store's files (see [`stored_source`]).
+    /// The next reload decides whether they load.
+    pub fn set_stored(&self, stored: Vec<Source>) {
+        *self
+            .stored
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = stored;
+    }
+
+    /// The set the sources would make with `stored` as the policy store's
+    /// files, or why they do not load (nothing changes either way).
+    pub fn try_stored(&self, stored: &[Source]) -> Result<PolicySet, PolicyError> {
+        let mut sources = self.fixed.clone();
+        if let Some(d) = &self.dir {
+            sources.extend(crate::read_dir(d)?);
+        }
+        sources.extend(stored.iter().cloned());
+        PolicySet::load(&sources)
     }
 
     /// The set in force.
@@ -99,6 +177,13 @@ impl Engine {
                 Err(e) => return self.refuse(e, "unreadable"),
             }
         }
+        sources.extend(
+            self.stored
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .cloned(),
+        );
         let version = crate::version_of(&sources);
         if version == self.current().version() {
             // Back to the set in force: a refusal reported earlier is over
@@ -197,17 +282,14 @@ impl Slot {
     }
 }
 
-/// Reloads `engine`'s directory every `every` until `stop` completes; a
-/// refused set is logged once per change of the files.
+/// Reloads `engine`'s directory and policy store every `every` until
+/// `stop` completes; a refused set is logged once per change of the files.
 pub fn watch(
     engine: Arc<Engine>,
     every: Duration,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        if engine.dir().is_none() {
-            return;
-        }
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
@@ -217,7 +299,7 @@ pub fn watch(
                 _ = tick.tick() => {}
                 () = &mut stop => return,
             }
-            match engine.reload() {
+            match engine.refresh().await {
                 Ok(true) => {
                     let s = engine.status.borrow().clone();
                     tracing::info!(version = %s.version, policies = s.policies, "policy set reloaded");

@@ -23,7 +23,7 @@ use std::sync::{Arc, LazyLock};
 use cedar_policy as cedar;
 use sha2::{Digest as _, Sha256};
 
-pub use engine::{Engine, Reload, Slot, watch};
+pub use engine::{Engine, Feed, Reload, Slot, stored_source, watch};
 pub use facts::{Action, Estimate, Facts, JobFacts, Principal, PrincipalKind, Remaining};
 pub use run::{record, run_facts};
 
@@ -639,8 +639,12 @@ pub struct PolicyConfig {
     /// stays). On Kubernetes, a ConfigMap mounted as a directory. Unset:
     /// only the `[[approval.policies]]` rules.
     pub dir: Option<std::path::PathBuf>,
-    /// How often `dir` is read again for changes, ms.
+    /// How often `dir` and the policy store are read again for changes, ms.
     pub reload_ms: u64,
+    /// Where a process without the approval service reads the policy
+    /// store (the approval service's gRPC URL; an executor defaults to
+    /// `executor.approval_url`). Unset there: only the rules and `dir`.
+    pub approval_url: Option<String>,
 }
 
 impl Default for PolicyConfig {
@@ -648,6 +652,7 @@ impl Default for PolicyConfig {
         Self {
             dir: None,
             reload_ms: 2_000,
+            approval_url: None,
         }
     }
 }

@@ -17,11 +17,15 @@ use switchyard_core::run::RunStatus as S;
 use switchyard_kit::time::timestamp_ms;
 use switchyard_proto::approval::v1::{
     AuditRecord, ListAuditRequest, ListAuditResponse, ListRunsRequest, ListRunsResponse, Run,
+    StoredPolicy,
 };
 use switchyard_store::{Log, Store, StoreError};
 
 use crate::runs::{self, RunSet};
 use crate::{ApprovalError, State, list_key, listed, pg, status_of};
+
+/// The sled tree of the policy store.
+const POLICIES: &str = "policies";
 
 /// Where the runs and the audit log live.
 pub(crate) enum Backend {
@@ -46,6 +50,44 @@ impl SledBook {
 }
 
 impl Backend {
+    /// The policy store's files, by name.
+    pub(crate) async fn stored_policies(&self) -> Result<Vec<StoredPolicy>, ApprovalError> {
+        match self {
+            Backend::Pg(pg) => pg.stored_policies().await,
+            Backend::Sled(sled) => {
+                let tree = sled.store.tree::<StoredPolicy>(POLICIES)?;
+                let mut out = Vec::new();
+                for kv in tree.iter() {
+                    out.push(kv?.1);
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// Stores (or replaces) policy file `p`, durably.
+    pub(crate) async fn put_policy(&self, p: &StoredPolicy) -> Result<(), ApprovalError> {
+        match self {
+            Backend::Pg(pg) => pg.put_policy(p).await,
+            Backend::Sled(sled) => {
+                sled.store.tree::<StoredPolicy>(POLICIES)?.put(&p.name, p)?;
+                Ok(sled.store.sync().await?)
+            }
+        }
+    }
+
+    /// Removes policy file `name`, durably; whether it was there.
+    pub(crate) async fn delete_policy(&self, name: &str) -> Result<bool, ApprovalError> {
+        match self {
+            Backend::Pg(pg) => pg.delete_policy(name).await,
+            Backend::Sled(sled) => {
+                let was = sled.store.tree::<StoredPolicy>(POLICIES)?.remove(name)?;
+                sled.store.sync().await?;
+                Ok(was)
+            }
+        }
+    }
+
     /// Runs `body` against the runs `ids` (and only those) at time `now`,
     /// and answers once what it wrote is durable. On sled, under the books'
     /// lock, waiting for the audit record whose sequence `body` returns; on

@@ -17,6 +17,7 @@ mod pg;
 mod policy;
 mod receipts;
 mod runs;
+mod stored;
 mod validate;
 
 use std::borrow::Cow;
@@ -251,6 +252,9 @@ pub enum ApprovalError {
     /// The receipt key could not be read.
     #[error("approval.receipt_key_file: {0}")]
     ReceiptKey(String),
+    /// No stored policy file of that name.
+    #[error("no stored policy file is named {0:?} (`switchyard policy list` lists them)")]
+    PolicyNotFound(String),
 }
 
 impl From<ApprovalError> for Status {
@@ -272,6 +276,11 @@ impl From<ApprovalError> for Status {
                 Code::NotFound,
                 Reason::ReceiptNotFound,
                 metadata([("run_id", id)]),
+            ),
+            ApprovalError::PolicyNotFound(name) => (
+                Code::NotFound,
+                Reason::PolicyNotFound,
+                metadata([("name", name)]),
             ),
             ApprovalError::ReceiptKey(_) => (
                 Code::FailedPrecondition,
@@ -2049,6 +2058,42 @@ impl ApprovalService for Approval {
             receipt_json,
             key_id,
             public_key,
+        }))
+    }
+
+    async fn put_policy(
+        &self,
+        req: Request<PutPolicyRequest>,
+    ) -> Result<Response<PutPolicyResponse>, Status> {
+        let p = principal(&req)?;
+        p.require(Permission::PolicyManage)?;
+        let r = req.into_inner();
+        let (policy, version) =
+            Approval::put_policy(self, &r.name, &r.text, &audit_name(&p)).await?;
+        Ok(Response::new(PutPolicyResponse {
+            policy: Some(policy),
+            version,
+        }))
+    }
+
+    async fn delete_policy(
+        &self,
+        req: Request<DeletePolicyRequest>,
+    ) -> Result<Response<DeletePolicyResponse>, Status> {
+        let p = principal(&req)?;
+        p.require(Permission::PolicyManage)?;
+        let version = Approval::delete_policy(self, &req.get_ref().name, &audit_name(&p)).await?;
+        Ok(Response::new(DeletePolicyResponse { version }))
+    }
+
+    async fn list_policies(
+        &self,
+        req: Request<ListPoliciesRequest>,
+    ) -> Result<Response<ListPoliciesResponse>, Status> {
+        let p = principal(&req)?;
+        p.require(Permission::PolicyManage)?;
+        Ok(Response::new(ListPoliciesResponse {
+            policies: self.stored_policies().await?,
         }))
     }
 

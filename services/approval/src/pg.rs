@@ -24,7 +24,7 @@ use prost::Message;
 use switchyard_core::run::RunStatus as S;
 use switchyard_proto::approval::v1::{
     AuditRecord, ListAuditRequest, ListAuditResponse, ListRunsRequest, ListRunsResponse, Run,
-    RunStatus,
+    RunStatus, StoredPolicy,
 };
 use switchyard_store::StoreError;
 use switchyard_store::pg::{Migration, Pg, TxError, ms};
@@ -33,10 +33,11 @@ use crate::runs::{RunSet, Slice, ended};
 use crate::{ApprovalError, State, list_key, listed, status_of};
 
 /// The schema, in order. Never edit a released migration: add one.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "runs, the audit log and artifact content",
-    sql: "
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "runs, the audit log and artifact content",
+        sql: "
         CREATE TABLE approval_runs (
             id TEXT PRIMARY KEY,
             status INT NOT NULL,
@@ -59,7 +60,17 @@ pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
             address TEXT PRIMARY KEY,
             data BYTEA NOT NULL);
     ",
-}];
+    },
+    Migration {
+        version: 2,
+        name: "the policy store",
+        sql: "
+            CREATE TABLE approval_policies (
+                name TEXT PRIMARY KEY,
+                data BYTEA NOT NULL);
+        ",
+    },
+];
 
 // The SQL above names statuses by number.
 const _: () = assert!(RunStatus::Approved as i32 == 2 && RunStatus::Running as i32 == 4);
@@ -206,6 +217,47 @@ impl PgRuns {
         .map_err(fail("writing runs"))?;
         tx.commit().await.map_err(fail("committing"))?;
         Ok(out)
+    }
+
+    /// The policy store's files, by name.
+    pub(crate) async fn stored_policies(&self) -> Result<Vec<StoredPolicy>, ApprovalError> {
+        let c = self.db.client().await?;
+        let rows = c
+            .query("SELECT data FROM approval_policies ORDER BY name", &[])
+            .await
+            .map_err(|e| self.db.error("reading the policy store", &e))?;
+        rows.iter()
+            .map(|r| {
+                StoredPolicy::decode(r.get::<_, Vec<u8>>(0).as_slice()).map_err(|e| {
+                    ApprovalError::Storage(StoreError::Io(format!(
+                        "a stored policy does not decode: {e}"
+                    )))
+                })
+            })
+            .collect()
+    }
+
+    /// Stores (or replaces) `p`.
+    pub(crate) async fn put_policy(&self, p: &StoredPolicy) -> Result<(), ApprovalError> {
+        let c = self.db.client().await?;
+        c.execute(
+            "INSERT INTO approval_policies (name, data) VALUES ($1, $2)
+             ON CONFLICT (name) DO UPDATE SET data = EXCLUDED.data",
+            &[&p.name, &p.encode_to_vec()],
+        )
+        .await
+        .map_err(|e| self.db.error("storing a policy", &e))?;
+        Ok(())
+    }
+
+    /// Removes policy file `name`; whether it was there.
+    pub(crate) async fn delete_policy(&self, name: &str) -> Result<bool, ApprovalError> {
+        let c = self.db.client().await?;
+        let n = c
+            .execute("DELETE FROM approval_policies WHERE name = $1", &[&name])
+            .await
+            .map_err(|e| self.db.error("removing a policy", &e))?;
+        Ok(n > 0)
     }
 
     /// One run.

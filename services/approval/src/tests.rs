@@ -96,7 +96,96 @@ switchyard_testkit::on_both_backends!(
     a_proposal_approved_at_once_is_claimed_in_the_same_change_when_asked,
     cedar_policies_permit_require_people_or_forbid_a_run_and_say_which_and_why,
     a_policy_decides_delegations_by_their_depth,
+    stored_policies_decide_once_the_whole_set_loads_and_stop_when_removed,
 );
+
+async fn stored_policies_decide_once_the_whole_set_loads_and_stop_when_removed(f: Fixture) {
+    let engine =
+        switchyard_policy::Engine::new(policy::sources(&ApprovalConfig::default().policies), None)
+            .unwrap();
+    f.svc.set_policies(engine.clone());
+    engine.set_feed(f.svc.policy_feed());
+    let before = engine.current().version().to_owned();
+    let mut o1 = spec(Some(0));
+    o1.model = "o1".into();
+    // Free o1 runs are approved by the default rule.
+    assert_eq!(
+        status_of(&propose_run(&f.svc, o1.clone()).await.unwrap()),
+        S::Approved
+    );
+    // A stored forbid decides at once, here.
+    let (stored, version) = f
+        .svc
+        .put_policy(
+            "no-o1",
+            r#"@id("no-o1") @message("o1 is retired") forbid(principal, action == Action::"spend", resource == Model::"o1");"#,
+            "service:ops",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (stored.name.as_str(), stored.updated_by.as_str()),
+        ("no-o1", "service:ops")
+    );
+    assert_ne!(version, before);
+    assert_eq!(engine.current().version(), version);
+    let run = propose_run(&f.svc, o1.clone()).await.unwrap();
+    assert_eq!(
+        (status_of(&run), run.decided_by.as_str()),
+        (S::Rejected, "policy:no-o1")
+    );
+    assert_eq!(run.policy.unwrap().version, version);
+    // A file that does not load with the rest is refused whole: not
+    // stored, and the set in force stays.
+    for broken in [
+        "permit(principal, action == Action::\"fly\", resource);",
+        r#"@id("no-o1") permit(principal, action == Action::"spend", resource);"#,
+    ] {
+        let e = api(f
+            .svc
+            .put_policy("broken", broken, "service:ops")
+            .await
+            .unwrap_err());
+        assert_eq!(
+            e.reason.as_deref(),
+            Some("INVALID_ARGUMENT"),
+            "{broken}: {e:?}"
+        );
+    }
+    let bad_name = api(f
+        .svc
+        .put_policy("../etc", "", "service:ops")
+        .await
+        .unwrap_err());
+    assert_eq!(bad_name.reason.as_deref(), Some("INVALID_ARGUMENT"));
+    let listed = f.svc.stored_policies().await.unwrap();
+    assert_eq!(
+        listed.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+        ["no-o1"]
+    );
+    assert_eq!(engine.current().version(), version);
+    // Read again by another engine (another process: the same store), it
+    // decides the same, under the same version.
+    let other =
+        switchyard_policy::Engine::new(policy::sources(&ApprovalConfig::default().policies), None)
+            .unwrap();
+    other.set_feed(f.svc.policy_feed());
+    assert!(other.refresh().await.unwrap());
+    assert_eq!(other.current().version(), version);
+    // Removed, it decides nothing any more.
+    let after = f.svc.delete_policy("no-o1", "service:ops").await.unwrap();
+    assert_eq!(after, before);
+    assert_eq!(
+        status_of(&propose_run(&f.svc, o1).await.unwrap()),
+        S::Approved
+    );
+    let gone = api(f
+        .svc
+        .delete_policy("no-o1", "service:ops")
+        .await
+        .unwrap_err());
+    assert_eq!(gone.reason.as_deref(), Some("POLICY_NOT_FOUND"));
+}
 
 /// Policies in force on `f`: the default rule's, and `text`.
 fn with_policies(f: &Fixture, text: &str) -> String {

@@ -6,7 +6,9 @@
 //! replica and the router, watching the other, routes to them; a job that
 //! needs a person is approved through the approval replica the executor
 //! does not use, and its budget is read through a ledger replica it never
-//! called.
+//! called. A policy file stored through one approval replica (as the
+//! service token's holder) then decides in the executor's process, which
+//! reads the policy store through the other replica.
 #![allow(clippy::unwrap_used)]
 
 use std::time::Duration;
@@ -97,6 +99,54 @@ fn a_job_runs_through_ledger_and_approval_replicas_on_one_database() {
     let l2 = ledgers[2].url();
     let budgets = ok(&cli(&l2, &["budget", "list"]));
     assert!(budgets.contains(&job), "{budgets}");
+
+    // The policy store: a person (even an admin) may not write it; the
+    // service token's holder stores a forbid through replica 1, and the
+    // executor's process refuses the same job within its reload.
+    let denied = cli(&a1, &["policy", "list", "--as", "admin"]);
+    assert!(
+        String::from_utf8_lossy(&denied.stderr).contains("PERMISSION_DENIED"),
+        "{denied:?}"
+    );
+    let policy = dir.path().join("freeze.cedar");
+    std::fs::write(
+        &policy,
+        r#"@id("freeze") @message("echo jobs are frozen this week")
+forbid(principal, action == Action::"submit_job", resource)
+  when { context.plan.contains("builtin.echo") };"#,
+    )
+    .unwrap();
+    let as_service = |args: &[&str]| {
+        std::process::Command::new(BIN)
+            .args(args)
+            .env("SWITCHYARD_URL", &a1)
+            .env("SWITCHYARD_TOKEN", SERVICE_TOKEN)
+            .current_dir(repo_root())
+            .output()
+            .unwrap()
+    };
+    let put = ok(&as_service(&["policy", "put", policy.to_str().unwrap()]));
+    assert!(put.contains("stored policy file freeze"), "{put}");
+    let listed = ok(&as_service(&["policy", "list"]));
+    assert!(listed.contains("freeze"), "{listed}");
+    wait_for(
+        "the executor's process to decide with the stored policy",
+        Duration::from_secs(20),
+        || {
+            let out = cli(
+                &url,
+                &[
+                    "job",
+                    "submit",
+                    "examples/jobs/needs_approval.yaml",
+                    "--as",
+                    "alice",
+                ],
+            );
+            String::from_utf8_lossy(&out.stderr).contains("echo jobs are frozen this week")
+        },
+    );
+    ok(&as_service(&["policy", "delete", "freeze"]));
 
     assert_eq!(x.terminate(), Some(0));
     for p in approvals.into_iter().chain(ledgers) {

@@ -41,6 +41,9 @@ pub enum Permission {
     BudgetManage,
     /// Reserve, commit and release on a budget.
     LedgerSpend,
+    /// Store, remove and list the deployment's stored policies: the
+    /// service token's holder only (a policy decides for every tenant).
+    PolicyManage,
     /// Read agents and tools.
     AgentRead,
     /// Register, heartbeat and deregister agents (agents: only their own).
@@ -82,7 +85,7 @@ pub enum Permission {
 
 impl Permission {
     /// Every permission.
-    pub const ALL: [Permission; 31] = [
+    pub const ALL: [Permission; 32] = [
         Permission::JobSubmit,
         Permission::JobRead,
         Permission::JobCancel,
@@ -97,6 +100,7 @@ impl Permission {
         Permission::BudgetRead,
         Permission::BudgetManage,
         Permission::LedgerSpend,
+        Permission::PolicyManage,
         Permission::AgentRead,
         Permission::AgentRegister,
         Permission::ToolRegister,
@@ -133,6 +137,7 @@ impl Permission {
             Permission::BudgetRead => "budget.read",
             Permission::BudgetManage => "budget.manage",
             Permission::LedgerSpend => "ledger.spend",
+            Permission::PolicyManage => "policy.manage",
             Permission::AgentRead => "agent.read",
             Permission::AgentRegister => "agent.register",
             Permission::ToolRegister => "tool.register",
@@ -227,6 +232,7 @@ pub fn access(path: &str) -> Access {
             "Claim" | "RenewClaim" | "Complete" | "Fail" => needs(P::RunWork),
             "ListAudit" => needs(P::AuditRead),
             "ExportPromptBundle" | "ImportManualResult" => needs(P::RunManual),
+            "PutPolicy" | "DeletePolicy" | "ListPolicies" => needs(P::PolicyManage),
             _ => Access::Unknown,
         },
         ("switchyard.executor.v1.JobService", m) => match m {
