@@ -48,12 +48,22 @@ impl Approval {
         self.inner.backend.stored_policies().await
     }
 
-    /// Reads the policy store for an engine in this process.
+    /// Reads the policy store for an engine in this process. The feed
+    /// holds the service weakly: the engine is the service's too, and a
+    /// strong link would keep both (and the store's files) alive forever.
     pub fn policy_feed(&self) -> Feed {
-        let me = self.clone();
+        let weak = Arc::downgrade(&self.inner);
         Arc::new(move || {
-            let me = me.clone();
-            Box::pin(async move { me.stored_sources().await.map_err(|e| e.to_string()) })
+            let weak = weak.clone();
+            Box::pin(async move {
+                let inner = weak
+                    .upgrade()
+                    .ok_or_else(|| "the approval service has stopped".to_owned())?;
+                Approval { inner }
+                    .stored_sources()
+                    .await
+                    .map_err(|e| e.to_string())
+            })
         })
     }
 
