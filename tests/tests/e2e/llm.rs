@@ -45,6 +45,7 @@ const MODELS: &[&str] = &[
     "m-parallel",
     "m-budget",
     "m-policy",
+    "m-edit-console",
     "m-policy-edit",
     "m-cost",
     "m-sdk",

@@ -980,3 +980,90 @@ async fn an_approvers_edit_runs_as_changed_within_the_tasks_tools_and_the_model_
     );
     e.stack.stop().await.unwrap();
 }
+
+/// The console's inbox edits a gated call too: the call is shown with
+/// its tool and arguments, a bad edit is refused and approves nothing,
+/// and an approval with changed arguments runs the call as changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approver_edits_a_gated_call_in_the_console_and_it_runs_as_changed() {
+    let (mut e, provider, _stop) = edit_env().await;
+    e.script.for_model(
+        "m-edit-console",
+        vec![
+            Reply::tools(&[("search", json!({"q": "everything"}))], 40, 10),
+            Reply::text("done", 80, 20),
+        ],
+    );
+    submit(
+        &mut e.jobs,
+        &two_tools_job("edit-console", "m-edit-console"),
+    )
+    .await
+    .unwrap();
+    let waiting = until_event(&mut e.jobs, "edit-console", "task.awaiting_approval").await;
+    let run_id = waiting["run_id"].as_str().unwrap().to_owned();
+    let s = &e.stack;
+    let base = format!("http://{}", s.http.unwrap());
+    let bob = s.session(&s.token("bob").unwrap()).await.unwrap();
+    let c = crate::console::client();
+    let inbox = c
+        .get(format!("{base}/ui/"))
+        .header("cookie", format!("sy_session={bob}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        inbox.contains("name=\"edit_args\"")
+            && inbox.contains("{&quot;q&quot;:&quot;everything&quot;}"),
+        "the inbox shows the call to edit: {inbox}"
+    );
+    let csrf = switchyard_gateway::console::session::csrf_token(&bob);
+    let host = s.http.unwrap().to_string();
+    let post = |body: String| {
+        c.post(format!("{base}/ui/runs/{run_id}/approve"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("cookie", format!("sy_session={bob}"))
+            .header("origin", format!("http://{host}"))
+            .body(format!("csrf={csrf}&{body}"))
+            .send()
+    };
+    let enc = |v: &str| {
+        v.bytes()
+            .map(|b| match b {
+                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect::<String>()
+    };
+    // Arguments that are not a JSON object: refused, nothing approved.
+    let resp = post(format!("edit_tool=search&edit_args={}", enc("[1, 2]")))
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    assert_eq!(
+        run_of(s, &run_id).await.status,
+        RunStatus::Proposed as i32,
+        "a refused edit approves nothing"
+    );
+    // Narrower arguments: approved as edited, the call runs once, so.
+    let resp = post(format!(
+        "comment=narrower&edit_tool=search&edit_args={}",
+        enc(r#"{"q": "public docs"}"#)
+    ))
+    .await
+    .unwrap();
+    assert_eq!(resp.status().as_u16(), 303);
+    let r = finish(&mut e.jobs, "edit-console").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    assert_eq!(
+        provider.calls_with_args(),
+        vec![("search".to_owned(), json!({"q": "public docs"}))]
+    );
+    let edit = run_of(s, &run_id).await.edit.unwrap();
+    assert_eq!((edit.tool.as_str(), edit.by.as_str()), ("search", "bob"));
+}

@@ -791,9 +791,28 @@ pub(crate) struct DecisionForm {
     /// The scope's (or an extension's granted) tokens.
     #[serde(default)]
     tokens: String,
+    /// A tool call's run: the tool to run instead (the form shows the
+    /// model's; unchanged is a plain approval).
+    #[serde(default)]
+    edit_tool: String,
+    /// A tool call's run: the arguments to run it with (JSON object).
+    #[serde(default)]
+    edit_args: String,
 }
 
 impl DecisionForm {
+    /// The edit of a tool call the form carries, if any
+    /// (`ApproveRequest.edit`; the approval service compares it with the
+    /// call and checks it).
+    fn edit(&self) -> Option<ap::ToolCallEdit> {
+        let (tool, args) = (self.edit_tool.trim(), self.edit_args.trim());
+        (!tool.is_empty() || !args.is_empty()).then(|| ap::ToolCallEdit {
+            tool: tool.to_owned(),
+            arguments: args.to_owned(),
+            by: String::new(),
+        })
+    }
+
     /// The scope the form asks for, if any (`ApproveRequest.scope`), or
     /// which field is not a number.
     fn scope(&self) -> Result<Option<ap::ApprovalScope>, Status> {
@@ -841,10 +860,11 @@ pub(crate) async fn decide(
     let done = match decision.as_str() {
         "approve" => {
             let scope = f.scope().map_err(fail)?;
+            let edit = f.edit();
             let req = ap::ApproveRequest {
                 run_id: run_id.clone(),
                 comment: f.comment,
-                edit: None,
+                edit,
                 scope,
             };
             as_caller!(ApprovalClient, approvals, caller, approve, req).map(|_| "approved")
