@@ -1613,9 +1613,6 @@ impl Executor {
         Ok(())
     }
 
-    /// Who decided a run: the run says so itself. Only a run decided by an
-    /// approval service of an earlier release (a rolling upgrade) leaves it
-    /// empty; then its audit log is followed (best effort, bounded).
     /// Places approval `run_id`'s scope as a hold on job `job_id`'s budget
     /// chain, acting for the submitter (the same key gives the same hold,
     /// so a repeat after a restart finds it). A chain without room for it
@@ -1697,6 +1694,9 @@ impl Executor {
         Ok(held)
     }
 
+    /// Who decided a run: the run says so itself. Only a run decided by an
+    /// approval service of an earlier release (a rolling upgrade) leaves it
+    /// empty; then its audit log is followed (best effort, bounded).
     async fn decider(&self, run: &ap::Run) -> String {
         use futures_util::StreamExt as _;
         if !run.decided_by.is_empty() {

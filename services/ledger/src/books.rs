@@ -252,14 +252,15 @@ impl Books {
         self.reservations.insert(res.id.clone(), res);
     }
 
-    /// What settling draw `res` with `spent` tokens and `spent_cost` gives
-    /// back to its hold: the unspent part, while the hold is open; nothing
-    /// for any other reservation.
-    pub fn given_back(&self, res: &Res, spent: u64, spent_cost: i64) -> (u64, i64) {
-        match self.reservations.get(&res.from_hold) {
-            Some(h) if !res.from_hold.is_empty() && h.settled == Settled::Open => (
-                res.tokens.saturating_sub(spent),
-                res.cost.saturating_sub(spent_cost).max(0),
+    /// What settling a draw from hold `from_hold` that held `held` tokens
+    /// and micro-USD, having spent `spent`, gives back to the hold: the
+    /// unspent part while the hold is open; nothing for a reservation that
+    /// is no draw (`from_hold` empty) or once the hold is settled.
+    pub fn given_back(&self, from_hold: &str, held: (u64, i64), spent: (u64, i64)) -> (u64, i64) {
+        match self.reservations.get(from_hold) {
+            Some(h) if !from_hold.is_empty() && h.settled == Settled::Open => (
+                held.0.saturating_sub(spent.0),
+                held.1.saturating_sub(spent.1).max(0),
             ),
             _ => (0, 0),
         }
@@ -418,7 +419,7 @@ impl Books {
                 res.settle_key = r.idempotency_key.clone();
                 let (budget, expires, from_hold) =
                     (res.budget_id.clone(), res.expires_ms, res.from_hold.clone());
-                let (held_tokens, held_cost) = (res.tokens, res.cost);
+                let held = (res.tokens, res.cost);
                 self.expiry.remove(&(expires, r.reservation_id.clone()));
                 if !r.idempotency_key.is_empty() {
                     self.settle_keys
@@ -431,18 +432,12 @@ impl Books {
                 };
                 // A draw gives what it did not spend back to its open hold,
                 // which keeps it on the chain.
-                let (back_tokens, back_cost) = match self.reservations.get_mut(&from_hold) {
-                    Some(h) if !from_hold.is_empty() && h.settled == Settled::Open => {
-                        let back = (
-                            held_tokens.saturating_sub(spent_tokens),
-                            held_cost.saturating_sub(spent_cost).max(0),
-                        );
-                        h.drawn_tokens = h.drawn_tokens.saturating_sub(back.0);
-                        h.drawn_cost = h.drawn_cost.saturating_sub(back.1);
-                        back
-                    }
-                    _ => (0, 0),
-                };
+                let (back_tokens, back_cost) =
+                    self.given_back(&from_hold, held, (spent_tokens, spent_cost));
+                if let Some(h) = self.reservations.get_mut(&from_hold) {
+                    h.drawn_tokens = h.drawn_tokens.saturating_sub(back_tokens);
+                    h.drawn_cost = h.drawn_cost.saturating_sub(back_cost);
+                }
                 let (tokens, cost) = (tokens - back_tokens.min(tokens), cost - back_cost.min(cost));
                 self.for_chain(&budget, |b| {
                     b.tokens_reserved = b.tokens_reserved.saturating_sub(tokens);

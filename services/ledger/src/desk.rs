@@ -553,7 +553,9 @@ impl<S: Sink> Desk<'_, S> {
         }
         // Usage replaces the reservation on every budget of the chain (what
         // a draw does not use stays there, in its hold).
-        let (back_tokens, back_cost) = self.books.given_back(&res, req.tokens, cost);
+        let (back_tokens, back_cost) =
+            self.books
+                .given_back(&res.from_hold, (res.tokens, res.cost), (req.tokens, cost));
         fits_integers(
             &self.books.chain(&res.budget_id),
             req.tokens,
