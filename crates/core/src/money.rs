@@ -11,6 +11,10 @@ pub const MAX_TOKENS: u64 = 1_000_000_000_000;
 /// ($1 billion).
 pub const MAX_MICRO_USD: i64 = 1_000_000_000_000_000;
 
+/// The longest an approval's scope — a ledger hold — stands, ms: 24 hours,
+/// the ledger's longest reservation by default.
+pub const MAX_HOLD_MS: u64 = 24 * 3_600_000;
+
 /// `Err` with the rule when `tokens` is above [`MAX_TOKENS`].
 pub fn check_tokens(tokens: u64, what: &str) -> Result<(), String> {
     if tokens <= MAX_TOKENS {

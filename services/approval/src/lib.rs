@@ -2168,9 +2168,6 @@ mod tests;
 
 use switchyard_core::money;
 
-/// The longest an approval's scope stands: the ledger's longest hold.
-const MAX_SCOPE_MS: u64 = 24 * 3_600_000;
-
 /// `scope` for job run `run` with its unset fields taken from the run's
 /// estimate, or why it cannot be granted.
 fn fill_scope(run: &Run, scope: ApprovalScope, now: u64) -> Result<ApprovalScope, ApprovalError> {
@@ -2229,12 +2226,12 @@ fn fill_scope(run: &Run, scope: ApprovalScope, now: u64) -> Result<ApprovalScope
         ),
     }
     let until = match scope.until {
-        None => now + MAX_SCOPE_MS,
+        None => now + money::MAX_HOLD_MS,
         Some(t) => {
             let ms = switchyard_kit::time::timestamp_ms(&t);
             if ms <= now {
                 v.add("scope.until", "must be in the future");
-            } else if ms > now + MAX_SCOPE_MS {
+            } else if ms > now + money::MAX_HOLD_MS {
                 v.add(
                     "scope.until",
                     "must be within 24 hours (the longest a hold stands); extend it later if the job runs longer",

@@ -89,7 +89,7 @@ impl Approval {
             None => stored.push(source),
         }
         stored.sort_by(|a, b| a.name.cmp(&b.name));
-        let version = self.take_stored(stored)?;
+        let version = self.take_stored(&stored)?;
         let p = StoredPolicy {
             name: name.to_owned(),
             text: text.to_owned(),
@@ -98,7 +98,7 @@ impl Approval {
         };
         self.inner.backend.put_policy(&p).await?;
         tracing::info!(name, actor, %version, "stored policy file put");
-        self.refresh_policies().await;
+        self.use_stored(stored);
         Ok((p, version))
     }
 
@@ -111,31 +111,28 @@ impl Approval {
         if stored.len() == before {
             return Err(ApprovalError::PolicyNotFound(name.to_owned()));
         }
-        let version = self.take_stored(stored)?;
+        let version = self.take_stored(&stored)?;
         self.inner.backend.delete_policy(name).await?;
         tracing::info!(name, actor, %version, "stored policy file deleted");
-        self.refresh_policies().await;
+        self.use_stored(stored);
         Ok(version)
     }
 
     /// The version the set would have with `stored` as the store's files,
     /// or the Cedar error that refuses it.
-    fn take_stored(&self, stored: Vec<Source>) -> Result<String, ApprovalError> {
+    fn take_stored(&self, stored: &[Source]) -> Result<String, ApprovalError> {
         let engine = self.inner.policies.get();
         let set = engine
-            .try_stored(&stored)
+            .try_stored(stored)
             .map_err(|e| invalid("text", e.to_string()))?;
         Ok(set.version().to_owned())
     }
 
-    /// Reads the store into the engine in force here now (other processes
-    /// do at their next reload tick).
-    async fn refresh_policies(&self) {
+    /// Decides here with `stored`, just written, as the store's files
+    /// (other processes read them at their next reload tick).
+    fn use_stored(&self, stored: Vec<Source>) {
         let engine = self.inner.policies.get();
-        match self.stored_sources().await {
-            Ok(s) => engine.set_stored(s),
-            Err(e) => tracing::warn!(error = %e, "reading the policy store back"),
-        }
+        engine.set_stored(stored);
         if let Err(e) = engine.reload() {
             tracing::warn!(error = %e, "the policy set with the store's files was refused; the set in force stays");
         }

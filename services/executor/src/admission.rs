@@ -1633,10 +1633,10 @@ impl Executor {
             )
         };
         let now = self.inner.book.now();
-        let until_ms = scope
-            .until
-            .as_ref()
-            .map_or(now, switchyard_kit::time::timestamp_ms);
+        let until_ms = scope.until.as_ref().map_or(
+            now + switchyard_core::money::MAX_HOLD_MS,
+            switchyard_kit::time::timestamp_ms,
+        );
         let mut held = events::ScopeHeld {
             run_id: run_id.to_owned(),
             reservation_id: String::new(),

@@ -1003,6 +1003,18 @@ mod properties {
         }
     }
 
+    /// Reserves `req` (with a 10 s TTL); the new reservation's id, or
+    /// `None` when refused or already among `known`.
+    async fn made(
+        l: &Ledger,
+        mut req: ReserveRequest,
+        known: &[(String, String)],
+    ) -> Option<String> {
+        req.ttl = Some(switchyard_kit::time::duration(10_000));
+        let r = l.reserve(req, "c").await.ok()?;
+        (!known.iter().any(|(id, _)| *id == r.reservation_id)).then_some(r.reservation_id)
+    }
+
     async fn run(ops: Vec<Op>) {
         let dir = tempfile::tempdir().unwrap();
         let clock = ManualClock::new(1_700_000_000_000);
@@ -1025,12 +1037,9 @@ mod properties {
                     key,
                 } => {
                     let b = budgets[budget % budgets.len()].clone();
-                    let mut req = reserve_req(&b, tokens, cost, &format!("key-{key}"));
-                    req.ttl = Some(switchyard_kit::time::duration(10_000));
-                    if let Ok(r) = f.ledger.reserve(req, "c").await
-                        && !reservations.iter().any(|(id, _)| *id == r.reservation_id)
-                    {
-                        reservations.push((r.reservation_id, b));
+                    let req = reserve_req(&b, tokens, cost, &format!("key-{key}"));
+                    if let Some(id) = made(&f.ledger, req, &reservations).await {
+                        reservations.push((id, b));
                     }
                 }
                 Op::Hold {
@@ -1040,13 +1049,10 @@ mod properties {
                     key,
                 } => {
                     let b = budgets[budget % budgets.len()].clone();
-                    let mut req = hold_req(&b, tokens, cost, &format!("hold-{key}"));
-                    req.ttl = Some(switchyard_kit::time::duration(10_000));
-                    if let Ok(r) = f.ledger.reserve(req, "c").await
-                        && !holds.iter().any(|(id, _)| *id == r.reservation_id)
-                    {
-                        holds.push((r.reservation_id.clone(), b.clone()));
-                        reservations.push((r.reservation_id, b));
+                    let req = hold_req(&b, tokens, cost, &format!("hold-{key}"));
+                    if let Some(id) = made(&f.ledger, req, &holds).await {
+                        holds.push((id.clone(), b.clone()));
+                        reservations.push((id, b));
                     }
                 }
                 Op::Draw {
@@ -1056,12 +1062,9 @@ mod properties {
                     key,
                 } => {
                     if let Some((hid, b)) = holds.get(hold).cloned() {
-                        let mut req = draw_req(&hid, &b, tokens, cost, &format!("draw-{key}"));
-                        req.ttl = Some(switchyard_kit::time::duration(10_000));
-                        if let Ok(r) = f.ledger.reserve(req, "c").await
-                            && !reservations.iter().any(|(id, _)| *id == r.reservation_id)
-                        {
-                            reservations.push((r.reservation_id, b));
+                        let req = draw_req(&hid, &b, tokens, cost, &format!("draw-{key}"));
+                        if let Some(id) = made(&f.ledger, req, &reservations).await {
+                            reservations.push((id, b));
                         }
                     }
                 }

@@ -185,19 +185,7 @@ async fn a_budget_that_runs_out_pauses_the_job_and_an_approved_extension_resumes
     );
     // bob's decision has a signed receipt binding the extension's amount;
     // it verifies offline, and a changed one does not.
-    let r = approvals_as(&s, "bob")
-        .await
-        .get_receipt(GetReceiptRequest {
-            run_id: run_id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let receipt: switchyard_kit::receipt::Receipt = serde_json::from_str(&r.receipt_json).unwrap();
-    assert_eq!(
-        switchyard_kit::receipt::verify(&receipt, Some(&r.public_key)),
-        Ok(())
-    );
+    let (receipt, key) = verified_receipt(&s, &run_id).await;
     let body = &receipt.receipt;
     assert_eq!(
         (body["run_id"].as_str(), body["decided_by"].as_str()),
@@ -207,7 +195,7 @@ async fn a_budget_that_runs_out_pauses_the_job_and_an_approved_extension_resumes
     assert_eq!(body["created_by"], "dana");
     let mut forged = receipt.clone();
     forged.receipt["scope"]["extension"]["tokens"] = json!(80_000);
-    assert!(switchyard_kit::receipt::verify(&forged, Some(&r.public_key)).is_err());
+    assert!(switchyard_kit::receipt::verify(&forged, Some(&key)).is_err());
     // The job's own run, approved by the zero-cost policy, has one too.
     let (policy, _) = verified_receipt(&s, &j.run_id).await;
     assert_eq!(

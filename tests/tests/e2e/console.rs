@@ -778,37 +778,22 @@ async fn an_approver_approves_a_job_up_to_a_scope_in_the_console_and_a_bad_amoun
     let bob = s.session(&s.token("bob").unwrap()).await.unwrap();
     let c = client();
     // The inbox offers the scope on a job's run.
-    let inbox = c
-        .get(format!("{base}/ui/"))
-        .header("cookie", format!("sy_session={bob}"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, inbox) = as_session(&c, &base, "GET", "/ui/", &bob, &[]).await;
     assert!(
         inbox.contains("Approve up to a scope, held now") && inbox.contains("name=\"up_to\""),
         "{inbox}"
     );
-    let csrf = switchyard_gateway::console::session::csrf_token(&bob);
-    let host = s.http.unwrap().to_string();
-    let post = |body: String| {
-        c.post(format!("{base}/ui/runs/{}/approve", j.run_id))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .header("cookie", format!("sy_session={bob}"))
-            .header("origin", format!("http://{host}"))
-            .body(format!("csrf={csrf}&{body}"))
-            .send()
+    let path = format!("/ui/runs/{}/approve", j.run_id);
+    let post = |form: &'static [(&'static str, &'static str)]| {
+        as_session(&c, &base, "POST", &path, &bob, form)
     };
     let mut runs = ApprovalServiceClient::new(s.channel_as("bob").await.unwrap());
     let get = || GetRunRequest {
         run_id: j.run_id.clone(),
     };
     // An amount that is not one is said, and nothing is approved.
-    let resp = post("up_to=lots".into()).await.unwrap();
-    assert_eq!(resp.status().as_u16(), 400);
-    let page = resp.text().await.unwrap();
+    let (code, page) = post(&[("up_to", "lots")]).await;
+    assert_eq!(code, 400);
     assert!(
         page.contains("up_to") && page.contains("dollar amount"),
         "{page}"
@@ -817,8 +802,8 @@ async fn an_approver_approves_a_job_up_to_a_scope_in_the_console_and_a_bad_amoun
     assert_eq!(run.status, RunStatus::Proposed as i32);
     // Up to $0.50 (the tokens: the estimate's): the run keeps the scope,
     // the job holds it and draws from it.
-    let resp = post("comment=ok&up_to=0.50&tokens=".into()).await.unwrap();
-    assert_eq!(resp.status().as_u16(), 303);
+    let (code, _) = post(&[("comment", "ok"), ("up_to", "0.50"), ("tokens", "")]).await;
+    assert_eq!(code, 303);
     let run = runs.get_run(get()).await.unwrap().into_inner().run.unwrap();
     let scope = run.scope.unwrap();
     let est = run.cost_estimate.unwrap();

@@ -19,6 +19,7 @@ use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
 use switchyard_testkit::Stack;
 
 use crate::common::{self, Jobs, approvals_as, budget, finish, id, run_of, submit, until_event};
+use crate::console::as_session;
 use crate::llm::{Provider, env, events, provide, task};
 
 /// A native job with one LLM task on `model` offering `deploy`, keeping its
@@ -1006,58 +1007,32 @@ async fn an_approver_edits_a_gated_call_in_the_console_and_it_runs_as_changed() 
     let base = format!("http://{}", s.http.unwrap());
     let bob = s.session(&s.token("bob").unwrap()).await.unwrap();
     let c = crate::console::client();
-    let inbox = c
-        .get(format!("{base}/ui/"))
-        .header("cookie", format!("sy_session={bob}"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, inbox) = as_session(&c, &base, "GET", "/ui/", &bob, &[]).await;
     assert!(
         inbox.contains("name=\"edit_args\"")
             && inbox.contains("{&quot;q&quot;:&quot;everything&quot;}"),
         "the inbox shows the call to edit: {inbox}"
     );
-    let csrf = switchyard_gateway::console::session::csrf_token(&bob);
-    let host = s.http.unwrap().to_string();
-    let post = |body: String| {
-        c.post(format!("{base}/ui/runs/{run_id}/approve"))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .header("cookie", format!("sy_session={bob}"))
-            .header("origin", format!("http://{host}"))
-            .body(format!("csrf={csrf}&{body}"))
-            .send()
-    };
-    let enc = |v: &str| {
-        v.bytes()
-            .map(|b| match b {
-                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
-                    (b as char).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect::<String>()
+    let path = format!("/ui/runs/{run_id}/approve");
+    let post = |form: &'static [(&'static str, &'static str)]| {
+        as_session(&c, &base, "POST", &path, &bob, form)
     };
     // Arguments that are not a JSON object: refused, nothing approved.
-    let resp = post(format!("edit_tool=search&edit_args={}", enc("[1, 2]")))
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 400);
+    let (code, _) = post(&[("edit_tool", "search"), ("edit_args", "[1, 2]")]).await;
+    assert_eq!(code, 400);
     assert_eq!(
         run_of(s, &run_id).await.status,
         RunStatus::Proposed as i32,
         "a refused edit approves nothing"
     );
     // Narrower arguments: approved as edited, the call runs once, so.
-    let resp = post(format!(
-        "comment=narrower&edit_tool=search&edit_args={}",
-        enc(r#"{"q": "public docs"}"#)
-    ))
-    .await
-    .unwrap();
-    assert_eq!(resp.status().as_u16(), 303);
+    let (code, _) = post(&[
+        ("comment", "narrower"),
+        ("edit_tool", "search"),
+        ("edit_args", r#"{"q": "public docs"}"#),
+    ])
+    .await;
+    assert_eq!(code, 303);
     let r = finish(&mut e.jobs, "edit-console").await;
     assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
     assert_eq!(

@@ -395,13 +395,13 @@ impl Driver {
         if old.is_empty() {
             return Ok(());
         }
-        let now = book.now();
         let scope = ap::ApprovalScope {
             tokens: if more_tokens > 0 { more_tokens } else { tokens },
             cost: Some(Money {
                 micro_usd: if more_cost > 0 { more_cost } else { cost },
             }),
-            until: Some(switchyard_kit::time::timestamp(now + 24 * 3_600_000)),
+            // As long as a hold stands.
+            until: None,
         };
         let held = self.x.hold_scope(job_id, &p.run_id, &scope).await?;
         let placed = !held.reservation_id.is_empty() && held.reservation_id != old;
