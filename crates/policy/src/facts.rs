@@ -160,6 +160,45 @@ pub struct Remaining {
     pub micro_usd: i64,
 }
 
+impl Remaining {
+    /// What a budget with these limits left has: known when either is set;
+    /// an unlimited one reads as the largest Cedar `Long`, so a policy's
+    /// `context.remaining.micro_usd < 100` never holds for it.
+    pub fn left(tokens: Option<u64>, micro_usd: Option<i64>) -> Self {
+        Remaining {
+            known: tokens.is_some() || micro_usd.is_some(),
+            tokens: tokens.unwrap_or(i64::MAX as u64),
+            micro_usd: micro_usd.unwrap_or(i64::MAX),
+        }
+    }
+
+    /// The amounts as [`Remaining::left`] took them (`None`: unlimited);
+    /// both `None` when unknown.
+    pub fn amounts(&self) -> (Option<u64>, Option<i64>) {
+        if !self.known {
+            return (None, None);
+        }
+        (
+            (self.tokens < i64::MAX as u64).then_some(self.tokens),
+            (self.micro_usd < i64::MAX).then_some(self.micro_usd),
+        )
+    }
+
+    /// The less of the two in each amount: what an action may spend when
+    /// its budget and the budget above it both bound it.
+    pub fn min(self, other: Remaining) -> Self {
+        match (self.known, other.known) {
+            (false, _) => other,
+            (_, false) => self,
+            _ => Remaining {
+                known: true,
+                tokens: self.tokens.min(other.tokens),
+                micro_usd: self.micro_usd.min(other.micro_usd),
+            },
+        }
+    }
+}
+
 /// Everything a policy may look at about one action.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Facts {

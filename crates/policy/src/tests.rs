@@ -383,3 +383,41 @@ fn evaluating_only_the_policies_in_scope_decides_as_evaluating_them_all() {
     }
     assert_eq!(seen.len(), 4, "every effect was decided: {seen:?}");
 }
+
+#[test]
+fn a_policy_reads_what_the_budget_has_left_and_an_unlimited_budget_never_looks_short() {
+    let set = PolicySet::load(&[src(
+        "p.cedar",
+        r#"
+@id("short") @message("the budget is nearly spent") forbid(principal, action == Action::"submit_job", resource)
+  when { context.remaining.known && context.remaining.micro_usd < context.estimate.micro_usd * 2 };
+"#,
+    )])
+    .expect("loads");
+    let mut f = facts(Action::SubmitJob, "job-1");
+    f.estimate.micro_usd = 300;
+    // The job's own $0.005 and a team budget with 500 micro-USD left: the
+    // lesser binds.
+    f.remaining = Remaining::left(None, Some(5_000)).min(Remaining::left(Some(9), Some(500)));
+    assert_eq!(f.remaining.tokens, 9);
+    assert!(matches!(set.decide(&f).verdict, Verdict::Forbid { .. }));
+    f.remaining = Remaining::left(Some(100), None);
+    assert!(f.remaining.known);
+    assert_eq!(set.decide(&f).verdict, Verdict::Default);
+    f.remaining = Remaining::left(None, None);
+    assert!(!f.remaining.known);
+    assert_eq!(set.decide(&f).verdict, Verdict::Default);
+    assert_eq!(Remaining::left(None, None).min(f.remaining), f.remaining);
+}
+
+#[test]
+fn remaining_amounts_read_back_what_left_was_given() {
+    for (t, c) in [
+        (None, None),
+        (Some(5), None),
+        (None, Some(7)),
+        (Some(0), Some(0)),
+    ] {
+        assert_eq!(Remaining::left(t, c).amounts(), (t, c));
+    }
+}

@@ -962,7 +962,11 @@ impl Approval {
                 run.reason_code.clear();
                 run.adapter_state.clear();
                 // What the policies decide about it, with the facts now.
-                let decision = self.policy_decision(st, &mut run, &req.approved_under, kind, now);
+                let left = req.budget_left.as_ref().map(|b| {
+                    switchyard_policy::Remaining::left(b.tokens, b.cost.map(|m| m.micro_usd))
+                });
+                let decision =
+                    self.policy_decision(st, &mut run, &req.approved_under, left, kind, now);
                 self.audit(st, &run, Note::new(&actor, "proposed", ""))?;
                 let pack = run.context_pack.clone().unwrap_or_default();
                 let est = run.cost_estimate.unwrap_or_default();
@@ -1253,7 +1257,8 @@ impl Approval {
     }
 
     /// What the policy set decides about `run` (proposed by a party of
-    /// `kind`, under `approved_under` when delegated), recorded on the run: the verdict, the policies, the set's
+    /// `kind`, under `approved_under` when delegated, its budget having
+    /// `left`), recorded on the run: the verdict, the policies, the set's
     /// version and the approvals it needs. A budget extension is a person's
     /// decision alone: no policy is asked.
     fn policy_decision(
@@ -1261,6 +1266,7 @@ impl Approval {
         st: &State,
         run: &mut Run,
         approved_under: &str,
+        left: Option<switchyard_policy::Remaining>,
         kind: switchyard_policy::PrincipalKind,
         now: u64,
     ) -> switchyard_policy::Decision {
@@ -1275,7 +1281,8 @@ impl Approval {
             0
         };
         let engine = self.inner.policies.get();
-        let facts = switchyard_policy::run_facts(run, kind, delegated, depth, now);
+        let mut facts = switchyard_policy::run_facts(run, kind, delegated, depth, now);
+        facts.remaining = left.unwrap_or_default();
         let decision = if run.extension.is_some() {
             switchyard_policy::Decision {
                 verdict: switchyard_policy::Verdict::Default,
@@ -1828,6 +1835,14 @@ impl Approval {
                 ));
             }
             self.check_visible(p, &req.approved_under).await?;
+        }
+        if req.budget_left.is_some() && (p.kind != Kind::Service || p.on_behalf_of.is_none()) {
+            // What a budget has left is the platform's to say: a proposer
+            // naming its own would choose what the policies see.
+            return Err(invalid(
+                "budget_left",
+                "budget_left is set by the executor for a job's run; leave it empty",
+            ));
         }
         Ok(())
     }

@@ -15,7 +15,7 @@ use switchyard_kit::error::is_outage;
 use switchyard_proto::approval::v1 as ap;
 use switchyard_proto::common::v1::{Money, PolicyDecision};
 use switchyard_proto::executor::v1::{
-    AgentTask, FallbackStrategy, JobSpec, LlmTask, RoutePreview, SubmitJobRequest,
+    AgentTask, FallbackStrategy, JobBudget, JobSpec, LlmTask, RoutePreview, SubmitJobRequest,
     SubmitJobResponse, ValidateJobRequest, ValidateJobResponse, task_spec::Kind,
 };
 use switchyard_proto::ledger::v1::CreateBudgetRequest;
@@ -389,6 +389,24 @@ pub(crate) fn proposal(
     }
 }
 
+/// What a job budget with `b`'s limits has left before it spends: its
+/// limits (`known` when it has any).
+pub(crate) fn remaining_of(b: &JobBudget) -> switchyard_policy::Remaining {
+    switchyard_policy::Remaining::left(b.token_budget, b.cost_limit.map(|m| m.micro_usd))
+}
+
+/// `left` as a proposal carries it to the approval service's policies
+/// (`ProposeRequest.budget_left`): unset when unknown.
+pub(crate) fn budget_left(left: switchyard_policy::Remaining) -> Option<ap::BudgetLeft> {
+    left.known.then(|| {
+        let (tokens, cost) = left.amounts();
+        ap::BudgetLeft {
+            tokens,
+            cost: cost.map(|micro_usd| Money { micro_usd }),
+        }
+    })
+}
+
 /// The facts of submitting `spec` for `submitter`, as the policies see
 /// them: the job (its labels), its plan (capabilities and models), its
 /// estimate, and whether it is a delegated child.
@@ -688,16 +706,19 @@ impl Executor {
         spec: &JobSpec,
         est: &Estimate,
         who: &OnBehalf,
+        remaining: switchyard_policy::Remaining,
         now: u64,
     ) -> Vec<PolicyDecision> {
         let check = |f: &switchyard_policy::Facts| switchyard_policy::record(&self.decide(f), f);
-        let submit = submission_facts(spec, who, est, now);
+        let mut submit = submission_facts(spec, who, est, now);
+        submit.remaining = remaining;
         let mut out = vec![check(&submit)];
         let mut run = proposal(spec, est, "", &who.subject, &self.inner.cfg.default_org);
         run.tenant.clone_from(&who.tenant);
         let kind = switchyard_policy::PrincipalKind::from_kind(who.kind.as_str());
         let delegated = submit.depth > 0;
-        let spend = switchyard_policy::run_facts(&run, kind, delegated, submit.depth, now);
+        let mut spend = switchyard_policy::run_facts(&run, kind, delegated, submit.depth, now);
+        spend.remaining = remaining;
         out.push(check(&spend));
         out
     }
@@ -722,8 +743,10 @@ impl Executor {
         warnings.extend(foreseen(&spec, &est, &self.inner.clients.llm));
         let policies = match submitter {
             Some(who) => {
-                warnings.extend(self.parent_warnings(&spec, &est, &who, &right).await);
-                self.dry_run(&spec, &est, &who, now)
+                let (more, above) = self.parent_warnings(&spec, &est, &who, &right).await;
+                warnings.extend(more);
+                let own = remaining_of(&spec.budget.clone().unwrap_or_default());
+                self.dry_run(&spec, &est, &who, own.min(above), now)
             }
             None => Vec::new(),
         };
@@ -1283,33 +1306,40 @@ impl Executor {
 
     /// Warnings about the budget `spec` names as its parent, as `who` may
     /// draw on it: not one they may draw on, or too little left for the
-    /// worst case (the job would pause for an extension).
+    /// worst case (the job would pause for an extension); and what it has
+    /// left (unknown when none is named or it cannot be read).
     async fn parent_warnings(
         &self,
         spec: &JobSpec,
         est: &Estimate,
         who: &OnBehalf,
         right: &BudgetRight,
-    ) -> Vec<String> {
+    ) -> (Vec<String>, switchyard_policy::Remaining) {
+        let unknown = switchyard_policy::Remaining::default();
         let named = spec
             .budget
             .as_ref()
             .map(|b| b.parent_budget_id.clone())
             .unwrap_or_default();
         if named.is_empty() {
-            return Vec::new();
+            return (Vec::new(), unknown);
         }
         let ctx = acting_context(&spec.correlation_id, who.clone());
         let read = switchyard_kit::context::scope(ctx, self.named_budget(&named, who, right)).await;
         let b = match read {
             Ok(Some(b)) => b,
             Ok(None) => {
-                return vec![format!(
+                let w = format!(
                     "budget.parent_budget_id: budget {named:?} is not one you may draw on: the submission would be refused"
-                )];
+                );
+                return (vec![w], unknown);
             }
-            Err(_) => return Vec::new(),
+            Err(_) => return (Vec::new(), unknown),
         };
+        let left = switchyard_policy::Remaining::left(
+            b.tokens_remaining,
+            b.cost_remaining.map(|m| m.micro_usd),
+        );
         let mut out = Vec::new();
         if let (Some(cost), Some(left)) = (est.cost, b.cost_remaining.as_ref())
             && cost > left.micro_usd
@@ -1328,7 +1358,7 @@ impl Executor {
                 "budget {named:?} has {left} tokens left, less than the worst case of {tokens}: the job would pause for an extension when it runs out"
             ));
         }
-        out
+        (out, left)
     }
 
     fn parent_budget(&self, spec: &JobSpec) -> String {
@@ -1377,7 +1407,9 @@ impl Executor {
         // The policies decide the submission first: a forbidden job is
         // refused before anything is made for it; one they say needs a
         // person is proposed for review (no policy approves its spend).
-        let facts = submission_facts(spec, submitter, &est, self.inner.book.now());
+        let (mut limits, remaining) = self.budget_limits(spec, parent, &waiter).await?;
+        let mut facts = submission_facts(spec, submitter, &est, self.inner.book.now());
+        facts.remaining = remaining;
         let decision = self.decide(&facts);
         if let switchyard_policy::Verdict::Forbid { .. } = decision.verdict {
             return Err(ExecutorError::PolicyForbidden(decision.explain()));
@@ -1385,7 +1417,6 @@ impl Executor {
         let needs_person = matches!(decision.verdict, switchyard_policy::Verdict::Require { .. });
         let submitted_by = submitter.subject.as_str();
         let (run_id, budget_id) = round_ids(&spec.job_id, round);
-        let mut limits = self.budget_limits(spec, parent, &waiter).await?;
         if let Some(cap) = est.token_cap() {
             limits.token_budget = Some(limits.token_budget.map_or(cap, |t| t.min(cap)));
         }
@@ -1419,6 +1450,7 @@ impl Executor {
                 worker_id: cfg.worker_id.clone(),
                 lease_secs: cfg.lease_secs,
             }),
+            budget_left: budget_left(remaining),
         };
         let propose = waiter.call(Service::Approval, || {
             clients.approval.propose(propose.clone())
@@ -1445,39 +1477,56 @@ impl Executor {
         }
     }
 
-    /// The job budget's limits: the job's own, and for a child job no more
+    /// The job budget's limits — the job's own, and for a child job no more
     /// than its parent has left (its spending rolls up, and every
-    /// reservation must also fit the parent's).
+    /// reservation must also fit the parent's) — and what the job may spend
+    /// as the policies see it (`context.remaining`): the lesser of its
+    /// limits and what the budget it nests under has left. A top-level
+    /// job's parent that cannot be read leaves the remaining its own limits
+    /// (creating the budget under it says why).
     async fn budget_limits(
         &self,
         spec: &JobSpec,
         parent: Option<&Parent>,
         waiter: &Waiter<'_>,
-    ) -> Result<switchyard_proto::executor::v1::JobBudget, ExecutorError> {
+    ) -> Result<(JobBudget, switchyard_policy::Remaining), ExecutorError> {
         let mut b = spec.budget.clone().unwrap_or_default();
-        let Some(p) = parent else {
-            return Ok(b);
-        };
+        let above = parent.map_or_else(|| self.parent_budget(spec), |p| p.budget_id.clone());
         let ledger = &self.inner.clients.ledger;
-        let get = switchyard_proto::ledger::v1::GetBudgetRequest {
-            budget_id: p.budget_id.clone(),
+        let get = switchyard_proto::ledger::v1::GetBudgetRequest { budget_id: above };
+        let read = async {
+            if get.budget_id.is_empty() {
+                return Ok(None);
+            }
+            let r = waiter.call(Service::Ledger, || ledger.get_budget(get.clone()));
+            r.await.map(|r| r.budget)
         };
-        let left = waiter
-            .call(Service::Ledger, || ledger.get_budget(get.clone()))
-            .await
-            .map_err(upstream("ledger"))?
-            .budget
-            .unwrap_or_default();
-        let min = |a: Option<u64>, b: Option<u64>| match (a, b) {
-            (Some(x), Some(y)) => Some(x.min(y)),
-            (x, y) => x.or(y),
+        let left = match (read.await, parent) {
+            (Ok(left), _) => left,
+            (Err(e), Some(_)) => return Err(upstream("ledger")(e)),
+            (Err(e), None) if is_outage(&e) => return Err(upstream("ledger")(e)),
+            (Err(_), None) => None,
         };
-        b.token_budget = min(b.token_budget, left.tokens_remaining);
-        let micro = |m: Option<Money>| m.map(|m| m.micro_usd.max(0) as u64);
-        b.cost_limit = min(micro(b.cost_limit), micro(left.cost_remaining)).map(|c| Money {
-            micro_usd: c as i64,
-        });
-        Ok(b)
+        let own = remaining_of(&b);
+        let Some(left) = left else {
+            return Ok((b, own));
+        };
+        let above = switchyard_policy::Remaining::left(
+            left.tokens_remaining,
+            left.cost_remaining.map(|m| m.micro_usd),
+        );
+        if parent.is_some() {
+            let min = |a: Option<u64>, b: Option<u64>| match (a, b) {
+                (Some(x), Some(y)) => Some(x.min(y)),
+                (x, y) => x.or(y),
+            };
+            b.token_budget = min(b.token_budget, left.tokens_remaining);
+            let micro = |m: Option<Money>| m.map(|m| m.micro_usd.max(0) as u64);
+            b.cost_limit = min(micro(b.cost_limit), micro(left.cost_remaining)).map(|c| Money {
+                micro_usd: c as i64,
+            });
+        }
+        Ok((b, own.min(above)))
     }
 
     /// Checks pending jobs' runs and starts scheduled jobs that are due.

@@ -93,6 +93,8 @@ pub struct JobEntry {
     /// Tokens the approved extensions added to the job's budget (this
     /// round): what its tasks size their holds against, with the spec's.
     pub extra_tokens: u64,
+    /// Micro-USD the approved extensions added (this round).
+    pub extra_cost: i64,
 }
 
 impl JobEntry {
@@ -181,6 +183,7 @@ impl JobEntry {
             refusals: Default::default(),
             pause: None,
             extra_tokens: 0,
+            extra_cost: 0,
         }
     }
 
@@ -359,7 +362,9 @@ impl JobEntry {
                     && p.run_id == d.run_id
                 {
                     if d.decision == "approved" {
-                        self.extra_tokens += d.granted(p).0;
+                        let (tokens, cost) = d.granted(p);
+                        self.extra_tokens += tokens;
+                        self.extra_cost += cost;
                     }
                     self.job.budget_pause = Some(pb_pause(p, Some(d)));
                     *decided = Some(d.clone());
@@ -418,6 +423,7 @@ impl JobEntry {
         self.refusals.clear();
         self.pause = None;
         self.extra_tokens = 0;
+        self.extra_cost = 0;
         self.context_hash = crate::spec::context_hash(self.spec());
         self.recount();
     }
@@ -516,6 +522,27 @@ impl JobEntry {
         budget
             .saturating_sub(self.job.tokens_used)
             .saturating_sub(held)
+    }
+
+    /// What the job's own budget has left, as the policies see it
+    /// (`context.remaining` of the actions it takes): its limits and what
+    /// approved extensions added, less what it spent and what its open
+    /// reservations hold. Unknown when the job set no limit.
+    pub fn remaining(&self) -> switchyard_policy::Remaining {
+        let b = self.spec().budget.clone().unwrap_or_default();
+        let tokens = b
+            .token_budget
+            .map(|t| self.tokens_left(t.saturating_add(self.extra_tokens)));
+        let cost = b.cost_limit.map(|m| {
+            let spent = self.job.cost_so_far.map_or(0, |m| m.micro_usd);
+            let held: i64 = self
+                .open_reservations
+                .values()
+                .map(|h| h.cost_micro_usd)
+                .sum();
+            (m.micro_usd + self.extra_cost - spent - held).max(0)
+        });
+        switchyard_policy::Remaining::left(tokens, cost)
     }
 
     /// What task `task_id` has spent or holds: its committed cost (its
@@ -716,17 +743,20 @@ mod tests {
         })
     }
 
+    fn committed(id: &str, tokens: u64, cost: i64) -> JobEvent {
+        JobEvent::Committed(events::Committed {
+            reservation_id: id.into(),
+            tokens,
+            cost_micro_usd: cost,
+            overrun: false,
+        })
+    }
+
     #[test]
     fn a_tasks_exposure_is_all_it_spent_holds_and_is_reserving_across_attempts() {
         let mut j = entry();
         apply(&mut j, "a", reserved("r1", 40));
-        let committed = events::Committed {
-            reservation_id: "r1".into(),
-            tokens: 5,
-            cost_micro_usd: 30,
-            overrun: false,
-        };
-        apply(&mut j, "a", JobEvent::Committed(committed));
+        apply(&mut j, "a", committed("r1", 5, 30));
         // A later attempt's hold, another task's hold, a billing agent.
         apply(&mut j, "a", reserved("r2", 25));
         apply(&mut j, "b", reserved("r3", 1000));
@@ -746,5 +776,41 @@ mod tests {
         apply(&mut j, "a", JobEvent::Released(released));
         assert_eq!(j.task_exposure("a"), 30 + 7 + 3);
         assert_eq!(j.task_exposure("b"), 1000);
+    }
+
+    #[test]
+    fn what_a_job_has_left_for_the_policies_is_its_limits_and_extensions_less_spent_and_held() {
+        let j = entry();
+        assert!(!j.remaining().known, "no limits: unknown");
+        let mut spec = j.spec().clone();
+        spec.budget = Some(pb::JobBudget {
+            token_budget: Some(100),
+            cost_limit: Some(Money { micro_usd: 1000 }),
+            ..Default::default()
+        });
+        let dag = crate::spec::dag(&spec).expect("a valid DAG");
+        let mut j = JobEntry::new(spec, dag, 0);
+        let left = |j: &JobEntry| j.remaining().amounts();
+        assert_eq!(left(&j), (Some(100), Some(1000)));
+        apply(&mut j, "a", reserved("r1", 40));
+        assert_eq!(left(&j), (Some(100), Some(960)));
+        apply(&mut j, "a", committed("r1", 5, 30));
+        assert_eq!(left(&j), (Some(95), Some(970)));
+        let paused = events::BudgetPaused {
+            run_id: "ext-1".into(),
+            tokens: 10,
+            cost_micro_usd: 100,
+            ..Default::default()
+        };
+        apply(&mut j, "", JobEvent::BudgetPaused(paused));
+        let decided = events::ExtensionDecided {
+            run_id: "ext-1".into(),
+            decision: "approved".into(),
+            granted_tokens: Some(50),
+            granted_cost_micro_usd: Some(500),
+            ..Default::default()
+        };
+        apply(&mut j, "", JobEvent::ExtensionDecided(decided));
+        assert_eq!(left(&j), (Some(145), Some(1470)));
     }
 }

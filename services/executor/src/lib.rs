@@ -303,8 +303,15 @@ impl Executor {
                     .collect(),
             },
             model: model.to_owned(),
+            remaining: e.remaining(),
             ..Default::default()
         }
+    }
+
+    /// What job `job_id`'s own budget has left now (`context.remaining`).
+    pub(crate) fn job_remaining(&self, job_id: &str) -> switchyard_policy::Remaining {
+        let st = self.inner.book.lock();
+        st.get(job_id).map(|e| e.remaining()).unwrap_or_default()
     }
 
     /// What the policy set in force decides about `facts`.

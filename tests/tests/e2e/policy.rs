@@ -315,6 +315,77 @@ permit(principal, action == Action::"spend", resource == Model::"gpt-4o");"#,
     e.stack.stop().await.expect("stopped");
 }
 
+/// `context.remaining` is what the budget a job draws on has left, read
+/// by the platform: a spend small beside it is approved at once, the same
+/// spend against a slimmer budget waits for a person, and a budget nearly
+/// spent refuses the submission. The ValidateJob dry run says the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_decide_on_what_the_budget_has_left() {
+    let dir = policy_dir(
+        r#"@id("small-share") permit(principal, action == Action::"spend", resource)
+  when { context.remaining.known && context.estimate.micro_usd * 10 <= context.remaining.micro_usd };
+@id("nearly-spent") @message("the team budget is nearly spent")
+forbid(principal, action == Action::"submit_job", resource)
+  when { context.remaining.known && context.remaining.micro_usd < 1000 };"#,
+    );
+    let path = dir.path().to_owned();
+    let mut e = env(false, move |c| c.policy.dir = Some(path)).await;
+    let mut ledger = switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient::new(
+        e.stack.channel_as("admin").await.expect("a channel"),
+    );
+    for (id, micro_usd) in [("roomy", 1_000_000), ("slim", 20_000), ("spent", 500)] {
+        ledger
+            .create_budget(switchyard_proto::ledger::v1::CreateBudgetRequest {
+                budget_id: id.into(),
+                cost_limit: Some(switchyard_proto::common::v1::Money { micro_usd }),
+                labels: [("shared_with".to_owned(), "role:submitter".to_owned())].into(),
+                ..Default::default()
+            })
+            .await
+            .expect("a budget");
+    }
+    // Each estimated at $0.002425 (gpt-4o, 20 tokens out).
+    let doc = |job: &str, budget: &str| {
+        json!({
+            "job_id": job,
+            "budget": {"parent_budget_id": budget},
+            "tasks": [{"id": "ask", "llm": {"model": "gpt-4o", "prompt": "hello", "max_tokens": 20}}]
+        })
+        .to_string()
+    };
+    let v = e
+        .jobs
+        .validate_job(ValidateJobRequest {
+            document: doc("left-roomy", "roomy"),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(v.policies[1].explanation, "auto-approved by small-share");
+    submit(&mut e.jobs, &doc("left-roomy", "roomy"))
+        .await
+        .expect("submitted");
+    let run = run_of(&e.stack, "run-left-roomy").await;
+    assert_eq!(run.decided_by, "policy:small-share");
+
+    submit(&mut e.jobs, &doc("left-slim", "slim"))
+        .await
+        .expect("submitted");
+    let run = run_of(&e.stack, "run-left-slim").await;
+    assert_eq!(run.status, RunStatus::Proposed as i32, "{run:?}");
+    assert_eq!(run.policy.map(|p| p.effect).as_deref(), Some("default"));
+
+    let refused = submit(&mut e.jobs, &doc("left-spent", "spent"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.message(),
+        "forbidden by nearly-spent: the team budget is nearly spent"
+    );
+    e.stack.stop().await.expect("stopped");
+}
+
 /// Nesting a budget is an action too: a policy forbids nesting under
 /// `acme` without a money limit, whoever asks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

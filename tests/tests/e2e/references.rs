@@ -157,6 +157,7 @@ async fn a_claim_with_a_proposal_is_refused_to_submitters_agent_keys_and_other_t
             worker_id: "executor".into(),
             lease_secs: 30,
         }),
+        budget_left: None,
     };
     for who in ["alice", "agents"] {
         let e = approvals_as(&s, who)
@@ -207,6 +208,7 @@ async fn approved_under_is_never_accepted_from_a_client() {
                 skip_policies: false,
                 approved_under: "run-cover".into(),
                 claim: None,
+                budget_left: None,
             })
             .await
             .unwrap_err();
@@ -221,6 +223,48 @@ async fn approved_under_is_never_accepted_from_a_client() {
             assert_eq!(e.code(), Code::PermissionDenied, "{who}: {e:?}");
         }
     }
+    s.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_budget_has_left_is_never_accepted_from_a_client() {
+    let (s, _alice) = with_running_job("left").await;
+    let other = mallory(&s).await;
+    // A proposer claiming a vast budget would choose what the policies'
+    // `context.remaining` reads.
+    let ask = || ProposeRequest {
+        run: Some(Run {
+            intent: "spend while the budget looks full".into(),
+            max_tokens: 10,
+            ..Default::default()
+        }),
+        budget_left: Some(switchyard_proto::approval::v1::BudgetLeft {
+            tokens: Some(u64::MAX / 2),
+            cost: Some(switchyard_proto::common::v1::Money {
+                micro_usd: i64::MAX / 2,
+            }),
+        }),
+        ..Default::default()
+    };
+    // (Approvers and admins may not propose at all.)
+    let e = approvals_as(&s, "alice")
+        .await
+        .propose(ask())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "the submitter: {e:?}");
+    assert!(e.message().contains("budget_left"), "{}", e.message());
+    let e = approvals_as(&s, "agents")
+        .await
+        .propose(ask())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "an agent key: {e:?}");
+    let e = ApprovalServiceClient::new(s.channel_with(&other).await.unwrap())
+        .propose(ask())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "another tenant: {e:?}");
     s.stop().await.unwrap();
 }
 
@@ -765,6 +809,7 @@ async fn the_reference_matrix_allows_exactly_what_the_table_says_for_every_calle
                             skip_policies: false,
                             approved_under: "run-owned".into(),
                             claim: None,
+                            budget_left: None,
                         })
                         .await
                         .is_ok()

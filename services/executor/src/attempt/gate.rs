@@ -51,11 +51,13 @@ pub(crate) async fn propose_for_person(
     waiter: &crate::depend::Waiter<'_>,
     run: ap::Run,
 ) -> Result<(), String> {
+    let left = x.job_remaining(&run.job_id);
     let req = ap::ProposeRequest {
         run: Some(run),
         skip_policies: true,
         approved_under: String::new(),
         claim: None,
+        budget_left: crate::admission::budget_left(left),
     };
     let approval = &x.inner.clients.approval;
     waiter

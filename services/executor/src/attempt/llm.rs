@@ -1005,6 +1005,8 @@ impl Host for TaskHost<'_> {
             resource,
             arguments: args.as_object().cloned().unwrap_or_default(),
             now_ms: self.x.inner.book.now(),
+            // What is left when the model asks, not when the task began.
+            remaining: self.x.job_remaining(self.job_id),
             ..self.facts.clone()
         };
         let decision = self.x.decide(&facts);
