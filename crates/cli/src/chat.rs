@@ -181,6 +181,33 @@ fn shown(outcome: i32, text: &str) -> String {
     }
 }
 
+/// What the person talking is told of job `job_id`'s budget pause
+/// (`budget.paused`) and of its extension's decision.
+fn pause_notice(job_id: &str, kind: &str, data: &Value) -> Option<String> {
+    match kind {
+        "budget.paused" => {
+            let asked = if data["dimension"] == "cost" {
+                format!("{} micro-USD more", data["cost_micro_usd"])
+            } else {
+                format!("{} more tokens", data["tokens"])
+            };
+            Some(format!(
+                "[paused] the conversation's budget is used up; extension run {} asks for {asked}. This message is answered once an approver resumes it (switchyard job resume {job_id}); switchyard job cancel {job_id} ends it.\n",
+                data["run_id"].as_str().unwrap_or_default()
+            ))
+        }
+        "budget.extension_decided" if data["decision"] == "approved" => Some(format!(
+            "[resumed] {} approved the extension\n",
+            data["by"].as_str().unwrap_or_default()
+        )),
+        "budget.extension_decided" => Some(format!(
+            "[ended] the extension was {}: the conversation ends\n",
+            data["decision"].as_str().unwrap_or_default()
+        )),
+        _ => None,
+    }
+}
+
 /// Prints the reply to message `seq` as it is generated, until recorded.
 async fn stream_reply(
     c: &ExecutorClient,
@@ -203,10 +230,17 @@ async fn stream_reply(
         let Some(e) = m.map_err(api)?.event else {
             continue;
         };
+        let data = e.data.as_ref().map(struct_to_json).unwrap_or(Value::Null);
+        // The job's budget pause is the job's event: the message waits for
+        // the extension, and is answered once it is approved.
+        if let Some(notice) = pause_notice(job_id, &e.kind, &data) {
+            out.write_all(notice.as_bytes()).await?;
+            out.flush().await?;
+            continue;
+        }
         if e.task_id != task_id {
             continue;
         }
-        let data = e.data.as_ref().map(struct_to_json).unwrap_or(Value::Null);
         match e.kind.as_str() {
             "llm.delta" => {
                 if let Some(t) = data["text"].as_str() {
@@ -245,4 +279,35 @@ async fn stream_reply(
         }
     }
     anyhow::bail!("job {job_id} ended before message {seq} was answered")
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::pause_notice;
+
+    #[test]
+    fn a_budget_pause_and_its_decision_are_told_to_the_person_talking() {
+        let paused = json!({"run_id": "extend-1", "dimension": "tokens", "tokens": 80});
+        let told = pause_notice("talk", "budget.paused", &paused).unwrap_or_default();
+        assert!(told.starts_with("[paused]"), "{told}");
+        assert!(told.contains("extend-1 asks for 80 more tokens"), "{told}");
+        assert!(told.contains("switchyard job resume talk"), "{told}");
+        let money = json!({"run_id": "x", "dimension": "cost", "cost_micro_usd": 40});
+        let told = pause_notice("talk", "budget.paused", &money).unwrap_or_default();
+        assert!(told.contains("40 micro-USD more"), "{told}");
+        let yes = json!({"decision": "approved", "by": "bob"});
+        assert_eq!(
+            pause_notice("talk", "budget.extension_decided", &yes).as_deref(),
+            Some("[resumed] bob approved the extension\n")
+        );
+        let no = json!({"decision": "rejected", "by": "bob"});
+        let told = pause_notice("talk", "budget.extension_decided", &no).unwrap_or_default();
+        assert!(
+            told.starts_with("[ended] the extension was rejected"),
+            "{told}"
+        );
+        assert_eq!(pause_notice("talk", "llm.delta", &yes), None);
+    }
 }

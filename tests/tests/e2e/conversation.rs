@@ -288,7 +288,9 @@ async fn a_message_is_taken_once_by_key_and_messages_sent_during_a_turn_wait_the
     e.stack.stop().await.unwrap();
 }
 
-async fn a_used_up_budget_pauses_the_conversation_until_it_is_raised(b: Backend) {
+async fn a_used_up_budget_pauses_the_conversation_and_an_approved_extension_answers_what_waited(
+    b: Backend,
+) {
     let e = chat_env(&b).await;
     // What one turn reserves, measured on a twin job with room to spare.
     e.script.for_model(
@@ -297,6 +299,7 @@ async fn a_used_up_budget_pauses_the_conversation_until_it_is_raised(b: Backend)
             Reply::text("ok", 10, 2),
             Reply::text("ok", 10, 2),
             Reply::text("again", 10, 2),
+            Reply::text("third", 10, 2),
         ],
     );
     let mut alice = as_(&e, "alice").await;
@@ -320,37 +323,82 @@ async fn a_used_up_budget_pauses_the_conversation_until_it_is_raised(b: Backend)
     assert_eq!(r1["outcome"], "answered");
     let before = e.script.count();
     let m2 = say(&mut alice, "talk-3", "hi again", "b").await.unwrap();
-    let r2 = reply_to(&mut alice, "talk-3", 2, m2.event_sequence).await;
-    assert_eq!(r2["outcome"], "paused", "{r2}");
-    assert_eq!(r2["reason"], "AGENT_TOKEN_BUDGET_EXCEEDED");
-    assert!(
-        r2["text"].as_str().unwrap().contains("budget is used up"),
-        "{r2}"
-    );
-    assert_eq!(e.script.count(), before, "a paused turn calls no model");
-    // Still open, waiting for a message; not failed.
-    let h = history(&mut alice, "talk-3").await;
-    assert!(h.open && h.waiting, "{h:?}");
+    // The budget refuses the second turn: the job pauses and asks a person
+    // for more, the message unanswered (not failed, not answered "no").
+    let paused = until_event(&mut alice, "talk-3", "budget.paused").await;
+    assert_eq!(paused["dimension"], "tokens", "{paused}");
+    let run_id = paused["run_id"].as_str().unwrap().to_owned();
     let j = job(&mut alice, "talk-3").await;
-    assert_eq!(j.state, JobState::Active as i32, "{j:?}");
-    // Someone who manages budgets raises it: the next message is answered.
-    let mut ledger = switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient::new(
-        e.stack.channel().await.unwrap(),
+    assert_eq!(j.state, JobState::BudgetPaused as i32, "{j:?}");
+    assert_eq!(j.reason, "AGENT_TOKEN_BUDGET_EXCEEDED", "{}", j.error);
+    assert_eq!(
+        task_state(&mut alice, "talk-3").await,
+        TaskState::BudgetPaused
     );
-    ledger
-        .update_limits(switchyard_proto::ledger::v1::UpdateLimitsRequest {
-            budget_id: j.budget_id.clone(),
-            remove_token_limit: true,
+    assert_eq!(e.script.count(), before, "a refused turn calls no model");
+    // A message sent meanwhile is taken and waits its turn.
+    say(&mut alice, "talk-3", "and now?", "c").await.unwrap();
+    let h = history(&mut alice, "talk-3").await;
+    assert!(h.open && !h.waiting, "{h:?}");
+    assert_eq!(h.turns.len(), 3);
+    assert!(
+        h.turns[1].reply.is_none() && h.turns[2].reply.is_none(),
+        "{h:?}"
+    );
+    // alice may not approve her own conversation's extension; bob grants
+    // more than the one turn it asked for, so the next message fits too.
+    let mine = crate::common::approve_as(&e.stack, "alice", &run_id)
+        .await
+        .unwrap_err();
+    assert_eq!(mine.code(), Code::PermissionDenied, "{mine:?}");
+    crate::common::approvals_as(&e.stack, "bob")
+        .await
+        .approve(switchyard_proto::approval::v1::ApproveRequest {
+            run_id: run_id.clone(),
+            comment: "keep talking".into(),
+            scope: Some(switchyard_proto::approval::v1::ApprovalScope {
+                tokens: 10_000,
+                ..Default::default()
+            }),
             ..Default::default()
         })
         .await
-        .unwrap();
-    let m3 = say(&mut alice, "talk-3", "and now?", "c").await.unwrap();
-    let r3 = reply_to(&mut alice, "talk-3", 3, m3.event_sequence).await;
-    assert_eq!(r3["outcome"], "answered", "{r3}");
+        .expect("bob approves the extension");
+    // Where it paused: message 2 is answered, then message 3; message 1 is
+    // not answered again.
+    let r2 = reply_to(&mut alice, "talk-3", 2, m2.event_sequence).await;
+    assert_eq!(
+        (&r2["outcome"], &r2["text"]),
+        (&json!("answered"), &json!("again"))
+    );
+    let r3 = reply_to(&mut alice, "talk-3", 3, m2.event_sequence).await;
+    assert_eq!(
+        (&r3["outcome"], &r3["text"]),
+        (&json!("answered"), &json!("third"))
+    );
+    let h = history(&mut alice, "talk-3").await;
+    assert_eq!(
+        h.turns
+            .iter()
+            .map(|t| t.reply.as_ref().map(|r| r.text.as_str()))
+            .collect::<Vec<_>>(),
+        vec![Some("ok"), Some("again"), Some("third")]
+    );
+    assert!(h.open && h.waiting, "{h:?}");
+    let j = job(&mut alice, "talk-3").await;
+    let p = j.budget_pause.clone().unwrap();
+    assert_eq!(
+        (p.decision.as_str(), p.granted_tokens),
+        ("approved", 10_000)
+    );
     close(&mut alice, "talk-3").await.unwrap();
     let r = finish(&mut alice, "talk-3").await;
     assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    assert_eq!(
+        e.script.count(),
+        before + 2,
+        "each message had one model call"
+    );
     e.stack.stop().await.unwrap();
 }
 
@@ -533,5 +581,5 @@ switchyard_testkit::on_both_backends!(
     sled, postgres;
     a_conversation_answers_each_message_with_what_was_said_before_and_ends_when_closed,
     a_message_is_taken_once_by_key_and_messages_sent_during_a_turn_wait_their_turn,
-    a_used_up_budget_pauses_the_conversation_until_it_is_raised,
+    a_used_up_budget_pauses_the_conversation_and_an_approved_extension_answers_what_waited,
 );

@@ -44,6 +44,20 @@ enum Plan {
     Orchestrator(Turn),
     /// The agent of this handoff answers, sent these messages.
     Agent(events::HandoffStarted, Vec<Value>, String),
+    /// The job's budget refused the turn: the message stays unanswered,
+    /// the task ends `budget_paused` and the job asks for an extension
+    /// (as any task's refusal does); approved, the task runs again and
+    /// answers the message then.
+    Paused(crate::schedule::Failure),
+}
+
+/// How an orchestrator's turn ended other than with a reply.
+enum Turned {
+    /// It handed the conversation to an agent (its turn spent these
+    /// tokens and this money).
+    HandOff(HandoffTo, (u64, i64)),
+    /// Its budget refused it.
+    Paused(crate::schedule::Failure),
 }
 
 /// The record of taking the conversation back from handoff `h` at `seq`.
@@ -107,7 +121,18 @@ impl Attempt<'_> {
                     if let Err(e) = book.durable(unflushed).await {
                         return Outcome::fail(Class::Other, Reason::StorageFailure, e.to_string());
                     }
-                    unflushed = self.answer(c, &orchestrator, seq).await;
+                    match self.answer(c, &orchestrator, seq).await {
+                        Ok(g) => unflushed = g,
+                        Err(paused) => {
+                            // What it answered before is kept; this
+                            // message waits for the extension.
+                            if let Err(e) = book.durable(unflushed).await {
+                                let why = e.to_string();
+                                return Outcome::fail(Class::Other, Reason::StorageFailure, why);
+                            }
+                            return Outcome::fail(paused.class, paused.reason, paused.error);
+                        }
+                    }
                 }
                 Next::End(status, g) => {
                     if let Err(e) = book.durable(g).await {
@@ -230,18 +255,26 @@ impl Attempt<'_> {
     }
 
     /// Answers message `seq` and records the reply; the record's log
-    /// position (not yet durable). The agent holding the conversation
-    /// answers, or the orchestrator — which may hand the conversation off
-    /// (the agent then answers this message), or take it back first.
-    async fn answer(&self, c: &ConversationTask, orchestrator: &LlmTask, seq: u32) -> u64 {
+    /// position (not yet durable), or the budget's refusal (the message
+    /// stays unanswered). The agent holding the conversation answers, or
+    /// the orchestrator — which may hand the conversation off (the agent
+    /// then answers this message), or take it back first.
+    async fn answer(
+        &self,
+        c: &ConversationTask,
+        orchestrator: &LlmTask,
+        seq: u32,
+    ) -> Result<u64, crate::schedule::Failure> {
         let mut plan = self.plan(c, seq);
         loop {
             plan = match plan {
-                Plan::Done(g) => return g,
+                Plan::Done(g) => return Ok(g),
+                Plan::Paused(f) => return Err(f),
                 Plan::Orchestrator(turn) => {
                     match self.orchestrator_turn(orchestrator, seq, turn).await {
-                        Ok(g) => return g,
-                        Err((h, spent)) => self.hand_off(seq, h, spent),
+                        Ok(g) => return Ok(g),
+                        Err(Turned::HandOff(h, spent)) => self.hand_off(seq, h, spent),
+                        Err(Turned::Paused(f)) => Plan::Paused(f),
                     }
                 }
                 Plan::Agent(h, messages, text) => {
@@ -317,13 +350,13 @@ impl Attempt<'_> {
     }
 
     /// The orchestrator answers message `seq`: the reply's log position, or
-    /// the handoff it asked for instead.
+    /// the handoff it asked for instead, or its budget's refusal.
     async fn orchestrator_turn(
         &self,
         orchestrator: &LlmTask,
         seq: u32,
         turn: Turn,
-    ) -> Result<u64, (HandoffTo, (u64, i64))> {
+    ) -> Result<u64, Turned> {
         // The turn's reservations and calls have keys of their own.
         let snap = super::Snapshot {
             scope: format!("{}/msg/{seq}", self.snap.scope),
@@ -338,9 +371,13 @@ impl Attempt<'_> {
         let (report, failure) = match this_turn.run_loop(orchestrator, Some(turn)).await {
             Ok(ran) => {
                 if let (Some(h), None) = (ran.handoff, &ran.failure) {
-                    return Err((h, (ran.report.usage.total_tokens, ran.report.cost)));
+                    let spent = (ran.report.usage.total_tokens, ran.report.cost);
+                    return Err(Turned::HandOff(h, spent));
                 }
-                (ran.report, ran.failure)
+                match ran.failure {
+                    Some(f) if f.class == Class::Budget => return Err(Turned::Paused(f)),
+                    f => (ran.report, f),
+                }
             }
             // The turn could not start (its log not durable, its tools not
             // found): a failed turn, the conversation goes on.
@@ -438,19 +475,13 @@ impl Attempt<'_> {
                 }
                 Plan::Done(g)
             }
-            handoff::Answered::Paused(error, reason) => {
-                let (outcome, text, reason) = self.said(
-                    Some(crate::schedule::Failure {
-                        class: Class::Budget,
-                        reason,
-                        error,
-                    }),
-                    String::new(),
-                );
-                let mut r = self.reply_record(seq, outcome, text, None, &reason);
-                r.agent_id.clone_from(&h.agent_id);
-                Plan::Done(book.record(&mut st, &s.job_id, &s.task.id, JobEvent::Replied(r)))
-            }
+            // The job's budget refused the agent's turn: the job pauses,
+            // and the agent still holds the conversation when it resumes.
+            handoff::Answered::Paused(error, reason) => Plan::Paused(crate::schedule::Failure {
+                class: Class::Budget,
+                reason,
+                error,
+            }),
             handoff::Answered::Failed { status, error, .. } => {
                 let mut back = reclaimed(&current, status, Value::Null, seq);
                 back.result = json!({"error": error});
@@ -485,14 +516,6 @@ impl Attempt<'_> {
     ) -> (&'static str, String, String) {
         match failure {
             None => (talk::ANSWERED, content, String::new()),
-            Some(f) if f.class == Class::Budget => (
-                talk::PAUSED,
-                format!(
-                    "This conversation is paused: its budget is used up ({}). Nothing more was spent on this message; someone who manages budgets can raise it (`switchyard budget update {} --tokens N`), and the next message tries again; or close the conversation.",
-                    f.error, self.snap.budget_id
-                ),
-                f.reason.as_str().to_owned(),
-            ),
             Some(f) => (
                 talk::FAILED,
                 format!("This message could not be answered: {}", f.error),
