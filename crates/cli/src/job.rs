@@ -442,6 +442,18 @@ fn event_json(e: &Event) -> Value {
     })
 }
 
+/// Whether task `t`'s model answer stopped at its `max_tokens`.
+fn cut_off(t: &TaskStatus) -> bool {
+    t.output
+        .as_ref()
+        .and_then(|o| o.fields.get("finish_reason"))
+        .and_then(|v| match &v.kind {
+            Some(prost_types::value::Kind::StringValue(s)) => Some(s.as_str()),
+            _ => None,
+        })
+        == Some("length")
+}
+
 fn duration(t: &TaskStatus) -> String {
     match (ms(&t.started_at), ms(&t.finished_at)) {
         (Some(a), Some(b)) => format!("{} ms", b.saturating_sub(a)),
@@ -471,7 +483,7 @@ fn print_job(j: &Job) {
         j.tokens_used
     );
     println!(
-        "approval   {}   budget {}   by {}",
+        "approval   {}   budget {}   submitted by {}",
         j.run_id, j.budget_id, j.submitted_by
     );
     println!("correlation {}", s.correlation_id);
@@ -490,10 +502,12 @@ fn print_job(j: &Job) {
                 t.agent_id.clone(),
                 t.exit_code.map(|c| c.to_string()).unwrap_or_default(),
                 duration(t),
-                if t.reason.is_empty() {
-                    String::new()
-                } else {
+                if !t.reason.is_empty() {
                     format!("{}: {}", t.reason, t.error)
+                } else if cut_off(t) {
+                    "answer cut at max_tokens (finish_reason length)".to_owned()
+                } else {
+                    String::new()
                 },
             ]
         })

@@ -27,6 +27,9 @@ pub(crate) struct Endpoint {
     auth: Auth,
     headers: Vec<(&'static str, &'static str)>,
     http: reqwest::Client,
+    /// Set once a streamed request with tools was refused: this server
+    /// cannot stream tool calls, so requests with tools go unstreamed.
+    tools_unstreamed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -63,6 +66,10 @@ impl Scrub {
     fn error(&self, e: ProviderError) -> ProviderError {
         match e {
             ProviderError::Malformed(m) => ProviderError::Malformed(self.apply(m)),
+            ProviderError::Incomplete { message, received } => ProviderError::Incomplete {
+                message: self.apply(message),
+                received,
+            },
             ProviderError::Status { status, message } => ProviderError::Status {
                 status,
                 message: self.apply(message),
@@ -96,7 +103,41 @@ impl Endpoint {
             auth,
             headers,
             http,
+            tools_unstreamed: Default::default(),
         })
+    }
+
+    /// Whether a request with tools may be streamed here.
+    pub(crate) fn streams_tools(&self) -> bool {
+        !self
+            .tools_unstreamed
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether `e`, the answer to a streamed request with tools, says this
+    /// server cannot stream tool calls: it refused the request, or its
+    /// stream ended before any of the answer arrived (llama-cpp-python
+    /// fails a streamed tool choice after it started answering). Asked
+    /// again unstreamed by the caller; remembered, and said once.
+    pub(crate) fn refused_streamed_tools(&self, e: &ProviderError) -> bool {
+        let refused = matches!(
+            e,
+            ProviderError::Status { .. }
+                | ProviderError::Incomplete {
+                    received: false,
+                    ..
+                }
+        );
+        if !refused {
+            return false;
+        }
+        let before = self
+            .tools_unstreamed
+            .swap(true, std::sync::atomic::Ordering::Relaxed);
+        if !before {
+            tracing::warn!(provider = %self.name, error = %e, "the provider refused a streamed request with tools: requests with tools go unstreamed from now on");
+        }
+        true
     }
 
     /// Sends `call` with the fixed headers and the key. A 2xx answer comes
@@ -186,6 +227,7 @@ impl Endpoint {
         let mut buf: Vec<u8> = Vec::new();
         let mut gathered = Delta::default();
         let mut due: Option<tokio::time::Instant> = None;
+        let mut received = false;
         let pass_on = |gathered: &mut Delta, due: &mut Option<tokio::time::Instant>| {
             *due = None;
             if !gathered.is_empty() {
@@ -212,6 +254,7 @@ impl Endpoint {
                 let done = wire
                     .event(&name, &data, &mut piece)
                     .map_err(|e| scrub.error(e))?;
+                received |= !piece.is_empty();
                 gathered.merge(piece);
                 if done {
                     break 'read;
@@ -224,8 +267,11 @@ impl Endpoint {
             }
         }
         pass_on(&mut gathered, &mut due);
-        wire.finish()
-            .map_err(|e| ProviderError::Malformed(scrub.apply(e)))
+        // Every way a wire's answer is not whole at the end is a cut stream.
+        wire.finish().map_err(|e| ProviderError::Incomplete {
+            message: scrub.apply(e),
+            received,
+        })
     }
 
     /// The ids of `GET {base_url}/models` (`{"data": [{"id": …}]}` on both

@@ -285,6 +285,9 @@ pub struct ChatResponse {
     pub usage_reported: bool,
 }
 
+/// How long after a cut stream the chain is tried again, ms.
+const INCOMPLETE_PAUSE_MS: u64 = 250;
+
 /// Why one provider call failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ProviderError {
@@ -323,6 +326,17 @@ pub enum ProviderError {
     /// The answer could not be parsed.
     #[error("{0}")]
     Malformed(String),
+    /// A streamed answer ended before it was whole (no finish reason): the
+    /// server cut the stream (llama.cpp's server ends an older stream when
+    /// a newer request arrives, unless started with
+    /// `--interrupt_requests False`) or the connection closed mid-answer.
+    #[error("{message}")]
+    Incomplete {
+        /// What the wire says was missing.
+        message: String,
+        /// Whether any of the answer arrived before the end.
+        received: bool,
+    },
     /// The provider is misconfigured here (e.g. its key variable is unset).
     #[error("{0}")]
     Config(String),
@@ -331,9 +345,9 @@ pub enum ProviderError {
 impl ProviderError {
     /// Seed 000 §3.2: the next model in the chain is tried only when this
     /// one is unavailable: rate-limited (429), unavailable or overloaded
-    /// (503, 529), unreachable (connection failed), or not served by its
+    /// (503, 529), unreachable (connection failed), not served by its
     /// provider (404, `model_not_found`, or absent from the provider's
-    /// model list).
+    /// model list), or its stream was cut before the answer was whole.
     pub fn falls_back(&self) -> bool {
         matches!(
             self,
@@ -341,13 +355,18 @@ impl ProviderError {
                 | ProviderError::Unavailable { .. }
                 | ProviderError::Connect(_)
                 | ProviderError::ModelNotFound(_)
+                | ProviderError::Incomplete { .. }
         )
     }
 
+    /// How long to wait before the chain is tried again after this: the
+    /// server's Retry-After, or a short pause after a cut stream (what cut
+    /// it has usually passed by then).
     fn retry_after(&self) -> Option<Duration> {
         match self {
             ProviderError::RateLimited { retry_after }
             | ProviderError::Unavailable { retry_after, .. } => *retry_after,
+            ProviderError::Incomplete { .. } => Some(Duration::from_millis(INCOMPLETE_PAUSE_MS)),
             _ => None,
         }
     }
@@ -362,6 +381,7 @@ impl ProviderError {
             ProviderError::ModelNotFound(_) => "model_not_found",
             ProviderError::Status { .. } => "http_error",
             ProviderError::Malformed(_) => "malformed",
+            ProviderError::Incomplete { .. } => "incomplete",
             ProviderError::Config(_) => "config",
         }
     }
@@ -398,15 +418,30 @@ macro_rules! over_http {
                 stream: Option<&'a Stream<'a>>,
             ) -> BoxFuture<'a, Result<ChatResponse, ProviderError>> {
                 Box::pin(async move {
-                    match stream.filter(|_| self.stream) {
+                    let tools = !req.tools.is_empty();
+                    let unstreamed = || async {
+                        let body = self.body(model, req, false);
+                        self.endpoint.call(body, $wire::parse_response).await
+                    };
+                    // A server that cannot stream tool calls still runs
+                    // tool turns: unstreamed (their text arrives whole).
+                    let streamed = self.stream && (!tools || self.endpoint.streams_tools());
+                    match stream.filter(|_| streamed) {
                         Some(s) => {
                             let body = self.body(model, req, true);
-                            self.endpoint.stream(body, $wire::Streamed::default(), s).await
+                            match self.endpoint.stream(body, $wire::Streamed::default(), s).await {
+                                Err(e) if tools && self.endpoint.refused_streamed_tools(&e) => {
+                                    // A server that failed mid-stream may
+                                    // have reset the pooled connection.
+                                    match unstreamed().await {
+                                        Err(ProviderError::Connect(_)) => unstreamed().await,
+                                        r => r,
+                                    }
+                                }
+                                r => r,
+                            }
                         }
-                        None => {
-                            let body = self.body(model, req, false);
-                            self.endpoint.call(body, $wire::parse_response).await
-                        }
+                        None => unstreamed().await,
                     }
                 })
             }
@@ -508,6 +543,10 @@ pub struct CallRecord {
     /// reserved for it.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub usage_estimated: bool,
+    /// How the answer ended (answered calls): `stop`, `tool_calls`, or
+    /// `length` when it was cut at `max_tokens`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub finish_reason: String,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -906,6 +945,7 @@ impl Llm {
                             prompt_tokens: resp.usage.prompt_tokens,
                             completion_tokens: resp.usage.completion_tokens,
                             usage_estimated: !resp.usage_reported,
+                            finish_reason: resp.finish_reason.clone(),
                         });
                         return Ok((resp, model.clone()));
                     }
@@ -1302,6 +1342,116 @@ mod tests {
         let (resp, _) = ask(&llm, &["a"], 5).await.unwrap();
         assert_eq!(resp.content, text);
         assert!(script.received()[1].body.get("stream").is_none());
+    }
+
+    /// One streamed request over `models` (its pieces dropped), its
+    /// calls' (outcome, round, finish reason).
+    async fn streamed(
+        llm: &Llm,
+        models: &[&str],
+        req: &ChatRequest,
+    ) -> (
+        Result<(ChatResponse, String), ChainError>,
+        Vec<(String, u32, String)>,
+    ) {
+        let sink = |_: Delta| {};
+        let mut calls = Vec::new();
+        let r = llm
+            .chat(
+                &chain(models),
+                "",
+                req,
+                Instant::now() + Duration::from_secs(10),
+                &mut |r| calls.push((r.outcome.clone(), r.round, r.finish_reason.clone())),
+                Some(&sink),
+            )
+            .await;
+        (r, calls)
+    }
+
+    /// Whether each request `script` received asked for a stream.
+    fn streams_asked(script: &Script) -> Vec<bool> {
+        script
+            .received()
+            .iter()
+            .map(|r| r.body["stream"] == true)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_stream_cut_before_its_finish_reason_is_asked_again_and_then_falls_back() {
+        let script = Script::new();
+        script.for_model(
+            "a",
+            vec![
+                Reply::text("the first half", 5, 3).cut(),
+                Reply::text("the whole answer", 5, 4),
+            ],
+        );
+        let server = script.serve().await;
+        let llm = streaming(&server.base_url(), &["a", "b"]);
+        let (r, calls) = streamed(&llm, &["a"], &ChatRequest::default()).await;
+        let (resp, used) = r.unwrap();
+        assert_eq!(
+            (resp.content.as_str(), used.as_str()),
+            ("the whole answer", "a")
+        );
+        assert_eq!(
+            calls,
+            vec![
+                ("incomplete".to_owned(), 1, String::new()),
+                ("ok".to_owned(), 2, "stop".to_owned())
+            ]
+        );
+        // Cut on the first model, answered by the next in the chain.
+        script.for_model("a", vec![Reply::text("cut", 5, 1).cut()]);
+        script.for_model("b", vec![Reply::text("from b", 5, 2)]);
+        let (r, _) = streamed(&llm, &["a", "b"], &ChatRequest::default()).await;
+        let (resp, used) = r.unwrap();
+        assert_eq!((resp.content.as_str(), used.as_str()), ("from b", "b"));
+    }
+
+    #[tokio::test]
+    async fn a_server_that_cannot_stream_tool_calls_still_answers_tool_turns_unstreamed() {
+        let script = Script::new();
+        let lookup = || Reply::tools(&[("lookup", serde_json::json!({"q": "x"}))], 5, 6);
+        script.for_model(
+            "a",
+            vec![
+                Reply::status(500).body("Automatic streaming tool choice is not supported"),
+                lookup(),
+                lookup(),
+                Reply::text("plain text streams still", 5, 4),
+            ],
+        );
+        let server = script.serve().await;
+        let llm = streaming(&server.base_url(), &["a"]);
+        let with_tools = ChatRequest {
+            tools: vec![ToolSpec {
+                name: "lookup".into(),
+                description: "looks up".into(),
+                parameters: serde_json::json!({"type": "object"}),
+            }],
+            ..Default::default()
+        };
+        for _ in 0..2 {
+            let (r, _) = streamed(&llm, &["a"], &with_tools).await;
+            assert_eq!(r.unwrap().0.tool_calls[0].name, "lookup");
+        }
+        let (r, _) = streamed(&llm, &["a"], &ChatRequest::default()).await;
+        assert_eq!(r.unwrap().0.content, "plain text streams still");
+        // Streamed and refused; asked again whole; from then on tool turns
+        // go whole at once; a turn without tools still streams.
+        assert_eq!(streams_asked(&script), vec![true, false, false, true]);
+        // A server that starts the stream and ends it before anything of
+        // the answer (no finish reason: llama-cpp-python's
+        // chatml-function-calling) is read the same way.
+        script.clear_received();
+        script.for_model("a", vec![Reply::text("", 5, 0).cut(), lookup()]);
+        let llm = streaming(&server.base_url(), &["a"]);
+        let (r, _) = streamed(&llm, &["a"], &with_tools).await;
+        assert_eq!(r.unwrap().0.tool_calls[0].name, "lookup");
+        assert_eq!(streams_asked(&script), vec![true, false]);
     }
 
     #[tokio::test]

@@ -29,7 +29,8 @@ impl Server {
 
     /// Starts the server with `chat_format` (`gemma` for plain chat,
     /// `chatml-function-calling` for tools), two threads, a 2,048-token
-    /// context, and waits (up to 90 s) until it listens.
+    /// context, requests served one after another (never interrupted), and
+    /// waits (up to 90 s) until it listens.
     pub fn start(chat_format: &str) -> Result<Server, String> {
         let var = |k: &str| {
             std::env::var(k).map_err(|_| format!("{k} is not set: run through make test-real-llm"))
@@ -52,6 +53,10 @@ impl Server {
                 "2048",
                 "--chat_format",
                 chat_format,
+                // Requests wait their turn: by default the server cuts the
+                // stream it is generating when another request arrives.
+                "--interrupt_requests",
+                "False",
             ])
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(file))

@@ -144,6 +144,16 @@ impl Reply {
         self
     }
 
+    /// Streamed, ends without a finish reason (then `[DONE]`), as
+    /// llama.cpp's server ends a stream a newer request interrupted.
+    pub fn cut(mut self) -> Reply {
+        if let Ok(mut v) = serde_json::from_str::<Value>(&self.body) {
+            v["choices"][0]["finish_reason"] = Value::Null;
+            self.body = v.to_string();
+        }
+        self
+    }
+
     /// With a finish reason other than the one it was made with (e.g.
     /// `length`).
     pub fn finish_reason(mut self, reason: &str) -> Reply {

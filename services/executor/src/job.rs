@@ -503,8 +503,11 @@ impl JobEntry {
 
     fn recount(&mut self) {
         let total = self.job.tasks.len() as u32;
+        // Steps that got done: succeeded. A failed, cancelled or skipped
+        // (its upstream failed) step is over, not done: a cancelled or
+        // discarded job does not read 100%.
         let done = (0..self.job.tasks.len())
-            .filter(|&i| self.task_state(i).is_done())
+            .filter(|&i| self.task_state(i) == TaskState::Succeeded)
             .count() as u32;
         self.job.progress = Some(Progress {
             current_step: done,
@@ -776,6 +779,37 @@ mod tests {
         apply(&mut j, "a", JobEvent::Released(released));
         assert_eq!(j.task_exposure("a"), 30 + 7 + 3);
         assert_eq!(j.task_exposure("b"), 1000);
+    }
+
+    #[test]
+    fn progress_counts_the_steps_that_succeeded_so_a_cancelled_job_does_not_read_100() {
+        let mut j = entry();
+        let moved = |from: &str, to: &str| {
+            JobEvent::TaskMoved(events::TaskMoved {
+                from: from.into(),
+                to: to.into(),
+                ..Default::default()
+            })
+        };
+        for (from, to) in [
+            ("waiting", "ready"),
+            ("ready", "running"),
+            ("running", "succeeded"),
+        ] {
+            apply(&mut j, "a", moved(from, to));
+        }
+        for (from, to) in [
+            ("waiting", "ready"),
+            ("ready", "running"),
+            ("running", "cancelled"),
+        ] {
+            apply(&mut j, "b", moved(from, to));
+        }
+        let p = j.job.progress.expect("progress");
+        assert_eq!(
+            (p.current_step, p.total_steps, p.percent_complete),
+            (1, 2, 50)
+        );
     }
 
     #[test]

@@ -95,6 +95,17 @@ fn recorded_view(v: &Value) -> Value {
             "last_sequence",
         ],
     );
+    // Progress is derived from the task states, not stored: this release
+    // counts the steps that succeeded (the earlier one counted every step
+    // that ended, so a discarded job read 100%).
+    let all = v["tasks"].as_array().expect("tasks");
+    let done = all.iter().filter(|t| t["state"] == "succeeded").count() as u64;
+    let total = all.len() as u64;
+    job["progress"] = serde_json::json!({
+        "current_step": done,
+        "total_steps": total,
+        "percent_complete": (done * 100).checked_div(total).unwrap_or(100),
+    });
     let tasks: Vec<Value> = v["tasks"]
         .as_array()
         .expect("tasks")

@@ -265,7 +265,10 @@ async fn cancelling_an_ojs_run_cancels_its_job_there_and_a_failed_job_fails_the_
     let r = get_run(&ours, &id).await;
     assert_eq!(
         (r.status, r.adapter_state.as_str()),
-        (RunStatus::Cancelled as i32, "cancelled")
+        (RunStatus::Cancelled as i32, "cancelled"),
+        "the adapter's cancel: reason {:?}, last error {:?}",
+        r.reason_code,
+        r.last_error
     );
     let reader = outside.token("tester").unwrap();
     let (_, there) = ojs(

@@ -232,6 +232,15 @@ fn calls(events: &[(String, Value)]) -> Vec<Value> {
         .collect()
 }
 
+/// A job whose model is told to use the lookup tool, for up to 3 turns.
+fn lookup_job() -> Value {
+    llm_job(
+        "Look up the word 'harbour', then answer.",
+        json!({"ext_agent_instructions": "Use the lookup tool.", "ext_agent_tools": [lookup_tool()],
+               "ext_agent_max_turns": 3}),
+    )
+}
+
 fn lookup_tool() -> Value {
     json!({"name": "lookup", "description": "Look a word up", "command": "cat",
            "parameters": {"type": "object", "properties": {"q": {"type": "string", "maxLength": 12}}, "required": ["q"]}})
@@ -273,11 +282,7 @@ fn real_llm_plain_text_is_billed_exactly_what_the_server_reports() {
 fn real_llm_a_multi_turn_tool_loop_completes_its_turns() {
     let server = start("chatml-function-calling");
     let d = dev(&server, "", "");
-    let job = d.run(llm_job(
-        "Look up the word 'harbour', then answer.",
-        json!({"ext_agent_instructions": "Use the lookup tool.", "ext_agent_tools": [lookup_tool()],
-               "ext_agent_max_turns": 3}),
-    ));
+    let job = d.run(lookup_job());
     let id = job["job_id"].as_str().unwrap();
     let t = &job["tasks"][0];
     // The model here never stops calling tools: the loop runs all three
@@ -584,6 +589,99 @@ fn real_llm_a_streamed_answer_arrives_before_the_call_ends() {
     // `job watch` shows the text as it came.
     let watched = ok(&cli(&d.url, &["job", "watch", id, "--as", "alice"]));
     assert!(watched.contains("task agent turn 1: "), "{watched}");
+}
+
+#[test]
+#[ignore = "needs a real model server: make test-real-llm"]
+fn real_llm_two_overlapping_streamed_jobs_both_complete() {
+    let server = start("gemma");
+    let d = dev(&server, "stream = true", "");
+    let story = |about: &str| {
+        llm_job(
+            &format!("Write a story about {about}."),
+            json!({"ext_agent_max_tokens": 80, "ext_agent_temperature": 0.8}),
+        )
+    };
+    let ids = [
+        d.submit(story("a lighthouse")),
+        d.submit(story("a harbour")),
+    ];
+    for id in &ids {
+        d.approve(id);
+    }
+    for id in &ids {
+        let _ = cli(&d.url, &["job", "watch", id, "--as", "alice"]);
+        let job = d.job(id);
+        assert_eq!(job["state"], "completed", "{job}");
+        let content = job["tasks"][0]["output"]["content"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(!content.trim().is_empty(), "{job}");
+        // Each answer whole, streamed: no call cut short.
+        let c = calls(&d.events(id));
+        assert!(c.iter().all(|c| c["outcome"] == "ok"), "{c:?}");
+        assert!(
+            c.iter()
+                .any(|c| !c["finish_reason"].as_str().unwrap_or_default().is_empty()),
+            "{c:?}"
+        );
+    }
+    assert_eq!(server.requests(), 2);
+    assert!(server.failures().is_empty(), "{:?}", server.failures());
+}
+
+#[test]
+#[ignore = "needs a real model server: make test-real-llm"]
+fn real_llm_a_tool_task_on_a_streaming_provider_completes_its_turns() {
+    // This server's tool-calling template cannot stream a tool choice: it
+    // answers the first streamed request with tools 200 and ends the
+    // stream before any of the answer; that call is asked again whole, and
+    // every later tool turn goes whole at once.
+    let server = start("chatml-function-calling");
+    let d = dev(&server, "stream = true", "");
+    let job = d.run(lookup_job());
+    let id = job["job_id"].as_str().unwrap();
+    let t = &job["tasks"][0];
+    assert_ne!(t["reason"], "LLM_UNAVAILABLE", "{job}");
+    assert_ne!(t["reason"], "LLM_BAD_RESPONSE", "{job}");
+    let c = calls(&d.events(id));
+    assert!(c.len() >= 2, "{c:?}");
+    assert!(c.iter().all(|c| c["outcome"] == "ok"), "{c:?}");
+    assert!(!t["tool_results"].as_array().unwrap().is_empty(), "{job}");
+    // One streamed request that came to nothing, then each turn answered
+    // once, whole.
+    assert_eq!(server.requests(), c.len() + 1, "{}", server.log_text());
+    if job["state"] != "completed" {
+        assert_eq!(t["reason"], "AGENT_MAX_TURNS", "{job}");
+    }
+}
+
+#[test]
+#[ignore = "needs a real model server: make test-real-llm"]
+fn real_llm_a_text_answer_cut_at_max_tokens_says_so() {
+    let server = start("gemma");
+    let d = dev(&server, "stream = true", "");
+    let job = d.run(llm_job(
+        "Write a very long story about a dragon who lives by the sea.",
+        json!({"ext_agent_max_tokens": 6, "ext_agent_temperature": 0.8}),
+    ));
+    assert_eq!(
+        job["state"], "completed",
+        "a cut answer is still an answer: {job}"
+    );
+    let id = job["job_id"].as_str().unwrap();
+    assert_eq!(
+        job["tasks"][0]["output"]["finish_reason"], "length",
+        "{job}"
+    );
+    let c = calls(&d.events(id));
+    assert_eq!(
+        c.last().map(|c| c["finish_reason"].clone()),
+        Some(json!("length")),
+        "{c:?}"
+    );
+    let shown = ok(&cli(&d.url, &["job", "get", id, "--as", "alice"]));
+    assert!(shown.contains("answer cut at max_tokens"), "{shown}");
 }
 
 #[test]

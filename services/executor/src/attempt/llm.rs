@@ -48,6 +48,10 @@ fn llm_status(task_id: &str, report: &agent::Report, children: Vec<String>) -> T
         }
     }
     output["model_used"] = json!(report.model_used);
+    // `length`: the answer was cut at max_tokens (still an answer).
+    if !report.finish_reason.is_empty() {
+        output["finish_reason"] = json!(report.finish_reason);
+    }
     let tool_results = report
         .tool_results
         .iter()

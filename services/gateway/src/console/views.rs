@@ -175,10 +175,16 @@ pub fn tasks(job: &Job, now_ms: u64) -> Vec<Value> {
                 st.and_then(|t| f(t))
                     .map_or(0, switchyard_kit::time::timestamp_ms)
             };
-            let output = st.and_then(|t| t.output.as_ref()).map(|o| {
-                serde_json::to_string_pretty(&switchyard_kit::json::struct_to_json(o))
-                    .unwrap_or_default()
-            });
+            let output_json = st
+                .and_then(|t| t.output.as_ref())
+                .map(switchyard_kit::json::struct_to_json);
+            // A model's answer cut at max_tokens is still an answer: said.
+            let cut = output_json
+                .as_ref()
+                .is_some_and(|o| o["finish_reason"] == "length");
+            let output = output_json
+                .as_ref()
+                .map(|o| serde_json::to_string_pretty(o).unwrap_or_default());
             let stdout = st
                 .filter(|t| !t.stdout.is_empty())
                 .map(|t| String::from_utf8_lossy(&t.stdout).into_owned());
@@ -200,6 +206,7 @@ pub fn tasks(job: &Job, now_ms: u64) -> Vec<Value> {
                 "started": when(ts(|t| t.started_at.as_ref()), now_ms),
                 "finished": when(ts(|t| t.finished_at.as_ref()), now_ms),
                 "output": output,
+                "cut": cut,
                 "stdout": stdout,
             })
         })
