@@ -104,7 +104,11 @@ impl Conn {
 
 /// A failed connection said once, with where the URL came from and the
 /// likely fix; other errors pass through.
-pub(crate) fn explain(e: anyhow::Error, args: &[String]) -> anyhow::Error {
+pub(crate) fn explain(mut e: anyhow::Error, args: &[String]) -> anyhow::Error {
+    if let Some(api) = e.downcast_mut::<ApiError>() {
+        advise(api, crate::report::url_source(args));
+        return e;
+    }
     let Some(switchyard_kit::client::ClientError::Connect { url, .. }) =
         e.downcast_ref::<switchyard_kit::client::ClientError>()
     else {
@@ -122,6 +126,34 @@ pub(crate) fn explain(e: anyhow::Error, args: &[String]) -> anyhow::Error {
             .unwrap_or_default(),
     }
     .into()
+}
+
+/// A server's answer as the person at the terminal needs it: what to pass
+/// this CLI rather than which header to send, and a server that does not
+/// speak gRPC named as such (the CLI pointed at the HTTP or RESP door).
+/// `from` says where the URL came from.
+fn advise(e: &mut ApiError, from: &str) {
+    if e.reason.as_deref() == Some("AUTH_REQUIRED") {
+        e.message = "this call needs a credential: pass --token TOKEN (or set SWITCHYARD_TOKEN), or --as NAME to use a principal of the credentials file (--credentials FILE; `switchyard dev` writes .switchyard/credentials.json in the directory it runs in)".into();
+        return;
+    }
+    // What tonic reports when the other end is not a gRPC server: an HTTP
+    // answer read as gRPC, an HTTP/2 handshake refused, or the connection
+    // closed on it (the RESP door drops a client that opens with HTTP/2).
+    const NOT_GRPC: [&str; 5] = [
+        "h2 protocol error",
+        "invalid compression flag",
+        "protocol error",
+        "frame with invalid size",
+        "operation was canceled",
+    ];
+    if e.reason.is_none() && NOT_GRPC.iter().any(|m| e.message.contains(m)) {
+        e.code = tonic::Code::Unavailable;
+        e.message = format!(
+            "the server at the URL ({from}) did not answer in gRPC ({}): is it Switchyard's HTTP or RESP door? Point --url or SWITCHYARD_URL at the gRPC port: the one `switchyard dev` prints as `listening grpc=…` (127.0.0.1:7600 by default)",
+            e.message
+        );
+    }
 }
 
 pub(crate) fn api(s: tonic::Status) -> anyhow::Error {

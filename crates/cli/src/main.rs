@@ -248,10 +248,25 @@ async fn run_services(args: RunArgs, services: &[ServiceKind], dev: bool) -> any
     // One machine-readable line once the stores are replayed and the
     // services serve, for scripts and tests that start us on port 0.
     // `listening grpc=ADDR [http=ADDR] [resp=ADDR]`.
-    let ready = |addrs: switchyard_cli::Addresses| {
+    // For a person at `switchyard dev`: where the console is and where the
+    // keys to sign in with are.
+    let console =
+        (cfg.gateway.console.enabled && cfg.auth.dev_credentials == Some(true)).then(|| {
+            cfg.storage
+                .data_dir
+                .join(switchyard_auth::credentials::FILE)
+        });
+    let ready = move |addrs: switchyard_cli::Addresses| {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "listening {addrs}");
+        if let (Some(keys), Some(http)) = (&console, addrs.http) {
+            let _ = writeln!(
+                out,
+                "console http://{http}/ui/  (sign in with a key of {}: admin, alice or bob)",
+                keys.display()
+            );
+        }
         let _ = out.flush();
     };
     let result = run_node_then(cfg, services, listeners, shutdown, ready).await;

@@ -688,13 +688,19 @@ pub async fn run_node_then(
             )
             .map_err(anyhow::Error::msg)?
             .map(Arc::new),
+            dev_keys: (auth.is_some() && cfg.auth.dev_credentials == Some(true)).then(|| {
+                cfg.storage
+                    .data_dir
+                    .join(switchyard_auth::credentials::FILE)
+            }),
         };
         if let Some(a) = console.approval.clone() {
             jobs = jobs.with_approvals(a);
         }
         let gateway =
             switchyard_gateway::Gateway::new(cfg.gateway.clone(), max, jobs, authenticator.clone())
-                .with_console(console);
+                .with_console(console)
+                .with_grpc_address(format!("http://{}", listener.local_addr()?));
         // `/mcp` calls the services with each request's own token, over
         // gRPC: this node's port for the services it hosts, the configured
         // URLs for the others.

@@ -47,6 +47,7 @@ pub struct Gateway {
     auth: Arc<Authenticator>,
     mcp: Option<switchyard_mcp::server::SwitchyardMcp>,
     console: ConsoleServices,
+    grpc: Option<String>,
 }
 
 impl Gateway {
@@ -65,7 +66,15 @@ impl Gateway {
             auth,
             mcp: None,
             console: ConsoleServices::default(),
+            grpc: None,
         }
+    }
+
+    /// Names `addr` as this process's gRPC port to a gRPC client that
+    /// reached the HTTP door instead (a CLI pointed at the wrong port).
+    pub fn with_grpc_address(mut self, addr: String) -> Gateway {
+        self.grpc = Some(addr);
+        self
     }
 
     /// Serves the web console at `/ui/` (unless `gateway.console.enabled`
@@ -117,6 +126,7 @@ impl Gateway {
                 if let Some(server) = self.mcp.clone().filter(|_| self.cfg.mcp.enabled) {
                     router = http::with_mcp(router, server, &self.cfg.mcp, self.auth.clone());
                 }
+                let router = http::grpc_elsewhere(router, self.grpc.clone());
                 http::serve(router, listener, self.cfg.http.limits(), shutdown, drain).await
             }
             None => Ok(()),

@@ -99,6 +99,100 @@ fn dev_prints_its_ready_line_only_once_it_serves() {
 }
 
 #[test]
+fn a_newcomer_is_shown_the_console_and_told_the_right_port_and_how_to_sign_in() {
+    use std::io::BufRead as _;
+    let data = tempfile::tempdir().unwrap();
+    let mut dev = Command::new(BIN)
+        .args(["dev", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data.path())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(dev.stdout.take().unwrap()).lines();
+    let ready = lines.next().unwrap().unwrap();
+    let banner = lines.next().unwrap().unwrap();
+    let field = |name: &str| {
+        ready
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix(name))
+            .unwrap()
+            .to_owned()
+    };
+    let (grpc, http, resp) = (field("grpc="), field("http="), field("resp="));
+    // The banner names the console and the keys to sign in with.
+    assert!(
+        banner.starts_with(&format!("console http://{http}/ui/")),
+        "{banner}"
+    );
+    assert!(banner.contains("credentials.json"), "{banner}");
+    // The door's root is the console.
+    let root = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %{redirect_url}",
+        ])
+        .arg(format!("http://{http}/"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&root.stdout),
+        format!("303 http://{http}/ui/")
+    );
+    // The sign-in page shows the keys' real prefix and where dev's are.
+    let page = Command::new("curl")
+        .args(["-s", &format!("http://{http}/ui/sign-in")])
+        .output()
+        .unwrap();
+    // (As a browser shows it: the template escapes `/`.)
+    let page = String::from_utf8_lossy(&page.stdout).replace("&#x2f;", "/");
+    assert!(page.contains("<code>syk_…</code>"), "{page}");
+    let keys = format!("{}", data.path().join("credentials.json").display());
+    assert!(
+        page.contains(&format!("jq -r .principals.bob.token {keys}")),
+        "{page}"
+    );
+    let creds = data.path().join("credentials.json");
+    let run = |url: &str, creds: &std::path::Path| {
+        Command::new(BIN)
+            .args(["job", "list"])
+            .env("SWITCHYARD_URL", url)
+            .env("SWITCHYARD_CREDENTIALS", creds)
+            .output()
+            .unwrap()
+    };
+    // The CLI pointed at the HTTP door is told where gRPC is.
+    let out = run(&format!("http://{http}"), &creds);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("not its gRPC port") && err.contains(&format!("http://{grpc}")),
+        "{err}"
+    );
+    // At the RESP door: not gRPC, and how to find the right port.
+    let out = run(&format!("http://{resp}"), &creds);
+    let err = stderr(&out);
+    assert!(
+        err.contains("did not answer in gRPC") && err.contains("listening grpc="),
+        "{err}"
+    );
+    // Without a key: what to pass this CLI, not which header to send.
+    let out = run(&format!("http://{grpc}"), &data.path().join("none.json"));
+    let err = stderr(&out);
+    assert!(
+        err.contains("AUTH_REQUIRED") && err.contains("--token") && err.contains("--as"),
+        "{err}"
+    );
+    assert!(!err.contains("authorization: Bearer"), "{err}");
+    let _ = dev.kill();
+    let _ = dev.wait();
+}
+
+#[test]
 fn job_submit_dash_reads_the_document_from_stdin() {
     let (dev, _data) = Proc::dev(&[]);
     let out = cli_stdin(

@@ -350,6 +350,8 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
         // page makes. Signing in and the embedded assets are open (the form
         // authenticates what is pasted); every other page needs a session.
         ("GET", "/ui", Access::Open),
+        // The door's root sends a person to the console.
+        ("GET", "/", Access::Open),
         ("GET", "/ui/sign-in", Access::Open),
         ("POST", "/ui/sign-in", Access::Open),
         // Signing in through the identity provider: the callback is bound

@@ -55,6 +55,9 @@ pub struct ConsoleServices {
     pub router: Option<RouterClient>,
     /// Signing in through the identity provider (`[gateway.console.oidc]`).
     pub oidc: Option<Arc<oidc::Provider>>,
+    /// Where this process wrote its dev principals' keys (`switchyard dev`):
+    /// the sign-in page says so. Unset: it wrote none.
+    pub dev_keys: Option<std::path::PathBuf>,
 }
 
 /// What the console's handlers share.

@@ -154,6 +154,8 @@ fn sign_in_page(
             "problem": problem,
             "title": "Sign in",
             "oidc": c.services.oidc.is_some(),
+            "prefix": switchyard_kit::auth::keys::TOKEN_PREFIX,
+            "dev_keys": c.services.dev_keys.as_ref().map(|p| p.display().to_string()),
         }),
     );
     *resp.status_mut() = code;

@@ -158,10 +158,15 @@ pub fn router(
         .merge(ojs::routes())
         .merge(a2a::routes());
     if let Some(c) = console_routes {
-        router = router.merge(c).route(
-            "/ui",
-            get(|| async { axum::response::Redirect::to("/ui/") }),
-        );
+        // The door's root is the console, for a person who types the
+        // address the banner printed without the path.
+        router = router
+            .merge(c)
+            .route(
+                "/ui",
+                get(|| async { axum::response::Redirect::to("/ui/") }),
+            )
+            .route("/", get(|| async { axum::response::Redirect::to("/ui/") }));
     }
     router
         .route_layer(axum::middleware::from_fn_with_state(door.clone(), gate))
@@ -345,6 +350,39 @@ async fn healthz() -> Response {
 }
 
 /// The envelope for a path no route has.
+/// `router` answering a gRPC call (`content-type: application/grpc…`) in
+/// gRPC's own terms: this is not the gRPC port, and `grpc` (when known) is.
+/// A client pointed at the wrong port reads that, not a protocol error.
+pub fn grpc_elsewhere(router: Router, grpc: Option<String>) -> Router {
+    router.layer(axum::middleware::from_fn(
+        move |req: Request, next: axum::middleware::Next| {
+            let grpc = grpc.clone();
+            async move {
+                let is_grpc = req
+                    .headers()
+                    .get(http::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.starts_with("application/grpc"));
+                if !is_grpc {
+                    return next.run(req).await;
+                }
+                let there = grpc.map_or_else(
+                    || "the address `listening grpc=…` names when the server starts".to_owned(),
+                    |a| format!("{a} here"),
+                );
+                let message = format!(
+                    "this is Switchyard's HTTP door (REST, OJS, A2A, the console), not its gRPC port: point --url or SWITCHYARD_URL at the gRPC port, {there}"
+                );
+                let status =
+                    switchyard_kit::error::status(Code::Unimplemented, Reason::RouteNotFound, message);
+                let mut resp = status.into_http::<axum::body::Body>();
+                *resp.status_mut() = http::StatusCode::OK;
+                resp.into_response()
+            }
+        },
+    ))
+}
+
 async fn not_found(req: Request) -> Response {
     unrouted(&req, http::StatusCode::NOT_FOUND, "no route")
 }
@@ -610,7 +648,7 @@ mod tests {
         // The console's pages are HTML for people, not API: not documented.
         let table: std::collections::BTreeSet<(String, String)> = HTTP_ROUTES
             .iter()
-            .filter(|(_, r, _)| *r != "/ui" && !console::is_console(r))
+            .filter(|(_, r, _)| !matches!(*r, "/" | "/ui") && !console::is_console(r))
             .map(|(m, r, _)| (m.to_string(), r.to_string()))
             .collect();
         assert_eq!(documented(), table);
@@ -669,7 +707,7 @@ mod tests {
             // sends a page without a session to sign-in (303) and refuses a
             // form without its anti-forgery token (403) before anything.
             let want = match (*method, *access == Access::Open) {
-                _ if *route == "/ui" => 303,
+                _ if matches!(*route, "/" | "/ui") => 303,
                 // No identity provider configured; no sign-in in flight.
                 _ if *route == "/ui/sign-in/oidc" => 404,
                 _ if *route == "/ui/oidc/callback" => 400,
