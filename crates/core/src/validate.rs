@@ -527,3 +527,97 @@ mod tests {
         );
     }
 }
+
+/// serde's "invalid type: integer `5`, expected struct NativeCommand" in a
+/// user's words ("expected an object (a mapping of fields), got 5"): no
+/// Rust type name reaches a person. Any other message is kept.
+pub fn in_words(serde_text: &str) -> String {
+    if serde_text.contains('\n') {
+        // Each line on its own (a message with its place under it).
+        return serde_text
+            .lines()
+            .map(in_words)
+            .collect::<Vec<_>>()
+            .join("\n");
+    }
+    let Some((got, want)) = serde_text
+        .strip_prefix("invalid type: ")
+        .or_else(|| serde_text.strip_prefix("invalid value: "))
+        .and_then(|rest| rest.rsplit_once(", expected "))
+    else {
+        return serde_text.to_owned();
+    };
+    let want = match want {
+        "u8" | "u16" | "u32" | "u64" | "usize" => {
+            let max = match want {
+                "u8" => u64::from(u8::MAX),
+                "u16" => u64::from(u16::MAX),
+                "u32" => u64::from(u32::MAX),
+                _ => u64::MAX,
+            };
+            format!("a whole number from 0 to {max}")
+        }
+        "i8" | "i16" | "i32" | "i64" | "isize" => "a whole number".to_owned(),
+        "f32" | "f64" => "a number".to_owned(),
+        "a sequence" => "a list".to_owned(),
+        "a map" => "an object (a mapping of fields)".to_owned(),
+        w if w.starts_with("struct ") => "an object (a mapping of fields)".to_owned(),
+        w if w.starts_with("enum ") => "one of the names this field takes".to_owned(),
+        w => w.to_owned(),
+    };
+    // `integer `5`` → 5, `string "hi"` → the text "hi", `map` → an object.
+    let got = match got.split_once(' ') {
+        Some(("integer" | "floating" | "boolean", v)) => {
+            v.trim_start_matches("point ").trim_matches('`').to_owned()
+        }
+        Some(("string", v)) => format!("the text {v}"),
+        _ => match got {
+            "map" => "an object".to_owned(),
+            "sequence" => "a list".to_owned(),
+            "unit" | "null" => "null".to_owned(),
+            g => g.to_owned(),
+        },
+    };
+    format!("expected {want}, got {got}")
+}
+
+#[cfg(test)]
+mod words_tests {
+    use super::in_words;
+
+    #[test]
+    fn no_rust_type_name_reaches_a_person() {
+        for (serde, said) in [
+            (
+                "invalid value: integer `-5`, expected u32",
+                "expected a whole number from 0 to 4294967295, got -5",
+            ),
+            (
+                "invalid type: integer `5`, expected struct NativeCommand",
+                "expected an object (a mapping of fields), got 5",
+            ),
+            (
+                "invalid type: string \"hi\", expected a sequence",
+                "expected a list, got the text \"hi\"",
+            ),
+            (
+                "invalid type: map, expected a string",
+                "expected a string, got an object",
+            ),
+            (
+                "invalid type: floating point `1.5`, expected i64",
+                "expected a whole number, got 1.5",
+            ),
+            ("missing field `command`", "missing field `command`"),
+        ] {
+            let words = in_words(serde);
+            assert_eq!(words, said);
+            assert!(
+                !["u32", "i64", "struct ", "NativeCommand"]
+                    .iter()
+                    .any(|t| words.contains(t)),
+                "{words}"
+            );
+        }
+    }
+}

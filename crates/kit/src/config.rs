@@ -9,6 +9,7 @@ use std::path::Path;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use switchyard_core::validate::in_words;
 use toml::{Table, Value};
 
 /// Prefix of configuration environment variables.
@@ -68,7 +69,7 @@ where
         merge(&mut merged, table);
         T::deserialize(Value::Table(merged.clone())).map_err(|e| ConfigError::File {
             path: path.display().to_string(),
-            message: e.to_string(),
+            message: in_words(&e.to_string()),
         })?;
     }
     let mut vars: Vec<_> = env
@@ -93,10 +94,10 @@ where
         })?;
         T::deserialize(Value::Table(merged.clone())).map_err(|e| ConfigError::Env {
             var: var.clone(),
-            message: e.to_string(),
+            message: in_words(&e.to_string()),
         })?;
     }
-    T::deserialize(Value::Table(merged)).map_err(|e| ConfigError::Invalid(e.to_string()))
+    T::deserialize(Value::Table(merged)).map_err(|e| ConfigError::Invalid(in_words(&e.to_string())))
 }
 
 /// Renders a configuration as TOML (for `--dump-config`).

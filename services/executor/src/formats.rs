@@ -302,7 +302,9 @@ fn typed<T: serde::de::DeserializeOwned>(
         let field = render(&path);
         let description = match &unknown {
             Some(name) => unknown_field(name, &text),
-            None => text.split(" at line ").next().unwrap_or(&text).to_owned(),
+            None => {
+                switchyard_core::validate::in_words(text.split(" at line ").next().unwrap_or(&text))
+            }
         };
         if !seen.insert(field.clone()) {
             // Already reported (a list item nulled out is still of the

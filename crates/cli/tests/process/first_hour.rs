@@ -224,10 +224,12 @@ tasks:
         "prioritty: unknown field \"prioritty\"; did you mean \"priority\"? (line 2, column 1)",
         "tasks[0].agnet: unknown field \"agnet\"; did you mean \"agent\"? (line 5, column 5)",
         "tasks[1].depends_onn: unknown field \"depends_onn\"; did you mean \"depends_on\"? (line 7, column 5)",
-        "tasks[1].timeout_secs: invalid type: string \"soon\", expected u32 (line 9, column 5)",
+        "tasks[1].timeout_secs: expected a whole number from 0 to 4294967295, got the text \"soon\" (line 9, column 5)",
     ] {
         assert!(err.contains(want), "missing {want:?} in:\n{err}");
     }
+    // In a person's words: no Rust type names.
+    assert!(!err.contains("u32") && !err.contains("struct "), "{err}");
     // The same as JSON, on stderr, under -o json.
     let out = cli_stdin(
         &dev.url(),
