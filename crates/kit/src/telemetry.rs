@@ -3,6 +3,8 @@
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` is set). Call [`init`] first thing and
 //! [`TelemetryGuard::shutdown`] last, to flush spans.
 
+mod human;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use opentelemetry::trace::TracerProvider as _;
@@ -167,13 +169,10 @@ pub fn init_as(
             .map_err(|e| TelemetryError::Filter(cfg.log_filter.clone(), e.to_string()))?,
     };
     let fmt = match cfg.log_format {
+        // The message first, then its fields, the spans' and the target.
         LogFormat::Human => tracing_subscriber::fmt::layer()
-            // Colours only for a person at a terminal, never into files or
-            // log collectors (NO_COLOR turns them off there too).
-            .with_ansi(
-                std::io::IsTerminal::is_terminal(&std::io::stderr())
-                    && std::env::var_os("NO_COLOR").is_none(),
-            )
+            .event_format(human::MessageFirst)
+            .with_ansi(false)
             .with_writer(std::io::stderr)
             .with_filter(filter)
             .boxed(),

@@ -851,7 +851,13 @@ impl Approval {
             );
         }
         let seq = self.audit(st, &run, note)?;
-        tracing::debug!(run_id = %id, %from, %to, "run moved");
+        if matches!(to, S::Approved | S::Rejected | S::Cancelled) {
+            // A decision is an operator's event: who decided what (never
+            // the run's prompt or the decider's comment).
+            tracing::info!(run_id = %id, job_id = %run.job_id, by = %run.decided_by, "run {to}");
+        } else {
+            tracing::debug!(run_id = %id, %from, %to, "run moved");
+        }
         Ok((run, seq))
     }
 
