@@ -508,12 +508,8 @@ pub async fn run_node_then(
             }
         };
         a.set_policies(policies.clone());
-        // The policy store is this service's: read it now, and at each
-        // reload tick.
+        // The policy store is this service's: read here.
         policies.set_feed(a.policy_feed());
-        if let Err(e) = policies.refresh().await {
-            tracing::warn!(error = %e, "the stored policy files do not load with the rest; the set without them stays in force");
-        }
         a.spawn_sweeper();
         a.spawn_pruner();
         a.spawn_dispatcher();
@@ -526,6 +522,7 @@ pub async fn run_node_then(
 
     // Without the approval service here, the policy store is read from it
     // over gRPC (policy.approval_url, else an executor's approval_url).
+    // Either way it is read now, and at each reload tick.
     if approval.is_none() {
         let url = cfg.policy.approval_url.clone().or_else(|| {
             services
@@ -549,10 +546,10 @@ pub async fn run_node_then(
                         .collect())
                 })
             }));
-            if let Err(e) = policies.refresh().await {
-                tracing::warn!(error = %e, "the stored policy files do not load with the rest; the set without them stays in force");
-            }
         }
+    }
+    if let Err(e) = policies.refresh().await {
+        tracing::warn!(error = %e, "the stored policy files do not load with the rest; the set without them stays in force");
     }
 
     let mut executor = None;
@@ -697,14 +694,14 @@ pub async fn run_node_then(
         if let Some(a) = console.approval.clone() {
             jobs = jobs.with_approvals(a);
         }
+        // `/mcp` calls the services with each request's own token, over
+        // gRPC: this node's port for the services it hosts, the configured
+        // URLs for the others. A gRPC client at the HTTP door is told it.
+        let own = format!("http://{}", listener.local_addr()?);
         let gateway =
             switchyard_gateway::Gateway::new(cfg.gateway.clone(), max, jobs, authenticator.clone())
                 .with_console(console)
-                .with_grpc_address(format!("http://{}", listener.local_addr()?));
-        // `/mcp` calls the services with each request's own token, over
-        // gRPC: this node's port for the services it hosts, the configured
-        // URLs for the others.
-        let own = format!("http://{}", listener.local_addr()?);
+                .with_grpc_address(own.clone());
         let url_of = |here: bool, there: &Option<String>| {
             if here {
                 Some(own.clone())

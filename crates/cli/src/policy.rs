@@ -74,14 +74,6 @@ pub enum PolicyCmd {
     },
 }
 
-/// The approval service's client, where the policy store lives.
-async fn approvals(conn: &Conn) -> anyhow::Result<switchyard_api::ApprovalClient> {
-    Ok(switchyard_api::ApprovalClient::remote(
-        conn.channel().await?,
-        MAX_MESSAGE,
-    ))
-}
-
 /// Runs a `policy` command.
 pub async fn run(cmd: PolicyCmd) -> anyhow::Result<()> {
     match cmd {
@@ -122,7 +114,7 @@ pub async fn run(cmd: PolicyCmd) -> anyhow::Result<()> {
                     .map(|s| s.to_string_lossy().into_owned())
                     .unwrap_or_default(),
             };
-            let out = approvals(&conn)
+            let out = crate::approval::client(&conn)
                 .await?
                 .put_policy(PutPolicyRequest { name, text })
                 .await
@@ -139,7 +131,7 @@ pub async fn run(cmd: PolicyCmd) -> anyhow::Result<()> {
             Ok(())
         }
         PolicyCmd::List { conn } => {
-            let listed = approvals(&conn)
+            let listed = crate::approval::client(&conn)
                 .await?
                 .list_policies(ListPoliciesRequest {})
                 .await
@@ -174,7 +166,7 @@ pub async fn run(cmd: PolicyCmd) -> anyhow::Result<()> {
             Ok(())
         }
         PolicyCmd::Delete { name, conn } => {
-            let out = approvals(&conn)
+            let out = crate::approval::client(&conn)
                 .await?
                 .delete_policy(DeletePolicyRequest { name: name.clone() })
                 .await

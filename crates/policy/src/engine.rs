@@ -138,12 +138,18 @@ impl Engine {
     /// The set the sources would make with `stored` as the policy store's
     /// files, or why they do not load (nothing changes either way).
     pub fn try_stored(&self, stored: &[Source]) -> Result<PolicySet, PolicyError> {
+        PolicySet::load(&self.sources(stored)?)
+    }
+
+    /// Every source of the set: the rules, the directory's files as they
+    /// are now, and `stored`.
+    fn sources(&self, stored: &[Source]) -> Result<Vec<Source>, PolicyError> {
         let mut sources = self.fixed.clone();
         if let Some(d) = &self.dir {
             sources.extend(crate::read_dir(d)?);
         }
         sources.extend(stored.iter().cloned());
-        PolicySet::load(&sources)
+        Ok(sources)
     }
 
     /// The set in force.
@@ -170,20 +176,15 @@ impl Engine {
     /// time (the same sources are not tried again until they change).
     /// Returns whether the set in force changed.
     pub fn reload(&self) -> Result<bool, PolicyError> {
-        let mut sources = self.fixed.clone();
-        if let Some(d) = &self.dir {
-            match crate::read_dir(d) {
-                Ok(s) => sources.extend(s),
-                Err(e) => return self.refuse(e, "unreadable"),
-            }
-        }
-        sources.extend(
-            self.stored
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .iter()
-                .cloned(),
-        );
+        let stored = self
+            .stored
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let sources = match self.sources(&stored) {
+            Ok(s) => s,
+            Err(e) => return self.refuse(e, "unreadable"),
+        };
         let version = crate::version_of(&sources);
         if version == self.current().version() {
             // Back to the set in force: a refusal reported earlier is over

@@ -227,13 +227,7 @@ impl PgRuns {
             .await
             .map_err(|e| self.db.error("reading the policy store", &e))?;
         rows.iter()
-            .map(|r| {
-                StoredPolicy::decode(r.get::<_, Vec<u8>>(0).as_slice()).map_err(|e| {
-                    ApprovalError::Storage(StoreError::Io(format!(
-                        "a stored policy does not decode: {e}"
-                    )))
-                })
-            })
+            .map(|r| Ok(decoded("policy", &r.get::<_, Vec<u8>>(0))?))
             .collect()
     }
 
@@ -436,15 +430,19 @@ enum Attempt {
     Refused(ApprovalError),
 }
 
+/// A stored `what` (a run, an audit record, a policy file) read back.
+fn decoded<T: Message + Default>(what: &str, data: &[u8]) -> Result<T, StoreError> {
+    T::decode(data).map_err(|e| StoreError::Io(format!("a stored {what} does not decode: {e}")))
+}
+
 fn decode_run(data: &[u8]) -> Result<Run, StoreError> {
-    Run::decode(data).map_err(|e| StoreError::Io(format!("a stored run does not decode: {e}")))
+    decoded("run", data)
 }
 
 /// Audit record number `seq` (the `seq` column: records are stored
 /// without their number; older ones carry the same number inside).
 fn decode_audit(seq: u64, data: &[u8]) -> Result<AuditRecord, StoreError> {
-    let mut rec = AuditRecord::decode(data)
-        .map_err(|e| StoreError::Io(format!("a stored audit record does not decode: {e}")))?;
+    let mut rec: AuditRecord = decoded("audit record", data)?;
     rec.sequence = seq;
     Ok(rec)
 }

@@ -278,7 +278,8 @@ impl Executor {
     }
 
     /// The policy facts of what job `job_id` does for its submitter with
-    /// `model` (the action and resource are the caller's to set).
+    /// `model` (the action, the resource and what the budget has left at
+    /// that moment are the caller's to set).
     pub(crate) fn job_facts(&self, job_id: &str, model: &str) -> switchyard_policy::Facts {
         let st = self.inner.book.lock();
         let Ok(e) = st.get(job_id) else {
@@ -303,7 +304,6 @@ impl Executor {
                     .collect(),
             },
             model: model.to_owned(),
-            remaining: e.remaining(),
             ..Default::default()
         }
     }

@@ -274,7 +274,7 @@ impl Attempt<'_> {
                     match self.orchestrator_turn(orchestrator, seq, turn).await {
                         Ok(g) => return Ok(g),
                         Err(Turned::HandOff(h, spent)) => self.hand_off(seq, h, spent),
-                        Err(Turned::Paused(f)) => Plan::Paused(f),
+                        Err(Turned::Paused(f)) => return Err(f),
                     }
                 }
                 Plan::Agent(h, messages, text) => {
