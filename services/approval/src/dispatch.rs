@@ -163,7 +163,7 @@ impl Approval {
                 })
                 .await?;
             }
-            Err(e) => self.adapter_failed(&run, &who, &e).await?,
+            Err(e) => self.adapter_failed(&run, &who, &e, None).await?,
         }
         Ok(true)
     }
@@ -174,7 +174,7 @@ impl Approval {
         let adapter = match self.inner.adapters.get(&run.adapter) {
             Ok(a) => a,
             Err(e) => {
-                self.adapter_failed(&run, &who, &e).await?;
+                self.adapter_failed(&run, &who, &e, None).await?;
                 return Ok(true);
             }
         };
@@ -186,7 +186,7 @@ impl Approval {
                 return Ok(false);
             }
             Err(e) => {
-                self.adapter_failed(&run, &who, &e).await?;
+                self.adapter_failed(&run, &who, &e, None).await?;
                 return Ok(true);
             }
         };
@@ -212,7 +212,7 @@ impl Approval {
                 let fetched = match adapter.fetch_artifacts(&run).await {
                     Ok(f) => f,
                     Err(e) => {
-                        self.adapter_failed(&run, &who, &e).await?;
+                        self.adapter_failed(&run, &who, &e, None).await?;
                         return Ok(true);
                     }
                 };
@@ -223,7 +223,7 @@ impl Approval {
                             reason: r.reason,
                             message: r.message,
                         };
-                        self.adapter_failed(&run, &who, &e).await?;
+                        self.adapter_failed(&run, &who, &e, None).await?;
                         return Ok(true);
                     }
                     Err(e) => return Err(e),
@@ -241,7 +241,10 @@ impl Approval {
                     reason: polled.reason_code.unwrap_or(Reason::AdapterJobFailed),
                     message: format!("the {} job is {}", run.adapter, polled.detail),
                 };
-                self.adapter_failed(&run, &who, &e).await?;
+                // The state it ended in is kept with the code, whoever
+                // records the end first (a cancel here races this poll).
+                self.adapter_failed(&run, &who, &e, Some(&polled.detail))
+                    .await?;
                 Ok(true)
             }
         }
@@ -267,17 +270,22 @@ impl Approval {
     }
 
     /// Records an adapter's failure: the run fails with the code (not
-    /// retried: the same failure would give the same code).
+    /// retried: the same failure would give the same code), and the state
+    /// the adapter reported, when it reported one.
     async fn adapter_failed(
         &self,
         run: &Run,
         who: &str,
         e: &AdapterError,
+        state: Option<&str>,
     ) -> Result<(), ApprovalError> {
         tracing::warn!(run_id = %run.run_id, adapter = %run.adapter, reason = %e.reason, error = %e.message, "adapter failed");
         let code = e.reason.as_str().to_owned();
         self.note_adapter(&run.run_id, who, "adapter_failed", |r| {
             r.reason_code.clone_from(&code);
+            if let Some(s) = state {
+                s.clone_into(&mut r.adapter_state);
+            }
             true
         })
         .await?;
