@@ -345,6 +345,7 @@ async fn a_used_up_budget_pauses_the_conversation_and_an_approved_extension_answ
         h.turns[1].reply.is_none() && h.turns[2].reply.is_none(),
         "{h:?}"
     );
+    crate::common::proposed_run(&e.stack, &run_id).await;
     // alice may not approve her own conversation's extension; bob grants
     // more than the one turn it asked for, so the next message fits too.
     let mine = crate::common::approve_as(&e.stack, "alice", &run_id)

@@ -170,6 +170,27 @@ pub async fn run_of(s: &Stack, run_id: &str) -> switchyard_proto::approval::v1::
         .unwrap()
 }
 
+/// Run `run_id` once it exists (bounded: 10 s): a budget pause is recorded
+/// before its extension run is proposed.
+pub async fn proposed_run(s: &Stack, run_id: &str) -> switchyard_proto::approval::v1::Run {
+    let mut bob = approvals_as(s, "bob").await;
+    for _ in 0..200 {
+        let got = bob
+            .get_run(switchyard_proto::approval::v1::GetRunRequest {
+                run_id: run_id.into(),
+            })
+            .await;
+        match got {
+            Ok(r) => return r.into_inner().run.unwrap(),
+            Err(e) if e.code() == tonic::Code::NotFound => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("reading run {run_id}: {e:?}"),
+        }
+    }
+    panic!("run {run_id} was not proposed within 10 s");
+}
+
 /// Approves a run as bob, the stack's approver.
 pub async fn approve(s: &Stack, run_id: &str) {
     let req = switchyard_proto::approval::v1::ApproveRequest {
