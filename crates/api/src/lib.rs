@@ -117,6 +117,8 @@ pub mod ledger {
                 list_entries(ListEntriesRequest) -> ListEntriesResponse;
                 /// Estimates a model call's cost.
                 estimate_cost(EstimateCostRequest) -> EstimateCostResponse;
+                /// Sums spend over a time range.
+                report(ReportRequest) -> ReportResponse;
             }
             streaming {
                 /// Streams ledger events.

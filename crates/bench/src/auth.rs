@@ -140,6 +140,7 @@ pub async fn run() -> anyhow::Result<()> {
                     ..Default::default()
                 },
                 TENANT,
+                "bench",
             )
             .await?;
     }

@@ -86,6 +86,181 @@ pub enum BudgetCmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// What was spent in a time range, by project, person, agent, model,
+    /// capability or job, and per minute, hour or day.
+    Report {
+        /// Only this budget and every budget under it (default: every
+        /// budget of your tenant).
+        #[arg(long)]
+        budget: Option<String>,
+        /// Start: an age (30m, 12h, 7d, 2w ago), a date (2026-11-29) or a
+        /// UTC time (2026-11-29T14:00:00Z). Default: 7 days before --until.
+        #[arg(long)]
+        since: Option<String>,
+        /// End (exclusive), the same forms. Default: now.
+        #[arg(long)]
+        until: Option<String>,
+        /// Sum by this.
+        #[arg(long, value_enum)]
+        by: Option<ReportBy>,
+        /// Bucket length of the series (default: from the range).
+        #[arg(long, value_enum)]
+        interval: Option<ReportInterval>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+/// What `budget report --by` sums by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReportBy {
+    /// The budget one level under --budget (the top-level budget without it).
+    Project,
+    /// Who the charged budget was created by or for (a job's submitter).
+    Person,
+    /// The agent that did the work.
+    Agent,
+    /// The model used.
+    Model,
+    /// The task's capability.
+    Capability,
+    /// The job.
+    Job,
+}
+
+impl ReportBy {
+    fn proto(self) -> GroupBy {
+        match self {
+            ReportBy::Project => GroupBy::Project,
+            ReportBy::Person => GroupBy::Person,
+            ReportBy::Agent => GroupBy::Agent,
+            ReportBy::Model => GroupBy::Model,
+            ReportBy::Capability => GroupBy::Capability,
+            ReportBy::Job => GroupBy::Job,
+        }
+    }
+}
+
+/// `budget report --interval`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReportInterval {
+    /// One minute.
+    Minute,
+    /// One hour.
+    Hour,
+    /// One day (UTC).
+    Day,
+}
+
+/// What a group key of `by` says when the charges did not say.
+fn unnamed(by: GroupBy) -> &'static str {
+    match by {
+        GroupBy::Model => "(no model)",
+        GroupBy::Capability => "(no capability: llm, command or conversation tasks)",
+        GroupBy::Job => "(outside a job)",
+        GroupBy::Agent => "(no agent)",
+        _ => "(unknown)",
+    }
+}
+
+/// A time flag (`--since 7d`) as a timestamp.
+fn instant(
+    flag: &str,
+    v: Option<&str>,
+    now_ms: u64,
+) -> anyhow::Result<Option<prost_types::Timestamp>> {
+    v.map(|s| {
+        switchyard_kit::time::parse_instant(s, now_ms)
+            .map(switchyard_kit::time::timestamp)
+            .map_err(|e| anyhow::anyhow!("--{flag}: {e}"))
+    })
+    .transpose()
+}
+
+/// Prints a spend report.
+fn print_report(conn: &Conn, r: &ReportResponse) {
+    let at = |t: &Option<prost_types::Timestamp>| {
+        switchyard_kit::time::utc(t.as_ref().map_or(0, switchyard_kit::time::timestamp_ms))
+    };
+    let by = r.group_by();
+    let interval = match r.interval() {
+        Interval::Minute => "minute",
+        Interval::Hour => "hour",
+        _ => "day",
+    };
+    match conn.output {
+        Format::Json => print_json(&json!({
+            "since": at(&r.since),
+            "until": at(&r.until),
+            "group_by": by.as_str_name().trim_start_matches("GROUP_BY_").to_lowercase(),
+            "interval": interval,
+            "groups": r.groups.iter().map(|g| json!({
+                "key": g.key, "cost_micro_usd": micro(&g.cost), "tokens": g.tokens, "entries": g.entries,
+            })).collect::<Vec<_>>(),
+            "buckets": r.buckets.iter().map(|b| json!({
+                "start": at(&b.start), "cost_micro_usd": micro(&b.cost), "tokens": b.tokens, "entries": b.entries,
+            })).collect::<Vec<_>>(),
+            "total_cost_micro_usd": micro(&r.total_cost),
+            "total_tokens": r.total_tokens,
+            "entries": r.entries,
+        })),
+        Format::Table => {
+            println!("spend from {} to {}", at(&r.since), at(&r.until));
+            let total = micro(&r.total_cost);
+            if by != GroupBy::Unspecified {
+                let head = by.as_str_name().trim_start_matches("GROUP_BY_");
+                let rows: Vec<Vec<String>> = r
+                    .groups
+                    .iter()
+                    .map(|g| {
+                        let cost = micro(&g.cost);
+                        vec![
+                            if g.key.is_empty() {
+                                unnamed(by).into()
+                            } else {
+                                g.key.clone()
+                            },
+                            usd(cost),
+                            g.tokens.to_string(),
+                            g.entries.to_string(),
+                            match total {
+                                0 => "-".into(),
+                                t => format!("{:.0}%", cost as f64 * 100.0 / t as f64),
+                            },
+                        ]
+                    })
+                    .collect();
+                table(&[head, "COST", "TOKENS", "ENTRIES", "SHARE"], &rows);
+                println!();
+            }
+            let rows: Vec<Vec<String>> = r
+                .buckets
+                .iter()
+                .filter(|b| b.entries > 0)
+                .map(|b| {
+                    vec![
+                        at(&b.start),
+                        usd(micro(&b.cost)),
+                        b.tokens.to_string(),
+                        b.entries.to_string(),
+                    ]
+                })
+                .collect();
+            let when = format!("{} (UTC)", interval.to_uppercase());
+            if rows.is_empty() {
+                println!("nothing was spent in this range");
+            } else {
+                table(&[when.as_str(), "COST", "TOKENS", "ENTRIES"], &rows);
+            }
+            println!(
+                "total: {} ({} micro-USD), {} tokens, {} entries",
+                usd(total),
+                total,
+                r.total_tokens,
+                r.entries
+            );
+        }
+    }
 }
 
 /// UNITS and PRICE_PER_M of a journal line, so that units × prices is the
@@ -293,6 +468,30 @@ pub async fn run(cmd: BudgetCmd) -> anyhow::Result<()> {
                 .budget
                 .unwrap_or_default();
             show(&conn, b);
+        }
+        BudgetCmd::Report {
+            budget,
+            since,
+            until,
+            by,
+            interval,
+            conn,
+        } => {
+            let now = switchyard_kit::time::now_ms();
+            let req = ReportRequest {
+                budget_id: budget.unwrap_or_default(),
+                since: instant("since", since.as_deref(), now)?,
+                until: instant("until", until.as_deref(), now)?,
+                group_by: by.map_or(GroupBy::Unspecified, ReportBy::proto) as i32,
+                interval: match interval {
+                    None => Interval::Unspecified,
+                    Some(ReportInterval::Minute) => Interval::Minute,
+                    Some(ReportInterval::Hour) => Interval::Hour,
+                    Some(ReportInterval::Day) => Interval::Day,
+                } as i32,
+            };
+            let r = conn.ledger().await?.report(req).await.map_err(api)?;
+            print_report(&conn, &r);
         }
         BudgetCmd::Entries {
             budget,

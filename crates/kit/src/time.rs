@@ -39,9 +39,171 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Days since 1970-01-01 → (year, month, day), proleptic Gregorian
+/// (Howard Hinnant's `civil_from_days`).
+pub fn civil(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (
+        if m <= 2 {
+            yoe + era * 400 + 1
+        } else {
+            yoe + era * 400
+        },
+        m,
+        d,
+    )
+}
+
+/// (year, month, day) → days since 1970-01-01 (`days_from_civil`).
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = i64::from((m + 9) % 12);
+    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Epoch milliseconds as UTC, ISO 8601 to the millisecond:
+/// `2026-11-29T14:03:22.123Z`.
+pub fn utc(ms: u64) -> String {
+    let secs = (ms / 1000) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, d) = civil(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// A time a person types, as epoch milliseconds: `now`; an age, that long
+/// before `now_ms` (`90s`, `30m`, `12h`, `7d`, `2w`); a UTC date
+/// (`2026-11-29`, its midnight); or a UTC time (`2026-11-29T14:00:00Z`,
+/// seconds and fractions optional, `T` or a space).
+pub fn parse_instant(s: &str, now_ms: u64) -> Result<u64, String> {
+    let t = s.trim();
+    let bad = || {
+        format!(
+            "expected a time: an age like 30m, 7d or 2w (that long ago), a date like 2026-11-29, or a UTC time like 2026-11-29T14:00:00Z; got {t:?}"
+        )
+    };
+    if t.eq_ignore_ascii_case("now") {
+        return Ok(now_ms);
+    }
+    if let Some(unit) = t.chars().last().filter(|c| c.is_ascii_alphabetic())
+        && t.len() > 1
+        && t[..t.len() - 1].bytes().all(|b| b.is_ascii_digit())
+    {
+        let n: u64 = t[..t.len() - 1].parse().map_err(|_| bad())?;
+        let unit_ms: u64 = match unit {
+            's' => 1000,
+            'm' => 60_000,
+            'h' => 3_600_000,
+            'd' => 86_400_000,
+            'w' => 7 * 86_400_000,
+            _ => return Err(bad()),
+        };
+        return Ok(now_ms.saturating_sub(n.saturating_mul(unit_ms)));
+    }
+    let num = |r: std::ops::Range<usize>| -> Result<u32, String> {
+        t.get(r)
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(bad)
+    };
+    if t.len() < 10 || t.as_bytes()[4] != b'-' || t.as_bytes()[7] != b'-' {
+        return Err(bad());
+    }
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || y < 1970 {
+        return Err(bad());
+    }
+    let day_ms = days_from_civil(i64::from(y), mo, d) as u64 * 86_400_000;
+    let rest = &t[10..];
+    if rest.is_empty() {
+        return Ok(day_ms);
+    }
+    let rest = rest
+        .strip_prefix(['T', ' '])
+        .and_then(|r| r.strip_suffix('Z'))
+        .ok_or_else(bad)?;
+    let mut parts = rest.splitn(3, ':');
+    let field = |p: Option<&str>, max: u32| -> Result<u32, String> {
+        p.filter(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|p| p.parse().ok())
+            .filter(|v| *v <= max)
+            .ok_or_else(bad)
+    };
+    let h = field(parts.next(), 23)?;
+    let mi = field(parts.next(), 59)?;
+    let (sec, frac_ms) = match parts.next() {
+        None => (0, 0),
+        Some(sf) => {
+            let (sec, frac) = sf.split_once('.').unwrap_or((sf, ""));
+            if !frac.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad());
+            }
+            let ms = format!("{frac:0<3}")[..3]
+                .parse::<u64>()
+                .map_err(|_| bad())?;
+            (field(Some(sec), 59)?, ms)
+        }
+    };
+    Ok(
+        day_ms
+            + u64::from(h) * 3_600_000
+            + u64::from(mi) * 60_000
+            + u64::from(sec) * 1000
+            + frac_ms,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn typed_times_read_as_ages_dates_and_utc_times() {
+        let now = 1_780_000_000_000;
+        assert_eq!(parse_instant("now", now), Ok(now));
+        assert_eq!(parse_instant("7d", now), Ok(now - 7 * 86_400_000));
+        assert_eq!(parse_instant("30m", now), Ok(now - 1_800_000));
+        assert_eq!(parse_instant("2026-11-29", now), Ok(1_795_910_400_000));
+        assert_eq!(
+            parse_instant("2026-11-29T14:03:22.5Z", now),
+            Ok(1_795_910_400_000 + (14 * 3600 + 3 * 60 + 22) * 1000 + 500)
+        );
+        assert_eq!(
+            parse_instant("2026-11-29 14:03Z", now),
+            Ok(1_795_910_400_000 + (14 * 3600 + 3 * 60) * 1000)
+        );
+        assert_eq!(
+            utc(1_795_910_400_000 + 50_402_123),
+            "2026-11-29T14:00:02.123Z"
+        );
+        for bad in [
+            "soon",
+            "7y",
+            "2026-13-01",
+            "2026-11-29T25:00Z",
+            "d",
+            "2026-11-29T14:00",
+        ] {
+            let e = parse_instant(bad, now).expect_err(bad);
+            assert!(e.contains("expected a time") && e.contains(bad), "{e}");
+        }
+    }
 
     #[test]
     fn conversions_round_trip() {

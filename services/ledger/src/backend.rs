@@ -357,11 +357,15 @@ impl Sled {
         let (mut seqs, budget) = if !req.budget_id.is_empty() {
             let (mut seqs, view): (Vec<u64>, Budget) = match books.budgets.get(&req.budget_id) {
                 Some(b) => {
-                    let seqs = books
-                        .subtree(&req.budget_id)
-                        .iter()
-                        .flat_map(|b| b.entries.iter().copied())
-                        .collect();
+                    let mut seqs = Vec::new();
+                    for live in books.subtree(&req.budget_id) {
+                        seqs.extend(live.entries.iter().copied());
+                        // Retired budgets under a budget still in memory
+                        // (a closed job's, under its open project).
+                        if live.id != req.budget_id {
+                            seqs.extend(cold.subtree_entries(&live.id)?);
+                        }
+                    }
                     (seqs, b.view())
                 }
                 None => match cold.budget(&req.budget_id)? {

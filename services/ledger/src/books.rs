@@ -28,6 +28,10 @@ pub(crate) struct BudgetState {
     pub children: BTreeSet<String>,
     /// Sequences of entries charged directly to this budget.
     pub entries: Vec<u64>,
+    /// Who created it, or for whom.
+    pub created_by: String,
+    /// When it was created, ms.
+    pub created_ms: u64,
 }
 
 impl BudgetState {
@@ -65,6 +69,8 @@ impl BudgetState {
             closed: self.closed,
             overrun: self.overrun(),
             tenant: self.tenant.clone(),
+            created_by: self.created_by.clone(),
+            created_at: (self.created_ms > 0).then(|| timestamp(self.created_ms)),
         }
     }
 }
@@ -337,6 +343,8 @@ impl Books {
                         token_limit: b.token_limit,
                         cost_limit: b.cost_limit.map(|m| m.micro_usd),
                         labels: b.labels,
+                        created_by: b.created_by,
+                        created_ms: r.time.as_ref().map_or(0, timestamp_ms),
                         ..Default::default()
                     },
                 );

@@ -161,6 +161,10 @@ pub(crate) struct StoredBudget {
     pub(crate) children: Vec<String>,
     #[prost(uint64, repeated, tag = "13")]
     pub(crate) entries: Vec<u64>,
+    #[prost(string, tag = "14")]
+    pub(crate) created_by: String,
+    #[prost(uint64, tag = "15")]
+    pub(crate) created_ms: u64,
 }
 
 impl From<&BudgetState> for StoredBudget {
@@ -179,6 +183,8 @@ impl From<&BudgetState> for StoredBudget {
             cost_spent: b.cost_spent,
             children: b.children.iter().cloned().collect(),
             entries: b.entries.clone(),
+            created_by: b.created_by.clone(),
+            created_ms: b.created_ms,
         }
     }
 }
@@ -199,6 +205,8 @@ impl From<StoredBudget> for BudgetState {
             cost_spent: b.cost_spent,
             children: b.children.into_iter().collect::<BTreeSet<_>>(),
             entries: b.entries,
+            created_by: b.created_by,
+            created_ms: b.created_ms,
         }
     }
 }
@@ -474,10 +482,18 @@ impl Cold {
             let prefix = format!("{cur}/");
             for r in self.children.scan_prefix(&prefix) {
                 let (k, _) = r?;
+                // Ids hold `/` too: `a/b/c` under prefix `a/` is `c` of
+                // `a/b`, not `b/c` of `a`. Only a budget whose parent is
+                // `cur` is its child.
                 let child = k[prefix.len()..].to_owned();
-                if let Some(b) = self.budgets.get(&child)? {
-                    out.extend(b.entries);
-                }
+                let Some(b) = self
+                    .budgets
+                    .get(&child)?
+                    .filter(|b| b.budget.as_ref().is_some_and(|v| v.parent_id == cur))
+                else {
+                    continue;
+                };
+                out.extend(b.entries);
                 stack.push(child);
             }
         }

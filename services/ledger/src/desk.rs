@@ -70,6 +70,8 @@ pub(crate) enum Op {
         req: CreateBudgetRequest,
         /// Owner of the new budget.
         tenant: String,
+        /// Who creates it, or for whom (the acting subject).
+        by: String,
     },
     /// Change a budget's limits.
     Update(UpdateLimitsRequest),
@@ -206,7 +208,7 @@ impl<S: Sink> Desk<'_, S> {
     /// Decides `op`.
     pub(crate) fn decide(&mut self, op: Op) -> Result<Done, LedgerError> {
         match op {
-            Op::Create { req, tenant } => self.create(req, &tenant).map(Done::Created),
+            Op::Create { req, tenant, by } => self.create(req, &tenant, &by).map(Done::Created),
             Op::Update(req) => self.update(req).map(|()| Done::Budget),
             Op::Close(id) => self.close(&id).map(|()| Done::Budget),
             Op::Reserve {
@@ -256,7 +258,12 @@ impl<S: Sink> Desk<'_, S> {
         Ok(facts(self.books, self.cold, id)?)
     }
 
-    fn create(&mut self, req: CreateBudgetRequest, tenant: &str) -> Result<bool, LedgerError> {
+    fn create(
+        &mut self,
+        req: CreateBudgetRequest,
+        tenant: &str,
+        by: &str,
+    ) -> Result<bool, LedgerError> {
         let wanted = Budget {
             budget_id: req.budget_id.clone(),
             parent_id: req.parent_id.clone(),
@@ -264,6 +271,8 @@ impl<S: Sink> Desk<'_, S> {
             cost_limit: req.cost_limit,
             labels: req.labels,
             tenant: tenant.to_owned(),
+            created_by: by.to_owned(),
+            created_at: Some(timestamp(self.now)),
             ..Default::default()
         };
         if !req.parent_id.is_empty()

@@ -13,6 +13,7 @@ mod books;
 mod cold;
 mod desk;
 mod pg;
+mod report;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -645,15 +646,17 @@ impl Ledger {
         &self,
         req: CreateBudgetRequest,
     ) -> Result<CreateBudgetResponse, LedgerError> {
-        self.create_budget_in(req, "").await
+        self.create_budget_in(req, "", "").await
     }
 
-    /// Creates a budget of `tenant` (idempotent for identical settings); a
-    /// parent of another tenant is not found.
+    /// Creates a budget of `tenant` by (or for) `by` (idempotent for
+    /// identical settings, whoever repeats it); a parent of another tenant
+    /// is not found.
     pub async fn create_budget_in(
         &self,
         req: CreateBudgetRequest,
         tenant: &str,
+        by: &str,
     ) -> Result<CreateBudgetResponse, LedgerError> {
         let mut v = Violations::new();
         v.check(
@@ -676,6 +679,7 @@ impl Ledger {
         let op = Op::Create {
             req,
             tenant: tenant.to_owned(),
+            by: by.to_owned(),
         };
         let created = matches!(self.write(op).await?, Done::Created(true));
         if created {
@@ -901,6 +905,45 @@ impl Ledger {
             budget,
             total_tokens,
         })
+    }
+
+    /// What was spent in a time range, summed by `req.group_by` and per
+    /// bucket: budget `req.budget_id` and every budget under it, or every
+    /// budget `sees` (by tenant) when none is named.
+    pub async fn report(
+        &self,
+        req: &ReportRequest,
+        sees: impl Fn(&str) -> bool,
+    ) -> Result<ReportResponse, LedgerError> {
+        let range =
+            report::Range::of(req, self.inner.clock.now_ms()).map_err(LedgerError::Invalid)?;
+        let mut budgets = self.budgets().await?;
+        budgets.retain(|b| sees(&b.tenant));
+        let scope = (!req.budget_id.is_empty()).then_some(req.budget_id.as_str());
+        let roots: Vec<String> = match scope {
+            Some(id) if budgets.iter().any(|b| b.budget_id == id) => vec![id.to_owned()],
+            Some(id) => return Err(LedgerError::BudgetNotFound(id.to_owned())),
+            None => budgets
+                .iter()
+                .filter(|b| b.parent_id.is_empty())
+                .map(|b| b.budget_id.clone())
+                .collect(),
+        };
+        let mut charges = Vec::new();
+        for root in roots {
+            let select = ListEntriesRequest {
+                budget_id: root,
+                ..Default::default()
+            };
+            charges.extend(self.inner.backend.charges(&select).await?.0);
+        }
+        let tree = report::Tree::new(&budgets, scope);
+        Ok(report::report(
+            range,
+            req.group_by(),
+            &tree,
+            charges.iter().map(|(_, c)| &c.entry),
+        ))
     }
 
     /// Worst-case cost of a model call from the price catalogue.
@@ -1188,7 +1231,8 @@ impl LedgerService for Ledger {
             .to_owned();
         self.may_nest(&p, req.get_ref())?;
         Ok(Response::new(
-            self.create_budget_in(req.into_inner(), &tenant).await?,
+            self.create_budget_in(req.into_inner(), &tenant, p.acting_subject())
+                .await?,
         ))
     }
 
@@ -1310,6 +1354,15 @@ impl LedgerService for Ledger {
             }
         }
         out.entries = kept;
+        Ok(Response::new(out))
+    }
+
+    async fn report(
+        &self,
+        req: Request<ReportRequest>,
+    ) -> Result<Response<ReportResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let out = Ledger::report(self, req.get_ref(), |tenant| p.sees_tenant(tenant)).await?;
         Ok(Response::new(out))
     }
 

@@ -98,6 +98,7 @@ switchyard_testkit::on_both_backends!(
     retried_calls_never_double_count_and_reused_keys_are_refused,
     expired_reservations_are_released_by_the_sweeper_with_an_event,
     entries_come_in_the_aitp_shape_by_budget_subtree_job_and_correlation,
+    spend_rolls_up_from_closed_jobs_through_open_projects_and_reports_by_person_and_project,
     bad_input_is_refused_with_every_field_named,
     watch_streams_durable_events_of_a_budget_subtree_and_resumes,
     sums_that_would_overflow_are_refused_never_saturated,
@@ -656,6 +657,109 @@ async fn expired_reservations_are_released_by_the_sweeper_with_an_event(f: Fixtu
         (last.kind(), last.context.unwrap().correlation_id.as_str()),
         (RecordKind::Expired, "corr-1")
     );
+}
+
+async fn spend_rolls_up_from_closed_jobs_through_open_projects_and_reports_by_person_and_project(
+    f: Fixture,
+) {
+    let l = &f.ledger;
+    let create = |id: &str, parent: &str, by: &str| {
+        let req = CreateBudgetRequest {
+            budget_id: id.into(),
+            parent_id: parent.into(),
+            ..Default::default()
+        };
+        let (id, by) = (id.to_owned(), by.to_owned());
+        async move {
+            l.create_budget_in(req, "t1", &by)
+                .await
+                .unwrap_or_else(|e| panic!("create {id}: {e}"));
+        }
+    };
+    create("acme", "", "admin").await;
+    create("acme/docs", "acme", "admin").await;
+    create("job-a", "acme/docs", "alice").await;
+    // A budget whose id reads like a child of `acme` in a path-shaped
+    // index (`acme/docs/job-a` is `acme/` + `docs/job-a`), but is not: its
+    // parent is `docs`.
+    create("docs", "", "mallory").await;
+    create("docs/job-a", "docs", "mallory").await;
+    for (i, (b, cost)) in [("job-a", 700), ("acme", 5), ("docs/job-a", 9_000)]
+        .iter()
+        .enumerate()
+    {
+        let r = reserve(l, b, 10, *cost, &format!("k{i}")).await.unwrap();
+        l.commit(commit_req(&r.reservation_id, 10, *cost))
+            .await
+            .unwrap();
+    }
+    l.close_budget("job-a").await.unwrap();
+    l.close_budget("docs/job-a").await.unwrap();
+    // sled retires closed, settled budgets to disk; PostgreSQL keeps them.
+    l.maintain().await.unwrap();
+    let total = |id: &str| {
+        let req = ListEntriesRequest {
+            budget_id: id.into(),
+            ..Default::default()
+        };
+        async move {
+            let r = l.list_entries(&req).await.unwrap();
+            (r.entries.len(), r.total_cost.map_or(0, |m| m.micro_usd))
+        }
+    };
+    assert_eq!(
+        total("acme").await,
+        (2, 705),
+        "acme over its closed grandchild"
+    );
+    assert_eq!(total("acme/docs").await, (1, 700));
+    assert_eq!(
+        l.budget("acme")
+            .await
+            .unwrap()
+            .cost_spent
+            .map(|m| m.micro_usd),
+        Some(705),
+        "the balance rolls up the same"
+    );
+    let report = |budget: &str, by: GroupBy| {
+        let req = ReportRequest {
+            budget_id: budget.into(),
+            group_by: by as i32,
+            ..Default::default()
+        };
+        async move {
+            let r = l.report(&req, |t| t == "t1").await.unwrap();
+            r.groups
+                .iter()
+                .map(|g| (g.key.clone(), g.cost.map_or(0, |m| m.micro_usd)))
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        report("acme", GroupBy::Project).await,
+        [("acme/docs".to_owned(), 700), ("acme".to_owned(), 5)]
+    );
+    assert_eq!(
+        report("acme", GroupBy::Person).await,
+        [("alice".to_owned(), 700), ("admin".to_owned(), 5)]
+    );
+    assert_eq!(
+        report("", GroupBy::Project).await,
+        [("docs".to_owned(), 9_000), ("acme".to_owned(), 705)]
+    );
+    // Another tenant's report sees none of it, and cannot name its budgets.
+    let other = l
+        .report(&ReportRequest::default(), |t| t == "t2")
+        .await
+        .unwrap();
+    assert_eq!((other.entries, other.groups.len()), (0, 0));
+    let named = ReportRequest {
+        budget_id: "acme".into(),
+        ..Default::default()
+    };
+    let err = api(l.report(&named, |t| t == "t2").await.unwrap_err());
+    assert_eq!(err.known_reason(), Some(Reason::BudgetNotFound));
 }
 
 async fn entries_come_in_the_aitp_shape_by_budget_subtree_job_and_correlation(f: Fixture) {

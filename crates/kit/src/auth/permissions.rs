@@ -216,7 +216,7 @@ pub fn access(path: &str) -> Access {
         ("switchyard.router.v1.RouterService", "Route") => needs(P::Route),
         ("switchyard.ledger.v1.LedgerService", m) => match m {
             "CreateBudget" | "UpdateLimits" | "CloseBudget" => needs(P::BudgetManage),
-            "GetBudget" | "ListBudgets" | "ListEntries" | "EstimateCost" | "Watch" => {
+            "GetBudget" | "ListBudgets" | "ListEntries" | "EstimateCost" | "Watch" | "Report" => {
                 needs(P::BudgetRead)
             }
             "Reserve" | "Commit" | "Release" => needs(P::LedgerSpend),

@@ -551,6 +551,16 @@ pub const REFERENCES: &[Reference] = &[
         "a filter over visible entries",
     ),
     r(
+        "switchyard.ledger.v1.ReportRequest.budget_id",
+        Visible,
+        "ledger report (NOT_FOUND unless in the caller's tenant)",
+    ),
+    r(
+        "switchyard.ledger.v1.Entry.capability",
+        Opaque,
+        "a description the committer gives, like agent_id and model",
+    ),
+    r(
         "switchyard.ledger.v1.WatchRequest.budget_id",
         Visible,
         "ledger visible",

@@ -378,9 +378,15 @@ impl<'a> Spender<'a> {
             .until(self.snap.deadline_ms)
     }
 
-    /// Commits what `hold` used, with its journal entry (the ledger makes
-    /// repeats one commit).
-    pub(crate) async fn commit(&self, hold: &Hold, tokens: u64, cost: i64, entry: Entry) {
+    /// Commits what `hold` used, with its journal entry (the task's
+    /// capability added, for spend reports; the ledger makes repeats one
+    /// commit).
+    pub(crate) async fn commit(&self, hold: &Hold, tokens: u64, cost: i64, mut entry: Entry) {
+        if let Some(switchyard_proto::executor::v1::task_spec::Kind::Agent(a)) =
+            &self.snap.task.kind
+        {
+            entry.capability.clone_from(&a.capability);
+        }
         let committed = self
             .waiter()
             .call(Service::Ledger, || hold.commit(tokens, cost, entry.clone()))
