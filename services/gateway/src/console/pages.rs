@@ -1400,7 +1400,29 @@ pub(crate) async fn submit(
 #[derive(Deserialize)]
 pub(crate) struct BudgetsQuery {
     budget: Option<String>,
+    /// The report's start: an age (`7d`), a date or a UTC time.
+    since: Option<String>,
+    /// What the report sums by (`project`, `person`, ...).
+    by: Option<String>,
 }
+
+/// The report's range choices (the form's), the first the default.
+const RANGES: [(&str, &str); 4] = [
+    ("7d", "7 days"),
+    ("24h", "24 hours"),
+    ("1h", "1 hour"),
+    ("30d", "30 days"),
+];
+
+/// What the report may sum by, as the form names it.
+const GROUPINGS: [(&str, lg::GroupBy); 6] = [
+    ("project", lg::GroupBy::Project),
+    ("person", lg::GroupBy::Person),
+    ("agent", lg::GroupBy::Agent),
+    ("model", lg::GroupBy::Model),
+    ("capability", lg::GroupBy::Capability),
+    ("job", lg::GroupBy::Job),
+];
 
 /// The most budgets the tree shows (pages of 200).
 const MAX_BUDGETS: usize = 1000;
@@ -1433,6 +1455,36 @@ pub(crate) async fn budgets(
         token = r.next_page_token;
     }
     let now = now();
+    let since = q
+        .since
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .unwrap_or(RANGES[0].0);
+    let since_ms = switchyard_kit::time::parse_instant(since, now)
+        .map_err(|why| fail(invalid("since", &why)))?;
+    let by =
+        q.by.as_deref()
+            .filter(|s| !s.is_empty())
+            .unwrap_or("project");
+    let Some((_, group_by)) = GROUPINGS.iter().find(|(name, _)| *name == by) else {
+        let names: Vec<&str> = GROUPINGS.iter().map(|(n, _)| *n).collect();
+        return Err(fail(invalid(
+            "by",
+            &format!("sum by one of {}; got {by:?}", names.join(", ")),
+        )));
+    };
+    let scope = q
+        .budget
+        .clone()
+        .filter(|b| !b.is_empty())
+        .unwrap_or_default();
+    let req = lg::ReportRequest {
+        budget_id: scope.clone(),
+        since: Some(switchyard_kit::time::timestamp(since_ms)),
+        group_by: *group_by as i32,
+        ..Default::default()
+    };
+    let report = as_caller!(LedgerClient, ledger, caller, report, req).map_err(fail)?;
     let mut selected = Value::Null;
     if let Some(id) = q.budget.as_deref().filter(|b| !b.is_empty()) {
         let req = lg::ListEntriesRequest {
@@ -1448,7 +1500,6 @@ pub(crate) async fn budgets(
             "entries": r.entries.iter().map(|e| views::entry(e, now)).collect::<Vec<_>>(),
             "total_cost": money(r.total_cost.as_ref().map_or(0, |m| m.micro_usd)),
             "total_tokens": r.total_tokens,
-            "chart": views::chart(&r.entries, now),
             "more": !r.next_page_token.is_empty(),
         });
     }
@@ -1460,6 +1511,10 @@ pub(crate) async fn budgets(
             "tree": views::tree(&all),
             "truncated": all.len() >= MAX_BUDGETS,
             "selected": selected,
+            "report": views::report(&report, now),
+            "query": {"budget": scope, "since": since, "by": by},
+            "ranges": RANGES.iter().map(|(v, l)| json!({"value": v, "label": l})).collect::<Vec<_>>(),
+            "groupings": GROUPINGS.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
         }),
     ))
 }

@@ -7,22 +7,22 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 use switchyard_proto::common::v1::Money;
 use switchyard_proto::executor::v1::{Job, TaskSpec, TaskStatus, task_spec};
-use switchyard_proto::ledger::v1::{Budget, Entry};
+use switchyard_proto::ledger::v1::{Budget, Entry, GroupBy, Interval, ReportResponse, SpendBucket};
 
-/// Money as people read it — dollars, to the cent from a dollar up, to the
-/// micro-dollar below — with the exact micro-USD figure beside it (shown
-/// on hover).
+/// Money as people read it — dollars to the nearest cent from a cent up
+/// (`$0.03`, `$1,234.50`), the exact figure below a cent (`$0.00002`) —
+/// with the exact micro-USD figure beside it (shown on hover).
 pub fn money(micro_usd: i64) -> Value {
     let sign = if micro_usd < 0 { "-" } else { "" };
     let abs = micro_usd.unsigned_abs();
-    let text = if abs >= 1_000_000 {
-        format!(
-            "{sign}${}.{:02}",
-            abs / 1_000_000,
-            (abs % 1_000_000) / 10_000
-        )
+    let text = if abs == 0 {
+        "$0".to_owned()
+    } else if abs >= 10_000 {
+        let cents = (abs + 5_000) / 10_000;
+        format!("{sign}${}.{:02}", group((cents / 100) as i64), cents % 100)
     } else {
-        format!("{sign}${}.{:06}", abs / 1_000_000, abs % 1_000_000)
+        let exact = format!("{:06}", abs);
+        format!("{sign}$0.{}", exact.trim_end_matches('0'))
     };
     json!({"text": text, "micro": micro_usd, "title": format!("{} micro-USD", group(micro_usd))})
 }
@@ -304,12 +304,16 @@ pub fn budget(b: &Budget) -> Value {
         "closed": b.closed,
         "overrun": b.overrun,
         "job_id": b.labels.get("job_id"),
+        "created_by": b.created_by,
+        "created": b.created_at.as_ref().map_or(Value::Null, |t| when(switchyard_kit::time::timestamp_ms(t), switchyard_kit::time::now_ms())),
     })
 }
 
 /// `budgets` as a tree: each budget after its parent, with its depth
 /// (tenant → project → job). A budget whose parent is not among them is a
-/// root; children in id order.
+/// root; open budgets before closed ones, each in id order. Figures are
+/// the ledger's, which roll up: a budget's spent and held include every
+/// budget under it.
 pub fn tree(budgets: &[Budget]) -> Vec<Value> {
     let ids: std::collections::HashSet<&str> =
         budgets.iter().map(|b| b.budget_id.as_str()).collect();
@@ -322,9 +326,11 @@ pub fn tree(budgets: &[Budget]) -> Vec<Value> {
             roots.push(b);
         }
     }
-    roots.sort_by(|a, b| a.budget_id.cmp(&b.budget_id));
+    // Open budgets first, then closed ones; each in id order.
+    let order = |a: &&Budget, b: &&Budget| (a.closed, &a.budget_id).cmp(&(b.closed, &b.budget_id));
+    roots.sort_by(order);
     for v in children.values_mut() {
-        v.sort_by(|a, b| a.budget_id.cmp(&b.budget_id));
+        v.sort_by(order);
     }
     let mut out = Vec::new();
     // Depth-first, iteratively (a parent cycle cannot occur: each budget
@@ -360,6 +366,7 @@ pub fn entry(e: &Entry, now_ms: u64) -> Value {
         "total": money(e.total.as_ref().map_or(0, |m| m.micro_usd)),
         "timestamp": when(t, now_ms),
         "job_id": e.context.as_ref().map_or("", |c| c.job_id.as_str()),
+        "budget_id": e.budget_id,
     })
 }
 
@@ -384,65 +391,115 @@ pub fn unit_price(micro_usd_per_million: i64) -> Value {
     v
 }
 
+/// How a report's group key reads when the charges did not say.
+fn unnamed(by: GroupBy) -> &'static str {
+    match by {
+        GroupBy::Model => "(no model)",
+        GroupBy::Capability => "(no capability)",
+        GroupBy::Job => "(outside a job)",
+        GroupBy::Agent => "(no agent)",
+        _ => "(unknown)",
+    }
+}
+
+/// A spend report for the page: its groups with their share of the total,
+/// and its buckets as bars (each bucket one bar whatever the spread of
+/// times inside it, so spend all in one second is one bar, not a line).
+pub fn report(r: &ReportResponse, now_ms: u64) -> Value {
+    let micro = |m: Option<&Money>| m.map_or(0, |m| m.micro_usd);
+    let total = micro(r.total_cost.as_ref());
+    let by = r.group_by();
+    let groups: Vec<Value> = r
+        .groups
+        .iter()
+        .map(|g| {
+            let cost = micro(g.cost.as_ref());
+            let share = if total > 0 {
+                (cost as f64 * 100.0 / total as f64).round() as u64
+            } else {
+                0
+            };
+            json!({
+                "key": g.key,
+                "label": if g.key.is_empty() { unnamed(by).to_owned() } else { g.key.clone() },
+                "cost": money(cost),
+                "tokens": g.tokens,
+                "entries": g.entries,
+                "share": share,
+            })
+        })
+        .collect();
+    let top = r
+        .buckets
+        .iter()
+        .map(|b| micro(b.cost.as_ref()))
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
+    let n = r.buckets.len().max(1) as f64;
+    let width = CHART_W / n;
+    let t = |b: &SpendBucket| {
+        b.start
+            .as_ref()
+            .map_or(0, switchyard_kit::time::timestamp_ms)
+    };
+    let bars: Vec<Value> = r
+        .buckets
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.entries > 0)
+        .map(|(i, b)| {
+            let cost = micro(b.cost.as_ref());
+            // A bar of any spend is at least 2 units tall: visible.
+            let h = (cost as f64 / top * CHART_H).max(2.0);
+            json!({
+                "x": format!("{:.2}", i as f64 * width),
+                "y": format!("{:.2}", CHART_H - h),
+                "w": format!("{:.2}", (width * 0.8).max(1.0)),
+                "h": format!("{:.2}", h),
+                "title": format!(
+                    "{}: {} ({} micro-USD), {} tokens, {} entries",
+                    switchyard_kit::time::utc(t(b)),
+                    money(cost)["text"].as_str().unwrap_or_default(),
+                    group(cost),
+                    b.tokens,
+                    b.entries
+                ),
+            })
+        })
+        .collect();
+    let interval = match r.interval() {
+        Interval::Minute => "minute",
+        Interval::Hour => "hour",
+        _ => "day",
+    };
+    let since = r
+        .since
+        .as_ref()
+        .map_or(0, switchyard_kit::time::timestamp_ms);
+    let until = r
+        .until
+        .as_ref()
+        .map_or(0, switchyard_kit::time::timestamp_ms);
+    json!({
+        "groups": groups,
+        "bars": bars,
+        "width": CHART_W,
+        "height": CHART_H,
+        "interval": interval,
+        "buckets": r.buckets.len(),
+        "top": money(top as i64),
+        "since": when(since, now_ms),
+        "until": when(until, now_ms),
+        "total_cost": money(total),
+        "total_tokens": r.total_tokens,
+        "entries": r.entries,
+    })
+}
+
 /// Width and height of the spend chart, in SVG user units.
 const CHART_W: f64 = 600.0;
 const CHART_H: f64 = 160.0;
-
-/// Spend over time as an SVG polyline: cumulative cost of `entries`
-/// (oldest first), scaled to the chart, with its axis labels. `None` when
-/// there is nothing to draw.
-pub fn chart(entries: &[Entry], now_ms: u64) -> Option<Value> {
-    let mut pts: Vec<(u64, i64)> = entries
-        .iter()
-        .map(|e| {
-            (
-                e.time
-                    .as_ref()
-                    .map_or(0, switchyard_kit::time::timestamp_ms),
-                e.total.as_ref().map_or(0, |m| m.micro_usd),
-            )
-        })
-        .collect();
-    if pts.is_empty() {
-        return None;
-    }
-    pts.sort_by_key(|p| p.0);
-    let (t0, t1) = (pts[0].0, pts[pts.len() - 1].0.max(pts[0].0 + 1));
-    let mut sum = 0i64;
-    let cum: Vec<(u64, i64)> = pts
-        .iter()
-        .map(|(t, c)| {
-            sum = sum.saturating_add(*c);
-            (*t, sum)
-        })
-        .collect();
-    let top = sum.max(1) as f64;
-    let x = |t: u64| (t - t0) as f64 / (t1 - t0) as f64 * CHART_W;
-    let y = |c: i64| CHART_H - c as f64 / top * CHART_H;
-    // A step line: spend stays flat until the next entry.
-    let mut points = format!("0,{CHART_H}");
-    let mut prev = 0i64;
-    for (t, c) in &cum {
-        points.push_str(&format!(
-            " {:.1},{:.1} {:.1},{:.1}",
-            x(*t),
-            y(prev),
-            x(*t),
-            y(*c)
-        ));
-        prev = *c;
-    }
-    points.push_str(&format!(" {CHART_W},{:.1}", y(prev)));
-    Some(json!({
-        "points": points,
-        "width": CHART_W,
-        "height": CHART_H,
-        "total": money(sum),
-        "from": when(t0, now_ms),
-        "to": when(t1, now_ms),
-        "entries": cum.len(),
-    }))
-}
 
 #[cfg(test)]
 mod tests {
@@ -452,12 +509,14 @@ mod tests {
     #[test]
     fn money_shows_dollars_and_keeps_the_exact_micro_usd_figure() {
         for (micro, text) in [
-            (0, "$0.000000"),
-            (20, "$0.000020"),
-            (25_000, "$0.025000"),
-            (999_999, "$0.999999"),
+            (0, "$0"),
+            (20, "$0.00002"),
+            (9_990, "$0.00999"),
+            (25_000, "$0.03"),
+            (999_999, "$1.00"),
             (1_000_000, "$1.00"),
-            (12_345_678, "$12.34"),
+            (12_345_678, "$12.35"),
+            (1_234_567_890_000, "$1,234,567.89"),
             (-1_500_000, "-$1.50"),
         ] {
             let m = money(micro);
@@ -474,7 +533,7 @@ mod tests {
         let call = unit_price(25_000 * 1_000_000);
         assert_eq!(
             (call["text"].as_str(), call["per"].as_str()),
-            (Some("$0.025000"), Some("unit"))
+            (Some("$0.03"), Some("unit"))
         );
         let tokens = unit_price(2_500_000);
         assert_eq!(
@@ -497,8 +556,8 @@ mod tests {
         assert_eq!(relative(now - 3 * 86_400_000, now), "3 days ago");
         assert_eq!(relative(now + 120_000, now), "in 2 min");
         assert_eq!(when(0, now), Value::Null);
-        assert_eq!(civil(0), (1970, 1, 1));
-        assert_eq!(civil(11_016), (2000, 2, 29));
+        assert_eq!(switchyard_kit::time::civil(0), (1970, 1, 1));
+        assert_eq!(switchyard_kit::time::civil(11_016), (2000, 2, 29));
     }
 
     #[test]
@@ -557,10 +616,15 @@ mod tests {
     }
 
     #[test]
-    fn budgets_nest_under_their_parents_depth_first() {
+    fn budgets_nest_under_their_parents_depth_first_open_ones_first() {
+        let closed = Budget {
+            closed: true,
+            ..b("job:0", "team", None, 0, 0)
+        };
         let all = [
             b("job:b", "team", None, 0, 0),
             b("team", "org", Some(1_000_000), 250_000, 250_000),
+            closed,
             b("org", "", Some(10_000_000), 0, 0),
             b("job:a", "team", None, 0, 0),
             b("orphan", "gone", None, 0, 0),
@@ -582,35 +646,68 @@ mod tests {
                 ("team", 1),
                 ("job:a", 2),
                 ("job:b", 2),
+                ("job:0", 2),
                 ("orphan", 0)
             ]
         );
         assert_eq!(t[1]["percent"], 50, "spent + reserved over the limit");
-        assert_eq!(t[1]["children"], 2);
+        assert_eq!(t[1]["children"], 3);
         assert_eq!(t[2]["percent"], Value::Null, "no limit, no gauge");
     }
 
-    fn e(ms: u64, micro_usd: i64) -> Entry {
-        Entry {
-            total: Some(Money { micro_usd }),
-            time: Some(switchyard_kit::time::timestamp(ms)),
-            price_per_unit: Some(UnitPrice {
-                micro_usd_per_million: 1,
-            }),
-            ..Default::default()
-        }
-    }
-
     #[test]
-    fn the_spend_chart_climbs_in_steps_to_the_total() {
-        assert!(chart(&[], 0).is_none());
-        let c = chart(&[e(2_000, 300), e(1_000, 100)], 3_000).expect("a chart");
-        assert_eq!(c["total"]["micro"], 400);
-        assert_eq!(c["entries"], 2);
-        // Oldest first: 100 at x=0, then 400 (the top) at the right edge.
+    fn a_report_reads_as_bars_with_shares_and_names_what_the_charges_did_not_say() {
+        let bucket = |ms: u64, micro_usd: i64, entries: u64| SpendBucket {
+            start: Some(switchyard_kit::time::timestamp(ms)),
+            cost: Some(Money { micro_usd }),
+            tokens: 0,
+            entries,
+        };
+        let r = ReportResponse {
+            group_by: GroupBy::Model as i32,
+            interval: Interval::Hour as i32,
+            groups: vec![
+                switchyard_proto::ledger::v1::SpendGroup {
+                    key: "gpt-4o-mini".into(),
+                    cost: Some(Money { micro_usd: 75 }),
+                    tokens: 100,
+                    entries: 3,
+                },
+                switchyard_proto::ledger::v1::SpendGroup {
+                    key: String::new(),
+                    cost: Some(Money { micro_usd: 25 }),
+                    tokens: 0,
+                    entries: 1,
+                },
+            ],
+            // All spend in one second of the last hour: one bar, full
+            // height, the empty hours drawn as nothing.
+            buckets: vec![
+                bucket(0, 0, 0),
+                bucket(3_600_000, 0, 0),
+                bucket(7_200_000, 100, 4),
+            ],
+            total_cost: Some(Money { micro_usd: 100 }),
+            ..Default::default()
+        };
+        let v = report(&r, 0);
+        assert_eq!(v["groups"][0]["share"], 75);
+        assert_eq!(v["groups"][1]["label"], "(no model)");
+        let bars = v["bars"].as_array().expect("bars");
+        assert_eq!(bars.len(), 1);
         assert_eq!(
-            c["points"],
-            "0,160 0.0,160.0 0.0,120.0 600.0,120.0 600.0,0.0 600,0.0"
+            (bars[0]["x"].as_str(), bars[0]["h"].as_str()),
+            (Some("400.00"), Some("160.00"))
+        );
+        assert!(
+            bars[0]["title"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("100 micro-USD")
+        );
+        assert_eq!(
+            (v["interval"].as_str(), v["buckets"].as_u64()),
+            (Some("hour"), Some(3))
         );
     }
 }
