@@ -504,7 +504,6 @@ const CHART_H: f64 = 160.0;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use switchyard_proto::common::v1::UnitPrice;
 
     #[test]
     fn money_shows_dollars_and_keeps_the_exact_micro_usd_figure() {
