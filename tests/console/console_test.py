@@ -199,13 +199,26 @@ def main():
         expect(entries).to_have_count(2)
         summary["entries"] = entries.count()
         summary["entry_agents"] = sorted(
-            entries.nth(i).locator("td").nth(2).inner_text() for i in range(entries.count())
+            entries.nth(i).locator("td").nth(3).inner_text() for i in range(entries.count())
         )
-        expect(bob.locator("figure.chart svg polyline")).to_have_count(1)
+        # All of it spent within a second or two: one bar, not a flat line.
+        expect(bob.locator("#spend-chart rect.bar")).to_have_count(1)
         # The tree: tenant budget → project → job, nested.
         expect(bob.locator("table.tree tr.depth-0", has_text="acme")).to_have_count(1)
         expect(bob.locator("table.tree tr.depth-2", has_text="job-" + job_id)).to_have_count(1)
+
+        step("spend rolls up: acme shows its closed job's entries; the report by person names alice")
+        bob.goto(BASE + "/ui/budgets?budget=acme&since=1h&by=person")
+        expect(bob.locator("#selected tr.entry")).to_have_count(2)
+        summary["acme_entries"] = bob.locator("#selected tr.entry").count()
+        person = bob.locator("#spend-groups tr.group")
+        expect(person).to_have_count(1)
+        expect(person.first).to_have_attribute("data-key", "alice")
+        summary["alice_spent_title"] = person.first.locator(".money").get_attribute("title")
+        summary["acme_spent_title"] = bob.locator("table.tree tr.depth-0", has_text="acme").locator("td").nth(3).locator(".money").get_attribute("title")
         bob.screenshot(path=os.path.join(SHOTS, "console-budgets.png"), full_page=True)
+        bob.goto(BASE + "/ui/budgets?by=sideways")
+        expect(bob.locator("#problem")).to_contain_text("sum by one of project, person")
 
         step("bob ranks agents for a capability: per-factor scores")
         bob.get_by_role("link", name="Agents").click()
@@ -215,8 +228,18 @@ def main():
         expect(bob.locator("#agent-text_stats")).to_contain_text("available")
         bob.screenshot(path=os.path.join(SHOTS, "console-agents.png"), full_page=True)
 
-        step("a viewer sees the inbox without buttons, and the endpoint refuses them")
+        step("bob keeps the job list open; alice submits; the row and the inbox count appear live")
+        bob.goto(BASE + "/ui/jobs")
+        expect(bob.locator("#inbox-count")).to_be_hidden()
+        bob.evaluate("window.__not_reloaded = true")
         second = submit(alice, JOB.replace("plan_id: release-notes", "plan_id: release-notes-2"))
+        expect(bob.locator(f'#jobs-list tr[id="job-{second}"]')).to_be_visible()
+        expect(bob.locator("#inbox-count")).to_have_text("1")
+        expect(bob).to_have_title(re.compile(r"^\(1\) Jobs"))
+        assert bob.evaluate("window.__not_reloaded === true"), "the job list reloaded"
+        bob.screenshot(path=os.path.join(SHOTS, "console-live-jobs.png"), full_page=True)
+
+        step("a viewer sees the inbox without buttons, and the endpoint refuses them")
         summary["second_job_id"] = second
         viewer_ctx, viewer = sign_in(browser, "viewer")
         viewer.goto(BASE + "/ui/")

@@ -231,6 +231,15 @@ async fn in_a_real_browser_a_job_goes_from_submission_through_bobs_approval_to_i
     agents.sort();
     assert_eq!(agents, ["text_extract", "text_stats"]);
     assert_eq!(summary["entry_agents"], serde_json::json!(agents));
+    // acme, two levels up, shows the job's entries and the same money, and
+    // the report by person puts it on alice (the job's submitter).
+    assert_eq!(summary["acme_entries"], entries.entries.len());
+    let spent = format!(
+        "{} micro-USD",
+        switchyard_gateway::console::views::group(entries.total_cost.map_or(0, |m| m.micro_usd))
+    );
+    assert_eq!(summary["alice_spent_title"], spent.as_str(), "{summary}");
+    assert_eq!(summary["acme_spent_title"], spent.as_str(), "{summary}");
     // The refused approvals changed nothing: the viewer's and carol's runs
     // still wait.
     for key in ["second_job_id", "third_job_id"] {
@@ -267,6 +276,7 @@ async fn in_a_real_browser_a_job_goes_from_submission_through_bobs_approval_to_i
         "console-inbox.png",
         "console-job.png",
         "console-budgets.png",
+        "console-live-jobs.png",
         "console-input.png",
     ] {
         let len = std::fs::metadata(shots.join(name)).unwrap().len();

@@ -390,6 +390,10 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
         ("POST", "/ui/submit", Access::Needs(P::JobSubmit)),
         ("GET", "/ui/budgets", Access::Needs(P::BudgetRead)),
         ("GET", "/ui/agents", Access::Needs(P::AgentRead)),
+        // What keeps the lists live: each page's list asked as the person
+        // (so the same permissions apply to what it says), the inbox
+        // count only to one who may read runs.
+        ("GET", "/ui/live", Access::Authenticated),
         // Switchyard as an MCP server: any principal may open a session;
         // each tool call then needs what its gRPC call needs.
         ("POST", "/mcp", Access::Authenticated),

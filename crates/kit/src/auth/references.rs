@@ -556,11 +556,6 @@ pub const REFERENCES: &[Reference] = &[
         "ledger report (NOT_FOUND unless in the caller's tenant)",
     ),
     r(
-        "switchyard.ledger.v1.Entry.capability",
-        Opaque,
-        "a description the committer gives, like agent_id and model",
-    ),
-    r(
         "switchyard.ledger.v1.WatchRequest.budget_id",
         Visible,
         "ledger visible",

@@ -1,7 +1,9 @@
 // Switchyard console: the live timeline of a job page (Server-Sent Events
 // from WatchJob, resumed by the browser after a reconnect with
-// Last-Event-ID), steps and job state updated in place, and relative times
-// kept fresh. Everything else works without JavaScript.
+// Last-Event-ID), steps and job state updated in place; live lists (the
+// inbox count in the nav and title, and the inbox, jobs, budgets and
+// agents pages merged in place when /ui/live says they changed); relative
+// times kept fresh. Everything else works without JavaScript.
 "use strict";
 
 (function () {
@@ -133,9 +135,76 @@
     });
   }
 
+  // True when the person is in the middle of something inside `el`: focus
+  // in a field, or text typed that was not sent.
+  function busy(el) {
+    const a = document.activeElement;
+    if (a && a !== document.body && el.contains(a) && a.matches("input, textarea, select, button")) return true;
+    return [...el.querySelectorAll("input, textarea")].some((i) => i.value !== i.defaultValue);
+  }
+
+  // Keyed merge: children present on both sides stay as they are (a card
+  // someone is reading or typing in is not redrawn), new ones are added in
+  // the server's order, gone ones removed.
+  function mergeKeyed(here, fresh) {
+    const kept = new Map([...here.children].filter((c) => c.id).map((c) => [c.id, c]));
+    const next = [...fresh.children].map((c) => {
+      const old = c.id && kept.get(c.id);
+      if (!old) return document.importNode(c, true);
+      if (old.hasAttribute("data-live-keyed")) mergeKeyed(old, c);
+      return old;
+    });
+    here.replaceChildren(...next);
+  }
+
+  let refreshing = false;
+  let again = false;
+  // The page as the server now renders it, merged into this one.
+  async function refreshLists() {
+    if (refreshing) { again = true; return; }
+    refreshing = true;
+    try {
+      const r = await fetch(location.href, { credentials: "same-origin" });
+      if (!r.ok) return;
+      const doc = new DOMParser().parseFromString(await r.text(), "text/html");
+      doc.querySelectorAll("[data-live]").forEach((fresh) => {
+        const here = fresh.id && document.getElementById(fresh.id);
+        if (here && !busy(here)) here.replaceWith(document.importNode(fresh, true));
+      });
+      doc.querySelectorAll("[data-live-keyed]").forEach((fresh) => {
+        const here = fresh.id && document.getElementById(fresh.id);
+        if (here && !here.parentElement.closest("[data-live-keyed]")) mergeKeyed(here, fresh);
+      });
+      document.body.dataset.refreshed = String(Number(document.body.dataset.refreshed || 0) + 1);
+    } catch (e) {
+      // The next change tries again.
+    } finally {
+      refreshing = false;
+      if (again) { again = false; refreshLists(); }
+    }
+  }
+
+  function setCount(count) {
+    const badge = document.getElementById("inbox-count");
+    if (badge) {
+      badge.textContent = count;
+      badge.hidden = count === "0";
+    }
+    const title = document.title.replace(/^\(\S+\) /, "");
+    document.title = count === "0" ? title : "(" + count + ") " + title;
+  }
+
+  function listen(page) {
+    const source = new EventSource("/ui/live?page=" + encodeURIComponent(page));
+    source.addEventListener("inbox", (m) => setCount(String(JSON.parse(m.data).count)));
+    source.addEventListener("changed", () => refreshLists());
+  }
+
   document.addEventListener("DOMContentLoaded", () => {
     const list = document.getElementById("timeline");
     if (list && list.dataset.events) follow(list);
+    const page = document.body.dataset.live;
+    if (page && window.EventSource) listen(page);
     setInterval(freshen, 30000);
   });
 })();

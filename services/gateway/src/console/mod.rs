@@ -17,6 +17,7 @@
 //! little hand-written JavaScript for the live timeline; templates, styles
 //! and script are compiled into the binary, so no CDN is needed.
 
+mod live;
 pub mod oidc;
 mod pages;
 pub mod session;
@@ -108,6 +109,7 @@ pub(crate) fn routes<S: Clone + Send + Sync + 'static>(
         .route("/ui/submit", get(pages::submit_form).post(pages::submit))
         .route("/ui/budgets", get(pages::budgets))
         .route("/ui/agents", get(pages::agents))
+        .route("/ui/live", get(live::live))
         .with_state(console)
 }
 

@@ -24,7 +24,7 @@ use super::views::{self, money, when};
 use super::{Console, Session, encode, error_page, oidc, render, secured, session};
 use crate::caller::{Caller, as_caller, reach};
 
-type Shared = State<Arc<Console>>;
+pub(crate) type Shared = State<Arc<Console>>;
 
 /// A page that could not be made: the reason on an error page, inside the
 /// person's layout.
@@ -89,7 +89,7 @@ fn invalid(field: &str, why: &str) -> Status {
 
 /// A page's query string, decoded into `T`; one that does not decode is
 /// an error page saying why (not the framework's plain-text answer).
-pub(crate) struct Query<T>(T);
+pub(crate) struct Query<T>(pub(crate) T);
 
 impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequestParts<S> for Query<T> {
     type Rejection = Response;
@@ -548,11 +548,19 @@ pub(crate) async fn inbox(
         _ => None,
     };
     let inputs = input_cards(&c, &caller, "").await;
+    let count = cards.len() + inputs.len();
+    let inbox_count = if listed.next_page_token.is_empty() {
+        count.to_string()
+    } else {
+        format!("{count}+")
+    };
     Ok(page(
         "inbox.html",
         base,
         json!({
             "title": "Approvals",
+            "live": "inbox",
+            "inbox_count": inbox_count,
             "runs": cards,
             "inputs": inputs,
             "notice": notice,
@@ -998,6 +1006,7 @@ pub(crate) async fn jobs(
         base,
         json!({
             "title": "Jobs",
+            "live": "jobs",
             "jobs": rows,
             "states": names,
             "filter": {"state": q.state, "submitted_by": q.submitted_by, "plan_id": q.plan_id, "correlation_id": q.correlation_id},
@@ -1508,6 +1517,7 @@ pub(crate) async fn budgets(
         base,
         json!({
             "title": "Budgets",
+            "live": "budgets",
             "tree": views::tree(&all),
             "truncated": all.len() >= MAX_BUDGETS,
             "selected": selected,
@@ -1613,6 +1623,7 @@ pub(crate) async fn agents(
         base,
         json!({
             "title": "Agents and tools",
+            "live": "agents",
             "agents": agents,
             "tools": tools,
             "capability": capability,
