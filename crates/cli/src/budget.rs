@@ -6,7 +6,9 @@ use switchyard_proto::common::v1::{Money, UnitPrice};
 use switchyard_proto::ledger::v1::*;
 
 use crate::client::{Conn, MAX_MESSAGE, api, parse_kv};
-use crate::output::{Format, parse_money, print_json, print_list, table, usd, usd_compact};
+use crate::output::{
+    Format, parse_money, parse_time, print_json, print_list, table, usd, usd_compact,
+};
 
 /// `switchyard budget ...`
 #[derive(Subcommand, Debug)]
@@ -95,11 +97,11 @@ pub enum BudgetCmd {
         budget: Option<String>,
         /// Start: an age (30m, 12h, 7d, 2w ago), a date (2026-11-29) or a
         /// UTC time (2026-11-29T14:00:00Z). Default: 7 days before --until.
-        #[arg(long)]
-        since: Option<String>,
+        #[arg(long, value_parser = parse_time)]
+        since: Option<u64>,
         /// End (exclusive), the same forms. Default: now.
-        #[arg(long)]
-        until: Option<String>,
+        #[arg(long, value_parser = parse_time)]
+        until: Option<u64>,
         /// Sum by this.
         #[arg(long, value_enum)]
         by: Option<ReportBy>,
@@ -161,20 +163,6 @@ fn unnamed(by: GroupBy) -> &'static str {
         GroupBy::Agent => "(no agent)",
         _ => "(unknown)",
     }
-}
-
-/// A time flag (`--since 7d`) as a timestamp.
-fn instant(
-    flag: &str,
-    v: Option<&str>,
-    now_ms: u64,
-) -> anyhow::Result<Option<prost_types::Timestamp>> {
-    v.map(|s| {
-        switchyard_kit::time::parse_instant(s, now_ms)
-            .map(switchyard_kit::time::timestamp)
-            .map_err(|e| anyhow::anyhow!("--{flag}: {e}"))
-    })
-    .transpose()
 }
 
 /// Prints a spend report.
@@ -477,11 +465,10 @@ pub async fn run(cmd: BudgetCmd) -> anyhow::Result<()> {
             interval,
             conn,
         } => {
-            let now = switchyard_kit::time::now_ms();
             let req = ReportRequest {
                 budget_id: budget.unwrap_or_default(),
-                since: instant("since", since.as_deref(), now)?,
-                until: instant("until", until.as_deref(), now)?,
+                since: since.map(switchyard_kit::time::timestamp),
+                until: until.map(switchyard_kit::time::timestamp),
                 group_by: by.map_or(GroupBy::Unspecified, ReportBy::proto) as i32,
                 interval: match interval {
                     None => Interval::Unspecified,

@@ -82,6 +82,19 @@ pub enum JobCmd {
         /// Only jobs of this plan.
         #[arg(long)]
         plan: Option<String>,
+        /// Only jobs created since: an age (30m, 12h, 7d, 2w ago), a date
+        /// (2026-11-29) or a UTC time (2026-11-29T14:00:00Z).
+        #[arg(long, value_parser = crate::output::parse_time)]
+        since: Option<u64>,
+        /// Only jobs created before this time (the same forms).
+        #[arg(long, value_parser = crate::output::parse_time)]
+        until: Option<u64>,
+        /// Only jobs submitted by this principal.
+        #[arg(long)]
+        submitter: Option<String>,
+        /// Only jobs with this label (KEY=VALUE); repeatable, all must hold.
+        #[arg(long = "label", value_parser = crate::client::parse_kv)]
+        labels: Vec<(String, String)>,
         /// Most jobs to show.
         #[arg(long, default_value_t = 50)]
         limit: u32,
@@ -242,6 +255,32 @@ fn succeeded_of(j: &Job) -> (usize, usize) {
         .filter(|t| t.state == TaskState::Succeeded as i32)
         .count();
     (ok, j.tasks.len())
+}
+
+/// When `j` was created, UTC to the second.
+fn created(j: &Job) -> String {
+    let ms = j
+        .created_at
+        .as_ref()
+        .map_or(0, switchyard_kit::time::timestamp_ms);
+    let t = switchyard_kit::time::utc(ms);
+    format!("{} {}", &t[..10], &t[11..19])
+}
+
+/// How long `j` ran: started to finished, or to `now_ms` while running
+/// (`running 12.3 s`); `-` before it starts.
+fn took(j: &Job, now_ms: u64) -> String {
+    let ms =
+        |t: &Option<prost_types::Timestamp>| t.as_ref().map(switchyard_kit::time::timestamp_ms);
+    match (ms(&j.started_at), ms(&j.finished_at)) {
+        (Some(s), Some(f)) => switchyard_kit::time::human_duration(f.saturating_sub(s)),
+        (Some(s), None) => format!(
+            "running {}",
+            switchyard_kit::time::human_duration(now_ms.saturating_sub(s))
+        ),
+        (None, Some(_)) => "never started".into(),
+        (None, None) => "-".into(),
+    }
 }
 
 /// `3/5`: tasks that succeeded of all.
@@ -999,6 +1038,10 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
         JobCmd::List {
             state,
             plan,
+            since,
+            until,
+            submitter,
+            labels,
             limit,
             dead_letter,
             conn,
@@ -1007,6 +1050,9 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
                 .iter()
                 .map(|s| parse_state(s))
                 .collect::<anyhow::Result<Vec<_>>>()?;
+            let now = switchyard_kit::time::now_ms();
+            let created_after = since.map(switchyard_kit::time::timestamp);
+            let created_before = until.map(switchyard_kit::time::timestamp);
             let c = client(&conn).await?;
             let l = c
                 .list_jobs(ListJobsRequest {
@@ -1014,6 +1060,10 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
                     plan_id: plan.unwrap_or_default(),
                     page_size: limit,
                     dead_letter,
+                    submitted_by: submitter.unwrap_or_default(),
+                    created_after,
+                    created_before,
+                    labels: labels.into_iter().collect(),
                     ..Default::default()
                 })
                 .await
@@ -1032,14 +1082,25 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
                                 s.job_id,
                                 job_state(j.state),
                                 succeeded(j),
+                                created(j),
+                                took(j, now),
                                 usd(j.cost_so_far.map_or(0, |m| m.micro_usd)),
-                                s.source_format,
+                                j.submitted_by.clone(),
                                 s.plan_id,
                             ]
                         })
                         .collect();
                     table(
-                        &["JOB", "STATE", "SUCCEEDED", "COST", "FORMAT", "PLAN"],
+                        &[
+                            "JOB",
+                            "STATE",
+                            "SUCCEEDED",
+                            "CREATED (UTC)",
+                            "DURATION",
+                            "COST",
+                            "SUBMITTER",
+                            "PLAN",
+                        ],
                         &rows,
                     );
                 }

@@ -212,6 +212,13 @@ pub fn parse_money(s: &str) -> Result<i64, String> {
     }
 }
 
+/// A time given at the CLI (`--since 7d`, `--until 2026-11-29T14:00:00Z`)
+/// as epoch milliseconds: an age (that long before now), a UTC date or a
+/// UTC time; anything else is a usage error saying what is expected.
+pub fn parse_time(s: &str) -> Result<u64, String> {
+    switchyard_kit::time::parse_instant(s, switchyard_kit::time::now_ms())
+}
+
 /// A dollar amount (`12`, `0.42`, `$1.000001`) as micro-USD, exactly.
 pub use switchyard_core::money::parse_usd;
 

@@ -87,6 +87,19 @@ pub fn utc(ms: u64) -> String {
     )
 }
 
+/// A span of milliseconds as people read it: `850 ms`, `12.3 s`,
+/// `4 min 05 s`, `2 h 03 min`, `3 d 04 h`.
+pub fn human_duration(ms: u64) -> String {
+    let s = ms / 1000;
+    match ms {
+        0..1_000 => format!("{ms} ms"),
+        1_000..60_000 => format!("{}.{} s", s, (ms % 1000) / 100),
+        60_000..3_600_000 => format!("{} min {:02} s", s / 60, s % 60),
+        3_600_000..86_400_000 => format!("{} h {:02} min", s / 3600, s % 3600 / 60),
+        _ => format!("{} d {:02} h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
 /// A time a person types, as epoch milliseconds: `now`; an age, that long
 /// before `now_ms` (`90s`, `30m`, `12h`, `7d`, `2w`); a UTC date
 /// (`2026-11-29`, its midnight); or a UTC time (`2026-11-29T14:00:00Z`,
@@ -191,6 +204,11 @@ mod tests {
         assert_eq!(
             utc(1_795_910_400_000 + 50_402_123),
             "2026-11-29T14:00:02.123Z"
+        );
+        let spans = [850, 12_345, 245_000, 7_380_000, 273_600_000].map(human_duration);
+        assert_eq!(
+            spans,
+            ["850 ms", "12.3 s", "4 min 05 s", "2 h 03 min", "3 d 04 h"]
         );
         for bad in [
             "soon",

@@ -788,6 +788,14 @@ impl JobBook {
             let full = page.len() == LIST_PAGE;
             for (id, record) in page {
                 before = Some((created_ms(&record), id.clone()));
+                // Newest first: past the range's start, nothing older can be in it.
+                if req
+                    .created_after
+                    .as_ref()
+                    .is_some_and(|t| created_ms(&record) < switchyard_kit::time::timestamp_ms(t))
+                {
+                    break 'pages;
+                }
                 let live = self.lock().find(&id).map(|e| e.job.clone());
                 let mut j = match live {
                     Some(j) => j,
@@ -833,6 +841,18 @@ fn listed(req: &ListJobsRequest, p: &Principal, j: &Job) -> bool {
         && (req.correlation_id.is_empty() || of(|s| &s.correlation_id) == req.correlation_id)
         && (req.submitted_by.is_empty() || j.submitted_by == req.submitted_by)
         && (!req.dead_letter || dead_lettered(j))
+        && req
+            .created_before
+            .as_ref()
+            .is_none_or(|t| created_ms(j) < switchyard_kit::time::timestamp_ms(t))
+        && req
+            .created_after
+            .as_ref()
+            .is_none_or(|t| created_ms(j) >= switchyard_kit::time::timestamp_ms(t))
+        && req
+            .labels
+            .iter()
+            .all(|(k, v)| spec.and_then(|s| s.labels.get(k)) == Some(v))
 }
 
 /// A finished job's copy to keep once it leaves memory.

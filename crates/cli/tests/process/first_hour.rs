@@ -475,3 +475,64 @@ fn metrics_parse_as_prometheus_text_and_counters_move_after_a_job() {
     let text = after.to_string();
     assert!(!text.contains("job_id"), "{text}");
 }
+
+#[test]
+fn job_list_narrows_by_time_submitter_and_label_and_shows_when_and_how_long() {
+    let (dev, _data) = Proc::dev(&[]);
+    let url = dev.url();
+    let labelled = format!("labels: {{team: docs}}\n{FINE}");
+    ok(&cli_stdin(
+        &url,
+        &["job", "run", "-", "--as", "alice"],
+        &labelled,
+    ));
+    ok(&cli_stdin(
+        &url,
+        &["job", "run", "-", "--as", "alice"],
+        FINE,
+    ));
+    let count = |args: &[&str]| {
+        let mut all = vec!["job", "list", "-o", "json", "--as", "alice"];
+        all.extend_from_slice(args);
+        let v: serde_json::Value = serde_json::from_str(&ok(&cli(&url, &all))).unwrap();
+        v["items"].as_array().map_or(0, Vec::len)
+    };
+    assert_eq!(count(&[]), 2);
+    assert_eq!(count(&["--label", "team=docs"]), 1);
+    assert_eq!(count(&["--label", "team=web"]), 0);
+    assert_eq!(count(&["--submitter", "alice"]), 2);
+    assert_eq!(count(&["--submitter", "bob"]), 0);
+    assert_eq!(count(&["--since", "1h"]), 2);
+    assert_eq!(count(&["--until", "2020-01-01"]), 0);
+    assert_eq!(count(&["--since", "2020-01-01", "--until", "now"]), 2);
+    let table = ok(&cli(&url, &["job", "list", "--as", "alice"]));
+    let header = table.lines().next().unwrap_or_default();
+    for column in ["CREATED (UTC)", "DURATION", "SUBMITTER"] {
+        assert!(header.contains(column), "{table}");
+    }
+    let row = table.lines().nth(1).unwrap_or_default();
+    assert!(
+        row.contains(" ms ") || row.contains(" s "),
+        "a finished job shows how long it ran: {table}"
+    );
+    // A time nobody could mean is refused, saying what is expected.
+    let bad = cli(&url, &["job", "list", "--since", "soon", "--as", "alice"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(
+        stderr(&bad).contains("expected a time: an age like 30m, 7d or 2w"),
+        "{}",
+        stderr(&bad)
+    );
+    // The spend report reads the same time forms.
+    let report = ok(&cli(
+        &url,
+        &[
+            "budget", "report", "--since", "1h", "--by", "model", "-o", "json",
+        ],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&report).unwrap();
+    assert_eq!(v["group_by"], "model", "{v}");
+    assert_eq!(v["interval"], "minute", "{v}");
+    let bad = cli(&url, &["budget", "report", "--until", "yesterday-ish"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+}
