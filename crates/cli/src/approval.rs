@@ -655,6 +655,26 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
                         "context pack:  {} {} ({})",
                         pack.pack_id, pack.hash, pack.version
                     );
+                    let at = |t: &Option<prost_types::Timestamp>| {
+                        t.as_ref().map_or(0, switchyard_kit::time::timestamp_ms)
+                    };
+                    let proposed = at(&run.created_at);
+                    println!("proposed:      {}", switchyard_kit::time::utc(proposed));
+                    // The first approval or rejection: how long the run
+                    // waited for a person.
+                    if let Some(d) = audit.iter().find(|a| {
+                        matches!(status_name(a.to_status).as_str(), "approved" | "rejected")
+                            && a.from_status != a.to_status
+                    }) {
+                        println!(
+                            "decided:       {} by {}, after waiting {}",
+                            switchyard_kit::time::utc(at(&d.time)),
+                            d.actor,
+                            switchyard_kit::time::human_duration(
+                                at(&d.time).saturating_sub(proposed)
+                            )
+                        );
+                    }
                     println!("tools:         {}", run.tools_allowed.join(", "));
                     println!("outputs:       {}", run.outputs_allowed.join(", "));
                     println!(
@@ -683,6 +703,7 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
                             let from = status_name(a.from_status);
                             vec![
                                 a.sequence.to_string(),
+                                switchyard_kit::time::utc(ms(&a.time).unwrap_or(0)),
                                 a.event_type.clone(),
                                 a.actor.clone(),
                                 if from == "unspecified" || a.from_status == a.to_status {
@@ -694,7 +715,10 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
                             ]
                         })
                         .collect();
-                    table(&["SEQ", "EVENT", "ACTOR", "STATUS", "REASON"], &rows);
+                    table(
+                        &["SEQ", "TIME (UTC)", "EVENT", "ACTOR", "STATUS", "REASON"],
+                        &rows,
+                    );
                 }
             }
         }

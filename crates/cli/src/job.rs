@@ -721,6 +721,17 @@ async fn get(c: &Client, job_id: &str) -> anyhow::Result<Job> {
     .unwrap_or_default())
 }
 
+/// An event's time of day, UTC to the millisecond (`14:38:05.123Z`), for
+/// `job watch` lines.
+fn stamp(e: &Event) -> String {
+    let t = switchyard_kit::time::utc(
+        e.time
+            .as_ref()
+            .map_or(0, switchyard_kit::time::timestamp_ms),
+    );
+    t[11..].to_owned()
+}
+
 /// Follows a job until it finishes; returns it.
 async fn follow(
     c: &Client,
@@ -749,6 +760,8 @@ async fn follow(
     let mut lines = 0;
     let mut last_state = String::new();
     let mut shown = Job::default();
+    // When each task (or the job, under "") last started running, ms.
+    let mut since: std::collections::HashMap<String, u64> = Default::default();
     if tty {
         shown = get(c, job_id).await?;
         lines = render(&shown, &percents, &streamed, 0, tty);
@@ -782,8 +795,12 @@ async fn follow(
                     .map(switchyard_kit::json::struct_to_json)
                     .unwrap_or(Value::Null);
                 println!(
-                    "{:>4} {:<18} {:<10} {}",
-                    e.sequence, e.kind, e.task_id, data
+                    "{:>4} {} {:<18} {:<10} {}",
+                    e.sequence,
+                    stamp(&e),
+                    e.kind,
+                    e.task_id,
+                    data
                 );
             }
             continue;
@@ -844,11 +861,16 @@ async fn follow(
                 .unwrap_or("its services");
             if e.kind == "dependency.waiting" {
                 println!(
-                    "{whose} waits for {service}: {}",
+                    "{} {whose} waits for {service}: {}",
+                    stamp(&e),
                     field("error").as_str().unwrap_or_default()
                 );
             } else {
-                println!("{whose}: {service} is back after {} ms", field("waited_ms"));
+                println!(
+                    "{} {whose}: {service} is back after {} ms",
+                    stamp(&e),
+                    field("waited_ms")
+                );
             }
         }
         // Redraw on changes that the view shows.
@@ -880,7 +902,28 @@ async fn follow(
             } else {
                 format!("task {}", e.task_id)
             };
-            println!("{what} -> {}", to.as_str().unwrap_or_default());
+            let to = to.as_str().unwrap_or_default();
+            let at = e
+                .time
+                .as_ref()
+                .map_or(0, switchyard_kit::time::timestamp_ms);
+            // How long it was running, once it stops.
+            let took = match to {
+                "running" | "active" => {
+                    since.insert(e.task_id.clone(), at);
+                    String::new()
+                }
+                _ => since
+                    .remove(&e.task_id)
+                    .map(|s| {
+                        format!(
+                            " after {}",
+                            switchyard_kit::time::human_duration(at.saturating_sub(s))
+                        )
+                    })
+                    .unwrap_or_default(),
+            };
+            println!("{} {what} -> {to}{took}", stamp(&e));
             let now = job_state(j.state);
             if now != last_state && now == "pending" && !j.run_id.is_empty() {
                 println!("{}", approval_hint(&j));

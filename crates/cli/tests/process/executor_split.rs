@@ -118,8 +118,27 @@ fn five_processes_run_jobs_driven_from_the_cli() {
         &a,
         &["approval", "approve", &run, "--as", "bob", "-m", "ok"],
     ));
+    let shown = ok(&cli(&a, &["approval", "show", &run]));
+    assert!(shown.contains("proposed:      20"), "{shown}");
+    assert!(shown.contains(" by bob, after waiting "), "{shown}");
+    assert!(shown.contains("TIME (UTC)"), "{shown}");
     let watched = ok(&cli(&url, &["job", "watch", &job]));
-    assert!(watched.contains("job -> completed"), "{watched}");
+    assert!(watched.contains("job -> completed after "), "{watched}");
+    // Every state line leads with its time (UTC, to the millisecond), and
+    // a task that stopped says how long it ran.
+    let line = watched
+        .lines()
+        .find(|l| l.contains(" -> succeeded"))
+        .unwrap_or_default();
+    let (time, rest) = line.split_once(' ').unwrap_or_default();
+    assert!(
+        time.len() == 13 && time.ends_with('Z') && time.as_bytes()[2] == b':',
+        "{watched}"
+    );
+    assert!(
+        rest.starts_with("task ") && rest.contains(" after "),
+        "{watched}"
+    );
     let got: serde_json::Value =
         serde_json::from_str(&ok(&cli(&url, &["job", "get", &job, "-o", "json"]))).unwrap();
     assert_eq!(got["tasks"][0]["agent_id"], "builtin");
