@@ -28,7 +28,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 /// `service`, `method` and gRPC `code` of a finished RPC.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RpcLabels {
     /// `executor`, `ledger`, … (`grpc` for health and reflection).
     pub service: String,
@@ -39,7 +39,7 @@ pub struct RpcLabels {
 }
 
 /// `service` and `method`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MethodLabels {
     /// Service.
     pub service: String,
@@ -48,14 +48,14 @@ pub struct MethodLabels {
 }
 
 /// One label named `kind` (task kinds, outcomes).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TaskLabels {
     /// `command`, `agent` or `llm`.
     pub kind: String,
 }
 
 /// An agent and how a call of it ended.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AgentCallLabels {
     /// The registered agent id.
     pub agent_id: String,
@@ -64,7 +64,7 @@ pub struct AgentCallLabels {
 }
 
 /// How a load of the policy set ended.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PolicyLoadLabels {
     /// `loaded` (the new set is in force) or `refused` (it did not
     /// validate; the set in force stayed).
@@ -72,21 +72,21 @@ pub struct PolicyLoadLabels {
 }
 
 /// One agent.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AgentLabels {
     /// The registered agent id.
     pub agent_id: String,
 }
 
 /// A catalogued reason.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     /// `BUDGET_EXCEEDED`, `CAPABILITY_UNAVAILABLE`, …
     pub reason: String,
 }
 
 /// An LLM model at a provider.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModelLabels {
     /// Provider name from the configuration.
     pub provider: String,
@@ -95,7 +95,7 @@ pub struct ModelLabels {
 }
 
 /// An LLM call's model and outcome (`ok` or an error kind).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LlmCallLabels {
     /// Provider name.
     pub provider: String,
@@ -106,7 +106,7 @@ pub struct LlmCallLabels {
 }
 
 /// Tokens of one direction.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TokenLabels {
     /// Provider name.
     pub provider: String,
@@ -117,14 +117,21 @@ pub struct TokenLabels {
 }
 
 /// A state of some state machine.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
     /// The state's short name.
     pub state: String,
 }
 
+/// How a person (or a policy) decided a run.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    /// `approved` or `rejected`.
+    pub decision: String,
+}
+
 /// A tenant's budgets (the sum over its root budgets).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BudgetLabels {
     /// The tenant.
     pub tenant: String,
@@ -186,6 +193,10 @@ pub struct Metrics {
     pub llm_fallbacks: Family<ModelLabels, Counter>,
     /// Time to make a group of store writes durable (fsync).
     pub store_flush: Histogram,
+    /// Jobs from submission to their end, by final state.
+    pub job_duration: Family<StateLabels, Histogram>,
+    /// Runs from proposal to their approval or rejection.
+    pub approval_wait: Family<DecisionLabels, Histogram>,
     /// Jobs not yet finished, by OJS state (scrape time).
     pub jobs: Family<StateLabels, Gauge>,
     /// Jobs waiting to run: pending approval or available.
@@ -250,6 +261,14 @@ impl Metrics {
             llm_cost_micro_usd: Family::default(),
             llm_fallbacks: Family::default(),
             store_flush: seconds(),
+            // 10 ms to ~3 h.
+            job_duration: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.01, 2.0, 21))
+            }),
+            // 1 ms (a policy's own decision) to ~36 h.
+            approval_wait: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.001, 2.0, 28))
+            }),
             jobs: Family::default(),
             queue_depth: Gauge::default(),
             oldest_pending_seconds: Gauge::default(),
@@ -326,6 +345,16 @@ impl Metrics {
             "llm_fallbacks",
             "Times a model chain moved past a model, by that model",
             m.llm_fallbacks.clone(),
+        );
+        r.register(
+            "job_duration_seconds",
+            "Jobs from submission to their end (approval waits included), by final state",
+            m.job_duration.clone(),
+        );
+        r.register(
+            "approval_wait_seconds",
+            "Runs from proposal to their approval or rejection (by a person or a policy), by decision",
+            m.approval_wait.clone(),
         );
         r.register(
             "store_flush_seconds",
@@ -589,16 +618,21 @@ pub fn router() -> axum::Router {
         "/metrics",
         axum::routing::get(
             |principal: Option<axum::Extension<Arc<crate::auth::Principal>>>| async move {
-                let text = global().render();
                 let text = match principal {
-                    Some(axum::Extension(p)) => visible(&text, |t| p.sees_tenant(t)),
+                    Some(axum::Extension(p)) => scrape_for(&p),
                     // Servers without authentication (tests, benches).
-                    None => text,
+                    None => global().render(),
                 };
                 ([(http::header::CONTENT_TYPE, CONTENT_TYPE)], text)
             },
         ),
     )
+}
+
+/// This process's metrics as `p` may read them: the series of tenants it
+/// does not see left out (`/metrics` on every port, the HTTP door's too).
+pub fn scrape_for(p: &crate::auth::Principal) -> String {
+    visible(&global().render(), |t| p.sees_tenant(t))
 }
 
 /// `text` without the series of tenants `sees` refuses.
@@ -668,5 +702,161 @@ mod tests {
         // A source that is gone no longer counts.
         drop(source);
         assert!(!m.render().contains(r#"switchyard_jobs{state="active"}"#));
+    }
+
+    /// Every sample name the registry exports, with its label names, once
+    /// each family has a sample.
+    fn exported() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+        let m = Metrics::new();
+        m.rpc_requests.get_or_create(&RpcLabels::default()).inc();
+        m.rpc_duration
+            .get_or_create(&MethodLabels::default())
+            .observe(0.1);
+        m.jobs_finished.get_or_create(&StateLabels::default()).inc();
+        for f in [&m.tasks_started, &m.tasks_succeeded, &m.tasks_failed] {
+            f.get_or_create(&TaskLabels::default()).inc();
+        }
+        for f in [&m.ledger_refusals, &m.routing_decisions] {
+            f.get_or_create(&ReasonLabels::default()).inc();
+        }
+        m.llm_calls.get_or_create(&LlmCallLabels::default()).inc();
+        m.llm_tokens.get_or_create(&TokenLabels::default()).inc();
+        for f in [&m.llm_cost_micro_usd, &m.llm_fallbacks] {
+            f.get_or_create(&ModelLabels::default()).inc();
+        }
+        m.store_flush.observe(0.1);
+        m.job_duration
+            .get_or_create(&StateLabels::default())
+            .observe(1.0);
+        m.approval_wait
+            .get_or_create(&DecisionLabels::default())
+            .observe(1.0);
+        for f in [&m.jobs, &m.agents] {
+            f.get_or_create(&StateLabels::default()).set(1);
+        }
+        m.budget_reserved_micro_usd
+            .get_or_create(&BudgetLabels::default())
+            .set(1);
+        m.budget_spent_micro_usd
+            .get_or_create(&BudgetLabels::default())
+            .inc();
+        m.agent_calls
+            .get_or_create(&AgentCallLabels::default())
+            .inc();
+        m.policy_loads
+            .get_or_create(&PolicyLoadLabels::default())
+            .inc();
+        for f in [&m.agent_tokens, &m.agent_cost_micro_usd] {
+            f.get_or_create(&AgentLabels::default()).inc();
+        }
+        m.panics.inc();
+        let mut text = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut text, &m.registry)
+            .expect("encodes");
+        let mut out: std::collections::BTreeMap<_, std::collections::BTreeSet<String>> =
+            Default::default();
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+            let labels = out.entry(line[..name_end].to_owned()).or_default();
+            if let Some(inner) = line[name_end..]
+                .strip_prefix('{')
+                .and_then(|r| r.split_once('}'))
+                .map(|(l, _)| l)
+            {
+                for pair in inner.split(',').filter(|p| !p.is_empty()) {
+                    if let Some((k, _)) = pair.split_once('=') {
+                        labels.insert(k.to_owned());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The words of a PromQL expression made of `[A-Za-z0-9_]`, with what
+    /// follows each (to tell a metric from a function call).
+    fn words(expr: &str) -> Vec<(&str, &str)> {
+        let mut out = Vec::new();
+        let mut start = None;
+        for (i, c) in expr.char_indices() {
+            let word = c.is_ascii_alphanumeric() || c == '_';
+            match (word, start) {
+                (true, None) => start = Some(i),
+                (false, Some(s)) => {
+                    out.push((&expr[s..i], &expr[i..]));
+                    start = None;
+                }
+                _ => {}
+            }
+        }
+        if let Some(s) = start {
+            out.push((&expr[s..], ""));
+        }
+        out
+    }
+
+    #[test]
+    fn the_grafana_dashboard_asks_only_for_metrics_and_labels_this_code_exports() {
+        let exported = exported();
+        let dashboard: serde_json::Value =
+            serde_json::from_str(include_str!("../../../deploy/grafana/switchyard.json"))
+                .expect("the dashboard is JSON");
+        let panels = dashboard["panels"].as_array().expect("panels");
+        assert!(panels.len() >= 10, "{} panels", panels.len());
+        let mut asked = std::collections::BTreeSet::new();
+        for p in panels {
+            let targets = p["targets"].as_array().expect("targets");
+            assert!(!targets.is_empty(), "{}: no query", p["title"]);
+            for t in targets {
+                let expr = t["expr"].as_str().expect("expr");
+                let metrics: Vec<&str> = words(expr)
+                    .into_iter()
+                    .map(|(w, _)| w)
+                    .filter(|w| w.starts_with("switchyard_"))
+                    .collect();
+                assert!(!metrics.is_empty(), "{expr}: no Switchyard metric");
+                let mut labels = std::collections::BTreeSet::new();
+                for name in &metrics {
+                    let Some(l) = exported.get(*name) else {
+                        panic!(
+                            "{expr}: {name} is not exported (exported: {:?})",
+                            exported.keys()
+                        );
+                    };
+                    labels.extend(l.iter().cloned());
+                    asked.insert(name.to_string());
+                }
+                // Labels in `by (...)` and in `{...}` matchers must be the
+                // metrics' own.
+                let mut rest = expr;
+                while let Some(i) = rest.find("by (") {
+                    let (inner, after) = rest[i + 4..].split_once(')').expect("closed by");
+                    for l in inner.split(',').map(str::trim) {
+                        assert!(labels.contains(l), "{expr}: no label {l:?} on {metrics:?}");
+                    }
+                    rest = after;
+                }
+                let mut rest = expr;
+                while let Some(i) = rest.find('{') {
+                    let (inner, after) = rest[i + 1..].split_once('}').expect("closed matcher");
+                    for m in inner.split(',') {
+                        let l = m.split(['=', '!', '~']).next().unwrap_or_default().trim();
+                        assert!(labels.contains(l), "{expr}: no label {l:?} on {metrics:?}");
+                    }
+                    rest = after;
+                }
+            }
+        }
+        for must in [
+            "switchyard_job_duration_seconds_bucket",
+            "switchyard_approval_wait_seconds_bucket",
+            "switchyard_llm_cost_micro_usd_total",
+            "switchyard_agent_cost_micro_usd_total",
+        ] {
+            assert!(asked.contains(must), "the dashboard shows no {must}");
+        }
     }
 }

@@ -841,6 +841,18 @@ impl Approval {
             from: Some(from),
             ..note
         };
+        if from == S::Proposed && matches!(to, S::Approved | S::Rejected) {
+            let proposed = run
+                .created_at
+                .as_ref()
+                .map_or(0, switchyard_kit::time::timestamp_ms);
+            switchyard_kit::metrics::global()
+                .approval_wait
+                .get_or_create(&switchyard_kit::metrics::DecisionLabels {
+                    decision: to.to_string(),
+                })
+                .observe(self.now().saturating_sub(proposed) as f64 / 1000.0);
+        }
         if to == S::Approved {
             // The decision's receipt, kept with its audit record.
             let body = receipts::body(&run, note.actor, self.now(), note.event_type);

@@ -464,12 +464,15 @@ impl JobBook {
             reason.as_str().to_owned()
         };
         if finished(to) {
-            switchyard_kit::metrics::global()
-                .jobs_finished
-                .get_or_create(&switchyard_kit::metrics::StateLabels {
-                    state: to.as_str().into(),
-                })
-                .inc();
+            let m = switchyard_kit::metrics::global();
+            let state = switchyard_kit::metrics::StateLabels {
+                state: to.as_str().into(),
+            };
+            m.jobs_finished.get_or_create(&state).inc();
+            let since = created_ms(&st.get(job_id)?.job);
+            m.job_duration
+                .get_or_create(&state)
+                .observe(self.now().saturating_sub(since) as f64 / 1000.0);
             tracing::info!(job_id, %from, %to, %reason, error, "job finished");
         } else {
             tracing::debug!(job_id, %from, %to, "job moved");

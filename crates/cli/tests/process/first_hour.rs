@@ -474,6 +474,38 @@ fn metrics_parse_as_prometheus_text_and_counters_move_after_a_job() {
     // No job id ever becomes a label.
     let text = after.to_string();
     assert!(!text.contains("job_id"), "{text}");
+    // How long jobs took, and how long runs waited for a decision.
+    for (name, label) in [
+        ("switchyard_job_duration_seconds", ("state", "completed")),
+        ("switchyard_approval_wait_seconds", ("decision", "approved")),
+    ] {
+        assert_eq!(after[name]["type"], "histogram", "{name}: {after}");
+        assert!(moved(name, Some(label)), "{name} {label:?}: {after}");
+    }
+    // The HTTP door serves the same scrape, behind the same permission.
+    let http = format!(
+        "http://{}/metrics",
+        dev.http.as_deref().expect("dev hosts the HTTP door")
+    );
+    let over_http = |token: &str| -> (u16, serde_json::Value) {
+        let out = Command::new(&python)
+            .arg(repo_root().join("tests/python/scrape_metrics.py"))
+            .arg(&http)
+            .arg(token)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (v["status"].as_u64().unwrap() as u16, v["families"].clone())
+    };
+    assert_eq!(over_http("").0, 401);
+    assert_eq!(over_http(alice).0, 403);
+    let (status, door) = over_http(admin);
+    assert_eq!(status, 200);
+    assert_eq!(
+        door["switchyard_job_duration_seconds"]["type"], "histogram",
+        "{door}"
+    );
 }
 
 #[test]

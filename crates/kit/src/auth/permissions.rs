@@ -269,6 +269,8 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
         // health on the gRPC port.
         ("GET", "/openapi.json", Access::Open),
         ("GET", "/healthz", Access::Open),
+        // This process's Prometheus metrics, as on every gRPC port.
+        ("GET", "/metrics", Access::Needs(P::MetricsRead)),
         ("POST", "/aitp/tasks", Access::Needs(P::JobSubmit)),
         ("GET", "/aitp/tasks/{task_id}", Access::Needs(P::JobRead)),
         (

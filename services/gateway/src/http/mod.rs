@@ -154,6 +154,7 @@ pub fn router(
     let mut router = Router::new()
         .route("/openapi.json", get(openapi))
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
         .merge(aitp::routes())
         .merge(ojs::routes())
         .merge(a2a::routes());
@@ -343,6 +344,19 @@ fn refusal(route: &str, s: Status) -> Response {
 
 async fn openapi() -> Response {
     ([(http::header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+/// `GET /metrics`: this process's Prometheus metrics, as on every gRPC port
+/// (the gate has checked `metrics.read`).
+async fn metrics(axum::Extension(caller): axum::Extension<crate::caller::Caller>) -> Response {
+    (
+        [(
+            http::header::CONTENT_TYPE,
+            switchyard_kit::metrics::CONTENT_TYPE,
+        )],
+        switchyard_kit::metrics::scrape_for(&caller.principal),
+    )
+        .into_response()
 }
 
 async fn healthz() -> Response {
