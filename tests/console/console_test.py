@@ -189,6 +189,21 @@ def main():
         assert alice.evaluate("window.__not_reloaded === true"), "the job page reloaded"
         expect(alice.locator("#outputs")).to_contain_text("words, links extracted")
         summary["timeline_events"] = alice.locator("#timeline li").count()
+
+        step("the finished job shows when each step ran, the waterfall, the decision and sentences")
+        # The page's finished figures come from the server once the stream ends.
+        expect(alice.locator("#job-decision")).to_contain_text("by bob")
+        expect(alice.locator("#job-decision .comment")).to_have_text("fine for the release")
+        for task in ("stats", "links", "summary"):
+            expect(alice.locator(f'#waterfall tr[data-task="{task}"] rect.bar')).not_to_have_count(0)
+            took = alice.locator(f'tr[data-task="{task}"] td.took').inner_text()
+            assert took.endswith(" ms") or took.endswith(" s"), f"{task} took {took!r}"
+        expect(alice.locator("#timeline li[data-kind='job.state']").last).to_contain_text("The job completed.")
+        first_time = alice.locator("#timeline li time").first.inner_text()
+        assert re.fullmatch(r"\d\d:\d\d:\d\d\.\d{3}Z", first_time), first_time
+        assert "=" not in alice.locator("#timeline li[data-kind='task.state']").first.inner_text()
+        expect(alice.locator(".dag path.edge[marker-end]")).not_to_have_count(0)
+        summary["waterfall_title"] = alice.locator('#waterfall tr[data-task="stats"] rect.bar title').first.text_content()
         alice.screenshot(path=os.path.join(SHOTS, "console-job.png"), full_page=True)
 
         step("bob opens the job's budget: ledger entries and the spend chart")

@@ -832,6 +832,8 @@ impl Approval {
         run.status = to_proto(to) as i32;
         if matches!(to, S::Approved | S::Rejected | S::Cancelled) {
             note.actor.clone_into(&mut run.decided_by);
+            note.reason.clone_into(&mut run.decision_comment);
+            run.decided_at = Some(switchyard_kit::time::timestamp(self.now()));
         }
         if matches!(to, S::Approved | S::Completed | S::Failed | S::Cancelled) {
             run.claimed_by.clear();
@@ -977,6 +979,8 @@ impl Approval {
                 // real approval less.
                 run.approved_by.clear();
                 run.decided_by.clear();
+                run.decision_comment.clear();
+                run.decided_at = None;
                 run.reason_code.clear();
                 run.adapter_state.clear();
                 // What the policies decide about it, with the facts now.

@@ -20,25 +20,99 @@
     el.className = "state " + (TONES[state] || "wait");
   }
 
+  // Micro-USD as people read it (the console's money rule: cents from a
+  // cent up, the exact figure below).
+  function usd(micro) {
+    const m = Number(micro) || 0;
+    if (m === 0) return "$0";
+    if (Math.abs(m) >= 10000) return (m < 0 ? "-$" : "$") + (Math.abs(m) / 1e6).toFixed(2);
+    return (m < 0 ? "-$" : "$") + (Math.abs(m) / 1e6).toFixed(6).replace(/0+$/, "");
+  }
+
+  // "is running", "succeeded", "is waiting for input".
+  function became(state) {
+    const s = String(state).replace(/_/g, " ");
+    return /(ed|led)$/.test(s) ? s : "is " + s;
+  }
+
+  function ms(n) {
+    const v = Number(n) || 0;
+    return v < 1000 ? v + " ms" : (v / 1000).toFixed(1) + " s";
+  }
+
+  // An event as a sentence. Kinds without their own wording fall back to
+  // their fields, shortened.
   function summary(ev) {
     const d = ev.data || {};
+    const who = ev.subtask_id ? "Step " + ev.subtask_id : "The job";
     switch (ev.kind) {
+      case "job.submitted":
+        return "Submitted by " + d.submitted_by + " (" + d.tasks + " steps, " + d.format + ").";
       case "job.state":
+        return "The job " + became(d.to) + (d.reason ? " (" + d.reason + ")" : "") + (d.error ? ": " + d.error : "") + ".";
       case "task.state":
-        return (d.from ? d.from + " → " : "→ ") + d.to + (d.reason ? " (" + d.reason + ")" : "");
+        return who + " " + became(d.to) + (d.reason ? " (" + d.reason + ")" : "") + (d.error ? ": " + d.error : "") + ".";
+      case "approval.requested":
+        return "Approval requested (run " + d.run_id + ")" + (d.estimated_cost_micro_usd != null ? ", estimated " + usd(d.estimated_cost_micro_usd) : "") + ".";
+      case "approval.decided":
+        return "The run was " + d.status + " by " + d.by + ".";
       case "routing.decision": {
-        const c = (d.candidates || []).map((x) => x.agent_id + " " + Number(x.score).toFixed(2));
-        return d.capability + " → " + (c.length ? c.join(", ") : "no agent");
+        const c = (d.candidates || []).map((x) => x.agent_id + " (score " + Number(x.score).toFixed(2) + ")");
+        return who + " routed " + d.capability + " to " + (c.length ? c.join(", then ") : "no agent") + ".";
       }
-      case "task.progress":
-        return (d.message || "") + (d.percent ? " " + d.percent + "%" : "");
+      case "budget.created":
+        return "Budget " + d.budget_id + " opened under " + (d.parent_id || "no parent") + ".";
+      case "budget.reserved":
+        return who + " reserved " + d.tokens + " tokens and " + usd(d.cost_micro_usd) + (d.agent_id ? " for " + d.agent_id : "") + ".";
+      case "budget.committed":
+        return who + " spent " + d.tokens + " tokens and " + usd(d.cost_micro_usd) + (d.overrun === "true" || d.overrun === true ? ", more than reserved" : "") + ".";
+      case "budget.released":
+        return who + " released its reservation (" + d.why + ").";
+      case "budget.refused":
+        return who + " was refused by budget " + d.refused_by + ": " + d.message;
+      case "budget.paused":
+        return "The budget ran out; extension run " + d.run_id + " asks a person for more.";
+      case "budget.extension_decided":
+        return "The extension was " + d.decision + " by " + d.by + (d.comment ? ": \u201c" + d.comment + "\u201d" : "") + ".";
+      case "task.attempt":
+        return who + " started attempt " + d.attempt + (d.timeout_secs ? " (timeout " + d.timeout_secs + " s)" : "") + ".";
+      case "task.result":
+        return who + " finished" + (d.agent_id ? " on " + d.agent_id : "") + (d.exit_code !== undefined && d.exit_code !== null && d.exit_code !== "" ? " (exit " + d.exit_code + ")" : "") + ".";
+      case "agent.call":
+        return who + " called " + d.agent_id + ": " + d.status + " in " + ms(d.latency_ms) + (d.error ? " (" + d.error + ")" : "") + ".";
+      case "agent.progress":
+        return who + ": " + (d.message || "working") + (d.percent ? " (" + d.percent + "%)" : "") + ".";
+      case "llm.call":
+        return who + " asked " + d.model + " (" + d.provider + "): " + d.outcome + " in " + ms(d.latency_ms) + (d.error ? " (" + d.error + ")" : "") + ".";
+      case "llm.tool_call":
+        return who + " called the tool " + d.name + ": " + d.status + (d.duration_ms ? " in " + ms(d.duration_ms) : "") + (d.reason ? " (" + d.reason + ")" : "") + ".";
+      case "task.input_requested":
+        return who + " asks: \u201c" + d.prompt + "\u201d";
+      case "task.input_received":
+        return who + " got its answer (" + d.outcome + (d.by ? ", from " + d.by : "") + ").";
+      case "task.awaiting_approval":
+        return who + " waits for approval of " + d.tool + " (run " + d.run_id + ").";
+      case "task.approval_decided":
+        return "The call to " + d.tool + " was " + d.decision + (d.by ? " by " + d.by : "") + ".";
+      case "delegation.created":
+        return who + " delegated to job " + d.child_job_id + ".";
+      case "delegation.settled":
+        return "Delegated job " + d.child_job_id + " ended " + d.state + ", spending " + usd(d.cost_micro_usd) + ".";
+      case "dependency.waiting":
+        return who + " waits for " + (d.service || "a service") + ": " + d.error;
+      case "dependency.recovered":
+        return (d.service || "A service") + " is back after " + ms(d.waited_ms) + ".";
+      case "artifact.stored":
+        return who + " stored " + d.name + " (" + d.size_bytes + " bytes).";
+      case "job.notice":
+        return d.message;
       default: {
         const keys = Object.keys(d).slice(0, 4);
         return keys.map((k) => {
           const v = d[k];
           const text = v !== null && typeof v === "object" ? JSON.stringify(v) : String(v);
-          return k + "=" + (text.length > 80 ? text.slice(0, 79) + "…" : text);
-        }).join(" ");
+          return k + ": " + (text.length > 80 ? text.slice(0, 79) + "…" : text);
+        }).join("; ");
       }
     }
   }
@@ -49,14 +123,16 @@
     li.dataset.kind = ev.kind;
     const t = document.createElement("time");
     if (ev.time_ms) {
-      const at = new Date(ev.time_ms);
-      t.dateTime = at.toISOString();
-      t.title = at.toISOString();
-      t.textContent = at.toLocaleTimeString();
+      // UTC to the millisecond, like every other time the console shows.
+      const at = new Date(ev.time_ms).toISOString();
+      t.dateTime = at;
+      t.title = at;
+      t.textContent = at.slice(11, 23) + "Z";
     }
     const kind = document.createElement("code");
     kind.textContent = ev.kind;
-    li.append(t, " ", kind, ev.subtask_id ? " " + ev.subtask_id + " " : " ", summary(ev));
+    kind.className = "kind";
+    li.append(t, " ", summary(ev), " ", kind);
     list.append(li);
   }
 
@@ -100,7 +176,7 @@
       const r = await fetch(location.href, { credentials: "same-origin" });
       if (!r.ok) return;
       const doc = new DOMParser().parseFromString(await r.text(), "text/html");
-      for (const id of ["outputs", "job-head"]) {
+      for (const id of ["outputs", "job-head", "waterfall-box"]) {
         const fresh = doc.getElementById(id);
         const here = document.getElementById(id);
         if (fresh && here) here.replaceWith(fresh);

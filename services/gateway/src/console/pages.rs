@@ -1037,6 +1037,32 @@ pub(crate) async fn job(
     let finished =
         crate::http::finished(JobState::try_from(j.state).unwrap_or(JobState::Unspecified));
     let tasks = views::tasks(&j, now);
+    // The run's decision: who, when, after how long, and what they wrote.
+    let decision = match (&c.services.approval, j.run_id.is_empty()) {
+        (Some(approvals), false) if caller.principal.may(Permission::RunRead) => {
+            let req = ap::GetRunRequest {
+                run_id: j.run_id.clone(),
+            };
+            as_caller!(ApprovalClient, approvals, caller, get_run, req)
+                .ok()
+                .and_then(|r| r.run)
+                .filter(|r| !r.decided_by.is_empty())
+                .map(|r| {
+                    let at = ms(r.decided_at.as_ref());
+                    let asked = ms(r.created_at.as_ref());
+                    json!({
+                        "status": views::run_status(r.status),
+                        "by": r.decided_by,
+                        "comment": r.decision_comment,
+                        "at": when(at, now),
+                        "waited": (at > 0 && asked > 0).then(|| switchyard_kit::time::human_duration(at.saturating_sub(asked))),
+                    })
+                })
+        }
+        _ => None,
+    };
+    let started = ms(j.started_at.as_ref());
+    let ended = ms(j.finished_at.as_ref());
     Ok(page(
         "job.html",
         base,
@@ -1073,6 +1099,13 @@ pub(crate) async fn job(
                 })),
             },
             "dag": views::dag(&tasks),
+            "waterfall": views::waterfall(&j, now),
+            "decision": decision,
+            "duration": (started > 0).then(|| if ended > 0 {
+                switchyard_kit::time::human_duration(ended.saturating_sub(started))
+            } else {
+                format!("running {}", switchyard_kit::time::human_duration(now.saturating_sub(started)))
+            }),
             "tasks": tasks,
             "inputs": input_cards(&c, &caller, &spec.job_id).await,
             "events_url": format!("/ui/jobs/{}/events", encode(&spec.job_id)),

@@ -163,6 +163,21 @@ pub fn tasks(job: &Job, now_ms: u64) -> Vec<Value> {
             let output = output_json
                 .as_ref()
                 .map(|o| serde_json::to_string_pretty(o).unwrap_or_default());
+            // What the step was given, as written (templates are filled in
+            // when it runs).
+            let input = match &spec.kind {
+                Some(task_spec::Kind::Agent(a)) => a
+                    .input
+                    .as_ref()
+                    .map(switchyard_kit::json::struct_to_json),
+                Some(task_spec::Kind::Command(c)) => {
+                    Some(json!({"command": c.command, "args": c.args}))
+                }
+                Some(task_spec::Kind::Llm(l)) => Some(json!({"model": l.model, "prompt": l.prompt})),
+                Some(task_spec::Kind::Input(i)) => Some(json!({"prompt": i.prompt})),
+                _ => None,
+            }
+            .map(|v| serde_json::to_string_pretty(&v).unwrap_or_default());
             let stdout = st
                 .filter(|t| !t.stdout.is_empty())
                 .map(|t| String::from_utf8_lossy(&t.stdout).into_owned());
@@ -183,12 +198,146 @@ pub fn tasks(job: &Job, now_ms: u64) -> Vec<Value> {
                 "error": st.map_or("", |t| t.error.as_str()),
                 "started": when(ts(|t| t.started_at.as_ref()), now_ms),
                 "finished": when(ts(|t| t.finished_at.as_ref()), now_ms),
+                "duration": took(ts(|t| t.started_at.as_ref()), ts(|t| t.finished_at.as_ref()), now_ms),
                 "output": output,
+                "input": input,
                 "cut": cut,
                 "stdout": stdout,
             })
         })
         .collect()
+}
+
+/// A run status's short name (`approved`).
+pub fn run_status(s: i32) -> String {
+    switchyard_proto::approval::v1::RunStatus::try_from(s)
+        .map_or("unknown", |s| s.as_str_name())
+        .trim_start_matches("RUN_STATUS_")
+        .to_ascii_lowercase()
+}
+
+/// How long something that started at `start` ran: to `end`, or to
+/// `now_ms` while it runs ("running 3.2 s"); `None` before it starts.
+fn took(start: u64, end: u64, now_ms: u64) -> Value {
+    match (start, end) {
+        (0, _) => Value::Null,
+        (s, 0) => format!(
+            "running {}",
+            switchyard_kit::time::human_duration(now_ms.saturating_sub(s))
+        )
+        .into(),
+        (s, e) => switchyard_kit::time::human_duration(e.saturating_sub(s)).into(),
+    }
+}
+
+/// Width of the waterfall's time axis, in SVG user units.
+const FALL_W: f64 = 600.0;
+
+/// The job's waterfall: one row per task, one bar per attempt from its
+/// start to its end (to `now_ms` while it runs), on one time axis from the
+/// job's first start; what each bar was (attempt, agent, how long, how it
+/// ended) in its title. `None` before anything ran.
+pub fn waterfall(job: &Job, now_ms: u64) -> Option<Value> {
+    let ms = |t: Option<&prost_types::Timestamp>| t.map_or(0, switchyard_kit::time::timestamp_ms);
+    let specs = job.spec.as_ref().map_or(&[][..], |s| &s.tasks[..]);
+    let status: BTreeMap<&str, &TaskStatus> =
+        job.tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
+    // (task, [(start, end, title, tone)])
+    let mut rows: Vec<(&str, String, Vec<(u64, u64, String, &'static str)>)> = Vec::new();
+    for spec in specs {
+        let Some(st) = status.get(spec.id.as_str()) else {
+            rows.push((&spec.id, "waiting".into(), Vec::new()));
+            continue;
+        };
+        let state = crate::http::task_state_name(st.state);
+        let mut bars = Vec::new();
+        let n = st.attempts.len();
+        for (i, a) in st.attempts.iter().enumerate() {
+            let start = ms(a.started_at.as_ref());
+            if start == 0 {
+                continue;
+            }
+            let end = match ms(a.finished_at.as_ref()) {
+                0 if i + 1 == n && st.finished_at.is_none() => now_ms,
+                0 => ms(st.finished_at.as_ref()).max(start),
+                e => e,
+            };
+            let ok = a.error.is_empty() && (i + 1 < n || tone(&state) == "ok");
+            let last = i + 1 == n;
+            let tone = if !a.error.is_empty() {
+                "bad"
+            } else if last {
+                tone(&state)
+            } else if ok {
+                "ok"
+            } else {
+                "wait"
+            };
+            let mut title = format!(
+                "{} attempt {}{}: {} ({} to {})",
+                spec.id,
+                a.number.max(i as u32 + 1),
+                if a.agent_id.is_empty() {
+                    String::new()
+                } else {
+                    format!(" on {}", a.agent_id)
+                },
+                switchyard_kit::time::human_duration(end.saturating_sub(start)),
+                &switchyard_kit::time::utc(start)[11..],
+                &switchyard_kit::time::utc(end)[11..],
+            );
+            if !a.error.is_empty() {
+                title.push_str(&format!(", failed: {}", a.error));
+            }
+            bars.push((start, end, title, tone));
+        }
+        // A task with no attempt recorded (a command, an input) that ran:
+        // its own start and end.
+        let (s, e) = (ms(st.started_at.as_ref()), ms(st.finished_at.as_ref()));
+        if bars.is_empty() && s > 0 {
+            let end = if e == 0 { now_ms } else { e };
+            let title = format!(
+                "{}: {} ({} to {})",
+                spec.id,
+                switchyard_kit::time::human_duration(end.saturating_sub(s)),
+                &switchyard_kit::time::utc(s)[11..],
+                &switchyard_kit::time::utc(end)[11..],
+            );
+            bars.push((s, end, title, tone(&state)));
+        }
+        rows.push((&spec.id, state, bars));
+    }
+    let t0 = rows.iter().flat_map(|r| r.2.iter().map(|b| b.0)).min()?;
+    let t1 = rows
+        .iter()
+        .flat_map(|r| r.2.iter().map(|b| b.1))
+        .max()
+        .unwrap_or(t0)
+        .max(t0 + 1);
+    let scale = FALL_W / (t1 - t0) as f64;
+    let rows: Vec<Value> = rows
+        .into_iter()
+        .map(|(id, state, bars)| {
+            json!({
+                "id": id,
+                "state": state,
+                "bars": bars.iter().map(|(s, e, title, tone)| json!({
+                    "x": format!("{:.2}", (s - t0) as f64 * scale),
+                    // At least a sliver: a 2 ms step is still seen.
+                    "w": format!("{:.2}", ((e - s) as f64 * scale).max(2.0)),
+                    "title": title,
+                    "tone": tone,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Some(json!({
+        "rows": rows,
+        "width": FALL_W,
+        "span": switchyard_kit::time::human_duration(t1 - t0),
+        "from": &switchyard_kit::time::utc(t0)[11..],
+        "to": &switchyard_kit::time::utc(t1)[11..],
+    }))
 }
 
 /// Sizes of the plan's drawing, in SVG user units.
@@ -708,5 +857,68 @@ mod tests {
             (v["interval"].as_str(), v["buckets"].as_u64()),
             (Some("hour"), Some(3))
         );
+    }
+
+    #[test]
+    fn the_waterfall_draws_each_attempt_on_one_axis_and_a_retry_in_red_then_green() {
+        use switchyard_proto::executor::v1::{Attempt, JobSpec, TaskState};
+        let t = switchyard_kit::time::timestamp;
+        let attempt = |n: u32, s: u64, e: u64, error: &str| Attempt {
+            number: n,
+            agent_id: "builtin".into(),
+            started_at: Some(t(s)),
+            finished_at: Some(t(e)),
+            error: error.into(),
+            ..Default::default()
+        };
+        let spec = |id: &str| TaskSpec {
+            id: id.into(),
+            ..Default::default()
+        };
+        let job = Job {
+            spec: Some(JobSpec {
+                tasks: vec![spec("a"), spec("b"), spec("c")],
+                ..Default::default()
+            }),
+            tasks: vec![
+                TaskStatus {
+                    task_id: "a".into(),
+                    state: TaskState::Succeeded as i32,
+                    attempts: vec![attempt(1, 1_000, 1_100, "")],
+                    ..Default::default()
+                },
+                TaskStatus {
+                    task_id: "b".into(),
+                    state: TaskState::Succeeded as i32,
+                    attempts: vec![
+                        attempt(1, 1_100, 1_200, "fails once"),
+                        attempt(2, 1_300, 1_600, ""),
+                    ],
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let w = waterfall(&job, 5_000).expect("something ran");
+        assert_eq!(w["span"], "600 ms");
+        let rows = w["rows"].as_array().expect("rows");
+        assert_eq!(rows.len(), 3, "every step has a row, one not started too");
+        let b = rows[1]["bars"].as_array().expect("bars");
+        assert_eq!(
+            (b[0]["x"].as_str(), b[0]["w"].as_str()),
+            (Some("100.00"), Some("100.00"))
+        );
+        assert_eq!(
+            (b[0]["tone"].as_str(), b[1]["tone"].as_str()),
+            (Some("bad"), Some("ok"))
+        );
+        assert!(
+            b[0]["title"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("failed: fails once")
+        );
+        assert_eq!(rows[2]["bars"].as_array().map(Vec::len), Some(0));
+        assert!(waterfall(&Job::default(), 0).is_none());
     }
 }
