@@ -214,6 +214,8 @@ pub fn spec_of(r: &Run) -> Run {
         // repeated proposal of a decided run is the same run.
         approved_by: Vec::new(),
         decided_by: String::new(),
+        decision_comment: String::new(),
+        decided_at: None,
         reason_code: String::new(),
         adapter_state: String::new(),
         edit: None,

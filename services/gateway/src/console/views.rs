@@ -230,6 +230,9 @@ fn took(start: u64, end: u64, now_ms: u64) -> Value {
     }
 }
 
+/// One bar of the waterfall: start and end (ms), its title and tone.
+type Bar = (u64, u64, String, &'static str);
+
 /// Width of the waterfall's time axis, in SVG user units.
 const FALL_W: f64 = 600.0;
 
@@ -242,8 +245,7 @@ pub fn waterfall(job: &Job, now_ms: u64) -> Option<Value> {
     let specs = job.spec.as_ref().map_or(&[][..], |s| &s.tasks[..]);
     let status: BTreeMap<&str, &TaskStatus> =
         job.tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
-    // (task, [(start, end, title, tone)])
-    let mut rows: Vec<(&str, String, Vec<(u64, u64, String, &'static str)>)> = Vec::new();
+    let mut rows: Vec<(&str, String, Vec<Bar>)> = Vec::new();
     for spec in specs {
         let Some(st) = status.get(spec.id.as_str()) else {
             rows.push((&spec.id, "waiting".into(), Vec::new()));
