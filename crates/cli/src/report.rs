@@ -115,14 +115,15 @@ pub fn text(e: &anyhow::Error) -> String {
 /// server named (`{"error": {...}}`).
 pub fn json(e: &anyhow::Error) -> Value {
     let body = match (e.downcast_ref::<ApiError>(), e.downcast_ref::<Stop>()) {
-        (Some(api), _) => json!({
-            "code": format!("{:?}", api.code),
-            "reason": api.reason.clone().unwrap_or_else(|| "UNKNOWN".into()),
+        // The HTTP door's envelope, field for field.
+        (Some(api), _) => {
+            let (_, mut v) = switchyard_kit::error::envelope(api, &api.request_id);
             // A hint the CLI added around the server's error leads.
-            "message": if e.to_string() == api.to_string() { api.message.clone() } else { text(e) },
-            "metadata": api.metadata,
-            "fields": api.violations.iter().map(|v| json!({"field": v.field, "description": v.description, "at": api.position(&v.field)})).collect::<Vec<_>>(),
-        }),
+            if e.to_string() != api.to_string() {
+                v["error"]["message"] = text(e).into();
+            }
+            v["error"].take()
+        }
         (
             None,
             Some(Stop::JobEnded {

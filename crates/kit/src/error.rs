@@ -135,6 +135,9 @@ pub struct ApiError {
     pub metadata: HashMap<String, String>,
     /// BadRequest field violations.
     pub violations: Vec<FieldViolation>,
+    /// The request's correlation id, when the server sent it back
+    /// (`x-correlation-id`); empty otherwise.
+    pub request_id: String,
 }
 
 impl ApiError {
@@ -194,12 +197,19 @@ impl From<Status> for ApiError {
                     .collect()
             })
             .unwrap_or_default();
+        let request_id = s
+            .metadata()
+            .get(crate::context::CORRELATION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
         ApiError {
             code: s.code(),
             reason,
             message: s.message().to_owned(),
             metadata,
             violations,
+            request_id,
         }
     }
 }
@@ -232,15 +242,21 @@ impl std::error::Error for ApiError {}
 /// already finished, a transition the state table refuses) is 409 Conflict,
 /// which is what an HTTP client branches on, and an oversized body is 413.
 pub fn http_status(s: &Status) -> http::StatusCode {
-    use http::StatusCode as H;
     let reason = s.get_error_details().error_info().map(|i| i.reason.clone());
-    if reason.as_deref() == Some(Reason::MessageTooLarge.as_str()) {
+    status_for(s.code(), reason.as_deref())
+}
+
+/// The HTTP status of gRPC `code` with catalogue `reason` (see
+/// [`http_status`]).
+fn status_for(code: Code, reason: Option<&str>) -> http::StatusCode {
+    use http::StatusCode as H;
+    if reason == Some(Reason::MessageTooLarge.as_str()) {
         return H::PAYLOAD_TOO_LARGE;
     }
-    if reason.as_deref() == Some(Reason::UnsupportedMediaType.as_str()) {
+    if reason == Some(Reason::UnsupportedMediaType.as_str()) {
         return H::UNSUPPORTED_MEDIA_TYPE;
     }
-    match s.code() {
+    match code {
         Code::Ok => H::OK,
         Code::InvalidArgument | Code::OutOfRange => H::BAD_REQUEST,
         Code::Unauthenticated => H::UNAUTHORIZED,
@@ -268,8 +284,14 @@ pub fn http_status(s: &Status) -> http::StatusCode {
 /// `reason` is the catalogue's (as `ErrorInfo.reason` over gRPC), `fields`
 /// the BadRequest violations, `request_id` the request's correlation id.
 pub fn http_error(s: &Status, request_id: &str) -> (http::StatusCode, serde_json::Value) {
-    let code = http_status(s);
-    let api = ApiError::from(s.clone());
+    envelope(&ApiError::from(s.clone()), request_id)
+}
+
+/// [`http_error`]'s envelope of an error already read from a status: the
+/// CLI prints the same one under `-o json` (with an empty `request_id`
+/// when the server named none).
+pub fn envelope(api: &ApiError, request_id: &str) -> (http::StatusCode, serde_json::Value) {
+    let code = status_for(api.code, api.reason.as_deref());
     let fields: Vec<serde_json::Value> = api
         .violations
         .iter()
@@ -290,8 +312,8 @@ pub fn http_error(s: &Status, request_id: &str) -> (http::StatusCode, serde_json
         .collect();
     let body = serde_json::json!({"error": {
         "code": code.as_u16(),
-        "status": code_name(s.code()),
-        "reason": api.reason.unwrap_or_else(|| code_name(s.code()).to_owned()),
+        "status": code_name(api.code),
+        "reason": api.reason.clone().unwrap_or_else(|| code_name(api.code).to_owned()),
         "message": api.message,
         "fields": fields,
         "metadata": metadata,

@@ -644,7 +644,14 @@ impl Executor {
                     found,
                 )));
             }
-            (Err(e), _) => return Err(ExecutorError::Invalid(e.after(found))),
+            (Err(mut e), _) => {
+                // Named as the submitter wrote them (AITP's fields for an
+                // AITP document), the reading problems first.
+                for v in &mut e.violations.0 {
+                    v.field = formats::source_field(&spec.source_format, &v.field);
+                }
+                return Err(ExecutorError::Invalid(e.after(found)));
+            }
         };
         if let Some(why) = self.inner.sandbox.unavailable()
             && runs_commands(&spec)

@@ -271,6 +271,50 @@ fn convert_as(
     }
 }
 
+/// A JobSpec field path (`tasks[0].agent.capability`) in the terms of the
+/// document format it came from, so an error names a field the submitter
+/// wrote: AITP's `subtasks[0].agent_capability`. Fields with no AITP
+/// counterpart, and other formats, keep the JobSpec name.
+pub fn source_field(format: &str, field: &str) -> String {
+    if format != AITP {
+        return field.to_owned();
+    }
+    if field == "job_id" {
+        return "task_id".into();
+    }
+    let Some(rest) = field.strip_prefix("tasks[") else {
+        return field.to_owned();
+    };
+    let Some((index, inner)) = rest.split_once(']') else {
+        return field.to_owned();
+    };
+    let inner = inner.strip_prefix('.').unwrap_or(inner);
+    // The longest JobSpec prefix first.
+    const RENAMES: [(&str, &str); 9] = [
+        ("agent.capability", "agent_capability"),
+        ("agent.input", "input"),
+        ("agent.output_mapping", "output_mapping"),
+        ("agent.min_trust", "min_trust"),
+        ("agent.exclude_agents", "exclude_agents"),
+        ("timeout_secs", "timeout_seconds"),
+        ("retry", "retry_policy"),
+        ("id", "subtask_id"),
+        ("agent", "agent_capability"),
+    ];
+    let mapped = RENAMES
+        .iter()
+        .find_map(|(native, aitp)| {
+            let tail = inner.strip_prefix(native)?;
+            (tail.is_empty() || tail.starts_with(['.', '['])).then(|| format!("{aitp}{tail}"))
+        })
+        .unwrap_or_else(|| inner.to_owned());
+    if mapped.is_empty() {
+        format!("subtasks[{index}]")
+    } else {
+        format!("subtasks[{index}].{mapped}")
+    }
+}
+
 /// Most problems one document reports before reading stops.
 const MAX_PROBLEMS: usize = 100;
 

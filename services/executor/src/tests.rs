@@ -108,6 +108,27 @@ fn the_task_limit_is_configurable() {
 }
 
 #[test]
+fn job_spec_fields_are_named_in_aitp_terms_for_an_aitp_document() {
+    for (native, aitp) in [
+        ("tasks[0].id", "subtasks[0].subtask_id"),
+        ("tasks[2].agent.capability", "subtasks[2].agent_capability"),
+        ("tasks[1].agent.input.text", "subtasks[1].input.text"),
+        ("tasks[1].timeout_secs", "subtasks[1].timeout_seconds"),
+        (
+            "tasks[1].retry.max_retries",
+            "subtasks[1].retry_policy.max_retries",
+        ),
+        ("tasks[0].depends_on[1]", "subtasks[0].depends_on[1]"),
+        ("tasks[0]", "subtasks[0]"),
+        ("job_id", "task_id"),
+        ("budget.cost_limit", "budget.cost_limit"),
+    ] {
+        assert_eq!(formats::source_field(formats::AITP, native), aitp);
+        assert_eq!(formats::source_field(formats::NATIVE, native), native);
+    }
+}
+
+#[test]
 fn aitp_input_schema_gives_defaults_and_checks_values() {
     let doc = json!({"name": "Paper", "input": {"type": "object",
         "properties": {"url": {"type": "string"}, "max_pages": {"type": "integer", "default": 50}},

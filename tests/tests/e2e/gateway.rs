@@ -283,6 +283,28 @@ async fn aitp_errors_are_one_envelope_with_grpc_reasons_and_http_statuses() {
             .is_some_and(|a| a.starts_with("line ")),
         "{err}"
     );
+    // Problems found after reading name AITP's fields, never the JobSpec's
+    // they were read into (no `tasks[0].agent.capability` for a submitter
+    // who wrote `agent_capability`).
+    let unnamed =
+        json!({"name": "x", "subtasks": [{"subtask_id": "", "agent_capability": "Bad Cap!"}],});
+    let (code, e) = h.post(&alice, unnamed.to_string()).await;
+    assert_eq!(code, 400, "{e}");
+    let fields: Vec<&str> = e["error"]["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["field"].as_str().unwrap())
+        .collect();
+    assert!(fields.contains(&"subtasks[0].subtask_id"), "{fields:?}");
+    assert!(
+        fields.contains(&"subtasks[0].agent_capability"),
+        "{fields:?}"
+    );
+    assert!(
+        !fields.iter().any(|f| f.starts_with("tasks[")),
+        "{fields:?}"
+    );
     // A document of another format is read as AITP and refused as such.
     let native =
         json!({"plan_id": "p", "tasks": [{"id": "a", "agent": {"capability": "builtin.echo"}}]});

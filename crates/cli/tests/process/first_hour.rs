@@ -240,7 +240,12 @@ tasks:
     assert!(out.stdout.is_empty());
     let v: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
     assert_eq!(v["error"]["reason"], "INVALID_ARGUMENT");
-    assert_eq!(v["error"]["code"], "InvalidArgument");
+    // The HTTP door's envelope, field for field.
+    assert_eq!(v["error"]["code"], 400);
+    assert_eq!(v["error"]["status"], "INVALID_ARGUMENT");
+    for key in ["message", "fields", "metadata", "request_id"] {
+        assert!(v["error"].get(key).is_some(), "{key}: {v}");
+    }
     let fields: Vec<&str> = v["error"]["fields"]
         .as_array()
         .unwrap()
