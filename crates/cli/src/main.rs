@@ -49,8 +49,12 @@ enum Command {
         #[command(flatten)]
         run: RunArgs,
     },
-    /// Register, list, inspect and remove agents.
-    #[command(subcommand)]
+    /// The registry's agents: register, list, get, heartbeat, deregister
+    /// (hosting agents from manifest files is `switchyard agents`).
+    #[command(
+        subcommand,
+        after_help = "Agents written as manifest.yaml + prompt files are checked, hosted and published with `switchyard agents` (check, serve, publish); once served they are registered and listed here."
+    )]
     Agent(client::AgentCmd),
     /// Register and list tools.
     #[command(subcommand)]
@@ -76,8 +80,12 @@ enum Command {
     /// Operate pull workers: drain (quiet) or stop (terminate) one.
     #[command(subcommand)]
     Worker(worker::WorkerCmd),
-    /// Declarative agents: manifest.yaml + prompt, no code.
-    #[command(subcommand)]
+    /// Host declarative agents from manifest.yaml + prompt files: check,
+    /// serve, publish (the registry's agents are `switchyard agent`).
+    #[command(
+        subcommand,
+        after_help = "To list, inspect or remove the agents the registry holds (these once served, and every other), use `switchyard agent list|get|deregister`."
+    )]
     Agents(AgentsCmd),
     /// API keys and who-am-i.
     #[command(subcommand)]
@@ -416,7 +424,24 @@ fn quiet_on_closed_pipe() {
 async fn main() -> ExitCode {
     quiet_on_closed_pipe();
     let args: Vec<String> = std::env::args().collect();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // `agents` hosts manifests; `agent` is the registry. A registry
+            // verb given to the wrong one says which command has it.
+            let verb = args.get(2).map(String::as_str);
+            if e.kind() == clap::error::ErrorKind::InvalidSubcommand
+                && args.get(1).map(String::as_str) == Some("agents")
+                && let Some(v @ ("list" | "get" | "register" | "deregister" | "heartbeat")) = verb
+            {
+                eprintln!(
+                    "error: `switchyard agents` hosts declarative agents (check, serve, publish); the registry's agents are `switchyard agent {v}`"
+                );
+                return ExitCode::from(2);
+            }
+            e.exit()
+        }
+    };
     let result = match cli.command {
         Command::Dev(args) => run_services(args, ServiceKind::ALL, true).await,
         Command::Serve { services, run } => run_services(run, &services, false).await,

@@ -573,3 +573,24 @@ fn job_list_narrows_by_time_submitter_and_label_and_shows_when_and_how_long() {
     let bad = cli(&url, &["budget", "report", "--until", "yesterday-ish"]);
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
 }
+
+#[test]
+fn agent_and_agents_say_which_is_which() {
+    let out = Command::new(BIN).args(["agents", "list"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("the registry's agents are `switchyard agent list`"),
+        "{}",
+        stderr(&out)
+    );
+    let help = Command::new(BIN).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    let line = |name: &str| {
+        help.lines()
+            .find(|l| l.trim_start().starts_with(&format!("{name} ")))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(line("agent").contains("registry"), "{help}");
+    assert!(line("agents").contains("manifest"), "{help}");
+}
