@@ -187,7 +187,11 @@ fn pause_notice(job_id: &str, kind: &str, data: &Value) -> Option<String> {
     match kind {
         "budget.paused" => {
             let asked = if data["dimension"] == "cost" {
-                format!("{} micro-USD more", data["cost_micro_usd"])
+                // The same words as `job get` and `job watch`.
+                format!(
+                    "{} more",
+                    crate::output::usd(data["cost_micro_usd"].as_i64().unwrap_or(0))
+                )
             } else {
                 format!("{} more tokens", data["tokens"])
             };
@@ -296,7 +300,7 @@ mod tests {
         assert!(told.contains("switchyard job resume talk"), "{told}");
         let money = json!({"run_id": "x", "dimension": "cost", "cost_micro_usd": 40});
         let told = pause_notice("talk", "budget.paused", &money).unwrap_or_default();
-        assert!(told.contains("40 micro-USD more"), "{told}");
+        assert!(told.contains("$0.000040 more"), "{told}");
         let yes = json!({"decision": "approved", "by": "bob"});
         assert_eq!(
             pause_notice("talk", "budget.extension_decided", &yes).as_deref(),
