@@ -419,10 +419,12 @@ fn metrics_parse_as_prometheus_text_and_counters_move_after_a_job() {
             .unwrap();
     let admin = creds["principals"]["admin"]["token"].as_str().unwrap();
     let alice = creds["principals"]["alice"]["token"].as_str().unwrap();
-    let scrape = |token: &str| -> (u16, serde_json::Value) {
+    // The HTTP status and the metric families a real Prometheus parser
+    // reads from `/metrics` at `at`, scraped with `token`.
+    let scrape_at = |at: &str, token: &str| -> (u16, serde_json::Value) {
         let out = Command::new(&python)
             .arg(repo_root().join("tests/python/scrape_metrics.py"))
-            .arg(format!("{url}/metrics"))
+            .arg(at)
             .arg(token)
             .output()
             .unwrap();
@@ -430,6 +432,8 @@ fn metrics_parse_as_prometheus_text_and_counters_move_after_a_job() {
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         (v["status"].as_u64().unwrap() as u16, v["families"].clone())
     };
+    let grpc_port = format!("{url}/metrics");
+    let scrape = |token: &str| scrape_at(&grpc_port, token);
     // Not open: no credential is 401, a submitter's is 403.
     assert_eq!(scrape("").0, 401);
     assert_eq!(scrape(alice).0, 403);
@@ -492,17 +496,7 @@ fn metrics_parse_as_prometheus_text_and_counters_move_after_a_job() {
         "http://{}/metrics",
         dev.http.as_deref().expect("dev hosts the HTTP door")
     );
-    let over_http = |token: &str| -> (u16, serde_json::Value) {
-        let out = Command::new(&python)
-            .arg(repo_root().join("tests/python/scrape_metrics.py"))
-            .arg(&http)
-            .arg(token)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", stderr(&out));
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        (v["status"].as_u64().unwrap() as u16, v["families"].clone())
-    };
+    let over_http = |token: &str| scrape_at(&http, token);
     assert_eq!(over_http("").0, 401);
     assert_eq!(over_http(alice).0, 403);
     let (status, door) = over_http(admin);

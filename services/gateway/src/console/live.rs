@@ -148,13 +148,7 @@ pub(crate) async fn inbox_count(c: &Console, caller: &Caller) -> Option<String> 
     if !caller.principal.may(Permission::RunRead) {
         return None;
     }
-    let approvals = c.services.approval.as_ref()?;
-    let req = ap::ListRunsRequest {
-        statuses: vec![ap::RunStatus::Proposed as i32],
-        page_size: MAX_COUNTED,
-        ..Default::default()
-    };
-    let listed = as_caller!(ApprovalClient, approvals, caller, list_runs, req).ok()?;
+    let listed = proposed(c, caller).await?;
     let inputs = if caller.principal.may(Permission::JobAnswer) {
         c.jobs
             .input_requests(caller, "")
@@ -171,19 +165,25 @@ pub(crate) async fn inbox_count(c: &Console, caller: &Caller) -> Option<String> 
     })
 }
 
+/// The runs waiting for a decision that the person sees (the first
+/// [`MAX_COUNTED`]); `None` when they cannot be read now.
+async fn proposed(c: &Console, caller: &Caller) -> Option<ap::ListRunsResponse> {
+    let approvals = c.services.approval.as_ref()?;
+    let req = ap::ListRunsRequest {
+        statuses: vec![ap::RunStatus::Proposed as i32],
+        page_size: MAX_COUNTED,
+        ..Default::default()
+    };
+    as_caller!(ApprovalClient, approvals, caller, list_runs, req).ok()
+}
+
 /// A hash of what `page` lists, as the person sees it; `None` for a page
 /// with no list, or when it cannot be read now.
 async fn fingerprint(c: &Console, caller: &Caller, page: ConsolePage) -> Option<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     match page {
         ConsolePage::Inbox => {
-            let approvals = c.services.approval.as_ref()?;
-            let req = ap::ListRunsRequest {
-                statuses: vec![ap::RunStatus::Proposed as i32],
-                page_size: MAX_COUNTED,
-                ..Default::default()
-            };
-            let listed = as_caller!(ApprovalClient, approvals, caller, list_runs, req).ok()?;
+            let listed = proposed(c, caller).await?;
             for r in &listed.runs {
                 (&r.run_id, &r.approved_by).hash(&mut h);
             }
