@@ -283,6 +283,22 @@ def check_a2a_door_reads_and_cancels_a_job_as_the_caller():
     assert r.json()["result"]["status"]["state"] == "TASK_STATE_CANCELED", r.text
 
 
+def check_metrics_on_the_http_door_need_metrics_read_and_parse_as_prometheus():
+    """Late: by now jobs have finished and runs were decided, so both
+    histograms have samples."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert call("GET", "/metrics", "/metrics").status_code == 401
+    r = call("GET", "/metrics", "/metrics", ALICE)
+    assert r.status_code == 403 and r.json()["error"]["reason"] == "PERMISSION_DENIED", r.text
+    r = call("GET", "/metrics", "/metrics", ADMIN)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain"), r.status_code
+    names = {f.name for f in text_string_to_metric_families(r.text)}
+    assert "switchyard_queue_depth" in names, names
+    for h in ("switchyard_job_duration_seconds", "switchyard_approval_wait_seconds"):
+        assert f"# TYPE {h} histogram" in r.text, h
+
+
 def check_every_documented_route_was_exercised():
     doc = check_openapi_document_is_valid_and_open.doc
     documented = {(m.upper(), p) for p, item in doc["paths"].items() for m in item if m in ("get", "post", "put", "patch", "delete")}

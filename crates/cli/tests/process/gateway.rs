@@ -48,7 +48,7 @@ fn python_clients_drive_both_doors_of_switchyard_dev() {
         "python clients failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("13 passed, 0 failed"), "{stdout}");
+    assert!(stdout.contains("14 passed, 0 failed"), "{stdout}");
     assert_eq!(dev.terminate(), Some(0));
 }
 
@@ -367,7 +367,7 @@ fn the_console_of_a_gateway_in_its_own_process_acts_on_every_remote_service_as_t
         &format!("budget=job-{id}"),
     ]);
     assert!(
-        budgets.contains("Cost-ledger entries recorded on this budget"),
+        budgets.contains("Cost-ledger entries of this budget and every budget under it"),
         "{budgets}"
     );
     let page = alice.curl(&[&format!("/ui/jobs/{id}")]);

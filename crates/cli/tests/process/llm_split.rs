@@ -202,7 +202,8 @@ models = [
     let log = ok(&cli(&x, &["job", "watch", &job, "--events"]));
     let kinds: Vec<&str> = log
         .lines()
-        .filter_map(|l| l.split_whitespace().nth(1))
+        // `SEQ TIME KIND TASK DATA`
+        .filter_map(|l| l.split_whitespace().nth(2))
         .collect();
     let decided = kinds.iter().position(|k| *k == "approval.decided").unwrap();
     let first_attempt = kinds.iter().position(|k| *k == "task.attempt").unwrap();
