@@ -204,6 +204,9 @@ def main():
         assert "=" not in alice.locator("#timeline li[data-kind='task.state']").first.inner_text()
         expect(alice.locator(".dag path.edge[marker-end]")).not_to_have_count(0)
         summary["waterfall_title"] = alice.locator('#waterfall tr[data-task="stats"] rect.bar title').first.text_content()
+        # Under each step, the agent calls it made, from the job's events.
+        expect(alice.locator("#waterfall tr.call", has_text="agent text_stats")).to_have_count(1)
+        summary["call_title"] = alice.locator("#waterfall tr.call", has_text="agent text_stats").locator("title").text_content()
         alice.screenshot(path=os.path.join(SHOTS, "console-job.png"), full_page=True)
 
         step("bob opens the job's budget: ledger entries and the spend chart")

@@ -212,6 +212,9 @@ async fn in_a_real_browser_a_job_goes_from_submission_through_bobs_approval_to_i
     // The waterfall's bar for the stats step says where it ran.
     let bar = summary["waterfall_title"].as_str().unwrap_or_default();
     assert!(bar.starts_with("stats attempt 1 on text_stats: "), "{bar}");
+    let call = summary["call_title"].as_str().unwrap_or_default();
+    assert!(call.starts_with("agent text_stats in stats: "), "{call}");
+    assert!(call.ends_with(", success"), "{call}");
     let estimate = run.cost_estimate.unwrap().estimated_cost.unwrap().micro_usd;
     assert!(estimate > 0, "priced agents: a non-zero estimate");
     assert_eq!(

@@ -1099,7 +1099,7 @@ pub(crate) async fn job(
                 })),
             },
             "dag": views::dag(&tasks),
-            "waterfall": views::waterfall(&j, now),
+            "waterfall": views::waterfall(&j, &calls_of(&c, &caller, &spec.job_id, j.last_sequence).await, now),
             "decision": decision,
             "duration": (started > 0).then(|| if ended > 0 {
                 switchyard_kit::time::human_duration(ended.saturating_sub(started))
@@ -1154,6 +1154,32 @@ pub(crate) async fn cancel(
         .await
         .map_err(|e| PageError(e, base))?;
     Ok(see_other(&format!("/ui/jobs/{}", encode(&job_id))))
+}
+
+/// Most calls the waterfall draws.
+const MAX_CALLS: usize = 500;
+
+/// The model, tool and agent calls of job `id`, for its waterfall: read
+/// from its events (as the person) up to `last`, its last sequence, for at
+/// most a second; what was read by then when the log is long or slow.
+async fn calls_of(c: &Console, caller: &Caller, id: &str, last: u64) -> Vec<views::Call> {
+    use futures_util::StreamExt as _;
+    let Ok(mut events) = c.jobs.watch(caller, id, 0).await else {
+        return Vec::new();
+    };
+    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(1);
+    let mut out = Vec::new();
+    while out.len() < MAX_CALLS {
+        let Ok(Some(Ok(w))) = tokio::time::timeout_at(until, events.next()).await else {
+            break;
+        };
+        let Some(e) = w.event else { continue };
+        out.extend(views::Call::of(&e));
+        if e.sequence >= last {
+            break;
+        }
+    }
+    out
 }
 
 /// The steps waiting for input that the person may answer (of job

@@ -236,11 +236,68 @@ type Bar = (u64, u64, String, &'static str);
 /// Width of the waterfall's time axis, in SVG user units.
 const FALL_W: f64 = 600.0;
 
+/// A call inside a step, for the waterfall: a model call (`llm.call`), a
+/// tool call (`llm.tool_call`) or an agent call (`agent.call`), from the
+/// event that ended it (its time, and the latency it reports).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    /// The step it was made in.
+    pub task_id: String,
+    /// `model gpt-4o-mini, turn 1`, `tool fs__write_file`, `agent text_stats`.
+    pub label: String,
+    /// When it started and ended, ms.
+    pub start: u64,
+    pub end: u64,
+    /// How it ended (`ok`, `error`, ...).
+    pub outcome: String,
+}
+
+impl Call {
+    /// The call an event records, if it is one.
+    pub fn of(e: &switchyard_proto::common::v1::Event) -> Option<Call> {
+        let d = e
+            .data
+            .as_ref()
+            .map_or(Value::Null, switchyard_kit::json::struct_to_json);
+        let text = |k: &str| d[k].as_str().unwrap_or_default().to_owned();
+        let (label, took, outcome) = match e.kind.as_str() {
+            "llm.call" => (
+                format!("model {}, turn {}", text("model"), d["turn"]),
+                d["latency_ms"].as_f64()?,
+                text("outcome"),
+            ),
+            "llm.tool_call" => (
+                format!("tool {}", text("name")),
+                d["duration_ms"].as_f64()?,
+                text("status"),
+            ),
+            "agent.call" => (
+                format!("agent {}", text("agent_id")),
+                d["latency_ms"].as_f64()?,
+                text("status"),
+            ),
+            _ => return None,
+        };
+        let end = e
+            .time
+            .as_ref()
+            .map_or(0, switchyard_kit::time::timestamp_ms);
+        Some(Call {
+            task_id: e.task_id.clone(),
+            label,
+            start: end.saturating_sub(took.max(0.0) as u64),
+            end,
+            outcome,
+        })
+    }
+}
+
 /// The job's waterfall: one row per task, one bar per attempt from its
-/// start to its end (to `now_ms` while it runs), on one time axis from the
-/// job's first start; what each bar was (attempt, agent, how long, how it
-/// ended) in its title. `None` before anything ran.
-pub fn waterfall(job: &Job, now_ms: u64) -> Option<Value> {
+/// start to its end (to `now_ms` while it runs), and under each task a row
+/// per model, tool or agent call made in it (`calls`), all on one time
+/// axis from the job's first start; what each bar was (attempt, agent, how
+/// long, how it ended) in its title. `None` before anything ran.
+pub fn waterfall(job: &Job, calls: &[Call], now_ms: u64) -> Option<Value> {
     let ms = |t: Option<&prost_types::Timestamp>| t.map_or(0, switchyard_kit::time::timestamp_ms);
     let specs = job.spec.as_ref().map_or(&[][..], |s| &s.tasks[..]);
     let status: BTreeMap<&str, &TaskStatus> =
@@ -308,6 +365,22 @@ pub fn waterfall(job: &Job, now_ms: u64) -> Option<Value> {
             bars.push((s, end, title, tone(&state)));
         }
         rows.push((&spec.id, state, bars));
+        for c in calls.iter().filter(|c| c.task_id == spec.id) {
+            let title = format!(
+                "{} in {}: {} ({} to {}), {}",
+                c.label,
+                spec.id,
+                switchyard_kit::time::human_duration(c.end.saturating_sub(c.start)),
+                &switchyard_kit::time::utc(c.start)[11..],
+                &switchyard_kit::time::utc(c.end)[11..],
+                c.outcome
+            );
+            let tone = match c.outcome.as_str() {
+                "ok" | "success" => "ok",
+                _ => "bad",
+            };
+            rows.push((&c.label, "call".into(), vec![(c.start, c.end, title, tone)]));
+        }
     }
     let t0 = rows.iter().flat_map(|r| r.2.iter().map(|b| b.0)).min()?;
     let t1 = rows
@@ -323,6 +396,7 @@ pub fn waterfall(job: &Job, now_ms: u64) -> Option<Value> {
             json!({
                 "id": id,
                 "state": state,
+                "call": state == "call",
                 "bars": bars.iter().map(|(s, e, title, tone)| json!({
                     "x": format!("{:.2}", (s - t0) as f64 * scale),
                     // At least a sliver: a 2 ms step is still seen.
@@ -901,10 +975,26 @@ mod tests {
             ],
             ..Default::default()
         };
-        let w = waterfall(&job, 5_000).expect("something ran");
+        let calls = [Call {
+            task_id: "b".into(),
+            label: "model m, turn 1".into(),
+            start: 1_350,
+            end: 1_450,
+            outcome: "ok".into(),
+        }];
+        let w = waterfall(&job, &calls, 5_000).expect("something ran");
         assert_eq!(w["span"], "600 ms");
         let rows = w["rows"].as_array().expect("rows");
-        assert_eq!(rows.len(), 3, "every step has a row, one not started too");
+        assert_eq!(
+            rows.len(),
+            4,
+            "every step has a row, one not started too, and the call"
+        );
+        assert_eq!(
+            (rows[2]["call"].as_bool(), rows[2]["id"].as_str()),
+            (Some(true), Some("model m, turn 1"))
+        );
+        assert_eq!(rows[2]["bars"][0]["x"], "350.00");
         let b = rows[1]["bars"].as_array().expect("bars");
         assert_eq!(
             (b[0]["x"].as_str(), b[0]["w"].as_str()),
@@ -920,7 +1010,30 @@ mod tests {
                 .unwrap_or_default()
                 .contains("failed: fails once")
         );
-        assert_eq!(rows[2]["bars"].as_array().map(Vec::len), Some(0));
-        assert!(waterfall(&Job::default(), 0).is_none());
+        assert_eq!(rows[3]["bars"].as_array().map(Vec::len), Some(0));
+        assert!(waterfall(&Job::default(), &[], 0).is_none());
+    }
+
+    #[test]
+    fn a_call_is_read_from_the_event_that_ended_it() {
+        let e = switchyard_proto::common::v1::Event {
+            task_id: "t".into(),
+            kind: "llm.tool_call".into(),
+            time: Some(switchyard_kit::time::timestamp(10_000)),
+            data: switchyard_kit::json::json_to_struct(
+                &json!({"name": "fs__write_file", "duration_ms": 6, "status": "ok"}),
+            ),
+            ..Default::default()
+        };
+        let c = Call::of(&e).expect("a call");
+        assert_eq!(
+            (c.label.as_str(), c.start, c.end, c.outcome.as_str()),
+            ("tool fs__write_file", 9_994, 10_000, "ok")
+        );
+        let other = switchyard_proto::common::v1::Event {
+            kind: "task.state".into(),
+            ..e
+        };
+        assert!(Call::of(&other).is_none());
     }
 }
