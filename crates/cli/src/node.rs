@@ -375,7 +375,7 @@ pub async fn run_node_then(
     if services.contains(&ServiceKind::Registry) {
         let mut registry_cfg = cfg.registry.clone();
         if registry_cfg.mcp.scratch_dir.as_os_str().is_empty() {
-            registry_cfg.mcp.scratch_dir = cfg.storage.data_dir.join("mcp");
+            registry_cfg.mcp.scratch_dir = default_mcp_scratch(&cfg.storage.data_dir)?;
         }
         let reg = match &pg {
             Some(db) => {
@@ -883,5 +883,75 @@ mod tests {
         // A data directory from before the shared layout keeps its own.
         std::fs::create_dir_all(dir.path().join("ledger")).unwrap();
         assert_eq!(shared_store_path(dir.path(), ServiceKind::ALL), None);
+    }
+}
+
+/// Where stdio MCP servers' scratch directories go when the config names no
+/// place. A server may resolve its directory by absolute path (the reference
+/// filesystem server does), which the sandbox's user — 65534, when this
+/// process runs as root — cannot do under the 0700 data directory. So as
+/// root the root is a directory of this data directory's own under the
+/// system temp dir, mode 0711 (passable, not listable) and owned by root;
+/// each server's directory in it is 0700 and the server's. As another user
+/// the sandbox keeps that user, and `<data_dir>/mcp` serves.
+pub fn default_mcp_scratch(data_dir: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    if !rustix::process::geteuid().is_root() {
+        return Ok(data_dir.join("mcp"));
+    }
+    let absolute = std::path::absolute(data_dir)?;
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(absolute.as_os_str().as_encoded_bytes());
+    let tag: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    let dir = std::env::temp_dir().join(format!("switchyard-mcp-{tag}"));
+    match std::fs::DirBuilder::new().create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => anyhow::bail!("making the MCP scratch root {}: {e}", dir.display()),
+    }
+    // The temp dir is everyone's: a directory someone else made (or a link)
+    // in our place is refused, never used.
+    let meta = std::fs::symlink_metadata(&dir)?;
+    if !meta.is_dir() || meta.uid() != 0 {
+        anyhow::bail!(
+            "{} is not a directory of root's: remove it, or set registry.mcp.scratch_dir",
+            dir.display()
+        );
+    }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
+    Ok(dir)
+}
+
+#[cfg(test)]
+mod scratch_tests {
+    use super::default_mcp_scratch;
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+
+    #[test]
+    fn stdio_mcp_servers_get_a_scratch_root_their_sandbox_user_can_pass() {
+        let data = tempfile::tempdir().expect("tempdir");
+        let root = default_mcp_scratch(data.path()).expect("a scratch root");
+        if !rustix::process::geteuid().is_root() {
+            assert_eq!(root, data.path().join("mcp"));
+            return;
+        }
+        // Not under the 0700 data dir; passable by others, not listable.
+        assert!(!root.starts_with(data.path()), "{}", root.display());
+        let meta = std::fs::metadata(&root).expect("made");
+        assert_eq!((meta.permissions().mode() & 0o777, meta.uid()), (0o711, 0));
+        // The same data dir, the same root; another data dir, another.
+        assert_eq!(default_mcp_scratch(data.path()).expect("again"), root);
+        let other = tempfile::tempdir().expect("tempdir");
+        let elsewhere = default_mcp_scratch(other.path()).expect("another root");
+        assert_ne!(elsewhere, root);
+        // Someone else's directory in its place is refused, not used.
+        std::fs::remove_dir(&elsewhere).expect("empty");
+        std::os::unix::fs::symlink(data.path(), &elsewhere).expect("a link in its place");
+        let refused = default_mcp_scratch(other.path()).expect_err("a link is refused");
+        assert!(
+            refused.to_string().contains("not a directory of root's"),
+            "{refused}"
+        );
+        std::fs::remove_file(&elsewhere).expect("cleanup");
+        std::fs::remove_dir(&root).expect("cleanup");
     }
 }

@@ -352,13 +352,11 @@ fn mcp_servers() -> std::path::PathBuf {
 
 #[test]
 fn mcp_tools_and_a2a_agents_serve_tasks_and_declarative_agents_across_processes() {
-    use std::os::unix::fs::PermissionsExt;
     let (script, llm_url, _stop) = scripted();
     let dir = tempfile::tempdir().unwrap();
-    // The stdio server's scratch directory must be reachable by the
-    // sandbox's user: not under the 0700 temporary directory.
-    let scratch = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The stdio server's scratch directory is the default one: reachable by
+    // the sandbox's user although the data directory is 0700 (the README's
+    // MCP session, which broke when it was under it).
     let servers = mcp_servers();
     let config = dir.path().join("switchyard.toml");
     std::fs::write(
@@ -374,10 +372,8 @@ models = [
 ]
 
 [registry.mcp]
-scratch_dir = "{scratch}"
 read_paths = ["/usr", "/lib", "/lib64", "/bin", "/etc/ld.so.cache", "/etc/ssl/openssl.cnf", "{servers}"]
 "#,
-            scratch = scratch.path().display(),
             servers = servers.display(),
         ),
     )
@@ -467,7 +463,8 @@ read_paths = ["/usr", "/lib", "/lib64", "/bin", "/etc/ld.so.cache", "/etc/ssl/op
         "{got}"
     );
     assert_eq!(results[1]["result"]["content"], "ship in March");
-    let note = scratch.path().join("fs/notes.txt");
+    let scratch = switchyard_cli::node::default_mcp_scratch(&dir.path().join("core")).unwrap();
+    let note = scratch.join("fs/notes.txt");
     assert_eq!(std::fs::read_to_string(&note).unwrap(), "ship in March");
 
     // 2. The declarative reader (in the agents process) may read, not
