@@ -135,6 +135,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
         "LedgerService/GetBudget",
         "LedgerService/ListBudgets",
         "LedgerService/ListEntries",
+        "LedgerService/Report",
         "LedgerService/EstimateCost",
         "LedgerService/Watch",
     ];
@@ -184,6 +185,8 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
             add(&["ApprovalService/ListAudit", "RouterService/Route"]);
         }
         "operator" | "admin" => {
+            // `GET /metrics` on every port (the HTTP door's matrix).
+            add(&["metrics.read"]);
             add(READ_AGENTS);
             add(READ_RUNS);
             add(READ_JOBS);

@@ -689,6 +689,8 @@ async fn resp_framing_holds_pipelines_partial_reads_bad_frames_and_huge_lengths(
 
 /// The gRPC call each gateway route and verb stands for.
 pub(crate) const DOOR_RPCS: &[(&str, &str)] = &[
+    // Not an RPC: the permission itself (operators and admins).
+    ("GET /metrics", "metrics.read"),
     ("POST /aitp/tasks", "JobService/SubmitJob"),
     ("GET /aitp/tasks/{task_id}", "JobService/GetJob"),
     ("GET /aitp/tasks/{task_id}/result", "JobService/GetResult"),
@@ -761,6 +763,8 @@ pub(crate) const DOOR_RPCS: &[(&str, &str)] = &[
     ("POST /ui/submit", "JobService/SubmitJob"),
     ("GET /ui/budgets", "LedgerService/ListBudgets"),
     ("GET /ui/agents", "RegistryService/ListAgents"),
+    // Any signed-in person: each list it watches is read as them.
+    ("GET /ui/live", "AuthService/WhoAmI"),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

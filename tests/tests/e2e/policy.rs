@@ -303,13 +303,14 @@ permit(principal, action == Action::"spend", resource == Model::"gpt-4o");"#,
         ),
         "{page}"
     );
-    // "tight" ($0.000020) cannot hold the estimate ($0.002425).
+    // "tight" ($0.000020) cannot hold the estimate ($0.002425): said on
+    // its line of the budget chain (the card's lead names it too).
     let tight = page
-        .find("<code>tight</code>")
-        .expect("the tight budget is shown");
+        .find("<code>tight</code></a>")
+        .expect("the tight budget is in the chain");
     let line = &page[tight..tight + page[tight..].find("</p>").unwrap_or(0)];
     assert!(
-        line.contains("does not fit: $0.002425 asked, $0.000020 left"),
+        line.contains("does not fit: $0.002425 asked, $0.00002 left"),
         "{line}"
     );
     e.stack.stop().await.expect("stopped");
