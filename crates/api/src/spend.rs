@@ -17,6 +17,29 @@ use tonic::Status;
 
 use crate::LedgerClient;
 
+/// What a spend report's group reads as when its charges did not say
+/// (an empty key): the CLI's tables and the console say the same.
+pub fn unnamed_group(by: switchyard_proto::ledger::v1::GroupBy) -> &'static str {
+    use switchyard_proto::ledger::v1::GroupBy;
+    match by {
+        GroupBy::Model => "(no model)",
+        GroupBy::Capability => "(no capability)",
+        GroupBy::Job => "(outside a job)",
+        GroupBy::Agent => "(no agent)",
+        _ => "(unknown)",
+    }
+}
+
+/// A report bucket's length as a word (`minute`, `hour`, `day`).
+pub fn interval_name(i: switchyard_proto::ledger::v1::Interval) -> &'static str {
+    use switchyard_proto::ledger::v1::Interval;
+    match i {
+        Interval::Minute => "minute",
+        Interval::Hour => "hour",
+        _ => "day",
+    }
+}
+
 /// The journal entry of one LLM call: prompt and completion tokens priced
 /// apart, so `input × input_price + output × output_price` is the line's
 /// total; `units` is their sum and `price_per_unit` the effective price

@@ -154,28 +154,13 @@ pub enum ReportInterval {
     Day,
 }
 
-/// What a group key of `by` says when the charges did not say.
-fn unnamed(by: GroupBy) -> &'static str {
-    match by {
-        GroupBy::Model => "(no model)",
-        GroupBy::Capability => "(no capability: llm, command or conversation tasks)",
-        GroupBy::Job => "(outside a job)",
-        GroupBy::Agent => "(no agent)",
-        _ => "(unknown)",
-    }
-}
-
 /// Prints a spend report.
 fn print_report(conn: &Conn, r: &ReportResponse) {
     let at = |t: &Option<prost_types::Timestamp>| {
         switchyard_kit::time::utc(t.as_ref().map_or(0, switchyard_kit::time::timestamp_ms))
     };
     let by = r.group_by();
-    let interval = match r.interval() {
-        Interval::Minute => "minute",
-        Interval::Hour => "hour",
-        _ => "day",
-    };
+    let interval = switchyard_api::spend::interval_name(r.interval());
     match conn.output {
         Format::Json => print_json(&json!({
             "since": at(&r.since),
@@ -204,7 +189,7 @@ fn print_report(conn: &Conn, r: &ReportResponse) {
                         let cost = micro(&g.cost);
                         vec![
                             if g.key.is_empty() {
-                                unnamed(by).into()
+                                switchyard_api::spend::unnamed_group(by).into()
                             } else {
                                 g.key.clone()
                             },

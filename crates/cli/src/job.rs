@@ -270,16 +270,14 @@ fn created(j: &Job) -> String {
 /// How long `j` ran: started to finished, or to `now_ms` while running
 /// (`running 12.3 s`); `-` before it starts.
 fn took(j: &Job, now_ms: u64) -> String {
-    let ms =
-        |t: &Option<prost_types::Timestamp>| t.as_ref().map(switchyard_kit::time::timestamp_ms);
-    match (ms(&j.started_at), ms(&j.finished_at)) {
-        (Some(s), Some(f)) => switchyard_kit::time::human_duration(f.saturating_sub(s)),
-        (Some(s), None) => format!(
-            "running {}",
-            switchyard_kit::time::human_duration(now_ms.saturating_sub(s))
-        ),
-        (None, Some(_)) => "never started".into(),
-        (None, None) => "-".into(),
+    let ms = |t: &Option<prost_types::Timestamp>| {
+        t.as_ref().map_or(0, switchyard_kit::time::timestamp_ms)
+    };
+    let (start, end) = (ms(&j.started_at), ms(&j.finished_at));
+    match switchyard_kit::time::ran_for(start, end, now_ms) {
+        Some(took) => took,
+        None if end > 0 => "never started".into(),
+        None => "-".into(),
     }
 }
 

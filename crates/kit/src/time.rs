@@ -100,6 +100,20 @@ pub fn human_duration(ms: u64) -> String {
     }
 }
 
+/// How long something that started at `start_ms` ran: to `end_ms`, or,
+/// while it runs (`end_ms` 0), to `now_ms` as `running 3.2 s`; `None`
+/// before it starts (`start_ms` 0).
+pub fn ran_for(start_ms: u64, end_ms: u64, now_ms: u64) -> Option<String> {
+    match (start_ms, end_ms) {
+        (0, _) => None,
+        (s, 0) => Some(format!(
+            "running {}",
+            human_duration(now_ms.saturating_sub(s))
+        )),
+        (s, e) => Some(human_duration(e.saturating_sub(s))),
+    }
+}
+
 /// A time a person types, as epoch milliseconds: `now`; an age, that long
 /// before `now_ms` (`90s`, `30m`, `12h`, `7d`, `2w`); a UTC date
 /// (`2026-11-29`, its midnight); or a UTC time (`2026-11-29T14:00:00Z`,

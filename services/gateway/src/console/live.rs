@@ -106,7 +106,10 @@ pub(crate) async fn live(
                 tokio::time::sleep(PERIOD).await;
             }
             let mut events = Vec::new();
-            if let Some(count) = inbox_count(&c, &caller).await
+            // One read of the inbox a poll: the badge, and the inbox
+            // page's list when that is the page listening.
+            let inbox = inbox(&c, &caller).await;
+            if let Some(count) = inbox.as_ref().map(|i| i.count.clone())
                 && seen.count.as_deref() != Some(count.as_str())
             {
                 events.push(
@@ -116,7 +119,11 @@ pub(crate) async fn live(
                 );
                 seen.count = Some(count);
             }
-            if let Some(print) = fingerprint(&c, &caller, page).await {
+            let print = match page {
+                ConsolePage::Inbox => inbox.map(|i| i.print),
+                _ => fingerprint(&c, &caller, page).await,
+            };
+            if let Some(print) = print {
                 if seen.page.is_some_and(|p| p != print) {
                     events.push(
                         Event::default()
@@ -141,58 +148,64 @@ pub(crate) async fn live(
         .into_response()
 }
 
-/// How many decisions and answers wait in the person's inbox, as the badge
-/// shows it (`"3"`, `"500+"`); `None` when they have no inbox or it
-/// cannot be read now.
-pub(crate) async fn inbox_count(c: &Console, caller: &Caller) -> Option<String> {
+/// What waits in the person's inbox.
+struct Inbox {
+    /// How many decisions and answers, as the badge shows it.
+    count: String,
+    /// A hash of which runs (and who approved them so far) and steps.
+    print: u64,
+}
+
+/// The badge's words for `n` waiting (`"3"`), `more` when there are more
+/// than were counted (`"500+"`).
+pub(crate) fn badge(n: usize, more: bool) -> String {
+    if more { format!("{n}+") } else { n.to_string() }
+}
+
+/// The person's inbox: the runs waiting for a decision (the first
+/// [`MAX_COUNTED`]) and the steps waiting for their answer; `None` when
+/// they have no inbox or it cannot be read now.
+async fn inbox(c: &Console, caller: &Caller) -> Option<Inbox> {
     if !caller.principal.may(Permission::RunRead) {
         return None;
     }
-    let listed = proposed(c, caller).await?;
-    let inputs = if caller.principal.may(Permission::JobAnswer) {
-        c.jobs
-            .input_requests(caller, "")
-            .await
-            .map_or(0, |r| r.requests.len())
-    } else {
-        0
-    };
-    let n = listed.runs.len() + inputs;
-    Some(if listed.next_page_token.is_empty() {
-        n.to_string()
-    } else {
-        format!("{n}+")
-    })
-}
-
-/// The runs waiting for a decision that the person sees (the first
-/// [`MAX_COUNTED`]); `None` when they cannot be read now.
-async fn proposed(c: &Console, caller: &Caller) -> Option<ap::ListRunsResponse> {
     let approvals = c.services.approval.as_ref()?;
     let req = ap::ListRunsRequest {
         statuses: vec![ap::RunStatus::Proposed as i32],
         page_size: MAX_COUNTED,
         ..Default::default()
     };
-    as_caller!(ApprovalClient, approvals, caller, list_runs, req).ok()
+    let listed = as_caller!(ApprovalClient, approvals, caller, list_runs, req).ok()?;
+    let inputs = if caller.principal.may(Permission::JobAnswer) {
+        c.jobs
+            .input_requests(caller, "")
+            .await
+            .map_or_else(|_| Vec::new(), |r| r.requests)
+    } else {
+        Vec::new()
+    };
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for r in &listed.runs {
+        (&r.run_id, &r.approved_by).hash(&mut h);
+    }
+    for r in &inputs {
+        (&r.job_id, &r.task_id).hash(&mut h);
+    }
+    Some(Inbox {
+        count: badge(
+            listed.runs.len() + inputs.len(),
+            !listed.next_page_token.is_empty(),
+        ),
+        print: h.finish(),
+    })
 }
 
 /// A hash of what `page` lists, as the person sees it; `None` for a page
-/// with no list, or when it cannot be read now.
+/// with no list (the inbox's comes with its count), or when it cannot be
+/// read now.
 async fn fingerprint(c: &Console, caller: &Caller, page: ConsolePage) -> Option<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     match page {
-        ConsolePage::Inbox => {
-            let listed = proposed(c, caller).await?;
-            for r in &listed.runs {
-                (&r.run_id, &r.approved_by).hash(&mut h);
-            }
-            if let Ok(inputs) = c.jobs.input_requests(caller, "").await {
-                for r in &inputs.requests {
-                    (&r.job_id, &r.task_id).hash(&mut h);
-                }
-            }
-        }
         ConsolePage::Jobs => {
             let req = ListJobsRequest {
                 page_size: 50,
@@ -245,7 +258,7 @@ async fn fingerprint(c: &Console, caller: &Caller, page: ConsolePage) -> Option<
                 (id, a.status, a.in_flight, a.stats.len()).hash(&mut h);
             }
         }
-        ConsolePage::Other => return None,
+        ConsolePage::Inbox | ConsolePage::Other => return None,
     }
     Some(h.finish())
 }

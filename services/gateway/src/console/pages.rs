@@ -548,12 +548,10 @@ pub(crate) async fn inbox(
         _ => None,
     };
     let inputs = input_cards(&c, &caller, "").await;
-    let count = cards.len() + inputs.len();
-    let inbox_count = if listed.next_page_token.is_empty() {
-        count.to_string()
-    } else {
-        format!("{count}+")
-    };
+    let inbox_count = super::live::badge(
+        cards.len() + inputs.len(),
+        !listed.next_page_token.is_empty(),
+    );
     Ok(page(
         "inbox.html",
         base,
@@ -1101,11 +1099,7 @@ pub(crate) async fn job(
             "dag": views::dag(&tasks),
             "waterfall": views::waterfall(&j, &calls_of(&c, &caller, &spec.job_id, j.last_sequence).await, now),
             "decision": decision,
-            "duration": (started > 0).then(|| if ended > 0 {
-                switchyard_kit::time::human_duration(ended.saturating_sub(started))
-            } else {
-                format!("running {}", switchyard_kit::time::human_duration(now.saturating_sub(started)))
-            }),
+            "duration": switchyard_kit::time::ran_for(started, ended, now),
             "tasks": tasks,
             "inputs": input_cards(&c, &caller, &spec.job_id).await,
             "events_url": format!("/ui/jobs/{}/events", encode(&spec.job_id)),

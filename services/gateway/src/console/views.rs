@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 use switchyard_proto::common::v1::Money;
 use switchyard_proto::executor::v1::{Job, TaskSpec, TaskStatus, task_spec};
-use switchyard_proto::ledger::v1::{Budget, Entry, GroupBy, Interval, ReportResponse, SpendBucket};
+use switchyard_proto::ledger::v1::{Budget, Entry, ReportResponse, SpendBucket};
 
 /// Money as people read it — dollars to the nearest cent from a cent up
 /// (`$0.03`, `$1,234.50`), the exact figure below a cent (`$0.00002`) —
@@ -198,7 +198,7 @@ pub fn tasks(job: &Job, now_ms: u64) -> Vec<Value> {
                 "error": st.map_or("", |t| t.error.as_str()),
                 "started": when(ts(|t| t.started_at.as_ref()), now_ms),
                 "finished": when(ts(|t| t.finished_at.as_ref()), now_ms),
-                "duration": took(ts(|t| t.started_at.as_ref()), ts(|t| t.finished_at.as_ref()), now_ms),
+                "duration": switchyard_kit::time::ran_for(ts(|t| t.started_at.as_ref()), ts(|t| t.finished_at.as_ref()), now_ms),
                 "output": output,
                 "input": input,
                 "cut": cut,
@@ -214,20 +214,6 @@ pub fn run_status(s: i32) -> String {
         .map_or("unknown", |s| s.as_str_name())
         .trim_start_matches("RUN_STATUS_")
         .to_ascii_lowercase()
-}
-
-/// How long something that started at `start` ran: to `end`, or to
-/// `now_ms` while it runs ("running 3.2 s"); `None` before it starts.
-fn took(start: u64, end: u64, now_ms: u64) -> Value {
-    match (start, end) {
-        (0, _) => Value::Null,
-        (s, 0) => format!(
-            "running {}",
-            switchyard_kit::time::human_duration(now_ms.saturating_sub(s))
-        )
-        .into(),
-        (s, e) => switchyard_kit::time::human_duration(e.saturating_sub(s)).into(),
-    }
 }
 
 /// One bar of the waterfall: start and end (ms), its title and tone.
@@ -616,17 +602,6 @@ pub fn unit_price(micro_usd_per_million: i64) -> Value {
     v
 }
 
-/// How a report's group key reads when the charges did not say.
-fn unnamed(by: GroupBy) -> &'static str {
-    match by {
-        GroupBy::Model => "(no model)",
-        GroupBy::Capability => "(no capability)",
-        GroupBy::Job => "(outside a job)",
-        GroupBy::Agent => "(no agent)",
-        _ => "(unknown)",
-    }
-}
-
 /// A spend report for the page: its groups with their share of the total,
 /// and its buckets as bars (each bucket one bar whatever the spread of
 /// times inside it, so spend all in one second is one bar, not a line).
@@ -646,7 +621,7 @@ pub fn report(r: &ReportResponse, now_ms: u64) -> Value {
             };
             json!({
                 "key": g.key,
-                "label": if g.key.is_empty() { unnamed(by).to_owned() } else { g.key.clone() },
+                "label": if g.key.is_empty() { switchyard_api::spend::unnamed_group(by).to_owned() } else { g.key.clone() },
                 "cost": money(cost),
                 "tokens": g.tokens,
                 "entries": g.entries,
@@ -693,11 +668,7 @@ pub fn report(r: &ReportResponse, now_ms: u64) -> Value {
             })
         })
         .collect();
-    let interval = match r.interval() {
-        Interval::Minute => "minute",
-        Interval::Hour => "hour",
-        _ => "day",
-    };
+    let interval = switchyard_api::spend::interval_name(r.interval());
     let since = r
         .since
         .as_ref()
@@ -729,6 +700,7 @@ const CHART_H: f64 = 160.0;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use switchyard_proto::ledger::v1::{GroupBy, Interval};
 
     #[test]
     fn money_shows_dollars_and_keeps_the_exact_micro_usd_figure() {
