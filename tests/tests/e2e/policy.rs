@@ -8,7 +8,7 @@ use switchyard_proto::approval::v1::{ApproveRequest, RunStatus};
 use switchyard_proto::executor::v1::{GetJobRequest, JobState, ValidateJobRequest};
 use tonic::Code;
 
-use crate::common::{approve_as, finish, id, new_approver, run_of, submit, until_event};
+use crate::common::{approve_as, awaiting_call, finish, id, new_approver, run_of, submit};
 use crate::llm::{Provider, env, provide, task};
 use crate::tool_approval::pending_calls;
 
@@ -128,21 +128,13 @@ async fn policies_forbid_a_submission_a_tool_call_by_its_arguments_and_ask_two_p
     )
     .await
     .unwrap();
-    let waiting = until_event(&mut e.jobs, "tidy", "task.awaiting_approval").await;
+    let waiting = awaiting_call(&mut e.jobs, &e.stack, "tidy").await;
     let run_id = waiting["run_id"].as_str().unwrap().to_owned();
-    // The wait is recorded before its run is proposed: wait (bounded) for it.
-    let mut proposed = None;
-    for _ in 0..400 {
-        proposed = pending_calls(&e.stack, "bob")
-            .await
-            .into_iter()
-            .find(|r| r.run_id == run_id);
-        if proposed.is_some() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
-    let run = proposed.expect("the call's run is proposed within 10 s");
+    let run = pending_calls(&e.stack, "bob")
+        .await
+        .into_iter()
+        .find(|r| r.run_id == run_id)
+        .expect("the call's run is in bob's list");
     let call = run.tool_call.clone().unwrap();
     assert_eq!(call.tool, "delete_repo");
     let p = run.policy.clone().unwrap();

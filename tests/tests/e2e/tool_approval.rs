@@ -18,7 +18,10 @@ use switchyard_proto::executor::v1::{CancelJobRequest, GetArtifactRequest, JobSt
 use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
 use switchyard_testkit::Stack;
 
-use crate::common::{self, Jobs, approvals_as, budget, finish, id, run_of, submit, until_event};
+use crate::common::{
+    self, Jobs, approvals_as, awaiting_call, budget, finish, id, proposed_run, run_of, submit,
+    until_event,
+};
 use crate::console::as_session;
 use crate::llm::{Provider, env, events, provide, task};
 
@@ -143,7 +146,7 @@ async fn a_gated_call_waits_holding_no_budget_until_bob_approves_and_carol_downl
         &["propose_changeset_bundle"],
     );
     let job = submit(&mut carol, &doc).await.unwrap();
-    let waiting = until_event(&mut carol, "gated-ok", "task.awaiting_approval").await;
+    let waiting = awaiting_call(&mut carol, &e.stack, "gated-ok").await;
     assert_eq!(waiting["tool"], "deploy");
     assert_eq!(waiting["arguments"], r#"{"q":"prod"}"#);
     assert_eq!(
@@ -294,7 +297,7 @@ async fn a_rejected_call_does_not_run_and_the_model_is_told_why_and_goes_on() {
     // Not marked in the job: the executor's policy pattern gates it.
     let doc = gated_job("gated-no", "m-gate-reject", false, "file", &[]);
     let job = submit(&mut e.jobs, &doc).await.unwrap();
-    let waiting = until_event(&mut e.jobs, "gated-no", "task.awaiting_approval").await;
+    let waiting = awaiting_call(&mut e.jobs, &e.stack, "gated-no").await;
     approvals_as(&e.stack, "bob")
         .await
         .reject(RejectRequest {
@@ -339,7 +342,7 @@ async fn an_undecided_call_times_out_as_a_rejection_and_its_run_is_withdrawn() {
     );
     let doc = gated_job("gated-late", "m-gate-timeout", true, "file", &[]);
     let job = submit(&mut e.jobs, &doc).await.unwrap();
-    let waiting = until_event(&mut e.jobs, "gated-late", "task.awaiting_approval").await;
+    let waiting = awaiting_call(&mut e.jobs, &e.stack, "gated-late").await;
     let r = finish(&mut e.jobs, &id(&job)).await;
     assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
     assert_eq!(
@@ -370,7 +373,7 @@ async fn cancelling_a_job_withdraws_its_waiting_call() {
     mark_risky(&e.stack, "deploy").await;
     let doc = gated_job("gated-cancel", "m-gate-cancel", false, "file", &[]);
     let job = submit(&mut e.jobs, &doc).await.unwrap();
-    let waiting = until_event(&mut e.jobs, "gated-cancel", "task.awaiting_approval").await;
+    let waiting = awaiting_call(&mut e.jobs, &e.stack, "gated-cancel").await;
     e.jobs
         .cancel_job(CancelJobRequest {
             job_id: "gated-cancel".into(),
@@ -490,6 +493,8 @@ async fn a_restart_while_a_call_awaits_keeps_it_waiting_and_approval_resumes_the
         task_state(&mut jobs, "gated-restart", "fix").await,
         TaskState::AwaitingApproval
     );
+    // The resumed attempt proposes the same run again (idempotently).
+    proposed_run(&stack, &run_id).await;
     let calls = pending_calls(&stack, "bob").await;
     assert_eq!(
         calls.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(),
@@ -695,7 +700,7 @@ async fn an_agent_offered_as_a_tool_above_the_price_rule_waits_for_a_person() {
     if job.state == JobState::Pending as i32 {
         crate::common::approve(&e.stack, &job.run_id).await;
     }
-    let waiting = until_event(&mut e.jobs, "gated-price", "task.awaiting_approval").await;
+    let waiting = awaiting_call(&mut e.jobs, &e.stack, "gated-price").await;
     assert_eq!(waiting["tool"], "agent_pricey");
     // The approver sees what the call costs.
     let call = run_of(&e.stack, waiting["run_id"].as_str().unwrap()).await;
@@ -773,7 +778,7 @@ async fn editing_a_gated_call_into_another_gated_tool_needs_that_tools_own_decis
     let job = submit(&mut e.jobs, &two_tools_job("edit-bypass", "m-edit-bypass"))
         .await
         .unwrap();
-    let first = until_event(&mut e.jobs, "edit-bypass", "task.awaiting_approval").await;
+    let first = awaiting_call(&mut e.jobs, &e.stack, "edit-bypass").await;
     let first_run = first["run_id"].as_str().unwrap().to_owned();
     approvals_as(&e.stack, "bob")
         .await
@@ -888,7 +893,7 @@ async fn an_approvers_edit_runs_as_changed_within_the_tasks_tools_and_the_model_
     }
     let bob = approvals_as(&e.stack, "bob").await;
     // Other arguments for the same tool: approved as edited, it runs once.
-    let waiting = until_event(&mut e.jobs, "edit-args", "task.awaiting_approval").await;
+    let waiting = awaiting_call(&mut e.jobs, &e.stack, "edit-args").await;
     let run_id = waiting["run_id"].as_str().unwrap().to_owned();
     let bad = bob
         .clone()
@@ -941,7 +946,7 @@ async fn an_approvers_edit_runs_as_changed_within_the_tasks_tools_and_the_model_
     assert_eq!(receipt["receipt"]["policy"]["version"], decided.version);
     assert_eq!(receipt["receipt"]["policy"]["effect"], "default");
     // A tool the task does not offer: nothing runs.
-    let waiting = until_event(&mut e.jobs, "edit-gone", "task.awaiting_approval").await;
+    let waiting = awaiting_call(&mut e.jobs, &e.stack, "edit-gone").await;
     bob.clone()
         .approve(ApproveRequest {
             run_id: waiting["run_id"].as_str().unwrap().into(),
@@ -1001,7 +1006,7 @@ async fn an_approver_edits_a_gated_call_in_the_console_and_it_runs_as_changed() 
     )
     .await
     .unwrap();
-    let waiting = until_event(&mut e.jobs, "edit-console", "task.awaiting_approval").await;
+    let waiting = awaiting_call(&mut e.jobs, &e.stack, "edit-console").await;
     let run_id = waiting["run_id"].as_str().unwrap().to_owned();
     let s = &e.stack;
     let base = format!("http://{}", s.http.unwrap());

@@ -191,6 +191,15 @@ pub async fn proposed_run(s: &Stack, run_id: &str) -> switchyard_proto::approval
     panic!("run {run_id} was not proposed within 10 s");
 }
 
+/// The `task.awaiting_approval` event of `job_id`, once its call's run is
+/// proposed: the wait is recorded durably before the run is proposed, so the
+/// event alone does not mean a person can decide yet.
+pub async fn awaiting_call(c: &mut Jobs, s: &Stack, job_id: &str) -> serde_json::Value {
+    let waiting = until_event(c, job_id, "task.awaiting_approval").await;
+    proposed_run(s, waiting["run_id"].as_str().unwrap_or_default()).await;
+    waiting
+}
+
 /// Approves a run as bob, the stack's approver.
 pub async fn approve(s: &Stack, run_id: &str) {
     let req = switchyard_proto::approval::v1::ApproveRequest {
