@@ -1034,12 +1034,14 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
                     for p in &v.policies {
                         println!(
                             "policy         {} {}: {}",
-                            p.action, p.resource, p.explanation
+                            p.action,
+                            crate::policy::decided_on(p),
+                            p.explanation
                         );
                     }
                     println!("order          {}", v.order.join(" -> "));
                     println!(
-                        "worst case     {} , {} tokens",
+                        "worst case     {}, {} tokens",
                         v.estimated_cost
                             .map_or("unknown (needs a person to approve)".into(), |m| usd(
                                 m.micro_usd

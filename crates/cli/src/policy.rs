@@ -227,11 +227,7 @@ async fn explain_document(
                 .map(|p| {
                     vec![
                         p.action.clone(),
-                        if p.resource.is_empty() {
-                            "(new job)".into()
-                        } else {
-                            p.resource.clone()
-                        },
+                        decided_on(p).to_owned(),
                         p.effect.clone(),
                         p.explanation.clone(),
                     ]
@@ -356,4 +352,14 @@ async fn explain_run(id: &str, conn: &Conn) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// What a decision was taken on, in words: a submission's decision has no
+/// resource yet (the job does not exist), so it reads "(new job)".
+pub(crate) fn decided_on(p: &switchyard_proto::common::v1::PolicyDecision) -> &str {
+    if p.resource.is_empty() {
+        "(new job)"
+    } else {
+        &p.resource
+    }
 }
