@@ -76,7 +76,7 @@ pub enum ApprovalCmd {
         /// must allow it.
         #[arg(long, default_value = "file")]
         kind: String,
-        /// File name of that artifact (default result.md).
+        /// File name of that artifact (default: the file's own name).
         #[arg(long)]
         name: Option<String>,
         /// Its media type (default text/markdown).
@@ -806,7 +806,13 @@ pub async fn run(cmd: ApprovalCmd) -> anyhow::Result<()> {
                     content,
                     context_hash,
                     kind: switchyard_api::artifacts::proto_kind(kind) as i32,
-                    name: name.unwrap_or_default(),
+                    // Kept under the name the person gave the file, unless
+                    // told otherwise (the server's default is result.md).
+                    name: name.unwrap_or_else(|| {
+                        file.file_name()
+                            .map(|n| n.to_string_lossy().into_owned())
+                            .unwrap_or_default()
+                    }),
                     media_type: media_type.unwrap_or_default(),
                 })
                 .await
