@@ -15,7 +15,7 @@ pub enum AdminCmd {
     /// ago than `--older-than`; running and waiting jobs are never touched.
     /// A tenant admin prunes that tenant's jobs; the service token, all.
     Prune {
-        /// Age, like 30d, 12h, 45m or 90s.
+        /// Age, like 2w, 30d, 12h, 45m or 90s.
         #[arg(long, value_parser = parse_age)]
         older_than: u64,
         #[command(flatten)]
@@ -23,24 +23,20 @@ pub enum AdminCmd {
     },
 }
 
-/// Seconds from `30d`, `12h`, `45m` or `90s`.
+/// Seconds from an age a person types: `2w`, `30d`, `12h`, `45m`, `90s` (a
+/// bare number is seconds); at least a second.
 pub(crate) fn parse_age(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("{s:?} is not an age: write a number and a unit, like 30d or 12h"))?;
-    let per = match unit {
-        "d" => 86_400,
-        "h" => 3_600,
-        "m" => 60,
-        "s" | "" => 1,
-        other => return Err(format!("unknown unit {other:?}: use d, h, m or s")),
+    let t = s.trim();
+    let secs = if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        t.parse::<u64>()
+            .map_err(|_| format!("{t:?} is too long an age"))?
+    } else {
+        switchyard_kit::time::parse_span(t)? / 1000
     };
-    n.checked_mul(per)
-        .filter(|s| *s >= 1)
-        .ok_or_else(|| format!("{s:?} must be at least 1s and fit in 64 bits"))
+    if secs == 0 {
+        return Err(format!("{t:?} must be at least 1s"));
+    }
+    Ok(secs)
 }
 
 pub async fn run(cmd: AdminCmd) -> anyhow::Result<()> {
@@ -59,8 +55,11 @@ pub async fn run(cmd: AdminCmd) -> anyhow::Result<()> {
             match conn.output {
                 Format::Json => print_json(&json!({"jobs": out.jobs, "records": out.records})),
                 _ => println!(
-                    "pruned {} finished jobs ({} event records) older than {older_than}s",
-                    out.jobs, out.records
+                    "pruned {} finished job{} ({} event records) older than {}",
+                    out.jobs,
+                    if out.jobs == 1 { "" } else { "s" },
+                    out.records,
+                    switchyard_kit::time::span_words(older_than.saturating_mul(1000))
                 ),
             }
             Ok(())
@@ -78,7 +77,9 @@ mod tests {
         assert_eq!(parse_age("12h"), Ok(43_200));
         assert_eq!(parse_age("90"), Ok(90));
         assert!(parse_age("0s").is_err());
-        assert!(parse_age("3w").unwrap_err().contains("unknown unit"));
+        assert_eq!(parse_age("3w"), Ok(3 * 7 * 86_400));
+        assert!(parse_age("3y").unwrap_err().contains("unknown unit"));
+        assert!(parse_age("500ms").unwrap_err().contains("unknown unit"));
         assert!(parse_age("soon").is_err());
     }
 }

@@ -114,6 +114,42 @@ pub fn ran_for(start_ms: u64, end_ms: u64, now_ms: u64) -> Option<String> {
     }
 }
 
+/// Units of a span a person types, longest first, with their milliseconds.
+const SPAN_UNITS: [(char, u64); 5] = [
+    ('w', 7 * 86_400_000),
+    ('d', 86_400_000),
+    ('h', 3_600_000),
+    ('m', 60_000),
+    ('s', 1000),
+];
+
+/// A span a person types — a number and a unit: `90s`, `30m`, `12h`, `7d`,
+/// `2w` — in milliseconds.
+pub fn parse_span(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(split);
+    let n: u64 = n.parse().map_err(|_| {
+        format!("{t:?} is not a length of time: write a number and a unit, like 30m, 7d or 2w")
+    })?;
+    let per = SPAN_UNITS
+        .iter()
+        .find(|(u, _)| unit.len() == 1 && unit.starts_with(*u))
+        .map(|(_, ms)| *ms)
+        .ok_or_else(|| format!("unknown unit {unit:?} in {t:?}: use w, d, h, m or s"))?;
+    n.checked_mul(per)
+        .ok_or_else(|| format!("{t:?} is too long a span"))
+}
+
+/// A span in its largest whole unit, as a person would type it: `30d`,
+/// `2w`, `90s`.
+pub fn span_words(ms: u64) -> String {
+    SPAN_UNITS
+        .iter()
+        .find(|(_, per)| ms > 0 && ms % per == 0)
+        .map_or_else(|| format!("{ms}ms"), |(u, per)| format!("{}{u}", ms / per))
+}
+
 /// A time a person types, as epoch milliseconds: `now`; an age, that long
 /// before `now_ms` (`90s`, `30m`, `12h`, `7d`, `2w`); a UTC date
 /// (`2026-11-29`, its midnight); or a UTC time (`2026-11-29T14:00:00Z`,
@@ -128,20 +164,15 @@ pub fn parse_instant(s: &str, now_ms: u64) -> Result<u64, String> {
     if t.eq_ignore_ascii_case("now") {
         return Ok(now_ms);
     }
-    if let Some(unit) = t.chars().last().filter(|c| c.is_ascii_alphabetic())
-        && t.len() > 1
-        && t[..t.len() - 1].bytes().all(|b| b.is_ascii_digit())
+    // An age: digits and one unit letter (a UTC time ends in a letter too).
+    let (digits, last) = t.split_at(t.len().saturating_sub(1));
+    if !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && last.bytes().all(|b| b.is_ascii_alphabetic())
     {
-        let n: u64 = t[..t.len() - 1].parse().map_err(|_| bad())?;
-        let unit_ms: u64 = match unit {
-            's' => 1000,
-            'm' => 60_000,
-            'h' => 3_600_000,
-            'd' => 86_400_000,
-            'w' => 7 * 86_400_000,
-            _ => return Err(bad()),
-        };
-        return Ok(now_ms.saturating_sub(n.saturating_mul(unit_ms)));
+        return parse_span(t)
+            .map(|ms| now_ms.saturating_sub(ms))
+            .map_err(|_| bad());
     }
     let num = |r: std::ops::Range<usize>| -> Result<u32, String> {
         t.get(r)
@@ -199,6 +230,25 @@ pub fn parse_instant(s: &str, now_ms: u64) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spans_take_one_unit_and_read_back_in_their_largest() {
+        assert_eq!(parse_span("90s"), Ok(90_000));
+        assert_eq!(parse_span("2w"), Ok(14 * 86_400_000));
+        assert!(parse_span("3y").unwrap_err().contains("unknown unit"));
+        assert!(parse_span("5ms").unwrap_err().contains("unknown unit"));
+        assert!(
+            parse_span("soon")
+                .unwrap_err()
+                .contains("not a length of time")
+        );
+        assert!(parse_span("99999999999999999w").is_err());
+        assert_eq!(span_words(30 * 86_400_000), "30d");
+        assert_eq!(span_words(14 * 86_400_000), "2w");
+        assert_eq!(span_words(90_000), "90s");
+        assert_eq!(span_words(3_600_000), "1h");
+        assert_eq!(span_words(1500), "1500ms");
+    }
 
     #[test]
     fn typed_times_read_as_ages_dates_and_utc_times() {

@@ -175,7 +175,7 @@ async fn finished_jobs_leave_memory_a_restart_loads_only_live_work_and_prune_rem
     // Bad input is refused; an admin prunes the tenant's finished jobs.
     let bad = cli(&url, &["admin", "prune", "--older-than", "soon"]);
     assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("not an age"));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not a length of time"));
     let refused = cli(
         &url,
         &["admin", "prune", "--older-than", "1s", "--as", "alice"],
