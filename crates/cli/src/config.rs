@@ -274,15 +274,28 @@ mod tests {
             c.llm.providers[1].kind,
             switchyard_llm::ProviderKind::Anthropic
         );
-        let llm = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../examples/llm/switchyard.toml"
-        );
-        let c: Config = switchyard_kit::config::load(Some(std::path::Path::new(llm)), []).unwrap();
-        c.validate().unwrap();
+        // Every configuration shipped beside the LLM examples loads.
+        let llm = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/llm"));
+        let mut loaded = Vec::new();
+        for f in std::fs::read_dir(llm).unwrap() {
+            let path = f.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let c: Config = switchyard_kit::config::load(Some(&path), [])
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                c.validate()
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                loaded.push((name, c.agents.dir.clone()));
+            }
+        }
+        loaded.sort();
         assert_eq!(
-            c.agents.dir.as_deref(),
-            Some(std::path::Path::new("examples/agents"))
+            loaded,
+            [
+                ("llama.toml".to_owned(), None),
+                ("self-hosting.toml".to_owned(), Some("agents".into())),
+                ("switchyard.toml".to_owned(), Some("examples/agents".into())),
+            ]
         );
         let mcp = concat!(
             env!("CARGO_MANIFEST_DIR"),
