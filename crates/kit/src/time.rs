@@ -146,7 +146,7 @@ pub fn parse_span(s: &str) -> Result<u64, String> {
 pub fn span_words(ms: u64) -> String {
     SPAN_UNITS
         .iter()
-        .find(|(_, per)| ms > 0 && ms % per == 0)
+        .find(|(_, per)| ms > 0 && ms.is_multiple_of(*per))
         .map_or_else(|| format!("{ms}ms"), |(u, per)| format!("{}{u}", ms / per))
 }
 
