@@ -17,6 +17,7 @@
 //! - [`json`], [`time`]: protobuf `Struct`/`Timestamp`/`Duration` conversions.
 
 pub mod auth;
+pub mod chain;
 pub mod client;
 pub mod config;
 pub mod context;
