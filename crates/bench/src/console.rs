@@ -1,9 +1,10 @@
 //! The web console's pages against the same reads over gRPC, in one run
 //! (`switchyard-bench console`): an approver's inbox of 50 waiting runs —
 //! each with its job, the budget chain it draws on and the route of each
-//! task — and a job page, by 4 concurrent browsers for 3 s each, interleaved
-//! with a gRPC client making the same calls (concurrently per run, as the
-//! console does) from outside the process.
+//! task — a job page, and the budgets page (the tree of every budget and
+//! the spend report of the last hour), by 4 concurrent browsers for 3 s
+//! each, interleaved with a gRPC client making the same calls (concurrently
+//! per run, as the console does) from outside the process.
 
 use std::time::{Duration, Instant};
 
@@ -13,8 +14,8 @@ use switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClie
 use switchyard_proto::approval::v1::{ListRunsRequest, RunStatus};
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{GetJobRequest, SubmitJobRequest, task_spec};
-use switchyard_proto::ledger::v1::GetBudgetRequest;
 use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
+use switchyard_proto::ledger::v1::{GetBudgetRequest, GroupBy, ListBudgetsRequest, ReportRequest};
 use switchyard_proto::router::v1::RouteRequest;
 use switchyard_proto::router::v1::router_service_client::RouterServiceClient;
 use switchyard_testkit::Stack;
@@ -213,6 +214,42 @@ pub(crate) async fn run() -> anyhow::Result<()> {
     );
     let (c, g) = (measure(job_page).await?, measure(get_job).await?);
     report("job page (3 tasks):", "GetJob", &c, &g);
+    // The budgets page: the budgets bob may read (a page of 200), then the
+    // report.
+    let bob_ledger = LedgerServiceClient::new(s.channel_as("bob").await?);
+    let list = || ListBudgetsRequest {
+        page_size: 200,
+        ..Default::default()
+    };
+    let listed = bob_ledger
+        .clone()
+        .list_budgets(list())
+        .await?
+        .into_inner()
+        .budgets
+        .len();
+    let budgets_page = page("/ui/budgets".into());
+    let budgets_grpc = move || {
+        let mut c = bob_ledger.clone();
+        async move {
+            c.list_budgets(list()).await?;
+            let since = switchyard_kit::time::now_ms().saturating_sub(3_600_000);
+            c.report(ReportRequest {
+                since: Some(switchyard_kit::time::timestamp(since)),
+                group_by: GroupBy::Project as i32,
+                ..Default::default()
+            })
+            .await?;
+            anyhow::Ok(())
+        }
+    };
+    let (c, g) = (measure(budgets_page).await?, measure(budgets_grpc).await?);
+    report(
+        &format!("budgets page ({listed} budgets, last hour's report):"),
+        "gRPC",
+        &c,
+        &g,
+    );
     s.stop().await?;
     Ok(())
 }
