@@ -23,6 +23,7 @@ pub mod config;
 pub mod context;
 pub mod egress;
 pub mod error;
+pub mod hex;
 pub mod json;
 mod layer;
 pub mod metrics;

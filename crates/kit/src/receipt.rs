@@ -117,11 +117,7 @@ impl ReceiptKey {
 
 /// A public key's id: the first 16 hex digits of its SHA-256.
 pub fn key_id(public_key: &[u8]) -> String {
-    Sha256::digest(public_key)
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::hex::encode(&Sha256::digest(public_key)[..8])
 }
 
 /// Checks `r`'s signature under its own public key and, when `expect`

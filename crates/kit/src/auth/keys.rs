@@ -11,6 +11,7 @@ use std::sync::{Arc, RwLock};
 use sha2::{Digest, Sha256};
 
 use super::{AuthError, Kind, Method, Principal, Roles};
+use crate::hex::encode as hex;
 
 /// Prefix of every API key token.
 pub const TOKEN_PREFIX: &str = "syk_";
@@ -52,10 +53,6 @@ impl std::fmt::Debug for NewToken {
             .field("token", &"[redacted]")
             .finish()
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Makes a token from the operating system's random source.
