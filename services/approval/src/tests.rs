@@ -92,6 +92,7 @@ switchyard_testkit::on_both_backends!(
     a_publication_run_is_a_decision_bound_to_its_bytes_that_no_adapter_runs,
     the_manual_round_trip_keeps_the_pasted_result_as_an_artifact_fetched_byte_identical,
     a_pasted_result_of_a_kind_outside_outputs_allowed_is_refused_and_nothing_changes,
+    a_pasted_result_named_like_a_path_is_refused_and_nothing_changes,
     an_ojs_run_without_an_ojs_server_fails_with_adapter_not_configured,
     a_proposal_approved_at_once_is_claimed_in_the_same_change_when_asked,
     cedar_policies_permit_require_people_or_forbid_a_run_and_say_which_and_why,
@@ -1692,6 +1693,35 @@ async fn a_pasted_result_of_a_kind_outside_outputs_allowed_is_refused_and_nothin
         (refused.event_type.as_str(), refused.reason.as_str()),
         ("artifact_refused", "ARTIFACT_KIND_NOT_ALLOWED")
     );
+}
+
+async fn a_pasted_result_named_like_a_path_is_refused_and_nothing_changes(f: Fixture) {
+    let id = approved(&f.svc).await;
+    // The CLI names a pasted file after itself; a name is one plain file
+    // name whoever sends it, never a path out of the run's artifacts.
+    for name in ["../escape.md", "a/b.md", ".hidden", "notes (1).md"] {
+        let req = ImportManualResultRequest {
+            run_id: id.clone(),
+            content: "result".into(),
+            context_hash: HASH.into(),
+            name: name.into(),
+            ..Default::default()
+        };
+        let err = api(f.svc.import(req, REVIEWER).await.unwrap_err());
+        assert_eq!(
+            err.known_reason(),
+            Some(Reason::ArtifactInvalid),
+            "{name}: {err:?}"
+        );
+        assert!(
+            err.message.contains("artifact name"),
+            "{name}: {}",
+            err.message
+        );
+    }
+    let run = f.svc.get(&id).await.unwrap();
+    assert_eq!(status_of(&run), S::Approved, "still importable");
+    assert!(run.result.is_none(), "nothing kept");
 }
 
 async fn an_ojs_run_without_an_ojs_server_fails_with_adapter_not_configured(f: Fixture) {
