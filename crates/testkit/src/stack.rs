@@ -29,6 +29,10 @@ pub struct Stack {
     handle: tokio::task::JoinHandle<anyhow::Result<()>>,
     dir: tempfile::TempDir,
     tokens: std::collections::BTreeMap<String, String>,
+    /// How long stopping may take: what the configuration lets the drain
+    /// take (running attempts' grace, then the doors' drain), plus the
+    /// flush.
+    stop_within: Duration,
 }
 
 impl std::fmt::Debug for Stack {
@@ -80,6 +84,9 @@ impl Stack {
             services.insert(0, ServiceKind::Auth);
         }
         let data_dir = cfg.storage.data_dir.clone();
+        let stop_within =
+            Duration::from_millis(cfg.executor.drain_grace_ms + cfg.server.drain_timeout_ms)
+                + Duration::from_secs(10);
         let handle =
             tokio::spawn(async move { run_node(cfg, &services, listeners, shutdown).await });
         let mut stack = Stack {
@@ -91,6 +98,7 @@ impl Stack {
             handle,
             dir,
             tokens: Default::default(),
+            stop_within,
         };
         if let Err(waited) = stack.wait_serving(Duration::from_secs(10)).await {
             // A node that ended while starting says why.
@@ -226,9 +234,15 @@ impl Stack {
     /// Shuts down and waits for the drain and storage flush.
     pub async fn stop(self) -> anyhow::Result<tempfile::TempDir> {
         self.trigger.fire();
-        tokio::time::timeout(Duration::from_secs(15), self.handle)
+        let within = self.stop_within;
+        tokio::time::timeout(within, self.handle)
             .await
-            .context("stack did not stop within 15s")?
+            .with_context(|| {
+                format!(
+                    "the stack did not stop within {within:?} (its drain budget, \
+                     executor.drain_grace_ms + server.drain_timeout_ms, and 10 s to flush)"
+                )
+            })?
             .context("stack task panicked")??;
         Ok(self.dir)
     }
