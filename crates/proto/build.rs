@@ -33,6 +33,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         prost::Message::encode_to_vec(&fds),
     )?;
     tonic_prost_build::configure()
+        // Maps as BTreeMaps: a message's encoding is then one byte string
+        // (sorted keys), which the hash chains over durable logs need.
+        .btree_map(".")
         .build_server(true)
         .build_client(true)
         .compile_fds(fds)?;

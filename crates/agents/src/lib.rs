@@ -122,7 +122,7 @@ pub fn agent_spec(a: &Declared, endpoint: &str) -> AgentSpec {
             .collect(),
         trust_score: 80,
         max_concurrency: 0,
-        labels: HashMap::from([
+        labels: std::collections::BTreeMap::from([
             ("kind".to_owned(), "declarative".to_owned()),
             ("version".to_owned(), a.version.clone()),
         ]),

@@ -248,6 +248,8 @@ pub mod executor {
                 get_result(GetResultRequest) -> GetResultResponse;
                 /// PruneJobs.
                 prune_jobs(PruneJobsRequest) -> PruneJobsResponse;
+                /// VerifyJournals.
+                verify_journals(VerifyJournalsRequest) -> VerifyJournalsResponse;
                 /// RetryDeadLetter.
                 retry_dead_letter(RetryDeadLetterRequest) -> RetryDeadLetterResponse;
                 /// DeleteDeadLetter.

@@ -1,6 +1,5 @@
 //! Client commands: talk to a running Switchyard over gRPC.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
@@ -434,7 +433,7 @@ pub async fn agent(cmd: AgentCmd) -> anyhow::Result<()> {
                 Some("lapsed") => AgentStatus::Lapsed,
                 _ => AgentStatus::Unspecified,
             };
-            let labels: HashMap<String, String> = labels.into_iter().collect();
+            let labels: std::collections::BTreeMap<String, String> = labels.into_iter().collect();
             let mut agents = Vec::new();
             let mut page_token = String::new();
             loop {

@@ -67,6 +67,9 @@ pub struct Config {
     pub approval: ApprovalConfig,
     /// `[executor]`.
     pub executor: switchyard_executor::ExecutorConfig,
+    /// `[audit]`: the key that signs the journals' seals (and the public
+    /// keys of earlier ones).
+    pub audit: switchyard_kit::chain::AuditConfig,
     /// `[llm]`: providers and the models they serve, with prices.
     pub llm: switchyard_llm::LlmConfig,
     /// `[agents]`: declarative agents hosted by `switchyard dev` or
@@ -95,6 +98,7 @@ impl Config {
         self.llm.validate()?;
         self.gateway.validate()?;
         self.policy.validate()?;
+        self.audit.validate()?;
         self.price_catalogue()?;
         if let Some(o) = &self.auth.oidc {
             o.validate()?;

@@ -371,8 +371,8 @@ fn ended(j: &Job) -> anyhow::Result<()> {
     .into())
 }
 
-fn attachments(paths: &[PathBuf]) -> anyhow::Result<std::collections::HashMap<String, Vec<u8>>> {
-    let mut out = std::collections::HashMap::new();
+fn attachments(paths: &[PathBuf]) -> anyhow::Result<std::collections::BTreeMap<String, Vec<u8>>> {
+    let mut out = std::collections::BTreeMap::new();
     for p in paths {
         let name = p
             .file_name()

@@ -3,6 +3,7 @@
 
 mod admin;
 mod approval;
+mod audit;
 mod auth;
 mod budget;
 mod chat;
@@ -93,6 +94,10 @@ enum Command {
     /// Operating a deployment: prune finished jobs.
     #[command(subcommand)]
     Admin(admin::AdminCmd),
+    /// The record: verify the jobs' hash-chained journals and their signed
+    /// seals; make a signing key.
+    #[command(subcommand)]
+    Audit(audit::AuditCmd),
     /// LLM providers: which configured models each serves.
     #[command(subcommand)]
     Llm(llm::LlmCmd),
@@ -458,6 +463,7 @@ async fn main() -> ExitCode {
         Command::Agents(cmd) => agents(cmd).await,
         Command::Auth(cmd) => auth::run(cmd).await,
         Command::Admin(cmd) => admin::run(cmd).await,
+        Command::Audit(cmd) => audit::run(cmd).await,
         Command::Llm(cmd) => llm::run(cmd).await,
         Command::Migrate(args) => migrate(args).await,
         Command::Version => {

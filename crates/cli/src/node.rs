@@ -582,6 +582,9 @@ pub async fn run_node_then(
                 None => ApprovalClient::remote(url("approval", &e.approval_url)?, max),
             },
         };
+        // The deployment's `[audit]` key signs the journal's seals.
+        let mut e = e.clone();
+        e.audit = cfg.audit.clone();
         let x = match &pg {
             Some(db) => {
                 Executor::open_pg(

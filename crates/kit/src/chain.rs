@@ -275,11 +275,84 @@ impl Verifier {
 
 /// Signs the heads of `streams` at `at_ms` with the deployment's key.
 pub fn checkpoint(key: &ReceiptKey, streams: &[(String, Head)], at_ms: u64) -> Receipt {
+    checkpoint_with(key, streams, at_ms, Value::Null)
+}
+
+/// [`checkpoint`], with `summary` (what the heads close: a finished job's
+/// state and totals, kept signed once its records are pruned) signed
+/// alongside when it is not null.
+pub fn checkpoint_with(
+    key: &ReceiptKey,
+    streams: &[(String, Head)],
+    at_ms: u64,
+    summary: Value,
+) -> Receipt {
     let heads: Vec<Value> = streams
         .iter()
         .map(|(s, h)| json!({"stream": s, "n": h.n, "hash": crate::hex::encode(&h.hash)}))
         .collect();
-    key.sign(json!({"kind": CHECKPOINT, "at_ms": at_ms, "heads": heads}))
+    let mut body = json!({"kind": CHECKPOINT, "at_ms": at_ms, "heads": heads});
+    if !summary.is_null() {
+        body["summary"] = summary;
+    }
+    key.sign(body)
+}
+
+/// `[audit]`: the deployment's key for signed checkpoints.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuditConfig {
+    /// The Ed25519 key that signs checkpoints: a file holding its 32-byte
+    /// seed in base64 (`switchyard audit key --new` prints one; mount it
+    /// from a Secret). Unset: a key the service keeps in its own store,
+    /// made on first start — which anyone who can rewrite that store can
+    /// also read, so give a file to make rewrites evident to a verifier
+    /// who trusts only its public key.
+    pub key_file: Option<std::path::PathBuf>,
+    /// Public keys (base64) of keys used before the current one: the
+    /// checkpoints they signed still verify after a rotation.
+    pub previous_public_keys: Vec<String>,
+}
+
+impl AuditConfig {
+    /// The key in `key_file`, when one is set.
+    pub fn file_key(&self) -> Result<Option<ReceiptKey>, String> {
+        let Some(path) = &self.key_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("reading audit.key_file {}: {e}", path.display()))?;
+        ReceiptKey::parse(&text)
+            .map(Some)
+            .map_err(|e| format!("audit.key_file {}: {e}", path.display()))
+    }
+
+    /// Checks the key file reads as a key and every previous public key is
+    /// an Ed25519 public key.
+    pub fn validate(&self) -> Result<(), String> {
+        self.file_key()?;
+        for k in &self.previous_public_keys {
+            let ok = crate::receipt::public_key_bytes(k).is_some_and(|b| b.len() == 32);
+            if !ok {
+                return Err(format!(
+                    "audit.previous_public_keys: {k:?} is not an Ed25519 public key in base64 (what `switchyard audit key --new` printed as the public key)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The public keys a checkpoint may be signed with: `current`'s and
+    /// every previous one.
+    pub fn trusted(&self, current: &ReceiptKey) -> Vec<String> {
+        let mut keys = vec![current.public_key()];
+        keys.extend(
+            self.previous_public_keys
+                .iter()
+                .map(|k| k.trim().to_owned()),
+        );
+        keys
+    }
 }
 
 /// Why a checkpoint cannot be trusted.
@@ -305,6 +378,25 @@ pub fn verify_checkpoint(
     r: &Receipt,
     trusted: &[String],
 ) -> Result<(u64, Vec<(String, Head)>), CheckpointError> {
+    verify_checkpoint_summary(r, trusted).map(|s| (s.at_ms, s.heads))
+}
+
+/// What a checkpoint whose signature holds says.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Signed {
+    /// When it was signed.
+    pub at_ms: u64,
+    /// The heads it vouches for.
+    pub heads: Vec<(String, Head)>,
+    /// The summary signed alongside (null when none was).
+    pub summary: Value,
+}
+
+/// [`verify_checkpoint`], with the summary signed alongside.
+pub fn verify_checkpoint_summary(
+    r: &Receipt,
+    trusted: &[String],
+) -> Result<Signed, CheckpointError> {
     crate::receipt::verify(r, None)?;
     if !trusted.iter().any(|k| k.trim() == r.public_key.trim()) {
         return Err(CheckpointError::UnknownKey(r.key_id.clone()));
@@ -327,7 +419,11 @@ pub fn verify_checkpoint(
             .ok_or_else(|| bad("a head without a 64-digit hash"))?;
         heads.push((stream.to_owned(), Head { n, hash }));
     }
-    Ok((at_ms, heads))
+    Ok(Signed {
+        at_ms,
+        heads,
+        summary: body["summary"].clone(),
+    })
 }
 
 #[cfg(test)]
@@ -538,5 +634,62 @@ mod tests {
         assert_eq!(parse_hex("zz"), None);
         assert_eq!(parse_hex(&"é".repeat(32)), None);
         assert_ne!(link("ab", 1, &GENESIS, b"c"), link("a", 1, &GENESIS, b"bc"));
+    }
+
+    #[test]
+    fn the_audit_key_comes_from_its_file_and_previous_keys_must_be_public_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let (key, seed) = ReceiptKey::generate().unwrap();
+        let path = dir.path().join("audit.key");
+        std::fs::write(&path, ReceiptKey::seed_text(&seed)).unwrap();
+        let mut cfg = AuditConfig {
+            key_file: Some(path.clone()),
+            previous_public_keys: vec![key.public_key()],
+        };
+        assert!(cfg.validate().is_ok());
+        assert_eq!(cfg.file_key().unwrap().unwrap().id(), key.id());
+        assert_eq!(cfg.trusted(&key).len(), 2);
+        cfg.previous_public_keys = vec!["not a key".into()];
+        assert!(
+            cfg.validate()
+                .unwrap_err()
+                .contains("not an Ed25519 public key")
+        );
+        cfg.previous_public_keys.clear();
+        std::fs::write(&path, "short").unwrap();
+        let e = cfg.validate().unwrap_err();
+        assert!(e.contains("audit.key_file"), "{e}");
+        assert!(
+            !e.contains(&ReceiptKey::seed_text(&seed)),
+            "never the secret"
+        );
+        cfg.key_file = Some(dir.path().join("missing"));
+        assert!(
+            cfg.validate()
+                .unwrap_err()
+                .contains("reading audit.key_file")
+        );
+    }
+
+    #[test]
+    fn a_summary_is_signed_with_the_heads_and_read_back() {
+        let (key, _) = ReceiptKey::generate().unwrap();
+        let heads = vec![(
+            "job/a".to_owned(),
+            Head {
+                n: 3,
+                hash: [7; 32],
+            },
+        )];
+        let r = checkpoint_with(&key, &heads, 9, json!({"state": "COMPLETED"}));
+        let s = verify_checkpoint_summary(&r, &[key.public_key()]).unwrap();
+        assert_eq!((s.at_ms, s.heads.clone()), (9, heads));
+        assert_eq!(s.summary["state"], "COMPLETED");
+        let mut edited = r.clone();
+        edited.receipt["summary"]["state"] = json!("CANCELLED");
+        assert!(matches!(
+            verify_checkpoint_summary(&edited, &[key.public_key()]),
+            Err(CheckpointError::Signature(_))
+        ));
     }
 }

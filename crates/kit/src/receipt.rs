@@ -92,6 +92,12 @@ impl ReceiptKey {
         ReceiptKey::from_seed(&seed)
     }
 
+    /// `seed` as the text a key file holds (base64; [`ReceiptKey::parse`]
+    /// reads it).
+    pub fn seed_text(seed: &[u8; 32]) -> String {
+        B64.encode(seed)
+    }
+
     /// The key's id: the first 16 hex digits of the public key's SHA-256.
     pub fn id(&self) -> &str {
         &self.id
@@ -118,6 +124,16 @@ impl ReceiptKey {
 /// A public key's id: the first 16 hex digits of its SHA-256.
 pub fn key_id(public_key: &[u8]) -> String {
     crate::hex::encode(&Sha256::digest(public_key)[..8])
+}
+
+/// The id of `public_key` (base64), when it is base64.
+pub fn key_id_of(public_key: &str) -> Option<String> {
+    public_key_bytes(public_key).map(|b| key_id(&b))
+}
+
+/// The bytes of `public_key` (base64), when it is base64.
+pub fn public_key_bytes(public_key: &str) -> Option<Vec<u8>> {
+    B64.decode(public_key.trim()).ok()
 }
 
 /// Checks `r`'s signature under its own public key and, when `expect`

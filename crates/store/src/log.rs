@@ -804,7 +804,9 @@ impl<V: prost::Message + Default> Log<V> {
     }
 
     /// The written records at `seqs` (ascending), in order. Records no
-    /// longer in the log (pruned) are left out.
+    /// longer in the log (pruned) are left out; so are repeated or
+    /// out-of-order ones (a caller holding an index it does not trust
+    /// sorts it first, as the executor's reads do).
     pub fn read_each(&self, seqs: &[u64]) -> Result<Vec<(u64, V)>, StoreError> {
         self.read_each_as(seqs)
     }
@@ -835,7 +837,7 @@ impl<V: prost::Message + Default> Log<V> {
                 let from = self.inner.offset_of(seg, want)?;
                 let before = i;
                 // Scan on while the next wanted records follow closely.
-                let near = |n: u64, seq: u64| n < end_seq && n - seq < INDEX_EVERY;
+                let near = |n: u64, seq: u64| n < end_seq && n >= seq && n - seq < INDEX_EVERY;
                 scan(
                     &self.inner.name,
                     seg,

@@ -502,7 +502,7 @@ struct Note<'a> {
     event_type: &'a str,
     from: Option<S>,
     reason: String,
-    details: HashMap<String, String>,
+    details: std::collections::BTreeMap<String, String>,
 }
 
 impl<'a> Note<'a> {
@@ -512,7 +512,7 @@ impl<'a> Note<'a> {
             event_type,
             from: None,
             reason: reason.into(),
-            details: HashMap::new(),
+            details: Default::default(),
         }
     }
 

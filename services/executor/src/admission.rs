@@ -529,7 +529,7 @@ pub(crate) fn route_request(a: &AgentTask, limit: u32) -> RouteRequest {
             min_trust: a.min_trust,
             max_cost_micro_usd: a.max_cost_micro_usd,
             exclude_agents: a.exclude_agents.clone(),
-            prefer_labels: HashMap::new(),
+            prefer_labels: Default::default(),
         }),
         limit,
     }
@@ -595,7 +595,7 @@ impl Executor {
         spec: Option<JobSpec>,
         document: &str,
         format: &str,
-        files: HashMap<String, Vec<u8>>,
+        files: std::collections::BTreeMap<String, Vec<u8>>,
     ) -> Result<(JobSpec, switchyard_core::dag::Dag, Vec<String>), ExecutorError> {
         self.check(spec, document, format, files).map_err(|mut e| {
             if let ExecutorError::Invalid(f) = &mut e
@@ -612,7 +612,7 @@ impl Executor {
         spec: Option<JobSpec>,
         document: &str,
         format: &str,
-        files: HashMap<String, Vec<u8>>,
+        files: std::collections::BTreeMap<String, Vec<u8>>,
     ) -> Result<(JobSpec, switchyard_core::dag::Dag, Vec<String>), ExecutorError> {
         let cfg = &self.inner.cfg;
         let (mut spec, found, warnings) = match spec {
@@ -741,7 +741,7 @@ impl Executor {
         right: BudgetRight,
     ) -> Result<ValidateJobResponse, ExecutorError> {
         let (spec, dag, mut warnings) =
-            self.accept(req.spec, &req.document, &req.format, HashMap::new())?;
+            self.accept(req.spec, &req.document, &req.format, Default::default())?;
         let now = self.inner.book.now();
         let waiter = self
             .waiter("", "")
@@ -1435,7 +1435,7 @@ impl Executor {
             parent_id: self.parent_budget(spec),
             token_limit: limits.token_budget,
             cost_limit: limits.cost_limit,
-            labels: HashMap::from([("job_id".to_owned(), spec.job_id.clone())]),
+            labels: std::collections::BTreeMap::from([("job_id".to_owned(), spec.job_id.clone())]),
         };
         let budget = waiter.call(Service::Ledger, || {
             clients.ledger.create_budget(create.clone())
@@ -1818,7 +1818,7 @@ impl BudgetRight {
         }
     }
 
-    fn covers(&self, labels: &HashMap<String, String>, subject: &str) -> bool {
+    fn covers(&self, labels: &std::collections::BTreeMap<String, String>, subject: &str) -> bool {
         let roles = match self {
             BudgetRight::Any => return true,
             BudgetRight::Shared(roles) => roles,

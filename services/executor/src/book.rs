@@ -253,6 +253,8 @@ pub(crate) struct JobBook {
     told: std::sync::atomic::AtomicU64,
     /// Wakes the background flusher of events nobody waits for.
     flush_wanted: tokio::sync::Notify,
+    /// Signs each job's journal head when it retires.
+    pub(crate) seal: Arc<crate::audit::Seal>,
 }
 
 impl JobBook {
@@ -262,6 +264,7 @@ impl JobBook {
         cluster: Arc<dyn Cluster>,
         clock: Arc<dyn Clock>,
         shutdown: Shutdown,
+        seal: Arc<crate::audit::Seal>,
     ) -> Result<JobBook, ExecutorError> {
         let jobs = store.load_held()?;
         let book = JobBook {
@@ -273,6 +276,7 @@ impl JobBook {
             finished: tokio::sync::watch::channel(0).0,
             told: std::sync::atomic::AtomicU64::new(0),
             flush_wanted: tokio::sync::Notify::new(),
+            seal,
         };
         book.checkpoint()?;
         Ok(book)
@@ -290,7 +294,11 @@ impl JobBook {
         let written: Vec<&Retiring> = taken
             .iter()
             .filter(|r| match self.store.retire(r) {
-                Ok(()) => true,
+                Ok(()) => {
+                    // Its journal is final and durable: its head is sealed.
+                    self.seal.seal(&r.id, &r.job, r.head, self.now());
+                    true
+                }
                 Err(e) => {
                     tracing::warn!(job_id = %r.id, error = %e, "retiring a finished job; it stays in memory");
                     false
@@ -393,6 +401,10 @@ impl JobBook {
             task_id: task_id.to_owned(),
             kind: ev.kind().to_owned(),
             data: ev.data(),
+            chain: Some(switchyard_proto::common::v1::ChainLink {
+                n: entry.job.last_sequence + 1,
+                prev: entry.chain.hash.to_vec(),
+            }),
         };
         entry.apply(&wire, &ev, |_| stored.cloned());
         if matches!(entry.state(), JobState::Pending | JobState::Scheduled) {
@@ -865,6 +877,8 @@ pub(crate) struct Retiring {
     pub(crate) job: Job,
     /// Where its events are in the log.
     pub(crate) positions: Positions,
+    /// Its journal's head.
+    pub(crate) head: switchyard_kit::chain::Head,
 }
 
 impl Retiring {
@@ -883,6 +897,7 @@ impl Retiring {
             positions: Positions {
                 positions: e.events.clone(),
             },
+            head: e.chain,
         })
     }
 }

@@ -16,6 +16,10 @@ use crate::spec::Rules;
 pub struct ExecutorConfig {
     /// Worker id used to claim approval runs; keep it stable across restarts.
     pub worker_id: String,
+    /// The deployment's `[audit]` key for the journal's seals (set from the
+    /// top-level section, not configured here).
+    #[serde(skip)]
+    pub audit: switchyard_kit::chain::AuditConfig,
     /// Registry URL when it runs in another process.
     pub registry_url: Option<String>,
     /// Router URL when it runs in another process.
@@ -213,6 +217,7 @@ impl Default for ExecutorConfig {
     fn default() -> Self {
         Self {
             worker_id: "executor".into(),
+            audit: Default::default(),
             registry_url: None,
             router_url: None,
             ledger_url: None,

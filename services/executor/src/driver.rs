@@ -424,7 +424,7 @@ impl Driver {
     fn prepare_scratch(
         &self,
         root: &ScratchRoot,
-        files: &HashMap<String, Vec<u8>>,
+        files: &std::collections::BTreeMap<String, Vec<u8>>,
     ) -> Result<PathBuf, ExecutorError> {
         let job_id = self.job_id.as_str();
         let files = files.iter().map(|(n, b)| (n.as_str(), b.as_slice()));

@@ -59,6 +59,9 @@ pub enum ExecutorError {
     /// The command sandbox's configuration cannot be honoured.
     #[error("{0}")]
     Sandbox(String),
+    /// The journal's signing key cannot be read or made.
+    #[error("journal signing key: {0}")]
+    Audit(String),
     /// RetryDeadLetter or DeleteDeadLetter of a job not in the dead letter.
     #[error(
         "job {job:?} is not in the dead letter: it is {state}{why}; only a discarded job whose spec sets dead_letter is kept there"
@@ -216,7 +219,9 @@ impl From<ExecutorError> for Status {
                 };
                 status(code, reason, msg)
             }
-            ExecutorError::Scratch(_) => status(Code::Internal, Reason::Internal, msg),
+            ExecutorError::Scratch(_) | ExecutorError::Audit(_) => {
+                status(Code::Internal, Reason::Internal, msg)
+            }
             ExecutorError::Sandbox(_) => {
                 status(Code::FailedPrecondition, Reason::SandboxUnavailable, msg)
             }

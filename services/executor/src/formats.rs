@@ -5,7 +5,7 @@
 //! 000). Format-specific rules are checked here; the rules every JobSpec
 //! obeys are in [`crate::spec`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -614,7 +614,7 @@ fn agenix(v: &Value, limits: Limits, found: &mut Violations) -> Result<JobSpec, 
             kind: Some(task_spec::Kind::Command(CommandTask {
                 command: t.command.clone(),
                 args: t.args.clone(),
-                env: HashMap::new(),
+                env: BTreeMap::new(),
                 stdin_from: t.input_from_task.map(id).unwrap_or_default(),
                 limits: None,
             })),
@@ -897,7 +897,7 @@ fn aitp(v: &Value, found: &mut Violations) -> Result<JobSpec, FormatError> {
         .cost_limit
         .map(|c| usd_to_micro(c, "metadata.cost_limit"))
         .transpose()?;
-    let mut labels: HashMap<String, String> = t
+    let mut labels: BTreeMap<String, String> = t
         .metadata
         .tags
         .iter()
@@ -1242,7 +1242,7 @@ fn ojs(v: &Value, limits: Limits) -> Result<JobSpec, FormatError> {
             ..Default::default()
         })
     };
-    let mut labels = HashMap::new();
+    let mut labels = BTreeMap::new();
     labels.insert("ojs.type".to_owned(), job_type.clone());
     Ok(JobSpec {
         job_id: str_field("id")?,
@@ -1292,7 +1292,7 @@ struct NativeJob {
     tasks: Vec<NativeTask>,
     budget: Option<NativeBudget>,
     approval: Option<NativeApproval>,
-    labels: HashMap<String, String>,
+    labels: BTreeMap<String, String>,
     priority: i32,
     queue: String,
     delegation: Option<NativeDelegation>,
@@ -1440,7 +1440,7 @@ struct NativeAnswerers {
 struct NativeCommand {
     command: String,
     args: Vec<String>,
-    env: HashMap<String, String>,
+    env: BTreeMap<String, String>,
     stdin_from: String,
     limits: Option<NativeLimits>,
 }
@@ -1460,7 +1460,7 @@ struct NativeLimits {
 struct NativeAgent {
     capability: String,
     input: Map<String, Value>,
-    output_mapping: HashMap<String, String>,
+    output_mapping: BTreeMap<String, String>,
     min_trust: Option<u32>,
     max_cost_micro_usd: Option<i64>,
     exclude_agents: Vec<String>,

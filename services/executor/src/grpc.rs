@@ -17,7 +17,8 @@ use switchyard_proto::executor::v1::{
     ListMessagesResponse, PruneJobsRequest, PruneJobsResponse, RetryDeadLetterRequest,
     RetryDeadLetterResponse, SendInputRequest, SendInputResponse, SendMessageRequest,
     SendMessageResponse, SubmitJobRequest, SubmitJobResponse, ValidateJobRequest,
-    ValidateJobResponse, WatchJobRequest, WatchJobResponse,
+    ValidateJobResponse, VerifyJournalsRequest, VerifyJournalsResponse, WatchJobRequest,
+    WatchJobResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -208,6 +209,23 @@ impl JobService for Executor {
         let tenant = p.tenant_scope().map(str::to_owned);
         let (jobs, records) = self.prune(ms, tenant.as_deref()).await?;
         Ok(Response::new(PruneJobsResponse { jobs, records }))
+    }
+
+    async fn verify_journals(
+        &self,
+        req: Request<VerifyJournalsRequest>,
+    ) -> Result<Response<VerifyJournalsResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        // A tenant's admin verifies that tenant's jobs; the service token, all.
+        let tenant = p.tenant_scope().map(str::to_owned);
+        let job = &req.get_ref().job_id;
+        if !job.is_empty() {
+            self.inner.book.visible(&p, job).await?;
+        }
+        let only = (!job.is_empty()).then_some(job.as_str());
+        Ok(Response::new(
+            self.verify_journals(tenant.as_deref(), only).await?,
+        ))
     }
 
     async fn retry_dead_letter(

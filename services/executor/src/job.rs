@@ -95,6 +95,9 @@ pub struct JobEntry {
     pub extra_tokens: u64,
     /// Micro-USD the approved extensions added (this round).
     pub extra_cost: i64,
+    /// The head of the job's hash chain (stream `job/<id>`): what its next
+    /// event links to.
+    pub chain: switchyard_kit::chain::Head,
 }
 
 impl JobEntry {
@@ -184,6 +187,7 @@ impl JobEntry {
             pause: None,
             extra_tokens: 0,
             extra_cost: 0,
+            chain: Default::default(),
         }
     }
 
@@ -226,6 +230,7 @@ impl JobEntry {
         let time = at.time;
         let task = self.index.get(&at.task_id).copied();
         self.job.last_sequence = at.sequence;
+        self.chain = crate::audit::next_head(self.chain, at);
         match ev {
             JobEvent::Submitted(s) => {
                 self.job.submitted_by.clone_from(&s.submitted_by);

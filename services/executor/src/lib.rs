@@ -32,6 +32,7 @@
 mod admission;
 mod artifacts;
 mod attempt;
+pub mod audit;
 mod book;
 pub mod builtin;
 mod cancel;
@@ -161,9 +162,18 @@ impl Executor {
         max_message_bytes: usize,
     ) -> Result<Executor, ExecutorError> {
         let jobs = Arc::new(store::sled::SledJobs::open(&store)?);
+        let stored: Arc<dyn store::JobStore> = jobs.clone();
+        let seal = Self::seal(&cfg, &stored);
+        // Sled's kept values are read at once: the future is ready.
+        let seal = futures_util::FutureExt::now_or_never(seal).unwrap_or_else(|| {
+            Err(ExecutorError::Audit(
+                "the embedded store did not answer at once".into(),
+            ))
+        })?;
         let at = Placement {
             jobs,
             cluster: Arc::new(store::SingleNode),
+            seal,
             data_dir,
         };
         Self::build(cfg, at, clients, clock, shutdown, max_message_bytes)
@@ -191,12 +201,28 @@ impl Executor {
             store::pg::PgJobs::open(db, me, cfg.job_lease_ms, clock.clone(), shutdown.clone())
                 .await?;
         tracing::info!(replica = %jobs.me, "executor replica on postgres");
+        let stored: Arc<dyn store::JobStore> = jobs.clone();
+        let seal = Self::seal(&cfg, &stored).await?;
         let at = Placement {
             jobs: jobs.clone(),
             cluster: jobs,
+            seal,
             data_dir,
         };
         Self::build(cfg, at, clients, clock, shutdown, max_message_bytes)
+    }
+
+    /// The journal's seal: `cfg.audit`'s key, or the one kept in `jobs`.
+    async fn seal(
+        cfg: &ExecutorConfig,
+        jobs: &Arc<dyn store::JobStore>,
+    ) -> Result<audit::Seal, ExecutorError> {
+        audit::Seal::open(
+            &cfg.audit,
+            store::Kept::open(jobs.clone().space(audit::KEYS))?,
+            store::Kept::open(jobs.clone().space(audit::SEALS))?,
+        )
+        .await
     }
 
     /// Migrates the executor's tables; returns how many migrations ran.
@@ -217,6 +243,7 @@ impl Executor {
         let Placement {
             jobs,
             cluster,
+            seal,
             data_dir,
         } = at;
         if cfg.scratch_dir.as_os_str().is_empty() {
@@ -240,6 +267,7 @@ impl Executor {
             cluster,
             clock,
             shutdown.clone(),
+            Arc::new(seal),
         )?);
         switchyard_kit::metrics::global().add_gauges(&book);
         let spec = builtin::spec("");
@@ -543,6 +571,8 @@ impl Executor {
 struct Placement<'a> {
     jobs: Arc<dyn store::JobStore>,
     cluster: Arc<dyn store::Cluster>,
+    /// The journal's signing key and seals.
+    seal: audit::Seal,
     /// Where scratch directories go by default.
     data_dir: &'a std::path::Path,
 }

@@ -579,7 +579,7 @@ fn check_llm(
 /// The job's files: plain names, within the size limit.
 fn check_files(
     v: &mut Violations,
-    files: &std::collections::HashMap<String, Vec<u8>>,
+    files: &std::collections::BTreeMap<String, Vec<u8>>,
     max_bytes: usize,
 ) {
     let mut total = 0;
@@ -733,9 +733,9 @@ pub fn context_hash(spec: &JobSpec) -> String {
     s.job_id.clear();
     s.correlation_id.clear();
     let mut h = Sha256::new();
-    let mut sorted = |label: &str, map: &mut std::collections::HashMap<String, Vec<u8>>| {
-        let mut entries: Vec<_> = map.drain().collect();
-        entries.sort();
+    let mut sorted = |label: &str, map: &mut std::collections::BTreeMap<String, Vec<u8>>| {
+        // Sorted by key (a BTreeMap), as this hash always took them.
+        let entries = std::mem::take(map);
         h.update(label.as_bytes());
         for (k, v) in entries {
             h.update((k.len() as u64).to_be_bytes());
@@ -744,7 +744,7 @@ pub fn context_hash(spec: &JobSpec) -> String {
             h.update(&v);
         }
     };
-    let strings = |m: &mut std::collections::HashMap<String, String>| {
+    let strings = |m: &mut std::collections::BTreeMap<String, String>| {
         std::mem::take(m)
             .into_iter()
             .map(|(k, v)| (k, v.into_bytes()))

@@ -19,7 +19,7 @@ pub(crate) struct BudgetState {
     pub parent: Option<String>,
     pub token_limit: Option<u64>,
     pub cost_limit: Option<i64>,
-    pub labels: HashMap<String, String>,
+    pub labels: BTreeMap<String, String>,
     pub closed: bool,
     pub tokens_reserved: u64,
     pub tokens_spent: u64,

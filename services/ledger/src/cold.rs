@@ -145,8 +145,8 @@ pub(crate) struct StoredBudget {
     pub(crate) token_limit: Option<u64>,
     #[prost(int64, optional, tag = "5")]
     pub(crate) cost_limit: Option<i64>,
-    #[prost(map = "string, string", tag = "6")]
-    pub(crate) labels: HashMap<String, String>,
+    #[prost(btree_map = "string, string", tag = "6")]
+    pub(crate) labels: std::collections::BTreeMap<String, String>,
     #[prost(bool, tag = "7")]
     pub(crate) closed: bool,
     #[prost(uint64, tag = "8")]

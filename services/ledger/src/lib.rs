@@ -1207,6 +1207,7 @@ fn watch_response(rec: JournalRecord) -> WatchResponse {
             task_id: ctx.task_id,
             kind,
             data: switchyard_kit::json::json_to_struct(&data),
+            chain: None,
         }),
         record: Some(rec),
     }

@@ -132,7 +132,7 @@ async fn budget(l: &Ledger, id: &str, parent: &str, tokens: Option<u64>, cost: O
         parent_id: parent.into(),
         token_limit: tokens,
         cost_limit: cost.map(|c| Money { micro_usd: c }),
-        labels: HashMap::new(),
+        labels: Default::default(),
     })
     .await
     .unwrap();

@@ -23,7 +23,7 @@ pub(crate) struct AgentInfo {
     pub trust: u32,
     pub available: bool,
     pub saturated: bool,
-    pub labels: HashMap<String, String>,
+    pub labels: std::collections::BTreeMap<String, String>,
     pub latency_estimate_ms: f64,
     /// Observed EWMA latency per capability (only capabilities with outcomes).
     pub observed: HashMap<String, f64>,

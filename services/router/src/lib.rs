@@ -89,14 +89,14 @@ pub enum RouterError {
         /// Agents offering it before filters.
         offered: usize,
         /// Agents filtered out, by reason.
-        filtered: HashMap<String, u32>,
+        filtered: std::collections::BTreeMap<String, u32>,
     },
     /// The index has not been loaded from the registry yet.
     #[error("router has not loaded the registry yet; retry shortly")]
     NotReady,
 }
 
-fn filtered_text(f: &HashMap<String, u32>) -> String {
+fn filtered_text(f: &std::collections::BTreeMap<String, u32>) -> String {
     if f.is_empty() {
         return String::new();
     }
@@ -347,7 +347,7 @@ impl Router {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .route(&cfg.scoring, &req.capability, c, min_trust, limit, tenant);
-        let filtered: HashMap<String, u32> = FILTER_REASONS
+        let filtered: std::collections::BTreeMap<String, u32> = FILTER_REASONS
             .iter()
             .zip(routed.filtered)
             .filter(|(_, n)| *n > 0)

@@ -171,6 +171,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
                 "ApprovalService/Approve",
                 "ApprovalService/Reject",
                 "ApprovalService/ListAudit",
+                "JobService/VerifyJournals",
                 "ApprovalService/ExportPromptBundle",
                 "ApprovalService/ImportManualResult",
                 // Where a run's tasks would go is part of deciding it.
@@ -182,7 +183,11 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
             add(READ_RUNS);
             add(READ_JOBS);
             add(READ_BUDGETS);
-            add(&["ApprovalService/ListAudit", "RouterService/Route"]);
+            add(&[
+                "ApprovalService/ListAudit",
+                "JobService/VerifyJournals",
+                "RouterService/Route",
+            ]);
         }
         "operator" | "admin" => {
             // `GET /metrics` on every port (the HTTP door's matrix).
@@ -194,6 +199,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
             add(READ_BUDGETS);
             add(&[
                 "ApprovalService/ListAudit",
+                "JobService/VerifyJournals",
                 "ApprovalService/Cancel",
                 "JobService/CancelJob",
                 "RouterService/Route",

@@ -14,6 +14,7 @@ mod executor;
 mod gateway;
 mod handoff;
 mod input;
+mod journal;
 mod ledger_concurrency;
 mod llm;
 mod mcp;

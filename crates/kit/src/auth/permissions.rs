@@ -245,6 +245,7 @@ pub fn access(path: &str) -> Access {
                 needs(P::JobAnswer)
             }
             "PruneJobs" => needs(P::JobPrune),
+            "VerifyJournals" => needs(P::AuditRead),
             "RetryDeadLetter" | "DeleteDeadLetter" => needs(P::DeadLetterManage),
             _ => Access::Unknown,
         },

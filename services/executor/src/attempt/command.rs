@@ -3,7 +3,6 @@
 //! limits, a clean environment and its output streamed as events. LLM tasks'
 //! command tools run the same way ([`Executor::prepare_command`]).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -193,7 +192,7 @@ impl Executor {
         job_id: &str,
         task_id: &str,
         scratch: &Path,
-        extra: &HashMap<String, String>,
+        extra: &std::collections::BTreeMap<String, String>,
     ) -> Vec<(String, String)> {
         let mut env = self.inner.sandbox.base_env(&self.inner.cfg.path, scratch);
         env.extend([

@@ -596,7 +596,12 @@ impl TaskHost<'_> {
         let ready = x
             .prepare_command(&def.command, self.scratch, None)
             .map_err(|f| f.error)?;
-        let env = x.command_env(self.job_id, self.task_id(), self.scratch, &HashMap::new());
+        let env = x.command_env(
+            self.job_id,
+            self.task_id(),
+            self.scratch,
+            &Default::default(),
+        );
         let limits = command::Limits {
             // A backstop: the loop's tool timeout usually ends the call
             // first, and dropping the run kills the whole process group.

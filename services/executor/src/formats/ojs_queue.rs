@@ -421,7 +421,7 @@ pub(crate) fn convert(v: &Value, limits: Limits, now_ms: u64) -> Result<JobSpec,
     if !bad.is_empty() {
         return Err(FormatError::new(reason, bad));
     }
-    let mut labels = std::collections::HashMap::new();
+    let mut labels = std::collections::BTreeMap::new();
     labels.insert("ojs.type".to_owned(), job_type.clone());
     Ok(JobSpec {
         job_id: id,

@@ -46,6 +46,27 @@ impl<V: prost::Message + Default> Kept<V> {
         }
     }
 
+    /// Stores `value` under `key` unless a value is there already (on PostgreSQL at
+    /// once); returns the value kept (what another writer kept first).
+    pub(crate) async fn put_absent(&self, key: &str, value: V) -> Result<V, StoreError> {
+        match self {
+            Kept::Sled(t) => match t.get(key)? {
+                Some(v) => Ok(v),
+                None => {
+                    // Durable with the store's next flush: before any
+                    // job's retirement signs with it (one node writes
+                    // here).
+                    t.put(key, &value)?;
+                    Ok(value)
+                }
+            },
+            Kept::Pg(pg, space) => {
+                let b = pg.kv_put_absent(space, key, value.encode_to_vec()).await?;
+                decode(space, key, &b)
+            }
+        }
+    }
+
     /// Removes `key`.
     pub(crate) fn remove(&self, key: &str) -> Result<(), StoreError> {
         match self {

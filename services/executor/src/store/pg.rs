@@ -1240,7 +1240,32 @@ impl PgJobs {
             .map(|r| r.get(0)))
     }
 
-    /// A keyed value.
+    /// Keeps `value` under `key` of `space` unless a value is there;
+    /// returns the value there (committed, whoever wrote it).
+    pub(crate) async fn kv_put_absent(
+        &self,
+        space: &str,
+        key: &str,
+        value: Vec<u8>,
+    ) -> Result<Vec<u8>, StoreError> {
+        let c = self.db.client().await?;
+        c.execute(
+            "INSERT INTO exec_kv (space, key, value) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+            &[&space, &key, &value],
+        )
+        .await
+        .map_err(|e| self.db.error("keeping executor state", &e))?;
+        let row = c
+            .query_one(
+                "SELECT value FROM exec_kv WHERE space = $1 AND key = $2",
+                &[&space, &key],
+            )
+            .await
+            .map_err(|e| self.db.error("reading executor state", &e))?;
+        Ok(row.get(0))
+    }
+
+    /// The value under `key` of `space`, as committed.
     pub(crate) async fn kv_get(
         &self,
         space: &str,

@@ -1,0 +1,584 @@
+//! The job journal's hash chain and its signed heads (issue 46; see
+//! `docs/audit.md`).
+//!
+//! Each job's events are stream `job/<id>` of the chain in
+//! [`switchyard_kit::chain`]: event `n` (its `sequence`) carries the hash
+//! of event `n - 1` in its `chain` link, and its own hash covers its
+//! protobuf encoding with that link. The book links each event as it
+//! records it ([`crate::book::JobBook::record_at`]) and a job's head
+//! follows every event applied to it ([`next_head`]), on replay too — one
+//! place, whatever the backend.
+//!
+//! When a job retires (final and durable), the executor signs its head
+//! with the deployment's key, with a summary of the job (state, tenant,
+//! submitter, tasks, when it finished), and keeps that **seal** beside the
+//! jobs (space `sealed_heads`). A seal outlives the job's records when
+//! they are pruned, so what was pruned is still vouched for.
+//!
+//! [`check_job`] verifies one job as stored: its chain, and its seal
+//! against the trusted public keys.
+
+use prost::Message as _;
+use serde_json::{Value, json};
+use switchyard_kit::chain::{self, AuditConfig, Break, Head, Verifier};
+use switchyard_kit::receipt::{Receipt, ReceiptKey};
+use switchyard_proto::common::v1::Event;
+use switchyard_proto::executor::v1::Job;
+
+use crate::error::ExecutorError;
+use crate::store::Kept;
+
+/// Where the seals are kept, by job id.
+pub(crate) const SEALS: &str = "sealed_heads";
+/// Where a key the executor made itself is kept (no `audit.key_file`).
+pub(crate) const KEYS: &str = "audit_key";
+
+/// Job `job_id`'s stream.
+pub(crate) fn stream(job_id: &str) -> String {
+    format!("job/{job_id}")
+}
+
+/// Where `ev` sits in its job's chain: its stored link, or, for an event
+/// written before chains (no link), the place after `head`.
+fn link_of(ev: &Event, head: Head) -> (u64, chain::Hash, bool) {
+    match &ev.chain {
+        Some(l) => {
+            // A link of the wrong length links to nothing: it fails the
+            // check against the head (never equal to a real hash's bytes).
+            let prev = l.prev.as_slice().try_into().unwrap_or([0xff; 32]);
+            (l.n, prev, true)
+        }
+        None => (ev.sequence, head.hash, false),
+    }
+}
+
+/// The job's head once `ev` is applied after `head`.
+pub(crate) fn next_head(head: Head, ev: &Event) -> Head {
+    let (n, prev, _) = link_of(ev, head);
+    Head {
+        n,
+        hash: chain::link(&stream(&ev.job_id), n, &prev, &ev.encode_to_vec()),
+    }
+}
+
+/// The executor's signing key and its seals.
+pub(crate) struct Seal {
+    key: ReceiptKey,
+    trusted: Vec<String>,
+    seals: Kept<Vec<u8>>,
+}
+
+impl std::fmt::Debug for Seal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Seal").field("key", &self.key).finish()
+    }
+}
+
+impl Seal {
+    /// The seal of `cfg`'s key file, else of the key kept in `keys` (made
+    /// and kept there on first start), keeping seals in `seals`.
+    pub(crate) async fn open(
+        cfg: &AuditConfig,
+        keys: Kept<Vec<u8>>,
+        seals: Kept<Vec<u8>>,
+    ) -> Result<Seal, ExecutorError> {
+        let bad = |e: String| ExecutorError::Audit(e);
+        let key = match cfg.file_key().map_err(bad)? {
+            Some(k) => k,
+            None => match keys.get("seed").await? {
+                Some(seed) => ReceiptKey::from_seed(&seed).map_err(|e| bad(e.to_string()))?,
+                None => {
+                    let (made, seed) = ReceiptKey::generate().map_err(|e| bad(e.to_string()))?;
+                    // Another replica may have made one meanwhile: the
+                    // first kept is everyone's.
+                    let kept = keys.put_absent("seed", seed.to_vec()).await?;
+                    let key = ReceiptKey::from_seed(&kept).map_err(|e| bad(e.to_string()))?;
+                    if key.id() == made.id() {
+                        tracing::info!(key_id = key.id(), "made the journal signing key");
+                    }
+                    key
+                }
+            },
+        };
+        let trusted = cfg.trusted(&key);
+        Ok(Seal {
+            key,
+            trusted,
+            seals,
+        })
+    }
+
+    /// The public keys a seal may carry.
+    pub(crate) fn trusted(&self) -> &[String] {
+        &self.trusted
+    }
+
+    /// The signing key's id.
+    pub(crate) fn key_id(&self) -> &str {
+        self.key.id()
+    }
+
+    /// Signs finished job `job`'s `head` at `at_ms` and keeps the seal.
+    pub(crate) fn seal(&self, job_id: &str, job: &Job, head: Head, at_ms: u64) {
+        let summary = summary(job_id, job);
+        let r = chain::checkpoint_with(&self.key, &[(stream(job_id), head)], at_ms, summary);
+        let bytes = match serde_json::to_vec(&r) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(job_id, error = %e, "encoding a journal seal");
+                return;
+            }
+        };
+        if let Err(e) = self.seals.put(job_id, &bytes) {
+            tracing::error!(job_id, error = %e, "keeping a journal seal");
+        }
+    }
+
+    /// Job `job_id`'s seal, as kept (`None`: none).
+    pub(crate) async fn sealed(&self, job_id: &str) -> Result<Option<Sealed>, ExecutorError> {
+        Ok(self.seals.get(job_id).await?.map(|b| Sealed::parse(&b)))
+    }
+
+    /// Every seal kept, by job id.
+    pub(crate) async fn all(&self) -> Result<Vec<(String, Sealed)>, ExecutorError> {
+        Ok(self
+            .seals
+            .list()
+            .await?
+            .into_iter()
+            .map(|(k, b)| (k, Sealed::parse(&b)))
+            .collect())
+    }
+}
+
+/// A seal as kept: the signed checkpoint, or why it cannot be read.
+#[derive(Debug, Clone)]
+pub(crate) enum Sealed {
+    /// The signed checkpoint.
+    Receipt(Box<Receipt>),
+    /// Not a receipt (its bytes were damaged or replaced).
+    Unreadable(String),
+}
+
+impl Sealed {
+    fn parse(b: &[u8]) -> Sealed {
+        match serde_json::from_slice::<Receipt>(b) {
+            Ok(r) => Sealed::Receipt(Box::new(r)),
+            Err(e) => Sealed::Unreadable(e.to_string()),
+        }
+    }
+}
+
+/// What a seal says of a finished job besides its head.
+fn summary(job_id: &str, job: &Job) -> Value {
+    let state = switchyard_proto::executor::v1::JobState::try_from(job.state)
+        .map(|s| s.as_str_name().to_owned())
+        .unwrap_or_default();
+    json!({
+        "job_id": job_id,
+        "tenant": job.tenant,
+        "submitted_by": job.submitted_by,
+        "state": state,
+        "tasks": job.tasks.len() as u64,
+        "finished_at_ms": job.finished_at.as_ref().map(switchyard_kit::time::timestamp_ms),
+        "budget_id": job.budget_id,
+        "run_id": job.run_id,
+    })
+}
+
+/// What verifying one job found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobCheck {
+    /// The job.
+    pub job_id: String,
+    /// Events checked.
+    pub records: u64,
+    /// Of them, written before chains (no link): checked for order only.
+    pub unlinked: u64,
+    /// The head reached.
+    pub head: Head,
+    /// The key id of the seal that vouches for the head (finished jobs).
+    pub sealed_by: Option<String>,
+    /// The first problem found (`None`: it verifies).
+    pub problem: Option<String>,
+}
+
+/// Verifies job `job_id`'s `events` (as stored, in order) and, when it
+/// `finished`, its `seal` against `trusted` keys.
+pub(crate) fn check_job(
+    job_id: &str,
+    events: &[Event],
+    finished: bool,
+    seal: Option<&Sealed>,
+    trusted: &[String],
+) -> JobCheck {
+    let stream = stream(job_id);
+    let mut v = Verifier::new();
+    let mut at = std::collections::HashMap::new();
+    let mut out = JobCheck {
+        job_id: job_id.to_owned(),
+        records: 0,
+        unlinked: 0,
+        head: Head::default(),
+        sealed_by: None,
+        problem: None,
+    };
+    let mut linked_seen = false;
+    for ev in events {
+        let head = v.heads().head(&stream);
+        let (n, prev, linked) = link_of(ev, head);
+        if ev.job_id != job_id {
+            out.problem = Some(format!(
+                "stream {stream:?}, record {n}: it belongs to job {:?} (a record was moved between jobs)",
+                ev.job_id
+            ));
+            return out;
+        }
+        if linked {
+            linked_seen = true;
+        } else if linked_seen {
+            out.problem = Some(format!(
+                "stream {stream:?}, record {n}: its chain link was removed (records after the first linked one all carry one)"
+            ));
+            return out;
+        } else {
+            out.unlinked += 1;
+        }
+        if linked && n != ev.sequence {
+            out.problem = Some(
+                Break::Sequence {
+                    stream: stream.clone(),
+                    expected: ev.sequence,
+                    found: n,
+                }
+                .to_string(),
+            );
+            return out;
+        }
+        if let Err(b) = v.check(&stream, n, &prev, &ev.encode_to_vec()) {
+            out.problem = Some(b.to_string());
+            return out;
+        }
+        at.insert(n, v.heads().head(&stream).hash);
+        out.records += 1;
+    }
+    out.head = v.heads().head(&stream);
+    if !finished {
+        return out;
+    }
+    let r = match seal {
+        Some(Sealed::Receipt(r)) => r,
+        Some(Sealed::Unreadable(why)) => {
+            out.problem = Some(format!(
+                "stream {stream:?}: its seal cannot be read ({why}): it was damaged or replaced"
+            ));
+            return out;
+        }
+        None => {
+            out.problem = Some(format!(
+                "stream {stream:?}: the job finished but no signed seal vouches for its journal (it was removed)"
+            ));
+            return out;
+        }
+    };
+    match chain::verify_checkpoint(r, trusted) {
+        Ok((_, heads)) => {
+            if let Some((s, _)) = heads.iter().find(|(s, _)| *s != stream) {
+                out.problem = Some(format!(
+                    "stream {stream:?}: its seal vouches for stream {s:?} (a seal was moved between jobs)"
+                ));
+                return out;
+            }
+            if let Err(b) = v.against(&heads, |_, n| at.get(&n).copied()) {
+                out.problem = Some(b.to_string());
+                return out;
+            }
+            out.sealed_by = Some(r.key_id.clone());
+        }
+        Err(e) => out.problem = Some(format!("stream {stream:?}: {e}")),
+    }
+    out
+}
+
+/// The seal's summary and head, for a pruned job (its records gone):
+/// `Ok` when the seal holds under `trusted`.
+pub(crate) fn check_pruned(
+    job_id: &str,
+    seal: &Sealed,
+    trusted: &[String],
+) -> Result<(Head, Value), String> {
+    let stream = stream(job_id);
+    let Sealed::Receipt(r) = seal else {
+        return Err(format!(
+            "stream {stream:?}: the seal of a pruned job cannot be read: it was damaged or replaced"
+        ));
+    };
+    let signed = chain::verify_checkpoint_summary(r, trusted)
+        .map_err(|e| format!("stream {stream:?}: {e}"))?;
+    match signed.heads.as_slice() {
+        [(s, h)] if *s == stream => Ok((*h, signed.summary)),
+        _ => Err(format!(
+            "stream {stream:?}: its seal vouches for another stream (a seal was moved between jobs)"
+        )),
+    }
+}
+
+/// Whether a stored job has finished (its seal is due).
+pub(crate) fn finished(job: &Job) -> bool {
+    use switchyard_proto::executor::v1::JobState as S;
+    matches!(
+        S::try_from(job.state),
+        Ok(S::Completed | S::Cancelled | S::Discarded)
+    )
+}
+
+/// Jobs read per store page while verifying.
+const PAGE: usize = 256;
+
+impl crate::Executor {
+    /// Verifies the journals of every stored job (of `tenant` when given;
+    /// only job `only` when given) and the seals of pruned ones.
+    pub async fn verify_journals(
+        &self,
+        tenant: Option<&str>,
+        only: Option<&str>,
+    ) -> Result<switchyard_proto::executor::v1::VerifyJournalsResponse, ExecutorError> {
+        use switchyard_proto::executor::v1::{JournalProblem, VerifyJournalsResponse};
+        let book = &self.inner.book;
+        let seal = &book.seal;
+        let trusted = seal.trusted();
+        let mut out = VerifyJournalsResponse {
+            key_id: seal.key_id().to_owned(),
+            trusted_key_ids: trusted
+                .iter()
+                .filter_map(|k| switchyard_kit::receipt::key_id_of(k))
+                .collect(),
+            ..Default::default()
+        };
+        let mut seen = std::collections::HashSet::new();
+        let check = |out: &mut VerifyJournalsResponse, c: JobCheck| {
+            out.jobs += 1;
+            out.records += c.records;
+            out.unlinked += c.unlinked;
+            if c.sealed_by.is_some() {
+                out.sealed += 1;
+            }
+            if let Some(problem) = c.problem {
+                out.problems.push(JournalProblem {
+                    job_id: c.job_id,
+                    problem,
+                });
+            }
+        };
+        let ids: Vec<(String, Job)> = match only {
+            Some(id) => {
+                let job = book.record_of(id).await?;
+                vec![(id.to_owned(), job)]
+            }
+            None => {
+                let mut all = Vec::new();
+                let mut before: Option<(u64, String)> = None;
+                loop {
+                    let page = book
+                        .store
+                        .page(before.as_ref().map(|(c, id)| (*c, id.as_str())), PAGE)
+                        .await?;
+                    let full = page.len() == PAGE;
+                    for (id, record) in page {
+                        before = Some((crate::book::created_ms(&record), id.clone()));
+                        all.push((id, record));
+                    }
+                    if !full {
+                        break;
+                    }
+                }
+                all
+            }
+        };
+        for (id, record) in ids {
+            seen.insert(id.clone());
+            // In memory here: its positions, and whether it may be sealed
+            // yet (a job in memory has not retired).
+            let held = book
+                .lock()
+                .find(&id)
+                .map(|e| (e.events.clone(), e.job.tenant.clone()));
+            let record = match (&held, record.state) {
+                (None, 0) => match book.store.record(&id).await? {
+                    Some(r) => r,
+                    None => continue,
+                },
+                _ => record,
+            };
+            let job_tenant = held
+                .as_ref()
+                .map_or(record.tenant.as_str(), |(_, t)| t.as_str());
+            if tenant.is_some_and(|t| t != job_tenant) {
+                if only.is_some() {
+                    return Err(ExecutorError::NotFound(id));
+                }
+                continue;
+            }
+            let positions = held.as_ref().map(|(p, _)| p.clone()).unwrap_or_default();
+            let events = match book.store.events(&id, 0, u64::MAX, &positions).await {
+                Ok(events) => events,
+                Err(e) => {
+                    check(
+                        &mut out,
+                        JobCheck {
+                            job_id: id.clone(),
+                            records: 0,
+                            unlinked: 0,
+                            head: Head::default(),
+                            sealed_by: None,
+                            problem: Some(format!(
+                                "stream {:?}: its events cannot be read ({e}): records were damaged or removed",
+                                stream(&id)
+                            )),
+                        },
+                    );
+                    continue;
+                }
+            };
+            let sealed = held.is_none() && finished(&record);
+            let kept = if sealed {
+                seal.sealed(&id).await?
+            } else {
+                None
+            };
+            check(
+                &mut out,
+                check_job(&id, &events, sealed, kept.as_ref(), trusted),
+            );
+        }
+        if only.is_some() {
+            return Ok(out);
+        }
+        // Seals of jobs no longer stored: pruned, their summaries signed.
+        for (id, s) in seal.all().await? {
+            if seen.contains(&id) {
+                continue;
+            }
+            match check_pruned(&id, &s, trusted) {
+                Ok((_, summary)) => {
+                    if tenant.is_some_and(|t| summary["tenant"].as_str() != Some(t)) {
+                        continue;
+                    }
+                    out.pruned += 1;
+                }
+                Err(problem) if tenant.is_none() => out.problems.push(JournalProblem {
+                    job_id: id,
+                    problem,
+                }),
+                // A damaged seal names no tenant it can be trusted for:
+                // the service token sees it.
+                Err(_) => {}
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_proto::common::v1::ChainLink;
+
+    /// `n` events of job `j`, linked as the book links them (the first
+    /// `legacy` written before chains: no link).
+    fn events(n: u64, legacy: u64) -> Vec<Event> {
+        let mut head = Head::default();
+        (1..=n)
+            .map(|seq| {
+                let mut ev = Event {
+                    sequence: seq,
+                    job_id: "j".into(),
+                    kind: "job.state".into(),
+                    ..Default::default()
+                };
+                if seq > legacy {
+                    ev.chain = Some(ChainLink {
+                        n: seq,
+                        prev: head.hash.to_vec(),
+                    });
+                }
+                head = next_head(head, &ev);
+                ev
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_journal_linked_as_written_verifies_and_reaches_the_books_head() {
+        let evs = events(5, 0);
+        let c = check_job("j", &evs, false, None, &[]);
+        assert_eq!(c.problem, None);
+        assert_eq!((c.records, c.unlinked), (5, 0));
+        let head = evs.iter().fold(Head::default(), |h, e| next_head(h, e));
+        assert_eq!(c.head, head);
+    }
+
+    #[test]
+    fn events_from_before_chains_count_as_unlinked_but_a_stripped_link_does_not_pass() {
+        // Written before chains, then linked: verifies, said.
+        let evs = events(5, 2);
+        let c = check_job("j", &evs, false, None, &[]);
+        assert_eq!(c.problem, None, "{c:?}");
+        assert_eq!(c.unlinked, 2);
+        // A link removed after linked records began.
+        let mut stripped = events(5, 0);
+        stripped[3].chain = None;
+        let p = check_job("j", &stripped, false, None, &[]).problem.unwrap();
+        assert!(p.contains("record 4: its chain link was removed"), "{p}");
+        // An event of another job put in.
+        let mut moved = events(5, 0);
+        moved[2].job_id = "k".into();
+        let p = check_job("j", &moved, false, None, &[]).problem.unwrap();
+        assert!(p.contains("belongs to job \"k\""), "{p}");
+    }
+
+    #[test]
+    fn a_finished_job_needs_a_seal_over_its_own_head_by_a_trusted_key() {
+        let evs = events(4, 0);
+        let head = evs.iter().fold(Head::default(), |h, e| next_head(h, e));
+        let (key, _) = ReceiptKey::generate().unwrap();
+        let trusted = vec![key.public_key()];
+        let job = Job::default();
+        let seal = |h: Head| {
+            Sealed::Receipt(Box::new(chain::checkpoint_with(
+                &key,
+                &[(stream("j"), h)],
+                7,
+                summary("j", &job),
+            )))
+        };
+        let ok = check_job("j", &evs, true, Some(&seal(head)), &trusted);
+        assert_eq!(ok.problem, None);
+        assert_eq!(ok.sealed_by.as_deref(), Some(key.id()));
+        let p = check_job("j", &evs, true, None, &trusted).problem.unwrap();
+        assert!(p.contains("no signed seal"), "{p}");
+        let p = check_job(
+            "j",
+            &evs,
+            true,
+            Some(&Sealed::Unreadable("x".into())),
+            &trusted,
+        )
+        .problem
+        .unwrap();
+        assert!(p.contains("cannot be read"), "{p}");
+        let p = check_job("j", &evs[..3], true, Some(&seal(head)), &trusted)
+            .problem
+            .unwrap();
+        assert!(p.contains("truncated"), "{p}");
+        let p = check_job("j", &evs, true, Some(&seal(head)), &[])
+            .problem
+            .unwrap();
+        assert!(p.contains("not one of the deployment's keys"), "{p}");
+        // A pruned job: the seal alone, with its summary.
+        let (h, s) = check_pruned("j", &seal(head), &trusted).unwrap();
+        assert_eq!(h, head);
+        assert_eq!(s["job_id"], "j");
+        assert!(check_pruned("k", &seal(head), &trusted).is_err());
+    }
+}
