@@ -19,6 +19,8 @@ use tokio_stream::StreamExt;
 use crate::{CALLERS, CONNECTIONS, us, verdict};
 
 pub(crate) const JOBS: usize = 5_000;
+/// Jobs whose journals are linked again to time the chain.
+const CHAINED_JOBS: usize = 200;
 const CHAIN_RUNS: usize = 200;
 const COMMAND_RUNS: usize = 200;
 
@@ -258,6 +260,13 @@ pub async fn run() -> anyhow::Result<()> {
     );
     with_policies.stop().await?;
 
+    // 1c. The journal's hash chain and seals (issue 46): what linking every
+    // event and signing each finished job's head costs a job, as a share
+    // of the machine time a job takes at the throughput measured above (2
+    // cores / jobs per second); and how fast VerifyJournals checks what
+    // this run stored.
+    journal(&c, best(&off)).await?;
+
     // 2. Latency: a 3-step chain of builtin.echo, one at a time.
     let c = ExecutorClient::remote(channels[0].clone(), 4 << 20);
     let h = chain(&c, CHAIN_RUNS).await?;
@@ -475,4 +484,89 @@ impl Costs {
                 .saturating_sub(before.context_switches),
         }
     }
+}
+
+/// The chain's cost per job against the machine time a job takes at
+/// `rate` jobs/s, and VerifyJournals' speed over everything stored.
+async fn journal(c: &ExecutorClient, rate: f64) -> anyhow::Result<()> {
+    use prost::Message as _;
+    let listed = c
+        .list_jobs(switchyard_proto::executor::v1::ListJobsRequest {
+            page_size: CHAINED_JOBS as u32,
+            ..Default::default()
+        })
+        .await?;
+    let mut journals = Vec::new();
+    for j in &listed.jobs {
+        let id = j
+            .spec
+            .as_ref()
+            .map(|s| s.job_id.clone())
+            .unwrap_or_default();
+        let mut w = c
+            .watch_job(WatchJobRequest {
+                job_id: id,
+                ..Default::default()
+            })
+            .await?;
+        let mut evs = Vec::new();
+        while let Some(m) = w.next().await {
+            if let Some(e) = m?.event {
+                evs.push(e);
+            }
+        }
+        journals.push((j.clone(), evs));
+    }
+    anyhow::ensure!(!journals.is_empty(), "no job to chain");
+    let events: usize = journals.iter().map(|(_, e)| e.len()).sum();
+    let (key, _) = switchyard_kit::receipt::ReceiptKey::generate()?;
+    // What the executor does per job: link each event as it records it (a
+    // protobuf encoding and a SHA-256), and sign the head when it retires.
+    let t = Instant::now();
+    let mut bytes = 0usize;
+    for (job, evs) in &journals {
+        let mut head = switchyard_kit::chain::Head::default();
+        for e in evs {
+            bytes += e.encoded_len();
+            head = switchyard_executor::audit::next_head(head, e);
+        }
+        let id = job
+            .spec
+            .as_ref()
+            .map(|s| s.job_id.as_str())
+            .unwrap_or_default();
+        let seal = switchyard_executor::audit::seal_of(&key, id, job, head, 0);
+        std::hint::black_box(seal);
+    }
+    let per_job = t.elapsed().as_secs_f64() / journals.len() as f64;
+    let machine_per_job = 2.0 / rate;
+    let share = per_job / machine_per_job;
+    println!(
+        "  the journal's chain and seal: {:.1} us a job ({} events of {:.0} bytes each linked, one Ed25519 seal), {:.2}% of the {:.0} us of machine time a job takes at {rate:.0} jobs/s on 2 cores  [{}: <= 5%]",
+        per_job * 1e6,
+        events / journals.len(),
+        bytes as f64 / events as f64,
+        share * 100.0,
+        machine_per_job * 1e6,
+        verdict(share <= 0.05)
+    );
+    let t = Instant::now();
+    let v = c
+        .verify_journals(switchyard_proto::executor::v1::VerifyJournalsRequest::default())
+        .await?;
+    let took = t.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        v.problems.is_empty(),
+        "the journals of this run do not verify: {:?}",
+        v.problems.first()
+    );
+    println!(
+        "  VerifyJournals over this run's {} jobs ({} events, {} seals): {:.2} s, {:.0} events/s",
+        v.jobs,
+        v.records,
+        v.sealed,
+        took,
+        v.records as f64 / took
+    );
+    Ok(())
 }

@@ -284,6 +284,10 @@ async fn run() -> anyhow::Result<()> {
     if std::env::args().nth(1).as_deref() == Some("policy") {
         return policy::run().await;
     }
+    // `switchyard-bench executor` runs only the executor's figures.
+    if std::env::args().nth(1).as_deref() == Some("executor") {
+        return executor::run().await;
+    }
     // `switchyard-bench real-llm` runs only the real model server's figures.
     if std::env::args().nth(1).as_deref() == Some("real-llm") {
         return real_llm::run().await;

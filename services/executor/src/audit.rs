@@ -34,7 +34,7 @@ pub(crate) const SEALS: &str = "sealed_heads";
 pub(crate) const KEYS: &str = "audit_key";
 
 /// Job `job_id`'s stream.
-pub(crate) fn stream(job_id: &str) -> String {
+pub fn stream(job_id: &str) -> String {
     format!("job/{job_id}")
 }
 
@@ -52,8 +52,9 @@ fn link_of(ev: &Event, head: Head) -> (u64, chain::Hash, bool) {
     }
 }
 
-/// The job's head once `ev` is applied after `head`.
-pub(crate) fn next_head(head: Head, ev: &Event) -> Head {
+/// The job's head once `ev` is applied after `head` (what the book keeps
+/// for each job; public for the benchmark).
+pub fn next_head(head: Head, ev: &Event) -> Head {
     let (n, prev, _) = link_of(ev, head);
     Head {
         n,
@@ -120,8 +121,7 @@ impl Seal {
 
     /// Signs finished job `job`'s `head` at `at_ms` and keeps the seal.
     pub(crate) fn seal(&self, job_id: &str, job: &Job, head: Head, at_ms: u64) {
-        let summary = summary(job_id, job);
-        let r = chain::checkpoint_with(&self.key, &[(stream(job_id), head)], at_ms, summary);
+        let r = seal_of(&self.key, job_id, job, head, at_ms);
         let bytes = match serde_json::to_vec(&r) {
             Ok(b) => b,
             Err(e) => {
@@ -149,6 +149,12 @@ impl Seal {
             .map(|(k, b)| (k, Sealed::parse(&b)))
             .collect())
     }
+}
+
+/// The seal of finished job `job` (`job_id`) whose journal's head is
+/// `head`, signed with `key` at `at_ms`.
+pub fn seal_of(key: &ReceiptKey, job_id: &str, job: &Job, head: Head, at_ms: u64) -> Receipt {
+    chain::checkpoint_with(key, &[(stream(job_id), head)], at_ms, summary(job_id, job))
 }
 
 /// A seal as kept: the signed checkpoint, or why it cannot be read.
