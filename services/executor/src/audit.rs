@@ -9,10 +9,12 @@
 //! follows every event applied to it ([`next_head`]), on replay too — one
 //! place, whatever the backend.
 //!
-//! When a job retires (final and durable), the executor signs its head
-//! with the deployment's key, with a summary of the job (state, tenant,
-//! submitter, tasks, when it finished), and keeps that **seal** beside the
-//! jobs (space `sealed_heads`). A seal outlives the job's records when
+//! When a job makes its final move, the executor signs its head with the
+//! deployment's key, with a summary of the job (state, tenant, submitter,
+//! tasks, when it finished), and keeps that **seal** beside the jobs (space
+//! `sealed_heads`) in the same write as the move — so any replica that
+//! sees the job finished finds its seal — and signs again when the job
+//! retires, over whatever was recorded after the move. A seal outlives the job's records when
 //! they are pruned, so what was pruned is still vouched for.
 //!
 //! [`check_job`] verifies one job as stored: its chain, and its seal

@@ -422,12 +422,19 @@ impl JobBook {
         // The stored record moves with the job, and with a task's move into
         // or out of waiting for a person (which other replicas list).
         let input = TaskState::InputRequired.as_str();
+        let finished = matches!(ev, JobEvent::JobMoved(_)) && entry.state().is_terminal();
         let moved = match ev {
             JobEvent::JobMoved(_) => true,
             JobEvent::TaskMoved(m) => m.to == input || m.from == input,
             _ => false,
         };
         let g = self.store.append(entry, &wire, moved, stored);
+        // A job's final move seals its journal in the same write as the
+        // move (the seal is durable whenever the job is seen finished, by
+        // any replica); retiring seals again, over anything recorded after.
+        if finished {
+            self.seal.seal(job_id, &entry.job, entry.chain, time_ms);
+        }
         entry.cache.push(wire);
         entry.events.push(g);
         st.dirty.insert(job_id.to_owned());

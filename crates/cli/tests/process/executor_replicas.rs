@@ -571,6 +571,24 @@ fn three_replicas_run_a_thousand_jobs_exactly_once_through_kills_and_a_database_
         u8::from(db_restarted),
         watched.len(),
     );
+    // Every journal, written by three replicas through kills, takeovers
+    // and a database restart, verifies (their seals by the key the first
+    // replica kept in the database for all of them).
+    let admin = self::token(&hub, "admin");
+    let verified = rt.block_on(async {
+        let mut x = client(&url_of(&urls, 0), &admin).await.unwrap();
+        x.verify_journals(switchyard_proto::executor::v1::VerifyJournalsRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+    });
+    assert!(
+        verified.problems.is_empty(),
+        "{:?}",
+        verified.problems.first()
+    );
+    assert_eq!(verified.jobs, JOBS as u64, "{verified:?}");
+    assert!(verified.sealed > 0, "{verified:?}");
     for p in replicas.into_iter().flatten() {
         assert_eq!(p.terminate(), Some(0));
     }

@@ -297,6 +297,12 @@ async fn a_killed_executor_resumes_its_job_without_rerunning_finished_tasks() {
         "t1 ran\nt3 ran\n",
         "t1 never ran again, t3 once"
     );
+    // The journal written across the kill verifies, from the CLI against
+    // the split executor.
+    let out = cli(&x.url(), &["audit", "verify", "--as", "admin"]);
+    let said = ok(&out);
+    assert!(said.contains("every journal verifies"), "{said}");
+    assert!(said.contains("1 job checked"), "{said}");
     assert_eq!(x.terminate(), Some(0));
     assert_eq!(others.terminate(), Some(0));
 }
