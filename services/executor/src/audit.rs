@@ -522,7 +522,7 @@ mod tests {
         let c = check_job("j", &evs, false, None, &[]);
         assert_eq!(c.problem, None);
         assert_eq!((c.records, c.unlinked), (5, 0));
-        let head = evs.iter().fold(Head::default(), |h, e| next_head(h, e));
+        let head = evs.iter().fold(Head::default(), next_head);
         assert_eq!(c.head, head);
     }
 
@@ -548,7 +548,7 @@ mod tests {
     #[test]
     fn a_finished_job_needs_a_seal_over_its_own_head_by_a_trusted_key() {
         let evs = events(4, 0);
-        let head = evs.iter().fold(Head::default(), |h, e| next_head(h, e));
+        let head = evs.iter().fold(Head::default(), next_head);
         let (key, _) = ReceiptKey::generate().unwrap();
         let trusted = vec![key.public_key()];
         let job = Job::default();
