@@ -250,6 +250,8 @@ pub mod executor {
                 prune_jobs(PruneJobsRequest) -> PruneJobsResponse;
                 /// VerifyJournals.
                 verify_journals(VerifyJournalsRequest) -> VerifyJournalsResponse;
+                /// ExplainJob.
+                explain_job(ExplainJobRequest) -> ExplainJobResponse;
                 /// RetryDeadLetter.
                 retry_dead_letter(RetryDeadLetterRequest) -> RetryDeadLetterResponse;
                 /// DeleteDeadLetter.

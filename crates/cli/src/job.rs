@@ -74,6 +74,17 @@ pub enum JobCmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// The story of a job, in order: who submitted it, how it was approved,
+    /// where each step went and why, what was reserved, spent and released,
+    /// which tool calls a person gated, delegations, pauses; the cost by
+    /// step, agent and model against what was approved; whether its journal
+    /// verifies.
+    Explain {
+        /// Job id.
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
     /// List jobs, newest first.
     List {
         /// Only these states, comma-separated (pending, active, completed, ...).
@@ -1072,6 +1083,15 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        JobCmd::Explain { id, conn } => {
+            let c = client(&conn).await?;
+            let x = c
+                .explain_job(switchyard_proto::executor::v1::ExplainJobRequest { job_id: id })
+                .await
+                .map_err(api)?;
+            explained(conn.output, &x);
+            Ok(())
+        }
         JobCmd::Get { id, conn } => {
             let c = client(&conn).await?;
             let j = get(&c, &id).await?;
@@ -1530,4 +1550,85 @@ fn is_final(state: i32) -> bool {
         S::try_from(state).unwrap_or(S::Unspecified),
         S::Completed | S::Cancelled | S::Discarded
     )
+}
+
+/// `job explain`'s output: the story, then what it cost.
+fn explained(output: Format, x: &switchyard_proto::executor::v1::ExplainJobResponse) {
+    use switchyard_kit::money::usd_compact;
+    use switchyard_kit::time::{human_duration, timestamp_ms, utc};
+    let shares = |v: &[switchyard_proto::executor::v1::CostShare]| {
+        v.iter()
+            .map(|s| {
+                json!({"name": s.name, "cost_micro_usd": s.cost_micro_usd,
+                       "tokens": s.tokens, "calls": s.calls})
+            })
+            .collect::<Vec<_>>()
+    };
+    if output == Format::Json {
+        print_json(&json!({
+            "job_id": x.job_id,
+            "state": x.state,
+            "duration_ms": x.duration_ms,
+            "spent_micro_usd": x.spent_micro_usd,
+            "approved_micro_usd": x.approved_micro_usd,
+            "journal": x.journal,
+            "lines": x.lines.iter().map(|l| json!({
+                "time": l.time.as_ref().map(|t| utc(timestamp_ms(t))),
+                "offset_ms": l.offset_ms, "task_id": l.task_id, "topic": l.topic,
+                "text": l.text, "sequence": l.sequence,
+            })).collect::<Vec<_>>(),
+            "by_task": shares(&x.by_task),
+            "by_agent": shares(&x.by_agent),
+            "by_model": shares(&x.by_model),
+        }));
+        return;
+    }
+    println!(
+        "job {}: {} after {}; spent {}{}",
+        x.job_id,
+        x.state,
+        human_duration(x.duration_ms),
+        usd_compact(x.spent_micro_usd),
+        if x.approved_micro_usd > 0 {
+            format!(" of {} approved", usd_compact(x.approved_micro_usd))
+        } else {
+            String::new()
+        }
+    );
+    println!("journal: {}", x.journal);
+    println!();
+    for l in &x.lines {
+        let at = l.time.as_ref().map_or(0, timestamp_ms);
+        println!(
+            "{}  +{:<9} {:<11} {}",
+            &utc(at)[11..],
+            human_duration(l.offset_ms),
+            l.topic,
+            l.text
+        );
+    }
+    for (what, v) in [
+        ("step", &x.by_task),
+        ("agent", &x.by_agent),
+        ("model", &x.by_model),
+    ] {
+        if v.is_empty() {
+            continue;
+        }
+        let parts: Vec<String> = v
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} {} ({} token{}, {} call{})",
+                    s.name,
+                    usd_compact(s.cost_micro_usd),
+                    s.tokens,
+                    if s.tokens == 1 { "" } else { "s" },
+                    s.calls,
+                    if s.calls == 1 { "" } else { "s" }
+                )
+            })
+            .collect();
+        println!("by {what}: {}", parts.join("; "));
+    }
 }

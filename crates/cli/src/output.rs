@@ -183,19 +183,7 @@ pub fn route_json(r: &RouteResponse) -> Value {
     json!({"candidates": r.candidates.iter().map(candidate_json).collect::<Vec<_>>(), "filtered": r.filtered})
 }
 
-/// Micro-USD as dollars for tables.
-pub fn usd(micro: i64) -> String {
-    let sign = if micro < 0 { "-" } else { "" };
-    let m = micro.unsigned_abs();
-    format!("{sign}${}.{:06}", m / 1_000_000, m % 1_000_000)
-}
-
-/// Micro-USD as dollars without trailing zeros (`$3`, `$0.15`, `$0.000001`),
-/// for prices.
-pub fn usd_compact(micro: i64) -> String {
-    let full = usd(micro);
-    full.trim_end_matches('0').trim_end_matches('.').to_owned()
-}
+pub use switchyard_kit::money::{usd, usd_compact};
 
 /// A money amount given at the CLI: dollars (`12`, `0.42`, `$1.000001`),
 /// or micro-USD with an explicit suffix (`420000micro`, `420000µ`), exactly.

@@ -27,6 +27,7 @@ pub mod hex;
 pub mod json;
 mod layer;
 pub mod metrics;
+pub mod money;
 pub mod receipt;
 pub mod server;
 pub mod shutdown;

@@ -340,6 +340,42 @@ pub(crate) fn finished(job: &Job) -> bool {
     )
 }
 
+impl crate::Executor {
+    /// Job `id`'s events as stored, in the journal's order (its positions
+    /// from memory when it is held here).
+    pub(crate) async fn journal_of(&self, id: &str) -> Result<Vec<Event>, ExecutorError> {
+        let book = &self.inner.book;
+        let positions = book.lock().find(id).map(|e| e.events.clone());
+        book.store
+            .events(id, 0, u64::MAX, positions.as_deref().unwrap_or_default())
+            .await
+    }
+
+    /// Whether job `id`'s journal (`events`, its record `job`) verifies, in
+    /// words: `verifies, sealed by key …`, `verifies (…not finished…)`, or
+    /// where it breaks.
+    pub(crate) async fn check_journal(
+        &self,
+        id: &str,
+        job: &Job,
+        events: &[Event],
+    ) -> Result<String, ExecutorError> {
+        let seal = &self.inner.book.seal;
+        let held = self.inner.book.lock().find(id).is_some();
+        let sealed = !held && finished(job);
+        let kept = if sealed { seal.sealed(id).await? } else { None };
+        let c = check_job(id, events, sealed, kept.as_ref(), seal.trusted());
+        Ok(match (c.problem, c.sealed_by) {
+            (Some(p), _) => format!("does not verify: {p}"),
+            (None, Some(k)) => format!("verifies ({} events), sealed by key {k}", c.records),
+            (None, None) => format!(
+                "verifies ({} events; sealed once the job has finished and left memory)",
+                c.records
+            ),
+        })
+    }
+}
+
 /// Jobs read per store page while verifying.
 const PAGE: usize = 256;
 
@@ -427,8 +463,7 @@ impl crate::Executor {
                 }
                 continue;
             }
-            let positions = held.as_ref().map(|(p, _)| p.clone()).unwrap_or_default();
-            let events = match book.store.events(&id, 0, u64::MAX, &positions).await {
+            let events = match self.journal_of(&id).await {
                 Ok(events) => events,
                 Err(e) => {
                     check(

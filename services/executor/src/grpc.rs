@@ -11,14 +11,14 @@ use switchyard_proto::executor::v1::{
 };
 use switchyard_proto::executor::v1::{
     CancelJobRequest, CancelJobResponse, DeleteDeadLetterRequest, DeleteDeadLetterResponse,
-    GetArtifactRequest, GetArtifactResponse, GetJobRequest, GetJobResponse, GetResultRequest,
-    GetResultResponse, ListArtifactsRequest, ListArtifactsResponse, ListInputRequestsRequest,
-    ListInputRequestsResponse, ListJobsRequest, ListJobsResponse, ListMessagesRequest,
-    ListMessagesResponse, PruneJobsRequest, PruneJobsResponse, RetryDeadLetterRequest,
-    RetryDeadLetterResponse, SendInputRequest, SendInputResponse, SendMessageRequest,
-    SendMessageResponse, SubmitJobRequest, SubmitJobResponse, ValidateJobRequest,
-    ValidateJobResponse, VerifyJournalsRequest, VerifyJournalsResponse, WatchJobRequest,
-    WatchJobResponse,
+    ExplainJobRequest, ExplainJobResponse, GetArtifactRequest, GetArtifactResponse, GetJobRequest,
+    GetJobResponse, GetResultRequest, GetResultResponse, ListArtifactsRequest,
+    ListArtifactsResponse, ListInputRequestsRequest, ListInputRequestsResponse, ListJobsRequest,
+    ListJobsResponse, ListMessagesRequest, ListMessagesResponse, PruneJobsRequest,
+    PruneJobsResponse, RetryDeadLetterRequest, RetryDeadLetterResponse, SendInputRequest,
+    SendInputResponse, SendMessageRequest, SendMessageResponse, SubmitJobRequest,
+    SubmitJobResponse, ValidateJobRequest, ValidateJobResponse, VerifyJournalsRequest,
+    VerifyJournalsResponse, WatchJobRequest, WatchJobResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -209,6 +209,16 @@ impl JobService for Executor {
         let tenant = p.tenant_scope().map(str::to_owned);
         let (jobs, records) = self.prune(ms, tenant.as_deref()).await?;
         Ok(Response::new(PruneJobsResponse { jobs, records }))
+    }
+
+    async fn explain_job(
+        &self,
+        req: Request<ExplainJobRequest>,
+    ) -> Result<Response<ExplainJobResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let id = &req.get_ref().job_id;
+        self.inner.book.visible(&p, id).await?;
+        Ok(Response::new(self.explain(id).await?))
     }
 
     async fn verify_journals(

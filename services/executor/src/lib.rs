@@ -45,6 +45,7 @@ pub mod config;
 mod driver;
 pub mod error;
 pub mod events;
+mod explain;
 pub mod formats;
 mod grpc;
 mod input;

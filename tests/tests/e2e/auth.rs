@@ -122,6 +122,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
         "JobService/GetResult",
         "JobService/ListArtifacts",
         "JobService/GetArtifact",
+        "JobService/ExplainJob",
     ];
     // Who may answer a given input task is the task's to say; the RPCs
     // are open to the people who could be named.

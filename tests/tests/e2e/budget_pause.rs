@@ -22,8 +22,8 @@ use switchyard_testkit::Stack;
 use tonic::Code;
 
 use crate::common::{
-    Counting, Jobs, approvals_as, approve, budget, events_of, finish, job, outsiders, run_of,
-    serve_priced_agent, submit, tenant_key, until_event, wait_routed,
+    Counting, Jobs, approvals_as, approve, budget, events_of, explain, finish, job, outsiders,
+    run_of, serve_priced_agent, story_says, submit, tenant_key, until_event, wait_routed,
 };
 
 /// Every service in one process; `dana` submits and may approve (so
@@ -209,6 +209,16 @@ async fn a_budget_that_runs_out_pauses_the_job_and_an_approved_extension_resumes
     assert_eq!(
         (b.token_limit, b.tokens_spent, b.tokens_reserved),
         (Some(160), 120, 0)
+    );
+    // The story: the pause, who extended it, and only c's second attempt.
+    let x = explain(&mut c, "tight").await;
+    story_says(&x, "Paused: tokens ran out at");
+    story_says(&x, "The extension was approved by bob");
+    story_says(&x, "Step c: attempt 2 started");
+    assert_eq!(
+        x.by_task.iter().map(|t| t.tokens).sum::<u64>(),
+        120,
+        "the steps' charges add up to the budget's: {x:?}"
     );
     trigger.fire();
     let _ = agent.await;

@@ -27,7 +27,7 @@ use switchyard_proto::registry::v1::{
 };
 use switchyard_testkit::Stack;
 
-use crate::common::{Jobs, finish, id, submit};
+use crate::common::{Jobs, explain, finish, id, story_says, submit};
 use tokio_stream::StreamExt;
 
 /// Models served by the scripted server over OpenAI's wire, at $2.50/$10
@@ -536,6 +536,32 @@ async fn fallback_follows_the_order_records_model_used_and_honours_retry_after()
             ("gpt-4o-mini".into(), "openai".into(), "ok".into())
         ]
     );
+    // The story tells the fallback, and charges the model that answered.
+    let x = explain(&mut e.jobs, &id(&job)).await;
+    story_says(&x, "model gpt-4o (openai) failed turn 1");
+    story_says(&x, "model claude-3.5-sonnet (anthropic) failed turn 1");
+    story_says(&x, "model gpt-4o-mini (openai) answered turn 1");
+    story_says(
+        &x,
+        "The run was approved automatically by policy \"up-to-10-dollars\"",
+    );
+    let mini = x.by_model.iter().find(|m| m.name == "gpt-4o-mini").unwrap();
+    assert_eq!((mini.calls, mini.tokens), (1, 12), "{x:?}");
+    assert_eq!(x.spent_micro_usd, mini.cost_micro_usd, "{x:?}");
+    assert!(x.journal.starts_with("verifies"), "{}", x.journal);
+    // Another submitter, another tenant's admin and an agent key learn
+    // nothing of the job.
+    for (who, key) in ["carol", "mallory", "robot"]
+        .into_iter()
+        .zip(crate::common::outsiders(&e.stack).await)
+    {
+        let mut c = JobServiceClient::new(e.stack.channel_with(&key).await.unwrap());
+        let err = c
+            .explain_job(switchyard_proto::executor::v1::ExplainJobRequest { job_id: id(&job) })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::NotFound, "{who}: {err:?}");
+    }
     // The primary answering is recorded too.
     e.script.for_model(
         "gpt-4o",
@@ -808,6 +834,14 @@ async fn delegation_nests_the_budget_rolls_costs_up_and_stops_at_the_depth_limit
     let pb = budget(&e.stack, &format!("job-{parent}")).await;
     assert_eq!(pb.tokens_spent, 120 + 155 + 125);
     assert_eq!(r.tokens_used, 120 + 155 + 125);
+    // The parent's story names the child, and what it used; the child's
+    // says whom the person approved (its parent's run, by delegation).
+    let x = explain(&mut e.jobs, &parent).await;
+    story_says(&x, &format!("delegated work to child job {child_id}"));
+    story_says(&x, &format!("child job {child_id} ended completed, using"));
+    story_says(&x, "tool delegate ran ok");
+    let cx = explain(&mut e.jobs, &child_id).await;
+    story_says(&cx, "approved as a delegation under run");
     // Delegating from a finished job is refused.
     let late = json!({"plan_id": "late", "delegation": {"parent_job_id": parent},
                       "tasks": [{"id": "a", "command": {"command": "true"}}]})

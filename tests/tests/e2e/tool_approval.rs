@@ -276,6 +276,11 @@ async fn a_gated_call_waits_holding_no_budget_until_bob_approves_and_carol_downl
         .into_inner();
     assert_eq!(through_run.content, got.content);
     run_reaches(&e.stack, &call.run_id, RunStatus::Completed).await;
+    // The story says the call waited for a person and who let it run.
+    let x = common::explain(&mut carol, "gated-ok").await;
+    common::story_says(&x, "the call deploy({\"q\":\"prod\"}) waits for a person");
+    common::story_says(&x, "the call of deploy was approved by bob");
+    common::story_says(&x, "tool deploy ran ok");
     e.stack.stop().await.unwrap();
 }
 

@@ -303,6 +303,14 @@ async fn a_killed_executor_resumes_its_job_without_rerunning_finished_tasks() {
     let said = ok(&out);
     assert!(said.contains("every journal verifies"), "{said}");
     assert!(said.contains("1 job checked"), "{said}");
+    // Its story, from the CLI: the interrupted attempt ran again.
+    let story = ok(&cli(
+        &x.url(),
+        &["job", "explain", "survivor", "--as", "alice"],
+    ));
+    assert!(story.contains("journal: verifies"), "{story}");
+    assert!(story.contains("Step t2: attempt 2 started"), "{story}");
+    assert!(story.contains("The job became completed after"), "{story}");
     assert_eq!(x.terminate(), Some(0));
     assert_eq!(others.terminate(), Some(0));
 }

@@ -246,6 +246,7 @@ pub fn access(path: &str) -> Access {
             }
             "PruneJobs" => needs(P::JobPrune),
             "VerifyJournals" => needs(P::AuditRead),
+            "ExplainJob" => needs(P::JobRead),
             "RetryDeadLetter" | "DeleteDeadLetter" => needs(P::DeadLetterManage),
             _ => Access::Unknown,
         },

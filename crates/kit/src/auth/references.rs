@@ -380,6 +380,11 @@ pub const REFERENCES: &[Reference] = &[
         "executor grpc visibility",
     ),
     r(
+        "switchyard.executor.v1.ExplainJobRequest.job_id",
+        Visible,
+        "executor grpc visibility (Jobs::get)",
+    ),
+    r(
         "switchyard.executor.v1.VerifyJournalsRequest.job_id",
         Visible,
         "executor grpc visibility, then the caller's tenant scope",

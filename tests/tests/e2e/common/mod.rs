@@ -521,3 +521,31 @@ pub async fn events_of(c: &mut Jobs, job_id: &str, kind: &str) -> Vec<serde_json
         .await
         .expect("a finished job's stream ends")
 }
+
+/// Job `job_id`'s story (ExplainJob), and a test of whether a line says
+/// `what`.
+pub async fn explain(
+    c: &mut Jobs,
+    job_id: &str,
+) -> switchyard_proto::executor::v1::ExplainJobResponse {
+    c.explain_job(switchyard_proto::executor::v1::ExplainJobRequest {
+        job_id: job_id.into(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+}
+
+/// Whether a line of `x` says `what` (panics with the story when not, so a
+/// failed assertion shows what was said).
+pub fn story_says(x: &switchyard_proto::executor::v1::ExplainJobResponse, what: &str) {
+    assert!(
+        x.lines.iter().any(|l| l.text.contains(what)),
+        "no line says {what:?}:\n{}",
+        x.lines
+            .iter()
+            .map(|l| format!("  {} {}", l.topic, l.text))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
