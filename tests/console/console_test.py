@@ -209,6 +209,15 @@ def main():
         summary["call_title"] = alice.locator("#waterfall tr.call", has_text="agent text_stats").locator("title").text_content()
         alice.screenshot(path=os.path.join(SHOTS, "console-job.png"), full_page=True)
 
+        step("reloaded, the finished job tells its story: who approved it, what it cost, its journal verifies")
+        alice.reload()
+        story = alice.get_by_role("region", name="Story")
+        expect(story.locator("tbody tr", has_text="The run was approved by bob")).to_have_count(1)
+        expect(story.locator("tbody tr", has_text="routed text.stats to text_stats")).to_have_count(1)
+        expect(alice.locator("#journal")).to_contain_text("verifies")
+        expect(story.locator("p", has_text="By agent:")).to_contain_text("text_stats $0.03 (0 tokens, 1 call)")
+        summary["story_lines"] = story.locator("tbody tr").count()
+
         step("bob opens the job's budget: ledger entries and the spend chart")
         bob.goto(BASE + "/ui/jobs/" + job_id)
         bob.get_by_role("link", name="job-" + job_id).click()

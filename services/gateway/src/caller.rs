@@ -190,6 +190,18 @@ impl Jobs {
         job.ok_or_else(|| Status::internal("GetJob answered without a job"))
     }
 
+    /// ExplainJob.
+    pub async fn explain(
+        &self,
+        c: &Caller,
+        job_id: &str,
+    ) -> Result<switchyard_proto::executor::v1::ExplainJobResponse, Status> {
+        let req = switchyard_proto::executor::v1::ExplainJobRequest {
+            job_id: job_id.to_owned(),
+        };
+        as_caller!(ExecutorClient, self.0, c, explain_job, req)
+    }
+
     /// GetResult.
     pub async fn result(&self, c: &Caller, job_id: &str) -> Result<GetResultResponse, Status> {
         let req = GetResultRequest {

@@ -1061,6 +1061,31 @@ pub(crate) async fn job(
     };
     let started = ms(j.started_at.as_ref());
     let ended = ms(j.finished_at.as_ref());
+    // The story as the journal tells it when the page loads (the timeline
+    // below goes on live).
+    let story = c.jobs.explain(&caller, &job_id).await.ok().map(|x| {
+        let shares = |v: &[switchyard_proto::executor::v1::CostShare]| {
+            v.iter()
+                .map(|s| json!({"name": s.name, "cost": money(s.cost_micro_usd), "tokens": s.tokens, "calls": s.calls}))
+                .collect::<Vec<_>>()
+        };
+        json!({
+            "lines": x.lines.iter().map(|l| json!({
+                "at": switchyard_kit::time::utc(ms(l.time.as_ref())),
+                "offset": switchyard_kit::time::human_duration(l.offset_ms),
+                "topic": l.topic,
+                "task": l.task_id,
+                "text": l.text,
+            })).collect::<Vec<_>>(),
+            "spent": money(x.spent_micro_usd),
+            "approved": (x.approved_micro_usd > 0).then(|| money(x.approved_micro_usd)),
+            "by_task": shares(&x.by_task),
+            "by_agent": shares(&x.by_agent),
+            "by_model": shares(&x.by_model),
+            "journal": x.journal,
+            "verifies": x.journal.starts_with("verifies"),
+        })
+    });
     Ok(page(
         "job.html",
         base,
@@ -1102,6 +1127,7 @@ pub(crate) async fn job(
             "duration": switchyard_kit::time::ran_for(started, ended, now),
             "tasks": tasks,
             "inputs": input_cards(&c, &caller, &spec.job_id).await,
+            "story": story,
             "events_url": format!("/ui/jobs/{}/events", encode(&spec.job_id)),
         }),
     ))
