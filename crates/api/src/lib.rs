@@ -252,6 +252,8 @@ pub mod executor {
                 verify_journals(VerifyJournalsRequest) -> VerifyJournalsResponse;
                 /// ExplainJob.
                 explain_job(ExplainJobRequest) -> ExplainJobResponse;
+                /// ExportJournal.
+                export_journal(ExportJournalRequest) -> ExportJournalResponse;
                 /// RetryDeadLetter.
                 retry_dead_letter(RetryDeadLetterRequest) -> RetryDeadLetterResponse;
                 /// DeleteDeadLetter.

@@ -2,6 +2,7 @@
 //! signing key.
 
 use clap::Subcommand;
+use prost::Message as _;
 use serde_json::json;
 use switchyard_api::ExecutorClient;
 use switchyard_proto::executor::v1::VerifyJournalsRequest;
@@ -19,6 +20,28 @@ pub enum AuditCmd {
         /// Only this job.
         #[arg(long)]
         job: Option<String>,
+        /// Check a bundle `audit export` wrote, offline (no deployment is
+        /// called).
+        #[arg(long, conflicts_with = "job")]
+        bundle: Option<std::path::PathBuf>,
+        /// With --bundle: the deployment's public key (base64) to trust,
+        /// repeatable; without it the bundle's own keys are trusted, which
+        /// proves the journal consistent but not who signed it.
+        #[arg(long)]
+        trust: Vec<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Write a job's journal as a self-contained bundle (events, chain
+    /// links, its seal, the deployment's public keys, the policy set's
+    /// version) that `audit verify --bundle` checks on another machine.
+    Export {
+        /// The job.
+        #[arg(long)]
+        job: String,
+        /// Where to write it (default: `<job>.journal.json`).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
         #[command(flatten)]
         conn: Conn,
     },
@@ -33,7 +56,54 @@ pub enum AuditCmd {
 
 pub async fn run(cmd: AuditCmd) -> anyhow::Result<()> {
     match cmd {
-        AuditCmd::Verify { job, conn } => {
+        AuditCmd::Verify {
+            bundle: Some(path),
+            trust,
+            ..
+        } => verify_bundle(&path, &trust),
+        AuditCmd::Export { job, out, conn } => {
+            let c = ExecutorClient::remote(conn.channel().await?, MAX_MESSAGE);
+            let x = c
+                .export_journal(switchyard_proto::executor::v1::ExportJournalRequest {
+                    job_id: job.clone(),
+                })
+                .await
+                .map_err(api)?;
+            let path = out.unwrap_or_else(|| format!("{job}.journal.json").into());
+            let seal: serde_json::Value = if x.seal.is_empty() {
+                serde_json::Value::Null
+            } else {
+                serde_json::from_str(&x.seal)?
+            };
+            let doc = json!({
+                "format": BUNDLE_FORMAT,
+                "job_id": x.job_id,
+                "finished": x.finished,
+                "policy_version": x.policy_version,
+                "public_keys": x.public_keys,
+                "seal": seal,
+                "events": x.events.iter().map(|e| json!({
+                    "sequence": e.sequence,
+                    "kind": e.kind,
+                    "protobuf": switchyard_kit::hex::encode(&e.encode_to_vec()),
+                })).collect::<Vec<_>>(),
+            });
+            std::fs::write(&path, serde_json::to_vec_pretty(&doc)?)
+                .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+            println!(
+                "wrote {} ({} events{}) — check it anywhere with: switchyard audit verify --bundle {} --trust <the deployment's public key>",
+                path.display(),
+                x.events.len(),
+                if x.seal.is_empty() {
+                    ", not sealed yet"
+                } else {
+                    ", sealed"
+                },
+                path.display()
+            );
+            Ok(())
+        }
+        AuditCmd::Verify { job, conn, .. } => {
             let c = ExecutorClient::remote(conn.channel().await?, MAX_MESSAGE);
             let out = c
                 .verify_journals(VerifyJournalsRequest {
@@ -103,6 +173,82 @@ pub async fn run(cmd: AuditCmd) -> anyhow::Result<()> {
                 "key id {}, public key {} — write the first line to the file [audit] key_file names (mode 0600, or a Secret); keep the public key to verify with, and list it in previous_public_keys once you rotate",
                 key.id(),
                 key.public_key()
+            );
+            Ok(())
+        }
+    }
+}
+
+/// What a bundle file says it is.
+const BUNDLE_FORMAT: &str = "switchyard.journal-bundle.v1";
+
+/// `audit verify --bundle`: the chain and seal of an exported journal,
+/// offline.
+fn verify_bundle(path: &std::path::Path, trust: &[String]) -> anyhow::Result<()> {
+    let text =
+        std::fs::read(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    let doc: serde_json::Value = serde_json::from_slice(&text)
+        .map_err(|e| anyhow::anyhow!("{} is not a journal bundle (JSON): {e}", path.display()))?;
+    if doc["format"] != BUNDLE_FORMAT {
+        anyhow::bail!(
+            "{} is not a journal bundle: its format is {}, not {BUNDLE_FORMAT} (write one with switchyard audit export)",
+            path.display(),
+            doc["format"]
+        );
+    }
+    let mut events = Vec::new();
+    for (i, e) in doc["events"].as_array().into_iter().flatten().enumerate() {
+        let bytes = e["protobuf"]
+            .as_str()
+            .and_then(|h| switchyard_kit::hex::decode(h, h.len()))
+            .ok_or_else(|| anyhow::anyhow!("event {} of the bundle is not hex protobuf", i + 1))?;
+        events.push(
+            switchyard_proto::common::v1::Event::decode(bytes.as_slice()).map_err(|e| {
+                anyhow::anyhow!("event {} of the bundle does not decode: {e}", i + 1)
+            })?,
+        );
+    }
+    let bundle_keys: Vec<String> = doc["public_keys"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|k| k.as_str().map(str::to_owned))
+        .collect();
+    let trusted = if trust.is_empty() {
+        eprintln!(
+            "note: trusting the bundle's own public keys; pass --trust <key> with the deployment's public key to rule out a bundle re-signed by someone else"
+        );
+        bundle_keys
+    } else {
+        trust.to_vec()
+    };
+    let x = switchyard_proto::executor::v1::ExportJournalResponse {
+        job_id: doc["job_id"].as_str().unwrap_or_default().to_owned(),
+        events,
+        finished: doc["finished"].as_bool().unwrap_or(false),
+        seal: if doc["seal"].is_null() {
+            String::new()
+        } else {
+            doc["seal"].to_string()
+        },
+        public_keys: Vec::new(),
+        policy_version: String::new(),
+    };
+    let c = switchyard_executor::audit::check_export(&x, &trusted);
+    match c.problem {
+        Some(p) => {
+            println!("BROKEN  job {}: {p}", c.job_id);
+            anyhow::bail!("the bundle's journal did not verify")
+        }
+        None => {
+            println!(
+                "job {}: {} event{} verify{}",
+                c.job_id,
+                c.records,
+                plural(c.records),
+                c.sealed_by
+                    .map(|k| format!(", sealed by key {k}"))
+                    .unwrap_or_else(|| " (not sealed: the job had not finished)".into())
             );
             Ok(())
         }

@@ -376,6 +376,59 @@ impl crate::Executor {
     }
 }
 
+impl crate::Executor {
+    /// Job `id`'s journal as a self-contained copy (ExportJournal).
+    pub async fn export_journal(
+        &self,
+        id: &str,
+    ) -> Result<switchyard_proto::executor::v1::ExportJournalResponse, ExecutorError> {
+        let job = self.job(id).await?;
+        let events = self.journal_of(id).await?;
+        let book = &self.inner.book;
+        let held = book.lock().find(id).is_some();
+        let sealed = !held && finished(&job);
+        let seal = match book.seal.sealed(id).await? {
+            Some(Sealed::Receipt(r)) if sealed => serde_json::to_string(&r).unwrap_or_default(),
+            _ => String::new(),
+        };
+        let policy_version = if job.run_id.is_empty() {
+            String::new()
+        } else {
+            self.inner
+                .clients
+                .approval
+                .get_run(switchyard_proto::approval::v1::GetRunRequest {
+                    run_id: job.run_id.clone(),
+                })
+                .await
+                .ok()
+                .and_then(|r| r.run)
+                .and_then(|r| r.policy)
+                .map(|p| p.version)
+                .unwrap_or_default()
+        };
+        Ok(switchyard_proto::executor::v1::ExportJournalResponse {
+            job_id: id.to_owned(),
+            events,
+            finished: sealed,
+            seal,
+            public_keys: book.seal.trusted().to_vec(),
+            policy_version,
+        })
+    }
+}
+
+/// Checks an exported journal (`switchyard audit verify --bundle`) with no
+/// access to the deployment: its chain, and when the job had finished, its
+/// seal against `trusted` public keys.
+pub fn check_export(
+    x: &switchyard_proto::executor::v1::ExportJournalResponse,
+    trusted: &[String],
+) -> JobCheck {
+    let seal = (!x.seal.is_empty()).then(|| Sealed::parse(x.seal.as_bytes()));
+    check_job(&x.job_id, &x.events, x.finished, seal.as_ref(), trusted)
+}
+
 /// Jobs read per store page while verifying.
 const PAGE: usize = 256;
 

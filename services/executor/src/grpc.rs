@@ -11,14 +11,15 @@ use switchyard_proto::executor::v1::{
 };
 use switchyard_proto::executor::v1::{
     CancelJobRequest, CancelJobResponse, DeleteDeadLetterRequest, DeleteDeadLetterResponse,
-    ExplainJobRequest, ExplainJobResponse, GetArtifactRequest, GetArtifactResponse, GetJobRequest,
-    GetJobResponse, GetResultRequest, GetResultResponse, ListArtifactsRequest,
-    ListArtifactsResponse, ListInputRequestsRequest, ListInputRequestsResponse, ListJobsRequest,
-    ListJobsResponse, ListMessagesRequest, ListMessagesResponse, PruneJobsRequest,
-    PruneJobsResponse, RetryDeadLetterRequest, RetryDeadLetterResponse, SendInputRequest,
-    SendInputResponse, SendMessageRequest, SendMessageResponse, SubmitJobRequest,
-    SubmitJobResponse, ValidateJobRequest, ValidateJobResponse, VerifyJournalsRequest,
-    VerifyJournalsResponse, WatchJobRequest, WatchJobResponse,
+    ExplainJobRequest, ExplainJobResponse, ExportJournalRequest, ExportJournalResponse,
+    GetArtifactRequest, GetArtifactResponse, GetJobRequest, GetJobResponse, GetResultRequest,
+    GetResultResponse, ListArtifactsRequest, ListArtifactsResponse, ListInputRequestsRequest,
+    ListInputRequestsResponse, ListJobsRequest, ListJobsResponse, ListMessagesRequest,
+    ListMessagesResponse, PruneJobsRequest, PruneJobsResponse, RetryDeadLetterRequest,
+    RetryDeadLetterResponse, SendInputRequest, SendInputResponse, SendMessageRequest,
+    SendMessageResponse, SubmitJobRequest, SubmitJobResponse, ValidateJobRequest,
+    ValidateJobResponse, VerifyJournalsRequest, VerifyJournalsResponse, WatchJobRequest,
+    WatchJobResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -219,6 +220,16 @@ impl JobService for Executor {
         let id = &req.get_ref().job_id;
         self.inner.book.visible(&p, id).await?;
         Ok(Response::new(self.explain(id).await?))
+    }
+
+    async fn export_journal(
+        &self,
+        req: Request<ExportJournalRequest>,
+    ) -> Result<Response<ExportJournalResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let id = &req.get_ref().job_id;
+        self.inner.book.visible(&p, id).await?;
+        Ok(Response::new(self.export_journal(id).await?))
     }
 
     async fn verify_journals(

@@ -173,6 +173,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
                 "ApprovalService/Reject",
                 "ApprovalService/ListAudit",
                 "JobService/VerifyJournals",
+                "JobService/ExportJournal",
                 "ApprovalService/ExportPromptBundle",
                 "ApprovalService/ImportManualResult",
                 // Where a run's tasks would go is part of deciding it.
@@ -187,6 +188,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
             add(&[
                 "ApprovalService/ListAudit",
                 "JobService/VerifyJournals",
+                "JobService/ExportJournal",
                 "RouterService/Route",
             ]);
         }
@@ -201,6 +203,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
             add(&[
                 "ApprovalService/ListAudit",
                 "JobService/VerifyJournals",
+                "JobService/ExportJournal",
                 "ApprovalService/Cancel",
                 "JobService/CancelJob",
                 "RouterService/Route",

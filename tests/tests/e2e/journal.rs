@@ -16,7 +16,7 @@ use switchyard_kit::receipt::ReceiptKey;
 use switchyard_proto::common::v1::Event;
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
 use switchyard_proto::executor::v1::{
-    JobState, PruneJobsRequest, VerifyJournalsRequest, VerifyJournalsResponse,
+    ExportJournalRequest, JobState, PruneJobsRequest, VerifyJournalsRequest, VerifyJournalsResponse,
 };
 use switchyard_testkit::Stack;
 
@@ -467,6 +467,52 @@ async fn every_tampering_with_a_finished_jobs_journal_is_found_where_it_breaks(b
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    // Exported, a journal checks out against the deployment's public key
+    // alone; re-signed by anyone else, it does not. Outsiders get nothing.
+    let mut admin = JobServiceClient::new(s.channel_as("admin").await.unwrap());
+    let x = admin
+        .export_journal(ExportJournalRequest {
+            job_id: "j-clean".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(x.finished && !x.seal.is_empty(), "{x:?}");
+    assert_eq!(x.public_keys, [key.public_key()]);
+    let checked = switchyard_executor::audit::check_export(&x, &[key.public_key()]);
+    assert_eq!(
+        (checked.problem, checked.records),
+        (None, x.events.len() as u64)
+    );
+    let real: switchyard_kit::receipt::Receipt = serde_json::from_str(&x.seal).unwrap();
+    let (_, heads) = chain::verify_checkpoint(&real, &[key.public_key()]).unwrap();
+    let (forger, _) = ReceiptKey::generate().unwrap();
+    let mut forged = x.clone();
+    forged.seal = serde_json::to_string(&chain::checkpoint(&forger, &heads, 1)).unwrap();
+    let p = switchyard_executor::audit::check_export(&forged, &[key.public_key()])
+        .problem
+        .unwrap();
+    assert!(p.contains("not one of the deployment's keys"), "{p}");
+    let mut edited = x.clone();
+    edited.events[2].kind = "job.state".into();
+    let p = switchyard_executor::audit::check_export(&edited, &[key.public_key()])
+        .problem
+        .unwrap();
+    assert!(p.contains("record 4: it was not written after"), "{p}");
+    for (who, token, code) in [
+        ("carol", &carol, tonic::Code::PermissionDenied),
+        ("robot", &robot, tonic::Code::PermissionDenied),
+        ("mallory", &mallory, tonic::Code::NotFound),
+    ] {
+        let mut c = JobServiceClient::new(s.channel_with(token).await.unwrap());
+        let e = c
+            .export_journal(ExportJournalRequest {
+                job_id: "j-clean".into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), code, "{who}: {e:?}");
+    }
     // A name that would be a path names no job (as for GetJob).
     let e = c
         .verify_journals(VerifyJournalsRequest {

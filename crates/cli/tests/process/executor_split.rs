@@ -311,6 +311,45 @@ async fn a_killed_executor_resumes_its_job_without_rerunning_finished_tasks() {
     assert!(story.contains("journal: verifies"), "{story}");
     assert!(story.contains("Step t2: attempt 2 started"), "{story}");
     assert!(story.contains("The job became completed after"), "{story}");
+    // Exported, its journal checks out on its own, offline; with two
+    // events swapped it does not.
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("survivor.json");
+    let bundle_arg = bundle.display().to_string();
+    ok(&cli(
+        &x.url(),
+        &[
+            "audit",
+            "export",
+            "--job",
+            "survivor",
+            "--out",
+            &bundle_arg,
+            "--as",
+            "admin",
+        ],
+    ));
+    let offline = std::process::Command::new(BIN)
+        .args(["audit", "verify", "--bundle", &bundle_arg])
+        .env("SWITCHYARD_URL", "http://127.0.0.1:9")
+        .output()
+        .unwrap();
+    let said = ok(&offline);
+    assert!(
+        said.contains("job survivor:") && said.contains("sealed by key"),
+        "{said}"
+    );
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&bundle).unwrap()).unwrap();
+    doc["events"].as_array_mut().unwrap().swap(4, 5);
+    std::fs::write(&bundle, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let swapped = std::process::Command::new(BIN)
+        .args(["audit", "verify", "--bundle", &bundle_arg])
+        .output()
+        .unwrap();
+    assert!(!swapped.status.success());
+    let said = String::from_utf8_lossy(&swapped.stdout);
+    assert!(said.contains("expected record 5, found record 6"), "{said}");
     assert_eq!(x.terminate(), Some(0));
     assert_eq!(others.terminate(), Some(0));
 }

@@ -247,6 +247,7 @@ pub fn access(path: &str) -> Access {
             "PruneJobs" => needs(P::JobPrune),
             "VerifyJournals" => needs(P::AuditRead),
             "ExplainJob" => needs(P::JobRead),
+            "ExportJournal" => needs(P::AuditRead),
             "RetryDeadLetter" | "DeleteDeadLetter" => needs(P::DeadLetterManage),
             _ => Access::Unknown,
         },

@@ -380,6 +380,11 @@ pub const REFERENCES: &[Reference] = &[
         "executor grpc visibility",
     ),
     r(
+        "switchyard.executor.v1.ExportJournalRequest.job_id",
+        Visible,
+        "executor grpc visibility (Jobs::get)",
+    ),
+    r(
         "switchyard.executor.v1.ExplainJobRequest.job_id",
         Visible,
         "executor grpc visibility (Jobs::get)",
