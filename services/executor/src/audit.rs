@@ -12,9 +12,10 @@
 //! When a job makes its final move, the executor signs its head with the
 //! deployment's key, with a summary of the job (state, tenant, submitter,
 //! tasks, when it finished), and keeps that **seal** beside the jobs (space
-//! `sealed_heads`) in the same write as the move — so any replica that
-//! sees the job finished finds its seal — and signs again when the job
-//! retires, over whatever was recorded after the move. A seal outlives the job's records when
+//! `sealed_heads`) in the same write as the move, fenced like it — so any
+//! replica that sees the job finished finds its seal, and a replica that
+//! lost the job writes neither. On the embedded store the job is sealed
+//! again when it retires, over whatever was recorded after the move. A seal outlives the job's records when
 //! they are pruned, so what was pruned is still vouched for.
 //!
 //! [`check_job`] verifies one job as stored: its chain, and its seal
@@ -121,16 +122,16 @@ impl Seal {
         self.key.id()
     }
 
+    /// The seal of finished job `job`'s `head` at `at_ms`, as kept (JSON).
+    pub(crate) fn signed(&self, job_id: &str, job: &Job, head: Head, at_ms: u64) -> Vec<u8> {
+        let r = seal_of(&self.key, job_id, job, head, at_ms);
+        // A receipt is JSON text and numbers: it always serializes.
+        serde_json::to_vec(&r).unwrap_or_default()
+    }
+
     /// Signs finished job `job`'s `head` at `at_ms` and keeps the seal.
     pub(crate) fn seal(&self, job_id: &str, job: &Job, head: Head, at_ms: u64) {
-        let r = seal_of(&self.key, job_id, job, head, at_ms);
-        let bytes = match serde_json::to_vec(&r) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::error!(job_id, error = %e, "encoding a journal seal");
-                return;
-            }
-        };
+        let bytes = self.signed(job_id, job, head, at_ms);
         if let Err(e) = self.seals.put(job_id, &bytes) {
             tracing::error!(job_id, error = %e, "keeping a journal seal");
         }

@@ -295,8 +295,15 @@ impl JobBook {
             .iter()
             .filter(|r| match self.store.retire(r) {
                 Ok(()) => {
-                    // Its journal is final and durable: its head is sealed.
-                    self.seal.seal(&r.id, &r.job, r.head, self.now());
+                    // Sealed again over anything recorded after the final
+                    // move, and in case a crash kept the move but not its
+                    // seal (the embedded store flushes the log and the
+                    // trees one after the other). Where replicas share jobs
+                    // the seal went with the move, fenced like it, and an
+                    // unfenced write here could outlive a lost lease.
+                    if !self.cluster.shared() {
+                        self.seal.seal(&r.id, &r.job, r.head, self.now());
+                    }
                     true
                 }
                 Err(e) => {
@@ -428,13 +435,13 @@ impl JobBook {
             JobEvent::TaskMoved(m) => m.to == input || m.from == input,
             _ => false,
         };
-        let g = self.store.append(entry, &wire, moved, stored);
-        // A job's final move seals its journal in the same write as the
-        // move (the seal is durable whenever the job is seen finished, by
-        // any replica); retiring seals again, over anything recorded after.
-        if finished {
-            self.seal.seal(job_id, &entry.job, entry.chain, time_ms);
-        }
+        // A job's final move carries its journal's seal: the store writes
+        // it with the move, and only where the move is written (a replica
+        // that lost the job writes neither).
+        let seal = finished.then(|| self.seal.signed(job_id, &entry.job, entry.chain, time_ms));
+        let g = self
+            .store
+            .append(entry, &wire, moved, stored, seal.as_deref());
         entry.cache.push(wire);
         entry.events.push(g);
         st.dirty.insert(job_id.to_owned());

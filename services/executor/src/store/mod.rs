@@ -49,9 +49,18 @@ pub(crate) trait JobStore: Send + Sync {
     /// Appends `wire`, an event of job `e` (already applied to it; `moved`
     /// when it moved the job, so a store keeping a row per job updates it
     /// in the same write; `kept`, the attempt's outputs a `task.result`
-    /// event stores, durable no later than the event); returns its log
-    /// position.
-    fn append(&self, e: &JobEntry, wire: &Event, moved: bool, kept: Option<&TaskStatus>) -> u64;
+    /// event stores, durable no later than the event; `seal`, the job's
+    /// journal seal a final move carries, written with the event and only
+    /// where the event is — a store that fences writes fences it too);
+    /// returns its log position.
+    fn append(
+        &self,
+        e: &JobEntry,
+        wire: &Event,
+        moved: bool,
+        kept: Option<&TaskStatus>,
+        seal: Option<&[u8]>,
+    ) -> u64;
 
     /// Waits until the log is durable up to `g`; returns the position up
     /// to which everything is.

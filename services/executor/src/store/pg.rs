@@ -175,6 +175,9 @@ struct Touch {
     moved: Option<(String, Vec<u8>, Option<i64>)>,
     /// Hand the job back after this batch's writes.
     release: bool,
+    /// The job's journal seal (its final move), written only if the batch
+    /// still holds the job.
+    seal: Option<Vec<u8>>,
 }
 
 /// What the next batch writes.
@@ -312,12 +315,16 @@ impl PgJobs {
         epoch: i64,
         ev: &Event,
         moved: Option<(String, Job, Option<u64>)>,
+        seal: Option<&[u8]>,
     ) -> u64 {
         let data = ev.encode_to_vec();
         let mut p = crate::lock(&self.pending);
         p.next += 1;
         let t = p.touched.entry(job_id.to_owned()).or_default();
         t.epoch = epoch;
+        if let Some(seal) = seal {
+            t.seal = Some(seal.to_vec());
+        }
         if let Some((state, record, finished)) = moved {
             t.moved = Some((state, record.encode_to_vec(), finished.map(ms)));
         }
@@ -615,6 +622,18 @@ impl PgJobs {
                     held_now.push(id.clone());
                 } else {
                     refused.insert(id.clone());
+                }
+            }
+            // Seals of the final moves this batch wrote (of jobs still held).
+            for (id, t) in &b.touched {
+                if let (Some(seal), true) = (&t.seal, held.contains(id)) {
+                    tx.execute(
+                        "INSERT INTO exec_kv (space, key, value) VALUES ($1, $2, $3)
+                         ON CONFLICT (space, key) DO UPDATE SET value = EXCLUDED.value",
+                        &[&crate::audit::SEALS, id, &seal.encode_to_vec()],
+                    )
+                    .await
+                    .map_err(|e| db.tx_error("keeping a journal seal", &e))?;
                 }
             }
             let released: Vec<&str> = b
@@ -1565,7 +1584,14 @@ impl JobStore for PgJobs {
         Ok(1)
     }
 
-    fn append(&self, e: &JobEntry, wire: &Event, moved: bool, kept: Option<&TaskStatus>) -> u64 {
+    fn append(
+        &self,
+        e: &JobEntry,
+        wire: &Event,
+        moved: bool,
+        kept: Option<&TaskStatus>,
+        seal: Option<&[u8]>,
+    ) -> u64 {
         if let Some(status) = kept {
             // Queued first: written in the same batch as the event or an
             // earlier one.
@@ -1581,7 +1607,7 @@ impl JobStore for PgJobs {
             });
             (state.as_str().to_owned(), stripped(&e.job), finished)
         });
-        PgJobs::append(self, e.id(), e.lease, wire, moved)
+        PgJobs::append(self, e.id(), e.lease, wire, moved, seal)
     }
 
     async fn durable(&self, g: u64) -> Result<u64, ExecutorError> {

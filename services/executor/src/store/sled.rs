@@ -57,6 +57,8 @@ pub(crate) struct SledJobs {
     by_time: Tree<Mark>,
     /// A retired job's event positions in the log.
     index: Tree<Positions>,
+    /// Journal seals, by job (the space [`crate::audit::Seal`] reads).
+    seals: Tree<Vec<u8>>,
     /// The layout version and the replay checkpoint.
     meta: Tree<Number>,
     /// Never moves: every job stored here is written by this process, so
@@ -76,6 +78,7 @@ impl SledJobs {
             listed: std::sync::Mutex::default(),
             by_time: store.tree::<Mark>("by_time")?,
             index: store.tree::<Positions>("index")?,
+            seals: store.tree::<Vec<u8>>(crate::audit::SEALS)?,
             meta: store.tree::<Number>("meta")?,
             still: tokio::sync::watch::channel(0).0,
         })
@@ -261,7 +264,20 @@ impl JobStore for SledJobs {
         Ok(0)
     }
 
-    fn append(&self, e: &JobEntry, wire: &Event, _moved: bool, kept: Option<&TaskStatus>) -> u64 {
+    fn append(
+        &self,
+        e: &JobEntry,
+        wire: &Event,
+        _moved: bool,
+        kept: Option<&TaskStatus>,
+        seal: Option<&[u8]>,
+    ) -> u64 {
+        if let Some(seal) = seal
+            && let Err(err) = self.seals.put(e.id(), &seal.to_vec())
+        {
+            // Retiring the job seals it again.
+            tracing::error!(job_id = e.id(), error = %err, "keeping a journal seal");
+        }
         let accepted = (wire.sequence == 1).then(|| Job {
             spec: Some(e.spec().clone()),
             created_at: e.job.created_at,
