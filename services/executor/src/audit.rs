@@ -361,11 +361,14 @@ impl crate::Executor {
         job: &Job,
         events: &[Event],
     ) -> Result<String, ExecutorError> {
-        let seal = &self.inner.book.seal;
-        let held = self.inner.book.lock().find(id).is_some();
-        let sealed = !held && finished(job);
-        let kept = if sealed { seal.sealed(id).await? } else { None };
-        let c = check_job(id, events, sealed, kept.as_ref(), seal.trusted());
+        let (due, kept) = self.due_seal(id, job).await?;
+        let c = check_job(
+            id,
+            events,
+            due,
+            kept.as_ref(),
+            self.inner.book.seal.trusted(),
+        );
         Ok(match (c.problem, c.sealed_by) {
             (Some(p), _) => format!("does not verify: {p}"),
             (None, Some(k)) => format!("verifies ({} events), sealed by key {k}", c.records),
@@ -375,9 +378,20 @@ impl crate::Executor {
             ),
         })
     }
-}
 
-impl crate::Executor {
+    /// Whether job `id`'s seal is due — it finished (`job`, its record)
+    /// and is no longer in memory here, where its record may be ahead of
+    /// the store — and, when it is, the seal kept.
+    async fn due_seal(&self, id: &str, job: &Job) -> Result<(bool, Option<Sealed>), ExecutorError> {
+        let due = self.inner.book.lock().find(id).is_none() && finished(job);
+        let kept = if due {
+            self.inner.book.seal.sealed(id).await?
+        } else {
+            None
+        };
+        Ok((due, kept))
+    }
+
     /// Job `id`'s journal as a self-contained copy (ExportJournal).
     pub async fn export_journal(
         &self,
@@ -385,36 +399,22 @@ impl crate::Executor {
     ) -> Result<switchyard_proto::executor::v1::ExportJournalResponse, ExecutorError> {
         let job = self.job(id).await?;
         let events = self.journal_of(id).await?;
-        let book = &self.inner.book;
-        let held = book.lock().find(id).is_some();
-        let sealed = !held && finished(&job);
-        let seal = match book.seal.sealed(id).await? {
-            Some(Sealed::Receipt(r)) if sealed => serde_json::to_string(&r).unwrap_or_default(),
+        let (due, kept) = self.due_seal(id, &job).await?;
+        let seal = match kept {
+            Some(Sealed::Receipt(r)) => serde_json::to_string(&r).unwrap_or_default(),
             _ => String::new(),
-        };
-        let policy_version = if job.run_id.is_empty() {
-            String::new()
-        } else {
-            self.inner
-                .clients
-                .approval
-                .get_run(switchyard_proto::approval::v1::GetRunRequest {
-                    run_id: job.run_id.clone(),
-                })
-                .await
-                .ok()
-                .and_then(|r| r.run)
-                .and_then(|r| r.policy)
-                .map(|p| p.version)
-                .unwrap_or_default()
         };
         Ok(switchyard_proto::executor::v1::ExportJournalResponse {
             job_id: id.to_owned(),
             events,
-            finished: sealed,
+            finished: due,
             seal,
-            public_keys: book.seal.trusted().to_vec(),
-            policy_version,
+            public_keys: self.inner.book.seal.trusted().to_vec(),
+            policy_version: self
+                .run_policy(&job.run_id)
+                .await
+                .map(|p| p.version)
+                .unwrap_or_default(),
         })
     }
 }
@@ -537,15 +537,10 @@ impl crate::Executor {
                     continue;
                 }
             };
-            let sealed = held.is_none() && finished(&record);
-            let kept = if sealed {
-                seal.sealed(&id).await?
-            } else {
-                None
-            };
+            let (due, kept) = self.due_seal(&id, &record).await?;
             check(
                 &mut out,
-                check_job(&id, &events, sealed, kept.as_ref(), trusted),
+                check_job(&id, &events, due, kept.as_ref(), trusted),
             );
         }
         if only.is_some() {

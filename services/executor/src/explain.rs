@@ -680,21 +680,32 @@ impl crate::Executor {
         // Which policy set decided the run, and how: the approval service
         // keeps it with the run (read as this service; the caller may read
         // the job, whose run it is).
-        if !job.run_id.is_empty() {
-            let run = self
-                .inner
-                .clients
-                .approval
-                .get_run(switchyard_proto::approval::v1::GetRunRequest {
-                    run_id: job.run_id.clone(),
-                })
-                .await;
-            if let Some(p) = run.ok().and_then(|r| r.run).and_then(|r| r.policy) {
-                policy_said(&mut out, &p);
-            }
+        if let Some(p) = self.run_policy(&job.run_id).await {
+            policy_said(&mut out, &p);
         }
         out.journal = self.check_journal(job_id, &job, &events).await?;
         Ok(out)
+    }
+
+    /// What the policy set decided for run `run_id`, as the approval
+    /// service keeps it (`None`: no run, none recorded, or not readable).
+    pub(crate) async fn run_policy(
+        &self,
+        run_id: &str,
+    ) -> Option<switchyard_proto::common::v1::PolicyDecision> {
+        if run_id.is_empty() {
+            return None;
+        }
+        self.inner
+            .clients
+            .approval
+            .get_run(switchyard_proto::approval::v1::GetRunRequest {
+                run_id: run_id.to_owned(),
+            })
+            .await
+            .ok()
+            .and_then(|r| r.run)
+            .and_then(|r| r.policy)
     }
 }
 

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use prost::Message as _;
 use switchyard_kit::chain::{self, Head};
+use switchyard_kit::hex::encode as hex;
 use switchyard_kit::receipt::ReceiptKey;
 use switchyard_proto::common::v1::Event;
 use switchyard_proto::executor::v1::job_service_client::JobServiceClient;
@@ -109,15 +110,8 @@ fn psql(url: &str, sql: &str) -> String {
         .unwrap()
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
+    switchyard_kit::hex::decode(s, s.len()).unwrap()
 }
 
 /// The segment files of the executor's event log in `data`.

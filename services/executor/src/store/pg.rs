@@ -624,17 +624,23 @@ impl PgJobs {
                     refused.insert(id.clone());
                 }
             }
-            // Seals of the final moves this batch wrote (of jobs still held).
-            for (id, t) in &b.touched {
-                if let (Some(seal), true) = (&t.seal, held.contains(id)) {
-                    tx.execute(
-                        "INSERT INTO exec_kv (space, key, value) VALUES ($1, $2, $3)
-                         ON CONFLICT (space, key) DO UPDATE SET value = EXCLUDED.value",
-                        &[&crate::audit::SEALS, id, &seal.encode_to_vec()],
-                    )
-                    .await
-                    .map_err(|e| db.tx_error("keeping a journal seal", &e))?;
-                }
+            // Seals of the final moves this batch wrote (of jobs still
+            // held), in one statement.
+            let (seal_jobs, seals): (Vec<&str>, Vec<Vec<u8>>) = b
+                .touched
+                .iter()
+                .filter(|(id, _)| held.contains(*id))
+                .filter_map(|(id, t)| Some((id.as_str(), t.seal.as_ref()?.encode_to_vec())))
+                .unzip();
+            if !seal_jobs.is_empty() {
+                tx.execute(
+                    "INSERT INTO exec_kv (space, key, value)
+                     SELECT $1::TEXT, k, v FROM unnest($2::TEXT[], $3::BYTEA[]) AS s(k, v)
+                     ON CONFLICT (space, key) DO UPDATE SET value = EXCLUDED.value",
+                    &[&crate::audit::SEALS, &seal_jobs, &seals],
+                )
+                .await
+                .map_err(|e| db.tx_error("keeping journal seals", &e))?;
             }
             let released: Vec<&str> = b
                 .touched
