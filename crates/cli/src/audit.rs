@@ -5,7 +5,8 @@ use clap::Subcommand;
 use prost::Message as _;
 use serde_json::json;
 use switchyard_api::ExecutorClient;
-use switchyard_proto::executor::v1::VerifyJournalsRequest;
+use switchyard_proto::common::v1::Event;
+use switchyard_proto::executor::v1::{ListJobsRequest, VerifyJournalsRequest};
 
 use crate::client::{Conn, MAX_MESSAGE, api};
 use crate::output::{Format, print_json};
@@ -42,6 +43,34 @@ pub enum AuditCmd {
         /// Where to write it (default: `<job>.journal.json`).
         #[arg(long)]
         out: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Decide jobs' recorded policy decisions (their submission, their
+    /// runs' spend, their tool calls and handoffs, with the facts recorded
+    /// then) again under another policy set, calling no model, tool or
+    /// agent: prints each decision that would differ, and over many jobs
+    /// how many would have.
+    Replay {
+        /// The other policy set: a directory of `*.cedar` files.
+        #[arg(long)]
+        policy: std::path::PathBuf,
+        /// One job.
+        #[arg(long, conflicts_with_all = ["bundle", "since", "until"])]
+        job: Option<String>,
+        /// A bundle `audit export` wrote (offline).
+        #[arg(long, conflicts_with_all = ["since", "until"])]
+        bundle: Option<std::path::PathBuf>,
+        /// Every job you may read created since: an age (30m, 12h, 7d, 2w
+        /// ago), a date (2026-11-29) or a UTC time (2026-11-29T14:00:00Z).
+        #[arg(long, value_parser = crate::output::parse_time)]
+        since: Option<u64>,
+        /// Only jobs created before this time (the same forms).
+        #[arg(long, value_parser = crate::output::parse_time)]
+        until: Option<u64>,
+        /// Most jobs to replay over a time range.
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
         #[command(flatten)]
         conn: Conn,
     },
@@ -166,6 +195,50 @@ pub async fn run(cmd: AuditCmd) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        AuditCmd::Replay {
+            policy,
+            job,
+            bundle,
+            since,
+            until,
+            limit,
+            conn,
+        } => {
+            let sources = switchyard_policy::read_dir(&policy)?;
+            if sources.is_empty() {
+                anyhow::bail!(
+                    "{} holds no *.cedar files: give the directory of the policy set to replay under",
+                    policy.display()
+                );
+            }
+            let set =
+                switchyard_policy::PolicySet::load(&sources).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let journals = match (job, bundle) {
+                (_, Some(path)) => {
+                    let x = read_bundle(&path)?;
+                    vec![(x.job_id, x.events)]
+                }
+                (Some(job), None) => {
+                    let c = ExecutorClient::remote(conn.channel().await?, MAX_MESSAGE);
+                    vec![(job.clone(), journal(&c, &job).await?)]
+                }
+                (None, None) => {
+                    if since.is_none() && until.is_none() {
+                        anyhow::bail!(
+                            "say which jobs to replay: --job ID, --bundle FILE, or a time range (--since 7d, --until ...)"
+                        );
+                    }
+                    let c = ExecutorClient::remote(conn.channel().await?, MAX_MESSAGE);
+                    let mut out = Vec::new();
+                    for id in jobs_between(&c, since, until, limit).await? {
+                        let events = journal(&c, &id).await?;
+                        out.push((id, events));
+                    }
+                    out
+                }
+            };
+            replay(&set, &journals, conn.output)
+        }
         AuditCmd::Key { .. } => {
             let (key, seed) = switchyard_kit::receipt::ReceiptKey::generate()?;
             println!("{}", switchyard_kit::receipt::ReceiptKey::seed_text(&seed));
@@ -185,6 +258,41 @@ const BUNDLE_FORMAT: &str = "switchyard.journal-bundle.v1";
 /// `audit verify --bundle`: the chain and seal of an exported journal,
 /// offline.
 fn verify_bundle(path: &std::path::Path, trust: &[String]) -> anyhow::Result<()> {
+    let mut x = read_bundle(path)?;
+    let bundle_keys = std::mem::take(&mut x.public_keys);
+    let trusted = if trust.is_empty() {
+        eprintln!(
+            "note: trusting the bundle's own public keys; pass --trust <key> with the deployment's public key to rule out a bundle re-signed by someone else"
+        );
+        bundle_keys
+    } else {
+        trust.to_vec()
+    };
+    let c = switchyard_executor::audit::check_export(&x, &trusted);
+    match c.problem {
+        Some(p) => {
+            println!("BROKEN  job {}: {p}", c.job_id);
+            anyhow::bail!("the bundle's journal did not verify")
+        }
+        None => {
+            println!(
+                "job {}: {} event{} verify{}",
+                c.job_id,
+                c.records,
+                plural(c.records),
+                c.sealed_by
+                    .map(|k| format!(", sealed by key {k}"))
+                    .unwrap_or_else(|| " (not sealed: the job had not finished)".into())
+            );
+            Ok(())
+        }
+    }
+}
+
+/// A bundle `audit export` wrote, read back as the export's answer.
+fn read_bundle(
+    path: &std::path::Path,
+) -> anyhow::Result<switchyard_proto::executor::v1::ExportJournalResponse> {
     let text =
         std::fs::read(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
     let doc: serde_json::Value = serde_json::from_slice(&text)
@@ -208,21 +316,13 @@ fn verify_bundle(path: &std::path::Path, trust: &[String]) -> anyhow::Result<()>
             })?,
         );
     }
-    let bundle_keys: Vec<String> = doc["public_keys"]
+    let public_keys: Vec<String> = doc["public_keys"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|k| k.as_str().map(str::to_owned))
         .collect();
-    let trusted = if trust.is_empty() {
-        eprintln!(
-            "note: trusting the bundle's own public keys; pass --trust <key> with the deployment's public key to rule out a bundle re-signed by someone else"
-        );
-        bundle_keys
-    } else {
-        trust.to_vec()
-    };
-    let x = switchyard_proto::executor::v1::ExportJournalResponse {
+    Ok(switchyard_proto::executor::v1::ExportJournalResponse {
         job_id: doc["job_id"].as_str().unwrap_or_default().to_owned(),
         events,
         finished: doc["finished"].as_bool().unwrap_or(false),
@@ -231,28 +331,166 @@ fn verify_bundle(path: &std::path::Path, trust: &[String]) -> anyhow::Result<()>
         } else {
             doc["seal"].to_string()
         },
-        public_keys: Vec::new(),
-        policy_version: String::new(),
-    };
-    let c = switchyard_executor::audit::check_export(&x, &trusted);
-    match c.problem {
-        Some(p) => {
-            println!("BROKEN  job {}: {p}", c.job_id);
-            anyhow::bail!("the bundle's journal did not verify")
+        public_keys,
+        policy_version: doc["policy_version"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    })
+}
+
+/// A job's journal, as `ExportJournal` gives it.
+async fn journal(c: &ExecutorClient, job_id: &str) -> anyhow::Result<Vec<Event>> {
+    let x = c
+        .export_journal(switchyard_proto::executor::v1::ExportJournalRequest {
+            job_id: job_id.to_owned(),
+        })
+        .await
+        .map_err(api)?;
+    Ok(x.events)
+}
+
+/// The ids of the jobs the caller may read created in `[since, until)`,
+/// newest first, at most `limit`.
+async fn jobs_between(
+    c: &ExecutorClient,
+    since: Option<u64>,
+    until: Option<u64>,
+    limit: u32,
+) -> anyhow::Result<Vec<String>> {
+    let mut ids = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = c
+            .list_jobs(ListJobsRequest {
+                created_after: since.map(switchyard_kit::time::timestamp),
+                created_before: until.map(switchyard_kit::time::timestamp),
+                page_size: limit.saturating_sub(ids.len() as u32).min(500),
+                page_token,
+                ..Default::default()
+            })
+            .await
+            .map_err(api)?;
+        ids.extend(
+            page.jobs
+                .into_iter()
+                .filter_map(|j| j.spec.map(|s| s.job_id)),
+        );
+        if page.next_page_token.is_empty() || ids.len() as u32 >= limit {
+            return Ok(ids);
         }
-        None => {
-            println!(
-                "job {}: {} event{} verify{}",
-                c.job_id,
-                c.records,
-                plural(c.records),
-                c.sealed_by
-                    .map(|k| format!(", sealed by key {k}"))
-                    .unwrap_or_else(|| " (not sealed: the job had not finished)".into())
-            );
-            Ok(())
+        page_token = page.next_page_token;
+    }
+}
+
+/// Prints what `set` would decide differently in `journals`.
+fn replay(
+    set: &switchyard_policy::PolicySet,
+    journals: &[(String, Vec<Event>)],
+    format: Format,
+) -> anyhow::Result<()> {
+    use switchyard_policy::Change;
+    let replays: Vec<(&str, switchyard_executor::audit::JobReplay)> = journals
+        .iter()
+        .map(|(id, events)| {
+            (
+                id.as_str(),
+                switchyard_executor::audit::replay_journal(set, events),
+            )
+        })
+        .collect();
+    let decisions: u64 = replays.iter().map(|(_, r)| r.decisions).sum();
+    let differing = replays
+        .iter()
+        .filter(|(_, r)| !r.differences.is_empty())
+        .count();
+    let unrecorded = replays.iter().filter(|(_, r)| r.decisions == 0).count();
+    // Jobs per kind of change: "3 would need approval".
+    let by_change: Vec<(Change, usize)> = Change::ALL
+        .into_iter()
+        .map(|c| {
+            let n = replays
+                .iter()
+                .filter(|(_, r)| r.differences.iter().any(|d| d.difference.change == c))
+                .count();
+            (c, n)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    if let Format::Json = format {
+        print_json(&json!({
+            "policy_version": set.version(),
+            "jobs": replays.len(),
+            "decisions": decisions,
+            "jobs_differing": differing,
+            "jobs_without_recorded_decisions": unrecorded,
+            "by_change": by_change.iter().map(|(c, n)| (json!(c).as_str().unwrap_or_default().to_owned(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
+            "replays": replays.iter().map(|(id, r)| json!({
+                "job_id": id, "decisions": r.decisions, "differences": r.differences,
+                "unreadable": r.unreadable.iter().map(|(seq, why)| json!({"sequence": seq, "error": why})).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        }));
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = replays
+        .iter()
+        .flat_map(|(id, r)| {
+            r.differences.iter().map(move |d| {
+                vec![
+                    id.to_string(),
+                    if d.task_id.is_empty() {
+                        "-".into()
+                    } else {
+                        d.task_id.clone()
+                    },
+                    d.action.clone(),
+                    d.resource.clone(),
+                    d.difference.was.words(),
+                    d.difference.now.words(),
+                    if d.difference.now_by.is_empty() {
+                        "(no policy)".into()
+                    } else {
+                        d.difference.now_by.join(",")
+                    },
+                ]
+            })
+        })
+        .collect();
+    if !rows.is_empty() {
+        crate::output::table(
+            &["JOB", "STEP", "ACTION", "RESOURCE", "WAS", "WOULD BE", "BY"],
+            &rows,
+        );
+    }
+    for (id, r) in &replays {
+        for (seq, why) in &r.unreadable {
+            println!("UNREADABLE  job {id} event {seq}: {why}");
         }
     }
+    let n = replays.len() as u64;
+    let changes = by_change
+        .iter()
+        .map(|(c, k)| format!("{k} {}", c.words()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    println!(
+        "with policy set {}, {differing} of {n} job{} would have been decided differently ({decisions} recorded decision{} replayed){}",
+        set.version(),
+        plural(n),
+        plural(decisions),
+        if changes.is_empty() {
+            String::new()
+        } else {
+            format!(": {changes}")
+        }
+    );
+    if unrecorded > 0 {
+        println!(
+            "{unrecorded} job{} recorded no policy decision (refused before its journal began, or recorded before decisions were journaled)",
+            plural(unrecorded as u64)
+        );
+    }
+    Ok(())
 }
 
 fn plural(n: u64) -> &'static str {

@@ -7,7 +7,10 @@ use cedar_policy as cedar;
 use cedar_policy::RestrictedExpression as E;
 
 /// The actions policies decide.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum Action {
     /// Submitting a job (resource: the job).
     #[default]
@@ -70,7 +73,8 @@ impl Action {
 }
 
 /// Who acts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum PrincipalKind {
     /// A person.
     #[default]
@@ -103,7 +107,8 @@ impl PrincipalKind {
 
 /// The principal: always an authenticated one (the caller, or the job's
 /// submitter for what a job does for them).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Principal {
     /// Person, agent or service.
     pub kind: PrincipalKind,
@@ -126,7 +131,8 @@ impl Principal {
 }
 
 /// The job an action belongs to.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct JobFacts {
     /// Its id.
     pub id: String,
@@ -139,7 +145,8 @@ pub struct JobFacts {
 }
 
 /// What an action may spend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Estimate {
     /// Whether its cost is known.
     pub priced: bool,
@@ -149,8 +156,11 @@ pub struct Estimate {
     pub micro_usd: i64,
 }
 
-/// What the action's budget has left.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// What the action's budget has left. Recorded as its amounts (`null`:
+/// unlimited), so no number past what a JSON reader keeps exactly is
+/// written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(into = "RemainingAmounts", from = "RemainingAmounts")]
 pub struct Remaining {
     /// Whether it is known.
     pub known: bool,
@@ -158,6 +168,35 @@ pub struct Remaining {
     pub tokens: u64,
     /// Micro-USD left.
     pub micro_usd: i64,
+}
+
+/// [`Remaining`] as it is recorded.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+struct RemainingAmounts {
+    known: bool,
+    tokens: Option<u64>,
+    micro_usd: Option<i64>,
+}
+
+impl From<Remaining> for RemainingAmounts {
+    fn from(r: Remaining) -> Self {
+        RemainingAmounts {
+            known: r.known,
+            tokens: (r.tokens < i64::MAX as u64).then_some(r.tokens),
+            micro_usd: (r.micro_usd < i64::MAX).then_some(r.micro_usd),
+        }
+    }
+}
+
+impl From<RemainingAmounts> for Remaining {
+    fn from(a: RemainingAmounts) -> Self {
+        Remaining {
+            known: a.known,
+            tokens: a.tokens.unwrap_or(i64::MAX as u64),
+            micro_usd: a.micro_usd.unwrap_or(i64::MAX),
+        }
+    }
 }
 
 impl Remaining {
@@ -200,7 +239,8 @@ impl Remaining {
 }
 
 /// Everything a policy may look at about one action.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Facts {
     /// Who acts.
     pub principal: Principal,

@@ -13,6 +13,7 @@
 
 mod engine;
 mod facts;
+mod replay;
 mod run;
 
 use std::collections::BTreeSet;
@@ -25,6 +26,7 @@ use sha2::{Digest as _, Sha256};
 
 pub use engine::{Engine, Feed, Reload, Slot, stored_source, watch};
 pub use facts::{Action, Estimate, Facts, JobFacts, Principal, PrincipalKind, Remaining};
+pub use replay::{Change, Difference, Outcome, Recorded, replay};
 pub use run::{record, run_facts};
 
 /// The schema every policy is validated against (Cedar schema syntax).
@@ -551,6 +553,14 @@ impl Verdict {
             Verdict::Permit { .. } => "permit",
             Verdict::Require { .. } => "require",
             Verdict::Forbid { .. } => "forbid",
+        }
+    }
+
+    /// How many distinct people it asks for: 0 unless it requires people.
+    pub fn approvers(&self) -> u32 {
+        match self {
+            Verdict::Require { approvers, .. } => *approvers,
+            _ => 0,
         }
     }
 

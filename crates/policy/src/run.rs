@@ -21,6 +21,7 @@ pub fn record(decision: &Decision, facts: &Facts) -> PolicyDecision {
         errors: decision.errors.clone(),
         action: facts.action.as_str().to_owned(),
         resource: facts.resource.clone(),
+        policy_approvals: decision.verdict.approvers(),
     }
 }
 

@@ -871,13 +871,7 @@ impl Executor {
         let traceparent = how.traceparent.unwrap_or_default();
         let admitted = switchyard_kit::context::scope(ctx, admitted).await;
         let (g, start) = match admitted {
-            Ok((budget_id, run, auto)) => {
-                let a = Admitted {
-                    budget_id,
-                    run,
-                    auto,
-                    hash: hash.clone(),
-                };
+            Ok(a) => {
                 let mut st = self.inner.book.lock();
                 self.record_submitted(&mut st, &spec, &submitter, traceparent)?;
                 self.record_admitted(&mut st, &spec, a, now)?
@@ -1050,6 +1044,9 @@ impl Executor {
             parent_id: self.parent_budget(spec),
         };
         book.record(st, job_id, "", JobEvent::BudgetCreated(budget));
+        for decided in a.decided {
+            book.record(st, job_id, "", JobEvent::PolicyDecided(Box::new(decided)));
+        }
         let est = a.run.cost_estimate.unwrap_or_default();
         let requested = events::ApprovalRequested {
             run_id: a.run.run_id.clone(),
@@ -1128,7 +1125,7 @@ impl Executor {
                 return Ok(true);
             }
             match admitted {
-                Ok((budget_id, run, auto)) => {
+                Ok(a) => {
                     if waited {
                         let waited_ms = now.saturating_sub(
                             st.get(job_id)?
@@ -1144,12 +1141,6 @@ impl Executor {
                         let ev = JobEvent::DependencyRecovered(recovered);
                         book.record(&mut st, job_id, "", ev);
                     }
-                    let a = Admitted {
-                        budget_id,
-                        run,
-                        auto,
-                        hash,
-                    };
                     self.record_admitted(&mut st, &spec, a, now)?
                 }
                 Err(e) if e.outage().is_some() => return Ok(false),
@@ -1408,7 +1399,7 @@ impl Executor {
         parent: Option<&Parent>,
         until_ms: u64,
         round: u32,
-    ) -> Result<(String, ap::Run, Option<String>), ExecutorError> {
+    ) -> Result<Admitted, ExecutorError> {
         let waiter = self.waiter("", "").until(Some(until_ms));
         let est = self.estimate(spec, &waiter).await?;
         // The policies decide the submission first: a forbidden job is
@@ -1422,6 +1413,7 @@ impl Executor {
             return Err(ExecutorError::PolicyForbidden(decision.explain()));
         }
         let needs_person = matches!(decision.verdict, switchyard_policy::Verdict::Require { .. });
+        let submitted = switchyard_policy::Recorded::of(&decision, facts);
         let submitted_by = submitter.subject.as_str();
         let (run_id, budget_id) = round_ids(&spec.job_id, round);
         if let Some(cap) = est.token_cap() {
@@ -1465,8 +1457,17 @@ impl Executor {
         let (budget, out) = tokio::join!(budget, propose);
         match (budget, out) {
             (Ok(_), Ok(out)) => {
-                let by = approved_by(&out);
-                Ok((budget_id, out.run.unwrap_or_default(), by))
+                let auto = approved_by(&out);
+                let run = out.run.unwrap_or_default();
+                let kind = switchyard_policy::PrincipalKind::from_kind(submitter.kind.as_str());
+                let spent = spend_decided(&run, kind, parent.is_some(), remaining);
+                Ok(Admitted {
+                    budget_id,
+                    run,
+                    auto,
+                    hash: hash.to_owned(),
+                    decided: std::iter::once(submitted).chain(spent).collect(),
+                })
             }
             // Down: the job waits, and both are made again when it is back.
             (Err(e), _) if is_outage(&e) => Err(upstream("ledger")(e)),
@@ -1792,6 +1793,33 @@ struct Admitted {
     /// Who approved it already, if anyone.
     auto: Option<String>,
     hash: String,
+    /// The policy decisions it was admitted on (its submission, its run's
+    /// spend), with their facts, for the journal.
+    decided: Vec<switchyard_policy::Recorded>,
+}
+
+/// The approval service's decision about `run` (as it recorded it on the
+/// run) with the facts it was taken on, rebuilt as that service builds
+/// them: the run, its proposer's kind, whether it is delegated, its depth,
+/// the budget's remaining and the run's creation time. `None` for a run
+/// no policy decided (an extension).
+fn spend_decided(
+    run: &ap::Run,
+    kind: switchyard_policy::PrincipalKind,
+    delegated: bool,
+    remaining: switchyard_policy::Remaining,
+) -> Option<switchyard_policy::Recorded> {
+    let policy = run.policy.as_ref().filter(|p| !p.action.is_empty())?;
+    let at = run
+        .created_at
+        .as_ref()
+        .map_or(0, switchyard_kit::time::timestamp_ms);
+    let mut facts = switchyard_policy::run_facts(run, kind, delegated, policy.delegation_depth, at);
+    // As the service read it: what `budget_left` sent.
+    facts.remaining = budget_left(remaining)
+        .map(|b| switchyard_policy::Remaining::left(b.tokens, b.cost.map(|m| m.micro_usd)))
+        .unwrap_or_default();
+    Some(switchyard_policy::Recorded::of_record(policy, facts))
 }
 
 /// The submitter: the caller, else (a service delegating) the parent's.

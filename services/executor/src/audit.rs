@@ -571,6 +571,67 @@ impl crate::Executor {
     }
 }
 
+/// A recorded decision a replay decides differently.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Replayed {
+    /// The event's sequence in the job's journal.
+    pub sequence: u64,
+    /// The step it was for ("" for the job's own).
+    pub task_id: String,
+    /// When it was decided, ms since the epoch.
+    pub at_ms: u64,
+    /// The action (`submit_job`, `spend`, `call_tool`, ...).
+    pub action: String,
+    /// What it acted on.
+    pub resource: String,
+    /// The version of the set that decided it.
+    pub version: String,
+    /// How it would differ.
+    #[serde(flatten)]
+    pub difference: switchyard_policy::Difference,
+}
+
+/// One job's journal replayed under another policy set.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct JobReplay {
+    /// How many recorded decisions it holds.
+    pub decisions: u64,
+    /// Those the set decides differently, in the journal's order.
+    pub differences: Vec<Replayed>,
+    /// Recorded decisions whose facts do not read (a journal edited by
+    /// hand, or from a later release): sequence and why.
+    pub unreadable: Vec<(u64, String)>,
+}
+
+/// Decides again, under `set`, every decision `events` (one job's journal,
+/// in order) recorded with its facts (`policy.decided`); calls nothing.
+pub fn replay_journal(set: &switchyard_policy::PolicySet, events: &[Event]) -> JobReplay {
+    let mut out = JobReplay::default();
+    for ev in events.iter().filter(|e| e.kind == "policy.decided") {
+        out.decisions += 1;
+        let recorded = match crate::events::JobEvent::decode(&ev.kind, ev.data.as_ref()) {
+            Ok(Some(crate::events::JobEvent::PolicyDecided(r))) => *r,
+            Ok(_) => continue,
+            Err(e) => {
+                out.unreadable.push((ev.sequence, e.to_string()));
+                continue;
+            }
+        };
+        if let Some(difference) = switchyard_policy::replay(set, &recorded) {
+            out.differences.push(Replayed {
+                sequence: ev.sequence,
+                task_id: ev.task_id.clone(),
+                at_ms: recorded.facts.now_ms,
+                action: recorded.facts.action.as_str().to_owned(),
+                resource: recorded.facts.resource.clone(),
+                version: recorded.version.clone(),
+                difference,
+            });
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -156,6 +156,10 @@ job_events! {
     ArtifactStored(ArtifactStored) = "artifact.stored",
     /// A task's artifact was refused.
     ArtifactRefused(ArtifactRefused) = "artifact.refused",
+    /// The policies decided an action of the job (its submission, its
+    /// run's spend, a tool call or a handoff), with the facts they were
+    /// given: what `audit replay` decides again.
+    PolicyDecided(Box<switchyard_policy::Recorded>) = "policy.decided",
 }
 
 /// `task.awaiting_approval`. (The loop's checkpoint is kept beside the
@@ -962,6 +966,36 @@ mod tests {
         let data = e.data();
         let back = JobEvent::decode(e.kind(), data.as_ref()).expect("decodes");
         assert_eq!(back, Some(e));
+    }
+
+    #[test]
+    fn a_policy_decision_keeps_its_facts_exactly_through_the_wire_form() {
+        use switchyard_policy::{Action, Facts, Recorded, Remaining};
+        for remaining in [
+            Remaining::default(),
+            Remaining::left(None, None),
+            Remaining::left(Some(5_000), None),
+            Remaining::left(None, Some(1_250_000)),
+        ] {
+            let facts = Facts {
+                action: Action::CallTool,
+                resource: "shell".into(),
+                remaining,
+                now_ms: 1_796_000_000_123,
+                arguments: serde_json::json!({"cmd": "ls", "n": 3, "deep": {"x": [1.5, true]}})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+                ..Default::default()
+            };
+            round_trip(JobEvent::PolicyDecided(Box::new(Recorded {
+                facts,
+                effect: "require".into(),
+                policies: vec!["two-for-shell".into()],
+                version: "sha256:abc".into(),
+                approvals: 2,
+            })));
+        }
     }
 
     #[test]

@@ -598,6 +598,25 @@ pub(crate) fn story(job: &Job, events: &[Event]) -> ExplainJobResponse {
                 ),
             ),
             JobEvent::Notice(n) => ("notice", n.message.clone()),
+            // A run's spend is told with its approval (`policy_said`).
+            JobEvent::PolicyDecided(d) if d.facts.action == switchyard_policy::Action::Spend => {
+                continue;
+            }
+            JobEvent::PolicyDecided(d) => (
+                "policy",
+                format!(
+                    "{step}: the policies decided {} {}: {} ({}; policy set {}…).",
+                    d.facts.action.as_str(),
+                    d.facts.resource,
+                    d.outcome().words(),
+                    if d.policies.is_empty() {
+                        "no policy matched".to_owned()
+                    } else {
+                        format!("{} by {}", d.effect, d.policies.join(", "))
+                    },
+                    d.version.get(..19).unwrap_or(&d.version)
+                ),
+            ),
             JobEvent::DependencyWaiting(d) => (
                 "notice",
                 format!("{step} waits for the {} service: {}.", d.service, d.error),

@@ -397,6 +397,7 @@ impl JobEntry {
             | JobEvent::LlmDelta(_)
             | JobEvent::Overrun(_)
             | JobEvent::AgentInvoked(_)
+            | JobEvent::PolicyDecided(_)
             | JobEvent::Delegated(_) => {}
         }
     }

@@ -66,6 +66,8 @@ const MODELS: &[&str] = &[
     "m-chat",
     "m-concierge",
     "m-offer",
+    "m-web",
+    "m-data",
 ];
 
 /// Served over Anthropic's Messages wire by the same server, same prices.

@@ -429,3 +429,187 @@ forbid(principal, action == Action::"nest_budget", resource)
     assert_eq!(gone.code(), Code::NotFound);
     e.stack.stop().await.expect("stopped");
 }
+
+/// The set jobs ran under in the replay test: spends and tool calls go
+/// ahead.
+const OPEN: &str = r#"
+@id("spend-ok") permit(principal, action == Action::"spend", resource);
+@id("tools-ok") permit(principal, action == Action::"call_tool", resource);
+"#;
+
+/// A stricter set: the web team's spend needs a person, deleting a
+/// production repository two, and notes are forbidden.
+const STRICTER: &str = r#"
+@id("spend-ok") permit(principal, action == Action::"spend", resource);
+@id("tools-ok") permit(principal, action == Action::"call_tool", resource);
+@id("web-spend-needs-a-person") @approval("required")
+permit(principal, action == Action::"spend", resource)
+  when { context.job.hasTag("team") && context.job.getTag("team") == "web" };
+@id("prod-two") @approvers("2")
+permit(principal, action == Action::"call_tool", resource == Tool::"delete_repo")
+  when { resource.hasTag("repo") && resource.getTag("repo") like "prod-*" };
+@id("no-notes") @message("notes are kept elsewhere now")
+forbid(principal, action == Action::"call_tool", resource == Tool::"notes");
+"#;
+
+/// Each job's replay under `set`, from the journals `ExportJournal` gives.
+async fn replays(
+    s: &switchyard_testkit::Stack,
+    set: &switchyard_policy::PolicySet,
+    jobs: &[&str],
+) -> Vec<(String, String)> {
+    let mut c = switchyard_proto::executor::v1::job_service_client::JobServiceClient::new(
+        s.channel_as("admin").await.expect("an admin's channel"),
+    );
+    let mut out = Vec::new();
+    for job in jobs {
+        let x = c
+            .export_journal(switchyard_proto::executor::v1::ExportJournalRequest {
+                job_id: (*job).into(),
+            })
+            .await
+            .expect("the job's journal exported")
+            .into_inner();
+        let r = switchyard_executor::audit::replay_journal(set, &x.events);
+        let text = serde_json::to_string(&r).expect("a replay encodes");
+        out.push(((*job).to_owned(), text));
+    }
+    out
+}
+
+fn load(text: &str) -> switchyard_policy::PolicySet {
+    switchyard_policy::PolicySet::load(&[switchyard_policy::Source {
+        name: "team.cedar".into(),
+        text: text.into(),
+    }])
+    .expect("the test's policies load")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaying_recorded_jobs_under_a_stricter_set_names_each_difference_and_the_same_set_none()
+{
+    let policies = policy_dir(OPEN);
+    let data = tempfile::tempdir().unwrap();
+    let (p, d) = (policies.path().to_owned(), data.path().to_owned());
+    let mut e = env(false, move |c| {
+        c.policy.dir = Some(p);
+        c.storage.data_dir = d;
+    })
+    .await;
+    let provider = Provider::default();
+    let _stop = provide(
+        &e.stack,
+        provider.clone(),
+        &["search", "delete_repo", "notes"],
+    )
+    .await;
+    e.script.for_model(
+        "m-web",
+        vec![
+            Reply::tools(
+                &[
+                    ("delete_repo", json!({"repo": "prod-api"})),
+                    ("notes", json!({"q": "what was removed"})),
+                ],
+                40,
+                10,
+            ),
+            Reply::text("done", 80, 20),
+        ],
+    );
+    e.script.for_model(
+        "m-data",
+        vec![
+            Reply::tools(&[("delete_repo", json!({"repo": "scratch"}))], 40, 10),
+            Reply::text("done", 80, 20),
+        ],
+    );
+    for (job, model, team) in [("web-1", "m-web", "web"), ("data-1", "m-data", "data")] {
+        submit(&mut e.jobs, &ungated_job(job, model, json!({"team": team})))
+            .await
+            .unwrap();
+        let r = finish(&mut e.jobs, job).await;
+        assert_eq!(r.state, JobState::Completed as i32, "{job}: {r:?}");
+    }
+    assert_eq!(provider.calls(), ["delete_repo", "notes", "delete_repo"]);
+    let jobs = ["web-1", "data-1"];
+
+    // Under the set they ran under: every recorded decision again as it
+    // was (submission, spend, each tool call).
+    let open = load(OPEN);
+    for (job, r) in replays(&e.stack, &open, &jobs).await {
+        let r: Value = serde_json::from_str(&r).unwrap();
+        assert_eq!(r["differences"], json!([]), "{job}: {r}");
+        assert!(r["unreadable"].as_array().unwrap().is_empty(), "{job}: {r}");
+        let n = r["decisions"].as_u64().unwrap();
+        assert_eq!(n, if job == "web-1" { 4 } else { 3 }, "{job}: {r}");
+    }
+
+    // Under the stricter one: the web job's spend would need a person, its
+    // production delete two, its notes would be refused; the data team's
+    // job (a scratch repository) would fare as it did.
+    let strict = load(STRICTER);
+    let first = replays(&e.stack, &strict, &jobs).await;
+    let web: Value = serde_json::from_str(&first[0].1).unwrap();
+    let seen: Vec<(&str, &str, &str, Value)> = web["differences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            (
+                d["action"].as_str().unwrap(),
+                d["resource"].as_str().unwrap(),
+                d["change"].as_str().unwrap(),
+                d["now"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (
+                "spend",
+                "m-web",
+                "now_needs_approval",
+                json!({"outcome": "needs_people", "approvers": 1})
+            ),
+            (
+                "call_tool",
+                "delete_repo",
+                "now_needs_approval",
+                json!({"outcome": "needs_people", "approvers": 2})
+            ),
+            (
+                "call_tool",
+                "notes",
+                "now_forbidden",
+                json!({"outcome": "forbidden"})
+            ),
+        ],
+        "{web}"
+    );
+    assert_eq!(web["differences"][2]["now_by"], json!(["no-notes"]));
+    assert_eq!(web["differences"][1]["task_id"], "fix");
+    let data_job: Value = serde_json::from_str(&first[1].1).unwrap();
+    assert_eq!(data_job["differences"], json!([]), "{data_job}");
+
+    // Deterministic: again, and over a restored copy of the data.
+    assert_eq!(replays(&e.stack, &strict, &jobs).await, first);
+    e.stack.stop().await.unwrap();
+    let copy = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", data.path().display()))
+        .arg(copy.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (p, d) = (policies.path().to_owned(), copy.path().to_owned());
+    let restored = env(false, move |c| {
+        c.policy.dir = Some(p);
+        c.storage.data_dir = d;
+    })
+    .await;
+    assert_eq!(replays(&restored.stack, &strict, &jobs).await, first);
+    restored.stack.stop().await.unwrap();
+}

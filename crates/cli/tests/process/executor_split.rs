@@ -339,6 +339,70 @@ async fn a_killed_executor_resumes_its_job_without_rerunning_finished_tasks() {
         said.contains("job survivor:") && said.contains("sealed by key"),
         "{said}"
     );
+    // Its decisions replayed under a set that freezes submissions: the
+    // same answer from the deployment, over a time range, and offline
+    // from the bundle; a directory of no policies is refused.
+    let freeze = dir.path().join("freeze");
+    std::fs::create_dir(&freeze).unwrap();
+    std::fs::write(
+        freeze.join("freeze.cedar"),
+        r#"@id("freeze") @message("frozen") forbid(principal, action == Action::"submit_job", resource);"#,
+    )
+    .unwrap();
+    let freeze_arg = freeze.display().to_string();
+    let replay = |how: &[&str]| {
+        let mut args = vec!["audit", "replay", "--policy", freeze_arg.as_str()];
+        args.extend_from_slice(how);
+        ok(&cli(&x.url(), &args))
+    };
+    let one = replay(&["--job", "survivor", "--as", "admin"]);
+    assert!(
+        one.contains("survivor") && one.contains("submit_job"),
+        "{one}"
+    );
+    assert!(
+        one.contains("1 of 1 job would have been decided differently")
+            && one.contains("1 would be forbidden"),
+        "{one}"
+    );
+    let range = replay(&["--since", "1h", "--as", "admin"]);
+    assert!(
+        range.contains("1 of 1 job would have been decided differently"),
+        "{range}"
+    );
+    let offline = std::process::Command::new(BIN)
+        .args([
+            "audit",
+            "replay",
+            "--policy",
+            &freeze_arg,
+            "--bundle",
+            &bundle_arg,
+        ])
+        .env("SWITCHYARD_URL", "http://127.0.0.1:9")
+        .output()
+        .unwrap();
+    assert_eq!(ok(&offline), one, "offline, the bundle replays alike");
+    let empty = dir.path().join("none");
+    std::fs::create_dir(&empty).unwrap();
+    let refused = cli(
+        &x.url(),
+        &[
+            "audit",
+            "replay",
+            "--policy",
+            &empty.display().to_string(),
+            "--job",
+            "survivor",
+            "--as",
+            "admin",
+        ],
+    );
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("holds no *.cedar files"),
+        "{refused:?}"
+    );
     let mut doc: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&bundle).unwrap()).unwrap();
     doc["events"].as_array_mut().unwrap().swap(4, 5);

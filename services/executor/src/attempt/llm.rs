@@ -1019,7 +1019,7 @@ impl Host for TaskHost<'_> {
             ..self.facts.clone()
         };
         let decision = self.x.decide(&facts);
-        match decision.verdict {
+        let rule = match decision.verdict {
             Verdict::Forbid { .. } => agent::Rule::Forbidden(decision.explain()),
             // A policy's requirement, or the job's own gate: a person
             // decides (and the approval service asks for as many as the
@@ -1027,7 +1027,11 @@ impl Host for TaskHost<'_> {
             Verdict::Require { .. } => agent::Rule::Ask,
             _ if self.gated.contains(name) => agent::Rule::Ask,
             _ => agent::Rule::Run,
-        }
+        };
+        let decided = switchyard_policy::Recorded::of(&decision, facts);
+        let ev = JobEvent::PolicyDecided(Box::new(decided));
+        self.x.inner.book.note(self.job_id, self.task_id(), ev);
+        rule
     }
 
     fn finished(&self) -> bool {
