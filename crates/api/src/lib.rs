@@ -164,6 +164,8 @@ pub mod approval {
                 fail(FailRequest) -> FailResponse;
                 /// Lists the audit log.
                 list_audit(ListAuditRequest) -> ListAuditResponse;
+                /// VerifyAudit.
+                verify_audit(VerifyAuditRequest) -> VerifyAuditResponse;
                 /// Returns the signed receipt of a run's approval.
                 get_receipt(GetReceiptRequest) -> GetReceiptResponse;
                 /// Exports the prompt bundle.

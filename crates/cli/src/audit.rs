@@ -133,65 +133,89 @@ pub async fn run(cmd: AuditCmd) -> anyhow::Result<()> {
             Ok(())
         }
         AuditCmd::Verify { job, conn, .. } => {
+            use switchyard_proto::approval::v1::VerifyAuditRequest;
+            // Services split into processes answer at their own addresses:
+            // what is not served here is said, and the rest checked.
+            let elsewhere = |what: &str| {
+                eprintln!(
+                    "note: no {what} answers here, so it was not checked: run `switchyard audit verify` against its address too"
+                );
+            };
             let c = ExecutorClient::remote(conn.channel().await?, MAX_MESSAGE);
-            let out = c
+            let jobs = match c
                 .verify_journals(VerifyJournalsRequest {
-                    job_id: job.unwrap_or_default(),
+                    job_id: job.clone().unwrap_or_default(),
                 })
                 .await
-                .map_err(api)?;
+            {
+                Ok(out) => Some(out),
+                Err(s) if s.code() == tonic::Code::Unimplemented && job.is_none() => {
+                    elsewhere("executor (the job journals)");
+                    None
+                }
+                Err(s) => return Err(api(s)),
+            };
+            // The approval service's audit log too, unless one job is asked.
+            let runs = if job.is_none() {
+                let a = crate::approval::client(&conn).await?;
+                match a.verify_audit(VerifyAuditRequest::default()).await {
+                    Ok(r) => Some(r),
+                    Err(s) if s.code() == tonic::Code::Unimplemented => {
+                        elsewhere("approval service (the runs' audit log)");
+                        None
+                    }
+                    Err(s) => return Err(api(s)),
+                }
+            } else {
+                None
+            };
+            if jobs.is_none() && runs.is_none() {
+                anyhow::bail!(
+                    "neither the executor nor the approval service answers here: point --url at one of them"
+                );
+            }
             match conn.output {
                 Format::Json => print_json(&json!({
-                    "jobs": out.jobs,
-                    "records": out.records,
-                    "sealed": out.sealed,
-                    "unlinked": out.unlinked,
-                    "pruned": out.pruned,
-                    "key_id": out.key_id,
-                    "trusted_key_ids": out.trusted_key_ids,
-                    "problems": out.problems.iter().map(|p| json!({
-                        "job_id": p.job_id, "problem": p.problem,
-                    })).collect::<Vec<_>>(),
+                    "jobs": jobs.as_ref().map(|out| json!({
+                        "jobs": out.jobs,
+                        "records": out.records,
+                        "sealed": out.sealed,
+                        "unlinked": out.unlinked,
+                        "pruned": out.pruned,
+                        "key_id": out.key_id,
+                        "trusted_key_ids": out.trusted_key_ids,
+                        "problems": out.problems.iter().map(|p| json!({
+                            "job_id": p.job_id, "problem": p.problem,
+                        })).collect::<Vec<_>>(),
+                    })),
+                    "runs": runs.as_ref().map(|r| json!({
+                        "runs": r.runs, "records": r.records, "sealed": r.sealed,
+                        "unlinked": r.unlinked, "key_id": r.key_id,
+                        "problems": r.problems.iter().map(|p| json!({
+                            "run_id": p.run_id, "problem": p.problem,
+                        })).collect::<Vec<_>>(),
+                    })),
                 })),
                 Format::Table => {
-                    // "3 jobs", or nothing when there are none.
-                    let some = |n: u64, what: &str, rest: &str| {
-                        if n > 0 {
-                            format!(", {n} {what}{} {rest}", plural(n))
-                        } else {
-                            String::new()
-                        }
-                    };
-                    println!(
-                        "{} job{} checked: {} event{}, {} finished job{} sealed{}{}",
-                        out.jobs,
-                        plural(out.jobs),
-                        out.records,
-                        plural(out.records),
-                        out.sealed,
-                        plural(out.sealed),
-                        some(out.pruned, "pruned job", "vouched for by their seals"),
-                        some(out.unlinked, "event", "from before journals were chained"),
-                    );
-                    println!(
-                        "signing key {} (trusted: {})",
-                        out.key_id,
-                        out.trusted_key_ids.join(", ")
-                    );
-                    for p in &out.problems {
-                        println!("BROKEN  job {}: {}", p.job_id, p.problem);
+                    if let Some(out) = &jobs {
+                        print_journals(out);
                     }
-                    if out.problems.is_empty() {
-                        println!("every journal verifies");
+                    if let Some(r) = &runs {
+                        print_runs(r);
                     }
                 }
             }
-            if !out.problems.is_empty() {
-                anyhow::bail!(
-                    "{} journal{} did not verify",
-                    out.problems.len(),
-                    plural(out.problems.len() as u64)
-                );
+            let mut broken = Vec::new();
+            let n = jobs.as_ref().map_or(0, |o| o.problems.len()) as u64;
+            if n > 0 {
+                broken.push(format!("{n} journal{}", plural(n)));
+            }
+            let n = runs.as_ref().map_or(0, |r| r.problems.len()) as u64;
+            if n > 0 {
+                broken.push(format!("{n} run audit{}", plural(n)));
+            }
+            if !broken.is_empty() {
+                anyhow::bail!("{} did not verify", broken.join(" and "));
             }
             Ok(())
         }
@@ -249,6 +273,69 @@ pub async fn run(cmd: AuditCmd) -> anyhow::Result<()> {
             );
             Ok(())
         }
+    }
+}
+
+/// VerifyJournals' answer, for a person.
+fn print_journals(out: &switchyard_proto::executor::v1::VerifyJournalsResponse) {
+    // ", 3 pruned jobs …", or nothing when there are none.
+    let some = |n: u64, what: &str, rest: &str| {
+        if n > 0 {
+            format!(", {n} {what}{} {rest}", plural(n))
+        } else {
+            String::new()
+        }
+    };
+    println!(
+        "{} job{} checked: {} event{}, {} finished job{} sealed{}{}",
+        out.jobs,
+        plural(out.jobs),
+        out.records,
+        plural(out.records),
+        out.sealed,
+        plural(out.sealed),
+        some(out.pruned, "pruned job", "vouched for by their seals"),
+        some(out.unlinked, "event", "from before journals were chained"),
+    );
+    println!(
+        "signing key {} (trusted: {})",
+        out.key_id,
+        out.trusted_key_ids.join(", ")
+    );
+    for p in &out.problems {
+        println!("BROKEN  job {}: {}", p.job_id, p.problem);
+    }
+    if out.problems.is_empty() {
+        println!("every journal verifies");
+    }
+}
+
+/// VerifyAudit's answer, for a person.
+fn print_runs(r: &switchyard_proto::approval::v1::VerifyAuditResponse) {
+    println!(
+        "{} approval run{} checked: {} audit record{}, {} ended run{} sealed (key {}){}",
+        r.runs,
+        plural(r.runs),
+        r.records,
+        plural(r.records),
+        r.sealed,
+        plural(r.sealed),
+        r.key_id,
+        if r.unlinked > 0 {
+            format!(
+                ", {} record{} from before audit chains",
+                r.unlinked,
+                plural(r.unlinked)
+            )
+        } else {
+            String::new()
+        }
+    );
+    for p in &r.problems {
+        println!("BROKEN  run {}: {}", p.run_id, p.problem);
+    }
+    if r.problems.is_empty() {
+        println!("every run's audit verifies");
     }
 }
 

@@ -317,6 +317,50 @@ impl Backend {
         })
     }
 
+    /// Runs (one, or all when `run_id` is empty) with their audit records
+    /// in the log's order, consistent with each other: every record of a
+    /// run as it is kept, and nothing it does not vouch for yet.
+    pub(crate) async fn audit_snapshot(
+        &self,
+        run_id: &str,
+    ) -> Result<Vec<(Run, Vec<AuditRecord>)>, ApprovalError> {
+        let sled = match self {
+            Backend::Pg(pg) => return pg.audit_snapshot(run_id).await,
+            Backend::Sled(sled) => sled,
+        };
+        let runs: Vec<(Run, Vec<u64>)> = {
+            let st = sled.lock();
+            let Some(kept) = st.runs.sled() else {
+                return Ok(Vec::new());
+            };
+            let one: Vec<Cow<'_, Run>> = if run_id.is_empty() {
+                kept.all().collect()
+            } else {
+                kept.get(run_id).into_iter().collect()
+            };
+            one.into_iter()
+                .map(|r| {
+                    let positions = kept.positions(&r.run_id).unwrap_or_default();
+                    (r.into_owned(), positions)
+                })
+                .collect()
+        };
+        // What the snapshot's runs vouch for is durable before it is read.
+        let last = runs
+            .iter()
+            .filter_map(|(_, p)| p.iter().max())
+            .max()
+            .copied()
+            .unwrap_or(0);
+        sled.audit.make_durable(last).await?;
+        let mut out = Vec::with_capacity(runs.len());
+        for (run, positions) in runs {
+            let recs = sled.audit.read_each(&positions)?;
+            out.push((run, recs.into_iter().map(|(_, r)| r).collect()));
+        }
+        Ok(out)
+    }
+
     /// The durable audit records after `after`, then each new one.
     pub(crate) fn tail(&self, after: u64) -> BoxStream<'static, Result<AuditRecord, StoreError>> {
         match self {

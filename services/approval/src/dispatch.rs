@@ -323,12 +323,12 @@ impl Approval {
             if !held || !change(run) {
                 return Ok(((), 0));
             }
-            let run = run.clone();
+            let mut run = run.clone();
             let note = Note::new(who, event, run.reason_code.clone())
                 .detail("adapter", &run.adapter)
                 .detail("job_id", &run.job_id)
                 .detail("adapter_state", &run.adapter_state);
-            let seq = self.audit_in_place(st, &run, note)?;
+            let seq = self.audit_in_place(st, &mut run, note)?;
             Ok(((), seq))
         })
         .await

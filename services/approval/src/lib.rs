@@ -11,6 +11,7 @@
 pub mod adapter;
 mod backend;
 mod bundle;
+mod chain;
 mod content;
 mod dispatch;
 mod pg;
@@ -83,8 +84,9 @@ pub struct ApprovalConfig {
     /// A file holding the Ed25519 key that signs decision receipts: its
     /// 32-byte seed in base64 (on Kubernetes, a Secret mounted as a file;
     /// every replica the same). Unset: on the embedded store a key is made
-    /// once and kept there; on PostgreSQL each process makes its own, which
-    /// only it signs with (set this there).
+    /// once and kept there; on PostgreSQL the first replica to start makes
+    /// one and the database keeps it for every replica (a file keeps it out
+    /// of reach of whoever can write the database: set one there).
     pub receipt_key_file: Option<std::path::PathBuf>,
 }
 
@@ -620,7 +622,7 @@ impl Approval {
         );
         let blobs = switchyard_store::Blobs::open(&store, "artifact_blobs")?;
         let content = content::Content::Sled(blobs);
-        let receipts = receipts::key(&cfg, Some(&store))?;
+        let receipts = receipts::key(&cfg, &store)?;
         let book = SledBook {
             state: Mutex::new(State {
                 runs: RunSet::Sled(runs),
@@ -649,7 +651,7 @@ impl Approval {
     ) -> Result<Approval, ApprovalError> {
         let runs = pg::PgRuns::open(db.clone()).await?;
         let content = content::Content::Pg(db);
-        let receipts = receipts::key(&cfg, None)?;
+        let receipts = receipts::shared_key(&cfg, &runs).await?;
         Self::with(cfg, clock, shutdown, content, Backend::Pg(runs), receipts)
     }
 
@@ -780,11 +782,11 @@ impl Approval {
 
     /// Keeps `run` (already in its new state) and appends an audit record
     /// about the change: the one way a run is stored.
-    fn audit(&self, st: &mut State, run: &Run, note: Note<'_>) -> Result<u64, ApprovalError> {
+    fn audit(&self, st: &mut State, run: &mut Run, note: Note<'_>) -> Result<u64, ApprovalError> {
         let now = self.now();
         let to = status_of(run);
-        let make = |sequence| AuditRecord {
-            sequence,
+        let mut rec = AuditRecord {
+            sequence: 0,
             time: Some(timestamp(now)),
             actor: note.actor.to_owned(),
             run_id: run.run_id.clone(),
@@ -794,7 +796,14 @@ impl Approval {
             reason: note.reason,
             correlation_id: run.correlation_id.clone(),
             details: note.details,
+            chain: None,
         };
+        // The record links to the head kept with the run's last record
+        // (a new run has none, whatever its proposal said); `run` leaves
+        // with the new head, as it is kept.
+        run.audit_head = st.runs.get(&run.run_id).and_then(|r| r.audit_head.clone());
+        chain::link(run, &mut rec, &self.inner.receipts, now);
+        let make = move |sequence| AuditRecord { sequence, ..rec };
         self.inner.backend.append_audit(st, run, now, make)
     }
 
@@ -802,7 +811,7 @@ impl Approval {
     fn audit_in_place(
         &self,
         st: &mut State,
-        run: &Run,
+        run: &mut Run,
         note: Note<'_>,
     ) -> Result<u64, ApprovalError> {
         let from = Some(status_of(run));
@@ -864,7 +873,7 @@ impl Approval {
                 serde_json::to_string(&receipt).unwrap_or_default(),
             );
         }
-        let seq = self.audit(st, &run, note)?;
+        let seq = self.audit(st, &mut run, note)?;
         if matches!(to, S::Approved | S::Rejected | S::Cancelled) {
             // A decision is an operator's event: who decided what (never
             // the run's prompt or the decider's comment).
@@ -989,12 +998,13 @@ impl Approval {
                 });
                 let decision =
                     self.policy_decision(st, &mut run, &req.approved_under, left, kind, now);
-                self.audit(st, &run, Note::new(&actor, "proposed", ""))?;
+                self.audit(st, &mut run, Note::new(&actor, "proposed", ""))?;
                 let pack = run.context_pack.clone().unwrap_or_default();
                 let est = run.cost_estimate.unwrap_or_default();
+                let max_tokens = run.max_tokens;
                 let mut seq = self.audit(
                     st,
-                    &run,
+                    &mut run,
                     Note::new(
                         &actor,
                         "context_pack_built",
@@ -1004,7 +1014,7 @@ impl Approval {
                     .detail("pack_id", &pack.pack_id)
                     .detail("pack_version", &pack.version)
                     .detail("inputs", pack.inputs.len())
-                    .detail("max_tokens", run.max_tokens)
+                    .detail("max_tokens", max_tokens)
                     .detail("estimated_input_tokens", est.estimated_input_tokens)
                     .detail("estimated_output_tokens", est.estimated_output_tokens)
                     .detail(
@@ -1345,7 +1355,7 @@ impl Approval {
         let note = Note::new(actor, "approval_recorded", comment)
             .detail("approvals", run.approved_by.len())
             .detail("needed", 2);
-        let seq = self.audit(st, &run, note)?;
+        let seq = self.audit(st, &mut run, note)?;
         Ok((run, seq))
     }
 
@@ -1447,11 +1457,11 @@ impl Approval {
             };
             claim_held(run, &req.worker_id, now)?;
             run.claim_expires_at = Some(timestamp(now + lease));
-            let run = run.clone();
+            let mut run = run.clone();
             let note = Note::new(&req.worker_id, "claim_renewed", "").detail("lease_ms", lease);
             let seq = self.audit(
                 st,
-                &run,
+                &mut run,
                 Note {
                     from: Some(S::Running),
                     ..note
@@ -1613,6 +1623,39 @@ impl Approval {
         self.inner.backend.list_audit(req, size).await
     }
 
+    /// VerifyAudit: the audit of every run `p` may see (or of `run_id`
+    /// alone), checked as stored — each run's chain, its stored head, an
+    /// ended run's seal under the service's key.
+    pub async fn verify_audit(
+        &self,
+        p: &Principal,
+        run_id: &str,
+    ) -> Result<VerifyAuditResponse, ApprovalError> {
+        if !run_id.is_empty() {
+            self.check_visible(p, run_id).await?;
+        }
+        let snapshot = self.inner.backend.audit_snapshot(run_id).await?;
+        let trusted = vec![self.inner.receipts.public_key()];
+        let mut out = VerifyAuditResponse {
+            key_id: self.inner.receipts.id().to_owned(),
+            ..Default::default()
+        };
+        for (run, recs) in snapshot.iter().filter(|(r, _)| visible(p, r)) {
+            let c = chain::check_run(run, recs, &trusted);
+            out.runs += 1;
+            out.records += c.records;
+            out.unlinked += c.unlinked;
+            out.sealed += u64::from(c.sealed);
+            if let Some(problem) = c.problem {
+                out.problems.push(AuditProblem {
+                    run_id: run.run_id.clone(),
+                    problem,
+                });
+            }
+        }
+        Ok(out)
+    }
+
     /// The deterministic prompt bundle of an approved run.
     pub async fn export(
         &self,
@@ -1621,7 +1664,7 @@ impl Approval {
     ) -> Result<ExportPromptBundleResponse, ApprovalError> {
         let bundle = self
             .mutate(&[run_id], |st| {
-                let run = st
+                let mut run = st
                     .runs
                     .get(run_id)
                     .map(Cow::into_owned)
@@ -1643,7 +1686,7 @@ impl Approval {
                             .map(|p| p.hash.as_str())
                             .unwrap_or(""),
                     );
-                let seq = self.audit_in_place(st, &run, note)?;
+                let seq = self.audit_in_place(st, &mut run, note)?;
                 Ok((bundle, seq))
             })
             .await?;
@@ -1685,7 +1728,7 @@ impl Approval {
         // Imported, or refused (the refusal is audited too).
         let outcome = self
             .mutate(&[&req.run_id], |st| {
-                let run = st
+                let mut run = st
                     .runs
                     .get(&req.run_id)
                     .map(Cow::into_owned)
@@ -1709,7 +1752,7 @@ impl Approval {
                         let note = Note::new(&actor, "artifact_refused", r.reason.as_str())
                             .detail("message", &r.message);
                         let from = Some(status_of(&run));
-                        let seq = self.audit(st, &run, Note { from, ..note })?;
+                        let seq = self.audit(st, &mut run, Note { from, ..note })?;
                         return Ok((Err(r.clone()), seq));
                     }
                 };
@@ -2159,6 +2202,15 @@ impl ApprovalService for Approval {
             }
         }
         out.records = kept;
+        Ok(Response::new(out))
+    }
+
+    async fn verify_audit(
+        &self,
+        req: Request<VerifyAuditRequest>,
+    ) -> Result<Response<VerifyAuditResponse>, Status> {
+        let p = principal(&req)?;
+        let out = Approval::verify_audit(self, &p, &req.get_ref().run_id).await?;
         Ok(Response::new(out))
     }
 

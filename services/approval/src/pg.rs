@@ -21,6 +21,7 @@
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use prost::Message;
+use std::collections::HashMap;
 use switchyard_core::run::RunStatus as S;
 use switchyard_proto::approval::v1::{
     AuditRecord, ListAuditRequest, ListAuditResponse, ListRunsRequest, ListRunsResponse, Run,
@@ -68,6 +69,15 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             CREATE TABLE approval_policies (
                 name TEXT PRIMARY KEY,
                 data BYTEA NOT NULL);
+        ",
+    },
+    Migration {
+        version: 3,
+        name: "the signing key every replica shares",
+        sql: "
+            CREATE TABLE approval_keys (
+                name TEXT PRIMARY KEY,
+                seed BYTEA NOT NULL);
         ",
     },
 ];
@@ -219,6 +229,25 @@ impl PgRuns {
         Ok(out)
     }
 
+    /// The seed of signing key `name`: the one stored, else `seed`, stored
+    /// now (of replicas starting together, the first to store wins and
+    /// every one reads its seed back).
+    pub(crate) async fn key_seed(&self, name: &str, seed: &[u8]) -> Result<Vec<u8>, ApprovalError> {
+        let c = self.db.client().await?;
+        let err = |e: tokio_postgres::Error| self.db.error("keeping the signing key", &e);
+        c.execute(
+            "INSERT INTO approval_keys (name, seed) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+            &[&name, &seed],
+        )
+        .await
+        .map_err(err)?;
+        let row = c
+            .query_one("SELECT seed FROM approval_keys WHERE name = $1", &[&name])
+            .await
+            .map_err(err)?;
+        Ok(row.get(0))
+    }
+
     /// The policy store's files, by name.
     pub(crate) async fn stored_policies(&self) -> Result<Vec<StoredPolicy>, ApprovalError> {
         let c = self.db.client().await?;
@@ -342,6 +371,53 @@ impl PgRuns {
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(ListAuditResponse { records })
+    }
+
+    /// Runs (one, or all when `run_id` is empty) with their audit records
+    /// in order, from one snapshot of the database: a record committed
+    /// meanwhile is in both or neither.
+    pub(crate) async fn audit_snapshot(
+        &self,
+        run_id: &str,
+    ) -> Result<Vec<(Run, Vec<AuditRecord>)>, ApprovalError> {
+        let err =
+            |e: tokio_postgres::Error| self.db.error("reading the audit log to verify it", &e);
+        let mut c = self.db.client().await?;
+        let tx = c
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+            .map_err(err)?;
+        let runs = tx
+            .query(
+                "SELECT data FROM approval_runs WHERE $1 = '' OR id = $1 ORDER BY id",
+                &[&run_id],
+            )
+            .await
+            .map_err(err)?;
+        let rows = tx
+            .query(
+                "SELECT seq, record FROM approval_audit WHERE $1 = '' OR run_id = $1 ORDER BY seq",
+                &[&run_id],
+            )
+            .await
+            .map_err(err)?;
+        tx.commit().await.map_err(err)?;
+        let mut by_run: HashMap<String, Vec<AuditRecord>> = HashMap::new();
+        for r in &rows {
+            let seq = u64::try_from(r.get::<_, i64>(0)).unwrap_or_default();
+            let rec = decode_audit(seq, &r.get::<_, Vec<u8>>(1))?;
+            by_run.entry(rec.run_id.clone()).or_default().push(rec);
+        }
+        runs.iter()
+            .map(|r| {
+                let run = decode_run(&r.get::<_, Vec<u8>>(0))?;
+                let recs = by_run.remove(&run.run_id).unwrap_or_default();
+                Ok((run, recs))
+            })
+            .collect()
     }
 
     /// The audit log after `after`, as it commits.

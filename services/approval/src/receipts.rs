@@ -21,25 +21,47 @@ use switchyard_store::Store;
 
 use crate::{Approval, ApprovalConfig, ApprovalError};
 
-/// The receipt key: from `receipt_key_file`; else, on the embedded store,
-/// the one kept there (made on first start); else (PostgreSQL without a
-/// file) one for this process only.
-pub(crate) fn key(
-    cfg: &ApprovalConfig,
-    store: Option<&Store>,
-) -> Result<ReceiptKey, ApprovalError> {
-    if let Some(path) = &cfg.receipt_key_file {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ApprovalError::ReceiptKey(format!("reading {}: {e}", path.display())))?;
-        return ReceiptKey::parse(&text).map_err(|e| ApprovalError::ReceiptKey(e.to_string()));
-    }
-    let bad = |e: switchyard_kit::receipt::ReceiptError| ApprovalError::ReceiptKey(e.to_string());
-    let Some(store) = store else {
-        tracing::warn!(
-            "approval.receipt_key_file is not set: receipts are signed with a key of this process only; give every replica the same key file"
-        );
-        return Ok(ReceiptKey::generate().map_err(bad)?.0);
+/// The receipt key from `receipt_key_file`, when one is set.
+fn file_key(cfg: &ApprovalConfig) -> Result<Option<ReceiptKey>, ApprovalError> {
+    let Some(path) = &cfg.receipt_key_file else {
+        return Ok(None);
     };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ApprovalError::ReceiptKey(format!("reading {}: {e}", path.display())))?;
+    ReceiptKey::parse(&text)
+        .map(Some)
+        .map_err(|e| ApprovalError::ReceiptKey(e.to_string()))
+}
+
+fn bad(e: switchyard_kit::receipt::ReceiptError) -> ApprovalError {
+    ApprovalError::ReceiptKey(e.to_string())
+}
+
+/// The receipt key on PostgreSQL: from `receipt_key_file`, else the one
+/// the database keeps (made by the first replica to start, and every
+/// replica's: receipts and audit seals any of them signs verify on all).
+pub(crate) async fn shared_key(
+    cfg: &ApprovalConfig,
+    runs: &crate::pg::PgRuns,
+) -> Result<ReceiptKey, ApprovalError> {
+    if let Some(key) = file_key(cfg)? {
+        return Ok(key);
+    }
+    let (_, seed) = ReceiptKey::generate().map_err(bad)?;
+    let kept = runs.key_seed("receipts", &seed).await?;
+    let key = ReceiptKey::from_seed(&kept).map_err(bad)?;
+    if kept == seed.as_slice() {
+        tracing::info!(key_id = key.id(), "made the receipt signing key");
+    }
+    Ok(key)
+}
+
+/// The receipt key on the embedded store: from `receipt_key_file`, else
+/// the one kept there (made on first start).
+pub(crate) fn key(cfg: &ApprovalConfig, store: &Store) -> Result<ReceiptKey, ApprovalError> {
+    if let Some(key) = file_key(cfg)? {
+        return Ok(key);
+    }
     let kept = store.tree::<Vec<u8>>("receipt_key")?;
     if let Some(seed) = kept.get("seed")? {
         return ReceiptKey::from_seed(&seed).map_err(bad);

@@ -220,6 +220,9 @@ pub fn spec_of(r: &Run) -> Run {
         adapter_state: String::new(),
         edit: None,
         policy: None,
+        // The audit chain's head and seal are the server's record.
+        audit_head: None,
+        audit_seal: String::new(),
         ..r.clone()
     }
 }

@@ -172,6 +172,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
                 "ApprovalService/Approve",
                 "ApprovalService/Reject",
                 "ApprovalService/ListAudit",
+                "ApprovalService/VerifyAudit",
                 "JobService/VerifyJournals",
                 "JobService/ExportJournal",
                 "ApprovalService/ExportPromptBundle",
@@ -187,6 +188,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
             add(READ_BUDGETS);
             add(&[
                 "ApprovalService/ListAudit",
+                "ApprovalService/VerifyAudit",
                 "JobService/VerifyJournals",
                 "JobService/ExportJournal",
                 "RouterService/Route",
@@ -202,6 +204,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
             add(READ_BUDGETS);
             add(&[
                 "ApprovalService/ListAudit",
+                "ApprovalService/VerifyAudit",
                 "JobService/VerifyJournals",
                 "JobService/ExportJournal",
                 "ApprovalService/Cancel",

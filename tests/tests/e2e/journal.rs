@@ -114,18 +114,6 @@ fn unhex(s: &str) -> Vec<u8> {
     switchyard_kit::hex::decode(s, s.len()).unwrap()
 }
 
-/// The segment files of the executor's event log in `data`.
-fn segments(data: &Path) -> Vec<PathBuf> {
-    let dir = data.join("services/logs/executor/events");
-    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
-        .collect();
-    out.sort();
-    out
-}
-
 /// Frames of a segment: (sequence, record bytes).
 fn frames(bytes: &[u8]) -> Vec<(u64, Vec<u8>)> {
     let mut out = Vec::new();
@@ -168,28 +156,13 @@ impl Raw {
     /// key is the global log position (sled) or the row's seq (PostgreSQL).
     fn records(&self, job: &str) -> Vec<(u64, Vec<u8>)> {
         match self {
-            Raw::Sled(data) => {
-                let index = self.index(job);
-                let mut all = std::collections::HashMap::new();
-                for seg in segments(data) {
-                    for (seq, rec) in frames(&std::fs::read(seg).unwrap()) {
-                        all.insert(seq, rec);
-                    }
-                }
-                index.iter().map(|p| (*p, all[p].clone())).collect()
-            }
-            Raw::Pg(url) => psql(
+            Raw::Sled(data) => stored_frames(data, "executor/events", &self.index(job)),
+            Raw::Pg(url) => keyed_rows(
                 url,
                 &format!(
                     "SELECT seq || ':' || encode(data, 'hex') FROM exec_events WHERE job_id = '{job}' ORDER BY seq"
                 ),
-            )
-            .lines()
-            .map(|l| {
-                let (seq, data) = l.split_once(':').unwrap();
-                (seq.parse().unwrap(), unhex(data))
-            })
-            .collect(),
+            ),
         }
     }
 
@@ -227,17 +200,7 @@ impl Raw {
         let Raw::Sled(data) = self else {
             unreachable!()
         };
-        for seg in segments(data) {
-            let fs = frames(&std::fs::read(&seg).unwrap());
-            if !fs.iter().any(|(s, _)| *s == key) {
-                continue;
-            }
-            let mut out = Vec::new();
-            for (s, r) in fs {
-                out.extend(frame(s, if s == key { record } else { &r }));
-            }
-            std::fs::write(&seg, out).unwrap();
-        }
+        rewrite_frame(data, "executor/events", key, record);
     }
 
     /// Edits job `job`'s record number `n` (from 1): `from` becomes `to`.
@@ -405,13 +368,10 @@ fn problem<'a>(v: &'a VerifyJournalsResponse, job: &str) -> &'a str {
         .unwrap_or_else(|| panic!("{job} was not found broken: {v:?}"))
 }
 
-async fn every_tampering_with_a_finished_jobs_journal_is_found_where_it_breaks(b: Backend) {
-    let keys = tempfile::tempdir().unwrap();
-    let (key_path, key) = key_file(keys.path(), "audit.key");
-    let kp = key_path.clone();
-    let s = start(&b, None, move |c| c.audit.key_file = Some(kp)).await;
+/// Runs one echo job by each id, to completion.
+async fn echo_jobs(s: &Stack, ids: &[&str]) {
     let mut c = JobServiceClient::new(s.channel().await.unwrap());
-    for j in JOBS {
+    for j in ids {
         submit(
             &mut c,
             &format!(
@@ -421,9 +381,17 @@ async fn every_tampering_with_a_finished_jobs_journal_is_found_where_it_breaks(b
         .await
         .unwrap();
     }
-    for j in JOBS {
+    for j in ids {
         assert_eq!(finish(&mut c, j).await.state, JobState::Completed as i32);
     }
+}
+
+async fn every_tampering_with_a_finished_jobs_journal_is_found_where_it_breaks(b: Backend) {
+    let keys = tempfile::tempdir().unwrap();
+    let (key_path, key) = key_file(keys.path(), "audit.key");
+    let kp = key_path.clone();
+    let s = start(&b, None, move |c| c.audit.key_file = Some(kp)).await;
+    echo_jobs(&s, &JOBS).await;
     let clean = until_sealed(&s, JOBS.len() as u64).await;
     assert!(clean.problems.is_empty(), "{clean:?}");
     assert_eq!(clean.jobs, JOBS.len() as u64);
@@ -732,8 +700,318 @@ async fn a_client_recomputes_a_jobs_chain_from_its_events(b: Backend) {
     s.stop().await.unwrap();
 }
 
+/// The runs, by what is done to each (`run-<job>`: each job's run).
+const RUN_JOBS: [&str; 6] = [
+    "r-clean",
+    "r-edit",
+    "r-delete",
+    "r-reorder",
+    "r-truncate",
+    "r-unsealed",
+];
+
+/// A run's stored audit records, in order: (key, bytes) — the log position
+/// (sled) or the row's seq (PostgreSQL).
+fn run_records(raw: &Raw, run: &str) -> Vec<(u64, Vec<u8>)> {
+    match raw {
+        Raw::Sled(data) => stored_frames(data, "approval/audit", &ended_audit(data, run).positions),
+        Raw::Pg(url) => keyed_rows(
+            url,
+            &format!(
+                "SELECT seq || ':' || encode(record, 'hex') FROM approval_audit WHERE run_id = '{run}' ORDER BY seq"
+            ),
+        ),
+    }
+}
+
+/// The records at `positions` of log `name` (sled), in that order.
+fn stored_frames(data: &Path, name: &str, positions: &[u64]) -> Vec<(u64, Vec<u8>)> {
+    let mut all = std::collections::HashMap::new();
+    for seg in log_segments(data, name) {
+        for (seq, rec) in frames(&std::fs::read(seg).unwrap()) {
+            all.insert(seq, rec);
+        }
+    }
+    positions.iter().map(|p| (*p, all[p].clone())).collect()
+}
+
+/// Rows `sql` selects as `key:hex`.
+fn keyed_rows(url: &str, sql: &str) -> Vec<(u64, Vec<u8>)> {
+    psql(url, sql)
+        .lines()
+        .map(|l| {
+            let (seq, data) = l.split_once(':').unwrap();
+            (seq.parse().unwrap(), unhex(data))
+        })
+        .collect()
+}
+
+/// An ended run's audit positions (the approval store's `ended_audit`).
+#[derive(Clone, PartialEq, prost::Message)]
+struct RunPositions {
+    #[prost(uint64, repeated, tag = "1")]
+    positions: Vec<u64>,
+    #[prost(uint64, tag = "2")]
+    ended_ms: u64,
+}
+
+fn approval_store(data: &Path) -> switchyard_store::Store {
+    switchyard_store::Store::open(data.join("services"))
+        .unwrap()
+        .within("approval")
+}
+
+fn ended_audit(data: &Path, run: &str) -> RunPositions {
+    let store = approval_store(data);
+    let t = store.tree::<RunPositions>("ended_audit").unwrap();
+    t.get(run).unwrap().unwrap()
+}
+
+fn set_ended_audit(data: &Path, run: &str, p: &RunPositions) {
+    let store = approval_store(data);
+    store
+        .tree::<RunPositions>("ended_audit")
+        .unwrap()
+        .put(run, p)
+        .unwrap();
+    store.flush_blocking().unwrap();
+}
+
+/// The segment files of log `name` (`approval/audit`) in `data`.
+fn log_segments(data: &Path, name: &str) -> Vec<PathBuf> {
+    let dir = data.join("services/logs").join(name);
+    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    out.sort();
+    out
+}
+
+/// Rewrites frame `key` of log `name`, its CRC recomputed.
+fn rewrite_frame(data: &Path, name: &str, key: u64, record: &[u8]) {
+    for seg in log_segments(data, name) {
+        let fs = frames(&std::fs::read(&seg).unwrap());
+        if !fs.iter().any(|(s, _)| *s == key) {
+            continue;
+        }
+        let mut out = Vec::new();
+        for (s, r) in fs {
+            out.extend(frame(s, if s == key { record } else { &r }));
+        }
+        std::fs::write(&seg, out).unwrap();
+    }
+}
+
+impl Raw {
+    /// Edits run `run`'s audit record `n` (from 1): `from` becomes `to`.
+    fn edit_run(&self, run: &str, n: usize, from: &str, to: &str) {
+        let (key, mut bytes) = run_records(self, run)[n - 1].clone();
+        replace_in(&mut bytes, from.as_bytes(), to.as_bytes());
+        match self {
+            Raw::Sled(data) => rewrite_frame(data, "approval/audit", key, &bytes),
+            Raw::Pg(url) => {
+                psql(
+                    url,
+                    &format!(
+                        "UPDATE approval_audit SET record = decode('{}', 'hex') WHERE seq = {key}",
+                        hex(&bytes)
+                    ),
+                );
+            }
+        }
+    }
+
+    /// Applies `change` to run `run`'s audit positions (sled) or rows
+    /// (PostgreSQL: `change` gets the seqs, and rows are renumbered to
+    /// what it returns, those it drops deleted).
+    fn reorder_run(&self, run: &str, change: impl Fn(&mut Vec<u64>)) {
+        match self {
+            Raw::Sled(data) => {
+                let mut p = ended_audit(data, run);
+                change(&mut p.positions);
+                set_ended_audit(data, run, &p);
+            }
+            Raw::Pg(url) => {
+                let seqs: Vec<u64> = run_records(self, run).iter().map(|(k, _)| *k).collect();
+                let mut order = seqs.clone();
+                change(&mut order);
+                // Row `order[i]` takes the place of `seqs[i]`.
+                let mut sql = format!(
+                    "DELETE FROM approval_audit WHERE run_id = '{run}' AND seq NOT IN ({});",
+                    order
+                        .iter()
+                        .map(u64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                );
+                for (i, from) in order.iter().enumerate() {
+                    sql.push_str(&format!(
+                        "UPDATE approval_audit SET seq = {} WHERE seq = {from};",
+                        seqs[i] + 1_000_000
+                    ));
+                }
+                sql.push_str(&format!(
+                    "UPDATE approval_audit SET seq = seq - 1000000 WHERE run_id = '{run}' AND seq > 1000000;"
+                ));
+                psql(url, &sql);
+            }
+        }
+    }
+
+    /// Changes stored run `run` (an ended one) by `change`.
+    fn change_run(&self, run: &str, change: impl Fn(&mut switchyard_proto::approval::v1::Run)) {
+        use switchyard_proto::approval::v1::Run;
+        match self {
+            Raw::Sled(data) => {
+                let store = approval_store(data);
+                let t = store.tree::<Run>("runs").unwrap();
+                let mut r = t.get(run).unwrap().unwrap();
+                change(&mut r);
+                t.put(run, &r).unwrap();
+                store.flush_blocking().unwrap();
+            }
+            Raw::Pg(url) => {
+                let data = psql(
+                    url,
+                    &format!("SELECT encode(data, 'hex') FROM approval_runs WHERE id = '{run}'"),
+                );
+                let mut r = Run::decode(unhex(data.trim()).as_slice()).unwrap();
+                change(&mut r);
+                psql(
+                    url,
+                    &format!(
+                        "UPDATE approval_runs SET data = decode('{}', 'hex') WHERE id = '{run}'",
+                        hex(&r.encode_to_vec())
+                    ),
+                );
+            }
+        }
+    }
+}
+
+async fn verify_runs(
+    s: &Stack,
+    who: &str,
+    run_id: &str,
+) -> Result<switchyard_proto::approval::v1::VerifyAuditResponse, tonic::Status> {
+    approvals_as(s, who)
+        .await
+        .verify_audit(switchyard_proto::approval::v1::VerifyAuditRequest {
+            run_id: run_id.into(),
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+async fn every_tampering_with_a_runs_approval_audit_is_found(b: Backend) {
+    let s = start(&b, None, |_| {}).await;
+    echo_jobs(&s, &RUN_JOBS).await;
+    // Each job's run ends with it, sealed (bounded: 30 s).
+    let mut clean = verify_runs(&s, "admin", "").await.unwrap();
+    for _ in 0..1200 {
+        if clean.sealed >= RUN_JOBS.len() as u64 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        clean = verify_runs(&s, "admin", "").await.unwrap();
+    }
+    assert_eq!(clean.sealed, RUN_JOBS.len() as u64, "{clean:?}");
+    assert!(clean.problems.is_empty(), "{clean:?}");
+    assert_eq!(clean.unlinked, 0, "{clean:?}");
+    assert!(clean.records >= 3 * RUN_JOBS.len() as u64, "{clean:?}");
+    // The records carry their links, as ListAudit gives them.
+    let recs = audit_of(&s, "admin", "run-r-clean").await;
+    let ns: Vec<u64> = recs.iter().map(|r| r.chain.clone().unwrap().n).collect();
+    assert_eq!(ns, (1..=recs.len() as u64).collect::<Vec<_>>());
+    // A submitter and an agent key lack audit.read; another tenant's admin
+    // sees none of these runs, and naming one finds nothing.
+    let denied = verify_runs(&s, "alice", "").await.unwrap_err();
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+    let [carol, mallory, robot] = outsiders(&s).await;
+    for (who, token) in [("carol", &carol), ("robot", &robot)] {
+        let mut a =
+            switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient::new(
+                s.channel_with(token).await.unwrap(),
+            );
+        let e = a
+            .verify_audit(switchyard_proto::approval::v1::VerifyAuditRequest::default())
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{who}: {e:?}");
+    }
+    let mut a = switchyard_proto::approval::v1::approval_service_client::ApprovalServiceClient::new(
+        s.channel_with(&mallory).await.unwrap(),
+    );
+    let theirs = a
+        .verify_audit(switchyard_proto::approval::v1::VerifyAuditRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(theirs.runs, 0, "{theirs:?}");
+    let e = a
+        .verify_audit(switchyard_proto::approval::v1::VerifyAuditRequest {
+            run_id: "run-r-clean".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+
+    let dir = s.stop().await.unwrap();
+    let raw = match &b {
+        Backend::Sled => Raw::Sled(dir.path().to_path_buf()),
+        Backend::Postgres(url) => Raw::Pg(url.clone()),
+    };
+    raw.edit_run("run-r-edit", 2, "context pack bound", "context pack BOUND");
+    raw.reorder_run("run-r-delete", |p| {
+        p.remove(1);
+    });
+    raw.reorder_run("run-r-reorder", |p| p.swap(1, 2));
+    raw.reorder_run("run-r-truncate", |p| {
+        p.pop();
+    });
+    raw.change_run("run-r-unsealed", |r| r.audit_seal.clear());
+
+    let s = start(&b, Some(dir.path()), |_| {}).await;
+    let v = verify_runs(&s, "admin", "").await.unwrap();
+    let broken: std::collections::BTreeMap<&str, &str> = v
+        .problems
+        .iter()
+        .map(|p| (p.run_id.as_str(), p.problem.as_str()))
+        .collect();
+    assert_eq!(
+        broken.keys().copied().collect::<Vec<_>>(),
+        [
+            "run-r-delete",
+            "run-r-edit",
+            "run-r-reorder",
+            "run-r-truncate",
+            "run-r-unsealed"
+        ],
+        "every tampered run, and only those: {v:?}"
+    );
+    let says = |run: &str, what: &str| {
+        assert!(broken[run].contains(what), "{run}: {}", broken[run]);
+    };
+    says(
+        "run-r-edit",
+        "record 3: it was not written after the record now before it (record 2 was edited",
+    );
+    says(
+        "run-r-delete",
+        "expected record 2, found record 3 (records were deleted)",
+    );
+    says("run-r-reorder", "expected record 2, found record 3");
+    says("run-r-truncate", "(records were cut off)");
+    says("run-r-unsealed", "carries no seal");
+    s.stop().await.unwrap();
+    drop(dir);
+}
+
 switchyard_testkit::on_both_backends!(
     sled, postgres;
+    every_tampering_with_a_runs_approval_audit_is_found,
     every_tampering_with_a_finished_jobs_journal_is_found_where_it_breaks,
     a_clean_history_verifies_after_a_key_rotation_and_after_pruning,
     a_client_recomputes_a_jobs_chain_from_its_events,

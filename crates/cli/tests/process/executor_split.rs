@@ -303,6 +303,12 @@ async fn a_killed_executor_resumes_its_job_without_rerunning_finished_tasks() {
     let said = ok(&out);
     assert!(said.contains("every journal verifies"), "{said}");
     assert!(said.contains("1 job checked"), "{said}");
+    // The approval service's audit, where it answers: the job's run.
+    let runs = ok(&cli(&others.url(), &["audit", "verify", "--as", "admin"]));
+    assert!(
+        runs.contains("1 approval run checked") && runs.contains("every run's audit verifies"),
+        "{runs}"
+    );
     // Its story, from the CLI: the interrupted attempt ran again.
     let story = ok(&cli(
         &x.url(),

@@ -230,7 +230,7 @@ pub fn access(path: &str) -> Access {
             "GetRun" | "ListRuns" | "Watch" | "ListRunArtifacts" | "GetRunArtifact"
             | "GetReceipt" => needs(P::RunRead),
             "Claim" | "RenewClaim" | "Complete" | "Fail" => needs(P::RunWork),
-            "ListAudit" => needs(P::AuditRead),
+            "ListAudit" | "VerifyAudit" => needs(P::AuditRead),
             "ExportPromptBundle" | "ImportManualResult" => needs(P::RunManual),
             "PutPolicy" | "DeletePolicy" | "ListPolicies" => needs(P::PolicyManage),
             _ => Access::Unknown,

@@ -252,6 +252,11 @@ pub const REFERENCES: &[Reference] = &[
         "approval check_visible",
     ),
     r(
+        "switchyard.approval.v1.VerifyAuditRequest.run_id",
+        Visible,
+        "approval check_visible",
+    ),
+    r(
         "switchyard.approval.v1.ExportPromptBundleRequest.run_id",
         Visible,
         "approval check_visible",
