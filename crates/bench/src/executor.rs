@@ -265,7 +265,8 @@ pub async fn run() -> anyhow::Result<()> {
     // of the machine time a job takes at the throughput measured above (2
     // cores / jobs per second); and how fast VerifyJournals checks what
     // this run stored.
-    journal(&c, best(&off)).await?;
+    let approvals = switchyard_api::ApprovalClient::remote(channels[0].clone(), 4 << 20);
+    journal(&c, &approvals, best(&off)).await?;
 
     // 2. Latency: a 3-step chain of builtin.echo, one at a time.
     let c = ExecutorClient::remote(channels[0].clone(), 4 << 20);
@@ -486,10 +487,17 @@ impl Costs {
     }
 }
 
-/// The chain's cost per job against the machine time a job takes at
-/// `rate` jobs/s, and VerifyJournals' speed over everything stored.
-async fn journal(c: &ExecutorClient, rate: f64) -> anyhow::Result<()> {
+/// The chains' cost per job against the machine time a job takes at
+/// `rate` jobs/s — the job's journal and its approval run's audit, each
+/// linked and sealed — and how fast VerifyJournals and VerifyAudit check
+/// what is stored.
+async fn journal(
+    c: &ExecutorClient,
+    approvals: &switchyard_api::ApprovalClient,
+    rate: f64,
+) -> anyhow::Result<()> {
     use prost::Message as _;
+    use switchyard_kit::chain::{self, Head};
     let listed = c
         .list_jobs(switchyard_proto::executor::v1::ListJobsRequest {
             page_size: CHAINED_JOBS as u32,
@@ -515,17 +523,28 @@ async fn journal(c: &ExecutorClient, rate: f64) -> anyhow::Result<()> {
                 evs.push(e);
             }
         }
-        journals.push((j.clone(), evs));
+        let audit = approvals
+            .list_audit(switchyard_proto::approval::v1::ListAuditRequest {
+                run_id: j.run_id.clone(),
+                page_size: 1000,
+                ..Default::default()
+            })
+            .await?
+            .records;
+        journals.push((j.clone(), evs, audit));
     }
     anyhow::ensure!(!journals.is_empty(), "no job to chain");
-    let events: usize = journals.iter().map(|(_, e)| e.len()).sum();
+    let events: usize = journals.iter().map(|(_, e, _)| e.len()).sum();
+    let records: usize = journals.iter().map(|(_, _, a)| a.len()).sum();
     let (key, _) = switchyard_kit::receipt::ReceiptKey::generate()?;
-    // What the executor does per job: link each event as it records it (a
-    // protobuf encoding and a SHA-256), and sign the head when it retires.
+    // What the services do per job: the executor links each event as it
+    // records it (a protobuf encoding and a SHA-256) and signs the head
+    // when the job finishes; the approval service links each of the run's
+    // audit records and signs the head when the run ends.
     let t = Instant::now();
     let mut bytes = 0usize;
-    for (job, evs) in &journals {
-        let mut head = switchyard_kit::chain::Head::default();
+    for (job, evs, audit) in &journals {
+        let mut head = Head::default();
         for e in evs {
             bytes += e.encoded_len();
             head = switchyard_executor::audit::next_head(head, e);
@@ -537,15 +556,30 @@ async fn journal(c: &ExecutorClient, rate: f64) -> anyhow::Result<()> {
             .unwrap_or_default();
         let seal = switchyard_executor::audit::seal_of(&key, id, job, head, 0);
         std::hint::black_box(seal);
+        let stream = format!("run/{}", job.run_id);
+        let mut head = Head::default();
+        for rec in audit {
+            let mut r = rec.clone();
+            r.sequence = 0;
+            let n = head.n + 1;
+            head = Head {
+                n,
+                hash: chain::link(&stream, n, &head.hash, &r.encode_to_vec()),
+            };
+        }
+        let summary =
+            serde_json::json!({"run_id": job.run_id, "tenant": job.tenant, "status": "completed"});
+        std::hint::black_box(chain::checkpoint_with(&key, &[(stream, head)], 0, summary));
     }
     let per_job = t.elapsed().as_secs_f64() / journals.len() as f64;
     let machine_per_job = 2.0 / rate;
     let share = per_job / machine_per_job;
     println!(
-        "  the journal's chain and seal: {:.1} us a job ({} events of {:.0} bytes each linked, one Ed25519 seal), {:.2}% of the {:.0} us of machine time a job takes at {rate:.0} jobs/s on 2 cores  [{}: <= 5%]",
+        "  the chains and seals: {:.1} us a job ({} events of {:.0} bytes and {} audit records linked, two Ed25519 seals), {:.2}% of the {:.0} us of machine time a job takes at {rate:.0} jobs/s on 2 cores  [{}: <= 5%]",
         per_job * 1e6,
         events / journals.len(),
         bytes as f64 / events as f64,
+        records / journals.len(),
         share * 100.0,
         machine_per_job * 1e6,
         verdict(share <= 0.05)
@@ -563,6 +597,24 @@ async fn journal(c: &ExecutorClient, rate: f64) -> anyhow::Result<()> {
     println!(
         "  VerifyJournals over this run's {} jobs ({} events, {} seals): {:.2} s, {:.0} events/s",
         v.jobs,
+        v.records,
+        v.sealed,
+        took,
+        v.records as f64 / took
+    );
+    let t = Instant::now();
+    let v = approvals
+        .verify_audit(switchyard_proto::approval::v1::VerifyAuditRequest::default())
+        .await?;
+    let took = t.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        v.problems.is_empty(),
+        "the approval audit of this run does not verify: {:?}",
+        v.problems.first()
+    );
+    println!(
+        "  VerifyAudit over this run's {} approval runs ({} records, {} seals): {:.2} s, {:.0} records/s",
+        v.runs,
         v.records,
         v.sealed,
         took,

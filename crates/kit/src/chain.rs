@@ -299,7 +299,7 @@ pub fn checkpoint_with(
 }
 
 /// `[audit]`: the deployment's key for signed checkpoints.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuditConfig {
     /// The Ed25519 key that signs checkpoints: a file holding its 32-byte
@@ -312,6 +312,19 @@ pub struct AuditConfig {
     /// Public keys (base64) of keys used before the current one: the
     /// checkpoints they signed still verify after a rotation.
     pub previous_public_keys: Vec<String>,
+    /// How often the head of each running job's journal that moved is
+    /// signed (a periodic checkpoint), ms; 0: only when jobs finish.
+    pub checkpoint_ms: u64,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        AuditConfig {
+            key_file: None,
+            previous_public_keys: Vec::new(),
+            checkpoint_ms: 60_000,
+        }
+    }
 }
 
 impl AuditConfig {
@@ -645,6 +658,7 @@ mod tests {
         let mut cfg = AuditConfig {
             key_file: Some(path.clone()),
             previous_public_keys: vec![key.public_key()],
+            ..Default::default()
         };
         assert!(cfg.validate().is_ok());
         assert_eq!(cfg.file_key().unwrap().unwrap().id(), key.id());

@@ -141,6 +141,7 @@ pub struct JobFacts {
     /// Its submitter.
     pub submitter: String,
     /// Its labels (the Job entity's tags).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
 }
 
@@ -252,25 +253,37 @@ pub struct Facts {
     /// The job it belongs to.
     pub job: JobFacts,
     /// The model that spends.
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub model: String,
     /// What it may spend.
     pub estimate: Estimate,
     /// What its budget has left.
     pub remaining: Remaining,
     /// The tools the run may use.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<String>,
     /// The outputs the run may propose.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub outputs: Vec<String>,
     /// Delegation depth (0: the job's own run).
+    #[serde(skip_serializing_if = "is_zero")]
     pub depth: u32,
     /// The capabilities and models of the job's plan.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub plan: Vec<String>,
     /// When, ms since the Unix epoch.
     pub now_ms: u64,
     /// A tool call's arguments (the Tool entity's tags).
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
     pub arguments: serde_json::Map<String, serde_json::Value>,
     /// A nested budget's parent (the Budget entity's `parent`).
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub parent_budget: String,
+}
+
+/// Whether a count is zero (left out of a recorded decision).
+pub(crate) fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 fn long(n: u64) -> E {

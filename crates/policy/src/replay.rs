@@ -19,10 +19,12 @@ pub struct Recorded {
     /// `permit`, `require`, `forbid` or `default`.
     pub effect: String,
     /// The deciding policies' ids.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub policies: Vec<String>,
     /// The set's version.
     pub version: String,
     /// People the policies asked for (0 unless `require`).
+    #[serde(skip_serializing_if = "crate::facts::is_zero")]
     pub approvals: u32,
 }
 

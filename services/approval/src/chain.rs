@@ -42,6 +42,9 @@ fn head_of(run: &Run) -> Head {
 
 /// The bytes a record's hash covers: its encoding with `sequence` 0.
 fn hashed(rec: &AuditRecord) -> Vec<u8> {
+    if rec.sequence == 0 {
+        return rec.encode_to_vec();
+    }
     let mut r = rec.clone();
     r.sequence = 0;
     r.encode_to_vec()

@@ -35,6 +35,8 @@ use crate::store::Kept;
 pub(crate) const SEALS: &str = "sealed_heads";
 /// Where a key the executor made itself is kept (no `audit.key_file`).
 pub(crate) const KEYS: &str = "audit_key";
+/// Where each running job's latest periodic checkpoint is kept, by job id.
+pub(crate) const LIVE: &str = "live_heads";
 
 /// Job `job_id`'s stream.
 pub fn stream(job_id: &str) -> String {
@@ -70,6 +72,7 @@ pub(crate) struct Seal {
     key: ReceiptKey,
     trusted: Vec<String>,
     seals: Kept<Vec<u8>>,
+    live: Kept<Vec<u8>>,
 }
 
 impl std::fmt::Debug for Seal {
@@ -80,11 +83,13 @@ impl std::fmt::Debug for Seal {
 
 impl Seal {
     /// The seal of `cfg`'s key file, else of the key kept in `keys` (made
-    /// and kept there on first start), keeping seals in `seals`.
+    /// and kept there on first start), keeping seals in `seals` and running
+    /// jobs' periodic checkpoints in `live`.
     pub(crate) async fn open(
         cfg: &AuditConfig,
         keys: Kept<Vec<u8>>,
         seals: Kept<Vec<u8>>,
+        live: Kept<Vec<u8>>,
     ) -> Result<Seal, ExecutorError> {
         let bad = |e: String| ExecutorError::Audit(e);
         let key = match cfg.file_key().map_err(bad)? {
@@ -109,7 +114,27 @@ impl Seal {
             key,
             trusted,
             seals,
+            live,
         })
+    }
+
+    /// Signs running job `job`'s `head` at `at_ms` (a periodic checkpoint)
+    /// and keeps it in place of the last. Only a head whose records are
+    /// durable is signed (the caller waits), so no crash leaves a
+    /// checkpoint ahead of the journal.
+    pub(crate) fn checkpoint(&self, job_id: &str, job: &Job, head: Head, at_ms: u64) {
+        let mut summary = summary(job_id, job);
+        summary["live"] = Value::Bool(true);
+        let r = chain::checkpoint_with(&self.key, &[(stream(job_id), head)], at_ms, summary);
+        let bytes = serde_json::to_vec(&r).unwrap_or_default();
+        if let Err(e) = self.live.put(job_id, &bytes) {
+            tracing::error!(job_id, error = %e, "keeping a journal checkpoint");
+        }
+    }
+
+    /// Job `job_id`'s latest periodic checkpoint (`None`: none).
+    pub(crate) async fn checkpointed(&self, job_id: &str) -> Result<Option<Sealed>, ExecutorError> {
+        Ok(self.live.get(job_id).await?.map(|b| Sealed::parse(&b)))
     }
 
     /// The public keys a seal may carry.
@@ -208,17 +233,22 @@ pub struct JobCheck {
     pub head: Head,
     /// The key id of the seal that vouches for the head (finished jobs).
     pub sealed_by: Option<String>,
+    /// The record a periodic checkpoint vouched for (running jobs).
+    pub checkpointed: Option<u64>,
     /// The first problem found (`None`: it verifies).
     pub problem: Option<String>,
 }
 
-/// Verifies job `job_id`'s `events` (as stored, in order) and, when it
-/// `finished`, its `seal` against `trusted` keys.
+/// Verifies job `job_id`'s `events` (as stored, in order): that they
+/// still reach, unchanged, the record its latest periodic checkpoint
+/// (`live`) signed, and when it `finished`, its `seal` — each against
+/// `trusted` keys.
 pub(crate) fn check_job(
     job_id: &str,
     events: &[Event],
     finished: bool,
     seal: Option<&Sealed>,
+    live: Option<&Sealed>,
     trusted: &[String],
 ) -> JobCheck {
     let stream = stream(job_id);
@@ -230,6 +260,7 @@ pub(crate) fn check_job(
         unlinked: 0,
         head: Head::default(),
         sealed_by: None,
+        checkpointed: None,
         problem: None,
     };
     let mut linked_seen = false;
@@ -272,6 +303,23 @@ pub(crate) fn check_job(
         out.records += 1;
     }
     out.head = v.heads().head(&stream);
+    // The journal must still reach, unchanged, the record its latest
+    // periodic checkpoint signed (what a rewrite while the executor was
+    // stopped, before the job finished, would not).
+    if let Some(live) = live {
+        let checked = signed_heads(&stream, "checkpoint", live, trusted).and_then(|(head, _)| {
+            v.against(&[(stream.clone(), head)], |_, n| at.get(&n).copied())
+                .map(|()| head.n)
+                .map_err(|b| b.to_string())
+        });
+        match checked {
+            Ok(n) => out.checkpointed = Some(n),
+            Err(p) => {
+                out.problem = Some(p);
+                return out;
+            }
+        }
+    }
     if !finished {
         return out;
     }
@@ -290,11 +338,18 @@ pub(crate) fn check_job(
             return out;
         }
     };
-    match chain::verify_checkpoint(r, trusted) {
-        Ok((_, heads)) => {
+    match chain::verify_checkpoint_summary(r, trusted) {
+        Ok(signed) => {
+            let heads = signed.heads;
             if let Some((s, _)) = heads.iter().find(|(s, _)| *s != stream) {
                 out.problem = Some(format!(
                     "stream {stream:?}: its seal vouches for stream {s:?} (a seal was moved between jobs)"
+                ));
+                return out;
+            }
+            if signed.summary["live"] == true {
+                out.problem = Some(format!(
+                    "stream {stream:?}: its seal is a checkpoint of the job while it ran, not of its end (a checkpoint was put in the seal's place)"
                 ));
                 return out;
             }
@@ -309,27 +364,45 @@ pub(crate) fn check_job(
     out
 }
 
+/// The heads `seal` (a job's seal or periodic checkpoint: `what`) signed
+/// — its own stream's only — and its summary, once its signature holds
+/// under `trusted`; else what is wrong.
+fn signed_heads(
+    stream: &str,
+    what: &str,
+    seal: &Sealed,
+    trusted: &[String],
+) -> Result<(Head, Value), String> {
+    let Sealed::Receipt(r) = seal else {
+        return Err(format!(
+            "stream {stream:?}: its {what} cannot be read: it was damaged or replaced"
+        ));
+    };
+    let signed = chain::verify_checkpoint_summary(r, trusted)
+        .map_err(|e| format!("stream {stream:?}: {e}"))?;
+    match signed.heads.as_slice() {
+        [(s, h)] if s == stream => Ok((*h, signed.summary)),
+        _ => Err(format!(
+            "stream {stream:?}: its {what} vouches for another stream (a {what} was moved between jobs)"
+        )),
+    }
+}
+
 /// The seal's summary and head, for a pruned job (its records gone):
-/// `Ok` when the seal holds under `trusted`.
+/// `Ok` when the seal holds under `trusted` and closes the job.
 pub(crate) fn check_pruned(
     job_id: &str,
     seal: &Sealed,
     trusted: &[String],
 ) -> Result<(Head, Value), String> {
     let stream = stream(job_id);
-    let Sealed::Receipt(r) = seal else {
+    let (head, summary) = signed_heads(&stream, "seal", seal, trusted)?;
+    if summary["live"] == true {
         return Err(format!(
-            "stream {stream:?}: the seal of a pruned job cannot be read: it was damaged or replaced"
+            "stream {stream:?}: its seal is a checkpoint of the job while it ran, not of its end (a checkpoint was put in the seal's place)"
         ));
-    };
-    let signed = chain::verify_checkpoint_summary(r, trusted)
-        .map_err(|e| format!("stream {stream:?}: {e}"))?;
-    match signed.heads.as_slice() {
-        [(s, h)] if *s == stream => Ok((*h, signed.summary)),
-        _ => Err(format!(
-            "stream {stream:?}: its seal vouches for another stream (a seal was moved between jobs)"
-        )),
     }
+    Ok((head, summary))
 }
 
 /// Whether a stored job has finished (its seal is due).
@@ -342,6 +415,71 @@ pub(crate) fn finished(job: &Job) -> bool {
 }
 
 impl crate::Executor {
+    /// Signs the head of each job held here whose journal moved since its
+    /// last checkpoint (`[audit] checkpoint_ms`), once the records it
+    /// vouches for are durable: a crash never leaves a checkpoint ahead of
+    /// the journal. A job that left meanwhile (retired, or taken over by
+    /// another replica after its writes were refused) is skipped.
+    pub(crate) async fn checkpoint_journals(&self) -> Result<(), ExecutorError> {
+        let book = &self.inner.book;
+        let moved: Vec<(String, Head)> = book
+            .lock()
+            .entries()
+            .filter(|e| e.chain.n > e.checkpointed && !finished(&e.job))
+            .map(|e| (e.id().to_owned(), e.chain))
+            .collect();
+        if moved.is_empty() {
+            return Ok(());
+        }
+        book.durable(book.last()).await?;
+        let held: Vec<(String, Head, Job, bool)> = {
+            let st = book.lock();
+            moved
+                .into_iter()
+                .filter_map(|(id, head)| {
+                    let e = st.find(&id)?;
+                    Some((id, head, e.job.clone(), e.checkpointed == 0))
+                })
+                .collect()
+        };
+        let now = book.now();
+        let mut signed = Vec::with_capacity(held.len());
+        for (id, head, job, first) in held {
+            // The first time in this process: the journal as stored must
+            // still be what the last checkpoint signed, or signing its head
+            // now would vouch for a rewrite made while it was stopped.
+            if first && let Some(problem) = self.changed_since_checkpoint(&id).await? {
+                tracing::error!(
+                    job_id = %id,
+                    problem,
+                    "a running job's journal no longer matches its last signed checkpoint (changed while the executor was stopped): the checkpoint is kept as it is and no new one is signed over it"
+                );
+                signed.push((id, u64::MAX));
+                continue;
+            }
+            book.seal.checkpoint(&id, &job, head, now);
+            signed.push((id, head.n));
+        }
+        let mut st = book.lock();
+        for (id, n) in signed {
+            if let Some(e) = st.find_mut(&id) {
+                e.checkpointed = e.checkpointed.max(n);
+            }
+        }
+        Ok(())
+    }
+
+    /// What breaks between job `id`'s stored journal and its last periodic
+    /// checkpoint (`None`: nothing, or no checkpoint).
+    async fn changed_since_checkpoint(&self, id: &str) -> Result<Option<String>, ExecutorError> {
+        let seal = &self.inner.book.seal;
+        let Some(kept) = seal.checkpointed(id).await? else {
+            return Ok(None);
+        };
+        let events = self.journal_of(id).await?;
+        Ok(check_job(id, &events, false, None, Some(&kept), seal.trusted()).problem)
+    }
+
     /// Job `id`'s events as stored, in the journal's order (its positions
     /// from memory when it is held here).
     pub(crate) async fn journal_of(&self, id: &str) -> Result<Vec<Event>, ExecutorError> {
@@ -361,18 +499,23 @@ impl crate::Executor {
         job: &Job,
         events: &[Event],
     ) -> Result<String, ExecutorError> {
-        let (due, kept) = self.due_seal(id, job).await?;
+        let (due, kept, live) = self.due_seal(id, job).await?;
         let c = check_job(
             id,
             events,
             due,
             kept.as_ref(),
+            live.as_ref(),
             self.inner.book.seal.trusted(),
         );
-        Ok(match (c.problem, c.sealed_by) {
-            (Some(p), _) => format!("does not verify: {p}"),
-            (None, Some(k)) => format!("verifies ({} events), sealed by key {k}", c.records),
-            (None, None) => format!(
+        Ok(match (c.problem, c.sealed_by, c.checkpointed) {
+            (Some(p), _, _) => format!("does not verify: {p}"),
+            (None, Some(k), _) => format!("verifies ({} events), sealed by key {k}", c.records),
+            (None, None, Some(n)) => format!(
+                "verifies ({} events; a signed checkpoint vouches for the first {n}; sealed once the job has finished and left memory)",
+                c.records
+            ),
+            (None, None, None) => format!(
                 "verifies ({} events; sealed once the job has finished and left memory)",
                 c.records
             ),
@@ -381,15 +524,17 @@ impl crate::Executor {
 
     /// Whether job `id`'s seal is due — it finished (`job`, its record)
     /// and is no longer in memory here, where its record may be ahead of
-    /// the store — and, when it is, the seal kept.
-    async fn due_seal(&self, id: &str, job: &Job) -> Result<(bool, Option<Sealed>), ExecutorError> {
+    /// the store — the seal kept when it is, and its latest periodic
+    /// checkpoint.
+    async fn due_seal(
+        &self,
+        id: &str,
+        job: &Job,
+    ) -> Result<(bool, Option<Sealed>, Option<Sealed>), ExecutorError> {
         let due = self.inner.book.lock().find(id).is_none() && finished(job);
-        let kept = if due {
-            self.inner.book.seal.sealed(id).await?
-        } else {
-            None
-        };
-        Ok((due, kept))
+        let seal = &self.inner.book.seal;
+        let kept = if due { seal.sealed(id).await? } else { None };
+        Ok((due, kept, seal.checkpointed(id).await?))
     }
 
     /// Job `id`'s journal as a self-contained copy (ExportJournal).
@@ -399,8 +544,9 @@ impl crate::Executor {
     ) -> Result<switchyard_proto::executor::v1::ExportJournalResponse, ExecutorError> {
         let job = self.job(id).await?;
         let events = self.journal_of(id).await?;
-        let (due, kept) = self.due_seal(id, &job).await?;
-        let seal = match kept {
+        let (due, kept, live) = self.due_seal(id, &job).await?;
+        // Its seal once it finished, else its latest periodic checkpoint.
+        let seal = match if due { kept } else { live } {
             Some(Sealed::Receipt(r)) => serde_json::to_string(&r).unwrap_or_default(),
             _ => String::new(),
         };
@@ -420,14 +566,19 @@ impl crate::Executor {
 }
 
 /// Checks an exported journal (`switchyard audit verify --bundle`) with no
-/// access to the deployment: its chain, and when the job had finished, its
-/// seal against `trusted` public keys.
+/// access to the deployment: its chain, and against `trusted` public keys
+/// its seal when the job had finished, else its latest checkpoint.
 pub fn check_export(
     x: &switchyard_proto::executor::v1::ExportJournalResponse,
     trusted: &[String],
 ) -> JobCheck {
     let seal = (!x.seal.is_empty()).then(|| Sealed::parse(x.seal.as_bytes()));
-    check_job(&x.job_id, &x.events, x.finished, seal.as_ref(), trusted)
+    let (end, live) = if x.finished {
+        (seal.as_ref(), None)
+    } else {
+        (None, seal.as_ref())
+    };
+    check_job(&x.job_id, &x.events, x.finished, end, live, trusted)
 }
 
 /// Jobs read per store page while verifying.
@@ -460,6 +611,9 @@ impl crate::Executor {
             out.unlinked += c.unlinked;
             if c.sealed_by.is_some() {
                 out.sealed += 1;
+            }
+            if c.checkpointed.is_some() {
+                out.checkpointed += 1;
             }
             if let Some(problem) = c.problem {
                 out.problems.push(JournalProblem {
@@ -528,6 +682,7 @@ impl crate::Executor {
                             unlinked: 0,
                             head: Head::default(),
                             sealed_by: None,
+                            checkpointed: None,
                             problem: Some(format!(
                                 "stream {:?}: its events cannot be read ({e}): records were damaged or removed",
                                 stream(&id)
@@ -537,10 +692,10 @@ impl crate::Executor {
                     continue;
                 }
             };
-            let (due, kept) = self.due_seal(&id, &record).await?;
+            let (due, kept, live) = self.due_seal(&id, &record).await?;
             check(
                 &mut out,
-                check_job(&id, &events, due, kept.as_ref(), trusted),
+                check_job(&id, &events, due, kept.as_ref(), live.as_ref(), trusted),
             );
         }
         if only.is_some() {
@@ -664,7 +819,7 @@ mod tests {
     #[test]
     fn a_journal_linked_as_written_verifies_and_reaches_the_books_head() {
         let evs = events(5, 0);
-        let c = check_job("j", &evs, false, None, &[]);
+        let c = check_job("j", &evs, false, None, None, &[]);
         assert_eq!(c.problem, None);
         assert_eq!((c.records, c.unlinked), (5, 0));
         let head = evs.iter().fold(Head::default(), next_head);
@@ -675,18 +830,22 @@ mod tests {
     fn events_from_before_chains_count_as_unlinked_but_a_stripped_link_does_not_pass() {
         // Written before chains, then linked: verifies, said.
         let evs = events(5, 2);
-        let c = check_job("j", &evs, false, None, &[]);
+        let c = check_job("j", &evs, false, None, None, &[]);
         assert_eq!(c.problem, None, "{c:?}");
         assert_eq!(c.unlinked, 2);
         // A link removed after linked records began.
         let mut stripped = events(5, 0);
         stripped[3].chain = None;
-        let p = check_job("j", &stripped, false, None, &[]).problem.unwrap();
+        let p = check_job("j", &stripped, false, None, None, &[])
+            .problem
+            .unwrap();
         assert!(p.contains("record 4: its chain link was removed"), "{p}");
         // An event of another job put in.
         let mut moved = events(5, 0);
         moved[2].job_id = "k".into();
-        let p = check_job("j", &moved, false, None, &[]).problem.unwrap();
+        let p = check_job("j", &moved, false, None, None, &[])
+            .problem
+            .unwrap();
         assert!(p.contains("belongs to job \"k\""), "{p}");
     }
 
@@ -694,6 +853,7 @@ mod tests {
     fn a_finished_job_needs_a_seal_over_its_own_head_by_a_trusted_key() {
         let evs = events(4, 0);
         let head = evs.iter().fold(Head::default(), next_head);
+        let mid_head = evs[..2].iter().fold(Head::default(), next_head);
         let (key, _) = ReceiptKey::generate().unwrap();
         let trusted = vec![key.public_key()];
         let job = Job::default();
@@ -705,29 +865,69 @@ mod tests {
                 summary("j", &job),
             )))
         };
-        let ok = check_job("j", &evs, true, Some(&seal(head)), &trusted);
+        let ok = check_job("j", &evs, true, Some(&seal(head)), None, &trusted);
         assert_eq!(ok.problem, None);
         assert_eq!(ok.sealed_by.as_deref(), Some(key.id()));
-        let p = check_job("j", &evs, true, None, &trusted).problem.unwrap();
+        let p = check_job("j", &evs, true, None, None, &trusted)
+            .problem
+            .unwrap();
         assert!(p.contains("no signed seal"), "{p}");
         let p = check_job(
             "j",
             &evs,
             true,
             Some(&Sealed::Unreadable("x".into())),
+            None,
             &trusted,
         )
         .problem
         .unwrap();
         assert!(p.contains("cannot be read"), "{p}");
-        let p = check_job("j", &evs[..3], true, Some(&seal(head)), &trusted)
+        let p = check_job("j", &evs[..3], true, Some(&seal(head)), None, &trusted)
             .problem
             .unwrap();
         assert!(p.contains("truncated"), "{p}");
-        let p = check_job("j", &evs, true, Some(&seal(head)), &[])
+        let p = check_job("j", &evs, true, Some(&seal(head)), None, &[])
             .problem
             .unwrap();
         assert!(p.contains("not one of the deployment's keys"), "{p}");
+        // A checkpoint taken while it ran, put in the seal's place: it
+        // vouches for an earlier head, and is refused as an end.
+        let mut live = summary("j", &job);
+        live["live"] = Value::Bool(true);
+        let mid = chain::checkpoint_with(&key, &[(stream("j"), mid_head)], 5, live);
+        let mid = Sealed::Receipt(Box::new(mid));
+        let p = check_job("j", &evs, true, Some(&mid), None, &trusted)
+            .problem
+            .unwrap();
+        assert!(
+            p.contains("a checkpoint was put in the seal's place"),
+            "{p}"
+        );
+        assert!(check_pruned("j", &mid, &trusted).is_err());
+        // As the checkpoint it is, it holds, for the job running or ended.
+        let c = check_job("j", &evs, false, None, Some(&mid), &trusted);
+        assert_eq!((c.problem, c.checkpointed), (None, Some(mid_head.n)));
+        let c = check_job("j", &evs, true, Some(&seal(head)), Some(&mid), &trusted);
+        assert_eq!((c.problem, c.checkpointed), (None, Some(mid_head.n)));
+        // An edit before it is found by the chain; of the record it signed
+        // (the last when it was taken), by the checkpoint alone.
+        let mut edited = evs.clone();
+        edited[mid_head.n as usize - 1].kind = "job.stat3".into();
+        let p = check_job(
+            "j",
+            &edited[..mid_head.n as usize],
+            false,
+            None,
+            Some(&mid),
+            &trusted,
+        )
+        .problem
+        .unwrap();
+        assert!(
+            p.contains("not the one the signed checkpoint vouches for"),
+            "{p}"
+        );
         // A pruned job: the seal alone, with its summary.
         let (h, s) = check_pruned("j", &seal(head), &trusted).unwrap();
         assert_eq!(h, head);

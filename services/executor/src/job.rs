@@ -98,6 +98,9 @@ pub struct JobEntry {
     /// The head of the job's hash chain (stream `job/<id>`): what its next
     /// event links to.
     pub chain: switchyard_kit::chain::Head,
+    /// The record its latest periodic checkpoint signed (0: none yet, in
+    /// this process).
+    pub checkpointed: u64,
 }
 
 impl JobEntry {
@@ -188,6 +191,7 @@ impl JobEntry {
             extra_tokens: 0,
             extra_cost: 0,
             chain: Default::default(),
+            checkpointed: 0,
         }
     }
 

@@ -222,6 +222,7 @@ impl Executor {
             &cfg.audit,
             store::Kept::open(jobs.clone().space(audit::KEYS))?,
             store::Kept::open(jobs.clone().space(audit::SEALS))?,
+            store::Kept::open(jobs.clone().space(audit::LIVE))?,
         )
         .await
     }
@@ -420,6 +421,18 @@ impl Executor {
                 let book = book.clone();
                 async move { book.checkpoint().map(|_| ()) }
             });
+        let every = self.inner.cfg.audit.checkpoint_ms;
+        if every > 0 {
+            let me = self.clone();
+            self.inner.shutdown.spawn_every(
+                Duration::from_millis(every),
+                "executor journal checkpoints",
+                move || {
+                    let me = me.clone();
+                    async move { me.checkpoint_journals().await }
+                },
+            );
+        }
         let retention_ms = self.inner.cfg.retention_secs.saturating_mul(1000);
         if retention_ms > 0 {
             let me = self.clone();

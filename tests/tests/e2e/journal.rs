@@ -301,9 +301,20 @@ impl Raw {
 
     /// Job `job`'s seal as kept (the receipt's JSON), if any.
     fn seal(&self, job: &str) -> Option<Vec<u8>> {
+        self.kv("sealed_heads", job)
+    }
+
+    /// Keeps `seal` as job `job`'s (`None`: removes it).
+    fn set_seal(&self, job: &str, seal: Option<&[u8]>) {
+        self.set_kv("sealed_heads", job, seal)
+    }
+
+    /// Job `job`'s value in the executor's space `space` (seals, periodic
+    /// checkpoints).
+    fn kv(&self, space: &str, job: &str) -> Option<Vec<u8>> {
         match self {
             Raw::Sled(data) => Raw::store(data)
-                .tree::<Vec<u8>>("sealed_heads")
+                .tree::<Vec<u8>>(space)
                 .unwrap()
                 .get(job)
                 .unwrap(),
@@ -311,7 +322,7 @@ impl Raw {
                 let h = psql(
                     url,
                     &format!(
-                        "SELECT encode(value, 'hex') FROM exec_kv WHERE space = 'sealed_heads' AND key = '{job}'"
+                        "SELECT encode(value, 'hex') FROM exec_kv WHERE space = '{space}' AND key = '{job}'"
                     ),
                 );
                 (!h.is_empty()).then(|| Vec::<u8>::decode(unhex(&h).as_slice()).unwrap())
@@ -319,13 +330,13 @@ impl Raw {
         }
     }
 
-    /// Keeps `seal` as job `job`'s (`None`: removes it).
-    fn set_seal(&self, job: &str, seal: Option<&[u8]>) {
+    /// Keeps `value` as job `job`'s in space `space` (`None`: removes it).
+    fn set_kv(&self, space: &str, job: &str, value: Option<&[u8]>) {
         match self {
             Raw::Sled(data) => {
                 let store = Raw::store(data);
-                let t = store.tree::<Vec<u8>>("sealed_heads").unwrap();
-                match seal {
+                let t = store.tree::<Vec<u8>>(space).unwrap();
+                match value {
                     Some(s) => t.put(job, &s.to_vec()).unwrap(),
                     None => {
                         t.remove(job).unwrap();
@@ -334,16 +345,52 @@ impl Raw {
                 store.flush_blocking().unwrap();
             }
             Raw::Pg(url) => {
-                let sql = match seal {
+                let sql = match value {
                     Some(s) => format!(
-                        "UPDATE exec_kv SET value = decode('{}', 'hex') WHERE space = 'sealed_heads' AND key = '{job}'",
+                        "UPDATE exec_kv SET value = decode('{}', 'hex') WHERE space = '{space}' AND key = '{job}'",
                         hex(&s.to_vec().encode_to_vec())
                     ),
-                    None => format!(
-                        "DELETE FROM exec_kv WHERE space = 'sealed_heads' AND key = '{job}'"
-                    ),
+                    None => {
+                        format!("DELETE FROM exec_kv WHERE space = '{space}' AND key = '{job}'")
+                    }
                 };
                 psql(url, &sql);
+            }
+        }
+    }
+
+    /// A job's stored event records while it runs (sled: the frames that
+    /// name it; no index is written before it retires).
+    fn running_records(&self, job: &str) -> Vec<(u64, Vec<u8>)> {
+        match self {
+            Raw::Sled(data) => {
+                let mut out = Vec::new();
+                for seg in log_segments(data, "executor/events") {
+                    for (seq, rec) in frames(&std::fs::read(seg).unwrap()) {
+                        let e = Event::decode(rec.as_slice()).unwrap();
+                        if e.job_id == job {
+                            out.push((seq, rec));
+                        }
+                    }
+                }
+                out
+            }
+            Raw::Pg(_) => self.records(job),
+        }
+    }
+
+    /// Rewrites a running job's stored record `key` as `bytes`.
+    fn rewrite_running(&self, job: &str, key: u64, bytes: &[u8]) {
+        match self {
+            Raw::Sled(data) => rewrite_frame(data, "executor/events", key, bytes),
+            Raw::Pg(url) => {
+                psql(
+                    url,
+                    &format!(
+                        "UPDATE exec_events SET data = decode('{}', 'hex') WHERE job_id = '{job}' AND seq = {key}",
+                        hex(bytes)
+                    ),
+                );
             }
         }
     }
@@ -1009,8 +1056,99 @@ async fn every_tampering_with_a_runs_approval_audit_is_found(b: Backend) {
     drop(dir);
 }
 
+/// Waits (bounded: 30 s) until `n` running jobs have a checkpoint that
+/// verifies.
+async fn until_checkpointed(s: &Stack, n: u64) -> VerifyJournalsResponse {
+    for _ in 0..1200 {
+        let v = verify(s, "admin").await.unwrap();
+        if v.checkpointed >= n {
+            return v;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!(
+        "{n} running jobs were not checkpointed within 30 s: {:?}",
+        verify(s, "admin").await
+    );
+}
+
+async fn a_running_jobs_checkpoint_finds_its_last_event_edited_while_the_executor_was_stopped(
+    b: Backend,
+) {
+    let keys = tempfile::tempdir().unwrap();
+    let (key_path, key) = key_file(keys.path(), "audit.key");
+    let kp = key_path.clone();
+    let tweak = move |c: &mut switchyard_cli::Config| {
+        c.audit.key_file = Some(kp.clone());
+        c.audit.checkpoint_ms = 50;
+    };
+    let s = start(&b, None, tweak.clone()).await;
+    // A job that waits for a person: its journal stops at the approval it
+    // asks for, and no seal will come while it waits.
+    let mut c = JobServiceClient::new(s.channel().await.unwrap());
+    submit(
+        &mut c,
+        r#"{"job_id":"waits","approval":{"requires_approval":true},"tasks":[{"id":"a","command":{"command":"sh","args":["-c","echo hi"]}}]}"#,
+    )
+    .await
+    .unwrap();
+    let v = until_checkpointed(&s, 1).await;
+    assert!(v.problems.is_empty(), "{v:?}");
+    assert_eq!(v.sealed, 0, "it has not finished: {v:?}");
+    // Exported while it waits, the bundle carries the checkpoint, and it
+    // checks out offline.
+    let mut admin = JobServiceClient::new(s.channel_as("admin").await.unwrap());
+    let x = admin
+        .export_journal(ExportJournalRequest {
+            job_id: "waits".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!x.finished && !x.seal.is_empty(), "{x:?}");
+    let checked = switchyard_executor::audit::check_export(&x, &[key.public_key()]);
+    assert_eq!(checked.problem, None);
+    assert_eq!(checked.checkpointed, Some(x.events.len() as u64));
+    let dir = s.stop().await.unwrap();
+    let raw = match &b {
+        Backend::Sled => Raw::Sled(dir.path().to_path_buf()),
+        Backend::Postgres(url) => Raw::Pg(url.clone()),
+    };
+    // Its last event (the approval it asks for) edited: no later record
+    // links to it, so only the checkpoint can tell.
+    let recs = raw.running_records("waits");
+    let (last, mut bytes) = recs.last().cloned().unwrap();
+    let at = bytes
+        .windows(7)
+        .position(|w| w == b"sha256:")
+        .expect("the approval's context hash");
+    bytes[at + 7] = if bytes[at + 7] == b'0' { b'1' } else { b'0' };
+    raw.rewrite_running("waits", last, &bytes);
+    let checkpoint = raw
+        .kv("live_heads", "waits")
+        .expect("its checkpoint is kept");
+
+    let s = start(&b, Some(dir.path()), tweak.clone()).await;
+    // The executor, running it again, does not sign over what it finds
+    // changed: the checkpoint stays as it was, and verification says where.
+    let v = verify(&s, "admin").await.unwrap();
+    let p = problem(&v, "waits");
+    assert!(
+        p.contains(&format!(
+            "record {}: the chain up to it is not the one the signed checkpoint vouches for",
+            recs.len()
+        )),
+        "{p}"
+    );
+    let dir2 = s.stop().await.unwrap();
+    drop(dir2);
+    assert_eq!(raw.kv("live_heads", "waits"), Some(checkpoint));
+    drop(dir);
+}
+
 switchyard_testkit::on_both_backends!(
     sled, postgres;
+    a_running_jobs_checkpoint_finds_its_last_event_edited_while_the_executor_was_stopped,
     every_tampering_with_a_runs_approval_audit_is_found,
     every_tampering_with_a_finished_jobs_journal_is_found_where_it_breaks,
     a_clean_history_verifies_after_a_key_rotation_and_after_pruning,
