@@ -123,10 +123,10 @@ pub async fn run(cmd: AuditCmd) -> anyhow::Result<()> {
                 "wrote {} ({} events{}) — check it anywhere with: switchyard audit verify --bundle {} --trust <the deployment's public key>",
                 path.display(),
                 x.events.len(),
-                if x.seal.is_empty() {
-                    ", not sealed yet"
-                } else {
-                    ", sealed"
+                match (x.finished, x.seal.is_empty()) {
+                    (true, _) => ", sealed",
+                    (false, false) => ", checkpointed while it runs",
+                    (false, true) => ", not sealed yet",
                 },
                 path.display()
             );

@@ -664,13 +664,24 @@ async fn a_clean_history_verifies_after_a_key_rotation_and_after_pruning(b: Back
     let s = start(&b, Some(dir.path()), move |c| {
         c.audit.key_file = Some(p);
         c.audit.previous_public_keys = vec![old_pub];
+        c.audit.checkpoint_ms = 20;
     })
     .await;
     let mut c = JobServiceClient::new(s.channel().await.unwrap());
-    submit(&mut c, &run("after")).await.unwrap();
-    finish(&mut c, "after").await;
+    // Long enough to be checkpointed while it runs.
+    submit(
+        &mut c,
+        r#"{"job_id":"after","tasks":[{"id":"a","agent":{"capability":"builtin.sleep","input":{"ms":500}}}]}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        finish(&mut c, "after").await.state,
+        JobState::Completed as i32
+    );
     let v = until_sealed(&s, 2).await;
     assert!(v.problems.is_empty(), "{v:?}");
+    assert_eq!(v.checkpointed, 1, "its checkpoint still holds: {v:?}");
     assert_eq!(v.key_id, new.id());
     assert_eq!(
         v.trusted_key_ids,
@@ -695,6 +706,13 @@ async fn a_clean_history_verifies_after_a_key_rotation_and_after_pruning(b: Back
     assert!(v.problems.is_empty(), "{v:?}");
     assert_eq!((v.jobs, v.pruned), (0, 2), "{v:?}");
     s.stop().await.unwrap();
+    // The checkpoint went with the records; the seal stayed.
+    let raw = match &b {
+        Backend::Sled => Raw::Sled(dir.path().to_path_buf()),
+        Backend::Postgres(url) => Raw::Pg(url.clone()),
+    };
+    assert_eq!(raw.kv("live_heads", "after"), None);
+    assert!(raw.seal("after").is_some());
     drop(dir);
 }
 

@@ -1367,6 +1367,13 @@ impl PgJobs {
             )
             .await
             .map_err(|e| self.db.error("pruning deliveries", &e))?;
+            // Periodic checkpoints go with the records; the seal stays.
+            tx.execute(
+                "DELETE FROM exec_kv WHERE space = $1 AND key = ANY($2)",
+                &[&crate::audit::LIVE, &ids],
+            )
+            .await
+            .map_err(|e| self.db.error("pruning journal checkpoints", &e))?;
             tx.commit()
                 .await
                 .map_err(|e| self.db.error("pruning jobs", &e))?;

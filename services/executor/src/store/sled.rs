@@ -59,6 +59,9 @@ pub(crate) struct SledJobs {
     index: Tree<Positions>,
     /// Journal seals, by job (the space [`crate::audit::Seal`] reads).
     seals: Tree<Vec<u8>>,
+    /// Running jobs' periodic checkpoints, by job: they go with the job's
+    /// records (its seal stays).
+    checkpoints: Tree<Vec<u8>>,
     /// The layout version and the replay checkpoint.
     meta: Tree<Number>,
     /// Never moves: every job stored here is written by this process, so
@@ -79,6 +82,7 @@ impl SledJobs {
             by_time: store.tree::<Mark>("by_time")?,
             index: store.tree::<Positions>("index")?,
             seals: store.tree::<Vec<u8>>(crate::audit::SEALS)?,
+            checkpoints: store.tree::<Vec<u8>>(crate::audit::LIVE)?,
             meta: store.tree::<Number>("meta")?,
             still: tokio::sync::watch::channel(0).0,
         })
@@ -186,6 +190,7 @@ impl SledJobs {
         self.index.remove(id)?;
         self.outputs.remove_prefix(&format!("{id}/"))?;
         self.by_time.remove(key)?;
+        self.checkpoints.remove(id)?;
         Ok(())
     }
 
