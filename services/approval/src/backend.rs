@@ -328,23 +328,32 @@ impl Backend {
             Backend::Pg(pg) => return pg.audit_snapshot(run_id).await,
             Backend::Sled(sled) => sled,
         };
-        let runs: Vec<(Run, Vec<u64>)> = {
+        // The ids first, then each run with its positions under the lock
+        // for that run alone: consistent per run, and approvals are not held
+        // up while thousands of runs are read.
+        let ids: Vec<String> = if run_id.is_empty() {
+            let Some((live, ended)) = sled.lock().runs.sled().map(|r| r.ids()) else {
+                return Ok(Vec::new());
+            };
+            let mut ids: std::collections::BTreeSet<String> = live.into_iter().collect();
+            for kv in ended.iter() {
+                ids.insert(kv?.0);
+            }
+            ids.into_iter().collect()
+        } else {
+            vec![run_id.to_owned()]
+        };
+        let mut runs: Vec<(Run, Vec<u64>)> = Vec::with_capacity(ids.len());
+        for id in ids {
             let st = sled.lock();
             let Some(kept) = st.runs.sled() else {
                 return Ok(Vec::new());
             };
-            let one: Vec<Cow<'_, Run>> = if run_id.is_empty() {
-                kept.all().collect()
-            } else {
-                kept.get(run_id).into_iter().collect()
-            };
-            one.into_iter()
-                .map(|r| {
-                    let positions = kept.positions(&r.run_id).unwrap_or_default();
-                    (r.into_owned(), positions)
-                })
-                .collect()
-        };
+            if let Some(run) = kept.get(&id) {
+                let positions = kept.positions(&id).unwrap_or_default();
+                runs.push((run.into_owned(), positions));
+            }
+        }
         // What the snapshot's runs vouch for is durable before it is read.
         let last = runs
             .iter()

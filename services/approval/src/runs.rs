@@ -273,6 +273,13 @@ impl Runs {
         }
     }
 
+    /// The ids of every run, read without holding the books for long: those
+    /// in flight now, and the tree of ended ones to read them from after
+    /// (a run that ends meanwhile is in both).
+    pub(crate) fn ids(&self) -> (Vec<String>, Tree<Run>) {
+        (self.live.keys().cloned().collect(), self.tree.clone())
+    }
+
     /// The runs in flight.
     pub(crate) fn live(&self) -> impl Iterator<Item = &Run> {
         self.live.values()
