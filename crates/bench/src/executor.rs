@@ -556,17 +556,10 @@ async fn journal(
             .unwrap_or_default();
         let seal = switchyard_executor::audit::seal_of(&key, id, job, head, 0);
         std::hint::black_box(seal);
-        let stream = format!("run/{}", job.run_id);
-        let mut head = Head::default();
-        for rec in audit {
-            let mut r = rec.clone();
-            r.sequence = 0;
-            let n = head.n + 1;
-            head = Head {
-                n,
-                hash: chain::link(&stream, n, &head.hash, &r.encode_to_vec()),
-            };
-        }
+        let head = audit.iter().fold(Head::default(), |h, rec| {
+            switchyard_approval::chain::next_head(&job.run_id, h, rec)
+        });
+        let stream = switchyard_approval::chain::stream(&job.run_id);
         let summary =
             serde_json::json!({"run_id": job.run_id, "tenant": job.tenant, "status": "completed"});
         std::hint::black_box(chain::checkpoint_with(&key, &[(stream, head)], 0, summary));

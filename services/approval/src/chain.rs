@@ -21,7 +21,7 @@ use switchyard_proto::common::v1::{ChainHead, ChainLink};
 use crate::{runs, status_of};
 
 /// Run `run_id`'s stream.
-pub(crate) fn stream(run_id: &str) -> String {
+pub fn stream(run_id: &str) -> String {
     format!("run/{run_id}")
 }
 
@@ -50,18 +50,27 @@ fn hashed(rec: &AuditRecord) -> Vec<u8> {
     r.encode_to_vec()
 }
 
+/// The head of run `run_id`'s chain once `rec` (linked after `head`) is
+/// appended: what the service keeps, and what a benchmark recomputes.
+pub fn next_head(run_id: &str, head: Head, rec: &AuditRecord) -> Head {
+    let n = head.n + 1;
+    Head {
+        n,
+        hash: chain::link(&stream(run_id), n, &head.hash, &hashed(rec)),
+    }
+}
+
 /// Links `rec` after the head `run` keeps and moves the head to it; an
 /// ended run's head is signed with `key` at `now_ms` (its seal), any other
 /// run's seal cleared.
 pub(crate) fn link(run: &mut Run, rec: &mut AuditRecord, key: &ReceiptKey, now_ms: u64) {
     let head = head_of(run);
-    let n = head.n + 1;
     rec.chain = Some(ChainLink {
-        n,
+        n: head.n + 1,
         prev: head.hash.to_vec(),
     });
+    let Head { n, hash } = next_head(&run.run_id, head, rec);
     let stream = stream(&run.run_id);
-    let hash = chain::link(&stream, n, &head.hash, &hashed(rec));
     run.audit_head = Some(ChainHead {
         n,
         hash: hash.to_vec(),

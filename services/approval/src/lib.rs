@@ -11,7 +11,7 @@
 pub mod adapter;
 mod backend;
 mod bundle;
-mod chain;
+pub mod chain;
 mod content;
 mod dispatch;
 mod pg;

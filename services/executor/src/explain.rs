@@ -85,6 +85,11 @@ fn decider(by: &str) -> String {
     }
 }
 
+/// A policy set's version as a story prints it: `sha256:` and 12 digits.
+fn short_version(v: &str) -> &str {
+    v.get(..19).unwrap_or(v)
+}
+
 /// Adds what the policy set decided to the story's approval decision.
 fn policy_said(out: &mut ExplainJobResponse, p: &switchyard_proto::common::v1::PolicyDecision) {
     let Some(line) = out
@@ -94,7 +99,7 @@ fn policy_said(out: &mut ExplainJobResponse, p: &switchyard_proto::common::v1::P
     else {
         return;
     };
-    let version = p.version.get(..19).unwrap_or(&p.version);
+    let version = short_version(&p.version);
     line.text.push_str(&format!(
         " Policy set {version}… decided {}{}{}.",
         if p.effect.is_empty() {
@@ -614,7 +619,7 @@ pub(crate) fn story(job: &Job, events: &[Event]) -> ExplainJobResponse {
                     } else {
                         format!("{} by {}", d.effect, d.policies.join(", "))
                     },
-                    d.version.get(..19).unwrap_or(&d.version)
+                    short_version(&d.version)
                 ),
             ),
             JobEvent::DependencyWaiting(d) => (

@@ -71,20 +71,27 @@ async fn verify(s: &Stack, who: &str) -> Result<VerifyJournalsResponse, tonic::S
         .map(|r| r.into_inner())
 }
 
-/// Waits (bounded: 30 s) until `n` finished jobs are sealed (a job is
-/// sealed once it retires, just after it finishes).
-async fn until_sealed(s: &Stack, n: u64) -> VerifyJournalsResponse {
+/// Waits (bounded: 30 s) until VerifyJournals, as admin, answers as
+/// `done` says (`what` names it in a failure).
+async fn verified_until(
+    s: &Stack,
+    what: &str,
+    done: impl Fn(&VerifyJournalsResponse) -> bool,
+) -> VerifyJournalsResponse {
     for _ in 0..1200 {
         let v = verify(s, "admin").await.unwrap();
-        if v.sealed >= n {
+        if done(&v) {
             return v;
         }
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
-    panic!(
-        "{n} jobs were not sealed within 30 s: {:?}",
-        verify(s, "admin").await
-    );
+    panic!("not {what} within 30 s: {:?}", verify(s, "admin").await);
+}
+
+/// Waits until `n` finished jobs are sealed (a job is sealed once it
+/// retires, just after it finishes).
+async fn until_sealed(s: &Stack, n: u64) -> VerifyJournalsResponse {
+    verified_until(s, &format!("{n} jobs sealed"), |v| v.sealed >= n).await
 }
 
 /// How a test reaches a stopped deployment's stored journal.
@@ -1074,22 +1081,6 @@ async fn every_tampering_with_a_runs_approval_audit_is_found(b: Backend) {
     drop(dir);
 }
 
-/// Waits (bounded: 30 s) until `n` running jobs have a checkpoint that
-/// verifies.
-async fn until_checkpointed(s: &Stack, n: u64) -> VerifyJournalsResponse {
-    for _ in 0..1200 {
-        let v = verify(s, "admin").await.unwrap();
-        if v.checkpointed >= n {
-            return v;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
-    panic!(
-        "{n} running jobs were not checkpointed within 30 s: {:?}",
-        verify(s, "admin").await
-    );
-}
-
 async fn a_running_jobs_checkpoint_finds_its_last_event_edited_while_the_executor_was_stopped(
     b: Backend,
 ) {
@@ -1110,7 +1101,7 @@ async fn a_running_jobs_checkpoint_finds_its_last_event_edited_while_the_executo
     )
     .await
     .unwrap();
-    let v = until_checkpointed(&s, 1).await;
+    let v = verified_until(&s, "1 running job checkpointed", |v| v.checkpointed >= 1).await;
     assert!(v.problems.is_empty(), "{v:?}");
     assert_eq!(v.sealed, 0, "it has not finished: {v:?}");
     // Exported while it waits, the bundle carries the checkpoint, and it
