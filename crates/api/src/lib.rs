@@ -119,6 +119,8 @@ pub mod ledger {
                 estimate_cost(EstimateCostRequest) -> EstimateCostResponse;
                 /// Sums spend over a time range.
                 report(ReportRequest) -> ReportResponse;
+                /// Checks the journal's hash chains.
+                verify_journal(VerifyJournalRequest) -> VerifyJournalResponse;
             }
             streaming {
                 /// Streams ledger events.

@@ -7,6 +7,7 @@ use serde_json::json;
 use switchyard_api::ExecutorClient;
 use switchyard_proto::common::v1::Event;
 use switchyard_proto::executor::v1::{ListJobsRequest, VerifyJournalsRequest};
+use switchyard_proto::ledger::v1::VerifyJournalRequest;
 
 use crate::client::{Conn, MAX_MESSAGE, api};
 use crate::output::{Format, print_json};
@@ -169,9 +170,23 @@ pub async fn run(cmd: AuditCmd) -> anyhow::Result<()> {
             } else {
                 None
             };
-            if jobs.is_none() && runs.is_none() {
+            // And the ledger's journal.
+            let budgets = if job.is_none() {
+                let l = conn.ledger().await?;
+                match l.verify_journal(VerifyJournalRequest::default()).await {
+                    Ok(r) => Some(r),
+                    Err(s) if s.code() == tonic::Code::Unimplemented => {
+                        elsewhere("ledger (the budgets' journal)");
+                        None
+                    }
+                    Err(s) => return Err(api(s)),
+                }
+            } else {
+                None
+            };
+            if jobs.is_none() && runs.is_none() && budgets.is_none() {
                 anyhow::bail!(
-                    "neither the executor nor the approval service answers here: point --url at one of them"
+                    "neither the executor, the approval service nor the ledger answers here: point --url at one of them"
                 );
             }
             match conn.output {
@@ -195,6 +210,13 @@ pub async fn run(cmd: AuditCmd) -> anyhow::Result<()> {
                             "run_id": p.run_id, "problem": p.problem,
                         })).collect::<Vec<_>>(),
                     })),
+                    "budgets": budgets.as_ref().map(|b| json!({
+                        "budgets": b.budgets, "records": b.records,
+                        "unlinked": b.unlinked, "pruned": b.pruned,
+                        "problems": b.problems.iter().map(|p| json!({
+                            "budget_id": p.budget_id, "problem": p.problem,
+                        })).collect::<Vec<_>>(),
+                    })),
                 })),
                 Format::Table => {
                     if let Some(out) = &jobs {
@@ -202,6 +224,9 @@ pub async fn run(cmd: AuditCmd) -> anyhow::Result<()> {
                     }
                     if let Some(r) = &runs {
                         print_runs(r);
+                    }
+                    if let Some(b) = &budgets {
+                        print_budgets(b);
                     }
                 }
             }
@@ -213,6 +238,10 @@ pub async fn run(cmd: AuditCmd) -> anyhow::Result<()> {
             let n = runs.as_ref().map_or(0, |r| r.problems.len()) as u64;
             if n > 0 {
                 broken.push(format!("{n} run audit{}", plural(n)));
+            }
+            let n = budgets.as_ref().map_or(0, |b| b.problems.len()) as u64;
+            if n > 0 {
+                broken.push(format!("{n} budget journal{}", plural(n)));
             }
             if !broken.is_empty() {
                 anyhow::bail!("{} did not verify", broken.join(" and "));
@@ -336,6 +365,42 @@ fn print_runs(r: &switchyard_proto::approval::v1::VerifyAuditResponse) {
     }
     if r.problems.is_empty() {
         println!("every run's audit verifies");
+    }
+}
+
+/// VerifyJournal's answer, for a person.
+fn print_budgets(b: &switchyard_proto::ledger::v1::VerifyJournalResponse) {
+    let mut extra = Vec::new();
+    if b.pruned > 0 {
+        extra.push(format!(
+            "{} continuing from the head kept when their first records were pruned",
+            b.pruned
+        ));
+    }
+    if b.unlinked > 0 {
+        extra.push(format!(
+            "{} record{} in no chain (from before chains, or refusals of retired budgets)",
+            b.unlinked,
+            plural(b.unlinked)
+        ));
+    }
+    println!(
+        "{} budget{} checked: {} ledger record{}{}",
+        b.budgets,
+        plural(b.budgets),
+        b.records,
+        plural(b.records),
+        if extra.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", extra.join(", "))
+        }
+    );
+    for p in &b.problems {
+        println!("BROKEN  budget {}: {}", p.budget_id, p.problem);
+    }
+    if b.problems.is_empty() {
+        println!("every budget's journal verifies");
     }
 }
 

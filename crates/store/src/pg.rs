@@ -241,6 +241,20 @@ impl Pg {
         &self.target
     }
 
+    /// Starts a read-only repeatable-read transaction on `c`: one
+    /// snapshot of the database for a reader that checks several tables
+    /// against each other (a row committed meanwhile is in all or none).
+    pub async fn snapshot<'c>(
+        &self,
+        c: &'c mut Client,
+    ) -> Result<deadpool_postgres::Transaction<'c>, tokio_postgres::Error> {
+        c.build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+    }
+
     /// A connection from the pool.
     pub async fn client(&self) -> Result<Client, StoreError> {
         self.pool.get().await.map_err(|e| {

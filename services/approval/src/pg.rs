@@ -383,13 +383,7 @@ impl PgRuns {
         let err =
             |e: tokio_postgres::Error| self.db.error("reading the audit log to verify it", &e);
         let mut c = self.db.client().await?;
-        let tx = c
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await
-            .map_err(err)?;
+        let tx = self.db.snapshot(&mut c).await.map_err(err)?;
         let runs = tx
             .query(
                 "SELECT data FROM approval_runs WHERE $1 = '' OR id = $1 ORDER BY id",

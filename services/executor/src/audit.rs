@@ -331,6 +331,9 @@ pub(crate) fn check_job(
             ));
             return out;
         }
+        // Finished before journals were chained: none of its events
+        // carries a link, and it was never sealed.
+        None if !linked_seen => return out,
         None => {
             out.problem = Some(format!(
                 "stream {stream:?}: the job finished but no signed seal vouches for its journal (it was removed)"
@@ -833,6 +836,10 @@ mod tests {
         let c = check_job("j", &evs, false, None, None, &[]);
         assert_eq!(c.problem, None, "{c:?}");
         assert_eq!(c.unlinked, 2);
+        // Finished before chains: no link, never sealed — counted, not
+        // refused (an upgraded deployment's history).
+        let c = check_job("j", &events(3, 3), true, None, None, &[]);
+        assert_eq!((c.problem, c.unlinked), (None, 3));
         // A link removed after linked records began.
         let mut stripped = events(5, 0);
         stripped[3].chain = None;

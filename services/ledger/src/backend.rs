@@ -18,7 +18,7 @@ use crate::books::Books;
 use crate::cold::Cold;
 use crate::desk::{Desk, Done, LogSink, Op};
 use crate::{LedgerError, Selected, page_of_budgets, pg, snapshot};
-use crate::{cold, desk};
+use crate::{chain, cold, desk};
 
 /// Where the books and the journal live.
 pub(crate) enum Backend {
@@ -161,6 +161,22 @@ impl Backend {
                     break;
                 }
             }
+            // Each budget whose first records go keeps the head at its
+            // last one, durably before they go: the rest continue from it.
+            let mut bases = std::collections::BTreeMap::new();
+            for r in journal.replay() {
+                let (seq, rec) = r?;
+                if seq >= before {
+                    break;
+                }
+                if let Some(head) = chain::head_after(&rec) {
+                    bases.insert(rec.budget_id, head);
+                }
+            }
+            if !bases.is_empty() {
+                sled.cold.keep_bases(&bases)?;
+                sled.store.sync().await?;
+            }
             let records = journal.prune_before(before)?;
             if pruned > 0 || records > 0 {
                 tracing::info!(
@@ -172,6 +188,61 @@ impl Backend {
         }
         sled.store.sync().await?;
         Ok(())
+    }
+
+    /// Checks the journal's chains (budget `only`, or all) against the
+    /// heads the budgets `wanted` (by id and tenant) keep, retired ones
+    /// included.
+    pub(crate) async fn check_chains(
+        &self,
+        only: &str,
+        wanted: impl Fn(&str, &str) -> bool,
+    ) -> Result<chain::Found, LedgerError> {
+        let sled = match self {
+            Backend::Pg(pg) => return pg.check_chains(only, wanted).await,
+            Backend::Sled(sled) => sled,
+        };
+        let mine = |id: &str, tenant: &str| (only.is_empty() || id == only) && wanted(id, tenant);
+        // The heads and the journal's end at one instant: records are
+        // appended under the same lock.
+        let (mut kept, last) = {
+            let books = sled.lock();
+            let kept: std::collections::BTreeMap<String, chain::Kept> = books
+                .budgets
+                .values()
+                .filter(|b| mine(&b.id, &b.tenant))
+                .map(|b| {
+                    let k = chain::Kept {
+                        head: b.head,
+                        base: None,
+                    };
+                    (b.id.clone(), k)
+                })
+                .collect();
+            (kept, sled.journal.last())
+        };
+        for r in sled.cold.budgets_after("") {
+            let (id, retired) = r?;
+            let view = retired.budget.unwrap_or_default();
+            if mine(&id, &view.tenant) {
+                let head = chain::from_proto(view.journal_head.as_ref());
+                let k = chain::Kept { head, base: None };
+                kept.insert(id, k);
+            }
+        }
+        for (id, k) in kept.iter_mut() {
+            k.base = sled.cold.base(id)?;
+        }
+        sled.journal.make_durable(last).await?;
+        let mut check = chain::Check::new(kept);
+        for r in sled.journal.replay() {
+            let (seq, rec) = r?;
+            if seq > last {
+                break;
+            }
+            check.record(&rec);
+        }
+        Ok(check.finish())
     }
 
     /// Flushes the journal to disk (shutdown), with the books as they are

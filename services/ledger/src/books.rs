@@ -32,6 +32,8 @@ pub(crate) struct BudgetState {
     pub created_by: String,
     /// When it was created, ms.
     pub created_ms: u64,
+    /// Its journal chain's head (moved by [`Books::apply`]).
+    pub head: switchyard_kit::chain::Head,
 }
 
 impl BudgetState {
@@ -71,6 +73,7 @@ impl BudgetState {
             tenant: self.tenant.clone(),
             created_by: self.created_by.clone(),
             created_at: (self.created_ms > 0).then(|| timestamp(self.created_ms)),
+            journal_head: crate::chain::to_proto(self.head),
         }
     }
 }
@@ -462,6 +465,12 @@ impl Books {
             }
             // Facts for watchers and audits; balances already reflect them.
             RecordKind::Refused | RecordKind::Overrun | RecordKind::Unspecified => {}
+        }
+        // Every chained record moves its budget's head, whatever its kind.
+        if let Some(head) = crate::chain::head_after(r)
+            && let Some(b) = self.budgets.get_mut(&r.budget_id)
+        {
+            b.head = head;
         }
         Ok(())
     }

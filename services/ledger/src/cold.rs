@@ -9,9 +9,11 @@
 //! replays only the journal after it: memory and start-up grow with the
 //! budgets in use, not with history.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use switchyard_proto::common::v1::CorrelationContext;
+use switchyard_kit::chain::Head;
+
+use switchyard_proto::common::v1::{ChainHead, CorrelationContext};
 use switchyard_proto::ledger::v1::{Budget, JournalRecord};
 use switchyard_store::{Log, Mark, Store, StoreError, Tree};
 
@@ -165,6 +167,9 @@ pub(crate) struct StoredBudget {
     pub(crate) created_by: String,
     #[prost(uint64, tag = "15")]
     pub(crate) created_ms: u64,
+    /// The journal chain's head.
+    #[prost(message, optional, tag = "16")]
+    pub(crate) head: Option<ChainHead>,
 }
 
 impl From<&BudgetState> for StoredBudget {
@@ -185,6 +190,7 @@ impl From<&BudgetState> for StoredBudget {
             entries: b.entries.clone(),
             created_by: b.created_by.clone(),
             created_ms: b.created_ms,
+            head: crate::chain::to_proto(b.head),
         }
     }
 }
@@ -207,6 +213,7 @@ impl From<StoredBudget> for BudgetState {
             entries: b.entries,
             created_by: b.created_by,
             created_ms: b.created_ms,
+            head: crate::chain::from_proto(b.head.as_ref()),
         }
     }
 }
@@ -249,6 +256,9 @@ pub(crate) struct Cold {
     /// `j/{job}/{seq:016x}` and `c/{correlation}/{seq:016x}`.
     index: Tree<Mark>,
     snapshot: Tree<Snapshot>,
+    /// Budget id → its chain's head at its last record pruned from the
+    /// journal (the records left continue from it).
+    bases: Tree<ChainHead>,
 }
 
 const SNAPSHOT: &str = "books";
@@ -262,6 +272,7 @@ impl Cold {
             keys: store.tree("cold_keys")?,
             index: store.tree("cold_index")?,
             snapshot: store.tree("snapshot")?,
+            bases: store.tree("chain_bases")?,
         })
     }
 
@@ -451,6 +462,25 @@ impl Cold {
         self.budgets.iter_after(after)
     }
 
+    /// Budget `id`'s chain head at its last record pruned, if any was.
+    pub(crate) fn base(&self, id: &str) -> Result<Option<Head>, StoreError> {
+        Ok(self
+            .bases
+            .get(id)?
+            .map(|h| crate::chain::from_proto(Some(&h))))
+    }
+
+    /// Keeps `bases` (budget id → head at its last record about to be
+    /// pruned).
+    pub(crate) fn keep_bases(&self, bases: &BTreeMap<String, Head>) -> Result<(), StoreError> {
+        for (id, head) in bases {
+            if let Some(h) = crate::chain::to_proto(*head) {
+                self.bases.put(id, &h)?;
+            }
+        }
+        Ok(())
+    }
+
     /// A retired reservation.
     pub(crate) fn reservation(&self, id: &str) -> Result<Option<Res>, StoreError> {
         Ok(self.reservations.get(id)?.map(Res::from))
@@ -524,6 +554,7 @@ impl Cold {
             if let Some(parent) = b.budget.as_ref().map(|v| v.parent_id.clone()) {
                 self.children.remove(&format!("{parent}/{id}"))?;
             }
+            self.bases.remove(&id)?;
             self.budgets.remove(&id)?;
             n += 1;
         }

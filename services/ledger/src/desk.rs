@@ -13,7 +13,10 @@ use switchyard_proto::ledger::v1::{
 };
 use switchyard_store::{Log, StoreError};
 
+use switchyard_kit::chain::Head;
+
 use crate::books::{Books, Charge, Settled, micro, money};
+use crate::chain;
 use crate::cold::{self, Cold, ColdBudget};
 use crate::{LedgerError, check_reserve, fits_integers, same_work};
 
@@ -237,7 +240,21 @@ impl<S: Sink> Desk<'_, S> {
     }
 
     fn append(&mut self, build: impl FnOnce(u64) -> JournalRecord) -> JournalRecord {
-        let (_, rec) = self.sink.append(build);
+        let books = &*self.books;
+        let (_, rec) = self.sink.append(|sequence| {
+            let mut rec = build(sequence);
+            // Each record links after its budget's last (a new budget's
+            // first, after nothing); a retired budget's chain has ended.
+            let head = match books.budgets.get(&rec.budget_id) {
+                Some(b) => Some(b.head),
+                None if rec.kind() == RecordKind::BudgetCreated => Some(Head::default()),
+                None => None,
+            };
+            if let Some(head) = head {
+                chain::link(&mut rec, head);
+            }
+            rec
+        });
         if let Err(gap) = self.books.apply(&rec) {
             // Live records are built from the books they apply to, so a gap
             // here is a bug; it is logged, never panics.

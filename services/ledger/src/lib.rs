@@ -10,6 +10,7 @@
 
 mod backend;
 mod books;
+pub mod chain;
 mod cold;
 mod desk;
 mod pg;
@@ -946,6 +947,28 @@ impl Ledger {
         ))
     }
 
+    /// Checks the journal's hash chains (budget `budget_id`, or every
+    /// budget whose tenant `sees` accepts) against the heads the budgets
+    /// keep; names each budget that does not verify.
+    pub async fn verify_journal(
+        &self,
+        budget_id: &str,
+        sees: impl Fn(&str) -> bool,
+    ) -> Result<VerifyJournalResponse, LedgerError> {
+        let found = self
+            .inner
+            .backend
+            .check_chains(budget_id, |_, tenant| sees(tenant))
+            .await?;
+        Ok(VerifyJournalResponse {
+            budgets: found.budgets,
+            records: found.records,
+            unlinked: found.unlinked,
+            pruned: found.pruned,
+            problems: found.problems,
+        })
+    }
+
     /// Worst-case cost of a model call from the price catalogue.
     pub fn estimate_cost(
         &self,
@@ -1364,6 +1387,19 @@ impl LedgerService for Ledger {
     ) -> Result<Response<ReportResponse>, Status> {
         let p = switchyard_kit::auth::principal(&req)?;
         let out = Ledger::report(self, req.get_ref(), |tenant| p.sees_tenant(tenant)).await?;
+        Ok(Response::new(out))
+    }
+
+    async fn verify_journal(
+        &self,
+        req: Request<VerifyJournalRequest>,
+    ) -> Result<Response<VerifyJournalResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let id = &req.get_ref().budget_id;
+        if !id.is_empty() {
+            self.visible(&p, id).await?;
+        }
+        let out = Ledger::verify_journal(self, id, |tenant| p.sees_tenant(tenant)).await?;
         Ok(Response::new(out))
     }
 

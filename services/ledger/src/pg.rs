@@ -25,7 +25,7 @@
 //! (or after one rolled back: it then waits
 //! [`switchyard_store::pg::GAP_GRACE`] before moving on). Watch polls; there is no LISTEN, which CockroachDB lacks.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -41,6 +41,7 @@ use switchyard_store::pg::{Migration, Pg, TxError};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::books::{Books, BudgetState, Charge, Res, Settled};
+use crate::chain;
 use crate::cold::{StoredBudget, StoredRes};
 use crate::desk::{Desk, Done, Op, Sink};
 use crate::{LedgerError, page_of_budgets};
@@ -716,6 +717,61 @@ impl PgBooks {
             out.push((r.get::<_, i64>(0) as u64, charge));
         }
         Ok((out, budget))
+    }
+
+    /// Checks the journal's chains (budget `only`, or all) against the
+    /// heads the budgets `wanted` (by id and tenant) keep, from one
+    /// snapshot of the database: a record committed meanwhile is in both
+    /// or neither.
+    pub(crate) async fn check_chains(
+        &self,
+        only: &str,
+        wanted: impl Fn(&str, &str) -> bool,
+    ) -> Result<chain::Found, LedgerError> {
+        let err = |e: tokio_postgres::Error| self.db.error("reading the journal to verify it", &e);
+        let mut c = self.db.client().await?;
+        let tx = self.db.snapshot(&mut c).await.map_err(err)?;
+        let rows = tx
+            .query(
+                "SELECT id, tenant, data FROM ledger_budgets WHERE $1 = '' OR id = $1",
+                &[&only],
+            )
+            .await
+            .map_err(err)?;
+        let mut kept = BTreeMap::new();
+        for r in &rows {
+            let (id, tenant): (String, String) = (r.get(0), r.get(1));
+            if !wanted(&id, &tenant) {
+                continue;
+            }
+            let b = StoredBudget::decode(r.get::<_, &[u8]>(2))
+                .map_err(|e| StoreError::Io(format!("budget {id:?} does not decode: {e}")))?;
+            let head = chain::from_proto(b.head.as_ref());
+            kept.insert(id, chain::Kept { head, base: None });
+        }
+        let mut check = chain::Check::new(kept);
+        // In pages: the journal may be far larger than memory allows.
+        let mut after = 0i64;
+        loop {
+            let rows = tx
+                .query(
+                    "SELECT seq, record FROM ledger_journal
+                     WHERE seq > $1 AND kind <> 0 AND ($2 = '' OR budget_id = $2)
+                     ORDER BY seq LIMIT 10000",
+                    &[&after, &only],
+                )
+                .await
+                .map_err(err)?;
+            let Some(last) = rows.last() else {
+                break;
+            };
+            after = last.get(0);
+            for r in &rows {
+                check.record(&record(r.get::<_, &[u8]>(1))?);
+            }
+        }
+        tx.commit().await.map_err(err)?;
+        Ok(check.finish())
     }
 
     /// Feeds every journal record, in sequence order, to `apply`.

@@ -165,6 +165,15 @@ async fn reserve(
         .await
 }
 
+async fn release(l: &Ledger, rid: &str) {
+    l.release(ReleaseRequest {
+        reservation_id: rid.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
+
 fn commit_req(rid: &str, tokens: u64, cost: i64) -> CommitRequest {
     CommitRequest {
         invocation_grant: Default::default(),
@@ -359,11 +368,23 @@ async fn reservation_must_fit_every_ancestor_and_a_refusal_changes_nothing(f: Fi
     assert_eq!(err.metadata["tokens_remaining"], "400");
     assert_eq!(err.metadata["cost_remaining_micro_usd"], "unlimited");
     assert!(err.message.contains("an ancestor of"), "{}", err.message);
-    assert_eq!(
-        l.budgets().await.unwrap(),
-        before,
-        "a refusal must not touch any budget"
-    );
+    // The refusal is journaled in the refused budget's chain: its head
+    // moves one record on; nothing else does.
+    let mut after = l.budgets().await.unwrap();
+    for (a, b) in after.iter_mut().zip(&before) {
+        let moved = a.journal_head.take().map(|h| h.n);
+        let was = b.journal_head.as_ref().map(|h| h.n);
+        let by = u64::from(a.budget_id == "org/proj/job");
+        assert_eq!(moved, was.map(|n| n + by), "{}", a.budget_id);
+    }
+    let before: Vec<Budget> = before
+        .into_iter()
+        .map(|b| Budget {
+            journal_head: None,
+            ..b
+        })
+        .collect();
+    assert_eq!(after, before, "a refusal must not touch any budget");
 
     // What remains is exactly usable.
     reserve(l, "org/proj/job", 400, 0, "k3").await.unwrap();
@@ -1387,6 +1408,10 @@ async fn retention_prunes_retired_budgets_and_old_journal_but_never_balances() {
         let f = fixture_on(reopen(dir.path()).await, clock.clone());
         let l = &f.ledger;
         budget(l, "org", "", Some(10_000), None).await;
+        // Records of org's own, to be pruned: its chain must go on from
+        // the head kept at the pruning.
+        let r = reserve(l, "org", 10, 0, "org-1").await.unwrap();
+        release(l, &r.reservation_id).await;
         for i in 0..300 {
             let job = format!("job-{i}");
             budget(l, &job, "org", None, None).await;
@@ -1413,11 +1438,20 @@ async fn retention_prunes_retired_budgets_and_old_journal_but_never_balances() {
             l.sled().journal.read(0, 10, 10).unwrap().is_empty(),
             "old records are gone"
         );
+        let r = reserve(l, "org", 10, 0, "org-2").await.unwrap();
+        release(l, &r.reservation_id).await;
+        let v = l.verify_journal("", |_| true).await.unwrap();
+        assert!(v.problems.is_empty(), "{v:?}");
+        assert_eq!((v.budgets, v.records, v.pruned), (1, 2, 1), "{v:?}");
     }
-    // The balances came through in the snapshot.
+    // The balances came through in the snapshot, and the chain's head.
     let f = fixture_on(reopen(dir.path()).await, clock);
     let org = f.ledger.budget("org").await.unwrap();
     assert_eq!((org.tokens_spent, org.tokens_reserved), (3_000, 0));
+    assert_eq!(org.journal_head.map(|h| h.n), Some(5));
+    let v = f.ledger.verify_journal("", |_| true).await.unwrap();
+    assert!(v.problems.is_empty(), "{v:?}");
+    assert_eq!((v.records, v.pruned), (2, 1), "{v:?}");
 }
 
 #[tokio::test]

@@ -175,6 +175,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
                 "ApprovalService/VerifyAudit",
                 "JobService/VerifyJournals",
                 "JobService/ExportJournal",
+                "LedgerService/VerifyJournal",
                 "ApprovalService/ExportPromptBundle",
                 "ApprovalService/ImportManualResult",
                 // Where a run's tasks would go is part of deciding it.
@@ -191,6 +192,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
                 "ApprovalService/VerifyAudit",
                 "JobService/VerifyJournals",
                 "JobService/ExportJournal",
+                "LedgerService/VerifyJournal",
                 "RouterService/Route",
             ]);
         }
@@ -207,6 +209,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
                 "ApprovalService/VerifyAudit",
                 "JobService/VerifyJournals",
                 "JobService/ExportJournal",
+                "LedgerService/VerifyJournal",
                 "ApprovalService/Cancel",
                 "JobService/CancelJob",
                 "RouterService/Route",

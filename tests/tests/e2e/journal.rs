@@ -977,6 +977,26 @@ async fn verify_runs(
         .map(|r| r.into_inner())
 }
 
+/// Asserts that the objects `found` names as broken (id, problem) are
+/// exactly those `want` lists (in id order), each with a problem saying
+/// what `want` has for it; `v` is the whole answer, for a failure.
+fn found_exactly<'a>(
+    found: impl Iterator<Item = (&'a str, &'a str)>,
+    want: &[(&str, &str)],
+    v: &dyn std::fmt::Debug,
+) {
+    let broken: std::collections::BTreeMap<&str, &str> = found.collect();
+    let ids: Vec<&str> = want.iter().map(|(id, _)| *id).collect();
+    assert_eq!(
+        broken.keys().copied().collect::<Vec<_>>(),
+        ids,
+        "every tampered one, and only those: {v:?}"
+    );
+    for (id, what) in want {
+        assert!(broken[id].contains(what), "{id}: {}", broken[id]);
+    }
+}
+
 async fn every_tampering_with_a_runs_approval_audit_is_found(b: Backend) {
     let s = start(&b, None, |_| {}).await;
     echo_jobs(&s, &RUN_JOBS).await;
@@ -1047,36 +1067,25 @@ async fn every_tampering_with_a_runs_approval_audit_is_found(b: Backend) {
 
     let s = start(&b, Some(dir.path()), |_| {}).await;
     let v = verify_runs(&s, "admin", "").await.unwrap();
-    let broken: std::collections::BTreeMap<&str, &str> = v
-        .problems
-        .iter()
-        .map(|p| (p.run_id.as_str(), p.problem.as_str()))
-        .collect();
-    assert_eq!(
-        broken.keys().copied().collect::<Vec<_>>(),
-        [
-            "run-r-delete",
-            "run-r-edit",
-            "run-r-reorder",
-            "run-r-truncate",
-            "run-r-unsealed"
+    found_exactly(
+        v.problems
+            .iter()
+            .map(|p| (p.run_id.as_str(), p.problem.as_str())),
+        &[
+            (
+                "run-r-delete",
+                "expected record 2, found record 3 (records were deleted)",
+            ),
+            (
+                "run-r-edit",
+                "record 3: it was not written after the record now before it (record 2 was edited",
+            ),
+            ("run-r-reorder", "expected record 2, found record 3"),
+            ("run-r-truncate", "(records were cut off)"),
+            ("run-r-unsealed", "carries no seal"),
         ],
-        "every tampered run, and only those: {v:?}"
+        &v,
     );
-    let says = |run: &str, what: &str| {
-        assert!(broken[run].contains(what), "{run}: {}", broken[run]);
-    };
-    says(
-        "run-r-edit",
-        "record 3: it was not written after the record now before it (record 2 was edited",
-    );
-    says(
-        "run-r-delete",
-        "expected record 2, found record 3 (records were deleted)",
-    );
-    says("run-r-reorder", "expected record 2, found record 3");
-    says("run-r-truncate", "(records were cut off)");
-    says("run-r-unsealed", "carries no seal");
     s.stop().await.unwrap();
     drop(dir);
 }
@@ -1155,8 +1164,263 @@ async fn a_running_jobs_checkpoint_finds_its_last_event_edited_while_the_executo
     drop(dir);
 }
 
+/// The budgets of the ledger test, by what is done to each journal.
+const BUDGETS: [&str; 6] = [
+    "led-clean",
+    "led-edit",
+    "led-delete",
+    "led-reorder",
+    "led-truncate",
+    "led-insert",
+];
+
+async fn ledger_as(
+    s: &Stack,
+    who: &str,
+) -> switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient<
+    switchyard_kit::client::Intercepted,
+> {
+    switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient::new(
+        s.channel_as(who).await.unwrap(),
+    )
+}
+
+async fn verify_budgets(
+    s: &Stack,
+    who: &str,
+    budget_id: &str,
+) -> Result<switchyard_proto::ledger::v1::VerifyJournalResponse, tonic::Status> {
+    ledger_as(s, who)
+        .await
+        .verify_journal(switchyard_proto::ledger::v1::VerifyJournalRequest {
+            budget_id: budget_id.into(),
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+impl Raw {
+    /// The ledger journal's records in order: (sequence, bytes).
+    fn ledger(&self) -> Vec<(u64, Vec<u8>)> {
+        match self {
+            Raw::Sled(data) => log_segments(data, "ledger/journal")
+                .iter()
+                .flat_map(|seg| frames(&std::fs::read(seg).unwrap()))
+                .collect(),
+            Raw::Pg(url) => keyed_rows(
+                url,
+                "SELECT seq || ':' || encode(record, 'hex') FROM ledger_journal WHERE kind <> 0 ORDER BY seq",
+            ),
+        }
+    }
+
+    /// Replaces the ledger journal by `records` in order, numbered on from
+    /// the first (what a forger who rewrites the log itself would do).
+    fn set_ledger(&self, records: &[Vec<u8>]) {
+        use switchyard_proto::ledger::v1::JournalRecord;
+        let first = self.ledger()[0].0;
+        match self {
+            Raw::Sled(data) => {
+                let segs = log_segments(data, "ledger/journal");
+                let mut out = Vec::new();
+                for (i, r) in records.iter().enumerate() {
+                    out.extend(frame(first + i as u64, r));
+                }
+                std::fs::write(&segs[0], out).unwrap();
+                for seg in &segs[1..] {
+                    std::fs::remove_file(seg).unwrap();
+                }
+            }
+            Raw::Pg(url) => {
+                let mut sql = "DELETE FROM ledger_journal;".to_owned();
+                for (i, r) in records.iter().enumerate() {
+                    let rec = JournalRecord::decode(r.as_slice()).unwrap();
+                    let ctx = rec.context.clone().unwrap_or_default();
+                    sql.push_str(&format!(
+                        "INSERT INTO ledger_journal (seq, kind, budget_id, job_id, correlation_id, record) VALUES ({}, {}, '{}', '{}', '{}', decode('{}', 'hex'));",
+                        first + i as u64,
+                        rec.kind,
+                        rec.budget_id,
+                        ctx.job_id,
+                        ctx.correlation_id,
+                        hex(r)
+                    ));
+                }
+                psql(url, &sql);
+            }
+        }
+    }
+}
+
+/// Where record `n` (from 1) of budget `b`'s chain is in `records`.
+fn nth_of(records: &[Vec<u8>], b: &str, n: u64) -> usize {
+    use switchyard_proto::ledger::v1::JournalRecord;
+    records
+        .iter()
+        .position(|r| {
+            let rec = JournalRecord::decode(r.as_slice()).unwrap();
+            rec.budget_id == b && rec.chain.is_some_and(|l| l.n == n)
+        })
+        .unwrap_or_else(|| panic!("{b} has no record {n}"))
+}
+
+async fn every_tampering_with_a_budgets_journal_is_found(b: Backend) {
+    use switchyard_proto::common::v1::Money;
+    use switchyard_proto::ledger::v1::{
+        CommitRequest, CreateBudgetRequest, JournalRecord, ReleaseRequest, ReserveRequest,
+    };
+    let s = start(&b, None, |_| {}).await;
+    // The services' own key spends (people do not).
+    let mut l = switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient::new(
+        s.channel().await.unwrap(),
+    );
+    // Each budget: created, reserved, committed, reserved, released.
+    for id in BUDGETS {
+        l.create_budget(CreateBudgetRequest {
+            budget_id: id.into(),
+            token_limit: Some(10_000),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        for (i, commit) in [(1, true), (2, false)] {
+            let rid = l
+                .reserve(ReserveRequest {
+                    budget_id: id.into(),
+                    tokens: 100,
+                    cost: Some(Money { micro_usd: 10 }),
+                    idempotency_key: format!("{id}-{i}"),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .reservation
+                .unwrap()
+                .reservation_id;
+            if commit {
+                l.commit(CommitRequest {
+                    reservation_id: rid,
+                    tokens: 77,
+                    cost: Some(Money { micro_usd: 7 }),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            } else {
+                l.release(ReleaseRequest {
+                    reservation_id: rid,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            }
+        }
+    }
+    let clean = verify_budgets(&s, "admin", "").await.unwrap();
+    assert!(clean.problems.is_empty(), "{clean:?}");
+    assert_eq!(clean.budgets, BUDGETS.len() as u64, "{clean:?}");
+    assert_eq!(clean.records, 5 * BUDGETS.len() as u64, "{clean:?}");
+    assert_eq!(clean.unlinked, 0, "{clean:?}");
+    // The budget shows its head.
+    let head = budget(&mut l, "led-clean").await.journal_head.unwrap();
+    assert_eq!(head.n, 5);
+    // A submitter and an agent key lack audit.read; another tenant's admin
+    // sees none of these budgets, and naming one finds nothing.
+    let denied = verify_budgets(&s, "alice", "").await.unwrap_err();
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+    let [carol, mallory, robot] = outsiders(&s).await;
+    let as_key = |token: String| {
+        let s = &s;
+        async move {
+            switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient::new(
+                s.channel_with(&token).await.unwrap(),
+            )
+        }
+    };
+    for (who, token) in [("carol", carol), ("robot", robot)] {
+        let e = as_key(token)
+            .await
+            .verify_journal(switchyard_proto::ledger::v1::VerifyJournalRequest::default())
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{who}: {e:?}");
+    }
+    let mut theirs = as_key(mallory).await;
+    let none = theirs
+        .verify_journal(switchyard_proto::ledger::v1::VerifyJournalRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(none.budgets, 0, "{none:?}");
+    let e = theirs
+        .verify_journal(switchyard_proto::ledger::v1::VerifyJournalRequest {
+            budget_id: "led-clean".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+
+    let dir = s.stop().await.unwrap();
+    let raw = match &b {
+        Backend::Sled => Raw::Sled(dir.path().to_path_buf()),
+        Backend::Postgres(url) => Raw::Pg(url.clone()),
+    };
+    let mut recs: Vec<Vec<u8>> = raw.ledger().into_iter().map(|(_, r)| r).collect();
+    // Edit: the first charge's reservation asks for more tokens.
+    let at = nth_of(&recs, "led-edit", 2);
+    let mut rec = JournalRecord::decode(recs[at].as_slice()).unwrap();
+    rec.tokens = 5;
+    recs[at] = rec.encode_to_vec();
+    // Delete, reorder, truncate.
+    let at = nth_of(&recs, "led-delete", 2);
+    recs.remove(at);
+    let (x, y) = (
+        nth_of(&recs, "led-reorder", 2),
+        nth_of(&recs, "led-reorder", 3),
+    );
+    recs.swap(x, y);
+    let at = nth_of(&recs, "led-truncate", 5);
+    recs.remove(at);
+    // Insert: a charge someone adds, outside the chain (they cannot link it).
+    let at = nth_of(&recs, "led-insert", 3);
+    let mut forged = JournalRecord::decode(recs[at].as_slice()).unwrap();
+    forged.chain = None;
+    forged.reservation_id = "forged".into();
+    recs.insert(at + 1, forged.encode_to_vec());
+    raw.set_ledger(&recs);
+
+    let s = start(&b, Some(dir.path()), |_| {}).await;
+    let v = verify_budgets(&s, "admin", "").await.unwrap();
+    found_exactly(
+        v.problems
+            .iter()
+            .map(|p| (p.budget_id.as_str(), p.problem.as_str())),
+        &[
+            (
+                "led-delete",
+                "expected record 2, found record 3 (records were deleted)",
+            ),
+            (
+                "led-edit",
+                "record 3: it was not written after the record now before it (record 2 was edited",
+            ),
+            ("led-insert", "is in no chain"),
+            ("led-reorder", "expected record 2, found record 3"),
+            ("led-truncate", "(records were deleted or cut off)"),
+        ],
+        &v,
+    );
+    // One budget alone, by name.
+    let one = verify_budgets(&s, "admin", "led-clean").await.unwrap();
+    assert_eq!((one.budgets, one.problems.len()), (1, 0), "{one:?}");
+    s.stop().await.unwrap();
+    drop(dir);
+}
+
 switchyard_testkit::on_both_backends!(
     sled, postgres;
+    every_tampering_with_a_budgets_journal_is_found,
     a_running_jobs_checkpoint_finds_its_last_event_edited_while_the_executor_was_stopped,
     every_tampering_with_a_runs_approval_audit_is_found,
     every_tampering_with_a_finished_jobs_journal_is_found_where_it_breaks,

@@ -309,6 +309,17 @@ async fn a_killed_executor_resumes_its_job_without_rerunning_finished_tasks() {
         runs.contains("1 approval run checked") && runs.contains("every run's audit verifies"),
         "{runs}"
     );
+    // And the ledger's journal where the ledger answers: the job's budget.
+    assert!(
+        runs.contains("every budget's journal verifies") && !runs.contains(" 0 ledger records"),
+        "{runs}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("no ledger (the budgets' journal) answers here"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Its story, from the CLI: the interrupted attempt ran again.
     let story = ok(&cli(
         &x.url(),

@@ -151,4 +151,20 @@ fn a_data_directory_of_the_previous_release_reads_the_same_and_takes_new_work() 
         differences(id, then, &now, &mut diff);
         assert!(diff.is_empty(), "after a restart: {}", diff.join("\n"));
     }
+    // History from before chains verifies, counted apart, and the new
+    // work's records are chained in all three logs.
+    let v = json(&url, &["audit", "verify", "--as", "admin", "-o", "json"]);
+    for (log, what) in [
+        ("jobs", "job_id"),
+        ("runs", "run_id"),
+        ("budgets", "budget_id"),
+    ] {
+        assert_eq!(
+            v[log]["problems"],
+            serde_json::json!([]),
+            "{log} ({what}): {v}"
+        );
+        assert!(v[log]["records"].as_u64().unwrap() > 0, "{log}: {v}");
+    }
+    assert!(v["budgets"]["unlinked"].as_u64().unwrap() > 0, "{v}");
 }

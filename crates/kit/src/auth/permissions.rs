@@ -220,6 +220,7 @@ pub fn access(path: &str) -> Access {
                 needs(P::BudgetRead)
             }
             "Reserve" | "Commit" | "Release" => needs(P::LedgerSpend),
+            "VerifyJournal" => needs(P::AuditRead),
             _ => Access::Unknown,
         },
         ("switchyard.approval.v1.ApprovalService", m) => match m {

@@ -576,6 +576,11 @@ pub const REFERENCES: &[Reference] = &[
         "ledger report (NOT_FOUND unless in the caller's tenant)",
     ),
     r(
+        "switchyard.ledger.v1.VerifyJournalRequest.budget_id",
+        Visible,
+        "ledger visible, then the caller's tenant scope",
+    ),
+    r(
         "switchyard.ledger.v1.WatchRequest.budget_id",
         Visible,
         "ledger visible",
