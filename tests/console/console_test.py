@@ -314,6 +314,23 @@ def main():
         alice.goto(BASE + f"/ui/jobs/{asked}")
         expect(alice.locator("#job-state")).to_have_text("completed")
 
+        step("alice runs the finished job again from its page: a new job of hers, linked to it")
+        # Completed: nothing to resume, only a fresh run is offered.
+        expect(alice.get_by_role("button", name="Resume from where it stopped")).to_have_count(0)
+        alice.get_by_role("button", name="Run again").click()
+        expect(alice).to_have_url(re.compile(r"/ui/jobs/[0-9a-f-]+$"))
+        rerun = alice.url.rsplit("/", 1)[1]
+        assert rerun != asked, "the page shows the new job"
+        expect(alice.locator("#job-rerun-of")).to_have_text(asked)
+        expect(alice.locator('tr[data-task="ask"] .state')).to_have_text("input_required")
+        summary["rerun_job_id"] = rerun
+        # A viewer is offered no button, and the endpoint refuses them.
+        viewer.goto(BASE + f"/ui/jobs/{asked}")
+        expect(viewer.locator("#job-state")).to_have_text("completed")
+        assert viewer.locator("form.rerun").count() == 0, "a viewer was offered a re-run"
+        forced_post(viewer, f"/ui/jobs/{asked}/rerun", {"csrf": csrf(viewer), "mode": "fresh"})
+        expect(viewer.locator("#problem")).to_contain_text("permission job.submit is needed")
+
         step("a narrow screen: the inbox fits without sideways scrolling")
         narrow_ctx, narrow = sign_in(browser, "bob", viewport={"width": 375, "height": 740})
         narrow.goto(BASE + "/ui/")

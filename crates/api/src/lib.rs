@@ -254,6 +254,8 @@ pub mod executor {
                 prune_jobs(PruneJobsRequest) -> PruneJobsResponse;
                 /// VerifyJournals.
                 verify_journals(VerifyJournalsRequest) -> VerifyJournalsResponse;
+                /// Runs a finished job again, afresh or resumed.
+                rerun_job(RerunJobRequest) -> RerunJobResponse;
                 /// ExplainJob.
                 explain_job(ExplainJobRequest) -> ExplainJobResponse;
                 /// ExportJournal.

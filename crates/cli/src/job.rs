@@ -38,6 +38,34 @@ pub enum JobCmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Run a finished job again as a new job from the same spec: afresh
+    /// (every task runs; --input replaces its input), or with --resume from
+    /// where it stopped — the tasks that succeeded are kept with their
+    /// outputs and never run again, the rest run. The new job is yours,
+    /// approved and budgeted like any you submit.
+    #[command(after_help = crate::report::EXIT_CODES)]
+    Rerun {
+        /// The finished job.
+        id: String,
+        /// Keep the tasks that succeeded and run the rest (a failed,
+        /// cancelled or budget-stopped job goes on where it stopped).
+        #[arg(long)]
+        resume: bool,
+        /// Afresh only: the new job's input, as JSON (`@FILE` reads it
+        /// from a file).
+        #[arg(long, conflicts_with = "resume")]
+        input: Option<String>,
+        /// The new job's id (a repeat with the same id answers with that
+        /// job); default: a new one.
+        #[arg(long = "new-id")]
+        new_id: Option<String>,
+        /// Follow the new job live until it finishes (exit 0 when it
+        /// completes, 3 when it ends discarded or cancelled).
+        #[arg(long)]
+        watch: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
     /// Run a job and print its result: one call submits it and waits for it
     /// to end (no event stream). Exit 0 when it completed, 3 when it ended
     /// discarded or cancelled, 4 when it was still running after --wait.
@@ -469,6 +497,7 @@ pub fn job_json(j: &Job) -> Value {
         "progress": {"current_step": p.current_step, "total_steps": p.total_steps, "percent_complete": p.percent_complete},
         "cost_so_far_micro_usd": j.cost_so_far.map_or(0, |m| m.micro_usd), "tokens_used": j.tokens_used,
         "run_id": j.run_id, "budget_id": j.budget_id, "submitted_by": j.submitted_by,
+        "rerun_of": j.rerun_of,
         "created_at_ms": ms(&j.created_at), "started_at_ms": ms(&j.started_at), "finished_at_ms": ms(&j.finished_at),
         "last_sequence": j.last_sequence,
         "tasks": j.tasks.iter().map(task_json).collect::<Vec<_>>(),
@@ -535,6 +564,9 @@ fn print_job(j: &Job) {
         j.run_id, j.budget_id, j.submitted_by
     );
     println!("correlation {}", s.correlation_id);
+    if !j.rerun_of.is_empty() {
+        println!("runs again  job {}", j.rerun_of);
+    }
     if let Some(p) = &j.budget_pause {
         println!("{}", pause_line(j, p));
     }
@@ -1017,6 +1049,80 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
                 println!("submitted job {id}");
             }
             let j = follow(&c, &id, 0, false, conn.output).await?;
+            ended(&j)
+        }
+        JobCmd::Rerun {
+            id,
+            resume,
+            input,
+            new_id,
+            watch,
+            conn,
+        } => {
+            let input = match input {
+                None => None,
+                Some(text) => {
+                    let text = match text.strip_prefix('@') {
+                        Some(path) => std::fs::read_to_string(path)
+                            .map_err(|e| anyhow::anyhow!("--input {text}: {e}"))?,
+                        None => text,
+                    };
+                    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+                        anyhow::anyhow!(
+                            "--input is not JSON ({e}); give an object, like '{{\"topic\": \"x\"}}'"
+                        )
+                    })?;
+                    Some(switchyard_kit::json::json_to_struct(&v).ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "--input must be a JSON object, like '{{\"topic\": \"x\"}}'"
+                        )
+                    })?)
+                }
+            };
+            let c = client(&conn).await?;
+            let out = c
+                .rerun_job(RerunJobRequest {
+                    job_id: id.clone(),
+                    resume,
+                    input,
+                    new_job_id: new_id.unwrap_or_default(),
+                })
+                .await
+                .map_err(api)?;
+            let j = out.job.clone().unwrap_or_default();
+            let new = j
+                .spec
+                .as_ref()
+                .map(|s| s.job_id.clone())
+                .unwrap_or_default();
+            let how = if resume { "resumed" } else { "re-ran" };
+            match conn.output {
+                Format::Json if !watch => print_json(&json!({
+                    "job": job_json(&j),
+                    "created": out.created,
+                    "rerun_of": id,
+                    "reused_tasks": out.reused_tasks,
+                })),
+                Format::Json => {}
+                Format::Table => {
+                    println!(
+                        "{how} job {id} as job {new}: {}{}",
+                        job_state(j.state),
+                        if out.reused_tasks.is_empty() {
+                            String::new()
+                        } else {
+                            format!(
+                                "; kept {} (their outputs reused, not run again)",
+                                out.reused_tasks.join(", ")
+                            )
+                        }
+                    );
+                }
+            }
+            if !watch {
+                return Ok(());
+            }
+            let j = follow(&c, &new, 0, false, conn.output).await?;
             ended(&j)
         }
         JobCmd::Validate { file, format, conn } => {

@@ -159,7 +159,9 @@ machine! {
     }
     terminal [Succeeded, Failed, Skipped, Cancelled]
     table {
-        Waiting => [Ready, Skipped, Cancelled],
+        // waiting -> succeeded: a resumed job's task that succeeded in the
+        // job it resumes; its outputs are that job's (RerunJob).
+        Waiting => [Ready, Skipped, Cancelled, Succeeded],
         // ready -> skipped: fail-fast before it started; ready -> failed: its
         // deadline passed before it could start.
         Ready => [Running, Skipped, Cancelled, Failed],
@@ -242,7 +244,7 @@ mod tests {
         use TaskState::*;
         matches!(
             (from, to),
-            (Waiting, Ready | Skipped | Cancelled)
+            (Waiting, Ready | Skipped | Cancelled | Succeeded)
                 | (Ready, Running | Skipped | Cancelled | Failed)
                 | (
                     Running,

@@ -166,6 +166,9 @@ reasons! {
     /// The job has not finished yet, so it has no result; follow it or ask
     /// again once it has.
     JobNotFinished => "JOB_NOT_FINISHED",
+    /// A resume of a job that completed: every task succeeded, so nothing
+    /// would run; re-run it afresh instead.
+    NothingToResume => "NOTHING_TO_RESUME",
     /// No HTTP route has this path (or not with this method).
     RouteNotFound => "ROUTE_NOT_FOUND",
     /// A request body is not in a media type the route accepts.

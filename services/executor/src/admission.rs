@@ -16,7 +16,7 @@ use switchyard_proto::approval::v1 as ap;
 use switchyard_proto::common::v1::{Money, PolicyDecision};
 use switchyard_proto::executor::v1::{
     AgentTask, FallbackStrategy, JobBudget, JobSpec, LlmTask, RoutePreview, SubmitJobRequest,
-    SubmitJobResponse, ValidateJobRequest, ValidateJobResponse, task_spec::Kind,
+    SubmitJobResponse, TaskStatus, ValidateJobRequest, ValidateJobResponse, task_spec::Kind,
 };
 use switchyard_proto::ledger::v1::CreateBudgetRequest;
 use switchyard_proto::router::v1::{RouteConstraints, RouteRequest, RouteResponse};
@@ -583,6 +583,17 @@ pub(crate) struct Submission {
     pub(crate) correlation_id: String,
     /// The trace context the job's work joins.
     pub(crate) traceparent: Option<String>,
+    /// Set when the job runs another again (RerunJob).
+    pub(crate) rerun: Option<Rerun>,
+}
+
+/// A job that runs another again (RerunJob).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Rerun {
+    /// The job it runs again.
+    pub(crate) of: String,
+    /// Resume: the tasks kept from it, with their outputs.
+    pub(crate) kept: Vec<TaskStatus>,
 }
 
 impl Executor {
@@ -789,6 +800,7 @@ impl Executor {
             budgets: BudgetRight::Shared(Vec::new()),
             correlation_id,
             traceparent,
+            rerun: None,
         };
         self.submit_as(req, how).await
     }
@@ -869,11 +881,12 @@ impl Executor {
         let until = now + self.inner.cfg.submit_wait_ms;
         let admitted = self.admit(&spec, &hash, &submitter, parent.as_ref(), until, 0);
         let traceparent = how.traceparent.unwrap_or_default();
+        let rerun = how.rerun.as_ref();
         let admitted = switchyard_kit::context::scope(ctx, admitted).await;
         let (g, start) = match admitted {
             Ok(a) => {
                 let mut st = self.inner.book.lock();
-                self.record_submitted(&mut st, &spec, &submitter, traceparent)?;
+                self.record_submitted(&mut st, &spec, &submitter, traceparent, rerun)?;
                 self.record_admitted(&mut st, &spec, a, now)?
             }
             // A service it needs is down: the job is accepted and waits in
@@ -882,7 +895,7 @@ impl Executor {
                 let (service, error) = e.outage().unwrap_or_default();
                 tracing::warn!(job_id = %spec.job_id, service, error, "job accepted to wait for a service");
                 let mut st = self.inner.book.lock();
-                self.record_submitted(&mut st, &spec, &submitter, traceparent)?;
+                self.record_submitted(&mut st, &spec, &submitter, traceparent, rerun)?;
                 let waiting = events::DependencyWaiting {
                     service: service.to_owned(),
                     error,
@@ -1014,6 +1027,7 @@ impl Executor {
         spec: &JobSpec,
         submitter: &OnBehalf,
         traceparent: String,
+        rerun: Option<&Rerun>,
     ) -> Result<u64, ExecutorError> {
         let book = &self.inner.book;
         book.accept(st, &spec.job_id)?;
@@ -1024,8 +1038,18 @@ impl Executor {
             tenant: submitter.tenant.clone(),
             submitter_kind: submitter.kind.as_str().to_owned(),
             traceparent,
+            rerun_of: rerun.map(|r| r.of.clone()).unwrap_or_default(),
+            reused: rerun
+                .map(|r| r.kept.iter().map(|t| t.task_id.clone()).collect())
+                .unwrap_or_default(),
         };
-        Ok(book.record(st, &spec.job_id, "", JobEvent::Submitted(submitted)))
+        let mut g = book.record(st, &spec.job_id, "", JobEvent::Submitted(submitted));
+        // A resume's kept outputs are the new job's from its first events:
+        // nothing later needs the job it resumes.
+        for kept in rerun.map_or(&[][..], |r| &r.kept) {
+            g = book.keep_result(st, &spec.job_id, kept);
+        }
+        Ok(g)
     }
 
     /// Records a job's budget and approval run; returns the last event and

@@ -353,6 +353,14 @@ impl Driver {
                 .iter()
                 .map(|(r, h)| (r.clone(), h.task_id.clone()))
                 .collect();
+            // A resumed job's kept tasks are done: their outputs were
+            // recorded with its submission.
+            let kept: Vec<usize> = entry
+                .reused
+                .iter()
+                .filter_map(|t| entry.index.get(t).copied())
+                .filter(|&i| entry.task_state(i) == TaskState::Waiting)
+                .collect();
             // A queue job stays available until a worker leases it.
             if entry.state() == JobState::Available && !crate::queue::queue_job(entry.spec()) {
                 book.move_job(
@@ -362,6 +370,9 @@ impl Driver {
                     Reason::InvalidArgument,
                     "",
                 )?;
+            }
+            for i in kept {
+                book.move_task(&mut st, job_id, i, Change::to(TaskState::Succeeded))?;
             }
             for i in 0..n {
                 if matches!(

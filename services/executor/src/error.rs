@@ -62,6 +62,20 @@ pub enum ExecutorError {
     /// The journal's signing key cannot be read or made.
     #[error("journal signing key: {0}")]
     Audit(String),
+    /// A job that cannot run again as asked (RerunJob).
+    #[error("{why}")]
+    NotRerunnable {
+        /// The job.
+        job: String,
+        /// Its state.
+        state: String,
+        /// The status code: FAILED_PRECONDITION or INVALID_ARGUMENT.
+        code: Code,
+        /// The reason from the catalogue.
+        reason: Reason,
+        /// What is wrong and what to do instead.
+        why: String,
+    },
     /// RetryDeadLetter or DeleteDeadLetter of a job not in the dead letter.
     #[error(
         "job {job:?} is not in the dead letter: it is {state}{why}; only a discarded job whose spec sets dead_letter is kept there"
@@ -143,6 +157,18 @@ impl From<ExecutorError> for Status {
                 Reason::ParentNotActive,
                 msg,
                 metadata([("parent_job_id", parent), ("state", state)]),
+            ),
+            ExecutorError::NotRerunnable {
+                job,
+                state,
+                code,
+                reason,
+                ..
+            } => status_with_metadata(
+                code,
+                reason,
+                msg,
+                metadata([("job_id", job), ("state", state)]),
             ),
             ExecutorError::NotInDeadLetter { job, state, .. } => status_with_metadata(
                 Code::FailedPrecondition,

@@ -454,6 +454,13 @@ pub struct Submitted {
     pub submitter_kind: String,
     /// Trace context at submission, so work resumed later joins the trace.
     pub traceparent: String,
+    /// The job this one runs again (RerunJob); absent otherwise.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub rerun_of: String,
+    /// Resume: the tasks kept from that job (their outputs are recorded
+    /// right after, and they move to `succeeded` as the job starts).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reused: Vec<String>,
 }
 
 /// `job.state`.

@@ -15,11 +15,11 @@ use switchyard_proto::executor::v1::{
     GetArtifactRequest, GetArtifactResponse, GetJobRequest, GetJobResponse, GetResultRequest,
     GetResultResponse, ListArtifactsRequest, ListArtifactsResponse, ListInputRequestsRequest,
     ListInputRequestsResponse, ListJobsRequest, ListJobsResponse, ListMessagesRequest,
-    ListMessagesResponse, PruneJobsRequest, PruneJobsResponse, RetryDeadLetterRequest,
-    RetryDeadLetterResponse, SendInputRequest, SendInputResponse, SendMessageRequest,
-    SendMessageResponse, SubmitJobRequest, SubmitJobResponse, ValidateJobRequest,
-    ValidateJobResponse, VerifyJournalsRequest, VerifyJournalsResponse, WatchJobRequest,
-    WatchJobResponse,
+    ListMessagesResponse, PruneJobsRequest, PruneJobsResponse, RerunJobRequest, RerunJobResponse,
+    RetryDeadLetterRequest, RetryDeadLetterResponse, SendInputRequest, SendInputResponse,
+    SendMessageRequest, SendMessageResponse, SubmitJobRequest, SubmitJobResponse,
+    ValidateJobRequest, ValidateJobResponse, VerifyJournalsRequest, VerifyJournalsResponse,
+    WatchJobRequest, WatchJobResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -51,6 +51,7 @@ impl JobService for Executor {
             budgets: crate::admission::BudgetRight::of(&p),
             correlation_id: correlation,
             traceparent,
+            rerun: None,
         };
         let req = req.into_inner();
         let grant = match req.invocation_grant.as_str() {
@@ -256,6 +257,21 @@ impl JobService for Executor {
         let p = switchyard_kit::auth::principal(&req)?;
         let job = Executor::retry_dead_letter(self, &p, &req.get_ref().job_id).await?;
         Ok(Response::new(RetryDeadLetterResponse { job: Some(job) }))
+    }
+
+    async fn rerun_job(
+        &self,
+        req: Request<RerunJobRequest>,
+    ) -> Result<Response<RerunJobResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let correlation = switchyard_kit::context::current()
+            .map(|c| c.correlation_id)
+            .unwrap_or_else(switchyard_kit::context::new_correlation_id);
+        let traceparent = switchyard_kit::context::outgoing_traceparent();
+        let out = self
+            .rerun_job(&p, req.into_inner(), correlation, traceparent)
+            .await?;
+        Ok(Response::new(out))
     }
 
     async fn delete_dead_letter(

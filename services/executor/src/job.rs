@@ -101,6 +101,9 @@ pub struct JobEntry {
     /// The record its latest periodic checkpoint signed (0: none yet, in
     /// this process).
     pub checkpointed: u64,
+    /// A resumed job's tasks kept from the job it resumes: they move to
+    /// `succeeded` as the job starts, their outputs already recorded.
+    pub reused: Vec<String>,
 }
 
 impl JobEntry {
@@ -192,6 +195,7 @@ impl JobEntry {
             extra_cost: 0,
             chain: Default::default(),
             checkpointed: 0,
+            reused: Vec::new(),
         }
     }
 
@@ -241,6 +245,8 @@ impl JobEntry {
                 self.job.tenant.clone_from(&s.tenant);
                 self.submitter_kind.clone_from(&s.submitter_kind);
                 self.traceparent.clone_from(&s.traceparent);
+                self.job.rerun_of.clone_from(&s.rerun_of);
+                self.reused.clone_from(&s.reused);
             }
             JobEvent::JobMoved(m) => {
                 let to = JobState::parse(&m.to).unwrap_or(JobState::Pending);

@@ -54,6 +54,7 @@ mod locate;
 mod outbox;
 mod queue;
 mod relay;
+mod rerun;
 mod schedule;
 pub mod spec;
 mod store;

@@ -221,6 +221,21 @@ impl Jobs {
         job.ok_or_else(|| Status::internal("CancelJob answered without a job"))
     }
 
+    /// RerunJob: job `job_id` run again (resumed, or afresh) as `c`.
+    pub async fn rerun(
+        &self,
+        c: &Caller,
+        job_id: &str,
+        resume: bool,
+    ) -> Result<RerunJobResponse, Status> {
+        let req = RerunJobRequest {
+            job_id: job_id.to_owned(),
+            resume,
+            ..Default::default()
+        };
+        as_caller!(ExecutorClient, self.0, c, rerun_job, req)
+    }
+
     /// SendInput.
     pub async fn send_input(
         &self,

@@ -156,6 +156,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
             add(&[
                 "JobService/SubmitJob",
                 "JobService/ValidateJob",
+                "JobService/RerunJob",
                 "JobService/CancelJob",
                 "ApprovalService/Propose",
                 "ApprovalService/Cancel",
@@ -256,6 +257,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
                 "LedgerService/Release",
                 "JobService/SubmitJob",
                 "JobService/ValidateJob",
+                "JobService/RerunJob",
                 "WorkerService/Fetch",
                 "WorkerService/Ack",
                 "WorkerService/Nack",

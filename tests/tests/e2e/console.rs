@@ -279,6 +279,10 @@ async fn in_a_real_browser_a_job_goes_from_submission_through_bobs_approval_to_i
     let answer = crate::common::until_event(&mut jobs, &id, "task.input_received").await;
     assert_eq!(answer["by"], "bob", "{answer}");
     assert_eq!(answer["answer"], serde_json::json!({"size": 3}), "{answer}");
+    // Run again from its page: alice's new job, naming the one it re-runs.
+    let rerun = job(&mut jobs, summary["rerun_job_id"].as_str().unwrap()).await;
+    assert_eq!(rerun.rerun_of, id);
+    assert_eq!(rerun.submitted_by, "alice");
     for name in [
         "console-inbox.png",
         "console-job.png",

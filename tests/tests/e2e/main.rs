@@ -23,6 +23,7 @@ mod platform;
 mod policy;
 mod references;
 mod registry_router;
+mod rerun;
 mod sandbox;
 mod self_hosting;
 mod tool_approval;

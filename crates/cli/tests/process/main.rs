@@ -21,6 +21,7 @@ mod outage;
 mod polyglot;
 mod postgres_split;
 mod real_llm;
+mod rerun;
 mod sandbox;
 mod self_hosting;
 mod split;

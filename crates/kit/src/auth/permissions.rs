@@ -237,7 +237,7 @@ pub fn access(path: &str) -> Access {
             _ => Access::Unknown,
         },
         ("switchyard.executor.v1.JobService", m) => match m {
-            "SubmitJob" | "ValidateJob" => needs(P::JobSubmit),
+            "SubmitJob" | "ValidateJob" | "RerunJob" => needs(P::JobSubmit),
             "GetJob" | "ListJobs" | "WatchJob" | "GetResult" | "ListArtifacts" | "GetArtifact" => {
                 needs(P::JobRead)
             }
@@ -385,6 +385,11 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
             "POST",
             "/ui/jobs/{job_id}/input",
             Access::Needs(P::JobAnswer),
+        ),
+        (
+            "POST",
+            "/ui/jobs/{job_id}/rerun",
+            Access::Needs(P::JobSubmit),
         ),
         ("GET", "/ui/jobs/{job_id}/chat", Access::Needs(P::JobAnswer)),
         (

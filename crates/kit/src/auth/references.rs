@@ -390,6 +390,16 @@ pub const REFERENCES: &[Reference] = &[
         "executor grpc visibility (Jobs::get)",
     ),
     r(
+        "switchyard.executor.v1.RerunJobRequest.job_id",
+        Visible,
+        "executor grpc visibility (JobBook::visible)",
+    ),
+    r(
+        "switchyard.executor.v1.RerunJobRequest.new_job_id",
+        NewId,
+        "becomes the new spec's job_id: executor spec::validate + claim_id, as SubmitJob",
+    ),
+    r(
         "switchyard.executor.v1.ExplainJobRequest.job_id",
         Visible,
         "executor grpc visibility (Jobs::get)",

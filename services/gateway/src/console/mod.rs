@@ -104,6 +104,7 @@ pub(crate) fn routes<S: Clone + Send + Sync + 'static>(
         .route("/ui/jobs/{job_id}", get(pages::job))
         .route("/ui/jobs/{job_id}/events", get(pages::job_events))
         .route("/ui/jobs/{job_id}/cancel", post(pages::cancel))
+        .route("/ui/jobs/{job_id}/rerun", post(pages::rerun))
         .route("/ui/jobs/{job_id}/input", post(pages::answer))
         .route("/ui/jobs/{job_id}/chat", get(pages::chat).post(pages::say))
         .route("/ui/submit", get(pages::submit_form).post(pages::submit))

@@ -1098,6 +1098,8 @@ pub(crate) async fn job(
                 "state": state,
                 "tone": views::tone(&state),
                 "finished": finished,
+                "completed": j.state == JobState::Completed as i32,
+                "rerun_of": j.rerun_of,
                 "submitted_by": j.submitted_by,
                 "correlation_id": spec.correlation_id,
                 "run_id": j.run_id,
@@ -1174,6 +1176,36 @@ pub(crate) async fn cancel(
         .await
         .map_err(|e| PageError(e, base))?;
     Ok(see_other(&format!("/ui/jobs/{}", encode(&job_id))))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct RerunForm {
+    /// `resume`: keep the tasks that succeeded; anything else: afresh.
+    #[serde(default)]
+    mode: String,
+}
+
+/// `POST /ui/jobs/{job_id}/rerun`: runs a finished job again as a new job
+/// of the person's (afresh, or resumed), and shows it.
+pub(crate) async fn rerun(
+    State(c): Shared,
+    Extension(caller): Extension<Caller>,
+    Extension(s): Extension<Session>,
+    Path(job_id): Path<String>,
+    Form(f): Form<RerunForm>,
+) -> Result<Response, PageError> {
+    let base = layout(&caller, &s, "jobs");
+    let out = c
+        .jobs
+        .rerun(&caller, &job_id, f.mode == "resume")
+        .await
+        .map_err(|e| PageError(e, base))?;
+    let new = out
+        .job
+        .and_then(|j| j.spec)
+        .map(|s| s.job_id)
+        .unwrap_or_default();
+    Ok(see_other(&format!("/ui/jobs/{}", encode(&new))))
 }
 
 /// Most calls the waterfall draws.
