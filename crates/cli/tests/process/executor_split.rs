@@ -144,7 +144,35 @@ fn five_processes_run_jobs_driven_from_the_cli() {
     assert_eq!(got["tasks"][0]["agent_id"], "builtin");
     assert_eq!(got["submitted_by"], "alice");
 
-    // Validate shows the route; list shows both jobs.
+    // Run again across the split: a new job of alice's, approved again
+    // by a person in the approval service's process.
+    let again = ok(&cli(
+        &url,
+        &["job", "rerun", &job, "--new-id", "again", "--as", "alice"],
+    ));
+    assert!(
+        again.contains(&format!("re-ran job {job} as job again: pending")),
+        "{again}"
+    );
+    ok(&cli(
+        &a,
+        &[
+            "approval",
+            "approve",
+            "run-again",
+            "--as",
+            "bob",
+            "-m",
+            "once more",
+        ],
+    ));
+    let watched = ok(&cli(&url, &["job", "watch", "again"]));
+    assert!(watched.contains("job -> completed after "), "{watched}");
+    let got: serde_json::Value =
+        serde_json::from_str(&ok(&cli(&url, &["job", "get", "again", "-o", "json"]))).unwrap();
+    assert_eq!(got["rerun_of"], job.as_str());
+
+    // Validate shows the route; list shows the jobs.
     let v = ok(&cli(
         &url,
         &[
@@ -160,7 +188,7 @@ fn five_processes_run_jobs_driven_from_the_cli() {
         "{v}"
     );
     let list = ok(&cli(&url, &["job", "list"]));
-    assert_eq!(list.lines().count(), 3, "{list}");
+    assert_eq!(list.lines().count(), 4, "{list}");
 
     assert_eq!(x.terminate(), Some(0));
     for p in [approval, ledger, router, registry] {
