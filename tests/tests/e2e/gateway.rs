@@ -757,6 +757,7 @@ pub(crate) const DOOR_RPCS: &[(&str, &str)] = &[
     ("GET /ui/jobs/{job_id}/events", "JobService/WatchJob"),
     ("POST /ui/jobs/{job_id}/cancel", "JobService/CancelJob"),
     ("POST /ui/jobs/{job_id}/input", "JobService/SendInput"),
+    ("POST /ui/jobs/{job_id}/rerun", "JobService/RerunJob"),
     ("GET /ui/jobs/{job_id}/chat", "JobService/ListMessages"),
     ("POST /ui/jobs/{job_id}/chat", "JobService/SendMessage"),
     ("GET /ui/submit", "JobService/SubmitJob"),
