@@ -206,6 +206,7 @@ pub async fn run(cmd: AuditCmd) -> anyhow::Result<()> {
                     "runs": runs.as_ref().map(|r| json!({
                         "runs": r.runs, "records": r.records, "sealed": r.sealed,
                         "unlinked": r.unlinked, "key_id": r.key_id,
+                        "trusted_key_ids": r.trusted_key_ids,
                         "problems": r.problems.iter().map(|p| json!({
                             "run_id": p.run_id, "problem": p.problem,
                         })).collect::<Vec<_>>(),
@@ -341,15 +342,23 @@ fn print_journals(out: &switchyard_proto::executor::v1::VerifyJournalsResponse) 
 
 /// VerifyAudit's answer, for a person.
 fn print_runs(r: &switchyard_proto::approval::v1::VerifyAuditResponse) {
+    let key = if r.trusted_key_ids.len() > 1 {
+        format!(
+            "key {}; trusted: {}",
+            r.key_id,
+            r.trusted_key_ids.join(", ")
+        )
+    } else {
+        format!("key {}", r.key_id)
+    };
     println!(
-        "{} approval run{} checked: {} audit record{}, {} ended run{} sealed (key {}){}",
+        "{} approval run{} checked: {} audit record{}, {} ended run{} sealed ({key}){}",
         r.runs,
         plural(r.runs),
         r.records,
         plural(r.records),
         r.sealed,
         plural(r.sealed),
-        r.key_id,
         if r.unlinked > 0 {
             format!(
                 ", {} record{} from before audit chains",

@@ -345,8 +345,7 @@ impl AuditConfig {
     pub fn validate(&self) -> Result<(), String> {
         self.file_key()?;
         for k in &self.previous_public_keys {
-            let ok = crate::receipt::public_key_bytes(k).is_some_and(|b| b.len() == 32);
-            if !ok {
+            if !crate::receipt::is_public_key(k) {
                 return Err(format!(
                     "audit.previous_public_keys: {k:?} is not an Ed25519 public key in base64 (what `switchyard audit key --new` printed as the public key)"
                 ));

@@ -131,6 +131,12 @@ pub fn key_id_of(public_key: &str) -> Option<String> {
     public_key_bytes(public_key).map(|b| key_id(&b))
 }
 
+/// Whether `public_key` is an Ed25519 public key in base64 (what
+/// `switchyard audit key --new` prints as the public key).
+pub fn is_public_key(public_key: &str) -> bool {
+    public_key_bytes(public_key).is_some_and(|b| b.len() == 32)
+}
+
 /// The bytes of `public_key` (base64), when it is base64.
 pub fn public_key_bytes(public_key: &str) -> Option<Vec<u8>> {
     B64.decode(public_key.trim()).ok()

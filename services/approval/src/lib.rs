@@ -88,6 +88,10 @@ pub struct ApprovalConfig {
     /// one and the database keeps it for every replica (a file keeps it out
     /// of reach of whoever can write the database: set one there).
     pub receipt_key_file: Option<std::path::PathBuf>,
+    /// Public keys (base64) of receipt keys used before the current one:
+    /// the run seals they signed still verify after a rotation
+    /// (`switchyard audit key --new` prints a key and its public key).
+    pub previous_receipt_public_keys: Vec<String>,
 }
 
 impl Default for ApprovalConfig {
@@ -106,6 +110,7 @@ impl Default for ApprovalConfig {
             adapters: adapter::AdaptersConfig::default(),
             artifact_max_bytes: 1 << 20,
             receipt_key_file: None,
+            previous_receipt_public_keys: Vec::new(),
         }
     }
 }
@@ -134,6 +139,13 @@ impl ApprovalConfig {
         }
         if let Some(o) = &self.adapters.ojs {
             adapter::Ojs::new(o.clone())?;
+        }
+        for k in &self.previous_receipt_public_keys {
+            if !switchyard_kit::receipt::is_public_key(k) {
+                return Err(format!(
+                    "approval.previous_receipt_public_keys: {k:?} is not an Ed25519 public key in base64 (what `switchyard audit key --new` printed as the public key)"
+                ));
+            }
         }
         policy::validate_all(&self.policies)
     }
@@ -1635,9 +1647,22 @@ impl Approval {
             self.check_visible(p, run_id).await?;
         }
         let snapshot = self.inner.backend.audit_snapshot(run_id).await?;
-        let trusted = vec![self.inner.receipts.public_key()];
+        // The current key and every retired one: seals made before a
+        // rotation still verify.
+        let mut trusted = vec![self.inner.receipts.public_key()];
+        trusted.extend(
+            self.inner
+                .cfg
+                .previous_receipt_public_keys
+                .iter()
+                .map(|k| k.trim().to_owned()),
+        );
         let mut out = VerifyAuditResponse {
             key_id: self.inner.receipts.id().to_owned(),
+            trusted_key_ids: trusted
+                .iter()
+                .filter_map(|k| switchyard_kit::receipt::key_id_of(k))
+                .collect(),
             ..Default::default()
         };
         for (run, recs) in snapshot.iter().filter(|(r, _)| visible(p, r)) {

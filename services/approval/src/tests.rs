@@ -1998,3 +1998,19 @@ async fn a_proposal_cannot_name_its_own_approvers_or_decider() {
     assert_eq!(status_of(&after), S::Proposed);
     assert_eq!(after.approved_by, ["@reviewer"]);
 }
+
+#[test]
+fn a_retired_receipt_key_is_named_by_its_ed25519_public_key_or_refused() {
+    let (key, _) = switchyard_kit::receipt::ReceiptKey::generate().unwrap();
+    let mut cfg = ApprovalConfig {
+        previous_receipt_public_keys: vec![key.public_key()],
+        ..Default::default()
+    };
+    assert_eq!(cfg.validate(), Ok(()));
+    cfg.previous_receipt_public_keys = vec!["not a key".into()];
+    let e = cfg.validate().unwrap_err();
+    assert!(
+        e.contains("approval.previous_receipt_public_keys: \"not a key\""),
+        "{e}"
+    );
+}

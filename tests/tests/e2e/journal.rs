@@ -1164,6 +1164,57 @@ async fn a_running_jobs_checkpoint_finds_its_last_event_edited_while_the_executo
     drop(dir);
 }
 
+async fn a_runs_seal_verifies_after_the_approval_key_is_rotated_with_the_old_public_key_kept(
+    b: Backend,
+) {
+    let keys = tempfile::tempdir().unwrap();
+    let (old_path, old) = key_file(keys.path(), "old.key");
+    let (new_path, new) = key_file(keys.path(), "new.key");
+    let s = start(&b, None, |c| c.approval.receipt_key_file = Some(old_path)).await;
+    echo_jobs(&s, &["rot-1", "rot-2"]).await;
+    let mut sealed = verify_runs(&s, "admin", "").await.unwrap();
+    for _ in 0..1200 {
+        if sealed.sealed >= 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        sealed = verify_runs(&s, "admin", "").await.unwrap();
+    }
+    assert_eq!((sealed.sealed, sealed.problems.len()), (2, 0), "{sealed:?}");
+    assert_eq!(sealed.key_id, old.id());
+    let dir = s.stop().await.unwrap();
+
+    // Rotated, the old public key kept: the old seals still verify.
+    let (np, op) = (new_path.clone(), old.public_key());
+    let s = start(&b, Some(dir.path()), move |c| {
+        c.approval.receipt_key_file = Some(np);
+        c.approval.previous_receipt_public_keys = vec![op];
+    })
+    .await;
+    let v = verify_runs(&s, "admin", "").await.unwrap();
+    assert_eq!((v.sealed, v.problems.len()), (2, 0), "{v:?}");
+    assert_eq!(v.key_id, new.id());
+    assert_eq!(v.trusted_key_ids, [new.id(), old.id()]);
+    // (A stack started on a data directory hands back its own empty one.)
+    drop(s.stop().await.unwrap());
+
+    // Rotated, the old key forgotten: every old seal is named.
+    let s = start(&b, Some(dir.path()), move |c| {
+        c.approval.receipt_key_file = Some(new_path);
+    })
+    .await;
+    let v = verify_runs(&s, "admin", "").await.unwrap();
+    assert_eq!(v.problems.len(), 2, "{v:?}");
+    for p in &v.problems {
+        assert!(
+            p.problem.contains("not one of the deployment's keys"),
+            "{p:?}"
+        );
+    }
+    s.stop().await.unwrap();
+    drop(dir);
+}
+
 /// The budgets of the ledger test, by what is done to each journal.
 const BUDGETS: [&str; 6] = [
     "led-clean",
@@ -1421,6 +1472,7 @@ async fn every_tampering_with_a_budgets_journal_is_found(b: Backend) {
 switchyard_testkit::on_both_backends!(
     sled, postgres;
     every_tampering_with_a_budgets_journal_is_found,
+    a_runs_seal_verifies_after_the_approval_key_is_rotated_with_the_old_public_key_kept,
     a_running_jobs_checkpoint_finds_its_last_event_edited_while_the_executor_was_stopped,
     every_tampering_with_a_runs_approval_audit_is_found,
     every_tampering_with_a_finished_jobs_journal_is_found_where_it_breaks,
