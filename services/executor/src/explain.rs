@@ -135,6 +135,8 @@ pub(crate) fn story(job: &Job, events: &[Event]) -> ExplainJobResponse {
     // When each step started running, and when each approval was asked.
     let mut started: HashMap<String, u64> = HashMap::new();
     let mut asked_at: Option<u64> = None;
+    // The job this one runs again, if any (from its submission).
+    let mut rerun_of = String::new();
     let mut last = start;
     for ev in events {
         let at = ev.time.as_ref().map(timestamp_ms).unwrap_or(last);
@@ -149,17 +151,29 @@ pub(crate) fn story(job: &Job, events: &[Event]) -> ExplainJobResponse {
             continue;
         };
         let (topic, text) = match decoded {
-            JobEvent::Submitted(s) => (
-                "submitted",
-                format!(
-                    "Submitted by {} ({}, tenant {}) in the {} format, {}.",
-                    s.submitted_by,
-                    s.submitter_kind,
-                    s.tenant,
-                    s.format,
-                    plural(s.tasks, "step")
-                ),
-            ),
+            JobEvent::Submitted(s) => {
+                rerun_of.clone_from(&s.rerun_of);
+                let again = match (s.rerun_of.as_str(), s.reused.is_empty()) {
+                    ("", _) => String::new(),
+                    (of, true) => format!(" It runs job {of} again, afresh."),
+                    (of, false) => format!(
+                        " It resumes job {of}, keeping {} that succeeded there ({}).",
+                        plural(s.reused.len() as u64, "step"),
+                        s.reused.join(", ")
+                    ),
+                };
+                (
+                    "submitted",
+                    format!(
+                        "Submitted by {} ({}, tenant {}) in the {} format, {}.{again}",
+                        s.submitted_by,
+                        s.submitter_kind,
+                        s.tenant,
+                        s.format,
+                        plural(s.tasks, "step")
+                    ),
+                )
+            }
             JobEvent::ApprovalRequested(r) => {
                 asked_at = Some(at);
                 approved = r.estimated_cost_micro_usd.unwrap_or(0);
@@ -408,14 +422,24 @@ pub(crate) fn story(job: &Job, events: &[Event]) -> ExplainJobResponse {
                     "retrying" => "will retry",
                     other => other,
                 };
-                (
-                    "state",
-                    format!(
-                        "{step} {to}{took}{}{}.",
-                        part(" (", &m.reason, ")"),
-                        part(": ", &m.error, "")
-                    ),
-                )
+                if m.from == "waiting" && m.to == "succeeded" {
+                    // Kept by a resume: never run here.
+                    (
+                        "state",
+                        format!(
+                            "{step} kept from job {rerun_of}: its output is that job's, and it did not run again."
+                        ),
+                    )
+                } else {
+                    (
+                        "state",
+                        format!(
+                            "{step} {to}{took}{}{}.",
+                            part(" (", &m.reason, ")"),
+                            part(": ", &m.error, "")
+                        ),
+                    )
+                }
             }
             JobEvent::AttemptStarted(a) => {
                 by_task.entry(task.to_owned()).or_default();

@@ -119,6 +119,16 @@ async fn a_resumed_job_keeps_what_succeeded_runs_the_rest_and_is_approved_again(
     let submitted = events_of(&mut alice, &new_id, "job.submitted").await;
     assert_eq!(submitted[0]["rerun_of"], "flaky", "{submitted:?}");
     assert_eq!(submitted[0]["reused"], serde_json::json!(["a"]));
+    // Its story says where it came from and what it kept.
+    let story = explain(&mut alice, &new_id).await;
+    story_says(
+        &story,
+        "It resumes job flaky, keeping 1 step that succeeded there (a).",
+    );
+    story_says(
+        &story,
+        "Step a kept from job flaky: its output is that job's, and it did not run again.",
+    );
 
     // Nothing is left to resume of a completed job; afresh, with a new
     // input, every task runs.
