@@ -587,6 +587,15 @@ pub(crate) struct Submission {
     pub(crate) rerun: Option<Rerun>,
 }
 
+/// Which round of a job is admitted (0 first, then one per dead-letter
+/// retry), and the tasks it keeps from the job it resumes: those are
+/// neither routed nor priced.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Round<'a> {
+    pub(crate) number: u32,
+    pub(crate) kept: &'a [String],
+}
+
 /// A job that runs another again (RerunJob).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Rerun {
@@ -677,8 +686,20 @@ impl Executor {
     async fn estimate(
         &self,
         spec: &JobSpec,
+        kept: &[String],
         waiter: &Waiter<'_>,
     ) -> Result<Estimate, ExecutorError> {
+        // A resume's kept tasks will not run: they are neither routed nor
+        // priced.
+        let remaining;
+        let spec = if kept.is_empty() {
+            spec
+        } else {
+            let mut s = spec.clone();
+            s.tasks.retain(|t| !kept.contains(&t.id));
+            remaining = s;
+            &remaining
+        };
         let mut routes = HashMap::new();
         for t in &spec.tasks {
             if let Some(Kind::Agent(a)) = &t.kind {
@@ -757,7 +778,7 @@ impl Executor {
         let waiter = self
             .waiter("", "")
             .until(Some(now + self.inner.cfg.submit_wait_ms));
-        let est = self.estimate(&spec, &waiter).await?;
+        let est = self.estimate(&spec, &[], &waiter).await?;
         warnings.extend(foreseen(&spec, &est, &self.inner.clients.llm));
         let policies = match submitter {
             Some(who) => {
@@ -879,7 +900,16 @@ impl Executor {
         // the caller runs in (a gRPC request, a job driver, an LLM tool).
         let ctx = acting_context(&spec.correlation_id, submitter.clone());
         let until = now + self.inner.cfg.submit_wait_ms;
-        let admitted = self.admit(&spec, &hash, &submitter, parent.as_ref(), until, 0);
+        let kept: Vec<String> = how
+            .rerun
+            .as_ref()
+            .map(|r| r.kept.iter().map(|t| t.task_id.clone()).collect())
+            .unwrap_or_default();
+        let first = Round {
+            number: 0,
+            kept: &kept,
+        };
+        let admitted = self.admit(&spec, &hash, &submitter, parent.as_ref(), until, first);
         let traceparent = how.traceparent.unwrap_or_default();
         let rerun = how.rerun.as_ref();
         let admitted = switchyard_kit::context::scope(ctx, admitted).await;
@@ -1099,7 +1129,7 @@ impl Executor {
     /// round).
     pub(crate) async fn readmit(&self, job_id: &str, now: u64) -> Result<bool, ExecutorError> {
         let book = &self.inner.book;
-        let (spec, hash, submitter, parent_id, round, waited) = {
+        let (spec, hash, submitter, parent_id, round, waited, kept) = {
             let st = book.lock();
             let e = st.get(job_id)?;
             let round = e.job.round;
@@ -1118,6 +1148,7 @@ impl Executor {
                 parent_id,
                 round,
                 waited,
+                e.reused.clone(),
             )
         };
         let parent = if parent_id.is_empty() {
@@ -1136,7 +1167,11 @@ impl Executor {
             })
         } else {
             let ctx = acting_context(&spec.correlation_id, submitter.clone());
-            let admit = self.admit(&spec, &hash, &submitter, parent.as_ref(), now, round);
+            let this = Round {
+                number: round,
+                kept: &kept,
+            };
+            let admit = self.admit(&spec, &hash, &submitter, parent.as_ref(), now, this);
             switchyard_kit::context::scope(ctx, admit).await
         };
         let (g, start) = {
@@ -1422,10 +1457,10 @@ impl Executor {
         submitter: &OnBehalf,
         parent: Option<&Parent>,
         until_ms: u64,
-        round: u32,
+        round: Round<'_>,
     ) -> Result<Admitted, ExecutorError> {
         let waiter = self.waiter("", "").until(Some(until_ms));
-        let est = self.estimate(spec, &waiter).await?;
+        let est = self.estimate(spec, round.kept, &waiter).await?;
         // The policies decide the submission first: a forbidden job is
         // refused before anything is made for it; one they say needs a
         // person is proposed for review (no policy approves its spend).
@@ -1439,7 +1474,7 @@ impl Executor {
         let needs_person = matches!(decision.verdict, switchyard_policy::Verdict::Require { .. });
         let submitted = switchyard_policy::Recorded::of(&decision, facts);
         let submitted_by = submitter.subject.as_str();
-        let (run_id, budget_id) = round_ids(&spec.job_id, round);
+        let (run_id, budget_id) = round_ids(&spec.job_id, round.number);
         if let Some(cap) = est.token_cap() {
             limits.token_budget = Some(limits.token_budget.map_or(cap, |t| t.min(cap)));
         }

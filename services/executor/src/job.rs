@@ -416,6 +416,9 @@ impl JobEntry {
     /// attempts; the job keeps its id, spec, events and what it spent, and
     /// gets its run and budget anew at approval.
     fn revive(&mut self, round: u32) {
+        // A new round runs every task: a resume's kept outputs went with
+        // the statuses cleared below.
+        self.reused.clear();
         for t in &mut self.job.tasks {
             *t = TaskStatus {
                 task_id: std::mem::take(&mut t.task_id),
@@ -769,6 +772,31 @@ mod tests {
             cost_micro_usd: cost,
             overrun: false,
         })
+    }
+
+    #[test]
+    fn a_resumed_jobs_kept_tasks_are_forgotten_when_a_new_round_runs_everything() {
+        let mut j = entry();
+        let submitted = events::Submitted {
+            rerun_of: "old".into(),
+            reused: vec!["a".into()],
+            ..Default::default()
+        };
+        apply(&mut j, "", JobEvent::Submitted(submitted));
+        assert_eq!(
+            (j.job.rerun_of.as_str(), &j.reused[..]),
+            ("old", &["a".to_owned()][..])
+        );
+        let revived = events::Revived {
+            round: 1,
+            by: "op".into(),
+        };
+        apply(&mut j, "", JobEvent::Revived(revived));
+        assert!(
+            j.reused.is_empty(),
+            "a new round keeps nothing: its outputs were cleared"
+        );
+        assert_eq!(j.job.rerun_of, "old", "it still runs that job again");
     }
 
     #[test]

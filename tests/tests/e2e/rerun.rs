@@ -36,7 +36,7 @@ fn flaky(id: &str, dir: &Path) -> String {
         "approval": {"requires_approval": true},
         "input": {"topic": "first"},
         "tasks": [
-            {"id": "a", "command": {"command": "echo", "args": ["made by a"]}},
+            {"id": "a", "agent": {"capability": "text.count", "input": {"text": "made by a"}}},
             {"id": "b", "depends_on": ["a"], "retry": {"max_retries": 0},
              "command": {"command": "cat", "args": [ok.to_str().expect("a UTF-8 temp path")]}},
             {"id": "c", "depends_on": ["b"], "command": {"command": "echo", "args": ["c ran"]}},
@@ -74,6 +74,10 @@ fn task<'a>(
 async fn a_resumed_job_keeps_what_succeeded_runs_the_rest_and_is_approved_again(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let s = start(&b, dir.path()).await;
+    // `a` is an agent's work at 30 micro-USD a call: what the approval of
+    // a resume no longer prices once `a` is kept.
+    let (stop_agent, agent) = serve_priced_agent(&s, "priced", "text.count", 30, Counting(1));
+    wait_routed(&s, "text.count").await;
     let mut alice = JobServiceClient::new(s.channel_as("alice").await.unwrap());
     let first = submit(&mut alice, &flaky("flaky", dir.path()))
         .await
@@ -82,7 +86,7 @@ async fn a_resumed_job_keeps_what_succeeded_runs_the_rest_and_is_approved_again(
     let failed = finish(&mut alice, "flaky").await;
     assert_eq!(failed.state(), JobState::Discarded, "{failed:?}");
     let a_then = task(&failed.tasks, "a").clone();
-    assert_eq!(a_then.stdout, b"made by a\n");
+    assert!(a_then.output.is_some(), "{a_then:?}");
     assert_eq!(task(&failed.tasks, "b").state(), TaskState::Failed);
 
     // The cause is mended; the job resumes as a new one, alice's.
@@ -111,7 +115,15 @@ async fn a_resumed_job_keeps_what_succeeded_runs_the_rest_and_is_approved_again(
     let a_now = task(&done.tasks, "a");
     assert_eq!(a_now.state(), TaskState::Succeeded);
     assert!(a_now.attempts.is_empty(), "{a_now:?}");
-    assert_eq!(a_now.stdout, a_then.stdout);
+    assert_eq!(a_now.output, a_then.output);
+    // Its approval priced only what was left to run: not a's 30.
+    let estimate = |run: switchyard_proto::approval::v1::Run| {
+        run.cost_estimate
+            .and_then(|e| e.estimated_cost)
+            .map_or(-1, |m| m.micro_usd)
+    };
+    assert!(estimate(run_of(&s, &first.run_id).await) >= 30);
+    assert_eq!(estimate(run_of(&s, &new.run_id).await), 0);
     assert_eq!(task(&done.tasks, "b").stdout, b"now there\n");
     assert_eq!(task(&done.tasks, "c").attempts.len(), 1);
     let started = events_of(&mut alice, &new_id, ATTEMPT_STARTED).await;
@@ -171,6 +183,7 @@ async fn a_resumed_job_keeps_what_succeeded_runs_the_rest_and_is_approved_again(
     let again = finish(&mut alice, &fresh_id).await;
     assert_eq!(again.state(), JobState::Completed, "{again:?}");
     assert_eq!(task(&again.tasks, "a").attempts.len(), 1);
+    assert!(estimate(run_of(&s, &fresh.run_id).await) >= 30);
 
     // Only someone who may read the job may run it again: another
     // submitter, another tenant's submitter and an agent key (it reads
@@ -195,6 +208,8 @@ async fn a_resumed_job_keeps_what_succeeded_runs_the_rest_and_is_approved_again(
         let e = rerun(&mut c, "flaky", true, None).await.unwrap_err();
         assert_eq!(e.code(), code, "{who}: {e:?}");
     }
+    stop_agent.fire();
+    let _ = agent.await;
     s.stop().await.unwrap();
 }
 
