@@ -137,52 +137,33 @@ pub async fn run(cmd: AuditCmd) -> anyhow::Result<()> {
             use switchyard_proto::approval::v1::VerifyAuditRequest;
             // Services split into processes answer at their own addresses:
             // what is not served here is said, and the rest checked.
-            let elsewhere = |what: &str| {
-                eprintln!(
-                    "note: no {what} answers here, so it was not checked: run `switchyard audit verify` against its address too"
-                );
-            };
             let c = ExecutorClient::remote(conn.channel().await?, MAX_MESSAGE);
-            let jobs = match c
+            let asked = c
                 .verify_journals(VerifyJournalsRequest {
                     job_id: job.clone().unwrap_or_default(),
                 })
-                .await
-            {
-                Ok(out) => Some(out),
-                Err(s) if s.code() == tonic::Code::Unimplemented && job.is_none() => {
-                    elsewhere("executor (the job journals)");
-                    None
-                }
-                Err(s) => return Err(api(s)),
+                .await;
+            let jobs = match &job {
+                None => served_here(asked, "executor (the job journals)")?,
+                // One job asked: the executor must answer for it.
+                Some(_) => Some(asked.map_err(api)?),
             };
-            // The approval service's audit log too, unless one job is asked.
-            let runs = if job.is_none() {
+            // The approval service's audit log and the ledger's journal
+            // too, unless one job is asked.
+            let (runs, budgets) = if job.is_none() {
                 let a = crate::approval::client(&conn).await?;
-                match a.verify_audit(VerifyAuditRequest::default()).await {
-                    Ok(r) => Some(r),
-                    Err(s) if s.code() == tonic::Code::Unimplemented => {
-                        elsewhere("approval service (the runs' audit log)");
-                        None
-                    }
-                    Err(s) => return Err(api(s)),
-                }
-            } else {
-                None
-            };
-            // And the ledger's journal.
-            let budgets = if job.is_none() {
+                let runs = served_here(
+                    a.verify_audit(VerifyAuditRequest::default()).await,
+                    "approval service (the runs' audit log)",
+                )?;
                 let l = conn.ledger().await?;
-                match l.verify_journal(VerifyJournalRequest::default()).await {
-                    Ok(r) => Some(r),
-                    Err(s) if s.code() == tonic::Code::Unimplemented => {
-                        elsewhere("ledger (the budgets' journal)");
-                        None
-                    }
-                    Err(s) => return Err(api(s)),
-                }
+                let budgets = served_here(
+                    l.verify_journal(VerifyJournalRequest::default()).await,
+                    "ledger (the budgets' journal)",
+                )?;
+                (runs, budgets)
             } else {
-                None
+                (None, None)
             };
             if jobs.is_none() && runs.is_none() && budgets.is_none() {
                 anyhow::bail!(
@@ -337,6 +318,21 @@ fn print_journals(out: &switchyard_proto::executor::v1::VerifyJournalsResponse) 
     }
     if out.problems.is_empty() {
         println!("every journal verifies");
+    }
+}
+
+/// A verifier's answer at `--url`; `None`, said on stderr, when the
+/// service (`what`) is not served there (services split into processes).
+fn served_here<T>(answer: Result<T, tonic::Status>, what: &str) -> anyhow::Result<Option<T>> {
+    match answer {
+        Ok(out) => Ok(Some(out)),
+        Err(s) if s.code() == tonic::Code::Unimplemented => {
+            eprintln!(
+                "note: no {what} answers here, so it was not checked: run `switchyard audit verify` against its address too"
+            );
+            Ok(None)
+        }
+        Err(s) => Err(api(s)),
     }
 }
 

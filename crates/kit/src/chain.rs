@@ -23,6 +23,8 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 
+use switchyard_proto::common::v1::{ChainHead, ChainLink};
+
 use crate::receipt::{Receipt, ReceiptError, ReceiptKey};
 
 /// A record's hash.
@@ -85,6 +87,39 @@ impl Default for Head {
             hash: GENESIS,
         }
     }
+}
+
+impl Head {
+    /// The head a proto keeps (`Run.audit_head`, `Budget.journal_head`);
+    /// none: the genesis.
+    pub fn of_proto(h: Option<&ChainHead>) -> Head {
+        h.map_or_else(Head::default, |h| Head {
+            n: h.n,
+            hash: stored_hash(&h.hash),
+        })
+    }
+
+    /// This head as a proto keeps it; none before the first record.
+    pub fn to_proto(self) -> Option<ChainHead> {
+        (self.n > 0).then(|| ChainHead {
+            n: self.n,
+            hash: self.hash.to_vec(),
+        })
+    }
+
+    /// The link of the record that follows this head.
+    pub fn next_link(self) -> ChainLink {
+        ChainLink {
+            n: self.n + 1,
+            prev: self.hash.to_vec(),
+        }
+    }
+}
+
+/// A hash as a proto stores it (`ChainLink.prev`, `ChainHead.hash`); one
+/// of the wrong length matches no real hash.
+pub fn stored_hash(bytes: &[u8]) -> Hash {
+    bytes.try_into().unwrap_or([0xff; 32])
 }
 
 /// A writer's heads, one per stream: what the next record links to.

@@ -16,28 +16,12 @@ use serde_json::json;
 use switchyard_kit::chain::{self, Head, Verifier};
 use switchyard_kit::receipt::{Receipt, ReceiptKey};
 use switchyard_proto::approval::v1::{AuditRecord, Run};
-use switchyard_proto::common::v1::{ChainHead, ChainLink};
 
 use crate::{runs, status_of};
 
 /// Run `run_id`'s stream.
 pub fn stream(run_id: &str) -> String {
     format!("run/{run_id}")
-}
-
-/// A hash as stored; one of the wrong length matches no real hash.
-fn hash_of(bytes: &[u8]) -> chain::Hash {
-    bytes.try_into().unwrap_or([0xff; 32])
-}
-
-/// The head `run` keeps (none yet: the genesis).
-fn head_of(run: &Run) -> Head {
-    run.audit_head
-        .as_ref()
-        .map_or_else(Head::default, |h| Head {
-            n: h.n,
-            hash: hash_of(&h.hash),
-        })
 }
 
 /// The bytes a record's hash covers: its encoding with `sequence` 0.
@@ -64,24 +48,18 @@ pub fn next_head(run_id: &str, head: Head, rec: &AuditRecord) -> Head {
 /// ended run's head is signed with `key` at `now_ms` (its seal), any other
 /// run's seal cleared.
 pub(crate) fn link(run: &mut Run, rec: &mut AuditRecord, key: &ReceiptKey, now_ms: u64) {
-    let head = head_of(run);
-    rec.chain = Some(ChainLink {
-        n: head.n + 1,
-        prev: head.hash.to_vec(),
-    });
-    let Head { n, hash } = next_head(&run.run_id, head, rec);
+    let head = Head::of_proto(run.audit_head.as_ref());
+    rec.chain = Some(head.next_link());
+    let next = next_head(&run.run_id, head, rec);
     let stream = stream(&run.run_id);
-    run.audit_head = Some(ChainHead {
-        n,
-        hash: hash.to_vec(),
-    });
+    run.audit_head = next.to_proto();
     run.audit_seal = if runs::ended(status_of(run)) {
         let summary = json!({
             "run_id": run.run_id,
             "tenant": run.tenant,
             "status": status_of(run).as_str(),
         });
-        let seal = chain::checkpoint_with(key, &[(stream, Head { n, hash })], now_ms, summary);
+        let seal = chain::checkpoint_with(key, &[(stream, next)], now_ms, summary);
         serde_json::to_string(&seal).unwrap_or_default()
     } else {
         String::new()
@@ -113,14 +91,14 @@ pub(crate) fn check_run(run: &Run, records: &[AuditRecord], trusted: &[String]) 
             out.unlinked += 1;
             continue;
         };
-        if let Err(b) = v.check(&stream, l.n, &hash_of(&l.prev), &hashed(rec)) {
+        if let Err(b) = v.check(&stream, l.n, &chain::stored_hash(&l.prev), &hashed(rec)) {
             out.problem = Some(b.to_string());
             return out;
         }
         out.records += 1;
     }
     let reached = v.heads().head(&stream);
-    let kept = head_of(run);
+    let kept = Head::of_proto(run.audit_head.as_ref());
     if run.audit_head.is_some() && reached != kept {
         out.problem = Some(format!(
             "stream {stream:?}: the log reaches record {} but the run's stored head is record {}{}",
@@ -180,6 +158,7 @@ pub(crate) fn check_run(run: &Run, records: &[AuditRecord], trusted: &[String]) 
 mod tests {
     use super::*;
     use switchyard_proto::approval::v1::RunStatus;
+    use switchyard_proto::common::v1::ChainHead;
 
     fn key() -> ReceiptKey {
         ReceiptKey::generate().expect("a key").0
@@ -267,7 +246,7 @@ mod tests {
             hash: chain::link(
                 &stream("r1"),
                 3,
-                &hash_of(&recs[2].chain.clone().unwrap_or_default().prev),
+                &chain::stored_hash(&recs[2].chain.clone().unwrap_or_default().prev),
                 &hashed(&recs[2]),
             )
             .to_vec(),

@@ -50,7 +50,7 @@ fn link_of(ev: &Event, head: Head) -> (u64, chain::Hash, bool) {
         Some(l) => {
             // A link of the wrong length links to nothing: it fails the
             // check against the head (never equal to a real hash's bytes).
-            let prev = l.prev.as_slice().try_into().unwrap_or([0xff; 32]);
+            let prev = chain::stored_hash(&l.prev);
             (l.n, prev, true)
         }
         None => (ev.sequence, head.hash, false),

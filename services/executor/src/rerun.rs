@@ -33,8 +33,11 @@ impl Executor {
     ) -> Result<RerunJobResponse, ExecutorError> {
         let book = &self.inner.book;
         let id = req.job_id.as_str();
-        book.visible(p, id).await?;
-        let record = book.record_of(id).await?;
+        // One read: the record, and whether `p` may see it (JobBook::visible's rule).
+        let record = match book.record_of(id).await? {
+            r if p.may_see(&r.tenant, &r.submitted_by) => r,
+            _ => return Err(ExecutorError::NotFound(id.to_owned())),
+        };
         let state = job_state(record.state);
         let refuse = |code: Code, reason: Reason, why: String| ExecutorError::NotRerunnable {
             job: id.to_owned(),

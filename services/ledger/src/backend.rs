@@ -146,8 +146,11 @@ impl Backend {
             let cutoff = now.saturating_sub(retention_ms);
             let pruned = sled.cold.prune(cutoff)?;
             // Records before the snapshot, not read back, and older than
-            // the retention window go.
+            // the retention window go. Each budget whose first records go
+            // keeps the head at its last one (its base), durably before
+            // they go: the rest continue from it.
             let mut before = keep_from.min(snap.at + 1);
+            let mut bases = std::collections::BTreeMap::new();
             for r in journal.replay() {
                 let (seq, rec) = r?;
                 if seq >= before
@@ -158,15 +161,6 @@ impl Backend {
                         >= cutoff
                 {
                     before = before.min(seq);
-                    break;
-                }
-            }
-            // Each budget whose first records go keeps the head at its
-            // last one, durably before they go: the rest continue from it.
-            let mut bases = std::collections::BTreeMap::new();
-            for r in journal.replay() {
-                let (seq, rec) = r?;
-                if seq >= before {
                     break;
                 }
                 if let Some(head) = chain::head_after(&rec) {
@@ -197,7 +191,7 @@ impl Backend {
         &self,
         only: &str,
         wanted: impl Fn(&str, &str) -> bool,
-    ) -> Result<chain::Found, LedgerError> {
+    ) -> Result<VerifyJournalResponse, LedgerError> {
         let sled = match self {
             Backend::Pg(pg) => return pg.check_chains(only, wanted).await,
             Backend::Sled(sled) => sled,
@@ -225,13 +219,16 @@ impl Backend {
             let (id, retired) = r?;
             let view = retired.budget.unwrap_or_default();
             if mine(&id, &view.tenant) {
-                let head = chain::from_proto(view.journal_head.as_ref());
+                let head = switchyard_kit::chain::Head::of_proto(view.journal_head.as_ref());
                 let k = chain::Kept { head, base: None };
                 kept.insert(id, k);
             }
         }
-        for (id, k) in kept.iter_mut() {
-            k.base = sled.cold.base(id)?;
+        for r in sled.cold.bases() {
+            let (id, base) = r?;
+            if let Some(k) = kept.get_mut(&id) {
+                k.base = Some(base);
+            }
         }
         sled.journal.make_durable(last).await?;
         let mut check = chain::Check::new(kept);

@@ -73,7 +73,7 @@ impl BudgetState {
             tenant: self.tenant.clone(),
             created_by: self.created_by.clone(),
             created_at: (self.created_ms > 0).then(|| timestamp(self.created_ms)),
-            journal_head: crate::chain::to_proto(self.head),
+            journal_head: self.head.to_proto(),
         }
     }
 }

@@ -15,45 +15,22 @@
 //! first records go, the head at its last pruned record (its *base*): the
 //! records left must continue from it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashSet};
 
 use prost::Message as _;
-use switchyard_kit::chain::{self, Hash, Head, Verifier};
-use switchyard_proto::common::v1::{ChainHead, ChainLink};
-use switchyard_proto::ledger::v1::{JournalBreak, JournalRecord, RecordKind};
+use switchyard_kit::chain::{self, Head, Verifier};
+use switchyard_proto::ledger::v1::{
+    JournalBreak, JournalRecord, RecordKind, VerifyJournalResponse,
+};
 
 /// Budget `budget_id`'s stream.
 pub fn stream(budget_id: &str) -> String {
     format!("budget/{budget_id}")
 }
 
-/// A hash as stored; one of the wrong length matches no real hash.
-fn hash_of(bytes: &[u8]) -> Hash {
-    bytes.try_into().unwrap_or([0xff; 32])
-}
-
-/// A head as the proto carries it.
-pub(crate) fn to_proto(h: Head) -> Option<ChainHead> {
-    (h.n > 0).then(|| ChainHead {
-        n: h.n,
-        hash: h.hash.to_vec(),
-    })
-}
-
-/// A head from the proto (none: the genesis).
-pub(crate) fn from_proto(h: Option<&ChainHead>) -> Head {
-    h.map_or_else(Head::default, |h| Head {
-        n: h.n,
-        hash: hash_of(&h.hash),
-    })
-}
-
 /// Links `rec` after `head`, its budget's head before it.
 pub(crate) fn link(rec: &mut JournalRecord, head: Head) {
-    rec.chain = Some(ChainLink {
-        n: head.n + 1,
-        prev: head.hash.to_vec(),
-    });
+    rec.chain = Some(head.next_link());
 }
 
 /// The head of `rec`'s budget once it is appended (`None`: not chained).
@@ -64,7 +41,7 @@ pub fn head_after(rec: &JournalRecord) -> Option<Head> {
         hash: chain::link(
             &stream(&rec.budget_id),
             l.n,
-            &hash_of(&l.prev),
+            &chain::stored_hash(&l.prev),
             &rec.encode_to_vec(),
         ),
     })
@@ -86,7 +63,7 @@ pub(crate) struct Check {
     budgets: BTreeMap<String, Kept>,
     verifier: Verifier,
     /// Streams whose first record has been seen.
-    started: HashMap<String, ()>,
+    started: HashSet<String>,
     broken: BTreeMap<String, String>,
     unlinked: u64,
     resumed: u64,
@@ -114,7 +91,7 @@ impl Check {
             // Before chains, or a refusal of a retired budget: outside
             // every chain. Anything else unlinked once the chain began was
             // put there.
-            if self.started.contains_key(&stream) && rec.kind() != RecordKind::Refused {
+            if self.started.contains(&stream) && rec.kind() != RecordKind::Refused {
                 self.broken.insert(
                     rec.budget_id.clone(),
                     format!(
@@ -128,7 +105,7 @@ impl Check {
             }
             return;
         };
-        if self.started.insert(stream.clone(), ()).is_none() && l.n > 1 {
+        if self.started.insert(stream.clone()) && l.n > 1 {
             // The records before it were pruned: they must have ended at
             // the base kept then.
             match kept.base {
@@ -139,10 +116,12 @@ impl Check {
                 _ => {}
             }
         }
-        if let Err(b) = self
-            .verifier
-            .check(&stream, l.n, &hash_of(&l.prev), &rec.encode_to_vec())
-        {
+        if let Err(b) = self.verifier.check(
+            &stream,
+            l.n,
+            &chain::stored_hash(&l.prev),
+            &rec.encode_to_vec(),
+        ) {
             self.broken.insert(
                 rec.budget_id.clone(),
                 format!("{b} — journal record {}", rec.sequence),
@@ -151,7 +130,7 @@ impl Check {
     }
 
     /// What was found.
-    pub(crate) fn finish(mut self) -> Found {
+    pub(crate) fn finish(mut self) -> VerifyJournalResponse {
         for (id, kept) in &self.budgets {
             if self.broken.contains_key(id) {
                 continue;
@@ -175,7 +154,7 @@ impl Check {
                 );
             }
         }
-        Found {
+        VerifyJournalResponse {
             budgets: self.budgets.len() as u64,
             records: self.verifier.checked(),
             unlinked: self.unlinked,
@@ -187,16 +166,6 @@ impl Check {
                 .collect(),
         }
     }
-}
-
-/// The outcome of a [`Check`].
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Found {
-    pub(crate) budgets: u64,
-    pub(crate) records: u64,
-    pub(crate) unlinked: u64,
-    pub(crate) pruned: u64,
-    pub(crate) problems: Vec<JournalBreak>,
 }
 
 #[cfg(test)]
@@ -226,7 +195,11 @@ mod tests {
         (out, head)
     }
 
-    fn check(recs: &[JournalRecord], head: Head, base: Option<Head>) -> (Found, Option<String>) {
+    fn check(
+        recs: &[JournalRecord],
+        head: Head,
+        base: Option<Head>,
+    ) -> (VerifyJournalResponse, Option<String>) {
         let mut c = Check::new(BTreeMap::from([("b".to_owned(), Kept { head, base })]));
         for r in recs {
             c.record(r);

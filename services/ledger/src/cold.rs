@@ -190,7 +190,7 @@ impl From<&BudgetState> for StoredBudget {
             entries: b.entries.clone(),
             created_by: b.created_by.clone(),
             created_ms: b.created_ms,
-            head: crate::chain::to_proto(b.head),
+            head: b.head.to_proto(),
         }
     }
 }
@@ -213,7 +213,7 @@ impl From<StoredBudget> for BudgetState {
             entries: b.entries,
             created_by: b.created_by,
             created_ms: b.created_ms,
-            head: crate::chain::from_proto(b.head.as_ref()),
+            head: Head::of_proto(b.head.as_ref()),
         }
     }
 }
@@ -462,19 +462,19 @@ impl Cold {
         self.budgets.iter_after(after)
     }
 
-    /// Budget `id`'s chain head at its last record pruned, if any was.
-    pub(crate) fn base(&self, id: &str) -> Result<Option<Head>, StoreError> {
-        Ok(self
-            .bases
-            .get(id)?
-            .map(|h| crate::chain::from_proto(Some(&h))))
+    /// Each budget's chain head at its last record pruned (budgets with
+    /// none pruned are not there).
+    pub(crate) fn bases(&self) -> impl Iterator<Item = Result<(String, Head), StoreError>> + '_ {
+        self.bases
+            .iter()
+            .map(|r| r.map(|(id, h)| (id, Head::of_proto(Some(&h)))))
     }
 
     /// Keeps `bases` (budget id → head at its last record about to be
     /// pruned).
     pub(crate) fn keep_bases(&self, bases: &BTreeMap<String, Head>) -> Result<(), StoreError> {
         for (id, head) in bases {
-            if let Some(h) = crate::chain::to_proto(*head) {
+            if let Some(h) = head.to_proto() {
                 self.bases.put(id, &h)?;
             }
         }

@@ -955,18 +955,10 @@ impl Ledger {
         budget_id: &str,
         sees: impl Fn(&str) -> bool,
     ) -> Result<VerifyJournalResponse, LedgerError> {
-        let found = self
-            .inner
+        self.inner
             .backend
             .check_chains(budget_id, |_, tenant| sees(tenant))
-            .await?;
-        Ok(VerifyJournalResponse {
-            budgets: found.budgets,
-            records: found.records,
-            unlinked: found.unlinked,
-            pruned: found.pruned,
-            problems: found.problems,
-        })
+            .await
     }
 
     /// Worst-case cost of a model call from the price catalogue.

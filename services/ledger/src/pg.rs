@@ -34,7 +34,7 @@ use futures_util::stream::BoxStream;
 use prost::Message;
 use switchyard_proto::ledger::v1::{
     Budget, Entry, JournalRecord, ListBudgetsRequest, ListBudgetsResponse, ListEntriesRequest,
-    RecordKind,
+    RecordKind, VerifyJournalResponse,
 };
 use switchyard_store::StoreError;
 use switchyard_store::pg::{Migration, Pg, TxError};
@@ -727,7 +727,7 @@ impl PgBooks {
         &self,
         only: &str,
         wanted: impl Fn(&str, &str) -> bool,
-    ) -> Result<chain::Found, LedgerError> {
+    ) -> Result<VerifyJournalResponse, LedgerError> {
         let err = |e: tokio_postgres::Error| self.db.error("reading the journal to verify it", &e);
         let mut c = self.db.client().await?;
         let tx = self.db.snapshot(&mut c).await.map_err(err)?;
@@ -746,7 +746,7 @@ impl PgBooks {
             }
             let b = StoredBudget::decode(r.get::<_, &[u8]>(2))
                 .map_err(|e| StoreError::Io(format!("budget {id:?} does not decode: {e}")))?;
-            let head = chain::from_proto(b.head.as_ref());
+            let head = switchyard_kit::chain::Head::of_proto(b.head.as_ref());
             kept.insert(id, chain::Kept { head, base: None });
         }
         let mut check = chain::Check::new(kept);

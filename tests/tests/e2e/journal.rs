@@ -159,6 +159,15 @@ fn replace_in(bytes: &mut [u8], from: &[u8], to: &[u8]) {
 }
 
 impl Raw {
+    /// The stored history of a stopped stack on backend `b` whose data
+    /// directory was `dir`.
+    fn of(b: &Backend, dir: &Path) -> Raw {
+        match b {
+            Backend::Sled => Raw::Sled(dir.to_path_buf()),
+            Backend::Postgres(url) => Raw::Pg(url.clone()),
+        }
+    }
+
     /// Job `job`'s stored event records, in order: (key, bytes), where the
     /// key is the global log position (sled) or the row's seq (PostgreSQL).
     fn records(&self, job: &str) -> Vec<(u64, Vec<u8>)> {
@@ -539,10 +548,7 @@ async fn every_tampering_with_a_finished_jobs_journal_is_found_where_it_breaks(b
     assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
 
     let dir = s.stop().await.unwrap();
-    let raw = match &b {
-        Backend::Sled => Raw::Sled(dir.path().to_path_buf()),
-        Backend::Postgres(url) => Raw::Pg(url.clone()),
-    };
+    let raw = Raw::of(&b, dir.path());
     let recs = raw.records("j-edit");
     let n = recs.len();
     // The task's move to succeeded, in the middle: the job's own move
@@ -714,10 +720,7 @@ async fn a_clean_history_verifies_after_a_key_rotation_and_after_pruning(b: Back
     assert_eq!((v.jobs, v.pruned), (0, 2), "{v:?}");
     s.stop().await.unwrap();
     // The checkpoint went with the records; the seal stayed.
-    let raw = match &b {
-        Backend::Sled => Raw::Sled(dir.path().to_path_buf()),
-        Backend::Postgres(url) => Raw::Pg(url.clone()),
-    };
+    let raw = Raw::of(&b, dir.path());
     assert_eq!(raw.kv("live_heads", "after"), None);
     assert!(raw.seal("after").is_some());
     drop(dir);
@@ -997,18 +1000,25 @@ fn found_exactly<'a>(
     }
 }
 
-async fn every_tampering_with_a_runs_approval_audit_is_found(b: Backend) {
-    let s = start(&b, None, |_| {}).await;
-    echo_jobs(&s, &RUN_JOBS).await;
-    // Each job's run ends with it, sealed (bounded: 30 s).
-    let mut clean = verify_runs(&s, "admin", "").await.unwrap();
+/// VerifyAudit as admin once `n` ended runs are sealed (a run is sealed
+/// as its job ends; bounded: 30 s), or as it is then.
+async fn runs_sealed(s: &Stack, n: u64) -> switchyard_proto::approval::v1::VerifyAuditResponse {
+    let mut v = verify_runs(s, "admin", "").await.unwrap();
     for _ in 0..1200 {
-        if clean.sealed >= RUN_JOBS.len() as u64 {
+        if v.sealed >= n {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-        clean = verify_runs(&s, "admin", "").await.unwrap();
+        v = verify_runs(s, "admin", "").await.unwrap();
     }
+    v
+}
+
+async fn every_tampering_with_a_runs_approval_audit_is_found(b: Backend) {
+    let s = start(&b, None, |_| {}).await;
+    echo_jobs(&s, &RUN_JOBS).await;
+    // Each job's run ends with it, sealed.
+    let clean = runs_sealed(&s, RUN_JOBS.len() as u64).await;
     assert_eq!(clean.sealed, RUN_JOBS.len() as u64, "{clean:?}");
     assert!(clean.problems.is_empty(), "{clean:?}");
     assert_eq!(clean.unlinked, 0, "{clean:?}");
@@ -1051,10 +1061,7 @@ async fn every_tampering_with_a_runs_approval_audit_is_found(b: Backend) {
     assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
 
     let dir = s.stop().await.unwrap();
-    let raw = match &b {
-        Backend::Sled => Raw::Sled(dir.path().to_path_buf()),
-        Backend::Postgres(url) => Raw::Pg(url.clone()),
-    };
+    let raw = Raw::of(&b, dir.path());
     raw.edit_run("run-r-edit", 2, "context pack bound", "context pack BOUND");
     raw.reorder_run("run-r-delete", |p| {
         p.remove(1);
@@ -1128,10 +1135,7 @@ async fn a_running_jobs_checkpoint_finds_its_last_event_edited_while_the_executo
     assert_eq!(checked.problem, None);
     assert_eq!(checked.checkpointed, Some(x.events.len() as u64));
     let dir = s.stop().await.unwrap();
-    let raw = match &b {
-        Backend::Sled => Raw::Sled(dir.path().to_path_buf()),
-        Backend::Postgres(url) => Raw::Pg(url.clone()),
-    };
+    let raw = Raw::of(&b, dir.path());
     // Its last event (the approval it asks for) edited: no later record
     // links to it, so only the checkpoint can tell.
     let recs = raw.running_records("waits");
@@ -1172,14 +1176,7 @@ async fn a_runs_seal_verifies_after_the_approval_key_is_rotated_with_the_old_pub
     let (new_path, new) = key_file(keys.path(), "new.key");
     let s = start(&b, None, |c| c.approval.receipt_key_file = Some(old_path)).await;
     echo_jobs(&s, &["rot-1", "rot-2"]).await;
-    let mut sealed = verify_runs(&s, "admin", "").await.unwrap();
-    for _ in 0..1200 {
-        if sealed.sealed >= 2 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-        sealed = verify_runs(&s, "admin", "").await.unwrap();
-    }
+    let sealed = runs_sealed(&s, 2).await;
     assert_eq!((sealed.sealed, sealed.problems.len()), (2, 0), "{sealed:?}");
     assert_eq!(sealed.key_id, old.id());
     let dir = s.stop().await.unwrap();
@@ -1413,10 +1410,7 @@ async fn every_tampering_with_a_budgets_journal_is_found(b: Backend) {
     assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
 
     let dir = s.stop().await.unwrap();
-    let raw = match &b {
-        Backend::Sled => Raw::Sled(dir.path().to_path_buf()),
-        Backend::Postgres(url) => Raw::Pg(url.clone()),
-    };
+    let raw = Raw::of(&b, dir.path());
     let mut recs: Vec<Vec<u8>> = raw.ledger().into_iter().map(|(_, r)| r).collect();
     // Edit: the first charge's reservation asks for more tokens.
     let at = nth_of(&recs, "led-edit", 2);
