@@ -285,6 +285,36 @@ pub mod executor {
     }
 }
 
+/// The executor's schedules (`ScheduleService`).
+pub mod schedule {
+    use switchyard_proto::executor::v1::schedule_service_client::ScheduleServiceClient;
+    use switchyard_proto::executor::v1::schedule_service_server::ScheduleService;
+    use switchyard_proto::executor::v1::*;
+
+    switchyard_kit::service_client! {
+        /// ScheduleService client, in-process or remote.
+        pub ScheduleClient(LocalSchedules) {
+            service: ScheduleService,
+            remote: ScheduleServiceClient,
+            unary {
+                /// CreateSchedule.
+                create_schedule(CreateScheduleRequest) -> CreateScheduleResponse;
+                /// GetSchedule.
+                get_schedule(GetScheduleRequest) -> GetScheduleResponse;
+                /// ListSchedules.
+                list_schedules(ListSchedulesRequest) -> ListSchedulesResponse;
+                /// PauseSchedule.
+                pause_schedule(PauseScheduleRequest) -> PauseScheduleResponse;
+                /// ResumeSchedule.
+                resume_schedule(ResumeScheduleRequest) -> ResumeScheduleResponse;
+                /// DeleteSchedule.
+                delete_schedule(DeleteScheduleRequest) -> DeleteScheduleResponse;
+            }
+            streaming {}
+        }
+    }
+}
+
 /// The executor's pull workers' service (`WorkerService`).
 pub mod worker {
     use switchyard_proto::executor::v1::worker_service_client::WorkerServiceClient;
@@ -364,5 +394,6 @@ pub use executor::ExecutorClient;
 pub use ledger::LedgerClient;
 pub use registry::RegistryClient;
 pub use router::RouterClient;
+pub use schedule::ScheduleClient;
 pub use tool::ToolClient;
 pub use worker::WorkerClient;

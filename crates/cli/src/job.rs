@@ -275,6 +275,22 @@ async fn client(conn: &Conn) -> anyhow::Result<Client> {
     Ok(ExecutorClient::remote(conn.channel().await?, MAX_MESSAGE))
 }
 
+/// An `--input` argument: a JSON object, or `@FILE` holding one.
+pub(crate) fn input_arg(text: &str) -> anyhow::Result<prost_types::Struct> {
+    let read = match text.strip_prefix('@') {
+        Some(path) => {
+            std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("--input {text}: {e}"))?
+        }
+        None => text.to_owned(),
+    };
+    let v: serde_json::Value = serde_json::from_str(&read).map_err(|e| {
+        anyhow::anyhow!("--input is not JSON ({e}); give an object, like '{{\"topic\": \"x\"}}'")
+    })?;
+    switchyard_kit::json::json_to_struct(&v).ok_or_else(|| {
+        anyhow::anyhow!("--input must be a JSON object, like '{{\"topic\": \"x\"}}'")
+    })
+}
+
 /// The document in `file`, or on standard input for `-`.
 pub(crate) fn read(file: &Path) -> anyhow::Result<String> {
     if file == Path::new("-") {
@@ -1059,26 +1075,7 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             watch,
             conn,
         } => {
-            let input = match input {
-                None => None,
-                Some(text) => {
-                    let text = match text.strip_prefix('@') {
-                        Some(path) => std::fs::read_to_string(path)
-                            .map_err(|e| anyhow::anyhow!("--input {text}: {e}"))?,
-                        None => text,
-                    };
-                    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-                        anyhow::anyhow!(
-                            "--input is not JSON ({e}); give an object, like '{{\"topic\": \"x\"}}'"
-                        )
-                    })?;
-                    Some(switchyard_kit::json::json_to_struct(&v).ok_or_else(|| {
-                        anyhow::anyhow!(
-                            "--input must be a JSON object, like '{{\"topic\": \"x\"}}'"
-                        )
-                    })?)
-                }
-            };
+            let input = input.map(|i| input_arg(&i)).transpose()?;
             let c = client(&conn).await?;
             let out = c
                 .rerun_job(RerunJobRequest {

@@ -16,6 +16,7 @@ mod output;
 mod policy;
 mod publish;
 mod report;
+mod schedule;
 mod worker;
 
 use std::path::PathBuf;
@@ -71,6 +72,10 @@ enum Command {
     /// Submit, follow, inspect and cancel jobs.
     #[command(subcommand)]
     Job(job::JobCmd),
+    /// Run a job on a cron timetable: create, list, show, pause, resume and
+    /// delete schedules.
+    #[command(subcommand)]
+    Schedule(schedule::ScheduleCmd),
     /// Cedar policies: check a directory, print the schema, explain what
     /// the policies in force decide about a job document, job or run.
     #[command(subcommand)]
@@ -457,6 +462,7 @@ async fn main() -> ExitCode {
         Command::Budget(cmd) => budget::run(cmd).await,
         Command::Approval(cmd) => approval::run(cmd).await,
         Command::Job(cmd) => job::run(cmd).await,
+        Command::Schedule(cmd) => schedule::run(cmd).await,
         Command::Policy(cmd) => policy::run(cmd).await,
         Command::Chat(args) => chat::run(args).await,
         Command::Worker(cmd) => worker::run(cmd).await,

@@ -169,6 +169,13 @@ reasons! {
     /// A resume of a job that completed: every task succeeded, so nothing
     /// would run; re-run it afresh instead.
     NothingToResume => "NOTHING_TO_RESUME",
+    /// No schedule with that id is visible to the caller.
+    ScheduleNotFound => "SCHEDULE_NOT_FOUND",
+    /// A schedule with that id exists with another definition.
+    ScheduleAlreadyExists => "SCHEDULE_ALREADY_EXISTS",
+    /// A schedule's cron expression or time zone does not parse, or it
+    /// never fires.
+    ScheduleInvalid => "SCHEDULE_INVALID",
     /// No HTTP route has this path (or not with this method).
     RouteNotFound => "ROUTE_NOT_FOUND",
     /// A request body is not in a media type the route accepts.

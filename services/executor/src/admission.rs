@@ -585,6 +585,17 @@ pub(crate) struct Submission {
     pub(crate) traceparent: Option<String>,
     /// Set when the job runs another again (RerunJob).
     pub(crate) rerun: Option<Rerun>,
+    /// Set when a schedule's tick starts the job.
+    pub(crate) fired: Option<Fired>,
+}
+
+/// The schedule tick that starts a job.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Fired {
+    /// The schedule.
+    pub(crate) schedule_id: String,
+    /// Its tick (ms).
+    pub(crate) tick_ms: u64,
 }
 
 /// Which round of a job is admitted (0 first, then one per dead-letter
@@ -594,6 +605,13 @@ pub(crate) struct Submission {
 pub(crate) struct Round<'a> {
     pub(crate) number: u32,
     pub(crate) kept: &'a [String],
+}
+
+/// Where a submitted job comes from, when not from a plain submission.
+#[derive(Debug, Clone, Copy)]
+struct Origin<'a> {
+    rerun: Option<&'a Rerun>,
+    fired: Option<&'a Fired>,
 }
 
 /// A job that runs another again (RerunJob).
@@ -610,7 +628,7 @@ impl Executor {
     /// its DAG and warnings. Every problem is reported at once (fields that
     /// do not fit and the rules the rest breaks), each with its line and
     /// column in the document.
-    fn accept(
+    pub(crate) fn accept(
         &self,
         spec: Option<JobSpec>,
         document: &str,
@@ -822,6 +840,7 @@ impl Executor {
             correlation_id,
             traceparent,
             rerun: None,
+            fired: None,
         };
         self.submit_as(req, how).await
     }
@@ -911,12 +930,15 @@ impl Executor {
         };
         let admitted = self.admit(&spec, &hash, &submitter, parent.as_ref(), until, first);
         let traceparent = how.traceparent.unwrap_or_default();
-        let rerun = how.rerun.as_ref();
+        let origin = Origin {
+            rerun: how.rerun.as_ref(),
+            fired: how.fired.as_ref(),
+        };
         let admitted = switchyard_kit::context::scope(ctx, admitted).await;
         let (g, start) = match admitted {
             Ok(a) => {
                 let mut st = self.inner.book.lock();
-                self.record_submitted(&mut st, &spec, &submitter, traceparent, rerun)?;
+                self.record_submitted(&mut st, &spec, &submitter, traceparent, origin)?;
                 self.record_admitted(&mut st, &spec, a, now)?
             }
             // A service it needs is down: the job is accepted and waits in
@@ -925,7 +947,7 @@ impl Executor {
                 let (service, error) = e.outage().unwrap_or_default();
                 tracing::warn!(job_id = %spec.job_id, service, error, "job accepted to wait for a service");
                 let mut st = self.inner.book.lock();
-                self.record_submitted(&mut st, &spec, &submitter, traceparent, rerun)?;
+                self.record_submitted(&mut st, &spec, &submitter, traceparent, origin)?;
                 let waiting = events::DependencyWaiting {
                     service: service.to_owned(),
                     error,
@@ -1057,9 +1079,10 @@ impl Executor {
         spec: &JobSpec,
         submitter: &OnBehalf,
         traceparent: String,
-        rerun: Option<&Rerun>,
+        origin: Origin<'_>,
     ) -> Result<u64, ExecutorError> {
         let book = &self.inner.book;
+        let Origin { rerun, fired } = origin;
         book.accept(st, &spec.job_id)?;
         let submitted = events::Submitted {
             format: spec.source_format.clone(),
@@ -1072,6 +1095,8 @@ impl Executor {
             reused: rerun
                 .map(|r| r.kept.iter().map(|t| t.task_id.clone()).collect())
                 .unwrap_or_default(),
+            schedule_id: fired.map(|f| f.schedule_id.clone()).unwrap_or_default(),
+            schedule_tick_ms: fired.map_or(0, |f| f.tick_ms),
         };
         let mut g = book.record(st, &spec.job_id, "", JobEvent::Submitted(submitted));
         // A resume's kept outputs are the new job's from its first events:
@@ -1316,7 +1341,7 @@ impl Executor {
     /// and the platform sets it), or a budget not shared with them. An
     /// admin shares a budget by its `shared_with` label: comma-separated
     /// subjects, `role:<role>`, or `*` for the whole tenant.
-    async fn may_nest_under(
+    pub(crate) async fn may_nest_under(
         &self,
         budget_id: &str,
         submitter: &OnBehalf,

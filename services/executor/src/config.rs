@@ -104,6 +104,8 @@ pub struct ExecutorConfig {
     pub queue_test_directives: bool,
     /// How often pending jobs check their approval run, ms.
     pub approval_poll_ms: u64,
+    /// How often each replica looks for schedules' due ticks, ms.
+    pub schedule_poll_ms: u64,
     /// DEFER re-check interval when the task gives none, seconds (seed 002: 5 minutes).
     pub defer_interval_secs: u32,
     /// Longest a task may stay deferred when it has no deadline, seconds.
@@ -289,6 +291,7 @@ impl Default for ExecutorConfig {
             queue_visibility_timeout_ms: 30_000,
             queue_test_directives: false,
             approval_poll_ms: 250,
+            schedule_poll_ms: 1_000,
             defer_interval_secs: 300,
             max_defer_secs: 3600,
             max_delegation_depth: 10,
@@ -359,6 +362,9 @@ impl ExecutorConfig {
         }
         if self.approval_poll_ms == 0 {
             return Err("executor.approval_poll_ms must be at least 1".into());
+        }
+        if self.schedule_poll_ms == 0 {
+            return Err("executor.schedule_poll_ms must be at least 1".into());
         }
         for c in &self.commands {
             if c.is_empty() || c.contains(char::is_whitespace) {

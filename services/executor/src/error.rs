@@ -18,6 +18,21 @@ pub enum ExecutorError {
     /// No such job.
     #[error("job {0:?} not found")]
     NotFound(String),
+    /// No such schedule (or not one the caller may see).
+    #[error("schedule {0:?} not found")]
+    ScheduleNotFound(String),
+    /// The schedule id is taken by another definition.
+    #[error(
+        "schedule {0:?} already exists with another definition: delete it first, or choose another id"
+    )]
+    ScheduleExists(String),
+    /// The caller may not do this as the kind of principal it is.
+    #[error("{0}")]
+    NotSubmitter(String),
+    /// The schedule does not fit (its cron expression, time zone, id or
+    /// job template).
+    #[error("{0}")]
+    ScheduleInvalid(String),
     /// An agent (no submitter role) submitted a job that is not a delegation.
     #[error(
         "an agent submits only delegated child jobs: set delegation.parent_job_id to the active job it works for"
@@ -140,6 +155,27 @@ impl From<ExecutorError> for Status {
                 msg,
                 metadata([("job_id", id)]),
             ),
+            ExecutorError::ScheduleNotFound(id) => status_with_metadata(
+                Code::NotFound,
+                Reason::ScheduleNotFound,
+                msg,
+                metadata([("schedule_id", id)]),
+            ),
+            ExecutorError::ScheduleExists(id) => status_with_metadata(
+                Code::AlreadyExists,
+                Reason::ScheduleAlreadyExists,
+                msg,
+                metadata([("schedule_id", id)]),
+            ),
+            ExecutorError::NotSubmitter(_) => status_with_metadata(
+                Code::PermissionDenied,
+                Reason::PermissionDenied,
+                msg,
+                metadata([("role", "submitter".to_owned())]),
+            ),
+            ExecutorError::ScheduleInvalid(_) => {
+                status(Code::InvalidArgument, Reason::ScheduleInvalid, msg)
+            }
             ExecutorError::DelegationOnly => status_with_metadata(
                 Code::PermissionDenied,
                 Reason::PermissionDenied,

@@ -461,6 +461,13 @@ pub struct Submitted {
     /// right after, and they move to `succeeded` as the job starts).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub reused: Vec<String>,
+    /// The schedule whose tick started it (ScheduleService); absent
+    /// otherwise.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub schedule_id: String,
+    /// That tick (ms since the epoch).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub schedule_tick_ms: u64,
 }
 
 /// `job.state`.

@@ -1,4 +1,4 @@
-//! The gRPC adapters: `JobService` and `WorkerService` over the executor. Authentication is the
+//! The gRPC adapters: `JobService`, `WorkerService` and `ScheduleService` over the executor. Authentication is the
 //! server layer's; here each call learns its principal, checks the job is
 //! visible to it, and maps errors to a status once (`ExecutorError`).
 
@@ -20,6 +20,11 @@ use switchyard_proto::executor::v1::{
     SendMessageRequest, SendMessageResponse, SubmitJobRequest, SubmitJobResponse,
     ValidateJobRequest, ValidateJobResponse, VerifyJournalsRequest, VerifyJournalsResponse,
     WatchJobRequest, WatchJobResponse,
+};
+use switchyard_proto::executor::v1::{
+    CreateScheduleRequest, CreateScheduleResponse, DeleteScheduleRequest, DeleteScheduleResponse,
+    GetScheduleRequest, GetScheduleResponse, ListSchedulesRequest, ListSchedulesResponse,
+    PauseScheduleRequest, PauseScheduleResponse, ResumeScheduleRequest, ResumeScheduleResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -52,6 +57,7 @@ impl JobService for Executor {
             correlation_id: correlation,
             traceparent,
             rerun: None,
+            fired: None,
         };
         let req = req.into_inner();
         let grant = match req.invocation_grant.as_str() {
@@ -390,4 +396,63 @@ fn wait_of(wait: Option<&prost_types::Duration>) -> Result<std::time::Duration, 
         ));
     }
     Ok(std::time::Duration::new(d.seconds as u64, d.nanos as u32))
+}
+
+#[tonic::async_trait]
+impl switchyard_proto::executor::v1::schedule_service_server::ScheduleService for Executor {
+    async fn create_schedule(
+        &self,
+        req: Request<CreateScheduleRequest>,
+    ) -> Result<Response<CreateScheduleResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        Ok(Response::new(
+            Executor::create_schedule(self, &p, req.into_inner()).await?,
+        ))
+    }
+
+    async fn get_schedule(
+        &self,
+        req: Request<GetScheduleRequest>,
+    ) -> Result<Response<GetScheduleResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let s = Executor::get_schedule(self, &p, &req.get_ref().schedule_id).await?;
+        Ok(Response::new(GetScheduleResponse { schedule: Some(s) }))
+    }
+
+    async fn list_schedules(
+        &self,
+        req: Request<ListSchedulesRequest>,
+    ) -> Result<Response<ListSchedulesResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let schedules = Executor::list_schedules(self, &p).await?;
+        Ok(Response::new(ListSchedulesResponse { schedules }))
+    }
+
+    async fn pause_schedule(
+        &self,
+        req: Request<PauseScheduleRequest>,
+    ) -> Result<Response<PauseScheduleResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let r = req.into_inner();
+        let s = Executor::pause_schedule(self, &p, &r.schedule_id, Some(r.note)).await?;
+        Ok(Response::new(PauseScheduleResponse { schedule: Some(s) }))
+    }
+
+    async fn resume_schedule(
+        &self,
+        req: Request<ResumeScheduleRequest>,
+    ) -> Result<Response<ResumeScheduleResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let s = Executor::pause_schedule(self, &p, &req.get_ref().schedule_id, None).await?;
+        Ok(Response::new(ResumeScheduleResponse { schedule: Some(s) }))
+    }
+
+    async fn delete_schedule(
+        &self,
+        req: Request<DeleteScheduleRequest>,
+    ) -> Result<Response<DeleteScheduleResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        Executor::delete_schedule(self, &p, &req.get_ref().schedule_id).await?;
+        Ok(Response::new(DeleteScheduleResponse {}))
+    }
 }

@@ -247,6 +247,9 @@ impl JobEntry {
                 self.traceparent.clone_from(&s.traceparent);
                 self.job.rerun_of.clone_from(&s.rerun_of);
                 self.reused.clone_from(&s.reused);
+                self.job.schedule_id.clone_from(&s.schedule_id);
+                self.job.schedule_tick = (s.schedule_tick_ms > 0)
+                    .then(|| switchyard_kit::time::timestamp(s.schedule_tick_ms));
             }
             JobEvent::JobMoved(m) => {
                 let to = JobState::parse(&m.to).unwrap_or(JobState::Pending);

@@ -58,6 +58,7 @@ mod rerun;
 mod schedule;
 pub mod spec;
 mod store;
+mod timetable;
 mod watch;
 
 use std::collections::HashMap;
@@ -137,6 +138,8 @@ struct Inner {
     /// The policy set in force: decides submissions, tool calls and
     /// handoffs in-process (the `[policy]` directory, set by the process).
     policies: switchyard_policy::Slot,
+    /// Schedules and their ticks.
+    timetable: timetable::Timetable,
 }
 
 /// The executor service.
@@ -177,6 +180,7 @@ impl Executor {
             cluster: Arc::new(store::SingleNode),
             seal,
             data_dir,
+            replica: replica_name(),
         };
         Self::build(cfg, at, clients, clock, shutdown, max_message_bytes)
     }
@@ -206,6 +210,7 @@ impl Executor {
         let stored: Arc<dyn store::JobStore> = jobs.clone();
         let seal = Self::seal(&cfg, &stored).await?;
         let at = Placement {
+            replica: jobs.me.clone(),
             jobs: jobs.clone(),
             cluster: jobs,
             seal,
@@ -248,6 +253,7 @@ impl Executor {
             cluster,
             seal,
             data_dir,
+            replica,
         } = at;
         if cfg.scratch_dir.as_os_str().is_empty() {
             cfg.scratch_dir = data_dir.join("scratch");
@@ -295,7 +301,8 @@ impl Executor {
                 outbox: outbox::Outbox::open(jobs.clone().space("outbox"))?,
                 board: queue::Board::default(),
                 artifacts: jobs.clone().content()?,
-                checkpoints: store::Kept::open(jobs.space("checkpoints"))?,
+                checkpoints: store::Kept::open(jobs.clone().space("checkpoints"))?,
+                timetable: timetable::Timetable::open(|name| jobs.clone().space(name), replica)?,
                 cancels_seen: Mutex::new(Default::default()),
                 inputs: input::Desk::default(),
                 policies: switchyard_policy::Slot::default(),
@@ -370,6 +377,20 @@ impl Executor {
         .max_encoding_message_size(max_message_bytes)
     }
 
+    /// The schedules' gRPC service (`ScheduleService`), to mount beside
+    /// [`Executor::server`].
+    pub fn schedule_server(
+        &self,
+        max_message_bytes: usize,
+    ) -> switchyard_proto::executor::v1::schedule_service_server::ScheduleServiceServer<Executor>
+    {
+        switchyard_proto::executor::v1::schedule_service_server::ScheduleServiceServer::new(
+            self.clone(),
+        )
+        .max_decoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes)
+    }
+
     /// The built-in agents' gRPC service, to mount on the same server.
     pub fn builtin_agents_server(
         &self,
@@ -413,6 +434,15 @@ impl Executor {
             move || {
                 let me = me.clone();
                 async move { me.poll_approvals().await }
+            },
+        );
+        let me = self.clone();
+        self.inner.shutdown.spawn_every(
+            Duration::from_millis(self.inner.cfg.schedule_poll_ms),
+            "executor schedules",
+            move || {
+                let me = me.clone();
+                async move { me.fire_due().await }
             },
         );
         let book = self.inner.book.clone();
@@ -590,6 +620,8 @@ struct Placement<'a> {
     seal: audit::Seal,
     /// Where scratch directories go by default.
     data_dir: &'a std::path::Path,
+    /// This process's replica name.
+    replica: String,
 }
 
 /// A replica name unique to this process start: host, process id and a

@@ -127,6 +127,7 @@ impl Executor {
                 of: id.to_owned(),
                 kept,
             }),
+            fired: None,
         };
         let req = SubmitJobRequest {
             spec: Some(spec),

@@ -123,6 +123,8 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
         "JobService/ListArtifacts",
         "JobService/GetArtifact",
         "JobService/ExplainJob",
+        "ScheduleService/GetSchedule",
+        "ScheduleService/ListSchedules",
     ];
     // Who may answer a given input task is the task's to say; the RPCs
     // are open to the people who could be named.
@@ -158,6 +160,10 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
                 "JobService/ValidateJob",
                 "JobService/RerunJob",
                 "JobService/CancelJob",
+                "ScheduleService/CreateSchedule",
+                "ScheduleService/PauseSchedule",
+                "ScheduleService/ResumeSchedule",
+                "ScheduleService/DeleteSchedule",
                 "ApprovalService/Propose",
                 "ApprovalService/Cancel",
                 "RouterService/Route",
@@ -213,6 +219,9 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
                 "LedgerService/VerifyJournal",
                 "ApprovalService/Cancel",
                 "JobService/CancelJob",
+                "ScheduleService/PauseSchedule",
+                "ScheduleService/ResumeSchedule",
+                "ScheduleService/DeleteSchedule",
                 "RouterService/Route",
                 "RegistryService/RegisterAgent",
                 "RegistryService/Heartbeat",

@@ -252,6 +252,14 @@ pub fn access(path: &str) -> Access {
             "RetryDeadLetter" | "DeleteDeadLetter" => needs(P::DeadLetterManage),
             _ => Access::Unknown,
         },
+        ("switchyard.executor.v1.ScheduleService", m) => match m {
+            "CreateSchedule" => needs(P::JobSubmit),
+            // Stopping or starting a timetable is managed like cancelling
+            // jobs: the creator, and operators and admins of its tenant.
+            "PauseSchedule" | "ResumeSchedule" | "DeleteSchedule" => needs(P::JobCancel),
+            "GetSchedule" | "ListSchedules" => needs(P::JobRead),
+            _ => Access::Unknown,
+        },
         ("switchyard.executor.v1.WorkerService", m) => match m {
             "Fetch" | "Ack" | "Nack" | "Heartbeat" => needs(P::TaskWork),
             "SetWorkerState" => needs(P::WorkerManage),

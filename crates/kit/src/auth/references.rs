@@ -400,6 +400,41 @@ pub const REFERENCES: &[Reference] = &[
         "becomes the new spec's job_id: executor spec::validate + claim_id, as SubmitJob",
     ),
     r(
+        "switchyard.executor.v1.Schedule.schedule_id",
+        NewId,
+        "executor timetable::check_id, put_absent: a repeat with the same definition is the same schedule, another ALREADY_EXISTS",
+    ),
+    r(
+        "switchyard.executor.v1.ScheduleTick.job_id",
+        Platform,
+        "server-set (timetable::fire); CreateSchedule ignores recent_ticks",
+    ),
+    r(
+        "switchyard.executor.v1.ScheduleTick.cancelled_job_id",
+        Platform,
+        "server-set (timetable::fire); CreateSchedule ignores recent_ticks",
+    ),
+    r(
+        "switchyard.executor.v1.GetScheduleRequest.schedule_id",
+        Visible,
+        "executor timetable visible_schedule (Principal::may_see)",
+    ),
+    r(
+        "switchyard.executor.v1.PauseScheduleRequest.schedule_id",
+        Visible,
+        "executor timetable visible_schedule (Principal::may_see)",
+    ),
+    r(
+        "switchyard.executor.v1.ResumeScheduleRequest.schedule_id",
+        Visible,
+        "executor timetable visible_schedule (Principal::may_see)",
+    ),
+    r(
+        "switchyard.executor.v1.DeleteScheduleRequest.schedule_id",
+        Visible,
+        "executor timetable visible_schedule (Principal::may_see)",
+    ),
+    r(
         "switchyard.executor.v1.ExplainJobRequest.job_id",
         Visible,
         "executor grpc visibility (Jobs::get)",

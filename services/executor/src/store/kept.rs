@@ -20,8 +20,8 @@ pub(crate) enum Space {
 
 /// Keyed values of one kind.
 pub(crate) enum Kept<V> {
-    /// A sled tree.
-    Sled(Tree<V>),
+    /// A sled tree (and its store, to sync).
+    Sled(Tree<V>, Store),
     /// A space of the `exec_kv` table.
     Pg(Arc<PgJobs>, &'static str),
 }
@@ -30,7 +30,7 @@ impl<V: prost::Message + Default> Kept<V> {
     /// The values kept in `space`.
     pub(crate) fn open(space: Space) -> Result<Kept<V>, StoreError> {
         Ok(match space {
-            Space::Sled(store, name) => Kept::Sled(store.tree(name)?),
+            Space::Sled(store, name) => Kept::Sled(store.tree(name)?, store),
             Space::Pg(pg, name) => Kept::Pg(pg, name),
         })
     }
@@ -38,7 +38,7 @@ impl<V: prost::Message + Default> Kept<V> {
     /// Stores `value` under `key` (durable with the next flush or batch).
     pub(crate) fn put(&self, key: &str, value: &V) -> Result<(), StoreError> {
         match self {
-            Kept::Sled(t) => t.put(key, value),
+            Kept::Sled(t, _) => t.put(key, value),
             Kept::Pg(pg, space) => {
                 pg.kv(space, key, Some(value.encode_to_vec()));
                 Ok(())
@@ -50,7 +50,7 @@ impl<V: prost::Message + Default> Kept<V> {
     /// once); returns the value kept (what another writer kept first).
     pub(crate) async fn put_absent(&self, key: &str, value: V) -> Result<V, StoreError> {
         match self {
-            Kept::Sled(t) => match t.get(key)? {
+            Kept::Sled(t, _) => match t.get(key)? {
                 Some(v) => Ok(v),
                 None => {
                     // Durable with the store's next flush: before any
@@ -70,7 +70,7 @@ impl<V: prost::Message + Default> Kept<V> {
     /// Removes `key`.
     pub(crate) fn remove(&self, key: &str) -> Result<(), StoreError> {
         match self {
-            Kept::Sled(t) => t.remove(key).map(|_| ()),
+            Kept::Sled(t, _) => t.remove(key).map(|_| ()),
             Kept::Pg(pg, space) => {
                 pg.kv(space, key, None);
                 Ok(())
@@ -81,7 +81,7 @@ impl<V: prost::Message + Default> Kept<V> {
     /// The value under `key`.
     pub(crate) async fn get(&self, key: &str) -> Result<Option<V>, StoreError> {
         match self {
-            Kept::Sled(t) => t.get(key),
+            Kept::Sled(t, _) => t.get(key),
             Kept::Pg(pg, space) => pg
                 .kv_get(space, key)
                 .await?
@@ -90,10 +90,18 @@ impl<V: prost::Message + Default> Kept<V> {
         }
     }
 
+    /// Waits until every write made here before the call is durable.
+    pub(crate) async fn sync(&self) -> Result<(), StoreError> {
+        match self {
+            Kept::Sled(_, store) => store.sync().await,
+            Kept::Pg(pg, _) => pg.kv_sync().await,
+        }
+    }
+
     /// Every value, by key (what cannot be read is logged and skipped).
     pub(crate) async fn list(&self) -> Result<Vec<(String, V)>, StoreError> {
         match self {
-            Kept::Sled(t) => Ok(t
+            Kept::Sled(t, _) => Ok(t
                 .iter()
                 .filter_map(|r| match r {
                     Ok(kv) => Some(kv),

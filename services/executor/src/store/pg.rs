@@ -362,6 +362,18 @@ impl PgJobs {
         self.wake.notify_one();
     }
 
+    /// Waits until every kept value queued before the call is written.
+    pub(crate) async fn kv_sync(&self) -> Result<(), StoreError> {
+        let g = {
+            let mut p = crate::lock(&self.pending);
+            p.next += 1;
+            p.next
+        };
+        self.durable(g)
+            .await
+            .map_err(|e| StoreError::Io(e.to_string()))
+    }
+
     /// Queues handing `job_id` back (after its queued writes), so another
     /// replica with room claims it.
     pub(crate) fn release(&self, job_id: &str, epoch: i64) {
