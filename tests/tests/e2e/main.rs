@@ -25,6 +25,7 @@ mod references;
 mod registry_router;
 mod rerun;
 mod sandbox;
+mod schedules;
 mod self_hosting;
 mod tool_approval;
 mod workers;
