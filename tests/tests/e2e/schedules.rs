@@ -432,7 +432,12 @@ async fn creating_a_schedule_refuses_what_would_not_run(b: Backend) {
             .await
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument, "{id}: {e:?}");
-        assert_eq!(reason(&e).as_deref(), Some("SCHEDULE_INVALID"), "{id}: {}", e.message());
+        assert_eq!(
+            reason(&e).as_deref(),
+            Some("SCHEDULE_INVALID"),
+            "{id}: {}",
+            e.message()
+        );
         assert!(e.message().contains(want), "{id}: {}", e.message());
     }
     let e = alice

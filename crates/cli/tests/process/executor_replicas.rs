@@ -1392,3 +1392,156 @@ fn an_answer_and_a_message_sent_through_a_replica_that_does_not_run_the_job_reac
     assert_eq!(b.terminate(), Some(0));
     let _ = stop_llm.send(());
 }
+
+/// Schedules across replicas (issue 47): three replicas poll one
+/// schedule every 100 ms; the replica that decided the latest tick is
+/// killed with SIGKILL; over the ticks before and after, every tick has
+/// exactly one job — none missed, none extra, and no replica ever
+/// submitted a tick another had (it would have logged its job as taken
+/// over). Overlap QUEUE with catch-up ALL: a tick due while the killed
+/// replica's last job waits for its lease to lapse is delayed, never
+/// skipped (with the default SKIP it would be recorded as skipped).
+#[test]
+fn three_replicas_start_exactly_one_job_per_tick_while_one_is_killed() {
+    use switchyard_proto::executor::v1::schedule_service_client::ScheduleServiceClient;
+    use switchyard_proto::executor::v1::{
+        CatchUpPolicy, CreateScheduleRequest, GetScheduleRequest, OverlapPolicy,
+        PauseScheduleRequest, Schedule, TickOutcome,
+    };
+    let Some(c) = Cluster::start() else { return };
+    let fast = [("SWITCHYARD_EXECUTOR__SCHEDULE_POLL_MS", "100")];
+    let mut replicas: Vec<Option<Proc>> = (0..3)
+        .map(|i| Some(c.replica(&format!("s{i}"), 2000, &fast)))
+        .collect();
+    let urls: Vec<String> = replicas.iter().map(|p| p.as_ref().unwrap().url()).collect();
+    let hub = c.hub.url();
+    wait_for("built-in agents routable", Duration::from_secs(20), || {
+        routed(&hub, &["--capability", "builtin.echo"]).is_some_and(|ids| !ids.is_empty())
+    });
+    let token = token(&hub, "alice");
+    let rt = runtime();
+    let on = |i: usize| {
+        let (url, token) = (urls[i].clone(), token.clone());
+        async move { ScheduleServiceClient::new(channel(&url, &token).await.unwrap()) }
+    };
+    let doc = serde_json::json!({"plan_id": "beat", "tasks": [
+        {"id": "say", "agent": {"capability": "builtin.echo", "input": {"text": "beat"}}}]})
+    .to_string();
+    rt.block_on(async {
+        on(0)
+            .await
+            .create_schedule(CreateScheduleRequest {
+                // Every tick gets a job: one due while the previous job
+                // runs (the victim's, until its lease lapses and another
+                // replica finishes it) waits for it instead of being
+                // skipped.
+                schedule: Some(Schedule {
+                    schedule_id: "beat".into(),
+                    cron: "* * * * * *".into(),
+                    overlap: OverlapPolicy::Queue as i32,
+                    catch_up: CatchUpPolicy::All as i32,
+                    ..Default::default()
+                }),
+                document: doc,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    });
+    // Started ticks as replica `i` reads them: (tick ms, decided by).
+    let started = |i: usize| -> Vec<(u64, String)> {
+        rt.block_on(async {
+            let s = on(i)
+                .await
+                .get_schedule(GetScheduleRequest {
+                    schedule_id: "beat".into(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .schedule
+                .unwrap();
+            s.recent_ticks
+                .iter()
+                .filter(|t| t.outcome == TickOutcome::Started as i32)
+                .map(|t| {
+                    (
+                        switchyard_kit::time::timestamp_ms(t.at.as_ref().unwrap()),
+                        t.decided_by.clone(),
+                    )
+                })
+                .collect()
+        })
+    };
+    wait_for("three ticks started", Duration::from_secs(30), || {
+        started(1).len() >= 3
+    });
+    // The replica that decided the latest tick dies.
+    let latest = started(1).into_iter().max().unwrap();
+    let victim: usize = latest.1.trim_start_matches('s').parse().unwrap();
+    replicas[victim].take().unwrap().kill9();
+    let killed_at = switchyard_kit::time::now_ms();
+    let alive = (victim + 1) % 3;
+    // A tick it claimed but never stored is taken over after 30 s: wait
+    // for four ticks after the kill (bounded).
+    wait_for("four ticks after the kill", Duration::from_secs(90), || {
+        started(alive)
+            .iter()
+            .filter(|(t, _)| *t > killed_at)
+            .count()
+            >= 4
+    });
+    rt.block_on(async {
+        on(alive)
+            .await
+            .pause_schedule(PauseScheduleRequest {
+                schedule_id: "beat".into(),
+                note: "test over".into(),
+            })
+            .await
+            .unwrap();
+    });
+    let not_done = "SELECT count(*) FROM exec_jobs WHERE id LIKE 'beat-%' AND state <> 'completed'";
+    wait_sql(&c, not_done, "0", Duration::from_secs(30));
+    let ids: Vec<String> = c
+        .sql("SELECT id FROM exec_jobs WHERE id LIKE 'beat-%' ORDER BY id")
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let secs = tick_seconds(&ids, "beat-");
+    assert!(secs.len() >= 7, "{ids:?}");
+    for w in secs.windows(2) {
+        assert_eq!(w[1], w[0] + 1, "one job per tick, none missed: {ids:?}");
+    }
+    // One claim per tick, and more than one replica decided.
+    let claims =
+        c.sql("SELECT count(*) FROM exec_kv WHERE space = 'schedule_ticks' AND key LIKE 'beat/%'");
+    assert_eq!(claims, ids.len().to_string(), "{ids:?}");
+    let deciders: HashSet<String> = started(alive).into_iter().map(|(_, by)| by).collect();
+    assert!(deciders.len() >= 2, "the survivors took over: {deciders:?}");
+    for name in ["s0", "s1", "s2"] {
+        let log = std::fs::read_to_string(c.log(name)).unwrap_or_default();
+        assert!(
+            !log.contains("taken over by another replica"),
+            "{name} submitted a tick another replica had:\n{log}"
+        );
+    }
+    for r in replicas.into_iter().flatten() {
+        assert_eq!(r.terminate(), Some(0));
+    }
+}
+
+/// The tick each job id names (`beat-20261130T045333Z`), in seconds.
+pub(crate) fn tick_seconds(ids: &[String], prefix: &str) -> Vec<i64> {
+    ids.iter()
+        .map(|id| {
+            let t = id.strip_prefix(prefix).unwrap().trim_end_matches('Z');
+            jiff::civil::DateTime::strptime("%Y%m%dT%H%M%S", t)
+                .unwrap()
+                .to_zoned_datetime(jiff::tz::TimeZone::UTC)
+                .unwrap()
+                .timestamp()
+                .as_second()
+        })
+        .collect()
+}

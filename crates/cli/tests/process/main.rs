@@ -23,6 +23,7 @@ mod postgres_split;
 mod real_llm;
 mod rerun;
 mod sandbox;
+mod schedules;
 mod self_hosting;
 mod split;
 mod telemetry;
