@@ -514,6 +514,8 @@ pub fn job_json(j: &Job) -> Value {
         "cost_so_far_micro_usd": j.cost_so_far.map_or(0, |m| m.micro_usd), "tokens_used": j.tokens_used,
         "run_id": j.run_id, "budget_id": j.budget_id, "submitted_by": j.submitted_by,
         "rerun_of": j.rerun_of,
+        "schedule_id": j.schedule_id,
+        "schedule_tick": j.schedule_tick.as_ref().map(switchyard_kit::time::timestamp_ms),
         "created_at_ms": ms(&j.created_at), "started_at_ms": ms(&j.started_at), "finished_at_ms": ms(&j.finished_at),
         "last_sequence": j.last_sequence,
         "tasks": j.tasks.iter().map(task_json).collect::<Vec<_>>(),
@@ -580,6 +582,17 @@ fn print_job(j: &Job) {
         j.run_id, j.budget_id, j.submitted_by
     );
     println!("correlation {}", s.correlation_id);
+    if !j.schedule_id.is_empty() {
+        println!(
+            "schedule    {} (tick {})",
+            j.schedule_id,
+            switchyard_kit::time::utc(
+                j.schedule_tick
+                    .as_ref()
+                    .map_or(0, switchyard_kit::time::timestamp_ms)
+            )
+        );
+    }
     if !j.rerun_of.is_empty() {
         println!("runs again  job {}", j.rerun_of);
     }

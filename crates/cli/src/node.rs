@@ -683,6 +683,12 @@ pub async fn run_node_then(
                 (None, Some(url)) => Some(RouterClient::remote(bare(url)?, max)),
                 (None, None) => None,
             },
+            // The executor hosts the schedules.
+            schedules: match (&executor, &cfg.gateway.executor_url) {
+                (Some(x), _) => Some(switchyard_api::ScheduleClient::local(Arc::new(x.clone()))),
+                (None, Some(url)) => Some(switchyard_api::ScheduleClient::remote(bare(url)?, max)),
+                (None, None) => None,
+            },
             oidc: switchyard_gateway::console::oidc::Provider::new(
                 &cfg.gateway.console.oidc,
                 cfg.auth.oidc.as_ref().map(|o| o.issuer.as_str()),

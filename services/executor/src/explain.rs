@@ -162,10 +162,19 @@ pub(crate) fn story(job: &Job, events: &[Event]) -> ExplainJobResponse {
                         s.reused.join(", ")
                     ),
                 };
+                let fired = if s.schedule_id.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " Schedule {} started it for its tick at {}.",
+                        s.schedule_id,
+                        switchyard_kit::time::utc(s.schedule_tick_ms)
+                    )
+                };
                 (
                     "submitted",
                     format!(
-                        "Submitted by {} ({}, tenant {}) in the {} format, {}.{again}",
+                        "Submitted by {} ({}, tenant {}) in the {} format, {}.{again}{fired}",
                         s.submitted_by,
                         s.submitter_kind,
                         s.tenant,

@@ -21,6 +21,8 @@ use switchyard_testkit::Stack;
 
 use crate::common::{finish, id, job, submit};
 use crate::gateway::DOOR_RPCS;
+use switchyard_proto::executor::v1::schedule_service_client::ScheduleServiceClient;
+use switchyard_proto::executor::v1::{CreateScheduleRequest, GetScheduleRequest, Schedule};
 
 /// The stack, the budgets the test job draws on (acme → acme/docs), and two
 /// priced example agents serving text.stats and text.extract.
@@ -154,6 +156,27 @@ async fn in_a_real_browser_a_job_goes_from_submission_through_bobs_approval_to_i
         .key("carol", &["approver", "submitter"], PrincipalKind::Human)
         .await
         .unwrap();
+    // A schedule of alice's for the schedules page (its first tick is
+    // hours away).
+    let mut sched = ScheduleServiceClient::new(s.channel_as("alice").await.unwrap());
+    sched
+        .create_schedule(CreateScheduleRequest {
+            schedule: Some(Schedule {
+                schedule_id: "nightly-notes".into(),
+                cron: "0 2 * * *".into(),
+                time_zone: "Europe/Berlin".into(),
+                description: "release notes every night".into(),
+                ..Default::default()
+            }),
+            document: std::fs::read_to_string(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../tests/console/release_notes.yaml"),
+            )
+            .unwrap(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     // `make screenshots` keeps them for the docs; otherwise a scratch dir.
     let scratch = tempfile::tempdir().unwrap();
@@ -190,6 +213,22 @@ async fn in_a_real_browser_a_job_goes_from_submission_through_bobs_approval_to_i
         .map(|l| serde_json::from_str(l).unwrap())
         .expect("the script's summary line");
     assert_eq!(summary["signed_out_session_refused"], true, "{stdout}");
+    // The schedule was paused with alice's note and resumed in the browser.
+    assert_eq!(
+        summary["schedule_paused_note"], "release freeze",
+        "{stdout}"
+    );
+    let after = sched
+        .get_schedule(GetScheduleRequest {
+            schedule_id: "nightly-notes".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .schedule
+        .unwrap();
+    assert!(!after.paused && after.pause_note.is_empty(), "{after:?}");
+    assert_eq!(after.next_fire_times.len(), 5);
 
     // What the browser showed is what the services hold.
     let mut jobs = JobServiceClient::new(s.channel_as("bob").await.unwrap());
@@ -356,7 +395,9 @@ async fn every_console_route_allows_exactly_the_roles_its_call_allows() {
             let path = route
                 .replace("{run_id}", "no-such-run")
                 .replace("{decision}", "approve")
-                .replace("{job_id}", "no-such-job");
+                .replace("{job_id}", "no-such-job")
+                .replace("{schedule_id}", "no-such-schedule")
+                .replace("{action}", "pause");
             let form: &[(&str, &str)] = if route == "/ui/submit" {
                 &[(
                     "document",

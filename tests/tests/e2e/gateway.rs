@@ -764,6 +764,11 @@ pub(crate) const DOOR_RPCS: &[(&str, &str)] = &[
     ("POST /ui/submit", "JobService/SubmitJob"),
     ("GET /ui/budgets", "LedgerService/ListBudgets"),
     ("GET /ui/agents", "RegistryService/ListAgents"),
+    ("GET /ui/schedules", "ScheduleService/ListSchedules"),
+    (
+        "POST /ui/schedules/{schedule_id}/{action}",
+        "ScheduleService/PauseSchedule",
+    ),
     // Any signed-in person: each list it watches is read as them.
     ("GET /ui/live", "AuthService/WhoAmI"),
 ];

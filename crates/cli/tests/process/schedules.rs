@@ -3,6 +3,8 @@
 //! has exactly one job (a restart within the grace minute catches the
 //! ticks it missed one by one), and the CLI shows the timetable.
 
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use crate::executor_replicas::tick_seconds;

@@ -409,6 +409,12 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
         ("POST", "/ui/submit", Access::Needs(P::JobSubmit)),
         ("GET", "/ui/budgets", Access::Needs(P::BudgetRead)),
         ("GET", "/ui/agents", Access::Needs(P::AgentRead)),
+        ("GET", "/ui/schedules", Access::Needs(P::JobRead)),
+        (
+            "POST",
+            "/ui/schedules/{schedule_id}/{action}",
+            Access::Needs(P::JobCancel),
+        ),
         // What keeps the lists live: each page's list asked as the person
         // (so the same permissions apply to what it says), the inbox
         // count only to one who may read runs.

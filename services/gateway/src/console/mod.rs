@@ -30,7 +30,9 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
-use switchyard_api::{ApprovalClient, AuthClient, LedgerClient, RegistryClient, RouterClient};
+use switchyard_api::{
+    ApprovalClient, AuthClient, LedgerClient, RegistryClient, RouterClient, ScheduleClient,
+};
 use switchyard_core::Reason;
 use switchyard_kit::auth::authn::Authenticator;
 use tonic::{Code, Status};
@@ -54,6 +56,8 @@ pub struct ConsoleServices {
     pub registry: Option<RegistryClient>,
     /// The routing preview.
     pub router: Option<RouterClient>,
+    /// Schedules (the executor's ScheduleService).
+    pub schedules: Option<ScheduleClient>,
     /// Signing in through the identity provider (`[gateway.console.oidc]`).
     pub oidc: Option<Arc<oidc::Provider>>,
     /// Where this process wrote its dev principals' keys (`switchyard dev`):
@@ -110,6 +114,11 @@ pub(crate) fn routes<S: Clone + Send + Sync + 'static>(
         .route("/ui/submit", get(pages::submit_form).post(pages::submit))
         .route("/ui/budgets", get(pages::budgets))
         .route("/ui/agents", get(pages::agents))
+        .route("/ui/schedules", get(pages::schedules))
+        .route(
+            "/ui/schedules/{schedule_id}/{action}",
+            post(pages::pause_schedule),
+        )
         .route("/ui/live", get(live::live))
         .with_state(console)
 }
@@ -298,6 +307,10 @@ const TEMPLATE_FILES: &[(&str, &str)] = &[
     (
         "agents.html",
         include_str!("../../console/templates/agents.html"),
+    ),
+    (
+        "schedules.html",
+        include_str!("../../console/templates/schedules.html"),
     ),
 ];
 

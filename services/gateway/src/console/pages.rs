@@ -9,7 +9,9 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use switchyard_api::{ApprovalClient, AuthClient, LedgerClient, RegistryClient, RouterClient};
+use switchyard_api::{
+    ApprovalClient, AuthClient, LedgerClient, RegistryClient, RouterClient, ScheduleClient,
+};
 use switchyard_core::Reason;
 use switchyard_kit::auth::Permission;
 use switchyard_proto::approval::v1 as ap;
@@ -1776,4 +1778,81 @@ fn agent(a: &rg::Agent, now: u64) -> Value {
         }).collect::<Vec<_>>(),
         "latency_estimate_ms": spec.latency_estimate_ms,
     })
+}
+
+/// `GET /ui/schedules`: the schedules the person may see, with their next
+/// fire times and recent ticks (each started job linked).
+pub(crate) async fn schedules(
+    State(c): Shared,
+    Extension(caller): Extension<Caller>,
+    Extension(s): Extension<Session>,
+) -> Result<Response, PageError> {
+    let base = layout(&caller, &s, "schedules");
+    let fail = |e: Status| PageError(e, base.clone());
+    let client = reach(&c.services.schedules, "executor").map_err(fail)?;
+    let req = switchyard_proto::executor::v1::ListSchedulesRequest {};
+    let listed = as_caller!(ScheduleClient, client, caller, list_schedules, req).map_err(fail)?;
+    let now = now();
+    let schedules: Vec<Value> = listed
+        .schedules
+        .iter()
+        .map(|s| views::schedule(s, now))
+        .collect();
+    Ok(page(
+        "schedules.html",
+        base,
+        json!({"title": "Schedules", "schedules": schedules}),
+    ))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct PauseForm {
+    /// Why (pause only).
+    #[serde(default)]
+    note: String,
+}
+
+/// `POST /ui/schedules/{schedule_id}/{pause|resume}`: pauses or resumes a
+/// schedule as the person, and shows the list again.
+pub(crate) async fn pause_schedule(
+    State(c): Shared,
+    Extension(caller): Extension<Caller>,
+    Extension(s): Extension<Session>,
+    Path((schedule_id, action)): Path<(String, String)>,
+    Form(f): Form<PauseForm>,
+) -> Result<Response, PageError> {
+    use switchyard_proto::executor::v1::{PauseScheduleRequest, ResumeScheduleRequest};
+    let base = layout(&caller, &s, "schedules");
+    let fail = |e: Status| PageError(e, base.clone());
+    let client = reach(&c.services.schedules, "executor").map_err(fail)?;
+    match action.as_str() {
+        "pause" => {
+            let note = if f.note.trim().is_empty() {
+                format!("paused in the console by {}", caller.principal.subject)
+            } else {
+                f.note.trim().to_owned()
+            };
+            let req = PauseScheduleRequest {
+                schedule_id: schedule_id.clone(),
+                note,
+            };
+            as_caller!(ScheduleClient, client, caller, pause_schedule, req).map_err(fail)?;
+        }
+        "resume" => {
+            let req = ResumeScheduleRequest {
+                schedule_id: schedule_id.clone(),
+            };
+            as_caller!(ScheduleClient, client, caller, resume_schedule, req).map_err(fail)?;
+        }
+        other => {
+            return Err(fail(invalid(
+                "action",
+                &format!("a schedule is paused or resumed; got {other:?}"),
+            )));
+        }
+    }
+    Ok(see_other(&format!(
+        "/ui/schedules#schedule-{}",
+        encode(&schedule_id)
+    )))
 }

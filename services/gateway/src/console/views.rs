@@ -697,6 +697,53 @@ pub fn report(r: &ReportResponse, now_ms: u64) -> Value {
 const CHART_W: f64 = 600.0;
 const CHART_H: f64 = 160.0;
 
+/// A schedule as the schedules page shows it: its timetable, its next
+/// three fire times and its last five ticks.
+pub fn schedule(s: &switchyard_proto::executor::v1::Schedule, now_ms: u64) -> Value {
+    use switchyard_proto::executor::v1::TickOutcome;
+    let short = |name: &str| {
+        name.split_once("_POLICY_")
+            .map_or(name, |(_, v)| v)
+            .to_ascii_lowercase()
+            .replace('_', "-")
+    };
+    let ms = |t: &Option<prost_types::Timestamp>| {
+        t.as_ref().map_or(0, switchyard_kit::time::timestamp_ms)
+    };
+    json!({
+        "id": s.schedule_id,
+        "description": s.description,
+        "cron": s.cron,
+        "zone": if s.time_zone.is_empty() { "UTC" } else { s.time_zone.as_str() },
+        "paused": s.paused,
+        "pause_note": s.pause_note,
+        "created_by": s.created_by,
+        "overlap": short(s.overlap().as_str_name()),
+        "catch_up": short(s.catch_up().as_str_name()),
+        "next": s.next_fire_times.iter().take(3)
+            .map(|t| when(switchyard_kit::time::timestamp_ms(t), now_ms))
+            .collect::<Vec<_>>(),
+        "ticks": s.recent_ticks.iter().take(5).map(|t| {
+            let (text, tone) = match t.outcome() {
+                TickOutcome::Started => ("started", "ok"),
+                TickOutcome::SkippedOverlap => ("skipped: the previous job still ran", "muted"),
+                TickOutcome::SkippedMissed => ("skipped: missed", "muted"),
+                TickOutcome::Failed => ("failed", "bad"),
+                TickOutcome::Unspecified => ("unknown", "muted"),
+            };
+            json!({
+                "at": when(ms(&t.at), now_ms),
+                "outcome": text,
+                "tone": tone,
+                "job_id": t.job_id,
+                "skipped_before": t.skipped_before,
+                "error": t.error,
+                "cancelled": t.cancelled_job_id,
+            })
+        }).collect::<Vec<_>>(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
