@@ -315,6 +315,34 @@ pub mod schedule {
     }
 }
 
+/// The executor's triggers (`TriggerService`).
+pub mod trigger {
+    use switchyard_proto::executor::v1::trigger_service_client::TriggerServiceClient;
+    use switchyard_proto::executor::v1::trigger_service_server::TriggerService;
+    use switchyard_proto::executor::v1::*;
+
+    switchyard_kit::service_client! {
+        /// TriggerService client, in-process or remote.
+        pub TriggerClient(LocalTriggers) {
+            service: TriggerService,
+            remote: TriggerServiceClient,
+            unary {
+                /// CreateTrigger.
+                create_trigger(CreateTriggerRequest) -> CreateTriggerResponse;
+                /// GetTrigger.
+                get_trigger(GetTriggerRequest) -> GetTriggerResponse;
+                /// ListTriggers.
+                list_triggers(ListTriggersRequest) -> ListTriggersResponse;
+                /// DeleteTrigger.
+                delete_trigger(DeleteTriggerRequest) -> DeleteTriggerResponse;
+                /// FireTrigger.
+                fire_trigger(FireTriggerRequest) -> FireTriggerResponse;
+            }
+            streaming {}
+        }
+    }
+}
+
 /// The executor's pull workers' service (`WorkerService`).
 pub mod worker {
     use switchyard_proto::executor::v1::worker_service_client::WorkerServiceClient;
@@ -396,4 +424,5 @@ pub use registry::RegistryClient;
 pub use router::RouterClient;
 pub use schedule::ScheduleClient;
 pub use tool::ToolClient;
+pub use trigger::TriggerClient;
 pub use worker::WorkerClient;

@@ -17,6 +17,7 @@ mod policy;
 mod publish;
 mod report;
 mod schedule;
+mod trigger;
 mod worker;
 
 use std::path::PathBuf;
@@ -76,6 +77,10 @@ enum Command {
     /// delete schedules.
     #[command(subcommand)]
     Schedule(schedule::ScheduleCmd),
+    /// Start a job from an incoming event: create, list, show and delete
+    /// triggers, and deliver events to them.
+    #[command(subcommand)]
+    Trigger(trigger::TriggerCmd),
     /// Cedar policies: check a directory, print the schema, explain what
     /// the policies in force decide about a job document, job or run.
     #[command(subcommand)]
@@ -463,6 +468,7 @@ async fn main() -> ExitCode {
         Command::Approval(cmd) => approval::run(cmd).await,
         Command::Job(cmd) => job::run(cmd).await,
         Command::Schedule(cmd) => schedule::run(cmd).await,
+        Command::Trigger(cmd) => trigger::run(cmd).await,
         Command::Policy(cmd) => policy::run(cmd).await,
         Command::Chat(args) => chat::run(args).await,
         Command::Worker(cmd) => worker::run(cmd).await,

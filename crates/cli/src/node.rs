@@ -621,6 +621,7 @@ pub async fn run_node_then(
         server = server.add_service(x.server(max));
         server = server.add_service(x.worker_server(max));
         server = server.add_service(x.schedule_server(max));
+        server = server.add_service(x.trigger_server(max));
         if e.builtin_agents {
             server = server.add_service(x.builtin_agents_server());
         }
@@ -648,7 +649,20 @@ pub async fn run_node_then(
                 )
             }
         };
-        let mut jobs = switchyard_gateway::Jobs::new(client, workers);
+        let triggers = match &executor {
+            Some(x) => switchyard_api::TriggerClient::local(Arc::new(x.clone())),
+            None => {
+                let url = cfg.gateway.executor_url.as_deref().context(
+                    "the gateway needs the executor: run both in one process or set gateway.executor_url",
+                )?;
+                let channel = switchyard_kit::client::service_channel(url, client_tls.as_ref())?;
+                switchyard_api::TriggerClient::remote(
+                    switchyard_kit::client::authed(channel, None),
+                    max,
+                )
+            }
+        };
+        let mut jobs = switchyard_gateway::Jobs::new(client, workers).with_triggers(triggers);
         // The console calls each service as the signed-in person: here when
         // hosted, else at the configured URL with no credential of its own.
         let bare = |url: &str| -> anyhow::Result<switchyard_kit::client::Intercepted> {

@@ -176,6 +176,16 @@ reasons! {
     /// A schedule's cron expression or time zone does not parse, or it
     /// never fires.
     ScheduleInvalid => "SCHEDULE_INVALID",
+    /// No trigger with that id is visible to the caller (or the caller
+    /// may not deliver events to it).
+    TriggerNotFound => "TRIGGER_NOT_FOUND",
+    /// A trigger with that id exists with another definition.
+    TriggerAlreadyExists => "TRIGGER_ALREADY_EXISTS",
+    /// A trigger's definition does not fit, or an event it was sent
+    /// cannot be mapped into its job's input (or has no event id).
+    TriggerInvalid => "TRIGGER_INVALID",
+    /// An event id was delivered to the trigger before with another body.
+    EventAlreadyDelivered => "EVENT_ALREADY_DELIVERED",
     /// No HTTP route has this path (or not with this method).
     RouteNotFound => "ROUTE_NOT_FOUND",
     /// A request body is not in a media type the route accepts.

@@ -589,13 +589,16 @@ pub(crate) struct Submission {
     pub(crate) fired: Option<Fired>,
 }
 
-/// The schedule tick that starts a job.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Fired {
-    /// The schedule.
-    pub(crate) schedule_id: String,
-    /// Its tick (ms).
-    pub(crate) tick_ms: u64,
+/// What started a job that no one submitted by hand.
+#[derive(Debug, Clone)]
+pub(crate) enum Fired {
+    /// A schedule's tick (ms).
+    Tick { schedule_id: String, tick_ms: u64 },
+    /// An event delivered to a trigger.
+    Event {
+        trigger_id: String,
+        event_id: String,
+    },
 }
 
 /// Which round of a job is admitted (0 first, then one per dead-letter
@@ -1095,8 +1098,26 @@ impl Executor {
             reused: rerun
                 .map(|r| r.kept.iter().map(|t| t.task_id.clone()).collect())
                 .unwrap_or_default(),
-            schedule_id: fired.map(|f| f.schedule_id.clone()).unwrap_or_default(),
-            schedule_tick_ms: fired.map_or(0, |f| f.tick_ms),
+            ..Default::default()
+        };
+        let submitted = match fired {
+            Some(Fired::Tick {
+                schedule_id,
+                tick_ms,
+            }) => events::Submitted {
+                schedule_id: schedule_id.clone(),
+                schedule_tick_ms: *tick_ms,
+                ..submitted
+            },
+            Some(Fired::Event {
+                trigger_id,
+                event_id,
+            }) => events::Submitted {
+                trigger_id: trigger_id.clone(),
+                event_id: event_id.clone(),
+                ..submitted
+            },
+            None => submitted,
         };
         let mut g = book.record(st, &spec.job_id, "", JobEvent::Submitted(submitted));
         // A resume's kept outputs are the new job's from its first events:

@@ -9,6 +9,48 @@ use tonic::{Code, Status};
 use crate::events::DecodeError;
 use crate::formats::FormatError;
 
+/// What a schedule or trigger error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Object {
+    /// A schedule (ScheduleService).
+    Schedule,
+    /// A trigger (TriggerService).
+    Trigger,
+}
+
+impl Object {
+    /// Its name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Object::Schedule => "schedule",
+            Object::Trigger => "trigger",
+        }
+    }
+
+    fn id_field(self) -> &'static str {
+        match self {
+            Object::Schedule => "schedule_id",
+            Object::Trigger => "trigger_id",
+        }
+    }
+
+    /// Its not-found, already-exists and invalid reasons.
+    fn reasons(self) -> (Reason, Reason, Reason) {
+        match self {
+            Object::Schedule => (
+                Reason::ScheduleNotFound,
+                Reason::ScheduleAlreadyExists,
+                Reason::ScheduleInvalid,
+            ),
+            Object::Trigger => (
+                Reason::TriggerNotFound,
+                Reason::TriggerAlreadyExists,
+                Reason::TriggerInvalid,
+            ),
+        }
+    }
+}
+
 /// Executor errors; mapped to a status once, in `From<ExecutorError> for Status`.
 #[derive(Debug, thiserror::Error)]
 pub enum ExecutorError {
@@ -18,21 +60,28 @@ pub enum ExecutorError {
     /// No such job.
     #[error("job {0:?} not found")]
     NotFound(String),
-    /// No such schedule (or not one the caller may see).
-    #[error("schedule {0:?} not found")]
-    ScheduleNotFound(String),
-    /// The schedule id is taken by another definition.
+    /// No such schedule or trigger (or not one the caller may see).
+    #[error("{what} {id:?} not found", what = .0.name(), id = .1)]
+    ObjectNotFound(Object, String),
+    /// The schedule or trigger id is taken by another definition.
     #[error(
-        "schedule {0:?} already exists with another definition: delete it first, or choose another id"
+        "{what} {id:?} already exists with another definition: delete it first, or choose another id",
+        what = .0.name(),
+        id = .1
     )]
-    ScheduleExists(String),
+    ObjectExists(Object, String),
+    /// A schedule or trigger does not fit (its cron expression, time
+    /// zone, id, job template or mapping).
+    #[error("{1}")]
+    ObjectInvalid(Object, String),
+    /// An event id delivered to a trigger before with another body.
+    #[error(
+        "event {event:?} was delivered to trigger {trigger:?} before with another body: an event id names one event, so give this one its own id (a repeat of the same event is answered with the job it started)"
+    )]
+    EventReused { trigger: String, event: String },
     /// The caller may not do this as the kind of principal it is.
     #[error("{0}")]
     NotSubmitter(String),
-    /// The schedule does not fit (its cron expression, time zone, id or
-    /// job template).
-    #[error("{0}")]
-    ScheduleInvalid(String),
     /// An agent (no submitter role) submitted a job that is not a delegation.
     #[error(
         "an agent submits only delegated child jobs: set delegation.parent_job_id to the active job it works for"
@@ -155,17 +204,23 @@ impl From<ExecutorError> for Status {
                 msg,
                 metadata([("job_id", id)]),
             ),
-            ExecutorError::ScheduleNotFound(id) => status_with_metadata(
+            ExecutorError::ObjectNotFound(o, id) => status_with_metadata(
                 Code::NotFound,
-                Reason::ScheduleNotFound,
+                o.reasons().0,
                 msg,
-                metadata([("schedule_id", id)]),
+                metadata([(o.id_field(), id)]),
             ),
-            ExecutorError::ScheduleExists(id) => status_with_metadata(
+            ExecutorError::ObjectExists(o, id) => status_with_metadata(
                 Code::AlreadyExists,
-                Reason::ScheduleAlreadyExists,
+                o.reasons().1,
                 msg,
-                metadata([("schedule_id", id)]),
+                metadata([(o.id_field(), id)]),
+            ),
+            ExecutorError::EventReused { trigger, event } => status_with_metadata(
+                Code::AlreadyExists,
+                Reason::EventAlreadyDelivered,
+                msg,
+                metadata([("trigger_id", trigger), ("event_id", event)]),
             ),
             ExecutorError::NotSubmitter(_) => status_with_metadata(
                 Code::PermissionDenied,
@@ -173,9 +228,7 @@ impl From<ExecutorError> for Status {
                 msg,
                 metadata([("role", "submitter".to_owned())]),
             ),
-            ExecutorError::ScheduleInvalid(_) => {
-                status(Code::InvalidArgument, Reason::ScheduleInvalid, msg)
-            }
+            ExecutorError::ObjectInvalid(o, _) => status(Code::InvalidArgument, o.reasons().2, msg),
             ExecutorError::DelegationOnly => status_with_metadata(
                 Code::PermissionDenied,
                 Reason::PermissionDenied,

@@ -468,6 +468,13 @@ pub struct Submitted {
     /// That tick (ms since the epoch).
     #[serde(skip_serializing_if = "is_zero")]
     pub schedule_tick_ms: u64,
+    /// The trigger whose event started it (TriggerService); absent
+    /// otherwise.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub trigger_id: String,
+    /// That event's id.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub event_id: String,
 }
 
 /// `job.state`.

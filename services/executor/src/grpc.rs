@@ -26,6 +26,11 @@ use switchyard_proto::executor::v1::{
     GetScheduleRequest, GetScheduleResponse, ListSchedulesRequest, ListSchedulesResponse,
     PauseScheduleRequest, PauseScheduleResponse, ResumeScheduleRequest, ResumeScheduleResponse,
 };
+use switchyard_proto::executor::v1::{
+    CreateTriggerRequest, CreateTriggerResponse, DeleteTriggerRequest, DeleteTriggerResponse,
+    FireTriggerRequest, FireTriggerResponse, GetTriggerRequest, GetTriggerResponse,
+    ListTriggersRequest, ListTriggersResponse,
+};
 use tonic::{Request, Response, Status};
 
 use switchyard_kit::auth::grant::GrantError;
@@ -454,5 +459,55 @@ impl switchyard_proto::executor::v1::schedule_service_server::ScheduleService fo
         let p = switchyard_kit::auth::principal(&req)?;
         Executor::delete_schedule(self, &p, &req.get_ref().schedule_id).await?;
         Ok(Response::new(DeleteScheduleResponse {}))
+    }
+}
+
+#[tonic::async_trait]
+impl switchyard_proto::executor::v1::trigger_service_server::TriggerService for Executor {
+    async fn create_trigger(
+        &self,
+        req: Request<CreateTriggerRequest>,
+    ) -> Result<Response<CreateTriggerResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        Ok(Response::new(
+            Executor::create_trigger(self, &p, req.into_inner()).await?,
+        ))
+    }
+
+    async fn get_trigger(
+        &self,
+        req: Request<GetTriggerRequest>,
+    ) -> Result<Response<GetTriggerResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let t = Executor::get_trigger(self, &p, &req.get_ref().trigger_id).await?;
+        Ok(Response::new(GetTriggerResponse { trigger: Some(t) }))
+    }
+
+    async fn list_triggers(
+        &self,
+        req: Request<ListTriggersRequest>,
+    ) -> Result<Response<ListTriggersResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let triggers = Executor::list_triggers(self, &p).await?;
+        Ok(Response::new(ListTriggersResponse { triggers }))
+    }
+
+    async fn delete_trigger(
+        &self,
+        req: Request<DeleteTriggerRequest>,
+    ) -> Result<Response<DeleteTriggerResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        Executor::delete_trigger(self, &p, &req.get_ref().trigger_id).await?;
+        Ok(Response::new(DeleteTriggerResponse {}))
+    }
+
+    async fn fire_trigger(
+        &self,
+        req: Request<FireTriggerRequest>,
+    ) -> Result<Response<FireTriggerResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        Ok(Response::new(
+            Executor::fire_trigger(self, &p, req.into_inner()).await?,
+        ))
     }
 }

@@ -250,6 +250,8 @@ impl JobEntry {
                 self.job.schedule_id.clone_from(&s.schedule_id);
                 self.job.schedule_tick = (s.schedule_tick_ms > 0)
                     .then(|| switchyard_kit::time::timestamp(s.schedule_tick_ms));
+                self.job.trigger_id.clone_from(&s.trigger_id);
+                self.job.event_id.clone_from(&s.event_id);
             }
             JobEvent::JobMoved(m) => {
                 let to = JobState::parse(&m.to).unwrap_or(JobState::Pending);

@@ -37,6 +37,7 @@ mod book;
 pub mod builtin;
 mod cancel;
 mod conversation;
+mod creator;
 mod dead_letter;
 mod depend;
 /// Command tasks run through the sandbox crate.
@@ -59,6 +60,7 @@ mod schedule;
 pub mod spec;
 mod store;
 mod timetable;
+mod triggers;
 mod watch;
 
 use std::collections::HashMap;
@@ -140,6 +142,8 @@ struct Inner {
     policies: switchyard_policy::Slot,
     /// Schedules and their ticks.
     timetable: timetable::Timetable,
+    /// Triggers, by id.
+    triggers: store::Kept<switchyard_proto::executor::v1::Trigger>,
 }
 
 /// The executor service.
@@ -303,6 +307,7 @@ impl Executor {
                 artifacts: jobs.clone().content()?,
                 checkpoints: store::Kept::open(jobs.clone().space("checkpoints"))?,
                 timetable: timetable::Timetable::open(|name| jobs.clone().space(name), replica)?,
+                triggers: store::Kept::open(jobs.clone().space("triggers"))?,
                 cancels_seen: Mutex::new(Default::default()),
                 inputs: input::Desk::default(),
                 policies: switchyard_policy::Slot::default(),
@@ -385,6 +390,20 @@ impl Executor {
     ) -> switchyard_proto::executor::v1::schedule_service_server::ScheduleServiceServer<Executor>
     {
         switchyard_proto::executor::v1::schedule_service_server::ScheduleServiceServer::new(
+            self.clone(),
+        )
+        .max_decoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes)
+    }
+
+    /// The triggers' gRPC service (`TriggerService`), to mount beside
+    /// [`Executor::server`].
+    pub fn trigger_server(
+        &self,
+        max_message_bytes: usize,
+    ) -> switchyard_proto::executor::v1::trigger_service_server::TriggerServiceServer<Executor>
+    {
+        switchyard_proto::executor::v1::trigger_service_server::TriggerServiceServer::new(
             self.clone(),
         )
         .max_decoding_message_size(max_message_bytes)

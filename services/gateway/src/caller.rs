@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use switchyard_api::{ApprovalClient, ExecutorClient, WorkerClient};
+use switchyard_api::{ApprovalClient, ExecutorClient, TriggerClient, WorkerClient};
 use switchyard_kit::auth::authn::{Authenticator, Presented};
 use switchyard_kit::auth::{Access, AuthError, Principal};
 use switchyard_kit::client::Credential;
@@ -110,7 +110,12 @@ impl Caller {
 /// The executor (its `JobService` and `WorkerService`), called as a door's
 /// caller (see the module docs).
 #[derive(Debug, Clone)]
-pub struct Jobs(ExecutorClient, WorkerClient, Option<ApprovalClient>);
+pub struct Jobs(
+    ExecutorClient,
+    WorkerClient,
+    Option<ApprovalClient>,
+    Option<TriggerClient>,
+);
 
 /// One unary call of `client` as `caller`, in-process or remote alike.
 macro_rules! as_caller {
@@ -143,7 +148,24 @@ impl Jobs {
     /// its own ([`switchyard_kit::client::authed`] with none): each call
     /// carries its caller's.
     pub fn new(client: ExecutorClient, workers: WorkerClient) -> Jobs {
-        Jobs(client, workers, None)
+        Jobs(client, workers, None, None)
+    }
+
+    /// With the executor's triggers (`POST /v1/triggers/{id}/events`),
+    /// called as each caller.
+    pub fn with_triggers(mut self, triggers: TriggerClient) -> Jobs {
+        self.3 = Some(triggers);
+        self
+    }
+
+    /// FireTrigger as the caller.
+    pub async fn fire_trigger(
+        &self,
+        c: &Caller,
+        req: FireTriggerRequest,
+    ) -> Result<FireTriggerResponse, Status> {
+        let triggers = reach(&self.3, "executor")?;
+        as_caller!(TriggerClient, triggers, c, fire_trigger, req)
     }
 
     /// With the approval service (OJS activate approves through it), called

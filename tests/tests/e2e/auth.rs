@@ -125,6 +125,8 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
         "JobService/ExplainJob",
         "ScheduleService/GetSchedule",
         "ScheduleService/ListSchedules",
+        "TriggerService/GetTrigger",
+        "TriggerService/ListTriggers",
     ];
     // Who may answer a given input task is the task's to say; the RPCs
     // are open to the people who could be named.
@@ -164,6 +166,9 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
                 "ScheduleService/PauseSchedule",
                 "ScheduleService/ResumeSchedule",
                 "ScheduleService/DeleteSchedule",
+                "TriggerService/CreateTrigger",
+                "TriggerService/DeleteTrigger",
+                "TriggerService/FireTrigger",
                 "ApprovalService/Propose",
                 "ApprovalService/Cancel",
                 "RouterService/Route",
@@ -222,6 +227,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
                 "ScheduleService/PauseSchedule",
                 "ScheduleService/ResumeSchedule",
                 "ScheduleService/DeleteSchedule",
+                "TriggerService/DeleteTrigger",
                 "RouterService/Route",
                 "RegistryService/RegisterAgent",
                 "RegistryService/Heartbeat",
@@ -267,6 +273,9 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
                 "JobService/SubmitJob",
                 "JobService/ValidateJob",
                 "JobService/RerunJob",
+                // Only as a sender a trigger names (its jobs are the
+                // creator's): anyone else finds no trigger.
+                "TriggerService/FireTrigger",
                 "WorkerService/Fetch",
                 "WorkerService/Ack",
                 "WorkerService/Nack",

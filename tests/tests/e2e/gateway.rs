@@ -740,6 +740,10 @@ pub(crate) const DOOR_RPCS: &[(&str, &str)] = &[
     // `/a2a` likewise: each JSON-RPC method is checked by the executor as
     // the caller (a2a_door.rs: another submitter, tenant or agent key is
     // refused).
+    (
+        "POST /v1/triggers/{trigger_id}/events",
+        "TriggerService/FireTrigger",
+    ),
     ("POST /a2a", "AuthService/WhoAmI"),
     ("POST /mcp", "AuthService/WhoAmI"),
     ("GET /mcp", "AuthService/WhoAmI"),

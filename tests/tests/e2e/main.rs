@@ -28,4 +28,5 @@ mod sandbox;
 mod schedules;
 mod self_hosting;
 mod tool_approval;
+mod triggers;
 mod workers;

@@ -260,6 +260,14 @@ pub fn access(path: &str) -> Access {
             "GetSchedule" | "ListSchedules" => needs(P::JobRead),
             _ => Access::Unknown,
         },
+        ("switchyard.executor.v1.TriggerService", m) => match m {
+            // Delivering an event submits a job (as the trigger's creator,
+            // for its creator and the senders it names).
+            "CreateTrigger" | "FireTrigger" => needs(P::JobSubmit),
+            "GetTrigger" | "ListTriggers" => needs(P::JobRead),
+            "DeleteTrigger" => needs(P::JobCancel),
+            _ => Access::Unknown,
+        },
         ("switchyard.executor.v1.WorkerService", m) => match m {
             "Fetch" | "Ack" | "Nack" | "Heartbeat" => needs(P::TaskWork),
             "SetWorkerState" => needs(P::WorkerManage),
@@ -328,6 +336,13 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
         ("POST", "/a2a", Access::Authenticated),
         // The OJS binding: producers (submitters), workers (agents and
         // anyone with task.work), operators.
+        // A webhook: the sender's key must be the trigger's creator's or
+        // one of the senders it names (the executor checks).
+        (
+            "POST",
+            "/v1/triggers/{trigger_id}/events",
+            Access::Needs(P::JobSubmit),
+        ),
         ("GET", "/ojs/manifest", Access::Open),
         ("GET", "/ojs/v1/health", Access::Open),
         ("POST", "/ojs/v1/jobs", Access::Needs(P::JobSubmit)),

@@ -435,6 +435,31 @@ pub const REFERENCES: &[Reference] = &[
         "executor timetable visible_schedule (Principal::may_see)",
     ),
     r(
+        "switchyard.executor.v1.Trigger.trigger_id",
+        NewId,
+        "executor creator::check_id, put_absent: a repeat with the same definition is the same trigger, another ALREADY_EXISTS",
+    ),
+    r(
+        "switchyard.executor.v1.GetTriggerRequest.trigger_id",
+        Visible,
+        "executor triggers visible_trigger (Principal::may_see)",
+    ),
+    r(
+        "switchyard.executor.v1.DeleteTriggerRequest.trigger_id",
+        Visible,
+        "executor triggers visible_trigger (Principal::may_see)",
+    ),
+    r(
+        "switchyard.executor.v1.FireTriggerRequest.trigger_id",
+        Visible,
+        "executor triggers fire_trigger: the creator and the senders it names (same tenant); anyone else NOT_FOUND",
+    ),
+    r(
+        "switchyard.executor.v1.FireTriggerRequest.event_id",
+        Opaque,
+        "the source's own id of the event: hashed into the job id (triggers::job_id_of), never resolved",
+    ),
+    r(
         "switchyard.executor.v1.ExplainJobRequest.job_id",
         Visible,
         "executor grpc visibility (Jobs::get)",

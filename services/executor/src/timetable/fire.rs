@@ -195,19 +195,19 @@ impl Executor {
         job_id: &str,
         tick: u64,
     ) -> Result<(), ExecutorError> {
-        let (who, budgets) = owner_of(s);
+        let creator = owner_of(s);
         let mut spec = s.job.clone().unwrap_or_default();
         spec.job_id = job_id.to_owned();
         let correlation_id = switchyard_kit::context::new_correlation_id();
         let how = Submission {
-            who: Some(who),
+            who: Some(creator.who),
             delegation_only: false,
             grant: None,
-            budgets,
+            budgets: creator.right,
             correlation_id: correlation_id.clone(),
             traceparent: None,
             rerun: None,
-            fired: Some(Fired {
+            fired: Some(Fired::Tick {
                 schedule_id: s.schedule_id.clone(),
                 tick_ms: tick,
             }),
@@ -235,7 +235,7 @@ impl Executor {
     /// Cancels `previous` for schedule `s`, whose tick starts `next`
     /// (overlap CANCEL_PREVIOUS), in the background.
     fn cancel_for_schedule(&self, s: &Schedule, previous: &str, next: &str) {
-        let (who, _) = owner_of(s);
+        let who = owner_of(s).who;
         let me = self.clone();
         let previous = previous.to_owned();
         let why = format!(

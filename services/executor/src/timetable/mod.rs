@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use switchyard_kit::auth::{OnBehalf, Principal, Role};
+use switchyard_kit::auth::Principal;
 use switchyard_kit::time::{timestamp, timestamp_ms};
 use switchyard_proto::executor::v1::{
     CatchUpPolicy, CreateScheduleRequest, CreateScheduleResponse, OverlapPolicy, Schedule,
@@ -21,8 +21,8 @@ use switchyard_proto::executor::v1::{
 };
 
 use crate::Executor;
-use crate::admission::{BudgetRight, acting_context, submitter};
-use crate::error::ExecutorError;
+use crate::creator::{Creator, Template, check_id};
+use crate::error::{ExecutorError, Object};
 use crate::store::{Kept, Space};
 
 pub(crate) mod cron;
@@ -74,25 +74,6 @@ pub(crate) fn job_id_of(schedule_id: &str, tick_ms: u64) -> String {
     format!("{schedule_id}-{}", at.strftime("%Y%m%dT%H%M%SZ"))
 }
 
-/// A schedule id: 1 to 64 of `[A-Za-z0-9._-]`, starting with a letter or
-/// digit.
-fn check_id(id: &str) -> Result<(), ExecutorError> {
-    let ok = !id.is_empty()
-        && id.len() <= 64
-        && id.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-        && !id.contains("..");
-    if ok {
-        Ok(())
-    } else {
-        Err(ExecutorError::ScheduleInvalid(format!(
-            "schedule_id {id:?} does not fit: 1-64 characters of [A-Za-z0-9._-], starting with a letter or digit, without '..'"
-        )))
-    }
-}
-
 /// The policies of schedule `s`.
 pub(crate) fn policy_of(s: &Schedule) -> plan::Policy {
     plan::Policy {
@@ -115,25 +96,18 @@ pub(crate) fn policy_of(s: &Schedule) -> plan::Policy {
 /// Schedule `s`'s timetable.
 pub(crate) fn cron_of(s: &Schedule) -> Result<cron::Cron, ExecutorError> {
     cron::Cron::parse(&s.cron, &s.time_zone)
-        .map_err(|e| ExecutorError::ScheduleInvalid(e.to_string()))
+        .map_err(|e| ExecutorError::ObjectInvalid(Object::Schedule, e.to_string()))
 }
 
-/// The user schedule `s`'s jobs are submitted as, and the budgets they may
-/// nest under.
-pub(crate) fn owner_of(s: &Schedule) -> (OnBehalf, BudgetRight) {
-    let kind = switchyard_kit::auth::Kind::parse(&s.creator_kind)
-        .unwrap_or(switchyard_kit::auth::Kind::Human);
-    let who = OnBehalf {
-        subject: s.created_by.clone(),
-        tenant: s.tenant.clone(),
-        kind,
-    };
-    let right = if s.creator_manages_budgets {
-        BudgetRight::Any
-    } else {
-        BudgetRight::Shared(s.creator_roles.clone())
-    };
-    (who, right)
+/// The creator schedule `s`'s jobs are submitted as.
+pub(crate) fn owner_of(s: &Schedule) -> Creator {
+    Creator::stored(crate::creator::Kept {
+        subject: &s.created_by,
+        tenant: &s.tenant,
+        kind: &s.creator_kind,
+        roles: &s.creator_roles,
+        manages_budgets: s.creator_manages_budgets,
+    })
 }
 
 /// What a creator may set, compared for an idempotent repeat.
@@ -163,7 +137,10 @@ impl Executor {
     async fn visible_schedule(&self, p: &Principal, id: &str) -> Result<Schedule, ExecutorError> {
         match self.timetable().schedules.get(id).await? {
             Some(s) if p.may_see(&s.tenant, &s.created_by) => Ok(s),
-            _ => Err(ExecutorError::ScheduleNotFound(id.to_owned())),
+            _ => Err(ExecutorError::ObjectNotFound(
+                Object::Schedule,
+                id.to_owned(),
+            )),
         }
     }
 
@@ -200,70 +177,34 @@ impl Executor {
         p: &Principal,
         req: CreateScheduleRequest,
     ) -> Result<CreateScheduleResponse, ExecutorError> {
-        if !p.roles.has(Role::Submitter) && !p.roles.has(Role::Service) {
-            return Err(ExecutorError::NotSubmitter(
-                "a schedule starts top-level jobs, which only a submitter submits (an agent key submits only delegated child jobs): create it with a submitter's key".into(),
-            ));
-        }
-        let Some(owner) = submitter(p) else {
-            return Err(ExecutorError::ScheduleInvalid(
-                "a schedule belongs to a tenant and its jobs run as its creator: a service creates one on behalf of a user".into(),
-            ));
-        };
+        let creator = Creator::of(p, Object::Schedule)?;
         let mut s = req.schedule.unwrap_or_default();
         if s.schedule_id.is_empty() {
             s.schedule_id = format!("sched-{}", &uuid::Uuid::now_v7().simple().to_string()[20..]);
         }
-        check_id(&s.schedule_id)?;
+        check_id(&s.schedule_id, Object::Schedule)?;
         let cron = cron_of(&s)?;
-        // The template, checked as SubmitJob checks a job.
-        let template = s.job.take();
-        let (mut spec, _dag, _warnings) =
-            self.accept(template, &req.document, &req.format, BTreeMap::new())?;
+        let template = Template {
+            spec: s.job.take(),
+            document: &req.document,
+            format: &req.format,
+        };
+        let mut spec = self.template(template, &creator, Object::Schedule).await?;
         if let Some(input) = req.input {
             spec.input = Some(input);
         }
-        let refuse = |why: &str| Err(ExecutorError::ScheduleInvalid(why.to_owned()));
-        if spec.deadline.is_some() || spec.scheduled_at.is_some() {
-            return refuse(
-                "a schedule's job has no fixed deadline or start time (each tick starts one): remove deadline and scheduled_at, and bound the work with task timeouts",
-            );
-        }
-        if spec
-            .delegation
-            .as_ref()
-            .is_some_and(|d| !d.parent_job_id.is_empty())
-        {
-            return refuse(
-                "a schedule's job cannot be a delegated child: its parent decides what runs under it",
-            );
-        }
-        // Each job's id and correlation are made from its tick.
-        spec.job_id.clear();
-        spec.correlation_id.clear();
-        let right = BudgetRight::of(p);
-        let named_budget = spec
-            .budget
-            .as_ref()
-            .map(|b| b.parent_budget_id.clone())
-            .unwrap_or_default();
-        if !named_budget.is_empty() {
-            let correlation = switchyard_kit::context::current()
-                .map(|c| c.correlation_id)
-                .unwrap_or_default();
-            let ctx = acting_context(&correlation, owner.clone());
-            let check = self.may_nest_under(&named_budget, &owner, &right);
-            switchyard_kit::context::scope(ctx, check).await?;
-        }
+        let refuse = |why: &str| {
+            Err(ExecutorError::ObjectInvalid(
+                Object::Schedule,
+                why.to_owned(),
+            ))
+        };
         let now = self.inner.book.now();
         s.job = Some(spec);
-        s.tenant = owner.tenant.clone();
-        s.created_by = owner.subject.clone();
-        s.creator_kind = owner.kind.as_str().to_owned();
-        (s.creator_roles, s.creator_manages_budgets) = match right {
-            BudgetRight::Any => (Vec::new(), true),
-            BudgetRight::Shared(roles) => (roles, false),
-        };
+        s.tenant = creator.who.tenant.clone();
+        s.created_by = creator.who.subject.clone();
+        s.creator_kind = creator.who.kind.as_str().to_owned();
+        (s.creator_roles, s.creator_manages_budgets) = creator.budget_fields();
         s.created_at = Some(timestamp(now));
         s.since = Some(timestamp(now));
         if !s.paused {
@@ -282,7 +223,7 @@ impl Executor {
         self.timetable().schedules.sync().await?;
         let created = kept.created_at == s.created_at && kept.created_by == s.created_by;
         if !created && definition(&kept) != definition(&s) {
-            return Err(ExecutorError::ScheduleExists(s.schedule_id));
+            return Err(ExecutorError::ObjectExists(Object::Schedule, s.schedule_id));
         }
         tracing::info!(
             schedule_id = %kept.schedule_id,
@@ -392,15 +333,5 @@ mod tests {
         assert!(
             switchyard_core::validate::object_id(&job_id_of(&"a".repeat(64), ms), "job_id").is_ok()
         );
-    }
-
-    #[test]
-    fn schedule_ids_are_plain() {
-        for ok in ["nightly", "a", "team.report_2", "x-1"] {
-            assert!(check_id(ok).is_ok(), "{ok}");
-        }
-        for bad in ["", "-a", "a/b", "a..b", "a b", "ä", &"a".repeat(65)] {
-            assert!(check_id(bad).is_err(), "{bad}");
-        }
     }
 }

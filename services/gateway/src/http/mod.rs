@@ -13,6 +13,7 @@ mod a2a;
 mod aitp;
 pub mod ojs;
 mod shapes;
+mod triggers;
 
 pub(crate) use aitp::{event_stream, not_finished};
 pub(crate) use shapes::{finished, job_id, job_state_name, task_state_name};
@@ -157,7 +158,8 @@ pub fn router(
         .route("/metrics", get(metrics))
         .merge(aitp::routes())
         .merge(ojs::routes())
-        .merge(a2a::routes());
+        .merge(a2a::routes())
+        .merge(triggers::routes());
     if let Some(c) = console_routes {
         // The door's root is the console, for a person who types the
         // address the banner printed without the path.
