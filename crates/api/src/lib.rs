@@ -343,6 +343,28 @@ pub mod trigger {
     }
 }
 
+/// The executor's webhook deliveries (`NotificationService`).
+pub mod notification {
+    use switchyard_proto::executor::v1::notification_service_client::NotificationServiceClient;
+    use switchyard_proto::executor::v1::notification_service_server::NotificationService;
+    use switchyard_proto::executor::v1::*;
+
+    switchyard_kit::service_client! {
+        /// NotificationService client, in-process or remote.
+        pub NotificationClient(LocalNotifications) {
+            service: NotificationService,
+            remote: NotificationServiceClient,
+            unary {
+                /// ListDeliveries.
+                list_deliveries(ListDeliveriesRequest) -> ListDeliveriesResponse;
+                /// RetryDelivery.
+                retry_delivery(RetryDeliveryRequest) -> RetryDeliveryResponse;
+            }
+            streaming {}
+        }
+    }
+}
+
 /// The executor's pull workers' service (`WorkerService`).
 pub mod worker {
     use switchyard_proto::executor::v1::worker_service_client::WorkerServiceClient;
@@ -420,6 +442,7 @@ pub use approval::ApprovalClient;
 pub use auth::AuthClient;
 pub use executor::ExecutorClient;
 pub use ledger::LedgerClient;
+pub use notification::NotificationClient;
 pub use registry::RegistryClient;
 pub use router::RouterClient;
 pub use schedule::ScheduleClient;

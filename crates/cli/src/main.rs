@@ -12,6 +12,7 @@ mod files;
 mod job;
 mod llm;
 mod mcp;
+mod notify;
 mod output;
 mod policy;
 mod publish;
@@ -81,6 +82,10 @@ enum Command {
     /// triggers, and deliver events to them.
     #[command(subcommand)]
     Trigger(trigger::TriggerCmd),
+    /// Webhook notifications: the deliveries waiting to be sent again and
+    /// the dead-lettered ones; send one again.
+    #[command(subcommand)]
+    Notify(notify::NotifyCmd),
     /// Cedar policies: check a directory, print the schema, explain what
     /// the policies in force decide about a job document, job or run.
     #[command(subcommand)]
@@ -469,6 +474,7 @@ async fn main() -> ExitCode {
         Command::Job(cmd) => job::run(cmd).await,
         Command::Schedule(cmd) => schedule::run(cmd).await,
         Command::Trigger(cmd) => trigger::run(cmd).await,
+        Command::Notify(cmd) => notify::run(cmd).await,
         Command::Policy(cmd) => policy::run(cmd).await,
         Command::Chat(args) => chat::run(args).await,
         Command::Worker(cmd) => worker::run(cmd).await,

@@ -622,6 +622,7 @@ pub async fn run_node_then(
         server = server.add_service(x.worker_server(max));
         server = server.add_service(x.schedule_server(max));
         server = server.add_service(x.trigger_server(max));
+        server = server.add_service(x.notification_server(max));
         if e.builtin_agents {
             server = server.add_service(x.builtin_agents_server());
         }

@@ -186,6 +186,8 @@ reasons! {
     TriggerInvalid => "TRIGGER_INVALID",
     /// An event id was delivered to the trigger before with another body.
     EventAlreadyDelivered => "EVENT_ALREADY_DELIVERED",
+    /// No webhook delivery with that id is visible to the caller.
+    DeliveryNotFound => "DELIVERY_NOT_FOUND",
     /// No HTTP route has this path (or not with this method).
     RouteNotFound => "ROUTE_NOT_FOUND",
     /// A request body is not in a media type the route accepts.

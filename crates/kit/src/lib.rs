@@ -34,6 +34,7 @@ pub mod shutdown;
 pub mod telemetry;
 pub mod time;
 pub mod tls;
+pub mod webhook;
 
 /// A boxed stream of messages or statuses, as returned by streaming client calls.
 pub type BoxStream<T> =

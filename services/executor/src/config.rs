@@ -106,6 +106,9 @@ pub struct ExecutorConfig {
     pub approval_poll_ms: u64,
     /// How often each replica looks for schedules' due ticks, ms.
     pub schedule_poll_ms: u64,
+    /// Webhooks told about approvals needed, jobs ending and budgets
+    /// running low (`[executor.notifications]`).
+    pub notifications: NotificationsConfig,
     /// DEFER re-check interval when the task gives none, seconds (seed 002: 5 minutes).
     pub defer_interval_secs: u32,
     /// Longest a task may stay deferred when it has no deadline, seconds.
@@ -292,6 +295,7 @@ impl Default for ExecutorConfig {
             queue_test_directives: false,
             approval_poll_ms: 250,
             schedule_poll_ms: 1_000,
+            notifications: NotificationsConfig::default(),
             defer_interval_secs: 300,
             max_defer_secs: 3600,
             max_delegation_depth: 10,
@@ -366,6 +370,7 @@ impl ExecutorConfig {
         if self.schedule_poll_ms == 0 {
             return Err("executor.schedule_poll_ms must be at least 1".into());
         }
+        self.notifications.validate()?;
         for c in &self.commands {
             if c.is_empty() || c.contains(char::is_whitespace) {
                 return Err(format!("executor.commands: {c:?} is not a command name"));
@@ -441,5 +446,108 @@ mod tests {
             assert!(!p.names(no), "{no}");
         }
         assert!(!ToolApproval::default().names("anything"));
+    }
+}
+
+/// `[executor.notifications]`: signed CloudEvents webhooks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NotificationsConfig {
+    /// Where to post events (`[[executor.notifications.webhooks]]`).
+    pub webhooks: Vec<WebhookConfig>,
+    /// Attempts per delivery before it is dead-lettered.
+    pub max_attempts: u32,
+    /// The wait before the second attempt, ms; it doubles after each
+    /// failed attempt up to `retry_max_ms`.
+    pub retry_base_ms: u64,
+    /// The longest wait between attempts, ms.
+    pub retry_max_ms: u64,
+    /// How long one attempt may take, ms.
+    pub timeout_ms: u64,
+}
+
+impl Default for NotificationsConfig {
+    fn default() -> Self {
+        NotificationsConfig {
+            webhooks: Vec::new(),
+            max_attempts: 8,
+            retry_base_ms: 1_000,
+            retry_max_ms: 300_000,
+            timeout_ms: 10_000,
+        }
+    }
+}
+
+/// The event types a webhook may ask for.
+pub const NOTIFICATION_EVENTS: [&str; 5] = [
+    "approval.needed",
+    "job.completed",
+    "job.failed",
+    "job.cancelled",
+    "budget.threshold",
+];
+
+/// One webhook.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// Its name, in deliveries and logs.
+    pub name: String,
+    /// Where events are posted (http or https).
+    pub url: String,
+    /// A file holding the HMAC secret deliveries are signed with (never
+    /// shown: `--dump-config` prints the path).
+    pub secret_file: PathBuf,
+    /// The event types it wants (empty: all of them).
+    #[serde(default)]
+    pub events: Vec<String>,
+    /// The tenant whose events it gets (empty: every tenant's).
+    #[serde(default)]
+    pub tenant: String,
+}
+
+impl NotificationsConfig {
+    fn validate(&self) -> Result<(), String> {
+        if self.max_attempts == 0 || self.retry_base_ms == 0 || self.timeout_ms == 0 {
+            return Err(
+                "executor.notifications: max_attempts, retry_base_ms and timeout_ms must be at least 1"
+                    .into(),
+            );
+        }
+        let mut names = std::collections::HashSet::new();
+        for w in &self.webhooks {
+            let name = &w.name;
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            {
+                return Err(format!(
+                    "executor.notifications.webhooks: name {name:?} must be letters, digits, '-', '_' or '.'"
+                ));
+            }
+            if !names.insert(name) {
+                return Err(format!(
+                    "executor.notifications.webhooks: two webhooks are named {name:?}"
+                ));
+            }
+            if !(w.url.starts_with("http://") || w.url.starts_with("https://")) {
+                return Err(format!(
+                    "executor.notifications.webhooks {name:?}: url {:?} is not an http(s) URL",
+                    w.url
+                ));
+            }
+            if let Some(bad) = w
+                .events
+                .iter()
+                .find(|e| !NOTIFICATION_EVENTS.contains(&e.as_str()))
+            {
+                return Err(format!(
+                    "executor.notifications.webhooks {name:?}: event {bad:?} is not one of {}",
+                    NOTIFICATION_EVENTS.join(", ")
+                ));
+            }
+        }
+        Ok(())
     }
 }

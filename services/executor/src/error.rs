@@ -16,6 +16,8 @@ pub enum Object {
     Schedule,
     /// A trigger (TriggerService).
     Trigger,
+    /// A webhook delivery (NotificationService).
+    Delivery,
 }
 
 impl Object {
@@ -24,6 +26,7 @@ impl Object {
         match self {
             Object::Schedule => "schedule",
             Object::Trigger => "trigger",
+            Object::Delivery => "delivery",
         }
     }
 
@@ -31,6 +34,7 @@ impl Object {
         match self {
             Object::Schedule => "schedule_id",
             Object::Trigger => "trigger_id",
+            Object::Delivery => "delivery_id",
         }
     }
 
@@ -46,6 +50,11 @@ impl Object {
                 Reason::TriggerNotFound,
                 Reason::TriggerAlreadyExists,
                 Reason::TriggerInvalid,
+            ),
+            Object::Delivery => (
+                Reason::DeliveryNotFound,
+                Reason::InvalidArgument,
+                Reason::InvalidArgument,
             ),
         }
     }

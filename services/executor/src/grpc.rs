@@ -511,3 +511,28 @@ impl switchyard_proto::executor::v1::trigger_service_server::TriggerService for 
         ))
     }
 }
+
+#[tonic::async_trait]
+impl switchyard_proto::executor::v1::notification_service_server::NotificationService for Executor {
+    async fn list_deliveries(
+        &self,
+        req: Request<switchyard_proto::executor::v1::ListDeliveriesRequest>,
+    ) -> Result<Response<switchyard_proto::executor::v1::ListDeliveriesResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let deliveries = Executor::list_deliveries(self, &p, req.get_ref().dead_only).await?;
+        Ok(Response::new(
+            switchyard_proto::executor::v1::ListDeliveriesResponse { deliveries },
+        ))
+    }
+
+    async fn retry_delivery(
+        &self,
+        req: Request<switchyard_proto::executor::v1::RetryDeliveryRequest>,
+    ) -> Result<Response<switchyard_proto::executor::v1::RetryDeliveryResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let d = Executor::retry_delivery(self, &p, req.into_inner()).await?;
+        Ok(Response::new(
+            switchyard_proto::executor::v1::RetryDeliveryResponse { delivery: Some(d) },
+        ))
+    }
+}

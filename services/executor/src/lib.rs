@@ -52,6 +52,7 @@ mod grpc;
 mod input;
 mod job;
 mod locate;
+mod notify;
 mod outbox;
 mod queue;
 mod relay;
@@ -144,6 +145,8 @@ struct Inner {
     timetable: timetable::Timetable,
     /// Triggers, by id.
     triggers: store::Kept<switchyard_proto::executor::v1::Trigger>,
+    /// Webhooks told about approvals, job ends and budgets.
+    notifier: Arc<notify::Notifier>,
 }
 
 /// The executor service.
@@ -275,6 +278,10 @@ impl Executor {
         for (name, why) in programs.unusable() {
             tracing::warn!(command = name, "allowlisted command cannot run: {why}");
         }
+        let notifier = Arc::new(notify::Notifier::open(
+            &cfg.notifications,
+            jobs.clone().space("notifications"),
+        )?);
         let book = Arc::new(JobBook::open(
             jobs.clone(),
             cluster,
@@ -282,6 +289,7 @@ impl Executor {
             shutdown.clone(),
             Arc::new(seal),
         )?);
+        book.set_notifier(notifier.clone());
         switchyard_kit::metrics::global().add_gauges(&book);
         let spec = builtin::spec("");
         let (drain, draining) = switchyard_kit::shutdown::channel();
@@ -308,6 +316,7 @@ impl Executor {
                 checkpoints: store::Kept::open(jobs.clone().space("checkpoints"))?,
                 timetable: timetable::Timetable::open(|name| jobs.clone().space(name), replica)?,
                 triggers: store::Kept::open(jobs.clone().space("triggers"))?,
+                notifier,
                 cancels_seen: Mutex::new(Default::default()),
                 inputs: input::Desk::default(),
                 policies: switchyard_policy::Slot::default(),
@@ -410,6 +419,21 @@ impl Executor {
         .max_encoding_message_size(max_message_bytes)
     }
 
+    /// The notifications' gRPC service (`NotificationService`), to mount
+    /// beside [`Executor::server`].
+    pub fn notification_server(
+        &self,
+        max_message_bytes: usize,
+    ) -> switchyard_proto::executor::v1::notification_service_server::NotificationServiceServer<
+        Executor,
+    > {
+        switchyard_proto::executor::v1::notification_service_server::NotificationServiceServer::new(
+            self.clone(),
+        )
+        .max_decoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes)
+    }
+
     /// The built-in agents' gRPC service, to mount on the same server.
     pub fn builtin_agents_server(
         &self,
@@ -464,6 +488,20 @@ impl Executor {
                 async move { me.fire_due().await }
             },
         );
+        if self.inner.notifier.active() {
+            let me = self.clone();
+            tokio::spawn(async move {
+                loop {
+                    if let Err(e) = me.deliver_notifications().await {
+                        tracing::warn!(error = %e, "delivering notifications; trying again");
+                    }
+                    tokio::select! {
+                        _ = me.notification_wake(NOTIFY_EVERY) => {}
+                        _ = me.inner.shutdown.wait() => return,
+                    }
+                }
+            });
+        }
         let book = self.inner.book.clone();
         self.inner
             .shutdown
@@ -661,6 +699,10 @@ fn replica_name() -> String {
 
 /// How often the replay checkpoint moves forward.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
+
+/// How often due webhook deliveries (retries) are looked for, besides
+/// being woken by a new one.
+const NOTIFY_EVERY: Duration = Duration::from_millis(250);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

@@ -240,6 +240,8 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
                 "WorkerService/SetWorkerState",
                 "JobService/RetryDeadLetter",
                 "JobService/DeleteDeadLetter",
+                "NotificationService/ListDeliveries",
+                "NotificationService/RetryDelivery",
             ]);
             if role == "admin" {
                 add(&[

@@ -18,6 +18,7 @@ mod journal;
 mod ledger_concurrency;
 mod llm;
 mod mcp;
+mod notifications;
 mod oidc;
 mod platform;
 mod policy;

@@ -268,6 +268,10 @@ pub fn access(path: &str) -> Access {
             "DeleteTrigger" => needs(P::JobCancel),
             _ => Access::Unknown,
         },
+        // The dead-letter view of webhook deliveries, like jobs' own.
+        ("switchyard.executor.v1.NotificationService", "ListDeliveries" | "RetryDelivery") => {
+            needs(P::DeadLetterManage)
+        }
         ("switchyard.executor.v1.WorkerService", m) => match m {
             "Fetch" | "Ack" | "Nack" | "Heartbeat" => needs(P::TaskWork),
             "SetWorkerState" => needs(P::WorkerManage),

@@ -460,6 +460,11 @@ pub const REFERENCES: &[Reference] = &[
         "the source's own id of the event: hashed into the job id (triggers::job_id_of), never resolved",
     ),
     r(
+        "switchyard.executor.v1.RetryDeliveryRequest.delivery_id",
+        Visible,
+        "executor notify retry_delivery (Principal::sees_tenant)",
+    ),
+    r(
         "switchyard.executor.v1.ExplainJobRequest.job_id",
         Visible,
         "executor grpc visibility (Jobs::get)",
