@@ -307,3 +307,109 @@ switchyard_testkit::on_both_backends!(
     sled, postgres;
     webhooks_are_signed_retried_dead_lettered_and_carry_no_secret_or_prompt,
 );
+
+/// The example receiver (`examples/notifications/chat_relay.py`, run with
+/// the real Python) checks the signature of what Switchyard sends and
+/// posts a line to a chat webhook (here a stand-in recording what it
+/// gets); a forged delivery is refused and posts nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_chat_relay_verifies_deliveries_and_posts_them_to_a_chat() {
+    use tokio::io::AsyncBufReadExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("hook.secret");
+    std::fs::write(&secret_file, SECRET).unwrap();
+    // The chat's incoming webhook: what was posted to it.
+    let chat: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let posted = chat.clone();
+    let app = axum::Router::new().route(
+        "/chat",
+        axum::routing::post(move |axum::Json(v): axum::Json<Value>| {
+            let posted = posted.clone();
+            async move {
+                posted.lock().unwrap().push(v);
+                http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let chat_url = format!("http://{}/chat", listener.local_addr().unwrap());
+    let (stop_chat, chat_down) = switchyard_kit::shutdown::channel();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { chat_down.wait().await })
+            .await
+    });
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut relay = tokio::process::Command::new(crate::mcp::python())
+        .arg(root.join("examples/notifications/chat_relay.py"))
+        .args(["--port", "0"])
+        .env("SWITCHYARD_WEBHOOK_SECRET_FILE", &secret_file)
+        .env("CHAT_WEBHOOK_URL", &chat_url)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(relay.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let relay_url = first.strip_prefix("listening ").unwrap().to_owned();
+
+    let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
+        c.executor.notifications.webhooks = vec![switchyard_executor::config::WebhookConfig {
+            name: "chat".into(),
+            url: format!("{relay_url}hook"),
+            secret_file: secret_file.clone(),
+            events: vec!["approval.needed".into()],
+            tenant: "default".into(),
+        }];
+    })
+    .await
+    .unwrap();
+    let mut alice = JobServiceClient::new(s.channel_as("alice").await.unwrap());
+    let doc = json!({"job_id": "relay-1", "approval": {"requires_approval": true},
+        "input": {"brief": MARKER},
+        "tasks": [{"id": "a", "agent": {"capability": "builtin.echo", "input": {"text": "hi"}}}]})
+    .to_string();
+    submit(&mut alice, &doc).await.unwrap();
+    let mut said = Vec::new();
+    for _ in 0..200 {
+        said = chat.lock().unwrap().clone();
+        if !said.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(said.len(), 1, "{said:?}");
+    let text = said[0]["text"].as_str().unwrap();
+    assert!(
+        text.contains("Approval needed: job relay-1 (run run-relay-1) submitted by alice"),
+        "{text}"
+    );
+    assert!(!text.contains(MARKER));
+    // A forged delivery: refused, nothing posted.
+    let body = json!({"specversion": "1.0", "id": "forged", "type": "dev.switchyard.job.failed",
+                      "data": {"job_id": "relay-1"}})
+    .to_string();
+    let forged = reqwest::Client::new()
+        .post(format!("{relay_url}hook"))
+        .header(
+            switchyard_kit::webhook::SIGNATURE_HEADER,
+            switchyard_kit::webhook::sign(
+                b"not-the-secret-at-all",
+                switchyard_kit::time::now_ms() / 1000,
+                body.as_bytes(),
+            ),
+        )
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status().as_u16(), 401);
+    assert_eq!(chat.lock().unwrap().len(), 1, "the forged event was posted");
+    stop_chat.fire();
+    let _ = relay.kill().await;
+    s.stop().await.unwrap();
+}
