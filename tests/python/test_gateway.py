@@ -299,6 +299,22 @@ def check_metrics_on_the_http_door_need_metrics_read_and_parse_as_prometheus():
         assert f"# TYPE {h} histogram" in r.text, h
 
 
+def check_trigger_webhook_refuses_the_unauthenticated_the_malformed_and_the_unknown():
+    route = "/v1/triggers/{trigger_id}/events"
+    path = "/v1/triggers/no-such-trigger/events"
+    event = {"action": "opened"}
+    r = call("POST", route, path, json=event, headers={"idempotency-key": "e-1"})
+    assert r.status_code == 401 and r.json()["error"]["reason"] == "AUTH_REQUIRED", r.text
+    r = call("POST", route, path, ALICE, data="{not json", headers={"idempotency-key": "e-1", "content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["reason"] == "MALFORMED_REQUEST", r.text
+    r = call("POST", route, path, ALICE, json=event)
+    assert r.status_code == 400 and "Idempotency-Key" in r.json()["error"]["message"], r.text
+    r = call("POST", route, path, ALICE, json=event, headers={"idempotency-key": "e-1"})
+    assert r.status_code == 404 and r.json()["error"]["reason"] == "TRIGGER_NOT_FOUND", r.text
+    r = call("POST", route, path, BOB, json=event, headers={"idempotency-key": "e-1"})
+    assert r.status_code == 403 and r.json()["error"]["reason"] == "PERMISSION_DENIED", r.text
+
+
 def check_every_documented_route_was_exercised():
     doc = check_openapi_document_is_valid_and_open.doc
     documented = {(m.upper(), p) for p, item in doc["paths"].items() for m in item if m in ("get", "post", "put", "patch", "delete")}

@@ -99,6 +99,7 @@ impl Notifier {
                 tenant: w.tenant.clone(),
             });
         }
+        switchyard_kit::tls::install_crypto();
         let http = reqwest::Client::builder()
             .timeout(Duration::from_millis(cfg.timeout_ms))
             .redirect(reqwest::redirect::Policy::none())

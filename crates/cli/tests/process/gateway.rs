@@ -48,7 +48,7 @@ fn python_clients_drive_both_doors_of_switchyard_dev() {
         "python clients failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("14 passed, 0 failed"), "{stdout}");
+    assert!(stdout.contains("15 passed, 0 failed"), "{stdout}");
     assert_eq!(dev.terminate(), Some(0));
 }
 
@@ -213,6 +213,51 @@ fn a_gateway_in_its_own_process_serves_both_doors_for_a_remote_executor() {
     let mcp = mcp_session(&format!("{http}/mcp"), &alice);
     let called = mcp(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"get_job","arguments":{"job_id":"ID"}}}"#.replace("ID", &id).as_str());
     assert!(called.contains(r#"\"submitted_by\":\"alice\""#), "{called}");
+    // A trigger's webhook on the gateway starts the remote executor's job
+    // once per event id.
+    let job_file = data.path().join("hook-job.json");
+    std::fs::write(
+        &job_file,
+        r#"{"tasks": [{"id": "a", "agent": {"capability": "builtin.echo", "input": {"text": "hook"}}}]}"#,
+    )
+    .unwrap();
+    ok_as(
+        &url,
+        &[
+            "trigger",
+            "create",
+            job_file.to_str().unwrap(),
+            "--id",
+            "gw-hook",
+        ],
+        "alice",
+    );
+    let deliver = || {
+        let out = Command::new("curl")
+            .args(["-s", "-w", " %{http_code}", "-X", "POST", "-H"])
+            .arg(format!("authorization: Bearer {alice}"))
+            .args([
+                "-H",
+                "idempotency-key: ev-1",
+                "-H",
+                "content-type: application/json",
+            ])
+            .args(["-d", r#"{"action": "opened"}"#])
+            .arg(format!("{http}/v1/triggers/gw-hook/events"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let first = deliver();
+    assert!(
+        first.ends_with(" 201") && first.contains(r#""created":true"#),
+        "{first}"
+    );
+    let again = deliver();
+    assert!(
+        again.ends_with(" 200") && again.contains(r#""created":false"#),
+        "{again}"
+    );
     assert_eq!(gw.terminate(), Some(0));
     assert_eq!(dev.terminate(), Some(0));
 }
