@@ -29,7 +29,7 @@ import urllib.request
 from playwright.sync_api import expect, sync_playwright
 
 BASE = os.environ["SY_BASE"]
-TOKENS = {n: os.environ["SY_" + n.upper()] for n in ("alice", "bob", "carol", "viewer")}
+TOKENS = {n: os.environ["SY_" + n.upper()] for n in ("alice", "bob", "carol", "viewer", "admin")}
 JOB = open(os.environ["SY_JOB"], encoding="utf-8").read()
 SHOTS = os.environ["SY_SHOTS"]
 TIMEOUT_MS = 30_000
@@ -351,6 +351,21 @@ def main():
         alice.goto(BASE + "/ui/schedules")
         alice.locator('article[id="schedule-nightly-notes"]').get_by_role("button", name="Resume").click()
         expect(alice.locator('article[id="schedule-nightly-notes"]')).to_have_attribute("data-state", "active")
+
+        step("an admin sends a dead-lettered notification again; a viewer has no such page")
+        admin_ctx, admin = sign_in(browser, "admin")
+        admin.goto(BASE + "/ui/notifications")
+        dead = admin.locator('tr.delivery[data-webhook="pager"][data-state="dead"]').first
+        expect(dead).to_contain_text("job.completed")
+        expect(dead).to_contain_text("could not be reached")
+        dead.get_by_role("button", name="Send again").click()
+        expect(admin.locator("#retried")).to_contain_text("pager/")
+        summary["notification_retried"] = admin.locator("#retried code").inner_text()
+        viewer.goto(BASE + "/ui/jobs")
+        assert viewer.get_by_role("link", name="Notifications").count() == 0, "a viewer was offered the page"
+        forced_post(viewer, "/ui/notifications/retry", {"csrf": csrf(viewer), "delivery_id": summary["notification_retried"]})
+        expect(viewer.locator("#problem")).to_contain_text("permission dead_letter.manage is needed")
+        admin_ctx.close()
 
         step("a narrow screen: the inbox fits without sideways scrolling")
         narrow_ctx, narrow = sign_in(browser, "bob", viewport={"width": 375, "height": 740})

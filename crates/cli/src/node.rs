@@ -698,6 +698,15 @@ pub async fn run_node_then(
                 (None, Some(url)) => Some(RouterClient::remote(bare(url)?, max)),
                 (None, None) => None,
             },
+            notifications: match (&executor, &cfg.gateway.executor_url) {
+                (Some(x), _) => Some(switchyard_api::NotificationClient::local(Arc::new(
+                    x.clone(),
+                ))),
+                (None, Some(url)) => {
+                    Some(switchyard_api::NotificationClient::remote(bare(url)?, max))
+                }
+                (None, None) => None,
+            },
             // The executor hosts the schedules.
             schedules: match (&executor, &cfg.gateway.executor_url) {
                 (Some(x), _) => Some(switchyard_api::ScheduleClient::local(Arc::new(x.clone()))),

@@ -113,8 +113,24 @@ impl Env {
 /// Every service in one process, approvals noticed within 20 ms.
 async fn stack() -> Stack {
     switchyard_kit::tls::install_crypto();
+    // A webhook nothing answers, tried once: each completed job's
+    // notification is dead-lettered at once, for the notifications page.
+    let secret = std::env::temp_dir().join(format!("sy-console-{}.secret", std::process::id()));
+    std::fs::write(&secret, "console-test-webhook-secret-0123456789").unwrap();
+    let gone = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
     Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
         c.executor.approval_poll_ms = 20;
+        c.executor.notifications.max_attempts = 1;
+        c.executor.notifications.webhooks = vec![switchyard_executor::config::WebhookConfig {
+            name: "pager".into(),
+            url: format!("http://{gone}/hook"),
+            secret_file: secret.clone(),
+            events: vec!["job.completed".into()],
+            tenant: String::new(),
+        }];
     })
     .await
     .unwrap()
@@ -192,6 +208,7 @@ async fn in_a_real_browser_a_job_goes_from_submission_through_bobs_approval_to_i
         .env("SY_BOB", s.token("bob").unwrap())
         .env("SY_CAROL", &carol)
         .env("SY_VIEWER", &viewer)
+        .env("SY_ADMIN", s.token("admin").unwrap())
         .env("SY_JOB", &job_file)
         .env("SY_CHROMIUM", chromium())
         .env("SY_SHOTS", &shots)

@@ -770,6 +770,14 @@ pub(crate) const DOOR_RPCS: &[(&str, &str)] = &[
     ("GET /ui/agents", "RegistryService/ListAgents"),
     ("GET /ui/schedules", "ScheduleService/ListSchedules"),
     (
+        "GET /ui/notifications",
+        "NotificationService/ListDeliveries",
+    ),
+    (
+        "POST /ui/notifications/retry",
+        "NotificationService/RetryDelivery",
+    ),
+    (
         "POST /ui/schedules/{schedule_id}/{action}",
         "ScheduleService/PauseSchedule",
     ),

@@ -430,6 +430,16 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
         ("GET", "/ui/agents", Access::Needs(P::AgentRead)),
         ("GET", "/ui/schedules", Access::Needs(P::JobRead)),
         (
+            "GET",
+            "/ui/notifications",
+            Access::Needs(P::DeadLetterManage),
+        ),
+        (
+            "POST",
+            "/ui/notifications/retry",
+            Access::Needs(P::DeadLetterManage),
+        ),
+        (
             "POST",
             "/ui/schedules/{schedule_id}/{action}",
             Access::Needs(P::JobCancel),

@@ -31,7 +31,8 @@ use axum::extract::Request;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use switchyard_api::{
-    ApprovalClient, AuthClient, LedgerClient, RegistryClient, RouterClient, ScheduleClient,
+    ApprovalClient, AuthClient, LedgerClient, NotificationClient, RegistryClient, RouterClient,
+    ScheduleClient,
 };
 use switchyard_core::Reason;
 use switchyard_kit::auth::authn::Authenticator;
@@ -58,6 +59,8 @@ pub struct ConsoleServices {
     pub router: Option<RouterClient>,
     /// Schedules (the executor's ScheduleService).
     pub schedules: Option<ScheduleClient>,
+    /// Webhook deliveries (the executor's NotificationService).
+    pub notifications: Option<NotificationClient>,
     /// Signing in through the identity provider (`[gateway.console.oidc]`).
     pub oidc: Option<Arc<oidc::Provider>>,
     /// Where this process wrote its dev principals' keys (`switchyard dev`):
@@ -119,6 +122,8 @@ pub(crate) fn routes<S: Clone + Send + Sync + 'static>(
             "/ui/schedules/{schedule_id}/{action}",
             post(pages::pause_schedule),
         )
+        .route("/ui/notifications", get(pages::notifications))
+        .route("/ui/notifications/retry", post(pages::retry_notification))
         .route("/ui/live", get(live::live))
         .with_state(console)
 }
@@ -311,6 +316,10 @@ const TEMPLATE_FILES: &[(&str, &str)] = &[
     (
         "schedules.html",
         include_str!("../../console/templates/schedules.html"),
+    ),
+    (
+        "notifications.html",
+        include_str!("../../console/templates/notifications.html"),
     ),
 ];
 

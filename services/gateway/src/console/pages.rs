@@ -10,7 +10,8 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use switchyard_api::{
-    ApprovalClient, AuthClient, LedgerClient, RegistryClient, RouterClient, ScheduleClient,
+    ApprovalClient, AuthClient, LedgerClient, NotificationClient, RegistryClient, RouterClient,
+    ScheduleClient,
 };
 use switchyard_core::Reason;
 use switchyard_kit::auth::Permission;
@@ -55,6 +56,7 @@ fn layout(c: &Caller, s: &Session, active: &str) -> Value {
             "submit": p.may(Permission::JobSubmit),
             "budgets": p.may(Permission::BudgetRead),
             "agents": p.may(Permission::AgentRead),
+            "notifications": p.may(Permission::DeadLetterManage),
             "route": p.may(Permission::Route),
         },
     })
@@ -1854,5 +1856,67 @@ pub(crate) async fn pause_schedule(
     Ok(see_other(&format!(
         "/ui/schedules#schedule-{}",
         encode(&schedule_id)
+    )))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct NotificationsQuery {
+    /// The delivery just sent again, to say so.
+    #[serde(default)]
+    retried: String,
+}
+
+/// `GET /ui/notifications`: webhook deliveries waiting to be sent again
+/// and dead-lettered ones, of the person's tenant.
+pub(crate) async fn notifications(
+    State(c): Shared,
+    Extension(caller): Extension<Caller>,
+    Extension(s): Extension<Session>,
+    Query(q): Query<NotificationsQuery>,
+) -> Result<Response, PageError> {
+    let base = layout(&caller, &s, "notifications");
+    let fail = |e: Status| PageError(e, base.clone());
+    let client = reach(&c.services.notifications, "executor").map_err(fail)?;
+    let req = switchyard_proto::executor::v1::ListDeliveriesRequest { dead_only: false };
+    let listed =
+        as_caller!(NotificationClient, client, caller, list_deliveries, req).map_err(fail)?;
+    let now = now();
+    let deliveries: Vec<Value> = listed
+        .deliveries
+        .iter()
+        .map(|d| views::delivery(d, now))
+        .collect();
+    Ok(page(
+        "notifications.html",
+        base,
+        json!({"title": "Notifications", "deliveries": deliveries, "retried": q.retried}),
+    ))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct RetryNotificationForm {
+    /// The dead-lettered delivery.
+    #[serde(default)]
+    delivery_id: String,
+}
+
+/// `POST /ui/notifications/retry`: sends a dead-lettered delivery again as
+/// the person.
+pub(crate) async fn retry_notification(
+    State(c): Shared,
+    Extension(caller): Extension<Caller>,
+    Extension(s): Extension<Session>,
+    Form(f): Form<RetryNotificationForm>,
+) -> Result<Response, PageError> {
+    let base = layout(&caller, &s, "notifications");
+    let fail = |e: Status| PageError(e, base.clone());
+    let client = reach(&c.services.notifications, "executor").map_err(fail)?;
+    let req = switchyard_proto::executor::v1::RetryDeliveryRequest {
+        delivery_id: f.delivery_id.clone(),
+    };
+    as_caller!(NotificationClient, client, caller, retry_delivery, req).map_err(fail)?;
+    Ok(see_other(&format!(
+        "/ui/notifications?retried={}",
+        encode(&f.delivery_id)
     )))
 }

@@ -744,6 +744,24 @@ pub fn schedule(s: &switchyard_proto::executor::v1::Schedule, now_ms: u64) -> Va
     })
 }
 
+/// A webhook delivery as the notifications page shows it.
+pub fn delivery(d: &switchyard_proto::executor::v1::Delivery, now_ms: u64) -> Value {
+    let ms = |t: &Option<prost_types::Timestamp>| {
+        t.as_ref().map_or(0, switchyard_kit::time::timestamp_ms)
+    };
+    json!({
+        "id": d.delivery_id,
+        "webhook": d.webhook,
+        "event": d.event_type.trim_start_matches("dev.switchyard."),
+        "subject": d.subject,
+        "dead": d.dead,
+        "attempts": d.attempts,
+        "next": if d.dead { Value::Null } else { when(ms(&d.next_attempt_at), now_ms) },
+        "created": when(ms(&d.created_at), now_ms),
+        "last_error": d.last_error,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
