@@ -275,20 +275,20 @@ async fn client(conn: &Conn) -> anyhow::Result<Client> {
     Ok(ExecutorClient::remote(conn.channel().await?, MAX_MESSAGE))
 }
 
-/// An `--input` argument: a JSON object, or `@FILE` holding one.
-pub(crate) fn input_arg(text: &str) -> anyhow::Result<prost_types::Struct> {
+/// A JSON-object argument (`--input`, `--event`; `flag` names it in
+/// errors): the object, or `@FILE` holding one.
+pub(crate) fn object_arg(flag: &str, text: &str) -> anyhow::Result<prost_types::Struct> {
     let read = match text.strip_prefix('@') {
         Some(path) => {
-            std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("--input {text}: {e}"))?
+            std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{flag} {text}: {e}"))?
         }
         None => text.to_owned(),
     };
     let v: serde_json::Value = serde_json::from_str(&read).map_err(|e| {
-        anyhow::anyhow!("--input is not JSON ({e}); give an object, like '{{\"topic\": \"x\"}}'")
+        anyhow::anyhow!("{flag} is not JSON ({e}); give an object, like '{{\"topic\": \"x\"}}'")
     })?;
-    switchyard_kit::json::json_to_struct(&v).ok_or_else(|| {
-        anyhow::anyhow!("--input must be a JSON object, like '{{\"topic\": \"x\"}}'")
-    })
+    switchyard_kit::json::json_to_struct(&v)
+        .ok_or_else(|| anyhow::anyhow!("{flag} must be a JSON object, like '{{\"topic\": \"x\"}}'"))
 }
 
 /// The document in `file`, or on standard input for `-`.
@@ -1088,7 +1088,7 @@ pub async fn run(cmd: JobCmd) -> anyhow::Result<()> {
             watch,
             conn,
         } => {
-            let input = input.map(|i| input_arg(&i)).transpose()?;
+            let input = input.map(|i| object_arg("--input", &i)).transpose()?;
             let c = client(&conn).await?;
             let out = c
                 .rerun_job(RerunJobRequest {

@@ -137,7 +137,9 @@ pub async fn run(cmd: ScheduleCmd) -> anyhow::Result<()> {
             conn,
         } => {
             let document = crate::job::read(&file)?;
-            let input = input.map(|i| crate::job::input_arg(&i)).transpose()?;
+            let input = input
+                .map(|i| crate::job::object_arg("--input", &i))
+                .transpose()?;
             let window = catch_up_window
                 .map(|w| {
                     switchyard_kit::time::parse_span(&w)
@@ -321,6 +323,24 @@ fn wall(s: &Schedule, ms: u64) -> String {
     }
 }
 
+/// `--overlap`'s word for `o` (unset: the default, skip).
+fn overlap_name(o: OverlapPolicy) -> &'static str {
+    match o {
+        OverlapPolicy::Queue => "queue",
+        OverlapPolicy::CancelPrevious => "cancel-previous",
+        OverlapPolicy::Skip | OverlapPolicy::Unspecified => "skip",
+    }
+}
+
+/// `--catch-up`'s word for `c` (unset: the default, latest).
+fn catch_up_name(c: CatchUpPolicy) -> &'static str {
+    match c {
+        CatchUpPolicy::Skip => "skip",
+        CatchUpPolicy::All => "all",
+        CatchUpPolicy::Latest | CatchUpPolicy::Unspecified => "latest",
+    }
+}
+
 fn outcome(t: &ScheduleTick) -> &'static str {
     match t.outcome() {
         TickOutcome::Started => "started",
@@ -351,19 +371,15 @@ fn print_next(s: &Schedule) {
 }
 
 fn print_schedule(s: &Schedule) {
-    let policy = |v: &str| v.rsplit('_').next().unwrap_or(v).to_lowercase();
     println!("schedule {}", s.schedule_id);
     if !s.description.is_empty() {
         println!("  {}", s.description);
     }
     println!("  cron:       {} in {}", s.cron, zone(s));
-    println!(
-        "  overlap:    {}",
-        policy(s.overlap().as_str_name()).replace("previous", "cancel-previous")
-    );
+    println!("  overlap:    {}", overlap_name(s.overlap()));
     println!(
         "  catch-up:   {} (window {})",
-        policy(s.catch_up().as_str_name()),
+        catch_up_name(s.catch_up()),
         switchyard_kit::time::human_duration(
             s.catch_up_window
                 .as_ref()

@@ -215,8 +215,7 @@ pub async fn run(cmd: TriggerCmd) -> anyhow::Result<()> {
             event_id,
             conn,
         } => {
-            let event = crate::job::input_arg(&event)
-                .map_err(|e| anyhow::anyhow!("{}", e.to_string().replace("--input", "--event")))?;
+            let event = crate::job::object_arg("--event", &event)?;
             let out = client(&conn)
                 .await?
                 .fire_trigger(FireTriggerRequest {

@@ -66,10 +66,8 @@ pub fn verify(
     }
     let want = sign(secret, t, body);
     let want = want.rsplit_once("v1=").map_or("", |(_, h)| h).as_bytes();
-    v1.iter().any(|got| {
-        let got = got.as_bytes();
-        got.len() == want.len() && got.iter().zip(want).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0
-    })
+    v1.iter()
+        .any(|got| crate::auth::authn::constant_time_eq(got.as_bytes(), want))
 }
 
 #[cfg(test)]

@@ -1168,10 +1168,11 @@ impl Executor {
             None => {
                 // Waiting for a person: the webhooks that want it hear so.
                 if a.run.status == ap::RunStatus::Proposed as i32
-                    && let (Some(n), Some(e)) = (book.notifier(), st.find(job_id))
+                    && let Some(e) = st.find(job_id)
                 {
                     let estimate = est.estimated_cost.map(|m| m.micro_usd);
-                    n.approval_needed(e, &a.run.run_id, estimate, now);
+                    book.notifier
+                        .approval_needed(e, &a.run.run_id, estimate, now);
                 }
                 Ok((g, false))
             }

@@ -256,7 +256,7 @@ pub(crate) struct JobBook {
     /// Signs each job's journal head when it retires.
     pub(crate) seal: Arc<crate::audit::Seal>,
     /// Told what each recorded event means for the webhooks.
-    notifier: std::sync::OnceLock<Arc<crate::notify::Notifier>>,
+    pub(crate) notifier: Arc<crate::notify::Notifier>,
 }
 
 impl JobBook {
@@ -267,6 +267,7 @@ impl JobBook {
         clock: Arc<dyn Clock>,
         shutdown: Shutdown,
         seal: Arc<crate::audit::Seal>,
+        notifier: Arc<crate::notify::Notifier>,
     ) -> Result<JobBook, ExecutorError> {
         let jobs = store.load_held()?;
         let book = JobBook {
@@ -279,7 +280,7 @@ impl JobBook {
             told: std::sync::atomic::AtomicU64::new(0),
             flush_wanted: tokio::sync::Notify::new(),
             seal,
-            notifier: std::sync::OnceLock::new(),
+            notifier,
         };
         book.checkpoint()?;
         Ok(book)
@@ -357,16 +358,6 @@ impl JobBook {
         self.clock.now_ms()
     }
 
-    /// Tells `n` what each event recorded from now on means.
-    pub(crate) fn set_notifier(&self, n: Arc<crate::notify::Notifier>) {
-        let _ = self.notifier.set(n);
-    }
-
-    /// The notifier, once set.
-    pub(crate) fn notifier(&self) -> Option<&Arc<crate::notify::Notifier>> {
-        self.notifier.get()
-    }
-
     /// The log's last position.
     pub(crate) fn last(&self) -> u64 {
         self.store.last()
@@ -428,9 +419,7 @@ impl JobBook {
         };
         let spent_before = entry.job.cost_so_far.map_or(0, |c| c.micro_usd);
         entry.apply(&wire, &ev, |_| stored.cloned());
-        if let Some(n) = self.notifier.get() {
-            n.observe(entry, &ev, spent_before, time_ms);
-        }
+        self.notifier.observe(entry, &ev, spent_before, time_ms);
         if matches!(entry.state(), JobState::Pending | JobState::Scheduled) {
             st.waiting.insert(job_id.to_owned());
         } else {

@@ -145,8 +145,6 @@ struct Inner {
     timetable: timetable::Timetable,
     /// Triggers, by id.
     triggers: store::Kept<switchyard_proto::executor::v1::Trigger>,
-    /// Webhooks told about approvals, job ends and budgets.
-    notifier: Arc<notify::Notifier>,
 }
 
 /// The executor service.
@@ -288,8 +286,8 @@ impl Executor {
             clock,
             shutdown.clone(),
             Arc::new(seal),
+            notifier,
         )?);
-        book.set_notifier(notifier.clone());
         switchyard_kit::metrics::global().add_gauges(&book);
         let spec = builtin::spec("");
         let (drain, draining) = switchyard_kit::shutdown::channel();
@@ -316,7 +314,6 @@ impl Executor {
                 checkpoints: store::Kept::open(jobs.clone().space("checkpoints"))?,
                 timetable: timetable::Timetable::open(|name| jobs.clone().space(name), replica)?,
                 triggers: store::Kept::open(jobs.clone().space("triggers"))?,
-                notifier,
                 cancels_seen: Mutex::new(Default::default()),
                 inputs: input::Desk::default(),
                 policies: switchyard_policy::Slot::default(),
@@ -488,7 +485,7 @@ impl Executor {
                 async move { me.fire_due().await }
             },
         );
-        if self.inner.notifier.active() {
+        if self.inner.book.notifier.active() {
             let me = self.clone();
             tokio::spawn(async move {
                 loop {

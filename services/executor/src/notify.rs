@@ -198,13 +198,18 @@ impl Notifier {
         self.tell(&n, now_ms);
     }
 
-    /// The wait before attempt `attempts + 1`.
+    /// The wait before attempt `attempts + 1`: the retry policies'
+    /// exponential backoff from `retry_base_ms`, doubling, capped at
+    /// `retry_max_ms`.
     fn backoff(&self, attempts: u32) -> u64 {
-        let doubled = self
-            .cfg
-            .retry_base_ms
-            .saturating_mul(1u64 << attempts.saturating_sub(1).min(20));
-        doubled.min(self.cfg.retry_max_ms.max(self.cfg.retry_base_ms))
+        let b = switchyard_core::backoff::Backoff {
+            strategy: switchyard_core::backoff::Strategy::Exponential,
+            base: Duration::from_millis(self.cfg.retry_base_ms),
+            max: Duration::from_millis(self.cfg.retry_max_ms.max(self.cfg.retry_base_ms)),
+            jitter: 0.0,
+            coefficient: 2.0,
+        };
+        b.delay(attempts, 0.0).as_millis() as u64
     }
 
     /// Posts `d` once; the error text when it was not accepted.
@@ -327,7 +332,7 @@ pub(crate) fn notices(e: &JobEntry, ev: &JobEvent, spent_before: i64) -> Vec<Not
 impl Executor {
     /// One round of webhook deliveries: each due one posted once.
     pub(crate) async fn deliver_notifications(&self) -> Result<(), ExecutorError> {
-        let n = &self.inner.notifier;
+        let n = &self.inner.book.notifier;
         if !n.active() || !self.maintains().await {
             return Ok(());
         }
@@ -368,7 +373,7 @@ impl Executor {
 
     /// Waits for a delivery to be kept, or `every`.
     pub(crate) async fn notification_wake(&self, every: Duration) {
-        let _ = tokio::time::timeout(every, self.inner.notifier.wake.notified()).await;
+        let _ = tokio::time::timeout(every, self.inner.book.notifier.wake.notified()).await;
     }
 
     /// ListDeliveries for principal `p`.
@@ -379,6 +384,7 @@ impl Executor {
     ) -> Result<Vec<Delivery>, ExecutorError> {
         let mut out: Vec<Delivery> = self
             .inner
+            .book
             .notifier
             .deliveries
             .list()
@@ -397,7 +403,7 @@ impl Executor {
         p: &switchyard_kit::auth::Principal,
         req: RetryDeliveryRequest,
     ) -> Result<Delivery, ExecutorError> {
-        let n = &self.inner.notifier;
+        let n = &self.inner.book.notifier;
         let id = req.delivery_id;
         let mut d = match n.deliveries.get(&id).await? {
             Some(d) if p.sees_tenant(&d.tenant) => d,

@@ -44,8 +44,7 @@ fn creator_of(t: &Trigger) -> Creator {
 /// The id of the job event `event_id` starts through trigger `trigger_id`.
 pub(crate) fn job_id_of(trigger_id: &str, event_id: &str) -> String {
     let digest = sha2::Sha256::digest(event_id.as_bytes());
-    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{trigger_id}-{hex}")
+    format!("{trigger_id}-{}", switchyard_kit::hex::encode(&digest[..8]))
 }
 
 /// The job input event `event` gives under trigger `t`: the template's

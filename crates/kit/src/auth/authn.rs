@@ -370,8 +370,10 @@ fn on_behalf(p: Arc<Principal>, header: Option<&str>) -> Result<Arc<Principal>, 
     Ok(Arc::new(p))
 }
 
-fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Whether `a` and `b` are equal, in time that depends only on their
+/// lengths (secrets and digests are compared so).
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]

@@ -18,6 +18,8 @@
 //!   inside the window. ALL: each inside the window fires in turn, oldest
 //!   first, at most [`MAX_CATCH_UP`].
 
+use std::collections::VecDeque;
+
 use super::cron::Cron;
 
 /// How long a tick may be due and still count as on time.
@@ -132,22 +134,16 @@ pub(crate) fn decide(
         };
         from.max(now.saturating_sub(keep + 1))
     };
-    let (before, last_before) = count(cron, from, lo);
-    let mut recent: std::collections::VecDeque<u64> = std::collections::VecDeque::new();
-    let mut total = before;
-    let mut at = lo;
-    while let Some(t) = cron.next_after(at).filter(|t| *t <= now) {
-        total += 1;
-        if recent.len() == MAX_CATCH_UP {
-            recent.pop_front();
-        }
-        recent.push_back(t);
-        at = t;
-        if total >= COUNT_CAP {
-            break;
-        }
-    }
-    let Some(&oldest) = recent.front().or(last_before.as_ref()) else {
+    let (before, last_before) = due(cron, from, lo, 1, COUNT_CAP);
+    let (after, recent) = due(
+        cron,
+        lo,
+        now,
+        MAX_CATCH_UP,
+        COUNT_CAP.saturating_sub(before),
+    );
+    let total = before + after;
+    let Some(&oldest) = recent.front().or(last_before.back()) else {
         return Decision::Nothing;
     };
     // Earlier due ticks than `tick` (all of them, counted or kept).
@@ -199,15 +195,18 @@ pub(crate) fn decide(
     }
 }
 
-/// How many ticks fall in `(from, to]` (counting stops at [`COUNT_CAP`]),
-/// and the last of them.
-fn count(cron: &Cron, from: u64, to: u64) -> (u64, Option<u64>) {
-    let (mut n, mut last, mut at) = (0, None, from);
+/// How many ticks fall in `(from, to]` — counting stops once `cap` are
+/// (at least one is counted) — and the last `keep` of them, oldest first.
+fn due(cron: &Cron, from: u64, to: u64, keep: usize, cap: u64) -> (u64, VecDeque<u64>) {
+    let (mut n, mut last, mut at) = (0, VecDeque::with_capacity(keep), from);
     while let Some(t) = cron.next_after(at).filter(|t| *t <= to) {
         n += 1;
-        last = Some(t);
+        if last.len() == keep {
+            last.pop_front();
+        }
+        last.push_back(t);
         at = t;
-        if n >= COUNT_CAP {
+        if n >= cap {
             break;
         }
     }
