@@ -354,11 +354,21 @@ struct InvocationHost<'a> {
     registered: HashMap<String, Tool>,
     /// What a handoff agent handed back (`hand_back`), once it did.
     handed_back: std::sync::Mutex<Option<Value>>,
+    /// The provider rate-limit claims of its model calls.
+    claims: spend::RateClaims,
 }
 
+/// Longest a declarative agent's model call waits for rate-limit room.
+const RATE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Host for InvocationHost<'_> {
+    fn aim(&self, _call: u32, t: &switchyard_llm::Target) {
+        self.claims.aim(&t.provider, &t.model, &t.key);
+    }
+
     fn reserve(&self, call: u32, tokens: u64, cost: i64) -> BoxFuture<'_, Result<String, Refusal>> {
         Box::pin(async move {
+            let rate = self.claims.claim(tokens);
             let req = HoldRequest {
                 budget_id: self.budget_id.clone(),
                 tokens,
@@ -370,9 +380,28 @@ impl Host for InvocationHost<'_> {
                 // An agent spends under its invocation's grant, on the
                 // chain: the caller's scope hold is the caller's.
                 from_hold: String::new(),
+                rate: rate.clone(),
             };
-            match spend::reserve(&self.hosted.ledger, req).await {
-                Ok(h) => Ok(h.id().to_owned()),
+            let started = std::time::Instant::now();
+            let reserved = loop {
+                match spend::reserve(&self.hosted.ledger, req.clone()).await {
+                    Err(spend::Refusal::RateLimited {
+                        retry_after_ms: Some(ms),
+                        ..
+                    }) if started.elapsed() < RATE_WAIT => {
+                        tokio::time::sleep(spend::rate_pause(ms)).await;
+                    }
+                    r => break r,
+                }
+            };
+            match reserved {
+                Ok(h) => {
+                    self.claims.held(h.id(), rate);
+                    Ok(h.id().to_owned())
+                }
+                Err(r @ spend::Refusal::RateLimited { .. }) => {
+                    Err(Refusal::RateLimited(format!("model call {call}: {r}")))
+                }
                 Err(spend::Refusal::Budget { message, short, .. }) => {
                     Err(Refusal::budget(&message, short.reason(), call))
                 }
@@ -403,7 +432,9 @@ impl Host for InvocationHost<'_> {
                 ),
                 prices,
             );
-            let hold = Hold::resume(&self.hosted.ledger, hold).under_grant(&self.grant);
+            let hold = Hold::resume(&self.hosted.ledger, hold)
+                .under_grant(&self.grant)
+                .with_rate(self.claims.settle(hold, Some(model), usage.total_tokens));
             if let Err(e) = hold.commit(usage.total_tokens, cost, entry).await {
                 tracing::warn!(reservation_id = hold.id(), error = %e.message(), "commit failed; the reservation's TTL bounds the hold");
             }
@@ -419,6 +450,7 @@ impl Host for InvocationHost<'_> {
             );
             let _ = Hold::resume(&self.hosted.ledger, hold)
                 .under_grant(&self.grant)
+                .with_rate(self.claims.settle(hold, None, 0))
                 .release()
                 .await;
         })
@@ -635,6 +667,7 @@ impl Agent for Hosted {
             correlation,
             registered,
             handed_back: Default::default(),
+            claims: spend::RateClaims::default(),
         };
         let ran = agent::run(&self.llm, &spec, &host).await;
         let handed_back = host.handed_back.lock().ok().and_then(|mut h| h.take());

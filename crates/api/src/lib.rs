@@ -121,6 +121,10 @@ pub mod ledger {
                 report(ReportRequest) -> ReportResponse;
                 /// Checks the journal's hash chains.
                 verify_journal(VerifyJournalRequest) -> VerifyJournalResponse;
+                /// Sets a cooldown on an upstream key.
+                cool_down(CoolDownRequest) -> CoolDownResponse;
+                /// Lists the rate-limit buckets.
+                list_limits(ListLimitsRequest) -> ListLimitsResponse;
             }
             streaming {
                 /// Streams ledger events.

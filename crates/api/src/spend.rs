@@ -11,7 +11,7 @@ use switchyard_core::{Reason, validate};
 use switchyard_kit::error::ApiError;
 use switchyard_proto::common::v1::{CorrelationContext, Money, TokenUsage, UnitPrice};
 use switchyard_proto::ledger::v1::{
-    CommitRequest, CommitResponse, Entry, ReleaseRequest, ReserveRequest,
+    CommitRequest, CommitResponse, Entry, RateClaim, ReleaseRequest, ReserveRequest,
 };
 use tonic::Status;
 
@@ -134,6 +134,9 @@ pub struct HoldRequest {
     /// Draw from this ledger hold (an approval's scope) instead of the
     /// budget chain; empty: reserve on the chain.
     pub from_hold: String,
+    /// A model call's upstream use, for the provider rate limits (taken in
+    /// the same step as the money, or nothing is).
+    pub rate: Option<RateClaim>,
 }
 
 /// What a budget refusal ran out of, and by how much: from the ledger's
@@ -208,6 +211,18 @@ pub enum Refusal {
         /// What ran out, with how much more the hold needed.
         short: Shortfall,
     },
+    /// A provider rate limit has no room for the call now (ask again after
+    /// `retry_after_ms`) or ever (`None`); nothing was reserved.
+    RateLimited {
+        /// The ledger's words.
+        message: String,
+        /// When to ask again, ms; `None`: the call can never fit.
+        retry_after_ms: Option<u64>,
+        /// The limit that refused (empty: an upstream key's cooldown).
+        limit: String,
+        /// Its bucket's scope (`shared`, `tenant:<t>`, `key:<k>`, …).
+        scope: String,
+    },
     /// The ledger refused for another reason (not the budget).
     Unavailable(String),
     /// The ledger could not be reached ([`switchyard_kit::error::is_outage`]):
@@ -221,6 +236,7 @@ impl std::fmt::Display for Refusal {
             Refusal::Budget { message, .. } => {
                 write!(f, "the budget refused the reservation: {message}")
             }
+            Refusal::RateLimited { message, .. } => write!(f, "{message}"),
             Refusal::Unavailable(m) => write!(f, "ledger: {m}"),
             Refusal::Unreachable(s) => write!(f, "ledger unreachable: {}", s.message()),
         }
@@ -234,6 +250,7 @@ pub struct Hold {
     ledger: LedgerClient,
     id: String,
     grant: String,
+    rate: Option<RateClaim>,
 }
 
 /// Reserves `r` on its budget chain, all or nothing.
@@ -252,6 +269,7 @@ pub async fn reserve(ledger: &LedgerClient, r: HoldRequest) -> Result<Hold, Refu
             invocation_grant: r.grant.clone(),
             hold: false,
             hold_id: r.from_hold.clone(),
+            rate: r.rate.clone(),
         })
         .await;
     match reserved {
@@ -259,6 +277,7 @@ pub async fn reserve(ledger: &LedgerClient, r: HoldRequest) -> Result<Hold, Refu
             ledger: ledger.clone(),
             id: res.reservation.unwrap_or_default().reservation_id,
             grant: r.grant,
+            rate: r.rate,
         }),
         Err(e) if switchyard_kit::error::is_outage(&e) => Err(Refusal::Unreachable(e)),
         Err(e) => {
@@ -269,6 +288,18 @@ pub async fn reserve(ledger: &LedgerClient, r: HoldRequest) -> Result<Hold, Refu
                     refused_by: r.budget_id,
                     short: Shortfall::from_hold(&api.metadata, r.tokens, r.cost_micro_usd),
                     message: format!("the approved scope is spent: {}", api.message),
+                });
+            }
+            if api.known_reason() == Some(Reason::RateLimited) {
+                let md = |k: &str| api.metadata.get(k).cloned().unwrap_or_default();
+                return Err(Refusal::RateLimited {
+                    retry_after_ms: api
+                        .metadata
+                        .get("retry_after_ms")
+                        .and_then(|v| v.parse().ok()),
+                    limit: md("limit"),
+                    scope: md("scope"),
+                    message: api.message,
                 });
             }
             if api.known_reason() == Some(Reason::BudgetExceeded) {
@@ -293,7 +324,14 @@ impl Hold {
             ledger: ledger.clone(),
             id: id.to_owned(),
             grant: String::new(),
+            rate: None,
         }
+    }
+
+    /// This hold, settling the rate claim `rate` (its `tokens`: what the
+    /// call used upstream, 0 when another model answered).
+    pub fn with_rate(self, rate: Option<RateClaim>) -> Hold {
+        Hold { rate, ..self }
     }
 
     /// This hold, settled under an agent's invocation grant.
@@ -326,6 +364,7 @@ impl Hold {
                 entry: Some(entry),
                 idempotency_key: format!("commit-{}", self.id),
                 invocation_grant: self.grant.clone(),
+                rate: self.rate.clone(),
             })
             .await
     }
@@ -339,6 +378,7 @@ impl Hold {
                 reservation_id: self.id.clone(),
                 idempotency_key: format!("release-{}", self.id),
                 invocation_grant: self.grant.clone(),
+                rate: self.rate.clone(),
             })
             .await;
         match r {
@@ -354,6 +394,64 @@ impl Hold {
             Err(e) => Err(e),
         }
     }
+}
+
+/// The rate claims of one agent loop's model calls: where the next call
+/// goes (`aim`), and the claim each open hold made, until it is settled.
+#[derive(Debug, Default)]
+pub struct RateClaims {
+    aimed: std::sync::Mutex<Option<RateClaim>>,
+    held: std::sync::Mutex<std::collections::HashMap<String, RateClaim>>,
+}
+
+impl RateClaims {
+    /// The next call goes to `provider`'s `model` through upstream key `key`.
+    pub fn aim(&self, provider: &str, model: &str, key: &str) {
+        let claim = RateClaim {
+            provider: provider.to_owned(),
+            model: model.to_owned(),
+            key: key.to_owned(),
+            tokens: 0,
+        };
+        *self.aimed.lock().unwrap_or_else(|p| p.into_inner()) = Some(claim);
+    }
+
+    /// The claim for the next call, of at most `tokens`.
+    pub fn claim(&self, tokens: u64) -> Option<RateClaim> {
+        let aimed = self.aimed.lock().unwrap_or_else(|p| p.into_inner());
+        aimed.clone().map(|c| RateClaim { tokens, ..c })
+    }
+
+    /// Hold `hold` was made with `claim`.
+    pub fn held(&self, hold: &str, claim: Option<RateClaim>) {
+        if let Some(c) = claim {
+            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            held.insert(hold.to_owned(), c);
+        }
+    }
+
+    /// The claim to settle hold `hold` with: `used` tokens when `model`
+    /// answered it (0 when another model of the chain did, or none: a
+    /// release).
+    pub fn settle(&self, hold: &str, model: Option<&str>, used: u64) -> Option<RateClaim> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.remove(hold).map(|c| RateClaim {
+            tokens: if model == Some(c.model.as_str()) {
+                used
+            } else {
+                0
+            },
+            ..c
+        })
+    }
+}
+
+/// How long to wait before asking again after a rate-limit refusal that
+/// said `retry_after_ms`: that long, but at most a second (a waiting call
+/// asks again at least once a second, so the limit counts it as waiting
+/// when it shares room fairly between tenants).
+pub fn rate_pause(retry_after_ms: u64) -> std::time::Duration {
+    std::time::Duration::from_millis(retry_after_ms.clamp(1, 1_000))
 }
 
 #[cfg(test)]

@@ -109,6 +109,10 @@ reasons! {
     InvalidTaskNumbering => "INVALID_TASK_NUMBERING",
     /// A reservation does not fit in a budget or one of its ancestors.
     BudgetExceeded => "BUDGET_EXCEEDED",
+    /// A model call does not fit a provider rate limit now (RetryInfo says
+    /// when to ask again) or ever (no RetryInfo: it is larger than the
+    /// limit allows in a whole window); nothing was reserved.
+    RateLimited => "RATE_LIMITED",
     /// The work needs an approved run first.
     ApprovalRequired => "APPROVAL_REQUIRED",
     /// The named budget does not exist.

@@ -85,6 +85,27 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+/// A rate-limit bucket: its limit and scope (`shared`, `tenant:<t>`, …).
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    /// The limit's name (empty: an upstream key's cooldown bucket).
+    pub limit: String,
+    /// The bucket's scope.
+    pub scope: String,
+}
+
+/// One dimension of a rate-limit bucket.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitUseLabels {
+    /// The limit's name.
+    pub limit: String,
+    /// The bucket's scope.
+    pub scope: String,
+    /// `requests_per_minute`, `tokens_per_minute`, `tokens_per_day` or
+    /// `concurrent`.
+    pub dimension: String,
+}
+
 /// An LLM model at a provider.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModelLabels {
@@ -225,6 +246,21 @@ pub struct Metrics {
     /// Panics caught by the process's panic hook (each is a bug: a request
     /// that panics is answered as an internal error, never silently).
     pub panics: Counter,
+    /// What each rate-limit bucket holds now, per dimension (the ledger).
+    pub rate_limit_used: Family<LimitUseLabels, Gauge>,
+    /// Each rate-limit bucket's limit, per dimension (the ledger).
+    pub rate_limit_capacity: Family<LimitUseLabels, Gauge>,
+    /// Calls waiting on each bucket now (the ledger).
+    pub rate_limit_waiting: Family<LimitLabels, Gauge>,
+    /// Times a model call was told to wait, by the bucket that refused
+    /// (the ledger).
+    pub rate_limit_waits: Family<LimitLabels, Counter>,
+    /// Model calls refused for good (larger than the limit), or given up
+    /// after waiting as long as allowed, by bucket.
+    pub rate_limit_refusals: Family<LimitLabels, Counter>,
+    /// How long model calls waited for rate-limit room before going
+    /// (the executor).
+    pub rate_limit_wait_seconds: Histogram,
     sources: Mutex<Vec<Weak<dyn Gauges>>>,
     /// Per-method series, by service then method.
     methods: std::sync::RwLock<HashMap<String, HashMap<String, Arc<MethodMetrics>>>>,
@@ -282,6 +318,12 @@ impl Metrics {
             agent_tokens: Family::default(),
             agent_cost_micro_usd: Family::default(),
             panics: Counter::default(),
+            rate_limit_used: Family::default(),
+            rate_limit_capacity: Family::default(),
+            rate_limit_waiting: Family::default(),
+            rate_limit_waits: Family::default(),
+            rate_limit_refusals: Family::default(),
+            rate_limit_wait_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 20)),
             sources: Mutex::new(Vec::new()),
             methods: Default::default(),
             registry: Registry::default(),
@@ -387,6 +429,36 @@ impl Metrics {
             m.oldest_approval_seconds.clone(),
         );
         r.register(
+            "rate_limit_used",
+            "What each rate-limit bucket holds now, by limit, scope and dimension",
+            m.rate_limit_used.clone(),
+        );
+        r.register(
+            "rate_limit_capacity",
+            "Each rate-limit bucket's limit, by limit, scope and dimension",
+            m.rate_limit_capacity.clone(),
+        );
+        r.register(
+            "rate_limit_waiting",
+            "Model calls waiting on a rate-limit bucket now",
+            m.rate_limit_waiting.clone(),
+        );
+        r.register(
+            "rate_limit_waits",
+            "Times a model call was told to wait by a rate-limit bucket",
+            m.rate_limit_waits.clone(),
+        );
+        r.register(
+            "rate_limit_refusals",
+            "Model calls a rate limit refused for good or that waited as long as allowed",
+            m.rate_limit_refusals.clone(),
+        );
+        r.register(
+            "rate_limit_wait_seconds",
+            "How long model calls waited for rate-limit room before going",
+            m.rate_limit_wait_seconds.clone(),
+        );
+        r.register(
             "budget_reserved_micro_usd",
             "Money held by open reservations on root budgets, by tenant",
             m.budget_reserved_micro_usd.clone(),
@@ -479,6 +551,9 @@ impl Metrics {
         self.jobs.clear();
         self.agents.clear();
         self.budget_reserved_micro_usd.clear();
+        self.rate_limit_used.clear();
+        self.rate_limit_capacity.clear();
+        self.rate_limit_waiting.clear();
         for g in [
             &self.queue_depth,
             &self.oldest_pending_seconds,

@@ -66,6 +66,9 @@ pub enum Refusal {
     Budget(String, Reason),
     /// The task's own cost limit leaves no room (`TASK_COST_LIMIT`).
     Limit(String),
+    /// A provider rate limit had no room within the wait allowed, or can
+    /// never hold the call (`RATE_LIMITED`).
+    RateLimited(String),
     /// The ledger could not be asked.
     Unavailable(String),
 }
@@ -164,6 +167,10 @@ pub trait Host: Send + Sync {
     /// Reserves `tokens` and `cost` (micro-USD) for model call `call`
     /// (1-based); returns a handle for commit or release.
     fn reserve(&self, call: u32, tokens: u64, cost: i64) -> BoxFuture<'_, Result<String, Refusal>>;
+    /// Where model call `call` goes first, told just before its
+    /// [`Host::reserve`] (so the reservation can claim room in that
+    /// provider's rate limits).
+    fn aim(&self, _call: u32, _target: &crate::Target) {}
     /// Commits what call `hold` used.
     fn commit<'a>(
         &'a self,
@@ -568,6 +575,9 @@ pub async fn resume(
                 total_tokens: tokens,
             },
         );
+        if let Some(target) = llm.target(chain, &spec.provider) {
+            host.aim(turn, &target);
+        }
         let hold = match host.reserve(turn, tokens, cost).await {
             Ok(h) => h,
             Err(Refusal::Budget(m, reason)) => {
@@ -575,6 +585,9 @@ pub async fn resume(
             }
             Err(Refusal::Limit(m)) => {
                 return Err(fail(Reason::TaskCostLimit, m, &report));
+            }
+            Err(Refusal::RateLimited(m)) => {
+                return Err(fail(Reason::RateLimited, m, &report));
             }
             Err(Refusal::Unavailable(m)) => {
                 return Err(fail(Reason::Unavailable, m, &report));

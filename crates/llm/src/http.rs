@@ -180,11 +180,7 @@ impl Endpoint {
         if (200..=299).contains(&status) {
             return Ok((resp, scrub));
         }
-        let retry_after = resp
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_retry_after);
+        let retry_after = provider_wait(resp.headers());
         let text = resp.text().await.map_err(|e| transport(e, &scrub))?;
         let (message, code) = error_message(&text);
         let message = scrub.apply(message);
@@ -414,6 +410,56 @@ fn without_url(e: &reqwest::Error) -> String {
 }
 
 /// Seconds, or an HTTP date (then: unknown, use no wait).
+/// How long a refusing provider asks callers to wait: `Retry-After`, else
+/// OpenAI's `retry-after-ms`, else the latest reset (`x-ratelimit-reset-*`,
+/// e.g. `6m0s`, `1.5s`, `20ms`) of a rate-limit dimension with nothing
+/// remaining.
+fn provider_wait(h: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let get = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
+    if let Some(d) = get("retry-after").and_then(parse_retry_after) {
+        return Some(d);
+    }
+    if let Some(ms) = get("retry-after-ms").and_then(|v| v.trim().parse::<f64>().ok())
+        && ms.is_finite()
+        && ms >= 0.0
+    {
+        return Some(Duration::from_millis(ms as u64));
+    }
+    ["requests", "tokens"]
+        .iter()
+        .filter(|d| get(&format!("x-ratelimit-remaining-{d}")).is_some_and(|v| v.trim() == "0"))
+        .filter_map(|d| get(&format!("x-ratelimit-reset-{d}")).and_then(parse_reset))
+        .max()
+}
+
+/// An OpenAI reset span: `1s`, `6m0s`, `1.5s`, `20ms`, `1h2m3s`.
+fn parse_reset(v: &str) -> Option<Duration> {
+    let (mut total, mut num) = (0.0f64, String::new());
+    let mut chars = v.trim().chars().peekable();
+    let mut any = false;
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() || c == '.' {
+            num.push(c);
+            continue;
+        }
+        let n: f64 = num.parse().ok()?;
+        num.clear();
+        let unit = match c {
+            'h' => 3_600_000.0,
+            'm' if chars.peek() == Some(&'s') => {
+                chars.next();
+                1.0
+            }
+            'm' => 60_000.0,
+            's' => 1_000.0,
+            _ => return None,
+        };
+        total += n * unit;
+        any = true;
+    }
+    (any && num.is_empty() && total.is_finite()).then(|| Duration::from_millis(total as u64))
+}
+
 fn parse_retry_after(v: &str) -> Option<Duration> {
     let v = v.trim();
     if let Ok(secs) = v.parse::<f64>()
@@ -459,6 +505,32 @@ fn error_message(body: &str) -> (String, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reset_spans_read_like_openai_writes_them() {
+        assert_eq!(parse_reset("1s"), Some(Duration::from_secs(1)));
+        assert_eq!(parse_reset("6m0s"), Some(Duration::from_secs(360)));
+        assert_eq!(parse_reset("1.5s"), Some(Duration::from_millis(1_500)));
+        assert_eq!(parse_reset("20ms"), Some(Duration::from_millis(20)));
+        assert_eq!(parse_reset("1h2m3s"), Some(Duration::from_secs(3_723)));
+        assert_eq!(parse_reset("soon"), None);
+        assert_eq!(parse_reset("5"), None);
+    }
+
+    #[test]
+    fn a_provider_wait_comes_from_retry_after_or_an_exhausted_dimension_reset() {
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert("x-ratelimit-remaining-requests", "3".parse().unwrap());
+        h.insert("x-ratelimit-reset-requests", "9s".parse().unwrap());
+        h.insert("x-ratelimit-remaining-tokens", "0".parse().unwrap());
+        h.insert("x-ratelimit-reset-tokens", "2s".parse().unwrap());
+        assert_eq!(provider_wait(&h), Some(Duration::from_secs(2)));
+        h.insert("retry-after-ms", "750".parse().unwrap());
+        assert_eq!(provider_wait(&h), Some(Duration::from_millis(750)));
+        h.insert("retry-after", "4".parse().unwrap());
+        assert_eq!(provider_wait(&h), Some(Duration::from_secs(4)));
+        assert_eq!(provider_wait(&reqwest::header::HeaderMap::new()), None);
+    }
 
     #[test]
     fn retry_after_reads_seconds() {

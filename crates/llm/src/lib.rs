@@ -517,6 +517,17 @@ pub struct ProviderCheck {
     pub models: Vec<(String, Option<bool>)>,
 }
 
+/// Where a model call goes upstream: what provider rate limits key on.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Target {
+    /// Provider name.
+    pub provider: String,
+    /// Model.
+    pub model: String,
+    /// The upstream key's name (never the key).
+    pub key: String,
+}
+
 /// One call of a fallback chain, for events.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
 #[serde(default)]
@@ -547,6 +558,10 @@ pub struct CallRecord {
     /// `length` when it was cut at `max_tokens`.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub finish_reason: String,
+    /// How long the provider asked callers to wait (a 429's Retry-After
+    /// or rate-limit reset headers), milliseconds; 0: it did not say.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub retry_after_ms: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -574,6 +589,9 @@ pub struct Llm {
     models: HashMap<String, Vec<Served>>,
     /// provider → what its model list said.
     listings: Arc<std::sync::RwLock<HashMap<String, Listing>>>,
+    /// provider → the name of its upstream key (its `api_key_env`, or its
+    /// own name without one): what rate limits and cooldowns key on.
+    keys: HashMap<String, String>,
     max_rounds: u32,
     max_retry_after: Duration,
     check_interval: Duration,
@@ -632,6 +650,12 @@ impl Llm {
                 ),
             });
         }
+        let key = if p.api_key_env.is_empty() {
+            p.name.clone()
+        } else {
+            p.api_key_env.clone()
+        };
+        self.keys.insert(p.name.clone(), key);
         self.order.push((
             p.name.clone(),
             p.models.iter().map(|m| m.name.clone()).collect(),
@@ -779,6 +803,27 @@ impl Llm {
         all.iter()
             .find(|s| s.provider == hint)
             .or_else(|| all.first())
+    }
+
+    /// Where a call over `chain` goes first: the first model a provider
+    /// serves, that provider, and its upstream key's name.
+    pub fn target(&self, chain: &[String], hint: &str) -> Option<Target> {
+        chain.iter().find_map(|m| {
+            let served = self.served(m, hint)?;
+            Some(Target {
+                provider: served.provider.clone(),
+                model: m.clone(),
+                key: self.key_of(&served.provider),
+            })
+        })
+    }
+
+    /// The name of provider `provider`'s upstream key.
+    pub fn key_of(&self, provider: &str) -> String {
+        self.keys
+            .get(provider)
+            .cloned()
+            .unwrap_or_else(|| provider.to_owned())
     }
 
     /// The price of `model` (via `hint` when several providers serve it).
@@ -946,6 +991,7 @@ impl Llm {
                             completion_tokens: resp.usage.completion_tokens,
                             usage_estimated: !resp.usage_reported,
                             finish_reason: resp.finish_reason.clone(),
+                            retry_after_ms: 0,
                         });
                         return Ok((resp, model.clone()));
                     }
@@ -957,6 +1003,7 @@ impl Llm {
                             error: e.to_string(),
                             round,
                             latency_ms,
+                            retry_after_ms: e.retry_after().map_or(0, |d| d.as_millis() as u64),
                             ..Default::default()
                         });
                         tried.push(format!("{model} via {}: {e}", served.provider));

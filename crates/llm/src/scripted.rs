@@ -183,6 +183,8 @@ pub struct Received {
     /// The server's own time on it, from receipt to the reply being ready
     /// (including a scripted delay).
     pub handled: Duration,
+    /// When it arrived.
+    pub at: std::time::Instant,
 }
 
 #[derive(Default)]
@@ -383,6 +385,7 @@ async fn answer(script: Script, headers: HeaderMap, body: String, route: &'stati
             anthropic_version: header("anthropic-version"),
             route,
             handled: Duration::ZERO,
+            at: std::time::Instant::now(),
         });
         let own = s.queues.get_mut(&model).and_then(VecDeque::pop_front);
         let reply = own

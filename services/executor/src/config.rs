@@ -77,6 +77,10 @@ pub struct ExecutorConfig {
     pub default_parent_budget: String,
     /// Tokens reserved for one agent call (capped by the job's token budget).
     pub agent_max_tokens: u64,
+    /// Longest a model call waits for room in a provider rate limit
+    /// (`[[ledger.limits]]`) before its task fails with `RATE_LIMITED`
+    /// (the task's deadline also ends the wait), ms.
+    pub llm_rate_max_wait_ms: u64,
     /// Output tokens assumed for an LLM task without max_tokens.
     pub llm_default_max_tokens: u64,
     /// Most model calls of one LLM task attempt when the task says none.
@@ -286,6 +290,7 @@ impl Default for ExecutorConfig {
             },
             default_parent_budget: String::new(),
             agent_max_tokens: 4096,
+            llm_rate_max_wait_ms: 300_000,
             llm_default_max_tokens: 4096,
             llm_max_turns: 10,
             tool_timeout_ms: 30_000,

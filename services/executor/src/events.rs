@@ -156,6 +156,9 @@ job_events! {
     ArtifactStored(ArtifactStored) = "artifact.stored",
     /// A task's artifact was refused.
     ArtifactRefused(ArtifactRefused) = "artifact.refused",
+    /// A model call waited for room in a provider rate limit (`waiting`),
+    /// then went (`granted`) or gave up (`deferred`).
+    RateLimited(RateLimited) = "llm.rate_limited",
     /// The policies decided an action of the job (its submission, its
     /// run's spend, a tool call or a handoff), with the facts they were
     /// given: what `audit replay` decides again.
@@ -581,6 +584,27 @@ pub struct Released {
     pub reservation_id: String,
     /// Why nothing was spent.
     pub why: String,
+}
+
+/// `llm.rate_limited`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RateLimited {
+    /// The model call (1-based).
+    pub call: u32,
+    /// `waiting`, `granted` or `deferred`.
+    pub phase: String,
+    /// The limit it waits on (empty: an upstream key's cooldown).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub limit: String,
+    /// Its bucket's scope (`shared`, `tenant:<t>`, `key:<k>`, …).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub scope: String,
+    /// Why (the ledger's words), or why it gave up.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub why: String,
+    /// How long it had waited, ms.
+    pub waited_ms: u64,
 }
 
 /// `budget.refused`.

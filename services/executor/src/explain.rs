@@ -354,6 +354,23 @@ pub(crate) fn story(job: &Job, events: &[Event]) -> ExplainJobResponse {
                     )
                 },
             ),
+            JobEvent::RateLimited(r) => (
+                "llm",
+                match r.phase.as_str() {
+                    "waiting" => format!(
+                        "{step}: model call {} waited for rate-limit room ({}).",
+                        r.call, r.why
+                    ),
+                    "granted" => format!(
+                        "{step}: model call {} went after waiting {} ms for rate-limit room.",
+                        r.call, r.waited_ms
+                    ),
+                    _ => format!(
+                        "{step}: model call {} gave up after waiting {} ms: {}.",
+                        r.call, r.waited_ms, r.why
+                    ),
+                },
+            ),
             JobEvent::Refused(r) => (
                 "budget",
                 format!("{step}: budget {} refused: {}.", r.refused_by, r.message),

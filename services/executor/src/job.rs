@@ -401,6 +401,7 @@ impl JobEntry {
             }
             JobEvent::ApprovalDecided(_)
             | JobEvent::ArtifactRefused(_)
+            | JobEvent::RateLimited(_)
             | JobEvent::Output(_)
             | JobEvent::Routed(_)
             | JobEvent::Downgraded(_)

@@ -17,6 +17,7 @@ use switchyard_store::{Log, Store, StoreError};
 use crate::books::Books;
 use crate::cold::Cold;
 use crate::desk::{Desk, Done, LogSink, Op};
+use crate::rates::{self, Bucket, RateWork, RatesConfig, Table};
 use crate::{LedgerError, Selected, page_of_budgets, pg, snapshot};
 use crate::{chain, cold, desk};
 
@@ -32,6 +33,10 @@ pub(crate) enum Backend {
 /// part on sled.
 pub(crate) struct Sled {
     pub(crate) books: Mutex<Books>,
+    /// The rate-limit buckets (locked after the books), stored in the
+    /// `rate_buckets` tree at each snapshot: a crash forgets at most a
+    /// snapshot interval of grants.
+    pub(crate) rates: Mutex<Table>,
     pub(crate) journal: Log<JournalRecord>,
     /// Retired budgets and the books' snapshot.
     pub(crate) cold: Cold,
@@ -43,25 +48,72 @@ pub(crate) struct Sled {
 impl Backend {
     /// Decides and records one write (ids minted with `prefix`, at `now`);
     /// answers once it is durable.
-    pub(crate) async fn write(&self, op: Op, prefix: &str, now: u64) -> Result<Done, LedgerError> {
+    /// With `work`, the write's rate-limit part is decided in the same
+    /// atomic step (`rates::decide`).
+    pub(crate) async fn write(
+        &self,
+        op: Op,
+        work: Option<RateWork>,
+        cfg: &RatesConfig,
+        prefix: &str,
+        now: u64,
+    ) -> Result<Done, LedgerError> {
         match self {
-            Backend::Pg(pg) => pg.write(op, prefix, now).await,
+            Backend::Pg(pg) => pg.write(op, work, prefix, now).await,
             Backend::Sled(sled) => {
                 let (done, seq) = {
                     let mut books = sled.lock();
                     let mut sink = LogSink::new(&sled.journal);
-                    let done = Desk {
+                    let mut desk = Desk {
                         books: &mut books,
                         cold: Some(&sled.cold),
                         sink: &mut sink,
                         prefix,
                         now,
-                    }
-                    .decide(op);
+                    };
+                    let done = match &work {
+                        None => desk.decide(op),
+                        Some(w) => {
+                            let mut table = sled.rates.lock().unwrap_or_else(|p| p.into_inner());
+                            rates::decide(&mut desk, &mut table, cfg, op, Some(w))
+                        }
+                    };
                     (done, sink.durable_point())
                 };
                 sled.journal.make_durable(seq).await?;
                 done
+            }
+        }
+    }
+
+    /// The rate-limit buckets as this process last saw them (for metrics,
+    /// read without waiting: sled's are all of them, a PostgreSQL
+    /// replica's those its writes touched).
+    pub(crate) fn last_buckets(&self) -> Vec<(String, Bucket)> {
+        match self {
+            Backend::Pg(pg) => pg.last_buckets(),
+            Backend::Sled(sled) => {
+                let table = sled.rates.lock().unwrap_or_else(|p| p.into_inner());
+                table
+                    .buckets
+                    .iter()
+                    .map(|(k, b)| (k.clone(), b.clone()))
+                    .collect()
+            }
+        }
+    }
+
+    /// Every rate-limit bucket, as stored now.
+    pub(crate) async fn buckets(&self) -> Result<Vec<(String, Bucket)>, LedgerError> {
+        match self {
+            Backend::Pg(pg) => pg.buckets().await,
+            Backend::Sled(sled) => {
+                let table = sled.rates.lock().unwrap_or_else(|p| p.into_inner());
+                Ok(table
+                    .buckets
+                    .iter()
+                    .map(|(k, b)| (k.clone(), b.clone()))
+                    .collect())
             }
         }
     }
@@ -136,6 +188,7 @@ impl Backend {
         };
         journal.make_durable(snap.at).await?;
         sled.cold.save(&snap)?;
+        save_buckets(sled)?;
         // Pruning reads every retired budget: at most once a minute (or once
         // per window, for windows shorter than that).
         let every = retention_ms.min(60_000);
@@ -474,4 +527,37 @@ impl Sled {
         all.sort_by(|a, b| a.budget_id.cmp(&b.budget_id));
         all
     }
+}
+
+/// Name of the sled tree holding the rate-limit buckets.
+const BUCKETS: &str = "rate_buckets";
+
+/// The rate-limit buckets stored at the last snapshot.
+pub(crate) fn load_buckets(store: &Store) -> Result<Table, LedgerError> {
+    let tree = store.tree::<Bucket>(BUCKETS)?;
+    let mut table = Table::default();
+    for row in tree.iter() {
+        let (key, bucket) = row?;
+        table.buckets.insert(key, bucket);
+    }
+    Ok(table)
+}
+
+/// Stores the buckets changed since the last snapshot.
+fn save_buckets(sled: &Sled) -> Result<(), LedgerError> {
+    let changed: Vec<(String, Bucket)> = {
+        let mut table = sled.rates.lock().unwrap_or_else(|p| p.into_inner());
+        let keys = std::mem::take(&mut table.changed);
+        keys.into_iter()
+            .filter_map(|k| table.buckets.get(&k).map(|b| (k, b.clone())))
+            .collect()
+    };
+    if changed.is_empty() {
+        return Ok(());
+    }
+    let tree = sled.store.tree::<Bucket>(BUCKETS)?;
+    for (key, bucket) in &changed {
+        tree.put(key, bucket)?;
+    }
+    Ok(())
 }

@@ -113,6 +113,9 @@ pub(crate) enum Op {
     },
     /// Release a reservation past its TTL (the sweeper), if still open.
     Expire(String),
+    /// Nothing on the books: a write of rate-limit buckets only (a
+    /// cooldown, `rates::decide`).
+    Cool,
 }
 
 impl Op {
@@ -125,7 +128,7 @@ impl Op {
             Op::Update(r) => vec![&r.budget_id],
             Op::Close(id) => vec![id],
             Op::Reserve { req, .. } => vec![&req.budget_id],
-            Op::Commit { .. } | Op::Release { .. } | Op::Expire(_) => vec![],
+            Op::Commit { .. } | Op::Release { .. } | Op::Expire(_) | Op::Cool => vec![],
         }
     }
 
@@ -236,6 +239,7 @@ impl<S: Sink> Desk<'_, S> {
                 key,
             } => self.release(reservation_id, key).map(|()| Done::Released),
             Op::Expire(id) => Ok(Done::Expired(self.expire(&id))),
+            Op::Cool => Ok(Done::Budget),
         }
     }
 

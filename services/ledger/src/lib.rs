@@ -14,6 +14,7 @@ pub mod chain;
 mod cold;
 mod desk;
 mod pg;
+pub mod rates;
 mod report;
 
 use std::collections::BTreeMap;
@@ -69,6 +70,15 @@ pub struct LedgerConfig {
     pub retention_secs: u64,
     /// The price catalogue: `[ledger.prices."gpt-4o-mini"]`.
     pub prices: BTreeMap<String, PriceConfig>,
+    /// Provider rate limits (`[[ledger.limits]]`), shared by every replica
+    /// (see `rates.rs`).
+    pub limits: Vec<rates::LimitConfig>,
+    /// Fair-share weight of each tenant when a limit is the bottleneck
+    /// (`[ledger.tenant_weights]`, default 1).
+    pub tenant_weights: BTreeMap<String, u32>,
+    /// How long calls through a key wait after its provider answered 429
+    /// without a Retry-After, ms.
+    pub rate_cooldown_ms: u64,
 }
 
 impl Default for LedgerConfig {
@@ -80,6 +90,9 @@ impl Default for LedgerConfig {
             snapshot_interval_ms: 2_000,
             retention_secs: 7 * 24 * 3600,
             prices: BTreeMap::new(),
+            limits: Vec::new(),
+            tenant_weights: BTreeMap::new(),
+            rate_cooldown_ms: 1_000,
         }
     }
 }
@@ -102,7 +115,20 @@ impl LedgerConfig {
                 ));
             }
         }
+        let problems = self.rates().problems();
+        if !problems.is_empty() {
+            return Err(problems.join("; "));
+        }
         Ok(())
+    }
+
+    /// The rate-limit settings.
+    pub fn rates(&self) -> rates::RatesConfig {
+        rates::RatesConfig {
+            limits: self.limits.clone(),
+            tenant_weights: self.tenant_weights.clone(),
+            cooldown_ms: self.rate_cooldown_ms,
+        }
     }
 }
 
@@ -153,6 +179,9 @@ pub enum LedgerError {
         /// The closed one.
         closed: String,
     },
+    /// A model call does not fit a rate limit (now, or ever).
+    #[error("rate limit: {}", .0.why)]
+    RateLimited(rates::Wait),
     /// The reservation does not fit.
     #[error(
         "budget {:?} cannot hold {} tokens and {} micro-USD: {} tokens and {} micro-USD remain{}",
@@ -249,6 +278,22 @@ impl From<LedgerError> for Status {
                     .add_quota_failure_violation(format!("budget:{}", r.refused_by), msg.clone());
                 return Status::with_error_details(Code::ResourceExhausted, msg, details);
             }
+            LedgerError::RateLimited(w) => {
+                let (scope_limit, scope) = rates::scope(&w.bucket);
+                let mut info = metadata([("limit", scope_limit), ("scope", scope)]);
+                if let Some(ms) = w.after_ms {
+                    info.insert("retry_after_ms".into(), ms.to_string());
+                }
+                let mut details = ErrorDetails::with_error_info(
+                    Reason::RateLimited.as_str(),
+                    switchyard_core::reason::DOMAIN,
+                    info,
+                );
+                if let Some(ms) = w.after_ms {
+                    details.set_retry_info(Some(Duration::from_millis(ms)));
+                }
+                return Status::with_error_details(Code::ResourceExhausted, msg, details);
+            }
             LedgerError::Grant(_) => (Code::PermissionDenied, Reason::GrantRefused, metadata([])),
             LedgerError::PolicyForbidden(_) => (
                 Code::FailedPrecondition,
@@ -316,6 +361,40 @@ fn invalid(field: &str, description: impl Into<String>) -> LedgerError {
     LedgerError::Invalid(v)
 }
 
+/// The rate-limit part of a request's `rate` claim, checked, for
+/// `person`.
+fn rate_work(
+    v: &mut Violations,
+    rate: Option<&RateClaim>,
+    person: &str,
+) -> Option<rates::RateWork> {
+    let r = rate?;
+    for (field, value) in [
+        ("rate.provider", &r.provider),
+        ("rate.model", &r.model),
+        ("rate.key", &r.key),
+    ] {
+        if value.len() > 256 || value.contains('/') || value.chars().any(char::is_control) {
+            v.add(
+                field,
+                "must be at most 256 bytes, without '/' or control characters",
+            );
+        }
+    }
+    amount(v, "rate.tokens", r.tokens);
+    Some(rates::RateWork {
+        claim: rates::Claim {
+            provider: r.provider.clone(),
+            model: r.model.clone(),
+            key: r.key.clone(),
+            tokens: r.tokens,
+            person: person.to_owned(),
+            ..Default::default()
+        },
+        cool: None,
+    })
+}
+
 fn amount(v: &mut Violations, field: &str, n: u64) {
     if n > MAX_AMOUNT {
         v.add(field, format!("must be at most {MAX_AMOUNT}"));
@@ -340,6 +419,8 @@ struct Inner {
     /// Random per open, so ids stay unique even if the data is wiped.
     id_prefix: String,
     cfg: LedgerConfig,
+    /// `cfg.rates()`, built once.
+    rates: Arc<rates::RatesConfig>,
     clock: Arc<dyn Clock>,
     shutdown: Shutdown,
     backend: Backend,
@@ -351,6 +432,30 @@ struct Inner {
 /// (a reservation is held on every ancestor, so roots hold it all).
 impl switchyard_kit::metrics::Gauges for Inner {
     fn set(&self, m: &switchyard_kit::metrics::Metrics) {
+        let now = self.clock.now_ms();
+        for (key, mut b) in self.backend.last_buckets() {
+            b.prune(self.rates.limit_of(&key), now);
+            let (limit, scope) = rates::scope(&key);
+            for u in rates::usage(&self.rates, &key, &b, now) {
+                let labels = switchyard_kit::metrics::LimitUseLabels {
+                    limit: limit.clone(),
+                    scope: scope.clone(),
+                    dimension: u.dimension.to_owned(),
+                };
+                m.rate_limit_used.get_or_create(&labels).set(u.used as i64);
+                m.rate_limit_capacity
+                    .get_or_create(&labels)
+                    .set(u.limit as i64);
+            }
+            let live = b
+                .waiting
+                .values()
+                .filter(|w| w.seen_ms + rates::WAITER_TTL_MS > now)
+                .count();
+            m.rate_limit_waiting
+                .get_or_create(&switchyard_kit::metrics::LimitLabels { limit, scope })
+                .set(live as i64);
+        }
         for (tenant, reserved) in self.backend.reserved_by_tenant() {
             m.budget_reserved_micro_usd
                 .get_or_create(&switchyard_kit::metrics::BudgetLabels { tenant })
@@ -399,8 +504,10 @@ impl Ledger {
             ms = started.elapsed().as_millis() as u64,
             "ledger loaded"
         );
+        let buckets = backend::load_buckets(&store)?;
         let sled = Sled {
             books: Mutex::new(books),
+            rates: Mutex::new(buckets),
             journal,
             cold,
             pruned_at: std::sync::atomic::AtomicU64::new(0),
@@ -422,7 +529,7 @@ impl Ledger {
         clock: Arc<dyn Clock>,
         shutdown: Shutdown,
     ) -> Result<Ledger, LedgerError> {
-        let books = pg::PgBooks::open(db).await?;
+        let books = pg::PgBooks::open(db, Arc::new(cfg.rates())).await?;
         Ok(Self::with(cfg, clock, shutdown, Backend::Pg(books)))
     }
 
@@ -440,6 +547,7 @@ impl Ledger {
     ) -> Self {
         let inner = Arc::new(Inner {
             id_prefix: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
+            rates: Arc::new(cfg.rates()),
             cfg,
             clock,
             shutdown,
@@ -566,10 +674,37 @@ impl Ledger {
 
     /// Decides and records one write; answers once it is durable.
     async fn write(&self, op: Op) -> Result<Done, LedgerError> {
-        self.inner
+        self.write_rated(op, None).await
+    }
+
+    /// Writes `op` with its rate-limit part.
+    async fn write_rated(
+        &self,
+        op: Op,
+        work: Option<rates::RateWork>,
+    ) -> Result<Done, LedgerError> {
+        let work = work.filter(|_| self.inner.rates.on());
+        let done = self
+            .inner
             .backend
-            .write(op, &self.inner.id_prefix, self.now())
-            .await
+            .write(
+                op,
+                work,
+                &self.inner.rates,
+                &self.inner.id_prefix,
+                self.now(),
+            )
+            .await;
+        if let Err(LedgerError::RateLimited(w)) = &done {
+            let (limit, scope) = rates::scope(&w.bucket);
+            let labels = switchyard_kit::metrics::LimitLabels { limit, scope };
+            let m = switchyard_kit::metrics::global();
+            match w.after_ms {
+                Some(_) => m.rate_limit_waits.get_or_create(&labels).inc(),
+                None => m.rate_limit_refusals.get_or_create(&labels).inc(),
+            };
+        }
+        done
     }
 
     /// Refuses with BUDGET_NOT_FOUND unless `p` sees budget `id`'s tenant.
@@ -739,7 +874,19 @@ impl Ledger {
         req: ReserveRequest,
         correlation_id: &str,
     ) -> Result<Reservation, LedgerError> {
+        self.reserve_as(req, correlation_id, "").await
+    }
+
+    /// [`Ledger::reserve`] for `person` (the acting subject: the person
+    /// its rate claim counts against).
+    pub async fn reserve_as(
+        &self,
+        req: ReserveRequest,
+        correlation_id: &str,
+        person: &str,
+    ) -> Result<Reservation, LedgerError> {
         let mut v = Violations::new();
+        let work = rate_work(&mut v, req.rate.as_ref(), person);
         v.check(
             "budget_id",
             switchyard_core::validate::key(&req.budget_id, "budget id"),
@@ -788,7 +935,7 @@ impl Ledger {
             cost,
             ttl_ms,
         };
-        match self.write(op).await? {
+        match self.write_rated(op, work).await? {
             Done::Reserved(r) => Ok(r),
             other => Err(unexpected(&other)),
         }
@@ -797,7 +944,17 @@ impl Ledger {
     /// Commits a reservation's actual usage: journals the entry, releases the
     /// rest, records an overrun when usage exceeded the reservation.
     pub async fn commit(&self, req: CommitRequest) -> Result<CommitResponse, LedgerError> {
+        self.commit_as(req, "").await
+    }
+
+    /// [`Ledger::commit`] for `person` (see [`Ledger::reserve_as`]).
+    pub async fn commit_as(
+        &self,
+        req: CommitRequest,
+        person: &str,
+    ) -> Result<CommitResponse, LedgerError> {
         let mut v = Violations::new();
+        let work = rate_work(&mut v, req.rate.as_ref(), person);
         let key = settle_key(&mut v, &req.reservation_id, &req.idempotency_key);
         amount(&mut v, "tokens", req.tokens);
         money_amount(&mut v, "cost", req.cost.as_ref());
@@ -834,7 +991,7 @@ impl Ledger {
             entry: Box::new(entry),
             price,
         };
-        match self.write(op).await? {
+        match self.write_rated(op, work).await? {
             Done::Committed(r) => Ok(r),
             other => Err(unexpected(&other)),
         }
@@ -842,15 +999,144 @@ impl Ledger {
 
     /// Releases a reservation without spending.
     pub async fn release(&self, req: ReleaseRequest) -> Result<(), LedgerError> {
+        self.release_as(req, "").await
+    }
+
+    /// [`Ledger::release`] for `person` (see [`Ledger::reserve_as`]).
+    pub async fn release_as(&self, req: ReleaseRequest, person: &str) -> Result<(), LedgerError> {
         let mut v = Violations::new();
         let key = settle_key(&mut v, &req.reservation_id, &req.idempotency_key);
+        let work = rate_work(&mut v, req.rate.as_ref(), person);
         v.into_result().map_err(LedgerError::Invalid)?;
-        self.write(Op::Release {
-            reservation_id: req.reservation_id,
-            key,
-        })
+        self.write_rated(
+            Op::Release {
+                reservation_id: req.reservation_id,
+                key,
+            },
+            work,
+        )
         .await?;
         Ok(())
+    }
+
+    /// Sets a cooldown on upstream key `rate.key` for `wait` from now;
+    /// returns when it ends (ms).
+    pub async fn cool_down(&self, req: CoolDownRequest) -> Result<u64, LedgerError> {
+        let mut v = Violations::new();
+        let work = rate_work(&mut v, req.rate.as_ref(), "");
+        if req.rate.as_ref().is_none_or(|r| r.key.is_empty()) {
+            v.add(
+                "rate.key",
+                "name the upstream key that was refused (the provider's api_key_env, or its name)",
+            );
+        }
+        let wait_ms = req
+            .wait
+            .as_ref()
+            .map_or(self.inner.cfg.rate_cooldown_ms as f64, duration_ms);
+        if !(1.0..=rates::MAX_COOLDOWN_MS as f64).contains(&wait_ms) {
+            v.add(
+                "wait",
+                format!("must be between 1ms and {}s", rates::MAX_COOLDOWN_MS / 1000),
+            );
+        }
+        if req.why.len() > 256 {
+            v.add("why", "must be at most 256 bytes");
+        }
+        v.into_result().map_err(LedgerError::Invalid)?;
+        let until = self.now().saturating_add(wait_ms as u64);
+        let Some(mut work) = work else {
+            return Ok(until);
+        };
+        work.cool = Some((until, req.why.clone()));
+        self.write_rated(Op::Cool, Some(work)).await?;
+        tracing::info!(key = %req.rate.map(|r| r.key).unwrap_or_default(), wait_ms, why = %req.why, "upstream key cools down");
+        Ok(until)
+    }
+
+    /// The rate-limit buckets `tenant` may see (`None`: every tenant's),
+    /// waiting calls of other tenants counted, not named.
+    pub async fn list_limits(
+        &self,
+        req: &ListLimitsRequest,
+        tenant: Option<&str>,
+    ) -> Result<ListLimitsResponse, LedgerError> {
+        let buckets = self.inner.backend.buckets().await?;
+        let now = self.now();
+        let cfg = &self.inner.rates;
+        let mut out = Vec::new();
+        for (key, mut b) in buckets {
+            b.prune(cfg.limit_of(&key), now);
+            let (limit, scope) = rates::scope(&key);
+            if !req.limit.is_empty() && req.limit != limit {
+                continue;
+            }
+            if !limit.is_empty() && cfg.limit_of(&key).is_none() {
+                // A limit no longer configured.
+                continue;
+            }
+            if let Some(t) = tenant
+                && let Some(owner) = scope.strip_prefix("tenant:")
+                && owner != t
+            {
+                continue;
+            }
+            if tenant.is_some() && (scope.starts_with("person:") || scope.starts_with("project:")) {
+                // A person's or project's bucket: shown to its tenant only.
+                let mine = b
+                    .grants
+                    .values()
+                    .map(|g| g.tenant.as_str())
+                    .chain(b.waiting.values().map(|w| w.tenant.as_str()))
+                    .any(|t| Some(t) == tenant);
+                if !mine {
+                    continue;
+                }
+            }
+            // Per tenant shown: calls, the longest wait's start and why.
+            let mut waiting: BTreeMap<String, (u32, u64, String)> = BTreeMap::new();
+            for w in b.waiting.values() {
+                let shown = match tenant {
+                    Some(t) if t != w.tenant => String::new(),
+                    _ => w.tenant.clone(),
+                };
+                let e = waiting
+                    .entry(shown)
+                    .or_insert_with(|| (0, w.since_ms, w.why.clone()));
+                e.0 += 1;
+                if w.since_ms < e.1 {
+                    (e.1, e.2) = (w.since_ms, w.why.clone());
+                }
+            }
+            out.push(LimitBucket {
+                limit,
+                scope,
+                r#use: rates::usage(cfg, &key, &b, now)
+                    .into_iter()
+                    .map(|u| LimitUse {
+                        dimension: u.dimension.to_owned(),
+                        used: u.used,
+                        limit: u.limit,
+                    })
+                    .collect(),
+                cooldown_until: (b.cooldown_until_ms > now)
+                    .then(|| switchyard_kit::time::timestamp(b.cooldown_until_ms)),
+                cooldown_why: b.cooldown_why.clone(),
+                waiting: waiting
+                    .into_iter()
+                    .map(|(tenant, (calls, since, why))| LimitWaiting {
+                        tenant,
+                        calls,
+                        since: Some(switchyard_kit::time::timestamp(since)),
+                        why,
+                    })
+                    .collect(),
+                granted: b.granted,
+                waits: b.waits,
+                refused: b.refused,
+            });
+        }
+        Ok(ListLimitsResponse { buckets: out })
     }
 
     /// Journal entries of a budget (and its nested budgets), a job or a
@@ -1230,6 +1516,27 @@ fn watch_response(rec: JournalRecord) -> WatchResponse {
 
 #[tonic::async_trait]
 impl LedgerService for Ledger {
+    async fn cool_down(
+        &self,
+        req: Request<CoolDownRequest>,
+    ) -> Result<Response<CoolDownResponse>, Status> {
+        let until = Ledger::cool_down(self, req.into_inner()).await?;
+        Ok(Response::new(CoolDownResponse {
+            until: Some(switchyard_kit::time::timestamp(until)),
+        }))
+    }
+
+    async fn list_limits(
+        &self,
+        req: Request<ListLimitsRequest>,
+    ) -> Result<Response<ListLimitsResponse>, Status> {
+        let p = switchyard_kit::auth::principal(&req)?;
+        let tenant = p.tenant_scope().map(str::to_owned);
+        Ok(Response::new(
+            Ledger::list_limits(self, req.get_ref(), tenant.as_deref()).await?,
+        ))
+    }
+
     async fn create_budget(
         &self,
         req: Request<CreateBudgetRequest>,
@@ -1313,7 +1620,8 @@ impl LedgerService for Ledger {
             self.visible_reservation(&p, &r.hold_id).await?;
         }
         let corr = switchyard_kit::context::correlation_id(&req);
-        let reservation = Ledger::reserve(self, req.into_inner(), &corr)
+        let person = p.acting_subject().to_owned();
+        let reservation = Ledger::reserve_as(self, req.into_inner(), &corr, &person)
             .await
             .map_err(|e| {
                 let s = Status::from(e);
@@ -1339,7 +1647,10 @@ impl LedgerService for Ledger {
         let r = req.get_ref();
         let budget = self.visible_reservation(&p, &r.reservation_id).await?;
         within_grant(&p, &r.invocation_grant, &budget, None)?;
-        Ok(Response::new(Ledger::commit(self, req.into_inner()).await?))
+        let person = p.acting_subject().to_owned();
+        Ok(Response::new(
+            Ledger::commit_as(self, req.into_inner(), &person).await?,
+        ))
     }
 
     async fn release(
@@ -1350,7 +1661,8 @@ impl LedgerService for Ledger {
         let r = req.get_ref();
         let budget = self.visible_reservation(&p, &r.reservation_id).await?;
         within_grant(&p, &r.invocation_grant, &budget, None)?;
-        Ledger::release(self, req.into_inner()).await?;
+        let person = p.acting_subject().to_owned();
+        Ledger::release_as(self, req.into_inner(), &person).await?;
         Ok(Response::new(ReleaseResponse {}))
     }
 

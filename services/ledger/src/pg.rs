@@ -44,6 +44,7 @@ use crate::books::{Books, BudgetState, Charge, Res, Settled};
 use crate::chain;
 use crate::cold::{StoredBudget, StoredRes};
 use crate::desk::{Desk, Done, Op, Sink};
+use crate::rates::{self, Bucket, RateWork, RatesConfig, Table};
 use crate::{LedgerError, page_of_budgets};
 
 /// Most writes one transaction carries.
@@ -57,10 +58,11 @@ const WRITERS: usize = 1;
 const ATTEMPTS: usize = 8;
 
 /// The schema, in order. Never edit a released migration: add one.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "budgets, reservations and the journal",
-    sql: "
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "budgets, reservations and the journal",
+        sql: "
         CREATE TABLE ledger_budgets (
             id TEXT PRIMARY KEY,
             tenant TEXT NOT NULL,
@@ -94,7 +96,17 @@ pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
         CREATE INDEX ledger_journal_entries_by_correlation
             ON ledger_journal (correlation_id, seq) WHERE kind = 5;
     ",
-}];
+    },
+    Migration {
+        version: 2,
+        name: "rate-limit buckets",
+        sql: "
+        CREATE TABLE ledger_rate_buckets (
+            key TEXT PRIMARY KEY,
+            data BYTEA NOT NULL);
+    ",
+    },
+];
 
 // The SQL above and below names committed records by their number.
 const _: () = assert!(RecordKind::Committed as i32 == 5);
@@ -102,6 +114,8 @@ const _: () = assert!(RecordKind::Committed as i32 == 5);
 /// One write waiting for a transaction.
 struct Job {
     op: Op,
+    /// Its rate-limit part.
+    work: Option<RateWork>,
     prefix: String,
     now: u64,
     reply: oneshot::Sender<Result<Done, LedgerError>>,
@@ -116,11 +130,18 @@ pub(crate) struct PgBooks {
     /// (fixed at creation; forgotten once settled).
     homes: Mutex<HashMap<String, String>>,
     jobs: mpsc::Sender<Job>,
+    /// The rate limits.
+    rates: std::sync::Arc<RatesConfig>,
+    /// The rate-limit buckets as this replica's last writes left them.
+    last: Mutex<BTreeMap<String, Bucket>>,
 }
 
 impl PgBooks {
     /// Migrates the schema and starts this replica's writers.
-    pub(crate) async fn open(db: Pg) -> Result<std::sync::Arc<Self>, LedgerError> {
+    pub(crate) async fn open(
+        db: Pg,
+        rates: std::sync::Arc<RatesConfig>,
+    ) -> Result<std::sync::Arc<Self>, LedgerError> {
         crate::Ledger::migrate(&db).await?;
         let (tx, rx) = mpsc::channel::<Job>(4 * MAX_BATCH);
         let books = std::sync::Arc::new(PgBooks {
@@ -128,6 +149,8 @@ impl PgBooks {
             facts: Mutex::new(HashMap::new()),
             homes: Mutex::new(HashMap::new()),
             jobs: tx,
+            rates,
+            last: Mutex::new(BTreeMap::new()),
         });
         let rx = std::sync::Arc::new(tokio::sync::Mutex::new(rx));
         for _ in 0..WRITERS {
@@ -156,10 +179,17 @@ impl PgBooks {
     }
 
     /// Decides `op` in the next transaction; answers once it committed.
-    pub(crate) async fn write(&self, op: Op, prefix: &str, now: u64) -> Result<Done, LedgerError> {
+    pub(crate) async fn write(
+        &self,
+        op: Op,
+        work: Option<RateWork>,
+        prefix: &str,
+        now: u64,
+    ) -> Result<Done, LedgerError> {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             op,
+            work,
             prefix: prefix.to_owned(),
             now,
             reply,
@@ -262,16 +292,34 @@ impl PgBooks {
             }
         };
         let known = self.known_chains(jobs);
+        // The rate-limit buckets the batch touches, when this replica knows
+        // the facts they follow from: locked in the same round trip, after
+        // the budgets (a model call that reserves money pays no extra trip).
+        let early_keys: Vec<String> = match known {
+            Some(_) => self.known_buckets(jobs).unwrap_or_default(),
+            None => Vec::new(),
+        };
+        let bucket_params: [Param<'_>; 1] = [&early_keys];
+        let mut bucket_rows = Vec::new();
         let (res_rows, mut chain, budget_rows, seq_rows) = match known {
             Some(chain) => {
                 let chain_ids: Vec<&str> = chain.iter().map(String::as_str).collect();
                 let budget_params: [Param<'_>; 1] = [&chain_ids];
-                let (r, b, n) = futures_util::try_join!(
+                let buckets = async {
+                    if early_keys.is_empty() {
+                        return Ok(Vec::new());
+                    }
+                    tx.execute(&statements[6], &bucket_params).await?;
+                    tx.query(&statements[7], &bucket_params).await
+                };
+                let (r, b, n, k) = futures_util::try_join!(
                     reservations,
                     tx.query(&statements[1], &budget_params),
                     tx.query(&statements[2], &num_params),
+                    buckets,
                 )
                 .map_err(fail("locking the batch's rows"))?;
+                bucket_rows = k;
                 (r, chain.clone(), b, n)
             }
             None => {
@@ -376,6 +424,35 @@ impl PgBooks {
         for b in books.budgets.values_mut() {
             b.children.clear();
         }
+        // Buckets the batch needs that were not locked above (a chain this
+        // replica had not seen): one more round trip.
+        let mut table = Table::default();
+        for row in bucket_rows {
+            let (key, data): (String, Vec<u8>) = (row.get(0), row.get(1));
+            let bucket = Bucket::decode(data.as_slice()).map_err(|e| corrupt("rate bucket", e))?;
+            table.buckets.insert(key, bucket);
+        }
+        let needed = self.needed_buckets(jobs, &books);
+        let late: Vec<String> = needed
+            .into_iter()
+            .filter(|k| !table.buckets.contains_key(k))
+            .collect();
+        if !late.is_empty() {
+            let params: [Param<'_>; 1] = [&late];
+            tx.execute(&statements[6], &params)
+                .await
+                .map_err(fail("making rate buckets"))?;
+            for row in tx
+                .query(&statements[7], &params)
+                .await
+                .map_err(fail("locking rate buckets"))?
+            {
+                let (key, data): (String, Vec<u8>) = (row.get(0), row.get(1));
+                let bucket =
+                    Bucket::decode(data.as_slice()).map_err(|e| corrupt("rate bucket", e))?;
+                table.buckets.insert(key, bucket);
+            }
+        }
         let seqs: Vec<i64> = seq_rows.iter().map(|r| r.get(0)).collect();
         let mut sink = Batch {
             seqs: seqs
@@ -398,7 +475,13 @@ impl PgBooks {
                 prefix: &job.prefix,
                 now: job.now,
             };
-            done.push(desk.decide(job.op.clone()));
+            done.push(rates::decide(
+                &mut desk,
+                &mut table,
+                &self.rates,
+                job.op.clone(),
+                job.work.as_ref(),
+            ));
         }
 
         // 5. Write back what changed, the records and the unused numbers.
@@ -476,10 +559,37 @@ impl PgBooks {
             }
             tx.execute(&statements[5], &j_params).await
         };
-        // Pipelined: one round trip for the three.
-        futures_util::try_join!(budgets_written, reservations_written, journal_written)
-            .map_err(fail("writing the batch"))?;
+        let mut k_rows: (Vec<String>, Vec<Vec<u8>>) = Default::default();
+        for key in &table.changed {
+            if let Some(b) = table.buckets.get(key) {
+                k_rows.0.push(key.clone());
+                k_rows.1.push(b.encode_to_vec());
+            }
+        }
+        let k_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&k_rows.0, &k_rows.1];
+        let buckets_written = async {
+            if k_rows.0.is_empty() {
+                return Ok(0);
+            }
+            tx.execute(&statements[8], &k_params).await
+        };
+        // Pipelined: one round trip for the four.
+        futures_util::try_join!(
+            budgets_written,
+            reservations_written,
+            journal_written,
+            buckets_written
+        )
+        .map_err(fail("writing the batch"))?;
         tx.commit().await.map_err(fail("committing the batch"))?;
+        if !table.changed.is_empty() {
+            let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+            for key in &table.changed {
+                if let Some(b) = table.buckets.remove(key) {
+                    last.insert(key.clone(), b);
+                }
+            }
+        }
 
         {
             let mut homes = self.homes.lock().unwrap_or_else(|p| p.into_inner());
@@ -518,6 +628,50 @@ impl PgBooks {
         }
         let (out, missing) = self.cached_chains(leaves.iter());
         missing.is_empty().then_some(out)
+    }
+
+    /// The rate-limit buckets `jobs` touch, if this replica knows the facts
+    /// they follow from (each budget's tenant and parent, each
+    /// reservation's budget) without asking the database.
+    fn known_buckets(&self, jobs: &[Job]) -> Option<Vec<String>> {
+        if !self.rates.on() {
+            return Some(Vec::new());
+        }
+        let facts = self.facts.lock().unwrap_or_else(|p| p.into_inner());
+        let homes = self.homes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut keys = BTreeSet::new();
+        for job in jobs {
+            let Some(work) = &job.work else { continue };
+            keys.extend(rates::keys_of(
+                &self.rates,
+                &job.op,
+                work,
+                |id| facts.get(id).cloned(),
+                |rid| homes.get(rid).cloned(),
+            )?);
+        }
+        Some(keys.into_iter().collect())
+    }
+
+    /// The rate-limit buckets `jobs` touch, from the books the transaction
+    /// loaded.
+    fn needed_buckets(&self, jobs: &[Job], books: &Books) -> BTreeSet<String> {
+        let mut keys = BTreeSet::new();
+        if !self.rates.on() {
+            return keys;
+        }
+        for job in jobs {
+            let Some(work) = &job.work else { continue };
+            let found = rates::keys_of(
+                &self.rates,
+                &job.op,
+                work,
+                rates::books_facts(books),
+                |rid| books.reservations.get(rid).map(|r| r.budget_id.clone()),
+            );
+            keys.extend(found.unwrap_or_default());
+        }
+        keys
     }
 
     /// `leaves` and their ancestors as far as this replica knows them, and
@@ -576,6 +730,35 @@ impl PgBooks {
                 (row.get(0), row.get(1), row.get(2));
             out.insert(id.clone());
             facts.insert(id, (tenant, parent));
+        }
+        Ok(out)
+    }
+
+    /// The rate-limit buckets as this replica's last writes left them.
+    pub(crate) fn last_buckets(&self) -> Vec<(String, Bucket)> {
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.iter().map(|(k, b)| (k.clone(), b.clone())).collect()
+    }
+
+    /// Every rate-limit bucket.
+    pub(crate) async fn buckets(&self) -> Result<Vec<(String, Bucket)>, LedgerError> {
+        let c = self.db.client().await?;
+        let rows = c
+            .query(
+                "SELECT key, data FROM ledger_rate_buckets ORDER BY key",
+                &[],
+            )
+            .await
+            .map_err(|e| self.db.error("reading rate buckets", &e))?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let (key, data): (String, Vec<u8>) = (row.get(0), row.get(1));
+            match Bucket::decode(data.as_slice()) {
+                Ok(b) => out.push((key, b)),
+                Err(e) => {
+                    tracing::error!(key = %key, error = %e, "rate bucket skipped: undecodable")
+                }
+            }
         }
         Ok(out)
     }
@@ -831,7 +1014,7 @@ impl PgBooks {
         drop(c);
         let expiring = rows.iter().map(|r| {
             let id: String = r.get(0);
-            self.write(Op::Expire(id), holder, now)
+            self.write(Op::Expire(id), None, holder, now)
         });
         let mut n = 0;
         for done in futures_util::future::join_all(expiring).await {
@@ -974,7 +1157,7 @@ impl JournalRows {
 /// The batch's statements, in the order [`PgBooks::attempt`] indexes them:
 /// lock the reservations named, lock the budgets of their chains, take
 /// journal numbers; write budgets, reservations, journal records.
-const BATCH_SQL: [&str; 6] = [
+const BATCH_SQL: [&str; 9] = [
     "SELECT data, entry, overrun FROM ledger_reservations
      WHERE id = ANY($1) OR reserve_key = ANY($2) OR settle_key = ANY($3)
      ORDER BY id FOR UPDATE",
@@ -993,4 +1176,11 @@ const BATCH_SQL: [&str; 6] = [
     "INSERT INTO ledger_journal (seq, kind, budget_id, job_id, correlation_id, record)
      SELECT * FROM unnest($1::BIGINT[], $2::INT[], $3::TEXT[], $4::TEXT[], $5::TEXT[],
                           $6::BYTEA[])",
+    // 6-8: the rate-limit buckets: made if new (waiting for a replica
+    // making the same one to commit), locked in key order, written back.
+    "INSERT INTO ledger_rate_buckets (key, data)
+     SELECT k, ''::BYTEA FROM unnest($1::TEXT[]) AS k ON CONFLICT (key) DO NOTHING",
+    "SELECT key, data FROM ledger_rate_buckets WHERE key = ANY($1) ORDER BY key FOR UPDATE",
+    "UPDATE ledger_rate_buckets AS b SET data = u.data
+     FROM unnest($1::TEXT[], $2::BYTEA[]) AS u(key, data) WHERE b.key = u.key",
 ];

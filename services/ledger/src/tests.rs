@@ -191,6 +191,7 @@ fn commit_req(rid: &str, tokens: u64, cost: i64) -> CommitRequest {
             ..Default::default()
         }),
         idempotency_key: String::new(),
+        rate: None,
     }
 }
 
@@ -631,6 +632,7 @@ async fn retried_calls_never_double_count_and_reused_keys_are_refused(f: Fixture
         invocation_grant: Default::default(),
         reservation_id: r3.reservation_id.clone(),
         idempotency_key: "rel-1".into(),
+        rate: None,
     };
     l.release(rel.clone()).await.unwrap();
     l.release(rel).await.unwrap();
@@ -640,6 +642,7 @@ async fn retried_calls_never_double_count_and_reused_keys_are_refused(f: Fixture
             invocation_grant: Default::default(),
             reservation_id: "rsv-unknown".into(),
             idempotency_key: "rel-1".into(),
+            rate: None,
         })
         .await
         .unwrap_err());

@@ -143,6 +143,7 @@ pub(crate) fn allowed(role: &str) -> BTreeSet<&'static str> {
         "LedgerService/Report",
         "LedgerService/EstimateCost",
         "LedgerService/Watch",
+        "LedgerService/ListLimits",
     ];
     let mut set: BTreeSet<&'static str> = [
         "AuthService/WhoAmI",

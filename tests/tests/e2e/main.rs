@@ -22,6 +22,7 @@ mod notifications;
 mod oidc;
 mod platform;
 mod policy;
+mod rate_limits;
 mod references;
 mod registry_router;
 mod rerun;

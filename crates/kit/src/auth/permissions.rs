@@ -41,6 +41,10 @@ pub enum Permission {
     BudgetManage,
     /// Reserve, commit and release on a budget.
     LedgerSpend,
+    /// Report that a provider refused for rate (`CoolDown`): every
+    /// tenant's calls through the key wait, so the service token's holder
+    /// only.
+    RateReport,
     /// Store, remove and list the deployment's stored policies: the
     /// service token's holder only (a policy decides for every tenant).
     PolicyManage,
@@ -85,7 +89,7 @@ pub enum Permission {
 
 impl Permission {
     /// Every permission.
-    pub const ALL: [Permission; 32] = [
+    pub const ALL: [Permission; 33] = [
         Permission::JobSubmit,
         Permission::JobRead,
         Permission::JobCancel,
@@ -100,6 +104,7 @@ impl Permission {
         Permission::BudgetRead,
         Permission::BudgetManage,
         Permission::LedgerSpend,
+        Permission::RateReport,
         Permission::PolicyManage,
         Permission::AgentRead,
         Permission::AgentRegister,
@@ -137,6 +142,7 @@ impl Permission {
             Permission::BudgetRead => "budget.read",
             Permission::BudgetManage => "budget.manage",
             Permission::LedgerSpend => "ledger.spend",
+            Permission::RateReport => "ledger.rate_report",
             Permission::PolicyManage => "policy.manage",
             Permission::AgentRead => "agent.read",
             Permission::AgentRegister => "agent.register",
@@ -216,10 +222,10 @@ pub fn access(path: &str) -> Access {
         ("switchyard.router.v1.RouterService", "Route") => needs(P::Route),
         ("switchyard.ledger.v1.LedgerService", m) => match m {
             "CreateBudget" | "UpdateLimits" | "CloseBudget" => needs(P::BudgetManage),
-            "GetBudget" | "ListBudgets" | "ListEntries" | "EstimateCost" | "Watch" | "Report" => {
-                needs(P::BudgetRead)
-            }
+            "GetBudget" | "ListBudgets" | "ListEntries" | "EstimateCost" | "Watch" | "Report"
+            | "ListLimits" => needs(P::BudgetRead),
             "Reserve" | "Commit" | "Release" => needs(P::LedgerSpend),
+            "CoolDown" => needs(P::RateReport),
             "VerifyJournal" => needs(P::AuditRead),
             _ => Access::Unknown,
         },

@@ -257,6 +257,9 @@ impl Attempt<'_> {
                 let why = format!("the budget refused the reservation: {m}");
                 return Next::Done(Outcome::fail(Class::Budget, reason, why));
             }
+            Err(NotHeld::RateLimited(m)) => {
+                return Next::Done(Outcome::fail(Class::Other, Reason::RateLimited, m));
+            }
             Err(NotHeld::Unavailable(m)) => {
                 return Next::Done(Outcome::fail(Class::Other, Reason::Unavailable, m));
             }

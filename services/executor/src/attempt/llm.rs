@@ -209,6 +209,8 @@ struct TaskHost<'a> {
     /// The policy facts every call of this loop shares: its job and the
     /// submitter it acts for.
     facts: switchyard_policy::Facts,
+    /// The provider rate-limit claims of its model calls.
+    claims: switchyard_api::spend::RateClaims,
 }
 
 impl Attempt<'_> {
@@ -265,6 +267,7 @@ impl Attempt<'_> {
             handoff: Default::default(),
             seq,
             facts: x.job_facts(&snap.job_id, &l.model),
+            claims: Default::default(),
         };
         let ran = agent::resume(&x.inner.clients.llm, &spec, &host, from).await;
         let children = host.children.lock().map(|c| c.clone()).unwrap_or_default();
@@ -878,17 +881,68 @@ impl Drop for Abandon {
     }
 }
 
+impl TaskHost<'_> {
+    /// Tells the ledger that `call`'s provider refused for rate: every
+    /// replica's calls through its key wait as long as the provider asked
+    /// (or the ledger's default cooldown). Sent on its own: the loop does
+    /// not wait for it.
+    fn cool_down(&self, call: &switchyard_llm::CallRecord) {
+        let llm = &self.x.inner.clients.llm;
+        let req = switchyard_proto::ledger::v1::CoolDownRequest {
+            rate: Some(switchyard_proto::ledger::v1::RateClaim {
+                provider: call.provider.clone(),
+                model: call.model.clone(),
+                key: llm.key_of(&call.provider),
+                tokens: 0,
+            }),
+            wait: (call.retry_after_ms > 0)
+                .then(|| switchyard_kit::time::duration(call.retry_after_ms)),
+            why: format!(
+                "{} answered 429 for {}{}",
+                call.provider,
+                call.model,
+                if call.retry_after_ms > 0 {
+                    format!(", Retry-After {} ms", call.retry_after_ms)
+                } else {
+                    String::new()
+                }
+            ),
+        };
+        let ledger = self.x.inner.clients.ledger.clone();
+        tokio::spawn(async move {
+            if let Err(e) = ledger.cool_down(req).await {
+                tracing::warn!(error = %e.message(), "the ledger did not take a provider's cooldown");
+            }
+        });
+    }
+}
+
 impl Host for TaskHost<'_> {
+    fn aim(&self, _call: u32, t: &switchyard_llm::Target) {
+        self.claims.aim(&t.provider, &t.model, &t.key);
+    }
+
     fn reserve(&self, call: u32, tokens: u64, cost: i64) -> BoxFuture<'_, Result<String, Refusal>> {
         Box::pin(async move {
             let key = self.spender.key(&["llm", &call.to_string()]);
             let note = format!("{} call {call}", self.llm_task.model);
+            let rate = self.claims.claim(tokens);
             let held = self
                 .spender
-                .reserve(Purpose::ModelCall(call), tokens, cost, key, note)
+                .reserve(
+                    Purpose::ModelCall(call, rate.clone()),
+                    tokens,
+                    cost,
+                    key,
+                    note,
+                )
                 .await;
             match held {
-                Ok(h) => Ok(h.id().to_owned()),
+                Ok(h) => {
+                    self.claims.held(h.id(), rate);
+                    Ok(h.id().to_owned())
+                }
+                Err(NotHeld::RateLimited(m)) => Err(Refusal::RateLimited(m)),
                 Err(NotHeld::CostLimit(m)) => {
                     Err(Refusal::Limit(format!("model call {call}: {m}")))
                 }
@@ -925,7 +979,8 @@ impl Host for TaskHost<'_> {
                 ),
                 prices,
             );
-            let hold = Hold::resume(&self.x.inner.clients.ledger, hold);
+            let rate = self.claims.settle(hold, Some(model), usage.total_tokens);
+            let hold = Hold::resume(&self.x.inner.clients.ledger, hold).with_rate(rate);
             self.spender
                 .commit(&hold, usage.total_tokens, cost, entry)
                 .await;
@@ -934,7 +989,8 @@ impl Host for TaskHost<'_> {
 
     fn release<'a>(&'a self, hold: &'a str, why: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let hold = Hold::resume(&self.x.inner.clients.ledger, hold);
+            let rate = self.claims.settle(hold, None, 0);
+            let hold = Hold::resume(&self.x.inner.clients.ledger, hold).with_rate(rate);
             self.spender.release(&hold, why).await;
         })
     }
@@ -989,6 +1045,11 @@ impl Host for TaskHost<'_> {
     }
 
     fn event(&self, event: LoopEvent) {
+        if let LoopEvent::LlmCall(c) = &event
+            && c.call.outcome == "rate_limited"
+        {
+            self.cool_down(&c.call);
+        }
         let ev = match event {
             LoopEvent::LlmCall(c) => JobEvent::LlmCalled(c),
             LoopEvent::ToolCall(t) => JobEvent::ToolCalled(t),

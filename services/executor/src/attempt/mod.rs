@@ -216,8 +216,8 @@ impl Attempt<'_> {
 pub(crate) enum Purpose {
     /// A call to this agent.
     Agent(String),
-    /// Model call `n` of an LLM task.
-    ModelCall(u32),
+    /// Model call `n` of an LLM task, with its provider rate-limit claim.
+    ModelCall(u32, Option<switchyard_proto::ledger::v1::RateClaim>),
 }
 
 /// Why the spender did not reserve.
@@ -228,6 +228,9 @@ pub(crate) enum NotHeld {
     /// The budget refused (the ledger's words), and what ran out:
     /// `AGENT_TOKEN_BUDGET_EXCEEDED` or `AGENT_COST_BUDGET_EXCEEDED`.
     Budget(String, Reason),
+    /// A provider rate limit had no room within the wait allowed, or can
+    /// never hold the call.
+    RateLimited(String),
     /// The ledger refused for another reason.
     Unavailable(String),
     /// The ledger stayed unreachable until the deadline.
@@ -284,23 +287,86 @@ impl<'a> Spender<'a> {
             note,
             grant: String::new(),
             from_hold: self.snap.scope_hold.clone(),
+            rate: match &purpose {
+                Purpose::ModelCall(_, rate) => rate.clone(),
+                Purpose::Agent(_) => None,
+            },
         };
-        // The key makes the repeats one hold.
-        let held = self
-            .waiter()
-            .call(Service::Ledger, || async {
-                match spend::reserve(&self.x.inner.clients.ledger, req.clone()).await {
-                    Err(Refusal::Unreachable(s)) => Err(s),
-                    r => Ok(r),
-                }
-            })
-            .await
-            .unwrap_or_else(|s| Err(Refusal::Unreachable(s)));
+        // The key makes the repeats one hold; a rate limit without room
+        // makes the call wait (asking again as the ledger says) until it
+        // fits, the task's deadline or the executor's longest wait.
+        let started = std::time::Instant::now();
+        let most = std::time::Duration::from_millis(self.x.inner.cfg.llm_rate_max_wait_ms);
+        let mut waited: Option<(String, String)> = None;
+        let held = loop {
+            let held = self
+                .waiter()
+                .call(Service::Ledger, || async {
+                    match spend::reserve(&self.x.inner.clients.ledger, req.clone()).await {
+                        Err(Refusal::Unreachable(s)) => Err(s),
+                        r => Ok(r),
+                    }
+                })
+                .await
+                .unwrap_or_else(|s| Err(Refusal::Unreachable(s)));
+            let Err(Refusal::RateLimited {
+                retry_after_ms: Some(ms),
+                message,
+                limit,
+                scope,
+            }) = &held
+            else {
+                break held;
+            };
+            let pause = spend::rate_pause(*ms);
+            let past_deadline = self
+                .snap
+                .deadline_ms
+                .is_some_and(|d| switchyard_kit::time::now_ms() + pause.as_millis() as u64 > d);
+            if started.elapsed() + pause > most || past_deadline {
+                break held;
+            }
+            if waited.as_ref() != Some(&(limit.clone(), scope.clone())) {
+                self.note(JobEvent::RateLimited(events::RateLimited {
+                    call: match &purpose {
+                        Purpose::ModelCall(n, _) => *n,
+                        Purpose::Agent(_) => 0,
+                    },
+                    phase: "waiting".into(),
+                    limit: limit.clone(),
+                    scope: scope.clone(),
+                    why: message.clone(),
+                    waited_ms: started.elapsed().as_millis() as u64,
+                }));
+                waited = Some((limit.clone(), scope.clone()));
+            }
+            tokio::time::sleep(pause).await;
+        };
+        if waited.is_some() {
+            let ms = started.elapsed().as_millis() as u64;
+            switchyard_kit::metrics::global()
+                .rate_limit_wait_seconds
+                .observe(ms as f64 / 1000.0);
+            let (phase, why) = match &held {
+                Ok(_) => ("granted", String::new()),
+                Err(e) => ("deferred", e.to_string()),
+            };
+            self.note(JobEvent::RateLimited(events::RateLimited {
+                call: match &purpose {
+                    Purpose::ModelCall(n, _) => *n,
+                    Purpose::Agent(_) => 0,
+                },
+                phase: phase.into(),
+                why,
+                waited_ms: ms,
+                ..Default::default()
+            }));
+        }
         let book = &self.x.inner.book;
         let reserved = |hold: &Hold| {
             let (agent_id, call) = match &purpose {
                 Purpose::Agent(a) => (a.clone(), None),
-                Purpose::ModelCall(n) => (String::new(), Some(*n)),
+                Purpose::ModelCall(n, _) => (String::new(), Some(*n)),
             };
             JobEvent::Reserved(events::Reserved {
                 reservation_id: hold.id().to_owned(),
@@ -338,6 +404,16 @@ impl<'a> Spender<'a> {
                 }));
                 Err(NotHeld::Budget(message, short.reason()))
             }
+            Err(Refusal::RateLimited {
+                message,
+                retry_after_ms,
+                ..
+            }) => Err(NotHeld::RateLimited(match retry_after_ms {
+                Some(_) => format!(
+                    "{message} (deferred: no room within the task's deadline or executor.llm_rate_max_wait_ms)"
+                ),
+                None => message,
+            })),
             Err(Refusal::Unavailable(m)) => Err(NotHeld::Unavailable(format!("ledger: {m}"))),
             Err(Refusal::Unreachable(s)) => Err(NotHeld::Unreachable(format!(
                 "ledger: {} (the deadline passed while waiting for it)",

@@ -1,0 +1,152 @@
+//! Provider rate limits end to end: model calls of many jobs against a
+//! scripted OpenAI-compatible server that records when each request
+//! arrived. The server must never see more requests than the limit in any
+//! window, and a 429 it answers must hold every later call through the
+//! same key for the time it asked.
+
+#![allow(clippy::unwrap_used)] // test helpers: a failed call is a failed test
+
+use std::time::{Duration, Instant};
+
+use switchyard_llm::scripted::Reply;
+use switchyard_proto::executor::v1::JobState;
+use switchyard_proto::ledger::v1::ListLimitsRequest;
+use switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient;
+
+use crate::common::{finish, id, submit};
+use crate::llm::{env, events};
+
+/// The most requests that arrived within any `window` (sliding).
+fn most_in_any_window(at: &[Instant], window: Duration) -> usize {
+    let mut at = at.to_vec();
+    at.sort();
+    let mut most = 0;
+    let mut start = 0;
+    for end in 0..at.len() {
+        while at[end].duration_since(at[start]) >= window {
+            start += 1;
+        }
+        most = most.max(end - start + 1);
+    }
+    most
+}
+
+fn limit(rpm: u64, window_ms: u64) -> switchyard_ledger::rates::LimitConfig {
+    switchyard_ledger::rates::LimitConfig {
+        name: "openai-rpm".into(),
+        provider: "openai".into(),
+        requests_per_minute: Some(rpm),
+        window_ms,
+        ..Default::default()
+    }
+}
+
+const ASK: &str = r#"{"type": "t.ask", "args": ["Say fine"], "ext_agent_model": "gpt-4o", "ext_agent_max_tokens": 20}"#;
+
+#[tokio::test]
+async fn calls_of_many_jobs_never_exceed_a_requests_limit_in_any_window_and_waits_are_events() {
+    let (rpm, window) = (3u64, Duration::from_millis(1_000));
+    let mut e = env(true, |c| {
+        c.ledger.limits.push(limit(rpm, window.as_millis() as u64));
+    })
+    .await;
+    e.script.otherwise(Reply::text("fine", 10, 2));
+    let started = Instant::now();
+    let mut jobs = Vec::new();
+    for _ in 0..9 {
+        jobs.push(id(&submit(&mut e.jobs, ASK).await.unwrap()));
+    }
+    for j in &jobs {
+        let r = finish(&mut e.jobs, j).await;
+        assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    }
+    let took = started.elapsed();
+    let at: Vec<Instant> = e.script.received().iter().map(|r| r.at).collect();
+    assert_eq!(at.len(), 9, "one request per job, none refused upstream");
+    let most = most_in_any_window(&at, window);
+    println!("most requests in any {window:?}: {most} (limit {rpm}); 9 calls took {took:?}");
+    assert!(most as u64 <= rpm, "{most} requests in one window");
+    // Nine calls at three a window need two windows of waiting at least.
+    let span = at
+        .iter()
+        .max()
+        .unwrap()
+        .duration_since(*at.iter().min().unwrap());
+    assert!(span >= window * 2, "{span:?}");
+    // The jobs that waited say so, with the limit and why.
+    let mut waited = 0;
+    for j in &jobs {
+        let log = events(&mut e.jobs, j).await;
+        let phases: Vec<&str> = log
+            .iter()
+            .filter(|(k, _)| k == "llm.rate_limited")
+            .filter_map(|(_, d)| d["phase"].as_str())
+            .collect();
+        if phases.contains(&"waiting") {
+            waited += 1;
+            assert!(phases.contains(&"granted"), "{phases:?}");
+            let w = log
+                .iter()
+                .find(|(k, d)| k == "llm.rate_limited" && d["phase"] == "waiting")
+                .unwrap();
+            assert_eq!(w.1["limit"], "openai-rpm");
+            assert!(
+                w.1["why"].as_str().unwrap().contains("allows 3 requests"),
+                "{w:?}"
+            );
+        }
+    }
+    assert!(waited >= 6, "{waited} jobs waited");
+    // The bucket is visible, with what it granted.
+    let mut ledger = LedgerServiceClient::new(e.stack.channel().await.unwrap());
+    let limits = ledger
+        .list_limits(ListLimitsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let b = limits
+        .buckets
+        .iter()
+        .find(|b| b.limit == "openai-rpm")
+        .unwrap();
+    assert_eq!((b.scope.as_str(), b.granted), ("shared", 9));
+    assert!(b.waits > 0, "{b:?}");
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_429_holds_every_later_call_through_the_key_for_the_time_the_provider_asked() {
+    let mut e = env(true, |c| {
+        c.ledger.limits.push(limit(1_000, 60_000));
+        // The chain itself does not retry: the cooldown is what holds.
+        c.llm.max_rounds = 1;
+    })
+    .await;
+    e.script
+        .for_model("gpt-4o", vec![Reply::status(429).retry_after("2")]);
+    e.script.otherwise(Reply::text("fine", 10, 2));
+    let first = id(&submit(&mut e.jobs, ASK).await.unwrap());
+    let r = finish(&mut e.jobs, &first).await;
+    assert_eq!(
+        r.state,
+        JobState::Discarded as i32,
+        "the 429 ends it: {r:?}"
+    );
+    let refused_at = e.script.received()[0].at;
+    // The next job's call waits out the cooldown before it is sent.
+    let second = id(&submit(&mut e.jobs, ASK).await.unwrap());
+    let r = finish(&mut e.jobs, &second).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let sent_at = e.script.received()[1].at;
+    let gap = sent_at.duration_since(refused_at);
+    println!("the call after the 429 went {gap:?} later (Retry-After 2 s)");
+    assert!(gap >= Duration::from_millis(1_900), "{gap:?}");
+    let log = events(&mut e.jobs, &second).await;
+    let w = log
+        .iter()
+        .find(|(k, d)| k == "llm.rate_limited" && d["phase"] == "waiting")
+        .unwrap();
+    assert_eq!(w.1["scope"], "key:openai");
+    assert!(w.1["why"].as_str().unwrap().contains("429"), "{w:?}");
+    e.stack.stop().await.unwrap();
+}
