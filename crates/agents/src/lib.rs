@@ -361,14 +361,81 @@ struct InvocationHost<'a> {
 /// Longest a declarative agent's model call waits for rate-limit room.
 const RATE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
+impl InvocationHost<'_> {
+    /// Reserves `req`, waiting (up to [`RATE_WAIT`]) while a provider rate
+    /// limit has no room for it.
+    async fn hold(&self, req: HoldRequest) -> Result<Hold, spend::Refusal> {
+        let started = std::time::Instant::now();
+        loop {
+            match spend::reserve(&self.hosted.ledger, req.clone()).await {
+                Err(spend::Refusal::RateLimited {
+                    retry_after_ms: Some(ms),
+                    ..
+                }) if started.elapsed() + spend::rate_pause(ms) <= RATE_WAIT => {
+                    tokio::time::sleep(spend::rate_pause(ms)).await;
+                }
+                r => break r,
+            }
+        }
+    }
+
+    /// Releases the holds of no money that claimed room for later calls of
+    /// the current model call (`model` answered the last with `used`
+    /// tokens; `None`: none answered); returns the tokens the first call
+    /// used (`used` when it was the only one).
+    async fn settle_extras(&self, model: Option<&str>, used: u64) -> u64 {
+        let extras = self.claims.settle_extras(model, used);
+        let first = if extras.is_empty() { used } else { 0 };
+        for (hold, claim) in extras {
+            let _ = Hold::resume(&self.hosted.ledger, &hold)
+                .under_grant(&self.grant)
+                .with_rate(Some(claim))
+                .release()
+                .await;
+        }
+        first
+    }
+}
+
 impl Host for InvocationHost<'_> {
+    fn admit<'a>(&'a self, t: &'a switchyard_llm::Target) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let (call, claim) = self.claims.again(&t.provider, &t.model, &t.key);
+            let n = (self.claims.extras() + 1).to_string();
+            let req = HoldRequest {
+                budget_id: self.budget_id.clone(),
+                tokens: 0,
+                cost_micro_usd: 0,
+                key: spend::key(&[
+                    &self.key,
+                    &self.agent.registry_id,
+                    "llm",
+                    &call.to_string(),
+                    "again",
+                    &n,
+                ]),
+                context: self.correlation.clone(),
+                note: format!(
+                    "{} call {call}: room for {}",
+                    self.agent.registry_id, t.model
+                ),
+                grant: self.grant.clone(),
+                from_hold: String::new(),
+                rate: Some(claim.clone()),
+            };
+            let h = self.hold(req).await.map_err(|r| r.to_string())?;
+            self.claims.extra(h.id(), claim);
+            Ok(())
+        })
+    }
+
     fn aim(&self, _call: u32, t: &switchyard_llm::Target) {
         self.claims.aim(&t.provider, &t.model, &t.key);
     }
 
     fn reserve(&self, call: u32, tokens: u64, cost: i64) -> BoxFuture<'_, Result<String, Refusal>> {
         Box::pin(async move {
-            let rate = self.claims.claim(tokens);
+            let rate = self.claims.claim(call, tokens);
             let req = HoldRequest {
                 budget_id: self.budget_id.clone(),
                 tokens,
@@ -382,18 +449,7 @@ impl Host for InvocationHost<'_> {
                 from_hold: String::new(),
                 rate: rate.clone(),
             };
-            let started = std::time::Instant::now();
-            let reserved = loop {
-                match spend::reserve(&self.hosted.ledger, req.clone()).await {
-                    Err(spend::Refusal::RateLimited {
-                        retry_after_ms: Some(ms),
-                        ..
-                    }) if started.elapsed() < RATE_WAIT => {
-                        tokio::time::sleep(spend::rate_pause(ms)).await;
-                    }
-                    r => break r,
-                }
-            };
+            let reserved = self.hold(req).await;
             match reserved {
                 Ok(h) => {
                     self.claims.held(h.id(), rate);
@@ -432,9 +488,10 @@ impl Host for InvocationHost<'_> {
                 ),
                 prices,
             );
+            let first = self.settle_extras(Some(model), usage.total_tokens).await;
             let hold = Hold::resume(&self.hosted.ledger, hold)
                 .under_grant(&self.grant)
-                .with_rate(self.claims.settle(hold, Some(model), usage.total_tokens));
+                .with_rate(self.claims.settle(hold, Some(model), first));
             if let Err(e) = hold.commit(usage.total_tokens, cost, entry).await {
                 tracing::warn!(reservation_id = hold.id(), error = %e.message(), "commit failed; the reservation's TTL bounds the hold");
             }
@@ -448,6 +505,7 @@ impl Host for InvocationHost<'_> {
                 why,
                 "releasing an unused reservation"
             );
+            self.settle_extras(None, 0).await;
             let _ = Hold::resume(&self.hosted.ledger, hold)
                 .under_grant(&self.grant)
                 .with_rate(self.claims.settle(hold, None, 0))

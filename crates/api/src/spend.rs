@@ -402,6 +402,11 @@ impl Hold {
 pub struct RateClaims {
     aimed: std::sync::Mutex<Option<RateClaim>>,
     held: std::sync::Mutex<std::collections::HashMap<String, RateClaim>>,
+    /// The model call being made and its most tokens.
+    current: std::sync::Mutex<(u32, u64)>,
+    /// Holds of no money that claimed room for later calls of the current
+    /// model call (fallbacks, later rounds).
+    extra: std::sync::Mutex<Vec<(String, RateClaim)>>,
 }
 
 impl RateClaims {
@@ -416,8 +421,9 @@ impl RateClaims {
         *self.aimed.lock().unwrap_or_else(|p| p.into_inner()) = Some(claim);
     }
 
-    /// The claim for the next call, of at most `tokens`.
-    pub fn claim(&self, tokens: u64) -> Option<RateClaim> {
+    /// The claim for model call `call`, of at most `tokens`.
+    pub fn claim(&self, call: u32, tokens: u64) -> Option<RateClaim> {
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = (call, tokens);
         let aimed = self.aimed.lock().unwrap_or_else(|p| p.into_inner());
         aimed.clone().map(|c| RateClaim { tokens, ..c })
     }
@@ -428,6 +434,47 @@ impl RateClaims {
             let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
             held.insert(hold.to_owned(), c);
         }
+    }
+
+    /// The claim for a later call of the current model call, to
+    /// `provider`'s `model` through `key`, and that model call's number.
+    pub fn again(&self, provider: &str, model: &str, key: &str) -> (u32, RateClaim) {
+        let (call, tokens) = *self.current.lock().unwrap_or_else(|p| p.into_inner());
+        let claim = RateClaim {
+            provider: provider.to_owned(),
+            model: model.to_owned(),
+            key: key.to_owned(),
+            tokens,
+        };
+        (call, claim)
+    }
+
+    /// Hold `hold` (of no money) claimed room for a later call.
+    pub fn extra(&self, hold: &str, claim: RateClaim) {
+        let mut extra = self.extra.lock().unwrap_or_else(|p| p.into_inner());
+        extra.push((hold.to_owned(), claim));
+    }
+
+    /// How many later calls the current model call has claimed room for.
+    pub fn extras(&self) -> usize {
+        self.extra.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// The holds of later calls, each with the claim to release it with:
+    /// the last call made is the one that answered (`model`, with `used`
+    /// tokens; `None`: none did), the others used nothing.
+    pub fn settle_extras(&self, model: Option<&str>, used: u64) -> Vec<(String, RateClaim)> {
+        let mut extra = self.extra.lock().unwrap_or_else(|p| p.into_inner());
+        let last = extra.len().saturating_sub(1);
+        extra
+            .drain(..)
+            .enumerate()
+            .map(|(i, (hold, c))| {
+                let answered = i == last && model == Some(c.model.as_str());
+                let tokens = if answered { used } else { 0 };
+                (hold, RateClaim { tokens, ..c })
+            })
+            .collect()
     }
 
     /// The claim to settle hold `hold` with: `used` tokens when `model`

@@ -171,6 +171,12 @@ pub trait Host: Send + Sync {
     /// [`Host::reserve`] (so the reservation can claim room in that
     /// provider's rate limits).
     fn aim(&self, _call: u32, _target: &crate::Target) {}
+    /// Room in the provider rate limits for a later call of the same model
+    /// call (a fallback, or the chain's next round), to `target`: the call
+    /// is made only if this answers `Ok`.
+    fn admit<'a>(&'a self, _target: &'a crate::Target) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
     /// Commits what call `hold` used.
     fn commit<'a>(
         &'a self,
@@ -451,6 +457,15 @@ pub fn check_schema(schema: &Value, value: &Value) -> Result<(), String> {
     }
 }
 
+/// The host's [`Host::admit`] as the chain's [`crate::Admit`].
+struct ViaHost<'a>(&'a dyn Host);
+
+impl crate::Admit for ViaHost<'_> {
+    fn admit<'a>(&'a self, target: &'a crate::Target) -> BoxFuture<'a, Result<(), String>> {
+        self.0.admit(target)
+    }
+}
+
 /// Runs the loop.
 pub async fn run(llm: &Llm, spec: &Spec, host: &dyn Host) -> Result<Report, Failure> {
     resume(llm, spec, host, None).await
@@ -602,15 +617,13 @@ pub async fn resume(
         };
         let on_delta = |delta: Delta| host.event(LoopEvent::Delta(LlmDelta { turn, delta }));
         let streamed: Option<&(dyn Fn(Delta) + Send + Sync)> = host.streams().then_some(&on_delta);
+        let hooks = crate::Hooks {
+            on_call: &mut on_call,
+            on_delta: streamed,
+            admit: Some(&ViaHost(host)),
+        };
         let answered = llm
-            .chat(
-                chain,
-                &spec.provider,
-                &req,
-                deadline,
-                &mut on_call,
-                streamed,
-            )
+            .chat_with(chain, &spec.provider, &req, deadline, hooks)
             .await;
         let (mut resp, model) = match answered {
             Ok(x) => x,

@@ -517,6 +517,23 @@ pub struct ProviderCheck {
     pub models: Vec<(String, Option<bool>)>,
 }
 
+/// What [`Llm::chat_with`] reports to and asks of its caller.
+pub struct Hooks<'a> {
+    /// Told of every call made (or skipped).
+    pub on_call: &'a mut (dyn FnMut(&CallRecord) + Send),
+    /// Streamed answers' pieces, from providers configured to stream.
+    pub on_delta: Option<&'a (dyn Fn(Delta) + Send + Sync)>,
+    /// Asked before each call after the first.
+    pub admit: Option<&'a dyn Admit>,
+}
+
+/// Takes room in the provider rate limits for a call of a chain after its
+/// first (a fallback, or a later round), or says why there is none.
+pub trait Admit: Send + Sync {
+    /// Room for the next call, to `target`.
+    fn admit<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<(), String>>;
+}
+
 /// Where a model call goes upstream: what provider rate limits key on.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Target {
@@ -909,6 +926,31 @@ impl Llm {
         on_call: &mut (dyn FnMut(&CallRecord) + Send),
         on_delta: Option<&(dyn Fn(Delta) + Send + Sync)>,
     ) -> Result<(ChatResponse, String), ChainError> {
+        let hooks = Hooks {
+            on_call,
+            on_delta,
+            admit: None,
+        };
+        self.chat_with(chain, hint, req, deadline, hooks).await
+    }
+
+    /// [`Llm::chat`], with every call after the first admitted by
+    /// `hooks.admit` first (the first was admitted with its reservation): a
+    /// call it refuses is not made, and the chain moves on.
+    pub async fn chat_with(
+        &self,
+        chain: &[String],
+        hint: &str,
+        req: &ChatRequest,
+        deadline: Instant,
+        hooks: Hooks<'_>,
+    ) -> Result<(ChatResponse, String), ChainError> {
+        let Hooks {
+            on_call,
+            on_delta,
+            admit,
+        } = hooks;
+        let mut admitted_first = false;
         let stream = on_delta.map(|sink| Stream {
             sink,
             interval: self.delta_interval,
@@ -965,6 +1007,32 @@ impl Llm {
                     });
                 }
                 let started = Instant::now();
+                // Every call but the first takes its own room in the
+                // provider's rate limits.
+                let refused = match admit {
+                    Some(a) if admitted_first => {
+                        let target = Target {
+                            provider: served.provider.clone(),
+                            model: model.clone(),
+                            key: self.key_of(&served.provider),
+                        };
+                        a.admit(&target).await.err()
+                    }
+                    _ => None,
+                };
+                admitted_first = true;
+                if let Some(why) = refused {
+                    on_call(&CallRecord {
+                        model: model.clone(),
+                        provider: served.provider.clone(),
+                        outcome: "deferred".into(),
+                        error: why.clone(),
+                        round,
+                        ..Default::default()
+                    });
+                    tried.push(format!("{model} via {}: {why}", served.provider));
+                    continue;
+                }
                 let r = match self.not_served(&served.provider, model).await {
                     Some(e) => Err(e),
                     None => {

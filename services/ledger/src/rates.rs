@@ -7,9 +7,11 @@
 //! call's Reserve names what it will use upstream (a [`Claim`]); it is
 //! granted one request and its worst-case tokens in every bucket that
 //! applies, in the same atomic step as its money, or it is told how long
-//! to wait ([`Wait`]) and nothing is taken. Its Commit gives back what the
-//! call did not use; its Release gives back its tokens (the request was
-//! made, or may have been: it stays counted).
+//! to wait ([`Wait`]) and nothing is taken. Its Commit or Release says
+//! what the call used upstream (a failed call: nothing) and the rest comes
+//! back; the request stays counted (it was made, or may have been). A
+//! later call of the same chain (a fallback, a second round) takes room of
+//! its own with a Reserve of no money.
 //!
 //! **Windows.** Each window is cut into [`SLOTS`] slots; a grant counts in
 //! the slot it was made in until that slot is [`SLOTS`] + 1 slots old. So a
@@ -641,13 +643,12 @@ impl Bucket {
         );
     }
 
-    /// Settles grant `grant`: `used` tokens (a Commit), or none (a
-    /// Release). Settling twice changes nothing.
-    fn settle(&mut self, grant: &str, used: Option<u64>) {
+    /// Settles grant `grant`: the call used `used` tokens upstream.
+    /// Settling twice changes nothing.
+    fn settle(&mut self, grant: &str, used: u64) {
         let Some(g) = self.grants.remove(grant) else {
             return;
         };
-        let used = used.unwrap_or(0);
         let (back, more) = (g.tokens.saturating_sub(used), used.saturating_sub(g.tokens));
         adjust(&mut self.slots, g.slot, back, more);
         adjust(&mut self.days, g.day, back, more);
@@ -738,20 +739,14 @@ impl Table {
         }
     }
 
-    /// Settles `c.grant` in every bucket in `keys`: `c.tokens` used (a
-    /// Commit) or none (`used` false: a Release).
-    pub(crate) fn settle(
-        &mut self,
-        cfg: &RatesConfig,
-        keys: &[String],
-        c: &Claim,
-        used: bool,
-        now: u64,
-    ) {
+    /// Settles `c.grant` in every bucket in `keys`: the call used
+    /// `c.tokens` upstream (what a Commit or Release says; the rest of what
+    /// was held comes back, the request stays counted).
+    pub(crate) fn settle(&mut self, cfg: &RatesConfig, keys: &[String], c: &Claim, now: u64) {
         for key in keys {
             let b = self.bucket(cfg, key, now);
             if b.grants.contains_key(&c.grant) {
-                b.settle(&c.grant, used.then_some(c.tokens));
+                b.settle(&c.grant, c.tokens);
                 self.changed.insert(key.clone());
             }
         }
@@ -962,9 +957,9 @@ pub(crate) fn decide<S: Sink>(
             Ok(done)
         }
         op => {
-            let (rid, used) = match &op {
-                Op::Commit { req, .. } => (req.reservation_id.clone(), true),
-                Op::Release { reservation_id, .. } => (reservation_id.clone(), false),
+            let rid = match &op {
+                Op::Commit { req, .. } => req.reservation_id.clone(),
+                Op::Release { reservation_id, .. } => reservation_id.clone(),
                 _ => return desk.decide(op),
             };
             claim.grant = books
@@ -973,7 +968,7 @@ pub(crate) fn decide<S: Sink>(
                 .map(|r| r.key.clone())
                 .unwrap_or_default();
             let done = desk.decide(op)?;
-            table.settle(cfg, &keys, &claim, used, now);
+            table.settle(cfg, &keys, &claim, now);
             Ok(done)
         }
     }
@@ -1147,16 +1142,15 @@ mod tests {
                 tokens: 100,
                 ..a.clone()
             },
-            true,
             2,
         );
         take(&mut t, &cfg, &claim("a", "2", 600), 3).unwrap();
         // A second settle changes nothing.
-        t.settle(&cfg, &keys, &Claim { tokens: 0, ..a }, true, 4);
+        t.settle(&cfg, &keys, &Claim { tokens: 0, ..a }, 4);
         assert!(take(&mut t, &cfg, &claim("a", "3", 301), 5).is_err());
-        // A release gives back all its tokens.
-        let b = claim("a", "2", 600);
-        t.settle(&cfg, &keys, &b, false, 6);
+        // A call that failed (it used nothing) gives back all its tokens.
+        let b = claim("a", "2", 0);
+        t.settle(&cfg, &keys, &b, 6);
         take(&mut t, &cfg, &claim("a", "3", 800), 7).unwrap();
         let w = take(&mut t, &cfg, &claim("a", "4", 1_001), 8).unwrap_err();
         assert_eq!(w.after_ms, None, "larger than the limit never fits");
@@ -1188,7 +1182,7 @@ mod tests {
         assert!(w.why.contains("in flight"), "{}", w.why);
         // Its reservation expired (its replica died): the slot is free.
         take(&mut t, &cfg, &claim("a", "2", 1), 500).unwrap();
-        t.settle(&cfg, &keys, &claim("a", "2", 1), true, 501);
+        t.settle(&cfg, &keys, &claim("a", "2", 1), 501);
         take(&mut t, &cfg, &claim("a", "3", 1), 502).unwrap();
     }
 

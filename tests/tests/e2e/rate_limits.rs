@@ -150,3 +150,78 @@ async fn a_429_holds_every_later_call_through_the_key_for_the_time_the_provider_
     assert!(w.1["why"].as_str().unwrap().contains("429"), "{w:?}");
     e.stack.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_fallback_model_takes_room_of_its_own_and_one_without_room_is_not_called() {
+    // gpt-4o-mini may be called once a minute, gpt-4o freely.
+    let mut e = env(true, |c| {
+        c.ledger.limits.push(switchyard_ledger::rates::LimitConfig {
+            name: "mini".into(),
+            model: "gpt-4o-mini".into(),
+            requests_per_minute: Some(1),
+            tokens_per_minute: Some(10_000),
+            ..Default::default()
+        });
+        c.llm.max_rounds = 1;
+        c.executor.llm_rate_max_wait_ms = 200;
+    })
+    .await;
+    e.script
+        .for_model("gpt-4o", vec![Reply::status(503), Reply::status(503)]);
+    e.script
+        .for_model("gpt-4o-mini", vec![Reply::text("from mini", 10, 2)]);
+    let doc = r#"{"type": "t.ask", "args": ["hi"], "ext_agent_model": "gpt-4o", "ext_agent_max_tokens": 20,
+                  "ext_agent_fallback_models": ["gpt-4o-mini"]}"#;
+    let first = id(&submit(&mut e.jobs, doc).await.unwrap());
+    let r = finish(&mut e.jobs, &first).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    // The fallback's room was taken, and what it did not use came back.
+    let mut ledger = LedgerServiceClient::new(e.stack.channel().await.unwrap());
+    let mini = |l: &switchyard_proto::ledger::v1::ListLimitsResponse| {
+        l.buckets
+            .iter()
+            .find(|b| b.limit == "mini")
+            .cloned()
+            .unwrap()
+    };
+    let l = ledger
+        .list_limits(ListLimitsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let used: Vec<(String, u64)> = mini(&l)
+        .r#use
+        .iter()
+        .map(|u| (u.dimension.clone(), u.used))
+        .collect();
+    assert_eq!(
+        used,
+        [
+            ("requests_per_minute".to_owned(), 1),
+            ("tokens_per_minute".to_owned(), 12)
+        ]
+    );
+    // A second job's fallback finds no room: it is not called, and the
+    // job says why.
+    let second = id(&submit(&mut e.jobs, doc).await.unwrap());
+    let r = finish(&mut e.jobs, &second).await;
+    assert_eq!(r.state, JobState::Discarded as i32, "{r:?}");
+    assert_eq!(
+        e.script.models_called(),
+        ["gpt-4o", "gpt-4o-mini", "gpt-4o"],
+        "the second fallback was never sent"
+    );
+    let log = events(&mut e.jobs, &second).await;
+    let deferred = log
+        .iter()
+        .find(|(k, d)| k == "llm.call" && d["outcome"] == "deferred")
+        .unwrap();
+    assert!(
+        deferred.1["error"]
+            .as_str()
+            .unwrap()
+            .contains("limit mini allows 1 requests"),
+        "{deferred:?}"
+    );
+    e.stack.stop().await.unwrap();
+}

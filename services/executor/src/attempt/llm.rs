@@ -882,6 +882,22 @@ impl Drop for Abandon {
 }
 
 impl TaskHost<'_> {
+    /// Releases the holds of no money that claimed room for later calls of
+    /// the current model call (`model` answered the last with `used`
+    /// tokens; `None`: none answered); returns the tokens the first call
+    /// used (`used` when it was the only one).
+    async fn settle_extras(&self, model: Option<&str>, used: u64) -> u64 {
+        let extras = self.claims.settle_extras(model, used);
+        let first = if extras.is_empty() { used } else { 0 };
+        for (hold, claim) in extras {
+            let hold = Hold::resume(&self.x.inner.clients.ledger, &hold).with_rate(Some(claim));
+            self.spender
+                .release(&hold, "room claimed for a later call of the chain")
+                .await;
+        }
+        first
+    }
+
     /// Tells the ledger that `call`'s provider refused for rate: every
     /// replica's calls through its key wait as long as the provider asked
     /// (or the ledger's default cooldown). Sent on its own: the loop does
@@ -922,11 +938,34 @@ impl Host for TaskHost<'_> {
         self.claims.aim(&t.provider, &t.model, &t.key);
     }
 
+    fn admit<'a>(&'a self, t: &'a switchyard_llm::Target) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let (call, claim) = self.claims.again(&t.provider, &t.model, &t.key);
+            let n = (self.claims.extras() + 1).to_string();
+            let key = self.spender.key(&["llm", &call.to_string(), "again", &n]);
+            let note = format!("{} call {call}: room for {}", self.llm_task.model, t.model);
+            let purpose = Purpose::ModelCall(call, Some(claim.clone()));
+            match self.spender.reserve(purpose, 0, 0, key, note).await {
+                Ok(h) => {
+                    self.claims.extra(h.id(), claim);
+                    Ok(())
+                }
+                Err(
+                    NotHeld::RateLimited(m)
+                    | NotHeld::CostLimit(m)
+                    | NotHeld::Budget(m, _)
+                    | NotHeld::Unavailable(m)
+                    | NotHeld::Unreachable(m),
+                ) => Err(m),
+            }
+        })
+    }
+
     fn reserve(&self, call: u32, tokens: u64, cost: i64) -> BoxFuture<'_, Result<String, Refusal>> {
         Box::pin(async move {
             let key = self.spender.key(&["llm", &call.to_string()]);
             let note = format!("{} call {call}", self.llm_task.model);
-            let rate = self.claims.claim(tokens);
+            let rate = self.claims.claim(call, tokens);
             let held = self
                 .spender
                 .reserve(
@@ -979,7 +1018,8 @@ impl Host for TaskHost<'_> {
                 ),
                 prices,
             );
-            let rate = self.claims.settle(hold, Some(model), usage.total_tokens);
+            let first = self.settle_extras(Some(model), usage.total_tokens).await;
+            let rate = self.claims.settle(hold, Some(model), first);
             let hold = Hold::resume(&self.x.inner.clients.ledger, hold).with_rate(rate);
             self.spender
                 .commit(&hold, usage.total_tokens, cost, entry)
@@ -989,6 +1029,7 @@ impl Host for TaskHost<'_> {
 
     fn release<'a>(&'a self, hold: &'a str, why: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
+            self.settle_extras(None, 0).await;
             let rate = self.claims.settle(hold, None, 0);
             let hold = Hold::resume(&self.x.inner.clients.ledger, hold).with_rate(rate);
             self.spender.release(&hold, why).await;
