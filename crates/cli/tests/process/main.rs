@@ -20,6 +20,7 @@ mod mtls;
 mod outage;
 mod polyglot;
 mod postgres_split;
+mod rate_limits;
 mod real_llm;
 mod rerun;
 mod sandbox;
