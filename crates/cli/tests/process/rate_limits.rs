@@ -179,10 +179,7 @@ async fn ended(c: &mut Jobs, id: &str) -> JobState {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let j = c
-            .get_job(GetJobRequest {
-                job_id: id.into(),
-                ..Default::default()
-            })
+            .get_job(GetJobRequest { job_id: id.into() })
             .await
             .unwrap()
             .into_inner()
