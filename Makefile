@@ -154,7 +154,7 @@ fmt: ## Format the code
 	$(CARGO) fmt --all
 
 .PHONY: bench
-bench: ## Benchmarks (release): routing, registry, ledger, executor, the LLM agent loop, the metrics' cost, the REST and RESP doors against gRPC, the web console's pages against the same reads over gRPC, pull workers over gRPC and OJS HTTP, input and conversation turns, MCP tool calls through the registry against direct ones, growth with 100k jobs of history, and a real model server's calls (after make llm-venv)
+bench: ## Benchmarks (release): routing, registry, ledger, executor, the LLM agent loop, the metrics' cost, the REST and RESP doors against gRPC, the web console's pages against the same reads over gRPC, pull workers over gRPC and OJS HTTP, input and conversation turns, MCP tool calls through the registry against direct ones, provider rate limits off against on (in-process and PostgreSQL round trips), growth with 100k jobs of history, and a real model server's calls (after make llm-venv)
 	$(CARGO) run --release --locked -p switchyard-bench
 	$(CARGO) run --release --locked -p switchyard-bench -- metrics
 	$(CARGO) run --release --locked -p switchyard-bench -- gateway
@@ -163,6 +163,7 @@ bench: ## Benchmarks (release): routing, registry, ledger, executor, the LLM age
 	$(CARGO) run --release --locked -p switchyard-bench -- input
 	$(CARGO) run --release --locked -p switchyard-bench -- conversation
 	$(CARGO) run --release --locked -p switchyard-bench -- mcp
+	$(CARGO) run --release --locked -p switchyard-bench -- limits
 	$(CARGO) build --release --locked -p switchyard-cli
 	$(CARGO) run --release --locked -p switchyard-bench -- history 100000
 	if [ -f $(LLM_VENV)/.installed ]; then \

@@ -34,6 +34,7 @@ mod executor;
 mod gateway;
 mod history;
 mod input;
+mod limits;
 mod llm;
 mod mcp;
 mod metrics;
@@ -275,6 +276,10 @@ async fn run() -> anyhow::Result<()> {
     // `switchyard-bench queue` runs only the pull workers' figures.
     if std::env::args().nth(1).as_deref() == Some("queue") {
         return queue::run().await;
+    }
+    // `switchyard-bench limits` runs only the provider rate limits' figures.
+    if std::env::args().nth(1).as_deref() == Some("limits") {
+        return limits::run().await;
     }
     // `switchyard-bench postgres` runs only the ledger-on-PostgreSQL figures.
     if std::env::args().nth(1).as_deref() == Some("postgres") {

@@ -261,6 +261,13 @@ pub struct Metrics {
     /// How long model calls waited for rate-limit room before going
     /// (the executor).
     pub rate_limit_wait_seconds: Histogram,
+    /// Transactions the ledger's PostgreSQL writers ran (one per batch of
+    /// writes, again after a retryable failure).
+    pub ledger_pg_transactions: Counter,
+    /// Round trips to PostgreSQL those transactions made (pipelined
+    /// statements count once; statement preparation, once per connection,
+    /// is not counted).
+    pub ledger_pg_round_trips: Counter,
     sources: Mutex<Vec<Weak<dyn Gauges>>>,
     /// Per-method series, by service then method.
     methods: std::sync::RwLock<HashMap<String, HashMap<String, Arc<MethodMetrics>>>>,
@@ -324,6 +331,8 @@ impl Metrics {
             rate_limit_waits: Family::default(),
             rate_limit_refusals: Family::default(),
             rate_limit_wait_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 20)),
+            ledger_pg_transactions: Counter::default(),
+            ledger_pg_round_trips: Counter::default(),
             sources: Mutex::new(Vec::new()),
             methods: Default::default(),
             registry: Registry::default(),
@@ -457,6 +466,16 @@ impl Metrics {
             "rate_limit_wait_seconds",
             "How long model calls waited for rate-limit room before going",
             m.rate_limit_wait_seconds.clone(),
+        );
+        r.register(
+            "ledger_pg_transactions",
+            "Transactions the ledger's PostgreSQL writers ran",
+            m.ledger_pg_transactions.clone(),
+        );
+        r.register(
+            "ledger_pg_round_trips",
+            "Round trips to PostgreSQL the ledger's write transactions made (pipelined statements count once)",
+            m.ledger_pg_round_trips.clone(),
         );
         r.register(
             "budget_reserved_micro_usd",

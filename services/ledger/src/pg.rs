@@ -111,6 +111,13 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
 // The SQL above and below names committed records by their number.
 const _: () = assert!(RecordKind::Committed as i32 == 5);
 
+/// Counts one round trip to the database (`ledger_pg_round_trips`).
+fn trip() {
+    switchyard_kit::metrics::global()
+        .ledger_pg_round_trips
+        .inc();
+}
+
 /// One write waiting for a transaction.
 struct Job {
     op: Op,
@@ -244,6 +251,10 @@ impl PgBooks {
         let db = &self.db;
         let mut client = db.client().await.map_err(TxError::Fatal)?;
         let fail = |doing: &'static str| move |e: tokio_postgres::Error| db.tx_error(doing, &e);
+        switchyard_kit::metrics::global()
+            .ledger_pg_transactions
+            .inc();
+        trip();
         let tx = client
             .transaction()
             .await
@@ -309,9 +320,14 @@ impl PgBooks {
                     if early_keys.is_empty() {
                         return Ok(Vec::new());
                     }
-                    tx.execute(&statements[6], &bucket_params).await?;
-                    tx.query(&statements[7], &bucket_params).await
+                    // Both sent at once: the lock runs after the insert.
+                    let (_, rows) = futures_util::try_join!(
+                        tx.execute(&statements[6], &bucket_params),
+                        tx.query(&statements[7], &bucket_params),
+                    )?;
+                    Ok(rows)
                 };
+                trip();
                 let (r, b, n, k) = futures_util::try_join!(
                     reservations,
                     tx.query(&statements[1], &budget_params),
@@ -323,6 +339,9 @@ impl PgBooks {
                 (r, chain.clone(), b, n)
             }
             None => {
+                if names_reservations {
+                    trip();
+                }
                 let r = reservations.await.map_err(fail("locking reservations"))?;
                 let mut leaves: BTreeSet<String> = jobs
                     .iter()
@@ -335,6 +354,7 @@ impl PgBooks {
                 let chain = self.chains(&tx, &leaves).await?;
                 let chain_ids: Vec<&str> = chain.iter().map(String::as_str).collect();
                 let budget_params: [Param<'_>; 1] = [&chain_ids];
+                trip();
                 let (b, n) = futures_util::try_join!(
                     tx.query(&statements[1], &budget_params),
                     tx.query(&statements[2], &num_params),
@@ -374,6 +394,7 @@ impl PgBooks {
             .filter(|h| !h.is_empty() && !books.reservations.contains_key(h))
             .collect();
         if !holds.is_empty() {
+            trip();
             let none: Vec<&str> = Vec::new();
             for row in tx
                 .query(&statements[0], &[&holds, &none, &none])
@@ -405,6 +426,7 @@ impl PgBooks {
                 .into_iter()
                 .filter(|b| !chain.contains(b))
                 .collect();
+            trip();
             let rows = tx
                 .query(&statements[1], &[&more])
                 .await
@@ -439,14 +461,13 @@ impl PgBooks {
             .collect();
         if !late.is_empty() {
             let params: [Param<'_>; 1] = [&late];
-            tx.execute(&statements[6], &params)
-                .await
-                .map_err(fail("making rate buckets"))?;
-            for row in tx
-                .query(&statements[7], &params)
-                .await
-                .map_err(fail("locking rate buckets"))?
-            {
+            trip();
+            let (_, rows) = futures_util::try_join!(
+                tx.execute(&statements[6], &params),
+                tx.query(&statements[7], &params),
+            )
+            .map_err(fail("locking rate buckets"))?;
+            for row in rows {
                 let (key, data): (String, Vec<u8>) = (row.get(0), row.get(1));
                 let bucket =
                     Bucket::decode(data.as_slice()).map_err(|e| corrupt("rate bucket", e))?;
@@ -574,6 +595,7 @@ impl PgBooks {
             tx.execute(&statements[8], &k_params).await
         };
         // Pipelined: one round trip for the four.
+        trip();
         futures_util::try_join!(
             budgets_written,
             reservations_written,
@@ -581,6 +603,7 @@ impl PgBooks {
             buckets_written
         )
         .map_err(fail("writing the batch"))?;
+        trip();
         tx.commit().await.map_err(fail("committing the batch"))?;
         if !table.changed.is_empty() {
             let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
@@ -713,6 +736,7 @@ impl PgBooks {
         if missing.is_empty() {
             return Ok(out);
         }
+        trip();
         let rows = tx
             .query(
                 "WITH RECURSIVE up (id, tenant, parent) AS (
