@@ -367,6 +367,15 @@ def main():
         expect(viewer.locator("#problem")).to_contain_text("permission dead_letter.manage is needed")
         admin_ctx.close()
 
+        step("the rate limits page shows each bucket's use and a provider's cooldown")
+        viewer.goto(BASE + "/ui/limits")
+        row = viewer.locator('tr.bucket[data-limit="openai"][data-scope="shared"]')
+        expect(row.locator('.use[data-dimension="requests_per_minute"] .used')).to_have_text("1")
+        cool = viewer.locator('tr.bucket[data-scope="key:OPENAI_API_KEY"] .cooldown')
+        expect(cool).to_contain_text("answered 429")
+        summary["limits_granted"] = int(row.locator(".granted").inner_text())
+        viewer.screenshot(path=os.path.join(SHOTS, "console-limits.png"), full_page=True)
+
         step("a narrow screen: the inbox fits without sideways scrolling")
         narrow_ctx, narrow = sign_in(browser, "bob", viewport={"width": 375, "height": 740})
         narrow.goto(BASE + "/ui/")

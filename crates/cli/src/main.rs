@@ -10,6 +10,7 @@ mod chat;
 mod client;
 mod files;
 mod job;
+mod limits;
 mod llm;
 mod mcp;
 mod notify;
@@ -86,6 +87,9 @@ enum Command {
     /// the dead-lettered ones; send one again.
     #[command(subcommand)]
     Notify(notify::NotifyCmd),
+    /// Provider rate limits: each bucket in use, what it holds, the
+    /// cooldowns providers asked for, and who is waiting.
+    Limits(limits::LimitsArgs),
     /// Cedar policies: check a directory, print the schema, explain what
     /// the policies in force decide about a job document, job or run.
     #[command(subcommand)]
@@ -475,6 +479,7 @@ async fn main() -> ExitCode {
         Command::Schedule(cmd) => schedule::run(cmd).await,
         Command::Trigger(cmd) => trigger::run(cmd).await,
         Command::Notify(cmd) => notify::run(cmd).await,
+        Command::Limits(args) => limits::run(args).await,
         Command::Policy(cmd) => policy::run(cmd).await,
         Command::Chat(args) => chat::run(args).await,
         Command::Worker(cmd) => worker::run(cmd).await,

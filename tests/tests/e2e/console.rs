@@ -123,6 +123,14 @@ async fn stack() -> Stack {
         .unwrap();
     Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
         c.executor.approval_poll_ms = 20;
+        // A provider limit for the limits page.
+        c.ledger.limits.push(switchyard_ledger::rates::LimitConfig {
+            name: "openai".into(),
+            provider: "openai".into(),
+            requests_per_minute: Some(500),
+            tokens_per_minute: Some(200_000),
+            ..Default::default()
+        });
         c.executor.notifications.max_attempts = 1;
         c.executor.notifications.webhooks = vec![switchyard_executor::config::WebhookConfig {
             name: "pager".into(),
@@ -193,6 +201,33 @@ async fn in_a_real_browser_a_job_goes_from_submission_through_bobs_approval_to_i
         })
         .await
         .unwrap();
+    // A model call's room in the openai limit, and a 429's cooldown on its
+    // key, for the limits page.
+    let mut ledger = LedgerServiceClient::new(s.channel_as("operator").await.unwrap());
+    let claim = switchyard_proto::ledger::v1::RateClaim {
+        provider: "openai".into(),
+        model: "gpt-4o".into(),
+        key: "OPENAI_API_KEY".into(),
+        tokens: 1_000,
+    };
+    ledger
+        .reserve(switchyard_proto::ledger::v1::ReserveRequest {
+            budget_id: "acme".into(),
+            tokens: 1_000,
+            idempotency_key: "console-limits".into(),
+            rate: Some(claim.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    ledger
+        .cool_down(switchyard_proto::ledger::v1::CoolDownRequest {
+            rate: Some(claim),
+            wait: Some(switchyard_kit::time::duration(600_000)),
+            why: "openai answered 429 for gpt-4o, Retry-After 600000 ms".into(),
+        })
+        .await
+        .unwrap();
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     // `make screenshots` keeps them for the docs; otherwise a scratch dir.
     let scratch = tempfile::tempdir().unwrap();
@@ -230,6 +265,7 @@ async fn in_a_real_browser_a_job_goes_from_submission_through_bobs_approval_to_i
         .map(|l| serde_json::from_str(l).unwrap())
         .expect("the script's summary line");
     assert_eq!(summary["signed_out_session_refused"], true, "{stdout}");
+    assert_eq!(summary["limits_granted"], 1, "{stdout}");
     // The schedule was paused with alice's note and resumed in the browser.
     assert_eq!(
         summary["schedule_paused_note"], "release freeze",

@@ -767,6 +767,7 @@ pub(crate) const DOOR_RPCS: &[(&str, &str)] = &[
     ("GET /ui/submit", "JobService/SubmitJob"),
     ("POST /ui/submit", "JobService/SubmitJob"),
     ("GET /ui/budgets", "LedgerService/ListBudgets"),
+    ("GET /ui/limits", "LedgerService/ListLimits"),
     ("GET /ui/agents", "RegistryService/ListAgents"),
     ("GET /ui/schedules", "ScheduleService/ListSchedules"),
     (

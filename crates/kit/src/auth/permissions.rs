@@ -433,6 +433,7 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
         ("GET", "/ui/submit", Access::Needs(P::JobSubmit)),
         ("POST", "/ui/submit", Access::Needs(P::JobSubmit)),
         ("GET", "/ui/budgets", Access::Needs(P::BudgetRead)),
+        ("GET", "/ui/limits", Access::Needs(P::BudgetRead)),
         ("GET", "/ui/agents", Access::Needs(P::AgentRead)),
         ("GET", "/ui/schedules", Access::Needs(P::JobRead)),
         (

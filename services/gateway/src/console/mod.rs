@@ -116,6 +116,7 @@ pub(crate) fn routes<S: Clone + Send + Sync + 'static>(
         .route("/ui/jobs/{job_id}/chat", get(pages::chat).post(pages::say))
         .route("/ui/submit", get(pages::submit_form).post(pages::submit))
         .route("/ui/budgets", get(pages::budgets))
+        .route("/ui/limits", get(pages::limits))
         .route("/ui/agents", get(pages::agents))
         .route("/ui/schedules", get(pages::schedules))
         .route(
@@ -308,6 +309,10 @@ const TEMPLATE_FILES: &[(&str, &str)] = &[
     (
         "budgets.html",
         include_str!("../../console/templates/budgets.html"),
+    ),
+    (
+        "limits.html",
+        include_str!("../../console/templates/limits.html"),
     ),
     (
         "agents.html",

@@ -1859,6 +1859,31 @@ pub(crate) async fn pause_schedule(
     )))
 }
 
+/// `GET /ui/limits`: the provider rate-limit buckets in use, and who waits
+/// on them (other tenants' calls counted, not named).
+pub(crate) async fn limits(
+    State(c): Shared,
+    Extension(caller): Extension<Caller>,
+    Extension(s): Extension<Session>,
+) -> Result<Response, PageError> {
+    let base = layout(&caller, &s, "limits");
+    let fail = |e: Status| PageError(e, base.clone());
+    let client = reach(&c.services.ledger, "ledger").map_err(fail)?;
+    let req = switchyard_proto::ledger::v1::ListLimitsRequest::default();
+    let listed = as_caller!(LedgerClient, client, caller, list_limits, req).map_err(fail)?;
+    let now = now();
+    let buckets: Vec<Value> = listed
+        .buckets
+        .iter()
+        .map(|b| views::limit_bucket(b, now))
+        .collect();
+    Ok(page(
+        "limits.html",
+        base,
+        json!({"title": "Rate limits", "buckets": buckets}),
+    ))
+}
+
 #[derive(Deserialize)]
 pub(crate) struct NotificationsQuery {
     /// The delivery just sent again, to say so.

@@ -762,6 +762,29 @@ pub fn delivery(d: &switchyard_proto::executor::v1::Delivery, now_ms: u64) -> Va
     })
 }
 
+/// A rate-limit bucket as the limits page shows it.
+pub fn limit_bucket(b: &switchyard_proto::ledger::v1::LimitBucket, now_ms: u64) -> Value {
+    let ms = |t: &Option<prost_types::Timestamp>| {
+        t.as_ref().map_or(0, switchyard_kit::time::timestamp_ms)
+    };
+    json!({
+        "limit": b.limit,
+        "scope": b.scope,
+        "use": b.r#use.iter().map(|u| json!({"dimension": u.dimension, "used": u.used, "limit": u.limit})).collect::<Vec<_>>(),
+        "cooldown": b.cooldown_until.as_ref().map(|_| when(ms(&b.cooldown_until), now_ms)),
+        "cooldown_why": b.cooldown_why,
+        "waiting": b.waiting.iter().map(|w| json!({
+            "tenant": w.tenant,
+            "calls": w.calls,
+            "since": when(ms(&w.since), now_ms),
+            "why": w.why,
+        })).collect::<Vec<_>>(),
+        "granted": b.granted,
+        "waits": b.waits,
+        "refused": b.refused,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
