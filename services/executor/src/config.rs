@@ -152,6 +152,14 @@ pub struct ExecutorConfig {
     /// jobs only while it has room and hands back what it accepted beyond
     /// it, so work spreads across replicas.
     pub max_running_jobs: usize,
+    /// Most jobs of one tenant running at once, across every replica (0:
+    /// no cap): a job holds one of its tenant's slots from its first task
+    /// until it ends (a job waiting for approval holds none); one that
+    /// finds them all taken waits, with a `job.waiting_for_slot` event.
+    pub max_running_jobs_per_tenant: u32,
+    /// The same per tenant, overriding it (`[executor.running_jobs_per_tenant]`,
+    /// `acme = 4`; 0: no cap for that tenant).
+    pub running_jobs_per_tenant: std::collections::BTreeMap<String, u32>,
     /// On PostgreSQL: this replica's name in the job table's `owner` column;
     /// empty = host name, process id and a random suffix (unique per start,
     /// so a restarted replica never mistakes its predecessor's leases for
@@ -314,6 +322,8 @@ impl Default for ExecutorConfig {
             prune_interval_secs: 3600,
             job_lease_ms: 5000,
             max_running_jobs: 256,
+            max_running_jobs_per_tenant: 0,
+            running_jobs_per_tenant: std::collections::BTreeMap::new(),
             replica_id: String::new(),
             tool_approval: ToolApproval::default(),
             budget_extension_timeout_secs: 24 * 3600,

@@ -195,6 +195,71 @@ impl Driver {
         context::scope(ctx, run.instrument(span)).await;
     }
 
+    /// Takes one of the job's tenant's running-job slots
+    /// (`executor.max_running_jobs_per_tenant`), waiting while all are
+    /// taken, until the job is cancelled or the process stops. The wait is
+    /// recorded on the job.
+    async fn take_slot(&self) -> Result<Claimed, ExecutorError> {
+        let job_id = self.job_id.as_str();
+        let cfg = &self.x.inner.cfg;
+        let tenant = {
+            let st = self.x.inner.book.lock();
+            st.find(job_id)
+                .map(|e| e.job.tenant.clone())
+                .unwrap_or_default()
+        };
+        let cap = cfg
+            .running_jobs_per_tenant
+            .get(&tenant)
+            .copied()
+            .unwrap_or(cfg.max_running_jobs_per_tenant);
+        if cap == 0 {
+            return Ok(Claimed::Yes);
+        }
+        let cluster = &self.x.inner.book.cluster;
+        let mut finishes = self.x.inner.book.finishes();
+        let started = std::time::Instant::now();
+        let mut waited = false;
+        let note = |phase: &str, ms: u64| {
+            self.x.inner.book.note(
+                job_id,
+                "",
+                JobEvent::SlotWait(events::SlotWait {
+                    phase: phase.into(),
+                    tenant: tenant.clone(),
+                    cap,
+                    waited_ms: ms,
+                }),
+            );
+        };
+        loop {
+            if self.x.inner.shutdown.is_shutdown() || self.x.draining() {
+                return Ok(Claimed::Stopping);
+            }
+            let cancel = crate::lock(&self.ctl.cancel).clone();
+            if let Some((why, who)) = cancel {
+                return Ok(Claimed::Gone(why, who));
+            }
+            if cluster.take_slot(&tenant, job_id, cap).await? {
+                if waited {
+                    note("granted", started.elapsed().as_millis() as u64);
+                }
+                return Ok(Claimed::Yes);
+            }
+            if !waited {
+                note("waiting", 0);
+                waited = true;
+            }
+            // A job finishing here frees a slot at once; one finishing on
+            // another replica is seen within the poll.
+            tokio::select! {
+                _ = finishes.changed() => {}
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = self.x.inner.shutdown.wait() => {}
+            }
+        }
+    }
+
     /// Renews this worker's claim on the job's approval run.
     async fn renew(&self, run_id: &str) -> Result<ap::RenewClaimResponse, tonic::Status> {
         let cfg = &self.x.inner.cfg;
@@ -311,6 +376,37 @@ impl Driver {
                 return Ok(());
             }
         }
+        match self.take_slot().await? {
+            Claimed::Yes => {}
+            Claimed::Stopping => return Ok(()),
+            Claimed::Gone(why, who) => {
+                let (g, intents) = {
+                    let mut st = book.lock();
+                    let g = crate::cancel::cancel_idle(
+                        book,
+                        &mut st,
+                        job_id,
+                        Reason::JobCancelled,
+                        &why,
+                    )?;
+                    (g, self.x.intend(&st, job_id, RunEnd::Cancel(why, who))?)
+                };
+                book.durable(g).await?;
+                self.x.deliver_now(intents).await;
+                return Ok(());
+            }
+        }
+        let ran = self.run_claimed(&run_id).await;
+        if let Err(e) = self.x.inner.book.cluster.free_slot(job_id).await {
+            tracing::warn!(job_id, error = %e, "giving the job's slot back; it frees once the job is seen finished");
+        }
+        ran
+    }
+
+    /// Runs the job once its run is claimed and it holds a slot.
+    async fn run_claimed(&self, run_id: &str) -> Result<(), ExecutorError> {
+        let job_id = self.job_id.as_str();
+        let book = &self.x.inner.book;
         let awaiting = self.resume().await?;
         let scratch_root = ScratchRoot::new(&self.x.inner.cfg.scratch_dir);
         // Only commands (and a model's command tools) run in the scratch
@@ -325,7 +421,7 @@ impl Driver {
             Some(files) => self.prepare_scratch(&scratch_root, files)?,
             None => scratch_root.dir(job_id).map_err(scratch_error(job_id))?,
         };
-        let result = self.run_loop(&run_id, &scratch, awaiting).await;
+        let result = self.run_loop(run_id, &scratch, awaiting).await;
         // A job stopped or drained unfinished keeps its files for the run
         // that resumes it.
         if files.is_some() && !self.x.inner.shutdown.is_shutdown() && !self.x.draining() {

@@ -156,6 +156,9 @@ job_events! {
     ArtifactStored(ArtifactStored) = "artifact.stored",
     /// A task's artifact was refused.
     ArtifactRefused(ArtifactRefused) = "artifact.refused",
+    /// The job waited for one of its tenant's running-job slots
+    /// (`waiting`), then took one (`granted`).
+    SlotWait(SlotWait) = "job.waiting_for_slot",
     /// A model call waited for room in a provider rate limit (`waiting`),
     /// then went (`granted`) or gave up (`deferred`).
     RateLimited(RateLimited) = "llm.rate_limited",
@@ -584,6 +587,20 @@ pub struct Released {
     pub reservation_id: String,
     /// Why nothing was spent.
     pub why: String,
+}
+
+/// `job.waiting_for_slot`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SlotWait {
+    /// `waiting` or `granted`.
+    pub phase: String,
+    /// The tenant whose slots are taken.
+    pub tenant: String,
+    /// How many of its jobs may run at once.
+    pub cap: u32,
+    /// How long it had waited, ms.
+    pub waited_ms: u64,
 }
 
 /// `llm.rate_limited`.

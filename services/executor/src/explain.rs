@@ -354,6 +354,17 @@ pub(crate) fn story(job: &Job, events: &[Event]) -> ExplainJobResponse {
                     )
                 },
             ),
+            JobEvent::SlotWait(w) => (
+                "job",
+                if w.phase == "waiting" {
+                    format!(
+                        "{step}: it waited for a slot: tenant {} may run {} jobs at once and all were running.",
+                        w.tenant, w.cap
+                    )
+                } else {
+                    format!("{step}: it took a slot after waiting {} ms.", w.waited_ms)
+                },
+            ),
             JobEvent::RateLimited(r) => (
                 "llm",
                 match r.phase.as_str() {

@@ -402,6 +402,7 @@ impl JobEntry {
             JobEvent::ApprovalDecided(_)
             | JobEvent::ArtifactRefused(_)
             | JobEvent::RateLimited(_)
+            | JobEvent::SlotWait(_)
             | JobEvent::Output(_)
             | JobEvent::Routed(_)
             | JobEvent::Downgraded(_)

@@ -182,7 +182,7 @@ impl Executor {
         })?;
         let at = Placement {
             jobs,
-            cluster: Arc::new(store::SingleNode),
+            cluster: Arc::new(store::SingleNode::default()),
             seal,
             data_dir,
             replica: replica_name(),

@@ -225,3 +225,64 @@ async fn a_fallback_model_takes_room_of_its_own_and_one_without_room_is_not_call
     );
     e.stack.stop().await.unwrap();
 }
+
+/// A job of one command that takes `secs`, as `id`.
+fn sleeper(id: &str, secs: f64) -> String {
+    serde_json::json!({"job_id": id, "tasks": [{"id": "a", "command": {"command": "sleep", "args": [secs.to_string()]}}]})
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_tenant_runs_at_most_its_cap_of_jobs_at_once_and_another_tenant_is_not_held() {
+    let mut e = env(false, |c| {
+        c.executor.max_running_jobs_per_tenant = 1;
+        c.executor.commands.push("sleep".into());
+    })
+    .await;
+    let bea = crate::common::tenant_key(
+        &e.stack,
+        "tenant-b",
+        "bea",
+        &["submitter"],
+        switchyard_proto::auth::v1::PrincipalKind::Human,
+    )
+    .await;
+    let mut b = switchyard_proto::executor::v1::job_service_client::JobServiceClient::new(
+        e.stack.channel_with(&bea).await.unwrap(),
+    );
+    let first = id(&submit(&mut e.jobs, &sleeper("cap-1", 0.6)).await.unwrap());
+    let second = id(&submit(&mut e.jobs, &sleeper("cap-2", 0.1)).await.unwrap());
+    let other = id(&submit(&mut b, &sleeper("cap-b", 0.1)).await.unwrap());
+    // Tenant b's job is not held by tenant a's cap: it ends first.
+    let rb = finish(&mut b, &other).await;
+    assert_eq!(rb.state, JobState::Completed as i32, "{rb:?}");
+    let r1 = finish(&mut e.jobs, &first).await;
+    let r2 = finish(&mut e.jobs, &second).await;
+    assert_eq!(
+        (r1.state, r2.state),
+        (JobState::Completed as i32, JobState::Completed as i32)
+    );
+    // The second of alice's jobs waited for the first's slot, and said so.
+    let log = events(&mut e.jobs, &second).await;
+    let phases: Vec<&str> = log
+        .iter()
+        .filter(|(k, _)| k == "job.waiting_for_slot")
+        .filter_map(|(_, d)| d["phase"].as_str())
+        .collect();
+    assert_eq!(phases, ["waiting", "granted"], "{log:?}");
+    let granted = log
+        .iter()
+        .find(|(k, d)| k == "job.waiting_for_slot" && d["phase"] == "granted")
+        .unwrap();
+    assert!(
+        granted.1["waited_ms"].as_u64().unwrap() >= 300,
+        "{granted:?}"
+    );
+    assert_eq!(granted.1["cap"], 1);
+    let log = events(&mut b, &other).await;
+    assert!(
+        !log.iter().any(|(k, _)| k == "job.waiting_for_slot"),
+        "{log:?}"
+    );
+    e.stack.stop().await.unwrap();
+}

@@ -10,7 +10,8 @@
 //! - a 429 answered to one replica makes a call on another wait the same
 //!   cooldown;
 //! - two tenants, one flooding: the other's calls wait little (p99 of
-//!   both reported).
+//!   both reported);
+//! - a tenant's cap on running jobs holds across the replicas.
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
@@ -63,6 +64,11 @@ models = [{{ name = "m", input_micro_usd_per_million = 0, output_micro_usd_per_m
 impl Deployment {
     /// Starts it, or `None` where PostgreSQL is not installed.
     fn start(llm_url: &str, limits: &str) -> Option<Deployment> {
+        Deployment::start_with(llm_url, limits, &[])
+    }
+
+    /// With `extra` in the replicas' environment.
+    fn start_with(llm_url: &str, limits: &str, extra: &[(&str, &str)]) -> Option<Deployment> {
         let pg = match PgCluster::start() {
             Ok(c) => c,
             Err(Unavailable::Skip(why)) => {
@@ -114,6 +120,7 @@ impl Deployment {
                 ("SWITCHYARD_EXECUTOR__APPROVAL_POLL_MS", "50"),
                 ("SWITCHYARD_EXECUTOR__REPLICA_ID", name.as_str()),
             ]);
+            env.extend_from_slice(extra);
             replicas.push(Proc::start_logged(
                 &[
                     "serve",
@@ -413,4 +420,56 @@ fn a_flooding_tenant_does_not_starve_another_and_both_p99_waits_are_reported() {
     // next room that frees (a slot: 50 ms), give or take the polling.
     assert!(pa >= 2_000, "the flood did not queue: {pa} ms");
     assert!(pb <= 1_200, "the steady tenant waited {pb} ms");
+}
+
+#[test]
+fn a_tenants_running_jobs_cap_holds_across_replicas() {
+    let (_script, llm_url, _stop) = scripted();
+    let Some(d) = Deployment::start_with(
+        &llm_url,
+        "",
+        &[
+            ("SWITCHYARD_EXECUTOR__MAX_RUNNING_JOBS_PER_TENANT", "2"),
+            ("SWITCHYARD_EXECUTOR__COMMANDS", "[\"sleep\"]"),
+        ],
+    ) else {
+        return;
+    };
+    let token = token(&d.hub.url(), "alice");
+    let urls = d.urls();
+    let n = 6;
+    let spans = runtime().block_on(async {
+        let mut clients = Vec::new();
+        for u in &urls {
+            clients.push(jobs(u, &token).await);
+        }
+        for i in 0..n {
+            let doc = serde_json::json!({"job_id": format!("cap-{i}"), "tasks": [{"id": "a", "command": {"command": "sleep", "args": ["0.8"]}}]});
+            submit(&mut clients[i % 3], doc.to_string()).await;
+        }
+        let mut spans = Vec::new();
+        for i in 0..n {
+            let id = format!("cap-{i}");
+            assert_eq!(ended(&mut clients[i % 3], &id).await, JobState::Completed, "{id}");
+            let job = clients[i % 3]
+                .get_job(GetJobRequest { job_id: id })
+                .await
+                .unwrap()
+                .into_inner()
+                .job
+                .unwrap();
+            let t = &job.tasks[0];
+            let ms = |ts: &Option<prost_types::Timestamp>| switchyard_kit::time::timestamp_ms(ts.as_ref().unwrap());
+            spans.push((ms(&t.started_at), ms(&t.finished_at)));
+        }
+        spans
+    });
+    // The most jobs running at any start.
+    let most = spans
+        .iter()
+        .map(|(s, _)| spans.iter().filter(|(a, b)| a <= s && s < b).count())
+        .max()
+        .unwrap();
+    println!("{n} jobs of one tenant across 3 replicas, cap 2: at most {most} ran at once");
+    assert!(most <= 2, "{most} jobs ran at once: {spans:?}");
 }

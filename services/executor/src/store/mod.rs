@@ -211,6 +211,14 @@ pub(crate) trait Cluster: Send + Sync {
     /// accepted (`None`: only this node accepts work).
     fn claim_poll(&self) -> Option<Duration>;
 
+    /// Takes one of tenant `tenant`'s running-job slots for job `id`: at
+    /// most `cap` of the tenant's unfinished jobs hold one at once, across
+    /// members. True when the job holds one (now or already).
+    async fn take_slot(&self, tenant: &str, id: &str, cap: u32) -> Result<bool, ExecutorError>;
+
+    /// Gives job `id`'s running-job slot back (if it holds one).
+    async fn free_slot(&self, id: &str) -> Result<(), ExecutorError>;
+
     /// Whether this member does the maintenance shared by all, for `ttl_ms`.
     async fn maintains(&self, now_ms: u64, ttl_ms: u64) -> bool;
 
@@ -224,7 +232,12 @@ pub(crate) trait Cluster: Send + Sync {
 
 /// One node: it holds every job it stores, so nothing is handed back or
 /// taken over, and its jobs resume here after a restart.
-pub(crate) struct SingleNode;
+#[derive(Default)]
+pub(crate) struct SingleNode {
+    /// Jobs holding a running-job slot, by tenant (memory: after a restart
+    /// the jobs that resume take theirs again).
+    slots: std::sync::Mutex<std::collections::HashMap<String, std::collections::BTreeSet<String>>>,
+}
 
 #[tonic::async_trait]
 impl Cluster for SingleNode {
@@ -285,6 +298,28 @@ impl Cluster for SingleNode {
 
     fn claim_poll(&self) -> Option<Duration> {
         None
+    }
+
+    async fn take_slot(&self, tenant: &str, id: &str, cap: u32) -> Result<bool, ExecutorError> {
+        let mut slots = crate::lock(&self.slots);
+        let held = slots.entry(tenant.to_owned()).or_default();
+        if held.contains(id) {
+            return Ok(true);
+        }
+        if held.len() >= cap as usize {
+            return Ok(false);
+        }
+        held.insert(id.to_owned());
+        Ok(true)
+    }
+
+    async fn free_slot(&self, id: &str) -> Result<(), ExecutorError> {
+        let mut slots = crate::lock(&self.slots);
+        for held in slots.values_mut() {
+            held.remove(id);
+        }
+        slots.retain(|_, h| !h.is_empty());
+        Ok(())
     }
 
     async fn maintains(&self, _now_ms: u64, _ttl_ms: u64) -> bool {

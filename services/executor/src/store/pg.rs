@@ -112,6 +112,17 @@ CREATE TABLE exec_deliveries (
 );
 ",
     },
+    Migration {
+        version: 4,
+        name: "running-job slots per tenant",
+        sql: "
+CREATE TABLE exec_job_slots (
+    job_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL
+);
+CREATE INDEX exec_job_slots_by_tenant ON exec_job_slots (tenant);
+",
+    },
 ];
 
 /// Notified with the ids of jobs that have new events (comma-separated).
@@ -998,6 +1009,63 @@ impl PgJobs {
         Ok(epoch)
     }
 
+    /// Takes one of tenant `tenant`'s running-job slots for job `id` if
+    /// fewer than `cap` of its unfinished jobs hold one; true when it holds
+    /// one. Replicas take their turns on the tenant's advisory lock; a slot
+    /// of a finished job (its member died before giving it back) does not
+    /// count.
+    pub(crate) async fn take_slot(
+        &self,
+        tenant: &str,
+        id: &str,
+        cap: u32,
+    ) -> Result<bool, StoreError> {
+        let mut c = self.db.client().await?;
+        let tx = c
+            .transaction()
+            .await
+            .map_err(|e| self.db.error("taking a job slot", &e))?;
+        let lock = format!("exec_job_slots/{tenant}");
+        tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&lock])
+            .await
+            .map_err(|e| self.db.error("locking a tenant's job slots", &e))?;
+        let row = tx
+            .query_one(
+                "SELECT count(*) FILTER (WHERE s.job_id <> $2), coalesce(bool_or(s.job_id = $2), false)
+                 FROM exec_job_slots s JOIN exec_jobs j ON j.id = s.job_id
+                 WHERE s.tenant = $1 AND j.finished_ms IS NULL",
+                &[&tenant, &id],
+            )
+            .await
+            .map_err(|e| self.db.error("counting a tenant's job slots", &e))?;
+        let (others, mine): (i64, bool) = (row.get(0), row.get(1));
+        let taken = mine || others < i64::from(cap);
+        if taken && !mine {
+            tx.execute(
+                "INSERT INTO exec_job_slots (job_id, tenant) VALUES ($1, $2)
+                 ON CONFLICT (job_id) DO NOTHING",
+                &[&id, &tenant],
+            )
+            .await
+            .map_err(|e| self.db.error("taking a job slot", &e))?;
+        }
+        tx.commit()
+            .await
+            .map_err(|e| self.db.error("taking a job slot", &e))?;
+        Ok(taken)
+    }
+
+    /// Gives job `id`'s running-job slot back.
+    pub(crate) async fn free_slot(&self, id: &str) -> Result<(), StoreError> {
+        self.db
+            .client()
+            .await?
+            .execute("DELETE FROM exec_job_slots WHERE job_id = $1", &[&id])
+            .await
+            .map_err(|e| self.db.error("giving a job slot back", &e))?;
+        Ok(())
+    }
+
     /// Asks whoever runs job `id` to cancel it (`request`: why and for
     /// whom); false when it has finished.
     pub(crate) async fn request_cancel(
@@ -1818,6 +1886,14 @@ impl Cluster for PgJobs {
     async fn request_cancel(&self, id: &str, ask: &[u8]) -> Result<(), ExecutorError> {
         PgJobs::request_cancel(self, id, ask).await?;
         Ok(())
+    }
+
+    async fn take_slot(&self, tenant: &str, id: &str, cap: u32) -> Result<bool, ExecutorError> {
+        Ok(PgJobs::take_slot(self, tenant, id, cap).await?)
+    }
+
+    async fn free_slot(&self, id: &str) -> Result<(), ExecutorError> {
+        Ok(PgJobs::free_slot(self, id).await?)
     }
 
     async fn request_delivery(&self, id: &str, key: &str, ask: &[u8]) -> Result<(), ExecutorError> {
