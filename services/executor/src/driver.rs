@@ -356,27 +356,12 @@ impl Driver {
         } else {
             self.claim(&run_id).await
         };
+        // The run is ours; then one of the tenant's running-job slots.
+        let claim = match claim {
+            Claimed::Yes => self.take_slot().await?,
+            other => other,
+        };
         match claim {
-            Claimed::Yes => {}
-            Claimed::Stopping => return Ok(()),
-            Claimed::Gone(why, who) => {
-                let (g, intents) = {
-                    let mut st = book.lock();
-                    let g = crate::cancel::cancel_idle(
-                        book,
-                        &mut st,
-                        job_id,
-                        Reason::JobCancelled,
-                        &why,
-                    )?;
-                    (g, self.x.intend(&st, job_id, RunEnd::Cancel(why, who))?)
-                };
-                book.durable(g).await?;
-                self.x.deliver_now(intents).await;
-                return Ok(());
-            }
-        }
-        match self.take_slot().await? {
             Claimed::Yes => {}
             Claimed::Stopping => return Ok(()),
             Claimed::Gone(why, who) => {
