@@ -1083,11 +1083,14 @@ mod tests {
         let cfg = cfg(rpm(limit, window));
         let mut t = Table::default();
         let mut granted = Vec::new();
+        // Each caller asks again with the same call until it is granted.
+        let mut next = [0u64; 3];
         for now in 0..10 * window {
-            for caller in 0..3 {
-                let c = claim("acme", &format!("g{now}-{caller}"), 1);
+            for (caller, n) in next.iter_mut().enumerate() {
+                let c = claim("acme", &format!("g{caller}-{n}"), 1);
                 if take(&mut t, &cfg, &c, now).is_ok() {
                     granted.push(now);
+                    *n += 1;
                 }
             }
         }
@@ -1252,7 +1255,7 @@ mod tests {
         // Five callers per tenant, each asking again every millisecond
         // until granted, then with its next call.
         let mut next: BTreeMap<String, u64> = BTreeMap::new();
-        for now in 0..6_000u64 {
+        for now in 0..20_000u64 {
             for caller in 0..5 {
                 for tenant in ["heavy", "light"] {
                     let id = format!("{tenant}-{caller}");

@@ -27,6 +27,22 @@ fn cfg() -> LedgerConfig {
                 output_micro_usd_per_million: 600_000,
             },
         )]),
+        // Calls to provider `p` (only calls that claim room count).
+        limits: vec![
+            rates::LimitConfig {
+                name: "p-rpm".into(),
+                provider: "p".into(),
+                requests_per_minute: Some(2),
+                ..Default::default()
+            },
+            rates::LimitConfig {
+                name: "p-per-tenant".into(),
+                provider: "p".into(),
+                per: rates::Per::Tenant,
+                tokens_per_minute: Some(10_000),
+                ..Default::default()
+            },
+        ],
         ..Default::default()
     }
 }
@@ -103,6 +119,8 @@ switchyard_testkit::on_both_backends!(
     watch_streams_durable_events_of_a_budget_subtree_and_resumes,
     sums_that_would_overflow_are_refused_never_saturated,
     a_hold_keeps_its_amount_from_others_and_gives_it_out_only_to_its_draws,
+    a_rate_refusal_reserves_no_money_and_a_budget_refusal_takes_no_rate_room,
+    limits_are_listed_per_tenant_with_other_tenants_waiting_calls_unnamed,
 );
 
 /// A watch of `budget` (or everything, for "") after `after`, as the
@@ -1509,4 +1527,175 @@ async fn a_watch_on_one_replica_streams_what_the_others_journal_in_order() {
         b.ledger.budget("org").await.unwrap()
     );
     assert_eq!(b.ledger.budget("org").await.unwrap().tokens_reserved, 200);
+}
+
+fn claim(tokens: u64) -> Option<RateClaim> {
+    Some(RateClaim {
+        provider: "p".into(),
+        model: "m".into(),
+        key: "P_KEY".into(),
+        tokens,
+    })
+}
+
+fn claimed(budget: &str, tokens: u64, key: &str) -> ReserveRequest {
+    ReserveRequest {
+        rate: claim(tokens),
+        ..reserve_req(budget, tokens, 0, key)
+    }
+}
+
+async fn a_rate_refusal_reserves_no_money_and_a_budget_refusal_takes_no_rate_room(f: Fixture) {
+    let l = &f.ledger;
+    budget(l, "b", "", Some(10_000), None).await;
+    budget(l, "small", "", Some(10), None).await;
+    // A budget refusal takes no room: two calls still fit afterwards.
+    let e = l
+        .reserve(claimed("small", 100, "too-big"), "c")
+        .await
+        .unwrap_err();
+    assert_eq!(api(e).reason.as_deref(), Some("BUDGET_EXCEEDED"));
+    let first = l.reserve(claimed("b", 100, "k1"), "c").await.unwrap();
+    l.reserve(claimed("b", 100, "k2"), "c").await.unwrap();
+    // The third call: no room in the window, and no money reserved.
+    let e = api(l.reserve(claimed("b", 100, "k3"), "c").await.unwrap_err());
+    assert_eq!(e.reason.as_deref(), Some("RATE_LIMITED"), "{e:?}");
+    assert_eq!(e.metadata.get("limit").map(String::as_str), Some("p-rpm"));
+    let after: u64 = e.metadata["retry_after_ms"].parse().unwrap();
+    assert!((60_000..=63_000).contains(&after), "{after}");
+    assert_eq!(balances(l, "b").await.0, 200, "tokens reserved");
+    // A retried Reserve of a granted call is answered, not refused.
+    let again = l.reserve(claimed("b", 100, "k1"), "c").await.unwrap();
+    assert_eq!(again.reservation_id, first.reservation_id);
+    // A reservation without a claim is not a model call: not limited.
+    l.reserve(reserve_req("b", 100, 0, "plain"), "c")
+        .await
+        .unwrap();
+    // Once the window has passed the call fits.
+    f.clock.advance_ms(after);
+    l.reserve(claimed("b", 100, "k3"), "c").await.unwrap();
+}
+
+async fn limits_are_listed_per_tenant_with_other_tenants_waiting_calls_unnamed(f: Fixture) {
+    let l = &f.ledger;
+    for (id, tenant) in [("a-job", "acme"), ("b-job", "globex")] {
+        l.create_budget_in(
+            CreateBudgetRequest {
+                budget_id: id.into(),
+                token_limit: Some(10_000),
+                ..Default::default()
+            },
+            tenant,
+            "someone",
+        )
+        .await
+        .unwrap();
+    }
+    l.reserve(claimed("a-job", 100, "a1"), "c").await.unwrap();
+    l.reserve(claimed("b-job", 100, "b1"), "c").await.unwrap();
+    // globex's next call waits on the shared limit.
+    l.reserve(claimed("b-job", 100, "b2"), "c")
+        .await
+        .unwrap_err();
+    let seen = |tenant: Option<&'static str>| async move {
+        l.list_limits(&ListLimitsRequest::default(), tenant)
+            .await
+            .unwrap()
+            .buckets
+            .into_iter()
+            .map(|b| {
+                let waiting: Vec<(String, u32)> = b
+                    .waiting
+                    .iter()
+                    .map(|w| (w.tenant.clone(), w.calls))
+                    .collect();
+                (b.limit, b.scope, b.granted, waiting)
+            })
+            .collect::<Vec<_>>()
+    };
+    let acme = seen(Some("acme")).await;
+    assert_eq!(
+        acme,
+        [
+            ("".to_owned(), "key:P_KEY".to_owned(), 2, vec![]),
+            ("p-per-tenant".into(), "tenant:acme".into(), 1, vec![]),
+            // globex's waiting call is counted, not named.
+            ("p-rpm".into(), "shared".into(), 2, vec![("".into(), 1)]),
+        ]
+    );
+    let all = seen(None).await;
+    assert_eq!(all.len(), 4, "{all:?}");
+    assert!(all.contains(&(
+        "p-rpm".into(),
+        "shared".into(),
+        2,
+        vec![("globex".into(), 1)]
+    )));
+}
+
+#[tokio::test]
+async fn rate_buckets_survive_a_restart_of_the_single_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_700_000_000_000);
+    {
+        let f = fixture_on(Store::open(dir.path()).unwrap(), clock.clone());
+        budget(&f.ledger, "b", "", Some(10_000), None).await;
+        f.ledger
+            .reserve(claimed("b", 100, "k1"), "c")
+            .await
+            .unwrap();
+        f.ledger
+            .reserve(claimed("b", 100, "k2"), "c")
+            .await
+            .unwrap();
+        f.ledger.maintain().await.unwrap();
+    }
+    let f = fixture_on(reopen(dir.path()).await, clock);
+    let e = api(f
+        .ledger
+        .reserve(claimed("b", 100, "k3"), "c")
+        .await
+        .unwrap_err());
+    assert_eq!(e.reason.as_deref(), Some("RATE_LIMITED"), "{e:?}");
+}
+
+#[tokio::test]
+async fn only_a_service_may_set_a_cooldown_and_it_holds_every_call_through_the_key() {
+    let f = fixture();
+    let l = &f.ledger;
+    budget(l, "b", "", Some(10_000), None).await;
+    let bad = l
+        .cool_down(CoolDownRequest {
+            rate: Some(RateClaim::default()),
+            wait: None,
+            why: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert!(bad.to_string().contains("rate.key"), "{bad}");
+    let until = l
+        .cool_down(CoolDownRequest {
+            rate: claim(0),
+            wait: Some(switchyard_kit::time::duration(5_000)),
+            why: "p answered 429".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(until, f.clock.now_ms() + 5_000);
+    let e = api(l.reserve(claimed("b", 100, "k1"), "c").await.unwrap_err());
+    assert_eq!(
+        e.metadata.get("scope").map(String::as_str),
+        Some("key:P_KEY")
+    );
+    assert!(e.message.contains("p answered 429"), "{e:?}");
+    f.clock.advance_ms(5_000);
+    l.reserve(claimed("b", 100, "k1"), "c").await.unwrap();
+    // The RPC needs ledger.rate_report, which only the service token holds.
+    for role in switchyard_kit::auth::Role::ALL {
+        let may = switchyard_kit::auth::permissions::grants(
+            role,
+            switchyard_kit::auth::Permission::RateReport,
+        );
+        assert_eq!(may, role == switchyard_kit::auth::Role::Service, "{role:?}");
+    }
 }
