@@ -517,7 +517,7 @@ impl Bucket {
                 "tokens",
                 false,
             ),
-            (l.tokens_per_day.map(day), c.tokens, "tokens per day", true),
+            (l.tokens_per_day.map(day), c.tokens, "tokens", true),
         ];
         for (w, want, what, daily) in checks {
             let Some(w) = w else { continue };
@@ -527,10 +527,10 @@ impl Bucket {
             } else {
                 |s| s.tokens
             };
-            let per = if daily {
-                "day".to_owned()
-            } else {
-                format!("{} ms", l.window())
+            let per = match (daily, l.window()) {
+                (true, _) => "day".to_owned(),
+                (false, 60_000) => "minute".to_owned(),
+                (false, ms) => format!("{ms} ms"),
             };
             match fits_after(slots, &w, want, now, of) {
                 Some(0) => {}
