@@ -402,9 +402,11 @@ impl Host for InvocationHost<'_> {
         Box::pin(async move {
             let (call, claim) = self.claims.again(&t.provider, &t.model, &t.key);
             let n = (self.claims.extras() + 1).to_string();
+            // An agent's claim is backed by the tokens it holds: the
+            // fallback's tokens are held too while its call is made.
             let req = HoldRequest {
                 budget_id: self.budget_id.clone(),
-                tokens: 0,
+                tokens: claim.tokens,
                 cost_micro_usd: 0,
                 key: spend::key(&[
                     &self.key,

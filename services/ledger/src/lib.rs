@@ -1075,23 +1075,10 @@ impl Ledger {
                 // A limit no longer configured.
                 continue;
             }
-            if let Some(t) = tenant
-                && let Some(owner) = scope.strip_prefix("tenant:")
-                && owner != t
-            {
+            // A bucket of one tenant (per tenant, project or person) is
+            // its tenant's to see; shared ones everyone's.
+            if tenant.is_some_and(|t| !b.tenant.is_empty() && b.tenant != t) {
                 continue;
-            }
-            if tenant.is_some() && (scope.starts_with("person:") || scope.starts_with("project:")) {
-                // A person's or project's bucket: shown to its tenant only.
-                let mine = b
-                    .grants
-                    .values()
-                    .map(|g| g.tenant.as_str())
-                    .chain(b.waiting.values().map(|w| w.tenant.as_str()))
-                    .any(|t| Some(t) == tenant);
-                if !mine {
-                    continue;
-                }
             }
             // Per tenant shown: calls, the longest wait's start and why.
             let mut waiting: BTreeMap<String, (u32, u64, String)> = BTreeMap::new();
@@ -1613,6 +1600,22 @@ impl LedgerService for Ledger {
         let r = req.get_ref();
         self.visible(&p, &r.budget_id).await?;
         within_grant(&p, &r.invocation_grant, &r.budget_id, Some(r.tokens))?;
+        // Room in a shared limit is everyone's: only a service may claim
+        // more of it than the tokens it holds on the budget (an agent's
+        // claim is bounded by its grant and its budget, like its money).
+        if let Some(rate) = &r.rate
+            && rate.tokens > r.tokens
+            && !p.roles.has(switchyard_kit::auth::Role::Service)
+        {
+            return Err(invalid(
+                "rate.tokens",
+                &format!(
+                    "claims {} tokens of rate-limit room but reserves {}: reserve at least the tokens claimed",
+                    rate.tokens, r.tokens
+                ),
+            )
+            .into());
+        }
         if !r.hold_id.is_empty() {
             // The hold is a reference: the caller must see it, and it must
             // sit on the budget the caller may reserve on (the desk refuses

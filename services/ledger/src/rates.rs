@@ -229,7 +229,8 @@ impl RatesConfig {
                 Per::Shared => format!("l/{}", l.name),
                 Per::Tenant => format!("l/{}/tenant/{}", l.name, c.tenant),
                 Per::Project => format!("l/{}/project/{}", l.name, c.project),
-                Per::Person => format!("l/{}/person/{}", l.name, c.person),
+                // A subject is unique within its tenant only.
+                Per::Person => format!("l/{}/person/{}:{}", l.name, c.tenant, c.person),
             });
         }
         if !c.key.is_empty() {
@@ -361,6 +362,10 @@ pub(crate) struct Bucket {
     /// When a call last waited or was granted while others waited, ms.
     #[prost(uint64, tag = "12")]
     pub(crate) contended_ms: u64,
+    /// The tenant a bucket of one tenant (per tenant, project or person)
+    /// belongs to; empty for a shared one.
+    #[prost(string, tag = "13")]
+    pub(crate) tenant: String,
 }
 
 /// One dimension's window: its slot width and limit.
@@ -680,6 +685,17 @@ impl Table {
         b
     }
 
+    /// Bucket `key` as claim `c` finds it, marked with `c`'s tenant when it
+    /// is a bucket of one tenant.
+    fn bucket_for(&mut self, cfg: &RatesConfig, key: &str, c: &Claim, now: u64) -> &mut Bucket {
+        let own = cfg.limit_of(key).is_some_and(|l| l.per != Per::Shared);
+        let b = self.bucket(cfg, key, now);
+        if own && b.tenant.is_empty() {
+            b.tenant.clone_from(&c.tenant);
+        }
+        b
+    }
+
     /// Whether `c` fits every bucket in `keys` now; if not, the longest
     /// wait (the call is noted as waiting in each bucket that refused).
     pub(crate) fn admit(
@@ -698,7 +714,7 @@ impl Table {
         }
         let mut worst: Option<Wait> = None;
         for key in keys {
-            let b = self.bucket(cfg, key, now);
+            let b = self.bucket_for(cfg, key, c, now);
             let Some(w) = b.wait(key, cfg.limit_of(key), c, now) else {
                 continue;
             };
@@ -733,7 +749,7 @@ impl Table {
         let weight = cfg.weight(&c.tenant);
         for key in keys {
             let limit = cfg.limit_of(key);
-            self.bucket(cfg, key, now)
+            self.bucket_for(cfg, key, c, now)
                 .grant(limit, c, weight, now, expires_ms);
             self.changed.insert(key.clone());
         }
@@ -1060,7 +1076,7 @@ mod tests {
                 "k/K",
                 "l/a",
                 "l/c/tenant/acme",
-                "l/d/person/alice",
+                "l/d/person/acme:alice",
                 "l/e/project/proj"
             ]
         );

@@ -391,6 +391,35 @@ async fn an_agent_key_spends_only_on_the_budget_its_grant_names_within_its_ceili
         .unwrap()
         .into_inner();
     assert_eq!(ok.reservation.unwrap().tokens, 10);
+    // Room in a shared rate limit is claimed only as far as the tokens the
+    // agent holds, and an agent cannot cool a provider key for everyone.
+    let claim = |tokens: u64| switchyard_proto::ledger::v1::RateClaim {
+        provider: "openai".into(),
+        model: "gpt-4o".into(),
+        key: "OPENAI_API_KEY".into(),
+        tokens,
+    };
+    let mut over = reserve(10, grant("job-spender", 100, 60_000), "k7");
+    over.rate = Some(claim(5_000));
+    let e = ledger.reserve(over).await.unwrap_err();
+    assert_eq!(
+        reason(&e),
+        (Code::InvalidArgument, "INVALID_ARGUMENT".into()),
+        "{e:?}"
+    );
+    assert!(e.message().contains("rate.tokens"), "{e:?}");
+    let mut backed = reserve(10, grant("job-spender", 100, 60_000), "k8");
+    backed.rate = Some(claim(10));
+    ledger.reserve(backed).await.unwrap();
+    let e = ledger
+        .cool_down(switchyard_proto::ledger::v1::CoolDownRequest {
+            rate: Some(claim(0)),
+            wait: None,
+            why: "no".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     s.stop().await.unwrap();
 }
 
