@@ -1609,7 +1609,7 @@ impl LedgerService for Ledger {
         {
             return Err(invalid(
                 "rate.tokens",
-                &format!(
+                format!(
                     "claims {} tokens of rate-limit room but reserves {}: reserve at least the tokens claimed",
                     rate.tokens, r.tokens
                 ),
