@@ -166,6 +166,7 @@ fn answer(
         finish_reason: finish_reason.into(),
         usage,
         usage_reported: true,
+        provider_wait: None,
     }
 }
 

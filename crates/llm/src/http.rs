@@ -205,8 +205,11 @@ impl Endpoint {
         parse: impl FnOnce(&str) -> Result<ChatResponse, String>,
     ) -> Result<ChatResponse, ProviderError> {
         let (resp, scrub) = self.send(self.http.post(&self.url).json(&body)).await?;
+        let wait = exhausted_for(resp.headers(), jiff::Timestamp::now());
         let text = resp.text().await.map_err(|e| transport(e, &scrub))?;
-        parse(&text).map_err(|e| ProviderError::Malformed(scrub.apply(e)))
+        let mut answer = parse(&text).map_err(|e| ProviderError::Malformed(scrub.apply(e)))?;
+        answer.provider_wait = wait;
+        Ok(answer)
     }
 
     /// Posts `body` (which asks for a stream) and reads the server-sent
@@ -220,6 +223,7 @@ impl Endpoint {
         out: &Stream<'_>,
     ) -> Result<ChatResponse, ProviderError> {
         let (mut resp, scrub) = self.send(self.http.post(&self.url).json(&body)).await?;
+        let wait = exhausted_for(resp.headers(), jiff::Timestamp::now());
         let mut buf: Vec<u8> = Vec::new();
         let mut gathered = Delta::default();
         let mut due: Option<tokio::time::Instant> = None;
@@ -264,10 +268,12 @@ impl Endpoint {
         }
         pass_on(&mut gathered, &mut due);
         // Every way a wire's answer is not whole at the end is a cut stream.
-        wire.finish().map_err(|e| ProviderError::Incomplete {
+        let mut answer = wire.finish().map_err(|e| ProviderError::Incomplete {
             message: scrub.apply(e),
             received,
-        })
+        })?;
+        answer.provider_wait = wait;
+        Ok(answer)
     }
 
     /// The ids of `GET {base_url}/models` (`{"data": [{"id": …}]}` on both
@@ -425,11 +431,33 @@ fn provider_wait(h: &reqwest::header::HeaderMap) -> Option<Duration> {
     {
         return Some(Duration::from_millis(ms as u64));
     }
-    ["requests", "tokens"]
+    exhausted_for(h, jiff::Timestamp::now())
+}
+
+/// How long a provider says its limit stays exhausted: the latest reset of
+/// a dimension with nothing remaining — OpenAI's `x-ratelimit-remaining-*`
+/// with `x-ratelimit-reset-*` (a span, `6m0s`), Anthropic's
+/// `anthropic-ratelimit-*-remaining` with `-reset` (an RFC 3339 time).
+pub(crate) fn exhausted_for(
+    h: &reqwest::header::HeaderMap,
+    now: jiff::Timestamp,
+) -> Option<Duration> {
+    let get = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
+    let empty = |v: Option<&str>| v.is_some_and(|v| v.trim() == "0");
+    let openai = ["requests", "tokens"]
         .iter()
-        .filter(|d| get(&format!("x-ratelimit-remaining-{d}")).is_some_and(|v| v.trim() == "0"))
-        .filter_map(|d| get(&format!("x-ratelimit-reset-{d}")).and_then(parse_reset))
-        .max()
+        .filter(|d| empty(get(&format!("x-ratelimit-remaining-{d}"))))
+        .filter_map(|d| get(&format!("x-ratelimit-reset-{d}")).and_then(parse_reset));
+    let anthropic = ["requests", "tokens", "input-tokens", "output-tokens"]
+        .iter()
+        .filter(|d| empty(get(&format!("anthropic-ratelimit-{d}-remaining"))))
+        .filter_map(|d| get(&format!("anthropic-ratelimit-{d}-reset")))
+        .filter_map(|v| v.trim().parse::<jiff::Timestamp>().ok())
+        .map(|at| {
+            let ms = at.as_millisecond().saturating_sub(now.as_millisecond());
+            Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+        });
+    openai.chain(anthropic).max()
 }
 
 /// An OpenAI reset span: `1s`, `6m0s`, `1.5s`, `20ms`, `1h2m3s`.
@@ -530,6 +558,35 @@ mod tests {
         h.insert("retry-after", "4".parse().unwrap());
         assert_eq!(provider_wait(&h), Some(Duration::from_secs(4)));
         assert_eq!(provider_wait(&reqwest::header::HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn a_success_that_exhausted_a_limit_says_until_when_openai_and_anthropic_alike() {
+        let now: jiff::Timestamp = "2026-11-30T08:00:00Z".parse().unwrap();
+        let mut h = reqwest::header::HeaderMap::new();
+        assert_eq!(exhausted_for(&h, now), None);
+        h.insert("x-ratelimit-remaining-requests", "0".parse().unwrap());
+        h.insert("x-ratelimit-reset-requests", "1.5s".parse().unwrap());
+        assert_eq!(exhausted_for(&h, now), Some(Duration::from_millis(1_500)));
+        h.insert(
+            "anthropic-ratelimit-output-tokens-remaining",
+            "0".parse().unwrap(),
+        );
+        h.insert(
+            "anthropic-ratelimit-output-tokens-reset",
+            "2026-11-30T08:00:07Z".parse().unwrap(),
+        );
+        h.insert(
+            "anthropic-ratelimit-requests-remaining",
+            "40".parse().unwrap(),
+        );
+        h.insert(
+            "anthropic-ratelimit-requests-reset",
+            "2026-11-30T08:01:00Z".parse().unwrap(),
+        );
+        // The latest reset of an exhausted dimension; one with room left
+        // does not count.
+        assert_eq!(exhausted_for(&h, now), Some(Duration::from_secs(7)));
     }
 
     #[test]

@@ -283,6 +283,9 @@ pub struct ChatResponse {
     /// in streams); when it did not, `usage` holds only the completion
     /// chunks counted, and the caller bills its reservation instead.
     pub usage_reported: bool,
+    /// The provider's rate-limit headers said a dimension has nothing left
+    /// for this long (the next call would be refused until then).
+    pub provider_wait: Option<Duration>,
 }
 
 /// How long after a cut stream the chain is tried again, ms.
@@ -1059,7 +1062,7 @@ impl Llm {
                             completion_tokens: resp.usage.completion_tokens,
                             usage_estimated: !resp.usage_reported,
                             finish_reason: resp.finish_reason.clone(),
-                            retry_after_ms: 0,
+                            retry_after_ms: resp.provider_wait.map_or(0, |d| d.as_millis() as u64),
                         });
                         return Ok((resp, model.clone()));
                     }

@@ -237,6 +237,7 @@ pub fn parse_response(text: &str) -> Result<ChatResponse, String> {
         finish_reason: choice.finish_reason.unwrap_or_default(),
         usage,
         usage_reported,
+        provider_wait: None,
     })
 }
 
@@ -388,6 +389,7 @@ impl ReadStream for Streamed {
             finish_reason: self.finish_reason,
             usage,
             usage_reported,
+            provider_wait: None,
         })
     }
 }

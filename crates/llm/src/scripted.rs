@@ -23,7 +23,8 @@ use serde_json::{Value, json};
 pub struct Reply {
     status: u16,
     body: String,
-    retry_after: Option<String>,
+    /// Response headers to send (Retry-After, rate-limit headers).
+    headers: Vec<(String, String)>,
     delay: Duration,
     chunk_delay: Duration,
     usage_in_stream: bool,
@@ -35,7 +36,7 @@ impl Reply {
         Reply {
             status,
             body,
-            retry_after: None,
+            headers: Vec::new(),
             delay: Duration::ZERO,
             chunk_delay: Duration::ZERO,
             usage_in_stream: true,
@@ -114,8 +115,13 @@ impl Reply {
     }
 
     /// Adds a Retry-After header.
-    pub fn retry_after(mut self, v: &str) -> Reply {
-        self.retry_after = Some(v.into());
+    pub fn retry_after(self, v: &str) -> Reply {
+        self.header("retry-after", v)
+    }
+
+    /// Adds header `name: value` (e.g. `x-ratelimit-remaining-requests`).
+    pub fn header(mut self, name: &str, value: &str) -> Reply {
+        self.headers.push((name.into(), value.into()));
         self
     }
 
@@ -425,10 +431,13 @@ async fn answer(script: Script, headers: HeaderMap, body: String, route: &'stati
         body,
     )
         .into_response();
-    if let Some(r) = reply.retry_after
-        && let Ok(v) = r.parse()
-    {
-        resp.headers_mut().insert("retry-after", v);
+    for (name, value) in &reply.headers {
+        if let (Ok(n), Ok(v)) = (
+            axum::http::HeaderName::try_from(name.as_str()),
+            axum::http::HeaderValue::try_from(value.as_str()),
+        ) {
+            resp.headers_mut().insert(n, v);
+        }
     }
     if let Some(r) = script.lock().received.get_mut(index) {
         r.handled = started.elapsed();

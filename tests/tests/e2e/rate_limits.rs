@@ -41,6 +41,47 @@ fn limit(rpm: u64, window_ms: u64) -> switchyard_ledger::rates::LimitConfig {
     }
 }
 
+/// Waits (5 s at most) until the ledger holds a cooldown on upstream key
+/// `key` (the executor reports it on its own, beside the job).
+async fn until_cooling(stack: &switchyard_testkit::Stack, key: &str) {
+    let mut ledger = LedgerServiceClient::new(stack.channel().await.unwrap());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let l = ledger
+            .list_limits(ListLimitsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        let scope = format!("key:{key}");
+        if l.buckets
+            .iter()
+            .any(|b| b.scope == scope && b.cooldown_until.is_some())
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no cooldown on {key}: {l:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Once the ledger holds the cooldown the first call's answer caused, a
+/// second job's call: how long after the first it reached the server, and
+/// the data of its `llm.rate_limited` waiting event.
+async fn next_call_after_cooldown(e: &mut crate::llm::Env) -> (Duration, serde_json::Value) {
+    let first_at = e.script.received()[0].at;
+    until_cooling(&e.stack, "openai").await;
+    let second = id(&submit(&mut e.jobs, ASK).await.unwrap());
+    let r = finish(&mut e.jobs, &second).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let gap = e.script.received()[1].at.duration_since(first_at);
+    let log = events(&mut e.jobs, &second).await;
+    let (_, w) = log
+        .into_iter()
+        .find(|(k, d)| k == "llm.rate_limited" && d["phase"] == "waiting")
+        .unwrap();
+    (gap, w)
+}
+
 const ASK: &str = r#"{"type": "t.ask", "args": ["Say fine"], "ext_agent_model": "gpt-4o", "ext_agent_max_tokens": 20}"#;
 
 #[tokio::test]
@@ -132,22 +173,12 @@ async fn a_429_holds_every_later_call_through_the_key_for_the_time_the_provider_
         JobState::Discarded as i32,
         "the 429 ends it: {r:?}"
     );
-    let refused_at = e.script.received()[0].at;
     // The next job's call waits out the cooldown before it is sent.
-    let second = id(&submit(&mut e.jobs, ASK).await.unwrap());
-    let r = finish(&mut e.jobs, &second).await;
-    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
-    let sent_at = e.script.received()[1].at;
-    let gap = sent_at.duration_since(refused_at);
+    let (gap, w) = next_call_after_cooldown(&mut e).await;
     println!("the call after the 429 went {gap:?} later (Retry-After 2 s)");
     assert!(gap >= Duration::from_millis(1_900), "{gap:?}");
-    let log = events(&mut e.jobs, &second).await;
-    let w = log
-        .iter()
-        .find(|(k, d)| k == "llm.rate_limited" && d["phase"] == "waiting")
-        .unwrap();
-    assert_eq!(w.1["scope"], "key:openai");
-    assert!(w.1["why"].as_str().unwrap().contains("429"), "{w:?}");
+    assert_eq!(w["scope"], "key:openai");
+    assert!(w["why"].as_str().unwrap().contains("429"), "{w:?}");
     e.stack.stop().await.unwrap();
 }
 
@@ -284,5 +315,30 @@ async fn a_tenant_runs_at_most_its_cap_of_jobs_at_once_and_another_tenant_is_not
         !log.iter().any(|(k, _)| k == "job.waiting_for_slot"),
         "{log:?}"
     );
+    e.stack.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_answer_saying_the_limit_has_nothing_left_holds_the_next_call_until_its_reset() {
+    let mut e = env(true, |c| {
+        c.ledger.limits.push(limit(1_000, 60_000));
+    })
+    .await;
+    e.script.for_model(
+        "gpt-4o",
+        vec![
+            Reply::text("fine", 10, 2)
+                .header("x-ratelimit-remaining-requests", "0")
+                .header("x-ratelimit-reset-requests", "2s"),
+        ],
+    );
+    e.script.otherwise(Reply::text("fine", 10, 2));
+    let first = id(&submit(&mut e.jobs, ASK).await.unwrap());
+    let r = finish(&mut e.jobs, &first).await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    let (gap, w) = next_call_after_cooldown(&mut e).await;
+    println!("the call after 'nothing left, resets in 2s' went {gap:?} later");
+    assert!(gap >= Duration::from_millis(1_900), "{gap:?}");
+    assert!(w["why"].as_str().unwrap().contains("nothing left"), "{w:?}");
     e.stack.stop().await.unwrap();
 }

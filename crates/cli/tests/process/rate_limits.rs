@@ -233,6 +233,35 @@ async fn waited(c: &mut Jobs, id: &str) -> (u64, Vec<serde_json::Value>) {
     (ms, rate)
 }
 
+/// Waits (10 s at most) until the ledger at `url` holds a cooldown on
+/// upstream key `key`.
+async fn until_cooling(url: &str, key: &str) {
+    let channel = switchyard_kit::client::connect(url).await.unwrap();
+    let mut ledger = switchyard_proto::ledger::v1::ledger_service_client::LedgerServiceClient::new(
+        switchyard_kit::client::authed(
+            channel,
+            Some(switchyard_kit::client::Credential::bearer(SERVICE_TOKEN).unwrap()),
+        ),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let scope = format!("key:{key}");
+    loop {
+        let l = ledger
+            .list_limits(switchyard_proto::ledger::v1::ListLimitsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        if l.buckets
+            .iter()
+            .any(|b| b.scope == scope && b.cooldown_until.is_some())
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no cooldown on {key}: {l:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The most requests that arrived within any `window` (sliding).
 fn most_in_any_window(at: &mut [Instant], window: Duration) -> usize {
     at.sort();
@@ -318,8 +347,9 @@ fn a_429_on_one_replica_makes_the_others_wait_the_same_cooldown() {
         let mut first = jobs(&urls[0], &token).await;
         submit(&mut first, ask("refused")).await;
         assert_eq!(ended(&mut first, "refused").await, JobState::Discarded);
-        // The cooldown reaches the ledger on its own: wait until a call
-        // through another replica is seen waiting for it.
+        // The cooldown reaches the ledger on its own (beside the job):
+        // wait until another replica's ledger sees it.
+        until_cooling(&urls[1], "OPENAI_KEY").await;
         let mut others = [jobs(&urls[1], &token).await, jobs(&urls[2], &token).await];
         for (i, c) in others.iter_mut().enumerate() {
             submit(c, ask(&format!("after-{i}"))).await;
@@ -417,9 +447,10 @@ fn a_flooding_tenant_does_not_starve_another_and_both_p99_waits_are_reported() {
         "fair share at 10 calls/s: flooding tenant ({flood} calls) p99 wait {pa} ms; other tenant ({steady} calls) p99 wait {pb} ms (waits {b_waits:?})"
     );
     // The flood queues for seconds; the other tenant's calls go at the
-    // next room that frees (a slot: 50 ms), give or take the polling.
-    assert!(pa >= 2_000, "the flood did not queue: {pa} ms");
-    assert!(pb <= 1_200, "the steady tenant waited {pb} ms");
+    // next room that frees: within a window (1 s) and the polling, however
+    // long the flood's queue.
+    assert!(pa >= 3_000, "the flood did not queue: {pa} ms");
+    assert!(pb <= 2_000, "the steady tenant waited {pb} ms");
 }
 
 #[test]

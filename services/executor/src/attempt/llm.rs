@@ -898,10 +898,10 @@ impl TaskHost<'_> {
         first
     }
 
-    /// Tells the ledger that `call`'s provider refused for rate: every
-    /// replica's calls through its key wait as long as the provider asked
-    /// (or the ledger's default cooldown). Sent on its own: the loop does
-    /// not wait for it.
+    /// Tells the ledger that `call`'s provider refused for rate, or said in
+    /// its rate-limit headers that nothing is left: every replica's calls
+    /// through its key wait as long as the provider said (or the ledger's
+    /// default cooldown). Sent on its own: the loop does not wait for it.
     fn cool_down(&self, call: &switchyard_llm::CallRecord) {
         let llm = &self.x.inner.clients.llm;
         let req = switchyard_proto::ledger::v1::CoolDownRequest {
@@ -913,16 +913,17 @@ impl TaskHost<'_> {
             }),
             wait: (call.retry_after_ms > 0)
                 .then(|| switchyard_kit::time::duration(call.retry_after_ms)),
-            why: format!(
-                "{} answered 429 for {}{}",
-                call.provider,
-                call.model,
-                if call.retry_after_ms > 0 {
-                    format!(", Retry-After {} ms", call.retry_after_ms)
-                } else {
-                    String::new()
-                }
-            ),
+            why: match (call.outcome.as_str(), call.retry_after_ms) {
+                ("rate_limited", 0) => format!("{} answered 429 for {}", call.provider, call.model),
+                ("rate_limited", ms) => format!(
+                    "{} answered 429 for {}, Retry-After {ms} ms",
+                    call.provider, call.model
+                ),
+                (_, ms) => format!(
+                    "{} said its rate limit has nothing left for {} ms (answering {})",
+                    call.provider, ms, call.model
+                ),
+            },
         };
         let ledger = self.x.inner.clients.ledger.clone();
         tokio::spawn(async move {
@@ -1086,8 +1087,10 @@ impl Host for TaskHost<'_> {
     }
 
     fn event(&self, event: LoopEvent) {
+        // A 429, or an answer whose rate-limit headers say nothing is left:
+        // the key cools down for every replica.
         if let LoopEvent::LlmCall(c) = &event
-            && c.call.outcome == "rate_limited"
+            && (c.call.outcome == "rate_limited" || c.call.retry_after_ms > 0)
         {
             self.cool_down(&c.call);
         }
