@@ -30,9 +30,15 @@ use crate::common::{
 /// separation of duties, not a missing role, is what stops her approving
 /// her own job's extension).
 async fn stack() -> (Stack, Jobs, String) {
+    stack_with(|_| {}).await
+}
+
+/// [`stack`] with `tweak` applied to the configuration.
+async fn stack_with(tweak: impl FnOnce(&mut switchyard_cli::Config)) -> (Stack, Jobs, String) {
     switchyard_kit::tls::install_crypto();
     let s = Stack::start_with(switchyard_cli::ServiceKind::ALL, |c| {
         c.executor.approval_poll_ms = 20;
+        tweak(c);
     })
     .await
     .unwrap();
@@ -222,6 +228,37 @@ async fn a_budget_that_runs_out_pauses_the_job_and_an_approved_extension_resumes
     );
     trigger.fire();
     let _ = agent.await;
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_paused_job_gives_its_tenants_running_slot_back_and_takes_it_again_when_extended() {
+    // One running job per tenant.
+    let (s, mut c, _dana) = stack_with(|c| c.executor.max_running_jobs_per_tenant = 1).await;
+    let (trigger, agent) = serve_priced_agent(&s, "counting", "text.count", 0, Counting(40));
+    wait_routed(&s, "text.count").await;
+    started(&s, &mut c, &chain("tight", json!({"token_budget": 80}))).await;
+    let paused = until_event(&mut c, "tight", "budget.paused").await;
+    let run_id = paused["run_id"].as_str().unwrap().to_owned();
+    // While tight waits for a person, another of the tenant's jobs runs.
+    started(
+        &s,
+        &mut c,
+        &chain("meanwhile", json!({"token_budget": 1000})),
+    )
+    .await;
+    let r = finish(&mut c, "meanwhile").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    assert_eq!(
+        job(&mut c, "tight").await.state,
+        JobState::BudgetPaused as i32
+    );
+    // Extended, tight takes a slot again and ends.
+    approve(&s, &run_id).await;
+    let r = finish(&mut c, "tight").await;
+    assert_eq!(r.state, JobState::Completed as i32, "{r:?}");
+    trigger.fire();
+    agent.await.unwrap().unwrap();
     s.stop().await.unwrap();
 }
 

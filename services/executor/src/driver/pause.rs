@@ -113,6 +113,11 @@ impl Driver {
             return Ok(Waited::Decided);
         }
         let proposed = self.propose(&pause).await;
+        // Waiting for a person runs nothing: the tenant's running-job slot
+        // goes back meanwhile, and is taken again if the job goes on.
+        if let Err(e) = self.x.inner.book.cluster.free_slot(&self.job_id).await {
+            tracing::warn!(job_id = %self.job_id, error = %e, "giving the paused job's slot back");
+        }
         let decided = match proposed {
             Err(why) => Decided {
                 decision: "cancelled",
@@ -148,7 +153,14 @@ impl Driver {
         };
         let d = self.record_decision(&pause, &decided).await?;
         self.apply(&pause, &d).await?;
-        Ok(Waited::Decided)
+        if d.decision != "approved" {
+            return Ok(Waited::Decided);
+        }
+        Ok(match self.take_slot().await? {
+            Claimed::Yes => Waited::Decided,
+            Claimed::Gone(..) => Waited::Cancelled,
+            Claimed::Stopping => Waited::Stopping,
+        })
     }
 
     /// The job's pause: the one recorded (after a restart), else a new one
