@@ -124,18 +124,7 @@ impl GrantKey {
 
     /// HMAC-SHA256 (RFC 2104) of `msg`.
     fn mac(&self, msg: &[u8]) -> [u8; 32] {
-        let mut block = [0u8; 64];
-        block[..32].copy_from_slice(&self.0);
-        let pad = |b: u8| block.map(|k| k ^ b);
-        let inner = Sha256::new()
-            .chain_update(pad(0x36))
-            .chain_update(msg)
-            .finalize();
-        Sha256::new()
-            .chain_update(pad(0x5c))
-            .chain_update(inner)
-            .finalize()
-            .into()
+        crate::webhook::hmac_sha256(&self.0, msg)
     }
 }
 
