@@ -8,7 +8,7 @@ use switchyard_kit::time::{timestamp_ms, utc};
 use switchyard_proto::ledger::v1::{LimitBucket, ListLimitsRequest};
 
 use crate::client::{Conn, MAX_MESSAGE, api};
-use crate::output::{Format, print_json, table};
+use crate::output::{Format, print_list, table};
 
 /// `switchyard limits`
 #[derive(Args, Debug)]
@@ -82,9 +82,7 @@ pub async fn run(args: LimitsArgs) -> anyhow::Result<()> {
         .await
         .map_err(api)?;
     match args.conn.output {
-        Format::Json => print_json(&json!({
-            "items": out.buckets.iter().map(bucket_json).collect::<Vec<_>>(),
-        })),
+        Format::Json => print_list(out.buckets.iter().map(bucket_json).collect(), ""),
         Format::Table => {
             if out.buckets.is_empty() {
                 println!("no rate-limit bucket in use (declare limits with [[ledger.limits]])");

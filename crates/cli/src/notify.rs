@@ -8,7 +8,7 @@ use switchyard_kit::time::{timestamp_ms, utc};
 use switchyard_proto::executor::v1::*;
 
 use crate::client::{Conn, MAX_MESSAGE, api};
-use crate::output::{Format, print_json, table};
+use crate::output::{Format, print_json, print_list, table};
 
 /// `switchyard notify ...`
 #[derive(Subcommand, Debug)]
@@ -65,9 +65,7 @@ pub async fn run(cmd: NotifyCmd) -> anyhow::Result<()> {
                 .await
                 .map_err(api)?;
             match conn.output {
-                Format::Json => print_json(&json!({
-                    "items": out.deliveries.iter().map(delivery_json).collect::<Vec<_>>(),
-                })),
+                Format::Json => print_list(out.deliveries.iter().map(delivery_json).collect(), ""),
                 Format::Table => {
                     let rows: Vec<Vec<String>> = out
                         .deliveries

@@ -9,7 +9,7 @@ use switchyard_kit::time::timestamp_ms;
 use switchyard_proto::executor::v1::*;
 
 use crate::client::{Conn, MAX_MESSAGE, api};
-use crate::output::{Format, print_json, table};
+use crate::output::{Format, print_json, print_list, table};
 
 /// `switchyard schedule ...`
 #[derive(Subcommand, Debug)]
@@ -205,9 +205,7 @@ pub async fn run(cmd: ScheduleCmd) -> anyhow::Result<()> {
                 .await
                 .map_err(api)?;
             match conn.output {
-                Format::Json => print_json(&json!({
-                    "items": out.schedules.iter().map(schedule_json).collect::<Vec<_>>(),
-                })),
+                Format::Json => print_list(out.schedules.iter().map(schedule_json).collect(), ""),
                 Format::Table => {
                     let rows: Vec<Vec<String>> = out
                         .schedules

@@ -8,7 +8,7 @@ use switchyard_api::TriggerClient;
 use switchyard_proto::executor::v1::*;
 
 use crate::client::{Conn, MAX_MESSAGE, api};
-use crate::output::{Format, print_json, table};
+use crate::output::{Format, print_json, print_list, table};
 
 /// `switchyard trigger ...`
 #[derive(Subcommand, Debug)]
@@ -141,9 +141,7 @@ pub async fn run(cmd: TriggerCmd) -> anyhow::Result<()> {
                 .await
                 .map_err(api)?;
             match conn.output {
-                Format::Json => print_json(&json!({
-                    "items": out.triggers.iter().map(trigger_json).collect::<Vec<_>>(),
-                })),
+                Format::Json => print_list(out.triggers.iter().map(trigger_json).collect(), ""),
                 Format::Table => {
                     let rows: Vec<Vec<String>> = out
                         .triggers
