@@ -92,14 +92,7 @@ impl Backend {
     pub(crate) fn last_buckets(&self) -> Vec<(String, Bucket)> {
         match self {
             Backend::Pg(pg) => pg.last_buckets(),
-            Backend::Sled(sled) => {
-                let table = sled.rates.lock().unwrap_or_else(|p| p.into_inner());
-                table
-                    .buckets
-                    .iter()
-                    .map(|(k, b)| (k.clone(), b.clone()))
-                    .collect()
-            }
+            Backend::Sled(sled) => sled.buckets(),
         }
     }
 
@@ -107,14 +100,7 @@ impl Backend {
     pub(crate) async fn buckets(&self) -> Result<Vec<(String, Bucket)>, LedgerError> {
         match self {
             Backend::Pg(pg) => pg.buckets().await,
-            Backend::Sled(sled) => {
-                let table = sled.rates.lock().unwrap_or_else(|p| p.into_inner());
-                Ok(table
-                    .buckets
-                    .iter()
-                    .map(|(k, b)| (k.clone(), b.clone()))
-                    .collect())
-            }
+            Backend::Sled(sled) => Ok(sled.buckets()),
         }
     }
 
@@ -419,6 +405,16 @@ impl Backend {
 }
 
 impl Sled {
+    /// A copy of every rate-limit bucket.
+    fn buckets(&self) -> Vec<(String, Bucket)> {
+        let table = self.rates.lock().unwrap_or_else(|p| p.into_inner());
+        table
+            .buckets
+            .iter()
+            .map(|(k, b)| (k.clone(), b.clone()))
+            .collect()
+    }
+
     pub(crate) fn lock(&self) -> MutexGuard<'_, Books> {
         self.books.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -419,7 +419,7 @@ struct Inner {
     /// Random per open, so ids stay unique even if the data is wiped.
     id_prefix: String,
     cfg: LedgerConfig,
-    /// `cfg.rates()`, built once.
+    /// `cfg.rates()`, built once (the PostgreSQL books share it).
     rates: Arc<rates::RatesConfig>,
     clock: Arc<dyn Clock>,
     shutdown: Shutdown,
@@ -513,8 +513,10 @@ impl Ledger {
             pruned_at: std::sync::atomic::AtomicU64::new(0),
             store,
         };
+        let rates = Arc::new(cfg.rates());
         Ok(Self::with(
             cfg,
+            rates,
             clock,
             shutdown,
             Backend::Sled(Box::new(sled)),
@@ -529,8 +531,9 @@ impl Ledger {
         clock: Arc<dyn Clock>,
         shutdown: Shutdown,
     ) -> Result<Ledger, LedgerError> {
-        let books = pg::PgBooks::open(db, Arc::new(cfg.rates())).await?;
-        Ok(Self::with(cfg, clock, shutdown, Backend::Pg(books)))
+        let rates = Arc::new(cfg.rates());
+        let books = pg::PgBooks::open(db, rates.clone()).await?;
+        Ok(Self::with(cfg, rates, clock, shutdown, Backend::Pg(books)))
     }
 
     /// Applies the ledger's schema migrations to `db` (idempotent, safe
@@ -541,13 +544,14 @@ impl Ledger {
 
     fn with(
         cfg: LedgerConfig,
+        rates: Arc<rates::RatesConfig>,
         clock: Arc<dyn Clock>,
         shutdown: Shutdown,
         backend: Backend,
     ) -> Self {
         let inner = Arc::new(Inner {
             id_prefix: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
-            rates: Arc::new(cfg.rates()),
+            rates,
             cfg,
             clock,
             shutdown,
@@ -1023,8 +1027,8 @@ impl Ledger {
     /// returns when it ends (ms).
     pub async fn cool_down(&self, req: CoolDownRequest) -> Result<u64, LedgerError> {
         let mut v = Violations::new();
-        let work = rate_work(&mut v, req.rate.as_ref(), "");
-        if req.rate.as_ref().is_none_or(|r| r.key.is_empty()) {
+        let mut work = rate_work(&mut v, req.rate.as_ref(), "").unwrap_or_default();
+        if work.claim.key.is_empty() {
             v.add(
                 "rate.key",
                 "name the upstream key that was refused (the provider's api_key_env, or its name)",
@@ -1045,12 +1049,9 @@ impl Ledger {
         }
         v.into_result().map_err(LedgerError::Invalid)?;
         let until = self.now().saturating_add(wait_ms as u64);
-        let Some(mut work) = work else {
-            return Ok(until);
-        };
-        work.cool = Some((until, req.why.clone()));
+        tracing::info!(key = %work.claim.key, wait_ms, why = %req.why, "upstream key cools down");
+        work.cool = Some((until, req.why));
         self.write_rated(Op::Cool, Some(work)).await?;
-        tracing::info!(key = %req.rate.map(|r| r.key).unwrap_or_default(), wait_ms, why = %req.why, "upstream key cools down");
         Ok(until)
     }
 

@@ -307,7 +307,17 @@ impl PgBooks {
         // the facts they follow from: locked in the same round trip, after
         // the budgets (a model call that reserves money pays no extra trip).
         let early_keys: Vec<String> = match known {
-            Some(_) => self.known_buckets(jobs).unwrap_or_default(),
+            Some(_) => {
+                let facts = self.facts.lock().unwrap_or_else(|p| p.into_inner());
+                let homes = self.homes.lock().unwrap_or_else(|p| p.into_inner());
+                self.buckets_of(
+                    jobs,
+                    |id| facts.get(id).cloned(),
+                    |rid| homes.get(rid).cloned(),
+                )
+                .into_iter()
+                .collect()
+            }
             None => Vec::new(),
         };
         let bucket_params: [Param<'_>; 1] = [&early_keys];
@@ -454,7 +464,9 @@ impl PgBooks {
             let bucket = Bucket::decode(data.as_slice()).map_err(|e| corrupt("rate bucket", e))?;
             table.buckets.insert(key, bucket);
         }
-        let needed = self.needed_buckets(jobs, &books);
+        let needed = self.buckets_of(jobs, rates::books_facts(&books), |rid| {
+            books.reservations.get(rid).map(|r| r.budget_id.clone())
+        });
         let late: Vec<String> = needed
             .into_iter()
             .filter(|k| !table.buckets.contains_key(k))
@@ -653,48 +665,21 @@ impl PgBooks {
         missing.is_empty().then_some(out)
     }
 
-    /// The rate-limit buckets `jobs` touch, if this replica knows the facts
-    /// they follow from (each budget's tenant and parent, each
-    /// reservation's budget) without asking the database.
-    fn known_buckets(&self, jobs: &[Job]) -> Option<Vec<String>> {
-        if !self.rates.on() {
-            return Some(Vec::new());
-        }
-        let facts = self.facts.lock().unwrap_or_else(|p| p.into_inner());
-        let homes = self.homes.lock().unwrap_or_else(|p| p.into_inner());
-        let mut keys = BTreeSet::new();
-        for job in jobs {
-            let Some(work) = &job.work else { continue };
-            keys.extend(rates::keys_of(
-                &self.rates,
-                &job.op,
-                work,
-                |id| facts.get(id).cloned(),
-                |rid| homes.get(rid).cloned(),
-            )?);
-        }
-        Some(keys.into_iter().collect())
-    }
-
-    /// The rate-limit buckets `jobs` touch, from the books the transaction
-    /// loaded.
-    fn needed_buckets(&self, jobs: &[Job], books: &Books) -> BTreeSet<String> {
-        let mut keys = BTreeSet::new();
-        if !self.rates.on() {
-            return keys;
-        }
-        for job in jobs {
-            let Some(work) = &job.work else { continue };
-            let found = rates::keys_of(
-                &self.rates,
-                &job.op,
-                work,
-                rates::books_facts(books),
-                |rid| books.reservations.get(rid).map(|r| r.budget_id.clone()),
-            );
-            keys.extend(found.unwrap_or_default());
-        }
-        keys
+    /// The rate-limit buckets `jobs` touch that follow from budget `facts`
+    /// and reservation `homes` (a job whose facts are missing adds none).
+    fn buckets_of(
+        &self,
+        jobs: &[Job],
+        facts: impl Fn(&str) -> Option<(String, String)>,
+        home: impl Fn(&str) -> Option<String>,
+    ) -> BTreeSet<String> {
+        jobs.iter()
+            .filter_map(|job| {
+                let work = job.work.as_ref()?;
+                rates::keys_of(&self.rates, &job.op, work, &facts, &home)
+            })
+            .flatten()
+            .collect()
     }
 
     /// `leaves` and their ancestors as far as this replica knows them, and

@@ -679,17 +679,11 @@ pub(crate) enum Admit {
 }
 
 impl Table {
-    fn bucket(&mut self, cfg: &RatesConfig, key: &str, now: u64) -> &mut Bucket {
-        let b = self.buckets.entry(key.to_owned()).or_default();
-        b.prune(cfg.limit_of(key), now);
-        b
-    }
-
     /// Bucket `key` as claim `c` finds it, marked with `c`'s tenant when it
     /// is a bucket of one tenant.
-    fn bucket_for(&mut self, cfg: &RatesConfig, key: &str, c: &Claim, now: u64) -> &mut Bucket {
+    fn bucket_for(&mut self, cfg: &RatesConfig, key: &str, c: &Claim) -> &mut Bucket {
         let own = cfg.limit_of(key).is_some_and(|l| l.per != Per::Shared);
-        let b = self.bucket(cfg, key, now);
+        let b = self.buckets.entry(key.to_owned()).or_default();
         if own && b.tenant.is_empty() {
             b.tenant.clone_from(&c.tenant);
         }
@@ -698,6 +692,7 @@ impl Table {
 
     /// Whether `c` fits every bucket in `keys` now; if not, the longest
     /// wait (the call is noted as waiting in each bucket that refused).
+    /// Each bucket first forgets what no longer counts at `now`.
     pub(crate) fn admit(
         &mut self,
         cfg: &RatesConfig,
@@ -714,8 +709,10 @@ impl Table {
         }
         let mut worst: Option<Wait> = None;
         for key in keys {
-            let b = self.bucket_for(cfg, key, c, now);
-            let Some(w) = b.wait(key, cfg.limit_of(key), c, now) else {
+            let limit = cfg.limit_of(key);
+            let b = self.bucket_for(cfg, key, c);
+            b.prune(limit, now);
+            let Some(w) = b.wait(key, limit, c, now) else {
                 continue;
             };
             if w.after_ms.is_none() {
@@ -723,7 +720,7 @@ impl Table {
                 self.changed.insert(key.clone());
                 return Err(w);
             }
-            let window = cfg.limit_of(key).map_or(60_000, LimitConfig::window);
+            let window = limit.map_or(60_000, LimitConfig::window);
             b.note_wait(c, &w.why, window, now);
             self.changed.insert(key.clone());
             if worst.as_ref().is_none_or(|x| x.after_ms < w.after_ms) {
@@ -736,8 +733,8 @@ impl Table {
         }
     }
 
-    /// Takes `c` from every bucket in `keys`; the grant stops counting as
-    /// in flight at `expires_ms`.
+    /// Takes `c` from every bucket in `keys` (just admitted, so pruned at
+    /// `now`); the grant stops counting as in flight at `expires_ms`.
     pub(crate) fn grant(
         &mut self,
         cfg: &RatesConfig,
@@ -749,19 +746,20 @@ impl Table {
         let weight = cfg.weight(&c.tenant);
         for key in keys {
             let limit = cfg.limit_of(key);
-            self.bucket_for(cfg, key, c, now)
+            self.bucket_for(cfg, key, c)
                 .grant(limit, c, weight, now, expires_ms);
             self.changed.insert(key.clone());
         }
     }
 
-    /// Settles `c.grant` in every bucket in `keys`: the call used
-    /// `c.tokens` upstream (what a Commit or Release says; the rest of what
-    /// was held comes back, the request stays counted).
-    pub(crate) fn settle(&mut self, cfg: &RatesConfig, keys: &[String], c: &Claim, now: u64) {
+    /// Settles `c.grant` in every bucket in `keys` that holds it: the call
+    /// used `c.tokens` upstream (what a Commit or Release says; the rest of
+    /// what was held comes back, the request stays counted).
+    pub(crate) fn settle(&mut self, keys: &[String], c: &Claim) {
         for key in keys {
-            let b = self.bucket(cfg, key, now);
-            if b.grants.contains_key(&c.grant) {
+            if let Some(b) = self.buckets.get_mut(key)
+                && b.grants.contains_key(&c.grant)
+            {
                 b.settle(&c.grant, c.tokens);
                 self.changed.insert(key.clone());
             }
@@ -770,15 +768,8 @@ impl Table {
 
     /// Sets a cooldown on bucket `key` until `until_ms` (never shortens
     /// one).
-    pub(crate) fn cool(
-        &mut self,
-        cfg: &RatesConfig,
-        key: &str,
-        until_ms: u64,
-        why: &str,
-        now: u64,
-    ) {
-        let b = self.bucket(cfg, key, now);
+    pub(crate) fn cool(&mut self, key: &str, until_ms: u64, why: &str) {
+        let b = self.buckets.entry(key.to_owned()).or_default();
         if until_ms > b.cooldown_until_ms {
             b.cooldown_until_ms = until_ms;
             b.cooldown_why = why.to_owned();
@@ -895,7 +886,24 @@ pub(crate) fn budget_of(op: &Op, home: impl Fn(&str) -> Option<String>) -> Optio
     }
 }
 
-/// The buckets `work` takes from or settles, given budget facts and
+/// `work`'s claim placed on the budget `op` reserves on (or whose
+/// reservation it settles, through `home`): its tenant and project from
+/// `facts`; `None` when a fact is missing.
+pub(crate) fn placed(
+    op: &Op,
+    work: &RateWork,
+    facts: impl Fn(&str) -> Option<(String, String)>,
+    home: impl Fn(&str) -> Option<String>,
+) -> Option<Claim> {
+    let (tenant, project) = place(facts, &budget_of(op, home)?)?;
+    Some(Claim {
+        tenant,
+        project,
+        ..work.claim.clone()
+    })
+}
+
+/// The buckets `work` takes from, settles or cools, given budget facts and
 /// reservation homes; `None` when a fact is missing.
 pub(crate) fn keys_of(
     cfg: &RatesConfig,
@@ -904,16 +912,10 @@ pub(crate) fn keys_of(
     facts: impl Fn(&str) -> Option<(String, String)>,
     home: impl Fn(&str) -> Option<String>,
 ) -> Option<Vec<String>> {
-    if let Some(_cool) = &work.cool {
+    if work.cool.is_some() {
         return Some(vec![cooldown_bucket(&work.claim.key)]);
     }
-    let budget = budget_of(op, home)?;
-    let (tenant, project) = place(facts, &budget)?;
-    Some(cfg.buckets(&Claim {
-        tenant,
-        project,
-        ..work.claim.clone()
-    }))
+    Some(cfg.buckets(&placed(op, work, facts, home)?))
 }
 
 /// Budget facts (tenant, parent) from `books`.
@@ -937,57 +939,44 @@ pub(crate) fn decide<S: Sink>(
     op: Op,
     work: Option<&RateWork>,
 ) -> Result<Done, LedgerError> {
-    let Some(work) = work.filter(|_| cfg.on()) else {
+    let Some(work) = work else {
         return desk.decide(op);
     };
     let now = desk.now;
     if let Some((until, why)) = &work.cool {
-        table.cool(cfg, &cooldown_bucket(&work.claim.key), *until, why, now);
+        table.cool(&cooldown_bucket(&work.claim.key), *until, why);
         return desk.decide(op);
     }
     let books: &Books = desk.books;
     let home = |rid: &str| books.reservations.get(rid).map(|r| r.budget_id.clone());
-    let Some(keys) = keys_of(cfg, &op, work, books_facts(books), home) else {
+    let Some(mut claim) = placed(&op, work, books_facts(books), home) else {
         // The budget or reservation does not exist: the desk says so.
         return desk.decide(op);
     };
-    let budget = budget_of(&op, home).unwrap_or_default();
-    let (tenant, project) = place(books_facts(books), &budget).unwrap_or_default();
-    let mut claim = Claim {
-        tenant,
-        project,
-        ..work.claim.clone()
-    };
-    match op {
-        Op::Reserve {
-            ref req, ttl_ms, ..
-        } => {
-            claim.grant = req.idempotency_key.clone();
-            let admit = table
-                .admit(cfg, &keys, &claim, now)
-                .map_err(LedgerError::RateLimited)?;
-            let done = desk.decide(op)?;
-            if admit == Admit::Fits {
-                table.grant(cfg, &keys, &claim, now, now.saturating_add(ttl_ms));
-            }
-            Ok(done)
+    let keys = cfg.buckets(&claim);
+    if let Op::Reserve {
+        ref req, ttl_ms, ..
+    } = op
+    {
+        claim.grant = req.idempotency_key.clone();
+        let admit = table
+            .admit(cfg, &keys, &claim, now)
+            .map_err(LedgerError::RateLimited)?;
+        let done = desk.decide(op)?;
+        if admit == Admit::Fits {
+            table.grant(cfg, &keys, &claim, now, now.saturating_add(ttl_ms));
         }
-        op => {
-            let rid = match &op {
-                Op::Commit { req, .. } => req.reservation_id.clone(),
-                Op::Release { reservation_id, .. } => reservation_id.clone(),
-                _ => return desk.decide(op),
-            };
-            claim.grant = books
-                .reservations
-                .get(&rid)
-                .map(|r| r.key.clone())
-                .unwrap_or_default();
-            let done = desk.decide(op)?;
-            table.settle(cfg, &keys, &claim, now);
-            Ok(done)
-        }
+        return Ok(done);
     }
+    // A Commit or Release: its grant is named by its reservation's key.
+    claim.grant = op
+        .reservation()
+        .and_then(|rid| books.reservations.get(rid))
+        .map(|r| r.key.clone())
+        .unwrap_or_default();
+    let done = desk.decide(op)?;
+    table.settle(&keys, &claim);
+    Ok(done)
 }
 
 #[cfg(test)]
@@ -1155,21 +1144,19 @@ mod tests {
         // The call used 100: 500 come back.
         let keys = cfg.buckets(&a);
         t.settle(
-            &cfg,
             &keys,
             &Claim {
                 tokens: 100,
                 ..a.clone()
             },
-            2,
         );
         take(&mut t, &cfg, &claim("a", "2", 600), 3).unwrap();
         // A second settle changes nothing.
-        t.settle(&cfg, &keys, &Claim { tokens: 0, ..a }, 4);
+        t.settle(&keys, &Claim { tokens: 0, ..a });
         assert!(take(&mut t, &cfg, &claim("a", "3", 301), 5).is_err());
         // A call that failed (it used nothing) gives back all its tokens.
         let b = claim("a", "2", 0);
-        t.settle(&cfg, &keys, &b, 6);
+        t.settle(&keys, &b);
         take(&mut t, &cfg, &claim("a", "3", 800), 7).unwrap();
         let w = take(&mut t, &cfg, &claim("a", "4", 1_001), 8).unwrap_err();
         assert_eq!(w.after_ms, None, "larger than the limit never fits");
@@ -1201,7 +1188,7 @@ mod tests {
         assert!(w.why.contains("in flight"), "{}", w.why);
         // Its reservation expired (its replica died): the slot is free.
         take(&mut t, &cfg, &claim("a", "2", 1), 500).unwrap();
-        t.settle(&cfg, &keys, &claim("a", "2", 1), 501);
+        t.settle(&keys, &claim("a", "2", 1));
         take(&mut t, &cfg, &claim("a", "3", 1), 502).unwrap();
     }
 
@@ -1209,12 +1196,12 @@ mod tests {
     fn a_cooldown_holds_every_call_through_the_key_until_it_passes() {
         let cfg = cfg(rpm(100, 1_000));
         let mut t = Table::default();
-        t.cool(&cfg, &cooldown_bucket("K"), 2_000, "429 Retry-After 2s", 0);
+        t.cool(&cooldown_bucket("K"), 2_000, "429 Retry-After 2s");
         let w = take(&mut t, &cfg, &claim("a", "1", 1), 500).unwrap_err();
         assert_eq!((w.bucket.as_str(), w.after_ms), ("k/K", Some(1_500)));
         assert!(w.why.contains("Retry-After"), "{}", w.why);
         // A shorter cooldown does not shorten it.
-        t.cool(&cfg, &cooldown_bucket("K"), 1_000, "x", 600);
+        t.cool(&cooldown_bucket("K"), 1_000, "x");
         assert!(take(&mut t, &cfg, &claim("a", "1", 1), 1_999).is_err());
         take(&mut t, &cfg, &claim("a", "1", 1), 2_000).unwrap();
     }
