@@ -513,13 +513,16 @@ pub(crate) fn story(job: &Job, events: &[Event]) -> ExplainJobResponse {
                 let ok = call.outcome == "ok";
                 // The call's charge is the step's open model reservation:
                 // the model that answered is the one it pays for (a
-                // fallback's failed tries spend nothing).
-                if ok
-                    && let Some(h) = holds
+                // fallback's failed tries spend nothing). A fallback's own
+                // reservation of rate-limit room is open beside it, so
+                // every open one of the step is the answering model's.
+                if ok {
+                    for h in holds
                         .values_mut()
-                        .find(|h| h.task == task && h.agent.is_empty() && h.model.is_empty())
-                {
-                    h.model.clone_from(&call.model);
+                        .filter(|h| h.task == task && h.agent.is_empty() && h.model.is_empty())
+                    {
+                        h.model.clone_from(&call.model);
+                    }
                 }
                 (
                     "model",
