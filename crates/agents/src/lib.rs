@@ -380,12 +380,8 @@ impl InvocationHost<'_> {
     }
 
     /// Releases the holds of no money that claimed room for later calls of
-    /// the current model call (`model` answered the last with `used`
-    /// tokens; `None`: none answered); returns the tokens the first call
-    /// used (`used` when it was the only one).
-    async fn settle_extras(&self, model: Option<&str>, used: u64) -> u64 {
-        let extras = self.claims.settle_extras(model, used);
-        let first = if extras.is_empty() { used } else { 0 };
+    /// a model call, each with its claim.
+    async fn release_extras(&self, extras: Vec<(String, switchyard_proto::ledger::v1::RateClaim)>) {
         for (hold, claim) in extras {
             let _ = Hold::resume(&self.hosted.ledger, &hold)
                 .under_grant(&self.grant)
@@ -393,7 +389,6 @@ impl InvocationHost<'_> {
                 .release()
                 .await;
         }
-        first
     }
 }
 
@@ -490,10 +485,11 @@ impl Host for InvocationHost<'_> {
                 ),
                 prices,
             );
-            let first = self.settle_extras(Some(model), usage.total_tokens).await;
+            let (rate, extras) = self.claims.settle(hold, Some(model), usage.total_tokens);
+            self.release_extras(extras).await;
             let hold = Hold::resume(&self.hosted.ledger, hold)
                 .under_grant(&self.grant)
-                .with_rate(self.claims.settle(hold, Some(model), first));
+                .with_rate(rate);
             if let Err(e) = hold.commit(usage.total_tokens, cost, entry).await {
                 tracing::warn!(reservation_id = hold.id(), error = %e.message(), "commit failed; the reservation's TTL bounds the hold");
             }
@@ -507,10 +503,11 @@ impl Host for InvocationHost<'_> {
                 why,
                 "releasing an unused reservation"
             );
-            self.settle_extras(None, 0).await;
+            let (rate, extras) = self.claims.settle(hold, None, 0);
+            self.release_extras(extras).await;
             let _ = Hold::resume(&self.hosted.ledger, hold)
                 .under_grant(&self.grant)
-                .with_rate(self.claims.settle(hold, None, 0))
+                .with_rate(rate)
                 .release()
                 .await;
         })

@@ -460,36 +460,38 @@ impl RateClaims {
         self.extra.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    /// The holds of later calls, each with the claim to release it with:
-    /// the last call made is the one that answered (`model`, with `used`
-    /// tokens; `None`: none did), the others used nothing.
-    pub fn settle_extras(&self, model: Option<&str>, used: u64) -> Vec<(String, RateClaim)> {
-        let mut extra = self.extra.lock().unwrap_or_else(|p| p.into_inner());
-        let last = extra.len().saturating_sub(1);
-        extra
-            .drain(..)
-            .enumerate()
-            .map(|(i, (hold, c))| {
-                let answered = i == last && model == Some(c.model.as_str());
-                let tokens = if answered { used } else { 0 };
-                (hold, RateClaim { tokens, ..c })
-            })
-            .collect()
-    }
-
-    /// The claim to settle hold `hold` with: `used` tokens when `model`
-    /// answered it (0 when another model of the chain did, or none: a
-    /// release).
-    pub fn settle(&self, hold: &str, model: Option<&str>, used: u64) -> Option<RateClaim> {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        held.remove(hold).map(|c| RateClaim {
-            tokens: if model == Some(c.model.as_str()) {
+    /// How model call `hold` settles: the claim to commit or release the
+    /// hold with, and the holds of no money its later calls (fallbacks,
+    /// later rounds) made, each with the claim to release it with. The last
+    /// call made is the one that answered: it used `used` tokens when it
+    /// went to `model` (`None`: no call answered); every other used none.
+    pub fn settle(
+        &self,
+        hold: &str,
+        model: Option<&str>,
+        used: u64,
+    ) -> (Option<RateClaim>, Vec<(String, RateClaim)>) {
+        let answered = |c: &RateClaim, last: bool| {
+            let tokens = if last && model == Some(c.model.as_str()) {
                 used
             } else {
                 0
-            },
-            ..c
-        })
+            };
+            RateClaim {
+                tokens,
+                ..c.clone()
+            }
+        };
+        let mut extra = self.extra.lock().unwrap_or_else(|p| p.into_inner());
+        let n = extra.len();
+        let extras = extra
+            .drain(..)
+            .enumerate()
+            .map(|(i, (h, c))| (h, answered(&c, i + 1 == n)))
+            .collect();
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let first = held.remove(hold).map(|c| answered(&c, n == 0));
+        (first, extras)
     }
 }
 

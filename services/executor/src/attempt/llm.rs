@@ -883,19 +883,14 @@ impl Drop for Abandon {
 
 impl TaskHost<'_> {
     /// Releases the holds of no money that claimed room for later calls of
-    /// the current model call (`model` answered the last with `used`
-    /// tokens; `None`: none answered); returns the tokens the first call
-    /// used (`used` when it was the only one).
-    async fn settle_extras(&self, model: Option<&str>, used: u64) -> u64 {
-        let extras = self.claims.settle_extras(model, used);
-        let first = if extras.is_empty() { used } else { 0 };
+    /// a model call, each with its claim.
+    async fn release_extras(&self, extras: Vec<(String, switchyard_proto::ledger::v1::RateClaim)>) {
         for (hold, claim) in extras {
             let hold = Hold::resume(&self.x.inner.clients.ledger, &hold).with_rate(Some(claim));
             self.spender
                 .release(&hold, "room claimed for a later call of the chain")
                 .await;
         }
-        first
     }
 
     /// Tells the ledger that `call`'s provider refused for rate, or said in
@@ -1019,8 +1014,8 @@ impl Host for TaskHost<'_> {
                 ),
                 prices,
             );
-            let first = self.settle_extras(Some(model), usage.total_tokens).await;
-            let rate = self.claims.settle(hold, Some(model), first);
+            let (rate, extras) = self.claims.settle(hold, Some(model), usage.total_tokens);
+            self.release_extras(extras).await;
             let hold = Hold::resume(&self.x.inner.clients.ledger, hold).with_rate(rate);
             self.spender
                 .commit(&hold, usage.total_tokens, cost, entry)
@@ -1030,8 +1025,8 @@ impl Host for TaskHost<'_> {
 
     fn release<'a>(&'a self, hold: &'a str, why: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            self.settle_extras(None, 0).await;
-            let rate = self.claims.settle(hold, None, 0);
+            let (rate, extras) = self.claims.settle(hold, None, 0);
+            self.release_extras(extras).await;
             let hold = Hold::resume(&self.x.inner.clients.ledger, hold).with_rate(rate);
             self.spender.release(&hold, why).await;
         })

@@ -297,6 +297,11 @@ impl<'a> Spender<'a> {
         // fits, the task's deadline or the executor's longest wait.
         let started = std::time::Instant::now();
         let most = std::time::Duration::from_millis(self.x.inner.cfg.llm_rate_max_wait_ms);
+        // The model call a wait is recorded for (0: an agent call).
+        let call = match &purpose {
+            Purpose::ModelCall(n, _) => *n,
+            Purpose::Agent(_) => 0,
+        };
         let mut waited: Option<(String, String)> = None;
         let held = loop {
             let held = self
@@ -328,10 +333,7 @@ impl<'a> Spender<'a> {
             }
             if waited.as_ref() != Some(&(limit.clone(), scope.clone())) {
                 self.note(JobEvent::RateLimited(events::RateLimited {
-                    call: match &purpose {
-                        Purpose::ModelCall(n, _) => *n,
-                        Purpose::Agent(_) => 0,
-                    },
+                    call,
                     phase: "waiting".into(),
                     limit: limit.clone(),
                     scope: scope.clone(),
@@ -352,10 +354,7 @@ impl<'a> Spender<'a> {
                 Err(e) => ("deferred", e.to_string()),
             };
             self.note(JobEvent::RateLimited(events::RateLimited {
-                call: match &purpose {
-                    Purpose::ModelCall(n, _) => *n,
-                    Purpose::Agent(_) => 0,
-                },
+                call,
                 phase: phase.into(),
                 why,
                 waited_ms: ms,
