@@ -326,11 +326,8 @@ async fn submit(
 ) -> Result<Response, Failure> {
     accepted_media_type(&headers)?;
     let bytes = door.read_body(body, "task document").await?;
-    let document = String::from_utf8(bytes.to_vec()).map_err(|_| {
-        let mut v = switchyard_core::Violations::new();
-        v.add("document", "the body is not valid UTF-8 text");
-        switchyard_kit::error::invalid_argument(Reason::MalformedRequest, &v)
-    })?;
+    let document = String::from_utf8(bytes.to_vec())
+        .map_err(|_| super::malformed("document", "the body is not valid UTF-8 text"))?;
     let req = SubmitJobRequest {
         document,
         format: "aitp".into(),

@@ -91,11 +91,8 @@ impl Door {
         body_key: impl FnOnce(&T) -> String,
     ) -> Result<(T, String), Status> {
         let bytes = self.read_body(body, what).await?;
-        let parsed: T = serde_json::from_slice(&bytes).map_err(|e| {
-            let mut v = switchyard_core::Violations::new();
-            v.add("body", format!("expected {shape}: {e}"));
-            switchyard_kit::error::invalid_argument(Reason::MalformedRequest, &v)
-        })?;
+        let parsed: T = serde_json::from_slice(&bytes)
+            .map_err(|e| malformed("body", format!("expected {shape}: {e}")))?;
         let key = match body_key(&parsed) {
             k if !k.is_empty() => k,
             _ => headers
@@ -106,6 +103,14 @@ impl Door {
         };
         Ok((parsed, key))
     }
+}
+
+/// A request the door cannot read: `MALFORMED_REQUEST`, naming `field`
+/// and why.
+pub(crate) fn malformed(field: &str, why: impl Into<String>) -> Status {
+    let mut v = switchyard_core::Violations::new();
+    v.add(field, why);
+    switchyard_kit::error::invalid_argument(Reason::MalformedRequest, &v)
 }
 
 /// An error answered in the envelope, with the request's correlation id.

@@ -184,11 +184,7 @@ fn ok(body: Value) -> Result<Response, OjsFailure> {
 /// The request body as a JSON object (`invalid_payload` otherwise).
 async fn body_object(door: &Door, body: Body) -> Result<Map<String, Value>, Status> {
     let bytes = door.read_body(body, "body").await?;
-    let malformed = |why: String| {
-        let mut v = switchyard_core::Violations::new();
-        v.add("body", why);
-        switchyard_kit::error::invalid_argument(Reason::MalformedRequest, &v)
-    };
+    let malformed = |why: String| super::malformed("body", why);
     match serde_json::from_slice::<Value>(&bytes) {
         Ok(Value::Object(o)) => Ok(o),
         Ok(_) => Err(malformed("the body must be a JSON object".into())),

@@ -15,7 +15,6 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use switchyard_core::Reason;
 use switchyard_proto::executor::v1::FireTriggerRequest;
 
 use super::{Door, Failure};
@@ -29,15 +28,6 @@ pub(super) fn routes() -> Router<Arc<Door>> {
 /// Headers that may carry an event's id, in the order they are read.
 const ID_HEADERS: [&str; 3] = ["idempotency-key", "x-event-id", "ce-id"];
 
-fn malformed(field: &str, why: String) -> Failure {
-    let mut v = switchyard_core::Violations::new();
-    v.add(field, why);
-    Failure(switchyard_kit::error::invalid_argument(
-        Reason::MalformedRequest,
-        &v,
-    ))
-}
-
 async fn deliver(
     State(door): State<Arc<Door>>,
     Extension(caller): Extension<Caller>,
@@ -47,16 +37,13 @@ async fn deliver(
 ) -> Result<Response, Failure> {
     let bytes = door.read_body(body, "event").await?;
     let event: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
-        malformed(
+        super::malformed(
             "body",
             format!("the event is not JSON ({e}); send the event as a JSON object"),
         )
     })?;
     if !event.is_object() {
-        return Err(malformed(
-            "body",
-            "the event must be a JSON object (`{...}`)".to_owned(),
-        ));
+        return Err(super::malformed("body", "the event must be a JSON object (`{...}`)").into());
     }
     let from_header = ID_HEADERS.iter().find_map(|h| {
         headers
@@ -72,10 +59,11 @@ async fn deliver(
         .and_then(|v| v.as_str())
         .map(str::to_owned);
     let Some(event_id) = from_header.or(cloud_event_id) else {
-        return Err(malformed(
+        return Err(super::malformed(
             "event_id",
-            "the event has no id: send it in the Idempotency-Key (or X-Event-Id, ce-id) header, or as a CloudEvent's `id`, so a repeat starts nothing".to_owned(),
-        ));
+            "the event has no id: send it in the Idempotency-Key (or X-Event-Id, ce-id) header, or as a CloudEvent's `id`, so a repeat starts nothing",
+        )
+        .into());
     };
     let req = FireTriggerRequest {
         trigger_id,
