@@ -115,6 +115,35 @@ pub struct ModelLabels {
     pub model: String,
 }
 
+/// A model call's tokens of one direction, labelled as the OpenTelemetry
+/// GenAI semantic conventions' `gen_ai.client.token.usage` (Prometheus
+/// spells the attributes' dots as underscores).
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GenAiTokenLabels {
+    /// `chat`.
+    pub gen_ai_operation_name: String,
+    /// `openai` or `anthropic` (the provider's wire protocol).
+    pub gen_ai_provider_name: String,
+    /// The model asked for (a configured model).
+    pub gen_ai_request_model: String,
+    /// `input` or `output`.
+    pub gen_ai_token_type: String,
+}
+
+/// A model call, labelled as `gen_ai.client.operation.duration`.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GenAiCallLabels {
+    /// `chat`.
+    pub gen_ai_operation_name: String,
+    /// `openai` or `anthropic`.
+    pub gen_ai_provider_name: String,
+    /// The model asked for (a configured model).
+    pub gen_ai_request_model: String,
+    /// The failure's kind (`rate_limited`, `timeout`, …); absent for an
+    /// answered call.
+    pub error_type: Option<String>,
+}
+
 /// An LLM call's model and outcome (`ok` or an error kind).
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LlmCallLabels {
@@ -246,6 +275,17 @@ pub struct Metrics {
     /// Panics caught by the process's panic hook (each is a bug: a request
     /// that panics is answered as an internal error, never silently).
     pub panics: Counter,
+    /// Spans dropped because the export queue was full
+    /// (`telemetry.span_queue`): a trace missing spans is counted here.
+    pub trace_spans_dropped: Counter,
+    /// Spans the OTLP collector accepted.
+    pub trace_spans_exported: Counter,
+    /// Spans whose export failed (collector unreachable or refusing).
+    pub trace_spans_export_failed: Counter,
+    /// `gen_ai.client.token.usage`: tokens per model call, by direction.
+    pub gen_ai_token_usage: Family<GenAiTokenLabels, Histogram>,
+    /// `gen_ai.client.operation.duration`: model calls' time, seconds.
+    pub gen_ai_operation_duration: Family<GenAiCallLabels, Histogram>,
     /// What each rate-limit bucket holds now, per dimension (the ledger).
     pub rate_limit_used: Family<LimitUseLabels, Gauge>,
     /// Each rate-limit bucket's limit, per dimension (the ledger).
@@ -288,7 +328,10 @@ pub fn global() -> &'static Metrics {
 
 impl Metrics {
     fn new() -> Metrics {
-        let mut r = Registry::with_prefix("switchyard");
+        // Switchyard's own metrics are `switchyard_*`; the GenAI
+        // conventions' keep their names (`gen_ai_*`).
+        let mut root = Registry::default();
+        let r = root.sub_registry_with_prefix("switchyard");
         let seconds = || Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let m = Metrics {
             rpc_requests: Family::default(),
@@ -325,6 +368,16 @@ impl Metrics {
             agent_tokens: Family::default(),
             agent_cost_micro_usd: Family::default(),
             panics: Counter::default(),
+            trace_spans_dropped: Counter::default(),
+            trace_spans_exported: Counter::default(),
+            trace_spans_export_failed: Counter::default(),
+            // The buckets the GenAI conventions advise.
+            gen_ai_token_usage: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(1.0, 4.0, 14))
+            }),
+            gen_ai_operation_duration: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.01, 2.0, 14))
+            }),
             rate_limit_used: Family::default(),
             rate_limit_capacity: Family::default(),
             rate_limit_waiting: Family::default(),
@@ -513,7 +566,36 @@ impl Metrics {
             "Panics in this process (each one a bug; logged at ERROR with where it happened)",
             m.panics.clone(),
         );
-        Metrics { registry: r, ..m }
+        r.register(
+            "trace_spans_dropped",
+            "Spans dropped because the span export queue was full (telemetry.span_queue)",
+            m.trace_spans_dropped.clone(),
+        );
+        r.register(
+            "trace_spans_exported",
+            "Spans the OTLP collector accepted",
+            m.trace_spans_exported.clone(),
+        );
+        r.register(
+            "trace_spans_export_failed",
+            "Spans whose OTLP export failed (collector unreachable or refusing)",
+            m.trace_spans_export_failed.clone(),
+        );
+        root.register(
+            "gen_ai_client_token_usage",
+            "Tokens used per model call, by direction (OpenTelemetry GenAI gen_ai.client.token.usage)",
+            m.gen_ai_token_usage.clone(),
+        );
+        root.register_with_unit(
+            "gen_ai_client_operation_duration",
+            "Model calls' duration (OpenTelemetry GenAI gen_ai.client.operation.duration)",
+            prometheus_client::registry::Unit::Seconds,
+            m.gen_ai_operation_duration.clone(),
+        );
+        Metrics {
+            registry: root,
+            ..m
+        }
     }
 
     /// Registers a source of gauges, read at every scrape while it lives.

@@ -3,6 +3,7 @@
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` is set). Call [`init`] first thing and
 //! [`TelemetryGuard::shutdown`] last, to flush spans.
 
+mod counted;
 mod human;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,10 +17,27 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
 static OTEL_ENABLED: AtomicBool = AtomicBool::new(false);
+static CAPTURE_CONTENT: AtomicBool = AtomicBool::new(false);
+
+/// True when model calls' spans carry their messages
+/// (`gen_ai.input.messages`, `gen_ai.output.messages`): only when
+/// `telemetry.capture_message_content` or the conventions' own
+/// `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true` asks — never by
+/// default, since prompts hold what users typed.
+pub fn capture_message_content() -> bool {
+    CAPTURE_CONTENT.load(Ordering::Relaxed)
+}
 
 /// True when spans are exported over OTLP.
 pub fn otel_enabled() -> bool {
     OTEL_ENABLED.load(Ordering::Relaxed)
+}
+
+/// A count as a span attribute. tracing-opentelemetry exports a `u64`
+/// field as text and an `i64` as a number, so counts are recorded as `i64`
+/// (saturating: no count here comes near 2^63).
+pub fn int(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// Log output format.
@@ -53,9 +71,16 @@ pub struct TelemetryConfig {
     /// Fraction of traces exported, decided once per trace at its root (a
     /// job's trace is kept or dropped whole); 1.0 keeps every trace.
     pub trace_sample_ratio: f64,
-    /// Spans buffered for export; beyond it new spans are dropped (and
-    /// counted in the exporter's shutdown log). Sized for bursts of jobs.
+    /// Spans buffered for export (queued or being sent); beyond it new
+    /// spans are dropped and counted (`switchyard_trace_spans_dropped_total`).
+    /// Sized for bursts of jobs; at least 512.
     pub span_queue: usize,
+    /// Put model calls' messages on their `chat` spans
+    /// (`gen_ai.input.messages`, `gen_ai.output.messages`, as the GenAI
+    /// conventions name them). Off by default: prompts and completions hold
+    /// what users and models wrote, and a trace backend is rarely cleared
+    /// to keep them.
+    pub capture_message_content: bool,
 }
 
 impl Default for TelemetryConfig {
@@ -68,6 +93,7 @@ impl Default for TelemetryConfig {
             service_name: String::new(),
             trace_sample_ratio: 1.0,
             span_queue: 65_536,
+            capture_message_content: false,
         }
     }
 }
@@ -197,14 +223,25 @@ pub fn init_as(
                 .map_err(|e| TelemetryError::Exporter(ep, e.to_string()))?;
             let trace_filter = EnvFilter::try_new(&cfg.trace_filter)
                 .map_err(|e| TelemetryError::Filter(cfg.trace_filter.clone(), e.to_string()))?;
+            let queue = cfg.span_queue.max(512);
             let batch = opentelemetry_sdk::trace::BatchConfigBuilder::default()
-                .with_max_queue_size(cfg.span_queue.max(512))
-                .with_max_export_batch_size(4_096.min(cfg.span_queue.max(512)))
+                .with_max_queue_size(queue)
+                .with_max_export_batch_size(4_096.min(queue))
                 .with_scheduled_delay(std::time::Duration::from_millis(500))
                 .build();
-            let processor = opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter)
-                .with_batch_config(batch)
-                .build();
+            // Every span the queue cannot take is counted, not lost silently.
+            let stats = std::sync::Arc::new(counted::Stats::default());
+            let exporter = counted::Counted {
+                inner: exporter,
+                stats: stats.clone(),
+            };
+            let processor = counted::Admit {
+                inner: opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter)
+                    .with_batch_config(batch)
+                    .build(),
+                stats,
+                cap: queue,
+            };
             let ratio = cfg.trace_sample_ratio.clamp(0.0, 1.0);
             // Head sampling by trace: a job's spans share its trace id, so
             // a sampled job is exported whole.
@@ -250,5 +287,8 @@ pub fn init_as(
         .try_init()
         .map_err(|e| TelemetryError::AlreadyInit(e.to_string()))?;
     OTEL_ENABLED.store(provider.is_some(), Ordering::Relaxed);
+    let asked = std::env::var("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT")
+        .is_ok_and(|v| v.eq_ignore_ascii_case("true"));
+    CAPTURE_CONTENT.store(cfg.capture_message_content || asked, Ordering::Relaxed);
     Ok(TelemetryGuard { provider })
 }

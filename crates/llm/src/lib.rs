@@ -26,6 +26,7 @@ pub mod llama;
 pub mod openai;
 #[cfg(any(test, feature = "scripted"))]
 pub mod scripted;
+mod semconv;
 
 pub use config::{LlmConfig, ModelConfig, ProviderConfig, ProviderKind, StructuredOutput};
 
@@ -612,6 +613,8 @@ pub struct Llm {
     /// provider → the name of its upstream key (its `api_key_env`, or its
     /// own name without one): what rate limits and cooldowns key on.
     keys: HashMap<String, String>,
+    /// provider → its `gen_ai.provider.name` (by its wire).
+    wires: HashMap<String, &'static str>,
     max_rounds: u32,
     max_retry_after: Duration,
     check_interval: Duration,
@@ -676,6 +679,8 @@ impl Llm {
             p.api_key_env.clone()
         };
         self.keys.insert(p.name.clone(), key);
+        self.wires
+            .insert(p.name.clone(), semconv::provider_name(p.kind));
         self.order.push((
             p.name.clone(),
             p.models.iter().map(|m| m.name.clone()).collect(),
@@ -1036,12 +1041,17 @@ impl Llm {
                     tried.push(format!("{model} via {}: {why}", served.provider));
                     continue;
                 }
+                let wire = self
+                    .wires
+                    .get(&served.provider)
+                    .copied()
+                    .unwrap_or("openai");
+                let span = semconv::chat_span(model, &served.provider, wire, round, req);
                 let r = match self.not_served(&served.provider, model).await {
                     Some(e) => Err(e),
                     None => {
-                        let span = tracing::info_span!("llm.chat", model = %model, provider = %served.provider, round);
                         let call = provider.chat(model, req, stream.as_ref());
-                        let call = tracing::Instrument::instrument(call, span);
+                        let call = tracing::Instrument::instrument(call, span.clone());
                         match tokio::time::timeout(left, call).await {
                             Ok(r) => r,
                             Err(_) => Err(ProviderError::Timeout),
@@ -1049,6 +1059,11 @@ impl Llm {
                     }
                 };
                 let latency_ms = started.elapsed().as_millis() as u64;
+                match &r {
+                    Ok(resp) => semconv::answered(&span, wire, model, resp, started.elapsed()),
+                    Err(e) => semconv::failed(&span, wire, model, e, started.elapsed()),
+                }
+                drop(span);
                 match r {
                     Ok(resp) => {
                         on_call(&CallRecord {

@@ -1566,13 +1566,19 @@ impl Executor {
             }),
             budget_left: budget_left(remaining),
         };
-        let propose = waiter.call(Service::Approval, || {
+        let span = crate::spans::propose(
+            &spec.correlation_id,
+            propose.run.as_ref().unwrap_or(&ap::Run::default()),
+        );
+        let proposing = waiter.call(Service::Approval, || {
             clients.approval.propose(propose.clone())
         });
-        let (budget, out) = tokio::join!(budget, propose);
+        let proposing = tracing::Instrument::instrument(proposing, span.clone());
+        let (budget, out) = tokio::join!(budget, proposing);
         match (budget, out) {
             (Ok(_), Ok(out)) => {
                 let auto = approved_by(&out);
+                crate::spans::proposed(&span, auto.as_deref());
                 let run = out.run.unwrap_or_default();
                 let kind = switchyard_policy::PrincipalKind::from_kind(submitter.kind.as_str());
                 let spent = spend_decided(&run, kind, parent.is_some(), remaining);

@@ -1004,18 +1004,12 @@ fn strip_outputs(j: &mut Job) {
     }
 }
 
-/// Counts a live task move in the process's metrics: every attempt that
-/// starts, and each task's final success or failure, by kind.
-fn count_task(kind: Option<&switchyard_proto::executor::v1::task_spec::Kind>, to: TaskState) {
+/// A task kind's name, as metrics and spans say it.
+pub(crate) fn kind_name(
+    kind: Option<&switchyard_proto::executor::v1::task_spec::Kind>,
+) -> &'static str {
     use switchyard_proto::executor::v1::task_spec::Kind;
-    let m = switchyard_kit::metrics::global();
-    let family = match to {
-        TaskState::Running => &m.tasks_started,
-        TaskState::Succeeded => &m.tasks_succeeded,
-        TaskState::Failed => &m.tasks_failed,
-        _ => return,
-    };
-    let kind = match kind {
+    match kind {
         Some(Kind::Command(_)) => "command",
         Some(Kind::Agent(_)) => "agent",
         Some(Kind::Llm(_)) => "llm",
@@ -1023,7 +1017,20 @@ fn count_task(kind: Option<&switchyard_proto::executor::v1::task_spec::Kind>, to
         Some(Kind::Input(_)) => "input",
         Some(Kind::Conversation(_)) => "conversation",
         None => "unknown",
+    }
+}
+
+/// Counts a live task move in the process's metrics: every attempt that
+/// starts, and each task's final success or failure, by kind.
+fn count_task(kind: Option<&switchyard_proto::executor::v1::task_spec::Kind>, to: TaskState) {
+    let m = switchyard_kit::metrics::global();
+    let family = match to {
+        TaskState::Running => &m.tasks_started,
+        TaskState::Succeeded => &m.tasks_succeeded,
+        TaskState::Failed => &m.tasks_failed,
+        _ => return,
     };
+    let kind = kind_name(kind);
     family
         .get_or_create(&switchyard_kit::metrics::TaskLabels { kind: kind.into() })
         .inc();

@@ -354,7 +354,20 @@ impl Driver {
         let claim = if claimed {
             Claimed::Yes
         } else {
-            self.claim(&run_id).await
+            let correlation_id = context::current()
+                .map(|c| c.correlation_id)
+                .unwrap_or_default();
+            let span = crate::spans::approval_wait(&correlation_id, &run_id);
+            let claim = tracing::Instrument::instrument(self.claim(&run_id), span.clone()).await;
+            span.record(
+                "switchyard.approval.outcome",
+                match &claim {
+                    Claimed::Yes => "claimed",
+                    Claimed::Stopping => "stopping",
+                    Claimed::Gone(..) => "gone",
+                },
+            );
+            claim
         };
         // The run is ours; then one of the tenant's running-job slots.
         let claim = match claim {

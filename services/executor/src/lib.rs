@@ -58,6 +58,7 @@ mod queue;
 mod relay;
 mod rerun;
 mod schedule;
+mod spans;
 pub mod spec;
 mod store;
 mod timetable;

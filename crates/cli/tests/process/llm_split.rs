@@ -33,6 +33,22 @@ pub(crate) fn scripted() -> (Script, String, std::sync::mpsc::Sender<()>) {
     (script, url, stop_tx)
 }
 
+/// A provider at `llm_url` (its key in `SWITCHYARD_TEST_LLM_KEY`) serving
+/// gpt-4o-mini at its list prices.
+pub(crate) fn gpt_4o_mini(llm_url: &str) -> String {
+    format!(
+        r#"
+[[llm.providers]]
+name = "openai"
+base_url = "{llm_url}"
+api_key_env = "SWITCHYARD_TEST_LLM_KEY"
+models = [
+  {{ name = "gpt-4o-mini", input_micro_usd_per_million = 150000, output_micro_usd_per_million = 600000 }},
+]
+"#
+    )
+}
+
 /// The three processes of these tests, their data under `dir`: the core
 /// services (with `core_cfg`, if any), the executor (with `cfg`), and
 /// `switchyard agents serve` hosting `agents_dir`; `env` goes to the
@@ -362,18 +378,11 @@ fn mcp_tools_and_a2a_agents_serve_tasks_and_declarative_agents_across_processes(
     std::fs::write(
         &config,
         format!(
-            r#"
-[[llm.providers]]
-name = "openai"
-base_url = "{llm_url}"
-api_key_env = "SWITCHYARD_TEST_LLM_KEY"
-models = [
-  {{ name = "gpt-4o-mini", input_micro_usd_per_million = 150000, output_micro_usd_per_million = 600000 }},
-]
-
+            r#"{}
 [registry.mcp]
 read_paths = ["/usr", "/lib", "/lib64", "/bin", "/etc/ld.so.cache", "/etc/ssl/openssl.cnf", "{servers}"]
 "#,
+            gpt_4o_mini(&llm_url),
             servers = servers.display(),
         ),
     )

@@ -51,6 +51,37 @@ fn classify(s: tonic::Status) -> CallError {
     }
 }
 
+/// Records an agent call's outcome on its `invoke_agent` span.
+fn answered(span: &tracing::Span, called: &Result<AgentResponse, CallError>) {
+    match called {
+        Ok(r) => {
+            let status = ResponseStatus::try_from(r.status).unwrap_or(ResponseStatus::Unspecified);
+            span.record("switchyard.agent.status", status.as_str_name());
+            span.record(
+                "switchyard.agent.tokens_used",
+                switchyard_kit::telemetry::int(r.tokens_used),
+            );
+            if let Some(c) = &r.cost {
+                span.record("switchyard.cost.micro_usd", c.micro_usd);
+            }
+            if !r.model_used.is_empty() {
+                span.record("gen_ai.response.model", r.model_used.as_str());
+            }
+            if status != ResponseStatus::Success {
+                crate::spans::failed(span, status.as_str_name());
+            }
+        }
+        Err(e) => crate::spans::failed(
+            span,
+            match e {
+                CallError::Timeout => "timeout",
+                CallError::Unreachable(_) => "unreachable",
+                CallError::Failed(_) => "failed",
+            },
+        ),
+    }
+}
+
 /// After one candidate: the attempt's outcome, or try the next one.
 enum Next {
     Done(Outcome),
@@ -110,7 +141,13 @@ impl Attempt<'_> {
     async fn agent_among(&self, a: &AgentTask, input: Value, only: Option<&str>) -> Outcome {
         let (x, snap) = (self.x, self.snap);
         let waiter = self.spender().waiter();
-        let routed = match waiter.call(Service::Router, || x.route(a)).await {
+        let span = crate::spans::route(snap, &a.capability);
+        let routing = waiter.call(Service::Router, || x.route(a));
+        let routing = tracing::Instrument::instrument(routing, span.clone()).await;
+        if let Err(e) = &routing {
+            crate::spans::failed(&span, crate::spans::code(e));
+        }
+        let routed = match routing {
             Ok(r) => r,
             Err(e) if switchyard_kit::error::is_outage(&e) => {
                 let why = format!(
@@ -130,6 +167,8 @@ impl Attempt<'_> {
         }
         // prefer_agents first, keeping the router's order otherwise.
         candidates.sort_by_key(|c| !a.prefer_agents.contains(&c.agent_id));
+        crate::spans::routed(&span, &candidates);
+        drop(span);
         let book = &self.x.inner.book;
         book.note(
             &snap.job_id,
@@ -283,7 +322,11 @@ impl Attempt<'_> {
             ));
         }
         let started = Instant::now();
-        let called = self.call_agent(a, c, input, tokens).await;
+        let span = crate::spans::invoke_agent(snap, &c.agent_id, &a.capability);
+        let called = self.call_agent(a, c, input, tokens);
+        let called = tracing::Instrument::instrument(called, span.clone()).await;
+        answered(&span, &called);
+        drop(span);
         let call = Called {
             spender: &spender,
             a,

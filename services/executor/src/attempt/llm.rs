@@ -929,6 +929,49 @@ impl TaskHost<'_> {
     }
 }
 
+impl TaskHost<'_> {
+    /// Runs a tool call where its name routes it.
+    async fn route_tool(&self, name: &str, call_id: &str, args: Value) -> Result<Value, String> {
+        match self.routes.get(name) {
+            Some(Route::Command(def)) => self.run_command(def, args).await,
+            Some(Route::Provider(endpoint)) => {
+                self.run_provider(endpoint, name, call_id, args).await
+            }
+            Some(Route::Mcp) => self.run_mcp(name, call_id, args).await,
+            Some(Route::Agent {
+                agent_id,
+                capability,
+                ..
+            }) => self.run_agent(agent_id, capability, call_id, args).await,
+            Some(Route::Delegate) => self.delegate(args).await,
+            Some(Route::Handoff {
+                agent_id,
+                capability,
+            }) => {
+                let task = args
+                    .get("task")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned();
+                let mut h = self.handoff.lock().map_err(|e| e.to_string())?;
+                if h.is_some() {
+                    return Err("the conversation is already handed off in this turn".to_owned());
+                }
+                *h = Some(HandoffTo {
+                    agent_id: agent_id.clone(),
+                    capability: capability.clone(),
+                    task,
+                });
+                Ok(json!({"handed_off_to": agent_id}))
+            }
+            Some(Route::Missing) | None => Err(format!(
+                "{}: tool {name:?} has no provider: register it with the registry (RegisterTool with an endpoint) or give it a command",
+                Reason::ToolNotFound
+            )),
+        }
+    }
+}
+
 impl Host for TaskHost<'_> {
     fn aim(&self, _call: u32, t: &switchyard_llm::Target) {
         self.claims.aim(&t.provider, &t.model, &t.key);
@@ -1038,46 +1081,18 @@ impl Host for TaskHost<'_> {
         call_id: &'a str,
         args: Value,
     ) -> BoxFuture<'a, Result<Value, String>> {
+        let kind = match self.routes.get(name) {
+            Some(Route::Command(_) | Route::Provider(_)) => "function",
+            _ => "extension",
+        };
+        let span = crate::spans::execute_tool(self.snap, name, call_id, kind);
+        let call = self.route_tool(name, call_id, args);
         Box::pin(async move {
-            match self.routes.get(name) {
-                Some(Route::Command(def)) => self.run_command(def, args).await,
-                Some(Route::Provider(endpoint)) => {
-                    self.run_provider(endpoint, name, call_id, args).await
-                }
-                Some(Route::Mcp) => self.run_mcp(name, call_id, args).await,
-                Some(Route::Agent {
-                    agent_id,
-                    capability,
-                    ..
-                }) => self.run_agent(agent_id, capability, call_id, args).await,
-                Some(Route::Delegate) => self.delegate(args).await,
-                Some(Route::Handoff {
-                    agent_id,
-                    capability,
-                }) => {
-                    let task = args
-                        .get("task")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_owned();
-                    let mut h = self.handoff.lock().map_err(|e| e.to_string())?;
-                    if h.is_some() {
-                        return Err(
-                            "the conversation is already handed off in this turn".to_owned()
-                        );
-                    }
-                    *h = Some(HandoffTo {
-                        agent_id: agent_id.clone(),
-                        capability: capability.clone(),
-                        task,
-                    });
-                    Ok(json!({"handed_off_to": agent_id}))
-                }
-                Some(Route::Missing) | None => Err(format!(
-                    "{}: tool {name:?} has no provider: register it with the registry (RegisterTool with an endpoint) or give it a command",
-                    Reason::ToolNotFound
-                )),
+            let r = tracing::Instrument::instrument(call, span.clone()).await;
+            if r.is_err() {
+                crate::spans::failed(&span, "tool_error");
             }
+            r
         })
     }
 

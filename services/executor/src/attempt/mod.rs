@@ -175,8 +175,14 @@ pub(crate) struct Attempt<'a> {
 }
 
 impl Attempt<'_> {
-    /// Runs the attempt by its task's kind.
+    /// Runs the attempt by its task's kind, in its own span.
     pub(crate) async fn run(&self) -> Outcome {
+        let kind = crate::book::kind_name(self.snap.task.kind.as_ref());
+        let span = crate::spans::task(self.snap, kind);
+        tracing::Instrument::instrument(self.run_kind(), span).await
+    }
+
+    async fn run_kind(&self) -> Outcome {
         match self.snap.task.kind.clone() {
             Some(Kind::Command(c)) => self.command(&c).await,
             Some(Kind::Agent(a)) => {
@@ -264,7 +270,7 @@ impl<'a> Spender<'a> {
     }
 
     /// Holds `tokens` and `cost` on the job's budget for `purpose`, after
-    /// checking the task's cost limit.
+    /// checking the task's cost limit (span `switchyard.budget.reserve`).
     pub(crate) async fn reserve(
         &self,
         purpose: Purpose,
@@ -273,6 +279,18 @@ impl<'a> Spender<'a> {
         key: String,
         note: String,
     ) -> Result<Hold, NotHeld> {
+        let span = crate::spans::budget(self.snap, "reserve", tokens, cost);
+        let held = tracing::Instrument::instrument(
+            self.hold(purpose, tokens, cost, key, note),
+            span.clone(),
+        )
+        .await;
+        crate::spans::reserved(&span, &held);
+        held
+    }
+
+    #[rustfmt::skip]
+    async fn hold(&self, purpose: Purpose, tokens: u64, cost: i64, key: String, note: String) -> Result<Hold, NotHeld> {
         let (job_id, task_id) = (&self.snap.job_id, &self.snap.task.id);
         let limit = self.snap.task.cost_limit.map(|m| m.micro_usd);
         if let Some(limit) = limit {
@@ -462,26 +480,37 @@ impl<'a> Spender<'a> {
         {
             entry.capability.clone_from(&a.capability);
         }
-        let committed = self
-            .waiter()
-            .call(Service::Ledger, || hold.commit(tokens, cost, entry.clone()))
-            .await;
+        let span = crate::spans::budget(self.snap, "commit", tokens, cost);
+        span.record("switchyard.budget.reservation_id", hold.id());
+        let waiter = self.waiter();
+        let committed = waiter.call(Service::Ledger, || hold.commit(tokens, cost, entry.clone()));
+        let committed = tracing::Instrument::instrument(committed, span.clone()).await;
         match committed {
-            Ok(c) => self.note(JobEvent::Committed(events::Committed {
-                reservation_id: hold.id().to_owned(),
-                tokens,
-                cost_micro_usd: cost,
-                overrun: c.overrun,
-            })),
+            Ok(c) => {
+                span.record("switchyard.budget.outcome", "committed");
+                span.record("switchyard.budget.overrun", c.overrun);
+                self.note(JobEvent::Committed(events::Committed {
+                    reservation_id: hold.id().to_owned(),
+                    tokens,
+                    cost_micro_usd: cost,
+                    overrun: c.overrun,
+                }))
+            }
             Err(e) => {
+                crate::spans::failed(&span, crate::spans::code(&e));
                 tracing::warn!(job_id = %self.snap.job_id, reservation_id = hold.id(), error = %e.message(), "commit failed; the reservation's TTL bounds the hold")
             }
         }
     }
 
-    /// Releases `hold` unused and records why.
+    /// Releases `hold` unused and records why (span
+    /// `switchyard.budget.release`).
     pub(crate) async fn release(&self, hold: &Hold, why: &str) {
-        release(self.x, &self.snap.job_id, &self.snap.task.id, hold, why).await;
+        let span = crate::spans::budget(self.snap, "release", 0, 0);
+        span.record("switchyard.budget.reservation_id", hold.id());
+        span.record("switchyard.budget.why", why);
+        let released = release(self.x, &self.snap.job_id, &self.snap.task.id, hold, why);
+        tracing::Instrument::instrument(released, span).await;
     }
 }
 
