@@ -156,7 +156,7 @@ pub(crate) fn propose(
     correlation_id: &str,
     run: &switchyard_proto::approval::v1::Run,
 ) -> tracing::Span {
-    let estimate = run.cost_estimate.clone().unwrap_or_default();
+    let estimate = run.cost_estimate.unwrap_or_default();
     tracing::info_span!(
         "switchyard.approval.propose",
         otel.name = "switchyard.approval.propose",
