@@ -221,6 +221,17 @@ class WholeTests(unittest.TestCase):
         self.assertEqual(c.report([failed], out), 1)
         self.assertIn("conformant level: none", out.getvalue())
 
+    def test_a_failure_by_design_passes_the_run_and_a_listed_test_that_passes_fails_it(self):
+        import io
+        ok = c.Result("a", 0, "", "level-0-core/x.json")
+        failed = c.Result("b", 0, "", "ext-ai-agents/y.json", "step-1: $.job.state: 'pending'")
+        out = io.StringIO()
+        self.assertEqual(c.report([ok, failed], out, {"b": "a person approves spend"}), 0)
+        self.assertIn("b: fails as expected: a person approves spend", out.getvalue())
+        out = io.StringIO()
+        self.assertEqual(c.report([ok, failed], out, {"a": "stale", "b": "why"}), 1)
+        self.assertIn("a: PASSES but is listed as failing by design", out.getvalue())
+
 
 if __name__ == "__main__":
     unittest.main()

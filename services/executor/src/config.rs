@@ -102,9 +102,12 @@ pub struct ExecutorConfig {
     pub queue_visibility_timeout_ms: u64,
     /// Answer a pull worker's heartbeat with `quiet` or `terminate` when a
     /// job it holds says so in its OJS envelope's
-    /// `options.metadata.test_directive`, as the OJS conformance suite's
-    /// worker-signal tests expect. Off by default: it lets a producer stop
-    /// workers.
+    /// `options.metadata.test_directive` (the OJS worker protocol's
+    /// directives, as its conformance suite drives them). Only a job of
+    /// the worker's own tenant signals, only a worker scoped to that
+    /// tenant, and only while it holds the job — a producer reaches no
+    /// other tenant's worker and no cross-tenant service worker. On by
+    /// default; `false` where producers must not signal workers at all.
     pub queue_test_directives: bool,
     /// How often pending jobs check their approval run, ms.
     pub approval_poll_ms: u64,
@@ -305,7 +308,7 @@ impl Default for ExecutorConfig {
             lease_secs: 60,
             drain_grace_ms: 10_000,
             queue_visibility_timeout_ms: 30_000,
-            queue_test_directives: false,
+            queue_test_directives: true,
             approval_poll_ms: 250,
             schedule_poll_ms: 1_000,
             notifications: NotificationsConfig::default(),

@@ -836,7 +836,7 @@ impl Executor {
         let mut state = Board::worker_state(&st, &req.worker_id);
         drop(st);
         if self.inner.cfg.queue_test_directives && state == WorkerState::Running {
-            state = self.test_directive(&held).unwrap_or(state);
+            state = self.test_directive(p, &held).unwrap_or(state);
         }
         Ok(HeartbeatResponse {
             state: state as i32,
@@ -845,14 +845,23 @@ impl Executor {
         })
     }
 
-    /// The OJS conformance suite's worker signals
+    /// The OJS worker signals a job may carry
     /// (`executor.queue_test_directives`): `quiet` or `terminate` from
-    /// `options.metadata.test_directive` of a held job's envelope.
-    fn test_directive(&self, held: &[String]) -> Option<WorkerState> {
+    /// `options.metadata.test_directive` of a job the worker holds — only
+    /// a job of the worker's own tenant, and only to a worker scoped to one
+    /// tenant: a producer can signal its own tenant's worker while it
+    /// holds the producer's job, never another tenant's or a cross-tenant
+    /// service worker. It ends when the job is no longer held.
+    fn test_directive(&self, worker: &Principal, held: &[String]) -> Option<WorkerState> {
+        let tenant = worker.tenant_scope()?;
         let st = self.inner.book.lock();
         held.iter()
             .filter_map(|id| {
-                let env = st.find(id)?.spec().envelope.as_ref()?;
+                let e = st.find(id)?;
+                if e.job.tenant != tenant {
+                    return None;
+                }
+                let env = e.spec().envelope.as_ref()?;
                 let v = switchyard_kit::json::struct_to_json(env);
                 match v.pointer("/options/metadata/test_directive")?.as_str()? {
                     "terminate" => Some(WorkerState::Terminate),

@@ -13,7 +13,7 @@ use switchyard_proto::executor::v1::worker_service_client::WorkerServiceClient;
 use switchyard_proto::executor::v1::{
     AckRequest, DeleteDeadLetterRequest, FetchRequest, GetJobRequest, HeartbeatRequest, Job,
     JobState, LeasedTask, ListJobsRequest, NackRequest, RetryDeadLetterRequest, SubmitJobRequest,
-    TaskRef, TaskState, WatchJobRequest, WorkerError,
+    TaskRef, TaskState, WatchJobRequest, WorkerError, WorkerState,
 };
 use switchyard_testkit::Stack;
 
@@ -485,6 +485,77 @@ async fn a_worker_hands_over_artifacts_with_its_ack_and_a_kind_the_job_does_not_
     assert!(listed.is_empty(), "all or nothing: {listed:?}");
 }
 
+/// A heartbeat of `worker` holding `job`: the state it is told.
+async fn told(w: &mut Workers, worker: &str, job: Option<&str>) -> i32 {
+    let hb = w
+        .heartbeat(HeartbeatRequest {
+            worker_id: worker.into(),
+            active: job
+                .map(|j| TaskRef {
+                    job_id: j.into(),
+                    ..Default::default()
+                })
+                .into_iter()
+                .collect(),
+            visibility_timeout: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(hb.extended, u32::from(job.is_some()), "{hb:?}");
+    hb.state
+}
+
+/// The OJS worker directives a job carries (`options.metadata.test_directive`,
+/// on by default): told to the worker of the job's tenant while it holds
+/// the job, and never to a cross-tenant service worker.
+async fn a_job_signals_only_its_own_tenants_worker_and_only_while_it_is_held(b: Backend) {
+    let (s, mut jobs, mut workers) = stack(&b).await;
+    let meta = |d: &str| format!(r#", "metadata": {{"test_directive": "{d}"}}"#);
+    let quiet = enqueue(&mut jobs, "signals", &meta("quiet")).await;
+    fetch(&mut workers, "signals", "w1", 5_000).await;
+    assert_eq!(
+        told(&mut workers, "w1", Some(&quiet)).await,
+        WorkerState::Quiet as i32
+    );
+    acked(&mut workers, &quiet, 1, "w1").await;
+    assert_eq!(
+        told(&mut workers, "w1", None).await,
+        WorkerState::Running as i32,
+        "the signal ends with the job"
+    );
+
+    // The cluster's service token works across tenants: no producer's job
+    // signals it.
+    let term = enqueue(&mut jobs, "signals", &meta("terminate")).await;
+    let mut service = WorkerServiceClient::new(s.channel_as("operator").await.unwrap());
+    fetch(&mut service, "signals", "svc", 5_000).await;
+    assert_eq!(
+        told(&mut service, "svc", Some(&term)).await,
+        WorkerState::Running as i32
+    );
+    acked(&mut service, &term, 1, "svc").await;
+
+    // Another tenant's worker cannot hold the job at all.
+    let other = enqueue(&mut jobs, "signals", &meta("terminate")).await;
+    let b_key = tenant_key(
+        &s,
+        "tenant-b",
+        "b-worker",
+        &["agent"],
+        switchyard_proto::auth::v1::PrincipalKind::Agent,
+    )
+    .await;
+    let mut mallory = WorkerServiceClient::new(s.channel_with(&b_key).await.unwrap());
+    let none = fetch(&mut mallory, "signals", "b1", 100).await;
+    assert!(none.is_empty(), "{none:?}");
+    fetch(&mut workers, "signals", "w2", 5_000).await;
+    assert_eq!(
+        told(&mut workers, "w2", Some(&other)).await,
+        WorkerState::Terminate as i32
+    );
+}
+
 switchyard_testkit::on_both_backends!(
     sled, postgres;
     a_task_is_leased_to_one_worker_and_only_its_holder_completes_it,
@@ -495,4 +566,5 @@ switchyard_testkit::on_both_backends!(
     a_dead_lettered_job_is_retried_as_a_new_round_or_deleted_by_an_operator_only,
     the_sdk_worker_acks_results_nacks_failures_and_drains_its_work_on_shutdown,
     a_worker_hands_over_artifacts_with_its_ack_and_a_kind_the_job_does_not_allow_fails_it,
+    a_job_signals_only_its_own_tenants_worker_and_only_while_it_is_held,
 );
