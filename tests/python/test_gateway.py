@@ -265,6 +265,11 @@ def check_a2a_door_reads_and_cancels_a_job_as_the_caller():
     assert r.status_code == 200, r.text
     card = r.json()
     assert card["supportedInterfaces"][0]["protocolBinding"] == "JSONRPC", card
+    # Signed (switchyard dev keeps a key): its key set is public too.
+    r = call("GET", "/.well-known/jwks.json", "/.well-known/jwks.json")
+    assert r.status_code == 200, r.text
+    kids = [k["kid"] for k in r.json()["keys"]]
+    assert card["signatures"] and kids, (card, kids)
     slow = {"task_id": "py-a2a-1", "subtasks": [{"subtask_id": "nap", "agent_capability": "builtin.sleep", "input": {"ms": 60000}}]}
     assert call("POST", "/aitp/tasks", "/aitp/tasks", ALICE, json=slow).status_code == 201
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::A2aError;
+use crate::signature::{self, Keys};
 
 /// The A2A protocol version Switchyard speaks.
 pub const PROTOCOL_VERSION: &str = "1.0";
@@ -135,27 +136,87 @@ impl Card {
         })
     }
 
-    /// Fetches and reads the card at `url` within `timeout`.
+    /// Fetches and reads the card at `url` within `timeout`: the card, and
+    /// its JSON as served (what its signatures sign).
     pub async fn fetch(
         http: &reqwest::Client,
         url: &str,
         timeout: Duration,
-    ) -> Result<Card, A2aError> {
-        let unreachable =
-            |e: String| A2aError::Unreachable(format!("reading the Agent Card at {url}: {e}"));
-        let resp = http
-            .get(url)
-            .timeout(timeout)
-            .header("accept", "application/json")
-            .send()
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        if !resp.status().is_success() {
-            return Err(unreachable(format!("HTTP {}", resp.status())));
-        }
-        let body = resp.bytes().await.map_err(|e| unreachable(e.to_string()))?;
-        Card::parse(&body).map_err(|e| A2aError::Protocol(format!("the Agent Card at {url}: {e}")))
+    ) -> Result<(Card, serde_json::Value), A2aError> {
+        let body = get(http, url, timeout, "the Agent Card").await?;
+        let protocol = |e: String| A2aError::Protocol(format!("the Agent Card at {url}: {e}"));
+        let card = Card::parse(&body).map_err(protocol)?;
+        let json = serde_json::from_slice(&body).map_err(|e| protocol(e.to_string()))?;
+        Ok((card, json))
     }
+
+    /// The keys a signed card's signatures name with `jku`, when that is on
+    /// the card's own origin (scheme, host and port of `card_url`): a key
+    /// set elsewhere could be anyone's. `Ok(None)`: no signature names one
+    /// there.
+    pub async fn jku_keys(
+        http: &reqwest::Client,
+        card_url: &str,
+        json: &serde_json::Value,
+        timeout: Duration,
+    ) -> Result<Option<Keys>, A2aError> {
+        let Some(jku) = signature::headers(json)
+            .into_iter()
+            .filter_map(|h| h.jku)
+            .find(|jku| same_origin(jku, card_url))
+        else {
+            return Ok(None);
+        };
+        let body = get(http, &jku, timeout, "the card's signing keys").await?;
+        let text = String::from_utf8_lossy(&body);
+        Keys::parse(&text)
+            .map(Some)
+            .map_err(|e| A2aError::Protocol(format!("the card's signing keys at {jku}: {e}")))
+    }
+}
+
+/// Whether `a` and `b` are http(s) URLs of one origin.
+fn same_origin(a: &str, b: &str) -> bool {
+    match (reqwest::Url::parse(a), reqwest::Url::parse(b)) {
+        (Ok(a), Ok(b)) => {
+            matches!(a.scheme(), "http" | "https")
+                && a.scheme() == b.scheme()
+                && a.host_str() == b.host_str()
+                && a.port_or_known_default() == b.port_or_known_default()
+                && a.username().is_empty()
+                && a.password().is_none()
+        }
+        _ => false,
+    }
+}
+
+/// The body at `url` (a small JSON document: at most 1 MiB).
+async fn get(
+    http: &reqwest::Client,
+    url: &str,
+    timeout: Duration,
+    what: &str,
+) -> Result<Vec<u8>, A2aError> {
+    const MOST: usize = 1 << 20;
+    let unreachable = |e: String| A2aError::Unreachable(format!("reading {what} at {url}: {e}"));
+    let mut resp = http
+        .get(url)
+        .timeout(timeout)
+        .header("accept", "application/json")
+        .send()
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    if !resp.status().is_success() {
+        return Err(unreachable(format!("HTTP {}", resp.status())));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| unreachable(e.to_string()))? {
+        body.extend_from_slice(&chunk);
+        if body.len() > MOST {
+            return Err(unreachable(format!("larger than {MOST} bytes")));
+        }
+    }
+    Ok(body)
 }
 
 /// The capability a skill becomes: its id in lowercase, each dot-separated
@@ -252,6 +313,23 @@ mod tests {
                 .unwrap_err()
                 .contains("not an Agent Card")
         );
+    }
+
+    #[test]
+    fn a_signing_key_set_is_fetched_only_from_the_cards_own_origin() {
+        let card = "https://agents.example.com/.well-known/agent-card.json";
+        assert!(same_origin("https://agents.example.com/keys.json", card));
+        assert!(same_origin("https://agents.example.com:443/k", card));
+        for other in [
+            "http://agents.example.com/keys.json",
+            "https://agents.example.com:8443/keys.json",
+            "https://evil.example/keys.json",
+            "https://agents.example.com.evil.example/k",
+            "https://me@agents.example.com/k",
+            "file:///etc/keys.json",
+        ] {
+            assert!(!same_origin(other, card), "{other}");
+        }
     }
 
     #[test]

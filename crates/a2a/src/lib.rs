@@ -1,12 +1,13 @@
-//! Agent2Agent (A2A 1.0) in Switchyard: reading Agent Cards ([`card`]), a
-//! JSON-RPC client that follows a task's streamed updates and cancels it
-//! ([`client`]), and [`A2aAgent`], an A2A agent behind the `AgentService`
-//! contract. The registry reads cards (RegisterA2aAgent, and to keep an A2A
+//! Agent2Agent (A2A 1.0) in Switchyard: reading Agent Cards ([`card`]) and
+//! checking or making their signatures ([`signature`]), a JSON-RPC client
+//! that follows a task's streamed updates and cancels it ([`client`]), and
+//! [`A2aAgent`], an A2A agent behind the `AgentService` contract. The registry reads cards (RegisterA2aAgent, and to keep an A2A
 //! agent's lease); the executor invokes A2A agents through [`A2aAgent`].
 
 pub mod agent;
 pub mod card;
 pub mod client;
+pub mod signature;
 
 pub use agent::A2aAgent;
 pub use card::Card;

@@ -406,8 +406,12 @@ pub async fn agent(cmd: AgentCmd) -> anyhow::Result<()> {
                     Format::Table => {
                         let caps: Vec<&str> =
                             spec.capabilities.iter().map(|c| c.name.as_str()).collect();
+                        let signed = match spec.a2a.as_ref().map(|a| a.card_signed_by.as_str()) {
+                            Some("") | None => "card unsigned".to_owned(),
+                            Some(kid) => format!("card signed by key {kid}"),
+                        };
                         println!(
-                            "{} A2A agent {} ({}) at {}: {}",
+                            "{} A2A agent {} ({}) at {}: {} ({signed})",
                             if r.created { "registered" } else { "updated" },
                             spec.id,
                             spec.name,

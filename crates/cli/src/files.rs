@@ -280,12 +280,32 @@ pub struct A2aAgentFile {
     labels: BTreeMap<String, String>,
     #[serde(default)]
     latency_estimate_ms: u32,
+    /// The public keys trusted to sign the card: a JWKS document, inline.
+    #[serde(default)]
+    card_keys: Option<serde_json::Value>,
+    /// The same, from a JSON file (relative to this file's directory).
+    #[serde(default)]
+    card_keys_file: Option<std::path::PathBuf>,
 }
 
 impl A2aAgentFile {
-    /// Reads an A2A agent file.
+    /// Reads an A2A agent file (and the key set it names, if any).
     pub fn read(path: &Path) -> anyhow::Result<A2aAgentFile> {
-        parse(path)
+        let mut f: A2aAgentFile = parse(path)?;
+        if let Some(keys) = f.card_keys_file.take() {
+            anyhow::ensure!(
+                f.card_keys.is_none(),
+                "{}: give card_keys or card_keys_file, not both",
+                path.display()
+            );
+            let at = path.parent().unwrap_or(Path::new(".")).join(keys);
+            let text = std::fs::read_to_string(&at)
+                .with_context(|| format!("reading card_keys_file {}", at.display()))?;
+            let jwks = serde_json::from_str(&text)
+                .with_context(|| format!("card_keys_file {} is not JSON", at.display()))?;
+            f.card_keys = Some(jwks);
+        }
+        Ok(f)
     }
 
     /// The registration request.
@@ -299,6 +319,7 @@ impl A2aAgentFile {
             max_concurrency: self.max_concurrency,
             labels: self.labels.into_iter().collect(),
             latency_estimate_ms: self.latency_estimate_ms,
+            card_keys: self.card_keys.map(|k| k.to_string()).unwrap_or_default(),
         }
     }
 }

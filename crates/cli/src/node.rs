@@ -216,6 +216,37 @@ impl Listeners {
     }
 }
 
+/// The key the A2A door's Agent Card is signed with and the door's public
+/// URL: `gateway.a2a`'s, or under `switchyard dev` (which writes its
+/// credentials) a key kept in the data directory (`a2a-card-key.pem`, made
+/// on the first start) and the HTTP door's own address. `None`: the card is
+/// served unsigned.
+fn card_key(
+    cfg: &Config,
+    http: Option<std::net::SocketAddr>,
+) -> anyhow::Result<Option<(switchyard_a2a::signature::SigningKey, String)>> {
+    use switchyard_a2a::signature::SigningKey;
+    let a2a = &cfg.gateway.a2a;
+    let (file, url) = match (&a2a.signing_key_file, &a2a.public_url, http) {
+        (Some(f), Some(u), _) => (f.clone(), u.clone()),
+        (None, None, Some(addr)) if cfg.auth.dev_credentials == Some(true) => {
+            let f = cfg.storage.data_dir.join("a2a-card-key.pem");
+            if !f.exists() {
+                let pem = SigningKey::generate_pem().map_err(anyhow::Error::msg)?;
+                switchyard_kit::fs::write_private(&f, pem.as_bytes())
+                    .with_context(|| format!("writing {}", f.display()))?;
+            }
+            (f, format!("http://{addr}"))
+        }
+        _ => return Ok(None),
+    };
+    let pem = std::fs::read_to_string(&file)
+        .with_context(|| format!("reading gateway.a2a.signing_key_file {}", file.display()))?;
+    let key = SigningKey::from_pem(&pem)
+        .map_err(|e| anyhow::anyhow!("gateway.a2a.signing_key_file {}: {e}", file.display()))?;
+    Ok(Some((key, url)))
+}
+
 /// Runs `services` on `listeners` until `shutdown` fires, then drains and
 /// flushes storage.
 pub async fn run_node(
@@ -732,10 +763,14 @@ pub async fn run_node_then(
         // gRPC: this node's port for the services it hosts, the configured
         // URLs for the others. A gRPC client at the HTTP door is told it.
         let own = format!("http://{}", listener.local_addr()?);
-        let gateway =
+        let mut gateway =
             switchyard_gateway::Gateway::new(cfg.gateway.clone(), max, jobs, authenticator.clone())
                 .with_console(console)
                 .with_grpc_address(own.clone());
+        if let Some((key, url)) = card_key(&cfg, addresses.http)? {
+            tracing::info!(kid = %key.kid(), public_url = %url, "the A2A Agent Card is signed");
+            gateway = gateway.with_signed_card(key, &url);
+        }
         let url_of = |here: bool, there: &Option<String>| {
             if here {
                 Some(own.clone())

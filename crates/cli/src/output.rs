@@ -110,6 +110,9 @@ pub fn agent_json(a: &Agent) -> Value {
         "lease_expires_at_ms": ts(&a.lease_expires_at), "registered_at_ms": ts(&a.registered_at),
         "updated_at_ms": ts(&a.updated_at),
         "stats": a.stats.iter().map(stats_json).collect::<Vec<_>>(),
+        "a2a": spec.a2a.as_ref().map(|b| json!({
+            "card_url": b.card_url, "protocol_version": b.protocol_version, "streaming": b.streaming,
+            "card_signed_by": b.card_signed_by, "card_keys_pinned": !b.card_keys.is_empty()})),
     })
 }
 

@@ -56,6 +56,9 @@ reasons! {
     /// An A2A Agent Card could not be read or describes no agent Switchyard
     /// can call.
     A2aAgentUnavailable => "A2A_AGENT_UNAVAILABLE",
+    /// An A2A Agent Card's signature does not verify with a key trusted for
+    /// it, or the card is unsigned where a signature is required.
+    A2aCardUnverified => "A2A_CARD_UNVERIFIED",
     /// A request message is larger than the server accepts.
     MessageTooLarge => "MESSAGE_TOO_LARGE",
     /// The request did not finish within the server's time limit.

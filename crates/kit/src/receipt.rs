@@ -172,46 +172,10 @@ pub fn verify(r: &Receipt, expect: Option<&str>) -> Result<(), ReceiptError> {
         .map_err(|_| ReceiptError::BadSignature)
 }
 
-/// `v` in RFC 8785 canonical form (for the values a receipt holds:
-/// integers, not floats).
+/// `v` in RFC 8785 canonical form ([`crate::jcs`]). A receipt nests a few
+/// levels; one past the limit has no form and verifies against nothing.
 pub fn canonical(v: &Value) -> String {
-    let mut out = String::new();
-    write(&mut out, v);
-    out
-}
-
-fn write(out: &mut String, v: &Value) {
-    match v {
-        Value::Object(m) => {
-            // RFC 8785 §3.2.3: sorted by the keys' UTF-16 code units.
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort_by(|a, b| a.encode_utf16().cmp(b.encode_utf16()));
-            out.push('{');
-            for (i, k) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push(':');
-                write(out, &m[k]);
-            }
-            out.push('}');
-        }
-        Value::Array(a) => {
-            out.push('[');
-            for (i, x) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write(out, x);
-            }
-            out.push(']');
-        }
-        // Strings as serde_json escapes them: `"` and `\`, the short forms
-        // \b \f \n \r \t, other controls as lower-case \u00XX, the rest
-        // as is — ECMAScript's JSON.stringify, which RFC 8785 follows.
-        other => out.push_str(&other.to_string()),
-    }
+    crate::jcs::canonical(v).unwrap_or_default()
 }
 
 #[cfg(test)]

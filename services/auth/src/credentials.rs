@@ -5,7 +5,6 @@
 //! to pick `--as NAME` when talking to a local dev server.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -86,23 +85,8 @@ impl Credentials {
 
     /// Writes the file with mode 0600 (created so; never world-readable).
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
-        let tmp = path.with_extension("json.tmp");
-        let _ = std::fs::remove_file(&tmp);
-        let mut opts = std::fs::OpenOptions::new();
-        opts.write(true).create_new(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            opts.mode(0o600);
-        }
-        let mut f = opts.open(&tmp)?;
-        f.write_all(
-            serde_json::to_string_pretty(self)
-                .map_err(std::io::Error::other)?
-                .as_bytes(),
-        )?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
+        let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
+        switchyard_kit::fs::write_private(path, text.as_bytes())
     }
 }
 

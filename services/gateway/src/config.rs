@@ -40,6 +40,46 @@ pub struct GatewayConfig {
     pub resp: RespConfig,
     /// `[gateway.ojs]`: the OJS HTTP binding on the HTTP door.
     pub ojs: OjsConfig,
+    /// `[gateway.a2a]`: the A2A door's Agent Card and its signature.
+    pub a2a: A2aDoorConfig,
+}
+
+/// `[gateway.a2a]`: how the A2A door's Agent Card is published. With both
+/// settings the card is signed (A2A 1.0 signed Agent Cards: EdDSA over the
+/// card's canonical JSON) and its key published at
+/// `/.well-known/jwks.json`; `switchyard dev` makes a key in its data
+/// directory and uses its own HTTP address. Without them the card is
+/// unsigned and names the address the client asked for.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct A2aDoorConfig {
+    /// The door's public base URL (`https://switchyard.example.com`): the
+    /// card's JSON-RPC interface is `{public_url}/a2a`, never taken from the
+    /// request's Host header once the card is signed (else anyone could
+    /// have a signed card name their host).
+    pub public_url: Option<String>,
+    /// An Ed25519 private key in PKCS#8 PEM (`openssl genpkey -algorithm
+    /// ed25519 -out card-key.pem`) the card is signed with.
+    pub signing_key_file: Option<std::path::PathBuf>,
+}
+
+impl A2aDoorConfig {
+    /// Checks the configuration.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(u) = &self.public_url
+            && !(u.starts_with("https://") || u.starts_with("http://"))
+        {
+            return Err(format!(
+                "gateway.a2a.public_url {u:?} must be an http(s) URL"
+            ));
+        }
+        if self.public_url.is_some() != self.signing_key_file.is_some() {
+            return Err(
+                "gateway.a2a: set both public_url and signing_key_file to sign the Agent Card, or neither".into(),
+            );
+        }
+        Ok(())
+    }
 }
 
 /// `[gateway.console]` configuration.
@@ -270,6 +310,7 @@ impl Default for RespConfig {
 impl GatewayConfig {
     /// Checks the limits.
     pub fn validate(&self) -> Result<(), String> {
+        self.a2a.validate()?;
         if self.http.max_connections_per_ip == 0
             || self.http.header_read_timeout_ms == 0
             || self.http.idle_timeout_ms < 20_000

@@ -48,6 +48,7 @@ pub struct Gateway {
     mcp: Option<switchyard_mcp::server::SwitchyardMcp>,
     console: ConsoleServices,
     grpc: Option<String>,
+    card: Option<Arc<http::a2a::CardSigner>>,
 }
 
 impl Gateway {
@@ -67,7 +68,23 @@ impl Gateway {
             mcp: None,
             console: ConsoleServices::default(),
             grpc: None,
+            card: None,
         }
+    }
+
+    /// Signs the A2A door's Agent Card with `key`, its interface at
+    /// `{public_url}/a2a` and the key published at
+    /// `{public_url}/.well-known/jwks.json`.
+    pub fn with_signed_card(
+        mut self,
+        key: switchyard_a2a::signature::SigningKey,
+        public_url: &str,
+    ) -> Gateway {
+        self.card = Some(Arc::new(http::a2a::CardSigner {
+            key,
+            public_url: public_url.trim_end_matches('/').to_owned(),
+        }));
+        self
     }
 
     /// Names `addr` as this process's gRPC port to a gRPC client that
@@ -113,7 +130,10 @@ impl Gateway {
             Some(listener) => {
                 let mut router = http::router(
                     &self.cfg.http,
-                    &self.cfg.ojs,
+                    http::Settings {
+                        ojs: self.cfg.ojs.clone(),
+                        card: self.card.clone(),
+                    },
                     self.max_message_bytes,
                     self.jobs.clone(),
                     self.auth.clone(),

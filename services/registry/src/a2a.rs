@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use switchyard_a2a::card::{self, Card};
+use switchyard_a2a::signature::{self, Keys, Verdict};
 use switchyard_core::Violations;
 use switchyard_kit::auth::Principal;
 use switchyard_proto::registry::v1::{
@@ -27,6 +28,21 @@ pub struct A2aConfig {
     pub allowed_urls: Vec<String>,
     /// How long reading a card may take, ms.
     pub card_timeout_ms: u64,
+    /// Unsigned Agent Cards: `if_signed` (the default) registers them and
+    /// checks the signature of every signed card; `required` refuses a card
+    /// with no signature a trusted key verifies.
+    pub card_signatures: CardSignatures,
+}
+
+/// Which Agent Cards must be signed (`registry.a2a.card_signatures`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CardSignatures {
+    /// A signed card must verify; an unsigned one is registered as such.
+    #[default]
+    IfSigned,
+    /// Every card must carry a signature a trusted key verifies.
+    Required,
 }
 
 impl Default for A2aConfig {
@@ -34,6 +50,7 @@ impl Default for A2aConfig {
         A2aConfig {
             allowed_urls: Vec::new(),
             card_timeout_ms: 5_000,
+            card_signatures: CardSignatures::IfSigned,
         }
     }
 }
@@ -56,7 +73,11 @@ impl A2aConfig {
 
 /// The agent a card describes, with the request's price, trust and limits;
 /// and the skills that could not become capabilities.
-fn spec_of(req: &RegisterA2aAgentRequest, card: &Card) -> (AgentSpec, Vec<String>) {
+fn spec_of(
+    req: &RegisterA2aAgentRequest,
+    card: &Card,
+    signed_by: String,
+) -> (AgentSpec, Vec<String>) {
     let mut skipped = Vec::new();
     let mut capabilities: Vec<Capability> = Vec::new();
     for s in &card.skills {
@@ -108,6 +129,8 @@ fn spec_of(req: &RegisterA2aAgentRequest, card: &Card) -> (AgentSpec, Vec<String
             card_url: req.card_url.clone(),
             protocol_version: card.protocol_version.clone(),
             streaming: card.streaming,
+            card_keys: req.card_keys.clone(),
+            card_signed_by: signed_by,
         }),
         ..Default::default()
     };
@@ -134,20 +157,27 @@ impl Registry {
             return Err(RegistryError::Invalid(v));
         }
         self.reachable(p, "card_url", &req.card_url).await?;
+        let pinned = match req.card_keys.as_str() {
+            "" => None,
+            jwks => Some(Keys::parse(jwks).map_err(|e| crate::invalid("card_keys", e))?),
+        };
         let unavailable = |message: String| RegistryError::A2aUnavailable {
             url: req.card_url.clone(),
             message,
         };
         let http = self.a2a_http().map_err(unavailable)?;
         // What the card's host answered is never echoed.
-        let card = Card::fetch(http, &req.card_url, self.card_timeout())
+        let (card, json) = Card::fetch(http, &req.card_url, self.card_timeout())
             .await
             .map_err(|e| unavailable(switchyard_kit::egress::summary(&e.to_string())))?;
+        let signed_by = self
+            .check_card(&req.card_url, &json, pinned.as_ref(), false)
+            .await?;
         // The endpoint the card names is reached too: it obeys the same rule.
         if let Err(e) = self.inner.cfg.a2a.allows(&card.url) {
             return Err(unavailable(format!("its JSON-RPC endpoint: {e}")));
         }
-        let (spec, skipped) = spec_of(&req, &card);
+        let (spec, skipped) = spec_of(&req, &card, signed_by);
         if spec.capabilities.is_empty() {
             return Err(unavailable(format!(
                 "it offers no skill that can be routed to ({})",
@@ -165,6 +195,52 @@ impl Registry {
             created: r.created,
             skipped,
         })
+    }
+
+    /// Checks a card's signatures: the id of the trusted key that verified
+    /// one (empty: the card is unsigned, which `registry.a2a.card_signatures`
+    /// and `signed` — the card was registered signed — may refuse). The
+    /// keys are `pinned` ones, else those a signature's `jku` names on the
+    /// card's own origin.
+    async fn check_card(
+        &self,
+        url: &str,
+        json: &serde_json::Value,
+        pinned: Option<&Keys>,
+        signed: bool,
+    ) -> Result<String, RegistryError> {
+        let unverified = |message: String| RegistryError::A2aUnverified {
+            url: url.to_owned(),
+            message,
+        };
+        let keys = match pinned {
+            Some(k) => Some(k.clone()),
+            None => {
+                let http = self.a2a_http().map_err(unverified)?;
+                Card::jku_keys(http, url, json, self.card_timeout())
+                    .await
+                    .map_err(|e| unverified(switchyard_kit::egress::summary(&e.to_string())))?
+            }
+        };
+        let verdict = signature::verify(json, keys.as_ref().unwrap_or(&Keys::default()));
+        let required = self.inner.cfg.a2a.card_signatures == CardSignatures::Required;
+        match verdict {
+            Verdict::Verified { kid } => Ok(kid),
+            Verdict::Unsigned if pinned.is_some() || required || signed => {
+                Err(unverified(if signed {
+                    "the card was registered signed and is no longer signed".into()
+                } else {
+                    "the card is unsigned, and a signature is required (card_keys given, or registry.a2a.card_signatures = \"required\"): ask its owner to sign it".into()
+                }))
+            }
+            Verdict::Unsigned => Ok(String::new()),
+            Verdict::Invalid(why) if keys.is_none() => Err(unverified(format!(
+                "the card is signed, but no key to check it is trusted: give the signer's public keys as card_keys (or publish them at a jku on the card's origin) ({why})"
+            ))),
+            Verdict::Invalid(why) => Err(unverified(format!(
+                "its signature does not verify, so the card is not what its signer published: {why}"
+            ))),
+        }
     }
 
     /// Reads every A2A agent's card every third of the lease TTL and
@@ -185,20 +261,36 @@ impl Registry {
 
     /// One round of [`Registry::spawn_a2a_leases`]; how many answered.
     pub async fn renew_a2a(&self) -> usize {
-        let agents: Vec<(String, String)> = self
+        let agents: Vec<(String, A2aBinding)> = self
             .lock()
             .agents
             .values()
             .filter_map(|e| {
                 let s = e.agent.spec.as_ref()?;
-                Some((s.id.clone(), s.a2a.as_ref()?.card_url.clone()))
+                Some((s.id.clone(), s.a2a.clone()?))
             })
             .collect();
         let Ok(http) = self.a2a_http() else {
             return 0;
         };
-        let checks = agents.iter().map(|(id, url)| async move {
-            let read = Card::fetch(http, url, self.card_timeout()).await;
+        let checks = agents.iter().map(|(id, a2a)| async move {
+            let url = &a2a.card_url;
+            let read = match Card::fetch(http, url, self.card_timeout()).await {
+                Ok((_, json)) => {
+                    // The card is checked as at registration: a card
+                    // registered signed must stay signed by a trusted key.
+                    let pinned = Keys::parse(&a2a.card_keys).ok();
+                    let signed = !a2a.card_signed_by.is_empty();
+                    match self.check_card(url, &json, pinned.as_ref(), signed).await {
+                        Ok(_) => Ok(()),
+                        Err(e) => {
+                            tracing::warn!(agent_id = %id, error = %e, "an A2A agent's card no longer verifies; its lease runs out");
+                            Err(e.to_string())
+                        }
+                    }
+                }
+                Err(e) => Err(e.to_string()),
+            };
             if let Err(e) = &read {
                 tracing::debug!(agent_id = %id, error = %e, "an A2A agent's card did not answer; its lease runs out");
             }
@@ -256,7 +348,11 @@ mod tests {
             price_per_unit_micro_usd: 2_000,
             ..Default::default()
         };
-        let (spec, skipped) = spec_of(&req, &card(&["text.shout", "Text.Shout", "9lives"]));
+        let (spec, skipped) = spec_of(
+            &req,
+            &card(&["text.shout", "Text.Shout", "9lives"]),
+            String::new(),
+        );
         assert_eq!(spec.id, "text_tricks");
         assert_eq!(spec.endpoint, "http://127.0.0.1:9/");
         let caps: Vec<(&str, i64, &str)> = spec

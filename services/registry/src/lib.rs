@@ -153,6 +153,16 @@ pub enum RegistryError {
         /// Why.
         message: String,
     },
+    /// An Agent Card's signature does not verify with a key trusted for it
+    /// (or it is unsigned where a signature is required); nothing was
+    /// stored, or the agent's lease was not renewed.
+    #[error("A2A agent card {url:?}: {message}")]
+    A2aUnverified {
+        /// The card's URL.
+        url: String,
+        /// Why.
+        message: String,
+    },
     /// No such MCP server.
     #[error("MCP server {0:?} is not registered")]
     McpServerNotFound(String),
@@ -289,6 +299,12 @@ impl From<RegistryError> for Status {
                 msg,
                 HashMap::from([("card_url".into(), url)]),
             ),
+            RegistryError::A2aUnverified { url, .. } => status_with_metadata(
+                Code::FailedPrecondition,
+                Reason::A2aCardUnverified,
+                msg,
+                HashMap::from([("card_url".into(), url)]),
+            ),
             RegistryError::McpServerNotFound(name) => status_with_metadata(
                 Code::NotFound,
                 Reason::McpServerNotFound,
@@ -314,7 +330,7 @@ impl From<RegistryError> for Status {
     }
 }
 
-fn invalid(field: &str, description: impl Into<String>) -> RegistryError {
+pub(crate) fn invalid(field: &str, description: impl Into<String>) -> RegistryError {
     let mut v = Violations::new();
     v.add(field, description);
     RegistryError::Invalid(v)

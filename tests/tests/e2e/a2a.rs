@@ -301,6 +301,8 @@ async fn the_registry_keeps_an_a2a_agent_alive_while_its_card_answers_and_lets_i
         card_url: "http://127.0.0.1:9/".into(),
         protocol_version: "1.0".into(),
         streaming: true,
+        card_signed_by: "forged".into(),
+        ..Default::default()
     });
     let stored = r
         .register_agent(RegisterAgentRequest { agent: Some(spec) })
@@ -310,5 +312,219 @@ async fn the_registry_keeps_an_a2a_agent_alive_while_its_card_answers_and_lets_i
         .agent
         .unwrap();
     assert!(stored.spec.unwrap().a2a.is_none());
+    e.stack.stop().await.unwrap();
+}
+
+/// The agent with its card signed by the `a2a-sdk`'s own signer
+/// (`tests/a2a/signed_agent.py`, ES256) in `mode`; its public key set is
+/// written to `<dir>/<mode>.jwks`, returned with it.
+async fn start_signed(dir: &Path, mode: &str) -> (Child, String, PathBuf) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/a2a/signed_agent.py");
+    let jwks = dir.join(format!("{mode}.jwks"));
+    let agent = listening(
+        &python(),
+        &[
+            &script.display().to_string(),
+            &dir.join(format!("{mode}.log")).display().to_string(),
+            &jwks.display().to_string(),
+            mode,
+        ],
+    )
+    .await;
+    let url = format!(
+        "http://127.0.0.1:{}/.well-known/agent-card.json",
+        agent.port
+    );
+    (agent, url, jwks)
+}
+
+/// RegisterA2aAgent of the card at `url` as `id`, with `card_keys` pinned.
+fn signed_req(url: &str, id: &str, card_keys: &str) -> RegisterA2aAgentRequest {
+    RegisterA2aAgentRequest {
+        card_url: url.into(),
+        id: id.into(),
+        trust_score: 75,
+        price_per_unit_micro_usd: 1_000,
+        card_keys: card_keys.into(),
+        ..Default::default()
+    }
+}
+
+fn reason(s: &tonic::Status) -> String {
+    ApiError::from(s.clone()).reason.unwrap_or_default()
+}
+
+/// Signed Agent Cards, signed by the reference SDK: a card whose signature
+/// verifies with the key its `jku` names on the card's origin, or with
+/// pinned keys, is registered and says by which key; a card changed after
+/// it was signed, one signed by a key other than the pinned one, one whose
+/// `jku` is elsewhere, and an unsigned card when keys are pinned are
+/// refused (`A2A_CARD_UNVERIFIED`) with nothing stored; symmetric or
+/// malformed pinned keys are invalid input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_agent_card_is_verified_and_a_tampered_or_untrusted_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_signed, signed_url, signed_keys) = start_signed(dir.path(), "signed").await;
+    let (_tampered, tampered_url, other_keys) = start_signed(dir.path(), "tampered").await;
+    let (_unsigned, unsigned_url, unsigned_keys) = start_signed(dir.path(), "unsigned").await;
+    let (_elsewhere, elsewhere_url, _) = start_signed(dir.path(), "elsewhere").await;
+    let e = env(true, |_| {}).await;
+    let mut r = RegistryServiceClient::new(e.stack.channel().await.unwrap());
+    let keys = |p: &Path| std::fs::read_to_string(p).unwrap();
+
+    // Verified with the key its jku names (on the card's own origin), and
+    // with the same key pinned.
+    for (id, pinned) in [("by_jku", String::new()), ("pinned", keys(&signed_keys))] {
+        let got = r
+            .register_a2a_agent(signed_req(&signed_url, id, &pinned))
+            .await
+            .unwrap()
+            .into_inner();
+        let a2a = got.agent.unwrap().spec.unwrap().a2a.unwrap();
+        assert_eq!(a2a.card_signed_by, "text-tricks-2026", "{id}");
+    }
+
+    // Refused, and nothing stored.
+    let refused = [
+        (
+            "tampered",
+            signed_req(&tampered_url, "tampered", ""),
+            "does not verify",
+        ),
+        (
+            "signed by another key than the pinned one",
+            signed_req(&signed_url, "other_key", &keys(&other_keys)),
+            "does not verify",
+        ),
+        (
+            "its keys published on another origin",
+            signed_req(&elsewhere_url, "elsewhere", ""),
+            "no key to check it is trusted",
+        ),
+        (
+            "unsigned though keys are pinned",
+            signed_req(&unsigned_url, "unsigned_pinned", &keys(&unsigned_keys)),
+            "unsigned",
+        ),
+    ];
+    for (what, req, says) in refused {
+        let id = req.id.clone();
+        let s = r.register_a2a_agent(req).await.unwrap_err();
+        assert_eq!(reason(&s), "A2A_CARD_UNVERIFIED", "{what}: {s:?}");
+        assert!(s.message().contains(says), "{what}: {}", s.message());
+        let gone = r
+            .get_agent(GetAgentRequest { agent_id: id })
+            .await
+            .unwrap_err();
+        assert_eq!(gone.code(), tonic::Code::NotFound, "{what}");
+    }
+
+    // Unsigned, with no keys pinned: registered as unsigned.
+    let got = r
+        .register_a2a_agent(signed_req(&unsigned_url, "unsigned", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        got.agent.unwrap().spec.unwrap().a2a.unwrap().card_signed_by,
+        ""
+    );
+
+    // Pinned keys must be public keys in a JWKS.
+    for bad in [
+        "not json",
+        r#"{"keys": []}"#,
+        r#"{"keys": [{"kty": "oct", "k": "c2VjcmV0", "kid": "h"}]}"#,
+    ] {
+        let s = r
+            .register_a2a_agent(signed_req(&signed_url, "bad_keys", bad))
+            .await
+            .unwrap_err();
+        assert_eq!(s.code(), tonic::Code::InvalidArgument, "{bad}: {s:?}");
+        assert!(s.message().contains("card_keys"), "{}", s.message());
+    }
+    e.stack.stop().await.unwrap();
+}
+
+/// `registry.a2a.card_signatures = "required"`: an unsigned card is
+/// refused, a signed one registered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn required_card_signatures_refuse_an_unsigned_card() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_signed, signed_url, _) = start_signed(dir.path(), "signed").await;
+    let (_unsigned, unsigned_url, _) = start_signed(dir.path(), "unsigned").await;
+    let e = env(true, |c| {
+        c.registry.a2a.card_signatures = switchyard_registry::a2a::CardSignatures::Required
+    })
+    .await;
+    let mut r = RegistryServiceClient::new(e.stack.channel().await.unwrap());
+    let s = r
+        .register_a2a_agent(signed_req(&unsigned_url, "unsigned", ""))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&s), "A2A_CARD_UNVERIFIED", "{s:?}");
+    assert!(s.message().contains("card_signatures"), "{}", s.message());
+    r.register_a2a_agent(signed_req(&signed_url, "signed", ""))
+        .await
+        .unwrap();
+    e.stack.stop().await.unwrap();
+}
+
+/// A card registered signed must stay so: once its host serves a changed
+/// card, the registry stops renewing the agent's lease and it lapses (not
+/// routed to).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_whose_signed_card_is_changed_after_registration_lapses() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_agent, url, jwks) = start_signed(dir.path(), "switch").await;
+    let e = env(true, |c| c.registry.lease_ttl_secs = 1).await;
+    let mut r = RegistryServiceClient::new(e.stack.channel().await.unwrap());
+    r.register_a2a_agent(signed_req(&url, "switching", ""))
+        .await
+        .unwrap();
+    let status = |r: &RegistryServiceClient<_>| {
+        let mut r = r.clone();
+        async move {
+            r.get_agent(GetAgentRequest {
+                agent_id: "switching".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .agent
+            .unwrap()
+            .status
+        }
+    };
+    let first = r
+        .get_agent(GetAgentRequest {
+            agent_id: "switching".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap()
+        .lease_expires_at
+        .unwrap();
+    until("the signed card keeps the lease", || async {
+        let a = r
+            .clone()
+            .get_agent(GetAgentRequest {
+                agent_id: "switching".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .agent
+            .unwrap();
+        a.lease_expires_at.unwrap().seconds > first.seconds + 1
+    })
+    .await;
+    std::fs::write(format!("{}.tamper", jwks.display()), b"").unwrap();
+    until("the agent with a changed card lapses", || async {
+        status(&r).await == AgentStatus::Lapsed as i32
+    })
+    .await;
     e.stack.stop().await.unwrap();
 }

@@ -16,14 +16,16 @@ use crate::common::{finish, submit};
 use crate::conversation::history;
 use crate::llm::env;
 
-/// Runs tests/a2a/door_client.py against the stack's HTTP door as `token`:
-/// one JSON line per step.
-async fn client(base: &str, token: &str, steps: Value) -> Vec<Value> {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("a2a/door_client.py");
-    // Async: the stack serves the client from this same runtime.
+/// Runs `tests/a2a/<script>` with `args`, which must succeed: its output,
+/// one JSON value per line.
+async fn python(script: &str, args: &[&str]) -> Vec<Value> {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("a2a")
+        .join(script);
+    // Async: the stack serves the script from this same runtime.
     let out = tokio::process::Command::new(crate::mcp::python())
         .arg(script)
-        .args([base, token, &steps.to_string()])
+        .args(args)
         .kill_on_drop(true)
         .output()
         .await
@@ -37,6 +39,12 @@ async fn client(base: &str, token: &str, steps: Value) -> Vec<Value> {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
+}
+
+/// Runs tests/a2a/door_client.py against the stack's HTTP door as `token`:
+/// one JSON line per step.
+async fn client(base: &str, token: &str, steps: Value) -> Vec<Value> {
+    python("door_client.py", &[base, token, &steps.to_string()]).await
 }
 
 #[tokio::test]
@@ -214,17 +222,47 @@ async fn the_reference_a2a_client_talks_in_a_conversation_and_answers_an_input_a
     }
     let h = history(&mut alice, "a2a-talk").await;
     assert_eq!(h.turns.iter().filter(|t| t.text == "once only").count(), 1);
+    // A2A 1.0 tenancy: a request naming the caller's own tenant is served;
+    // naming another is refused, whatever the task.
+    let get = |tenant: &str| json!({"jsonrpc": "2.0", "id": 4, "method": "GetTask", "params": {"tenant": tenant, "id": "a2a-talk"}});
+    let v = answered(get("default")).await;
+    assert_eq!(v["result"]["id"], "a2a-talk", "{v}");
+    let v = answered(get("tenant-b")).await;
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+    assert_eq!(v["error"]["data"]["reason"], "PERMISSION_DENIED", "{v}");
     let unauthenticated = rpc(again, None).await.unwrap();
     assert_eq!(unauthenticated.status(), 401);
-    // The card is public.
-    let card: Value = http
+    e.stack.stop().await.unwrap();
+}
+
+/// Switchyard's own Agent Card is signed with the deployment's key (under
+/// `switchyard dev`, a key made in its data directory): the reference
+/// SDK's verifier (`tests/a2a/verify_card.py`) accepts it with the key its
+/// `jku` names and refuses it once changed, and a signed card names the
+/// door's own address whatever Host a client sends.
+#[tokio::test]
+async fn the_doors_own_card_is_signed_and_the_reference_sdk_verifies_it() {
+    let e = env(true, |_| {}).await;
+    let base = format!("http://{}", e.stack.http.unwrap());
+    let card = format!("{base}/.well-known/agent-card.json");
+    let v = python("verify_card.py", &[&card]).await.remove(0);
+    assert_eq!(v["verified"], true, "{v}");
+    assert_eq!(v["tampered_refused"], true, "{v}");
+    assert_eq!(v["alg"], "EdDSA");
+    assert_eq!(v["jku"], format!("{base}/.well-known/jwks.json"));
+    // Public: read with no credential.
+    assert_eq!(v["url"], format!("{base}/a2a"));
+
+    switchyard_kit::tls::install_crypto();
+    let card: Value = reqwest::Client::new()
         .get(format!("{base}/.well-known/agent-card.json"))
+        .header("host", "evil.example")
         .send()
         .await
         .unwrap()
         .json()
         .await
         .unwrap();
-    assert_eq!(card["supportedInterfaces"][0]["protocolBinding"], "JSONRPC");
+    assert_eq!(card["supportedInterfaces"][0]["url"], format!("{base}/a2a"));
     e.stack.stop().await.unwrap();
 }

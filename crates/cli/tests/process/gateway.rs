@@ -148,18 +148,20 @@ pub(crate) fn gateway_for(url: &str, data: &std::path::Path, remotes: &[&str]) -
         ("SWITCHYARD_AUTH__DEV_CREDENTIALS", "false"),
     ];
     env.extend(vars.iter().map(|v| (v.as_str(), url)));
-    Proc::start(
-        &[
-            "serve",
-            "--services",
-            "gateway",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.to_str().unwrap(),
-        ],
-        &env,
-    )
+    Proc::start(&gateway_args(data), &env)
+}
+
+/// `switchyard serve` of the gateway alone, its data in `data`.
+fn gateway_args(data: &std::path::Path) -> [&str; 7] {
+    [
+        "serve",
+        "--services",
+        "gateway",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]
 }
 
 /// `switchyard job … --as WHO` against `url`, which must succeed.
@@ -530,4 +532,67 @@ fn a_gateway_in_its_own_process_lists_and_answers_input_for_a_remote_executor() 
     );
     assert_eq!(gw.terminate(), Some(0));
     assert_eq!(dev.terminate(), Some(0));
+}
+
+/// A gateway in its own process signs the A2A door's Agent Card with the
+/// key `gateway.a2a.signing_key_file` names (made with the documented
+/// `openssl genpkey -algorithm ed25519`), naming its configured public URL;
+/// the reference SDK's verifier accepts it. A half configuration (a URL and
+/// no key) is refused at start.
+#[test]
+fn a_split_gateway_signs_its_agent_card_with_the_configured_key() {
+    let (dev, _data) = Proc::dev(&[]);
+    let url = dev.url();
+    let data = tempfile::tempdir().unwrap();
+    let key = data.path().join("card-key.pem");
+    ok(&Command::new("openssl")
+        .args(["genpkey", "-algorithm", "ed25519", "-out"])
+        .arg(&key)
+        .output()
+        .unwrap());
+    let (keys_var, keys_url) = follow_keys(&url);
+    let store = data.path().join("gw");
+    let args = gateway_args(&store);
+    let mut env = vec![
+        (keys_var, keys_url.as_str()),
+        ("SWITCHYARD_AUTH__DEV_CREDENTIALS", "false"),
+        ("SWITCHYARD_GATEWAY__EXECUTOR_URL", url.as_str()),
+        (
+            "SWITCHYARD_GATEWAY__A2A__PUBLIC_URL",
+            "https://switchyard.example.com",
+        ),
+    ];
+    let half = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(args)
+        .envs(env.clone())
+        .output()
+        .unwrap();
+    assert!(!half.status.success());
+    assert!(
+        String::from_utf8_lossy(&half.stderr).contains("set both public_url and signing_key_file"),
+        "{}",
+        String::from_utf8_lossy(&half.stderr)
+    );
+    env.push((
+        "SWITCHYARD_GATEWAY__A2A__SIGNING_KEY_FILE",
+        key.to_str().unwrap(),
+    ));
+    let gw = Proc::start(&args, &env);
+    let http = format!("http://{}", gw.http.as_deref().unwrap());
+    // The card names the public URL; its key is served here too. The
+    // reference SDK verifies it with that key.
+    let out = ok(&Command::new(tool("SWITCHYARD_PYTHON"))
+        .arg(repo_root().join("tests/a2a/verify_card.py"))
+        .arg(format!("{http}/.well-known/agent-card.json"))
+        .arg(format!("{http}/.well-known/jwks.json"))
+        .output()
+        .unwrap());
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["verified"], true, "{v}");
+    assert_eq!(v["tampered_refused"], true, "{v}");
+    assert_eq!(
+        v["jku"],
+        "https://switchyard.example.com/.well-known/jwks.json"
+    );
+    assert_eq!(v["url"], "https://switchyard.example.com/a2a");
 }

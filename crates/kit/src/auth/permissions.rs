@@ -343,6 +343,8 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
         // caller (SendMessage as SendInput or SendMessage, GetTask as
         // GetJob, CancelTask as CancelJob).
         ("GET", "/.well-known/agent-card.json", Access::Open),
+        // The public key the card is signed with (when it is).
+        ("GET", "/.well-known/jwks.json", Access::Open),
         ("POST", "/a2a", Access::Authenticated),
         // The OJS binding: producers (submitters), workers (agents and
         // anyone with task.work), operators.

@@ -32,7 +32,41 @@ use crate::caller::Caller;
 pub(super) fn routes() -> Router<Arc<Door>> {
     Router::new()
         .route("/.well-known/agent-card.json", get(card))
+        .route("/.well-known/jwks.json", get(jwks))
         .route("/a2a", post(rpc))
+}
+
+/// What signs the door's Agent Card: the deployment's key and the public
+/// URL the card names (never the request's Host: a signed card saying
+/// whatever host a client sent would vouch for that host).
+pub struct CardSigner {
+    /// The key.
+    pub key: switchyard_a2a::signature::SigningKey,
+    /// The door's public base URL, without a trailing `/`.
+    pub public_url: String,
+}
+
+impl std::fmt::Debug for CardSigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CardSigner")
+            .field("kid", &self.key.kid())
+            .field("public_url", &self.public_url)
+            .finish()
+    }
+}
+
+/// `GET /.well-known/jwks.json`: the card's signing key (404 when the card
+/// is not signed).
+async fn jwks(State(door): State<Arc<Door>>) -> Response {
+    match &door.card {
+        Some(c) => axum::Json(c.key.jwks()).into_response(),
+        None => super::Failure(switchyard_kit::error::status(
+            Code::NotFound,
+            switchyard_core::Reason::RouteNotFound,
+            "the Agent Card is not signed here: set gateway.a2a.public_url and signing_key_file",
+        ))
+        .into_response(),
+    }
 }
 
 /// The longest a `SendMessage` to a conversation waits for the reply
@@ -40,20 +74,27 @@ pub(super) fn routes() -> Router<Arc<Door>> {
 /// `GetTask`).
 const REPLY_WAIT: Duration = Duration::from_secs(120);
 
-/// `GET /.well-known/agent-card.json`: what this door offers, where.
-async fn card(headers: http::HeaderMap) -> Response {
-    let host = headers
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("127.0.0.1");
+/// `GET /.well-known/agent-card.json`: what this door offers, where —
+/// signed with the deployment's key when it has one.
+async fn card(State(door): State<Arc<Door>>, headers: http::HeaderMap) -> Response {
+    let base = match &door.card {
+        Some(c) => c.public_url.clone(),
+        None => format!(
+            "http://{}",
+            headers
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or("127.0.0.1")
+        ),
+    };
     let skill = |id: &str, description: &str| {
         json!({"id": id, "name": id, "description": description, "tags": ["switchyard"],
                "inputModes": ["text/plain", "application/json"], "outputModes": ["text/plain"]})
     };
-    axum::Json(json!({
+    let card = json!({
         "name": "Switchyard",
         "description": "Continue Switchyard jobs over A2A: talk in a running conversation, or answer a step waiting for input. The task id (and context id) is the job id; send `Authorization: Bearer <api key or token>`.",
-        "supportedInterfaces": [{"url": format!("http://{host}/a2a"), "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}],
+        "supportedInterfaces": [{"url": format!("{base}/a2a"), "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}],
         "version": env!("CARGO_PKG_VERSION"),
         "capabilities": {"streaming": false},
         "defaultInputModes": ["text/plain", "application/json"],
@@ -62,8 +103,20 @@ async fn card(headers: http::HeaderMap) -> Response {
             skill("conversation", "Say something in a running conversation (a job with a conversation step): the reply is the task's status message, and the task waits for the next message (input-required) until the conversation ends."),
             skill("input", "Answer a job's step waiting for input: a data part is the answer as JSON, else the text is."),
         ],
-    }))
-    .into_response()
+    });
+    let Some(signer) = &door.card else {
+        return axum::Json(card).into_response();
+    };
+    let jku = format!("{}/.well-known/jwks.json", signer.public_url);
+    match signer.key.sign(&card, &jku) {
+        Ok(signed) => axum::Json(signed).into_response(),
+        Err(e) => super::Failure(switchyard_kit::error::status(
+            Code::Internal,
+            switchyard_core::Reason::Internal,
+            format!("signing the Agent Card failed: {e}"),
+        ))
+        .into_response(),
+    }
 }
 
 /// A JSON-RPC failure: its code and message, with Switchyard's reason.
@@ -124,6 +177,24 @@ async fn rpc(
     };
     let id = req.get("id").cloned().unwrap_or(Value::Null);
     let params = req.get("params").cloned().unwrap_or(Value::Null);
+    // A2A 1.0 multi-tenancy: a request may name its tenant (`params.tenant`).
+    // The tenant is the caller's credential's; a named one must be that,
+    // never a way to reach another tenant's tasks.
+    if let Some(t) = params
+        .get("tenant")
+        .and_then(Value::as_str)
+        .filter(|t| !t.is_empty())
+        && caller.principal.tenant_scope() != Some(t)
+    {
+        let refused = RpcError {
+            code: -32602,
+            message: format!(
+                "params.tenant {t:?} is not your tenant: the tenant is your credential's; name your own or none"
+            ),
+            reason: "PERMISSION_DENIED".into(),
+        };
+        return answer(id, Err(refused));
+    }
     let out = match req
         .get("method")
         .and_then(Value::as_str)

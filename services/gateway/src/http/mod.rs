@@ -9,7 +9,7 @@
 //! from the gate or the executor, is the one JSON envelope
 //! ([`switchyard_kit::error::http_error`]).
 
-mod a2a;
+pub mod a2a;
 mod aitp;
 pub mod ojs;
 mod shapes;
@@ -57,6 +57,17 @@ pub(crate) struct Door {
     pub(crate) shutdown: Shutdown,
     /// The OJS binding's settings.
     pub(crate) ojs: crate::config::OjsConfig,
+    /// What signs the A2A door's card, if anything does.
+    pub(crate) card: Option<Arc<a2a::CardSigner>>,
+}
+
+/// Settings of the doors on the HTTP listener beyond its limits.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    /// `[gateway.ojs]`.
+    pub ojs: crate::config::OjsConfig,
+    /// What signs the A2A door's Agent Card (none: it is served unsigned).
+    pub card: Option<Arc<a2a::CardSigner>>,
 }
 
 impl Door {
@@ -137,7 +148,7 @@ impl IntoResponse for Failure {
 /// `console` when given.
 pub fn router(
     cfg: &HttpConfig,
-    ojs: &crate::config::OjsConfig,
+    settings: Settings,
     max_message_bytes: usize,
     jobs: Jobs,
     auth: Arc<Authenticator>,
@@ -155,7 +166,8 @@ pub fn router(
             .then(|| Duration::from_millis(cfg.request_timeout_ms)),
         max_body,
         shutdown,
-        ojs: ojs.clone(),
+        ojs: settings.ojs,
+        card: settings.card,
     });
     let mut router = Router::new()
         .route("/openapi.json", get(openapi))
@@ -693,9 +705,19 @@ mod tests {
             switchyard_api::WorkerClient::remote(channel, 1024),
         );
         let (_trigger, shutdown) = switchyard_kit::shutdown::channel();
+        let key = switchyard_a2a::signature::SigningKey::generate_pem()
+            .and_then(|pem| switchyard_a2a::signature::SigningKey::from_pem(&pem))
+            .expect("a key");
+        let settings = Settings {
+            card: Some(Arc::new(a2a::CardSigner {
+                key,
+                public_url: "http://127.0.0.1:7680".into(),
+            })),
+            ..Default::default()
+        };
         let app = router(
             &HttpConfig::default(),
-            &Default::default(),
+            settings,
             4096,
             jobs,
             auth.clone(),
