@@ -320,7 +320,14 @@ impl PolicySet {
     /// Decides `facts`: one evaluation of every policy whose scope can
     /// match (the same decision as evaluating them all).
     pub fn decide(&self, facts: &Facts) -> Decision {
-        self.decide_in(facts, true)
+        // Cedar refuses to go on with less than 100 KiB of stack left, and
+        // converting the facts and evaluating recurse on their own; with
+        // less than 1 MiB left (a decision made deep in in-process calls:
+        // an LLM tool delegating through admission into approval, a
+        // schedule's tick on PostgreSQL) it runs on a fresh 4 MiB segment
+        // rather than failing and sending the run to a person for no reason
+        // of its own.
+        stacker::maybe_grow(1024 * 1024, 4 * 1024 * 1024, || self.decide_in(facts, true))
     }
 
     /// [`PolicySet::decide`], evaluating only the policies `facts`' action

@@ -421,3 +421,39 @@ fn remaining_amounts_read_back_what_left_was_given() {
         assert_eq!(Remaining::left(t, c).amounts(), (t, c));
     }
 }
+
+/// Eats stack until less than `left` bytes remain, then runs `f`.
+fn with_stack_left<T>(left: usize, f: impl FnOnce() -> T) -> T {
+    #[inline(never)]
+    fn eat<T>(left: usize, f: Box<dyn FnOnce() -> T + '_>) -> T {
+        let pad = std::hint::black_box([0u8; 4096]);
+        if stacker::remaining_stack().is_some_and(|r| r > left) {
+            let out = eat(left, f);
+            std::hint::black_box(&pad);
+            out
+        } else {
+            f()
+        }
+    }
+    eat(left, Box::new(f))
+}
+
+#[test]
+fn a_decision_made_deep_in_a_call_stack_is_decided_not_refused() {
+    // A permit that Cedar must evaluate: refused for want of stack, it
+    // would fall to the default (a person).
+    let set = PolicySet::load(&[src(
+        "cheap",
+        r#"@id("cheap") permit(principal, action == Action::"spend", resource) when { context.estimate.micro_usd <= 300 };"#,
+    )])
+    .unwrap();
+    let f = facts(Action::Spend, "gpt-4o-mini");
+    let decided = std::thread::Builder::new()
+        .stack_size(2 * 1024 * 1024)
+        .spawn(move || with_stack_left(120 * 1024, || set.decide(&f)))
+        .unwrap()
+        .join()
+        .unwrap();
+    assert!(decided.errors.is_empty(), "{:?}", decided.errors);
+    assert_eq!(decided.verdict.effect(), "permit", "{decided:?}");
+}
