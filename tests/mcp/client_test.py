@@ -1,6 +1,8 @@
 """Switchyard as an MCP server, driven by the Python `mcp` SDK's client over
 both transports: `switchyard mcp` on stdio and the gateway's `/mcp` over
-streamable HTTP, against a running `switchyard dev`.
+streamable HTTP, against a running `switchyard dev` — and over HTTP in both
+revisions: 2025-11-25 (initialize, a session) and 2026-07-28 (stateless,
+negotiated by the SDK's `server/discover` probe).
 
     python client_test.py SWITCHYARD_BIN GRPC_URL HTTP_URL CREDENTIALS_FILE
 
@@ -13,6 +15,7 @@ import sys
 
 import anyio
 import httpx
+from mcp import Client
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -135,17 +138,48 @@ async def viewer_over_http(token):
               r.is_error and "PERMISSION_DENIED" in text(r), text(r))
 
 
+async def modern_over_http(job):
+    # mode="auto": the SDK probes server/discover at 2026-07-28 and adopts
+    # it, or falls back to initialize; every request then carries its _meta.
+    client = create_mcp_http_client(headers={"Authorization": f"Bearer {TOKENS['alice']}"})
+    async with client, Client(streamable_http_client(HTTP, http_client=client), mode="auto") as c:
+        check("http 2026-07-28: the SDK negotiates the stateless revision",
+              c.protocol_version == "2026-07-28", c.protocol_version)
+        names = [t.name for t in (await c.list_tools()).tools]
+        check("http 2026-07-28: the nine tools, none of them approves", names == TOOLS, names)
+        r = await c.call_tool("get_job", {"job_id": job["job_id"]})
+        check("http 2026-07-28: get_job as alice", (r.structured_content or {}).get("state") == "completed", text(r))
+        r = await c.call_tool("validate_job", {"document": BAD_NUMBERING})
+        check("http 2026-07-28: a tool's refusal is a tool error",
+              r.is_error and "gap between task 2 and 4" in text(r), text(r))
+    # The same client pinned to the handshake era still gets a session.
+    client = create_mcp_http_client(headers={"Authorization": f"Bearer {TOKENS['alice']}"})
+    async with client, Client(streamable_http_client(HTTP, http_client=client), mode="legacy") as c:
+        check("http 2025-11-25: the handshake era is still served",
+              c.protocol_version == "2025-11-25", c.protocol_version)
+
+
+async def viewer_modern_over_http(token):
+    client = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+    async with client, Client(streamable_http_client(HTTP, http_client=client), mode="2026-07-28") as c:
+        r = await c.call_tool("submit_job", {"document": NEEDS_APPROVAL})
+        check("http 2026-07-28 as a viewer: submit_job is refused by the executor's table",
+              r.is_error and "PERMISSION_DENIED" in text(r), text(r))
+
+
 async def main():
     job = await over_stdio()
     await as_bob_over_stdio(job)
     code, out = cli("approval", "approve", job["run_id"], "-m", "looks fine", token=TOKENS["bob"])
     check("a person (bob) approves with the CLI", code == 0, out)
     await over_http(job)
+    await modern_over_http(job)
     code, out = cli("auth", "key", "create", "--subject", "vera", "--roles", "viewer", "-o", "json",
                     token=TOKENS["admin"])
     check("an admin makes a viewer key", code == 0, out)
     if code == 0:
         await viewer_over_http(json.loads(out)["secret"])
+        await viewer_modern_over_http(json.loads(out)["secret"])
     print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed")
     sys.exit(1 if RESULTS["failed"] else 0)
 

@@ -60,12 +60,21 @@ async fn serve_http(server: SwitchyardMcp, addr: std::net::SocketAddr) -> anyhow
         .await
         .with_context(|| format!("binding {addr}"))?;
     let bound = listener.local_addr()?;
+    let config = StreamableHttpServerConfig::default();
+    let stateless = std::sync::Arc::new(switchyard_mcp::stateless::Stateless {
+        server: server.clone(),
+        max_body: MAX_MESSAGE,
+        allowed_hosts: config.allowed_hosts.clone(),
+    });
     let svc = StreamableHttpService::new(
         move || Ok(server.clone()),
         std::sync::Arc::new(LocalSessionManager::default()),
-        StreamableHttpServerConfig::default(),
+        config,
     );
-    let app = axum::Router::new().route_service("/mcp", svc);
+    // 2026-07-28 (stateless) here, the session revisions through rmcp.
+    let app = axum::Router::new().route_service("/mcp", svc).route_layer(
+        axum::middleware::from_fn_with_state(stateless, switchyard_mcp::stateless::layer),
+    );
     println!("listening mcp=http://{bound}/mcp");
     let (trigger, shutdown) = switchyard_kit::shutdown::channel();
     switchyard_kit::shutdown::on_signals(trigger);

@@ -4,12 +4,15 @@
 //! list tools, run calls with progress and cancellation, and report tool
 //! list changes ([`session`]); how their tools are named here ([`names`]);
 //! and Switchyard as an MCP server ([`server`]), served on stdio by
-//! `switchyard mcp` and over streamable HTTP by the gateway. The registry
+//! `switchyard mcp` and over streamable HTTP by the gateway — in the
+//! stateful revisions through `rmcp` and in the stateless 2026-07-28
+//! revision through [`stateless`], on one endpoint. The registry
 //! holds the client sessions; the executor and agent hosts reach them
 //! through `RegistryService.CallMcpTool`.
 
 pub mod names;
 pub mod server;
 pub mod session;
+pub mod stateless;
 
 pub use session::{McpError, Progress, Session, ToolDef, Transport, result_value};

@@ -114,13 +114,13 @@ impl SwitchyardMcp {
         }
     }
 
-    fn clients(&self, ctx: &RequestContext<RoleServer>) -> Result<Clients, String> {
+    /// The clients of a call carried by the HTTP request `parts` (none on
+    /// stdio), with its credential.
+    fn clients(&self, parts: Option<&http::request::Parts>) -> Result<Clients, String> {
         let credential = match &self.identity {
             Identity::Fixed(c) => c.clone(),
             Identity::PerRequest => {
-                let token = ctx
-                    .extensions
-                    .get::<http::request::Parts>()
+                let token = parts
                     .and_then(|p| p.headers.get(http::header::AUTHORIZATION))
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.strip_prefix("Bearer "))
@@ -317,9 +317,9 @@ impl SwitchyardMcp {
         &self,
         name: &str,
         args: &Map<String, Value>,
-        ctx: &RequestContext<RoleServer>,
+        parts: Option<&http::request::Parts>,
     ) -> Result<Value, String> {
-        let c = self.clients(ctx)?;
+        let c = self.clients(parts)?;
         match name {
             "validate_job" => {
                 let req = ValidateJobRequest {
@@ -474,16 +474,39 @@ impl SwitchyardMcp {
     }
 }
 
+/// What the server tells a client about itself.
+pub(crate) const INSTRUCTIONS: &str = "Switchyard runs jobs of agent, LLM and command tasks under budgets. Submit a job, \
+     follow it with watch_job or get_job, read get_result. A job that can spend waits \
+     for a person to approve it (list_pending_approvals shows what waits); you cannot \
+     approve.";
+
+/// The tools, for every revision of the protocol.
+pub(crate) fn tool_list() -> Vec<Tool> {
+    tools()
+}
+
+impl SwitchyardMcp {
+    /// Calls tool `name` (known) with `args` as the principal of the HTTP
+    /// request `parts` (or the fixed one): a failure is a tool error the
+    /// model reads.
+    pub(crate) async fn call_as(
+        &self,
+        parts: Option<&http::request::Parts>,
+        name: &str,
+        args: &Map<String, Value>,
+    ) -> CallToolResult {
+        match self.run(name, args, parts).await {
+            Ok(v) => CallToolResult::structured(v),
+            Err(e) => CallToolResult::error(vec![rmcp::model::ContentBlock::text(e)]),
+        }
+    }
+}
+
 impl ServerHandler for SwitchyardMcp {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("switchyard", env!("CARGO_PKG_VERSION")))
-            .with_instructions(
-                "Switchyard runs jobs of agent, LLM and command tasks under budgets. Submit a job, \
-                 follow it with watch_job or get_job, read get_result. A job that can spend waits \
-                 for a person to approve it (list_pending_approvals shows what waits); you cannot \
-                 approve.",
-            )
+            .with_instructions(INSTRUCTIONS)
     }
 
     async fn list_tools(
@@ -506,10 +529,8 @@ impl ServerHandler for SwitchyardMcp {
             ));
         }
         let args = request.arguments.unwrap_or_default();
-        let result = match self.run(&request.name, &args, &ctx).await {
-            Ok(v) => CallToolResult::structured(v),
-            Err(e) => CallToolResult::error(vec![rmcp::model::ContentBlock::text(e)]),
-        };
+        let parts = ctx.extensions.get::<http::request::Parts>();
+        let result = self.call_as(parts, &request.name, &args).await;
         Ok(CallToolResponse::Complete(result))
     }
 }

@@ -144,7 +144,12 @@ impl Gateway {
                         .then(|| (self.cfg.console.clone(), self.console.clone())),
                 );
                 if let Some(server) = self.mcp.clone().filter(|_| self.cfg.mcp.enabled) {
-                    router = http::with_mcp(router, server, &self.cfg.mcp, self.auth.clone());
+                    let max = self
+                        .cfg
+                        .http
+                        .max_body_bytes
+                        .unwrap_or(self.max_message_bytes);
+                    router = http::with_mcp(router, server, &self.cfg.mcp, self.auth.clone(), max);
                 }
                 let router = http::grpc_elsewhere(router, self.grpc.clone());
                 http::serve(router, listener, self.cfg.http.limits(), shutdown, drain).await

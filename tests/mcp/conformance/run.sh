@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs the official MCP conformance suite: its server scenarios against
-# `switchyard mcp --listen` (streamable HTTP on loopback) in front of a fresh
-# `switchyard dev`, with baseline.yml naming what fails by design; then the
+# Runs the official MCP conformance suite: its server scenarios of both
+# revisions against `switchyard mcp --listen` (streamable HTTP on loopback)
+# in front of a fresh `switchyard dev`, with baseline.yml (2025-11-25) and
+# baseline-2026-07-28.yml naming what fails by design; then the
 # client scenarios Switchyard's MCP client has (initialize, tools_call)
 # against the registry's client code (crates/mcp/examples/conformance-client).
 #   run.sh SWITCHYARD_BIN CONFORMANCE_CLIENT_BIN
@@ -31,15 +32,28 @@ grpc="http://$(wait_line "$work/dev.out" | sed -E 's/.*grpc=([^ ]+).*/\1/')"
   >"$work/mcp.out" 2>"$work/mcp.err" &
 pids+=($!)
 url="$(wait_line "$work/mcp.out" | sed -E 's/.*mcp=([^ ]+).*/\1/')"
-echo "mcp-conformance: server scenarios against $url"
 status=0
-"${suite[@]}" server --url "$url" --expected-failures "$here/baseline.yml" -o "$work/results" \
-  >"$work/suite.out" 2>&1 || status=$?
-# The per-scenario summary and the baseline verdict (its "Total: N passed,
-# M failed" line is left out: CI would read it as this run's test count).
-sed -n '/=== SUMMARY ===/,$p' "$work/suite.out" | grep -v '^Total:'
+# Each revision the server speaks, with what fails by design in it: the
+# session revision 2025-11-25 (initialize, Mcp-Session-Id; through rmcp)
+# and the stateless 2026-07-28 (per-request _meta, server/discover; the
+# scenarios that revision requires).
+for rev in 2025-11-25 2026-07-28; do
+  echo "mcp-conformance: server scenarios of $rev against $url"
+  if [ "$rev" = 2026-07-28 ]; then
+    select=(--requirements 2026-07-28); baseline="$here/baseline-2026-07-28.yml"
+  else
+    select=(--spec-version "$rev"); baseline="$here/baseline.yml"
+  fi
+  "${suite[@]}" server --url "$url" "${select[@]}" --expected-failures "$baseline" -o "$work/results-$rev" \
+    >"$work/suite-$rev.out" 2>&1 || status=$?
+  # The per-scenario summary and the baseline verdict (its "Total: N passed,
+  # M failed" line is left out: CI would read it as this run's test count).
+  sed -n '/=== SUMMARY ===/,$p' "$work/suite-$rev.out" | grep -v '^Total:'
+done
 for scenario in initialize tools_call; do
-  if "${suite[@]}" client --command "$client" --scenario "$scenario" -o "$work/results" >"$work/client.out" 2>&1; then
+  # The registry's client speaks the session revision (rmcp 3.11).
+  if "${suite[@]}" client --command "$client" --scenario "$scenario" --spec-version 2025-11-25 \
+      -o "$work/results" >"$work/client.out" 2>&1; then
     echo "client scenario $scenario: passed"
   else
     echo "client scenario $scenario: FAILED"; cat "$work/client.out"; status=1

@@ -1,7 +1,9 @@
 //! Switchyard as an MCP server, driven by the Python `mcp` SDK's client
 //! (`tests/mcp/client_test.py`) against a real `switchyard dev`: `switchyard
-//! mcp` on stdio and the gateway's `/mcp` over streamable HTTP, as alice, bob
-//! and a viewer. Neither lets an MCP host approve a run.
+//! mcp` on stdio and the gateway's `/mcp` over streamable HTTP — in both
+//! the 2025-11-25 (session) and 2026-07-28 (stateless) revisions, the SDK
+//! negotiating — as alice, bob and a viewer. Neither lets an MCP host
+//! approve a run.
 #![allow(clippy::unwrap_used)]
 
 use crate::support::*;
@@ -22,7 +24,7 @@ fn the_python_mcp_client_drives_switchyard_over_stdio_and_the_gateway() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("{stdout}");
     assert!(
-        out.status.success() && stdout.contains("17 passed, 0 failed"),
+        out.status.success() && stdout.contains("23 passed, 0 failed"),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );

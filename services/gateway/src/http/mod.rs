@@ -204,6 +204,7 @@ pub fn with_mcp(
     server: switchyard_mcp::server::SwitchyardMcp,
     cfg: &crate::config::McpConfig,
     auth: Arc<Authenticator>,
+    max_body_bytes: usize,
 ) -> Router {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
     use rmcp::transport::streamable_http_server::{
@@ -211,13 +212,24 @@ pub fn with_mcp(
     };
     let mut config = StreamableHttpServerConfig::default();
     config.allowed_hosts.clone_from(&cfg.allowed_hosts);
+    let stateless = Arc::new(switchyard_mcp::stateless::Stateless {
+        server: server.clone(),
+        max_body: max_body_bytes,
+        allowed_hosts: cfg.allowed_hosts.clone(),
+    });
     let svc = StreamableHttpService::new(
         move || Ok(server.clone()),
         Arc::new(LocalSessionManager::default()),
         config,
     );
+    // Authenticated first (the outer layer), then 2026-07-28 (stateless)
+    // answered here and the session revisions by rmcp.
     let mcp = Router::new()
         .route_service("/mcp", svc)
+        .route_layer(axum::middleware::from_fn_with_state(
+            stateless,
+            switchyard_mcp::stateless::layer,
+        ))
         .route_layer(axum::middleware::from_fn_with_state(auth, mcp_gate));
     router.merge(mcp)
 }
@@ -731,7 +743,7 @@ mod tests {
             switchyard_mcp::server::Identity::PerRequest,
             1024,
         );
-        let app = with_mcp(app, mcp, &Default::default(), auth);
+        let app = with_mcp(app, mcp, &Default::default(), auth, 4096);
         let call = |method: &str, path: &str| {
             let req = http::Request::builder()
                 .method(method)
