@@ -214,6 +214,44 @@ async fn one_trace_covers_a_job_across_the_services_it_calls() {
         );
     }
     assert_eq!(no_claim(&in_trace), None);
+    // The agent call as the GenAI conventions name it, and the routing
+    // decision that chose the agent, both children of the task.
+    let span = |name: &str| {
+        spans
+            .iter()
+            .find(|s| hex(&s.trace_id) == trace_id && s.name == name)
+            .unwrap_or_else(|| panic!("no {name} in {in_trace:?}"))
+    };
+    let task = span("executor.task");
+    let invoked = span("invoke_agent builtin");
+    assert_eq!(invoked.parent_span_id, task.span_id);
+    assert_eq!(invoked.kind, 3, "invoke_agent is a CLIENT span");
+    assert_eq!(
+        attr(invoked, "gen_ai.operation.name").as_deref(),
+        Some("invoke_agent")
+    );
+    assert_eq!(attr(invoked, "gen_ai.agent.id").as_deref(), Some("builtin"));
+    assert_eq!(
+        attr(invoked, "switchyard.capability").as_deref(),
+        Some("builtin.echo")
+    );
+    assert_eq!(
+        attr(invoked, "switchyard.agent.status").as_deref(),
+        Some("RESPONSE_STATUS_SUCCESS")
+    );
+    let routed = span("switchyard.route");
+    assert_eq!(routed.parent_span_id, task.span_id);
+    assert_eq!(
+        attr(routed, "switchyard.route.agent_id").as_deref(),
+        Some("builtin")
+    );
+    assert_eq!(int_attr(routed, "switchyard.route.candidates"), Some(1));
+    assert!(
+        spans
+            .iter()
+            .any(|s| s.name == "router.Route" && s.parent_span_id == routed.span_id),
+        "the router's span is the routing decision's child"
+    );
     let _ = stop_tx.send(());
     server.await.unwrap().unwrap();
 }
