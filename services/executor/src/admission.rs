@@ -1196,7 +1196,15 @@ impl Executor {
                 .as_ref()
                 .map(|d| d.parent_job_id.clone())
                 .unwrap_or_default();
-            let hash = e.context_hash.clone();
+            // A job another replica accepted and this one took over has no
+            // hash in memory (it is not in the job's records): the spec's
+            // own, as at submission, rather than an empty one the approval
+            // service refuses.
+            let hash = if e.context_hash.is_empty() {
+                spec::context_hash(e.spec())
+            } else {
+                e.context_hash.clone()
+            };
             (
                 e.spec().clone(),
                 hash,
