@@ -161,9 +161,22 @@ fn replace_in(bytes: &mut [u8], from: &[u8], to: &[u8]) {
 impl Raw {
     /// The stored history of a stopped stack on backend `b` whose data
     /// directory was `dir`.
-    fn of(b: &Backend, dir: &Path) -> Raw {
+    /// The stored records of a stopped stack whose data is in `dir`. On
+    /// sled, once the stopped node's last tasks have let go of its store
+    /// (its lock goes with their handles, which may take a moment on a
+    /// loaded machine): the edits below open it directly.
+    async fn of(b: &Backend, dir: &Path) -> Raw {
         match b {
-            Backend::Sled => Raw::Sled(dir.to_path_buf()),
+            Backend::Sled => {
+                let free = switchyard_store::Store::reopen(
+                    dir.join("services"),
+                    std::time::Duration::from_secs(10),
+                )
+                .await
+                .unwrap();
+                drop(free);
+                Raw::Sled(dir.to_path_buf())
+            }
             Backend::Postgres(url) => Raw::Pg(url.clone()),
         }
     }
@@ -548,7 +561,7 @@ async fn every_tampering_with_a_finished_jobs_journal_is_found_where_it_breaks(b
     assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
 
     let dir = s.stop().await.unwrap();
-    let raw = Raw::of(&b, dir.path());
+    let raw = Raw::of(&b, dir.path()).await;
     let recs = raw.records("j-edit");
     let n = recs.len();
     // The task's move to succeeded, in the middle: the job's own move
@@ -720,7 +733,7 @@ async fn a_clean_history_verifies_after_a_key_rotation_and_after_pruning(b: Back
     assert_eq!((v.jobs, v.pruned), (0, 2), "{v:?}");
     s.stop().await.unwrap();
     // The checkpoint went with the records; the seal stayed.
-    let raw = Raw::of(&b, dir.path());
+    let raw = Raw::of(&b, dir.path()).await;
     assert_eq!(raw.kv("live_heads", "after"), None);
     assert!(raw.seal("after").is_some());
     drop(dir);
@@ -1061,7 +1074,7 @@ async fn every_tampering_with_a_runs_approval_audit_is_found(b: Backend) {
     assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
 
     let dir = s.stop().await.unwrap();
-    let raw = Raw::of(&b, dir.path());
+    let raw = Raw::of(&b, dir.path()).await;
     raw.edit_run("run-r-edit", 2, "context pack bound", "context pack BOUND");
     raw.reorder_run("run-r-delete", |p| {
         p.remove(1);
@@ -1135,7 +1148,7 @@ async fn a_running_jobs_checkpoint_finds_its_last_event_edited_while_the_executo
     assert_eq!(checked.problem, None);
     assert_eq!(checked.checkpointed, Some(x.events.len() as u64));
     let dir = s.stop().await.unwrap();
-    let raw = Raw::of(&b, dir.path());
+    let raw = Raw::of(&b, dir.path()).await;
     // Its last event (the approval it asks for) edited: no later record
     // links to it, so only the checkpoint can tell.
     let recs = raw.running_records("waits");
@@ -1410,7 +1423,7 @@ async fn every_tampering_with_a_budgets_journal_is_found(b: Backend) {
     assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
 
     let dir = s.stop().await.unwrap();
-    let raw = Raw::of(&b, dir.path());
+    let raw = Raw::of(&b, dir.path()).await;
     let mut recs: Vec<Vec<u8>> = raw.ledger().into_iter().map(|(_, r)| r).collect();
     // Edit: the first charge's reservation asks for more tokens.
     let at = nth_of(&recs, "led-edit", 2);
