@@ -138,8 +138,9 @@ impl SwitchyardMcp {
     }
 }
 
-/// The tools, each with its description and input schema.
-fn tools() -> Vec<Tool> {
+/// The tools, each with its description and input schema (every revision
+/// of the protocol lists the same).
+pub(crate) fn tools() -> Vec<Tool> {
     let schema = |v: Value| match v {
         Value::Object(m) => std::sync::Arc::new(m),
         _ => std::sync::Arc::new(Map::new()),
@@ -479,11 +480,6 @@ pub(crate) const INSTRUCTIONS: &str = "Switchyard runs jobs of agent, LLM and co
      follow it with watch_job or get_job, read get_result. A job that can spend waits \
      for a person to approve it (list_pending_approvals shows what waits); you cannot \
      approve.";
-
-/// The tools, for every revision of the protocol.
-pub(crate) fn tool_list() -> Vec<Tool> {
-    tools()
-}
 
 impl SwitchyardMcp {
     /// Calls tool `name` (known) with `args` as the principal of the HTTP

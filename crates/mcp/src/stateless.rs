@@ -190,7 +190,7 @@ pub async fn answer(
             "_meta": {"io.modelcontextprotocol/serverInfo": server_info()},
         }))),
         "tools/list" => Ok(cacheable(json!({
-            "tools": crate::server::tool_list(),
+            "tools": crate::server::tools(),
             "_meta": {"io.modelcontextprotocol/serverInfo": server_info()},
         }))),
         "tools/call" => call(server, parts, &params).await,
@@ -296,7 +296,7 @@ async fn call(
         .get("name")
         .and_then(Value::as_str)
         .ok_or((-32602, "params.name: name the tool".to_owned()))?;
-    if !crate::server::tool_list().iter().any(|t| t.name == name) {
+    if !crate::server::tools().iter().any(|t| t.name == name) {
         return Err((-32602, format!("no tool {name:?}")));
     }
     let args = match params.get("arguments") {

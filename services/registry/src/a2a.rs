@@ -281,20 +281,18 @@ impl Registry {
                     // registered signed must stay signed by a trusted key.
                     let pinned = Keys::parse(&a2a.card_keys).ok();
                     let signed = !a2a.card_signed_by.is_empty();
-                    match self.check_card(url, &json, pinned.as_ref(), signed).await {
-                        Ok(_) => Ok(()),
-                        Err(e) => {
-                            tracing::warn!(agent_id = %id, error = %e, "an A2A agent's card no longer verifies; its lease runs out");
-                            Err(e.to_string())
-                        }
+                    let checked = self.check_card(url, &json, pinned.as_ref(), signed).await;
+                    if let Err(e) = &checked {
+                        tracing::warn!(agent_id = %id, error = %e, "an A2A agent's card no longer verifies; its lease runs out");
                     }
+                    checked.is_ok()
                 }
-                Err(e) => Err(e.to_string()),
+                Err(e) => {
+                    tracing::debug!(agent_id = %id, error = %e, "an A2A agent's card did not answer; its lease runs out");
+                    false
+                }
             };
-            if let Err(e) = &read {
-                tracing::debug!(agent_id = %id, error = %e, "an A2A agent's card did not answer; its lease runs out");
-            }
-            (id, read.is_ok())
+            (id, read)
         });
         let answered: Vec<&String> = futures_util::future::join_all(checks)
             .await

@@ -482,7 +482,7 @@ async fn an_agent_whose_signed_card_is_changed_after_registration_lapses() {
     r.register_a2a_agent(signed_req(&url, "switching", ""))
         .await
         .unwrap();
-    let status = |r: &RegistryServiceClient<_>| {
+    let agent = |r: &RegistryServiceClient<_>| {
         let mut r = r.clone();
         async move {
             r.get_agent(GetAgentRequest {
@@ -493,37 +493,16 @@ async fn an_agent_whose_signed_card_is_changed_after_registration_lapses() {
             .into_inner()
             .agent
             .unwrap()
-            .status
         }
     };
-    let first = r
-        .get_agent(GetAgentRequest {
-            agent_id: "switching".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .agent
-        .unwrap()
-        .lease_expires_at
-        .unwrap();
+    let first = agent(&r).await.lease_expires_at.unwrap();
     until("the signed card keeps the lease", || async {
-        let a = r
-            .clone()
-            .get_agent(GetAgentRequest {
-                agent_id: "switching".into(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .agent
-            .unwrap();
-        a.lease_expires_at.unwrap().seconds > first.seconds + 1
+        agent(&r).await.lease_expires_at.unwrap().seconds > first.seconds + 1
     })
     .await;
     std::fs::write(format!("{}.tamper", jwks.display()), b"").unwrap();
     until("the agent with a changed card lapses", || async {
-        status(&r).await == AgentStatus::Lapsed as i32
+        agent(&r).await.status == AgentStatus::Lapsed as i32
     })
     .await;
     e.stack.stop().await.unwrap();
