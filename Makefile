@@ -104,7 +104,10 @@ PG_SKIP = $$(ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "SKIP
 .PHONY: test
 test: venv tools mcp-servers postgres chromium proto-lint ## What CI runs: proto lint, every Rust test incl. process, Python, grpcurl, redis-cli and curl tests, the public OJS conformance suite (when ../shared has it), the MCP conformance suite, then the real-model tests
 	cd tests/ojs && $(abspath $(PY)) -m unittest -q test_conformance
-	SWITCHYARD_PYTHON=$(abspath $(PY)) SWITCHYARD_GRPCURL=$(abspath $(VENV)/bin/grpcurl) SWITCHYARD_REDIS_CLI=$$(command -v redis-cli) \
+	# No backtraces: a failing test's message stays next to its name at the
+	# end of the output (CI shows a long log's ends); rerun one test with
+	# RUST_BACKTRACE=1 for its stack.
+	RUST_BACKTRACE=0 RUST_LIB_BACKTRACE=0 SWITCHYARD_PYTHON=$(abspath $(PY)) SWITCHYARD_GRPCURL=$(abspath $(VENV)/bin/grpcurl) SWITCHYARD_REDIS_CLI=$$(command -v redis-cli) \
 		SWITCHYARD_MCP_SERVERS=$(abspath tests/mcp) SWITCHYARD_CHROMIUM=$$(command -v chromium) SWITCHYARD_PG=$(PG_SKIP) $(CARGO) test --workspace --locked
 	$(MAKE) ojs-conformance
 	$(MAKE) mcp-conformance

@@ -1556,5 +1556,17 @@ async fn a_delegation_chain_lives_no_longer_than_its_ttl_or_its_parents_deadline
             .iter()
             .any(|j| j.spec.as_ref().unwrap().job_id == "late")
     );
+    // The sleepers end here, not in the node's drain: stopping is not
+    // what this test is about.
+    for id in ["grandchild", "sooner", "child", "root"] {
+        e.jobs
+            .cancel_job(switchyard_proto::executor::v1::CancelJobRequest {
+                job_id: id.into(),
+                reason: "the test is over".into(),
+            })
+            .await
+            .unwrap();
+        finish(&mut e.jobs, id).await;
+    }
     e.stack.stop().await.unwrap();
 }

@@ -317,7 +317,15 @@ fn three_replicas_never_send_more_than_the_limit_in_any_window_and_keep_within_t
     );
     let mut at: Vec<Instant> = received.iter().map(|r| r.at).collect();
     let window = Duration::from_millis(window_ms);
-    let most = most_in_any_window(&mut at, window);
+    // The ledger grants room at one instant and the request reaches the
+    // model server a moment later, after a trip through another process:
+    // two grants a window apart can arrive a little less than a window
+    // apart on a loaded machine. Counted over the window less that
+    // transit jitter, the limit must hold exactly (a limiter that let one
+    // call too many through would still show it: saturated, each window's
+    // room is taken in a burst the moment it frees).
+    let jitter = Duration::from_millis(100);
+    let most = most_in_any_window(&mut at, window - jitter);
     // Saturated from the first request to the last: each request holds
     // its room for a window, so n requests need the span to the last plus
     // that window.
@@ -325,7 +333,7 @@ fn three_replicas_never_send_more_than_the_limit_in_any_window_and_keep_within_t
     let rate = n as f64 / span.as_secs_f64();
     let wanted = limit as f64 / window.as_secs_f64();
     println!(
-        "3 replicas, {n} calls: most in any {window_ms} ms window {most} (limit {limit}); throughput {rate:.2}/s against a limit of {wanted:.2}/s ({:.1}%) over {span:?}",
+        "3 replicas, {n} calls: most in any {window_ms} ms window (less {jitter:?} of transit) {most} (limit {limit}); throughput {rate:.2}/s against a limit of {wanted:.2}/s ({:.1}%) over {span:?}",
         100.0 * rate / wanted
     );
     assert!(most as u64 <= limit, "{most} requests within one window");
