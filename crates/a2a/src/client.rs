@@ -169,12 +169,7 @@ impl Client {
                     }
                 };
                 buf.extend_from_slice(&chunk);
-                while let Some((event, rest)) = split_event(&buf) {
-                    let data = sse_data(&event);
-                    buf = rest;
-                    if data.is_empty() {
-                        continue;
-                    }
+                while let Some((_, data)) = switchyard_kit::sse::next_event(&mut buf) {
                     let parsed = serde_json::from_str::<Value>(&data)
                         .map_err(|e| A2aError::Protocol(format!("an event is not JSON: {e}")))
                         .and_then(result_of);
@@ -219,31 +214,6 @@ where
     let (tx, rx) = tokio::sync::mpsc::channel(32);
     tokio::spawn(f(tx));
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
-}
-
-/// The first complete event in `buf` (up to a blank line) and the rest.
-fn split_event(buf: &[u8]) -> Option<(String, Vec<u8>)> {
-    let end = buf
-        .windows(2)
-        .position(|w| w == b"\n\n")
-        .map(|i| (i, i + 2))
-        .or_else(|| {
-            buf.windows(4)
-                .position(|w| w == b"\r\n\r\n")
-                .map(|i| (i, i + 4))
-        })?;
-    let event = String::from_utf8_lossy(&buf[..end.0]).into_owned();
-    Some((event, buf[end.1..].to_vec()))
-}
-
-/// The `data:` lines of one server-sent event, joined.
-fn sse_data(event: &str) -> String {
-    event
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .map(|d| d.strip_prefix(' ').unwrap_or(d))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// A JSON-RPC response's `result`, or its error.
@@ -338,18 +308,6 @@ mod tests {
             TaskState::parse("paused"),
             TaskState::Other("paused".into())
         );
-    }
-
-    #[test]
-    fn events_split_at_blank_lines_in_either_line_ending() {
-        let buf = b"data: {\"a\":1}\n\ndata: {\"b\"".to_vec();
-        let (ev, rest) = split_event(&buf).unwrap();
-        assert_eq!(sse_data(&ev), "{\"a\":1}");
-        assert_eq!(rest, b"data: {\"b\"");
-        assert!(split_event(&rest).is_none());
-        let crlf = b"event: x\r\ndata: 1\r\ndata: 2\r\n\r\n".to_vec();
-        let (ev, _) = split_event(&crlf).unwrap();
-        assert_eq!(sse_data(&ev), "1\n2");
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! - [`telemetry`]: logs (human or JSON) and OTLP trace export.
 //! - [`shutdown`]: SIGINT/SIGTERM handling shared by every binary.
 //! - [`tls`]: the process's rustls crypto provider.
+//! - [`sse`]: server-sent events split off a byte stream.
 //! - [`json`], [`time`]: protobuf `Struct`/`Timestamp`/`Duration` conversions.
 
 pub mod auth;
@@ -33,6 +34,7 @@ pub mod money;
 pub mod receipt;
 pub mod server;
 pub mod shutdown;
+pub mod sse;
 pub mod telemetry;
 pub mod time;
 pub mod tls;

@@ -249,7 +249,7 @@ impl Endpoint {
                 Some(bytes) => buf.extend_from_slice(&bytes),
                 None => break,
             }
-            while let Some((name, data)) = next_event(&mut buf) {
+            while let Some((name, data)) = switchyard_kit::sse::next_event(&mut buf) {
                 let mut piece = Delta::default();
                 let done = wire
                     .event(&name, &data, &mut piece)
@@ -341,41 +341,6 @@ fn transport(e: reqwest::Error, scrub: &Scrub) -> ProviderError {
         ProviderError::Timeout
     } else {
         ProviderError::Connect(scrub.apply(without_url(&e)))
-    }
-}
-
-/// Takes the next whole server-sent event off `buf`: its `event:` name
-/// and its `data:` lines joined. Comments and events without data are
-/// skipped.
-fn next_event(buf: &mut Vec<u8>) -> Option<(String, String)> {
-    loop {
-        let end = buf
-            .windows(2)
-            .position(|w| w == b"\n\n")
-            .map(|i| (i, 2))
-            .into_iter()
-            .chain(
-                buf.windows(4)
-                    .position(|w| w == b"\r\n\r\n")
-                    .map(|i| (i, 4)),
-            )
-            .min_by_key(|(i, _)| *i)?;
-        let block: Vec<u8> = buf.drain(..end.0 + end.1).collect();
-        let text = String::from_utf8_lossy(&block[..end.0]);
-        let mut name = String::new();
-        let mut data: Vec<&str> = Vec::new();
-        for line in text.lines() {
-            let (field, value) = line.split_once(':').unwrap_or((line, ""));
-            let value = value.strip_prefix(' ').unwrap_or(value);
-            match field {
-                "event" => name = value.to_owned(),
-                "data" => data.push(value),
-                _ => {}
-            }
-        }
-        if !data.is_empty() {
-            return Some((name, data.join("\n")));
-        }
     }
 }
 
@@ -617,27 +582,5 @@ mod tests {
             error_message("  ").0,
             "the server sent no error text (its own log says why)"
         );
-    }
-
-    #[test]
-    fn server_sent_events_are_split_whole_across_chunks_and_line_endings() {
-        let mut buf =
-            b"event: a\ndata: {\"x\":1}\n\n: comment\n\ndata: one\r\ndata: two\r\n\r\ndata: par"
-                .to_vec();
-        assert_eq!(
-            next_event(&mut buf),
-            Some(("a".to_owned(), r#"{"x":1}"#.to_owned()))
-        );
-        assert_eq!(
-            next_event(&mut buf),
-            Some((String::new(), "one\ntwo".to_owned()))
-        );
-        assert_eq!(next_event(&mut buf), None, "a partial event waits");
-        buf.extend_from_slice(b"tial\n\n");
-        assert_eq!(
-            next_event(&mut buf),
-            Some((String::new(), "partial".to_owned()))
-        );
-        assert!(buf.is_empty());
     }
 }
