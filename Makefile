@@ -70,7 +70,7 @@ $(MCP_CONFORMANCE): tests/mcp/conformance/package.json tests/mcp/conformance/pac
 	touch $@
 
 .PHONY: mcp-conformance
-mcp-conformance: $(MCP_CONFORMANCE) ## The official MCP conformance suite's server scenarios against `switchyard mcp` (what fails by design is in tests/mcp/conformance/baseline.yml)
+mcp-conformance: $(MCP_CONFORMANCE) ## The official MCP conformance suite, both revisions (2025-11-25, 2026-07-28): server scenarios against `switchyard mcp`, client scenarios against the registry's client (what fails by design: tests/mcp/conformance/baseline*.yml)
 	$(CARGO) build --locked -p switchyard-cli
 	$(CARGO) build --locked -p switchyard-mcp --example conformance-client
 	bash tests/mcp/conformance/run.sh target/debug/switchyard target/debug/examples/conformance-client

@@ -1,7 +1,9 @@
 """An MCP server written with the Python SDK (mcp 2.x `MCPServer`), served
 over streamable HTTP, for Switchyard's MCP client tests: a slow tool that
 reports progress and records its cancellation, a tool that fails, and a
-tool that adds a tool and announces `notifications/tools/list_changed`.
+tool that adds a tool and announces `notifications/tools/list_changed`. It
+speaks both eras: the stateless 2026-07-28 (what Switchyard's client picks)
+and the session revisions.
 
     python py_server.py LOG_FILE
 
@@ -55,7 +57,10 @@ async def grow(name: str, ctx: Context) -> str:
         return text.upper()
 
     server.add_tool(shout, name=name, description=f"{name}: upper-cases text")
+    # Told in both eras: on a session (2025-11-25 and before) as a
+    # notification on it; at 2026-07-28 to `subscriptions/listen` streams.
     await ctx.session.send_tool_list_changed()
+    await ctx.notify_tools_changed()
     return f"added {name}"
 
 

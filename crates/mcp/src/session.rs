@@ -1,8 +1,11 @@
-//! One live MCP client session, on the official Rust SDK (rmcp): over the
-//! pipes of a sandboxed child (stdio) or streamable HTTP. It lists tools,
-//! runs calls with their progress notifications, cancels a call whose
-//! caller went away (`notifications/cancelled`), and tells its owner when
-//! the server's tool list changed.
+//! One live MCP client session: over the pipes of a sandboxed child
+//! (stdio) or streamable HTTP. It lists tools, runs calls with their
+//! progress notifications, cancels a call whose caller went away, and tells
+//! its owner when the server's tool list changed. An HTTP server that
+//! speaks the stateless revision 2026-07-28 is spoken to in it
+//! ([`crate::stateless_client`]); any other server, and every stdio one,
+//! through the official Rust SDK (rmcp) in the session revisions
+//! (`initialize`, `notifications/cancelled`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -207,10 +210,31 @@ impl ClientHandler for Handler {
     }
 }
 
+/// How a session talks to its server.
+enum Link {
+    /// The session revisions, through rmcp.
+    Rmcp(RunningService<RoleClient, Handler>),
+    /// The stateless revision; its tool list follower, if any, ends with
+    /// the session.
+    Stateless {
+        client: Arc<crate::stateless_client::Client>,
+        _follower: Option<AbortOnDrop>,
+    },
+}
+
+/// A task aborted when its owner goes.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// A live session with one MCP server.
 pub struct Session {
     shared: Arc<Shared>,
-    service: RunningService<RoleClient, Handler>,
+    link: Link,
     /// The stdio server's process: kept so that dropping the session kills it.
     _process: Option<Process>,
     server_version: String,
@@ -227,15 +251,57 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    /// Connects to server `name` and runs the MCP handshake within
-    /// `timeout`. `list_changed` is notified whenever the server says its
-    /// tool list changed.
+    /// Connects to server `name` within `timeout`: over HTTP, the
+    /// stateless revision when the server speaks it, else the handshake of
+    /// the session revisions. `list_changed` is notified whenever the
+    /// server says its tool list changed.
     pub async fn connect(
         name: &str,
         transport: Transport,
         list_changed: Arc<Notify>,
         timeout: Duration,
     ) -> Result<Session, McpError> {
+        let started = tokio::time::Instant::now();
+        let transport = match transport {
+            Transport::Http {
+                url,
+                bearer,
+                client,
+            } => {
+                use crate::stateless_client::{Client, Discovered};
+                match Client::discover(name, url.clone(), bearer.clone(), client.clone(), timeout)
+                    .await?
+                {
+                    Discovered::Stateless(c) => {
+                        let c = Arc::new(c);
+                        let follower = c.follow(list_changed.clone()).map(AbortOnDrop);
+                        return Ok(Session {
+                            server_version: c.server_version().to_owned(),
+                            protocol_version: crate::stateless::REVISION.to_owned(),
+                            shared: Arc::new(Shared {
+                                server: name.to_owned(),
+                                progress: Mutex::default(),
+                                list_changed,
+                                stderr: Mutex::default(),
+                            }),
+                            link: Link::Stateless {
+                                client: c,
+                                _follower: follower,
+                            },
+                            _process: None,
+                        });
+                    }
+                    Discovered::Older => Transport::Http {
+                        url,
+                        bearer,
+                        client,
+                    },
+                }
+            }
+            t => t,
+        };
+        // What discovery left of the time to connect in.
+        let timeout = timeout.saturating_sub(started.elapsed());
         let shared = Arc::new(Shared {
             server: name.to_owned(),
             progress: Mutex::default(),
@@ -295,7 +361,7 @@ impl Session {
             .unwrap_or_default();
         Ok(Session {
             shared,
-            service,
+            link: Link::Rmcp(service),
             _process: process,
             server_version,
             protocol_version,
@@ -314,12 +380,20 @@ impl Session {
 
     /// Whether the connection has ended.
     pub fn is_closed(&self) -> bool {
-        self.service.is_closed()
+        match &self.link {
+            Link::Rmcp(service) => service.is_closed(),
+            // Each request stands alone: there is no connection to lose.
+            Link::Stateless { .. } => false,
+        }
     }
 
     /// Every tool the server offers (all pages), within `timeout`.
     pub async fn list_tools(&self, timeout: Duration) -> Result<Vec<ToolDef>, McpError> {
-        let listed = tokio::time::timeout(timeout, self.service.peer().list_all_tools()).await;
+        let service = match &self.link {
+            Link::Rmcp(service) => service,
+            Link::Stateless { client, .. } => return client.list_tools(timeout).await,
+        };
+        let listed = tokio::time::timeout(timeout, service.peer().list_all_tools()).await;
         let tools = match listed {
             Ok(r) => r.map_err(|e| self.shared.error("tools/list", e))?,
             Err(_) => {
@@ -353,10 +427,16 @@ impl Session {
         arguments: Map<String, Value>,
         progress: mpsc::UnboundedSender<Progress>,
     ) -> Result<CallToolResult, McpError> {
+        let service = match &self.link {
+            Link::Rmcp(service) => service,
+            Link::Stateless { client, .. } => {
+                return client.call(tool, arguments, &progress).await;
+            }
+        };
         let mut params = CallToolRequestParams::new(tool.to_owned());
         params.arguments = Some(arguments);
         let req = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-        let peer = self.service.peer().clone();
+        let peer = service.peer().clone();
         let handle = peer
             .send_cancellable_request(req, PeerRequestOptions::no_options())
             .await
@@ -387,11 +467,10 @@ impl Session {
     }
 
     /// Ends the session (and kills a stdio server).
-    pub async fn close(mut self) {
-        let _ = self
-            .service
-            .close_with_timeout(Duration::from_secs(2))
-            .await;
+    pub async fn close(self) {
+        if let Link::Rmcp(mut service) = self.link {
+            let _ = service.close_with_timeout(Duration::from_secs(2)).await;
+        }
     }
 }
 

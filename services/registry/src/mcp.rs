@@ -501,6 +501,12 @@ impl Registry {
                     continue;
                 }
             };
+            // A tool whose header parameters are declared wrongly could
+            // only be called with headers that misstate it (SEP-2243).
+            if let Err(e) = switchyard_mcp::header_params(&t.input_schema) {
+                skipped.push(format!("{}: {e}", t.name));
+                continue;
+            }
             if let Some(other) = tools.iter().find(|x| x.name == name) {
                 skipped.push(format!(
                     "{}: its name {name:?} is taken by {:?} of the same server",

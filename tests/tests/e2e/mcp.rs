@@ -409,6 +409,11 @@ async fn a_slow_tool_is_timed_out_and_cancelled_on_the_server_with_its_progress_
     let reg = register(&mut r, http("py", &url)).await;
     let names: Vec<&str> = reg.tools.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names, ["py__fail", "py__grow", "py__wait"]);
+    // The Python SDK speaks both eras: the stateless one is picked, so the
+    // progress, the cancellation (the closing of the call's stream) and the
+    // list change (a subscription stream) below are 2026-07-28's.
+    let info = reg.server.as_ref().unwrap();
+    assert_eq!(info.protocol_version, "2026-07-28", "{info:?}");
 
     let replies = vec![
         Reply::tools(
@@ -562,6 +567,8 @@ async fn the_reference_server_over_streamable_http_lists_and_runs_its_tools() {
     );
     let info = reg.server.unwrap();
     assert!(info.server_version.contains("everything"), "{info:?}");
+    // It speaks no 2026-07-28: discovery falls back to the handshake.
+    assert_eq!(info.protocol_version, "2025-11-25", "{info:?}");
     let (_, echoed) = call(&mut r, "web__echo", json!({"message": "over http"})).await;
     assert_eq!(text(&echoed), "Echo: over http");
     let (progress, done) = call(
