@@ -2,7 +2,9 @@
 both transports: `switchyard mcp` on stdio and the gateway's `/mcp` over
 streamable HTTP, against a running `switchyard dev` — and over HTTP in both
 revisions: 2025-11-25 (initialize, a session) and 2026-07-28 (stateless,
-negotiated by the SDK's `server/discover` probe).
+negotiated by the SDK's `server/discover` probe), where a gated submit_job
+asks a client that takes elicitation to come back once a person decided
+(`input_required`), and nothing the client answers approves.
 
     python client_test.py SWITCHYARD_BIN GRPC_URL HTTP_URL CREDENTIALS_FILE
 
@@ -10,12 +12,15 @@ Prints one line per check and `N passed, M failed`; exits 1 on a failure.
 """
 
 import json
+import re
 import subprocess
 import sys
 
 import anyio
 import httpx
+import mcp_types
 from mcp import Client
+from mcp.client._input_required import InputRequiredRoundsExceededError
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -167,6 +172,89 @@ async def viewer_modern_over_http(token):
               r.is_error and "PERMISSION_DENIED" in text(r), text(r))
 
 
+def alice_client():
+    return create_mcp_http_client(headers={"Authorization": f"Bearer {TOKENS['alice']}"})
+
+
+def pending_of(name, c_runs):
+    return [r for r in c_runs if r["created_by"] == name]
+
+
+async def gated_modern_over_http(other_token):
+    # Without elicitation: the job is answered as it is, pending.
+    async with (client := alice_client()), Client(streamable_http_client(HTTP, http_client=client),
+                                                  mode="2026-07-28") as c:
+        r = await c.call_tool("submit_job", {"document": NEEDS_APPROVAL})
+        plain = r.structured_content or {}
+        check("2026-07-28 without elicitation: a gated submit_job is answered pending",
+              not r.is_error and plain.get("state") == "pending", text(r))
+        before = len(pending_of("alice", (await c.call_tool("list_pending_approvals", {})).structured_content["runs"]))
+
+    # With elicitation: asked once; bob approves outside MCP while the user
+    # is asked; the retry reads the job again and answers it decided.
+    asked = []
+
+    async def approve_then_accept(_ctx, params):
+        asked.append(params.message)
+        run = re.search(r"approval run (\S+)\)", params.message)
+        if run and len(asked) == 1:
+            code, out = await anyio.to_thread.run_sync(
+                lambda: cli("approval", "approve", run.group(1), "-m", "asked over MCP", token=TOKENS["bob"]))
+            check("bob approves the run the MCP user was told of", code == 0, out)
+        return mcp_types.ElicitResult(action="accept", content={})
+
+    async with (client := alice_client()), Client(streamable_http_client(HTTP, http_client=client),
+                                                  mode="2026-07-28", elicitation_callback=approve_then_accept) as c:
+        r = await c.call_tool("submit_job", {"document": NEEDS_APPROVAL})
+        job = r.structured_content or {}
+        check("2026-07-28 with elicitation: input_required once, answered when a person decided",
+              len(asked) == 1 and (job.get("approval") == "approved"
+                                   or job.get("state") in ("available", "active", "completed")), (asked, text(r)))
+
+    # Accepting is never approving: the same answer, no person, the job waits.
+    async def accept(_ctx, _params):
+        return mcp_types.ElicitResult(action="accept", content={})
+
+    async with (client := alice_client()), Client(streamable_http_client(HTTP, http_client=client),
+                                                  mode="2026-07-28", elicitation_callback=accept,
+                                                  input_required_max_rounds=3) as c:
+        try:
+            r = await c.call_tool("submit_job", {"document": NEEDS_APPROVAL})
+            check("2026-07-28: accepting does not approve", False, text(r))
+        except InputRequiredRoundsExceededError:
+            runs = (await c.call_tool("list_pending_approvals", {})).structured_content["runs"]
+            check("2026-07-28: accepting three times approves nothing (the run still waits)",
+                  len(pending_of("alice", runs)) == before + 1, runs)
+
+    # Declining stops the waiting: the job is answered as it is.
+    async def decline(_ctx, _params):
+        return mcp_types.ElicitResult(action="decline")
+
+    async with (client := alice_client()), Client(streamable_http_client(HTTP, http_client=client),
+                                                  mode="2026-07-28", elicitation_callback=decline) as c:
+        r = await c.call_tool("submit_job", {"document": NEEDS_APPROVAL})
+        declined = r.structured_content or {}
+        check("2026-07-28: declining answers the job still pending",
+              declined.get("state") == "pending" and declined.get("submitted_by") == "alice", text(r))
+
+    # The request state names a job: another submitter naming alice's is
+    # refused as get_job refuses it, and learns nothing of it.
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}}}
+    body = {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+        "name": "submit_job", "arguments": {"document": NEEDS_APPROVAL}, "_meta": meta,
+        "inputResponses": {"approval": {"action": "accept", "content": {}}},
+        "requestState": declined.get("job_id", "")}}
+    headers = {"Authorization": f"Bearer {other_token}", "MCP-Protocol-Version": "2026-07-28",
+               "Mcp-Method": "tools/call", "Mcp-Name": "submit_job",
+               "Accept": "application/json, text/event-stream"}
+    r = httpx.post(HTTP, json=body, headers=headers).json().get("result", {})
+    shown = json.dumps(r)
+    check("2026-07-28: a request state naming another submitter's job is refused, nothing shown",
+          r.get("isError") and "NOT_FOUND" in shown and "pending" not in shown
+          and "alice" not in shown, shown)
+
+
 async def main():
     job = await over_stdio()
     await as_bob_over_stdio(job)
@@ -180,6 +268,11 @@ async def main():
     if code == 0:
         await viewer_over_http(json.loads(out)["secret"])
         await viewer_modern_over_http(json.loads(out)["secret"])
+    code, out = cli("auth", "key", "create", "--subject", "sam", "--roles", "submitter", "-o", "json",
+                    token=TOKENS["admin"])
+    check("an admin makes a key for another submitter", code == 0, out)
+    if code == 0:
+        await gated_modern_over_http(json.loads(out)["secret"])
     print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed")
     sys.exit(1 if RESULTS["failed"] else 0)
 

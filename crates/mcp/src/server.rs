@@ -24,7 +24,7 @@ use switchyard_api::{ApprovalClient, ExecutorClient, RegistryClient};
 use switchyard_kit::client::{Credential, authed};
 use switchyard_kit::error::ApiError;
 use switchyard_kit::json::{struct_to_json, value_to_json};
-use switchyard_proto::approval::v1::{ListRunsRequest, Run, RunStatus};
+use switchyard_proto::approval::v1::{GetRunRequest, ListRunsRequest, Run, RunStatus};
 use switchyard_proto::executor::v1::*;
 use switchyard_proto::registry::v1::{Agent, GetCapabilitiesSummaryRequest, ListAgentsRequest};
 
@@ -314,7 +314,7 @@ fn refused(s: tonic::Status) -> String {
 impl SwitchyardMcp {
     /// Runs tool `name` (the job tools here, the rest in
     /// [`Self::directory`]); `Err` is a tool error the model reads.
-    async fn run(
+    pub(crate) async fn run(
         &self,
         name: &str,
         args: &Map<String, Value>,
@@ -379,6 +379,26 @@ impl SwitchyardMcp {
             }
             other => self.directory(&c, other, args).await,
         }
+    }
+
+    /// Where approval run `run_id` stands in Switchyard's approval record,
+    /// read as the caller: `proposed`, `approved`, `rejected`, ...
+    pub(crate) async fn run_status(
+        &self,
+        run_id: &str,
+        parts: Option<&http::request::Parts>,
+    ) -> Result<String, String> {
+        let c = self.clients(parts)?;
+        let req = GetRunRequest {
+            run_id: run_id.into(),
+        };
+        let run = c.approval.get_run(req).await.map_err(refused)?.run;
+        let status = run.map_or(0, |r| r.status);
+        Ok(RunStatus::try_from(status).map_or("unknown".into(), |s| {
+            s.as_str_name()
+                .trim_start_matches("RUN_STATUS_")
+                .to_ascii_lowercase()
+        }))
     }
 
     /// The tools that read the registry and the approval service.
@@ -491,10 +511,15 @@ impl SwitchyardMcp {
         name: &str,
         args: &Map<String, Value>,
     ) -> CallToolResult {
-        match self.run(name, args, parts).await {
-            Ok(v) => CallToolResult::structured(v),
-            Err(e) => CallToolResult::error(vec![rmcp::model::ContentBlock::text(e)]),
-        }
+        tool_result(self.run(name, args, parts).await)
+    }
+}
+
+/// A tool's outcome as its result: the value, or an error the model reads.
+pub(crate) fn tool_result(r: Result<Value, String>) -> CallToolResult {
+    match r {
+        Ok(v) => CallToolResult::structured(v),
+        Err(e) => CallToolResult::error(vec![rmcp::model::ContentBlock::text(e)]),
     }
 }
 

@@ -18,7 +18,7 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use crate::server::SwitchyardMcp;
 
@@ -304,8 +304,105 @@ async fn call(
         Some(Value::Object(m)) => m.clone(),
         Some(_) => return Err((-32602, "params.arguments must be an object".to_owned())),
     };
+    let elicits = params
+        .pointer("/_meta/io.modelcontextprotocol~1clientCapabilities/elicitation")
+        .is_some_and(Value::is_object);
+    if name == "submit_job" && elicits {
+        return gate(server, parts, params, &args).await;
+    }
     let result = server.call_as(Some(parts), name, &args).await;
     serde_json::to_value(result).map_err(|e| (-32603, e.to_string()))
+}
+
+/// `submit_job` from a client that takes elicitation: a job that waits for
+/// a person is answered `input_required` (SEP-2322), asking the client's
+/// user to come back once a person has decided, with the job's id as the
+/// request state. The retry reads the job again — as the caller, through
+/// the executor, so a state naming a job the caller may not see is refused
+/// as `get_job` refuses it — and its approval run in Switchyard's approval
+/// record, and answers what they are now: still waiting (asked again), or
+/// decided (the job, with `approval` saying how, even before the executor
+/// has moved it on). Whatever the client answers is never a decision: only
+/// a person's, recorded by the approval service, moves the job; declining
+/// ends the waiting here (the job stays as it is, to follow with get_job).
+async fn gate(
+    server: &SwitchyardMcp,
+    parts: &http::request::Parts,
+    params: &Value,
+    args: &Map<String, Value>,
+) -> Result<Value, (i64, String)> {
+    let retry = params.get("requestState").is_some();
+    let outcome = match params.get("requestState") {
+        None => server.run("submit_job", args, Some(parts)).await,
+        Some(Value::String(job_id)) if !job_id.is_empty() => {
+            let read = json!({"job_id": job_id});
+            let read = read.as_object().cloned().unwrap_or_default();
+            let job = server.run("get_job", &read, Some(parts)).await;
+            let action = params
+                .pointer("/inputResponses/approval/action")
+                .and_then(Value::as_str);
+            if matches!(action, Some("decline" | "cancel")) {
+                return to_value(crate::server::tool_result(job));
+            }
+            job
+        }
+        Some(_) => {
+            return Err((
+                -32602,
+                "params.requestState: send back the string this server sent".to_owned(),
+            ));
+        }
+    };
+    match outcome {
+        Ok(mut job) if waits_for_a_person(&job) => {
+            let run = job["run_id"].as_str().unwrap_or_default().to_owned();
+            if retry && job["state"] == "pending" && !run.is_empty() {
+                let status = server.run_status(&run, Some(parts)).await.ok();
+                if let Some(decided) = status.filter(|s| s != "proposed") {
+                    job["approval"] = json!(decided);
+                    return to_value(crate::server::tool_result(Ok(job)));
+                }
+            }
+            Ok(input_required(&job))
+        }
+        other => to_value(crate::server::tool_result(other)),
+    }
+}
+
+fn to_value(r: rmcp::model::CallToolResult) -> Result<Value, (i64, String)> {
+    serde_json::to_value(r).map_err(|e| (-32603, e.to_string()))
+}
+
+/// Whether a job (as `get_job` shows it) waits for a person's decision.
+fn waits_for_a_person(job: &Value) -> bool {
+    matches!(job["state"].as_str(), Some("pending" | "budget_paused"))
+}
+
+/// The answer that asks the client's user to come back once a person has
+/// decided on `job`.
+fn input_required(job: &Value) -> Value {
+    let id = job["job_id"].as_str().unwrap_or_default();
+    let run = job["run_id"].as_str().unwrap_or_default();
+    let why = if job["state"] == "budget_paused" {
+        "its budget ran out and an extension"
+    } else {
+        "it"
+    };
+    let message = format!(
+        "Job {id} waits for a person: {why} must be approved (approval run {run}) in the \
+         Switchyard console or with `switchyard approval approve {run}`. Approving is not done \
+         here. Answer once a person has decided and the job is read again; decline to stop \
+         waiting (the job stays as it is)."
+    );
+    json!({
+        "resultType": "input_required",
+        "inputRequests": {"approval": {"method": "elicitation/create", "params": {
+            "mode": "form",
+            "message": message,
+            "requestedSchema": {"type": "object", "properties": {}},
+        }}},
+        "requestState": id,
+    })
 }
 
 #[cfg(test)]

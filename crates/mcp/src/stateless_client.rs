@@ -248,12 +248,19 @@ impl Client {
         Some(tokio::spawn(async move {
             let mut pause = Duration::from_secs(1);
             loop {
+                let opened = tokio::time::Instant::now();
                 match me.listen(&changed).await {
                     Listened::Unsupported(why) => {
                         tracing::info!(server = %me.server, why = %why, "the MCP server takes no subscriptions: its tool list is read again at reconnection only");
                         return;
                     }
-                    Listened::Acknowledged => pause = Duration::from_secs(1),
+                    // A stream that lasted starts the pauses over; one the
+                    // server ends at once does not (it would have the
+                    // tool list read every second).
+                    Listened::Acknowledged if opened.elapsed() >= MAX_LISTEN_PAUSE => {
+                        pause = Duration::from_secs(1);
+                    }
+                    Listened::Acknowledged => {}
                     Listened::Failed(why) => {
                         tracing::debug!(server = %me.server, why = %why, "an MCP subscription stream ended");
                     }
