@@ -68,6 +68,8 @@ class TextAgent(AgentExecutor):
         what, _, rest = text.partition(":")
         rest = rest.strip()
         note(f"request {what.strip()}: {rest}")
+        if context.tenant:
+            note(f"tenant {context.tenant}")
         task = context.current_task or Task(
             id=context.task_id,
             context_id=context.context_id,
@@ -119,12 +121,14 @@ def listen(port: int = 0) -> tuple[socket.socket, int]:
     return sock, sock.getsockname()[1]
 
 
-def agent_card(url: str) -> AgentCard:
-    """The agent's card, its JSON-RPC interface at `url`."""
+def agent_card(url: str, tenant: str = "") -> AgentCard:
+    """The agent's card, its JSON-RPC interface at `url` (for `tenant`, when
+    one is named: A2A 1.0 multi-tenancy)."""
     return AgentCard(
         name="Text tricks",
         description="Shouts, fails, refuses, asks and waits: an A2A agent for tests.",
-        supported_interfaces=[AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="1.0")],
+        supported_interfaces=[AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="1.0",
+                                             tenant=tenant)],
         version="1.0.0",
         capabilities=AgentCapabilities(streaming=True),
         default_input_modes=["text/plain"],
@@ -152,7 +156,7 @@ def serve(sock: socket.socket, card: AgentCard, extra_routes=()) -> None:
 
 def main() -> None:
     sock, port = listen(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
-    serve(sock, agent_card(f"http://127.0.0.1:{port}/"))
+    serve(sock, agent_card(f"http://127.0.0.1:{port}/", sys.argv[3] if len(sys.argv) > 3 else ""))
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ impl A2aAgent {
     /// The agent at `endpoint`, as its binding describes it.
     pub fn new(http: reqwest::Client, endpoint: &str, binding: &A2aBinding) -> A2aAgent {
         A2aAgent {
-            client: Client::new(http, endpoint, &binding.protocol_version),
+            client: Client::new(http, endpoint, &binding.protocol_version)
+                .with_tenant(&binding.tenant),
             streaming: binding.streaming,
         }
     }

@@ -23,6 +23,9 @@ pub struct Card {
     pub url: String,
     /// The protocol version of that endpoint.
     pub protocol_version: String,
+    /// The tenant that interface names (sent with every request); empty:
+    /// none.
+    pub tenant: String,
     /// Whether it streams (`SendStreamingMessage`).
     pub streaming: bool,
     /// Its skills.
@@ -71,6 +74,8 @@ struct Interface {
     protocol_binding: String,
     #[serde(default)]
     protocol_version: String,
+    #[serde(default)]
+    tenant: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -131,6 +136,7 @@ impl Card {
             } else {
                 i.protocol_version.clone()
             },
+            tenant: i.tenant.clone(),
             streaming: w.capabilities.streaming,
             skills: w.skills,
         })
@@ -279,7 +285,7 @@ mod tests {
         "name": "Text tricks", "description": "Shouts.",
         "supportedInterfaces": [
             {"url": "http://127.0.0.1:9/grpc", "protocolBinding": "GRPC", "protocolVersion": "1.0"},
-            {"url": "http://127.0.0.1:9/", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}
+            {"url": "http://127.0.0.1:9/", "protocolBinding": "JSONRPC", "protocolVersion": "1.0", "tenant": "team-blue"}
         ],
         "capabilities": {"streaming": true},
         "skills": [{"id": "text.shout", "name": "shout", "description": "Upper-cases."}]
@@ -290,6 +296,7 @@ mod tests {
         let c = Card::parse(CARD.as_bytes()).unwrap();
         assert_eq!(c.url, "http://127.0.0.1:9/");
         assert_eq!(c.protocol_version, "1.0");
+        assert_eq!(c.tenant, "team-blue");
         assert!(c.streaming);
         assert_eq!(c.skills[0].id, "text.shout");
     }

@@ -97,6 +97,7 @@ pub struct Client {
     http: reqwest::Client,
     url: String,
     version: String,
+    tenant: String,
 }
 
 impl Client {
@@ -106,10 +107,21 @@ impl Client {
             http,
             url: url.to_owned(),
             version: version.to_owned(),
+            tenant: String::new(),
         }
     }
 
-    fn request(&self, method: &str, params: Value) -> reqwest::RequestBuilder {
+    /// The same client naming `tenant` (the card interface's) in every
+    /// request's `params.tenant`; empty: none.
+    pub fn with_tenant(mut self, tenant: &str) -> Client {
+        self.tenant = tenant.to_owned();
+        self
+    }
+
+    fn request(&self, method: &str, mut params: Value) -> reqwest::RequestBuilder {
+        if let (false, Some(p)) = (self.tenant.is_empty(), params.as_object_mut()) {
+            p.insert("tenant".into(), Value::String(self.tenant.clone()));
+        }
         let body = json!({"jsonrpc": "2.0", "id": uuid::Uuid::new_v4().to_string(), "method": method, "params": params});
         self.http
             .post(&self.url)

@@ -131,6 +131,7 @@ fn spec_of(
             streaming: card.streaming,
             card_keys: req.card_keys.clone(),
             card_signed_by: signed_by,
+            tenant: card.tenant.clone(),
         }),
         ..Default::default()
     };
@@ -326,6 +327,7 @@ mod tests {
             description: "Shouts.".into(),
             url: "http://127.0.0.1:9/".into(),
             protocol_version: "1.0".into(),
+            tenant: String::new(),
             streaming: true,
             skills: skills
                 .iter()

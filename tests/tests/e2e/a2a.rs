@@ -27,11 +27,19 @@ fn agent_script() -> PathBuf {
 
 /// The Python agent, logging to `log`.
 async fn start_agent(log: &Path) -> Child {
+    start_agent_of(log, "").await
+}
+
+/// The Python agent, logging to `log`, its card's interface naming
+/// `tenant` (when not empty).
+async fn start_agent_of(log: &Path, tenant: &str) -> Child {
     listening(
         &python(),
         &[
             &agent_script().display().to_string(),
             &log.display().to_string(),
+            "0",
+            tenant,
         ],
     )
     .await
@@ -76,7 +84,9 @@ fn output(t: &switchyard_proto::executor::v1::TaskStatus) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_a2a_agent_is_registered_from_its_card_and_routed_to_by_skill_with_streamed_updates() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = start_agent(&dir.path().join("agent.log")).await;
+    let log = dir.path().join("agent.log");
+    // Its card's interface serves tenant team-blue (A2A 1.0 tenancy).
+    let agent = start_agent_of(&log, "team-blue").await;
     let (mut e, reg) = stack_with(&agent, |_| {}).await;
     let spec = reg.agent.unwrap().spec.unwrap();
     assert_eq!(spec.id, "text_tricks");
@@ -94,6 +104,7 @@ async fn an_a2a_agent_is_registered_from_its_card_and_routed_to_by_skill_with_st
     let a2a = spec.a2a.unwrap();
     assert!(a2a.streaming);
     assert_eq!(a2a.protocol_version, "1.0");
+    assert_eq!(a2a.tenant, "team-blue");
 
     let j = submit(&mut e.jobs, &job("text.shout", "shout: hello"))
         .await
@@ -126,6 +137,12 @@ async fn an_a2a_agent_is_registered_from_its_card_and_routed_to_by_skill_with_st
         committed,
         [1_000],
         "the registered price, on the job's budget"
+    );
+    // The request named the card's tenant.
+    let heard = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        heard.contains("request shout: hello\ntenant team-blue"),
+        "{heard}"
     );
     drop(agent);
     e.stack.stop().await.unwrap();
