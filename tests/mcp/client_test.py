@@ -131,6 +131,11 @@ async def over_http(job):
         check("http: list_agents finds the built-in agent", agents == ["builtin"], agents)
         r = await s.call_tool("list_capabilities", {})
         check("http: list_capabilities lists agents", bool((r.structured_content or {}).get("agents")), text(r))
+        templates = [t.uri_template for t in (await s.list_resource_templates()).resource_templates]
+        check("http: jobs and results are resource templates",
+              templates == ["switchyard://jobs/{job_id}", "switchyard://jobs/{job_id}/result"], templates)
+        read = json.loads((await s.read_resource(f"switchyard://jobs/{job['job_id']}")).contents[0].text)
+        check("http: a job resource reads in the session revision too", read.get("job_id") == job["job_id"], read)
 
 
 async def viewer_over_http(token):
@@ -157,6 +162,14 @@ async def modern_over_http(job):
         r = await c.call_tool("validate_job", {"document": BAD_NUMBERING})
         check("http 2026-07-28: a tool's refusal is a tool error",
               r.is_error and "gap between task 2 and 4" in text(r), text(r))
+        uri = f"switchyard://jobs/{job['job_id']}"
+        listed = [x.uri for x in (await c.list_resources()).resources]
+        check("http 2026-07-28: alice's jobs are resources", uri in listed, listed)
+        read = json.loads((await c.read_resource(uri)).contents[0].text)
+        check("http 2026-07-28: reading a job resource is get_job", read.get("state") == "completed", read)
+        read = json.loads((await c.read_resource(uri + "/result")).contents[0].text)
+        check("http 2026-07-28: reading its result resource is get_result",
+              read["tasks"][0]["output"].get("text") == "approved and done", read)
     # The same client pinned to the handshake era still gets a session.
     client = create_mcp_http_client(headers={"Authorization": f"Bearer {TOKENS['alice']}"})
     async with client, Client(streamable_http_client(HTTP, http_client=client), mode="legacy") as c:
@@ -248,6 +261,19 @@ async def gated_modern_over_http(other_token):
     headers = {"Authorization": f"Bearer {other_token}", "MCP-Protocol-Version": "2026-07-28",
                "Mcp-Method": "tools/call", "Mcp-Name": "submit_job",
                "Accept": "application/json, text/event-stream"}
+    # Nor can it read alice's job as a resource: not found, as a job that
+    # does not exist, and it is not among the resources it lists.
+    other = create_mcp_http_client(headers={"Authorization": f"Bearer {other_token}"})
+    async with other, Client(streamable_http_client(HTTP, http_client=other), mode="2026-07-28") as c:
+        uri = f"switchyard://jobs/{declined.get('job_id', '')}"
+        try:
+            got = await c.read_resource(uri)
+            check("2026-07-28: another submitter cannot read alice's job resource", False, got)
+        except Exception as e:
+            check("2026-07-28: another submitter cannot read alice's job resource (Resource not found)",
+                  "Resource not found" in str(e) and "pending" not in str(e), e)
+        listed = [x.uri for x in (await c.list_resources()).resources]
+        check("2026-07-28: another submitter lists none of alice's jobs", uri not in listed, listed)
     r = httpx.post(HTTP, json=body, headers=headers).json().get("result", {})
     shown = json.dumps(r)
     check("2026-07-28: a request state naming another submitter's job is refused, nothing shown",

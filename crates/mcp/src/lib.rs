@@ -13,6 +13,7 @@
 
 pub mod headers;
 pub mod names;
+mod resources;
 pub mod server;
 pub mod session;
 pub mod stateless;

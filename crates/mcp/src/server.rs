@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData, ServerHandler};
@@ -75,8 +76,8 @@ pub struct SwitchyardMcp {
 }
 
 /// The clients of one call, carrying its caller's credential.
-struct Clients {
-    jobs: ExecutorClient,
+pub(crate) struct Clients {
+    pub(crate) jobs: ExecutorClient,
     registry: RegistryClient,
     approval: ApprovalClient,
 }
@@ -116,7 +117,7 @@ impl SwitchyardMcp {
 
     /// The clients of a call carried by the HTTP request `parts` (none on
     /// stdio), with its credential.
-    fn clients(&self, parts: Option<&http::request::Parts>) -> Result<Clients, String> {
+    pub(crate) fn clients(&self, parts: Option<&http::request::Parts>) -> Result<Clients, String> {
         let credential = match &self.identity {
             Identity::Fixed(c) => c.clone(),
             Identity::PerRequest => {
@@ -255,7 +256,7 @@ fn task_json(t: &TaskStatus) -> Value {
     v
 }
 
-fn job_json(j: &Job) -> Value {
+pub(crate) fn job_json(j: &Job) -> Value {
     let spec = j.spec.clone().unwrap_or_default();
     let state =
         JobState::try_from(j.state).map_or("unknown".into(), |s| state_name(s.as_str_name()));
@@ -271,7 +272,7 @@ fn job_json(j: &Job) -> Value {
     v
 }
 
-fn result_json(r: &GetResultResponse) -> Value {
+pub(crate) fn result_json(r: &GetResultResponse) -> Value {
     let state =
         JobState::try_from(r.state).map_or("unknown".into(), |s| state_name(s.as_str_name()));
     json!({"job_id": r.job_id, "state": state, "cost": money(r.cost.as_ref()), "tokens_used": r.tokens_used,
@@ -303,7 +304,7 @@ fn agent_json(a: &Agent) -> Value {
 }
 
 /// What a refused call tells the model: the reason code and the message.
-fn refused(s: tonic::Status) -> String {
+pub(crate) fn refused(s: tonic::Status) -> String {
     let e = ApiError::from(s);
     match e.reason {
         Some(r) => format!("{r}: {}", e.message),
@@ -499,7 +500,7 @@ impl SwitchyardMcp {
 pub(crate) const INSTRUCTIONS: &str = "Switchyard runs jobs of agent, LLM and command tasks under budgets. Submit a job, \
      follow it with watch_job or get_job, read get_result. A job that can spend waits \
      for a person to approve it (list_pending_approvals shows what waits); you cannot \
-     approve.";
+     approve. Jobs are resources too: switchyard://jobs/{job_id} and its /result.";
 
 impl SwitchyardMcp {
     /// Calls tool `name` (known) with `args` as the principal of the HTTP
@@ -525,9 +526,14 @@ pub(crate) fn tool_result(r: Result<Value, String>) -> CallToolResult {
 
 impl ServerHandler for SwitchyardMcp {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("switchyard", env!("CARGO_PKG_VERSION")))
-            .with_instructions(INSTRUCTIONS)
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .build(),
+        )
+        .with_server_info(Implementation::new("switchyard", env!("CARGO_PKG_VERSION")))
+        .with_instructions(INSTRUCTIONS)
     }
 
     async fn list_tools(
@@ -554,6 +560,46 @@ impl ServerHandler for SwitchyardMcp {
         let result = self.call_as(parts, &request.name, &args).await;
         Ok(CallToolResponse::Complete(result))
     }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let parts = ctx.extensions.get::<http::request::Parts>();
+        let cursor = request.as_ref().and_then(|r| r.cursor.as_deref());
+        let listed = self.jobs_as_resources(parts, cursor).await;
+        typed(listed.map_err(rpc_error)?)
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        typed(crate::resources::templates())
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let parts = ctx.extensions.get::<http::request::Parts>();
+        let read = self.read_job_resource(parts, &request.uri).await;
+        Ok(ReadResourceResponse::Complete(typed(
+            read.map_err(rpc_error)?,
+        )?))
+    }
+}
+
+/// A result written as JSON (one writer for both revisions) as rmcp's type.
+fn typed<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ErrorData> {
+    serde_json::from_value(v).map_err(|e| ErrorData::internal_error(e.to_string(), None))
+}
+
+fn rpc_error(e: crate::resources::ResourceError) -> ErrorData {
+    ErrorData::new(rmcp::model::ErrorCode(e.code as i32), e.message, e.data)
 }
 
 #[cfg(test)]

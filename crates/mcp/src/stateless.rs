@@ -185,7 +185,7 @@ pub async fn answer(
     let result = match method {
         "server/discover" => Ok(cacheable(json!({
             "supportedVersions": supported(),
-            "capabilities": {"tools": {}},
+            "capabilities": {"tools": {}, "resources": {}},
             "instructions": crate::server::INSTRUCTIONS,
             "_meta": {"io.modelcontextprotocol/serverInfo": server_info()},
         }))),
@@ -193,13 +193,29 @@ pub async fn answer(
             "tools": crate::server::tools(),
             "_meta": {"io.modelcontextprotocol/serverInfo": server_info()},
         }))),
-        "tools/call" => call(server, parts, &params).await,
+        "tools/call" => call(server, parts, &params)
+            .await
+            .map_err(|(c, m)| (c, m, None)),
+        "resources/list" => {
+            let cursor = params.get("cursor").and_then(Value::as_str);
+            let listed = server.jobs_as_resources(Some(parts), cursor).await;
+            listed.map(cacheable).map_err(resource_error)
+        }
+        "resources/templates/list" => Ok(cacheable(crate::resources::templates())),
+        "resources/read" => match params.get("uri").and_then(Value::as_str) {
+            Some(uri) => server
+                .read_job_resource(Some(parts), uri)
+                .await
+                .map(cacheable)
+                .map_err(resource_error),
+            None => Err((-32602, "params.uri: name the resource".to_owned(), None)),
+        },
         _ => {
             let e = error(
                 id,
                 -32601,
                 format!(
-                    "Method not found: {method} (this server offers server/discover, tools/list and tools/call)"
+                    "Method not found: {method} (this server offers server/discover, tools/list, tools/call, resources/list, resources/templates/list and resources/read)"
                 ),
             );
             return (StatusCode::NOT_FOUND, Some(e));
@@ -215,8 +231,18 @@ pub async fn answer(
                 Some(json!({"jsonrpc": "2.0", "id": id, "result": r})),
             )
         }
-        Err((code, m)) => bad(id, code, m),
+        Err((code, m, data)) => {
+            let mut e = error(id, code, m);
+            if let Some(d) = data {
+                e["error"]["data"] = d;
+            }
+            (StatusCode::BAD_REQUEST, Some(e))
+        }
     }
+}
+
+fn resource_error(e: crate::resources::ResourceError) -> (i64, String, Option<Value>) {
+    (e.code, e.message, e.data)
 }
 
 /// The standard headers a 2026-07-28 request repeats from its body, so
@@ -249,9 +275,13 @@ fn standard_headers(
             ));
         }
     }
-    if let Some(name) = params.get("name").and_then(Value::as_str)
-        && method == "tools/call"
-    {
+    // What the request names: a tool's name, a resource's URI.
+    let named = match method {
+        "tools/call" => params.get("name"),
+        "resources/read" => params.get("uri"),
+        _ => None,
+    };
+    if let Some(name) = named.and_then(Value::as_str) {
         match header("mcp-name") {
             Some(n) if n == name => {}
             Some(n) => {
