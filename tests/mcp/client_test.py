@@ -281,6 +281,18 @@ async def gated_modern_over_http(other_token):
           and "alice" not in shown, shown)
 
 
+async def agent_reads_no_job_resource(token, job):
+    # An agent key is no submitter: alice's job is not a resource it reads.
+    client = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+    async with client, Client(streamable_http_client(HTTP, http_client=client), mode="2026-07-28") as c:
+        try:
+            got = await c.read_resource(f"switchyard://jobs/{job['job_id']}")
+            check("2026-07-28: an agent key cannot read alice's job resource", False, got)
+        except Exception as e:
+            check("2026-07-28: an agent key cannot read alice's job resource (Resource not found)",
+                  str(e) == "Resource not found", e)
+
+
 async def main():
     job = await over_stdio()
     await as_bob_over_stdio(job)
@@ -299,6 +311,11 @@ async def main():
     check("an admin makes a key for another submitter", code == 0, out)
     if code == 0:
         await gated_modern_over_http(json.loads(out)["secret"])
+    code, out = cli("auth", "key", "create", "--subject", "bot", "--roles", "agent", "--kind", "agent",
+                    "-o", "json", token=TOKENS["admin"])
+    check("an admin makes an agent key", code == 0, out)
+    if code == 0:
+        await agent_reads_no_job_resource(json.loads(out)["secret"], job)
     print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed")
     sys.exit(1 if RESULTS["failed"] else 0)
 

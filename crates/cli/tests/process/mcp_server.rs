@@ -24,7 +24,7 @@ fn the_python_mcp_client_drives_switchyard_over_stdio_and_the_gateway() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("{stdout}");
     assert!(
-        out.status.success() && stdout.contains("37 passed, 0 failed"),
+        out.status.success() && stdout.contains("39 passed, 0 failed"),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
