@@ -1,6 +1,6 @@
 """Drives Switchyard's A2A door with the reference a2a-sdk client.
 
-usage: door_client.py BASE_URL TOKEN STEPS_JSON
+usage: door_client.py BASE_URL TOKEN STEPS_JSON [BINDING]
 
 BASE_URL is the gateway (its card at /.well-known/agent-card.json); TOKEN
 the bearer credential; STEPS_JSON a list of steps, each one of
@@ -8,7 +8,8 @@ the bearer credential; STEPS_JSON a list of steps, each one of
   {"send_data": {...}, "task": "JOB_ID"}      SendMessage, a data part
   {"get": "JOB_ID"}                           GetTask
   {"cancel": "JOB_ID"}                        CancelTask
-Prints one JSON line per step: the task's id, context id, state and the
+BINDING is the protocol binding the client is to use from the card:
+JSONRPC (the default) or HTTP+JSON. Prints one JSON line per step: the task's id, context id, state and the
 text of its status message, or the error the SDK raised.
 """
 
@@ -38,11 +39,11 @@ def task_line(task):
     }
 
 
-async def main(base, token, steps):
+async def main(base, token, steps, binding):
     http = httpx.AsyncClient(
         headers={"Authorization": f"Bearer {token}"}, timeout=60.0
     )
-    config = ClientConfig(streaming=False, httpx_client=http)
+    config = ClientConfig(streaming=False, httpx_client=http, supported_protocol_bindings=[binding])
     client = await ClientFactory(config).create_from_url(base)
     for step in steps:
         try:
@@ -76,4 +77,5 @@ async def main(base, token, steps):
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], json.loads(sys.argv[3])))
+    binding = sys.argv[4] if len(sys.argv) > 4 else "JSONRPC"
+    asyncio.run(main(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), binding))

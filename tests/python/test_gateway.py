@@ -287,6 +287,31 @@ def check_a2a_door_reads_and_cancels_a_job_as_the_caller():
     r = rpc("CancelTask", {"id": "py-a2a-1"})
     assert r.json()["result"]["status"]["state"] == "TASK_STATE_CANCELED", r.text
 
+    # The HTTP+JSON binding: the same operations on their REST paths, its
+    # errors as google.rpc.Status JSON with A2A's ErrorInfo reason.
+    assert [i["protocolBinding"] for i in card["supportedInterfaces"]] == ["JSONRPC", "HTTP+JSON"], card
+    slow["task_id"] = "py-a2a-2"
+    assert call("POST", "/aitp/tasks", "/aitp/tasks", ALICE, json=slow).status_code == 201
+    task_route = "/a2a/tasks/{task_id}"
+    r = call("GET", task_route, "/a2a/tasks/py-a2a-2", ALICE)
+    assert r.status_code == 200 and r.json()["id"] == "py-a2a-2", r.text
+    r = call("GET", task_route, "/a2a/tasks/py-a2a-2", CAROL)
+    err = r.json()["error"]
+    assert r.status_code == 404 and err["status"] == "NOT_FOUND", r.text
+    assert err["details"][0]["reason"] == "TASK_NOT_FOUND" and err["details"][0]["domain"] == "a2a-protocol.org", r.text
+    assert call("GET", task_route, "/a2a/tasks/py-a2a-2").status_code == 401
+    r = call("POST", task_route, "/a2a/tasks/py-a2a-2:cancel", CAROL)
+    assert r.status_code == 404, r.text
+    r = call("POST", task_route, "/a2a/tasks/py-a2a-2:archive", ALICE)
+    assert r.status_code == 404 and r.json()["error"]["details"][0]["reason"] == "METHOD_NOT_FOUND", r.text
+    r = call("POST", task_route, "/a2a/tasks/py-a2a-2:cancel", ALICE)
+    assert r.status_code == 200 and r.json()["status"]["state"] == "TASK_STATE_CANCELED", r.text
+    send = {"message": {"messageId": "py-m1", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}
+    r = call("POST", "/a2a/message:send", "/a2a/message:send", ALICE, json=send)
+    assert r.status_code == 400 and r.json()["error"]["details"][0]["reason"] == "INVALID_PARAMS", r.text
+    r = call("POST", "/a2a/message:send", "/a2a/message:send", ALICE, json={**send, "tenant": "tenant-b"})
+    assert r.status_code == 403 and r.json()["error"]["status"] == "PERMISSION_DENIED", r.text
+
 
 def check_metrics_on_the_http_door_need_metrics_read_and_parse_as_prometheus():
     """Late: by now jobs have finished and runs were decided, so both

@@ -47,6 +47,80 @@ async fn client(base: &str, token: &str, steps: Value) -> Vec<Value> {
     python("door_client.py", &[base, token, &steps.to_string()]).await
 }
 
+/// The same over the card's HTTP+JSON interface.
+async fn rest_client(base: &str, token: &str, steps: Value) -> Vec<Value> {
+    python(
+        "door_client.py",
+        &[base, token, &steps.to_string(), "HTTP+JSON"],
+    )
+    .await
+}
+
+/// A2A 1.0's HTTP+JSON binding: the reference client, picking that
+/// interface from the signed card, talks in a conversation, answers an
+/// input step and cancels, as the caller; others are refused as over
+/// JSON-RPC, with nothing recorded.
+#[tokio::test]
+async fn the_reference_a2a_client_over_http_json_talks_answers_and_cancels_as_the_caller() {
+    let e = env(true, |_| {}).await;
+    e.script
+        .for_model("m-chat", vec![Reply::text("Hello over REST.", 20, 4)]);
+    let base = format!("http://{}", e.stack.http.unwrap());
+    let mut alice = JobServiceClient::new(e.stack.channel_as("alice").await.unwrap());
+    let talk = json!({"job_id": "rest-talk", "tasks": [{"id": "chat", "conversation": {
+        "orchestrator": {"model": "m-chat", "max_tokens": 40}}}]});
+    submit(&mut alice, &talk.to_string()).await.unwrap();
+    let ask = json!({"job_id": "rest-ask", "tasks": [{"id": "ask", "input": {
+        "prompt": "How many replicas?",
+        "schema": {"type": "object", "required": ["size"], "properties": {"size": {"type": "integer"}}}}}]});
+    submit(&mut alice, &ask.to_string()).await.unwrap();
+    crate::common::until_event(&mut alice, "rest-ask", "task.input_requested").await;
+
+    for token in &crate::common::outsiders(&e.stack).await {
+        let lines = rest_client(
+            &base,
+            token,
+            json!([{"send": "let me in", "task": "rest-talk"}, {"get": "rest-ask"},
+                   {"cancel": "rest-ask"}]),
+        )
+        .await;
+        for l in &lines {
+            assert!(l["error"].is_string(), "{lines:?}");
+        }
+    }
+    assert!(history(&mut alice, "rest-talk").await.turns.is_empty());
+
+    let alice_token = e.stack.token("alice").unwrap();
+    let lines = rest_client(
+        &base,
+        &alice_token,
+        json!([{"send": "hi", "task": "rest-talk"},
+               {"get": "rest-ask"},
+               {"send_data": {"size": 3}, "task": "rest-ask"},
+               {"get": "no-such-job"},
+               {"cancel": "rest-talk"}]),
+    )
+    .await;
+    assert_eq!(lines[0]["state"], "TASK_STATE_INPUT_REQUIRED", "{lines:?}");
+    assert_eq!(lines[0]["text"], "Hello over REST.");
+    assert_eq!(lines[1]["text"], "How many replicas?", "{lines:?}");
+    assert!(lines[2]["error"].is_null(), "{lines:?}");
+    // A2A's error class, read from the ErrorInfo reason.
+    assert!(
+        lines[3]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("TaskNotFoundError"),
+        "{lines:?}"
+    );
+    assert_eq!(lines[4]["state"], "TASK_STATE_CANCELED", "{lines:?}");
+    let done = finish(&mut alice, "rest-ask").await;
+    assert_eq!(done.state, JobState::Completed as i32, "{done:?}");
+    let said = history(&mut alice, "rest-talk").await;
+    assert_eq!(said.turns.len(), 1, "{said:?}");
+    e.stack.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn the_reference_a2a_client_talks_in_a_conversation_and_answers_an_input_as_the_job_allows() {
     let e = env(true, |_| {}).await;

@@ -346,6 +346,10 @@ pub const HTTP_ROUTES: &[(&str, &str, Access)] = {
         // The public key the card is signed with (when it is).
         ("GET", "/.well-known/jwks.json", Access::Open),
         ("POST", "/a2a", Access::Authenticated),
+        // Its HTTP+JSON binding: the same three operations, checked alike.
+        ("POST", "/a2a/message:send", Access::Authenticated),
+        ("GET", "/a2a/tasks/{task_id}", Access::Authenticated),
+        ("POST", "/a2a/tasks/{task_id}", Access::Authenticated),
         // The OJS binding: producers (submitters), workers (agents and
         // anyone with task.work), operators.
         // A webhook: the sender's key must be the trigger's creator's or

@@ -1,4 +1,5 @@
-//! The A2A door (Agent2Agent 1.0, JSON-RPC binding): a client that speaks
+//! The A2A door (Agent2Agent 1.0, the JSON-RPC and HTTP+JSON bindings):
+//! a client that speaks
 //! A2A continues work started through Switchyard's other doors. The job is
 //! the A2A task (`taskId`, and its `contextId`): a message to a job with a
 //! step waiting for input answers it (SendInput); a message to a
@@ -7,7 +8,9 @@
 //! next message. `GetTask` and `CancelTask` read and cancel the job. Every
 //! call is made as the authenticated caller, so the executor's checks —
 //! who may read, answer or talk — are the ones that apply; nothing here
-//! trusts a field of the message to say who is asking.
+//! trusts a field of the message to say who is asking. Both bindings run
+//! the same three operations; HTTP+JSON answers errors as A2A's
+//! `google.rpc.Status` JSON with its `ErrorInfo` reason ([`REST_ERRORS`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +18,7 @@ use std::time::Duration;
 use axum::Extension;
 use axum::Router;
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures_util::StreamExt as _;
@@ -34,6 +37,8 @@ pub(super) fn routes() -> Router<Arc<Door>> {
         .route("/.well-known/agent-card.json", get(card))
         .route("/.well-known/jwks.json", get(jwks))
         .route("/a2a", post(rpc))
+        .route("/a2a/message:send", post(rest_send))
+        .route("/a2a/tasks/{task_id}", get(rest_get).post(rest_cancel))
 }
 
 /// What signs the door's Agent Card: the deployment's key and the public
@@ -94,7 +99,10 @@ async fn card(State(door): State<Arc<Door>>, headers: http::HeaderMap) -> Respon
     let card = json!({
         "name": "Switchyard",
         "description": "Continue Switchyard jobs over A2A: talk in a running conversation, or answer a step waiting for input. The task id (and context id) is the job id; send `Authorization: Bearer <api key or token>`.",
-        "supportedInterfaces": [{"url": format!("{base}/a2a"), "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}],
+        "supportedInterfaces": [
+            {"url": format!("{base}/a2a"), "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
+            {"url": format!("{base}/a2a"), "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
+        ],
         "version": env!("CARGO_PKG_VERSION"),
         "capabilities": {"streaming": false},
         "defaultInputModes": ["text/plain", "application/json"],
@@ -177,22 +185,7 @@ async fn rpc(
     };
     let id = req.get("id").cloned().unwrap_or(Value::Null);
     let params = req.get("params").cloned().unwrap_or(Value::Null);
-    // A2A 1.0 multi-tenancy: a request may name its tenant (`params.tenant`).
-    // The tenant is the caller's credential's; a named one must be that,
-    // never a way to reach another tenant's tasks.
-    if let Some(t) = params
-        .get("tenant")
-        .and_then(Value::as_str)
-        .filter(|t| !t.is_empty())
-        && caller.principal.tenant_scope() != Some(t)
-    {
-        let refused = RpcError {
-            code: -32602,
-            message: format!(
-                "params.tenant {t:?} is not your tenant: the tenant is your credential's; name your own or none"
-            ),
-            reason: "PERMISSION_DENIED".into(),
-        };
+    if let Err(refused) = own_tenant(&caller, &params) {
         return answer(id, Err(refused));
     }
     let out = match req
@@ -218,6 +211,117 @@ async fn rpc(
         }),
     };
     answer(id, out)
+}
+
+/// A2A 1.0 multi-tenancy: a request may name its tenant (`tenant`). The
+/// tenant is the caller's credential's; a named one must be that, never a
+/// way to reach another tenant's tasks.
+fn own_tenant(caller: &Caller, params: &Value) -> Result<(), RpcError> {
+    match params
+        .get("tenant")
+        .and_then(Value::as_str)
+        .filter(|t| !t.is_empty())
+    {
+        Some(t) if caller.principal.tenant_scope() != Some(t) => Err(RpcError {
+            code: -32602,
+            message: format!(
+                "tenant {t:?} is not your tenant: the tenant is your credential's; name your own or none"
+            ),
+            reason: "PERMISSION_DENIED".into(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// `POST /a2a/message:send` (HTTP+JSON): the body is a
+/// `SendMessageRequest`, as JSON-RPC's params.
+async fn rest_send(
+    State(door): State<Arc<Door>>,
+    Extension(caller): Extension<Caller>,
+    body: Body,
+) -> Response {
+    let params = match axum::body::to_bytes(body, door.max_body).await {
+        Err(e) => return rest(Err(RpcError::params(format!("body: {e}")))),
+        Ok(b) => match serde_json::from_slice::<Value>(&b) {
+            Ok(v) if v.is_object() => v,
+            _ => {
+                return rest(Err(RpcError::params(
+                    "the body is not a JSON SendMessageRequest object",
+                )));
+            }
+        },
+    };
+    if let Err(refused) = own_tenant(&caller, &params) {
+        return rest(Err(refused));
+    }
+    rest(send(&door, &caller, &params).await)
+}
+
+/// `GET /a2a/tasks/{id}` (HTTP+JSON): GetTask.
+async fn rest_get(
+    State(door): State<Arc<Door>>,
+    Extension(caller): Extension<Caller>,
+    Path(task_id): Path<String>,
+) -> Response {
+    rest(get_task(&door, &caller, &task_id, None).await)
+}
+
+/// `POST /a2a/tasks/{id}:cancel` (HTTP+JSON): CancelTask. The custom
+/// method is part of the last path segment, so it is read here.
+async fn rest_cancel(
+    State(door): State<Arc<Door>>,
+    Extension(caller): Extension<Caller>,
+    Path(segment): Path<String>,
+) -> Response {
+    match segment.strip_suffix(":cancel").filter(|id| !id.is_empty()) {
+        Some(id) => rest(cancel(&door, &caller, id).await),
+        None => rest(Err(RpcError {
+            code: -32601,
+            message: format!(
+                "POST /a2a/tasks/{segment} is not served: POST /a2a/tasks/{{id}}:cancel is (and GET /a2a/tasks/{{id}}, POST /a2a/message:send)"
+            ),
+            reason: "UNIMPLEMENTED".into(),
+        })),
+    }
+}
+
+/// How each JSON-RPC error code is answered over HTTP+JSON: the HTTP
+/// status, the `google.rpc.Code` name and A2A's `ErrorInfo` reason (as the
+/// A2A 1.0 specification pairs them); anything else is an internal error.
+const REST_ERRORS: [(i64, u16, &str, &str); 7] = [
+    (-32001, 404, "NOT_FOUND", "TASK_NOT_FOUND"),
+    (-32002, 400, "FAILED_PRECONDITION", "TASK_NOT_CANCELABLE"),
+    (-32004, 400, "FAILED_PRECONDITION", "UNSUPPORTED_OPERATION"),
+    (-32602, 400, "INVALID_ARGUMENT", "INVALID_PARAMS"),
+    (-32600, 400, "INVALID_ARGUMENT", "INVALID_REQUEST"),
+    (-32700, 400, "INVALID_ARGUMENT", "INVALID_REQUEST"),
+    (-32601, 404, "NOT_FOUND", "METHOD_NOT_FOUND"),
+];
+
+/// An HTTP+JSON answer: the result as the body, or the error as
+/// `{"error": {code, status, message, details: [ErrorInfo]}}` with
+/// Switchyard's reason in the ErrorInfo's metadata. A refusal for want of
+/// permission is a 403 whatever its JSON-RPC code.
+fn rest(out: Result<Value, RpcError>) -> Response {
+    let e = match out {
+        Ok(v) => return axum::Json(v).into_response(),
+        Err(e) => e,
+    };
+    let (mut status, mut name, reason) = REST_ERRORS
+        .iter()
+        .find(|(code, ..)| *code == e.code)
+        .map_or((500, "INTERNAL", "INTERNAL_ERROR"), |&(_, s, n, r)| {
+            (s, n, r)
+        });
+    if e.reason == "PERMISSION_DENIED" {
+        (status, name) = (403, "PERMISSION_DENIED");
+    }
+    let body = json!({"error": {"code": status, "status": name, "message": e.message,
+        "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason,
+            "domain": "a2a-protocol.org", "metadata": {"switchyard_reason": e.reason}}]}});
+    let code =
+        http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    (code, axum::Json(body)).into_response()
 }
 
 /// The JSON-RPC response for request `id`.
