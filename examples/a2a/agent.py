@@ -10,14 +10,17 @@ A2A example, and the agent its A2A tests run against. Its skills:
 - `text.wait`: works for a long time in small steps, recording on
   cancellation.
 
-    python agent.py LOG_FILE [PORT]
+    python agent.py LOG_FILE [PORT [TENANT [VERSION]]]
 
-It listens on 127.0.0.1 at PORT (default: one the kernel picks), printed on
-stderr as `LISTENING <port>`; requests and cancellations are appended to
-LOG_FILE.
+It listens on 127.0.0.1 at PORT (default 0: one the kernel picks), printed
+on stderr as `LISTENING <port>`; requests and cancellations are appended to
+LOG_FILE. TENANT (default none) is named by the card's interface; VERSION
+`0.3` serves an A2A 0.3 card (one `url`) and takes 0.3 requests, logging
+each JSON-RPC method called.
 """
 
 import asyncio
+import json
 import socket
 import sys
 
@@ -40,6 +43,9 @@ from a2a.types.a2a_pb2 import (
     TaskStatus,
 )
 from starlette.applications import Starlette
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 LOG = sys.argv[1]
 
@@ -143,20 +149,58 @@ def agent_card(url: str, tenant: str = "") -> AgentCard:
     )
 
 
-def serve(sock: socket.socket, card: AgentCard, extra_routes=()) -> None:
+def card_v03(card: AgentCard, url: str) -> dict:
+    """`card` as an A2A 0.3 card: one JSON-RPC `url`, that version's names."""
+    return {
+        "protocolVersion": "0.3.0", "name": card.name, "description": card.description,
+        "url": url, "preferredTransport": "JSONRPC", "version": card.version,
+        "capabilities": {"streaming": card.capabilities.streaming},
+        "defaultInputModes": list(card.default_input_modes),
+        "defaultOutputModes": list(card.default_output_modes),
+        "skills": [{"id": k.id, "name": k.name, "description": k.description, "tags": list(k.tags)}
+                   for k in card.skills],
+    }
+
+
+class LogMethods(BaseHTTPMiddleware):
+    """Notes the JSON-RPC method of each POST (`method message/send`)."""
+
+    async def dispatch(self, request, call_next):
+        if request.method == "POST":
+            try:
+                note(f"method {json.loads(await request.body()).get('method')}")
+            except ValueError:
+                pass
+        return await call_next(request)
+
+
+def serve(sock: socket.socket, card: AgentCard, extra_routes=(), v03: bool = False) -> None:
     """Serves `card` and the agent's JSON-RPC endpoint on `sock` (the SDK's
     own routes) until interrupted; `extra_routes` come first (and so may
-    take a path over)."""
+    take a path over). With `v03`, the card is served as A2A 0.3 and the
+    endpoint takes 0.3 requests too."""
     handler = DefaultRequestHandlerV2(agent_executor=TextAgent(), task_store=InMemoryTaskStore(), agent_card=card)
-    routes = list(extra_routes) + create_agent_card_routes(card) + create_jsonrpc_routes(handler, rpc_url="/")
+    if v03:
+        url = card.supported_interfaces[0].url
+        legacy = JSONResponse(card_v03(card, url))
+        cards = [Route("/.well-known/agent-card.json", lambda _request: legacy)]
+    else:
+        cards = create_agent_card_routes(card)
+    rpc = create_jsonrpc_routes(handler, rpc_url="/", enable_v0_3_compat=v03)
+    routes = list(extra_routes) + cards + rpc
     print(f"LISTENING {sock.getsockname()[1]}", file=sys.stderr, flush=True)
-    config = uvicorn.Config(Starlette(routes=routes), log_level="warning")
+    app = Starlette(routes=routes)
+    if v03:
+        app.add_middleware(LogMethods)
+    config = uvicorn.Config(app, log_level="warning")
     uvicorn.Server(config).run(sockets=[sock])
 
 
 def main() -> None:
     sock, port = listen(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
-    serve(sock, agent_card(f"http://127.0.0.1:{port}/", sys.argv[3] if len(sys.argv) > 3 else ""))
+    tenant = sys.argv[3] if len(sys.argv) > 3 else ""
+    v03 = len(sys.argv) > 4 and sys.argv[4] == "0.3"
+    serve(sock, agent_card(f"http://127.0.0.1:{port}/", tenant), v03=v03)
 
 
 if __name__ == "__main__":

@@ -64,6 +64,9 @@ struct Wire {
     /// A2A 0.3 cards' version.
     #[serde(default)]
     protocol_version: String,
+    /// A2A 0.3 cards' binding at `url` (JSON-RPC when absent).
+    #[serde(default)]
+    preferred_transport: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -95,6 +98,14 @@ impl Card {
             i.protocol_binding.eq_ignore_ascii_case("JSONRPC")
                 && (i.protocol_version.is_empty() || i.protocol_version.starts_with("1."))
         });
+        if w.supported_interfaces.is_empty()
+            && w.protocol_version.starts_with("0.3")
+            && (w.preferred_transport.is_empty()
+                || w.preferred_transport.eq_ignore_ascii_case("JSONRPC"))
+        {
+            // A2A 0.3: one JSON-RPC endpoint at `url`, spoken to in 0.3.
+            return Card::checked(w.url.clone(), w.protocol_version.clone(), String::new(), w);
+        }
         let Some(i) = jsonrpc else {
             let have: Vec<String> = w
                 .supported_interfaces
@@ -103,7 +114,7 @@ impl Card {
                 .collect();
             return Err(if w.supported_interfaces.is_empty() && !w.url.is_empty() {
                 format!(
-                    "the card is A2A {} (one `url`, no supportedInterfaces); Switchyard speaks A2A {PROTOCOL_VERSION} over JSON-RPC",
+                    "the card is A2A {} (one `url`, no supportedInterfaces); Switchyard speaks A2A {PROTOCOL_VERSION}, and 0.3, over JSON-RPC",
                     if w.protocol_version.is_empty() {
                         "0.x"
                     } else {
@@ -121,22 +132,30 @@ impl Card {
                 )
             });
         };
-        if !(i.url.starts_with("http://") || i.url.starts_with("https://")) {
-            return Err(format!(
-                "the card's JSON-RPC url {:?} is not http(s)",
-                i.url
-            ));
+        let version = if i.protocol_version.is_empty() {
+            PROTOCOL_VERSION.into()
+        } else {
+            i.protocol_version.clone()
+        };
+        Card::checked(i.url.clone(), version, i.tenant.clone(), w)
+    }
+
+    /// The card of the JSON-RPC endpoint at `url`, if it is http(s).
+    fn checked(
+        url: String,
+        protocol_version: String,
+        tenant: String,
+        w: Wire,
+    ) -> Result<Card, String> {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(format!("the card's JSON-RPC url {url:?} is not http(s)"));
         }
         Ok(Card {
             name: w.name,
             description: w.description,
-            url: i.url.clone(),
-            protocol_version: if i.protocol_version.is_empty() {
-                PROTOCOL_VERSION.into()
-            } else {
-                i.protocol_version.clone()
-            },
-            tenant: i.tenant.clone(),
+            url,
+            protocol_version,
+            tenant,
             streaming: w.capabilities.streaming,
             skills: w.skills,
         })
@@ -302,12 +321,25 @@ mod tests {
     }
 
     #[test]
+    fn a_0_3_card_gives_its_one_json_rpc_url_spoken_to_in_0_3() {
+        let v03 = r#"{"name": "x", "url": "http://h/rpc", "protocolVersion": "0.3.0",
+            "preferredTransport": "JSONRPC", "capabilities": {"streaming": true}, "skills": []}"#;
+        let c = Card::parse(v03.as_bytes()).unwrap();
+        assert_eq!(
+            (c.url.as_str(), c.protocol_version.as_str(), c.streaming),
+            ("http://h/rpc", "0.3.0", true)
+        );
+        let grpc_only = r#"{"name": "x", "url": "http://h/", "protocolVersion": "0.3.0", "preferredTransport": "GRPC"}"#;
+        assert!(Card::parse(grpc_only.as_bytes()).is_err());
+    }
+
+    #[test]
     fn cards_switchyard_cannot_speak_to_are_refused_with_the_reason() {
-        let old = r#"{"name": "x", "url": "http://h/", "protocolVersion": "0.3.0", "skills": []}"#;
+        let old = r#"{"name": "x", "url": "http://h/", "protocolVersion": "0.2.5", "skills": []}"#;
         assert!(
             Card::parse(old.as_bytes())
                 .unwrap_err()
-                .contains("A2A 0.3.0")
+                .contains("A2A 0.2.5")
         );
         let grpc = r#"{"name": "x", "supportedInterfaces": [{"url": "http://h/", "protocolBinding": "GRPC", "protocolVersion": "1.0"}]}"#;
         assert!(

@@ -1,6 +1,9 @@
-//! The A2A 1.0 JSON-RPC client: `SendStreamingMessage` (server-sent
-//! events) or `SendMessage`, read as one sequence of [`Update`]s whatever
-//! the method, and `CancelTask`.
+//! The A2A JSON-RPC client: `SendStreamingMessage` (server-sent events)
+//! or `SendMessage`, read as one sequence of [`Update`]s whatever the
+//! method, and `CancelTask` — in A2A 1.0, or for an agent whose card is
+//! 0.3 in that version's names (`message/stream`, `message/send`,
+//! `tasks/cancel`) and shapes (`kind`-tagged messages, parts and results).
+//! The version is the card's, never guessed from an answer.
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -133,14 +136,20 @@ impl Client {
         A2aError::Unreachable(format!("A2A agent at {}: {e}", self.url))
     }
 
-    /// Sends `message` (an A2A `Message`); with `stream`, over
+    /// Whether the agent speaks A2A 0.3.
+    fn legacy(&self) -> bool {
+        self.version.starts_with("0.")
+    }
+
+    /// Sends `message` (an A2A 1.0 `Message`); with `stream`, over
     /// `SendStreamingMessage`, else `SendMessage` (its one answer read as
     /// updates too).
     pub async fn send(&self, message: Value, stream: bool) -> Result<Updates, A2aError> {
-        let method = if stream {
-            "SendStreamingMessage"
-        } else {
-            "SendMessage"
+        let (method, message) = match (self.legacy(), stream) {
+            (false, true) => ("SendStreamingMessage", message),
+            (false, false) => ("SendMessage", message),
+            (true, true) => ("message/stream", message_v03(&message)),
+            (true, false) => ("message/send", message_v03(&message)),
         };
         let mut req = self.request(method, json!({"message": message}));
         if stream {
@@ -206,8 +215,13 @@ impl Client {
 
     /// Asks the agent to cancel task `task_id`, within `timeout`.
     pub async fn cancel(&self, task_id: &str, timeout: Duration) -> Result<(), A2aError> {
+        let method = if self.legacy() {
+            "tasks/cancel"
+        } else {
+            "CancelTask"
+        };
         let resp = self
-            .request("CancelTask", json!({"id": task_id}))
+            .request(method, json!({"id": task_id}))
             .timeout(timeout)
             .send()
             .await
@@ -273,9 +287,46 @@ fn artifact(a: &Value) -> Update {
     }
 }
 
+/// A 1.0 `Message` in A2A 0.3's shape: `kind`-tagged, its role and parts
+/// in that version's words.
+fn message_v03(m: &Value) -> Value {
+    let mut out = m.clone();
+    out["kind"] = json!("message");
+    out["role"] = json!(match m["role"].as_str() {
+        Some("ROLE_AGENT") => "agent",
+        _ => "user",
+    });
+    let parts: Vec<Value> = m["parts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| match (p.get("text"), p.get("data")) {
+            (Some(t), _) => json!({"kind": "text", "text": t}),
+            (None, Some(d)) => json!({"kind": "data", "data": d}),
+            _ => p.clone(),
+        })
+        .collect();
+    out["parts"] = json!(parts);
+    out
+}
+
 /// The updates in one result: a `task` (its artifacts, then its status), a
-/// `statusUpdate`, an `artifactUpdate` or a `message`.
+/// `statusUpdate`, an `artifactUpdate` or a `message` — or, from an A2A 0.3
+/// agent, the same objects bare, told apart by their `kind`.
 fn updates_of(r: &Value) -> Vec<Update> {
+    let wrapped;
+    let r = match r.get("kind").and_then(Value::as_str) {
+        Some(kind @ ("task" | "status-update" | "artifact-update" | "message")) => {
+            let key = match kind {
+                "status-update" => "statusUpdate",
+                "artifact-update" => "artifactUpdate",
+                other => other,
+            };
+            wrapped = json!({ key: r });
+            &wrapped
+        }
+        _ => r,
+    };
     if let Some(t) = r.get("task") {
         let id = t["id"].as_str().unwrap_or_default();
         let mut out: Vec<Update> = t["artifacts"]
@@ -320,6 +371,40 @@ mod tests {
             TaskState::parse("paused"),
             TaskState::Other("paused".into())
         );
+    }
+
+    #[test]
+    fn a_0_3_agent_is_sent_0_3_messages_and_its_bare_kind_tagged_results_read() {
+        let m = json!({"messageId": "m1", "taskId": "t1", "role": "ROLE_USER",
+            "parts": [{"text": "shout: hi"}, {"data": {"n": 1}}]});
+        assert_eq!(
+            message_v03(&m),
+            json!({"kind": "message", "messageId": "m1", "taskId": "t1", "role": "user",
+                "parts": [{"kind": "text", "text": "shout: hi"}, {"kind": "data", "data": {"n": 1}}]})
+        );
+        let task = json!({"kind": "task", "id": "t1", "status": {"state": "completed",
+            "message": {"kind": "message", "parts": [{"kind": "text", "text": "HI"}]}}});
+        assert_eq!(
+            updates_of(&task),
+            [Update::Status {
+                task_id: "t1".into(),
+                state: TaskState::Completed,
+                text: "HI".into()
+            }]
+        );
+        let update =
+            json!({"kind": "status-update", "taskId": "t1", "status": {"state": "working"}});
+        assert_eq!(
+            updates_of(&update),
+            [Update::Status {
+                task_id: "t1".into(),
+                state: TaskState::Working,
+                text: String::new()
+            }]
+        );
+        let art = json!({"kind": "artifact-update", "taskId": "t1",
+            "artifact": {"name": "out", "parts": [{"kind": "text", "text": "a"}]}});
+        assert!(matches!(&updates_of(&art)[..], [Update::Artifact { name, .. }] if name == "out"));
     }
 
     #[test]

@@ -45,6 +45,56 @@ async fn start_agent_of(log: &Path, tenant: &str) -> Child {
     .await
 }
 
+/// The Python agent with an A2A 0.3 card, logging each JSON-RPC method
+/// it is called with.
+async fn start_agent_v03(log: &Path) -> Child {
+    listening(
+        &python(),
+        &[
+            &agent_script().display().to_string(),
+            &log.display().to_string(),
+            "0",
+            "",
+            "0.3",
+        ],
+    )
+    .await
+}
+
+/// A2A 0.3 agents are still about: one whose card is 0.3 (one `url`) is
+/// registered and spoken to in 0.3 — `message/stream`, `tasks/cancel`,
+/// `kind`-tagged messages — its answers read as a 1.0 agent's are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_a2a_0_3_agent_is_spoken_to_in_0_3_as_its_card_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("agent.log");
+    let agent = start_agent_v03(&log).await;
+    let (mut e, reg) = stack_with(&agent, |_| {}).await;
+    let a2a = reg.agent.unwrap().spec.unwrap().a2a.unwrap();
+    assert_eq!(a2a.protocol_version, "0.3.0");
+    assert!(a2a.streaming);
+
+    shouts_hello(&mut e).await;
+
+    let j = submit(&mut e.jobs, &job("text.wait", "wait: a minute"))
+        .await
+        .unwrap();
+    crate::common::until_event(&mut e.jobs, &id(&j), "agent.progress").await;
+    cancel_heard(&mut e.jobs, &id(&j), &log).await;
+    let heard = std::fs::read_to_string(&log).unwrap();
+    let methods: Vec<&str> = heard
+        .lines()
+        .filter_map(|l| l.strip_prefix("method "))
+        .collect();
+    assert_eq!(
+        methods,
+        ["message/stream", "message/stream", "tasks/cancel"],
+        "{heard}"
+    );
+    drop(agent);
+    e.stack.stop().await.unwrap();
+}
+
 /// The stack (auto-approving small spend), with the agent registered at
 /// $0.001 a call.
 async fn stack_with(
@@ -67,7 +117,64 @@ async fn stack_with(
         .await
         .unwrap()
         .into_inner();
+    // The router learns of the agent from the registry's watch, a moment
+    // later: a job submitted before then is estimated without the agent's
+    // price, and an unpriced estimate waits for a person instead of the
+    // auto-approval. So wait until the router routes to it.
+    let spec = reg.agent.clone().unwrap().spec.unwrap();
+    let cap = spec.capabilities[0].name.clone();
+    let router = switchyard_proto::router::v1::router_service_client::RouterServiceClient::new(
+        e.stack.channel().await.unwrap(),
+    );
+    until("the router sees the A2A agent", || {
+        let (mut router, cap, id) = (router.clone(), cap.clone(), spec.id.clone());
+        async move {
+            crate::common::route(&mut router, &cap, &[])
+                .await
+                .is_ok_and(|r| crate::common::ids(&r) == [id])
+        }
+    })
+    .await;
     (e, reg)
+}
+
+/// Runs `shout: hello` on the agent: it completes with HELLO and the
+/// `shouted` artifact, its working updates arriving as it ran. The job's
+/// events.
+async fn shouts_hello(e: &mut Env) -> Vec<(String, Value)> {
+    let j = submit(&mut e.jobs, &job("text.shout", "shout: hello"))
+        .await
+        .unwrap();
+    let res = finish(&mut e.jobs, &id(&j)).await;
+    assert_eq!(res.state, JobState::Completed as i32, "{res:?}");
+    let t = task(&res, "t");
+    assert_eq!(t.agent_id, "text_tricks");
+    let out = output(t);
+    assert_eq!(out["text"], "HELLO");
+    assert_eq!(out["artifacts"][0]["name"], "shouted");
+    let evs = events(&mut e.jobs, &id(&j)).await;
+    let progress: Vec<&str> = evs
+        .iter()
+        .filter(|(k, _)| k == "agent.progress")
+        .map(|(_, d)| d["message"].as_str().unwrap())
+        .collect();
+    assert_eq!(progress, ["reading the text", "raising its voice"]);
+    evs
+}
+
+/// Cancels `job_id` and waits until the agent (logging to `log`) records
+/// that its A2A task was cancelled.
+async fn cancel_heard(jobs: &mut crate::common::Jobs, job_id: &str, log: &Path) {
+    jobs.cancel_job(CancelJobRequest {
+        job_id: job_id.into(),
+        reason: "no longer needed".into(),
+    })
+    .await
+    .unwrap();
+    until("the agent records the cancellation", || async {
+        std::fs::read_to_string(log).is_ok_and(|l| l.contains("cancelled "))
+    })
+    .await;
 }
 
 /// A one-task job on `capability` with `text` as its task, no retries.
@@ -106,24 +213,7 @@ async fn an_a2a_agent_is_registered_from_its_card_and_routed_to_by_skill_with_st
     assert_eq!(a2a.protocol_version, "1.0");
     assert_eq!(a2a.tenant, "team-blue");
 
-    let j = submit(&mut e.jobs, &job("text.shout", "shout: hello"))
-        .await
-        .unwrap();
-    let res = finish(&mut e.jobs, &id(&j)).await;
-    assert_eq!(res.state, JobState::Completed as i32, "{res:?}");
-    let t = task(&res, "t");
-    assert_eq!(t.agent_id, "text_tricks");
-    let out = output(t);
-    assert_eq!(out["text"], "HELLO");
-    assert_eq!(out["artifacts"][0]["name"], "shouted");
-    // Its working updates and its artifact arrived as the task ran.
-    let evs = events(&mut e.jobs, &id(&j)).await;
-    let progress: Vec<&str> = evs
-        .iter()
-        .filter(|(k, _)| k == "agent.progress")
-        .map(|(_, d)| d["message"].as_str().unwrap())
-        .collect();
-    assert_eq!(progress, ["reading the text", "raising its voice"]);
+    let evs = shouts_hello(&mut e).await;
     assert!(
         evs.iter()
             .any(|(k, d)| k == "task.output" && d["chunk"] == "HELLO")
@@ -221,16 +311,7 @@ async fn cancelling_the_job_cancels_the_a2a_task() {
             std::fs::read_to_string(&log).unwrap_or_default()
         );
     }
-    jobs.cancel_job(CancelJobRequest {
-        job_id: job_id.clone(),
-        reason: "no longer needed".into(),
-    })
-    .await
-    .unwrap();
-    until("the agent records the cancellation", || async {
-        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("cancelled "))
-    })
-    .await;
+    cancel_heard(&mut jobs, &job_id, &log).await;
     let res = finish(&mut e.jobs, &job_id).await;
     assert_eq!(res.state, JobState::Cancelled as i32);
     drop(agent);
