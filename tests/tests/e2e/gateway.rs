@@ -745,6 +745,14 @@ pub(crate) const DOOR_RPCS: &[(&str, &str)] = &[
         "TriggerService/FireTrigger",
     ),
     ("POST /a2a", "AuthService/WhoAmI"),
+    // A2A's HTTP+JSON binding: the gate lets every caller through; a
+    // refusal of the executor's is a 403 here (over JSON-RPC it is a 200
+    // carrying an error), so reading a task is GetJob's rule. A message
+    // naming no task and a POST that is no `:cancel` are refused for
+    // everyone alike (400, 404).
+    ("POST /a2a/message:send", "AuthService/WhoAmI"),
+    ("GET /a2a/tasks/{task_id}", "JobService/GetJob"),
+    ("POST /a2a/tasks/{task_id}", "AuthService/WhoAmI"),
     ("POST /mcp", "AuthService/WhoAmI"),
     ("GET /mcp", "AuthService/WhoAmI"),
     ("DELETE /mcp", "AuthService/WhoAmI"),
