@@ -304,6 +304,49 @@ async fn the_reference_a2a_client_talks_in_a_conversation_and_answers_an_input_a
     let v = answered(get("tenant-b")).await;
     assert_eq!(v["error"]["code"], -32602, "{v}");
     assert_eq!(v["error"]["data"]["reason"], "PERMISSION_DENIED", "{v}");
+    // An A2A 0.3 client: the same operations by 0.3's names, with its
+    // kind-tagged message, answered in 0.3's shapes (the task bare,
+    // `kind: task`, states in 0.3's words).
+    e.script
+        .for_model("m-chat", vec![Reply::text("Hello, 0.3.", 10, 2)]);
+    let v = answered(json!({"jsonrpc": "2.0", "id": 5, "method": "message/send",
+        "params": {"message": {"kind": "message", "messageId": "m-03", "taskId": "a2a-talk",
+            "role": "user", "parts": [{"kind": "text", "text": "from 0.3"}]}}}))
+    .await;
+    let t = &v["result"];
+    assert_eq!(
+        (&t["kind"], &t["id"], &t["status"]["state"]),
+        (&json!("task"), &json!("a2a-talk"), &json!("input-required")),
+        "{v}"
+    );
+    let m = &t["status"]["message"];
+    assert_eq!(
+        (&m["kind"], &m["role"]),
+        (&json!("message"), &json!("agent")),
+        "{v}"
+    );
+    assert_eq!(
+        m["parts"][0],
+        json!({"kind": "text", "text": "Hello, 0.3."}),
+        "{v}"
+    );
+    let v = answered(
+        json!({"jsonrpc": "2.0", "id": 6, "method": "tasks/get", "params": {"id": "a2a-talk"}}),
+    )
+    .await;
+    assert_eq!(v["result"]["status"]["state"], "input-required", "{v}");
+    let v = answered(
+        json!({"jsonrpc": "2.0", "id": 7, "method": "tasks/cancel", "params": {"id": "a2a-talk"}}),
+    )
+    .await;
+    assert_eq!(v["result"]["status"]["state"], "canceled", "{v}");
+    let h = history(&mut alice, "a2a-talk").await;
+    assert!(
+        h.turns
+            .iter()
+            .any(|t| t.text == "from 0.3" && t.by == "alice"),
+        "{h:?}"
+    );
     let unauthenticated = rpc(again, None).await.unwrap();
     assert_eq!(unauthenticated.status(), 401);
     e.stack.stop().await.unwrap();
