@@ -388,7 +388,7 @@ async fn gate(
             let run = job["run_id"].as_str().unwrap_or_default().to_owned();
             if retry && job["state"] == "pending" && !run.is_empty() {
                 let status = server.run_status(&run, Some(parts)).await.ok();
-                if let Some(decided) = status.filter(|s| s != "proposed") {
+                if let Some(decided) = status.as_deref().and_then(decision) {
                     job["approval"] = json!(decided);
                     return to_value(crate::server::tool_result(Ok(job)));
                 }
@@ -401,6 +401,17 @@ async fn gate(
 
 fn to_value(r: rmcp::model::CallToolResult) -> Result<Value, (i64, String)> {
     serde_json::to_value(r).map_err(|e| (-32603, e.to_string()))
+}
+
+/// What a person decided on a run in `status`, if anything: an approved
+/// run may already be running or done by the time it is read.
+fn decision(status: &str) -> Option<&'static str> {
+    match status {
+        "approved" | "running" | "completed" | "failed" => Some("approved"),
+        "rejected" => Some("rejected"),
+        "cancelled" => Some("cancelled"),
+        _ => None,
+    }
 }
 
 /// Whether a job (as `get_job` shows it) waits for a person's decision.
@@ -446,6 +457,16 @@ mod tests {
             .unwrap_or_default()
             .into_parts();
         p
+    }
+
+    #[test]
+    fn a_run_read_after_its_approval_says_approved_whatever_it_went_on_to() {
+        for s in ["approved", "running", "completed", "failed"] {
+            assert_eq!(decision(s), Some("approved"), "{s}");
+        }
+        assert_eq!(decision("rejected"), Some("rejected"));
+        assert_eq!(decision("proposed"), None);
+        assert_eq!(decision("unknown"), None);
     }
 
     #[test]
