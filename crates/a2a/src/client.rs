@@ -39,16 +39,12 @@ pub enum TaskState {
 impl TaskState {
     /// Reads `TASK_STATE_COMPLETED` (1.0) or `completed` (0.3).
     pub fn parse(s: &str) -> TaskState {
-        let k = s
-            .trim_start_matches("TASK_STATE_")
-            .to_ascii_lowercase()
-            .replace('_', "-");
-        match k.as_str() {
+        match crate::v03::state(s).as_str() {
             "submitted" => TaskState::Submitted,
             "working" => TaskState::Working,
             "completed" => TaskState::Completed,
             "failed" => TaskState::Failed,
-            "canceled" | "cancelled" => TaskState::Canceled,
+            "canceled" => TaskState::Canceled,
             "input-required" => TaskState::InputRequired,
             "rejected" => TaskState::Rejected,
             "auth-required" => TaskState::AuthRequired,
@@ -148,8 +144,8 @@ impl Client {
         let (method, message) = match (self.legacy(), stream) {
             (false, true) => ("SendStreamingMessage", message),
             (false, false) => ("SendMessage", message),
-            (true, true) => ("message/stream", message_v03(&message)),
-            (true, false) => ("message/send", message_v03(&message)),
+            (true, true) => ("message/stream", crate::v03::message(&message)),
+            (true, false) => ("message/send", crate::v03::message(&message)),
         };
         let mut req = self.request(method, json!({"message": message}));
         if stream {
@@ -287,29 +283,6 @@ fn artifact(a: &Value) -> Update {
     }
 }
 
-/// A 1.0 `Message` in A2A 0.3's shape: `kind`-tagged, its role and parts
-/// in that version's words.
-fn message_v03(m: &Value) -> Value {
-    let mut out = m.clone();
-    out["kind"] = json!("message");
-    out["role"] = json!(match m["role"].as_str() {
-        Some("ROLE_AGENT") => "agent",
-        _ => "user",
-    });
-    let parts: Vec<Value> = m["parts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|p| match (p.get("text"), p.get("data")) {
-            (Some(t), _) => json!({"kind": "text", "text": t}),
-            (None, Some(d)) => json!({"kind": "data", "data": d}),
-            _ => p.clone(),
-        })
-        .collect();
-    out["parts"] = json!(parts);
-    out
-}
-
 /// The updates in one result: a `task` (its artifacts, then its status), a
 /// `statusUpdate`, an `artifactUpdate` or a `message` — or, from an A2A 0.3
 /// agent, the same objects bare, told apart by their `kind`.
@@ -378,7 +351,7 @@ mod tests {
         let m = json!({"messageId": "m1", "taskId": "t1", "role": "ROLE_USER",
             "parts": [{"text": "shout: hi"}, {"data": {"n": 1}}]});
         assert_eq!(
-            message_v03(&m),
+            crate::v03::message(&m),
             json!({"kind": "message", "messageId": "m1", "taskId": "t1", "role": "user",
                 "parts": [{"kind": "text", "text": "shout: hi"}, {"kind": "data", "data": {"n": 1}}]})
         );

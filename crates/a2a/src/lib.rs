@@ -1,6 +1,7 @@
 //! Agent2Agent (A2A 1.0) in Switchyard: reading Agent Cards ([`card`]) and
 //! checking or making their signatures ([`signature`]), a JSON-RPC client
-//! that follows a task's streamed updates and cancels it ([`client`]), and
+//! that follows a task's streamed updates and cancels it ([`client`]; A2A
+//! 0.3's shapes in [`v03`]), and
 //! [`A2aAgent`], an A2A agent behind the `AgentService` contract. The registry reads cards (RegisterA2aAgent, and to keep an A2A
 //! agent's lease); the executor invokes A2A agents through [`A2aAgent`].
 
@@ -8,6 +9,7 @@ pub mod agent;
 pub mod card;
 pub mod client;
 pub mod signature;
+pub mod v03;
 
 pub use agent::A2aAgent;
 pub use card::Card;

@@ -212,43 +212,9 @@ async fn rpc(
     };
     // A 0.3 client (its method names have a slash) reads 0.3's shapes.
     if method.contains('/') {
-        return answer(id, out.map(|r| task_v03(&r)));
+        return answer(id, out.map(|r| switchyard_a2a::v03::task(&r)));
     }
     answer(id, out)
-}
-
-/// A 1.0 result (a task, or `{task}` as SendMessage answers) in A2A 0.3's
-/// shape: the task itself, `kind`-tagged, its state in 0.3's words
-/// (`input-required`), its status message's role and parts as 0.3 has
-/// them.
-fn task_v03(r: &Value) -> Value {
-    let mut t = r.get("task").unwrap_or(r).clone();
-    t["kind"] = json!("task");
-    let state = t["status"]["state"].as_str().unwrap_or_default();
-    let state = state
-        .trim_start_matches("TASK_STATE_")
-        .to_ascii_lowercase()
-        .replace('_', "-")
-        .replace("cancelled", "canceled");
-    t["status"]["state"] = json!(state);
-    if let Some(m) = t["status"].get_mut("message").filter(|m| m.is_object()) {
-        m["kind"] = json!("message");
-        m["role"] = json!(match m["role"].as_str() {
-            Some("ROLE_USER") => "user",
-            _ => "agent",
-        });
-        if let Some(parts) = m["parts"].as_array_mut() {
-            for p in parts {
-                let kind = if p.get("data").is_some() {
-                    "data"
-                } else {
-                    "text"
-                };
-                p["kind"] = json!(kind);
-            }
-        }
-    }
-    t
 }
 
 /// A2A 1.0 multi-tenancy: a request may name its tenant (`tenant`). The
@@ -697,7 +663,7 @@ mod tests {
     fn a_0_3_client_reads_the_task_bare_kind_tagged_in_0_3_words() {
         let sent = json!({"task": task_json("j1", "TASK_STATE_INPUT_REQUIRED", Some("Which region?".into()), 3)});
         assert_eq!(
-            task_v03(&sent),
+            switchyard_a2a::v03::task(&sent),
             json!({"kind": "task", "id": "j1", "contextId": "j1", "status": {
                 "state": "input-required",
                 "message": {"kind": "message", "messageId": "j1-3", "contextId": "j1", "taskId": "j1",
@@ -705,7 +671,7 @@ mod tests {
         );
         let got = task_json("j1", "TASK_STATE_CANCELED", None, 0);
         assert_eq!(
-            task_v03(&got),
+            switchyard_a2a::v03::task(&got),
             json!({"kind": "task", "id": "j1", "contextId": "j1", "status": {"state": "canceled"}})
         );
     }
