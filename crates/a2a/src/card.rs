@@ -224,7 +224,7 @@ async fn get(
 ) -> Result<Vec<u8>, A2aError> {
     const MOST: usize = 1 << 20;
     let unreachable = |e: String| A2aError::Unreachable(format!("reading {what} at {url}: {e}"));
-    let mut resp = http
+    let resp = http
         .get(url)
         .timeout(timeout)
         .header("accept", "application/json")
@@ -234,14 +234,9 @@ async fn get(
     if !resp.status().is_success() {
         return Err(unreachable(format!("HTTP {}", resp.status())));
     }
-    let mut body = Vec::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| unreachable(e.to_string()))? {
-        body.extend_from_slice(&chunk);
-        if body.len() > MOST {
-            return Err(unreachable(format!("larger than {MOST} bytes")));
-        }
-    }
-    Ok(body)
+    switchyard_kit::egress::read_bounded(resp, MOST)
+        .await
+        .map_err(unreachable)
 }
 
 /// The capability a skill becomes: its id in lowercase, each dot-separated

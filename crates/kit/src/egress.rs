@@ -193,6 +193,23 @@ pub fn summary(error: &str) -> String {
     }
 }
 
+/// An upstream answer's body, at most `max` bytes of it (a larger one is
+/// an error, never read to its end). The error never carries the URL.
+pub async fn read_bounded(mut resp: reqwest::Response, max: usize) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    while let Some(c) = resp
+        .chunk()
+        .await
+        .map_err(|e| e.without_url().to_string())?
+    {
+        if body.len() + c.len() > max {
+            return Err(format!("the answer is larger than {max} bytes"));
+        }
+        body.extend_from_slice(&c);
+    }
+    Ok(body)
+}
+
 fn cut(s: &str) -> String {
     s.chars().take(120).collect()
 }

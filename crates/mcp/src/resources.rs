@@ -37,6 +37,15 @@ impl ResourceError {
         }
     }
 
+    /// The request carries no credential the services take.
+    fn unauthenticated(message: String) -> ResourceError {
+        ResourceError {
+            code: -32600,
+            message,
+            data: None,
+        }
+    }
+
     fn refused(s: tonic::Status) -> ResourceError {
         ResourceError {
             code: -32603,
@@ -89,11 +98,9 @@ impl SwitchyardMcp {
         parts: Option<&http::request::Parts>,
         cursor: Option<&str>,
     ) -> Result<Value, ResourceError> {
-        let c = self.clients(parts).map_err(|m| ResourceError {
-            code: -32600,
-            message: m,
-            data: None,
-        })?;
+        let c = self
+            .clients(parts)
+            .map_err(ResourceError::unauthenticated)?;
         let req = ListJobsRequest {
             page_size: PAGE,
             page_token: cursor.unwrap_or_default().into(),
@@ -130,11 +137,9 @@ impl SwitchyardMcp {
         uri: &str,
     ) -> Result<Value, ResourceError> {
         let target = parse(uri).ok_or_else(|| ResourceError::not_found(uri))?;
-        let c = self.clients(parts).map_err(|m| ResourceError {
-            code: -32600,
-            message: m,
-            data: None,
-        })?;
+        let c = self
+            .clients(parts)
+            .map_err(ResourceError::unauthenticated)?;
         let answer = match target {
             Target::Job(id) => c
                 .jobs

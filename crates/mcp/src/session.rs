@@ -262,6 +262,12 @@ impl Session {
         timeout: Duration,
     ) -> Result<Session, McpError> {
         let started = tokio::time::Instant::now();
+        let shared = Arc::new(Shared {
+            server: name.to_owned(),
+            progress: Mutex::default(),
+            list_changed: list_changed.clone(),
+            stderr: Mutex::default(),
+        });
         let transport = match transport {
             Transport::Http {
                 url,
@@ -274,16 +280,11 @@ impl Session {
                 {
                     Discovered::Stateless(c) => {
                         let c = Arc::new(c);
-                        let follower = c.follow(list_changed.clone()).map(AbortOnDrop);
+                        let follower = c.follow(list_changed).map(AbortOnDrop);
                         return Ok(Session {
                             server_version: c.server_version().to_owned(),
                             protocol_version: crate::stateless::REVISION.to_owned(),
-                            shared: Arc::new(Shared {
-                                server: name.to_owned(),
-                                progress: Mutex::default(),
-                                list_changed,
-                                stderr: Mutex::default(),
-                            }),
+                            shared,
                             link: Link::Stateless {
                                 client: c,
                                 _follower: follower,
@@ -302,12 +303,6 @@ impl Session {
         };
         // What discovery left of the time to connect in.
         let timeout = timeout.saturating_sub(started.elapsed());
-        let shared = Arc::new(Shared {
-            server: name.to_owned(),
-            progress: Mutex::default(),
-            list_changed,
-            stderr: Mutex::default(),
-        });
         let handler = Handler(shared.clone());
         let connect_err = |message: String| McpError::Connect {
             server: name.to_owned(),

@@ -287,7 +287,9 @@ impl Client {
         };
         let status = resp.status();
         if !is_event_stream(&resp) {
-            let body = read(resp, MAX_EVENT).await.unwrap_or_default();
+            let body = switchyard_kit::egress::read_bounded(resp, MAX_EVENT)
+                .await
+                .unwrap_or_default();
             return Listened::Unsupported(format!("HTTP {status}: {}", short(&body)));
         }
         let mut resp = resp;
@@ -369,7 +371,9 @@ impl Client {
             .await?;
         let status = resp.status().as_u16();
         if !is_event_stream(&resp) {
-            let body = read(resp, MAX_ANSWER).await.map_err(|e| self.closed(&e))?;
+            let body = switchyard_kit::egress::read_bounded(resp, MAX_ANSWER)
+                .await
+                .map_err(|e| self.closed(&e))?;
             return Ok(reply_of(status, &body));
         }
         let mut resp = resp;
@@ -497,22 +501,6 @@ fn is_event_stream(resp: &reqwest::Response) -> bool {
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"))
-}
-
-/// A body, at most `max` bytes of it.
-async fn read(mut resp: reqwest::Response, max: usize) -> Result<Vec<u8>, String> {
-    let mut body = Vec::new();
-    while let Some(c) = resp
-        .chunk()
-        .await
-        .map_err(|e| e.without_url().to_string())?
-    {
-        if body.len() + c.len() > max {
-            return Err(format!("the answer is larger than {max} bytes"));
-        }
-        body.extend_from_slice(&c);
-    }
-    Ok(body)
 }
 
 /// A JSON-RPC response body (or what came instead) as a reply.

@@ -163,6 +163,15 @@ impl From<Status> for RpcError {
     }
 }
 
+/// A request's body as JSON, at most the door's body limit; `None` when
+/// it is not JSON (each binding says so its own way).
+async fn json_body(door: &Door, body: Body) -> Result<Option<Value>, RpcError> {
+    let bytes = axum::body::to_bytes(body, door.max_body)
+        .await
+        .map_err(|e| RpcError::params(format!("body: {e}")))?;
+    Ok(serde_json::from_slice::<Value>(&bytes).ok())
+}
+
 /// `POST /a2a`: one JSON-RPC 2.0 request — `SendMessage`, `GetTask` or
 /// `CancelTask` (and their A2A 0.3 names `message/send`, `tasks/get`,
 /// `tasks/cancel`).
@@ -171,11 +180,11 @@ async fn rpc(
     Extension(caller): Extension<Caller>,
     body: Body,
 ) -> Response {
-    let bytes = match axum::body::to_bytes(body, door.max_body).await {
-        Ok(b) => b,
-        Err(e) => return answer(Value::Null, Err(RpcError::params(format!("body: {e}")))),
+    let parsed = match json_body(&door, body).await {
+        Ok(p) => p,
+        Err(e) => return answer(Value::Null, Err(e)),
     };
-    let Ok(req) = serde_json::from_slice::<Value>(&bytes) else {
+    let Some(req) = parsed else {
         let parse = RpcError {
             code: -32700,
             message: "the body is not JSON: send a JSON-RPC 2.0 request".into(),
@@ -244,16 +253,14 @@ async fn rest_send(
     Extension(caller): Extension<Caller>,
     body: Body,
 ) -> Response {
-    let params = match axum::body::to_bytes(body, door.max_body).await {
-        Err(e) => return rest(Err(RpcError::params(format!("body: {e}")))),
-        Ok(b) => match serde_json::from_slice::<Value>(&b) {
-            Ok(v) if v.is_object() => v,
-            _ => {
-                return rest(Err(RpcError::params(
-                    "the body is not a JSON SendMessageRequest object",
-                )));
-            }
-        },
+    let params = match json_body(&door, body).await {
+        Err(e) => return rest(Err(e)),
+        Ok(Some(v)) if v.is_object() => v,
+        Ok(_) => {
+            return rest(Err(RpcError::params(
+                "the body is not a JSON SendMessageRequest object",
+            )));
+        }
     };
     if let Err(refused) = own_tenant(&caller, &params) {
         return rest(Err(refused));
